@@ -1,0 +1,188 @@
+//! The agent contract, the cancellation token turns honour, and the built-in echo agent.
+//!
+//! Agents live on worker threads only: the reactor moves an agent into a turn job and gets it
+//! back with the completion, so one agent never serves two turns at once.
+
+use std::fmt;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::message::SessionKey;
+
+/// What a turn is asked to do.
+#[derive(Debug, Clone)]
+pub struct TurnInput<'a> {
+    /// The session.
+    pub session: &'a SessionKey,
+    /// The message the turn answers (the first one in merge mode).
+    pub message_id: &'a str,
+    /// The text (several joined by newlines in merge mode).
+    pub text: &'a str,
+}
+
+/// Why a turn produced no reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TurnError {
+    /// The turn stopped because its cancellation token fired.
+    Cancelled,
+    /// The turn failed.
+    Failed(String),
+}
+
+impl fmt::Display for TurnError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TurnError::Cancelled => f.write_str("cancelled"),
+            TurnError::Failed(e) => f.write_str(e),
+        }
+    }
+}
+
+/// An AI agent serving one session. Both methods run on worker threads, never on the reactor.
+pub trait Agent: Send + 'static {
+    /// Runs one turn. Should return `Err(TurnError::Cancelled)` soon after `cancel` fires.
+    fn turn(&mut self, input: &TurnInput<'_>, cancel: &CancelToken) -> Result<String, TurnError>;
+
+    /// Releases the agent's resources. May block or hang; it runs on the cleanup pool under a
+    /// deadline. An error or panic is logged and goes no further.
+    fn close(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Creates a fresh agent for a session; called on a turn worker.
+pub trait AgentFactory: Send + Sync + 'static {
+    /// A new agent for `session`, or why one could not be made (the turn then fails).
+    fn create(&self, session: &SessionKey) -> Result<Box<dyn Agent>, String>;
+}
+
+impl<F> AgentFactory for F
+where
+    F: Fn(&SessionKey) -> Result<Box<dyn Agent>, String> + Send + Sync + 'static,
+{
+    fn create(&self, session: &SessionKey) -> Result<Box<dyn Agent>, String> {
+        self(session)
+    }
+}
+
+/// A turn's cancellation signal: set once by the reactor, observed by the agent.
+///
+/// Agents can poll [`CancelToken::is_cancelled`] or wait on it with a timeout, which returns
+/// early when the token fires, so simulated work never outlives a cancel.
+#[derive(Clone, Default)]
+pub struct CancelToken(Arc<(Mutex<bool>, Condvar)>);
+
+impl fmt::Debug for CancelToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CancelToken({})", self.is_cancelled())
+    }
+}
+
+impl CancelToken {
+    /// A token that has not fired.
+    pub fn new() -> CancelToken {
+        CancelToken::default()
+    }
+
+    /// Fires the token and wakes every waiter. Idempotent.
+    pub fn cancel(&self) {
+        let (flag, cond) = &*self.0;
+        *flag.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        cond.notify_all();
+    }
+
+    /// Whether the token has fired.
+    pub fn is_cancelled(&self) -> bool {
+        *self.0.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits until the token fires or `timeout` passes; returns true if it fired.
+    pub fn wait_timeout(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let (flag, cond) = &*self.0;
+        let mut fired = flag.lock().unwrap_or_else(|e| e.into_inner());
+        while !*fired {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            fired = match cond.wait_timeout(fired, deadline - now) {
+                Ok((g, _)) => g,
+                Err(e) => e.into_inner().0,
+            };
+        }
+        true
+    }
+
+    /// Waits until the token fires.
+    pub fn wait(&self) {
+        let (flag, cond) = &*self.0;
+        let mut fired = flag.lock().unwrap_or_else(|e| e.into_inner());
+        while !*fired {
+            fired = cond.wait(fired).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// Replies with exactly its input; optionally takes `delay` per turn, ending early on cancel.
+#[derive(Debug, Clone, Default)]
+pub struct EchoAgent {
+    delay: Duration,
+}
+
+impl EchoAgent {
+    /// An echo agent whose turns take `delay` (zero: instant).
+    pub fn new(delay: Duration) -> EchoAgent {
+        EchoAgent { delay }
+    }
+
+    /// A factory of echo agents with the given per-turn delay.
+    pub fn factory(delay: Duration) -> impl AgentFactory {
+        move |_: &SessionKey| -> Result<Box<dyn Agent>, String> { Ok(Box::new(EchoAgent::new(delay))) }
+    }
+}
+
+impl Agent for EchoAgent {
+    fn turn(&mut self, input: &TurnInput<'_>, cancel: &CancelToken) -> Result<String, TurnError> {
+        if !self.delay.is_zero() && cancel.wait_timeout(self.delay) {
+            return Err(TurnError::Cancelled);
+        }
+        Ok(input.text.to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn echo_replies_with_its_input() {
+        let key = SessionKey::dm("t", "1").unwrap();
+        let input = TurnInput { session: &key, message_id: "m", text: "hello\nworld" };
+        let mut agent = EchoAgent::default();
+        assert_eq!(agent.turn(&input, &CancelToken::new()), Ok("hello\nworld".to_owned()));
+    }
+
+    #[test]
+    fn echo_delay_ends_early_when_cancelled() {
+        let key = SessionKey::dm("t", "1").unwrap();
+        let input = TurnInput { session: &key, message_id: "m", text: "x" };
+        // An hour-long turn returns at once because the token already fired: if the delay
+        // ignored cancellation this test would hang.
+        let mut agent = EchoAgent::new(Duration::from_secs(3600));
+        let token = CancelToken::new();
+        token.cancel();
+        assert_eq!(agent.turn(&input, &token), Err(TurnError::Cancelled));
+    }
+
+    #[test]
+    fn cancel_wakes_a_waiter_on_another_thread() {
+        let token = CancelToken::new();
+        let waiter = {
+            let token = token.clone();
+            std::thread::spawn(move || token.wait_timeout(Duration::from_secs(3600)))
+        };
+        token.cancel();
+        assert!(waiter.join().unwrap_or(false));
+    }
+}

@@ -1,0 +1,718 @@
+//! The sans-IO core: the session table and turn scheduler as a pure state machine.
+//!
+//! It takes [`Input`]s with the current time and pushes [`Effect`]s for a driver to carry out.
+//! It owns no thread, socket or clock, so any interleaving can be replayed deterministically.
+//! `R` is the opaque route of a message's events; `A` is the opaque agent, which the core only
+//! moves: into a turn job, back with the completion, into the idle cache or a cleanup job.
+//!
+//! Invariants kept by construction (each is tested in `tests/`):
+//! - a session has at most one claimed turn (`Session::turn`);
+//! - a session holds a slot iff it has a turn, queued messages or a cached agent;
+//! - a finished turn hands over to the next queued message in the same step, through the
+//!   ready queue, without the session ever leaving its slot.
+
+pub mod timers;
+mod types;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use slab::Slab;
+
+use crate::message::{Body, Command, Message, SessionKey};
+use timers::TimerQueue;
+pub use types::*;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Timer {
+    TurnDeadline { turn: TurnId, slot: usize },
+    StopGrace { turn: TurnId, slot: usize },
+    CleanupDeadline(CleanupId),
+    Sweep,
+    DrainDeadline,
+}
+
+#[derive(Debug)]
+struct Queued<R> {
+    id: Arc<str>,
+    text: String,
+    route: R,
+}
+
+#[derive(Debug)]
+struct Running<R> {
+    turn: TurnId,
+    id: Arc<str>,
+    route: R,
+    started: Duration,
+    cancel: Option<CancelReason>,
+    /// The agent must not be cached when it returns (reset, shutdown).
+    discard_agent: bool,
+}
+
+#[derive(Debug)]
+struct Cached<A> {
+    agent: A,
+    lru_seq: u64,
+    idle_since: Duration,
+}
+
+#[derive(Debug)]
+struct Session<R, A> {
+    /// Unique for the core's lifetime; tells a reused slot from the session that left it.
+    sid: u64,
+    key: SessionKey,
+    queue: VecDeque<Queued<R>>,
+    turn: Option<Running<R>>,
+    agent: Option<Cached<A>>,
+    waiting_for_worker: bool,
+}
+
+impl<R, A> Session<R, A> {
+    fn holds_nothing(&self) -> bool {
+        self.turn.is_none() && self.queue.is_empty() && self.agent.is_none()
+    }
+}
+
+#[derive(Debug)]
+struct PendingCleanup {
+    session: SessionKey,
+    context: CleanupContext,
+}
+
+#[derive(Debug, Default)]
+struct Shutdown {
+    report: ShutdownReport,
+    announced: bool,
+}
+
+/// The session table and scheduler.
+#[derive(Debug)]
+pub struct Core<R, A> {
+    cfg: CoreConfig,
+    slots: Slab<Session<R, A>>,
+    index: HashMap<SessionKey, usize>,
+    /// Sessions with queued work waiting for a worker, first come first served.
+    ready: VecDeque<(usize, u64)>,
+    /// Idle cached agents by recency: lru_seq -> slot.
+    lru: BTreeMap<u64, usize>,
+    timers: TimerQueue<Timer>,
+    cleanups: HashMap<CleanupId, PendingCleanup>,
+    busy_workers: usize,
+    next_sid: u64,
+    next_turn: u64,
+    next_cleanup: u64,
+    next_lru: u64,
+    queued_total: usize,
+    stats: CoreStats,
+    shutdown: Option<Shutdown>,
+}
+
+impl<R: Clone, A> Core<R, A> {
+    /// A core with the given limits; `now` starts the idle sweep's clock.
+    pub fn new(cfg: CoreConfig, now: Duration) -> Self {
+        let mut timers = TimerQueue::default();
+        timers.insert(now + cfg.sweep_interval, Timer::Sweep);
+        Core {
+            cfg,
+            slots: Slab::new(),
+            index: HashMap::new(),
+            ready: VecDeque::new(),
+            lru: BTreeMap::new(),
+            timers,
+            cleanups: HashMap::new(),
+            busy_workers: 0,
+            next_sid: 0,
+            next_turn: 0,
+            next_cleanup: 0,
+            next_lru: 0,
+            queued_total: 0,
+            stats: CoreStats::default(),
+            shutdown: None,
+        }
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &CoreConfig {
+        &self.cfg
+    }
+
+    /// Applies one input at time `now`, pushing the resulting effects onto `fx`.
+    pub fn handle(&mut self, now: Duration, input: Input<R, A>, fx: &mut Vec<Effect<R, A>>) {
+        match input {
+            Input::Submit { message, route } => self.submit(now, message, route, fx),
+            Input::TurnDone { turn, slot, session, agent, result } => {
+                self.turn_done(now, turn, slot, session, agent, result, fx)
+            }
+            Input::CleanupDone { job, result } => self.cleanup_done(job, result, fx),
+            Input::Shutdown => self.begin_shutdown(now, fx),
+        }
+        self.dispatch(now, fx);
+        self.check_shutdown_complete(fx);
+    }
+
+    /// Fires every timer due at `now`.
+    pub fn advance(&mut self, now: Duration, fx: &mut Vec<Effect<R, A>>) {
+        while let Some(timer) = self.timers.pop_due(now) {
+            self.fire(now, timer, fx);
+        }
+        self.dispatch(now, fx);
+        self.check_shutdown_complete(fx);
+    }
+
+    /// The earliest pending timer; the driver should call [`Core::advance`] by then.
+    pub fn next_deadline(&self) -> Option<Duration> {
+        self.timers.next_deadline()
+    }
+
+    /// Current counters and gauges.
+    pub fn stats(&self) -> CoreStats {
+        CoreStats {
+            sessions: self.slots.len(),
+            running_turns: self.busy_workers,
+            queued_messages: self.queued_total,
+            waiting_for_worker: self.slots.iter().filter(|(_, s)| s.waiting_for_worker).count(),
+            cached_agents: self.lru.len(),
+            cleanups_pending: self.cleanups.len(),
+            ..self.stats
+        }
+    }
+
+    /// True once shutdown has begun.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutdown.is_some()
+    }
+
+    /// A view of one session, if it holds a slot.
+    pub fn session(&self, key: &SessionKey) -> Option<SessionView> {
+        self.index.get(key).map(|&slot| self.view(slot))
+    }
+
+    /// Views of every session holding a slot.
+    pub fn sessions(&self) -> impl Iterator<Item = SessionView> + '_ {
+        self.slots.iter().map(|(slot, _)| self.view(slot))
+    }
+
+    fn view(&self, slot: usize) -> SessionView {
+        let s = &self.slots[slot];
+        SessionView {
+            slot,
+            key: s.key.clone(),
+            running: s.turn.as_ref().map(|t| t.turn),
+            running_since: s.turn.as_ref().map(|t| t.started),
+            queued: s.queue.len(),
+            agent_cached: s.agent.is_some(),
+            waiting_for_worker: s.waiting_for_worker,
+        }
+    }
+
+    // ---- inputs ------------------------------------------------------------------------
+
+    fn submit(&mut self, now: Duration, msg: Message, route: R, fx: &mut Vec<Effect<R, A>>) {
+        let Message { id, session: key, body } = msg;
+        if self.shutdown.is_some() {
+            self.reject(route, id, key, RejectReason::ShuttingDown, fx);
+            return;
+        }
+        let text = match body {
+            Body::Command(cmd) => {
+                self.stats.accepted += 1;
+                let accepted = EventKind::Accepted { state: AcceptState::Running, position: 0 };
+                emit(fx, route.clone(), &id, &key, accepted);
+                let reply = self.command(now, &key, cmd, fx);
+                emit(fx, route, &id, &key, EventKind::Finished(Outcome::Reply(reply)));
+                return;
+            }
+            Body::Text(text) => text,
+        };
+        let slot = match self.index.get(&key) {
+            Some(&slot) => slot,
+            None => {
+                self.next_sid += 1;
+                let slot = self.slots.insert(Session {
+                    sid: self.next_sid,
+                    key: key.clone(),
+                    queue: VecDeque::new(),
+                    turn: None,
+                    agent: None,
+                    waiting_for_worker: false,
+                });
+                self.index.insert(key.clone(), slot);
+                slot
+            }
+        };
+        let session = &mut self.slots[slot];
+        if session.queue.len() >= self.cfg.queue_cap {
+            self.reject(route, id, key, RejectReason::QueueFull, fx);
+            return;
+        }
+        self.stats.accepted += 1;
+        let position = session.queue.len() + usize::from(session.turn.is_some());
+        let idle = session.turn.is_none() && !session.waiting_for_worker;
+        let can_start_now =
+            idle && self.ready.is_empty() && self.busy_workers < self.cfg.turn_workers;
+        let state = if can_start_now { AcceptState::Running } else { AcceptState::Queued };
+        emit(fx, route.clone(), &id, &key, EventKind::Accepted { state, position });
+        if self.cfg.busy_mode == BusyMode::Interrupt {
+            self.cancel_turn(now, slot, CancelReason::Interrupted, fx);
+        }
+        let session = &mut self.slots[slot];
+        session.queue.push_back(Queued { id, text, route });
+        self.queued_total += 1;
+        if idle {
+            self.make_ready(slot);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn turn_done(
+        &mut self,
+        now: Duration,
+        turn: TurnId,
+        slot: usize,
+        key: SessionKey,
+        agent: Option<A>,
+        result: TurnResult,
+        fx: &mut Vec<Effect<R, A>>,
+    ) {
+        let current = self
+            .slots
+            .get(slot)
+            .and_then(|s| s.turn.as_ref())
+            .is_some_and(|t| t.turn == turn);
+        if !current {
+            // An abandoned turn came back: its outcome was already given; close its agent.
+            if let Some(agent) = agent {
+                self.cleanup(now, key, CleanupContext::Abandoned, agent, fx);
+            }
+            return;
+        }
+        let session = &mut self.slots[slot];
+        let Some(running) = session.turn.take() else { return };
+        self.busy_workers -= 1;
+        self.note_stale_timer();
+        let panicked = matches!(result, TurnResult::Panicked(_));
+        let outcome = match result {
+            TurnResult::Reply(text) => {
+                self.stats.turns_completed += 1;
+                Outcome::Reply(text)
+            }
+            TurnResult::Cancelled => match running.cancel {
+                Some(reason) => {
+                    self.stats.turns_cancelled += 1;
+                    Outcome::Cancelled(reason)
+                }
+                None => {
+                    self.stats.turns_failed += 1;
+                    Outcome::Failed(FailReason::Agent("cancelled without a request".into()))
+                }
+            },
+            TurnResult::Failed(e) => {
+                self.stats.turns_failed += 1;
+                Outcome::Failed(FailReason::Agent(e))
+            }
+            TurnResult::Panicked(e) => {
+                self.stats.turns_failed += 1;
+                Outcome::Failed(FailReason::Panic(e))
+            }
+        };
+        if let Some(sd) = &mut self.shutdown {
+            sd.report.turns_finished += 1;
+        }
+        emit(fx, running.route.clone(), &running.id, &key, EventKind::TurnEnded(turn));
+        emit(fx, running.route, &running.id, &key, EventKind::Finished(outcome));
+        if let Some(agent) = agent {
+            if panicked {
+                self.cleanup(now, key.clone(), CleanupContext::Panicked, agent, fx);
+            } else if running.discard_agent || self.shutdown.is_some() {
+                let ctx = if self.shutdown.is_some() {
+                    CleanupContext::Shutdown
+                } else {
+                    CleanupContext::Reset
+                };
+                self.cleanup(now, key.clone(), ctx, agent, fx);
+            } else {
+                self.cache_agent(now, slot, agent);
+            }
+        }
+        self.after_turn(slot);
+        self.enforce_cache_cap(now, fx);
+    }
+
+    fn cleanup_done(&mut self, job: CleanupId, result: Result<(), String>, fx: &mut Vec<Effect<R, A>>) {
+        // A job that already exceeded its deadline was counted as leaked; its late end is moot.
+        let Some(pending) = self.cleanups.remove(&job) else { return };
+        self.note_stale_timer();
+        match result {
+            Ok(()) => {
+                self.stats.cleanups_done += 1;
+                if let Some(sd) = &mut self.shutdown {
+                    sd.report.cleanups_done += 1;
+                }
+            }
+            Err(error) => {
+                self.stats.cleanups_failed += 1;
+                if let Some(sd) = &mut self.shutdown {
+                    sd.report.cleanups_failed += 1;
+                }
+                fx.push(Effect::CleanupFailed {
+                    job,
+                    session: pending.session,
+                    context: pending.context,
+                    error,
+                });
+            }
+        }
+    }
+
+    fn begin_shutdown(&mut self, now: Duration, fx: &mut Vec<Effect<R, A>>) {
+        if self.shutdown.is_some() {
+            return;
+        }
+        self.shutdown = Some(Shutdown::default());
+        let mut cancelled = 0;
+        let slots: Vec<usize> = self.slots.iter().map(|(slot, _)| slot).collect();
+        for slot in slots {
+            cancelled += self.cancel_queue(slot, CancelReason::Shutdown, fx);
+            let session = &mut self.slots[slot];
+            session.waiting_for_worker = false;
+            if let Some(t) = &mut session.turn {
+                t.discard_agent = true;
+            }
+            if let Some(cached) = session.agent.take() {
+                self.lru.remove(&cached.lru_seq);
+                let key = session.key.clone();
+                self.cleanup(now, key, CleanupContext::Shutdown, cached.agent, fx);
+            }
+            self.release_if_empty(slot);
+        }
+        self.ready.clear();
+        if let Some(sd) = &mut self.shutdown {
+            sd.report.queued_cancelled = cancelled as u64;
+        }
+        self.timers.insert(now + self.cfg.drain_timeout, Timer::DrainDeadline);
+    }
+
+    // ---- timers ------------------------------------------------------------------------
+
+    fn fire(&mut self, now: Duration, timer: Timer, fx: &mut Vec<Effect<R, A>>) {
+        match timer {
+            Timer::TurnDeadline { turn, slot } => {
+                if self.is_current(slot, turn) {
+                    self.abandon(slot, AbandonReason::Timeout, fx);
+                }
+            }
+            Timer::StopGrace { turn, slot } => {
+                if self.is_current(slot, turn) {
+                    let reason = self.slots[slot]
+                        .turn
+                        .as_ref()
+                        .and_then(|t| t.cancel)
+                        .unwrap_or(CancelReason::Stopped);
+                    self.abandon(slot, AbandonReason::IgnoredCancel(reason), fx);
+                }
+            }
+            Timer::CleanupDeadline(job) => {
+                if let Some(p) = self.cleanups.remove(&job) {
+                    self.stats.cleanups_timed_out += 1;
+                    if let Some(sd) = &mut self.shutdown {
+                        sd.report.cleanups_timed_out += 1;
+                    }
+                    fx.push(Effect::CleanupExceeded { job, session: p.session, context: p.context });
+                }
+            }
+            Timer::Sweep => {
+                self.sweep(now, fx);
+                self.timers.insert(now + self.cfg.sweep_interval, Timer::Sweep);
+            }
+            Timer::DrainDeadline => {
+                let running: Vec<usize> = self
+                    .slots
+                    .iter()
+                    .filter(|(_, s)| s.turn.is_some())
+                    .map(|(slot, _)| slot)
+                    .collect();
+                for slot in running {
+                    self.cancel_turn(now, slot, CancelReason::Shutdown, fx);
+                }
+            }
+        }
+    }
+
+    /// One queued timer became moot (its turn ended, its cleanup finished).
+    fn note_stale_timer(&mut self) {
+        let (slots, cleanups) = (&self.slots, &self.cleanups);
+        self.timers.mark_stale(|timer| match *timer {
+            Timer::TurnDeadline { turn, slot } | Timer::StopGrace { turn, slot } => slots
+                .get(slot)
+                .and_then(|s| s.turn.as_ref())
+                .is_some_and(|t| t.turn == turn),
+            Timer::CleanupDeadline(job) => cleanups.contains_key(&job),
+            Timer::Sweep | Timer::DrainDeadline => true,
+        });
+    }
+
+    fn is_current(&self, slot: usize, turn: TurnId) -> bool {
+        self.slots.get(slot).and_then(|s| s.turn.as_ref()).is_some_and(|t| t.turn == turn)
+    }
+
+    fn sweep(&mut self, now: Duration, fx: &mut Vec<Effect<R, A>>) {
+        while let Some((&seq, &slot)) = self.lru.iter().next() {
+            let session = &mut self.slots[slot];
+            let expired = session
+                .agent
+                .as_ref()
+                .is_some_and(|c| c.idle_since + self.cfg.agent_idle_ttl <= now);
+            if !expired {
+                break;
+            }
+            self.lru.remove(&seq);
+            if let Some(cached) = session.agent.take() {
+                let key = session.key.clone();
+                self.cleanup(now, key, CleanupContext::Sweep, cached.agent, fx);
+            }
+            self.release_if_empty(slot);
+        }
+    }
+
+    // ---- commands ----------------------------------------------------------------------
+
+    fn command(&mut self, now: Duration, key: &SessionKey, cmd: Command, fx: &mut Vec<Effect<R, A>>) -> String {
+        let Some(&slot) = self.index.get(key) else {
+            return match cmd {
+                Command::Status => "idle: no turn running, 0 queued".to_owned(),
+                Command::Stop => "nothing to stop: no turn running, 0 queued".to_owned(),
+                Command::Reset => "reset: the next message starts a fresh agent".to_owned(),
+            };
+        };
+        match cmd {
+            Command::Status => {
+                let s = &self.slots[slot];
+                let queued = s.queue.len();
+                match &s.turn {
+                    Some(t) => {
+                        let secs = now.saturating_sub(t.started).as_secs_f64();
+                        let cancel = t.cancel.map(|r| format!(" (cancelling: {})", r.as_str()));
+                        format!(
+                            "running for {secs:.1}s{}, {queued} queued",
+                            cancel.unwrap_or_default()
+                        )
+                    }
+                    None if s.waiting_for_worker => format!("waiting for a worker, {queued} queued"),
+                    None => "idle: no turn running, 0 queued".to_owned(),
+                }
+            }
+            Command::Stop | Command::Reset => {
+                let reason = if cmd == Command::Stop {
+                    CancelReason::Stopped
+                } else {
+                    CancelReason::Reset
+                };
+                let dropped = self.cancel_queue(slot, reason, fx);
+                let was_running = self.cancel_turn(now, slot, reason, fx);
+                let session = &mut self.slots[slot];
+                session.waiting_for_worker = false;
+                if cmd == Command::Reset {
+                    if let Some(t) = &mut session.turn {
+                        t.discard_agent = true;
+                    }
+                    if let Some(cached) = session.agent.take() {
+                        self.lru.remove(&cached.lru_seq);
+                        let key = session.key.clone();
+                        self.cleanup(now, key, CleanupContext::Reset, cached.agent, fx);
+                    }
+                }
+                self.release_if_empty(slot);
+                let running = if was_running { "cancelled the running turn" } else { "no turn running" };
+                let verb = cmd.name();
+                format!("{verb}: {running}, {dropped} queued message(s) cancelled")
+            }
+        }
+    }
+
+    // ---- mechanics ---------------------------------------------------------------------
+
+    /// Ends every queued message of a session with `cancelled: reason`; returns how many.
+    fn cancel_queue(&mut self, slot: usize, reason: CancelReason, fx: &mut Vec<Effect<R, A>>) -> usize {
+        let session = &mut self.slots[slot];
+        let n = session.queue.len();
+        for q in session.queue.drain(..) {
+            emit(fx, q.route, &q.id, &session.key, EventKind::Finished(Outcome::Cancelled(reason)));
+        }
+        self.queued_total -= n;
+        n
+    }
+
+    /// Signals a running turn's cancellation and starts its grace period. Returns whether a
+    /// turn was running; a turn already cancelling keeps its first reason and deadline.
+    fn cancel_turn(&mut self, now: Duration, slot: usize, reason: CancelReason, fx: &mut Vec<Effect<R, A>>) -> bool {
+        let Some(t) = self.slots[slot].turn.as_mut() else { return false };
+        if t.cancel.is_none() {
+            t.cancel = Some(reason);
+            fx.push(Effect::CancelTurn(t.turn));
+            self.timers.insert(now + self.cfg.stop_grace, Timer::StopGrace { turn: t.turn, slot });
+        }
+        true
+    }
+
+    fn abandon(&mut self, slot: usize, reason: AbandonReason, fx: &mut Vec<Effect<R, A>>) {
+        let Some(running) = self.slots[slot].turn.take() else { return };
+        let key = self.slots[slot].key.clone();
+        self.busy_workers -= 1;
+        self.note_stale_timer();
+        self.stats.turns_abandoned += 1;
+        if let Some(sd) = &mut self.shutdown {
+            sd.report.turns_abandoned += 1;
+        }
+        if reason == AbandonReason::Timeout {
+            fx.push(Effect::CancelTurn(running.turn));
+        }
+        fx.push(Effect::TurnAbandoned { turn: running.turn, session: key.clone(), reason });
+        let outcome = match reason {
+            AbandonReason::Timeout => Outcome::Failed(FailReason::Timeout),
+            AbandonReason::IgnoredCancel(r) => Outcome::Cancelled(r),
+        };
+        emit(fx, running.route.clone(), &running.id, &key, EventKind::TurnEnded(running.turn));
+        emit(fx, running.route, &running.id, &key, EventKind::Finished(outcome));
+        // The agent stays with the stuck worker; the next turn creates a fresh one.
+        self.after_turn(slot);
+    }
+
+    /// After a turn ends: hand over to the queued work, or give the slot back.
+    fn after_turn(&mut self, slot: usize) {
+        if self.slots[slot].queue.is_empty() {
+            self.release_if_empty(slot);
+        } else {
+            self.make_ready(slot);
+        }
+    }
+
+    fn make_ready(&mut self, slot: usize) {
+        let session = &mut self.slots[slot];
+        if !session.waiting_for_worker {
+            session.waiting_for_worker = true;
+            self.ready.push_back((slot, session.sid));
+        }
+    }
+
+    /// Starts turns while workers are free, in ready-queue order.
+    fn dispatch(&mut self, now: Duration, fx: &mut Vec<Effect<R, A>>) {
+        while self.busy_workers < self.cfg.turn_workers {
+            let Some((slot, sid)) = self.ready.pop_front() else { break };
+            let Some(session) = self.slots.get_mut(slot) else { continue };
+            if session.sid != sid || !session.waiting_for_worker {
+                continue; // stale entry: the session was stopped or left the slot
+            }
+            session.waiting_for_worker = false;
+            if session.turn.is_some() || session.queue.is_empty() {
+                continue;
+            }
+            self.start_turn(now, slot, fx);
+        }
+    }
+
+    fn start_turn(&mut self, now: Duration, slot: usize, fx: &mut Vec<Effect<R, A>>) {
+        let session = &mut self.slots[slot];
+        let Some(head) = session.queue.pop_front() else { return };
+        self.queued_total -= 1;
+        let mut input = head.text;
+        if self.cfg.busy_mode == BusyMode::Merge {
+            let merged = session.queue.len();
+            for q in session.queue.drain(..) {
+                input.push('\n');
+                input.push_str(&q.text);
+                let outcome = Outcome::Merged { into: head.id.clone() };
+                emit(fx, q.route, &q.id, &session.key, EventKind::Finished(outcome));
+            }
+            self.queued_total -= merged;
+        }
+        let agent = session.agent.take().map(|c| {
+            self.lru.remove(&c.lru_seq);
+            c.agent
+        });
+        self.next_turn += 1;
+        let turn = TurnId(self.next_turn);
+        emit(fx, head.route.clone(), &head.id, &session.key, EventKind::TurnStarted(turn));
+        fx.push(Effect::StartTurn(TurnJob {
+            turn,
+            slot,
+            session: session.key.clone(),
+            message_id: head.id.clone(),
+            input,
+            agent,
+        }));
+        session.turn = Some(Running {
+            turn,
+            id: head.id,
+            route: head.route,
+            started: now,
+            cancel: None,
+            discard_agent: false,
+        });
+        self.busy_workers += 1;
+        self.timers.insert(now + self.cfg.turn_timeout, Timer::TurnDeadline { turn, slot });
+    }
+
+    fn cache_agent(&mut self, now: Duration, slot: usize, agent: A) {
+        self.next_lru += 1;
+        self.lru.insert(self.next_lru, slot);
+        self.slots[slot].agent = Some(Cached { agent, lru_seq: self.next_lru, idle_since: now });
+    }
+
+    /// Closes least recently used idle agents while the cache is over its cap.
+    fn enforce_cache_cap(&mut self, now: Duration, fx: &mut Vec<Effect<R, A>>) {
+        while self.lru.len() > self.cfg.max_cached_agents {
+            let Some((_, slot)) = self.lru.pop_first() else { break };
+            let session = &mut self.slots[slot];
+            if let Some(cached) = session.agent.take() {
+                let key = session.key.clone();
+                self.cleanup(now, key, CleanupContext::Eviction, cached.agent, fx);
+            }
+            self.release_if_empty(slot);
+        }
+    }
+
+    fn cleanup(&mut self, now: Duration, session: SessionKey, context: CleanupContext, agent: A, fx: &mut Vec<Effect<R, A>>) {
+        self.next_cleanup += 1;
+        let job = CleanupId(self.next_cleanup);
+        self.cleanups.insert(job, PendingCleanup { session: session.clone(), context });
+        self.timers.insert(now + self.cfg.cleanup_timeout, Timer::CleanupDeadline(job));
+        fx.push(Effect::Cleanup(CleanupJob { job, session, context, agent }));
+    }
+
+    fn release_if_empty(&mut self, slot: usize) {
+        let session = &self.slots[slot];
+        if session.holds_nothing() && !session.waiting_for_worker {
+            self.index.remove(&session.key);
+            self.slots.remove(slot);
+        }
+    }
+
+    fn reject(&mut self, route: R, id: Arc<str>, key: SessionKey, reason: RejectReason, fx: &mut Vec<Effect<R, A>>) {
+        self.stats.rejected += 1;
+        emit(fx, route, &id, &key, EventKind::Rejected(reason));
+        // A session created for this message and left empty must not leak its slot.
+        if let Some(&slot) = self.index.get(&key) {
+            self.release_if_empty(slot);
+        }
+    }
+
+    fn check_shutdown_complete(&mut self, fx: &mut Vec<Effect<R, A>>) {
+        let Some(sd) = &mut self.shutdown else { return };
+        if sd.announced || self.busy_workers > 0 || !self.cleanups.is_empty() {
+            return;
+        }
+        sd.announced = true;
+        let mut report = sd.report.clone();
+        report.clean = report.turns_abandoned == 0 && report.cleanups_timed_out == 0;
+        fx.push(Effect::ShutdownComplete(report));
+    }
+}
+
+fn emit<R, A>(fx: &mut Vec<Effect<R, A>>, route: R, id: &Arc<str>, key: &SessionKey, kind: EventKind) {
+    fx.push(Effect::Emit {
+        route,
+        event: MessageEvent { id: id.clone(), session: key.clone(), kind },
+    });
+}

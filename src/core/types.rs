@@ -1,0 +1,442 @@
+//! The vocabulary of the core: what goes in, what comes out, and what callers observe.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::message::{Message, SessionKey};
+
+/// Identifies one agent turn; also its generation: a completion whose id is not the
+/// session's current turn is stale and its result is discarded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TurnId(pub u64);
+
+/// Identifies one cleanup job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CleanupId(pub u64);
+
+/// How a session treats a message that arrives while its turn runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum BusyMode {
+    /// Follow-ups run one turn each, in order.
+    #[default]
+    Queue,
+    /// A follow-up cancels the running turn, then runs.
+    Interrupt,
+    /// Everything queued when a turn ends runs as one turn.
+    Merge,
+}
+
+impl BusyMode {
+    /// Parses `queue`, `interrupt` or `merge`.
+    pub fn parse(s: &str) -> Option<BusyMode> {
+        match s {
+            "queue" => Some(BusyMode::Queue),
+            "interrupt" => Some(BusyMode::Interrupt),
+            "merge" => Some(BusyMode::Merge),
+            _ => None,
+        }
+    }
+}
+
+/// Limits and timeouts of the session table and scheduler.
+#[derive(Clone, Debug)]
+pub struct CoreConfig {
+    /// Turns that may run at once (the turn pool's size).
+    pub turn_workers: usize,
+    /// Busy-session behaviour.
+    pub busy_mode: BusyMode,
+    /// Messages a session may hold waiting behind its running turn.
+    pub queue_cap: usize,
+    /// Idle agents kept for reuse; least recently used go first.
+    pub max_cached_agents: usize,
+    /// An idle agent older than this is closed by the sweep.
+    pub agent_idle_ttl: Duration,
+    /// How often the idle sweep runs.
+    pub sweep_interval: Duration,
+    /// A turn running longer is abandoned (`failed: timeout`).
+    pub turn_timeout: Duration,
+    /// How long a cancelled turn may take to return before it is abandoned.
+    pub stop_grace: Duration,
+    /// How long a cleanup job may take before it counts as leaked.
+    pub cleanup_timeout: Duration,
+    /// How long shutdown lets running turns finish before cancelling them.
+    pub drain_timeout: Duration,
+}
+
+impl Default for CoreConfig {
+    fn default() -> Self {
+        CoreConfig {
+            turn_workers: 16,
+            busy_mode: BusyMode::Queue,
+            queue_cap: 32,
+            max_cached_agents: 128,
+            agent_idle_ttl: Duration::from_secs(3600),
+            sweep_interval: Duration::from_secs(60),
+            turn_timeout: Duration::from_secs(600),
+            stop_grace: Duration::from_secs(5),
+            cleanup_timeout: Duration::from_secs(30),
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Why a message was refused (it was never accepted, so this is its only answer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RejectReason {
+    /// The session already holds `queue_cap` waiting messages.
+    QueueFull,
+    /// The runtime is shutting down.
+    ShuttingDown,
+}
+
+impl RejectReason {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectReason::QueueFull => "queue_full",
+            RejectReason::ShuttingDown => "shutting_down",
+        }
+    }
+}
+
+/// Why a message's turn was cancelled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CancelReason {
+    /// `/stop`.
+    Stopped,
+    /// `/new` or `/reset`.
+    Reset,
+    /// A follow-up in interrupt mode.
+    Interrupted,
+    /// The runtime shut down.
+    Shutdown,
+}
+
+impl CancelReason {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CancelReason::Stopped => "stopped",
+            CancelReason::Reset => "reset",
+            CancelReason::Interrupted => "interrupted",
+            CancelReason::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// Why a message's turn failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FailReason {
+    /// The agent returned an error (or could not be created).
+    Agent(String),
+    /// The agent panicked.
+    Panic(String),
+    /// The turn ran past `turn_timeout` and was abandoned.
+    Timeout,
+}
+
+impl fmt::Display for FailReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FailReason::Agent(e) => write!(f, "agent error: {e}"),
+            FailReason::Panic(e) => write!(f, "agent panic: {e}"),
+            FailReason::Timeout => f.write_str("timeout"),
+        }
+    }
+}
+
+/// The terminal outcome of an accepted message: exactly one per message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The agent's reply, or a command's result.
+    Reply(String),
+    /// The turn was cancelled, or the message was dropped from the queue on purpose.
+    Cancelled(CancelReason),
+    /// The turn failed.
+    Failed(FailReason),
+    /// The message's text ran as part of another message's turn, which gets the reply.
+    Merged {
+        /// The message whose turn carried this one.
+        into: Arc<str>,
+    },
+}
+
+/// Whether an accepted message started at once or waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AcceptState {
+    /// Its turn (or command) started in the step that accepted it.
+    Running,
+    /// It waits behind the session's turn or for a free worker.
+    Queued,
+}
+
+/// What happened to a message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// Taken in; `position` counts the session's messages ahead of it.
+    Accepted {
+        /// Running or queued.
+        state: AcceptState,
+        /// The session's messages ahead of this one.
+        position: usize,
+    },
+    /// Refused; no other event follows.
+    Rejected(RejectReason),
+    /// Its agent turn started.
+    TurnStarted(TurnId),
+    /// Its agent turn ended (just before the outcome).
+    TurnEnded(TurnId),
+    /// The terminal outcome.
+    Finished(Outcome),
+}
+
+/// An event about one message, delivered to whoever submitted it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MessageEvent {
+    /// The message's id.
+    pub id: Arc<str>,
+    /// The message's session.
+    pub session: SessionKey,
+    /// What happened.
+    pub kind: EventKind,
+}
+
+/// What an agent turn returned, as reported by the worker that ran it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TurnResult {
+    /// The reply text.
+    Reply(String),
+    /// The agent honoured a cancellation.
+    Cancelled,
+    /// The agent (or its creation) failed.
+    Failed(String),
+    /// The agent panicked; the text is the panic message.
+    Panicked(String),
+}
+
+/// Why a cleanup job runs; carried into logs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CleanupContext {
+    /// The idle sweep closed an agent past its TTL.
+    Sweep,
+    /// The cache was over `max_cached_agents`.
+    Eviction,
+    /// `/new` or `/reset`.
+    Reset,
+    /// The agent came back from an abandoned turn.
+    Abandoned,
+    /// The agent panicked during a turn.
+    Panicked,
+    /// Shutdown.
+    Shutdown,
+}
+
+impl CleanupContext {
+    /// The name used in logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CleanupContext::Sweep => "sweep",
+            CleanupContext::Eviction => "eviction",
+            CleanupContext::Reset => "reset",
+            CleanupContext::Abandoned => "abandoned turn",
+            CleanupContext::Panicked => "panicked turn",
+            CleanupContext::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// Why a turn was abandoned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AbandonReason {
+    /// It ran past `turn_timeout`.
+    Timeout,
+    /// It did not return within `stop_grace` of being cancelled.
+    IgnoredCancel(CancelReason),
+}
+
+/// A turn to run on the turn pool.
+#[derive(Debug)]
+pub struct TurnJob<A> {
+    /// Its id; the completion must carry it back.
+    pub turn: TurnId,
+    /// The session's slot; the completion must carry it back.
+    pub slot: usize,
+    /// The session.
+    pub session: SessionKey,
+    /// The id of the message the turn answers.
+    pub message_id: Arc<str>,
+    /// The agent's input (several texts joined by newlines in merge mode).
+    pub input: String,
+    /// The session's agent, or `None` to create a fresh one on the worker.
+    pub agent: Option<A>,
+}
+
+/// An agent to close on the cleanup pool.
+#[derive(Debug)]
+pub struct CleanupJob<A> {
+    /// Its id; the completion must carry it back.
+    pub job: CleanupId,
+    /// The session the agent served.
+    pub session: SessionKey,
+    /// Why it is closed.
+    pub context: CleanupContext,
+    /// The agent.
+    pub agent: A,
+}
+
+/// What shutdown achieved.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ShutdownReport {
+    /// True when every turn finished or honoured cancellation and every cleanup finished in time.
+    pub clean: bool,
+    /// Queued messages ended `cancelled: shutdown`.
+    pub queued_cancelled: u64,
+    /// Turns that ended (any outcome) after shutdown began.
+    pub turns_finished: u64,
+    /// Turns abandoned after shutdown began.
+    pub turns_abandoned: u64,
+    /// Cleanups finished after shutdown began.
+    pub cleanups_done: u64,
+    /// Cleanups that failed after shutdown began.
+    pub cleanups_failed: u64,
+    /// Cleanups that exceeded their deadline after shutdown began.
+    pub cleanups_timed_out: u64,
+}
+
+/// Input to the core.
+#[derive(Debug)]
+pub enum Input<R, A> {
+    /// A message (or command) from a submitter; `route` says where its events go.
+    Submit {
+        /// The message.
+        message: Message,
+        /// Where its events go.
+        route: R,
+    },
+    /// A turn returned from its worker.
+    TurnDone {
+        /// The turn's id.
+        turn: TurnId,
+        /// The slot from its job.
+        slot: usize,
+        /// The session from its job.
+        session: SessionKey,
+        /// The agent, moved back (None when it could not be created).
+        agent: Option<A>,
+        /// What the turn produced.
+        result: TurnResult,
+    },
+    /// A cleanup job returned.
+    CleanupDone {
+        /// The job's id.
+        job: CleanupId,
+        /// `Err` when `close()` failed or panicked.
+        result: Result<(), String>,
+    },
+    /// Begin a graceful shutdown.
+    Shutdown,
+}
+
+/// Work the core asks its driver to do.
+#[derive(Debug)]
+pub enum Effect<R, A> {
+    /// Deliver an event to a submitter.
+    Emit {
+        /// The submitter's route.
+        route: R,
+        /// The event.
+        event: MessageEvent,
+    },
+    /// Run a turn on the turn pool.
+    StartTurn(TurnJob<A>),
+    /// Signal a running turn's cancellation token.
+    CancelTurn(TurnId),
+    /// A turn was given up on; its worker thread should be replaced (log at WARN).
+    TurnAbandoned {
+        /// The turn.
+        turn: TurnId,
+        /// Its session.
+        session: SessionKey,
+        /// Why.
+        reason: AbandonReason,
+    },
+    /// Close an agent on the cleanup pool.
+    Cleanup(CleanupJob<A>),
+    /// A cleanup passed its deadline; stop waiting, replace its thread (log WARN `exceeded`).
+    CleanupExceeded {
+        /// The job.
+        job: CleanupId,
+        /// Its session.
+        session: SessionKey,
+        /// Why it ran.
+        context: CleanupContext,
+    },
+    /// A cleanup's `close()` failed or panicked (log WARN `failed`).
+    CleanupFailed {
+        /// The job.
+        job: CleanupId,
+        /// Its session.
+        session: SessionKey,
+        /// Why it ran.
+        context: CleanupContext,
+        /// What went wrong.
+        error: String,
+    },
+    /// Shutdown has finished; the driver may stop.
+    ShutdownComplete(ShutdownReport),
+}
+
+/// Counters and gauges of the core, for the status snapshot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CoreStats {
+    /// Sessions holding a slot.
+    pub sessions: usize,
+    /// Turns in flight (claimed, not abandoned).
+    pub running_turns: usize,
+    /// Messages waiting in session queues.
+    pub queued_messages: usize,
+    /// Sessions waiting for a free turn worker.
+    pub waiting_for_worker: usize,
+    /// Idle agents cached.
+    pub cached_agents: usize,
+    /// Messages accepted.
+    pub accepted: u64,
+    /// Messages rejected.
+    pub rejected: u64,
+    /// Turns that ended with a reply.
+    pub turns_completed: u64,
+    /// Turns that ended failed (abandoned ones excluded).
+    pub turns_failed: u64,
+    /// Turns that ended cancelled (abandoned ones excluded).
+    pub turns_cancelled: u64,
+    /// Turns abandoned (timeout or cancellation ignored past the grace).
+    pub turns_abandoned: u64,
+    /// Cleanup jobs not yet finished or timed out.
+    pub cleanups_pending: usize,
+    /// Cleanup jobs finished.
+    pub cleanups_done: u64,
+    /// Cleanup jobs past their deadline (leaked).
+    pub cleanups_timed_out: u64,
+    /// Cleanup jobs whose `close()` failed or panicked.
+    pub cleanups_failed: u64,
+}
+
+/// A read-only view of one session, for status and tests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionView {
+    /// Its slot in the session table; stable for the session's lifetime.
+    pub slot: usize,
+    /// The session key.
+    pub key: SessionKey,
+    /// The running turn, if any.
+    pub running: Option<TurnId>,
+    /// When the running turn started.
+    pub running_since: Option<Duration>,
+    /// Messages waiting.
+    pub queued: usize,
+    /// Whether an idle agent is cached.
+    pub agent_cached: bool,
+    /// Whether the session waits in the ready queue for a worker.
+    pub waiting_for_worker: bool,
+}

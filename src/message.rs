@@ -1,0 +1,308 @@
+//! What flows into the gateway: session keys, messages and commands.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// The kind of chat a message came from; it decides how the session key is built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ChatType {
+    /// A one-to-one conversation.
+    Dm,
+    /// A group chat; keyed per user by default.
+    Group,
+    /// A broadcast channel.
+    Channel,
+    /// A thread inside a chat; shared by everyone in it.
+    Thread,
+}
+
+impl ChatType {
+    /// The stable lowercase name used in rendered keys and the wire protocol.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChatType::Dm => "dm",
+            ChatType::Group => "group",
+            ChatType::Channel => "channel",
+            ChatType::Thread => "thread",
+        }
+    }
+
+    /// Parses `dm`, `group`, `channel` or `thread`.
+    pub fn parse(s: &str) -> Option<ChatType> {
+        match s {
+            "dm" => Some(ChatType::Dm),
+            "group" => Some(ChatType::Group),
+            "channel" => Some(ChatType::Channel),
+            "thread" => Some(ChatType::Thread),
+            _ => None,
+        }
+    }
+}
+
+/// Why a session key or message could not be built.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvalidInput {
+    /// The field at fault.
+    pub field: &'static str,
+    /// What is wrong with it.
+    pub problem: &'static str,
+}
+
+impl fmt::Display for InvalidInput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.problem)
+    }
+}
+
+impl std::error::Error for InvalidInput {}
+
+/// Longest accepted identifier (platform, chat, thread, user, message id).
+pub const MAX_ID_BYTES: usize = 256;
+
+fn check_id(field: &'static str, value: &str) -> Result<(), InvalidInput> {
+    if value.is_empty() {
+        return Err(InvalidInput { field, problem: "must not be empty" });
+    }
+    if value.len() > MAX_ID_BYTES {
+        return Err(InvalidInput { field, problem: "longer than 256 bytes" });
+    }
+    if value.chars().any(char::is_control) {
+        return Err(InvalidInput { field, problem: "contains a control character" });
+    }
+    Ok(())
+}
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct KeyParts {
+    rendered: Box<str>,
+    platform: Box<str>,
+    chat_type: ChatType,
+    chat_id: Box<str>,
+    thread_id: Option<Box<str>>,
+    user_id: Option<Box<str>>,
+}
+
+/// Identifies one conversation. Cheap to clone (shared), hashed by its rendered form.
+///
+/// Rendered as `platform:chat_type:chat_id[:thread:<id>][:user:<id>]`, with `%` and `:` inside
+/// components percent-encoded so distinct keys never render alike (`telegram:dm:42`).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct SessionKey(Arc<KeyParts>);
+
+impl SessionKey {
+    /// Builds a key. Group chats are keyed per user (as the reference gateway does): the user
+    /// id is part of a group key and ignored for every other chat type, so a DM or a thread is
+    /// one conversation whoever writes in it.
+    pub fn new(
+        platform: &str,
+        chat_type: ChatType,
+        chat_id: &str,
+        thread_id: Option<&str>,
+        user_id: Option<&str>,
+    ) -> Result<SessionKey, InvalidInput> {
+        check_id("platform", platform)?;
+        check_id("chat_id", chat_id)?;
+        if let Some(t) = thread_id {
+            check_id("thread_id", t)?;
+        }
+        let user_id = if chat_type == ChatType::Group { user_id } else { None };
+        if let Some(u) = user_id {
+            check_id("user_id", u)?;
+        }
+        let mut rendered = String::with_capacity(platform.len() + chat_id.len() + 12);
+        push_escaped(&mut rendered, platform);
+        rendered.push(':');
+        rendered.push_str(chat_type.as_str());
+        rendered.push(':');
+        push_escaped(&mut rendered, chat_id);
+        if let Some(t) = thread_id {
+            rendered.push_str(":thread:");
+            push_escaped(&mut rendered, t);
+        }
+        if let Some(u) = user_id {
+            rendered.push_str(":user:");
+            push_escaped(&mut rendered, u);
+        }
+        Ok(SessionKey(Arc::new(KeyParts {
+            rendered: rendered.into(),
+            platform: platform.into(),
+            chat_type,
+            chat_id: chat_id.into(),
+            thread_id: thread_id.map(Into::into),
+            user_id: user_id.map(Into::into),
+        })))
+    }
+
+    /// A direct-message key: `platform:dm:chat_id`.
+    pub fn dm(platform: &str, chat_id: &str) -> Result<SessionKey, InvalidInput> {
+        SessionKey::new(platform, ChatType::Dm, chat_id, None, None)
+    }
+
+    /// The stable rendered form.
+    pub fn as_str(&self) -> &str {
+        &self.0.rendered
+    }
+    /// The platform name.
+    pub fn platform(&self) -> &str {
+        &self.0.platform
+    }
+    /// The chat type.
+    pub fn chat_type(&self) -> ChatType {
+        self.0.chat_type
+    }
+    /// The chat id.
+    pub fn chat_id(&self) -> &str {
+        &self.0.chat_id
+    }
+    /// The thread id, if the session is a thread.
+    pub fn thread_id(&self) -> Option<&str> {
+        self.0.thread_id.as_deref()
+    }
+    /// The user id, present only for per-user group sessions.
+    pub fn user_id(&self) -> Option<&str> {
+        self.0.user_id.as_deref()
+    }
+}
+
+fn push_escaped(out: &mut String, s: &str) {
+    for c in s.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            ':' => out.push_str("%3A"),
+            c => out.push(c),
+        }
+    }
+}
+
+impl fmt::Display for SessionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Debug for SessionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SessionKey({})", self.as_str())
+    }
+}
+
+/// A control command: it bypasses the queue and never reaches the agent as text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Cancel the running turn and every queued message.
+    Stop,
+    /// Stop, then close the session's agent so the next message gets a fresh one.
+    Reset,
+    /// Report the session's state, running time and queue depth.
+    Status,
+}
+
+impl Command {
+    /// Recognises `/stop`, `/new`, `/reset` and `/status` (optionally followed by whitespace
+    /// and arguments, or by `@botname` as Telegram sends them). Anything else is not a command.
+    pub fn parse(text: &str) -> Option<Command> {
+        let word = text.trim_start().split_whitespace().next()?;
+        let word = word.split('@').next().unwrap_or(word);
+        match word {
+            "/stop" => Some(Command::Stop),
+            "/new" | "/reset" => Some(Command::Reset),
+            "/status" => Some(Command::Status),
+            _ => None,
+        }
+    }
+
+    /// The command's name without the slash.
+    pub fn name(self) -> &'static str {
+        match self {
+            Command::Stop => "stop",
+            Command::Reset => "reset",
+            Command::Status => "status",
+        }
+    }
+}
+
+/// What a message asks for: an agent turn on its text, or a command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Body {
+    /// Text for the agent.
+    Text(String),
+    /// A control command.
+    Command(Command),
+}
+
+/// One inbound message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    /// Opaque id, unique per origin; every event about this message carries it.
+    pub id: Arc<str>,
+    /// The conversation it belongs to.
+    pub session: SessionKey,
+    /// Text or command.
+    pub body: Body,
+}
+
+impl Message {
+    /// A chat message: text starting with `/stop`, `/new`, `/reset` or `/status` becomes a
+    /// command, anything else is agent text.
+    pub fn new(id: &str, session: SessionKey, text: &str) -> Result<Message, InvalidInput> {
+        let body = match Command::parse(text) {
+            Some(cmd) => Body::Command(cmd),
+            None => Body::Text(text.to_owned()),
+        };
+        Message::with_body(id, session, body)
+    }
+
+    /// A message with an explicit body (no command parsing).
+    pub fn with_body(id: &str, session: SessionKey, body: Body) -> Result<Message, InvalidInput> {
+        check_id("id", id)?;
+        Ok(Message { id: id.into(), session, body })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_render_stably_and_never_collide_through_separators() {
+        let k = SessionKey::dm("telegram", "42").unwrap();
+        assert_eq!(k.as_str(), "telegram:dm:42");
+        let a = SessionKey::new("matrix", ChatType::Group, "!a:b", None, Some("u")).unwrap();
+        let b = SessionKey::new("matrix", ChatType::Group, "!a", Some("b"), Some("u")).unwrap();
+        assert_eq!(a.as_str(), "matrix:group:!a%3Ab:user:u");
+        assert_ne!(a, b);
+        assert_ne!(a.as_str(), b.as_str());
+    }
+
+    #[test]
+    fn group_keys_are_per_user_and_threads_are_shared() {
+        let g1 = SessionKey::new("slack", ChatType::Group, "C1", None, Some("u1")).unwrap();
+        let g2 = SessionKey::new("slack", ChatType::Group, "C1", None, Some("u2")).unwrap();
+        assert_ne!(g1, g2);
+        let t1 = SessionKey::new("slack", ChatType::Thread, "C1", Some("T"), Some("u1")).unwrap();
+        let t2 = SessionKey::new("slack", ChatType::Thread, "C1", Some("T"), Some("u2")).unwrap();
+        assert_eq!(t1, t2);
+        assert_eq!(t1.user_id(), None);
+    }
+
+    #[test]
+    fn bad_identifiers_are_rejected_with_the_field_named() {
+        let e = SessionKey::dm("", "1").unwrap_err();
+        assert_eq!(e.field, "platform");
+        let e = SessionKey::dm("tg", "a\nb").unwrap_err();
+        assert_eq!(e.field, "chat_id");
+        let k = SessionKey::dm("tg", "1").unwrap();
+        assert_eq!(Message::new("", k, "hi").unwrap_err().field, "id");
+    }
+
+    #[test]
+    fn commands_are_recognised_only_as_the_leading_word() {
+        assert_eq!(Command::parse("/stop"), Some(Command::Stop));
+        assert_eq!(Command::parse("  /new please"), Some(Command::Reset));
+        assert_eq!(Command::parse("/reset@mybot"), Some(Command::Reset));
+        assert_eq!(Command::parse("/status"), Some(Command::Status));
+        assert_eq!(Command::parse("/stopper"), None);
+        assert_eq!(Command::parse("please /stop"), None);
+        assert_eq!(Command::parse(""), None);
+    }
+}
