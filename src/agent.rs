@@ -138,7 +138,9 @@ impl EchoAgent {
 
     /// A factory of echo agents with the given per-turn delay.
     pub fn factory(delay: Duration) -> impl AgentFactory {
-        move |_: &SessionKey| -> Result<Box<dyn Agent>, String> { Ok(Box::new(EchoAgent::new(delay))) }
+        move |_: &SessionKey| -> Result<Box<dyn Agent>, String> {
+            Ok(Box::new(EchoAgent::new(delay)))
+        }
     }
 }
 
@@ -158,15 +160,26 @@ mod tests {
     #[test]
     fn echo_replies_with_its_input() {
         let key = SessionKey::dm("t", "1").unwrap();
-        let input = TurnInput { session: &key, message_id: "m", text: "hello\nworld" };
+        let input = TurnInput {
+            session: &key,
+            message_id: "m",
+            text: "hello\nworld",
+        };
         let mut agent = EchoAgent::default();
-        assert_eq!(agent.turn(&input, &CancelToken::new()), Ok("hello\nworld".to_owned()));
+        assert_eq!(
+            agent.turn(&input, &CancelToken::new()),
+            Ok("hello\nworld".to_owned())
+        );
     }
 
     #[test]
     fn echo_delay_ends_early_when_cancelled() {
         let key = SessionKey::dm("t", "1").unwrap();
-        let input = TurnInput { session: &key, message_id: "m", text: "x" };
+        let input = TurnInput {
+            session: &key,
+            message_id: "m",
+            text: "x",
+        };
         // An hour-long turn returns at once because the token already fired: if the delay
         // ignored cancellation this test would hang.
         let mut agent = EchoAgent::new(Duration::from_secs(3600));

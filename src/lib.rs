@@ -5,8 +5,18 @@
 
 #![warn(missing_docs)]
 
-pub mod core;
-pub mod message;
 pub mod agent;
-pub mod pool;
+pub mod core;
 pub mod liveness;
+pub mod message;
+pub mod pool;
+pub mod reactor;
+
+pub use agent::{Agent, AgentFactory, CancelToken, EchoAgent, TurnError, TurnInput};
+pub use core::{
+    AcceptState, BusyMode, CancelReason, EventKind, FailReason, MessageEvent, Outcome,
+    RejectReason, ShutdownReport, TurnId,
+};
+pub use liveness::{RuntimeState, Status};
+pub use message::{Body, ChatType, Command, InvalidInput, Message, SessionKey};
+pub use reactor::{BuildError, Builder, EventSink, Events, Handle, Runtime, SubmitError};

@@ -30,7 +30,11 @@ pub struct LagHistogram {
 
 impl Default for LagHistogram {
     fn default() -> Self {
-        LagHistogram { counts: Box::new([0; BUCKETS]), total: 0, max_us: 0 }
+        LagHistogram {
+            counts: Box::new([0; BUCKETS]),
+            total: 0,
+            max_us: 0,
+        }
     }
 }
 
@@ -99,7 +103,11 @@ impl LagHistogram {
     /// p50, p99 and max in milliseconds.
     pub fn summary(&self) -> LagSummary {
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-        LagSummary { p50: ms(self.quantile(0.5)), p99: ms(self.quantile(0.99)), max: ms(self.max()) }
+        LagSummary {
+            p50: ms(self.quantile(0.5)),
+            p99: ms(self.quantile(0.99)),
+            max: ms(self.max()),
+        }
     }
 }
 
@@ -241,7 +249,11 @@ impl StatusCell {
     }
 
     /// Waits until a published snapshot satisfies `pred`, or `timeout` passes.
-    pub fn wait_for(&self, timeout: Duration, mut pred: impl FnMut(&Status) -> bool) -> Option<Arc<Status>> {
+    pub fn wait_for(
+        &self,
+        timeout: Duration,
+        mut pred: impl FnMut(&Status) -> bool,
+    ) -> Option<Arc<Status>> {
         let deadline = Instant::now() + timeout;
         let mut cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
         loop {
@@ -299,7 +311,10 @@ impl StatusFileWriter {
         let thread = thread::Builder::new()
             .name("turnstile-status".into())
             .spawn(move || write_loop(&path, &rx))?;
-        Ok(StatusFileWriter { tx: Some(tx), thread: Some(thread) })
+        Ok(StatusFileWriter {
+            tx: Some(tx),
+            thread: Some(thread),
+        })
     }
 
     /// Hands a snapshot to the writer without blocking; dropped if the writer is busy.
@@ -369,10 +384,26 @@ mod tests {
 
     #[test]
     fn every_bucket_holds_the_values_mapped_to_it() {
-        for us in [0u64, 1, 15, 16, 17, 31, 32, 1000, 123_456, u64::MAX / 2, u64::MAX] {
+        for us in [
+            0u64,
+            1,
+            15,
+            16,
+            17,
+            31,
+            32,
+            1000,
+            123_456,
+            u64::MAX / 2,
+            u64::MAX,
+        ] {
             let b = bucket_of(us);
             assert!(b < BUCKETS);
-            assert!(bucket_high(b) >= us, "{us} above its bucket's high {}", bucket_high(b));
+            assert!(
+                bucket_high(b) >= us,
+                "{us} above its bucket's high {}",
+                bucket_high(b)
+            );
             if b > 0 {
                 assert!(bucket_high(b - 1) < us, "{us} also fits bucket {}", b - 1);
             }
@@ -394,9 +425,14 @@ mod tests {
         fs::create_dir_all(&dir).unwrap();
         let path = dir.join("status.json");
         let w = StatusFileWriter::start(path.clone()).unwrap();
-        let status = Status { pid: 7, ticks: 3, ..Status::default() };
+        let status = Status {
+            pid: 7,
+            ticks: 3,
+            ..Status::default()
+        };
         w.finish(Arc::new(status));
-        let v: serde_json::Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(v["pid"], 7);
         assert_eq!(v["ticks"], 3);
         assert_eq!(v["state"], "starting");

@@ -61,13 +61,22 @@ pub const MAX_ID_BYTES: usize = 256;
 
 fn check_id(field: &'static str, value: &str) -> Result<(), InvalidInput> {
     if value.is_empty() {
-        return Err(InvalidInput { field, problem: "must not be empty" });
+        return Err(InvalidInput {
+            field,
+            problem: "must not be empty",
+        });
     }
     if value.len() > MAX_ID_BYTES {
-        return Err(InvalidInput { field, problem: "longer than 256 bytes" });
+        return Err(InvalidInput {
+            field,
+            problem: "longer than 256 bytes",
+        });
     }
     if value.chars().any(char::is_control) {
-        return Err(InvalidInput { field, problem: "contains a control character" });
+        return Err(InvalidInput {
+            field,
+            problem: "contains a control character",
+        });
     }
     Ok(())
 }
@@ -105,7 +114,11 @@ impl SessionKey {
         if let Some(t) = thread_id {
             check_id("thread_id", t)?;
         }
-        let user_id = if chat_type == ChatType::Group { user_id } else { None };
+        let user_id = if chat_type == ChatType::Group {
+            user_id
+        } else {
+            None
+        };
         if let Some(u) = user_id {
             check_id("user_id", u)?;
         }
@@ -255,7 +268,11 @@ impl Message {
     /// A message with an explicit body (no command parsing).
     pub fn with_body(id: &str, session: SessionKey, body: Body) -> Result<Message, InvalidInput> {
         check_id("id", id)?;
-        Ok(Message { id: id.into(), session, body })
+        Ok(Message {
+            id: id.into(),
+            session,
+            body,
+        })
     }
 }
 

@@ -68,7 +68,12 @@ impl<J: Send + 'static> Pool<J> {
         for _ in 0..size {
             spawn_worker(&shared)?;
         }
-        Ok(Pool { tx, shared, size, max_extra })
+        Ok(Pool {
+            tx,
+            shared,
+            size,
+            max_extra,
+        })
     }
 
     /// Queues a job. Never blocks.
@@ -85,7 +90,11 @@ impl<J: Send + 'static> Pool<J> {
         if live >= self.size + self.max_extra {
             return Replacement::Refused;
         }
-        if ticket.0.compare_exchange(RUNNING, REPLACED, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+        if ticket
+            .0
+            .compare_exchange(RUNNING, REPLACED, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
             return Replacement::NotRunning;
         }
         match spawn_worker(&self.shared) {
@@ -116,19 +125,24 @@ impl<J: Send + 'static> Pool<J> {
 fn spawn_worker<J: Send + 'static>(shared: &Arc<Shared<J>>) -> std::io::Result<()> {
     let worker = Arc::clone(shared);
     worker.live.fetch_add(1, Ordering::SeqCst);
-    let spawned = thread::Builder::new().name(shared.name.to_owned()).spawn(move || {
-        while let Ok((job, ticket)) = worker.rx.recv() {
-            ticket.0.store(RUNNING, Ordering::SeqCst);
-            if catch_unwind(AssertUnwindSafe(|| (worker.run)(job))).is_err() {
-                log::error!("{}: a job panicked outside its own guard", worker.name);
+    let spawned = thread::Builder::new()
+        .name(shared.name.to_owned())
+        .spawn(move || {
+            while let Ok((job, ticket)) = worker.rx.recv() {
+                ticket.0.store(RUNNING, Ordering::SeqCst);
+                if catch_unwind(AssertUnwindSafe(|| (worker.run)(job))).is_err() {
+                    log::error!("{}: a job panicked outside its own guard", worker.name);
+                }
+                let finished =
+                    ticket
+                        .0
+                        .compare_exchange(RUNNING, DONE, Ordering::SeqCst, Ordering::SeqCst);
+                if finished.is_err() {
+                    break; // replaced while stuck: the replacement keeps the pool at its size
+                }
             }
-            let finished = ticket.0.compare_exchange(RUNNING, DONE, Ordering::SeqCst, Ordering::SeqCst);
-            if finished.is_err() {
-                break; // replaced while stuck: the replacement keeps the pool at its size
-            }
-        }
-        worker.live.fetch_sub(1, Ordering::SeqCst);
-    });
+            worker.live.fetch_sub(1, Ordering::SeqCst);
+        });
     if let Err(e) = spawned {
         shared.live.fetch_sub(1, Ordering::SeqCst);
         return Err(e);

@@ -105,6 +105,7 @@ pub struct Core<R, A> {
     next_cleanup: u64,
     next_lru: u64,
     queued_total: usize,
+    waiting_total: usize,
     stats: CoreStats,
     shutdown: Option<Shutdown>,
 }
@@ -128,6 +129,7 @@ impl<R: Clone, A> Core<R, A> {
             next_cleanup: 0,
             next_lru: 0,
             queued_total: 0,
+            waiting_total: 0,
             stats: CoreStats::default(),
             shutdown: None,
         }
@@ -142,9 +144,13 @@ impl<R: Clone, A> Core<R, A> {
     pub fn handle(&mut self, now: Duration, input: Input<R, A>, fx: &mut Vec<Effect<R, A>>) {
         match input {
             Input::Submit { message, route } => self.submit(now, message, route, fx),
-            Input::TurnDone { turn, slot, session, agent, result } => {
-                self.turn_done(now, turn, slot, session, agent, result, fx)
-            }
+            Input::TurnDone {
+                turn,
+                slot,
+                session,
+                agent,
+                result,
+            } => self.turn_done(now, turn, slot, session, agent, result, fx),
             Input::CleanupDone { job, result } => self.cleanup_done(job, result, fx),
             Input::Shutdown => self.begin_shutdown(now, fx),
         }
@@ -172,7 +178,7 @@ impl<R: Clone, A> Core<R, A> {
             sessions: self.slots.len(),
             running_turns: self.busy_workers,
             queued_messages: self.queued_total,
-            waiting_for_worker: self.slots.iter().filter(|(_, s)| s.waiting_for_worker).count(),
+            waiting_for_worker: self.waiting_total,
             cached_agents: self.lru.len(),
             cleanups_pending: self.cleanups.len(),
             ..self.stats
@@ -210,7 +216,11 @@ impl<R: Clone, A> Core<R, A> {
     // ---- inputs ------------------------------------------------------------------------
 
     fn submit(&mut self, now: Duration, msg: Message, route: R, fx: &mut Vec<Effect<R, A>>) {
-        let Message { id, session: key, body } = msg;
+        let Message {
+            id,
+            session: key,
+            body,
+        } = msg;
         if self.shutdown.is_some() {
             self.reject(route, id, key, RejectReason::ShuttingDown, fx);
             return;
@@ -218,10 +228,19 @@ impl<R: Clone, A> Core<R, A> {
         let text = match body {
             Body::Command(cmd) => {
                 self.stats.accepted += 1;
-                let accepted = EventKind::Accepted { state: AcceptState::Running, position: 0 };
+                let accepted = EventKind::Accepted {
+                    state: AcceptState::Running,
+                    position: 0,
+                };
                 emit(fx, route.clone(), &id, &key, accepted);
                 let reply = self.command(now, &key, cmd, fx);
-                emit(fx, route, &id, &key, EventKind::Finished(Outcome::Reply(reply)));
+                emit(
+                    fx,
+                    route,
+                    &id,
+                    &key,
+                    EventKind::Finished(Outcome::Reply(reply)),
+                );
                 return;
             }
             Body::Text(text) => text,
@@ -252,8 +271,18 @@ impl<R: Clone, A> Core<R, A> {
         let idle = session.turn.is_none() && !session.waiting_for_worker;
         let can_start_now =
             idle && self.ready.is_empty() && self.busy_workers < self.cfg.turn_workers;
-        let state = if can_start_now { AcceptState::Running } else { AcceptState::Queued };
-        emit(fx, route.clone(), &id, &key, EventKind::Accepted { state, position });
+        let state = if can_start_now {
+            AcceptState::Running
+        } else {
+            AcceptState::Queued
+        };
+        emit(
+            fx,
+            route.clone(),
+            &id,
+            &key,
+            EventKind::Accepted { state, position },
+        );
         if self.cfg.busy_mode == BusyMode::Interrupt {
             self.cancel_turn(now, slot, CancelReason::Interrupted, fx);
         }
@@ -289,7 +318,9 @@ impl<R: Clone, A> Core<R, A> {
             return;
         }
         let session = &mut self.slots[slot];
-        let Some(running) = session.turn.take() else { return };
+        let Some(running) = session.turn.take() else {
+            return;
+        };
         self.busy_workers -= 1;
         self.note_stale_timer();
         let panicked = matches!(result, TurnResult::Panicked(_));
@@ -320,8 +351,20 @@ impl<R: Clone, A> Core<R, A> {
         if let Some(sd) = &mut self.shutdown {
             sd.report.turns_finished += 1;
         }
-        emit(fx, running.route.clone(), &running.id, &key, EventKind::TurnEnded(turn));
-        emit(fx, running.route, &running.id, &key, EventKind::Finished(outcome));
+        emit(
+            fx,
+            running.route.clone(),
+            &running.id,
+            &key,
+            EventKind::TurnEnded(turn),
+        );
+        emit(
+            fx,
+            running.route,
+            &running.id,
+            &key,
+            EventKind::Finished(outcome),
+        );
         if let Some(agent) = agent {
             if panicked {
                 self.cleanup(now, key.clone(), CleanupContext::Panicked, agent, fx);
@@ -340,9 +383,16 @@ impl<R: Clone, A> Core<R, A> {
         self.enforce_cache_cap(now, fx);
     }
 
-    fn cleanup_done(&mut self, job: CleanupId, result: Result<(), String>, fx: &mut Vec<Effect<R, A>>) {
+    fn cleanup_done(
+        &mut self,
+        job: CleanupId,
+        result: Result<(), String>,
+        fx: &mut Vec<Effect<R, A>>,
+    ) {
         // A job that already exceeded its deadline was counted as leaked; its late end is moot.
-        let Some(pending) = self.cleanups.remove(&job) else { return };
+        let Some(pending) = self.cleanups.remove(&job) else {
+            return;
+        };
         self.note_stale_timer();
         match result {
             Ok(()) => {
@@ -375,8 +425,8 @@ impl<R: Clone, A> Core<R, A> {
         let slots: Vec<usize> = self.slots.iter().map(|(slot, _)| slot).collect();
         for slot in slots {
             cancelled += self.cancel_queue(slot, CancelReason::Shutdown, fx);
+            self.unready(slot);
             let session = &mut self.slots[slot];
-            session.waiting_for_worker = false;
             if let Some(t) = &mut session.turn {
                 t.discard_agent = true;
             }
@@ -391,7 +441,8 @@ impl<R: Clone, A> Core<R, A> {
         if let Some(sd) = &mut self.shutdown {
             sd.report.queued_cancelled = cancelled as u64;
         }
-        self.timers.insert(now + self.cfg.drain_timeout, Timer::DrainDeadline);
+        self.timers
+            .insert(now + self.cfg.drain_timeout, Timer::DrainDeadline);
     }
 
     // ---- timers ------------------------------------------------------------------------
@@ -419,12 +470,17 @@ impl<R: Clone, A> Core<R, A> {
                     if let Some(sd) = &mut self.shutdown {
                         sd.report.cleanups_timed_out += 1;
                     }
-                    fx.push(Effect::CleanupExceeded { job, session: p.session, context: p.context });
+                    fx.push(Effect::CleanupExceeded {
+                        job,
+                        session: p.session,
+                        context: p.context,
+                    });
                 }
             }
             Timer::Sweep => {
                 self.sweep(now, fx);
-                self.timers.insert(now + self.cfg.sweep_interval, Timer::Sweep);
+                self.timers
+                    .insert(now + self.cfg.sweep_interval, Timer::Sweep);
             }
             Timer::DrainDeadline => {
                 let running: Vec<usize> = self
@@ -454,7 +510,10 @@ impl<R: Clone, A> Core<R, A> {
     }
 
     fn is_current(&self, slot: usize, turn: TurnId) -> bool {
-        self.slots.get(slot).and_then(|s| s.turn.as_ref()).is_some_and(|t| t.turn == turn)
+        self.slots
+            .get(slot)
+            .and_then(|s| s.turn.as_ref())
+            .is_some_and(|t| t.turn == turn)
     }
 
     fn sweep(&mut self, now: Duration, fx: &mut Vec<Effect<R, A>>) {
@@ -478,7 +537,13 @@ impl<R: Clone, A> Core<R, A> {
 
     // ---- commands ----------------------------------------------------------------------
 
-    fn command(&mut self, now: Duration, key: &SessionKey, cmd: Command, fx: &mut Vec<Effect<R, A>>) -> String {
+    fn command(
+        &mut self,
+        now: Duration,
+        key: &SessionKey,
+        cmd: Command,
+        fx: &mut Vec<Effect<R, A>>,
+    ) -> String {
         let Some(&slot) = self.index.get(key) else {
             return match cmd {
                 Command::Status => "idle: no turn running, 0 queued".to_owned(),
@@ -499,7 +564,9 @@ impl<R: Clone, A> Core<R, A> {
                             cancel.unwrap_or_default()
                         )
                     }
-                    None if s.waiting_for_worker => format!("waiting for a worker, {queued} queued"),
+                    None if s.waiting_for_worker => {
+                        format!("waiting for a worker, {queued} queued")
+                    }
                     None => "idle: no turn running, 0 queued".to_owned(),
                 }
             }
@@ -511,8 +578,8 @@ impl<R: Clone, A> Core<R, A> {
                 };
                 let dropped = self.cancel_queue(slot, reason, fx);
                 let was_running = self.cancel_turn(now, slot, reason, fx);
+                self.unready(slot);
                 let session = &mut self.slots[slot];
-                session.waiting_for_worker = false;
                 if cmd == Command::Reset {
                     if let Some(t) = &mut session.turn {
                         t.discard_agent = true;
@@ -524,7 +591,11 @@ impl<R: Clone, A> Core<R, A> {
                     }
                 }
                 self.release_if_empty(slot);
-                let running = if was_running { "cancelled the running turn" } else { "no turn running" };
+                let running = if was_running {
+                    "cancelled the running turn"
+                } else {
+                    "no turn running"
+                };
                 let verb = cmd.name();
                 format!("{verb}: {running}, {dropped} queued message(s) cancelled")
             }
@@ -534,11 +605,22 @@ impl<R: Clone, A> Core<R, A> {
     // ---- mechanics ---------------------------------------------------------------------
 
     /// Ends every queued message of a session with `cancelled: reason`; returns how many.
-    fn cancel_queue(&mut self, slot: usize, reason: CancelReason, fx: &mut Vec<Effect<R, A>>) -> usize {
+    fn cancel_queue(
+        &mut self,
+        slot: usize,
+        reason: CancelReason,
+        fx: &mut Vec<Effect<R, A>>,
+    ) -> usize {
         let session = &mut self.slots[slot];
         let n = session.queue.len();
         for q in session.queue.drain(..) {
-            emit(fx, q.route, &q.id, &session.key, EventKind::Finished(Outcome::Cancelled(reason)));
+            emit(
+                fx,
+                q.route,
+                &q.id,
+                &session.key,
+                EventKind::Finished(Outcome::Cancelled(reason)),
+            );
         }
         self.queued_total -= n;
         n
@@ -546,18 +628,31 @@ impl<R: Clone, A> Core<R, A> {
 
     /// Signals a running turn's cancellation and starts its grace period. Returns whether a
     /// turn was running; a turn already cancelling keeps its first reason and deadline.
-    fn cancel_turn(&mut self, now: Duration, slot: usize, reason: CancelReason, fx: &mut Vec<Effect<R, A>>) -> bool {
-        let Some(t) = self.slots[slot].turn.as_mut() else { return false };
+    fn cancel_turn(
+        &mut self,
+        now: Duration,
+        slot: usize,
+        reason: CancelReason,
+        fx: &mut Vec<Effect<R, A>>,
+    ) -> bool {
+        let Some(t) = self.slots[slot].turn.as_mut() else {
+            return false;
+        };
         if t.cancel.is_none() {
             t.cancel = Some(reason);
             fx.push(Effect::CancelTurn(t.turn));
-            self.timers.insert(now + self.cfg.stop_grace, Timer::StopGrace { turn: t.turn, slot });
+            self.timers.insert(
+                now + self.cfg.stop_grace,
+                Timer::StopGrace { turn: t.turn, slot },
+            );
         }
         true
     }
 
     fn abandon(&mut self, slot: usize, reason: AbandonReason, fx: &mut Vec<Effect<R, A>>) {
-        let Some(running) = self.slots[slot].turn.take() else { return };
+        let Some(running) = self.slots[slot].turn.take() else {
+            return;
+        };
         let key = self.slots[slot].key.clone();
         self.busy_workers -= 1;
         self.note_stale_timer();
@@ -568,13 +663,29 @@ impl<R: Clone, A> Core<R, A> {
         if reason == AbandonReason::Timeout {
             fx.push(Effect::CancelTurn(running.turn));
         }
-        fx.push(Effect::TurnAbandoned { turn: running.turn, session: key.clone(), reason });
+        fx.push(Effect::TurnAbandoned {
+            turn: running.turn,
+            session: key.clone(),
+            reason,
+        });
         let outcome = match reason {
             AbandonReason::Timeout => Outcome::Failed(FailReason::Timeout),
             AbandonReason::IgnoredCancel(r) => Outcome::Cancelled(r),
         };
-        emit(fx, running.route.clone(), &running.id, &key, EventKind::TurnEnded(running.turn));
-        emit(fx, running.route, &running.id, &key, EventKind::Finished(outcome));
+        emit(
+            fx,
+            running.route.clone(),
+            &running.id,
+            &key,
+            EventKind::TurnEnded(running.turn),
+        );
+        emit(
+            fx,
+            running.route,
+            &running.id,
+            &key,
+            EventKind::Finished(outcome),
+        );
         // The agent stays with the stuck worker; the next turn creates a fresh one.
         self.after_turn(slot);
     }
@@ -592,20 +703,36 @@ impl<R: Clone, A> Core<R, A> {
         let session = &mut self.slots[slot];
         if !session.waiting_for_worker {
             session.waiting_for_worker = true;
+            self.waiting_total += 1;
             self.ready.push_back((slot, session.sid));
+        }
+    }
+
+    /// Takes a session out of the ready queue (its entry there goes stale).
+    fn unready(&mut self, slot: usize) {
+        let session = &mut self.slots[slot];
+        if session.waiting_for_worker {
+            session.waiting_for_worker = false;
+            self.waiting_total -= 1;
         }
     }
 
     /// Starts turns while workers are free, in ready-queue order.
     fn dispatch(&mut self, now: Duration, fx: &mut Vec<Effect<R, A>>) {
         while self.busy_workers < self.cfg.turn_workers {
-            let Some((slot, sid)) = self.ready.pop_front() else { break };
-            let Some(session) = self.slots.get_mut(slot) else { continue };
+            let Some((slot, sid)) = self.ready.pop_front() else {
+                break;
+            };
+            let Some(session) = self.slots.get_mut(slot) else {
+                continue;
+            };
             if session.sid != sid || !session.waiting_for_worker {
                 continue; // stale entry: the session was stopped or left the slot
             }
             session.waiting_for_worker = false;
+            self.waiting_total -= 1;
             if session.turn.is_some() || session.queue.is_empty() {
+                self.release_if_empty(slot);
                 continue;
             }
             self.start_turn(now, slot, fx);
@@ -614,7 +741,9 @@ impl<R: Clone, A> Core<R, A> {
 
     fn start_turn(&mut self, now: Duration, slot: usize, fx: &mut Vec<Effect<R, A>>) {
         let session = &mut self.slots[slot];
-        let Some(head) = session.queue.pop_front() else { return };
+        let Some(head) = session.queue.pop_front() else {
+            return;
+        };
         self.queued_total -= 1;
         let mut input = head.text;
         if self.cfg.busy_mode == BusyMode::Merge {
@@ -622,8 +751,16 @@ impl<R: Clone, A> Core<R, A> {
             for q in session.queue.drain(..) {
                 input.push('\n');
                 input.push_str(&q.text);
-                let outcome = Outcome::Merged { into: head.id.clone() };
-                emit(fx, q.route, &q.id, &session.key, EventKind::Finished(outcome));
+                let outcome = Outcome::Merged {
+                    into: head.id.clone(),
+                };
+                emit(
+                    fx,
+                    q.route,
+                    &q.id,
+                    &session.key,
+                    EventKind::Finished(outcome),
+                );
             }
             self.queued_total -= merged;
         }
@@ -633,7 +770,13 @@ impl<R: Clone, A> Core<R, A> {
         });
         self.next_turn += 1;
         let turn = TurnId(self.next_turn);
-        emit(fx, head.route.clone(), &head.id, &session.key, EventKind::TurnStarted(turn));
+        emit(
+            fx,
+            head.route.clone(),
+            &head.id,
+            &session.key,
+            EventKind::TurnStarted(turn),
+        );
         fx.push(Effect::StartTurn(TurnJob {
             turn,
             slot,
@@ -651,19 +794,28 @@ impl<R: Clone, A> Core<R, A> {
             discard_agent: false,
         });
         self.busy_workers += 1;
-        self.timers.insert(now + self.cfg.turn_timeout, Timer::TurnDeadline { turn, slot });
+        self.timers.insert(
+            now + self.cfg.turn_timeout,
+            Timer::TurnDeadline { turn, slot },
+        );
     }
 
     fn cache_agent(&mut self, now: Duration, slot: usize, agent: A) {
         self.next_lru += 1;
         self.lru.insert(self.next_lru, slot);
-        self.slots[slot].agent = Some(Cached { agent, lru_seq: self.next_lru, idle_since: now });
+        self.slots[slot].agent = Some(Cached {
+            agent,
+            lru_seq: self.next_lru,
+            idle_since: now,
+        });
     }
 
     /// Closes least recently used idle agents while the cache is over its cap.
     fn enforce_cache_cap(&mut self, now: Duration, fx: &mut Vec<Effect<R, A>>) {
         while self.lru.len() > self.cfg.max_cached_agents {
-            let Some((_, slot)) = self.lru.pop_first() else { break };
+            let Some((_, slot)) = self.lru.pop_first() else {
+                break;
+            };
             let session = &mut self.slots[slot];
             if let Some(cached) = session.agent.take() {
                 let key = session.key.clone();
@@ -673,12 +825,31 @@ impl<R: Clone, A> Core<R, A> {
         }
     }
 
-    fn cleanup(&mut self, now: Duration, session: SessionKey, context: CleanupContext, agent: A, fx: &mut Vec<Effect<R, A>>) {
+    fn cleanup(
+        &mut self,
+        now: Duration,
+        session: SessionKey,
+        context: CleanupContext,
+        agent: A,
+        fx: &mut Vec<Effect<R, A>>,
+    ) {
         self.next_cleanup += 1;
         let job = CleanupId(self.next_cleanup);
-        self.cleanups.insert(job, PendingCleanup { session: session.clone(), context });
-        self.timers.insert(now + self.cfg.cleanup_timeout, Timer::CleanupDeadline(job));
-        fx.push(Effect::Cleanup(CleanupJob { job, session, context, agent }));
+        self.cleanups.insert(
+            job,
+            PendingCleanup {
+                session: session.clone(),
+                context,
+            },
+        );
+        self.timers
+            .insert(now + self.cfg.cleanup_timeout, Timer::CleanupDeadline(job));
+        fx.push(Effect::Cleanup(CleanupJob {
+            job,
+            session,
+            context,
+            agent,
+        }));
     }
 
     fn release_if_empty(&mut self, slot: usize) {
@@ -689,7 +860,14 @@ impl<R: Clone, A> Core<R, A> {
         }
     }
 
-    fn reject(&mut self, route: R, id: Arc<str>, key: SessionKey, reason: RejectReason, fx: &mut Vec<Effect<R, A>>) {
+    fn reject(
+        &mut self,
+        route: R,
+        id: Arc<str>,
+        key: SessionKey,
+        reason: RejectReason,
+        fx: &mut Vec<Effect<R, A>>,
+    ) {
         self.stats.rejected += 1;
         emit(fx, route, &id, &key, EventKind::Rejected(reason));
         // A session created for this message and left empty must not leak its slot.
@@ -710,9 +888,19 @@ impl<R: Clone, A> Core<R, A> {
     }
 }
 
-fn emit<R, A>(fx: &mut Vec<Effect<R, A>>, route: R, id: &Arc<str>, key: &SessionKey, kind: EventKind) {
+fn emit<R, A>(
+    fx: &mut Vec<Effect<R, A>>,
+    route: R,
+    id: &Arc<str>,
+    key: &SessionKey,
+    kind: EventKind,
+) {
     fx.push(Effect::Emit {
         route,
-        event: MessageEvent { id: id.clone(), session: key.clone(), kind },
+        event: MessageEvent {
+            id: id.clone(),
+            session: key.clone(),
+            kind,
+        },
     });
 }

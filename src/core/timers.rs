@@ -18,7 +18,11 @@ pub struct TimerQueue<K: Ord> {
 
 impl<K: Ord> Default for TimerQueue<K> {
     fn default() -> Self {
-        TimerQueue { heap: BinaryHeap::new(), seq: 0, stale: 0 }
+        TimerQueue {
+            heap: BinaryHeap::new(),
+            seq: 0,
+            stale: 0,
+        }
     }
 }
 

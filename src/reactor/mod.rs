@@ -1,0 +1,606 @@
+//! The reactor: one thread running a `mio` loop around the sans-IO [`Core`].
+//!
+//! Each wake it drains worker completions and submissions completely (wakes coalesce), feeds
+//! them to the core with the current time, fires due timers, and carries out the effects:
+//! turns go to the turn pool, agent teardown to the cleanup pool, events to their sinks. It
+//! never runs agent code, never waits on a job and never touches the disk. A heartbeat tick
+//! measures the loop's own lateness and publishes the status snapshot.
+
+mod notify;
+mod workers;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime};
+
+use crossbeam_channel::{Receiver, Sender, TrySendError, bounded, unbounded};
+use mio::{Events as MioEvents, Poll, Token};
+
+use crate::agent::{AgentFactory, CancelToken};
+use crate::core::{
+    AbandonReason, BusyMode, CleanupId, Core, CoreConfig, Effect, Input, MessageEvent,
+    ShutdownReport, TurnId, TurnJob,
+};
+use crate::liveness::{
+    CleanupCounts, LagHistogram, MessageCounts, RuntimeState, SessionCounts, Status, StatusCell,
+    StatusFileWriter, TurnCounts, WorkerCounts, rfc3339_utc,
+};
+use crate::message::Message;
+use crate::pool::{JobTicket, Pool, Replacement};
+use notify::Notifier;
+pub use workers::BoxAgent;
+use workers::{Completion, CompletionSink, run_cleanup, run_turn};
+
+/// The reactor's fixed tokens sit at the top of the token space, apart from any slab keys
+/// that later sources (sockets) will use.
+const WAKE_TOKEN: Token = Token(usize::MAX - 1);
+
+/// Where a message's events go. Use an unbounded channel: the reactor never blocks on a
+/// sink, so a full bounded one loses the event (logged at WARN and counted).
+pub type EventSink = Sender<MessageEvent>;
+
+/// The runtime's default event stream (events of messages sent with [`Handle::submit`]).
+pub type Events = Receiver<MessageEvent>;
+
+/// A settings value out of range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuildError(pub String);
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BuildError {}
+
+/// Why a submission did not reach the reactor; the message is handed back.
+#[derive(Debug)]
+pub enum SubmitError {
+    /// The ingress channel is full: back off and retry.
+    Backpressure(Message),
+    /// The reactor has stopped.
+    Closed(Message),
+}
+
+impl fmt::Display for SubmitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SubmitError::Backpressure(m) => {
+                write!(f, "ingress full; message {} not submitted", m.id)
+            }
+            SubmitError::Closed(m) => write!(f, "runtime stopped; message {} not submitted", m.id),
+        }
+    }
+}
+
+impl std::error::Error for SubmitError {}
+
+/// Configures and builds a [`Runtime`].
+pub struct Builder {
+    factory: Arc<dyn AgentFactory>,
+    core: CoreConfig,
+    cleanup_workers: usize,
+    max_extra_threads: usize,
+    ingress_capacity: usize,
+    tick_interval: Duration,
+    status_file: Option<PathBuf>,
+}
+
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty => $($field:ident).+;)*) => {$(
+        $(#[$doc])*
+        pub fn $name(mut self, value: $ty) -> Self {
+            self.$($field).+ = value;
+            self
+        }
+    )*};
+}
+
+impl Builder {
+    /// Defaults: 16 turn workers, 2 cleanup workers, queue mode, the limits of [`CoreConfig`],
+    /// a 100 ms heartbeat, 65,536 pending submissions, no status file.
+    pub fn new(factory: impl AgentFactory) -> Builder {
+        Builder {
+            factory: Arc::new(factory),
+            core: CoreConfig::default(),
+            cleanup_workers: 2,
+            max_extra_threads: 16,
+            ingress_capacity: 65_536,
+            tick_interval: Duration::from_millis(100),
+            status_file: None,
+        }
+    }
+
+    setters! {
+        /// Threads running agent turns; also the number of turns in flight at once.
+        turn_workers: usize => core.turn_workers;
+        /// Threads running agent `close()`.
+        cleanup_workers: usize => cleanup_workers;
+        /// Replacement threads each pool may start for stuck jobs.
+        max_extra_threads: usize => max_extra_threads;
+        /// What a follow-up does while a turn runs.
+        busy_mode: BusyMode => core.busy_mode;
+        /// Messages a session may hold waiting.
+        queue_cap: usize => core.queue_cap;
+        /// Idle agents kept for reuse.
+        max_cached_agents: usize => core.max_cached_agents;
+        /// Idle agents older than this are closed by the sweep.
+        agent_idle_ttl: Duration => core.agent_idle_ttl;
+        /// How often the idle sweep runs.
+        sweep_interval: Duration => core.sweep_interval;
+        /// Turns running longer are abandoned.
+        turn_timeout: Duration => core.turn_timeout;
+        /// How long a cancelled turn may take to return.
+        stop_grace: Duration => core.stop_grace;
+        /// How long an agent's close() may take before it counts as leaked.
+        cleanup_timeout: Duration => core.cleanup_timeout;
+        /// How long shutdown waits for running turns before cancelling them.
+        drain_timeout: Duration => core.drain_timeout;
+        /// Heartbeat period.
+        tick_interval: Duration => tick_interval;
+        /// Submissions that may wait for the reactor before `submit` reports backpressure.
+        ingress_capacity: usize => ingress_capacity;
+    }
+
+    /// Writes each snapshot as JSON to `path` (atomically, from a non-reactor thread).
+    pub fn status_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.status_file = Some(path.into());
+        self
+    }
+
+    /// Validates the settings and prepares the reactor.
+    pub fn build(self) -> Result<(Runtime, Handle, Events), BuildError> {
+        let positive = [
+            ("turn_workers", self.core.turn_workers),
+            ("cleanup_workers", self.cleanup_workers),
+            ("queue_cap", self.core.queue_cap),
+            ("ingress_capacity", self.ingress_capacity),
+        ];
+        for (name, v) in positive {
+            if v == 0 {
+                return Err(BuildError(format!("{name} must be at least 1")));
+            }
+        }
+        let nonzero = [
+            ("tick_interval", self.tick_interval),
+            ("sweep_interval", self.core.sweep_interval),
+            ("turn_timeout", self.core.turn_timeout),
+            ("cleanup_timeout", self.core.cleanup_timeout),
+        ];
+        for (name, v) in nonzero {
+            if v.is_zero() {
+                return Err(BuildError(format!("{name} must be greater than zero")));
+            }
+        }
+        let poll = Poll::new().map_err(|e| BuildError(format!("cannot create poll: {e}")))?;
+        let waker = mio::Waker::new(poll.registry(), WAKE_TOKEN)
+            .map_err(|e| BuildError(format!("cannot create waker: {e}")))?;
+        let notifier = Arc::new(Notifier::new(waker));
+        let (ingress_tx, ingress_rx) = bounded(self.ingress_capacity);
+        let (events_tx, events_rx) = unbounded();
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let status = Arc::new(StatusCell::default());
+        let handle = Handle {
+            ingress: ingress_tx,
+            notifier: Arc::clone(&notifier),
+            shutdown: Arc::clone(&shutdown),
+            status: Arc::clone(&status),
+            default_sink: events_tx,
+        };
+        let runtime = Runtime {
+            poll,
+            notifier,
+            ingress: ingress_rx,
+            shutdown,
+            status,
+            factory: self.factory,
+            core: self.core,
+            cleanup_workers: self.cleanup_workers,
+            max_extra_threads: self.max_extra_threads,
+            tick_interval: self.tick_interval,
+            status_file: self.status_file,
+        };
+        Ok((runtime, handle, events_rx))
+    }
+}
+
+/// A cloneable, thread-safe handle to a runtime: submit, read status, shut down.
+#[derive(Clone)]
+pub struct Handle {
+    ingress: Sender<(Message, EventSink)>,
+    notifier: Arc<Notifier>,
+    shutdown: Arc<AtomicBool>,
+    status: Arc<StatusCell>,
+    default_sink: EventSink,
+}
+
+impl Handle {
+    /// Submits a message; its events go to the runtime's [`Events`] stream.
+    pub fn submit(&self, message: Message) -> Result<(), SubmitError> {
+        self.submit_to(message, self.default_sink.clone())
+    }
+
+    /// Submits a message whose events go to `sink`. Never blocks.
+    pub fn submit_to(&self, message: Message, sink: EventSink) -> Result<(), SubmitError> {
+        match self.ingress.try_send((message, sink)) {
+            Ok(()) => {
+                self.notifier.notify();
+                Ok(())
+            }
+            Err(TrySendError::Full((m, _))) => Err(SubmitError::Backpressure(m)),
+            Err(TrySendError::Disconnected((m, _))) => Err(SubmitError::Closed(m)),
+        }
+    }
+
+    /// The latest status snapshot (produced by the reactor's last heartbeat tick).
+    pub fn status(&self) -> Arc<Status> {
+        self.status.get()
+    }
+
+    /// Waits up to `timeout` for a snapshot satisfying `pred`.
+    pub fn wait_status(
+        &self,
+        timeout: Duration,
+        pred: impl FnMut(&Status) -> bool,
+    ) -> Option<Arc<Status>> {
+        self.status.wait_for(timeout, pred)
+    }
+
+    /// Asks the runtime to shut down gracefully; [`Runtime::run`] returns when it is done.
+    pub fn shutdown(&self) {
+        self.shutdown.store(true, Ordering::SeqCst);
+        self.notifier.notify();
+    }
+}
+
+/// The reactor, ready to run on the thread that calls [`Runtime::run`].
+pub struct Runtime {
+    poll: Poll,
+    notifier: Arc<Notifier>,
+    ingress: Receiver<(Message, EventSink)>,
+    shutdown: Arc<AtomicBool>,
+    status: Arc<StatusCell>,
+    factory: Arc<dyn AgentFactory>,
+    core: CoreConfig,
+    cleanup_workers: usize,
+    max_extra_threads: usize,
+    tick_interval: Duration,
+    status_file: Option<PathBuf>,
+}
+
+impl Runtime {
+    /// Runs the reactor on a new thread named `turnstile-reactor`.
+    pub fn spawn(self) -> std::io::Result<thread::JoinHandle<std::io::Result<ShutdownReport>>> {
+        thread::Builder::new()
+            .name("turnstile-reactor".into())
+            .spawn(move || self.run())
+    }
+
+    /// Drives the loop until a shutdown requested through a [`Handle`] completes.
+    pub fn run(self) -> std::io::Result<ShutdownReport> {
+        let Runtime {
+            mut poll,
+            notifier,
+            ingress,
+            shutdown,
+            status,
+            factory,
+            core,
+            cleanup_workers,
+            max_extra_threads,
+            tick_interval,
+            status_file,
+        } = self;
+        let epoch = Instant::now();
+        let (completion_tx, completions) = unbounded();
+        let sink = CompletionSink {
+            tx: completion_tx,
+            notifier: Arc::clone(&notifier),
+        };
+        let turn_sink = sink.clone();
+        let turn_pool = Pool::new(
+            "turnstile-turn",
+            core.turn_workers,
+            max_extra_threads,
+            move |(job, cancel): (TurnJob<BoxAgent>, CancelToken)| {
+                run_turn(job, &cancel, &*factory, &turn_sink)
+            },
+        )?;
+        let cleanup_pool = Pool::new(
+            "turnstile-cleanup",
+            cleanup_workers,
+            max_extra_threads,
+            move |job| run_cleanup(job, &sink),
+        )?;
+        let writer = status_file.map(StatusFileWriter::start).transpose()?;
+        let mut driver = Driver {
+            cleanup_timeout: core.cleanup_timeout,
+            core: Core::new(core, Duration::ZERO),
+            turn_pool,
+            cleanup_pool,
+            turns: HashMap::new(),
+            cleanups: HashMap::new(),
+            undelivered: 0,
+            report: None,
+        };
+        let mut heartbeat = Heartbeat::new(tick_interval);
+        let mut fx = Vec::new();
+        let mut events = MioEvents::with_capacity(16);
+        status.publish(heartbeat.snapshot(RuntimeState::Running, Duration::ZERO, &driver));
+        let report = loop {
+            let now = epoch.elapsed();
+            for c in completions.try_iter() {
+                let input = driver.completion_input(c);
+                driver.core.handle(now, input, &mut fx);
+            }
+            for (message, route) in ingress.try_iter() {
+                driver
+                    .core
+                    .handle(now, Input::Submit { message, route }, &mut fx);
+            }
+            if shutdown.load(Ordering::SeqCst) && !driver.core.is_shutting_down() {
+                log::info!("shutdown requested: draining");
+                driver.core.handle(now, Input::Shutdown, &mut fx);
+            }
+            driver.core.advance(now, &mut fx);
+            for effect in fx.drain(..) {
+                driver.apply(effect);
+            }
+            if let Some(report) = driver.report.take() {
+                break report;
+            }
+            let state = if driver.core.is_shutting_down() {
+                RuntimeState::Draining
+            } else {
+                RuntimeState::Running
+            };
+            if let Some(snapshot) = heartbeat.tick_if_due(epoch.elapsed(), state, &driver) {
+                if let Some(w) = &writer {
+                    w.offer(Arc::clone(&snapshot));
+                }
+                status.publish(snapshot);
+            }
+            let deadline = match driver.core.next_deadline() {
+                Some(d) => d.min(heartbeat.next),
+                None => heartbeat.next,
+            };
+            notifier.prepare_sleep();
+            let pending = !completions.is_empty()
+                || !ingress.is_empty()
+                || (shutdown.load(Ordering::SeqCst) && !driver.core.is_shutting_down());
+            if !pending {
+                let timeout = deadline.saturating_sub(epoch.elapsed());
+                if let Err(e) = poll.poll(&mut events, Some(timeout)) {
+                    if e.kind() != std::io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                }
+            }
+            notifier.awake();
+        };
+        log::info!("shutdown complete: {report:?}");
+        let last = heartbeat.snapshot(RuntimeState::Stopped, epoch.elapsed(), &driver);
+        status.publish(Arc::clone(&last));
+        if let Some(w) = writer {
+            w.finish(last);
+        }
+        Ok(report)
+    }
+}
+
+/// The reactor's side of the pools: carries out the core's effects.
+struct Driver {
+    core: Core<EventSink, BoxAgent>,
+    turn_pool: Pool<(TurnJob<BoxAgent>, CancelToken)>,
+    cleanup_pool: Pool<crate::core::CleanupJob<BoxAgent>>,
+    turns: HashMap<TurnId, (CancelToken, JobTicket)>,
+    cleanups: HashMap<CleanupId, JobTicket>,
+    cleanup_timeout: Duration,
+    undelivered: u64,
+    report: Option<ShutdownReport>,
+}
+
+impl Driver {
+    fn completion_input(&mut self, c: Completion) -> Input<EventSink, BoxAgent> {
+        match c {
+            Completion::Turn {
+                turn,
+                slot,
+                session,
+                agent,
+                result,
+            } => {
+                self.turns.remove(&turn);
+                Input::TurnDone {
+                    turn,
+                    slot,
+                    session,
+                    agent,
+                    result,
+                }
+            }
+            Completion::Cleanup { job, result } => {
+                self.cleanups.remove(&job);
+                Input::CleanupDone { job, result }
+            }
+        }
+    }
+
+    fn apply(&mut self, effect: Effect<EventSink, BoxAgent>) {
+        match effect {
+            Effect::Emit { route, event } => match route.try_send(event) {
+                Ok(()) => {}
+                Err(TrySendError::Full(ev)) => {
+                    self.undelivered += 1;
+                    log::warn!(
+                        "session {}: event sink full, event for message {} lost: {:?}",
+                        ev.session,
+                        ev.id,
+                        ev.kind
+                    );
+                }
+                Err(TrySendError::Disconnected(ev)) => {
+                    self.undelivered += 1;
+                    log::debug!("session {}: event sink closed ({})", ev.session, ev.id);
+                }
+            },
+            Effect::StartTurn(job) => {
+                let cancel = CancelToken::new();
+                let turn = job.turn;
+                let ticket = self.turn_pool.submit((job, cancel.clone()));
+                self.turns.insert(turn, (cancel, ticket));
+            }
+            Effect::CancelTurn(turn) => {
+                if let Some((cancel, _)) = self.turns.get(&turn) {
+                    cancel.cancel();
+                }
+            }
+            Effect::TurnAbandoned {
+                turn,
+                session,
+                reason,
+            } => {
+                let why = match reason {
+                    AbandonReason::Timeout => "ran past its turn timeout".to_owned(),
+                    AbandonReason::IgnoredCancel(r) => {
+                        format!("ignored cancellation ({}) past the stop grace", r.as_str())
+                    }
+                };
+                log::warn!(
+                    "session {session}: turn {} abandoned: it {why}; its late result will be discarded",
+                    turn.0
+                );
+                if let Some((_, ticket)) = self.turns.remove(&turn) {
+                    if self.turn_pool.replace(&ticket) == Replacement::Refused {
+                        log::error!(
+                            "session {session}: cannot replace the turn thread stuck on turn {}: extra-thread cap reached",
+                            turn.0
+                        );
+                    }
+                }
+            }
+            Effect::Cleanup(job) => {
+                let id = job.job;
+                let ticket = self.cleanup_pool.submit(job);
+                self.cleanups.insert(id, ticket);
+            }
+            Effect::CleanupExceeded {
+                job,
+                session,
+                context,
+            } => {
+                log::warn!(
+                    "session {session}: agent cleanup ({}) exceeded {:?}; proceeding without waiting (the thread is left to finish on its own)",
+                    context.as_str(),
+                    self.cleanup_timeout
+                );
+                if let Some(ticket) = self.cleanups.remove(&job) {
+                    if self.cleanup_pool.replace(&ticket) == Replacement::Refused {
+                        log::error!(
+                            "session {session}: cannot replace the cleanup thread stuck on job {}: extra-thread cap reached",
+                            job.0
+                        );
+                    }
+                }
+            }
+            Effect::CleanupFailed {
+                session,
+                context,
+                error,
+                ..
+            } => {
+                log::warn!(
+                    "session {session}: agent cleanup ({}) failed: {error}",
+                    context.as_str()
+                );
+            }
+            Effect::ShutdownComplete(report) => self.report = Some(report),
+        }
+    }
+}
+
+/// The heartbeat: a tick every interval on the reactor, its lateness recorded.
+struct Heartbeat {
+    started: SystemTime,
+    interval: Duration,
+    next: Duration,
+    ticks: u64,
+    lag: LagHistogram,
+}
+
+impl Heartbeat {
+    fn new(interval: Duration) -> Heartbeat {
+        Heartbeat {
+            started: SystemTime::now(),
+            interval,
+            next: interval,
+            ticks: 0,
+            lag: LagHistogram::default(),
+        }
+    }
+
+    fn tick_if_due(
+        &mut self,
+        now: Duration,
+        state: RuntimeState,
+        driver: &Driver,
+    ) -> Option<Arc<Status>> {
+        if now < self.next {
+            return None;
+        }
+        self.lag.record(now - self.next);
+        self.ticks += 1;
+        // Keep the phase; a loop late by several periods records one late tick, not a burst.
+        while self.next <= now {
+            self.next += self.interval;
+        }
+        Some(self.snapshot(state, now, driver))
+    }
+
+    fn snapshot(&self, state: RuntimeState, now: Duration, driver: &Driver) -> Arc<Status> {
+        let s = driver.core.stats();
+        Arc::new(Status {
+            pid: std::process::id(),
+            state,
+            updated_at: rfc3339_utc(self.started + now),
+            uptime_s: now.as_secs_f64(),
+            ticks: self.ticks,
+            loop_lag_ms: self.lag.summary(),
+            sessions: SessionCounts {
+                total: s.sessions,
+                running: s.running_turns,
+                queued_messages: s.queued_messages,
+                waiting_for_worker: s.waiting_for_worker,
+                cached_agents: s.cached_agents,
+            },
+            turns: TurnCounts {
+                in_flight: s.running_turns,
+                completed: s.turns_completed,
+                failed: s.turns_failed,
+                cancelled: s.turns_cancelled,
+                abandoned: s.turns_abandoned,
+            },
+            cleanups: CleanupCounts {
+                pending: s.cleanups_pending,
+                done: s.cleanups_done,
+                timed_out: s.cleanups_timed_out,
+                failed: s.cleanups_failed,
+            },
+            workers: WorkerCounts {
+                turn: driver.turn_pool.live_threads(),
+                cleanup: driver.cleanup_pool.live_threads(),
+                replaced: driver.turn_pool.replaced() + driver.cleanup_pool.replaced(),
+            },
+            messages: MessageCounts {
+                accepted: s.accepted,
+                rejected: s.rejected,
+                events_undelivered: driver.undelivered,
+            },
+        })
+    }
+}

@@ -1,0 +1,47 @@
+//! Wakes the reactor from other threads, paying the wake syscall once per sleep, not per send.
+
+use std::sync::atomic::{AtomicBool, Ordering, fence};
+
+/// A `mio::Waker` guarded by a "the reactor is (about to be) asleep" flag.
+///
+/// The reactor sets the flag, re-checks its channels and polls; a sender pushes to a channel
+/// and then swaps the flag off, waking the poll only if the flag was on. Both sides use
+/// sequentially consistent operations, so either the reactor sees the message in its re-check
+/// or the sender sees the flag and wakes it: a message is never left unseen while the loop
+/// sleeps, and a busy loop takes no wake syscalls at all.
+pub struct Notifier {
+    waker: mio::Waker,
+    sleeping: AtomicBool,
+}
+
+impl Notifier {
+    /// Wraps a waker registered with the reactor's poll.
+    pub fn new(waker: mio::Waker) -> Notifier {
+        Notifier {
+            waker,
+            sleeping: AtomicBool::new(false),
+        }
+    }
+
+    /// Called after sending to one of the reactor's channels.
+    pub fn notify(&self) {
+        fence(Ordering::SeqCst);
+        if self.sleeping.swap(false, Ordering::SeqCst) {
+            if let Err(e) = self.waker.wake() {
+                log::error!("reactor wake failed: {e}");
+            }
+        }
+    }
+
+    /// Reactor side: announces the coming sleep. The caller must re-check its channels after
+    /// this and skip the sleep if anything arrived.
+    pub fn prepare_sleep(&self) {
+        self.sleeping.store(true, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+    }
+
+    /// Reactor side: back from poll (or skipped it).
+    pub fn awake(&self) {
+        self.sleeping.store(false, Ordering::SeqCst);
+    }
+}

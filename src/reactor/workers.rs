@@ -1,0 +1,135 @@
+//! What the pool threads do: run a turn, close an agent. Both report back over the
+//! completion channel and never let a panic escape.
+
+use std::any::Any;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+
+use crossbeam_channel::Sender;
+
+use super::notify::Notifier;
+use crate::agent::{Agent, AgentFactory, CancelToken, TurnError, TurnInput};
+use crate::core::{CleanupId, CleanupJob, TurnId, TurnJob, TurnResult};
+use crate::message::SessionKey;
+
+/// A boxed agent, as the runtime moves it around.
+pub type BoxAgent = Box<dyn Agent>;
+
+/// A worker's report to the reactor.
+pub enum Completion {
+    /// A turn returned.
+    Turn {
+        /// The turn.
+        turn: TurnId,
+        /// Its slot.
+        slot: usize,
+        /// Its session.
+        session: SessionKey,
+        /// The agent, moved back.
+        agent: Option<BoxAgent>,
+        /// What it produced.
+        result: TurnResult,
+    },
+    /// A cleanup returned.
+    Cleanup {
+        /// The job.
+        job: CleanupId,
+        /// `Err` when close() failed or panicked.
+        result: Result<(), String>,
+    },
+}
+
+/// Where workers send completions.
+#[derive(Clone)]
+pub struct CompletionSink {
+    /// The channel the reactor drains.
+    pub tx: Sender<Completion>,
+    /// Wakes the reactor.
+    pub notifier: Arc<Notifier>,
+}
+
+impl CompletionSink {
+    fn send(&self, c: Completion) {
+        // The reactor holds the receiver until it exits; after that nobody needs the result.
+        if self.tx.send(c).is_ok() {
+            self.notifier.notify();
+        }
+    }
+}
+
+fn panic_text(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_owned()
+    }
+}
+
+/// Runs one turn on a turn-pool thread.
+pub fn run_turn(
+    job: TurnJob<BoxAgent>,
+    cancel: &CancelToken,
+    factory: &dyn AgentFactory,
+    sink: &CompletionSink,
+) {
+    let TurnJob {
+        turn,
+        slot,
+        session,
+        message_id,
+        input,
+        agent,
+    } = job;
+    let mut agent = match agent {
+        Some(a) => Ok(a),
+        None => match catch_unwind(AssertUnwindSafe(|| factory.create(&session))) {
+            Ok(Ok(a)) => Ok(a),
+            Ok(Err(e)) => Err(TurnResult::Failed(format!("agent creation failed: {e}"))),
+            Err(p) => Err(TurnResult::Panicked(format!(
+                "agent creation: {}",
+                panic_text(&*p)
+            ))),
+        },
+    };
+    let result = match &mut agent {
+        Ok(a) => {
+            let input = TurnInput {
+                session: &session,
+                message_id: &message_id,
+                text: &input,
+            };
+            match catch_unwind(AssertUnwindSafe(|| a.turn(&input, cancel))) {
+                Ok(Ok(reply)) => TurnResult::Reply(reply),
+                Ok(Err(TurnError::Cancelled)) => TurnResult::Cancelled,
+                Ok(Err(TurnError::Failed(e))) => TurnResult::Failed(e),
+                Err(p) => TurnResult::Panicked(panic_text(&*p)),
+            }
+        }
+        Err(r) => r.clone(),
+    };
+    sink.send(Completion::Turn {
+        turn,
+        slot,
+        session,
+        agent: agent.ok(),
+        result,
+    });
+}
+
+/// Closes one agent on a cleanup-pool thread.
+pub fn run_cleanup(job: CleanupJob<BoxAgent>, sink: &CompletionSink) {
+    let CleanupJob { job, mut agent, .. } = job;
+    let result = match catch_unwind(AssertUnwindSafe(|| agent.close())) {
+        Ok(r) => r,
+        Err(p) => Err(format!("close() panicked: {}", panic_text(&*p))),
+    };
+    // Dropping an agent can run arbitrary code too; do it here, off the reactor, guarded.
+    let dropped = catch_unwind(AssertUnwindSafe(move || drop(agent)));
+    let result = match (result, dropped) {
+        (Ok(()), Err(p)) => Err(format!("drop panicked: {}", panic_text(&*p))),
+        (r, _) => r,
+    };
+    sink.send(Completion::Cleanup { job, result });
+}
