@@ -214,7 +214,7 @@ impl Command {
     /// Recognises `/stop`, `/new`, `/reset` and `/status` (optionally followed by whitespace
     /// and arguments, or by `@botname` as Telegram sends them). Anything else is not a command.
     pub fn parse(text: &str) -> Option<Command> {
-        let word = text.trim_start().split_whitespace().next()?;
+        let word = text.split_whitespace().next()?;
         let word = word.split('@').next().unwrap_or(word);
         match word {
             "/stop" => Some(Command::Stop),

@@ -375,10 +375,10 @@ impl Runtime {
                 || (shutdown.load(Ordering::SeqCst) && !driver.core.is_shutting_down());
             if !pending {
                 let timeout = deadline.saturating_sub(epoch.elapsed());
-                if let Err(e) = poll.poll(&mut events, Some(timeout)) {
-                    if e.kind() != std::io::ErrorKind::Interrupted {
-                        return Err(e);
-                    }
+                if let Err(e) = poll.poll(&mut events, Some(timeout))
+                    && e.kind() != std::io::ErrorKind::Interrupted
+                {
+                    return Err(e);
                 }
             }
             notifier.awake();
@@ -475,13 +475,13 @@ impl Driver {
                     "session {session}: turn {} abandoned: it {why}; its late result will be discarded",
                     turn.0
                 );
-                if let Some((_, ticket)) = self.turns.remove(&turn) {
-                    if self.turn_pool.replace(&ticket) == Replacement::Refused {
-                        log::error!(
-                            "session {session}: cannot replace the turn thread stuck on turn {}: extra-thread cap reached",
-                            turn.0
-                        );
-                    }
+                if let Some((_, ticket)) = self.turns.remove(&turn)
+                    && self.turn_pool.replace(&ticket) == Replacement::Refused
+                {
+                    log::error!(
+                        "session {session}: cannot replace the turn thread stuck on turn {}: extra-thread cap reached",
+                        turn.0
+                    );
                 }
             }
             Effect::Cleanup(job) => {
@@ -499,13 +499,13 @@ impl Driver {
                     context.as_str(),
                     self.cleanup_timeout
                 );
-                if let Some(ticket) = self.cleanups.remove(&job) {
-                    if self.cleanup_pool.replace(&ticket) == Replacement::Refused {
-                        log::error!(
-                            "session {session}: cannot replace the cleanup thread stuck on job {}: extra-thread cap reached",
-                            job.0
-                        );
-                    }
+                if let Some(ticket) = self.cleanups.remove(&job)
+                    && self.cleanup_pool.replace(&ticket) == Replacement::Refused
+                {
+                    log::error!(
+                        "session {session}: cannot replace the cleanup thread stuck on job {}: extra-thread cap reached",
+                        job.0
+                    );
                 }
             }
             Effect::CleanupFailed {

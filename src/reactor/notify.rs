@@ -26,10 +26,10 @@ impl Notifier {
     /// Called after sending to one of the reactor's channels.
     pub fn notify(&self) {
         fence(Ordering::SeqCst);
-        if self.sleeping.swap(false, Ordering::SeqCst) {
-            if let Err(e) = self.waker.wake() {
-                log::error!("reactor wake failed: {e}");
-            }
+        if self.sleeping.swap(false, Ordering::SeqCst)
+            && let Err(e) = self.waker.wake()
+        {
+            log::error!("reactor wake failed: {e}");
         }
     }
 
