@@ -1,0 +1,214 @@
+//! Shared test support: a deterministic driver for the sans-IO core, and a log capture.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use turnstile::core::{
+    CleanupContext, CleanupId, Core, CoreConfig, Effect, EventKind, Input, MessageEvent,
+    ShutdownReport, TurnId, TurnJob, TurnResult,
+};
+use turnstile::{Message, SessionKey};
+
+/// A simplified, comparable record of one effect.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Fx {
+    Event(MessageEvent),
+    Started { turn: TurnId, slot: usize, session: String, id: String, input: String, agent: Option<u64> },
+    Cancel(TurnId),
+    Abandoned(TurnId),
+    Cleanup { job: CleanupId, agent: u64, context: CleanupContext },
+    Exceeded { job: CleanupId, context: CleanupContext },
+    CleanupFailed { job: CleanupId, context: CleanupContext },
+    Complete(ShutdownReport),
+}
+
+/// Drives a `Core<(), u64>`: routes are unit (events carry the message id), agents are
+/// numbers so a test can follow each one. Plays the worker pools' part by hand.
+pub struct Harness {
+    pub core: Core<(), u64>,
+    pub now: Duration,
+    /// Turns started and not yet completed or abandoned.
+    pub running: HashMap<TurnId, TurnJob<u64>>,
+    /// Abandoned turns whose "thread" has not returned yet.
+    pub stuck: HashMap<TurnId, TurnJob<u64>>,
+    /// Cleanup jobs issued and not yet answered.
+    pub cleanups: HashMap<CleanupId, u64>,
+    /// Every effect so far, in order.
+    pub log: Vec<Fx>,
+    next_agent: u64,
+}
+
+pub fn key(chat: &str) -> SessionKey {
+    SessionKey::dm("test", chat).expect("valid key")
+}
+
+impl Harness {
+    pub fn new(cfg: CoreConfig) -> Harness {
+        Harness {
+            core: Core::new(cfg, Duration::ZERO),
+            now: Duration::ZERO,
+            running: HashMap::new(),
+            stuck: HashMap::new(),
+            cleanups: HashMap::new(),
+            log: Vec::new(),
+            next_agent: 0,
+        }
+    }
+
+    pub fn step(&mut self, input: Input<(), u64>) -> Vec<Fx> {
+        let mut fx = Vec::new();
+        self.core.handle(self.now, input, &mut fx);
+        self.absorb(fx)
+    }
+
+    /// Moves the clock forward and fires due timers.
+    pub fn advance(&mut self, by: Duration) -> Vec<Fx> {
+        self.now += by;
+        let mut fx = Vec::new();
+        self.core.advance(self.now, &mut fx);
+        self.absorb(fx)
+    }
+
+    pub fn submit(&mut self, chat: &str, id: &str, text: &str) -> Vec<Fx> {
+        let message = Message::new(id, key(chat), text).expect("valid message");
+        self.step(Input::Submit { message, route: () })
+    }
+
+    /// The running turn of a session (panics if none).
+    pub fn turn_of(&self, chat: &str) -> TurnId {
+        let k = key(chat);
+        *self
+            .running
+            .iter()
+            .find(|(_, j)| j.session == k)
+            .map(|(t, _)| t)
+            .expect("a running turn")
+    }
+
+    /// Completes a turn (running or stuck) as its worker would; a fresh agent stands in when
+    /// the job carried none.
+    pub fn complete(&mut self, turn: TurnId, result: TurnResult) -> Vec<Fx> {
+        let job = self.running.remove(&turn).or_else(|| self.stuck.remove(&turn)).expect("known turn");
+        let agent = job.agent.unwrap_or_else(|| {
+            self.next_agent += 1;
+            self.next_agent
+        });
+        self.step(Input::TurnDone { turn, slot: job.slot, session: job.session, agent: Some(agent), result })
+    }
+
+    /// Completes a session's running turn with an echo of its input.
+    pub fn echo(&mut self, chat: &str) -> Vec<Fx> {
+        let turn = self.turn_of(chat);
+        let input = self.running[&turn].input.clone();
+        self.complete(turn, TurnResult::Reply(input))
+    }
+
+    pub fn finish_cleanup(&mut self, job: CleanupId, result: Result<(), String>) -> Vec<Fx> {
+        self.cleanups.remove(&job);
+        self.step(Input::CleanupDone { job, result })
+    }
+
+    /// Every event kind emitted for message `id`, in order.
+    pub fn events_of(&self, id: &str) -> Vec<EventKind> {
+        self.log
+            .iter()
+            .filter_map(|f| match f {
+                Fx::Event(e) if &*e.id == id => Some(e.kind.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Terminal outcomes emitted for message `id`.
+    pub fn outcomes_of(&self, id: &str) -> Vec<turnstile::Outcome> {
+        self.events_of(id)
+            .into_iter()
+            .filter_map(|k| match k {
+                EventKind::Finished(o) => Some(o),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn absorb(&mut self, fx: Vec<Effect<(), u64>>) -> Vec<Fx> {
+        let mut out = Vec::with_capacity(fx.len());
+        for effect in fx {
+            let f = match effect {
+                Effect::Emit { event, .. } => Fx::Event(event),
+                Effect::StartTurn(job) => {
+                    let f = Fx::Started {
+                        turn: job.turn,
+                        slot: job.slot,
+                        session: job.session.to_string(),
+                        id: job.message_id.to_string(),
+                        input: job.input.clone(),
+                        agent: job.agent,
+                    };
+                    self.running.insert(job.turn, job);
+                    f
+                }
+                Effect::CancelTurn(t) => Fx::Cancel(t),
+                Effect::TurnAbandoned { turn, .. } => {
+                    if let Some(job) = self.running.remove(&turn) {
+                        self.stuck.insert(turn, job);
+                    }
+                    Fx::Abandoned(turn)
+                }
+                Effect::Cleanup(job) => {
+                    self.cleanups.insert(job.job, job.agent);
+                    Fx::Cleanup { job: job.job, agent: job.agent, context: job.context }
+                }
+                Effect::CleanupExceeded { job, context, .. } => {
+                    self.cleanups.remove(&job);
+                    Fx::Exceeded { job, context }
+                }
+                Effect::CleanupFailed { job, context, .. } => Fx::CleanupFailed { job, context },
+                Effect::ShutdownComplete(r) => Fx::Complete(r),
+            };
+            self.log.push(f.clone());
+            out.push(f);
+        }
+        out
+    }
+}
+
+/// Captured log records: (level, message). Installed once per test binary.
+pub struct Capture(Mutex<Vec<(log::Level, String)>>);
+
+impl log::Log for Capture {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+    fn log(&self, record: &log::Record<'_>) {
+        if record.target().starts_with("turnstile") {
+            let mut v = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            v.push((record.level(), record.args().to_string()));
+        }
+    }
+    fn flush(&self) {}
+}
+
+static CAPTURE: OnceLock<&'static Capture> = OnceLock::new();
+
+/// Installs the capturing logger (idempotent) and returns it.
+pub fn capture_logs() -> &'static Capture {
+    CAPTURE.get_or_init(|| {
+        let c: &'static Capture = Box::leak(Box::new(Capture(Mutex::new(Vec::new()))));
+        let _ = log::set_logger(c);
+        log::set_max_level(log::LevelFilter::Debug);
+        c
+    })
+}
+
+impl Capture {
+    /// Records at `level` whose text contains every one of `needles`.
+    pub fn find(&self, level: log::Level, needles: &[&str]) -> Vec<String> {
+        let v = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        v.iter()
+            .filter(|(l, m)| *l == level && needles.iter().all(|n| m.contains(n)))
+            .map(|(_, m)| m.clone())
+            .collect()
+    }
+}
