@@ -269,8 +269,10 @@ impl<R: Clone, A> Core<R, A> {
         self.stats.accepted += 1;
         let position = session.queue.len() + usize::from(session.turn.is_some());
         let idle = session.turn.is_none() && !session.waiting_for_worker;
-        let can_start_now =
-            idle && self.ready.is_empty() && self.busy_workers < self.cfg.turn_workers;
+        // Dispatch runs after every input, so a free worker implies an empty ready queue:
+        // an idle session starts in this very step exactly when a worker is free.
+        debug_assert!(self.busy_workers >= self.cfg.turn_workers || self.ready.is_empty());
+        let can_start_now = idle && self.busy_workers < self.cfg.turn_workers;
         let state = if can_start_now {
             AcceptState::Running
         } else {

@@ -1,0 +1,233 @@
+//! Property test: random interleavings of submissions, completions, failures, commands,
+//! cleanups, timer firings and shutdown across a few sessions, checked after every step
+//! against a simple model of guarantees 1 (one turn per session), 2 (order), 3 (exactly one
+//! outcome), 4 (never unclaimed while holding work), 6 (no leak) and 7 (bounded queues).
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use common::{Fx, Harness, key};
+use proptest::prelude::*;
+use turnstile::core::{AcceptState, BusyMode, CoreConfig, EventKind, Input, RejectReason, TurnId, TurnResult};
+
+const CHATS: [&str; 3] = ["a", "b", "c"];
+
+#[derive(Clone, Debug)]
+enum Op {
+    Text(usize),
+    Command(usize, &'static str),
+    Complete(usize, u8),
+    CompleteStuck,
+    Cleanup(bool),
+    Advance(u64),
+    Shutdown,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0..3usize).prop_map(Op::Text),
+        1 => (0..3usize, prop::sample::select(vec!["/stop", "/new", "/status"])).prop_map(|(s, c)| Op::Command(s, c)),
+        5 => (0..3usize, 0..4u8).prop_map(|(s, r)| Op::Complete(s, r)),
+        1 => Just(Op::CompleteStuck),
+        2 => any::<bool>().prop_map(Op::Cleanup),
+        2 => (0..8_000u64).prop_map(Op::Advance),
+        1 => Just(Op::Shutdown),
+    ]
+}
+
+fn config() -> impl Strategy<Value = CoreConfig> {
+    (1..4usize, 1..5usize, 0..3usize, 0..3usize).prop_map(|(workers, cap, cached, mode)| CoreConfig {
+        turn_workers: workers,
+        queue_cap: cap,
+        max_cached_agents: cached,
+        busy_mode: [BusyMode::Queue, BusyMode::Interrupt, BusyMode::Merge][mode],
+        agent_idle_ttl: Duration::from_secs(10),
+        sweep_interval: Duration::from_secs(3),
+        turn_timeout: Duration::from_secs(20),
+        stop_grace: Duration::from_secs(2),
+        cleanup_timeout: Duration::from_secs(5),
+        drain_timeout: Duration::from_secs(3),
+    })
+}
+
+#[derive(Default)]
+struct Model {
+    /// Text messages accepted per session, in acceptance order.
+    accepted: HashMap<String, Vec<String>>,
+    /// Every accepted message (texts and commands).
+    all_accepted: HashSet<String>,
+    rejected: HashSet<String>,
+    outcomes: HashMap<String, usize>,
+    /// Session -> its claimed turn.
+    in_flight: HashMap<String, TurnId>,
+    /// Per session, the acceptance index of the last message that started a turn.
+    last_started: HashMap<String, usize>,
+    agents_in_turns: HashSet<u64>,
+    agents_closed: HashSet<u64>,
+    next_id: usize,
+}
+
+impl Model {
+    fn observe(&mut self, step: &[Fx], cap: usize, queued_before: &HashMap<String, usize>) -> Result<(), TestCaseError> {
+        for f in step {
+            match f {
+                Fx::Event(e) => {
+                    let id = e.id.to_string();
+                    let session = e.session.to_string();
+                    match &e.kind {
+                        EventKind::Accepted { state, .. } => {
+                            prop_assert!(self.all_accepted.insert(id.clone()), "{id} accepted twice");
+                            if !id.starts_with("cmd") {
+                                let started_now = step.iter().any(|f| matches!(f, Fx::Started { id: s, .. } if *s == id));
+                                prop_assert_eq!(started_now, *state == AcceptState::Running, "{} accepted as {:?}", id, state);
+                            }
+                            if !id.starts_with("cmd") {
+                                self.accepted.entry(session).or_default().push(id);
+                            }
+                        }
+                        EventKind::Rejected(reason) => {
+                            prop_assert!(!self.all_accepted.contains(&id), "{id} accepted and rejected");
+                            if *reason == RejectReason::QueueFull {
+                                let q = queued_before.get(&session).copied().unwrap_or(0);
+                                prop_assert_eq!(q, cap, "queue_full below the cap");
+                            }
+                            self.rejected.insert(id);
+                        }
+                        EventKind::TurnStarted(_) => {}
+                        EventKind::TurnEnded(t) => {
+                            prop_assert_eq!(self.in_flight.remove(&session), Some(*t), "ended a turn not in flight");
+                        }
+                        EventKind::Finished(_) => {
+                            prop_assert!(self.all_accepted.contains(&id), "outcome for unaccepted {id}");
+                            let n = self.outcomes.entry(id.clone()).or_default();
+                            *n += 1;
+                            prop_assert_eq!(*n, 1, "{} got a second outcome", id);
+                        }
+                    }
+                }
+                Fx::Started { turn, session, id, agent, .. } => {
+                    let prev = self.in_flight.insert(session.clone(), *turn);
+                    prop_assert!(prev.is_none(), "two turns in flight for {session}");
+                    let order = &self.accepted[session];
+                    let idx = order.iter().position(|m| m == id).expect("started an accepted message");
+                    if let Some(&last) = self.last_started.get(session) {
+                        prop_assert!(idx > last, "{id} started out of order in {session}");
+                    }
+                    self.last_started.insert(session.clone(), idx);
+                    if let Some(a) = agent {
+                        prop_assert!(!self.agents_closed.contains(a), "closed agent {a} reused");
+                        prop_assert!(self.agents_in_turns.insert(*a), "agent {a} in two turns");
+                    }
+                }
+                Fx::Cleanup { agent, .. } => {
+                    prop_assert!(self.agents_closed.insert(*agent), "agent {agent} closed twice");
+                    prop_assert!(!self.agents_in_turns.contains(agent), "closing agent {agent} mid-turn");
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_table(h: &Harness, cap: usize) -> Result<(), TestCaseError> {
+    let views: Vec<_> = h.core.sessions().collect();
+    prop_assert_eq!(views.len(), h.core.stats().sessions);
+    for v in &views {
+        prop_assert!(v.running.is_some() || v.queued > 0 || v.agent_cached, "leaked slot for {}", v.key);
+        prop_assert!(v.queued == 0 || v.running.is_some() || v.waiting_for_worker, "{} holds work unclaimed", v.key);
+        prop_assert!(v.queued <= cap, "{} queue over cap", v.key);
+        prop_assert_eq!(h.core.session(&v.key).map(|x| x.slot), Some(v.slot));
+    }
+    prop_assert!(h.core.stats().running_turns <= h.core.config().turn_workers);
+    Ok(())
+}
+
+fn queued_by_session(h: &Harness) -> HashMap<String, usize> {
+    h.core.sessions().map(|v| (v.key.to_string(), v.queued)).collect()
+}
+
+fn apply(h: &mut Harness, m: &mut Model, op: &Op) -> Vec<Fx> {
+    match *op {
+        Op::Text(s) => {
+            m.next_id += 1;
+            h.submit(CHATS[s], &format!("m{}", m.next_id), &format!("text {}", m.next_id))
+        }
+        Op::Command(s, c) => {
+            m.next_id += 1;
+            h.submit(CHATS[s], &format!("cmd{}", m.next_id), c)
+        }
+        Op::Complete(s, r) => {
+            let k = key(CHATS[s]);
+            let Some((&turn, job)) = h.running.iter().find(|(_, j)| j.session == k) else { return vec![] };
+            if let Some(a) = job.agent {
+                m.agents_in_turns.remove(&a);
+            }
+            let result = match r {
+                0 => TurnResult::Reply("ok".into()),
+                1 => TurnResult::Cancelled,
+                2 => TurnResult::Failed("agent error".into()),
+                _ => TurnResult::Panicked("boom".into()),
+            };
+            h.complete(turn, result)
+        }
+        Op::CompleteStuck => {
+            let Some((&turn, job)) = h.stuck.iter().next() else { return vec![] };
+            if let Some(a) = job.agent {
+                m.agents_in_turns.remove(&a);
+            }
+            h.complete(turn, TurnResult::Reply("late".into()))
+        }
+        Op::Cleanup(ok) => {
+            let Some(&job) = h.cleanups.keys().min() else { return vec![] };
+            h.finish_cleanup(job, if ok { Ok(()) } else { Err("close failed".into()) })
+        }
+        Op::Advance(ms) => h.advance(Duration::from_millis(ms)),
+        Op::Shutdown => h.step(Input::Shutdown),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn guarantees_hold_under_any_interleaving(cfg in config(), ops in prop::collection::vec(op(), 1..120)) {
+        let cap = cfg.queue_cap;
+        let mut h = Harness::new(cfg);
+        let mut m = Model::default();
+        for op in &ops {
+            let before = queued_by_session(&h);
+            let step = apply(&mut h, &mut m, op);
+            m.observe(&step, cap, &before)?;
+            check_table(&h, cap)?;
+        }
+        // Let everything run out: complete every turn, answer every cleanup, pass time.
+        for _ in 0..200 {
+            if h.running.is_empty() && h.stuck.is_empty() && h.cleanups.is_empty() && h.core.stats().sessions == 0 {
+                break;
+            }
+            let op = if let Some(s) = CHATS.iter().position(|c| h.running.values().any(|j| j.session == key(c))) {
+                Op::Complete(s, 0)
+            } else if !h.stuck.is_empty() {
+                Op::CompleteStuck
+            } else if !h.cleanups.is_empty() {
+                Op::Cleanup(true)
+            } else {
+                Op::Advance(60_000)
+            };
+            let before = queued_by_session(&h);
+            let step = apply(&mut h, &mut m, &op);
+            m.observe(&step, cap, &before)?;
+            check_table(&h, cap)?;
+        }
+        prop_assert!(h.running.is_empty() && h.core.stats().queued_messages == 0);
+        for id in &m.all_accepted {
+            prop_assert_eq!(m.outcomes.get(id).copied(), Some(1), "{} has no outcome", id);
+        }
+        for id in &m.rejected {
+            prop_assert!(!m.outcomes.contains_key(id));
+        }
+    }
+}
