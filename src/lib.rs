@@ -1,8 +1,4 @@
-//! turnstile: a runtime for chat-agent gateways.
-//!
-//! One reactor thread owns every session; agent turns and agent teardown run on worker pools;
-//! a heartbeat proves the loop is alive. See the README for the architecture.
-
+#![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
 pub mod agent;

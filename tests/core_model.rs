@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use common::{Fx, Harness, key};
 use proptest::prelude::*;
-use turnstile::core::{AcceptState, BusyMode, CoreConfig, EventKind, Input, RejectReason, TurnId, TurnResult};
+use turnstile::core::{
+    AcceptState, BusyMode, CoreConfig, EventKind, Input, RejectReason, TurnId, TurnResult,
+};
 
 const CHATS: [&str; 3] = ["a", "b", "c"];
 
@@ -38,17 +40,19 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn config() -> impl Strategy<Value = CoreConfig> {
-    (1..4usize, 1..5usize, 0..3usize, 0..3usize).prop_map(|(workers, cap, cached, mode)| CoreConfig {
-        turn_workers: workers,
-        queue_cap: cap,
-        max_cached_agents: cached,
-        busy_mode: [BusyMode::Queue, BusyMode::Interrupt, BusyMode::Merge][mode],
-        agent_idle_ttl: Duration::from_secs(10),
-        sweep_interval: Duration::from_secs(3),
-        turn_timeout: Duration::from_secs(20),
-        stop_grace: Duration::from_secs(2),
-        cleanup_timeout: Duration::from_secs(5),
-        drain_timeout: Duration::from_secs(3),
+    (1..4usize, 1..5usize, 0..3usize, 0..3usize).prop_map(|(workers, cap, cached, mode)| {
+        CoreConfig {
+            turn_workers: workers,
+            queue_cap: cap,
+            max_cached_agents: cached,
+            busy_mode: [BusyMode::Queue, BusyMode::Interrupt, BusyMode::Merge][mode],
+            agent_idle_ttl: Duration::from_secs(10),
+            sweep_interval: Duration::from_secs(3),
+            turn_timeout: Duration::from_secs(20),
+            stop_grace: Duration::from_secs(2),
+            cleanup_timeout: Duration::from_secs(5),
+            drain_timeout: Duration::from_secs(3),
+        }
     })
 }
 
@@ -70,7 +74,12 @@ struct Model {
 }
 
 impl Model {
-    fn observe(&mut self, step: &[Fx], cap: usize, queued_before: &HashMap<String, usize>) -> Result<(), TestCaseError> {
+    fn observe(
+        &mut self,
+        step: &[Fx],
+        cap: usize,
+        queued_before: &HashMap<String, usize>,
+    ) -> Result<(), TestCaseError> {
         for f in step {
             match f {
                 Fx::Event(e) => {
@@ -78,17 +87,31 @@ impl Model {
                     let session = e.session.to_string();
                     match &e.kind {
                         EventKind::Accepted { state, .. } => {
-                            prop_assert!(self.all_accepted.insert(id.clone()), "{id} accepted twice");
+                            prop_assert!(
+                                self.all_accepted.insert(id.clone()),
+                                "{id} accepted twice"
+                            );
                             if !id.starts_with("cmd") {
-                                let started_now = step.iter().any(|f| matches!(f, Fx::Started { id: s, .. } if *s == id));
-                                prop_assert_eq!(started_now, *state == AcceptState::Running, "{} accepted as {:?}", id, state);
+                                let started_now = step
+                                    .iter()
+                                    .any(|f| matches!(f, Fx::Started { id: s, .. } if *s == id));
+                                prop_assert_eq!(
+                                    started_now,
+                                    *state == AcceptState::Running,
+                                    "{} accepted as {:?}",
+                                    id,
+                                    state
+                                );
                             }
                             if !id.starts_with("cmd") {
                                 self.accepted.entry(session).or_default().push(id);
                             }
                         }
                         EventKind::Rejected(reason) => {
-                            prop_assert!(!self.all_accepted.contains(&id), "{id} accepted and rejected");
+                            prop_assert!(
+                                !self.all_accepted.contains(&id),
+                                "{id} accepted and rejected"
+                            );
                             if *reason == RejectReason::QueueFull {
                                 let q = queued_before.get(&session).copied().unwrap_or(0);
                                 prop_assert_eq!(q, cap, "queue_full below the cap");
@@ -97,21 +120,37 @@ impl Model {
                         }
                         EventKind::TurnStarted(_) => {}
                         EventKind::TurnEnded(t) => {
-                            prop_assert_eq!(self.in_flight.remove(&session), Some(*t), "ended a turn not in flight");
+                            prop_assert_eq!(
+                                self.in_flight.remove(&session),
+                                Some(*t),
+                                "ended a turn not in flight"
+                            );
                         }
                         EventKind::Finished(_) => {
-                            prop_assert!(self.all_accepted.contains(&id), "outcome for unaccepted {id}");
+                            prop_assert!(
+                                self.all_accepted.contains(&id),
+                                "outcome for unaccepted {id}"
+                            );
                             let n = self.outcomes.entry(id.clone()).or_default();
                             *n += 1;
                             prop_assert_eq!(*n, 1, "{} got a second outcome", id);
                         }
                     }
                 }
-                Fx::Started { turn, session, id, agent, .. } => {
+                Fx::Started {
+                    turn,
+                    session,
+                    id,
+                    agent,
+                    ..
+                } => {
                     let prev = self.in_flight.insert(session.clone(), *turn);
                     prop_assert!(prev.is_none(), "two turns in flight for {session}");
                     let order = &self.accepted[session];
-                    let idx = order.iter().position(|m| m == id).expect("started an accepted message");
+                    let idx = order
+                        .iter()
+                        .position(|m| m == id)
+                        .expect("started an accepted message");
                     if let Some(&last) = self.last_started.get(session) {
                         prop_assert!(idx > last, "{id} started out of order in {session}");
                     }
@@ -122,8 +161,14 @@ impl Model {
                     }
                 }
                 Fx::Cleanup { agent, .. } => {
-                    prop_assert!(self.agents_closed.insert(*agent), "agent {agent} closed twice");
-                    prop_assert!(!self.agents_in_turns.contains(agent), "closing agent {agent} mid-turn");
+                    prop_assert!(
+                        self.agents_closed.insert(*agent),
+                        "agent {agent} closed twice"
+                    );
+                    prop_assert!(
+                        !self.agents_in_turns.contains(agent),
+                        "closing agent {agent} mid-turn"
+                    );
                 }
                 _ => {}
             }
@@ -136,8 +181,16 @@ fn check_table(h: &Harness, cap: usize) -> Result<(), TestCaseError> {
     let views: Vec<_> = h.core.sessions().collect();
     prop_assert_eq!(views.len(), h.core.stats().sessions);
     for v in &views {
-        prop_assert!(v.running.is_some() || v.queued > 0 || v.agent_cached, "leaked slot for {}", v.key);
-        prop_assert!(v.queued == 0 || v.running.is_some() || v.waiting_for_worker, "{} holds work unclaimed", v.key);
+        prop_assert!(
+            v.running.is_some() || v.queued > 0 || v.agent_cached,
+            "leaked slot for {}",
+            v.key
+        );
+        prop_assert!(
+            v.queued == 0 || v.running.is_some() || v.waiting_for_worker,
+            "{} holds work unclaimed",
+            v.key
+        );
         prop_assert!(v.queued <= cap, "{} queue over cap", v.key);
         prop_assert_eq!(h.core.session(&v.key).map(|x| x.slot), Some(v.slot));
     }
@@ -146,14 +199,21 @@ fn check_table(h: &Harness, cap: usize) -> Result<(), TestCaseError> {
 }
 
 fn queued_by_session(h: &Harness) -> HashMap<String, usize> {
-    h.core.sessions().map(|v| (v.key.to_string(), v.queued)).collect()
+    h.core
+        .sessions()
+        .map(|v| (v.key.to_string(), v.queued))
+        .collect()
 }
 
 fn apply(h: &mut Harness, m: &mut Model, op: &Op) -> Vec<Fx> {
     match *op {
         Op::Text(s) => {
             m.next_id += 1;
-            h.submit(CHATS[s], &format!("m{}", m.next_id), &format!("text {}", m.next_id))
+            h.submit(
+                CHATS[s],
+                &format!("m{}", m.next_id),
+                &format!("text {}", m.next_id),
+            )
         }
         Op::Command(s, c) => {
             m.next_id += 1;
@@ -161,7 +221,9 @@ fn apply(h: &mut Harness, m: &mut Model, op: &Op) -> Vec<Fx> {
         }
         Op::Complete(s, r) => {
             let k = key(CHATS[s]);
-            let Some((&turn, job)) = h.running.iter().find(|(_, j)| j.session == k) else { return vec![] };
+            let Some((&turn, job)) = h.running.iter().find(|(_, j)| j.session == k) else {
+                return vec![];
+            };
             if let Some(a) = job.agent {
                 m.agents_in_turns.remove(&a);
             }
@@ -174,15 +236,26 @@ fn apply(h: &mut Harness, m: &mut Model, op: &Op) -> Vec<Fx> {
             h.complete(turn, result)
         }
         Op::CompleteStuck => {
-            let Some((&turn, job)) = h.stuck.iter().next() else { return vec![] };
+            let Some((&turn, job)) = h.stuck.iter().next() else {
+                return vec![];
+            };
             if let Some(a) = job.agent {
                 m.agents_in_turns.remove(&a);
             }
             h.complete(turn, TurnResult::Reply("late".into()))
         }
         Op::Cleanup(ok) => {
-            let Some(&job) = h.cleanups.keys().min() else { return vec![] };
-            h.finish_cleanup(job, if ok { Ok(()) } else { Err("close failed".into()) })
+            let Some(&job) = h.cleanups.keys().min() else {
+                return vec![];
+            };
+            h.finish_cleanup(
+                job,
+                if ok {
+                    Ok(())
+                } else {
+                    Err("close failed".into())
+                },
+            )
         }
         Op::Advance(ms) => h.advance(Duration::from_millis(ms)),
         Op::Shutdown => h.step(Input::Shutdown),

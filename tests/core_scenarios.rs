@@ -14,7 +14,10 @@ use turnstile::core::{
 };
 
 fn cfg() -> CoreConfig {
-    CoreConfig { turn_workers: 4, ..CoreConfig::default() }
+    CoreConfig {
+        turn_workers: 4,
+        ..CoreConfig::default()
+    }
 }
 
 fn reply(s: &str) -> Outcome {
@@ -45,16 +48,27 @@ fn handoff_keeps_the_same_slot_and_starts_the_next_turn_in_the_same_step() {
     let step = h.echo("42");
     // One step: M1's outcome and M2's start, from the same slot.
     let m1_done = step.iter().position(|f| matches!(f, Fx::Event(e) if &*e.id == "M1" && e.kind == EventKind::Finished(reply("first"))));
-    let m2_start = step.iter().position(|f| matches!(f, Fx::Started { id, .. } if id == "M2"));
-    assert!(m1_done.is_some() && m2_start.is_some(), "hand-off not in one step: {step:?}");
+    let m2_start = step
+        .iter()
+        .position(|f| matches!(f, Fx::Started { id, .. } if id == "M2"));
+    assert!(
+        m1_done.is_some() && m2_start.is_some(),
+        "hand-off not in one step: {step:?}"
+    );
     assert!(matches!(&step[m2_start.unwrap_or(0)], Fx::Started { slot: s, .. } if *s == slot));
-    let view = h.core.session(&key("42")).expect("claimed across the hand-off");
+    let view = h
+        .core
+        .session(&key("42"))
+        .expect("claimed across the hand-off");
     assert_eq!(view.slot, slot);
     assert!(view.running.is_some());
 
     // A third message arriving during M2 queues behind it rather than starting a second turn.
     let step = h.submit("42", "M3", "third");
-    assert!(started_ids(&step).is_empty(), "a second turn started: {step:?}");
+    assert!(
+        started_ids(&step).is_empty(),
+        "a second turn started: {step:?}"
+    );
     h.echo("42");
     h.echo("42");
     for (id, text) in [("M1", "first"), ("M2", "second"), ("M3", "third")] {
@@ -101,24 +115,47 @@ fn late_arrival_runs_whatever_its_order_relative_to_the_completion() {
 #[test]
 fn solo_turn_leaves_no_slot_once_its_agent_is_gone() {
     // Without an agent cache the slot goes as the turn ends.
-    let mut h = Harness::new(CoreConfig { max_cached_agents: 0, ..cfg() });
+    let mut h = Harness::new(CoreConfig {
+        max_cached_agents: 0,
+        ..cfg()
+    });
     h.submit("42", "solo", "hi");
     h.echo("42");
     assert_eq!(h.outcomes_of("solo"), vec![reply("hi")]);
     assert!(h.core.session(&key("42")).is_none());
     assert_eq!(h.core.stats().sessions, 0);
-    assert!(h.log.iter().any(|f| matches!(f, Fx::Cleanup { context: CleanupContext::Eviction, .. })));
+    assert!(h.log.iter().any(|f| matches!(
+        f,
+        Fx::Cleanup {
+            context: CleanupContext::Eviction,
+            ..
+        }
+    )));
 
     // With the cache, the slot holds the idle agent until the sweep closes it.
     let ttl = Duration::from_secs(60);
-    let mut h = Harness::new(CoreConfig { agent_idle_ttl: ttl, sweep_interval: Duration::from_secs(10), ..cfg() });
+    let mut h = Harness::new(CoreConfig {
+        agent_idle_ttl: ttl,
+        sweep_interval: Duration::from_secs(10),
+        ..cfg()
+    });
     h.submit("42", "solo", "hi");
     h.echo("42");
-    assert!(h.core.session(&key("42")).is_some_and(|v| v.agent_cached && v.queued == 0));
+    assert!(
+        h.core
+            .session(&key("42"))
+            .is_some_and(|v| v.agent_cached && v.queued == 0)
+    );
     h.advance(Duration::from_secs(50));
     assert!(h.core.session(&key("42")).is_some(), "swept before its TTL");
     let step = h.advance(Duration::from_secs(20));
-    assert!(step.iter().any(|f| matches!(f, Fx::Cleanup { context: CleanupContext::Sweep, .. })));
+    assert!(step.iter().any(|f| matches!(
+        f,
+        Fx::Cleanup {
+            context: CleanupContext::Sweep,
+            ..
+        }
+    )));
     assert!(h.core.session(&key("42")).is_none());
     assert_eq!(h.core.stats().sessions, 0);
 }
@@ -127,48 +164,79 @@ fn solo_turn_leaves_no_slot_once_its_agent_is_gone() {
 /// nothing else.
 #[test]
 fn queue_full_rejects_explicitly() {
-    let mut h = Harness::new(CoreConfig { queue_cap: 3, ..cfg() });
+    let mut h = Harness::new(CoreConfig {
+        queue_cap: 3,
+        ..cfg()
+    });
     h.submit("42", "run", "r");
     for i in 0..3 {
         h.submit("42", &format!("q{i}"), "q");
     }
     assert_eq!(
         h.events_of("q2"),
-        vec![EventKind::Accepted { state: AcceptState::Queued, position: 3 }]
+        vec![EventKind::Accepted {
+            state: AcceptState::Queued,
+            position: 3
+        }]
     );
     h.submit("42", "over", "x");
-    assert_eq!(h.events_of("over"), vec![EventKind::Rejected(RejectReason::QueueFull)]);
+    assert_eq!(
+        h.events_of("over"),
+        vec![EventKind::Rejected(RejectReason::QueueFull)]
+    );
     // Space frees as turns run; the queue accepts again.
     h.echo("42");
     h.submit("42", "again", "y");
-    assert!(matches!(h.events_of("again")[..], [EventKind::Accepted { .. }]));
+    assert!(matches!(
+        h.events_of("again")[..],
+        [EventKind::Accepted { .. }]
+    ));
 }
 
 /// Guarantee 8: with every worker busy, ready sessions take turns in arrival order; a session
 /// with a long backlog does not hold the worker against a newcomer.
 #[test]
 fn a_busy_session_cannot_starve_a_newcomer() {
-    let mut h = Harness::new(CoreConfig { turn_workers: 1, ..cfg() });
+    let mut h = Harness::new(CoreConfig {
+        turn_workers: 1,
+        ..cfg()
+    });
     for i in 0..5 {
         h.submit("A", &format!("a{i}"), "a");
     }
     h.submit("B", "b0", "b");
-    assert_eq!(h.events_of("b0"), vec![EventKind::Accepted { state: AcceptState::Queued, position: 0 }]);
+    assert_eq!(
+        h.events_of("b0"),
+        vec![EventKind::Accepted {
+            state: AcceptState::Queued,
+            position: 0
+        }]
+    );
     let step = h.echo("A");
-    assert_eq!(started_ids(&step), vec!["b0".to_owned()], "B must run before A's backlog");
+    assert_eq!(
+        started_ids(&step),
+        vec!["b0".to_owned()],
+        "B must run before A's backlog"
+    );
     let step = h.echo("B");
     assert_eq!(started_ids(&step), vec!["a1".to_owned()]);
 }
 
 #[test]
 fn interrupt_mode_cancels_the_running_turn_then_runs_the_follow_up() {
-    let mut h = Harness::new(CoreConfig { busy_mode: BusyMode::Interrupt, ..cfg() });
+    let mut h = Harness::new(CoreConfig {
+        busy_mode: BusyMode::Interrupt,
+        ..cfg()
+    });
     h.submit("42", "M1", "long job");
     let t1 = h.turn_of("42");
     let step = h.submit("42", "M2", "never mind");
     assert!(step.contains(&Fx::Cancel(t1)));
     let step = h.complete(t1, TurnResult::Cancelled);
-    assert_eq!(h.outcomes_of("M1"), vec![Outcome::Cancelled(CancelReason::Interrupted)]);
+    assert_eq!(
+        h.outcomes_of("M1"),
+        vec![Outcome::Cancelled(CancelReason::Interrupted)]
+    );
     assert_eq!(started_ids(&step), vec!["M2".to_owned()]);
 
     // An agent that finished anyway keeps its reply.
@@ -180,13 +248,21 @@ fn interrupt_mode_cancels_the_running_turn_then_runs_the_follow_up() {
 
 #[test]
 fn merge_mode_runs_the_queue_as_one_turn_and_names_the_carrier() {
-    let mut h = Harness::new(CoreConfig { busy_mode: BusyMode::Merge, ..cfg() });
+    let mut h = Harness::new(CoreConfig {
+        busy_mode: BusyMode::Merge,
+        ..cfg()
+    });
     h.submit("42", "M1", "one");
     h.submit("42", "M2", "two");
     h.submit("42", "M3", "three");
     let step = h.echo("42");
-    assert!(step.iter().any(|f| matches!(f, Fx::Started { id, input, .. } if id == "M2" && input == "two\nthree")));
-    assert_eq!(h.outcomes_of("M3"), vec![Outcome::Merged { into: "M2".into() }]);
+    assert!(step.iter().any(
+        |f| matches!(f, Fx::Started { id, input, .. } if id == "M2" && input == "two\nthree")
+    ));
+    assert_eq!(
+        h.outcomes_of("M3"),
+        vec![Outcome::Merged { into: "M2".into() }]
+    );
     h.echo("42");
     assert_eq!(h.outcomes_of("M2"), vec![reply("two\nthree")]);
 }
@@ -200,15 +276,30 @@ fn stop_cancels_the_turn_and_the_queue_and_reports_how_many() {
     h.submit("42", "M3", "c");
     let step = h.submit("42", "S", "/stop");
     assert!(step.contains(&Fx::Cancel(t1)));
-    assert_eq!(h.outcomes_of("M2"), vec![Outcome::Cancelled(CancelReason::Stopped)]);
-    assert_eq!(h.outcomes_of("M3"), vec![Outcome::Cancelled(CancelReason::Stopped)]);
+    assert_eq!(
+        h.outcomes_of("M2"),
+        vec![Outcome::Cancelled(CancelReason::Stopped)]
+    );
+    assert_eq!(
+        h.outcomes_of("M3"),
+        vec![Outcome::Cancelled(CancelReason::Stopped)]
+    );
     match &h.outcomes_of("S")[..] {
-        [Outcome::Reply(text)] => assert!(text.contains("cancelled the running turn, 2 queued"), "{text}"),
+        [Outcome::Reply(text)] => assert!(
+            text.contains("cancelled the running turn, 2 queued"),
+            "{text}"
+        ),
         other => panic!("stop reply: {other:?}"),
     }
-    assert!(started_ids(&step).is_empty(), "a command never runs as agent text");
+    assert!(
+        started_ids(&step).is_empty(),
+        "a command never runs as agent text"
+    );
     h.complete(t1, TurnResult::Cancelled);
-    assert_eq!(h.outcomes_of("M1"), vec![Outcome::Cancelled(CancelReason::Stopped)]);
+    assert_eq!(
+        h.outcomes_of("M1"),
+        vec![Outcome::Cancelled(CancelReason::Stopped)]
+    );
 }
 
 /// A turn that ignores cancellation is abandoned after the grace; the session carries on with
@@ -216,7 +307,10 @@ fn stop_cancels_the_turn_and_the_queue_and_reports_how_many() {
 #[test]
 fn a_turn_ignoring_stop_is_abandoned_after_the_grace_and_the_session_proceeds() {
     let grace = Duration::from_secs(5);
-    let mut h = Harness::new(CoreConfig { stop_grace: grace, ..cfg() });
+    let mut h = Harness::new(CoreConfig {
+        stop_grace: grace,
+        ..cfg()
+    });
     h.submit("42", "M1", "a");
     h.echo("42"); // caches an agent
     h.submit("42", "M2", "b");
@@ -226,13 +320,28 @@ fn a_turn_ignoring_stop_is_abandoned_after_the_grace_and_the_session_proceeds() 
     assert!(h.advance(grace - Duration::from_millis(1)).is_empty());
     let step = h.advance(Duration::from_millis(1));
     assert!(step.contains(&Fx::Abandoned(stuck)));
-    assert_eq!(h.outcomes_of("M2"), vec![Outcome::Cancelled(CancelReason::Stopped)]);
-    assert!(step.iter().any(|f| matches!(f, Fx::Started { id, agent: None, .. } if id == "M3")));
+    assert_eq!(
+        h.outcomes_of("M2"),
+        vec![Outcome::Cancelled(CancelReason::Stopped)]
+    );
+    assert!(
+        step.iter()
+            .any(|f| matches!(f, Fx::Started { id, agent: None, .. } if id == "M3"))
+    );
     h.echo("42");
     assert_eq!(h.outcomes_of("M3"), vec![reply("c")]);
     // The stuck worker finally returns: no second outcome, its agent goes to cleanup.
     let step = h.complete(stuck, TurnResult::Reply("late".into()));
-    assert!(matches!(step[..], [Fx::Cleanup { context: CleanupContext::Abandoned, .. }]), "{step:?}");
+    assert!(
+        matches!(
+            step[..],
+            [Fx::Cleanup {
+                context: CleanupContext::Abandoned,
+                ..
+            }]
+        ),
+        "{step:?}"
+    );
     assert_eq!(h.outcomes_of("M2").len(), 1);
     assert_eq!(h.core.stats().turns_abandoned, 1);
 }
@@ -240,13 +349,22 @@ fn a_turn_ignoring_stop_is_abandoned_after_the_grace_and_the_session_proceeds() 
 #[test]
 fn a_turn_past_its_timeout_fails_with_timeout() {
     let timeout = Duration::from_secs(600);
-    let mut h = Harness::new(CoreConfig { turn_timeout: timeout, ..cfg() });
+    let mut h = Harness::new(CoreConfig {
+        turn_timeout: timeout,
+        ..cfg()
+    });
     h.submit("42", "M1", "a");
     let t = h.turn_of("42");
     let step = h.advance(timeout);
     assert!(step.contains(&Fx::Cancel(t)) && step.contains(&Fx::Abandoned(t)));
-    assert_eq!(h.outcomes_of("M1"), vec![Outcome::Failed(FailReason::Timeout)]);
-    assert!(h.core.session(&key("42")).is_none(), "no work, no agent: no slot");
+    assert_eq!(
+        h.outcomes_of("M1"),
+        vec![Outcome::Failed(FailReason::Timeout)]
+    );
+    assert!(
+        h.core.session(&key("42")).is_none(),
+        "no work, no agent: no slot"
+    );
 }
 
 #[test]
@@ -255,16 +373,34 @@ fn reset_closes_the_agent_so_the_next_message_gets_a_fresh_one() {
     h.submit("42", "M1", "a");
     h.echo("42");
     let step = h.submit("42", "R", "/new");
-    assert!(step.iter().any(|f| matches!(f, Fx::Cleanup { context: CleanupContext::Reset, .. })));
+    assert!(step.iter().any(|f| matches!(
+        f,
+        Fx::Cleanup {
+            context: CleanupContext::Reset,
+            ..
+        }
+    )));
     let step = h.submit("42", "M2", "b");
-    assert!(step.iter().any(|f| matches!(f, Fx::Started { agent: None, .. })));
+    assert!(
+        step.iter()
+            .any(|f| matches!(f, Fx::Started { agent: None, .. }))
+    );
 
     // Reset mid-turn: the agent coming back is closed, not cached.
     let t = h.turn_of("42");
     h.submit("42", "R2", "/reset");
     let step = h.complete(t, TurnResult::Cancelled);
-    assert!(step.iter().any(|f| matches!(f, Fx::Cleanup { context: CleanupContext::Reset, .. })));
-    assert_eq!(h.outcomes_of("M2"), vec![Outcome::Cancelled(CancelReason::Reset)]);
+    assert!(step.iter().any(|f| matches!(
+        f,
+        Fx::Cleanup {
+            context: CleanupContext::Reset,
+            ..
+        }
+    )));
+    assert_eq!(
+        h.outcomes_of("M2"),
+        vec![Outcome::Cancelled(CancelReason::Reset)]
+    );
     assert!(h.core.session(&key("42")).is_none());
 }
 
@@ -273,12 +409,18 @@ fn status_reports_state_and_queue_depth() {
     let mut h = Harness::new(cfg());
     h.submit("42", "s0", "/status");
     assert!(matches!(&h.outcomes_of("s0")[..], [Outcome::Reply(t)] if t.starts_with("idle")));
-    assert!(h.core.session(&key("42")).is_none(), "a command on an idle session claims no slot");
+    assert!(
+        h.core.session(&key("42")).is_none(),
+        "a command on an idle session claims no slot"
+    );
     h.submit("42", "M1", "a");
     h.submit("42", "M2", "b");
     h.advance(Duration::from_millis(1500));
     h.submit("42", "s1", "/status");
-    assert_eq!(h.outcomes_of("s1"), vec![reply("running for 1.5s, 1 queued")]);
+    assert_eq!(
+        h.outcomes_of("s1"),
+        vec![reply("running for 1.5s, 1 queued")]
+    );
 }
 
 #[test]
@@ -287,13 +429,25 @@ fn a_panicking_turn_fails_and_its_agent_is_closed() {
     h.submit("42", "M1", "a");
     let t = h.turn_of("42");
     let step = h.complete(t, TurnResult::Panicked("boom".into()));
-    assert_eq!(h.outcomes_of("M1"), vec![Outcome::Failed(FailReason::Panic("boom".into()))]);
-    assert!(step.iter().any(|f| matches!(f, Fx::Cleanup { context: CleanupContext::Panicked, .. })));
+    assert_eq!(
+        h.outcomes_of("M1"),
+        vec![Outcome::Failed(FailReason::Panic("boom".into()))]
+    );
+    assert!(step.iter().any(|f| matches!(
+        f,
+        Fx::Cleanup {
+            context: CleanupContext::Panicked,
+            ..
+        }
+    )));
 }
 
 #[test]
 fn lru_evicts_the_least_recently_used_idle_agent() {
-    let mut h = Harness::new(CoreConfig { max_cached_agents: 2, ..cfg() });
+    let mut h = Harness::new(CoreConfig {
+        max_cached_agents: 2,
+        ..cfg()
+    });
     for chat in ["a", "b", "c"] {
         h.submit(chat, &format!("{chat}1"), "x");
     }
@@ -301,7 +455,13 @@ fn lru_evicts_the_least_recently_used_idle_agent() {
     h.echo("a");
     let step = h.echo("c");
     // b went idle first, so b's agent is evicted and its slot freed; a and c keep theirs.
-    assert!(step.iter().any(|f| matches!(f, Fx::Cleanup { context: CleanupContext::Eviction, .. })));
+    assert!(step.iter().any(|f| matches!(
+        f,
+        Fx::Cleanup {
+            context: CleanupContext::Eviction,
+            ..
+        }
+    )));
     assert!(h.core.session(&key("b")).is_none());
     assert!(h.core.session(&key("a")).is_some_and(|v| v.agent_cached));
     assert!(h.core.session(&key("c")).is_some_and(|v| v.agent_cached));
@@ -310,21 +470,40 @@ fn lru_evicts_the_least_recently_used_idle_agent() {
 #[test]
 fn a_cleanup_past_its_deadline_is_counted_once_and_its_late_end_ignored() {
     let timeout = Duration::from_secs(30);
-    let mut h = Harness::new(CoreConfig { cleanup_timeout: timeout, max_cached_agents: 0, ..cfg() });
+    let mut h = Harness::new(CoreConfig {
+        cleanup_timeout: timeout,
+        max_cached_agents: 0,
+        ..cfg()
+    });
     h.submit("42", "M1", "a");
     h.echo("42");
     let job = *h.cleanups.keys().next().expect("eviction cleanup");
     let step = h.advance(timeout);
-    assert!(step.iter().any(|f| matches!(f, Fx::Exceeded { job: j, .. } if *j == job)));
-    let step = h.step(Input::CleanupDone { job, result: Err("late failure".into()) });
-    assert!(step.is_empty(), "a leaked cleanup's late end must not be reported again: {step:?}");
+    assert!(
+        step.iter()
+            .any(|f| matches!(f, Fx::Exceeded { job: j, .. } if *j == job))
+    );
+    let step = h.step(Input::CleanupDone {
+        job,
+        result: Err("late failure".into()),
+    });
+    assert!(
+        step.is_empty(),
+        "a leaked cleanup's late end must not be reported again: {step:?}"
+    );
     let s = h.core.stats();
-    assert_eq!((s.cleanups_timed_out, s.cleanups_failed, s.cleanups_pending), (1, 0, 0));
+    assert_eq!(
+        (s.cleanups_timed_out, s.cleanups_failed, s.cleanups_pending),
+        (1, 0, 0)
+    );
 }
 
 #[test]
 fn a_failed_cleanup_is_reported() {
-    let mut h = Harness::new(CoreConfig { max_cached_agents: 0, ..cfg() });
+    let mut h = Harness::new(CoreConfig {
+        max_cached_agents: 0,
+        ..cfg()
+    });
     h.submit("42", "M1", "a");
     h.echo("42");
     let job = *h.cleanups.keys().next().expect("cleanup");
@@ -341,10 +520,22 @@ fn shutdown_drains_running_turns_cancels_the_queue_and_closes_agents() {
     h.submit("busy", "B1", "x");
     h.submit("busy", "B2", "y");
     let step = h.step(Input::Shutdown);
-    assert_eq!(h.outcomes_of("B2"), vec![Outcome::Cancelled(CancelReason::Shutdown)]);
-    assert!(step.iter().any(|f| matches!(f, Fx::Cleanup { context: CleanupContext::Shutdown, .. })));
+    assert_eq!(
+        h.outcomes_of("B2"),
+        vec![Outcome::Cancelled(CancelReason::Shutdown)]
+    );
+    assert!(step.iter().any(|f| matches!(
+        f,
+        Fx::Cleanup {
+            context: CleanupContext::Shutdown,
+            ..
+        }
+    )));
     h.submit("new", "N1", "z");
-    assert_eq!(h.events_of("N1"), vec![EventKind::Rejected(RejectReason::ShuttingDown)]);
+    assert_eq!(
+        h.events_of("N1"),
+        vec![EventKind::Rejected(RejectReason::ShuttingDown)]
+    );
     // The running turn finishes within the drain and keeps its reply; its agent is closed.
     h.echo("busy");
     assert_eq!(h.outcomes_of("B1"), vec![reply("x")]);
@@ -357,7 +548,10 @@ fn shutdown_drains_running_turns_cancels_the_queue_and_closes_agents() {
     match &last[..] {
         [Fx::Complete(r)] => {
             assert!(r.clean);
-            assert_eq!((r.queued_cancelled, r.turns_finished, r.cleanups_done), (1, 1, 2));
+            assert_eq!(
+                (r.queued_cancelled, r.turns_finished, r.cleanups_done),
+                (1, 1, 2)
+            );
         }
         other => panic!("expected completion: {other:?}"),
     }
@@ -377,7 +571,10 @@ fn shutdown_is_bounded_when_turns_and_cleanups_hang() {
     let step = h.advance(Duration::from_secs(30));
     assert!(step.iter().any(|f| matches!(f, Fx::Cancel(_))));
     let step = h.advance(Duration::from_secs(5));
-    assert_eq!(h.outcomes_of("M1"), vec![Outcome::Cancelled(CancelReason::Shutdown)]);
+    assert_eq!(
+        h.outcomes_of("M1"),
+        vec![Outcome::Cancelled(CancelReason::Shutdown)]
+    );
     match &step[..] {
         [.., Fx::Complete(r)] => assert!(!r.clean && r.turns_abandoned == 1),
         other => panic!("expected completion: {other:?}"),

@@ -15,12 +15,29 @@ use turnstile::{Message, SessionKey};
 #[derive(Clone, Debug, PartialEq)]
 pub enum Fx {
     Event(MessageEvent),
-    Started { turn: TurnId, slot: usize, session: String, id: String, input: String, agent: Option<u64> },
+    Started {
+        turn: TurnId,
+        slot: usize,
+        session: String,
+        id: String,
+        input: String,
+        agent: Option<u64>,
+    },
     Cancel(TurnId),
     Abandoned(TurnId),
-    Cleanup { job: CleanupId, agent: u64, context: CleanupContext },
-    Exceeded { job: CleanupId, context: CleanupContext },
-    CleanupFailed { job: CleanupId, context: CleanupContext },
+    Cleanup {
+        job: CleanupId,
+        agent: u64,
+        context: CleanupContext,
+    },
+    Exceeded {
+        job: CleanupId,
+        context: CleanupContext,
+    },
+    CleanupFailed {
+        job: CleanupId,
+        context: CleanupContext,
+    },
     Complete(ShutdownReport),
 }
 
@@ -90,12 +107,22 @@ impl Harness {
     /// Completes a turn (running or stuck) as its worker would; a fresh agent stands in when
     /// the job carried none.
     pub fn complete(&mut self, turn: TurnId, result: TurnResult) -> Vec<Fx> {
-        let job = self.running.remove(&turn).or_else(|| self.stuck.remove(&turn)).expect("known turn");
+        let job = self
+            .running
+            .remove(&turn)
+            .or_else(|| self.stuck.remove(&turn))
+            .expect("known turn");
         let agent = job.agent.unwrap_or_else(|| {
             self.next_agent += 1;
             self.next_agent
         });
-        self.step(Input::TurnDone { turn, slot: job.slot, session: job.session, agent: Some(agent), result })
+        self.step(Input::TurnDone {
+            turn,
+            slot: job.slot,
+            session: job.session,
+            agent: Some(agent),
+            result,
+        })
     }
 
     /// Completes a session's running turn with an echo of its input.
@@ -158,7 +185,11 @@ impl Harness {
                 }
                 Effect::Cleanup(job) => {
                     self.cleanups.insert(job.job, job.agent);
-                    Fx::Cleanup { job: job.job, agent: job.agent, context: job.context }
+                    Fx::Cleanup {
+                        job: job.job,
+                        agent: job.agent,
+                        context: job.context,
+                    }
                 }
                 Effect::CleanupExceeded { job, context, .. } => {
                     self.cleanups.remove(&job);
