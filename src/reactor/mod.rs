@@ -6,6 +6,7 @@
 //! never runs agent code, never waits on a job and never touches the disk. A heartbeat tick
 //! measures the loop's own lateness and publishes the status snapshot.
 
+mod frontend;
 mod notify;
 mod workers;
 
@@ -32,16 +33,26 @@ use crate::liveness::{
 use crate::message::Message;
 use crate::pool::{JobTicket, Pool, Replacement};
 use notify::Notifier;
+pub use frontend::{Ctx, FIRST_RESERVED_TOKEN, Frontend, NoFrontend};
 pub use workers::BoxAgent;
 use workers::{Completion, CompletionSink, run_cleanup, run_turn};
 
-/// The reactor's fixed tokens sit at the top of the token space, apart from any slab keys
-/// that later sources (sockets) will use.
+/// The reactor's fixed tokens sit at the top of the token space, apart from the slab keys a
+/// frontend uses for its sockets (see [`FIRST_RESERVED_TOKEN`]).
 const WAKE_TOKEN: Token = Token(usize::MAX - 1);
 
 /// Where a message's events go. Use an unbounded channel: the reactor never blocks on a
 /// sink, so a full bounded one loses the event (logged at WARN and counted).
 pub type EventSink = Sender<MessageEvent>;
+
+/// Where the reactor delivers a message's events.
+#[derive(Clone, Debug)]
+pub enum Route {
+    /// A channel to another thread.
+    Sink(EventSink),
+    /// The frontend running on the reactor, with its own tag.
+    Local(u64),
+}
 
 /// The runtime's default event stream (events of messages sent with [`Handle::submit`]).
 pub type Events = Receiver<MessageEvent>;
@@ -283,6 +294,12 @@ impl Runtime {
 
     /// Drives the loop until a shutdown requested through a [`Handle`] completes.
     pub fn run(self) -> std::io::Result<ShutdownReport> {
+        self.run_with(NoFrontend)
+    }
+
+    /// Drives the loop with `frontend` hosted on it (its sockets, signals and timers) until
+    /// shutdown completes, then lets the frontend flush its output.
+    pub fn run_with<F: Frontend>(self, mut frontend: F) -> std::io::Result<ShutdownReport> {
         let Runtime {
             mut poll,
             notifier,
@@ -330,7 +347,8 @@ impl Runtime {
         };
         let mut heartbeat = Heartbeat::new(tick_interval);
         let mut fx = Vec::new();
-        let mut events = MioEvents::with_capacity(16);
+        let mut events = MioEvents::with_capacity(256);
+        frontend.register(poll.registry())?;
         status.publish(heartbeat.snapshot(RuntimeState::Running, Duration::ZERO, &driver));
         let report = loop {
             let now = epoch.elapsed();
@@ -338,10 +356,17 @@ impl Runtime {
                 let input = driver.completion_input(c);
                 driver.core.handle(now, input, &mut fx);
             }
-            for (message, route) in ingress.try_iter() {
-                driver
-                    .core
-                    .handle(now, Input::Submit { message, route }, &mut fx);
+            for (message, sink) in ingress.try_iter() {
+                let route = Route::Sink(sink);
+                driver.core.handle(now, Input::Submit { message, route }, &mut fx);
+            }
+            let mut ctx = Ctx::new(now, &mut driver.core, &mut fx);
+            for event in events.iter().filter(|e| e.token() != WAKE_TOKEN) {
+                frontend.on_ready(event, &mut ctx);
+            }
+            let frontend_deadline = frontend.on_wake(&mut ctx);
+            if ctx.shutdown_requested() {
+                shutdown.store(true, Ordering::SeqCst);
             }
             if shutdown.load(Ordering::SeqCst) && !driver.core.is_shutting_down() {
                 log::info!("shutdown requested: draining");
@@ -349,8 +374,9 @@ impl Runtime {
             }
             driver.core.advance(now, &mut fx);
             for effect in fx.drain(..) {
-                driver.apply(effect);
+                driver.apply(effect, &mut frontend);
             }
+            frontend.flush();
             if let Some(report) = driver.report.take() {
                 break report;
             }
@@ -365,10 +391,10 @@ impl Runtime {
                 }
                 status.publish(snapshot);
             }
-            let deadline = match driver.core.next_deadline() {
-                Some(d) => d.min(heartbeat.next),
-                None => heartbeat.next,
-            };
+            let deadline = [driver.core.next_deadline(), frontend_deadline]
+                .into_iter()
+                .flatten()
+                .fold(heartbeat.next, Duration::min);
             notifier.prepare_sleep();
             let pending = !completions.is_empty()
                 || !ingress.is_empty()
@@ -384,6 +410,7 @@ impl Runtime {
             notifier.awake();
         };
         log::info!("shutdown complete: {report:?}");
+        frontend.finish(&mut poll);
         let last = heartbeat.snapshot(RuntimeState::Stopped, epoch.elapsed(), &driver);
         status.publish(Arc::clone(&last));
         if let Some(w) = writer {
@@ -395,7 +422,7 @@ impl Runtime {
 
 /// The reactor's side of the pools: carries out the core's effects.
 struct Driver {
-    core: Core<EventSink, BoxAgent>,
+    core: Core<Route, BoxAgent>,
     turn_pool: Pool<(TurnJob<BoxAgent>, CancelToken)>,
     cleanup_pool: Pool<crate::core::CleanupJob<BoxAgent>>,
     turns: HashMap<TurnId, (CancelToken, JobTicket)>,
@@ -406,7 +433,7 @@ struct Driver {
 }
 
 impl Driver {
-    fn completion_input(&mut self, c: Completion) -> Input<EventSink, BoxAgent> {
+    fn completion_input(&mut self, c: Completion) -> Input<Route, BoxAgent> {
         match c {
             Completion::Turn {
                 turn,
@@ -431,9 +458,10 @@ impl Driver {
         }
     }
 
-    fn apply(&mut self, effect: Effect<EventSink, BoxAgent>) {
+    fn apply(&mut self, effect: Effect<Route, BoxAgent>, frontend: &mut impl Frontend) {
         match effect {
-            Effect::Emit { route, event } => match route.try_send(event) {
+            Effect::Emit { route: Route::Local(tag), event } => frontend.deliver(tag, event),
+            Effect::Emit { route: Route::Sink(sink), event } => match sink.try_send(event) {
                 Ok(()) => {}
                 Err(TrySendError::Full(ev)) => {
                     self.undelivered += 1;

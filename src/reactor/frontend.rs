@@ -1,0 +1,98 @@
+//! Frontends: code hosted on the reactor thread next to the core, such as the TCP bridge
+//! server. A frontend owns its mio sources and submits messages whose events come back to it
+//! on the same thread, with no channel in between.
+
+use std::time::Duration;
+
+use mio::event::Event;
+use mio::{Poll, Registry};
+
+use super::Route;
+use super::workers::BoxAgent;
+use crate::core::{Core, Effect, Input, MessageEvent};
+use crate::message::Message;
+
+/// Tokens from this value up belong to the reactor; a frontend uses tokens below it.
+pub const FIRST_RESERVED_TOKEN: usize = usize::MAX - 15;
+
+/// What a frontend may do during a reactor step.
+pub struct Ctx<'a> {
+    now: Duration,
+    core: &'a mut Core<Route, BoxAgent>,
+    fx: &'a mut Vec<Effect<Route, BoxAgent>>,
+    shutdown: bool,
+}
+
+impl<'a> Ctx<'a> {
+    pub(super) fn new(
+        now: Duration,
+        core: &'a mut Core<Route, BoxAgent>,
+        fx: &'a mut Vec<Effect<Route, BoxAgent>>,
+    ) -> Ctx<'a> {
+        Ctx { now, core, fx, shutdown: false }
+    }
+
+    /// The reactor's clock (time since the loop started).
+    pub fn now(&self) -> Duration {
+        self.now
+    }
+
+    /// Submits a message; its events come back through [`Frontend::deliver`] with `tag`.
+    pub fn submit(&mut self, message: Message, tag: u64) {
+        let input = Input::Submit { message, route: Route::Local(tag) };
+        self.core.handle(self.now, input, self.fx);
+    }
+
+    /// Starts a graceful shutdown.
+    pub fn request_shutdown(&mut self) {
+        self.shutdown = true;
+    }
+
+    /// Whether the runtime is shutting down (no longer admitting messages).
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutdown || self.core.is_shutting_down()
+    }
+
+    pub(super) fn shutdown_requested(&self) -> bool {
+        self.shutdown
+    }
+}
+
+/// Code hosted on the reactor. Every method runs on the reactor thread and must not block.
+pub trait Frontend {
+    /// Registers the frontend's sources, with tokens below [`FIRST_RESERVED_TOKEN`].
+    fn register(&mut self, registry: &Registry) -> std::io::Result<()>;
+
+    /// A readiness event for one of the frontend's tokens.
+    fn on_ready(&mut self, event: &Event, ctx: &mut Ctx<'_>);
+
+    /// Called once per loop iteration after readiness events: continue unfinished work and
+    /// fire the frontend's own timers. Returns when it next needs the loop (`Some(now)` or
+    /// earlier: at once).
+    fn on_wake(&mut self, ctx: &mut Ctx<'_>) -> Option<Duration>;
+
+    /// An event for a message submitted with `tag`.
+    fn deliver(&mut self, tag: u64, event: MessageEvent);
+
+    /// Writes buffered output; called once per loop iteration after all deliveries.
+    fn flush(&mut self);
+
+    /// Called once shutdown has completed, to flush output (bounded in time).
+    fn finish(&mut self, poll: &mut Poll);
+}
+
+/// The frontend of a runtime used only through [`super::Handle`]s.
+pub struct NoFrontend;
+
+impl Frontend for NoFrontend {
+    fn register(&mut self, _: &Registry) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn on_ready(&mut self, _: &Event, _: &mut Ctx<'_>) {}
+    fn on_wake(&mut self, _: &mut Ctx<'_>) -> Option<Duration> {
+        None
+    }
+    fn deliver(&mut self, _: u64, _: MessageEvent) {}
+    fn flush(&mut self) {}
+    fn finish(&mut self, _: &mut Poll) {}
+}
