@@ -3,10 +3,12 @@
 
 pub mod agent;
 pub mod core;
+pub mod exec;
 pub mod liveness;
 pub mod message;
 pub mod pool;
 pub mod reactor;
+pub mod server;
 
 pub use agent::{Agent, AgentFactory, CancelToken, EchoAgent, TurnError, TurnInput};
 pub use core::{

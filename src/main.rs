@@ -1,48 +1,33 @@
-//! The `turnstile` binary. Until the gateway server lands, it runs one interactive session on
-//! stdin: each line is a message (commands `/stop`, `/new`, `/reset`, `/status` work), each
-//! outcome is printed. End of input shuts the runtime down gracefully.
+//! The `turnstile` binary: `serve` runs the gateway, `send` talks to one.
 
-use std::io::BufRead;
-use std::time::Duration;
+mod cli;
 
-use turnstile::{Builder, EchoAgent, EventKind, Message, SessionKey};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "turnstile",
+    version,
+    about = "A runtime for chat-agent gateways"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the gateway server (bridge protocol over TCP).
+    Serve(cli::serve::ServeArgs),
+    /// Send one message to a running gateway and print the reply.
+    Send(cli::send::SendArgs),
+}
 
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    if let Err(e) = run() {
-        eprintln!("turnstile: {e}");
-        std::process::exit(1);
-    }
-}
-
-fn run() -> Result<(), Box<dyn std::error::Error>> {
-    if std::env::args().nth(1).is_some() {
-        println!("usage: turnstile   (reads messages from stdin, one per line; echo agent)");
-        return Ok(());
-    }
-    let (runtime, handle, events) = Builder::new(EchoAgent::factory(Duration::ZERO)).build()?;
-    let reactor = runtime.spawn()?;
-    let session = SessionKey::dm("cli", "local")?;
-    for (n, line) in std::io::stdin().lock().lines().enumerate() {
-        let line = line?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let id = format!("line-{}", n + 1);
-        handle.submit(Message::new(&id, session.clone(), &line)?)?;
-        // One line at a time: wait for this line's outcome before reading the next.
-        loop {
-            let e = events.recv()?;
-            if let EventKind::Finished(outcome) = e.kind
-                && *e.id == *id
-            {
-                println!("{outcome:?}");
-                break;
-            }
-        }
-    }
-    handle.shutdown();
-    let report = reactor.join().map_err(|_| "reactor thread panicked")??;
-    eprintln!("shutdown: clean={}", report.clean);
-    Ok(())
+    let code = match Cli::parse().command {
+        Cmd::Serve(args) => cli::serve::run(args),
+        Cmd::Send(args) => cli::send::run(args),
+    };
+    std::process::exit(code);
 }

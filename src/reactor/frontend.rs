@@ -29,7 +29,12 @@ impl<'a> Ctx<'a> {
         core: &'a mut Core<Route, BoxAgent>,
         fx: &'a mut Vec<Effect<Route, BoxAgent>>,
     ) -> Ctx<'a> {
-        Ctx { now, core, fx, shutdown: false }
+        Ctx {
+            now,
+            core,
+            fx,
+            shutdown: false,
+        }
     }
 
     /// The reactor's clock (time since the loop started).
@@ -39,7 +44,10 @@ impl<'a> Ctx<'a> {
 
     /// Submits a message; its events come back through [`Frontend::deliver`] with `tag`.
     pub fn submit(&mut self, message: Message, tag: u64) {
-        let input = Input::Submit { message, route: Route::Local(tag) };
+        let input = Input::Submit {
+            message,
+            route: Route::Local(tag),
+        };
         self.core.handle(self.now, input, self.fx);
     }
 

@@ -32,8 +32,8 @@ use crate::liveness::{
 };
 use crate::message::Message;
 use crate::pool::{JobTicket, Pool, Replacement};
-use notify::Notifier;
 pub use frontend::{Ctx, FIRST_RESERVED_TOKEN, Frontend, NoFrontend};
+use notify::Notifier;
 pub use workers::BoxAgent;
 use workers::{Completion, CompletionSink, run_cleanup, run_turn};
 
@@ -358,7 +358,9 @@ impl Runtime {
             }
             for (message, sink) in ingress.try_iter() {
                 let route = Route::Sink(sink);
-                driver.core.handle(now, Input::Submit { message, route }, &mut fx);
+                driver
+                    .core
+                    .handle(now, Input::Submit { message, route }, &mut fx);
             }
             let mut ctx = Ctx::new(now, &mut driver.core, &mut fx);
             for event in events.iter().filter(|e| e.token() != WAKE_TOKEN) {
@@ -460,8 +462,14 @@ impl Driver {
 
     fn apply(&mut self, effect: Effect<Route, BoxAgent>, frontend: &mut impl Frontend) {
         match effect {
-            Effect::Emit { route: Route::Local(tag), event } => frontend.deliver(tag, event),
-            Effect::Emit { route: Route::Sink(sink), event } => match sink.try_send(event) {
+            Effect::Emit {
+                route: Route::Local(tag),
+                event,
+            } => frontend.deliver(tag, event),
+            Effect::Emit {
+                route: Route::Sink(sink),
+                event,
+            } => match sink.try_send(event) {
                 Ok(()) => {}
                 Err(TrySendError::Full(ev)) => {
                     self.undelivered += 1;

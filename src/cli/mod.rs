@@ -1,0 +1,7 @@
+//! Subcommands of the binary.
+
+pub mod send;
+pub mod serve;
+
+/// Exit code for bad flags or configuration (as clap uses).
+pub const USAGE_ERROR: i32 = 2;

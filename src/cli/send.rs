@@ -1,0 +1,98 @@
+//! `turnstile send`: one message to a running gateway, its reply on stdout.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::Args;
+use serde_json::{Value, json};
+
+use super::USAGE_ERROR;
+
+/// Flags of `send`.
+#[derive(Args, Debug)]
+pub struct SendArgs {
+    /// Gateway address.
+    #[arg(long, default_value = "127.0.0.1:7878")]
+    addr: String,
+    /// Platform of the message.
+    #[arg(long, default_value = "cli")]
+    platform: String,
+    /// Chat id.
+    #[arg(long, default_value = "local")]
+    chat: String,
+    /// Sender's user id.
+    #[arg(long)]
+    user: Option<String>,
+    /// Auth token, if the gateway requires one.
+    #[arg(long, env = "TURNSTILE_AUTH_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Seconds to wait for the outcome.
+    #[arg(long, default_value_t = 660.0)]
+    timeout: f64,
+    /// The message text.
+    #[arg(required = true, num_args = 1..)]
+    text: Vec<String>,
+}
+
+/// Sends the message; returns the exit code (0 on a reply, 1 otherwise).
+pub fn run(args: SendArgs) -> i32 {
+    if !args.timeout.is_finite() || args.timeout <= 0.0 {
+        eprintln!("turnstile send: --timeout must be a positive number of seconds");
+        return USAGE_ERROR;
+    }
+    match exchange(&args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("turnstile send: {e}");
+            1
+        }
+    }
+}
+
+fn exchange(args: &SendArgs) -> Result<i32, Box<dyn std::error::Error>> {
+    let stream = TcpStream::connect(&args.addr)
+        .map_err(|e| format!("cannot connect to {}: {e}", args.addr))?;
+    stream.set_read_timeout(Some(Duration::from_secs_f64(args.timeout)))?;
+    let mut writer = stream.try_clone()?;
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let id = format!("send-{}-{nanos}", std::process::id());
+    let hello = json!({"op": "hello", "platform": args.platform, "token": args.token});
+    let message = json!({
+        "op": "message", "id": id, "platform": args.platform, "chat_id": args.chat,
+        "user_id": args.user, "text": args.text.join(" "),
+    });
+    writeln!(writer, "{hello}\n{message}")?;
+    for line in BufReader::new(stream).lines() {
+        let line = line.map_err(|e| format!("waiting for the outcome: {e}"))?;
+        let v: Value = serde_json::from_str(&line)?;
+        let op = v["op"].as_str().unwrap_or("");
+        if op == "error" {
+            eprintln!("error: {}", v["detail"].as_str().unwrap_or("?"));
+            return Ok(1);
+        }
+        if v["id"].as_str() != Some(id.as_str()) {
+            continue;
+        }
+        match op {
+            "reply" => {
+                println!("{}", v["text"].as_str().unwrap_or(""));
+                return Ok(0);
+            }
+            "reject" => eprintln!(
+                "rejected: {} ({})",
+                v["reason"].as_str().unwrap_or("?"),
+                v["detail"].as_str().unwrap_or("")
+            ),
+            "failed" => eprintln!("failed: {}", v["error"].as_str().unwrap_or("?")),
+            "cancelled" => eprintln!("cancelled: {}", v["reason"].as_str().unwrap_or("?")),
+            "merged" => eprintln!("merged into {}", v["into"].as_str().unwrap_or("?")),
+            _ => continue,
+        }
+        return Ok(1);
+    }
+    Err("the gateway closed the connection before the outcome".into())
+}

@@ -1,0 +1,294 @@
+//! The bridge protocol, v1: newline-delimited JSON objects over TCP (see `docs/protocol.md`).
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::message::ChatType;
+
+/// A client line, parsed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ClientOp {
+    /// Names the bridge's platform; carries the auth token.
+    Hello {
+        /// Default platform of the connection's messages.
+        platform: Option<String>,
+        /// Auth token.
+        token: Option<String>,
+    },
+    /// A chat message.
+    Message(MessageFields),
+    /// Liveness probe.
+    Ping,
+}
+
+/// The fields of a `message` op.
+#[derive(Debug, PartialEq, Eq)]
+pub struct MessageFields {
+    /// Message id, unique per platform.
+    pub id: String,
+    /// Platform; `None` means the connection's hello platform.
+    pub platform: Option<String>,
+    /// Chat id.
+    pub chat_id: String,
+    /// Chat type (default dm).
+    pub chat_type: ChatType,
+    /// Sender.
+    pub user_id: Option<String>,
+    /// Thread.
+    pub thread_id: Option<String>,
+    /// Text (commands start with a slash).
+    pub text: String,
+}
+
+/// A line the server cannot act on.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LineError {
+    /// Answered with `{"op":"error","detail":…}`.
+    Malformed(String),
+    /// A message with an id but a bad field: answered with `reject` / `invalid`.
+    Invalid {
+        /// The message id.
+        id: String,
+        /// What is wrong, naming the field.
+        detail: String,
+    },
+}
+
+/// Parses one line (without its newline).
+pub fn parse_line(line: &[u8]) -> Result<ClientOp, LineError> {
+    let value: Value = serde_json::from_slice(line)
+        .map_err(|e| LineError::Malformed(format!("invalid JSON: {e}")))?;
+    let Value::Object(obj) = value else {
+        return Err(LineError::Malformed("expected a JSON object".into()));
+    };
+    let op = match obj.get("op") {
+        Some(Value::String(op)) => op.as_str(),
+        Some(_) => return Err(LineError::Malformed("op must be a string".into())),
+        None => return Err(LineError::Malformed("missing op".into())),
+    };
+    match op {
+        "ping" => Ok(ClientOp::Ping),
+        "hello" => {
+            let field = |name: &str| match obj.get(name) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(s)) => Ok(Some(s.clone())),
+                Some(_) => Err(LineError::Malformed(format!(
+                    "hello: {name} must be a string"
+                ))),
+            };
+            Ok(ClientOp::Hello {
+                platform: field("platform")?,
+                token: field("token")?,
+            })
+        }
+        "message" => parse_message(&obj),
+        other => Err(LineError::Malformed(format!(
+            "unknown op: {}",
+            truncate(other, 64)
+        ))),
+    }
+}
+
+fn parse_message(obj: &Map<String, Value>) -> Result<ClientOp, LineError> {
+    let id = match obj.get("id") {
+        Some(Value::String(id)) if !id.is_empty() => id.clone(),
+        _ => {
+            return Err(LineError::Malformed(
+                "message: id must be a non-empty string".into(),
+            ));
+        }
+    };
+    let invalid = |detail: String| LineError::Invalid {
+        id: id.clone(),
+        detail,
+    };
+    let required = |name: &str| match obj.get(name) {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(_) => Err(invalid(format!("{name} must be a string"))),
+        None => Err(invalid(format!("{name} is required"))),
+    };
+    let optional = |name: &str| match obj.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(invalid(format!("{name} must be a string or null"))),
+    };
+    let chat_type = match optional("chat_type")? {
+        None => ChatType::Dm,
+        Some(t) => ChatType::parse(&t)
+            .ok_or_else(|| invalid("chat_type must be one of dm, group, channel, thread".into()))?,
+    };
+    Ok(ClientOp::Message(MessageFields {
+        chat_id: required("chat_id")?,
+        text: required("text")?,
+        platform: optional("platform")?,
+        user_id: optional("user_id")?,
+        thread_id: optional("thread_id")?,
+        chat_type,
+        id,
+    }))
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
+
+/// A server line.
+#[derive(Debug, Serialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum ServerOp<'a> {
+    /// Accepted (`running`/`queued` with a position) or a `duplicate`.
+    Ack {
+        /// Message id.
+        id: &'a str,
+        /// Session key.
+        session: &'a str,
+        /// `running`, `queued` or `duplicate`.
+        state: &'a str,
+        /// Messages of the session ahead of this one.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        position: Option<usize>,
+    },
+    /// Refused.
+    Reject {
+        /// Message id.
+        id: &'a str,
+        /// Session key, when one could be built.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        session: Option<&'a str>,
+        /// `queue_full`, `shutting_down`, `invalid` or `backpressure`.
+        reason: &'a str,
+        /// Human-readable detail.
+        detail: &'a str,
+    },
+    /// Typing indicator on or off.
+    Typing {
+        /// Session key.
+        session: &'a str,
+        /// Platform.
+        platform: &'a str,
+        /// Chat id.
+        chat_id: &'a str,
+        /// On or off.
+        on: bool,
+    },
+    /// Terminal: the reply.
+    Reply {
+        /// Message id.
+        id: &'a str,
+        /// Session key.
+        session: &'a str,
+        /// Reply text.
+        text: &'a str,
+    },
+    /// Terminal: cancelled.
+    Cancelled {
+        /// Message id.
+        id: &'a str,
+        /// Session key.
+        session: &'a str,
+        /// stopped, reset, interrupted, shutdown.
+        reason: &'a str,
+    },
+    /// Terminal: failed.
+    Failed {
+        /// Message id.
+        id: &'a str,
+        /// Session key.
+        session: &'a str,
+        /// What failed.
+        error: &'a str,
+    },
+    /// Terminal: merged into another message's turn.
+    Merged {
+        /// Message id.
+        id: &'a str,
+        /// Session key.
+        session: &'a str,
+        /// The carrier message's id.
+        into: &'a str,
+    },
+    /// A line that could not be acted on.
+    Error {
+        /// What was wrong.
+        detail: &'a str,
+    },
+    /// Answer to ping.
+    Pong,
+}
+
+/// Encodes a server op as one line, newline included.
+pub fn encode(op: &ServerOp<'_>) -> Vec<u8> {
+    // Serializing these plain structs cannot fail; fall back to an error line regardless.
+    let mut line = serde_json::to_vec(op)
+        .unwrap_or_else(|_| br#"{"op":"error","detail":"encoding failed"}"#.to_vec());
+    line.push(b'\n');
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_full_message() {
+        let line = br#"{"op":"message","id":"m-1","platform":"telegram","chat_id":"42","chat_type":"group","user_id":"7","thread_id":null,"text":"hi"}"#;
+        let Ok(ClientOp::Message(m)) = parse_line(line) else {
+            panic!("not a message")
+        };
+        assert_eq!(m.id, "m-1");
+        assert_eq!(m.chat_type, ChatType::Group);
+        assert_eq!(m.user_id.as_deref(), Some("7"));
+        assert_eq!(m.thread_id, None);
+    }
+
+    #[test]
+    fn malformed_lines_are_errors_and_bad_fields_are_invalid_naming_the_field() {
+        assert!(
+            matches!(parse_line(b"{nope"), Err(LineError::Malformed(d)) if d.starts_with("invalid JSON"))
+        );
+        assert!(matches!(parse_line(b"[1]"), Err(LineError::Malformed(d)) if d.contains("object")));
+        assert!(
+            matches!(parse_line(br#"{"op":"dance"}"#), Err(LineError::Malformed(d)) if d.contains("unknown op"))
+        );
+        assert!(
+            matches!(parse_line(br#"{"x":1}"#), Err(LineError::Malformed(d)) if d.contains("missing op"))
+        );
+        let e = parse_line(br#"{"op":"message","id":"m","text":"hi"}"#);
+        assert_eq!(
+            e,
+            Err(LineError::Invalid {
+                id: "m".into(),
+                detail: "chat_id is required".into()
+            })
+        );
+        let e = parse_line(br#"{"op":"message","id":"m","chat_id":42,"text":"hi"}"#);
+        assert_eq!(
+            e,
+            Err(LineError::Invalid {
+                id: "m".into(),
+                detail: "chat_id must be a string".into()
+            })
+        );
+        let e = parse_line(
+            br#"{"op":"message","id":"m","chat_id":"1","text":"hi","chat_type":"room"}"#,
+        );
+        assert!(
+            matches!(e, Err(LineError::Invalid { detail, .. }) if detail.starts_with("chat_type"))
+        );
+    }
+
+    #[test]
+    fn encodes_one_line_per_op() {
+        let line = encode(&ServerOp::Ack {
+            id: "m",
+            session: "t:dm:1",
+            state: "queued",
+            position: Some(2),
+        });
+        assert_eq!(line, b"{\"op\":\"ack\",\"id\":\"m\",\"session\":\"t:dm:1\",\"state\":\"queued\",\"position\":2}\n");
+        assert_eq!(encode(&ServerOp::Pong), b"{\"op\":\"pong\"}\n");
+    }
+}
