@@ -1,0 +1,590 @@
+//! The real binary over real sockets: `turnstile serve` on 127.0.0.1:0, spoken to with the
+//! bridge protocol. Reads have timeouts that only bound a failing run; nothing sleeps.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use crossbeam_channel::bounded;
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Server {
+    fn start(args: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start turnstile serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut first = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut first)
+            .expect("first line");
+        let addr = first
+            .trim()
+            .strip_prefix("listening on ")
+            .expect("listening line")
+            .to_owned();
+        Server { child, addr }
+    }
+
+    fn client(&self) -> Client {
+        let stream = TcpStream::connect(&self.addr).expect("connect");
+        stream.set_read_timeout(Some(WAIT)).expect("timeout");
+        Client {
+            reader: BufReader::new(stream.try_clone().expect("clone")),
+            writer: stream,
+        }
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: plain kill(2) on our own child's pid.
+        let rc = unsafe { libc::kill(self.child.id() as i32, sig) };
+        assert_eq!(rc, 0, "kill failed");
+    }
+
+    /// Waits for exit (bounded: a hang fails the test instead of blocking it).
+    fn wait(mut self) -> ExitStatus {
+        let (tx, rx) = bounded(1);
+        let mut child =
+            std::mem::replace(&mut self.child, Command::new("true").spawn().expect("true"));
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait());
+        });
+        rx.recv_timeout(Duration::from_secs(60))
+            .expect("server exited in time")
+            .expect("wait")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Client {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+fn msg(id: &str, chat: &str, text: &str) -> Value {
+    json!({"op": "message", "id": id, "platform": "telegram", "chat_id": chat, "text": text})
+}
+
+impl Client {
+    fn send(&mut self, v: &Value) {
+        writeln!(self.writer, "{v}").expect("write");
+    }
+
+    fn send_raw(&mut self, bytes: &[u8]) {
+        self.writer.write_all(bytes).expect("write");
+    }
+
+    fn recv(&mut self) -> Value {
+        let mut line = String::new();
+        let n = self
+            .reader
+            .read_line(&mut line)
+            .expect("a line before the timeout");
+        assert!(n > 0, "connection closed");
+        serde_json::from_str(&line).expect("json line")
+    }
+
+    /// Reads lines until one matches; returns it and the lines skipped.
+    fn recv_until(&mut self, pred: impl Fn(&Value) -> bool) -> (Value, Vec<Value>) {
+        let mut skipped = Vec::new();
+        loop {
+            let v = self.recv();
+            if pred(&v) {
+                return (v, skipped);
+            }
+            skipped.push(v);
+        }
+    }
+
+    /// The terminal event of message `id`.
+    fn outcome(&mut self, id: &str) -> Value {
+        self.recv_until(|v| {
+            v["id"] == id
+                && ["reply", "cancelled", "failed", "merged"]
+                    .contains(&v["op"].as_str().unwrap_or(""))
+        })
+        .0
+    }
+
+    fn ack(&mut self, id: &str) -> Value {
+        self.recv_until(|v| v["id"] == id && (v["op"] == "ack" || v["op"] == "reject"))
+            .0
+    }
+
+    fn closed(&mut self) -> bool {
+        let mut buf = [0u8; 1];
+        matches!(self.reader.read(&mut buf), Ok(0))
+    }
+}
+
+#[test]
+fn reply_round_trip() {
+    let server = Server::start(&[]);
+    let mut c = server.client();
+    c.send(&json!({"op": "ping"}));
+    assert_eq!(c.recv(), json!({"op": "pong"}));
+    c.send(&msg("m-1", "42", "hi there"));
+    assert_eq!(
+        c.recv(),
+        json!({"op": "ack", "id": "m-1", "session": "telegram:dm:42", "state": "running", "position": 0})
+    );
+    let (reply, skipped) = c.recv_until(|v| v["op"] == "reply");
+    assert_eq!(
+        reply,
+        json!({"op": "reply", "id": "m-1", "session": "telegram:dm:42", "text": "hi there"})
+    );
+    assert!(
+        skipped
+            .iter()
+            .any(|v| v["op"] == "typing" && v["on"] == true && v["chat_id"] == "42")
+    );
+}
+
+#[test]
+fn a_pipelined_burst_gets_rising_positions_and_replies_in_order() {
+    let server = Server::start(&["--echo-delay-ms", "50", "--queue-cap", "64"]);
+    let mut c = server.client();
+    let burst: String = (0..50)
+        .map(|i| format!("{}\n", msg(&format!("b{i}"), "7", &format!("text {i}"))))
+        .collect();
+    c.send_raw(burst.as_bytes());
+    let mut positions = Vec::new();
+    let mut replies = Vec::new();
+    while replies.len() < 50 {
+        let v = c.recv();
+        match v["op"].as_str() {
+            Some("ack") => positions.push(v["position"].as_u64().expect("position")),
+            Some("reply") => replies.push(v["text"].as_str().expect("text").to_owned()),
+            Some("typing") => {}
+            other => panic!("unexpected {other:?}: {v}"),
+        }
+    }
+    assert_eq!(positions, (0..50).collect::<Vec<u64>>());
+    assert_eq!(
+        replies,
+        (0..50).map(|i| format!("text {i}")).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn many_sessions_progress_concurrently() {
+    let server = Server::start(&["--echo-delay-ms", "300", "--turn-workers", "16"]);
+    let mut c = server.client();
+    for i in 0..200 {
+        c.send(&msg(&format!("s{i}"), &format!("chat{i}"), "hello"));
+    }
+    // Concurrency without timing: the first two sessions both start before either replies.
+    let (first_reply, before) = c.recv_until(|v| v["op"] == "reply");
+    let typing_on: Vec<&Value> = before
+        .iter()
+        .filter(|v| v["op"] == "typing" && v["on"] == true)
+        .collect();
+    assert!(typing_on.len() >= 2, "turns did not overlap: {before:?}");
+    let mut replied = 1;
+    assert_eq!(first_reply["text"], "hello");
+    while replied < 200 {
+        if c.recv()["op"] == "reply" {
+            replied += 1;
+        }
+    }
+}
+
+#[test]
+fn one_past_the_queue_cap_is_rejected_queue_full() {
+    let server = Server::start(&["--echo-delay-ms", "2000", "--queue-cap", "2"]);
+    let mut c = server.client();
+    for i in 0..4 {
+        c.send(&msg(&format!("q{i}"), "1", "x"));
+    }
+    assert_eq!(c.ack("q0")["state"], "running");
+    assert_eq!(c.ack("q1")["position"], 1);
+    assert_eq!(c.ack("q2")["position"], 2);
+    let r = c.ack("q3");
+    assert_eq!(
+        (r["op"].as_str(), r["reason"].as_str()),
+        (Some("reject"), Some("queue_full"))
+    );
+    c.send(&msg("stop", "1", "/stop"));
+    assert_eq!(c.outcome("q0")["reason"], "stopped");
+}
+
+#[test]
+fn stop_new_and_status_commands() {
+    let server = Server::start(&["--echo-delay-ms", "10000"]);
+    let mut c = server.client();
+    c.send(&msg("m1", "5", "long"));
+    c.send(&msg("m2", "5", "queued"));
+    c.ack("m2");
+    c.send(&msg("st", "5", "/status"));
+    let status = c.outcome("st");
+    let text = status["text"].as_str().expect("status text");
+    assert!(
+        text.starts_with("running for") && text.ends_with("1 queued"),
+        "{text}"
+    );
+    c.send(&msg("stop", "5", "/stop"));
+    let stop = c.outcome("stop");
+    assert_eq!(
+        stop["text"],
+        "stop: cancelled the running turn, 1 queued message(s) cancelled"
+    );
+    assert_eq!(c.outcome("m1")["reason"], "stopped");
+    c.send(&msg("new", "5", "/new"));
+    assert_eq!(c.outcome("new")["op"], "reply");
+}
+
+#[test]
+fn interrupt_mode_cancels_the_running_turn() {
+    let server = Server::start(&["--busy-mode", "interrupt", "--echo-delay-ms", "500"]);
+    let mut c = server.client();
+    c.send(&msg("m1", "9", "first"));
+    c.ack("m1");
+    c.send(&msg("m2", "9", "second"));
+    assert_eq!(
+        c.outcome("m1"),
+        json!({"op": "cancelled", "id": "m1", "session": "telegram:dm:9", "reason": "interrupted"})
+    );
+    assert_eq!(c.outcome("m2")["text"], "second");
+}
+
+#[test]
+fn merge_mode_folds_the_queue_into_one_turn() {
+    let server = Server::start(&["--busy-mode", "merge", "--echo-delay-ms", "300"]);
+    let mut c = server.client();
+    c.send(&msg("m1", "9", "one"));
+    c.ack("m1");
+    c.send(&msg("m2", "9", "two"));
+    c.send(&msg("m3", "9", "three"));
+    c.ack("m3");
+    assert_eq!(c.outcome("m1")["text"], "one");
+    assert_eq!(
+        c.outcome("m3"),
+        json!({"op": "merged", "id": "m3", "session": "telegram:dm:9", "into": "m2"})
+    );
+    assert_eq!(c.outcome("m2")["text"], "two\nthree");
+}
+
+#[test]
+fn a_duplicate_id_is_acknowledged_and_not_run_again() {
+    let server = Server::start(&[]);
+    let mut c = server.client();
+    c.send(&msg("dup", "3", "once"));
+    c.outcome("dup");
+    c.send(&msg("dup", "3", "once"));
+    assert_eq!(
+        c.ack("dup"),
+        json!({"op": "ack", "id": "dup", "session": "telegram:dm:3", "state": "duplicate"})
+    );
+    c.send(&json!({"op": "ping"}));
+    let (_, skipped) = c.recv_until(|v| v["op"] == "pong");
+    assert!(
+        skipped.iter().all(|v| v["op"] != "reply"),
+        "duplicate ran again: {skipped:?}"
+    );
+}
+
+#[test]
+fn a_reply_for_a_departed_sender_waits_for_the_next_hello_of_its_platform() {
+    let server = Server::start(&["--echo-delay-ms", "200"]);
+    let mut a = server.client();
+    a.send(&json!({"op": "hello", "platform": "telegram"}));
+    a.send(&msg("gone", "77", "for later"));
+    a.ack("gone");
+    drop(a);
+    // A bridge of another platform queues behind "gone" on the same session; its reply proves
+    // that "gone" finished while no telegram bridge was connected.
+    let mut d = server.client();
+    d.send(&json!({"op": "hello", "platform": "discord"}));
+    d.send(&msg("marker", "77", "after"));
+    d.outcome("marker");
+    let mut b = server.client();
+    b.send(&json!({"op": "hello", "platform": "telegram"}));
+    assert_eq!(
+        b.outcome("gone"),
+        json!({"op": "reply", "id": "gone", "session": "telegram:dm:77", "text": "for later"})
+    );
+}
+
+#[test]
+fn malformed_input_gets_an_error_and_the_connection_keeps_working() {
+    let server = Server::start(&["--max-line-bytes", "100"]);
+    let mut c = server.client();
+    let cases: [(&[u8], &str); 5] = [
+        (b"{not json\n", "invalid JSON"),
+        (b"[1,2]\n", "expected a JSON object"),
+        (b"{\"op\":\"dance\"}\n", "unknown op"),
+        (b"{\"text\":\"x\"}\n", "missing op"),
+        (b"\xff\xfe\n", "invalid JSON"),
+    ];
+    for (line, expect) in cases {
+        c.send_raw(line);
+        let v = c.recv();
+        assert_eq!(v["op"], "error");
+        assert!(v["detail"].as_str().unwrap_or("").contains(expect), "{v}");
+        c.send(&json!({"op": "ping"}));
+        assert_eq!(c.recv()["op"], "pong");
+    }
+    // Too long: one error, the rest of the line discarded, the next line read normally.
+    let long = format!("{{\"op\":\"ping\",\"pad\":\"{}\"}}\n", "x".repeat(500));
+    c.send_raw(long.as_bytes());
+    assert!(
+        c.recv()["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("longer than 100")
+    );
+    c.send(&json!({"op": "ping"}));
+    assert_eq!(c.recv()["op"], "pong");
+    // A message with an id but a bad field: reject/invalid naming the field.
+    c.send(&json!({"op": "message", "id": "bad", "platform": "t", "text": "x"}));
+    let v = c.recv();
+    assert_eq!(
+        (v["op"].as_str(), v["reason"].as_str(), v["id"].as_str()),
+        (Some("reject"), Some("invalid"), Some("bad"))
+    );
+    assert!(v["detail"].as_str().unwrap_or("").contains("chat_id"));
+    c.send(&json!({"op": "message", "id": "bad2", "platform": "t", "chat_id": "1", "text": 5}));
+    assert!(c.recv()["detail"].as_str().unwrap_or("").contains("text"));
+    c.send(&json!({"op": "message", "id": "bad3", "chat_id": "1", "text": "x"}));
+    assert!(
+        c.recv()["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("platform")
+    );
+    c.send(&msg("ok", "1", "still fine"));
+    assert_eq!(c.outcome("ok")["text"], "still fine");
+}
+
+#[test]
+fn auth_token_is_required_when_configured() {
+    let server = Server::start(&["--auth-token", "s3cret"]);
+    let mut c = server.client();
+    c.send(&msg("m", "1", "hi"));
+    assert_eq!(c.recv(), json!({"op": "error", "detail": "unauthorized"}));
+    assert!(c.closed());
+    let mut c = server.client();
+    c.send(&json!({"op": "hello", "platform": "telegram", "token": "wrong"}));
+    assert_eq!(c.recv()["detail"], "unauthorized");
+    let mut c = server.client();
+    c.send(&json!({"op": "hello", "platform": "telegram", "token": "s3cret"}));
+    c.send(&json!({"op": "message", "id": "m", "chat_id": "1", "text": "hi"}));
+    assert_eq!(c.outcome("m")["text"], "hi");
+}
+
+#[test]
+fn sigterm_drains_running_turns_cancels_queued_ones_and_exits_zero() {
+    let server = Server::start(&["--echo-delay-ms", "1000"]);
+    let mut c = server.client();
+    c.send(&msg("run", "1", "running"));
+    c.send(&msg("wait", "1", "queued"));
+    c.send(&msg("other", "2", "also running"));
+    for id in ["run", "wait", "other"] {
+        c.ack(id);
+    }
+    server.signal(libc::SIGTERM);
+    let mut outcomes = std::collections::HashMap::new();
+    while outcomes.len() < 3 {
+        let v = c.recv();
+        if ["reply", "cancelled", "failed", "merged"].contains(&v["op"].as_str().unwrap_or("")) {
+            assert!(
+                outcomes
+                    .insert(v["id"].as_str().unwrap_or("").to_owned(), v.clone())
+                    .is_none(),
+                "two outcomes: {v}"
+            );
+        }
+    }
+    assert_eq!(outcomes["wait"]["reason"], "shutdown");
+    assert_eq!(outcomes["run"]["text"], "running");
+    assert_eq!(outcomes["other"]["text"], "also running");
+    assert!(server.wait().success(), "a clean drain exits 0");
+}
+
+#[test]
+fn sigterm_cancels_turns_still_running_at_the_drain_deadline() {
+    let server = Server::start(&[
+        "--agent",
+        "exec",
+        "--agent-cmd",
+        "trap '' TERM; sleep 30",
+        "--drain-timeout",
+        "0.2",
+        "--stop-grace",
+        "0.2",
+    ]);
+    let mut c = server.client();
+    c.send(&msg("slow", "1", "x"));
+    c.ack("slow");
+    server.signal(libc::SIGTERM);
+    // The exec agent honours cancellation (it kills the group), so the turn ends cancelled.
+    assert_eq!(c.outcome("slow")["reason"], "shutdown");
+    let status = server.wait();
+    assert!(
+        status.success(),
+        "cancelled in time is still a clean shutdown: {status:?}"
+    );
+}
+
+#[test]
+fn a_second_signal_exits_one_at_once() {
+    let server = Server::start(&["--echo-delay-ms", "60000", "--drain-timeout", "600"]);
+    let mut c = server.client();
+    c.send(&msg("long", "1", "x"));
+    c.ack("long");
+    server.signal(libc::SIGTERM);
+    // Wait until the first signal was handled: new messages are refused from then on.
+    c.send(&msg("late", "2", "y"));
+    assert_eq!(c.ack("late")["reason"], "shutting_down");
+    server.signal(libc::SIGINT);
+    assert_eq!(server.wait().code(), Some(1));
+}
+
+fn exec_script(dir: &std::path::Path) -> String {
+    let script = dir.join("agent.sh");
+    std::fs::write(
+        &script,
+        "read -r line\ncase \"$line\" in\n  fail) echo 'something broke' >&2; exit 3 ;;\n  sleep) sleep 300 > \"$FIFO\" & wait ;;\n  *) echo \"$line\" | tr a-z A-Z ;;\nesac\n",
+    )
+    .expect("script");
+    format!("sh {}", script.display())
+}
+
+#[test]
+fn exec_agent_replies_fails_and_stop_leaves_no_process_behind() {
+    let dir = std::env::temp_dir().join(format!("turnstile-exec-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let fifo = dir.join("sleep.fifo");
+    let _ = std::fs::remove_file(&fifo);
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("mkfifo")
+            .success()
+    );
+    let cmd = format!("FIFO={} {}", fifo.display(), exec_script(&dir));
+    let server = Server::start(&["--agent", "exec", "--agent-cmd", &cmd]);
+    let mut c = server.client();
+    c.send(&msg("up", "1", "hello"));
+    assert_eq!(c.outcome("up")["text"], "HELLO");
+    c.send(&msg("bad", "1", "fail"));
+    let failed = c.outcome("bad");
+    assert_eq!(failed["op"], "failed");
+    assert_eq!(
+        failed["error"],
+        "agent error: exit status 3: something broke"
+    );
+
+    // The sleep child holds the FIFO's write end: EOF on our side means it is dead.
+    let (opened_tx, opened_rx) = bounded(1);
+    let (eof_tx, eof_rx) = bounded(1);
+    let reader_path = fifo.clone();
+    std::thread::spawn(move || {
+        let mut f = std::fs::File::open(&reader_path).expect("open fifo");
+        let _ = opened_tx.send(());
+        let mut sink = Vec::new();
+        let _ = f.read_to_end(&mut sink);
+        let _ = eof_tx.send(());
+    });
+    c.send(&msg("nap", "2", "sleep"));
+    opened_rx.recv_timeout(WAIT).expect("sleep child started");
+    c.send(&msg("stop", "2", "/stop"));
+    assert_eq!(c.outcome("nap")["reason"], "stopped");
+    eof_rx
+        .recv_timeout(WAIT)
+        .expect("the sleep child was killed with its group");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn send_subcommand_prints_the_reply() {
+    let server = Server::start(&[]);
+    let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args([
+            "send",
+            "--addr",
+            &server.addr,
+            "--chat",
+            "9",
+            "hello",
+            "from",
+            "send",
+        ])
+        .output()
+        .expect("run send");
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello from send\n");
+
+    let locked = Server::start(&["--auth-token", "k"]);
+    let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(["send", "--addr", &locked.addr, "hi"])
+        .env_remove("TURNSTILE_AUTH_TOKEN")
+        .output()
+        .expect("run send");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unauthorized"));
+}
+
+#[test]
+fn bad_flags_and_config_values_exit_two_naming_them() {
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_turnstile"))
+            .arg("serve")
+            .args(args)
+            .output()
+            .expect("run")
+    };
+    let out = run(&["--queue-cap", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--queue-cap"));
+    let out = run(&["--busy-mode", "chaos"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--busy-mode"));
+    let out = run(&["--agent", "exec"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--agent-cmd"));
+
+    let dir = std::env::temp_dir().join(format!("turnstile-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "queue-cap = \"lots\"\n").expect("write");
+    let out = run(&["--config", bad.to_str().expect("path")]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("queue-cap"));
+    let unknown = dir.join("unknown.toml");
+    std::fs::write(&unknown, "queue-capp = 3\n").expect("write");
+    let out = run(&["--config", unknown.to_str().expect("path")]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("queue-capp"));
+    // A good file is honoured, and a flag overrides it.
+    let good = dir.join("good.toml");
+    std::fs::write(&good, "queue-cap = 1\necho-delay-ms = 2000\n").expect("write");
+    let server = Server::start(&["--config", good.to_str().expect("path")]);
+    let mut c = server.client();
+    for i in 0..3 {
+        c.send(&msg(&format!("c{i}"), "1", "x"));
+    }
+    assert_eq!(c.ack("c2")["reason"], "queue_full");
+    let _ = std::fs::remove_dir_all(&dir);
+}
