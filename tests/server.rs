@@ -588,3 +588,85 @@ fn bad_flags_and_config_values_exit_two_naming_them() {
     assert_eq!(c.ack("c2")["reason"], "queue_full");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_client_that_stops_reading_is_closed_and_its_replies_wait_for_the_next_hello() {
+    const N: usize = 200;
+    // All turns run at once after the 300 ms delay, so every message is accepted before the
+    // replies (12 MB) flood a client that never reads.
+    let server = Server::start(&[
+        "--echo-delay-ms",
+        "300",
+        "--turn-workers",
+        "200",
+        "--max-write-buffer",
+        "1048576",
+    ]);
+    let mut a = server.client();
+    a.send(&json!({"op": "hello", "platform": "telegram"}));
+    let pad = "p".repeat(60_000);
+    let mut input = Vec::new();
+    for i in 0..N {
+        input.extend_from_slice(
+            format!(
+                "{}\n",
+                msg(&format!("big{i}"), &format!("c{i}"), &format!("{i} {pad}"))
+            )
+            .as_bytes(),
+        );
+    }
+    a.send_raw(&input);
+    // Everything A managed to receive before the server gave up on it.
+    let mut received = Vec::new();
+    let _ = a.reader.read_to_end(&mut received);
+    let mut replied = std::collections::HashSet::new();
+    for line in received.split(|&b| b == b'\n') {
+        if let Ok(v) = serde_json::from_slice::<Value>(line)
+            && v["op"] == "reply"
+        {
+            replied.insert(v["id"].as_str().unwrap_or("").to_owned());
+        }
+    }
+    assert!(
+        replied.len() < N,
+        "the connection was never closed for overflow"
+    );
+    let mut b = server.client();
+    b.send(&json!({"op": "hello", "platform": "telegram"}));
+    while replied.len() < N {
+        let v = b.recv();
+        if v["op"] == "reply" {
+            let id = v["id"].as_str().unwrap_or("").to_owned();
+            let n: usize = id.trim_start_matches("big").parse().expect("id");
+            assert_eq!(
+                v["text"].as_str().map(|t| t.starts_with(&format!("{n} "))),
+                Some(true)
+            );
+            replied.insert(id);
+        }
+    }
+}
+
+#[test]
+fn a_full_outbox_refuses_new_messages_for_its_platform_with_backpressure() {
+    let server = Server::start(&["--echo-delay-ms", "100", "--outbox-cap", "1"]);
+    let mut a = server.client();
+    a.send(&json!({"op": "hello", "platform": "telegram"}));
+    a.send(&msg("w1", "1", "x"));
+    a.ack("w1");
+    drop(a);
+    // The marker queues behind w1 on the same session, so its reply means w1's is outboxed.
+    let mut d = server.client();
+    d.send(&json!({"op": "hello", "platform": "discord"}));
+    d.send(&msg("marker", "1", "y"));
+    d.outcome("marker");
+    d.send(&msg("refused", "2", "z"));
+    let r = d.ack("refused");
+    assert_eq!(
+        (r["op"].as_str(), r["reason"].as_str()),
+        (Some("reject"), Some("backpressure"))
+    );
+    // Other platforms are unaffected.
+    d.send(&json!({"op": "message", "id": "fine", "platform": "discord", "chat_id": "2", "text": "ok"}));
+    assert_eq!(d.outcome("fine")["text"], "ok");
+}

@@ -92,6 +92,12 @@ pub struct ServeArgs {
     /// Longest accepted protocol line [default: 65536].
     #[arg(long)]
     max_line_bytes: Option<usize>,
+    /// Unwritten output per connection before it is closed [default: 8 MiB].
+    #[arg(long)]
+    max_write_buffer: Option<usize>,
+    /// Terminal events a platform's outbox holds before refusing new messages [default: 10000].
+    #[arg(long)]
+    outbox_cap: Option<usize>,
 }
 
 macro_rules! merge {
@@ -118,6 +124,8 @@ struct Settings {
     auth_token: Option<String>,
     max_connections: usize,
     max_line_bytes: usize,
+    max_write_buffer: usize,
+    outbox_cap: usize,
 }
 
 fn seconds(
@@ -175,7 +183,9 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         status_file,
         auth_token,
         max_connections,
-        max_line_bytes
+        max_line_bytes,
+        max_write_buffer,
+        outbox_cap
     );
     let agent = a.agent.unwrap_or(AgentKind::Echo);
     if agent == AgentKind::Exec && a.agent_cmd.as_deref().is_none_or(|c| c.trim().is_empty()) {
@@ -207,6 +217,8 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         auth_token: a.auth_token,
         max_connections: at_least_one("max-connections", a.max_connections, 1024)?,
         max_line_bytes: at_least_one("max-line-bytes", a.max_line_bytes, 65_536)?,
+        max_write_buffer: at_least_one("max-write-buffer", a.max_write_buffer, 8 << 20)?,
+        outbox_cap: at_least_one("outbox-cap", a.outbox_cap, 10_000)?,
     })
 }
 
@@ -250,6 +262,8 @@ pub fn run(args: ServeArgs) -> i32 {
         auth_token: s.auth_token,
         max_connections: s.max_connections,
         max_line_bytes: s.max_line_bytes,
+        max_write_buffer: s.max_write_buffer,
+        outbox_cap: s.outbox_cap,
         flush_budget,
         watchdog,
         ..ServerConfig::default()

@@ -146,6 +146,11 @@ impl Conn {
         self.out_bytes <= cap
     }
 
+    /// Bytes queued and not yet written.
+    pub fn queued_bytes(&self) -> usize {
+        self.out_bytes
+    }
+
     pub fn has_output(&self) -> bool {
         !self.out.is_empty()
     }

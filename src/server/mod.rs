@@ -298,20 +298,44 @@ impl BridgeServer {
             conn.platform = Some(platform.clone());
         }
         self.hellos.entry(platform.clone()).or_default().push(uid);
-        // Deliver what waited for this platform, in order.
-        if let Some(mut outbox) = self.outboxes.remove(&platform) {
-            while let Some(bytes) = outbox.pop_front() {
-                if !self.send(slot, bytes, Some(platform.clone())) {
-                    // The connection overflowed and closed; the rest keeps waiting.
-                    if !outbox.is_empty() {
-                        self.outboxes
-                            .entry(platform.clone())
-                            .or_default()
-                            .extend(outbox);
-                    }
-                    break;
-                }
-            }
+        self.refill(slot);
+    }
+
+    /// Feeds a platform's outbox, in order, to its newest hello connection, keeping that
+    /// connection's unwritten output under half its cap so a large backlog flows at the
+    /// client's pace instead of overflowing it.
+    fn refill(&mut self, slot: usize) {
+        let Some(platform) = self.conns.get(slot).and_then(|c| c.platform.clone()) else {
+            return;
+        };
+        if self.newest_hello(&platform) != Some(slot) {
+            return;
+        }
+        let Some(outbox) = self.outboxes.get_mut(&platform) else {
+            return;
+        };
+        let Some(conn) = self.conns.get_mut(slot) else {
+            return;
+        };
+        let budget = self.cfg.max_write_buffer / 2;
+        let was_idle = !conn.has_output();
+        while conn.queued_bytes() < budget {
+            let Some(bytes) = outbox.pop_front() else {
+                break;
+            };
+            conn.push(
+                Frame {
+                    bytes,
+                    terminal_for: Some(platform.clone()),
+                },
+                usize::MAX,
+            );
+        }
+        if outbox.is_empty() {
+            self.outboxes.remove(&platform);
+        }
+        if was_idle && conn.has_output() {
+            self.dirty.push(slot);
         }
     }
 
@@ -446,20 +470,17 @@ impl BridgeServer {
     /// Sends a terminal line to the message's connection, else the platform's newest hello,
     /// else the outbox.
     fn send_terminal(&mut self, route: &MsgRoute, bytes: Vec<u8>) {
-        let target = self
-            .by_uid
-            .get(&route.conn)
-            .copied()
-            .or_else(|| self.newest_hello(&route.platform));
-        match target {
-            Some(slot) => {
-                self.send(slot, bytes, Some(route.platform.clone()));
-            }
-            None => self
-                .outboxes
-                .entry(route.platform.clone())
-                .or_default()
-                .push_back(bytes),
+        if let Some(&slot) = self.by_uid.get(&route.conn) {
+            self.send(slot, bytes, Some(route.platform.clone()));
+            return;
+        }
+        // Behind any backlog already waiting for the platform, so the outbox stays in order.
+        self.outboxes
+            .entry(route.platform.clone())
+            .or_default()
+            .push_back(bytes);
+        if let Some(slot) = self.newest_hello(&route.platform) {
+            self.refill(slot);
         }
     }
 
@@ -501,19 +522,22 @@ impl BridgeServer {
         }
         let undelivered = conn.take_undelivered_terminals();
         let moved = undelivered.len();
+        let mut platforms = Vec::new();
         for frame in undelivered {
             if let Some(platform) = frame.terminal_for {
-                // Another live hello for the platform takes them now; else they wait.
-                match self.newest_hello(&platform) {
-                    Some(other) => {
-                        self.send(other, frame.bytes, Some(platform));
-                    }
-                    None => self
-                        .outboxes
-                        .entry(platform)
-                        .or_default()
-                        .push_back(frame.bytes),
+                self.outboxes
+                    .entry(platform.clone())
+                    .or_default()
+                    .push_back(frame.bytes);
+                if !platforms.contains(&platform) {
+                    platforms.push(platform);
                 }
+            }
+        }
+        // Another live hello for the platform takes them now; else they wait.
+        for platform in platforms {
+            if let Some(other) = self.newest_hello(&platform) {
+                self.refill(other);
             }
         }
         log::debug!(
@@ -605,7 +629,7 @@ impl Frontend for BridgeServer {
                 if event.is_readable() || event.is_read_closed() || event.is_error() {
                     self.read(slot, ctx);
                 }
-                if event.is_writable() && self.conns.get(slot).is_some_and(Conn::has_output) {
+                if event.is_writable() && self.conns.contains(slot) {
                     self.dirty.push(slot);
                 }
             }
@@ -712,17 +736,23 @@ impl Frontend for BridgeServer {
     }
 
     fn flush(&mut self) {
-        for slot in std::mem::take(&mut self.dirty) {
-            let Some(conn) = self.conns.get_mut(slot) else {
-                continue;
-            };
-            match conn.write_out() {
-                Ok(()) => {
-                    if conn.close_after_flush && !conn.has_output() {
+        // Refilling from an outbox can queue more output; go round until the sockets block
+        // or nothing is left.
+        while !self.dirty.is_empty() {
+            let mut dirty = std::mem::take(&mut self.dirty);
+            dirty.sort_unstable();
+            dirty.dedup();
+            for slot in dirty {
+                let Some(conn) = self.conns.get_mut(slot) else {
+                    continue;
+                };
+                match conn.write_out() {
+                    Ok(()) if conn.close_after_flush && !conn.has_output() => {
                         self.close(slot, "closed after error");
                     }
+                    Ok(()) => self.refill(slot),
+                    Err(e) => self.close(slot, &format!("write failed: {e}")),
                 }
-                Err(e) => self.close(slot, &format!("write failed: {e}")),
             }
         }
     }
