@@ -384,7 +384,7 @@ fn auth_token_is_required_when_configured() {
     assert_eq!(c.recv(), json!({"op": "error", "detail": "unauthorized"}));
     assert!(c.closed());
     let mut c = server.client();
-    c.send(&json!({"op": "hello", "platform": "telegram", "token": "wrong"}));
+    c.send(&json!({"op": "hello", "platform": "telegram", "token": "s3creT"}));
     assert_eq!(c.recv()["detail"], "unauthorized");
     let mut c = server.client();
     c.send(&json!({"op": "hello", "platform": "telegram", "token": "s3cret"}));
