@@ -9,6 +9,7 @@ pub mod message;
 pub mod pool;
 pub mod reactor;
 pub mod server;
+pub mod workload;
 
 pub use agent::{Agent, AgentFactory, CancelToken, EchoAgent, TurnError, TurnInput};
 pub use core::{

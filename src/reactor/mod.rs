@@ -41,6 +41,9 @@ use workers::{Completion, CompletionSink, run_cleanup, run_turn};
 /// frontend uses for its sockets (see [`FIRST_RESERVED_TOKEN`]).
 const WAKE_TOKEN: Token = Token(usize::MAX - 1);
 
+/// Submissions taken from the ingress channel per loop iteration.
+const INGRESS_BATCH: usize = 1024;
+
 /// Where a message's events go. Use an unbounded channel: the reactor never blocks on a
 /// sink, so a full bounded one loses the event (logged at WARN and counted).
 pub type EventSink = Sender<MessageEvent>;
@@ -356,7 +359,9 @@ impl Runtime {
                 let input = driver.completion_input(c);
                 driver.core.handle(now, input, &mut fx);
             }
-            for (message, sink) in ingress.try_iter() {
+            // Bounded per iteration so a burst of submissions cannot delay timers and the
+            // heartbeat; what is left is taken on the next iteration, without sleeping.
+            for (message, sink) in ingress.try_iter().take(INGRESS_BATCH) {
                 let route = Route::Sink(sink);
                 driver
                     .core
