@@ -184,7 +184,7 @@ fn run(s: &Scenario, rounds: usize) -> Report {
         seconds: round(seconds, 3),
         turns_per_s: round(turns as f64 / seconds, 1),
         latency_ms: summarize(&mut latencies).rounded(3),
-        loop_lag_ms: turnstile::workload::Percentiles {
+        loop_lag_ms: Some(turnstile::workload::Percentiles {
             p50: round(lag.p50, 3),
             p99: round(lag.p99, 3),
             max: round(lag.max, 3),

@@ -21,6 +21,8 @@ enum Cmd {
     Serve(cli::serve::ServeArgs),
     /// Send one message to a running gateway and print the reply.
     Send(cli::send::SendArgs),
+    /// Run the closed-loop benchmark workload against a running gateway.
+    Loadgen(cli::loadgen::LoadgenArgs),
 }
 
 fn main() {
@@ -28,6 +30,7 @@ fn main() {
     let code = match Cli::parse().command {
         Cmd::Serve(args) => cli::serve::run(args),
         Cmd::Send(args) => cli::send::run(args),
+        Cmd::Loadgen(args) => cli::loadgen::run(args),
     };
     std::process::exit(code);
 }

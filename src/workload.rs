@@ -48,8 +48,8 @@ pub struct Report {
     pub turns_per_s: f64,
     /// Message in to reply out, as the client saw it.
     pub latency_ms: Percentiles,
-    /// Heartbeat lateness over the run.
-    pub loop_lag_ms: Percentiles,
+    /// Heartbeat lateness over the run (`null` when it could not be read).
+    pub loop_lag_ms: Option<Percentiles>,
     /// Resident memory of the process at the end of the run.
     pub rss_mib: f64,
 }

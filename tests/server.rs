@@ -670,3 +670,37 @@ fn a_full_outbox_refuses_new_messages_for_its_platform_with_backpressure() {
     d.send(&json!({"op": "message", "id": "fine", "platform": "discord", "chat_id": "2", "text": "ok"}));
     assert_eq!(d.outcome("fine")["text"], "ok");
 }
+
+#[test]
+fn loadgen_runs_the_closed_loop_workload_and_prints_one_json_line() {
+    let server = Server::start(&[]);
+    let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args([
+            "loadgen",
+            "--addr",
+            &server.addr,
+            "--sessions",
+            "7",
+            "--rounds",
+            "3",
+            "--connections",
+            "2",
+        ])
+        .output()
+        .expect("run loadgen");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
+    assert_eq!(
+        (
+            v["turns"].as_u64(),
+            v["sessions"].as_u64(),
+            v["rounds"].as_u64()
+        ),
+        (Some(21), Some(7), Some(3))
+    );
+    assert!(v["latency_ms"]["p50"].as_f64().is_some_and(|p| p > 0.0));
+}

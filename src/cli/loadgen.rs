@@ -1,0 +1,239 @@
+//! `turnstile loadgen`: the closed-loop workload over the bridge protocol against a running
+//! server, printing the benchmark's JSON line.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::Args;
+use serde::Deserialize;
+use turnstile::workload::{Percentiles, Report, round, rss_mib, summarize};
+
+use super::USAGE_ERROR;
+
+/// Flags of `loadgen`.
+#[derive(Args, Debug)]
+pub struct LoadgenArgs {
+    /// Gateway address.
+    #[arg(long, default_value = "127.0.0.1:7878")]
+    addr: String,
+    /// Concurrent sessions.
+    #[arg(long, default_value_t = 100)]
+    sessions: usize,
+    /// Messages per session, each sent after the previous reply.
+    #[arg(long, default_value_t = 100)]
+    rounds: usize,
+    /// TCP connections the sessions are spread over.
+    #[arg(long, default_value_t = 4)]
+    connections: usize,
+    /// Auth token, if the gateway requires one.
+    #[arg(long, env = "TURNSTILE_AUTH_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// The server's --status-file, to report its loop lag.
+    #[arg(long)]
+    status_file: Option<PathBuf>,
+    /// Turn workers and agent delay of the server, copied into the report.
+    #[arg(long, default_value_t = 0)]
+    workers: usize,
+    /// See --workers.
+    #[arg(long, default_value_t = 0.0)]
+    delay_ms: f64,
+}
+
+#[derive(Deserialize)]
+struct Line<'a> {
+    op: &'a str,
+    #[serde(borrow)]
+    id: Option<&'a str>,
+    reason: Option<&'a str>,
+    error: Option<&'a str>,
+}
+
+/// Runs the workload; returns the exit code.
+pub fn run(args: LoadgenArgs) -> i32 {
+    if args.sessions == 0 || args.rounds == 0 || args.connections == 0 {
+        eprintln!("turnstile loadgen: --sessions, --rounds and --connections must be at least 1");
+        return USAGE_ERROR;
+    }
+    let nonce = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    let done = Arc::new(AtomicUsize::new(0));
+    let total = args.sessions * args.rounds;
+    let start = Instant::now();
+    let conns = args.connections.min(args.sessions);
+    let (results_tx, results) = crossbeam_channel::unbounded();
+    for c in 0..conns {
+        let sessions: Vec<usize> = (c..args.sessions).step_by(conns).collect();
+        let (addr, token, done, rounds) = (
+            args.addr.clone(),
+            args.token.clone(),
+            done.clone(),
+            args.rounds,
+        );
+        let tag = format!("{nonce}-{c}");
+        let tx = results_tx.clone();
+        thread::spawn(move || {
+            let _ = tx.send(drive(
+                &addr,
+                token.as_deref(),
+                &tag,
+                &sessions,
+                rounds,
+                &done,
+            ));
+        });
+    }
+    drop(results_tx);
+    // Collect each connection's latencies, with a progress line on stderr every second.
+    let mut latencies = Vec::with_capacity(total);
+    let mut finished = 0;
+    while finished < conns {
+        match results.recv_timeout(Duration::from_secs(1)) {
+            Ok(Ok(mut l)) => {
+                latencies.append(&mut l);
+                finished += 1;
+            }
+            Ok(Err(e)) => {
+                eprintln!("\nturnstile loadgen: {e}");
+                return 1;
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                let n = done.load(Ordering::Relaxed);
+                eprint!(
+                    "\rloadgen: {n}/{total} turns, {:.0} s",
+                    start.elapsed().as_secs_f64()
+                );
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                eprintln!("\nturnstile loadgen: a connection thread panicked");
+                return 1;
+            }
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    eprintln!("\rloadgen: {total}/{total} turns, {seconds:.1} s");
+    let report = Report {
+        system: "turnstile-tcp".into(),
+        scenario: "loadgen".into(),
+        sessions: args.sessions,
+        rounds: args.rounds,
+        workers: args.workers,
+        delay_ms: args.delay_ms,
+        turns: total,
+        seconds: round(seconds, 3),
+        turns_per_s: round(total as f64 / seconds, 1),
+        latency_ms: summarize(&mut latencies).rounded(3),
+        loop_lag_ms: args.status_file.as_deref().and_then(read_lag),
+        rss_mib: round(rss_mib(), 1),
+    };
+    match serde_json::to_string(&report) {
+        Ok(line) => {
+            println!("{line}");
+            0
+        }
+        Err(e) => {
+            eprintln!("turnstile loadgen: {e}");
+            1
+        }
+    }
+}
+
+fn read_lag(path: &std::path::Path) -> Option<Percentiles> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let lag = &v["loop_lag_ms"];
+    Some(Percentiles {
+        p50: lag["p50"].as_f64()?,
+        p99: lag["p99"].as_f64()?,
+        max: lag["max"].as_f64()?,
+    })
+}
+
+/// One connection's share of the sessions, closed loop; returns its latencies in ms.
+fn drive(
+    addr: &str,
+    token: Option<&str>,
+    tag: &str,
+    sessions: &[usize],
+    rounds: usize,
+    done: &AtomicUsize,
+) -> Result<Vec<f64>, String> {
+    let stream = TcpStream::connect(addr).map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+    let _ = stream.set_nodelay(true);
+    stream
+        .set_read_timeout(Some(Duration::from_secs(120)))
+        .map_err(|e| e.to_string())?;
+    let mut reader =
+        BufReader::with_capacity(256 * 1024, stream.try_clone().map_err(|e| e.to_string())?);
+    let mut writer = BufWriter::with_capacity(256 * 1024, stream);
+    let io = |e: std::io::Error| e.to_string();
+    writeln!(
+        writer,
+        "{}",
+        serde_json::json!({"op": "hello", "platform": "loadgen", "token": token})
+    )
+    .map_err(io)?;
+    let mut sent_at: HashMap<usize, Instant> = HashMap::with_capacity(sessions.len());
+    let mut count: HashMap<usize, usize> = HashMap::with_capacity(sessions.len());
+    let send = |w: &mut BufWriter<TcpStream>, s: usize, r: usize| -> Result<(), String> {
+        writeln!(w, r#"{{"op":"message","id":"lg-{tag}-{s}-{r}","platform":"loadgen","chat_id":"s{s}","text":"m{r}"}}"#).map_err(io)
+    };
+    for &s in sessions {
+        sent_at.insert(s, Instant::now());
+        send(&mut writer, s, 0)?;
+    }
+    writer.flush().map_err(io)?;
+    let mut latencies = Vec::with_capacity(sessions.len() * rounds);
+    let mut remaining = sessions.len() * rounds;
+    let mut line = String::new();
+    while remaining > 0 {
+        line.clear();
+        if reader.read_line(&mut line).map_err(io)? == 0 {
+            return Err("the gateway closed the connection".into());
+        }
+        let parsed: Line<'_> =
+            serde_json::from_str(&line).map_err(|e| format!("bad line from gateway: {e}"))?;
+        match parsed.op {
+            "reply" => {
+                let id = parsed.id.unwrap_or("");
+                let s: usize = id
+                    .rsplit('-')
+                    .nth(1)
+                    .and_then(|n| n.parse().ok())
+                    .ok_or("reply with an unknown id")?;
+                if let Some(t) = sent_at.get(&s) {
+                    latencies.push(t.elapsed().as_secs_f64() * 1000.0);
+                }
+                remaining -= 1;
+                done.fetch_add(1, Ordering::Relaxed);
+                let n = count.entry(s).or_insert(0);
+                *n += 1;
+                if *n < rounds {
+                    sent_at.insert(s, Instant::now());
+                    send(&mut writer, s, *n)?;
+                }
+            }
+            "reject" | "failed" | "cancelled" | "error" => {
+                return Err(format!(
+                    "gateway answered {} for {}: {}",
+                    parsed.op,
+                    parsed.id.unwrap_or("-"),
+                    parsed.reason.or(parsed.error).unwrap_or("")
+                ));
+            }
+            _ => {}
+        }
+        // Batch writes: flush only when every line already received has been handled.
+        if reader.buffer().is_empty() {
+            writer.flush().map_err(io)?;
+        }
+    }
+    Ok(latencies)
+}
