@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, unbounded};
-use turnstile::workload::{Report, round, rss_mib, summarize};
+use turnstile::workload::{Percentiles, Report, round, rss_mib, summarize};
 use turnstile::{
     Agent, Builder, CancelToken, EchoAgent, EventKind, Message, Outcome, SessionKey, TurnError,
     TurnInput,
@@ -184,11 +184,14 @@ fn run(s: &Scenario, rounds: usize) -> Report {
         seconds: round(seconds, 3),
         turns_per_s: round(turns as f64 / seconds, 1),
         latency_ms: summarize(&mut latencies).rounded(3),
-        loop_lag_ms: Some(turnstile::workload::Percentiles {
-            p50: round(lag.p50, 3),
-            p99: round(lag.p99, 3),
-            max: round(lag.max, 3),
-        },
+        loop_lag_ms: Some(
+            Percentiles {
+                p50: lag.p50,
+                p99: lag.p99,
+                max: lag.max,
+            }
+            .rounded(3),
+        ),
         rss_mib: round(rss, 1),
     }
 }
