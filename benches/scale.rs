@@ -1,0 +1,134 @@
+//! Scale and memory of the session table: bytes per session at 10^6 sessions (RSS delta,
+//! each case in a fresh child process so freed memory cannot hide a cost), and the
+//! per-message cost of the core at 10^3 vs 10^6 sessions.
+//!
+//! `cargo bench --bench scale` (add `-- --quick` for 10^5 instead of 10^6).
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use turnstile::core::{Core, CoreConfig, Effect, Input, TurnResult};
+use turnstile::workload::{round, rss_mib};
+use turnstile::{Agent, EchoAgent, Message, SessionKey};
+
+type AgentCore = Core<(), Box<dyn Agent>>;
+
+fn cfg(cached: usize, workers: usize) -> CoreConfig {
+    CoreConfig { turn_workers: workers, max_cached_agents: cached, ..CoreConfig::default() }
+}
+
+fn key(i: usize) -> SessionKey {
+    SessionKey::dm("telegram", &(1_000_000_000 + i).to_string()).expect("key")
+}
+
+/// Accept -> start -> complete -> reply for one message; the agent comes back to the cache.
+fn full_path(core: &mut AgentCore, fx: &mut Vec<Effect<(), Box<dyn Agent>>>, m: Message) {
+    core.handle(Duration::ZERO, Input::Submit { message: m, route: () }, fx);
+    let job = fx.drain(..).find_map(|e| match e {
+        Effect::StartTurn(job) => Some(job),
+        _ => None,
+    });
+    if let Some(job) = job {
+        let agent: Box<dyn Agent> = job.agent.unwrap_or_else(|| Box::new(EchoAgent::default()));
+        let result = TurnResult::Reply(job.input);
+        let done = Input::TurnDone { turn: job.turn, slot: job.slot, session: job.session, agent: Some(agent), result };
+        core.handle(Duration::ZERO, done, fx);
+        fx.clear();
+    }
+}
+
+fn populate(n: usize) -> AgentCore {
+    let mut core = Core::new(cfg(n, 64), Duration::ZERO);
+    let mut fx = Vec::new();
+    for i in 0..n {
+        full_path(&mut core, &mut fx, Message::new(&format!("w{i}"), key(i), "x").expect("msg"));
+    }
+    core
+}
+
+/// Child process: builds one case and prints the RSS delta per session.
+fn child(case: &str, n: usize) {
+    // Keys are built before the baseline: a bridge holds its chat ids anyway.
+    let before = rss_mib();
+    let (sessions, core_cached) = match case {
+        "cached-agent" => {
+            let core = populate(n);
+            let s = core.stats();
+            (s.sessions, Some(core))
+        }
+        "waiting-no-agent" => {
+            // One worker: every session but one holds a queued message and no agent.
+            let mut core: AgentCore = Core::new(cfg(0, 1), Duration::ZERO);
+            let mut fx = Vec::new();
+            for i in 0..n {
+                let m = Message::new(&format!("w{i}"), key(i), "x").expect("msg");
+                core.handle(Duration::ZERO, Input::Submit { message: m, route: () }, &mut fx);
+                fx.clear();
+            }
+            let s = core.stats();
+            (s.sessions, Some(core))
+        }
+        "idle-no-agent" => {
+            // No cache: a session with no work and no agent gives its slot back.
+            let mut core: AgentCore = Core::new(cfg(0, 64), Duration::ZERO);
+            let mut fx = Vec::new();
+            for i in 0..n {
+                full_path(&mut core, &mut fx, Message::new(&format!("w{i}"), key(i), "x").expect("msg"));
+            }
+            let s = core.stats();
+            (s.sessions, Some(core))
+        }
+        _ => panic!("unknown case {case}"),
+    };
+    let after = rss_mib();
+    let per = if sessions == 0 { 0.0 } else { (after - before) * 1024.0 * 1024.0 / sessions as f64 };
+    println!(
+        "{}",
+        serde_json::json!({"case": case, "requested": n, "sessions_holding_a_slot": sessions,
+            "rss_delta_mib": round(after - before, 1), "bytes_per_session": round(per, 0)})
+    );
+    drop(core_cached);
+}
+
+fn per_message_ns(n: usize, messages: usize) -> f64 {
+    let mut core = populate(n);
+    let mut fx = Vec::with_capacity(16);
+    // Visit sessions in a scattered order, as real traffic does.
+    let msgs: Vec<Message> = (0..messages)
+        .map(|j| {
+            let i = (j.wrapping_mul(2_654_435_761)) % n;
+            Message::new(&format!("m{j}"), key(i), "hello").expect("msg")
+        })
+        .collect();
+    let start = Instant::now();
+    for m in msgs {
+        full_path(&mut core, &mut fx, m);
+    }
+    start.elapsed().as_nanos() as f64 / messages as f64
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(pos) = args.iter().position(|a| a == "--child") {
+        let case = &args[pos + 1];
+        let n: usize = args[pos + 2].parse().expect("count");
+        child(case, n);
+        return;
+    }
+    let quick = args.iter().any(|a| a == "--quick");
+    let big = if quick { 100_000 } else { 1_000_000 };
+    let exe = std::env::current_exe().expect("own path");
+    for case in ["cached-agent", "waiting-no-agent", "idle-no-agent"] {
+        let out = Command::new(&exe).args(["--child", case, &big.to_string()]).output().expect("child");
+        print!("{}", String::from_utf8_lossy(&out.stdout));
+    }
+    let messages = if quick { 200_000 } else { 1_000_000 };
+    let small = per_message_ns(1_000, messages);
+    let large = per_message_ns(big, messages);
+    println!(
+        "{}",
+        serde_json::json!({"case": "per-message full path in the core", "messages": messages,
+            "ns_at_1e3_sessions": round(small, 1), "ns_at_large_sessions": round(large, 1),
+            "large_sessions": big, "ratio": round(large / small, 2)})
+    );
+}
