@@ -12,11 +12,20 @@ use turnstile::{Message, SessionKey};
 type BenchCore = Core<(), u32>;
 
 fn config(cached: usize) -> CoreConfig {
-    CoreConfig { turn_workers: 64, max_cached_agents: cached, ..CoreConfig::default() }
+    CoreConfig {
+        turn_workers: 64,
+        max_cached_agents: cached,
+        ..CoreConfig::default()
+    }
 }
 
 /// Runs one message through the core: accept, start, complete, reply. Returns the effects seen.
-fn one_message(core: &mut BenchCore, fx: &mut Vec<Effect<(), u32>>, message: Message, now: Duration) -> usize {
+fn one_message(
+    core: &mut BenchCore,
+    fx: &mut Vec<Effect<(), u32>>,
+    message: Message,
+    now: Duration,
+) -> usize {
     core.handle(now, Input::Submit { message, route: () }, fx);
     let mut n = fx.len();
     let job = fx.drain(..).find_map(|e| match e {
@@ -42,7 +51,9 @@ fn one_message(core: &mut BenchCore, fx: &mut Vec<Effect<(), u32>>, message: Mes
 pub fn populated(n: usize) -> (BenchCore, Vec<SessionKey>) {
     let mut core = Core::new(config(n), Duration::ZERO);
     let mut fx = Vec::new();
-    let keys: Vec<SessionKey> = (0..n).map(|i| SessionKey::dm("bench", &i.to_string()).expect("key")).collect();
+    let keys: Vec<SessionKey> = (0..n)
+        .map(|i| SessionKey::dm("bench", &i.to_string()).expect("key"))
+        .collect();
     for (i, k) in keys.iter().enumerate() {
         let m = Message::new(&format!("warm{i}"), k.clone(), "x").expect("msg");
         one_message(&mut core, &mut fx, m, Duration::ZERO);
@@ -53,13 +64,16 @@ pub fn populated(n: usize) -> (BenchCore, Vec<SessionKey>) {
 fn bench_full_path(c: &mut Criterion) {
     let (mut core, keys) = populated(1);
     let mut fx = Vec::with_capacity(16);
-    c.bench_function("core: one message accept -> start -> complete -> reply", |b| {
-        b.iter_batched(
-            || Message::new("m", keys[0].clone(), "hello").expect("msg"),
-            |m| black_box(one_message(&mut core, &mut fx, m, Duration::ZERO)),
-            BatchSize::SmallInput,
-        )
-    });
+    c.bench_function(
+        "core: one message accept -> start -> complete -> reply",
+        |b| {
+            b.iter_batched(
+                || Message::new("m", keys[0].clone(), "hello").expect("msg"),
+                |m| black_box(one_message(&mut core, &mut fx, m, Duration::ZERO)),
+                BatchSize::SmallInput,
+            )
+        },
+    );
 }
 
 fn bench_lookup(c: &mut Criterion) {

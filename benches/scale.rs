@@ -14,26 +14,60 @@ use turnstile::{Agent, EchoAgent, Message, SessionKey};
 type AgentCore = Core<(), Box<dyn Agent>>;
 
 fn cfg(cached: usize, workers: usize) -> CoreConfig {
-    CoreConfig { turn_workers: workers, max_cached_agents: cached, ..CoreConfig::default() }
+    CoreConfig {
+        turn_workers: workers,
+        max_cached_agents: cached,
+        ..CoreConfig::default()
+    }
 }
 
 fn key(i: usize) -> SessionKey {
     SessionKey::dm("telegram", &(1_000_000_000 + i).to_string()).expect("key")
 }
 
-/// Accept -> start -> complete -> reply for one message; the agent comes back to the cache.
+/// Accept -> start -> complete -> reply for one message; the agent comes back to the cache,
+/// and any cleanup the core asks for completes at once, as the cleanup pool would.
 fn full_path(core: &mut AgentCore, fx: &mut Vec<Effect<(), Box<dyn Agent>>>, m: Message) {
-    core.handle(Duration::ZERO, Input::Submit { message: m, route: () }, fx);
-    let job = fx.drain(..).find_map(|e| match e {
-        Effect::StartTurn(job) => Some(job),
-        _ => None,
-    });
-    if let Some(job) = job {
-        let agent: Box<dyn Agent> = job.agent.unwrap_or_else(|| Box::new(EchoAgent::default()));
-        let result = TurnResult::Reply(job.input);
-        let done = Input::TurnDone { turn: job.turn, slot: job.slot, session: job.session, agent: Some(agent), result };
-        core.handle(Duration::ZERO, done, fx);
-        fx.clear();
+    core.handle(
+        Duration::ZERO,
+        Input::Submit {
+            message: m,
+            route: (),
+        },
+        fx,
+    );
+    let mut inputs = Vec::new();
+    for effect in fx.drain(..) {
+        match effect {
+            Effect::StartTurn(job) => {
+                let agent: Box<dyn Agent> =
+                    job.agent.unwrap_or_else(|| Box::new(EchoAgent::default()));
+                let result = TurnResult::Reply(job.input);
+                inputs.push(Input::TurnDone {
+                    turn: job.turn,
+                    slot: job.slot,
+                    session: job.session,
+                    agent: Some(agent),
+                    result,
+                });
+            }
+            Effect::Cleanup(job) => inputs.push(Input::CleanupDone {
+                job: job.job,
+                result: Ok(()),
+            }),
+            _ => {}
+        }
+    }
+    while let Some(input) = inputs.pop() {
+        core.handle(Duration::ZERO, input, fx);
+        for effect in fx.drain(..) {
+            if let Effect::Cleanup(job) = effect {
+                inputs.push(Input::CleanupDone {
+                    job: job.job,
+                    result: Ok(()),
+                });
+            }
+        }
     }
 }
 
@@ -41,14 +75,17 @@ fn populate(n: usize) -> AgentCore {
     let mut core = Core::new(cfg(n, 64), Duration::ZERO);
     let mut fx = Vec::new();
     for i in 0..n {
-        full_path(&mut core, &mut fx, Message::new(&format!("w{i}"), key(i), "x").expect("msg"));
+        full_path(
+            &mut core,
+            &mut fx,
+            Message::new(&format!("w{i}"), key(i), "x").expect("msg"),
+        );
     }
     core
 }
 
 /// Child process: builds one case and prints the RSS delta per session.
 fn child(case: &str, n: usize) {
-    // Keys are built before the baseline: a bridge holds its chat ids anyway.
     let before = rss_mib();
     let (sessions, core_cached) = match case {
         "cached-agent" => {
@@ -62,7 +99,14 @@ fn child(case: &str, n: usize) {
             let mut fx = Vec::new();
             for i in 0..n {
                 let m = Message::new(&format!("w{i}"), key(i), "x").expect("msg");
-                core.handle(Duration::ZERO, Input::Submit { message: m, route: () }, &mut fx);
+                core.handle(
+                    Duration::ZERO,
+                    Input::Submit {
+                        message: m,
+                        route: (),
+                    },
+                    &mut fx,
+                );
                 fx.clear();
             }
             let s = core.stats();
@@ -73,7 +117,11 @@ fn child(case: &str, n: usize) {
             let mut core: AgentCore = Core::new(cfg(0, 64), Duration::ZERO);
             let mut fx = Vec::new();
             for i in 0..n {
-                full_path(&mut core, &mut fx, Message::new(&format!("w{i}"), key(i), "x").expect("msg"));
+                full_path(
+                    &mut core,
+                    &mut fx,
+                    Message::new(&format!("w{i}"), key(i), "x").expect("msg"),
+                );
             }
             let s = core.stats();
             (s.sessions, Some(core))
@@ -81,7 +129,11 @@ fn child(case: &str, n: usize) {
         _ => panic!("unknown case {case}"),
     };
     let after = rss_mib();
-    let per = if sessions == 0 { 0.0 } else { (after - before) * 1024.0 * 1024.0 / sessions as f64 };
+    let per = if sessions == 0 {
+        0.0
+    } else {
+        (after - before) * 1024.0 * 1024.0 / sessions as f64
+    };
     println!(
         "{}",
         serde_json::json!({"case": case, "requested": n, "sessions_holding_a_slot": sessions,
@@ -119,7 +171,10 @@ fn main() {
     let big = if quick { 100_000 } else { 1_000_000 };
     let exe = std::env::current_exe().expect("own path");
     for case in ["cached-agent", "waiting-no-agent", "idle-no-agent"] {
-        let out = Command::new(&exe).args(["--child", case, &big.to_string()]).output().expect("child");
+        let out = Command::new(&exe)
+            .args(["--child", case, &big.to_string()])
+            .output()
+            .expect("child");
         print!("{}", String::from_utf8_lossy(&out.stdout));
     }
     let messages = if quick { 200_000 } else { 1_000_000 };

@@ -81,22 +81,25 @@ fn check_id(field: &'static str, value: &str) -> Result<(), InvalidInput> {
     Ok(())
 }
 
-#[derive(Debug, PartialEq, Eq, Hash)]
-struct KeyParts {
-    rendered: Box<str>,
-    platform: Box<str>,
-    chat_type: ChatType,
-    chat_id: Box<str>,
-    thread_id: Option<Box<str>>,
-    user_id: Option<Box<str>>,
+/// Identifies one conversation. Cheap to clone (one shared allocation), hashed by its
+/// rendered form.
+///
+/// Rendered as `platform:chat_type:chat_id[:thread:<id>][:user:<id>]`, with `%` and `:`
+/// inside components percent-encoded so distinct keys never render alike (`telegram:dm:42`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct SessionKey {
+    /// The rendered key, then NUL and the raw components, NUL-separated: one allocation holds
+    /// everything (components cannot contain NUL: control characters are refused).
+    text: Arc<str>,
+    rendered_len: usize,
 }
 
-/// Identifies one conversation. Cheap to clone (shared), hashed by its rendered form.
-///
-/// Rendered as `platform:chat_type:chat_id[:thread:<id>][:user:<id>]`, with `%` and `:` inside
-/// components percent-encoded so distinct keys never render alike (`telegram:dm:42`).
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct SessionKey(Arc<KeyParts>);
+/// Component positions after the rendered key.
+const PLATFORM: usize = 1;
+const CHAT_TYPE: usize = 2;
+const CHAT_ID: usize = 3;
+const THREAD_ID: usize = 4;
+const USER_ID: usize = 5;
 
 impl SessionKey {
     /// Builds a key. Group chats are keyed per user (as the reference gateway does): the user
@@ -122,28 +125,35 @@ impl SessionKey {
         if let Some(u) = user_id {
             check_id("user_id", u)?;
         }
-        let mut rendered = String::with_capacity(platform.len() + chat_id.len() + 12);
-        push_escaped(&mut rendered, platform);
-        rendered.push(':');
-        rendered.push_str(chat_type.as_str());
-        rendered.push(':');
-        push_escaped(&mut rendered, chat_id);
+        let mut text = String::with_capacity(2 * (platform.len() + chat_id.len()) + 24);
+        push_escaped(&mut text, platform);
+        text.push(':');
+        text.push_str(chat_type.as_str());
+        text.push(':');
+        push_escaped(&mut text, chat_id);
         if let Some(t) = thread_id {
-            rendered.push_str(":thread:");
-            push_escaped(&mut rendered, t);
+            text.push_str(":thread:");
+            push_escaped(&mut text, t);
         }
         if let Some(u) = user_id {
-            rendered.push_str(":user:");
-            push_escaped(&mut rendered, u);
+            text.push_str(":user:");
+            push_escaped(&mut text, u);
         }
-        Ok(SessionKey(Arc::new(KeyParts {
-            rendered: rendered.into(),
-            platform: platform.into(),
-            chat_type,
-            chat_id: chat_id.into(),
-            thread_id: thread_id.map(Into::into),
-            user_id: user_id.map(Into::into),
-        })))
+        let rendered_len = text.len();
+        for part in [
+            platform,
+            chat_type.as_str(),
+            chat_id,
+            thread_id.unwrap_or(""),
+            user_id.unwrap_or(""),
+        ] {
+            text.push('\0');
+            text.push_str(part);
+        }
+        Ok(SessionKey {
+            text: text.into(),
+            rendered_len,
+        })
     }
 
     /// A direct-message key: `platform:dm:chat_id`.
@@ -151,29 +161,40 @@ impl SessionKey {
         SessionKey::new(platform, ChatType::Dm, chat_id, None, None)
     }
 
+    fn part(&self, index: usize) -> &str {
+        self.text.split('\0').nth(index).unwrap_or("")
+    }
+
     /// The stable rendered form.
     pub fn as_str(&self) -> &str {
-        &self.0.rendered
+        &self.text[..self.rendered_len]
     }
     /// The platform name.
     pub fn platform(&self) -> &str {
-        &self.0.platform
+        self.part(PLATFORM)
     }
     /// The chat type.
     pub fn chat_type(&self) -> ChatType {
-        self.0.chat_type
+        ChatType::parse(self.part(CHAT_TYPE)).unwrap_or(ChatType::Dm)
     }
     /// The chat id.
     pub fn chat_id(&self) -> &str {
-        &self.0.chat_id
+        self.part(CHAT_ID)
     }
     /// The thread id, if the session is a thread.
     pub fn thread_id(&self) -> Option<&str> {
-        self.0.thread_id.as_deref()
+        Some(self.part(THREAD_ID)).filter(|t| !t.is_empty())
     }
     /// The user id, present only for per-user group sessions.
     pub fn user_id(&self) -> Option<&str> {
-        self.0.user_id.as_deref()
+        Some(self.part(USER_ID)).filter(|u| !u.is_empty())
+    }
+}
+
+impl std::hash::Hash for SessionKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        // The rendered form determines the components, so equal keys hash alike.
+        self.as_str().hash(state);
     }
 }
 
@@ -300,6 +321,12 @@ mod tests {
         let t2 = SessionKey::new("slack", ChatType::Thread, "C1", Some("T"), Some("u2")).unwrap();
         assert_eq!(t1, t2);
         assert_eq!(t1.user_id(), None);
+        assert_eq!(t1.thread_id(), Some("T"));
+        assert_eq!(
+            (g1.platform(), g1.chat_id(), g1.user_id()),
+            ("slack", "C1", Some("u1"))
+        );
+        assert_eq!(g1.chat_type(), ChatType::Group);
     }
 
     #[test]

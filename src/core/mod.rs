@@ -11,16 +11,18 @@
 //! - a finished turn hands over to the next queued message in the same step, through the
 //!   ready queue, without the session ever leaving its slot.
 
+mod recency;
 pub mod timers;
 mod types;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use slab::Slab;
 
 use crate::message::{Body, Command, Message, SessionKey};
+use recency::RecencyQueue;
 use timers::TimerQueue;
 pub use types::*;
 
@@ -95,15 +97,15 @@ pub struct Core<R, A> {
     index: HashMap<SessionKey, usize>,
     /// Sessions with queued work waiting for a worker, first come first served.
     ready: VecDeque<(usize, u64)>,
-    /// Idle cached agents by recency: lru_seq -> slot.
-    lru: BTreeMap<u64, usize>,
+    /// Idle cached agents by recency.
+    cache: RecencyQueue,
     timers: TimerQueue<Timer>,
     cleanups: HashMap<CleanupId, PendingCleanup>,
     busy_workers: usize,
     next_sid: u64,
     next_turn: u64,
     next_cleanup: u64,
-    next_lru: u64,
+
     queued_total: usize,
     waiting_total: usize,
     stats: CoreStats,
@@ -120,14 +122,14 @@ impl<R: Clone, A> Core<R, A> {
             slots: Slab::new(),
             index: HashMap::new(),
             ready: VecDeque::new(),
-            lru: BTreeMap::new(),
+            cache: RecencyQueue::default(),
             timers,
             cleanups: HashMap::new(),
             busy_workers: 0,
             next_sid: 0,
             next_turn: 0,
             next_cleanup: 0,
-            next_lru: 0,
+
             queued_total: 0,
             waiting_total: 0,
             stats: CoreStats::default(),
@@ -179,7 +181,7 @@ impl<R: Clone, A> Core<R, A> {
             running_turns: self.busy_workers,
             queued_messages: self.queued_total,
             waiting_for_worker: self.waiting_total,
-            cached_agents: self.lru.len(),
+            cached_agents: self.cache.live,
             cleanups_pending: self.cleanups.len(),
             ..self.stats
         }
@@ -432,10 +434,9 @@ impl<R: Clone, A> Core<R, A> {
             if let Some(t) = &mut session.turn {
                 t.discard_agent = true;
             }
-            if let Some(cached) = session.agent.take() {
-                self.lru.remove(&cached.lru_seq);
-                let key = session.key.clone();
-                self.cleanup(now, key, CleanupContext::Shutdown, cached.agent, fx);
+            if let Some(agent) = self.take_cached(slot) {
+                let key = self.slots[slot].key.clone();
+                self.cleanup(now, key, CleanupContext::Shutdown, agent, fx);
             }
             self.release_if_empty(slot);
         }
@@ -519,19 +520,17 @@ impl<R: Clone, A> Core<R, A> {
     }
 
     fn sweep(&mut self, now: Duration, fx: &mut Vec<Effect<R, A>>) {
-        while let Some((&seq, &slot)) = self.lru.iter().next() {
-            let session = &mut self.slots[slot];
-            let expired = session
+        while let Some(slot) = self.oldest_cached() {
+            let expired = self.slots[slot]
                 .agent
                 .as_ref()
                 .is_some_and(|c| c.idle_since + self.cfg.agent_idle_ttl <= now);
             if !expired {
                 break;
             }
-            self.lru.remove(&seq);
-            if let Some(cached) = session.agent.take() {
-                let key = session.key.clone();
-                self.cleanup(now, key, CleanupContext::Sweep, cached.agent, fx);
+            if let Some(agent) = self.take_cached(slot) {
+                let key = self.slots[slot].key.clone();
+                self.cleanup(now, key, CleanupContext::Sweep, agent, fx);
             }
             self.release_if_empty(slot);
         }
@@ -586,10 +585,9 @@ impl<R: Clone, A> Core<R, A> {
                     if let Some(t) = &mut session.turn {
                         t.discard_agent = true;
                     }
-                    if let Some(cached) = session.agent.take() {
-                        self.lru.remove(&cached.lru_seq);
-                        let key = session.key.clone();
-                        self.cleanup(now, key, CleanupContext::Reset, cached.agent, fx);
+                    if let Some(agent) = self.take_cached(slot) {
+                        let key = self.slots[slot].key.clone();
+                        self.cleanup(now, key, CleanupContext::Reset, agent, fx);
                     }
                 }
                 self.release_if_empty(slot);
@@ -766,10 +764,8 @@ impl<R: Clone, A> Core<R, A> {
             }
             self.queued_total -= merged;
         }
-        let agent = session.agent.take().map(|c| {
-            self.lru.remove(&c.lru_seq);
-            c.agent
-        });
+        let agent = self.take_cached(slot);
+        let session = &mut self.slots[slot];
         self.next_turn += 1;
         let turn = TurnId(self.next_turn);
         emit(
@@ -803,25 +799,47 @@ impl<R: Clone, A> Core<R, A> {
     }
 
     fn cache_agent(&mut self, now: Duration, slot: usize, agent: A) {
-        self.next_lru += 1;
-        self.lru.insert(self.next_lru, slot);
+        let lru_seq = self.cache.push(slot);
         self.slots[slot].agent = Some(Cached {
             agent,
-            lru_seq: self.next_lru,
+            lru_seq,
             idle_since: now,
         });
     }
 
+    /// Takes a session's idle agent out of the cache.
+    fn take_cached(&mut self, slot: usize) -> Option<A> {
+        let cached = self.slots[slot].agent.take()?;
+        let slots = &self.slots;
+        self.cache.remove(|seq, slot| {
+            slots
+                .get(slot)
+                .and_then(|s| s.agent.as_ref())
+                .is_some_and(|c| c.lru_seq == seq)
+        });
+        Some(cached.agent)
+    }
+
+    /// The slot of the least recently used idle agent.
+    fn oldest_cached(&mut self) -> Option<usize> {
+        let slots = &self.slots;
+        self.cache.oldest(|seq, slot| {
+            slots
+                .get(slot)
+                .and_then(|s| s.agent.as_ref())
+                .is_some_and(|c| c.lru_seq == seq)
+        })
+    }
+
     /// Closes least recently used idle agents while the cache is over its cap.
     fn enforce_cache_cap(&mut self, now: Duration, fx: &mut Vec<Effect<R, A>>) {
-        while self.lru.len() > self.cfg.max_cached_agents {
-            let Some((_, slot)) = self.lru.pop_first() else {
+        while self.cache.live > self.cfg.max_cached_agents {
+            let Some(slot) = self.oldest_cached() else {
                 break;
             };
-            let session = &mut self.slots[slot];
-            if let Some(cached) = session.agent.take() {
-                let key = session.key.clone();
-                self.cleanup(now, key, CleanupContext::Eviction, cached.agent, fx);
+            if let Some(agent) = self.take_cached(slot) {
+                let key = self.slots[slot].key.clone();
+                self.cleanup(now, key, CleanupContext::Eviction, agent, fx);
             }
             self.release_if_empty(slot);
         }

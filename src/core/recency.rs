@@ -1,0 +1,80 @@
+//! Recency order of idle cached agents, for LRU eviction and the idle sweep.
+//!
+//! Caching an agent appends (seq, slot); taking it out of the cache only counts the entry as
+//! dead, so the per-turn cost is one append to a hot tail, whatever the number of sessions.
+//! Dead entries are skipped at the front and compacted away once they outnumber live ones.
+
+use std::collections::VecDeque;
+
+/// Below this size compaction is not worth its pass.
+const COMPACT_MIN: usize = 1024;
+
+#[derive(Debug, Default)]
+pub(super) struct RecencyQueue {
+    order: VecDeque<(u64, usize)>,
+    next_seq: u64,
+    /// Entries that are still the current cache entry of their slot.
+    pub(super) live: usize,
+}
+
+impl RecencyQueue {
+    /// Appends a newly cached agent's slot; returns its sequence number.
+    pub(super) fn push(&mut self, slot: usize) -> u64 {
+        self.next_seq += 1;
+        self.order.push_back((self.next_seq, slot));
+        self.live += 1;
+        self.next_seq
+    }
+
+    /// Counts one entry as dead; `is_live(seq, slot)` tells live entries apart when compacting.
+    pub(super) fn remove(&mut self, mut is_live: impl FnMut(u64, usize) -> bool) {
+        self.live -= 1;
+        if self.order.len() >= COMPACT_MIN && self.order.len() > 2 * self.live {
+            self.order.retain(|&(seq, slot)| is_live(seq, slot));
+        }
+    }
+
+    /// The oldest live entry's slot, dropping dead entries in front of it.
+    pub(super) fn oldest(&mut self, mut is_live: impl FnMut(u64, usize) -> bool) -> Option<usize> {
+        while let Some(&(seq, slot)) = self.order.front() {
+            if is_live(seq, slot) {
+                return Some(slot);
+            }
+            self.order.pop_front();
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn dead_entries_are_skipped_and_compacted() {
+        let mut q = RecencyQueue::default();
+        // slot -> its current live seq
+        let mut current: HashMap<usize, u64> = HashMap::new();
+        for round in 0..10_000usize {
+            let slot = round % 3;
+            if let Some(_old) = current.remove(&slot) {
+                let cur = current.clone();
+                q.remove(|seq, s| cur.get(&s) == Some(&seq));
+            }
+            current.insert(slot, q.push(slot));
+        }
+        assert_eq!(q.live, 3);
+        assert!(
+            q.order.len() < 2 * COMPACT_MIN,
+            "kept {} entries for 3 live",
+            q.order.len()
+        );
+        // The oldest live entry is the least recently cached slot.
+        let cur = current.clone();
+        assert_eq!(
+            q.oldest(|seq, s| cur.get(&s) == Some(&seq)),
+            Some(10_000 % 3)
+        );
+    }
+}
