@@ -5,7 +5,8 @@
 //!
 //! `cargo bench --bench loop_latency` runs the full sizes; `-- --quick` (or
 //! `TURNSTILE_BENCH_QUICK=1`) a reduced run under 20 s; `-- NAME` runs scenarios whose name
-//! contains NAME.
+//! contains NAME; `-- --coarse-timers` turns the reactor's timerfd off (millisecond poll
+//! timeouts only), to measure what it buys.
 
 use std::time::{Duration, Instant};
 
@@ -83,7 +84,7 @@ impl Agent for BenchAgent {
     }
 }
 
-fn run(s: &Scenario, rounds: usize) -> Report {
+fn run(s: &Scenario, rounds: usize, coarse_timers: bool) -> Report {
     let delay = Duration::from_millis(s.delay_ms);
     let (_never, hang) = unbounded::<()>();
     let hang_for_factory = hang.clone();
@@ -99,6 +100,7 @@ fn run(s: &Scenario, rounds: usize) -> Report {
         .tick_interval(Duration::from_millis(10))
         .cleanup_timeout(Duration::from_secs(3))
         .max_cached_agents(s.sessions + s.stuck_cleanups)
+        .precise_timers(!coarse_timers)
         .build()
         .expect("valid settings");
     let reactor = rt.spawn().expect("reactor");
@@ -175,7 +177,11 @@ fn run(s: &Scenario, rounds: usize) -> Report {
     let lag = status.loop_lag_ms;
     Report {
         system: "turnstile".into(),
-        scenario: s.name.into(),
+        scenario: if coarse_timers {
+            format!("{}+coarse-timers", s.name)
+        } else {
+            s.name.into()
+        },
         sessions: s.sessions,
         rounds,
         workers: s.workers,
@@ -226,13 +232,15 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick =
         args.iter().any(|a| a == "--quick") || std::env::var_os("TURNSTILE_BENCH_QUICK").is_some();
+    // Poll timeouts alone (millisecond granularity) instead of the timerfd, for comparison.
+    let coarse = args.iter().any(|a| a == "--coarse-timers");
     let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
     for s in &SCENARIOS {
         if !filters.is_empty() && !filters.iter().any(|f| s.name.contains(f.as_str())) {
             continue;
         }
         let rounds = if quick { s.quick_rounds } else { s.rounds };
-        let report = run(s, rounds);
+        let report = run(s, rounds, coarse);
         println!("{}", serde_json::to_string(&report).expect("json"));
     }
 }

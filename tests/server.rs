@@ -704,3 +704,42 @@ fn loadgen_runs_the_closed_loop_workload_and_prints_one_json_line() {
     );
     assert!(v["latency_ms"]["p50"].as_f64().is_some_and(|p| p > 0.0));
 }
+
+#[test]
+fn connections_beyond_the_limit_get_an_error_and_are_closed() {
+    let server = Server::start(&["--max-connections", "1"]);
+    let mut first = server.client();
+    first.send(&json!({"op": "ping"}));
+    assert_eq!(first.recv()["op"], "pong");
+    let mut second = server.client();
+    assert_eq!(
+        second.recv(),
+        json!({"op": "error", "detail": "too many connections"})
+    );
+    assert!(second.closed());
+    // The first connection is unaffected.
+    first.send(&msg("m", "1", "still here"));
+    assert_eq!(first.outcome("m")["text"], "still here");
+}
+
+#[test]
+fn a_non_loopback_address_without_a_token_logs_a_warning() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(["serve", "--listen", "0.0.0.0:0"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut line = String::new();
+    BufReader::new(stderr)
+        .read_line(&mut line)
+        .expect("a log line");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        line.contains("WARN") && line.contains("without an auth token"),
+        "{line}"
+    );
+}

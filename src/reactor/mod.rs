@@ -6,6 +6,7 @@
 //! never runs agent code, never waits on a job and never touches the disk. A heartbeat tick
 //! measures the loop's own lateness and publishes the status snapshot.
 
+mod deadline;
 mod frontend;
 mod notify;
 mod workers;
@@ -40,6 +41,7 @@ use workers::{Completion, CompletionSink, run_cleanup, run_turn};
 /// The reactor's fixed tokens sit at the top of the token space, apart from the slab keys a
 /// frontend uses for its sockets (see [`FIRST_RESERVED_TOKEN`]).
 const WAKE_TOKEN: Token = Token(usize::MAX - 1);
+const TIMER_TOKEN: Token = Token(usize::MAX - 2);
 
 /// Submissions taken from the ingress channel per loop iteration.
 const INGRESS_BATCH: usize = 1024;
@@ -103,6 +105,7 @@ pub struct Builder {
     ingress_capacity: usize,
     tick_interval: Duration,
     status_file: Option<PathBuf>,
+    precise_timers: bool,
 }
 
 macro_rules! setters {
@@ -127,6 +130,7 @@ impl Builder {
             ingress_capacity: 65_536,
             tick_interval: Duration::from_millis(100),
             status_file: None,
+            precise_timers: true,
         }
     }
 
@@ -159,6 +163,9 @@ impl Builder {
         tick_interval: Duration => tick_interval;
         /// Submissions that may wait for the reactor before `submit` reports backpressure.
         ingress_capacity: usize => ingress_capacity;
+        /// Wake for deadlines with a timerfd (microsecond precision) rather than relying on
+        /// the poll's millisecond timeout alone. On by default.
+        precise_timers: bool => precise_timers;
     }
 
     /// Writes each snapshot as JSON to `path` (atomically, from a non-reactor thread).
@@ -218,6 +225,7 @@ impl Builder {
             max_extra_threads: self.max_extra_threads,
             tick_interval: self.tick_interval,
             status_file: self.status_file,
+            precise_timers: self.precise_timers,
         };
         Ok((runtime, handle, events_rx))
     }
@@ -285,6 +293,7 @@ pub struct Runtime {
     max_extra_threads: usize,
     tick_interval: Duration,
     status_file: Option<PathBuf>,
+    precise_timers: bool,
 }
 
 impl Runtime {
@@ -315,6 +324,7 @@ impl Runtime {
             max_extra_threads,
             tick_interval,
             status_file,
+            precise_timers,
         } = self;
         let epoch = Instant::now();
         let (completion_tx, completions) = unbounded();
@@ -352,6 +362,11 @@ impl Runtime {
         let mut fx = Vec::new();
         let mut events = MioEvents::with_capacity(256);
         frontend.register(poll.registry())?;
+        let timer = if precise_timers {
+            Some(deadline::DeadlineTimer::new(poll.registry(), TIMER_TOKEN)?)
+        } else {
+            None
+        };
         status.publish(heartbeat.snapshot(RuntimeState::Running, Duration::ZERO, &driver));
         let report = loop {
             let now = epoch.elapsed();
@@ -368,7 +383,10 @@ impl Runtime {
                     .handle(now, Input::Submit { message, route }, &mut fx);
             }
             let mut ctx = Ctx::new(now, &mut driver.core, &mut fx);
-            for event in events.iter().filter(|e| e.token() != WAKE_TOKEN) {
+            for event in events
+                .iter()
+                .filter(|e| e.token() != WAKE_TOKEN && e.token() != TIMER_TOKEN)
+            {
                 frontend.on_ready(event, &mut ctx);
             }
             let frontend_deadline = frontend.on_wake(&mut ctx);
@@ -408,6 +426,12 @@ impl Runtime {
                 || (shutdown.load(Ordering::SeqCst) && !driver.core.is_shutting_down());
             if !pending {
                 let timeout = deadline.saturating_sub(epoch.elapsed());
+                if let Some(t) = &timer {
+                    t.clear();
+                    if let Err(e) = t.arm(timeout) {
+                        log::error!("timerfd: {e}; falling back to millisecond poll timeouts");
+                    }
+                }
                 if let Err(e) = poll.poll(&mut events, Some(timeout))
                     && e.kind() != std::io::ErrorKind::Interrupted
                 {
