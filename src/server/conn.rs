@@ -40,6 +40,9 @@ pub struct Conn {
     /// Close once the output is written (after an auth failure).
     pub close_after_flush: bool,
     read_buf: Vec<u8>,
+    /// Bytes of `read_buf` holding data; the rest is free space.
+    filled: usize,
+    /// Bytes of the data already searched for a newline.
     scanned: usize,
     discarding: bool,
     out: VecDeque<Frame>,
@@ -58,6 +61,7 @@ impl Conn {
             authed,
             close_after_flush: false,
             read_buf: Vec::new(),
+            filled: 0,
             scanned: 0,
             discarding: false,
             out: VecDeque::new(),
@@ -79,28 +83,18 @@ impl Conn {
             if read >= budget {
                 return ReadOutcome::MoreLater;
             }
-            let start = self.read_buf.len();
-            self.read_buf.resize(start + READ_CHUNK, 0);
-            let n = match self.stream.read(&mut self.read_buf[start..]) {
-                Ok(0) => {
-                    self.read_buf.truncate(start);
-                    return ReadOutcome::Closed;
-                }
+            // The buffer is zeroed only when it grows; reads reuse its free tail.
+            if self.read_buf.len() - self.filled < READ_CHUNK {
+                self.read_buf.resize(self.filled + READ_CHUNK, 0);
+            }
+            let n = match self.stream.read(&mut self.read_buf[self.filled..]) {
+                Ok(0) => return ReadOutcome::Closed,
                 Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.read_buf.truncate(start);
-                    return ReadOutcome::Drained;
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {
-                    self.read_buf.truncate(start);
-                    continue;
-                }
-                Err(_) => {
-                    self.read_buf.truncate(start);
-                    return ReadOutcome::Closed;
-                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return ReadOutcome::Drained,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return ReadOutcome::Closed,
             };
-            self.read_buf.truncate(start + n);
+            self.filled += n;
             read += n;
             self.split(max_line, lines);
         }
@@ -108,7 +102,7 @@ impl Conn {
 
     fn split(&mut self, max_line: usize, lines: &mut Vec<Line>) {
         let mut begin = 0;
-        while let Some(pos) = self.read_buf[self.scanned..]
+        while let Some(pos) = self.read_buf[self.scanned..self.filled]
             .iter()
             .position(|&b| b == b'\n')
         {
@@ -127,16 +121,17 @@ impl Conn {
             begin = end + 1;
             self.scanned = begin;
         }
-        self.read_buf.drain(..begin);
-        self.scanned -= begin;
-        if !self.discarding && self.read_buf.len() > max_line {
+        self.scanned = self.filled;
+        if !self.discarding && self.filled - begin > max_line {
             lines.push(Line::TooLong);
             self.discarding = true;
         }
         if self.discarding {
-            self.read_buf.clear();
-            self.scanned = 0;
+            begin = self.filled; // drop the partial line being discarded
         }
+        self.read_buf.copy_within(begin..self.filled, 0);
+        self.filled -= begin;
+        self.scanned -= begin;
     }
 
     /// Queues a frame; returns false if the write buffer is now over `cap` bytes.
