@@ -86,13 +86,30 @@ fn check_id(field: &'static str, value: &str) -> Result<(), InvalidInput> {
 ///
 /// Rendered as `platform:chat_type:chat_id[:thread:<id>][:user:<id>]`, with `%` and `:`
 /// inside components percent-encoded so distinct keys never render alike (`telegram:dm:42`).
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct SessionKey {
     /// The rendered key, then NUL and the raw components, NUL-separated: one allocation holds
     /// everything (components cannot contain NUL: control characters are refused).
     text: Arc<str>,
     rendered_len: usize,
+    /// SipHash of the rendered key under a per-process random key, computed once: maps
+    /// re-hash on growth without touching the key text, and unequal keys compare fast.
+    hash: u64,
 }
+
+fn key_hasher() -> &'static std::collections::hash_map::RandomState {
+    static HASHER: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+        std::sync::OnceLock::new();
+    HASHER.get_or_init(std::collections::hash_map::RandomState::new)
+}
+
+impl PartialEq for SessionKey {
+    fn eq(&self, other: &SessionKey) -> bool {
+        self.hash == other.hash && (Arc::ptr_eq(&self.text, &other.text) || self.text == other.text)
+    }
+}
+
+impl Eq for SessionKey {}
 
 /// Component positions after the rendered key.
 const PLATFORM: usize = 1;
@@ -150,9 +167,11 @@ impl SessionKey {
             text.push('\0');
             text.push_str(part);
         }
+        let hash = std::hash::BuildHasher::hash_one(key_hasher(), &text[..rendered_len]);
         Ok(SessionKey {
             text: text.into(),
             rendered_len,
+            hash,
         })
     }
 
@@ -193,8 +212,39 @@ impl SessionKey {
 
 impl std::hash::Hash for SessionKey {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        // The rendered form determines the components, so equal keys hash alike.
-        self.as_str().hash(state);
+        // Equal keys have equal rendered forms, hence equal precomputed hashes.
+        state.write_u64(self.hash);
+    }
+}
+
+/// A hasher for maps keyed by [`SessionKey`]: it passes the key's precomputed SipHash
+/// through instead of hashing it again.
+#[derive(Default, Clone, Copy, Debug)]
+pub struct KeyHashBuilder;
+
+/// The pass-through hasher of [`KeyHashBuilder`].
+#[derive(Default, Debug)]
+pub struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only reached for non-SessionKey input: fold the bytes in (FNV-1a).
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 ^= n;
+    }
+}
+
+impl std::hash::BuildHasher for KeyHashBuilder {
+    type Hasher = KeyHasher;
+    fn build_hasher(&self) -> KeyHasher {
+        KeyHasher(0)
     }
 }
 

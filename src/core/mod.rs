@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use slab::Slab;
 
-use crate::message::{Body, Command, Message, SessionKey};
+use crate::message::{Body, Command, KeyHashBuilder, Message, SessionKey};
 use recency::RecencyQueue;
 use timers::TimerQueue;
 pub use types::*;
@@ -94,7 +94,7 @@ struct Shutdown {
 pub struct Core<R, A> {
     cfg: CoreConfig,
     slots: Slab<Session<R, A>>,
-    index: HashMap<SessionKey, usize>,
+    index: HashMap<SessionKey, usize, KeyHashBuilder>,
     /// Sessions with queued work waiting for a worker, first come first served.
     ready: VecDeque<(usize, u64)>,
     /// Idle cached agents by recency.
@@ -120,7 +120,7 @@ impl<R: Clone, A> Core<R, A> {
         Core {
             cfg,
             slots: Slab::new(),
-            index: HashMap::new(),
+            index: HashMap::default(),
             ready: VecDeque::new(),
             cache: RecencyQueue::default(),
             timers,
