@@ -15,7 +15,7 @@ mod recency;
 pub mod timers;
 mod types;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -99,6 +99,11 @@ pub struct Core<R, A> {
     ready: VecDeque<(usize, u64)>,
     /// Idle cached agents by recency.
     cache: RecencyQueue,
+    /// Per slot, the recency stamp of its cached agent (0: none). A dense copy of what the
+    /// slab holds, so that liveness checks over many entries stay in cache.
+    agent_seq: Vec<u64>,
+    /// Turns claimed now (at most `turn_workers`): timer liveness without touching slots.
+    claimed_turns: HashSet<TurnId>,
     timers: TimerQueue<Timer>,
     cleanups: HashMap<CleanupId, PendingCleanup>,
     busy_workers: usize,
@@ -123,6 +128,8 @@ impl<R: Clone, A> Core<R, A> {
             index: HashMap::default(),
             ready: VecDeque::new(),
             cache: RecencyQueue::default(),
+            agent_seq: Vec::new(),
+            claimed_turns: HashSet::new(),
             timers,
             cleanups: HashMap::new(),
             busy_workers: 0,
@@ -326,6 +333,7 @@ impl<R: Clone, A> Core<R, A> {
             return;
         };
         self.busy_workers -= 1;
+        self.claimed_turns.remove(&running.turn);
         self.note_stale_timer();
         let panicked = matches!(result, TurnResult::Panicked(_));
         let outcome = match result {
@@ -501,12 +509,11 @@ impl<R: Clone, A> Core<R, A> {
 
     /// One queued timer became moot (its turn ended, its cleanup finished).
     fn note_stale_timer(&mut self) {
-        let (slots, cleanups) = (&self.slots, &self.cleanups);
+        let (claimed, cleanups) = (&self.claimed_turns, &self.cleanups);
         self.timers.mark_stale(|timer| match *timer {
-            Timer::TurnDeadline { turn, slot } | Timer::StopGrace { turn, slot } => slots
-                .get(slot)
-                .and_then(|s| s.turn.as_ref())
-                .is_some_and(|t| t.turn == turn),
+            Timer::TurnDeadline { turn, .. } | Timer::StopGrace { turn, .. } => {
+                claimed.contains(&turn)
+            }
             Timer::CleanupDeadline(job) => cleanups.contains_key(&job),
             Timer::Sweep | Timer::DrainDeadline => true,
         });
@@ -655,6 +662,7 @@ impl<R: Clone, A> Core<R, A> {
         };
         let key = self.slots[slot].key.clone();
         self.busy_workers -= 1;
+        self.claimed_turns.remove(&running.turn);
         self.note_stale_timer();
         self.stats.turns_abandoned += 1;
         if let Some(sd) = &mut self.shutdown {
@@ -792,6 +800,7 @@ impl<R: Clone, A> Core<R, A> {
             discard_agent: false,
         });
         self.busy_workers += 1;
+        self.claimed_turns.insert(turn);
         self.timers.insert(
             now + self.cfg.turn_timeout,
             Timer::TurnDeadline { turn, slot },
@@ -800,6 +809,10 @@ impl<R: Clone, A> Core<R, A> {
 
     fn cache_agent(&mut self, now: Duration, slot: usize, agent: A) {
         let lru_seq = self.cache.push(slot);
+        if self.agent_seq.len() <= slot {
+            self.agent_seq.resize(slot + 1, 0);
+        }
+        self.agent_seq[slot] = lru_seq;
         self.slots[slot].agent = Some(Cached {
             agent,
             lru_seq,
@@ -810,25 +823,16 @@ impl<R: Clone, A> Core<R, A> {
     /// Takes a session's idle agent out of the cache.
     fn take_cached(&mut self, slot: usize) -> Option<A> {
         let cached = self.slots[slot].agent.take()?;
-        let slots = &self.slots;
-        self.cache.remove(|seq, slot| {
-            slots
-                .get(slot)
-                .and_then(|s| s.agent.as_ref())
-                .is_some_and(|c| c.lru_seq == seq)
-        });
+        self.agent_seq[slot] = 0;
+        let live = &self.agent_seq;
+        self.cache.remove(|seq, slot| live.get(slot) == Some(&seq));
         Some(cached.agent)
     }
 
     /// The slot of the least recently used idle agent.
     fn oldest_cached(&mut self) -> Option<usize> {
-        let slots = &self.slots;
-        self.cache.oldest(|seq, slot| {
-            slots
-                .get(slot)
-                .and_then(|s| s.agent.as_ref())
-                .is_some_and(|c| c.lru_seq == seq)
-        })
+        let live = &self.agent_seq;
+        self.cache.oldest(|seq, slot| live.get(slot) == Some(&seq))
     }
 
     /// Closes least recently used idle agents while the cache is over its cap.
@@ -897,6 +901,8 @@ impl<R: Clone, A> Core<R, A> {
     }
 
     fn check_shutdown_complete(&mut self, fx: &mut Vec<Effect<R, A>>) {
+        // Runs after every input and timer pass: a cheap place to check the bookkeeping.
+        debug_assert_eq!(self.claimed_turns.len(), self.busy_workers);
         let Some(sd) = &mut self.shutdown else { return };
         if sd.announced || self.busy_workers > 0 || !self.cleanups.is_empty() {
             return;
