@@ -56,7 +56,6 @@ struct Running<R> {
 #[derive(Debug)]
 struct Cached<A> {
     agent: A,
-    lru_seq: u64,
     idle_since: Duration,
 }
 
@@ -815,7 +814,7 @@ impl<R: Clone, A> Core<R, A> {
         self.agent_seq[slot] = lru_seq;
         self.slots[slot].agent = Some(Cached {
             agent,
-            lru_seq,
+
             idle_since: now,
         });
     }
