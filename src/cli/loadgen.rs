@@ -149,11 +149,12 @@ fn read_lag(path: &std::path::Path) -> Option<Percentiles> {
     let text = std::fs::read_to_string(path).ok()?;
     let v: serde_json::Value = serde_json::from_str(&text).ok()?;
     let lag = &v["loop_lag_ms"];
-    Some(Percentiles {
+    let p = Percentiles {
         p50: lag["p50"].as_f64()?,
         p99: lag["p99"].as_f64()?,
         max: lag["max"].as_f64()?,
-    })
+    };
+    Some(p.rounded(3))
 }
 
 /// One connection's share of the sessions, closed loop; returns its latencies in ms.

@@ -15,6 +15,9 @@ use mio::{Interest, Registry, Token};
 /// A non-blocking, monotonic timerfd registered with the reactor's poll.
 pub struct DeadlineTimer {
     fd: OwnedFd,
+    /// The deadline the timer is armed for (on the reactor's clock), if any: consecutive
+    /// sleeps towards the same deadline re-arm nothing.
+    armed_for: Option<Duration>,
 }
 
 impl DeadlineTimer {
@@ -33,12 +36,25 @@ impl DeadlineTimer {
         // SAFETY: `raw` is a fresh descriptor that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         registry.register(&mut SourceFd(&fd.as_raw_fd()), token, Interest::READABLE)?;
-        Ok(DeadlineTimer { fd })
+        Ok(DeadlineTimer {
+            fd,
+            armed_for: None,
+        })
+    }
+
+    /// Makes sure the timer fires at `deadline` (on the reactor's clock, `now` being the
+    /// current reading): a syscall only when the deadline changed since the last arming.
+    pub fn arm_for(&mut self, deadline: Duration, now: Duration) -> std::io::Result<()> {
+        if self.armed_for == Some(deadline) {
+            return Ok(());
+        }
+        self.armed_for = Some(deadline);
+        self.arm(deadline.saturating_sub(now))
     }
 
     /// Fires once, `after` from now (a zero duration fires at once). Re-arming replaces the
     /// previous deadline and clears a pending expiry.
-    pub fn arm(&self, after: Duration) -> std::io::Result<()> {
+    fn arm(&self, after: Duration) -> std::io::Result<()> {
         // A zero it_value would disarm the timer; one nanosecond fires immediately instead.
         let after = after.max(Duration::from_nanos(1));
         let spec = libc::itimerspec {
@@ -60,8 +76,10 @@ impl DeadlineTimer {
         Ok(())
     }
 
-    /// Consumes an expiry so the next one is a fresh readiness edge.
-    pub fn clear(&self) {
+    /// Called when the timer's token was ready: consumes the expiry so the next one is a
+    /// fresh readiness edge, and forgets the deadline it was armed for.
+    pub fn fired(&mut self) {
+        self.armed_for = None;
         let mut buf = [0u8; 8];
         // SAFETY: reading up to 8 bytes into a local buffer; EAGAIN when nothing expired.
         let _ = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };

@@ -362,7 +362,7 @@ impl Runtime {
         let mut fx = Vec::new();
         let mut events = MioEvents::with_capacity(256);
         frontend.register(poll.registry())?;
-        let timer = if precise_timers {
+        let mut timer = if precise_timers {
             Some(deadline::DeadlineTimer::new(poll.registry(), TIMER_TOKEN)?)
         } else {
             None
@@ -383,11 +383,16 @@ impl Runtime {
                     .handle(now, Input::Submit { message, route }, &mut fx);
             }
             let mut ctx = Ctx::new(now, &mut driver.core, &mut fx);
-            for event in events
-                .iter()
-                .filter(|e| e.token() != WAKE_TOKEN && e.token() != TIMER_TOKEN)
-            {
-                frontend.on_ready(event, &mut ctx);
+            for event in events.iter() {
+                match event.token() {
+                    WAKE_TOKEN => {}
+                    TIMER_TOKEN => {
+                        if let Some(t) = &mut timer {
+                            t.fired();
+                        }
+                    }
+                    _ => frontend.on_ready(event, &mut ctx),
+                }
             }
             let frontend_deadline = frontend.on_wake(&mut ctx);
             if ctx.shutdown_requested() {
@@ -425,10 +430,10 @@ impl Runtime {
                 || !ingress.is_empty()
                 || (shutdown.load(Ordering::SeqCst) && !driver.core.is_shutting_down());
             if !pending {
-                let timeout = deadline.saturating_sub(epoch.elapsed());
-                if let Some(t) = &timer {
-                    t.clear();
-                    if let Err(e) = t.arm(timeout) {
+                let now = epoch.elapsed();
+                let timeout = deadline.saturating_sub(now);
+                if let Some(t) = &mut timer {
+                    if let Err(e) = t.arm_for(deadline, now) {
                         log::error!("timerfd: {e}; falling back to millisecond poll timeouts");
                     }
                 }
