@@ -432,10 +432,10 @@ impl Runtime {
             if !pending {
                 let now = epoch.elapsed();
                 let timeout = deadline.saturating_sub(now);
-                if let Some(t) = &mut timer {
-                    if let Err(e) = t.arm_for(deadline, now) {
-                        log::error!("timerfd: {e}; falling back to millisecond poll timeouts");
-                    }
+                if let Some(t) = &mut timer
+                    && let Err(e) = t.arm_for(deadline, now)
+                {
+                    log::error!("timerfd: {e}; falling back to millisecond poll timeouts");
                 }
                 if let Err(e) = poll.poll(&mut events, Some(timeout))
                     && e.kind() != std::io::ErrorKind::Interrupted
