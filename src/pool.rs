@@ -122,12 +122,27 @@ impl<J: Send + 'static> Pool<J> {
     }
 }
 
+/// Nice value of pool threads relative to the process: on a busy machine the scheduler then
+/// favours the reactor thread, so agent work cannot delay the loop and its heartbeat.
+const WORKER_NICE: libc::c_int = 5;
+
+fn lower_priority() {
+    // SAFETY: gettid and setpriority take no pointers; on Linux, PRIO_PROCESS with a thread
+    // id sets that thread's nice value. Failure (e.g. a seccomp filter) only loses the hint.
+    unsafe {
+        let tid = libc::gettid();
+        let current = libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t);
+        let _ = libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, current + WORKER_NICE);
+    }
+}
+
 fn spawn_worker<J: Send + 'static>(shared: &Arc<Shared<J>>) -> std::io::Result<()> {
     let worker = Arc::clone(shared);
     worker.live.fetch_add(1, Ordering::SeqCst);
     let spawned = thread::Builder::new()
         .name(shared.name.to_owned())
         .spawn(move || {
+            lower_priority();
             while let Ok((job, ticket)) = worker.rx.recv() {
                 ticket.0.store(RUNNING, Ordering::SeqCst);
                 if catch_unwind(AssertUnwindSafe(|| (worker.run)(job))).is_err() {
