@@ -66,7 +66,7 @@ impl<J: Send + 'static> Pool<J> {
             replaced: AtomicU64::new(0),
         });
         for _ in 0..size {
-            spawn_worker(&shared)?;
+            spawn_worker(&shared, false)?;
         }
         Ok(Pool {
             tx,
@@ -97,13 +97,27 @@ impl<J: Send + 'static> Pool<J> {
         {
             return Replacement::NotRunning;
         }
-        match spawn_worker(&self.shared) {
+        match spawn_worker(&self.shared, false) {
             Ok(()) => {
                 self.shared.replaced.fetch_add(1, Ordering::Relaxed);
                 Replacement::Spawned
             }
             Err(_) => Replacement::Refused,
         }
+    }
+
+    /// Starts up to `n` extra threads, within the cap, that take queued jobs and exit once
+    /// the queue is empty. Shutdown uses it to close every agent at once rather than a few at
+    /// a time. Returns how many started.
+    pub fn burst(&self, n: usize) -> usize {
+        let mut started = 0;
+        while started < n && self.shared.live.load(Ordering::SeqCst) < self.size + self.max_extra {
+            if spawn_worker(&self.shared, true).is_err() {
+                break;
+            }
+            started += 1;
+        }
+        started
     }
 
     /// Threads alive now, stuck ones included.
@@ -136,14 +150,24 @@ fn lower_priority() {
     }
 }
 
-fn spawn_worker<J: Send + 'static>(shared: &Arc<Shared<J>>) -> std::io::Result<()> {
+/// Starts a pool thread; with `until_idle` it exits as soon as the queue is empty.
+fn spawn_worker<J: Send + 'static>(
+    shared: &Arc<Shared<J>>,
+    until_idle: bool,
+) -> std::io::Result<()> {
     let worker = Arc::clone(shared);
     worker.live.fetch_add(1, Ordering::SeqCst);
     let spawned = thread::Builder::new()
         .name(shared.name.to_owned())
         .spawn(move || {
             lower_priority();
-            while let Ok((job, ticket)) = worker.rx.recv() {
+            loop {
+                let next = if until_idle {
+                    worker.rx.try_recv().ok()
+                } else {
+                    worker.rx.recv().ok()
+                };
+                let Some((job, ticket)) = next else { break };
                 ticket.0.store(RUNNING, Ordering::SeqCst);
                 if catch_unwind(AssertUnwindSafe(|| (worker.run)(job))).is_err() {
                     log::error!("{}: a job panicked outside its own guard", worker.name);

@@ -551,3 +551,52 @@ fn handles_submit_concurrently_from_many_threads() {
     handle.shutdown();
     reactor.join().expect("reactor thread").expect("run");
 }
+
+/// Shutdown closes every cached agent at once under one deadline (the reference closed them
+/// one at a time, 30 s each, and its watchdog killed the process, H7). Each `close()` here
+/// waits at a barrier that opens only when all eight are running together: with the cleanup
+/// pool's two threads alone it would never open, and every cleanup would time out.
+#[test]
+fn shutdown_closes_all_cached_agents_concurrently() {
+    use std::sync::Barrier;
+    const AGENTS: usize = 8;
+    struct Gathered(Arc<Barrier>);
+    impl Agent for Gathered {
+        fn turn(&mut self, input: &TurnInput<'_>, _: &CancelToken) -> Result<String, TurnError> {
+            Ok(input.text.to_owned())
+        }
+        fn close(&mut self) -> Result<(), String> {
+            self.0.wait();
+            Ok(())
+        }
+    }
+    let barrier = Arc::new(Barrier::new(AGENTS));
+    let b = barrier.clone();
+    let factory = move |_: &SessionKey| -> Result<Box<dyn Agent>, String> {
+        Ok(Box::new(Gathered(b.clone())))
+    };
+    let (rt, handle, events) = Builder::new(factory)
+        .cleanup_workers(2)
+        .cleanup_timeout(Duration::from_secs(20))
+        .build()
+        .expect("settings");
+    let reactor = rt.spawn().expect("reactor thread");
+    for i in 0..AGENTS {
+        send(
+            &handle,
+            &format!("m{i}"),
+            &key("close", &i.to_string()),
+            "hi",
+        );
+    }
+    let mut finished = 0;
+    while finished < AGENTS {
+        if let EventKind::Finished(_) = events.recv_timeout(WAIT).expect("progress").kind {
+            finished += 1;
+        }
+    }
+    handle.shutdown();
+    let report = reactor.join().expect("reactor thread").expect("run");
+    assert!(report.clean, "{report:?}");
+    assert_eq!(report.cleanups_done, AGENTS as u64);
+}

@@ -407,6 +407,13 @@ impl Runtime {
                 driver.apply(effect, &mut frontend);
             }
             frontend.flush();
+            if driver.core.is_shutting_down() {
+                // Close every agent at once under shutdown's one deadline (within the cap).
+                let backlog = driver.cleanup_pool.backlog();
+                if backlog > 0 {
+                    driver.cleanup_pool.burst(backlog);
+                }
+            }
             if let Some(report) = driver.report.take() {
                 break report;
             }
