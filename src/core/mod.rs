@@ -441,10 +441,7 @@ impl<R: Clone, A> Core<R, A> {
             if let Some(t) = &mut session.turn {
                 t.discard_agent = true;
             }
-            if let Some(agent) = self.take_cached(slot) {
-                let key = self.slots[slot].key.clone();
-                self.cleanup(now, key, CleanupContext::Shutdown, agent, fx);
-            }
+            self.close_cached_agent(now, slot, CleanupContext::Shutdown, fx);
             self.release_if_empty(slot);
         }
         self.ready.clear();
@@ -534,10 +531,7 @@ impl<R: Clone, A> Core<R, A> {
             if !expired {
                 break;
             }
-            if let Some(agent) = self.take_cached(slot) {
-                let key = self.slots[slot].key.clone();
-                self.cleanup(now, key, CleanupContext::Sweep, agent, fx);
-            }
+            self.close_cached_agent(now, slot, CleanupContext::Sweep, fx);
             self.release_if_empty(slot);
         }
     }
@@ -591,10 +585,7 @@ impl<R: Clone, A> Core<R, A> {
                     if let Some(t) = &mut session.turn {
                         t.discard_agent = true;
                     }
-                    if let Some(agent) = self.take_cached(slot) {
-                        let key = self.slots[slot].key.clone();
-                        self.cleanup(now, key, CleanupContext::Reset, agent, fx);
-                    }
+                    self.close_cached_agent(now, slot, CleanupContext::Reset, fx);
                 }
                 self.release_if_empty(slot);
                 let running = if was_running {
@@ -819,6 +810,20 @@ impl<R: Clone, A> Core<R, A> {
         });
     }
 
+    /// Sends a session's idle agent, if it has one, to the cleanup pool.
+    fn close_cached_agent(
+        &mut self,
+        now: Duration,
+        slot: usize,
+        context: CleanupContext,
+        fx: &mut Vec<Effect<R, A>>,
+    ) {
+        if let Some(agent) = self.take_cached(slot) {
+            let key = self.slots[slot].key.clone();
+            self.cleanup(now, key, context, agent, fx);
+        }
+    }
+
     /// Takes a session's idle agent out of the cache.
     fn take_cached(&mut self, slot: usize) -> Option<A> {
         let cached = self.slots[slot].agent.take()?;
@@ -840,10 +845,7 @@ impl<R: Clone, A> Core<R, A> {
             let Some(slot) = self.oldest_cached() else {
                 break;
             };
-            if let Some(agent) = self.take_cached(slot) {
-                let key = self.slots[slot].key.clone();
-                self.cleanup(now, key, CleanupContext::Eviction, agent, fx);
-            }
+            self.close_cached_agent(now, slot, CleanupContext::Eviction, fx);
             self.release_if_empty(slot);
         }
     }
