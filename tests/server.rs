@@ -743,3 +743,25 @@ fn a_non_loopback_address_without_a_token_logs_a_warning() {
         "{line}"
     );
 }
+
+#[test]
+fn typing_is_refreshed_while_a_turn_runs_and_turned_off_at_its_end() {
+    // The refresh period is 4 s, so this turn takes a little longer than one period.
+    let server = Server::start(&["--echo-delay-ms", "4500"]);
+    let mut c = server.client();
+    c.send(&msg("slow", "8", "x"));
+    let (reply, before) = c.recv_until(|v| v["op"] == "reply");
+    assert_eq!(reply["id"], "slow");
+    let typing: Vec<bool> = before
+        .iter()
+        .filter(|v| v["op"] == "typing")
+        .map(|v| v["on"] == true)
+        .collect();
+    // On, refreshed at least once (more if a loaded machine slows the turn), then off.
+    assert!(typing.len() >= 3, "no refresh: {before:?}");
+    assert_eq!(typing.last(), Some(&false));
+    assert!(
+        typing[..typing.len() - 1].iter().all(|&on| on),
+        "{before:?}"
+    );
+}
