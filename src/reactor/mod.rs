@@ -449,6 +449,9 @@ impl Runtime {
                 {
                     return Err(e);
                 }
+            } else {
+                // Work is waiting: skip the poll, and do not replay the last one's events.
+                events.clear();
             }
             notifier.awake();
         };
