@@ -127,9 +127,19 @@ fn blocking_close_leaves_the_heartbeat_ticking() {
         outcome_of(&events, "m2"),
         Outcome::Reply("still there?".into())
     );
-    let st: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&status_path).expect("status file"))
-            .expect("json");
+    // The file is written by its own thread; give it heartbeats (not wall time) to appear.
+    let mut written = None;
+    for _ in 0..1000 {
+        if let Ok(text) = std::fs::read_to_string(&status_path) {
+            written = Some(text);
+            break;
+        }
+        let t = handle.status().ticks;
+        handle
+            .wait_status(WAIT, |st| st.ticks > t)
+            .expect("heartbeat");
+    }
+    let st: serde_json::Value = serde_json::from_str(&written.expect("status file")).expect("json");
     assert!(st["ticks"].as_u64().unwrap_or(0) > 0 && st["loop_lag_ms"]["p99"].is_number());
 
     drop(release); // unblocks every close(), including shutdown's
