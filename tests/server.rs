@@ -255,7 +255,7 @@ fn stop_new_and_status_commands() {
 
 #[test]
 fn interrupt_mode_cancels_the_running_turn() {
-    let server = Server::start(&["--busy-mode", "interrupt", "--echo-delay-ms", "500"]);
+    let server = Server::start(&["--busy-mode", "interrupt", "--echo-delay-ms", "1500"]);
     let mut c = server.client();
     c.send(&msg("m1", "9", "first"));
     c.ack("m1");
@@ -269,7 +269,7 @@ fn interrupt_mode_cancels_the_running_turn() {
 
 #[test]
 fn merge_mode_folds_the_queue_into_one_turn() {
-    let server = Server::start(&["--busy-mode", "merge", "--echo-delay-ms", "300"]);
+    let server = Server::start(&["--busy-mode", "merge", "--echo-delay-ms", "1000"]);
     let mut c = server.client();
     c.send(&msg("m1", "9", "one"));
     c.ack("m1");
@@ -305,7 +305,7 @@ fn a_duplicate_id_is_acknowledged_and_not_run_again() {
 
 #[test]
 fn a_reply_for_a_departed_sender_waits_for_the_next_hello_of_its_platform() {
-    let server = Server::start(&["--echo-delay-ms", "200"]);
+    let server = Server::start(&["--echo-delay-ms", "500"]);
     let mut a = server.client();
     a.send(&json!({"op": "hello", "platform": "telegram"}));
     a.send(&msg("gone", "77", "for later"));
@@ -649,7 +649,7 @@ fn a_client_that_stops_reading_is_closed_and_its_replies_wait_for_the_next_hello
 
 #[test]
 fn a_full_outbox_refuses_new_messages_for_its_platform_with_backpressure() {
-    let server = Server::start(&["--echo-delay-ms", "100", "--outbox-cap", "1"]);
+    let server = Server::start(&["--echo-delay-ms", "500", "--outbox-cap", "1"]);
     let mut a = server.client();
     a.send(&json!({"op": "hello", "platform": "telegram"}));
     a.send(&msg("w1", "1", "x"));
