@@ -8,6 +8,7 @@
 //! while the process lives.
 
 mod conn;
+mod dedup;
 pub mod protocol;
 
 use std::collections::{HashMap, VecDeque};
@@ -23,9 +24,10 @@ use mio::{Events as MioEvents, Interest, Poll, Registry, Token};
 use slab::Slab;
 
 use crate::core::{AcceptState, EventKind, MessageEvent, Outcome, TurnId};
-use crate::message::{KeyHashBuilder, Message, SessionKey};
+use crate::message::{Message, SessionKey};
 use crate::reactor::{Ctx, FIRST_RESERVED_TOKEN, Frontend};
 use conn::{Conn, Frame, Line, ReadOutcome};
+use dedup::{DedupWindow, Fingerprint};
 use protocol::{ClientOp, LineError, MessageFields, ServerOp, encode, parse_line};
 
 const LISTENER: Token = Token(FIRST_RESERVED_TOKEN - 1);
@@ -79,16 +81,11 @@ impl Default for ServerConfig {
     }
 }
 
-/// What duplicate detection remembers of a (platform, message id): a 64-bit SipHash under a
-/// per-process random key. Fixed-size entries keep the map cheap to grow on the reactor (no
-/// string re-hashing); a false match needs a 64-bit collision, about 3e-8 at 10^6 entries.
-type DedupKey = u64;
-
 /// Where a submitted message's events go.
 struct MsgRoute {
     conn: u64,
     platform: Arc<str>,
-    dedup_key: DedupKey,
+    dedup_key: Fingerprint,
 }
 
 struct Typing {
@@ -114,9 +111,7 @@ pub struct BridgeServer {
     outboxes: HashMap<Arc<str>, VecDeque<Vec<u8>>>,
     routes: HashMap<u64, MsgRoute>,
     next_tag: u64,
-    dedup: HashMap<DedupKey, Duration, KeyHashBuilder>,
-    dedup_hasher: std::collections::hash_map::RandomState,
-    dedup_order: VecDeque<(Duration, DedupKey)>,
+    dedup: DedupWindow,
     typing: HashMap<TurnId, Typing>,
     pending_reads: Vec<usize>,
     dirty: Vec<usize>,
@@ -142,6 +137,7 @@ impl BridgeServer {
             None
         };
         Ok(BridgeServer {
+            dedup: DedupWindow::new(cfg.dedup_window, cfg.dedup_max),
             cfg,
             listener,
             registry: None,
@@ -155,9 +151,6 @@ impl BridgeServer {
             outboxes: HashMap::new(),
             routes: HashMap::new(),
             next_tag: 0,
-            dedup: HashMap::default(),
-            dedup_hasher: std::collections::hash_map::RandomState::new(),
-            dedup_order: VecDeque::new(),
             typing: HashMap::new(),
             pending_reads: Vec::new(),
             dirty: Vec::new(),
@@ -377,13 +370,8 @@ impl BridgeServer {
                 return self.reject(slot, &m.id, Some(key.as_str()), "invalid", &e.to_string());
             }
         };
-        let dedup_key: DedupKey =
-            std::hash::BuildHasher::hash_one(&self.dedup_hasher, (&*platform, &*message.id));
-        if self
-            .dedup
-            .get(&dedup_key)
-            .is_some_and(|&until| until > self.now)
-        {
+        let dedup_key = self.dedup.fingerprint(&platform, &message.id);
+        if self.dedup.seen(dedup_key, self.now) {
             let ack = ServerOp::Ack {
                 id: &m.id,
                 session: key.as_str(),
@@ -401,7 +389,7 @@ impl BridgeServer {
             let detail = format!("outbox for {platform} is full; deliver pending replies first");
             return self.reject(slot, &m.id, Some(key.as_str()), "backpressure", &detail);
         }
-        self.remember(dedup_key);
+        self.dedup.remember(dedup_key, self.now);
         self.next_tag += 1;
         self.routes.insert(
             self.next_tag,
@@ -412,23 +400,6 @@ impl BridgeServer {
             },
         );
         ctx.submit(message, self.next_tag);
-    }
-
-    fn remember(&mut self, key: DedupKey) {
-        let until = self.now + self.cfg.dedup_window;
-        self.dedup.insert(key, until);
-        self.dedup_order.push_back((until, key));
-        while self.dedup_order.len() > self.cfg.dedup_max {
-            self.forget_oldest();
-        }
-    }
-
-    fn forget_oldest(&mut self) {
-        if let Some((until, key)) = self.dedup_order.pop_front()
-            && self.dedup.get(&key) == Some(&until)
-        {
-            self.dedup.remove(&key);
-        }
     }
 
     fn reject(&mut self, slot: usize, id: &str, session: Option<&str>, reason: &str, detail: &str) {
@@ -646,13 +617,7 @@ impl Frontend for BridgeServer {
         for slot in std::mem::take(&mut self.pending_reads) {
             self.read(slot, ctx);
         }
-        while self
-            .dedup_order
-            .front()
-            .is_some_and(|(until, _)| *until <= self.now)
-        {
-            self.forget_oldest();
-        }
+        self.dedup.expire(self.now);
         let now = self.now;
         let refresh: Vec<(u64, SessionKey)> = self
             .typing
@@ -701,7 +666,7 @@ impl Frontend for BridgeServer {
                     return;
                 };
                 // A refused message was not accepted: a retry with the same id must be allowed.
-                self.dedup.remove(&route.dedup_key);
+                self.dedup.forget(route.dedup_key);
                 if let Some(&slot) = self.by_uid.get(&route.conn) {
                     let detail = match reason {
                         crate::core::RejectReason::QueueFull => "the session's queue is full",
