@@ -805,7 +805,6 @@ impl<R: Clone, A> Core<R, A> {
         self.agent_seq[slot] = lru_seq;
         self.slots[slot].agent = Some(Cached {
             agent,
-
             idle_since: now,
         });
     }
