@@ -464,7 +464,7 @@ fn exec_script(dir: &std::path::Path) -> String {
     let script = dir.join("agent.sh");
     std::fs::write(
         &script,
-        "read -r line\ncase \"$line\" in\n  fail) echo 'something broke' >&2; exit 3 ;;\n  sleep) sleep 300 > \"$FIFO\" & wait ;;\n  *) echo \"$line\" | tr a-z A-Z ;;\nesac\n",
+        "read -r line\ncase \"$line\" in\n  fail) echo 'something broke' >&2; exit 3 ;;\n  sleep) sleep 300 > \"$FIFO\" & wait ;;\n  leave) sleep 300 > \"$FIFO\" 2>/dev/null & echo left ;;\n  *) echo \"$line\" | tr a-z A-Z ;;\nesac\n",
     )
     .expect("script");
     format!("sh {}", script.display())
@@ -764,4 +764,49 @@ fn typing_is_refreshed_while_a_turn_runs_and_turned_off_at_its_end() {
         typing[..typing.len() - 1].iter().all(|&on| on),
         "{before:?}"
     );
+}
+
+/// A turn that leaves a background process running gets its reply; closing the agent (here by
+/// /new) kills what it left behind.
+#[test]
+fn closing_an_exec_agent_kills_what_its_turns_left_running() {
+    let dir = std::env::temp_dir().join(format!("turnstile-exec-leave-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let fifo = dir.join("leftover.fifo");
+    let _ = std::fs::remove_file(&fifo);
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("mkfifo")
+            .success()
+    );
+    let cmd = format!("FIFO={} {}", fifo.display(), exec_script(&dir));
+    let server = Server::start(&["--agent", "exec", "--agent-cmd", &cmd]);
+    let (opened_tx, opened_rx) = bounded(1);
+    let (eof_tx, eof_rx) = bounded(1);
+    let reader_path = fifo.clone();
+    std::thread::spawn(move || {
+        let mut f = std::fs::File::open(&reader_path).expect("open fifo");
+        let _ = opened_tx.send(());
+        let mut sink = Vec::new();
+        let _ = f.read_to_end(&mut sink);
+        let _ = eof_tx.send(());
+    });
+    let mut c = server.client();
+    c.send(&msg("bg", "3", "leave"));
+    assert_eq!(c.outcome("bg")["text"], "left");
+    opened_rx
+        .recv_timeout(WAIT)
+        .expect("the leftover process started");
+    assert!(
+        eof_rx.try_recv().is_err(),
+        "the leftover died with its turn"
+    );
+    c.send(&msg("new", "3", "/new"));
+    assert_eq!(c.outcome("new")["op"], "reply");
+    eof_rx
+        .recv_timeout(WAIT)
+        .expect("close() killed the leftover process");
+    let _ = std::fs::remove_dir_all(&dir);
 }
