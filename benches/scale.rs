@@ -71,8 +71,9 @@ fn full_path(core: &mut AgentCore, fx: &mut Vec<Effect<(), Box<dyn Agent>>>, m: 
     }
 }
 
-fn populate(n: usize) -> AgentCore {
-    let mut core = Core::new(cfg(n, 64), Duration::ZERO);
+/// A core with `n` sessions, each having run one message through the full path.
+fn populate_with(config: CoreConfig, n: usize) -> AgentCore {
+    let mut core = Core::new(config, Duration::ZERO);
     let mut fx = Vec::new();
     for i in 0..n {
         full_path(
@@ -82,6 +83,11 @@ fn populate(n: usize) -> AgentCore {
         );
     }
     core
+}
+
+/// `n` idle sessions, each with a cached agent.
+fn populate(n: usize) -> AgentCore {
+    populate_with(cfg(n, 64), n)
 }
 
 /// Child process: builds one case and prints the RSS delta per session.
@@ -114,15 +120,7 @@ fn child(case: &str, n: usize) {
         }
         "idle-no-agent" => {
             // No cache: a session with no work and no agent gives its slot back.
-            let mut core: AgentCore = Core::new(cfg(0, 64), Duration::ZERO);
-            let mut fx = Vec::new();
-            for i in 0..n {
-                full_path(
-                    &mut core,
-                    &mut fx,
-                    Message::new(&format!("w{i}"), key(i), "x").expect("msg"),
-                );
-            }
+            let core = populate_with(cfg(0, 64), n);
             let s = core.stats();
             (s.sessions, Some(core))
         }

@@ -460,6 +460,38 @@ fn a_second_signal_exits_one_at_once() {
     assert_eq!(server.wait().code(), Some(1));
 }
 
+/// A FIFO that a process spawned by the agent script writes to: `opened` fires when that
+/// process has started (it opened the write end), `eof` when it has died (every writer gone).
+struct FifoWatch {
+    path: std::path::PathBuf,
+    opened: crossbeam_channel::Receiver<()>,
+    eof: crossbeam_channel::Receiver<()>,
+}
+
+fn fifo_watch(dir: &std::path::Path, name: &str) -> FifoWatch {
+    std::fs::create_dir_all(dir).expect("dir");
+    let path = dir.join(name);
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        Command::new("mkfifo")
+            .arg(&path)
+            .status()
+            .expect("mkfifo")
+            .success()
+    );
+    let (opened_tx, opened) = bounded(1);
+    let (eof_tx, eof) = bounded(1);
+    let reader_path = path.clone();
+    std::thread::spawn(move || {
+        let mut f = std::fs::File::open(&reader_path).expect("open fifo");
+        let _ = opened_tx.send(());
+        let mut sink = Vec::new();
+        let _ = f.read_to_end(&mut sink);
+        let _ = eof_tx.send(());
+    });
+    FifoWatch { path, opened, eof }
+}
+
 fn exec_script(dir: &std::path::Path) -> String {
     let script = dir.join("agent.sh");
     std::fs::write(
@@ -473,17 +505,8 @@ fn exec_script(dir: &std::path::Path) -> String {
 #[test]
 fn exec_agent_replies_fails_and_stop_leaves_no_process_behind() {
     let dir = std::env::temp_dir().join(format!("turnstile-exec-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let fifo = dir.join("sleep.fifo");
-    let _ = std::fs::remove_file(&fifo);
-    assert!(
-        Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .expect("mkfifo")
-            .success()
-    );
-    let cmd = format!("FIFO={} {}", fifo.display(), exec_script(&dir));
+    let fifo = fifo_watch(&dir, "sleep.fifo");
+    let cmd = format!("FIFO={} {}", fifo.path.display(), exec_script(&dir));
     let server = Server::start(&["--agent", "exec", "--agent-cmd", &cmd]);
     let mut c = server.client();
     c.send(&msg("up", "1", "hello"));
@@ -497,21 +520,11 @@ fn exec_agent_replies_fails_and_stop_leaves_no_process_behind() {
     );
 
     // The sleep child holds the FIFO's write end: EOF on our side means it is dead.
-    let (opened_tx, opened_rx) = bounded(1);
-    let (eof_tx, eof_rx) = bounded(1);
-    let reader_path = fifo.clone();
-    std::thread::spawn(move || {
-        let mut f = std::fs::File::open(&reader_path).expect("open fifo");
-        let _ = opened_tx.send(());
-        let mut sink = Vec::new();
-        let _ = f.read_to_end(&mut sink);
-        let _ = eof_tx.send(());
-    });
     c.send(&msg("nap", "2", "sleep"));
-    opened_rx.recv_timeout(WAIT).expect("sleep child started");
+    fifo.opened.recv_timeout(WAIT).expect("sleep child started");
     c.send(&msg("stop", "2", "/stop"));
     assert_eq!(c.outcome("nap")["reason"], "stopped");
-    eof_rx
+    fifo.eof
         .recv_timeout(WAIT)
         .expect("the sleep child was killed with its group");
     let _ = std::fs::remove_dir_all(&dir);
@@ -771,41 +784,22 @@ fn typing_is_refreshed_while_a_turn_runs_and_turned_off_at_its_end() {
 #[test]
 fn closing_an_exec_agent_kills_what_its_turns_left_running() {
     let dir = std::env::temp_dir().join(format!("turnstile-exec-leave-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let fifo = dir.join("leftover.fifo");
-    let _ = std::fs::remove_file(&fifo);
-    assert!(
-        Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .expect("mkfifo")
-            .success()
-    );
-    let cmd = format!("FIFO={} {}", fifo.display(), exec_script(&dir));
+    let fifo = fifo_watch(&dir, "leftover.fifo");
+    let cmd = format!("FIFO={} {}", fifo.path.display(), exec_script(&dir));
     let server = Server::start(&["--agent", "exec", "--agent-cmd", &cmd]);
-    let (opened_tx, opened_rx) = bounded(1);
-    let (eof_tx, eof_rx) = bounded(1);
-    let reader_path = fifo.clone();
-    std::thread::spawn(move || {
-        let mut f = std::fs::File::open(&reader_path).expect("open fifo");
-        let _ = opened_tx.send(());
-        let mut sink = Vec::new();
-        let _ = f.read_to_end(&mut sink);
-        let _ = eof_tx.send(());
-    });
     let mut c = server.client();
     c.send(&msg("bg", "3", "leave"));
     assert_eq!(c.outcome("bg")["text"], "left");
-    opened_rx
+    fifo.opened
         .recv_timeout(WAIT)
         .expect("the leftover process started");
     assert!(
-        eof_rx.try_recv().is_err(),
+        fifo.eof.try_recv().is_err(),
         "the leftover died with its turn"
     );
     c.send(&msg("new", "3", "/new"));
     assert_eq!(c.outcome("new")["op"], "reply");
-    eof_rx
+    fifo.eof
         .recv_timeout(WAIT)
         .expect("close() killed the leftover process");
     let _ = std::fs::remove_dir_all(&dir);

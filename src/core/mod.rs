@@ -362,24 +362,12 @@ impl<R: Clone, A> Core<R, A> {
         if let Some(sd) = &mut self.shutdown {
             sd.report.turns_finished += 1;
         }
-        emit(
-            fx,
-            running.route.clone(),
-            &running.id,
-            &key,
-            EventKind::TurnEnded(turn),
-        );
-        emit(
-            fx,
-            running.route,
-            &running.id,
-            &key,
-            EventKind::Finished(outcome),
-        );
+        let discard_agent = running.discard_agent;
+        end_turn(fx, running, &key, outcome);
         if let Some(agent) = agent {
             if panicked {
                 self.cleanup(now, key.clone(), CleanupContext::Panicked, agent, fx);
-            } else if running.discard_agent || self.shutdown.is_some() {
+            } else if discard_agent || self.shutdown.is_some() {
                 let ctx = if self.shutdown.is_some() {
                     CleanupContext::Shutdown
                 } else {
@@ -670,20 +658,7 @@ impl<R: Clone, A> Core<R, A> {
             AbandonReason::Timeout => Outcome::Failed(FailReason::Timeout),
             AbandonReason::IgnoredCancel(r) => Outcome::Cancelled(r),
         };
-        emit(
-            fx,
-            running.route.clone(),
-            &running.id,
-            &key,
-            EventKind::TurnEnded(running.turn),
-        );
-        emit(
-            fx,
-            running.route,
-            &running.id,
-            &key,
-            EventKind::Finished(outcome),
-        );
+        end_turn(fx, running, &key, outcome);
         // The agent stays with the stuck worker; the next turn creates a fresh one.
         self.after_turn(slot);
     }
@@ -912,6 +887,29 @@ impl<R: Clone, A> Core<R, A> {
         report.clean = report.turns_abandoned == 0 && report.cleanups_timed_out == 0;
         fx.push(Effect::ShutdownComplete(report));
     }
+}
+
+/// Emits the end of a message's turn, then its outcome.
+fn end_turn<R: Clone, A>(
+    fx: &mut Vec<Effect<R, A>>,
+    running: Running<R>,
+    key: &SessionKey,
+    outcome: Outcome,
+) {
+    emit(
+        fx,
+        running.route.clone(),
+        &running.id,
+        key,
+        EventKind::TurnEnded(running.turn),
+    );
+    emit(
+        fx,
+        running.route,
+        &running.id,
+        key,
+        EventKind::Finished(outcome),
+    );
 }
 
 fn emit<R, A>(
