@@ -101,11 +101,11 @@ pub struct Core<R, A> {
     /// Per slot, the recency stamp of its cached agent (0: none). A dense copy of what the
     /// slab holds, so that liveness checks over many entries stay in cache.
     agent_seq: Vec<u64>,
-    /// Turns claimed now (at most `turn_workers`): timer liveness without touching slots.
+    /// Turns claimed now (at most `turn_workers`): its size is the number of busy workers,
+    /// and timer liveness is checked here without touching slots.
     claimed_turns: HashSet<TurnId>,
     timers: TimerQueue<Timer>,
     cleanups: HashMap<CleanupId, PendingCleanup>,
-    busy_workers: usize,
     next_sid: u64,
     next_turn: u64,
     next_cleanup: u64,
@@ -131,7 +131,6 @@ impl<R: Clone, A> Core<R, A> {
             claimed_turns: HashSet::new(),
             timers,
             cleanups: HashMap::new(),
-            busy_workers: 0,
             next_sid: 0,
             next_turn: 0,
             next_cleanup: 0,
@@ -184,7 +183,7 @@ impl<R: Clone, A> Core<R, A> {
     pub fn stats(&self) -> CoreStats {
         CoreStats {
             sessions: self.slots.len(),
-            running_turns: self.busy_workers,
+            running_turns: self.claimed_turns.len(),
             queued_messages: self.queued_total,
             waiting_for_worker: self.waiting_total,
             cached_agents: self.cache.live,
@@ -279,8 +278,8 @@ impl<R: Clone, A> Core<R, A> {
         let idle = session.turn.is_none() && !session.waiting_for_worker;
         // Dispatch runs after every input, so a free worker implies an empty ready queue:
         // an idle session starts in this very step exactly when a worker is free.
-        debug_assert!(self.busy_workers >= self.cfg.turn_workers || self.ready.is_empty());
-        let can_start_now = idle && self.busy_workers < self.cfg.turn_workers;
+        debug_assert!(self.claimed_turns.len() >= self.cfg.turn_workers || self.ready.is_empty());
+        let can_start_now = idle && self.claimed_turns.len() < self.cfg.turn_workers;
         let state = if can_start_now {
             AcceptState::Running
         } else {
@@ -315,12 +314,7 @@ impl<R: Clone, A> Core<R, A> {
         result: TurnResult,
         fx: &mut Vec<Effect<R, A>>,
     ) {
-        let current = self
-            .slots
-            .get(slot)
-            .and_then(|s| s.turn.as_ref())
-            .is_some_and(|t| t.turn == turn);
-        if !current {
+        if !self.is_current(slot, turn) {
             // An abandoned turn came back: its outcome was already given; close its agent.
             if let Some(agent) = agent {
                 self.cleanup(now, key, CleanupContext::Abandoned, agent, fx);
@@ -331,7 +325,6 @@ impl<R: Clone, A> Core<R, A> {
         let Some(running) = session.turn.take() else {
             return;
         };
-        self.busy_workers -= 1;
         self.claimed_turns.remove(&running.turn);
         self.note_stale_timer();
         let panicked = matches!(result, TurnResult::Panicked(_));
@@ -639,7 +632,6 @@ impl<R: Clone, A> Core<R, A> {
             return;
         };
         let key = self.slots[slot].key.clone();
-        self.busy_workers -= 1;
         self.claimed_turns.remove(&running.turn);
         self.note_stale_timer();
         self.stats.turns_abandoned += 1;
@@ -692,7 +684,7 @@ impl<R: Clone, A> Core<R, A> {
 
     /// Starts turns while workers are free, in ready-queue order.
     fn dispatch(&mut self, now: Duration, fx: &mut Vec<Effect<R, A>>) {
-        while self.busy_workers < self.cfg.turn_workers {
+        while self.claimed_turns.len() < self.cfg.turn_workers {
             let Some((slot, sid)) = self.ready.pop_front() else {
                 break;
             };
@@ -764,7 +756,6 @@ impl<R: Clone, A> Core<R, A> {
             cancel: None,
             discard_agent: false,
         });
-        self.busy_workers += 1;
         self.claimed_turns.insert(turn);
         self.timers.insert(
             now + self.cfg.turn_timeout,
@@ -876,10 +867,8 @@ impl<R: Clone, A> Core<R, A> {
     }
 
     fn check_shutdown_complete(&mut self, fx: &mut Vec<Effect<R, A>>) {
-        // Runs after every input and timer pass: a cheap place to check the bookkeeping.
-        debug_assert_eq!(self.claimed_turns.len(), self.busy_workers);
         let Some(sd) = &mut self.shutdown else { return };
-        if sd.announced || self.busy_workers > 0 || !self.cleanups.is_empty() {
+        if sd.announced || !self.claimed_turns.is_empty() || !self.cleanups.is_empty() {
             return;
         }
         sd.announced = true;
