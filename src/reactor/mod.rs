@@ -370,9 +370,9 @@ impl Runtime {
         status.publish(heartbeat.snapshot(RuntimeState::Running, Duration::ZERO, &driver));
         let report = loop {
             let now = epoch.elapsed();
-            for c in completions.try_iter() {
-                let input = driver.completion_input(c);
-                driver.core.handle(now, input, &mut fx);
+            for completion in completions.try_iter() {
+                driver.forget_job(&completion);
+                driver.core.handle(now, completion, &mut fx);
             }
             // Bounded per iteration so a burst of submissions cannot delay timers and the
             // heartbeat; what is left is taken on the next iteration, without sleeping.
@@ -479,28 +479,16 @@ struct Driver {
 }
 
 impl Driver {
-    fn completion_input(&mut self, c: Completion) -> Input<Route, BoxAgent> {
-        match c {
-            Completion::Turn {
-                turn,
-                slot,
-                session,
-                agent,
-                result,
-            } => {
-                self.turns.remove(&turn);
-                Input::TurnDone {
-                    turn,
-                    slot,
-                    session,
-                    agent,
-                    result,
-                }
+    /// A job came back: its ticket is no longer needed to cancel or replace it.
+    fn forget_job(&mut self, completion: &Completion) {
+        match completion {
+            Input::TurnDone { turn, .. } => {
+                self.turns.remove(turn);
             }
-            Completion::Cleanup { job, result } => {
-                self.cleanups.remove(&job);
-                Input::CleanupDone { job, result }
+            Input::CleanupDone { job, .. } => {
+                self.cleanups.remove(job);
             }
+            Input::Submit { .. } | Input::Shutdown => {}
         }
     }
 

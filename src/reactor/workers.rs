@@ -7,37 +7,17 @@ use std::sync::Arc;
 
 use crossbeam_channel::Sender;
 
+use super::Route;
 use super::notify::Notifier;
 use crate::agent::{Agent, AgentFactory, CancelToken, TurnError, TurnInput};
-use crate::core::{CleanupId, CleanupJob, TurnId, TurnJob, TurnResult};
-use crate::message::SessionKey;
+use crate::core::{CleanupJob, Input, TurnJob, TurnResult};
 
 /// A boxed agent, as the runtime moves it around.
 pub type BoxAgent = Box<dyn Agent>;
 
-/// A worker's report to the reactor.
-pub enum Completion {
-    /// A turn returned.
-    Turn {
-        /// The turn.
-        turn: TurnId,
-        /// Its slot.
-        slot: usize,
-        /// Its session.
-        session: SessionKey,
-        /// The agent, moved back.
-        agent: Option<BoxAgent>,
-        /// What it produced.
-        result: TurnResult,
-    },
-    /// A cleanup returned.
-    Cleanup {
-        /// The job.
-        job: CleanupId,
-        /// `Err` when close() failed or panicked.
-        result: Result<(), String>,
-    },
-}
+/// A worker's report to the reactor: the core input it produced (`TurnDone` or
+/// `CleanupDone`), ready to be handed to the core as it is.
+pub type Completion = Input<Route, BoxAgent>;
 
 /// Where workers send completions.
 #[derive(Clone)]
@@ -109,7 +89,7 @@ pub fn run_turn(
         }
         Err(r) => r.clone(),
     };
-    sink.send(Completion::Turn {
+    sink.send(Input::TurnDone {
         turn,
         slot,
         session,
@@ -131,5 +111,5 @@ pub fn run_cleanup(job: CleanupJob<BoxAgent>, sink: &CompletionSink) {
         (Ok(()), Err(p)) => Err(format!("drop panicked: {}", panic_text(&*p))),
         (r, _) => r,
     };
-    sink.send(Completion::Cleanup { job, result });
+    sink.send(Input::CleanupDone { job, result });
 }
