@@ -349,7 +349,6 @@ impl Runtime {
         )?;
         let writer = status_file.map(StatusFileWriter::start).transpose()?;
         let mut driver = Driver {
-            cleanup_timeout: core.cleanup_timeout,
             core: Core::new(core, Duration::ZERO),
             turn_pool,
             cleanup_pool,
@@ -473,7 +472,6 @@ struct Driver {
     cleanup_pool: Pool<crate::core::CleanupJob<BoxAgent>>,
     turns: HashMap<TurnId, (CancelToken, JobTicket)>,
     cleanups: HashMap<CleanupId, JobTicket>,
-    cleanup_timeout: Duration,
     undelivered: u64,
     report: Option<ShutdownReport>,
 }
@@ -565,7 +563,7 @@ impl Driver {
                 log::warn!(
                     "session {session}: agent cleanup ({}) exceeded {:?}; proceeding without waiting (the thread is left to finish on its own)",
                     context.as_str(),
-                    self.cleanup_timeout
+                    self.core.config().cleanup_timeout
                 );
                 if let Some(ticket) = self.cleanups.remove(&job)
                     && self.cleanup_pool.replace(&ticket) == Replacement::Refused
