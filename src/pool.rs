@@ -129,11 +129,6 @@ impl<J: Send + 'static> Pool<J> {
     pub fn replaced(&self) -> u64 {
         self.shared.replaced.load(Ordering::Relaxed)
     }
-
-    /// Jobs submitted and not yet picked up by a thread.
-    pub fn backlog(&self) -> usize {
-        self.tx.len()
-    }
 }
 
 /// Nice value of pool threads relative to the process: on a busy machine the scheduler then

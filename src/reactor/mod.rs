@@ -24,8 +24,8 @@ use mio::{Events as MioEvents, Poll, Token};
 
 use crate::agent::{AgentFactory, CancelToken};
 use crate::core::{
-    AbandonReason, BusyMode, CleanupId, Core, CoreConfig, Effect, Input, MessageEvent,
-    ShutdownReport, TurnId, TurnJob,
+    AbandonReason, BusyMode, CleanupContext, CleanupId, Core, CoreConfig, Effect, Input,
+    MessageEvent, ShutdownReport, TurnId, TurnJob,
 };
 use crate::liveness::{
     CleanupCounts, LagHistogram, MessageCounts, RuntimeState, SessionCounts, Status, StatusCell,
@@ -406,13 +406,7 @@ impl Runtime {
                 driver.apply(effect, &mut frontend);
             }
             frontend.flush();
-            if driver.core.is_shutting_down() {
-                // Close every agent at once under shutdown's one deadline (within the cap).
-                let backlog = driver.cleanup_pool.backlog();
-                if backlog > 0 {
-                    driver.cleanup_pool.burst(backlog);
-                }
-            }
+
             if let Some(report) = driver.report.take() {
                 break report;
             }
@@ -551,9 +545,14 @@ impl Driver {
                 }
             }
             Effect::Cleanup(job) => {
-                let id = job.job;
+                let (id, shutting_down) = (job.job, job.context == CleanupContext::Shutdown);
                 let ticket = self.cleanup_pool.submit(job);
                 self.cleanups.insert(id, ticket);
+                if shutting_down {
+                    // Shutdown closes every agent at once under its one deadline: a helper
+                    // thread per job (within the cap), gone once the queue is empty.
+                    self.cleanup_pool.burst(1);
+                }
             }
             Effect::CleanupExceeded {
                 job,
