@@ -113,15 +113,6 @@ impl CancelToken {
         }
         true
     }
-
-    /// Waits until the token fires.
-    pub fn wait(&self) {
-        let (flag, cond) = &*self.0;
-        let mut fired = flag.lock().unwrap_or_else(|e| e.into_inner());
-        while !*fired {
-            fired = cond.wait(fired).unwrap_or_else(|e| e.into_inner());
-        }
-    }
 }
 
 /// Replies with exactly its input; optionally takes `delay` per turn, ending early on cancel.

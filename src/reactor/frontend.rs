@@ -56,11 +56,6 @@ impl<'a> Ctx<'a> {
         self.shutdown = true;
     }
 
-    /// Whether the runtime is shutting down (no longer admitting messages).
-    pub fn is_shutting_down(&self) -> bool {
-        self.shutdown || self.core.is_shutting_down()
-    }
-
     pub(super) fn shutdown_requested(&self) -> bool {
         self.shutdown
     }
