@@ -252,6 +252,15 @@ impl<R: Clone, A> Core<R, A> {
             }
             Body::Text(text) => text,
         };
+        // Checked before a slot is claimed, so a refused message never creates a session.
+        let waiting = self
+            .index
+            .get(&key)
+            .map_or(0, |&slot| self.slots[slot].queue.len());
+        if waiting >= self.cfg.queue_cap {
+            self.reject(route, id, key, RejectReason::QueueFull, fx);
+            return;
+        }
         let slot = match self.index.get(&key) {
             Some(&slot) => slot,
             None => {
@@ -269,10 +278,6 @@ impl<R: Clone, A> Core<R, A> {
             }
         };
         let session = &mut self.slots[slot];
-        if session.queue.len() >= self.cfg.queue_cap {
-            self.reject(route, id, key, RejectReason::QueueFull, fx);
-            return;
-        }
         self.stats.accepted += 1;
         let position = session.queue.len() + usize::from(session.turn.is_some());
         let idle = session.turn.is_none() && !session.waiting_for_worker;
@@ -860,10 +865,6 @@ impl<R: Clone, A> Core<R, A> {
     ) {
         self.stats.rejected += 1;
         emit(fx, route, &id, &key, EventKind::Rejected(reason));
-        // A session created for this message and left empty must not leak its slot.
-        if let Some(&slot) = self.index.get(&key) {
-            self.release_if_empty(slot);
-        }
     }
 
     fn check_shutdown_complete(&mut self, fx: &mut Vec<Effect<R, A>>) {
