@@ -423,11 +423,7 @@ impl<R: Clone, A> Core<R, A> {
         for slot in slots {
             cancelled += self.cancel_queue(slot, CancelReason::Shutdown, fx);
             self.unready(slot);
-            let session = &mut self.slots[slot];
-            if let Some(t) = &mut session.turn {
-                t.discard_agent = true;
-            }
-            self.close_cached_agent(now, slot, CleanupContext::Shutdown, fx);
+            self.retire_agent(now, slot, CleanupContext::Shutdown, fx);
             self.release_if_empty(slot);
         }
         self.ready.clear();
@@ -566,12 +562,8 @@ impl<R: Clone, A> Core<R, A> {
                 let dropped = self.cancel_queue(slot, reason, fx);
                 let was_running = self.cancel_turn(now, slot, reason, fx);
                 self.unready(slot);
-                let session = &mut self.slots[slot];
                 if cmd == Command::Reset {
-                    if let Some(t) = &mut session.turn {
-                        t.discard_agent = true;
-                    }
-                    self.close_cached_agent(now, slot, CleanupContext::Reset, fx);
+                    self.retire_agent(now, slot, CleanupContext::Reset, fx);
                 }
                 self.release_if_empty(slot);
                 let running = if was_running {
@@ -778,6 +770,21 @@ impl<R: Clone, A> Core<R, A> {
             agent,
             idle_since: now,
         });
+    }
+
+    /// The session's agent is not to serve again: the idle one goes to cleanup now, the one
+    /// in a running turn when that turn returns.
+    fn retire_agent(
+        &mut self,
+        now: Duration,
+        slot: usize,
+        context: CleanupContext,
+        fx: &mut Vec<Effect<R, A>>,
+    ) {
+        if let Some(t) = &mut self.slots[slot].turn {
+            t.discard_agent = true;
+        }
+        self.close_cached_agent(now, slot, context, fx);
     }
 
     /// Sends a session's idle agent, if it has one, to the cleanup pool.
