@@ -450,12 +450,17 @@ impl BridgeServer {
             self.send(slot, bytes, Some(route.platform.clone()));
             return;
         }
-        // Behind any backlog already waiting for the platform, so the outbox stays in order.
+        self.queue_in_outbox(route.platform.clone(), bytes);
+    }
+
+    /// Queues a terminal line whose connection is gone behind the platform's backlog (so the
+    /// outbox stays in order), and feeds the platform's newest hello connection, if any.
+    fn queue_in_outbox(&mut self, platform: Arc<str>, bytes: Vec<u8>) {
         self.outboxes
-            .entry(route.platform.clone())
+            .entry(platform.clone())
             .or_default()
             .push_back(bytes);
-        if let Some(slot) = self.newest_hello(&route.platform) {
+        if let Some(slot) = self.newest_hello(&platform) {
             self.refill(slot);
         }
     }
@@ -498,22 +503,9 @@ impl BridgeServer {
         }
         let undelivered = conn.take_undelivered_terminals();
         let moved = undelivered.len();
-        let mut platforms = Vec::new();
         for frame in undelivered {
             if let Some(platform) = frame.terminal_for {
-                self.outboxes
-                    .entry(platform.clone())
-                    .or_default()
-                    .push_back(frame.bytes);
-                if !platforms.contains(&platform) {
-                    platforms.push(platform);
-                }
-            }
-        }
-        // Another live hello for the platform takes them now; else they wait.
-        for platform in platforms {
-            if let Some(other) = self.newest_hello(&platform) {
-                self.refill(other);
+                self.queue_in_outbox(platform, frame.bytes);
             }
         }
         log::debug!(
