@@ -7,7 +7,7 @@ use std::fmt;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::message::SessionKey;
+use crate::message::{MessageContext, SessionKey};
 
 /// What a turn is asked to do.
 #[derive(Debug, Clone)]
@@ -18,6 +18,68 @@ pub struct TurnInput<'a> {
     pub message_id: &'a str,
     /// The text (several joined by newlines in merge mode).
     pub text: &'a str,
+    /// The sender and the bridge's metadata of that message.
+    pub context: &'a MessageContext,
+    /// Where the turn may publish its reply so far, for clients that show it growing.
+    pub partials: &'a Partials,
+}
+
+/// Publishes a turn's partial reply: the whole text so far, not a delta.
+///
+/// Forwarding is throttled: a publish is forwarded only when the partial interval has passed
+/// since the last forwarded one, otherwise it is dropped (a later publish carries newer text,
+/// and the final reply always carries the whole text). Publishing never blocks on the
+/// gateway. Cloneable and `Send`, so an agent may publish from a thread of its own.
+#[derive(Clone, Default)]
+pub struct Partials(Option<Arc<PartialsInner>>);
+
+struct PartialsInner {
+    interval: Duration,
+    last: Mutex<Option<Instant>>,
+    forward: Box<dyn Fn(String) + Send + Sync>,
+}
+
+impl fmt::Debug for Partials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Some(inner) => write!(f, "Partials(every {:?})", inner.interval),
+            None => f.write_str("Partials(discarded)"),
+        }
+    }
+}
+
+impl Partials {
+    /// A publisher that discards everything (tests, or a runtime without a listener).
+    pub fn discard() -> Partials {
+        Partials(None)
+    }
+
+    /// A publisher that hands at most one text per `interval` to `forward`.
+    pub fn throttled(
+        interval: Duration,
+        forward: impl Fn(String) + Send + Sync + 'static,
+    ) -> Partials {
+        Partials(Some(Arc::new(PartialsInner {
+            interval,
+            last: Mutex::new(None),
+            forward: Box::new(forward),
+        })))
+    }
+
+    /// Publishes the reply so far; returns whether it was forwarded (false: throttled).
+    pub fn publish(&self, text: &str) -> bool {
+        let Some(inner) = &self.0 else { return false };
+        {
+            let mut last = inner.last.lock().unwrap_or_else(|e| e.into_inner());
+            let now = Instant::now();
+            if last.is_some_and(|t| now.duration_since(t) < inner.interval) {
+                return false;
+            }
+            *last = Some(now);
+        }
+        (inner.forward)(text.to_owned());
+        true
+    }
 }
 
 /// Why a turn produced no reply.
@@ -148,14 +210,39 @@ impl Agent for EchoAgent {
 mod tests {
     use super::*;
 
+    fn input<'a>(key: &'a SessionKey, text: &'a str) -> TurnInput<'a> {
+        static CONTEXT: std::sync::OnceLock<MessageContext> = std::sync::OnceLock::new();
+        static PARTIALS: std::sync::OnceLock<Partials> = std::sync::OnceLock::new();
+        TurnInput {
+            session: key,
+            message_id: "m",
+            text,
+            context: CONTEXT.get_or_init(MessageContext::default),
+            partials: PARTIALS.get_or_init(Partials::discard),
+        }
+    }
+
+    #[test]
+    fn partials_are_throttled_to_one_per_interval_and_never_block() {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let p = Partials::throttled(Duration::from_secs(3600), move |t| {
+            let _ = tx.send(t);
+        });
+        assert!(p.publish("a"));
+        assert!(
+            !p.publish("ab"),
+            "a second publish within the interval was forwarded"
+        );
+        assert_eq!(rx.try_iter().collect::<Vec<_>>(), vec!["a".to_owned()]);
+        let every = Partials::throttled(Duration::ZERO, |_| {});
+        assert!(every.publish("a") && every.publish("ab"));
+        assert!(!Partials::discard().publish("x"));
+    }
+
     #[test]
     fn echo_replies_with_its_input() {
         let key = SessionKey::dm("t", "1").unwrap();
-        let input = TurnInput {
-            session: &key,
-            message_id: "m",
-            text: "hello\nworld",
-        };
+        let input = input(&key, "hello\nworld");
         let mut agent = EchoAgent::default();
         assert_eq!(
             agent.turn(&input, &CancelToken::new()),
@@ -166,11 +253,7 @@ mod tests {
     #[test]
     fn echo_delay_ends_early_when_cancelled() {
         let key = SessionKey::dm("t", "1").unwrap();
-        let input = TurnInput {
-            session: &key,
-            message_id: "m",
-            text: "x",
-        };
+        let input = input(&key, "x");
         // An hour-long turn returns at once because the token already fired: if the delay
         // ignored cancellation this test would hang.
         let mut agent = EchoAgent::new(Duration::from_secs(3600));

@@ -81,7 +81,25 @@ impl Agent for ExecAgent {
             .env("TURNSTILE_MESSAGE_ID", input.message_id)
             .env("TURNSTILE_PLATFORM", s.platform())
             .env("TURNSTILE_CHAT_ID", s.chat_id())
-            .env("TURNSTILE_USER_ID", s.user_id().unwrap_or(""))
+            .env(
+                "TURNSTILE_USER_ID",
+                input
+                    .context
+                    .user_id
+                    .as_deref()
+                    .or(s.user_id())
+                    .unwrap_or(""),
+            )
+            .env(
+                "TURNSTILE_USER_NAME",
+                input.context.user_name.as_deref().unwrap_or(""),
+            )
+            .env("TURNSTILE_CHAT_TYPE", s.chat_type().as_str())
+            .env("TURNSTILE_THREAD_ID", s.thread_id().unwrap_or(""))
+            .env(
+                "TURNSTILE_META",
+                input.context.meta.as_deref().unwrap_or(""),
+            )
             .spawn()
             .map_err(|e| TurnError::Failed(format!("cannot run agent command: {e}")))?;
         let pgid = child.id() as i32;
@@ -162,10 +180,17 @@ mod tests {
             command: cmd.into(),
             groups: Vec::new(),
         };
+        let context = crate::message::MessageContext {
+            user_id: Some("7".into()),
+            user_name: Some("Ann".into()),
+            meta: Some(r#"{"reply_to":"m-8"}"#.into()),
+        };
         let input = TurnInput {
             session: &key,
             message_id: "m-9",
             text,
+            context: &context,
+            partials: &crate::agent::Partials::discard(),
         };
         agent.turn(&input, &CancelToken::new())
     }
@@ -183,6 +208,11 @@ mod tests {
             "",
         );
         assert_eq!(out, Ok("tg:dm:42 m-9 tg 42".to_owned()));
+        let out = run(
+            "echo $TURNSTILE_USER_ID $TURNSTILE_USER_NAME $TURNSTILE_CHAT_TYPE \"$TURNSTILE_THREAD_ID\" $TURNSTILE_META",
+            "",
+        );
+        assert_eq!(out, Ok(r#"7 Ann dm  {"reply_to":"m-8"}"#.to_owned()));
     }
 
     #[test]

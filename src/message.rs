@@ -314,6 +314,22 @@ pub enum Body {
     Command(Command),
 }
 
+/// Largest accepted `meta` object, serialized (16 KiB).
+pub const MAX_META_BYTES: usize = 16 * 1024;
+
+/// Who sent a message and what the platform said about it, whatever the chat type. Agents
+/// see it in [`crate::TurnInput`]. Cheap to clone (shared strings).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MessageContext {
+    /// The sender's id on the platform.
+    pub user_id: Option<Arc<str>>,
+    /// The sender's display name.
+    pub user_name: Option<Arc<str>>,
+    /// A JSON object from the bridge (reply-to, attachments, anything the platform adds),
+    /// serialized; at most [`MAX_META_BYTES`].
+    pub meta: Option<Arc<str>>,
+}
+
 /// One inbound message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Message {
@@ -323,6 +339,8 @@ pub struct Message {
     pub session: SessionKey,
     /// Text or command.
     pub body: Body,
+    /// Sender and platform metadata.
+    pub context: MessageContext,
 }
 
 impl Message {
@@ -343,7 +361,45 @@ impl Message {
             id: id.into(),
             session,
             body,
+            context: MessageContext::default(),
         })
+    }
+
+    /// Names the sender (any chat type; for groups the session key also carries the id).
+    pub fn from_user(
+        mut self,
+        user_id: &str,
+        user_name: Option<&str>,
+    ) -> Result<Message, InvalidInput> {
+        check_id("user_id", user_id)?;
+        if let Some(name) = user_name {
+            check_id("user_name", name)?;
+        }
+        self.context.user_id = Some(user_id.into());
+        self.context.user_name = user_name.map(Into::into);
+        Ok(self)
+    }
+
+    /// Attaches platform metadata: `meta` must be a JSON object of at most
+    /// [`MAX_META_BYTES`] once serialized.
+    pub fn with_meta(mut self, meta: &str) -> Result<Message, InvalidInput> {
+        if meta.len() > MAX_META_BYTES {
+            return Err(InvalidInput {
+                field: "meta",
+                problem: "larger than 16 KiB",
+            });
+        }
+        match serde_json::from_str::<serde_json::Value>(meta) {
+            Ok(serde_json::Value::Object(_)) => {}
+            _ => {
+                return Err(InvalidInput {
+                    field: "meta",
+                    problem: "must be a JSON object",
+                });
+            }
+        }
+        self.context.meta = Some(meta.into());
+        Ok(self)
     }
 }
 
@@ -387,6 +443,29 @@ mod tests {
         assert_eq!(e.field, "chat_id");
         let k = SessionKey::dm("tg", "1").unwrap();
         assert_eq!(Message::new("", k, "hi").unwrap_err().field, "id");
+    }
+
+    #[test]
+    fn sender_and_meta_are_validated() {
+        let k = SessionKey::dm("tg", "1").unwrap();
+        let m = Message::new("m", k.clone(), "hi")
+            .unwrap()
+            .from_user("7", Some("Ann"))
+            .unwrap()
+            .with_meta(r#"{"reply_to":"m0"}"#)
+            .unwrap();
+        assert_eq!(m.context.user_id.as_deref(), Some("7"));
+        assert_eq!(m.context.user_name.as_deref(), Some("Ann"));
+        assert_eq!(m.context.meta.as_deref(), Some(r#"{"reply_to":"m0"}"#));
+        let bad = |meta: &str| Message::new("m", k.clone(), "hi").unwrap().with_meta(meta);
+        assert_eq!(bad("[1]").unwrap_err().field, "meta");
+        assert_eq!(bad("{").unwrap_err().field, "meta");
+        let big = format!(r#"{{"x":"{}"}}"#, "a".repeat(MAX_META_BYTES));
+        assert_eq!(bad(&big).unwrap_err().problem, "larger than 16 KiB");
+        let at_limit = format!(r#"{{"x":"{}"}}"#, "a".repeat(MAX_META_BYTES - 8));
+        assert!(bad(&at_limit).is_ok());
+        let e = Message::new("m", k, "hi").unwrap().from_user("", None);
+        assert_eq!(e.unwrap_err().field, "user_id");
     }
 
     #[test]

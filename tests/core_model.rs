@@ -118,7 +118,7 @@ impl Model {
                             }
                             self.rejected.insert(id);
                         }
-                        EventKind::TurnStarted(_) => {}
+                        EventKind::TurnStarted(_) | EventKind::Partial(_) => {}
                         EventKind::TurnEnded(t) => {
                             prop_assert_eq!(
                                 self.in_flight.remove(&session),

@@ -580,3 +580,42 @@ fn shutdown_is_bounded_when_turns_and_cleanups_hang() {
         other => panic!("expected completion: {other:?}"),
     }
 }
+
+/// Streaming: a running turn's partial reaches its message's route; a partial of a turn that
+/// was abandoned (or of any turn no longer current) is dropped by the generation check.
+#[test]
+fn partials_reach_the_current_turn_only() {
+    let grace = Duration::from_secs(5);
+    let mut h = Harness::new(CoreConfig {
+        stop_grace: grace,
+        ..cfg()
+    });
+    h.submit("42", "M1", "a");
+    let t1 = h.turn_of("42");
+    let slot = h.core.session(&key("42")).expect("claimed").slot;
+    h.step(Input::Partial {
+        turn: t1,
+        slot,
+        text: "so far".into(),
+    });
+    assert_eq!(
+        h.events_of("M1").last(),
+        Some(&EventKind::Partial("so far".into()))
+    );
+    h.submit("42", "S", "/stop");
+    h.submit("42", "M2", "b");
+    h.advance(grace);
+    let stale = h.step(Input::Partial {
+        turn: t1,
+        slot,
+        text: "late".into(),
+    });
+    assert!(stale.is_empty(), "a stale partial went out: {stale:?}");
+    // Nor does a turn id that never existed reach anyone.
+    let bogus = h.step(Input::Partial {
+        turn: turnstile::TurnId(999),
+        slot,
+        text: "x".into(),
+    });
+    assert!(bogus.is_empty());
+}

@@ -610,3 +610,48 @@ fn shutdown_closes_all_cached_agents_concurrently() {
     assert!(report.clean, "{report:?}");
     assert_eq!(report.cleanups_done, AGENTS as u64);
 }
+
+/// Streaming through the real pool: an agent publishing many partials has them forwarded
+/// throttled (here: every one, interval zero, then none past the first with a long interval),
+/// in order, all before the terminal reply.
+#[test]
+fn partials_are_forwarded_in_order_before_the_reply_and_throttled() {
+    struct Streamer;
+    impl Agent for Streamer {
+        fn turn(&mut self, input: &TurnInput<'_>, _: &CancelToken) -> Result<String, TurnError> {
+            let mut so_far = String::new();
+            for word in input.text.split(' ') {
+                so_far.push_str(word);
+                input.partials.publish(&so_far);
+            }
+            Ok(so_far)
+        }
+    }
+    for (interval, expected) in [
+        (Duration::ZERO, vec!["a", "ab", "abc"]),
+        (Duration::from_secs(3600), vec!["a"]),
+    ] {
+        let factory = |_: &SessionKey| -> Result<Box<dyn Agent>, String> { Ok(Box::new(Streamer)) };
+        let (runtime, handle, events) = Builder::new(factory)
+            .partial_interval(interval)
+            .build()
+            .expect("valid settings");
+        let reactor = runtime.spawn().expect("reactor thread");
+        send(&handle, "m1", &key("t", "1"), "a b c");
+        let mut partials = Vec::new();
+        loop {
+            let e = events.recv_timeout(WAIT).expect("an event");
+            match e.kind {
+                EventKind::Partial(t) => partials.push(t),
+                EventKind::Finished(o) => {
+                    assert_eq!(o, Outcome::Reply("abc".into()));
+                    break;
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(partials, expected);
+        handle.shutdown();
+        reactor.join().expect("reactor").expect("clean run");
+    }
+}

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use slab::Slab;
 
-use crate::message::{Body, Command, KeyHashBuilder, Message, SessionKey};
+use crate::message::{Body, Command, KeyHashBuilder, Message, MessageContext, SessionKey};
 use recency::RecencyQueue;
 use timers::TimerQueue;
 pub use types::*;
@@ -39,6 +39,7 @@ enum Timer {
 struct Queued<R> {
     id: Arc<str>,
     text: String,
+    context: MessageContext,
     route: R,
 }
 
@@ -158,6 +159,8 @@ impl<R: Clone, A> Core<R, A> {
                 agent,
                 result,
             } => self.turn_done(now, turn, slot, session, agent, result, fx),
+            Input::Partial { turn, slot, text } => self.partial(turn, slot, text, fx),
+            Input::CleanupStarted { job } => self.cleanup_started(now, job),
             Input::CleanupDone { job, result } => self.cleanup_done(job, result, fx),
             Input::Shutdown => self.begin_shutdown(now, fx),
         }
@@ -227,6 +230,7 @@ impl<R: Clone, A> Core<R, A> {
             id,
             session: key,
             body,
+            context,
         } = msg;
         if self.shutdown.is_some() {
             self.reject(route, id, key, RejectReason::ShuttingDown, fx);
@@ -301,7 +305,12 @@ impl<R: Clone, A> Core<R, A> {
             self.cancel_turn(now, slot, CancelReason::Interrupted, fx);
         }
         let session = &mut self.slots[slot];
-        session.queue.push_back(Queued { id, text, route });
+        session.queue.push_back(Queued {
+            id,
+            text,
+            context,
+            route,
+        });
         self.queued_total += 1;
         if idle {
             self.make_ready(slot);
@@ -379,6 +388,25 @@ impl<R: Clone, A> Core<R, A> {
         self.after_turn(slot);
         self.enforce_cache_cap(now, fx);
     }
+
+    fn partial(&mut self, turn: TurnId, slot: usize, text: String, fx: &mut Vec<Effect<R, A>>) {
+        // The generation check: a partial of an abandoned or superseded turn goes nowhere.
+        if !self.is_current(slot, turn) {
+            return;
+        }
+        let session = &self.slots[slot];
+        if let Some(running) = &session.turn {
+            emit(
+                fx,
+                running.route.clone(),
+                &running.id,
+                &session.key,
+                EventKind::Partial(text),
+            );
+        }
+    }
+
+    fn cleanup_started(&mut self, _now: Duration, _job: CleanupId) {}
 
     fn cleanup_done(
         &mut self,
@@ -743,6 +771,7 @@ impl<R: Clone, A> Core<R, A> {
             session: session.key.clone(),
             message_id: head.id.clone(),
             input,
+            context: head.context,
             agent,
         }));
         session.turn = Some(Running {

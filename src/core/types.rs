@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::message::{Message, SessionKey};
+use crate::message::{Message, MessageContext, SessionKey};
 
 /// Identifies one agent turn; also its generation: a completion whose id is not the
 /// session's current turn is stale and its result is discarded.
@@ -185,6 +185,9 @@ pub enum EventKind {
     Rejected(RejectReason),
     /// Its agent turn started.
     TurnStarted(TurnId),
+    /// The reply so far, published by the running turn (best effort, throttled; the
+    /// terminal reply carries the whole text).
+    Partial(String),
     /// Its agent turn ended (just before the outcome).
     TurnEnded(TurnId),
     /// The terminal outcome.
@@ -268,6 +271,8 @@ pub struct TurnJob<A> {
     pub message_id: Arc<str>,
     /// The agent's input (several texts joined by newlines in merge mode).
     pub input: String,
+    /// The sender and metadata of the message the turn answers.
+    pub context: MessageContext,
     /// The session's agent, or `None` to create a fresh one on the worker.
     pub agent: Option<A>,
 }
@@ -326,6 +331,20 @@ pub enum Input<R, A> {
         agent: Option<A>,
         /// What the turn produced.
         result: TurnResult,
+    },
+    /// A running turn published its reply so far.
+    Partial {
+        /// The turn's id.
+        turn: TurnId,
+        /// The slot from its job.
+        slot: usize,
+        /// The text so far.
+        text: String,
+    },
+    /// A cleanup job's `close()` started on a worker: its deadline runs from now.
+    CleanupStarted {
+        /// The job's id.
+        job: CleanupId,
     },
     /// A cleanup job returned.
     CleanupDone {

@@ -106,6 +106,7 @@ pub struct Builder {
     tick_interval: Duration,
     status_file: Option<PathBuf>,
     precise_timers: bool,
+    partial_interval: Duration,
 }
 
 macro_rules! setters {
@@ -131,6 +132,7 @@ impl Builder {
             tick_interval: Duration::from_millis(100),
             status_file: None,
             precise_timers: true,
+            partial_interval: Duration::from_millis(800),
         }
     }
 
@@ -166,6 +168,8 @@ impl Builder {
         /// Wake for deadlines with a timerfd (microsecond precision) rather than relying on
         /// the poll's millisecond timeout alone. On by default.
         precise_timers: bool => precise_timers;
+        /// Least time between two forwarded partial replies of one turn.
+        partial_interval: Duration => partial_interval;
     }
 
     /// Writes each snapshot as JSON to `path` (atomically, from a non-reactor thread).
@@ -226,6 +230,7 @@ impl Builder {
             tick_interval: self.tick_interval,
             status_file: self.status_file,
             precise_timers: self.precise_timers,
+            partial_interval: self.partial_interval,
         };
         Ok((runtime, handle, events_rx))
     }
@@ -294,6 +299,7 @@ pub struct Runtime {
     tick_interval: Duration,
     status_file: Option<PathBuf>,
     precise_timers: bool,
+    partial_interval: Duration,
 }
 
 impl Runtime {
@@ -325,6 +331,7 @@ impl Runtime {
             tick_interval,
             status_file,
             precise_timers,
+            partial_interval,
         } = self;
         let epoch = Instant::now();
         let (completion_tx, completions) = unbounded();
@@ -338,7 +345,7 @@ impl Runtime {
             core.turn_workers,
             max_extra_threads,
             move |(job, cancel): (TurnJob<BoxAgent>, CancelToken)| {
-                run_turn(job, &cancel, &*factory, &turn_sink)
+                run_turn(job, &cancel, &*factory, &turn_sink, partial_interval)
             },
         )?;
         let cleanup_pool = Pool::new(
@@ -480,7 +487,10 @@ impl Driver {
             Input::CleanupDone { job, .. } => {
                 self.cleanups.remove(job);
             }
-            Input::Submit { .. } | Input::Shutdown => {}
+            Input::Submit { .. }
+            | Input::Shutdown
+            | Input::Partial { .. }
+            | Input::CleanupStarted { .. } => {}
         }
     }
 

@@ -4,12 +4,13 @@
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crossbeam_channel::Sender;
 
 use super::Route;
 use super::notify::Notifier;
-use crate::agent::{Agent, AgentFactory, CancelToken, TurnError, TurnInput};
+use crate::agent::{Agent, AgentFactory, CancelToken, Partials, TurnError, TurnInput};
 use crate::core::{CleanupJob, Input, TurnJob, TurnResult};
 
 /// A boxed agent, as the runtime moves it around.
@@ -47,12 +48,14 @@ fn panic_text(payload: &(dyn Any + Send)) -> String {
     }
 }
 
-/// Runs one turn on a turn-pool thread.
+/// Runs one turn on a turn-pool thread; its partial replies are forwarded at most once per
+/// `partial_interval`.
 pub fn run_turn(
     job: TurnJob<BoxAgent>,
     cancel: &CancelToken,
     factory: &dyn AgentFactory,
     sink: &CompletionSink,
+    partial_interval: Duration,
 ) {
     let TurnJob {
         turn,
@@ -60,8 +63,15 @@ pub fn run_turn(
         session,
         message_id,
         input,
+        context,
         agent,
     } = job;
+    let partials = {
+        let sink = sink.clone();
+        Partials::throttled(partial_interval, move |text| {
+            sink.send(Input::Partial { turn, slot, text });
+        })
+    };
     let mut agent = match agent {
         Some(a) => Ok(a),
         None => match catch_unwind(AssertUnwindSafe(|| factory.create(&session))) {
@@ -79,6 +89,8 @@ pub fn run_turn(
                 session: &session,
                 message_id: &message_id,
                 text: &input,
+                context: &context,
+                partials: &partials,
             };
             match catch_unwind(AssertUnwindSafe(|| a.turn(&input, cancel))) {
                 Ok(Ok(reply)) => TurnResult::Reply(reply),
@@ -101,6 +113,8 @@ pub fn run_turn(
 /// Closes one agent on a cleanup-pool thread.
 pub fn run_cleanup(job: CleanupJob<BoxAgent>, sink: &CompletionSink) {
     let CleanupJob { job, mut agent, .. } = job;
+    // The deadline runs from here, not from when the job was queued.
+    sink.send(Input::CleanupStarted { job });
     let result = match catch_unwind(AssertUnwindSafe(|| agent.close())) {
         Ok(r) => r,
         Err(p) => Err(format!("close() panicked: {}", panic_text(&*p))),

@@ -682,6 +682,8 @@ impl Frontend for BridgeServer {
                     },
                 );
             }
+            // The bridge's `partial` op arrives with the protocol's streaming support.
+            EventKind::Partial(_) => {}
             EventKind::TurnEnded(turn) => {
                 if let Some(t) = self.typing.remove(&turn) {
                     self.send_typing(t.conn, &t.session, false);
