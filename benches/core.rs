@@ -38,7 +38,7 @@ fn one_message(
             slot: job.slot,
             session: job.session,
             agent: Some(job.agent.unwrap_or(0)),
-            result: TurnResult::Reply(job.input),
+            result: TurnResult::Reply(job.input.into()),
         };
         core.handle(now, done, fx);
         n += fx.len();

@@ -42,7 +42,7 @@ fn full_path(core: &mut AgentCore, fx: &mut Vec<Effect<(), Box<dyn Agent>>>, m: 
             Effect::StartTurn(job) => {
                 let agent: Box<dyn Agent> =
                     job.agent.unwrap_or_else(|| Box::new(EchoAgent::default()));
-                let result = TurnResult::Reply(job.input);
+                let result = TurnResult::Reply(job.input.into());
                 inputs.push(Input::TurnDone {
                     turn: job.turn,
                     slot: job.slot,

@@ -21,7 +21,7 @@ fn cfg() -> CoreConfig {
 }
 
 fn reply(s: &str) -> Outcome {
-    Outcome::Reply(s.to_owned())
+    Outcome::Reply(s.into())
 }
 
 fn started_ids(fx: &[Fx]) -> Vec<String> {

@@ -417,7 +417,7 @@ fn stress_one_thousand_sessions_by_twenty_messages() {
             let id = format!("{s}/{r}");
             assert_eq!(
                 outcomes.get(&id),
-                Some(&vec![Outcome::Reply(id.clone())]),
+                Some(&vec![Outcome::Reply(id.clone().into())]),
                 "message {id}"
             );
         }
@@ -654,4 +654,45 @@ fn partials_are_forwarded_in_order_before_the_reply_and_throttled() {
         handle.shutdown();
         reactor.join().expect("reactor").expect("clean run");
     }
+}
+
+/// A reply longer than `max_reply_bytes` is cut on the worker, on a UTF-8 boundary, and
+/// flagged; a partial is cut the same way, so the reactor never carries an unbounded text.
+#[test]
+fn long_replies_and_partials_are_cut_on_a_char_boundary_and_flagged() {
+    struct Long;
+    impl Agent for Long {
+        fn turn(&mut self, input: &TurnInput<'_>, _: &CancelToken) -> Result<String, TurnError> {
+            let text = "é".repeat(4_000); // 8,000 bytes of two-byte characters
+            input.partials.publish(&text);
+            Ok(text)
+        }
+    }
+    let factory = |_: &SessionKey| -> Result<Box<dyn Agent>, String> { Ok(Box::new(Long)) };
+    let (runtime, handle, events) = Builder::new(factory)
+        .partial_interval(Duration::ZERO)
+        .max_reply_bytes(1_001)
+        .build()
+        .expect("valid settings");
+    let reactor = runtime.spawn().expect("reactor thread");
+    send(&handle, "m1", &key("t", "1"), "go");
+    let mut partial = None;
+    let reply = loop {
+        let e = events.recv_timeout(WAIT).expect("an event");
+        match e.kind {
+            EventKind::Partial(t) => partial = Some(t),
+            EventKind::Finished(Outcome::Reply(r)) => break r,
+            EventKind::Finished(other) => panic!("not a reply: {other:?}"),
+            _ => {}
+        }
+    };
+    assert!(reply.truncated);
+    assert_eq!(
+        reply.text,
+        "é".repeat(500),
+        "cut at 1,000 bytes, not mid-character"
+    );
+    assert_eq!(partial.as_deref(), Some(&*"é".repeat(500)));
+    handle.shutdown();
+    reactor.join().expect("reactor").expect("clean run");
 }

@@ -250,7 +250,7 @@ impl<R: Clone, A> Core<R, A> {
                     route,
                     &id,
                     &key,
-                    EventKind::Finished(Outcome::Reply(reply)),
+                    EventKind::Finished(Outcome::Reply(reply.into())),
                 );
                 return;
             }

@@ -146,11 +146,63 @@ impl fmt::Display for FailReason {
     }
 }
 
+/// An agent's reply, or a command's result.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reply {
+    /// The text.
+    pub text: String,
+    /// The agent's text was longer than `max_reply_bytes` and was cut (on a UTF-8 boundary).
+    pub truncated: bool,
+}
+
+impl Reply {
+    /// `text` cut to at most `max` bytes on a character boundary, flagged when cut.
+    pub fn bounded(mut text: String, max: usize) -> Reply {
+        let truncated = text.len() > max;
+        if truncated {
+            let mut end = max;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            text.truncate(end);
+        }
+        Reply { text, truncated }
+    }
+}
+
+impl From<String> for Reply {
+    fn from(text: String) -> Reply {
+        Reply {
+            text,
+            truncated: false,
+        }
+    }
+}
+
+impl std::ops::Deref for Reply {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.text
+    }
+}
+
+impl fmt::Display for Reply {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl From<&str> for Reply {
+    fn from(text: &str) -> Reply {
+        Reply::from(text.to_owned())
+    }
+}
+
 /// The terminal outcome of an accepted message: exactly one per message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
     /// The agent's reply, or a command's result.
-    Reply(String),
+    Reply(Reply),
     /// The turn was cancelled, or the message was dropped from the queue on purpose.
     Cancelled(CancelReason),
     /// The turn failed.
@@ -208,8 +260,8 @@ pub struct MessageEvent {
 /// What an agent turn returned, as reported by the worker that ran it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TurnResult {
-    /// The reply text.
-    Reply(String),
+    /// The reply text, already bounded by the worker.
+    Reply(Reply),
     /// The agent honoured a cancellation.
     Cancelled,
     /// The agent (or its creation) failed.

@@ -36,12 +36,17 @@ use crate::pool::{JobTicket, Pool, Replacement};
 pub use frontend::{Ctx, FIRST_RESERVED_TOKEN, Frontend, NoFrontend};
 use notify::Notifier;
 pub use workers::BoxAgent;
-use workers::{Completion, CompletionSink, run_cleanup, run_turn};
+use workers::{Completion, CompletionSink, TurnLimits, run_cleanup, run_turn};
 
 /// The reactor's fixed tokens sit at the top of the token space, apart from the slab keys a
 /// frontend uses for its sockets (see [`FIRST_RESERVED_TOKEN`]).
 const WAKE_TOKEN: Token = Token(usize::MAX - 1);
 const TIMER_TOKEN: Token = Token(usize::MAX - 2);
+
+/// Default least time between two forwarded partials of a turn.
+pub const DEFAULT_PARTIAL_INTERVAL: Duration = Duration::from_millis(800);
+/// Default cap on a reply's (and a partial's) length in bytes: 1 MiB.
+pub const DEFAULT_MAX_REPLY_BYTES: usize = 1 << 20;
 
 /// Submissions taken from the ingress channel per loop iteration.
 const INGRESS_BATCH: usize = 1024;
@@ -106,7 +111,7 @@ pub struct Builder {
     tick_interval: Duration,
     status_file: Option<PathBuf>,
     precise_timers: bool,
-    partial_interval: Duration,
+    limits: TurnLimits,
 }
 
 macro_rules! setters {
@@ -132,7 +137,10 @@ impl Builder {
             tick_interval: Duration::from_millis(100),
             status_file: None,
             precise_timers: true,
-            partial_interval: Duration::from_millis(800),
+            limits: TurnLimits {
+                partial_interval: DEFAULT_PARTIAL_INTERVAL,
+                max_reply_bytes: DEFAULT_MAX_REPLY_BYTES,
+            },
         }
     }
 
@@ -169,7 +177,10 @@ impl Builder {
         /// the poll's millisecond timeout alone. On by default.
         precise_timers: bool => precise_timers;
         /// Least time between two forwarded partial replies of one turn.
-        partial_interval: Duration => partial_interval;
+        partial_interval: Duration => limits.partial_interval;
+        /// Replies and partials longer than this are cut on a UTF-8 boundary and flagged
+        /// `truncated`, on the worker.
+        max_reply_bytes: usize => limits.max_reply_bytes;
     }
 
     /// Writes each snapshot as JSON to `path` (atomically, from a non-reactor thread).
@@ -184,6 +195,7 @@ impl Builder {
             ("turn_workers", self.core.turn_workers),
             ("cleanup_workers", self.cleanup_workers),
             ("queue_cap", self.core.queue_cap),
+            ("max_reply_bytes", self.limits.max_reply_bytes),
             ("ingress_capacity", self.ingress_capacity),
         ];
         for (name, v) in positive {
@@ -230,7 +242,7 @@ impl Builder {
             tick_interval: self.tick_interval,
             status_file: self.status_file,
             precise_timers: self.precise_timers,
-            partial_interval: self.partial_interval,
+            limits: self.limits,
         };
         Ok((runtime, handle, events_rx))
     }
@@ -299,7 +311,7 @@ pub struct Runtime {
     tick_interval: Duration,
     status_file: Option<PathBuf>,
     precise_timers: bool,
-    partial_interval: Duration,
+    limits: TurnLimits,
 }
 
 impl Runtime {
@@ -331,7 +343,7 @@ impl Runtime {
             tick_interval,
             status_file,
             precise_timers,
-            partial_interval,
+            limits,
         } = self;
         let epoch = Instant::now();
         let (completion_tx, completions) = unbounded();
@@ -345,7 +357,7 @@ impl Runtime {
             core.turn_workers,
             max_extra_threads,
             move |(job, cancel): (TurnJob<BoxAgent>, CancelToken)| {
-                run_turn(job, &cancel, &*factory, &turn_sink, partial_interval)
+                run_turn(job, &cancel, &*factory, &turn_sink, limits)
             },
         )?;
         let cleanup_pool = Pool::new(

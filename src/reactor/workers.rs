@@ -11,7 +11,7 @@ use crossbeam_channel::Sender;
 use super::Route;
 use super::notify::Notifier;
 use crate::agent::{Agent, AgentFactory, CancelToken, Partials, TurnError, TurnInput};
-use crate::core::{CleanupJob, Input, TurnJob, TurnResult};
+use crate::core::{CleanupJob, Input, Reply, TurnJob, TurnResult};
 
 /// A boxed agent, as the runtime moves it around.
 pub type BoxAgent = Box<dyn Agent>;
@@ -48,14 +48,23 @@ fn panic_text(payload: &(dyn Any + Send)) -> String {
     }
 }
 
-/// Runs one turn on a turn-pool thread; its partial replies are forwarded at most once per
-/// `partial_interval`.
+/// What every turn worker applies to the agents' output.
+#[derive(Clone, Copy, Debug)]
+pub struct TurnLimits {
+    /// Least time between two forwarded partials of one turn.
+    pub partial_interval: Duration,
+    /// Replies and partials longer than this are cut (on a UTF-8 boundary) and flagged, here
+    /// on the worker, so the reactor never handles an unbounded text.
+    pub max_reply_bytes: usize,
+}
+
+/// Runs one turn on a turn-pool thread.
 pub fn run_turn(
     job: TurnJob<BoxAgent>,
     cancel: &CancelToken,
     factory: &dyn AgentFactory,
     sink: &CompletionSink,
-    partial_interval: Duration,
+    limits: TurnLimits,
 ) {
     let TurnJob {
         turn,
@@ -68,7 +77,8 @@ pub fn run_turn(
     } = job;
     let partials = {
         let sink = sink.clone();
-        Partials::throttled(partial_interval, move |text| {
+        Partials::throttled(limits.partial_interval, move |text| {
+            let text = Reply::bounded(text, limits.max_reply_bytes).text;
             sink.send(Input::Partial { turn, slot, text });
         })
     };
@@ -93,7 +103,7 @@ pub fn run_turn(
                 partials: &partials,
             };
             match catch_unwind(AssertUnwindSafe(|| a.turn(&input, cancel))) {
-                Ok(Ok(reply)) => TurnResult::Reply(reply),
+                Ok(Ok(reply)) => TurnResult::Reply(Reply::bounded(reply, limits.max_reply_bytes)),
                 Ok(Err(TurnError::Cancelled)) => TurnResult::Cancelled,
                 Ok(Err(TurnError::Failed(e))) => TurnResult::Failed(e),
                 Err(p) => TurnResult::Panicked(panic_text(&*p)),

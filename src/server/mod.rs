@@ -563,7 +563,12 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 fn outcome_line(id: &str, session: &str, outcome: &Outcome) -> Vec<u8> {
     match outcome {
-        Outcome::Reply(text) => encode(&ServerOp::Reply { id, session, text }),
+        Outcome::Reply(reply) => encode(&ServerOp::Reply {
+            id,
+            session,
+            text: &reply.text,
+            truncated: reply.truncated,
+        }),
         Outcome::Cancelled(r) => encode(&ServerOp::Cancelled {
             id,
             session,

@@ -182,6 +182,9 @@ pub enum ServerOp<'a> {
         session: &'a str,
         /// Reply text.
         text: &'a str,
+        /// The agent's reply was longer than `--max-reply-bytes` and was cut.
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        truncated: bool,
     },
     /// Terminal: cancelled.
     Cancelled {

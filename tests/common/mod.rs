@@ -129,7 +129,7 @@ impl Harness {
     pub fn echo(&mut self, chat: &str) -> Vec<Fx> {
         let turn = self.turn_of(chat);
         let input = self.running[&turn].input.clone();
-        self.complete(turn, TurnResult::Reply(input))
+        self.complete(turn, TurnResult::Reply(input.into()))
     }
 
     pub fn finish_cleanup(&mut self, job: CleanupId, result: Result<(), String>) -> Vec<Fx> {
