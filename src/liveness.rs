@@ -149,8 +149,12 @@ pub struct SessionCounts {
     pub queued_messages: usize,
     /// Sessions waiting for a free turn worker.
     pub waiting_for_worker: usize,
-    /// Idle agents cached.
+    /// Idle agents cached (evictable).
     pub cached_agents: usize,
+    /// Agents kept by busy sessions while their next message waits for a worker.
+    pub parked_agents: usize,
+    /// Times an agent was kept beyond the cache cap because its session was busy.
+    pub cache_overflows: u64,
 }
 
 /// Turn counters.
@@ -173,6 +177,8 @@ pub struct TurnCounts {
 pub struct CleanupCounts {
     /// Jobs not yet finished nor timed out.
     pub pending: usize,
+    /// Jobs waiting for `close()` to start (bounded; evictions pause when it is full).
+    pub queued: usize,
     /// Jobs finished.
     pub done: u64,
     /// Jobs past their deadline (leaked).

@@ -1,7 +1,10 @@
 //! Property test: random interleavings of submissions, completions, failures, commands,
-//! cleanups, timer firings and shutdown across a few sessions, checked after every step
-//! against a simple model of guarantees 1 (one turn per session), 2 (order), 3 (exactly one
-//! outcome), 4 (never unclaimed while holding work), 6 (no leak) and 7 (bounded queues).
+//! cleanups (started late or at once), timer firings and shutdown across a few sessions,
+//! checked after every step against a simple model of guarantees 1 (one turn per session),
+//! 2 (order), 3 (exactly one outcome), 4 (never unclaimed while holding work), 6 (no leak),
+//! 7 (bounded queues, per session and in total) and the agent lifecycle: at most one live
+//! agent per session, counting agents being closed and agents held by abandoned turns, and
+//! no agent evicted while its session is busy.
 
 mod common;
 
@@ -11,7 +14,8 @@ use std::time::Duration;
 use common::{Fx, Harness, key};
 use proptest::prelude::*;
 use turnstile::core::{
-    AcceptState, BusyMode, CoreConfig, EventKind, Input, RejectReason, TurnId, TurnResult,
+    AcceptState, AgentPhase, BusyMode, CoreConfig, EventKind, Input, RejectReason, SessionView,
+    TurnId, TurnResult,
 };
 
 const CHATS: [&str; 3] = ["a", "b", "c"];
@@ -22,6 +26,7 @@ enum Op {
     Command(usize, &'static str),
     Complete(usize, u8),
     CompleteStuck,
+    StartCleanup,
     Cleanup(bool),
     Advance(u64),
     Shutdown,
@@ -33,27 +38,39 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..3usize, prop::sample::select(vec!["/stop", "/new", "/status"])).prop_map(|(s, c)| Op::Command(s, c)),
         5 => (0..3usize, 0..4u8).prop_map(|(s, r)| Op::Complete(s, r)),
         1 => Just(Op::CompleteStuck),
+        2 => Just(Op::StartCleanup),
         2 => any::<bool>().prop_map(Op::Cleanup),
         2 => (0..8_000u64).prop_map(Op::Advance),
         1 => Just(Op::Shutdown),
     ]
 }
 
-fn config() -> impl Strategy<Value = CoreConfig> {
-    (1..4usize, 1..5usize, 0..3usize, 0..3usize).prop_map(|(workers, cap, cached, mode)| {
-        CoreConfig {
-            turn_workers: workers,
-            queue_cap: cap,
-            max_cached_agents: cached,
-            busy_mode: [BusyMode::Queue, BusyMode::Interrupt, BusyMode::Merge][mode],
-            agent_idle_ttl: Duration::from_secs(10),
-            sweep_interval: Duration::from_secs(3),
-            turn_timeout: Duration::from_secs(20),
-            stop_grace: Duration::from_secs(2),
-            cleanup_timeout: Duration::from_secs(5),
-            drain_timeout: Duration::from_secs(3),
-        }
-    })
+fn config() -> impl Strategy<Value = (CoreConfig, bool)> {
+    (
+        (1..4usize, 1..5usize, 0..3usize, 0..3usize),
+        (1..12usize, 1..3usize, 0..3usize, any::<bool>()),
+    )
+        .prop_map(
+            |((workers, cap, cached, mode), (total, concurrency, backlog, auto_start))| {
+                let cfg = CoreConfig {
+                    turn_workers: workers,
+                    queue_cap: cap,
+                    max_cached_agents: cached,
+                    busy_mode: [BusyMode::Queue, BusyMode::Interrupt, BusyMode::Merge][mode],
+                    agent_idle_ttl: Duration::from_secs(10),
+                    sweep_interval: Duration::from_secs(3),
+                    turn_timeout: Duration::from_secs(20),
+                    stop_grace: Duration::from_secs(2),
+                    cleanup_timeout: Duration::from_secs(5),
+                    drain_timeout: Duration::from_secs(3),
+                    max_queued_messages: total,
+                    max_queued_bytes: 1 << 20,
+                    cleanup_concurrency: concurrency,
+                    cleanup_queue_cap: backlog,
+                };
+                (cfg, auto_start)
+            },
+        )
 }
 
 #[derive(Default)]
@@ -70,6 +87,17 @@ struct Model {
     last_started: HashMap<String, usize>,
     agents_in_turns: HashSet<u64>,
     agents_closed: HashSet<u64>,
+    /// Agents alive (from their factory call until their close returned or was given up
+    /// on), with their session.
+    alive: HashMap<u64, String>,
+    /// Agents given up on past a deadline: no longer counted, may still come back.
+    given_up: HashSet<u64>,
+    /// Cleanup job -> the agent it closes.
+    job_agent: HashMap<turnstile::core::CleanupId, u64>,
+    /// Abandoned turns still holding their agent: turn -> (session, agent).
+    stuck: HashMap<TurnId, (String, u64)>,
+    /// Running turns: turn -> (session, agent).
+    turn_agents: HashMap<TurnId, (String, u64)>,
     next_id: usize,
 }
 
@@ -77,9 +105,10 @@ impl Model {
     fn observe(
         &mut self,
         step: &[Fx],
-        cap: usize,
+        cfg: &CoreConfig,
         queued_before: &HashMap<String, usize>,
     ) -> Result<(), TestCaseError> {
+        let cap = cfg.queue_cap;
         for f in step {
             match f {
                 Fx::Event(e) => {
@@ -116,6 +145,14 @@ impl Model {
                                 let q = queued_before.get(&session).copied().unwrap_or(0);
                                 prop_assert_eq!(q, cap, "queue_full below the cap");
                             }
+                            if *reason == RejectReason::Overloaded {
+                                let total: usize = queued_before.values().sum();
+                                prop_assert_eq!(
+                                    total,
+                                    cfg.max_queued_messages,
+                                    "overloaded below the cap"
+                                );
+                            }
                             self.rejected.insert(id);
                         }
                         EventKind::TurnStarted(_) | EventKind::Partial(_) => {}
@@ -142,8 +179,28 @@ impl Model {
                     session,
                     id,
                     agent,
+                    agent_id,
                     ..
                 } => {
+                    match agent {
+                        None => {
+                            let other = self.alive.iter().find(|(_, s)| *s == session);
+                            prop_assert!(
+                                other.is_none(),
+                                "a second agent for {} while {:?} lives",
+                                session,
+                                other
+                            );
+                            self.alive.insert(*agent_id, session.clone());
+                        }
+                        Some(a) => prop_assert_eq!(
+                            self.alive.get(a),
+                            Some(session),
+                            "agent {} reused but not alive for its session",
+                            a
+                        ),
+                    }
+                    self.turn_agents.insert(*turn, (session.clone(), *agent_id));
                     let prev = self.in_flight.insert(session.clone(), *turn);
                     prop_assert!(prev.is_none(), "two turns in flight for {session}");
                     let order = &self.accepted[session];
@@ -160,7 +217,7 @@ impl Model {
                         prop_assert!(self.agents_in_turns.insert(*a), "agent {a} in two turns");
                     }
                 }
-                Fx::Cleanup { agent, .. } => {
+                Fx::Cleanup { job, agent, .. } => {
                     prop_assert!(
                         self.agents_closed.insert(*agent),
                         "agent {agent} closed twice"
@@ -169,6 +226,33 @@ impl Model {
                         !self.agents_in_turns.contains(agent),
                         "closing agent {agent} mid-turn"
                     );
+                    prop_assert!(
+                        self.alive.contains_key(agent) || self.given_up.contains(agent),
+                        "closing agent {agent} that is not alive"
+                    );
+                    self.job_agent.insert(*job, *agent);
+                    self.stuck.retain(|_, (_, a)| a != agent);
+                }
+                Fx::Abandoned(turn) => {
+                    if let Some((session, agent)) = self.turn_agents.remove(turn) {
+                        self.stuck.insert(*turn, (session, agent));
+                    }
+                }
+                Fx::Exceeded { job, session, .. } => {
+                    let agent = match self.job_agent.get(job) {
+                        Some(&a) => Some(a),
+                        // A job still waiting for an abandoned turn to hand its agent back.
+                        None => self
+                            .stuck
+                            .values()
+                            .find(|(s, a)| s == session && self.alive.contains_key(a))
+                            .map(|&(_, a)| a),
+                    };
+                    prop_assert!(agent.is_some(), "exceeded job {:?} without an agent", job);
+                    if let Some(a) = agent {
+                        self.alive.remove(&a);
+                        self.given_up.insert(a);
+                    }
                 }
                 _ => {}
             }
@@ -182,19 +266,52 @@ fn check_table(h: &Harness, cap: usize) -> Result<(), TestCaseError> {
     prop_assert_eq!(views.len(), h.core.stats().sessions);
     for v in &views {
         prop_assert!(
-            v.running.is_some() || v.queued > 0 || v.agent_cached,
+            v.running.is_some() || v.queued > 0 || v.agent != AgentPhase::Absent,
             "leaked slot for {}",
             v.key
         );
         prop_assert!(
-            v.queued == 0 || v.running.is_some() || v.waiting_for_worker,
+            v.queued == 0
+                || v.running.is_some()
+                || v.waiting_for_worker
+                || v.agent == AgentPhase::Closing,
             "{} holds work unclaimed",
             v.key
         );
+        if v.agent == AgentPhase::Idle {
+            prop_assert!(v.running.is_none() && v.queued == 0 && !v.waiting_for_worker);
+        }
         prop_assert!(v.queued <= cap, "{} queue over cap", v.key);
         prop_assert_eq!(h.core.session(&v.key).map(|x| x.slot), Some(v.slot));
     }
     prop_assert!(h.core.stats().running_turns <= h.core.config().turn_workers);
+    Ok(())
+}
+
+fn views(h: &Harness) -> HashMap<String, SessionView> {
+    h.core.sessions().map(|v| (v.key.to_string(), v)).collect()
+}
+
+/// An agent kept for a busy session (parked) leaves it only for its next turn, or to be
+/// closed by `/new` or shutdown: never by eviction or the idle sweep.
+fn check_no_busy_eviction(
+    op: &Op,
+    before: &HashMap<String, SessionView>,
+    after: &HashMap<String, SessionView>,
+) -> Result<(), TestCaseError> {
+    for (session, b) in before {
+        let Some(a) = after.get(session) else {
+            continue;
+        };
+        if b.agent == AgentPhase::Parked && a.agent == AgentPhase::Closing {
+            let allowed = match op {
+                Op::Shutdown => true,
+                Op::Command(s, "/new") => key(CHATS[*s]).to_string() == *session,
+                _ => false,
+            };
+            prop_assert!(allowed, "{}'s parked agent closed by {:?}", session, op);
+        }
+    }
     Ok(())
 }
 
@@ -227,6 +344,7 @@ fn apply(h: &mut Harness, m: &mut Model, op: &Op) -> Vec<Fx> {
             if let Some(a) = job.agent {
                 m.agents_in_turns.remove(&a);
             }
+            m.turn_agents.remove(&turn);
             let result = match r {
                 0 => TurnResult::Reply("ok".into()),
                 1 => TurnResult::Cancelled,
@@ -244,10 +362,14 @@ fn apply(h: &mut Harness, m: &mut Model, op: &Op) -> Vec<Fx> {
             }
             h.complete(turn, TurnResult::Reply("late".into()))
         }
+        Op::StartCleanup => h.start_cleanup(),
         Op::Cleanup(ok) => {
             let Some(&job) = h.cleanups.keys().min() else {
                 return vec![];
             };
+            if let Some(a) = h.cleanups.get(&job) {
+                m.alive.remove(a);
+            }
             h.finish_cleanup(
                 job,
                 if ok {
@@ -266,14 +388,17 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
     #[test]
-    fn guarantees_hold_under_any_interleaving(cfg in config(), ops in prop::collection::vec(op(), 1..120)) {
+    fn guarantees_hold_under_any_interleaving((cfg, auto_start) in config(), ops in prop::collection::vec(op(), 1..120)) {
         let cap = cfg.queue_cap;
-        let mut h = Harness::new(cfg);
+        let mut h = Harness::new(cfg.clone());
+        h.auto_start_cleanups = auto_start;
         let mut m = Model::default();
         for op in &ops {
             let before = queued_by_session(&h);
+            let views_before = views(&h);
             let step = apply(&mut h, &mut m, op);
-            m.observe(&step, cap, &before)?;
+            m.observe(&step, &cfg, &before)?;
+            check_no_busy_eviction(op, &views_before, &views(&h))?;
             check_table(&h, cap)?;
         }
         // Let everything run out: complete every turn, answer every cleanup, pass time.
@@ -285,6 +410,8 @@ proptest! {
                 Op::Complete(s, 0)
             } else if !h.stuck.is_empty() {
                 Op::CompleteStuck
+            } else if !h.unstarted.is_empty() {
+                Op::StartCleanup
             } else if !h.cleanups.is_empty() {
                 Op::Cleanup(true)
             } else {
@@ -292,7 +419,7 @@ proptest! {
             };
             let before = queued_by_session(&h);
             let step = apply(&mut h, &mut m, &op);
-            m.observe(&step, cap, &before)?;
+            m.observe(&step, &cfg, &before)?;
             check_table(&h, cap)?;
         }
         prop_assert!(h.running.is_empty() && h.core.stats().queued_messages == 0);

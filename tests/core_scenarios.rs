@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use common::{Fx, Harness, key};
 use turnstile::core::{
-    AcceptState, BusyMode, CancelReason, CleanupContext, CoreConfig, EventKind, FailReason, Input,
-    Outcome, RejectReason, TurnResult,
+    AcceptState, AgentPhase, BusyMode, CancelReason, CleanupContext, CoreConfig, EventKind,
+    FailReason, Input, Outcome, RejectReason, TurnResult,
 };
 
 fn cfg() -> CoreConfig {
@@ -122,15 +122,25 @@ fn solo_turn_leaves_no_slot_once_its_agent_is_gone() {
     h.submit("42", "solo", "hi");
     h.echo("42");
     assert_eq!(h.outcomes_of("solo"), vec![reply("hi")]);
+    let job = h
+        .log
+        .iter()
+        .find_map(|f| match f {
+            Fx::Cleanup {
+                job,
+                context: CleanupContext::Eviction,
+                ..
+            } => Some(*job),
+            _ => None,
+        })
+        .expect("the agent was evicted");
+    // The slot stays while the agent closes (a message now would wait for the close)...
+    let view = h.core.session(&key("42")).expect("held while closing");
+    assert_eq!(view.agent, AgentPhase::Closing);
+    // ...and goes once it has.
+    h.finish_cleanup(job, Ok(()));
     assert!(h.core.session(&key("42")).is_none());
     assert_eq!(h.core.stats().sessions, 0);
-    assert!(h.log.iter().any(|f| matches!(
-        f,
-        Fx::Cleanup {
-            context: CleanupContext::Eviction,
-            ..
-        }
-    )));
 
     // With the cache, the slot holds the idle agent until the sweep closes it.
     let ttl = Duration::from_secs(60);
@@ -149,13 +159,18 @@ fn solo_turn_leaves_no_slot_once_its_agent_is_gone() {
     h.advance(Duration::from_secs(50));
     assert!(h.core.session(&key("42")).is_some(), "swept before its TTL");
     let step = h.advance(Duration::from_secs(20));
-    assert!(step.iter().any(|f| matches!(
-        f,
-        Fx::Cleanup {
-            context: CleanupContext::Sweep,
-            ..
-        }
-    )));
+    let Some(&Fx::Cleanup { job, .. }) = step.iter().find(|f| {
+        matches!(
+            f,
+            Fx::Cleanup {
+                context: CleanupContext::Sweep,
+                ..
+            }
+        )
+    }) else {
+        panic!("swept: {step:?}");
+    };
+    h.finish_cleanup(job, Ok(()));
     assert!(h.core.session(&key("42")).is_none());
     assert_eq!(h.core.stats().sessions, 0);
 }
@@ -302,8 +317,10 @@ fn stop_cancels_the_turn_and_the_queue_and_reports_how_many() {
     );
 }
 
-/// A turn that ignores cancellation is abandoned after the grace; the session carries on with
-/// a fresh agent, and the late result is discarded while its agent is closed.
+/// A turn that ignores cancellation is abandoned after the grace: its message gets its
+/// outcome at once. Its agent is still alive on the stuck worker, so the session's next turn
+/// waits (one live agent per session) until that agent comes back and is closed; the late
+/// result is discarded.
 #[test]
 fn a_turn_ignoring_stop_is_abandoned_after_the_grace_and_the_session_proceeds() {
     let grace = Duration::from_secs(5);
@@ -324,26 +341,78 @@ fn a_turn_ignoring_stop_is_abandoned_after_the_grace_and_the_session_proceeds() 
         h.outcomes_of("M2"),
         vec![Outcome::Cancelled(CancelReason::Stopped)]
     );
+    assert!(started_ids(&step).is_empty(), "a second agent: {step:?}");
+    // The stuck worker finally returns: no second outcome, its agent goes to cleanup.
+    let step = h.complete(stuck, TurnResult::Reply("late".into()));
+    let [
+        Fx::Cleanup {
+            job,
+            context: CleanupContext::Abandoned,
+            ..
+        },
+    ] = step[..]
+    else {
+        panic!("{step:?}");
+    };
+    assert_eq!(h.outcomes_of("M2").len(), 1);
+    assert!(
+        started_ids(&step).is_empty(),
+        "started before the close: {step:?}"
+    );
+    // Its close ends: the session proceeds with a fresh agent.
+    let step = h.finish_cleanup(job, Ok(()));
     assert!(
         step.iter()
             .any(|f| matches!(f, Fx::Started { id, agent: None, .. } if id == "M3"))
     );
     h.echo("42");
     assert_eq!(h.outcomes_of("M3"), vec![reply("c")]);
-    // The stuck worker finally returns: no second outcome, its agent goes to cleanup.
-    let step = h.complete(stuck, TurnResult::Reply("late".into()));
+    assert_eq!(h.core.stats().turns_abandoned, 1);
+}
+
+/// An abandoned turn that never hands its agent back holds its session up for
+/// `cleanup_timeout` at most: then the agent is given up on (counted as a timed-out cleanup,
+/// WARNed `exceeded`) and the session proceeds; if the agent ever comes back it is closed
+/// on its own.
+#[test]
+fn an_agent_stuck_past_the_cleanup_timeout_is_given_up_and_the_session_proceeds() {
+    let (grace, cleanup) = (Duration::from_secs(5), Duration::from_secs(30));
+    let mut h = Harness::new(CoreConfig {
+        stop_grace: grace,
+        cleanup_timeout: cleanup,
+        ..cfg()
+    });
+    h.submit("42", "M1", "a");
+    let stuck = h.turn_of("42");
+    h.submit("42", "S", "/stop");
+    h.submit("42", "M2", "b");
+    h.advance(grace);
+    assert!(h.advance(cleanup - Duration::from_millis(1)).is_empty());
+    let step = h.advance(Duration::from_millis(1));
     assert!(
-        matches!(
-            step[..],
-            [Fx::Cleanup {
+        step.iter().any(|f| matches!(
+            f,
+            Fx::Exceeded {
                 context: CleanupContext::Abandoned,
                 ..
-            }]
-        ),
+            }
+        )),
         "{step:?}"
     );
-    assert_eq!(h.outcomes_of("M2").len(), 1);
-    assert_eq!(h.core.stats().turns_abandoned, 1);
+    assert!(
+        step.iter()
+            .any(|f| matches!(f, Fx::Started { id, agent: None, .. } if id == "M2"))
+    );
+    assert_eq!(h.core.stats().cleanups_timed_out, 1);
+    let step = h.complete(stuck, TurnResult::Reply("very late".into()));
+    assert!(matches!(
+        step[..],
+        [Fx::Cleanup {
+            context: CleanupContext::Abandoned,
+            ..
+        }]
+    ));
+    assert_eq!(h.outcomes_of("M1").len(), 1);
 }
 
 #[test]
@@ -361,6 +430,17 @@ fn a_turn_past_its_timeout_fails_with_timeout() {
         h.outcomes_of("M1"),
         vec![Outcome::Failed(FailReason::Timeout)]
     );
+    // The stuck worker still has the agent: the session keeps its slot, waiting for it.
+    let view = h
+        .core
+        .session(&key("42"))
+        .expect("waiting for the stuck agent");
+    assert_eq!(view.agent, AgentPhase::Closing);
+    let step = h.complete(t, TurnResult::Reply("late".into()));
+    let Some(&Fx::Cleanup { job, .. }) = step.first() else {
+        panic!("the returning agent is closed: {step:?}");
+    };
+    h.finish_cleanup(job, Ok(()));
     assert!(
         h.core.session(&key("42")).is_none(),
         "no work, no agent: no slot"
@@ -373,34 +453,56 @@ fn reset_closes_the_agent_so_the_next_message_gets_a_fresh_one() {
     h.submit("42", "M1", "a");
     h.echo("42");
     let step = h.submit("42", "R", "/new");
-    assert!(step.iter().any(|f| matches!(
-        f,
-        Fx::Cleanup {
-            context: CleanupContext::Reset,
-            ..
-        }
-    )));
+    let Some(&Fx::Cleanup { job, .. }) = step.iter().find(|f| {
+        matches!(
+            f,
+            Fx::Cleanup {
+                context: CleanupContext::Reset,
+                ..
+            }
+        )
+    }) else {
+        panic!("the agent goes to cleanup: {step:?}");
+    };
+    // One live agent per session: the next message waits until the old agent's close ends.
     let step = h.submit("42", "M2", "b");
     assert!(
+        started_ids(&step).is_empty(),
+        "started during close: {step:?}"
+    );
+    assert_eq!(
+        h.events_of("M2"),
+        vec![EventKind::Accepted {
+            state: AcceptState::Queued,
+            position: 0
+        }]
+    );
+    let step = h.finish_cleanup(job, Ok(()));
+    assert!(
         step.iter()
-            .any(|f| matches!(f, Fx::Started { agent: None, .. }))
+            .any(|f| matches!(f, Fx::Started { agent: None, id, .. } if id == "M2"))
     );
 
     // Reset mid-turn: the agent coming back is closed, not cached.
     let t = h.turn_of("42");
     h.submit("42", "R2", "/reset");
     let step = h.complete(t, TurnResult::Cancelled);
-    assert!(step.iter().any(|f| matches!(
-        f,
-        Fx::Cleanup {
-            context: CleanupContext::Reset,
-            ..
-        }
-    )));
+    let Some(&Fx::Cleanup { job, .. }) = step.iter().find(|f| {
+        matches!(
+            f,
+            Fx::Cleanup {
+                context: CleanupContext::Reset,
+                ..
+            }
+        )
+    }) else {
+        panic!("closed on return: {step:?}");
+    };
     assert_eq!(
         h.outcomes_of("M2"),
         vec![Outcome::Cancelled(CancelReason::Reset)]
     );
+    h.finish_cleanup(job, Ok(()));
     assert!(h.core.session(&key("42")).is_none());
 }
 
@@ -454,14 +556,20 @@ fn lru_evicts_the_least_recently_used_idle_agent() {
     h.echo("b");
     h.echo("a");
     let step = h.echo("c");
-    // b went idle first, so b's agent is evicted and its slot freed; a and c keep theirs.
-    assert!(step.iter().any(|f| matches!(
-        f,
-        Fx::Cleanup {
-            context: CleanupContext::Eviction,
-            ..
-        }
-    )));
+    // b went idle first, so b's agent is evicted (its slot freed once it closed); a and c
+    // keep theirs.
+    let Some(&Fx::Cleanup { job, .. }) = step.iter().find(|f| {
+        matches!(
+            f,
+            Fx::Cleanup {
+                context: CleanupContext::Eviction,
+                ..
+            }
+        )
+    }) else {
+        panic!("an eviction: {step:?}");
+    };
+    h.finish_cleanup(job, Ok(()));
     assert!(h.core.session(&key("b")).is_none());
     assert!(h.core.session(&key("a")).is_some_and(|v| v.agent_cached));
     assert!(h.core.session(&key("c")).is_some_and(|v| v.agent_cached));
@@ -575,8 +683,13 @@ fn shutdown_is_bounded_when_turns_and_cleanups_hang() {
         h.outcomes_of("M1"),
         vec![Outcome::Cancelled(CancelReason::Shutdown)]
     );
+    assert!(!step.iter().any(|f| matches!(f, Fx::Complete(_))));
+    // The abandoned turn keeps its agent; shutdown waits for it up to the cleanup timeout.
+    let step = h.advance(Duration::from_secs(30));
     match &step[..] {
-        [.., Fx::Complete(r)] => assert!(!r.clean && r.turns_abandoned == 1),
+        [.., Fx::Complete(r)] => {
+            assert!(!r.clean && r.turns_abandoned == 1 && r.cleanups_timed_out == 1)
+        }
         other => panic!("expected completion: {other:?}"),
     }
 }
@@ -618,4 +731,204 @@ fn partials_reach_the_current_turn_only() {
         text: "x".into(),
     });
     assert!(bogus.is_empty());
+}
+
+fn cleanup_job(step: &[Fx], context: CleanupContext) -> Option<turnstile::core::CleanupId> {
+    step.iter().find_map(|f| match f {
+        Fx::Cleanup {
+            job, context: c, ..
+        } if *c == context => Some(*job),
+        _ => None,
+    })
+}
+
+/// Issue 7, "busy sessions lose their agent": a session whose follow-up waits for a worker
+/// is busy, so its agent is parked, never evicted, and serves the follow-up; the cache
+/// overflows its cap instead, and counts it.
+#[test]
+fn a_session_waiting_for_a_worker_keeps_its_agent_and_the_cache_overflows() {
+    let mut h = Harness::new(CoreConfig {
+        turn_workers: 1,
+        max_cached_agents: 1,
+        ..cfg()
+    });
+    for chat in ["a", "b", "c"] {
+        h.submit(chat, &format!("{chat}1"), "x");
+        h.submit(chat, &format!("{chat}2"), "y");
+    }
+    // a1 runs; the others wait. Each turn's agent comes back to a busy session.
+    for _ in 0..6 {
+        let running: Vec<String> = h.running.values().map(|j| j.session.to_string()).collect();
+        let chat = running[0].rsplit(':').next().unwrap_or("").to_owned();
+        h.echo(&chat);
+    }
+    for chat in ["a", "b", "c"] {
+        let second = h.log.iter().find_map(|f| match f {
+            Fx::Started { id, agent, .. } if *id == format!("{chat}2") => Some(*agent),
+            _ => None,
+        });
+        assert!(
+            matches!(second, Some(Some(_))),
+            "{chat}'s follow-up got a fresh agent"
+        );
+    }
+    assert!(h.core.stats().cache_overflows > 0);
+    // Once idle, the cap applies again: two of the three idle agents are evicted.
+    assert_eq!(h.core.stats().cached_agents, 1);
+    assert_eq!(h.core.stats().parked_agents, 0);
+}
+
+/// Issue 7, "two agents alive for one session": a message for a session whose agent is
+/// being evicted waits for that close; its turn then creates the next agent.
+#[test]
+fn a_message_waits_for_its_sessions_evicted_agent_to_close() {
+    let mut h = Harness::new(CoreConfig {
+        max_cached_agents: 0,
+        ..cfg()
+    });
+    h.submit("42", "M1", "a");
+    let step = h.echo("42");
+    let job = cleanup_job(&step, CleanupContext::Eviction).expect("evicted");
+    let step = h.submit("42", "M2", "b");
+    assert!(started_ids(&step).is_empty(), "{step:?}");
+    h.submit("42", "st", "/status");
+    assert_eq!(
+        h.outcomes_of("st"),
+        vec![reply("waiting for its previous agent to close, 1 queued")]
+    );
+    // A failed close ends it just the same.
+    let step = h.finish_cleanup(job, Err("disk full".into()));
+    assert_eq!(started_ids(&step), vec!["M2".to_owned()]);
+}
+
+/// Issue 7, "cleanup deadlines run from queueing": a job waiting behind the pool's
+/// concurrency never times out; its deadline starts when `close()` starts.
+#[test]
+fn a_queued_cleanup_does_not_time_out_its_deadline_runs_from_its_start() {
+    let timeout = Duration::from_secs(30);
+    let mut h = Harness::new(CoreConfig {
+        max_cached_agents: 0,
+        cleanup_concurrency: 1,
+        cleanup_timeout: timeout,
+        ..cfg()
+    });
+    h.auto_start_cleanups = false;
+    h.submit("a", "a1", "x");
+    h.submit("b", "b1", "x");
+    h.echo("a");
+    h.echo("b");
+    // One job issued (a's), b's waits in the backlog.
+    assert_eq!(h.cleanups.len(), 1);
+    assert_eq!(h.core.stats().cleanups_queued, 2);
+    h.start_cleanup();
+    assert_eq!(h.core.stats().cleanups_queued, 1);
+    let (&a_job, _) = h.cleanups.iter().next().expect("a's job");
+    h.advance(timeout / 2);
+    h.finish_cleanup(a_job, Ok(()));
+    // b's job was issued when a's ended; it sits unstarted for ten timeouts.
+    let step = h.advance(timeout * 10);
+    assert!(
+        !step.iter().any(|f| matches!(f, Fx::Exceeded { .. })),
+        "{step:?}"
+    );
+    assert_eq!(h.core.stats().cleanups_timed_out, 0);
+    h.start_cleanup();
+    assert!(h.advance(timeout - Duration::from_millis(1)).is_empty());
+    let step = h.advance(Duration::from_millis(1));
+    assert!(step.iter().any(|f| matches!(
+        f,
+        Fx::Exceeded {
+            context: CleanupContext::Eviction,
+            ..
+        }
+    )));
+    assert_eq!(h.core.stats().cleanups_timed_out, 1);
+}
+
+/// The cleanup backlog is bounded: while it holds `cleanup_queue_cap` jobs, evictions pause
+/// (the agents stay cached, over the cap) and resume as jobs finish.
+#[test]
+fn evictions_pause_while_the_cleanup_backlog_is_full() {
+    let mut h = Harness::new(CoreConfig {
+        max_cached_agents: 0,
+        cleanup_concurrency: 1,
+        cleanup_queue_cap: 1,
+        ..cfg()
+    });
+    for chat in ["a", "b", "c", "d"] {
+        h.submit(chat, &format!("{chat}1"), "x");
+    }
+    for chat in ["a", "b", "c", "d"] {
+        h.echo(chat);
+    }
+    // a's job in the pool, b's in the backlog (full): c and d stay cached.
+    let s = h.core.stats();
+    assert_eq!((s.cleanups_pending, s.cached_agents), (2, 2));
+    let job = *h.cleanups.keys().next().expect("a job in the pool");
+    h.finish_cleanup(job, Ok(()));
+    // b's job moves to the pool, c is evicted into the backlog.
+    let s = h.core.stats();
+    assert_eq!((s.cleanups_pending, s.cached_agents), (2, 1));
+}
+
+/// The idle sweep only closes agents of idle sessions: a parked agent is never swept.
+#[test]
+fn the_idle_sweep_never_closes_a_parked_agent() {
+    let ttl = Duration::from_secs(60);
+    let mut h = Harness::new(CoreConfig {
+        turn_workers: 1,
+        agent_idle_ttl: ttl,
+        sweep_interval: Duration::from_secs(10),
+        ..cfg()
+    });
+    h.submit("a", "a1", "x");
+    h.echo("a"); // a's agent idle
+    h.submit("b", "b1", "x"); // b runs on the one worker
+    h.submit("a", "a2", "y"); // a waits for it: its agent is parked
+    let step = h.advance(ttl * 3);
+    assert!(
+        cleanup_job(&step, CleanupContext::Sweep).is_none(),
+        "{step:?}"
+    );
+    h.echo("b");
+    assert!(
+        h.log
+            .iter()
+            .any(|f| matches!(f, Fx::Started { id, agent: Some(_), .. } if id == "a2"))
+    );
+}
+
+/// A global bound on waiting messages: past `max_queued_messages` (or bytes) across all
+/// sessions, a new message is rejected `overloaded`, never accepted and never dropped.
+#[test]
+fn past_the_global_queue_bound_messages_are_rejected_overloaded() {
+    let mut h = Harness::new(CoreConfig {
+        turn_workers: 1,
+        max_queued_messages: 2,
+        max_queued_bytes: 10,
+        ..cfg()
+    });
+    h.submit("a", "a1", "run"); // runs: not queued
+    h.submit("b", "b1", "1234");
+    h.submit("c", "c1", "12345678901"); // 11 bytes: past the byte bound
+    h.submit("c", "c2", "123");
+    h.submit("d", "d1", "x"); // two queued already
+    assert_eq!(
+        h.events_of("c1"),
+        vec![EventKind::Rejected(RejectReason::Overloaded)]
+    );
+    assert_eq!(
+        h.events_of("d1"),
+        vec![EventKind::Rejected(RejectReason::Overloaded)]
+    );
+    assert!(
+        h.core.session(&key("d")).is_none(),
+        "a refused message claims no slot"
+    );
+    h.echo("a");
+    h.submit("d", "d2", "x");
+    assert!(matches!(
+        h.events_of("d2")[..],
+        [EventKind::Accepted { .. }]
+    ));
 }

@@ -121,8 +121,9 @@ fn blocking_close_leaves_the_heartbeat_ticking() {
         later.cleanups.pending, 1,
         "close() must still be blocked during the ticks"
     );
-    // The reactor still answers while the teardown is stuck.
-    send(&handle, "m2", &s, "still there?");
+    // The reactor still answers while the teardown is stuck (another session: this one's
+    // next agent waits for its old one to close).
+    send(&handle, "m2", &key("seed", "other"), "still there?");
     assert_eq!(
         outcome_of(&events, "m2"),
         Outcome::Reply("still there?".into())
@@ -274,6 +275,9 @@ fn a_panicking_turn_fails_and_its_worker_survives() {
     assert_eq!(handle.status().workers.replaced, 0);
 }
 
+/// A turn ignoring cancellation is abandoned after the grace: its message is answered at
+/// once, and the session's next message waits until the stuck turn hands its agent back and
+/// that agent is closed (one live agent per session); it then runs on a replacement thread.
 #[test]
 fn a_turn_ignoring_cancellation_is_abandoned_and_the_session_proceeds() {
     let logs = capture_logs();
@@ -291,19 +295,23 @@ fn a_turn_ignoring_cancellation_is_abandoned_and_the_session_proceeds() {
         .expect("stuck turn running");
     send(&handle, "stop", &s, "/stop");
     send(&handle, "m2", &s, "after");
-    // m2 can only run on a replacement thread: the single worker is still stuck.
     assert_eq!(
         outcome_of(&events, "m1"),
         Outcome::Cancelled(CancelReason::Stopped)
     );
-    assert_eq!(outcome_of(&events, "m2"), Outcome::Reply("after".into()));
     assert_eq!(
         logs.find(log::Level::Warn, &["abandoned", "t:dm:stuck"])
             .len(),
         1
     );
+    // m2 waits: the stuck turn still holds the session's agent.
+    let st = handle
+        .wait_status(WAIT, |st| st.turns.abandoned == 1)
+        .expect("abandonment in the status");
+    assert_eq!((st.sessions.queued_messages, st.turns.in_flight), (1, 0));
     release.send(()).expect("release");
-    // The stuck worker returns: its late reply is discarded and its agent closed.
+    // The stuck worker returns: its late reply is discarded, its agent closed, then m2 runs.
+    assert_eq!(outcome_of(&events, "m2"), Outcome::Reply("after".into()));
     handle
         .wait_status(WAIT, |st| st.cleanups.done >= 1)
         .expect("late agent closed");
@@ -319,6 +327,44 @@ fn a_turn_ignoring_cancellation_is_abandoned_and_the_session_proceeds() {
             "late event for the abandoned message: {e:?}"
         );
     }
+}
+
+/// A stuck turn that never hands its agent back holds its session up for the cleanup
+/// timeout at most: the agent is then given up on (WARN `exceeded`, with the session key)
+/// and the session proceeds with a fresh agent.
+#[test]
+fn a_session_waits_for_a_stuck_agent_no_longer_than_the_cleanup_timeout() {
+    let logs = capture_logs();
+    let (factory, stuck_started, release) = unruly();
+    let (rt, handle, events) = Builder::new(factory)
+        .turn_workers(1)
+        .stop_grace(Duration::from_millis(20))
+        .cleanup_timeout(Duration::from_millis(50))
+        .build()
+        .expect("settings");
+    let reactor = rt.spawn().expect("reactor thread");
+    let s = key("t", "never-back");
+    send(&handle, "m1", &s, "stuck");
+    stuck_started
+        .recv_timeout(WAIT)
+        .expect("stuck turn running");
+    send(&handle, "stop", &s, "/stop");
+    send(&handle, "m2", &s, "after");
+    assert_eq!(outcome_of(&events, "m2"), Outcome::Reply("after".into()));
+    assert_eq!(
+        logs.find(
+            log::Level::Warn,
+            &["exceeded", "t:dm:never-back", "abandoned turn"]
+        )
+        .len(),
+        1
+    );
+    handle
+        .wait_status(WAIT, |st| st.cleanups.timed_out == 1)
+        .expect("the given-up agent counted");
+    release.send(()).expect("release");
+    handle.shutdown();
+    reactor.join().expect("reactor thread").expect("run");
 }
 
 /// An agent that counts how many turns run at once for its session and records its inputs.

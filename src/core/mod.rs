@@ -5,12 +5,19 @@
 //! `R` is the opaque route of a message's events; `A` is the opaque agent, which the core only
 //! moves: into a turn job, back with the completion, into the idle cache or a cleanup job.
 //!
-//! Invariants kept by construction (each is tested in `tests/`):
+//! Invariants kept by construction (each is tested in `tests/`, and checked after every
+//! input in debug builds of small tables):
 //! - a session has at most one claimed turn (`Session::turn`);
-//! - a session holds a slot iff it has a turn, queued messages or a cached agent;
+//! - **a session has at most one live agent**, from the factory call (on the worker that runs
+//!   a turn with no agent) until its `close()` returned or was given up on: a session whose
+//!   agent is closing (or still held by an abandoned turn) starts no turn until that ends;
+//! - an agent is evictable (in the recency queue) only while its session is idle: no turn,
+//!   nothing queued, not waiting for a worker;
+//! - a session holds a slot iff it has a turn, queued messages or an agent (held or closing);
 //! - a finished turn hands over to the next queued message in the same step, through the
 //!   ready queue, without the session ever leaving its slot.
 
+mod cleanups;
 mod recency;
 pub mod timers;
 mod types;
@@ -22,6 +29,7 @@ use std::time::Duration;
 use slab::Slab;
 
 use crate::message::{Body, Command, KeyHashBuilder, Message, MessageContext, SessionKey};
+use cleanups::{Cleanups, DeadlineOf};
 use recency::RecencyQueue;
 use timers::TimerQueue;
 pub use types::*;
@@ -30,7 +38,7 @@ pub use types::*;
 enum Timer {
     TurnDeadline { turn: TurnId, slot: usize },
     StopGrace { turn: TurnId, slot: usize },
-    CleanupDeadline(CleanupId),
+    CleanupDeadline { job: CleanupId, of: DeadlineOf },
     Sweep,
     DrainDeadline,
 }
@@ -54,10 +62,18 @@ struct Running<R> {
     discard_agent: bool,
 }
 
+/// Where a session's agent is.
 #[derive(Debug)]
-struct Cached<A> {
-    agent: A,
-    idle_since: Duration,
+enum AgentState<A> {
+    /// None exists; the next turn's worker creates one.
+    Absent,
+    /// Between turns. Evictable (in the recency queue) exactly while the session is idle;
+    /// otherwise parked until the session's next turn takes it.
+    Held { agent: A, idle_since: Duration },
+    /// With the running turn, or being created by it.
+    InTurn,
+    /// Being closed by this job (or still held by an abandoned turn the job waits for).
+    Closing(CleanupId),
 }
 
 #[derive(Debug)]
@@ -67,20 +83,24 @@ struct Session<R, A> {
     key: SessionKey,
     queue: VecDeque<Queued<R>>,
     turn: Option<Running<R>>,
-    agent: Option<Cached<A>>,
+    agent: AgentState<A>,
     waiting_for_worker: bool,
 }
 
 impl<R, A> Session<R, A> {
     fn holds_nothing(&self) -> bool {
-        self.turn.is_none() && self.queue.is_empty() && self.agent.is_none()
+        self.turn.is_none() && self.queue.is_empty() && matches!(self.agent, AgentState::Absent)
     }
-}
 
-#[derive(Debug)]
-struct PendingCleanup {
-    session: SessionKey,
-    context: CleanupContext,
+    /// No turn, nothing queued, not waiting: the only state in which its agent may be evicted.
+    fn is_idle(&self) -> bool {
+        self.turn.is_none() && self.queue.is_empty() && !self.waiting_for_worker
+    }
+
+    /// Whether a turn may start: no agent, or one held between turns.
+    fn agent_free(&self) -> bool {
+        matches!(self.agent, AgentState::Absent | AgentState::Held { .. })
+    }
 }
 
 #[derive(Debug, Default)]
@@ -97,22 +117,23 @@ pub struct Core<R, A> {
     index: HashMap<SessionKey, usize, KeyHashBuilder>,
     /// Sessions with queued work waiting for a worker, first come first served.
     ready: VecDeque<(usize, u64)>,
-    /// Idle cached agents by recency.
+    /// Idle agents by recency.
     cache: RecencyQueue,
-    /// Per slot, the recency stamp of its cached agent (0: none). A dense copy of what the
-    /// slab holds, so that liveness checks over many entries stay in cache.
+    /// Per slot, the recency stamp of its idle agent (0: not in the recency queue). A dense
+    /// copy of what the slab holds, so that liveness checks over many entries stay in cache.
     agent_seq: Vec<u64>,
     /// Turns claimed now (at most `turn_workers`): its size is the number of busy workers,
     /// and timer liveness is checked here without touching slots.
     claimed_turns: HashSet<TurnId>,
     timers: TimerQueue<Timer>,
-    cleanups: HashMap<CleanupId, PendingCleanup>,
+    cleanups: Cleanups<A>,
     next_sid: u64,
     next_turn: u64,
-    next_cleanup: u64,
 
     queued_total: usize,
+    queued_bytes: usize,
     waiting_total: usize,
+    parked_agents: usize,
     stats: CoreStats,
     shutdown: Option<Shutdown>,
 }
@@ -131,13 +152,14 @@ impl<R: Clone, A> Core<R, A> {
             agent_seq: Vec::new(),
             claimed_turns: HashSet::new(),
             timers,
-            cleanups: HashMap::new(),
+            cleanups: Cleanups::default(),
             next_sid: 0,
             next_turn: 0,
-            next_cleanup: 0,
 
             queued_total: 0,
+            queued_bytes: 0,
             waiting_total: 0,
+            parked_agents: 0,
             stats: CoreStats::default(),
             shutdown: None,
         }
@@ -166,6 +188,7 @@ impl<R: Clone, A> Core<R, A> {
         }
         self.dispatch(now, fx);
         self.check_shutdown_complete(fx);
+        self.check_invariants();
     }
 
     /// Fires every timer due at `now`.
@@ -175,6 +198,7 @@ impl<R: Clone, A> Core<R, A> {
         }
         self.dispatch(now, fx);
         self.check_shutdown_complete(fx);
+        self.check_invariants();
     }
 
     /// The earliest pending timer; the driver should call [`Core::advance`] by then.
@@ -190,7 +214,9 @@ impl<R: Clone, A> Core<R, A> {
             queued_messages: self.queued_total,
             waiting_for_worker: self.waiting_total,
             cached_agents: self.cache.live,
+            parked_agents: self.parked_agents,
             cleanups_pending: self.cleanups.len(),
+            cleanups_queued: self.cleanups.queued(),
             ..self.stats
         }
     }
@@ -212,13 +238,21 @@ impl<R: Clone, A> Core<R, A> {
 
     fn view(&self, slot: usize) -> SessionView {
         let s = &self.slots[slot];
+        let agent = match &s.agent {
+            AgentState::Absent => AgentPhase::Absent,
+            AgentState::Held { .. } if self.in_cache(slot) => AgentPhase::Idle,
+            AgentState::Held { .. } => AgentPhase::Parked,
+            AgentState::InTurn => AgentPhase::InTurn,
+            AgentState::Closing(_) => AgentPhase::Closing,
+        };
         SessionView {
             slot,
             key: s.key.clone(),
             running: s.turn.as_ref().map(|t| t.turn),
             running_since: s.turn.as_ref().map(|t| t.started),
             queued: s.queue.len(),
-            agent_cached: s.agent.is_some(),
+            agent_cached: matches!(s.agent, AgentState::Held { .. }),
+            agent,
             waiting_for_worker: s.waiting_for_worker,
         }
     }
@@ -265,6 +299,12 @@ impl<R: Clone, A> Core<R, A> {
             self.reject(route, id, key, RejectReason::QueueFull, fx);
             return;
         }
+        if self.queued_total >= self.cfg.max_queued_messages
+            || self.queued_bytes + text.len() > self.cfg.max_queued_bytes
+        {
+            self.reject(route, id, key, RejectReason::Overloaded, fx);
+            return;
+        }
         let slot = match self.index.get(&key) {
             Some(&slot) => slot,
             None => {
@@ -274,22 +314,24 @@ impl<R: Clone, A> Core<R, A> {
                     key: key.clone(),
                     queue: VecDeque::new(),
                     turn: None,
-                    agent: None,
+                    agent: AgentState::Absent,
                     waiting_for_worker: false,
                 });
                 self.index.insert(key.clone(), slot);
                 slot
             }
         };
-        let session = &mut self.slots[slot];
+        let session = &self.slots[slot];
         self.stats.accepted += 1;
         let position = session.queue.len() + usize::from(session.turn.is_some());
-        let idle = session.turn.is_none() && !session.waiting_for_worker;
+        // Not running, not waiting, agent not closing: the session is idle (nothing queued).
+        let startable =
+            session.turn.is_none() && !session.waiting_for_worker && session.agent_free();
+        debug_assert!(!startable || session.queue.is_empty());
         // Dispatch runs after every input, so a free worker implies an empty ready queue:
         // an idle session starts in this very step exactly when a worker is free.
         debug_assert!(self.claimed_turns.len() >= self.cfg.turn_workers || self.ready.is_empty());
-        let can_start_now = idle && self.claimed_turns.len() < self.cfg.turn_workers;
-        let state = if can_start_now {
+        let state = if startable && self.claimed_turns.len() < self.cfg.turn_workers {
             AcceptState::Running
         } else {
             AcceptState::Queued
@@ -304,15 +346,17 @@ impl<R: Clone, A> Core<R, A> {
         if self.cfg.busy_mode == BusyMode::Interrupt {
             self.cancel_turn(now, slot, CancelReason::Interrupted, fx);
         }
-        let session = &mut self.slots[slot];
-        session.queue.push_back(Queued {
+        // The session is busy from now on: its idle agent is no longer evictable.
+        self.park_agent(slot);
+        self.queued_total += 1;
+        self.queued_bytes += text.len();
+        self.slots[slot].queue.push_back(Queued {
             id,
             text,
             context,
             route,
         });
-        self.queued_total += 1;
-        if idle {
+        if startable {
             self.make_ready(slot);
         }
     }
@@ -329,23 +373,22 @@ impl<R: Clone, A> Core<R, A> {
         fx: &mut Vec<Effect<R, A>>,
     ) {
         if !self.is_current(slot, turn) {
-            // An abandoned turn came back: its outcome was already given; close its agent.
-            if let Some(agent) = agent {
-                self.cleanup(now, key, CleanupContext::Abandoned, agent, fx);
-            }
+            self.abandoned_turn_returned(turn, key, agent, fx);
             return;
         }
         let session = &mut self.slots[slot];
         let Some(running) = session.turn.take() else {
             return;
         };
+        debug_assert!(matches!(session.agent, AgentState::InTurn));
+        session.agent = AgentState::Absent;
         self.claimed_turns.remove(&running.turn);
         self.note_stale_timer();
         let panicked = matches!(result, TurnResult::Panicked(_));
         let outcome = match result {
-            TurnResult::Reply(text) => {
+            TurnResult::Reply(reply) => {
                 self.stats.turns_completed += 1;
-                Outcome::Reply(text)
+                Outcome::Reply(reply)
             }
             TurnResult::Cancelled => match running.cancel {
                 Some(reason) => {
@@ -373,20 +416,47 @@ impl<R: Clone, A> Core<R, A> {
         end_turn(fx, running, &key, outcome);
         if let Some(agent) = agent {
             if panicked {
-                self.cleanup(now, key.clone(), CleanupContext::Panicked, agent, fx);
+                self.close_agent(slot, CleanupContext::Panicked, agent, fx);
             } else if discard_agent || self.shutdown.is_some() {
                 let ctx = if self.shutdown.is_some() {
                     CleanupContext::Shutdown
                 } else {
                     CleanupContext::Reset
                 };
-                self.cleanup(now, key.clone(), ctx, agent, fx);
+                self.close_agent(slot, ctx, agent, fx);
             } else {
-                self.cache_agent(now, slot, agent);
+                self.hold_agent(now, slot, agent);
             }
         }
         self.after_turn(slot);
-        self.enforce_cache_cap(now, fx);
+        self.enforce_cache_cap(fx);
+    }
+
+    /// An abandoned turn came back (its outcome was given at abandonment). Its agent goes to
+    /// the cleanup job its session waits on, or, when that job already gave up waiting, to
+    /// a cleanup of its own that no session waits for.
+    fn abandoned_turn_returned(
+        &mut self,
+        turn: TurnId,
+        key: SessionKey,
+        agent: Option<A>,
+        fx: &mut Vec<Effect<R, A>>,
+    ) {
+        match agent {
+            Some(agent) => {
+                if let Err(agent) = self.cleanups.agent_returned(turn, agent) {
+                    self.cleanups.enqueue(key, CleanupContext::Abandoned, agent);
+                }
+                self.pump_cleanups(fx);
+            }
+            None => {
+                // Its agent was never created: nothing to close, the session may go on.
+                if let Some((job, pending)) = self.cleanups.agent_never_existed(turn) {
+                    self.note_stale_timer();
+                    self.agent_gone(&pending.session, job, fx);
+                }
+            }
+        }
     }
 
     fn partial(&mut self, turn: TurnId, slot: usize, text: String, fx: &mut Vec<Effect<R, A>>) {
@@ -406,7 +476,15 @@ impl<R: Clone, A> Core<R, A> {
         }
     }
 
-    fn cleanup_started(&mut self, _now: Duration, _job: CleanupId) {}
+    fn cleanup_started(&mut self, now: Duration, job: CleanupId) {
+        if self.cleanups.started(job) {
+            let of = DeadlineOf::Close;
+            self.timers.insert(
+                now + self.cfg.cleanup_timeout,
+                Timer::CleanupDeadline { job, of },
+            );
+        }
+    }
 
     fn cleanup_done(
         &mut self,
@@ -415,7 +493,7 @@ impl<R: Clone, A> Core<R, A> {
         fx: &mut Vec<Effect<R, A>>,
     ) {
         // A job that already exceeded its deadline was counted as leaked; its late end is moot.
-        let Some(pending) = self.cleanups.remove(&job) else {
+        let Some(pending) = self.cleanups.finish(job) else {
             return;
         };
         self.note_stale_timer();
@@ -433,12 +511,13 @@ impl<R: Clone, A> Core<R, A> {
                 }
                 fx.push(Effect::CleanupFailed {
                     job,
-                    session: pending.session,
+                    session: pending.session.clone(),
                     context: pending.context,
                     error,
                 });
             }
         }
+        self.agent_gone(&pending.session, job, fx);
     }
 
     fn begin_shutdown(&mut self, now: Duration, fx: &mut Vec<Effect<R, A>>) {
@@ -451,7 +530,7 @@ impl<R: Clone, A> Core<R, A> {
         for slot in slots {
             cancelled += self.cancel_queue(slot, CancelReason::Shutdown, fx);
             self.unready(slot);
-            self.retire_agent(now, slot, CleanupContext::Shutdown, fx);
+            self.retire_agent(slot, CleanupContext::Shutdown, fx);
             self.release_if_empty(slot);
         }
         self.ready.clear();
@@ -468,7 +547,7 @@ impl<R: Clone, A> Core<R, A> {
         match timer {
             Timer::TurnDeadline { turn, slot } => {
                 if self.is_current(slot, turn) {
-                    self.abandon(slot, AbandonReason::Timeout, fx);
+                    self.abandon(now, slot, AbandonReason::Timeout, fx);
                 }
             }
             Timer::StopGrace { turn, slot } => {
@@ -478,20 +557,21 @@ impl<R: Clone, A> Core<R, A> {
                         .as_ref()
                         .and_then(|t| t.cancel)
                         .unwrap_or(CancelReason::Stopped);
-                    self.abandon(slot, AbandonReason::IgnoredCancel(reason), fx);
+                    self.abandon(now, slot, AbandonReason::IgnoredCancel(reason), fx);
                 }
             }
-            Timer::CleanupDeadline(job) => {
-                if let Some(p) = self.cleanups.remove(&job) {
+            Timer::CleanupDeadline { job, of } => {
+                if let Some(p) = self.cleanups.expire(job, of) {
                     self.stats.cleanups_timed_out += 1;
                     if let Some(sd) = &mut self.shutdown {
                         sd.report.cleanups_timed_out += 1;
                     }
                     fx.push(Effect::CleanupExceeded {
                         job,
-                        session: p.session,
+                        session: p.session.clone(),
                         context: p.context,
                     });
+                    self.agent_gone(&p.session, job, fx);
                 }
             }
             Timer::Sweep => {
@@ -520,7 +600,7 @@ impl<R: Clone, A> Core<R, A> {
             Timer::TurnDeadline { turn, .. } | Timer::StopGrace { turn, .. } => {
                 claimed.contains(&turn)
             }
-            Timer::CleanupDeadline(job) => cleanups.contains_key(&job),
+            Timer::CleanupDeadline { job, .. } => cleanups.contains(job),
             Timer::Sweep | Timer::DrainDeadline => true,
         });
     }
@@ -533,16 +613,16 @@ impl<R: Clone, A> Core<R, A> {
     }
 
     fn sweep(&mut self, now: Duration, fx: &mut Vec<Effect<R, A>>) {
-        while let Some(slot) = self.oldest_cached() {
-            let expired = self.slots[slot]
-                .agent
-                .as_ref()
-                .is_some_and(|c| c.idle_since + self.cfg.agent_idle_ttl <= now);
+        while self.cleanups.backlog_len() < self.cfg.cleanup_queue_cap {
+            let Some(slot) = self.oldest_cached() else {
+                break;
+            };
+            let expired = matches!(&self.slots[slot].agent,
+                AgentState::Held { idle_since, .. } if *idle_since + self.cfg.agent_idle_ttl <= now);
             if !expired {
                 break;
             }
-            self.close_cached_agent(now, slot, CleanupContext::Sweep, fx);
-            self.release_if_empty(slot);
+            self.close_idle_agent(slot, CleanupContext::Sweep, fx);
         }
     }
 
@@ -578,6 +658,9 @@ impl<R: Clone, A> Core<R, A> {
                     None if s.waiting_for_worker => {
                         format!("waiting for a worker, {queued} queued")
                     }
+                    None if queued > 0 => {
+                        format!("waiting for its previous agent to close, {queued} queued")
+                    }
                     None => "idle: no turn running, 0 queued".to_owned(),
                 }
             }
@@ -591,7 +674,9 @@ impl<R: Clone, A> Core<R, A> {
                 let was_running = self.cancel_turn(now, slot, reason, fx);
                 self.unready(slot);
                 if cmd == Command::Reset {
-                    self.retire_agent(now, slot, CleanupContext::Reset, fx);
+                    self.retire_agent(slot, CleanupContext::Reset, fx);
+                } else {
+                    self.settle_agent(slot);
                 }
                 self.release_if_empty(slot);
                 let running = if was_running {
@@ -605,7 +690,7 @@ impl<R: Clone, A> Core<R, A> {
         }
     }
 
-    // ---- mechanics ---------------------------------------------------------------------
+    // ---- mechanics: turns --------------------------------------------------------------
 
     /// Ends every queued message of a session with `cancelled: reason`; returns how many.
     fn cancel_queue(
@@ -617,6 +702,7 @@ impl<R: Clone, A> Core<R, A> {
         let session = &mut self.slots[slot];
         let n = session.queue.len();
         for q in session.queue.drain(..) {
+            self.queued_bytes -= q.text.len();
             emit(
                 fx,
                 q.route,
@@ -652,7 +738,16 @@ impl<R: Clone, A> Core<R, A> {
         true
     }
 
-    fn abandon(&mut self, slot: usize, reason: AbandonReason, fx: &mut Vec<Effect<R, A>>) {
+    /// Gives up on a running turn: its message gets its outcome now; its agent stays with
+    /// the stuck worker, and the session waits for it (to be closed when it comes back, or
+    /// given up on after `cleanup_timeout`) before any other agent of the session exists.
+    fn abandon(
+        &mut self,
+        now: Duration,
+        slot: usize,
+        reason: AbandonReason,
+        fx: &mut Vec<Effect<R, A>>,
+    ) {
         let Some(running) = self.slots[slot].turn.take() else {
             return;
         };
@@ -663,6 +758,13 @@ impl<R: Clone, A> Core<R, A> {
         if let Some(sd) = &mut self.shutdown {
             sd.report.turns_abandoned += 1;
         }
+        let job = self.cleanups.await_agent(key.clone(), running.turn);
+        self.slots[slot].agent = AgentState::Closing(job);
+        let of = DeadlineOf::AwaitingAgent;
+        self.timers.insert(
+            now + self.cfg.cleanup_timeout,
+            Timer::CleanupDeadline { job, of },
+        );
         if reason == AbandonReason::Timeout {
             fx.push(Effect::CancelTurn(running.turn));
         }
@@ -676,21 +778,23 @@ impl<R: Clone, A> Core<R, A> {
             AbandonReason::IgnoredCancel(r) => Outcome::Cancelled(r),
         };
         end_turn(fx, running, &key, outcome);
-        // The agent stays with the stuck worker; the next turn creates a fresh one.
         self.after_turn(slot);
     }
 
     /// After a turn ends: hand over to the queued work, or give the slot back.
     fn after_turn(&mut self, slot: usize) {
-        if self.slots[slot].queue.is_empty() {
+        let session = &self.slots[slot];
+        if session.queue.is_empty() {
             self.release_if_empty(slot);
-        } else {
+        } else if session.agent_free() {
             self.make_ready(slot);
         }
+        // Otherwise its agent is closing: the session becomes ready when the close ends.
     }
 
     fn make_ready(&mut self, slot: usize) {
         let session = &mut self.slots[slot];
+        debug_assert!(session.agent_free() && session.turn.is_none());
         if !session.waiting_for_worker {
             session.waiting_for_worker = true;
             self.waiting_total += 1;
@@ -721,10 +825,7 @@ impl<R: Clone, A> Core<R, A> {
             }
             session.waiting_for_worker = false;
             self.waiting_total -= 1;
-            if session.turn.is_some() || session.queue.is_empty() {
-                self.release_if_empty(slot);
-                continue;
-            }
+            debug_assert!(session.turn.is_none() && !session.queue.is_empty());
             self.start_turn(now, slot, fx);
         }
     }
@@ -735,10 +836,12 @@ impl<R: Clone, A> Core<R, A> {
             return;
         };
         self.queued_total -= 1;
+        self.queued_bytes -= head.text.len();
         let mut input = head.text;
         if self.cfg.busy_mode == BusyMode::Merge {
             let merged = session.queue.len();
             for q in session.queue.drain(..) {
+                self.queued_bytes -= q.text.len();
                 input.push('\n');
                 input.push_str(&q.text);
                 let outcome = Outcome::Merged {
@@ -754,8 +857,10 @@ impl<R: Clone, A> Core<R, A> {
             }
             self.queued_total -= merged;
         }
-        let agent = self.take_cached(slot);
+        let agent = self.take_held_agent(slot);
         let session = &mut self.slots[slot];
+        debug_assert!(matches!(session.agent, AgentState::Absent));
+        session.agent = AgentState::InTurn;
         self.next_turn += 1;
         let turn = TurnId(self.next_turn);
         emit(
@@ -789,54 +894,153 @@ impl<R: Clone, A> Core<R, A> {
         );
     }
 
-    fn cache_agent(&mut self, now: Duration, slot: usize, agent: A) {
+    // ---- mechanics: agents -------------------------------------------------------------
+
+    fn in_cache(&self, slot: usize) -> bool {
+        self.agent_seq.get(slot).is_some_and(|&seq| seq != 0)
+    }
+
+    /// Keeps an agent that returned from a turn: evictable if its session is idle, parked
+    /// (not evictable) if work waits for it.
+    fn hold_agent(&mut self, now: Duration, slot: usize, agent: A) {
+        let session = &mut self.slots[slot];
+        debug_assert!(matches!(session.agent, AgentState::Absent));
+        session.agent = AgentState::Held {
+            agent,
+            idle_since: now,
+        };
+        if session.is_idle() {
+            self.enter_cache(slot);
+        } else {
+            self.parked_agents += 1;
+            if self.cache.live + self.parked_agents > self.cfg.max_cached_agents {
+                self.stats.cache_overflows += 1;
+            }
+        }
+    }
+
+    fn enter_cache(&mut self, slot: usize) {
         let lru_seq = self.cache.push(slot);
         if self.agent_seq.len() <= slot {
             self.agent_seq.resize(slot + 1, 0);
         }
         self.agent_seq[slot] = lru_seq;
-        self.slots[slot].agent = Some(Cached {
-            agent,
-            idle_since: now,
-        });
     }
 
-    /// The session's agent is not to serve again: the idle one goes to cleanup now, the one
-    /// in a running turn when that turn returns.
-    fn retire_agent(
-        &mut self,
-        now: Duration,
-        slot: usize,
-        context: CleanupContext,
-        fx: &mut Vec<Effect<R, A>>,
-    ) {
-        if let Some(t) = &mut self.slots[slot].turn {
-            t.discard_agent = true;
-        }
-        self.close_cached_agent(now, slot, context, fx);
-    }
-
-    /// Sends a session's idle agent, if it has one, to the cleanup pool.
-    fn close_cached_agent(
-        &mut self,
-        now: Duration,
-        slot: usize,
-        context: CleanupContext,
-        fx: &mut Vec<Effect<R, A>>,
-    ) {
-        if let Some(agent) = self.take_cached(slot) {
-            let key = self.slots[slot].key.clone();
-            self.cleanup(now, key, context, agent, fx);
-        }
-    }
-
-    /// Takes a session's idle agent out of the cache.
-    fn take_cached(&mut self, slot: usize) -> Option<A> {
-        let cached = self.slots[slot].agent.take()?;
+    fn leave_cache(&mut self, slot: usize) {
         self.agent_seq[slot] = 0;
         let live = &self.agent_seq;
         self.cache.remove(|seq, slot| live.get(slot) == Some(&seq));
-        Some(cached.agent)
+    }
+
+    /// The session got work: its idle agent stops being evictable.
+    fn park_agent(&mut self, slot: usize) {
+        if self.in_cache(slot) {
+            self.leave_cache(slot);
+            self.parked_agents += 1;
+        }
+    }
+
+    /// The session became idle without a turn (its queue was cancelled): a parked agent
+    /// becomes evictable again.
+    fn settle_agent(&mut self, slot: usize) {
+        let session = &self.slots[slot];
+        if matches!(session.agent, AgentState::Held { .. })
+            && session.is_idle()
+            && !self.in_cache(slot)
+        {
+            self.parked_agents -= 1;
+            self.enter_cache(slot);
+        }
+    }
+
+    /// Takes a session's held agent (idle or parked), leaving it with none.
+    fn take_held_agent(&mut self, slot: usize) -> Option<A> {
+        let session = &mut self.slots[slot];
+        if !matches!(session.agent, AgentState::Held { .. }) {
+            return None;
+        }
+        let AgentState::Held { agent, .. } =
+            std::mem::replace(&mut session.agent, AgentState::Absent)
+        else {
+            return None;
+        };
+        if self.in_cache(slot) {
+            self.leave_cache(slot);
+        } else {
+            self.parked_agents -= 1;
+        }
+        Some(agent)
+    }
+
+    /// The session's agent is not to serve again: a held one goes to cleanup now, the one
+    /// in a running turn when that turn returns.
+    fn retire_agent(&mut self, slot: usize, context: CleanupContext, fx: &mut Vec<Effect<R, A>>) {
+        if let Some(t) = &mut self.slots[slot].turn {
+            t.discard_agent = true;
+        }
+        if matches!(self.slots[slot].agent, AgentState::Held { .. })
+            && let Some(agent) = self.take_held_agent(slot)
+        {
+            self.close_agent(slot, context, agent, fx);
+        }
+    }
+
+    /// Sends an idle agent to cleanup (sweep, eviction).
+    fn close_idle_agent(
+        &mut self,
+        slot: usize,
+        context: CleanupContext,
+        fx: &mut Vec<Effect<R, A>>,
+    ) {
+        debug_assert!(
+            self.slots[slot].is_idle(),
+            "evicting a busy session's agent"
+        );
+        if let Some(agent) = self.take_held_agent(slot) {
+            self.close_agent(slot, context, agent, fx);
+        }
+    }
+
+    /// Sends a session's agent to cleanup; the session waits for it before its next turn.
+    fn close_agent(
+        &mut self,
+        slot: usize,
+        context: CleanupContext,
+        agent: A,
+        fx: &mut Vec<Effect<R, A>>,
+    ) {
+        let key = self.slots[slot].key.clone();
+        debug_assert!(matches!(self.slots[slot].agent, AgentState::Absent));
+        let job = self.cleanups.enqueue(key, context, agent);
+        self.slots[slot].agent = AgentState::Closing(job);
+        self.pump_cleanups(fx);
+    }
+
+    /// A cleanup job ended (done, failed, or given up on): if its session waits on it, the
+    /// session is free to create its next agent.
+    fn agent_gone(&mut self, session: &SessionKey, job: CleanupId, fx: &mut Vec<Effect<R, A>>) {
+        if let Some(&slot) = self.index.get(session)
+            && matches!(self.slots[slot].agent, AgentState::Closing(j) if j == job)
+        {
+            self.slots[slot].agent = AgentState::Absent;
+            let s = &self.slots[slot];
+            if s.turn.is_none() && !s.queue.is_empty() {
+                self.make_ready(slot);
+            } else {
+                self.release_if_empty(slot);
+            }
+        }
+        self.pump_cleanups(fx);
+        // Evictions and sweeps pause while the backlog is full; room may have freed up.
+        self.enforce_cache_cap(fx);
+    }
+
+    /// Hands queued cleanup jobs to the pool while it has room.
+    fn pump_cleanups(&mut self, fx: &mut Vec<Effect<R, A>>) {
+        while let Some(job) = self.cleanups.issue(self.cfg.cleanup_concurrency) {
+            fx.push(Effect::Cleanup(job));
+        }
     }
 
     /// The slot of the least recently used idle agent.
@@ -845,42 +1049,17 @@ impl<R: Clone, A> Core<R, A> {
         self.cache.oldest(|seq, slot| live.get(slot) == Some(&seq))
     }
 
-    /// Closes least recently used idle agents while the cache is over its cap.
-    fn enforce_cache_cap(&mut self, now: Duration, fx: &mut Vec<Effect<R, A>>) {
-        while self.cache.live > self.cfg.max_cached_agents {
+    /// Closes least recently used idle agents while the cache is over its cap, pausing while
+    /// the cleanup backlog is full.
+    fn enforce_cache_cap(&mut self, fx: &mut Vec<Effect<R, A>>) {
+        while self.cache.live > self.cfg.max_cached_agents
+            && self.cleanups.backlog_len() < self.cfg.cleanup_queue_cap
+        {
             let Some(slot) = self.oldest_cached() else {
                 break;
             };
-            self.close_cached_agent(now, slot, CleanupContext::Eviction, fx);
-            self.release_if_empty(slot);
+            self.close_idle_agent(slot, CleanupContext::Eviction, fx);
         }
-    }
-
-    fn cleanup(
-        &mut self,
-        now: Duration,
-        session: SessionKey,
-        context: CleanupContext,
-        agent: A,
-        fx: &mut Vec<Effect<R, A>>,
-    ) {
-        self.next_cleanup += 1;
-        let job = CleanupId(self.next_cleanup);
-        self.cleanups.insert(
-            job,
-            PendingCleanup {
-                session: session.clone(),
-                context,
-            },
-        );
-        self.timers
-            .insert(now + self.cfg.cleanup_timeout, Timer::CleanupDeadline(job));
-        fx.push(Effect::Cleanup(CleanupJob {
-            job,
-            session,
-            context,
-            agent,
-        }));
     }
 
     fn release_if_empty(&mut self, slot: usize) {
@@ -912,6 +1091,57 @@ impl<R: Clone, A> Core<R, A> {
         let mut report = sd.report.clone();
         report.clean = report.turns_abandoned == 0 && report.cleanups_timed_out == 0;
         fx.push(Effect::ShutdownComplete(report));
+    }
+
+    /// Recomputes every incrementally kept count and checks the invariants in the module
+    /// docs. Debug builds only, and only for small tables (tests), since it walks them all.
+    fn check_invariants(&self) {
+        #[cfg(debug_assertions)]
+        if self.slots.len() <= 64 {
+            self.check_invariants_now();
+        }
+    }
+
+    #[cfg(debug_assertions)]
+    fn check_invariants_now(&self) {
+        let (mut queued, mut bytes, mut waiting, mut parked, mut idle) = (0, 0, 0, 0, 0);
+        for (slot, s) in &self.slots {
+            assert_eq!(self.index.get(&s.key), Some(&slot), "index out of step");
+            assert!(!s.holds_nothing() || s.waiting_for_worker, "leaked slot");
+            queued += s.queue.len();
+            bytes += s.queue.iter().map(|q| q.text.len()).sum::<usize>();
+            waiting += usize::from(s.waiting_for_worker);
+            assert_eq!(s.turn.is_some(), matches!(s.agent, AgentState::InTurn));
+            if s.waiting_for_worker {
+                assert!(s.turn.is_none() && !s.queue.is_empty() && s.agent_free());
+            }
+            if s.turn.is_none() && !s.queue.is_empty() {
+                assert!(s.waiting_for_worker || !s.agent_free(), "work unclaimed");
+            }
+            match &s.agent {
+                AgentState::Held { .. } if self.in_cache(slot) => {
+                    assert!(s.is_idle(), "a busy session's agent is evictable");
+                    idle += 1;
+                }
+                AgentState::Held { .. } => {
+                    assert!(!s.is_idle(), "an idle session's agent is not evictable");
+                    parked += 1;
+                }
+                AgentState::Closing(job) => assert!(self.cleanups.contains(*job)),
+                AgentState::Absent | AgentState::InTurn => {
+                    assert!(!self.in_cache(slot), "a cache entry without an agent");
+                }
+            }
+        }
+        assert_eq!(self.index.len(), self.slots.len());
+        assert_eq!(queued, self.queued_total, "queued messages miscounted");
+        assert_eq!(bytes, self.queued_bytes, "queued bytes miscounted");
+        assert_eq!(waiting, self.waiting_total, "waiting sessions miscounted");
+        assert_eq!(parked, self.parked_agents, "parked agents miscounted");
+        assert_eq!(idle, self.cache.live, "idle agents miscounted");
+        assert!(self.claimed_turns.len() <= self.cfg.turn_workers);
+        self.cleanups.check();
+        assert!(self.cleanups.in_pool() <= self.cfg.cleanup_concurrency);
     }
 }
 

@@ -62,7 +62,27 @@ pub struct CoreConfig {
     pub cleanup_timeout: Duration,
     /// How long shutdown lets running turns finish before cancelling them.
     pub drain_timeout: Duration,
+    /// Messages waiting across all sessions; past it new messages are rejected `overloaded`.
+    pub max_queued_messages: usize,
+    /// Bytes of text waiting across all sessions; past it new messages are rejected
+    /// `overloaded`.
+    pub max_queued_bytes: usize,
+    /// Cleanup jobs handed to the cleanup pool at once (its thread cap); the rest wait in
+    /// the core's backlog without their deadline running.
+    pub cleanup_concurrency: usize,
+    /// Backlog length at which evictions and the idle sweep pause (the agents stay cached
+    /// until it shrinks). Resets and shutdown always queue: each session has one agent.
+    pub cleanup_queue_cap: usize,
 }
+
+/// Default [`CoreConfig::max_queued_messages`].
+pub const DEFAULT_MAX_QUEUED_MESSAGES: usize = 100_000;
+/// Default [`CoreConfig::max_queued_bytes`]: 256 MiB.
+pub const DEFAULT_MAX_QUEUED_BYTES: usize = 256 << 20;
+/// Default [`CoreConfig::cleanup_concurrency`].
+pub const DEFAULT_CLEANUP_CONCURRENCY: usize = 64;
+/// Default [`CoreConfig::cleanup_queue_cap`].
+pub const DEFAULT_CLEANUP_QUEUE_CAP: usize = 1024;
 
 impl Default for CoreConfig {
     fn default() -> Self {
@@ -77,6 +97,10 @@ impl Default for CoreConfig {
             stop_grace: Duration::from_secs(5),
             cleanup_timeout: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(30),
+            max_queued_messages: DEFAULT_MAX_QUEUED_MESSAGES,
+            max_queued_bytes: DEFAULT_MAX_QUEUED_BYTES,
+            cleanup_concurrency: DEFAULT_CLEANUP_CONCURRENCY,
+            cleanup_queue_cap: DEFAULT_CLEANUP_QUEUE_CAP,
         }
     }
 }
@@ -88,6 +112,8 @@ pub enum RejectReason {
     QueueFull,
     /// The runtime is shutting down.
     ShuttingDown,
+    /// Every session together already holds `max_queued_messages` or `max_queued_bytes`.
+    Overloaded,
 }
 
 impl RejectReason {
@@ -96,6 +122,18 @@ impl RejectReason {
         match self {
             RejectReason::QueueFull => "queue_full",
             RejectReason::ShuttingDown => "shutting_down",
+            RejectReason::Overloaded => "overloaded",
+        }
+    }
+
+    /// A sentence for the client.
+    pub fn detail(self) -> &'static str {
+        match self {
+            RejectReason::QueueFull => "the session's queue is full",
+            RejectReason::ShuttingDown => "the gateway is shutting down",
+            RejectReason::Overloaded => {
+                "the gateway holds as many waiting messages as it may; retry later"
+            }
         }
     }
 }
@@ -469,8 +507,12 @@ pub struct CoreStats {
     pub queued_messages: usize,
     /// Sessions waiting for a free turn worker.
     pub waiting_for_worker: usize,
-    /// Idle agents cached.
+    /// Idle agents cached (evictable).
     pub cached_agents: usize,
+    /// Agents kept by sessions with work waiting for a worker (never evicted).
+    pub parked_agents: usize,
+    /// Times an agent was kept beyond `max_cached_agents` because its session was busy.
+    pub cache_overflows: u64,
     /// Messages accepted.
     pub accepted: u64,
     /// Messages rejected.
@@ -483,8 +525,10 @@ pub struct CoreStats {
     pub turns_cancelled: u64,
     /// Turns abandoned (timeout or cancellation ignored past the grace).
     pub turns_abandoned: u64,
-    /// Cleanup jobs not yet finished or timed out.
+    /// Cleanup jobs not yet finished or timed out (any stage).
     pub cleanups_pending: usize,
+    /// Cleanup jobs waiting for `close()` to start (the core's backlog and the pool's queue).
+    pub cleanups_queued: usize,
     /// Cleanup jobs finished.
     pub cleanups_done: u64,
     /// Cleanup jobs past their deadline (leaked).
@@ -506,8 +550,25 @@ pub struct SessionView {
     pub running_since: Option<Duration>,
     /// Messages waiting.
     pub queued: usize,
-    /// Whether an idle agent is cached.
+    /// Whether an agent is held between turns (idle, or parked while work waits).
     pub agent_cached: bool,
+    /// Where the session's agent is.
+    pub agent: AgentPhase,
     /// Whether the session waits in the ready queue for a worker.
     pub waiting_for_worker: bool,
+}
+
+/// Where a session's agent is, in its life from the factory call to the end of `close()`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentPhase {
+    /// None exists: the next turn creates one.
+    Absent,
+    /// Held between turns while the session is idle: evictable.
+    Idle,
+    /// Held while the session's next message waits for a worker: not evictable.
+    Parked,
+    /// With the running turn (or being created by it).
+    InTurn,
+    /// Being closed (or still held by an abandoned turn); the session's next turn waits.
+    Closing,
 }

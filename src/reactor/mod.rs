@@ -24,15 +24,15 @@ use mio::{Events as MioEvents, Poll, Token};
 
 use crate::agent::{AgentFactory, CancelToken};
 use crate::core::{
-    AbandonReason, BusyMode, CleanupContext, CleanupId, Core, CoreConfig, Effect, Input,
-    MessageEvent, ShutdownReport, TurnId, TurnJob,
+    AbandonReason, BusyMode, CleanupId, CleanupJob, Core, CoreConfig, Effect, Input, MessageEvent,
+    ShutdownReport, TurnId, TurnJob,
 };
 use crate::liveness::{
     CleanupCounts, LagHistogram, MessageCounts, RuntimeState, SessionCounts, Status, StatusCell,
     StatusFileWriter, TurnCounts, WorkerCounts, rfc3339_utc,
 };
 use crate::message::Message;
-use crate::pool::{JobTicket, Pool, Replacement};
+use crate::pool::{JobTicket, Pool, PoolSize, Replacement};
 pub use frontend::{Ctx, FIRST_RESERVED_TOKEN, Frontend, NoFrontend};
 use notify::Notifier;
 pub use workers::BoxAgent;
@@ -101,6 +101,16 @@ impl fmt::Display for SubmitError {
 
 impl std::error::Error for SubmitError {}
 
+/// Most threads a pool may be configured with: past this a setting is refused by name
+/// rather than left to fail at run time.
+pub const MAX_POOL_THREADS: usize = 4096;
+/// Default number of cleanup threads that always run.
+pub const DEFAULT_CLEANUP_WORKERS: usize = 2;
+/// Default number of given-up (stuck) threads each pool may keep alive.
+pub const DEFAULT_MAX_EXTRA_THREADS: usize = 16;
+/// How long a cleanup thread beyond the minimum waits for work before it retires.
+const CLEANUP_KEEPALIVE: Duration = Duration::from_secs(5);
+
 /// Configures and builds a [`Runtime`].
 pub struct Builder {
     factory: Arc<dyn AgentFactory>,
@@ -131,8 +141,8 @@ impl Builder {
         Builder {
             factory: Arc::new(factory),
             core: CoreConfig::default(),
-            cleanup_workers: 2,
-            max_extra_threads: 16,
+            cleanup_workers: DEFAULT_CLEANUP_WORKERS,
+            max_extra_threads: DEFAULT_MAX_EXTRA_THREADS,
             ingress_capacity: 65_536,
             tick_interval: Duration::from_millis(100),
             status_file: None,
@@ -147,10 +157,20 @@ impl Builder {
     setters! {
         /// Threads running agent turns; also the number of turns in flight at once.
         turn_workers: usize => core.turn_workers;
-        /// Threads running agent `close()`.
+        /// Threads running agent `close()` that always run.
         cleanup_workers: usize => cleanup_workers;
-        /// Replacement threads each pool may start for stuck jobs.
+        /// Agent `close()`s that may run at once: the cleanup pool grows on demand up to this
+        /// many threads, and the rest wait in the core's backlog (their deadline not running).
+        max_cleanup_workers: usize => core.cleanup_concurrency;
+        /// Cleanup backlog length at which evictions and the idle sweep pause.
+        cleanup_queue_cap: usize => core.cleanup_queue_cap;
+        /// Replacement threads each pool may start for stuck jobs (given-up threads alive).
         max_extra_threads: usize => max_extra_threads;
+        /// Messages waiting across all sessions before new ones are rejected `overloaded`.
+        max_queued_messages: usize => core.max_queued_messages;
+        /// Bytes of text waiting across all sessions before new messages are rejected
+        /// `overloaded`.
+        max_queued_bytes: usize => core.max_queued_bytes;
         /// What a follow-up does while a turn runs.
         busy_mode: BusyMode => core.busy_mode;
         /// Messages a session may hold waiting.
@@ -189,12 +209,16 @@ impl Builder {
         self
     }
 
-    /// Validates the settings and prepares the reactor.
+    /// Validates the settings, starts the worker threads and prepares the reactor. A setting
+    /// the machine cannot honour (threads it will not start) is an error naming it.
     pub fn build(self) -> Result<(Runtime, Handle, Events), BuildError> {
         let positive = [
             ("turn_workers", self.core.turn_workers),
             ("cleanup_workers", self.cleanup_workers),
+            ("max_cleanup_workers", self.core.cleanup_concurrency),
             ("queue_cap", self.core.queue_cap),
+            ("max_queued_messages", self.core.max_queued_messages),
+            ("max_queued_bytes", self.core.max_queued_bytes),
             ("max_reply_bytes", self.limits.max_reply_bytes),
             ("ingress_capacity", self.ingress_capacity),
         ];
@@ -202,6 +226,25 @@ impl Builder {
             if v == 0 {
                 return Err(BuildError(format!("{name} must be at least 1")));
             }
+        }
+        let threads = [
+            ("turn_workers", self.core.turn_workers),
+            ("cleanup_workers", self.cleanup_workers),
+            ("max_cleanup_workers", self.core.cleanup_concurrency),
+            ("max_extra_threads", self.max_extra_threads),
+        ];
+        for (name, v) in threads {
+            if v > MAX_POOL_THREADS {
+                return Err(BuildError(format!(
+                    "{name} must be at most {MAX_POOL_THREADS} (got {v})"
+                )));
+            }
+        }
+        if self.cleanup_workers > self.core.cleanup_concurrency {
+            return Err(BuildError(format!(
+                "cleanup_workers ({}) must not exceed max_cleanup_workers ({})",
+                self.cleanup_workers, self.core.cleanup_concurrency
+            )));
         }
         let nonzero = [
             ("tick_interval", self.tick_interval),
@@ -222,6 +265,46 @@ impl Builder {
         let (events_tx, events_rx) = unbounded();
         let shutdown = Arc::new(AtomicBool::new(false));
         let status = Arc::new(StatusCell::default());
+        let (completion_tx, completions) = unbounded();
+        let sink = CompletionSink {
+            tx: completion_tx,
+            notifier: Arc::clone(&notifier),
+        };
+        let (turn_sink, factory, limits) = (sink.clone(), self.factory, self.limits);
+        let turn_pool = Pool::new(
+            "turnstile-turn",
+            PoolSize {
+                min: self.core.turn_workers,
+                max: self.core.turn_workers,
+                max_stuck: self.max_extra_threads,
+                keepalive: CLEANUP_KEEPALIVE,
+            },
+            move |(job, cancel): (TurnJob<BoxAgent>, CancelToken)| {
+                run_turn(job, &cancel, &*factory, &turn_sink, limits)
+            },
+        )
+        .map_err(|e| {
+            BuildError(format!(
+                "turn_workers: cannot start {} threads: {e}",
+                self.core.turn_workers
+            ))
+        })?;
+        let cleanup_pool = Pool::new(
+            "turnstile-cleanup",
+            PoolSize {
+                min: self.cleanup_workers,
+                max: self.core.cleanup_concurrency,
+                max_stuck: self.max_extra_threads,
+                keepalive: CLEANUP_KEEPALIVE,
+            },
+            move |job| run_cleanup(job, &sink),
+        )
+        .map_err(|e| {
+            BuildError(format!(
+                "cleanup_workers: cannot start {} threads: {e}",
+                self.cleanup_workers
+            ))
+        })?;
         let handle = Handle {
             ingress: ingress_tx,
             notifier: Arc::clone(&notifier),
@@ -235,14 +318,13 @@ impl Builder {
             ingress: ingress_rx,
             shutdown,
             status,
-            factory: self.factory,
             core: self.core,
-            cleanup_workers: self.cleanup_workers,
-            max_extra_threads: self.max_extra_threads,
+            turn_pool,
+            cleanup_pool,
+            completions,
             tick_interval: self.tick_interval,
             status_file: self.status_file,
             precise_timers: self.precise_timers,
-            limits: self.limits,
         };
         Ok((runtime, handle, events_rx))
     }
@@ -297,21 +379,21 @@ impl Handle {
     }
 }
 
-/// The reactor, ready to run on the thread that calls [`Runtime::run`].
+/// The reactor, ready to run on the thread that calls [`Runtime::run`]; its worker threads
+/// are already running.
 pub struct Runtime {
     poll: Poll,
     notifier: Arc<Notifier>,
     ingress: Receiver<(Message, EventSink)>,
     shutdown: Arc<AtomicBool>,
     status: Arc<StatusCell>,
-    factory: Arc<dyn AgentFactory>,
     core: CoreConfig,
-    cleanup_workers: usize,
-    max_extra_threads: usize,
+    turn_pool: Pool<(TurnJob<BoxAgent>, CancelToken)>,
+    cleanup_pool: Pool<CleanupJob<BoxAgent>>,
+    completions: Receiver<Completion>,
     tick_interval: Duration,
     status_file: Option<PathBuf>,
     precise_timers: bool,
-    limits: TurnLimits,
 }
 
 impl Runtime {
@@ -336,36 +418,15 @@ impl Runtime {
             ingress,
             shutdown,
             status,
-            factory,
             core,
-            cleanup_workers,
-            max_extra_threads,
+            turn_pool,
+            cleanup_pool,
+            completions,
             tick_interval,
             status_file,
             precise_timers,
-            limits,
         } = self;
         let epoch = Instant::now();
-        let (completion_tx, completions) = unbounded();
-        let sink = CompletionSink {
-            tx: completion_tx,
-            notifier: Arc::clone(&notifier),
-        };
-        let turn_sink = sink.clone();
-        let turn_pool = Pool::new(
-            "turnstile-turn",
-            core.turn_workers,
-            max_extra_threads,
-            move |(job, cancel): (TurnJob<BoxAgent>, CancelToken)| {
-                run_turn(job, &cancel, &*factory, &turn_sink, limits)
-            },
-        )?;
-        let cleanup_pool = Pool::new(
-            "turnstile-cleanup",
-            cleanup_workers,
-            max_extra_threads,
-            move |job| run_cleanup(job, &sink),
-        )?;
         let writer = status_file.map(StatusFileWriter::start).transpose()?;
         let mut driver = Driver {
             core: Core::new(core, Duration::ZERO),
@@ -482,7 +543,7 @@ impl Runtime {
 struct Driver {
     core: Core<Route, BoxAgent>,
     turn_pool: Pool<(TurnJob<BoxAgent>, CancelToken)>,
-    cleanup_pool: Pool<crate::core::CleanupJob<BoxAgent>>,
+    cleanup_pool: Pool<CleanupJob<BoxAgent>>,
     turns: HashMap<TurnId, (CancelToken, JobTicket)>,
     cleanups: HashMap<CleanupId, JobTicket>,
     undelivered: u64,
@@ -567,14 +628,11 @@ impl Driver {
                 }
             }
             Effect::Cleanup(job) => {
-                let (id, shutting_down) = (job.job, job.context == CleanupContext::Shutdown);
+                // The pool starts a thread for it if none is idle (up to the core's
+                // concurrency), so shutdown closes every agent at once.
+                let id = job.job;
                 let ticket = self.cleanup_pool.submit(job);
                 self.cleanups.insert(id, ticket);
-                if shutting_down {
-                    // Shutdown closes every agent at once under its one deadline: a helper
-                    // thread per job (within the cap), gone once the queue is empty.
-                    self.cleanup_pool.burst(1);
-                }
             }
             Effect::CleanupExceeded {
                 job,
@@ -664,6 +722,8 @@ impl Heartbeat {
                 queued_messages: s.queued_messages,
                 waiting_for_worker: s.waiting_for_worker,
                 cached_agents: s.cached_agents,
+                parked_agents: s.parked_agents,
+                cache_overflows: s.cache_overflows,
             },
             turns: TurnCounts {
                 in_flight: s.running_turns,
@@ -674,6 +734,7 @@ impl Heartbeat {
             },
             cleanups: CleanupCounts {
                 pending: s.cleanups_pending,
+                queued: s.cleanups_queued,
                 done: s.cleanups_done,
                 timed_out: s.cleanups_timed_out,
                 failed: s.cleanups_failed,

@@ -665,11 +665,13 @@ impl Frontend for BridgeServer {
                 // A refused message was not accepted: a retry with the same id must be allowed.
                 self.dedup.forget(route.dedup_key);
                 if let Some(&slot) = self.by_uid.get(&route.conn) {
-                    let detail = match reason {
-                        crate::core::RejectReason::QueueFull => "the session's queue is full",
-                        crate::core::RejectReason::ShuttingDown => "the gateway is shutting down",
-                    };
-                    self.reject(slot, &id, Some(session.as_str()), reason.as_str(), detail);
+                    self.reject(
+                        slot,
+                        &id,
+                        Some(session.as_str()),
+                        reason.as_str(),
+                        reason.detail(),
+                    );
                 }
             }
             EventKind::TurnStarted(turn) => {

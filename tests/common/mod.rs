@@ -21,7 +21,10 @@ pub enum Fx {
         session: String,
         id: String,
         input: String,
+        /// The agent the core handed over (None: the worker creates one).
         agent: Option<u64>,
+        /// The agent the turn runs with: the one handed over, or the one it created.
+        agent_id: u64,
     },
     Cancel(TurnId),
     Abandoned(TurnId),
@@ -29,10 +32,12 @@ pub enum Fx {
         job: CleanupId,
         agent: u64,
         context: CleanupContext,
+        session: String,
     },
     Exceeded {
         job: CleanupId,
         context: CleanupContext,
+        session: String,
     },
     CleanupFailed {
         job: CleanupId,
@@ -52,6 +57,12 @@ pub struct Harness {
     pub stuck: HashMap<TurnId, TurnJob<u64>>,
     /// Cleanup jobs issued and not yet answered.
     pub cleanups: HashMap<CleanupId, u64>,
+    /// Issued cleanup jobs whose `close()` has not started (when not started automatically).
+    pub unstarted: Vec<CleanupId>,
+    /// Report `CleanupStarted` for every issued job at once, as an idle pool would (default).
+    pub auto_start_cleanups: bool,
+    /// The agent each running turn has or created (the factory runs as the turn starts).
+    pub agent_of: HashMap<TurnId, u64>,
     /// Every effect so far, in order.
     pub log: Vec<Fx>,
     next_agent: u64,
@@ -69,6 +80,9 @@ impl Harness {
             running: HashMap::new(),
             stuck: HashMap::new(),
             cleanups: HashMap::new(),
+            unstarted: Vec::new(),
+            auto_start_cleanups: true,
+            agent_of: HashMap::new(),
             log: Vec::new(),
             next_agent: 0,
         }
@@ -77,7 +91,31 @@ impl Harness {
     pub fn step(&mut self, input: Input<(), u64>) -> Vec<Fx> {
         let mut fx = Vec::new();
         self.core.handle(self.now, input, &mut fx);
-        self.absorb(fx)
+        let mut out = self.absorb(fx);
+        out.extend(self.start_cleanups());
+        out
+    }
+
+    /// Reports `close()` starting for the issued jobs, when that is automatic.
+    fn start_cleanups(&mut self) -> Vec<Fx> {
+        let mut out = Vec::new();
+        while self.auto_start_cleanups && !self.unstarted.is_empty() {
+            let job = self.unstarted.remove(0);
+            let mut fx = Vec::new();
+            self.core
+                .handle(self.now, Input::CleanupStarted { job }, &mut fx);
+            out.extend(self.absorb(fx));
+        }
+        out
+    }
+
+    /// Reports `close()` starting for the oldest issued job (a pool thread took it).
+    pub fn start_cleanup(&mut self) -> Vec<Fx> {
+        if self.unstarted.is_empty() {
+            return Vec::new();
+        }
+        let job = self.unstarted.remove(0);
+        self.step(Input::CleanupStarted { job })
     }
 
     /// Moves the clock forward and fires due timers.
@@ -85,7 +123,9 @@ impl Harness {
         self.now += by;
         let mut fx = Vec::new();
         self.core.advance(self.now, &mut fx);
-        self.absorb(fx)
+        let mut out = self.absorb(fx);
+        out.extend(self.start_cleanups());
+        out
     }
 
     pub fn submit(&mut self, chat: &str, id: &str, text: &str) -> Vec<Fx> {
@@ -104,18 +144,15 @@ impl Harness {
             .expect("a running turn")
     }
 
-    /// Completes a turn (running or stuck) as its worker would; a fresh agent stands in when
-    /// the job carried none.
+    /// Completes a turn (running or stuck) as its worker would, with the agent it was given
+    /// or created when it started.
     pub fn complete(&mut self, turn: TurnId, result: TurnResult) -> Vec<Fx> {
         let job = self
             .running
             .remove(&turn)
             .or_else(|| self.stuck.remove(&turn))
             .expect("known turn");
-        let agent = job.agent.unwrap_or_else(|| {
-            self.next_agent += 1;
-            self.next_agent
-        });
+        let agent = self.agent_of.remove(&turn).expect("the turn's agent");
         self.step(Input::TurnDone {
             turn,
             slot: job.slot,
@@ -134,6 +171,7 @@ impl Harness {
 
     pub fn finish_cleanup(&mut self, job: CleanupId, result: Result<(), String>) -> Vec<Fx> {
         self.cleanups.remove(&job);
+        self.unstarted.retain(|&j| j != job);
         self.step(Input::CleanupDone { job, result })
     }
 
@@ -165,6 +203,11 @@ impl Harness {
             let f = match effect {
                 Effect::Emit { event, .. } => Fx::Event(event),
                 Effect::StartTurn(job) => {
+                    let agent = job.agent.unwrap_or_else(|| {
+                        self.next_agent += 1;
+                        self.next_agent
+                    });
+                    self.agent_of.insert(job.turn, agent);
                     let f = Fx::Started {
                         turn: job.turn,
                         slot: job.slot,
@@ -172,6 +215,7 @@ impl Harness {
                         id: job.message_id.to_string(),
                         input: job.input.clone(),
                         agent: job.agent,
+                        agent_id: agent,
                     };
                     self.running.insert(job.turn, job);
                     f
@@ -185,15 +229,25 @@ impl Harness {
                 }
                 Effect::Cleanup(job) => {
                     self.cleanups.insert(job.job, job.agent);
+                    self.unstarted.push(job.job);
                     Fx::Cleanup {
                         job: job.job,
                         agent: job.agent,
                         context: job.context,
+                        session: job.session.to_string(),
                     }
                 }
-                Effect::CleanupExceeded { job, context, .. } => {
+                Effect::CleanupExceeded {
+                    job,
+                    context,
+                    session,
+                } => {
                     self.cleanups.remove(&job);
-                    Fx::Exceeded { job, context }
+                    Fx::Exceeded {
+                        job,
+                        context,
+                        session: session.to_string(),
+                    }
                 }
                 Effect::CleanupFailed { job, context, .. } => Fx::CleanupFailed { job, context },
                 Effect::ShutdownComplete(r) => Fx::Complete(r),
