@@ -65,9 +65,31 @@ pub struct ServeArgs {
     /// Threads running agent turns [default: 16].
     #[arg(long)]
     turn_workers: Option<usize>,
-    /// Threads closing agents [default: 2].
+    /// Threads closing agents that always run [default: 2].
     #[arg(long)]
     cleanup_workers: Option<usize>,
+    /// Agent close()s that may run at once; the cleanup pool grows on demand up to this
+    /// [default: 64].
+    #[arg(long)]
+    max_cleanup_workers: Option<usize>,
+    /// Idle agents kept for reuse; sessions with waiting work keep theirs beyond it
+    /// [default: 128].
+    #[arg(long)]
+    max_cached_agents: Option<usize>,
+    /// Seconds an idle agent is kept before it is closed [default: 3600].
+    #[arg(long)]
+    agent_idle_ttl: Option<f64>,
+    /// Messages waiting across all sessions before new ones are rejected `overloaded`
+    /// [default: 100000].
+    #[arg(long)]
+    max_queued_messages: Option<usize>,
+    /// Bytes of text waiting across all sessions before new messages are rejected
+    /// `overloaded` [default: 268435456].
+    #[arg(long)]
+    max_queued_bytes: Option<usize>,
+    /// Least seconds between two partial replies forwarded for one turn [default: 0.8].
+    #[arg(long)]
+    partial_interval: Option<f64>,
     /// Seconds a turn may run [default: 600].
     #[arg(long)]
     turn_timeout: Option<f64>,
@@ -116,6 +138,12 @@ struct Settings {
     queue_cap: usize,
     turn_workers: usize,
     cleanup_workers: usize,
+    max_cleanup_workers: usize,
+    max_cached_agents: usize,
+    agent_idle_ttl: Duration,
+    max_queued_messages: usize,
+    max_queued_bytes: usize,
+    partial_interval: Duration,
     turn_timeout: Duration,
     stop_grace: Duration,
     cleanup_timeout: Duration,
@@ -176,6 +204,12 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         queue_cap,
         turn_workers,
         cleanup_workers,
+        max_cleanup_workers,
+        max_cached_agents,
+        agent_idle_ttl,
+        max_queued_messages,
+        max_queued_bytes,
+        partial_interval,
         turn_timeout,
         stop_grace,
         cleanup_timeout,
@@ -209,6 +243,24 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         queue_cap: at_least_one("queue-cap", a.queue_cap, 32)?,
         turn_workers: at_least_one("turn-workers", a.turn_workers, 16)?,
         cleanup_workers: at_least_one("cleanup-workers", a.cleanup_workers, 2)?,
+        max_cleanup_workers: at_least_one(
+            "max-cleanup-workers",
+            a.max_cleanup_workers,
+            turnstile::core::DEFAULT_CLEANUP_CONCURRENCY,
+        )?,
+        max_cached_agents: a.max_cached_agents.unwrap_or(128),
+        agent_idle_ttl: seconds("agent-idle-ttl", a.agent_idle_ttl, 3600.0, false)?,
+        max_queued_messages: at_least_one(
+            "max-queued-messages",
+            a.max_queued_messages,
+            turnstile::core::DEFAULT_MAX_QUEUED_MESSAGES,
+        )?,
+        max_queued_bytes: at_least_one(
+            "max-queued-bytes",
+            a.max_queued_bytes,
+            turnstile::core::DEFAULT_MAX_QUEUED_BYTES,
+        )?,
+        partial_interval: seconds("partial-interval", a.partial_interval, 0.8, true)?,
         turn_timeout: seconds("turn-timeout", a.turn_timeout, 600.0, false)?,
         stop_grace: seconds("stop-grace", a.stop_grace, 5.0, true)?,
         cleanup_timeout: seconds("cleanup-timeout", a.cleanup_timeout, 30.0, false)?,
@@ -240,6 +292,12 @@ pub fn run(args: ServeArgs) -> i32 {
         .queue_cap(s.queue_cap)
         .turn_workers(s.turn_workers)
         .cleanup_workers(s.cleanup_workers)
+        .max_cleanup_workers(s.max_cleanup_workers)
+        .max_cached_agents(s.max_cached_agents)
+        .agent_idle_ttl(s.agent_idle_ttl)
+        .max_queued_messages(s.max_queued_messages)
+        .max_queued_bytes(s.max_queued_bytes)
+        .partial_interval(s.partial_interval)
         .turn_timeout(s.turn_timeout)
         .stop_grace(s.stop_grace)
         .cleanup_timeout(s.cleanup_timeout)
