@@ -772,7 +772,8 @@ fn a_session_waiting_for_a_worker_keeps_its_agent_and_the_cache_overflows() {
             "{chat}'s follow-up got a fresh agent"
         );
     }
-    assert!(h.core.stats().cache_overflows > 0);
+    // b's and c's agents were parked with the held total over the cap of one.
+    assert_eq!(h.core.stats().cache_overflows, 2);
     // Once idle, the cap applies again: two of the three idle agents are evicted.
     assert_eq!(h.core.stats().cached_agents, 1);
     assert_eq!(h.core.stats().parked_agents, 0);
@@ -931,4 +932,108 @@ fn past_the_global_queue_bound_messages_are_rejected_overloaded() {
         h.events_of("d2")[..],
         [EventKind::Accepted { .. }]
     ));
+}
+
+/// Every counter and gauge of `CoreStats` moves exactly with what happened: a scripted run
+/// touching each, checked field by field (operators read these; a miscount is a bug).
+#[test]
+fn stats_count_every_event_exactly() {
+    let (grace, cleanup) = (Duration::from_secs(5), Duration::from_secs(30));
+    let mut h = Harness::new(CoreConfig {
+        turn_workers: 2,
+        queue_cap: 2,
+        max_cached_agents: 1,
+        max_queued_messages: 3,
+        stop_grace: grace,
+        cleanup_timeout: cleanup,
+        ..cfg()
+    });
+    h.submit("a", "a1", "x"); // runs
+    h.submit("b", "b1", "x"); // runs
+    h.submit("a", "a2", "y"); // queued
+    h.submit("a", "a3", "z"); // queued (a's queue now full)
+    h.submit("a", "a4", "w"); // queue_full
+    h.submit("c", "c1", "v"); // queued (third waiting message overall)
+    h.submit("c", "c2", "u"); // overloaded
+    let s = h.core.stats();
+    assert_eq!(
+        (
+            s.sessions,
+            s.running_turns,
+            s.queued_messages,
+            s.waiting_for_worker
+        ),
+        (3, 2, 3, 1)
+    );
+    assert_eq!((s.accepted, s.rejected), (5, 2));
+    h.echo("a"); // a1 replies; a's agent parked (a2 waits); c1 starts
+    let s = h.core.stats();
+    assert_eq!(
+        (s.turns_completed, s.parked_agents, s.cached_agents),
+        (1, 1, 0)
+    );
+    let tb = h.turn_of("b");
+    h.complete(tb, TurnResult::Failed("nope".into())); // b's agent idle; a2 starts
+    let tc = h.turn_of("c");
+    h.complete(tc, TurnResult::Panicked("boom".into())); // c's agent closes
+    let s = h.core.stats();
+    assert_eq!(
+        (s.turns_failed, s.cached_agents, s.parked_agents),
+        (2, 1, 0)
+    );
+    assert_eq!((s.cleanups_pending, s.cleanups_done), (1, 0));
+    let job = *h.cleanups.keys().next().expect("c's cleanup");
+    h.finish_cleanup(job, Err("close failed".into()));
+    let s = h.core.stats();
+    assert_eq!(
+        (s.cleanups_pending, s.cleanups_failed, s.sessions),
+        (0, 1, 2)
+    );
+    h.submit("a", "stop", "/stop"); // cancels a2 (running) and a3 (queued)
+    let ta = h.turn_of("a");
+    h.complete(ta, TurnResult::Cancelled);
+    let s = h.core.stats();
+    assert_eq!(
+        (s.turns_cancelled, s.queued_cancelled, s.accepted),
+        (1, 1, 6)
+    );
+    // a's agent back and idle: two idle agents over a cap of one, b's (older) evicted.
+    let s = h.core.stats();
+    assert_eq!((s.cached_agents, s.cleanups_pending), (1, 1));
+    let job = *h.cleanups.keys().next().expect("b's eviction");
+    h.finish_cleanup(job, Ok(()));
+    assert_eq!(h.core.stats().cleanups_done, 1);
+    // An abandoned turn whose agent never returns: abandoned, then timed out.
+    h.submit("d", "d1", "x");
+    h.submit("d", "dstop", "/stop");
+    h.advance(grace);
+    let s = h.core.stats();
+    assert_eq!(
+        (s.turns_abandoned, s.running_turns, s.cleanups_pending),
+        (1, 0, 1)
+    );
+    h.advance(cleanup);
+    let s = h.core.stats();
+    assert_eq!((s.cleanups_timed_out, s.cleanups_pending), (1, 0));
+    assert_eq!(s.cache_overflows, 0, "no agent was ever held over the cap");
+    assert_eq!(s.cleanups_queued, 0);
+}
+
+/// `next_deadline` is the earliest pending timer: the sweep at first, then a turn's timeout
+/// when that comes sooner, then a stop grace.
+#[test]
+fn next_deadline_is_the_earliest_timer() {
+    let mut h = Harness::new(CoreConfig {
+        sweep_interval: Duration::from_secs(60),
+        turn_timeout: Duration::from_secs(30),
+        stop_grace: Duration::from_secs(5),
+        ..cfg()
+    });
+    assert_eq!(h.core.next_deadline(), Some(Duration::from_secs(60)));
+    h.advance(Duration::from_secs(1));
+    h.submit("a", "a1", "x");
+    assert_eq!(h.core.next_deadline(), Some(Duration::from_secs(31)));
+    h.advance(Duration::from_secs(1));
+    h.submit("a", "s", "/stop");
+    assert_eq!(h.core.next_deadline(), Some(Duration::from_secs(7)));
 }

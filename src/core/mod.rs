@@ -103,13 +103,36 @@ impl<R, A> Session<R, A> {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Shutdown {
-    report: ShutdownReport,
+    /// The counters when shutdown began: the report is what they did since.
+    stats_before: CoreStats,
     announced: bool,
 }
 
 /// The session table and scheduler.
+///
+/// # What the driver owes the core
+///
+/// The core never blocks, never reads a clock and never touches a thread; its driver (the
+/// reactor in this crate, a test harness in `tests/`) must:
+/// - pass a **monotonic** `now` (time since any fixed origin), never going backwards between
+///   calls;
+/// - call [`Core::advance`] no later than [`Core::next_deadline`] (early is harmless);
+/// - carry out the effects **in the order they were pushed**, each exactly once: an
+///   [`Effect::Emit`] for a message may not overtake an earlier one for the same message;
+/// - run every [`Effect::StartTurn`] job on a worker and report it back exactly once with
+///   [`Input::TurnDone`] carrying the job's `turn`, `slot`, `session` and its agent (the one
+///   it was given, or the one the worker's factory created; `None` if creation failed) —
+///   even after the turn was abandoned;
+/// - run every [`Effect::Cleanup`] job, reporting [`Input::CleanupStarted`] when `close()`
+///   begins and [`Input::CleanupDone`] when it returns;
+/// - signal the turn's cancellation token on [`Effect::CancelTurn`], and stop waiting for
+///   (replace) the thread of an abandoned turn or an exceeded cleanup;
+/// - forward partial replies as [`Input::Partial`] with the job's `turn` and `slot`.
+///
+/// In return every accepted message gets exactly one terminal event, a session never has
+/// two turns or two live agents, and the core's memory is bounded by its configuration.
 #[derive(Debug)]
 pub struct Core<R, A> {
     cfg: CoreConfig,
@@ -409,9 +432,6 @@ impl<R: Clone, A> Core<R, A> {
                 Outcome::Failed(FailReason::Panic(e))
             }
         };
-        if let Some(sd) = &mut self.shutdown {
-            sd.report.turns_finished += 1;
-        }
         let discard_agent = running.discard_agent;
         end_turn(fx, running, &key, outcome);
         if let Some(agent) = agent {
@@ -500,15 +520,9 @@ impl<R: Clone, A> Core<R, A> {
         match result {
             Ok(()) => {
                 self.stats.cleanups_done += 1;
-                if let Some(sd) = &mut self.shutdown {
-                    sd.report.cleanups_done += 1;
-                }
             }
             Err(error) => {
                 self.stats.cleanups_failed += 1;
-                if let Some(sd) = &mut self.shutdown {
-                    sd.report.cleanups_failed += 1;
-                }
                 fx.push(Effect::CleanupFailed {
                     job,
                     session: pending.session.clone(),
@@ -524,19 +538,18 @@ impl<R: Clone, A> Core<R, A> {
         if self.shutdown.is_some() {
             return;
         }
-        self.shutdown = Some(Shutdown::default());
-        let mut cancelled = 0;
+        self.shutdown = Some(Shutdown {
+            stats_before: self.stats,
+            announced: false,
+        });
         let slots: Vec<usize> = self.slots.iter().map(|(slot, _)| slot).collect();
         for slot in slots {
-            cancelled += self.cancel_queue(slot, CancelReason::Shutdown, fx);
+            self.cancel_queue(slot, CancelReason::Shutdown, fx);
             self.unready(slot);
             self.retire_agent(slot, CleanupContext::Shutdown, fx);
             self.release_if_empty(slot);
         }
         self.ready.clear();
-        if let Some(sd) = &mut self.shutdown {
-            sd.report.queued_cancelled = cancelled as u64;
-        }
         self.timers
             .insert(now + self.cfg.drain_timeout, Timer::DrainDeadline);
     }
@@ -563,9 +576,6 @@ impl<R: Clone, A> Core<R, A> {
             Timer::CleanupDeadline { job, of } => {
                 if let Some(p) = self.cleanups.expire(job, of) {
                     self.stats.cleanups_timed_out += 1;
-                    if let Some(sd) = &mut self.shutdown {
-                        sd.report.cleanups_timed_out += 1;
-                    }
                     fx.push(Effect::CleanupExceeded {
                         job,
                         session: p.session.clone(),
@@ -712,6 +722,7 @@ impl<R: Clone, A> Core<R, A> {
             );
         }
         self.queued_total -= n;
+        self.stats.queued_cancelled += n as u64;
         n
     }
 
@@ -755,9 +766,6 @@ impl<R: Clone, A> Core<R, A> {
         self.claimed_turns.remove(&running.turn);
         self.note_stale_timer();
         self.stats.turns_abandoned += 1;
-        if let Some(sd) = &mut self.shutdown {
-            sd.report.turns_abandoned += 1;
-        }
         let job = self.cleanups.await_agent(key.clone(), running.turn);
         self.slots[slot].agent = AgentState::Closing(job);
         let of = DeadlineOf::AwaitingAgent;
@@ -1088,9 +1096,10 @@ impl<R: Clone, A> Core<R, A> {
             return;
         }
         sd.announced = true;
-        let mut report = sd.report.clone();
-        report.clean = report.turns_abandoned == 0 && report.cleanups_timed_out == 0;
-        fx.push(Effect::ShutdownComplete(report));
+        fx.push(Effect::ShutdownComplete(ShutdownReport::between(
+            &sd.stats_before,
+            &self.stats,
+        )));
     }
 
     /// Recomputes every incrementally kept count and checks the invariants in the module
@@ -1134,6 +1143,18 @@ impl<R: Clone, A> Core<R, A> {
             }
         }
         assert_eq!(self.index.len(), self.slots.len());
+        let running: HashSet<TurnId> = self
+            .slots
+            .iter()
+            .filter_map(|(_, s)| s.turn.as_ref().map(|t| t.turn))
+            .collect();
+        assert_eq!(running, self.claimed_turns, "claimed turns out of step");
+        for (slot, &seq) in self.agent_seq.iter().enumerate() {
+            assert!(
+                seq == 0 || self.slots.contains(slot),
+                "a free slot in the cache"
+            );
+        }
         assert_eq!(queued, self.queued_total, "queued messages miscounted");
         assert_eq!(bytes, self.queued_bytes, "queued bytes miscounted");
         assert_eq!(waiting, self.waiting_total, "waiting sessions miscounted");

@@ -399,6 +399,25 @@ pub struct ShutdownReport {
     pub cleanups_timed_out: u64,
 }
 
+impl ShutdownReport {
+    /// What the core did between two readings of its counters: `before` when shutdown
+    /// began, `after` when it completed.
+    pub fn between(before: &CoreStats, after: &CoreStats) -> ShutdownReport {
+        let ended = |s: &CoreStats| s.turns_completed + s.turns_failed + s.turns_cancelled;
+        let turns_abandoned = after.turns_abandoned - before.turns_abandoned;
+        let cleanups_timed_out = after.cleanups_timed_out - before.cleanups_timed_out;
+        ShutdownReport {
+            clean: turns_abandoned == 0 && cleanups_timed_out == 0,
+            queued_cancelled: after.queued_cancelled - before.queued_cancelled,
+            turns_finished: ended(after) - ended(before),
+            turns_abandoned,
+            cleanups_done: after.cleanups_done - before.cleanups_done,
+            cleanups_failed: after.cleanups_failed - before.cleanups_failed,
+            cleanups_timed_out,
+        }
+    }
+}
+
 /// Input to the core.
 #[derive(Debug)]
 pub enum Input<R, A> {
@@ -525,6 +544,8 @@ pub struct CoreStats {
     pub turns_cancelled: u64,
     /// Turns abandoned (timeout or cancellation ignored past the grace).
     pub turns_abandoned: u64,
+    /// Queued messages ended `cancelled` before their turn (`/stop`, `/new`, shutdown).
+    pub queued_cancelled: u64,
     /// Cleanup jobs not yet finished or timed out (any stage).
     pub cleanups_pending: usize,
     /// Cleanup jobs waiting for `close()` to start (the core's backlog and the pool's queue).
