@@ -32,14 +32,10 @@ fn one_message(
         Effect::StartTurn(job) => Some(job),
         _ => None,
     });
-    if let Some(job) = job {
-        let done = Input::TurnDone {
-            turn: job.turn,
-            slot: job.slot,
-            session: job.session,
-            agent: Some(job.agent.unwrap_or(0)),
-            result: TurnResult::Reply(job.input.into()),
-        };
+    if let Some(mut job) = job {
+        let agent = job.agent.take().unwrap_or(0);
+        let result = TurnResult::Reply(job.input.clone().into());
+        let done = Input::TurnDone(job.done(Some(agent), result));
         core.handle(now, done, fx);
         n += fx.len();
         fx.clear();

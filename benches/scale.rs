@@ -39,17 +39,13 @@ fn full_path(core: &mut AgentCore, fx: &mut Vec<Effect<(), Box<dyn Agent>>>, m: 
     let mut inputs = Vec::new();
     for effect in fx.drain(..) {
         match effect {
-            Effect::StartTurn(job) => {
-                let agent: Box<dyn Agent> =
-                    job.agent.unwrap_or_else(|| Box::new(EchoAgent::default()));
-                let result = TurnResult::Reply(job.input.into());
-                inputs.push(Input::TurnDone {
-                    turn: job.turn,
-                    slot: job.slot,
-                    session: job.session,
-                    agent: Some(agent),
-                    result,
-                });
+            Effect::StartTurn(mut job) => {
+                let agent: Box<dyn Agent> = job
+                    .agent
+                    .take()
+                    .unwrap_or_else(|| Box::new(EchoAgent::default()));
+                let result = TurnResult::Reply(job.input.clone().into());
+                inputs.push(Input::TurnDone(job.done(Some(agent), result)));
             }
             Effect::Cleanup(job) => inputs.push(Input::CleanupDone {
                 job: job.job,

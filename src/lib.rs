@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod core;
 pub mod exec;
+pub mod key;
 pub mod liveness;
 pub mod message;
 pub mod pool;

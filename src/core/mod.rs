@@ -26,8 +26,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use slab::Slab;
-
+use crate::key::{Key, Slots};
 use crate::message::{Body, Command, KeyHashBuilder, Message, MessageContext, SessionKey};
 use cleanups::{Cleanups, DeadlineOf};
 use recency::RecencyQueue;
@@ -36,8 +35,8 @@ pub use types::*;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Timer {
-    TurnDeadline { turn: TurnId, slot: usize },
-    StopGrace { turn: TurnId, slot: usize },
+    TurnDeadline { turn: TurnId, slot: Key },
+    StopGrace { turn: TurnId, slot: Key },
     CleanupDeadline { job: CleanupId, of: DeadlineOf },
     Sweep,
     DrainDeadline,
@@ -78,8 +77,6 @@ enum AgentState<A> {
 
 #[derive(Debug)]
 struct Session<R, A> {
-    /// Unique for the core's lifetime; tells a reused slot from the session that left it.
-    sid: u64,
     key: SessionKey,
     queue: VecDeque<Queued<R>>,
     turn: Option<Running<R>>,
@@ -122,24 +119,24 @@ struct Shutdown {
 /// - carry out the effects **in the order they were pushed**, each exactly once: an
 ///   [`Effect::Emit`] for a message may not overtake an earlier one for the same message;
 /// - run every [`Effect::StartTurn`] job on a worker and report it back exactly once with
-///   [`Input::TurnDone`] carrying the job's `turn`, `slot`, `session` and its agent (the one
-///   it was given, or the one the worker's factory created; `None` if creation failed) —
-///   even after the turn was abandoned;
+///   [`Input::TurnDone`], built by [`TurnJob::done`] with its agent (the one it was given,
+///   or the one the worker's factory created; `None` if creation failed) — even after the
+///   turn was abandoned;
 /// - run every [`Effect::Cleanup`] job, reporting [`Input::CleanupStarted`] when `close()`
 ///   begins and [`Input::CleanupDone`] when it returns;
 /// - signal the turn's cancellation token on [`Effect::CancelTurn`], and stop waiting for
 ///   (replace) the thread of an abandoned turn or an exceeded cleanup;
-/// - forward partial replies as [`Input::Partial`] with the job's `turn` and `slot`.
+/// - forward partial replies as [`Input::Partial`] built by the job's [`PartialRoute`].
 ///
 /// In return every accepted message gets exactly one terminal event, a session never has
 /// two turns or two live agents, and the core's memory is bounded by its configuration.
 #[derive(Debug)]
 pub struct Core<R, A> {
     cfg: CoreConfig,
-    slots: Slab<Session<R, A>>,
-    index: HashMap<SessionKey, usize, KeyHashBuilder>,
+    slots: Slots<Session<R, A>>,
+    index: HashMap<SessionKey, Key, KeyHashBuilder>,
     /// Sessions with queued work waiting for a worker, first come first served.
-    ready: VecDeque<(usize, u64)>,
+    ready: VecDeque<Key>,
     /// Idle agents by recency.
     cache: RecencyQueue,
     /// Per slot, the recency stamp of its idle agent (0: not in the recency queue). A dense
@@ -150,7 +147,6 @@ pub struct Core<R, A> {
     claimed_turns: HashSet<TurnId>,
     timers: TimerQueue<Timer>,
     cleanups: Cleanups<A>,
-    next_sid: u64,
     next_turn: u64,
 
     queued_total: usize,
@@ -168,7 +164,7 @@ impl<R: Clone, A> Core<R, A> {
         timers.insert(now + cfg.sweep_interval, Timer::Sweep);
         Core {
             cfg,
-            slots: Slab::new(),
+            slots: Slots::new(),
             index: HashMap::default(),
             ready: VecDeque::new(),
             cache: RecencyQueue::default(),
@@ -176,7 +172,6 @@ impl<R: Clone, A> Core<R, A> {
             claimed_turns: HashSet::new(),
             timers,
             cleanups: Cleanups::default(),
-            next_sid: 0,
             next_turn: 0,
 
             queued_total: 0,
@@ -197,13 +192,7 @@ impl<R: Clone, A> Core<R, A> {
     pub fn handle(&mut self, now: Duration, input: Input<R, A>, fx: &mut Vec<Effect<R, A>>) {
         match input {
             Input::Submit { message, route } => self.submit(now, message, route, fx),
-            Input::TurnDone {
-                turn,
-                slot,
-                session,
-                agent,
-                result,
-            } => self.turn_done(now, turn, slot, session, agent, result, fx),
+            Input::TurnDone(done) => self.turn_done(now, done, fx),
             Input::Partial { turn, slot, text } => self.partial(turn, slot, text, fx),
             Input::CleanupStarted { job } => self.cleanup_started(now, job),
             Input::CleanupDone { job, result } => self.cleanup_done(job, result, fx),
@@ -259,7 +248,7 @@ impl<R: Clone, A> Core<R, A> {
         self.slots.iter().map(|(slot, _)| self.view(slot))
     }
 
-    fn view(&self, slot: usize) -> SessionView {
+    fn view(&self, slot: Key) -> SessionView {
         let s = &self.slots[slot];
         let agent = match &s.agent {
             AgentState::Absent => AgentPhase::Absent,
@@ -331,9 +320,7 @@ impl<R: Clone, A> Core<R, A> {
         let slot = match self.index.get(&key) {
             Some(&slot) => slot,
             None => {
-                self.next_sid += 1;
                 let slot = self.slots.insert(Session {
-                    sid: self.next_sid,
                     key: key.clone(),
                     queue: VecDeque::new(),
                     turn: None,
@@ -384,17 +371,14 @@ impl<R: Clone, A> Core<R, A> {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn turn_done(
-        &mut self,
-        now: Duration,
-        turn: TurnId,
-        slot: usize,
-        key: SessionKey,
-        agent: Option<A>,
-        result: TurnResult,
-        fx: &mut Vec<Effect<R, A>>,
-    ) {
+    fn turn_done(&mut self, now: Duration, done: TurnDone<A>, fx: &mut Vec<Effect<R, A>>) {
+        let TurnDone {
+            turn,
+            slot,
+            session: key,
+            agent,
+            result,
+        } = done;
         if !self.is_current(slot, turn) {
             self.abandoned_turn_returned(turn, key, agent, fx);
             return;
@@ -479,7 +463,7 @@ impl<R: Clone, A> Core<R, A> {
         }
     }
 
-    fn partial(&mut self, turn: TurnId, slot: usize, text: String, fx: &mut Vec<Effect<R, A>>) {
+    fn partial(&mut self, turn: TurnId, slot: Key, text: String, fx: &mut Vec<Effect<R, A>>) {
         // The generation check: a partial of an abandoned or superseded turn goes nowhere.
         if !self.is_current(slot, turn) {
             return;
@@ -542,7 +526,7 @@ impl<R: Clone, A> Core<R, A> {
             stats_before: self.stats,
             announced: false,
         });
-        let slots: Vec<usize> = self.slots.iter().map(|(slot, _)| slot).collect();
+        let slots: Vec<Key> = self.slots.keys().collect();
         for slot in slots {
             self.cancel_queue(slot, CancelReason::Shutdown, fx);
             self.unready(slot);
@@ -590,7 +574,7 @@ impl<R: Clone, A> Core<R, A> {
                     .insert(now + self.cfg.sweep_interval, Timer::Sweep);
             }
             Timer::DrainDeadline => {
-                let running: Vec<usize> = self
+                let running: Vec<Key> = self
                     .slots
                     .iter()
                     .filter(|(_, s)| s.turn.is_some())
@@ -615,7 +599,7 @@ impl<R: Clone, A> Core<R, A> {
         });
     }
 
-    fn is_current(&self, slot: usize, turn: TurnId) -> bool {
+    fn is_current(&self, slot: Key, turn: TurnId) -> bool {
         self.slots
             .get(slot)
             .and_then(|s| s.turn.as_ref())
@@ -705,7 +689,7 @@ impl<R: Clone, A> Core<R, A> {
     /// Ends every queued message of a session with `cancelled: reason`; returns how many.
     fn cancel_queue(
         &mut self,
-        slot: usize,
+        slot: Key,
         reason: CancelReason,
         fx: &mut Vec<Effect<R, A>>,
     ) -> usize {
@@ -731,7 +715,7 @@ impl<R: Clone, A> Core<R, A> {
     fn cancel_turn(
         &mut self,
         now: Duration,
-        slot: usize,
+        slot: Key,
         reason: CancelReason,
         fx: &mut Vec<Effect<R, A>>,
     ) -> bool {
@@ -755,7 +739,7 @@ impl<R: Clone, A> Core<R, A> {
     fn abandon(
         &mut self,
         now: Duration,
-        slot: usize,
+        slot: Key,
         reason: AbandonReason,
         fx: &mut Vec<Effect<R, A>>,
     ) {
@@ -790,7 +774,7 @@ impl<R: Clone, A> Core<R, A> {
     }
 
     /// After a turn ends: hand over to the queued work, or give the slot back.
-    fn after_turn(&mut self, slot: usize) {
+    fn after_turn(&mut self, slot: Key) {
         let session = &self.slots[slot];
         if session.queue.is_empty() {
             self.release_if_empty(slot);
@@ -800,18 +784,18 @@ impl<R: Clone, A> Core<R, A> {
         // Otherwise its agent is closing: the session becomes ready when the close ends.
     }
 
-    fn make_ready(&mut self, slot: usize) {
+    fn make_ready(&mut self, slot: Key) {
         let session = &mut self.slots[slot];
         debug_assert!(session.agent_free() && session.turn.is_none());
         if !session.waiting_for_worker {
             session.waiting_for_worker = true;
             self.waiting_total += 1;
-            self.ready.push_back((slot, session.sid));
+            self.ready.push_back(slot);
         }
     }
 
     /// Takes a session out of the ready queue (its entry there goes stale).
-    fn unready(&mut self, slot: usize) {
+    fn unready(&mut self, slot: Key) {
         let session = &mut self.slots[slot];
         if session.waiting_for_worker {
             session.waiting_for_worker = false;
@@ -822,13 +806,13 @@ impl<R: Clone, A> Core<R, A> {
     /// Starts turns while workers are free, in ready-queue order.
     fn dispatch(&mut self, now: Duration, fx: &mut Vec<Effect<R, A>>) {
         while self.claimed_turns.len() < self.cfg.turn_workers {
-            let Some((slot, sid)) = self.ready.pop_front() else {
+            let Some(slot) = self.ready.pop_front() else {
                 break;
             };
             let Some(session) = self.slots.get_mut(slot) else {
                 continue;
             };
-            if session.sid != sid || !session.waiting_for_worker {
+            if !session.waiting_for_worker {
                 continue; // stale entry: the session was stopped or left the slot
             }
             session.waiting_for_worker = false;
@@ -838,7 +822,7 @@ impl<R: Clone, A> Core<R, A> {
         }
     }
 
-    fn start_turn(&mut self, now: Duration, slot: usize, fx: &mut Vec<Effect<R, A>>) {
+    fn start_turn(&mut self, now: Duration, slot: Key, fx: &mut Vec<Effect<R, A>>) {
         let session = &mut self.slots[slot];
         let Some(head) = session.queue.pop_front() else {
             return;
@@ -904,13 +888,15 @@ impl<R: Clone, A> Core<R, A> {
 
     // ---- mechanics: agents -------------------------------------------------------------
 
-    fn in_cache(&self, slot: usize) -> bool {
-        self.agent_seq.get(slot).is_some_and(|&seq| seq != 0)
+    fn in_cache(&self, slot: Key) -> bool {
+        self.agent_seq
+            .get(slot.index())
+            .is_some_and(|&seq| seq != 0)
     }
 
     /// Keeps an agent that returned from a turn: evictable if its session is idle, parked
     /// (not evictable) if work waits for it.
-    fn hold_agent(&mut self, now: Duration, slot: usize, agent: A) {
+    fn hold_agent(&mut self, now: Duration, slot: Key, agent: A) {
         let session = &mut self.slots[slot];
         debug_assert!(matches!(session.agent, AgentState::Absent));
         session.agent = AgentState::Held {
@@ -927,22 +913,23 @@ impl<R: Clone, A> Core<R, A> {
         }
     }
 
-    fn enter_cache(&mut self, slot: usize) {
+    fn enter_cache(&mut self, slot: Key) {
         let lru_seq = self.cache.push(slot);
-        if self.agent_seq.len() <= slot {
-            self.agent_seq.resize(slot + 1, 0);
+        if self.agent_seq.len() <= slot.index() {
+            self.agent_seq.resize(slot.index() + 1, 0);
         }
-        self.agent_seq[slot] = lru_seq;
+        self.agent_seq[slot.index()] = lru_seq;
     }
 
-    fn leave_cache(&mut self, slot: usize) {
-        self.agent_seq[slot] = 0;
+    fn leave_cache(&mut self, slot: Key) {
+        self.agent_seq[slot.index()] = 0;
         let live = &self.agent_seq;
-        self.cache.remove(|seq, slot| live.get(slot) == Some(&seq));
+        self.cache
+            .remove(|seq, slot| live.get(slot.index()) == Some(&seq));
     }
 
     /// The session got work: its idle agent stops being evictable.
-    fn park_agent(&mut self, slot: usize) {
+    fn park_agent(&mut self, slot: Key) {
         if self.in_cache(slot) {
             self.leave_cache(slot);
             self.parked_agents += 1;
@@ -951,7 +938,7 @@ impl<R: Clone, A> Core<R, A> {
 
     /// The session became idle without a turn (its queue was cancelled): a parked agent
     /// becomes evictable again.
-    fn settle_agent(&mut self, slot: usize) {
+    fn settle_agent(&mut self, slot: Key) {
         let session = &self.slots[slot];
         if matches!(session.agent, AgentState::Held { .. })
             && session.is_idle()
@@ -963,7 +950,7 @@ impl<R: Clone, A> Core<R, A> {
     }
 
     /// Takes a session's held agent (idle or parked), leaving it with none.
-    fn take_held_agent(&mut self, slot: usize) -> Option<A> {
+    fn take_held_agent(&mut self, slot: Key) -> Option<A> {
         let session = &mut self.slots[slot];
         if !matches!(session.agent, AgentState::Held { .. }) {
             return None;
@@ -983,7 +970,7 @@ impl<R: Clone, A> Core<R, A> {
 
     /// The session's agent is not to serve again: a held one goes to cleanup now, the one
     /// in a running turn when that turn returns.
-    fn retire_agent(&mut self, slot: usize, context: CleanupContext, fx: &mut Vec<Effect<R, A>>) {
+    fn retire_agent(&mut self, slot: Key, context: CleanupContext, fx: &mut Vec<Effect<R, A>>) {
         if let Some(t) = &mut self.slots[slot].turn {
             t.discard_agent = true;
         }
@@ -995,12 +982,7 @@ impl<R: Clone, A> Core<R, A> {
     }
 
     /// Sends an idle agent to cleanup (sweep, eviction).
-    fn close_idle_agent(
-        &mut self,
-        slot: usize,
-        context: CleanupContext,
-        fx: &mut Vec<Effect<R, A>>,
-    ) {
+    fn close_idle_agent(&mut self, slot: Key, context: CleanupContext, fx: &mut Vec<Effect<R, A>>) {
         debug_assert!(
             self.slots[slot].is_idle(),
             "evicting a busy session's agent"
@@ -1013,7 +995,7 @@ impl<R: Clone, A> Core<R, A> {
     /// Sends a session's agent to cleanup; the session waits for it before its next turn.
     fn close_agent(
         &mut self,
-        slot: usize,
+        slot: Key,
         context: CleanupContext,
         agent: A,
         fx: &mut Vec<Effect<R, A>>,
@@ -1052,9 +1034,10 @@ impl<R: Clone, A> Core<R, A> {
     }
 
     /// The slot of the least recently used idle agent.
-    fn oldest_cached(&mut self) -> Option<usize> {
+    fn oldest_cached(&mut self) -> Option<Key> {
         let live = &self.agent_seq;
-        self.cache.oldest(|seq, slot| live.get(slot) == Some(&seq))
+        self.cache
+            .oldest(|seq, slot| live.get(slot.index()) == Some(&seq))
     }
 
     /// Closes least recently used idle agents while the cache is over its cap, pausing while
@@ -1070,7 +1053,7 @@ impl<R: Clone, A> Core<R, A> {
         }
     }
 
-    fn release_if_empty(&mut self, slot: usize) {
+    fn release_if_empty(&mut self, slot: Key) {
         let session = &self.slots[slot];
         if session.holds_nothing() && !session.waiting_for_worker {
             self.index.remove(&session.key);
@@ -1114,7 +1097,7 @@ impl<R: Clone, A> Core<R, A> {
     #[cfg(debug_assertions)]
     fn check_invariants_now(&self) {
         let (mut queued, mut bytes, mut waiting, mut parked, mut idle) = (0, 0, 0, 0, 0);
-        for (slot, s) in &self.slots {
+        for (slot, s) in self.slots.iter() {
             assert_eq!(self.index.get(&s.key), Some(&slot), "index out of step");
             assert!(!s.holds_nothing() || s.waiting_for_worker, "leaked slot");
             queued += s.queue.len();
@@ -1149,12 +1132,8 @@ impl<R: Clone, A> Core<R, A> {
             .filter_map(|(_, s)| s.turn.as_ref().map(|t| t.turn))
             .collect();
         assert_eq!(running, self.claimed_turns, "claimed turns out of step");
-        for (slot, &seq) in self.agent_seq.iter().enumerate() {
-            assert!(
-                seq == 0 || self.slots.contains(slot),
-                "a free slot in the cache"
-            );
-        }
+        let cached = self.agent_seq.iter().filter(|&&seq| seq != 0).count();
+        assert_eq!(cached, idle, "a cache stamp without an idle agent");
         assert_eq!(queued, self.queued_total, "queued messages miscounted");
         assert_eq!(bytes, self.queued_bytes, "queued bytes miscounted");
         assert_eq!(waiting, self.waiting_total, "waiting sessions miscounted");

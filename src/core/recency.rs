@@ -6,12 +6,14 @@
 
 use std::collections::VecDeque;
 
+use crate::key::Key;
+
 /// Below this size compaction is not worth its pass.
 const COMPACT_MIN: usize = 1024;
 
 #[derive(Debug, Default)]
 pub(super) struct RecencyQueue {
-    order: VecDeque<(u64, usize)>,
+    order: VecDeque<(u64, Key)>,
     next_seq: u64,
     /// Entries that are still the current cache entry of their slot.
     pub(super) live: usize,
@@ -19,7 +21,7 @@ pub(super) struct RecencyQueue {
 
 impl RecencyQueue {
     /// Appends a newly cached agent's slot; returns its sequence number.
-    pub(super) fn push(&mut self, slot: usize) -> u64 {
+    pub(super) fn push(&mut self, slot: Key) -> u64 {
         self.next_seq += 1;
         self.order.push_back((self.next_seq, slot));
         self.live += 1;
@@ -27,7 +29,7 @@ impl RecencyQueue {
     }
 
     /// Counts one entry as dead; `is_live(seq, slot)` tells live entries apart when compacting.
-    pub(super) fn remove(&mut self, mut is_live: impl FnMut(u64, usize) -> bool) {
+    pub(super) fn remove(&mut self, mut is_live: impl FnMut(u64, Key) -> bool) {
         self.live -= 1;
         if self.order.len() >= COMPACT_MIN && self.order.len() > 2 * self.live {
             self.order.retain(|&(seq, slot)| is_live(seq, slot));
@@ -35,7 +37,7 @@ impl RecencyQueue {
     }
 
     /// The oldest live entry's slot, dropping dead entries in front of it.
-    pub(super) fn oldest(&mut self, mut is_live: impl FnMut(u64, usize) -> bool) -> Option<usize> {
+    pub(super) fn oldest(&mut self, mut is_live: impl FnMut(u64, Key) -> bool) -> Option<Key> {
         while let Some(&(seq, slot)) = self.order.front() {
             if is_live(seq, slot) {
                 return Some(slot);
@@ -54,10 +56,12 @@ mod tests {
     #[test]
     fn dead_entries_are_skipped_and_compacted() {
         let mut q = RecencyQueue::default();
+        let mut slots = crate::key::Slots::new();
+        let keys: Vec<Key> = (0..3).map(|i| slots.insert(i)).collect();
         // slot -> its current live seq
-        let mut current: HashMap<usize, u64> = HashMap::new();
+        let mut current: HashMap<Key, u64> = HashMap::new();
         for round in 0..10_000usize {
-            let slot = round % 3;
+            let slot = keys[round % 3];
             if let Some(_old) = current.remove(&slot) {
                 let cur = current.clone();
                 q.remove(|seq, s| cur.get(&s) == Some(&seq));
@@ -74,7 +78,7 @@ mod tests {
         let cur = current.clone();
         assert_eq!(
             q.oldest(|seq, s| cur.get(&s) == Some(&seq)),
-            Some(10_000 % 3)
+            Some(keys[10_000 % 3])
         );
     }
 }

@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::key::Key;
 use crate::message::{Message, MessageContext, SessionKey};
 
 /// Identifies one agent turn; also its generation: a completion whose id is not the
@@ -354,7 +355,7 @@ pub struct TurnJob<A> {
     /// Its id; the completion must carry it back.
     pub turn: TurnId,
     /// The session's slot; the completion must carry it back.
-    pub slot: usize,
+    pub slot: Key,
     /// The session.
     pub session: SessionKey,
     /// The id of the message the turn answers.
@@ -365,6 +366,64 @@ pub struct TurnJob<A> {
     pub context: MessageContext,
     /// The session's agent, or `None` to create a fresh one on the worker.
     pub agent: Option<A>,
+}
+
+impl<A> TurnJob<A> {
+    /// The worker's report that this turn returned, with the agent it ran (the one it was
+    /// given, or the one the worker created; `None` if creation failed) and what it
+    /// produced. The only way to build a [`TurnDone`], so it always matches its job.
+    pub fn done(self, agent: Option<A>, result: TurnResult) -> TurnDone<A> {
+        TurnDone {
+            turn: self.turn,
+            slot: self.slot,
+            session: self.session,
+            agent,
+            result,
+        }
+    }
+
+    /// Where this turn's partial replies go.
+    pub fn partial_route(&self) -> PartialRoute {
+        PartialRoute {
+            turn: self.turn,
+            slot: self.slot,
+        }
+    }
+}
+
+/// A turn returned from its worker; see [`TurnJob::done`].
+#[derive(Debug)]
+pub struct TurnDone<A> {
+    pub(crate) turn: TurnId,
+    pub(crate) slot: Key,
+    pub(crate) session: SessionKey,
+    pub(crate) agent: Option<A>,
+    pub(crate) result: TurnResult,
+}
+
+impl<A> TurnDone<A> {
+    /// The turn that returned.
+    pub fn turn(&self) -> TurnId {
+        self.turn
+    }
+}
+
+/// Addresses a running turn's partial replies (cheap to copy into a publisher).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PartialRoute {
+    turn: TurnId,
+    slot: Key,
+}
+
+impl PartialRoute {
+    /// The input reporting `text` as the turn's reply so far.
+    pub fn partial<R, A>(self, text: String) -> Input<R, A> {
+        Input::Partial {
+            turn: self.turn,
+            slot: self.slot,
+            text,
+        }
+    }
 }
 
 /// An agent to close on the cleanup pool.
@@ -428,25 +487,14 @@ pub enum Input<R, A> {
         /// Where its events go.
         route: R,
     },
-    /// A turn returned from its worker.
-    TurnDone {
-        /// The turn's id.
-        turn: TurnId,
-        /// The slot from its job.
-        slot: usize,
-        /// The session from its job.
-        session: SessionKey,
-        /// The agent, moved back (None when it could not be created).
-        agent: Option<A>,
-        /// What the turn produced.
-        result: TurnResult,
-    },
+    /// A turn returned from its worker (built by [`TurnJob::done`]).
+    TurnDone(TurnDone<A>),
     /// A running turn published its reply so far.
     Partial {
         /// The turn's id.
         turn: TurnId,
         /// The slot from its job.
-        slot: usize,
+        slot: Key,
         /// The text so far.
         text: String,
     },
@@ -562,7 +610,7 @@ pub struct CoreStats {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SessionView {
     /// Its slot in the session table; stable for the session's lifetime.
-    pub slot: usize,
+    pub slot: Key,
     /// The session key.
     pub key: SessionKey,
     /// The running turn, if any.

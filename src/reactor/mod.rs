@@ -451,7 +451,7 @@ impl Runtime {
             let now = epoch.elapsed();
             for completion in completions.try_iter() {
                 driver.forget_job(&completion);
-                driver.core.handle(now, completion, &mut fx);
+                driver.core.handle(now, completion.into(), &mut fx);
             }
             // Bounded per iteration so a burst of submissions cannot delay timers and the
             // heartbeat; what is left is taken on the next iteration, without sleeping.
@@ -554,16 +554,13 @@ impl Driver {
     /// A job came back: its ticket is no longer needed to cancel or replace it.
     fn forget_job(&mut self, completion: &Completion) {
         match completion {
-            Input::TurnDone { turn, .. } => {
-                self.turns.remove(turn);
+            Completion::Turn(done) => {
+                self.turns.remove(&done.turn());
             }
-            Input::CleanupDone { job, .. } => {
+            Completion::CleanupDone(job, _) => {
                 self.cleanups.remove(job);
             }
-            Input::Submit { .. }
-            | Input::Shutdown
-            | Input::Partial { .. }
-            | Input::CleanupStarted { .. } => {}
+            Completion::Partial(_) | Completion::CleanupStarted(_) => {}
         }
     }
 

@@ -11,14 +11,33 @@ use crossbeam_channel::Sender;
 use super::Route;
 use super::notify::Notifier;
 use crate::agent::{Agent, AgentFactory, CancelToken, Partials, TurnError, TurnInput};
-use crate::core::{CleanupJob, Input, Reply, TurnJob, TurnResult};
+use crate::core::{CleanupId, CleanupJob, Input, Reply, TurnDone, TurnJob, TurnResult};
 
 /// A boxed agent, as the runtime moves it around.
 pub type BoxAgent = Box<dyn Agent>;
 
-/// A worker's report to the reactor: the core input it produced (`TurnDone` or
-/// `CleanupDone`), ready to be handed to the core as it is.
-pub type Completion = Input<Route, BoxAgent>;
+/// A worker's report to the reactor. Each is built from the job it reports on.
+pub enum Completion {
+    /// A turn returned.
+    Turn(TurnDone<BoxAgent>),
+    /// A running turn's reply so far.
+    Partial(Input<Route, BoxAgent>),
+    /// A cleanup job's `close()` started.
+    CleanupStarted(CleanupId),
+    /// A cleanup job ended.
+    CleanupDone(CleanupId, Result<(), String>),
+}
+
+impl From<Completion> for Input<Route, BoxAgent> {
+    fn from(c: Completion) -> Self {
+        match c {
+            Completion::Turn(done) => Input::TurnDone(done),
+            Completion::Partial(input) => input,
+            Completion::CleanupStarted(job) => Input::CleanupStarted { job },
+            Completion::CleanupDone(job, result) => Input::CleanupDone { job, result },
+        }
+    }
+}
 
 /// Where workers send completions.
 #[derive(Clone)]
@@ -60,31 +79,22 @@ pub struct TurnLimits {
 
 /// Runs one turn on a turn-pool thread.
 pub fn run_turn(
-    job: TurnJob<BoxAgent>,
+    mut job: TurnJob<BoxAgent>,
     cancel: &CancelToken,
     factory: &dyn AgentFactory,
     sink: &CompletionSink,
     limits: TurnLimits,
 ) {
-    let TurnJob {
-        turn,
-        slot,
-        session,
-        message_id,
-        input,
-        context,
-        agent,
-    } = job;
     let partials = {
-        let sink = sink.clone();
+        let (sink, route) = (sink.clone(), job.partial_route());
         Partials::throttled(limits.partial_interval, move |text| {
             let text = Reply::bounded(text, limits.max_reply_bytes).text;
-            sink.send(Input::Partial { turn, slot, text });
+            sink.send(Completion::Partial(route.partial(text)));
         })
     };
-    let mut agent = match agent {
+    let mut agent = match job.agent.take() {
         Some(a) => Ok(a),
-        None => match catch_unwind(AssertUnwindSafe(|| factory.create(&session))) {
+        None => match catch_unwind(AssertUnwindSafe(|| factory.create(&job.session))) {
             Ok(Ok(a)) => Ok(a),
             Ok(Err(e)) => Err(TurnResult::Failed(format!("agent creation failed: {e}"))),
             Err(p) => Err(TurnResult::Panicked(format!(
@@ -96,10 +106,10 @@ pub fn run_turn(
     let result = match &mut agent {
         Ok(a) => {
             let input = TurnInput {
-                session: &session,
-                message_id: &message_id,
-                text: &input,
-                context: &context,
+                session: &job.session,
+                message_id: &job.message_id,
+                text: &job.input,
+                context: &job.context,
                 partials: &partials,
             };
             match catch_unwind(AssertUnwindSafe(|| a.turn(&input, cancel))) {
@@ -111,20 +121,14 @@ pub fn run_turn(
         }
         Err(r) => r.clone(),
     };
-    sink.send(Input::TurnDone {
-        turn,
-        slot,
-        session,
-        agent: agent.ok(),
-        result,
-    });
+    sink.send(Completion::Turn(job.done(agent.ok(), result)));
 }
 
 /// Closes one agent on a cleanup-pool thread.
 pub fn run_cleanup(job: CleanupJob<BoxAgent>, sink: &CompletionSink) {
     let CleanupJob { job, mut agent, .. } = job;
     // The deadline runs from here, not from when the job was queued.
-    sink.send(Input::CleanupStarted { job });
+    sink.send(Completion::CleanupStarted(job));
     let result = match catch_unwind(AssertUnwindSafe(|| agent.close())) {
         Ok(r) => r,
         Err(p) => Err(format!("close() panicked: {}", panic_text(&*p))),
@@ -135,5 +139,5 @@ pub fn run_cleanup(job: CleanupJob<BoxAgent>, sink: &CompletionSink) {
         (Ok(()), Err(p)) => Err(format!("drop panicked: {}", panic_text(&*p))),
         (r, _) => r,
     };
-    sink.send(Input::CleanupDone { job, result });
+    sink.send(Completion::CleanupDone(job, result));
 }

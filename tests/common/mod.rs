@@ -17,7 +17,7 @@ pub enum Fx {
     Event(MessageEvent),
     Started {
         turn: TurnId,
-        slot: usize,
+        slot: turnstile::key::Key,
         session: String,
         id: String,
         input: String,
@@ -153,13 +153,7 @@ impl Harness {
             .or_else(|| self.stuck.remove(&turn))
             .expect("known turn");
         let agent = self.agent_of.remove(&turn).expect("the turn's agent");
-        self.step(Input::TurnDone {
-            turn,
-            slot: job.slot,
-            session: job.session,
-            agent: Some(agent),
-            result,
-        })
+        self.step(Input::TurnDone(job.done(Some(agent), result)))
     }
 
     /// Completes a session's running turn with an echo of its input.
