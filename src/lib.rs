@@ -2,6 +2,7 @@
 #![warn(missing_docs)]
 
 pub mod agent;
+pub mod child;
 pub mod core;
 pub mod exec;
 pub mod liveness;
