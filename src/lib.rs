@@ -8,6 +8,7 @@ pub mod exec;
 pub mod liveness;
 pub mod message;
 pub mod pool;
+pub mod process;
 pub mod reactor;
 pub mod server;
 pub mod workload;

@@ -1,0 +1,475 @@
+//! The process agent: one long-lived child process per session, speaking newline-delimited
+//! JSON on its stdin and stdout ([`docs/agent-protocol.md`]). This is the agent the cache, the
+//! idle TTL, eviction, `/new` and `close()` exist for: a Python SDK, a node tool, anything
+//! with expensive start-up or memory plugs in without Rust.
+//!
+//! The process is contained like every agent command ([`crate::child`]). The factory starts
+//! it on a turn worker; `close()` asks it to leave (`close`, then end of stdin), then
+//! terminates and kills its tree. A process that dies, or breaks the protocol, fails the
+//! running turn; the agent remembers that and starts a fresh process on the session's next
+//! turn (the core keeps a failed turn's agent, so one agent object spans the session's
+//! processes one after another, never two at once).
+//!
+//! [`docs/agent-protocol.md`]: https://github.com/turnstile/turnstile/blob/main/docs/agent-protocol.md
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::agent::{Agent, AgentFactory, CancelToken, TurnError, TurnInput};
+use crate::child::{
+    self, AgentEnv, ContainedChild, LineBuf, READ_BUDGET, ReadState, Wake, pollin, write_some,
+};
+use crate::message::SessionKey;
+use crate::reactor::DEFAULT_MAX_REPLY_BYTES;
+
+/// Default longest line an agent process may write: 4 MiB.
+pub const DEFAULT_MAX_LINE_BYTES: usize = 4 << 20;
+/// Default time `close()` gives the process to exit on its own: 10 s.
+pub const DEFAULT_CLOSE_GRACE: Duration = Duration::from_secs(10);
+/// Default time a cancelled turn waits for the process's answer to `cancel`: the core's
+/// default stop grace.
+pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(5);
+/// Time between SIGTERM and SIGKILL when `close()` has to terminate the process.
+pub const TERM_GRACE: Duration = Duration::from_secs(2);
+/// What `close()` adds to the close grace at most: the TERM grace and the kill.
+pub const CLOSE_OVERHEAD: Duration = Duration::from_secs(7);
+/// Longest `error` message passed on to the chat.
+const ERROR_TEXT_MAX: usize = 2048;
+
+/// Settings of process agents.
+#[derive(Clone, Debug)]
+pub struct ProcessOptions {
+    /// The shell command (`/bin/sh -c`).
+    pub command: String,
+    /// The environment allow-list.
+    pub env: AgentEnv,
+    /// Partials are cut to this before they are published (the worker cuts replies).
+    pub max_reply_bytes: usize,
+    /// A longer stdout line fails the turn and replaces the process.
+    pub max_line_bytes: usize,
+    /// The core's stop grace: a cancelled turn's process is killed at three quarters of it,
+    /// so the turn ends `cancelled` before the core abandons it.
+    pub stop_grace: Duration,
+    /// How long `close()` waits for the process to exit after `close` and end of stdin,
+    /// before SIGTERM, then SIGKILL [`TERM_GRACE`] later.
+    pub close_grace: Duration,
+}
+
+impl ProcessOptions {
+    /// Defaults for `command`.
+    pub fn new(command: &str) -> ProcessOptions {
+        ProcessOptions {
+            command: command.to_owned(),
+            env: AgentEnv::default(),
+            max_reply_bytes: DEFAULT_MAX_REPLY_BYTES,
+            max_line_bytes: DEFAULT_MAX_LINE_BYTES,
+            stop_grace: DEFAULT_STOP_GRACE,
+            close_grace: DEFAULT_CLOSE_GRACE,
+        }
+    }
+}
+
+/// A line from the agent process.
+#[derive(Debug, Deserialize, PartialEq)]
+#[serde(tag = "op", rename_all = "lowercase")]
+enum FromAgent {
+    Partial {
+        id: String,
+        text: String,
+    },
+    Reply {
+        id: String,
+        text: String,
+    },
+    Error {
+        id: String,
+        message: String,
+    },
+    /// Any other op: ignored, so the protocol can grow.
+    #[serde(other)]
+    Unknown,
+}
+
+/// The running process and the gateway's ends of its pipes.
+struct Live {
+    child: ContainedChild,
+    /// Non-blocking; `None` once the process closed it.
+    stdin: Option<File>,
+    pending: Vec<u8>,
+    written: usize,
+    /// Non-blocking.
+    stdout: File,
+    lines: LineBuf,
+    pid: i32,
+}
+
+impl Live {
+    fn queue(&mut self, line: &Value) {
+        self.pending.extend_from_slice(line.to_string().as_bytes());
+        self.pending.push(b'\n');
+    }
+
+    /// Writes what the pipe takes now. A closed stdin drops what was pending.
+    fn flush(&mut self) {
+        if let Some(w) = &mut self.stdin
+            && write_some(w, &mut self.pending, &mut self.written).is_err()
+        {
+            self.stdin = None;
+            self.pending.clear();
+            self.written = 0;
+        }
+    }
+
+    fn pollout(&self) -> Option<libc::pollfd> {
+        let w = self.stdin.as_ref()?;
+        (!self.pending.is_empty()).then(|| libc::pollfd {
+            fd: w.as_raw_fd(),
+            events: libc::POLLOUT,
+            revents: 0,
+        })
+    }
+}
+
+/// Read passes allowed after the process has exited, for what it wrote before: a detached
+/// process flooding the pipe must not hold the turn.
+const PASSES_AFTER_EXIT: usize = 64;
+
+/// One long-lived process per session.
+pub struct ProcessAgent {
+    options: Arc<ProcessOptions>,
+    session: SessionKey,
+    live: Option<Live>,
+}
+
+impl ProcessAgent {
+    /// A factory of process agents: each starts its session's process at once.
+    pub fn factory(options: ProcessOptions) -> impl AgentFactory {
+        let options = Arc::new(options);
+        move |session: &SessionKey| -> Result<Box<dyn Agent>, String> {
+            let mut agent = ProcessAgent {
+                options: Arc::clone(&options),
+                session: session.clone(),
+                live: None,
+            };
+            agent
+                .start()
+                .map_err(|e| format!("cannot start agent process: {e}"))?;
+            Ok(Box::new(agent))
+        }
+    }
+
+    fn start(&mut self) -> io::Result<()> {
+        let s = &self.session;
+        let vars = [
+            ("TURNSTILE_SESSION", s.as_str()),
+            ("TURNSTILE_PLATFORM", s.platform()),
+            ("TURNSTILE_CHAT_ID", s.chat_id()),
+            ("TURNSTILE_CHAT_TYPE", s.chat_type().as_str()),
+            ("TURNSTILE_THREAD_ID", s.thread_id().unwrap_or("")),
+            ("TURNSTILE_USER_ID", s.user_id().unwrap_or("")),
+        ];
+        let env = self.options.env.build(&vars);
+        let mut child = ContainedChild::spawn(&self.options.command, &env)?;
+        if let Some(stderr) = child.stderr.take() {
+            child::log_stderr(stderr, s.clone());
+        }
+        let stdin = child.stdin.take();
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| io::Error::other("no stdout pipe"))?;
+        for fd in stdin.iter().map(|f| f.as_fd()).chain([stdout.as_fd()]) {
+            child::set_nonblocking(fd)?;
+        }
+        let pid = child.leader_pid();
+        log::info!("session {s}: started agent process (leader pid {pid})");
+        self.live = Some(Live {
+            child,
+            stdin,
+            pending: Vec::new(),
+            written: 0,
+            stdout,
+            lines: LineBuf::new(self.options.max_line_bytes),
+            pid,
+        });
+        Ok(())
+    }
+
+    /// Kills the process tree and forgets it; the next turn starts a fresh one.
+    fn discard(&mut self) {
+        if let Some(mut live) = self.live.take()
+            && !live.child.kill()
+        {
+            log::warn!(
+                "session {}: agent process tree (leader pid {}) did not all exit when killed; left to the reaper",
+                self.session,
+                live.pid
+            );
+        }
+    }
+
+    /// The running process, started if there is none (or it died since the last turn).
+    fn ensure_live(&mut self) -> Result<(), TurnError> {
+        if let Some(live) = &mut self.live
+            && let Some(exit) = live.child.try_exit()
+        {
+            log::warn!(
+                "session {}: agent process exited between turns ({exit}); starting a fresh one",
+                self.session
+            );
+            self.discard();
+        }
+        if self.live.is_none() {
+            self.start()
+                .map_err(|e| TurnError::Failed(format!("cannot start agent process: {e}")))?;
+        }
+        Ok(())
+    }
+
+    fn run_turn(
+        &mut self,
+        input: &TurnInput<'_>,
+        cancel: &CancelToken,
+    ) -> Result<Result<String, TurnError>, String> {
+        let Some(live) = &mut self.live else {
+            return Err("no agent process".into());
+        };
+        let id = input.message_id;
+        let context = input.context;
+        let meta = context
+            .meta
+            .as_deref()
+            .and_then(|m| serde_json::from_str::<Value>(m).ok())
+            .unwrap_or_else(|| json!({}));
+        let s = input.session;
+        live.queue(&json!({
+            "op": "turn",
+            "id": id,
+            "session": s.as_str(),
+            "text": input.text,
+            "user_id": context.user_id.as_deref().or(s.user_id()),
+            "user_name": context.user_name.as_deref(),
+            "meta": meta,
+            "platform": s.platform(),
+            "chat_id": s.chat_id(),
+            "chat_type": s.chat_type().as_str(),
+            "thread_id": s.thread_id(),
+        }));
+        let wake = Arc::new(Wake::new().map_err(|e| format!("eventfd: {e}"))?);
+        {
+            let wake = Arc::clone(&wake);
+            cancel.on_cancel(move || wake.signal());
+        }
+        // Set once `cancel` is sent: past it the process tree is killed.
+        let mut kill_at: Option<Instant> = None;
+        let mut eof = false;
+        let mut passes_after_exit = 0;
+        loop {
+            live.flush();
+            let mut state = ReadState::WouldBlock;
+            if !eof {
+                state = live
+                    .lines
+                    .read_from(&mut live.stdout, READ_BUDGET)
+                    .map_err(|e| format!("reading the agent's stdout: {e}"))?;
+                eof = state == ReadState::Eof;
+            }
+            while let Some(line) = live.lines.next_line() {
+                let line = line.map_err(|e| {
+                    format!(
+                        "agent protocol error: the agent wrote a line longer than {} bytes",
+                        e.max
+                    )
+                })?;
+                let msg = serde_json::from_slice::<FromAgent>(&line).map_err(|e| {
+                    format!("agent protocol error: not a valid message line from the agent: {e}")
+                })?;
+                match msg {
+                    FromAgent::Partial { id: i, text } if i == id => {
+                        if kill_at.is_none() {
+                            let mut end = text.len().min(self.options.max_reply_bytes);
+                            while !text.is_char_boundary(end) {
+                                end -= 1;
+                            }
+                            input.partials.publish(&text[..end]);
+                        }
+                    }
+                    FromAgent::Reply { id: i, text } if i == id => return Ok(Ok(text)),
+                    FromAgent::Error { id: i, message } if i == id => {
+                        if kill_at.is_some() {
+                            return Ok(Err(TurnError::Cancelled));
+                        }
+                        return Ok(Err(TurnError::Failed(bounded(message))));
+                    }
+                    FromAgent::Unknown => {}
+                    other => {
+                        log::debug!("session {s}: agent line for another turn ignored: {other:?}")
+                    }
+                }
+            }
+            if let Some(exit) = live.child.try_exit() {
+                // Everything the process wrote before it exited is in the pipe: one more
+                // pass after the exit is seen (it may have come right after a read), more
+                // while a pass still finds data, within a bound.
+                passes_after_exit += 1;
+                if passes_after_exit == 1
+                    || (state == ReadState::More && passes_after_exit < PASSES_AFTER_EXIT)
+                {
+                    continue;
+                }
+                return Err(format!("agent process {exit}"));
+            }
+            if state == ReadState::More {
+                continue;
+            }
+            if kill_at.is_none() && cancel.is_cancelled() {
+                live.queue(&json!({"op": "cancel", "id": id}));
+                live.flush();
+                kill_at = Some(Instant::now() + self.options.stop_grace * 3 / 4);
+            }
+            if let Some(at) = kill_at
+                && Instant::now() >= at
+            {
+                log::warn!(
+                    "session {s}: agent process did not answer cancel within {:?}; killing its process tree",
+                    self.options.stop_grace * 3 / 4
+                );
+                self.discard();
+                return Ok(Err(TurnError::Cancelled));
+            }
+            let mut fds = Vec::with_capacity(4);
+            if let Some(fd) = live.child.exit_fd() {
+                fds.push(pollin(fd));
+            }
+            if !eof {
+                fds.push(pollin(live.stdout.as_raw_fd()));
+            }
+            if kill_at.is_none() {
+                fds.push(pollin(wake.fd()));
+            }
+            if let Some(p) = live.pollout() {
+                fds.push(p);
+            }
+            let timeout = kill_at.map(|at| at.saturating_duration_since(Instant::now()));
+            child::poll(&mut fds, timeout).map_err(|e| format!("poll: {e}"))?;
+        }
+    }
+}
+
+fn bounded(mut text: String) -> String {
+    if text.len() > ERROR_TEXT_MAX {
+        let mut end = ERROR_TEXT_MAX;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
+}
+
+impl Agent for ProcessAgent {
+    fn turn(&mut self, input: &TurnInput<'_>, cancel: &CancelToken) -> Result<String, TurnError> {
+        self.ensure_live()?;
+        match self.run_turn(input, cancel) {
+            Ok(result) => result,
+            Err(why) => {
+                log::warn!(
+                    "session {}: turn {} failed: {why}; the agent process is replaced on the next turn",
+                    self.session,
+                    input.message_id
+                );
+                self.discard();
+                if cancel.is_cancelled() {
+                    return Err(TurnError::Cancelled);
+                }
+                Err(TurnError::Failed(why))
+            }
+        }
+    }
+
+    fn close(&mut self) -> Result<(), String> {
+        let Some(live) = &mut self.live else {
+            return Ok(());
+        };
+        let s = &self.session;
+        if let Some(exit) = live.child.try_exit() {
+            log::warn!("session {s}: agent process had exited before close ({exit})");
+            self.discard();
+            return Ok(());
+        }
+        live.queue(&json!({"op": "close"}));
+        let grace = self.options.close_grace;
+        let deadline = Instant::now() + grace;
+        let mut exit = None;
+        let mut stdout_open = true;
+        while Instant::now() < deadline {
+            live.flush();
+            if live.pending.is_empty() {
+                // End of input: the other way to say close.
+                live.stdin = None;
+            }
+            // Keep reading (and discarding) so a process that writes on its way out never
+            // blocks on a full pipe; one pass per iteration, so the deadline holds.
+            if stdout_open {
+                match live.lines.read_from(&mut live.stdout, READ_BUDGET) {
+                    Ok(ReadState::More | ReadState::WouldBlock) => {}
+                    Ok(ReadState::Eof) | Err(_) => stdout_open = false,
+                }
+                while let Some(line) = live.lines.next_line() {
+                    if line.is_err() {
+                        // An overlong line: stop reading; the kill below ends it if need be.
+                        stdout_open = false;
+                        break;
+                    }
+                }
+            }
+            exit = live.child.try_exit();
+            if exit.is_some() {
+                break;
+            }
+            let mut fds = Vec::with_capacity(3);
+            if let Some(fd) = live.child.exit_fd() {
+                fds.push(pollin(fd));
+            }
+            if stdout_open {
+                fds.push(pollin(live.stdout.as_raw_fd()));
+            }
+            if let Some(p) = live.pollout() {
+                fds.push(p);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let _ = child::poll(&mut fds, Some(left));
+        }
+        let result = match exit {
+            Some(e) if e.success() => Ok(()),
+            Some(e) => Err(format!("agent process {e} on close")),
+            None => {
+                let n = live.child.signal_descendants(libc::SIGTERM);
+                log::warn!(
+                    "session {s}: agent process did not exit within {grace:?} of close; sent SIGTERM to {n} process(es)"
+                );
+                if live.child.wait_exit(TERM_GRACE).is_some()
+                    && live.child.wait_descendants_gone(TERM_GRACE)
+                {
+                    Err(format!(
+                        "agent process ignored close for {grace:?}; terminated"
+                    ))
+                } else {
+                    Err(format!(
+                        "agent process ignored close for {grace:?} and SIGTERM for {TERM_GRACE:?}; killed"
+                    ))
+                }
+            }
+        };
+        // Whatever is left of the tree (processes the agent started and left) goes too.
+        self.discard();
+        result
+    }
+}
