@@ -18,7 +18,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the gateway server (bridge protocol over TCP).
-    Serve(cli::serve::ServeArgs),
+    Serve(Box<cli::serve::ServeArgs>),
     /// Send one message to a running gateway and print the reply.
     Send(cli::send::SendArgs),
     /// Run the closed-loop benchmark workload against a running gateway.
@@ -28,7 +28,7 @@ enum Cmd {
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let code = match Cli::parse().command {
-        Cmd::Serve(args) => cli::serve::run(args),
+        Cmd::Serve(args) => cli::serve::run(*args),
         Cmd::Send(args) => cli::send::run(args),
         Cmd::Loadgen(args) => cli::loadgen::run(args),
     };
