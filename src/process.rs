@@ -473,3 +473,316 @@ impl Agent for ProcessAgent {
         result
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::agent::Partials;
+    use crate::message::MessageContext;
+
+    const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agents/scripted.py");
+    const WAIT: Duration = Duration::from_secs(20);
+
+    fn options(prefix: &str) -> ProcessOptions {
+        ProcessOptions {
+            stop_grace: Duration::from_secs(2),
+            close_grace: Duration::from_secs(5),
+            ..ProcessOptions::new(&format!("{prefix} exec python3 {SCRIPT}"))
+        }
+    }
+
+    fn key() -> SessionKey {
+        SessionKey::dm("tg", "42").expect("key")
+    }
+
+    fn agent(options: ProcessOptions) -> Box<dyn Agent> {
+        ProcessAgent::factory(options)
+            .create(&key())
+            .expect("the process starts")
+    }
+
+    fn turn_with(
+        agent: &mut dyn Agent,
+        text: &str,
+        partials: &Partials,
+        cancel: &CancelToken,
+    ) -> Result<String, TurnError> {
+        let key = key();
+        let context = MessageContext {
+            user_id: Some("7".into()),
+            user_name: Some("Ann".into()),
+            meta: Some(r#"{"reply_to":"m-8"}"#.into()),
+        };
+        let input = TurnInput {
+            session: &key,
+            message_id: "m-1",
+            text,
+            context: &context,
+            partials,
+        };
+        agent.turn(&input, cancel)
+    }
+
+    fn turn(agent: &mut dyn Agent, text: &str) -> Result<String, TurnError> {
+        turn_with(agent, text, &Partials::discard(), &CancelToken::new())
+    }
+
+    fn pid(agent: &mut dyn Agent) -> i32 {
+        turn(agent, "pid")
+            .expect("pid reply")
+            .parse()
+            .expect("a pid")
+    }
+
+    /// Running, not a zombie.
+    fn running(pid: i32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| s.rsplit(')').next().is_some_and(|r| !r.starts_with(" Z")))
+    }
+
+    /// A FIFO the agent writes "started" to; returns its path and a receiver of that event.
+    fn started_fifo(name: &str) -> (String, crossbeam_channel::Receiver<()>) {
+        let dir = std::env::temp_dir().join(format!("turnstile-process-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join(name);
+        let _ = std::fs::remove_file(&path);
+        let c = CString::new(path.to_string_lossy().as_bytes()).expect("path");
+        // SAFETY: mkfifo with a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let p = path.clone();
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            if std::fs::File::open(&p)
+                .and_then(|mut f| f.read_to_string(&mut s))
+                .is_ok()
+            {
+                let _ = tx.send(());
+            }
+        });
+        (path.to_string_lossy().into_owned(), rx)
+    }
+
+    use std::ffi::CString;
+
+    #[test]
+    fn one_process_keeps_its_memory_across_turns() {
+        let mut a = agent(options(""));
+        let p = pid(&mut *a);
+        assert_eq!(turn(&mut *a, "remember apples"), Ok("apples".into()));
+        assert_eq!(turn(&mut *a, "remember pears"), Ok("apples | pears".into()));
+        assert_eq!(pid(&mut *a), p, "the same process serves every turn");
+        assert_eq!(a.close(), Ok(()));
+        assert!(!running(p), "close() left the process running");
+    }
+
+    #[test]
+    fn the_turn_line_carries_the_session_sender_and_meta() {
+        let mut a = agent(options(""));
+        let reply = turn(&mut *a, "context").expect("reply");
+        let v: Value = serde_json::from_str(&reply).expect("json");
+        assert_eq!(
+            v,
+            json!({"chat_id": "42", "chat_type": "dm", "meta": {"reply_to": "m-8"},
+                   "platform": "tg", "session": "tg:dm:42", "user_id": "7", "user_name": "Ann"})
+        );
+    }
+
+    #[test]
+    fn a_crash_fails_the_turn_with_its_status_and_the_next_turn_gets_a_fresh_process() {
+        let mut a = agent(options(""));
+        let first = pid(&mut *a);
+        assert_eq!(
+            turn(&mut *a, "crash 3"),
+            Err(TurnError::Failed("agent process exit status 3".into()))
+        );
+        assert!(!running(first));
+        let second = pid(&mut *a);
+        assert_ne!(first, second);
+        // Exiting between turns is noticed at the next turn, which starts a fresh one; a turn
+        // sent while the process was on its way out fails with its status instead.
+        assert_eq!(turn(&mut *a, "reply-then-exit"), Ok("bye".into()));
+        let third = match turn(&mut *a, "pid") {
+            Ok(p) => p.parse().expect("a pid"),
+            Err(TurnError::Failed(e)) if e == "agent process exit status 0" => pid(&mut *a),
+            other => panic!("{other:?}"),
+        };
+        assert_ne!(third, second);
+    }
+
+    #[test]
+    fn a_malformed_line_fails_the_turn_clearly_and_replaces_the_process() {
+        let mut a = agent(options(""));
+        let first = pid(&mut *a);
+        match turn(&mut *a, "garbage") {
+            Err(TurnError::Failed(e)) => assert!(
+                e.starts_with("agent protocol error: not a valid message line"),
+                "{e}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(!running(first), "the broken process was not killed");
+        assert_ne!(pid(&mut *a), first);
+    }
+
+    #[test]
+    fn a_flood_without_newline_fails_at_the_line_limit_and_replaces_the_process() {
+        let mut a = agent(ProcessOptions {
+            max_line_bytes: 100_000,
+            ..options("")
+        });
+        let first = pid(&mut *a);
+        assert_eq!(
+            turn(&mut *a, "flood 50000000"),
+            Err(TurnError::Failed(
+                "agent protocol error: the agent wrote a line longer than 100000 bytes".into()
+            ))
+        );
+        assert!(!running(first));
+        assert_ne!(pid(&mut *a), first);
+    }
+
+    #[test]
+    fn an_error_line_is_the_failure_text_and_the_process_stays() {
+        let mut a = agent(options(""));
+        let first = pid(&mut *a);
+        assert_eq!(
+            turn(&mut *a, "fail quota exhausted"),
+            Err(TurnError::Failed("quota exhausted".into()))
+        );
+        assert_eq!(pid(&mut *a), first);
+    }
+
+    #[test]
+    fn unknown_ops_and_lines_of_other_turns_are_ignored() {
+        let mut a = agent(options(""));
+        assert_eq!(turn(&mut *a, "unknown"), Ok("ok".into()));
+    }
+
+    #[test]
+    fn partials_are_published_in_order_before_the_reply() {
+        let mut a = agent(options(""));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&seen);
+        let partials = Partials::throttled(Duration::ZERO, move |t| {
+            sink.lock().unwrap_or_else(|e| e.into_inner()).push(t)
+        });
+        let reply = turn_with(&mut *a, "stream 20", &partials, &CancelToken::new());
+        let seen = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let expected: Vec<String> = (1..=20)
+            .map(|n| (0..n).map(|i| i.to_string()).collect::<Vec<_>>().join(" "))
+            .collect();
+        assert_eq!(seen, expected);
+        assert_eq!(reply, Ok(expected[19].clone()));
+    }
+
+    #[test]
+    fn a_cancel_the_agent_answers_ends_the_turn_and_keeps_the_process() {
+        let mut a = agent(options(""));
+        let first = pid(&mut *a);
+        let (fifo, started) = started_fifo("honour");
+        let cancel = CancelToken::new();
+        let canceller = {
+            let cancel = cancel.clone();
+            std::thread::spawn(move || {
+                let _ = started.recv_timeout(WAIT);
+                cancel.cancel();
+            })
+        };
+        let out = turn_with(
+            &mut *a,
+            &format!("honour-cancel {fifo}"),
+            &Partials::discard(),
+            &cancel,
+        );
+        canceller.join().expect("join");
+        assert_eq!(out, Err(TurnError::Cancelled));
+        assert_eq!(pid(&mut *a), first, "a cooperative agent is kept");
+    }
+
+    #[test]
+    fn a_cancel_the_agent_ignores_kills_its_tree_and_the_next_turn_gets_a_fresh_process() {
+        let mut a = agent(ProcessOptions {
+            stop_grace: Duration::from_millis(400),
+            ..options("")
+        });
+        let first = pid(&mut *a);
+        let (fifo, started) = started_fifo("ignore");
+        let cancel = CancelToken::new();
+        let canceller = {
+            let cancel = cancel.clone();
+            std::thread::spawn(move || {
+                let _ = started.recv_timeout(WAIT);
+                cancel.cancel();
+            })
+        };
+        let out = turn_with(
+            &mut *a,
+            &format!("ignore-cancel {fifo}"),
+            &Partials::discard(),
+            &cancel,
+        );
+        canceller.join().expect("join");
+        assert_eq!(out, Err(TurnError::Cancelled));
+        assert!(
+            !running(first),
+            "the process ignoring cancel was not killed"
+        );
+        assert_ne!(pid(&mut *a), first);
+    }
+
+    #[test]
+    fn close_kills_what_the_agent_started_even_in_a_session_of_its_own() {
+        let mut a = agent(options(""));
+        let reply = turn(&mut *a, "detach").expect("reply");
+        let pids: Vec<i32> = reply.split(' ').map(|p| p.parse().expect("pid")).collect();
+        assert!(pids.iter().all(|&p| running(p)));
+        assert_eq!(a.close(), Ok(()));
+        for p in pids {
+            assert!(!running(p), "{p} survived close()");
+        }
+    }
+
+    #[test]
+    fn close_terminates_an_agent_that_ignores_close_and_kills_one_that_ignores_sigterm() {
+        let mut a = agent(ProcessOptions {
+            close_grace: Duration::from_millis(200),
+            ..options("SCRIPTED_IGNORE_CLOSE=1")
+        });
+        let p = pid(&mut *a);
+        let e = a.close().expect_err("ignored close");
+        assert!(e.ends_with("terminated"), "{e}");
+        assert!(!running(p));
+
+        let mut a = agent(ProcessOptions {
+            close_grace: Duration::from_millis(200),
+            ..options("SCRIPTED_IGNORE_CLOSE=1 SCRIPTED_IGNORE_TERM=1")
+        });
+        let p = pid(&mut *a);
+        let e = a.close().expect_err("ignored close and TERM");
+        assert!(e.ends_with("killed"), "{e}");
+        assert!(!running(p));
+    }
+
+    #[test]
+    fn agent_lines_parse_by_op_and_unknown_ops_are_tolerated() {
+        let parse = |s: &str| serde_json::from_str::<FromAgent>(s);
+        assert_eq!(
+            parse(r#"{"op":"reply","id":"1","text":"t","extra":1}"#).ok(),
+            Some(FromAgent::Reply {
+                id: "1".into(),
+                text: "t".into()
+            })
+        );
+        assert_eq!(
+            parse(r#"{"op":"progress","pct":50}"#).ok(),
+            Some(FromAgent::Unknown)
+        );
+        assert!(parse(r#"{"op":"reply","id":"1"}"#).is_err());
+        assert!(parse(r#"{"id":"1"}"#).is_err());
+        assert!(parse("[]").is_err());
+    }
+}
