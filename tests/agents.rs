@@ -446,17 +446,19 @@ fn unrelated_group_with_pid(
     None
 }
 
-/// Asserts that closing an exec agent whose turn ran in process group `old_pgid`, now reused
+/// Asserts that closing an exec agent whose turn ran in a process group whose id is now reused
 /// by the unrelated `victim`, leaves the victim alone.
 fn close_spares(mut agent: Box<dyn turnstile::Agent>, mut victim: Child) {
     agent.close().expect("close");
-    let pid = victim.id() as i32;
-    let alive = Pid::watch(pid).alive();
-    let _ = victim.kill();
+    // End the victim ourselves with SIGTERM: if close() had sent it a SIGKILL, that one is
+    // already pending and decides the status, however late the victim is scheduled.
+    // SAFETY: kill(2) on our own unreaped child.
+    unsafe { libc::kill(victim.id() as i32, libc::SIGTERM) };
     let status = victim.wait().expect("wait");
-    assert!(
-        alive,
-        "closing the agent killed the unrelated process that reused its group id ({status:?})"
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGTERM),
+        "closing the agent signalled the unrelated process that reused its group id"
     );
 }
 
