@@ -859,3 +859,61 @@ fn no_agent_process_outlives_the_gateway_after_sigterm() {
     assert!(status.success(), "{status:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The new settings work from the `--config` file too, and a flag overrides the file.
+#[test]
+fn agent_settings_are_read_from_the_config_file() {
+    let dir = temp_dir("config");
+    let file = dir.join("agents.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "agent = \"process\"\nagent-cmd = \"{}\"\nagent-env = [\"FROM_CONFIG\"]\nagent-close-grace = 1.5\nagent-max-line-bytes = 100000\nmax-reply-bytes = 10\n",
+            scripted()
+        ),
+    )
+    .expect("write config");
+    let config = file.to_str().expect("path");
+    let server = Server::start(
+        &["--config", config, "--max-reply-bytes", "12"],
+        &[("FROM_CONFIG", "passed"), ("NOT_IN_CONFIG", "hidden")],
+    );
+    let mut c = server.client();
+    let env = c.ask("e", "1", "env");
+    assert_eq!(env["truncated"], true, "{env}");
+    assert_eq!(env["text"].as_str().map(str::len), Some(12), "{env}");
+    let r = c.ask("r", "2", "remember 123456789012345");
+    assert_eq!(
+        (r["text"].as_str(), r["truncated"].as_bool()),
+        (Some("123456789012"), Some(true))
+    );
+    // The variable list, uncut: FROM_CONFIG is passed, NOT_IN_CONFIG is not.
+    let server = Server::start(
+        &["--config", config, "--max-reply-bytes", "100000"],
+        &[("FROM_CONFIG", "passed"), ("NOT_IN_CONFIG", "hidden")],
+    );
+    let mut c = server.client();
+    let text = c.ask("e", "1", "env")["text"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned();
+    assert!(
+        text.contains("FROM_CONFIG=passed") && !text.contains("hidden"),
+        "{text}"
+    );
+    let f = c.ask("f", "1", "flood 200000");
+    assert!(
+        f["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("longer than 100000 bytes")),
+        "{f}"
+    );
+    // A close grace that cannot fit in the cleanup timeout is refused.
+    let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(["serve", "--config", config, "--cleanup-timeout", "5"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--agent-close-grace"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
