@@ -216,14 +216,18 @@ impl ProcessAgent {
 
     /// The running process, started if there is none (or it died since the last turn).
     fn ensure_live(&mut self) -> Result<(), TurnError> {
-        if let Some(live) = &mut self.live
-            && let Some(exit) = live.child.try_exit()
-        {
-            log::warn!(
-                "session {}: agent process exited between turns ({exit}); starting a fresh one",
-                self.session
-            );
-            self.discard();
+        if let Some(live) = &mut self.live {
+            // Gone if its leader reported, or if nothing runs below the leader any more (the
+            // leader may not have written the status yet).
+            let exit = live.child.try_exit();
+            if exit.is_some() || !live.child.has_descendants() {
+                let how = exit.map_or_else(|| "exited".to_owned(), |e| e.to_string());
+                log::warn!(
+                    "session {}: agent process gone between turns ({how}); starting a fresh one",
+                    self.session
+                );
+                self.discard();
+            }
         }
         if self.live.is_none() {
             self.start()
@@ -537,6 +541,16 @@ mod tests {
             .expect("a pid")
     }
 
+    /// A pidfd on a running process, to wait for its exit.
+    fn pidfd(pid: i32) -> std::os::fd::OwnedFd {
+        use std::os::fd::FromRawFd;
+        // SAFETY: pidfd_open(2) with a pid and no flags.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        assert!(fd >= 0, "{pid} is not running");
+        // SAFETY: a fresh fd that is ours.
+        unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) }
+    }
+
     /// Running, not a zombie.
     fn running(pid: i32) -> bool {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -602,14 +616,17 @@ mod tests {
         assert!(!running(first));
         let second = pid(&mut *a);
         assert_ne!(first, second);
-        // Exiting between turns is noticed at the next turn, which starts a fresh one; a turn
-        // sent while the process was on its way out fails with its status instead.
+        // Exiting between turns is noticed at the next turn, which starts a fresh one.
+        let exiting = pidfd(second);
         assert_eq!(turn(&mut *a, "reply-then-exit"), Ok("bye".into()));
-        let third = match turn(&mut *a, "pid") {
-            Ok(p) => p.parse().expect("a pid"),
-            Err(TurnError::Failed(e)) if e == "agent process exit status 0" => pid(&mut *a),
-            other => panic!("{other:?}"),
+        let mut p = libc::pollfd {
+            fd: exiting.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
         };
+        // SAFETY: poll on one pollfd we own.
+        assert_eq!(unsafe { libc::poll(&mut p, 1, 20_000) }, 1, "it never exited");
+        let third = pid(&mut *a);
         assert_ne!(third, second);
     }
 
