@@ -625,7 +625,11 @@ mod tests {
             revents: 0,
         };
         // SAFETY: poll on one pollfd we own.
-        assert_eq!(unsafe { libc::poll(&mut p, 1, 20_000) }, 1, "it never exited");
+        assert_eq!(
+            unsafe { libc::poll(&mut p, 1, 20_000) },
+            1,
+            "it never exited"
+        );
         let third = pid(&mut *a);
         assert_ne!(third, second);
     }
