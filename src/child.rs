@@ -819,8 +819,9 @@ pub fn sweep_strays() -> usize {
 /// seconds at most.
 ///
 /// For forced-exit paths (a second signal, the shutdown watchdog): call it before
-/// `std::process::exit`. A graceful shutdown does not need it, since closing each agent kills
-/// its processes; it is harmless there too.
+/// `std::process::exit`, or register it once with [`kill_all_at_exit`] (the `turnstile`
+/// binary does). A graceful shutdown does not need it, since closing each agent kills its
+/// processes; it is harmless there too.
 pub fn kill_all() {
     let leaders: Vec<Arc<Leader>> = registry().values().cloned().collect();
     for _ in 0..KILL_ROUNDS {
@@ -846,6 +847,25 @@ pub fn kill_all() {
             break;
         }
     }
+}
+
+/// Runs [`kill_all`] when the process exits through `exit(3)`, which is what
+/// `std::process::exit` calls: the forced-exit paths of an embedding program (a second
+/// signal, a watchdog) then kill the agents without calling it themselves. Idempotent.
+/// `_exit(2)`, a crash or SIGKILL bypass it.
+pub fn kill_all_at_exit() {
+    extern "C" fn at_exit() {
+        // Unwinding out of an extern "C" function aborts; kill_all does not panic, but a
+        // bug in it must not turn an orderly exit into an abort.
+        let _ = std::panic::catch_unwind(kill_all);
+    }
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    REGISTERED.call_once(|| {
+        // SAFETY: atexit with a function that lives as long as the program.
+        if unsafe { libc::atexit(at_exit) } != 0 {
+            log::warn!("cannot register kill_all at exit: forced exits may leave agent processes");
+        }
+    });
 }
 
 /// How many agent leaders are alive or unreaped (for tests and the status of a shutdown).

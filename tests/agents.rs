@@ -917,3 +917,57 @@ fn agent_settings_are_read_from_the_config_file() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--agent-close-grace"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A forced exit (a second signal during shutdown) kills the agent processes too: the binary
+/// registers `child::kill_all` to run at exit.
+#[test]
+fn a_forced_exit_kills_the_agent_processes_too() {
+    let dir = temp_dir("forced");
+    let started = fifo_watch(&dir, "started");
+    let mut server = Server::start(
+        &[
+            "--agent",
+            "process",
+            "--agent-cmd",
+            &scripted(),
+            "--drain-timeout",
+            "600",
+        ],
+        &[],
+    );
+    let mut c = server.client();
+    let mut all = watch_all(c.ask("d", "1", "detach")["text"].as_str().expect("pids"));
+    all.push(Pid::watch(
+        c.ask("p", "2", "pid")["text"]
+            .as_str()
+            .and_then(|p| p.parse().ok())
+            .expect("pid"),
+    ));
+    c.send(&msg(
+        "slow",
+        "2",
+        &format!("ignore-cancel {}", started.path.display()),
+    ));
+    started.opened.recv_timeout(WAIT).expect("the turn started");
+    server.sigterm();
+    // The first signal was handled once new messages are refused.
+    c.send(&msg("late", "3", "x"));
+    let mut seen = Vec::new();
+    loop {
+        let v = c.recv();
+        if v["id"] == "late" && v["op"] == "reject" {
+            break;
+        }
+        seen.push(v);
+    }
+    // SAFETY: kill(2) on our own unreaped child.
+    assert_eq!(
+        unsafe { libc::kill(server.child.id() as i32, libc::SIGINT) },
+        0
+    );
+    assert_eq!(server.wait().code(), Some(1));
+    for p in &all {
+        assert!(p.exited(WAIT), "{} outlived the forced exit", p.pid);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -305,12 +305,14 @@ pub fn run(args: ServeArgs) -> i32 {
         })),
         _ => Builder::new(EchoAgent::factory(s.echo_delay)),
     };
-    if s.agent != AgentKind::Echo
-        && let Err(e) = child::become_subreaper()
-    {
-        log::warn!(
-            "cannot become a child subreaper ({e}): agent processes that kill their own leader escape containment"
-        );
+    if s.agent != AgentKind::Echo {
+        if let Err(e) = child::become_subreaper() {
+            log::warn!(
+                "cannot become a child subreaper ({e}): agent processes that kill their own leader escape containment"
+            );
+        }
+        // The forced exits (a second signal, the watchdog) call std::process::exit.
+        child::kill_all_at_exit();
     }
     let mut builder = builder
         .max_reply_bytes(s.max_reply_bytes)
