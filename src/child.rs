@@ -428,11 +428,14 @@ impl LineBuf {
 /// file: lines cut to 512 bytes, at most 50 at once then 10 a second (what is dropped is
 /// counted in the log). stderr never reaches the chat.
 pub fn log_stderr(stderr: File, session: SessionKey) {
+    let key = session.clone();
     let spawned = thread::Builder::new()
         .name("turnstile-agent-stderr".into())
         .spawn(move || StderrLog::new(session).run(stderr));
     if let Err(e) = spawned {
-        log::error!("cannot start an agent stderr reader thread: {e}; its stderr is discarded");
+        log::error!(
+            "session {key}: cannot start an agent stderr reader thread: {e}; its stderr is discarded"
+        );
     }
 }
 

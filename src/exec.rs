@@ -22,6 +22,9 @@ use crate::reactor::DEFAULT_MAX_REPLY_BYTES;
 
 /// Bytes of a failed command's stdout quoted in the failure.
 const ERROR_TEXT_MAX: usize = 2048;
+/// Trees of turns that left processes running, kept per agent until `close()`; past this the
+/// oldest is killed, so a session leaving a process behind every turn stays bounded.
+const MAX_LEFTOVER_TREES: usize = 16;
 
 /// Settings of exec agents.
 #[derive(Clone, Debug)]
@@ -191,6 +194,14 @@ impl ExecAgent {
         }
         drop(stdout);
         if child.has_descendants() {
+            if self.leftovers.len() >= MAX_LEFTOVER_TREES {
+                let mut oldest = self.leftovers.remove(0);
+                log::warn!(
+                    "session {s}: more than {MAX_LEFTOVER_TREES} turns left processes running; killing those of the oldest (leader pid {})",
+                    oldest.leader_pid()
+                );
+                oldest.kill();
+            }
             self.leftovers.push(child);
         } else {
             child.kill();
@@ -360,6 +371,30 @@ mod tests {
                     .is_ok_and(|s| s.contains(") Z ")),
             "the leader outlived close()"
         );
+    }
+
+    #[test]
+    fn leftovers_are_bounded_per_agent_the_oldest_killed_first() {
+        let mut a = agent(
+            "sleep 300 >/dev/null 2>&1 & echo $!",
+            DEFAULT_MAX_REPLY_BYTES,
+        );
+        let mut first = None;
+        for _ in 0..=MAX_LEFTOVER_TREES {
+            let pid: i32 = with_input("", |input| a.turn(input, &CancelToken::new()))
+                .expect("reply")
+                .parse()
+                .expect("pid");
+            first.get_or_insert(pid);
+        }
+        assert_eq!(a.leftovers.len(), MAX_LEFTOVER_TREES);
+        let first = first.expect("a first pid");
+        let state = std::fs::read_to_string(format!("/proc/{first}/stat")).unwrap_or_default();
+        assert!(
+            state.is_empty() || state.contains(") Z "),
+            "the oldest leftover is still running: {state}"
+        );
+        a.close().expect("close");
     }
 
     #[test]

@@ -41,6 +41,8 @@ pub const TERM_GRACE: Duration = Duration::from_secs(2);
 pub const CLOSE_OVERHEAD: Duration = Duration::from_secs(7);
 /// Longest `error` message passed on to the chat.
 const ERROR_TEXT_MAX: usize = 2048;
+/// Bytes queued for a process that does not read its stdin, past which it is replaced.
+const MAX_UNREAD_STDIN: usize = 16 << 20;
 
 /// Settings of process agents.
 #[derive(Clone, Debug)]
@@ -265,6 +267,11 @@ impl ProcessAgent {
             "chat_type": s.chat_type().as_str(),
             "thread_id": s.thread_id(),
         }));
+        if live.pending.len() > MAX_UNREAD_STDIN {
+            return Err(format!(
+                "the agent process left more than {MAX_UNREAD_STDIN} bytes of its stdin unread"
+            ));
+        }
         let wake = Arc::new(Wake::new().map_err(|e| format!("eventfd: {e}"))?);
         {
             let wake = Arc::clone(&wake);
@@ -786,6 +793,23 @@ mod tests {
         let e = a.close().expect_err("ignored close and TERM");
         assert!(e.ends_with("killed"), "{e}");
         assert!(!running(p));
+    }
+
+    #[test]
+    fn an_agent_that_never_reads_its_stdin_is_replaced_before_the_backlog_grows_unbounded() {
+        // Five replies written up front (the tests' message id is always m-1), stdin never read.
+        let mut a = agent(ProcessOptions::new(
+            r#"for i in 1 2 3 4 5; do echo '{"op":"reply","id":"m-1","text":"x"}'; done; exec sleep 300"#,
+        ));
+        let big = "y".repeat(6 << 20);
+        assert_eq!(turn(&mut *a, &big), Ok("x".into()));
+        assert_eq!(turn(&mut *a, &big), Ok("x".into()));
+        assert_eq!(
+            turn(&mut *a, &big),
+            Err(TurnError::Failed(format!(
+                "the agent process left more than {MAX_UNREAD_STDIN} bytes of its stdin unread"
+            )))
+        );
     }
 
     #[test]
