@@ -50,8 +50,13 @@ const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 const ROUND_WAIT: Duration = Duration::from_secs(1);
 /// Kill rounds before giving up on a tree that keeps growing.
 const KILL_ROUNDS: usize = 32;
+/// Time all kill rounds of one kill may take; what is still alive after it is left to later
+/// sweeps. With [`LEADER_WAIT`], a kill takes at most [`KILL_MAX`].
+const KILL_BUDGET: Duration = Duration::from_secs(3);
 /// How long a killed leader may take to exit before it is left to a later sweep.
-const LEADER_WAIT: Duration = Duration::from_secs(5);
+const LEADER_WAIT: Duration = Duration::from_secs(2);
+/// The longest [`ContainedChild::kill`] (and [`kill_all`]) waits.
+pub const KILL_MAX: Duration = Duration::from_secs(5);
 /// Bytes read from one pipe per call, so one flooding pipe cannot starve the rest of a poll
 /// loop (or the cancel check).
 pub const READ_BUDGET: usize = 1 << 20;
@@ -827,7 +832,11 @@ pub fn sweep_strays() -> usize {
 /// processes; it is harmless there too.
 pub fn kill_all() {
     let leaders: Vec<Arc<Leader>> = registry().values().cloned().collect();
+    let deadline = Instant::now() + KILL_BUDGET;
     for _ in 0..KILL_ROUNDS {
+        if Instant::now() >= deadline {
+            break;
+        }
         let signalled: Vec<Proc> = leaders
             .iter()
             .flat_map(|l| l.signal_tree(libc::SIGKILL))
@@ -836,7 +845,10 @@ pub fn kill_all() {
             break;
         }
         let fds: Vec<BorrowedFd<'_>> = signalled.iter().map(|p| p.fd.as_fd()).collect();
-        wait_exited(&fds, ROUND_WAIT);
+        wait_exited(
+            &fds,
+            ROUND_WAIT.min(deadline.saturating_duration_since(Instant::now())),
+        );
     }
     for l in &leaders {
         if !*l.lock() {
@@ -844,7 +856,7 @@ pub fn kill_all() {
         }
     }
     let fds: Vec<BorrowedFd<'_>> = leaders.iter().map(|l| l.fd.as_fd()).collect();
-    wait_exited(&fds, ROUND_WAIT);
+    wait_exited(&fds, LEADER_WAIT);
     for _ in 0..4 {
         if sweep_strays() == 0 {
             break;
@@ -1136,15 +1148,20 @@ impl ContainedChild {
         self.stdin = None;
         let mut killed: Vec<Proc> = Vec::new();
         let mut clean = false;
+        let deadline = Instant::now() + KILL_BUDGET;
         for _ in 0..KILL_ROUNDS {
             let procs = self.leader.signal_tree(libc::SIGKILL);
             if procs.is_empty() {
                 clean = true;
                 break;
             }
+            let left = deadline.saturating_duration_since(Instant::now());
             let fds: Vec<BorrowedFd<'_>> = procs.iter().map(|p| p.fd.as_fd()).collect();
-            wait_exited(&fds, ROUND_WAIT);
+            wait_exited(&fds, ROUND_WAIT.min(left));
             killed.extend(procs);
+            if left.is_zero() {
+                break;
+            }
         }
         if !*self.leader.lock() {
             // Our unreaped child: the signal cannot reach anyone else.

@@ -38,7 +38,8 @@ pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(5);
 /// Time between SIGTERM and SIGKILL when `close()` has to terminate the process.
 pub const TERM_GRACE: Duration = Duration::from_secs(2);
 /// What `close()` adds to the close grace at most: the TERM grace and the kill.
-pub const CLOSE_OVERHEAD: Duration = Duration::from_secs(7);
+pub const CLOSE_OVERHEAD: Duration =
+    Duration::from_secs(TERM_GRACE.as_secs() + child::KILL_MAX.as_secs());
 /// Longest `error` message passed on to the chat.
 const ERROR_TEXT_MAX: usize = 2048;
 /// Bytes queued for a process that does not read its stdin, past which it is replaced.
@@ -109,6 +110,9 @@ struct Live {
     stdout: File,
     lines: LineBuf,
     pid: i32,
+    /// It has answered a turn, so its command was running (until then, nothing below the
+    /// leader may only mean the leader has not started it yet).
+    answered: bool,
 }
 
 impl Live {
@@ -199,6 +203,7 @@ impl ProcessAgent {
             stdout,
             lines: LineBuf::new(self.options.max_line_bytes),
             pid,
+            answered: false,
         });
         Ok(())
     }
@@ -219,10 +224,10 @@ impl ProcessAgent {
     /// The running process, started if there is none (or it died since the last turn).
     fn ensure_live(&mut self) -> Result<(), TurnError> {
         if let Some(live) = &mut self.live {
-            // Gone if its leader reported, or if nothing runs below the leader any more (the
-            // leader may not have written the status yet).
+            // Gone if its leader reported, or if nothing runs below the leader any more once
+            // it has answered (the leader may not have written the status yet).
             let exit = live.child.try_exit();
-            if exit.is_some() || !live.child.has_descendants() {
+            if exit.is_some() || (live.answered && !live.child.has_descendants()) {
                 let how = exit.map_or_else(|| "exited".to_owned(), |e| e.to_string());
                 log::warn!(
                     "session {}: agent process gone between turns ({how}); starting a fresh one",
@@ -311,8 +316,12 @@ impl ProcessAgent {
                             input.partials.publish(&text[..end]);
                         }
                     }
-                    FromAgent::Reply { id: i, text } if i == id => return Ok(Ok(text)),
+                    FromAgent::Reply { id: i, text } if i == id => {
+                        live.answered = true;
+                        return Ok(Ok(text));
+                    }
                     FromAgent::Error { id: i, message } if i == id => {
+                        live.answered = true;
                         if kill_at.is_some() {
                             return Ok(Err(TurnError::Cancelled));
                         }
@@ -466,8 +475,10 @@ impl Agent for ProcessAgent {
                 log::warn!(
                     "session {s}: agent process did not exit within {grace:?} of close; sent SIGTERM to {n} process(es)"
                 );
-                if live.child.wait_exit(TERM_GRACE).is_some()
-                    && live.child.wait_descendants_gone(TERM_GRACE)
+                let term_deadline = Instant::now() + TERM_GRACE;
+                let left = || term_deadline.saturating_duration_since(Instant::now());
+                if live.child.wait_exit(left()).is_some()
+                    && live.child.wait_descendants_gone(left())
                 {
                     Err(format!(
                         "agent process ignored close for {grace:?}; terminated"

@@ -214,6 +214,7 @@ fn the_example_agent_remembers_follow_ups_and_new_forgets() {
 
 #[test]
 fn new_closes_the_process_and_the_next_message_gets_a_fresh_one() {
+    let logs = common::capture_logs();
     let (h, ev, reactor) = start(Builder::new(ProcessAgent::factory(options())));
     let s = key("new");
     let first = ask_pid(&h, &ev, "p1", &s);
@@ -227,6 +228,9 @@ fn new_closes_the_process_and_the_next_message_gets_a_fresh_one() {
     assert_ne!(second.pid, first.pid);
     assert!(stop(h, reactor).clean);
     assert!(second.exited(WAIT), "shutdown did not close the process");
+    // Each process served from its first turn: none was taken for dead and restarted.
+    let restarts = logs.find(log::Level::Warn, &["test:dm:new", "between turns"]);
+    assert!(restarts.is_empty(), "{restarts:?}");
 }
 
 #[test]
