@@ -104,11 +104,6 @@ impl AgentEnv {
         Ok(AgentEnv { pass })
     }
 
-    /// The names passed through, besides `PATH`, `HOME` and `LANG`.
-    pub fn passed(&self) -> &[String] {
-        &self.pass
-    }
-
     /// The full environment of one agent process: the allow-list read now, then `vars`.
     pub fn build(&self, vars: &[(&str, &str)]) -> Vec<(String, String)> {
         let mut env = Vec::new();
@@ -294,12 +289,9 @@ impl OutputBuf {
         let (data, cap, total) = (&mut self.data, self.cap, &mut self.total);
         read_some(r, budget, |bytes| {
             *total += bytes.len() as u64;
-            let room = cap.saturating_sub(data.len());
-            let take = room.min(bytes.len());
-            if take > 0 {
-                reserve_within(data, take, cap);
-                data.extend_from_slice(&bytes[..take]);
-            }
+            let take = cap.saturating_sub(data.len()).min(bytes.len());
+            reserve_within(data, take, cap);
+            data.extend_from_slice(&bytes[..take]);
         })
     }
 
@@ -529,7 +521,6 @@ impl StderrLog {
 /// The fields of `/proc/<pid>/stat` that matter here.
 #[derive(Clone, Copy, Debug)]
 struct Stat {
-    state: u8,
     ppid: i32,
     pgrp: i32,
     session: i32,
@@ -540,13 +531,11 @@ fn stat_of(pid: i32) -> Option<Stat> {
     // "pid (comm) state ppid pgrp session …": comm may hold anything, so split after the last ')'.
     let close = text.iter().rposition(|&b| b == b')')?;
     let rest = std::str::from_utf8(text.get(close + 1..)?).ok()?;
-    let mut it = rest.split_ascii_whitespace();
-    let state = *it.next()?.as_bytes().first()?;
+    let mut it = rest.split_ascii_whitespace().skip(1); // the state
     let ppid = it.next()?.parse().ok()?;
     let pgrp = it.next()?.parse().ok()?;
     let session = it.next()?.parse().ok()?;
     Some(Stat {
-        state,
         ppid,
         pgrp,
         session,
@@ -661,12 +650,12 @@ struct Proc {
 }
 
 /// Opens `pid` if it is, right now, a live child of `parent`. The order matters: the pidfd is
-/// opened first, then the parent checked, then liveness; a live process keeps its pid, so the
-/// check read the process the pidfd names.
+/// opened first, then the parent checked, then liveness (a zombie's pidfd is readable too); a
+/// live process keeps its pid, so the check read the process the pidfd names.
 fn open_child(pid: i32, parent: i32) -> Option<Proc> {
     let fd = pidfd_open(pid).ok()?;
     let stat = stat_of(pid)?;
-    if stat.ppid != parent || stat.state == b'Z' || has_exited(fd.as_fd()) {
+    if stat.ppid != parent || has_exited(fd.as_fd()) {
         return None;
     }
     Some(Proc { pid, fd })
@@ -1283,9 +1272,16 @@ pub fn write_some(w: &mut File, pending: &mut Vec<u8>, written: &mut usize) -> i
 mod tests {
     use super::*;
 
+    /// The state letter of `pid` in /proc (`Z`: a zombie).
+    fn state_of(pid: i32) -> Option<u8> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let rest = text.rsplit(')').next()?;
+        rest.trim_start().bytes().next()
+    }
+
     /// Whether `pid` is a running process (a zombie counts as dead).
     fn running(pid: i32) -> bool {
-        stat_of(pid).is_some_and(|s| s.state != b'Z')
+        state_of(pid).is_some_and(|s| s != b'Z')
     }
 
     fn env() -> Vec<(String, String)> {
@@ -1419,9 +1415,180 @@ mod tests {
             }
         }
         assert_eq!(buf.total(), 5_000_000);
-        assert_eq!(buf.kept().len(), 1000);
-        assert!(buf.buffered() <= 1000, "{} bytes buffered", buf.buffered());
+        assert_eq!(buf.kept(), &[0u8; 1000][..]);
+        let buffered = buf.buffered();
+        assert!(
+            (1000..=1000).contains(&buffered),
+            "{buffered} bytes buffered"
+        );
         assert!(buf.truncated());
+        assert_eq!(buf.into_vec().len(), 1000);
+        // Output within the cap is kept whole and not flagged.
+        let mut c = ContainedChild::spawn("printf abc", &env()).expect("spawn");
+        let mut out = c.stdout.take().expect("stdout");
+        set_nonblocking(out.as_fd()).expect("nonblocking");
+        let mut buf = OutputBuf::new(3);
+        while buf.read_from(&mut out, READ_BUDGET).expect("read") != ReadState::Eof {
+            let mut p = [pollin(out.as_raw_fd())];
+            poll(&mut p, Some(Duration::from_secs(20))).expect("poll");
+        }
+        assert_eq!((buf.kept(), buf.truncated()), (&b"abc"[..], false));
+    }
+
+    /// A pipe with `data` written into it by a thread; the read end, non-blocking.
+    fn pipe_with(data: Vec<u8>) -> File {
+        let (r, w) = pipe().expect("pipe");
+        let mut w = File::from(w);
+        thread::spawn(move || {
+            let _ = w.write_all(&data);
+        });
+        let r = File::from(r);
+        set_nonblocking(r.as_fd()).expect("nonblocking");
+        r
+    }
+
+    /// Reads `r` to its end through `lines`, collecting lines (or the first error).
+    fn read_lines(
+        lines: &mut LineBuf,
+        r: &mut File,
+        budget: usize,
+    ) -> Result<Vec<Vec<u8>>, LineTooLong> {
+        let mut got = Vec::new();
+        loop {
+            let state = lines.read_from(r, budget).expect("read");
+            while let Some(line) = lines.next_line() {
+                got.push(line?);
+            }
+            match state {
+                ReadState::Eof => return Ok(got),
+                ReadState::More => {}
+                ReadState::WouldBlock => {
+                    let mut p = [pollin(r.as_raw_fd())];
+                    poll(&mut p, Some(Duration::from_secs(20))).expect("poll");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn only_a_live_child_of_the_given_parent_is_opened() {
+        let me = std::process::id() as i32;
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .expect("spawn");
+        let pid = sleeper.id() as i32;
+        let st = stat_of(pid).expect("stat");
+        assert_eq!(st.ppid, me);
+        assert!(open_child(pid, me).is_some_and(|p| p.pid == pid));
+        assert!(
+            open_child(pid, 1).is_none(),
+            "opened as the child of another parent"
+        );
+        let _ = sleeper.kill();
+        // Exited but not reaped (a zombie): not live.
+        let fd = pidfd_open(pid).expect("pidfd");
+        assert!(wait_exited(&[fd.as_fd()], Duration::from_secs(20)));
+        assert_eq!(state_of(pid), Some(b'Z'));
+        assert!(open_child(pid, me).is_none(), "a zombie was taken for live");
+        let _ = sleeper.wait();
+        assert!(stat_of(pid).is_none());
+    }
+
+    #[test]
+    fn many_short_lines_pass_through_a_small_buffer() {
+        // 20 MB of lines through a 1000-byte line limit: consumed lines are dropped from the
+        // buffer, which never holds much more than one chunk.
+        let line = b"0123456789".repeat(9);
+        let mut data = Vec::new();
+        while data.len() < 20_000_000 {
+            data.extend_from_slice(&line);
+            data.push(b'\n');
+        }
+        let n = data.len() / (line.len() + 1);
+        let mut r = pipe_with(data);
+        let mut lines = LineBuf::new(1000);
+        let mut count = 0;
+        let mut peak = 0;
+        loop {
+            let state = lines.read_from(&mut r, READ_BUDGET).expect("read");
+            peak = peak.max(lines.buffered());
+            while let Some(l) = lines.next_line() {
+                assert_eq!(l.expect("short line"), line);
+                count += 1;
+            }
+            if state == ReadState::Eof {
+                break;
+            }
+            if state == ReadState::WouldBlock {
+                let mut p = [pollin(r.as_raw_fd())];
+                poll(&mut p, Some(Duration::from_secs(20))).expect("poll");
+            }
+        }
+        assert_eq!(count, n);
+        assert!(peak <= 1000 + 3 * 64 * 1024, "{peak} bytes buffered");
+    }
+
+    #[test]
+    fn a_line_of_exactly_the_limit_passes_and_one_byte_more_does_not() {
+        let mut data = vec![b'a'; 100];
+        data.push(b'\n');
+        data.extend(vec![b'b'; 101]);
+        data.push(b'\n');
+        let mut r = pipe_with(data);
+        let mut lines = LineBuf::new(100);
+        let mut got = Vec::new();
+        let err = loop {
+            let state = lines.read_from(&mut r, READ_BUDGET).expect("read");
+            match lines.next_line() {
+                Some(Ok(l)) => got.push(l),
+                Some(Err(e)) => break e,
+                None if state == ReadState::Eof => panic!("no error for the long line"),
+                None => {
+                    let mut p = [pollin(r.as_raw_fd())];
+                    poll(&mut p, Some(Duration::from_secs(20))).expect("poll");
+                }
+            }
+        };
+        assert_eq!(got, vec![vec![b'a'; 100]]);
+        assert_eq!(err, LineTooLong { max: 100 });
+        // Without a newline: an unfinished line past the limit is refused too.
+        let mut r = pipe_with(vec![b'c'; 5000]);
+        let mut lines = LineBuf::new(100);
+        assert_eq!(
+            read_lines(&mut lines, &mut r, READ_BUDGET),
+            Err(LineTooLong { max: 100 })
+        );
+        let mut r = pipe_with(vec![b'c'; 100]);
+        let mut lines = LineBuf::new(100);
+        assert_eq!(read_lines(&mut lines, &mut r, READ_BUDGET), Ok(vec![]));
+    }
+
+    #[test]
+    fn a_read_stops_at_its_budget_so_a_flood_cannot_hold_the_loop() {
+        // 4 MB without a newline, under a 10 MB limit: each call reads about the budget.
+        let (r, w) = pipe().expect("pipe");
+        let mut w = File::from(w);
+        // SAFETY: F_SETPIPE_SZ on a pipe we own; a larger pipe lets one read see more.
+        unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20) };
+        let writer = thread::spawn(move || {
+            let _ = w.write_all(&vec![b'x'; 4 << 20]);
+        });
+        let mut r = File::from(r);
+        set_nonblocking(r.as_fd()).expect("nonblocking");
+        let mut lines = LineBuf::new(10 << 20);
+        let mut p = [pollin(r.as_raw_fd())];
+        poll(&mut p, Some(Duration::from_secs(20))).expect("poll");
+        let budget = 100_000;
+        let _ = lines.read_from(&mut r, budget).expect("read");
+        assert!(lines.pending() > 0);
+        assert!(
+            lines.pending() < budget + 64 * 1024,
+            "{} bytes read for a budget of {budget}",
+            lines.pending()
+        );
+        drop(r);
+        let _ = writer.join();
     }
 
     #[test]
