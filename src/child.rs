@@ -1057,14 +1057,13 @@ impl ContainedChild {
             }
         };
         if let Some(end) = self.status_line.iter().position(|&b| b == b'\n') {
-            let code: i32 = std::str::from_utf8(&self.status_line[..end])
+            let code = std::str::from_utf8(&self.status_line[..end])
                 .ok()
-                .and_then(|s| s.trim().parse().ok())
-                .unwrap_or(-1);
+                .and_then(|s| s.trim().parse::<i32>().ok());
             self.exit = Some(match code {
-                0..=128 => Exit::Code(code),
-                129..=192 => Exit::Signal(code - 128),
-                _ => Exit::Code(code),
+                Some(c @ 129..=192) => Exit::Signal(c - 128),
+                Some(c) => Exit::Code(c),
+                None => Exit::Lost,
             });
         } else if eof {
             self.exit = Some(Exit::Lost);
