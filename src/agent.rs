@@ -132,7 +132,15 @@ where
 /// Agents can poll [`CancelToken::is_cancelled`] or wait on it with a timeout, which returns
 /// early when the token fires, so simulated work never outlives a cancel.
 #[derive(Clone, Default)]
-pub struct CancelToken(Arc<(Mutex<bool>, Condvar)>);
+pub struct CancelToken(Arc<(Mutex<CancelState>, Condvar)>);
+
+#[derive(Default)]
+struct CancelState {
+    fired: bool,
+    /// Run once by `cancel()`: how a turn blocked in `poll(2)` (a child process's pipes) learns
+    /// of the cancellation without polling the token.
+    hooks: Vec<Box<dyn FnOnce() + Send>>,
+}
 
 impl fmt::Debug for CancelToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -148,27 +156,50 @@ impl CancelToken {
 
     /// Fires the token and wakes every waiter. Idempotent.
     pub fn cancel(&self) {
-        let (flag, cond) = &*self.0;
-        *flag.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        let (state, cond) = &*self.0;
+        let hooks = {
+            let mut state = state.lock().unwrap_or_else(|e| e.into_inner());
+            state.fired = true;
+            std::mem::take(&mut state.hooks)
+        };
         cond.notify_all();
+        // Outside the lock, so a hook may look at the token.
+        for hook in hooks {
+            hook();
+        }
     }
 
     /// Whether the token has fired.
     pub fn is_cancelled(&self) -> bool {
-        *self.0.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.0.0.lock().unwrap_or_else(|e| e.into_inner()).fired
+    }
+
+    /// Runs `hook` once when the token fires, or at once if it already has.
+    ///
+    /// The hook runs on the thread that cancels, which is the reactor: it must be quick and
+    /// never block (writing to an eventfd is the intended use).
+    pub fn on_cancel(&self, hook: impl FnOnce() + Send + 'static) {
+        {
+            let mut state = self.0.0.lock().unwrap_or_else(|e| e.into_inner());
+            if !state.fired {
+                state.hooks.push(Box::new(hook));
+                return;
+            }
+        }
+        hook();
     }
 
     /// Waits until the token fires or `timeout` passes; returns true if it fired.
     pub fn wait_timeout(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
-        let (flag, cond) = &*self.0;
-        let mut fired = flag.lock().unwrap_or_else(|e| e.into_inner());
-        while !*fired {
+        let (state, cond) = &*self.0;
+        let mut state = state.lock().unwrap_or_else(|e| e.into_inner());
+        while !state.fired {
             let now = Instant::now();
             if now >= deadline {
                 return false;
             }
-            fired = match cond.wait_timeout(fired, deadline - now) {
+            state = match cond.wait_timeout(state, deadline - now) {
                 Ok((g, _)) => g,
                 Err(e) => e.into_inner().0,
             };
@@ -260,6 +291,20 @@ mod tests {
         let token = CancelToken::new();
         token.cancel();
         assert_eq!(agent.turn(&input, &token), Err(TurnError::Cancelled));
+    }
+
+    #[test]
+    fn on_cancel_hooks_run_once_when_the_token_fires_or_at_once_after() {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let token = CancelToken::new();
+        let early = tx.clone();
+        token.on_cancel(move || early.send("early").unwrap_or(()));
+        assert!(rx.try_recv().is_err(), "a hook ran before the token fired");
+        token.cancel();
+        token.cancel();
+        let late = tx.clone();
+        token.on_cancel(move || late.send("late").unwrap_or(()));
+        assert_eq!(rx.try_iter().collect::<Vec<_>>(), vec!["early", "late"]);
     }
 
     #[test]

@@ -1,170 +1,243 @@
-//! The exec agent: each turn runs a shell command in its own process group, with the turn's
-//! text on stdin and the reply read from stdout. This is how a real LLM agent (any CLI or
-//! script) plugs into the gateway.
+//! The exec agent: each turn runs a shell command, contained ([`crate::child`]), with the
+//! turn's text on stdin and the reply read from stdout. This is how a one-shot LLM agent (any
+//! CLI or script) plugs into the gateway.
+//!
+//! The turn waits in `poll(2)` on the command's pipes, its exit and the cancellation, never in
+//! a polling loop. The reply is what the command wrote on stdout before it exited (kept up to
+//! the reply cap, the rest read and discarded), even if a process it left running still holds
+//! the pipe. Its stderr goes to the log with the session key, never to the chat. Processes a
+//! turn leaves running live in their contained tree until the agent is closed.
 
-use std::io::{Read, Write};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Command, Stdio};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
-use std::thread;
-use std::time::Duration;
-
-use crossbeam_channel::{Receiver, bounded};
 
 use crate::agent::{Agent, AgentFactory, CancelToken, TurnError, TurnInput};
+use crate::child::{
+    self, AgentEnv, ContainedChild, Exit, OutputBuf, READ_BUDGET, ReadState, Wake, pollin,
+    readable, write_some,
+};
 use crate::message::SessionKey;
+use crate::reactor::DEFAULT_MAX_REPLY_BYTES;
 
-/// How often a running command is checked for exit while waiting on the cancel token.
-const EXIT_POLL: Duration = Duration::from_millis(2);
-/// How long to wait for stdout/stderr to close after the command exits.
-const OUTPUT_GRACE: Duration = Duration::from_millis(500);
-/// Lines of stderr quoted in a failure.
-const STDERR_LINES: usize = 5;
+/// Bytes of a failed command's stdout quoted in the failure.
+const ERROR_TEXT_MAX: usize = 2048;
+/// Trees of turns that left processes running, kept per agent until `close()`; past this the
+/// oldest is killed, so a session leaving a process behind every turn stays bounded.
+const MAX_LEFTOVER_TREES: usize = 16;
 
-/// Runs `sh -c <command>` per turn.
-pub struct ExecAgent {
-    command: Arc<str>,
-    /// Process groups this agent started; `close()` kills what is left of them.
-    groups: Vec<i32>,
+/// Settings of exec agents.
+#[derive(Clone, Debug)]
+pub struct ExecOptions {
+    /// The environment allow-list.
+    pub env: AgentEnv,
+    /// stdout kept per turn (the worker cuts the reply to this and flags it truncated; a few
+    /// bytes more are kept so the cut is detected).
+    pub max_output_bytes: usize,
 }
 
-impl ExecAgent {
-    /// A factory of exec agents for `command`.
-    pub fn factory(command: &str) -> impl AgentFactory {
-        let command: Arc<str> = command.into();
-        move |_: &SessionKey| -> Result<Box<dyn Agent>, String> {
-            Ok(Box::new(ExecAgent {
-                command: command.clone(),
-                groups: Vec::new(),
-            }))
+impl Default for ExecOptions {
+    fn default() -> Self {
+        ExecOptions {
+            env: AgentEnv::default(),
+            max_output_bytes: DEFAULT_MAX_REPLY_BYTES,
         }
     }
 }
 
-fn kill_group(pgid: i32) -> bool {
-    // SAFETY: kill(2) with a negative pid signals a process group; no memory is involved.
-    unsafe { libc::kill(-pgid, libc::SIGKILL) == 0 }
+/// Runs `/bin/sh -c <command>` per turn, contained.
+pub struct ExecAgent {
+    command: Arc<str>,
+    options: Arc<ExecOptions>,
+    /// Trees of turns whose command left processes running; `close()` kills them.
+    leftovers: Vec<ContainedChild>,
 }
 
-fn group_alive(pgid: i32) -> bool {
-    // SAFETY: signal 0 only checks for existence.
-    unsafe { libc::kill(-pgid, 0) == 0 }
-}
-
-fn read_all(mut r: impl Read + Send + 'static) -> Receiver<Vec<u8>> {
-    let (tx, rx) = bounded(1);
-    let spawned = thread::Builder::new()
-        .name("turnstile-exec-io".into())
-        .spawn(move || {
-            let mut buf = Vec::new();
-            let _ = r.read_to_end(&mut buf);
-            let _ = tx.send(buf);
-        });
-    if spawned.is_err() {
-        log::error!("cannot start an exec output reader thread");
+impl ExecAgent {
+    /// A factory of exec agents for `command`, with the default options.
+    pub fn factory(command: &str) -> impl AgentFactory {
+        ExecAgent::factory_with(command, ExecOptions::default())
     }
-    rx
+
+    /// A factory of exec agents for `command`.
+    pub fn factory_with(command: &str, options: ExecOptions) -> impl AgentFactory {
+        let command: Arc<str> = command.into();
+        let options = Arc::new(options);
+        move |_: &SessionKey| -> Result<Box<dyn Agent>, String> {
+            Ok(Box::new(ExecAgent::new(&command, &options)))
+        }
+    }
+
+    fn new(command: &Arc<str>, options: &Arc<ExecOptions>) -> ExecAgent {
+        ExecAgent {
+            command: Arc::clone(command),
+            options: Arc::clone(options),
+            leftovers: Vec::new(),
+        }
+    }
+
+    /// Runs the command for one turn: its exit and its (bounded) stdout.
+    fn run(
+        &mut self,
+        input: &TurnInput<'_>,
+        cancel: &CancelToken,
+    ) -> Result<(Exit, OutputBuf), TurnError> {
+        // Trees whose leftovers have all exited need nothing more than their leader reaped.
+        self.leftovers
+            .retain_mut(|c| c.has_descendants() || !c.kill());
+        let s = input.session;
+        let user_id = input
+            .context
+            .user_id
+            .as_deref()
+            .or(s.user_id())
+            .unwrap_or("");
+        let vars = [
+            ("TURNSTILE_SESSION", s.as_str()),
+            ("TURNSTILE_MESSAGE_ID", input.message_id),
+            ("TURNSTILE_PLATFORM", s.platform()),
+            ("TURNSTILE_CHAT_ID", s.chat_id()),
+            ("TURNSTILE_USER_ID", user_id),
+            (
+                "TURNSTILE_USER_NAME",
+                input.context.user_name.as_deref().unwrap_or(""),
+            ),
+            ("TURNSTILE_CHAT_TYPE", s.chat_type().as_str()),
+            ("TURNSTILE_THREAD_ID", s.thread_id().unwrap_or("")),
+            (
+                "TURNSTILE_META",
+                input.context.meta.as_deref().unwrap_or(""),
+            ),
+        ];
+        let failed = |what: &str, e: io::Error| TurnError::Failed(format!("{what}: {e}"));
+        let env = self.options.env.build(&vars);
+        let mut child = ContainedChild::spawn(&self.command, &env)
+            .map_err(|e| failed("cannot run agent command", e))?;
+        if let Some(stderr) = child.stderr.take() {
+            child::log_stderr(stderr, s.clone());
+        }
+        let wake = Arc::new(Wake::new().map_err(|e| failed("eventfd", e))?);
+        {
+            let wake = Arc::clone(&wake);
+            cancel.on_cancel(move || wake.signal());
+        }
+        let mut stdin = child.stdin.take();
+        let mut pending = input.text.as_bytes().to_vec();
+        let mut written = 0;
+        if pending.is_empty() {
+            stdin = None;
+        }
+        let mut stdout = child.stdout.take();
+        for fd in stdin
+            .iter()
+            .map(|f| f.as_fd())
+            .chain(stdout.iter().map(|f| f.as_fd()))
+        {
+            child::set_nonblocking(fd).map_err(|e| failed("agent pipes", e))?;
+        }
+        // A few bytes past the cap, so the worker sees (and flags) the cut.
+        let mut out = OutputBuf::new(self.options.max_output_bytes.saturating_add(4));
+        let exit = loop {
+            if let Some(exit) = child.try_exit() {
+                break exit;
+            }
+            let Some(exit_fd) = child.exit_fd() else {
+                continue;
+            };
+            let mut fds = vec![pollin(wake.fd()), pollin(exit_fd)];
+            if let Some(f) = &stdout {
+                fds.push(pollin(f.as_raw_fd()));
+            }
+            if let Some(f) = &stdin {
+                fds.push(libc::pollfd {
+                    fd: f.as_raw_fd(),
+                    events: libc::POLLOUT,
+                    revents: 0,
+                });
+            }
+            child::poll(&mut fds, None).map_err(|e| failed("poll", e))?;
+            if readable(&fds[0]) || cancel.is_cancelled() {
+                // The cancel path kills the whole tree, detached processes included.
+                child.kill();
+                return Err(TurnError::Cancelled);
+            }
+            let mut i = 2;
+            if let Some(f) = &mut stdout {
+                if readable(&fds[i])
+                    && out
+                        .read_from(f, READ_BUDGET)
+                        .map_or(true, |st| st == ReadState::Eof)
+                {
+                    stdout = None;
+                }
+                i += 1;
+            }
+            if let Some(f) = &mut stdin
+                && fds[i].revents != 0
+            {
+                // Done, or the command closed its stdin: either way nothing more to write.
+                if !matches!(write_some(f, &mut pending, &mut written), Ok(false)) {
+                    stdin = None;
+                }
+            }
+        };
+        drop(stdin);
+        // Everything the command wrote before it exited is in the pipe now: take it without
+        // waiting for an end of file that a detached process holding the pipe would withhold.
+        if let Some(f) = &mut stdout {
+            // SAFETY: F_GETPIPE_SZ on a pipe fd we own.
+            let size = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETPIPE_SZ) };
+            let budget = usize::try_from(size)
+                .unwrap_or(READ_BUDGET)
+                .max(READ_BUDGET);
+            let _ = out.read_from(f, budget);
+        }
+        drop(stdout);
+        if child.has_descendants() {
+            if self.leftovers.len() >= MAX_LEFTOVER_TREES {
+                let mut oldest = self.leftovers.remove(0);
+                log::warn!(
+                    "session {s}: more than {MAX_LEFTOVER_TREES} turns left processes running; killing those of the oldest (leader pid {})",
+                    oldest.leader_pid()
+                );
+                oldest.kill();
+            }
+            self.leftovers.push(child);
+        } else {
+            child.kill();
+        }
+        Ok((exit, out))
+    }
 }
 
 impl Agent for ExecAgent {
     fn turn(&mut self, input: &TurnInput<'_>, cancel: &CancelToken) -> Result<String, TurnError> {
-        self.groups.retain(|&g| group_alive(g));
-        let s = input.session;
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(&*self.command)
-            .process_group(0)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .env("TURNSTILE_SESSION", s.as_str())
-            .env("TURNSTILE_MESSAGE_ID", input.message_id)
-            .env("TURNSTILE_PLATFORM", s.platform())
-            .env("TURNSTILE_CHAT_ID", s.chat_id())
-            .env(
-                "TURNSTILE_USER_ID",
-                input
-                    .context
-                    .user_id
-                    .as_deref()
-                    .or(s.user_id())
-                    .unwrap_or(""),
-            )
-            .env(
-                "TURNSTILE_USER_NAME",
-                input.context.user_name.as_deref().unwrap_or(""),
-            )
-            .env("TURNSTILE_CHAT_TYPE", s.chat_type().as_str())
-            .env("TURNSTILE_THREAD_ID", s.thread_id().unwrap_or(""))
-            .env(
-                "TURNSTILE_META",
-                input.context.meta.as_deref().unwrap_or(""),
-            )
-            .spawn()
-            .map_err(|e| TurnError::Failed(format!("cannot run agent command: {e}")))?;
-        let pgid = child.id() as i32;
-        self.groups.push(pgid);
-        let stdout = child.stdout.take().map(read_all);
-        let stderr = child.stderr.take().map(read_all);
-        if let Some(mut stdin) = child.stdin.take() {
-            let text = input.text.as_bytes().to_vec();
-            // A writer thread: a command that never reads stdin must not block the turn.
-            let _ = thread::Builder::new()
-                .name("turnstile-exec-io".into())
-                .spawn(move || {
-                    let _ = stdin.write_all(&text);
-                });
+        let (exit, out) = self.run(input, cancel)?;
+        let truncated = out.truncated();
+        let mut text = String::from_utf8_lossy(&out.into_vec()).into_owned();
+        if exit.success() {
+            if !truncated && text.ends_with('\n') {
+                text.pop();
+            }
+            return Ok(text);
         }
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(status)) => break status,
-                Ok(None) => {}
-                Err(e) => return Err(TurnError::Failed(format!("waiting for agent command: {e}"))),
-            }
-            if cancel.wait_timeout(EXIT_POLL) {
-                kill_group(pgid);
-                let _ = child.wait();
-                return Err(TurnError::Cancelled);
-            }
-        };
-        let collect = |rx: Option<Receiver<Vec<u8>>>| -> Vec<u8> {
-            let Some(rx) = rx else { return Vec::new() };
-            match rx.recv_timeout(OUTPUT_GRACE) {
-                Ok(b) => b,
-                Err(_) => {
-                    // A leftover process holds the pipe open; the turn is over, so end it.
-                    kill_group(pgid);
-                    rx.recv_timeout(OUTPUT_GRACE).unwrap_or_default()
-                }
-            }
-        };
-        let out = collect(stdout);
-        let err = collect(stderr);
-        if status.success() {
-            let mut reply = String::from_utf8_lossy(&out).into_owned();
-            if reply.ends_with('\n') {
-                reply.pop();
-            }
-            return Ok(reply);
+        // The chat sees the exit status and what the command printed for it on stdout, never
+        // its stderr (that is in the log).
+        let text = text.trim();
+        if text.is_empty() {
+            return Err(TurnError::Failed(exit.to_string()));
         }
-        let how = match (status.code(), status.signal()) {
-            (Some(code), _) => format!("exit status {code}"),
-            (None, Some(sig)) => format!("killed by signal {sig}"),
-            _ => "abnormal exit".to_owned(),
-        };
-        let err = String::from_utf8_lossy(&err);
-        let tail: Vec<&str> = err.lines().rev().take(STDERR_LINES).collect();
-        let tail: Vec<&str> = tail.into_iter().rev().collect();
-        Err(TurnError::Failed(if tail.is_empty() {
-            how
-        } else {
-            format!("{how}: {}", tail.join("\n"))
-        }))
+        let mut end = text.len().min(ERROR_TEXT_MAX);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        let more = if end < text.len() { "…" } else { "" };
+        Err(TurnError::Failed(format!("{exit}: {}{more}", &text[..end])))
     }
 
     fn close(&mut self) -> Result<(), String> {
-        for pgid in self.groups.drain(..) {
-            kill_group(pgid);
+        for mut c in self.leftovers.drain(..) {
+            c.kill();
         }
         Ok(())
     }
@@ -173,14 +246,20 @@ impl Agent for ExecAgent {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::Partials;
+    use crate::message::MessageContext;
 
-    fn run(cmd: &str, text: &str) -> Result<String, TurnError> {
-        let key = SessionKey::dm("tg", "42").unwrap();
-        let mut agent = ExecAgent {
-            command: cmd.into(),
-            groups: Vec::new(),
+    fn agent(cmd: &str, max_output_bytes: usize) -> ExecAgent {
+        let options = ExecOptions {
+            max_output_bytes,
+            ..ExecOptions::default()
         };
-        let context = crate::message::MessageContext {
+        ExecAgent::new(&cmd.into(), &Arc::new(options))
+    }
+
+    fn with_input<T>(text: &str, f: impl FnOnce(&TurnInput<'_>) -> T) -> T {
+        let key = SessionKey::dm("tg", "42").unwrap();
+        let context = MessageContext {
             user_id: Some("7".into()),
             user_name: Some("Ann".into()),
             meta: Some(r#"{"reply_to":"m-8"}"#.into()),
@@ -190,9 +269,15 @@ mod tests {
             message_id: "m-9",
             text,
             context: &context,
-            partials: &crate::agent::Partials::discard(),
+            partials: &Partials::discard(),
         };
-        agent.turn(&input, &CancelToken::new())
+        f(&input)
+    }
+
+    fn run(cmd: &str, text: &str) -> Result<String, TurnError> {
+        with_input(text, |input| {
+            agent(cmd, DEFAULT_MAX_REPLY_BYTES).turn(input, &CancelToken::new())
+        })
     }
 
     #[test]
@@ -216,11 +301,113 @@ mod tests {
     }
 
     #[test]
-    fn a_nonzero_exit_fails_with_the_status_and_stderr_tail() {
-        let out = run("echo one >&2; echo two >&2; exit 3", "");
+    fn a_nonzero_exit_fails_with_the_status_and_stdout_never_stderr() {
+        let out = run("echo one >&2; echo 'api key sk-SECRET123' >&2; exit 3", "");
+        assert_eq!(out, Err(TurnError::Failed("exit status 3".to_owned())));
+        let out = run("echo 'quota exhausted'; echo sk-SECRET123 >&2; exit 4", "");
         assert_eq!(
             out,
-            Err(TurnError::Failed("exit status 3: one\ntwo".to_owned()))
+            Err(TurnError::Failed(
+                "exit status 4: quota exhausted".to_owned()
+            ))
         );
+        assert_eq!(
+            run("kill -TERM $$", ""),
+            Err(TurnError::Failed("killed by signal 15".to_owned()))
+        );
+    }
+
+    #[test]
+    fn a_command_that_never_reads_stdin_does_not_block_the_turn() {
+        let big = "x".repeat(4 << 20);
+        assert_eq!(run("echo ignored", &big), Ok("ignored".to_owned()));
+    }
+
+    /// §5: a command printing 1 GB drove the gateway's RSS to 1.86 GB. Now at most the cap
+    /// (plus 4 bytes) is ever buffered, while all of it is read so the command finishes.
+    #[test]
+    fn one_gigabyte_of_output_is_read_through_a_bounded_buffer() {
+        let cap = 64 * 1024;
+        let (exit, out) = with_input("", |input| {
+            agent("head -c 1000000000 /dev/zero; echo done >&2", cap)
+                .run(input, &CancelToken::new())
+                .expect("ran")
+        });
+        assert_eq!(exit, Exit::Code(0));
+        assert_eq!(out.total(), 1_000_000_000, "the output was not all drained");
+        assert!(out.truncated());
+        assert_eq!(out.kept().len(), cap + 4);
+        assert!(
+            out.buffered() <= cap + 4,
+            "{} bytes buffered for a {cap}-byte cap",
+            out.buffered()
+        );
+    }
+
+    /// §5: `echo the-real-answer; setsid sh -c 'sleep 120' &` replied "" because the detached
+    /// child held the pipe. What was read before the command exited is the reply.
+    #[test]
+    fn the_reply_is_what_was_written_before_exit_even_if_a_detached_child_holds_the_pipe() {
+        let mut a = agent(
+            "echo the-real-answer; setsid sh -c 'echo $$; exec sleep 120' &",
+            DEFAULT_MAX_REPLY_BYTES,
+        );
+        let reply = with_input("", |input| a.turn(input, &CancelToken::new()));
+        let reply = reply.expect("a reply");
+        let mut lines = reply.lines();
+        assert_eq!(lines.next(), Some("the-real-answer"));
+        // The detached child's pid, if it was fast enough to print it before the exit.
+        assert_eq!(
+            a.leftovers.len(),
+            1,
+            "the detached child is kept for close()"
+        );
+        let pid = a.leftovers[0].leader_pid();
+        a.close().expect("close");
+        assert!(a.leftovers.is_empty());
+        assert!(
+            std::fs::metadata(format!("/proc/{pid}")).is_err()
+                || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .is_ok_and(|s| s.contains(") Z ")),
+            "the leader outlived close()"
+        );
+    }
+
+    #[test]
+    fn leftovers_are_bounded_per_agent_the_oldest_killed_first() {
+        let mut a = agent(
+            "sleep 300 >/dev/null 2>&1 & echo $!",
+            DEFAULT_MAX_REPLY_BYTES,
+        );
+        let mut first = None;
+        for _ in 0..=MAX_LEFTOVER_TREES {
+            let pid: i32 = with_input("", |input| a.turn(input, &CancelToken::new()))
+                .expect("reply")
+                .parse()
+                .expect("pid");
+            first.get_or_insert(pid);
+        }
+        assert_eq!(a.leftovers.len(), MAX_LEFTOVER_TREES);
+        let first = first.expect("a first pid");
+        let state = std::fs::read_to_string(format!("/proc/{first}/stat")).unwrap_or_default();
+        assert!(
+            state.is_empty() || state.contains(") Z "),
+            "the oldest leftover is still running: {state}"
+        );
+        a.close().expect("close");
+    }
+
+    #[test]
+    fn cancellation_kills_the_tree_and_ends_the_turn() {
+        let token = CancelToken::new();
+        let canceller = {
+            let token = token.clone();
+            std::thread::spawn(move || token.cancel())
+        };
+        let out = with_input("", |input| {
+            agent("trap '' TERM; sleep 300", DEFAULT_MAX_REPLY_BYTES).turn(input, &token)
+        });
+        canceller.join().expect("join");
+        assert_eq!(out, Err(TurnError::Cancelled));
     }
 }

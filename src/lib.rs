@@ -2,12 +2,14 @@
 #![warn(missing_docs)]
 
 pub mod agent;
+pub mod child;
 pub mod core;
 pub mod exec;
 pub mod key;
 pub mod liveness;
 pub mod message;
 pub mod pool;
+pub mod process;
 pub mod reactor;
 pub mod server;
 pub mod workload;

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use serde::Deserialize;
-use turnstile::exec::ExecAgent;
+use turnstile::child::{self, AgentEnv};
+use turnstile::exec::{ExecAgent, ExecOptions};
+use turnstile::process::{self, ProcessAgent, ProcessOptions};
 use turnstile::server::{BridgeServer, ServerConfig};
 use turnstile::{Builder, BusyMode, EchoAgent};
 
@@ -21,6 +23,8 @@ pub enum AgentKind {
     Echo,
     /// Runs --agent-cmd through `sh -c` per turn.
     Exec,
+    /// Runs --agent-cmd once per session, speaking JSON lines (docs/agent-protocol.md).
+    Process,
 }
 
 /// Busy mode names.
@@ -50,9 +54,21 @@ pub struct ServeArgs {
     /// Agent [default: echo].
     #[arg(long, value_enum)]
     agent: Option<AgentKind>,
-    /// Shell command of the exec agent.
+    /// Shell command of the exec or process agent.
     #[arg(long)]
     agent_cmd: Option<String>,
+    /// Seconds a process agent gets to exit after `close` before SIGTERM [default: 10].
+    #[arg(long)]
+    agent_close_grace: Option<f64>,
+    /// Pass this variable of the gateway's environment to agent processes (repeatable).
+    #[arg(long, value_name = "NAME")]
+    agent_env: Option<Vec<String>>,
+    /// Longest line a process agent may write on stdout [default: 4 MiB].
+    #[arg(long)]
+    agent_max_line_bytes: Option<usize>,
+    /// Replies and partials are cut to this many bytes and flagged truncated [default: 1 MiB].
+    #[arg(long)]
+    max_reply_bytes: Option<usize>,
     /// Simulated work per echo turn, in milliseconds (cancellable) [default: 0].
     #[arg(long)]
     echo_delay_ms: Option<u64>,
@@ -133,6 +149,10 @@ struct Settings {
     listen: SocketAddr,
     agent: AgentKind,
     agent_cmd: Option<String>,
+    agent_close_grace: Duration,
+    agent_env: AgentEnv,
+    agent_max_line_bytes: usize,
+    max_reply_bytes: usize,
     echo_delay: Duration,
     busy_mode: BusyMode,
     queue_cap: usize,
@@ -199,6 +219,10 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         listen,
         agent,
         agent_cmd,
+        agent_close_grace,
+        agent_env,
+        agent_max_line_bytes,
+        max_reply_bytes,
         echo_delay_ms,
         busy_mode,
         queue_cap,
@@ -222,8 +246,28 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         outbox_cap
     );
     let agent = a.agent.unwrap_or(AgentKind::Echo);
-    if agent == AgentKind::Exec && a.agent_cmd.as_deref().is_none_or(|c| c.trim().is_empty()) {
-        return Err("--agent exec needs --agent-cmd".into());
+    if agent != AgentKind::Echo && a.agent_cmd.as_deref().is_none_or(|c| c.trim().is_empty()) {
+        let name = if agent == AgentKind::Exec {
+            "exec"
+        } else {
+            "process"
+        };
+        return Err(format!("--agent {name} needs --agent-cmd"));
+    }
+    let agent_close_grace = seconds(
+        "agent-close-grace",
+        a.agent_close_grace,
+        process::DEFAULT_CLOSE_GRACE.as_secs_f64(),
+        true,
+    )?;
+    let cleanup_timeout = seconds("cleanup-timeout", a.cleanup_timeout, 30.0, false)?;
+    if agent == AgentKind::Process && agent_close_grace + process::CLOSE_OVERHEAD > cleanup_timeout
+    {
+        return Err(format!(
+            "--agent-close-grace: {:?} plus {:?} to terminate and kill must fit in --cleanup-timeout ({cleanup_timeout:?})",
+            agent_close_grace,
+            process::CLOSE_OVERHEAD
+        ));
     }
     if a.auth_token.as_deref() == Some("") {
         return Err("--auth-token: must not be empty".into());
@@ -234,6 +278,18 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
             .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7878))),
         agent,
         agent_cmd: a.agent_cmd,
+        agent_close_grace,
+        agent_env: AgentEnv::new(a.agent_env.unwrap_or_default())?,
+        agent_max_line_bytes: at_least_one(
+            "agent-max-line-bytes",
+            a.agent_max_line_bytes,
+            process::DEFAULT_MAX_LINE_BYTES,
+        )?,
+        max_reply_bytes: at_least_one(
+            "max-reply-bytes",
+            a.max_reply_bytes,
+            turnstile::reactor::DEFAULT_MAX_REPLY_BYTES,
+        )?,
         echo_delay: Duration::from_millis(a.echo_delay_ms.unwrap_or(0)),
         busy_mode: match a.busy_mode.unwrap_or(BusyArg::Queue) {
             BusyArg::Queue => BusyMode::Queue,
@@ -263,7 +319,7 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         partial_interval: seconds("partial-interval", a.partial_interval, 0.8, true)?,
         turn_timeout: seconds("turn-timeout", a.turn_timeout, 600.0, false)?,
         stop_grace: seconds("stop-grace", a.stop_grace, 5.0, true)?,
-        cleanup_timeout: seconds("cleanup-timeout", a.cleanup_timeout, 30.0, false)?,
+        cleanup_timeout,
         drain_timeout: seconds("drain-timeout", a.drain_timeout, 30.0, true)?,
         status_file: a.status_file,
         auth_token: a.auth_token,
@@ -284,10 +340,34 @@ pub fn run(args: ServeArgs) -> i32 {
         }
     };
     let builder = match (s.agent, &s.agent_cmd) {
-        (AgentKind::Exec, Some(cmd)) => Builder::new(ExecAgent::factory(cmd)),
+        (AgentKind::Exec, Some(cmd)) => Builder::new(ExecAgent::factory_with(
+            cmd,
+            ExecOptions {
+                env: s.agent_env.clone(),
+                max_output_bytes: s.max_reply_bytes,
+            },
+        )),
+        (AgentKind::Process, Some(cmd)) => Builder::new(ProcessAgent::factory(ProcessOptions {
+            command: cmd.clone(),
+            env: s.agent_env.clone(),
+            max_reply_bytes: s.max_reply_bytes,
+            max_line_bytes: s.agent_max_line_bytes,
+            stop_grace: s.stop_grace,
+            close_grace: s.agent_close_grace,
+        })),
         _ => Builder::new(EchoAgent::factory(s.echo_delay)),
     };
+    if s.agent != AgentKind::Echo {
+        if let Err(e) = child::become_subreaper() {
+            log::warn!(
+                "cannot become a child subreaper ({e}): agent processes that kill their own leader escape containment"
+            );
+        }
+        // The forced exits (a second signal, the watchdog) call std::process::exit.
+        child::kill_all_at_exit();
+    }
     let mut builder = builder
+        .max_reply_bytes(s.max_reply_bytes)
         .busy_mode(s.busy_mode)
         .queue_cap(s.queue_cap)
         .turn_workers(s.turn_workers)
@@ -350,7 +430,12 @@ pub fn run(args: ServeArgs) -> i32 {
         s.turn_workers,
         s.busy_mode
     );
-    match runtime.run_with(server) {
+    let result = runtime.run_with(server);
+    if s.agent != AgentKind::Echo {
+        // Closing each agent killed its processes; this catches anything a close left.
+        child::kill_all();
+    }
+    match result {
         Ok(report) if report.clean => 0,
         Ok(report) => {
             log::warn!("shutdown was not clean: {report:?}");

@@ -1,0 +1,844 @@
+//! The process agent: one long-lived child process per session, speaking newline-delimited
+//! JSON on its stdin and stdout ([`docs/agent-protocol.md`]). This is the agent the cache, the
+//! idle TTL, eviction, `/new` and `close()` exist for: a Python SDK, a node tool, anything
+//! with expensive start-up or memory plugs in without Rust.
+//!
+//! The process is contained like every agent command ([`crate::child`]). The factory starts
+//! it on a turn worker; `close()` asks it to leave (`close`, then end of stdin), then
+//! terminates and kills its tree. A process that dies, or breaks the protocol, fails the
+//! running turn; the agent remembers that and starts a fresh process on the session's next
+//! turn (the core keeps a failed turn's agent, so one agent object spans the session's
+//! processes one after another, never two at once).
+//!
+//! [`docs/agent-protocol.md`]: https://github.com/turnstile/turnstile/blob/main/docs/agent-protocol.md
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::agent::{Agent, AgentFactory, CancelToken, TurnError, TurnInput};
+use crate::child::{
+    self, AgentEnv, ContainedChild, LineBuf, READ_BUDGET, ReadState, Wake, pollin, write_some,
+};
+use crate::message::SessionKey;
+use crate::reactor::DEFAULT_MAX_REPLY_BYTES;
+
+/// Default longest line an agent process may write: 4 MiB.
+pub const DEFAULT_MAX_LINE_BYTES: usize = 4 << 20;
+/// Default time `close()` gives the process to exit on its own: 10 s.
+pub const DEFAULT_CLOSE_GRACE: Duration = Duration::from_secs(10);
+/// Default time a cancelled turn waits for the process's answer to `cancel`: the core's
+/// default stop grace.
+pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(5);
+/// Time between SIGTERM and SIGKILL when `close()` has to terminate the process.
+pub const TERM_GRACE: Duration = Duration::from_secs(2);
+/// What `close()` adds to the close grace at most: the TERM grace and the kill.
+pub const CLOSE_OVERHEAD: Duration =
+    Duration::from_secs(TERM_GRACE.as_secs() + child::KILL_MAX.as_secs());
+/// Longest `error` message passed on to the chat.
+const ERROR_TEXT_MAX: usize = 2048;
+/// Bytes queued for a process that does not read its stdin, past which it is replaced.
+const MAX_UNREAD_STDIN: usize = 16 << 20;
+
+/// Settings of process agents.
+#[derive(Clone, Debug)]
+pub struct ProcessOptions {
+    /// The shell command (`/bin/sh -c`).
+    pub command: String,
+    /// The environment allow-list.
+    pub env: AgentEnv,
+    /// Partials are cut to this before they are published (the worker cuts replies).
+    pub max_reply_bytes: usize,
+    /// A longer stdout line fails the turn and replaces the process.
+    pub max_line_bytes: usize,
+    /// The core's stop grace: a cancelled turn's process is killed at three quarters of it,
+    /// so the turn ends `cancelled` before the core abandons it.
+    pub stop_grace: Duration,
+    /// How long `close()` waits for the process to exit after `close` and end of stdin,
+    /// before SIGTERM, then SIGKILL [`TERM_GRACE`] later.
+    pub close_grace: Duration,
+}
+
+impl ProcessOptions {
+    /// Defaults for `command`.
+    pub fn new(command: &str) -> ProcessOptions {
+        ProcessOptions {
+            command: command.to_owned(),
+            env: AgentEnv::default(),
+            max_reply_bytes: DEFAULT_MAX_REPLY_BYTES,
+            max_line_bytes: DEFAULT_MAX_LINE_BYTES,
+            stop_grace: DEFAULT_STOP_GRACE,
+            close_grace: DEFAULT_CLOSE_GRACE,
+        }
+    }
+}
+
+/// A line from the agent process.
+#[derive(Debug, Deserialize, PartialEq)]
+#[serde(tag = "op", rename_all = "lowercase")]
+enum FromAgent {
+    Partial {
+        id: String,
+        text: String,
+    },
+    Reply {
+        id: String,
+        text: String,
+    },
+    Error {
+        id: String,
+        message: String,
+    },
+    /// Any other op: ignored, so the protocol can grow.
+    #[serde(other)]
+    Unknown,
+}
+
+/// The running process and the gateway's ends of its pipes.
+struct Live {
+    child: ContainedChild,
+    /// Non-blocking; `None` once the process closed it.
+    stdin: Option<File>,
+    pending: Vec<u8>,
+    written: usize,
+    /// Non-blocking.
+    stdout: File,
+    lines: LineBuf,
+    pid: i32,
+    /// It has answered a turn, so its command was running (until then, nothing below the
+    /// leader may only mean the leader has not started it yet).
+    answered: bool,
+}
+
+impl Live {
+    fn queue(&mut self, line: &Value) {
+        self.pending.extend_from_slice(line.to_string().as_bytes());
+        self.pending.push(b'\n');
+    }
+
+    /// Writes what the pipe takes now. A closed stdin drops what was pending.
+    fn flush(&mut self) {
+        if let Some(w) = &mut self.stdin
+            && write_some(w, &mut self.pending, &mut self.written).is_err()
+        {
+            self.stdin = None;
+            self.pending.clear();
+            self.written = 0;
+        }
+    }
+
+    fn pollout(&self) -> Option<libc::pollfd> {
+        let w = self.stdin.as_ref()?;
+        (!self.pending.is_empty()).then(|| libc::pollfd {
+            fd: w.as_raw_fd(),
+            events: libc::POLLOUT,
+            revents: 0,
+        })
+    }
+}
+
+/// Read passes allowed after the process has exited, for what it wrote before: a detached
+/// process flooding the pipe must not hold the turn.
+const PASSES_AFTER_EXIT: usize = 64;
+
+/// One long-lived process per session.
+pub struct ProcessAgent {
+    options: Arc<ProcessOptions>,
+    session: SessionKey,
+    live: Option<Live>,
+}
+
+impl ProcessAgent {
+    /// A factory of process agents: each starts its session's process at once.
+    pub fn factory(options: ProcessOptions) -> impl AgentFactory {
+        let options = Arc::new(options);
+        move |session: &SessionKey| -> Result<Box<dyn Agent>, String> {
+            let mut agent = ProcessAgent {
+                options: Arc::clone(&options),
+                session: session.clone(),
+                live: None,
+            };
+            agent
+                .start()
+                .map_err(|e| format!("cannot start agent process: {e}"))?;
+            Ok(Box::new(agent))
+        }
+    }
+
+    fn start(&mut self) -> io::Result<()> {
+        let s = &self.session;
+        let vars = [
+            ("TURNSTILE_SESSION", s.as_str()),
+            ("TURNSTILE_PLATFORM", s.platform()),
+            ("TURNSTILE_CHAT_ID", s.chat_id()),
+            ("TURNSTILE_CHAT_TYPE", s.chat_type().as_str()),
+            ("TURNSTILE_THREAD_ID", s.thread_id().unwrap_or("")),
+            ("TURNSTILE_USER_ID", s.user_id().unwrap_or("")),
+        ];
+        let env = self.options.env.build(&vars);
+        let mut child = ContainedChild::spawn(&self.options.command, &env)?;
+        if let Some(stderr) = child.stderr.take() {
+            child::log_stderr(stderr, s.clone());
+        }
+        let stdin = child.stdin.take();
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| io::Error::other("no stdout pipe"))?;
+        for fd in stdin.iter().map(|f| f.as_fd()).chain([stdout.as_fd()]) {
+            child::set_nonblocking(fd)?;
+        }
+        let pid = child.leader_pid();
+        log::info!("session {s}: started agent process (leader pid {pid})");
+        self.live = Some(Live {
+            child,
+            stdin,
+            pending: Vec::new(),
+            written: 0,
+            stdout,
+            lines: LineBuf::new(self.options.max_line_bytes),
+            pid,
+            answered: false,
+        });
+        Ok(())
+    }
+
+    /// Kills the process tree and forgets it; the next turn starts a fresh one.
+    fn discard(&mut self) {
+        if let Some(mut live) = self.live.take()
+            && !live.child.kill()
+        {
+            log::warn!(
+                "session {}: agent process tree (leader pid {}) did not all exit when killed; left to the reaper",
+                self.session,
+                live.pid
+            );
+        }
+    }
+
+    /// The running process, started if there is none (or it died since the last turn).
+    fn ensure_live(&mut self) -> Result<(), TurnError> {
+        if let Some(live) = &mut self.live {
+            // Gone if its leader reported, or if nothing runs below the leader any more once
+            // it has answered (the leader may not have written the status yet).
+            let exit = live.child.try_exit();
+            if exit.is_some() || (live.answered && !live.child.has_descendants()) {
+                let how = exit.map_or_else(|| "exited".to_owned(), |e| e.to_string());
+                log::warn!(
+                    "session {}: agent process gone between turns ({how}); starting a fresh one",
+                    self.session
+                );
+                self.discard();
+            }
+        }
+        if self.live.is_none() {
+            self.start()
+                .map_err(|e| TurnError::Failed(format!("cannot start agent process: {e}")))?;
+        }
+        Ok(())
+    }
+
+    fn run_turn(
+        &mut self,
+        input: &TurnInput<'_>,
+        cancel: &CancelToken,
+    ) -> Result<Result<String, TurnError>, String> {
+        let Some(live) = &mut self.live else {
+            return Err("no agent process".into());
+        };
+        let id = input.message_id;
+        let context = input.context;
+        let meta = context
+            .meta
+            .as_deref()
+            .and_then(|m| serde_json::from_str::<Value>(m).ok())
+            .unwrap_or_else(|| json!({}));
+        let s = input.session;
+        live.queue(&json!({
+            "op": "turn",
+            "id": id,
+            "session": s.as_str(),
+            "text": input.text,
+            "user_id": context.user_id.as_deref().or(s.user_id()),
+            "user_name": context.user_name.as_deref(),
+            "meta": meta,
+            "platform": s.platform(),
+            "chat_id": s.chat_id(),
+            "chat_type": s.chat_type().as_str(),
+            "thread_id": s.thread_id(),
+        }));
+        if live.pending.len() > MAX_UNREAD_STDIN {
+            return Err(format!(
+                "the agent process left more than {MAX_UNREAD_STDIN} bytes of its stdin unread"
+            ));
+        }
+        let wake = Arc::new(Wake::new().map_err(|e| format!("eventfd: {e}"))?);
+        {
+            let wake = Arc::clone(&wake);
+            cancel.on_cancel(move || wake.signal());
+        }
+        // Set once `cancel` is sent: past it the process tree is killed.
+        let mut kill_at: Option<Instant> = None;
+        let mut eof = false;
+        let mut passes_after_exit = 0;
+        loop {
+            live.flush();
+            let mut state = ReadState::WouldBlock;
+            if !eof {
+                state = live
+                    .lines
+                    .read_from(&mut live.stdout, READ_BUDGET)
+                    .map_err(|e| format!("reading the agent's stdout: {e}"))?;
+                eof = state == ReadState::Eof;
+            }
+            while let Some(line) = live.lines.next_line() {
+                let line = line.map_err(|e| {
+                    format!(
+                        "agent protocol error: the agent wrote a line longer than {} bytes",
+                        e.max
+                    )
+                })?;
+                let msg = serde_json::from_slice::<FromAgent>(&line).map_err(|e| {
+                    format!("agent protocol error: not a valid message line from the agent: {e}")
+                })?;
+                match msg {
+                    FromAgent::Partial { id: i, text } if i == id => {
+                        if kill_at.is_none() {
+                            let mut end = text.len().min(self.options.max_reply_bytes);
+                            while !text.is_char_boundary(end) {
+                                end -= 1;
+                            }
+                            input.partials.publish(&text[..end]);
+                        }
+                    }
+                    FromAgent::Reply { id: i, text } if i == id => {
+                        live.answered = true;
+                        return Ok(Ok(text));
+                    }
+                    FromAgent::Error { id: i, message } if i == id => {
+                        live.answered = true;
+                        if kill_at.is_some() {
+                            return Ok(Err(TurnError::Cancelled));
+                        }
+                        return Ok(Err(TurnError::Failed(bounded(message))));
+                    }
+                    FromAgent::Unknown => {}
+                    other => {
+                        log::debug!("session {s}: agent line for another turn ignored: {other:?}")
+                    }
+                }
+            }
+            if let Some(exit) = live.child.try_exit() {
+                // Everything the process wrote before it exited is in the pipe: one more
+                // pass after the exit is seen (it may have come right after a read), more
+                // while a pass still finds data, within a bound.
+                passes_after_exit += 1;
+                if passes_after_exit == 1
+                    || (state == ReadState::More && passes_after_exit < PASSES_AFTER_EXIT)
+                {
+                    continue;
+                }
+                return Err(format!("agent process {exit}"));
+            }
+            if state == ReadState::More {
+                continue;
+            }
+            if kill_at.is_none() && cancel.is_cancelled() {
+                live.queue(&json!({"op": "cancel", "id": id}));
+                live.flush();
+                kill_at = Some(Instant::now() + self.options.stop_grace * 3 / 4);
+            }
+            if let Some(at) = kill_at
+                && Instant::now() >= at
+            {
+                log::warn!(
+                    "session {s}: agent process did not answer cancel within {:?}; killing its process tree",
+                    self.options.stop_grace * 3 / 4
+                );
+                self.discard();
+                return Ok(Err(TurnError::Cancelled));
+            }
+            let mut fds = Vec::with_capacity(4);
+            if let Some(fd) = live.child.exit_fd() {
+                fds.push(pollin(fd));
+            }
+            if !eof {
+                fds.push(pollin(live.stdout.as_raw_fd()));
+            }
+            if kill_at.is_none() {
+                fds.push(pollin(wake.fd()));
+            }
+            if let Some(p) = live.pollout() {
+                fds.push(p);
+            }
+            let timeout = kill_at.map(|at| at.saturating_duration_since(Instant::now()));
+            child::poll(&mut fds, timeout).map_err(|e| format!("poll: {e}"))?;
+        }
+    }
+}
+
+fn bounded(mut text: String) -> String {
+    if text.len() > ERROR_TEXT_MAX {
+        let mut end = ERROR_TEXT_MAX;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
+}
+
+impl Agent for ProcessAgent {
+    fn turn(&mut self, input: &TurnInput<'_>, cancel: &CancelToken) -> Result<String, TurnError> {
+        self.ensure_live()?;
+        match self.run_turn(input, cancel) {
+            Ok(result) => result,
+            Err(why) => {
+                log::warn!(
+                    "session {}: turn {} failed: {why}; the agent process is replaced on the next turn",
+                    self.session,
+                    input.message_id
+                );
+                self.discard();
+                if cancel.is_cancelled() {
+                    return Err(TurnError::Cancelled);
+                }
+                Err(TurnError::Failed(why))
+            }
+        }
+    }
+
+    fn close(&mut self) -> Result<(), String> {
+        let Some(live) = &mut self.live else {
+            return Ok(());
+        };
+        let s = &self.session;
+        if let Some(exit) = live.child.try_exit() {
+            log::warn!("session {s}: agent process had exited before close ({exit})");
+            self.discard();
+            return Ok(());
+        }
+        live.queue(&json!({"op": "close"}));
+        let grace = self.options.close_grace;
+        let deadline = Instant::now() + grace;
+        let mut exit = None;
+        let mut stdout_open = true;
+        while Instant::now() < deadline {
+            live.flush();
+            if live.pending.is_empty() {
+                // End of input: the other way to say close.
+                live.stdin = None;
+            }
+            // Keep reading (and discarding) so a process that writes on its way out never
+            // blocks on a full pipe; one pass per iteration, so the deadline holds.
+            if stdout_open {
+                match live.lines.read_from(&mut live.stdout, READ_BUDGET) {
+                    Ok(ReadState::More | ReadState::WouldBlock) => {}
+                    Ok(ReadState::Eof) | Err(_) => stdout_open = false,
+                }
+                while let Some(line) = live.lines.next_line() {
+                    if line.is_err() {
+                        // An overlong line: stop reading; the kill below ends it if need be.
+                        stdout_open = false;
+                        break;
+                    }
+                }
+            }
+            exit = live.child.try_exit();
+            if exit.is_some() {
+                break;
+            }
+            let mut fds = Vec::with_capacity(3);
+            if let Some(fd) = live.child.exit_fd() {
+                fds.push(pollin(fd));
+            }
+            if stdout_open {
+                fds.push(pollin(live.stdout.as_raw_fd()));
+            }
+            if let Some(p) = live.pollout() {
+                fds.push(p);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let _ = child::poll(&mut fds, Some(left));
+        }
+        let result = match exit {
+            Some(e) if e.success() => Ok(()),
+            Some(e) => Err(format!("agent process {e} on close")),
+            None => {
+                let n = live.child.signal_descendants(libc::SIGTERM);
+                log::warn!(
+                    "session {s}: agent process did not exit within {grace:?} of close; sent SIGTERM to {n} process(es)"
+                );
+                let term_deadline = Instant::now() + TERM_GRACE;
+                let left = || term_deadline.saturating_duration_since(Instant::now());
+                if live.child.wait_exit(left()).is_some()
+                    && live.child.wait_descendants_gone(left())
+                {
+                    Err(format!(
+                        "agent process ignored close for {grace:?}; terminated"
+                    ))
+                } else {
+                    Err(format!(
+                        "agent process ignored close for {grace:?} and SIGTERM for {TERM_GRACE:?}; killed"
+                    ))
+                }
+            }
+        };
+        // Whatever is left of the tree (processes the agent started and left) goes too.
+        self.discard();
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::agent::Partials;
+    use crate::message::MessageContext;
+
+    const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agents/scripted.py");
+    const WAIT: Duration = Duration::from_secs(20);
+
+    fn options(prefix: &str) -> ProcessOptions {
+        ProcessOptions {
+            stop_grace: Duration::from_secs(2),
+            close_grace: Duration::from_secs(5),
+            ..ProcessOptions::new(&format!("{prefix} exec python3 {SCRIPT}"))
+        }
+    }
+
+    fn key() -> SessionKey {
+        SessionKey::dm("tg", "42").expect("key")
+    }
+
+    fn agent(options: ProcessOptions) -> Box<dyn Agent> {
+        ProcessAgent::factory(options)
+            .create(&key())
+            .expect("the process starts")
+    }
+
+    fn turn_with(
+        agent: &mut dyn Agent,
+        text: &str,
+        partials: &Partials,
+        cancel: &CancelToken,
+    ) -> Result<String, TurnError> {
+        let key = key();
+        let context = MessageContext {
+            user_id: Some("7".into()),
+            user_name: Some("Ann".into()),
+            meta: Some(r#"{"reply_to":"m-8"}"#.into()),
+        };
+        let input = TurnInput {
+            session: &key,
+            message_id: "m-1",
+            text,
+            context: &context,
+            partials,
+        };
+        agent.turn(&input, cancel)
+    }
+
+    fn turn(agent: &mut dyn Agent, text: &str) -> Result<String, TurnError> {
+        turn_with(agent, text, &Partials::discard(), &CancelToken::new())
+    }
+
+    fn pid(agent: &mut dyn Agent) -> i32 {
+        turn(agent, "pid")
+            .expect("pid reply")
+            .parse()
+            .expect("a pid")
+    }
+
+    /// A pidfd on a running process, to wait for its exit.
+    fn pidfd(pid: i32) -> std::os::fd::OwnedFd {
+        use std::os::fd::FromRawFd;
+        // SAFETY: pidfd_open(2) with a pid and no flags.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        assert!(fd >= 0, "{pid} is not running");
+        // SAFETY: a fresh fd that is ours.
+        unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) }
+    }
+
+    /// Running, not a zombie.
+    fn running(pid: i32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| s.rsplit(')').next().is_some_and(|r| !r.starts_with(" Z")))
+    }
+
+    /// A FIFO the agent writes "started" to; returns its path and a receiver of that event.
+    fn started_fifo(name: &str) -> (String, crossbeam_channel::Receiver<()>) {
+        let dir = std::env::temp_dir().join(format!("turnstile-process-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join(name);
+        let _ = std::fs::remove_file(&path);
+        let c = CString::new(path.to_string_lossy().as_bytes()).expect("path");
+        // SAFETY: mkfifo with a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let p = path.clone();
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            if std::fs::File::open(&p)
+                .and_then(|mut f| f.read_to_string(&mut s))
+                .is_ok()
+            {
+                let _ = tx.send(());
+            }
+        });
+        (path.to_string_lossy().into_owned(), rx)
+    }
+
+    use std::ffi::CString;
+
+    #[test]
+    fn one_process_keeps_its_memory_across_turns() {
+        let mut a = agent(options(""));
+        let p = pid(&mut *a);
+        assert_eq!(turn(&mut *a, "remember apples"), Ok("apples".into()));
+        assert_eq!(turn(&mut *a, "remember pears"), Ok("apples | pears".into()));
+        assert_eq!(pid(&mut *a), p, "the same process serves every turn");
+        assert_eq!(a.close(), Ok(()));
+        assert!(!running(p), "close() left the process running");
+    }
+
+    #[test]
+    fn the_turn_line_carries_the_session_sender_and_meta() {
+        let mut a = agent(options(""));
+        let reply = turn(&mut *a, "context").expect("reply");
+        let v: Value = serde_json::from_str(&reply).expect("json");
+        assert_eq!(
+            v,
+            json!({"chat_id": "42", "chat_type": "dm", "meta": {"reply_to": "m-8"},
+                   "platform": "tg", "session": "tg:dm:42", "user_id": "7", "user_name": "Ann"})
+        );
+    }
+
+    #[test]
+    fn a_crash_fails_the_turn_with_its_status_and_the_next_turn_gets_a_fresh_process() {
+        let mut a = agent(options(""));
+        let first = pid(&mut *a);
+        assert_eq!(
+            turn(&mut *a, "crash 3"),
+            Err(TurnError::Failed("agent process exit status 3".into()))
+        );
+        assert!(!running(first));
+        let second = pid(&mut *a);
+        assert_ne!(first, second);
+        // Exiting between turns is noticed at the next turn, which starts a fresh one.
+        let exiting = pidfd(second);
+        assert_eq!(turn(&mut *a, "reply-then-exit"), Ok("bye".into()));
+        let mut p = libc::pollfd {
+            fd: exiting.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll on one pollfd we own.
+        assert_eq!(
+            unsafe { libc::poll(&mut p, 1, 20_000) },
+            1,
+            "it never exited"
+        );
+        let third = pid(&mut *a);
+        assert_ne!(third, second);
+    }
+
+    #[test]
+    fn a_malformed_line_fails_the_turn_clearly_and_replaces_the_process() {
+        let mut a = agent(options(""));
+        let first = pid(&mut *a);
+        match turn(&mut *a, "garbage") {
+            Err(TurnError::Failed(e)) => assert!(
+                e.starts_with("agent protocol error: not a valid message line"),
+                "{e}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(!running(first), "the broken process was not killed");
+        assert_ne!(pid(&mut *a), first);
+    }
+
+    #[test]
+    fn a_flood_without_newline_fails_at_the_line_limit_and_replaces_the_process() {
+        let mut a = agent(ProcessOptions {
+            max_line_bytes: 100_000,
+            ..options("")
+        });
+        let first = pid(&mut *a);
+        assert_eq!(
+            turn(&mut *a, "flood 50000000"),
+            Err(TurnError::Failed(
+                "agent protocol error: the agent wrote a line longer than 100000 bytes".into()
+            ))
+        );
+        assert!(!running(first));
+        assert_ne!(pid(&mut *a), first);
+    }
+
+    #[test]
+    fn an_error_line_is_the_failure_text_and_the_process_stays() {
+        let mut a = agent(options(""));
+        let first = pid(&mut *a);
+        assert_eq!(
+            turn(&mut *a, "fail quota exhausted"),
+            Err(TurnError::Failed("quota exhausted".into()))
+        );
+        assert_eq!(pid(&mut *a), first);
+    }
+
+    #[test]
+    fn unknown_ops_and_lines_of_other_turns_are_ignored() {
+        let mut a = agent(options(""));
+        assert_eq!(turn(&mut *a, "unknown"), Ok("ok".into()));
+    }
+
+    #[test]
+    fn partials_are_published_in_order_before_the_reply() {
+        let mut a = agent(options(""));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&seen);
+        let partials = Partials::throttled(Duration::ZERO, move |t| {
+            sink.lock().unwrap_or_else(|e| e.into_inner()).push(t)
+        });
+        let reply = turn_with(&mut *a, "stream 20", &partials, &CancelToken::new());
+        let seen = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let expected: Vec<String> = (1..=20)
+            .map(|n| (0..n).map(|i| i.to_string()).collect::<Vec<_>>().join(" "))
+            .collect();
+        assert_eq!(seen, expected);
+        assert_eq!(reply, Ok(expected[19].clone()));
+    }
+
+    #[test]
+    fn a_cancel_the_agent_answers_ends_the_turn_and_keeps_the_process() {
+        let mut a = agent(options(""));
+        let first = pid(&mut *a);
+        let (fifo, started) = started_fifo("honour");
+        let cancel = CancelToken::new();
+        let canceller = {
+            let cancel = cancel.clone();
+            std::thread::spawn(move || {
+                let _ = started.recv_timeout(WAIT);
+                cancel.cancel();
+            })
+        };
+        let out = turn_with(
+            &mut *a,
+            &format!("honour-cancel {fifo}"),
+            &Partials::discard(),
+            &cancel,
+        );
+        canceller.join().expect("join");
+        assert_eq!(out, Err(TurnError::Cancelled));
+        assert_eq!(pid(&mut *a), first, "a cooperative agent is kept");
+    }
+
+    #[test]
+    fn a_cancel_the_agent_ignores_kills_its_tree_and_the_next_turn_gets_a_fresh_process() {
+        let mut a = agent(ProcessOptions {
+            stop_grace: Duration::from_millis(400),
+            ..options("")
+        });
+        let first = pid(&mut *a);
+        let (fifo, started) = started_fifo("ignore");
+        let cancel = CancelToken::new();
+        let canceller = {
+            let cancel = cancel.clone();
+            std::thread::spawn(move || {
+                let _ = started.recv_timeout(WAIT);
+                cancel.cancel();
+            })
+        };
+        let out = turn_with(
+            &mut *a,
+            &format!("ignore-cancel {fifo}"),
+            &Partials::discard(),
+            &cancel,
+        );
+        canceller.join().expect("join");
+        assert_eq!(out, Err(TurnError::Cancelled));
+        assert!(
+            !running(first),
+            "the process ignoring cancel was not killed"
+        );
+        assert_ne!(pid(&mut *a), first);
+    }
+
+    #[test]
+    fn close_kills_what_the_agent_started_even_in_a_session_of_its_own() {
+        let mut a = agent(options(""));
+        let reply = turn(&mut *a, "detach").expect("reply");
+        let pids: Vec<i32> = reply.split(' ').map(|p| p.parse().expect("pid")).collect();
+        assert!(pids.iter().all(|&p| running(p)));
+        assert_eq!(a.close(), Ok(()));
+        for p in pids {
+            assert!(!running(p), "{p} survived close()");
+        }
+    }
+
+    #[test]
+    fn close_terminates_an_agent_that_ignores_close_and_kills_one_that_ignores_sigterm() {
+        let mut a = agent(ProcessOptions {
+            close_grace: Duration::from_millis(200),
+            ..options("SCRIPTED_IGNORE_CLOSE=1")
+        });
+        let p = pid(&mut *a);
+        let e = a.close().expect_err("ignored close");
+        assert!(e.ends_with("terminated"), "{e}");
+        assert!(!running(p));
+
+        let mut a = agent(ProcessOptions {
+            close_grace: Duration::from_millis(200),
+            ..options("SCRIPTED_IGNORE_CLOSE=1 SCRIPTED_IGNORE_TERM=1")
+        });
+        let p = pid(&mut *a);
+        let e = a.close().expect_err("ignored close and TERM");
+        assert!(e.ends_with("killed"), "{e}");
+        assert!(!running(p));
+    }
+
+    #[test]
+    fn an_agent_that_never_reads_its_stdin_is_replaced_before_the_backlog_grows_unbounded() {
+        // Five replies written up front (the tests' message id is always m-1), stdin never read.
+        let mut a = agent(ProcessOptions::new(
+            r#"for i in 1 2 3 4 5; do echo '{"op":"reply","id":"m-1","text":"x"}'; done; exec sleep 300"#,
+        ));
+        let big = "y".repeat(6 << 20);
+        assert_eq!(turn(&mut *a, &big), Ok("x".into()));
+        assert_eq!(turn(&mut *a, &big), Ok("x".into()));
+        assert_eq!(
+            turn(&mut *a, &big),
+            Err(TurnError::Failed(format!(
+                "the agent process left more than {MAX_UNREAD_STDIN} bytes of its stdin unread"
+            )))
+        );
+    }
+
+    #[test]
+    fn agent_lines_parse_by_op_and_unknown_ops_are_tolerated() {
+        let parse = |s: &str| serde_json::from_str::<FromAgent>(s);
+        assert_eq!(
+            parse(r#"{"op":"reply","id":"1","text":"t","extra":1}"#).ok(),
+            Some(FromAgent::Reply {
+                id: "1".into(),
+                text: "t".into()
+            })
+        );
+        assert_eq!(
+            parse(r#"{"op":"progress","pct":50}"#).ok(),
+            Some(FromAgent::Unknown)
+        );
+        assert!(parse(r#"{"op":"reply","id":"1"}"#).is_err());
+        assert!(parse(r#"{"id":"1"}"#).is_err());
+        assert!(parse("[]").is_err());
+    }
+}
