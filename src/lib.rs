@@ -6,12 +6,13 @@ pub mod core;
 pub mod exec;
 pub mod liveness;
 pub mod message;
+pub mod openai;
 pub mod pool;
 pub mod reactor;
 pub mod server;
 pub mod workload;
 
-pub use agent::{Agent, AgentFactory, CancelToken, EchoAgent, TurnError, TurnInput};
+pub use agent::{Agent, AgentFactory, AgentUsage, CancelToken, EchoAgent, TurnError, TurnInput};
 pub use core::{
     AcceptState, BusyMode, CancelReason, EventKind, FailReason, MessageEvent, Outcome,
     RejectReason, ShutdownReport, TurnId,

@@ -352,6 +352,7 @@ impl Runtime {
             notifier: Arc::clone(&notifier),
         };
         let turn_sink = sink.clone();
+        let usage_source = Arc::clone(&factory);
         let turn_pool = Pool::new(
             "turnstile-turn",
             core.turn_workers,
@@ -376,7 +377,7 @@ impl Runtime {
             undelivered: 0,
             report: None,
         };
-        let mut heartbeat = Heartbeat::new(tick_interval);
+        let mut heartbeat = Heartbeat::new(tick_interval, usage_source);
         let mut fx = Vec::new();
         let mut events = MioEvents::with_capacity(256);
         frontend.register(poll.registry())?;
@@ -618,16 +619,19 @@ struct Heartbeat {
     next: Duration,
     ticks: u64,
     lag: LagHistogram,
+    /// Asked for the agents' usage at each snapshot.
+    factory: Arc<dyn AgentFactory>,
 }
 
 impl Heartbeat {
-    fn new(interval: Duration) -> Heartbeat {
+    fn new(interval: Duration, factory: Arc<dyn AgentFactory>) -> Heartbeat {
         Heartbeat {
             started: SystemTime::now(),
             interval,
             next: interval,
             ticks: 0,
             lag: LagHistogram::default(),
+            factory,
         }
     }
 
@@ -688,6 +692,7 @@ impl Heartbeat {
                 rejected: s.rejected,
                 events_undelivered: driver.undelivered,
             },
+            agent_usage: self.factory.usage(),
         })
     }
 }
