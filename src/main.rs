@@ -26,7 +26,12 @@ enum Cmd {
 }
 
 fn main() {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+        // ureq logs whole requests, Authorization header included, at TRACE: cap it so no
+        // RUST_LOG setting can print the API key.
+        .filter_module("ureq", log::LevelFilter::Debug)
+        .filter_module("ureq_proto", log::LevelFilter::Debug)
+        .init();
     let code = match Cli::parse().command {
         Cmd::Serve(args) => cli::serve::run(args),
         Cmd::Send(args) => cli::send::run(args),
