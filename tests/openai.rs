@@ -346,7 +346,10 @@ fn rate_limit_is_retried_after_retry_after() {
         error(429, "rate limited", &[("Retry-After", "1")]),
         stream(&["ok"], 1, 1),
     ]);
-    let gw = Gateway::start(config(&mock));
+    let mut cfg = config(&mock);
+    // The agent's own backoff is far shorter than Retry-After: only honouring it waits 1 s.
+    cfg.retry_base = Duration::from_millis(10);
+    let gw = Gateway::start(cfg);
     let s = key("ratelimit");
     assert_eq!(gw.ask("m1", &s, "hi"), reply("ok"));
     let Notice::Sent { at: refused_at, .. } =

@@ -757,7 +757,7 @@ fn describe(e: &ureq::Error, url: &str) -> String {
 /// `Retry-After` in seconds (decimal allowed); HTTP dates are not honoured (`None`).
 fn parse_retry_after(v: &str) -> Option<Duration> {
     let secs: f64 = v.trim().parse().ok()?;
-    (secs.is_finite() && secs >= 0.0 && secs < 1e9).then(|| Duration::from_secs_f64(secs))
+    (secs.is_finite() && (0.0..1e9).contains(&secs)).then(|| Duration::from_secs_f64(secs))
 }
 
 /// A random fraction in [0, 1).

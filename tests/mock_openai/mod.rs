@@ -166,9 +166,10 @@ impl Mock {
 /// A streamed reply of `deltas`, then a usage chunk, then `[DONE]`.
 pub fn stream(deltas: &[&str], prompt_tokens: u64, completion_tokens: u64) -> Reply {
     let mut events: Vec<String> = deltas.iter().map(|d| delta(d)).collect();
-    events.push(format!(
-        r#"{{"id":"c","object":"chat.completion.chunk","choices":[{{"index":0,"delta":{{}},"finish_reason":"stop"}}]}}"#
-    ));
+    events.push(
+        r#"{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#
+            .to_owned(),
+    );
     events.push(format!(
         r#"{{"id":"c","object":"chat.completion.chunk","choices":[],"usage":{{"prompt_tokens":{prompt_tokens},"completion_tokens":{completion_tokens},"total_tokens":{}}}}}"#,
         prompt_tokens + completion_tokens
