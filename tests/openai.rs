@@ -532,3 +532,172 @@ fn connection_refused_names_the_url() {
     );
     gw.stop();
 }
+
+#[test]
+fn an_endless_reply_is_cut_at_the_bound_and_its_connection_closed() {
+    let mock = Mock::start(vec![Reply::Stream {
+        events: vec![delta("partial answer")],
+        end: End::Endless,
+    }]);
+    let mut cfg = config(&mock);
+    cfg.max_reply_bytes = 64;
+    let factory = OpenAiFactory::new(cfg).expect("valid settings");
+    let (rt, handle, events) = Builder::new(factory)
+        .max_reply_bytes(64)
+        .build()
+        .expect("valid runtime settings");
+    let gw = Gateway {
+        handle,
+        events,
+        reactor: rt.spawn().expect("reactor thread"),
+    };
+    let s = key("endless");
+    match gw.ask("m1", &s, "talk forever") {
+        Outcome::Reply(r) => {
+            assert!(r.truncated, "not flagged truncated");
+            assert_eq!(r.text, format!("partial answer{}", ".".repeat(50)));
+        }
+        other => panic!("expected a truncated reply, got {other:?}"),
+    }
+    mock.wait_notice(|n| *n == Notice::ClientClosed { n: 0 });
+    gw.stop();
+}
+
+/// `turnstile serve --agent openai`, configured partly by flags and partly by `--config`,
+/// answered through `turnstile send`; its log at TRACE never shows the key.
+#[test]
+fn the_binary_serves_the_openai_agent() {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::{Command, Stdio};
+    const SECRET: &str = "sk-cli-SECRET-777";
+    let mock = Mock::start(vec![stream(&["from ", "the mock"], 5, 2)]);
+    let dir = std::env::temp_dir().join(format!("turnstile-openai-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let prompt = dir.join("prompt.txt");
+    std::fs::write(&prompt, "Answer in French.").expect("prompt file");
+    let config = dir.join("serve.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "agent = \"openai\"\nmodel = \"llama3.2\"\nopenai-base-url = \"{}\"\nhistory-turns = 5\n",
+            mock.base_url()
+        ),
+    )
+    .expect("config file");
+    let bin = env!("CARGO_BIN_EXE_turnstile");
+    let mut serve = Command::new(bin)
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .arg("--system-prompt-file")
+        .arg(&prompt)
+        .args(["--openai-api-key-env", "TEST_LLM_KEY"])
+        .env("TEST_LLM_KEY", SECRET)
+        .env("RUST_LOG", "trace")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start turnstile serve");
+    let mut first = String::new();
+    BufReader::new(serve.stdout.take().expect("stdout"))
+        .read_line(&mut first)
+        .expect("first line");
+    let addr = first
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("no listening line: {first:?}"))
+        .to_owned();
+    let out = Command::new(bin)
+        .args(["send", "--addr", &addr, "bonjour"])
+        .output()
+        .expect("run turnstile send");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "from the mock");
+    let req = mock.next_request();
+    assert_eq!(req.body["model"], "llama3.2");
+    assert_eq!(
+        req.messages(),
+        pairs(&[("system", "Answer in French."), ("user", "bonjour")])
+    );
+    assert_eq!(
+        req.headers.get("authorization").map(String::as_str),
+        Some(format!("Bearer {SECRET}").as_str())
+    );
+    // SAFETY: plain kill(2) on our own child's pid.
+    let rc = unsafe { libc::kill(serve.id() as i32, libc::SIGTERM) };
+    assert_eq!(rc, 0);
+    let mut stderr = String::new();
+    serve
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .expect("read stderr");
+    let status = serve.wait().expect("wait");
+    assert!(status.success(), "{status:?}\n{stderr}");
+    assert!(
+        stderr.contains("ureq"),
+        "no ureq log at all: the check below would prove nothing"
+    );
+    assert!(!stderr.contains(SECRET), "the key was logged:\n{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_binary_refuses_an_incomplete_openai_setup() {
+    let bin = env!("CARGO_BIN_EXE_turnstile");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(bin)
+            .args(["serve", "--listen", "127.0.0.1:0", "--agent", "openai"])
+            .args(args)
+            .env_remove("NO_SUCH_KEY_VAR")
+            .output()
+            .expect("run serve");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(&["--model", "m"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--openai-base-url"), "{err}");
+    let (code, err) = run(&["--openai-base-url", "http://127.0.0.1:1/v1"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--model"), "{err}");
+    let (code, err) = run(&[
+        "--model",
+        "m",
+        "--openai-base-url",
+        "http://127.0.0.1:1/v1",
+        "--openai-api-key-env",
+        "NO_SUCH_KEY_VAR",
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("NO_SUCH_KEY_VAR"), "{err}");
+    let (code, err) = run(&["--model", "m", "--openai-base-url", "127.0.0.1:11434"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("http://"), "{err}");
+}
+
+#[test]
+fn sender_prefix_puts_the_sender_and_meta_before_the_text() {
+    let mock = Mock::start(vec![stream(&["ok"], 1, 1)]);
+    let mut cfg = config(&mock);
+    cfg.sender_prefix = true;
+    let gw = Gateway::start(cfg);
+    let mut msg = Message::new("m1", key("prefix"), "hello").expect("valid message");
+    msg.context.user_id = Some("u42".into());
+    msg.context.user_name = Some("Alice".into());
+    msg.context.meta = Some(r#"{"reply_to":"m0"}"#.into());
+    gw.handle.submit(msg).expect("submitted");
+    assert_eq!(gw.run("m1").1, reply("ok"));
+    assert_eq!(
+        mock.next_request().messages(),
+        pairs(&[
+            ("system", SYSTEM),
+            (
+                "user",
+                "[from: Alice (id u42); meta: {\"reply_to\":\"m0\"}]\nhello"
+            )
+        ])
+    );
+    gw.stop();
+}
