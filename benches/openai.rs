@@ -15,7 +15,10 @@
 //!   driver thread, p50/p99/max;
 //! - the echo agent on the same loop, for the runtime's own share.
 //!
-//! `cargo bench --bench openai [-- --sessions N --rounds R --tokens T]`
+//! `--token-rate R` paces each stream at R tokens a second, as a model would (default 0:
+//! as fast as the mock can write, which saturates the 2 cores and measures queueing).
+//!
+//! `cargo bench --bench openai [-- --sessions N --rounds R --tokens T --token-rate R]`
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -57,7 +60,7 @@ fn arg(name: &str, default: usize) -> usize {
 
 // ---------------------------------------------------------------- the mock (child process)
 
-fn mock_child(tokens: usize) {
+fn mock_child(tokens: usize, rate: usize) {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let out = Arc::new(Mutex::new(std::io::stdout()));
     {
@@ -96,11 +99,13 @@ fn mock_child(tokens: usize) {
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
         let (chunks, out) = (Arc::clone(&chunks), Arc::clone(&out));
-        thread::spawn(move || serve_conn(conn, &chunks, &out));
+        thread::spawn(move || serve_conn(conn, &chunks, &out, rate));
     }
 }
 
-fn serve_conn(conn: TcpStream, chunks: &[Vec<u8>], out: &Mutex<std::io::Stdout>) {
+fn serve_conn(conn: TcpStream, chunks: &[Vec<u8>], out: &Mutex<std::io::Stdout>, rate: usize) {
+    // Paced like a model generating `rate` tokens a second (0: as fast as possible).
+    let gap = (rate > 0).then(|| Duration::from_secs_f64(1.0 / rate as f64));
     let _ = conn.set_nodelay(true);
     let Ok(mut w) = conn.try_clone() else { return };
     let mut r = BufReader::new(conn);
@@ -142,7 +147,15 @@ fn serve_conn(conn: TcpStream, chunks: &[Vec<u8>], out: &Mutex<std::io::Stdout>)
         {
             return;
         }
-        for c in chunks {
+        let start = Instant::now();
+        for (i, c) in chunks.iter().enumerate() {
+            if let Some(gap) = gap {
+                let due = start + gap * i as u32;
+                let now = Instant::now();
+                if due > now {
+                    thread::sleep(due - now);
+                }
+            }
             if w.write_all(c).is_err() {
                 return;
             }
@@ -273,7 +286,7 @@ fn pct(v: &[u64], q: f64) -> f64 {
 fn main() {
     let tokens = arg("--tokens", 200);
     if std::env::args().any(|a| a == "--mock-child") {
-        mock_child(tokens);
+        mock_child(tokens, arg("--token-rate", 0));
         return;
     }
     let sessions = arg("--sessions", 100);
@@ -282,6 +295,7 @@ fn main() {
     let exe = std::env::current_exe().expect("current exe");
     let mut child = Command::new(exe)
         .args(["--mock-child", "--tokens", &tokens.to_string()])
+        .args(["--token-rate", &arg("--token-rate", 0).to_string()])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -317,6 +331,7 @@ fn main() {
             "sessions": sessions,
             "rounds": rounds,
             "tokens_per_reply": tokens,
+            "token_rate": arg("--token-rate", 0),
             "turns": f.turns,
             "seconds": (f.seconds * 1000.0).round() / 1000.0,
             "turns_per_s": (f.turns as f64 / f.seconds).round(),
