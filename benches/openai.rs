@@ -41,12 +41,13 @@ fn mono_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-fn cpu_us() -> u64 {
+/// User and system CPU of this process, in microseconds.
+fn cpu_us() -> (u64, u64) {
     // SAFETY: getrusage fills the struct we own.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
     let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
-    us(ru.ru_utime) + us(ru.ru_stime)
+    (us(ru.ru_utime), us(ru.ru_stime))
 }
 
 fn arg(name: &str, default: usize) -> usize {
@@ -173,6 +174,7 @@ struct Figures {
     turns: usize,
     seconds: f64,
     cpu_us_per_turn: f64,
+    sys_share: f64,
     latencies_us: Vec<u64>,
 }
 
@@ -202,7 +204,7 @@ fn run(
         send(s, 0);
     }
     let mut finished = 0usize;
-    let mut measuring_since: Option<(Instant, u64)> = None;
+    let mut measuring_since: Option<(Instant, (u64, u64))> = None;
     let mut measured = 0usize;
     while finished < sessions * total_rounds {
         let e = events
@@ -245,7 +247,9 @@ fn run(
     }
     let (since, cpu0) = measuring_since.unwrap_or((Instant::now(), cpu_us()));
     let seconds = since.elapsed().as_secs_f64();
-    let cpu = cpu_us() - cpu0;
+    let (user1, sys1) = cpu_us();
+    let (user, sys) = (user1 - cpu0.0, sys1 - cpu0.1);
+    let cpu = user + sys;
     handle.shutdown();
     let _ = reactor.join();
     let mut latencies_us = Vec::new();
@@ -271,6 +275,7 @@ fn run(
         turns: measured,
         seconds,
         cpu_us_per_turn: cpu as f64 / measured.max(1) as f64,
+        sys_share: sys as f64 / cpu.max(1) as f64,
         latencies_us,
     }
 }
@@ -336,6 +341,7 @@ fn main() {
             "seconds": (f.seconds * 1000.0).round() / 1000.0,
             "turns_per_s": (f.turns as f64 / f.seconds).round(),
             "cpu_us_per_turn": f.cpu_us_per_turn.round(),
+            "cpu_system_share": (f.sys_share * 100.0).round() / 100.0,
             "added_latency_ms": {
                 "n": f.latencies_us.len(),
                 "p50": pct(&f.latencies_us, 0.5),
