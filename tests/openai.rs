@@ -122,6 +122,21 @@ impl Gateway {
         }
     }
 
+    /// Waits for a log line matching `pred`, checking at each heartbeat (10 ms), for up
+    /// to 20 s.
+    fn wait_log(&self, pred: impl Fn(log::Level, &str) -> bool) {
+        for _ in 0..2000 {
+            if !log_lines(&pred).is_empty() {
+                return;
+            }
+            let t = self.handle.status().ticks;
+            self.handle
+                .wait_status(WAIT, |st| st.ticks > t)
+                .expect("heartbeat");
+        }
+        panic!("the expected log line never came");
+    }
+
     fn stop(self) {
         self.handle.shutdown();
         let report = self
@@ -698,6 +713,105 @@ fn sender_prefix_puts_the_sender_and_meta_before_the_text() {
                 "[from: Alice (id u42); meta: {\"reply_to\":\"m0\"}]\nhello"
             )
         ])
+    );
+    gw.stop();
+}
+
+#[test]
+fn stop_during_a_retry_wait_cancels_the_turn() {
+    let mock = Mock::start(vec![error(429, "slow down", &[("Retry-After", "30")])]);
+    let gw = Gateway::start(config(&mock));
+    let s = key("retrywait");
+    gw.send("m1", &s, "hi");
+    // The agent logs the retry just before it starts waiting.
+    gw.wait_log(|l, m| l == log::Level::Warn && m.contains("slow down; retry 1/3"));
+    gw.send("stop", &s, "/stop");
+    assert_eq!(gw.run("m1").1, Outcome::Cancelled(CancelReason::Stopped));
+    let st = gw
+        .handle
+        .wait_status(WAIT, |st| st.turns.cancelled == 1)
+        .expect("the turn counted as cancelled");
+    assert_eq!(
+        st.turns.abandoned, 0,
+        "the retry wait ignored the cancel: {st:?}"
+    );
+    assert_eq!(mock.requests.len(), 1, "retried despite the stop");
+    gw.stop();
+}
+
+/// A listener whose accept queue is full: the kernel drops further SYNs, so a connect to it
+/// hangs (retransmitting) as to a host that does not answer — without leaving 127.0.0.1.
+fn unanswering_listener() -> (std::os::fd::OwnedFd, u16, Vec<std::net::TcpStream>) {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket calls on a descriptor we own; the address struct is ours.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        assert!(fd >= 0, "socket");
+        let owned = std::os::fd::OwnedFd::from_raw_fd(fd);
+        let mut addr: libc::sockaddr_in = std::mem::zeroed();
+        addr.sin_family = libc::AF_INET as libc::sa_family_t;
+        addr.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        let rc = libc::bind(fd, (&raw const addr).cast(), len);
+        assert_eq!(rc, 0, "bind");
+        assert_eq!(libc::listen(fd, 0), 0, "listen");
+        let mut bound: libc::sockaddr_in = std::mem::zeroed();
+        let mut blen = len;
+        libc::getsockname(fd, (&raw mut bound).cast(), &raw mut blen);
+        let port = u16::from_be(bound.sin_port);
+        // Fill the accept queue (backlog 0 holds one); later connects get no answer.
+        let target = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let fillers = (0..3)
+            .filter_map(|_| {
+                std::net::TcpStream::connect_timeout(&target, Duration::from_millis(300)).ok()
+            })
+            .collect();
+        (owned, port, fillers)
+    }
+}
+
+/// Whether a socket is in SYN_SENT towards `port` (from /proc/net/tcp).
+fn connecting_to(port: u16) -> bool {
+    let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    let remote = format!("0100007F:{port:04X}");
+    tcp.lines().skip(1).any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() > 3 && f[2] == remote && f[3] == "02"
+    })
+}
+
+#[test]
+fn stop_during_a_hanging_connect_cancels_the_turn() {
+    let (_listener, port, _fillers) = unanswering_listener();
+    let mut cfg = OpenAiConfig::new(format!("http://127.0.0.1:{port}/v1"), "m");
+    cfg.connect_timeout = Duration::from_secs(60);
+    let gw = Gateway::start(cfg);
+    let s = key("connect");
+    gw.send("m1", &s, "hi");
+    let mut seen = false;
+    for _ in 0..2000 {
+        if connecting_to(port) {
+            seen = true;
+            break;
+        }
+        let t = gw.handle.status().ticks;
+        gw.handle
+            .wait_status(WAIT, |st| st.ticks > t)
+            .expect("heartbeat");
+    }
+    assert!(
+        seen,
+        "the agent never got stuck connecting: the test proves nothing"
+    );
+    gw.send("stop", &s, "/stop");
+    assert_eq!(gw.run("m1").1, Outcome::Cancelled(CancelReason::Stopped));
+    let st = gw
+        .handle
+        .wait_status(WAIT, |st| st.turns.cancelled == 1)
+        .expect("the turn counted as cancelled");
+    assert_eq!(
+        st.turns.abandoned, 0,
+        "the connect ignored the cancel: {st:?}"
     );
     gw.stop();
 }

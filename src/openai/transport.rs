@@ -45,13 +45,14 @@ fn current() -> Option<Watch> {
     CURRENT.with(|c| c.borrow().clone())
 }
 
-/// Clears this thread's watch when dropped.
+/// Restores this thread's previous watch (usually none) when dropped.
 #[must_use = "the watch ends when the guard is dropped"]
-pub struct WatchGuard(());
+pub struct WatchGuard(Option<Watch>);
 
 impl Drop for WatchGuard {
     fn drop(&mut self) {
-        CURRENT.with(|c| c.borrow_mut().take());
+        let previous = self.0.take();
+        CURRENT.with(|c| *c.borrow_mut() = previous);
     }
 }
 
@@ -62,14 +63,14 @@ pub fn watch(
     connect_timeout: Duration,
     read_timeout: Duration,
 ) -> WatchGuard {
-    CURRENT.with(|c| {
-        *c.borrow_mut() = Some(Watch {
+    let previous = CURRENT.with(|c| {
+        c.borrow_mut().replace(Watch {
             cancel: cancel.clone(),
             connect_timeout,
             read_timeout,
-        });
+        })
     });
-    WatchGuard(())
+    WatchGuard(previous)
 }
 
 /// The error a cancelled wait returns; recognised by [`is_cancel_error`].
