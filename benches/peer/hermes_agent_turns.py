@@ -63,7 +63,10 @@ def main():
             if r == a.warmup:
                 barrier.wait()
             tag = f"s{i}r{r}"
-            res = agents[i].run_conversation(tag, conversation_history=history)
+            try:
+                res = agents[i].run_conversation(tag, conversation_history=history)
+            except Exception as e:  # counted, so a crash never hangs the barriers
+                res = {"failed": True, "error": repr(e)}
             now = time.monotonic_ns()
             if not res.get("completed") or res.get("failed"):
                 failures.append((tag, res.get("error") or res.get("final_response")))
