@@ -599,6 +599,14 @@ fn the_binary_serves_the_openai_agent() {
         ),
     )
     .expect("config file");
+    /// Kills the server if the test fails before it stops it.
+    struct Reaped(std::process::Child);
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
     let bin = env!("CARGO_BIN_EXE_turnstile");
     let mut serve = Command::new(bin)
         .args(["serve", "--listen", "127.0.0.1:0", "--config"])
@@ -611,9 +619,10 @@ fn the_binary_serves_the_openai_agent() {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
+        .map(Reaped)
         .expect("start turnstile serve");
     let mut first = String::new();
-    BufReader::new(serve.stdout.take().expect("stdout"))
+    BufReader::new(serve.0.stdout.take().expect("stdout"))
         .read_line(&mut first)
         .expect("first line");
     let addr = first
@@ -637,16 +646,17 @@ fn the_binary_serves_the_openai_agent() {
         Some(format!("Bearer {SECRET}").as_str())
     );
     // SAFETY: plain kill(2) on our own child's pid.
-    let rc = unsafe { libc::kill(serve.id() as i32, libc::SIGTERM) };
+    let rc = unsafe { libc::kill(serve.0.id() as i32, libc::SIGTERM) };
     assert_eq!(rc, 0);
     let mut stderr = String::new();
     serve
+        .0
         .stderr
         .take()
         .expect("stderr")
         .read_to_string(&mut stderr)
         .expect("read stderr");
-    let status = serve.wait().expect("wait");
+    let status = serve.0.wait().expect("wait");
     assert!(status.success(), "{status:?}\n{stderr}");
     assert!(
         stderr.contains("ureq"),
