@@ -825,3 +825,67 @@ fn stop_during_a_hanging_connect_cancels_the_turn() {
     );
     gw.stop();
 }
+
+#[test]
+fn the_agent_works_without_the_runtime_and_counts_its_session() {
+    use turnstile::agent::Partials;
+    use turnstile::message::MessageContext;
+    use turnstile::{Agent, CancelToken, TurnInput};
+    let mock = Mock::start(vec![
+        stream(&["a"], 12, 3),
+        stream(&["b"], 20, 1),
+        Reply::Stream {
+            events: vec![delta("x")],
+            end: End::Abort,
+        },
+    ]);
+    let factory = OpenAiFactory::new(config(&mock)).expect("valid settings");
+    let s = key("direct");
+    let mut agent = factory.agent(&s);
+    let ctx = MessageContext::default();
+    let partials = Partials::discard();
+    let input = |text: &'static str| TurnInput {
+        session: &s,
+        message_id: "m",
+        text,
+        context: &ctx,
+        partials: &partials,
+    };
+    let cancel = CancelToken::new();
+    assert_eq!(agent.turn(&input("one"), &cancel), Ok("a".to_owned()));
+    assert_eq!(agent.turn(&input("two"), &cancel), Ok("b".to_owned()));
+    assert!(agent.turn(&input("three"), &cancel).is_err());
+    assert_eq!(agent.history_len(), 2, "a failed turn entered the history");
+    let want = AgentUsage {
+        prompt_tokens: 32,
+        completion_tokens: 4,
+    };
+    assert_eq!(agent.usage(), want);
+    assert_eq!(turnstile::AgentFactory::usage(&factory), Some(want));
+    let cancelled = CancelToken::new();
+    cancelled.cancel();
+    assert_eq!(
+        agent.turn(&input("four"), &cancelled),
+        Err(turnstile::TurnError::Cancelled)
+    );
+    assert_eq!(
+        mock.requests.len(),
+        3,
+        "a cancelled turn still sent its request"
+    );
+    assert_eq!(agent.close(), Ok(()));
+}
+
+#[test]
+fn a_long_error_body_still_yields_its_message() {
+    let long = format!("invalid api key {}", "x".repeat(4000));
+    let mock = Mock::start(vec![error(401, &long, &[])]);
+    let gw = Gateway::start(config(&mock));
+    let t = failure(&gw.ask("m1", &key("long"), "hi"));
+    assert!(
+        t.starts_with("401 invalid api key xxx"),
+        "{}",
+        &t[..80.min(t.len())]
+    );
+    gw.stop();
+}

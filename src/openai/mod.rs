@@ -805,6 +805,11 @@ mod tests {
         assert_eq!(h.chars, 20);
         h.push("big".repeat(20), String::new(), 3, 22);
         assert!(h.turns.is_empty() && h.chars == 0);
+        // Exactly at the budget is within it.
+        let mut h = History::default();
+        h.push("ab".into(), "cd".into(), 3, 8);
+        h.push("ef".into(), "gh".into(), 3, 8);
+        assert_eq!((h.turns.len(), h.chars), (2, 8));
     }
 
     #[test]
@@ -872,5 +877,17 @@ mod tests {
             "Some(ApiKey(redacted))"
         );
         assert_eq!(ApiKey::new("  "), None);
+        let mut cfg = OpenAiConfig::new("http://h:1/v1", "m");
+        cfg.api_key = ApiKey::new("sk-secret");
+        let f = OpenAiFactory::new(cfg).expect("valid");
+        let shown = format!(
+            "{f:?} {:?}",
+            f.agent(&SessionKey::dm("t", "1").expect("key"))
+        );
+        assert!(
+            shown.contains("http://h:1/v1/chat/completions") && shown.contains("t:dm:1"),
+            "{shown}"
+        );
+        assert!(!shown.contains("sk-secret"), "{shown}");
     }
 }
