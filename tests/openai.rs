@@ -429,14 +429,17 @@ fn unauthorized_and_not_found_surface_the_server_message() {
             headers: vec![],
             body: String::new(),
         },
+        Reply::Status {
+            status: 400,
+            headers: vec![],
+            body: String::new(),
+        },
     ]);
     let gw = Gateway::start(config(&mock));
     let s = key("errors");
+    let url = format!("{}/chat/completions", mock.base_url());
     let t401 = failure(&gw.ask("m1", &s, "hi"));
-    assert!(
-        t401.starts_with("401 invalid api key (from http://"),
-        "{t401}"
-    );
+    assert_eq!(t401, format!("401 invalid api key (from {url})"));
     let t404 = failure(&gw.ask("m2", &s, "hi"));
     assert!(t404.starts_with("404 model \"x\" not found"), "{t404}");
     let bare = failure(&gw.ask("m3", &s, "hi"));
@@ -444,7 +447,9 @@ fn unauthorized_and_not_found_surface_the_server_message() {
         bare.contains("404 Not Found") && bare.contains("\"test-model\""),
         "{bare}"
     );
-    assert_eq!(mock.requests.len(), 3, "a 4xx was retried");
+    let t400 = failure(&gw.ask("m4", &s, "hi"));
+    assert_eq!(t400, format!("400 Bad Request (from {url})"));
+    assert_eq!(mock.requests.len(), 4, "a 4xx was retried");
     gw.stop();
 }
 
