@@ -294,6 +294,13 @@ fn new_resets_the_history() {
     let s = key("new");
     assert_eq!(gw.ask("m1", &s, "remember 7"), reply("first"));
     assert!(matches!(gw.ask("n", &s, "/new"), Outcome::Reply(_)));
+    // The closed agent reports its session's usage.
+    gw.wait_log(|l, m| {
+        l == log::Level::Info
+            && m.contains(&format!(
+                "session {s}: openai agent closed after 1 turns: 1 prompt + 1 completion tokens"
+            ))
+    });
     assert_eq!(gw.ask("m2", &s, "what number?"), reply("second"));
     let _ = mock.next_request();
     assert_eq!(
@@ -892,5 +899,26 @@ fn a_long_error_body_still_yields_its_message() {
         "{}",
         &t[..80.min(t.len())]
     );
+    gw.stop();
+}
+
+#[test]
+fn a_silent_server_fails_the_turn_after_the_read_timeout() {
+    let mock = Mock::start(vec![Reply::Stream {
+        events: vec![delta("a")],
+        end: End::Hold,
+    }]);
+    let mut cfg = config(&mock);
+    cfg.read_timeout = Duration::from_millis(300);
+    let gw = Gateway::start(cfg);
+    let t = failure(&gw.ask("m1", &key("silent"), "hi"));
+    let url = format!("{}/chat/completions", mock.base_url());
+    assert_eq!(
+        t,
+        format!(
+            "the stream from {url} broke after 1 bytes of reply: {url}: no data for 300ms (read timeout)"
+        )
+    );
+    mock.wait_notice(|n| *n == Notice::ClientClosed { n: 0 });
     gw.stop();
 }

@@ -854,6 +854,11 @@ mod tests {
             assert!(b2 >= Duration::from_secs(4) && b2 <= Duration::from_secs(6));
         }
         assert_eq!(retry_wait(0, Some(Duration::from_secs(61)), &cfg), None);
+        assert!(retry_wait(0, Some(Duration::from_secs(60)), &cfg).is_some());
+        // The jitter varies.
+        let waits: std::collections::HashSet<Duration> =
+            (0..20).filter_map(|_| retry_wait(1, None, &cfg)).collect();
+        assert!(waits.len() > 1, "no jitter: {waits:?}");
         assert_eq!(
             retry_wait(30, None, &cfg),
             Some(cfg.max_retry_wait),
