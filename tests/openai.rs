@@ -922,3 +922,18 @@ fn a_silent_server_fails_the_turn_after_the_read_timeout() {
     mock.wait_notice(|n| *n == Notice::ClientClosed { n: 0 });
     gw.stop();
 }
+
+#[test]
+fn a_connect_without_answer_fails_after_the_connect_timeout() {
+    let (_listener, port, _fillers) = unanswering_listener();
+    let base = format!("http://127.0.0.1:{port}/v1");
+    let mut cfg = OpenAiConfig::new(&base, "m");
+    cfg.connect_timeout = Duration::from_millis(300);
+    let gw = Gateway::start(cfg);
+    let t = failure(&gw.ask("m1", &key("connect-timeout"), "hi"));
+    assert_eq!(
+        t,
+        format!("{base}/chat/completions: connect timed out after 300ms")
+    );
+    gw.stop();
+}
