@@ -279,6 +279,60 @@ mod tests {
     }
 
     #[test]
+    fn a_line_of_exactly_the_bound_is_accepted() {
+        let line = "data: 12345";
+        let input = format!("{line}\n\n");
+        let mut r = SseReader::new(input.as_bytes(), line.len(), 1 << 20);
+        assert_eq!(r.next_event().ok().flatten().as_deref(), Some("12345"));
+    }
+
+    /// Fails its first fill with `first`, then reads `data`.
+    struct Flaky {
+        first: Option<io::Error>,
+        data: &'static [u8],
+    }
+
+    impl io::Read for Flaky {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let n = self.fill_buf()?.len().min(buf.len());
+            buf[..n].copy_from_slice(&self.data[..n]);
+            self.consume(n);
+            Ok(n)
+        }
+    }
+
+    impl BufRead for Flaky {
+        fn fill_buf(&mut self) -> io::Result<&[u8]> {
+            match self.first.take() {
+                Some(e) => Err(e),
+                None => Ok(self.data),
+            }
+        }
+        fn consume(&mut self, n: usize) {
+            self.data = &self.data[n..];
+        }
+    }
+
+    #[test]
+    fn a_signal_interruption_is_retried_but_a_cancelled_read_is_not() {
+        let eintr = Flaky {
+            first: Some(io::ErrorKind::Interrupted.into()),
+            data: b"data: x\n\n",
+        };
+        let mut r = SseReader::new(eintr, 64, 1024);
+        assert_eq!(r.next_event().ok().flatten().as_deref(), Some("x"));
+        let cancelled = Flaky {
+            first: Some(io::Error::new(
+                io::ErrorKind::Interrupted,
+                "request cancelled",
+            )),
+            data: b"data: x\n\n",
+        };
+        let mut r = SseReader::new(cancelled, 64, 1024);
+        assert!(matches!(r.next_event(), Err(SseError::Io(_))));
+    }
+
+    #[test]
     fn chunks_decode_content_usage_and_done() {
         let Ok(Event::Chunk(c)) = decode(
             r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"finish_reason":null}]}"#,
