@@ -116,6 +116,32 @@ pub trait Agent: Send + 'static {
 pub trait AgentFactory: Send + Sync + 'static {
     /// A new agent for `session`, or why one could not be made (the turn then fails).
     fn create(&self, session: &SessionKey) -> Result<Box<dyn Agent>, String>;
+
+    /// What the factory's agents have consumed so far, for the status snapshot; `None` (the
+    /// default) when the agents do not count usage. Called on the reactor at every heartbeat,
+    /// so it must be cheap and never block for long (read a few atomics).
+    fn usage(&self) -> Option<AgentUsage> {
+        None
+    }
+}
+
+/// Totals an agent factory reports in the status snapshot (`agent_usage`), e.g. the tokens
+/// an LLM agent's requests used.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct AgentUsage {
+    /// Prompt (input) tokens.
+    pub prompt_tokens: u64,
+    /// Completion (output) tokens.
+    pub completion_tokens: u64,
+}
+
+impl std::ops::AddAssign for AgentUsage {
+    fn add_assign(&mut self, other: AgentUsage) {
+        self.prompt_tokens = self.prompt_tokens.saturating_add(other.prompt_tokens);
+        self.completion_tokens = self
+            .completion_tokens
+            .saturating_add(other.completion_tokens);
+    }
 }
 
 impl<F> AgentFactory for F

@@ -8,13 +8,14 @@ pub mod exec;
 pub mod key;
 pub mod liveness;
 pub mod message;
+pub mod openai;
 pub mod pool;
 pub mod process;
 pub mod reactor;
 pub mod server;
 pub mod workload;
 
-pub use agent::{Agent, AgentFactory, CancelToken, EchoAgent, TurnError, TurnInput};
+pub use agent::{Agent, AgentFactory, AgentUsage, CancelToken, EchoAgent, TurnError, TurnInput};
 pub use core::{
     AcceptState, BusyMode, CancelReason, EventKind, FailReason, MessageEvent, Outcome,
     RejectReason, ShutdownReport, TurnId,

@@ -14,6 +14,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crossbeam_channel::{Receiver, Sender, bounded};
 use serde::Serialize;
 
+use crate::agent::AgentUsage;
+
 /// Exact buckets below this many microseconds; log-linear above.
 const LINEAR: u64 = 16;
 /// Sub-buckets per power of two (precision 1/8 = 12.5 %).
@@ -234,6 +236,9 @@ pub struct Status {
     pub workers: WorkerCounts,
     /// Messages.
     pub messages: MessageCounts,
+    /// What the agents consumed (tokens), when the agent factory counts it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_usage: Option<AgentUsage>,
 }
 
 /// The latest snapshot, shared between the reactor (writer) and any reader.

@@ -26,7 +26,16 @@ enum Cmd {
 }
 
 fn main() {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let mut logger =
+        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
+    // ureq may log whole requests, Authorization header included, at TRACE: whatever
+    // RUST_LOG asks, its crates log at DEBUG at most, so the API key is never printed.
+    if std::env::var("RUST_LOG").is_ok_and(|v| v.to_ascii_lowercase().contains("trace")) {
+        logger
+            .filter_module("ureq", log::LevelFilter::Debug)
+            .filter_module("ureq_proto", log::LevelFilter::Debug);
+    }
+    logger.init();
     let code = match Cli::parse().command {
         Cmd::Serve(args) => cli::serve::run(*args),
         Cmd::Send(args) => cli::send::run(args),

@@ -954,15 +954,21 @@ fn a_forced_exit_kills_the_agent_processes_too() {
     ));
     started.opened.recv_timeout(WAIT).expect("the turn started");
     server.sigterm();
-    // The first signal was handled once new messages are refused.
-    c.send(&msg("late", "3", "x"));
-    let mut seen = Vec::new();
-    loop {
-        let v = c.recv();
-        if v["id"] == "late" && v["op"] == "reject" {
-            break;
+    // The first signal was handled once new messages are refused. A message may reach the
+    // gateway before the signal does (both are readiness events of one poll) and be
+    // accepted: send another until one is refused.
+    'refused: for n in 0.. {
+        let id = format!("late-{n}");
+        c.send(&msg(&id, "3", "x"));
+        loop {
+            let v = c.recv();
+            if v["id"] == id.as_str() && v["op"] == "reject" {
+                break 'refused;
+            }
+            if v["id"] == id.as_str() && v["op"] == "ack" {
+                break;
+            }
         }
-        seen.push(v);
     }
     // SAFETY: kill(2) on our own unreaped child.
     assert_eq!(

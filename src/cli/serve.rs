@@ -9,6 +9,9 @@ use clap::{Args, ValueEnum};
 use serde::Deserialize;
 use turnstile::child::{self, AgentEnv};
 use turnstile::exec::{ExecAgent, ExecOptions};
+use turnstile::openai::{
+    ApiKey, DEFAULT_HISTORY_CHARS, DEFAULT_HISTORY_TURNS, OpenAiConfig, OpenAiFactory, TlsRoots,
+};
 use turnstile::process::{self, ProcessAgent, ProcessOptions};
 use turnstile::server::{BridgeServer, ServerConfig};
 use turnstile::{Builder, BusyMode, EchoAgent};
@@ -25,6 +28,18 @@ pub enum AgentKind {
     Exec,
     /// Runs --agent-cmd once per session, speaking JSON lines (docs/agent-protocol.md).
     Process,
+    /// An OpenAI-compatible chat-completions server (--openai-base-url, --model).
+    Openai,
+}
+
+/// `--openai-tls-roots` names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TlsRootsArg {
+    /// The operating system's certificate store.
+    Platform,
+    /// Mozilla's roots built into the binary.
+    Webpki,
 }
 
 /// Busy mode names.
@@ -136,6 +151,40 @@ pub struct ServeArgs {
     /// Terminal events a platform's outbox holds before refusing new messages [default: 10000].
     #[arg(long)]
     outbox_cap: Option<usize>,
+    /// Model name for --agent openai.
+    #[arg(long)]
+    model: Option<String>,
+    /// Base URL of the OpenAI-compatible API, e.g. http://127.0.0.1:11434/v1 (required with
+    /// --agent openai; https://api.openai.com/v1 for OpenAI).
+    #[arg(long)]
+    openai_base_url: Option<String>,
+    /// Environment variable holding the API key [default: OPENAI_API_KEY].
+    #[arg(long)]
+    openai_api_key_env: Option<String>,
+    /// System prompt of the openai agent.
+    #[arg(long)]
+    system_prompt: Option<String>,
+    /// File whose text is the system prompt.
+    #[arg(long)]
+    system_prompt_file: Option<PathBuf>,
+    /// Past user/assistant exchanges sent with each message [default: 20].
+    #[arg(long)]
+    history_turns: Option<usize>,
+    /// Character budget of a request's conversation [default: 24000].
+    #[arg(long)]
+    history_chars: Option<usize>,
+    /// Prefix "[from: NAME (id ID); meta: {...}]" to the user's text [default: false].
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    openai_sender_prefix: Option<bool>,
+    /// Seconds to open a connection to the API [default: 10].
+    #[arg(long)]
+    openai_connect_timeout: Option<f64>,
+    /// Seconds the API may stay silent before the turn fails [default: 120].
+    #[arg(long)]
+    openai_read_timeout: Option<f64>,
+    /// Certificate authorities for https [default: platform].
+    #[arg(long, value_enum)]
+    openai_tls_roots: Option<TlsRootsArg>,
 }
 
 macro_rules! merge {
@@ -174,6 +223,7 @@ struct Settings {
     max_line_bytes: usize,
     max_write_buffer: usize,
     outbox_cap: usize,
+    openai: Option<OpenAiConfig>,
 }
 
 fn seconds(
@@ -243,10 +293,22 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         max_connections,
         max_line_bytes,
         max_write_buffer,
-        outbox_cap
+        outbox_cap,
+        model,
+        openai_base_url,
+        openai_api_key_env,
+        system_prompt,
+        system_prompt_file,
+        history_turns,
+        history_chars,
+        openai_sender_prefix,
+        openai_connect_timeout,
+        openai_read_timeout,
+        openai_tls_roots
     );
     let agent = a.agent.unwrap_or(AgentKind::Echo);
-    if agent != AgentKind::Echo && a.agent_cmd.as_deref().is_none_or(|c| c.trim().is_empty()) {
+    let needs_cmd = matches!(agent, AgentKind::Exec | AgentKind::Process);
+    if needs_cmd && a.agent_cmd.as_deref().is_none_or(|c| c.trim().is_empty()) {
         let name = if agent == AgentKind::Exec {
             "exec"
         } else {
@@ -272,6 +334,10 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
     if a.auth_token.as_deref() == Some("") {
         return Err("--auth-token: must not be empty".into());
     }
+    let openai = match agent {
+        AgentKind::Openai => Some(openai_config(&a)?),
+        _ => None,
+    };
     Ok(Settings {
         listen: a
             .listen
@@ -327,7 +393,55 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         max_line_bytes: at_least_one("max-line-bytes", a.max_line_bytes, 65_536)?,
         max_write_buffer: at_least_one("max-write-buffer", a.max_write_buffer, 8 << 20)?,
         outbox_cap: at_least_one("outbox-cap", a.outbox_cap, 10_000)?,
+        openai,
     })
+}
+
+/// The openai agent's settings; the API key is read from the environment here.
+fn openai_config(a: &ServeArgs) -> Result<OpenAiConfig, String> {
+    let base_url = a
+        .openai_base_url
+        .clone()
+        .ok_or("--agent openai needs --openai-base-url (e.g. http://127.0.0.1:11434/v1)")?;
+    let model = a.model.clone().ok_or("--agent openai needs --model")?;
+    let mut cfg = OpenAiConfig::new(base_url, model);
+    cfg.api_key = match &a.openai_api_key_env {
+        Some(name) => Some(
+            ApiKey::from_env(name)
+                .map_err(|e| format!("--openai-api-key-env: {e}"))?
+                .ok_or_else(|| format!("--openai-api-key-env: ${name} is not set or empty"))?,
+        ),
+        None => ApiKey::from_env("OPENAI_API_KEY")?,
+    };
+    cfg.system_prompt = match (&a.system_prompt, &a.system_prompt_file) {
+        (Some(_), Some(_)) => {
+            return Err("--system-prompt and --system-prompt-file: give one, not both".into());
+        }
+        (Some(p), None) => Some(p.clone()),
+        (None, Some(path)) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| format!("--system-prompt-file {}: {e}", path.display()))?,
+        ),
+        (None, None) => None,
+    };
+    cfg.history_turns = a.history_turns.unwrap_or(DEFAULT_HISTORY_TURNS);
+    cfg.history_chars = a.history_chars.unwrap_or(DEFAULT_HISTORY_CHARS);
+    cfg.sender_prefix = a.openai_sender_prefix.unwrap_or(false);
+    cfg.connect_timeout = seconds(
+        "openai-connect-timeout",
+        a.openai_connect_timeout,
+        10.0,
+        false,
+    )?;
+    cfg.read_timeout = seconds("openai-read-timeout", a.openai_read_timeout, 120.0, false)?;
+    cfg.tls_roots = match a.openai_tls_roots.unwrap_or(TlsRootsArg::Platform) {
+        TlsRootsArg::Platform => TlsRoots::Platform,
+        TlsRootsArg::Webpki => TlsRoots::WebPki,
+    };
+    if let Some(max) = a.max_reply_bytes {
+        cfg.max_reply_bytes = max;
+    }
+    Ok(cfg)
 }
 
 /// Runs the server; returns the process exit code.
@@ -339,15 +453,15 @@ pub fn run(args: ServeArgs) -> i32 {
             return USAGE_ERROR;
         }
     };
-    let builder = match (s.agent, &s.agent_cmd) {
-        (AgentKind::Exec, Some(cmd)) => Builder::new(ExecAgent::factory_with(
+    let builder = match (s.agent, &s.agent_cmd, s.openai.clone()) {
+        (AgentKind::Exec, Some(cmd), _) => Builder::new(ExecAgent::factory_with(
             cmd,
             ExecOptions {
                 env: s.agent_env.clone(),
                 max_output_bytes: s.max_reply_bytes,
             },
         )),
-        (AgentKind::Process, Some(cmd)) => Builder::new(ProcessAgent::factory(ProcessOptions {
+        (AgentKind::Process, Some(cmd), _) => Builder::new(ProcessAgent::factory(ProcessOptions {
             command: cmd.clone(),
             env: s.agent_env.clone(),
             max_reply_bytes: s.max_reply_bytes,
@@ -355,9 +469,16 @@ pub fn run(args: ServeArgs) -> i32 {
             stop_grace: s.stop_grace,
             close_grace: s.agent_close_grace,
         })),
+        (AgentKind::Openai, _, Some(cfg)) => match OpenAiFactory::new(cfg) {
+            Ok(f) => Builder::new(f),
+            Err(e) => {
+                eprintln!("turnstile serve: --agent openai: {e}");
+                return USAGE_ERROR;
+            }
+        },
         _ => Builder::new(EchoAgent::factory(s.echo_delay)),
     };
-    if s.agent != AgentKind::Echo {
+    if matches!(s.agent, AgentKind::Exec | AgentKind::Process) {
         if let Err(e) = child::become_subreaper() {
             log::warn!(
                 "cannot become a child subreaper ({e}): agent processes that kill their own leader escape containment"

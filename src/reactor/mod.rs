@@ -270,7 +270,7 @@ impl Builder {
             tx: completion_tx,
             notifier: Arc::clone(&notifier),
         };
-        let (turn_sink, factory, limits) = (sink.clone(), self.factory, self.limits);
+        let (turn_sink, factory, limits) = (sink.clone(), Arc::clone(&self.factory), self.limits);
         let turn_pool = Pool::new(
             "turnstile-turn",
             PoolSize {
@@ -322,6 +322,7 @@ impl Builder {
             turn_pool,
             cleanup_pool,
             completions,
+            factory: self.factory,
             tick_interval: self.tick_interval,
             status_file: self.status_file,
             precise_timers: self.precise_timers,
@@ -391,6 +392,8 @@ pub struct Runtime {
     turn_pool: Pool<(TurnJob<BoxAgent>, CancelToken)>,
     cleanup_pool: Pool<CleanupJob<BoxAgent>>,
     completions: Receiver<Completion>,
+    /// Kept for the heartbeat: the factory's agent usage joins the status.
+    factory: Arc<dyn AgentFactory>,
     tick_interval: Duration,
     status_file: Option<PathBuf>,
     precise_timers: bool,
@@ -422,6 +425,7 @@ impl Runtime {
             turn_pool,
             cleanup_pool,
             completions,
+            factory,
             tick_interval,
             status_file,
             precise_timers,
@@ -437,7 +441,7 @@ impl Runtime {
             undelivered: 0,
             report: None,
         };
-        let mut heartbeat = Heartbeat::new(tick_interval);
+        let mut heartbeat = Heartbeat::new(tick_interval, factory);
         let mut fx = Vec::new();
         let mut events = MioEvents::with_capacity(256);
         frontend.register(poll.registry())?;
@@ -673,16 +677,19 @@ struct Heartbeat {
     next: Duration,
     ticks: u64,
     lag: LagHistogram,
+    /// Asked for the agents' usage at each snapshot.
+    factory: Arc<dyn AgentFactory>,
 }
 
 impl Heartbeat {
-    fn new(interval: Duration) -> Heartbeat {
+    fn new(interval: Duration, factory: Arc<dyn AgentFactory>) -> Heartbeat {
         Heartbeat {
             started: SystemTime::now(),
             interval,
             next: interval,
             ticks: 0,
             lag: LagHistogram::default(),
+            factory,
         }
     }
 
@@ -746,6 +753,7 @@ impl Heartbeat {
                 rejected: s.rejected,
                 events_undelivered: driver.undelivered,
             },
+            agent_usage: self.factory.usage(),
         })
     }
 }
