@@ -228,6 +228,10 @@ pub struct Status {
     pub workers: WorkerCounts,
     /// Messages.
     pub messages: MessageCounts,
+    /// The hosted frontend's own figures (the bridge server's connections, platforms,
+    /// outboxes and rejections), when it reports any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frontend: Option<serde_json::Value>,
 }
 
 /// The latest snapshot, shared between the reactor (writer) and any reader.

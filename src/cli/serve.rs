@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use serde::Deserialize;
 use turnstile::exec::ExecAgent;
-use turnstile::server::{BridgeServer, ServerConfig};
+use turnstile::server::{BridgeConfig, BridgeServer, ServerConfig};
 use turnstile::{Builder, BusyMode, EchoAgent};
 
 use super::USAGE_ERROR;
@@ -92,17 +92,61 @@ pub struct ServeArgs {
     /// Longest accepted protocol line [default: 65536].
     #[arg(long)]
     max_line_bytes: Option<usize>,
-    /// Unwritten output per connection before it is closed [default: 8 MiB].
+    /// Unwritten output per connection past which its reads pause and typing/partial lines
+    /// are dropped; also the outbox backlog it is fed at a time [default: 1 MiB].
     #[arg(long)]
     max_write_buffer: Option<usize>,
-    /// Terminal events a platform's outbox holds before refusing new messages [default: 10000].
+    /// Undelivered results a platform may have (reserved at admission; `backpressure`
+    /// beyond) [default: 10000].
     #[arg(long)]
     outbox_cap: Option<usize>,
+    /// Bytes a platform may have reserved for undelivered results; each accepted message
+    /// reserves --max-reply-bytes + 8 KiB (`backpressure` beyond) [default: 256 MiB].
+    #[arg(long)]
+    outbox_bytes: Option<usize>,
+    /// Platforms known at once; a hello or message for another gets `error`/`overloaded`
+    /// [default: 16].
+    #[arg(long)]
+    max_platforms: Option<usize>,
+    /// Message ids a platform's duplicate window holds (`backpressure` beyond) [default: 1000000].
+    #[arg(long)]
+    dedup_max: Option<usize>,
+    /// Seconds an accepted (platform, id) is remembered [default: 600].
+    #[arg(long)]
+    dedup_window: Option<f64>,
+    /// Connections waiting for their hello (with a token), in all [default: 256].
+    #[arg(long)]
+    max_unauthenticated: Option<usize>,
+    /// Connections waiting for their hello (with a token), per peer address [default: 32].
+    #[arg(long)]
+    max_unauthenticated_per_peer: Option<usize>,
+    /// Seconds a connection has to send its hello (with a token) [default: 5].
+    #[arg(long)]
+    hello_timeout: Option<f64>,
+    /// Bytes written to one connection per loop wake [default: 262144].
+    #[arg(long)]
+    write_budget: Option<usize>,
+    /// Seconds a connection with output may take none of it before it is closed (its
+    /// results go back to the outbox) [default: 60].
+    #[arg(long)]
+    write_stall_timeout: Option<f64>,
+    /// Longest reply; longer ones are cut on a UTF-8 boundary and marked truncated
+    /// [default: 1048576].
+    #[arg(long)]
+    max_reply_bytes: Option<usize>,
+    /// Listen on a non-loopback address without an auth token.
+    #[arg(long)]
+    #[serde(default)]
+    allow_insecure_bind: bool,
 }
 
 macro_rules! merge {
     ($flags:ident, $file:ident, $($field:ident),*) => {
-        ServeArgs { config: None, $($field: $flags.$field.or($file.$field)),* }
+        ServeArgs {
+            config: None,
+            allow_insecure_bind: $flags.allow_insecure_bind || $file.allow_insecure_bind,
+            $($field: $flags.$field.or($file.$field)),*
+        }
     };
 }
 
@@ -121,11 +165,9 @@ struct Settings {
     cleanup_timeout: Duration,
     drain_timeout: Duration,
     status_file: Option<PathBuf>,
-    auth_token: Option<String>,
-    max_connections: usize,
-    max_line_bytes: usize,
-    max_write_buffer: usize,
-    outbox_cap: usize,
+    bridge: BridgeConfig,
+    max_reply_bytes: usize,
+    allow_insecure_bind: bool,
 }
 
 fn seconds(
@@ -185,7 +227,17 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         max_connections,
         max_line_bytes,
         max_write_buffer,
-        outbox_cap
+        outbox_cap,
+        outbox_bytes,
+        max_platforms,
+        dedup_max,
+        dedup_window,
+        max_unauthenticated,
+        max_unauthenticated_per_peer,
+        hello_timeout,
+        write_budget,
+        write_stall_timeout,
+        max_reply_bytes
     );
     let agent = a.agent.unwrap_or(AgentKind::Echo);
     if agent == AgentKind::Exec && a.agent_cmd.as_deref().is_none_or(|c| c.trim().is_empty()) {
@@ -194,10 +246,49 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
     if a.auth_token.as_deref() == Some("") {
         return Err("--auth-token: must not be empty".into());
     }
+    let listen = a
+        .listen
+        .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7878)));
+    if !listen.ip().is_loopback() && a.auth_token.is_none() && !a.allow_insecure_bind {
+        return Err(format!(
+            "--listen {listen}: a non-loopback address needs --auth-token (or --allow-insecure-bind)"
+        ));
+    }
+    let max_reply_bytes = at_least_one("max-reply-bytes", a.max_reply_bytes, 1 << 20)?;
+    let bridge = BridgeConfig {
+        auth_token: a.auth_token.clone(),
+        max_connections: at_least_one("max-connections", a.max_connections, 1024)?,
+        max_unauthenticated: at_least_one("max-unauthenticated", a.max_unauthenticated, 256)?,
+        max_unauthenticated_per_peer: at_least_one(
+            "max-unauthenticated-per-peer",
+            a.max_unauthenticated_per_peer,
+            32,
+        )?,
+        hello_timeout: seconds("hello-timeout", a.hello_timeout, 5.0, false)?,
+        max_line_bytes: at_least_one("max-line-bytes", a.max_line_bytes, 65_536)?,
+        max_write_buffer: at_least_one("max-write-buffer", a.max_write_buffer, 1 << 20)?,
+        write_budget: at_least_one("write-budget", a.write_budget, 256 * 1024)?,
+        write_stall_timeout: seconds("write-stall-timeout", a.write_stall_timeout, 60.0, false)?,
+        max_platforms: at_least_one("max-platforms", a.max_platforms, 16)?,
+        outbox_cap: at_least_one("outbox-cap", a.outbox_cap, 10_000)?,
+        outbox_bytes: at_least_one("outbox-bytes", a.outbox_bytes, 256 << 20)?,
+        max_reply_bytes,
+        dedup_window: seconds("dedup-window", a.dedup_window, 600.0, false)?,
+        dedup_max: at_least_one("dedup-max", a.dedup_max, 1_000_000)?,
+        ..BridgeConfig::default()
+    };
+    let reserve = max_reply_bytes.saturating_add(turnstile::server::bridge::TERMINAL_ENVELOPE);
+    if bridge.outbox_bytes < reserve {
+        return Err(format!(
+            "--outbox-bytes: {} is less than one result's reservation ({reserve} bytes: --max-reply-bytes + 8 KiB)",
+            bridge.outbox_bytes
+        ));
+    }
     Ok(Settings {
-        listen: a
-            .listen
-            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7878))),
+        listen,
+        bridge,
+        max_reply_bytes,
+        allow_insecure_bind: a.allow_insecure_bind,
         agent,
         agent_cmd: a.agent_cmd,
         echo_delay: Duration::from_millis(a.echo_delay_ms.unwrap_or(0)),
@@ -214,11 +305,6 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         cleanup_timeout: seconds("cleanup-timeout", a.cleanup_timeout, 30.0, false)?,
         drain_timeout: seconds("drain-timeout", a.drain_timeout, 30.0, true)?,
         status_file: a.status_file,
-        auth_token: a.auth_token,
-        max_connections: at_least_one("max-connections", a.max_connections, 1024)?,
-        max_line_bytes: at_least_one("max-line-bytes", a.max_line_bytes, 65_536)?,
-        max_write_buffer: at_least_one("max-write-buffer", a.max_write_buffer, 8 << 20)?,
-        outbox_cap: at_least_one("outbox-cap", a.outbox_cap, 10_000)?,
     })
 }
 
@@ -231,6 +317,19 @@ pub fn run(args: ServeArgs) -> i32 {
             return USAGE_ERROR;
         }
     };
+    if let Some(path) = &s.status_file
+        && let Err(e) = check_writable(path)
+    {
+        eprintln!("turnstile serve: --status-file {}: {e}", path.display());
+        return USAGE_ERROR;
+    }
+    match turnstile::server::raise_fd_limit() {
+        Ok((old, new)) if new > old => {
+            log::info!("raised the open-file limit from {old} to {new} (the hard limit)")
+        }
+        Ok((_, now)) => log::info!("open-file limit: {now}"),
+        Err(e) => log::warn!("cannot raise the open-file limit: {e}"),
+    }
     let builder = match (s.agent, &s.agent_cmd) {
         (AgentKind::Exec, Some(cmd)) => Builder::new(ExecAgent::factory(cmd)),
         _ => Builder::new(EchoAgent::factory(s.echo_delay)),
@@ -243,7 +342,8 @@ pub fn run(args: ServeArgs) -> i32 {
         .turn_timeout(s.turn_timeout)
         .stop_grace(s.stop_grace)
         .cleanup_timeout(s.cleanup_timeout)
-        .drain_timeout(s.drain_timeout);
+        .drain_timeout(s.drain_timeout)
+        .max_reply_bytes(s.max_reply_bytes);
     if let Some(path) = &s.status_file {
         builder = builder.status_file(path);
     }
@@ -259,20 +359,17 @@ pub fn run(args: ServeArgs) -> i32 {
     let watchdog =
         s.drain_timeout + s.stop_grace + s.cleanup_timeout + flush_budget + Duration::from_secs(30);
     let cfg = ServerConfig {
-        auth_token: s.auth_token,
-        max_connections: s.max_connections,
-        max_line_bytes: s.max_line_bytes,
-        max_write_buffer: s.max_write_buffer,
-        outbox_cap: s.outbox_cap,
+        bridge: s.bridge,
         flush_budget,
         watchdog,
+        allow_insecure_bind: s.allow_insecure_bind,
         ..ServerConfig::default()
     };
     let server = match BridgeServer::bind(s.listen, cfg) {
         Ok(server) => server,
         Err(e) => {
-            eprintln!("turnstile serve: cannot listen on {}: {e}", s.listen);
-            return 1;
+            eprintln!("turnstile serve: --listen {}: {e}", s.listen);
+            return USAGE_ERROR;
         }
     };
     let addr = match server.local_addr() {
@@ -303,4 +400,14 @@ pub fn run(args: ServeArgs) -> i32 {
             1
         }
     }
+}
+
+/// Whether the status file can be written: its temporary sibling is created and removed, as
+/// the status writer will do every 100 ms.
+fn check_writable(path: &std::path::Path) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    std::fs::File::create(&tmp)?;
+    std::fs::remove_file(&tmp)
 }

@@ -385,7 +385,12 @@ impl Runtime {
         } else {
             None
         };
-        status.publish(heartbeat.snapshot(RuntimeState::Running, Duration::ZERO, &driver));
+        status.publish(heartbeat.snapshot(
+            RuntimeState::Running,
+            Duration::ZERO,
+            &driver,
+            frontend.status(),
+        ));
         let report = loop {
             let now = epoch.elapsed();
             for completion in completions.try_iter() {
@@ -434,7 +439,8 @@ impl Runtime {
             } else {
                 RuntimeState::Running
             };
-            if let Some(snapshot) = heartbeat.tick_if_due(epoch.elapsed(), state, &driver) {
+            if let Some(snapshot) = heartbeat.tick_if_due(epoch.elapsed(), state, &driver, &frontend)
+            {
                 if let Some(w) = &writer {
                     w.offer(Arc::clone(&snapshot));
                 }
@@ -469,7 +475,12 @@ impl Runtime {
         };
         log::info!("shutdown complete: {report:?}");
         frontend.finish(&mut poll);
-        let last = heartbeat.snapshot(RuntimeState::Stopped, epoch.elapsed(), &driver);
+        let last = heartbeat.snapshot(
+            RuntimeState::Stopped,
+            epoch.elapsed(),
+            &driver,
+            frontend.status(),
+        );
         status.publish(Arc::clone(&last));
         if let Some(w) = writer {
             w.finish(last);
@@ -636,6 +647,7 @@ impl Heartbeat {
         now: Duration,
         state: RuntimeState,
         driver: &Driver,
+        frontend: &impl Frontend,
     ) -> Option<Arc<Status>> {
         if now < self.next {
             return None;
@@ -646,10 +658,16 @@ impl Heartbeat {
         while self.next <= now {
             self.next += self.interval;
         }
-        Some(self.snapshot(state, now, driver))
+        Some(self.snapshot(state, now, driver, frontend.status()))
     }
 
-    fn snapshot(&self, state: RuntimeState, now: Duration, driver: &Driver) -> Arc<Status> {
+    fn snapshot(
+        &self,
+        state: RuntimeState,
+        now: Duration,
+        driver: &Driver,
+        frontend: Option<serde_json::Value>,
+    ) -> Arc<Status> {
         let s = driver.core.stats();
         Arc::new(Status {
             pid: std::process::id(),
@@ -688,6 +706,7 @@ impl Heartbeat {
                 rejected: s.rejected,
                 events_undelivered: driver.undelivered,
             },
+            frontend,
         })
     }
 }
