@@ -56,6 +56,11 @@ const HOUSEKEEPING: Duration = Duration::from_millis(100);
 /// Expired duplicate-window entries dropped per platform per housekeeping pass, so that a
 /// mass expiry is spread over passes instead of stalling one.
 const EXPIRY_BUDGET: usize = 4096;
+/// How long a half-closed connection stays open after its last event was written. A peer
+/// that closed both directions answers that write with a reset well within it, and what was
+/// written since its end of stream then goes back to the outbox: end of stream alone cannot
+/// tell `shutdown(SHUT_WR)` from `close()`.
+pub const HALF_CLOSE_LINGER: Duration = Duration::from_secs(2);
 
 /// Limits and timings of the bridge.
 #[derive(Clone, Debug)]
@@ -166,6 +171,9 @@ struct Conn {
     outstanding: usize,
     /// Last time output was written, or output appeared on an idle connection.
     last_progress: Duration,
+    /// Terminal events written after the peer's end of stream, kept until the linger shows
+    /// the peer was still reading (their reservations with them).
+    unconfirmed: Vec<Frame>,
     dirty: bool,
 }
 
@@ -365,6 +373,7 @@ impl Bridge {
                 queued: 0,
                 outstanding: 0,
                 last_progress: now,
+                unconfirmed: Vec::new(),
                 dirty: false,
             },
         );
@@ -468,7 +477,18 @@ impl Bridge {
             conn.peer,
             conn.outstanding
         );
-        if conn.outstanding == 0 && conn.idle() {
+        let outstanding = conn.outstanding;
+        // It reads its own events still, but no longer takes its platform's backlog.
+        if let Some(p) = conn.platform.take() {
+            if let Some(pl) = self.platforms.get_mut(&p) {
+                pl.conns.retain(|&c| c != id);
+            }
+            if let Some(newest) = self.newest_hello(&p) {
+                self.refill(newest);
+            }
+            self.maybe_free(&p);
+        }
+        if outstanding == 0 && self.conns.get(&id).is_some_and(Conn::idle) {
             self.close(id, "peer closed", true);
         }
     }
@@ -648,6 +668,21 @@ impl Bridge {
             self.stats.connections_refused += 1;
             self.close(id, "write stalled", true);
         }
+        let lingered: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| {
+                c.read_closed
+                    && c.outstanding == 0
+                    && c.idle()
+                    && now >= c.last_progress + HALF_CLOSE_LINGER
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for id in lingered {
+            self.confirm(id);
+            self.close(id, "peer closed", true);
+        }
         let refresh: Vec<(ConnId, SessionKey)> = self
             .typing
             .values_mut()
@@ -691,10 +726,13 @@ impl Bridge {
             };
             let mut written_terminals: Vec<Arc<str>> = Vec::new();
             let queued = &mut conn.queued;
+            let (unconfirmed, read_closed) = (&mut conn.unconfirmed, conn.read_closed);
             let (n, h) = write_frames(&mut conn.out, w, budget, |f| {
                 *queued -= f.body.size();
-                if let Some(p) = f.terminal_for {
-                    written_terminals.push(p);
+                match &f.terminal_for {
+                    Some(_) if read_closed => unconfirmed.push(f),
+                    Some(p) => written_terminals.push(p.clone()),
+                    None => {}
                 }
             })?;
             how = h;
@@ -1228,14 +1266,33 @@ impl Bridge {
     }
 
     /// Closes a connection that has nothing left to do: closing and written out, or
-    /// half-closed with nothing outstanding.
+    /// half-closed with nothing outstanding and nothing written since its end of stream
+    /// (else the linger decides, in [`Bridge::tick`]).
     fn maybe_finish(&mut self, id: ConnId) {
         let Some(c) = self.conns.get(&id) else {
             return;
         };
-        if c.idle() && (c.closing || (c.read_closed && c.outstanding == 0)) {
-            let why = if c.closing { "closed after error" } else { "peer closed" };
-            self.close(id, why, true);
+        if !c.idle() {
+            return;
+        }
+        if c.closing {
+            self.close(id, "closed after error", true);
+        } else if c.read_closed && c.outstanding == 0 && c.unconfirmed.is_empty() {
+            self.close(id, "peer closed", true);
+        }
+    }
+
+    /// The linger passed without a reset: the events written after end of stream arrived.
+    fn confirm(&mut self, id: ConnId) {
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
+        let written: Vec<Frame> = std::mem::take(&mut conn.unconfirmed);
+        for f in written {
+            if let Some(p) = &f.terminal_for {
+                self.unreserve(p);
+                self.maybe_free(p);
+            }
         }
     }
 
@@ -1248,7 +1305,7 @@ impl Bridge {
         if !conn.authed {
             self.count_authenticated(conn.peer);
         }
-        let mut rescued: Vec<Frame> = Vec::new();
+        let mut rescued: Vec<Frame> = std::mem::take(&mut conn.unconfirmed);
         for f in conn.out.drain(..) {
             if f.terminal_for.is_some() {
                 rescued.push(f);

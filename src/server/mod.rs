@@ -467,6 +467,18 @@ impl Frontend for BridgeServer {
             LISTENER => self.accept(),
             SIGNALS => self.on_signal(ctx),
             Token(slot) => {
+                let gone = event.is_error() || event.is_write_closed();
+                if let Some(sock) = self.sockets.get(slot)
+                    && sock.eof
+                    && gone
+                {
+                    // A reset after end of stream: the peer had closed both ways, so what
+                    // was written since goes back to the outbox.
+                    let id = sock.id;
+                    self.bridge.disconnected(id);
+                    self.drop_socket(id);
+                    return;
+                }
                 if event.is_readable() || event.is_read_closed() || event.is_error() {
                     self.read(slot, ctx);
                 }
