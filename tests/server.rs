@@ -653,7 +653,11 @@ fn a_client_that_stops_reading_is_closed_and_its_replies_wait_for_the_next_hello
         if let Ok(v) = serde_json::from_slice::<Value>(line)
             && v["op"] == "reply"
         {
-            assert!(replied.insert(v["id"].as_str().unwrap_or("").to_owned()), "twice: {}", v["id"]);
+            assert!(
+                replied.insert(v["id"].as_str().unwrap_or("").to_owned()),
+                "twice: {}",
+                v["id"]
+            );
             from_a += 1;
         }
     }
@@ -763,9 +767,16 @@ fn a_non_loopback_address_without_a_token_is_refused_unless_allowed() {
         .output()
         .expect("run");
     assert_eq!(out.status.code(), Some(2));
-    assert!(out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--listen") && err.contains("--auth-token"), "{err}");
+    assert!(
+        err.contains("--listen") && err.contains("--auth-token"),
+        "{err}"
+    );
 
     let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
         .args(["serve", "--listen", "0.0.0.0:0", "--allow-insecure-bind"])

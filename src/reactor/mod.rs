@@ -439,7 +439,8 @@ impl Runtime {
             } else {
                 RuntimeState::Running
             };
-            if let Some(snapshot) = heartbeat.tick_if_due(epoch.elapsed(), state, &driver, &frontend)
+            if let Some(snapshot) =
+                heartbeat.tick_if_due(epoch.elapsed(), state, &driver, &frontend)
             {
                 if let Some(w) = &writer {
                     w.offer(Arc::clone(&snapshot));

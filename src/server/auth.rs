@@ -24,7 +24,9 @@ impl Token {
     /// Whether `guess` is the token. A false match needs a 128-bit collision of SipHash under
     /// keys the client never sees.
     pub fn matches(&self, guess: &str) -> bool {
-        digest(&self.keys, guess.as_bytes()).ct_eq(&self.digest).into()
+        digest(&self.keys, guess.as_bytes())
+            .ct_eq(&self.digest)
+            .into()
     }
 }
 

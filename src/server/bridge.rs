@@ -383,9 +383,9 @@ impl Bridge {
     /// Whether the shell should read from `conn` now: not while its output is over its bound
     /// (the client is not reading), nor once it is closing or half-closed.
     pub fn wants_read(&self, conn: ConnId) -> bool {
-        self.conns.get(&conn).is_some_and(|c| {
-            !c.closing && !c.read_closed && c.queued < self.cfg.max_write_buffer
-        })
+        self.conns
+            .get(&conn)
+            .is_some_and(|c| !c.closing && !c.read_closed && c.queued < self.cfg.max_write_buffer)
     }
 
     /// Whether `conn` has output waiting.
@@ -616,7 +616,10 @@ impl Bridge {
                     c.outstanding -= 1;
                 }
                 let body = self.terminal_body(&id, session.as_str(), outcome);
-                debug_assert!(body.size() <= self.reserve, "a terminal outgrew its reservation");
+                debug_assert!(
+                    body.size() <= self.reserve,
+                    "a terminal outgrew its reservation"
+                );
                 let frame = Frame::new(body, Some(route.platform.clone()));
                 self.deliver_terminal(route.conn, &route.platform, frame);
             }
@@ -867,11 +870,7 @@ impl Bridge {
 
     fn unauthorized(&mut self, id: ConnId) {
         if let Some(c) = self.conns.get(&id) {
-            log::warn!(
-                "connection {} from {}: unauthorized; closing",
-                id.0,
-                c.peer
-            );
+            log::warn!("connection {} from {}: unauthorized; closing", id.0, c.peer);
         }
         *self.stats.rejected.entry("unauthorized").or_insert(0) += 1;
         self.answer(id, error_line("unauthorized"));
@@ -898,7 +897,14 @@ impl Bridge {
         self.answer(id, error_line(detail));
     }
 
-    fn reject(&mut self, id: ConnId, mid: &str, session: Option<&str>, reason: &'static str, detail: &str) {
+    fn reject(
+        &mut self,
+        id: ConnId,
+        mid: &str,
+        session: Option<&str>,
+        reason: &'static str,
+        detail: &str,
+    ) {
         *self.stats.rejected.entry(reason).or_insert(0) += 1;
         let line = encode(&ServerOp::Reject {
             id: mid,
@@ -929,7 +935,9 @@ impl Bridge {
         };
         if self.token.is_some() && hello.as_deref() != Some(name) {
             let detail = match &hello {
-                Some(h) => format!("this connection said hello for {h}; it may only send messages for {h}"),
+                Some(h) => {
+                    format!("this connection said hello for {h}; it may only send messages for {h}")
+                }
                 None => "this connection's hello named no platform; it may send no message".into(),
             };
             return self.reject(id, &m.id, None, "invalid", &detail);
@@ -1069,7 +1077,10 @@ impl Bridge {
     /// Forgets a platform that holds nothing.
     fn maybe_free(&mut self, name: &str) {
         let empty = self.platforms.get(name).is_some_and(|p| {
-            p.conns.is_empty() && p.outbox.is_empty() && p.reserved_events == 0 && p.dedup.is_empty()
+            p.conns.is_empty()
+                && p.outbox.is_empty()
+                && p.reserved_events == 0
+                && p.dedup.is_empty()
         });
         if empty {
             if let Some(p) = self.platforms.remove(name) {
@@ -1138,7 +1149,10 @@ impl Bridge {
             return false;
         };
         self.newest_hello(platform) == Some(id)
-            && self.platforms.get(platform).is_some_and(|p| !p.outbox.is_empty())
+            && self
+                .platforms
+                .get(platform)
+                .is_some_and(|p| !p.outbox.is_empty())
     }
 
     /// Feeds `id` its platform's backlog while its queued output is under its bound, if it is
@@ -1150,7 +1164,11 @@ impl Bridge {
         let Some(conn) = self.conns.get_mut(&id) else {
             return;
         };
-        let Some(p) = conn.platform.as_deref().and_then(|n| self.platforms.get_mut(n)) else {
+        let Some(p) = conn
+            .platform
+            .as_deref()
+            .and_then(|n| self.platforms.get_mut(n))
+        else {
             return;
         };
         let mut moved = false;

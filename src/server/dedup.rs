@@ -146,7 +146,11 @@ mod tests {
         w.accepted(fp, S);
         assert_eq!(w.seen(fp, 2 * S), Seen::Accepted);
         assert_eq!(w.seen(fp, 600 * S), Seen::Accepted);
-        assert_eq!(w.seen(fp, 601 * S), Seen::New, "still a duplicate after the window");
+        assert_eq!(
+            w.seen(fp, 601 * S),
+            Seen::New,
+            "still a duplicate after the window"
+        );
         assert_eq!(w.expire(601 * S, 10), 1);
         assert!(w.is_empty());
     }

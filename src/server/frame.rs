@@ -35,7 +35,14 @@ pub enum Body {
 impl Body {
     /// `{"op":<op>,"id":<id>,"session":<session>,"<field>":"<text>"<extra>}\n`, escaped at once
     /// when short, else on the way out.
-    pub fn with_text(op: &str, id: &str, session: &str, field: &str, text: String, extra: &str) -> Body {
+    pub fn with_text(
+        op: &str,
+        id: &str,
+        session: &str,
+        field: &str,
+        text: String,
+        extra: &str,
+    ) -> Body {
         let mut head = Vec::with_capacity(64 + id.len() + session.len());
         head.extend_from_slice(b"{\"op\":\"");
         head.extend_from_slice(op.as_bytes());
@@ -322,7 +329,9 @@ mod tests {
 
     #[test]
     fn the_budget_and_a_full_socket_stop_a_pass_and_the_next_goes_on() {
-        let lines: Vec<Vec<u8>> = (0..10).map(|i| format!("line {i}\n").into_bytes()).collect();
+        let lines: Vec<Vec<u8>> = (0..10)
+            .map(|i| format!("line {i}\n").into_bytes())
+            .collect();
         let mut out: VecDeque<Frame> = lines.iter().cloned().map(Frame::line).collect();
         let mut w = Trickle {
             data: Vec::new(),
