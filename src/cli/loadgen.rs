@@ -285,7 +285,9 @@ fn proc_kib(pid: u32, field: &str) -> Option<f64> {
 
 fn flood(args: &LoadgenArgs) -> i32 {
     if args.messages == 0 || args.sessions == 0 || args.connections == 0 || args.window == 0 {
-        eprintln!("turnstile loadgen: --messages, --sessions, --connections and --window must be at least 1");
+        eprintln!(
+            "turnstile loadgen: --messages, --sessions, --connections and --window must be at least 1"
+        );
         return USAGE_ERROR;
     }
     let nonce = SystemTime::now()
@@ -459,7 +461,10 @@ fn flood_one(
                 "reject" => {
                     let reason = parsed.reason.unwrap_or("");
                     if !matches!(reason, "backpressure" | "overloaded" | "queue_full") {
-                        return Err(format!("gateway refused {}: {reason}", parsed.id.unwrap_or("-")));
+                        return Err(format!(
+                            "gateway refused {}: {reason}",
+                            parsed.id.unwrap_or("-")
+                        ));
                     }
                     *retried.entry(reason.to_owned()).or_insert(0) += 1;
                     if let Some(i) = index() {

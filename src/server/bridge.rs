@@ -1082,10 +1082,8 @@ impl Bridge {
                 && p.reserved_events == 0
                 && p.dedup.is_empty()
         });
-        if empty {
-            if let Some(p) = self.platforms.remove(name) {
-                debug_assert_eq!((p.outbox_bytes, p.reserved_bytes), (0, 0));
-            }
+        if empty && let Some(p) = self.platforms.remove(name) {
+            debug_assert_eq!((p.outbox_bytes, p.reserved_bytes), (0, 0));
         }
     }
 

@@ -255,10 +255,10 @@ pub fn write_frames<W: Write + ?Sized>(
             let step = left.min(cur);
             front.advance(step);
             left -= step;
-            if front.current().is_empty() {
-                if let Some(f) = out.pop_front() {
-                    done(f);
-                }
+            if front.current().is_empty()
+                && let Some(f) = out.pop_front()
+            {
+                done(f);
             }
         }
     }

@@ -101,7 +101,7 @@ pub fn raise_fd_limit() -> io::Result<(u64, u64)> {
             return Err(io::Error::last_os_error());
         }
     }
-    Ok((old as u64, lim.rlim_cur as u64))
+    Ok((old, lim.rlim_cur))
 }
 
 struct Socket {
