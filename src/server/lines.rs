@@ -60,7 +60,9 @@ impl LineReader {
             if self.buf.len() - self.filled < READ_CHUNK {
                 self.buf.resize(self.filled + READ_CHUNK, 0);
             }
-            let n = match src.read(&mut self.buf[self.filled..]) {
+            // Never read past the budget: the lines read are handed on in this same pass.
+            let end = self.buf.len().min(self.filled + (budget - read).max(1));
+            let n = match src.read(&mut self.buf[self.filled..end]) {
                 Ok(0) => return ReadOutcome::Eof,
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return ReadOutcome::Drained,

@@ -35,12 +35,12 @@ const LISTENER: Token = Token(FIRST_RESERVED_TOKEN - 1);
 const SIGNALS: Token = Token(FIRST_RESERVED_TOKEN - 2);
 
 /// Bytes read from one connection per pass, so one flood cannot starve the rest.
-const READ_BUDGET: usize = 32 * 1024;
+const READ_BUDGET: usize = 8 * 1024;
 /// Time the shell spends reading and handing lines to the bridge per loop iteration; what
 /// is left is read on the next iteration, which follows at once. Keeps each wake short.
-const READ_TIME: Duration = Duration::from_micros(400);
+const READ_TIME: Duration = Duration::from_micros(200);
 /// Time spent writing per loop iteration, likewise.
-const WRITE_TIME: Duration = Duration::from_micros(400);
+const WRITE_TIME: Duration = Duration::from_micros(200);
 /// Connections accepted per wake.
 const ACCEPT_BATCH: usize = 256;
 /// Accepting again after the process ran out of descriptors.
