@@ -395,12 +395,13 @@ impl Bridge {
 
     /// Connections whose output changed since the last call: the shell should write them.
     pub fn take_dirty(&mut self) -> Vec<ConnId> {
-        let dirty = std::mem::take(&mut self.dirty);
-        for id in &dirty {
-            if let Some(c) = self.conns.get_mut(id) {
-                c.dirty = false;
-            }
-        }
+        let mut dirty = std::mem::take(&mut self.dirty);
+        // A connection written since it was marked (its flag cleared) has had its turn.
+        dirty.retain(|id| {
+            self.conns
+                .get_mut(id)
+                .is_some_and(|c| std::mem::replace(&mut c.dirty, false))
+        });
         dirty
     }
 
@@ -750,6 +751,10 @@ impl Bridge {
             if how != Flushed::All || budget == 0 || !self.backlog_for(id) {
                 break;
             }
+        }
+        if let Some(c) = self.conns.get_mut(&id) {
+            // This pass was its turn (the budget is per wake): only new output marks it again.
+            c.dirty = false;
         }
         if how == Flushed::All {
             self.maybe_finish(id);
