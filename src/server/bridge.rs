@@ -412,6 +412,11 @@ impl Bridge {
 
     /// One complete line from `conn` (without its newline).
     pub fn line(&mut self, id: ConnId, line: &[u8], now: Duration) {
+        self.on_line(id, line, now);
+        self.audit();
+    }
+
+    fn on_line(&mut self, id: ConnId, line: &[u8], now: Duration) {
         self.now = now;
         let Some(conn) = self.conns.get(&id) else {
             return;
@@ -449,6 +454,11 @@ impl Bridge {
 
     /// A line from `conn` went over the limit and was discarded.
     pub fn line_too_long(&mut self, id: ConnId) {
+        self.on_line_too_long(id);
+        self.audit();
+    }
+
+    fn on_line_too_long(&mut self, id: ConnId) {
         let Some(conn) = self.conns.get(&id) else {
             return;
         };
@@ -468,6 +478,11 @@ impl Bridge {
     /// The peer of `conn` shut down its sending side. It keeps getting its events until none
     /// is outstanding.
     pub fn read_closed(&mut self, id: ConnId) {
+        self.on_read_closed(id);
+        self.audit();
+    }
+
+    fn on_read_closed(&mut self, id: ConnId) {
         let Some(conn) = self.conns.get_mut(&id) else {
             return;
         };
@@ -498,10 +513,16 @@ impl Bridge {
     /// goes back to the front of its outbox.
     pub fn disconnected(&mut self, id: ConnId) {
         self.close(id, "disconnected", false);
+        self.audit();
     }
 
     /// An event of the message submitted with `tag`.
     pub fn event(&mut self, tag: u64, event: MessageEvent, now: Duration) {
+        self.on_event(tag, event, now);
+        self.audit();
+    }
+
+    fn on_event(&mut self, tag: u64, event: MessageEvent, now: Duration) {
         self.now = now;
         let MessageEvent { id, session, kind } = event;
         match kind {
@@ -629,6 +650,12 @@ impl Bridge {
 
     /// Fires the bridge's deadlines; returns when it next needs to be called.
     pub fn tick(&mut self, now: Duration) -> Duration {
+        let next = self.on_tick(now);
+        self.audit();
+        next
+    }
+
+    fn on_tick(&mut self, now: Duration) -> Duration {
         self.now = now;
         if now < self.next_housekeeping {
             return self.next_housekeeping;
@@ -720,6 +747,17 @@ impl Bridge {
         w: &mut W,
         now: Duration,
     ) -> io::Result<Flushed> {
+        let result = self.on_write(id, w, now);
+        self.audit();
+        result
+    }
+
+    fn on_write<W: Write + ?Sized>(
+        &mut self,
+        id: ConnId,
+        w: &mut W,
+        now: Duration,
+    ) -> io::Result<Flushed> {
         self.now = now;
         let mut budget = self.cfg.write_budget;
         let mut how;
@@ -768,15 +806,18 @@ impl Bridge {
         let mut routes: Vec<(u64, Route)> = self.routes.drain().collect();
         routes.sort_unstable_by_key(|(tag, _)| *tag);
         for (_, route) in routes {
-            if self.conns.get(&route.conn).is_some_and(|c| !c.closing) {
-                let line = encode(&ServerOp::Cancelled {
-                    id: &route.id,
-                    session: route.session.as_str(),
-                    reason: CancelReason::Shutdown.as_str(),
-                });
-                self.push(route.conn, Frame::line(line));
+            if let Some(c) = self.conns.get_mut(&route.conn) {
+                c.outstanding -= 1;
             }
+            let line = encode(&ServerOp::Cancelled {
+                id: &route.id,
+                session: route.session.as_str(),
+                reason: CancelReason::Shutdown.as_str(),
+            });
+            let frame = Frame::new(Body::Line(line), Some(route.platform.clone()));
+            self.deliver_terminal(route.conn, &route.platform, frame);
         }
+        self.audit();
     }
 
     /// The figures for the status snapshot.
@@ -811,6 +852,73 @@ impl Bridge {
     /// Connections open.
     pub fn connections(&self) -> impl Iterator<Item = ConnId> + '_ {
         self.conns.keys().copied()
+    }
+
+    /// Checks, in debug builds, that every count matches what it counts: each reservation is
+    /// a route, a result on a connection, or a result in an outbox; byte totals match.
+    fn audit(&self) {
+        // O(state): skipped in release builds, and past a small size so that debug builds of
+        // large scenarios stay fast.
+        if !cfg!(debug_assertions) || self.routes.len() + self.conns.len() + self.outboxed() > 1_000
+        {
+            return;
+        }
+        let mut owed: HashMap<&str, usize> = HashMap::new();
+        for r in self.routes.values() {
+            *owed.entry(&r.platform).or_insert(0) += 1;
+            debug_assert!(self.platforms.contains_key(&r.platform));
+        }
+        let mut unauth = 0;
+        for (id, c) in &self.conns {
+            unauth += usize::from(!c.authed);
+            let mut queued = 0;
+            let mut terminals = c.unconfirmed.iter().collect::<Vec<_>>();
+            for f in &c.out {
+                queued += f.body.size();
+                terminals.push(f);
+            }
+            for a in &c.answers {
+                if let Answer::Ready(f) = a {
+                    queued += f.body.size();
+                    terminals.push(f);
+                }
+            }
+            debug_assert_eq!(queued, c.queued, "connection {} queued bytes", id.0);
+            for f in terminals {
+                if let Some(p) = &f.terminal_for {
+                    *owed.entry(p).or_insert(0) += 1;
+                }
+            }
+            if let Some(p) = &c.platform {
+                debug_assert!(
+                    self.platforms
+                        .get(p)
+                        .is_some_and(|pl| pl.conns.contains(id))
+                );
+            }
+        }
+        debug_assert_eq!(unauth, self.unauthenticated);
+        debug_assert_eq!(
+            self.unauth_by_peer.values().sum::<usize>(),
+            self.unauthenticated
+        );
+        debug_assert!(self.platforms.len() <= self.cfg.max_platforms);
+        for (name, p) in &self.platforms {
+            let bytes: usize = p.outbox.iter().map(|f| f.body.size()).sum();
+            debug_assert_eq!(bytes, p.outbox_bytes, "platform {name} outbox bytes");
+            let owed = owed.get(&**name).copied().unwrap_or(0) + p.outbox.len();
+            debug_assert_eq!(owed, p.reserved_events, "platform {name} reservations");
+            debug_assert_eq!(p.reserved_events * self.reserve, p.reserved_bytes);
+            debug_assert!(p.reserved_events <= self.cfg.outbox_cap);
+            debug_assert!(p.dedup.len() <= self.cfg.dedup_max);
+            for c in &p.conns {
+                debug_assert!(
+                    self.conns
+                        .get(c)
+                        .is_some_and(|conn| conn.platform.as_deref() == Some(&**name))
+                );
+            }
+        }
     }
 
     fn token_matches(&self, guess: &str) -> bool {
