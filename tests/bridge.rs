@@ -1229,3 +1229,28 @@ fn status_counts_connections_platforms_and_outboxes() {
     let v = serde_json::to_value(&st).unwrap();
     assert_eq!(v["outboxes"]["tg"]["outbox_events"], 0);
 }
+
+#[test]
+fn the_largest_possible_result_fits_its_reservation() {
+    // Debug builds assert that every result fits the room reserved for it at admission:
+    // a reply at the length limit, with the longest id, chat, thread and (group) user.
+    let mut n = Net::new(BridgeConfig {
+        max_reply_bytes: 100,
+        ..cfg()
+    });
+    let c = n.connect();
+    n.hello(c, &"p".repeat(64));
+    let long = "\"%:".repeat(85);
+    n.send(
+        c,
+        json!({"op": "message", "id": long, "chat_id": long, "thread_id": long,
+               "user_id": long, "chat_type": "group", "text": "x"}),
+    );
+    let t = n.last_tag();
+    n.accept(t);
+    n.reply(t, &"\"".repeat(100));
+    n.event(t, EventKind::Finished(Outcome::Failed(turnstile::FailReason::Agent("\"".repeat(500)))));
+    let out = n.take(c);
+    assert_eq!(out[1]["text"].as_str().map(str::len), Some(100));
+    assert_eq!(out.len(), 2, "a second terminal for one message");
+}
