@@ -1249,7 +1249,12 @@ fn the_largest_possible_result_fits_its_reservation() {
     let t = n.last_tag();
     n.accept(t);
     n.reply(t, &"\"".repeat(100));
-    n.event(t, EventKind::Finished(Outcome::Failed(turnstile::FailReason::Agent("\"".repeat(500)))));
+    n.event(
+        t,
+        EventKind::Finished(Outcome::Failed(turnstile::FailReason::Agent(
+            "\"".repeat(500),
+        ))),
+    );
     let out = n.take(c);
     assert_eq!(out[1]["text"].as_str().map(str::len), Some(100));
     assert_eq!(out.len(), 2, "a second terminal for one message");

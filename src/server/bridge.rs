@@ -43,6 +43,7 @@ use super::frame::{Body, Frame, write_frames};
 use super::protocol::{
     ClientOp, LineError, MessageFields, ServerOp, check_platform, encode, parse_line,
 };
+use super::sharded::Sharded;
 use crate::core::{AcceptState, CancelReason, EventKind, MessageEvent, Outcome, TurnId};
 use crate::message::{Message, SessionKey};
 
@@ -261,7 +262,7 @@ pub struct Bridge {
     unauthenticated: usize,
     unauth_by_peer: HashMap<IpAddr, usize>,
     platforms: HashMap<Arc<str>, Platform>,
-    routes: HashMap<u64, Route>,
+    routes: Sharded<Route>,
     next_tag: u64,
     typing: HashMap<TurnId, Typing>,
     actions: VecDeque<Action>,
@@ -310,7 +311,7 @@ impl Bridge {
             unauthenticated: 0,
             unauth_by_peer: HashMap::new(),
             platforms: HashMap::new(),
-            routes: HashMap::new(),
+            routes: Sharded::default(),
             next_tag: 0,
             typing: HashMap::new(),
             actions: VecDeque::new(),
@@ -803,7 +804,7 @@ impl Bridge {
     /// Forced exit: every message still running gets `cancelled: shutdown` on its own
     /// connection, if that is still open, so the shell can write what it can before exiting.
     pub fn abandon_all(&mut self) {
-        let mut routes: Vec<(u64, Route)> = self.routes.drain().collect();
+        let mut routes: Vec<(u64, Route)> = self.routes.drain();
         routes.sort_unstable_by_key(|(tag, _)| *tag);
         for (_, route) in routes {
             if let Some(c) = self.conns.get_mut(&route.conn) {

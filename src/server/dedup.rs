@@ -10,12 +10,12 @@
 //! Entries are 64-bit SipHash fingerprints under a per-process random key: a false match needs
 //! a 64-bit collision (about 3e-8 with 10^6 ids remembered).
 
+use std::collections::VecDeque;
 use std::collections::hash_map::RandomState;
-use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
 use std::time::Duration;
 
-use crate::message::KeyHashBuilder;
+use super::sharded::{Sharded, shard_of};
 
 /// A remembered message id.
 pub type Fingerprint = u64;
@@ -41,9 +41,13 @@ enum Entry {
 pub struct DedupWindow {
     window: Duration,
     max: usize,
-    entries: HashMap<Fingerprint, Entry, KeyHashBuilder>,
-    /// Accepted ids in acceptance order (hence expiry order).
-    order: VecDeque<(Duration, Fingerprint)>,
+    /// Sharded so that growing to a million ids never rehashes them all in one step.
+    entries: Sharded<Entry>,
+    /// Accepted ids in acceptance order (hence expiry order), per shard of `entries`, so
+    /// that no queue grows by copying a million entries at once either.
+    order: Vec<VecDeque<(Duration, Fingerprint)>>,
+    /// The shard whose expiry comes next.
+    cursor: usize,
 }
 
 /// The process-wide fingerprint key.
@@ -63,8 +67,9 @@ impl DedupWindow {
         DedupWindow {
             window,
             max,
-            entries: HashMap::default(),
-            order: VecDeque::new(),
+            entries: Sharded::default(),
+            order: (0..64).map(|_| VecDeque::new()).collect(),
+            cursor: 0,
         }
     }
 
@@ -95,7 +100,7 @@ impl DedupWindow {
     pub fn accepted(&mut self, fp: Fingerprint, now: Duration) {
         let until = now + self.window;
         self.entries.insert(fp, Entry::Until(until));
-        self.order.push_back((until, fp));
+        self.order[shard_of(fp)].push_back((until, fp));
     }
 
     /// The runtime refused `fp`: a retry must not be mistaken for a duplicate.
@@ -108,13 +113,21 @@ impl DedupWindow {
     /// Drops up to `budget` ids whose window has passed; returns how many were dropped.
     pub fn expire(&mut self, now: Duration, budget: usize) -> usize {
         let mut dropped = 0;
-        while dropped < budget && self.order.front().is_some_and(|(until, _)| *until <= now) {
-            if let Some((until, fp)) = self.order.pop_front()
-                && self.entries.get(&fp) == Some(&Entry::Until(until))
-            {
-                self.entries.remove(&fp);
+        // Round the shards from where the last pass stopped, so a budget spreads fairly.
+        for _ in 0..self.order.len() {
+            let order = &mut self.order[self.cursor];
+            while dropped < budget && order.front().is_some_and(|(until, _)| *until <= now) {
+                if let Some((until, fp)) = order.pop_front()
+                    && self.entries.get(&fp) == Some(&Entry::Until(until))
+                {
+                    self.entries.remove(&fp);
+                }
+                dropped += 1;
             }
-            dropped += 1;
+            if dropped >= budget {
+                break;
+            }
+            self.cursor = (self.cursor + 1) % self.order.len();
         }
         dropped
     }

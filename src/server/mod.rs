@@ -14,6 +14,7 @@ mod dedup;
 mod frame;
 mod lines;
 pub mod protocol;
+mod sharded;
 
 use std::collections::HashMap;
 use std::io::{self, Write};
