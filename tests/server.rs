@@ -1063,3 +1063,39 @@ fn start_up_errors_exit_two_before_listening_and_cr_does_not_count() {
     c.send_raw(&[&line[..], b"\r\n"].concat());
     assert_eq!(c.recv()["op"], "pong");
 }
+
+/// Issue 7 §2 end to end: the sender (in a DM too), its name and the platform's meta reach
+/// the agent, here the exec agent's environment, through `turnstile send`.
+#[test]
+fn sender_name_and_meta_reach_the_agent() {
+    let server = Server::start(&[
+        "--agent",
+        "exec",
+        "--agent-cmd",
+        r#"echo "$TURNSTILE_USER_ID|$TURNSTILE_USER_NAME|$TURNSTILE_META""#,
+    ]);
+    let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args([
+            "send",
+            "--addr",
+            &server.addr,
+            "--user",
+            "7",
+            "--user-name",
+            "Ann",
+            "--meta",
+            r#"{"reply_to": "m0"}"#,
+            "hi",
+        ])
+        .output()
+        .expect("run send");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "7|Ann|{\"reply_to\":\"m0\"}\n"
+    );
+}

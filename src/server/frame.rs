@@ -328,6 +328,20 @@ mod tests {
     }
 
     #[test]
+    fn a_partial_line_is_the_protocols_partial_op() {
+        let body = Body::with_text("partial", "m", "t:dm:1", "text", "so far".into(), "");
+        let Body::Line(line) = body else {
+            panic!("short text is encoded at once")
+        };
+        let want = encode(&ServerOp::Partial {
+            id: "m",
+            session: "t:dm:1",
+            text: "so far",
+        });
+        assert_eq!(line, want);
+    }
+
+    #[test]
     fn the_budget_and_a_full_socket_stop_a_pass_and_the_next_goes_on() {
         let lines: Vec<Vec<u8>> = (0..10)
             .map(|i| format!("line {i}\n").into_bytes())
