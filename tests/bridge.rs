@@ -602,10 +602,11 @@ fn row7_idle_unauthenticated_connections_cannot_lock_the_bridge_out() {
         "{e}"
     );
     assert_eq!(n.b.status().unauthenticated, 8);
-    // The real bridge gets in once the idle ones time out.
+    // The real bridge gets in once the idle ones time out (at 5 s exactly).
     n.tick(4 * S);
+    n.tick(900 * Duration::from_millis(1));
     assert!(n.closed.is_empty());
-    n.tick(2 * S);
+    n.tick(100 * Duration::from_millis(1));
     for c in n.b.connections().collect::<Vec<_>>() {
         let out = n.take(c);
         assert_eq!(out[0]["detail"], "no hello within 5s");
@@ -613,6 +614,7 @@ fn row7_idle_unauthenticated_connections_cannot_lock_the_bridge_out() {
     let _ = idle;
     assert_eq!(n.closed.len(), 8);
     assert_eq!(n.b.status().unauthenticated, 0);
+    assert_eq!(n.b.status().connections_refused, 2 + 8);
     let real = n.connect_from(peer(9)).unwrap();
     n.send(
         real,
@@ -662,10 +664,16 @@ fn row9_a_half_closed_client_gets_its_result_then_is_closed() {
         n.take(other).is_empty(),
         "the result went to another bridge"
     );
-    // Closed once the linger shows the peer was still there.
+    // Closed once the linger shows the peer was still there (2 s after the last write).
     n.tick(S);
+    n.tick(900 * Duration::from_millis(1));
     assert!(n.closed.is_empty());
-    n.tick(2 * S);
+    assert_eq!(
+        n.b.status().outboxes["tg"].reserved_events,
+        1,
+        "released before the linger"
+    );
+    n.tick(100 * Duration::from_millis(1));
     assert_eq!(n.closed, [a]);
     assert_eq!(n.b.status().outboxes["tg"].reserved_events, 0);
 }
@@ -825,6 +833,8 @@ fn row12_after_unauthorized_nothing_more_is_processed() {
     for line in &burst {
         n.raw(c, line.as_bytes());
     }
+    n.b.line_too_long(c);
+    assert!(!n.b.wants_read(c));
     assert!(
         n.order.is_empty(),
         "a message was accepted after unauthorized"
@@ -1047,8 +1057,10 @@ fn a_connection_that_takes_no_output_is_closed_after_the_stall_timeout() {
     };
     assert_eq!(n.b.write(a, &mut full, n.now).unwrap(), Flushed::Blocked);
     n.tick(9 * S);
+    n.tick(900 * Duration::from_millis(1));
     assert!(n.closed.is_empty());
-    n.tick(2 * S);
+    assert!(n.b.has_output(a));
+    n.tick(100 * Duration::from_millis(1));
     assert_eq!(n.closed, [a]);
     let b = n.connect();
     n.hello(b, "tg");
@@ -1258,4 +1270,86 @@ fn the_largest_possible_result_fits_its_reservation() {
     let out = n.take(c);
     assert_eq!(out[1]["text"].as_str().map(str::len), Some(100));
     assert_eq!(out.len(), 2, "a second terminal for one message");
+}
+
+#[test]
+fn core_rejections_name_their_reason_with_a_detail() {
+    let mut n = Net::new(cfg());
+    let c = n.connect();
+    n.hello(c, "tg");
+    n.send(c, msg("a", "1", "x"));
+    n.send(c, msg("b", "2", "x"));
+    let (ta, tb) = (n.order[0], n.order[1]);
+    n.event(ta, EventKind::Rejected(RejectReason::QueueFull));
+    n.event(tb, EventKind::Rejected(RejectReason::ShuttingDown));
+    let out = n.take(c);
+    assert_eq!(out[0]["detail"], "the session's queue is full");
+    assert_eq!(out[1]["reason"], "shutting_down");
+    assert_eq!(out[1]["detail"], "the gateway is shutting down");
+    assert_eq!(out[1]["session"], "tg:dm:2");
+    assert_eq!(n.b.status().rejected["shutting_down"], 1);
+    assert_eq!(n.b.config().max_platforms, 16);
+}
+
+#[test]
+fn a_half_closing_bridge_hands_the_backlog_to_the_previous_hello() {
+    let mut n = Net::new(cfg());
+    let a = n.connect();
+    n.hello(a, "tg");
+    n.send(a, msg("m", "1", "x"));
+    let t = n.last_tag();
+    n.accept(t);
+    n.take(a);
+    n.b.disconnected(a);
+    let older = n.connect();
+    n.hello(older, "tg");
+    n.take(older);
+    let newer = n.connect();
+    n.hello(newer, "tg");
+    n.send(newer, json!({"op": "ping"}));
+    n.b.read_closed(newer);
+    n.pump();
+    n.reply(t, "r");
+    assert_eq!(ops(&n.take(older)), ["reply m r"]);
+    assert_eq!(ops(&n.take(newer)), ["pong"]);
+}
+
+#[test]
+fn typing_is_dropped_when_no_connection_can_take_it() {
+    let mut n = Net::new(BridgeConfig {
+        max_write_buffer: 10,
+        ..cfg()
+    });
+    let c = n.connect();
+    n.hello(c, "tg");
+    n.send(c, msg("m", "1", "x"));
+    let t = n.last_tag();
+    n.accept(t);
+    // The ack alone is over this connection's tiny bound.
+    n.event(t, EventKind::TurnStarted(TurnId(1)));
+    assert_eq!(n.b.status().typing_dropped, 1);
+    n.take(c);
+    n.b.disconnected(c);
+    n.event(t, EventKind::TurnEnded(TurnId(1)));
+    assert_eq!(n.b.status().typing_dropped, 2);
+}
+
+#[test]
+fn output_marks_a_connection_to_write_and_a_write_is_its_turn() {
+    let mut n = Net::new(cfg());
+    let a = n.connect();
+    let b = n.connect();
+    n.send(a, json!({"op": "ping"}));
+    n.send(a, json!({"op": "ping"}));
+    assert_eq!(n.b.take_dirty(), [a]);
+    assert!(n.b.take_dirty().is_empty());
+    n.send(b, json!({"op": "ping"}));
+    n.send(a, json!({"op": "ping"}));
+    n.take(a);
+    assert_eq!(
+        n.b.take_dirty(),
+        [b],
+        "a connection just written was listed again"
+    );
+    assert!(!n.b.has_output(a) && n.b.has_output(b));
 }

@@ -872,6 +872,8 @@ impl Bridge {
         let mut unauth = 0;
         for (id, c) in &self.conns {
             unauth += usize::from(!c.authed);
+            let sent = self.routes.values().filter(|r| r.conn == *id).count();
+            debug_assert_eq!(sent, c.outstanding, "connection {} outstanding", id.0);
             let mut queued = 0;
             let mut terminals = c.unconfirmed.iter().collect::<Vec<_>>();
             for f in &c.out {
