@@ -63,6 +63,8 @@ struct Net {
     /// Tags in submission order.
     order: Vec<u64>,
     closed: Vec<ConnId>,
+    /// Closed discarding unsent data (results went back to the outbox).
+    reset: Vec<ConnId>,
 }
 
 impl Net {
@@ -74,6 +76,7 @@ impl Net {
             sub: HashMap::new(),
             order: Vec::new(),
             closed: Vec::new(),
+            reset: Vec::new(),
         }
     }
 
@@ -95,6 +98,10 @@ impl Net {
                     self.sub.insert(tag, message);
                 }
                 Action::Close(c) => self.closed.push(c),
+                Action::Reset(c) => {
+                    self.closed.push(c);
+                    self.reset.push(c);
+                }
             }
         }
     }
@@ -122,6 +129,8 @@ impl Net {
                 Flushed::Blocked => unreachable!("a Vec never blocks"),
             }
         }
+        // A reading client's TCP acknowledges what it received.
+        self.b.acked(c, self.b.written(c));
         self.pump();
         self.wire.entry(c).or_default().extend_from_slice(&w);
         self.lines(c)
@@ -478,6 +487,8 @@ fn row5_a_backlog_is_paced_and_an_interrupted_delivery_resumes_in_order() {
         fed > 3_000,
         "the whole backlog was pushed at a stalled reader: {fed} left"
     );
+    // B's TCP acknowledged what it received; what was written past that is not delivered.
+    n.b.acked(b, pipe.data.len() as u64);
     n.b.disconnected(b);
     let got_b: Vec<String> = String::from_utf8_lossy(&pipe.data)
         .lines()
@@ -664,17 +675,9 @@ fn row9_a_half_closed_client_gets_its_result_then_is_closed() {
         n.take(other).is_empty(),
         "the result went to another bridge"
     );
-    // Closed once the linger shows the peer was still there (2 s after the last write).
-    n.tick(S);
-    n.tick(900 * Duration::from_millis(1));
-    assert!(n.closed.is_empty());
-    assert_eq!(
-        n.b.status().outboxes["tg"].reserved_events,
-        1,
-        "released before the linger"
-    );
-    n.tick(100 * Duration::from_millis(1));
+    // Closed once the peer's TCP acknowledged it (take() plays a reading client).
     assert_eq!(n.closed, [a]);
+    assert!(n.reset.is_empty(), "a delivered connection was reset");
     assert_eq!(n.b.status().outboxes["tg"].reserved_events, 0);
 }
 
@@ -689,8 +692,16 @@ fn row9_a_reset_after_end_of_stream_sends_the_result_back_to_the_outbox() {
     n.take(a);
     n.b.read_closed(a);
     n.reply(t, "answer");
-    n.take(a); // written into a socket whose peer had closed both ways...
-    n.b.disconnected(a); // ...which answers with a reset
+    // Written into a socket whose peer had closed both ways: never acknowledged...
+    let mut void = Vec::new();
+    assert_eq!(n.b.write(a, &mut void, n.now).unwrap(), Flushed::All);
+    n.pump();
+    assert!(
+        n.closed.is_empty(),
+        "closed before the result was acknowledged"
+    );
+    assert_eq!(n.b.awaiting_ack(), [a]);
+    n.b.disconnected(a); // ...the peer answers with a reset
     let b = n.connect();
     n.hello(b, "tg");
     assert_eq!(ops(&n.take(b)), ["reply m answer"]);
@@ -1062,6 +1073,7 @@ fn a_connection_that_takes_no_output_is_closed_after_the_stall_timeout() {
     assert!(n.b.has_output(a));
     n.tick(100 * Duration::from_millis(1));
     assert_eq!(n.closed, [a]);
+    assert_eq!(n.reset, [a], "its unsent copy could still reach the peer");
     let b = n.connect();
     n.hello(b, "tg");
     assert_eq!(ops(&n.take(b)), ["reply m r"]);
@@ -1352,4 +1364,45 @@ fn output_marks_a_connection_to_write_and_a_write_is_its_turn() {
         "a connection just written was listed again"
     );
     assert!(!n.b.has_output(a) && n.b.has_output(b));
+}
+
+#[test]
+fn a_result_is_released_only_once_acknowledged_and_a_silent_peer_is_closed() {
+    let mut n = Net::new(BridgeConfig {
+        outbox_cap: 1,
+        write_stall_timeout: 10 * S,
+        ..cfg()
+    });
+    let a = n.connect();
+    n.hello(a, "tg");
+    n.send(a, msg("m", "1", "x"));
+    let t = n.last_tag();
+    n.accept(t);
+    n.reply(t, "r");
+    let mut w = Vec::new();
+    n.b.write(a, &mut w, n.now).unwrap();
+    let written = n.b.written(a);
+    assert_eq!(written, w.len() as u64);
+    // Still owed until the peer's TCP acknowledges the whole line.
+    n.send(a, msg("m2", "2", "x"));
+    n.b.acked(a, written - 1);
+    assert_eq!(n.b.status().outboxes["tg"].reserved_events, 1);
+    n.b.acked(a, written);
+    assert_eq!(n.b.status().outboxes["tg"].reserved_events, 0);
+    assert!(n.b.awaiting_ack().is_empty());
+    // A peer that acknowledges nothing for the stall timeout is closed; the result returns.
+    n.send(a, msg("m3", "3", "x"));
+    let t3 = n.last_tag();
+    n.accept(t3);
+    n.reply(t3, "r3");
+    let mut w = Vec::new();
+    n.b.write(a, &mut w, n.now).unwrap();
+    n.tick(9 * S);
+    n.tick(900 * Duration::from_millis(1));
+    assert!(n.closed.is_empty());
+    n.tick(100 * Duration::from_millis(1));
+    assert_eq!(n.closed, [a]);
+    let b = n.connect();
+    n.hello(b, "tg");
+    assert_eq!(ops(&n.take(b)), ["reply m3 r3"]);
 }

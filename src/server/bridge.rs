@@ -57,11 +57,6 @@ const HOUSEKEEPING: Duration = Duration::from_millis(100);
 /// Expired duplicate-window entries dropped per platform per housekeeping pass, so that a
 /// mass expiry is spread over passes instead of stalling one.
 const EXPIRY_BUDGET: usize = 4096;
-/// How long a half-closed connection stays open after its last event was written. A peer
-/// that closed both directions answers that write with a reset well within it, and what was
-/// written since its end of stream then goes back to the outbox: end of stream alone cannot
-/// tell `shutdown(SHUT_WR)` from `close()`.
-pub const HALF_CLOSE_LINGER: Duration = Duration::from_secs(2);
 
 /// Limits and timings of the bridge.
 #[derive(Clone, Debug)]
@@ -141,6 +136,9 @@ pub enum Action {
     },
     /// Close the connection's socket; the bridge has forgotten it.
     Close(ConnId),
+    /// Reset the connection (close discarding unsent data): results written to it and not
+    /// acknowledged went back to the outbox, so nothing more of them may reach the peer.
+    Reset(ConnId),
 }
 
 /// An answer to one line, in line order.
@@ -172,9 +170,13 @@ struct Conn {
     outstanding: usize,
     /// Last time output was written, or output appeared on an idle connection.
     last_progress: Duration,
-    /// Terminal events written after the peer's end of stream, kept until the linger shows
-    /// the peer was still reading (their reservations with them).
-    unconfirmed: Vec<Frame>,
+    /// Bytes written to the socket so far.
+    written: u64,
+    /// Results written to the socket but not yet acknowledged by the peer's TCP, with the
+    /// byte offset their pass ended at; they keep their reservation and go back to the
+    /// outbox if the connection dies first (a peer that closed answers with a reset, never
+    /// an acknowledgement: this is also how a half-close is told from a close).
+    unconfirmed: VecDeque<(u64, Frame)>,
     dirty: bool,
 }
 
@@ -374,7 +376,8 @@ impl Bridge {
                 queued: 0,
                 outstanding: 0,
                 last_progress: now,
-                unconfirmed: Vec::new(),
+                written: 0,
+                unconfirmed: VecDeque::new(),
                 dirty: false,
             },
         );
@@ -685,7 +688,10 @@ impl Bridge {
         let stalled: Vec<ConnId> = self
             .conns
             .iter()
-            .filter(|(_, c)| !c.idle() && now >= c.last_progress + self.cfg.write_stall_timeout)
+            .filter(|(_, c)| {
+                (!c.idle() || !c.unconfirmed.is_empty())
+                    && now >= c.last_progress + self.cfg.write_stall_timeout
+            })
             .map(|(&id, _)| id)
             .collect();
         for id in stalled {
@@ -699,21 +705,6 @@ impl Bridge {
             }
             self.stats.connections_refused += 1;
             self.close(id, "write stalled", true);
-        }
-        let lingered: Vec<ConnId> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| {
-                c.read_closed
-                    && c.outstanding == 0
-                    && c.idle()
-                    && now >= c.last_progress + HALF_CLOSE_LINGER
-            })
-            .map(|(&id, _)| id)
-            .collect();
-        for id in lingered {
-            self.confirm(id);
-            self.close(id, "peer closed", true);
         }
         let refresh: Vec<(ConnId, SessionKey)> = self
             .typing
@@ -767,26 +758,21 @@ impl Bridge {
             let Some(conn) = self.conns.get_mut(&id) else {
                 return Ok(Flushed::All);
             };
-            let mut written_terminals: Vec<Arc<str>> = Vec::new();
             let queued = &mut conn.queued;
-            let (unconfirmed, read_closed) = (&mut conn.unconfirmed, conn.read_closed);
-            let (n, h) = write_frames(&mut conn.out, w, budget, |f| {
+            let (unconfirmed, before) = (&mut conn.unconfirmed, conn.written);
+            let (n, h) = write_frames(&mut conn.out, w, budget, |f, at| {
                 *queued -= f.body.size();
-                match &f.terminal_for {
-                    Some(_) if read_closed => unconfirmed.push(f),
-                    Some(p) => written_terminals.push(p.clone()),
-                    None => {}
+                if f.terminal_for.is_some() {
+                    // Delivered once the peer's TCP acknowledges its last byte.
+                    unconfirmed.push_back((before + at as u64, f));
                 }
             })?;
             how = h;
             if n > 0 {
                 conn.last_progress = now;
             }
+            conn.written += n as u64;
             budget -= n.min(budget);
-            for p in written_terminals {
-                self.unreserve(&p);
-                self.maybe_free(&p);
-            }
             if how != Flushed::All || budget == 0 || !self.backlog_for(id) {
                 break;
             }
@@ -799,6 +785,50 @@ impl Bridge {
             self.maybe_finish(id);
         }
         Ok(how)
+    }
+
+    /// The peer's TCP has acknowledged the first `acked` bytes written to `conn`: the results
+    /// they held are delivered and release their outbox room.
+    pub fn acked(&mut self, id: ConnId, acked: u64) {
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
+        debug_assert!(acked <= conn.written);
+        let mut done: Vec<Arc<str>> = Vec::new();
+        while conn
+            .unconfirmed
+            .front()
+            .is_some_and(|(end, _)| *end <= acked)
+        {
+            if let Some((_, f)) = conn.unconfirmed.pop_front()
+                && let Some(p) = f.terminal_for
+            {
+                done.push(p);
+            }
+        }
+        if !done.is_empty() {
+            conn.last_progress = self.now;
+        }
+        for p in done {
+            self.unreserve(&p);
+            self.maybe_free(&p);
+        }
+        self.maybe_finish(id);
+        self.audit();
+    }
+
+    /// Bytes written to `conn` so far (for the shell's acknowledgement count).
+    pub fn written(&self, id: ConnId) -> u64 {
+        self.conns.get(&id).map_or(0, |c| c.written)
+    }
+
+    /// Connections with written results not yet acknowledged.
+    pub fn awaiting_ack(&self) -> Vec<ConnId> {
+        self.conns
+            .iter()
+            .filter(|(_, c)| !c.unconfirmed.is_empty())
+            .map(|(&id, _)| id)
+            .collect()
     }
 
     /// Forced exit: every message still running gets `cancelled: shutdown` on its own
@@ -875,7 +905,7 @@ impl Bridge {
             let sent = self.routes.values().filter(|r| r.conn == *id).count();
             debug_assert_eq!(sent, c.outstanding, "connection {} outstanding", id.0);
             let mut queued = 0;
-            let mut terminals = c.unconfirmed.iter().collect::<Vec<_>>();
+            let mut terminals = c.unconfirmed.iter().map(|(_, f)| f).collect::<Vec<_>>();
             for f in &c.out {
                 queued += f.body.size();
                 terminals.push(f);
@@ -1398,8 +1428,7 @@ impl Bridge {
     }
 
     /// Closes a connection that has nothing left to do: closing and written out, or
-    /// half-closed with nothing outstanding and nothing written since its end of stream
-    /// (else the linger decides, in [`Bridge::tick`]).
+    /// half-closed with nothing outstanding and every result acknowledged.
     fn maybe_finish(&mut self, id: ConnId) {
         let Some(c) = self.conns.get(&id) else {
             return;
@@ -1414,20 +1443,6 @@ impl Bridge {
         }
     }
 
-    /// The linger passed without a reset: the events written after end of stream arrived.
-    fn confirm(&mut self, id: ConnId) {
-        let Some(conn) = self.conns.get_mut(&id) else {
-            return;
-        };
-        let written: Vec<Frame> = std::mem::take(&mut conn.unconfirmed);
-        for f in written {
-            if let Some(p) = &f.terminal_for {
-                self.unreserve(p);
-                self.maybe_free(p);
-            }
-        }
-    }
-
     /// Forgets a connection; its unwritten terminal events go back to the front of their
     /// outboxes, in order.
     fn close(&mut self, id: ConnId, why: &str, emit: bool) {
@@ -1437,7 +1452,7 @@ impl Bridge {
         if !conn.authed {
             self.count_authenticated(conn.peer);
         }
-        let mut rescued: Vec<Frame> = std::mem::take(&mut conn.unconfirmed);
+        let mut rescued: Vec<Frame> = conn.unconfirmed.drain(..).map(|(_, f)| f).collect();
         for f in conn.out.drain(..) {
             if f.terminal_for.is_some() {
                 rescued.push(f);
@@ -1485,7 +1500,11 @@ impl Bridge {
             conn.peer
         );
         if emit {
-            self.actions.push_back(Action::Close(id));
+            self.actions.push_back(if moved > 0 {
+                Action::Reset(id)
+            } else {
+                Action::Close(id)
+            });
         }
     }
 }

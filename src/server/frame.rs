@@ -198,19 +198,20 @@ pub enum Flushed {
 }
 
 /// Writes frames from the front of `out` into `w`, at most about `budget` bytes, calling
-/// `done` for each frame written whole (in order). Partly written frames stay at the front.
+/// `done` for each frame written whole (in order), with the bytes this pass had written when
+/// its last byte went. Partly written frames stay at the front.
 pub fn write_frames<W: Write + ?Sized>(
     out: &mut VecDeque<Frame>,
     w: &mut W,
     mut budget: usize,
-    mut done: impl FnMut(Frame),
+    mut done: impl FnMut(Frame, usize),
 ) -> io::Result<(usize, Flushed)> {
     let mut total = 0;
     loop {
         // Drop finished fronts (a text line whose last chunk was written).
         while out.front_mut().is_some_and(|f| f.current().is_empty()) {
             if let Some(f) = out.pop_front() {
-                done(f);
+                done(f, total);
             }
         }
         if out.is_empty() {
@@ -246,7 +247,6 @@ pub fn write_frames<W: Write + ?Sized>(
                 Err(e) => return Err(e),
             }
         };
-        total += n;
         budget = budget.saturating_sub(n);
         let mut left = n;
         while left > 0 {
@@ -258,9 +258,10 @@ pub fn write_frames<W: Write + ?Sized>(
             if front.current().is_empty()
                 && let Some(f) = out.pop_front()
             {
-                done(f);
+                done(f, total + n - left);
             }
         }
+        total += n;
     }
 }
 
@@ -319,7 +320,7 @@ mod tests {
                 };
                 let mut frames = 0;
                 while !out.is_empty() {
-                    write_frames(&mut out, &mut w, 5_000, |_| frames += 1).unwrap();
+                    write_frames(&mut out, &mut w, 5_000, |_, _| frames += 1).unwrap();
                 }
                 assert_eq!(frames, 1);
                 assert_eq!(w.data, reply(&text, truncated));
@@ -352,13 +353,13 @@ mod tests {
             cap: 1000,
             total: 20,
         };
-        let (n, how) = write_frames(&mut out, &mut w, 1000, |_| {}).unwrap();
+        let (n, how) = write_frames(&mut out, &mut w, 1000, |_, _| {}).unwrap();
         assert_eq!((n, how), (20, Flushed::Blocked));
         w.total = usize::MAX;
-        let (n, how) = write_frames(&mut out, &mut w, 10, |_| {}).unwrap();
+        let (n, how) = write_frames(&mut out, &mut w, 10, |_, _| {}).unwrap();
         assert_eq!((n, how), (10, Flushed::Budget));
         let mut done = 0;
-        let (_, how) = write_frames(&mut out, &mut w, 1000, |_| done += 1).unwrap();
+        let (_, how) = write_frames(&mut out, &mut w, 1000, |_, _| done += 1).unwrap();
         assert_eq!(how, Flushed::All);
         assert_eq!(w.data, lines.concat());
         assert!(done >= 6, "{done}");

@@ -46,6 +46,8 @@ const WRITE_TIME: Duration = Duration::from_micros(200);
 const ACCEPT_BATCH: usize = 256;
 /// Accepting again after the process ran out of descriptors.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+/// How often connections with unacknowledged results are asked how far the peer has read.
+const ACK_POLL: Duration = Duration::from_millis(20);
 
 /// Settings of the bridge server: the bridge's bounds and the shell's timings.
 #[derive(Clone, Debug)]
@@ -141,10 +143,39 @@ pub struct BridgeServer {
     now: Duration,
     lines: Vec<Line>,
     read_started: Option<Instant>,
+    next_ack_poll: Duration,
 }
 
 fn open_spare() -> Option<std::fs::File> {
     std::fs::File::open("/dev/null").ok()
+}
+
+/// Bytes written to `stream` that the peer's TCP has not acknowledged yet (`SIOCOUTQ`).
+fn unacknowledged(stream: &TcpStream) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    let mut n: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ (SIOCOUTQ on a TCP socket) stores one int through the pointer.
+    let rc = unsafe { libc::ioctl(stream.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
+    (rc == 0).then(|| u64::try_from(n).unwrap_or(0))
+}
+
+/// Makes the coming close send a reset and discard unsent data (`SO_LINGER` 0).
+fn reset_on_close(stream: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: setsockopt with a pointer to a local linger struct and its size.
+    unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
 }
 
 fn out_of_fds(e: &io::Error) -> bool {
@@ -197,6 +228,7 @@ impl BridgeServer {
             now: Duration::ZERO,
             lines: Vec::new(),
             read_started: None,
+            next_ack_poll: Duration::ZERO,
         })
     }
 
@@ -340,6 +372,12 @@ impl BridgeServer {
                 (Action::Submit { tag, message }, Some(ctx)) => ctx.submit(message, tag),
                 (submit @ Action::Submit { .. }, None) => self.deferred.push(submit),
                 (Action::Close(id), _) => self.drop_socket(id),
+                (Action::Reset(id), _) => {
+                    if let Some(sock) = self.slot_of.get(&id).and_then(|&s| self.sockets.get(s)) {
+                        reset_on_close(&sock.stream);
+                    }
+                    self.drop_socket(id);
+                }
             }
         }
     }
@@ -366,12 +404,27 @@ impl BridgeServer {
         }
     }
 
+    /// Tells the bridge how far the peer has acknowledged what was written.
+    fn poll_ack(&mut self, slot: usize) {
+        let Some(sock) = self.sockets.get(slot) else {
+            return;
+        };
+        let written = self.bridge.written(sock.id);
+        // Without the figure, count everything written as delivered (as a plain write would).
+        let pending = unacknowledged(&sock.stream).unwrap_or(0).min(written);
+        self.bridge.acked(sock.id, written - pending);
+    }
+
     fn write_slot(&mut self, slot: usize) {
         let Some(sock) = self.sockets.get_mut(slot) else {
             return;
         };
         let id = sock.id;
-        match self.bridge.write(id, &mut sock.stream, self.now) {
+        let result = self.bridge.write(id, &mut sock.stream, self.now);
+        if result.is_ok() {
+            self.poll_ack(slot);
+        }
+        match result {
             Ok(Flushed::Budget) => self.rearm(slot),
             Ok(Flushed::All | Flushed::Blocked) => {}
             Err(e) => {
@@ -499,8 +552,17 @@ impl Frontend for BridgeServer {
             self.read(slot, ctx);
         }
         let next = self.bridge.tick(self.now);
+        if self.now >= self.next_ack_poll {
+            self.next_ack_poll = self.now + ACK_POLL;
+            for id in self.bridge.awaiting_ack() {
+                if let Some(&slot) = self.slot_of.get(&id) {
+                    self.poll_ack(slot);
+                }
+            }
+        }
         self.run_actions(Some(ctx));
-        let soon = [Some(next), self.accept_retry]
+        let ack_poll = (!self.bridge.awaiting_ack().is_empty()).then_some(self.next_ack_poll);
+        let soon = [Some(next), self.accept_retry, ack_poll]
             .into_iter()
             .flatten()
             .fold(next, Duration::min);
