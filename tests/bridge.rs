@@ -666,6 +666,7 @@ fn row9_a_half_closed_client_gets_its_result_then_is_closed() {
     let t = n.last_tag();
     n.accept(t);
     n.b.read_closed(a);
+    n.pump();
     assert!(n.closed.is_empty(), "closed with a message outstanding");
     assert!(!n.b.wants_read(a));
     n.reply(t, "answer");
@@ -912,6 +913,7 @@ fn row13_a_duplicate_in_the_same_write_shares_the_originals_fate_in_order() {
             "pong"
         ]
     );
+    assert_eq!(n.b.status().rejected["queue_full"], 2, "one per line");
     // Accepted: the copy is a duplicate; copies from other connections too.
     let d = n.connect();
     n.send(c, msg("c", "1", "x"));
@@ -1037,6 +1039,7 @@ fn typing_follows_the_turn_and_is_refreshed() {
     n.event(t, EventKind::TurnStarted(TurnId(1)));
     n.tick(3 * S);
     n.tick(2 * S);
+    n.tick(S / 2); // refreshed at 5 s: the next is due at 9 s, not now
     n.event(t, EventKind::TurnEnded(TurnId(1)));
     n.reply(t, "r");
     let out = n.take(c);
@@ -1095,6 +1098,17 @@ fn a_client_that_does_not_read_stops_being_read() {
     assert!(!n.b.wants_read(a));
     n.take(a);
     assert!(n.b.wants_read(a));
+    // Exactly at the bound is over it: one pong line is 14 bytes.
+    let mut n = Net::new(BridgeConfig {
+        max_write_buffer: 14,
+        ..cfg()
+    });
+    let a = n.connect();
+    n.send(a, json!({"op": "ping"}));
+    assert!(!n.b.wants_read(a));
+    n.b.read_closed(a);
+    n.pump();
+    assert!(!n.b.wants_read(a), "a half-closed connection is not read");
 }
 
 #[test]
@@ -1405,4 +1419,49 @@ fn a_result_is_released_only_once_acknowledged_and_a_silent_peer_is_closed() {
     let b = n.connect();
     n.hello(b, "tg");
     assert_eq!(ops(&n.take(b)), ["reply m3 r3"]);
+}
+
+#[test]
+fn deadlines_are_checked_every_100_ms_not_at_every_wake() {
+    let mut n = Net::new(BridgeConfig {
+        write_stall_timeout: 10 * S,
+        ..cfg()
+    });
+    assert_eq!(n.b.tick(Duration::ZERO), Duration::from_millis(100));
+    assert_eq!(
+        n.b.tick(Duration::from_millis(50)),
+        Duration::from_millis(100)
+    );
+    let a = n.connect();
+    n.send(a, json!({"op": "ping"}));
+    let mut full = Pipe {
+        data: Vec::new(),
+        room: 0,
+    };
+    n.b.write(a, &mut full, n.now).unwrap();
+    n.tick(9 * S + Duration::from_millis(950));
+    // Due at 10 s, but the last check was at 9.95 s: the next is at 10.05 s.
+    n.tick(Duration::from_millis(50));
+    assert!(n.closed.is_empty());
+    n.tick(Duration::from_millis(50));
+    assert_eq!(n.closed, [a]);
+    assert_eq!(n.b.status().connections_refused, 1);
+}
+
+#[test]
+fn a_partial_is_dropped_exactly_at_the_output_bound() {
+    let ack =
+        json!({"op": "ack", "id": "m", "session": "tg:dm:1", "state": "running", "position": 0});
+    let mut n = Net::new(BridgeConfig {
+        max_write_buffer: ack.to_string().len() + 1,
+        ..cfg()
+    });
+    let a = n.connect();
+    n.hello(a, "tg");
+    n.send(a, msg("m", "1", "x"));
+    let t = n.last_tag();
+    n.accept(t);
+    n.event(t, EventKind::Partial("p".into()));
+    assert_eq!(n.b.status().partials_dropped, 1);
+    assert_eq!(ops(&n.take(a)), ["ack m running"]);
 }
