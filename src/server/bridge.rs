@@ -23,8 +23,9 @@
 //!   connection (reads pause; best-effort lines are dropped).
 //! - **Delivery**: a terminal event goes to the connection that sent the message; if it has
 //!   gone, to its platform's outbox, which feeds the newest connection that said hello for
-//!   the platform as fast as that connection reads. What a closing connection had not written
-//!   goes back to the *front* of its outbox, in order. A half-closed client keeps getting its
+//!   the platform as fast as that connection reads. A result is delivered once the peer's
+//!   TCP acknowledges it ([`Bridge::acked`]); what a dying connection had not delivered goes
+//!   back to the *front* of its outbox, in order. A half-closed client keeps getting its
 //!   events until none is outstanding.
 //! - **Isolation**: with a token, only a hello carrying it authenticates, a connection acts
 //!   only for the platform its hello named, and after `unauthorized` no further line counts.
