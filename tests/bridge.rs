@@ -615,6 +615,7 @@ fn row7_idle_unauthenticated_connections_cannot_lock_the_bridge_out() {
     assert_eq!(n.b.status().unauthenticated, 8);
     // The real bridge gets in once the idle ones time out (at 5 s exactly).
     n.tick(4 * S);
+    assert!(!n.b.has_output(idle[0]), "answered before its deadline");
     n.tick(900 * Duration::from_millis(1));
     assert!(n.closed.is_empty());
     n.tick(100 * Duration::from_millis(1));
@@ -1070,11 +1071,22 @@ fn a_connection_that_takes_no_output_is_closed_after_the_stall_timeout() {
         room: 0,
     };
     assert_eq!(n.b.write(a, &mut full, n.now).unwrap(), Flushed::Blocked);
-    n.tick(9 * S);
+    // A blocked write is no progress; a byte taken is.
+    n.tick(5 * S);
+    assert_eq!(n.b.write(a, &mut full, n.now).unwrap(), Flushed::Blocked);
+    n.tick(4 * S);
     n.tick(900 * Duration::from_millis(1));
     assert!(n.closed.is_empty());
     assert!(n.b.has_output(a));
+    let mut one = Pipe {
+        data: Vec::new(),
+        room: 1,
+    };
+    assert_eq!(n.b.write(a, &mut one, n.now).unwrap(), Flushed::Blocked);
     n.tick(100 * Duration::from_millis(1));
+    assert!(n.closed.is_empty(), "closed while making progress");
+    n.tick(9 * S);
+    n.tick(900 * Duration::from_millis(1));
     assert_eq!(n.closed, [a]);
     assert_eq!(n.reset, [a], "its unsent copy could still reach the peer");
     let b = n.connect();
@@ -1468,4 +1480,30 @@ fn a_partial_is_dropped_exactly_at_the_output_bound() {
     n.event(t, EventKind::Partial("p".into()));
     assert_eq!(n.b.status().partials_dropped, 1);
     assert_eq!(ops(&n.take(a)), ["ack m running"]);
+}
+
+#[test]
+fn one_write_pass_takes_at_most_the_write_budget_even_from_a_backlog() {
+    let mut n = Net::new(BridgeConfig {
+        write_budget: 1_000,
+        ..cfg()
+    });
+    let a = n.connect();
+    n.hello(a, "tg");
+    for i in 0..100 {
+        n.send(a, msg(&format!("m{i}"), &format!("c{i}"), "x"));
+    }
+    for t in n.order.clone() {
+        n.accept(t);
+    }
+    n.take(a);
+    n.b.disconnected(a);
+    for t in n.order.clone() {
+        n.reply(t, "r");
+    }
+    let b = n.connect();
+    n.hello(b, "tg");
+    let mut w = Vec::new();
+    assert_eq!(n.b.write(b, &mut w, n.now).unwrap(), Flushed::Budget);
+    assert!((1_000..1_100).contains(&w.len()), "{}", w.len());
 }
