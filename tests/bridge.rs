@@ -1427,7 +1427,9 @@ fn a_result_is_released_only_once_acknowledged_and_a_silent_peer_is_closed() {
     n.reply(t3, "r3");
     let mut w = Vec::new();
     n.b.write(a, &mut w, n.now).unwrap();
-    n.tick(9 * S);
+    n.tick(5 * S);
+    n.b.acked(a, written); // no progress: the stall clock keeps running
+    n.tick(4 * S);
     n.tick(900 * Duration::from_millis(1));
     assert!(n.closed.is_empty());
     n.tick(100 * Duration::from_millis(1));
@@ -1506,4 +1508,26 @@ fn one_write_pass_takes_at_most_the_write_budget_even_from_a_backlog() {
     let mut w = Vec::new();
     assert_eq!(n.b.write(b, &mut w, n.now).unwrap(), Flushed::Budget);
     assert!((1_000..1_100).contains(&w.len()), "{}", w.len());
+}
+
+#[test]
+fn a_second_hello_moves_only_that_connection() {
+    let mut n = Net::new(cfg());
+    let a = n.connect();
+    let b = n.connect();
+    n.hello(a, "tg");
+    n.hello(b, "tg");
+    n.hello(a, "discord");
+    let st = n.b.status();
+    assert_eq!(
+        (
+            st.outboxes["tg"].connections,
+            st.outboxes["discord"].connections
+        ),
+        (1, 1)
+    );
+    n.hello(a, "discord");
+    assert_eq!(n.b.status().outboxes["discord"].connections, 1);
+    n.send(a, json!({"op": "hello"}));
+    assert_eq!(n.platforms(), 1, "the platform it left was not freed");
 }
