@@ -1486,8 +1486,10 @@ fn a_partial_is_dropped_exactly_at_the_output_bound() {
 
 #[test]
 fn one_write_pass_takes_at_most_the_write_budget_even_from_a_backlog() {
+    // A small output bound: the pass refills from the outbox several times within its budget.
     let mut n = Net::new(BridgeConfig {
         write_budget: 1_000,
+        max_write_buffer: 100,
         ..cfg()
     });
     let a = n.connect();
@@ -1530,4 +1532,34 @@ fn a_second_hello_moves_only_that_connection() {
     assert_eq!(n.b.status().outboxes["discord"].connections, 1);
     n.send(a, json!({"op": "hello"}));
     assert_eq!(n.platforms(), 1, "the platform it left was not freed");
+}
+
+#[test]
+fn a_blocked_write_is_no_progress_for_the_stall_clock() {
+    let mut n = Net::new(BridgeConfig {
+        write_stall_timeout: 10 * S,
+        ..cfg()
+    });
+    let a = n.connect();
+    let b = n.connect();
+    for c in [a, b] {
+        n.send(c, json!({"op": "ping"}));
+    }
+    let mut full = Pipe {
+        data: Vec::new(),
+        room: 0,
+    };
+    n.b.write(a, &mut full, n.now).unwrap();
+    n.b.write(b, &mut full, n.now).unwrap();
+    n.tick(5 * S);
+    n.b.write(a, &mut full, n.now).unwrap(); // nothing taken
+    let mut one = Pipe {
+        data: Vec::new(),
+        room: 1,
+    };
+    n.b.write(b, &mut one, n.now).unwrap(); // one byte taken
+    n.tick(5 * S);
+    assert_eq!(n.closed, [a]);
+    n.tick(5 * S);
+    assert_eq!(n.closed, [a, b]);
 }
