@@ -1563,3 +1563,28 @@ fn a_blocked_write_is_no_progress_for_the_stall_clock() {
     n.tick(5 * S);
     assert_eq!(n.closed, [a, b]);
 }
+
+#[test]
+fn results_rescued_from_a_connection_go_at_once_to_their_platforms_newest_hello() {
+    let mut n = Net::new(cfg());
+    let b = n.connect();
+    n.hello(b, "tg");
+    let a = n.connect();
+    n.send(
+        a,
+        json!({"op": "message", "id": "m", "platform": "tg", "chat_id": "1", "text": "x"}),
+    );
+    let t = n.last_tag();
+    n.accept(t);
+    n.reply(t, "r");
+    let mut void = Vec::new();
+    n.b.write(a, &mut void, n.now).unwrap(); // written, never acknowledged
+    n.b.take_dirty();
+    n.b.disconnected(a);
+    assert_eq!(
+        n.b.take_dirty(),
+        [b],
+        "the rescued result waits for an unrelated event"
+    );
+    assert_eq!(ops(&n.take(b)), ["reply m r"]);
+}
