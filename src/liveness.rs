@@ -239,6 +239,10 @@ pub struct Status {
     /// What the agents consumed (tokens), when the agent factory counts it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent_usage: Option<AgentUsage>,
+    /// The hosted frontend's own figures (the bridge server's connections, platforms,
+    /// outboxes and rejections), when it reports any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frontend: Option<serde_json::Value>,
 }
 
 /// The latest snapshot, shared between the reactor (writer) and any reader.

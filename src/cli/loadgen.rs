@@ -43,6 +43,23 @@ pub struct LoadgenArgs {
     /// See --workers.
     #[arg(long, default_value_t = 0.0)]
     delay_ms: f64,
+    /// Open loop instead: --messages messages with unique ids over --sessions sessions from
+    /// --connections connections, each connection keeping up to --window unanswered; refused
+    /// messages (`backpressure`, `overloaded`, `queue_full`) are sent again later.
+    #[arg(long)]
+    flood: bool,
+    /// Messages of the flood.
+    #[arg(long, default_value_t = 1_000_000)]
+    messages: usize,
+    /// Messages a flood connection keeps unanswered at once.
+    #[arg(long, default_value_t = 1_000)]
+    window: usize,
+    /// Bytes of text per flood message.
+    #[arg(long, default_value_t = 16)]
+    text_bytes: usize,
+    /// The server's pid, to report its peak RSS (VmHWM) and final RSS.
+    #[arg(long)]
+    server_pid: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -56,6 +73,9 @@ struct Line<'a> {
 
 /// Runs the workload; returns the exit code.
 pub fn run(args: LoadgenArgs) -> i32 {
+    if args.flood {
+        return flood(&args);
+    }
     if args.sessions == 0 || args.rounds == 0 || args.connections == 0 {
         eprintln!("turnstile loadgen: --sessions, --rounds and --connections must be at least 1");
         return USAGE_ERROR;
@@ -237,4 +257,228 @@ fn drive(
         }
     }
     Ok(latencies)
+}
+
+/// The flood's result line.
+#[derive(serde::Serialize)]
+struct FloodReport {
+    scenario: &'static str,
+    messages: usize,
+    sessions: usize,
+    connections: usize,
+    window: usize,
+    seconds: f64,
+    messages_per_s: f64,
+    /// Refusals answered by sending again, by reason.
+    retried: HashMap<String, u64>,
+    latency_ms: Percentiles,
+    loop_lag_ms: Option<Percentiles>,
+    server_rss_mib: Option<f64>,
+    server_peak_rss_mib: Option<f64>,
+}
+
+fn proc_kib(pid: u32, field: &str) -> Option<f64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = text.lines().find(|l| l.starts_with(field))?;
+    line.split_whitespace().nth(1)?.parse::<f64>().ok()
+}
+
+fn flood(args: &LoadgenArgs) -> i32 {
+    if args.messages == 0 || args.sessions == 0 || args.connections == 0 || args.window == 0 {
+        eprintln!(
+            "turnstile loadgen: --messages, --sessions, --connections and --window must be at least 1"
+        );
+        return USAGE_ERROR;
+    }
+    let nonce = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    let done = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let conns = args.connections.min(args.messages);
+    let (results_tx, results) = crossbeam_channel::unbounded();
+    for c in 0..conns {
+        let mine: Vec<usize> = (c..args.messages).step_by(conns).collect();
+        let (addr, token, done) = (args.addr.clone(), args.token.clone(), done.clone());
+        let (sessions, window, text) = (args.sessions, args.window, "t".repeat(args.text_bytes));
+        let tag = format!("{nonce}");
+        let tx = results_tx.clone();
+        thread::spawn(move || {
+            let _ = tx.send(flood_one(
+                &addr,
+                token.as_deref(),
+                &tag,
+                &mine,
+                sessions,
+                window,
+                &text,
+                &done,
+            ));
+        });
+    }
+    drop(results_tx);
+    let mut latencies = Vec::with_capacity(args.messages);
+    let mut retried: HashMap<String, u64> = HashMap::new();
+    let mut finished = 0;
+    while finished < conns {
+        match results.recv_timeout(Duration::from_secs(1)) {
+            Ok(Ok((mut l, r))) => {
+                latencies.append(&mut l);
+                for (k, v) in r {
+                    *retried.entry(k).or_insert(0) += v;
+                }
+                finished += 1;
+            }
+            Ok(Err(e)) => {
+                eprintln!("\nturnstile loadgen: {e}");
+                return 1;
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                let n = done.load(Ordering::Relaxed);
+                eprint!(
+                    "\rloadgen: {n}/{} messages, {:.0} s",
+                    args.messages,
+                    start.elapsed().as_secs_f64()
+                );
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                eprintln!("\nturnstile loadgen: a connection thread panicked");
+                return 1;
+            }
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    eprintln!("\rloadgen: {0}/{0} messages, {seconds:.1} s", args.messages);
+    let report = FloodReport {
+        scenario: "flood",
+        messages: args.messages,
+        sessions: args.sessions,
+        connections: conns,
+        window: args.window,
+        seconds: round(seconds, 3),
+        messages_per_s: round(args.messages as f64 / seconds, 1),
+        retried,
+        latency_ms: summarize(&mut latencies).rounded(3),
+        loop_lag_ms: args.status_file.as_deref().and_then(read_lag),
+        server_rss_mib: args
+            .server_pid
+            .and_then(|p| proc_kib(p, "VmRSS:"))
+            .map(|k| round(k / 1024.0, 1)),
+        server_peak_rss_mib: args
+            .server_pid
+            .and_then(|p| proc_kib(p, "VmHWM:"))
+            .map(|k| round(k / 1024.0, 1)),
+    };
+    match serde_json::to_string(&report) {
+        Ok(line) => {
+            println!("{line}");
+            0
+        }
+        Err(e) => {
+            eprintln!("turnstile loadgen: {e}");
+            1
+        }
+    }
+}
+
+type FloodResult = Result<(Vec<f64>, HashMap<String, u64>), String>;
+
+/// One flood connection: its messages pipelined up to `window` unanswered, refusals resent.
+#[allow(clippy::too_many_arguments)]
+fn flood_one(
+    addr: &str,
+    token: Option<&str>,
+    tag: &str,
+    mine: &[usize],
+    sessions: usize,
+    window: usize,
+    text: &str,
+    done: &AtomicUsize,
+) -> FloodResult {
+    let stream = TcpStream::connect(addr).map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+    let _ = stream.set_nodelay(true);
+    stream
+        .set_read_timeout(Some(Duration::from_secs(300)))
+        .map_err(|e| e.to_string())?;
+    let mut reader =
+        BufReader::with_capacity(256 * 1024, stream.try_clone().map_err(|e| e.to_string())?);
+    let mut writer = BufWriter::with_capacity(256 * 1024, stream);
+    let io = |e: std::io::Error| e.to_string();
+    writeln!(
+        writer,
+        "{}",
+        serde_json::json!({"op": "hello", "platform": "loadgen", "token": token})
+    )
+    .map_err(io)?;
+    let send = |w: &mut BufWriter<TcpStream>, i: usize| -> Result<(), String> {
+        writeln!(
+            w,
+            r#"{{"op":"message","id":"fl-{tag}-{i}","chat_id":"s{}","text":"{text}"}}"#,
+            i % sessions
+        )
+        .map_err(io)
+    };
+    let mut next = 0;
+    let mut retry: std::collections::VecDeque<usize> = std::collections::VecDeque::new();
+    let mut sent_at: HashMap<usize, Instant> = HashMap::with_capacity(window);
+    let mut retried: HashMap<String, u64> = HashMap::new();
+    let mut latencies = Vec::with_capacity(mine.len());
+    let mut remaining = mine.len();
+    let mut line = String::new();
+    while remaining > 0 {
+        // Fill the window: refused messages first, then new ones.
+        while sent_at.len() < window {
+            let i = match retry.pop_front() {
+                Some(i) => i,
+                None if next < mine.len() => {
+                    next += 1;
+                    mine[next - 1]
+                }
+                None => break,
+            };
+            sent_at.insert(i, Instant::now());
+            send(&mut writer, i)?;
+        }
+        writer.flush().map_err(io)?;
+        // Read what is there (at least one line).
+        loop {
+            line.clear();
+            if reader.read_line(&mut line).map_err(io)? == 0 {
+                return Err("the gateway closed the connection".into());
+            }
+            let parsed: Line<'_> =
+                serde_json::from_str(&line).map_err(|e| format!("bad line from gateway: {e}"))?;
+            let index = || -> Option<usize> { parsed.id?.rsplit('-').next()?.parse().ok() };
+            match parsed.op {
+                "reply" | "cancelled" | "failed" | "merged" => {
+                    if let Some(t) = index().and_then(|i| sent_at.remove(&i)) {
+                        latencies.push(t.elapsed().as_secs_f64() * 1000.0);
+                        remaining -= 1;
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                "reject" => {
+                    let reason = parsed.reason.unwrap_or("");
+                    if !matches!(reason, "backpressure" | "overloaded" | "queue_full") {
+                        return Err(format!(
+                            "gateway refused {}: {reason}",
+                            parsed.id.unwrap_or("-")
+                        ));
+                    }
+                    *retried.entry(reason.to_owned()).or_insert(0) += 1;
+                    if let Some(i) = index() {
+                        sent_at.remove(&i);
+                        retry.push_back(i);
+                    }
+                }
+                "error" => return Err(format!("gateway error: {}", line.trim())),
+                _ => {}
+            }
+            if reader.buffer().is_empty() {
+                break;
+            }
+        }
+    }
+    Ok((latencies, retried))
 }

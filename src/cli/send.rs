@@ -24,6 +24,12 @@ pub struct SendArgs {
     /// Sender's user id.
     #[arg(long)]
     user: Option<String>,
+    /// Sender's display name (needs --user).
+    #[arg(long)]
+    user_name: Option<String>,
+    /// Platform metadata: a JSON object passed to the agent.
+    #[arg(long)]
+    meta: Option<String>,
     /// Auth token, if the gateway requires one.
     #[arg(long, env = "TURNSTILE_AUTH_TOKEN", hide_env_values = true)]
     token: Option<String>,
@@ -60,10 +66,15 @@ fn exchange(args: &SendArgs) -> Result<i32, Box<dyn std::error::Error>> {
         .map(|d| d.as_nanos())
         .unwrap_or(0);
     let id = format!("send-{}-{nanos}", std::process::id());
+    let meta: Option<Value> = match &args.meta {
+        Some(m) => Some(serde_json::from_str(m).map_err(|e| format!("--meta: {e}"))?),
+        None => None,
+    };
     let hello = json!({"op": "hello", "platform": args.platform, "token": args.token});
     let message = json!({
         "op": "message", "id": id, "platform": args.platform, "chat_id": args.chat,
-        "user_id": args.user, "text": args.text.join(" "),
+        "user_id": args.user, "user_name": args.user_name, "meta": meta,
+        "text": args.text.join(" "),
     });
     writeln!(writer, "{hello}\n{message}")?;
     for line in BufReader::new(stream).lines() {
@@ -80,6 +91,9 @@ fn exchange(args: &SendArgs) -> Result<i32, Box<dyn std::error::Error>> {
         match op {
             "reply" => {
                 println!("{}", v["text"].as_str().unwrap_or(""));
+                if v["truncated"] == true {
+                    eprintln!("(the reply was truncated at --max-reply-bytes)");
+                }
                 return Ok(0);
             }
             "reject" => eprintln!(

@@ -13,7 +13,7 @@ use turnstile::openai::{
     ApiKey, DEFAULT_HISTORY_CHARS, DEFAULT_HISTORY_TURNS, OpenAiConfig, OpenAiFactory, TlsRoots,
 };
 use turnstile::process::{self, ProcessAgent, ProcessOptions};
-use turnstile::server::{BridgeServer, ServerConfig};
+use turnstile::server::{BridgeConfig, BridgeServer, ServerConfig};
 use turnstile::{Builder, BusyMode, EchoAgent};
 
 use super::USAGE_ERROR;
@@ -145,10 +145,12 @@ pub struct ServeArgs {
     /// Longest accepted protocol line [default: 65536].
     #[arg(long)]
     max_line_bytes: Option<usize>,
-    /// Unwritten output per connection before it is closed [default: 8 MiB].
+    /// Unwritten output per connection past which its reads pause and typing/partial lines
+    /// are dropped; also the outbox backlog it is fed at a time [default: 1 MiB].
     #[arg(long)]
     max_write_buffer: Option<usize>,
-    /// Terminal events a platform's outbox holds before refusing new messages [default: 10000].
+    /// Undelivered results a platform may have (reserved at admission; `backpressure`
+    /// beyond) [default: 10000].
     #[arg(long)]
     outbox_cap: Option<usize>,
     /// Model name for --agent openai.
@@ -185,11 +187,49 @@ pub struct ServeArgs {
     /// Certificate authorities for https [default: platform].
     #[arg(long, value_enum)]
     openai_tls_roots: Option<TlsRootsArg>,
+    /// Bytes a platform may have reserved for undelivered results; each accepted message
+    /// reserves --max-reply-bytes + 8 KiB (`backpressure` beyond) [default: 256 MiB].
+    #[arg(long)]
+    outbox_bytes: Option<usize>,
+    /// Platforms known at once; a hello or message for another gets `error`/`overloaded`
+    /// [default: 16].
+    #[arg(long)]
+    max_platforms: Option<usize>,
+    /// Message ids a platform's duplicate window holds (`backpressure` beyond) [default: 1000000].
+    #[arg(long)]
+    dedup_max: Option<usize>,
+    /// Seconds an accepted (platform, id) is remembered [default: 600].
+    #[arg(long)]
+    dedup_window: Option<f64>,
+    /// Connections waiting for their hello (with a token), in all [default: 256].
+    #[arg(long)]
+    max_unauthenticated: Option<usize>,
+    /// Connections waiting for their hello (with a token), per peer address [default: 32].
+    #[arg(long)]
+    max_unauthenticated_per_peer: Option<usize>,
+    /// Seconds a connection has to send its hello (with a token) [default: 5].
+    #[arg(long)]
+    hello_timeout: Option<f64>,
+    /// Bytes written to one connection per loop wake [default: 262144].
+    #[arg(long)]
+    write_budget: Option<usize>,
+    /// Seconds a connection with output may take none of it before it is closed (its
+    /// results go back to the outbox) [default: 60].
+    #[arg(long)]
+    write_stall_timeout: Option<f64>,
+    /// Listen on a non-loopback address without an auth token.
+    #[arg(long)]
+    #[serde(default)]
+    allow_insecure_bind: bool,
 }
 
 macro_rules! merge {
     ($flags:ident, $file:ident, $($field:ident),*) => {
-        ServeArgs { config: None, $($field: $flags.$field.or($file.$field)),* }
+        ServeArgs {
+            config: None,
+            allow_insecure_bind: $flags.allow_insecure_bind || $file.allow_insecure_bind,
+            $($field: $flags.$field.or($file.$field)),*
+        }
     };
 }
 
@@ -218,12 +258,9 @@ struct Settings {
     cleanup_timeout: Duration,
     drain_timeout: Duration,
     status_file: Option<PathBuf>,
-    auth_token: Option<String>,
-    max_connections: usize,
-    max_line_bytes: usize,
-    max_write_buffer: usize,
-    outbox_cap: usize,
     openai: Option<OpenAiConfig>,
+    bridge: BridgeConfig,
+    allow_insecure_bind: bool,
 }
 
 fn seconds(
@@ -304,7 +341,16 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         openai_sender_prefix,
         openai_connect_timeout,
         openai_read_timeout,
-        openai_tls_roots
+        openai_tls_roots,
+        outbox_bytes,
+        max_platforms,
+        dedup_max,
+        dedup_window,
+        max_unauthenticated,
+        max_unauthenticated_per_peer,
+        hello_timeout,
+        write_budget,
+        write_stall_timeout
     );
     let agent = a.agent.unwrap_or(AgentKind::Echo);
     let needs_cmd = matches!(agent, AgentKind::Exec | AgentKind::Process);
@@ -338,10 +384,53 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         AgentKind::Openai => Some(openai_config(&a)?),
         _ => None,
     };
+    let listen = a
+        .listen
+        .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7878)));
+    if !listen.ip().is_loopback() && a.auth_token.is_none() && !a.allow_insecure_bind {
+        return Err(format!(
+            "--listen {listen}: a non-loopback address needs --auth-token (or --allow-insecure-bind)"
+        ));
+    }
+    let max_reply_bytes = at_least_one(
+        "max-reply-bytes",
+        a.max_reply_bytes,
+        turnstile::reactor::DEFAULT_MAX_REPLY_BYTES,
+    )?;
+    let bridge = BridgeConfig {
+        auth_token: a.auth_token.clone(),
+        max_connections: at_least_one("max-connections", a.max_connections, 1024)?,
+        max_unauthenticated: at_least_one("max-unauthenticated", a.max_unauthenticated, 256)?,
+        max_unauthenticated_per_peer: at_least_one(
+            "max-unauthenticated-per-peer",
+            a.max_unauthenticated_per_peer,
+            32,
+        )?,
+        hello_timeout: seconds("hello-timeout", a.hello_timeout, 5.0, false)?,
+        max_line_bytes: at_least_one("max-line-bytes", a.max_line_bytes, 65_536)?,
+        max_write_buffer: at_least_one("max-write-buffer", a.max_write_buffer, 1 << 20)?,
+        write_budget: at_least_one("write-budget", a.write_budget, 256 * 1024)?,
+        write_stall_timeout: seconds("write-stall-timeout", a.write_stall_timeout, 60.0, false)?,
+        max_platforms: at_least_one("max-platforms", a.max_platforms, 16)?,
+        outbox_cap: at_least_one("outbox-cap", a.outbox_cap, 10_000)?,
+        outbox_bytes: at_least_one("outbox-bytes", a.outbox_bytes, 256 << 20)?,
+        max_reply_bytes,
+        dedup_window: seconds("dedup-window", a.dedup_window, 600.0, false)?,
+        dedup_max: at_least_one("dedup-max", a.dedup_max, 1_000_000)?,
+        ..BridgeConfig::default()
+    };
+    let reserve = max_reply_bytes.saturating_add(turnstile::server::bridge::TERMINAL_ENVELOPE);
+    if bridge.outbox_bytes < reserve {
+        return Err(format!(
+            "--outbox-bytes: {} is less than one result's reservation ({reserve} bytes: --max-reply-bytes + 8 KiB)",
+            bridge.outbox_bytes
+        ));
+    }
     Ok(Settings {
-        listen: a
-            .listen
-            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7878))),
+        listen,
+        bridge,
+        max_reply_bytes,
+        allow_insecure_bind: a.allow_insecure_bind,
         agent,
         agent_cmd: a.agent_cmd,
         agent_close_grace,
@@ -350,11 +439,6 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
             "agent-max-line-bytes",
             a.agent_max_line_bytes,
             process::DEFAULT_MAX_LINE_BYTES,
-        )?,
-        max_reply_bytes: at_least_one(
-            "max-reply-bytes",
-            a.max_reply_bytes,
-            turnstile::reactor::DEFAULT_MAX_REPLY_BYTES,
         )?,
         echo_delay: Duration::from_millis(a.echo_delay_ms.unwrap_or(0)),
         busy_mode: match a.busy_mode.unwrap_or(BusyArg::Queue) {
@@ -388,11 +472,6 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         cleanup_timeout,
         drain_timeout: seconds("drain-timeout", a.drain_timeout, 30.0, true)?,
         status_file: a.status_file,
-        auth_token: a.auth_token,
-        max_connections: at_least_one("max-connections", a.max_connections, 1024)?,
-        max_line_bytes: at_least_one("max-line-bytes", a.max_line_bytes, 65_536)?,
-        max_write_buffer: at_least_one("max-write-buffer", a.max_write_buffer, 8 << 20)?,
-        outbox_cap: at_least_one("outbox-cap", a.outbox_cap, 10_000)?,
         openai,
     })
 }
@@ -453,6 +532,19 @@ pub fn run(args: ServeArgs) -> i32 {
             return USAGE_ERROR;
         }
     };
+    if let Some(path) = &s.status_file
+        && let Err(e) = check_writable(path)
+    {
+        eprintln!("turnstile serve: --status-file {}: {e}", path.display());
+        return USAGE_ERROR;
+    }
+    match turnstile::server::raise_fd_limit() {
+        Ok((old, new)) if new > old => {
+            log::info!("raised the open-file limit from {old} to {new} (the hard limit)")
+        }
+        Ok((_, now)) => log::info!("open-file limit: {now}"),
+        Err(e) => log::warn!("cannot raise the open-file limit: {e}"),
+    }
     let builder = match (s.agent, &s.agent_cmd, s.openai.clone()) {
         (AgentKind::Exec, Some(cmd), _) => Builder::new(ExecAgent::factory_with(
             cmd,
@@ -518,20 +610,17 @@ pub fn run(args: ServeArgs) -> i32 {
     let watchdog =
         s.drain_timeout + s.stop_grace + s.cleanup_timeout + flush_budget + Duration::from_secs(30);
     let cfg = ServerConfig {
-        auth_token: s.auth_token,
-        max_connections: s.max_connections,
-        max_line_bytes: s.max_line_bytes,
-        max_write_buffer: s.max_write_buffer,
-        outbox_cap: s.outbox_cap,
+        bridge: s.bridge,
         flush_budget,
         watchdog,
+        allow_insecure_bind: s.allow_insecure_bind,
         ..ServerConfig::default()
     };
     let server = match BridgeServer::bind(s.listen, cfg) {
         Ok(server) => server,
         Err(e) => {
-            eprintln!("turnstile serve: cannot listen on {}: {e}", s.listen);
-            return 1;
+            eprintln!("turnstile serve: --listen {}: {e}", s.listen);
+            return USAGE_ERROR;
         }
     };
     let addr = match server.local_addr() {
@@ -567,4 +656,14 @@ pub fn run(args: ServeArgs) -> i32 {
             1
         }
     }
+}
+
+/// Whether the status file can be written: its temporary sibling is created and removed, as
+/// the status writer will do every 100 ms.
+fn check_writable(path: &std::path::Path) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    std::fs::File::create(&tmp)?;
+    std::fs::remove_file(&tmp)
 }

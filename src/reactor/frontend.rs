@@ -82,6 +82,11 @@ pub trait Frontend {
 
     /// Called once shutdown has completed, to flush output (bounded in time).
     fn finish(&mut self, poll: &mut Poll);
+
+    /// The frontend's own figures for the status snapshot (its `frontend` field).
+    fn status(&self) -> Option<serde_json::Value> {
+        None
+    }
 }
 
 /// The frontend of a runtime used only through [`super::Handle`]s.

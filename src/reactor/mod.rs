@@ -450,7 +450,12 @@ impl Runtime {
         } else {
             None
         };
-        status.publish(heartbeat.snapshot(RuntimeState::Running, Duration::ZERO, &driver));
+        status.publish(heartbeat.snapshot(
+            RuntimeState::Running,
+            Duration::ZERO,
+            &driver,
+            frontend.status(),
+        ));
         let report = loop {
             let now = epoch.elapsed();
             for completion in completions.try_iter() {
@@ -499,7 +504,9 @@ impl Runtime {
             } else {
                 RuntimeState::Running
             };
-            if let Some(snapshot) = heartbeat.tick_if_due(epoch.elapsed(), state, &driver) {
+            if let Some(snapshot) =
+                heartbeat.tick_if_due(epoch.elapsed(), state, &driver, &frontend)
+            {
                 if let Some(w) = &writer {
                     w.offer(Arc::clone(&snapshot));
                 }
@@ -534,7 +541,12 @@ impl Runtime {
         };
         log::info!("shutdown complete: {report:?}");
         frontend.finish(&mut poll);
-        let last = heartbeat.snapshot(RuntimeState::Stopped, epoch.elapsed(), &driver);
+        let last = heartbeat.snapshot(
+            RuntimeState::Stopped,
+            epoch.elapsed(),
+            &driver,
+            frontend.status(),
+        );
         status.publish(Arc::clone(&last));
         if let Some(w) = writer {
             w.finish(last);
@@ -698,6 +710,7 @@ impl Heartbeat {
         now: Duration,
         state: RuntimeState,
         driver: &Driver,
+        frontend: &impl Frontend,
     ) -> Option<Arc<Status>> {
         if now < self.next {
             return None;
@@ -708,10 +721,16 @@ impl Heartbeat {
         while self.next <= now {
             self.next += self.interval;
         }
-        Some(self.snapshot(state, now, driver))
+        Some(self.snapshot(state, now, driver, frontend.status()))
     }
 
-    fn snapshot(&self, state: RuntimeState, now: Duration, driver: &Driver) -> Arc<Status> {
+    fn snapshot(
+        &self,
+        state: RuntimeState,
+        now: Duration,
+        driver: &Driver,
+        frontend: Option<serde_json::Value>,
+    ) -> Arc<Status> {
         let s = driver.core.stats();
         Arc::new(Status {
             pid: std::process::id(),
@@ -754,6 +773,7 @@ impl Heartbeat {
                 events_undelivered: driver.undelivered,
             },
             agent_usage: self.factory.usage(),
+            frontend,
         })
     }
 }

@@ -1,28 +1,64 @@
-//! The duplicate window: (platform, message id) pairs accepted recently, so a bridge that
+//! One platform's duplicate window: the message ids it sent recently, so that a bridge that
 //! re-sends a message (a retry after a reconnect, a platform redelivery) does not run it twice.
 //!
-//! Entries are 64-bit SipHash fingerprints under a per-process random key: fixed-size entries
-//! keep the map cheap to grow on the reactor (no string re-hashing), and a false match needs a
-//! 64-bit collision (about 3e-8 with 10^6 ids remembered). Memory is bounded: past `max`
-//! entries the oldest are forgotten early.
+//! Each platform has its own window with its own capacity, so one platform's flood cannot
+//! evict another's ids. A full window is never trimmed early (that would let a redelivery run
+//! twice): the bridge refuses new ids with `backpressure` until entries expire.
+//!
+//! An id is `Pending` from its submission until the runtime admits or refuses it, so a second
+//! copy arriving in between is answered together with the first (one answer per line).
+//! Entries are 64-bit SipHash fingerprints under a per-process random key: a false match needs
+//! a 64-bit collision (about 3e-8 with 10^6 ids remembered).
 
+use std::collections::VecDeque;
 use std::collections::hash_map::RandomState;
-use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
 use std::time::Duration;
 
-use crate::message::KeyHashBuilder;
+use super::sharded::{Sharded, shard_of};
 
-/// A remembered (platform, id).
+/// A remembered message id.
 pub type Fingerprint = u64;
 
-/// Recently accepted message ids, each remembered for `window`.
+/// What the window knows of an id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    /// Not seen within the window.
+    New,
+    /// Submitted under this tag; the runtime has not answered yet.
+    Pending(u64),
+    /// Accepted within the window.
+    Accepted,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Entry {
+    Pending(u64),
+    Until(Duration),
+}
+
+/// Ids of one platform, each remembered for `window` after its acceptance, at most `max`.
 pub struct DedupWindow {
     window: Duration,
     max: usize,
-    hasher: RandomState,
-    until: HashMap<Fingerprint, Duration, KeyHashBuilder>,
-    order: VecDeque<(Duration, Fingerprint)>,
+    /// Sharded so that growing to a million ids never rehashes them all in one step.
+    entries: Sharded<Entry>,
+    /// Accepted ids in acceptance order (hence expiry order), per shard of `entries`, so
+    /// that no queue grows by copying a million entries at once either.
+    order: Vec<VecDeque<(Duration, Fingerprint)>>,
+    /// The shard whose expiry comes next.
+    cursor: usize,
+}
+
+/// The process-wide fingerprint key.
+fn hasher() -> &'static RandomState {
+    static HASHER: std::sync::OnceLock<RandomState> = std::sync::OnceLock::new();
+    HASHER.get_or_init(RandomState::new)
+}
+
+/// The fingerprint of a message id.
+pub fn fingerprint(id: &str) -> Fingerprint {
+    hasher().hash_one(id)
 }
 
 impl DedupWindow {
@@ -31,62 +67,79 @@ impl DedupWindow {
         DedupWindow {
             window,
             max,
-            hasher: RandomState::new(),
-            until: HashMap::default(),
-            order: VecDeque::new(),
+            entries: Sharded::default(),
+            order: (0..64).map(|_| VecDeque::new()).collect(),
+            cursor: 0,
         }
     }
 
-    /// The fingerprint of a message id on a platform.
-    pub fn fingerprint(&self, platform: &str, id: &str) -> Fingerprint {
-        self.hasher.hash_one((platform, id))
+    /// What is known of `fp` at `now`.
+    pub fn seen(&self, fp: Fingerprint, now: Duration) -> Seen {
+        match self.entries.get(&fp) {
+            Some(Entry::Pending(tag)) => Seen::Pending(*tag),
+            Some(Entry::Until(until)) if *until > now => Seen::Accepted,
+            _ => Seen::New,
+        }
     }
 
-    /// Whether the id was accepted within the window before `now`.
-    pub fn seen(&self, fp: Fingerprint, now: Duration) -> bool {
-        self.until.get(&fp).is_some_and(|&until| until > now)
+    /// Whether a new id would overflow the window (after expiring what is due).
+    pub fn is_full(&mut self, now: Duration) -> bool {
+        if self.entries.len() >= self.max {
+            self.expire(now, usize::MAX);
+        }
+        self.entries.len() >= self.max
     }
 
-    /// Remembers an accepted id from `now` on.
-    pub fn remember(&mut self, fp: Fingerprint, now: Duration) {
+    /// Marks `fp` submitted under `tag`.
+    pub fn pending(&mut self, fp: Fingerprint, tag: u64) {
+        debug_assert!(self.entries.len() < self.max || self.entries.contains_key(&fp));
+        self.entries.insert(fp, Entry::Pending(tag));
+    }
+
+    /// The runtime accepted `fp` at `now`: remember it for the window.
+    pub fn accepted(&mut self, fp: Fingerprint, now: Duration) {
         let until = now + self.window;
-        self.until.insert(fp, until);
-        self.order.push_back((until, fp));
-        while self.order.len() > self.max {
-            self.pop_oldest();
-        }
+        self.entries.insert(fp, Entry::Until(until));
+        self.order[shard_of(fp)].push_back((until, fp));
     }
 
-    /// Forgets an id that ended up refused, so that a retry is not mistaken for a duplicate.
+    /// The runtime refused `fp`: a retry must not be mistaken for a duplicate.
     pub fn forget(&mut self, fp: Fingerprint) {
-        self.until.remove(&fp);
-    }
-
-    /// Drops the ids whose window has passed.
-    pub fn expire(&mut self, now: Duration) {
-        while self.order.front().is_some_and(|(until, _)| *until <= now) {
-            self.pop_oldest();
+        if let Some(Entry::Pending(_)) = self.entries.get(&fp) {
+            self.entries.remove(&fp);
         }
     }
 
-    fn pop_oldest(&mut self) {
-        if let Some((until, fp)) = self.order.pop_front()
-            && self.until.get(&fp) == Some(&until)
-        {
-            self.until.remove(&fp);
+    /// Drops up to `budget` ids whose window has passed; returns how many were dropped.
+    pub fn expire(&mut self, now: Duration, budget: usize) -> usize {
+        let mut dropped = 0;
+        // Round the shards from where the last pass stopped, so a budget spreads fairly.
+        for _ in 0..self.order.len() {
+            let order = &mut self.order[self.cursor];
+            while dropped < budget && order.front().is_some_and(|(until, _)| *until <= now) {
+                if let Some((until, fp)) = order.pop_front()
+                    && self.entries.get(&fp) == Some(&Entry::Until(until))
+                {
+                    self.entries.remove(&fp);
+                }
+                dropped += 1;
+            }
+            if dropped >= budget {
+                break;
+            }
+            self.cursor = (self.cursor + 1) % self.order.len();
         }
+        dropped
     }
 
-    /// Ids remembered now.
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.until.len()
+    /// Ids remembered now (pending ones included).
+    pub fn len(&self) -> usize {
+        self.entries.len()
     }
 
     /// True when nothing is remembered.
-    #[cfg(test)]
-    fn is_empty(&self) -> bool {
-        self.until.is_empty()
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
     }
 }
 
@@ -97,38 +150,50 @@ mod tests {
     const S: Duration = Duration::from_secs(1);
 
     #[test]
-    fn an_id_is_a_duplicate_within_the_window_only() {
+    fn an_id_is_pending_then_a_duplicate_within_the_window_only() {
         let mut w = DedupWindow::new(600 * S, 100);
-        let fp = w.fingerprint("telegram", "m-1");
-        assert!(!w.seen(fp, S));
-        w.remember(fp, S);
-        assert!(w.seen(fp, 2 * S));
-        assert!(w.seen(fp, 600 * S));
-        assert!(!w.seen(fp, 601 * S), "still a duplicate after the window");
-        w.expire(601 * S);
+        let fp = fingerprint("m-1");
+        assert_eq!(w.seen(fp, S), Seen::New);
+        w.pending(fp, 7);
+        assert_eq!(w.seen(fp, S), Seen::Pending(7));
+        w.accepted(fp, S);
+        assert_eq!(w.seen(fp, 2 * S), Seen::Accepted);
+        assert_eq!(w.seen(fp, 600 * S), Seen::Accepted);
+        assert_eq!(
+            w.seen(fp, 601 * S),
+            Seen::New,
+            "still a duplicate after the window"
+        );
+        assert_eq!(w.expire(601 * S, 10), 1);
         assert!(w.is_empty());
     }
 
     #[test]
-    fn ids_are_per_platform_and_a_refused_id_can_be_retried() {
+    fn a_refused_id_can_be_retried_and_an_accepted_one_is_not_forgotten() {
         let mut w = DedupWindow::new(600 * S, 100);
-        let tg = w.fingerprint("telegram", "7");
-        let dc = w.fingerprint("discord", "7");
-        w.remember(tg, S);
-        assert!(!w.seen(dc, S));
-        w.forget(tg);
-        assert!(!w.seen(tg, S));
+        let fp = fingerprint("7");
+        w.pending(fp, 1);
+        w.forget(fp);
+        assert_eq!(w.seen(fp, S), Seen::New);
+        w.pending(fp, 2);
+        w.accepted(fp, S);
+        w.forget(fp);
+        assert_eq!(w.seen(fp, S), Seen::Accepted);
     }
 
     #[test]
-    fn memory_is_bounded_by_forgetting_the_oldest() {
-        let mut w = DedupWindow::new(600 * S, 3);
-        let fps: Vec<_> = (0..5).map(|i| w.fingerprint("p", &i.to_string())).collect();
-        for &fp in &fps {
-            w.remember(fp, S);
+    fn a_full_window_stays_full_until_ids_expire_and_expiry_is_bounded() {
+        let mut w = DedupWindow::new(10 * S, 3);
+        for i in 0..3 {
+            let fp = fingerprint(&i.to_string());
+            w.pending(fp, i);
+            w.accepted(fp, S);
         }
+        assert!(w.is_full(5 * S));
         assert_eq!(w.len(), 3);
-        assert!(!w.seen(fps[0], S) && !w.seen(fps[1], S));
-        assert!(fps[2..].iter().all(|&fp| w.seen(fp, S)));
+        assert_eq!(w.expire(11 * S, 2), 2);
+        assert_eq!(w.len(), 1);
+        assert!(!w.is_full(11 * S));
+        assert!(w.is_full(5 * S) || w.len() < 3);
     }
 }

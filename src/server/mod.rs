@@ -1,161 +1,237 @@
 //! The gateway server: the bridge protocol over TCP, hosted on the reactor as a
-//! [`Frontend`]. Sockets are non-blocking and owned by the reactor thread; signals arrive
-//! through `signal-hook-mio` on the same poll.
+//! [`Frontend`].
 //!
-//! Delivery rules: a terminal event goes to the connection that sent the message; if it has
-//! gone, to the newest connection that said hello for the message's platform; if none, to
-//! that platform's outbox, delivered in order on the next hello. Nothing accepted is lost
-//! while the process lives.
+//! Two halves, as quinn-proto and quinn split QUIC: [`Bridge`] (`bridge.rs`) is the protocol's
+//! state machine — connections by handle, platforms, outboxes, routes, duplicates, every
+//! bound — and does no I/O; [`BridgeServer`] (this file) is the mio shell that only moves
+//! bytes: it accepts sockets, splits what it reads into lines, hands them to the bridge with
+//! the time, submits what the bridge asks, and writes each connection's output within a
+//! budget per wake. Signals arrive through `signal-hook-mio` on the same poll.
 
-mod conn;
+mod auth;
+pub mod bridge;
 mod dedup;
+mod frame;
+mod lines;
 pub mod protocol;
+mod sharded;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::io::{self, Write};
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 use mio::event::Event;
-use mio::net::TcpListener;
+use mio::net::{TcpListener, TcpStream};
 use mio::{Events as MioEvents, Interest, Poll, Registry, Token};
 use slab::Slab;
 
-use crate::core::{AcceptState, EventKind, MessageEvent, Outcome, TurnId};
-use crate::message::{Message, SessionKey};
+use crate::core::MessageEvent;
 use crate::reactor::{Ctx, FIRST_RESERVED_TOKEN, Frontend};
-use conn::{Conn, Frame, Line, ReadOutcome};
-use dedup::{DedupWindow, Fingerprint};
-use protocol::{ClientOp, LineError, MessageFields, ServerOp, encode, parse_line};
+pub use bridge::{Action, Bridge, BridgeConfig, BridgeStatus, ConnId, Flushed, PlatformStatus};
+use lines::{Line, LineReader, ReadOutcome};
 
 const LISTENER: Token = Token(FIRST_RESERVED_TOKEN - 1);
 const SIGNALS: Token = Token(FIRST_RESERVED_TOKEN - 2);
 
-/// Bytes read from one connection per loop iteration, so one flood cannot starve the rest.
-const READ_BUDGET: usize = 256 * 1024;
+/// Bytes read from one connection per pass, so one flood cannot starve the rest.
+const READ_BUDGET: usize = 8 * 1024;
+/// Time the shell spends reading and handing lines to the bridge per loop iteration; what
+/// is left is read on the next iteration, which follows at once. Keeps each wake short.
+const READ_TIME: Duration = Duration::from_micros(200);
+/// Time spent writing per loop iteration, likewise.
+const WRITE_TIME: Duration = Duration::from_micros(200);
+/// Connections accepted per wake.
+const ACCEPT_BATCH: usize = 256;
+/// Accepting again after the process ran out of descriptors.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+/// How often connections with unacknowledged results are asked how far the peer has read.
+const ACK_POLL: Duration = Duration::from_millis(20);
 
-/// Settings of the bridge server.
+/// Settings of the bridge server: the bridge's bounds and the shell's timings.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
-    /// Required in a client's hello when set.
-    pub auth_token: Option<String>,
-    /// Connections beyond this get an error line and are closed.
-    pub max_connections: usize,
-    /// Longest accepted line.
-    pub max_line_bytes: usize,
-    /// Unwritten output past which a connection is closed (its terminal events go to the outbox).
-    pub max_write_buffer: usize,
-    /// Terminal events a platform's outbox holds before new messages are refused.
-    pub outbox_cap: usize,
-    /// How long an accepted (platform, id) is remembered for duplicate detection.
-    pub dedup_window: Duration,
-    /// Most (platform, id) pairs remembered; the oldest are forgotten early beyond it.
-    pub dedup_max: usize,
-    /// Typing refresh period while a turn runs.
-    pub typing_refresh: Duration,
+    /// The protocol's bounds.
+    pub bridge: BridgeConfig,
     /// Time allowed to flush output to clients after shutdown.
     pub flush_budget: Duration,
     /// Exit with code 1 if shutdown has not finished this long after the first signal.
     pub watchdog: Duration,
-    /// Handle SIGTERM and SIGINT.
+    /// Handle SIGTERM, SIGINT (shutdown) and SIGHUP (ignored).
     pub handle_signals: bool,
+    /// Allow a non-loopback address without an auth token.
+    pub allow_insecure_bind: bool,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
-            auth_token: None,
-            max_connections: 1024,
-            max_line_bytes: 65_536,
-            max_write_buffer: 8 << 20,
-            outbox_cap: 10_000,
-            dedup_window: Duration::from_secs(600),
-            dedup_max: 1_000_000,
-            typing_refresh: Duration::from_secs(4),
+            bridge: BridgeConfig::default(),
             flush_budget: Duration::from_secs(5),
             watchdog: Duration::from_secs(120),
             handle_signals: true,
+            allow_insecure_bind: false,
         }
     }
 }
 
-/// Where a submitted message's events go.
-struct MsgRoute {
-    conn: u64,
-    platform: Arc<str>,
-    dedup_key: Fingerprint,
+/// Ends the process at once: the second shutdown signal and the shutdown watchdog come here.
+///
+/// This is the one place where a forced exit happens, so that whatever must not outlive the
+/// gateway is dealt with here (the process-containment module hooks in at this call: killing
+/// every agent process group it started).
+pub fn forced_exit(code: i32) -> ! {
+    log::error!("forced exit with code {code}");
+    // Agent processes must not outlive the gateway, even on this path (the binary also
+    // registers this at exit; calling it here covers embedders that did not).
+    crate::child::kill_all();
+    std::process::exit(code)
 }
 
-struct Typing {
-    conn: u64,
-    session: SessionKey,
-    next: Duration,
+/// Raises the soft limit on open files to the hard limit; returns (old, new) soft limits.
+pub fn raise_fd_limit() -> io::Result<(u64, u64)> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let old = lim.rlim_cur;
+    if lim.rlim_cur < lim.rlim_max {
+        lim.rlim_cur = lim.rlim_max;
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok((old, lim.rlim_cur))
 }
 
-/// The TCP bridge server.
+struct Socket {
+    id: ConnId,
+    stream: TcpStream,
+    reader: LineReader,
+    /// The bridge wanted no input (its output was over its bound); re-armed when it drains.
+    read_paused: bool,
+    /// The peer shut down its side: read no more.
+    eof: bool,
+}
+
+/// The TCP bridge server: the mio shell around a [`Bridge`].
 pub struct BridgeServer {
-    cfg: ServerConfig,
+    bridge: Bridge,
+    flush_budget: Duration,
+    watchdog_limit: Duration,
     listener: TcpListener,
     /// A handle on the reactor's poll registry, for sockets accepted later.
     registry: Option<Registry>,
     signals: Option<signal_hook_mio::v1_0::Signals>,
     signals_seen: usize,
     watchdog: Option<Sender<()>>,
-    conns: Slab<Conn>,
-    by_uid: HashMap<u64, usize>,
-    next_uid: u64,
-    /// Connections that said hello, per platform, oldest first.
-    hellos: HashMap<Arc<str>, Vec<u64>>,
-    outboxes: HashMap<Arc<str>, VecDeque<Vec<u8>>>,
-    routes: HashMap<u64, MsgRoute>,
-    next_tag: u64,
-    dedup: DedupWindow,
-    typing: HashMap<TurnId, Typing>,
+    sockets: Slab<Socket>,
+    slot_of: HashMap<ConnId, usize>,
     pending_reads: Vec<usize>,
-    dirty: Vec<usize>,
+    /// Sockets reported writable since the last flush.
+    writable: Vec<usize>,
+    /// Submissions the bridge asked for outside a step that could make them.
+    deferred: Vec<Action>,
+    /// Out of descriptors: accept again at this time.
+    accept_retry: Option<Duration>,
+    /// A descriptor held in reserve, given up to accept and refuse a connection with an
+    /// error line when the process has run out.
+    spare_fd: Option<std::fs::File>,
     now: Duration,
     lines: Vec<Line>,
+    read_started: Option<Instant>,
+    next_ack_poll: Duration,
+}
+
+fn open_spare() -> Option<std::fs::File> {
+    std::fs::File::open("/dev/null").ok()
+}
+
+/// Bytes written to `stream` that the peer's TCP has not acknowledged yet (`SIOCOUTQ`).
+fn unacknowledged(stream: &TcpStream) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    let mut n: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ (SIOCOUTQ on a TCP socket) stores one int through the pointer.
+    let rc = unsafe { libc::ioctl(stream.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
+    (rc == 0).then(|| u64::try_from(n).unwrap_or(0))
+}
+
+/// Makes the coming close send a reset and discard unsent data (`SO_LINGER` 0).
+fn reset_on_close(stream: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: setsockopt with a pointer to a local linger struct and its size.
+    unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
+}
+
+fn out_of_fds(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
 }
 
 impl BridgeServer {
-    /// Binds `addr` (non-blocking). Logs a WARN for a non-loopback address without a token.
+    /// Binds `addr` (non-blocking). A non-loopback address without a token is refused unless
+    /// `allow_insecure_bind` is set.
     pub fn bind(addr: SocketAddr, cfg: ServerConfig) -> io::Result<BridgeServer> {
-        let listener = TcpListener::bind(addr)?;
-        if !addr.ip().is_loopback() && cfg.auth_token.is_none() {
+        if !addr.ip().is_loopback() && cfg.bridge.auth_token.is_none() {
+            if !cfg.allow_insecure_bind {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "refusing to listen on non-loopback {addr} without an auth token (set --auth-token, or --allow-insecure-bind)"
+                    ),
+                ));
+            }
             log::warn!(
-                "listening on non-loopback {addr} without an auth token: anyone who can reach it can talk to the agent"
+                "listening on non-loopback {addr} without an auth token (--allow-insecure-bind): anyone who can reach it can talk to the agent"
             );
         }
+        let listener = TcpListener::bind(addr)?;
         let signals = if cfg.handle_signals {
             Some(signal_hook_mio::v1_0::Signals::new([
                 libc::SIGTERM,
                 libc::SIGINT,
+                libc::SIGHUP,
             ])?)
         } else {
             None
         };
         Ok(BridgeServer {
-            dedup: DedupWindow::new(cfg.dedup_window, cfg.dedup_max),
-            cfg,
+            bridge: Bridge::new(cfg.bridge),
+            flush_budget: cfg.flush_budget,
+            watchdog_limit: cfg.watchdog,
             listener,
             registry: None,
             signals,
             signals_seen: 0,
             watchdog: None,
-            conns: Slab::new(),
-            by_uid: HashMap::new(),
-            next_uid: 0,
-            hellos: HashMap::new(),
-            outboxes: HashMap::new(),
-            routes: HashMap::new(),
-            next_tag: 0,
-            typing: HashMap::new(),
+            sockets: Slab::new(),
+            slot_of: HashMap::new(),
             pending_reads: Vec::new(),
-            dirty: Vec::new(),
+            writable: Vec::new(),
+            deferred: Vec::new(),
+            accept_retry: None,
+            spare_fd: open_spare(),
             now: Duration::ZERO,
             lines: Vec::new(),
+            read_started: None,
+            next_ack_poll: Duration::ZERO,
         })
     }
 
@@ -165,353 +241,209 @@ impl BridgeServer {
     }
 
     fn accept(&mut self) {
+        self.accept_retry = None;
+        for _ in 0..ACCEPT_BATCH {
+            match self.listener.accept() {
+                Ok((stream, peer)) => self.admit(stream, peer),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if out_of_fds(&e) => {
+                    // Give up the spare descriptor to take the connection and tell it why it
+                    // is refused; without a spare, retry on a timer (the listener is
+                    // edge-triggered: no new event comes for connections already queued).
+                    let Some(spare) = self.spare_fd.take() else {
+                        log::error!("accept failed: {e}; retrying in {ACCEPT_RETRY:?}");
+                        self.accept_retry = Some(self.now + ACCEPT_RETRY);
+                        return;
+                    };
+                    drop(spare);
+                    if let Ok((mut stream, peer)) = self.listener.accept() {
+                        let _ = stream.write(&encode_error("too many open files; retry later"));
+                        log::warn!("refused connection from {peer}: out of file descriptors ({e})");
+                    }
+                    self.spare_fd = open_spare();
+                    if self.spare_fd.is_none() {
+                        self.accept_retry = Some(self.now + ACCEPT_RETRY);
+                        return;
+                    }
+                }
+                Err(e) => {
+                    log::error!("accept failed: {e}; retrying in {ACCEPT_RETRY:?}");
+                    self.accept_retry = Some(self.now + ACCEPT_RETRY);
+                    return;
+                }
+            }
+        }
+        // More may be queued: come back on the next wake.
+        self.accept_retry = Some(self.now);
+    }
+
+    fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr) {
         let Some(registry) = self.registry.as_ref() else {
             return;
         };
-        loop {
-            let (mut stream, peer) = match self.listener.accept() {
-                Ok(s) => s,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    // EMFILE and friends: the pending connection stays queued; try next wake.
-                    log::error!("accept failed: {e}");
-                    return;
-                }
-            };
-            if self.conns.len() >= self.cfg.max_connections {
-                let line = encode(&ServerOp::Error {
-                    detail: "too many connections",
-                });
+        let id = match self.bridge.connect(peer.ip(), self.now) {
+            Ok(id) => id,
+            Err(line) => {
                 let _ = stream.write(&line);
-                log::warn!(
-                    "refused connection from {peer}: {} connections open",
-                    self.conns.len()
-                );
-                continue;
+                return;
             }
-            let _ = stream.set_nodelay(true);
-            self.next_uid += 1;
-            let uid = self.next_uid;
-            let entry = self.conns.vacant_entry();
-            let slot = entry.key();
-            if let Err(e) = registry.register(
-                &mut stream,
-                Token(slot),
-                Interest::READABLE | Interest::WRITABLE,
-            ) {
-                log::error!("cannot register connection from {peer}: {e}");
-                continue;
-            }
-            entry.insert(Conn::new(uid, stream, self.cfg.auth_token.is_none()));
-            self.by_uid.insert(uid, slot);
-            log::debug!("connection {uid} from {peer}");
+        };
+        let _ = stream.set_nodelay(true);
+        let entry = self.sockets.vacant_entry();
+        let slot = entry.key();
+        if let Err(e) = registry.register(
+            &mut stream,
+            Token(slot),
+            Interest::READABLE | Interest::WRITABLE,
+        ) {
+            log::error!("cannot register connection from {peer}: {e}");
+            self.bridge.disconnected(id);
+            return;
         }
+        entry.insert(Socket {
+            id,
+            stream,
+            reader: LineReader::default(),
+            read_paused: false,
+            eof: false,
+        });
+        self.slot_of.insert(id, slot);
+        log::debug!("connection {} from {peer}", id.0);
     }
 
     fn read(&mut self, slot: usize, ctx: &mut Ctx<'_>) {
-        let mut lines = std::mem::take(&mut self.lines);
-        let outcome = match self.conns.get_mut(slot) {
-            Some(conn) => conn.read_lines(READ_BUDGET, self.cfg.max_line_bytes, &mut lines),
-            None => return,
+        let Some(sock) = self.sockets.get_mut(slot) else {
+            return;
         };
-        for line in lines.drain(..) {
-            if !self.conns.contains(slot) {
-                break;
+        if sock.eof {
+            return;
+        }
+        let id = sock.id;
+        if !self.bridge.wants_read(id) {
+            sock.read_paused = true;
+            return;
+        }
+        match self.read_started {
+            Some(start) if start.elapsed() >= READ_TIME => {
+                self.pending_reads.push(slot);
+                return;
             }
+            Some(_) => {}
+            None => self.read_started = Some(Instant::now()),
+        }
+        let max_line = self.bridge.config().max_line_bytes;
+        let mut lines = std::mem::take(&mut self.lines);
+        let outcome = sock
+            .reader
+            .read_lines(&mut sock.stream, READ_BUDGET, max_line, &mut lines);
+        for line in lines.drain(..) {
             match line {
-                Line::Complete(bytes) => self.handle_line(slot, &bytes, ctx),
-                Line::TooLong => {
-                    let detail = format!(
-                        "line longer than {} bytes; discarded",
-                        self.cfg.max_line_bytes
-                    );
-                    self.send(slot, encode(&ServerOp::Error { detail: &detail }), None);
-                }
+                Line::Complete(bytes) => self.bridge.line(id, &bytes, self.now),
+                Line::TooLong => self.bridge.line_too_long(id),
             }
         }
         self.lines = lines;
         match outcome {
             ReadOutcome::Drained => {}
             ReadOutcome::MoreLater => self.pending_reads.push(slot),
-            ReadOutcome::Closed => self.close(slot, "peer closed"),
+            ReadOutcome::Eof => {
+                if let Some(s) = self.sockets.get_mut(slot) {
+                    s.eof = true;
+                }
+                self.bridge.read_closed(id);
+            }
+            ReadOutcome::Failed => {
+                self.bridge.disconnected(id);
+                self.drop_socket(id);
+            }
+        }
+        self.run_actions(Some(ctx));
+    }
+
+    /// Carries out the bridge's requests: submissions (only with a step's context) and closes.
+    fn run_actions(&mut self, mut ctx: Option<&mut Ctx<'_>>) {
+        if let Some(ctx) = ctx.as_deref_mut() {
+            for action in self.deferred.drain(..) {
+                if let Action::Submit { tag, message } = action {
+                    ctx.submit(message, tag);
+                }
+            }
+        }
+        while let Some(action) = self.bridge.poll_action() {
+            match (action, ctx.as_deref_mut()) {
+                (Action::Submit { tag, message }, Some(ctx)) => ctx.submit(message, tag),
+                (submit @ Action::Submit { .. }, None) => self.deferred.push(submit),
+                (Action::Close(id), _) => self.drop_socket(id),
+                (Action::Reset(id), _) => {
+                    if let Some(sock) = self.slot_of.get(&id).and_then(|&s| self.sockets.get(s)) {
+                        reset_on_close(&sock.stream);
+                    }
+                    self.drop_socket(id);
+                }
+            }
         }
     }
 
-    fn handle_line(&mut self, slot: usize, line: &[u8], ctx: &mut Ctx<'_>) {
-        let parsed = parse_line(line);
-        let authed = self.conns.get(slot).is_some_and(|c| c.authed);
-        if !authed {
-            // With a token configured the first line must be a hello carrying it.
-            let ok = matches!(&parsed, Ok(ClientOp::Hello { token: Some(t), .. })
-                if self.cfg.auth_token.as_deref().is_some_and(|want| constant_time_eq(t.as_bytes(), want.as_bytes())));
-            if !ok {
-                self.send(
-                    slot,
-                    encode(&ServerOp::Error {
-                        detail: "unauthorized",
-                    }),
-                    None,
-                );
-                if let Some(c) = self.conns.get_mut(slot) {
-                    c.close_after_flush = true;
-                }
-                log::warn!(
-                    "connection {}: unauthorized; closing",
-                    self.conns.get(slot).map_or(0, |c| c.uid)
-                );
+    fn drop_socket(&mut self, id: ConnId) {
+        let Some(slot) = self.slot_of.remove(&id) else {
+            return;
+        };
+        let mut sock = self.sockets.remove(slot);
+        if let Some(registry) = &self.registry {
+            let _ = registry.deregister(&mut sock.stream);
+        }
+    }
+
+    /// Asks the poll to report the socket again: with edge-triggered readiness this is how a
+    /// connection whose budget ran out (or whose reads were paused) gets its next turn.
+    fn rearm(&mut self, slot: usize) {
+        if let (Some(registry), Some(sock)) = (&self.registry, self.sockets.get_mut(slot)) {
+            let _ = registry.reregister(
+                &mut sock.stream,
+                Token(slot),
+                Interest::READABLE | Interest::WRITABLE,
+            );
+        }
+    }
+
+    /// Tells the bridge how far the peer has acknowledged what was written.
+    fn poll_ack(&mut self, slot: usize) {
+        let Some(sock) = self.sockets.get(slot) else {
+            return;
+        };
+        let written = self.bridge.written(sock.id);
+        // Without the figure, count everything written as delivered (as a plain write would).
+        let pending = unacknowledged(&sock.stream).unwrap_or(0).min(written);
+        self.bridge.acked(sock.id, written - pending);
+    }
+
+    fn write_slot(&mut self, slot: usize) {
+        let Some(sock) = self.sockets.get_mut(slot) else {
+            return;
+        };
+        let id = sock.id;
+        let result = self.bridge.write(id, &mut sock.stream, self.now);
+        if result.is_ok() {
+            self.poll_ack(slot);
+        }
+        match result {
+            Ok(Flushed::Budget) => self.rearm(slot),
+            Ok(Flushed::All | Flushed::Blocked) => {}
+            Err(e) => {
+                log::debug!("connection {}: write failed: {e}", id.0);
+                self.bridge.disconnected(id);
+                self.drop_socket(id);
                 return;
             }
         }
-        match parsed {
-            Ok(ClientOp::Ping) => {
-                self.send(slot, encode(&ServerOp::Pong), None);
-            }
-            Ok(ClientOp::Hello { platform, .. }) => self.hello(slot, platform),
-            Ok(ClientOp::Message(m)) => self.message(slot, m, ctx),
-            Err(LineError::Malformed(detail)) => {
-                self.send(slot, encode(&ServerOp::Error { detail: &detail }), None);
-            }
-            Err(LineError::Invalid { id, detail }) => {
-                self.reject(slot, &id, None, "invalid", &detail)
-            }
-        }
-    }
-
-    fn hello(&mut self, slot: usize, platform: Option<String>) {
-        let Some(conn) = self.conns.get_mut(slot) else {
-            return;
-        };
-        conn.authed = true;
-        let uid = conn.uid;
-        if let Some(old) = conn.platform.take()
-            && let Some(list) = self.hellos.get_mut(&old)
+        if let Some(sock) = self.sockets.get_mut(slot)
+            && sock.read_paused
+            && self.bridge.wants_read(id)
         {
-            list.retain(|&u| u != uid);
+            sock.read_paused = false;
+            self.rearm(slot);
         }
-        let Some(platform) = platform else { return };
-        let platform: Arc<str> = platform.into();
-        if let Some(conn) = self.conns.get_mut(slot) {
-            conn.platform = Some(platform.clone());
-        }
-        self.hellos.entry(platform.clone()).or_default().push(uid);
-        self.refill(slot);
-    }
-
-    /// Feeds a platform's outbox, in order, to its newest hello connection, keeping that
-    /// connection's unwritten output under half its cap so a large backlog flows at the
-    /// client's pace instead of overflowing it.
-    fn refill(&mut self, slot: usize) {
-        let Some(platform) = self.conns.get(slot).and_then(|c| c.platform.clone()) else {
-            return;
-        };
-        if self.newest_hello(&platform) != Some(slot) {
-            return;
-        }
-        let Some(outbox) = self.outboxes.get_mut(&platform) else {
-            return;
-        };
-        let Some(conn) = self.conns.get_mut(slot) else {
-            return;
-        };
-        let budget = self.cfg.max_write_buffer / 2;
-        let was_idle = !conn.has_output();
-        while conn.queued_bytes() < budget {
-            let Some(bytes) = outbox.pop_front() else {
-                break;
-            };
-            conn.push(
-                Frame {
-                    bytes,
-                    terminal_for: Some(platform.clone()),
-                },
-                usize::MAX,
-            );
-        }
-        if outbox.is_empty() {
-            self.outboxes.remove(&platform);
-        }
-        if was_idle && conn.has_output() {
-            self.dirty.push(slot);
-        }
-    }
-
-    fn message(&mut self, slot: usize, m: MessageFields, ctx: &mut Ctx<'_>) {
-        let Some(conn) = self.conns.get(slot) else {
-            return;
-        };
-        let uid = conn.uid;
-        let platform: Arc<str> = match (m.platform, &conn.platform) {
-            (Some(p), _) => p.into(),
-            (None, Some(p)) => p.clone(),
-            (None, None) => {
-                return self.reject(
-                    slot,
-                    &m.id,
-                    None,
-                    "invalid",
-                    "platform is required (no hello named one)",
-                );
-            }
-        };
-        let key = match SessionKey::new(
-            &platform,
-            m.chat_type,
-            &m.chat_id,
-            m.thread_id.as_deref(),
-            m.user_id.as_deref(),
-        ) {
-            Ok(k) => k,
-            Err(e) => return self.reject(slot, &m.id, None, "invalid", &e.to_string()),
-        };
-        let message = match Message::new(&m.id, key.clone(), &m.text) {
-            Ok(msg) => msg,
-            Err(e) => {
-                return self.reject(slot, &m.id, Some(key.as_str()), "invalid", &e.to_string());
-            }
-        };
-        let dedup_key = self.dedup.fingerprint(&platform, &message.id);
-        if self.dedup.seen(dedup_key, self.now) {
-            let ack = ServerOp::Ack {
-                id: &m.id,
-                session: key.as_str(),
-                state: "duplicate",
-                position: None,
-            };
-            self.send(slot, encode(&ack), None);
-            return;
-        }
-        if self
-            .outboxes
-            .get(&platform)
-            .is_some_and(|o| o.len() >= self.cfg.outbox_cap)
-        {
-            let detail = format!("outbox for {platform} is full; deliver pending replies first");
-            return self.reject(slot, &m.id, Some(key.as_str()), "backpressure", &detail);
-        }
-        self.dedup.remember(dedup_key, self.now);
-        self.next_tag += 1;
-        self.routes.insert(
-            self.next_tag,
-            MsgRoute {
-                conn: uid,
-                platform,
-                dedup_key,
-            },
-        );
-        ctx.submit(message, self.next_tag);
-    }
-
-    fn reject(&mut self, slot: usize, id: &str, session: Option<&str>, reason: &str, detail: &str) {
-        self.send(
-            slot,
-            encode(&ServerOp::Reject {
-                id,
-                session,
-                reason,
-                detail,
-            }),
-            None,
-        );
-    }
-
-    /// Queues a line on a connection. Returns false if the connection was closed because its
-    /// write buffer overflowed (terminal lines then went to the outbox).
-    fn send(&mut self, slot: usize, bytes: Vec<u8>, terminal_for: Option<Arc<str>>) -> bool {
-        let Some(conn) = self.conns.get_mut(slot) else {
-            return false;
-        };
-        let was_idle = !conn.has_output();
-        if !conn.push(
-            Frame {
-                bytes,
-                terminal_for,
-            },
-            self.cfg.max_write_buffer,
-        ) {
-            log::warn!(
-                "connection {}: write buffer over {} bytes; closing (the client stopped reading)",
-                conn.uid,
-                self.cfg.max_write_buffer
-            );
-            self.close(slot, "write buffer overflow");
-            return false;
-        }
-        if was_idle {
-            self.dirty.push(slot);
-        }
-        true
-    }
-
-    /// Sends a terminal line to the message's connection, else the platform's newest hello,
-    /// else the outbox.
-    fn send_terminal(&mut self, route: &MsgRoute, bytes: Vec<u8>) {
-        if let Some(&slot) = self.by_uid.get(&route.conn) {
-            self.send(slot, bytes, Some(route.platform.clone()));
-            return;
-        }
-        self.queue_in_outbox(route.platform.clone(), bytes);
-    }
-
-    /// Queues a terminal line whose connection is gone behind the platform's backlog (so the
-    /// outbox stays in order), and feeds the platform's newest hello connection, if any.
-    fn queue_in_outbox(&mut self, platform: Arc<str>, bytes: Vec<u8>) {
-        self.outboxes
-            .entry(platform.clone())
-            .or_default()
-            .push_back(bytes);
-        if let Some(slot) = self.newest_hello(&platform) {
-            self.refill(slot);
-        }
-    }
-
-    fn newest_hello(&self, platform: &str) -> Option<usize> {
-        self.hellos
-            .get(platform)?
-            .iter()
-            .rev()
-            .find_map(|uid| self.by_uid.get(uid).copied())
-    }
-
-    fn send_typing(&mut self, conn: u64, session: &SessionKey, on: bool) {
-        let op = ServerOp::Typing {
-            session: session.as_str(),
-            platform: session.platform(),
-            chat_id: session.chat_id(),
-            on,
-        };
-        let target = self
-            .by_uid
-            .get(&conn)
-            .copied()
-            .or_else(|| self.newest_hello(session.platform()));
-        if let Some(slot) = target {
-            self.send(slot, encode(&op), None);
-        }
-    }
-
-    fn close(&mut self, slot: usize, why: &str) {
-        if !self.conns.contains(slot) {
-            return;
-        }
-        let mut conn = self.conns.remove(slot);
-        self.by_uid.remove(&conn.uid);
-        if let Some(p) = &conn.platform
-            && let Some(list) = self.hellos.get_mut(p)
-        {
-            list.retain(|&u| u != conn.uid);
-        }
-        let undelivered = conn.take_undelivered_terminals();
-        let moved = undelivered.len();
-        for frame in undelivered {
-            if let Some(platform) = frame.terminal_for {
-                self.queue_in_outbox(platform, frame.bytes);
-            }
-        }
-        log::debug!(
-            "connection {} closed: {why}; {moved} undelivered terminal event(s) rerouted",
-            conn.uid
-        );
     }
 
     fn on_signal(&mut self, ctx: &mut Ctx<'_>) {
@@ -520,6 +452,10 @@ impl BridgeServer {
         };
         let received: Vec<i32> = signals.pending().collect();
         for sig in received {
+            if sig == libc::SIGHUP {
+                log::info!("received SIGHUP: ignored (configuration reload is not supported)");
+                continue;
+            }
             self.signals_seen += 1;
             let name = if sig == libc::SIGINT {
                 "SIGINT"
@@ -528,59 +464,48 @@ impl BridgeServer {
             };
             if self.signals_seen > 1 {
                 log::error!("received a second signal ({name}); exiting now");
-                std::process::exit(1);
+                self.write_what_we_can();
+                forced_exit(1);
             }
             log::info!("received {name}: shutting down (a second signal exits at once)");
             ctx.request_shutdown();
-            self.watchdog = Some(arm_watchdog(self.cfg.watchdog));
+            self.watchdog = Some(arm_watchdog(self.watchdog_limit));
         }
     }
+
+    /// Before a forced exit: every running message gets `cancelled: shutdown` and each
+    /// connection one write pass, without waiting.
+    fn write_what_we_can(&mut self) {
+        self.bridge.abandon_all();
+        let slots: Vec<usize> = self.sockets.iter().map(|(s, _)| s).collect();
+        for slot in slots {
+            self.write_slot(slot);
+        }
+    }
+}
+
+fn encode_error(detail: &str) -> Vec<u8> {
+    protocol::encode(&protocol::ServerOp::Error { detail })
 }
 
 /// Starts a thread that exits the process with code 1 if the returned sender is still alive
 /// after `limit`. Dropping the sender disarms it.
 fn arm_watchdog(limit: Duration) -> Sender<()> {
     let (tx, rx) = crossbeam_channel::bounded::<()>(0);
-    let spawned = std::thread::Builder::new().name("turnstile-watchdog".into()).spawn(move || {
-        if rx.recv_timeout(limit) == Err(crossbeam_channel::RecvTimeoutError::Timeout) {
-            log::error!("shutdown watchdog: still alive {limit:?} after the shutdown signal; exiting with code 1");
-            std::process::exit(1);
-        }
-    });
+    let spawned = std::thread::Builder::new()
+        .name("turnstile-watchdog".into())
+        .spawn(move || {
+            if rx.recv_timeout(limit) == Err(crossbeam_channel::RecvTimeoutError::Timeout) {
+                log::error!(
+                    "shutdown watchdog: still alive {limit:?} after the shutdown signal; exiting with code 1"
+                );
+                forced_exit(1);
+            }
+        });
     if let Err(e) = spawned {
         log::error!("cannot start the shutdown watchdog: {e}");
     }
     tx
-}
-
-/// Compares secrets without an early exit on the first differing byte.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-fn outcome_line(id: &str, session: &str, outcome: &Outcome) -> Vec<u8> {
-    match outcome {
-        Outcome::Reply(reply) => encode(&ServerOp::Reply {
-            id,
-            session,
-            text: &reply.text,
-            truncated: reply.truncated,
-        }),
-        Outcome::Cancelled(r) => encode(&ServerOp::Cancelled {
-            id,
-            session,
-            reason: r.as_str(),
-        }),
-        Outcome::Failed(e) => encode(&ServerOp::Failed {
-            id,
-            session,
-            error: &e.to_string(),
-        }),
-        Outcome::Merged { into } => encode(&ServerOp::Merged { id, session, into }),
-    }
 }
 
 impl Frontend for BridgeServer {
@@ -599,11 +524,23 @@ impl Frontend for BridgeServer {
             LISTENER => self.accept(),
             SIGNALS => self.on_signal(ctx),
             Token(slot) => {
+                let gone = event.is_error() || event.is_write_closed();
+                if let Some(sock) = self.sockets.get(slot)
+                    && sock.eof
+                    && gone
+                {
+                    // A reset after end of stream: the peer had closed both ways, so what
+                    // was written since goes back to the outbox.
+                    let id = sock.id;
+                    self.bridge.disconnected(id);
+                    self.drop_socket(id);
+                    return;
+                }
                 if event.is_readable() || event.is_read_closed() || event.is_error() {
                     self.read(slot, ctx);
                 }
-                if event.is_writable() && self.conns.contains(slot) {
-                    self.dirty.push(slot);
+                if event.is_writable() && self.sockets.contains(slot) {
+                    self.writable.push(slot);
                 }
             }
         }
@@ -611,155 +548,107 @@ impl Frontend for BridgeServer {
 
     fn on_wake(&mut self, ctx: &mut Ctx<'_>) -> Option<Duration> {
         self.now = ctx.now();
+        if self.accept_retry.is_some_and(|t| t <= self.now) {
+            self.accept();
+        }
         for slot in std::mem::take(&mut self.pending_reads) {
             self.read(slot, ctx);
         }
-        self.dedup.expire(self.now);
-        let now = self.now;
-        let refresh: Vec<(u64, SessionKey)> = self
-            .typing
-            .values_mut()
-            .filter(|t| t.next <= now)
-            .map(|t| {
-                t.next = now + self.cfg.typing_refresh;
-                (t.conn, t.session.clone())
-            })
-            .collect();
-        for (conn, session) in refresh {
-            self.send_typing(conn, &session, true);
+        let next = self.bridge.tick(self.now);
+        if self.now >= self.next_ack_poll {
+            self.next_ack_poll = self.now + ACK_POLL;
+            for id in self.bridge.awaiting_ack() {
+                if let Some(&slot) = self.slot_of.get(&id) {
+                    self.poll_ack(slot);
+                }
+            }
         }
-        let next_typing = self.typing.values().map(|t| t.next).min();
+        self.run_actions(Some(ctx));
+        let ack_poll = (!self.bridge.awaiting_ack().is_empty()).then_some(self.next_ack_poll);
+        let soon = [Some(next), self.accept_retry, ack_poll]
+            .into_iter()
+            .flatten()
+            .fold(next, Duration::min);
         if self.pending_reads.is_empty() {
-            next_typing
+            Some(soon)
         } else {
-            Some(now)
+            Some(self.now)
         }
     }
 
     fn deliver(&mut self, tag: u64, event: MessageEvent) {
-        let MessageEvent { id, session, kind } = event;
-        match kind {
-            EventKind::Accepted { state, position } => {
-                let Some(route) = self.routes.get(&tag) else {
-                    return;
-                };
-                if let Some(&slot) = self.by_uid.get(&route.conn) {
-                    let state = if state == AcceptState::Running {
-                        "running"
-                    } else {
-                        "queued"
-                    };
-                    let ack = ServerOp::Ack {
-                        id: &id,
-                        session: session.as_str(),
-                        state,
-                        position: Some(position),
-                    };
-                    self.send(slot, encode(&ack), None);
-                }
-            }
-            EventKind::Rejected(reason) => {
-                let Some(route) = self.routes.remove(&tag) else {
-                    return;
-                };
-                // A refused message was not accepted: a retry with the same id must be allowed.
-                self.dedup.forget(route.dedup_key);
-                if let Some(&slot) = self.by_uid.get(&route.conn) {
-                    self.reject(
-                        slot,
-                        &id,
-                        Some(session.as_str()),
-                        reason.as_str(),
-                        reason.detail(),
-                    );
-                }
-            }
-            EventKind::TurnStarted(turn) => {
-                let Some(conn) = self.routes.get(&tag).map(|r| r.conn) else {
-                    return;
-                };
-                self.send_typing(conn, &session, true);
-                let next = self.now + self.cfg.typing_refresh;
-                self.typing.insert(
-                    turn,
-                    Typing {
-                        conn,
-                        session,
-                        next,
-                    },
-                );
-            }
-            // The bridge's `partial` op arrives with the protocol's streaming support.
-            EventKind::Partial(_) => {}
-            EventKind::TurnEnded(turn) => {
-                if let Some(t) = self.typing.remove(&turn) {
-                    self.send_typing(t.conn, &t.session, false);
-                }
-            }
-            EventKind::Finished(outcome) => {
-                let Some(route) = self.routes.remove(&tag) else {
-                    return;
-                };
-                let line = outcome_line(&id, session.as_str(), &outcome);
-                self.send_terminal(&route, line);
-            }
-        }
+        self.bridge.event(tag, event, self.now);
     }
 
     fn flush(&mut self) {
-        // Refilling from an outbox can queue more output; go round until the sockets block
-        // or nothing is left.
-        while !self.dirty.is_empty() {
-            let mut dirty = std::mem::take(&mut self.dirty);
-            dirty.sort_unstable();
-            dirty.dedup();
-            for slot in dirty {
-                let Some(conn) = self.conns.get_mut(slot) else {
-                    continue;
-                };
-                match conn.write_out() {
-                    Ok(()) if conn.close_after_flush && !conn.has_output() => {
-                        self.close(slot, "closed after error");
-                    }
-                    Ok(()) => self.refill(slot),
-                    Err(e) => self.close(slot, &format!("write failed: {e}")),
+        self.read_started = None;
+        let started = Instant::now();
+        loop {
+            let mut slots: Vec<usize> = std::mem::take(&mut self.writable);
+            slots.extend(
+                self.bridge
+                    .take_dirty()
+                    .into_iter()
+                    .filter_map(|id| self.slot_of.get(&id).copied()),
+            );
+            if slots.is_empty() {
+                break;
+            }
+            slots.sort_unstable();
+            slots.dedup();
+            for slot in slots {
+                if started.elapsed() >= WRITE_TIME {
+                    // Out of time for this wake: the poll reports it again at once.
+                    self.rearm(slot);
+                } else {
+                    self.write_slot(slot);
                 }
             }
+            self.run_actions(None);
         }
     }
 
     fn finish(&mut self, poll: &mut Poll) {
-        let deadline = Instant::now() + self.cfg.flush_budget;
+        let deadline = Instant::now() + self.flush_budget;
         let mut events = MioEvents::with_capacity(64);
         loop {
-            self.dirty = self
-                .conns
+            let busy: Vec<usize> = self
+                .sockets
                 .iter()
-                .filter(|(_, c)| c.has_output())
-                .map(|(s, _)| s)
+                .filter(|(_, s)| self.bridge.has_output(s.id))
+                .map(|(slot, _)| slot)
                 .collect();
-            if self.dirty.is_empty() {
+            if busy.is_empty() {
                 break;
             }
-            self.flush();
+            for slot in busy {
+                self.write_slot(slot);
+            }
+            self.run_actions(None);
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                let stuck = self.conns.iter().filter(|(_, c)| c.has_output()).count();
+                let stuck = self
+                    .sockets
+                    .iter()
+                    .filter(|(_, s)| self.bridge.has_output(s.id))
+                    .count();
                 log::warn!(
                     "shutdown: {stuck} connection(s) still had output after the flush budget"
                 );
                 break;
             }
-            if self.conns.iter().any(|(_, c)| c.has_output()) {
-                let _ = poll.poll(&mut events, Some(left.min(Duration::from_millis(50))));
-            }
+            let _ = poll.poll(&mut events, Some(left.min(Duration::from_millis(50))));
         }
-        let waiting: usize = self.outboxes.values().map(VecDeque::len).sum();
+        let waiting = self.bridge.outboxed();
         if waiting > 0 {
             log::warn!(
                 "shutdown: {waiting} terminal event(s) were still waiting in outboxes for a bridge to connect"
             );
         }
         self.watchdog = None;
+    }
+
+    fn status(&self) -> Option<serde_json::Value> {
+        serde_json::to_value(self.bridge.status()).ok()
     }
 }

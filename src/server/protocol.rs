@@ -32,8 +32,12 @@ pub struct MessageFields {
     pub chat_id: String,
     /// Chat type (default dm).
     pub chat_type: ChatType,
-    /// Sender.
+    /// Sender's id on the platform (for every chat type; part of the key for groups).
     pub user_id: Option<String>,
+    /// Sender's display name.
+    pub user_name: Option<String>,
+    /// Platform metadata: a JSON object, serialized.
+    pub meta: Option<String>,
     /// Thread.
     pub thread_id: Option<String>,
     /// Text (commands start with a slash).
@@ -117,11 +121,19 @@ fn parse_message(obj: &Map<String, Value>) -> Result<ClientOp, LineError> {
         Some(t) => ChatType::parse(&t)
             .ok_or_else(|| invalid("chat_type must be one of dm, group, channel, thread".into()))?,
     };
+    let meta = match obj.get("meta") {
+        None | Some(Value::Null) => None,
+        // Re-serialized compactly: the agent gets a canonical object, bounded by the line.
+        Some(v @ Value::Object(_)) => Some(v.to_string()),
+        Some(_) => return Err(invalid("meta must be a JSON object or null".into())),
+    };
     Ok(ClientOp::Message(MessageFields {
         chat_id: required("chat_id")?,
         text: required("text")?,
         platform: optional("platform")?,
         user_id: optional("user_id")?,
+        user_name: optional("user_name")?,
+        meta,
         thread_id: optional("thread_id")?,
         chat_type,
         id,
@@ -132,6 +144,25 @@ fn truncate(s: &str, max: usize) -> &str {
     match s.char_indices().nth(max) {
         Some((i, _)) => &s[..i],
         None => s,
+    }
+}
+
+/// Longest platform name.
+pub const MAX_PLATFORM_BYTES: usize = 64;
+
+/// Checks a platform name: 1 to 64 ASCII letters, digits, `.`, `_` or `-`.
+pub fn check_platform(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_PLATFORM_BYTES
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "platform must be 1 to {MAX_PLATFORM_BYTES} characters of A-Z, a-z, 0-9, '.', '_', '-'"
+        ))
     }
 }
 
@@ -158,7 +189,7 @@ pub enum ServerOp<'a> {
         /// Session key, when one could be built.
         #[serde(skip_serializing_if = "Option::is_none")]
         session: Option<&'a str>,
-        /// `queue_full`, `shutting_down`, `invalid` or `backpressure`.
+        /// `queue_full`, `overloaded`, `shutting_down`, `invalid` or `backpressure`.
         reason: &'a str,
         /// Human-readable detail.
         detail: &'a str,
@@ -185,6 +216,15 @@ pub enum ServerOp<'a> {
         /// The agent's reply was longer than `--max-reply-bytes` and was cut.
         #[serde(skip_serializing_if = "std::ops::Not::not")]
         truncated: bool,
+    },
+    /// The reply so far of a running turn (best effort; the terminal `reply` has it all).
+    Partial {
+        /// Message id.
+        id: &'a str,
+        /// Session key.
+        session: &'a str,
+        /// The text so far.
+        text: &'a str,
     },
     /// Terminal: cancelled.
     Cancelled {
@@ -245,6 +285,26 @@ mod tests {
         assert_eq!(m.chat_type, ChatType::Group);
         assert_eq!(m.user_id.as_deref(), Some("7"));
         assert_eq!(m.thread_id, None);
+        assert_eq!((m.user_name, m.meta), (None, None));
+        let line = br#"{"op":"message","id":"m","chat_id":"1","text":"x","user_id":"7","user_name":"Ann","meta":{"reply_to": "m0"}}"#;
+        let Ok(ClientOp::Message(m)) = parse_line(line) else {
+            panic!("not a message")
+        };
+        assert_eq!(m.user_name.as_deref(), Some("Ann"));
+        assert_eq!(m.meta.as_deref(), Some(r#"{"reply_to":"m0"}"#));
+        let e = parse_line(br#"{"op":"message","id":"m","chat_id":"1","text":"x","meta":[1]}"#);
+        assert!(matches!(e, Err(LineError::Invalid { detail, .. }) if detail.starts_with("meta")));
+    }
+
+    #[test]
+    fn platform_names_are_short_and_plain() {
+        assert!(check_platform("telegram").is_ok());
+        assert!(check_platform("my-bridge_2.0").is_ok());
+        assert!(check_platform(&"a".repeat(64)).is_ok());
+        assert!(check_platform(&"a".repeat(65)).is_err());
+        assert!(check_platform("").is_err());
+        assert!(check_platform("tele gram").is_err());
+        assert!(check_platform("tg:1").is_err());
     }
 
     #[test]

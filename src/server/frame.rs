@@ -1,0 +1,367 @@
+//! Outgoing lines, written in bounded pieces.
+//!
+//! A line carrying a long text (a 1 MiB reply of `"` characters escapes to 2 MiB) is not
+//! encoded in one go on the reactor: it keeps its text and is escaped 16 KiB at a time as the
+//! socket takes it, so no single event costs the loop more than a fraction of a millisecond.
+//! Short lines are encoded at once, so that many of them go out in one vectored write.
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice, Write};
+use std::sync::Arc;
+
+/// Texts up to this many bytes are escaped when the line is made; longer ones as written.
+pub const EAGER_TEXT: usize = 16 * 1024;
+/// Bytes of text escaped per step of a long line.
+const CHUNK: usize = 16 * 1024;
+/// Frames gathered into one vectored write.
+const MAX_SLICES: usize = 64;
+
+/// The bytes of one line: encoded, or a JSON envelope around a text escaped on the way out.
+#[derive(Debug)]
+pub enum Body {
+    /// A whole encoded line, newline included.
+    Line(Vec<u8>),
+    /// `head` + the text as a JSON string body + `tail` (the tail holds the newline).
+    Text {
+        /// Everything before the text, including its opening quote.
+        head: Vec<u8>,
+        /// The raw text.
+        text: String,
+        /// The closing quote, any later fields, `}` and the newline.
+        tail: Vec<u8>,
+    },
+}
+
+impl Body {
+    /// `{"op":<op>,"id":<id>,"session":<session>,"<field>":"<text>"<extra>}\n`, escaped at once
+    /// when short, else on the way out.
+    pub fn with_text(
+        op: &str,
+        id: &str,
+        session: &str,
+        field: &str,
+        text: String,
+        extra: &str,
+    ) -> Body {
+        let mut head = Vec::with_capacity(64 + id.len() + session.len());
+        head.extend_from_slice(b"{\"op\":\"");
+        head.extend_from_slice(op.as_bytes());
+        head.extend_from_slice(b"\",\"id\":");
+        push_json_str(&mut head, id);
+        head.extend_from_slice(b",\"session\":");
+        push_json_str(&mut head, session);
+        head.extend_from_slice(b",\"");
+        head.extend_from_slice(field.as_bytes());
+        head.extend_from_slice(b"\":\"");
+        let mut tail = Vec::with_capacity(4 + extra.len());
+        tail.push(b'"');
+        tail.extend_from_slice(extra.as_bytes());
+        tail.extend_from_slice(b"}\n");
+        if text.len() <= EAGER_TEXT {
+            let mut line = head;
+            push_escaped(&mut line, &text);
+            line.extend_from_slice(&tail);
+            Body::Line(line)
+        } else {
+            Body::Text { head, text, tail }
+        }
+    }
+
+    /// The bytes this line holds in memory before escaping: what an outbox accounts for.
+    pub fn size(&self) -> usize {
+        match self {
+            Body::Line(l) => l.len(),
+            Body::Text { head, text, tail } => head.len() + text.len() + tail.len(),
+        }
+    }
+}
+
+/// Appends `s` as a JSON string, quotes included.
+fn push_json_str(out: &mut Vec<u8>, s: &str) {
+    out.push(b'"');
+    push_escaped(out, s);
+    out.push(b'"');
+}
+
+/// Appends `s` escaped as the inside of a JSON string.
+pub fn push_escaped(out: &mut Vec<u8>, s: &str) {
+    // serde_json's escaping (quotes included) minus the quotes: one correct implementation.
+    let mut quoted = Vec::with_capacity(s.len() + 2);
+    if serde_json::to_writer(&mut quoted, s).is_err() || quoted.len() < 2 {
+        return; // writing a &str into a Vec cannot fail
+    }
+    out.extend_from_slice(&quoted[1..quoted.len() - 1]);
+}
+
+/// Where the writing of a line stands.
+#[derive(Debug, Default)]
+struct Cursor {
+    /// 0: head (or the whole `Line`), 1: text, 2: tail.
+    stage: u8,
+    /// Bytes of the current stage's source consumed (text: raw bytes escaped so far).
+    pos: usize,
+    /// The escaped piece of text being written.
+    chunk: Vec<u8>,
+    /// Bytes of `chunk` written.
+    chunk_pos: usize,
+}
+
+/// A line queued on a connection.
+#[derive(Debug)]
+pub struct Frame {
+    /// What to write.
+    pub body: Body,
+    /// A terminal event's platform: it returns to that platform's outbox if the connection
+    /// goes before the whole line is written.
+    pub terminal_for: Option<Arc<str>>,
+    cursor: Cursor,
+}
+
+impl Frame {
+    /// A line that is not a terminal event.
+    pub fn line(bytes: Vec<u8>) -> Frame {
+        Frame::new(Body::Line(bytes), None)
+    }
+
+    /// A frame; `terminal_for` names the platform of a terminal event.
+    pub fn new(body: Body, terminal_for: Option<Arc<str>>) -> Frame {
+        Frame {
+            body,
+            terminal_for,
+            cursor: Cursor::default(),
+        }
+    }
+
+    /// Forgets what was written, so that the line can be sent whole elsewhere.
+    pub fn rewind(&mut self) {
+        self.cursor = Cursor::default();
+    }
+
+    /// The next bytes to write; empty when the line is done.
+    fn current(&mut self) -> &[u8] {
+        let c = &mut self.cursor;
+        match &self.body {
+            Body::Line(l) => &l[c.pos.min(l.len())..],
+            Body::Text { head, text, tail } => {
+                if c.stage == 0 && c.pos >= head.len() {
+                    c.stage = 1;
+                    c.pos = 0;
+                }
+                if c.stage == 1 && c.chunk_pos >= c.chunk.len() {
+                    c.chunk.clear();
+                    c.chunk_pos = 0;
+                    if c.pos < text.len() {
+                        let mut end = (c.pos + CHUNK).min(text.len());
+                        while !text.is_char_boundary(end) {
+                            end -= 1;
+                        }
+                        push_escaped(&mut c.chunk, &text[c.pos..end]);
+                        c.pos = end;
+                    } else {
+                        c.stage = 2;
+                        c.pos = 0;
+                    }
+                }
+                match c.stage {
+                    0 => &head[c.pos..],
+                    1 => &c.chunk[c.chunk_pos..],
+                    _ => &tail[c.pos.min(tail.len())..],
+                }
+            }
+        }
+    }
+
+    /// Marks `n` bytes of [`Frame::current`] written.
+    fn advance(&mut self, n: usize) {
+        let c = &mut self.cursor;
+        match (&self.body, c.stage) {
+            (Body::Text { .. }, 1) => c.chunk_pos += n,
+            _ => c.pos += n,
+        }
+    }
+
+    /// Whether a text line must be escaped further before its next bytes are known.
+    fn is_lazy(&self) -> bool {
+        matches!(self.body, Body::Text { .. })
+    }
+}
+
+/// What a write pass achieved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flushed {
+    /// Everything queued was written.
+    All,
+    /// The socket took no more.
+    Blocked,
+    /// The budget ran out with output left.
+    Budget,
+}
+
+/// Writes frames from the front of `out` into `w`, at most about `budget` bytes, calling
+/// `done` for each frame written whole (in order), with the bytes this pass had written when
+/// its last byte went. Partly written frames stay at the front.
+pub fn write_frames<W: Write + ?Sized>(
+    out: &mut VecDeque<Frame>,
+    w: &mut W,
+    mut budget: usize,
+    mut done: impl FnMut(Frame, usize),
+) -> io::Result<(usize, Flushed)> {
+    let mut total = 0;
+    loop {
+        // Drop finished fronts (a text line whose last chunk was written).
+        while out.front_mut().is_some_and(|f| f.current().is_empty()) {
+            if let Some(f) = out.pop_front() {
+                done(f, total);
+            }
+        }
+        if out.is_empty() {
+            return Ok((total, Flushed::All));
+        }
+        if budget == 0 {
+            return Ok((total, Flushed::Budget));
+        }
+        let n = {
+            let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(MAX_SLICES.min(out.len()));
+            let mut gathered = 0;
+            for (i, f) in out.iter_mut().enumerate() {
+                // A lazy line past the front needs escaping state; write what came before it.
+                if (i > 0 && f.is_lazy()) || slices.len() == MAX_SLICES || gathered >= budget {
+                    break;
+                }
+                let lazy = f.is_lazy();
+                let bytes = f.current();
+                let take = bytes.len().min(budget - gathered);
+                gathered += take;
+                slices.push(IoSlice::new(&bytes[..take]));
+                if take < bytes.len() || lazy {
+                    break;
+                }
+            }
+            match w.write_vectored(&slices) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    return Ok((total, Flushed::Blocked));
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        };
+        budget = budget.saturating_sub(n);
+        let mut left = n;
+        while left > 0 {
+            let Some(front) = out.front_mut() else { break };
+            let cur = front.current().len();
+            let step = left.min(cur);
+            front.advance(step);
+            left -= step;
+            if front.current().is_empty()
+                && let Some(f) = out.pop_front()
+            {
+                done(f, total + n - left);
+            }
+        }
+        total += n;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::protocol::{ServerOp, encode};
+
+    /// A writer that takes at most `cap` bytes per call and `total` bytes overall.
+    struct Trickle {
+        data: Vec<u8>,
+        cap: usize,
+        total: usize,
+    }
+
+    impl Write for Trickle {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let n = buf.len().min(self.cap).min(self.total - self.data.len());
+            if n == 0 && !buf.is_empty() {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            self.data.extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn reply(text: &str, truncated: bool) -> Vec<u8> {
+        encode(&ServerOp::Reply {
+            id: "m\"1",
+            session: "t:dm:1",
+            text,
+            truncated,
+        })
+    }
+
+    #[test]
+    fn short_and_long_texts_encode_exactly_as_serde_does() {
+        for text in [
+            String::new(),
+            "hi".to_owned(),
+            "\"".repeat(EAGER_TEXT + 1),
+            "é\u{1}x".repeat(CHUNK),
+        ] {
+            for truncated in [false, true] {
+                let extra = if truncated { ",\"truncated\":true" } else { "" };
+                let body = Body::with_text("reply", "m\"1", "t:dm:1", "text", text.clone(), extra);
+                assert_eq!(matches!(body, Body::Line(_)), text.len() <= EAGER_TEXT);
+                let mut out = VecDeque::from([Frame::new(body, None)]);
+                let mut w = Trickle {
+                    data: Vec::new(),
+                    cap: 7_777,
+                    total: usize::MAX,
+                };
+                let mut frames = 0;
+                while !out.is_empty() {
+                    write_frames(&mut out, &mut w, 5_000, |_, _| frames += 1).unwrap();
+                }
+                assert_eq!(frames, 1);
+                assert_eq!(w.data, reply(&text, truncated));
+            }
+        }
+    }
+
+    #[test]
+    fn a_partial_line_is_the_protocols_partial_op() {
+        let body = Body::with_text("partial", "m", "t:dm:1", "text", "so far".into(), "");
+        let Body::Line(line) = body else {
+            panic!("short text is encoded at once")
+        };
+        let want = encode(&ServerOp::Partial {
+            id: "m",
+            session: "t:dm:1",
+            text: "so far",
+        });
+        assert_eq!(line, want);
+    }
+
+    #[test]
+    fn the_budget_and_a_full_socket_stop_a_pass_and_the_next_goes_on() {
+        let lines: Vec<Vec<u8>> = (0..10)
+            .map(|i| format!("line {i}\n").into_bytes())
+            .collect();
+        let mut out: VecDeque<Frame> = lines.iter().cloned().map(Frame::line).collect();
+        let mut w = Trickle {
+            data: Vec::new(),
+            cap: 1000,
+            total: 20,
+        };
+        let (n, how) = write_frames(&mut out, &mut w, 1000, |_, _| {}).unwrap();
+        assert_eq!((n, how), (20, Flushed::Blocked));
+        w.total = usize::MAX;
+        let (n, how) = write_frames(&mut out, &mut w, 10, |_, _| {}).unwrap();
+        assert_eq!((n, how), (10, Flushed::Budget));
+        let mut done = 0;
+        let (_, how) = write_frames(&mut out, &mut w, 1000, |_, _| done += 1).unwrap();
+        assert_eq!(how, Flushed::All);
+        assert_eq!(w.data, lines.concat());
+        assert!(done >= 6, "{done}");
+    }
+}

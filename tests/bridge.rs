@@ -1,0 +1,1590 @@
+//! The bridge's rules as deterministic tests of the sans-IO [`Bridge`]: no sockets, no
+//! threads, no sleeps. Lines go in as bytes, the runtime's events are played by hand, output
+//! is written into in-memory writers, time is a number. Each test names the row of issue 8's
+//! table (or the rule) it pins; each fails on the old server's behaviour.
+
+use std::collections::HashMap;
+use std::io::{self, Write};
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use turnstile::core::{AcceptState, MessageEvent, Reply, TurnId};
+use turnstile::server::{Action, Bridge, BridgeConfig, ConnId, Flushed};
+use turnstile::{CancelReason, EventKind, Message, Outcome, RejectReason};
+
+const S: Duration = Duration::from_secs(1);
+
+fn peer(n: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(10, 0, 0, n))
+}
+
+/// A writer that takes at most `room` more bytes, then blocks.
+struct Pipe {
+    data: Vec<u8>,
+    room: usize,
+}
+
+impl Write for Pipe {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = buf.len().min(self.room);
+        if n == 0 && !buf.is_empty() {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        self.room -= n;
+        self.data.extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A writer whose peer is gone.
+struct Broken;
+
+impl Write for Broken {
+    fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+        Err(io::ErrorKind::BrokenPipe.into())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The bridge with a pretend shell and runtime around it.
+struct Net {
+    b: Bridge,
+    now: Duration,
+    /// Bytes written to each connection and not yet read by the test.
+    wire: HashMap<ConnId, Vec<u8>>,
+    /// Submitted messages by tag.
+    sub: HashMap<u64, Message>,
+    /// Tags in submission order.
+    order: Vec<u64>,
+    closed: Vec<ConnId>,
+    /// Closed discarding unsent data (results went back to the outbox).
+    reset: Vec<ConnId>,
+}
+
+impl Net {
+    fn new(cfg: BridgeConfig) -> Net {
+        Net {
+            b: Bridge::new(cfg),
+            now: Duration::ZERO,
+            wire: HashMap::new(),
+            sub: HashMap::new(),
+            order: Vec::new(),
+            closed: Vec::new(),
+            reset: Vec::new(),
+        }
+    }
+
+    fn connect(&mut self) -> ConnId {
+        self.connect_from(peer(1)).expect("connected")
+    }
+
+    fn connect_from(&mut self, p: IpAddr) -> Result<ConnId, Value> {
+        self.b
+            .connect(p, self.now)
+            .map_err(|line| serde_json::from_slice(&line).expect("json"))
+    }
+
+    fn pump(&mut self) {
+        while let Some(a) = self.b.poll_action() {
+            match a {
+                Action::Submit { tag, message } => {
+                    self.order.push(tag);
+                    self.sub.insert(tag, message);
+                }
+                Action::Close(c) => self.closed.push(c),
+                Action::Reset(c) => {
+                    self.closed.push(c);
+                    self.reset.push(c);
+                }
+            }
+        }
+    }
+
+    fn raw(&mut self, c: ConnId, line: &[u8]) {
+        self.b.line(c, line, self.now);
+        self.pump();
+    }
+
+    fn send(&mut self, c: ConnId, v: Value) {
+        self.raw(c, v.to_string().as_bytes());
+    }
+
+    fn hello(&mut self, c: ConnId, platform: &str) {
+        self.send(c, json!({"op": "hello", "platform": platform}));
+    }
+
+    /// Writes all of `c`'s output (as a reading client would take it), budget pass by pass.
+    fn take(&mut self, c: ConnId) -> Vec<Value> {
+        let mut w = Vec::new();
+        for _ in 0..100_000 {
+            match self.b.write(c, &mut w, self.now).expect("write") {
+                Flushed::All => break,
+                Flushed::Budget => continue,
+                Flushed::Blocked => unreachable!("a Vec never blocks"),
+            }
+        }
+        // A reading client's TCP acknowledges what it received.
+        self.b.acked(c, self.b.written(c));
+        self.pump();
+        self.wire.entry(c).or_default().extend_from_slice(&w);
+        self.lines(c)
+    }
+
+    /// The complete lines on `c`'s wire.
+    fn lines(&mut self, c: ConnId) -> Vec<Value> {
+        let buf = self.wire.entry(c).or_default();
+        let end = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        let whole: Vec<u8> = buf.drain(..end).collect();
+        whole
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_slice(l).expect("json line"))
+            .collect()
+    }
+
+    fn last_tag(&self) -> u64 {
+        *self.order.last().expect("a submission")
+    }
+
+    fn event(&mut self, tag: u64, kind: EventKind) {
+        let m = &self.sub[&tag];
+        let ev = MessageEvent {
+            id: m.id.clone(),
+            session: m.session.clone(),
+            kind,
+        };
+        self.b.event(tag, ev, self.now);
+        self.pump();
+    }
+
+    fn accept(&mut self, tag: u64) {
+        self.event(
+            tag,
+            EventKind::Accepted {
+                state: AcceptState::Running,
+                position: 0,
+            },
+        );
+    }
+
+    fn reply(&mut self, tag: u64, text: &str) {
+        self.event(tag, EventKind::Finished(Outcome::Reply(text.into())));
+    }
+
+    fn tick(&mut self, by: Duration) {
+        self.now += by;
+        self.b.tick(self.now);
+        self.pump();
+    }
+
+    fn platforms(&self) -> usize {
+        self.b.status().platforms
+    }
+}
+
+fn msg(id: &str, chat: &str, text: &str) -> Value {
+    json!({"op": "message", "id": id, "chat_id": chat, "text": text})
+}
+
+fn ops(lines: &[Value]) -> Vec<String> {
+    lines
+        .iter()
+        .map(|v| {
+            let op = v["op"].as_str().unwrap_or("?");
+            let id = v["id"].as_str().or(v["detail"].as_str()).unwrap_or("");
+            let extra = v["state"]
+                .as_str()
+                .or(v["reason"].as_str())
+                .or(v["text"].as_str())
+                .unwrap_or("");
+            format!("{op} {id} {extra}").trim().to_owned()
+        })
+        .collect()
+}
+
+fn cfg() -> BridgeConfig {
+    BridgeConfig::default()
+}
+
+fn tokened() -> BridgeConfig {
+    BridgeConfig {
+        auth_token: Some("s3cret".into()),
+        ..cfg()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Row 1: platforms are validated, capped and freed when empty.
+
+#[test]
+fn row1_hellos_with_distinct_platforms_leave_nothing_behind() {
+    let mut n = Net::new(cfg());
+    let long = "p".repeat(60_000);
+    let c = n.connect();
+    n.send(c, json!({"op": "hello", "platform": long}));
+    let out = n.take(c);
+    assert_eq!(out[0]["op"], "error");
+    assert!(
+        out[0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("platform must be")
+    );
+    assert_eq!(n.platforms(), 0, "an invalid name made a platform");
+    for i in 0..5_000 {
+        let c = n.connect();
+        n.hello(c, &format!("platform-{i}"));
+        assert_eq!(n.platforms(), 1);
+        n.b.disconnected(c);
+    }
+    assert_eq!(n.platforms(), 0, "empty platforms were kept");
+    assert_eq!(n.b.status().connections, 1);
+}
+
+#[test]
+fn row3_the_platform_cap_answers_error_to_a_hello_and_overloaded_to_a_message() {
+    let mut n = Net::new(BridgeConfig {
+        max_platforms: 2,
+        ..cfg()
+    });
+    let c = n.connect();
+    n.hello(c, "a");
+    let d = n.connect();
+    n.hello(d, "b");
+    let e = n.connect();
+    n.hello(e, "c");
+    let out = n.take(e);
+    assert_eq!(out[0]["op"], "error");
+    assert!(
+        out[0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("--max-platforms")
+    );
+    n.send(
+        e,
+        json!({"op": "message", "id": "1", "platform": "c", "chat_id": "1", "text": "x"}),
+    );
+    let out = n.take(e);
+    assert_eq!(ops(&out), ["reject 1 overloaded"]);
+    assert!(n.order.is_empty());
+    // Once a platform empties, there is room.
+    n.b.disconnected(d);
+    n.hello(e, "c");
+    n.send(e, msg("2", "1", "x"));
+    assert_eq!(n.order.len(), 1);
+    assert_eq!(n.platforms(), 2);
+}
+
+#[test]
+fn platform_names_in_messages_are_validated() {
+    let mut n = Net::new(cfg());
+    let c = n.connect();
+    for bad in ["tele gram", "a:b", ""] {
+        n.send(
+            c,
+            json!({"op": "message", "id": "1", "platform": bad, "chat_id": "1", "text": "x"}),
+        );
+    }
+    let out = n.take(c);
+    assert_eq!(out.len(), 3);
+    assert!(out.iter().all(|v| v["reason"] == "invalid"), "{out:?}");
+    assert_eq!(n.platforms(), 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// Rows 2 and 3: the outbox is kept by admission, in events and in bytes.
+
+#[test]
+fn row3_each_accepted_message_reserves_its_result_and_a_full_outbox_answers_backpressure() {
+    let mut n = Net::new(BridgeConfig {
+        outbox_cap: 10,
+        ..cfg()
+    });
+    let c = n.connect();
+    n.hello(c, "tg");
+    for i in 0..12 {
+        n.send(c, msg(&format!("m{i}"), &format!("chat{i}"), "x"));
+    }
+    assert_eq!(n.order.len(), 10, "more admitted than the outbox can hold");
+    for tag in n.order.clone() {
+        n.accept(tag);
+    }
+    let out = n.take(c);
+    let rejects: Vec<&Value> = out.iter().filter(|v| v["op"] == "reject").collect();
+    assert_eq!(rejects.len(), 2);
+    assert!(rejects.iter().all(|v| v["reason"] == "backpressure"));
+    assert_eq!(n.b.status().outboxes["tg"].reserved_events, 10);
+    // The bridge goes away: all ten results wait, none dropped, none over the cap.
+    n.b.disconnected(c);
+    for tag in n.order.clone() {
+        n.reply(tag, "r");
+    }
+    let st = n.b.status();
+    assert_eq!(
+        (
+            st.outboxes["tg"].outbox_events,
+            st.outboxes["tg"].reserved_events
+        ),
+        (10, 10)
+    );
+    // Delivering them frees the room.
+    let d = n.connect();
+    n.hello(d, "tg");
+    let got = n.take(d);
+    assert_eq!(got.iter().filter(|v| v["op"] == "reply").count(), 10);
+    assert_eq!(n.platforms(), 1, "the dedup window keeps the platform");
+    assert_eq!(n.b.status().outboxes["tg"].reserved_events, 0);
+    n.send(d, msg("m-new", "chat", "x"));
+    assert_eq!(n.order.len(), 11);
+}
+
+#[test]
+fn row2_outbox_bytes_bound_admission_by_the_largest_possible_result() {
+    let reserve = 4096 + turnstile::server::bridge::TERMINAL_ENVELOPE;
+    let mut n = Net::new(BridgeConfig {
+        max_reply_bytes: 4096,
+        outbox_bytes: 3 * reserve,
+        ..cfg()
+    });
+    let c = n.connect();
+    n.hello(c, "tg");
+    for i in 0..4 {
+        n.send(c, msg(&format!("m{i}"), &format!("c{i}"), "x"));
+    }
+    assert_eq!(n.order.len(), 3);
+    assert_eq!(n.b.status().outboxes["tg"].reserved_bytes, 3 * reserve);
+    for t in n.order.clone() {
+        n.accept(t);
+    }
+    let out: Vec<Value> = n
+        .take(c)
+        .into_iter()
+        .filter(|v| v["op"] == "reject")
+        .collect();
+    assert_eq!(ops(&out), ["reject m3 backpressure"]);
+}
+
+#[test]
+fn a_refused_message_gives_its_reservation_back() {
+    let mut n = Net::new(BridgeConfig {
+        outbox_cap: 1,
+        ..cfg()
+    });
+    let c = n.connect();
+    n.hello(c, "tg");
+    n.send(c, msg("a", "1", "x"));
+    let tag = n.last_tag();
+    n.event(tag, EventKind::Rejected(RejectReason::QueueFull));
+    assert_eq!(n.b.status().outboxes["tg"].reserved_events, 0);
+    n.send(c, msg("a", "1", "x"));
+    assert_eq!(n.order.len(), 2, "a refused id must be retryable");
+    assert_eq!(ops(&n.take(c)), ["reject a queue_full"]);
+    assert_eq!(n.b.status().rejected["queue_full"], 1);
+}
+
+// ---------------------------------------------------------------------------------------
+// Row 4: a huge result neither disconnects its reader nor poisons later connections.
+
+#[test]
+fn row4_a_huge_reply_flows_to_a_slow_reader_and_an_interrupted_one_goes_whole_to_the_next() {
+    let big = "\"".repeat(3 << 20);
+    let mut n = Net::new(BridgeConfig {
+        max_reply_bytes: 4 << 20,
+        write_budget: 64 * 1024,
+        ..cfg()
+    });
+    let a = n.connect();
+    n.hello(a, "tg");
+    n.send(a, msg("big", "1", "x"));
+    let tag = n.last_tag();
+    n.accept(tag);
+    n.reply(tag, &big);
+    // A reads slowly: 100 KB at a time. Each pass writes at most the budget.
+    let mut pipe = Pipe {
+        data: Vec::new(),
+        room: 100_000,
+    };
+    assert_eq!(n.b.write(a, &mut pipe, n.now).unwrap(), Flushed::Budget);
+    assert!(pipe.data.len() <= 64 * 1024 + 1024, "{}", pipe.data.len());
+    assert_eq!(n.b.write(a, &mut pipe, n.now).unwrap(), Flushed::Blocked);
+    // A is still served: a ping is answered after the reply.
+    n.send(a, json!({"op": "ping"}));
+    // A goes away in the middle of the reply: it goes back to the outbox, whole.
+    n.b.disconnected(a);
+    assert_eq!(n.b.status().outboxes["tg"].outbox_events, 1);
+    // Three later bridges say hello and send: none is disconnected; the first gets the
+    // reply whole, the others do not get it again.
+    for k in 0..3 {
+        let b = n.connect();
+        n.hello(b, "tg");
+        n.send(b, msg(&format!("after-{k}"), "2", "y"));
+        let t = n.last_tag();
+        n.accept(t);
+        n.reply(t, "y");
+        let out = n.take(b);
+        assert!(n.closed.is_empty(), "a later bridge was disconnected");
+        let big_lines: Vec<&Value> = out.iter().filter(|v| v["id"] == "big").collect();
+        if k == 0 {
+            assert_eq!(big_lines.len(), 1);
+            assert_eq!(big_lines[0]["text"].as_str().map(str::len), Some(big.len()));
+        } else {
+            assert!(big_lines.is_empty());
+        }
+        assert!(
+            out.iter()
+                .any(|v| v["op"] == "reply" && v["id"] == format!("after-{k}"))
+        );
+        n.b.disconnected(b);
+    }
+    assert_eq!(n.b.outboxed(), 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// Row 5: a backlog is paced by its reader, and what a closed connection did not deliver goes
+// back to the front of the outbox, in order.
+
+#[test]
+fn row5_a_backlog_is_paced_and_an_interrupted_delivery_resumes_in_order() {
+    let mut n = Net::new(BridgeConfig {
+        max_write_buffer: 64 * 1024,
+        max_reply_bytes: 1024,
+        ..cfg()
+    });
+    let a = n.connect();
+    n.hello(a, "tg");
+    for i in 0..5_000 {
+        n.send(a, msg(&format!("{i:06}"), &format!("c{i}"), "x"));
+    }
+    let tags = n.order.clone();
+    for &t in &tags {
+        n.accept(t);
+    }
+    n.take(a);
+    n.b.disconnected(a);
+    for &t in &tags {
+        let text = format!("reply {}", n.sub[&t].id);
+        n.reply(t, &text);
+    }
+    assert_eq!(n.b.status().outboxes["tg"].outbox_events, 5_000);
+    // B collects the backlog, reads 50 KB, stalls and drops.
+    let b = n.connect();
+    n.hello(b, "tg");
+    let mut pipe = Pipe {
+        data: Vec::new(),
+        room: 50_000,
+    };
+    let _ = n.b.write(b, &mut pipe, n.now).unwrap();
+    let _ = n.b.write(b, &mut pipe, n.now).unwrap();
+    let fed = n.b.status().outboxes["tg"].outbox_events;
+    assert!(
+        fed > 3_000,
+        "the whole backlog was pushed at a stalled reader: {fed} left"
+    );
+    // B's TCP acknowledged what it received; what was written past that is not delivered.
+    n.b.acked(b, pipe.data.len() as u64);
+    n.b.disconnected(b);
+    let got_b: Vec<String> = String::from_utf8_lossy(&pipe.data)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .map(|v| v["id"].as_str().unwrap_or("").to_owned())
+        .collect();
+    // C gets everything B did not take whole, in order, from where B stopped.
+    let c = n.connect();
+    n.hello(c, "tg");
+    let got_c: Vec<String> = n
+        .take(c)
+        .iter()
+        .filter(|v| v["op"] == "reply")
+        .map(|v| v["id"].as_str().unwrap_or("").to_owned())
+        .collect();
+    let all: Vec<String> = got_b.iter().chain(&got_c).cloned().collect();
+    let want: Vec<String> = (0..5_000).map(|i| format!("{i:06}")).collect();
+    assert_eq!(all, want, "lost or out of order");
+}
+
+// ---------------------------------------------------------------------------------------
+// Row 6: a large reply costs the loop bounded work per pass.
+
+#[test]
+fn row6_a_large_reply_is_encoded_as_it_is_written_within_the_budget() {
+    let mut n = Net::new(BridgeConfig {
+        max_reply_bytes: 8 << 20,
+        write_budget: 256 * 1024,
+        ..cfg()
+    });
+    let a = n.connect();
+    let other = n.connect();
+    n.hello(a, "tg");
+    n.hello(other, "tg");
+    n.send(a, msg("big", "1", "x"));
+    n.send(other, msg("small", "2", "x"));
+    let (t1, t2) = (n.order[0], n.order[1]);
+    n.accept(t1);
+    n.accept(t2);
+    n.reply(t1, &"\"".repeat(8 << 20));
+    n.send(other, json!({"op": "ping"}));
+    // Every pass on A writes at most the budget; the other connection is served between.
+    let mut w = Vec::new();
+    let mut passes = 0;
+    loop {
+        let before = w.len();
+        let how = n.b.write(a, &mut w, n.now).unwrap();
+        assert!(w.len() - before <= 256 * 1024 + 64);
+        passes += 1;
+        if passes == 1 {
+            let out = n.take(other);
+            assert_eq!(ops(&out), ["ack small running", "pong"]);
+        }
+        if how == Flushed::All {
+            break;
+        }
+    }
+    assert!(passes >= 64, "{passes}");
+    let line: Value = serde_json::from_slice(&w[w.iter().position(|&b| b == b'\n').unwrap() + 1..])
+        .expect("the reply line");
+    assert_eq!(line["text"].as_str().map(str::len), Some(8 << 20));
+}
+
+#[test]
+fn replies_over_the_limit_are_cut_on_a_character_boundary_and_marked() {
+    let mut n = Net::new(BridgeConfig {
+        max_reply_bytes: 5,
+        ..cfg()
+    });
+    let a = n.connect();
+    n.hello(a, "tg");
+    n.send(a, msg("m", "1", "x"));
+    let t = n.last_tag();
+    n.accept(t);
+    n.reply(t, "abcdé");
+    let out = n.take(a);
+    assert_eq!(out[1]["text"], "abcd");
+    assert_eq!(out[1]["truncated"], true);
+    n.send(a, msg("m2", "1", "x"));
+    let t = n.last_tag();
+    n.accept(t);
+    n.event(
+        t,
+        EventKind::Finished(Outcome::Reply(Reply {
+            text: "ok".into(),
+            truncated: true,
+        })),
+    );
+    let out = n.take(a);
+    assert_eq!(
+        (out[1]["text"].as_str(), &out[1]["truncated"]),
+        (Some("ok"), &json!(true))
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Row 7: connections that never authenticate are bounded and timed out.
+
+#[test]
+fn row7_idle_unauthenticated_connections_cannot_lock_the_bridge_out() {
+    let mut n = Net::new(BridgeConfig {
+        max_unauthenticated: 8,
+        max_unauthenticated_per_peer: 4,
+        hello_timeout: 5 * S,
+        ..tokened()
+    });
+    let idle: Vec<ConnId> = (0..4).map(|_| n.connect_from(peer(9)).unwrap()).collect();
+    let e = n.connect_from(peer(9)).unwrap_err();
+    assert!(
+        e["detail"].as_str().unwrap().contains("from 10.0.0.9"),
+        "{e}"
+    );
+    for p in 10..14 {
+        n.connect_from(peer(p)).unwrap();
+    }
+    let e = n.connect_from(peer(20)).unwrap_err();
+    assert!(
+        e["detail"]
+            .as_str()
+            .unwrap()
+            .contains("waiting for their hello"),
+        "{e}"
+    );
+    assert_eq!(n.b.status().unauthenticated, 8);
+    // The real bridge gets in once the idle ones time out (at 5 s exactly).
+    n.tick(4 * S);
+    assert!(!n.b.has_output(idle[0]), "answered before its deadline");
+    n.tick(900 * Duration::from_millis(1));
+    assert!(n.closed.is_empty());
+    n.tick(100 * Duration::from_millis(1));
+    for c in n.b.connections().collect::<Vec<_>>() {
+        let out = n.take(c);
+        assert_eq!(out[0]["detail"], "no hello within 5s");
+    }
+    let _ = idle;
+    assert_eq!(n.closed.len(), 8);
+    assert_eq!(n.b.status().unauthenticated, 0);
+    assert_eq!(n.b.status().connections_refused, 2 + 8);
+    let real = n.connect_from(peer(9)).unwrap();
+    n.send(
+        real,
+        json!({"op": "hello", "platform": "tg", "token": "s3cret"}),
+    );
+    assert_eq!(n.b.status().unauthenticated, 0);
+    n.tick(10 * S);
+    assert!(!n.closed.contains(&real));
+}
+
+#[test]
+fn without_a_token_connections_are_capped_but_never_timed_out() {
+    let mut n = Net::new(BridgeConfig {
+        max_connections: 2,
+        ..cfg()
+    });
+    let a = n.connect();
+    n.connect();
+    let e = n.connect_from(peer(2)).unwrap_err();
+    assert_eq!(e["detail"], "too many connections (2)");
+    n.tick(60 * S);
+    assert!(n.closed.is_empty());
+    n.b.disconnected(a);
+    n.connect_from(peer(2)).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------
+// Row 9: a half-closed client keeps getting its events.
+
+#[test]
+fn row9_a_half_closed_client_gets_its_result_then_is_closed() {
+    let mut n = Net::new(cfg());
+    let a = n.connect();
+    n.hello(a, "tg");
+    let other = n.connect();
+    n.hello(other, "tg");
+    n.send(a, msg("m", "1", "x"));
+    let t = n.last_tag();
+    n.accept(t);
+    n.b.read_closed(a);
+    n.pump();
+    assert!(n.closed.is_empty(), "closed with a message outstanding");
+    assert!(!n.b.wants_read(a));
+    n.reply(t, "answer");
+    let out = n.take(a);
+    assert_eq!(ops(&out), ["ack m running", "reply m answer"]);
+    assert!(
+        n.take(other).is_empty(),
+        "the result went to another bridge"
+    );
+    // Closed once the peer's TCP acknowledged it (take() plays a reading client).
+    assert_eq!(n.closed, [a]);
+    assert!(n.reset.is_empty(), "a delivered connection was reset");
+    assert_eq!(n.b.status().outboxes["tg"].reserved_events, 0);
+}
+
+#[test]
+fn row9_a_reset_after_end_of_stream_sends_the_result_back_to_the_outbox() {
+    let mut n = Net::new(cfg());
+    let a = n.connect();
+    n.hello(a, "tg");
+    n.send(a, msg("m", "1", "x"));
+    let t = n.last_tag();
+    n.accept(t);
+    n.take(a);
+    n.b.read_closed(a);
+    n.reply(t, "answer");
+    // Written into a socket whose peer had closed both ways: never acknowledged...
+    let mut void = Vec::new();
+    assert_eq!(n.b.write(a, &mut void, n.now).unwrap(), Flushed::All);
+    n.pump();
+    assert!(
+        n.closed.is_empty(),
+        "closed before the result was acknowledged"
+    );
+    assert_eq!(n.b.awaiting_ack(), [a]);
+    n.b.disconnected(a); // ...the peer answers with a reset
+    let b = n.connect();
+    n.hello(b, "tg");
+    assert_eq!(ops(&n.take(b)), ["reply m answer"]);
+}
+
+#[test]
+fn a_half_closed_client_with_nothing_outstanding_is_closed_at_once() {
+    let mut n = Net::new(cfg());
+    let a = n.connect();
+    n.send(a, json!({"op": "ping"}));
+    n.take(a);
+    n.b.read_closed(a);
+    n.pump();
+    assert_eq!(n.closed, [a]);
+}
+
+// ---------------------------------------------------------------------------------------
+// Row 10: with a token, a connection acts only for its hello's platform.
+
+#[test]
+fn row10_a_bridge_cannot_act_for_another_platform() {
+    let mut n = Net::new(tokened());
+    let d = n.connect();
+    n.send(
+        d,
+        json!({"op": "hello", "platform": "discord", "token": "s3cret"}),
+    );
+    n.send(d, json!({"op": "message", "id": "1001", "platform": "telegram", "chat_id": "42", "text": "x"}));
+    n.send(d, json!({"op": "message", "id": "n", "platform": "telegram", "chat_id": "42", "text": "/new"}));
+    let out = n.take(d);
+    assert_eq!(ops(&out), ["reject 1001 invalid", "reject n invalid"]);
+    assert!(out[0]["detail"].as_str().unwrap().contains("discord"));
+    assert!(n.order.is_empty());
+    // Telegram's own 1001 is new to telegram.
+    let t = n.connect();
+    n.send(
+        t,
+        json!({"op": "hello", "platform": "telegram", "token": "s3cret"}),
+    );
+    n.send(t, msg("1001", "42", "x"));
+    assert_eq!(n.order.len(), 1);
+    // Its own platform is fine, named or not.
+    n.send(
+        d,
+        json!({"op": "message", "id": "1001", "platform": "discord", "chat_id": "42", "text": "x"}),
+    );
+    assert_eq!(n.order.len(), 2);
+}
+
+#[test]
+fn a_hello_without_a_platform_under_a_token_may_send_nothing() {
+    let mut n = Net::new(tokened());
+    let c = n.connect();
+    n.send(c, json!({"op": "hello", "token": "s3cret"}));
+    n.send(
+        c,
+        json!({"op": "message", "id": "1", "platform": "tg", "chat_id": "1", "text": "x"}),
+    );
+    assert_eq!(ops(&n.take(c)), ["reject 1 invalid"]);
+}
+
+// ---------------------------------------------------------------------------------------
+// Row 11: duplicate windows are per platform; a flood cannot evict another's ids.
+
+#[test]
+fn row11_one_platforms_flood_cannot_evict_anothers_ids() {
+    let mut n = Net::new(BridgeConfig {
+        dedup_max: 100,
+        ..cfg()
+    });
+    let tg = n.connect();
+    n.hello(tg, "telegram");
+    n.send(tg, msg("real", "1", "x"));
+    let t = n.last_tag();
+    n.accept(t);
+    n.reply(t, "done");
+    n.take(tg);
+    let junk = n.connect();
+    n.hello(junk, "junk");
+    for i in 0..150 {
+        n.send(junk, msg(&format!("j{i}"), &format!("c{i}"), "x"));
+        let t = n.last_tag();
+        if n.sub[&t].id.as_ref() == format!("j{i}") {
+            n.accept(t);
+            n.reply(t, "r");
+        }
+    }
+    let out = n.take(junk);
+    let refused = out.iter().filter(|v| v["reason"] == "backpressure").count();
+    assert_eq!(refused, 50, "a full window must refuse, not evict");
+    // Telegram's redelivery inside its window is still a duplicate.
+    n.tick(60 * S);
+    n.send(tg, msg("real", "1", "x"));
+    assert_eq!(ops(&n.take(tg)), ["ack real duplicate"]);
+    // After the window, the junk platform's ids expire and it has room again.
+    n.tick(600 * S);
+    n.send(junk, msg("j-late", "c", "x"));
+    assert_eq!(n.sub[&n.last_tag()].id.as_ref(), "j-late");
+}
+
+#[test]
+fn ids_expire_after_the_window_and_an_expired_platform_is_freed() {
+    let mut n = Net::new(BridgeConfig {
+        dedup_window: 10 * S,
+        ..cfg()
+    });
+    let c = n.connect();
+    n.send(
+        c,
+        json!({"op": "message", "id": "x", "platform": "p", "chat_id": "1", "text": "x"}),
+    );
+    let t = n.last_tag();
+    n.accept(t);
+    n.reply(t, "r");
+    n.take(c);
+    assert_eq!(n.platforms(), 1);
+    n.tick(5 * S);
+    n.send(
+        c,
+        json!({"op": "message", "id": "x", "platform": "p", "chat_id": "1", "text": "x"}),
+    );
+    assert_eq!(ops(&n.take(c)), ["ack x duplicate"]);
+    n.tick(6 * S);
+    assert_eq!(n.platforms(), 0, "an expired window kept its platform");
+}
+
+// ---------------------------------------------------------------------------------------
+// Row 12: after `unauthorized`, no further line counts.
+
+#[test]
+fn row12_after_unauthorized_nothing_more_is_processed() {
+    let mut n = Net::new(tokened());
+    let c = n.connect();
+    let mut burst = Vec::new();
+    for _ in 0..3_999 {
+        burst.push(json!({"op": "hello", "platform": "tg", "token": "wrong"}).to_string());
+    }
+    burst.push(json!({"op": "hello", "platform": "tg", "token": "s3cret"}).to_string());
+    burst.push(msg("m", "1", "x").to_string());
+    for line in &burst {
+        n.raw(c, line.as_bytes());
+    }
+    n.b.line_too_long(c);
+    assert!(!n.b.wants_read(c));
+    assert!(
+        n.order.is_empty(),
+        "a message was accepted after unauthorized"
+    );
+    assert_eq!(ops(&n.take(c)), ["error unauthorized"]);
+    assert_eq!(n.closed, [c]);
+    assert_eq!(n.b.status().rejected["unauthorized"], 1);
+}
+
+#[test]
+fn unauthenticated_connections_must_start_with_a_hello_carrying_the_token() {
+    let mut n = Net::new(tokened());
+    for first in [
+        json!({"op": "ping"}),
+        msg("m", "1", "x"),
+        json!({"op": "hello", "platform": "tg"}),
+        json!({"op": "hello", "platform": "tg", "token": "s3cre"}),
+    ] {
+        let c = n.connect();
+        n.send(c, first);
+        assert_eq!(ops(&n.take(c)), ["error unauthorized"]);
+    }
+    let c = n.connect();
+    n.b.line_too_long(c);
+    assert_eq!(ops(&n.take(c)), ["error unauthorized"]);
+    // A later hello with a wrong token closes an authenticated connection too.
+    let c = n.connect();
+    n.send(
+        c,
+        json!({"op": "hello", "platform": "tg", "token": "s3cret"}),
+    );
+    n.send(c, json!({"op": "ping"}));
+    n.send(c, json!({"op": "hello", "platform": "tg", "token": "nope"}));
+    n.send(c, json!({"op": "ping"}));
+    assert_eq!(ops(&n.take(c)), ["pong", "error unauthorized"]);
+    assert!(n.closed.contains(&c));
+    assert_eq!(n.platforms(), 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// Row 13: one answer per line, in line order; a duplicate is decided with admission.
+
+#[test]
+fn row13_a_duplicate_in_the_same_write_shares_the_originals_fate_in_order() {
+    let mut n = Net::new(cfg());
+    let c = n.connect();
+    n.hello(c, "p");
+    n.send(c, msg("a", "1", "x"));
+    n.send(c, msg("b", "1", "x"));
+    n.send(c, msg("b", "1", "x"));
+    n.send(c, json!({"op": "ping"}));
+    assert_eq!(n.order.len(), 2, "the copy was submitted");
+    // Nothing is written before the first line's admission.
+    assert!(n.take(c).is_empty(), "answers overtook a pending one");
+    let (ta, tb) = (n.order[0], n.order[1]);
+    n.accept(ta);
+    n.event(tb, EventKind::Rejected(RejectReason::QueueFull));
+    assert_eq!(
+        ops(&n.take(c)),
+        [
+            "ack a running",
+            "reject b queue_full",
+            "reject b queue_full",
+            "pong"
+        ]
+    );
+    assert_eq!(n.b.status().rejected["queue_full"], 2, "one per line");
+    // Accepted: the copy is a duplicate; copies from other connections too.
+    let d = n.connect();
+    n.send(c, msg("c", "1", "x"));
+    n.send(
+        d,
+        json!({"op": "message", "id": "c", "platform": "p", "chat_id": "9", "text": "x"}),
+    );
+    n.send(c, msg("c", "1", "x"));
+    let tc = n.last_tag();
+    n.accept(tc);
+    assert_eq!(ops(&n.take(c)), ["ack c running", "ack c duplicate"]);
+    assert_eq!(ops(&n.take(d)), ["ack c duplicate"]);
+}
+
+#[test]
+fn acks_carry_state_and_position_and_a_late_duplicate_is_acked_at_once() {
+    let mut n = Net::new(cfg());
+    let c = n.connect();
+    n.hello(c, "p");
+    n.send(c, msg("a", "1", "x"));
+    let t = n.last_tag();
+    n.event(
+        t,
+        EventKind::Accepted {
+            state: AcceptState::Queued,
+            position: 3,
+        },
+    );
+    n.send(c, msg("a", "1", "x"));
+    let out = n.take(c);
+    assert_eq!(
+        out,
+        [
+            json!({"op": "ack", "id": "a", "session": "p:dm:1", "state": "queued", "position": 3}),
+            json!({"op": "ack", "id": "a", "session": "p:dm:1", "state": "duplicate"}),
+        ]
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Row 14 (the bridge's part): a forced exit answers what is still running.
+
+#[test]
+fn row14_a_forced_exit_answers_running_messages_cancelled_shutdown() {
+    let mut n = Net::new(cfg());
+    let c = n.connect();
+    n.hello(c, "tg");
+    n.send(c, msg("run", "1", "x"));
+    n.send(c, msg("wait", "2", "x"));
+    for t in n.order.clone() {
+        n.accept(t);
+    }
+    n.take(c);
+    n.b.abandon_all();
+    assert_eq!(
+        ops(&n.take(c)),
+        ["cancelled run shutdown", "cancelled wait shutdown"]
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Delivery and routing.
+
+#[test]
+fn a_result_goes_to_its_connection_else_the_newest_hello_else_the_outbox() {
+    let mut n = Net::new(cfg());
+    let a = n.connect();
+    n.hello(a, "tg");
+    let old = n.connect();
+    n.hello(old, "tg");
+    n.send(a, msg("m1", "1", "x"));
+    n.send(a, msg("m2", "2", "x"));
+    let (t1, t2) = (n.order[0], n.order[1]);
+    n.accept(t1);
+    n.accept(t2);
+    n.reply(t1, "one");
+    assert_eq!(
+        ops(&n.take(a)),
+        ["ack m1 running", "ack m2 running", "reply m1 one"]
+    );
+    n.b.disconnected(a);
+    let newest = n.connect();
+    n.hello(newest, "tg");
+    n.reply(t2, "two");
+    assert!(n.take(old).is_empty());
+    assert_eq!(ops(&n.take(newest)), ["reply m2 two"]);
+    // No hello left: the outbox keeps it until one comes.
+    n.b.disconnected(old);
+    n.b.disconnected(newest);
+    let c = n.connect();
+    n.send(
+        c,
+        json!({"op": "message", "id": "m3", "platform": "tg", "chat_id": "3", "text": "x"}),
+    );
+    let t3 = n.last_tag();
+    n.accept(t3);
+    n.take(c);
+    n.b.disconnected(c);
+    n.event(
+        t3,
+        EventKind::Finished(Outcome::Cancelled(CancelReason::Stopped)),
+    );
+    assert_eq!(n.b.outboxed(), 1);
+    let d = n.connect();
+    n.hello(d, "tg");
+    assert_eq!(ops(&n.take(d)), ["cancelled m3 stopped"]);
+    assert_eq!(n.b.outboxed(), 0);
+}
+
+#[test]
+fn typing_follows_the_turn_and_is_refreshed() {
+    let mut n = Net::new(BridgeConfig {
+        typing_refresh: 4 * S,
+        ..cfg()
+    });
+    let c = n.connect();
+    n.send(
+        c,
+        json!({"op": "message", "id": "m", "platform": "tg", "chat_id": "5", "text": "x"}),
+    );
+    let t = n.last_tag();
+    n.accept(t);
+    n.event(t, EventKind::TurnStarted(TurnId(1)));
+    n.tick(3 * S);
+    n.tick(2 * S);
+    n.tick(S / 2); // refreshed at 5 s: the next is due at 9 s, not now
+    n.event(t, EventKind::TurnEnded(TurnId(1)));
+    n.reply(t, "r");
+    let out = n.take(c);
+    let typing: Vec<bool> = out
+        .iter()
+        .filter(|v| v["op"] == "typing")
+        .map(|v| v["on"] == true)
+        .collect();
+    assert_eq!(typing, [true, true, false]);
+    assert_eq!(out[1]["chat_id"], "5");
+    assert_eq!(out.last().unwrap()["op"], "reply");
+}
+
+#[test]
+fn a_connection_that_takes_no_output_is_closed_after_the_stall_timeout() {
+    let mut n = Net::new(BridgeConfig {
+        write_stall_timeout: 10 * S,
+        ..cfg()
+    });
+    let a = n.connect();
+    n.hello(a, "tg");
+    n.send(a, msg("m", "1", "x"));
+    let t = n.last_tag();
+    n.accept(t);
+    n.reply(t, "r");
+    let mut full = Pipe {
+        data: Vec::new(),
+        room: 0,
+    };
+    assert_eq!(n.b.write(a, &mut full, n.now).unwrap(), Flushed::Blocked);
+    // A blocked write is no progress; a byte taken is.
+    n.tick(5 * S);
+    assert_eq!(n.b.write(a, &mut full, n.now).unwrap(), Flushed::Blocked);
+    n.tick(4 * S);
+    n.tick(900 * Duration::from_millis(1));
+    assert!(n.closed.is_empty());
+    assert!(n.b.has_output(a));
+    let mut one = Pipe {
+        data: Vec::new(),
+        room: 1,
+    };
+    assert_eq!(n.b.write(a, &mut one, n.now).unwrap(), Flushed::Blocked);
+    n.tick(100 * Duration::from_millis(1));
+    assert!(n.closed.is_empty(), "closed while making progress");
+    n.tick(9 * S);
+    n.tick(900 * Duration::from_millis(1));
+    assert_eq!(n.closed, [a]);
+    assert_eq!(n.reset, [a], "its unsent copy could still reach the peer");
+    let b = n.connect();
+    n.hello(b, "tg");
+    assert_eq!(ops(&n.take(b)), ["reply m r"]);
+}
+
+#[test]
+fn a_client_that_does_not_read_stops_being_read() {
+    let mut n = Net::new(BridgeConfig {
+        max_write_buffer: 1_000,
+        ..cfg()
+    });
+    let a = n.connect();
+    for _ in 0..100 {
+        n.send(a, json!({"op": "ping"}));
+        if !n.b.wants_read(a) {
+            break;
+        }
+    }
+    assert!(!n.b.wants_read(a));
+    n.take(a);
+    assert!(n.b.wants_read(a));
+    // Exactly at the bound is over it: one pong line is 14 bytes.
+    let mut n = Net::new(BridgeConfig {
+        max_write_buffer: 14,
+        ..cfg()
+    });
+    let a = n.connect();
+    n.send(a, json!({"op": "ping"}));
+    assert!(!n.b.wants_read(a));
+    n.b.read_closed(a);
+    n.pump();
+    assert!(!n.b.wants_read(a), "a half-closed connection is not read");
+}
+
+#[test]
+fn a_write_error_sends_unwritten_results_back_to_the_outbox() {
+    let mut n = Net::new(cfg());
+    let a = n.connect();
+    n.hello(a, "tg");
+    n.send(a, msg("m", "1", "x"));
+    let t = n.last_tag();
+    n.accept(t);
+    n.reply(t, "r");
+    assert!(n.b.write(a, &mut Broken, n.now).is_err());
+    n.b.disconnected(a);
+    let b = n.connect();
+    n.hello(b, "tg");
+    assert_eq!(ops(&n.take(b)), ["reply m r"]);
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue 7 §2–§3: sender, meta, partials.
+
+#[test]
+fn sender_and_meta_reach_the_message_and_bad_meta_is_invalid() {
+    let mut n = Net::new(cfg());
+    let c = n.connect();
+    n.hello(c, "tg");
+    n.send(
+        c,
+        json!({"op": "message", "id": "m", "chat_id": "1", "text": "hi", "user_id": "7",
+               "user_name": "Ann", "meta": {"reply_to": "m0"}}),
+    );
+    let t = n.last_tag();
+    n.accept(t);
+    let m = &n.sub[&t];
+    assert_eq!(m.context.user_id.as_deref(), Some("7"));
+    assert_eq!(m.context.user_name.as_deref(), Some("Ann"));
+    assert_eq!(m.context.meta.as_deref(), Some(r#"{"reply_to":"m0"}"#));
+    assert_eq!(
+        m.session.as_str(),
+        "tg:dm:1",
+        "a DM sender is not part of the key"
+    );
+    let big = json!({"x": "a".repeat(17 * 1024)});
+    n.send(
+        c,
+        json!({"op": "message", "id": "b", "chat_id": "1", "text": "hi", "meta": big}),
+    );
+    n.send(
+        c,
+        json!({"op": "message", "id": "c", "chat_id": "1", "text": "hi", "user_name": "Bob"}),
+    );
+    n.send(
+        c,
+        json!({"op": "message", "id": "d", "chat_id": "1", "text": "hi", "meta": "x"}),
+    );
+    let out = n.take(c);
+    let rejects: Vec<&Value> = out.iter().filter(|v| v["op"] == "reject").collect();
+    assert_eq!(rejects.len(), 3, "{out:?}");
+    assert!(rejects.iter().all(|v| v["reason"] == "invalid"));
+    assert!(rejects[0]["detail"].as_str().unwrap().contains("meta"));
+    assert!(rejects[1]["detail"].as_str().unwrap().contains("user_name"));
+    assert_eq!(n.order.len(), 1);
+}
+
+#[test]
+fn partials_go_to_the_messages_connection_best_effort_and_never_to_the_outbox() {
+    let mut n = Net::new(BridgeConfig {
+        max_write_buffer: 2_000,
+        ..cfg()
+    });
+    let a = n.connect();
+    n.hello(a, "tg");
+    n.send(a, msg("m", "1", "x"));
+    let t = n.last_tag();
+    n.accept(t);
+    n.event(t, EventKind::Partial("hel".into()));
+    n.event(t, EventKind::Partial("hello".into()));
+    let out = n.take(a);
+    assert_eq!(
+        out[1],
+        json!({"op": "partial", "id": "m", "session": "tg:dm:1", "text": "hel"})
+    );
+    assert_eq!(out[2]["text"], "hello");
+    // Over its output bound: dropped, not queued.
+    for i in 0..100 {
+        n.event(t, EventKind::Partial(format!("{i} {}", "x".repeat(100))));
+    }
+    let queued = n.take(a).len();
+    assert!(queued < 30, "{queued}");
+    // Connection gone: dropped, never outboxed.
+    n.b.disconnected(a);
+    n.event(t, EventKind::Partial("late".into()));
+    assert_eq!(n.b.outboxed(), 0);
+    assert!(n.b.status().partials_dropped > 70);
+    n.reply(t, "hello world");
+    let b = n.connect();
+    n.hello(b, "tg");
+    assert_eq!(ops(&n.take(b)), ["reply m hello world"]);
+}
+
+#[test]
+fn malformed_lines_get_errors_and_the_connection_keeps_working() {
+    let mut n = Net::new(cfg());
+    let c = n.connect();
+    n.raw(c, b"{nope");
+    n.raw(c, b"[1]");
+    n.b.line_too_long(c);
+    n.send(
+        c,
+        json!({"op": "message", "id": "x", "text": "hi", "platform": "p"}),
+    );
+    n.send(
+        c,
+        json!({"op": "message", "id": "y", "chat_id": "1", "text": "hi"}),
+    );
+    n.send(c, json!({"op": "ping"}));
+    let out = n.take(c);
+    assert_eq!(out.len(), 6);
+    assert_eq!(out[2]["detail"], "line longer than 65536 bytes; discarded");
+    assert_eq!(ops(&out[3..5]), ["reject x invalid", "reject y invalid"]);
+    assert!(
+        out[4]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("platform is required")
+    );
+    assert_eq!(out[5]["op"], "pong");
+    assert_eq!(n.b.status().errors, 3);
+    assert_eq!(n.b.status().rejected["invalid"], 2);
+}
+
+#[test]
+fn status_counts_connections_platforms_and_outboxes() {
+    let mut n = Net::new(tokened());
+    let c = n.connect();
+    let _pending = n.connect();
+    n.send(
+        c,
+        json!({"op": "hello", "platform": "tg", "token": "s3cret"}),
+    );
+    n.send(c, msg("m", "1", "x"));
+    let st = n.b.status();
+    assert_eq!(
+        (st.connections, st.unauthenticated, st.platforms),
+        (2, 1, 1)
+    );
+    let tg = &st.outboxes["tg"];
+    assert_eq!(
+        (tg.connections, tg.reserved_events, tg.dedup_ids),
+        (1, 1, 1)
+    );
+    assert_eq!(
+        tg.reserved_bytes,
+        BridgeConfig::default().max_reply_bytes + turnstile::server::bridge::TERMINAL_ENVELOPE
+    );
+    let v = serde_json::to_value(&st).unwrap();
+    assert_eq!(v["outboxes"]["tg"]["outbox_events"], 0);
+}
+
+#[test]
+fn the_largest_possible_result_fits_its_reservation() {
+    // Debug builds assert that every result fits the room reserved for it at admission:
+    // a reply at the length limit, with the longest id, chat, thread and (group) user.
+    let mut n = Net::new(BridgeConfig {
+        max_reply_bytes: 100,
+        ..cfg()
+    });
+    let c = n.connect();
+    n.hello(c, &"p".repeat(64));
+    let long = "\"%:".repeat(85);
+    n.send(
+        c,
+        json!({"op": "message", "id": long, "chat_id": long, "thread_id": long,
+               "user_id": long, "chat_type": "group", "text": "x"}),
+    );
+    let t = n.last_tag();
+    n.accept(t);
+    n.reply(t, &"\"".repeat(100));
+    n.event(
+        t,
+        EventKind::Finished(Outcome::Failed(turnstile::FailReason::Agent(
+            "\"".repeat(500),
+        ))),
+    );
+    let out = n.take(c);
+    assert_eq!(out[1]["text"].as_str().map(str::len), Some(100));
+    assert_eq!(out.len(), 2, "a second terminal for one message");
+}
+
+#[test]
+fn core_rejections_name_their_reason_with_a_detail() {
+    let mut n = Net::new(cfg());
+    let c = n.connect();
+    n.hello(c, "tg");
+    n.send(c, msg("a", "1", "x"));
+    n.send(c, msg("b", "2", "x"));
+    let (ta, tb) = (n.order[0], n.order[1]);
+    n.event(ta, EventKind::Rejected(RejectReason::QueueFull));
+    n.event(tb, EventKind::Rejected(RejectReason::ShuttingDown));
+    let out = n.take(c);
+    assert_eq!(out[0]["detail"], "the session's queue is full");
+    assert_eq!(out[1]["reason"], "shutting_down");
+    assert_eq!(out[1]["detail"], "the gateway is shutting down");
+    assert_eq!(out[1]["session"], "tg:dm:2");
+    assert_eq!(n.b.status().rejected["shutting_down"], 1);
+    let n = Net::new(BridgeConfig {
+        max_platforms: 3,
+        ..cfg()
+    });
+    assert_eq!(n.b.config().max_platforms, 3);
+}
+
+#[test]
+fn a_half_closing_bridge_hands_the_backlog_to_the_previous_hello() {
+    let mut n = Net::new(cfg());
+    let a = n.connect();
+    n.hello(a, "tg");
+    n.send(a, msg("m", "1", "x"));
+    let t = n.last_tag();
+    n.accept(t);
+    n.take(a);
+    n.b.disconnected(a);
+    let older = n.connect();
+    n.hello(older, "tg");
+    n.take(older);
+    let newer = n.connect();
+    n.hello(newer, "tg");
+    n.send(newer, json!({"op": "ping"}));
+    n.b.read_closed(newer);
+    n.pump();
+    n.reply(t, "r");
+    assert_eq!(ops(&n.take(older)), ["reply m r"]);
+    assert_eq!(ops(&n.take(newer)), ["pong"]);
+}
+
+#[test]
+fn typing_is_dropped_when_no_connection_can_take_it() {
+    let mut n = Net::new(BridgeConfig {
+        max_write_buffer: 10,
+        ..cfg()
+    });
+    let c = n.connect();
+    n.hello(c, "tg");
+    n.send(c, msg("m", "1", "x"));
+    let t = n.last_tag();
+    n.accept(t);
+    // The ack alone is over this connection's tiny bound.
+    n.event(t, EventKind::TurnStarted(TurnId(1)));
+    assert_eq!(n.b.status().typing_dropped, 1);
+    n.take(c);
+    n.b.disconnected(c);
+    n.event(t, EventKind::TurnEnded(TurnId(1)));
+    assert_eq!(n.b.status().typing_dropped, 2);
+}
+
+#[test]
+fn output_marks_a_connection_to_write_and_a_write_is_its_turn() {
+    let mut n = Net::new(cfg());
+    let a = n.connect();
+    let b = n.connect();
+    n.send(a, json!({"op": "ping"}));
+    n.send(a, json!({"op": "ping"}));
+    assert_eq!(n.b.take_dirty(), [a]);
+    assert!(n.b.take_dirty().is_empty());
+    n.send(b, json!({"op": "ping"}));
+    n.send(a, json!({"op": "ping"}));
+    n.take(a);
+    assert_eq!(
+        n.b.take_dirty(),
+        [b],
+        "a connection just written was listed again"
+    );
+    assert!(!n.b.has_output(a) && n.b.has_output(b));
+}
+
+#[test]
+fn a_result_is_released_only_once_acknowledged_and_a_silent_peer_is_closed() {
+    let mut n = Net::new(BridgeConfig {
+        outbox_cap: 1,
+        write_stall_timeout: 10 * S,
+        ..cfg()
+    });
+    let a = n.connect();
+    n.hello(a, "tg");
+    n.send(a, msg("m", "1", "x"));
+    let t = n.last_tag();
+    n.accept(t);
+    n.reply(t, "r");
+    let mut w = Vec::new();
+    n.b.write(a, &mut w, n.now).unwrap();
+    let written = n.b.written(a);
+    assert_eq!(written, w.len() as u64);
+    // Still owed until the peer's TCP acknowledges the whole line.
+    n.send(a, msg("m2", "2", "x"));
+    n.b.acked(a, written - 1);
+    assert_eq!(n.b.status().outboxes["tg"].reserved_events, 1);
+    n.b.acked(a, written);
+    assert_eq!(n.b.status().outboxes["tg"].reserved_events, 0);
+    assert!(n.b.awaiting_ack().is_empty());
+    // A peer that acknowledges nothing for the stall timeout is closed; the result returns.
+    n.send(a, msg("m3", "3", "x"));
+    let t3 = n.last_tag();
+    n.accept(t3);
+    n.reply(t3, "r3");
+    let mut w = Vec::new();
+    n.b.write(a, &mut w, n.now).unwrap();
+    n.tick(5 * S);
+    n.b.acked(a, written); // no progress: the stall clock keeps running
+    n.tick(4 * S);
+    n.tick(900 * Duration::from_millis(1));
+    assert!(n.closed.is_empty());
+    n.tick(100 * Duration::from_millis(1));
+    assert_eq!(n.closed, [a]);
+    let b = n.connect();
+    n.hello(b, "tg");
+    assert_eq!(ops(&n.take(b)), ["reply m3 r3"]);
+}
+
+#[test]
+fn deadlines_are_checked_every_100_ms_not_at_every_wake() {
+    let mut n = Net::new(BridgeConfig {
+        write_stall_timeout: 10 * S,
+        ..cfg()
+    });
+    assert_eq!(n.b.tick(Duration::ZERO), Duration::from_millis(100));
+    assert_eq!(
+        n.b.tick(Duration::from_millis(50)),
+        Duration::from_millis(100)
+    );
+    let a = n.connect();
+    n.send(a, json!({"op": "ping"}));
+    let mut full = Pipe {
+        data: Vec::new(),
+        room: 0,
+    };
+    n.b.write(a, &mut full, n.now).unwrap();
+    n.tick(9 * S + Duration::from_millis(950));
+    // Due at 10 s, but the last check was at 9.95 s: the next is at 10.05 s.
+    n.tick(Duration::from_millis(50));
+    assert!(n.closed.is_empty());
+    n.tick(Duration::from_millis(50));
+    assert_eq!(n.closed, [a]);
+    assert_eq!(n.b.status().connections_refused, 1);
+}
+
+#[test]
+fn a_partial_is_dropped_exactly_at_the_output_bound() {
+    let ack =
+        json!({"op": "ack", "id": "m", "session": "tg:dm:1", "state": "running", "position": 0});
+    let mut n = Net::new(BridgeConfig {
+        max_write_buffer: ack.to_string().len() + 1,
+        ..cfg()
+    });
+    let a = n.connect();
+    n.hello(a, "tg");
+    n.send(a, msg("m", "1", "x"));
+    let t = n.last_tag();
+    n.accept(t);
+    n.event(t, EventKind::Partial("p".into()));
+    assert_eq!(n.b.status().partials_dropped, 1);
+    assert_eq!(ops(&n.take(a)), ["ack m running"]);
+}
+
+#[test]
+fn one_write_pass_takes_at_most_the_write_budget_even_from_a_backlog() {
+    // A small output bound: the pass refills from the outbox several times within its budget.
+    let mut n = Net::new(BridgeConfig {
+        write_budget: 1_000,
+        max_write_buffer: 100,
+        ..cfg()
+    });
+    let a = n.connect();
+    n.hello(a, "tg");
+    for i in 0..100 {
+        n.send(a, msg(&format!("m{i}"), &format!("c{i}"), "x"));
+    }
+    for t in n.order.clone() {
+        n.accept(t);
+    }
+    n.take(a);
+    n.b.disconnected(a);
+    for t in n.order.clone() {
+        n.reply(t, "r");
+    }
+    let b = n.connect();
+    n.hello(b, "tg");
+    let mut w = Vec::new();
+    assert_eq!(n.b.write(b, &mut w, n.now).unwrap(), Flushed::Budget);
+    assert!((1_000..1_100).contains(&w.len()), "{}", w.len());
+}
+
+#[test]
+fn a_second_hello_moves_only_that_connection() {
+    let mut n = Net::new(cfg());
+    let a = n.connect();
+    let b = n.connect();
+    n.hello(a, "tg");
+    n.hello(b, "tg");
+    n.hello(a, "discord");
+    let st = n.b.status();
+    assert_eq!(
+        (
+            st.outboxes["tg"].connections,
+            st.outboxes["discord"].connections
+        ),
+        (1, 1)
+    );
+    n.hello(a, "discord");
+    assert_eq!(n.b.status().outboxes["discord"].connections, 1);
+    n.send(a, json!({"op": "hello"}));
+    assert_eq!(n.platforms(), 1, "the platform it left was not freed");
+}
+
+#[test]
+fn a_blocked_write_is_no_progress_for_the_stall_clock() {
+    let mut n = Net::new(BridgeConfig {
+        write_stall_timeout: 10 * S,
+        ..cfg()
+    });
+    let a = n.connect();
+    let b = n.connect();
+    for c in [a, b] {
+        n.send(c, json!({"op": "ping"}));
+    }
+    let mut full = Pipe {
+        data: Vec::new(),
+        room: 0,
+    };
+    n.b.write(a, &mut full, n.now).unwrap();
+    n.b.write(b, &mut full, n.now).unwrap();
+    n.tick(5 * S);
+    n.b.write(a, &mut full, n.now).unwrap(); // nothing taken
+    let mut one = Pipe {
+        data: Vec::new(),
+        room: 1,
+    };
+    n.b.write(b, &mut one, n.now).unwrap(); // one byte taken
+    n.tick(5 * S);
+    assert_eq!(n.closed, [a]);
+    n.tick(5 * S);
+    assert_eq!(n.closed, [a, b]);
+}
+
+#[test]
+fn results_rescued_from_a_connection_go_at_once_to_their_platforms_newest_hello() {
+    let mut n = Net::new(cfg());
+    let b = n.connect();
+    n.hello(b, "tg");
+    let a = n.connect();
+    n.send(
+        a,
+        json!({"op": "message", "id": "m", "platform": "tg", "chat_id": "1", "text": "x"}),
+    );
+    let t = n.last_tag();
+    n.accept(t);
+    n.reply(t, "r");
+    let mut void = Vec::new();
+    n.b.write(a, &mut void, n.now).unwrap(); // written, never acknowledged
+    n.b.take_dirty();
+    n.b.disconnected(a);
+    assert_eq!(
+        n.b.take_dirty(),
+        [b],
+        "the rescued result waits for an unrelated event"
+    );
+    assert_eq!(ops(&n.take(b)), ["reply m r"]);
+}
