@@ -1054,6 +1054,15 @@ fn start_up_errors_exit_two_before_listening_and_cr_does_not_count() {
     assert!(out.stdout.is_empty());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--status-file"));
 
+    // Thread counts the machine will not honour are refused by name, before listening.
+    let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--turn-workers", "100000"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty(), "listening before refusing");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("turn_workers"));
+
     let server = Server::start(&["--max-line-bytes", "20"]);
     let mut c = server.client();
     let line = br#"{"op":"ping","xy":1}"#;
