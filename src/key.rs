@@ -37,6 +37,13 @@ impl Key {
     }
 }
 
+impl std::fmt::Display for Key {
+    /// `index.generation`, e.g. in log lines (`connection 3.1`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.index, self.generation)
+    }
+}
+
 /// A slab whose entries are addressed by generational [`Key`]s.
 #[derive(Debug)]
 pub struct Slots<T> {
@@ -131,6 +138,14 @@ impl<T> Slots<T> {
     /// Every key.
     pub fn keys(&self) -> impl Iterator<Item = Key> + '_ {
         self.iter().map(|(key, _)| key)
+    }
+}
+
+impl<'a, T> IntoIterator for &'a Slots<T> {
+    type Item = (Key, &'a T);
+    type IntoIter = Box<dyn Iterator<Item = (Key, &'a T)> + 'a>;
+    fn into_iter(self) -> Self::IntoIter {
+        Box::new(self.iter())
     }
 }
 

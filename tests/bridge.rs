@@ -1588,3 +1588,24 @@ fn results_rescued_from_a_connection_go_at_once_to_their_platforms_newest_hello(
     );
     assert_eq!(ops(&n.take(b)), ["reply m r"]);
 }
+
+/// One generational id: a connection's handle kept after it closed names nothing, even when
+/// a new connection reuses its slot, so a late line or write for the old one never reaches
+/// the new one.
+#[test]
+fn a_closed_connections_handle_never_reaches_the_one_reusing_its_slot() {
+    let mut n = Net::new(BridgeConfig::default());
+    let old = n.connect();
+    n.b.disconnected(old);
+    n.pump();
+    let new = n.connect();
+    assert_eq!(old.index(), new.index(), "the slot is reused");
+    assert_ne!(old, new);
+    n.send(old, json!({"op": "ping"}));
+    assert!(
+        n.take(new).is_empty(),
+        "the old handle's ping was answered on the new one"
+    );
+    n.send(new, json!({"op": "ping"}));
+    assert_eq!(n.take(new), vec![json!({"op": "pong"})]);
+}

@@ -1056,7 +1056,13 @@ fn start_up_errors_exit_two_before_listening_and_cr_does_not_count() {
 
     // Thread counts the machine will not honour are refused by name, before listening.
     let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--turn-workers", "100000"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--turn-workers",
+            "100000",
+        ])
         .output()
         .expect("run");
     assert_eq!(out.status.code(), Some(2));

@@ -46,6 +46,7 @@ use super::protocol::{
 };
 use super::sharded::Sharded;
 use crate::core::{AcceptState, CancelReason, EventKind, MessageEvent, Outcome, TurnId};
+use crate::key::{Key, Slots};
 use crate::message::{Message, SessionKey};
 
 pub use super::frame::Flushed;
@@ -121,9 +122,10 @@ impl Default for BridgeConfig {
     }
 }
 
-/// A connection's handle; never reused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ConnId(pub u64);
+/// A connection's handle: a generational [`Key`], so a handle kept after its connection
+/// closed never reaches the connection that reuses its slot. The shell uses its bits as the
+/// socket's poll token.
+pub type ConnId = Key;
 
 /// What the bridge asks of its shell.
 #[derive(Debug)]
@@ -260,8 +262,7 @@ pub struct Bridge {
     token: Option<Token>,
     /// Outbox bytes an accepted message reserves.
     reserve: usize,
-    conns: HashMap<ConnId, Conn>,
-    next_conn: u64,
+    conns: Slots<Conn>,
     unauthenticated: usize,
     unauth_by_peer: HashMap<IpAddr, usize>,
     platforms: HashMap<Arc<str>, Platform>,
@@ -309,8 +310,7 @@ impl Bridge {
             token: cfg.auth_token.as_deref().map(Token::new),
             reserve: cfg.max_reply_bytes.saturating_add(TERMINAL_ENVELOPE),
             cfg,
-            conns: HashMap::new(),
-            next_conn: 0,
+            conns: Slots::new(),
             unauthenticated: 0,
             unauth_by_peer: HashMap::new(),
             platforms: HashMap::new(),
@@ -361,27 +361,22 @@ impl Bridge {
             self.unauthenticated += 1;
             *self.unauth_by_peer.entry(peer).or_insert(0) += 1;
         }
-        self.next_conn += 1;
-        let id = ConnId(self.next_conn);
-        self.conns.insert(
-            id,
-            Conn {
-                peer,
-                authed,
-                platform: None,
-                closing: false,
-                read_closed: false,
-                opened: now,
-                answers: VecDeque::new(),
-                out: VecDeque::new(),
-                queued: 0,
-                outstanding: 0,
-                last_progress: now,
-                written: 0,
-                unconfirmed: VecDeque::new(),
-                dirty: false,
-            },
-        );
+        let id = self.conns.insert(Conn {
+            peer,
+            authed,
+            platform: None,
+            closing: false,
+            read_closed: false,
+            opened: now,
+            answers: VecDeque::new(),
+            out: VecDeque::new(),
+            queued: 0,
+            outstanding: 0,
+            last_progress: now,
+            written: 0,
+            unconfirmed: VecDeque::new(),
+            dirty: false,
+        });
         Ok(id)
     }
 
@@ -389,13 +384,13 @@ impl Bridge {
     /// (the client is not reading), nor once it is closing or half-closed.
     pub fn wants_read(&self, conn: ConnId) -> bool {
         self.conns
-            .get(&conn)
+            .get(conn)
             .is_some_and(|c| !c.closing && !c.read_closed && c.queued < self.cfg.max_write_buffer)
     }
 
     /// Whether `conn` has output waiting.
     pub fn has_output(&self, conn: ConnId) -> bool {
-        self.conns.get(&conn).is_some_and(|c| !c.out.is_empty())
+        self.conns.get(conn).is_some_and(|c| !c.out.is_empty())
     }
 
     /// Connections whose output changed since the last call: the shell should write them.
@@ -404,7 +399,7 @@ impl Bridge {
         // A connection written since it was marked (its flag cleared) has had its turn.
         dirty.retain(|id| {
             self.conns
-                .get_mut(id)
+                .get_mut(*id)
                 .is_some_and(|c| std::mem::replace(&mut c.dirty, false))
         });
         dirty
@@ -423,7 +418,7 @@ impl Bridge {
 
     fn on_line(&mut self, id: ConnId, line: &[u8], now: Duration) {
         self.now = now;
-        let Some(conn) = self.conns.get(&id) else {
+        let Some(conn) = self.conns.get(id) else {
             return;
         };
         if conn.closing {
@@ -464,7 +459,7 @@ impl Bridge {
     }
 
     fn on_line_too_long(&mut self, id: ConnId) {
-        let Some(conn) = self.conns.get(&id) else {
+        let Some(conn) = self.conns.get(id) else {
             return;
         };
         if conn.closing {
@@ -488,13 +483,13 @@ impl Bridge {
     }
 
     fn on_read_closed(&mut self, id: ConnId) {
-        let Some(conn) = self.conns.get_mut(&id) else {
+        let Some(conn) = self.conns.get_mut(id) else {
             return;
         };
         conn.read_closed = true;
         log::debug!(
             "connection {} from {}: peer half-closed; {} message(s) outstanding",
-            id.0,
+            id,
             conn.peer,
             conn.outstanding
         );
@@ -509,7 +504,7 @@ impl Bridge {
             }
             self.maybe_free(&p);
         }
-        if outstanding == 0 && self.conns.get(&id).is_some_and(Conn::idle) {
+        if outstanding == 0 && self.conns.get(id).is_some_and(Conn::idle) {
             self.close(id, "peer closed", true);
         }
     }
@@ -579,7 +574,7 @@ impl Bridge {
                     p.dedup.forget(route.fp);
                 }
                 self.unreserve(&route.platform);
-                if let Some(c) = self.conns.get_mut(&route.conn) {
+                if let Some(c) = self.conns.get_mut(route.conn) {
                     c.outstanding -= 1;
                 }
                 let detail = reject_detail(reason);
@@ -619,7 +614,7 @@ impl Bridge {
             EventKind::Partial(text) => {
                 let target = self.routes.get(&tag).map(|r| r.conn).filter(|c| {
                     self.conns
-                        .get(c)
+                        .get(*c)
                         .is_some_and(|c| !c.closing && c.queued < self.cfg.max_write_buffer)
                 });
                 let Some(conn) = target else {
@@ -639,7 +634,7 @@ impl Bridge {
                 let Some(route) = self.routes.remove(&tag) else {
                     return;
                 };
-                if let Some(c) = self.conns.get_mut(&route.conn) {
+                if let Some(c) = self.conns.get_mut(route.conn) {
                     c.outstanding -= 1;
                 }
                 let body = self.terminal_body(&id, session.as_str(), outcome);
@@ -670,13 +665,13 @@ impl Bridge {
             .conns
             .iter()
             .filter(|(_, c)| !c.authed && !c.closing && now >= c.opened + self.cfg.hello_timeout)
-            .map(|(&id, _)| id)
+            .map(|(id, _)| id)
             .collect();
         for id in late {
-            if let Some(c) = self.conns.get(&id) {
+            if let Some(c) = self.conns.get(id) {
                 log::warn!(
                     "connection {} from {}: no hello within {:?}; closing",
-                    id.0,
+                    id,
                     c.peer,
                     self.cfg.hello_timeout
                 );
@@ -693,13 +688,13 @@ impl Bridge {
                 (!c.idle() || !c.unconfirmed.is_empty())
                     && now >= c.last_progress + self.cfg.write_stall_timeout
             })
-            .map(|(&id, _)| id)
+            .map(|(id, _)| id)
             .collect();
         for id in stalled {
-            if let Some(c) = self.conns.get(&id) {
+            if let Some(c) = self.conns.get(id) {
                 log::warn!(
                     "connection {} from {}: took no output for {:?}; closing (its results go back to the outbox)",
-                    id.0,
+                    id,
                     c.peer,
                     self.cfg.write_stall_timeout
                 );
@@ -756,7 +751,7 @@ impl Bridge {
         let mut how;
         loop {
             self.refill(id);
-            let Some(conn) = self.conns.get_mut(&id) else {
+            let Some(conn) = self.conns.get_mut(id) else {
                 return Ok(Flushed::All);
             };
             let queued = &mut conn.queued;
@@ -778,7 +773,7 @@ impl Bridge {
                 break;
             }
         }
-        if let Some(c) = self.conns.get_mut(&id) {
+        if let Some(c) = self.conns.get_mut(id) {
             // This pass was its turn (the budget is per wake): only new output marks it again.
             c.dirty = false;
         }
@@ -791,7 +786,7 @@ impl Bridge {
     /// The peer's TCP has acknowledged the first `acked` bytes written to `conn`: the results
     /// they held are delivered and release their outbox room.
     pub fn acked(&mut self, id: ConnId, acked: u64) {
-        let Some(conn) = self.conns.get_mut(&id) else {
+        let Some(conn) = self.conns.get_mut(id) else {
             return;
         };
         debug_assert!(acked <= conn.written);
@@ -820,7 +815,7 @@ impl Bridge {
 
     /// Bytes written to `conn` so far (for the shell's acknowledgement count).
     pub fn written(&self, id: ConnId) -> u64 {
-        self.conns.get(&id).map_or(0, |c| c.written)
+        self.conns.get(id).map_or(0, |c| c.written)
     }
 
     /// Connections with written results not yet acknowledged.
@@ -828,7 +823,7 @@ impl Bridge {
         self.conns
             .iter()
             .filter(|(_, c)| !c.unconfirmed.is_empty())
-            .map(|(&id, _)| id)
+            .map(|(id, _)| id)
             .collect()
     }
 
@@ -838,7 +833,7 @@ impl Bridge {
         let mut routes: Vec<(u64, Route)> = self.routes.drain();
         routes.sort_unstable_by_key(|(tag, _)| *tag);
         for (_, route) in routes {
-            if let Some(c) = self.conns.get_mut(&route.conn) {
+            if let Some(c) = self.conns.get_mut(route.conn) {
                 c.outstanding -= 1;
             }
             let line = encode(&ServerOp::Cancelled {
@@ -883,7 +878,7 @@ impl Bridge {
 
     /// Connections open.
     pub fn connections(&self) -> impl Iterator<Item = ConnId> + '_ {
-        self.conns.keys().copied()
+        self.conns.keys()
     }
 
     /// Checks, in debug builds, that every count matches what it counts: each reservation is
@@ -903,8 +898,8 @@ impl Bridge {
         let mut unauth = 0;
         for (id, c) in &self.conns {
             unauth += usize::from(!c.authed);
-            let sent = self.routes.values().filter(|r| r.conn == *id).count();
-            debug_assert_eq!(sent, c.outstanding, "connection {} outstanding", id.0);
+            let sent = self.routes.values().filter(|r| r.conn == id).count();
+            debug_assert_eq!(sent, c.outstanding, "connection {} outstanding", id);
             let mut queued = 0;
             let mut terminals = c.unconfirmed.iter().map(|(_, f)| f).collect::<Vec<_>>();
             for f in &c.out {
@@ -917,7 +912,7 @@ impl Bridge {
                     terminals.push(f);
                 }
             }
-            debug_assert_eq!(queued, c.queued, "connection {} queued bytes", id.0);
+            debug_assert_eq!(queued, c.queued, "connection {} queued bytes", id);
             for f in terminals {
                 if let Some(p) = &f.terminal_for {
                     *owed.entry(p).or_insert(0) += 1;
@@ -927,7 +922,7 @@ impl Bridge {
                 debug_assert!(
                     self.platforms
                         .get(p)
-                        .is_some_and(|pl| pl.conns.contains(id))
+                        .is_some_and(|pl| pl.conns.contains(&id))
                 );
             }
         }
@@ -948,7 +943,7 @@ impl Bridge {
             for c in &p.conns {
                 debug_assert!(
                     self.conns
-                        .get(c)
+                        .get(*c)
                         .is_some_and(|conn| conn.platform.as_deref() == Some(&**name))
                 );
             }
@@ -978,7 +973,7 @@ impl Bridge {
                 }
             }
         };
-        let Some(conn) = self.conns.get_mut(&id) else {
+        let Some(conn) = self.conns.get_mut(id) else {
             return;
         };
         let old = conn.platform.take();
@@ -1016,8 +1011,8 @@ impl Bridge {
     }
 
     fn unauthorized(&mut self, id: ConnId) {
-        if let Some(c) = self.conns.get(&id) {
-            log::warn!("connection {} from {}: unauthorized; closing", id.0, c.peer);
+        if let Some(c) = self.conns.get(id) {
+            log::warn!("connection {} from {}: unauthorized; closing", id, c.peer);
         }
         *self.stats.rejected.entry("unauthorized").or_insert(0) += 1;
         self.answer(id, error_line("unauthorized"));
@@ -1026,7 +1021,7 @@ impl Bridge {
 
     /// No further line of `id` counts; it closes once its output is written.
     fn set_closing(&mut self, id: ConnId) {
-        let Some(conn) = self.conns.get_mut(&id) else {
+        let Some(conn) = self.conns.get_mut(id) else {
             return;
         };
         conn.closing = true;
@@ -1063,7 +1058,7 @@ impl Bridge {
     }
 
     fn message(&mut self, id: ConnId, m: MessageFields, now: Duration) {
-        let Some(conn) = self.conns.get(&id) else {
+        let Some(conn) = self.conns.get(id) else {
             return;
         };
         let hello = conn.platform.clone();
@@ -1191,7 +1186,7 @@ impl Bridge {
                 copies: Vec::new(),
             },
         );
-        if let Some(c) = self.conns.get_mut(&id) {
+        if let Some(c) = self.conns.get_mut(id) {
             c.outstanding += 1;
         }
         self.push_answer(id, Answer::Pending { tag, copy: None });
@@ -1273,7 +1268,7 @@ impl Bridge {
 
     /// Sends a terminal event to the message's connection, else its platform's outbox.
     fn deliver_terminal(&mut self, origin: ConnId, platform: &Arc<str>, frame: Frame) {
-        if self.conns.get(&origin).is_some_and(|c| !c.closing) {
+        if self.conns.get(origin).is_some_and(|c| !c.closing) {
             return self.push(origin, frame);
         }
         if let Some(p) = self.platforms.get_mut(platform) {
@@ -1290,7 +1285,7 @@ impl Bridge {
     }
 
     fn backlog_for(&self, id: ConnId) -> bool {
-        let Some(platform) = self.conns.get(&id).and_then(|c| c.platform.as_deref()) else {
+        let Some(platform) = self.conns.get(id).and_then(|c| c.platform.as_deref()) else {
             return false;
         };
         self.newest_hello(platform) == Some(id)
@@ -1306,7 +1301,7 @@ impl Bridge {
         if !self.backlog_for(id) {
             return;
         }
-        let Some(conn) = self.conns.get_mut(&id) else {
+        let Some(conn) = self.conns.get_mut(id) else {
             return;
         };
         let Some(p) = conn
@@ -1341,11 +1336,11 @@ impl Bridge {
 
     fn send_typing(&mut self, conn: ConnId, session: &SessionKey, on: bool) {
         let target = Some(conn)
-            .filter(|c| self.conns.get(c).is_some_and(|c| !c.closing))
+            .filter(|c| self.conns.get(*c).is_some_and(|c| !c.closing))
             .or_else(|| self.newest_hello(session.platform()))
             .filter(|c| {
                 self.conns
-                    .get(c)
+                    .get(*c)
                     .is_some_and(|c| c.queued < self.cfg.max_write_buffer)
             });
         let Some(target) = target else {
@@ -1371,7 +1366,7 @@ impl Bridge {
     }
 
     fn push_answer(&mut self, id: ConnId, answer: Answer) {
-        let Some(conn) = self.conns.get_mut(&id) else {
+        let Some(conn) = self.conns.get_mut(id) else {
             return;
         };
         if conn.idle() {
@@ -1399,7 +1394,7 @@ impl Bridge {
         tag: u64,
         mut line: impl FnMut(Option<(&str, &SessionKey)>) -> Vec<u8>,
     ) {
-        let Some(conn) = self.conns.get_mut(&id) else {
+        let Some(conn) = self.conns.get_mut(id) else {
             return;
         };
         for a in conn.answers.iter_mut() {
@@ -1420,7 +1415,7 @@ impl Bridge {
     }
 
     fn mark_dirty(&mut self, id: ConnId) {
-        if let Some(c) = self.conns.get_mut(&id)
+        if let Some(c) = self.conns.get_mut(id)
             && !c.dirty
         {
             c.dirty = true;
@@ -1431,7 +1426,7 @@ impl Bridge {
     /// Closes a connection that has nothing left to do: closing and written out, or
     /// half-closed with nothing outstanding and every result acknowledged.
     fn maybe_finish(&mut self, id: ConnId) {
-        let Some(c) = self.conns.get(&id) else {
+        let Some(c) = self.conns.get(id) else {
             return;
         };
         if !c.idle() {
@@ -1447,7 +1442,7 @@ impl Bridge {
     /// Forgets a connection; its unwritten terminal events go back to the front of their
     /// outboxes, in order.
     fn close(&mut self, id: ConnId, why: &str, emit: bool) {
-        let Some(mut conn) = self.conns.remove(&id) else {
+        let Some(mut conn) = self.conns.remove(id) else {
             return;
         };
         if !conn.authed {
@@ -1497,7 +1492,7 @@ impl Bridge {
         }
         log::debug!(
             "connection {} from {} closed: {why}; {moved} undelivered terminal event(s) back to the outbox",
-            id.0,
+            id,
             conn.peer
         );
         if emit {

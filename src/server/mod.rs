@@ -16,7 +16,6 @@ mod lines;
 pub mod protocol;
 mod sharded;
 
-use std::collections::HashMap;
 use std::io::{self, Write};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -25,7 +24,6 @@ use crossbeam_channel::Sender;
 use mio::event::Event;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events as MioEvents, Interest, Poll, Registry, Token};
-use slab::Slab;
 
 use crate::core::MessageEvent;
 use crate::reactor::{Ctx, FIRST_RESERVED_TOKEN, Frontend};
@@ -110,6 +108,48 @@ pub fn raise_fd_limit() -> io::Result<(u64, u64)> {
     Ok((old, lim.rlim_cur))
 }
 
+/// A connection's poll token: its key's bits, kept clear of the reactor's reserved tokens.
+fn token(id: ConnId) -> Token {
+    let bits = id.to_bits() as usize;
+    debug_assert!(
+        bits < FIRST_RESERVED_TOKEN - 2,
+        "token {bits} collides with a fixed token"
+    );
+    Token(bits)
+}
+
+/// Sockets by their connection's key: a slot per key index, checked against the full key.
+#[derive(Default)]
+struct SocketTable(Vec<Option<Socket>>);
+
+impl SocketTable {
+    fn insert(&mut self, sock: Socket) {
+        let i = sock.id.index();
+        if self.0.len() <= i {
+            self.0.resize_with(i + 1, || None);
+        }
+        debug_assert!(self.0[i].is_none(), "two live sockets for one key index");
+        self.0[i] = Some(sock);
+    }
+
+    fn get(&self, id: ConnId) -> Option<&Socket> {
+        self.0.get(id.index())?.as_ref().filter(|s| s.id == id)
+    }
+
+    fn get_mut(&mut self, id: ConnId) -> Option<&mut Socket> {
+        self.0.get_mut(id.index())?.as_mut().filter(|s| s.id == id)
+    }
+
+    fn remove(&mut self, id: ConnId) -> Option<Socket> {
+        self.get(id)?;
+        self.0[id.index()].take()
+    }
+
+    fn ids(&self) -> Vec<ConnId> {
+        self.0.iter().flatten().map(|s| s.id).collect()
+    }
+}
+
 struct Socket {
     id: ConnId,
     stream: TcpStream,
@@ -131,11 +171,12 @@ pub struct BridgeServer {
     signals: Option<signal_hook_mio::v1_0::Signals>,
     signals_seen: usize,
     watchdog: Option<Sender<()>>,
-    sockets: Slab<Socket>,
-    slot_of: HashMap<ConnId, usize>,
-    pending_reads: Vec<usize>,
+    /// Sockets by their connection's key (index), the key's bits being their poll token, so
+    /// a readiness event for a closed socket never reaches the one that reuses its slot.
+    sockets: SocketTable,
+    pending_reads: Vec<ConnId>,
     /// Sockets reported writable since the last flush.
-    writable: Vec<usize>,
+    writable: Vec<ConnId>,
     /// Submissions the bridge asked for outside a step that could make them.
     deferred: Vec<Action>,
     /// Out of descriptors: accept again at this time.
@@ -221,8 +262,7 @@ impl BridgeServer {
             signals,
             signals_seen: 0,
             watchdog: None,
-            sockets: Slab::new(),
-            slot_of: HashMap::new(),
+            sockets: SocketTable::default(),
             pending_reads: Vec::new(),
             writable: Vec::new(),
             deferred: Vec::new(),
@@ -290,43 +330,39 @@ impl BridgeServer {
             }
         };
         let _ = stream.set_nodelay(true);
-        let entry = self.sockets.vacant_entry();
-        let slot = entry.key();
         if let Err(e) = registry.register(
             &mut stream,
-            Token(slot),
+            token(id),
             Interest::READABLE | Interest::WRITABLE,
         ) {
             log::error!("cannot register connection from {peer}: {e}");
             self.bridge.disconnected(id);
             return;
         }
-        entry.insert(Socket {
+        self.sockets.insert(Socket {
             id,
             stream,
             reader: LineReader::default(),
             read_paused: false,
             eof: false,
         });
-        self.slot_of.insert(id, slot);
-        log::debug!("connection {} from {peer}", id.0);
+        log::debug!("connection {} from {peer}", id);
     }
 
-    fn read(&mut self, slot: usize, ctx: &mut Ctx<'_>) {
-        let Some(sock) = self.sockets.get_mut(slot) else {
+    fn read(&mut self, id: ConnId, ctx: &mut Ctx<'_>) {
+        let Some(sock) = self.sockets.get_mut(id) else {
             return;
         };
         if sock.eof {
             return;
         }
-        let id = sock.id;
         if !self.bridge.wants_read(id) {
             sock.read_paused = true;
             return;
         }
         match self.read_started {
             Some(start) if start.elapsed() >= READ_TIME => {
-                self.pending_reads.push(slot);
+                self.pending_reads.push(id);
                 return;
             }
             Some(_) => {}
@@ -346,9 +382,9 @@ impl BridgeServer {
         self.lines = lines;
         match outcome {
             ReadOutcome::Drained => {}
-            ReadOutcome::MoreLater => self.pending_reads.push(slot),
+            ReadOutcome::MoreLater => self.pending_reads.push(id),
             ReadOutcome::Eof => {
-                if let Some(s) = self.sockets.get_mut(slot) {
+                if let Some(s) = self.sockets.get_mut(id) {
                     s.eof = true;
                 }
                 self.bridge.read_closed(id);
@@ -376,7 +412,7 @@ impl BridgeServer {
                 (submit @ Action::Submit { .. }, None) => self.deferred.push(submit),
                 (Action::Close(id), _) => self.drop_socket(id),
                 (Action::Reset(id), _) => {
-                    if let Some(sock) = self.slot_of.get(&id).and_then(|&s| self.sockets.get(s)) {
+                    if let Some(sock) = self.sockets.get(id) {
                         reset_on_close(&sock.stream);
                     }
                     self.drop_socket(id);
@@ -386,10 +422,9 @@ impl BridgeServer {
     }
 
     fn drop_socket(&mut self, id: ConnId) {
-        let Some(slot) = self.slot_of.remove(&id) else {
+        let Some(mut sock) = self.sockets.remove(id) else {
             return;
         };
-        let mut sock = self.sockets.remove(slot);
         if let Some(registry) = &self.registry {
             let _ = registry.deregister(&mut sock.stream);
         }
@@ -397,19 +432,19 @@ impl BridgeServer {
 
     /// Asks the poll to report the socket again: with edge-triggered readiness this is how a
     /// connection whose budget ran out (or whose reads were paused) gets its next turn.
-    fn rearm(&mut self, slot: usize) {
-        if let (Some(registry), Some(sock)) = (&self.registry, self.sockets.get_mut(slot)) {
+    fn rearm(&mut self, id: ConnId) {
+        if let (Some(registry), Some(sock)) = (&self.registry, self.sockets.get_mut(id)) {
             let _ = registry.reregister(
                 &mut sock.stream,
-                Token(slot),
+                token(id),
                 Interest::READABLE | Interest::WRITABLE,
             );
         }
     }
 
     /// Tells the bridge how far the peer has acknowledged what was written.
-    fn poll_ack(&mut self, slot: usize) {
-        let Some(sock) = self.sockets.get(slot) else {
+    fn poll_ack(&mut self, id: ConnId) {
+        let Some(sock) = self.sockets.get(id) else {
             return;
         };
         let written = self.bridge.written(sock.id);
@@ -418,31 +453,30 @@ impl BridgeServer {
         self.bridge.acked(sock.id, written - pending);
     }
 
-    fn write_slot(&mut self, slot: usize) {
-        let Some(sock) = self.sockets.get_mut(slot) else {
+    fn write_conn(&mut self, id: ConnId) {
+        let Some(sock) = self.sockets.get_mut(id) else {
             return;
         };
-        let id = sock.id;
         let result = self.bridge.write(id, &mut sock.stream, self.now);
         if result.is_ok() {
-            self.poll_ack(slot);
+            self.poll_ack(id);
         }
         match result {
-            Ok(Flushed::Budget) => self.rearm(slot),
+            Ok(Flushed::Budget) => self.rearm(id),
             Ok(Flushed::All | Flushed::Blocked) => {}
             Err(e) => {
-                log::debug!("connection {}: write failed: {e}", id.0);
+                log::debug!("connection {}: write failed: {e}", id);
                 self.bridge.disconnected(id);
                 self.drop_socket(id);
                 return;
             }
         }
-        if let Some(sock) = self.sockets.get_mut(slot)
+        if let Some(sock) = self.sockets.get_mut(id)
             && sock.read_paused
             && self.bridge.wants_read(id)
         {
             sock.read_paused = false;
-            self.rearm(slot);
+            self.rearm(id);
         }
     }
 
@@ -477,9 +511,8 @@ impl BridgeServer {
     /// connection one write pass, without waiting.
     fn write_what_we_can(&mut self) {
         self.bridge.abandon_all();
-        let slots: Vec<usize> = self.sockets.iter().map(|(s, _)| s).collect();
-        for slot in slots {
-            self.write_slot(slot);
+        for id in self.sockets.ids() {
+            self.write_conn(id);
         }
     }
 }
@@ -523,24 +556,24 @@ impl Frontend for BridgeServer {
         match event.token() {
             LISTENER => self.accept(),
             SIGNALS => self.on_signal(ctx),
-            Token(slot) => {
+            Token(bits) => {
+                let id = ConnId::from_bits(bits as u64);
                 let gone = event.is_error() || event.is_write_closed();
-                if let Some(sock) = self.sockets.get(slot)
+                if let Some(sock) = self.sockets.get(id)
                     && sock.eof
                     && gone
                 {
                     // A reset after end of stream: the peer had closed both ways, so what
                     // was written since goes back to the outbox.
-                    let id = sock.id;
                     self.bridge.disconnected(id);
                     self.drop_socket(id);
                     return;
                 }
                 if event.is_readable() || event.is_read_closed() || event.is_error() {
-                    self.read(slot, ctx);
+                    self.read(id, ctx);
                 }
-                if event.is_writable() && self.sockets.contains(slot) {
-                    self.writable.push(slot);
+                if event.is_writable() && self.sockets.get(id).is_some() {
+                    self.writable.push(id);
                 }
             }
         }
@@ -551,16 +584,14 @@ impl Frontend for BridgeServer {
         if self.accept_retry.is_some_and(|t| t <= self.now) {
             self.accept();
         }
-        for slot in std::mem::take(&mut self.pending_reads) {
-            self.read(slot, ctx);
+        for id in std::mem::take(&mut self.pending_reads) {
+            self.read(id, ctx);
         }
         let next = self.bridge.tick(self.now);
         if self.now >= self.next_ack_poll {
             self.next_ack_poll = self.now + ACK_POLL;
             for id in self.bridge.awaiting_ack() {
-                if let Some(&slot) = self.slot_of.get(&id) {
-                    self.poll_ack(slot);
-                }
+                self.poll_ack(id);
             }
         }
         self.run_actions(Some(ctx));
@@ -584,24 +615,19 @@ impl Frontend for BridgeServer {
         self.read_started = None;
         let started = Instant::now();
         loop {
-            let mut slots: Vec<usize> = std::mem::take(&mut self.writable);
-            slots.extend(
-                self.bridge
-                    .take_dirty()
-                    .into_iter()
-                    .filter_map(|id| self.slot_of.get(&id).copied()),
-            );
-            if slots.is_empty() {
+            let mut ids: Vec<ConnId> = std::mem::take(&mut self.writable);
+            ids.extend(self.bridge.take_dirty());
+            if ids.is_empty() {
                 break;
             }
-            slots.sort_unstable();
-            slots.dedup();
-            for slot in slots {
+            ids.sort_unstable();
+            ids.dedup();
+            for id in ids {
                 if started.elapsed() >= WRITE_TIME {
                     // Out of time for this wake: the poll reports it again at once.
-                    self.rearm(slot);
+                    self.rearm(id);
                 } else {
-                    self.write_slot(slot);
+                    self.write_conn(id);
                 }
             }
             self.run_actions(None);
@@ -612,25 +638,26 @@ impl Frontend for BridgeServer {
         let deadline = Instant::now() + self.flush_budget;
         let mut events = MioEvents::with_capacity(64);
         loop {
-            let busy: Vec<usize> = self
+            let busy: Vec<ConnId> = self
                 .sockets
-                .iter()
-                .filter(|(_, s)| self.bridge.has_output(s.id))
-                .map(|(slot, _)| slot)
+                .ids()
+                .into_iter()
+                .filter(|&id| self.bridge.has_output(id))
                 .collect();
             if busy.is_empty() {
                 break;
             }
-            for slot in busy {
-                self.write_slot(slot);
+            for id in busy {
+                self.write_conn(id);
             }
             self.run_actions(None);
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 let stuck = self
                     .sockets
-                    .iter()
-                    .filter(|(_, s)| self.bridge.has_output(s.id))
+                    .ids()
+                    .into_iter()
+                    .filter(|&id| self.bridge.has_output(id))
                     .count();
                 log::warn!(
                     "shutdown: {stuck} connection(s) still had output after the flush budget"
