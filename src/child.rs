@@ -1525,7 +1525,11 @@ mod tests {
             }
         }
         assert_eq!(count, n);
-        assert!(peak <= 1000 + 3 * 64 * 1024, "{peak} bytes buffered");
+        // At least one chunk was read into it, and never much more.
+        assert!(
+            (64 * 1024..=1000 + 3 * 64 * 1024).contains(&peak),
+            "{peak} bytes buffered"
+        );
     }
 
     #[test]

@@ -156,7 +156,7 @@ impl ExecAgent {
                 });
             }
             child::poll(&mut fds, None).map_err(|e| failed("poll", e))?;
-            if readable(&fds[0]) || cancel.is_cancelled() {
+            if readable(&fds[0]) {
                 // The cancel path kills the whole tree, detached processes included.
                 child.kill();
                 return Err(TurnError::Cancelled);
@@ -284,6 +284,67 @@ mod tests {
     fn stdin_in_stdout_out_with_one_trailing_newline_trimmed() {
         assert_eq!(run("cat; echo", "hi"), Ok("hi".to_owned()));
         assert_eq!(run("printf 'a\\n\\n'", ""), Ok("a\n".to_owned()));
+        assert_eq!(run("printf abc", ""), Ok("abc".to_owned()));
+    }
+
+    #[test]
+    fn a_long_failure_text_is_cut_on_a_character_boundary() {
+        // 2047 ASCII bytes, then 'é' (2 bytes) straddling the 2048-byte cut.
+        let out = run("printf '%2047s' '' | tr ' ' x; printf 'éyy'; exit 1", "");
+        let Err(TurnError::Failed(e)) = out else {
+            panic!("{out:?}")
+        };
+        let text = e.strip_prefix("exit status 1: ").expect("status first");
+        assert_eq!(text, format!("{}…", "x".repeat(2047)));
+        let out = run("printf '%2048s' '' | tr ' ' x; exit 1", "");
+        assert_eq!(
+            out,
+            Err(TurnError::Failed(format!(
+                "exit status 1: {}",
+                "x".repeat(2048)
+            )))
+        );
+    }
+
+    #[test]
+    fn a_leftover_that_ends_on_its_own_is_dropped_at_the_next_turn() {
+        let dir = std::env::temp_dir().join(format!("turnstile-exec-left-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let fifo = dir.join("release");
+        let _ = std::fs::remove_file(&fifo);
+        let c = std::ffi::CString::new(fifo.to_string_lossy().as_bytes()).expect("path");
+        // SAFETY: mkfifo with a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let mut a = agent(
+            &format!("read x < {} >/dev/null 2>&1 & echo $!", fifo.display()),
+            DEFAULT_MAX_REPLY_BYTES,
+        );
+        let pid: i32 = with_input("", |input| a.turn(input, &CancelToken::new()))
+            .expect("reply")
+            .parse()
+            .expect("pid");
+        assert_eq!(a.leftovers.len(), 1);
+        // SAFETY: pidfd_open(2) on a process that is blocked on the FIFO, so still alive.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        assert!(fd >= 0);
+        std::fs::write(&fifo, "go\n").expect("release the leftover");
+        let mut p = libc::pollfd {
+            fd: fd as i32,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll on one pollfd; then close the pidfd we opened.
+        unsafe {
+            assert_eq!(libc::poll(&mut p, 1, 20_000), 1, "the leftover never ended");
+            libc::close(fd as i32);
+        }
+        a.command = "true".into();
+        assert_eq!(
+            with_input("", |input| a.turn(input, &CancelToken::new())),
+            Ok(String::new())
+        );
+        assert!(a.leftovers.is_empty(), "a finished leftover tree was kept");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -695,10 +695,46 @@ mod tests {
         assert_eq!(pid(&mut *a), first);
     }
 
+    /// Partials that `f` publishes, with `f`'s result.
+    fn with_partials<T>(f: impl FnOnce(&Partials) -> T) -> (T, Vec<String>) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&seen);
+        let partials = Partials::throttled(Duration::ZERO, move |t| {
+            sink.lock().unwrap_or_else(|e| e.into_inner()).push(t)
+        });
+        let out = f(&partials);
+        let seen = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        (out, seen)
+    }
+
     #[test]
     fn unknown_ops_and_lines_of_other_turns_are_ignored() {
         let mut a = agent(options(""));
-        assert_eq!(turn(&mut *a, "unknown"), Ok("ok".into()));
+        let (reply, partials) =
+            with_partials(|p| turn_with(&mut *a, "unknown", p, &CancelToken::new()));
+        assert_eq!(reply, Ok("ok".into()));
+        assert!(partials.is_empty(), "{partials:?}");
+    }
+
+    #[test]
+    fn a_turn_line_larger_than_the_pipe_is_written_as_the_agent_reads_it() {
+        let mut a = agent(options(""));
+        let text = format!("size {}", "z".repeat(3 << 20));
+        assert_eq!(turn(&mut *a, &text), Ok(text.len().to_string()));
+    }
+
+    #[test]
+    fn a_partial_longer_than_the_reply_cap_is_cut_on_a_character_boundary() {
+        let mut a = agent(ProcessOptions {
+            max_reply_bytes: 4,
+            ..options("")
+        });
+        // "abcé": the cut at 4 bytes falls inside "é".
+        let (reply, partials) =
+            with_partials(|p| turn_with(&mut *a, "partial abcé", p, &CancelToken::new()));
+        assert_eq!(partials, vec!["abc".to_owned()]);
+        // The reply is cut by the worker, not here.
+        assert_eq!(reply, Ok("abcé".into()));
     }
 
     #[test]

@@ -55,8 +55,15 @@ for line in sys.stdin:
         send(op="error", id=id, message=arg)
     elif cmd == "unknown":
         send(op="thinking", id=id, text="hmm")
+        send(op="partial", id="someone-else", text="stale partial")
+        send(op="error", id="someone-else", message="stale error")
         send(op="reply", id="someone-else", text="stale")
         send(op="reply", id=id, text="ok")
+    elif cmd == "partial":
+        send(op="partial", id=id, text=arg)
+        send(op="reply", id=id, text=arg)
+    elif cmd == "size":
+        send(op="reply", id=id, text=str(len(text)))
     elif cmd == "ignore-cancel":
         # Announce the turn has started (a FIFO the test reads), then never look at stdin.
         if arg:
