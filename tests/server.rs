@@ -3,6 +3,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
@@ -18,15 +19,26 @@ struct Server {
 
 impl Server {
     fn start(args: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
+        command
             .arg("serve")
             .args(["--listen", "127.0.0.1:0"])
             .args(args)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start turnstile serve");
+            .stderr(Stdio::inherit());
+        // The server dies with the test thread that started it, so a test that fails or is
+        // killed (a mutation run's timeout) never leaves a gateway behind.
+        // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = command.spawn().expect("start turnstile serve");
         let stdout = child.stdout.take().expect("stdout");
         let mut first = String::new();
         BufReader::new(stdout)
