@@ -5,6 +5,7 @@ pub mod agent;
 pub mod child;
 pub mod core;
 pub mod exec;
+pub mod journal;
 pub mod key;
 pub mod liveness;
 pub mod message;

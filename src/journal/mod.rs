@@ -1,0 +1,321 @@
+//! Durability: the journal of accepted messages, their turns, outcomes and deliveries.
+//!
+//! With `--data-dir`, every message is written to a [`Store`] before it is acknowledged, and
+//! everything that happens to it afterwards (its turn started, its terminal outcome, the
+//! bridge's confirmation that it received that outcome) is recorded too, so that a restart
+//! after a crash can rebuild the queues, put undelivered outcomes back into their outboxes
+//! and tell which turns were interrupted. A message leaves the store once its outcome is
+//! delivered, so the store holds what is in flight (plus the duplicate window's ids).
+//!
+//! All writes happen on the journal thread ([`Journal`]), never on the reactor: it takes
+//! every record queued, writes them in one transaction, syncs, and reports back over a
+//! channel and a `mio::Waker` (group commit).
+//!
+//! The [`Store`] trait is small on purpose: a replicated log can implement the same five
+//! operations (append accepted, mark started, record outcome, mark delivered, load).
+
+mod sqlite;
+mod thread;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+pub use sqlite::SqliteStore;
+pub use thread::{Completion, Journal, JournalConfig};
+
+/// A message as it was accepted: enough to rebuild it exactly.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredMessage {
+    /// Journal order: the bridge's route tag, increasing across restarts.
+    pub seq: u64,
+    /// The platform.
+    pub platform: String,
+    /// The platform's message id.
+    pub id: String,
+    /// `dm`, `group`, `channel` or `thread`.
+    pub chat_type: String,
+    /// The chat.
+    pub chat_id: String,
+    /// The thread, if any.
+    pub thread_id: Option<String>,
+    /// The sender's id.
+    pub user_id: Option<String>,
+    /// The sender's display name.
+    pub user_name: Option<String>,
+    /// The platform's metadata (a JSON object, serialized).
+    pub meta: Option<String>,
+    /// The text.
+    pub text: String,
+    /// Wall-clock time (ms since the Unix epoch) until which the id is a duplicate.
+    pub dedup_until_ms: u64,
+}
+
+/// A terminal line as it goes out: `head`, then `text` escaped as a JSON string body, then
+/// `tail` (a short line is all `head`, with `text` and `tail` empty).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct StoredOutcome {
+    /// Bytes before the text.
+    pub head: Vec<u8>,
+    /// The raw text, escaped when written.
+    pub text: String,
+    /// Bytes after the text (newline included).
+    pub tail: Vec<u8>,
+}
+
+/// One journal record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Record {
+    /// A message was accepted (its `ack` waits for this record to be durable).
+    Accepted(StoredMessage),
+    /// The message's turn started; `attempt` counts its starts, this one included (idempotent:
+    /// a retried write sets the same value).
+    Started {
+        /// The message.
+        seq: u64,
+        /// Starts so far.
+        attempt: u32,
+    },
+    /// The message's terminal event.
+    Outcome {
+        /// The message.
+        seq: u64,
+        /// The line.
+        outcome: StoredOutcome,
+    },
+    /// The bridge has the outcome: the message leaves the journal (its id stays in the
+    /// duplicate window until that expires).
+    Delivered {
+        /// The message.
+        seq: u64,
+    },
+    /// The runtime refused the message after it was journaled: it leaves the journal and the
+    /// duplicate window (the bridge was told `reject`, so a retry is new).
+    Forget {
+        /// The message.
+        seq: u64,
+    },
+}
+
+impl Record {
+    /// The message the record is about.
+    pub fn seq(&self) -> u64 {
+        match self {
+            Record::Accepted(m) => m.seq,
+            Record::Started { seq, .. }
+            | Record::Outcome { seq, .. }
+            | Record::Delivered { seq }
+            | Record::Forget { seq } => *seq,
+        }
+    }
+}
+
+/// A message found in the store at start-up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecoveredMessage {
+    /// The message.
+    pub message: StoredMessage,
+    /// How many times its turn started (0: it was waiting).
+    pub starts: u32,
+    /// Its terminal event, if it had one that was not delivered.
+    pub outcome: Option<StoredOutcome>,
+}
+
+/// What the store held at start-up.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Recovered {
+    /// Messages not yet delivered, in journal order.
+    pub messages: Vec<RecoveredMessage>,
+    /// The duplicate window: (platform, id, until in ms since the epoch), unexpired ones only,
+    /// in-flight messages included.
+    pub dedup: Vec<(String, String, u64)>,
+    /// The highest sequence number ever journaled (new ones continue after it).
+    pub max_seq: u64,
+}
+
+/// A store failure: a write that did not become durable, or a store that cannot be read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreError(pub String);
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+/// Where the journal lives. Implementations must make [`Store::write`] atomic (all records
+/// of a batch or none) and durable when it returns `Ok`.
+pub trait Store: Send {
+    /// Appends a batch of records in one transaction and syncs it (append accepted, mark
+    /// started, record outcome, mark delivered).
+    fn write(&mut self, batch: &[Record]) -> Result<(), StoreError>;
+
+    /// Reads what survives, for start-up recovery; `now_ms` (ms since the epoch) drops
+    /// expired duplicate-window ids. A damaged store is an error, never a guess.
+    fn load(&mut self, now_ms: u64) -> Result<Recovered, StoreError>;
+}
+
+impl<S: Store + ?Sized> Store for Box<S> {
+    fn write(&mut self, batch: &[Record]) -> Result<(), StoreError> {
+        (**self).write(batch)
+    }
+    fn load(&mut self, now_ms: u64) -> Result<Recovered, StoreError> {
+        (**self).load(now_ms)
+    }
+}
+
+/// The model state every store must reproduce: what [`Store::load`] returns after a batch
+/// sequence. [`MemStore`] is this, and the proptest compares the SQLite store against it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Model {
+    messages: BTreeMap<u64, RecoveredMessage>,
+    dedup: BTreeMap<(String, String), u64>,
+    max_seq: u64,
+}
+
+impl Model {
+    /// Applies one record.
+    pub fn apply(&mut self, r: &Record) {
+        match r {
+            Record::Accepted(m) => {
+                self.max_seq = self.max_seq.max(m.seq);
+                self.dedup
+                    .insert((m.platform.clone(), m.id.clone()), m.dedup_until_ms);
+                self.messages.insert(
+                    m.seq,
+                    RecoveredMessage {
+                        message: m.clone(),
+                        starts: 0,
+                        outcome: None,
+                    },
+                );
+            }
+            Record::Started { seq, attempt } => {
+                if let Some(m) = self.messages.get_mut(seq) {
+                    m.starts = *attempt;
+                }
+            }
+            Record::Outcome { seq, outcome } => {
+                if let Some(m) = self.messages.get_mut(seq) {
+                    m.outcome = Some(outcome.clone());
+                }
+            }
+            Record::Delivered { seq } => {
+                self.messages.remove(seq);
+            }
+            Record::Forget { seq } => {
+                if let Some(m) = self.messages.remove(seq) {
+                    self.dedup
+                        .remove(&(m.message.platform.clone(), m.message.id.clone()));
+                }
+            }
+        }
+    }
+
+    /// What a load at `now_ms` returns.
+    pub fn recovered(&self, now_ms: u64) -> Recovered {
+        Recovered {
+            messages: self.messages.values().cloned().collect(),
+            dedup: self
+                .dedup
+                .iter()
+                .filter(|(_, until)| **until > now_ms)
+                .map(|((p, i), until)| (p.clone(), i.clone(), *until))
+                .collect(),
+            max_seq: self.max_seq,
+        }
+    }
+}
+
+/// A store in memory, shared between clones: a "restart" opens a clone of the same store.
+/// For tests and for embedding without a disk.
+#[derive(Clone, Default)]
+pub struct MemStore {
+    state: Arc<Mutex<Model>>,
+}
+
+impl MemStore {
+    /// An empty store.
+    pub fn new() -> MemStore {
+        MemStore::default()
+    }
+}
+
+impl Store for MemStore {
+    fn write(&mut self, batch: &[Record]) -> Result<(), StoreError> {
+        let mut m = self
+            .state
+            .lock()
+            .map_err(|_| StoreError("memory store poisoned".into()))?;
+        for r in batch {
+            m.apply(r);
+        }
+        Ok(())
+    }
+
+    fn load(&mut self, now_ms: u64) -> Result<Recovered, StoreError> {
+        let m = self
+            .state
+            .lock()
+            .map_err(|_| StoreError("memory store poisoned".into()))?;
+        Ok(m.recovered(now_ms))
+    }
+}
+
+/// A store that fails every write while its switch is on: how the tests inject a full or
+/// failing disk.
+pub struct FaultyStore<S> {
+    inner: S,
+    failing: Arc<AtomicBool>,
+}
+
+impl<S: Store> FaultyStore<S> {
+    /// Wraps `inner`; returns the switch (true: writes fail with "injected fault").
+    pub fn new(inner: S) -> (FaultyStore<S>, Arc<AtomicBool>) {
+        let failing = Arc::new(AtomicBool::new(false));
+        (
+            FaultyStore {
+                inner,
+                failing: failing.clone(),
+            },
+            failing,
+        )
+    }
+}
+
+impl<S: Store> Store for FaultyStore<S> {
+    fn write(&mut self, batch: &[Record]) -> Result<(), StoreError> {
+        if self.failing.load(Ordering::SeqCst) {
+            return Err(StoreError("injected fault: no space left on device".into()));
+        }
+        self.inner.write(batch)
+    }
+
+    fn load(&mut self, now_ms: u64) -> Result<Recovered, StoreError> {
+        self.inner.load(now_ms)
+    }
+}
+
+/// Wall-clock milliseconds since the Unix epoch (0 if the clock is before it).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// FNV-1a, 64 bits: a checksum over a record's fields, so that a scribbled row is refused at
+/// load instead of rebuilding a message nobody sent. Not a defence against an adversary.
+pub(crate) fn checksum(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        // The length first, so that moving bytes between fields changes the sum.
+        for b in (p.len() as u64).to_le_bytes().iter().chain(p.iter()) {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}

@@ -1,0 +1,210 @@
+//! The journal thread: group commit off the reactor.
+//!
+//! The reactor sends records over an unbounded channel (its depth is bounded by the bridge:
+//! at most `max_pending_durable` accepted messages wait, and every other record belongs to a
+//! message in flight, a handful each). The thread takes everything queued (up to
+//! `max_batch` records), writes it in one transaction, syncs, sends a [`Completion`] and
+//! wakes the reactor.
+//!
+//! When a write fails, the accepted messages of the batch are reported failed (the bridge
+//! rejects them `storage`, none was acknowledged) and every other record is kept and written
+//! again with the next batch, or after `retry_every` if nothing new comes: they are
+//! idempotent, and they are about messages that were acknowledged, which must not be lost.
+//! One ERROR is logged when writes start failing and one INFO when they succeed again.
+
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+
+use super::{Record, Store};
+
+/// Settings of the journal thread.
+#[derive(Clone, Debug)]
+pub struct JournalConfig {
+    /// Most records written in one transaction.
+    pub max_batch: usize,
+    /// How soon a failed write is tried again when nothing new arrives.
+    pub retry_every: Duration,
+}
+
+impl Default for JournalConfig {
+    fn default() -> Self {
+        JournalConfig {
+            max_batch: 4096,
+            retry_every: Duration::from_millis(100),
+        }
+    }
+}
+
+/// What one transaction achieved.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Completion {
+    /// Accepted messages now durable.
+    pub durable: Vec<u64>,
+    /// Accepted messages whose write failed (never durable; reject them `storage`).
+    pub failed: Vec<u64>,
+    /// New records this transaction took off the queue (retried ones not counted again).
+    pub taken: usize,
+    /// Records kept for another try after a failure (0 when the write succeeded).
+    pub retrying: usize,
+    /// The write failed; its error.
+    pub error: Option<String>,
+}
+
+/// The journal thread's handle, owned by the reactor side.
+pub struct Journal {
+    tx: Option<Sender<Record>>,
+    done: Receiver<Completion>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Journal {
+    /// Starts the thread writing to `store`; `wake` is called after each completion is sent
+    /// (the reactor's `mio::Waker`).
+    pub fn start<S, W>(store: S, cfg: JournalConfig, wake: W) -> std::io::Result<Journal>
+    where
+        S: Store + 'static,
+        W: Fn() + Send + 'static,
+    {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let (done_tx, done) = crossbeam_channel::unbounded();
+        let thread = std::thread::Builder::new()
+            .name("turnstile-journal".into())
+            .spawn(move || run(store, cfg, rx, done_tx, wake))?;
+        Ok(Journal {
+            tx: Some(tx),
+            done,
+            thread: Some(thread),
+        })
+    }
+
+    /// Queues a record (never blocks).
+    pub fn send(&self, r: Record) {
+        if let Some(tx) = &self.tx
+            && tx.send(r).is_err()
+        {
+            log::error!("the journal thread is gone; a record was not written");
+        }
+    }
+
+    /// Records queued and not yet taken by the thread.
+    pub fn queued(&self) -> usize {
+        self.tx.as_ref().map_or(0, Sender::len)
+    }
+
+    /// The completions reported since the last call.
+    pub fn completions(&self) -> impl Iterator<Item = Completion> + '_ {
+        self.done.try_iter()
+    }
+
+    /// Stops taking records, waits up to `limit` for the thread to write what is queued, and
+    /// returns the completions it reported meanwhile; false if it did not finish in time.
+    pub fn finish(&mut self, limit: Duration) -> (Vec<Completion>, bool) {
+        self.tx = None;
+        let deadline = std::time::Instant::now() + limit;
+        let mut out = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.done.recv_timeout(left) {
+                Ok(c) => out.push(c),
+                Err(RecvTimeoutError::Disconnected) => {
+                    if let Some(t) = self.thread.take() {
+                        let _ = t.join();
+                    }
+                    return (out, true);
+                }
+                Err(RecvTimeoutError::Timeout) => return (out, false),
+            }
+        }
+    }
+}
+
+fn run<S: Store, W: Fn()>(
+    mut store: S,
+    cfg: JournalConfig,
+    rx: Receiver<Record>,
+    done: Sender<Completion>,
+    wake: W,
+) {
+    let mut retry: Vec<Record> = Vec::new();
+    let mut failing = false;
+    let mut closed = false;
+    loop {
+        let mut batch = std::mem::take(&mut retry);
+        let kept = batch.len();
+        if batch.is_empty() {
+            match rx.recv() {
+                Ok(r) => batch.push(r),
+                Err(_) => return,
+            }
+        } else if !closed {
+            match rx.recv_timeout(cfg.retry_every) {
+                Ok(r) => batch.push(r),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => closed = true,
+            }
+        }
+        while batch.len() < cfg.max_batch.max(1) + kept && !closed {
+            match rx.try_recv() {
+                Ok(r) => batch.push(r),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    closed = true;
+                    break;
+                }
+            }
+        }
+        let taken = batch.len() - kept;
+        let mut c = Completion {
+            taken,
+            ..Completion::default()
+        };
+        match store.write(&batch) {
+            Ok(()) => {
+                if failing {
+                    log::info!("journal writes succeed again; accepting messages");
+                    failing = false;
+                }
+                c.durable = accepted(&batch);
+            }
+            Err(e) => {
+                if !failing {
+                    log::error!(
+                        "journal write failed: {e}; new messages are rejected `storage` until writes succeed again"
+                    );
+                    failing = true;
+                }
+                c.failed = accepted(&batch);
+                retry = batch
+                    .into_iter()
+                    .filter(|r| !matches!(r, Record::Accepted(_)))
+                    .collect();
+                c.retrying = retry.len();
+                c.error = Some(e.0);
+            }
+        }
+        if done.send(c).is_err() {
+            return;
+        }
+        wake();
+        if closed && retry.is_empty() {
+            return;
+        }
+        if closed && failing {
+            // Shutting down with a failing store: one more try per retry period would keep
+            // the process alive forever; the caller's finish() bounds the wait.
+            std::thread::sleep(cfg.retry_every);
+        }
+    }
+}
+
+fn accepted(batch: &[Record]) -> Vec<u64> {
+    batch
+        .iter()
+        .filter_map(|r| match r {
+            Record::Accepted(m) => Some(m.seq),
+            _ => None,
+        })
+        .collect()
+}
