@@ -46,10 +46,34 @@ use super::protocol::{
 };
 use super::sharded::Sharded;
 use crate::core::{AcceptState, CancelReason, EventKind, MessageEvent, Outcome, TurnId};
+use crate::journal::{Completion, Record, Recovered, StoredMessage};
 use crate::key::{Key, Slots};
-use crate::message::{Message, SessionKey};
+use crate::message::{ChatType, Message, SessionKey};
 
 pub use super::frame::Flushed;
+
+/// The message a journal record describes, built as the bridge builds a received one.
+fn rebuild(m: &StoredMessage) -> Result<Message, crate::message::InvalidInput> {
+    let chat_type = ChatType::parse(&m.chat_type).ok_or(crate::message::InvalidInput {
+        field: "chat_type",
+        problem: "unknown",
+    })?;
+    let key = SessionKey::new(
+        &m.platform,
+        chat_type,
+        &m.chat_id,
+        m.thread_id.as_deref(),
+        m.user_id.as_deref(),
+    )?;
+    let mut msg = Message::new(&m.id, key, &m.text)?;
+    if let Some(u) = &m.user_id {
+        msg = msg.from_user(u, m.user_name.as_deref())?;
+    }
+    if let Some(meta) = &m.meta {
+        msg = msg.with_meta(meta)?;
+    }
+    Ok(msg)
+}
 
 /// Outbox room a terminal event may need beyond its text: the JSON envelope with the id and
 /// the session key (each escaped), generously.
@@ -97,6 +121,14 @@ pub struct BridgeConfig {
     pub dedup_max: usize,
     /// Typing refresh period while a turn runs.
     pub typing_refresh: Duration,
+    /// Durability is on (`--data-dir`): messages are journaled ([`Action::Journal`]) and
+    /// acknowledged only once durable.
+    pub journal: bool,
+    /// Accepted messages waiting for the journal at once; beyond, `reject` `overloaded`.
+    pub max_pending_durable: usize,
+    /// At recovery, run again the turns a crash interrupted (else they fail `interrupted by
+    /// restart`); a message interrupted twice fails `poison` either way.
+    pub resume_interrupted: bool,
 }
 
 impl Default for BridgeConfig {
@@ -118,8 +150,24 @@ impl Default for BridgeConfig {
             dedup_window: Duration::from_secs(600),
             dedup_max: 1_000_000,
             typing_refresh: Duration::from_secs(4),
+            journal: false,
+            max_pending_durable: DEFAULT_MAX_PENDING_DURABLE,
+            resume_interrupted: false,
         }
     }
+}
+
+/// Default of [`BridgeConfig::max_pending_durable`].
+pub const DEFAULT_MAX_PENDING_DURABLE: usize = 10_000;
+/// The failure of a turn that was running when the process died.
+pub const INTERRUPTED: &str = "interrupted by restart";
+/// The failure of a message whose turn a restart interrupted twice (the restart-loop breaker).
+pub const POISON: &str = "poison: its turn was interrupted by a restart twice; not run again";
+
+/// The route of a message recovered from the journal: no connection (its events go to its
+/// platform's outbox). No slot ever gets this key.
+fn no_conn() -> ConnId {
+    Key::from_bits(u64::MAX)
 }
 
 /// A connection's handle: a generational [`Key`], so a handle kept after its connection
@@ -142,6 +190,9 @@ pub enum Action {
     /// Reset the connection (close discarding unsent data): results written to it and not
     /// acknowledged went back to the outbox, so nothing more of them may reach the peer.
     Reset(ConnId),
+    /// Write a record to the journal; accepted messages are confirmed through
+    /// [`Bridge::journaled`].
+    Journal(Record),
 }
 
 /// An answer to one line, in line order.
@@ -180,6 +231,10 @@ struct Conn {
     /// outbox if the connection dies first (a peer that closed answers with a reset, never
     /// an acknowledgement: this is also how a half-close is told from a close).
     unconfirmed: VecDeque<(u64, Frame)>,
+    /// Its hello asked for `acks`: results written wait here for its `delivered`.
+    acks: bool,
+    /// Results written to an `acks` connection and not yet confirmed, in order.
+    awaiting: VecDeque<Frame>,
     dirty: bool,
 }
 
@@ -208,6 +263,12 @@ struct Route {
     fp: Fingerprint,
     /// Connections holding a duplicate of this message awaiting its admission.
     copies: Vec<ConnId>,
+    /// The message, while it waits for the journal before its submission.
+    pending: Option<Message>,
+    /// Times its turn started (carried over from before a restart).
+    starts: u32,
+    /// Recovered from the journal: its acknowledgement was sent by an earlier process.
+    recovered: bool,
 }
 
 struct Typing {
@@ -254,6 +315,51 @@ pub struct BridgeStatus {
     pub partials_dropped: u64,
     /// Typing lines dropped (no connection, or over its output bound).
     pub typing_dropped: u64,
+    /// Durability (`--data-dir`); absent without it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub journal: Option<JournalStatus>,
+    /// Results written to `acks` connections and not yet confirmed `delivered`.
+    pub awaiting_delivery: usize,
+}
+
+/// The journal's figures in the status.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct JournalStatus {
+    /// Records sent to the journal thread and not yet taken.
+    pub queued_records: usize,
+    /// Accepted messages waiting to be durable before their ack.
+    pub pending_durable: usize,
+    /// The bound on them (`--max-pending-durable`).
+    pub max_pending_durable: usize,
+    /// Transactions written.
+    pub batches: u64,
+    /// Transactions that failed.
+    pub failed_batches: u64,
+    /// Records kept for another try after a failed write.
+    pub retrying: usize,
+    /// The last write failed (new messages are rejected `storage`).
+    pub failing: bool,
+    /// What start-up recovery found.
+    pub recovery: RecoveryCounts,
+}
+
+/// What start-up recovery did, by message.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RecoveryCounts {
+    /// Messages found in the journal.
+    pub messages: usize,
+    /// Waiting messages submitted again, in their original order.
+    pub requeued: usize,
+    /// Interrupted turns run again (`--resume-interrupted`).
+    pub resumed: usize,
+    /// Interrupted turns failed `interrupted by restart`.
+    pub interrupted: usize,
+    /// Messages failed `poison` (interrupted twice).
+    pub poisoned: usize,
+    /// Outcomes not yet delivered, back in their outboxes.
+    pub outcomes: usize,
+    /// Ids in the duplicate windows.
+    pub dedup_ids: usize,
 }
 
 /// The bridge protocol's state machine. See the module documentation.
@@ -275,6 +381,12 @@ pub struct Bridge {
     /// The time of the latest input.
     now: Duration,
     stats: BridgeStatus,
+    /// Wall-clock ms since the epoch at `now == 0` (duplicate windows are journaled in wall
+    /// time, to survive a restart).
+    wall_at_zero: u64,
+    /// Routes waiting for the journal.
+    pending_durable: usize,
+    journal: JournalStatus,
 }
 
 fn error_line(detail: &str) -> Vec<u8> {
@@ -322,7 +434,26 @@ impl Bridge {
             next_housekeeping: Duration::ZERO,
             now: Duration::ZERO,
             stats: BridgeStatus::default(),
+            wall_at_zero: 0,
+            pending_durable: 0,
+            journal: JournalStatus::default(),
         }
+    }
+
+    /// Sets the wall clock: `epoch_ms` is the wall-clock time (ms since the Unix epoch) at
+    /// time zero of the bridge's clock.
+    pub fn set_wall_clock(&mut self, epoch_ms: u64) {
+        self.wall_at_zero = epoch_ms;
+    }
+
+    fn wall_ms(&self, now: Duration) -> u64 {
+        self.wall_at_zero + now.as_millis() as u64
+    }
+
+    fn journal(&mut self, r: Record) {
+        debug_assert!(self.cfg.journal);
+        self.journal.queued_records += 1;
+        self.actions.push_back(Action::Journal(r));
     }
 
     /// The settings.
@@ -375,6 +506,8 @@ impl Bridge {
             last_progress: now,
             written: 0,
             unconfirmed: VecDeque::new(),
+            acks: false,
+            awaiting: VecDeque::new(),
             dirty: false,
         });
         Ok(id)
@@ -430,20 +563,26 @@ impl Bridge {
                 Ok(ClientOp::Hello {
                     platform,
                     token: Some(t),
-                }) if self.token_matches(&t) => self.hello(id, platform),
+                    acks,
+                }) if self.token_matches(&t) => self.hello(id, platform, acks),
                 _ => self.unauthorized(id),
             }
             return;
         }
         match parsed {
             Ok(ClientOp::Ping) => self.answer(id, encode(&ServerOp::Pong)),
-            Ok(ClientOp::Hello { platform, token }) => {
+            Ok(ClientOp::Hello {
+                platform,
+                token,
+                acks,
+            }) => {
                 if self.token.is_some() && !token.is_some_and(|t| self.token_matches(&t)) {
                     self.unauthorized(id);
                 } else {
-                    self.hello(id, platform);
+                    self.hello(id, platform, acks);
                 }
             }
+            Ok(ClientOp::Delivered { ids }) => self.delivered(id, &ids),
             Ok(ClientOp::Message(m)) => self.message(id, m, now),
             Err(LineError::Malformed(detail)) => self.error(id, &detail),
             Err(LineError::Invalid { id: mid, detail }) => {
@@ -566,40 +705,26 @@ impl Bridge {
                 }
             }
             EventKind::Rejected(reason) => {
-                let Some(route) = self.routes.remove(&tag) else {
-                    return;
-                };
                 let reason = reason.as_str();
-                if let Some(p) = self.platforms.get_mut(&route.platform) {
-                    p.dedup.forget(route.fp);
+                if self.routes.get(&tag).is_some_and(|r| r.recovered) {
+                    // Acknowledged by the process before the restart: it gets a terminal event.
+                    let detail = format!("not admitted again after a restart: {reason}");
+                    return self.finish_recovered(tag, &detail);
                 }
-                self.unreserve(&route.platform);
-                if let Some(c) = self.conns.get_mut(route.conn) {
-                    c.outstanding -= 1;
+                if self.cfg.journal {
+                    self.journal(Record::Forget { seq: tag });
                 }
-                let detail = reject_detail(reason);
-                let line = |cid: &str, ckey: &SessionKey| {
-                    encode(&ServerOp::Reject {
-                        id: cid,
-                        session: Some(ckey.as_str()),
-                        reason,
-                        detail,
-                    })
-                };
-                for c in std::iter::once(route.conn).chain(route.copies.iter().copied()) {
-                    self.resolve(c, tag, |copy| match copy {
-                        None => line(&id, &session),
-                        Some((cid, ckey)) => line(cid, ckey),
-                    });
-                }
-                *self.stats.rejected.entry(reason).or_insert(0) += 1 + route.copies.len() as u64;
-                self.maybe_free(&route.platform);
-                self.maybe_finish(route.conn);
+                self.refuse(tag, reason, reject_detail(reason));
             }
             EventKind::TurnStarted(turn) => {
-                let Some(conn) = self.routes.get(&tag).map(|r| r.conn) else {
+                let Some(route) = self.routes.get_mut(&tag) else {
                     return;
                 };
+                route.starts += 1;
+                let (conn, attempt) = (route.conn, route.starts);
+                if self.cfg.journal {
+                    self.journal(Record::Started { seq: tag, attempt });
+                }
                 self.send_typing(conn, &session, true);
                 let next = now + self.cfg.typing_refresh;
                 self.typing.insert(
@@ -642,8 +767,67 @@ impl Bridge {
                     body.size() <= self.reserve,
                     "a terminal outgrew its reservation"
                 );
-                let frame = Frame::new(body, Some(route.platform.clone()));
-                self.deliver_terminal(route.conn, &route.platform, frame);
+                self.terminal(tag, route.conn, &route.platform, route.id, body);
+            }
+        }
+    }
+
+    /// Journals a terminal event and sends it on.
+    fn terminal(&mut self, seq: u64, conn: ConnId, platform: &Arc<str>, id: Arc<str>, body: Body) {
+        if self.cfg.journal {
+            self.journal(Record::Outcome {
+                seq,
+                outcome: body.to_stored(),
+            });
+        }
+        let frame = Frame::new(body, Some(platform.clone())).of_message(seq, id);
+        self.deliver_terminal(conn, platform, frame);
+    }
+
+    /// A recovered message the runtime would not take back fails with `why`.
+    fn finish_recovered(&mut self, tag: u64, why: &str) {
+        let Some(route) = self.routes.remove(&tag) else {
+            return;
+        };
+        log::warn!("session {}: message {} {why}", route.session, route.id);
+        let (text, _) = cut(why.to_string(), self.cfg.max_reply_bytes);
+        let body = Body::with_text("failed", &route.id, route.session.as_str(), "error", text, "");
+        self.terminal(tag, route.conn, &route.platform, route.id.clone(), body);
+    }
+
+    /// Refuses the message of `tag` (runtime refusal or journal failure): every line waiting
+    /// for it gets the `reject`, and a retry of its id is new.
+    fn refuse(&mut self, tag: u64, reason: &'static str, detail: &str) {
+        {
+            {
+                let Some(route) = self.routes.remove(&tag) else {
+                    return;
+                };
+                let (id, session) = (route.id.clone(), route.session.clone());
+                if let Some(p) = self.platforms.get_mut(&route.platform) {
+                    p.dedup.forget(route.fp);
+                }
+                self.unreserve(&route.platform);
+                if let Some(c) = self.conns.get_mut(route.conn) {
+                    c.outstanding -= 1;
+                }
+                let line = |cid: &str, ckey: &SessionKey| {
+                    encode(&ServerOp::Reject {
+                        id: cid,
+                        session: Some(ckey.as_str()),
+                        reason,
+                        detail,
+                    })
+                };
+                for c in std::iter::once(route.conn).chain(route.copies.iter().copied()) {
+                    self.resolve(c, tag, |copy| match copy {
+                        None => line(&id, &session),
+                        Some((cid, ckey)) => line(cid, ckey),
+                    });
+                }
+                *self.stats.rejected.entry(reason).or_insert(0) += 1 + route.copies.len() as u64;
+                self.maybe_free(&route.platform);
+                self.maybe_finish(route.conn);
             }
         }
     }
@@ -756,11 +940,17 @@ impl Bridge {
             };
             let queued = &mut conn.queued;
             let (unconfirmed, before) = (&mut conn.unconfirmed, conn.written);
+            let (acks, awaiting) = (conn.acks, &mut conn.awaiting);
             let (n, h) = write_frames(&mut conn.out, w, budget, |f, at| {
                 *queued -= f.body.size();
                 if f.terminal_for.is_some() {
-                    // Delivered once the peer's TCP acknowledges its last byte.
-                    unconfirmed.push_back((before + at as u64, f));
+                    if acks {
+                        // Delivered once the bridge says so.
+                        awaiting.push_back(f);
+                    } else {
+                        // Delivered once the peer's TCP acknowledges its last byte.
+                        unconfirmed.push_back((before + at as u64, f));
+                    }
                 }
             })?;
             how = h;
@@ -790,24 +980,21 @@ impl Bridge {
             return;
         };
         debug_assert!(acked <= conn.written);
-        let mut done: Vec<Arc<str>> = Vec::new();
+        let mut done: Vec<Frame> = Vec::new();
         while conn
             .unconfirmed
             .front()
             .is_some_and(|(end, _)| *end <= acked)
         {
-            if let Some((_, f)) = conn.unconfirmed.pop_front()
-                && let Some(p) = f.terminal_for
-            {
-                done.push(p);
+            if let Some((_, f)) = conn.unconfirmed.pop_front() {
+                done.push(f);
             }
         }
         if !done.is_empty() {
             conn.last_progress = self.now;
         }
-        for p in done {
-            self.unreserve(&p);
-            self.maybe_free(&p);
+        for f in done {
+            self.confirm(f);
         }
         self.maybe_finish(id);
         self.audit();
@@ -832,7 +1019,8 @@ impl Bridge {
     pub fn abandon_all(&mut self) {
         let mut routes: Vec<(u64, Route)> = self.routes.drain();
         routes.sort_unstable_by_key(|(tag, _)| *tag);
-        for (_, route) in routes {
+        self.pending_durable = 0;
+        for (tag, route) in routes {
             if let Some(c) = self.conns.get_mut(route.conn) {
                 c.outstanding -= 1;
             }
@@ -841,8 +1029,14 @@ impl Bridge {
                 session: route.session.as_str(),
                 reason: CancelReason::Shutdown.as_str(),
             });
-            let frame = Frame::new(Body::Line(line), Some(route.platform.clone()));
-            self.deliver_terminal(route.conn, &route.platform, frame);
+            if self.cfg.journal && route.pending.is_none() {
+                // Best effort: the process exits now, and what the journal does not take is
+                // recovered at the next start.
+                self.terminal(tag, route.conn, &route.platform, route.id, Body::Line(line));
+            } else {
+                let frame = Frame::new(Body::Line(line), Some(route.platform.clone()));
+                self.deliver_terminal(route.conn, &route.platform, frame);
+            }
         }
         self.audit();
     }
@@ -850,6 +1044,13 @@ impl Bridge {
     /// The figures for the status snapshot.
     pub fn status(&self) -> BridgeStatus {
         let mut s = self.stats.clone();
+        if self.cfg.journal {
+            let mut j = self.journal.clone();
+            j.pending_durable = self.pending_durable;
+            j.max_pending_durable = self.cfg.max_pending_durable;
+            s.journal = Some(j);
+        }
+        s.awaiting_delivery = self.conns.iter().map(|(_, c)| c.awaiting.len()).sum();
         s.connections = self.conns.len();
         s.unauthenticated = self.unauthenticated;
         s.platforms = self.platforms.len();
@@ -902,6 +1103,8 @@ impl Bridge {
             debug_assert_eq!(sent, c.outstanding, "connection {} outstanding", id);
             let mut queued = 0;
             let mut terminals = c.unconfirmed.iter().map(|(_, f)| f).collect::<Vec<_>>();
+            terminals.extend(c.awaiting.iter());
+            debug_assert!(c.acks || c.awaiting.is_empty());
             for f in &c.out {
                 queued += f.body.size();
                 terminals.push(f);
@@ -928,6 +1131,11 @@ impl Bridge {
         }
         debug_assert_eq!(unauth, self.unauthenticated);
         debug_assert_eq!(
+            self.routes.values().filter(|r| r.pending.is_some()).count(),
+            self.pending_durable
+        );
+        debug_assert!(self.pending_durable <= self.cfg.max_pending_durable);
+        debug_assert_eq!(
             self.unauth_by_peer.values().sum::<usize>(),
             self.unauthenticated
         );
@@ -938,7 +1146,8 @@ impl Bridge {
             let owed = owed.get(&**name).copied().unwrap_or(0) + p.outbox.len();
             debug_assert_eq!(owed, p.reserved_events, "platform {name} reservations");
             debug_assert_eq!(p.reserved_events * self.reserve, p.reserved_bytes);
-            debug_assert!(p.reserved_events <= self.cfg.outbox_cap);
+            // Recovery may restore more than a lowered cap allows; admission never adds past it.
+            debug_assert!(p.reserved_events <= self.cfg.outbox_cap.max(self.journal.recovery.messages));
             debug_assert!(p.dedup.len() <= self.cfg.dedup_max);
             for c in &p.conns {
                 debug_assert!(
@@ -954,7 +1163,7 @@ impl Bridge {
         self.token.as_ref().is_some_and(|t| t.matches(guess))
     }
 
-    fn hello(&mut self, id: ConnId, platform: Option<String>) {
+    fn hello(&mut self, id: ConnId, platform: Option<String>, acks: bool) {
         let new = match platform {
             None => None,
             Some(name) => {
@@ -978,6 +1187,20 @@ impl Bridge {
         };
         let old = conn.platform.take();
         conn.platform = new.clone();
+        if acks != conn.acks && !conn.awaiting.is_empty() {
+            // Switching off acks: what waits for a confirmation counts as delivered as it would
+            // have without acks (its TCP has taken it).
+            let frames: Vec<Frame> = conn.awaiting.drain(..).collect();
+            conn.acks = acks;
+            for f in frames {
+                self.confirm(f);
+            }
+        } else {
+            conn.acks = acks;
+        }
+        let Some(conn) = self.conns.get_mut(id) else {
+            return;
+        };
         let was_authed = std::mem::replace(&mut conn.authed, true);
         let peer = conn.peer;
         if !was_authed {
@@ -1168,6 +1391,13 @@ impl Bridge {
             );
             return self.reject(id, &m.id, Some(key.as_str()), "backpressure", &detail);
         }
+        if self.cfg.journal && self.pending_durable >= self.cfg.max_pending_durable {
+            let detail = format!(
+                "{} messages are waiting for the journal (--max-pending-durable); retry later",
+                self.cfg.max_pending_durable
+            );
+            return self.reject(id, &m.id, Some(key.as_str()), "overloaded", &detail);
+        }
         self.next_tag += 1;
         let tag = self.next_tag;
         if let Some(p) = self.platforms.get_mut(&platform) {
@@ -1181,16 +1411,251 @@ impl Bridge {
                 conn: id,
                 id: message.id.clone(),
                 session: key,
-                platform,
+                platform: platform.clone(),
                 fp,
                 copies: Vec::new(),
+                pending: None,
+                starts: 0,
+                recovered: false,
             },
         );
         if let Some(c) = self.conns.get_mut(id) {
             c.outstanding += 1;
         }
         self.push_answer(id, Answer::Pending { tag, copy: None });
-        self.actions.push_back(Action::Submit { tag, message });
+        if !self.cfg.journal {
+            self.actions.push_back(Action::Submit { tag, message });
+            return;
+        }
+        let stored = StoredMessage {
+            seq: tag,
+            platform: platform.to_string(),
+            id: m.id,
+            chat_type: m.chat_type.as_str().to_string(),
+            chat_id: m.chat_id,
+            thread_id: m.thread_id,
+            user_id: m.user_id,
+            user_name: m.user_name,
+            meta: m.meta,
+            text: m.text,
+            dedup_until_ms: self.wall_ms(now + self.cfg.dedup_window),
+        };
+        if let Some(r) = self.routes.get_mut(&tag) {
+            r.pending = Some(message);
+        }
+        self.pending_durable += 1;
+        log::debug!("message {tag} waits for the journal");
+        self.journal(Record::Accepted(stored));
+    }
+
+    /// Rebuilds the state a journal held at start-up (before any connection): the duplicate
+    /// windows, the waiting messages submitted again in their original order, undelivered
+    /// outcomes back in their outboxes (marked `redelivery`), and the turns a crash
+    /// interrupted failed `interrupted by restart` — or, with `resume_interrupted`, run again
+    /// unless they were interrupted twice (`poison`). `wall_now_ms` is the wall clock now;
+    /// the bridge's clock must be at `now`. Logs one INFO line with the counts.
+    pub fn recover(&mut self, r: Recovered, wall_now_ms: u64, now: Duration) -> RecoveryCounts {
+        self.now = now;
+        self.wall_at_zero = wall_now_ms.saturating_sub(now.as_millis() as u64);
+        let mut n = RecoveryCounts {
+            messages: r.messages.len(),
+            ..RecoveryCounts::default()
+        };
+        self.journal.recovery.messages = n.messages;
+        self.next_tag = self.next_tag.max(r.max_seq);
+        let mut dedup = r.dedup;
+        // Each shard's expiry queue must be in expiry order.
+        dedup.sort_by_key(|(_, _, until)| *until);
+        for (platform, id, until) in dedup {
+            let Some(p) = self.force_platform(&platform) else {
+                continue;
+            };
+            let left = Duration::from_millis(until.saturating_sub(wall_now_ms));
+            if let Some(p) = self.platforms.get_mut(&p) {
+                p.dedup.remember(fingerprint(&id), now + left);
+                n.dedup_ids += 1;
+            }
+        }
+        for rm in r.messages {
+            let m = rm.message;
+            let Some(platform) = self.force_platform(&m.platform) else {
+                continue;
+            };
+            if let Some(p) = self.platforms.get_mut(&platform) {
+                p.reserved_events += 1;
+                p.reserved_bytes += self.reserve;
+            }
+            let id: Arc<str> = m.id.as_str().into();
+            let seq = m.seq;
+            if let Some(o) = rm.outcome {
+                let mut frame = Frame::new(Body::from_stored(o), Some(platform.clone()))
+                    .of_message(seq, id);
+                frame.mark_redelivery();
+                if let Some(p) = self.platforms.get_mut(&platform) {
+                    p.outbox_bytes += frame.body.size();
+                    p.outbox.push_back(frame);
+                }
+                n.outcomes += 1;
+                continue;
+            }
+            let rebuilt = rebuild(&m);
+            let session = match &rebuilt {
+                Ok(msg) => msg.session.clone(),
+                Err(_) => match SessionKey::dm(&m.platform, &m.chat_id) {
+                    Ok(k) => k,
+                    Err(_) => continue,
+                },
+            };
+            let failure = match (&rebuilt, rm.starts) {
+                (Err(e), _) => Some(format!("not admitted again after a restart: {e}")),
+                (Ok(_), 0) => None,
+                (Ok(_), 1) if self.cfg.resume_interrupted => None,
+                (Ok(_), _) if self.cfg.resume_interrupted => {
+                    n.poisoned += 1;
+                    log::warn!("session {session}: message {id}: {POISON}");
+                    Some(POISON.to_string())
+                }
+                (Ok(_), _) => {
+                    n.interrupted += 1;
+                    Some(INTERRUPTED.to_string())
+                }
+            };
+            let route = Route {
+                conn: no_conn(),
+                id: id.clone(),
+                session: session.clone(),
+                platform: platform.clone(),
+                fp: fingerprint(&m.id),
+                copies: Vec::new(),
+                pending: None,
+                starts: rm.starts,
+                recovered: true,
+            };
+            self.routes.insert(seq, route);
+            match (failure, rebuilt) {
+                (Some(why), _) => {
+                    let body = Body::with_text("failed", &id, session.as_str(), "error", why, "");
+                    self.routes.remove(&seq);
+                    self.terminal(seq, no_conn(), &platform, id, body);
+                }
+                (None, Ok(message)) => {
+                    n.requeued += 1;
+                    n.resumed += usize::from(rm.starts > 0);
+                    self.actions.push_back(Action::Submit { tag: seq, message });
+                }
+                (None, Err(_)) => {}
+            }
+        }
+        log::info!(
+            "recovered from the journal: {} message(s): {} requeued ({} interrupted turn(s) resumed), {} interrupted (failed), {} poison, {} outcome(s) to deliver; {} id(s) in duplicate windows",
+            n.messages,
+            n.requeued,
+            n.resumed,
+            n.interrupted,
+            n.poisoned,
+            n.outcomes,
+            n.dedup_ids
+        );
+        self.journal.recovery = n;
+        self.audit();
+        n
+    }
+
+    /// The platform named `name`, created even past `max_platforms` (what the journal holds
+    /// was admitted under the bound; a lowered bound must not lose it).
+    fn force_platform(&mut self, name: &str) -> Option<Arc<str>> {
+        if check_platform(name).is_err() {
+            return None;
+        }
+        if let Some(p) = self.platform_for(name) {
+            return Some(p);
+        }
+        let k: Arc<str> = name.into();
+        self.platforms.insert(
+            k.clone(),
+            Platform {
+                conns: Vec::new(),
+                outbox: VecDeque::new(),
+                outbox_bytes: 0,
+                reserved_events: 0,
+                reserved_bytes: 0,
+                dedup: DedupWindow::new(self.cfg.dedup_window, self.cfg.dedup_max),
+            },
+        );
+        Some(k)
+    }
+
+    /// The journal thread's report: submit the messages now durable, reject `storage` those
+    /// whose write failed.
+    pub fn journaled(&mut self, c: Completion, now: Duration) {
+        self.now = now;
+        self.journal.queued_records = self.journal.queued_records.saturating_sub(c.taken);
+        self.journal.retrying = c.retrying;
+        self.journal.batches += 1;
+        self.journal.failing = c.error.is_some();
+        if c.error.is_some() {
+            self.journal.failed_batches += 1;
+        }
+        for seq in c.durable {
+            let Some(message) = self.routes.get_mut(&seq).and_then(|r| r.pending.take()) else {
+                continue;
+            };
+            self.pending_durable -= 1;
+            self.actions.push_back(Action::Submit { tag: seq, message });
+        }
+        for seq in c.failed {
+            let Some(r) = self.routes.get(&seq) else {
+                continue;
+            };
+            if r.pending.is_none() {
+                continue;
+            }
+            self.pending_durable -= 1;
+            let detail = match &c.error {
+                Some(e) => format!("the message could not be made durable: {e}"),
+                None => "the message could not be made durable".to_string(),
+            };
+            log::debug!("message {seq}: journal write failed; rejected storage");
+            self.refuse(seq, "storage", &detail);
+        }
+        self.audit();
+    }
+
+    /// The bridge confirmed (or, without `acks`, its TCP acknowledged) a terminal event: its
+    /// reservation is released and the message leaves the journal.
+    fn confirm(&mut self, f: Frame) {
+        if let Some(p) = f.terminal_for {
+            if self.cfg.journal && f.seq != 0 {
+                self.journal(Record::Delivered { seq: f.seq });
+            }
+            self.unreserve(&p);
+            self.maybe_free(&p);
+        }
+    }
+
+    /// A `delivered` line from an `acks` connection.
+    fn delivered(&mut self, id: ConnId, ids: &[String]) {
+        let Some(conn) = self.conns.get_mut(id) else {
+            return;
+        };
+        let mut done = Vec::new();
+        for mid in ids {
+            if let Some(i) = conn
+                .awaiting
+                .iter()
+                .position(|f| f.msg_id.as_deref() == Some(mid.as_str()))
+                && let Some(f) = conn.awaiting.remove(i)
+            {
+                done.push(f);
+            }
+        }
+        if !done.is_empty() {
+            conn.last_progress = self.now;
+        }
+        for f in done {
+            self.confirm(f);
+        }
+        self.maybe_finish(id);
     }
 
     /// The platform named `name`, created if there is room.
@@ -1434,7 +1899,11 @@ impl Bridge {
         }
         if c.closing {
             self.close(id, "closed after error", true);
-        } else if c.read_closed && c.outstanding == 0 && c.unconfirmed.is_empty() {
+        } else if c.read_closed
+            && c.outstanding == 0
+            && c.unconfirmed.is_empty()
+            && c.awaiting.is_empty()
+        {
             self.close(id, "peer closed", true);
         }
     }
@@ -1448,7 +1917,17 @@ impl Bridge {
         if !conn.authed {
             self.count_authenticated(conn.peer);
         }
-        let mut rescued: Vec<Frame> = conn.unconfirmed.drain(..).map(|(_, f)| f).collect();
+        // Written to an `acks` bridge and not confirmed: it may have them, so they go again
+        // marked as a redelivery.
+        let mut rescued: Vec<Frame> = conn
+            .awaiting
+            .drain(..)
+            .map(|mut f| {
+                f.mark_redelivery();
+                f
+            })
+            .collect();
+        rescued.extend(conn.unconfirmed.drain(..).map(|(_, f)| f));
         for f in conn.out.drain(..) {
             if f.terminal_for.is_some() {
                 rescued.push(f);

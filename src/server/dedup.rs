@@ -103,6 +103,13 @@ impl DedupWindow {
         self.order[shard_of(fp)].push_back((until, fp));
     }
 
+    /// Remembers `fp` as accepted until `until` (restored from the journal at start-up; calls
+    /// must come in `until` order).
+    pub fn remember(&mut self, fp: Fingerprint, until: Duration) {
+        self.entries.insert(fp, Entry::Until(until));
+        self.order[shard_of(fp)].push_back((until, fp));
+    }
+
     /// The runtime refused `fp`: a retry must not be mistaken for a duplicate.
     pub fn forget(&mut self, fp: Fingerprint) {
         if let Some(Entry::Pending(_)) = self.entries.get(&fp) {

@@ -67,6 +67,34 @@ impl Body {
         }
     }
 
+    /// The parts to journal (`head`, raw `text`, `tail`).
+    pub fn to_stored(&self) -> crate::journal::StoredOutcome {
+        match self {
+            Body::Line(l) => crate::journal::StoredOutcome {
+                head: l.clone(),
+                ..Default::default()
+            },
+            Body::Text { head, text, tail } => crate::journal::StoredOutcome {
+                head: head.clone(),
+                text: text.clone(),
+                tail: tail.clone(),
+            },
+        }
+    }
+
+    /// A journaled line.
+    pub fn from_stored(o: crate::journal::StoredOutcome) -> Body {
+        if o.text.is_empty() && o.tail.is_empty() {
+            Body::Line(o.head)
+        } else {
+            Body::Text {
+                head: o.head,
+                text: o.text,
+                tail: o.tail,
+            }
+        }
+    }
+
     /// The bytes this line holds in memory before escaping: what an outbox accounts for.
     pub fn size(&self) -> usize {
         match self {
@@ -114,6 +142,13 @@ pub struct Frame {
     /// A terminal event's platform: it returns to that platform's outbox if the connection
     /// goes before the whole line is written.
     pub terminal_for: Option<Arc<str>>,
+    /// A terminal event's message: its journal sequence number (0: none) and id, for the
+    /// `delivered` record and a bridge's `delivered` confirmation.
+    pub seq: u64,
+    /// The message id of a terminal event.
+    pub msg_id: Option<Arc<str>>,
+    /// Marked `"redelivery":true`: it may have reached the bridge before.
+    pub redelivery: bool,
     cursor: Cursor,
 }
 
@@ -128,7 +163,33 @@ impl Frame {
         Frame {
             body,
             terminal_for,
+            seq: 0,
+            msg_id: None,
+            redelivery: false,
             cursor: Cursor::default(),
+        }
+    }
+
+    /// The terminal event of message `id`, journaled as `seq`.
+    pub fn of_message(mut self, seq: u64, id: Arc<str>) -> Frame {
+        self.seq = seq;
+        self.msg_id = Some(id);
+        self
+    }
+
+    /// Adds `"redelivery":true` to the line (once), before it is written again.
+    pub fn mark_redelivery(&mut self) {
+        if self.redelivery {
+            return;
+        }
+        let end = match &mut self.body {
+            Body::Line(l) => l,
+            Body::Text { tail, .. } => tail,
+        };
+        if end.ends_with(b"}\n") {
+            end.truncate(end.len() - 2);
+            end.extend_from_slice(b",\"redelivery\":true}\n");
+            self.redelivery = true;
         }
     }
 

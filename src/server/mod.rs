@@ -27,11 +27,17 @@ use mio::{Events as MioEvents, Interest, Poll, Registry, Token};
 
 use crate::core::MessageEvent;
 use crate::reactor::{Ctx, FIRST_RESERVED_TOKEN, Frontend};
-pub use bridge::{Action, Bridge, BridgeConfig, BridgeStatus, ConnId, Flushed, PlatformStatus};
+pub use bridge::{
+    Action, Bridge, BridgeConfig, BridgeStatus, ConnId, Flushed, JournalStatus, PlatformStatus,
+    RecoveryCounts,
+};
+use crate::journal::{Journal, JournalConfig, Store, StoreError};
 use lines::{Line, LineReader, ReadOutcome};
 
 const LISTENER: Token = Token(FIRST_RESERVED_TOKEN - 1);
 const SIGNALS: Token = Token(FIRST_RESERVED_TOKEN - 2);
+/// The journal thread's waker.
+const JOURNAL: Token = Token(FIRST_RESERVED_TOKEN - 3);
 
 /// Bytes read from one connection per pass, so one flood cannot starve the rest.
 const READ_BUDGET: usize = 8 * 1024;
@@ -112,7 +118,7 @@ pub fn raise_fd_limit() -> io::Result<(u64, u64)> {
 fn token(id: ConnId) -> Token {
     let bits = id.to_bits() as usize;
     debug_assert!(
-        bits < FIRST_RESERVED_TOKEN - 2,
+        bits < FIRST_RESERVED_TOKEN - 3,
         "token {bits} collides with a fixed token"
     );
     Token(bits)
@@ -188,6 +194,9 @@ pub struct BridgeServer {
     lines: Vec<Line>,
     read_started: Option<Instant>,
     next_ack_poll: Duration,
+    /// The store, until `register` starts the journal thread on it.
+    store: Option<(Box<dyn Store>, JournalConfig)>,
+    journal: Option<Journal>,
 }
 
 fn open_spare() -> Option<std::fs::File> {
@@ -272,7 +281,38 @@ impl BridgeServer {
             lines: Vec::new(),
             read_started: None,
             next_ack_poll: Duration::ZERO,
+            store: None,
+            journal: None,
         })
+    }
+
+    /// Turns durability on: loads what `store` holds and rebuilds the bridge's state from it
+    /// (the bridge's config must have `journal` set), then journals to it from a thread once
+    /// the server is registered. A store that cannot be read is an error: the gateway must
+    /// not start over a journal it cannot trust.
+    pub fn with_journal<S: Store + 'static>(
+        mut self,
+        mut store: S,
+        cfg: JournalConfig,
+    ) -> Result<(BridgeServer, RecoveryCounts), StoreError> {
+        if !self.bridge.config().journal {
+            return Err(StoreError("the bridge config does not have journal set".into()));
+        }
+        let wall = crate::journal::now_ms();
+        let recovered = store.load(wall)?;
+        let counts = self.bridge.recover(recovered, wall, Duration::ZERO);
+        self.store = Some((Box::new(store), cfg));
+        Ok((self, counts))
+    }
+
+    fn on_journal(&mut self) {
+        let Some(j) = &self.journal else {
+            return;
+        };
+        let done: Vec<_> = j.completions().collect();
+        for c in done {
+            self.bridge.journaled(c, self.now);
+        }
     }
 
     /// The bound address (useful with port 0).
@@ -411,6 +451,10 @@ impl BridgeServer {
                 (Action::Submit { tag, message }, Some(ctx)) => ctx.submit(message, tag),
                 (submit @ Action::Submit { .. }, None) => self.deferred.push(submit),
                 (Action::Close(id), _) => self.drop_socket(id),
+                (Action::Journal(r), _) => match &self.journal {
+                    Some(j) => j.send(r),
+                    None => log::error!("no journal thread; record {} not written", r.seq()),
+                },
                 (Action::Reset(id), _) => {
                     if let Some(sock) = self.sockets.get(id) {
                         reset_on_close(&sock.stream);
@@ -548,6 +592,15 @@ impl Frontend for BridgeServer {
         if let Some(signals) = &mut self.signals {
             registry.register(signals, SIGNALS, Interest::READABLE)?;
         }
+        if let Some((store, cfg)) = self.store.take() {
+            let waker = mio::Waker::new(registry, JOURNAL)?;
+            let wake = move || {
+                if let Err(e) = waker.wake() {
+                    log::error!("cannot wake the reactor for the journal: {e}");
+                }
+            };
+            self.journal = Some(Journal::start(store, cfg, wake)?);
+        }
         Ok(())
     }
 
@@ -556,6 +609,10 @@ impl Frontend for BridgeServer {
         match event.token() {
             LISTENER => self.accept(),
             SIGNALS => self.on_signal(ctx),
+            JOURNAL => {
+                self.on_journal();
+                self.run_actions(Some(ctx));
+            }
             Token(bits) => {
                 let id = ConnId::from_bits(bits as u64);
                 let gone = event.is_error() || event.is_write_closed();
@@ -587,6 +644,8 @@ impl Frontend for BridgeServer {
         for id in std::mem::take(&mut self.pending_reads) {
             self.read(id, ctx);
         }
+        // Also here, should a wake have been coalesced with another event.
+        self.on_journal();
         let next = self.bridge.tick(self.now);
         if self.now >= self.next_ack_poll {
             self.next_ack_poll = self.now + ACK_POLL;
@@ -665,6 +724,19 @@ impl Frontend for BridgeServer {
                 break;
             }
             let _ = poll.poll(&mut events, Some(left.min(Duration::from_millis(50))));
+        }
+        if let Some(j) = &mut self.journal {
+            // What the flush delivered is recorded; the thread writes what is queued.
+            let (done, finished) = j.finish(self.flush_budget);
+            for c in done {
+                self.bridge.journaled(c, self.now);
+            }
+            if !finished {
+                log::error!(
+                    "shutdown: the journal did not finish writing within {:?}",
+                    self.flush_budget
+                );
+            }
         }
         let waiting = self.bridge.outboxed();
         if waiting > 0 {

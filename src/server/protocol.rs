@@ -14,6 +14,14 @@ pub enum ClientOp {
         platform: Option<String>,
         /// Auth token.
         token: Option<String>,
+        /// The bridge confirms terminal events with `delivered` (else they count as delivered
+        /// once its TCP acknowledged them).
+        acks: bool,
+    },
+    /// The bridge has these messages' terminal events (sent after a hello with `acks`).
+    Delivered {
+        /// Message ids.
+        ids: Vec<String>,
     },
     /// A chat message.
     Message(MessageFields),
@@ -80,10 +88,33 @@ pub fn parse_line(line: &[u8]) -> Result<ClientOp, LineError> {
                     "hello: {name} must be a string"
                 ))),
             };
+            let acks = match obj.get("acks") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => return Err(LineError::Malformed("hello: acks must be a boolean".into())),
+            };
             Ok(ClientOp::Hello {
                 platform: field("platform")?,
                 token: field("token")?,
+                acks,
             })
+        }
+        "delivered" => {
+            let Some(Value::Array(ids)) = obj.get("ids") else {
+                return Err(LineError::Malformed(
+                    "delivered: ids must be an array of strings".into(),
+                ));
+            };
+            let ids = ids
+                .iter()
+                .map(|v| match v {
+                    Value::String(s) => Ok(s.clone()),
+                    _ => Err(LineError::Malformed(
+                        "delivered: ids must be an array of strings".into(),
+                    )),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(ClientOp::Delivered { ids })
         }
         "message" => parse_message(&obj),
         other => Err(LineError::Malformed(format!(
@@ -189,7 +220,7 @@ pub enum ServerOp<'a> {
         /// Session key, when one could be built.
         #[serde(skip_serializing_if = "Option::is_none")]
         session: Option<&'a str>,
-        /// `queue_full`, `overloaded`, `shutting_down`, `invalid` or `backpressure`.
+        /// `queue_full`, `overloaded`, `shutting_down`, `invalid`, `backpressure` or `storage`.
         reason: &'a str,
         /// Human-readable detail.
         detail: &'a str,
