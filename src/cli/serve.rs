@@ -13,6 +13,7 @@ use turnstile::openai::{
     ApiKey, DEFAULT_HISTORY_CHARS, DEFAULT_HISTORY_TURNS, OpenAiConfig, OpenAiFactory, TlsRoots,
 };
 use turnstile::process::{self, ProcessAgent, ProcessOptions};
+use turnstile::journal::JournalConfig;
 use turnstile::server::{BridgeConfig, BridgeServer, ServerConfig};
 use turnstile::{Builder, BusyMode, EchoAgent};
 
@@ -221,6 +222,19 @@ pub struct ServeArgs {
     #[arg(long)]
     #[serde(default)]
     allow_insecure_bind: bool,
+    /// Directory of the journal: turns durability on (acks after the message is on disk,
+    /// recovery after a crash).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// At recovery, run again the turns a crash interrupted instead of failing them
+    /// `interrupted by restart` (a message interrupted twice fails `poison`).
+    #[arg(long)]
+    #[serde(default)]
+    resume_interrupted: bool,
+    /// Accepted messages waiting for the journal at once before `reject overloaded`
+    /// [default: 10000].
+    #[arg(long)]
+    max_pending_durable: Option<usize>,
 }
 
 macro_rules! merge {
@@ -228,6 +242,7 @@ macro_rules! merge {
         ServeArgs {
             config: None,
             allow_insecure_bind: $flags.allow_insecure_bind || $file.allow_insecure_bind,
+            resume_interrupted: $flags.resume_interrupted || $file.resume_interrupted,
             $($field: $flags.$field.or($file.$field)),*
         }
     };
@@ -261,6 +276,7 @@ struct Settings {
     openai: Option<OpenAiConfig>,
     bridge: BridgeConfig,
     allow_insecure_bind: bool,
+    data_dir: Option<PathBuf>,
 }
 
 fn seconds(
@@ -350,7 +366,9 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         max_unauthenticated_per_peer,
         hello_timeout,
         write_budget,
-        write_stall_timeout
+        write_stall_timeout,
+        data_dir,
+        max_pending_durable
     );
     let agent = a.agent.unwrap_or(AgentKind::Echo);
     let needs_cmd = matches!(agent, AgentKind::Exec | AgentKind::Process);
@@ -417,6 +435,13 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         max_reply_bytes,
         dedup_window: seconds("dedup-window", a.dedup_window, 600.0, false)?,
         dedup_max: at_least_one("dedup-max", a.dedup_max, 1_000_000)?,
+        journal: a.data_dir.is_some(),
+        max_pending_durable: at_least_one(
+            "max-pending-durable",
+            a.max_pending_durable,
+            turnstile::server::bridge::DEFAULT_MAX_PENDING_DURABLE,
+        )?,
+        resume_interrupted: a.resume_interrupted,
         ..BridgeConfig::default()
     };
     let reserve = max_reply_bytes.saturating_add(turnstile::server::bridge::TERMINAL_ENVELOPE);
@@ -431,6 +456,7 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         bridge,
         max_reply_bytes,
         allow_insecure_bind: a.allow_insecure_bind,
+        data_dir: a.data_dir,
         agent,
         agent_cmd: a.agent_cmd,
         agent_close_grace,
@@ -616,13 +642,24 @@ pub fn run(args: ServeArgs) -> i32 {
         allow_insecure_bind: s.allow_insecure_bind,
         ..ServerConfig::default()
     };
-    let server = match BridgeServer::bind(s.listen, cfg) {
+    let mut server = match BridgeServer::bind(s.listen, cfg) {
         Ok(server) => server,
         Err(e) => {
             eprintln!("turnstile serve: --listen {}: {e}", s.listen);
             return USAGE_ERROR;
         }
     };
+    if let Some(dir) = &s.data_dir {
+        let opened = turnstile::journal::SqliteStore::open(dir)
+            .and_then(|store| server.with_journal(store, JournalConfig::default()));
+        server = match opened {
+            Ok((server, _counts)) => server,
+            Err(e) => {
+                eprintln!("turnstile serve: --data-dir {}: {e}", dir.display());
+                return USAGE_ERROR;
+            }
+        };
+    }
     let addr = match server.local_addr() {
         Ok(a) => a,
         Err(e) => {

@@ -197,6 +197,8 @@ pub struct BridgeServer {
     /// The store, until `register` starts the journal thread on it.
     store: Option<(Box<dyn Store>, JournalConfig)>,
     journal: Option<Journal>,
+    /// The read end of the journal thread's wake-up pipe.
+    journal_wake: Option<mio::unix::pipe::Receiver>,
 }
 
 fn open_spare() -> Option<std::fs::File> {
@@ -283,6 +285,7 @@ impl BridgeServer {
             next_ack_poll: Duration::ZERO,
             store: None,
             journal: None,
+            journal_wake: None,
         })
     }
 
@@ -306,6 +309,11 @@ impl BridgeServer {
     }
 
     fn on_journal(&mut self) {
+        if let Some(r) = &mut self.journal_wake {
+            // Edge-triggered: drain every wake-up byte.
+            let mut buf = [0u8; 256];
+            while matches!(io::Read::read(r, &mut buf), Ok(n) if n > 0) {}
+        }
         let Some(j) = &self.journal else {
             return;
         };
@@ -593,13 +601,20 @@ impl Frontend for BridgeServer {
             registry.register(signals, SIGNALS, Interest::READABLE)?;
         }
         if let Some((store, cfg)) = self.store.take() {
-            let waker = mio::Waker::new(registry, JOURNAL)?;
+            // A pipe rather than a second `mio::Waker` (one per poll; the reactor has its own).
+            let (sender, mut receiver) = mio::unix::pipe::new()?;
+            registry.register(&mut receiver, JOURNAL, Interest::READABLE)?;
             let wake = move || {
-                if let Err(e) = waker.wake() {
-                    log::error!("cannot wake the reactor for the journal: {e}");
+                use std::io::Write as _;
+                match (&sender).write(&[1]) {
+                    // Full: the reactor has wake-ups to read already.
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => log::error!("cannot wake the reactor for the journal: {e}"),
                 }
             };
             self.journal = Some(Journal::start(store, cfg, wake)?);
+            self.journal_wake = Some(receiver);
         }
         Ok(())
     }
