@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use turnstile::core::{AcceptState, MessageEvent, Reply, TurnId};
+use turnstile::journal::Record;
 use turnstile::server::{Action, Bridge, BridgeConfig, ConnId, Flushed};
 use turnstile::{CancelReason, EventKind, Message, Outcome, RejectReason};
 
@@ -65,6 +66,8 @@ struct Net {
     closed: Vec<ConnId>,
     /// Closed discarding unsent data (results went back to the outbox).
     reset: Vec<ConnId>,
+    /// Journal records asked for and not yet committed.
+    journal: Vec<Record>,
 }
 
 impl Net {
@@ -77,6 +80,7 @@ impl Net {
             order: Vec::new(),
             closed: Vec::new(),
             reset: Vec::new(),
+            journal: Vec::new(),
         }
     }
 
@@ -102,6 +106,7 @@ impl Net {
                     self.closed.push(c);
                     self.reset.push(c);
                 }
+                Action::Journal(r) => self.journal.push(r),
             }
         }
     }

@@ -101,7 +101,9 @@ proptest! {
 fn delivered_messages_leave_the_store_and_their_ids_stay_in_the_window() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = SqliteStore::open(dir.path()).unwrap();
-    let batch: Vec<Record> = (1..=100).map(|s| Record::Accepted(message(s, "x"))).collect();
+    let batch: Vec<Record> = (1..=100)
+        .map(|s| Record::Accepted(message(s, "x")))
+        .collect();
     store.write(&batch).unwrap();
     let done: Vec<Record> = (1..=100).map(|seq| Record::Delivered { seq }).collect();
     store.write(&done).unwrap();
@@ -184,7 +186,10 @@ fn a_torn_or_scribbled_store_is_refused_or_yields_only_written_messages() {
             }
         }
     }
-    assert!(refused > 0 && loaded > 0, "refused {refused}, loaded {loaded}");
+    assert!(
+        refused > 0 && loaded > 0,
+        "refused {refused}, loaded {loaded}"
+    );
 }
 
 /// The journal thread with a store that fails on command: accepted messages of a failed

@@ -9,11 +9,11 @@ use clap::{Args, ValueEnum};
 use serde::Deserialize;
 use turnstile::child::{self, AgentEnv};
 use turnstile::exec::{ExecAgent, ExecOptions};
+use turnstile::journal::JournalConfig;
 use turnstile::openai::{
     ApiKey, DEFAULT_HISTORY_CHARS, DEFAULT_HISTORY_TURNS, OpenAiConfig, OpenAiFactory, TlsRoots,
 };
 use turnstile::process::{self, ProcessAgent, ProcessOptions};
-use turnstile::journal::JournalConfig;
 use turnstile::server::{BridgeConfig, BridgeServer, ServerConfig};
 use turnstile::{Builder, BusyMode, EchoAgent};
 

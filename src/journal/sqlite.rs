@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 use super::{
-    Record, Recovered, RecoveredMessage, Store, StoreError, StoredMessage, StoredOutcome,
-    checksum, now_ms,
+    Record, Recovered, RecoveredMessage, Store, StoreError, StoredMessage, StoredOutcome, checksum,
+    now_ms,
 };
 
 /// The file inside the data directory.
@@ -188,8 +188,10 @@ fn write_record(tx: &Transaction<'_>, r: &Record) -> rusqlite::Result<()> {
                 m.dedup_until_ms as i64,
                 message_sum(m) as i64,
             ])?;
-            tx.prepare_cached("INSERT OR REPLACE INTO dedup (platform, id, until) VALUES (?1, ?2, ?3)")?
-                .execute(params![m.platform, m.id, m.dedup_until_ms as i64])?;
+            tx.prepare_cached(
+                "INSERT OR REPLACE INTO dedup (platform, id, until) VALUES (?1, ?2, ?3)",
+            )?
+            .execute(params![m.platform, m.id, m.dedup_until_ms as i64])?;
             tx.prepare_cached(
                 "INSERT INTO meta (k, v) VALUES ('max_seq', ?1)
                  ON CONFLICT (k) DO UPDATE SET v = max(v, excluded.v)",

@@ -44,6 +44,10 @@ pub struct Completion {
     pub durable: Vec<u64>,
     /// Accepted messages whose write failed (never durable; reject them `storage`).
     pub failed: Vec<u64>,
+    /// Messages whose outcome record this transaction took: durable if it succeeded; if it
+    /// failed, the record is kept for another try and the outcome may be sent anyway (the
+    /// disk is failing: outcomes keep flowing, with the guarantee weakened until it works).
+    pub outcomes: Vec<u64>,
     /// New records this transaction took off the queue (retried ones not counted again).
     pub taken: usize,
     /// Records kept for another try after a failure (0 when the write succeeded).
@@ -156,8 +160,16 @@ fn run<S: Store, W: Fn()>(
             }
         }
         let taken = batch.len() - kept;
+        let outcomes = batch[kept..]
+            .iter()
+            .filter_map(|r| match r {
+                Record::Outcome { seq, .. } => Some(*seq),
+                _ => None,
+            })
+            .collect();
         let mut c = Completion {
             taken,
+            outcomes,
             ..Completion::default()
         };
         match store.write(&batch) {

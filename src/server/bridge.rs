@@ -329,6 +329,8 @@ pub struct JournalStatus {
     pub queued_records: usize,
     /// Accepted messages waiting to be durable before their ack.
     pub pending_durable: usize,
+    /// Terminal events waiting for their outcome record before they are sent.
+    pub unjournaled_outcomes: usize,
     /// The bound on them (`--max-pending-durable`).
     pub max_pending_durable: usize,
     /// Transactions written.
@@ -386,6 +388,9 @@ pub struct Bridge {
     wall_at_zero: u64,
     /// Routes waiting for the journal.
     pending_durable: usize,
+    /// Terminal events waiting for their outcome record (by sequence number), with the
+    /// connection they go to.
+    unjournaled: HashMap<u64, (ConnId, Frame)>,
     journal: JournalStatus,
 }
 
@@ -436,6 +441,7 @@ impl Bridge {
             stats: BridgeStatus::default(),
             wall_at_zero: 0,
             pending_durable: 0,
+            unjournaled: HashMap::new(),
             journal: JournalStatus::default(),
         }
     }
@@ -772,16 +778,20 @@ impl Bridge {
         }
     }
 
-    /// Journals a terminal event and sends it on.
+    /// Journals a terminal event and sends it on once that record is durable: an outcome a
+    /// bridge has seen must survive a crash, or recovery would answer the message again
+    /// differently (`interrupted by restart`).
     fn terminal(&mut self, seq: u64, conn: ConnId, platform: &Arc<str>, id: Arc<str>, body: Body) {
-        if self.cfg.journal {
-            self.journal(Record::Outcome {
-                seq,
-                outcome: body.to_stored(),
-            });
-        }
         let frame = Frame::new(body, Some(platform.clone())).of_message(seq, id);
-        self.deliver_terminal(conn, platform, frame);
+        if !self.cfg.journal {
+            return self.deliver_terminal(conn, platform, frame);
+        }
+        self.journal(Record::Outcome {
+            seq,
+            outcome: frame.body.to_stored(),
+        });
+        debug_assert!(!self.unjournaled.contains_key(&seq));
+        self.unjournaled.insert(seq, (conn, frame));
     }
 
     /// A recovered message the runtime would not take back fails with `why`.
@@ -791,7 +801,14 @@ impl Bridge {
         };
         log::warn!("session {}: message {} {why}", route.session, route.id);
         let (text, _) = cut(why.to_string(), self.cfg.max_reply_bytes);
-        let body = Body::with_text("failed", &route.id, route.session.as_str(), "error", text, "");
+        let body = Body::with_text(
+            "failed",
+            &route.id,
+            route.session.as_str(),
+            "error",
+            text,
+            "",
+        );
         self.terminal(tag, route.conn, &route.platform, route.id.clone(), body);
     }
 
@@ -1047,6 +1064,7 @@ impl Bridge {
         if self.cfg.journal {
             let mut j = self.journal.clone();
             j.pending_durable = self.pending_durable;
+            j.unjournaled_outcomes = self.unjournaled.len();
             j.max_pending_durable = self.cfg.max_pending_durable;
             s.journal = Some(j);
         }
@@ -1072,9 +1090,18 @@ impl Bridge {
         s
     }
 
-    /// Terminal events still waiting in outboxes.
+    /// Terminal events waiting for their outcome record to be durable.
+    pub fn unjournaled(&self) -> usize {
+        self.unjournaled.len()
+    }
+
+    /// Terminal events still waiting in outboxes (or for their outcome record).
     pub fn outboxed(&self) -> usize {
-        self.platforms.values().map(|p| p.outbox.len()).sum()
+        self.platforms
+            .values()
+            .map(|p| p.outbox.len())
+            .sum::<usize>()
+            + self.unjournaled.len()
     }
 
     /// Connections open.
@@ -1095,6 +1122,11 @@ impl Bridge {
         for r in self.routes.values() {
             *owed.entry(&r.platform).or_insert(0) += 1;
             debug_assert!(self.platforms.contains_key(&r.platform));
+        }
+        for (_, f) in self.unjournaled.values() {
+            if let Some(p) = &f.terminal_for {
+                *owed.entry(p).or_insert(0) += 1;
+            }
         }
         let mut unauth = 0;
         for (id, c) in &self.conns {
@@ -1147,7 +1179,9 @@ impl Bridge {
             debug_assert_eq!(owed, p.reserved_events, "platform {name} reservations");
             debug_assert_eq!(p.reserved_events * self.reserve, p.reserved_bytes);
             // Recovery may restore more than a lowered cap allows; admission never adds past it.
-            debug_assert!(p.reserved_events <= self.cfg.outbox_cap.max(self.journal.recovery.messages));
+            debug_assert!(
+                p.reserved_events <= self.cfg.outbox_cap.max(self.journal.recovery.messages)
+            );
             debug_assert!(p.dedup.len() <= self.cfg.dedup_max);
             for c in &p.conns {
                 debug_assert!(
@@ -1488,8 +1522,8 @@ impl Bridge {
             let id: Arc<str> = m.id.as_str().into();
             let seq = m.seq;
             if let Some(o) = rm.outcome {
-                let mut frame = Frame::new(Body::from_stored(o), Some(platform.clone()))
-                    .of_message(seq, id);
+                let mut frame =
+                    Frame::new(Body::from_stored(o), Some(platform.clone())).of_message(seq, id);
                 frame.mark_redelivery();
                 if let Some(p) = self.platforms.get_mut(&platform) {
                     p.outbox_bytes += frame.body.size();
@@ -1595,6 +1629,13 @@ impl Bridge {
         self.journal.failing = c.error.is_some();
         if c.error.is_some() {
             self.journal.failed_batches += 1;
+        }
+        for seq in c.outcomes {
+            if let Some((conn, frame)) = self.unjournaled.remove(&seq)
+                && let Some(platform) = frame.terminal_for.clone()
+            {
+                self.deliver_terminal(conn, &platform, frame);
+            }
         }
         for seq in c.durable {
             let Some(message) = self.routes.get_mut(&seq).and_then(|r| r.pending.take()) else {

@@ -26,12 +26,12 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events as MioEvents, Interest, Poll, Registry, Token};
 
 use crate::core::MessageEvent;
+use crate::journal::{Journal, JournalConfig, Store, StoreError};
 use crate::reactor::{Ctx, FIRST_RESERVED_TOKEN, Frontend};
 pub use bridge::{
     Action, Bridge, BridgeConfig, BridgeStatus, ConnId, Flushed, JournalStatus, PlatformStatus,
     RecoveryCounts,
 };
-use crate::journal::{Journal, JournalConfig, Store, StoreError};
 use lines::{Line, LineReader, ReadOutcome};
 
 const LISTENER: Token = Token(FIRST_RESERVED_TOKEN - 1);
@@ -299,7 +299,9 @@ impl BridgeServer {
         cfg: JournalConfig,
     ) -> Result<(BridgeServer, RecoveryCounts), StoreError> {
         if !self.bridge.config().journal {
-            return Err(StoreError("the bridge config does not have journal set".into()));
+            return Err(StoreError(
+                "the bridge config does not have journal set".into(),
+            ));
         }
         let wall = crate::journal::now_ms();
         let recovered = store.load(wall)?;
@@ -711,6 +713,16 @@ impl Frontend for BridgeServer {
     fn finish(&mut self, poll: &mut Poll) {
         let deadline = Instant::now() + self.flush_budget;
         let mut events = MioEvents::with_capacity(64);
+        // Outcomes of the shutdown (`cancelled: shutdown`) wait for the journal first.
+        loop {
+            self.on_journal();
+            self.run_actions(None);
+            let left = deadline.saturating_duration_since(Instant::now());
+            if self.bridge.unjournaled() == 0 || left.is_zero() {
+                break;
+            }
+            let _ = poll.poll(&mut events, Some(left.min(Duration::from_millis(50))));
+        }
         loop {
             let busy: Vec<ConnId> = self
                 .sockets

@@ -91,7 +91,9 @@ pub fn parse_line(line: &[u8]) -> Result<ClientOp, LineError> {
             let acks = match obj.get("acks") {
                 None | Some(Value::Null) => false,
                 Some(Value::Bool(b)) => *b,
-                Some(_) => return Err(LineError::Malformed("hello: acks must be a boolean".into())),
+                Some(_) => {
+                    return Err(LineError::Malformed("hello: acks must be a boolean".into()));
+                }
             };
             Ok(ClientOp::Hello {
                 platform: field("platform")?,
