@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use turnstile::core::{AcceptState, MessageEvent, Reply, TurnId};
-use turnstile::journal::Record;
+use turnstile::journal::{
+    Completion, MemStore, Record, Recovered, RecoveredMessage, Store, StoredMessage, StoredOutcome,
+};
 use turnstile::server::{Action, Bridge, BridgeConfig, ConnId, Flushed};
 use turnstile::{CancelReason, EventKind, Message, Outcome, RejectReason};
 
@@ -190,6 +192,67 @@ impl Net {
 
     fn platforms(&self) -> usize {
         self.b.status().platforms
+    }
+
+    /// The journal thread writes every record asked for into `store` and reports success.
+    fn commit(&mut self, store: &mut MemStore) {
+        let batch = std::mem::take(&mut self.journal);
+        store.write(&batch).expect("memory store");
+        let c = completion(&batch, None);
+        self.b.journaled(c, self.now);
+        self.pump();
+    }
+
+    /// The journal thread's write fails: accepted messages failed, other records kept.
+    fn fail_journal(&mut self) {
+        let batch = std::mem::take(&mut self.journal);
+        let c = completion(&batch, Some("no space left on device"));
+        self.journal = batch
+            .into_iter()
+            .filter(|r| !matches!(r, Record::Accepted(_)))
+            .collect();
+        self.b.journaled(c, self.now);
+        self.pump();
+    }
+}
+
+fn completion(batch: &[Record], error: Option<&str>) -> Completion {
+    let accepted: Vec<u64> = batch
+        .iter()
+        .filter_map(|r| match r {
+            Record::Accepted(m) => Some(m.seq),
+            _ => None,
+        })
+        .collect();
+    let outcomes = batch
+        .iter()
+        .filter_map(|r| match r {
+            Record::Outcome { seq, .. } => Some(*seq),
+            _ => None,
+        })
+        .collect();
+    Completion {
+        durable: if error.is_none() {
+            accepted.clone()
+        } else {
+            Vec::new()
+        },
+        failed: if error.is_some() {
+            accepted
+        } else {
+            Vec::new()
+        },
+        outcomes,
+        taken: batch.len(),
+        retrying: if error.is_some() {
+            batch
+                .iter()
+                .filter(|r| !matches!(r, Record::Accepted(_)))
+                .count()
+        } else {
+            0
+        },
+        error: error.map(str::to_string),
     }
 }
 
@@ -1613,4 +1676,379 @@ fn a_closed_connections_handle_never_reaches_the_one_reusing_its_slot() {
     );
     n.send(new, json!({"op": "ping"}));
     assert_eq!(n.take(new), vec![json!({"op": "pong"})]);
+}
+
+// ---------------------------------------------------------------------------------------
+// Durability (issue 10): the journal as records and completions, without a disk.
+
+fn durable() -> BridgeConfig {
+    BridgeConfig {
+        journal: true,
+        ..cfg()
+    }
+}
+
+fn kinds(records: &[Record]) -> Vec<String> {
+    records
+        .iter()
+        .map(|r| match r {
+            Record::Accepted(m) => format!("accepted {}", m.seq),
+            Record::Started { seq, attempt } => format!("started {seq} {attempt}"),
+            Record::Outcome { seq, .. } => format!("outcome {seq}"),
+            Record::Delivered { seq } => format!("delivered {seq}"),
+            Record::Forget { seq } => format!("forget {seq}"),
+        })
+        .collect()
+}
+
+#[test]
+fn an_ack_and_an_outcome_wait_for_their_records_to_be_durable() {
+    let mut store = MemStore::new();
+    let mut n = Net::new(durable());
+    let c = n.connect();
+    n.hello(c, "tg");
+    n.send(c, msg("1", "42", "hi"));
+    assert!(n.order.is_empty(), "submitted before it was durable");
+    assert!(n.take(c).is_empty(), "answered before it was durable");
+    assert_eq!(kinds(&n.journal), ["accepted 1"]);
+    assert_eq!(n.b.status().journal.unwrap().pending_durable, 1);
+    n.commit(&mut store);
+    assert_eq!(n.order, [1]);
+    n.accept(1);
+    n.event(1, EventKind::TurnStarted(TurnId(1)));
+    assert_eq!(ops(&n.take(c)), ["ack 1 running", "typing"]);
+    n.reply(1, "hello");
+    assert!(
+        n.take(c).is_empty(),
+        "the reply went out before its record was durable"
+    );
+    assert_eq!(kinds(&n.journal), ["started 1 1", "outcome 1"]);
+    n.commit(&mut store);
+    assert_eq!(ops(&n.take(c)), ["reply 1 hello"]);
+    // Without acks, the TCP acknowledgement (in take) delivers it: the message leaves.
+    assert_eq!(kinds(&n.journal), ["delivered 1"]);
+    n.commit(&mut store);
+    let r = store.load(0).unwrap();
+    assert!(r.messages.is_empty());
+    assert_eq!(r.dedup.len(), 1, "the id stays in the duplicate window");
+}
+
+#[test]
+fn a_failed_journal_write_rejects_storage_while_outcomes_still_flow() {
+    let mut store = MemStore::new();
+    let mut n = Net::new(durable());
+    let c = n.connect();
+    n.hello(c, "tg");
+    n.send(c, msg("1", "42", "first"));
+    n.commit(&mut store);
+    n.accept(1);
+    n.send(c, msg("2", "43", "second"));
+    n.reply(1, "one");
+    // The disk fails: the new message is refused, the acked one's outcome goes out anyway.
+    n.fail_journal();
+    let out = n.take(c);
+    assert_eq!(
+        ops(&out),
+        ["ack 1 running", "reject 2 storage", "reply 1 one"]
+    );
+    assert!(out[1]["detail"].as_str().unwrap().contains("no space left"));
+    let st = n.b.status();
+    assert!(st.journal.as_ref().unwrap().failing);
+    assert_eq!(st.rejected["storage"], 1);
+    assert_eq!(n.order, [1], "a message that is not durable was submitted");
+    // The outcome's record is kept for another try; the refused id is new again.
+    assert_eq!(kinds(&n.journal), ["outcome 1", "delivered 1"]);
+    n.send(c, msg("2", "43", "second"));
+    n.commit(&mut store);
+    assert_eq!(n.order, [1, 3], "the retry is journaled and submitted anew");
+    assert!(
+        !n.b.status().journal.unwrap().failing,
+        "writes succeed again"
+    );
+    assert_eq!(
+        store.load(0).unwrap().messages.len(),
+        1,
+        "only message 2 is in flight"
+    );
+}
+
+#[test]
+fn a_runtime_refusal_after_journaling_forgets_the_message() {
+    let mut store = MemStore::new();
+    let mut n = Net::new(durable());
+    let c = n.connect();
+    n.hello(c, "tg");
+    n.send(c, msg("1", "42", "hi"));
+    n.commit(&mut store);
+    n.event(1, EventKind::Rejected(RejectReason::QueueFull));
+    assert_eq!(ops(&n.take(c)), ["reject 1 queue_full"]);
+    assert_eq!(kinds(&n.journal), ["forget 1"]);
+    n.commit(&mut store);
+    let r = store.load(0).unwrap();
+    assert!(r.messages.is_empty() && r.dedup.is_empty());
+}
+
+#[test]
+fn pending_durability_is_bounded_and_answers_overloaded() {
+    let mut n = Net::new(BridgeConfig {
+        max_pending_durable: 2,
+        ..durable()
+    });
+    let c = n.connect();
+    n.hello(c, "tg");
+    for i in 0..3 {
+        n.send(c, msg(&i.to_string(), "42", "x"));
+    }
+    // Answers leave in line order: the refusal waits behind the two pending acks.
+    assert!(n.take(c).is_empty());
+    let j = n.b.status().journal.unwrap();
+    assert_eq!(
+        (j.pending_durable, j.max_pending_durable, j.queued_records),
+        (2, 2, 2)
+    );
+    let mut store = MemStore::new();
+    n.commit(&mut store);
+    n.accept(1);
+    n.accept(2);
+    let out = n.take(c);
+    assert_eq!(
+        ops(&out),
+        ["ack 0 running", "ack 1 running", "reject 2 overloaded"]
+    );
+    assert!(
+        out[2]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("--max-pending-durable")
+    );
+    n.send(c, msg("2", "42", "x"));
+    assert_eq!(n.b.status().journal.unwrap().pending_durable, 1);
+}
+
+#[test]
+fn an_acks_bridge_keeps_results_until_it_confirms_them_and_gets_them_again_marked() {
+    let mut store = MemStore::new();
+    let mut n = Net::new(durable());
+    let c = n.connect();
+    n.send(c, json!({"op": "hello", "platform": "tg", "acks": true}));
+    n.send(c, msg("1", "42", "hi"));
+    n.commit(&mut store);
+    n.accept(1);
+    n.reply(1, "hello");
+    n.commit(&mut store);
+    assert_eq!(ops(&n.take(c)), ["ack 1 running", "reply 1 hello"]);
+    // Its TCP took the reply, but only `delivered` counts.
+    assert!(n.journal.is_empty());
+    let st = n.b.status();
+    assert_eq!(
+        (st.awaiting_delivery, st.outboxes["tg"].reserved_events),
+        (1, 1)
+    );
+    n.b.disconnected(c);
+    let d = n.connect();
+    n.send(d, json!({"op": "hello", "platform": "tg", "acks": true}));
+    let out = n.take(d);
+    assert_eq!(ops(&out), ["reply 1 hello"]);
+    assert_eq!(out[0]["redelivery"], true);
+    n.send(d, json!({"op": "delivered", "ids": ["1", "unknown"]}));
+    assert_eq!(kinds(&n.journal), ["delivered 1"]);
+    let st = n.b.status();
+    assert_eq!((st.awaiting_delivery, st.platforms), (0, 1));
+    assert_eq!(st.outboxes["tg"].reserved_events, 0);
+    // A malformed confirmation is an error line.
+    n.send(d, json!({"op": "delivered", "ids": [1]}));
+    assert_eq!(n.take(d)[0]["op"], "error");
+}
+
+#[test]
+fn the_redelivery_set_is_bounded_by_the_outbox() {
+    let mut store = MemStore::new();
+    let mut n = Net::new(BridgeConfig {
+        outbox_cap: 2,
+        ..durable()
+    });
+    let c = n.connect();
+    n.send(c, json!({"op": "hello", "platform": "tg", "acks": true}));
+    for i in 1..=2 {
+        n.send(c, msg(&i.to_string(), &i.to_string(), "x"));
+        n.commit(&mut store);
+        n.accept(i);
+        n.reply(i, "r");
+        n.commit(&mut store);
+    }
+    n.take(c);
+    // Two results await confirmation: the platform owes them, and a third message waits.
+    n.send(c, msg("3", "3", "x"));
+    assert_eq!(ops(&n.take(c)), ["reject 3 backpressure"]);
+    n.send(c, json!({"op": "delivered", "ids": ["1"]}));
+    n.send(c, msg("3", "3", "x"));
+    assert!(n.take(c).is_empty(), "waits for the journal");
+    assert_eq!(kinds(&n.journal), ["delivered 1", "accepted 3"]);
+}
+
+fn stored(seq: u64, id: &str, chat: &str) -> StoredMessage {
+    StoredMessage {
+        seq,
+        platform: "tg".into(),
+        id: id.into(),
+        chat_type: "dm".into(),
+        chat_id: chat.into(),
+        thread_id: None,
+        user_id: Some("7".into()),
+        user_name: Some("Ann".into()),
+        meta: Some("{\"k\":1}".into()),
+        text: format!("text of {id}"),
+        dedup_until_ms: 1_000_600_000,
+    }
+}
+
+fn journal_of(messages: Vec<(StoredMessage, u32, Option<StoredOutcome>)>) -> Recovered {
+    Recovered {
+        dedup: messages
+            .iter()
+            .map(|(m, _, _)| (m.platform.clone(), m.id.clone(), m.dedup_until_ms))
+            .collect(),
+        max_seq: messages.iter().map(|(m, _, _)| m.seq).max().unwrap_or(0),
+        messages: messages
+            .into_iter()
+            .map(|(message, starts, outcome)| RecoveredMessage {
+                message,
+                starts,
+                outcome,
+            })
+            .collect(),
+    }
+}
+
+/// A journal with: a waiting message, an interrupted turn, a turn interrupted twice, a
+/// reply not yet delivered, then a later waiting message of the first session.
+fn crashed_journal() -> Recovered {
+    let reply = StoredOutcome {
+        head: b"{\"op\":\"reply\",\"id\":\"d\",\"session\":\"tg:dm:4\",\"text\":\"done\"}\n"
+            .to_vec(),
+        ..StoredOutcome::default()
+    };
+    journal_of(vec![
+        (stored(10, "a", "1"), 0, None),
+        (stored(11, "b", "2"), 1, None),
+        (stored(12, "c", "3"), 2, None),
+        (stored(13, "d", "4"), 1, Some(reply)),
+        (stored(14, "e", "1"), 0, None),
+    ])
+}
+
+#[test]
+fn recovery_requeues_in_order_and_fails_interrupted_turns() {
+    let mut n = Net::new(durable());
+    let counts =
+        n.b.recover(crashed_journal(), 1_000_000_000, Duration::ZERO);
+    n.pump();
+    assert_eq!(
+        (
+            counts.messages,
+            counts.requeued,
+            counts.interrupted,
+            counts.poisoned,
+            counts.outcomes
+        ),
+        (5, 2, 2, 0, 1)
+    );
+    assert_eq!(
+        n.order,
+        [10, 14],
+        "waiting messages in their original order"
+    );
+    let m = &n.sub[&10];
+    assert_eq!(m.session.as_str(), "tg:dm:1");
+    assert_eq!(m.context.user_name.as_deref(), Some("Ann"));
+    assert_eq!(m.context.meta.as_deref(), Some("{\"k\":1}"));
+    assert_eq!(kinds(&n.journal), ["outcome 11", "outcome 12"]);
+    let mut store = MemStore::new();
+    n.commit(&mut store);
+    let c = n.connect();
+    n.hello(c, "tg");
+    let out = n.take(c);
+    assert_eq!(ops(&out), ["reply d done", "failed b", "failed c"]);
+    assert_eq!(out[0]["redelivery"], true);
+    assert_eq!(out[1]["error"], "interrupted by restart");
+    // New messages continue the sequence; a recovered one's outcome goes to the outbox.
+    n.send(c, msg("f", "9", "x"));
+    assert_eq!(kinds(&n.journal).last().unwrap(), "accepted 15");
+    n.accept(10);
+    n.reply(10, "A");
+    n.commit(&mut store);
+    n.accept(15);
+    assert_eq!(ops(&n.take(c)), ["ack f running", "reply a A"]);
+}
+
+#[test]
+fn with_resume_an_interrupted_turn_runs_again_and_one_interrupted_twice_is_poison() {
+    let mut n = Net::new(BridgeConfig {
+        resume_interrupted: true,
+        ..durable()
+    });
+    let counts =
+        n.b.recover(crashed_journal(), 1_000_000_000, Duration::ZERO);
+    n.pump();
+    assert_eq!(
+        (
+            counts.requeued,
+            counts.resumed,
+            counts.interrupted,
+            counts.poisoned
+        ),
+        (3, 1, 0, 1)
+    );
+    assert_eq!(n.order, [10, 11, 14]);
+    assert_eq!(kinds(&n.journal), ["outcome 12"]);
+    // Its next start is its second: journaled as such, so another crash makes it poison.
+    n.accept(11);
+    n.event(11, EventKind::TurnStarted(TurnId(5)));
+    assert_eq!(kinds(&n.journal)[1], "started 11 2");
+    let mut store = MemStore::new();
+    n.commit(&mut store);
+    let c = n.connect();
+    n.hello(c, "tg");
+    let out = n.take(c);
+    let poison = out.iter().find(|v| v["id"] == "c").unwrap();
+    assert_eq!(poison["op"], "failed");
+    assert!(poison["error"].as_str().unwrap().starts_with("poison"));
+}
+
+#[test]
+fn the_duplicate_window_survives_a_restart() {
+    let mut n = Net::new(durable());
+    let mut r = journal_of(vec![]);
+    // Two ids remembered: one still inside its window, one past it.
+    r.dedup = vec![
+        ("tg".into(), "old".into(), 1_000_000_500),
+        ("tg".into(), "seen".into(), 1_000_300_000),
+    ];
+    let counts = n.b.recover(r, 1_000_000_000, Duration::ZERO);
+    assert_eq!(counts.dedup_ids, 2);
+    let c = n.connect();
+    n.hello(c, "tg");
+    n.send(c, msg("seen", "1", "again"));
+    n.tick(Duration::from_secs(1));
+    n.send(c, msg("old", "1", "again"));
+    assert_eq!(ops(&n.take(c)), ["ack seen duplicate"]);
+    assert_eq!(kinds(&n.journal), ["accepted 1"]);
+}
+
+#[test]
+fn a_recovered_message_the_runtime_refuses_still_gets_a_terminal_event() {
+    let mut n = Net::new(durable());
+    n.b.recover(crashed_journal(), 1_000_000_000, Duration::ZERO);
+    n.pump();
+    n.journal.clear();
+    n.event(14, EventKind::Rejected(RejectReason::QueueFull));
+    assert_eq!(kinds(&n.journal), ["outcome 14"]);
+    let mut store = MemStore::new();
+    n.commit(&mut store);
+    let c = n.connect();
+    n.hello(c, "tg");
+    let out = n.take(c);
+    let e = out.iter().find(|v| v["id"] == "e").unwrap();
+    assert_eq!(e["op"], "failed");
+    assert!(e["error"].as_str().unwrap().contains("queue_full"));
 }
