@@ -18,10 +18,10 @@ fn message(seq: u64, text: &str) -> StoredMessage {
         id: format!("m-{seq}"),
         chat_type: "dm".into(),
         chat_id: format!("c{}", seq % 5),
-        thread_id: (seq % 4 == 0).then(|| "t".to_string()),
+        thread_id: seq.is_multiple_of(4).then(|| "t".to_string()),
         user_id: Some(format!("u{seq}")),
-        user_name: (seq % 2 == 0).then(|| "Ann".to_string()),
-        meta: (seq % 3 == 0).then(|| "{\"k\":1}".to_string()),
+        user_name: seq.is_multiple_of(2).then(|| "Ann".to_string()),
+        meta: seq.is_multiple_of(3).then(|| "{\"k\":1}".to_string()),
         text: text.into(),
         // In the future: the store's housekeeping expires ids by the wall clock.
         dedup_until_ms: now_ms() + 3_600_000 + seq,
@@ -29,7 +29,7 @@ fn message(seq: u64, text: &str) -> StoredMessage {
 }
 
 fn outcome(seq: u64, text: &str) -> StoredOutcome {
-    if seq % 2 == 0 {
+    if seq.is_multiple_of(2) {
         StoredOutcome {
             head: format!("{{\"op\":\"reply\",\"id\":\"m-{seq}\",\"text\":\"").into_bytes(),
             text: text.into(),
