@@ -28,8 +28,8 @@ use crate::core::{
     ShutdownReport, TurnId, TurnJob,
 };
 use crate::liveness::{
-    CleanupCounts, LagHistogram, MessageCounts, RuntimeState, SessionCounts, Status, StatusCell,
-    StatusFileWriter, TurnCounts, WorkerCounts, rfc3339_utc,
+    LagHistogram, MessageCounts, RuntimeState, Status, StatusCell, StatusFileWriter, WorkerCounts,
+    rfc3339_utc,
 };
 use crate::message::Message;
 use crate::pool::{JobTicket, Pool, PoolSize, Replacement};
@@ -739,38 +739,17 @@ impl Heartbeat {
             uptime_s: now.as_secs_f64(),
             ticks: self.ticks,
             loop_lag_ms: self.lag.summary(),
-            sessions: SessionCounts {
-                total: s.sessions,
-                running: s.running_turns,
-                queued_messages: s.queued_messages,
-                waiting_for_worker: s.waiting_for_worker,
-                cached_agents: s.cached_agents,
-                parked_agents: s.parked_agents,
-                cache_overflows: s.cache_overflows,
-            },
-            turns: TurnCounts {
-                in_flight: s.running_turns,
-                completed: s.turns_completed,
-                failed: s.turns_failed,
-                cancelled: s.turns_cancelled,
-                abandoned: s.turns_abandoned,
-            },
-            cleanups: CleanupCounts {
-                pending: s.cleanups_pending,
-                queued: s.cleanups_queued,
-                done: s.cleanups_done,
-                timed_out: s.cleanups_timed_out,
-                failed: s.cleanups_failed,
-            },
+            sessions: s.sessions,
+            turns: s.turns,
+            cleanups: s.cleanups,
             workers: WorkerCounts {
                 turn: driver.turn_pool.live_threads(),
                 cleanup: driver.cleanup_pool.live_threads(),
                 replaced: driver.turn_pool.replaced() + driver.cleanup_pool.replaced(),
             },
             messages: MessageCounts {
-                accepted: s.accepted,
-                rejected: s.rejected,
                 events_undelivered: driver.undelivered,
+                ..s.messages
             },
             agent_usage: self.factory.usage(),
             frontend,
