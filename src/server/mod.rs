@@ -13,7 +13,7 @@ pub mod bridge;
 mod dedup;
 mod frame;
 mod lines;
-pub mod protocol;
+mod protocol;
 mod sharded;
 
 use std::fmt;
