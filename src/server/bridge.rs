@@ -324,6 +324,7 @@ pub struct BridgeStatus {
 
 /// The journal's figures in the status.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct JournalStatus {
     /// Records sent to the journal thread and not yet taken.
     pub queued_records: usize,
@@ -347,6 +348,7 @@ pub struct JournalStatus {
 
 /// What start-up recovery did, by message.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct RecoveryCounts {
     /// Messages found in the journal.
     pub messages: usize,
