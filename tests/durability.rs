@@ -314,3 +314,285 @@ fn kill_9_under_load_loses_no_acked_message_and_runs_none_twice() {
         assert!(acked >= kill_after);
     }
 }
+
+/// A client without the kill-point machinery: one line at a time.
+struct Plain {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl Plain {
+    fn connect(addr: &str, hello: Value) -> Plain {
+        let stream = TcpStream::connect(addr).expect("connect");
+        stream.set_read_timeout(Some(WAIT)).expect("timeout");
+        let mut p = Plain {
+            reader: BufReader::new(stream.try_clone().expect("clone")),
+            writer: stream,
+        };
+        p.send(&hello);
+        p
+    }
+
+    fn send(&mut self, v: &Value) {
+        self.writer
+            .write_all((v.to_string() + "\n").as_bytes())
+            .expect("write");
+    }
+
+    fn message(&mut self, id: &str, chat: &str) {
+        self.send(&json!({"op": "message", "id": id, "chat_id": chat, "text": id}));
+    }
+
+    /// The next line that is not a typing indicator.
+    fn next(&mut self) -> Value {
+        loop {
+            let mut line = String::new();
+            let n = self.reader.read_line(&mut line).expect("read");
+            assert!(n > 0, "connection closed");
+            let v: Value = serde_json::from_str(&line).expect("json");
+            if v["op"] != "typing" {
+                return v;
+            }
+        }
+    }
+}
+
+fn acks_hello() -> Value {
+    json!({"op": "hello", "platform": "tg", "acks": true})
+}
+
+/// `--resume-interrupted`: a turn a crash interrupted runs again; interrupted a second time it
+/// is failed `poison`; without the flag an interrupted turn fails `interrupted by restart`.
+/// Everything is in one session, so one turn runs and the rest wait. A turn's start is known
+/// to be journaled once a later message's ack arrives (the journal is written in order, and
+/// an ack waits for its record).
+#[test]
+fn resume_interrupted_reruns_a_turn_once_and_a_second_interruption_is_poison() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let hang = [
+        "--agent",
+        "exec",
+        "--agent-cmd",
+        "sleep 600",
+        "--resume-interrupted",
+    ];
+    let server = Server::start(&data, &hang);
+    let mut c = Plain::connect(&server.addr, acks_hello());
+    c.message("m1", "1");
+    assert_eq!(c.next()["state"], "running");
+    c.message("b1", "1");
+    assert_eq!(c.next()["state"], "queued");
+    server.kill9();
+
+    // Second life: m1 runs again (its second start), b1 waits behind it.
+    let server = Server::start(&data, &hang);
+    let mut c = Plain::connect(&server.addr, acks_hello());
+    c.message("b2", "1");
+    let v = c.next();
+    assert_eq!(
+        (v["id"].as_str(), v["state"].as_str()),
+        (Some("b2"), Some("queued")),
+        "{v}"
+    );
+    server.kill9();
+
+    // Third life: m1 was interrupted twice: poison. b1 runs now.
+    let server = Server::start(&data, &hang);
+    let mut c = Plain::connect(&server.addr, acks_hello());
+    let v = c.next();
+    assert_eq!(
+        (v["op"].as_str(), v["id"].as_str()),
+        (Some("failed"), Some("m1")),
+        "{v}"
+    );
+    assert!(v["error"].as_str().unwrap().starts_with("poison"), "{v}");
+    c.send(&json!({"op": "delivered", "ids": ["m1"]}));
+    c.message("b3", "1");
+    assert_eq!(c.next()["id"], "b3");
+    server.kill9();
+
+    // Fourth life, without the flag: b1's interrupted turn fails, and nothing else answers.
+    let server = Server::start(&data, &["--agent", "exec", "--agent-cmd", "sleep 600"]);
+    let mut c = Plain::connect(&server.addr, acks_hello());
+    let v = c.next();
+    assert_eq!(
+        (v["op"].as_str(), v["id"].as_str()),
+        (Some("failed"), Some("b1")),
+        "{v}"
+    );
+    assert_eq!(v["error"], "interrupted by restart");
+    c.send(&json!({"op": "ping"}));
+    assert_eq!(c.next()["op"], "pong");
+    server.kill9();
+}
+
+/// The duplicate window and an unconfirmed reply both survive `kill -9`.
+#[test]
+fn dedup_and_the_outbox_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &[]);
+    let mut c = Plain::connect(&server.addr, acks_hello());
+    c.message("once", "1");
+    assert_eq!(c.next()["state"], "running");
+    let reply = c.next();
+    assert_eq!(
+        (reply["op"].as_str(), reply["text"].as_str()),
+        (Some("reply"), Some("once"))
+    );
+    // Read but never confirmed, then the gateway dies.
+    server.kill9();
+
+    let server = Server::start(&data, &[]);
+    let mut c = Plain::connect(&server.addr, acks_hello());
+    let again = c.next();
+    assert_eq!(again["op"], "reply");
+    assert_eq!(again["id"], "once");
+    assert_eq!(again["redelivery"], true);
+    c.send(&json!({"op": "delivered", "ids": ["once"]}));
+    c.message("once", "1");
+    let dup = c.next();
+    assert_eq!(dup["state"], "duplicate", "{dup}");
+    server.stop();
+
+    // Confirmed: a third life has nothing to send, and still knows the id.
+    let server = Server::start(&data, &[]);
+    let mut c = Plain::connect(&server.addr, acks_hello());
+    c.message("once", "1");
+    assert_eq!(c.next()["state"], "duplicate");
+    c.send(&json!({"op": "ping"}));
+    assert_eq!(c.next()["op"], "pong");
+    server.stop();
+}
+
+/// A bad data directory or a damaged journal stops the gateway before it listens, naming it.
+#[test]
+fn a_damaged_journal_is_refused_at_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("journal.sqlite3"), vec![0x5a; 8192]).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--data-dir") && err.contains("journal"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty(), "it listened");
+}
+
+mod injected_fault {
+    use super::*;
+    use std::sync::atomic::Ordering;
+    use turnstile::agent::{Agent, CancelToken, TurnError, TurnInput};
+    use turnstile::journal::{FaultyStore, JournalConfig, MemStore};
+    use turnstile::message::SessionKey;
+    use turnstile::server::{BridgeConfig, BridgeServer, ServerConfig};
+
+    /// Replies with its text once the test opens the gate for it.
+    struct Gated(crossbeam_channel::Receiver<()>);
+
+    impl Agent for Gated {
+        fn turn(
+            &mut self,
+            input: &TurnInput<'_>,
+            cancel: &CancelToken,
+        ) -> Result<String, TurnError> {
+            loop {
+                if self.0.recv_timeout(Duration::from_millis(20)).is_ok() {
+                    return Ok(input.text.to_string());
+                }
+                if cancel.is_cancelled() {
+                    return Err(TurnError::Cancelled);
+                }
+            }
+        }
+    }
+
+    /// A store that fails on command under the real server: new messages are rejected
+    /// `storage`, an acked message's outcome still reaches the bridge, and once writes
+    /// succeed again everything kept is written and new messages are acked.
+    #[test]
+    fn a_failing_store_rejects_storage_and_loses_nothing_acked() {
+        let (gate, gate_rx) = crossbeam_channel::unbounded::<()>();
+        let factory = move |_: &SessionKey| -> Result<Box<dyn Agent>, String> {
+            Ok(Box::new(Gated(gate_rx.clone())))
+        };
+        let (runtime, handle, _events) = turnstile::Builder::new(factory).build().unwrap();
+        let mem = MemStore::new();
+        let (store, failing) = FaultyStore::new(mem.clone());
+        let cfg = ServerConfig {
+            bridge: BridgeConfig {
+                journal: true,
+                ..BridgeConfig::default()
+            },
+            handle_signals: false,
+            ..ServerConfig::default()
+        };
+        let server = BridgeServer::bind("127.0.0.1:0".parse().unwrap(), cfg).unwrap();
+        let addr = server.local_addr().unwrap().to_string();
+        let (server, _) = server
+            .with_journal(
+                store,
+                JournalConfig {
+                    retry_every: Duration::from_millis(10),
+                    ..JournalConfig::default()
+                },
+            )
+            .unwrap();
+        let reactor = std::thread::spawn(move || runtime.run_with(server));
+
+        let mut c = Plain::connect(&addr, acks_hello());
+        c.message("m1", "1");
+        assert_eq!(c.next()["state"], "running");
+        failing.store(true, Ordering::SeqCst);
+        c.message("m2", "2");
+        let r = c.next();
+        assert_eq!(
+            (r["op"].as_str(), r["reason"].as_str()),
+            (Some("reject"), Some("storage")),
+            "{r}"
+        );
+        // The acked message finishes while the disk fails: its reply still comes.
+        gate.send(()).unwrap();
+        let reply = c.next();
+        assert_eq!(
+            (reply["op"].as_str(), reply["id"].as_str()),
+            (Some("reply"), Some("m1"))
+        );
+        c.send(&json!({"op": "delivered", "ids": ["m1"]}));
+        let left = mem.clone().load(0).unwrap();
+        assert_eq!(
+            left.messages.len(),
+            1,
+            "m1 must stay journaled while its records cannot be written"
+        );
+        // The disk works again: new messages are acked, and the journal is written in order,
+        // so once m3 is acked the kept records of m1 are written too.
+        failing.store(false, Ordering::SeqCst);
+        c.message("m3", "3");
+        let ack = c.next();
+        assert_eq!(
+            (ack["op"].as_str(), ack["id"].as_str()),
+            (Some("ack"), Some("m3")),
+            "{ack}"
+        );
+        let left = mem.clone().load(0).unwrap();
+        let ids: Vec<&str> = left
+            .messages
+            .iter()
+            .map(|m| m.message.id.as_str())
+            .collect();
+        assert_eq!(ids, ["m3"]);
+        gate.send(()).unwrap();
+        assert_eq!(c.next()["id"], "m3");
+        handle.shutdown();
+        reactor.join().unwrap().unwrap();
+    }
+}

@@ -284,7 +284,10 @@ fn defaults() -> Vec<(&'static str, String)> {
         ("hello-timeout", secs(bridge.hello_timeout)),
         ("write-budget", bytes(bridge.write_budget)),
         ("write-stall-timeout", secs(bridge.write_stall_timeout)),
-        ("max-pending-durable", bridge.max_pending_durable.to_string()),
+        (
+            "max-pending-durable",
+            bridge.max_pending_durable.to_string(),
+        ),
         ("openai-api-key-env", "OPENAI_API_KEY".into()),
         ("history-turns", DEFAULT_HISTORY_TURNS.to_string()),
         ("history-chars", DEFAULT_HISTORY_CHARS.to_string()),
