@@ -194,6 +194,7 @@ fn run(s: &Scenario, rounds: usize, coarse_timers: bool) -> Report {
         seconds: round(seconds, 3),
         turns_per_s: round(turns as f64 / seconds, 1),
         latency_ms: summarize(&mut latencies).rounded(3),
+        ack_latency_ms: None,
         loop_lag_ms: Some(
             Percentiles {
                 p50: lag.p50,

@@ -48,6 +48,9 @@ pub struct Report {
     pub turns_per_s: f64,
     /// Message in to reply out, as the client saw it.
     pub latency_ms: Percentiles,
+    /// Message in to its `ack` (over TCP only; with `--data-dir` the ack waits for the journal).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ack_latency_ms: Option<Percentiles>,
     /// Heartbeat lateness over the run (`null` when it could not be read).
     pub loop_lag_ms: Option<Percentiles>,
     /// Resident memory of the process at the end of the run.

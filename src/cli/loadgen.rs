@@ -113,11 +113,13 @@ pub fn run(args: LoadgenArgs) -> i32 {
     drop(results_tx);
     // Collect each connection's latencies, with a progress line on stderr every second.
     let mut latencies = Vec::with_capacity(total);
+    let mut ack_latencies = Vec::with_capacity(total);
     let mut finished = 0;
     while finished < conns {
         match results.recv_timeout(Duration::from_secs(1)) {
-            Ok(Ok(mut l)) => {
+            Ok(Ok((mut l, mut a))) => {
                 latencies.append(&mut l);
+                ack_latencies.append(&mut a);
                 finished += 1;
             }
             Ok(Err(e)) => {
@@ -150,6 +152,7 @@ pub fn run(args: LoadgenArgs) -> i32 {
         seconds: round(seconds, 3),
         turns_per_s: round(total as f64 / seconds, 1),
         latency_ms: summarize(&mut latencies).rounded(3),
+        ack_latency_ms: Some(summarize(&mut ack_latencies).rounded(3)),
         loop_lag_ms: args.status_file.as_deref().and_then(read_lag),
         rss_mib: round(rss_mib(), 1),
     };
@@ -177,7 +180,8 @@ fn read_lag(path: &std::path::Path) -> Option<Percentiles> {
     Some(p.rounded(3))
 }
 
-/// One connection's share of the sessions, closed loop; returns its latencies in ms.
+/// One connection's share of the sessions, closed loop; returns its reply and ack latencies
+/// in ms.
 fn drive(
     addr: &str,
     token: Option<&str>,
@@ -185,7 +189,7 @@ fn drive(
     sessions: &[usize],
     rounds: usize,
     done: &AtomicUsize,
-) -> Result<Vec<f64>, String> {
+) -> Result<(Vec<f64>, Vec<f64>), String> {
     let stream = TcpStream::connect(addr).map_err(|e| format!("cannot connect to {addr}: {e}"))?;
     let _ = stream.set_nodelay(true);
     stream
@@ -212,6 +216,7 @@ fn drive(
     }
     writer.flush().map_err(io)?;
     let mut latencies = Vec::with_capacity(sessions.len() * rounds);
+    let mut ack_latencies = Vec::with_capacity(sessions.len() * rounds);
     let mut remaining = sessions.len() * rounds;
     let mut line = String::new();
     while remaining > 0 {
@@ -222,6 +227,14 @@ fn drive(
         let parsed: Line<'_> =
             serde_json::from_str(&line).map_err(|e| format!("bad line from gateway: {e}"))?;
         match parsed.op {
+            "ack" => {
+                let s = parsed
+                    .id
+                    .and_then(|id| id.rsplit('-').nth(1)?.parse::<usize>().ok());
+                if let Some(t) = s.and_then(|s| sent_at.get(&s)) {
+                    ack_latencies.push(t.elapsed().as_secs_f64() * 1000.0);
+                }
+            }
             "reply" => {
                 let id = parsed.id.unwrap_or("");
                 let s: usize = id
@@ -256,7 +269,7 @@ fn drive(
             writer.flush().map_err(io)?;
         }
     }
-    Ok(latencies)
+    Ok((latencies, ack_latencies))
 }
 
 /// The flood's result line.
@@ -272,6 +285,8 @@ struct FloodReport {
     /// Refusals answered by sending again, by reason.
     retried: HashMap<String, u64>,
     latency_ms: Percentiles,
+    /// From sending a message to its `ack` (with `--data-dir`: until it is durable).
+    ack_latency_ms: Percentiles,
     loop_lag_ms: Option<Percentiles>,
     server_rss_mib: Option<f64>,
     server_peak_rss_mib: Option<f64>,
@@ -319,12 +334,14 @@ fn flood(args: &LoadgenArgs) -> i32 {
     }
     drop(results_tx);
     let mut latencies = Vec::with_capacity(args.messages);
+    let mut ack_latencies = Vec::with_capacity(args.messages);
     let mut retried: HashMap<String, u64> = HashMap::new();
     let mut finished = 0;
     while finished < conns {
         match results.recv_timeout(Duration::from_secs(1)) {
-            Ok(Ok((mut l, r))) => {
+            Ok(Ok((mut l, r, mut a))) => {
                 latencies.append(&mut l);
+                ack_latencies.append(&mut a);
                 for (k, v) in r {
                     *retried.entry(k).or_insert(0) += v;
                 }
@@ -360,6 +377,7 @@ fn flood(args: &LoadgenArgs) -> i32 {
         messages_per_s: round(args.messages as f64 / seconds, 1),
         retried,
         latency_ms: summarize(&mut latencies).rounded(3),
+        ack_latency_ms: summarize(&mut ack_latencies).rounded(3),
         loop_lag_ms: args.status_file.as_deref().and_then(read_lag),
         server_rss_mib: args
             .server_pid
@@ -382,7 +400,8 @@ fn flood(args: &LoadgenArgs) -> i32 {
     }
 }
 
-type FloodResult = Result<(Vec<f64>, HashMap<String, u64>), String>;
+/// Reply latencies, refusals by reason, ack latencies.
+type FloodResult = Result<(Vec<f64>, HashMap<String, u64>, Vec<f64>), String>;
 
 /// One flood connection: its messages pipelined up to `window` unanswered, refusals resent.
 #[allow(clippy::too_many_arguments)]
@@ -424,6 +443,7 @@ fn flood_one(
     let mut sent_at: HashMap<usize, Instant> = HashMap::with_capacity(window);
     let mut retried: HashMap<String, u64> = HashMap::new();
     let mut latencies = Vec::with_capacity(mine.len());
+    let mut ack_latencies = Vec::with_capacity(mine.len());
     let mut remaining = mine.len();
     let mut line = String::new();
     while remaining > 0 {
@@ -451,6 +471,11 @@ fn flood_one(
                 serde_json::from_str(&line).map_err(|e| format!("bad line from gateway: {e}"))?;
             let index = || -> Option<usize> { parsed.id?.rsplit('-').next()?.parse().ok() };
             match parsed.op {
+                "ack" => {
+                    if let Some(t) = index().and_then(|i| sent_at.get(&i)) {
+                        ack_latencies.push(t.elapsed().as_secs_f64() * 1000.0);
+                    }
+                }
                 "reply" | "cancelled" | "failed" | "merged" => {
                     if let Some(t) = index().and_then(|i| sent_at.remove(&i)) {
                         latencies.push(t.elapsed().as_secs_f64() * 1000.0);
@@ -480,5 +505,5 @@ fn flood_one(
             }
         }
     }
-    Ok((latencies, retried))
+    Ok((latencies, retried, ack_latencies))
 }

@@ -1,0 +1,100 @@
+//! The journal on this machine's disk: group-commit throughput of the journal thread, and
+//! recovery time (SQLite load + the bridge's rebuild) for 100,000 journaled messages.
+//! One JSON line per figure. `cargo bench --bench journal [-- --messages N] [-- --dir DIR]`.
+
+use std::time::{Duration, Instant};
+
+use turnstile::journal::{
+    Journal, JournalConfig, Record, SqliteStore, Store, StoredMessage, now_ms,
+};
+use turnstile::server::{Bridge, BridgeConfig};
+
+fn message(seq: u64, sessions: u64) -> StoredMessage {
+    StoredMessage {
+        seq,
+        platform: "bench".into(),
+        id: format!("m-{seq}"),
+        chat_type: "dm".into(),
+        chat_id: format!("s{}", seq % sessions),
+        thread_id: None,
+        user_id: Some("u1".into()),
+        user_name: None,
+        meta: None,
+        text: "a message of about forty bytes of text..".into(),
+        dedup_until_ms: now_ms() + 600_000,
+    }
+}
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+fn main() {
+    let n: u64 = arg("--messages")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100_000);
+    let base = arg("--dir").map(std::path::PathBuf::from);
+    let dir = match &base {
+        Some(b) => tempfile::tempdir_in(b),
+        None => tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")),
+    }
+    .expect("temp dir");
+
+    // 1. Group commit: n accepted records through the journal thread, as fast as it takes them.
+    let store = SqliteStore::open(dir.path()).expect("open");
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let mut journal = Journal::start(store, JournalConfig::default(), move || {
+        let _ = tx.send(());
+    })
+    .expect("journal");
+    let start = Instant::now();
+    for seq in 1..=n {
+        journal.send(Record::Accepted(message(seq, 1000)));
+    }
+    let (mut durable, mut batches) = (0u64, 0u64);
+    while durable < n {
+        rx.recv_timeout(Duration::from_secs(60)).expect("progress");
+        for c in journal.completions() {
+            durable += c.durable.len() as u64;
+            batches += 1;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "{{\"figure\":\"group_commit\",\"records\":{n},\"transactions\":{batches},\"seconds\":{secs:.3},\"durable_records_per_s\":{:.0}}}",
+        n as f64 / secs
+    );
+    let (_, finished) = journal.finish(Duration::from_secs(60));
+    assert!(finished);
+
+    // 2. Recovery: open and load what is journaled, then rebuild the bridge from it.
+    let start = Instant::now();
+    let mut store = SqliteStore::open(dir.path()).expect("reopen");
+    let recovered = store.load(now_ms()).expect("load");
+    let loaded = start.elapsed().as_secs_f64();
+    assert_eq!(recovered.messages.len() as u64, n);
+    let mut bridge = Bridge::new(BridgeConfig {
+        journal: true,
+        outbox_cap: n as usize + 1,
+        outbox_bytes: usize::MAX / 2,
+        ..BridgeConfig::default()
+    });
+    let t = Instant::now();
+    let counts = bridge.recover(recovered, now_ms(), Duration::ZERO);
+    let rebuilt = t.elapsed().as_secs_f64();
+    let mut submitted = 0;
+    while let Some(a) = bridge.poll_action() {
+        submitted += usize::from(matches!(a, turnstile::server::Action::Submit { .. }));
+    }
+    assert_eq!(submitted as u64, n);
+    println!(
+        "{{\"figure\":\"recovery\",\"messages\":{},\"load_s\":{loaded:.3},\"rebuild_s\":{rebuilt:.3},\"total_s\":{:.3},\"file_mib\":{:.1}}}",
+        counts.messages,
+        loaded + rebuilt,
+        std::fs::metadata(dir.path().join("journal.sqlite3"))
+            .map_or(0.0, |m| m.len() as f64 / 1048576.0)
+    );
+}
