@@ -66,6 +66,8 @@ impl SqliteStore {
             }
             conn.pragma_update(None, "synchronous", "FULL")?;
             conn.pragma_update(None, "journal_size_limit", 64i64 << 20)?;
+            // 16 MiB of page cache (negative: KiB), so that the rows in flight stay in memory.
+            conn.pragma_update(None, "cache_size", -16384i64)?;
             conn.execute_batch(SCHEMA)?;
             Ok(())
         };
@@ -192,11 +194,6 @@ fn write_record(tx: &Transaction<'_>, r: &Record) -> rusqlite::Result<()> {
                 "INSERT OR REPLACE INTO dedup (platform, id, until) VALUES (?1, ?2, ?3)",
             )?
             .execute(params![m.platform, m.id, m.dedup_until_ms as i64])?;
-            tx.prepare_cached(
-                "INSERT INTO meta (k, v) VALUES ('max_seq', ?1)
-                 ON CONFLICT (k) DO UPDATE SET v = max(v, excluded.v)",
-            )?
-            .execute([m.seq as i64])?;
         }
         Record::Started { seq, attempt } => {
             tx.prepare_cached("UPDATE messages SET starts = ?2 WHERE seq = ?1")?
@@ -232,6 +229,22 @@ impl Store for SqliteStore {
             .map_err(err("journal write failed", &path))?;
         for r in batch {
             write_record(&tx, r).map_err(err("journal write failed", &path))?;
+        }
+        // Once per transaction, not per message: sequence numbers outlive their rows.
+        if let Some(max) = batch
+            .iter()
+            .filter_map(|r| match r {
+                Record::Accepted(m) => Some(m.seq),
+                _ => None,
+            })
+            .max()
+        {
+            tx.prepare_cached(
+                "INSERT INTO meta (k, v) VALUES ('max_seq', ?1)
+                 ON CONFLICT (k) DO UPDATE SET v = max(v, excluded.v)",
+            )
+            .and_then(|mut st| st.execute([max as i64]))
+            .map_err(err("journal write failed", &path))?;
         }
         tx.commit().map_err(err("journal write failed", &path))?;
         self.batches += 1;
