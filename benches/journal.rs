@@ -70,6 +70,34 @@ fn main() {
     let (_, finished) = journal.finish(Duration::from_secs(60));
     assert!(finished);
 
+    // 1b. Commit latency of small transactions (what an ack waits for under light load):
+    // 64 records per transaction, one transaction at a time, 500 times.
+    let mut latencies = Vec::new();
+    {
+        let small = tempfile::tempdir_in(dir.path()).expect("temp dir");
+        let mut store = SqliteStore::open(small.path()).expect("open");
+        let mut seq = 0;
+        for _ in 0..500 {
+            let batch: Vec<Record> = (0..64)
+                .map(|_| {
+                    seq += 1;
+                    Record::Accepted(message(seq, 1000))
+                })
+                .collect();
+            let t = Instant::now();
+            store.write(&batch).expect("write");
+            latencies.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+    latencies.sort_by(f64::total_cmp);
+    let pct = |p: f64| latencies[((latencies.len() - 1) as f64 * p).round() as usize];
+    println!(
+        "{{\"figure\":\"commit_latency_64\",\"transactions\":500,\"p50_ms\":{:.3},\"p99_ms\":{:.3},\"max_ms\":{:.3}}}",
+        pct(0.5),
+        pct(0.99),
+        pct(1.0)
+    );
+
     // 2. Recovery: open and load what is journaled, then rebuild the bridge from it.
     let start = Instant::now();
     let mut store = SqliteStore::open(dir.path()).expect("reopen");
