@@ -2024,15 +2024,39 @@ fn the_duplicate_window_survives_a_restart() {
         ("tg".into(), "old".into(), 1_000_000_500),
         ("tg".into(), "seen".into(), 1_000_300_000),
     ];
+    // A message still in flight whose window ran out while it waited stays a duplicate.
+    let mut waiting = stored(3, "waiting", "2");
+    waiting.dedup_until_ms = 999_000_000;
+    r.messages.push(RecoveredMessage {
+        message: waiting,
+        starts: 0,
+        outcome: None,
+    });
+    r.max_seq = 3;
     let counts = n.b.recover(r, 1_000_000_000, Duration::ZERO);
-    assert_eq!(counts.dedup_ids, 2);
+    n.pump();
+    assert_eq!(counts.dedup_ids, 3);
     let c = n.connect();
     n.hello(c, "tg");
     n.send(c, msg("seen", "1", "again"));
     n.tick(Duration::from_secs(1));
     n.send(c, msg("old", "1", "again"));
-    assert_eq!(ops(&n.take(c)), ["ack seen duplicate"]);
-    assert_eq!(kinds(&n.journal), ["accepted 1"]);
+    n.send(c, msg("waiting", "2", "again"));
+    n.commit(&mut MemStore::new());
+    n.accept(4);
+    assert_eq!(
+        ops(&n.take(c)),
+        [
+            "ack seen duplicate",
+            "ack old running",
+            "ack waiting duplicate"
+        ]
+    );
+    assert_eq!(
+        n.order,
+        [3, 4],
+        "the waiting message requeued, then only the expired id"
+    );
 }
 
 #[test]

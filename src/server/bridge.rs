@@ -1523,6 +1523,16 @@ impl Bridge {
             }
             let id: Arc<str> = m.id.as_str().into();
             let seq = m.seq;
+            // A message still in flight stays a duplicate, even if its window ran out while
+            // it waited (its entry is later than every restored one: the order holds).
+            let fp = fingerprint(&m.id);
+            let window = self.cfg.dedup_window;
+            if let Some(p) = self.platforms.get_mut(&platform)
+                && p.dedup.seen(fp, now) == Seen::New
+            {
+                p.dedup.remember(fp, now + window);
+                n.dedup_ids += 1;
+            }
             if let Some(o) = rm.outcome {
                 let mut frame =
                     Frame::new(Body::from_stored(o), Some(platform.clone())).of_message(seq, id);
