@@ -23,3 +23,5 @@ pub use core::{
 pub use liveness::{RuntimeState, Status};
 pub use message::{Body, ChatType, Command, InvalidInput, Message, SessionKey};
 pub use reactor::{BuildError, Builder, EventSink, Events, Handle, Runtime, SubmitError};
+#[cfg(feature = "async")]
+pub use reactor::{Cancelled, EventStream, Submit, SubmitStream};

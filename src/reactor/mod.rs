@@ -6,6 +6,8 @@
 //! never runs agent code, never waits on a job and never touches the disk. A heartbeat tick
 //! measures the loop's own lateness and publishes the status snapshot.
 
+#[cfg(feature = "async")]
+mod async_api;
 mod deadline;
 mod frontend;
 mod notify;
@@ -33,6 +35,8 @@ use crate::liveness::{
 };
 use crate::message::Message;
 use crate::pool::{JobTicket, Pool, PoolSize, Replacement};
+#[cfg(feature = "async")]
+pub use async_api::{Cancelled, EventStream, StreamSink, Submit, SubmitStream};
 pub use frontend::{Ctx, FIRST_RESERVED_TOKEN, Frontend, NoFrontend};
 use notify::Notifier;
 pub use workers::BoxAgent;
@@ -62,6 +66,9 @@ pub enum Route {
     Sink(EventSink),
     /// The frontend running on the reactor, with its own tag.
     Local(u64),
+    /// An [`EventStream`]'s sending half: the reactor wakes its task on delivery.
+    #[cfg(feature = "async")]
+    Stream(StreamSink),
 }
 
 /// The runtime's default event stream (events of messages sent with [`Handle::submit`]).
@@ -262,6 +269,8 @@ impl Builder {
             .map_err(|e| BuildError(format!("cannot create waker: {e}")))?;
         let notifier = Arc::new(Notifier::new(waker));
         let (ingress_tx, ingress_rx) = bounded(self.ingress_capacity);
+        #[cfg(feature = "async")]
+        let room = Arc::new(async_api::Room::default());
         let (events_tx, events_rx) = unbounded();
         let shutdown = Arc::new(AtomicBool::new(false));
         let status = Arc::new(StatusCell::default());
@@ -311,10 +320,14 @@ impl Builder {
             shutdown: Arc::clone(&shutdown),
             status: Arc::clone(&status),
             default_sink: events_tx,
+            #[cfg(feature = "async")]
+            room: Arc::clone(&room),
         };
         let runtime = Runtime {
             poll,
             notifier,
+            #[cfg(feature = "async")]
+            room: async_api::RoomGuard::new(room, ingress_rx.clone()),
             ingress: ingress_rx,
             shutdown,
             status,
@@ -334,11 +347,14 @@ impl Builder {
 /// A cloneable, thread-safe handle to a runtime: submit, read status, shut down.
 #[derive(Clone)]
 pub struct Handle {
-    ingress: Sender<(Message, EventSink)>,
+    ingress: Sender<(Message, Route)>,
     notifier: Arc<Notifier>,
     shutdown: Arc<AtomicBool>,
     status: Arc<StatusCell>,
     default_sink: EventSink,
+    /// Submits waiting for ingress room (the `async` feature).
+    #[cfg(feature = "async")]
+    room: Arc<async_api::Room>,
 }
 
 impl Handle {
@@ -349,7 +365,7 @@ impl Handle {
 
     /// Submits a message whose events go to `sink`. Never blocks.
     pub fn submit_to(&self, message: Message, sink: EventSink) -> Result<(), SubmitError> {
-        match self.ingress.try_send((message, sink)) {
+        match self.ingress.try_send((message, Route::Sink(sink))) {
             Ok(()) => {
                 self.notifier.notify();
                 Ok(())
@@ -385,7 +401,10 @@ impl Handle {
 pub struct Runtime {
     poll: Poll,
     notifier: Arc<Notifier>,
-    ingress: Receiver<(Message, EventSink)>,
+    /// Wakes submits waiting for ingress room (the `async` feature).
+    #[cfg(feature = "async")]
+    room: async_api::RoomGuard,
+    ingress: Receiver<(Message, Route)>,
     shutdown: Arc<AtomicBool>,
     status: Arc<StatusCell>,
     core: CoreConfig,
@@ -418,6 +437,8 @@ impl Runtime {
         let Runtime {
             mut poll,
             notifier,
+            #[cfg(feature = "async")]
+            mut room,
             ingress,
             shutdown,
             status,
@@ -464,12 +485,13 @@ impl Runtime {
             }
             // Bounded per iteration so a burst of submissions cannot delay timers and the
             // heartbeat; what is left is taken on the next iteration, without sleeping.
-            for (message, sink) in ingress.try_iter().take(INGRESS_BATCH) {
-                let route = Route::Sink(sink);
+            for (message, route) in ingress.try_iter().take(INGRESS_BATCH) {
                 driver
                     .core
                     .handle(now, Input::Submit { message, route }, &mut fx);
             }
+            #[cfg(feature = "async")]
+            room.drained();
             let mut ctx = Ctx::new(now, &mut driver.core, &mut fx);
             for event in events.iter() {
                 match event.token() {
@@ -605,6 +627,16 @@ impl Driver {
                     log::debug!("session {}: event sink closed ({})", ev.session, ev.id);
                 }
             },
+            #[cfg(feature = "async")]
+            Effect::Emit {
+                route: Route::Stream(stream),
+                event,
+            } => {
+                if let Err(ev) = stream.deliver(event) {
+                    self.undelivered += 1;
+                    log::debug!("session {}: event stream dropped ({})", ev.session, ev.id);
+                }
+            }
             Effect::StartTurn(job) => {
                 let cancel = CancelToken::new();
                 let turn = job.turn;
