@@ -412,6 +412,7 @@ fn many_waiting_submits_all_get_in_through_a_one_slot_ingress() {
                 let handle = &handle;
                 s.spawn(move || {
                     block_on(handle.submit_async(msg(&format!("m{i}"), &format!("c{i}"), "t")))
+                        .map_err(|e| e.to_string())
                 })
             })
             .collect();

@@ -448,13 +448,17 @@ impl CancelToken {
     /// of the token, so it may outlive the borrow it was made from (e.g. in a spawned task).
     ///
     /// ```
-    /// # fn turn(cancel: &turnstile::CancelToken) {
-    /// let cancelled = cancel.cancelled();
-    /// cancel.cancel();
-    /// // e.g. tokio::select! { _ = cancelled => return Err(TurnError::Cancelled), r = work => … }
-    /// # drop(cancelled);
-    /// # }
-    /// # turn(&turnstile::CancelToken::new());
+    /// use std::future::Future;
+    /// use std::pin::Pin;
+    /// use std::task::{Context, Waker};
+    ///
+    /// let token = turnstile::CancelToken::new();
+    /// let mut cancelled = token.cancelled();
+    /// let mut cx = Context::from_waker(Waker::noop());
+    /// assert!(Pin::new(&mut cancelled).poll(&mut cx).is_pending());
+    /// token.cancel(); // the reactor does this on `/stop`, a timeout or shutdown
+    /// assert!(Pin::new(&mut cancelled).poll(&mut cx).is_ready());
+    /// // In an agent: tokio::select! { _ = cancel.cancelled() => Err(TurnError::Cancelled), … }
     /// ```
     pub fn cancelled(&self) -> Cancelled {
         Cancelled {
