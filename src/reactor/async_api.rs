@@ -280,12 +280,14 @@ impl Stream for EventStream {
                 // Register, then look again: an event delivered between the first look and
                 // the registration would otherwise wait for a wake that already happened.
                 this.slot.register(cx.waker());
+                // Read before looking again, so that if the reactor is gone everything it
+                // delivered is seen by that look; then an empty channel means nothing more
+                // will come (the message was sent after the reactor's last drain).
+                let closed = this.room.is_closed();
                 match this.rx.try_recv() {
                     Ok(event) => event,
-                    Err(TryRecvError::Disconnected) => return this.ended(),
-                    // The reactor is gone, so nothing more will come.
-                    Err(TryRecvError::Empty) if this.room.is_closed() => return this.ended(),
-                    Err(TryRecvError::Empty) => return Poll::Pending,
+                    Err(TryRecvError::Empty) if !closed => return Poll::Pending,
+                    Err(_) => return this.ended(),
                 }
             }
         };
@@ -550,5 +552,67 @@ impl Handle {
             item: Some((message, route)),
             key: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! What only a race reaches from outside: the reactor's last drain is over (the room is
+    //! closed) while the ingress channel still has a receiver.
+
+    use std::task::Waker;
+
+    use super::*;
+    use crate::agent::EchoAgent;
+    use crate::core::{AcceptState, EventKind};
+    use crate::message::SessionKey;
+    use crate::reactor::Builder;
+
+    fn message(id: &str) -> Message {
+        let session = SessionKey::dm("unit", "closed").expect("key");
+        Message::new(id, session, "x").expect("message")
+    }
+
+    fn poll_next(stream: &mut EventStream) -> Poll<Option<MessageEvent>> {
+        Pin::new(stream).poll_next(&mut Context::from_waker(Waker::noop()))
+    }
+
+    #[test]
+    fn a_stream_sees_what_was_delivered_then_ends_once_the_room_is_closed() {
+        let room = Arc::new(Room::default());
+        let (sink, mut stream) = EventStream::pair(Arc::clone(&room));
+        assert!(poll_next(&mut stream).is_pending());
+        let accepted = MessageEvent {
+            id: "m1".into(),
+            session: SessionKey::dm("unit", "closed").expect("key"),
+            kind: EventKind::Accepted {
+                state: AcceptState::Queued,
+                position: 0,
+            },
+        };
+        sink.deliver(accepted.clone()).expect("stream alive");
+        room.closed.store(true, Ordering::SeqCst);
+        // The sink is still alive, but no reactor is left to use it.
+        assert!(matches!(poll_next(&mut stream), Poll::Ready(Some(e)) if e == accepted));
+        assert!(matches!(poll_next(&mut stream), Poll::Ready(None)));
+        assert!(stream.is_terminated());
+        drop(sink);
+    }
+
+    #[test]
+    fn a_waiting_submit_ends_closed_once_the_room_is_closed() {
+        let (rt, handle, _events) = Builder::new(EchoAgent::factory(std::time::Duration::ZERO))
+            .ingress_capacity(1)
+            .build()
+            .expect("settings");
+        handle.submit(message("a")).expect("the one slot");
+        rt.room.room.closed.store(true, Ordering::SeqCst);
+        let mut submit = handle.submit_async(message("b"));
+        let cx = &mut Context::from_waker(Waker::noop());
+        match Pin::new(&mut submit).poll(cx) {
+            Poll::Ready(Err(SubmitError::Closed(m))) => assert_eq!(&*m.id, "b"),
+            other => panic!("expected closed, got {other:?}"),
+        }
+        drop(rt);
     }
 }
