@@ -1,6 +1,7 @@
 //! The `turnstile` binary: `serve` runs the gateway, `send` talks to one.
 
 mod cli;
+mod workload;
 
 use clap::{Parser, Subcommand};
 

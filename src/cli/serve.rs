@@ -576,7 +576,7 @@ pub fn run(args: ServeArgs) -> i32 {
                 "cannot become a child subreaper ({e}): agent processes that kill their own leader escape containment"
             );
         }
-        // The forced exits (a second signal, the watchdog) call std::process::exit.
+        // Whatever path ends the process, agent processes go with it.
         child::kill_all_at_exit();
     }
     let mut builder = builder
@@ -640,7 +640,33 @@ pub fn run(args: ServeArgs) -> i32 {
         s.turn_workers,
         s.busy_mode
     );
-    let result = runtime.run_with(server);
+    let forced = server.forced_stops();
+    let (finished_tx, finished) = crossbeam_channel::bounded(1);
+    let reactor = std::thread::Builder::new()
+        .name("turnstile-reactor".into())
+        .spawn(move || {
+            let _ = finished_tx.send(runtime.run_with(server));
+        });
+    if let Err(e) = reactor {
+        log::error!("cannot start the reactor thread: {e}");
+        return 1;
+    }
+    // The loop may be wedged when a stop is forced, so this thread, not the reactor, acts on
+    // it: the process ends without waiting for the loop (main exits with the code).
+    let finished = crossbeam_channel::select! {
+        recv(finished) -> r => r,
+        recv(forced) -> why => match why {
+            Ok(why) => {
+                log::error!("forced stop: {why}; exiting with code 1");
+                child::kill_all();
+                return 1;
+            }
+            // The server was dropped: the loop has ended and its result is on its way.
+            Err(_) => finished.recv(),
+        },
+    };
+    let result =
+        finished.unwrap_or_else(|_| Err(std::io::Error::other("the reactor thread panicked")));
     if s.agent != AgentKind::Echo {
         // Closing each agent killed its processes; this catches anything a close left.
         child::kill_all();

@@ -18,6 +18,7 @@ pub struct CleanupId(pub u64);
 
 /// How a session treats a message that arrives while its turn runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum BusyMode {
     /// Follow-ups run one turn each, in order.
     #[default]
@@ -108,6 +109,7 @@ impl Default for CoreConfig {
 
 /// Why a message was refused (it was never accepted, so this is its only answer).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RejectReason {
     /// The session already holds `queue_cap` waiting messages.
     QueueFull,
@@ -141,6 +143,7 @@ impl RejectReason {
 
 /// Why a message's turn was cancelled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CancelReason {
     /// `/stop`.
     Stopped,
@@ -166,6 +169,7 @@ impl CancelReason {
 
 /// Why a message's turn failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FailReason {
     /// The agent returned an error (or could not be created).
     Agent(String),
@@ -239,6 +243,7 @@ impl From<&str> for Reply {
 
 /// The terminal outcome of an accepted message: exactly one per message.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Outcome {
     /// The agent's reply, or a command's result.
     Reply(Reply),
@@ -255,6 +260,7 @@ pub enum Outcome {
 
 /// Whether an accepted message started at once or waits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AcceptState {
     /// Its turn (or command) started in the step that accepted it.
     Running,
@@ -264,6 +270,7 @@ pub enum AcceptState {
 
 /// What happened to a message.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum EventKind {
     /// Taken in; `position` counts the session's messages ahead of it.
     Accepted {
@@ -311,6 +318,7 @@ pub enum TurnResult {
 
 /// Why a cleanup job runs; carried into logs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CleanupContext {
     /// The idle sweep closed an agent past its TTL.
     Sweep,
@@ -342,6 +350,7 @@ impl CleanupContext {
 
 /// Why a turn was abandoned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AbandonReason {
     /// It ran past `turn_timeout`.
     Timeout,
@@ -441,6 +450,7 @@ pub struct CleanupJob<A> {
 
 /// What shutdown achieved.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct ShutdownReport {
     /// True when every turn finished or honoured cancellation and every cleanup finished in time.
     pub clean: bool,
@@ -462,16 +472,16 @@ impl ShutdownReport {
     /// What the core did between two readings of its counters: `before` when shutdown
     /// began, `after` when it completed.
     pub fn between(before: &CoreStats, after: &CoreStats) -> ShutdownReport {
-        let ended = |s: &CoreStats| s.turns_completed + s.turns_failed + s.turns_cancelled;
-        let turns_abandoned = after.turns_abandoned - before.turns_abandoned;
-        let cleanups_timed_out = after.cleanups_timed_out - before.cleanups_timed_out;
+        let ended = |s: &CoreStats| s.turns.completed + s.turns.failed + s.turns.cancelled;
+        let turns_abandoned = after.turns.abandoned - before.turns.abandoned;
+        let cleanups_timed_out = after.cleanups.timed_out - before.cleanups.timed_out;
         ShutdownReport {
             clean: turns_abandoned == 0 && cleanups_timed_out == 0,
-            queued_cancelled: after.queued_cancelled - before.queued_cancelled,
+            queued_cancelled: after.messages.queued_cancelled - before.messages.queued_cancelled,
             turns_finished: ended(after) - ended(before),
             turns_abandoned,
-            cleanups_done: after.cleanups_done - before.cleanups_done,
-            cleanups_failed: after.cleanups_failed - before.cleanups_failed,
+            cleanups_done: after.cleanups.done - before.cleanups.done,
+            cleanups_failed: after.cleanups.failed - before.cleanups.failed,
             cleanups_timed_out,
         }
     }
@@ -563,13 +573,28 @@ pub enum Effect<R, A> {
     ShutdownComplete(ShutdownReport),
 }
 
-/// Counters and gauges of the core, for the status snapshot.
+/// Counters and gauges of the core, grouped as the status snapshot shows them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct CoreStats {
+    /// Sessions and the agents they hold.
+    pub sessions: SessionCounts,
+    /// Agent turns.
+    pub turns: TurnCounts,
+    /// Agent cleanups.
+    pub cleanups: CleanupCounts,
+    /// Messages admitted and refused.
+    pub messages: MessageCounts,
+}
+
+/// Session gauges.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct SessionCounts {
     /// Sessions holding a slot.
-    pub sessions: usize,
-    /// Turns in flight (claimed, not abandoned).
-    pub running_turns: usize,
+    pub total: usize,
+    /// Sessions with a turn in flight.
+    pub running: usize,
     /// Messages waiting in session queues.
     pub queued_messages: usize,
     /// Sessions waiting for a free turn worker.
@@ -580,30 +605,53 @@ pub struct CoreStats {
     pub parked_agents: usize,
     /// Times an agent was kept beyond `max_cached_agents` because its session was busy.
     pub cache_overflows: u64,
+}
+
+/// Turn counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct TurnCounts {
+    /// Turns in flight (claimed, not abandoned).
+    pub in_flight: usize,
+    /// Turns that ended with a reply.
+    pub completed: u64,
+    /// Turns that ended failed (abandoned ones excluded).
+    pub failed: u64,
+    /// Turns that ended cancelled (abandoned ones excluded).
+    pub cancelled: u64,
+    /// Turns abandoned (timeout or cancellation ignored past the grace).
+    pub abandoned: u64,
+}
+
+/// Cleanup counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct CleanupCounts {
+    /// Jobs not yet finished nor timed out (any stage).
+    pub pending: usize,
+    /// Jobs waiting for `close()` to start (bounded; evictions pause when it is full).
+    pub queued: usize,
+    /// Jobs finished.
+    pub done: u64,
+    /// Jobs past their deadline (leaked).
+    pub timed_out: u64,
+    /// Jobs whose `close()` failed or panicked.
+    pub failed: u64,
+}
+
+/// Message counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct MessageCounts {
     /// Messages accepted.
     pub accepted: u64,
     /// Messages rejected.
     pub rejected: u64,
-    /// Turns that ended with a reply.
-    pub turns_completed: u64,
-    /// Turns that ended failed (abandoned ones excluded).
-    pub turns_failed: u64,
-    /// Turns that ended cancelled (abandoned ones excluded).
-    pub turns_cancelled: u64,
-    /// Turns abandoned (timeout or cancellation ignored past the grace).
-    pub turns_abandoned: u64,
     /// Queued messages ended `cancelled` before their turn (`/stop`, `/new`, shutdown).
     pub queued_cancelled: u64,
-    /// Cleanup jobs not yet finished or timed out (any stage).
-    pub cleanups_pending: usize,
-    /// Cleanup jobs waiting for `close()` to start (the core's backlog and the pool's queue).
-    pub cleanups_queued: usize,
-    /// Cleanup jobs finished.
-    pub cleanups_done: u64,
-    /// Cleanup jobs past their deadline (leaked).
-    pub cleanups_timed_out: u64,
-    /// Cleanup jobs whose `close()` failed or panicked.
-    pub cleanups_failed: u64,
+    /// Events that could not be handed to their sink (full or closed). Counted by the driver,
+    /// which delivers events; always 0 in [`Core::stats`](super::Core::stats).
+    pub events_undelivered: u64,
 }
 
 /// A read-only view of one session, for status and tests.
@@ -629,6 +677,7 @@ pub struct SessionView {
 
 /// Where a session's agent is, in its life from the factory call to the end of `close()`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AgentPhase {
     /// None exists: the next turn creates one.
     Absent,
