@@ -94,18 +94,15 @@ async fn stop_when_started(handle: Handle, chat: &str) -> Result<Outcome, String
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tokio = tokio::runtime::Handle::current();
-    let factory = move |_: &SessionKey| -> Result<Box<dyn Agent>, String> {
-        Ok(Box::new(Typist {
-            tokio: tokio.clone(),
-            per_word: Duration::from_millis(30),
-        }))
-    };
-    let (runtime, handle, _events) = Builder::new(factory)
-        .turn_workers(4)
-        .partial_interval(Duration::ZERO)
-        // Tiny on purpose, so the submits below really wait for room.
-        .ingress_capacity(1)
-        .build()?;
+    let (runtime, handle, _events) = Builder::from_fn(move |_session| Typist {
+        tokio: tokio.clone(),
+        per_word: Duration::from_millis(30),
+    })
+    .turn_workers(4)
+    .partial_interval(Duration::ZERO)
+    // Tiny on purpose, so the submits below really wait for room.
+    .ingress_capacity(1)
+    .build()?;
     // The reactor is turnstile's own thread; the tokio side needs nothing else.
     let reactor = runtime.spawn()?;
 

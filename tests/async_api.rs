@@ -489,8 +489,9 @@ impl Agent for AwaitsCancel {
 
 #[test]
 fn an_async_agent_body_awaiting_cancelled_honours_a_stop() {
-    let factory = |_: &SessionKey| Ok(Box::new(AwaitsCancel) as Box<dyn Agent>);
-    let (rt, handle, _events) = Builder::new(factory).build().expect("settings");
+    let (rt, handle, _events) = Builder::from_fn(|_session| AwaitsCancel)
+        .build()
+        .expect("settings");
     let reactor = rt.spawn().expect("reactor thread");
     let mut stream = handle
         .submit_stream(msg("m1", "stop", "work"))
