@@ -306,7 +306,10 @@ impl FusedStream for EventStream {
 /// [`Handle::submit_to_async`]. Resolves to what [`Handle::submit_to`] returns, except that it
 /// is never [`SubmitError::Backpressure`]: it waits until the reactor drains the channel.
 ///
-/// Dropping it before it resolves withdraws the message (it was never sent).
+/// Dropping it before it resolves withdraws the message (it was never sent). Waiting submits
+/// are all woken after each drain and race for the room, so among submits waiting at the same
+/// time there is no first-come order; one task awaiting its submits one after another keeps
+/// its own order.
 #[must_use = "a submit does nothing unless awaited"]
 pub struct Submit<'a> {
     handle: &'a Handle,
