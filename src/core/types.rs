@@ -16,8 +16,11 @@ pub struct TurnId(pub u64);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CleanupId(pub u64);
 
-/// How a session treats a message that arrives while its turn runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+/// How a session treats a message that arrives while its turn runs. Named in lowercase on
+/// the command line and in the config file (`queue`, `interrupt`, `merge`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
 #[non_exhaustive]
 pub enum BusyMode {
     /// Follow-ups run one turn each, in order.
@@ -27,18 +30,6 @@ pub enum BusyMode {
     Interrupt,
     /// Everything queued when a turn ends runs as one turn.
     Merge,
-}
-
-impl BusyMode {
-    /// Parses `queue`, `interrupt` or `merge`.
-    pub fn parse(s: &str) -> Option<BusyMode> {
-        match s {
-            "queue" => Some(BusyMode::Queue),
-            "interrupt" => Some(BusyMode::Interrupt),
-            "merge" => Some(BusyMode::Merge),
-            _ => None,
-        }
-    }
 }
 
 /// Limits and timeouts of the session table and scheduler.
