@@ -333,6 +333,7 @@ fn an_async_stream_submit_waits_for_room_then_streams() {
     let mut submit = handle.submit_stream_async(msg("b", "full", "y"));
     let signal = Signal::new();
     assert!(poll_once(&mut submit, &signal).is_pending());
+    assert!(!submit.is_terminated());
     assert_eq!(signal.count(), 0);
     let reactor = rt.spawn().expect("reactor thread");
     signal.wait_past(0);
