@@ -243,3 +243,43 @@ fn a_failing_store_fails_new_messages_and_keeps_the_other_records() {
     let (_, finished) = j.finish(Duration::from_secs(10));
     assert!(finished);
 }
+
+/// The store behind a `Box<dyn Store>` (as the server holds it) and behind the fault
+/// wrapper reads and writes the same; an error says what failed.
+#[test]
+fn boxed_and_wrapped_stores_pass_reads_and_writes_through() {
+    let mem = MemStore::new();
+    let mut boxed: Box<dyn Store> = Box::new(mem.clone());
+    boxed.write(&[Record::Accepted(message(7, "x"))]).unwrap();
+    assert_eq!(boxed.load(0).unwrap().messages.len(), 1);
+    let (mut faulty, failing) = FaultyStore::new(mem.clone());
+    assert_eq!(faulty.load(0).unwrap().max_seq, 7);
+    failing.store(true, Ordering::SeqCst);
+    let e = faulty.write(&[Record::Delivered { seq: 7 }]).unwrap_err();
+    assert_eq!(e.to_string(), "injected fault: no space left on device");
+    let mut boxed: Box<dyn Store> = Box::new(faulty);
+    assert!(boxed.write(&[Record::Delivered { seq: 7 }]).is_err());
+    assert_eq!(mem.clone().load(0).unwrap().messages.len(), 1);
+    assert_eq!(Record::Delivered { seq: 7 }.seq(), 7);
+    assert_eq!(Record::Accepted(message(9, "x")).seq(), 9);
+}
+
+/// An id is a duplicate until its window's end, exclusive, in the model as in SQLite.
+#[test]
+fn a_window_ending_now_has_expired_in_the_model_and_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = SqliteStore::open(dir.path()).unwrap();
+    let mut model = Model::default();
+    let m = message(1, "x");
+    let until = m.dedup_until_ms;
+    let batch = [Record::Accepted(m)];
+    store.write(&batch).unwrap();
+    model.apply(&batch[0]);
+    for now in [until - 1, until, until + 1] {
+        assert_eq!(store.load(now).unwrap(), model.recovered(now), "at {now}");
+    }
+    assert_eq!(model.recovered(until - 1).dedup.len(), 1);
+    assert!(model.recovered(until).dedup.is_empty());
+    // The wall clock is the real one (ms since the epoch, after 2020).
+    assert!(now_ms() > 1_577_836_800_000);
+}

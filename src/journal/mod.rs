@@ -319,3 +319,18 @@ pub(crate) fn checksum(parts: &[&[u8]]) -> u64 {
     }
     h
 }
+
+#[cfg(test)]
+mod tests {
+    use super::checksum;
+
+    #[test]
+    fn the_checksum_sees_every_bit_and_where_bytes_are() {
+        let zero = checksum(&[&[0]]);
+        for bit in 0..8 {
+            assert_ne!(checksum(&[&[1 << bit]]), zero, "bit {bit}");
+        }
+        assert_ne!(checksum(&[b"ab", b""]), checksum(&[b"a", b"b"]));
+        assert_ne!(checksum(&[b"ab"]), checksum(&[b"ba"]));
+    }
+}
