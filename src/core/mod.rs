@@ -1184,3 +1184,38 @@ fn emit<R, A>(
         },
     });
 }
+
+/// Mutation-testing guarantees (issue 9 §3) on internals no caller can see.
+#[cfg(test)]
+mod mutant_tests {
+    use super::*;
+
+    /// Every finished turn marks its timeout timer stale, so the timer heap stays bounded
+    /// by live timers however many turns run before their timeouts.
+    #[test]
+    fn finished_turns_leave_no_timer_buildup() {
+        let mut core: Core<(), u64> = Core::new(CoreConfig::default(), Duration::ZERO);
+        let key = SessionKey::dm("test", "a").expect("key");
+        let now = Duration::ZERO;
+        for i in 0..5_000 {
+            let mut fx = Vec::new();
+            let message = Message::new(&format!("m{i}"), key.clone(), "x").expect("message");
+            core.handle(now, Input::Submit { message, route: () }, &mut fx);
+            let job = fx
+                .into_iter()
+                .find_map(|f| match f {
+                    Effect::StartTurn(job) => Some(job),
+                    _ => None,
+                })
+                .expect("a turn started");
+            let mut fx = Vec::new();
+            let done = job.done(Some(1), TurnResult::Reply("ok".into()));
+            core.handle(now, Input::TurnDone(done), &mut fx);
+        }
+        assert!(
+            core.timers.len() < 2_100,
+            "{} timers kept",
+            core.timers.len()
+        );
+    }
+}
