@@ -155,17 +155,6 @@ impl<J: Send + 'static> Pool<J> {
         self.shared.live.load(SeqCst)
     }
 
-    /// Threads busy with a job now, stuck ones included.
-    pub fn busy_threads(&self) -> usize {
-        self.live_threads()
-            .saturating_sub(self.shared.idle.load(SeqCst))
-    }
-
-    /// Jobs waiting for a thread.
-    pub fn queued_jobs(&self) -> usize {
-        self.shared.queued.load(SeqCst)
-    }
-
     /// Threads given up on so far.
     pub fn replaced(&self) -> u64 {
         self.shared.replaced.load(SeqCst)
