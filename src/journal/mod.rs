@@ -14,6 +14,7 @@
 //! The [`Store`] trait is small on purpose: a replicated log can implement the same five
 //! operations (append accepted, mark started, record outcome, mark delivered, load).
 
+#[cfg(feature = "sqlite")]
 mod sqlite;
 mod thread;
 
@@ -22,6 +23,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+#[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use thread::{Completion, Journal, JournalConfig};
 
@@ -308,6 +310,7 @@ pub fn now_ms() -> u64 {
 
 /// FNV-1a, 64 bits: a checksum over a record's fields, so that a scribbled row is refused at
 /// load instead of rebuilding a message nobody sent. Not a defence against an adversary.
+#[cfg(any(feature = "sqlite", test))]
 pub(crate) fn checksum(parts: &[&[u8]]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for p in parts {
