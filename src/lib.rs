@@ -9,6 +9,7 @@ pub mod key;
 pub mod liveness;
 pub mod message;
 pub mod openai;
+pub mod ops;
 pub mod pool;
 pub mod process;
 pub mod reactor;

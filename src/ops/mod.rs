@@ -1,0 +1,6 @@
+//! Operations: the HTTP endpoint (health, readiness, status, Prometheus metrics), systemd
+//! notifications and the watchdog, hosted on the reactor next to the bridge server.
+
+pub mod http;
+pub mod metrics;
+pub mod notify;
