@@ -93,7 +93,7 @@ fn child(case: &str, n: usize) {
         "cached-agent" => {
             let core = populate(n);
             let s = core.stats();
-            (s.sessions, Some(core))
+            (s.sessions.total, Some(core))
         }
         "waiting-no-agent" => {
             // One worker: every session but one holds a queued message and no agent.
@@ -112,13 +112,13 @@ fn child(case: &str, n: usize) {
                 fx.clear();
             }
             let s = core.stats();
-            (s.sessions, Some(core))
+            (s.sessions.total, Some(core))
         }
         "idle-no-agent" => {
             // No cache: a session with no work and no agent gives its slot back.
             let core = populate_with(cfg(0, 64), n);
             let s = core.stats();
-            (s.sessions, Some(core))
+            (s.sessions.total, Some(core))
         }
         _ => panic!("unknown case {case}"),
     };

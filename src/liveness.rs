@@ -15,6 +15,7 @@ use crossbeam_channel::{Receiver, Sender, bounded};
 use serde::Serialize;
 
 use crate::agent::AgentUsage;
+pub use crate::core::{CleanupCounts, MessageCounts, SessionCounts, TurnCounts};
 
 /// Exact buckets below this many microseconds; log-linear above.
 const LINEAR: u64 = 16;
@@ -140,55 +141,6 @@ pub enum RuntimeState {
     Stopped,
 }
 
-/// Session gauges.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
-pub struct SessionCounts {
-    /// Sessions holding a slot.
-    pub total: usize,
-    /// Sessions with a turn in flight.
-    pub running: usize,
-    /// Messages waiting in queues.
-    pub queued_messages: usize,
-    /// Sessions waiting for a free turn worker.
-    pub waiting_for_worker: usize,
-    /// Idle agents cached (evictable).
-    pub cached_agents: usize,
-    /// Agents kept by busy sessions while their next message waits for a worker.
-    pub parked_agents: usize,
-    /// Times an agent was kept beyond the cache cap because its session was busy.
-    pub cache_overflows: u64,
-}
-
-/// Turn counters.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
-pub struct TurnCounts {
-    /// Turns running now.
-    pub in_flight: usize,
-    /// Turns ended with a reply.
-    pub completed: u64,
-    /// Turns ended failed.
-    pub failed: u64,
-    /// Turns ended cancelled.
-    pub cancelled: u64,
-    /// Turns abandoned.
-    pub abandoned: u64,
-}
-
-/// Cleanup counters.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
-pub struct CleanupCounts {
-    /// Jobs not yet finished nor timed out.
-    pub pending: usize,
-    /// Jobs waiting for `close()` to start (bounded; evictions pause when it is full).
-    pub queued: usize,
-    /// Jobs finished.
-    pub done: u64,
-    /// Jobs past their deadline (leaked).
-    pub timed_out: u64,
-    /// Jobs whose close() failed or panicked.
-    pub failed: u64,
-}
-
 /// Worker thread gauges.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct WorkerCounts {
@@ -198,17 +150,6 @@ pub struct WorkerCounts {
     pub cleanup: usize,
     /// Replacement threads started for stuck jobs, both pools.
     pub replaced: u64,
-}
-
-/// Message counters.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
-pub struct MessageCounts {
-    /// Messages accepted.
-    pub accepted: u64,
-    /// Messages rejected.
-    pub rejected: u64,
-    /// Events that could not be handed to their sink (full or closed).
-    pub events_undelivered: u64,
 }
 
 /// A snapshot of the runtime, refreshed by every heartbeat tick.

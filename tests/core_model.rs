@@ -263,7 +263,7 @@ impl Model {
 
 fn check_table(h: &Harness, cap: usize) -> Result<(), TestCaseError> {
     let views: Vec<_> = h.core.sessions().collect();
-    prop_assert_eq!(views.len(), h.core.stats().sessions);
+    prop_assert_eq!(views.len(), h.core.stats().sessions.total);
     for v in &views {
         prop_assert!(
             v.running.is_some() || v.queued > 0 || v.agent != AgentPhase::Absent,
@@ -284,7 +284,7 @@ fn check_table(h: &Harness, cap: usize) -> Result<(), TestCaseError> {
         prop_assert!(v.queued <= cap, "{} queue over cap", v.key);
         prop_assert_eq!(h.core.session(&v.key).map(|x| x.slot), Some(v.slot));
     }
-    prop_assert!(h.core.stats().running_turns <= h.core.config().turn_workers);
+    prop_assert!(h.core.stats().turns.in_flight <= h.core.config().turn_workers);
     Ok(())
 }
 
@@ -403,7 +403,7 @@ proptest! {
         }
         // Let everything run out: complete every turn, answer every cleanup, pass time.
         for _ in 0..200 {
-            if h.running.is_empty() && h.stuck.is_empty() && h.cleanups.is_empty() && h.core.stats().sessions == 0 {
+            if h.running.is_empty() && h.stuck.is_empty() && h.cleanups.is_empty() && h.core.stats().sessions.total == 0 {
                 break;
             }
             let op = if let Some(s) = CHATS.iter().position(|c| h.running.values().any(|j| j.session == key(c))) {
@@ -422,7 +422,7 @@ proptest! {
             m.observe(&step, &cfg, &before)?;
             check_table(&h, cap)?;
         }
-        prop_assert!(h.running.is_empty() && h.core.stats().queued_messages == 0);
+        prop_assert!(h.running.is_empty() && h.core.stats().sessions.queued_messages == 0);
         for id in &m.all_accepted {
             prop_assert_eq!(m.outcomes.get(id).copied(), Some(1), "{} has no outcome", id);
         }

@@ -140,7 +140,7 @@ fn solo_turn_leaves_no_slot_once_its_agent_is_gone() {
     // ...and goes once it has.
     h.finish_cleanup(job, Ok(()));
     assert!(h.core.session(&key("42")).is_none());
-    assert_eq!(h.core.stats().sessions, 0);
+    assert_eq!(h.core.stats().sessions.total, 0);
 
     // With the cache, the slot holds the idle agent until the sweep closes it.
     let ttl = Duration::from_secs(60);
@@ -172,7 +172,7 @@ fn solo_turn_leaves_no_slot_once_its_agent_is_gone() {
     };
     h.finish_cleanup(job, Ok(()));
     assert!(h.core.session(&key("42")).is_none());
-    assert_eq!(h.core.stats().sessions, 0);
+    assert_eq!(h.core.stats().sessions.total, 0);
 }
 
 /// Guarantee 7: one message past `queue_cap` is rejected `queue_full` to its sender, and gets
@@ -367,7 +367,7 @@ fn a_turn_ignoring_stop_is_abandoned_after_the_grace_and_the_session_proceeds() 
     );
     h.echo("42");
     assert_eq!(h.outcomes_of("M3"), vec![reply("c")]);
-    assert_eq!(h.core.stats().turns_abandoned, 1);
+    assert_eq!(h.core.stats().turns.abandoned, 1);
 }
 
 /// An abandoned turn that never hands its agent back holds its session up for
@@ -403,7 +403,7 @@ fn an_agent_stuck_past_the_cleanup_timeout_is_given_up_and_the_session_proceeds(
         step.iter()
             .any(|f| matches!(f, Fx::Started { id, agent: None, .. } if id == "M2"))
     );
-    assert_eq!(h.core.stats().cleanups_timed_out, 1);
+    assert_eq!(h.core.stats().cleanups.timed_out, 1);
     let step = h.complete(stuck, TurnResult::Reply("very late".into()));
     assert!(matches!(
         step[..],
@@ -601,7 +601,7 @@ fn a_cleanup_past_its_deadline_is_counted_once_and_its_late_end_ignored() {
     );
     let s = h.core.stats();
     assert_eq!(
-        (s.cleanups_timed_out, s.cleanups_failed, s.cleanups_pending),
+        (s.cleanups.timed_out, s.cleanups.failed, s.cleanups.pending),
         (1, 0, 0)
     );
 }
@@ -617,7 +617,7 @@ fn a_failed_cleanup_is_reported() {
     let job = *h.cleanups.keys().next().expect("cleanup");
     let step = h.finish_cleanup(job, Err("socket stuck".into()));
     assert!(matches!(step[..], [Fx::CleanupFailed { .. }]));
-    assert_eq!(h.core.stats().cleanups_failed, 1);
+    assert_eq!(h.core.stats().cleanups.failed, 1);
 }
 
 #[test]
@@ -773,10 +773,10 @@ fn a_session_waiting_for_a_worker_keeps_its_agent_and_the_cache_overflows() {
         );
     }
     // b's and c's agents were parked with the held total over the cap of one.
-    assert_eq!(h.core.stats().cache_overflows, 2);
+    assert_eq!(h.core.stats().sessions.cache_overflows, 2);
     // Once idle, the cap applies again: two of the three idle agents are evicted.
-    assert_eq!(h.core.stats().cached_agents, 1);
-    assert_eq!(h.core.stats().parked_agents, 0);
+    assert_eq!(h.core.stats().sessions.cached_agents, 1);
+    assert_eq!(h.core.stats().sessions.parked_agents, 0);
 }
 
 /// Issue 7, "two agents alive for one session": a message for a session whose agent is
@@ -820,9 +820,9 @@ fn a_queued_cleanup_does_not_time_out_its_deadline_runs_from_its_start() {
     h.echo("b");
     // One job issued (a's), b's waits in the backlog.
     assert_eq!(h.cleanups.len(), 1);
-    assert_eq!(h.core.stats().cleanups_queued, 2);
+    assert_eq!(h.core.stats().cleanups.queued, 2);
     h.start_cleanup();
-    assert_eq!(h.core.stats().cleanups_queued, 1);
+    assert_eq!(h.core.stats().cleanups.queued, 1);
     let (&a_job, _) = h.cleanups.iter().next().expect("a's job");
     h.advance(timeout / 2);
     h.finish_cleanup(a_job, Ok(()));
@@ -832,7 +832,7 @@ fn a_queued_cleanup_does_not_time_out_its_deadline_runs_from_its_start() {
         !step.iter().any(|f| matches!(f, Fx::Exceeded { .. })),
         "{step:?}"
     );
-    assert_eq!(h.core.stats().cleanups_timed_out, 0);
+    assert_eq!(h.core.stats().cleanups.timed_out, 0);
     h.start_cleanup();
     assert!(h.advance(timeout - Duration::from_millis(1)).is_empty());
     let step = h.advance(Duration::from_millis(1));
@@ -843,7 +843,7 @@ fn a_queued_cleanup_does_not_time_out_its_deadline_runs_from_its_start() {
             ..
         }
     )));
-    assert_eq!(h.core.stats().cleanups_timed_out, 1);
+    assert_eq!(h.core.stats().cleanups.timed_out, 1);
 }
 
 /// The cleanup backlog is bounded: while it holds `cleanup_queue_cap` jobs, evictions pause
@@ -864,12 +864,12 @@ fn evictions_pause_while_the_cleanup_backlog_is_full() {
     }
     // a's job in the pool, b's in the backlog (full): c and d stay cached.
     let s = h.core.stats();
-    assert_eq!((s.cleanups_pending, s.cached_agents), (2, 2));
+    assert_eq!((s.cleanups.pending, s.sessions.cached_agents), (2, 2));
     let job = *h.cleanups.keys().next().expect("a job in the pool");
     h.finish_cleanup(job, Ok(()));
     // b's job moves to the pool, c is evicted into the backlog.
     let s = h.core.stats();
-    assert_eq!((s.cleanups_pending, s.cached_agents), (2, 1));
+    assert_eq!((s.cleanups.pending, s.sessions.cached_agents), (2, 1));
 }
 
 /// The idle sweep only closes agents of idle sessions: a parked agent is never swept.
@@ -958,18 +958,22 @@ fn stats_count_every_event_exactly() {
     let s = h.core.stats();
     assert_eq!(
         (
-            s.sessions,
-            s.running_turns,
-            s.queued_messages,
-            s.waiting_for_worker
+            s.sessions.total,
+            s.turns.in_flight,
+            s.sessions.queued_messages,
+            s.sessions.waiting_for_worker
         ),
         (3, 2, 3, 1)
     );
-    assert_eq!((s.accepted, s.rejected), (5, 2));
+    assert_eq!((s.messages.accepted, s.messages.rejected), (5, 2));
     h.echo("a"); // a1 replies; a's agent parked (a2 waits); c1 starts
     let s = h.core.stats();
     assert_eq!(
-        (s.turns_completed, s.parked_agents, s.cached_agents),
+        (
+            s.turns.completed,
+            s.sessions.parked_agents,
+            s.sessions.cached_agents
+        ),
         (1, 1, 0)
     );
     let tb = h.turn_of("b");
@@ -978,15 +982,19 @@ fn stats_count_every_event_exactly() {
     h.complete(tc, TurnResult::Panicked("boom".into())); // c's agent closes
     let s = h.core.stats();
     assert_eq!(
-        (s.turns_failed, s.cached_agents, s.parked_agents),
+        (
+            s.turns.failed,
+            s.sessions.cached_agents,
+            s.sessions.parked_agents
+        ),
         (2, 1, 0)
     );
-    assert_eq!((s.cleanups_pending, s.cleanups_done), (1, 0));
+    assert_eq!((s.cleanups.pending, s.cleanups.done), (1, 0));
     let job = *h.cleanups.keys().next().expect("c's cleanup");
     h.finish_cleanup(job, Err("close failed".into()));
     let s = h.core.stats();
     assert_eq!(
-        (s.cleanups_pending, s.cleanups_failed, s.sessions),
+        (s.cleanups.pending, s.cleanups.failed, s.sessions.total),
         (0, 1, 2)
     );
     h.submit("a", "stop", "/stop"); // cancels a2 (running) and a3 (queued)
@@ -994,29 +1002,36 @@ fn stats_count_every_event_exactly() {
     h.complete(ta, TurnResult::Cancelled);
     let s = h.core.stats();
     assert_eq!(
-        (s.turns_cancelled, s.queued_cancelled, s.accepted),
+        (
+            s.turns.cancelled,
+            s.messages.queued_cancelled,
+            s.messages.accepted
+        ),
         (1, 1, 6)
     );
     // a's agent back and idle: two idle agents over a cap of one, b's (older) evicted.
     let s = h.core.stats();
-    assert_eq!((s.cached_agents, s.cleanups_pending), (1, 1));
+    assert_eq!((s.sessions.cached_agents, s.cleanups.pending), (1, 1));
     let job = *h.cleanups.keys().next().expect("b's eviction");
     h.finish_cleanup(job, Ok(()));
-    assert_eq!(h.core.stats().cleanups_done, 1);
+    assert_eq!(h.core.stats().cleanups.done, 1);
     // An abandoned turn whose agent never returns: abandoned, then timed out.
     h.submit("d", "d1", "x");
     h.submit("d", "dstop", "/stop");
     h.advance(grace);
     let s = h.core.stats();
     assert_eq!(
-        (s.turns_abandoned, s.running_turns, s.cleanups_pending),
+        (s.turns.abandoned, s.turns.in_flight, s.cleanups.pending),
         (1, 0, 1)
     );
     h.advance(cleanup);
     let s = h.core.stats();
-    assert_eq!((s.cleanups_timed_out, s.cleanups_pending), (1, 0));
-    assert_eq!(s.cache_overflows, 0, "no agent was ever held over the cap");
-    assert_eq!(s.cleanups_queued, 0);
+    assert_eq!((s.cleanups.timed_out, s.cleanups.pending), (1, 0));
+    assert_eq!(
+        s.sessions.cache_overflows, 0,
+        "no agent was ever held over the cap"
+    );
+    assert_eq!(s.cleanups.queued, 0);
 }
 
 /// `next_deadline` is the earliest pending timer: the sweep at first, then a turn's timeout

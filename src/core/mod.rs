@@ -220,17 +220,17 @@ impl<R: Clone, A> Core<R, A> {
 
     /// Current counters and gauges.
     pub fn stats(&self) -> CoreStats {
-        CoreStats {
-            sessions: self.slots.len(),
-            running_turns: self.claimed_turns.len(),
-            queued_messages: self.queued_total,
-            waiting_for_worker: self.waiting_total,
-            cached_agents: self.cache.live,
-            parked_agents: self.parked_agents,
-            cleanups_pending: self.cleanups.len(),
-            cleanups_queued: self.cleanups.queued(),
-            ..self.stats
-        }
+        let mut stats = self.stats;
+        stats.sessions.total = self.slots.len();
+        stats.sessions.running = self.claimed_turns.len();
+        stats.sessions.queued_messages = self.queued_total;
+        stats.sessions.waiting_for_worker = self.waiting_total;
+        stats.sessions.cached_agents = self.cache.live;
+        stats.sessions.parked_agents = self.parked_agents;
+        stats.turns.in_flight = self.claimed_turns.len();
+        stats.cleanups.pending = self.cleanups.len();
+        stats.cleanups.queued = self.cleanups.queued();
+        stats
     }
 
     /// True once shutdown has begun.
@@ -284,7 +284,7 @@ impl<R: Clone, A> Core<R, A> {
         }
         let text = match body {
             Body::Command(cmd) => {
-                self.stats.accepted += 1;
+                self.stats.messages.accepted += 1;
                 let accepted = EventKind::Accepted {
                     state: AcceptState::Running,
                     position: 0,
@@ -332,7 +332,7 @@ impl<R: Clone, A> Core<R, A> {
             }
         };
         let session = &self.slots[slot];
-        self.stats.accepted += 1;
+        self.stats.messages.accepted += 1;
         let position = session.queue.len() + usize::from(session.turn.is_some());
         // Not running, not waiting, agent not closing: the session is idle (nothing queued).
         let startable =
@@ -394,25 +394,25 @@ impl<R: Clone, A> Core<R, A> {
         let panicked = matches!(result, TurnResult::Panicked(_));
         let outcome = match result {
             TurnResult::Reply(reply) => {
-                self.stats.turns_completed += 1;
+                self.stats.turns.completed += 1;
                 Outcome::Reply(reply)
             }
             TurnResult::Cancelled => match running.cancel {
                 Some(reason) => {
-                    self.stats.turns_cancelled += 1;
+                    self.stats.turns.cancelled += 1;
                     Outcome::Cancelled(reason)
                 }
                 None => {
-                    self.stats.turns_failed += 1;
+                    self.stats.turns.failed += 1;
                     Outcome::Failed(FailReason::Agent("cancelled without a request".into()))
                 }
             },
             TurnResult::Failed(e) => {
-                self.stats.turns_failed += 1;
+                self.stats.turns.failed += 1;
                 Outcome::Failed(FailReason::Agent(e))
             }
             TurnResult::Panicked(e) => {
-                self.stats.turns_failed += 1;
+                self.stats.turns.failed += 1;
                 Outcome::Failed(FailReason::Panic(e))
             }
         };
@@ -503,10 +503,10 @@ impl<R: Clone, A> Core<R, A> {
         self.note_stale_timer();
         match result {
             Ok(()) => {
-                self.stats.cleanups_done += 1;
+                self.stats.cleanups.done += 1;
             }
             Err(error) => {
-                self.stats.cleanups_failed += 1;
+                self.stats.cleanups.failed += 1;
                 fx.push(Effect::CleanupFailed {
                     job,
                     session: pending.session.clone(),
@@ -559,7 +559,7 @@ impl<R: Clone, A> Core<R, A> {
             }
             Timer::CleanupDeadline { job, of } => {
                 if let Some(p) = self.cleanups.expire(job, of) {
-                    self.stats.cleanups_timed_out += 1;
+                    self.stats.cleanups.timed_out += 1;
                     fx.push(Effect::CleanupExceeded {
                         job,
                         session: p.session.clone(),
@@ -706,7 +706,7 @@ impl<R: Clone, A> Core<R, A> {
             );
         }
         self.queued_total -= n;
-        self.stats.queued_cancelled += n as u64;
+        self.stats.messages.queued_cancelled += n as u64;
         n
     }
 
@@ -749,7 +749,7 @@ impl<R: Clone, A> Core<R, A> {
         let key = self.slots[slot].key.clone();
         self.claimed_turns.remove(&running.turn);
         self.note_stale_timer();
-        self.stats.turns_abandoned += 1;
+        self.stats.turns.abandoned += 1;
         let job = self.cleanups.await_agent(key.clone(), running.turn);
         self.slots[slot].agent = AgentState::Closing(job);
         let of = DeadlineOf::AwaitingAgent;
@@ -908,7 +908,7 @@ impl<R: Clone, A> Core<R, A> {
         } else {
             self.parked_agents += 1;
             if self.cache.live + self.parked_agents > self.cfg.max_cached_agents {
-                self.stats.cache_overflows += 1;
+                self.stats.sessions.cache_overflows += 1;
             }
         }
     }
@@ -1069,7 +1069,7 @@ impl<R: Clone, A> Core<R, A> {
         reason: RejectReason,
         fx: &mut Vec<Effect<R, A>>,
     ) {
-        self.stats.rejected += 1;
+        self.stats.messages.rejected += 1;
         emit(fx, route, &id, &key, EventKind::Rejected(reason));
     }
 

@@ -462,16 +462,16 @@ impl ShutdownReport {
     /// What the core did between two readings of its counters: `before` when shutdown
     /// began, `after` when it completed.
     pub fn between(before: &CoreStats, after: &CoreStats) -> ShutdownReport {
-        let ended = |s: &CoreStats| s.turns_completed + s.turns_failed + s.turns_cancelled;
-        let turns_abandoned = after.turns_abandoned - before.turns_abandoned;
-        let cleanups_timed_out = after.cleanups_timed_out - before.cleanups_timed_out;
+        let ended = |s: &CoreStats| s.turns.completed + s.turns.failed + s.turns.cancelled;
+        let turns_abandoned = after.turns.abandoned - before.turns.abandoned;
+        let cleanups_timed_out = after.cleanups.timed_out - before.cleanups.timed_out;
         ShutdownReport {
             clean: turns_abandoned == 0 && cleanups_timed_out == 0,
-            queued_cancelled: after.queued_cancelled - before.queued_cancelled,
+            queued_cancelled: after.messages.queued_cancelled - before.messages.queued_cancelled,
             turns_finished: ended(after) - ended(before),
             turns_abandoned,
-            cleanups_done: after.cleanups_done - before.cleanups_done,
-            cleanups_failed: after.cleanups_failed - before.cleanups_failed,
+            cleanups_done: after.cleanups.done - before.cleanups.done,
+            cleanups_failed: after.cleanups.failed - before.cleanups.failed,
             cleanups_timed_out,
         }
     }
@@ -563,13 +563,28 @@ pub enum Effect<R, A> {
     ShutdownComplete(ShutdownReport),
 }
 
-/// Counters and gauges of the core, for the status snapshot.
+/// Counters and gauges of the core, grouped as the status snapshot shows them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct CoreStats {
+    /// Sessions and the agents they hold.
+    pub sessions: SessionCounts,
+    /// Agent turns.
+    pub turns: TurnCounts,
+    /// Agent cleanups.
+    pub cleanups: CleanupCounts,
+    /// Messages admitted and refused.
+    pub messages: MessageCounts,
+}
+
+/// Session gauges.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct SessionCounts {
     /// Sessions holding a slot.
-    pub sessions: usize,
-    /// Turns in flight (claimed, not abandoned).
-    pub running_turns: usize,
+    pub total: usize,
+    /// Sessions with a turn in flight.
+    pub running: usize,
     /// Messages waiting in session queues.
     pub queued_messages: usize,
     /// Sessions waiting for a free turn worker.
@@ -580,30 +595,53 @@ pub struct CoreStats {
     pub parked_agents: usize,
     /// Times an agent was kept beyond `max_cached_agents` because its session was busy.
     pub cache_overflows: u64,
+}
+
+/// Turn counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct TurnCounts {
+    /// Turns in flight (claimed, not abandoned).
+    pub in_flight: usize,
+    /// Turns that ended with a reply.
+    pub completed: u64,
+    /// Turns that ended failed (abandoned ones excluded).
+    pub failed: u64,
+    /// Turns that ended cancelled (abandoned ones excluded).
+    pub cancelled: u64,
+    /// Turns abandoned (timeout or cancellation ignored past the grace).
+    pub abandoned: u64,
+}
+
+/// Cleanup counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct CleanupCounts {
+    /// Jobs not yet finished nor timed out (any stage).
+    pub pending: usize,
+    /// Jobs waiting for `close()` to start (bounded; evictions pause when it is full).
+    pub queued: usize,
+    /// Jobs finished.
+    pub done: u64,
+    /// Jobs past their deadline (leaked).
+    pub timed_out: u64,
+    /// Jobs whose `close()` failed or panicked.
+    pub failed: u64,
+}
+
+/// Message counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct MessageCounts {
     /// Messages accepted.
     pub accepted: u64,
     /// Messages rejected.
     pub rejected: u64,
-    /// Turns that ended with a reply.
-    pub turns_completed: u64,
-    /// Turns that ended failed (abandoned ones excluded).
-    pub turns_failed: u64,
-    /// Turns that ended cancelled (abandoned ones excluded).
-    pub turns_cancelled: u64,
-    /// Turns abandoned (timeout or cancellation ignored past the grace).
-    pub turns_abandoned: u64,
     /// Queued messages ended `cancelled` before their turn (`/stop`, `/new`, shutdown).
     pub queued_cancelled: u64,
-    /// Cleanup jobs not yet finished or timed out (any stage).
-    pub cleanups_pending: usize,
-    /// Cleanup jobs waiting for `close()` to start (the core's backlog and the pool's queue).
-    pub cleanups_queued: usize,
-    /// Cleanup jobs finished.
-    pub cleanups_done: u64,
-    /// Cleanup jobs past their deadline (leaked).
-    pub cleanups_timed_out: u64,
-    /// Cleanup jobs whose `close()` failed or panicked.
-    pub cleanups_failed: u64,
+    /// Events that could not be handed to their sink (full or closed). Counted by the driver,
+    /// which delivers events; always 0 in [`Core::stats`](super::Core::stats).
+    pub events_undelivered: u64,
 }
 
 /// A read-only view of one session, for status and tests.

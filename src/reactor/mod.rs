@@ -1,38 +1,41 @@
-//! The reactor: one thread running a `mio` loop around the sans-IO [`Core`].
+//! The reactor: one thread running a `mio` loop around the sans-IO [`Core`](crate::core::Core).
 //!
-//! Each wake it drains worker completions and submissions completely (wakes coalesce), feeds
-//! them to the core with the current time, fires due timers, and carries out the effects:
-//! turns go to the turn pool, agent teardown to the cleanup pool, events to their sinks. It
-//! never runs agent code, never waits on a job and never touches the disk. A heartbeat tick
-//! measures the loop's own lateness and publishes the status snapshot.
+//! It never runs agent code, never waits on a job and never touches the disk. The parts:
+//!
+//! - [`Builder`] validates the settings and starts the worker pools; [`Runtime`] runs the loop;
+//!   [`Handle`] submits, reads the status and asks for shutdown from any thread.
+//! - `event_loop`: the `Reactor` and its `turn()` — drain completions and ingress, dispatch
+//!   I/O readiness, apply effects, tick the heartbeat, sleep until the next deadline.
+//! - `driver`: carries out the core's effects (turns to the turn pool, agent teardown to the
+//!   cleanup pool, events to their sinks or the frontend).
+//! - `heartbeat`: the tick that measures the loop's lateness and builds the status snapshot.
+//! - `workers`: what runs on the pool threads; `frontend`: the trait a server implements to
+//!   host its sockets on the loop.
 
 mod deadline;
+mod driver;
+mod event_loop;
 mod frontend;
+mod heartbeat;
 mod notify;
 mod workers;
 
-use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError, bounded, unbounded};
-use mio::{Events as MioEvents, Poll, Token};
+use mio::{Poll, Token};
 
 use crate::agent::{AgentFactory, CancelToken};
-use crate::core::{
-    AbandonReason, BusyMode, CleanupId, CleanupJob, Core, CoreConfig, Effect, Input, MessageEvent,
-    ShutdownReport, TurnId, TurnJob,
-};
-use crate::liveness::{
-    CleanupCounts, LagHistogram, MessageCounts, RuntimeState, SessionCounts, Status, StatusCell,
-    StatusFileWriter, TurnCounts, WorkerCounts, rfc3339_utc,
-};
+use crate::core::{BusyMode, CleanupJob, CoreConfig, MessageEvent, ShutdownReport, TurnJob};
+use crate::liveness::{Status, StatusCell};
 use crate::message::Message;
-use crate::pool::{JobTicket, Pool, PoolSize, Replacement};
+use crate::pool::{Pool, PoolSize};
+use event_loop::Reactor;
 pub use frontend::{Ctx, FIRST_RESERVED_TOKEN, Frontend, NoFrontend};
 use notify::Notifier;
 pub use workers::BoxAgent;
@@ -414,366 +417,13 @@ impl Runtime {
 
     /// Drives the loop with `frontend` hosted on it (its sockets, signals and timers) until
     /// shutdown completes, then lets the frontend flush its output.
-    pub fn run_with<F: Frontend>(self, mut frontend: F) -> std::io::Result<ShutdownReport> {
-        let Runtime {
-            mut poll,
-            notifier,
-            ingress,
-            shutdown,
-            status,
-            core,
-            turn_pool,
-            cleanup_pool,
-            completions,
-            factory,
-            tick_interval,
-            status_file,
-            precise_timers,
-        } = self;
-        let epoch = Instant::now();
-        let writer = status_file.map(StatusFileWriter::start).transpose()?;
-        let mut driver = Driver {
-            core: Core::new(core, Duration::ZERO),
-            turn_pool,
-            cleanup_pool,
-            turns: HashMap::new(),
-            cleanups: HashMap::new(),
-            undelivered: 0,
-            report: None,
-        };
-        let mut heartbeat = Heartbeat::new(tick_interval, factory);
-        let mut fx = Vec::new();
-        let mut events = MioEvents::with_capacity(256);
-        frontend.register(poll.registry())?;
-        let mut timer = if precise_timers {
-            Some(deadline::DeadlineTimer::new(poll.registry(), TIMER_TOKEN)?)
-        } else {
-            None
-        };
-        status.publish(heartbeat.snapshot(
-            RuntimeState::Running,
-            Duration::ZERO,
-            &driver,
-            frontend.status(),
-        ));
+    pub fn run_with<F: Frontend>(self, frontend: F) -> std::io::Result<ShutdownReport> {
+        let mut reactor = Reactor::start(self, frontend)?;
         let report = loop {
-            let now = epoch.elapsed();
-            for completion in completions.try_iter() {
-                driver.forget_job(&completion);
-                driver.core.handle(now, completion.into(), &mut fx);
-            }
-            // Bounded per iteration so a burst of submissions cannot delay timers and the
-            // heartbeat; what is left is taken on the next iteration, without sleeping.
-            for (message, sink) in ingress.try_iter().take(INGRESS_BATCH) {
-                let route = Route::Sink(sink);
-                driver
-                    .core
-                    .handle(now, Input::Submit { message, route }, &mut fx);
-            }
-            let mut ctx = Ctx::new(now, &mut driver.core, &mut fx);
-            for event in events.iter() {
-                match event.token() {
-                    WAKE_TOKEN => {}
-                    TIMER_TOKEN => {
-                        if let Some(t) = &mut timer {
-                            t.fired();
-                        }
-                    }
-                    _ => frontend.on_ready(event, &mut ctx),
-                }
-            }
-            let frontend_deadline = frontend.on_wake(&mut ctx);
-            if ctx.shutdown_requested() {
-                shutdown.store(true, Ordering::SeqCst);
-            }
-            if shutdown.load(Ordering::SeqCst) && !driver.core.is_shutting_down() {
-                log::info!("shutdown requested: draining");
-                driver.core.handle(now, Input::Shutdown, &mut fx);
-            }
-            driver.core.advance(now, &mut fx);
-            for effect in fx.drain(..) {
-                driver.apply(effect, &mut frontend);
-            }
-            frontend.flush();
-
-            if let Some(report) = driver.report.take() {
+            if let Some(report) = reactor.turn()? {
                 break report;
             }
-            let state = if driver.core.is_shutting_down() {
-                RuntimeState::Draining
-            } else {
-                RuntimeState::Running
-            };
-            if let Some(snapshot) =
-                heartbeat.tick_if_due(epoch.elapsed(), state, &driver, &frontend)
-            {
-                if let Some(w) = &writer {
-                    w.offer(Arc::clone(&snapshot));
-                }
-                status.publish(snapshot);
-            }
-            let deadline = [driver.core.next_deadline(), frontend_deadline]
-                .into_iter()
-                .flatten()
-                .fold(heartbeat.next, Duration::min);
-            notifier.prepare_sleep();
-            let pending = !completions.is_empty()
-                || !ingress.is_empty()
-                || (shutdown.load(Ordering::SeqCst) && !driver.core.is_shutting_down());
-            if !pending {
-                let now = epoch.elapsed();
-                let timeout = deadline.saturating_sub(now);
-                if let Some(t) = &mut timer
-                    && let Err(e) = t.arm_for(deadline, now)
-                {
-                    log::error!("timerfd: {e}; falling back to millisecond poll timeouts");
-                }
-                if let Err(e) = poll.poll(&mut events, Some(timeout))
-                    && e.kind() != std::io::ErrorKind::Interrupted
-                {
-                    return Err(e);
-                }
-            } else {
-                // Work is waiting: skip the poll, and do not replay the last one's events.
-                events.clear();
-            }
-            notifier.awake();
         };
-        log::info!("shutdown complete: {report:?}");
-        frontend.finish(&mut poll);
-        let last = heartbeat.snapshot(
-            RuntimeState::Stopped,
-            epoch.elapsed(),
-            &driver,
-            frontend.status(),
-        );
-        status.publish(Arc::clone(&last));
-        if let Some(w) = writer {
-            w.finish(last);
-        }
-        Ok(report)
-    }
-}
-
-/// The reactor's side of the pools: carries out the core's effects.
-struct Driver {
-    core: Core<Route, BoxAgent>,
-    turn_pool: Pool<(TurnJob<BoxAgent>, CancelToken)>,
-    cleanup_pool: Pool<CleanupJob<BoxAgent>>,
-    turns: HashMap<TurnId, (CancelToken, JobTicket)>,
-    cleanups: HashMap<CleanupId, JobTicket>,
-    undelivered: u64,
-    report: Option<ShutdownReport>,
-}
-
-impl Driver {
-    /// A job came back: its ticket is no longer needed to cancel or replace it.
-    fn forget_job(&mut self, completion: &Completion) {
-        match completion {
-            Completion::Turn(done) => {
-                self.turns.remove(&done.turn());
-            }
-            Completion::CleanupDone(job, _) => {
-                self.cleanups.remove(job);
-            }
-            Completion::Partial(_) | Completion::CleanupStarted(_) => {}
-        }
-    }
-
-    fn apply(&mut self, effect: Effect<Route, BoxAgent>, frontend: &mut impl Frontend) {
-        match effect {
-            Effect::Emit {
-                route: Route::Local(tag),
-                event,
-            } => frontend.deliver(tag, event),
-            Effect::Emit {
-                route: Route::Sink(sink),
-                event,
-            } => match sink.try_send(event) {
-                Ok(()) => {}
-                Err(TrySendError::Full(ev)) => {
-                    self.undelivered += 1;
-                    log::warn!(
-                        "session {}: event sink full, event for message {} lost: {:?}",
-                        ev.session,
-                        ev.id,
-                        ev.kind
-                    );
-                }
-                Err(TrySendError::Disconnected(ev)) => {
-                    self.undelivered += 1;
-                    log::debug!("session {}: event sink closed ({})", ev.session, ev.id);
-                }
-            },
-            Effect::StartTurn(job) => {
-                let cancel = CancelToken::new();
-                let turn = job.turn;
-                let ticket = self.turn_pool.submit((job, cancel.clone()));
-                self.turns.insert(turn, (cancel, ticket));
-            }
-            Effect::CancelTurn(turn) => {
-                if let Some((cancel, _)) = self.turns.get(&turn) {
-                    cancel.cancel();
-                }
-            }
-            Effect::TurnAbandoned {
-                turn,
-                session,
-                reason,
-            } => {
-                let why = match reason {
-                    AbandonReason::Timeout => "ran past its turn timeout".to_owned(),
-                    AbandonReason::IgnoredCancel(r) => {
-                        format!("ignored cancellation ({}) past the stop grace", r.as_str())
-                    }
-                };
-                log::warn!(
-                    "session {session}: turn {} abandoned: it {why}; its late result will be discarded",
-                    turn.0
-                );
-                if let Some((_, ticket)) = self.turns.remove(&turn)
-                    && self.turn_pool.replace(&ticket) == Replacement::Refused
-                {
-                    log::error!(
-                        "session {session}: cannot replace the turn thread stuck on turn {}: extra-thread cap reached",
-                        turn.0
-                    );
-                }
-            }
-            Effect::Cleanup(job) => {
-                // The pool starts a thread for it if none is idle (up to the core's
-                // concurrency), so shutdown closes every agent at once.
-                let id = job.job;
-                let ticket = self.cleanup_pool.submit(job);
-                self.cleanups.insert(id, ticket);
-            }
-            Effect::CleanupExceeded {
-                job,
-                session,
-                context,
-            } => {
-                log::warn!(
-                    "session {session}: agent cleanup ({}) exceeded {:?}; proceeding without waiting (the thread is left to finish on its own)",
-                    context.as_str(),
-                    self.core.config().cleanup_timeout
-                );
-                if let Some(ticket) = self.cleanups.remove(&job)
-                    && self.cleanup_pool.replace(&ticket) == Replacement::Refused
-                {
-                    log::error!(
-                        "session {session}: cannot replace the cleanup thread stuck on job {}: extra-thread cap reached",
-                        job.0
-                    );
-                }
-            }
-            Effect::CleanupFailed {
-                session,
-                context,
-                error,
-                ..
-            } => {
-                log::warn!(
-                    "session {session}: agent cleanup ({}) failed: {error}",
-                    context.as_str()
-                );
-            }
-            Effect::ShutdownComplete(report) => self.report = Some(report),
-        }
-    }
-}
-
-/// The heartbeat: a tick every interval on the reactor, its lateness recorded.
-struct Heartbeat {
-    started: SystemTime,
-    interval: Duration,
-    next: Duration,
-    ticks: u64,
-    lag: LagHistogram,
-    /// Asked for the agents' usage at each snapshot.
-    factory: Arc<dyn AgentFactory>,
-}
-
-impl Heartbeat {
-    fn new(interval: Duration, factory: Arc<dyn AgentFactory>) -> Heartbeat {
-        Heartbeat {
-            started: SystemTime::now(),
-            interval,
-            next: interval,
-            ticks: 0,
-            lag: LagHistogram::default(),
-            factory,
-        }
-    }
-
-    fn tick_if_due(
-        &mut self,
-        now: Duration,
-        state: RuntimeState,
-        driver: &Driver,
-        frontend: &impl Frontend,
-    ) -> Option<Arc<Status>> {
-        if now < self.next {
-            return None;
-        }
-        self.lag.record(now - self.next);
-        self.ticks += 1;
-        // Keep the phase; a loop late by several periods records one late tick, not a burst.
-        while self.next <= now {
-            self.next += self.interval;
-        }
-        Some(self.snapshot(state, now, driver, frontend.status()))
-    }
-
-    fn snapshot(
-        &self,
-        state: RuntimeState,
-        now: Duration,
-        driver: &Driver,
-        frontend: Option<serde_json::Value>,
-    ) -> Arc<Status> {
-        let s = driver.core.stats();
-        Arc::new(Status {
-            pid: std::process::id(),
-            state,
-            updated_at: rfc3339_utc(self.started + now),
-            uptime_s: now.as_secs_f64(),
-            ticks: self.ticks,
-            loop_lag_ms: self.lag.summary(),
-            sessions: SessionCounts {
-                total: s.sessions,
-                running: s.running_turns,
-                queued_messages: s.queued_messages,
-                waiting_for_worker: s.waiting_for_worker,
-                cached_agents: s.cached_agents,
-                parked_agents: s.parked_agents,
-                cache_overflows: s.cache_overflows,
-            },
-            turns: TurnCounts {
-                in_flight: s.running_turns,
-                completed: s.turns_completed,
-                failed: s.turns_failed,
-                cancelled: s.turns_cancelled,
-                abandoned: s.turns_abandoned,
-            },
-            cleanups: CleanupCounts {
-                pending: s.cleanups_pending,
-                queued: s.cleanups_queued,
-                done: s.cleanups_done,
-                timed_out: s.cleanups_timed_out,
-                failed: s.cleanups_failed,
-            },
-            workers: WorkerCounts {
-                turn: driver.turn_pool.live_threads(),
-                cleanup: driver.cleanup_pool.live_threads(),
-                replaced: driver.turn_pool.replaced() + driver.cleanup_pool.replaced(),
-            },
-            messages: MessageCounts {
-                accepted: s.accepted,
-                rejected: s.rejected,
-                events_undelivered: driver.undelivered,
-            },
-            agent_usage: self.factory.usage(),
-            frontend,
-        })
+        Ok(reactor.finish(report))
     }
 }

@@ -1,0 +1,244 @@
+//! The reactor's loop: one [`Reactor::turn`] per wake, in named steps.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
+use mio::{Events as MioEvents, Poll};
+
+use super::deadline::DeadlineTimer;
+use super::driver::Driver;
+use super::frontend::{Ctx, Frontend};
+use super::heartbeat::Heartbeat;
+use super::notify::Notifier;
+use super::workers::{BoxAgent, Completion};
+use super::{EventSink, INGRESS_BATCH, Route, Runtime, TIMER_TOKEN, WAKE_TOKEN};
+use crate::core::{Core, Effect, Input, ShutdownReport};
+use crate::liveness::{RuntimeState, StatusCell, StatusFileWriter};
+use crate::message::Message;
+
+/// Readiness events taken per poll.
+const EVENTS_CAPACITY: usize = 256;
+
+/// Everything the loop owns, on the reactor thread.
+pub(super) struct Reactor<F: Frontend> {
+    /// The loop's clock: the core's `now` is the time since this instant (monotonic).
+    epoch: Instant,
+    poll: Poll,
+    events: MioEvents,
+    notifier: Arc<Notifier>,
+    /// Fires at the next deadline with sub-millisecond precision, when enabled.
+    timer: Option<DeadlineTimer>,
+    ingress: Receiver<(Message, EventSink)>,
+    completions: Receiver<Completion>,
+    shutdown: Arc<AtomicBool>,
+    driver: Driver,
+    /// Effects produced by the core this turn, applied in order by [`Reactor::apply_effects`].
+    effects: Vec<Effect<Route, BoxAgent>>,
+    frontend: F,
+    /// The frontend's next timer, as it said on its last wake.
+    frontend_deadline: Option<Duration>,
+    heartbeat: Heartbeat,
+    status: Arc<StatusCell>,
+    status_file: Option<StatusFileWriter>,
+}
+
+impl<F: Frontend> Reactor<F> {
+    /// Takes over the runtime's parts, registers the frontend and publishes the first status.
+    pub(super) fn start(runtime: Runtime, mut frontend: F) -> std::io::Result<Reactor<F>> {
+        let Runtime {
+            poll,
+            notifier,
+            ingress,
+            shutdown,
+            status,
+            core,
+            turn_pool,
+            cleanup_pool,
+            completions,
+            factory,
+            tick_interval,
+            status_file,
+            precise_timers,
+        } = runtime;
+        let status_file = status_file.map(StatusFileWriter::start).transpose()?;
+        frontend.register(poll.registry())?;
+        let timer = if precise_timers {
+            Some(DeadlineTimer::new(poll.registry(), TIMER_TOKEN)?)
+        } else {
+            None
+        };
+        let reactor = Reactor {
+            epoch: Instant::now(),
+            poll,
+            events: MioEvents::with_capacity(EVENTS_CAPACITY),
+            notifier,
+            timer,
+            ingress,
+            completions,
+            shutdown,
+            driver: Driver::new(Core::new(core, Duration::ZERO), turn_pool, cleanup_pool),
+            effects: Vec::new(),
+            frontend,
+            frontend_deadline: None,
+            heartbeat: Heartbeat::new(tick_interval, factory),
+            status,
+            status_file,
+        };
+        reactor.status.publish(reactor.heartbeat.snapshot(
+            RuntimeState::Running,
+            Duration::ZERO,
+            &reactor.driver,
+            reactor.frontend.status(),
+        ));
+        Ok(reactor)
+    }
+
+    /// One pass of the loop. The readiness events handled here were gathered by the previous
+    /// turn's sleep; everything else is taken fresh. Returns the report once shutdown is done.
+    pub(super) fn turn(&mut self) -> std::io::Result<Option<ShutdownReport>> {
+        let now = self.epoch.elapsed();
+        self.drain_completions(now);
+        self.drain_ingress(now);
+        self.dispatch_readiness(now);
+        self.begin_shutdown_if_requested(now);
+        self.apply_effects(now);
+        if let Some(report) = self.driver.report.take() {
+            return Ok(Some(report));
+        }
+        self.tick_heartbeat();
+        self.sleep_until_next_deadline()?;
+        Ok(None)
+    }
+
+    /// Worker results: turns ended, partials, cleanups started and ended. Taken completely,
+    /// since wakes coalesce.
+    fn drain_completions(&mut self, now: Duration) {
+        for completion in self.completions.try_iter() {
+            self.driver.forget_job(&completion);
+            self.driver
+                .core
+                .handle(now, completion.into(), &mut self.effects);
+        }
+    }
+
+    /// Submissions through a [`Handle`](super::Handle). Bounded per turn so a burst cannot
+    /// delay timers and the heartbeat; the rest is taken next turn, without sleeping.
+    fn drain_ingress(&mut self, now: Duration) {
+        for (message, sink) in self.ingress.try_iter().take(INGRESS_BATCH) {
+            let route = Route::Sink(sink);
+            self.driver
+                .core
+                .handle(now, Input::Submit { message, route }, &mut self.effects);
+        }
+    }
+
+    /// Hands socket readiness to the frontend, then lets it do its per-wake work.
+    fn dispatch_readiness(&mut self, now: Duration) {
+        let mut ctx = Ctx::new(now, &mut self.driver.core, &mut self.effects);
+        for event in self.events.iter() {
+            match event.token() {
+                WAKE_TOKEN => {}
+                TIMER_TOKEN => {
+                    if let Some(timer) = &mut self.timer {
+                        timer.fired();
+                    }
+                }
+                _ => self.frontend.on_ready(event, &mut ctx),
+            }
+        }
+        self.frontend_deadline = self.frontend.on_wake(&mut ctx);
+        if ctx.shutdown_requested() {
+            self.shutdown.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// A shutdown asked for by a handle, a signal or the frontend starts the core's drain once.
+    fn begin_shutdown_if_requested(&mut self, now: Duration) {
+        if self.shutdown.load(Ordering::SeqCst) && !self.driver.core.is_shutting_down() {
+            log::info!("shutdown requested: draining");
+            self.driver
+                .core
+                .handle(now, Input::Shutdown, &mut self.effects);
+        }
+    }
+
+    /// Fires the core's due timers, then carries out every effect in the order produced.
+    fn apply_effects(&mut self, now: Duration) {
+        self.driver.core.advance(now, &mut self.effects);
+        for effect in self.effects.drain(..) {
+            self.driver.apply(effect, &mut self.frontend);
+        }
+        self.frontend.flush();
+    }
+
+    /// Records the tick's lateness and publishes a snapshot when a tick is due.
+    fn tick_heartbeat(&mut self) {
+        let state = if self.driver.core.is_shutting_down() {
+            RuntimeState::Draining
+        } else {
+            RuntimeState::Running
+        };
+        let now = self.epoch.elapsed();
+        if let Some(snapshot) = self
+            .heartbeat
+            .tick_if_due(now, state, &self.driver, &self.frontend)
+        {
+            if let Some(writer) = &self.status_file {
+                writer.offer(Arc::clone(&snapshot));
+            }
+            self.status.publish(snapshot);
+        }
+    }
+
+    /// Polls until readiness, a wake, or the earliest deadline (the core's timers, the
+    /// frontend's, the next tick). Skipped when work is already waiting.
+    fn sleep_until_next_deadline(&mut self) -> std::io::Result<()> {
+        let deadline = [self.driver.core.next_deadline(), self.frontend_deadline]
+            .into_iter()
+            .flatten()
+            .fold(self.heartbeat.next, Duration::min);
+        self.notifier.prepare_sleep();
+        let pending = !self.completions.is_empty()
+            || !self.ingress.is_empty()
+            || (self.shutdown.load(Ordering::SeqCst) && !self.driver.core.is_shutting_down());
+        if pending {
+            // Do not replay the last poll's events next turn.
+            self.events.clear();
+        } else {
+            let now = self.epoch.elapsed();
+            if let Some(timer) = &mut self.timer
+                && let Err(e) = timer.arm_for(deadline, now)
+            {
+                log::error!("timerfd: {e}; falling back to millisecond poll timeouts");
+            }
+            let timeout = deadline.saturating_sub(now);
+            if let Err(e) = self.poll.poll(&mut self.events, Some(timeout))
+                && e.kind() != std::io::ErrorKind::Interrupted
+            {
+                return Err(e);
+            }
+        }
+        self.notifier.awake();
+        Ok(())
+    }
+
+    /// After the last turn: the frontend flushes its output, and the final snapshot says the
+    /// loop has stopped.
+    pub(super) fn finish(mut self, report: ShutdownReport) -> ShutdownReport {
+        log::info!("shutdown complete: {report:?}");
+        self.frontend.finish(&mut self.poll);
+        let last = self.heartbeat.snapshot(
+            RuntimeState::Stopped,
+            self.epoch.elapsed(),
+            &self.driver,
+            self.frontend.status(),
+        );
+        self.status.publish(Arc::clone(&last));
+        if let Some(writer) = self.status_file {
+            writer.finish(last);
+        }
+        report
+    }
+}
