@@ -161,6 +161,16 @@ impl<J: Send + 'static> Pool<J> {
             .saturating_sub(self.shared.idle.load(SeqCst))
     }
 
+    /// Threads given up on (replaced) and still alive.
+    pub fn stuck_threads(&self) -> usize {
+        self.shared.stuck.load(SeqCst)
+    }
+
+    /// Threads waiting for a job.
+    pub fn idle_threads(&self) -> usize {
+        self.shared.idle.load(SeqCst)
+    }
+
     /// Jobs waiting for a thread.
     pub fn queued_jobs(&self) -> usize {
         self.shared.queued.load(SeqCst)

@@ -642,6 +642,9 @@ pub struct MessageCounts {
     /// Events that could not be handed to their sink (full or closed). Counted by the driver,
     /// which delivers events; always 0 in [`Core::stats`](super::Core::stats).
     pub events_undelivered: u64,
+    /// Partial replies delivered to the message's submitter (after the worker's throttle).
+    /// Counted by the driver; always 0 in [`Core::stats`](super::Core::stats).
+    pub partials_forwarded: u64,
 }
 
 /// A read-only view of one session, for status and tests.

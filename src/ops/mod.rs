@@ -4,3 +4,4 @@
 pub mod http;
 pub mod metrics;
 pub mod notify;
+pub mod logfmt;

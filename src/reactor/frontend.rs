@@ -2,6 +2,7 @@
 //! server. A frontend owns its mio sources and submits messages whose events come back to it
 //! on the same thread, with no channel in between.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use mio::event::Event;
@@ -10,6 +11,7 @@ use mio::{Poll, Registry};
 use super::Route;
 use super::workers::BoxAgent;
 use crate::core::{Core, Effect, Input, MessageEvent};
+use crate::liveness::Status;
 use crate::message::Message;
 
 /// Tokens from this value up belong to the reactor; a frontend uses tokens below it.
@@ -51,6 +53,11 @@ impl<'a> Ctx<'a> {
         self.core.handle(self.now, input, self.fx);
     }
 
+    /// Whether the runtime is shutting down (or asked to, by this step or before).
+    pub fn shutting_down(&self) -> bool {
+        self.shutdown || self.core.is_shutting_down()
+    }
+
     /// Starts a graceful shutdown.
     pub fn request_shutdown(&mut self) {
         self.shutdown = true;
@@ -82,6 +89,12 @@ pub trait Frontend {
 
     /// Called once shutdown has completed, to flush output (bounded in time).
     fn finish(&mut self, poll: &mut Poll);
+
+    /// A heartbeat tick produced `status` (already published). For work that must follow
+    /// the loop's own pulse, such as the systemd watchdog.
+    fn on_tick(&mut self, status: &Arc<Status>) {
+        let _ = status;
+    }
 
     /// The frontend's own figures for the status snapshot (its `frontend` field).
     fn status(&self) -> Option<serde_json::Value> {
