@@ -13,6 +13,9 @@ use turnstile::openai::{
     ApiKey, DEFAULT_HISTORY_CHARS, DEFAULT_HISTORY_TURNS, OpenAiConfig, OpenAiFactory, TlsRoots,
 };
 use turnstile::process::{self, ProcessAgent, ProcessOptions};
+use turnstile::ops::Ops;
+use turnstile::ops::http::{self, DEFAULT_HTTP_LISTEN, HttpConfig, HttpServer};
+use turnstile::ops::notify::SdNotify;
 use turnstile::server::{BridgeConfig, BridgeServer, ServerConfig};
 use turnstile::{Builder, BusyMode, EchoAgent};
 
@@ -56,7 +59,7 @@ pub enum BusyArg {
 
 /// Flags of `serve`; the same keys (kebab-case) may appear in the `--config` TOML file, and
 /// flags override the file.
-#[derive(Args, Debug, Default, Deserialize)]
+#[derive(Args, Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ServeArgs {
     /// TOML file with any of these settings.
@@ -217,16 +220,37 @@ pub struct ServeArgs {
     /// results go back to the outbox) [default: 60].
     #[arg(long)]
     write_stall_timeout: Option<f64>,
+    /// Address of the operations HTTP endpoint (/healthz, /readyz, /status, /metrics), or
+    /// `off` [default: 127.0.0.1:7879].
+    #[arg(long, value_name = "ADDR|off")]
+    http_listen: Option<String>,
+    /// Open connections to the HTTP endpoint; one more gets 503 [default: 64].
+    #[arg(long)]
+    http_max_connections: Option<usize>,
+    /// Bytes of an HTTP request head; more gets 431 [default: 8192].
+    #[arg(long)]
+    http_max_header_bytes: Option<usize>,
+    /// HTTP requests served per connection before it is closed [default: 100].
+    #[arg(long)]
+    http_max_requests: Option<usize>,
+    /// Seconds an HTTP connection has to complete a request [default: 10].
+    #[arg(long)]
+    http_idle_timeout: Option<f64>,
     /// Listen on a non-loopback address without an auth token.
     #[arg(long)]
     #[serde(default)]
     allow_insecure_bind: bool,
+    /// Check the flags and the configuration file, then exit: 0 if valid, 2 if not.
+    #[arg(long)]
+    #[serde(skip)]
+    check_config: bool,
 }
 
 macro_rules! merge {
     ($flags:ident, $file:ident, $($field:ident),*) => {
         ServeArgs {
             config: None,
+            check_config: $flags.check_config,
             allow_insecure_bind: $flags.allow_insecure_bind || $file.allow_insecure_bind,
             $($field: $flags.$field.or($file.$field)),*
         }
@@ -261,6 +285,8 @@ struct Settings {
     openai: Option<OpenAiConfig>,
     bridge: BridgeConfig,
     allow_insecure_bind: bool,
+    /// The HTTP endpoint's address and settings; `None` when `off`.
+    http: Option<(SocketAddr, HttpConfig)>,
 }
 
 fn seconds(
@@ -350,7 +376,12 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         max_unauthenticated_per_peer,
         hello_timeout,
         write_budget,
-        write_stall_timeout
+        write_stall_timeout,
+        http_listen,
+        http_max_connections,
+        http_max_header_bytes,
+        http_max_requests,
+        http_idle_timeout
     );
     let agent = a.agent.unwrap_or(AgentKind::Echo);
     let needs_cmd = matches!(agent, AgentKind::Exec | AgentKind::Process);
@@ -426,7 +457,62 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
             bridge.outbox_bytes
         ));
     }
+    let http = match a.http_listen.as_deref().map(str::trim) {
+        Some("off") => None,
+        spec => {
+            let addr: SocketAddr = spec.unwrap_or(DEFAULT_HTTP_LISTEN).parse().map_err(|e| {
+                format!(
+                    "--http-listen {}: {e} (an address like 127.0.0.1:7879, or off)",
+                    spec.unwrap_or_default()
+                )
+            })?;
+            if !addr.ip().is_loopback() && a.auth_token.is_none() && !a.allow_insecure_bind {
+                return Err(format!(
+                    "--http-listen {addr}: a non-loopback address needs --auth-token (or --allow-insecure-bind)"
+                ));
+            }
+            let max_connections = at_least_one(
+                "http-max-connections",
+                a.http_max_connections,
+                http::DEFAULT_MAX_CONNECTIONS,
+            )?;
+            if max_connections > http::MAX_CONNECTIONS_LIMIT {
+                return Err(format!(
+                    "--http-max-connections: must be at most {} (got {max_connections})",
+                    http::MAX_CONNECTIONS_LIMIT
+                ));
+            }
+            let max_header_bytes = at_least_one(
+                "http-max-header-bytes",
+                a.http_max_header_bytes,
+                http::DEFAULT_MAX_HEADER_BYTES,
+            )?;
+            if max_header_bytes < 64 {
+                return Err(format!(
+                    "--http-max-header-bytes: must be at least 64 (got {max_header_bytes})"
+                ));
+            }
+            let cfg = HttpConfig {
+                auth_token: a.auth_token.clone(),
+                max_connections,
+                max_header_bytes,
+                max_requests: at_least_one(
+                    "http-max-requests",
+                    a.http_max_requests,
+                    http::DEFAULT_MAX_REQUESTS,
+                )?,
+                idle_timeout: seconds(
+                    "http-idle-timeout",
+                    a.http_idle_timeout,
+                    http::DEFAULT_IDLE_TIMEOUT.as_secs_f64(),
+                    false,
+                )?,
+            };
+            Some((addr, cfg))
+        }
+    };
     Ok(Settings {
+        http,
         listen,
         bridge,
         max_reply_bytes,
@@ -523,8 +609,12 @@ fn openai_config(a: &ServeArgs) -> Result<OpenAiConfig, String> {
     Ok(cfg)
 }
 
+/// The heartbeat period of the served runtime.
+const TICK_INTERVAL: Duration = Duration::from_millis(100);
+
 /// Runs the server; returns the process exit code.
 pub fn run(args: ServeArgs) -> i32 {
+    let check_only = args.check_config;
     let s = match resolve(args) {
         Ok(s) => s,
         Err(e) => {
@@ -537,6 +627,10 @@ pub fn run(args: ServeArgs) -> i32 {
     {
         eprintln!("turnstile serve: --status-file {}: {e}", path.display());
         return USAGE_ERROR;
+    }
+    if check_only {
+        println!("configuration ok");
+        return 0;
     }
     match turnstile::server::raise_fd_limit() {
         Ok((old, new)) if new > old => {
@@ -594,7 +688,8 @@ pub fn run(args: ServeArgs) -> i32 {
         .turn_timeout(s.turn_timeout)
         .stop_grace(s.stop_grace)
         .cleanup_timeout(s.cleanup_timeout)
-        .drain_timeout(s.drain_timeout);
+        .drain_timeout(s.drain_timeout)
+        .tick_interval(TICK_INTERVAL);
     if let Some(path) = &s.status_file {
         builder = builder.status_file(path);
     }
@@ -630,8 +725,32 @@ pub fn run(args: ServeArgs) -> i32 {
             return 1;
         }
     };
+    let mut ops = Ops::new(server, TICK_INTERVAL);
+    let mut http_addr = None;
+    if let Some((addr, cfg)) = s.http.clone() {
+        let server = match HttpServer::bind(addr, cfg) {
+            Ok(server) => server,
+            Err(e) => {
+                eprintln!("turnstile serve: --http-listen {addr}: {e}");
+                return USAGE_ERROR;
+            }
+        };
+        http_addr = server.local_addr().ok();
+        ops = ops.with_http(server);
+    }
+    match SdNotify::from_env() {
+        Ok(Some(n)) => {
+            log::info!("systemd notifications on: {n:?}");
+            ops = ops.with_notify(n);
+        }
+        Ok(None) => {}
+        Err(e) => log::warn!("NOTIFY_SOCKET: {e}; no systemd notifications"),
+    }
     let mut stdout = std::io::stdout().lock();
     let _ = writeln!(stdout, "listening on {addr}");
+    if let Some(h) = http_addr {
+        let _ = writeln!(stdout, "http on {h}");
+    }
     let _ = stdout.flush();
     drop(stdout);
     log::info!(
@@ -640,7 +759,7 @@ pub fn run(args: ServeArgs) -> i32 {
         s.turn_workers,
         s.busy_mode
     );
-    let result = runtime.run_with(server);
+    let result = runtime.run_with(ops);
     if s.agent != AgentKind::Echo {
         // Closing each agent killed its processes; this catches anything a close left.
         child::kill_all();

@@ -331,6 +331,8 @@ pub struct HttpServer {
     conns: Slab<Conn>,
     /// Connections with requests left unanswered at the per-wake budget.
     pending: Vec<usize>,
+    /// The accept batch ran out with connections perhaps still queued.
+    accept_more: bool,
     next_sweep: Option<Duration>,
     stats: HttpStatus,
     scratch: Vec<u8>,
@@ -353,6 +355,7 @@ impl HttpServer {
             registry: None,
             conns: Slab::new(),
             pending: Vec::new(),
+            accept_more: false,
             next_sweep: None,
             scratch: vec![0; 4096],
         })
@@ -397,6 +400,9 @@ impl HttpServer {
     /// Serves what the budget left, closes idle connections; returns when it next needs the
     /// loop.
     pub fn on_wake(&mut self, now: Duration, source: &dyn OpsSource) -> Option<Duration> {
+        if std::mem::take(&mut self.accept_more) {
+            self.accept(now);
+        }
         for slot in std::mem::take(&mut self.pending) {
             self.drive(slot, now, source);
         }
@@ -414,7 +420,7 @@ impl HttpServer {
             }
             self.next_sweep = self.conns.iter().map(|(_, c)| c.since + idle).min();
         }
-        if self.pending.is_empty() {
+        if self.pending.is_empty() && !self.accept_more {
             self.next_sweep
         } else {
             Some(now)
@@ -486,7 +492,7 @@ impl HttpServer {
             self.next_sweep = Some(self.next_sweep.map_or(due, |t| t.min(due)));
         }
         // More may wait; the listener is edge-triggered, so look again next wake.
-        self.pending.push(usize::MAX);
+        self.accept_more = true;
     }
 
     fn close(&mut self, slot: usize) {
@@ -503,10 +509,6 @@ impl HttpServer {
     /// Writes pending output, answers complete requests, reads more: until the socket
     /// would block, the connection closes, or the per-wake budget is spent.
     fn drive(&mut self, slot: usize, now: Duration, source: &dyn OpsSource) {
-        if slot == usize::MAX {
-            self.accept(now);
-            return;
-        }
         let mut answered = 0;
         loop {
             let Some(conn) = self.conns.get_mut(slot) else {

@@ -7,6 +7,10 @@
 use std::fmt::Write;
 use std::time::Duration;
 
+use serde_json::Value;
+
+use crate::liveness::{Status, ThreadStates};
+
 /// Loop-lag buckets in seconds: 50 µs to 10 s.
 pub const LAG_BUCKETS: &[f64] = &[
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
@@ -179,6 +183,313 @@ impl Exposition {
     /// The text.
     pub fn finish(self) -> String {
         self.out
+    }
+}
+
+/// A number from the frontend's JSON figures (0 when absent).
+fn num(v: &Value, path: &[&str]) -> f64 {
+    path.iter()
+        .try_fold(v, |v, k| v.get(k))
+        .and_then(Value::as_f64)
+        .unwrap_or(0.0)
+}
+
+/// The metrics of a status snapshot, in the text exposition format 0.0.4.
+pub fn render(s: &Status) -> String {
+    let mut e = Exposition::new();
+    let ms = 1e-3;
+    e.gauge(
+        "turnstile_start_time_seconds",
+        "When the gateway's loop started, in seconds since the Unix epoch.",
+        s.process.started_unix_s,
+    );
+    e.gauge(
+        "turnstile_process_resident_memory_bytes",
+        "Resident set size of the process.",
+        s.process.rss_bytes as f64,
+    );
+    e.gauge(
+        "turnstile_up",
+        "1 while running, 0 while draining or stopped.",
+        f64::from(u8::from(s.state == crate::liveness::RuntimeState::Running)),
+    );
+    e.counter(
+        "turnstile_ticks_total",
+        "Heartbeat ticks of the reactor loop.",
+        s.ticks as f64,
+    );
+    e.histogram(
+        "turnstile_loop_lag_seconds",
+        "Lateness of the reactor's heartbeat ticks.",
+        &s.histograms.loop_lag,
+    );
+    let w = &s.loop_lag_window_ms;
+    e.gauges(
+        "turnstile_loop_lag_window_seconds",
+        "Loop lag over the last minute: p50, p99 and max.",
+        &[
+            (&[("stat", "p50")][..], w.p50 * ms),
+            (&[("stat", "p99")][..], w.p99 * ms),
+            (&[("stat", "max")][..], w.max * ms),
+        ],
+    );
+    e.gauge(
+        "turnstile_sessions",
+        "Sessions holding a slot.",
+        s.sessions.total as f64,
+    );
+    e.gauge(
+        "turnstile_sessions_waiting_for_worker",
+        "Sessions waiting for a free turn worker.",
+        s.sessions.waiting_for_worker as f64,
+    );
+    e.gauges(
+        "turnstile_agents",
+        "Agents held between turns: idle (cached) or parked by a busy session.",
+        &[
+            (&[("state", "cached")][..], s.sessions.cached_agents as f64),
+            (&[("state", "parked")][..], s.sessions.parked_agents as f64),
+        ],
+    );
+    e.counter(
+        "turnstile_agent_cache_overflows_total",
+        "Agents kept beyond the cache cap because their session was busy.",
+        s.sessions.cache_overflows as f64,
+    );
+    e.gauge(
+        "turnstile_turns_running",
+        "Agent turns running now.",
+        s.turns.in_flight as f64,
+    );
+    e.gauge(
+        "turnstile_messages_queued",
+        "Messages waiting in session queues.",
+        s.sessions.queued_messages as f64,
+    );
+    e.counters(
+        "turnstile_turns_total",
+        "Agent turns ended, by outcome.",
+        &[
+            (&[("outcome", "completed")][..], s.turns.completed as f64),
+            (&[("outcome", "failed")][..], s.turns.failed as f64),
+            (&[("outcome", "cancelled")][..], s.turns.cancelled as f64),
+            (&[("outcome", "abandoned")][..], s.turns.abandoned as f64),
+        ],
+    );
+    e.histogram(
+        "turnstile_turn_duration_seconds",
+        "Agent turn durations, from start to end (abandoned turns at abandonment).",
+        &s.histograms.turn_duration,
+    );
+    e.counter(
+        "turnstile_messages_accepted_total",
+        "Messages accepted by the runtime.",
+        s.messages.accepted as f64,
+    );
+    e.counter(
+        "turnstile_messages_queued_cancelled_total",
+        "Queued messages cancelled before their turn (/stop, /new, shutdown).",
+        s.messages.queued_cancelled as f64,
+    );
+    // The bridge counts every rejection, the runtime's included; without a bridge, the
+    // runtime's own.
+    let bridge = s.frontend.as_ref();
+    let mut rejections: Vec<(String, f64)> = match bridge.and_then(|b| b.get("rejected")) {
+        Some(Value::Object(m)) => m
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_f64().unwrap_or(0.0)))
+            .collect(),
+        _ => s
+            .rejected_by_reason
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), *v as f64))
+            .collect(),
+    };
+    for reason in ["queue_full", "overloaded", "shutting_down"] {
+        if !rejections.iter().any(|(k, _)| k == reason) {
+            rejections.push((reason.to_owned(), 0.0));
+        }
+    }
+    rejections.sort_by(|a, b| a.0.cmp(&b.0));
+    let samples: Vec<([(&str, &str); 1], f64)> = rejections
+        .iter()
+        .map(|(k, v)| ([("reason", k.as_str())], *v))
+        .collect();
+    let samples: Vec<(&[(&str, &str)], f64)> =
+        samples.iter().map(|(l, v)| (&l[..], *v)).collect();
+    e.counters(
+        "turnstile_rejections_total",
+        "Messages refused, by reason.",
+        &samples,
+    );
+    e.counters(
+        "turnstile_cleanups_total",
+        "Agent cleanups (close) ended, by result.",
+        &[
+            (&[("result", "done")][..], s.cleanups.done as f64),
+            (&[("result", "timed_out")][..], s.cleanups.timed_out as f64),
+            (&[("result", "failed")][..], s.cleanups.failed as f64),
+        ],
+    );
+    e.gauge(
+        "turnstile_cleanup_queue_depth",
+        "Cleanups waiting for close() to start.",
+        s.cleanups.queued as f64,
+    );
+    e.gauge(
+        "turnstile_cleanups_pending",
+        "Cleanups not yet finished nor timed out.",
+        s.cleanups.pending as f64,
+    );
+    let states = |t: &ThreadStates| [("idle", t.idle), ("busy", t.busy), ("stuck", t.stuck)];
+    let mut threads = Vec::new();
+    for (pool, t) in [
+        ("turn", &s.workers.turn_threads),
+        ("cleanup", &s.workers.cleanup_threads),
+    ] {
+        for (state, n) in states(t) {
+            threads.push(([("pool", pool), ("state", state)], n as f64));
+        }
+    }
+    let threads: Vec<(&[(&str, &str)], f64)> = threads.iter().map(|(l, v)| (&l[..], *v)).collect();
+    e.gauges(
+        "turnstile_worker_threads",
+        "Worker threads alive, by pool and state.",
+        &threads,
+    );
+    e.counter(
+        "turnstile_replaced_threads_total",
+        "Threads given up on (stuck past a deadline) and replaced, both pools.",
+        s.workers.replaced as f64,
+    );
+    e.counter(
+        "turnstile_partials_forwarded_total",
+        "Partial replies delivered to the submitter.",
+        s.messages.partials_forwarded as f64,
+    );
+    e.counter(
+        "turnstile_events_undelivered_total",
+        "Events that could not be handed to their sink.",
+        s.messages.events_undelivered as f64,
+    );
+    if let Some(b) = bridge {
+        render_bridge(&mut e, b);
+    }
+    e.finish()
+}
+
+/// The bridge server's and the HTTP endpoint's figures (`Status::frontend`).
+fn render_bridge(e: &mut Exposition, b: &Value) {
+    e.gauges(
+        "turnstile_connections",
+        "Bridge connections open, by whether they have authenticated.",
+        &[
+            (
+                &[("state", "authenticated")][..],
+                num(b, &["connections"]) - num(b, &["unauthenticated"]),
+            ),
+            (
+                &[("state", "unauthenticated")][..],
+                num(b, &["unauthenticated"]),
+            ),
+        ],
+    );
+    e.counter(
+        "turnstile_connections_refused_total",
+        "Bridge connections refused or closed at a bound.",
+        num(b, &["connections_refused"]),
+    );
+    e.gauge(
+        "turnstile_platforms",
+        "Platforms known to the bridge.",
+        num(b, &["platforms"]),
+    );
+    e.counter(
+        "turnstile_bridge_errors_total",
+        "Bridge lines answered with an error.",
+        num(b, &["errors"]),
+    );
+    e.counter(
+        "turnstile_partials_dropped_total",
+        "Partial replies dropped (connection gone or over its output bound).",
+        num(b, &["partials_dropped"]),
+    );
+    let mut events = Vec::new();
+    let mut bytes = Vec::new();
+    let mut reserved = Vec::new();
+    if let Some(Value::Object(outboxes)) = b.get("outboxes") {
+        for (platform, p) in outboxes {
+            events.push(([("platform", platform.as_str())], num(p, &["outbox_events"])));
+            bytes.push(([("platform", platform.as_str())], num(p, &["outbox_bytes"])));
+            reserved.push(([("platform", platform.as_str())], num(p, &["reserved_events"])));
+        }
+    }
+    let as_samples = |v: &[([(&str, &str); 1], f64)]| -> Vec<(Vec<(String, String)>, f64)> {
+        v.iter()
+            .map(|(l, n)| {
+                (
+                    l.iter()
+                        .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+                        .collect(),
+                    *n,
+                )
+            })
+            .collect()
+    };
+    for (name, help, v) in [
+        (
+            "turnstile_outbox_depth",
+            "Results waiting in a platform's outbox for a bridge to read them.",
+            as_samples(&events),
+        ),
+        (
+            "turnstile_outbox_bytes",
+            "Bytes of the results waiting in a platform's outbox.",
+            as_samples(&bytes),
+        ),
+        (
+            "turnstile_outbox_reserved",
+            "Results a platform is owed (accepted, not yet delivered), outbox included.",
+            as_samples(&reserved),
+        ),
+    ] {
+        let labels: Vec<Vec<(&str, &str)>> = v
+            .iter()
+            .map(|(l, _)| l.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect())
+            .collect();
+        let samples: Vec<(&[(&str, &str)], f64)> = labels
+            .iter()
+            .zip(&v)
+            .map(|(l, (_, n))| (&l[..], *n))
+            .collect();
+        e.gauges(name, help, &samples);
+    }
+    if let Some(h) = b.get("http") {
+        e.gauges(
+            "turnstile_http_connections",
+            "Connections to the operations HTTP endpoint, and its cap.",
+            &[
+                (&[("state", "open")][..], num(h, &["connections"])),
+                (&[("state", "max")][..], num(h, &["max_connections"])),
+            ],
+        );
+        e.counters(
+            "turnstile_http_requests_total",
+            "Requests to the operations HTTP endpoint, by result.",
+            &[
+                (&[("result", "all")][..], num(h, &["requests"])),
+                (&[("result", "unauthorized")][..], num(h, &["unauthorized"])),
+                (&[("result", "bad_request")][..], num(h, &["bad_requests"])),
+            ],
+        );
+        e.counters(
+            "turnstile_http_connections_closed_total",
+            "HTTP connections refused at the cap or closed idle.",
+            &[
+                (&[("reason", "refused")][..], num(h, &["refused"])),
+                (&[("reason", "idle")][..], num(h, &["idle_closed"])),
+            ],
+        );
     }
 }
 

@@ -1,7 +1,10 @@
 //! Operations: the HTTP endpoint (health, readiness, status, Prometheus metrics), systemd
 //! notifications and the watchdog, hosted on the reactor next to the bridge server.
 
+pub mod frontend;
 pub mod http;
 pub mod metrics;
 pub mod notify;
 pub mod logfmt;
+
+pub use frontend::Ops;
