@@ -15,8 +15,8 @@ use crossbeam_channel::{Receiver, Sender, bounded};
 use serde::Serialize;
 
 use crate::agent::AgentUsage;
-use crate::ops::metrics::{LAG_BUCKETS, PromHistogram, TURN_BUCKETS};
 pub use crate::core::{CleanupCounts, MessageCounts, SessionCounts, TurnCounts};
+use crate::ops::metrics::{LAG_BUCKETS, PromHistogram, TURN_BUCKETS};
 
 /// Exact buckets below this many microseconds; log-linear above.
 const LINEAR: u64 = 16;
@@ -505,7 +505,11 @@ mod tests {
         w.record(s(5), ms(900)); // slice 0
         w.record(s(15), ms(1)); // slice 1
         assert_eq!(w.merged(s(15)).count(), 2);
-        assert_eq!(w.merged(s(59)).max(), ms(900), "slice 0 is still in the window at 59 s");
+        assert_eq!(
+            w.merged(s(59)).max(),
+            ms(900),
+            "slice 0 is still in the window at 59 s"
+        );
         let later = w.merged(s(60));
         assert_eq!(later.count(), 1, "slice 0 left the window at 60 s");
         assert_eq!(later.max(), ms(1));

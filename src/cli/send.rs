@@ -80,9 +80,9 @@ fn exchange(args: &SendArgs) -> Result<i32, Box<dyn std::error::Error>> {
         .unwrap_or(0);
     let id = format!("send-{}-{nanos}", std::process::id());
     let meta: Option<Value> = match &args.meta {
-        Some(m) => Some(
-            serde_json::from_str(m).map_err(|e| format!("--meta is not a JSON object: {e}"))?,
-        ),
+        Some(m) => {
+            Some(serde_json::from_str(m).map_err(|e| format!("--meta is not a JSON object: {e}"))?)
+        }
         None => None,
     };
     let hello = json!({"op": "hello", "platform": args.platform, "token": args.token});
@@ -100,7 +100,10 @@ fn exchange(args: &SendArgs) -> Result<i32, Box<dyn std::error::Error>> {
                 args.timeout
             ),
             std::io::ErrorKind::InvalidData => {
-                format!("{} is not a turnstile server (it sent non-UTF-8 data)", args.addr)
+                format!(
+                    "{} is not a turnstile server (it sent non-UTF-8 data)",
+                    args.addr
+                )
             }
             _ => format!("the connection to the gateway failed: {e}"),
         })?;

@@ -12,10 +12,10 @@ use turnstile::exec::{ExecAgent, ExecOptions};
 use turnstile::openai::{
     ApiKey, DEFAULT_HISTORY_CHARS, DEFAULT_HISTORY_TURNS, OpenAiConfig, OpenAiFactory, TlsRoots,
 };
-use turnstile::process::{self, ProcessAgent, ProcessOptions};
 use turnstile::ops::Ops;
 use turnstile::ops::http::{self, DEFAULT_HTTP_LISTEN, HttpConfig, HttpServer};
 use turnstile::ops::notify::SdNotify;
+use turnstile::process::{self, ProcessAgent, ProcessOptions};
 use turnstile::server::{BridgeConfig, BridgeServer, ServerConfig};
 use turnstile::{Builder, BusyMode, EchoAgent};
 

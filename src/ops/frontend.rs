@@ -269,9 +269,10 @@ impl<F: Frontend> Frontend for Ops<F> {
         self.latest = Arc::clone(status);
         self.inner.on_tick(status);
         let now = Duration::from_secs_f64(status.uptime_s.max(0.0));
-        if let Some(n) = &mut self.notify {
-            let healthy = lag_healthy(status, self.tick_interval)
-                && status.state != RuntimeState::Stopped;
+        // Nothing before READY=1 (sent on the loop's first wake).
+        if let Some(n) = self.notify.as_mut().filter(|_| self.ready_sent) {
+            let healthy =
+                lag_healthy(status, self.tick_interval) && status.state != RuntimeState::Stopped;
             if let Some(p) = &mut self.pacer
                 && p.on_tick(now, healthy)
             {

@@ -565,7 +565,14 @@ impl HttpServer {
                 Parsed::Bad(status, why) => {
                     self.stats.requests += 1;
                     self.stats.bad_requests += 1;
-                    let r = render(status, TEXT, format!("{why}\n").as_bytes(), &[], true, false);
+                    let r = render(
+                        status,
+                        TEXT,
+                        format!("{why}\n").as_bytes(),
+                        &[],
+                        true,
+                        false,
+                    );
                     conn.input.clear();
                     conn.closing = true;
                     conn.output = r.bytes;
@@ -641,7 +648,10 @@ mod tests {
         assert!(!req("GET / HTTP/1.1\r\n\r\n").close);
         assert!(req("GET / HTTP/1.0\r\n\r\n").close);
         assert!(!req("GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n").close);
-        assert_eq!(req("GET / HTTP/1.1\r\nAuthorization: Basic x\r\n\r\n").bearer, None);
+        assert_eq!(
+            req("GET / HTTP/1.1\r\nAuthorization: Basic x\r\n\r\n").bearer,
+            None
+        );
     }
 
     #[test]
@@ -672,7 +682,10 @@ mod tests {
             Parsed::Bad(400, "request bodies are not accepted")
         );
         assert_eq!(
-            parse_request(b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 8192),
+            parse_request(
+                b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+                8192
+            ),
             Parsed::Bad(400, "request bodies are not accepted")
         );
         assert!(matches!(
@@ -694,7 +707,10 @@ mod tests {
         assert_eq!(answer("GET /readyz HTTP/1.1\r\n\r\n", None, true).0, 503);
         let (s, text) = answer("GET /status HTTP/1.1\r\n\r\n", None, true);
         assert_eq!(s, 200);
-        assert!(text.contains("application/json") && text.ends_with("}"), "{text}");
+        assert!(
+            text.contains("application/json") && text.ends_with("}"),
+            "{text}"
+        );
         let (s, text) = answer("GET /metrics HTTP/1.1\r\n\r\n", None, true);
         assert_eq!(s, 200);
         assert!(text.contains("version=0.0.4"), "{text}");
@@ -705,7 +721,10 @@ mod tests {
         assert!(text.contains("Allow: GET, HEAD\r\n"), "{text}");
         let (s, text) = answer("HEAD /healthz HTTP/1.1\r\n\r\n", None, true);
         assert_eq!(s, 200);
-        assert!(text.ends_with("\r\n\r\n") && text.contains("Content-Length: 3"), "{text}");
+        assert!(
+            text.ends_with("\r\n\r\n") && text.contains("Content-Length: 3"),
+            "{text}"
+        );
         let r = respond(
             &req("GET /healthz HTTP/1.1\r\n\r\n"),
             None,
@@ -713,13 +732,20 @@ mod tests {
             true,
         );
         assert!(r.close);
-        assert!(String::from_utf8(r.bytes).unwrap().contains("Connection: close"));
+        assert!(
+            String::from_utf8(r.bytes)
+                .unwrap()
+                .contains("Connection: close")
+        );
     }
 
     #[test]
     fn the_token_guards_everything_but_healthz() {
         let t = AuthToken::new("s3cret");
-        assert_eq!(answer("GET /healthz HTTP/1.1\r\n\r\n", Some(&t), true).0, 200);
+        assert_eq!(
+            answer("GET /healthz HTTP/1.1\r\n\r\n", Some(&t), true).0,
+            200
+        );
         for path in ["/readyz", "/status", "/metrics"] {
             let (s, text) = answer(&format!("GET {path} HTTP/1.1\r\n\r\n"), Some(&t), true);
             assert_eq!(s, 401, "{path}");

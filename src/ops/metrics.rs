@@ -13,14 +13,13 @@ use crate::liveness::{Status, ThreadStates};
 
 /// Loop-lag buckets in seconds: 50 µs to 10 s.
 pub const LAG_BUCKETS: &[f64] = &[
-    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-    0.5, 1.0, 2.5, 5.0, 10.0,
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0,
 ];
 
 /// Turn-duration buckets in seconds: 5 ms to 10 minutes.
 pub const TURN_BUCKETS: &[f64] = &[
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
-    600.0,
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 ];
 
 /// A histogram with fixed upper bounds (seconds), as Prometheus exposes one: per-bucket
@@ -315,8 +314,7 @@ pub fn render(s: &Status) -> String {
         .iter()
         .map(|(k, v)| ([("reason", k.as_str())], *v))
         .collect();
-    let samples: Vec<(&[(&str, &str)], f64)> =
-        samples.iter().map(|(l, v)| (&l[..], *v)).collect();
+    let samples: Vec<(&[(&str, &str)], f64)> = samples.iter().map(|(l, v)| (&l[..], *v)).collect();
     e.counters(
         "turnstile_rejections_total",
         "Messages refused, by reason.",
@@ -419,9 +417,15 @@ fn render_bridge(e: &mut Exposition, b: &Value) {
     let mut reserved = Vec::new();
     if let Some(Value::Object(outboxes)) = b.get("outboxes") {
         for (platform, p) in outboxes {
-            events.push(([("platform", platform.as_str())], num(p, &["outbox_events"])));
+            events.push((
+                [("platform", platform.as_str())],
+                num(p, &["outbox_events"]),
+            ));
             bytes.push(([("platform", platform.as_str())], num(p, &["outbox_bytes"])));
-            reserved.push(([("platform", platform.as_str())], num(p, &["reserved_events"])));
+            reserved.push((
+                [("platform", platform.as_str())],
+                num(p, &["reserved_events"]),
+            ));
         }
     }
     let as_samples = |v: &[([(&str, &str); 1], f64)]| -> Vec<(Vec<(String, String)>, f64)> {

@@ -3,8 +3,8 @@
 
 pub mod frontend;
 pub mod http;
+pub mod logfmt;
 pub mod metrics;
 pub mod notify;
-pub mod logfmt;
 
 pub use frontend::Ops;

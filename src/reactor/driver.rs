@@ -42,10 +42,7 @@ impl WarnLimiter {
             self.sessions
                 .retain(|_, (start, _, _)| now.saturating_sub(*start) < WARN_WINDOW);
         }
-        let entry = self
-            .sessions
-            .entry(session.clone())
-            .or_insert((now, 0, 0));
+        let entry = self.sessions.entry(session.clone()).or_insert((now, 0, 0));
         if now.saturating_sub(entry.0) >= WARN_WINDOW {
             entry.0 = now;
             entry.1 = 0;
@@ -329,7 +326,11 @@ mod tests {
         assert_eq!(l.allow(&a, s(2)), None);
         assert_eq!(l.allow(&a, s(3)), None);
         assert_eq!(l.allow(&b, s(3)), Some(0), "another session is not limited");
-        assert_eq!(l.allow(&a, s(60)), None, "the window runs from its first line");
+        assert_eq!(
+            l.allow(&a, s(60)),
+            None,
+            "the window runs from its first line"
+        );
         assert_eq!(l.allow(&a, s(61)), Some(3));
         assert_eq!(l.allow(&a, s(62)), Some(0));
     }

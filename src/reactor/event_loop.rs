@@ -86,12 +86,15 @@ impl<F: Frontend> Reactor<F> {
             status,
             status_file,
         };
-        reactor.status.publish(reactor.heartbeat.snapshot(
+        let mut reactor = reactor;
+        let first = reactor.heartbeat.snapshot(
             RuntimeState::Running,
             Duration::ZERO,
             &reactor.driver,
             reactor.frontend.status(),
-        ));
+        );
+        reactor.status.publish(Arc::clone(&first));
+        reactor.frontend.on_tick(&first);
         Ok(reactor)
     }
 

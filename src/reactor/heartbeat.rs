@@ -151,5 +151,7 @@ impl Heartbeat {
 }
 
 fn unix_s(t: SystemTime) -> f64 {
-    t.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs_f64()
+    t.duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
 }
