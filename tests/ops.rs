@@ -302,7 +302,9 @@ mod prom {
     }
 
     /// Labels of `{...}`: (name, unescaped value) pairs, and the rest of the line.
-    fn labels(s: &str) -> Result<(Vec<(String, String)>, &str), String> {
+    type Labels = Vec<(String, String)>;
+
+    fn labels(s: &str) -> Result<(Labels, &str), String> {
         let mut out = Vec::new();
         let mut rest = s;
         loop {
@@ -371,10 +373,8 @@ mod prom {
                     "HELP" | "TYPE" if !metric_name(name) => {
                         return Err(at(format!("bad metric name {name:?}")));
                     }
-                    "HELP" => {
-                        if !helped.insert(name.to_owned()) {
-                            return Err(at("second HELP".into()));
-                        }
+                    "HELP" if !helped.insert(name.to_owned()) => {
+                        return Err(at("second HELP".into()));
                     }
                     "TYPE" => {
                         let t = parts.next().unwrap_or("");
@@ -399,7 +399,7 @@ mod prom {
                 continue;
             }
             let name_end = line
-                .find(|c: char| c == '{' || c == ' ')
+                .find(['{', ' '])
                 .ok_or_else(|| at("no value".into()))?;
             let name = &line[..name_end];
             if !metric_name(name) {
@@ -428,7 +428,7 @@ mod prom {
                     finished.insert(prev);
                 }
             }
-            if kind == "counter" && !(v >= 0.0) {
+            if kind == "counter" && (v.is_nan() || v < 0.0) {
                 return Err(at("negative counter".into()));
             }
             if kind == "histogram" {
