@@ -41,7 +41,8 @@ struct Gw {
     child: Child,
     addr: String,
     http: String,
-    stderr: Option<ChildStderr>,
+    /// Log lines as they come (when `RUST_LOG` was given).
+    log: Option<crossbeam_channel::Receiver<String>>,
 }
 
 impl Gw {
@@ -82,12 +83,21 @@ impl Gw {
             .strip_prefix("http on ")
             .unwrap_or_else(|| panic!("http line: {line:?}"))
             .to_owned();
-        let stderr = child.stderr.take();
+        let log = child.stderr.take().map(|stderr: ChildStderr| {
+            let (tx, rx) = crossbeam_channel::unbounded();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines() {
+                    let Ok(line) = line else { break };
+                    let _ = tx.send(line);
+                }
+            });
+            rx
+        });
         Gw {
             child,
             addr,
             http,
-            stderr,
+            log,
         }
     }
 
@@ -143,11 +153,26 @@ impl Gw {
         prom::parse(&r.body).unwrap_or_else(|e| panic!("invalid exposition: {e}\n{}", r.body))
     }
 
-    /// Waits for exit (bounded) and returns the status and everything logged.
+    /// The next log line containing every needle (the lines before it are skipped).
+    fn log_line(&self, needles: &[&str]) -> String {
+        let log = self.log.as_ref().expect("started with RUST_LOG");
+        loop {
+            let line = log.recv_timeout(WAIT).expect("a log line in time");
+            if needles.iter().all(|n| line.contains(n)) {
+                return line;
+            }
+        }
+    }
+
+    /// Waits for exit (bounded) and returns the status and everything logged (not yet read).
     fn wait(mut self) -> (ExitStatus, String) {
         let mut log = String::new();
-        if let Some(mut e) = self.stderr.take() {
-            e.read_to_string(&mut log).expect("stderr");
+        if let Some(rx) = self.log.take() {
+            // The reader thread ends at EOF, when the process has exited.
+            for line in rx.iter() {
+                log.push_str(&line);
+                log.push('\n');
+            }
         }
         let (tx, rx) = crossbeam_channel::bounded(1);
         let mut child = std::mem::replace(
@@ -1166,5 +1191,86 @@ fn check_config_exits_zero_or_two() {
         .expect("run");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs --auth-token"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// SIGHUP re-reads the config file: a new queue cap and token apply to what comes next, a
+/// setting needing a restart is named in a WARN, a broken file is refused and the settings in
+/// force stay.
+#[test]
+fn sighup_applies_a_new_queue_cap_and_token_and_refuses_a_broken_file() {
+    let dir = temp_dir("reload");
+    let cfg = dir.join("turnstile.toml");
+    std::fs::write(&cfg, "queue-cap = 1\nauth-token = \"a\"\n").expect("write");
+    let gw = Gw::start(
+        &[
+            "--config",
+            cfg.to_str().expect("path"),
+            "--echo-delay-ms",
+            "60000",
+        ],
+        &[("RUST_LOG", "info")],
+    );
+    let hello = |c: &mut Client, token: &str| {
+        c.send(&json!({"op": "hello", "platform": "telegram", "token": token}));
+    };
+    let mut c = gw.client();
+    hello(&mut c, "a");
+    for id in ["m1", "m2"] {
+        c.send(&msg(id, "telegram", "1", "x"));
+        assert_eq!(c.ack(id)["op"], "ack", "{id}");
+    }
+    c.send(&msg("m3", "telegram", "1", "x"));
+    assert_eq!(c.ack("m3")["reason"], "queue_full");
+
+    std::fs::write(
+        &cfg,
+        "queue-cap = 3\nauth-token = \"b\"\nturn-workers = 4\n",
+    )
+    .expect("write");
+    gw.signal(libc::SIGHUP);
+    let warn = gw.log_line(&["reload:", "needs a restart"]);
+    assert!(
+        warn.contains("WARN") && warn.contains("turn-workers"),
+        "{warn}"
+    );
+    let applied = gw.log_line(&["reload: applied"]);
+    assert!(
+        applied.contains("queue-cap=3") && applied.contains("auth-token=set"),
+        "{applied}"
+    );
+    assert!(
+        !applied.contains("\"b\""),
+        "the token is never logged: {applied}"
+    );
+    c.send(&msg("m4", "telegram", "1", "x"));
+    assert_eq!(
+        c.ack("m4")["op"],
+        "ack",
+        "the new cap applies to the next message"
+    );
+    // The new token for new connections (and the HTTP endpoint); the old one no more.
+    let mut old = gw.client();
+    hello(&mut old, "a");
+    assert_eq!(old.recv()["detail"], "unauthorized");
+    let mut new = gw.client();
+    hello(&mut new, "b");
+    new.send(&msg("n1", "telegram", "2", "x"));
+    assert_eq!(new.ack("n1")["op"], "ack");
+    assert_eq!(gw.get("/status", Some("b")).status, 200);
+    assert_eq!(gw.get("/status", Some("a")).status, 401);
+
+    std::fs::write(&cfg, "queue-cap = \"lots\"\n").expect("write");
+    gw.signal(libc::SIGHUP);
+    let refused = gw.log_line(&["reload refused"]);
+    assert!(
+        refused.contains("ERROR") && refused.contains("queue-cap"),
+        "{refused}"
+    );
+    // Still 3: m2 and m4 wait, m5 is the third, m6 one too many.
+    c.send(&msg("m5", "telegram", "1", "x"));
+    assert_eq!(c.ack("m5")["op"], "ack");
+    c.send(&msg("m6", "telegram", "1", "x"));
+    assert_eq!(c.ack("m6")["reason"], "queue_full");
     let _ = std::fs::remove_dir_all(&dir);
 }

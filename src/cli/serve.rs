@@ -3,18 +3,21 @@
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use serde::Deserialize;
+use turnstile::AgentFactory;
 use turnstile::child::{self, AgentEnv};
+use turnstile::core::Tunables;
 use turnstile::exec::{ExecAgent, ExecOptions};
 use turnstile::openai::{
     ApiKey, DEFAULT_HISTORY_CHARS, DEFAULT_HISTORY_TURNS, OpenAiConfig, OpenAiFactory, TlsRoots,
 };
-use turnstile::ops::Ops;
 use turnstile::ops::http::{self, DEFAULT_HTTP_LISTEN, HttpConfig, HttpServer};
 use turnstile::ops::notify::SdNotify;
+use turnstile::ops::{Ops, Reload, ReloadApplier, ReloadLoader, SwappableFactory};
 use turnstile::process::{self, ProcessAgent, ProcessOptions};
 use turnstile::server::{BridgeConfig, BridgeServer, ServerConfig};
 use turnstile::{Builder, BusyMode, EchoAgent};
@@ -612,9 +615,121 @@ fn openai_config(a: &ServeArgs) -> Result<OpenAiConfig, String> {
 /// The heartbeat period of the served runtime.
 const TICK_INTERVAL: Duration = Duration::from_millis(100);
 
+/// The agent factory the settings ask for.
+fn make_factory(s: &Settings) -> Result<Arc<dyn AgentFactory>, String> {
+    Ok(match (s.agent, &s.agent_cmd, s.openai.clone()) {
+        (AgentKind::Exec, Some(cmd), _) => Arc::new(ExecAgent::factory_with(
+            cmd,
+            ExecOptions {
+                env: s.agent_env.clone(),
+                max_output_bytes: s.max_reply_bytes,
+            },
+        )),
+        (AgentKind::Process, Some(cmd), _) => Arc::new(ProcessAgent::factory(ProcessOptions {
+            command: cmd.clone(),
+            env: s.agent_env.clone(),
+            max_reply_bytes: s.max_reply_bytes,
+            max_line_bytes: s.agent_max_line_bytes,
+            stop_grace: s.stop_grace,
+            close_grace: s.agent_close_grace,
+        })),
+        (AgentKind::Openai, _, Some(cfg)) => {
+            Arc::new(OpenAiFactory::new(cfg).map_err(|e| format!("--agent openai: {e}"))?)
+        }
+        _ => Arc::new(EchoAgent::factory(s.echo_delay)),
+    })
+}
+
+/// What a new agent factory depends on that a reload may change.
+fn factory_key(s: &Settings) -> String {
+    format!("{:?} {:?} {:?}", s.agent_cmd, s.echo_delay, s.stop_grace)
+}
+
+/// The settings a reload cannot change, by name, with their values (compared, never logged:
+/// they may hold secrets).
+fn restart_only(s: &Settings) -> Vec<(&'static str, String)> {
+    let mut bridge = s.bridge.clone();
+    bridge.auth_token = None;
+    let http = s.http.clone().map(|(addr, mut cfg)| {
+        cfg.auth_token = None;
+        (addr, cfg)
+    });
+    vec![
+        ("listen", format!("{:?}", s.listen)),
+        ("http-listen and the http bounds", format!("{http:?}")),
+        ("agent", format!("{:?}", s.agent)),
+        ("agent-env", format!("{:?}", s.agent_env)),
+        ("agent-close-grace", format!("{:?}", s.agent_close_grace)),
+        (
+            "agent-max-line-bytes",
+            format!("{:?}", s.agent_max_line_bytes),
+        ),
+        ("max-reply-bytes", format!("{:?}", s.max_reply_bytes)),
+        ("turn-workers", format!("{:?}", s.turn_workers)),
+        ("cleanup-workers", format!("{:?}", s.cleanup_workers)),
+        (
+            "max-cleanup-workers",
+            format!("{:?}", s.max_cleanup_workers),
+        ),
+        ("max-cached-agents", format!("{:?}", s.max_cached_agents)),
+        ("agent-idle-ttl", format!("{:?}", s.agent_idle_ttl)),
+        (
+            "max-queued-messages",
+            format!("{:?}", s.max_queued_messages),
+        ),
+        ("max-queued-bytes", format!("{:?}", s.max_queued_bytes)),
+        ("status-file", format!("{:?}", s.status_file)),
+        ("openai settings", format!("{:?}", s.openai)),
+        ("the bridge's bounds", format!("{bridge:?}")),
+        (
+            "allow-insecure-bind",
+            format!("{:?}", s.allow_insecure_bind),
+        ),
+    ]
+}
+
+/// SIGHUP: re-reads the flags and `--config` file (on a helper thread) into a [`Reload`].
+fn reload_loader(flags: ServeArgs, initial: &Settings) -> ReloadLoader {
+    let fixed = restart_only(initial);
+    let last_key = Mutex::new(factory_key(initial));
+    Arc::new(move || {
+        let new = resolve(flags.clone())?;
+        let restart_needed = restart_only(&new)
+            .into_iter()
+            .zip(&fixed)
+            .filter(|((_, now), (_, was))| now != was)
+            .map(|((name, _), _)| name.to_owned())
+            .collect();
+        let key = factory_key(&new);
+        let mut last = last_key.lock().unwrap_or_else(|e| e.into_inner());
+        let factory = if *last != key {
+            let f = make_factory(&new)?;
+            *last = key;
+            Some(f)
+        } else {
+            None
+        };
+        Ok(Reload {
+            tunables: Tunables {
+                busy_mode: new.busy_mode,
+                queue_cap: new.queue_cap,
+                turn_timeout: new.turn_timeout,
+                stop_grace: new.stop_grace,
+                cleanup_timeout: new.cleanup_timeout,
+                drain_timeout: new.drain_timeout,
+            },
+            partial_interval: new.partial_interval,
+            auth_token: new.bridge.auth_token.clone(),
+            factory,
+            restart_needed,
+        })
+    })
+}
+
 /// Runs the server; returns the process exit code.
 pub fn run(args: ServeArgs) -> i32 {
     let check_only = args.check_config;
+    let flags = args.clone();
     let s = match resolve(args) {
         Ok(s) => s,
         Err(e) => {
@@ -639,31 +754,16 @@ pub fn run(args: ServeArgs) -> i32 {
         Ok((_, now)) => log::info!("open-file limit: {now}"),
         Err(e) => log::warn!("cannot raise the open-file limit: {e}"),
     }
-    let builder = match (s.agent, &s.agent_cmd, s.openai.clone()) {
-        (AgentKind::Exec, Some(cmd), _) => Builder::new(ExecAgent::factory_with(
-            cmd,
-            ExecOptions {
-                env: s.agent_env.clone(),
-                max_output_bytes: s.max_reply_bytes,
-            },
-        )),
-        (AgentKind::Process, Some(cmd), _) => Builder::new(ProcessAgent::factory(ProcessOptions {
-            command: cmd.clone(),
-            env: s.agent_env.clone(),
-            max_reply_bytes: s.max_reply_bytes,
-            max_line_bytes: s.agent_max_line_bytes,
-            stop_grace: s.stop_grace,
-            close_grace: s.agent_close_grace,
-        })),
-        (AgentKind::Openai, _, Some(cfg)) => match OpenAiFactory::new(cfg) {
-            Ok(f) => Builder::new(f),
-            Err(e) => {
-                eprintln!("turnstile serve: --agent openai: {e}");
-                return USAGE_ERROR;
-            }
-        },
-        _ => Builder::new(EchoAgent::factory(s.echo_delay)),
+    let factory = match make_factory(&s) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("turnstile serve: {e}");
+            return USAGE_ERROR;
+        }
     };
+    // Swappable, so a reload can give new agents a new command.
+    let swap = SwappableFactory::new(factory);
+    let builder = Builder::new(Arc::clone(&swap));
     if matches!(s.agent, AgentKind::Exec | AgentKind::Process) {
         if let Err(e) = child::become_subreaper() {
             log::warn!(
@@ -693,7 +793,7 @@ pub fn run(args: ServeArgs) -> i32 {
     if let Some(path) = &s.status_file {
         builder = builder.status_file(path);
     }
-    let (runtime, _handle, _events) = match builder.build() {
+    let (runtime, handle, _events) = match builder.build() {
         Ok(parts) => parts,
         Err(e) => {
             eprintln!("turnstile serve: {e}");
@@ -705,7 +805,7 @@ pub fn run(args: ServeArgs) -> i32 {
     let watchdog =
         s.drain_timeout + s.stop_grace + s.cleanup_timeout + flush_budget + Duration::from_secs(30);
     let cfg = ServerConfig {
-        bridge: s.bridge,
+        bridge: s.bridge.clone(),
         flush_budget,
         watchdog,
         allow_insecure_bind: s.allow_insecure_bind,
@@ -737,6 +837,21 @@ pub fn run(args: ServeArgs) -> i32 {
         };
         http_addr = server.local_addr().ok();
         ops = ops.with_http(server);
+    }
+    if flags.config.is_some() {
+        let loader = reload_loader(flags, &s);
+        let apply: ReloadApplier<BridgeServer> = Box::new(move |server, r| {
+            let mut restart = Vec::new();
+            if !server.set_auth_token(r.auth_token.as_deref()) {
+                restart.push("auth-token".to_owned());
+            }
+            handle.set_partial_interval(r.partial_interval);
+            if let Some(f) = &r.factory {
+                swap.swap(Arc::clone(f));
+            }
+            restart
+        });
+        ops = ops.with_reload(loader, apply);
     }
     match SdNotify::from_env() {
         Ok(Some(n)) => {

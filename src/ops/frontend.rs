@@ -4,13 +4,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crossbeam_channel::{Receiver, TryRecvError};
+
 use mio::event::Event;
 use mio::{Poll, Registry};
 
 use super::http::{self, HttpServer, OpsSource};
 use super::metrics;
 use super::notify::{SdNotify, WatchdogPacer};
-use crate::core::MessageEvent;
+use crate::agent::AgentFactory;
+use crate::core::{MessageEvent, Tunables};
 use crate::liveness::{RuntimeState, Status};
 use crate::reactor::{Ctx, Frontend};
 
@@ -22,6 +25,28 @@ const STATUS_LINE_EVERY: Duration = Duration::from_secs(1);
 /// A readiness check beyond the loop's own health (e.g. a store being writable): `Err`
 /// says why the gateway is not ready.
 pub type ReadinessCheck = Box<dyn Fn() -> Result<(), String>>;
+
+/// A re-read configuration: what may change while running, and what changed but needs a
+/// restart. Produced off the reactor (it reads files), applied on it.
+pub struct Reload {
+    /// The core's settings (queue cap, busy mode, timeouts).
+    pub tunables: Tunables,
+    /// The least time between two forwarded partials.
+    pub partial_interval: Duration,
+    /// The auth token (bridges' hellos and the HTTP endpoint's bearer token).
+    pub auth_token: Option<String>,
+    /// A new agent factory for agents created from now on, when the agent's command changed.
+    pub factory: Option<Arc<dyn AgentFactory>>,
+    /// Settings that differ from those in force and need a restart (named for the WARN).
+    pub restart_needed: Vec<String>,
+}
+
+/// Reads the configuration again (on a helper thread).
+pub type ReloadLoader = Arc<dyn Fn() -> Result<Reload, String> + Send + Sync>;
+
+/// Applies what [`Ops`] cannot apply itself (the wrapped frontend's token, the factory, the
+/// partial interval); returns settings it could not apply (they need a restart).
+pub type ReloadApplier<F> = Box<dyn FnMut(&mut F, &Reload) -> Vec<String>>;
 
 /// The operations side of the gateway, hosted around `inner`.
 pub struct Ops<F> {
@@ -38,6 +63,9 @@ pub struct Ops<F> {
     stopping_sent: bool,
     next_status_line: Duration,
     checks: Vec<(String, ReadinessCheck)>,
+    reloader: Option<(ReloadLoader, ReloadApplier<F>)>,
+    /// A reload being read on its helper thread.
+    reloading: Option<Receiver<Result<Reload, String>>>,
     #[cfg(feature = "test-hooks")]
     wedge: Option<test_hooks::Wedge>,
 }
@@ -154,6 +182,8 @@ impl<F: Frontend> Ops<F> {
             stopping_sent: false,
             next_status_line: Duration::ZERO,
             checks: Vec::new(),
+            reloader: None,
+            reloading: None,
             #[cfg(feature = "test-hooks")]
             wedge: test_hooks::Wedge::from_env(),
         }
@@ -176,6 +206,91 @@ impl<F: Frontend> Ops<F> {
     pub fn with_readiness_check(mut self, name: &str, check: ReadinessCheck) -> Ops<F> {
         self.checks.push((name.to_owned(), check));
         self
+    }
+
+    /// Re-reads the configuration on SIGHUP with `load` (off the reactor) and applies it:
+    /// the core's tunables and the HTTP token here, the rest with `apply`.
+    pub fn with_reload(mut self, load: ReloadLoader, apply: ReloadApplier<F>) -> Ops<F> {
+        self.reloader = Some((load, apply));
+        self
+    }
+
+    fn start_reload(&mut self) {
+        let Some((load, _)) = &self.reloader else {
+            log::warn!("reload: no configuration file to re-read (start with --config FILE)");
+            return;
+        };
+        if self.reloading.is_some() {
+            log::info!("reload: already in progress");
+            return;
+        }
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let load = Arc::clone(load);
+        let spawned = std::thread::Builder::new()
+            .name("turnstile-reload".into())
+            .spawn(move || {
+                let _ = tx.send(load());
+            });
+        match spawned {
+            Ok(_) => self.reloading = Some(rx),
+            Err(e) => log::error!("reload: cannot start its thread: {e}; settings unchanged"),
+        }
+    }
+
+    fn finish_reload(&mut self, ctx: &mut Ctx<'_>) {
+        let Some(rx) = &self.reloading else {
+            return;
+        };
+        let result = match rx.try_recv() {
+            Err(TryRecvError::Empty) => return,
+            Ok(r) => r,
+            Err(TryRecvError::Disconnected) => Err("the reload thread died".into()),
+        };
+        self.reloading = None;
+        let reload = match result {
+            Ok(r) => r,
+            Err(e) => {
+                // One line, for log shippers (a TOML error spans several).
+                let e = e.split_whitespace().collect::<Vec<_>>().join(" ");
+                log::error!("reload refused: {e}; the settings in force are kept");
+                return;
+            }
+        };
+        let Some((_, apply)) = &mut self.reloader else {
+            return;
+        };
+        let mut restart = reload.restart_needed.clone();
+        restart.extend(apply(&mut self.inner, &reload));
+        if let Some(h) = &mut self.http
+            && !restart.iter().any(|n| n == "auth-token")
+        {
+            h.set_auth_token(reload.auth_token.as_deref());
+        }
+        let t = reload.tunables;
+        ctx.retune(t);
+        for name in &restart {
+            log::warn!("reload: {name} changed but needs a restart to apply; the old value stays");
+        }
+        log::info!(
+            "reload: applied busy-mode={:?} queue-cap={} turn-timeout={:?} stop-grace={:?} cleanup-timeout={:?} drain-timeout={:?} partial-interval={:?} auth-token={} agent={}",
+            t.busy_mode,
+            t.queue_cap,
+            t.turn_timeout,
+            t.stop_grace,
+            t.cleanup_timeout,
+            t.drain_timeout,
+            reload.partial_interval,
+            if reload.auth_token.is_some() {
+                "set"
+            } else {
+                "none"
+            },
+            if reload.factory.is_some() {
+                "new command for new agents"
+            } else {
+                "unchanged"
+            },
+        );
     }
 
     /// The wrapped frontend.
@@ -221,12 +336,19 @@ impl<F: Frontend> Frontend for Ops<F> {
             }
         } else {
             self.inner.on_ready(event, ctx);
+            if ctx.take_reload_request() {
+                self.start_reload();
+            }
         }
     }
 
     fn on_wake(&mut self, ctx: &mut Ctx<'_>) -> Option<Duration> {
         self.now = ctx.now();
         let inner = self.inner.on_wake(ctx);
+        if ctx.take_reload_request() {
+            self.start_reload();
+        }
+        self.finish_reload(ctx);
         self.shutting_down = ctx.shutting_down();
         if let Some(n) = &mut self.notify {
             if !self.ready_sent {

@@ -23,6 +23,7 @@ pub struct Ctx<'a> {
     core: &'a mut Core<Route, BoxAgent>,
     fx: &'a mut Vec<Effect<Route, BoxAgent>>,
     shutdown: bool,
+    reload: bool,
 }
 
 impl<'a> Ctx<'a> {
@@ -36,6 +37,7 @@ impl<'a> Ctx<'a> {
             core,
             fx,
             shutdown: false,
+            reload: false,
         }
     }
 
@@ -56,6 +58,27 @@ impl<'a> Ctx<'a> {
     /// Whether the runtime is shutting down (or asked to, by this step or before).
     pub fn shutting_down(&self) -> bool {
         self.shutdown || self.core.is_shutting_down()
+    }
+
+    /// Asks for the configuration to be re-read (SIGHUP); a frontend hosting the reload
+    /// (the ops frontend) takes the request with [`Ctx::take_reload_request`].
+    pub fn request_reload(&mut self) {
+        self.reload = true;
+    }
+
+    /// Whether a reload was asked for in this step (and forgets the request).
+    pub fn take_reload_request(&mut self) -> bool {
+        std::mem::take(&mut self.reload)
+    }
+
+    /// The settings a reload may change, as in force.
+    pub fn tunables(&self) -> crate::core::Tunables {
+        self.core.tunables()
+    }
+
+    /// Changes the settings a reload may change, for what comes next.
+    pub fn retune(&mut self, t: crate::core::Tunables) {
+        self.core.retune(t);
     }
 
     /// Starts a graceful shutdown.

@@ -275,6 +275,12 @@ impl BridgeServer {
         })
     }
 
+    /// Replaces the auth token for hellos from now on (a reload); false when the change
+    /// needs a restart (adding or removing a token).
+    pub fn set_auth_token(&mut self, token: Option<&str>) -> bool {
+        self.bridge.set_auth_token(token)
+    }
+
     /// The bound address (useful with port 0).
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         self.listener.local_addr()
@@ -487,7 +493,8 @@ impl BridgeServer {
         let received: Vec<i32> = signals.pending().collect();
         for sig in received {
             if sig == libc::SIGHUP {
-                log::info!("received SIGHUP: ignored (configuration reload is not supported)");
+                log::info!("received SIGHUP: reloading the configuration");
+                ctx.request_reload();
                 continue;
             }
             self.signals_seen += 1;
