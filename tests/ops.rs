@@ -985,9 +985,16 @@ fn watchdog_pings_stop_while_the_loop_is_wedged() {
     );
     // Wedge the loop: SIGUSR1, then the next tick blocks opening the FIFO until we open it.
     gw.signal(libc::SIGUSR1);
-    let mut writer = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&fifo)
+    // Opened on a thread, so a gateway that never opens its end (built without the hook,
+    // or dead) fails the test instead of hanging it.
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let path = fifo.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(std::fs::OpenOptions::new().write(true).open(&path));
+    });
+    let mut writer = rx
+        .recv_timeout(WAIT)
+        .expect("the reactor opened the wedge (is the binary built with test-hooks?)")
         .expect("open the wedge");
     // The reactor is now inside the tick, reading the FIFO. What it sent before is queued.
     sock.set_nonblocking(true).expect("nonblocking");

@@ -152,6 +152,7 @@ impl SocketTable {
 
 struct Socket {
     id: ConnId,
+    peer: SocketAddr,
     stream: TcpStream,
     reader: LineReader,
     /// The bridge wanted no input (its output was over its bound); re-armed when it drains.
@@ -347,12 +348,13 @@ impl BridgeServer {
         }
         self.sockets.insert(Socket {
             id,
+            peer,
             stream,
             reader: LineReader::default(),
             read_paused: false,
             eof: false,
         });
-        log::debug!("connection {} from {peer}", id);
+        log::info!("connection opened conn={id} peer={peer}");
     }
 
     fn read(&mut self, id: ConnId, ctx: &mut Ctx<'_>) {
@@ -431,6 +433,7 @@ impl BridgeServer {
         let Some(mut sock) = self.sockets.remove(id) else {
             return;
         };
+        log::info!("connection closed conn={id} peer={}", sock.peer);
         if let Some(registry) = &self.registry {
             let _ = registry.deregister(&mut sock.stream);
         }
