@@ -412,59 +412,35 @@ fn render_bridge(e: &mut Exposition, b: &Value) {
         "Partial replies dropped (connection gone or over its output bound).",
         num(b, &["partials_dropped"]),
     );
-    let mut events = Vec::new();
-    let mut bytes = Vec::new();
-    let mut reserved = Vec::new();
-    if let Some(Value::Object(outboxes)) = b.get("outboxes") {
-        for (platform, p) in outboxes {
-            events.push((
-                [("platform", platform.as_str())],
-                num(p, &["outbox_events"]),
-            ));
-            bytes.push(([("platform", platform.as_str())], num(p, &["outbox_bytes"])));
-            reserved.push((
-                [("platform", platform.as_str())],
-                num(p, &["reserved_events"]),
-            ));
-        }
-    }
-    let as_samples = |v: &[([(&str, &str); 1], f64)]| -> Vec<(Vec<(String, String)>, f64)> {
-        v.iter()
-            .map(|(l, n)| {
-                (
-                    l.iter()
-                        .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
-                        .collect(),
-                    *n,
-                )
-            })
-            .collect()
+    let outboxes: Vec<(&String, &Value)> = match b.get("outboxes") {
+        Some(Value::Object(m)) => m.iter().collect(),
+        _ => Vec::new(),
     };
-    for (name, help, v) in [
+    for (name, help, field) in [
         (
             "turnstile_outbox_depth",
             "Results waiting in a platform's outbox for a bridge to read them.",
-            as_samples(&events),
+            "outbox_events",
         ),
         (
             "turnstile_outbox_bytes",
             "Bytes of the results waiting in a platform's outbox.",
-            as_samples(&bytes),
+            "outbox_bytes",
         ),
         (
             "turnstile_outbox_reserved",
             "Results a platform is owed (accepted, not yet delivered), outbox included.",
-            as_samples(&reserved),
+            "reserved_events",
         ),
     ] {
-        let labels: Vec<Vec<(&str, &str)>> = v
+        let labels: Vec<[(&str, &str); 1]> = outboxes
             .iter()
-            .map(|(l, _)| l.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect())
+            .map(|(platform, _)| [("platform", platform.as_str())])
             .collect();
         let samples: Vec<(&[(&str, &str)], f64)> = labels
             .iter()
-            .zip(&v)
-            .map(|(l, (_, n))| (&l[..], *n))
+            .zip(&outboxes)
+            .map(|(l, (_, p))| (&l[..], num(p, &[field])))
             .collect();
         e.gauges(name, help, &samples);
     }
@@ -500,6 +476,170 @@ fn render_bridge(e: &mut Exposition, b: &Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every figure of a snapshot reaches its sample: distinct values in, each found out.
+    #[test]
+    fn every_status_figure_is_rendered() {
+        use crate::liveness::{Histograms, ProcessInfo, RuntimeState};
+        let mut s = Status {
+            state: RuntimeState::Running,
+            ticks: 101,
+            ..Status::default()
+        };
+        s.process = ProcessInfo {
+            rss_bytes: 102,
+            started_unix_s: 103.5,
+            updated_unix_s: 0.0,
+            tick_interval_s: 0.1,
+        };
+        s.loop_lag_window_ms.p50 = 1.0;
+        s.loop_lag_window_ms.p99 = 2.0;
+        s.loop_lag_window_ms.max = 3.0;
+        s.sessions.total = 104;
+        s.sessions.waiting_for_worker = 105;
+        s.sessions.cached_agents = 106;
+        s.sessions.parked_agents = 107;
+        s.sessions.cache_overflows = 108;
+        s.sessions.queued_messages = 109;
+        s.turns.in_flight = 110;
+        s.turns.completed = 111;
+        s.turns.failed = 112;
+        s.turns.cancelled = 113;
+        s.turns.abandoned = 114;
+        s.messages.accepted = 115;
+        s.messages.queued_cancelled = 116;
+        s.messages.partials_forwarded = 117;
+        s.messages.events_undelivered = 118;
+        s.cleanups.done = 119;
+        s.cleanups.timed_out = 120;
+        s.cleanups.failed = 121;
+        s.cleanups.queued = 122;
+        s.cleanups.pending = 123;
+        s.workers.turn_threads = ThreadStates {
+            idle: 124,
+            busy: 125,
+            stuck: 126,
+        };
+        s.workers.cleanup_threads = ThreadStates {
+            idle: 127,
+            busy: 128,
+            stuck: 129,
+        };
+        s.workers.replaced = 130;
+        s.rejected_by_reason.insert("overloaded", 131);
+        let mut h = Histograms::default();
+        h.loop_lag.record(Duration::from_micros(70));
+        h.turn_duration.record(Duration::from_millis(7));
+        h.turn_duration.record(Duration::from_secs(700));
+        s.histograms = std::sync::Arc::new(h);
+        let text = render(&s);
+        let has = |line: &str| {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            )
+        };
+        for line in [
+            "turnstile_start_time_seconds 103.5",
+            "turnstile_process_resident_memory_bytes 102",
+            "turnstile_up 1",
+            "turnstile_ticks_total 101",
+            "turnstile_loop_lag_seconds_bucket{le=\"0.00005\"} 0",
+            "turnstile_loop_lag_seconds_bucket{le=\"0.0001\"} 1",
+            "turnstile_loop_lag_seconds_bucket{le=\"+Inf\"} 1",
+            "turnstile_loop_lag_seconds_count 1",
+            "turnstile_loop_lag_seconds_sum 0.00007",
+            "turnstile_loop_lag_window_seconds{stat=\"p50\"} 0.001",
+            "turnstile_loop_lag_window_seconds{stat=\"p99\"} 0.002",
+            "turnstile_loop_lag_window_seconds{stat=\"max\"} 0.003",
+            "turnstile_sessions 104",
+            "turnstile_sessions_waiting_for_worker 105",
+            "turnstile_agents{state=\"cached\"} 106",
+            "turnstile_agents{state=\"parked\"} 107",
+            "turnstile_agent_cache_overflows_total 108",
+            "turnstile_messages_queued 109",
+            "turnstile_turns_running 110",
+            "turnstile_turns_total{outcome=\"completed\"} 111",
+            "turnstile_turns_total{outcome=\"failed\"} 112",
+            "turnstile_turns_total{outcome=\"cancelled\"} 113",
+            "turnstile_turns_total{outcome=\"abandoned\"} 114",
+            "turnstile_turn_duration_seconds_bucket{le=\"0.01\"} 1",
+            "turnstile_turn_duration_seconds_bucket{le=\"600\"} 1",
+            "turnstile_turn_duration_seconds_bucket{le=\"+Inf\"} 2",
+            "turnstile_turn_duration_seconds_count 2",
+            "turnstile_messages_accepted_total 115",
+            "turnstile_messages_queued_cancelled_total 116",
+            "turnstile_partials_forwarded_total 117",
+            "turnstile_events_undelivered_total 118",
+            "turnstile_cleanups_total{result=\"done\"} 119",
+            "turnstile_cleanups_total{result=\"timed_out\"} 120",
+            "turnstile_cleanups_total{result=\"failed\"} 121",
+            "turnstile_cleanup_queue_depth 122",
+            "turnstile_cleanups_pending 123",
+            "turnstile_worker_threads{pool=\"turn\",state=\"idle\"} 124",
+            "turnstile_worker_threads{pool=\"turn\",state=\"busy\"} 125",
+            "turnstile_worker_threads{pool=\"turn\",state=\"stuck\"} 126",
+            "turnstile_worker_threads{pool=\"cleanup\",state=\"idle\"} 127",
+            "turnstile_worker_threads{pool=\"cleanup\",state=\"busy\"} 128",
+            "turnstile_worker_threads{pool=\"cleanup\",state=\"stuck\"} 129",
+            "turnstile_replaced_threads_total 130",
+            "turnstile_rejections_total{reason=\"overloaded\"} 131",
+            "turnstile_rejections_total{reason=\"queue_full\"} 0",
+            "turnstile_rejections_total{reason=\"shutting_down\"} 0",
+        ] {
+            has(line);
+        }
+        assert!(
+            !text.contains("turnstile_connections"),
+            "no bridge, no bridge figures"
+        );
+        // With the bridge's figures: its rejections replace the runtime's, its own families.
+        s.frontend = Some(serde_json::json!({
+            "connections": 5, "unauthenticated": 2, "connections_refused": 6, "platforms": 7,
+            "errors": 8, "partials_dropped": 9,
+            "rejected": {"invalid": 10, "overloaded": 131},
+            "outboxes": {"tg\"x": {"outbox_events": 11, "outbox_bytes": 12, "reserved_events": 13}},
+            "http": {"connections": 14, "max_connections": 15, "requests": 16, "unauthorized": 17,
+                     "bad_requests": 18, "refused": 19, "idle_closed": 20}
+        }));
+        s.state = RuntimeState::Draining;
+        let text = render(&s);
+        let has = |line: &str| {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            )
+        };
+        for line in [
+            "turnstile_up 0",
+            "turnstile_rejections_total{reason=\"invalid\"} 10",
+            "turnstile_rejections_total{reason=\"overloaded\"} 131",
+            "turnstile_rejections_total{reason=\"queue_full\"} 0",
+            "turnstile_connections{state=\"authenticated\"} 3",
+            "turnstile_connections{state=\"unauthenticated\"} 2",
+            "turnstile_connections_refused_total 6",
+            "turnstile_platforms 7",
+            "turnstile_bridge_errors_total 8",
+            "turnstile_partials_dropped_total 9",
+            "turnstile_outbox_depth{platform=\"tg\\\"x\"} 11",
+            "turnstile_outbox_bytes{platform=\"tg\\\"x\"} 12",
+            "turnstile_outbox_reserved{platform=\"tg\\\"x\"} 13",
+            "turnstile_http_connections{state=\"open\"} 14",
+            "turnstile_http_connections{state=\"max\"} 15",
+            "turnstile_http_requests_total{result=\"all\"} 16",
+            "turnstile_http_requests_total{result=\"unauthorized\"} 17",
+            "turnstile_http_requests_total{result=\"bad_request\"} 18",
+            "turnstile_http_connections_closed_total{reason=\"refused\"} 19",
+            "turnstile_http_connections_closed_total{reason=\"idle\"} 20",
+        ] {
+            has(line);
+        }
+        assert_eq!(
+            text.matches("turnstile_rejections_total{reason=\"overloaded\"}")
+                .count(),
+            1
+        );
+    }
 
     #[test]
     fn histogram_buckets_are_cumulative_and_inclusive_of_their_bound() {
