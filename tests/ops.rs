@@ -876,7 +876,17 @@ fn http_bounds_and_bad_requests() {
             && h["idle_closed"].as_u64() >= Some(1)
             && h["bad_requests"].as_u64() >= Some(4)
     });
-    assert_eq!(s["frontend"]["http"]["max_connections"], 2, "{s}");
+    let h = &s["frontend"]["http"];
+    assert_eq!(
+        (
+            &h["max_connections"],
+            &h["max_header_bytes"],
+            &h["max_requests"],
+            &h["idle_timeout_s"]
+        ),
+        (&json!(2), &json!(200), &json!(2), &json!(0.3)),
+        "{s}"
+    );
     let mm = gw.metrics();
     assert!(
         m(

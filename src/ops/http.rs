@@ -83,6 +83,12 @@ pub struct HttpStatus {
     pub connections: usize,
     /// The connection cap.
     pub max_connections: usize,
+    /// The request head bound in bytes.
+    pub max_header_bytes: usize,
+    /// Requests served per connection.
+    pub max_requests: usize,
+    /// Seconds a connection has to complete a request.
+    pub idle_timeout_s: f64,
     /// Requests answered (any status).
     pub requests: u64,
     /// Connections refused at the cap.
@@ -348,6 +354,9 @@ impl HttpServer {
             token: cfg.auth_token.as_deref().map(AuthToken::new),
             stats: HttpStatus {
                 max_connections: cfg.max_connections,
+                max_header_bytes: cfg.max_header_bytes,
+                max_requests: cfg.max_requests,
+                idle_timeout_s: cfg.idle_timeout.as_secs_f64(),
                 ..HttpStatus::default()
             },
             cfg,
