@@ -11,11 +11,15 @@
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, unbounded};
-use turnstile::workload::{Percentiles, Report, round, rss_mib, summarize};
+// The workload helpers belong to the binary (loadgen); the benches share the file.
+#[allow(dead_code)]
+#[path = "../src/workload.rs"]
+mod workload;
 use turnstile::{
     Agent, Builder, CancelToken, EchoAgent, EventKind, Message, Outcome, SessionKey, TurnError,
     TurnInput,
 };
+use workload::{Percentiles, Report, round, rss_mib, summarize};
 
 struct Scenario {
     name: &'static str,

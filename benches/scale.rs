@@ -8,8 +8,12 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use turnstile::core::{Core, CoreConfig, Effect, Input, TurnResult};
-use turnstile::workload::{round, rss_mib};
+// The workload helpers belong to the binary (loadgen); the benches share the file.
+#[allow(dead_code)]
+#[path = "../src/workload.rs"]
+mod workload;
 use turnstile::{Agent, EchoAgent, Message, SessionKey};
+use workload::{round, rss_mib};
 
 type AgentCore = Core<(), Box<dyn Agent>>;
 

@@ -94,6 +94,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                             Outcome::Cancelled(why) => println!("bot [{}]: cancelled ({})", e.id, why.as_str()),
                             Outcome::Failed(why) => println!("bot [{}]: failed: {why}", e.id),
                             Outcome::Merged { into } => println!("bot [{}]: merged into {into}", e.id),
+                            other => println!("bot [{}]: {other:?}", e.id),
                         }
                     }
                     _ => {}

@@ -84,6 +84,7 @@ impl Partials {
 
 /// Why a turn produced no reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum TurnError {
     /// The turn stopped because its cancellation token fired.
     Cancelled,
@@ -99,6 +100,8 @@ impl fmt::Display for TurnError {
         }
     }
 }
+
+impl std::error::Error for TurnError {}
 
 /// An AI agent serving one session. Both methods run on worker threads, never on the reactor.
 pub trait Agent: Send + 'static {
@@ -150,6 +153,20 @@ where
 {
     fn create(&self, session: &SessionKey) -> Result<Box<dyn Agent>, String> {
         self(session)
+    }
+}
+
+/// An [`AgentFactory`] made from a closure that builds an agent for a session; see
+/// [`Builder::from_fn`](crate::Builder::from_fn).
+pub struct FnFactory<F>(pub F);
+
+impl<F, A> AgentFactory for FnFactory<F>
+where
+    F: Fn(&SessionKey) -> A + Send + Sync + 'static,
+    A: Agent,
+{
+    fn create(&self, session: &SessionKey) -> Result<Box<dyn Agent>, String> {
+        Ok(Box::new((self.0)(session)))
     }
 }
 

@@ -187,6 +187,7 @@ impl LagWindow {
 
 /// Percentiles of loop lag in milliseconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct LagSummary {
     /// Median.
     pub p50: f64,
@@ -199,6 +200,7 @@ pub struct LagSummary {
 /// The runtime's lifecycle state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum RuntimeState {
     /// Built, loop not yet running.
     #[default]
@@ -213,6 +215,7 @@ pub enum RuntimeState {
 
 /// Worker thread gauges.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct WorkerCounts {
     /// Turn-pool threads alive (stuck ones included).
     pub turn: usize,
@@ -270,6 +273,7 @@ impl Default for Histograms {
 
 /// A snapshot of the runtime, refreshed by every heartbeat tick.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct Status {
     /// Process id.
     pub pid: u32,

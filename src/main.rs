@@ -1,10 +1,11 @@
 //! The `turnstile` binary: `serve` runs the gateway, `send` talks to one.
 
 mod cli;
+mod workload;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Subcommand};
 
-#[derive(Parser)]
+#[derive(clap::Parser)]
 #[command(
     name = "turnstile",
     version,
@@ -39,7 +40,8 @@ enum Cmd {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let command = Cli::command().mut_subcommand("serve", cli::serve::document_defaults);
+    let cli = Cli::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit());
     let mut logger =
         env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
     // ureq may log whole requests, Authorization header included, at TRACE: whatever
@@ -70,4 +72,33 @@ fn main() {
         Cmd::Status(args) => cli::status::run(args),
     };
     std::process::exit(code);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every default named in `defaults()` belongs to a real flag (`mut_arg` would panic at
+    /// start-up otherwise) and shows in the help with the value the code falls back to.
+    #[test]
+    fn serve_help_shows_the_defaults_the_code_uses() {
+        let mut command = Cli::command().mut_subcommand("serve", cli::serve::document_defaults);
+        command.build();
+        let serve = command.find_subcommand_mut("serve").expect("serve");
+        let help = serve.render_long_help().to_string();
+        let core = turnstile::core::CoreConfig::default();
+        for expected in [
+            "[default: 127.0.0.1:7878]".to_owned(),
+            format!("[default: {}]", core.queue_cap),
+            format!("[default: {}]", core.max_queued_messages),
+            "[default: 256 MiB]".to_owned(),
+            "[default: 0.8s]".to_owned(),
+            "[default: queue]".to_owned(),
+        ] {
+            assert!(help.contains(&expected), "{expected} missing from:\n{help}");
+        }
+        let shown = help.matches("[default: ").count();
+        // Each of the documented defaults appears once (clap's own, e.g. for --help, none).
+        assert!(shown >= 40, "only {shown} defaults shown");
+    }
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 /// The kind of chat a message came from; it decides how the session key is built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ChatType {
     /// A one-to-one conversation.
     Dm,
@@ -40,7 +41,7 @@ impl ChatType {
 }
 
 /// Why a session key or message could not be built.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct InvalidInput {
     /// The field at fault.
     pub field: &'static str,
@@ -264,6 +265,67 @@ impl fmt::Display for SessionKey {
     }
 }
 
+fn unescape(s: &str) -> Result<String, InvalidInput> {
+    let bad = InvalidInput {
+        field: "session key",
+        problem: "has a % that is not %25 or %3A",
+    };
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(at) = rest.find('%') {
+        out.push_str(&rest[..at]);
+        let code = rest.get(at..at + 3).ok_or(bad)?;
+        out.push(match code {
+            "%25" => '%',
+            "%3A" => ':',
+            _ => return Err(bad),
+        });
+        rest = &rest[at + 3..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Parses the rendered form (`platform:chat_type:chat_id[:thread:<id>][:user:<id>]`), so a key
+/// read from a log line or the status round-trips: `key.to_string().parse() == Ok(key)`.
+impl std::str::FromStr for SessionKey {
+    type Err = InvalidInput;
+
+    fn from_str(s: &str) -> Result<SessionKey, InvalidInput> {
+        let malformed = |problem| InvalidInput {
+            field: "session key",
+            problem,
+        };
+        let mut parts = s.split(':');
+        let (Some(platform), Some(chat_type), Some(chat_id)) =
+            (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(malformed("is not platform:chat_type:chat_id"));
+        };
+        let chat_type = ChatType::parse(chat_type).ok_or(malformed("has an unknown chat type"))?;
+        let (mut thread, mut user) = (None, None);
+        while let Some(label) = parts.next() {
+            let value = parts
+                .next()
+                .ok_or(malformed("has a label without a value"))?;
+            match label {
+                "thread" if thread.is_none() && user.is_none() => thread = Some(unescape(value)?),
+                "user" if user.is_none() && chat_type == ChatType::Group => {
+                    user = Some(unescape(value)?)
+                }
+                _ => return Err(malformed("has an unexpected or misplaced component")),
+            }
+        }
+        SessionKey::new(
+            &unescape(platform)?,
+            chat_type,
+            &unescape(chat_id)?,
+            thread.as_deref(),
+            user.as_deref(),
+        )
+    }
+}
+
 impl fmt::Debug for SessionKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "SessionKey({})", self.as_str())
@@ -272,6 +334,7 @@ impl fmt::Debug for SessionKey {
 
 /// A control command: it bypasses the queue and never reaches the agent as text.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Command {
     /// Cancel the running turn and every queued message.
     Stop,
@@ -307,6 +370,7 @@ impl Command {
 
 /// What a message asks for: an agent turn on its text, or a command.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Body {
     /// Text for the agent.
     Text(String),
@@ -477,5 +541,80 @@ mod tests {
         assert_eq!(Command::parse("/stopper"), None);
         assert_eq!(Command::parse("please /stop"), None);
         assert_eq!(Command::parse(""), None);
+    }
+
+    #[test]
+    fn keys_parse_back_from_their_rendered_form() {
+        let keys = [
+            SessionKey::dm("telegram", "42").unwrap(),
+            SessionKey::new(
+                "matrix",
+                ChatType::Group,
+                "!a:b%c",
+                Some("t:1"),
+                Some("u%:"),
+            )
+            .unwrap(),
+            SessionKey::new("slack", ChatType::Channel, "C1", Some("169.2"), None).unwrap(),
+            SessionKey::new("x", ChatType::Group, "g", None, None).unwrap(),
+        ];
+        for key in keys {
+            let parsed: SessionKey = key.to_string().parse().unwrap();
+            assert_eq!(parsed, key);
+            assert_eq!(
+                (parsed.thread_id(), parsed.user_id()),
+                (key.thread_id(), key.user_id())
+            );
+        }
+    }
+
+    #[test]
+    fn malformed_keys_are_refused_with_the_reason() {
+        for (text, problem) in [
+            ("telegram", "is not platform:chat_type:chat_id"),
+            ("telegram:dm", "is not platform:chat_type:chat_id"),
+            ("telegram:room:1", "has an unknown chat type"),
+            ("telegram:dm:1:thread", "has a label without a value"),
+            (
+                "telegram:dm:1:user:7",
+                "has an unexpected or misplaced component",
+            ),
+            (
+                "x:group:1:user:7:thread:2",
+                "has an unexpected or misplaced component",
+            ),
+            (
+                "x:dm:1:thread:2:thread:3",
+                "has an unexpected or misplaced component",
+            ),
+            (
+                "x:dm:1:color:red",
+                "has an unexpected or misplaced component",
+            ),
+            ("x:dm:1%", "has a % that is not %25 or %3A"),
+            ("x:dm:1%2", "has a % that is not %25 or %3A"),
+            ("x:dm:%41", "has a % that is not %25 or %3A"),
+        ] {
+            let err = text.parse::<SessionKey>().unwrap_err();
+            assert_eq!(err.problem, problem, "{text}");
+        }
+        // Components are still checked as SessionKey::new checks them.
+        assert_eq!("x:dm:".parse::<SessionKey>().unwrap_err().field, "chat_id");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_valid_key_round_trips(
+            platform in "[a-z%:]{1,6}",
+            chat in "[0-9a-z%:!]{1,8}",
+            thread in proptest::option::of("[0-9%:.]{1,5}"),
+            user in proptest::option::of("[a-z%:]{1,5}"),
+            group in proptest::bool::ANY,
+        ) {
+            let chat_type = if group { ChatType::Group } else { ChatType::Dm };
+            let key = SessionKey::new(&platform, chat_type, &chat, thread.as_deref(), user.as_deref()).unwrap();
+            let parsed: SessionKey = key.to_string().parse().unwrap();
+            proptest::prop_assert_eq!(parsed, key);
+        }
     }
 }

@@ -155,12 +155,6 @@ impl<J: Send + 'static> Pool<J> {
         self.shared.live.load(SeqCst)
     }
 
-    /// Threads busy with a job now, stuck ones included.
-    pub fn busy_threads(&self) -> usize {
-        self.live_threads()
-            .saturating_sub(self.shared.idle.load(SeqCst))
-    }
-
     /// Threads given up on (replaced) and still alive.
     pub fn stuck_threads(&self) -> usize {
         self.shared.stuck.load(SeqCst)
@@ -169,11 +163,6 @@ impl<J: Send + 'static> Pool<J> {
     /// Threads waiting for a job.
     pub fn idle_threads(&self) -> usize {
         self.shared.idle.load(SeqCst)
-    }
-
-    /// Jobs waiting for a thread.
-    pub fn queued_jobs(&self) -> usize {
-        self.shared.queued.load(SeqCst)
     }
 
     /// Threads given up on so far.

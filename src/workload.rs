@@ -91,6 +91,8 @@ pub fn round(v: f64, digits: i32) -> f64 {
 
 #[cfg(test)]
 mod tests {
+    // The benches include this file without a test harness, where the tests compile away.
+    #[allow(unused_imports)]
     use super::*;
 
     #[test]

@@ -172,6 +172,9 @@ impl Model {
                             *n += 1;
                             prop_assert_eq!(*n, 1, "{} got a second outcome", id);
                         }
+                        other => {
+                            prop_assert!(false, "an event the model does not know: {:?}", other)
+                        }
                     }
                 }
                 Fx::Started {

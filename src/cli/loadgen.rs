@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::workload::{Percentiles, Report, round, rss_mib, summarize};
 use clap::Args;
 use serde::Deserialize;
-use turnstile::workload::{Percentiles, Report, round, rss_mib, summarize};
 
 use super::USAGE_ERROR;
 

@@ -10,19 +10,24 @@ use clap::{Args, ValueEnum};
 use serde::Deserialize;
 use turnstile::AgentFactory;
 use turnstile::child::{self, AgentEnv};
-use turnstile::core::Tunables;
+use turnstile::core::{CoreConfig, Tunables};
 use turnstile::exec::{ExecAgent, ExecOptions};
 use turnstile::openai::{
-    ApiKey, DEFAULT_HISTORY_CHARS, DEFAULT_HISTORY_TURNS, OpenAiConfig, OpenAiFactory, TlsRoots,
+    ApiKey, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HISTORY_CHARS, DEFAULT_HISTORY_TURNS,
+    DEFAULT_READ_TIMEOUT, OpenAiConfig, OpenAiFactory, TlsRoots,
 };
 use turnstile::ops::http::{self, DEFAULT_HTTP_LISTEN, HttpConfig, HttpServer};
 use turnstile::ops::notify::SdNotify;
 use turnstile::ops::{Ops, Reload, ReloadApplier, ReloadLoader, SwappableFactory};
 use turnstile::process::{self, ProcessAgent, ProcessOptions};
+use turnstile::reactor::DEFAULT_PARTIAL_INTERVAL;
 use turnstile::server::{BridgeConfig, BridgeServer, ServerConfig};
 use turnstile::{Builder, BusyMode, EchoAgent};
 
 use super::USAGE_ERROR;
+
+/// Where `serve` listens unless told otherwise.
+pub const DEFAULT_LISTEN: ([u8; 4], u16) = ([127, 0, 0, 1], 7878);
 
 /// Which agent serves the sessions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -48,18 +53,6 @@ pub enum TlsRootsArg {
     Webpki,
 }
 
-/// Busy mode names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BusyArg {
-    /// Follow-ups run one turn each, in order.
-    Queue,
-    /// A follow-up cancels the running turn.
-    Interrupt,
-    /// Queued follow-ups run as one turn.
-    Merge,
-}
-
 /// Flags of `serve`; the same keys (kebab-case) may appear in the `--config` TOML file, and
 /// flags override the file.
 #[derive(Args, Clone, Debug, Default, Deserialize)]
@@ -69,74 +62,71 @@ pub struct ServeArgs {
     #[arg(long)]
     #[serde(skip)]
     config: Option<PathBuf>,
-    /// Address to listen on [default: 127.0.0.1:7878].
+    /// Address to listen on
     #[arg(long)]
     listen: Option<SocketAddr>,
-    /// Agent [default: echo].
+    /// Agent
     #[arg(long, value_enum)]
     agent: Option<AgentKind>,
     /// Shell command of the exec or process agent.
     #[arg(long)]
     agent_cmd: Option<String>,
-    /// Seconds a process agent gets to exit after `close` before SIGTERM [default: 10].
+    /// Seconds a process agent gets to exit after `close` before SIGTERM
     #[arg(long)]
     agent_close_grace: Option<f64>,
     /// Pass this variable of the gateway's environment to agent processes (repeatable).
     #[arg(long, value_name = "NAME")]
     agent_env: Option<Vec<String>>,
-    /// Longest line a process agent may write on stdout [default: 4 MiB].
+    /// Longest line a process agent may write on stdout
     #[arg(long)]
     agent_max_line_bytes: Option<usize>,
-    /// Replies and partials are cut to this many bytes and flagged truncated [default: 1 MiB].
+    /// Replies and partials are cut to this many bytes and flagged truncated
     #[arg(long)]
     max_reply_bytes: Option<usize>,
-    /// Simulated work per echo turn, in milliseconds (cancellable) [default: 0].
+    /// Simulated work per echo turn, in milliseconds (cancellable)
     #[arg(long)]
     echo_delay_ms: Option<u64>,
-    /// What a message does while its session's turn runs [default: queue].
+    /// What a message does while its session's turn runs
     #[arg(long, value_enum)]
-    busy_mode: Option<BusyArg>,
-    /// Messages a session may hold waiting [default: 32].
+    busy_mode: Option<BusyMode>,
+    /// Messages a session may hold waiting
     #[arg(long)]
     queue_cap: Option<usize>,
-    /// Threads running agent turns [default: 16].
+    /// Threads running agent turns
     #[arg(long)]
     turn_workers: Option<usize>,
-    /// Threads closing agents that always run [default: 2].
+    /// Threads closing agents that always run
     #[arg(long)]
     cleanup_workers: Option<usize>,
     /// Agent close()s that may run at once; the cleanup pool grows on demand up to this
-    /// [default: 64].
     #[arg(long)]
     max_cleanup_workers: Option<usize>,
     /// Idle agents kept for reuse; sessions with waiting work keep theirs beyond it
-    /// [default: 128].
     #[arg(long)]
     max_cached_agents: Option<usize>,
-    /// Seconds an idle agent is kept before it is closed [default: 3600].
+    /// Seconds an idle agent is kept before it is closed
     #[arg(long)]
     agent_idle_ttl: Option<f64>,
     /// Messages waiting across all sessions before new ones are rejected `overloaded`
-    /// [default: 100000].
     #[arg(long)]
     max_queued_messages: Option<usize>,
     /// Bytes of text waiting across all sessions before new messages are rejected
-    /// `overloaded` [default: 268435456].
+    /// `overloaded`
     #[arg(long)]
     max_queued_bytes: Option<usize>,
-    /// Least seconds between two partial replies forwarded for one turn [default: 0.8].
+    /// Least seconds between two partial replies forwarded for one turn
     #[arg(long)]
     partial_interval: Option<f64>,
-    /// Seconds a turn may run [default: 600].
+    /// Seconds a turn may run
     #[arg(long)]
     turn_timeout: Option<f64>,
-    /// Seconds a cancelled turn gets to return [default: 5].
+    /// Seconds a cancelled turn gets to return
     #[arg(long)]
     stop_grace: Option<f64>,
-    /// Seconds an agent's close() may take [default: 30].
+    /// Seconds an agent's close() may take
     #[arg(long)]
     cleanup_timeout: Option<f64>,
-    /// Seconds shutdown lets running turns finish [default: 30].
+    /// Seconds shutdown lets running turns finish
     #[arg(long)]
     drain_timeout: Option<f64>,
     /// Write the status snapshot to this JSON file.
@@ -145,18 +135,18 @@ pub struct ServeArgs {
     /// Token every bridge must present in its hello.
     #[arg(long, env = "TURNSTILE_AUTH_TOKEN", hide_env_values = true)]
     auth_token: Option<String>,
-    /// Connections beyond this are refused [default: 1024].
+    /// Connections beyond this are refused
     #[arg(long)]
     max_connections: Option<usize>,
-    /// Longest accepted protocol line [default: 65536].
+    /// Longest accepted protocol line
     #[arg(long)]
     max_line_bytes: Option<usize>,
     /// Unwritten output per connection past which its reads pause and typing/partial lines
-    /// are dropped; also the outbox backlog it is fed at a time [default: 1 MiB].
+    /// are dropped; also the outbox backlog it is fed at a time
     #[arg(long)]
     max_write_buffer: Option<usize>,
     /// Undelivered results a platform may have (reserved at admission; `backpressure`
-    /// beyond) [default: 10000].
+    /// beyond)
     #[arg(long)]
     outbox_cap: Option<usize>,
     /// Model name for --agent openai.
@@ -166,7 +156,7 @@ pub struct ServeArgs {
     /// --agent openai; https://api.openai.com/v1 for OpenAI).
     #[arg(long)]
     openai_base_url: Option<String>,
-    /// Environment variable holding the API key [default: OPENAI_API_KEY].
+    /// Environment variable holding the API key
     #[arg(long)]
     openai_api_key_env: Option<String>,
     /// System prompt of the openai agent.
@@ -175,52 +165,51 @@ pub struct ServeArgs {
     /// File whose text is the system prompt.
     #[arg(long)]
     system_prompt_file: Option<PathBuf>,
-    /// Past user/assistant exchanges sent with each message [default: 20].
+    /// Past user/assistant exchanges sent with each message
     #[arg(long)]
     history_turns: Option<usize>,
-    /// Character budget of a request's conversation [default: 24000].
+    /// Character budget of a request's conversation
     #[arg(long)]
     history_chars: Option<usize>,
-    /// Prefix "[from: NAME (id ID); meta: {...}]" to the user's text [default: false].
+    /// Prefix "[from: NAME (id ID); meta: {...}]" to the user's text
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     openai_sender_prefix: Option<bool>,
-    /// Seconds to open a connection to the API [default: 10].
+    /// Seconds to open a connection to the API
     #[arg(long)]
     openai_connect_timeout: Option<f64>,
-    /// Seconds the API may stay silent before the turn fails [default: 120].
+    /// Seconds the API may stay silent before the turn fails
     #[arg(long)]
     openai_read_timeout: Option<f64>,
-    /// Certificate authorities for https [default: platform].
+    /// Certificate authorities for https
     #[arg(long, value_enum)]
     openai_tls_roots: Option<TlsRootsArg>,
     /// Bytes a platform may have reserved for undelivered results; each accepted message
-    /// reserves --max-reply-bytes + 8 KiB (`backpressure` beyond) [default: 256 MiB].
+    /// reserves --max-reply-bytes + 8 KiB (`backpressure` beyond)
     #[arg(long)]
     outbox_bytes: Option<usize>,
     /// Platforms known at once; a hello or message for another gets `error`/`overloaded`
-    /// [default: 16].
     #[arg(long)]
     max_platforms: Option<usize>,
-    /// Message ids a platform's duplicate window holds (`backpressure` beyond) [default: 1000000].
+    /// Message ids a platform's duplicate window holds (`backpressure` beyond)
     #[arg(long)]
     dedup_max: Option<usize>,
-    /// Seconds an accepted (platform, id) is remembered [default: 600].
+    /// Seconds an accepted (platform, id) is remembered
     #[arg(long)]
     dedup_window: Option<f64>,
-    /// Connections waiting for their hello (with a token), in all [default: 256].
+    /// Connections waiting for their hello (with a token), in all
     #[arg(long)]
     max_unauthenticated: Option<usize>,
-    /// Connections waiting for their hello (with a token), per peer address [default: 32].
+    /// Connections waiting for their hello (with a token), per peer address
     #[arg(long)]
     max_unauthenticated_per_peer: Option<usize>,
-    /// Seconds a connection has to send its hello (with a token) [default: 5].
+    /// Seconds a connection has to send its hello (with a token)
     #[arg(long)]
     hello_timeout: Option<f64>,
-    /// Bytes written to one connection per loop wake [default: 262144].
+    /// Bytes written to one connection per loop wake
     #[arg(long)]
     write_budget: Option<usize>,
     /// Seconds a connection with output may take none of it before it is closed (its
-    /// results go back to the outbox) [default: 60].
+    /// results go back to the outbox)
     #[arg(long)]
     write_stall_timeout: Option<f64>,
     /// Address of the operations HTTP endpoint (/healthz, /readyz, /status, /metrics), or
@@ -247,6 +236,90 @@ pub struct ServeArgs {
     #[arg(long)]
     #[serde(skip)]
     check_config: bool,
+}
+
+/// Each flag's default as `serve --help` shows it, read from where the default is defined
+/// (the core's, the bridge's and the agents' own defaults), never typed twice.
+fn defaults() -> Vec<(&'static str, String)> {
+    let core = CoreConfig::default();
+    let bridge = BridgeConfig::default();
+    let secs = |d: Duration| format!("{}s", d.as_secs_f64());
+    let bytes = |n: usize| match n {
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
+        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
+        n => n.to_string(),
+    };
+    let lower = |v: &dyn std::fmt::Debug| format!("{v:?}").to_lowercase();
+    vec![
+        ("listen", SocketAddr::from(DEFAULT_LISTEN).to_string()),
+        ("agent", lower(&AgentKind::Echo)),
+        ("agent-close-grace", secs(process::DEFAULT_CLOSE_GRACE)),
+        (
+            "agent-max-line-bytes",
+            bytes(process::DEFAULT_MAX_LINE_BYTES),
+        ),
+        ("max-reply-bytes", bytes(bridge.max_reply_bytes)),
+        ("echo-delay-ms", "0".into()),
+        ("busy-mode", lower(&core.busy_mode)),
+        ("queue-cap", core.queue_cap.to_string()),
+        ("turn-workers", core.turn_workers.to_string()),
+        (
+            "cleanup-workers",
+            turnstile::reactor::DEFAULT_CLEANUP_WORKERS.to_string(),
+        ),
+        ("max-cleanup-workers", core.cleanup_concurrency.to_string()),
+        ("max-cached-agents", core.max_cached_agents.to_string()),
+        ("agent-idle-ttl", secs(core.agent_idle_ttl)),
+        ("max-queued-messages", core.max_queued_messages.to_string()),
+        ("max-queued-bytes", bytes(core.max_queued_bytes)),
+        ("partial-interval", secs(DEFAULT_PARTIAL_INTERVAL)),
+        ("turn-timeout", secs(core.turn_timeout)),
+        ("stop-grace", secs(core.stop_grace)),
+        ("cleanup-timeout", secs(core.cleanup_timeout)),
+        ("drain-timeout", secs(core.drain_timeout)),
+        ("max-connections", bridge.max_connections.to_string()),
+        ("max-line-bytes", bytes(bridge.max_line_bytes)),
+        ("max-write-buffer", bytes(bridge.max_write_buffer)),
+        ("outbox-cap", bridge.outbox_cap.to_string()),
+        ("outbox-bytes", bytes(bridge.outbox_bytes)),
+        ("max-platforms", bridge.max_platforms.to_string()),
+        ("dedup-max", bridge.dedup_max.to_string()),
+        ("dedup-window", secs(bridge.dedup_window)),
+        (
+            "max-unauthenticated",
+            bridge.max_unauthenticated.to_string(),
+        ),
+        (
+            "max-unauthenticated-per-peer",
+            bridge.max_unauthenticated_per_peer.to_string(),
+        ),
+        ("hello-timeout", secs(bridge.hello_timeout)),
+        ("write-budget", bytes(bridge.write_budget)),
+        ("write-stall-timeout", secs(bridge.write_stall_timeout)),
+        ("openai-api-key-env", "OPENAI_API_KEY".into()),
+        ("history-turns", DEFAULT_HISTORY_TURNS.to_string()),
+        ("history-chars", DEFAULT_HISTORY_CHARS.to_string()),
+        ("openai-sender-prefix", "false".into()),
+        ("openai-connect-timeout", secs(DEFAULT_CONNECT_TIMEOUT)),
+        ("openai-read-timeout", secs(DEFAULT_READ_TIMEOUT)),
+        ("openai-tls-roots", lower(&TlsRootsArg::Platform)),
+    ]
+}
+
+/// Adds each flag's default to its help. The flags are `Option`s (so a config file can fill
+/// what the command line left out), which is why clap cannot show the defaults itself.
+pub fn document_defaults(serve: clap::Command) -> clap::Command {
+    defaults().into_iter().fold(serve, |serve, (flag, value)| {
+        serve.mut_arg(flag.replace('-', "_"), |arg| {
+            let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+            let long = arg.get_long_help().map(ToString::to_string);
+            let arg = arg.help(format!("{help} [default: {value}]"));
+            match long {
+                Some(long) => arg.long_help(format!("{long} [default: {value}]")),
+                None => arg,
+            }
+        })
+    })
 }
 
 macro_rules! merge {
@@ -402,7 +475,14 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         process::DEFAULT_CLOSE_GRACE.as_secs_f64(),
         true,
     )?;
-    let cleanup_timeout = seconds("cleanup-timeout", a.cleanup_timeout, 30.0, false)?;
+    let core_default = CoreConfig::default();
+    let bridge_default = BridgeConfig::default();
+    let cleanup_timeout = seconds(
+        "cleanup-timeout",
+        a.cleanup_timeout,
+        core_default.cleanup_timeout.as_secs_f64(),
+        false,
+    )?;
     if agent == AgentKind::Process && agent_close_grace + process::CLOSE_OVERHEAD > cleanup_timeout
     {
         return Err(format!(
@@ -418,9 +498,7 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         AgentKind::Openai => Some(openai_config(&a)?),
         _ => None,
     };
-    let listen = a
-        .listen
-        .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7878)));
+    let listen = a.listen.unwrap_or_else(|| SocketAddr::from(DEFAULT_LISTEN));
     if !listen.ip().is_loopback() && a.auth_token.is_none() && !a.allow_insecure_bind {
         return Err(format!(
             "--listen {listen}: a non-loopback address needs --auth-token (or --allow-insecure-bind)"
@@ -429,28 +507,63 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
     let max_reply_bytes = at_least_one(
         "max-reply-bytes",
         a.max_reply_bytes,
-        turnstile::reactor::DEFAULT_MAX_REPLY_BYTES,
+        bridge_default.max_reply_bytes,
     )?;
     let bridge = BridgeConfig {
         auth_token: a.auth_token.clone(),
-        max_connections: at_least_one("max-connections", a.max_connections, 1024)?,
-        max_unauthenticated: at_least_one("max-unauthenticated", a.max_unauthenticated, 256)?,
+        max_connections: at_least_one(
+            "max-connections",
+            a.max_connections,
+            bridge_default.max_connections,
+        )?,
+        max_unauthenticated: at_least_one(
+            "max-unauthenticated",
+            a.max_unauthenticated,
+            bridge_default.max_unauthenticated,
+        )?,
         max_unauthenticated_per_peer: at_least_one(
             "max-unauthenticated-per-peer",
             a.max_unauthenticated_per_peer,
-            32,
+            bridge_default.max_unauthenticated_per_peer,
         )?,
-        hello_timeout: seconds("hello-timeout", a.hello_timeout, 5.0, false)?,
-        max_line_bytes: at_least_one("max-line-bytes", a.max_line_bytes, 65_536)?,
-        max_write_buffer: at_least_one("max-write-buffer", a.max_write_buffer, 1 << 20)?,
-        write_budget: at_least_one("write-budget", a.write_budget, 256 * 1024)?,
-        write_stall_timeout: seconds("write-stall-timeout", a.write_stall_timeout, 60.0, false)?,
-        max_platforms: at_least_one("max-platforms", a.max_platforms, 16)?,
-        outbox_cap: at_least_one("outbox-cap", a.outbox_cap, 10_000)?,
-        outbox_bytes: at_least_one("outbox-bytes", a.outbox_bytes, 256 << 20)?,
+        hello_timeout: seconds(
+            "hello-timeout",
+            a.hello_timeout,
+            bridge_default.hello_timeout.as_secs_f64(),
+            false,
+        )?,
+        max_line_bytes: at_least_one(
+            "max-line-bytes",
+            a.max_line_bytes,
+            bridge_default.max_line_bytes,
+        )?,
+        max_write_buffer: at_least_one(
+            "max-write-buffer",
+            a.max_write_buffer,
+            bridge_default.max_write_buffer,
+        )?,
+        write_budget: at_least_one("write-budget", a.write_budget, bridge_default.write_budget)?,
+        write_stall_timeout: seconds(
+            "write-stall-timeout",
+            a.write_stall_timeout,
+            bridge_default.write_stall_timeout.as_secs_f64(),
+            false,
+        )?,
+        max_platforms: at_least_one(
+            "max-platforms",
+            a.max_platforms,
+            bridge_default.max_platforms,
+        )?,
+        outbox_cap: at_least_one("outbox-cap", a.outbox_cap, bridge_default.outbox_cap)?,
+        outbox_bytes: at_least_one("outbox-bytes", a.outbox_bytes, bridge_default.outbox_bytes)?,
         max_reply_bytes,
-        dedup_window: seconds("dedup-window", a.dedup_window, 600.0, false)?,
-        dedup_max: at_least_one("dedup-max", a.dedup_max, 1_000_000)?,
+        dedup_window: seconds(
+            "dedup-window",
+            a.dedup_window,
+            bridge_default.dedup_window.as_secs_f64(),
+            false,
+        )?,
+        dedup_max: at_least_one("dedup-max", a.dedup_max, bridge_default.dedup_max)?,
         ..BridgeConfig::default()
     };
     let reserve = max_reply_bytes.saturating_add(turnstile::server::bridge::TERMINAL_ENVELOPE);
@@ -530,36 +643,63 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
             process::DEFAULT_MAX_LINE_BYTES,
         )?,
         echo_delay: Duration::from_millis(a.echo_delay_ms.unwrap_or(0)),
-        busy_mode: match a.busy_mode.unwrap_or(BusyArg::Queue) {
-            BusyArg::Queue => BusyMode::Queue,
-            BusyArg::Interrupt => BusyMode::Interrupt,
-            BusyArg::Merge => BusyMode::Merge,
-        },
-        queue_cap: at_least_one("queue-cap", a.queue_cap, 32)?,
-        turn_workers: at_least_one("turn-workers", a.turn_workers, 16)?,
-        cleanup_workers: at_least_one("cleanup-workers", a.cleanup_workers, 2)?,
+        busy_mode: a.busy_mode.unwrap_or(core_default.busy_mode),
+        queue_cap: at_least_one("queue-cap", a.queue_cap, core_default.queue_cap)?,
+        turn_workers: at_least_one("turn-workers", a.turn_workers, core_default.turn_workers)?,
+        cleanup_workers: at_least_one(
+            "cleanup-workers",
+            a.cleanup_workers,
+            turnstile::reactor::DEFAULT_CLEANUP_WORKERS,
+        )?,
         max_cleanup_workers: at_least_one(
             "max-cleanup-workers",
             a.max_cleanup_workers,
-            turnstile::core::DEFAULT_CLEANUP_CONCURRENCY,
+            core_default.cleanup_concurrency,
         )?,
-        max_cached_agents: a.max_cached_agents.unwrap_or(128),
-        agent_idle_ttl: seconds("agent-idle-ttl", a.agent_idle_ttl, 3600.0, false)?,
+        max_cached_agents: a
+            .max_cached_agents
+            .unwrap_or(core_default.max_cached_agents),
+        agent_idle_ttl: seconds(
+            "agent-idle-ttl",
+            a.agent_idle_ttl,
+            core_default.agent_idle_ttl.as_secs_f64(),
+            false,
+        )?,
         max_queued_messages: at_least_one(
             "max-queued-messages",
             a.max_queued_messages,
-            turnstile::core::DEFAULT_MAX_QUEUED_MESSAGES,
+            core_default.max_queued_messages,
         )?,
         max_queued_bytes: at_least_one(
             "max-queued-bytes",
             a.max_queued_bytes,
-            turnstile::core::DEFAULT_MAX_QUEUED_BYTES,
+            core_default.max_queued_bytes,
         )?,
-        partial_interval: seconds("partial-interval", a.partial_interval, 0.8, true)?,
-        turn_timeout: seconds("turn-timeout", a.turn_timeout, 600.0, false)?,
-        stop_grace: seconds("stop-grace", a.stop_grace, 5.0, true)?,
+        partial_interval: seconds(
+            "partial-interval",
+            a.partial_interval,
+            DEFAULT_PARTIAL_INTERVAL.as_secs_f64(),
+            true,
+        )?,
+        turn_timeout: seconds(
+            "turn-timeout",
+            a.turn_timeout,
+            core_default.turn_timeout.as_secs_f64(),
+            false,
+        )?,
+        stop_grace: seconds(
+            "stop-grace",
+            a.stop_grace,
+            core_default.stop_grace.as_secs_f64(),
+            true,
+        )?,
         cleanup_timeout,
-        drain_timeout: seconds("drain-timeout", a.drain_timeout, 30.0, true)?,
+        drain_timeout: seconds(
+            "drain-timeout",
+            a.drain_timeout,
+            core_default.drain_timeout.as_secs_f64(),
+            true,
+        )?,
         status_file: a.status_file,
         openai,
     })
@@ -598,10 +738,15 @@ fn openai_config(a: &ServeArgs) -> Result<OpenAiConfig, String> {
     cfg.connect_timeout = seconds(
         "openai-connect-timeout",
         a.openai_connect_timeout,
-        10.0,
+        DEFAULT_CONNECT_TIMEOUT.as_secs_f64(),
         false,
     )?;
-    cfg.read_timeout = seconds("openai-read-timeout", a.openai_read_timeout, 120.0, false)?;
+    cfg.read_timeout = seconds(
+        "openai-read-timeout",
+        a.openai_read_timeout,
+        DEFAULT_READ_TIMEOUT.as_secs_f64(),
+        false,
+    )?;
     cfg.tls_roots = match a.openai_tls_roots.unwrap_or(TlsRootsArg::Platform) {
         TlsRootsArg::Platform => TlsRoots::Platform,
         TlsRootsArg::Webpki => TlsRoots::WebPki,
@@ -770,7 +915,7 @@ pub fn run(args: ServeArgs) -> i32 {
                 "cannot become a child subreaper ({e}): agent processes that kill their own leader escape containment"
             );
         }
-        // The forced exits (a second signal, the watchdog) call std::process::exit.
+        // Whatever path ends the process, agent processes go with it.
         child::kill_all_at_exit();
     }
     let mut builder = builder
@@ -825,6 +970,7 @@ pub fn run(args: ServeArgs) -> i32 {
             return 1;
         }
     };
+    let forced = server.forced_stops();
     let mut ops = Ops::new(server, TICK_INTERVAL);
     let mut http_addr = None;
     if let Some((addr, cfg)) = s.http.clone() {
@@ -874,7 +1020,32 @@ pub fn run(args: ServeArgs) -> i32 {
         s.turn_workers,
         s.busy_mode
     );
-    let result = runtime.run_with(ops);
+    let (finished_tx, finished) = crossbeam_channel::bounded(1);
+    let reactor = std::thread::Builder::new()
+        .name("turnstile-reactor".into())
+        .spawn(move || {
+            let _ = finished_tx.send(runtime.run_with(ops));
+        });
+    if let Err(e) = reactor {
+        log::error!("cannot start the reactor thread: {e}");
+        return 1;
+    }
+    // The loop may be wedged when a stop is forced, so this thread, not the reactor, acts on
+    // it: the process ends without waiting for the loop (main exits with the code).
+    let finished = crossbeam_channel::select! {
+        recv(finished) -> r => r,
+        recv(forced) -> why => match why {
+            Ok(why) => {
+                log::error!("forced stop: {why}; exiting with code 1");
+                child::kill_all();
+                return 1;
+            }
+            // The server was dropped: the loop has ended and its result is on its way.
+            Err(_) => finished.recv(),
+        },
+    };
+    let result =
+        finished.unwrap_or_else(|_| Err(std::io::Error::other("the reactor thread panicked")));
     if s.agent != AgentKind::Echo {
         // Closing each agent killed its processes; this catches anything a close left.
         child::kill_all();

@@ -59,16 +59,6 @@ impl<K: Ord> TimerQueue<K> {
             self.stale = 0;
         }
     }
-
-    /// Timers queued, stale ones included.
-    pub fn len(&self) -> usize {
-        self.heap.len()
-    }
-
-    /// True when nothing is queued.
-    pub fn is_empty(&self) -> bool {
-        self.heap.is_empty()
-    }
 }
 
 #[cfg(test)]
@@ -86,7 +76,7 @@ mod tests {
         assert_eq!(q.pop_due(Duration::from_millis(25)), Some('a'));
         assert_eq!(q.pop_due(Duration::from_millis(25)), Some('b'));
         assert_eq!(q.pop_due(Duration::from_millis(25)), Some('c'));
-        assert!(q.is_empty());
+        assert!(q.heap.is_empty());
     }
 
     #[test]
@@ -99,6 +89,10 @@ mod tests {
                 q.mark_stale(|k| *k >= i - 9 && *k <= i);
             }
         }
-        assert!(q.len() < 2 * COMPACT_MIN, "heap kept {} timers", q.len());
+        assert!(
+            q.heap.len() < 2 * COMPACT_MIN,
+            "heap kept {} timers",
+            q.heap.len()
+        );
     }
 }

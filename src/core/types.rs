@@ -16,8 +16,12 @@ pub struct TurnId(pub u64);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CleanupId(pub u64);
 
-/// How a session treats a message that arrives while its turn runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+/// How a session treats a message that arrives while its turn runs. Named in lowercase on
+/// the command line and in the config file (`queue`, `interrupt`, `merge`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum BusyMode {
     /// Follow-ups run one turn each, in order.
     #[default]
@@ -26,18 +30,6 @@ pub enum BusyMode {
     Interrupt,
     /// Everything queued when a turn ends runs as one turn.
     Merge,
-}
-
-impl BusyMode {
-    /// Parses `queue`, `interrupt` or `merge`.
-    pub fn parse(s: &str) -> Option<BusyMode> {
-        match s {
-            "queue" => Some(BusyMode::Queue),
-            "interrupt" => Some(BusyMode::Interrupt),
-            "merge" => Some(BusyMode::Merge),
-            _ => None,
-        }
-    }
 }
 
 /// Limits and timeouts of the session table and scheduler.
@@ -128,6 +120,7 @@ impl Default for CoreConfig {
 
 /// Why a message was refused (it was never accepted, so this is its only answer).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RejectReason {
     /// The session already holds `queue_cap` waiting messages.
     QueueFull,
@@ -161,6 +154,7 @@ impl RejectReason {
 
 /// Why a message's turn was cancelled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CancelReason {
     /// `/stop`.
     Stopped,
@@ -186,6 +180,7 @@ impl CancelReason {
 
 /// Why a message's turn failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FailReason {
     /// The agent returned an error (or could not be created).
     Agent(String),
@@ -259,6 +254,7 @@ impl From<&str> for Reply {
 
 /// The terminal outcome of an accepted message: exactly one per message.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Outcome {
     /// The agent's reply, or a command's result.
     Reply(Reply),
@@ -275,6 +271,7 @@ pub enum Outcome {
 
 /// Whether an accepted message started at once or waits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AcceptState {
     /// Its turn (or command) started in the step that accepted it.
     Running,
@@ -284,6 +281,7 @@ pub enum AcceptState {
 
 /// What happened to a message.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum EventKind {
     /// Taken in; `position` counts the session's messages ahead of it.
     Accepted {
@@ -331,6 +329,7 @@ pub enum TurnResult {
 
 /// Why a cleanup job runs; carried into logs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CleanupContext {
     /// The idle sweep closed an agent past its TTL.
     Sweep,
@@ -362,6 +361,7 @@ impl CleanupContext {
 
 /// Why a turn was abandoned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AbandonReason {
     /// It ran past `turn_timeout`.
     Timeout,
@@ -461,6 +461,7 @@ pub struct CleanupJob<A> {
 
 /// What shutdown achieved.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct ShutdownReport {
     /// True when every turn finished or honoured cancellation and every cleanup finished in time.
     pub clean: bool,
@@ -690,6 +691,7 @@ pub struct SessionView {
 
 /// Where a session's agent is, in its life from the factory call to the end of `close()`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AgentPhase {
     /// None exists: the next turn creates one.
     Absent,

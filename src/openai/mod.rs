@@ -21,7 +21,7 @@
 //! failure texts are scrubbed of it even if a server echoes it back.
 
 mod sse;
-pub mod transport;
+mod transport;
 
 use std::collections::VecDeque;
 use std::collections::hash_map::RandomState;
@@ -95,6 +95,7 @@ impl fmt::Debug for ApiKey {
 
 /// Which certificate authorities an `https` base URL is checked against.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum TlsRoots {
     /// The operating system's store (through rustls-platform-verifier): follows the
     /// machine's CA updates and private CAs.

@@ -24,7 +24,7 @@ const STATUS_LINE_EVERY: Duration = Duration::from_secs(1);
 
 /// A readiness check beyond the loop's own health (e.g. a store being writable): `Err`
 /// says why the gateway is not ready.
-pub type ReadinessCheck = Box<dyn Fn() -> Result<(), String>>;
+pub type ReadinessCheck = Box<dyn Fn() -> Result<(), String> + Send>;
 
 /// A re-read configuration: what may change while running, and what changed but needs a
 /// restart. Produced off the reactor (it reads files), applied on it.
@@ -46,7 +46,7 @@ pub type ReloadLoader = Arc<dyn Fn() -> Result<Reload, String> + Send + Sync>;
 
 /// Applies what [`Ops`] cannot apply itself (the wrapped frontend's token, the factory, the
 /// partial interval); returns settings it could not apply (they need a restart).
-pub type ReloadApplier<F> = Box<dyn FnMut(&mut F, &Reload) -> Vec<String>>;
+pub type ReloadApplier<F> = Box<dyn FnMut(&mut F, &Reload) -> Vec<String> + Send>;
 
 /// The operations side of the gateway, hosted around `inner`.
 pub struct Ops<F> {

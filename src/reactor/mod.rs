@@ -30,10 +30,10 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender, TrySendError, bounded, unbounded};
 use mio::{Poll, Token};
 
-use crate::agent::{AgentFactory, CancelToken};
+use crate::agent::{Agent, AgentFactory, CancelToken};
 use crate::core::{BusyMode, CleanupJob, CoreConfig, MessageEvent, ShutdownReport, TurnJob};
 use crate::liveness::{Status, StatusCell};
-use crate::message::Message;
+use crate::message::{Message, SessionKey};
 use crate::pool::{Pool, PoolSize};
 use event_loop::Reactor;
 pub use frontend::{Ctx, FIRST_RESERVED_TOKEN, Frontend, NoFrontend};
@@ -84,6 +84,7 @@ impl std::error::Error for BuildError {}
 
 /// Why a submission did not reach the reactor; the message is handed back.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum SubmitError {
     /// The ingress channel is full: back off and retry.
     Backpressure(Message),
@@ -127,6 +128,21 @@ pub struct Builder {
     limits: TurnLimits,
 }
 
+impl fmt::Debug for Builder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Builder")
+            .field("core", &self.core)
+            .field("cleanup_workers", &self.cleanup_workers)
+            .field("max_extra_threads", &self.max_extra_threads)
+            .field("ingress_capacity", &self.ingress_capacity)
+            .field("tick_interval", &self.tick_interval)
+            .field("status_file", &self.status_file)
+            .field("precise_timers", &self.precise_timers)
+            .field("max_reply_bytes", &self.limits.max_reply_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
 macro_rules! setters {
     ($($(#[$doc:meta])* $name:ident: $ty:ty => $($field:ident).+;)*) => {$(
         $(#[$doc])*
@@ -138,6 +154,31 @@ macro_rules! setters {
 }
 
 impl Builder {
+    /// A builder whose agents come from `make`, called on a turn worker for each session
+    /// that needs a fresh agent. The closure's types are inferred:
+    ///
+    /// ```
+    /// use turnstile::{Agent, Builder, CancelToken, TurnError, TurnInput};
+    ///
+    /// struct Counter(usize);
+    /// impl Agent for Counter {
+    ///     fn turn(&mut self, input: &TurnInput<'_>, _: &CancelToken) -> Result<String, TurnError> {
+    ///         self.0 += 1;
+    ///         Ok(format!("message {} of this session: {}", self.0, input.text))
+    ///     }
+    /// }
+    ///
+    /// let builder = Builder::from_fn(|_session| Counter(0));
+    /// # drop(builder);
+    /// ```
+    pub fn from_fn<F, A>(make: F) -> Builder
+    where
+        F: Fn(&SessionKey) -> A + Send + Sync + 'static,
+        A: Agent,
+    {
+        Builder::new(crate::agent::FnFactory(make))
+    }
+
     /// Defaults: 16 turn workers, 2 cleanup workers, queue mode, the limits of [`CoreConfig`],
     /// a 100 ms heartbeat, 65,536 pending submissions, no status file.
     pub fn new(factory: impl AgentFactory) -> Builder {
@@ -409,6 +450,15 @@ impl Handle {
     }
 }
 
+impl fmt::Debug for Handle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Handle")
+            .field("queued_submissions", &self.ingress.len())
+            .field("shutdown_requested", &self.shutdown.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
 /// The reactor, ready to run on the thread that calls [`Runtime::run`]; its worker threads
 /// are already running.
 pub struct Runtime {
@@ -426,6 +476,18 @@ pub struct Runtime {
     tick_interval: Duration,
     status_file: Option<PathBuf>,
     precise_timers: bool,
+}
+
+impl fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Runtime")
+            .field("core", &self.core)
+            .field("turn_threads", &self.turn_pool.live_threads())
+            .field("cleanup_threads", &self.cleanup_pool.live_threads())
+            .field("tick_interval", &self.tick_interval)
+            .field("status_file", &self.status_file)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Runtime {

@@ -13,9 +13,10 @@ pub mod bridge;
 mod dedup;
 mod frame;
 mod lines;
-pub mod protocol;
+mod protocol;
 mod sharded;
 
+use std::fmt;
 use std::io::{self, Write};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -74,17 +75,27 @@ impl Default for ServerConfig {
     }
 }
 
-/// Ends the process at once: the second shutdown signal and the shutdown watchdog come here.
+/// Why the server asks its host to end the process now instead of waiting for the loop.
 ///
-/// This is the one place where a forced exit happens, so that whatever must not outlive the
-/// gateway is dealt with here (the process-containment module hooks in at this call: killing
-/// every agent process group it started).
-pub fn forced_exit(code: i32) -> ! {
-    log::error!("forced exit with code {code}");
-    // Agent processes must not outlive the gateway, even on this path (the binary also
-    // registers this at exit; calling it here covers embedders that did not).
-    crate::child::kill_all();
-    std::process::exit(code)
+/// The library never exits the process itself: the server sends one of these on the channel
+/// from [`BridgeServer::forced_stops`], and the program that hosts it decides (the `turnstile`
+/// binary kills every agent process group and exits with code 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ForcedStop {
+    /// A second SIGINT/SIGTERM arrived while shutting down.
+    SecondSignal,
+    /// Shutdown ran past the watchdog's limit ([`ServerConfig::watchdog`]).
+    WatchdogExpired,
+}
+
+impl fmt::Display for ForcedStop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ForcedStop::SecondSignal => "a second shutdown signal arrived",
+            ForcedStop::WatchdogExpired => "shutdown ran past the watchdog's limit",
+        })
+    }
 }
 
 /// Raises the soft limit on open files to the hard limit; returns (old, new) soft limits.
@@ -172,6 +183,8 @@ pub struct BridgeServer {
     signals: Option<signal_hook_mio::v1_0::Signals>,
     signals_seen: usize,
     watchdog: Option<Sender<()>>,
+    /// Where a forced stop is announced to the host ([`BridgeServer::forced_stops`]).
+    forced: (Sender<ForcedStop>, crossbeam_channel::Receiver<ForcedStop>),
     /// Sockets by their connection's key (index), the key's bits being their poll token, so
     /// a readiness event for a closed socket never reaches the one that reuses its slot.
     sockets: SocketTable,
@@ -263,6 +276,7 @@ impl BridgeServer {
             signals,
             signals_seen: 0,
             watchdog: None,
+            forced: crossbeam_channel::bounded(2),
             sockets: SocketTable::default(),
             pending_reads: Vec::new(),
             writable: Vec::new(),
@@ -280,6 +294,13 @@ impl BridgeServer {
     /// needs a restart (adding or removing a token).
     pub fn set_auth_token(&mut self, token: Option<&str>) -> bool {
         self.bridge.set_auth_token(token)
+    }
+
+    /// Where the server announces that the process should end now (a second signal, the
+    /// shutdown watchdog). The host must act on it from a thread other than the reactor's,
+    /// since the loop may be wedged: see [`ForcedStop`].
+    pub fn forced_stops(&self) -> crossbeam_channel::Receiver<ForcedStop> {
+        self.forced.1.clone()
     }
 
     /// The bound address (useful with port 0).
@@ -507,13 +528,14 @@ impl BridgeServer {
                 "SIGTERM"
             };
             if self.signals_seen > 1 {
-                log::error!("received a second signal ({name}); exiting now");
+                log::error!("received a second signal ({name}); stopping now");
                 self.write_what_we_can();
-                forced_exit(1);
+                let _ = self.forced.0.try_send(ForcedStop::SecondSignal);
+                continue;
             }
             log::info!("received {name}: shutting down (a second signal exits at once)");
             ctx.request_shutdown();
-            self.watchdog = Some(arm_watchdog(self.watchdog_limit));
+            self.watchdog = Some(arm_watchdog(self.watchdog_limit, self.forced.0.clone()));
         }
     }
 
@@ -531,18 +553,18 @@ fn encode_error(detail: &str) -> Vec<u8> {
     protocol::encode(&protocol::ServerOp::Error { detail })
 }
 
-/// Starts a thread that exits the process with code 1 if the returned sender is still alive
-/// after `limit`. Dropping the sender disarms it.
-fn arm_watchdog(limit: Duration) -> Sender<()> {
+/// Starts a thread that announces [`ForcedStop::WatchdogExpired`] if the returned sender is
+/// still alive after `limit`. Dropping the sender disarms it.
+fn arm_watchdog(limit: Duration, forced: Sender<ForcedStop>) -> Sender<()> {
     let (tx, rx) = crossbeam_channel::bounded::<()>(0);
     let spawned = std::thread::Builder::new()
         .name("turnstile-watchdog".into())
         .spawn(move || {
             if rx.recv_timeout(limit) == Err(crossbeam_channel::RecvTimeoutError::Timeout) {
                 log::error!(
-                    "shutdown watchdog: still alive {limit:?} after the shutdown signal; exiting with code 1"
+                    "shutdown watchdog: still alive {limit:?} after the shutdown signal; stopping now"
                 );
-                forced_exit(1);
+                let _ = forced.try_send(ForcedStop::WatchdogExpired);
             }
         });
     if let Err(e) = spawned {
