@@ -213,19 +213,19 @@ pub struct ServeArgs {
     #[arg(long)]
     write_stall_timeout: Option<f64>,
     /// Address of the operations HTTP endpoint (/healthz, /readyz, /status, /metrics), or
-    /// `off` [default: 127.0.0.1:7879].
+    /// `off`.
     #[arg(long, value_name = "ADDR|off")]
     http_listen: Option<String>,
-    /// Open connections to the HTTP endpoint; one more gets 503 [default: 64].
+    /// Open connections to the HTTP endpoint; one more gets 503.
     #[arg(long)]
     http_max_connections: Option<usize>,
-    /// Bytes of an HTTP request head; more gets 431 [default: 8192].
+    /// Bytes of an HTTP request head; more gets 431.
     #[arg(long)]
     http_max_header_bytes: Option<usize>,
-    /// HTTP requests served per connection before it is closed [default: 100].
+    /// HTTP requests served per connection before it is closed.
     #[arg(long)]
     http_max_requests: Option<usize>,
-    /// Seconds an HTTP connection has to complete a request [default: 10].
+    /// Seconds an HTTP connection has to complete a request.
     #[arg(long)]
     http_idle_timeout: Option<f64>,
     /// Listen on a non-loopback address without an auth token.
@@ -252,6 +252,17 @@ fn defaults() -> Vec<(&'static str, String)> {
     let lower = |v: &dyn std::fmt::Debug| format!("{v:?}").to_lowercase();
     vec![
         ("listen", SocketAddr::from(DEFAULT_LISTEN).to_string()),
+        ("http-listen", DEFAULT_HTTP_LISTEN.to_owned()),
+        (
+            "http-max-connections",
+            http::DEFAULT_MAX_CONNECTIONS.to_string(),
+        ),
+        (
+            "http-max-header-bytes",
+            bytes(http::DEFAULT_MAX_HEADER_BYTES),
+        ),
+        ("http-max-requests", http::DEFAULT_MAX_REQUESTS.to_string()),
+        ("http-idle-timeout", secs(http::DEFAULT_IDLE_TIMEOUT)),
         ("agent", lower(&AgentKind::Echo)),
         ("agent-close-grace", secs(process::DEFAULT_CLOSE_GRACE)),
         (

@@ -186,15 +186,32 @@ fn summary(v: &Value, now_unix: f64) -> String {
         num(v, &["sessions", "cached_agents"]),
         num(v, &["sessions", "parked_agents"]),
     ));
+    // The bridge counts every rejection (the runtime's included); without it, the runtime's.
+    let rejected = match v.get("frontend").and_then(|f| f.get("rejected")) {
+        Some(Value::Object(by_reason)) => {
+            let mut reasons: Vec<String> = by_reason
+                .iter()
+                .filter(|(_, n)| n.as_u64().unwrap_or(0) > 0)
+                .map(|(k, n)| format!("{k} {n}"))
+                .collect();
+            let total: u64 = by_reason.values().filter_map(Value::as_u64).sum();
+            if reasons.is_empty() {
+                total.to_string()
+            } else {
+                reasons.sort();
+                format!("{total} ({})", reasons.join(", "))
+            }
+        }
+        _ => num(v, &["messages", "rejected"]).to_string(),
+    };
     out.push_str(&format!(
-        "turns: {} running, {} completed, {} failed, {} cancelled, {} abandoned; messages {} accepted, {} rejected\n",
+        "turns: {} running, {} completed, {} failed, {} cancelled, {} abandoned; messages {} accepted, {rejected} rejected\n",
         num(v, &["turns", "in_flight"]),
         num(v, &["turns", "completed"]),
         num(v, &["turns", "failed"]),
         num(v, &["turns", "cancelled"]),
         num(v, &["turns", "abandoned"]),
         num(v, &["messages", "accepted"]),
-        num(v, &["messages", "rejected"]),
     ));
     out.push_str(&format!(
         "cleanups: {} done, {} timed out, {} failed, {} queued, {} pending\n",
@@ -314,6 +331,19 @@ mod tests {
             Err("x".into())
         );
         assert!(verdict(&doc("running", 0.0), 1.0, 2.0, None).is_err());
+    }
+
+    #[test]
+    fn the_summary_counts_the_bridges_rejections() {
+        let v = json!({"state": "running", "messages": {"accepted": 3, "rejected": 0},
+            "frontend": {"rejected": {"invalid": 1, "backpressure": 0, "queue_full": 2}}});
+        let text = summary(&v, 0.0);
+        assert!(
+            text.contains("messages 3 accepted, 3 (invalid 1, queue_full 2) rejected"),
+            "{text}"
+        );
+        let v = json!({"state": "running", "messages": {"accepted": 3, "rejected": 4}});
+        assert!(summary(&v, 0.0).contains("messages 3 accepted, 4 rejected"));
     }
 
     #[test]
