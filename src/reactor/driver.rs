@@ -208,6 +208,10 @@ impl Driver {
                 let turn = job.turn;
                 self.started
                     .insert(turn, (self.now, Arc::clone(&job.message_id)));
+                debug_assert!(
+                    self.started.len() <= self.core.config().turn_workers,
+                    "a turn's start outlived its end"
+                );
                 let ticket = self.turn_pool.submit((job, cancel.clone()));
                 self.turns.insert(turn, (cancel, ticket));
             }
