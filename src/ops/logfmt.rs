@@ -135,6 +135,7 @@ mod tests {
             vec![("peer".into(), "1.2.3.4:5".into())]
         );
         assert_eq!(fields("k=\"unterminated"), vec![]);
+        assert_eq!(fields("a =b == c"), vec![], "no key, no field");
     }
 
     #[test]
