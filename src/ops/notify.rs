@@ -167,6 +167,16 @@ mod tests {
         let mut buf = [0u8; 64];
         let len = rx.recv(&mut buf).unwrap();
         assert_eq!(&buf[..len], b"READY=1\nSTATUS=up");
+        assert_eq!(n.watchdog(), None);
+        let w = SdNotify::new(path.to_str().unwrap(), Some(Duration::from_secs(3))).unwrap();
+        assert_eq!(w.watchdog(), Some(Duration::from_secs(3)));
+        assert!(format!("{w:?}").contains("notify.sock"));
+        // A socket gone: the send fails without blocking or panicking, twice.
+        drop(rx);
+        let _ = std::fs::remove_file(&path);
+        n.send("WATCHDOG=1");
+        n.send("WATCHDOG=1");
+        assert!(n.failed);
         assert!(SdNotify::new("relative", None).is_err());
         assert!(SdNotify::new("@turnstile-test-abstract", None).is_ok());
         let _ = std::fs::remove_dir_all(&dir);
