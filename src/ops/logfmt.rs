@@ -154,5 +154,8 @@ mod tests {
         assert_eq!(v["id"], "i");
         assert_eq!(v["ms"], 12);
         assert_eq!(v["msg"], "turn failed session=s id=i ms=12 msg=x level=y");
+        let v: Value =
+            serde_json::from_str(&json_line("t", log::Level::Info, "x", "a=1 a=2")).unwrap();
+        assert_eq!(v["a"], 1, "the first of two fields of a name wins");
     }
 }
