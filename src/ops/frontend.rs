@@ -506,6 +506,41 @@ mod tests {
     }
 
     #[test]
+    fn readiness_needs_health_registration_and_every_check() {
+        let tick = Duration::from_millis(100);
+        let s = running(1.0, 0.0);
+        let checks: Vec<(String, ReadinessCheck)> =
+            vec![("store".into(), Box::new(|| Err("not writable".into())))];
+        let view = |shutting_down, registered, checks| View {
+            latest: &s,
+            now: Duration::from_secs(1),
+            tick_interval: tick,
+            shutting_down,
+            registered,
+            checks,
+        };
+        assert_eq!(view(false, true, &[]).ready(), Ok(()));
+        assert_eq!(
+            view(false, false, &[]).ready(),
+            Err("not listening yet".into())
+        );
+        assert_eq!(view(true, true, &[]).ready(), Err("shutting down".into()));
+        assert_eq!(
+            view(false, true, &checks).ready(),
+            Err("store: not writable".into())
+        );
+        let body = view(false, true, &[]).status_json();
+        assert!(body.ends_with(b"}\n"));
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["state"], "running");
+        assert!(
+            view(false, true, &[])
+                .metrics()
+                .contains("turnstile_up 1\n")
+        );
+    }
+
+    #[test]
     fn summary_line_names_the_figures() {
         let mut s = running(1.0, 0.0);
         s.sessions.total = 4;
