@@ -173,7 +173,8 @@ where
 /// A turn's cancellation signal: set once by the reactor, observed by the agent.
 ///
 /// Agents can poll [`CancelToken::is_cancelled`] or wait on it with a timeout, which returns
-/// early when the token fires, so simulated work never outlives a cancel.
+/// early when the token fires, so simulated work never outlives a cancel. With the `async`
+/// feature, `CancelToken::cancelled()` is a future that resolves when it fires.
 #[derive(Clone, Default)]
 pub struct CancelToken(Arc<(Mutex<CancelState>, Condvar)>);
 
@@ -183,6 +184,25 @@ struct CancelState {
     /// Run once by `cancel()`: how a turn blocked in `poll(2)` (a child process's pipes) learns
     /// of the cancellation without polling the token.
     hooks: Vec<Box<dyn FnOnce() + Send>>,
+    /// Tasks awaiting `cancelled()`, keyed so that a dropped future takes its waker out (an
+    /// agent that `select!`s on a fresh future in a loop would otherwise grow this forever).
+    #[cfg(feature = "async")]
+    wakers: slab::Slab<std::task::Waker>,
+}
+
+impl CancelState {
+    #[cfg(feature = "async")]
+    fn take_wakers(&mut self) -> Vec<std::task::Waker> {
+        std::mem::take(&mut self.wakers)
+            .into_iter()
+            .map(|(_, w)| w)
+            .collect()
+    }
+
+    #[cfg(not(feature = "async"))]
+    fn take_wakers(&mut self) -> Vec<std::task::Waker> {
+        Vec::new()
+    }
 }
 
 impl fmt::Debug for CancelToken {
@@ -200,12 +220,14 @@ impl CancelToken {
     /// Fires the token and wakes every waiter. Idempotent.
     pub fn cancel(&self) {
         let (state, cond) = &*self.0;
-        let hooks = {
+        let (hooks, wakers) = {
             let mut state = state.lock().unwrap_or_else(|e| e.into_inner());
             state.fired = true;
-            std::mem::take(&mut state.hooks)
+            (std::mem::take(&mut state.hooks), state.take_wakers())
         };
         cond.notify_all();
+        // Outside the lock: an executor may poll the woken future at once, which locks.
+        wakers.into_iter().for_each(std::task::Waker::wake);
         // Outside the lock, so a hook may look at the token.
         for hook in hooks {
             hook();
@@ -248,6 +270,32 @@ impl CancelToken {
             };
         }
         true
+    }
+
+    /// Whether the token has fired; if not, `waker` is woken when it does. `key` is the
+    /// caller's registration: empty at first, kept across polls so a re-poll replaces the
+    /// waker rather than adding one.
+    #[cfg(feature = "async")]
+    pub(crate) fn poll_fired(&self, key: &mut Option<usize>, waker: &std::task::Waker) -> bool {
+        let mut state = self.0.0.lock().unwrap_or_else(|e| e.into_inner());
+        if state.fired {
+            return true;
+        }
+        match key.and_then(|k| state.wakers.get_mut(k)) {
+            Some(w) => w.clone_from(waker),
+            None => *key = Some(state.wakers.insert(waker.clone())),
+        }
+        false
+    }
+
+    /// Takes out a registration made by [`CancelToken::poll_fired`].
+    #[cfg(feature = "async")]
+    pub(crate) fn forget_waker(&self, key: Option<usize>) {
+        // After `cancel` the slab is empty (it took every waker), so this finds nothing.
+        if let Some(k) = key {
+            let mut state = self.0.0.lock().unwrap_or_else(|e| e.into_inner());
+            state.wakers.try_remove(k);
+        }
     }
 }
 

@@ -31,6 +31,8 @@ pub use core::{
 pub use liveness::{RuntimeState, Status};
 pub use message::{Body, ChatType, Command, InvalidInput, Message, MessageContext, SessionKey};
 pub use reactor::{BuildError, Builder, EventSink, Events, Handle, Runtime, SubmitError};
+#[cfg(feature = "async")]
+pub use reactor::{Cancelled, EventStream, Submit, SubmitStream};
 pub use server::ForcedStop;
 
 /// The channel crate of [`EventSink`] and [`Events`], re-exported so an embedder uses the same

@@ -203,6 +203,16 @@ impl Driver {
                     log::debug!("session {}: event sink closed ({})", ev.session, ev.id);
                 }
             },
+            #[cfg(feature = "async")]
+            Effect::Emit {
+                route: Route::Stream(stream),
+                event,
+            } => {
+                if let Err(ev) = stream.deliver(event) {
+                    self.undelivered += 1;
+                    log::debug!("session {}: event stream dropped ({})", ev.session, ev.id);
+                }
+            }
             Effect::StartTurn(job) => {
                 let cancel = CancelToken::new();
                 let turn = job.turn;

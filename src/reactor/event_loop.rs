@@ -13,7 +13,7 @@ use super::frontend::{Ctx, Frontend};
 use super::heartbeat::Heartbeat;
 use super::notify::Notifier;
 use super::workers::{BoxAgent, Completion};
-use super::{EventSink, INGRESS_BATCH, Route, Runtime, TIMER_TOKEN, WAKE_TOKEN};
+use super::{INGRESS_BATCH, Route, Runtime, TIMER_TOKEN, WAKE_TOKEN};
 use crate::core::{Core, Effect, Input, ShutdownReport};
 use crate::liveness::{RuntimeState, StatusCell, StatusFileWriter};
 use crate::message::Message;
@@ -30,7 +30,10 @@ pub(super) struct Reactor<F: Frontend> {
     notifier: Arc<Notifier>,
     /// Fires at the next deadline with sub-millisecond precision, when enabled.
     timer: Option<DeadlineTimer>,
-    ingress: Receiver<(Message, EventSink)>,
+    ingress: Receiver<(Message, Route)>,
+    /// Submits waiting for ingress room, woken after each drain (the `async` feature).
+    #[cfg(feature = "async")]
+    room: super::async_api::RoomGuard,
     completions: Receiver<Completion>,
     shutdown: Arc<AtomicBool>,
     driver: Driver,
@@ -50,6 +53,8 @@ impl<F: Frontend> Reactor<F> {
         let Runtime {
             poll,
             notifier,
+            #[cfg(feature = "async")]
+            room,
             ingress,
             shutdown,
             status,
@@ -76,6 +81,8 @@ impl<F: Frontend> Reactor<F> {
             notifier,
             timer,
             ingress,
+            #[cfg(feature = "async")]
+            room,
             completions,
             shutdown,
             driver: Driver::new(Core::new(core, Duration::ZERO), turn_pool, cleanup_pool),
@@ -129,12 +136,13 @@ impl<F: Frontend> Reactor<F> {
     /// Submissions through a [`Handle`](super::Handle). Bounded per turn so a burst cannot
     /// delay timers and the heartbeat; the rest is taken next turn, without sleeping.
     fn drain_ingress(&mut self, now: Duration) {
-        for (message, sink) in self.ingress.try_iter().take(INGRESS_BATCH) {
-            let route = Route::Sink(sink);
+        for (message, route) in self.ingress.try_iter().take(INGRESS_BATCH) {
             self.driver
                 .core
                 .handle(now, Input::Submit { message, route }, &mut self.effects);
         }
+        #[cfg(feature = "async")]
+        self.room.drained();
     }
 
     /// Hands socket readiness to the frontend, then lets it do its per-wake work.

@@ -12,6 +12,8 @@
 //! - `workers`: what runs on the pool threads; `frontend`: the trait a server implements to
 //!   host its sockets on the loop.
 
+#[cfg(feature = "async")]
+mod async_api;
 mod deadline;
 mod driver;
 mod event_loop;
@@ -35,6 +37,8 @@ use crate::core::{BusyMode, CleanupJob, CoreConfig, MessageEvent, ShutdownReport
 use crate::liveness::{Status, StatusCell};
 use crate::message::{Message, SessionKey};
 use crate::pool::{Pool, PoolSize};
+#[cfg(feature = "async")]
+pub use async_api::{Cancelled, EventStream, StreamSink, Submit, SubmitStream};
 use event_loop::Reactor;
 pub use frontend::{Ctx, FIRST_RESERVED_TOKEN, Frontend, NoFrontend};
 use notify::Notifier;
@@ -65,6 +69,9 @@ pub enum Route {
     Sink(EventSink),
     /// The frontend running on the reactor, with its own tag.
     Local(u64),
+    /// An [`EventStream`]'s sending half: the reactor wakes its task on delivery.
+    #[cfg(feature = "async")]
+    Stream(StreamSink),
 }
 
 /// The runtime's default event stream (events of messages sent with [`Handle::submit`]).
@@ -306,6 +313,8 @@ impl Builder {
             .map_err(|e| BuildError(format!("cannot create waker: {e}")))?;
         let notifier = Arc::new(Notifier::new(waker));
         let (ingress_tx, ingress_rx) = bounded(self.ingress_capacity);
+        #[cfg(feature = "async")]
+        let room = Arc::new(async_api::Room::default());
         let (events_tx, events_rx) = unbounded();
         let shutdown = Arc::new(AtomicBool::new(false));
         let status = Arc::new(StatusCell::default());
@@ -365,10 +374,14 @@ impl Builder {
             status: Arc::clone(&status),
             default_sink: events_tx,
             partial_ns,
+            #[cfg(feature = "async")]
+            room: Arc::clone(&room),
         };
         let runtime = Runtime {
             poll,
             notifier,
+            #[cfg(feature = "async")]
+            room: async_api::RoomGuard::new(room, ingress_rx.clone()),
             ingress: ingress_rx,
             shutdown,
             status,
@@ -388,13 +401,16 @@ impl Builder {
 /// A cloneable, thread-safe handle to a runtime: submit, read status, shut down.
 #[derive(Clone)]
 pub struct Handle {
-    ingress: Sender<(Message, EventSink)>,
+    ingress: Sender<(Message, Route)>,
     notifier: Arc<Notifier>,
     shutdown: Arc<AtomicBool>,
     status: Arc<StatusCell>,
     default_sink: EventSink,
     /// The turn workers' partial interval in nanoseconds.
     partial_ns: Arc<AtomicU64>,
+    /// Submits waiting for ingress room (the `async` feature).
+    #[cfg(feature = "async")]
+    room: Arc<async_api::Room>,
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -419,7 +435,7 @@ impl Handle {
 
     /// Submits a message whose events go to `sink`. Never blocks.
     pub fn submit_to(&self, message: Message, sink: EventSink) -> Result<(), SubmitError> {
-        match self.ingress.try_send((message, sink)) {
+        match self.ingress.try_send((message, Route::Sink(sink))) {
             Ok(()) => {
                 self.notifier.notify();
                 Ok(())
@@ -464,7 +480,10 @@ impl fmt::Debug for Handle {
 pub struct Runtime {
     poll: Poll,
     notifier: Arc<Notifier>,
-    ingress: Receiver<(Message, EventSink)>,
+    /// Wakes submits waiting for ingress room (the `async` feature).
+    #[cfg(feature = "async")]
+    room: async_api::RoomGuard,
+    ingress: Receiver<(Message, Route)>,
     shutdown: Arc<AtomicBool>,
     status: Arc<StatusCell>,
     core: CoreConfig,
