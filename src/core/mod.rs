@@ -1219,3 +1219,85 @@ fn emit<R, A>(
         },
     });
 }
+
+/// Mutation-testing guarantees (issue 9 §3) on internals no caller can see.
+#[cfg(test)]
+mod mutant_tests {
+    use super::*;
+
+    /// Every finished turn marks its timeout timer stale, so the timer heap stays bounded
+    /// by live timers however many turns run before their timeouts.
+    #[test]
+    fn finished_turns_leave_no_timer_buildup() {
+        let mut core: Core<(), u64> = Core::new(CoreConfig::default(), Duration::ZERO);
+        let key = SessionKey::dm("test", "a").expect("key");
+        let now = Duration::ZERO;
+        for i in 0..5_000 {
+            let mut fx = Vec::new();
+            let message = Message::new(&format!("m{i}"), key.clone(), "x").expect("message");
+            core.handle(now, Input::Submit { message, route: () }, &mut fx);
+            let job = fx
+                .into_iter()
+                .find_map(|f| match f {
+                    Effect::StartTurn(job) => Some(job),
+                    _ => None,
+                })
+                .expect("a turn started");
+            let mut fx = Vec::new();
+            let done = job.done(Some(1), TurnResult::Reply("ok".into()));
+            core.handle(now, Input::TurnDone(done), &mut fx);
+        }
+        assert!(
+            core.timers.queued_for_test() < 2_100,
+            "{} timers kept",
+            core.timers.queued_for_test()
+        );
+    }
+
+    /// Every finished cleanup marks its deadline timer stale, and compaction drops it: the
+    /// heap stays bounded however many agents are closed before their deadlines.
+    #[test]
+    fn finished_cleanups_leave_no_timer_buildup() {
+        let cfg = CoreConfig {
+            max_cached_agents: 0,
+            turn_timeout: Duration::from_millis(1),
+            ..CoreConfig::default()
+        };
+        let mut core: Core<(), u64> = Core::new(cfg, Duration::ZERO);
+        let key = SessionKey::dm("test", "a").expect("key");
+        let mut now = Duration::ZERO;
+        for i in 0..5_000 {
+            let mut fx = Vec::new();
+            let message = Message::new(&format!("m{i}"), key.clone(), "x").expect("message");
+            core.handle(now, Input::Submit { message, route: () }, &mut fx);
+            let Some(Effect::StartTurn(job)) = fx.pop() else {
+                panic!("no turn started");
+            };
+            let done = job.done(Some(i), TurnResult::Reply("ok".into()));
+            let mut fx = Vec::new();
+            core.handle(now, Input::TurnDone(done), &mut fx);
+            let Some(Effect::Cleanup(job)) = fx.pop() else {
+                panic!("the agent was not evicted");
+            };
+            core.handle(now, Input::CleanupStarted { job: job.job }, &mut fx);
+            let result = Ok(());
+            core.handle(
+                now,
+                Input::CleanupDone {
+                    job: job.job,
+                    result,
+                },
+                &mut fx,
+            );
+            // The turn timeouts (1 ms) pass and fire stale; the cleanup deadlines stay queued.
+            now += Duration::from_millis(2);
+            core.advance(now, &mut fx);
+        }
+        assert_eq!(core.stats().cleanups.done, 5_000);
+        assert!(
+            core.timers.queued_for_test() < 2_100,
+            "{} timers kept",
+            core.timers.queued_for_test()
+        );
+    }
+}

@@ -82,3 +82,47 @@ mod tests {
         );
     }
 }
+
+/// Mutation-testing guarantees (issue 9 §3): compaction starts exactly when dead entries
+/// are the majority of at least `COMPACT_MIN`, and keeps the live ones.
+#[cfg(test)]
+mod mutant_tests {
+    use super::*;
+
+    #[test]
+    fn compaction_starts_when_dead_entries_are_a_majority_of_a_large_queue() {
+        let mut slots = crate::key::Slots::new();
+        let keys: Vec<Key> = (0..COMPACT_MIN).map(|i| slots.insert(i)).collect();
+        let mut q = RecencyQueue::default();
+        let seqs: Vec<u64> = keys.iter().map(|&k| q.push(k)).collect();
+        assert_eq!(seqs[..3], [1, 2, 3]);
+        // Entries 0..half die one by one; at exactly half dead nothing is dropped.
+        let half = COMPACT_MIN / 2;
+        for dead in 1..=half {
+            q.remove(|seq, _| seq > dead as u64);
+        }
+        assert_eq!((q.live, q.order.len()), (half, COMPACT_MIN));
+        q.remove(|seq, _| seq > half as u64 + 1);
+        assert_eq!((q.live, q.order.len()), (half - 1, half - 1));
+        assert_eq!(
+            q.oldest(|seq, _| seq > half as u64 + 1),
+            Some(keys[half + 1])
+        );
+    }
+
+    #[test]
+    fn a_small_queue_is_not_compacted() {
+        let mut slots = crate::key::Slots::new();
+        let keys: Vec<Key> = (0..4).map(|i| slots.insert(i)).collect();
+        let mut q = RecencyQueue::default();
+        for &k in &keys {
+            q.push(k);
+        }
+        for _ in 0..3 {
+            q.remove(|seq, _| seq == 4);
+        }
+        assert_eq!((q.live, q.order.len()), (1, 4));
+        assert_eq!(q.oldest(|seq, _| seq == 4), Some(keys[3]));
+        assert_eq!(q.order.len(), 1);
+    }
+}

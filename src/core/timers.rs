@@ -96,3 +96,59 @@ mod tests {
         );
     }
 }
+
+/// Mutation-testing guarantees (issue 9 §3): equal deadlines fire in insertion order
+/// whatever their kinds, and compaction starts exactly when stale timers are the majority
+/// of at least `COMPACT_MIN`.
+#[cfg(test)]
+mod mutant_tests {
+    use super::*;
+
+    impl<K: Ord> TimerQueue<K> {
+        /// Timers queued, stale ones included (for the core's tests).
+        pub(in crate::core) fn queued_for_test(&self) -> usize {
+            self.heap.len()
+        }
+    }
+
+    #[test]
+    fn equal_deadlines_fire_in_insertion_order_not_kind_order() {
+        let mut q = TimerQueue::default();
+        let at = Duration::from_secs(1);
+        q.insert(at, 'z');
+        q.insert(at, 'a');
+        assert_eq!(q.pop_due(at), Some('z'));
+        assert_eq!(q.pop_due(at), Some('a'));
+        assert_eq!(q.pop_due(at), None);
+    }
+
+    #[test]
+    fn compaction_starts_when_stale_timers_are_a_majority_of_a_large_heap() {
+        let at = Duration::from_secs(1);
+        // Small heaps are never compacted.
+        let mut q = TimerQueue::default();
+        for i in 0..10u32 {
+            q.insert(at, i);
+        }
+        for _ in 0..9 {
+            q.mark_stale(|k| *k == 9);
+        }
+        assert_eq!(q.heap.len(), 10);
+        assert!(!q.heap.is_empty());
+        // A large one: not at exactly half stale, at one more.
+        let n = COMPACT_MIN as u32;
+        let mut q = TimerQueue::default();
+        for i in 0..n {
+            q.insert(at, i);
+        }
+        for _ in 0..n / 2 {
+            q.mark_stale(|k| *k > n / 2);
+        }
+        assert_eq!(q.heap.len(), COMPACT_MIN);
+        q.mark_stale(|k| *k > n / 2);
+        assert_eq!(q.heap.len(), COMPACT_MIN / 2 - 1);
+        // The count restarts after a compaction.
+        q.mark_stale(|_| false);
+        assert_eq!(q.heap.len(), COMPACT_MIN / 2 - 1);
+    }
+}

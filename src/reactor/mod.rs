@@ -64,6 +64,7 @@ pub type EventSink = Sender<MessageEvent>;
 
 /// Where the reactor delivers a message's events.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub enum Route {
     /// A channel to another thread.
     Sink(EventSink),
