@@ -15,6 +15,7 @@ pub mod key;
 pub mod liveness;
 pub mod message;
 pub mod openai;
+pub mod ops;
 mod pool;
 pub mod process;
 pub mod reactor;

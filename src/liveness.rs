@@ -16,6 +16,7 @@ use serde::Serialize;
 
 use crate::agent::AgentUsage;
 pub use crate::core::{CleanupCounts, MessageCounts, SessionCounts, TurnCounts};
+use crate::ops::metrics::{LAG_BUCKETS, PromHistogram, TURN_BUCKETS};
 
 /// Exact buckets below this many microseconds; log-linear above.
 const LINEAR: u64 = 16;
@@ -103,6 +104,22 @@ impl LagHistogram {
         self.max()
     }
 
+    /// Adds `other`'s samples to this histogram.
+    pub fn merge(&mut self, other: &LagHistogram) {
+        for (a, b) in self.counts.iter_mut().zip(other.counts.iter()) {
+            *a += b;
+        }
+        self.total += other.total;
+        self.max_us = self.max_us.max(other.max_us);
+    }
+
+    /// Forgets every sample.
+    pub fn clear(&mut self) {
+        self.counts.fill(0);
+        self.total = 0;
+        self.max_us = 0;
+    }
+
     /// p50, p99 and max in milliseconds.
     pub fn summary(&self) -> LagSummary {
         // Whole microseconds divided once, so the JSON shows 0.169 rather than 0.16899999.
@@ -112,6 +129,59 @@ impl LagHistogram {
             p99: ms(self.quantile(0.99)),
             max: ms(self.max()),
         }
+    }
+}
+
+/// Slices of a [`LagWindow`].
+const WINDOW_SLICES: u64 = 6;
+
+/// Loop lag over a sliding window: the samples of the last `WINDOW_SLICES` slices of
+/// `slice` each (with 10 s slices, the last 50 to 60 s), so a wedge an hour into the run
+/// shows in the percentiles as it would in the first minute.
+#[derive(Clone, Debug)]
+pub struct LagWindow {
+    slice: Duration,
+    /// Per ring position: the slice number it holds, and its samples.
+    slices: Vec<(u64, LagHistogram)>,
+}
+
+impl LagWindow {
+    /// A window of six slices of `slice` (60 s with 10 s slices).
+    pub fn new(slice: Duration) -> LagWindow {
+        debug_assert!(!slice.is_zero(), "a window slice must be positive");
+        LagWindow {
+            slice,
+            slices: (0..WINDOW_SLICES)
+                .map(|_| (u64::MAX, LagHistogram::default()))
+                .collect(),
+        }
+    }
+
+    fn slice_of(&self, now: Duration) -> u64 {
+        (now.as_nanos() / self.slice.as_nanos().max(1)) as u64
+    }
+
+    /// Records a sample taken at `now` (monotonic, non-decreasing).
+    pub fn record(&mut self, now: Duration, lag: Duration) {
+        let n = self.slice_of(now);
+        let (held, h) = &mut self.slices[(n % WINDOW_SLICES) as usize];
+        if *held != n {
+            *held = n;
+            h.clear();
+        }
+        h.record(lag);
+    }
+
+    /// The samples of the slices still inside the window at `now`.
+    pub fn merged(&self, now: Duration) -> LagHistogram {
+        let n = self.slice_of(now);
+        let mut out = LagHistogram::default();
+        for (held, h) in &self.slices {
+            if *held <= n && n - *held < WINDOW_SLICES {
+                out.merge(h);
+            }
+        }
+        out
     }
 }
 
@@ -153,6 +223,52 @@ pub struct WorkerCounts {
     pub cleanup: usize,
     /// Replacement threads started for stuck jobs, both pools.
     pub replaced: u64,
+    /// The turn pool's threads by state.
+    pub turn_threads: ThreadStates,
+    /// The cleanup pool's threads by state.
+    pub cleanup_threads: ThreadStates,
+}
+
+/// A pool's live threads by state (they add up to its live count).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct ThreadStates {
+    /// Waiting for a job.
+    pub idle: usize,
+    /// Running a job.
+    pub busy: usize,
+    /// Given up on (a job past its deadline), replaced, still alive.
+    pub stuck: usize,
+}
+
+/// The process, as the heartbeat sees it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct ProcessInfo {
+    /// Resident set size in bytes (`/proc/self/statm`, read at most once a second).
+    pub rss_bytes: u64,
+    /// When the loop started, in seconds since the Unix epoch.
+    pub started_unix_s: f64,
+    /// When this snapshot was taken, in seconds since the Unix epoch.
+    pub updated_unix_s: f64,
+    /// The heartbeat period in seconds (a snapshot older than three is stale).
+    pub tick_interval_s: f64,
+}
+
+/// Histograms kept for the metrics; not part of the JSON status.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Histograms {
+    /// Heartbeat lateness since start.
+    pub loop_lag: PromHistogram,
+    /// Turn durations (claim to end) since start.
+    pub turn_duration: PromHistogram,
+}
+
+impl Default for Histograms {
+    fn default() -> Self {
+        Histograms {
+            loop_lag: PromHistogram::new(LAG_BUCKETS),
+            turn_duration: PromHistogram::new(TURN_BUCKETS),
+        }
+    }
 }
 
 /// A snapshot of the runtime, refreshed by every heartbeat tick.
@@ -169,8 +285,14 @@ pub struct Status {
     pub uptime_s: f64,
     /// Heartbeat ticks so far.
     pub ticks: u64,
-    /// Heartbeat lateness.
+    /// Heartbeat lateness since start.
     pub loop_lag_ms: LagSummary,
+    /// Heartbeat lateness over the last minute (see [`LagWindow`]).
+    pub loop_lag_window_ms: LagSummary,
+    /// The latest tick's lateness in milliseconds.
+    pub loop_lag_last_ms: f64,
+    /// The process: memory, start and snapshot times, heartbeat period.
+    pub process: ProcessInfo,
     /// Sessions.
     pub sessions: SessionCounts,
     /// Turns.
@@ -181,6 +303,9 @@ pub struct Status {
     pub workers: WorkerCounts,
     /// Messages.
     pub messages: MessageCounts,
+    /// The runtime's rejections by reason (`queue_full`, `overloaded`, `shutting_down`); a
+    /// frontend may refuse more, counted in its own figures.
+    pub rejected_by_reason: std::collections::BTreeMap<&'static str, u64>,
     /// What the agents consumed (tokens), when the agent factory counts it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent_usage: Option<AgentUsage>,
@@ -188,6 +313,9 @@ pub struct Status {
     /// outboxes and rejections), when it reports any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub frontend: Option<serde_json::Value>,
+    /// Histograms for the metrics.
+    #[serde(skip)]
+    pub histograms: Arc<Histograms>,
 }
 
 /// The latest snapshot, shared between the reactor (writer) and any reader.
@@ -258,7 +386,10 @@ pub fn rfc3339_utc(t: SystemTime) -> String {
     )
 }
 
-/// Writes snapshots to a file atomically (temp file, then rename) on its own thread.
+/// Writes snapshots to a file atomically (temp file, then rename) on its own thread. There is
+/// no fsync: a reader always sees a whole snapshot (the rename is atomic), and after a crash
+/// of the machine the file may be old or missing — a status file describes a running process
+/// and is worthless after a reboot anyway, and syncing it ten times a second costs the disk.
 pub struct StatusFileWriter {
     tx: Option<Sender<Arc<Status>>>,
     thread: Option<thread::JoinHandle<()>>,
@@ -321,7 +452,6 @@ fn write_atomically(path: &Path, status: &Status) -> std::io::Result<()> {
     let mut f = fs::File::create(&tmp)?;
     serde_json::to_writer(&mut f, status).map_err(std::io::Error::other)?;
     f.write_all(b"\n")?;
-    f.sync_data()?;
     fs::rename(&tmp, path)
 }
 
@@ -369,6 +499,45 @@ mod tests {
                 assert!(bucket_high(b - 1) < us, "{us} also fits bucket {}", b - 1);
             }
         }
+    }
+
+    #[test]
+    fn the_lag_window_forgets_slices_older_than_a_minute() {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        let mut w = LagWindow::new(s(10));
+        w.record(s(5), ms(900)); // slice 0
+        w.record(s(15), ms(1)); // slice 1
+        assert_eq!(w.merged(s(15)).count(), 2);
+        assert_eq!(
+            w.merged(s(59)).max(),
+            ms(900),
+            "slice 0 is still in the window at 59 s"
+        );
+        let later = w.merged(s(60));
+        assert_eq!(later.count(), 1, "slice 0 left the window at 60 s");
+        assert_eq!(later.max(), ms(1));
+        // Slice 6 reuses slice 0's ring position and starts empty.
+        w.record(s(61), ms(2));
+        let m = w.merged(s(61));
+        assert_eq!((m.count(), m.max()), (2, ms(2)));
+        assert_eq!(w.merged(s(200)).count(), 0);
+    }
+
+    #[test]
+    fn merge_and_clear() {
+        let mut a = LagHistogram::default();
+        let mut b = LagHistogram::default();
+        a.record(Duration::from_micros(10));
+        b.record(Duration::from_micros(500));
+        b.record(Duration::from_micros(20));
+        a.merge(&b);
+        assert_eq!(a.count(), 3);
+        assert_eq!(a.max(), Duration::from_micros(500));
+        assert_eq!(a.quantile(0.5), Duration::from_micros(21), "20 µs's bucket");
+        a.clear();
+        assert_eq!((a.count(), a.max()), (0, Duration::ZERO));
+        assert_eq!(a.quantile(0.5), Duration::ZERO);
     }
 
     #[test]

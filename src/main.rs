@@ -12,8 +12,17 @@ use clap::{CommandFactory, FromArgMatches, Subcommand};
     about = "A runtime for chat-agent gateways"
 )]
 struct Cli {
+    /// Log line format on stderr: `text`, or `json` (one object per line, for log shippers).
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Cmd,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 // Parsed once at start-up: the size of the serve flags' variant does not matter.
@@ -26,9 +35,13 @@ enum Cmd {
     Send(cli::send::SendArgs),
     /// Run the closed-loop benchmark workload against a running gateway.
     Loadgen(cli::loadgen::LoadgenArgs),
+    /// Summarise a gateway's status (file or HTTP); non-zero exit when stale or unhealthy.
+    Status(cli::status::StatusArgs),
 }
 
 fn main() {
+    let command = Cli::command().mut_subcommand("serve", cli::serve::document_defaults);
+    let cli = Cli::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit());
     let mut logger =
         env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
     // ureq may log whole requests, Authorization header included, at TRACE: whatever
@@ -38,13 +51,25 @@ fn main() {
             .filter_module("ureq", log::LevelFilter::Debug)
             .filter_module("ureq_proto", log::LevelFilter::Debug);
     }
+    if cli.log_format == LogFormat::Json {
+        logger.format(|buf, record| {
+            use std::io::Write;
+            let ts = turnstile::liveness::rfc3339_utc(std::time::SystemTime::now());
+            let line = turnstile::ops::logfmt::json_line(
+                &ts,
+                record.level(),
+                record.target(),
+                &record.args().to_string(),
+            );
+            writeln!(buf, "{line}")
+        });
+    }
     logger.init();
-    let command = Cli::command().mut_subcommand("serve", cli::serve::document_defaults);
-    let cli = Cli::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit());
     let code = match cli.command {
         Cmd::Serve(args) => cli::serve::run(*args),
         Cmd::Send(args) => cli::send::run(args),
         Cmd::Loadgen(args) => cli::loadgen::run(args),
+        Cmd::Status(args) => cli::status::run(args),
     };
     std::process::exit(code);
 }

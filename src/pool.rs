@@ -155,6 +155,16 @@ impl<J: Send + 'static> Pool<J> {
         self.shared.live.load(SeqCst)
     }
 
+    /// Threads given up on (replaced) and still alive.
+    pub fn stuck_threads(&self) -> usize {
+        self.shared.stuck.load(SeqCst)
+    }
+
+    /// Threads waiting for a job.
+    pub fn idle_threads(&self) -> usize {
+        self.shared.idle.load(SeqCst)
+    }
+
     /// Threads given up on so far.
     pub fn replaced(&self) -> u64 {
         self.shared.replaced.load(SeqCst)

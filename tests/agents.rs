@@ -513,7 +513,7 @@ impl Server {
     fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
             .arg("serve")
-            .args(["--listen", "127.0.0.1:0"])
+            .args(["--listen", "127.0.0.1:0", "--http-listen", "off"])
             .args(args)
             .env("RUST_LOG", "info")
             .envs(env.iter().copied())

@@ -27,7 +27,7 @@ impl Server {
         let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
         command
             .arg("serve")
-            .args(["--listen", "127.0.0.1:0"])
+            .args(["--listen", "127.0.0.1:0", "--http-listen", "off"])
             .arg("--data-dir")
             .arg(data_dir)
             .args(args)
@@ -458,7 +458,14 @@ fn a_damaged_journal_is_refused_at_start_up() {
     std::fs::create_dir_all(&data).unwrap();
     std::fs::write(data.join("journal.sqlite3"), vec![0x5a; 8192]).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "off",
+            "--data-dir",
+        ])
         .arg(&data)
         .output()
         .unwrap();

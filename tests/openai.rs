@@ -621,7 +621,14 @@ fn the_binary_serves_the_openai_agent() {
     }
     let bin = env!("CARGO_BIN_EXE_turnstile");
     let mut serve = Command::new(bin)
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "off",
+            "--config",
+        ])
         .arg(&config)
         .arg("--system-prompt-file")
         .arg(&prompt)

@@ -24,6 +24,7 @@ impl Server {
         command
             .arg("serve")
             .args(["--listen", "127.0.0.1:0"])
+            .args(["--http-listen", "off"])
             .args(args)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
@@ -801,7 +802,14 @@ fn a_non_loopback_address_without_a_token_is_refused_unless_allowed() {
     );
 
     let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
-        .args(["serve", "--listen", "0.0.0.0:0", "--allow-insecure-bind"])
+        .args([
+            "serve",
+            "--listen",
+            "0.0.0.0:0",
+            "--allow-insecure-bind",
+            "--http-listen",
+            "off",
+        ])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -912,7 +920,7 @@ fn a_connection_without_a_hello_is_closed_at_the_deadline() {
 #[test]
 fn after_running_out_of_descriptors_connections_are_refused_then_accepted_again() {
     let script = format!(
-        "ulimit -n 40 && exec {} serve --listen 127.0.0.1:0",
+        "ulimit -n 40 && exec {} serve --listen 127.0.0.1:0 --http-listen off",
         env!("CARGO_BIN_EXE_turnstile")
     );
     let mut child = Command::new("sh")

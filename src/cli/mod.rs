@@ -3,6 +3,7 @@
 pub mod loadgen;
 pub mod send;
 pub mod serve;
+pub mod status;
 
 /// Exit code for bad flags or configuration (as clap uses).
 pub const USAGE_ERROR: i32 = 2;

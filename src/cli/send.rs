@@ -56,9 +56,22 @@ pub fn run(args: SendArgs) -> i32 {
     }
 }
 
+/// A connection error in words: refused, timed out, unreachable.
+fn connect_error(addr: &str, e: &std::io::Error) -> String {
+    use std::io::ErrorKind::*;
+    match e.kind() {
+        ConnectionRefused => {
+            format!("connection refused by {addr} (is `turnstile serve` running there?)")
+        }
+        TimedOut | WouldBlock => format!("timed out connecting to {addr}"),
+        HostUnreachable | NetworkUnreachable => format!("{addr} is unreachable"),
+        InvalidInput => format!("{addr} is not an address (use HOST:PORT)"),
+        _ => format!("cannot connect to {addr}: {e}"),
+    }
+}
+
 fn exchange(args: &SendArgs) -> Result<i32, Box<dyn std::error::Error>> {
-    let stream = TcpStream::connect(&args.addr)
-        .map_err(|e| format!("cannot connect to {}: {e}", args.addr))?;
+    let stream = TcpStream::connect(&args.addr).map_err(|e| connect_error(&args.addr, &e))?;
     stream.set_read_timeout(Some(Duration::from_secs_f64(args.timeout)))?;
     let mut writer = stream.try_clone()?;
     let nanos = SystemTime::now()
@@ -67,7 +80,9 @@ fn exchange(args: &SendArgs) -> Result<i32, Box<dyn std::error::Error>> {
         .unwrap_or(0);
     let id = format!("send-{}-{nanos}", std::process::id());
     let meta: Option<Value> = match &args.meta {
-        Some(m) => Some(serde_json::from_str(m).map_err(|e| format!("--meta: {e}"))?),
+        Some(m) => {
+            Some(serde_json::from_str(m).map_err(|e| format!("--meta is not a JSON object: {e}"))?)
+        }
         None => None,
     };
     let hello = json!({"op": "hello", "platform": args.platform, "token": args.token});
@@ -76,13 +91,39 @@ fn exchange(args: &SendArgs) -> Result<i32, Box<dyn std::error::Error>> {
         "user_id": args.user, "user_name": args.user_name, "meta": meta,
         "text": args.text.join(" "),
     });
-    writeln!(writer, "{hello}\n{message}")?;
+    writeln!(writer, "{hello}\n{message}")
+        .map_err(|e| format!("the gateway at {} closed the connection: {e}", args.addr))?;
     for line in BufReader::new(stream).lines() {
-        let line = line.map_err(|e| format!("waiting for the outcome: {e}"))?;
-        let v: Value = serde_json::from_str(&line)?;
+        let line = line.map_err(|e| match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => format!(
+                "timed out after {} s waiting for the outcome (--timeout)",
+                args.timeout
+            ),
+            std::io::ErrorKind::InvalidData => {
+                format!(
+                    "{} is not a turnstile server (it sent non-UTF-8 data)",
+                    args.addr
+                )
+            }
+            _ => format!("the connection to the gateway failed: {e}"),
+        })?;
+        let v: Value = serde_json::from_str(&line).map_err(|_| {
+            format!(
+                "{} is not a turnstile server (it answered {:?})",
+                args.addr,
+                line.chars().take(60).collect::<String>()
+            )
+        })?;
         let op = v["op"].as_str().unwrap_or("");
         if op == "error" {
-            eprintln!("error: {}", v["detail"].as_str().unwrap_or("?"));
+            let detail = v["detail"].as_str().unwrap_or("?");
+            if detail == "unauthorized" {
+                eprintln!(
+                    "error: unauthorized (the gateway needs its auth token: --token or TURNSTILE_AUTH_TOKEN)"
+                );
+            } else {
+                eprintln!("error: {detail}");
+            }
             return Ok(1);
         }
         if v["id"].as_str() != Some(id.as_str()) {

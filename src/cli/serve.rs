@@ -3,18 +3,23 @@
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use serde::Deserialize;
+use turnstile::AgentFactory;
 use turnstile::child::{self, AgentEnv};
-use turnstile::core::CoreConfig;
+use turnstile::core::{CoreConfig, Tunables};
 use turnstile::exec::{ExecAgent, ExecOptions};
 use turnstile::journal::JournalConfig;
 use turnstile::openai::{
     ApiKey, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HISTORY_CHARS, DEFAULT_HISTORY_TURNS,
     DEFAULT_READ_TIMEOUT, OpenAiConfig, OpenAiFactory, TlsRoots,
 };
+use turnstile::ops::http::{self, DEFAULT_HTTP_LISTEN, HttpConfig, HttpServer};
+use turnstile::ops::notify::SdNotify;
+use turnstile::ops::{Ops, Reload, ReloadApplier, ReloadLoader, SwappableFactory};
 use turnstile::process::{self, ProcessAgent, ProcessOptions};
 use turnstile::reactor::DEFAULT_PARTIAL_INTERVAL;
 use turnstile::server::{BridgeConfig, BridgeServer, ServerConfig};
@@ -51,7 +56,7 @@ pub enum TlsRootsArg {
 
 /// Flags of `serve`; the same keys (kebab-case) may appear in the `--config` TOML file, and
 /// flags override the file.
-#[derive(Args, Debug, Default, Deserialize)]
+#[derive(Args, Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ServeArgs {
     /// TOML file with any of these settings.
@@ -208,6 +213,22 @@ pub struct ServeArgs {
     /// results go back to the outbox)
     #[arg(long)]
     write_stall_timeout: Option<f64>,
+    /// Address of the operations HTTP endpoint (/healthz, /readyz, /status, /metrics), or
+    /// `off`.
+    #[arg(long, value_name = "ADDR|off")]
+    http_listen: Option<String>,
+    /// Open connections to the HTTP endpoint; one more gets 503.
+    #[arg(long)]
+    http_max_connections: Option<usize>,
+    /// Bytes of an HTTP request head; more gets 431.
+    #[arg(long)]
+    http_max_header_bytes: Option<usize>,
+    /// HTTP requests served per connection before it is closed.
+    #[arg(long)]
+    http_max_requests: Option<usize>,
+    /// Seconds an HTTP connection has to complete a request.
+    #[arg(long)]
+    http_idle_timeout: Option<f64>,
     /// Listen on a non-loopback address without an auth token.
     #[arg(long)]
     #[serde(default)]
@@ -224,6 +245,10 @@ pub struct ServeArgs {
     /// Accepted messages waiting for the journal at once before `reject overloaded`.
     #[arg(long)]
     max_pending_durable: Option<usize>,
+    /// Check the flags and the configuration file, then exit: 0 if valid, 2 if not.
+    #[arg(long)]
+    #[serde(skip)]
+    check_config: bool,
 }
 
 /// Each flag's default as `serve --help` shows it, read from where the default is defined
@@ -240,6 +265,17 @@ fn defaults() -> Vec<(&'static str, String)> {
     let lower = |v: &dyn std::fmt::Debug| format!("{v:?}").to_lowercase();
     vec![
         ("listen", SocketAddr::from(DEFAULT_LISTEN).to_string()),
+        ("http-listen", DEFAULT_HTTP_LISTEN.to_owned()),
+        (
+            "http-max-connections",
+            http::DEFAULT_MAX_CONNECTIONS.to_string(),
+        ),
+        (
+            "http-max-header-bytes",
+            bytes(http::DEFAULT_MAX_HEADER_BYTES),
+        ),
+        ("http-max-requests", http::DEFAULT_MAX_REQUESTS.to_string()),
+        ("http-idle-timeout", secs(http::DEFAULT_IDLE_TIMEOUT)),
         ("agent", lower(&AgentKind::Echo)),
         ("agent-close-grace", secs(process::DEFAULT_CLOSE_GRACE)),
         (
@@ -318,6 +354,7 @@ macro_rules! merge {
     ($flags:ident, $file:ident, $($field:ident),*) => {
         ServeArgs {
             config: None,
+            check_config: $flags.check_config,
             allow_insecure_bind: $flags.allow_insecure_bind || $file.allow_insecure_bind,
             resume_interrupted: $flags.resume_interrupted || $file.resume_interrupted,
             $($field: $flags.$field.or($file.$field)),*
@@ -354,6 +391,8 @@ struct Settings {
     bridge: BridgeConfig,
     allow_insecure_bind: bool,
     data_dir: Option<PathBuf>,
+    /// The HTTP endpoint's address and settings; `None` when `off`.
+    http: Option<(SocketAddr, HttpConfig)>,
 }
 
 fn seconds(
@@ -445,7 +484,12 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         write_budget,
         write_stall_timeout,
         data_dir,
-        max_pending_durable
+        max_pending_durable,
+        http_listen,
+        http_max_connections,
+        http_max_header_bytes,
+        http_max_requests,
+        http_idle_timeout
     );
     let agent = a.agent.unwrap_or(AgentKind::Echo);
     let needs_cmd = matches!(agent, AgentKind::Exec | AgentKind::Process);
@@ -568,7 +612,62 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
             bridge.outbox_bytes
         ));
     }
+    let http = match a.http_listen.as_deref().map(str::trim) {
+        Some("off") => None,
+        spec => {
+            let addr: SocketAddr = spec.unwrap_or(DEFAULT_HTTP_LISTEN).parse().map_err(|e| {
+                format!(
+                    "--http-listen {}: {e} (an address like 127.0.0.1:7879, or off)",
+                    spec.unwrap_or_default()
+                )
+            })?;
+            if !addr.ip().is_loopback() && a.auth_token.is_none() && !a.allow_insecure_bind {
+                return Err(format!(
+                    "--http-listen {addr}: a non-loopback address needs --auth-token (or --allow-insecure-bind)"
+                ));
+            }
+            let max_connections = at_least_one(
+                "http-max-connections",
+                a.http_max_connections,
+                http::DEFAULT_MAX_CONNECTIONS,
+            )?;
+            if max_connections > http::MAX_CONNECTIONS_LIMIT {
+                return Err(format!(
+                    "--http-max-connections: must be at most {} (got {max_connections})",
+                    http::MAX_CONNECTIONS_LIMIT
+                ));
+            }
+            let max_header_bytes = at_least_one(
+                "http-max-header-bytes",
+                a.http_max_header_bytes,
+                http::DEFAULT_MAX_HEADER_BYTES,
+            )?;
+            if max_header_bytes < 64 {
+                return Err(format!(
+                    "--http-max-header-bytes: must be at least 64 (got {max_header_bytes})"
+                ));
+            }
+            let cfg = HttpConfig {
+                auth_token: a.auth_token.clone(),
+                max_connections,
+                max_header_bytes,
+                max_requests: at_least_one(
+                    "http-max-requests",
+                    a.http_max_requests,
+                    http::DEFAULT_MAX_REQUESTS,
+                )?,
+                idle_timeout: seconds(
+                    "http-idle-timeout",
+                    a.http_idle_timeout,
+                    http::DEFAULT_IDLE_TIMEOUT.as_secs_f64(),
+                    false,
+                )?,
+            };
+            Some((addr, cfg))
+        }
+    };
     Ok(Settings {
+        http,
         listen,
         bridge,
         max_reply_bytes,
@@ -698,8 +797,124 @@ fn openai_config(a: &ServeArgs) -> Result<OpenAiConfig, String> {
     Ok(cfg)
 }
 
+/// The heartbeat period of the served runtime.
+const TICK_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The agent factory the settings ask for.
+fn make_factory(s: &Settings) -> Result<Arc<dyn AgentFactory>, String> {
+    Ok(match (s.agent, &s.agent_cmd, s.openai.clone()) {
+        (AgentKind::Exec, Some(cmd), _) => Arc::new(ExecAgent::factory_with(
+            cmd,
+            ExecOptions {
+                env: s.agent_env.clone(),
+                max_output_bytes: s.max_reply_bytes,
+            },
+        )),
+        (AgentKind::Process, Some(cmd), _) => Arc::new(ProcessAgent::factory(ProcessOptions {
+            command: cmd.clone(),
+            env: s.agent_env.clone(),
+            max_reply_bytes: s.max_reply_bytes,
+            max_line_bytes: s.agent_max_line_bytes,
+            stop_grace: s.stop_grace,
+            close_grace: s.agent_close_grace,
+        })),
+        (AgentKind::Openai, _, Some(cfg)) => {
+            Arc::new(OpenAiFactory::new(cfg).map_err(|e| format!("--agent openai: {e}"))?)
+        }
+        _ => Arc::new(EchoAgent::factory(s.echo_delay)),
+    })
+}
+
+/// What a new agent factory depends on that a reload may change.
+fn factory_key(s: &Settings) -> String {
+    format!("{:?} {:?} {:?}", s.agent_cmd, s.echo_delay, s.stop_grace)
+}
+
+/// The settings a reload cannot change, by name, with their values (compared, never logged:
+/// they may hold secrets).
+fn restart_only(s: &Settings) -> Vec<(&'static str, String)> {
+    let mut bridge = s.bridge.clone();
+    bridge.auth_token = None;
+    let http = s.http.clone().map(|(addr, mut cfg)| {
+        cfg.auth_token = None;
+        (addr, cfg)
+    });
+    vec![
+        ("listen", format!("{:?}", s.listen)),
+        ("http-listen and the http bounds", format!("{http:?}")),
+        ("agent", format!("{:?}", s.agent)),
+        ("agent-env", format!("{:?}", s.agent_env)),
+        ("agent-close-grace", format!("{:?}", s.agent_close_grace)),
+        (
+            "agent-max-line-bytes",
+            format!("{:?}", s.agent_max_line_bytes),
+        ),
+        ("max-reply-bytes", format!("{:?}", s.max_reply_bytes)),
+        ("turn-workers", format!("{:?}", s.turn_workers)),
+        ("cleanup-workers", format!("{:?}", s.cleanup_workers)),
+        (
+            "max-cleanup-workers",
+            format!("{:?}", s.max_cleanup_workers),
+        ),
+        ("max-cached-agents", format!("{:?}", s.max_cached_agents)),
+        ("agent-idle-ttl", format!("{:?}", s.agent_idle_ttl)),
+        (
+            "max-queued-messages",
+            format!("{:?}", s.max_queued_messages),
+        ),
+        ("max-queued-bytes", format!("{:?}", s.max_queued_bytes)),
+        ("status-file", format!("{:?}", s.status_file)),
+        ("openai settings", format!("{:?}", s.openai)),
+        ("the bridge's bounds", format!("{bridge:?}")),
+        (
+            "allow-insecure-bind",
+            format!("{:?}", s.allow_insecure_bind),
+        ),
+    ]
+}
+
+/// SIGHUP: re-reads the flags and `--config` file (on a helper thread) into a [`Reload`].
+fn reload_loader(flags: ServeArgs, initial: &Settings) -> ReloadLoader {
+    let fixed = restart_only(initial);
+    let last_key = Mutex::new(factory_key(initial));
+    Arc::new(move || {
+        let new = resolve(flags.clone())?;
+        let restart_needed = restart_only(&new)
+            .into_iter()
+            .zip(&fixed)
+            .filter(|((_, now), (_, was))| now != was)
+            .map(|((name, _), _)| name.to_owned())
+            .collect();
+        let key = factory_key(&new);
+        let mut last = last_key.lock().unwrap_or_else(|e| e.into_inner());
+        let factory = if *last != key {
+            let f = make_factory(&new)?;
+            *last = key;
+            Some(f)
+        } else {
+            None
+        };
+        Ok(Reload {
+            tunables: Tunables {
+                busy_mode: new.busy_mode,
+                queue_cap: new.queue_cap,
+                turn_timeout: new.turn_timeout,
+                stop_grace: new.stop_grace,
+                cleanup_timeout: new.cleanup_timeout,
+                drain_timeout: new.drain_timeout,
+            },
+            partial_interval: new.partial_interval,
+            auth_token: new.bridge.auth_token.clone(),
+            factory,
+            restart_needed,
+        })
+    })
+}
+
 /// Runs the server; returns the process exit code.
 pub fn run(args: ServeArgs) -> i32 {
+    let check_only = args.check_config;
+    let flags = args.clone();
     let s = match resolve(args) {
         Ok(s) => s,
         Err(e) => {
@@ -713,6 +928,10 @@ pub fn run(args: ServeArgs) -> i32 {
         eprintln!("turnstile serve: --status-file {}: {e}", path.display());
         return USAGE_ERROR;
     }
+    if check_only {
+        println!("configuration ok");
+        return 0;
+    }
     match turnstile::server::raise_fd_limit() {
         Ok((old, new)) if new > old => {
             log::info!("raised the open-file limit from {old} to {new} (the hard limit)")
@@ -720,31 +939,16 @@ pub fn run(args: ServeArgs) -> i32 {
         Ok((_, now)) => log::info!("open-file limit: {now}"),
         Err(e) => log::warn!("cannot raise the open-file limit: {e}"),
     }
-    let builder = match (s.agent, &s.agent_cmd, s.openai.clone()) {
-        (AgentKind::Exec, Some(cmd), _) => Builder::new(ExecAgent::factory_with(
-            cmd,
-            ExecOptions {
-                env: s.agent_env.clone(),
-                max_output_bytes: s.max_reply_bytes,
-            },
-        )),
-        (AgentKind::Process, Some(cmd), _) => Builder::new(ProcessAgent::factory(ProcessOptions {
-            command: cmd.clone(),
-            env: s.agent_env.clone(),
-            max_reply_bytes: s.max_reply_bytes,
-            max_line_bytes: s.agent_max_line_bytes,
-            stop_grace: s.stop_grace,
-            close_grace: s.agent_close_grace,
-        })),
-        (AgentKind::Openai, _, Some(cfg)) => match OpenAiFactory::new(cfg) {
-            Ok(f) => Builder::new(f),
-            Err(e) => {
-                eprintln!("turnstile serve: --agent openai: {e}");
-                return USAGE_ERROR;
-            }
-        },
-        _ => Builder::new(EchoAgent::factory(s.echo_delay)),
+    let factory = match make_factory(&s) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("turnstile serve: {e}");
+            return USAGE_ERROR;
+        }
     };
+    // Swappable, so a reload can give new agents a new command.
+    let swap = SwappableFactory::new(factory);
+    let builder = Builder::new(Arc::clone(&swap));
     if matches!(s.agent, AgentKind::Exec | AgentKind::Process) {
         if let Err(e) = child::become_subreaper() {
             log::warn!(
@@ -769,11 +973,12 @@ pub fn run(args: ServeArgs) -> i32 {
         .turn_timeout(s.turn_timeout)
         .stop_grace(s.stop_grace)
         .cleanup_timeout(s.cleanup_timeout)
-        .drain_timeout(s.drain_timeout);
+        .drain_timeout(s.drain_timeout)
+        .tick_interval(TICK_INTERVAL);
     if let Some(path) = &s.status_file {
         builder = builder.status_file(path);
     }
-    let (runtime, _handle, _events) = match builder.build() {
+    let (runtime, handle, _events) = match builder.build() {
         Ok(parts) => parts,
         Err(e) => {
             eprintln!("turnstile serve: {e}");
@@ -785,7 +990,7 @@ pub fn run(args: ServeArgs) -> i32 {
     let watchdog =
         s.drain_timeout + s.stop_grace + s.cleanup_timeout + flush_budget + Duration::from_secs(30);
     let cfg = ServerConfig {
-        bridge: s.bridge,
+        bridge: s.bridge.clone(),
         flush_budget,
         watchdog,
         allow_insecure_bind: s.allow_insecure_bind,
@@ -816,8 +1021,48 @@ pub fn run(args: ServeArgs) -> i32 {
             return 1;
         }
     };
+    let forced = server.forced_stops();
+    let mut ops = Ops::new(server, TICK_INTERVAL);
+    let mut http_addr = None;
+    if let Some((addr, cfg)) = s.http.clone() {
+        let server = match HttpServer::bind(addr, cfg) {
+            Ok(server) => server,
+            Err(e) => {
+                eprintln!("turnstile serve: --http-listen {addr}: {e}");
+                return USAGE_ERROR;
+            }
+        };
+        http_addr = server.local_addr().ok();
+        ops = ops.with_http(server);
+    }
+    if flags.config.is_some() {
+        let loader = reload_loader(flags, &s);
+        let apply: ReloadApplier<BridgeServer> = Box::new(move |server, r| {
+            let mut restart = Vec::new();
+            if !server.set_auth_token(r.auth_token.as_deref()) {
+                restart.push("auth-token".to_owned());
+            }
+            handle.set_partial_interval(r.partial_interval);
+            if let Some(f) = &r.factory {
+                swap.swap(Arc::clone(f));
+            }
+            restart
+        });
+        ops = ops.with_reload(loader, apply);
+    }
+    match SdNotify::from_env() {
+        Ok(Some(n)) => {
+            log::info!("systemd notifications on: {n:?}");
+            ops = ops.with_notify(n);
+        }
+        Ok(None) => {}
+        Err(e) => log::warn!("NOTIFY_SOCKET: {e}; no systemd notifications"),
+    }
     let mut stdout = std::io::stdout().lock();
     let _ = writeln!(stdout, "listening on {addr}");
+    if let Some(h) = http_addr {
+        let _ = writeln!(stdout, "http on {h}");
+    }
     let _ = stdout.flush();
     drop(stdout);
     log::info!(
@@ -826,12 +1071,11 @@ pub fn run(args: ServeArgs) -> i32 {
         s.turn_workers,
         s.busy_mode
     );
-    let forced = server.forced_stops();
     let (finished_tx, finished) = crossbeam_channel::bounded(1);
     let reactor = std::thread::Builder::new()
         .name("turnstile-reactor".into())
         .spawn(move || {
-            let _ = finished_tx.send(runtime.run_with(server));
+            let _ = finished_tx.send(runtime.run_with(ops));
         });
     if let Err(e) = reactor {
         log::error!("cannot start the reactor thread: {e}");

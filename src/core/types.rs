@@ -68,6 +68,26 @@ pub struct CoreConfig {
     pub cleanup_queue_cap: usize,
 }
 
+/// The settings that may change while the core runs (a configuration reload). Each applies
+/// from the next time it is read: a new message meets the new queue cap and busy mode, a turn
+/// started afterwards its new timeout, a cancellation its new grace, a cleanup or drain
+/// started afterwards its new deadline. What is already scheduled keeps its deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tunables {
+    /// What a follow-up does while a turn runs.
+    pub busy_mode: BusyMode,
+    /// Messages a session may hold waiting (at least 1).
+    pub queue_cap: usize,
+    /// Turns running longer are abandoned (positive).
+    pub turn_timeout: Duration,
+    /// How long a cancelled turn may take to return.
+    pub stop_grace: Duration,
+    /// How long an agent's close() may take (positive).
+    pub cleanup_timeout: Duration,
+    /// How long shutdown waits for running turns.
+    pub drain_timeout: Duration,
+}
+
 /// Default [`CoreConfig::max_queued_messages`].
 pub const DEFAULT_MAX_QUEUED_MESSAGES: usize = 100_000;
 /// Default [`CoreConfig::max_queued_bytes`]: 256 MiB.
@@ -643,6 +663,9 @@ pub struct MessageCounts {
     /// Events that could not be handed to their sink (full or closed). Counted by the driver,
     /// which delivers events; always 0 in [`Core::stats`](super::Core::stats).
     pub events_undelivered: u64,
+    /// Partial replies delivered to the message's submitter (after the worker's throttle).
+    /// Counted by the driver; always 0 in [`Core::stats`](super::Core::stats).
+    pub partials_forwarded: u64,
 }
 
 /// A read-only view of one session, for status and tests.

@@ -1,6 +1,8 @@
 //! The driver: carries out the core's effects on the pools, the sinks and the frontend.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
 
 use crossbeam_channel::TrySendError;
 
@@ -8,9 +10,51 @@ use super::frontend::Frontend;
 use super::workers::{BoxAgent, Completion};
 use super::{CancelToken, Route};
 use crate::core::{
-    AbandonReason, CleanupId, CleanupJob, Core, Effect, ShutdownReport, TurnId, TurnJob,
+    AbandonReason, CleanupId, CleanupJob, Core, Effect, EventKind, FailReason, MessageEvent,
+    Outcome, ShutdownReport, TurnId, TurnJob,
 };
+use crate::message::SessionKey;
+use crate::ops::logfmt::{Field, cut};
+use crate::ops::metrics::{PromHistogram, TURN_BUCKETS};
 use crate::pool::{JobTicket, Pool, Replacement};
+
+/// WARN lines about failed turns per session per [`WARN_WINDOW`]; the rest are counted and
+/// the count is given with the next line allowed.
+const WARNS_PER_WINDOW: u32 = 5;
+const WARN_WINDOW: Duration = Duration::from_secs(60);
+/// Sessions remembered by the WARN limiter before the expired ones are forgotten.
+const WARN_SESSIONS: usize = 4096;
+/// Characters of an agent's error text in a WARN line.
+const WARN_ERROR_CHARS: usize = 200;
+
+/// Rate-limits the WARN lines about failed turns, per session.
+#[derive(Default)]
+pub(super) struct WarnLimiter {
+    /// Per session: the window's start, lines logged in it, lines suppressed since the last.
+    sessions: HashMap<SessionKey, (Duration, u32, u64)>,
+}
+
+impl WarnLimiter {
+    /// Whether a line about `session` may be logged at `now`, and how many were suppressed
+    /// since the last one.
+    pub(super) fn allow(&mut self, session: &SessionKey, now: Duration) -> Option<u64> {
+        if self.sessions.len() >= WARN_SESSIONS && !self.sessions.contains_key(session) {
+            self.sessions
+                .retain(|_, (start, _, _)| now.saturating_sub(*start) < WARN_WINDOW);
+        }
+        let entry = self.sessions.entry(session.clone()).or_insert((now, 0, 0));
+        if now.saturating_sub(entry.0) >= WARN_WINDOW {
+            entry.0 = now;
+            entry.1 = 0;
+        }
+        if entry.1 >= WARNS_PER_WINDOW {
+            entry.2 += 1;
+            return None;
+        }
+        entry.1 += 1;
+        Some(std::mem::take(&mut entry.2))
+    }
+}
 
 /// The reactor's side of the pools: carries out the core's effects.
 pub(super) struct Driver {
@@ -21,6 +65,19 @@ pub(super) struct Driver {
     pub(super) cleanups: HashMap<CleanupId, JobTicket>,
     pub(super) undelivered: u64,
     pub(super) report: Option<ShutdownReport>,
+    /// The reactor's clock at the effects being applied.
+    pub(super) now: Duration,
+    /// Running turns: when each started and the message it answers.
+    started: HashMap<TurnId, (Duration, Arc<str>)>,
+    /// The turn that just ended (its `Finished` follows): message, turn, duration.
+    just_ended: Option<(Arc<str>, TurnId, Duration)>,
+    /// Turn durations, claim to end.
+    pub(super) turn_durations: PromHistogram,
+    /// The runtime's rejections by reason.
+    pub(super) rejected_by_reason: BTreeMap<&'static str, u64>,
+    /// Partials delivered.
+    pub(super) partials_forwarded: u64,
+    warn_limiter: WarnLimiter,
 }
 
 impl Driver {
@@ -37,6 +94,71 @@ impl Driver {
             cleanups: HashMap::new(),
             undelivered: 0,
             report: None,
+            now: Duration::ZERO,
+            started: HashMap::new(),
+            just_ended: None,
+            turn_durations: PromHistogram::new(TURN_BUCKETS),
+            rejected_by_reason: BTreeMap::new(),
+            partials_forwarded: 0,
+            warn_limiter: WarnLimiter::default(),
+        }
+    }
+
+    /// Counts and logs a message's event before it is delivered: DEBUG for every accepted,
+    /// rejected and finished message; WARN (rate-limited per session) for a failed turn.
+    fn observe(&mut self, ev: &MessageEvent) {
+        let session = Field(ev.session.as_str());
+        let id = Field(&ev.id);
+        match &ev.kind {
+            EventKind::Accepted { state, position } => log::debug!(
+                "accepted session={session} id={id} state={state:?} position={position}"
+            ),
+            EventKind::Rejected(reason) => {
+                *self.rejected_by_reason.entry(reason.as_str()).or_insert(0) += 1;
+                log::debug!(
+                    "rejected session={session} id={id} outcome=rejected reason={}",
+                    reason.as_str()
+                );
+            }
+            EventKind::TurnStarted(_) => {}
+            EventKind::Partial(_) => self.partials_forwarded += 1,
+            EventKind::TurnEnded(turn) => {
+                if let Some((start, message)) = self.started.remove(turn) {
+                    let took = self.now.saturating_sub(start);
+                    self.turn_durations.record(took);
+                    self.just_ended = Some((message, *turn, took));
+                }
+            }
+            EventKind::Finished(outcome) => {
+                let ended = self
+                    .just_ended
+                    .take()
+                    .filter(|(message, _, _)| *message == ev.id);
+                let (turn, ms) = match &ended {
+                    Some((_, turn, took)) => (turn.0.to_string(), took.as_millis().to_string()),
+                    None => ("-".to_owned(), "-".to_owned()),
+                };
+                let name = outcome_name(outcome);
+                log::debug!(
+                    "finished session={session} id={id} turn={turn} outcome={name} ms={ms}"
+                );
+                // A timed-out turn was WARNed as abandoned (the `TurnAbandoned` effect).
+                if let Outcome::Failed(FailReason::Agent(error) | FailReason::Panic(error)) =
+                    outcome
+                    && let Some(suppressed) = self.warn_limiter.allow(&ev.session, self.now)
+                {
+                    let error = cut(error, WARN_ERROR_CHARS);
+                    let more = if suppressed > 0 {
+                        format!(" ({suppressed} more suppressed)")
+                    } else {
+                        String::new()
+                    };
+                    log::warn!(
+                        "turn failed session={session} id={id} turn={turn} outcome={name} ms={ms} error={}{more}",
+                        Field(&error)
+                    );
+                }
+            }
         }
     }
 
@@ -54,6 +176,9 @@ impl Driver {
     }
 
     pub(super) fn apply(&mut self, effect: Effect<Route, BoxAgent>, frontend: &mut impl Frontend) {
+        if let Effect::Emit { event, .. } = &effect {
+            self.observe(event);
+        }
         match effect {
             Effect::Emit {
                 route: Route::Local(tag),
@@ -91,6 +216,12 @@ impl Driver {
             Effect::StartTurn(job) => {
                 let cancel = CancelToken::new();
                 let turn = job.turn;
+                self.started
+                    .insert(turn, (self.now, Arc::clone(&job.message_id)));
+                debug_assert!(
+                    self.started.len() <= self.core.config().turn_workers,
+                    "a turn's start outlived its end"
+                );
                 let ticket = self.turn_pool.submit((job, cancel.clone()));
                 self.turns.insert(turn, (cancel, ticket));
             }
@@ -110,10 +241,26 @@ impl Driver {
                         format!("ignored cancellation ({}) past the stop grace", r.as_str())
                     }
                 };
-                log::warn!(
-                    "session {session}: turn {} abandoned: it {why}; its late result will be discarded",
-                    turn.0
-                );
+                let (ms, id) = match self.started.get(&turn) {
+                    Some((start, id)) => (
+                        self.now.saturating_sub(*start).as_millis().to_string(),
+                        id.to_string(),
+                    ),
+                    None => ("-".to_owned(), "-".to_owned()),
+                };
+                if let Some(suppressed) = self.warn_limiter.allow(&session, self.now) {
+                    let more = if suppressed > 0 {
+                        format!(" ({suppressed} more suppressed)")
+                    } else {
+                        String::new()
+                    };
+                    log::warn!(
+                        "turn abandoned session={} id={} turn={} outcome=abandoned ms={ms}: it {why}; its late result will be discarded{more}",
+                        Field(session.as_str()),
+                        Field(&id),
+                        turn.0
+                    );
+                }
                 if let Some((_, ticket)) = self.turns.remove(&turn)
                     && self.turn_pool.replace(&ticket) == Replacement::Refused
                 {
@@ -162,5 +309,82 @@ impl Driver {
             }
             Effect::ShutdownComplete(report) => self.report = Some(report),
         }
+    }
+}
+
+/// The outcome's name in log lines: `reply`, `cancelled:<reason>`, `failed:<kind>`, `merged`.
+fn outcome_name(outcome: &Outcome) -> String {
+    match outcome {
+        Outcome::Reply(_) => "reply".to_owned(),
+        Outcome::Cancelled(r) => format!("cancelled:{}", r.as_str()),
+        Outcome::Failed(FailReason::Agent(_)) => "failed:agent".to_owned(),
+        Outcome::Failed(FailReason::Panic(_)) => "failed:panic".to_owned(),
+        Outcome::Failed(FailReason::Timeout) => "failed:timeout".to_owned(),
+        Outcome::Merged { .. } => "merged".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warn_limiter_allows_a_burst_per_session_then_reports_what_it_suppressed() {
+        let mut l = WarnLimiter::default();
+        let a = SessionKey::dm("t", "a").unwrap();
+        let b = SessionKey::dm("t", "b").unwrap();
+        let s = Duration::from_secs;
+        for _ in 0..WARNS_PER_WINDOW {
+            assert_eq!(l.allow(&a, s(1)), Some(0));
+        }
+        assert_eq!(l.allow(&a, s(2)), None);
+        assert_eq!(l.allow(&a, s(3)), None);
+        assert_eq!(l.allow(&b, s(3)), Some(0), "another session is not limited");
+        assert_eq!(
+            l.allow(&a, s(60)),
+            None,
+            "the window runs from its first line"
+        );
+        assert_eq!(l.allow(&a, s(61)), Some(3));
+        assert_eq!(l.allow(&a, s(62)), Some(0));
+    }
+
+    #[test]
+    fn warn_limiter_forgets_expired_sessions_at_its_bound() {
+        let mut l = WarnLimiter::default();
+        for i in 0..WARN_SESSIONS {
+            let k = SessionKey::dm("t", &i.to_string()).unwrap();
+            assert_eq!(l.allow(&k, Duration::ZERO), Some(0));
+        }
+        assert_eq!(l.sessions.len(), WARN_SESSIONS);
+        let k = SessionKey::dm("t", "new").unwrap();
+        assert_eq!(l.allow(&k, WARN_WINDOW), Some(0));
+        assert_eq!(l.sessions.len(), 1, "expired sessions forgotten");
+    }
+
+    #[test]
+    fn outcome_names() {
+        use crate::core::{CancelReason, Reply};
+        assert_eq!(outcome_name(&Outcome::Reply(Reply::default())), "reply");
+        assert_eq!(
+            outcome_name(&Outcome::Cancelled(CancelReason::Stopped)),
+            "cancelled:stopped"
+        );
+        assert_eq!(
+            outcome_name(&Outcome::Failed(FailReason::Agent("x".into()))),
+            "failed:agent"
+        );
+        assert_eq!(
+            outcome_name(&Outcome::Failed(FailReason::Panic("x".into()))),
+            "failed:panic"
+        );
+        assert_eq!(
+            outcome_name(&Outcome::Failed(FailReason::Timeout)),
+            "failed:timeout"
+        );
+        assert_eq!(
+            outcome_name(&Outcome::Merged { into: "m".into() }),
+            "merged"
+        );
     }
 }

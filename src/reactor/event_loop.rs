@@ -93,12 +93,15 @@ impl<F: Frontend> Reactor<F> {
             status,
             status_file,
         };
-        reactor.status.publish(reactor.heartbeat.snapshot(
+        let mut reactor = reactor;
+        let first = reactor.heartbeat.snapshot(
             RuntimeState::Running,
             Duration::ZERO,
             &reactor.driver,
             reactor.frontend.status(),
-        ));
+        );
+        reactor.status.publish(Arc::clone(&first));
+        reactor.frontend.on_tick(&first);
         Ok(reactor)
     }
 
@@ -175,6 +178,7 @@ impl<F: Frontend> Reactor<F> {
     /// Fires the core's due timers, then carries out every effect in the order produced.
     fn apply_effects(&mut self, now: Duration) {
         self.driver.core.advance(now, &mut self.effects);
+        self.driver.now = now;
         for effect in self.effects.drain(..) {
             self.driver.apply(effect, &mut self.frontend);
         }
@@ -196,7 +200,8 @@ impl<F: Frontend> Reactor<F> {
             if let Some(writer) = &self.status_file {
                 writer.offer(Arc::clone(&snapshot));
             }
-            self.status.publish(snapshot);
+            self.status.publish(Arc::clone(&snapshot));
+            self.frontend.on_tick(&snapshot);
         }
     }
 

@@ -2,6 +2,7 @@
 //! server. A frontend owns its mio sources and submits messages whose events come back to it
 //! on the same thread, with no channel in between.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use mio::event::Event;
@@ -10,6 +11,7 @@ use mio::{Poll, Registry};
 use super::Route;
 use super::workers::BoxAgent;
 use crate::core::{Core, Effect, Input, MessageEvent};
+use crate::liveness::Status;
 use crate::message::Message;
 
 /// Tokens from this value up belong to the reactor; a frontend uses tokens below it.
@@ -21,6 +23,7 @@ pub struct Ctx<'a> {
     core: &'a mut Core<Route, BoxAgent>,
     fx: &'a mut Vec<Effect<Route, BoxAgent>>,
     shutdown: bool,
+    reload: bool,
 }
 
 impl<'a> Ctx<'a> {
@@ -34,6 +37,7 @@ impl<'a> Ctx<'a> {
             core,
             fx,
             shutdown: false,
+            reload: false,
         }
     }
 
@@ -49,6 +53,32 @@ impl<'a> Ctx<'a> {
             route: Route::Local(tag),
         };
         self.core.handle(self.now, input, self.fx);
+    }
+
+    /// Whether the runtime is shutting down (or asked to, by this step or before).
+    pub fn shutting_down(&self) -> bool {
+        self.shutdown || self.core.is_shutting_down()
+    }
+
+    /// Asks for the configuration to be re-read (SIGHUP); a frontend hosting the reload
+    /// (the ops frontend) takes the request with [`Ctx::take_reload_request`].
+    pub fn request_reload(&mut self) {
+        self.reload = true;
+    }
+
+    /// Whether a reload was asked for in this step (and forgets the request).
+    pub fn take_reload_request(&mut self) -> bool {
+        std::mem::take(&mut self.reload)
+    }
+
+    /// The settings a reload may change, as in force.
+    pub fn tunables(&self) -> crate::core::Tunables {
+        self.core.tunables()
+    }
+
+    /// Changes the settings a reload may change, for what comes next.
+    pub fn retune(&mut self, t: crate::core::Tunables) {
+        self.core.retune(t);
     }
 
     /// Starts a graceful shutdown.
@@ -82,6 +112,12 @@ pub trait Frontend {
 
     /// Called once shutdown has completed, to flush output (bounded in time).
     fn finish(&mut self, poll: &mut Poll);
+
+    /// A heartbeat tick produced `status` (already published). For work that must follow
+    /// the loop's own pulse, such as the systemd watchdog.
+    fn on_tick(&mut self, status: &Arc<Status>) {
+        let _ = status;
+    }
 
     /// The frontend's own figures for the status snapshot (its `frontend` field).
     fn status(&self) -> Option<serde_json::Value> {

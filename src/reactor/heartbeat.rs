@@ -2,14 +2,42 @@
 //! snapshot it publishes.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::driver::Driver;
 use super::frontend::Frontend;
 use crate::agent::AgentFactory;
 use crate::liveness::{
-    LagHistogram, MessageCounts, RuntimeState, Status, WorkerCounts, rfc3339_utc,
+    Histograms, LagHistogram, LagWindow, MessageCounts, ProcessInfo, RuntimeState, Status,
+    ThreadStates, WorkerCounts, rfc3339_utc,
 };
+use crate::ops::metrics::{LAG_BUCKETS, PromHistogram};
+use crate::pool::Pool;
+
+/// Length of one slice of the loop-lag window (six slices: the last minute).
+const WINDOW_SLICE: Duration = Duration::from_secs(10);
+/// How often the resident set size is read.
+const RSS_EVERY: Duration = Duration::from_secs(1);
+
+/// The process's resident set size in bytes, from `/proc/self/statm` (procfs: no disk).
+pub(crate) fn read_rss() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * u64::try_from(page).ok()?)
+}
+
+fn thread_states<J: Send + 'static>(pool: &Pool<J>) -> ThreadStates {
+    let live = pool.live_threads();
+    let stuck = pool.stuck_threads().min(live);
+    let idle = pool.idle_threads().min(live - stuck);
+    ThreadStates {
+        idle,
+        busy: live - stuck - idle,
+        stuck,
+    }
+}
 
 /// The heartbeat: a tick every interval on the reactor, its lateness recorded.
 pub(super) struct Heartbeat {
@@ -18,6 +46,13 @@ pub(super) struct Heartbeat {
     pub(super) next: Duration,
     ticks: u64,
     lag: LagHistogram,
+    /// The last minute's lag.
+    window: LagWindow,
+    /// The lag in the metrics' buckets.
+    lag_buckets: PromHistogram,
+    last_lag: Duration,
+    rss: u64,
+    next_rss: Duration,
     /// Asked for the agents' usage at each snapshot.
     factory: Arc<dyn AgentFactory>,
 }
@@ -30,6 +65,11 @@ impl Heartbeat {
             next: interval,
             ticks: 0,
             lag: LagHistogram::default(),
+            window: LagWindow::new(WINDOW_SLICE),
+            lag_buckets: PromHistogram::new(LAG_BUCKETS),
+            last_lag: Duration::ZERO,
+            rss: read_rss().unwrap_or(0),
+            next_rss: RSS_EVERY,
             factory,
         }
     }
@@ -44,8 +84,16 @@ impl Heartbeat {
         if now < self.next {
             return None;
         }
-        self.lag.record(now - self.next);
+        let lag = now - self.next;
+        self.lag.record(lag);
+        self.window.record(now, lag);
+        self.lag_buckets.record(lag);
+        self.last_lag = lag;
         self.ticks += 1;
+        if now >= self.next_rss {
+            self.next_rss = now + RSS_EVERY;
+            self.rss = read_rss().unwrap_or(self.rss);
+        }
         // Keep the phase; a loop late by several periods records one late tick, not a burst.
         while self.next <= now {
             self.next += self.interval;
@@ -68,6 +116,14 @@ impl Heartbeat {
             uptime_s: now.as_secs_f64(),
             ticks: self.ticks,
             loop_lag_ms: self.lag.summary(),
+            loop_lag_window_ms: self.window.merged(now).summary(),
+            loop_lag_last_ms: self.last_lag.as_micros() as f64 / 1000.0,
+            process: ProcessInfo {
+                rss_bytes: self.rss,
+                started_unix_s: unix_s(self.started),
+                updated_unix_s: unix_s(self.started + now),
+                tick_interval_s: self.interval.as_secs_f64(),
+            },
             sessions: s.sessions,
             turns: s.turns,
             cleanups: s.cleanups,
@@ -75,13 +131,27 @@ impl Heartbeat {
                 turn: driver.turn_pool.live_threads(),
                 cleanup: driver.cleanup_pool.live_threads(),
                 replaced: driver.turn_pool.replaced() + driver.cleanup_pool.replaced(),
+                turn_threads: thread_states(&driver.turn_pool),
+                cleanup_threads: thread_states(&driver.cleanup_pool),
             },
             messages: MessageCounts {
                 events_undelivered: driver.undelivered,
+                partials_forwarded: driver.partials_forwarded,
                 ..s.messages
             },
+            rejected_by_reason: driver.rejected_by_reason.clone(),
             agent_usage: self.factory.usage(),
             frontend,
+            histograms: Arc::new(Histograms {
+                loop_lag: self.lag_buckets.clone(),
+                turn_duration: driver.turn_durations.clone(),
+            }),
         })
     }
+}
+
+fn unix_s(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
 }

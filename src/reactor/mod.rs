@@ -25,7 +25,7 @@ mod workers;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::Duration;
 
@@ -325,6 +325,9 @@ impl Builder {
             notifier: Arc::clone(&notifier),
         };
         let (turn_sink, factory, limits) = (sink.clone(), Arc::clone(&self.factory), self.limits);
+        // The partial interval may change while running (a reload): each turn reads it.
+        let partial_ns = Arc::new(AtomicU64::new(nanos(limits.partial_interval)));
+        let turn_partial_ns = Arc::clone(&partial_ns);
         let turn_pool = Pool::new(
             "turnstile-turn",
             PoolSize {
@@ -334,6 +337,12 @@ impl Builder {
                 keepalive: CLEANUP_KEEPALIVE,
             },
             move |(job, cancel): (TurnJob<BoxAgent>, CancelToken)| {
+                let partial_interval =
+                    Duration::from_nanos(turn_partial_ns.load(Ordering::Relaxed));
+                let limits = TurnLimits {
+                    partial_interval,
+                    ..limits
+                };
                 run_turn(job, &cancel, &*factory, &turn_sink, limits)
             },
         )
@@ -365,6 +374,7 @@ impl Builder {
             shutdown: Arc::clone(&shutdown),
             status: Arc::clone(&status),
             default_sink: events_tx,
+            partial_ns,
             #[cfg(feature = "async")]
             room: Arc::clone(&room),
         };
@@ -397,12 +407,28 @@ pub struct Handle {
     shutdown: Arc<AtomicBool>,
     status: Arc<StatusCell>,
     default_sink: EventSink,
+    /// The turn workers' partial interval in nanoseconds.
+    partial_ns: Arc<AtomicU64>,
     /// Submits waiting for ingress room (the `async` feature).
     #[cfg(feature = "async")]
     room: Arc<async_api::Room>,
 }
 
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 impl Handle {
+    /// Changes the least time between two forwarded partials, for turns started from now on.
+    pub fn set_partial_interval(&self, interval: Duration) {
+        self.partial_ns.store(nanos(interval), Ordering::Relaxed);
+    }
+
+    /// The least time between two forwarded partials now in force.
+    pub fn partial_interval(&self) -> Duration {
+        Duration::from_nanos(self.partial_ns.load(Ordering::Relaxed))
+    }
+
     /// Submits a message; its events go to the runtime's [`Events`] stream.
     pub fn submit(&self, message: Message) -> Result<(), SubmitError> {
         self.submit_to(message, self.default_sink.clone())

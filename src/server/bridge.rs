@@ -469,6 +469,22 @@ impl Bridge {
         &self.cfg
     }
 
+    /// Replaces the auth token (a reload): hellos from now on are checked against it;
+    /// connections already authenticated stay so. `None` (no token) is refused when a token
+    /// was set, since connections admitted without one would skip the hello deadline's
+    /// bookkeeping; going from none to a token needs a restart too (returns false).
+    pub fn set_auth_token(&mut self, token: Option<&str>) -> bool {
+        match (token, self.token.is_some()) {
+            (Some(t), true) => {
+                self.token = Some(Token::new(t));
+                self.cfg.auth_token = Some(t.to_owned());
+                true
+            }
+            (None, false) => true,
+            _ => false,
+        }
+    }
+
     /// A new connection from `peer`, or the error line to write before closing it.
     pub fn connect(&mut self, peer: IpAddr, now: Duration) -> Result<ConnId, Vec<u8>> {
         let refuse = |stats: &mut BridgeStatus, why: String| {

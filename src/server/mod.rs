@@ -8,7 +8,7 @@
 //! the time, submits what the bridge asks, and writes each connection's output within a
 //! budget per wake. Signals arrive through `signal-hook-mio` on the same poll.
 
-mod auth;
+pub(crate) mod auth;
 pub mod bridge;
 mod dedup;
 mod frame;
@@ -169,6 +169,7 @@ impl SocketTable {
 
 struct Socket {
     id: ConnId,
+    peer: SocketAddr,
     stream: TcpStream,
     reader: LineReader,
     /// The bridge wanted no input (its output was over its bound); re-armed when it drains.
@@ -339,6 +340,12 @@ impl BridgeServer {
         }
     }
 
+    /// Replaces the auth token for hellos from now on (a reload); false when the change
+    /// needs a restart (adding or removing a token).
+    pub fn set_auth_token(&mut self, token: Option<&str>) -> bool {
+        self.bridge.set_auth_token(token)
+    }
+
     /// Where the server announces that the process should end now (a second signal, the
     /// shutdown watchdog). The host must act on it from a thread other than the reactor's,
     /// since the loop may be wedged: see [`ForcedStop`].
@@ -412,12 +419,13 @@ impl BridgeServer {
         }
         self.sockets.insert(Socket {
             id,
+            peer,
             stream,
             reader: LineReader::default(),
             read_paused: false,
             eof: false,
         });
-        log::debug!("connection {} from {peer}", id);
+        log::info!("connection opened conn={id} peer={peer}");
     }
 
     fn read(&mut self, id: ConnId, ctx: &mut Ctx<'_>) {
@@ -500,6 +508,7 @@ impl BridgeServer {
         let Some(mut sock) = self.sockets.remove(id) else {
             return;
         };
+        log::info!("connection closed conn={id} peer={}", sock.peer);
         if let Some(registry) = &self.registry {
             let _ = registry.deregister(&mut sock.stream);
         }
@@ -562,7 +571,8 @@ impl BridgeServer {
         let received: Vec<i32> = signals.pending().collect();
         for sig in received {
             if sig == libc::SIGHUP {
-                log::info!("received SIGHUP: ignored (configuration reload is not supported)");
+                log::info!("received SIGHUP: reloading the configuration");
+                ctx.request_reload();
                 continue;
             }
             self.signals_seen += 1;

@@ -1,0 +1,355 @@
+//! `turnstile status`: a human summary of a gateway's status snapshot, read from its status
+//! file or its HTTP endpoint, and an exit code a probe can use.
+//!
+//! Exit codes: 0 healthy; 1 unhealthy (stale snapshot, draining, stopped, `/healthz` 503);
+//! 2 usage; 3 no snapshot (missing or unreadable file, no server, not a turnstile status).
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::Args;
+use serde_json::Value;
+
+use super::USAGE_ERROR;
+
+/// Exit code when the gateway is unhealthy or its snapshot stale.
+pub const UNHEALTHY: i32 = 1;
+/// Exit code when there is no snapshot to judge.
+pub const UNKNOWN: i32 = 3;
+/// Response bytes read from the HTTP endpoint at most.
+const MAX_RESPONSE: u64 = 4 << 20;
+
+/// Flags of `status`.
+#[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("source").args(["status_file", "http"])))]
+pub struct StatusArgs {
+    /// Read the snapshot from this status file (`serve --status-file`).
+    #[arg(long)]
+    status_file: Option<PathBuf>,
+    /// Ask the gateway's HTTP endpoint at this address [default: 127.0.0.1:7879].
+    #[arg(long)]
+    http: Option<String>,
+    /// Bearer token for the HTTP endpoint.
+    #[arg(long, env = "TURNSTILE_AUTH_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// A snapshot older than this many seconds is stale [default: 2].
+    #[arg(long, default_value_t = 2.0)]
+    max_age: f64,
+    /// Seconds to wait for the HTTP endpoint.
+    #[arg(long, default_value_t = 5.0)]
+    timeout: f64,
+}
+
+/// Prints the summary; returns the exit code.
+pub fn run(args: StatusArgs) -> i32 {
+    if !args.max_age.is_finite() || args.max_age <= 0.0 {
+        eprintln!("turnstile status: --max-age must be a positive number of seconds");
+        return USAGE_ERROR;
+    }
+    if !args.timeout.is_finite() || args.timeout <= 0.0 {
+        eprintln!("turnstile status: --timeout must be a positive number of seconds");
+        return USAGE_ERROR;
+    }
+    let (snapshot, probe) = match &args.status_file {
+        Some(path) => match std::fs::read_to_string(path) {
+            Ok(text) => (text, None),
+            Err(e) => {
+                eprintln!(
+                    "turnstile status: cannot read the status file {}: {e}",
+                    path.display()
+                );
+                return UNKNOWN;
+            }
+        },
+        None => {
+            let addr = args.http.as_deref().unwrap_or("127.0.0.1:7879");
+            let timeout = Duration::from_secs_f64(args.timeout);
+            let status = match get(addr, "/status", args.token.as_deref(), timeout) {
+                Ok((200, body)) => body,
+                Ok((401, _)) => {
+                    eprintln!(
+                        "turnstile status: {addr}: unauthorized (give the gateway's token with --token or TURNSTILE_AUTH_TOKEN)"
+                    );
+                    return UNKNOWN;
+                }
+                Ok((code, body)) => {
+                    eprintln!(
+                        "turnstile status: {addr}/status answered {code}: {}",
+                        body.trim()
+                    );
+                    return UNKNOWN;
+                }
+                Err(e) => {
+                    eprintln!("turnstile status: {addr}: {e}");
+                    return UNKNOWN;
+                }
+            };
+            let health = match get(addr, "/healthz", None, timeout) {
+                Ok((200, _)) => Ok(()),
+                Ok((code, body)) => Err(format!("/healthz answered {code}: {}", body.trim())),
+                Err(e) => Err(format!("/healthz: {e}")),
+            };
+            (status, Some(health))
+        }
+    };
+    let Ok(v) = serde_json::from_str::<Value>(&snapshot) else {
+        eprintln!("turnstile status: not a turnstile status document (not JSON)");
+        return UNKNOWN;
+    };
+    if v.get("state").and_then(Value::as_str).is_none() || v.get("ticks").is_none() {
+        eprintln!("turnstile status: not a turnstile status document");
+        return UNKNOWN;
+    }
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64();
+    print!("{}", summary(&v, now));
+    match verdict(&v, now, args.max_age, probe) {
+        Ok(()) => {
+            println!("verdict: healthy");
+            0
+        }
+        Err(why) => {
+            println!("verdict: unhealthy: {why}");
+            UNHEALTHY
+        }
+    }
+}
+
+fn num(v: &Value, path: &[&str]) -> f64 {
+    path.iter()
+        .try_fold(v, |v, k| v.get(k))
+        .and_then(Value::as_f64)
+        .unwrap_or(0.0)
+}
+
+/// Healthy: running, fresh, and (over HTTP) `/healthz` 200.
+fn verdict(
+    v: &Value,
+    now_unix: f64,
+    max_age: f64,
+    probe: Option<Result<(), String>>,
+) -> Result<(), String> {
+    let state = v["state"].as_str().unwrap_or("?");
+    if state != "running" {
+        return Err(format!("state is {state}"));
+    }
+    let updated = num(v, &["process", "updated_unix_s"]);
+    let age = now_unix - updated;
+    if updated <= 0.0 || age > max_age {
+        return Err(format!(
+            "the snapshot is {age:.1} s old (stale past {max_age} s): the loop is wedged or the process is gone"
+        ));
+    }
+    probe.unwrap_or(Ok(()))
+}
+
+fn bytes(n: f64) -> String {
+    if n >= 1048576.0 {
+        format!("{:.1} MiB", n / 1048576.0)
+    } else if n >= 1024.0 {
+        format!("{:.1} KiB", n / 1024.0)
+    } else {
+        format!("{n} B")
+    }
+}
+
+/// The human summary, one topic per line.
+fn summary(v: &Value, now_unix: f64) -> String {
+    let mut out = String::new();
+    let age = now_unix - num(v, &["process", "updated_unix_s"]);
+    out.push_str(&format!(
+        "state: {} (pid {}), uptime {:.1} s, snapshot {:.1} s old, {} ticks\n",
+        v["state"].as_str().unwrap_or("?"),
+        num(v, &["pid"]),
+        num(v, &["uptime_s"]),
+        age.max(0.0),
+        num(v, &["ticks"]),
+    ));
+    out.push_str(&format!(
+        "loop lag: last minute p50 {} ms, p99 {} ms, max {} ms; since start p99 {} ms, max {} ms\n",
+        num(v, &["loop_lag_window_ms", "p50"]),
+        num(v, &["loop_lag_window_ms", "p99"]),
+        num(v, &["loop_lag_window_ms", "max"]),
+        num(v, &["loop_lag_ms", "p99"]),
+        num(v, &["loop_lag_ms", "max"]),
+    ));
+    out.push_str(&format!(
+        "sessions: {} ({} running, {} queued messages, {} waiting for a worker), agents {} cached, {} parked\n",
+        num(v, &["sessions", "total"]),
+        num(v, &["sessions", "running"]),
+        num(v, &["sessions", "queued_messages"]),
+        num(v, &["sessions", "waiting_for_worker"]),
+        num(v, &["sessions", "cached_agents"]),
+        num(v, &["sessions", "parked_agents"]),
+    ));
+    // The bridge counts every rejection (the runtime's included); without it, the runtime's.
+    let rejected = match v.get("frontend").and_then(|f| f.get("rejected")) {
+        Some(Value::Object(by_reason)) => {
+            let mut reasons: Vec<String> = by_reason
+                .iter()
+                .filter(|(_, n)| n.as_u64().unwrap_or(0) > 0)
+                .map(|(k, n)| format!("{k} {n}"))
+                .collect();
+            let total: u64 = by_reason.values().filter_map(Value::as_u64).sum();
+            if reasons.is_empty() {
+                total.to_string()
+            } else {
+                reasons.sort();
+                format!("{total} ({})", reasons.join(", "))
+            }
+        }
+        _ => num(v, &["messages", "rejected"]).to_string(),
+    };
+    out.push_str(&format!(
+        "turns: {} running, {} completed, {} failed, {} cancelled, {} abandoned; messages {} accepted, {rejected} rejected\n",
+        num(v, &["turns", "in_flight"]),
+        num(v, &["turns", "completed"]),
+        num(v, &["turns", "failed"]),
+        num(v, &["turns", "cancelled"]),
+        num(v, &["turns", "abandoned"]),
+        num(v, &["messages", "accepted"]),
+    ));
+    out.push_str(&format!(
+        "cleanups: {} done, {} timed out, {} failed, {} queued, {} pending\n",
+        num(v, &["cleanups", "done"]),
+        num(v, &["cleanups", "timed_out"]),
+        num(v, &["cleanups", "failed"]),
+        num(v, &["cleanups", "queued"]),
+        num(v, &["cleanups", "pending"]),
+    ));
+    if let Some(f) = v.get("frontend") {
+        out.push_str(&format!(
+            "connections: {} ({} unauthenticated), {} refused; http {} open\n",
+            num(f, &["connections"]),
+            num(f, &["unauthenticated"]),
+            num(f, &["connections_refused"]),
+            num(f, &["http", "connections"]),
+        ));
+        if let Some(Value::Object(outboxes)) = f.get("outboxes") {
+            let parts: Vec<String> = outboxes
+                .iter()
+                .map(|(name, p)| {
+                    format!(
+                        "{name} {} waiting ({}), {} owed",
+                        num(p, &["outbox_events"]),
+                        bytes(num(p, &["outbox_bytes"])),
+                        num(p, &["reserved_events"]),
+                    )
+                })
+                .collect();
+            let list = if parts.is_empty() {
+                "none".to_owned()
+            } else {
+                parts.join("; ")
+            };
+            out.push_str(&format!("outboxes: {list}\n"));
+        }
+    }
+    out.push_str(&format!(
+        "memory: {} resident\n",
+        bytes(num(v, &["process", "rss_bytes"]))
+    ));
+    out
+}
+
+/// A plain HTTP/1.1 GET with timeouts; the status code and body. Errors are in words.
+fn get(
+    addr: &str,
+    path: &str,
+    token: Option<&str>,
+    timeout: Duration,
+) -> Result<(u16, String), String> {
+    let sockaddr = std::net::ToSocketAddrs::to_socket_addrs(addr)
+        .map_err(|e| format!("not an address: {e}"))?
+        .next()
+        .ok_or("not an address")?;
+    let mut stream =
+        TcpStream::connect_timeout(&sockaddr, timeout).map_err(|e| match e.kind() {
+            std::io::ErrorKind::ConnectionRefused => {
+                "connection refused (is the gateway running with --http-listen here?)".to_owned()
+            }
+            std::io::ErrorKind::TimedOut => "timed out connecting".to_owned(),
+            _ => format!("cannot connect: {e}"),
+        })?;
+    let _ = stream.set_read_timeout(Some(timeout));
+    let _ = stream.set_write_timeout(Some(timeout));
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n"
+    )
+    .map_err(|e| format!("cannot send the request: {e}"))?;
+    let mut raw = Vec::new();
+    stream
+        .take(MAX_RESPONSE)
+        .read_to_end(&mut raw)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                "timed out waiting for the answer (is the gateway's loop wedged?)".to_owned()
+            }
+            _ => format!("reading the answer: {e}"),
+        })?;
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut resp = httparse::Response::new(&mut headers);
+    let head = match resp.parse(&raw) {
+        Ok(httparse::Status::Complete(n)) => n,
+        _ => return Err("not a turnstile server (no HTTP answer)".into()),
+    };
+    let code = resp.code.ok_or("not a turnstile server (no status code)")?;
+    Ok((code, String::from_utf8_lossy(&raw[head..]).into_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn doc(state: &str, updated: f64) -> Value {
+        json!({"state": state, "ticks": 3, "process": {"updated_unix_s": updated}})
+    }
+
+    #[test]
+    fn verdicts() {
+        assert_eq!(verdict(&doc("running", 100.0), 101.0, 2.0, None), Ok(()));
+        assert!(
+            verdict(&doc("running", 100.0), 102.5, 2.0, None)
+                .unwrap_err()
+                .contains("2.5 s old")
+        );
+        assert_eq!(
+            verdict(&doc("draining", 100.0), 100.0, 2.0, None),
+            Err("state is draining".into())
+        );
+        assert_eq!(
+            verdict(&doc("running", 100.0), 100.0, 2.0, Some(Err("x".into()))),
+            Err("x".into())
+        );
+        assert!(verdict(&doc("running", 0.0), 1.0, 2.0, None).is_err());
+    }
+
+    #[test]
+    fn the_summary_counts_the_bridges_rejections() {
+        let v = json!({"state": "running", "messages": {"accepted": 3, "rejected": 0},
+            "frontend": {"rejected": {"invalid": 1, "backpressure": 0, "queue_full": 2}}});
+        let text = summary(&v, 0.0);
+        assert!(
+            text.contains("messages 3 accepted, 3 (invalid 1, queue_full 2) rejected"),
+            "{text}"
+        );
+        let v = json!({"state": "running", "messages": {"accepted": 3, "rejected": 4}});
+        assert!(summary(&v, 0.0).contains("messages 3 accepted, 4 rejected"));
+    }
+
+    #[test]
+    fn byte_sizes() {
+        assert_eq!(bytes(10.0), "10 B");
+        assert_eq!(bytes(2048.0), "2.0 KiB");
+        assert_eq!(bytes(3.0 * 1048576.0), "3.0 MiB");
+    }
+}

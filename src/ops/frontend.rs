@@ -1,0 +1,558 @@
+//! [`Ops`]: a frontend wrapping another (the bridge server) with the operations endpoint
+//! and the systemd notifications, all on the reactor thread.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, TryRecvError};
+
+use mio::event::Event;
+use mio::{Poll, Registry};
+
+use super::http::{self, HttpServer, OpsSource};
+use super::metrics;
+use super::notify::{SdNotify, WatchdogPacer};
+use crate::agent::AgentFactory;
+use crate::core::{MessageEvent, Tunables};
+use crate::liveness::{RuntimeState, Status};
+use crate::reactor::{Ctx, Frontend};
+
+/// Ticks a snapshot may be old, and a tick may be late, for the loop to count as healthy.
+pub const HEALTHY_TICKS: u32 = 3;
+/// How often `STATUS=` is sent to systemd.
+const STATUS_LINE_EVERY: Duration = Duration::from_secs(1);
+
+/// A readiness check beyond the loop's own health (e.g. a store being writable): `Err`
+/// says why the gateway is not ready.
+pub type ReadinessCheck = Box<dyn Fn() -> Result<(), String> + Send>;
+
+/// A re-read configuration: what may change while running, and what changed but needs a
+/// restart. Produced off the reactor (it reads files), applied on it.
+pub struct Reload {
+    /// The core's settings (queue cap, busy mode, timeouts).
+    pub tunables: Tunables,
+    /// The least time between two forwarded partials.
+    pub partial_interval: Duration,
+    /// The auth token (bridges' hellos and the HTTP endpoint's bearer token).
+    pub auth_token: Option<String>,
+    /// A new agent factory for agents created from now on, when the agent's command changed.
+    pub factory: Option<Arc<dyn AgentFactory>>,
+    /// Settings that differ from those in force and need a restart (named for the WARN).
+    pub restart_needed: Vec<String>,
+}
+
+/// Reads the configuration again (on a helper thread).
+pub type ReloadLoader = Arc<dyn Fn() -> Result<Reload, String> + Send + Sync>;
+
+/// Applies what [`Ops`] cannot apply itself (the wrapped frontend's token, the factory, the
+/// partial interval); returns settings it could not apply (they need a restart).
+pub type ReloadApplier<F> = Box<dyn FnMut(&mut F, &Reload) -> Vec<String> + Send>;
+
+/// The operations side of the gateway, hosted around `inner`.
+pub struct Ops<F> {
+    inner: F,
+    http: Option<HttpServer>,
+    notify: Option<SdNotify>,
+    pacer: Option<WatchdogPacer>,
+    tick_interval: Duration,
+    latest: Arc<Status>,
+    now: Duration,
+    shutting_down: bool,
+    registered: bool,
+    ready_sent: bool,
+    stopping_sent: bool,
+    next_status_line: Duration,
+    checks: Vec<(String, ReadinessCheck)>,
+    reloader: Option<(ReloadLoader, ReloadApplier<F>)>,
+    /// A reload being read on its helper thread.
+    reloading: Option<Receiver<Result<Reload, String>>>,
+    #[cfg(feature = "test-hooks")]
+    wedge: Option<test_hooks::Wedge>,
+}
+
+/// The loop's health, as `/healthz` and the watchdog judge it.
+pub fn health(
+    latest: &Status,
+    now: Duration,
+    tick_interval: Duration,
+    shutting_down: bool,
+) -> Result<(), String> {
+    if shutting_down || latest.state != RuntimeState::Running {
+        return Err("shutting down".into());
+    }
+    let limit = tick_interval * HEALTHY_TICKS;
+    let age = now.saturating_sub(Duration::from_secs_f64(latest.uptime_s.max(0.0)));
+    if age > limit {
+        return Err(format!(
+            "last heartbeat tick {} ms ago (limit {} ms)",
+            age.as_millis(),
+            limit.as_millis()
+        ));
+    }
+    Ok(())
+}
+
+/// Whether a tick's lateness is healthy (at most [`HEALTHY_TICKS`] periods).
+pub fn lag_healthy(latest: &Status, tick_interval: Duration) -> bool {
+    latest.loop_lag_last_ms <= (tick_interval * HEALTHY_TICKS).as_secs_f64() * 1000.0
+}
+
+/// A one-line summary for systemd's `STATUS=` and `turnstile status`.
+pub fn summary_line(s: &Status) -> String {
+    let connections = s
+        .frontend
+        .as_ref()
+        .and_then(|f| f.get("connections"))
+        .and_then(serde_json::Value::as_u64);
+    let mut line = format!(
+        "{:?}: {} sessions, {} turns running, {} queued, {} done, {} failed",
+        s.state,
+        s.sessions.total,
+        s.turns.in_flight,
+        s.sessions.queued_messages,
+        s.turns.completed,
+        s.turns.failed
+    )
+    .to_lowercase();
+    if let Some(c) = connections {
+        line.push_str(&format!(", {c} connections"));
+    }
+    line.push_str(&format!(
+        ", loop lag p99 {} ms (last minute)",
+        s.loop_lag_window_ms.p99
+    ));
+    line
+}
+
+struct View<'a> {
+    latest: &'a Status,
+    now: Duration,
+    tick_interval: Duration,
+    shutting_down: bool,
+    registered: bool,
+    checks: &'a [(String, ReadinessCheck)],
+}
+
+impl OpsSource for View<'_> {
+    fn health(&self) -> Result<(), String> {
+        health(
+            self.latest,
+            self.now,
+            self.tick_interval,
+            self.shutting_down,
+        )
+    }
+
+    fn ready(&self) -> Result<(), String> {
+        self.health()?;
+        if !self.registered {
+            return Err("not listening yet".into());
+        }
+        for (name, check) in self.checks {
+            check().map_err(|e| format!("{name}: {e}"))?;
+        }
+        Ok(())
+    }
+
+    fn status_json(&self) -> Vec<u8> {
+        let mut body = serde_json::to_vec(self.latest).unwrap_or_default();
+        body.push(b'\n');
+        body
+    }
+
+    fn metrics(&self) -> String {
+        metrics::render(self.latest)
+    }
+}
+
+impl<F: Frontend> Ops<F> {
+    /// Wraps `inner`; `tick_interval` is the runtime's heartbeat period.
+    pub fn new(inner: F, tick_interval: Duration) -> Ops<F> {
+        Ops {
+            inner,
+            http: None,
+            notify: None,
+            pacer: None,
+            tick_interval,
+            latest: Arc::new(Status::default()),
+            now: Duration::ZERO,
+            shutting_down: false,
+            registered: false,
+            ready_sent: false,
+            stopping_sent: false,
+            next_status_line: Duration::ZERO,
+            checks: Vec::new(),
+            reloader: None,
+            reloading: None,
+            #[cfg(feature = "test-hooks")]
+            wedge: test_hooks::Wedge::from_env(),
+        }
+    }
+
+    /// Serves the HTTP endpoint.
+    pub fn with_http(mut self, server: HttpServer) -> Ops<F> {
+        self.http = Some(server);
+        self
+    }
+
+    /// Notifies systemd (and pings its watchdog if it asked).
+    pub fn with_notify(mut self, notify: SdNotify) -> Ops<F> {
+        self.pacer = notify.watchdog().map(WatchdogPacer::new);
+        self.notify = Some(notify);
+        self
+    }
+
+    /// Adds a readiness check (`/readyz` fails naming it while it fails).
+    pub fn with_readiness_check(mut self, name: &str, check: ReadinessCheck) -> Ops<F> {
+        self.checks.push((name.to_owned(), check));
+        self
+    }
+
+    /// Re-reads the configuration on SIGHUP with `load` (off the reactor) and applies it:
+    /// the core's tunables and the HTTP token here, the rest with `apply`.
+    pub fn with_reload(mut self, load: ReloadLoader, apply: ReloadApplier<F>) -> Ops<F> {
+        self.reloader = Some((load, apply));
+        self
+    }
+
+    fn start_reload(&mut self) {
+        let Some((load, _)) = &self.reloader else {
+            log::warn!("reload: no configuration file to re-read (start with --config FILE)");
+            return;
+        };
+        if self.reloading.is_some() {
+            log::info!("reload: already in progress");
+            return;
+        }
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let load = Arc::clone(load);
+        let spawned = std::thread::Builder::new()
+            .name("turnstile-reload".into())
+            .spawn(move || {
+                let _ = tx.send(load());
+            });
+        match spawned {
+            Ok(_) => self.reloading = Some(rx),
+            Err(e) => log::error!("reload: cannot start its thread: {e}; settings unchanged"),
+        }
+    }
+
+    fn finish_reload(&mut self, ctx: &mut Ctx<'_>) {
+        let Some(rx) = &self.reloading else {
+            return;
+        };
+        let result = match rx.try_recv() {
+            Err(TryRecvError::Empty) => return,
+            Ok(r) => r,
+            Err(TryRecvError::Disconnected) => Err("the reload thread died".into()),
+        };
+        self.reloading = None;
+        let reload = match result {
+            Ok(r) => r,
+            Err(e) => {
+                // One line, for log shippers (a TOML error spans several).
+                let e = e.split_whitespace().collect::<Vec<_>>().join(" ");
+                log::error!("reload refused: {e}; the settings in force are kept");
+                return;
+            }
+        };
+        let Some((_, apply)) = &mut self.reloader else {
+            return;
+        };
+        let mut restart = reload.restart_needed.clone();
+        restart.extend(apply(&mut self.inner, &reload));
+        if let Some(h) = &mut self.http
+            && !restart.iter().any(|n| n == "auth-token")
+        {
+            h.set_auth_token(reload.auth_token.as_deref());
+        }
+        let t = reload.tunables;
+        ctx.retune(t);
+        for name in &restart {
+            log::warn!("reload: {name} changed but needs a restart to apply; the old value stays");
+        }
+        log::info!(
+            "reload: applied busy-mode={:?} queue-cap={} turn-timeout={:?} stop-grace={:?} cleanup-timeout={:?} drain-timeout={:?} partial-interval={:?} auth-token={} agent={}",
+            t.busy_mode,
+            t.queue_cap,
+            t.turn_timeout,
+            t.stop_grace,
+            t.cleanup_timeout,
+            t.drain_timeout,
+            reload.partial_interval,
+            if reload.auth_token.is_some() {
+                "set"
+            } else {
+                "none"
+            },
+            if reload.factory.is_some() {
+                "new command for new agents"
+            } else {
+                "unchanged"
+            },
+        );
+    }
+
+    /// The wrapped frontend.
+    pub fn inner(&self) -> &F {
+        &self.inner
+    }
+
+    /// The wrapped frontend, mutably (e.g. to apply a reload).
+    pub fn inner_mut(&mut self) -> &mut F {
+        &mut self.inner
+    }
+
+    /// The HTTP endpoint, if any (e.g. to apply a reload).
+    pub fn http_mut(&mut self) -> Option<&mut HttpServer> {
+        self.http.as_mut()
+    }
+}
+
+impl<F: Frontend> Frontend for Ops<F> {
+    fn register(&mut self, registry: &Registry) -> std::io::Result<()> {
+        self.inner.register(registry)?;
+        if let Some(h) = &mut self.http {
+            h.register(registry)?;
+        }
+        self.registered = true;
+        Ok(())
+    }
+
+    fn on_ready(&mut self, event: &Event, ctx: &mut Ctx<'_>) {
+        self.now = ctx.now();
+        if self.http.is_some() && http::owns(event.token()) {
+            self.shutting_down = ctx.shutting_down();
+            let view = View {
+                latest: &self.latest,
+                now: self.now,
+                tick_interval: self.tick_interval,
+                shutting_down: self.shutting_down,
+                registered: self.registered,
+                checks: &self.checks,
+            };
+            if let Some(h) = &mut self.http {
+                h.on_ready(event, self.now, &view);
+            }
+        } else {
+            self.inner.on_ready(event, ctx);
+            if ctx.take_reload_request() {
+                self.start_reload();
+            }
+        }
+    }
+
+    fn on_wake(&mut self, ctx: &mut Ctx<'_>) -> Option<Duration> {
+        self.now = ctx.now();
+        let inner = self.inner.on_wake(ctx);
+        if ctx.take_reload_request() {
+            self.start_reload();
+        }
+        self.finish_reload(ctx);
+        self.shutting_down = ctx.shutting_down();
+        if let Some(n) = &mut self.notify {
+            if !self.ready_sent {
+                self.ready_sent = true;
+                n.send("READY=1\nSTATUS=listening");
+            }
+            if self.shutting_down && !self.stopping_sent {
+                self.stopping_sent = true;
+                n.send("STOPPING=1\nSTATUS=shutting down: draining");
+            }
+        }
+        let view = View {
+            latest: &self.latest,
+            now: self.now,
+            tick_interval: self.tick_interval,
+            shutting_down: self.shutting_down,
+            registered: self.registered,
+            checks: &self.checks,
+        };
+        let http = self.http.as_mut().and_then(|h| h.on_wake(self.now, &view));
+        [inner, http].into_iter().flatten().min()
+    }
+
+    fn deliver(&mut self, tag: u64, event: MessageEvent) {
+        self.inner.deliver(tag, event);
+    }
+
+    fn flush(&mut self) {
+        self.inner.flush();
+    }
+
+    fn finish(&mut self, poll: &mut Poll) {
+        if let Some(h) = &mut self.http {
+            h.close_all();
+        }
+        self.inner.finish(poll);
+    }
+
+    fn on_tick(&mut self, status: &Arc<Status>) {
+        self.latest = Arc::clone(status);
+        self.inner.on_tick(status);
+        let now = Duration::from_secs_f64(status.uptime_s.max(0.0));
+        // Nothing before READY=1 (sent on the loop's first wake).
+        if let Some(n) = self.notify.as_mut().filter(|_| self.ready_sent) {
+            let healthy =
+                lag_healthy(status, self.tick_interval) && status.state != RuntimeState::Stopped;
+            if let Some(p) = &mut self.pacer
+                && p.on_tick(now, healthy)
+            {
+                n.send("WATCHDOG=1");
+            }
+            if now >= self.next_status_line {
+                self.next_status_line = now + STATUS_LINE_EVERY;
+                n.send(&format!("STATUS={}", summary_line(status)));
+            }
+        }
+        #[cfg(feature = "test-hooks")]
+        if let Some(w) = &self.wedge {
+            w.block_if_asked();
+        }
+    }
+
+    fn status(&self) -> Option<serde_json::Value> {
+        let inner = self.inner.status();
+        let Some(h) = &self.http else {
+            return inner;
+        };
+        let http = serde_json::to_value(h.status()).ok()?;
+        match inner {
+            Some(serde_json::Value::Object(mut m)) => {
+                m.insert("http".into(), http);
+                Some(serde_json::Value::Object(m))
+            }
+            None => Some(serde_json::json!({ "http": http })),
+            Some(other) => Some(other),
+        }
+    }
+}
+
+/// Test-only: a way to wedge the reactor, compiled only with the `test-hooks` feature (on
+/// for the crate's own tests, off in any other build).
+#[cfg(feature = "test-hooks")]
+mod test_hooks {
+    use std::io::Read;
+    use std::path::PathBuf;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// With `TURNSTILE_TEST_WEDGE=<fifo>` set, SIGUSR1 makes the next tick open the FIFO and
+    /// read it to its end on the reactor thread: the loop is stuck until the test closes it.
+    pub(super) struct Wedge {
+        fifo: PathBuf,
+        asked: Arc<AtomicBool>,
+    }
+
+    impl Wedge {
+        pub(super) fn from_env() -> Option<Wedge> {
+            let fifo = PathBuf::from(std::env::var_os("TURNSTILE_TEST_WEDGE")?);
+            let asked = Arc::new(AtomicBool::new(false));
+            signal_hook::flag::register(libc::SIGUSR1, Arc::clone(&asked)).ok()?;
+            Some(Wedge { fifo, asked })
+        }
+
+        pub(super) fn block_if_asked(&self) {
+            if self.asked.swap(false, Ordering::SeqCst) {
+                log::warn!("test hook: wedging the reactor on {}", self.fifo.display());
+                if let Ok(mut f) = std::fs::File::open(&self.fifo) {
+                    let mut sink = Vec::new();
+                    let _ = f.read_to_end(&mut sink);
+                }
+                log::warn!("test hook: reactor released");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn running(uptime_s: f64, last_lag_ms: f64) -> Status {
+        Status {
+            state: RuntimeState::Running,
+            uptime_s,
+            loop_lag_last_ms: last_lag_ms,
+            ..Status::default()
+        }
+    }
+
+    #[test]
+    fn health_needs_a_fresh_tick_and_no_shutdown() {
+        let tick = Duration::from_millis(100);
+        let s = running(1.0, 0.0);
+        let ms = Duration::from_millis;
+        assert_eq!(health(&s, ms(1000), tick, false), Ok(()));
+        assert_eq!(health(&s, ms(1300), tick, false), Ok(()));
+        assert_eq!(
+            health(&s, ms(1301), tick, false),
+            Err("last heartbeat tick 301 ms ago (limit 300 ms)".into())
+        );
+        assert_eq!(
+            health(&s, ms(1000), tick, true),
+            Err("shutting down".into())
+        );
+        let draining = Status {
+            state: RuntimeState::Draining,
+            ..s.clone()
+        };
+        assert_eq!(
+            health(&draining, ms(1000), tick, false),
+            Err("shutting down".into())
+        );
+        assert!(lag_healthy(&running(1.0, 300.0), tick));
+        assert!(!lag_healthy(&running(1.0, 300.5), tick));
+    }
+
+    #[test]
+    fn readiness_needs_health_registration_and_every_check() {
+        let tick = Duration::from_millis(100);
+        let s = running(1.0, 0.0);
+        let checks: Vec<(String, ReadinessCheck)> =
+            vec![("store".into(), Box::new(|| Err("not writable".into())))];
+        let view = |shutting_down, registered, checks| View {
+            latest: &s,
+            now: Duration::from_secs(1),
+            tick_interval: tick,
+            shutting_down,
+            registered,
+            checks,
+        };
+        assert_eq!(view(false, true, &[]).ready(), Ok(()));
+        assert_eq!(
+            view(false, false, &[]).ready(),
+            Err("not listening yet".into())
+        );
+        assert_eq!(view(true, true, &[]).ready(), Err("shutting down".into()));
+        assert_eq!(
+            view(false, true, &checks).ready(),
+            Err("store: not writable".into())
+        );
+        let body = view(false, true, &[]).status_json();
+        assert!(body.ends_with(b"}\n"));
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["state"], "running");
+        assert!(
+            view(false, true, &[])
+                .metrics()
+                .contains("turnstile_up 1\n")
+        );
+    }
+
+    #[test]
+    fn summary_line_names_the_figures() {
+        let mut s = running(1.0, 0.0);
+        s.sessions.total = 4;
+        s.turns.in_flight = 2;
+        s.sessions.queued_messages = 3;
+        s.turns.completed = 10;
+        s.turns.failed = 1;
+        s.loop_lag_window_ms.p99 = 0.25;
+        s.frontend = Some(serde_json::json!({"connections": 5}));
+        assert_eq!(
+            summary_line(&s),
+            "running: 4 sessions, 2 turns running, 3 queued, 10 done, 1 failed, 5 connections, loop lag p99 0.25 ms (last minute)"
+        );
+    }
+}

@@ -1,0 +1,161 @@
+//! Log lines an operator can use: `key=value` fields in the text, and a JSON rendering of a
+//! line (for `--log-format json`) that lifts those fields out.
+
+use std::fmt;
+
+use serde_json::{Map, Value};
+
+/// A field value in a log line: written bare when it is a plain word, else as a JSON string
+/// (so a session key or id with spaces, quotes or `=` cannot forge another field).
+pub struct Field<'a>(pub &'a str);
+
+impl fmt::Display for Field<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let plain = !self.0.is_empty()
+            && !self
+                .0
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control() || c == '"' || c == '=');
+        if plain {
+            f.write_str(self.0)
+        } else {
+            let quoted = serde_json::to_string(self.0).map_err(|_| fmt::Error)?;
+            f.write_str(&quoted)
+        }
+    }
+}
+
+/// `text` cut to at most `max` characters, with `…` when cut.
+pub fn cut(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_owned(),
+    }
+}
+
+/// Keys of the JSON line that a field never overrides.
+const RESERVED: [&str; 4] = ["ts", "level", "target", "msg"];
+
+/// The `key=value` fields of a log message, in order: a key is lowercase letters and
+/// underscores; a value is a bare word or a JSON string (as [`Field`] writes them).
+pub fn fields(msg: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = msg;
+    while !rest.is_empty() {
+        // At the start of a word.
+        let word_end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+        let key_end = rest
+            .find(|c: char| !(c.is_ascii_lowercase() || c == '_'))
+            .unwrap_or(rest.len());
+        let mut consumed = word_end;
+        if key_end > 0 && rest[key_end..].starts_with('=') {
+            let key = &rest[..key_end];
+            let value = &rest[key_end + 1..];
+            if value.starts_with('"') {
+                let mut it = serde_json::Deserializer::from_str(value).into_iter::<String>();
+                if let Some(Ok(v)) = it.next() {
+                    consumed = key_end + 1 + it.byte_offset();
+                    out.push((key.to_owned(), v));
+                }
+            } else {
+                let end = value.find(char::is_whitespace).unwrap_or(value.len());
+                let v = value[..end].trim_end_matches([':', ',', ';']);
+                out.push((key.to_owned(), v.to_owned()));
+            }
+        }
+        rest = rest[consumed.min(rest.len())..].trim_start();
+    }
+    out
+}
+
+/// A log record as one JSON object: `ts`, `level`, `target`, `msg`, then the message's
+/// fields (integers as numbers).
+pub fn json_line(ts: &str, level: log::Level, target: &str, msg: &str) -> String {
+    let mut m = Map::new();
+    m.insert("ts".into(), Value::from(ts));
+    m.insert("level".into(), Value::from(level.as_str()));
+    m.insert("target".into(), Value::from(target));
+    m.insert("msg".into(), Value::from(msg));
+    for (k, v) in fields(msg) {
+        if RESERVED.contains(&k.as_str()) || m.contains_key(&k) {
+            continue;
+        }
+        let value = match v.parse::<u64>() {
+            Ok(n) => Value::from(n),
+            Err(_) => Value::from(v),
+        };
+        m.insert(k, value);
+    }
+    Value::Object(m).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_are_bare_words_or_json_strings() {
+        assert_eq!(Field("telegram:dm:42").to_string(), "telegram:dm:42");
+        assert_eq!(Field("a b").to_string(), "\"a b\"");
+        assert_eq!(Field("x=y").to_string(), "\"x=y\"");
+        assert_eq!(Field("q\"").to_string(), "\"q\\\"\"");
+        assert_eq!(Field("").to_string(), "\"\"");
+        assert_eq!(Field("l\n").to_string(), "\"l\\n\"");
+    }
+
+    #[test]
+    fn cut_marks_what_it_removed() {
+        assert_eq!(cut("hello", 5), "hello");
+        assert_eq!(cut("hello", 4), "hell…");
+        assert_eq!(cut("héllo", 2), "hé…");
+    }
+
+    #[test]
+    fn fields_are_lifted_from_a_message() {
+        let msg = format!(
+            "turn failed session={} id={} turn=7 outcome=failed:agent ms=12 error={}",
+            Field("telegram:dm:42"),
+            Field("m 1"),
+            Field("exit status 2: boom")
+        );
+        assert_eq!(
+            fields(&msg),
+            vec![
+                ("session".into(), "telegram:dm:42".into()),
+                ("id".into(), "m 1".into()),
+                ("turn".into(), "7".into()),
+                ("outcome".into(), "failed:agent".into()),
+                ("ms".into(), "12".into()),
+                ("error".into(), "exit status 2: boom".into()),
+            ]
+        );
+        assert_eq!(fields("no fields here: x"), vec![]);
+        assert_eq!(
+            fields("peer=1.2.3.4:5: closed"),
+            vec![("peer".into(), "1.2.3.4:5".into())]
+        );
+        assert_eq!(fields("k=\"unterminated"), vec![]);
+        assert_eq!(fields("a =b == c"), vec![], "no key, no field");
+    }
+
+    #[test]
+    fn json_line_carries_the_fields() {
+        let line = json_line(
+            "2026-11-30T08:00:00.000Z",
+            log::Level::Warn,
+            "turnstile::reactor",
+            "turn failed session=s id=i ms=12 msg=x level=y",
+        );
+        let v: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["level"], "WARN");
+        assert_eq!(v["ts"], "2026-11-30T08:00:00.000Z");
+        assert_eq!(v["target"], "turnstile::reactor");
+        assert_eq!(v["session"], "s");
+        assert_eq!(v["id"], "i");
+        assert_eq!(v["ms"], 12);
+        assert_eq!(v["msg"], "turn failed session=s id=i ms=12 msg=x level=y");
+        let v: Value =
+            serde_json::from_str(&json_line("t", log::Level::Info, "x", "a=1 a=2")).unwrap();
+        assert_eq!(v["a"], 1, "the first of two fields of a name wins");
+    }
+}

@@ -1,0 +1,680 @@
+//! Prometheus metrics: fixed-bucket histograms kept by the reactor, and the text exposition
+//! format 0.0.4 rendered from a status snapshot.
+//!
+//! Every name starts `turnstile_`; every label's values come from a bounded set (outcomes,
+//! reasons, pools, states, platforms — at most `--max-platforms` of them).
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::liveness::{Status, ThreadStates};
+
+/// Loop-lag buckets in seconds: 50 µs to 10 s.
+pub const LAG_BUCKETS: &[f64] = &[
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0,
+];
+
+/// Turn-duration buckets in seconds: 5 ms to 10 minutes.
+pub const TURN_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+
+/// A histogram with fixed upper bounds (seconds), as Prometheus exposes one: per-bucket
+/// counts, a sum and a count.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PromHistogram {
+    bounds: &'static [f64],
+    /// Samples per bucket (not cumulative); the last slot is `+Inf`.
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl PromHistogram {
+    /// An empty histogram over `bounds` (ascending seconds).
+    pub fn new(bounds: &'static [f64]) -> PromHistogram {
+        debug_assert!(bounds.windows(2).all(|w| w[0] < w[1]), "bounds ascend");
+        PromHistogram {
+            bounds,
+            counts: vec![0; bounds.len() + 1],
+            sum: 0.0,
+            count: 0,
+        }
+    }
+
+    /// Records one sample.
+    pub fn record(&mut self, d: Duration) {
+        let s = d.as_secs_f64();
+        let i = self.bounds.partition_point(|&b| b < s);
+        self.counts[i] += 1;
+        self.sum += s;
+        self.count += 1;
+    }
+
+    /// Samples recorded.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The sum of the samples, in seconds.
+    pub fn sum(&self) -> f64 {
+        self.sum
+    }
+
+    /// `(upper bound, cumulative count)` per bucket, `+Inf` last.
+    pub fn cumulative(&self) -> Vec<(f64, u64)> {
+        let mut seen = 0;
+        self.bounds
+            .iter()
+            .copied()
+            .chain([f64::INFINITY])
+            .zip(&self.counts)
+            .map(|(b, &n)| {
+                seen += n;
+                (b, seen)
+            })
+            .collect()
+    }
+}
+
+/// Escapes a label value (backslash, double quote, newline).
+pub fn escape_label(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn number(v: f64) -> String {
+    if v == f64::INFINITY {
+        "+Inf".into()
+    } else if v == f64::NEG_INFINITY {
+        "-Inf".into()
+    } else if v.is_nan() {
+        "NaN".into()
+    } else {
+        format!("{v}")
+    }
+}
+
+/// Writes metric families in the text format: one `# HELP` and `# TYPE` per family, then
+/// its samples.
+#[derive(Default)]
+pub struct Exposition {
+    out: String,
+}
+
+impl Exposition {
+    /// An empty exposition.
+    pub fn new() -> Exposition {
+        Exposition::default()
+    }
+
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        debug_assert!(name.starts_with("turnstile_"), "{name} lacks the prefix");
+        let _ = writeln!(self.out, "# HELP {name} {help}");
+        let _ = writeln!(self.out, "# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+        self.out.push_str(name);
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                let _ = write!(self.out, "{k}=\"{}\"", escape_label(v));
+            }
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {}", number(value));
+    }
+
+    /// A counter without labels (`name` ends `_total`).
+    pub fn counter(&mut self, name: &str, help: &str, value: f64) {
+        self.counters(name, help, &[(&[][..], value)]);
+    }
+
+    /// A counter family with labelled samples.
+    pub fn counters(&mut self, name: &str, help: &str, samples: &[(&[(&str, &str)], f64)]) {
+        debug_assert!(name.ends_with("_total"), "counter {name} must end _total");
+        self.family(name, "counter", help);
+        for (labels, v) in samples {
+            self.sample(name, labels, *v);
+        }
+    }
+
+    /// A gauge without labels.
+    pub fn gauge(&mut self, name: &str, help: &str, value: f64) {
+        self.gauges(name, help, &[(&[][..], value)]);
+    }
+
+    /// A gauge family with labelled samples.
+    pub fn gauges(&mut self, name: &str, help: &str, samples: &[(&[(&str, &str)], f64)]) {
+        self.family(name, "gauge", help);
+        for (labels, v) in samples {
+            self.sample(name, labels, *v);
+        }
+    }
+
+    /// A histogram family (`_bucket`, `_sum`, `_count`).
+    pub fn histogram(&mut self, name: &str, help: &str, h: &PromHistogram) {
+        self.family(name, "histogram", help);
+        let bucket = format!("{name}_bucket");
+        for (le, n) in h.cumulative() {
+            let le = number(le);
+            self.sample(&bucket, &[("le", &le)], n as f64);
+        }
+        self.sample(&format!("{name}_sum"), &[], h.sum());
+        self.sample(&format!("{name}_count"), &[], h.count() as f64);
+    }
+
+    /// The text.
+    pub fn finish(self) -> String {
+        self.out
+    }
+}
+
+/// A number from the frontend's JSON figures (0 when absent).
+fn num(v: &Value, path: &[&str]) -> f64 {
+    path.iter()
+        .try_fold(v, |v, k| v.get(k))
+        .and_then(Value::as_f64)
+        .unwrap_or(0.0)
+}
+
+/// The metrics of a status snapshot, in the text exposition format 0.0.4.
+pub fn render(s: &Status) -> String {
+    let mut e = Exposition::new();
+    let ms = 1e-3;
+    e.gauge(
+        "turnstile_start_time_seconds",
+        "When the gateway's loop started, in seconds since the Unix epoch.",
+        s.process.started_unix_s,
+    );
+    e.gauge(
+        "turnstile_process_resident_memory_bytes",
+        "Resident set size of the process.",
+        s.process.rss_bytes as f64,
+    );
+    e.gauge(
+        "turnstile_up",
+        "1 while running, 0 while draining or stopped.",
+        f64::from(u8::from(s.state == crate::liveness::RuntimeState::Running)),
+    );
+    e.counter(
+        "turnstile_ticks_total",
+        "Heartbeat ticks of the reactor loop.",
+        s.ticks as f64,
+    );
+    e.histogram(
+        "turnstile_loop_lag_seconds",
+        "Lateness of the reactor's heartbeat ticks.",
+        &s.histograms.loop_lag,
+    );
+    let w = &s.loop_lag_window_ms;
+    e.gauges(
+        "turnstile_loop_lag_window_seconds",
+        "Loop lag over the last minute: p50, p99 and max.",
+        &[
+            (&[("stat", "p50")][..], w.p50 * ms),
+            (&[("stat", "p99")][..], w.p99 * ms),
+            (&[("stat", "max")][..], w.max * ms),
+        ],
+    );
+    e.gauge(
+        "turnstile_sessions",
+        "Sessions holding a slot.",
+        s.sessions.total as f64,
+    );
+    e.gauge(
+        "turnstile_sessions_waiting_for_worker",
+        "Sessions waiting for a free turn worker.",
+        s.sessions.waiting_for_worker as f64,
+    );
+    e.gauges(
+        "turnstile_agents",
+        "Agents held between turns: idle (cached) or parked by a busy session.",
+        &[
+            (&[("state", "cached")][..], s.sessions.cached_agents as f64),
+            (&[("state", "parked")][..], s.sessions.parked_agents as f64),
+        ],
+    );
+    e.counter(
+        "turnstile_agent_cache_overflows_total",
+        "Agents kept beyond the cache cap because their session was busy.",
+        s.sessions.cache_overflows as f64,
+    );
+    e.gauge(
+        "turnstile_turns_running",
+        "Agent turns running now.",
+        s.turns.in_flight as f64,
+    );
+    e.gauge(
+        "turnstile_messages_queued",
+        "Messages waiting in session queues.",
+        s.sessions.queued_messages as f64,
+    );
+    e.counters(
+        "turnstile_turns_total",
+        "Agent turns ended, by outcome.",
+        &[
+            (&[("outcome", "completed")][..], s.turns.completed as f64),
+            (&[("outcome", "failed")][..], s.turns.failed as f64),
+            (&[("outcome", "cancelled")][..], s.turns.cancelled as f64),
+            (&[("outcome", "abandoned")][..], s.turns.abandoned as f64),
+        ],
+    );
+    e.histogram(
+        "turnstile_turn_duration_seconds",
+        "Agent turn durations, from start to end (abandoned turns at abandonment).",
+        &s.histograms.turn_duration,
+    );
+    e.counter(
+        "turnstile_messages_accepted_total",
+        "Messages accepted by the runtime.",
+        s.messages.accepted as f64,
+    );
+    e.counter(
+        "turnstile_messages_queued_cancelled_total",
+        "Queued messages cancelled before their turn (/stop, /new, shutdown).",
+        s.messages.queued_cancelled as f64,
+    );
+    // The bridge counts every rejection, the runtime's included; without a bridge, the
+    // runtime's own.
+    let bridge = s.frontend.as_ref();
+    let mut rejections: Vec<(String, f64)> = match bridge.and_then(|b| b.get("rejected")) {
+        Some(Value::Object(m)) => m
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_f64().unwrap_or(0.0)))
+            .collect(),
+        _ => s
+            .rejected_by_reason
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), *v as f64))
+            .collect(),
+    };
+    for reason in ["queue_full", "overloaded", "shutting_down"] {
+        if !rejections.iter().any(|(k, _)| k == reason) {
+            rejections.push((reason.to_owned(), 0.0));
+        }
+    }
+    rejections.sort_by(|a, b| a.0.cmp(&b.0));
+    let samples: Vec<([(&str, &str); 1], f64)> = rejections
+        .iter()
+        .map(|(k, v)| ([("reason", k.as_str())], *v))
+        .collect();
+    let samples: Vec<(&[(&str, &str)], f64)> = samples.iter().map(|(l, v)| (&l[..], *v)).collect();
+    e.counters(
+        "turnstile_rejections_total",
+        "Messages refused, by reason.",
+        &samples,
+    );
+    e.counters(
+        "turnstile_cleanups_total",
+        "Agent cleanups (close) ended, by result.",
+        &[
+            (&[("result", "done")][..], s.cleanups.done as f64),
+            (&[("result", "timed_out")][..], s.cleanups.timed_out as f64),
+            (&[("result", "failed")][..], s.cleanups.failed as f64),
+        ],
+    );
+    e.gauge(
+        "turnstile_cleanup_queue_depth",
+        "Cleanups waiting for close() to start.",
+        s.cleanups.queued as f64,
+    );
+    e.gauge(
+        "turnstile_cleanups_pending",
+        "Cleanups not yet finished nor timed out.",
+        s.cleanups.pending as f64,
+    );
+    let states = |t: &ThreadStates| [("idle", t.idle), ("busy", t.busy), ("stuck", t.stuck)];
+    let mut threads = Vec::new();
+    for (pool, t) in [
+        ("turn", &s.workers.turn_threads),
+        ("cleanup", &s.workers.cleanup_threads),
+    ] {
+        for (state, n) in states(t) {
+            threads.push(([("pool", pool), ("state", state)], n as f64));
+        }
+    }
+    let threads: Vec<(&[(&str, &str)], f64)> = threads.iter().map(|(l, v)| (&l[..], *v)).collect();
+    e.gauges(
+        "turnstile_worker_threads",
+        "Worker threads alive, by pool and state.",
+        &threads,
+    );
+    e.counter(
+        "turnstile_replaced_threads_total",
+        "Threads given up on (stuck past a deadline) and replaced, both pools.",
+        s.workers.replaced as f64,
+    );
+    e.counter(
+        "turnstile_partials_forwarded_total",
+        "Partial replies delivered to the submitter.",
+        s.messages.partials_forwarded as f64,
+    );
+    e.counter(
+        "turnstile_events_undelivered_total",
+        "Events that could not be handed to their sink.",
+        s.messages.events_undelivered as f64,
+    );
+    if let Some(b) = bridge {
+        render_bridge(&mut e, b);
+    }
+    e.finish()
+}
+
+/// The bridge server's and the HTTP endpoint's figures (`Status::frontend`).
+fn render_bridge(e: &mut Exposition, b: &Value) {
+    e.gauges(
+        "turnstile_connections",
+        "Bridge connections open, by whether they have authenticated.",
+        &[
+            (
+                &[("state", "authenticated")][..],
+                num(b, &["connections"]) - num(b, &["unauthenticated"]),
+            ),
+            (
+                &[("state", "unauthenticated")][..],
+                num(b, &["unauthenticated"]),
+            ),
+        ],
+    );
+    e.counter(
+        "turnstile_connections_refused_total",
+        "Bridge connections refused or closed at a bound.",
+        num(b, &["connections_refused"]),
+    );
+    e.gauge(
+        "turnstile_platforms",
+        "Platforms known to the bridge.",
+        num(b, &["platforms"]),
+    );
+    e.counter(
+        "turnstile_bridge_errors_total",
+        "Bridge lines answered with an error.",
+        num(b, &["errors"]),
+    );
+    e.counter(
+        "turnstile_partials_dropped_total",
+        "Partial replies dropped (connection gone or over its output bound).",
+        num(b, &["partials_dropped"]),
+    );
+    let outboxes: Vec<(&String, &Value)> = match b.get("outboxes") {
+        Some(Value::Object(m)) => m.iter().collect(),
+        _ => Vec::new(),
+    };
+    for (name, help, field) in [
+        (
+            "turnstile_outbox_depth",
+            "Results waiting in a platform's outbox for a bridge to read them.",
+            "outbox_events",
+        ),
+        (
+            "turnstile_outbox_bytes",
+            "Bytes of the results waiting in a platform's outbox.",
+            "outbox_bytes",
+        ),
+        (
+            "turnstile_outbox_reserved",
+            "Results a platform is owed (accepted, not yet delivered), outbox included.",
+            "reserved_events",
+        ),
+    ] {
+        let labels: Vec<[(&str, &str); 1]> = outboxes
+            .iter()
+            .map(|(platform, _)| [("platform", platform.as_str())])
+            .collect();
+        let samples: Vec<(&[(&str, &str)], f64)> = labels
+            .iter()
+            .zip(&outboxes)
+            .map(|(l, (_, p))| (&l[..], num(p, &[field])))
+            .collect();
+        e.gauges(name, help, &samples);
+    }
+    if let Some(h) = b.get("http") {
+        e.gauges(
+            "turnstile_http_connections",
+            "Connections to the operations HTTP endpoint, and its cap.",
+            &[
+                (&[("state", "open")][..], num(h, &["connections"])),
+                (&[("state", "max")][..], num(h, &["max_connections"])),
+            ],
+        );
+        e.counters(
+            "turnstile_http_requests_total",
+            "Requests to the operations HTTP endpoint, by result.",
+            &[
+                (&[("result", "all")][..], num(h, &["requests"])),
+                (&[("result", "unauthorized")][..], num(h, &["unauthorized"])),
+                (&[("result", "bad_request")][..], num(h, &["bad_requests"])),
+            ],
+        );
+        e.counters(
+            "turnstile_http_connections_closed_total",
+            "HTTP connections refused at the cap or closed idle.",
+            &[
+                (&[("reason", "refused")][..], num(h, &["refused"])),
+                (&[("reason", "idle")][..], num(h, &["idle_closed"])),
+            ],
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every figure of a snapshot reaches its sample: distinct values in, each found out.
+    #[test]
+    fn every_status_figure_is_rendered() {
+        use crate::liveness::{Histograms, ProcessInfo, RuntimeState};
+        let mut s = Status {
+            state: RuntimeState::Running,
+            ticks: 101,
+            ..Status::default()
+        };
+        s.process = ProcessInfo {
+            rss_bytes: 102,
+            started_unix_s: 103.5,
+            updated_unix_s: 0.0,
+            tick_interval_s: 0.1,
+        };
+        s.loop_lag_window_ms.p50 = 1.0;
+        s.loop_lag_window_ms.p99 = 2.0;
+        s.loop_lag_window_ms.max = 3.0;
+        s.sessions.total = 104;
+        s.sessions.waiting_for_worker = 105;
+        s.sessions.cached_agents = 106;
+        s.sessions.parked_agents = 107;
+        s.sessions.cache_overflows = 108;
+        s.sessions.queued_messages = 109;
+        s.turns.in_flight = 110;
+        s.turns.completed = 111;
+        s.turns.failed = 112;
+        s.turns.cancelled = 113;
+        s.turns.abandoned = 114;
+        s.messages.accepted = 115;
+        s.messages.queued_cancelled = 116;
+        s.messages.partials_forwarded = 117;
+        s.messages.events_undelivered = 118;
+        s.cleanups.done = 119;
+        s.cleanups.timed_out = 120;
+        s.cleanups.failed = 121;
+        s.cleanups.queued = 122;
+        s.cleanups.pending = 123;
+        s.workers.turn_threads = ThreadStates {
+            idle: 124,
+            busy: 125,
+            stuck: 126,
+        };
+        s.workers.cleanup_threads = ThreadStates {
+            idle: 127,
+            busy: 128,
+            stuck: 129,
+        };
+        s.workers.replaced = 130;
+        s.rejected_by_reason.insert("overloaded", 131);
+        let mut h = Histograms::default();
+        h.loop_lag.record(Duration::from_micros(70));
+        h.turn_duration.record(Duration::from_millis(7));
+        h.turn_duration.record(Duration::from_secs(700));
+        s.histograms = std::sync::Arc::new(h);
+        let text = render(&s);
+        let has = |line: &str| {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            )
+        };
+        for line in [
+            "turnstile_start_time_seconds 103.5",
+            "turnstile_process_resident_memory_bytes 102",
+            "turnstile_up 1",
+            "turnstile_ticks_total 101",
+            "turnstile_loop_lag_seconds_bucket{le=\"0.00005\"} 0",
+            "turnstile_loop_lag_seconds_bucket{le=\"0.0001\"} 1",
+            "turnstile_loop_lag_seconds_bucket{le=\"+Inf\"} 1",
+            "turnstile_loop_lag_seconds_count 1",
+            "turnstile_loop_lag_seconds_sum 0.00007",
+            "turnstile_loop_lag_window_seconds{stat=\"p50\"} 0.001",
+            "turnstile_loop_lag_window_seconds{stat=\"p99\"} 0.002",
+            "turnstile_loop_lag_window_seconds{stat=\"max\"} 0.003",
+            "turnstile_sessions 104",
+            "turnstile_sessions_waiting_for_worker 105",
+            "turnstile_agents{state=\"cached\"} 106",
+            "turnstile_agents{state=\"parked\"} 107",
+            "turnstile_agent_cache_overflows_total 108",
+            "turnstile_messages_queued 109",
+            "turnstile_turns_running 110",
+            "turnstile_turns_total{outcome=\"completed\"} 111",
+            "turnstile_turns_total{outcome=\"failed\"} 112",
+            "turnstile_turns_total{outcome=\"cancelled\"} 113",
+            "turnstile_turns_total{outcome=\"abandoned\"} 114",
+            "turnstile_turn_duration_seconds_bucket{le=\"0.01\"} 1",
+            "turnstile_turn_duration_seconds_bucket{le=\"600\"} 1",
+            "turnstile_turn_duration_seconds_bucket{le=\"+Inf\"} 2",
+            "turnstile_turn_duration_seconds_count 2",
+            "turnstile_messages_accepted_total 115",
+            "turnstile_messages_queued_cancelled_total 116",
+            "turnstile_partials_forwarded_total 117",
+            "turnstile_events_undelivered_total 118",
+            "turnstile_cleanups_total{result=\"done\"} 119",
+            "turnstile_cleanups_total{result=\"timed_out\"} 120",
+            "turnstile_cleanups_total{result=\"failed\"} 121",
+            "turnstile_cleanup_queue_depth 122",
+            "turnstile_cleanups_pending 123",
+            "turnstile_worker_threads{pool=\"turn\",state=\"idle\"} 124",
+            "turnstile_worker_threads{pool=\"turn\",state=\"busy\"} 125",
+            "turnstile_worker_threads{pool=\"turn\",state=\"stuck\"} 126",
+            "turnstile_worker_threads{pool=\"cleanup\",state=\"idle\"} 127",
+            "turnstile_worker_threads{pool=\"cleanup\",state=\"busy\"} 128",
+            "turnstile_worker_threads{pool=\"cleanup\",state=\"stuck\"} 129",
+            "turnstile_replaced_threads_total 130",
+            "turnstile_rejections_total{reason=\"overloaded\"} 131",
+            "turnstile_rejections_total{reason=\"queue_full\"} 0",
+            "turnstile_rejections_total{reason=\"shutting_down\"} 0",
+        ] {
+            has(line);
+        }
+        assert!(
+            !text.contains("turnstile_connections"),
+            "no bridge, no bridge figures"
+        );
+        // With the bridge's figures: its rejections replace the runtime's, its own families.
+        s.frontend = Some(serde_json::json!({
+            "connections": 5, "unauthenticated": 2, "connections_refused": 6, "platforms": 7,
+            "errors": 8, "partials_dropped": 9,
+            "rejected": {"invalid": 10, "overloaded": 131},
+            "outboxes": {"tg\"x": {"outbox_events": 11, "outbox_bytes": 12, "reserved_events": 13}},
+            "http": {"connections": 14, "max_connections": 15, "requests": 16, "unauthorized": 17,
+                     "bad_requests": 18, "refused": 19, "idle_closed": 20}
+        }));
+        s.state = RuntimeState::Draining;
+        let text = render(&s);
+        let has = |line: &str| {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            )
+        };
+        for line in [
+            "turnstile_up 0",
+            "turnstile_rejections_total{reason=\"invalid\"} 10",
+            "turnstile_rejections_total{reason=\"overloaded\"} 131",
+            "turnstile_rejections_total{reason=\"queue_full\"} 0",
+            "turnstile_connections{state=\"authenticated\"} 3",
+            "turnstile_connections{state=\"unauthenticated\"} 2",
+            "turnstile_connections_refused_total 6",
+            "turnstile_platforms 7",
+            "turnstile_bridge_errors_total 8",
+            "turnstile_partials_dropped_total 9",
+            "turnstile_outbox_depth{platform=\"tg\\\"x\"} 11",
+            "turnstile_outbox_bytes{platform=\"tg\\\"x\"} 12",
+            "turnstile_outbox_reserved{platform=\"tg\\\"x\"} 13",
+            "turnstile_http_connections{state=\"open\"} 14",
+            "turnstile_http_connections{state=\"max\"} 15",
+            "turnstile_http_requests_total{result=\"all\"} 16",
+            "turnstile_http_requests_total{result=\"unauthorized\"} 17",
+            "turnstile_http_requests_total{result=\"bad_request\"} 18",
+            "turnstile_http_connections_closed_total{reason=\"refused\"} 19",
+            "turnstile_http_connections_closed_total{reason=\"idle\"} 20",
+        ] {
+            has(line);
+        }
+        assert_eq!(
+            text.matches("turnstile_rejections_total{reason=\"overloaded\"}")
+                .count(),
+            1
+        );
+    }
+
+    #[test]
+    fn histogram_buckets_are_cumulative_and_inclusive_of_their_bound() {
+        let mut h = PromHistogram::new(&[0.001, 0.01]);
+        h.record(Duration::from_micros(1000)); // exactly the first bound: in it
+        h.record(Duration::from_micros(1001));
+        h.record(Duration::from_secs(1));
+        assert_eq!(
+            h.cumulative(),
+            vec![(0.001, 1), (0.01, 2), (f64::INFINITY, 3)]
+        );
+        assert_eq!(h.count(), 3);
+        assert!((h.sum() - 1.002001).abs() < 1e-9, "{}", h.sum());
+    }
+
+    #[test]
+    fn exposition_text() {
+        let mut e = Exposition::new();
+        e.counter("turnstile_ticks_total", "Ticks.", 3.0);
+        e.gauges(
+            "turnstile_outbox_events",
+            "Outbox.",
+            &[(&[("platform", "a\"b\\c\nd")][..], 2.0)],
+        );
+        let mut h = PromHistogram::new(&[0.5]);
+        h.record(Duration::from_millis(250));
+        e.histogram("turnstile_x_seconds", "X.", &h);
+        assert_eq!(
+            e.finish(),
+            "# HELP turnstile_ticks_total Ticks.\n# TYPE turnstile_ticks_total counter\nturnstile_ticks_total 3\n\
+             # HELP turnstile_outbox_events Outbox.\n# TYPE turnstile_outbox_events gauge\nturnstile_outbox_events{platform=\"a\\\"b\\\\c\\nd\"} 2\n\
+             # HELP turnstile_x_seconds X.\n# TYPE turnstile_x_seconds histogram\nturnstile_x_seconds_bucket{le=\"0.5\"} 1\nturnstile_x_seconds_bucket{le=\"+Inf\"} 1\nturnstile_x_seconds_sum 0.25\nturnstile_x_seconds_count 1\n"
+        );
+        assert_eq!(number(f64::NEG_INFINITY), "-Inf");
+        assert_eq!(number(f64::NAN), "NaN");
+        assert_eq!(number(1e-5), "0.00001");
+    }
+}
