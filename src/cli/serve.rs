@@ -251,6 +251,19 @@ pub struct ServeArgs {
     check_config: bool,
 }
 
+/// `/readyz`'s store check: the bridge's journal status says whether its last write failed.
+fn store_ready(status: &turnstile::Status) -> Result<(), String> {
+    let failing = status
+        .frontend
+        .as_ref()
+        .and_then(|f| f.pointer("/journal/failing"))
+        .and_then(serde_json::Value::as_bool);
+    match failing {
+        Some(true) => Err("journal writes are failing".into()),
+        _ => Ok(()),
+    }
+}
+
 /// Each flag's default as `serve --help` shows it, read from where the default is defined
 /// (the core's, the bridge's and the agents' own defaults), never typed twice.
 fn defaults() -> Vec<(&'static str, String)> {
@@ -1035,6 +1048,10 @@ pub fn run(args: ServeArgs) -> i32 {
         http_addr = server.local_addr().ok();
         ops = ops.with_http(server);
     }
+    if s.data_dir.is_some() {
+        // Not ready while the journal's writes fail: new messages would be rejected `storage`.
+        ops = ops.with_readiness_check("store", Box::new(store_ready));
+    }
     if flags.config.is_some() {
         let loader = reload_loader(flags, &s);
         let apply: ReloadApplier<BridgeServer> = Box::new(move |server, r| {
@@ -1122,4 +1139,22 @@ fn check_writable(path: &std::path::Path) -> std::io::Result<()> {
     let tmp = PathBuf::from(tmp);
     std::fs::File::create(&tmp)?;
     std::fs::remove_file(&tmp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_store_is_not_ready_while_journal_writes_fail() {
+        let mut status = turnstile::Status::default();
+        assert_eq!(store_ready(&status), Ok(()));
+        status.frontend = Some(serde_json::json!({"journal": {"failing": false}}));
+        assert_eq!(store_ready(&status), Ok(()));
+        status.frontend = Some(serde_json::json!({"journal": {"failing": true}}));
+        assert_eq!(
+            store_ready(&status),
+            Err("journal writes are failing".to_owned())
+        );
+    }
 }

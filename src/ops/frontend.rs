@@ -24,7 +24,7 @@ const STATUS_LINE_EVERY: Duration = Duration::from_secs(1);
 
 /// A readiness check beyond the loop's own health (e.g. a store being writable): `Err`
 /// says why the gateway is not ready.
-pub type ReadinessCheck = Box<dyn Fn() -> Result<(), String> + Send>;
+pub type ReadinessCheck = Box<dyn Fn(&Status) -> Result<(), String> + Send>;
 
 /// A re-read configuration: what may change while running, and what changed but needs a
 /// restart. Produced off the reactor (it reads files), applied on it.
@@ -149,7 +149,7 @@ impl OpsSource for View<'_> {
             return Err("not listening yet".into());
         }
         for (name, check) in self.checks {
-            check().map_err(|e| format!("{name}: {e}"))?;
+            check(self.latest).map_err(|e| format!("{name}: {e}"))?;
         }
         Ok(())
     }
@@ -510,7 +510,7 @@ mod tests {
         let tick = Duration::from_millis(100);
         let s = running(1.0, 0.0);
         let checks: Vec<(String, ReadinessCheck)> =
-            vec![("store".into(), Box::new(|| Err("not writable".into())))];
+            vec![("store".into(), Box::new(|_| Err("not writable".into())))];
         let view = |shutting_down, registered, checks| View {
             latest: &s,
             now: Duration::from_secs(1),
