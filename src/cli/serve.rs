@@ -435,7 +435,8 @@ fn at_least_one(name: &str, value: Option<usize>, default: usize) -> Result<usiz
     }
 }
 
-fn resolve(flags: ServeArgs) -> Result<Settings, String> {
+/// The command line over the `--config` file: a flag wins over the file's key.
+fn merged_args(flags: ServeArgs) -> Result<ServeArgs, String> {
     let file = match &flags.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -504,56 +505,12 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         http_max_requests,
         http_idle_timeout
     );
-    let agent = a.agent.unwrap_or(AgentKind::Echo);
-    let needs_cmd = matches!(agent, AgentKind::Exec | AgentKind::Process);
-    if needs_cmd && a.agent_cmd.as_deref().is_none_or(|c| c.trim().is_empty()) {
-        let name = if agent == AgentKind::Exec {
-            "exec"
-        } else {
-            "process"
-        };
-        return Err(format!("--agent {name} needs --agent-cmd"));
-    }
-    let agent_close_grace = seconds(
-        "agent-close-grace",
-        a.agent_close_grace,
-        process::DEFAULT_CLOSE_GRACE.as_secs_f64(),
-        true,
-    )?;
-    let core_default = CoreConfig::default();
+    Ok(a)
+}
+
+/// The bridge's bounds and durability settings, each checked and named when wrong.
+fn bridge_config(a: &ServeArgs, max_reply_bytes: usize) -> Result<BridgeConfig, String> {
     let bridge_default = BridgeConfig::default();
-    let cleanup_timeout = seconds(
-        "cleanup-timeout",
-        a.cleanup_timeout,
-        core_default.cleanup_timeout.as_secs_f64(),
-        false,
-    )?;
-    if agent == AgentKind::Process && agent_close_grace + process::CLOSE_OVERHEAD > cleanup_timeout
-    {
-        return Err(format!(
-            "--agent-close-grace: {:?} plus {:?} to terminate and kill must fit in --cleanup-timeout ({cleanup_timeout:?})",
-            agent_close_grace,
-            process::CLOSE_OVERHEAD
-        ));
-    }
-    if a.auth_token.as_deref() == Some("") {
-        return Err("--auth-token: must not be empty".into());
-    }
-    let openai = match agent {
-        AgentKind::Openai => Some(openai_config(&a)?),
-        _ => None,
-    };
-    let listen = a.listen.unwrap_or_else(|| SocketAddr::from(DEFAULT_LISTEN));
-    if !listen.ip().is_loopback() && a.auth_token.is_none() && !a.allow_insecure_bind {
-        return Err(format!(
-            "--listen {listen}: a non-loopback address needs --auth-token (or --allow-insecure-bind)"
-        ));
-    }
-    let max_reply_bytes = at_least_one(
-        "max-reply-bytes",
-        a.max_reply_bytes,
-        bridge_default.max_reply_bytes,
-    )?;
     let bridge = BridgeConfig {
         auth_token: a.auth_token.clone(),
         max_connections: at_least_one(
@@ -625,6 +582,11 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
             bridge.outbox_bytes
         ));
     }
+    Ok(bridge)
+}
+
+/// The HTTP endpoint's address and bounds, or `None` for `--http-listen off`.
+fn http_settings(a: &ServeArgs) -> Result<Option<(SocketAddr, HttpConfig)>, String> {
     let http = match a.http_listen.as_deref().map(str::trim) {
         Some("off") => None,
         spec => {
@@ -679,6 +641,63 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
             Some((addr, cfg))
         }
     };
+    Ok(http)
+}
+
+fn resolve(flags: ServeArgs) -> Result<Settings, String> {
+    let a = merged_args(flags)?;
+    let agent = a.agent.unwrap_or(AgentKind::Echo);
+    let needs_cmd = matches!(agent, AgentKind::Exec | AgentKind::Process);
+    if needs_cmd && a.agent_cmd.as_deref().is_none_or(|c| c.trim().is_empty()) {
+        let name = if agent == AgentKind::Exec {
+            "exec"
+        } else {
+            "process"
+        };
+        return Err(format!("--agent {name} needs --agent-cmd"));
+    }
+    let agent_close_grace = seconds(
+        "agent-close-grace",
+        a.agent_close_grace,
+        process::DEFAULT_CLOSE_GRACE.as_secs_f64(),
+        true,
+    )?;
+    let core_default = CoreConfig::default();
+    let bridge_default = BridgeConfig::default();
+    let cleanup_timeout = seconds(
+        "cleanup-timeout",
+        a.cleanup_timeout,
+        core_default.cleanup_timeout.as_secs_f64(),
+        false,
+    )?;
+    if agent == AgentKind::Process && agent_close_grace + process::CLOSE_OVERHEAD > cleanup_timeout
+    {
+        return Err(format!(
+            "--agent-close-grace: {:?} plus {:?} to terminate and kill must fit in --cleanup-timeout ({cleanup_timeout:?})",
+            agent_close_grace,
+            process::CLOSE_OVERHEAD
+        ));
+    }
+    if a.auth_token.as_deref() == Some("") {
+        return Err("--auth-token: must not be empty".into());
+    }
+    let openai = match agent {
+        AgentKind::Openai => Some(openai_config(&a)?),
+        _ => None,
+    };
+    let listen = a.listen.unwrap_or_else(|| SocketAddr::from(DEFAULT_LISTEN));
+    if !listen.ip().is_loopback() && a.auth_token.is_none() && !a.allow_insecure_bind {
+        return Err(format!(
+            "--listen {listen}: a non-loopback address needs --auth-token (or --allow-insecure-bind)"
+        ));
+    }
+    let max_reply_bytes = at_least_one(
+        "max-reply-bytes",
+        a.max_reply_bytes,
+        bridge_default.max_reply_bytes,
+    )?;
+    let bridge = bridge_config(&a, max_reply_bytes)?;
+    let http = http_settings(&a)?;
     Ok(Settings {
         http,
         listen,
