@@ -23,7 +23,7 @@ use turnstile::ops::{Ops, Reload, ReloadApplier, ReloadLoader, SwappableFactory}
 use turnstile::process::{self, ProcessAgent, ProcessOptions};
 use turnstile::reactor::DEFAULT_PARTIAL_INTERVAL;
 use turnstile::server::{BridgeConfig, BridgeServer, ServerConfig};
-use turnstile::{Builder, BusyMode, EchoAgent};
+use turnstile::{Builder, BusyMode, EchoAgent, Handle, Runtime};
 
 use super::USAGE_ERROR;
 
@@ -971,16 +971,45 @@ pub fn run(args: ServeArgs) -> i32 {
         Ok((_, now)) => log::info!("open-file limit: {now}"),
         Err(e) => log::warn!("cannot raise the open-file limit: {e}"),
     }
-    let factory = match make_factory(&s) {
-        Ok(f) => f,
+    let started = build_runtime(&s).and_then(|(runtime, handle, swap)| {
+        let server = bind_bridge(&s)?;
+        let forced = server.forced_stops();
+        let addr = server.local_addr().map_err(|e| e.to_string())?;
+        let (ops, http_addr) = host_ops(server, &s, flags, handle, swap)?;
+        Ok((runtime, ops, forced, addr, http_addr))
+    });
+    let (runtime, ops, forced, addr, http_addr) = match started {
+        Ok(parts) => parts,
         Err(e) => {
             eprintln!("turnstile serve: {e}");
             return USAGE_ERROR;
         }
     };
-    // Swappable, so a reload can give new agents a new command.
-    let swap = SwappableFactory::new(factory);
-    let builder = Builder::new(Arc::clone(&swap));
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "listening on {addr}");
+    if let Some(h) = http_addr {
+        let _ = writeln!(stdout, "http on {h}");
+    }
+    let _ = stdout.flush();
+    drop(stdout);
+    log::info!(
+        "serving: agent {:?}, {} turn workers, busy mode {:?}",
+        s.agent,
+        s.turn_workers,
+        s.busy_mode
+    );
+    let code = serve_until_stopped(runtime, ops, &forced);
+    if s.agent != AgentKind::Echo {
+        // Closing each agent killed its processes; this catches anything a close left.
+        child::kill_all();
+    }
+    code
+}
+
+/// The runtime with its agent factory (swappable, so a reload can give new agents a new
+/// command); for process-based agents the gateway becomes their subreaper first.
+fn build_runtime(s: &Settings) -> Result<(Runtime, Handle, Arc<SwappableFactory>), String> {
+    let swap = SwappableFactory::new(make_factory(s)?);
     if matches!(s.agent, AgentKind::Exec | AgentKind::Process) {
         if let Err(e) = child::become_subreaper() {
             log::warn!(
@@ -990,7 +1019,7 @@ pub fn run(args: ServeArgs) -> i32 {
         // Whatever path ends the process, agent processes go with it.
         child::kill_all_at_exit();
     }
-    let mut builder = builder
+    let mut builder = Builder::new(Arc::clone(&swap))
         .max_reply_bytes(s.max_reply_bytes)
         .busy_mode(s.busy_mode)
         .queue_cap(s.queue_cap)
@@ -1010,13 +1039,12 @@ pub fn run(args: ServeArgs) -> i32 {
     if let Some(path) = &s.status_file {
         builder = builder.status_file(path);
     }
-    let (runtime, handle, _events) = match builder.build() {
-        Ok(parts) => parts,
-        Err(e) => {
-            eprintln!("turnstile serve: {e}");
-            return USAGE_ERROR;
-        }
-    };
+    let (runtime, handle, _events) = builder.build().map_err(|e| e.to_string())?;
+    Ok((runtime, handle, swap))
+}
+
+/// The bridge server on `--listen`, with its journal recovered when `--data-dir` is set.
+fn bind_bridge(s: &Settings) -> Result<BridgeServer, String> {
     // Well past every shutdown deadline: drain, grace, cleanup, then the flush budget.
     let flush_budget = Duration::from_secs(5);
     let watchdog =
@@ -1028,42 +1056,31 @@ pub fn run(args: ServeArgs) -> i32 {
         allow_insecure_bind: s.allow_insecure_bind,
         ..ServerConfig::default()
     };
-    let mut server = match BridgeServer::bind(s.listen, cfg) {
-        Ok(server) => server,
-        Err(e) => {
-            eprintln!("turnstile serve: --listen {}: {e}", s.listen);
-            return USAGE_ERROR;
-        }
+    let server =
+        BridgeServer::bind(s.listen, cfg).map_err(|e| format!("--listen {}: {e}", s.listen))?;
+    let Some(dir) = &s.data_dir else {
+        return Ok(server);
     };
-    if let Some(dir) = &s.data_dir {
-        let opened = turnstile::journal::SqliteStore::open(dir)
-            .and_then(|store| server.with_journal(store, JournalConfig::default()));
-        server = match opened {
-            Ok((server, _counts)) => server,
-            Err(e) => {
-                eprintln!("turnstile serve: --data-dir {}: {e}", dir.display());
-                return USAGE_ERROR;
-            }
-        };
-    }
-    let addr = match server.local_addr() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("turnstile serve: {e}");
-            return 1;
-        }
-    };
-    let forced = server.forced_stops();
+    turnstile::journal::SqliteStore::open(dir)
+        .and_then(|store| server.with_journal(store, JournalConfig::default()))
+        .map(|(server, _counts)| server)
+        .map_err(|e| format!("--data-dir {}: {e}", dir.display()))
+}
+
+/// The operations frontend around the bridge server: the HTTP endpoint, readiness checks,
+/// reload on SIGHUP (with `--config`) and systemd notifications.
+fn host_ops(
+    server: BridgeServer,
+    s: &Settings,
+    flags: ServeArgs,
+    handle: Handle,
+    swap: Arc<SwappableFactory>,
+) -> Result<(Ops<BridgeServer>, Option<SocketAddr>), String> {
     let mut ops = Ops::new(server, TICK_INTERVAL);
     let mut http_addr = None;
     if let Some((addr, cfg)) = s.http.clone() {
-        let server = match HttpServer::bind(addr, cfg) {
-            Ok(server) => server,
-            Err(e) => {
-                eprintln!("turnstile serve: --http-listen {addr}: {e}");
-                return USAGE_ERROR;
-            }
-        };
+        let server =
+            HttpServer::bind(addr, cfg).map_err(|e| format!("--http-listen {addr}: {e}"))?;
         http_addr = server.local_addr().ok();
         ops = ops.with_http(server);
     }
@@ -1072,7 +1089,7 @@ pub fn run(args: ServeArgs) -> i32 {
         ops = ops.with_readiness_check("store", Box::new(store_ready));
     }
     if flags.config.is_some() {
-        let loader = reload_loader(flags, &s);
+        let loader = reload_loader(flags, s);
         let apply: ReloadApplier<BridgeServer> = Box::new(move |server, r| {
             let mut restart = Vec::new();
             if !server.set_auth_token(r.auth_token.as_deref()) {
@@ -1094,19 +1111,17 @@ pub fn run(args: ServeArgs) -> i32 {
         Ok(None) => {}
         Err(e) => log::warn!("NOTIFY_SOCKET: {e}; no systemd notifications"),
     }
-    let mut stdout = std::io::stdout().lock();
-    let _ = writeln!(stdout, "listening on {addr}");
-    if let Some(h) = http_addr {
-        let _ = writeln!(stdout, "http on {h}");
-    }
-    let _ = stdout.flush();
-    drop(stdout);
-    log::info!(
-        "serving: agent {:?}, {} turn workers, busy mode {:?}",
-        s.agent,
-        s.turn_workers,
-        s.busy_mode
-    );
+    Ok((ops, http_addr))
+}
+
+/// Runs the reactor on its own thread until it stops (0 when the shutdown was clean, 1
+/// otherwise) or a stop is forced (1 at once: the loop may be wedged, so this thread acts on
+/// it and the process ends without waiting for the loop).
+fn serve_until_stopped(
+    runtime: Runtime,
+    ops: Ops<BridgeServer>,
+    forced: &crossbeam_channel::Receiver<turnstile::ForcedStop>,
+) -> i32 {
     let (finished_tx, finished) = crossbeam_channel::bounded(1);
     let reactor = std::thread::Builder::new()
         .name("turnstile-reactor".into())
@@ -1117,8 +1132,6 @@ pub fn run(args: ServeArgs) -> i32 {
         log::error!("cannot start the reactor thread: {e}");
         return 1;
     }
-    // The loop may be wedged when a stop is forced, so this thread, not the reactor, acts on
-    // it: the process ends without waiting for the loop (main exits with the code).
     let finished = crossbeam_channel::select! {
         recv(finished) -> r => r,
         recv(forced) -> why => match why {
@@ -1131,13 +1144,7 @@ pub fn run(args: ServeArgs) -> i32 {
             Err(_) => finished.recv(),
         },
     };
-    let result =
-        finished.unwrap_or_else(|_| Err(std::io::Error::other("the reactor thread panicked")));
-    if s.agent != AgentKind::Echo {
-        // Closing each agent killed its processes; this catches anything a close left.
-        child::kill_all();
-    }
-    match result {
+    match finished.unwrap_or_else(|_| Err(std::io::Error::other("the reactor thread panicked"))) {
         Ok(report) if report.clean => 0,
         Ok(report) => {
             log::warn!("shutdown was not clean: {report:?}");
