@@ -2076,3 +2076,25 @@ fn a_recovered_message_the_runtime_refuses_still_gets_a_terminal_event() {
     assert_eq!(e["op"], "failed");
     assert!(e["error"].as_str().unwrap().contains("queue_full"));
 }
+
+#[test]
+fn a_journaled_id_expires_at_the_wall_clock_time_its_window_ends() {
+    let mut n = Net::new(durable());
+    let window = n.b.config().dedup_window;
+    // Time zero of the bridge's clock is 1,000,000 ms after the epoch; the message arrives
+    // 5 s later, so its id is remembered until 1,005,000 ms plus the window.
+    n.b.set_wall_clock(1_000_000);
+    n.tick(Duration::from_secs(5));
+    let c = n.connect();
+    n.hello(c, "tg");
+    n.send(c, msg("1", "42", "hi"));
+    let until: Vec<u64> = n
+        .journal
+        .iter()
+        .filter_map(|r| match r {
+            Record::Accepted(m) => Some(m.dedup_until_ms),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(until, [1_005_000 + window.as_millis() as u64]);
+}
