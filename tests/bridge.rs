@@ -2098,3 +2098,80 @@ fn a_journaled_id_expires_at_the_wall_clock_time_its_window_ends() {
         .collect();
     assert_eq!(until, [1_005_000 + window.as_millis() as u64]);
 }
+
+/// Reload (issue 11): a new token admits new hellos and refuses the old one; removing the
+/// token, or adding one where there was none, is refused (it needs a restart) and changes
+/// nothing.
+#[test]
+fn a_reloaded_token_applies_to_new_hellos_and_a_change_needing_a_restart_is_refused() {
+    let mut n = Net::new(tokened());
+    let before = n.connect();
+    n.send(
+        before,
+        json!({"op": "hello", "platform": "tg", "token": "s3cret"}),
+    );
+    assert!(n.b.set_auth_token(Some("n3w")));
+    assert!(
+        !n.b.set_auth_token(None),
+        "removing the token needs a restart"
+    );
+    let old = n.connect();
+    n.send(
+        old,
+        json!({"op": "hello", "platform": "tg", "token": "s3cret"}),
+    );
+    assert_eq!(n.take(old)[0]["op"], "error");
+    assert_eq!(n.b.status().rejected["unauthorized"], 1);
+    let new = n.connect();
+    n.send(
+        new,
+        json!({"op": "hello", "platform": "tg", "token": "n3w"}),
+    );
+    n.send(new, msg("1", "42", "x"));
+    assert_eq!(n.order.len(), 1, "the new token admits");
+    // Authenticated before the reload: stays so.
+    n.send(before, msg("2", "43", "y"));
+    assert_eq!(n.order.len(), 2);
+
+    let mut open = Net::new(cfg());
+    assert!(open.b.set_auth_token(None), "no token before, none after");
+    assert!(
+        !open.b.set_auth_token(Some("x")),
+        "adding a token needs a restart"
+    );
+    let c = open.connect();
+    open.hello(c, "tg");
+    open.send(c, msg("1", "42", "x"));
+    assert_eq!(
+        open.order.len(),
+        1,
+        "still open: the refused token was not applied"
+    );
+}
+
+/// Shutdown's flush waits for outcomes whose records are not durable yet: the bridge counts
+/// them until their record is written.
+#[test]
+fn outcomes_waiting_for_their_record_are_counted_until_it_is_durable() {
+    let mut store = MemStore::new();
+    let mut n = Net::new(durable());
+    let c = n.connect();
+    n.hello(c, "tg");
+    n.send(c, msg("1", "42", "hi"));
+    n.commit(&mut store);
+    n.accept(1);
+    assert_eq!(n.b.unjournaled(), 0);
+    n.reply(1, "hello");
+    assert_eq!(n.b.unjournaled(), 1);
+    n.send(c, msg("2", "43", "hi"));
+    n.commit(&mut store);
+    n.accept(2);
+    n.reply(2, "again");
+    assert_eq!(
+        n.b.unjournaled(),
+        1,
+        "the first was written with the second's batch"
+    );
+    n.commit(&mut store);
+    assert_eq!(n.b.unjournaled(), 0);
+}
