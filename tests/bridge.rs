@@ -2175,3 +2175,29 @@ fn outcomes_waiting_for_their_record_are_counted_until_it_is_durable() {
     n.commit(&mut store);
     assert_eq!(n.b.unjournaled(), 0);
 }
+
+/// A second hello on the same connection: repeating `acks` keeps what awaits confirmation;
+/// switching acks off counts it as delivered, as it would have been without acks.
+#[test]
+fn a_repeated_hello_keeps_unconfirmed_results_and_switching_acks_off_delivers_them() {
+    let mut store = MemStore::new();
+    let mut n = Net::new(durable());
+    let c = n.connect();
+    n.send(c, json!({"op": "hello", "platform": "tg", "acks": true}));
+    n.send(c, msg("1", "42", "hi"));
+    n.commit(&mut store);
+    n.accept(1);
+    n.reply(1, "hello");
+    n.commit(&mut store);
+    assert_eq!(ops(&n.take(c)), ["ack 1 running", "reply 1 hello"]);
+    n.send(c, json!({"op": "hello", "platform": "tg", "acks": true}));
+    assert_eq!(
+        n.b.status().awaiting_delivery,
+        1,
+        "still waits for `delivered`"
+    );
+    assert!(n.journal.is_empty());
+    n.send(c, json!({"op": "hello", "platform": "tg"}));
+    assert_eq!(n.b.status().awaiting_delivery, 0);
+    assert_eq!(kinds(&n.journal), ["delivered 1"]);
+}
