@@ -2201,3 +2201,23 @@ fn a_repeated_hello_keeps_unconfirmed_results_and_switching_acks_off_delivers_th
     assert_eq!(n.b.status().awaiting_delivery, 0);
     assert_eq!(kinds(&n.journal), ["delivered 1"]);
 }
+
+/// The journal's figures in the status count every batch and every failed one.
+#[test]
+fn the_status_counts_journal_batches_and_failed_ones() {
+    let mut store = MemStore::new();
+    let mut n = Net::new(durable());
+    let c = n.connect();
+    n.hello(c, "tg");
+    n.send(c, msg("1", "42", "a"));
+    n.commit(&mut store);
+    n.send(c, msg("2", "43", "b"));
+    n.commit(&mut store);
+    n.send(c, msg("3", "44", "c"));
+    n.fail_journal();
+    let j = n.b.status().journal.unwrap();
+    assert_eq!((j.batches, j.failed_batches, j.failing), (3, 1, true));
+    n.commit(&mut store);
+    let j = n.b.status().journal.unwrap();
+    assert_eq!((j.batches, j.failed_batches, j.failing), (4, 1, false));
+}
