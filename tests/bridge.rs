@@ -2221,3 +2221,26 @@ fn the_status_counts_journal_batches_and_failed_ones() {
     let j = n.b.status().journal.unwrap();
     assert_eq!((j.batches, j.failed_batches, j.failing), (4, 1, false));
 }
+
+/// `delivered` confirms exactly the ids it names, whatever order the results wait in.
+#[test]
+fn delivered_confirms_only_the_ids_it_names() {
+    let mut store = MemStore::new();
+    let mut n = Net::new(durable());
+    let c = n.connect();
+    n.send(c, json!({"op": "hello", "platform": "tg", "acks": true}));
+    for i in 1..=2 {
+        n.send(c, msg(&i.to_string(), &i.to_string(), "x"));
+        n.commit(&mut store);
+        n.accept(i);
+        n.reply(i, "r");
+        n.commit(&mut store);
+    }
+    assert_eq!(
+        ops(&n.take(c)),
+        ["ack 1 running", "reply 1 r", "ack 2 running", "reply 2 r"]
+    );
+    n.send(c, json!({"op": "delivered", "ids": ["2"]}));
+    assert_eq!(kinds(&n.journal), ["delivered 2"]);
+    assert_eq!(n.b.status().awaiting_delivery, 1);
+}
