@@ -60,6 +60,9 @@ pub struct Completion {
 pub struct Journal {
     tx: Option<Sender<Record>>,
     done: Receiver<Completion>,
+    /// Dropped when the owner gives up on the thread (or is dropped): a thread waiting out
+    /// a retry period on a failing store then ends at once.
+    stop: Option<Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -73,12 +76,14 @@ impl Journal {
     {
         let (tx, rx) = crossbeam_channel::unbounded();
         let (done_tx, done) = crossbeam_channel::unbounded();
+        let (stop, stopped) = crossbeam_channel::bounded(0);
         let thread = std::thread::Builder::new()
             .name("turnstile-journal".into())
-            .spawn(move || run(store, cfg, rx, done_tx, wake))?;
+            .spawn(move || run(store, cfg, rx, done_tx, &stopped, wake))?;
         Ok(Journal {
             tx: Some(tx),
             done,
+            stop: Some(stop),
             thread: Some(thread),
         })
     }
@@ -118,7 +123,10 @@ impl Journal {
                     }
                     return (out, true);
                 }
-                Err(RecvTimeoutError::Timeout) => return (out, false),
+                Err(RecvTimeoutError::Timeout) => {
+                    self.stop = None;
+                    return (out, false);
+                }
             }
         }
     }
@@ -129,6 +137,7 @@ fn run<S: Store, W: Fn()>(
     cfg: JournalConfig,
     rx: Receiver<Record>,
     done: Sender<Completion>,
+    stopped: &Receiver<()>,
     wake: W,
 ) {
     let mut retry: Vec<Record> = Vec::new();
@@ -205,8 +214,11 @@ fn run<S: Store, W: Fn()>(
         }
         if closed && failing {
             // Shutting down with a failing store: one more try per retry period would keep
-            // the process alive forever; the caller's finish() bounds the wait.
-            std::thread::sleep(cfg.retry_every);
+            // the process alive forever; the caller's finish() bounds the wait, and giving
+            // up ends this wait at once.
+            if stopped.recv_timeout(cfg.retry_every) == Err(RecvTimeoutError::Disconnected) {
+                return;
+            }
         }
     }
 }
