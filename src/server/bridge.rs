@@ -1632,6 +1632,11 @@ impl Bridge {
         if let Some(p) = self.platform_for(name) {
             return Some(p);
         }
+        Some(self.insert_platform(name))
+    }
+
+    /// A new, empty platform named `name` (the caller checked the bound).
+    fn insert_platform(&mut self, name: &str) -> Arc<str> {
         let k: Arc<str> = name.into();
         self.platforms.insert(
             k.clone(),
@@ -1644,7 +1649,7 @@ impl Bridge {
                 dedup: DedupWindow::new(self.cfg.dedup_window, self.cfg.dedup_max),
             },
         );
-        Some(k)
+        k
     }
 
     /// The journal thread's report: submit the messages now durable, reject `storage` those
@@ -1735,19 +1740,7 @@ impl Bridge {
         if self.platforms.len() >= self.cfg.max_platforms {
             return None;
         }
-        let k: Arc<str> = name.into();
-        self.platforms.insert(
-            k.clone(),
-            Platform {
-                conns: Vec::new(),
-                outbox: VecDeque::new(),
-                outbox_bytes: 0,
-                reserved_events: 0,
-                reserved_bytes: 0,
-                dedup: DedupWindow::new(self.cfg.dedup_window, self.cfg.dedup_max),
-            },
-        );
-        Some(k)
+        Some(self.insert_platform(name))
     }
 
     /// Forgets a platform that holds nothing.
