@@ -20,6 +20,7 @@ mod pool;
 pub mod process;
 pub mod reactor;
 pub mod server;
+mod tokens;
 
 pub use agent::{
     Agent, AgentFactory, AgentUsage, CancelToken, EchoAgent, FnFactory, Partials, TurnError,

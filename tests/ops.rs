@@ -1297,3 +1297,29 @@ fn sighup_applies_a_new_queue_cap_and_token_and_refuses_a_broken_file() {
     assert_eq!(c.ack("m6")["reason"], "queue_full");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// With `--data-dir` and the HTTP endpoint both on, the journal thread's wake-ups reach the
+/// bridge server on the journal's own poll token (once they shared one with the HTTP
+/// listener and were taken as accepts; acks came through only because every wake also
+/// drained the journal).
+#[test]
+fn journal_wakes_reach_the_server_on_their_own_token_with_http_on() {
+    let dir = temp_dir("journal-token");
+    let data = dir.join("data");
+    let gw = Gw::start(&["--data-dir", data.to_str().expect("path")], &[]);
+    let mut c = gw.client();
+    c.send(&json!({"op": "hello", "platform": "tg", "acks": true}));
+    for i in 0..3 {
+        c.send(&msg(&format!("m{i}"), "tg", "1", "hi"));
+        let ack = c.recv_until(|v| v["op"] == "ack");
+        assert_eq!(ack["id"], format!("m{i}"), "{ack}");
+    }
+    let s = gw.wait_status("journal wakes", |s| {
+        s["frontend"]["journal"]["wakes"].as_u64().unwrap_or(0) > 0
+    });
+    assert!(
+        s["frontend"]["journal"]["batches"].as_u64().unwrap_or(0) > 0,
+        "{s}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -15,8 +15,8 @@ use mio::{Interest, Registry, Token};
 use serde::Serialize;
 use slab::Slab;
 
-use crate::reactor::FIRST_RESERVED_TOKEN;
 use crate::server::auth::Token as AuthToken;
+use crate::tokens::{HTTP_CONNS, HTTP_LISTENER as LISTENER};
 
 /// Default address of the endpoint.
 pub const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:7879";
@@ -30,7 +30,7 @@ pub const DEFAULT_MAX_REQUESTS: usize = 100;
 /// response) before it is closed.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most connections the endpoint may be configured with (their tokens are a fixed band).
-pub const MAX_CONNECTIONS_LIMIT: usize = 4096;
+pub const MAX_CONNECTIONS_LIMIT: usize = crate::tokens::HTTP_MAX_CONNECTIONS;
 /// Headers parsed per request; more is `431`.
 const MAX_HEADERS: usize = 32;
 /// Requests answered per connection per wake; the rest wait for the next wake.
@@ -38,15 +38,9 @@ const REQUESTS_PER_WAKE: usize = 4;
 /// Connections accepted per wake.
 const ACCEPT_BATCH: usize = 64;
 
-/// The listener's token; connection `i`'s token is `CONN_BASE - i`. The band sits just below
-/// the bridge server's fixed tokens; bridge connection tokens are key bits whose index (the
-/// low 32 bits) is a slot number far below this band's, so they never meet it.
-const LISTENER: Token = Token(FIRST_RESERVED_TOKEN - 3);
-const CONN_BASE: usize = FIRST_RESERVED_TOKEN - 4;
-
 /// Whether `token` belongs to the HTTP endpoint.
 pub fn owns(token: Token) -> bool {
-    token.0 <= LISTENER.0 && token.0 > CONN_BASE - MAX_CONNECTIONS_LIMIT
+    token == LISTENER || HTTP_CONNS.slot(token).is_some()
 }
 
 /// Settings of the endpoint.
@@ -402,8 +396,9 @@ impl HttpServer {
             self.accept(now);
             return;
         }
-        let slot = CONN_BASE - event.token().0;
-        self.drive(slot, now, source);
+        if let Some(slot) = HTTP_CONNS.slot(event.token()) {
+            self.drive(slot, now, source);
+        }
     }
 
     /// Serves what the budget left, closes idle connections; returns when it next needs the
@@ -480,7 +475,7 @@ impl HttpServer {
             };
             if let Err(e) = registry.register(
                 &mut stream,
-                Token(CONN_BASE - slot),
+                HTTP_CONNS.token(slot),
                 Interest::READABLE | Interest::WRITABLE,
             ) {
                 log::warn!("http: cannot register connection from {peer}: {e}");
@@ -765,9 +760,12 @@ mod tests {
             assert_ne!(answer(&right, Some(&t), true).0, 401, "{path}");
         }
         assert!(owns(LISTENER));
-        assert!(owns(Token(CONN_BASE)));
-        assert!(owns(Token(CONN_BASE - (MAX_CONNECTIONS_LIMIT - 1))));
-        assert!(!owns(Token(CONN_BASE - MAX_CONNECTIONS_LIMIT)));
+        assert!(owns(HTTP_CONNS.token(0)));
+        assert!(owns(HTTP_CONNS.token(MAX_CONNECTIONS_LIMIT - 1)));
+        assert!(!owns(Token(
+            HTTP_CONNS.token(MAX_CONNECTIONS_LIMIT - 1).0 - 1
+        )));
+        assert!(!owns(crate::tokens::JOURNAL));
         assert!(!owns(Token(LISTENER.0 + 1)));
     }
 }

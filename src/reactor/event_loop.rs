@@ -13,10 +13,11 @@ use super::frontend::{Ctx, Frontend};
 use super::heartbeat::Heartbeat;
 use super::notify::Notifier;
 use super::workers::{BoxAgent, Completion};
-use super::{INGRESS_BATCH, Route, Runtime, TIMER_TOKEN, WAKE_TOKEN};
+use super::{INGRESS_BATCH, Route, Runtime};
 use crate::core::{Core, Effect, Input, ShutdownReport};
 use crate::liveness::{RuntimeState, StatusCell, StatusFileWriter};
 use crate::message::Message;
+use crate::tokens::{REACTOR_TIMER as TIMER_TOKEN, REACTOR_WAKE as WAKE_TOKEN};
 
 /// Readiness events taken per poll.
 const EVENTS_CAPACITY: usize = 256;

@@ -14,9 +14,6 @@ use crate::core::{Core, Effect, Input, MessageEvent};
 use crate::liveness::Status;
 use crate::message::Message;
 
-/// Tokens from this value up belong to the reactor; a frontend uses tokens below it.
-pub const FIRST_RESERVED_TOKEN: usize = usize::MAX - 15;
-
 /// What a frontend may do during a reactor step.
 pub struct Ctx<'a> {
     now: Duration,

@@ -30,25 +30,21 @@ use std::thread;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError, bounded, unbounded};
-use mio::{Poll, Token};
+use mio::Poll;
 
 use crate::agent::{Agent, AgentFactory, CancelToken};
 use crate::core::{BusyMode, CleanupJob, CoreConfig, MessageEvent, ShutdownReport, TurnJob};
 use crate::liveness::{Status, StatusCell};
 use crate::message::{Message, SessionKey};
 use crate::pool::{Pool, PoolSize};
+pub use crate::tokens::FIRST_RESERVED_TOKEN;
 #[cfg(feature = "async")]
 pub use async_api::{Cancelled, EventStream, StreamSink, Submit, SubmitStream};
 use event_loop::Reactor;
-pub use frontend::{Ctx, FIRST_RESERVED_TOKEN, Frontend, NoFrontend};
+pub use frontend::{Ctx, Frontend, NoFrontend};
 use notify::Notifier;
 pub use workers::BoxAgent;
 use workers::{Completion, CompletionSink, TurnLimits, run_cleanup, run_turn};
-
-/// The reactor's fixed tokens sit at the top of the token space, apart from the slab keys a
-/// frontend uses for its sockets (see [`FIRST_RESERVED_TOKEN`]).
-const WAKE_TOKEN: Token = Token(usize::MAX - 1);
-const TIMER_TOKEN: Token = Token(usize::MAX - 2);
 
 /// Default least time between two forwarded partials of a turn.
 pub const DEFAULT_PARTIAL_INTERVAL: Duration = Duration::from_millis(800);
@@ -310,7 +306,7 @@ impl Builder {
             }
         }
         let poll = Poll::new().map_err(|e| BuildError(format!("cannot create poll: {e}")))?;
-        let waker = mio::Waker::new(poll.registry(), WAKE_TOKEN)
+        let waker = mio::Waker::new(poll.registry(), crate::tokens::REACTOR_WAKE)
             .map_err(|e| BuildError(format!("cannot create waker: {e}")))?;
         let notifier = Arc::new(Notifier::new(waker));
         let (ingress_tx, ingress_rx) = bounded(self.ingress_capacity);

@@ -342,6 +342,9 @@ pub struct JournalStatus {
     pub retrying: usize,
     /// The last write failed (new messages are rejected `storage`).
     pub failing: bool,
+    /// Wake-ups of the reactor by the journal thread that reached the server on the
+    /// journal's own poll token (set by the shell).
+    pub wakes: u64,
     /// What start-up recovery found.
     pub recovery: RecoveryCounts,
 }

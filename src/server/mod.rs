@@ -28,17 +28,13 @@ use mio::{Events as MioEvents, Interest, Poll, Registry, Token};
 
 use crate::core::MessageEvent;
 use crate::journal::{Journal, JournalConfig, Store, StoreError};
-use crate::reactor::{Ctx, FIRST_RESERVED_TOKEN, Frontend};
+use crate::reactor::{Ctx, Frontend};
+use crate::tokens::{BRIDGE_LISTENER as LISTENER, JOURNAL, SIGNALS};
 pub use bridge::{
     Action, Bridge, BridgeConfig, BridgeStatus, ConnId, Flushed, JournalStatus, PlatformStatus,
     RecoveryCounts,
 };
 use lines::{Line, LineReader, ReadOutcome};
-
-const LISTENER: Token = Token(FIRST_RESERVED_TOKEN - 1);
-const SIGNALS: Token = Token(FIRST_RESERVED_TOKEN - 2);
-/// The journal thread's waker.
-const JOURNAL: Token = Token(FIRST_RESERVED_TOKEN - 3);
 
 /// Bytes read from one connection per pass, so one flood cannot starve the rest.
 const READ_BUDGET: usize = 8 * 1024;
@@ -125,14 +121,9 @@ pub fn raise_fd_limit() -> io::Result<(u64, u64)> {
     Ok((old, lim.rlim_cur))
 }
 
-/// A connection's poll token: its key's bits, kept clear of the reactor's reserved tokens.
+/// A connection's poll token: its key's bits, kept clear of every fixed token and band.
 fn token(id: ConnId) -> Token {
-    let bits = id.to_bits() as usize;
-    debug_assert!(
-        bits < FIRST_RESERVED_TOKEN - 3,
-        "token {bits} collides with a fixed token"
-    );
-    Token(bits)
+    crate::tokens::conn_token(id.to_bits())
 }
 
 /// Sockets by their connection's key: a slot per key index, checked against the full key.
@@ -213,6 +204,8 @@ pub struct BridgeServer {
     journal: Option<Journal>,
     /// The read end of the journal thread's wake-up pipe.
     journal_wake: Option<mio::unix::pipe::Receiver>,
+    /// Readiness events on the journal's token (status: `journal.wakes`).
+    journal_wakes: u64,
 }
 
 fn open_spare() -> Option<std::fs::File> {
@@ -301,6 +294,7 @@ impl BridgeServer {
             store: None,
             journal: None,
             journal_wake: None,
+            journal_wakes: 0,
         })
     }
 
@@ -659,6 +653,7 @@ impl Frontend for BridgeServer {
             LISTENER => self.accept(),
             SIGNALS => self.on_signal(ctx),
             JOURNAL => {
+                self.journal_wakes += 1;
                 self.on_journal();
                 self.run_actions(Some(ctx));
             }
@@ -807,6 +802,10 @@ impl Frontend for BridgeServer {
     }
 
     fn status(&self) -> Option<serde_json::Value> {
-        serde_json::to_value(self.bridge.status()).ok()
+        let mut status = self.bridge.status();
+        if let Some(j) = &mut status.journal {
+            j.wakes = self.journal_wakes;
+        }
+        serde_json::to_value(status).ok()
     }
 }
