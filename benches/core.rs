@@ -5,8 +5,8 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use turnstile::core::timers::TimerQueue;
-use turnstile::core::{Core, CoreConfig, Effect, Input, TurnResult};
+use turnstile::internal::core::TimerQueue;
+use turnstile::internal::core::{Core, CoreConfig, Effect, Input, TurnResult};
 use turnstile::{Message, SessionKey};
 
 type BenchCore = Core<(), u32>;

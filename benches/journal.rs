@@ -4,10 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use turnstile::journal::{
+use turnstile::internal::journal::{
     Journal, JournalConfig, Record, SqliteStore, Store, StoredMessage, now_ms,
 };
-use turnstile::server::{Bridge, BridgeConfig};
+use turnstile::internal::server::{Bridge, BridgeConfig};
 
 fn message(seq: u64, sessions: u64) -> StoredMessage {
     StoredMessage {
@@ -115,7 +115,10 @@ fn main() {
     let rebuilt = t.elapsed().as_secs_f64();
     let mut submitted = 0;
     while let Some(a) = bridge.poll_action() {
-        submitted += usize::from(matches!(a, turnstile::server::Action::Submit { .. }));
+        submitted += usize::from(matches!(
+            a,
+            turnstile::internal::server::Action::Submit { .. }
+        ));
     }
     assert_eq!(submitted as u64, n);
     println!(

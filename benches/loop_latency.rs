@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, unbounded};
 // The workload helpers belong to the binary (loadgen); the benches share the file.
 #[allow(dead_code)]
-#[path = "../src/workload.rs"]
+#[path = "../src/cli/workload.rs"]
 mod workload;
 use turnstile::{
     Agent, Builder, CancelToken, EchoAgent, EventKind, Message, Outcome, SessionKey, TurnError,

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use turnstile::openai::{OpenAiConfig, OpenAiFactory};
+use turnstile::internal::openai::{OpenAiConfig, OpenAiFactory};
 use turnstile::{AgentFactory, Builder, EchoAgent, EventKind, Message, Outcome, SessionKey};
 
 fn mono_ns() -> u64 {

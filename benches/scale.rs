@@ -7,10 +7,10 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use turnstile::core::{Core, CoreConfig, Effect, Input, TurnResult};
+use turnstile::internal::core::{Core, CoreConfig, Effect, Input, TurnResult};
 // The workload helpers belong to the binary (loadgen); the benches share the file.
 #[allow(dead_code)]
-#[path = "../src/workload.rs"]
+#[path = "../src/cli/workload.rs"]
 mod workload;
 use turnstile::{Agent, EchoAgent, Message, SessionKey};
 use workload::{round, rss_mib};

@@ -56,10 +56,10 @@ const KILL_BUDGET: Duration = Duration::from_secs(3);
 /// How long a killed leader may take to exit before it is left to a later sweep.
 const LEADER_WAIT: Duration = Duration::from_secs(2);
 /// The longest [`ContainedChild::kill`] (and [`kill_all`]) waits.
-pub const KILL_MAX: Duration = Duration::from_secs(5);
+pub(crate) const KILL_MAX: Duration = Duration::from_secs(5);
 /// Bytes read from one pipe per call, so one flooding pipe cannot starve the rest of a poll
 /// loop (or the cancel check).
-pub const READ_BUDGET: usize = 1 << 20;
+pub(crate) const READ_BUDGET: usize = 1 << 20;
 /// Longest stderr line logged; the rest of the line is dropped.
 const STDERR_LINE_MAX: usize = 512;
 /// stderr lines logged at once per agent stream, then this many per second.
@@ -147,7 +147,7 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 }
 
 /// Makes reads and writes on `fd` return `WouldBlock` instead of waiting.
-pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
+pub(crate) fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
     let raw = fd.as_raw_fd();
     // SAFETY: fcntl on a valid fd we borrow; only the status flags change.
     unsafe {
@@ -158,7 +158,7 @@ pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
 }
 
 /// `poll(2)` over `fds`, retried on EINTR; `None` waits for ever. Returns how many are ready.
-pub fn poll(fds: &mut [libc::pollfd], timeout: Option<Duration>) -> io::Result<usize> {
+pub(crate) fn poll(fds: &mut [libc::pollfd], timeout: Option<Duration>) -> io::Result<usize> {
     let deadline = timeout.map(|t| Instant::now() + t);
     loop {
         let ms = match deadline {
@@ -182,7 +182,7 @@ pub fn poll(fds: &mut [libc::pollfd], timeout: Option<Duration>) -> io::Result<u
 }
 
 /// A `pollfd` waiting for input (or hang-up) on `fd`.
-pub fn pollin(fd: RawFd) -> libc::pollfd {
+pub(crate) fn pollin(fd: RawFd) -> libc::pollfd {
     libc::pollfd {
         fd,
         events: libc::POLLIN,
@@ -191,17 +191,17 @@ pub fn pollin(fd: RawFd) -> libc::pollfd {
 }
 
 /// Whether a polled fd has something for a reader: data, end of file or an error.
-pub fn readable(p: &libc::pollfd) -> bool {
+pub(crate) fn readable(p: &libc::pollfd) -> bool {
     p.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
 }
 
 /// An eventfd that a cancellation hook writes to and a poll loop waits on.
 #[derive(Debug)]
-pub struct Wake(OwnedFd);
+pub(crate) struct Wake(OwnedFd);
 
 impl Wake {
     /// A fresh, unsignalled wake.
-    pub fn new() -> io::Result<Wake> {
+    pub(crate) fn new() -> io::Result<Wake> {
         // SAFETY: eventfd returns a new fd or -1.
         let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
         // SAFETY: the fd is fresh and ours.
@@ -209,7 +209,7 @@ impl Wake {
     }
 
     /// Makes the fd readable. Never blocks (the counter would need 2^64 signals to fill).
-    pub fn signal(&self) {
+    pub(crate) fn signal(&self) {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a local to our eventfd.
         unsafe {
@@ -218,7 +218,7 @@ impl Wake {
     }
 
     /// The fd to poll for input.
-    pub fn fd(&self) -> RawFd {
+    pub(crate) fn fd(&self) -> RawFd {
         self.0.as_raw_fd()
     }
 }
@@ -227,7 +227,7 @@ impl Wake {
 
 /// What one non-blocking read pass found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReadState {
+pub(crate) enum ReadState {
     /// The pipe is empty for now.
     WouldBlock,
     /// Stopped before the pipe was empty (the budget was used, or a line is complete):
@@ -268,7 +268,7 @@ fn reserve_within(v: &mut Vec<u8>, extra: usize, cap: usize) {
 /// An agent's output, kept up to a cap; the rest is read (so the writer never blocks) and
 /// discarded, and counted.
 #[derive(Debug)]
-pub struct OutputBuf {
+pub(crate) struct OutputBuf {
     data: Vec<u8>,
     cap: usize,
     total: u64,
@@ -276,7 +276,7 @@ pub struct OutputBuf {
 
 impl OutputBuf {
     /// Keeps at most `cap` bytes.
-    pub fn new(cap: usize) -> OutputBuf {
+    pub(crate) fn new(cap: usize) -> OutputBuf {
         OutputBuf {
             data: Vec::new(),
             cap,
@@ -285,7 +285,7 @@ impl OutputBuf {
     }
 
     /// Reads what `r` (non-blocking) has now, at most `budget` bytes.
-    pub fn read_from(&mut self, r: &mut File, budget: usize) -> io::Result<ReadState> {
+    pub(crate) fn read_from(&mut self, r: &mut File, budget: usize) -> io::Result<ReadState> {
         let (data, cap, total) = (&mut self.data, self.cap, &mut self.total);
         read_some(r, budget, |bytes| {
             *total += bytes.len() as u64;
@@ -296,27 +296,30 @@ impl OutputBuf {
     }
 
     /// The bytes kept.
-    pub fn kept(&self) -> &[u8] {
+    #[cfg(test)]
+    pub(crate) fn kept(&self) -> &[u8] {
         &self.data
     }
 
     /// Bytes read in all, kept or not.
-    pub fn total(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn total(&self) -> u64 {
         self.total
     }
 
     /// Bytes of memory the buffer holds (its capacity): never more than the cap.
-    pub fn buffered(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn buffered(&self) -> usize {
         self.data.capacity()
     }
 
     /// Whether output was discarded.
-    pub fn truncated(&self) -> bool {
+    pub(crate) fn truncated(&self) -> bool {
         self.total > self.data.len() as u64
     }
 
     /// The kept bytes.
-    pub fn into_vec(self) -> Vec<u8> {
+    pub(crate) fn into_vec(self) -> Vec<u8> {
         self.data
     }
 }
@@ -324,7 +327,7 @@ impl OutputBuf {
 /// Splits an agent's stdout into lines of at most `max` bytes; a longer line is an error,
 /// reported once it passes the bound, never buffered past it.
 #[derive(Debug)]
-pub struct LineBuf {
+pub(crate) struct LineBuf {
     buf: Vec<u8>,
     start: usize,
     /// Where to look for the next newline (everything before it was searched).
@@ -334,14 +337,14 @@ pub struct LineBuf {
 
 /// A line longer than the limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LineTooLong {
+pub(crate) struct LineTooLong {
     /// The limit in bytes.
     pub max: usize,
 }
 
 impl LineBuf {
     /// Lines of at most `max` bytes (without the newline).
-    pub fn new(max: usize) -> LineBuf {
+    pub(crate) fn new(max: usize) -> LineBuf {
         LineBuf {
             buf: Vec::new(),
             start: 0,
@@ -357,7 +360,7 @@ impl LineBuf {
     /// Reads what `r` (non-blocking) has now, at most `budget` bytes. Returns early (with
     /// [`ReadState::More`]) as soon as a line is complete, and stops reading once the
     /// unfinished line is past the limit, so the buffer stays within `max` plus one chunk.
-    pub fn read_from(&mut self, r: &mut File, budget: usize) -> io::Result<ReadState> {
+    pub(crate) fn read_from(&mut self, r: &mut File, budget: usize) -> io::Result<ReadState> {
         if self.start > 0 && self.start * 2 >= self.buf.len() {
             self.buf.drain(..self.start);
             self.scan -= self.start;
@@ -390,7 +393,7 @@ impl LineBuf {
     }
 
     /// The next complete line (without its newline), if one is buffered.
-    pub fn next_line(&mut self) -> Option<Result<Vec<u8>, LineTooLong>> {
+    pub(crate) fn next_line(&mut self) -> Option<Result<Vec<u8>, LineTooLong>> {
         match self.buf[self.scan..].iter().position(|&b| b == b'\n') {
             Some(i) => {
                 let end = self.scan + i;
@@ -416,7 +419,8 @@ impl LineBuf {
     }
 
     /// Bytes of memory the buffer holds.
-    pub fn buffered(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn buffered(&self) -> usize {
         self.buf.capacity()
     }
 }
@@ -424,7 +428,7 @@ impl LineBuf {
 /// Logs an agent's stderr at INFO with its session key, on a thread of its own until end of
 /// file: lines cut to 512 bytes, at most 50 at once then 10 a second (what is dropped is
 /// counted in the log). stderr never reaches the chat.
-pub fn log_stderr(stderr: File, session: SessionKey) {
+pub(crate) fn log_stderr(stderr: File, session: SessionKey) {
     let key = session.clone();
     let spawned = thread::Builder::new()
         .name("turnstile-agent-stderr".into())
@@ -757,7 +761,7 @@ fn strays() -> MutexGuard<'static, HashMap<i32, OwnedFd>> {
 /// program may call it too, with this consequence: any orphaned descendant of the program is
 /// re-parented to it, and the sweep treats every child that is not an agent leader and is in
 /// another process group or session than the program as an escaped agent process.
-pub fn become_subreaper() -> io::Result<()> {
+pub(crate) fn become_subreaper() -> io::Result<()> {
     // SAFETY: prctl with integer arguments only.
     cvt(unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) })?;
     SUBREAPER.store(true, Ordering::SeqCst);
@@ -768,7 +772,7 @@ pub fn become_subreaper() -> io::Result<()> {
 /// agent leaders and are in another process group or session than this process. They arrive
 /// here only when an agent killed its own leader. Also reaps leaders that outlived their
 /// kill. Does nothing unless [`become_subreaper`] was called. Returns how many were killed.
-pub fn sweep_strays() -> usize {
+pub(crate) fn sweep_strays() -> usize {
     let mut killed = 0;
     let leaders: Vec<Arc<Leader>> = registry().values().cloned().collect();
     for l in &leaders {
@@ -819,7 +823,7 @@ pub fn sweep_strays() -> usize {
 /// `std::process::exit`, or register it once with [`kill_all_at_exit`] (the `turnstile`
 /// binary does). A graceful shutdown does not need it, since closing each agent kills its
 /// processes; it is harmless there too.
-pub fn kill_all() {
+pub(crate) fn kill_all() {
     let leaders: Vec<Arc<Leader>> = registry().values().cloned().collect();
     let deadline = Instant::now() + KILL_BUDGET;
     for _ in 0..KILL_ROUNDS {
@@ -857,7 +861,7 @@ pub fn kill_all() {
 /// `std::process::exit` calls: the forced-exit paths of an embedding program (a second
 /// signal, a watchdog) then kill the agents without calling it themselves. Idempotent.
 /// `_exit(2)`, a crash or SIGKILL bypass it.
-pub fn kill_all_at_exit() {
+pub(crate) fn kill_all_at_exit() {
     extern "C" fn at_exit() {
         // Unwinding out of an extern "C" function aborts; kill_all does not panic, but a
         // bug in it must not turn an orderly exit into an abort.
@@ -872,16 +876,11 @@ pub fn kill_all_at_exit() {
     });
 }
 
-/// How many agent leaders are alive or unreaped (for tests and the status of a shutdown).
-pub fn live_leaders() -> usize {
-    registry().len()
-}
-
 // ---- the contained child ----------------------------------------------------------------
 
 /// How an agent command ended, as its leader reported it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Exit {
+pub(crate) enum Exit {
     /// It exited with this status.
     Code(i32),
     /// A signal killed it (the shell reports 128 + the signal number).
@@ -892,7 +891,7 @@ pub enum Exit {
 
 impl Exit {
     /// Exit status 0.
-    pub fn success(self) -> bool {
+    pub(crate) fn success(self) -> bool {
         self == Exit::Code(0)
     }
 }
@@ -909,7 +908,7 @@ impl fmt::Display for Exit {
 
 /// One agent command under its leader. Dropping it kills the whole tree.
 #[derive(Debug)]
-pub struct ContainedChild {
+pub(crate) struct ContainedChild {
     leader: Arc<Leader>,
     /// The command's stdin (blocking; make it non-blocking to write from a poll loop).
     pub stdin: Option<File>,
@@ -933,7 +932,7 @@ struct ChildFds {
 
 impl ContainedChild {
     /// Starts `command` under a new leader with exactly the environment `env`.
-    pub fn spawn(command: &str, env: &[(String, String)]) -> io::Result<ContainedChild> {
+    pub(crate) fn spawn(command: &str, env: &[(String, String)]) -> io::Result<ContainedChild> {
         let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, what.to_owned());
         // Everything that allocates is done before fork: the child may only make system calls.
         let argv: Vec<CString> = ["/bin/sh", "-c", WRAPPER, "turnstile-agent", command]
@@ -1027,18 +1026,18 @@ impl ContainedChild {
     }
 
     /// The leader's pid (the command runs as its child).
-    pub fn leader_pid(&self) -> i32 {
+    pub(crate) fn leader_pid(&self) -> i32 {
         self.leader.pid
     }
 
     /// The fd to poll for the command's exit (readable once the leader reports, or dies);
     /// `None` once the exit is known.
-    pub fn exit_fd(&self) -> Option<RawFd> {
+    pub(crate) fn exit_fd(&self) -> Option<RawFd> {
         self.status.as_ref().map(|f| f.as_raw_fd())
     }
 
     /// The command's exit, if the leader has reported it (never blocks).
-    pub fn try_exit(&mut self) -> Option<Exit> {
+    pub(crate) fn try_exit(&mut self) -> Option<Exit> {
         if self.exit.is_some() {
             return self.exit;
         }
@@ -1075,7 +1074,7 @@ impl ContainedChild {
     }
 
     /// Waits up to `timeout` for the command's exit.
-    pub fn wait_exit(&mut self, timeout: Duration) -> Option<Exit> {
+    pub(crate) fn wait_exit(&mut self, timeout: Duration) -> Option<Exit> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(exit) = self.try_exit() {
@@ -1094,19 +1093,19 @@ impl ContainedChild {
     }
 
     /// Whether anything of the tree is still running besides the leader.
-    pub fn has_descendants(&self) -> bool {
+    pub(crate) fn has_descendants(&self) -> bool {
         let reaped = self.leader.lock();
         !*reaped && !live_descendants(self.leader.pid).is_empty()
     }
 
     /// Sends `sig` to every process of the tree but the leader (SIGCONT follows a SIGTERM);
     /// returns how many were signalled.
-    pub fn signal_descendants(&self, sig: libc::c_int) -> usize {
+    pub(crate) fn signal_descendants(&self, sig: libc::c_int) -> usize {
         self.leader.signal_tree(sig).len()
     }
 
     /// Waits up to `timeout` for every process of the tree but the leader to be gone.
-    pub fn wait_descendants_gone(&self, timeout: Duration) -> bool {
+    pub(crate) fn wait_descendants_gone(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         loop {
             let procs = {
@@ -1132,7 +1131,7 @@ impl ContainedChild {
     /// left), then the leader, which is then reaped, and the processes killed, which come
     /// back to the gateway when the leader dies (if it is a subreaper). Idempotent. Returns
     /// whether everything was seen to die.
-    pub fn kill(&mut self) -> bool {
+    pub(crate) fn kill(&mut self) -> bool {
         self.stdin = None;
         let mut killed: Vec<Proc> = Vec::new();
         let mut clean = false;
@@ -1252,7 +1251,11 @@ unsafe fn exec_leader(
 
 /// Writes as much of `pending` as `w` (non-blocking) takes now; drops what was written.
 /// `Ok(true)` once everything is written; an error means the reader is gone.
-pub fn write_some(w: &mut File, pending: &mut Vec<u8>, written: &mut usize) -> io::Result<bool> {
+pub(crate) fn write_some(
+    w: &mut File,
+    pending: &mut Vec<u8>,
+    written: &mut usize,
+) -> io::Result<bool> {
     while *written < pending.len() {
         match w.write(&pending[*written..]) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),

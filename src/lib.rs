@@ -1,25 +1,80 @@
-#![doc = include_str!("../README.md")]
+//! A runtime for chat-agent gateways: one reactor thread owns every session, agent turns and
+//! agent teardown run on worker pools, and a heartbeat proves the loop is alive.
+//!
+//! Every conversation (a [`SessionKey`]) gets exactly one agent turn at a time; messages that
+//! arrive mid-turn wait in order and are never dropped or run twice; a session's [`Agent`] is
+//! cached between turns and closed off the loop.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use turnstile::{Builder, EchoAgent, EventKind, Message, SessionKey};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let (runtime, handle, events) = Builder::new(EchoAgent::factory(Duration::ZERO))
+//!     .turn_workers(4)
+//!     .build()?;
+//! let reactor = runtime.spawn()?; // the loop, on a thread of its own
+//! let alice = SessionKey::dm("telegram", "42")?;
+//! handle.submit(Message::new("m1", alice, "hello")?)?;
+//! loop {
+//!     let event = events.recv_timeout(Duration::from_secs(10))?;
+//!     if let EventKind::Finished(outcome) = event.kind {
+//!         println!("{}: {outcome:?}", event.id);
+//!         break;
+//!     }
+//! }
+//! handle.shutdown();
+//! let report = reactor.join().map_err(|_| "reactor panicked")??;
+//! assert!(report.clean);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The parts an embedder uses:
+//!
+//! - [`Builder`] → ([`Runtime`], [`Handle`]): settings, then the loop (run it on a thread of
+//!   your own) and a handle to submit [`Message`]s, read [`Status`] and shut down.
+//! - [`Agent`] / [`AgentFactory`]: your agent, one per session; [`EchoAgent`], [`ExecAgent`],
+//!   [`ProcessAgent`] and (feature `openai`) `OpenAiFactory` are built in.
+//! - [`MessageEvent`]s come back on a channel ([`Events`]) or, with the `async` feature, as a
+//!   stream; each accepted message ends with exactly one [`Outcome`].
+//! - [`Frontend`] / [`Ctx`]: code hosted on the reactor thread next to the core, such as the
+//!   bridge protocol's server ([`BridgeServer`]).
+//! - [`Store`]: where `--data-dir`'s journal keeps messages ([`SqliteStore`] with the `sqlite`
+//!   feature).
+//!
+//! The operator's guide — the `turnstile` binary, its flags, the bridge protocol and
+//! production set-up — is the project's README.
 #![warn(missing_docs)]
+#![warn(unreachable_pub)]
 
 // timerfd, process groups, pidfds, PR_SET_CHILD_SUBREAPER and /proc: Linux only, said plainly
 // rather than as a missing symbol deep in a build.
 #[cfg(not(target_os = "linux"))]
 compile_error!("turnstile runs on Linux only (it uses timerfd, pidfd, process groups and /proc)");
 
-pub mod agent;
-pub mod child;
-pub mod core;
-pub mod exec;
-pub mod journal;
-pub mod key;
-pub mod liveness;
-pub mod message;
-pub mod openai;
-pub mod ops;
+mod agent;
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
+mod child;
+#[cfg(feature = "cli")]
+#[doc(hidden)]
+pub mod cli;
+mod core;
+mod exec;
+mod journal;
+mod key;
+mod liveness;
+mod message;
+mod openai;
+// The operations endpoint, systemd notification and the containment sweep at exit are the
+// binary's (feature `cli`); without it they are compiled but unused.
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
+mod ops;
 mod pool;
-pub mod process;
-pub mod reactor;
-pub mod server;
+mod process;
+mod reactor;
+mod server;
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
 mod tokens;
 
 pub use agent::{
@@ -27,19 +82,89 @@ pub use agent::{
     TurnInput,
 };
 pub use core::{
-    AcceptState, BusyMode, CancelReason, EventKind, FailReason, MessageEvent, Outcome,
+    AcceptState, BusyMode, CancelReason, CoreConfig, EventKind, FailReason, MessageEvent, Outcome,
     RejectReason, Reply, ShutdownReport, TurnId,
+};
+pub use exec::{ExecAgent, ExecOptions};
+#[cfg(feature = "sqlite")]
+pub use journal::SqliteStore;
+pub use journal::{
+    MemStore, Record, Recovered, RecoveredMessage, Store, StoreError, StoredMessage, StoredOutcome,
 };
 pub use liveness::{RuntimeState, Status};
 pub use message::{Body, ChatType, Command, InvalidInput, Message, MessageContext, SessionKey};
-pub use reactor::{BuildError, Builder, EventSink, Events, Handle, Runtime, SubmitError};
+pub use openai::{ApiKey, OpenAiAgent, OpenAiConfig, OpenAiFactory, TlsRoots};
+pub use process::{ProcessAgent, ProcessOptions};
+pub use reactor::{
+    BuildError, Builder, Ctx, EventSink, Events, FIRST_RESERVED_TOKEN, Frontend, Handle,
+    NoFrontend, Runtime, SubmitError,
+};
 #[cfg(feature = "async")]
 pub use reactor::{Cancelled, EventStream, Submit, SubmitStream};
-pub use server::ForcedStop;
+pub use server::{BridgeConfig, BridgeServer, ForcedStop, ServerConfig};
 
 /// The channel crate of [`EventSink`] and [`Events`], re-exported so an embedder uses the same
 /// version.
 pub use crossbeam_channel;
-/// The poll crate of the [`Frontend`](reactor::Frontend) trait, re-exported so a frontend
-/// uses the same version.
+/// The poll crate of the [`Frontend`] trait, re-exported so a frontend uses the same version.
 pub use mio;
+
+/// Internals for the crate's own tests and benchmarks — not part of the API, no stability
+/// promise (rustls keeps the same kind of door).
+#[doc(hidden)]
+pub mod internal {
+    /// The sans-IO core.
+    pub mod core {
+        #[cfg(feature = "bench")]
+        pub use crate::core::timers::TimerQueue;
+        pub use crate::core::{
+            AcceptState, AgentPhase, BusyMode, CancelReason, CleanupContext, CleanupId, Core,
+            CoreConfig, CoreStats, Effect, EventKind, FailReason, Input, MessageEvent, Outcome,
+            RejectReason, Reply, SessionView, ShutdownReport, TurnId, TurnJob, TurnResult,
+        };
+    }
+    /// Generational slot keys.
+    pub mod key {
+        pub use crate::key::Key;
+    }
+    /// The journal's store, thread and records.
+    pub mod journal {
+        #[cfg(feature = "sqlite")]
+        pub use crate::journal::SqliteStore;
+        pub use crate::journal::{
+            Completion, FaultyStore, Journal, JournalConfig, MemStore, Model, Record, Recovered,
+            RecoveredMessage, Store, StoredMessage, StoredOutcome, now_ms,
+        };
+    }
+    /// The sans-IO bridge protocol.
+    pub mod server {
+        pub use crate::server::bridge::TERMINAL_ENVELOPE;
+        pub use crate::server::{
+            Action, Bridge, BridgeConfig, BridgeServer, ConnId, Flushed, ServerConfig,
+        };
+    }
+    /// Agents' items the tests use.
+    pub mod agent {
+        pub use crate::agent::{Agent, CancelToken, Partials, TurnError, TurnInput};
+    }
+    /// Messages.
+    pub mod message {
+        pub use crate::message::{MessageContext, SessionKey};
+    }
+    /// The exec agent.
+    pub mod exec {
+        pub use crate::exec::{ExecAgent, ExecOptions};
+    }
+    /// The process agent.
+    pub mod process {
+        pub use crate::process::{ProcessAgent, ProcessOptions};
+    }
+    /// The OpenAI agent.
+    pub mod openai {
+        pub use crate::openai::{ApiKey, OpenAiConfig, OpenAiFactory};
+    }
+    /// The reactor's defaults.
+    pub mod reactor {
+        pub use crate::reactor::DEFAULT_MAX_REPLY_BYTES;
+    }
+}

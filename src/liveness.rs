@@ -15,7 +15,7 @@ use crossbeam_channel::{Receiver, Sender, bounded};
 use serde::Serialize;
 
 use crate::agent::AgentUsage;
-pub use crate::core::{CleanupCounts, MessageCounts, SessionCounts, TurnCounts};
+pub(crate) use crate::core::{CleanupCounts, MessageCounts, SessionCounts, TurnCounts};
 use crate::ops::metrics::{LAG_BUCKETS, PromHistogram, TURN_BUCKETS};
 
 /// Exact buckets below this many microseconds; log-linear above.
@@ -26,7 +26,7 @@ const BUCKETS: usize = 16 + 61 * 8;
 
 /// A histogram of durations with log-linear microsecond buckets (12.5 % precision).
 #[derive(Clone)]
-pub struct LagHistogram {
+pub(crate) struct LagHistogram {
     counts: Box<[u64; BUCKETS]>,
     total: u64,
     max_us: u64,
@@ -71,7 +71,7 @@ fn bucket_high(b: usize) -> u64 {
 
 impl LagHistogram {
     /// Records one sample.
-    pub fn record(&mut self, d: Duration) {
+    pub(crate) fn record(&mut self, d: Duration) {
         let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         self.counts[bucket_of(us)] += 1;
         self.total += 1;
@@ -79,17 +79,18 @@ impl LagHistogram {
     }
 
     /// Samples recorded.
-    pub fn count(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn count(&self) -> u64 {
         self.total
     }
 
     /// The largest sample.
-    pub fn max(&self) -> Duration {
+    pub(crate) fn max(&self) -> Duration {
         Duration::from_micros(self.max_us)
     }
 
     /// An upper bound (within 12.5 %) of the `q` quantile, `q` in 0..=1; zero when empty.
-    pub fn quantile(&self, q: f64) -> Duration {
+    pub(crate) fn quantile(&self, q: f64) -> Duration {
         if self.total == 0 {
             return Duration::ZERO;
         }
@@ -105,7 +106,7 @@ impl LagHistogram {
     }
 
     /// Adds `other`'s samples to this histogram.
-    pub fn merge(&mut self, other: &LagHistogram) {
+    pub(crate) fn merge(&mut self, other: &LagHistogram) {
         for (a, b) in self.counts.iter_mut().zip(other.counts.iter()) {
             *a += b;
         }
@@ -114,14 +115,14 @@ impl LagHistogram {
     }
 
     /// Forgets every sample.
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.counts.fill(0);
         self.total = 0;
         self.max_us = 0;
     }
 
     /// p50, p99 and max in milliseconds.
-    pub fn summary(&self) -> LagSummary {
+    pub(crate) fn summary(&self) -> LagSummary {
         // Whole microseconds divided once, so the JSON shows 0.169 rather than 0.16899999.
         let ms = |d: Duration| d.as_micros() as f64 / 1000.0;
         LagSummary {
@@ -139,7 +140,7 @@ const WINDOW_SLICES: u64 = 6;
 /// `slice` each (with 10 s slices, the last 50 to 60 s), so a wedge an hour into the run
 /// shows in the percentiles as it would in the first minute.
 #[derive(Clone, Debug)]
-pub struct LagWindow {
+pub(crate) struct LagWindow {
     slice: Duration,
     /// Per ring position: the slice number it holds, and its samples.
     slices: Vec<(u64, LagHistogram)>,
@@ -147,7 +148,7 @@ pub struct LagWindow {
 
 impl LagWindow {
     /// A window of six slices of `slice` (60 s with 10 s slices).
-    pub fn new(slice: Duration) -> LagWindow {
+    pub(crate) fn new(slice: Duration) -> LagWindow {
         debug_assert!(!slice.is_zero(), "a window slice must be positive");
         LagWindow {
             slice,
@@ -162,7 +163,7 @@ impl LagWindow {
     }
 
     /// Records a sample taken at `now` (monotonic, non-decreasing).
-    pub fn record(&mut self, now: Duration, lag: Duration) {
+    pub(crate) fn record(&mut self, now: Duration, lag: Duration) {
         let n = self.slice_of(now);
         let (held, h) = &mut self.slices[(n % WINDOW_SLICES) as usize];
         if *held != n {
@@ -173,7 +174,7 @@ impl LagWindow {
     }
 
     /// The samples of the slices still inside the window at `now`.
-    pub fn merged(&self, now: Duration) -> LagHistogram {
+    pub(crate) fn merged(&self, now: Duration) -> LagHistogram {
         let n = self.slice_of(now);
         let mut out = LagHistogram::default();
         for (held, h) in &self.slices {
@@ -320,25 +321,25 @@ pub struct Status {
 
 /// The latest snapshot, shared between the reactor (writer) and any reader.
 #[derive(Default)]
-pub struct StatusCell {
+pub(crate) struct StatusCell {
     current: Mutex<Arc<Status>>,
     changed: Condvar,
 }
 
 impl StatusCell {
     /// Publishes a snapshot and wakes waiters.
-    pub fn publish(&self, status: Arc<Status>) {
+    pub(crate) fn publish(&self, status: Arc<Status>) {
         *self.current.lock().unwrap_or_else(|e| e.into_inner()) = status;
         self.changed.notify_all();
     }
 
     /// The latest snapshot.
-    pub fn get(&self) -> Arc<Status> {
+    pub(crate) fn get(&self) -> Arc<Status> {
         Arc::clone(&self.current.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Waits until a published snapshot satisfies `pred`, or `timeout` passes.
-    pub fn wait_for(
+    pub(crate) fn wait_for(
         &self,
         timeout: Duration,
         mut pred: impl FnMut(&Status) -> bool,
@@ -362,7 +363,7 @@ impl StatusCell {
 }
 
 /// Formats a system time as RFC 3339 UTC with milliseconds, e.g. `2026-11-29T19:04:05.123Z`.
-pub fn rfc3339_utc(t: SystemTime) -> String {
+pub(crate) fn rfc3339_utc(t: SystemTime) -> String {
     let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
     let secs = d.as_secs();
     let days = (secs / 86_400) as i64;
@@ -390,14 +391,14 @@ pub fn rfc3339_utc(t: SystemTime) -> String {
 /// no fsync: a reader always sees a whole snapshot (the rename is atomic), and after a crash
 /// of the machine the file may be old or missing — a status file describes a running process
 /// and is worthless after a reboot anyway, and syncing it ten times a second costs the disk.
-pub struct StatusFileWriter {
+pub(crate) struct StatusFileWriter {
     tx: Option<Sender<Arc<Status>>>,
     thread: Option<thread::JoinHandle<()>>,
 }
 
 impl StatusFileWriter {
     /// Starts the writer thread for `path`.
-    pub fn start(path: PathBuf) -> std::io::Result<StatusFileWriter> {
+    pub(crate) fn start(path: PathBuf) -> std::io::Result<StatusFileWriter> {
         // One slot: if the disk is slow, the reactor skips snapshots rather than waiting.
         let (tx, rx) = bounded::<Arc<Status>>(1);
         let thread = thread::Builder::new()
@@ -410,14 +411,14 @@ impl StatusFileWriter {
     }
 
     /// Hands a snapshot to the writer without blocking; dropped if the writer is busy.
-    pub fn offer(&self, status: Arc<Status>) {
+    pub(crate) fn offer(&self, status: Arc<Status>) {
         if let Some(tx) = &self.tx {
             let _ = tx.try_send(status);
         }
     }
 
     /// Writes `status` as the last snapshot and waits for the writer to finish.
-    pub fn finish(mut self, status: Arc<Status>) {
+    pub(crate) fn finish(mut self, status: Arc<Status>) {
         if let Some(tx) = self.tx.take() {
             let _ = tx.send(status);
         }

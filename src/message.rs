@@ -58,7 +58,7 @@ impl fmt::Display for InvalidInput {
 impl std::error::Error for InvalidInput {}
 
 /// Longest accepted identifier (platform, chat, thread, user, message id).
-pub const MAX_ID_BYTES: usize = 256;
+pub(crate) const MAX_ID_BYTES: usize = 256;
 
 fn check_id(field: &'static str, value: &str) -> Result<(), InvalidInput> {
     if value.is_empty() {
@@ -221,11 +221,11 @@ impl std::hash::Hash for SessionKey {
 /// A hasher for maps keyed by [`SessionKey`]: it passes the key's precomputed SipHash
 /// through instead of hashing it again.
 #[derive(Default, Clone, Copy, Debug)]
-pub struct KeyHashBuilder;
+pub(crate) struct KeyHashBuilder;
 
 /// The pass-through hasher of [`KeyHashBuilder`].
 #[derive(Default, Debug)]
-pub struct KeyHasher(u64);
+pub(crate) struct KeyHasher(u64);
 
 impl std::hash::Hasher for KeyHasher {
     fn finish(&self) -> u64 {
@@ -379,7 +379,7 @@ pub enum Body {
 }
 
 /// Largest accepted `meta` object, serialized (16 KiB).
-pub const MAX_META_BYTES: usize = 16 * 1024;
+pub(crate) const MAX_META_BYTES: usize = 16 * 1024;
 
 /// Who sent a message and what the platform said about it, whatever the chat type. Agents
 /// see it in [`crate::TurnInput`]. Cheap to clone (shared strings).

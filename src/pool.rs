@@ -23,11 +23,11 @@ const REPLACED: u8 = 3;
 
 /// Tracks one submitted job, so the reactor can give up on the thread it is stuck on.
 #[derive(Clone, Debug)]
-pub struct JobTicket(Arc<AtomicU8>);
+pub(crate) struct JobTicket(Arc<AtomicU8>);
 
 /// What [`Pool::replace`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Replacement {
+pub(crate) enum Replacement {
     /// The thread no longer counts toward the pool's cap; it exits when its job returns.
     Spawned,
     /// The job was not running (still queued or already done): nothing to replace.
@@ -38,7 +38,7 @@ pub enum Replacement {
 
 /// How many threads a pool runs.
 #[derive(Clone, Copy, Debug)]
-pub struct PoolSize {
+pub(crate) struct PoolSize {
     /// Threads that always run.
     pub min: usize,
     /// Working threads at most (given-up ones excluded).
@@ -76,14 +76,14 @@ impl<J> Shared<J> {
 }
 
 /// A pool of threads running jobs of type `J`.
-pub struct Pool<J: Send + 'static> {
+pub(crate) struct Pool<J: Send + 'static> {
     tx: Sender<Job<J>>,
     shared: Arc<Shared<J>>,
 }
 
 impl<J: Send + 'static> Pool<J> {
     /// Starts `size.min` threads named `name` that run each job with `run`.
-    pub fn new(
+    pub(crate) fn new(
         name: &'static str,
         size: PoolSize,
         run: impl Fn(J) + Send + Sync + 'static,
@@ -108,7 +108,7 @@ impl<J: Send + 'static> Pool<J> {
     }
 
     /// Queues a job, starting a thread if none is idle and the cap allows. Never blocks.
-    pub fn submit(&self, job: J) -> JobTicket {
+    pub(crate) fn submit(&self, job: J) -> JobTicket {
         let ticket = JobTicket(Arc::new(AtomicU8::new(QUEUED)));
         let s = &self.shared;
         // Counted before the idle check, and a retiring thread un-counts itself as idle
@@ -127,7 +127,7 @@ impl<J: Send + 'static> Pool<J> {
 
     /// Gives up on the thread running `ticket`'s job: it stops counting toward the cap (the
     /// next job gets another thread) and exits if its job ever returns.
-    pub fn replace(&self, ticket: &JobTicket) -> Replacement {
+    pub(crate) fn replace(&self, ticket: &JobTicket) -> Replacement {
         let s = &self.shared;
         if s.stuck.load(SeqCst) >= s.size.max_stuck {
             return Replacement::Refused;
@@ -151,22 +151,22 @@ impl<J: Send + 'static> Pool<J> {
     }
 
     /// Threads alive now, stuck ones included.
-    pub fn live_threads(&self) -> usize {
+    pub(crate) fn live_threads(&self) -> usize {
         self.shared.live.load(SeqCst)
     }
 
     /// Threads given up on (replaced) and still alive.
-    pub fn stuck_threads(&self) -> usize {
+    pub(crate) fn stuck_threads(&self) -> usize {
         self.shared.stuck.load(SeqCst)
     }
 
     /// Threads waiting for a job.
-    pub fn idle_threads(&self) -> usize {
+    pub(crate) fn idle_threads(&self) -> usize {
         self.shared.idle.load(SeqCst)
     }
 
     /// Threads given up on so far.
-    pub fn replaced(&self) -> u64 {
+    pub(crate) fn replaced(&self) -> u64 {
         self.shared.replaced.load(SeqCst)
     }
 }

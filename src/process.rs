@@ -29,16 +29,17 @@ use crate::message::SessionKey;
 use crate::reactor::DEFAULT_MAX_REPLY_BYTES;
 
 /// Default longest line an agent process may write: 4 MiB.
-pub const DEFAULT_MAX_LINE_BYTES: usize = 4 << 20;
+pub(crate) const DEFAULT_MAX_LINE_BYTES: usize = 4 << 20;
 /// Default time `close()` gives the process to exit on its own: 10 s.
-pub const DEFAULT_CLOSE_GRACE: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_CLOSE_GRACE: Duration = Duration::from_secs(10);
 /// Default time a cancelled turn waits for the process's answer to `cancel`: the core's
 /// default stop grace.
-pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(5);
+pub(crate) const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(5);
 /// Time between SIGTERM and SIGKILL when `close()` has to terminate the process.
-pub const TERM_GRACE: Duration = Duration::from_secs(2);
+pub(crate) const TERM_GRACE: Duration = Duration::from_secs(2);
 /// What `close()` adds to the close grace at most: the TERM grace and the kill.
-pub const CLOSE_OVERHEAD: Duration =
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
+pub(crate) const CLOSE_OVERHEAD: Duration =
     Duration::from_secs(TERM_GRACE.as_secs() + child::KILL_MAX.as_secs());
 /// Longest `error` message passed on to the chat.
 const ERROR_TEXT_MAX: usize = 2048;

@@ -17,11 +17,11 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, bounded, unbounded};
 use serde_json::{Value, json};
-use turnstile::agent::Partials;
-use turnstile::core::ShutdownReport;
-use turnstile::exec::{ExecAgent, ExecOptions};
-use turnstile::message::MessageContext;
-use turnstile::process::{ProcessAgent, ProcessOptions};
+use turnstile::internal::agent::Partials;
+use turnstile::internal::core::ShutdownReport;
+use turnstile::internal::exec::{ExecAgent, ExecOptions};
+use turnstile::internal::message::MessageContext;
+use turnstile::internal::process::{ProcessAgent, ProcessOptions};
 use turnstile::{
     AgentFactory, Builder, CancelReason, CancelToken, EventKind, Events, FailReason, Handle,
     Message, Outcome, SessionKey, TurnInput,
@@ -692,7 +692,10 @@ fn one_gigabyte_of_output_gives_a_cut_reply() {
     match outcome_of(&ev, "g") {
         Outcome::Reply(r) => {
             assert!(r.truncated);
-            assert_eq!(r.text.len(), turnstile::reactor::DEFAULT_MAX_REPLY_BYTES);
+            assert_eq!(
+                r.text.len(),
+                turnstile::internal::reactor::DEFAULT_MAX_REPLY_BYTES
+            );
         }
         other => panic!("{other:?}"),
     }

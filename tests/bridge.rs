@@ -9,11 +9,11 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use turnstile::core::{AcceptState, MessageEvent, Reply, TurnId};
-use turnstile::journal::{
+use turnstile::internal::core::{AcceptState, MessageEvent, Reply, TurnId};
+use turnstile::internal::journal::{
     Completion, MemStore, Record, Recovered, RecoveredMessage, Store, StoredMessage, StoredOutcome,
 };
-use turnstile::server::{Action, Bridge, BridgeConfig, ConnId, Flushed};
+use turnstile::internal::server::{Action, Bridge, BridgeConfig, ConnId, Flushed};
 use turnstile::{CancelReason, EventKind, Message, Outcome, RejectReason};
 
 const S: Duration = Duration::from_secs(1);
@@ -415,7 +415,7 @@ fn row3_each_accepted_message_reserves_its_result_and_a_full_outbox_answers_back
 
 #[test]
 fn row2_outbox_bytes_bound_admission_by_the_largest_possible_result() {
-    let reserve = 4096 + turnstile::server::bridge::TERMINAL_ENVELOPE;
+    let reserve = 4096 + turnstile::internal::server::TERMINAL_ENVELOPE;
     let mut n = Net::new(BridgeConfig {
         max_reply_bytes: 4096,
         outbox_bytes: 3 * reserve,
@@ -1342,7 +1342,7 @@ fn status_counts_connections_platforms_and_outboxes() {
     );
     assert_eq!(
         tg.reserved_bytes,
-        BridgeConfig::default().max_reply_bytes + turnstile::server::bridge::TERMINAL_ENVELOPE
+        BridgeConfig::default().max_reply_bytes + turnstile::internal::server::TERMINAL_ENVELOPE
     );
     let v = serde_json::to_value(&st).unwrap();
     assert_eq!(v["outboxes"]["tg"]["outbox_events"], 0);

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::{Fx, Harness, key};
 use proptest::prelude::*;
-use turnstile::core::{
+use turnstile::internal::core::{
     AcceptState, AgentPhase, BusyMode, CoreConfig, EventKind, Input, RejectReason, SessionView,
     TurnId, TurnResult,
 };
@@ -93,7 +93,7 @@ struct Model {
     /// Agents given up on past a deadline: no longer counted, may still come back.
     given_up: HashSet<u64>,
     /// Cleanup job -> the agent it closes.
-    job_agent: HashMap<turnstile::core::CleanupId, u64>,
+    job_agent: HashMap<turnstile::internal::core::CleanupId, u64>,
     /// Abandoned turns still holding their agent: turn -> (session, agent).
     stuck: HashMap<TurnId, (String, u64)>,
     /// Running turns: turn -> (session, agent).

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::{Fx, Harness, key};
-use turnstile::core::{
+use turnstile::internal::core::{
     AcceptState, AgentPhase, CancelReason, CleanupContext, CoreConfig, CoreStats, EventKind,
     FailReason, Input, Outcome, RejectReason, Reply, ShutdownReport, TurnResult,
 };

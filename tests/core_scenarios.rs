@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::{Fx, Harness, key};
-use turnstile::core::{
+use turnstile::internal::core::{
     AcceptState, AgentPhase, BusyMode, CancelReason, CleanupContext, CoreConfig, EventKind,
     FailReason, Input, Outcome, RejectReason, TurnResult,
 };
@@ -733,7 +733,10 @@ fn partials_reach_the_current_turn_only() {
     assert!(bogus.is_empty());
 }
 
-fn cleanup_job(step: &[Fx], context: CleanupContext) -> Option<turnstile::core::CleanupId> {
+fn cleanup_job(
+    step: &[Fx],
+    context: CleanupContext,
+) -> Option<turnstile::internal::core::CleanupId> {
     step.iter().find_map(|f| match f {
         Fx::Cleanup {
             job, context: c, ..

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use turnstile::journal::{
+use turnstile::internal::journal::{
     FaultyStore, Journal, JournalConfig, MemStore, Model, Record, SqliteStore, Store,
     StoredMessage, StoredOutcome, now_ms,
 };

@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use mock_openai::{End, Mock, Notice, Reply, delta, error, stream};
-use turnstile::openai::{ApiKey, OpenAiConfig, OpenAiFactory};
+use turnstile::internal::openai::{ApiKey, OpenAiConfig, OpenAiFactory};
 use turnstile::{
     AgentUsage, Builder, CancelReason, EventKind, Events, FailReason, Handle, Message, Outcome,
     SessionKey, ShutdownReport,
@@ -847,8 +847,8 @@ fn stop_during_a_hanging_connect_cancels_the_turn() {
 
 #[test]
 fn the_agent_works_without_the_runtime_and_counts_its_session() {
-    use turnstile::agent::Partials;
-    use turnstile::message::MessageContext;
+    use turnstile::internal::agent::Partials;
+    use turnstile::internal::message::MessageContext;
     use turnstile::{Agent, CancelToken, TurnInput};
     let mock = Mock::start(vec![
         stream(&["a"], 12, 3),

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::workload::{Percentiles, Report, round, rss_mib, summarize};
+use super::workload::{Percentiles, Report, round, rss_mib, summarize};
 use clap::Args;
 use serde::Deserialize;
 
@@ -18,7 +18,7 @@ use super::USAGE_ERROR;
 
 /// Flags of `loadgen`.
 #[derive(Args, Debug)]
-pub struct LoadgenArgs {
+pub(crate) struct LoadgenArgs {
     /// Gateway address.
     #[arg(long, default_value = "127.0.0.1:7878")]
     addr: String,
@@ -72,7 +72,7 @@ struct Line<'a> {
 }
 
 /// Runs the workload; returns the exit code.
-pub fn run(args: LoadgenArgs) -> i32 {
+pub(crate) fn run(args: LoadgenArgs) -> i32 {
     if args.flood {
         return flood(&args);
     }

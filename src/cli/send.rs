@@ -11,7 +11,7 @@ use super::USAGE_ERROR;
 
 /// Flags of `send`.
 #[derive(Args, Debug)]
-pub struct SendArgs {
+pub(crate) struct SendArgs {
     /// Gateway address.
     #[arg(long, default_value = "127.0.0.1:7878")]
     addr: String,
@@ -42,7 +42,7 @@ pub struct SendArgs {
 }
 
 /// Sends the message; returns the exit code (0 on a reply, 1 otherwise).
-pub fn run(args: SendArgs) -> i32 {
+pub(crate) fn run(args: SendArgs) -> i32 {
     if !args.timeout.is_finite() || args.timeout <= 0.0 {
         eprintln!("turnstile send: --timeout must be a positive number of seconds");
         return USAGE_ERROR;

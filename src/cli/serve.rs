@@ -6,34 +6,34 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use clap::{Args, ValueEnum};
-use serde::Deserialize;
-use turnstile::AgentFactory;
-use turnstile::child::{self, AgentEnv};
-use turnstile::core::{CoreConfig, Tunables};
-use turnstile::exec::{ExecAgent, ExecOptions};
-use turnstile::journal::JournalConfig;
-use turnstile::openai::{
+use crate::AgentFactory;
+use crate::child::{self, AgentEnv};
+use crate::core::{CoreConfig, Tunables};
+use crate::exec::{ExecAgent, ExecOptions};
+use crate::journal::JournalConfig;
+use crate::openai::{
     ApiKey, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HISTORY_CHARS, DEFAULT_HISTORY_TURNS,
     DEFAULT_READ_TIMEOUT, OpenAiConfig, OpenAiFactory, TlsRoots,
 };
-use turnstile::ops::http::{self, DEFAULT_HTTP_LISTEN, HttpConfig, HttpServer};
-use turnstile::ops::notify::SdNotify;
-use turnstile::ops::{Ops, Reload, ReloadApplier, ReloadLoader, SwappableFactory};
-use turnstile::process::{self, ProcessAgent, ProcessOptions};
-use turnstile::reactor::DEFAULT_PARTIAL_INTERVAL;
-use turnstile::server::{BridgeConfig, BridgeServer, ServerConfig};
-use turnstile::{Builder, BusyMode, EchoAgent, Handle, Runtime};
+use crate::ops::http::{self, DEFAULT_HTTP_LISTEN, HttpConfig, HttpServer};
+use crate::ops::notify::SdNotify;
+use crate::ops::{Ops, Reload, ReloadApplier, ReloadLoader, SwappableFactory};
+use crate::process::{self, ProcessAgent, ProcessOptions};
+use crate::reactor::DEFAULT_PARTIAL_INTERVAL;
+use crate::server::{BridgeConfig, BridgeServer, ServerConfig};
+use crate::{Builder, BusyMode, EchoAgent, Handle, Runtime};
+use clap::{Args, ValueEnum};
+use serde::Deserialize;
 
 use super::USAGE_ERROR;
 
 /// Where `serve` listens unless told otherwise.
-pub const DEFAULT_LISTEN: ([u8; 4], u16) = ([127, 0, 0, 1], 7878);
+pub(crate) const DEFAULT_LISTEN: ([u8; 4], u16) = ([127, 0, 0, 1], 7878);
 
 /// Which agent serves the sessions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum AgentKind {
+pub(crate) enum AgentKind {
     /// Replies with its input.
     Echo,
     /// Runs --agent-cmd through `sh -c` per turn.
@@ -47,7 +47,7 @@ pub enum AgentKind {
 /// `--openai-tls-roots` names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum TlsRootsArg {
+pub(crate) enum TlsRootsArg {
     /// The operating system's certificate store.
     Platform,
     /// Mozilla's roots built into the binary.
@@ -58,7 +58,7 @@ pub enum TlsRootsArg {
 /// flags override the file.
 #[derive(Args, Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct ServeArgs {
+pub(crate) struct ServeArgs {
     /// TOML file with any of these settings.
     #[arg(long)]
     #[serde(skip)]
@@ -252,7 +252,7 @@ pub struct ServeArgs {
 }
 
 /// `/readyz`'s store check: the bridge's journal status says whether its last write failed.
-fn store_ready(status: &turnstile::Status) -> Result<(), String> {
+fn store_ready(status: &crate::Status) -> Result<(), String> {
     let failing = status
         .frontend
         .as_ref()
@@ -302,7 +302,7 @@ fn defaults() -> Vec<(&'static str, String)> {
         ("turn-workers", core.turn_workers.to_string()),
         (
             "cleanup-workers",
-            turnstile::reactor::DEFAULT_CLEANUP_WORKERS.to_string(),
+            crate::reactor::DEFAULT_CLEANUP_WORKERS.to_string(),
         ),
         ("max-cleanup-workers", core.cleanup_concurrency.to_string()),
         ("max-cached-agents", core.max_cached_agents.to_string()),
@@ -349,7 +349,7 @@ fn defaults() -> Vec<(&'static str, String)> {
 
 /// Adds each flag's default to its help. The flags are `Option`s (so a config file can fill
 /// what the command line left out), which is why clap cannot show the defaults itself.
-pub fn document_defaults(serve: clap::Command) -> clap::Command {
+pub(crate) fn document_defaults(serve: clap::Command) -> clap::Command {
     defaults().into_iter().fold(serve, |serve, (flag, value)| {
         serve.mut_arg(flag.replace('-', "_"), |arg| {
             let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
@@ -575,7 +575,7 @@ fn bridge_config(a: &ServeArgs, max_reply_bytes: usize) -> Result<BridgeConfig, 
         dedup_max: at_least_one("dedup-max", a.dedup_max, bridge_default.dedup_max)?,
         ..BridgeConfig::default()
     };
-    let reserve = max_reply_bytes.saturating_add(turnstile::server::bridge::TERMINAL_ENVELOPE);
+    let reserve = max_reply_bytes.saturating_add(crate::server::bridge::TERMINAL_ENVELOPE);
     if bridge.outbox_bytes < reserve {
         return Err(format!(
             "--outbox-bytes: {} is less than one result's reservation ({reserve} bytes: --max-reply-bytes + 8 KiB)",
@@ -721,7 +721,7 @@ fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         cleanup_workers: at_least_one(
             "cleanup-workers",
             a.cleanup_workers,
-            turnstile::reactor::DEFAULT_CLEANUP_WORKERS,
+            crate::reactor::DEFAULT_CLEANUP_WORKERS,
         )?,
         max_cleanup_workers: at_least_one(
             "max-cleanup-workers",
@@ -944,7 +944,7 @@ fn reload_loader(flags: ServeArgs, initial: &Settings) -> ReloadLoader {
 }
 
 /// Runs the server; returns the process exit code.
-pub fn run(args: ServeArgs) -> i32 {
+pub(crate) fn run(args: ServeArgs) -> i32 {
     let check_only = args.check_config;
     let flags = args.clone();
     let s = match resolve(args) {
@@ -964,7 +964,7 @@ pub fn run(args: ServeArgs) -> i32 {
         println!("configuration ok");
         return 0;
     }
-    match turnstile::server::raise_fd_limit() {
+    match crate::server::raise_fd_limit() {
         Ok((old, new)) if new > old => {
             log::info!("raised the open-file limit from {old} to {new} (the hard limit)")
         }
@@ -1061,7 +1061,7 @@ fn bind_bridge(s: &Settings) -> Result<BridgeServer, String> {
     let Some(dir) = &s.data_dir else {
         return Ok(server);
     };
-    turnstile::journal::SqliteStore::open(dir)
+    crate::journal::SqliteStore::open(dir)
         .and_then(|store| server.with_journal(store, JournalConfig::default()))
         .map(|(server, _counts)| server)
         .map_err(|e| format!("--data-dir {}: {e}", dir.display()))
@@ -1120,7 +1120,7 @@ fn host_ops(
 fn serve_until_stopped(
     runtime: Runtime,
     ops: Ops<BridgeServer>,
-    forced: &crossbeam_channel::Receiver<turnstile::ForcedStop>,
+    forced: &crossbeam_channel::Receiver<crate::ForcedStop>,
 ) -> i32 {
     let (finished_tx, finished) = crossbeam_channel::bounded(1);
     let reactor = std::thread::Builder::new()
@@ -1173,7 +1173,7 @@ mod tests {
 
     #[test]
     fn the_store_is_not_ready_while_journal_writes_fail() {
-        let mut status = turnstile::Status::default();
+        let mut status = crate::Status::default();
         assert_eq!(store_ready(&status), Ok(()));
         status.frontend = Some(serde_json::json!({"journal": {"failing": false}}));
         assert_eq!(store_ready(&status), Ok(()));

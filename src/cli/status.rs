@@ -15,16 +15,16 @@ use serde_json::Value;
 use super::USAGE_ERROR;
 
 /// Exit code when the gateway is unhealthy or its snapshot stale.
-pub const UNHEALTHY: i32 = 1;
+pub(crate) const UNHEALTHY: i32 = 1;
 /// Exit code when there is no snapshot to judge.
-pub const UNKNOWN: i32 = 3;
+pub(crate) const UNKNOWN: i32 = 3;
 /// Response bytes read from the HTTP endpoint at most.
 const MAX_RESPONSE: u64 = 4 << 20;
 
 /// Flags of `status`.
 #[derive(Args, Debug)]
 #[command(group(clap::ArgGroup::new("source").args(["status_file", "http"])))]
-pub struct StatusArgs {
+pub(crate) struct StatusArgs {
     /// Read the snapshot from this status file (`serve --status-file`).
     #[arg(long)]
     status_file: Option<PathBuf>,
@@ -43,7 +43,7 @@ pub struct StatusArgs {
 }
 
 /// Prints the summary; returns the exit code.
-pub fn run(args: StatusArgs) -> i32 {
+pub(crate) fn run(args: StatusArgs) -> i32 {
     if !args.max_age.is_finite() || args.max_age <= 0.0 {
         eprintln!("turnstile status: --max-age must be a positive number of seconds");
         return USAGE_ERROR;

@@ -76,7 +76,12 @@ impl<A> Cleanups<A> {
     }
 
     /// Queues `agent` for closing.
-    pub fn enqueue(&mut self, session: SessionKey, context: CleanupContext, agent: A) -> CleanupId {
+    pub(super) fn enqueue(
+        &mut self,
+        session: SessionKey,
+        context: CleanupContext,
+        agent: A,
+    ) -> CleanupId {
         let job = self.new_id();
         let stage = Stage::Queued(agent);
         self.pending.insert(
@@ -93,7 +98,7 @@ impl<A> Cleanups<A> {
 
     /// A job for the agent still held by the abandoned `turn`; it is queued when the turn
     /// hands the agent back.
-    pub fn await_agent(&mut self, session: SessionKey, turn: TurnId) -> CleanupId {
+    pub(super) fn await_agent(&mut self, session: SessionKey, turn: TurnId) -> CleanupId {
         let job = self.new_id();
         let stage = Stage::AwaitingAgent(turn);
         let context = CleanupContext::Abandoned;
@@ -111,7 +116,7 @@ impl<A> Cleanups<A> {
 
     /// The abandoned `turn` returned: its job takes `agent` into the backlog. Gives the agent
     /// back when no job waits for it any more (its deadline passed).
-    pub fn agent_returned(&mut self, turn: TurnId, agent: A) -> Result<CleanupId, A> {
+    pub(super) fn agent_returned(&mut self, turn: TurnId, agent: A) -> Result<CleanupId, A> {
         let Some(job) = self.awaiting.remove(&turn) else {
             return Err(agent);
         };
@@ -128,13 +133,13 @@ impl<A> Cleanups<A> {
 
     /// The abandoned `turn` returned without an agent (its creation failed): there is
     /// nothing to close, so its job ends.
-    pub fn agent_never_existed(&mut self, turn: TurnId) -> Option<(CleanupId, Pending<A>)> {
+    pub(super) fn agent_never_existed(&mut self, turn: TurnId) -> Option<(CleanupId, Pending<A>)> {
         let job = self.awaiting.remove(&turn)?;
         self.pending.remove(&job).map(|p| (job, p))
     }
 
     /// The next job to hand to the pool, if fewer than `limit` are there already.
-    pub fn issue(&mut self, limit: usize) -> Option<CleanupJob<A>> {
+    pub(super) fn issue(&mut self, limit: usize) -> Option<CleanupJob<A>> {
         if self.in_pool >= limit {
             return None;
         }
@@ -158,7 +163,7 @@ impl<A> Cleanups<A> {
     }
 
     /// `close()` started for `job`; true when the core still waits for it (arm its deadline).
-    pub fn started(&mut self, job: CleanupId) -> bool {
+    pub(super) fn started(&mut self, job: CleanupId) -> bool {
         match self.pending.get_mut(&job) {
             Some(p) if matches!(p.stage, Stage::Issued) => {
                 p.stage = Stage::Running;
@@ -170,14 +175,14 @@ impl<A> Cleanups<A> {
     }
 
     /// `job` returned; its record, unless it had already been given up on.
-    pub fn finish(&mut self, job: CleanupId) -> Option<Pending<A>> {
+    pub(super) fn finish(&mut self, job: CleanupId) -> Option<Pending<A>> {
         let p = self.pending.remove(&job)?;
         self.leave(&p);
         Some(p)
     }
 
     /// The deadline `of` passed for `job`: its record if it is still at that stage.
-    pub fn expire(&mut self, job: CleanupId, of: DeadlineOf) -> Option<Pending<A>> {
+    pub(super) fn expire(&mut self, job: CleanupId, of: DeadlineOf) -> Option<Pending<A>> {
         let due = matches!(
             (&self.pending.get(&job)?.stage, of),
             (Stage::AwaitingAgent(_), DeadlineOf::AwaitingAgent)
@@ -206,38 +211,38 @@ impl<A> Cleanups<A> {
     }
 
     /// Whether the core still waits for `job`.
-    pub fn contains(&self, job: CleanupId) -> bool {
+    pub(super) fn contains(&self, job: CleanupId) -> bool {
         self.pending.contains_key(&job)
     }
 
     /// Jobs the core waits for, at any stage.
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.pending.len()
     }
 
     /// True when no job is pending.
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.pending.is_empty()
     }
 
     /// Jobs waiting for `close()` to start: the backlog plus those in the pool's queue.
-    pub fn queued(&self) -> usize {
+    pub(super) fn queued(&self) -> usize {
         self.backlog.len() + self.in_pool - self.running
     }
 
     /// Jobs not yet handed to the pool.
-    pub fn backlog_len(&self) -> usize {
+    pub(super) fn backlog_len(&self) -> usize {
         self.backlog.len()
     }
 
     /// Jobs in the pool (queued there or running).
-    pub fn in_pool(&self) -> usize {
+    pub(super) fn in_pool(&self) -> usize {
         self.in_pool
     }
 
     /// Recounts what is kept incrementally; for the core's invariant checks.
     #[cfg(debug_assertions)]
-    pub fn check(&self) {
+    pub(super) fn check(&self) {
         let in_pool = self
             .pending
             .values()

@@ -20,10 +20,8 @@
 mod cleanups;
 mod recency;
 // The timer wheel is internal; the `bench` feature exposes it to its micro-benchmark.
-#[cfg(feature = "bench")]
-pub mod timers;
-#[cfg(not(feature = "bench"))]
-mod timers;
+#[cfg_attr(not(feature = "bench"), allow(unreachable_pub))]
+pub(crate) mod timers;
 mod types;
 
 use std::collections::{HashMap, HashSet, VecDeque};

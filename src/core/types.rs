@@ -89,13 +89,13 @@ pub struct Tunables {
 }
 
 /// Default [`CoreConfig::max_queued_messages`].
-pub const DEFAULT_MAX_QUEUED_MESSAGES: usize = 100_000;
+pub(crate) const DEFAULT_MAX_QUEUED_MESSAGES: usize = 100_000;
 /// Default [`CoreConfig::max_queued_bytes`]: 256 MiB.
-pub const DEFAULT_MAX_QUEUED_BYTES: usize = 256 << 20;
+pub(crate) const DEFAULT_MAX_QUEUED_BYTES: usize = 256 << 20;
 /// Default [`CoreConfig::cleanup_concurrency`].
-pub const DEFAULT_CLEANUP_CONCURRENCY: usize = 64;
+pub(crate) const DEFAULT_CLEANUP_CONCURRENCY: usize = 64;
 /// Default [`CoreConfig::cleanup_queue_cap`].
-pub const DEFAULT_CLEANUP_QUEUE_CAP: usize = 1024;
+pub(crate) const DEFAULT_CLEANUP_QUEUE_CAP: usize = 1024;
 
 impl Default for CoreConfig {
     fn default() -> Self {

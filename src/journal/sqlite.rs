@@ -12,7 +12,7 @@ use super::{
 };
 
 /// The file inside the data directory.
-pub const FILE_NAME: &str = "journal.sqlite3";
+pub(super) const FILE_NAME: &str = "journal.sqlite3";
 /// Written in the `meta` table; a store of another version is refused.
 const SCHEMA_VERSION: i64 = 1;
 /// Housekeeping (expired ids out, freed pages back to the file system) every this many batches.

@@ -43,22 +43,22 @@ use sse::{Event, SseError, SseReader};
 use transport::{CancellableConnector, is_cancel_error};
 
 /// Default number of past user/assistant exchanges sent with each message.
-pub const DEFAULT_HISTORY_TURNS: usize = 20;
+pub(crate) const DEFAULT_HISTORY_TURNS: usize = 20;
 /// Default character budget of a request's conversation (system prompt, kept exchanges and
 /// the new message): about 6,000 tokens at ~4 characters a token, which leaves room for
 /// the reply in the 8k context of small local models.
-pub const DEFAULT_HISTORY_CHARS: usize = 24_000;
+pub(crate) const DEFAULT_HISTORY_CHARS: usize = 24_000;
 /// Default time to open a connection.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default longest silence of the server (before the first byte, or between two reads of
 /// the stream). Local models can take long before the first token of a large prompt.
-pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(120);
+pub(crate) const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(120);
 /// Retries after a 429 or 5xx answer.
-pub const DEFAULT_MAX_RETRIES: u32 = 3;
+pub(crate) const DEFAULT_MAX_RETRIES: u32 = 3;
 /// First backoff before a retry without `Retry-After`; doubles each retry.
-pub const DEFAULT_RETRY_BASE: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_RETRY_BASE: Duration = Duration::from_secs(1);
 /// A `Retry-After` longer than this is not waited for: the turn fails and says so.
-pub const DEFAULT_MAX_RETRY_WAIT: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_MAX_RETRY_WAIT: Duration = Duration::from_secs(60);
 
 /// The longest error body read for its message.
 const MAX_ERROR_BODY: u64 = 16 * 1024;
@@ -345,7 +345,7 @@ impl History {
 ///
 /// Parts that are absent are left out (`[from: id u42]`, `[meta: {…}]`); with no sender
 /// and no meta the text is unchanged.
-pub fn user_content(text: &str, ctx: &MessageContext, sender_prefix: bool) -> String {
+pub(crate) fn user_content(text: &str, ctx: &MessageContext, sender_prefix: bool) -> String {
     if !sender_prefix {
         return text.to_owned();
     }

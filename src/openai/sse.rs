@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 /// Why the stream could not be read as events.
 #[derive(Debug)]
-pub enum SseError {
+pub(super) enum SseError {
     /// Reading failed (transport error, timeout, cancellation).
     Io(io::Error),
     /// A line longer than the line bound.
@@ -24,7 +24,7 @@ pub enum SseError {
 }
 
 /// Reads events from a byte stream.
-pub struct SseReader<R> {
+pub(super) struct SseReader<R> {
     inner: R,
     max_line: usize,
     max_total: usize,
@@ -35,7 +35,7 @@ pub struct SseReader<R> {
 
 impl<R: BufRead> SseReader<R> {
     /// A reader refusing lines over `max_line` bytes and streams over `max_total` bytes.
-    pub fn new(inner: R, max_line: usize, max_total: usize) -> SseReader<R> {
+    pub(super) fn new(inner: R, max_line: usize, max_total: usize) -> SseReader<R> {
         SseReader {
             inner,
             max_line,
@@ -47,13 +47,13 @@ impl<R: BufRead> SseReader<R> {
     }
 
     /// The underlying reader.
-    pub fn into_inner(self) -> R {
+    pub(super) fn into_inner(self) -> R {
         self.inner
     }
 
     /// Bytes read so far.
     #[cfg(test)]
-    pub fn bytes_read(&self) -> usize {
+    pub(crate) fn bytes_read(&self) -> usize {
         self.total
     }
 
@@ -105,7 +105,7 @@ impl<R: BufRead> SseReader<R> {
     }
 
     /// The next event's data, or `None` at the end of the stream.
-    pub fn next_event(&mut self) -> Result<Option<String>, SseError> {
+    pub(super) fn next_event(&mut self) -> Result<Option<String>, SseError> {
         let mut data: Option<String> = None;
         loop {
             let Some(line) = self.next_line()? else {
@@ -139,7 +139,7 @@ impl<R: BufRead> SseReader<R> {
 
 /// One `chat.completion.chunk`, reduced to what the agent uses.
 #[derive(Debug, Default, Deserialize)]
-pub struct Chunk {
+pub(super) struct Chunk {
     /// The choices; the agent reads the first.
     #[serde(default)]
     pub choices: Vec<Choice>,
@@ -153,7 +153,7 @@ pub struct Chunk {
 
 /// A choice of a chunk.
 #[derive(Debug, Default, Deserialize)]
-pub struct Choice {
+pub(super) struct Choice {
     /// The new text.
     #[serde(default)]
     pub delta: Option<Delta>,
@@ -164,7 +164,7 @@ pub struct Choice {
 
 /// The text a chunk adds.
 #[derive(Debug, Default, Deserialize)]
-pub struct Delta {
+pub(super) struct Delta {
     /// Reply text (absent or null on role-only and tool chunks).
     #[serde(default)]
     pub content: Option<String>,
@@ -172,7 +172,7 @@ pub struct Delta {
 
 /// Token counts.
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
-pub struct Usage {
+pub(super) struct Usage {
     /// Tokens of the prompt.
     #[serde(default)]
     pub prompt_tokens: u64,
@@ -183,7 +183,7 @@ pub struct Usage {
 
 /// An error object, in a stream or an error response: `{"error": {"message": …}}`.
 #[derive(Debug, Default, Deserialize)]
-pub struct ApiError {
+pub(super) struct ApiError {
     /// The server's explanation.
     #[serde(default)]
     pub message: Option<String>,
@@ -191,7 +191,7 @@ pub struct ApiError {
 
 /// What one event means.
 #[derive(Debug)]
-pub enum Event {
+pub(super) enum Event {
     /// `data: [DONE]`.
     Done,
     /// A chunk.
@@ -199,7 +199,7 @@ pub enum Event {
 }
 
 /// Decodes an event's data; `Err` describes why it is not a chunk.
-pub fn decode(data: &str) -> Result<Event, String> {
+pub(super) fn decode(data: &str) -> Result<Event, String> {
     if data.trim() == "[DONE]" {
         return Ok(Event::Done);
     }
@@ -209,7 +209,7 @@ pub fn decode(data: &str) -> Result<Event, String> {
 }
 
 /// The error message of an error response body, if it has the usual shape (or is text).
-pub fn error_message(body: &str) -> Option<String> {
+pub(super) fn error_message(body: &str) -> Option<String> {
     #[derive(Deserialize)]
     struct Body {
         error: ErrorField,

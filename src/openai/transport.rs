@@ -27,7 +27,7 @@ use ureq::unversioned::transport::{
 use crate::agent::CancelToken;
 
 /// The longest a connect or read blocks before the cancellation token is checked again.
-pub const SLICE: Duration = Duration::from_millis(50);
+pub(super) const SLICE: Duration = Duration::from_millis(50);
 
 /// What the transport watches while a request runs on this thread.
 #[derive(Clone, Debug)]
@@ -47,7 +47,7 @@ fn current() -> Option<Watch> {
 
 /// Restores this thread's previous watch (usually none) when dropped.
 #[must_use = "the watch ends when the guard is dropped"]
-pub struct WatchGuard(Option<Watch>);
+pub(super) struct WatchGuard(Option<Watch>);
 
 impl Drop for WatchGuard {
     fn drop(&mut self) {
@@ -58,7 +58,7 @@ impl Drop for WatchGuard {
 
 /// Makes requests on this thread (until the guard drops) abort when `cancel` fires, fail a
 /// connect after `connect_timeout` and a read after `read_timeout` without data.
-pub fn watch(
+pub(super) fn watch(
     cancel: &CancelToken,
     connect_timeout: Duration,
     read_timeout: Duration,
@@ -82,7 +82,7 @@ const CANCELLED: &str = "request cancelled";
 
 /// No byte arrived for the read timeout.
 #[derive(Debug)]
-pub struct IdleTimeout(pub Duration);
+pub(super) struct IdleTimeout(pub Duration);
 
 impl fmt::Display for IdleTimeout {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -94,7 +94,7 @@ impl std::error::Error for IdleTimeout {}
 
 /// Opens [`CancellableTcp`] connections (plain TCP; TLS is chained after it).
 #[derive(Debug, Default)]
-pub struct CancellableConnector;
+pub(super) struct CancellableConnector;
 
 impl<In: Transport> Connector<In> for CancellableConnector {
     type Out = CancellableTcp;
@@ -190,7 +190,7 @@ fn connect_one(
 }
 
 /// A plain TCP connection whose reads wait at most [`SLICE`] at a time.
-pub struct CancellableTcp {
+pub(super) struct CancellableTcp {
     stream: TcpStream,
     buffers: LazyBuffers,
     read_timeout_set: Option<Duration>,
@@ -312,7 +312,7 @@ impl Transport for CancellableTcp {
 }
 
 /// Whether a ureq error (or an I/O error wrapping one) came from a cancelled wait.
-pub fn is_cancel_error(e: &Error) -> bool {
+pub(super) fn is_cancel_error(e: &Error) -> bool {
     match e {
         Error::Io(io) => io.kind() == io::ErrorKind::Interrupted && io.to_string() == CANCELLED,
         _ => false,

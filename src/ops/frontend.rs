@@ -18,17 +18,17 @@ use crate::liveness::{RuntimeState, Status};
 use crate::reactor::{Ctx, Frontend};
 
 /// Ticks a snapshot may be old, and a tick may be late, for the loop to count as healthy.
-pub const HEALTHY_TICKS: u32 = 3;
+pub(crate) const HEALTHY_TICKS: u32 = 3;
 /// How often `STATUS=` is sent to systemd.
 const STATUS_LINE_EVERY: Duration = Duration::from_secs(1);
 
 /// A readiness check beyond the loop's own health (e.g. a store being writable): `Err`
 /// says why the gateway is not ready.
-pub type ReadinessCheck = Box<dyn Fn(&Status) -> Result<(), String> + Send>;
+pub(crate) type ReadinessCheck = Box<dyn Fn(&Status) -> Result<(), String> + Send>;
 
 /// A re-read configuration: what may change while running, and what changed but needs a
 /// restart. Produced off the reactor (it reads files), applied on it.
-pub struct Reload {
+pub(crate) struct Reload {
     /// The core's settings (queue cap, busy mode, timeouts).
     pub tunables: Tunables,
     /// The least time between two forwarded partials.
@@ -42,14 +42,14 @@ pub struct Reload {
 }
 
 /// Reads the configuration again (on a helper thread).
-pub type ReloadLoader = Arc<dyn Fn() -> Result<Reload, String> + Send + Sync>;
+pub(crate) type ReloadLoader = Arc<dyn Fn() -> Result<Reload, String> + Send + Sync>;
 
 /// Applies what [`Ops`] cannot apply itself (the wrapped frontend's token, the factory, the
 /// partial interval); returns settings it could not apply (they need a restart).
-pub type ReloadApplier<F> = Box<dyn FnMut(&mut F, &Reload) -> Vec<String> + Send>;
+pub(crate) type ReloadApplier<F> = Box<dyn FnMut(&mut F, &Reload) -> Vec<String> + Send>;
 
 /// The operations side of the gateway, hosted around `inner`.
-pub struct Ops<F> {
+pub(crate) struct Ops<F> {
     inner: F,
     http: Option<HttpServer>,
     notify: Option<SdNotify>,
@@ -71,7 +71,7 @@ pub struct Ops<F> {
 }
 
 /// The loop's health, as `/healthz` and the watchdog judge it.
-pub fn health(
+pub(crate) fn health(
     latest: &Status,
     now: Duration,
     tick_interval: Duration,
@@ -93,12 +93,12 @@ pub fn health(
 }
 
 /// Whether a tick's lateness is healthy (at most [`HEALTHY_TICKS`] periods).
-pub fn lag_healthy(latest: &Status, tick_interval: Duration) -> bool {
+pub(crate) fn lag_healthy(latest: &Status, tick_interval: Duration) -> bool {
     latest.loop_lag_last_ms <= (tick_interval * HEALTHY_TICKS).as_secs_f64() * 1000.0
 }
 
 /// A one-line summary for systemd's `STATUS=` and `turnstile status`.
-pub fn summary_line(s: &Status) -> String {
+pub(crate) fn summary_line(s: &Status) -> String {
     let connections = s
         .frontend
         .as_ref()
@@ -167,7 +167,7 @@ impl OpsSource for View<'_> {
 
 impl<F: Frontend> Ops<F> {
     /// Wraps `inner`; `tick_interval` is the runtime's heartbeat period.
-    pub fn new(inner: F, tick_interval: Duration) -> Ops<F> {
+    pub(crate) fn new(inner: F, tick_interval: Duration) -> Ops<F> {
         Ops {
             inner,
             http: None,
@@ -190,27 +190,27 @@ impl<F: Frontend> Ops<F> {
     }
 
     /// Serves the HTTP endpoint.
-    pub fn with_http(mut self, server: HttpServer) -> Ops<F> {
+    pub(crate) fn with_http(mut self, server: HttpServer) -> Ops<F> {
         self.http = Some(server);
         self
     }
 
     /// Notifies systemd (and pings its watchdog if it asked).
-    pub fn with_notify(mut self, notify: SdNotify) -> Ops<F> {
+    pub(crate) fn with_notify(mut self, notify: SdNotify) -> Ops<F> {
         self.pacer = notify.watchdog().map(WatchdogPacer::new);
         self.notify = Some(notify);
         self
     }
 
     /// Adds a readiness check (`/readyz` fails naming it while it fails).
-    pub fn with_readiness_check(mut self, name: &str, check: ReadinessCheck) -> Ops<F> {
+    pub(crate) fn with_readiness_check(mut self, name: &str, check: ReadinessCheck) -> Ops<F> {
         self.checks.push((name.to_owned(), check));
         self
     }
 
     /// Re-reads the configuration on SIGHUP with `load` (off the reactor) and applies it:
     /// the core's tunables and the HTTP token here, the rest with `apply`.
-    pub fn with_reload(mut self, load: ReloadLoader, apply: ReloadApplier<F>) -> Ops<F> {
+    pub(crate) fn with_reload(mut self, load: ReloadLoader, apply: ReloadApplier<F>) -> Ops<F> {
         self.reloader = Some((load, apply));
         self
     }
@@ -291,21 +291,6 @@ impl<F: Frontend> Ops<F> {
                 "unchanged"
             },
         );
-    }
-
-    /// The wrapped frontend.
-    pub fn inner(&self) -> &F {
-        &self.inner
-    }
-
-    /// The wrapped frontend, mutably (e.g. to apply a reload).
-    pub fn inner_mut(&mut self) -> &mut F {
-        &mut self.inner
-    }
-
-    /// The HTTP endpoint, if any (e.g. to apply a reload).
-    pub fn http_mut(&mut self) -> Option<&mut HttpServer> {
-        self.http.as_mut()
     }
 }
 

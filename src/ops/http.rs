@@ -19,18 +19,18 @@ use crate::server::auth::Token as AuthToken;
 use crate::tokens::{HTTP_CONNS, HTTP_LISTENER as LISTENER};
 
 /// Default address of the endpoint.
-pub const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:7879";
+pub(crate) const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:7879";
 /// Default cap on open HTTP connections.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
+pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 64;
 /// Default cap on the bytes of a request's head (request line and headers).
-pub const DEFAULT_MAX_HEADER_BYTES: usize = 8 * 1024;
+pub(crate) const DEFAULT_MAX_HEADER_BYTES: usize = 8 * 1024;
 /// Default number of requests served on one connection before it is closed.
-pub const DEFAULT_MAX_REQUESTS: usize = 100;
+pub(crate) const DEFAULT_MAX_REQUESTS: usize = 100;
 /// Default time a connection has to complete a request (from its opening or its last
 /// response) before it is closed.
-pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most connections the endpoint may be configured with (their tokens are a fixed band).
-pub const MAX_CONNECTIONS_LIMIT: usize = crate::tokens::HTTP_MAX_CONNECTIONS;
+pub(crate) const MAX_CONNECTIONS_LIMIT: usize = crate::tokens::HTTP_MAX_CONNECTIONS;
 /// Headers parsed per request; more is `431`.
 const MAX_HEADERS: usize = 32;
 /// Requests answered per connection per wake; the rest wait for the next wake.
@@ -39,13 +39,13 @@ const REQUESTS_PER_WAKE: usize = 4;
 const ACCEPT_BATCH: usize = 64;
 
 /// Whether `token` belongs to the HTTP endpoint.
-pub fn owns(token: Token) -> bool {
+pub(crate) fn owns(token: Token) -> bool {
     token == LISTENER || HTTP_CONNS.slot(token).is_some()
 }
 
 /// Settings of the endpoint.
 #[derive(Clone, Debug)]
-pub struct HttpConfig {
+pub(crate) struct HttpConfig {
     /// When set, every path but `/healthz` requires `Authorization: Bearer <token>`.
     pub auth_token: Option<String>,
     /// Open connections; one more gets `503` and is closed.
@@ -72,7 +72,7 @@ impl Default for HttpConfig {
 
 /// The endpoint's figures, for the status (`frontend.http`) and the metrics.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct HttpStatus {
+pub(crate) struct HttpStatus {
     /// Open connections.
     pub connections: usize,
     /// The connection cap.
@@ -97,7 +97,7 @@ pub struct HttpStatus {
 
 /// A parsed request: what routing needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Request {
+pub(crate) struct Request {
     /// `GET`, `HEAD`, …
     pub method: String,
     /// The path without its query.
@@ -112,7 +112,7 @@ pub struct Request {
 
 /// The outcome of parsing the start of a connection's input.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Parsed {
+pub(crate) enum Parsed {
     /// More bytes are needed.
     Incomplete,
     /// A complete request.
@@ -122,7 +122,7 @@ pub enum Parsed {
 }
 
 /// Parses one request head from `buf` (at most `max_head` bytes of it count).
-pub fn parse_request(buf: &[u8], max_head: usize) -> Parsed {
+pub(crate) fn parse_request(buf: &[u8], max_head: usize) -> Parsed {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     let len = match req.parse(buf) {
@@ -176,7 +176,7 @@ pub fn parse_request(buf: &[u8], max_head: usize) -> Parsed {
 }
 
 /// What the endpoint serves; implemented over the reactor's latest snapshot.
-pub trait OpsSource {
+pub(crate) trait OpsSource {
     /// `Ok` while the gateway is live, else why not (`/healthz`).
     fn health(&self) -> Result<(), String>;
     /// `Ok` while the gateway takes traffic, else why not (`/readyz`).
@@ -189,7 +189,7 @@ pub trait OpsSource {
 
 /// A response, ready to write.
 #[derive(Debug, PartialEq, Eq)]
-pub struct Response {
+pub(crate) struct Response {
     /// The status code.
     pub status: u16,
     /// The bytes to write (head and body).
@@ -212,7 +212,7 @@ fn reason_phrase(status: u16) -> &'static str {
 }
 
 /// Renders a response; `head_only` leaves the body out (a `HEAD` request).
-pub fn render(
+pub(crate) fn render(
     status: u16,
     content_type: &str,
     body: &[u8],
@@ -248,11 +248,11 @@ pub fn render(
 const TEXT: &str = "text/plain; charset=utf-8";
 const JSON: &str = "application/json";
 /// The Prometheus text exposition format's content type.
-pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub(crate) const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Answers one request. `token` is the configured auth token; `close` forces
 /// `Connection: close` (the connection's last request).
-pub fn respond(
+pub(crate) fn respond(
     req: &Request,
     token: Option<&AuthToken>,
     source: &dyn OpsSource,
@@ -323,7 +323,7 @@ struct Conn {
 }
 
 /// The endpoint's mio shell: a listener and its connections, on the reactor's poll.
-pub struct HttpServer {
+pub(crate) struct HttpServer {
     cfg: HttpConfig,
     token: Option<AuthToken>,
     listener: TcpListener,
@@ -341,7 +341,7 @@ pub struct HttpServer {
 impl HttpServer {
     /// Binds `addr` (non-blocking). The connection cap is clamped to
     /// [`MAX_CONNECTIONS_LIMIT`].
-    pub fn bind(addr: SocketAddr, mut cfg: HttpConfig) -> io::Result<HttpServer> {
+    pub(crate) fn bind(addr: SocketAddr, mut cfg: HttpConfig) -> io::Result<HttpServer> {
         cfg.max_connections = cfg.max_connections.clamp(1, MAX_CONNECTIONS_LIMIT);
         let listener = TcpListener::bind(addr)?;
         Ok(HttpServer {
@@ -365,18 +365,18 @@ impl HttpServer {
     }
 
     /// The bound address.
-    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+    pub(crate) fn local_addr(&self) -> io::Result<SocketAddr> {
         self.listener.local_addr()
     }
 
     /// Replaces the auth token for the requests that follow (a reload).
-    pub fn set_auth_token(&mut self, token: Option<&str>) {
+    pub(crate) fn set_auth_token(&mut self, token: Option<&str>) {
         self.token = token.map(AuthToken::new);
         self.cfg.auth_token = token.map(str::to_owned);
     }
 
     /// The endpoint's figures.
-    pub fn status(&self) -> HttpStatus {
+    pub(crate) fn status(&self) -> HttpStatus {
         HttpStatus {
             connections: self.conns.len(),
             ..self.stats.clone()
@@ -384,14 +384,14 @@ impl HttpServer {
     }
 
     /// Registers the listener on the reactor's poll.
-    pub fn register(&mut self, registry: &Registry) -> io::Result<()> {
+    pub(crate) fn register(&mut self, registry: &Registry) -> io::Result<()> {
         registry.register(&mut self.listener, LISTENER, Interest::READABLE)?;
         self.registry = Some(registry.try_clone()?);
         Ok(())
     }
 
     /// A readiness event for one of the endpoint's tokens ([`owns`]).
-    pub fn on_ready(&mut self, event: &Event, now: Duration, source: &dyn OpsSource) {
+    pub(crate) fn on_ready(&mut self, event: &Event, now: Duration, source: &dyn OpsSource) {
         if event.token() == LISTENER {
             self.accept(now);
             return;
@@ -403,7 +403,7 @@ impl HttpServer {
 
     /// Serves what the budget left, closes idle connections; returns when it next needs the
     /// loop.
-    pub fn on_wake(&mut self, now: Duration, source: &dyn OpsSource) -> Option<Duration> {
+    pub(crate) fn on_wake(&mut self, now: Duration, source: &dyn OpsSource) -> Option<Duration> {
         if std::mem::take(&mut self.accept_more) {
             self.accept(now);
         }
@@ -432,7 +432,7 @@ impl HttpServer {
     }
 
     /// Closes every connection (shutdown).
-    pub fn close_all(&mut self) {
+    pub(crate) fn close_all(&mut self) {
         let slots: Vec<usize> = self.conns.iter().map(|(s, _)| s).collect();
         for slot in slots {
             self.close(slot);

@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 
 /// A field value in a log line: written bare when it is a plain word, else as a JSON string
 /// (so a session key or id with spaces, quotes or `=` cannot forge another field).
-pub struct Field<'a>(pub &'a str);
+pub(crate) struct Field<'a>(pub &'a str);
 
 impl fmt::Display for Field<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -26,7 +26,7 @@ impl fmt::Display for Field<'_> {
 }
 
 /// `text` cut to at most `max` characters, with `…` when cut.
-pub fn cut(text: &str, max: usize) -> String {
+pub(crate) fn cut(text: &str, max: usize) -> String {
     match text.char_indices().nth(max) {
         Some((end, _)) => format!("{}…", &text[..end]),
         None => text.to_owned(),
@@ -38,7 +38,7 @@ const RESERVED: [&str; 4] = ["ts", "level", "target", "msg"];
 
 /// The `key=value` fields of a log message, in order: a key is lowercase letters and
 /// underscores; a value is a bare word or a JSON string (as [`Field`] writes them).
-pub fn fields(msg: &str) -> Vec<(String, String)> {
+pub(crate) fn fields(msg: &str) -> Vec<(String, String)> {
     let mut out = Vec::new();
     let mut rest = msg;
     while !rest.is_empty() {
@@ -70,7 +70,7 @@ pub fn fields(msg: &str) -> Vec<(String, String)> {
 
 /// A log record as one JSON object: `ts`, `level`, `target`, `msg`, then the message's
 /// fields (integers as numbers).
-pub fn json_line(ts: &str, level: log::Level, target: &str, msg: &str) -> String {
+pub(crate) fn json_line(ts: &str, level: log::Level, target: &str, msg: &str) -> String {
     let mut m = Map::new();
     m.insert("ts".into(), Value::from(ts));
     m.insert("level".into(), Value::from(level.as_str()));

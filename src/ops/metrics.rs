@@ -12,13 +12,13 @@ use serde_json::Value;
 use crate::liveness::{Status, ThreadStates};
 
 /// Loop-lag buckets in seconds: 50 µs to 10 s.
-pub const LAG_BUCKETS: &[f64] = &[
+pub(crate) const LAG_BUCKETS: &[f64] = &[
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
     1.0, 2.5, 5.0, 10.0,
 ];
 
 /// Turn-duration buckets in seconds: 5 ms to 10 minutes.
-pub const TURN_BUCKETS: &[f64] = &[
+pub(crate) const TURN_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 ];
 
@@ -81,7 +81,7 @@ impl PromHistogram {
 }
 
 /// Escapes a label value (backslash, double quote, newline).
-pub fn escape_label(v: &str) -> String {
+pub(crate) fn escape_label(v: &str) -> String {
     let mut out = String::with_capacity(v.len());
     for c in v.chars() {
         match c {
@@ -109,13 +109,13 @@ fn number(v: f64) -> String {
 /// Writes metric families in the text format: one `# HELP` and `# TYPE` per family, then
 /// its samples.
 #[derive(Default)]
-pub struct Exposition {
+pub(crate) struct Exposition {
     out: String,
 }
 
 impl Exposition {
     /// An empty exposition.
-    pub fn new() -> Exposition {
+    pub(crate) fn new() -> Exposition {
         Exposition::default()
     }
 
@@ -141,12 +141,12 @@ impl Exposition {
     }
 
     /// A counter without labels (`name` ends `_total`).
-    pub fn counter(&mut self, name: &str, help: &str, value: f64) {
+    pub(crate) fn counter(&mut self, name: &str, help: &str, value: f64) {
         self.counters(name, help, &[(&[][..], value)]);
     }
 
     /// A counter family with labelled samples.
-    pub fn counters(&mut self, name: &str, help: &str, samples: &[(&[(&str, &str)], f64)]) {
+    pub(crate) fn counters(&mut self, name: &str, help: &str, samples: &[(&[(&str, &str)], f64)]) {
         debug_assert!(name.ends_with("_total"), "counter {name} must end _total");
         self.family(name, "counter", help);
         for (labels, v) in samples {
@@ -155,12 +155,12 @@ impl Exposition {
     }
 
     /// A gauge without labels.
-    pub fn gauge(&mut self, name: &str, help: &str, value: f64) {
+    pub(crate) fn gauge(&mut self, name: &str, help: &str, value: f64) {
         self.gauges(name, help, &[(&[][..], value)]);
     }
 
     /// A gauge family with labelled samples.
-    pub fn gauges(&mut self, name: &str, help: &str, samples: &[(&[(&str, &str)], f64)]) {
+    pub(crate) fn gauges(&mut self, name: &str, help: &str, samples: &[(&[(&str, &str)], f64)]) {
         self.family(name, "gauge", help);
         for (labels, v) in samples {
             self.sample(name, labels, *v);
@@ -168,7 +168,7 @@ impl Exposition {
     }
 
     /// A histogram family (`_bucket`, `_sum`, `_count`).
-    pub fn histogram(&mut self, name: &str, help: &str, h: &PromHistogram) {
+    pub(crate) fn histogram(&mut self, name: &str, help: &str, h: &PromHistogram) {
         self.family(name, "histogram", help);
         let bucket = format!("{name}_bucket");
         for (le, n) in h.cumulative() {
@@ -180,7 +180,7 @@ impl Exposition {
     }
 
     /// The text.
-    pub fn finish(self) -> String {
+    pub(crate) fn finish(self) -> String {
         self.out
     }
 }
@@ -194,7 +194,7 @@ fn num(v: &Value, path: &[&str]) -> f64 {
 }
 
 /// The metrics of a status snapshot, in the text exposition format 0.0.4.
-pub fn render(s: &Status) -> String {
+pub(crate) fn render(s: &Status) -> String {
     let mut e = Exposition::new();
     let ms = 1e-3;
     e.gauge(

@@ -1,13 +1,14 @@
 //! Operations: the HTTP endpoint (health, readiness, status, Prometheus metrics), systemd
 //! notifications and the watchdog, hosted on the reactor next to the bridge server.
 
-pub mod frontend;
-pub mod http;
-pub mod logfmt;
-pub mod metrics;
-pub mod notify;
+pub(crate) mod frontend;
+pub(crate) mod http;
+pub(crate) mod logfmt;
+pub(crate) mod metrics;
+pub(crate) mod notify;
 
-pub use frontend::{Ops, Reload, ReloadApplier, ReloadLoader};
+#[cfg_attr(not(feature = "cli"), allow(unused_imports))]
+pub(crate) use frontend::{Ops, Reload, ReloadApplier, ReloadLoader};
 
 use std::sync::{Arc, RwLock};
 

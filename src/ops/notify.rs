@@ -10,7 +10,7 @@ use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::time::Duration;
 
 /// A connection to the service manager's notification socket.
-pub struct SdNotify {
+pub(crate) struct SdNotify {
     sock: UnixDatagram,
     addr: SocketAddr,
     watchdog: Option<Duration>,
@@ -40,7 +40,11 @@ fn address(spec: &str) -> io::Result<SocketAddr> {
 
 /// The watchdog ping period from `$WATCHDOG_USEC` (half of it) when `$WATCHDOG_PID` is unset
 /// or names `pid`.
-pub fn watchdog_period(usec: Option<&str>, wd_pid: Option<&str>, pid: u32) -> Option<Duration> {
+pub(crate) fn watchdog_period(
+    usec: Option<&str>,
+    wd_pid: Option<&str>,
+    pid: u32,
+) -> Option<Duration> {
     if wd_pid.is_some_and(|p| p.trim().parse::<u32>().ok() != Some(pid)) {
         return None;
     }
@@ -50,7 +54,7 @@ pub fn watchdog_period(usec: Option<&str>, wd_pid: Option<&str>, pid: u32) -> Op
 
 impl SdNotify {
     /// From the environment: `None` when `$NOTIFY_SOCKET` is unset (not run by systemd).
-    pub fn from_env() -> io::Result<Option<SdNotify>> {
+    pub(crate) fn from_env() -> io::Result<Option<SdNotify>> {
         let Some(spec) = std::env::var_os("NOTIFY_SOCKET") else {
             return Ok(None);
         };
@@ -64,7 +68,7 @@ impl SdNotify {
     }
 
     /// To the socket `spec` names, pinging the watchdog every `watchdog`.
-    pub fn new(spec: &str, watchdog: Option<Duration>) -> io::Result<SdNotify> {
+    pub(crate) fn new(spec: &str, watchdog: Option<Duration>) -> io::Result<SdNotify> {
         let addr = address(spec)?;
         let sock = UnixDatagram::unbound()?;
         sock.set_nonblocking(true)?;
@@ -77,13 +81,13 @@ impl SdNotify {
     }
 
     /// How often to send `WATCHDOG=1`, if systemd asked for it.
-    pub fn watchdog(&self) -> Option<Duration> {
+    pub(crate) fn watchdog(&self) -> Option<Duration> {
         self.watchdog
     }
 
     /// Sends one notification (`KEY=VALUE` lines). Never blocks: a full socket drops it.
     /// The first failure is logged; later ones until a success are not.
-    pub fn send(&mut self, state: &str) {
+    pub(crate) fn send(&mut self, state: &str) {
         match self.sock.send_to_addr(state.as_bytes(), &self.addr) {
             Ok(_) => self.failed = false,
             Err(e) if !self.failed => {
@@ -97,14 +101,14 @@ impl SdNotify {
 
 /// Decides the watchdog pings: one per period, only from a tick whose lag is healthy.
 #[derive(Clone, Debug)]
-pub struct WatchdogPacer {
+pub(crate) struct WatchdogPacer {
     period: Duration,
     next: Duration,
 }
 
 impl WatchdogPacer {
     /// Pings every `period`, the first at the first healthy tick.
-    pub fn new(period: Duration) -> WatchdogPacer {
+    pub(crate) fn new(period: Duration) -> WatchdogPacer {
         WatchdogPacer {
             period,
             next: Duration::ZERO,
@@ -113,7 +117,7 @@ impl WatchdogPacer {
 
     /// At a tick at `now`: whether to send `WATCHDOG=1`. An unhealthy tick sends nothing
     /// and leaves the ping due, so the next healthy tick sends it.
-    pub fn on_tick(&mut self, now: Duration, healthy: bool) -> bool {
+    pub(crate) fn on_tick(&mut self, now: Duration, healthy: bool) -> bool {
         if !healthy || now < self.next {
             return false;
         }

@@ -13,7 +13,7 @@ use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 
 /// A non-blocking, monotonic timerfd registered with the reactor's poll.
-pub struct DeadlineTimer {
+pub(super) struct DeadlineTimer {
     fd: OwnedFd,
     /// The deadline the timer is armed for (on the reactor's clock), if any: consecutive
     /// sleeps towards the same deadline re-arm nothing.
@@ -22,7 +22,7 @@ pub struct DeadlineTimer {
 
 impl DeadlineTimer {
     /// Creates the timer and registers it with `token`.
-    pub fn new(registry: &Registry, token: Token) -> std::io::Result<DeadlineTimer> {
+    pub(super) fn new(registry: &Registry, token: Token) -> std::io::Result<DeadlineTimer> {
         // SAFETY: timerfd_create returns a new descriptor or -1; ownership moves to OwnedFd.
         let raw = unsafe {
             libc::timerfd_create(
@@ -44,7 +44,7 @@ impl DeadlineTimer {
 
     /// Makes sure the timer fires at `deadline` (on the reactor's clock, `now` being the
     /// current reading): a syscall only when the deadline changed since the last arming.
-    pub fn arm_for(&mut self, deadline: Duration, now: Duration) -> std::io::Result<()> {
+    pub(super) fn arm_for(&mut self, deadline: Duration, now: Duration) -> std::io::Result<()> {
         if self.armed_for == Some(deadline) {
             return Ok(());
         }
@@ -78,7 +78,7 @@ impl DeadlineTimer {
 
     /// Called when the timer's token was ready: consumes the expiry so the next one is a
     /// fresh readiness edge, and forgets the deadline it was armed for.
-    pub fn fired(&mut self) {
+    pub(super) fn fired(&mut self) {
         self.armed_for = None;
         let mut buf = [0u8; 8];
         // SAFETY: reading up to 8 bytes into a local buffer; EAGAIN when nothing expired.

@@ -39,15 +39,17 @@ use crate::message::{Message, SessionKey};
 use crate::pool::{Pool, PoolSize};
 pub use crate::tokens::FIRST_RESERVED_TOKEN;
 #[cfg(feature = "async")]
-pub use async_api::{Cancelled, EventStream, StreamSink, Submit, SubmitStream};
+pub(crate) use async_api::StreamSink;
+#[cfg(feature = "async")]
+pub use async_api::{Cancelled, EventStream, Submit, SubmitStream};
 use event_loop::Reactor;
 pub use frontend::{Ctx, Frontend, NoFrontend};
 use notify::Notifier;
-pub use workers::BoxAgent;
+pub(crate) use workers::BoxAgent;
 use workers::{Completion, CompletionSink, TurnLimits, run_cleanup, run_turn};
 
 /// Default least time between two forwarded partials of a turn.
-pub const DEFAULT_PARTIAL_INTERVAL: Duration = Duration::from_millis(800);
+pub(crate) const DEFAULT_PARTIAL_INTERVAL: Duration = Duration::from_millis(800);
 /// Default cap on a reply's (and a partial's) length in bytes: 1 MiB.
 pub const DEFAULT_MAX_REPLY_BYTES: usize = 1 << 20;
 
@@ -111,11 +113,11 @@ impl std::error::Error for SubmitError {}
 
 /// Most threads a pool may be configured with: past this a setting is refused by name
 /// rather than left to fail at run time.
-pub const MAX_POOL_THREADS: usize = 4096;
+pub(crate) const MAX_POOL_THREADS: usize = 4096;
 /// Default number of cleanup threads that always run.
-pub const DEFAULT_CLEANUP_WORKERS: usize = 2;
+pub(crate) const DEFAULT_CLEANUP_WORKERS: usize = 2;
 /// Default number of given-up (stuck) threads each pool may keep alive.
-pub const DEFAULT_MAX_EXTRA_THREADS: usize = 16;
+pub(crate) const DEFAULT_MAX_EXTRA_THREADS: usize = 16;
 /// How long a cleanup thread beyond the minimum waits for work before it retires.
 const CLEANUP_KEEPALIVE: Duration = Duration::from_secs(5);
 

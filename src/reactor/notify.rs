@@ -9,14 +9,14 @@ use std::sync::atomic::{AtomicBool, Ordering, fence};
 /// sequentially consistent operations, so either the reactor sees the message in its re-check
 /// or the sender sees the flag and wakes it: a message is never left unseen while the loop
 /// sleeps, and a busy loop takes no wake syscalls at all.
-pub struct Notifier {
+pub(super) struct Notifier {
     waker: mio::Waker,
     sleeping: AtomicBool,
 }
 
 impl Notifier {
     /// Wraps a waker registered with the reactor's poll.
-    pub fn new(waker: mio::Waker) -> Notifier {
+    pub(super) fn new(waker: mio::Waker) -> Notifier {
         Notifier {
             waker,
             sleeping: AtomicBool::new(false),
@@ -24,7 +24,7 @@ impl Notifier {
     }
 
     /// Called after sending to one of the reactor's channels.
-    pub fn notify(&self) {
+    pub(super) fn notify(&self) {
         fence(Ordering::SeqCst);
         if self.sleeping.swap(false, Ordering::SeqCst)
             && let Err(e) = self.waker.wake()
@@ -35,13 +35,13 @@ impl Notifier {
 
     /// Reactor side: announces the coming sleep. The caller must re-check its channels after
     /// this and skip the sleep if anything arrived.
-    pub fn prepare_sleep(&self) {
+    pub(super) fn prepare_sleep(&self) {
         self.sleeping.store(true, Ordering::SeqCst);
         fence(Ordering::SeqCst);
     }
 
     /// Reactor side: back from poll (or skipped it).
-    pub fn awake(&self) {
+    pub(super) fn awake(&self) {
         self.sleeping.store(false, Ordering::SeqCst);
     }
 }

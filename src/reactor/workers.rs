@@ -14,7 +14,7 @@ use crate::agent::{Agent, AgentFactory, CancelToken, Partials, TurnError, TurnIn
 use crate::core::{CleanupId, CleanupJob, Input, Reply, TurnDone, TurnJob, TurnResult};
 
 /// A boxed agent, as the runtime moves it around.
-pub type BoxAgent = Box<dyn Agent>;
+pub(crate) type BoxAgent = Box<dyn Agent>;
 
 /// A worker's report to the reactor. Each is built from the job it reports on.
 pub enum Completion {
@@ -41,7 +41,7 @@ impl From<Completion> for Input<Route, BoxAgent> {
 
 /// Where workers send completions.
 #[derive(Clone)]
-pub struct CompletionSink {
+pub(super) struct CompletionSink {
     /// The channel the reactor drains.
     pub tx: Sender<Completion>,
     /// Wakes the reactor.
@@ -69,7 +69,7 @@ fn panic_text(payload: &(dyn Any + Send)) -> String {
 
 /// What every turn worker applies to the agents' output.
 #[derive(Clone, Copy, Debug)]
-pub struct TurnLimits {
+pub(super) struct TurnLimits {
     /// Least time between two forwarded partials of one turn.
     pub partial_interval: Duration,
     /// Replies and partials longer than this are cut (on a UTF-8 boundary) and flagged, here
@@ -78,7 +78,7 @@ pub struct TurnLimits {
 }
 
 /// Runs one turn on a turn-pool thread.
-pub fn run_turn(
+pub(super) fn run_turn(
     mut job: TurnJob<BoxAgent>,
     cancel: &CancelToken,
     factory: &dyn AgentFactory,
@@ -125,7 +125,7 @@ pub fn run_turn(
 }
 
 /// Closes one agent on a cleanup-pool thread.
-pub fn run_cleanup(job: CleanupJob<BoxAgent>, sink: &CompletionSink) {
+pub(super) fn run_cleanup(job: CleanupJob<BoxAgent>, sink: &CompletionSink) {
     let CleanupJob { job, mut agent, .. } = job;
     // The deadline runs from here, not from when the job was queued.
     sink.send(Completion::CleanupStarted(job));

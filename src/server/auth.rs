@@ -8,14 +8,14 @@ use std::hash::BuildHasher;
 use subtle::ConstantTimeEq;
 
 /// The configured token, kept only as its keyed digest.
-pub struct Token {
+pub(crate) struct Token {
     keys: [RandomState; 2],
     digest: [u8; 16],
 }
 
 impl Token {
     /// Remembers `secret` under fresh random keys.
-    pub fn new(secret: &str) -> Token {
+    pub(crate) fn new(secret: &str) -> Token {
         let keys = [RandomState::new(), RandomState::new()];
         let digest = digest(&keys, secret.as_bytes());
         Token { keys, digest }
@@ -23,7 +23,7 @@ impl Token {
 
     /// Whether `guess` is the token. A false match needs a 128-bit collision of SipHash under
     /// keys the client never sees.
-    pub fn matches(&self, guess: &str) -> bool {
+    pub(crate) fn matches(&self, guess: &str) -> bool {
         digest(&self.keys, guess.as_bytes())
             .ct_eq(&self.digest)
             .into()

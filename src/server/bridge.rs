@@ -158,11 +158,12 @@ impl Default for BridgeConfig {
 }
 
 /// Default of [`BridgeConfig::max_pending_durable`].
-pub const DEFAULT_MAX_PENDING_DURABLE: usize = 10_000;
+pub(crate) const DEFAULT_MAX_PENDING_DURABLE: usize = 10_000;
 /// The failure of a turn that was running when the process died.
-pub const INTERRUPTED: &str = "interrupted by restart";
+pub(crate) const INTERRUPTED: &str = "interrupted by restart";
 /// The failure of a message whose turn a restart interrupted twice (the restart-loop breaker).
-pub const POISON: &str = "poison: its turn was interrupted by a restart twice; not run again";
+pub(crate) const POISON: &str =
+    "poison: its turn was interrupted by a restart twice; not run again";
 
 /// The route of a message recovered from the journal: no connection (its events go to its
 /// platform's outbox). No slot ever gets this key.

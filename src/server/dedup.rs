@@ -18,11 +18,11 @@ use std::time::Duration;
 use super::sharded::{Sharded, shard_of};
 
 /// A remembered message id.
-pub type Fingerprint = u64;
+pub(super) type Fingerprint = u64;
 
 /// What the window knows of an id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Seen {
+pub(super) enum Seen {
     /// Not seen within the window.
     New,
     /// Submitted under this tag; the runtime has not answered yet.
@@ -38,7 +38,7 @@ enum Entry {
 }
 
 /// Ids of one platform, each remembered for `window` after its acceptance, at most `max`.
-pub struct DedupWindow {
+pub(super) struct DedupWindow {
     window: Duration,
     max: usize,
     /// Sharded so that growing to a million ids never rehashes them all in one step.
@@ -57,13 +57,13 @@ fn hasher() -> &'static RandomState {
 }
 
 /// The fingerprint of a message id.
-pub fn fingerprint(id: &str) -> Fingerprint {
+pub(super) fn fingerprint(id: &str) -> Fingerprint {
     hasher().hash_one(id)
 }
 
 impl DedupWindow {
     /// Remembers ids for `window`, at most `max` at a time.
-    pub fn new(window: Duration, max: usize) -> DedupWindow {
+    pub(super) fn new(window: Duration, max: usize) -> DedupWindow {
         DedupWindow {
             window,
             max,
@@ -74,7 +74,7 @@ impl DedupWindow {
     }
 
     /// What is known of `fp` at `now`.
-    pub fn seen(&self, fp: Fingerprint, now: Duration) -> Seen {
+    pub(super) fn seen(&self, fp: Fingerprint, now: Duration) -> Seen {
         match self.entries.get(&fp) {
             Some(Entry::Pending(tag)) => Seen::Pending(*tag),
             Some(Entry::Until(until)) if *until > now => Seen::Accepted,
@@ -83,7 +83,7 @@ impl DedupWindow {
     }
 
     /// Whether a new id would overflow the window (after expiring what is due).
-    pub fn is_full(&mut self, now: Duration) -> bool {
+    pub(super) fn is_full(&mut self, now: Duration) -> bool {
         if self.entries.len() >= self.max {
             self.expire(now, usize::MAX);
         }
@@ -91,13 +91,13 @@ impl DedupWindow {
     }
 
     /// Marks `fp` submitted under `tag`.
-    pub fn pending(&mut self, fp: Fingerprint, tag: u64) {
+    pub(super) fn pending(&mut self, fp: Fingerprint, tag: u64) {
         debug_assert!(self.entries.len() < self.max || self.entries.contains_key(&fp));
         self.entries.insert(fp, Entry::Pending(tag));
     }
 
     /// The runtime accepted `fp` at `now`: remember it for the window.
-    pub fn accepted(&mut self, fp: Fingerprint, now: Duration) {
+    pub(super) fn accepted(&mut self, fp: Fingerprint, now: Duration) {
         let until = now + self.window;
         self.entries.insert(fp, Entry::Until(until));
         self.order[shard_of(fp)].push_back((until, fp));
@@ -105,20 +105,20 @@ impl DedupWindow {
 
     /// Remembers `fp` as accepted until `until` (restored from the journal at start-up; calls
     /// must come in `until` order).
-    pub fn remember(&mut self, fp: Fingerprint, until: Duration) {
+    pub(super) fn remember(&mut self, fp: Fingerprint, until: Duration) {
         self.entries.insert(fp, Entry::Until(until));
         self.order[shard_of(fp)].push_back((until, fp));
     }
 
     /// The runtime refused `fp`: a retry must not be mistaken for a duplicate.
-    pub fn forget(&mut self, fp: Fingerprint) {
+    pub(super) fn forget(&mut self, fp: Fingerprint) {
         if let Some(Entry::Pending(_)) = self.entries.get(&fp) {
             self.entries.remove(&fp);
         }
     }
 
     /// Drops up to `budget` ids whose window has passed; returns how many were dropped.
-    pub fn expire(&mut self, now: Duration, budget: usize) -> usize {
+    pub(super) fn expire(&mut self, now: Duration, budget: usize) -> usize {
         let mut dropped = 0;
         // Round the shards from where the last pass stopped, so a budget spreads fairly.
         for _ in 0..self.order.len() {
@@ -140,12 +140,12 @@ impl DedupWindow {
     }
 
     /// Ids remembered now (pending ones included).
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.entries.len()
     }
 
     /// True when nothing is remembered.
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 }

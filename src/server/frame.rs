@@ -10,7 +10,7 @@ use std::io::{self, IoSlice, Write};
 use std::sync::Arc;
 
 /// Texts up to this many bytes are escaped when the line is made; longer ones as written.
-pub const EAGER_TEXT: usize = 16 * 1024;
+pub(super) const EAGER_TEXT: usize = 16 * 1024;
 /// Bytes of text escaped per step of a long line.
 const CHUNK: usize = 16 * 1024;
 /// Frames gathered into one vectored write.
@@ -18,7 +18,7 @@ const MAX_SLICES: usize = 64;
 
 /// The bytes of one line: encoded, or a JSON envelope around a text escaped on the way out.
 #[derive(Debug)]
-pub enum Body {
+pub(super) enum Body {
     /// A whole encoded line, newline included.
     Line(Vec<u8>),
     /// `head` + the text as a JSON string body + `tail` (the tail holds the newline).
@@ -35,7 +35,7 @@ pub enum Body {
 impl Body {
     /// `{"op":<op>,"id":<id>,"session":<session>,"<field>":"<text>"<extra>}\n`, escaped at once
     /// when short, else on the way out.
-    pub fn with_text(
+    pub(super) fn with_text(
         op: &str,
         id: &str,
         session: &str,
@@ -68,7 +68,7 @@ impl Body {
     }
 
     /// The parts to journal (`head`, raw `text`, `tail`).
-    pub fn to_stored(&self) -> crate::journal::StoredOutcome {
+    pub(super) fn to_stored(&self) -> crate::journal::StoredOutcome {
         match self {
             Body::Line(l) => crate::journal::StoredOutcome {
                 head: l.clone(),
@@ -83,7 +83,7 @@ impl Body {
     }
 
     /// A journaled line.
-    pub fn from_stored(o: crate::journal::StoredOutcome) -> Body {
+    pub(super) fn from_stored(o: crate::journal::StoredOutcome) -> Body {
         if o.text.is_empty() && o.tail.is_empty() {
             Body::Line(o.head)
         } else {
@@ -96,7 +96,7 @@ impl Body {
     }
 
     /// The bytes this line holds in memory before escaping: what an outbox accounts for.
-    pub fn size(&self) -> usize {
+    pub(super) fn size(&self) -> usize {
         match self {
             Body::Line(l) => l.len(),
             Body::Text { head, text, tail } => head.len() + text.len() + tail.len(),
@@ -112,7 +112,7 @@ fn push_json_str(out: &mut Vec<u8>, s: &str) {
 }
 
 /// Appends `s` escaped as the inside of a JSON string.
-pub fn push_escaped(out: &mut Vec<u8>, s: &str) {
+pub(super) fn push_escaped(out: &mut Vec<u8>, s: &str) {
     // serde_json's escaping (quotes included) minus the quotes: one correct implementation.
     let mut quoted = Vec::with_capacity(s.len() + 2);
     if serde_json::to_writer(&mut quoted, s).is_err() || quoted.len() < 2 {
@@ -136,7 +136,7 @@ struct Cursor {
 
 /// A line queued on a connection.
 #[derive(Debug)]
-pub struct Frame {
+pub(super) struct Frame {
     /// What to write.
     pub body: Body,
     /// A terminal event's platform: it returns to that platform's outbox if the connection
@@ -154,12 +154,12 @@ pub struct Frame {
 
 impl Frame {
     /// A line that is not a terminal event.
-    pub fn line(bytes: Vec<u8>) -> Frame {
+    pub(super) fn line(bytes: Vec<u8>) -> Frame {
         Frame::new(Body::Line(bytes), None)
     }
 
     /// A frame; `terminal_for` names the platform of a terminal event.
-    pub fn new(body: Body, terminal_for: Option<Arc<str>>) -> Frame {
+    pub(super) fn new(body: Body, terminal_for: Option<Arc<str>>) -> Frame {
         Frame {
             body,
             terminal_for,
@@ -171,14 +171,14 @@ impl Frame {
     }
 
     /// The terminal event of message `id`, journaled as `seq`.
-    pub fn of_message(mut self, seq: u64, id: Arc<str>) -> Frame {
+    pub(super) fn of_message(mut self, seq: u64, id: Arc<str>) -> Frame {
         self.seq = seq;
         self.msg_id = Some(id);
         self
     }
 
     /// Adds `"redelivery":true` to the line (once), before it is written again.
-    pub fn mark_redelivery(&mut self) {
+    pub(super) fn mark_redelivery(&mut self) {
         if self.redelivery {
             return;
         }
@@ -194,7 +194,7 @@ impl Frame {
     }
 
     /// Forgets what was written, so that the line can be sent whole elsewhere.
-    pub fn rewind(&mut self) {
+    pub(super) fn rewind(&mut self) {
         self.cursor = Cursor::default();
     }
 
@@ -261,7 +261,7 @@ pub enum Flushed {
 /// Writes frames from the front of `out` into `w`, at most about `budget` bytes, calling
 /// `done` for each frame written whole (in order), with the bytes this pass had written when
 /// its last byte went. Partly written frames stay at the front.
-pub fn write_frames<W: Write + ?Sized>(
+pub(super) fn write_frames<W: Write + ?Sized>(
     out: &mut VecDeque<Frame>,
     w: &mut W,
     mut budget: usize,

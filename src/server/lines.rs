@@ -5,7 +5,7 @@ use std::io::{self, Read};
 
 /// What a read pass produced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReadOutcome {
+pub(super) enum ReadOutcome {
     /// The source has no more data for now.
     Drained,
     /// The read budget ran out; data may remain.
@@ -18,7 +18,7 @@ pub enum ReadOutcome {
 
 /// One complete line, or a line that went over the limit (its content discarded).
 #[derive(Debug, PartialEq, Eq)]
-pub enum Line {
+pub(super) enum Line {
     /// A line without its newline (and without a `\r` before it).
     Complete(Vec<u8>),
     /// A line over the limit.
@@ -28,7 +28,7 @@ pub enum Line {
 /// Splits lines out of a stream, at most `max_line` bytes each (a `\r` before the newline is
 /// not counted).
 #[derive(Default)]
-pub struct LineReader {
+pub(super) struct LineReader {
     buf: Vec<u8>,
     /// Bytes of `buf` holding data; the rest is free space.
     filled: usize,
@@ -44,7 +44,7 @@ impl LineReader {
     /// Reads up to about `budget` bytes from `src`, pushing complete lines onto `lines`. A line
     /// over `max_line` yields `Line::TooLong` once, and the rest of it up to its newline is
     /// dropped.
-    pub fn read_lines<R: Read + ?Sized>(
+    pub(super) fn read_lines<R: Read + ?Sized>(
         &mut self,
         src: &mut R,
         budget: usize,

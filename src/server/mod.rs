@@ -9,7 +9,7 @@
 //! budget per wake. Signals arrive through `signal-hook-mio` on the same poll.
 
 pub(crate) mod auth;
-pub mod bridge;
+pub(crate) mod bridge;
 mod dedup;
 mod frame;
 mod lines;
@@ -30,10 +30,8 @@ use crate::core::MessageEvent;
 use crate::journal::{Journal, JournalConfig, Store, StoreError};
 use crate::reactor::{Ctx, Frontend};
 use crate::tokens::{BRIDGE_LISTENER as LISTENER, JOURNAL, SIGNALS};
-pub use bridge::{
-    Action, Bridge, BridgeConfig, BridgeStatus, ConnId, Flushed, JournalStatus, PlatformStatus,
-    RecoveryCounts,
-};
+pub(crate) use bridge::RecoveryCounts;
+pub use bridge::{Action, Bridge, BridgeConfig, ConnId, Flushed};
 use lines::{Line, LineReader, ReadOutcome};
 
 /// Bytes read from one connection per pass, so one flood cannot starve the rest.
@@ -101,7 +99,8 @@ impl fmt::Display for ForcedStop {
 }
 
 /// Raises the soft limit on open files to the hard limit; returns (old, new) soft limits.
-pub fn raise_fd_limit() -> io::Result<(u64, u64)> {
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
+pub(crate) fn raise_fd_limit() -> io::Result<(u64, u64)> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,

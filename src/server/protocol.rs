@@ -7,7 +7,7 @@ use crate::message::ChatType;
 
 /// A client line, parsed.
 #[derive(Debug, PartialEq, Eq)]
-pub enum ClientOp {
+pub(super) enum ClientOp {
     /// Names the bridge's platform; carries the auth token.
     Hello {
         /// Default platform of the connection's messages.
@@ -31,7 +31,7 @@ pub enum ClientOp {
 
 /// The fields of a `message` op.
 #[derive(Debug, PartialEq, Eq)]
-pub struct MessageFields {
+pub(super) struct MessageFields {
     /// Message id, unique per platform.
     pub id: String,
     /// Platform; `None` means the connection's hello platform.
@@ -54,7 +54,7 @@ pub struct MessageFields {
 
 /// A line the server cannot act on.
 #[derive(Debug, PartialEq, Eq)]
-pub enum LineError {
+pub(super) enum LineError {
     /// Answered with `{"op":"error","detail":…}`.
     Malformed(String),
     /// A message with an id but a bad field: answered with `reject` / `invalid`.
@@ -67,7 +67,7 @@ pub enum LineError {
 }
 
 /// Parses one line (without its newline).
-pub fn parse_line(line: &[u8]) -> Result<ClientOp, LineError> {
+pub(super) fn parse_line(line: &[u8]) -> Result<ClientOp, LineError> {
     let value: Value = serde_json::from_slice(line)
         .map_err(|e| LineError::Malformed(format!("invalid JSON: {e}")))?;
     let Value::Object(obj) = value else {
@@ -181,10 +181,10 @@ fn truncate(s: &str, max: usize) -> &str {
 }
 
 /// Longest platform name.
-pub const MAX_PLATFORM_BYTES: usize = 64;
+pub(super) const MAX_PLATFORM_BYTES: usize = 64;
 
 /// Checks a platform name: 1 to 64 ASCII letters, digits, `.`, `_` or `-`.
-pub fn check_platform(name: &str) -> Result<(), String> {
+pub(super) fn check_platform(name: &str) -> Result<(), String> {
     let ok = !name.is_empty()
         && name.len() <= MAX_PLATFORM_BYTES
         && name
@@ -202,7 +202,7 @@ pub fn check_platform(name: &str) -> Result<(), String> {
 /// A server line.
 #[derive(Debug, Serialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
-pub enum ServerOp<'a> {
+pub(super) enum ServerOp<'a> {
     /// Accepted (`running`/`queued` with a position) or a `duplicate`.
     Ack {
         /// Message id.
@@ -302,7 +302,7 @@ pub enum ServerOp<'a> {
 }
 
 /// Encodes a server op as one line, newline included.
-pub fn encode(op: &ServerOp<'_>) -> Vec<u8> {
+pub(super) fn encode(op: &ServerOp<'_>) -> Vec<u8> {
     // Serializing these plain structs cannot fail; fall back to an error line regardless.
     let mut line = serde_json::to_vec(op)
         .unwrap_or_else(|_| br#"{"op":"error","detail":"encoding failed"}"#.to_vec());

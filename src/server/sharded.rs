@@ -12,13 +12,13 @@ use crate::message::KeyHashBuilder;
 const SHARDS: usize = 64;
 
 /// A `u64`-keyed map in 64 shards.
-pub struct Sharded<V> {
+pub(super) struct Sharded<V> {
     shards: Vec<HashMap<u64, V, KeyHashBuilder>>,
     len: usize,
 }
 
 /// The shard of a key.
-pub fn shard_of(key: u64) -> usize {
+pub(super) fn shard_of(key: u64) -> usize {
     (key % SHARDS as u64) as usize
 }
 
@@ -33,17 +33,17 @@ impl<V> Default for Sharded<V> {
 
 impl<V> Sharded<V> {
     /// The value of `key`.
-    pub fn get(&self, key: &u64) -> Option<&V> {
+    pub(super) fn get(&self, key: &u64) -> Option<&V> {
         self.shards[shard_of(*key)].get(key)
     }
 
     /// The value of `key`, to change.
-    pub fn get_mut(&mut self, key: &u64) -> Option<&mut V> {
+    pub(super) fn get_mut(&mut self, key: &u64) -> Option<&mut V> {
         self.shards[shard_of(*key)].get_mut(key)
     }
 
     /// Sets `key`; returns its previous value.
-    pub fn insert(&mut self, key: u64, value: V) -> Option<V> {
+    pub(super) fn insert(&mut self, key: u64, value: V) -> Option<V> {
         let old = self.shards[shard_of(key)].insert(key, value);
         if old.is_none() {
             self.len += 1;
@@ -52,7 +52,7 @@ impl<V> Sharded<V> {
     }
 
     /// Takes `key` out.
-    pub fn remove(&mut self, key: &u64) -> Option<V> {
+    pub(super) fn remove(&mut self, key: &u64) -> Option<V> {
         let old = self.shards[shard_of(*key)].remove(key);
         if old.is_some() {
             self.len -= 1;
@@ -61,27 +61,27 @@ impl<V> Sharded<V> {
     }
 
     /// Whether `key` is present.
-    pub fn contains_key(&self, key: &u64) -> bool {
+    pub(super) fn contains_key(&self, key: &u64) -> bool {
         self.get(key).is_some()
     }
 
     /// Entries.
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.len
     }
 
     /// True when empty.
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Every value, in no order.
-    pub fn values(&self) -> impl Iterator<Item = &V> {
+    pub(super) fn values(&self) -> impl Iterator<Item = &V> {
         self.shards.iter().flat_map(HashMap::values)
     }
 
     /// Takes every entry out.
-    pub fn drain(&mut self) -> Vec<(u64, V)> {
+    pub(super) fn drain(&mut self) -> Vec<(u64, V)> {
         self.len = 0;
         self.shards.iter_mut().flat_map(|s| s.drain()).collect()
     }

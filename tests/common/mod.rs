@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use turnstile::core::{
+use turnstile::internal::core::{
     CleanupContext, CleanupId, Core, CoreConfig, Effect, EventKind, Input, MessageEvent,
     ShutdownReport, TurnId, TurnJob, TurnResult,
 };
@@ -17,7 +17,7 @@ pub enum Fx {
     Event(MessageEvent),
     Started {
         turn: TurnId,
-        slot: turnstile::key::Key,
+        slot: turnstile::internal::key::Key,
         session: String,
         id: String,
         input: String,

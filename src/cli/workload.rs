@@ -5,7 +5,7 @@ use serde::Serialize;
 
 /// Percentiles in milliseconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
-pub struct Percentiles {
+pub(super) struct Percentiles {
     /// Median.
     pub p50: f64,
     /// 99th percentile.
@@ -16,7 +16,7 @@ pub struct Percentiles {
 
 impl Percentiles {
     /// The same figures rounded to `digits` decimals.
-    pub fn rounded(self, digits: i32) -> Percentiles {
+    pub(super) fn rounded(self, digits: i32) -> Percentiles {
         Percentiles {
             p50: round(self.p50, digits),
             p99: round(self.p99, digits),
@@ -27,7 +27,7 @@ impl Percentiles {
 
 /// One scenario's result line.
 #[derive(Clone, Debug, Serialize)]
-pub struct Report {
+pub(super) struct Report {
     /// Which system produced the line.
     pub system: String,
     /// Scenario name.
@@ -58,7 +58,7 @@ pub struct Report {
 }
 
 /// The peer script's percentile: nearest rank on the sorted samples.
-pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+pub(super) fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
@@ -67,7 +67,7 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 /// Sorts the samples and takes p50, p99 and max.
-pub fn summarize(samples: &mut [f64]) -> Percentiles {
+pub(super) fn summarize(samples: &mut [f64]) -> Percentiles {
     samples.sort_by(f64::total_cmp);
     Percentiles {
         p50: percentile(samples, 50.0),
@@ -77,7 +77,7 @@ pub fn summarize(samples: &mut [f64]) -> Percentiles {
 }
 
 /// Resident set size of this process in MiB (Linux; 0 elsewhere).
-pub fn rss_mib() -> f64 {
+pub(super) fn rss_mib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()
@@ -87,7 +87,7 @@ pub fn rss_mib() -> f64 {
 }
 
 /// Rounds to `digits` decimals, for readable output.
-pub fn round(v: f64, digits: i32) -> f64 {
+pub(super) fn round(v: f64, digits: i32) -> f64 {
     let f = 10f64.powi(digits);
     (v * f).round() / f
 }
