@@ -227,12 +227,9 @@ impl Agent for ExecAgent {
         if text.is_empty() {
             return Err(TurnError::Failed(exit.to_string()));
         }
-        let mut end = text.len().min(ERROR_TEXT_MAX);
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        let more = if end < text.len() { "…" } else { "" };
-        Err(TurnError::Failed(format!("{exit}: {}{more}", &text[..end])))
+        let shown = crate::text::prefix(text, ERROR_TEXT_MAX);
+        let more = if shown.len() < text.len() { "…" } else { "" };
+        Err(TurnError::Failed(format!("{exit}: {shown}{more}")))
     }
 
     fn close(&mut self) -> Result<(), String> {

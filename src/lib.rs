@@ -75,6 +75,7 @@ mod process;
 mod reactor;
 mod server;
 #[cfg_attr(not(feature = "cli"), allow(dead_code))]
+mod text;
 mod tokens;
 
 pub use agent::{

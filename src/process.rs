@@ -310,11 +310,8 @@ impl ProcessAgent {
                 match msg {
                     FromAgent::Partial { id: i, text } if i == id => {
                         if kill_at.is_none() {
-                            let mut end = text.len().min(self.options.max_reply_bytes);
-                            while !text.is_char_boundary(end) {
-                                end -= 1;
-                            }
-                            input.partials.publish(&text[..end]);
+                            let shown = crate::text::prefix(&text, self.options.max_reply_bytes);
+                            input.partials.publish(shown);
                         }
                     }
                     FromAgent::Reply { id: i, text } if i == id => {
@@ -384,12 +381,7 @@ impl ProcessAgent {
 }
 
 fn bounded(mut text: String) -> String {
-    if text.len() > ERROR_TEXT_MAX {
-        let mut end = ERROR_TEXT_MAX;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
+    if crate::text::truncate(&mut text, ERROR_TEXT_MAX) {
         text.push('…');
     }
     text

@@ -212,14 +212,7 @@ pub struct Reply {
 impl Reply {
     /// `text` cut to at most `max` bytes on a character boundary, flagged when cut.
     pub fn bounded(mut text: String, max: usize) -> Reply {
-        let truncated = text.len() > max;
-        if truncated {
-            let mut end = max;
-            while !text.is_char_boundary(end) {
-                end -= 1;
-            }
-            text.truncate(end);
-        }
+        let truncated = crate::text::truncate(&mut text, max);
         Reply { text, truncated }
     }
 }

@@ -406,15 +406,8 @@ fn error_line(detail: &str) -> Vec<u8> {
 
 /// `text` cut to at most `max` bytes on a character boundary; whether it was cut.
 fn cut(mut text: String, max: usize) -> (String, bool) {
-    if text.len() <= max {
-        return (text, false);
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text.truncate(end);
-    (text, true)
+    let cut = crate::text::truncate(&mut text, max);
+    (text, cut)
 }
 
 fn reject_detail(reason: &str) -> &'static str {

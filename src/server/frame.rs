@@ -212,12 +212,9 @@ impl Frame {
                     c.chunk.clear();
                     c.chunk_pos = 0;
                     if c.pos < text.len() {
-                        let mut end = (c.pos + CHUNK).min(text.len());
-                        while !text.is_char_boundary(end) {
-                            end -= 1;
-                        }
-                        push_escaped(&mut c.chunk, &text[c.pos..end]);
-                        c.pos = end;
+                        let piece = crate::text::prefix(&text[c.pos..], CHUNK);
+                        push_escaped(&mut c.chunk, piece);
+                        c.pos += piece.len();
                     } else {
                         c.stage = 2;
                         c.pos = 0;
