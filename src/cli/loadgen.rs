@@ -312,59 +312,15 @@ fn flood(args: &LoadgenArgs) -> i32 {
     let done = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
     let conns = args.connections.min(args.messages);
-    let (results_tx, results) = crossbeam_channel::unbounded();
-    for c in 0..conns {
-        let mine: Vec<usize> = (c..args.messages).step_by(conns).collect();
-        let (addr, token, done) = (args.addr.clone(), args.token.clone(), done.clone());
-        let (sessions, window, text) = (args.sessions, args.window, "t".repeat(args.text_bytes));
-        let tag = format!("{nonce}");
-        let tx = results_tx.clone();
-        thread::spawn(move || {
-            let _ = tx.send(flood_one(
-                &addr,
-                token.as_deref(),
-                &tag,
-                &mine,
-                sessions,
-                window,
-                &text,
-                &done,
-            ));
-        });
-    }
-    drop(results_tx);
-    let mut latencies = Vec::with_capacity(args.messages);
-    let mut ack_latencies = Vec::with_capacity(args.messages);
-    let mut retried: HashMap<String, u64> = HashMap::new();
-    let mut finished = 0;
-    while finished < conns {
-        match results.recv_timeout(Duration::from_secs(1)) {
-            Ok(Ok((mut l, r, mut a))) => {
-                latencies.append(&mut l);
-                ack_latencies.append(&mut a);
-                for (k, v) in r {
-                    *retried.entry(k).or_insert(0) += v;
-                }
-                finished += 1;
-            }
-            Ok(Err(e)) => {
+    let results = start_flooders(args, conns, &nonce.to_string(), &done);
+    let (mut latencies, retried, mut ack_latencies) =
+        match gather(args, conns, &results, &done, start) {
+            Ok(g) => g,
+            Err(e) => {
                 eprintln!("\nturnstile loadgen: {e}");
                 return 1;
             }
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                let n = done.load(Ordering::Relaxed);
-                eprint!(
-                    "\rloadgen: {n}/{} messages, {:.0} s",
-                    args.messages,
-                    start.elapsed().as_secs_f64()
-                );
-            }
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
-                eprintln!("\nturnstile loadgen: a connection thread panicked");
-                return 1;
-            }
-        }
-    }
+        };
     let seconds = start.elapsed().as_secs_f64();
     eprintln!("\rloadgen: {0}/{0} messages, {seconds:.1} s", args.messages);
     let report = FloodReport {
@@ -400,110 +356,225 @@ fn flood(args: &LoadgenArgs) -> i32 {
     }
 }
 
-/// Reply latencies, refusals by reason, ack latencies.
-type FloodResult = Result<(Vec<f64>, HashMap<String, u64>, Vec<f64>), String>;
-
-/// One flood connection: its messages pipelined up to `window` unanswered, refusals resent.
-#[allow(clippy::too_many_arguments)]
-fn flood_one(
-    addr: &str,
-    token: Option<&str>,
+/// Starts one thread per flood connection; each sends its result on the returned channel.
+fn start_flooders(
+    args: &LoadgenArgs,
+    conns: usize,
     tag: &str,
-    mine: &[usize],
-    sessions: usize,
-    window: usize,
-    text: &str,
-    done: &AtomicUsize,
-) -> FloodResult {
-    let stream = TcpStream::connect(addr).map_err(|e| format!("cannot connect to {addr}: {e}"))?;
-    let _ = stream.set_nodelay(true);
-    stream
-        .set_read_timeout(Some(Duration::from_secs(300)))
-        .map_err(|e| e.to_string())?;
-    let mut reader =
-        BufReader::with_capacity(256 * 1024, stream.try_clone().map_err(|e| e.to_string())?);
-    let mut writer = BufWriter::with_capacity(256 * 1024, stream);
-    let io = |e: std::io::Error| e.to_string();
-    writeln!(
-        writer,
-        "{}",
-        serde_json::json!({"op": "hello", "platform": "loadgen", "token": token})
-    )
-    .map_err(io)?;
-    let send = |w: &mut BufWriter<TcpStream>, i: usize| -> Result<(), String> {
-        writeln!(
-            w,
-            r#"{{"op":"message","id":"fl-{tag}-{i}","chat_id":"s{}","text":"{text}"}}"#,
-            i % sessions
-        )
-        .map_err(io)
-    };
-    let mut next = 0;
-    let mut retry: std::collections::VecDeque<usize> = std::collections::VecDeque::new();
-    let mut sent_at: HashMap<usize, Instant> = HashMap::with_capacity(window);
-    let mut retried: HashMap<String, u64> = HashMap::new();
-    let mut latencies = Vec::with_capacity(mine.len());
-    let mut ack_latencies = Vec::with_capacity(mine.len());
-    let mut remaining = mine.len();
-    let mut line = String::new();
-    while remaining > 0 {
-        // Fill the window: refused messages first, then new ones.
-        while sent_at.len() < window {
-            let i = match retry.pop_front() {
-                Some(i) => i,
-                None if next < mine.len() => {
-                    next += 1;
-                    mine[next - 1]
-                }
-                None => break,
+    done: &Arc<AtomicUsize>,
+) -> crossbeam_channel::Receiver<FloodResult> {
+    let (results_tx, results) = crossbeam_channel::unbounded();
+    for c in 0..conns {
+        let mine: Vec<usize> = (c..args.messages).step_by(conns).collect();
+        let (addr, token, done) = (args.addr.clone(), args.token.clone(), done.clone());
+        let (sessions, window, text) = (args.sessions, args.window, "t".repeat(args.text_bytes));
+        let tag = tag.to_owned();
+        let tx = results_tx.clone();
+        thread::spawn(move || {
+            let plan = FloodPlan {
+                tag: &tag,
+                mine: &mine,
+                sessions,
+                window,
+                text: &text,
             };
-            sent_at.insert(i, Instant::now());
-            send(&mut writer, i)?;
-        }
-        writer.flush().map_err(io)?;
-        // Read what is there (at least one line).
-        loop {
-            line.clear();
-            if reader.read_line(&mut line).map_err(io)? == 0 {
-                return Err("the gateway closed the connection".into());
+            let _ = tx.send(flood_one(&addr, token.as_deref(), plan, &done));
+        });
+    }
+    results
+}
+
+/// Waits for every connection's result, printing progress; the first error ends it.
+fn gather(
+    args: &LoadgenArgs,
+    conns: usize,
+    results: &crossbeam_channel::Receiver<FloodResult>,
+    done: &AtomicUsize,
+    start: Instant,
+) -> FloodResult {
+    let mut latencies = Vec::with_capacity(args.messages);
+    let mut ack_latencies = Vec::with_capacity(args.messages);
+    let mut retried: HashMap<String, u64> = HashMap::new();
+    let mut finished = 0;
+    while finished < conns {
+        match results.recv_timeout(Duration::from_secs(1)) {
+            Ok(Ok((mut l, r, mut a))) => {
+                latencies.append(&mut l);
+                ack_latencies.append(&mut a);
+                for (k, v) in r {
+                    *retried.entry(k).or_insert(0) += v;
+                }
+                finished += 1;
             }
-            let parsed: Line<'_> =
-                serde_json::from_str(&line).map_err(|e| format!("bad line from gateway: {e}"))?;
-            let index = || -> Option<usize> { parsed.id?.rsplit('-').next()?.parse().ok() };
-            match parsed.op {
-                "ack" => {
-                    if let Some(t) = index().and_then(|i| sent_at.get(&i)) {
-                        ack_latencies.push(t.elapsed().as_secs_f64() * 1000.0);
-                    }
-                }
-                "reply" | "cancelled" | "failed" | "merged" => {
-                    if let Some(t) = index().and_then(|i| sent_at.remove(&i)) {
-                        latencies.push(t.elapsed().as_secs_f64() * 1000.0);
-                        remaining -= 1;
-                        done.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                "reject" => {
-                    let reason = parsed.reason.unwrap_or("");
-                    if !matches!(reason, "backpressure" | "overloaded" | "queue_full") {
-                        return Err(format!(
-                            "gateway refused {}: {reason}",
-                            parsed.id.unwrap_or("-")
-                        ));
-                    }
-                    *retried.entry(reason.to_owned()).or_insert(0) += 1;
-                    if let Some(i) = index() {
-                        sent_at.remove(&i);
-                        retry.push_back(i);
-                    }
-                }
-                "error" => return Err(format!("gateway error: {}", line.trim())),
-                _ => {}
+            Ok(Err(e)) => return Err(e),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                let n = done.load(Ordering::Relaxed);
+                eprint!(
+                    "\rloadgen: {n}/{} messages, {:.0} s",
+                    args.messages,
+                    start.elapsed().as_secs_f64()
+                );
             }
-            if reader.buffer().is_empty() {
-                break;
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                return Err("a connection thread panicked".into());
             }
         }
     }
     Ok((latencies, retried, ack_latencies))
+}
+
+/// Reply latencies, refusals by reason, ack latencies.
+type FloodResult = Result<(Vec<f64>, HashMap<String, u64>, Vec<f64>), String>;
+
+/// What one flood connection sends: its share of the messages, pipelined up to `window`
+/// unanswered.
+struct FloodPlan<'a> {
+    tag: &'a str,
+    mine: &'a [usize],
+    sessions: usize,
+    window: usize,
+    text: &'a str,
+}
+
+/// One flood connection's progress: what is in flight, what to resend, what was measured.
+struct Flooder<'a> {
+    plan: FloodPlan<'a>,
+    reader: BufReader<TcpStream>,
+    writer: BufWriter<TcpStream>,
+    next: usize,
+    retry: std::collections::VecDeque<usize>,
+    sent_at: HashMap<usize, Instant>,
+    retried: HashMap<String, u64>,
+    latencies: Vec<f64>,
+    ack_latencies: Vec<f64>,
+    remaining: usize,
+}
+
+fn io_error(e: std::io::Error) -> String {
+    e.to_string()
+}
+
+/// One flood connection: its messages pipelined up to `window` unanswered, refusals resent.
+fn flood_one(
+    addr: &str,
+    token: Option<&str>,
+    plan: FloodPlan<'_>,
+    done: &AtomicUsize,
+) -> FloodResult {
+    let mut f = Flooder::connect(addr, token, plan)?;
+    while f.remaining > 0 {
+        f.fill_window()?;
+        f.read_available(done)?;
+    }
+    Ok((f.latencies, f.retried, f.ack_latencies))
+}
+
+impl<'a> Flooder<'a> {
+    fn connect(addr: &str, token: Option<&str>, plan: FloodPlan<'a>) -> Result<Self, String> {
+        let stream =
+            TcpStream::connect(addr).map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+        let _ = stream.set_nodelay(true);
+        stream
+            .set_read_timeout(Some(Duration::from_secs(300)))
+            .map_err(io_error)?;
+        let reader = BufReader::with_capacity(256 * 1024, stream.try_clone().map_err(io_error)?);
+        let mut writer = BufWriter::with_capacity(256 * 1024, stream);
+        writeln!(
+            writer,
+            "{}",
+            serde_json::json!({"op": "hello", "platform": "loadgen", "token": token})
+        )
+        .map_err(io_error)?;
+        let n = plan.mine.len();
+        Ok(Flooder {
+            sent_at: HashMap::with_capacity(plan.window),
+            plan,
+            reader,
+            writer,
+            next: 0,
+            retry: Default::default(),
+            retried: HashMap::new(),
+            latencies: Vec::with_capacity(n),
+            ack_latencies: Vec::with_capacity(n),
+            remaining: n,
+        })
+    }
+
+    /// Fills the window: refused messages first, then new ones.
+    fn fill_window(&mut self) -> Result<(), String> {
+        while self.sent_at.len() < self.plan.window {
+            let i = match self.retry.pop_front() {
+                Some(i) => i,
+                None if self.next < self.plan.mine.len() => {
+                    self.next += 1;
+                    self.plan.mine[self.next - 1]
+                }
+                None => break,
+            };
+            self.sent_at.insert(i, Instant::now());
+            let p = &self.plan;
+            writeln!(
+                self.writer,
+                r#"{{"op":"message","id":"fl-{}-{i}","chat_id":"s{}","text":"{}"}}"#,
+                p.tag,
+                i % p.sessions,
+                p.text
+            )
+            .map_err(io_error)?;
+        }
+        self.writer.flush().map_err(io_error)
+    }
+
+    /// Reads what is there (at least one line).
+    fn read_available(&mut self, done: &AtomicUsize) -> Result<(), String> {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if self.reader.read_line(&mut line).map_err(io_error)? == 0 {
+                return Err("the gateway closed the connection".into());
+            }
+            self.handle(&line, done)?;
+            if self.reader.buffer().is_empty() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// One line from the gateway: an ack, an outcome, or a refusal to resend.
+    fn handle(&mut self, line: &str, done: &AtomicUsize) -> Result<(), String> {
+        let parsed: Line<'_> =
+            serde_json::from_str(line).map_err(|e| format!("bad line from gateway: {e}"))?;
+        let index = || -> Option<usize> { parsed.id?.rsplit('-').next()?.parse().ok() };
+        match parsed.op {
+            "ack" => {
+                if let Some(t) = index().and_then(|i| self.sent_at.get(&i)) {
+                    self.ack_latencies.push(t.elapsed().as_secs_f64() * 1000.0);
+                }
+            }
+            "reply" | "cancelled" | "failed" | "merged" => {
+                if let Some(t) = index().and_then(|i| self.sent_at.remove(&i)) {
+                    self.latencies.push(t.elapsed().as_secs_f64() * 1000.0);
+                    self.remaining -= 1;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            "reject" => {
+                let reason = parsed.reason.unwrap_or("");
+                if !matches!(reason, "backpressure" | "overloaded" | "queue_full") {
+                    return Err(format!(
+                        "gateway refused {}: {reason}",
+                        parsed.id.unwrap_or("-")
+                    ));
+                }
+                *self.retried.entry(reason.to_owned()).or_insert(0) += 1;
+                if let Some(i) = index() {
+                    self.sent_at.remove(&i);
+                    self.retry.push_back(i);
+                }
+            }
+            "error" => return Err(format!("gateway error: {}", line.trim())),
+            _ => {}
+        }
+        Ok(())
+    }
 }

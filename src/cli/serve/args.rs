@@ -1,0 +1,422 @@
+//! The flags of `serve`, their defaults as the help shows them, and the `--config` file
+//! under them.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::BusyMode;
+use crate::core::CoreConfig;
+use crate::openai::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_HISTORY_CHARS, DEFAULT_HISTORY_TURNS, DEFAULT_READ_TIMEOUT,
+};
+use crate::ops::http::{self, DEFAULT_HTTP_LISTEN};
+use crate::process::{self};
+use crate::reactor::DEFAULT_PARTIAL_INTERVAL;
+use crate::server::BridgeConfig;
+use clap::{Args, ValueEnum};
+use serde::Deserialize;
+
+/// Where `serve` listens unless told otherwise.
+pub(crate) const DEFAULT_LISTEN: ([u8; 4], u16) = ([127, 0, 0, 1], 7878);
+
+/// Which agent serves the sessions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum AgentKind {
+    /// Replies with its input.
+    Echo,
+    /// Runs --agent-cmd through `sh -c` per turn.
+    Exec,
+    /// Runs --agent-cmd once per session, speaking JSON lines (docs/agent-protocol.md).
+    Process,
+    /// An OpenAI-compatible chat-completions server (--openai-base-url, --model).
+    Openai,
+}
+
+/// `--openai-tls-roots` names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum TlsRootsArg {
+    /// The operating system's certificate store.
+    Platform,
+    /// Mozilla's roots built into the binary.
+    Webpki,
+}
+/// Flags of `serve`; the same keys (kebab-case) may appear in the `--config` TOML file, and
+/// flags override the file.
+#[derive(Args, Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub(crate) struct ServeArgs {
+    /// TOML file with any of these settings.
+    #[arg(long)]
+    #[serde(skip)]
+    pub(super) config: Option<PathBuf>,
+    /// Address to listen on
+    #[arg(long)]
+    pub(super) listen: Option<SocketAddr>,
+    /// Agent
+    #[arg(long, value_enum)]
+    pub(super) agent: Option<AgentKind>,
+    /// Shell command of the exec or process agent.
+    #[arg(long)]
+    pub(super) agent_cmd: Option<String>,
+    /// Seconds a process agent gets to exit after `close` before SIGTERM
+    #[arg(long)]
+    pub(super) agent_close_grace: Option<f64>,
+    /// Pass this variable of the gateway's environment to agent processes (repeatable).
+    #[arg(long, value_name = "NAME")]
+    pub(super) agent_env: Option<Vec<String>>,
+    /// Longest line a process agent may write on stdout
+    #[arg(long)]
+    pub(super) agent_max_line_bytes: Option<usize>,
+    /// Replies and partials are cut to this many bytes and flagged truncated
+    #[arg(long)]
+    pub(super) max_reply_bytes: Option<usize>,
+    /// Simulated work per echo turn, in milliseconds (cancellable)
+    #[arg(long)]
+    pub(super) echo_delay_ms: Option<u64>,
+    /// What a message does while its session's turn runs
+    #[arg(long, value_enum)]
+    pub(super) busy_mode: Option<BusyMode>,
+    /// Messages a session may hold waiting
+    #[arg(long)]
+    pub(super) queue_cap: Option<usize>,
+    /// Threads running agent turns
+    #[arg(long)]
+    pub(super) turn_workers: Option<usize>,
+    /// Threads closing agents that always run
+    #[arg(long)]
+    pub(super) cleanup_workers: Option<usize>,
+    /// Agent close()s that may run at once; the cleanup pool grows on demand up to this
+    #[arg(long)]
+    pub(super) max_cleanup_workers: Option<usize>,
+    /// Idle agents kept for reuse; sessions with waiting work keep theirs beyond it
+    #[arg(long)]
+    pub(super) max_cached_agents: Option<usize>,
+    /// Seconds an idle agent is kept before it is closed
+    #[arg(long)]
+    pub(super) agent_idle_ttl: Option<f64>,
+    /// Messages waiting across all sessions before new ones are rejected `overloaded`
+    #[arg(long)]
+    pub(super) max_queued_messages: Option<usize>,
+    /// Bytes of text waiting across all sessions before new messages are rejected
+    /// `overloaded`
+    #[arg(long)]
+    pub(super) max_queued_bytes: Option<usize>,
+    /// Least seconds between two partial replies forwarded for one turn
+    #[arg(long)]
+    pub(super) partial_interval: Option<f64>,
+    /// Seconds a turn may run
+    #[arg(long)]
+    pub(super) turn_timeout: Option<f64>,
+    /// Seconds a cancelled turn gets to return
+    #[arg(long)]
+    pub(super) stop_grace: Option<f64>,
+    /// Seconds an agent's close() may take
+    #[arg(long)]
+    pub(super) cleanup_timeout: Option<f64>,
+    /// Seconds shutdown lets running turns finish
+    #[arg(long)]
+    pub(super) drain_timeout: Option<f64>,
+    /// Write the status snapshot to this JSON file.
+    #[arg(long)]
+    pub(super) status_file: Option<PathBuf>,
+    /// Token every bridge must present in its hello.
+    #[arg(long, env = "TURNSTILE_AUTH_TOKEN", hide_env_values = true)]
+    pub(super) auth_token: Option<String>,
+    /// Connections beyond this are refused
+    #[arg(long)]
+    pub(super) max_connections: Option<usize>,
+    /// Longest accepted protocol line
+    #[arg(long)]
+    pub(super) max_line_bytes: Option<usize>,
+    /// Unwritten output per connection past which its reads pause and typing/partial lines
+    /// are dropped; also the outbox backlog it is fed at a time
+    #[arg(long)]
+    pub(super) max_write_buffer: Option<usize>,
+    /// Undelivered results a platform may have (reserved at admission; `backpressure`
+    /// beyond)
+    #[arg(long)]
+    pub(super) outbox_cap: Option<usize>,
+    /// Model name for --agent openai.
+    #[arg(long)]
+    pub(super) model: Option<String>,
+    /// Base URL of the OpenAI-compatible API, e.g. http://127.0.0.1:11434/v1 (required with
+    /// --agent openai; https://api.openai.com/v1 for OpenAI).
+    #[arg(long)]
+    pub(super) openai_base_url: Option<String>,
+    /// Environment variable holding the API key
+    #[arg(long)]
+    pub(super) openai_api_key_env: Option<String>,
+    /// System prompt of the openai agent.
+    #[arg(long)]
+    pub(super) system_prompt: Option<String>,
+    /// File whose text is the system prompt.
+    #[arg(long)]
+    pub(super) system_prompt_file: Option<PathBuf>,
+    /// Past user/assistant exchanges sent with each message
+    #[arg(long)]
+    pub(super) history_turns: Option<usize>,
+    /// Character budget of a request's conversation
+    #[arg(long)]
+    pub(super) history_chars: Option<usize>,
+    /// Prefix "[from: NAME (id ID); meta: {...}]" to the user's text
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub(super) openai_sender_prefix: Option<bool>,
+    /// Seconds to open a connection to the API
+    #[arg(long)]
+    pub(super) openai_connect_timeout: Option<f64>,
+    /// Seconds the API may stay silent before the turn fails
+    #[arg(long)]
+    pub(super) openai_read_timeout: Option<f64>,
+    /// Certificate authorities for https
+    #[arg(long, value_enum)]
+    pub(super) openai_tls_roots: Option<TlsRootsArg>,
+    /// Bytes a platform may have reserved for undelivered results; each accepted message
+    /// reserves --max-reply-bytes + 8 KiB (`backpressure` beyond)
+    #[arg(long)]
+    pub(super) outbox_bytes: Option<usize>,
+    /// Platforms known at once; a hello or message for another gets `error`/`overloaded`
+    #[arg(long)]
+    pub(super) max_platforms: Option<usize>,
+    /// Message ids a platform's duplicate window holds (`backpressure` beyond)
+    #[arg(long)]
+    pub(super) dedup_max: Option<usize>,
+    /// Seconds an accepted (platform, id) is remembered
+    #[arg(long)]
+    pub(super) dedup_window: Option<f64>,
+    /// Connections waiting for their hello (with a token), in all
+    #[arg(long)]
+    pub(super) max_unauthenticated: Option<usize>,
+    /// Connections waiting for their hello (with a token), per peer address
+    #[arg(long)]
+    pub(super) max_unauthenticated_per_peer: Option<usize>,
+    /// Seconds a connection has to send its hello (with a token)
+    #[arg(long)]
+    pub(super) hello_timeout: Option<f64>,
+    /// Bytes written to one connection per loop wake
+    #[arg(long)]
+    pub(super) write_budget: Option<usize>,
+    /// Seconds a connection with output may take none of it before it is closed (its
+    /// results go back to the outbox)
+    #[arg(long)]
+    pub(super) write_stall_timeout: Option<f64>,
+    /// Address of the operations HTTP endpoint (/healthz, /readyz, /status, /metrics), or
+    /// `off`.
+    #[arg(long, value_name = "ADDR|off")]
+    pub(super) http_listen: Option<String>,
+    /// Open connections to the HTTP endpoint; one more gets 503.
+    #[arg(long)]
+    pub(super) http_max_connections: Option<usize>,
+    /// Bytes of an HTTP request head; more gets 431.
+    #[arg(long)]
+    pub(super) http_max_header_bytes: Option<usize>,
+    /// HTTP requests served per connection before it is closed.
+    #[arg(long)]
+    pub(super) http_max_requests: Option<usize>,
+    /// Seconds an HTTP connection has to complete a request.
+    #[arg(long)]
+    pub(super) http_idle_timeout: Option<f64>,
+    /// Listen on a non-loopback address without an auth token.
+    #[arg(long)]
+    #[serde(default)]
+    pub(super) allow_insecure_bind: bool,
+    /// Directory of the journal: turns durability on (acks after the message is on disk,
+    /// recovery after a crash).
+    #[arg(long)]
+    pub(super) data_dir: Option<PathBuf>,
+    /// At recovery, run again the turns a crash interrupted instead of failing them
+    /// `interrupted by restart` (a message interrupted twice fails `poison`).
+    #[arg(long)]
+    #[serde(default)]
+    pub(super) resume_interrupted: bool,
+    /// Accepted messages waiting for the journal at once before `reject overloaded`.
+    #[arg(long)]
+    pub(super) max_pending_durable: Option<usize>,
+    /// Check the flags and the configuration file, then exit: 0 if valid, 2 if not.
+    #[arg(long)]
+    #[serde(skip)]
+    pub(super) check_config: bool,
+}
+/// Each flag's default as `serve --help` shows it, read from where the default is defined
+/// (the core's, the bridge's and the agents' own defaults), never typed twice.
+fn defaults() -> Vec<(&'static str, String)> {
+    let core = CoreConfig::default();
+    let bridge = BridgeConfig::default();
+    let secs = |d: Duration| format!("{}s", d.as_secs_f64());
+    let bytes = |n: usize| match n {
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
+        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
+        n => n.to_string(),
+    };
+    let lower = |v: &dyn std::fmt::Debug| format!("{v:?}").to_lowercase();
+    vec![
+        ("listen", SocketAddr::from(DEFAULT_LISTEN).to_string()),
+        ("http-listen", DEFAULT_HTTP_LISTEN.to_owned()),
+        (
+            "http-max-connections",
+            http::DEFAULT_MAX_CONNECTIONS.to_string(),
+        ),
+        (
+            "http-max-header-bytes",
+            bytes(http::DEFAULT_MAX_HEADER_BYTES),
+        ),
+        ("http-max-requests", http::DEFAULT_MAX_REQUESTS.to_string()),
+        ("http-idle-timeout", secs(http::DEFAULT_IDLE_TIMEOUT)),
+        ("agent", lower(&AgentKind::Echo)),
+        ("agent-close-grace", secs(process::DEFAULT_CLOSE_GRACE)),
+        (
+            "agent-max-line-bytes",
+            bytes(process::DEFAULT_MAX_LINE_BYTES),
+        ),
+        ("max-reply-bytes", bytes(bridge.max_reply_bytes)),
+        ("echo-delay-ms", "0".into()),
+        ("busy-mode", lower(&core.busy_mode)),
+        ("queue-cap", core.queue_cap.to_string()),
+        ("turn-workers", core.turn_workers.to_string()),
+        (
+            "cleanup-workers",
+            crate::reactor::DEFAULT_CLEANUP_WORKERS.to_string(),
+        ),
+        ("max-cleanup-workers", core.cleanup_concurrency.to_string()),
+        ("max-cached-agents", core.max_cached_agents.to_string()),
+        ("agent-idle-ttl", secs(core.agent_idle_ttl)),
+        ("max-queued-messages", core.max_queued_messages.to_string()),
+        ("max-queued-bytes", bytes(core.max_queued_bytes)),
+        ("partial-interval", secs(DEFAULT_PARTIAL_INTERVAL)),
+        ("turn-timeout", secs(core.turn_timeout)),
+        ("stop-grace", secs(core.stop_grace)),
+        ("cleanup-timeout", secs(core.cleanup_timeout)),
+        ("drain-timeout", secs(core.drain_timeout)),
+        ("max-connections", bridge.max_connections.to_string()),
+        ("max-line-bytes", bytes(bridge.max_line_bytes)),
+        ("max-write-buffer", bytes(bridge.max_write_buffer)),
+        ("outbox-cap", bridge.outbox_cap.to_string()),
+        ("outbox-bytes", bytes(bridge.outbox_bytes)),
+        ("max-platforms", bridge.max_platforms.to_string()),
+        ("dedup-max", bridge.dedup_max.to_string()),
+        ("dedup-window", secs(bridge.dedup_window)),
+        (
+            "max-unauthenticated",
+            bridge.max_unauthenticated.to_string(),
+        ),
+        (
+            "max-unauthenticated-per-peer",
+            bridge.max_unauthenticated_per_peer.to_string(),
+        ),
+        ("hello-timeout", secs(bridge.hello_timeout)),
+        ("write-budget", bytes(bridge.write_budget)),
+        ("write-stall-timeout", secs(bridge.write_stall_timeout)),
+        (
+            "max-pending-durable",
+            bridge.max_pending_durable.to_string(),
+        ),
+        ("openai-api-key-env", "OPENAI_API_KEY".into()),
+        ("history-turns", DEFAULT_HISTORY_TURNS.to_string()),
+        ("history-chars", DEFAULT_HISTORY_CHARS.to_string()),
+        ("openai-sender-prefix", "false".into()),
+        ("openai-connect-timeout", secs(DEFAULT_CONNECT_TIMEOUT)),
+        ("openai-read-timeout", secs(DEFAULT_READ_TIMEOUT)),
+        ("openai-tls-roots", lower(&TlsRootsArg::Platform)),
+    ]
+}
+
+/// Adds each flag's default to its help. The flags are `Option`s (so a config file can fill
+/// what the command line left out), which is why clap cannot show the defaults itself.
+pub(crate) fn document_defaults(serve: clap::Command) -> clap::Command {
+    defaults().into_iter().fold(serve, |serve, (flag, value)| {
+        serve.mut_arg(flag.replace('-', "_"), |arg| {
+            let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+            let long = arg.get_long_help().map(ToString::to_string);
+            let arg = arg.help(format!("{help} [default: {value}]"));
+            match long {
+                Some(long) => arg.long_help(format!("{long} [default: {value}]")),
+                None => arg,
+            }
+        })
+    })
+}
+macro_rules! merge {
+    ($flags:ident, $file:ident, $($field:ident),*) => {
+        ServeArgs {
+            config: None,
+            check_config: $flags.check_config,
+            allow_insecure_bind: $flags.allow_insecure_bind || $file.allow_insecure_bind,
+            resume_interrupted: $flags.resume_interrupted || $file.resume_interrupted,
+            $($field: $flags.$field.or($file.$field)),*
+        }
+    };
+}
+/// The command line over the `--config` file: a flag wins over the file's key.
+pub(super) fn merged_args(flags: ServeArgs) -> Result<ServeArgs, String> {
+    let file = match &flags.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("--config {}: {e}", path.display()))?;
+            toml::from_str::<ServeArgs>(&text)
+                .map_err(|e| format!("--config {}: {e}", path.display()))?
+        }
+        None => ServeArgs::default(),
+    };
+    let a = merge!(
+        flags,
+        file,
+        listen,
+        agent,
+        agent_cmd,
+        agent_close_grace,
+        agent_env,
+        agent_max_line_bytes,
+        max_reply_bytes,
+        echo_delay_ms,
+        busy_mode,
+        queue_cap,
+        turn_workers,
+        cleanup_workers,
+        max_cleanup_workers,
+        max_cached_agents,
+        agent_idle_ttl,
+        max_queued_messages,
+        max_queued_bytes,
+        partial_interval,
+        turn_timeout,
+        stop_grace,
+        cleanup_timeout,
+        drain_timeout,
+        status_file,
+        auth_token,
+        max_connections,
+        max_line_bytes,
+        max_write_buffer,
+        outbox_cap,
+        model,
+        openai_base_url,
+        openai_api_key_env,
+        system_prompt,
+        system_prompt_file,
+        history_turns,
+        history_chars,
+        openai_sender_prefix,
+        openai_connect_timeout,
+        openai_read_timeout,
+        openai_tls_roots,
+        outbox_bytes,
+        max_platforms,
+        dedup_max,
+        dedup_window,
+        max_unauthenticated,
+        max_unauthenticated_per_peer,
+        hello_timeout,
+        write_budget,
+        write_stall_timeout,
+        data_dir,
+        max_pending_durable,
+        http_listen,
+        http_max_connections,
+        http_max_header_bytes,
+        http_max_requests,
+        http_idle_timeout
+    );
+    Ok(a)
+}

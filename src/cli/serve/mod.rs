@@ -1,0 +1,287 @@
+//! `turnstile serve`: flags, the optional TOML config file, and the server's lifetime —
+//! `args` (the flags), `settings` (resolved and checked), `reload` (SIGHUP), and here the
+//! run in its steps: build the runtime, bind the bridge (journal recovered), host the
+//! operations endpoint, serve until stopped.
+
+mod args;
+mod reload;
+mod settings;
+
+pub(crate) use args::{ServeArgs, document_defaults};
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::child::{self};
+use crate::journal::JournalConfig;
+use crate::ops::http::HttpServer;
+use crate::ops::notify::SdNotify;
+use crate::ops::{Ops, ReloadApplier, SwappableFactory};
+use crate::server::{BridgeServer, ServerConfig};
+use crate::{Builder, Handle, Runtime};
+
+use super::USAGE_ERROR;
+use args::AgentKind;
+use reload::{make_factory, reload_loader};
+use settings::{Settings, resolve};
+
+/// `/readyz`'s store check: the bridge's journal status says whether its last write failed.
+fn store_ready(status: &crate::Status) -> Result<(), String> {
+    let failing = status
+        .frontend
+        .as_ref()
+        .and_then(|f| f.pointer("/journal/failing"))
+        .and_then(serde_json::Value::as_bool);
+    match failing {
+        Some(true) => Err("journal writes are failing".into()),
+        _ => Ok(()),
+    }
+}
+/// The heartbeat period of the served runtime.
+const TICK_INTERVAL: Duration = Duration::from_millis(100);
+/// Runs the server; returns the process exit code.
+pub(crate) fn run(args: ServeArgs) -> i32 {
+    let check_only = args.check_config;
+    let flags = args.clone();
+    let s = match resolve(args) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("turnstile serve: {e}");
+            return USAGE_ERROR;
+        }
+    };
+    if let Some(path) = &s.status_file
+        && let Err(e) = check_writable(path)
+    {
+        eprintln!("turnstile serve: --status-file {}: {e}", path.display());
+        return USAGE_ERROR;
+    }
+    if check_only {
+        println!("configuration ok");
+        return 0;
+    }
+    match crate::server::raise_fd_limit() {
+        Ok((old, new)) if new > old => {
+            log::info!("raised the open-file limit from {old} to {new} (the hard limit)")
+        }
+        Ok((_, now)) => log::info!("open-file limit: {now}"),
+        Err(e) => log::warn!("cannot raise the open-file limit: {e}"),
+    }
+    let started = build_runtime(&s).and_then(|(runtime, handle, swap)| {
+        let server = bind_bridge(&s)?;
+        let forced = server.forced_stops();
+        let addr = server.local_addr().map_err(|e| e.to_string())?;
+        let (ops, http_addr) = host_ops(server, &s, flags, handle, swap)?;
+        Ok((runtime, ops, forced, addr, http_addr))
+    });
+    let (runtime, ops, forced, addr, http_addr) = match started {
+        Ok(parts) => parts,
+        Err(e) => {
+            eprintln!("turnstile serve: {e}");
+            return USAGE_ERROR;
+        }
+    };
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "listening on {addr}");
+    if let Some(h) = http_addr {
+        let _ = writeln!(stdout, "http on {h}");
+    }
+    let _ = stdout.flush();
+    drop(stdout);
+    log::info!(
+        "serving: agent {:?}, {} turn workers, busy mode {:?}",
+        s.agent,
+        s.core.turn_workers,
+        s.core.busy_mode
+    );
+    let code = serve_until_stopped(runtime, ops, &forced);
+    if s.agent != AgentKind::Echo {
+        // Closing each agent killed its processes; this catches anything a close left.
+        child::kill_all();
+    }
+    code
+}
+
+/// The runtime with its agent factory (swappable, so a reload can give new agents a new
+/// command); for process-based agents the gateway becomes their subreaper first.
+fn build_runtime(s: &Settings) -> Result<(Runtime, Handle, Arc<SwappableFactory>), String> {
+    let swap = SwappableFactory::new(make_factory(s)?);
+    if matches!(s.agent, AgentKind::Exec | AgentKind::Process) {
+        if let Err(e) = child::become_subreaper() {
+            log::warn!(
+                "cannot become a child subreaper ({e}): agent processes that kill their own leader escape containment"
+            );
+        }
+        // Whatever path ends the process, agent processes go with it.
+        child::kill_all_at_exit();
+    }
+    let mut builder = Builder::new(Arc::clone(&swap))
+        .max_reply_bytes(s.max_reply_bytes)
+        .busy_mode(s.core.busy_mode)
+        .queue_cap(s.core.queue_cap)
+        .turn_workers(s.core.turn_workers)
+        .cleanup_workers(s.core.cleanup_workers)
+        .max_cleanup_workers(s.core.max_cleanup_workers)
+        .max_cached_agents(s.core.max_cached_agents)
+        .agent_idle_ttl(s.core.agent_idle_ttl)
+        .max_queued_messages(s.core.max_queued_messages)
+        .max_queued_bytes(s.core.max_queued_bytes)
+        .partial_interval(s.core.partial_interval)
+        .turn_timeout(s.core.turn_timeout)
+        .stop_grace(s.core.stop_grace)
+        .cleanup_timeout(s.core.cleanup_timeout)
+        .drain_timeout(s.core.drain_timeout)
+        .tick_interval(TICK_INTERVAL);
+    if let Some(path) = &s.status_file {
+        builder = builder.status_file(path);
+    }
+    let (runtime, handle, _events) = builder.build().map_err(|e| e.to_string())?;
+    Ok((runtime, handle, swap))
+}
+
+/// The bridge server on `--listen`, with its journal recovered when `--data-dir` is set.
+fn bind_bridge(s: &Settings) -> Result<BridgeServer, String> {
+    // Well past every shutdown deadline: drain, grace, cleanup, then the flush budget.
+    let flush_budget = Duration::from_secs(5);
+    let watchdog = s.core.drain_timeout
+        + s.core.stop_grace
+        + s.core.cleanup_timeout
+        + flush_budget
+        + Duration::from_secs(30);
+    let cfg = ServerConfig {
+        bridge: s.bridge.clone(),
+        flush_budget,
+        watchdog,
+        allow_insecure_bind: s.allow_insecure_bind,
+        ..ServerConfig::default()
+    };
+    let server =
+        BridgeServer::bind(s.listen, cfg).map_err(|e| format!("--listen {}: {e}", s.listen))?;
+    let Some(dir) = &s.data_dir else {
+        return Ok(server);
+    };
+    crate::journal::SqliteStore::open(dir)
+        .and_then(|store| server.with_journal(store, JournalConfig::default()))
+        .map(|(server, _counts)| server)
+        .map_err(|e| format!("--data-dir {}: {e}", dir.display()))
+}
+
+/// The operations frontend around the bridge server: the HTTP endpoint, readiness checks,
+/// reload on SIGHUP (with `--config`) and systemd notifications.
+fn host_ops(
+    server: BridgeServer,
+    s: &Settings,
+    flags: ServeArgs,
+    handle: Handle,
+    swap: Arc<SwappableFactory>,
+) -> Result<(Ops<BridgeServer>, Option<SocketAddr>), String> {
+    let mut ops = Ops::new(server, TICK_INTERVAL);
+    let mut http_addr = None;
+    if let Some((addr, cfg)) = s.http.clone() {
+        let server =
+            HttpServer::bind(addr, cfg).map_err(|e| format!("--http-listen {addr}: {e}"))?;
+        http_addr = server.local_addr().ok();
+        ops = ops.with_http(server);
+    }
+    if s.data_dir.is_some() {
+        // Not ready while the journal's writes fail: new messages would be rejected `storage`.
+        ops = ops.with_readiness_check("store", Box::new(store_ready));
+    }
+    if flags.config.is_some() {
+        let loader = reload_loader(flags, s);
+        let apply: ReloadApplier<BridgeServer> = Box::new(move |server, r| {
+            let mut restart = Vec::new();
+            if !server.set_auth_token(r.auth_token.as_deref()) {
+                restart.push("auth-token".to_owned());
+            }
+            handle.set_partial_interval(r.partial_interval);
+            if let Some(f) = &r.factory {
+                swap.swap(Arc::clone(f));
+            }
+            restart
+        });
+        ops = ops.with_reload(loader, apply);
+    }
+    match SdNotify::from_env() {
+        Ok(Some(n)) => {
+            log::info!("systemd notifications on: {n:?}");
+            ops = ops.with_notify(n);
+        }
+        Ok(None) => {}
+        Err(e) => log::warn!("NOTIFY_SOCKET: {e}; no systemd notifications"),
+    }
+    Ok((ops, http_addr))
+}
+
+/// Runs the reactor on its own thread until it stops (0 when the shutdown was clean, 1
+/// otherwise) or a stop is forced (1 at once: the loop may be wedged, so this thread acts on
+/// it and the process ends without waiting for the loop).
+fn serve_until_stopped(
+    runtime: Runtime,
+    ops: Ops<BridgeServer>,
+    forced: &crossbeam_channel::Receiver<crate::ForcedStop>,
+) -> i32 {
+    let (finished_tx, finished) = crossbeam_channel::bounded(1);
+    let reactor = std::thread::Builder::new()
+        .name("turnstile-reactor".into())
+        .spawn(move || {
+            let _ = finished_tx.send(runtime.run_with(ops));
+        });
+    if let Err(e) = reactor {
+        log::error!("cannot start the reactor thread: {e}");
+        return 1;
+    }
+    let finished = crossbeam_channel::select! {
+        recv(finished) -> r => r,
+        recv(forced) -> why => match why {
+            Ok(why) => {
+                log::error!("forced stop: {why}; exiting with code 1");
+                child::kill_all();
+                return 1;
+            }
+            // The server was dropped: the loop has ended and its result is on its way.
+            Err(_) => finished.recv(),
+        },
+    };
+    match finished.unwrap_or_else(|_| Err(std::io::Error::other("the reactor thread panicked"))) {
+        Ok(report) if report.clean => 0,
+        Ok(report) => {
+            log::warn!("shutdown was not clean: {report:?}");
+            1
+        }
+        Err(e) => {
+            log::error!("reactor failed: {e}");
+            1
+        }
+    }
+}
+
+/// Whether the status file can be written: its temporary sibling is created and removed, as
+/// the status writer will do every 100 ms.
+fn check_writable(path: &std::path::Path) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    std::fs::File::create(&tmp)?;
+    std::fs::remove_file(&tmp)
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_store_is_not_ready_while_journal_writes_fail() {
+        let mut status = crate::Status::default();
+        assert_eq!(store_ready(&status), Ok(()));
+        status.frontend = Some(serde_json::json!({"journal": {"failing": false}}));
+        assert_eq!(store_ready(&status), Ok(()));
+        status.frontend = Some(serde_json::json!({"journal": {"failing": true}}));
+        assert_eq!(
+            store_ready(&status),
+            Err("journal writes are failing".to_owned())
+        );
+    }
+}

@@ -1,0 +1,131 @@
+//! What a SIGHUP reload re-reads, and which of it can change without a restart.
+
+use std::sync::{Arc, Mutex};
+
+use crate::AgentFactory;
+use crate::EchoAgent;
+use crate::core::Tunables;
+use crate::exec::{ExecAgent, ExecOptions};
+use crate::openai::OpenAiFactory;
+use crate::ops::{Reload, ReloadLoader};
+use crate::process::{ProcessAgent, ProcessOptions};
+
+use super::args::{AgentKind, ServeArgs};
+use super::settings::{Settings, resolve};
+
+/// The agent factory the settings ask for.
+pub(super) fn make_factory(s: &Settings) -> Result<Arc<dyn AgentFactory>, String> {
+    Ok(match (s.agent, &s.agent_cmd, s.openai.clone()) {
+        (AgentKind::Exec, Some(cmd), _) => Arc::new(ExecAgent::factory_with(
+            cmd,
+            ExecOptions {
+                env: s.agent_env.clone(),
+                max_output_bytes: s.max_reply_bytes,
+            },
+        )),
+        (AgentKind::Process, Some(cmd), _) => Arc::new(ProcessAgent::factory(ProcessOptions {
+            command: cmd.clone(),
+            env: s.agent_env.clone(),
+            max_reply_bytes: s.max_reply_bytes,
+            max_line_bytes: s.agent_max_line_bytes,
+            stop_grace: s.core.stop_grace,
+            close_grace: s.agent_close_grace,
+        })),
+        (AgentKind::Openai, _, Some(cfg)) => {
+            Arc::new(OpenAiFactory::new(cfg).map_err(|e| format!("--agent openai: {e}"))?)
+        }
+        _ => Arc::new(EchoAgent::factory(s.echo_delay)),
+    })
+}
+
+/// What a new agent factory depends on that a reload may change.
+pub(super) fn factory_key(s: &Settings) -> String {
+    format!(
+        "{:?} {:?} {:?}",
+        s.agent_cmd, s.echo_delay, s.core.stop_grace
+    )
+}
+
+/// The settings a reload cannot change, by name, with their values (compared, never logged:
+/// they may hold secrets).
+pub(super) fn restart_only(s: &Settings) -> Vec<(&'static str, String)> {
+    let mut bridge = s.bridge.clone();
+    bridge.auth_token = None;
+    let http = s.http.clone().map(|(addr, mut cfg)| {
+        cfg.auth_token = None;
+        (addr, cfg)
+    });
+    vec![
+        ("listen", format!("{:?}", s.listen)),
+        ("http-listen and the http bounds", format!("{http:?}")),
+        ("agent", format!("{:?}", s.agent)),
+        ("agent-env", format!("{:?}", s.agent_env)),
+        ("agent-close-grace", format!("{:?}", s.agent_close_grace)),
+        (
+            "agent-max-line-bytes",
+            format!("{:?}", s.agent_max_line_bytes),
+        ),
+        ("max-reply-bytes", format!("{:?}", s.max_reply_bytes)),
+        ("turn-workers", format!("{:?}", s.core.turn_workers)),
+        ("cleanup-workers", format!("{:?}", s.core.cleanup_workers)),
+        (
+            "max-cleanup-workers",
+            format!("{:?}", s.core.max_cleanup_workers),
+        ),
+        (
+            "max-cached-agents",
+            format!("{:?}", s.core.max_cached_agents),
+        ),
+        ("agent-idle-ttl", format!("{:?}", s.core.agent_idle_ttl)),
+        (
+            "max-queued-messages",
+            format!("{:?}", s.core.max_queued_messages),
+        ),
+        ("max-queued-bytes", format!("{:?}", s.core.max_queued_bytes)),
+        ("status-file", format!("{:?}", s.status_file)),
+        ("openai settings", format!("{:?}", s.openai)),
+        ("the bridge's bounds", format!("{bridge:?}")),
+        (
+            "allow-insecure-bind",
+            format!("{:?}", s.allow_insecure_bind),
+        ),
+    ]
+}
+
+/// SIGHUP: re-reads the flags and `--config` file (on a helper thread) into a [`Reload`].
+pub(super) fn reload_loader(flags: ServeArgs, initial: &Settings) -> ReloadLoader {
+    let fixed = restart_only(initial);
+    let last_key = Mutex::new(factory_key(initial));
+    Arc::new(move || {
+        let new = resolve(flags.clone())?;
+        let restart_needed = restart_only(&new)
+            .into_iter()
+            .zip(&fixed)
+            .filter(|((_, now), (_, was))| now != was)
+            .map(|((name, _), _)| name.to_owned())
+            .collect();
+        let key = factory_key(&new);
+        let mut last = last_key.lock().unwrap_or_else(|e| e.into_inner());
+        let factory = if *last != key {
+            let f = make_factory(&new)?;
+            *last = key;
+            Some(f)
+        } else {
+            None
+        };
+        Ok(Reload {
+            tunables: Tunables {
+                busy_mode: new.core.busy_mode,
+                queue_cap: new.core.queue_cap,
+                turn_timeout: new.core.turn_timeout,
+                stop_grace: new.core.stop_grace,
+                cleanup_timeout: new.core.cleanup_timeout,
+                drain_timeout: new.core.drain_timeout,
+            },
+            partial_interval: new.core.partial_interval,
+            auth_token: new.bridge.auth_token.clone(),
+            factory,
+            restart_needed,
+        })
+    })
+}

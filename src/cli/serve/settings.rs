@@ -1,0 +1,391 @@
+//! Every value of `serve` resolved from the flags and the file, checked, and named when
+//! wrong.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::BusyMode;
+use crate::child::AgentEnv;
+use crate::core::CoreConfig;
+use crate::openai::{
+    ApiKey, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HISTORY_CHARS, DEFAULT_HISTORY_TURNS,
+    DEFAULT_READ_TIMEOUT, OpenAiConfig, TlsRoots,
+};
+use crate::ops::http::{self, DEFAULT_HTTP_LISTEN, HttpConfig};
+use crate::process::{self};
+use crate::reactor::DEFAULT_PARTIAL_INTERVAL;
+use crate::server::BridgeConfig;
+
+use super::args::{AgentKind, DEFAULT_LISTEN, ServeArgs, TlsRootsArg, merged_args};
+
+/// Every value resolved and checked.
+pub(super) struct Settings {
+    /// The runtime's settings (the core's bounds and timings, the pools).
+    pub(super) core: CoreSettings,
+    pub(super) listen: SocketAddr,
+    pub(super) agent: AgentKind,
+    pub(super) agent_cmd: Option<String>,
+    pub(super) agent_close_grace: Duration,
+    pub(super) agent_env: AgentEnv,
+    pub(super) agent_max_line_bytes: usize,
+    pub(super) max_reply_bytes: usize,
+    pub(super) echo_delay: Duration,
+    pub(super) status_file: Option<PathBuf>,
+    pub(super) openai: Option<OpenAiConfig>,
+    pub(super) bridge: BridgeConfig,
+    pub(super) allow_insecure_bind: bool,
+    pub(super) data_dir: Option<PathBuf>,
+    /// The HTTP endpoint's address and settings; `None` when `off`.
+    pub(super) http: Option<(SocketAddr, HttpConfig)>,
+}
+
+/// The runtime's settings: the core's bounds and timings, the pools' sizes.
+pub(super) struct CoreSettings {
+    pub(super) busy_mode: BusyMode,
+    pub(super) queue_cap: usize,
+    pub(super) turn_workers: usize,
+    pub(super) cleanup_workers: usize,
+    pub(super) max_cleanup_workers: usize,
+    pub(super) max_cached_agents: usize,
+    pub(super) agent_idle_ttl: Duration,
+    pub(super) max_queued_messages: usize,
+    pub(super) max_queued_bytes: usize,
+    pub(super) partial_interval: Duration,
+    pub(super) turn_timeout: Duration,
+    pub(super) stop_grace: Duration,
+    pub(super) cleanup_timeout: Duration,
+    pub(super) drain_timeout: Duration,
+}
+pub(super) fn seconds(
+    name: &str,
+    value: Option<f64>,
+    default: f64,
+    allow_zero: bool,
+) -> Result<Duration, String> {
+    let v = value.unwrap_or(default);
+    if !v.is_finite() || v < 0.0 || (!allow_zero && v == 0.0) || v > 1e9 {
+        let range = if allow_zero {
+            "0 or more"
+        } else {
+            "greater than 0"
+        };
+        return Err(format!(
+            "--{name}: {v} is not a valid number of seconds ({range})"
+        ));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+pub(super) fn at_least_one(
+    name: &str,
+    value: Option<usize>,
+    default: usize,
+) -> Result<usize, String> {
+    match value.unwrap_or(default) {
+        0 => Err(format!("--{name}: must be at least 1")),
+        v => Ok(v),
+    }
+}
+/// The bridge's bounds and durability settings, each checked and named when wrong.
+pub(super) fn bridge_config(a: &ServeArgs, max_reply_bytes: usize) -> Result<BridgeConfig, String> {
+    let bridge_default = BridgeConfig::default();
+    let bridge = BridgeConfig {
+        auth_token: a.auth_token.clone(),
+        max_connections: at_least_one(
+            "max-connections",
+            a.max_connections,
+            bridge_default.max_connections,
+        )?,
+        max_unauthenticated: at_least_one(
+            "max-unauthenticated",
+            a.max_unauthenticated,
+            bridge_default.max_unauthenticated,
+        )?,
+        max_unauthenticated_per_peer: at_least_one(
+            "max-unauthenticated-per-peer",
+            a.max_unauthenticated_per_peer,
+            bridge_default.max_unauthenticated_per_peer,
+        )?,
+        hello_timeout: seconds(
+            "hello-timeout",
+            a.hello_timeout,
+            bridge_default.hello_timeout.as_secs_f64(),
+            false,
+        )?,
+        max_line_bytes: at_least_one(
+            "max-line-bytes",
+            a.max_line_bytes,
+            bridge_default.max_line_bytes,
+        )?,
+        max_write_buffer: at_least_one(
+            "max-write-buffer",
+            a.max_write_buffer,
+            bridge_default.max_write_buffer,
+        )?,
+        write_budget: at_least_one("write-budget", a.write_budget, bridge_default.write_budget)?,
+        write_stall_timeout: seconds(
+            "write-stall-timeout",
+            a.write_stall_timeout,
+            bridge_default.write_stall_timeout.as_secs_f64(),
+            false,
+        )?,
+        max_platforms: at_least_one(
+            "max-platforms",
+            a.max_platforms,
+            bridge_default.max_platforms,
+        )?,
+        outbox_cap: at_least_one("outbox-cap", a.outbox_cap, bridge_default.outbox_cap)?,
+        outbox_bytes: at_least_one("outbox-bytes", a.outbox_bytes, bridge_default.outbox_bytes)?,
+        max_reply_bytes,
+        journal: a.data_dir.is_some(),
+        max_pending_durable: at_least_one(
+            "max-pending-durable",
+            a.max_pending_durable,
+            bridge_default.max_pending_durable,
+        )?,
+        resume_interrupted: a.resume_interrupted,
+        dedup_window: seconds(
+            "dedup-window",
+            a.dedup_window,
+            bridge_default.dedup_window.as_secs_f64(),
+            false,
+        )?,
+        dedup_max: at_least_one("dedup-max", a.dedup_max, bridge_default.dedup_max)?,
+        ..BridgeConfig::default()
+    };
+    let reserve = max_reply_bytes.saturating_add(crate::server::bridge::TERMINAL_ENVELOPE);
+    if bridge.outbox_bytes < reserve {
+        return Err(format!(
+            "--outbox-bytes: {} is less than one result's reservation ({reserve} bytes: --max-reply-bytes + 8 KiB)",
+            bridge.outbox_bytes
+        ));
+    }
+    Ok(bridge)
+}
+
+/// The HTTP endpoint's address and bounds, or `None` for `--http-listen off`.
+pub(super) fn http_settings(a: &ServeArgs) -> Result<Option<(SocketAddr, HttpConfig)>, String> {
+    let http = match a.http_listen.as_deref().map(str::trim) {
+        Some("off") => None,
+        spec => {
+            let addr: SocketAddr = spec.unwrap_or(DEFAULT_HTTP_LISTEN).parse().map_err(|e| {
+                format!(
+                    "--http-listen {}: {e} (an address like 127.0.0.1:7879, or off)",
+                    spec.unwrap_or_default()
+                )
+            })?;
+            if !addr.ip().is_loopback() && a.auth_token.is_none() && !a.allow_insecure_bind {
+                return Err(format!(
+                    "--http-listen {addr}: a non-loopback address needs --auth-token (or --allow-insecure-bind)"
+                ));
+            }
+            let max_connections = at_least_one(
+                "http-max-connections",
+                a.http_max_connections,
+                http::DEFAULT_MAX_CONNECTIONS,
+            )?;
+            if max_connections > http::MAX_CONNECTIONS_LIMIT {
+                return Err(format!(
+                    "--http-max-connections: must be at most {} (got {max_connections})",
+                    http::MAX_CONNECTIONS_LIMIT
+                ));
+            }
+            let max_header_bytes = at_least_one(
+                "http-max-header-bytes",
+                a.http_max_header_bytes,
+                http::DEFAULT_MAX_HEADER_BYTES,
+            )?;
+            if max_header_bytes < 64 {
+                return Err(format!(
+                    "--http-max-header-bytes: must be at least 64 (got {max_header_bytes})"
+                ));
+            }
+            let cfg = HttpConfig {
+                auth_token: a.auth_token.clone(),
+                max_connections,
+                max_header_bytes,
+                max_requests: at_least_one(
+                    "http-max-requests",
+                    a.http_max_requests,
+                    http::DEFAULT_MAX_REQUESTS,
+                )?,
+                idle_timeout: seconds(
+                    "http-idle-timeout",
+                    a.http_idle_timeout,
+                    http::DEFAULT_IDLE_TIMEOUT.as_secs_f64(),
+                    false,
+                )?,
+            };
+            Some((addr, cfg))
+        }
+    };
+    Ok(http)
+}
+pub(super) fn resolve(flags: ServeArgs) -> Result<Settings, String> {
+    let a = merged_args(flags)?;
+    let agent = a.agent.unwrap_or(AgentKind::Echo);
+    let needs_cmd = matches!(agent, AgentKind::Exec | AgentKind::Process);
+    if needs_cmd && a.agent_cmd.as_deref().is_none_or(|c| c.trim().is_empty()) {
+        let name = if agent == AgentKind::Exec {
+            "exec"
+        } else {
+            "process"
+        };
+        return Err(format!("--agent {name} needs --agent-cmd"));
+    }
+    let agent_close_grace = seconds(
+        "agent-close-grace",
+        a.agent_close_grace,
+        process::DEFAULT_CLOSE_GRACE.as_secs_f64(),
+        true,
+    )?;
+    let core = core_settings(&a)?;
+    if agent == AgentKind::Process
+        && agent_close_grace + process::CLOSE_OVERHEAD > core.cleanup_timeout
+    {
+        return Err(format!(
+            "--agent-close-grace: {:?} plus {:?} to terminate and kill must fit in --cleanup-timeout ({:?})",
+            agent_close_grace,
+            process::CLOSE_OVERHEAD,
+            core.cleanup_timeout
+        ));
+    }
+    if a.auth_token.as_deref() == Some("") {
+        return Err("--auth-token: must not be empty".into());
+    }
+    let openai = match agent {
+        AgentKind::Openai => Some(openai_config(&a)?),
+        _ => None,
+    };
+    let listen = a.listen.unwrap_or_else(|| SocketAddr::from(DEFAULT_LISTEN));
+    if !listen.ip().is_loopback() && a.auth_token.is_none() && !a.allow_insecure_bind {
+        return Err(format!(
+            "--listen {listen}: a non-loopback address needs --auth-token (or --allow-insecure-bind)"
+        ));
+    }
+    let max_reply_bytes = at_least_one(
+        "max-reply-bytes",
+        a.max_reply_bytes,
+        BridgeConfig::default().max_reply_bytes,
+    )?;
+    Ok(Settings {
+        bridge: bridge_config(&a, max_reply_bytes)?,
+        http: http_settings(&a)?,
+        listen,
+        max_reply_bytes,
+        allow_insecure_bind: a.allow_insecure_bind,
+        agent,
+        agent_cmd: a.agent_cmd.clone(),
+        agent_close_grace,
+        agent_env: AgentEnv::new(a.agent_env.clone().unwrap_or_default())?,
+        agent_max_line_bytes: at_least_one(
+            "agent-max-line-bytes",
+            a.agent_max_line_bytes,
+            process::DEFAULT_MAX_LINE_BYTES,
+        )?,
+        echo_delay: Duration::from_millis(a.echo_delay_ms.unwrap_or(0)),
+        status_file: a.status_file,
+        data_dir: a.data_dir,
+        openai,
+        core,
+    })
+}
+
+/// The runtime's settings from the flags, each checked and named when wrong.
+fn core_settings(a: &ServeArgs) -> Result<CoreSettings, String> {
+    let d = CoreConfig::default();
+    let secs = |name, value, default: Duration, allow_zero| {
+        seconds(name, value, default.as_secs_f64(), allow_zero)
+    };
+    Ok(CoreSettings {
+        busy_mode: a.busy_mode.unwrap_or(d.busy_mode),
+        queue_cap: at_least_one("queue-cap", a.queue_cap, d.queue_cap)?,
+        turn_workers: at_least_one("turn-workers", a.turn_workers, d.turn_workers)?,
+        cleanup_workers: at_least_one(
+            "cleanup-workers",
+            a.cleanup_workers,
+            crate::reactor::DEFAULT_CLEANUP_WORKERS,
+        )?,
+        max_cleanup_workers: at_least_one(
+            "max-cleanup-workers",
+            a.max_cleanup_workers,
+            d.cleanup_concurrency,
+        )?,
+        max_cached_agents: a.max_cached_agents.unwrap_or(d.max_cached_agents),
+        agent_idle_ttl: secs("agent-idle-ttl", a.agent_idle_ttl, d.agent_idle_ttl, false)?,
+        max_queued_messages: at_least_one(
+            "max-queued-messages",
+            a.max_queued_messages,
+            d.max_queued_messages,
+        )?,
+        max_queued_bytes: at_least_one("max-queued-bytes", a.max_queued_bytes, d.max_queued_bytes)?,
+        partial_interval: secs(
+            "partial-interval",
+            a.partial_interval,
+            DEFAULT_PARTIAL_INTERVAL,
+            true,
+        )?,
+        turn_timeout: secs("turn-timeout", a.turn_timeout, d.turn_timeout, false)?,
+        stop_grace: secs("stop-grace", a.stop_grace, d.stop_grace, true)?,
+        cleanup_timeout: secs(
+            "cleanup-timeout",
+            a.cleanup_timeout,
+            d.cleanup_timeout,
+            false,
+        )?,
+        drain_timeout: secs("drain-timeout", a.drain_timeout, d.drain_timeout, true)?,
+    })
+}
+
+/// The openai agent's settings; the API key is read from the environment here.
+pub(super) fn openai_config(a: &ServeArgs) -> Result<OpenAiConfig, String> {
+    let base_url = a
+        .openai_base_url
+        .clone()
+        .ok_or("--agent openai needs --openai-base-url (e.g. http://127.0.0.1:11434/v1)")?;
+    let model = a.model.clone().ok_or("--agent openai needs --model")?;
+    let mut cfg = OpenAiConfig::new(base_url, model);
+    cfg.api_key = match &a.openai_api_key_env {
+        Some(name) => Some(
+            ApiKey::from_env(name)
+                .map_err(|e| format!("--openai-api-key-env: {e}"))?
+                .ok_or_else(|| format!("--openai-api-key-env: ${name} is not set or empty"))?,
+        ),
+        None => ApiKey::from_env("OPENAI_API_KEY")?,
+    };
+    cfg.system_prompt = match (&a.system_prompt, &a.system_prompt_file) {
+        (Some(_), Some(_)) => {
+            return Err("--system-prompt and --system-prompt-file: give one, not both".into());
+        }
+        (Some(p), None) => Some(p.clone()),
+        (None, Some(path)) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| format!("--system-prompt-file {}: {e}", path.display()))?,
+        ),
+        (None, None) => None,
+    };
+    cfg.history_turns = a.history_turns.unwrap_or(DEFAULT_HISTORY_TURNS);
+    cfg.history_chars = a.history_chars.unwrap_or(DEFAULT_HISTORY_CHARS);
+    cfg.sender_prefix = a.openai_sender_prefix.unwrap_or(false);
+    cfg.connect_timeout = seconds(
+        "openai-connect-timeout",
+        a.openai_connect_timeout,
+        DEFAULT_CONNECT_TIMEOUT.as_secs_f64(),
+        false,
+    )?;
+    cfg.read_timeout = seconds(
+        "openai-read-timeout",
+        a.openai_read_timeout,
+        DEFAULT_READ_TIMEOUT.as_secs_f64(),
+        false,
+    )?;
+    cfg.tls_roots = match a.openai_tls_roots.unwrap_or(TlsRootsArg::Platform) {
+        TlsRootsArg::Platform => TlsRoots::Platform,
+        TlsRootsArg::Webpki => TlsRoots::WebPki,
+    };
+    if let Some(max) = a.max_reply_bytes {
+        cfg.max_reply_bytes = max;
+    }
+    Ok(cfg)
+}
