@@ -6,8 +6,11 @@ pub(crate) mod loadgen;
 pub(crate) mod send;
 pub(crate) mod serve;
 pub(crate) mod status;
+mod units;
 mod workload;
 
+#[cfg(test)]
+use clap::Parser;
 use clap::{CommandFactory, FromArgMatches, Subcommand};
 
 /// Exit code for bad flags or configuration (as clap uses).
@@ -109,5 +112,16 @@ mod tests {
         let shown = help.matches("[default: ").count();
         // Each of the documented defaults appears once (clap's own, e.g. for --help, none).
         assert!(shown >= 40, "only {shown} defaults shown");
+    }
+
+    /// What the help prints as a flag's default is accepted by that flag (once the help said
+    /// `600s` and `1 MiB` while the parser wanted `600` and `1048576`).
+    #[test]
+    fn every_default_the_help_prints_is_accepted_by_its_flag() {
+        for (flag, value) in serve::defaults() {
+            let arg = format!("--{flag}");
+            let parsed = Cli::try_parse_from(["turnstile", "serve", &arg, &value]);
+            assert!(parsed.is_ok(), "{arg} {value}: {:?}", parsed.err());
+        }
     }
 }

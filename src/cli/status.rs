@@ -4,6 +4,7 @@
 //! Exit codes: 0 healthy; 1 unhealthy (stale snapshot, draining, stopped, `/healthz` 503);
 //! 2 usage; 3 no snapshot (missing or unreadable file, no server, not a turnstile status).
 
+use super::units::Seconds;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
@@ -34,21 +35,21 @@ pub(crate) struct StatusArgs {
     /// Bearer token for the HTTP endpoint.
     #[arg(long, env = "TURNSTILE_AUTH_TOKEN", hide_env_values = true)]
     token: Option<String>,
-    /// A snapshot older than this many seconds is stale [default: 2].
-    #[arg(long, default_value_t = 2.0)]
-    max_age: f64,
-    /// Seconds to wait for the HTTP endpoint.
-    #[arg(long, default_value_t = 5.0)]
-    timeout: f64,
+    /// A snapshot older than this is stale.
+    #[arg(long, default_value = "2s")]
+    max_age: Seconds,
+    /// How long to wait for the HTTP endpoint.
+    #[arg(long, default_value = "5s")]
+    timeout: Seconds,
 }
 
 /// Prints the summary; returns the exit code.
 pub(crate) fn run(args: StatusArgs) -> i32 {
-    if !args.max_age.is_finite() || args.max_age <= 0.0 {
+    if args.max_age.0 <= 0.0 {
         eprintln!("turnstile status: --max-age must be a positive number of seconds");
         return USAGE_ERROR;
     }
-    if !args.timeout.is_finite() || args.timeout <= 0.0 {
+    if args.timeout.0 <= 0.0 {
         eprintln!("turnstile status: --timeout must be a positive number of seconds");
         return USAGE_ERROR;
     }
@@ -65,7 +66,7 @@ pub(crate) fn run(args: StatusArgs) -> i32 {
         },
         None => {
             let addr = args.http.as_deref().unwrap_or("127.0.0.1:7879");
-            let timeout = Duration::from_secs_f64(args.timeout);
+            let timeout = Duration::from_secs_f64(args.timeout.0);
             let status = match get(addr, "/status", args.token.as_deref(), timeout) {
                 Ok((200, body)) => body,
                 Ok((401, _)) => {
@@ -107,7 +108,7 @@ pub(crate) fn run(args: StatusArgs) -> i32 {
         .unwrap_or_default()
         .as_secs_f64();
     print!("{}", summary(&v, now));
-    match verdict(&v, now, args.max_age, probe) {
+    match verdict(&v, now, args.max_age.0, probe) {
         Ok(()) => {
             println!("verdict: healthy");
             0

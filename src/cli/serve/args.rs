@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::BusyMode;
+use crate::cli::units::{Bytes, ListenAddr, Seconds};
 use crate::core::CoreConfig;
 use crate::openai::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_HISTORY_CHARS, DEFAULT_HISTORY_TURNS, DEFAULT_READ_TIMEOUT,
@@ -54,7 +55,7 @@ pub(crate) struct ServeArgs {
     pub(super) config: Option<PathBuf>,
     /// Address to listen on
     #[arg(long)]
-    pub(super) listen: Option<SocketAddr>,
+    pub(super) listen: Option<ListenAddr>,
     /// Agent
     #[arg(long, value_enum)]
     pub(super) agent: Option<AgentKind>,
@@ -63,16 +64,16 @@ pub(crate) struct ServeArgs {
     pub(super) agent_cmd: Option<String>,
     /// Seconds a process agent gets to exit after `close` before SIGTERM
     #[arg(long)]
-    pub(super) agent_close_grace: Option<f64>,
+    pub(super) agent_close_grace: Option<Seconds>,
     /// Pass this variable of the gateway's environment to agent processes (repeatable).
     #[arg(long, value_name = "NAME")]
     pub(super) agent_env: Option<Vec<String>>,
     /// Longest line a process agent may write on stdout
     #[arg(long)]
-    pub(super) agent_max_line_bytes: Option<usize>,
+    pub(super) agent_max_line_bytes: Option<Bytes>,
     /// Replies and partials are cut to this many bytes and flagged truncated
     #[arg(long)]
-    pub(super) max_reply_bytes: Option<usize>,
+    pub(super) max_reply_bytes: Option<Bytes>,
     /// Simulated work per echo turn, in milliseconds (cancellable)
     #[arg(long)]
     pub(super) echo_delay_ms: Option<u64>,
@@ -96,29 +97,29 @@ pub(crate) struct ServeArgs {
     pub(super) max_cached_agents: Option<usize>,
     /// Seconds an idle agent is kept before it is closed
     #[arg(long)]
-    pub(super) agent_idle_ttl: Option<f64>,
+    pub(super) agent_idle_ttl: Option<Seconds>,
     /// Messages waiting across all sessions before new ones are rejected `overloaded`
     #[arg(long)]
     pub(super) max_queued_messages: Option<usize>,
     /// Bytes of text waiting across all sessions before new messages are rejected
     /// `overloaded`
     #[arg(long)]
-    pub(super) max_queued_bytes: Option<usize>,
+    pub(super) max_queued_bytes: Option<Bytes>,
     /// Least seconds between two partial replies forwarded for one turn
     #[arg(long)]
-    pub(super) partial_interval: Option<f64>,
+    pub(super) partial_interval: Option<Seconds>,
     /// Seconds a turn may run
     #[arg(long)]
-    pub(super) turn_timeout: Option<f64>,
+    pub(super) turn_timeout: Option<Seconds>,
     /// Seconds a cancelled turn gets to return
     #[arg(long)]
-    pub(super) stop_grace: Option<f64>,
+    pub(super) stop_grace: Option<Seconds>,
     /// Seconds an agent's close() may take
     #[arg(long)]
-    pub(super) cleanup_timeout: Option<f64>,
+    pub(super) cleanup_timeout: Option<Seconds>,
     /// Seconds shutdown lets running turns finish
     #[arg(long)]
-    pub(super) drain_timeout: Option<f64>,
+    pub(super) drain_timeout: Option<Seconds>,
     /// Write the status snapshot to this JSON file.
     #[arg(long)]
     pub(super) status_file: Option<PathBuf>,
@@ -130,11 +131,11 @@ pub(crate) struct ServeArgs {
     pub(super) max_connections: Option<usize>,
     /// Longest accepted protocol line
     #[arg(long)]
-    pub(super) max_line_bytes: Option<usize>,
+    pub(super) max_line_bytes: Option<Bytes>,
     /// Unwritten output per connection past which its reads pause and typing/partial lines
     /// are dropped; also the outbox backlog it is fed at a time
     #[arg(long)]
-    pub(super) max_write_buffer: Option<usize>,
+    pub(super) max_write_buffer: Option<Bytes>,
     /// Undelivered results a platform may have (reserved at admission; `backpressure`
     /// beyond)
     #[arg(long)]
@@ -166,17 +167,17 @@ pub(crate) struct ServeArgs {
     pub(super) openai_sender_prefix: Option<bool>,
     /// Seconds to open a connection to the API
     #[arg(long)]
-    pub(super) openai_connect_timeout: Option<f64>,
+    pub(super) openai_connect_timeout: Option<Seconds>,
     /// Seconds the API may stay silent before the turn fails
     #[arg(long)]
-    pub(super) openai_read_timeout: Option<f64>,
+    pub(super) openai_read_timeout: Option<Seconds>,
     /// Certificate authorities for https
     #[arg(long, value_enum)]
     pub(super) openai_tls_roots: Option<TlsRootsArg>,
     /// Bytes a platform may have reserved for undelivered results; each accepted message
     /// reserves --max-reply-bytes + 8 KiB (`backpressure` beyond)
     #[arg(long)]
-    pub(super) outbox_bytes: Option<usize>,
+    pub(super) outbox_bytes: Option<Bytes>,
     /// Platforms known at once; a hello or message for another gets `error`/`overloaded`
     #[arg(long)]
     pub(super) max_platforms: Option<usize>,
@@ -185,7 +186,7 @@ pub(crate) struct ServeArgs {
     pub(super) dedup_max: Option<usize>,
     /// Seconds an accepted (platform, id) is remembered
     #[arg(long)]
-    pub(super) dedup_window: Option<f64>,
+    pub(super) dedup_window: Option<Seconds>,
     /// Connections waiting for their hello (with a token), in all
     #[arg(long)]
     pub(super) max_unauthenticated: Option<usize>,
@@ -194,14 +195,14 @@ pub(crate) struct ServeArgs {
     pub(super) max_unauthenticated_per_peer: Option<usize>,
     /// Seconds a connection has to send its hello (with a token)
     #[arg(long)]
-    pub(super) hello_timeout: Option<f64>,
+    pub(super) hello_timeout: Option<Seconds>,
     /// Bytes written to one connection per loop wake
     #[arg(long)]
-    pub(super) write_budget: Option<usize>,
+    pub(super) write_budget: Option<Bytes>,
     /// Seconds a connection with output may take none of it before it is closed (its
     /// results go back to the outbox)
     #[arg(long)]
-    pub(super) write_stall_timeout: Option<f64>,
+    pub(super) write_stall_timeout: Option<Seconds>,
     /// Address of the operations HTTP endpoint (/healthz, /readyz, /status, /metrics), or
     /// `off`.
     #[arg(long, value_name = "ADDR|off")]
@@ -211,13 +212,13 @@ pub(crate) struct ServeArgs {
     pub(super) http_max_connections: Option<usize>,
     /// Bytes of an HTTP request head; more gets 431.
     #[arg(long)]
-    pub(super) http_max_header_bytes: Option<usize>,
+    pub(super) http_max_header_bytes: Option<Bytes>,
     /// HTTP requests served per connection before it is closed.
     #[arg(long)]
     pub(super) http_max_requests: Option<usize>,
     /// Seconds an HTTP connection has to complete a request.
     #[arg(long)]
-    pub(super) http_idle_timeout: Option<f64>,
+    pub(super) http_idle_timeout: Option<Seconds>,
     /// Listen on a non-loopback address without an auth token.
     #[arg(long)]
     #[serde(default)]
@@ -241,15 +242,11 @@ pub(crate) struct ServeArgs {
 }
 /// Each flag's default as `serve --help` shows it, read from where the default is defined
 /// (the core's, the bridge's and the agents' own defaults), never typed twice.
-fn defaults() -> Vec<(&'static str, String)> {
+pub(crate) fn defaults() -> Vec<(&'static str, String)> {
     let core = CoreConfig::default();
     let bridge = BridgeConfig::default();
-    let secs = |d: Duration| format!("{}s", d.as_secs_f64());
-    let bytes = |n: usize| match n {
-        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
-        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
-        n => n.to_string(),
-    };
+    let secs = |d: Duration| Seconds(d.as_secs_f64()).to_string();
+    let bytes = |n: usize| Bytes(n).to_string();
     let lower = |v: &dyn std::fmt::Debug| format!("{v:?}").to_lowercase();
     vec![
         ("listen", SocketAddr::from(DEFAULT_LISTEN).to_string()),

@@ -7,6 +7,8 @@ mod args;
 mod reload;
 mod settings;
 
+#[cfg(test)]
+pub(crate) use args::defaults;
 pub(crate) use args::{ServeArgs, document_defaults};
 
 use std::io::Write;

@@ -18,6 +18,7 @@ use crate::reactor::DEFAULT_PARTIAL_INTERVAL;
 use crate::server::BridgeConfig;
 
 use super::args::{AgentKind, DEFAULT_LISTEN, ServeArgs, TlsRootsArg, merged_args};
+use crate::cli::units::{ListenAddr, Seconds};
 
 /// Every value resolved and checked.
 pub(super) struct Settings {
@@ -59,11 +60,11 @@ pub(super) struct CoreSettings {
 }
 pub(super) fn seconds(
     name: &str,
-    value: Option<f64>,
+    value: Option<Seconds>,
     default: f64,
     allow_zero: bool,
 ) -> Result<Duration, String> {
-    let v = value.unwrap_or(default);
+    let v = value.map_or(default, |s| s.0);
     if !v.is_finite() || v < 0.0 || (!allow_zero && v == 0.0) || v > 1e9 {
         let range = if allow_zero {
             "0 or more"
@@ -115,15 +116,19 @@ pub(super) fn bridge_config(a: &ServeArgs, max_reply_bytes: usize) -> Result<Bri
         )?,
         max_line_bytes: at_least_one(
             "max-line-bytes",
-            a.max_line_bytes,
+            a.max_line_bytes.map(|b| b.0),
             bridge_default.max_line_bytes,
         )?,
         max_write_buffer: at_least_one(
             "max-write-buffer",
-            a.max_write_buffer,
+            a.max_write_buffer.map(|b| b.0),
             bridge_default.max_write_buffer,
         )?,
-        write_budget: at_least_one("write-budget", a.write_budget, bridge_default.write_budget)?,
+        write_budget: at_least_one(
+            "write-budget",
+            a.write_budget.map(|b| b.0),
+            bridge_default.write_budget,
+        )?,
         write_stall_timeout: seconds(
             "write-stall-timeout",
             a.write_stall_timeout,
@@ -136,7 +141,11 @@ pub(super) fn bridge_config(a: &ServeArgs, max_reply_bytes: usize) -> Result<Bri
             bridge_default.max_platforms,
         )?,
         outbox_cap: at_least_one("outbox-cap", a.outbox_cap, bridge_default.outbox_cap)?,
-        outbox_bytes: at_least_one("outbox-bytes", a.outbox_bytes, bridge_default.outbox_bytes)?,
+        outbox_bytes: at_least_one(
+            "outbox-bytes",
+            a.outbox_bytes.map(|b| b.0),
+            bridge_default.outbox_bytes,
+        )?,
         max_reply_bytes,
         journal: a.data_dir.is_some(),
         max_pending_durable: at_least_one(
@@ -169,12 +178,11 @@ pub(super) fn http_settings(a: &ServeArgs) -> Result<Option<(SocketAddr, HttpCon
     let http = match a.http_listen.as_deref().map(str::trim) {
         Some("off") => None,
         spec => {
-            let addr: SocketAddr = spec.unwrap_or(DEFAULT_HTTP_LISTEN).parse().map_err(|e| {
-                format!(
-                    "--http-listen {}: {e} (an address like 127.0.0.1:7879, or off)",
-                    spec.unwrap_or_default()
-                )
-            })?;
+            let spec = spec.unwrap_or(DEFAULT_HTTP_LISTEN);
+            let addr = spec
+                .parse::<ListenAddr>()
+                .map_err(|e| format!("--http-listen {spec}: {e} (or off)"))?
+                .0;
             if !addr.ip().is_loopback() && a.auth_token.is_none() && !a.allow_insecure_bind {
                 return Err(format!(
                     "--http-listen {addr}: a non-loopback address needs --auth-token (or --allow-insecure-bind)"
@@ -193,7 +201,7 @@ pub(super) fn http_settings(a: &ServeArgs) -> Result<Option<(SocketAddr, HttpCon
             }
             let max_header_bytes = at_least_one(
                 "http-max-header-bytes",
-                a.http_max_header_bytes,
+                a.http_max_header_bytes.map(|b| b.0),
                 http::DEFAULT_MAX_HEADER_BYTES,
             )?;
             if max_header_bytes < 64 {
@@ -258,7 +266,9 @@ pub(super) fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         AgentKind::Openai => Some(openai_config(&a)?),
         _ => None,
     };
-    let listen = a.listen.unwrap_or_else(|| SocketAddr::from(DEFAULT_LISTEN));
+    let listen = a
+        .listen
+        .map_or_else(|| SocketAddr::from(DEFAULT_LISTEN), |l| l.0);
     if !listen.ip().is_loopback() && a.auth_token.is_none() && !a.allow_insecure_bind {
         return Err(format!(
             "--listen {listen}: a non-loopback address needs --auth-token (or --allow-insecure-bind)"
@@ -266,7 +276,7 @@ pub(super) fn resolve(flags: ServeArgs) -> Result<Settings, String> {
     }
     let max_reply_bytes = at_least_one(
         "max-reply-bytes",
-        a.max_reply_bytes,
+        a.max_reply_bytes.map(|b| b.0),
         BridgeConfig::default().max_reply_bytes,
     )?;
     Ok(Settings {
@@ -281,7 +291,7 @@ pub(super) fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         agent_env: AgentEnv::new(a.agent_env.clone().unwrap_or_default())?,
         agent_max_line_bytes: at_least_one(
             "agent-max-line-bytes",
-            a.agent_max_line_bytes,
+            a.agent_max_line_bytes.map(|b| b.0),
             process::DEFAULT_MAX_LINE_BYTES,
         )?,
         echo_delay: Duration::from_millis(a.echo_delay_ms.unwrap_or(0)),
@@ -319,7 +329,11 @@ fn core_settings(a: &ServeArgs) -> Result<CoreSettings, String> {
             a.max_queued_messages,
             d.max_queued_messages,
         )?,
-        max_queued_bytes: at_least_one("max-queued-bytes", a.max_queued_bytes, d.max_queued_bytes)?,
+        max_queued_bytes: at_least_one(
+            "max-queued-bytes",
+            a.max_queued_bytes.map(|b| b.0),
+            d.max_queued_bytes,
+        )?,
         partial_interval: secs(
             "partial-interval",
             a.partial_interval,
@@ -384,7 +398,7 @@ pub(super) fn openai_config(a: &ServeArgs) -> Result<OpenAiConfig, String> {
         TlsRootsArg::Platform => TlsRoots::Platform,
         TlsRootsArg::Webpki => TlsRoots::WebPki,
     };
-    if let Some(max) = a.max_reply_bytes {
+    if let Some(max) = a.max_reply_bytes.map(|b| b.0) {
         cfg.max_reply_bytes = max;
     }
     Ok(cfg)
