@@ -235,7 +235,8 @@ impl<A> Cleanups<A> {
         self.backlog.len()
     }
 
-    /// Jobs in the pool (queued there or running).
+    /// Jobs in the pool (queued there or running); for the core's invariant checks.
+    #[cfg(debug_assertions)]
     pub(super) fn in_pool(&self) -> usize {
         self.in_pool
     }
