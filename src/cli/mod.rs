@@ -2,6 +2,7 @@
 //! reaches the crate's internals without making them public: `serve` runs the gateway,
 //! `send` talks to one, `loadgen` measures one, `status` reads one's snapshot.
 
+mod docs;
 pub(crate) mod loadgen;
 pub(crate) mod send;
 pub(crate) mod serve;
@@ -48,13 +49,21 @@ enum Cmd {
     Loadgen(loadgen::LoadgenArgs),
     /// Summarise a gateway's status (file or HTTP); non-zero exit when stale or unhealthy.
     Status(status::StatusArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(docs::CompletionsArgs),
+    /// Print the man page (or write every page into a directory with --out).
+    Man(docs::ManArgs),
+}
+
+/// The command line's definition, with each serve flag's default in its help.
+fn command() -> clap::Command {
+    Cli::command().mut_subcommand("serve", serve::document_defaults)
 }
 
 /// The binary's entry point: parses the command line, sets up logging, runs the
 /// subcommand and returns the process's exit code.
 pub fn main() -> i32 {
-    let command = Cli::command().mut_subcommand("serve", serve::document_defaults);
-    let cli = Cli::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit());
+    let cli = Cli::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit());
     let mut logger =
         env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
     // ureq may log whole requests, Authorization header included, at TRACE: whatever
@@ -83,6 +92,8 @@ pub fn main() -> i32 {
         Cmd::Send(args) => send::run(args),
         Cmd::Loadgen(args) => loadgen::run(args),
         Cmd::Status(args) => status::run(args),
+        Cmd::Completions(args) => docs::completions(args, command()),
+        Cmd::Man(args) => docs::man(args, command()),
     }
 }
 
@@ -123,5 +134,35 @@ mod tests {
             let parsed = Cli::try_parse_from(["turnstile", "serve", &arg, &value]);
             assert!(parsed.is_ok(), "{arg} {value}: {:?}", parsed.err());
         }
+    }
+
+    /// Completions and man pages come from the parser's own definitions: every subcommand
+    /// and a serve flag with its default appear.
+    #[test]
+    fn completions_and_man_pages_cover_every_subcommand() {
+        let mut bash = Vec::new();
+        clap_complete::generate(
+            clap_complete::Shell::Bash,
+            &mut command(),
+            "turnstile",
+            &mut bash,
+        );
+        let bash = String::from_utf8(bash).expect("utf-8");
+        for sub in ["serve", "send", "loadgen", "status", "completions", "man"] {
+            assert!(
+                bash.contains(sub),
+                "{sub} missing from the bash completions"
+            );
+        }
+        assert!(bash.contains("--turn-timeout"));
+        let mut page = Vec::new();
+        let serve = command().find_subcommand("serve").cloned().expect("serve");
+        clap_mangen::Man::new(serve)
+            .render(&mut page)
+            .expect("render");
+        let page = String::from_utf8(page).expect("utf-8");
+        assert!(page.contains(".TH"), "not a man page");
+        assert!(page.contains("turn\\-timeout"), "{page}");
+        assert!(page.contains("[default: 600s]"), "the default is not shown");
     }
 }
