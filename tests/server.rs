@@ -1133,3 +1133,54 @@ fn sender_name_and_meta_reach_the_agent() {
         "7|Ann|{\"reply_to\":\"m0\"}\n"
     );
 }
+
+/// `send --stream` prints a partial reply as it comes: the agent holds its reply back until
+/// the test has read the partial from send's stdout (a file it waits for), so the partial
+/// can only have been read if it was printed before the reply existed.
+#[test]
+fn send_stream_prints_partials_as_they_come() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gate = dir.path().join("go");
+    let agent = format!(
+        r#"python3 -c '
+import json, os, sys, time
+for line in sys.stdin:
+    m = json.loads(line)
+    if m["op"] != "turn": continue
+    print(json.dumps({{"op": "partial", "id": m["id"], "text": "first "}}), flush=True)
+    while not os.path.exists("{gate}"): time.sleep(0.01)
+    print(json.dumps({{"op": "reply", "id": m["id"], "text": "first second"}}), flush=True)
+'"#,
+        gate = gate.display()
+    );
+    let server = Server::start(&[
+        "--agent",
+        "process",
+        "--agent-cmd",
+        &agent,
+        "--partial-interval",
+        "0",
+    ]);
+    let mut send = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args([
+            "send",
+            "--stream",
+            "--addr",
+            &server.addr,
+            "--timeout",
+            "60s",
+            "go",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run send");
+    let mut out = send.stdout.take().expect("stdout");
+    let mut first = [0u8; 6];
+    std::io::Read::read_exact(&mut out, &mut first).expect("the partial, before the reply");
+    assert_eq!(&first, b"first ");
+    std::fs::write(&gate, b"").expect("open the gate");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).expect("the rest");
+    assert_eq!(rest, "second\n");
+    assert!(send.wait().expect("send exits").success());
+}

@@ -8,6 +8,7 @@ use clap::Args;
 use serde_json::{Value, json};
 
 use super::USAGE_ERROR;
+use super::units::Seconds;
 
 /// Flags of `send`.
 #[derive(Args, Debug)]
@@ -33,9 +34,13 @@ pub(crate) struct SendArgs {
     /// Auth token, if the gateway requires one.
     #[arg(long, env = "TURNSTILE_AUTH_TOKEN", hide_env_values = true)]
     token: Option<String>,
-    /// Seconds to wait for the outcome.
-    #[arg(long, default_value_t = 660.0)]
-    timeout: f64,
+    /// How long to wait for the outcome.
+    #[arg(long, default_value = "660s")]
+    timeout: Seconds,
+    /// Print partial replies as they come (each partial's new text), then the rest of the
+    /// reply.
+    #[arg(long)]
+    stream: bool,
     /// The message text.
     #[arg(required = true, num_args = 1..)]
     text: Vec<String>,
@@ -43,7 +48,7 @@ pub(crate) struct SendArgs {
 
 /// Sends the message; returns the exit code (0 on a reply, 1 otherwise).
 pub(crate) fn run(args: SendArgs) -> i32 {
-    if !args.timeout.is_finite() || args.timeout <= 0.0 {
+    if args.timeout.0 <= 0.0 {
         eprintln!("turnstile send: --timeout must be a positive number of seconds");
         return USAGE_ERROR;
     }
@@ -72,7 +77,7 @@ fn connect_error(addr: &str, e: &std::io::Error) -> String {
 
 fn exchange(args: &SendArgs) -> Result<i32, Box<dyn std::error::Error>> {
     let stream = TcpStream::connect(&args.addr).map_err(|e| connect_error(&args.addr, &e))?;
-    stream.set_read_timeout(Some(Duration::from_secs_f64(args.timeout)))?;
+    stream.set_read_timeout(Some(Duration::from_secs_f64(args.timeout.0)))?;
     let mut writer = stream.try_clone()?;
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -93,10 +98,11 @@ fn exchange(args: &SendArgs) -> Result<i32, Box<dyn std::error::Error>> {
     });
     writeln!(writer, "{hello}\n{message}")
         .map_err(|e| format!("the gateway at {} closed the connection: {e}", args.addr))?;
+    let mut shown = Shown::default();
     for line in BufReader::new(stream).lines() {
         let line = line.map_err(|e| match e.kind() {
             std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => format!(
-                "timed out after {} s waiting for the outcome (--timeout)",
+                "timed out after {} waiting for the outcome (--timeout)",
                 args.timeout
             ),
             std::io::ErrorKind::InvalidData => {
@@ -130,8 +136,18 @@ fn exchange(args: &SendArgs) -> Result<i32, Box<dyn std::error::Error>> {
             continue;
         }
         match op {
+            "partial" if args.stream => {
+                shown.show(v["text"].as_str().unwrap_or(""));
+                continue;
+            }
             "reply" => {
-                println!("{}", v["text"].as_str().unwrap_or(""));
+                let text = v["text"].as_str().unwrap_or("");
+                if args.stream {
+                    shown.show(text);
+                    println!();
+                } else {
+                    println!("{text}");
+                }
                 if v["truncated"] == true {
                     eprintln!("(the reply was truncated at --max-reply-bytes)");
                 }
@@ -150,4 +166,25 @@ fn exchange(args: &SendArgs) -> Result<i32, Box<dyn std::error::Error>> {
         return Ok(1);
     }
     Err("the gateway closed the connection before the outcome".into())
+}
+
+/// What `--stream` has printed of the reply so far: each partial is the reply so far, so
+/// only its new part is printed; a partial that does not extend what was printed (the agent
+/// rewrote its text) starts a new line.
+#[derive(Default)]
+struct Shown {
+    text: String,
+}
+
+impl Shown {
+    fn show(&mut self, text: &str) {
+        let mut out = std::io::stdout().lock();
+        let _ = match text.strip_prefix(self.text.as_str()) {
+            Some(new) => write!(out, "{new}"),
+            None => write!(out, "\n{text}"),
+        };
+        let _ = out.flush();
+        self.text.clear();
+        self.text.push_str(text);
+    }
 }
