@@ -38,15 +38,15 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::auth::Token;
 use super::dedup::{DedupWindow, Fingerprint, Seen, fingerprint};
 use super::frame::{Body, Frame, write_frames};
 use super::protocol::{
     ClientOp, LineError, MessageFields, ServerOp, check_platform, encode, parse_line,
 };
 use super::sharded::Sharded;
+use crate::auth::Token;
 use crate::core::{AcceptState, CancelReason, EventKind, MessageEvent, Outcome, TurnId};
-use crate::journal::{Completion, Record, Recovered, StoredMessage};
+use crate::journal::{Committed, Record, Recovered, StoredMessage};
 use crate::key::{Key, Slots};
 use crate::message::{ChatType, Message, SessionKey};
 
@@ -1651,7 +1651,7 @@ impl Bridge {
 
     /// The journal thread's report: submit the messages now durable, reject `storage` those
     /// whose write failed.
-    pub fn journaled(&mut self, c: Completion, now: Duration) {
+    pub fn journaled(&mut self, c: Committed, now: Duration) {
         self.now = now;
         self.journal.queued_records = self.journal.queued_records.saturating_sub(c.taken);
         self.journal.retrying = c.retrying;

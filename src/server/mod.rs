@@ -8,7 +8,6 @@
 //! the time, submits what the bridge asks, and writes each connection's output within a
 //! budget per wake. Signals arrive through `signal-hook-mio` on the same poll.
 
-pub(crate) mod auth;
 pub(crate) mod bridge;
 mod dedup;
 mod frame;
