@@ -327,9 +327,7 @@ impl Bridge {
             fp,
         );
         self.routes.insert(tag, route);
-        if let Some(c) = self.conns.get_mut(conn) {
-            c.outstanding += 1;
-        }
+        self.conns.sent(conn);
         self.conns
             .push_answer(conn, Answer::Pending { tag, copy: None }, now);
         let Some(d) = &mut self.durable else {
@@ -393,9 +391,7 @@ impl Bridge {
         };
         self.platforms.dedup_forget(&route.platform, route.fp);
         self.platforms.unreserve(&route.platform);
-        if let Some(c) = self.conns.get_mut(route.conn) {
-            c.outstanding -= 1;
-        }
+        self.conns.settled(route.conn);
         let Refusal { reason, detail, .. } = refusal;
         let line = |cid: &str, ckey: &SessionKey| {
             encode(&ServerOp::Reject {
@@ -431,4 +427,60 @@ fn duplicate_ack(id: &str, session: &SessionKey) -> Vec<u8> {
         state: "duplicate",
         position: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(meta: Option<&str>) -> MessageFields {
+        MessageFields {
+            id: "m1".into(),
+            platform: None,
+            chat_type: ChatType::Group,
+            chat_id: "c".into(),
+            thread_id: None,
+            user_id: Some("u".into()),
+            user_name: Some("Ann".into()),
+            meta: meta.map(Into::into),
+            text: "hello".into(),
+        }
+    }
+
+    #[test]
+    fn a_line_and_its_journal_record_build_the_same_message() {
+        let from_line = build(Draft::from_line("tg", fields(Some(r#"{"k":1}"#)))).expect("line");
+        let stored = from_line.draft.into_stored(5, 99);
+        assert_eq!((stored.seq, stored.dedup_until_ms), (5, 99));
+        let again = build(Draft::from_stored(&stored).expect("draft")).expect("record");
+        assert_eq!(again.message, from_line.message);
+        assert_eq!(again.message.context.meta.as_deref(), Some(r#"{"k":1}"#));
+    }
+
+    #[test]
+    fn refusals_name_the_session_once_it_is_known() {
+        let mut m = fields(None);
+        m.chat_id = String::new();
+        let r = build(Draft::from_line("tg", m)).err().expect("no chat id");
+        assert_eq!((r.reason, r.session.is_none()), ("invalid", true));
+        let mut m = fields(None);
+        m.user_id = None;
+        let r = build(Draft::from_line("tg", m))
+            .err()
+            .expect("a name without an id");
+        assert_eq!(r.detail, "user_name: needs user_id");
+        assert!(r.session.is_some());
+        let mut s = build(Draft::from_line("tg", fields(None)))
+            .expect("ok")
+            .draft
+            .into_stored(1, 0);
+        s.meta = Some("[1]".into());
+        let r = build(Draft::from_stored(&s).expect("draft"))
+            .err()
+            .expect("bad stored meta");
+        assert!(
+            r.after_restart()
+                .starts_with("not admitted again after a restart: meta")
+        );
+    }
 }

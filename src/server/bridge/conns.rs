@@ -25,7 +25,8 @@ pub(super) enum Answer {
     },
 }
 
-/// One client connection of the bridge protocol.
+/// One client connection of the bridge protocol. Read outside this room, changed only by
+/// [`Conns`].
 pub(super) struct Client {
     pub(super) peer: IpAddr,
     pub(super) authed: bool,
@@ -43,7 +44,7 @@ pub(super) struct Client {
     /// Messages it sent that have no terminal event yet.
     pub(super) outstanding: usize,
     /// Last time output was written, or output appeared on an idle connection.
-    pub(super) last_progress: Duration,
+    last_progress: Duration,
     /// Bytes written to the socket so far.
     written: u64,
     /// Results written to the socket but not yet acknowledged by the peer's TCP, with the
@@ -85,9 +86,9 @@ impl Client {
         self.out.is_empty() && self.answers.is_empty()
     }
 
-    /// Written results not yet acknowledged by the peer's TCP.
-    pub(super) fn has_unconfirmed(&self) -> bool {
-        !self.unconfirmed.is_empty()
+    /// It has output (or unacknowledged results) and took none of it since `now - timeout`.
+    pub(super) fn stalled(&self, now: Duration, timeout: Duration) -> bool {
+        (!self.idle() || !self.unconfirmed.is_empty()) && now >= self.last_progress + timeout
     }
 
     /// Nothing is left to deliver to it: idle, nothing outstanding, every result confirmed.
@@ -272,12 +273,55 @@ impl Conns {
         released
     }
 
-    pub(super) fn get(&self, id: ConnId) -> Option<&Client> {
-        self.slots.get(id)
+    /// `id` sent a message that is now in flight.
+    pub(super) fn sent(&mut self, id: ConnId) {
+        if let Some(c) = self.slots.get_mut(id) {
+            c.outstanding += 1;
+        }
     }
 
-    pub(super) fn get_mut(&mut self, id: ConnId) -> Option<&mut Client> {
-        self.slots.get_mut(id)
+    /// A message `id` sent is no longer in flight (finished, refused or abandoned).
+    pub(super) fn settled(&mut self, id: ConnId) {
+        if let Some(c) = self.slots.get_mut(id) {
+            c.outstanding -= 1;
+        }
+    }
+
+    /// No further line of `id` counts; the platform of its hello, which it leaves.
+    pub(super) fn set_closing(&mut self, id: ConnId) -> Option<Arc<str>> {
+        let conn = self.slots.get_mut(id)?;
+        conn.closing = true;
+        let platform = conn.platform.take();
+        self.mark_dirty(id);
+        platform
+    }
+
+    /// The peer of `id` shut down its sending side; the platform of its hello, which it
+    /// leaves (it reads its own events still, but no longer takes the platform's backlog).
+    pub(super) fn half_close(&mut self, id: ConnId) -> Option<Arc<str>> {
+        let conn = self.slots.get_mut(id)?;
+        conn.read_closed = true;
+        log::debug!(
+            "connection {} from {}: peer half-closed; {} message(s) outstanding",
+            id,
+            conn.peer,
+            conn.outstanding
+        );
+        conn.platform.take()
+    }
+
+    /// `id` said hello for `platform` (or none); the platform it said hello for before.
+    pub(super) fn set_platform(
+        &mut self,
+        id: ConnId,
+        platform: Option<Arc<str>>,
+    ) -> Option<Arc<str>> {
+        let conn = self.slots.get_mut(id)?;
+        std::mem::replace(&mut conn.platform, platform)
+    }
+
+    pub(super) fn get(&self, id: ConnId) -> Option<&Client> {
+        self.slots.get(id)
     }
 
     pub(super) fn len(&self) -> usize {

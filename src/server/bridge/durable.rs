@@ -230,7 +230,7 @@ impl Bridge {
             let mut frame =
                 Frame::new(Body::from_stored(o), Some(platform.clone())).of_message(seq, id);
             frame.mark_redelivery();
-            self.platforms.to_outbox(&platform, frame);
+            self.platforms.push_outbox(&platform, frame);
             n.outcomes += 1;
             return;
         }
@@ -270,5 +270,67 @@ impl Bridge {
         n.resumed += usize::from(rm.starts > 0);
         let message = admitted.message;
         self.actions.push_back(Action::Submit { tag: seq, message });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::Key;
+
+    fn message() -> Message {
+        let key = SessionKey::dm("telegram", "1").expect("key");
+        Message::new("m", key, "hi").expect("message")
+    }
+
+    fn stored(seq: u64) -> StoredMessage {
+        StoredMessage {
+            seq,
+            platform: "telegram".into(),
+            id: "m".into(),
+            chat_type: "dm".into(),
+            chat_id: "1".into(),
+            thread_id: None,
+            user_id: None,
+            user_name: None,
+            meta: None,
+            text: "hi".into(),
+            dedup_until_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_waiting_message_holds_room_until_it_is_durable() {
+        let mut d = Durable::new(1);
+        let mut routes = Routes::default();
+        let tag = routes.new_tag();
+        let conn = Key::from_bits(0);
+        routes.insert(
+            tag,
+            InFlight::new(conn, "m".into(), message().session, "telegram".into(), 1),
+        );
+        assert!(d.room().is_ok());
+        assert!(matches!(
+            d.wait(tag, message(), stored(tag)),
+            Action::Journal(Record::Accepted(_))
+        ));
+        assert!(d.is_waiting(tag));
+        assert_eq!(d.room().unwrap_err().reason, "overloaded");
+        assert_eq!(
+            (d.status().pending_durable, d.status().queued_records),
+            (1, 1)
+        );
+        d.check(&routes);
+        d.abandon();
+        assert!(d.room().is_ok());
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic]
+    fn check_catches_a_waiting_message_without_its_route() {
+        let mut d = Durable::new(4);
+        let _ = d.wait(1, message(), stored(1));
+        d.check(&Routes::default());
     }
 }

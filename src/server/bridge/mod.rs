@@ -29,8 +29,26 @@
 //!   events until none is outstanding.
 //! - **Isolation**: with a token, only a hello carrying it authenticates, a connection acts
 //!   only for the platform its hello named, and after `unauthorized` no further line counts.
+//!
+//! Rooms, each owning its state and a `check()` of its invariants (run, in debug builds,
+//! after every input, with the cross-room counts checked here in `audit`), as quinn-proto's
+//! `Connection` delegates to its sub-state owners:
+//! - `conns`: connections — answer queues, output, what was written and confirmed, the
+//!   hello/auth bookkeeping;
+//! - `platforms`: per platform — the hellos, the outbox, reservations, the duplicate window;
+//! - `routes`: where a result goes (messages in flight, typing), and delivery;
+//! - `admit`: the admission pipeline and the one message builder (client lines and journal
+//!   recovery alike), with every refusal's wording;
+//! - `durable`: what exists only with a journal (`Option<Durable>`), the journal's report
+//!   and recovery;
+//! - `status`: the figures for the status snapshot;
+//! - `config`: limits and timings.
+//!
+//! This file routes between them: every input is a `Bridge` method (`handle_*` for lines
+//! and runtime events) that sets the clock, delegates, and audits.
 
 mod admit;
+mod config;
 mod conns;
 mod durable;
 mod platforms;
@@ -50,6 +68,8 @@ use crate::journal::Record;
 use crate::key::Key;
 use crate::message::{Message, SessionKey};
 use admit::Refusal;
+pub use config::{BridgeConfig, TERMINAL_ENVELOPE};
+use config::{HOUSEKEEPING, INTERRUPTED, POISON};
 use conns::Conns;
 use durable::Durable;
 use platforms::Platforms;
@@ -58,93 +78,6 @@ use status::Counters;
 
 pub use super::frame::Flushed;
 pub(crate) use status::RecoveryCounts;
-/// Outbox room a terminal event may need beyond its text: the JSON envelope with the id and
-/// the session key (each escaped), generously.
-pub const TERMINAL_ENVELOPE: usize = 8 * 1024;
-/// How often deadlines (hello, write stall, typing) and expiry are checked.
-const HOUSEKEEPING: Duration = Duration::from_millis(100);
-
-/// Limits and timings of the bridge.
-#[derive(Clone, Debug)]
-pub struct BridgeConfig {
-    /// Required in a client's hello when set.
-    pub auth_token: Option<String>,
-    /// Open connections; beyond it a new one gets an error line and is closed.
-    pub max_connections: usize,
-    /// Connections that have not yet authenticated (only with a token), in all.
-    pub max_unauthenticated: usize,
-    /// Connections that have not yet authenticated, per peer address.
-    pub max_unauthenticated_per_peer: usize,
-    /// Time a connection has to authenticate (only with a token).
-    pub hello_timeout: Duration,
-    /// Longest accepted line.
-    pub max_line_bytes: usize,
-    /// Output queued on a connection past which its reads pause and best-effort lines
-    /// (typing, partials) are dropped; also how much outbox backlog it is fed at a time.
-    pub max_write_buffer: usize,
-    /// Bytes written to one connection per wake.
-    pub write_budget: usize,
-    /// A connection with output that takes none of it for this long is closed (its terminal
-    /// events go back to the outbox).
-    pub write_stall_timeout: Duration,
-    /// Platforms known at once (with connections, pending results or remembered ids).
-    pub max_platforms: usize,
-    /// Terminal events one platform may have undelivered (reserved at admission).
-    pub outbox_cap: usize,
-    /// Bytes one platform may have reserved for undelivered terminal events.
-    pub outbox_bytes: usize,
-    /// Longest reply text (the turn worker cuts replies there; the bridge reserves for it).
-    pub max_reply_bytes: usize,
-    /// How long an accepted (platform, id) is remembered.
-    pub dedup_window: Duration,
-    /// Ids one platform may have remembered at once.
-    pub dedup_max: usize,
-    /// Typing refresh period while a turn runs.
-    pub typing_refresh: Duration,
-    /// Durability is on (`--data-dir`): messages are journaled ([`Action::Journal`]) and
-    /// acknowledged only once durable.
-    pub journal: bool,
-    /// Accepted messages waiting for the journal at once; beyond, `reject` `overloaded`.
-    pub max_pending_durable: usize,
-    /// At recovery, run again the turns a crash interrupted (else they fail `interrupted by
-    /// restart`); a message interrupted twice fails `poison` either way.
-    pub resume_interrupted: bool,
-}
-
-impl Default for BridgeConfig {
-    fn default() -> Self {
-        BridgeConfig {
-            auth_token: None,
-            max_connections: 1024,
-            max_unauthenticated: 256,
-            max_unauthenticated_per_peer: 32,
-            hello_timeout: Duration::from_secs(5),
-            max_line_bytes: 65_536,
-            max_write_buffer: 1 << 20,
-            write_budget: 256 * 1024,
-            write_stall_timeout: Duration::from_secs(60),
-            max_platforms: 16,
-            outbox_cap: 10_000,
-            outbox_bytes: 256 << 20,
-            max_reply_bytes: crate::reactor::DEFAULT_MAX_REPLY_BYTES,
-            dedup_window: Duration::from_secs(600),
-            dedup_max: 1_000_000,
-            typing_refresh: Duration::from_secs(4),
-            journal: false,
-            max_pending_durable: DEFAULT_MAX_PENDING_DURABLE,
-            resume_interrupted: false,
-        }
-    }
-}
-
-/// Default of [`BridgeConfig::max_pending_durable`].
-pub(crate) const DEFAULT_MAX_PENDING_DURABLE: usize = 10_000;
-/// The failure of a turn that was running when the process died.
-pub(crate) const INTERRUPTED: &str = "interrupted by restart";
-/// The failure of a message whose turn a restart interrupted twice (the restart-loop breaker).
-pub(crate) const POISON: &str =
-    "poison: its turn was interrupted by a restart twice; not run again";
-
 /// A connection's handle: a generational [`Key`], so a handle kept after its connection
 /// closed never reaches the connection that reuses its slot. The shell uses its bits as the
 /// socket's poll token.
@@ -330,27 +263,17 @@ impl Bridge {
     /// The peer of `conn` shut down its sending side. It keeps getting its events until none
     /// is outstanding.
     pub fn read_closed(&mut self, id: ConnId) {
-        if let Some(conn) = self.conns.get_mut(id) {
-            conn.read_closed = true;
-            log::debug!(
-                "connection {} from {}: peer half-closed; {} message(s) outstanding",
-                id,
-                conn.peer,
-                conn.outstanding
-            );
-            // It reads its own events still, but no longer takes its platform's backlog.
-            if let Some(p) = conn.platform.take() {
-                self.platforms.detach(&p, id);
-                self.refill_newest(&p);
-                self.platforms.maybe_free(&p);
-            }
-            if self
-                .conns
-                .get(id)
-                .is_some_and(|c| c.outstanding == 0 && c.idle())
-            {
-                self.close(id, "peer closed", true);
-            }
+        if let Some(p) = self.conns.half_close(id) {
+            self.platforms.detach(&p, id);
+            self.refill_newest(&p);
+            self.platforms.maybe_free(&p);
+        }
+        if self
+            .conns
+            .get(id)
+            .is_some_and(|c| c.outstanding == 0 && c.idle())
+        {
+            self.close(id, "peer closed", true);
         }
         self.audit();
     }
@@ -458,7 +381,7 @@ impl Bridge {
         let stalled: Vec<ConnId> = self
             .conns
             .iter()
-            .filter(|(_, c)| (!c.idle() || c.has_unconfirmed()) && now >= c.last_progress + timeout)
+            .filter(|(_, c)| c.stalled(now, timeout))
             .map(|(id, _)| id)
             .collect();
         for id in stalled {
@@ -540,9 +463,7 @@ impl Bridge {
     /// connection, if that is still open, so the shell can write what it can before exiting.
     pub fn abandon_all(&mut self) {
         for (tag, route) in self.routes.drain_in_order() {
-            if let Some(c) = self.conns.get_mut(route.conn) {
-                c.outstanding -= 1;
-            }
+            self.conns.settled(route.conn);
             let line = encode(&ServerOp::Cancelled {
                 id: &route.id,
                 session: route.session.as_str(),
@@ -595,10 +516,10 @@ impl Bridge {
                 Some(p)
             }
         };
-        let Some(conn) = self.conns.get_mut(id) else {
+        if self.conns.get(id).is_none() {
             return;
-        };
-        let old = std::mem::replace(&mut conn.platform, new.clone());
+        }
+        let old = self.conns.set_platform(id, new.clone());
         for f in self.conns.set_acks(id, acks) {
             self.confirm(f);
         }
@@ -626,15 +547,10 @@ impl Bridge {
 
     /// No further line of `id` counts; it closes once its output is written.
     fn set_closing(&mut self, id: ConnId) {
-        let Some(conn) = self.conns.get_mut(id) else {
-            return;
-        };
-        conn.closing = true;
-        if let Some(p) = conn.platform.take() {
+        if let Some(p) = self.conns.set_closing(id) {
             self.platforms.detach(&p, id);
             self.platforms.maybe_free(&p);
         }
-        self.conns.mark_dirty(id);
     }
 
     fn error(&mut self, id: ConnId, detail: &str) {
@@ -679,7 +595,7 @@ impl Bridge {
             let Some(name) = f.terminal_for.clone() else {
                 continue;
             };
-            self.platforms.to_outbox_front(&name, f);
+            self.platforms.push_outbox_front(&name, f);
             if !touched.contains(&name) {
                 touched.push(name);
             }

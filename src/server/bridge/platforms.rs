@@ -232,7 +232,7 @@ impl Platforms {
     }
 
     /// A result for the platform's newest connection, at the back of its outbox.
-    pub(super) fn to_outbox(&mut self, name: &str, frame: Frame) {
+    pub(super) fn push_outbox(&mut self, name: &str, frame: Frame) {
         if let Some(p) = self.get_mut(name) {
             p.outbox_bytes += frame.body.size();
             p.outbox.push_back(frame);
@@ -240,7 +240,7 @@ impl Platforms {
     }
 
     /// A result a dying connection did not deliver, back at the front of its outbox.
-    pub(super) fn to_outbox_front(&mut self, name: &str, frame: Frame) {
+    pub(super) fn push_outbox_front(&mut self, name: &str, frame: Frame) {
         if let Some(p) = self.get_mut(name) {
             p.outbox_bytes += frame.body.size();
             p.outbox.push_front(frame);

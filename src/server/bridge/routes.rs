@@ -195,9 +195,7 @@ impl Bridge {
         let Some(route) = self.routes.remove(tag) else {
             return;
         };
-        if let Some(c) = self.conns.get_mut(route.conn) {
-            c.outstanding -= 1;
-        }
+        self.conns.settled(route.conn);
         let body = terminal_body(id, session.as_str(), outcome, self.cfg.max_reply_bytes);
         debug_assert!(
             body.size() <= self.platforms.reservation(),
@@ -242,7 +240,7 @@ impl Bridge {
         if self.conns.is_open(origin) {
             return self.conns.push(origin, frame, self.now);
         }
-        self.platforms.to_outbox(platform, frame);
+        self.platforms.push_outbox(platform, frame);
         self.refill_newest(platform);
     }
 
@@ -338,5 +336,65 @@ fn terminal_body(id: &str, session: &str, outcome: Outcome, max: usize) -> Body 
             session,
             into: &into,
         })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> SessionKey {
+        SessionKey::dm("telegram", "1").expect("key")
+    }
+
+    fn route(conn: ConnId) -> InFlight {
+        InFlight::new(conn, "m".into(), key(), "telegram".into(), 7)
+    }
+
+    #[test]
+    fn tags_are_new_and_recovery_raises_them() {
+        let mut r = Routes::default();
+        assert_eq!(r.new_tag(), 1);
+        r.tags_after(10);
+        assert_eq!(r.new_tag(), 11);
+        r.tags_after(5);
+        assert_eq!(r.new_tag(), 12);
+        r.insert(12, route(Key::from_bits(0)));
+        r.check();
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "never handed out")]
+    fn check_catches_a_tag_never_handed_out() {
+        let mut r = Routes::default();
+        // Around `insert`'s own assertion, as a bug elsewhere would.
+        r.map.insert(3, route(Key::from_bits(0)));
+        r.check();
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic]
+    fn check_catches_a_recovered_route_with_a_connection() {
+        let mut r = Routes::default();
+        let tag = r.new_tag();
+        let mut flight = route(Key::from_bits(0));
+        flight.recovered = true;
+        r.insert(tag, flight);
+        r.check();
+    }
+
+    #[test]
+    fn typing_is_due_once_per_refresh() {
+        let mut r = Routes::default();
+        let turn = TurnId(1);
+        let ms = Duration::from_millis;
+        r.typing_started(turn, no_conn(), key(), ms(10));
+        assert!(r.typing_due(ms(5), ms(100)).is_empty());
+        assert_eq!(r.typing_due(ms(10), ms(100)).len(), 1);
+        assert!(r.typing_due(ms(50), ms(100)).is_empty());
+        assert!(r.typing_ended(turn).is_some());
+        assert!(r.typing_due(ms(500), ms(100)).is_empty());
     }
 }
