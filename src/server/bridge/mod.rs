@@ -78,6 +78,7 @@ use status::Counters;
 
 pub use super::frame::Flushed;
 pub(crate) use status::RecoveryCounts;
+
 /// A connection's handle: a generational [`Key`], so a handle kept after its connection
 /// closed never reaches the connection that reuses its slot. The shell uses its bits as the
 /// socket's poll token.
