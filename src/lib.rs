@@ -54,6 +54,7 @@
 compile_error!("turnstile runs on Linux only (it uses timerfd, pidfd, process groups and /proc)");
 
 mod agent;
+mod auth;
 #[cfg_attr(not(feature = "cli"), allow(dead_code))]
 mod child;
 #[cfg(feature = "cli")]
@@ -133,7 +134,7 @@ pub mod internal {
         #[cfg(feature = "sqlite")]
         pub use crate::journal::SqliteStore;
         pub use crate::journal::{
-            Completion, FaultyStore, Journal, JournalConfig, MemStore, Model, Record, Recovered,
+            Committed, FaultyStore, Journal, JournalConfig, MemStore, Model, Record, Recovered,
             RecoveredMessage, Store, StoredMessage, StoredOutcome, now_ms,
         };
     }

@@ -381,6 +381,16 @@ pub enum Body {
 /// Largest accepted `meta` object, serialized (16 KiB).
 pub(crate) const MAX_META_BYTES: usize = 16 * 1024;
 
+fn check_meta_size(meta: &str) -> Result<(), InvalidInput> {
+    if meta.len() > MAX_META_BYTES {
+        return Err(InvalidInput {
+            field: "meta",
+            problem: "larger than 16 KiB",
+        });
+    }
+    Ok(())
+}
+
 /// Who sent a message and what the platform said about it, whatever the chat type. Agents
 /// see it in [`crate::TurnInput`]. Cheap to clone (shared strings).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -446,22 +456,21 @@ impl Message {
 
     /// Attaches platform metadata: `meta` must be a JSON object of at most
     /// [`MAX_META_BYTES`] once serialized.
-    pub fn with_meta(mut self, meta: &str) -> Result<Message, InvalidInput> {
-        if meta.len() > MAX_META_BYTES {
-            return Err(InvalidInput {
-                field: "meta",
-                problem: "larger than 16 KiB",
-            });
-        }
+    pub fn with_meta(self, meta: &str) -> Result<Message, InvalidInput> {
+        check_meta_size(meta)?;
         match serde_json::from_str::<serde_json::Value>(meta) {
-            Ok(serde_json::Value::Object(_)) => {}
-            _ => {
-                return Err(InvalidInput {
-                    field: "meta",
-                    problem: "must be a JSON object",
-                });
-            }
+            Ok(serde_json::Value::Object(_)) => self.with_object_meta(meta),
+            _ => Err(InvalidInput {
+                field: "meta",
+                problem: "must be a JSON object",
+            }),
         }
+    }
+
+    /// Attaches metadata its caller already parsed as a JSON object (the bridge protocol's
+    /// line parse), so that it is not parsed again: only its size is checked.
+    pub(crate) fn with_object_meta(mut self, meta: &str) -> Result<Message, InvalidInput> {
+        check_meta_size(meta)?;
         self.context.meta = Some(meta.into());
         Ok(self)
     }

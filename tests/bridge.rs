@@ -11,7 +11,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use turnstile::internal::core::{AcceptState, MessageEvent, Reply, TurnId};
 use turnstile::internal::journal::{
-    Completion, MemStore, Record, Recovered, RecoveredMessage, Store, StoredMessage, StoredOutcome,
+    Committed as Completion, MemStore, Record, Recovered, RecoveredMessage, Store, StoredMessage,
+    StoredOutcome,
 };
 use turnstile::internal::server::{Action, Bridge, BridgeConfig, ConnId, Flushed};
 use turnstile::{CancelReason, EventKind, Message, Outcome, RejectReason};

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
-pub use thread::{Completion, Journal, JournalConfig};
+pub use thread::{Committed, Journal, JournalConfig};
 
 /// A message as it was accepted: enough to rebuild it exactly.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 //! The reactor sends records over an unbounded channel (its depth is bounded by the bridge:
 //! at most `max_pending_durable` accepted messages wait, and every other record belongs to a
 //! message in flight, a handful each). The thread takes everything queued (up to
-//! `max_batch` records), writes it in one transaction, syncs, sends a [`Completion`] and
+//! `max_batch` records), writes it in one transaction, syncs, sends a [`Committed`] and
 //! wakes the reactor.
 //!
 //! When a write fails, the accepted messages of the batch are reported failed (the bridge
@@ -39,7 +39,7 @@ impl Default for JournalConfig {
 
 /// What one transaction achieved.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Completion {
+pub struct Committed {
     /// Accepted messages now durable.
     pub durable: Vec<u64>,
     /// Accepted messages whose write failed (never durable; reject them `storage`).
@@ -59,7 +59,7 @@ pub struct Completion {
 /// The journal thread's handle, owned by the reactor side.
 pub struct Journal {
     tx: Option<Sender<Record>>,
-    done: Receiver<Completion>,
+    done: Receiver<Committed>,
     /// Dropped when the owner gives up on the thread (or is dropped): a thread waiting out
     /// a retry period on a failing store then ends at once.
     stop: Option<Sender<()>>,
@@ -103,13 +103,13 @@ impl Journal {
     }
 
     /// The completions reported since the last call.
-    pub fn completions(&self) -> impl Iterator<Item = Completion> + '_ {
+    pub fn completions(&self) -> impl Iterator<Item = Committed> + '_ {
         self.done.try_iter()
     }
 
     /// Stops taking records, waits up to `limit` for the thread to write what is queued, and
     /// returns the completions it reported meanwhile; false if it did not finish in time.
-    pub fn finish(&mut self, limit: Duration) -> (Vec<Completion>, bool) {
+    pub fn finish(&mut self, limit: Duration) -> (Vec<Committed>, bool) {
         self.tx = None;
         let deadline = std::time::Instant::now() + limit;
         let mut out = Vec::new();
@@ -136,7 +136,7 @@ fn run<S: Store, W: Fn()>(
     mut store: S,
     cfg: JournalConfig,
     rx: Receiver<Record>,
-    done: Sender<Completion>,
+    done: Sender<Committed>,
     stopped: &Receiver<()>,
     wake: W,
 ) {
@@ -176,10 +176,10 @@ fn run<S: Store, W: Fn()>(
                 _ => None,
             })
             .collect();
-        let mut c = Completion {
+        let mut c = Committed {
             taken,
             outcomes,
-            ..Completion::default()
+            ..Committed::default()
         };
         match store.write(&batch) {
             Ok(()) => {

@@ -15,7 +15,7 @@ use mio::{Interest, Registry, Token};
 use serde::Serialize;
 use slab::Slab;
 
-use crate::server::auth::Token as AuthToken;
+use crate::auth::Token as AuthToken;
 use crate::tokens::{HTTP_CONNS, HTTP_LISTENER as LISTENER};
 
 /// Default address of the endpoint.

@@ -1,14 +1,14 @@
 //! The gateway server: the bridge protocol over TCP, hosted on the reactor as a
 //! [`Frontend`].
 //!
-//! Two halves, as quinn-proto and quinn split QUIC: [`Bridge`] (`bridge.rs`) is the protocol's
-//! state machine — connections by handle, platforms, outboxes, routes, duplicates, every
-//! bound — and does no I/O; [`BridgeServer`] (this file) is the mio shell that only moves
-//! bytes: it accepts sockets, splits what it reads into lines, hands them to the bridge with
-//! the time, submits what the bridge asks, and writes each connection's output within a
-//! budget per wake. Signals arrive through `signal-hook-mio` on the same poll.
+//! Two halves, as quinn-proto and quinn split QUIC: [`Bridge`] (`bridge/`, one room per kind
+//! of state) is the protocol's state machine — connections by handle, platforms, outboxes,
+//! routes, duplicates, every bound — and does no I/O; [`BridgeServer`] (this file) is the mio
+//! shell that only moves bytes: it accepts sockets, splits what it reads into lines, hands
+//! them to the bridge with the time, submits what the bridge asks, and writes each
+//! connection's output within a budget per wake. Signals arrive through `signal-hook-mio` on
+//! the same poll.
 
-pub(crate) mod auth;
 pub(crate) mod bridge;
 mod dedup;
 mod frame;

@@ -80,6 +80,11 @@ impl<V> Sharded<V> {
         self.shards.iter().flat_map(HashMap::values)
     }
 
+    /// Every entry, in no order.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (u64, &V)> {
+        self.shards.iter().flatten().map(|(k, v)| (*k, v))
+    }
+
     /// Takes every entry out.
     pub(super) fn drain(&mut self) -> Vec<(u64, V)> {
         self.len = 0;

@@ -1,0 +1,336 @@
+//! Durability (`--data-dir`): everything the bridge has only with a journal — messages
+//! waiting to be durable before their submission, terminal events waiting for their outcome
+//! record, the journal's figures, the wall clock — in one [`Durable`], held as an `Option`
+//! by the bridge; and the bridge's two round trips with the journal: the thread's report
+//! ([`Bridge::journaled`]) and start-up recovery ([`Bridge::recover`]).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use super::super::dedup::fingerprint;
+use super::super::frame::{Body, Frame};
+use super::admit::{Draft, Refusal, build};
+use super::routes::{InFlight, Routes, no_conn};
+use super::status::{JournalStatus, RecoveryCounts};
+use super::{Action, Bridge, ConnId, INTERRUPTED, POISON};
+use crate::journal::{Committed, Record, Recovered, RecoveredMessage, StoredMessage};
+use crate::message::{Message, SessionKey};
+
+/// The bridge's journal side.
+pub(super) struct Durable {
+    /// The figures kept here; the rest of [`JournalStatus`] is filled in by `status`.
+    figures: JournalStatus,
+    /// Accepted messages waiting for the journal before their submission, by tag.
+    waiting: HashMap<u64, Message>,
+    /// Terminal events waiting for their outcome record (by sequence number), with the
+    /// connection they go to.
+    unjournaled: HashMap<u64, (ConnId, Frame)>,
+    max_pending: usize,
+    /// Wall-clock ms since the epoch at the bridge's time zero (duplicate windows are
+    /// journaled in wall time, to survive a restart).
+    wall_at_zero: u64,
+}
+
+impl Durable {
+    pub(super) fn new(max_pending: usize) -> Durable {
+        Durable {
+            figures: JournalStatus::default(),
+            waiting: HashMap::new(),
+            unjournaled: HashMap::new(),
+            max_pending,
+            wall_at_zero: 0,
+        }
+    }
+
+    /// The action that writes `r`.
+    pub(super) fn record(&mut self, r: Record) -> Action {
+        self.figures.queued_records += 1;
+        Action::Journal(r)
+    }
+
+    /// Whether another accepted message may wait for the journal.
+    pub(super) fn room(&self) -> Result<(), Refusal> {
+        if self.waiting.len() >= self.max_pending {
+            return Err(Refusal::journal_full(self.max_pending));
+        }
+        Ok(())
+    }
+
+    /// `message` waits for its record to be durable before it is submitted.
+    pub(super) fn wait(&mut self, tag: u64, message: Message, stored: StoredMessage) -> Action {
+        debug_assert!(self.waiting.len() < self.max_pending);
+        self.waiting.insert(tag, message);
+        self.record(Record::Accepted(stored))
+    }
+
+    /// Whether the message of `tag` still waits for the journal.
+    pub(super) fn is_waiting(&self, tag: u64) -> bool {
+        self.waiting.contains_key(&tag)
+    }
+
+    /// A terminal event waits for its outcome record before it is sent.
+    pub(super) fn hold_outcome(&mut self, seq: u64, conn: ConnId, frame: Frame) -> Action {
+        let outcome = frame.body.to_stored();
+        debug_assert!(!self.unjournaled.contains_key(&seq));
+        self.unjournaled.insert(seq, (conn, frame));
+        self.record(Record::Outcome { seq, outcome })
+    }
+
+    pub(super) fn set_wall_clock(&mut self, epoch_ms: u64) {
+        self.wall_at_zero = epoch_ms;
+    }
+
+    /// The wall-clock time of the bridge's `now`.
+    pub(super) fn wall_ms(&self, now: Duration) -> u64 {
+        self.wall_at_zero + now.as_millis() as u64
+    }
+
+    /// Forced exit: no message waits any more (their routes are gone).
+    pub(super) fn abandon(&mut self) {
+        self.waiting.clear();
+    }
+
+    pub(super) fn unjournaled(&self) -> usize {
+        self.unjournaled.len()
+    }
+
+    /// Messages start-up recovery restored (their reservations may exceed a lowered cap).
+    pub(super) fn recovered(&self) -> usize {
+        self.figures.recovery.messages
+    }
+
+    pub(super) fn status(&self) -> JournalStatus {
+        JournalStatus {
+            pending_durable: self.waiting.len(),
+            unjournaled_outcomes: self.unjournaled.len(),
+            max_pending_durable: self.max_pending,
+            ..self.figures.clone()
+        }
+    }
+
+    /// The platforms owed a reservation by the terminal events held here.
+    pub(super) fn terminals_by_platform(&self) -> impl Iterator<Item = &str> {
+        self.unjournaled
+            .values()
+            .filter_map(|(_, f)| f.terminal_for.as_deref())
+    }
+
+    /// Checks, in debug builds, that every waiting message has its route, within the bound.
+    pub(super) fn check(&self, routes: &Routes) {
+        debug_assert!(self.waiting.len() <= self.max_pending);
+        debug_assert!(self.waiting.keys().all(|&tag| routes.contains(tag)));
+    }
+}
+
+impl Bridge {
+    /// The journal thread's report: submit the messages now durable, reject `storage` those
+    /// whose write failed, send the terminal events whose outcome record it took.
+    pub fn journaled(&mut self, c: Committed, now: Duration) {
+        self.now = now;
+        let Some(d) = &mut self.durable else {
+            return;
+        };
+        let j = &mut d.figures;
+        j.queued_records = j.queued_records.saturating_sub(c.taken);
+        j.retrying = c.retrying;
+        j.batches += 1;
+        j.failing = c.error.is_some();
+        j.failed_batches += u64::from(c.error.is_some());
+        let held: Vec<_> = c
+            .outcomes
+            .iter()
+            .filter_map(|seq| d.unjournaled.remove(seq))
+            .collect();
+        for seq in c.durable {
+            if let Some(message) = d.waiting.remove(&seq) {
+                self.actions.push_back(Action::Submit { tag: seq, message });
+            }
+        }
+        let failed: Vec<u64> = c
+            .failed
+            .into_iter()
+            .filter(|seq| d.waiting.remove(seq).is_some())
+            .collect();
+        for (conn, frame) in held {
+            if let Some(platform) = frame.terminal_for.clone() {
+                self.deliver_terminal(conn, &platform, frame);
+            }
+        }
+        for seq in failed {
+            log::debug!("message {seq}: journal write failed; rejected storage");
+            self.refuse(seq, Refusal::storage(c.error.as_deref()));
+        }
+        self.audit();
+    }
+
+    /// Rebuilds the state a journal held at start-up (before any connection): the duplicate
+    /// windows, the waiting messages submitted again in their original order, undelivered
+    /// outcomes back in their outboxes (marked `redelivery`), and the turns a crash
+    /// interrupted failed `interrupted by restart` — or, with `resume_interrupted`, run again
+    /// unless they were interrupted twice (`poison`). `wall_now_ms` is the wall clock now;
+    /// the bridge's clock must be at `now`. Logs one INFO line with the counts.
+    pub fn recover(&mut self, r: Recovered, wall_now_ms: u64, now: Duration) -> RecoveryCounts {
+        self.now = now;
+        let mut n = RecoveryCounts {
+            messages: r.messages.len(),
+            ..RecoveryCounts::default()
+        };
+        if let Some(d) = &mut self.durable {
+            d.wall_at_zero = wall_now_ms.saturating_sub(now.as_millis() as u64);
+            d.figures.recovery.messages = n.messages;
+        }
+        self.routes.tags_after(r.max_seq);
+        let mut dedup = r.dedup;
+        // Each shard's expiry queue must be in expiry order.
+        dedup.sort_by_key(|(_, _, until)| *until);
+        for (platform, id, until) in dedup {
+            let Some(p) = self.platforms.force(&platform) else {
+                continue;
+            };
+            let left = Duration::from_millis(until.saturating_sub(wall_now_ms));
+            let added = self
+                .platforms
+                .remember(&p, fingerprint(&id), now + left, now, false);
+            n.dedup_ids += usize::from(added);
+        }
+        for rm in r.messages {
+            self.recover_message(rm, &mut n, now);
+        }
+        log::info!(
+            "recovered from the journal: {} message(s): {} requeued ({} interrupted turn(s) resumed), {} interrupted (failed), {} poison, {} outcome(s) to deliver; {} id(s) in duplicate windows",
+            n.messages,
+            n.requeued,
+            n.resumed,
+            n.interrupted,
+            n.poisoned,
+            n.outcomes,
+            n.dedup_ids
+        );
+        if let Some(d) = &mut self.durable {
+            d.figures.recovery = n;
+        }
+        self.audit();
+        n
+    }
+
+    /// One journaled message: its outcome back in its outbox, or submitted again, or failed.
+    fn recover_message(&mut self, rm: RecoveredMessage, n: &mut RecoveryCounts, now: Duration) {
+        let m = rm.message;
+        let Some(platform) = self.platforms.force(&m.platform) else {
+            return;
+        };
+        self.platforms.reserve(&platform);
+        let id: std::sync::Arc<str> = m.id.as_str().into();
+        let seq = m.seq;
+        // A message still in flight stays a duplicate, even if its window ran out while
+        // it waited (its entry is later than every restored one: the order holds).
+        let (fp, until) = (fingerprint(&m.id), now + self.cfg.dedup_window);
+        n.dedup_ids += usize::from(self.platforms.remember(&platform, fp, until, now, true));
+        if let Some(o) = rm.outcome {
+            let mut frame =
+                Frame::new(Body::from_stored(o), Some(platform.clone())).of_message(seq, id);
+            frame.mark_redelivery();
+            self.platforms.push_outbox(&platform, frame);
+            n.outcomes += 1;
+            return;
+        }
+        let built = Draft::from_stored(&m).and_then(build);
+        let session = match &built {
+            Ok(a) => a.message.session.clone(),
+            Err(_) => match SessionKey::dm(&m.platform, &m.chat_id) {
+                Ok(k) => k,
+                Err(_) => return,
+            },
+        };
+        let failure = match (&built, rm.starts) {
+            (Err(refusal), _) => Some(refusal.after_restart()),
+            (Ok(_), 0) => None,
+            (Ok(_), 1) if self.cfg.resume_interrupted => None,
+            (Ok(_), _) if self.cfg.resume_interrupted => {
+                n.poisoned += 1;
+                log::warn!("session {session}: message {id}: {POISON}");
+                Some(POISON.to_string())
+            }
+            (Ok(_), _) => {
+                n.interrupted += 1;
+                Some(INTERRUPTED.to_string())
+            }
+        };
+        if let Some(why) = failure {
+            let body = Body::with_text("failed", &id, session.as_str(), "error", why, "");
+            return self.terminal(seq, no_conn(), &platform, id, body);
+        }
+        let Ok(admitted) = built else {
+            return;
+        };
+        let mut route = InFlight::new(no_conn(), id, session, platform, fp);
+        (route.starts, route.recovered) = (rm.starts, true);
+        self.routes.insert(seq, route);
+        n.requeued += 1;
+        n.resumed += usize::from(rm.starts > 0);
+        let message = admitted.message;
+        self.actions.push_back(Action::Submit { tag: seq, message });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::Key;
+
+    fn message() -> Message {
+        let key = SessionKey::dm("telegram", "1").expect("key");
+        Message::new("m", key, "hi").expect("message")
+    }
+
+    fn stored(seq: u64) -> StoredMessage {
+        StoredMessage {
+            seq,
+            platform: "telegram".into(),
+            id: "m".into(),
+            chat_type: "dm".into(),
+            chat_id: "1".into(),
+            thread_id: None,
+            user_id: None,
+            user_name: None,
+            meta: None,
+            text: "hi".into(),
+            dedup_until_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_waiting_message_holds_room_until_it_is_durable() {
+        let mut d = Durable::new(1);
+        let mut routes = Routes::default();
+        let tag = routes.new_tag();
+        let conn = Key::from_bits(0);
+        routes.insert(
+            tag,
+            InFlight::new(conn, "m".into(), message().session, "telegram".into(), 1),
+        );
+        assert!(d.room().is_ok());
+        assert!(matches!(
+            d.wait(tag, message(), stored(tag)),
+            Action::Journal(Record::Accepted(_))
+        ));
+        assert!(d.is_waiting(tag));
+        assert_eq!(d.room().unwrap_err().reason, "overloaded");
+        assert_eq!(
+            (d.status().pending_durable, d.status().queued_records),
+            (1, 1)
+        );
+        d.check(&routes);
+        d.abandon();
+        assert!(d.room().is_ok());
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic]
+    fn check_catches_a_waiting_message_without_its_route() {
+        let mut d = Durable::new(4);
+        let _ = d.wait(1, message(), stored(1));
+        d.check(&Routes::default());
+    }
+}

@@ -1,0 +1,667 @@
+//! The bridge protocol as a sans-IO state machine, as the core is for sessions.
+//!
+//! [`Bridge`] owns everything the server knows about its clients — connections by handle,
+//! per-platform state (the connections that said hello, the outbox, reservations, the
+//! duplicate window), message routes and typing — and nothing that does I/O. The shell
+//! (`super::BridgeServer`, on the reactor) feeds it connections, complete lines, runtime
+//! events and the time, and carries out what it asks: submit a message ([`Action::Submit`]),
+//! drop a socket ([`Action::Close`]), write a connection's output into a socket
+//! ([`Bridge::write`]). quinn-proto's `Endpoint` versus the I/O in `quinn` is the model: every
+//! rule below is tested without a socket (`tests/bridge.rs`).
+//!
+//! Rules:
+//! - **One answer per line, in order.** Each message line takes a place in its connection's
+//!   answer queue when read; the runtime's admission fills it, and answers leave in line
+//!   order. A copy of an id still awaiting admission is answered with the original's fate
+//!   (`duplicate` if accepted, the same `reject` if not).
+//! - **Bounded everywhere, with an explicit answer**: connections, connections waiting for
+//!   their hello (a deadline and a per-address cap), platforms (validated names, a cap, freed
+//!   when empty), each platform's outbox in events and bytes (kept by admission: an accepted
+//!   message reserves room for its terminal event until that event is written, so results are
+//!   never dropped and the outbox never overflows; a full one answers `backpressure`), each
+//!   platform's duplicate window (full: `backpressure`, never evicted early), output per
+//!   connection (reads pause; best-effort lines are dropped).
+//! - **Delivery**: a terminal event goes to the connection that sent the message; if it has
+//!   gone, to its platform's outbox, which feeds the newest connection that said hello for
+//!   the platform as fast as that connection reads. A result is delivered once the peer's
+//!   TCP acknowledges it ([`Bridge::acked`]); what a dying connection had not delivered goes
+//!   back to the *front* of its outbox, in order. A half-closed client keeps getting its
+//!   events until none is outstanding.
+//! - **Isolation**: with a token, only a hello carrying it authenticates, a connection acts
+//!   only for the platform its hello named, and after `unauthorized` no further line counts.
+//!
+//! Rooms, each owning its state and a `check()` of its invariants (run, in debug builds,
+//! after every input, with the cross-room counts checked here in `audit`), as quinn-proto's
+//! `Connection` delegates to its sub-state owners:
+//! - `conns`: connections — answer queues, output, what was written and confirmed, the
+//!   hello/auth bookkeeping;
+//! - `platforms`: per platform — the hellos, the outbox, reservations, the duplicate window;
+//! - `routes`: where a result goes (messages in flight, typing), and delivery;
+//! - `admit`: the admission pipeline and the one message builder (client lines and journal
+//!   recovery alike), with every refusal's wording;
+//! - `durable`: what exists only with a journal (`Option<Durable>`), the journal's report
+//!   and recovery;
+//! - `status`: the figures for the status snapshot;
+//! - `config`: limits and timings.
+//!
+//! This file routes between them: every input is a `Bridge` method (`handle_*` for lines
+//! and runtime events) that sets the clock, delegates, and audits.
+
+mod admit;
+mod config;
+mod conns;
+mod durable;
+mod platforms;
+mod routes;
+mod status;
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, Write};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::frame::{Body, Frame};
+use super::protocol::{ClientOp, LineError, ServerOp, check_platform, encode, parse_line};
+use crate::core::{CancelReason, EventKind, MessageEvent, RejectReason, TurnId};
+use crate::journal::Record;
+use crate::key::Key;
+use crate::message::{Message, SessionKey};
+use admit::Refusal;
+pub use config::{BridgeConfig, TERMINAL_ENVELOPE};
+use config::{HOUSEKEEPING, INTERRUPTED, POISON};
+use conns::Conns;
+use durable::Durable;
+use platforms::Platforms;
+use routes::Routes;
+use status::Counters;
+
+pub use super::frame::Flushed;
+pub(crate) use status::RecoveryCounts;
+
+/// A connection's handle: a generational [`Key`], so a handle kept after its connection
+/// closed never reaches the connection that reuses its slot. The shell uses its bits as the
+/// socket's poll token.
+pub type ConnId = Key;
+
+/// What the bridge asks of its shell.
+#[derive(Debug)]
+pub enum Action {
+    /// Submit to the runtime; its events come back through [`Bridge::event`] with `tag`.
+    Submit {
+        /// The route tag.
+        tag: u64,
+        /// The message.
+        message: Message,
+    },
+    /// Close the connection's socket; the bridge has forgotten it.
+    Close(ConnId),
+    /// Reset the connection (close discarding unsent data): results written to it and not
+    /// acknowledged went back to the outbox, so nothing more of them may reach the peer.
+    Reset(ConnId),
+    /// Write a record to the journal; accepted messages are confirmed through
+    /// [`Bridge::journaled`].
+    Journal(Record),
+}
+
+/// The bridge protocol's state machine. See the module documentation.
+pub struct Bridge {
+    cfg: BridgeConfig,
+    /// Connections, their output and their hello state.
+    conns: Conns,
+    /// Platforms: outboxes, reservations, duplicate windows.
+    platforms: Platforms,
+    /// Messages in flight and where their results (and typing) go.
+    routes: Routes,
+    /// What exists only with a journal (`cfg.journal`).
+    durable: Option<Durable>,
+    actions: VecDeque<Action>,
+    stats: Counters,
+    next_housekeeping: Duration,
+    /// The time of the latest input.
+    now: Duration,
+}
+
+fn error_line(detail: &str) -> Vec<u8> {
+    encode(&ServerOp::Error { detail })
+}
+
+impl Bridge {
+    /// A bridge with no connection.
+    pub fn new(cfg: BridgeConfig) -> Bridge {
+        Bridge {
+            conns: Conns::new(&cfg),
+            platforms: Platforms::new(&cfg),
+            routes: Routes::default(),
+            durable: cfg.journal.then(|| Durable::new(cfg.max_pending_durable)),
+            cfg,
+            actions: VecDeque::new(),
+            stats: Counters::default(),
+            next_housekeeping: Duration::ZERO,
+            now: Duration::ZERO,
+        }
+    }
+
+    /// Sets the wall clock: `epoch_ms` is the wall-clock time (ms since the Unix epoch) at
+    /// time zero of the bridge's clock (used only with a journal).
+    pub fn set_wall_clock(&mut self, epoch_ms: u64) {
+        if let Some(d) = &mut self.durable {
+            d.set_wall_clock(epoch_ms);
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &BridgeConfig {
+        &self.cfg
+    }
+
+    /// Replaces the auth token (a reload): hellos from now on are checked against it;
+    /// connections already authenticated stay so. `None` (no token) is refused when a token
+    /// was set, since connections admitted without one would skip the hello deadline's
+    /// bookkeeping; going from none to a token needs a restart too (returns false).
+    pub fn set_auth_token(&mut self, token: Option<&str>) -> bool {
+        let ok = self.conns.set_token(token);
+        if ok && let Some(t) = token {
+            self.cfg.auth_token = Some(t.to_owned());
+        }
+        ok
+    }
+
+    /// A new connection from `peer`, or the error line to write before closing it.
+    pub fn connect(&mut self, peer: IpAddr, now: Duration) -> Result<ConnId, Vec<u8>> {
+        self.conns.open(peer, now, &self.cfg).map_err(|why| {
+            self.stats.connections_refused += 1;
+            log::warn!("refused connection from {peer}: {why}");
+            error_line(&why)
+        })
+    }
+
+    /// Whether the shell should read from `conn` now: not while its output is over its bound
+    /// (the client is not reading), nor once it is closing or half-closed.
+    pub fn wants_read(&self, conn: ConnId) -> bool {
+        self.conns.wants_read(conn)
+    }
+
+    /// Whether `conn` has output waiting.
+    pub fn has_output(&self, conn: ConnId) -> bool {
+        self.conns.has_output(conn)
+    }
+
+    /// Connections whose output changed since the last call: the shell should write them.
+    pub fn take_dirty(&mut self) -> Vec<ConnId> {
+        self.conns.take_dirty()
+    }
+
+    /// The next thing the shell must do.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// One complete line from `conn` (without its newline).
+    pub fn line(&mut self, id: ConnId, line: &[u8], now: Duration) {
+        self.now = now;
+        self.handle_line(id, line, now);
+        self.audit();
+    }
+
+    fn handle_line(&mut self, id: ConnId, line: &[u8], now: Duration) {
+        let Some(conn) = self.conns.get(id) else {
+            return;
+        };
+        if conn.closing {
+            return;
+        }
+        let parsed = parse_line(line);
+        if !conn.authed {
+            match parsed {
+                Ok(ClientOp::Hello {
+                    platform,
+                    token: Some(t),
+                    acks,
+                }) if self.conns.token_matches(&t) => self.hello(id, platform, acks),
+                _ => self.unauthorized(id),
+            }
+            return;
+        }
+        match parsed {
+            Ok(ClientOp::Ping) => self.answer(id, encode(&ServerOp::Pong)),
+            Ok(ClientOp::Hello {
+                platform,
+                token,
+                acks,
+            }) => {
+                if self.conns.token_required()
+                    && !token.is_some_and(|t| self.conns.token_matches(&t))
+                {
+                    self.unauthorized(id);
+                } else {
+                    self.hello(id, platform, acks);
+                }
+            }
+            Ok(ClientOp::Delivered { ids }) => self.delivered(id, &ids),
+            Ok(ClientOp::Message(m)) => self.handle_message(id, m, now),
+            Err(LineError::Malformed(detail)) => self.error(id, &detail),
+            Err(LineError::Invalid { id: mid, detail }) => {
+                self.answer_refusal(id, &mid, Refusal::invalid(detail));
+            }
+        }
+    }
+
+    /// A line from `conn` went over the limit and was discarded.
+    pub fn line_too_long(&mut self, id: ConnId) {
+        match self.conns.get(id) {
+            None => {}
+            Some(c) if c.closing => {}
+            Some(c) if !c.authed => self.unauthorized(id),
+            Some(_) => {
+                let max = self.cfg.max_line_bytes;
+                self.error(id, &format!("line longer than {max} bytes; discarded"));
+            }
+        }
+        self.audit();
+    }
+
+    /// The peer of `conn` shut down its sending side. It keeps getting its events until none
+    /// is outstanding.
+    pub fn read_closed(&mut self, id: ConnId) {
+        if let Some(p) = self.conns.half_close(id) {
+            self.platforms.detach(&p, id);
+            self.refill_newest(&p);
+            self.platforms.maybe_free(&p);
+        }
+        if self
+            .conns
+            .get(id)
+            .is_some_and(|c| c.outstanding == 0 && c.idle())
+        {
+            self.close(id, "peer closed", true);
+        }
+        self.audit();
+    }
+
+    /// The socket of `conn` is gone (closed by the peer, or failed). What it had not written
+    /// goes back to the front of its outbox.
+    pub fn disconnected(&mut self, id: ConnId) {
+        self.close(id, "disconnected", false);
+        self.audit();
+    }
+
+    /// An event of the message submitted with `tag`.
+    pub fn event(&mut self, tag: u64, event: MessageEvent, now: Duration) {
+        self.now = now;
+        let MessageEvent { id, session, kind } = event;
+        match kind {
+            EventKind::Accepted { state, position } => {
+                self.handle_accepted(tag, (&id, &session), state, position, now);
+            }
+            EventKind::Rejected(reason) => self.handle_rejected(tag, reason),
+            EventKind::TurnStarted(turn) => self.turn_started(tag, turn, session, now),
+            EventKind::Partial(text) => self.partial(tag, &id, &session, text),
+            EventKind::TurnEnded(turn) => {
+                if let Some(t) = self.routes.typing_ended(turn) {
+                    self.send_typing(t.conn, &t.session, false);
+                }
+            }
+            EventKind::Finished(outcome) => self.finished(tag, &id, &session, outcome),
+        }
+        self.audit();
+    }
+
+    fn handle_rejected(&mut self, tag: u64, reason: RejectReason) {
+        if self.routes.get(tag).is_some_and(|r| r.recovered) {
+            // Acknowledged by the process before the restart: it gets a terminal event.
+            return self.finish_recovered(tag, &admit::not_readmitted(reason.as_str()));
+        }
+        self.journal(|| Record::Forget { seq: tag });
+        self.refuse(tag, Refusal::runtime(reason));
+    }
+
+    fn turn_started(&mut self, tag: u64, turn: TurnId, session: SessionKey, now: Duration) {
+        let Some(route) = self.routes.get_mut(tag) else {
+            return;
+        };
+        route.starts += 1;
+        let (conn, attempt) = (route.conn, route.starts);
+        self.journal(|| Record::Started { seq: tag, attempt });
+        self.send_typing(conn, &session, true);
+        let next = now + self.cfg.typing_refresh;
+        self.routes.typing_started(turn, conn, session, next);
+    }
+
+    /// Writes a record to the journal, if there is one.
+    fn journal(&mut self, record: impl FnOnce() -> Record) {
+        if let Some(d) = &mut self.durable {
+            self.actions.push_back(d.record(record()));
+        }
+    }
+
+    /// Fires the bridge's deadlines; returns when it next needs to be called.
+    pub fn tick(&mut self, now: Duration) -> Duration {
+        self.now = now;
+        if now >= self.next_housekeeping {
+            self.next_housekeeping = now + HOUSEKEEPING;
+            self.close_late_hellos(now);
+            self.close_stalled(now);
+            for (conn, session) in self.routes.typing_due(now, self.cfg.typing_refresh) {
+                self.send_typing(conn, &session, true);
+            }
+            self.platforms.expire(now);
+        }
+        self.audit();
+        self.next_housekeeping
+    }
+
+    /// Connections that did not say hello in time get an error line and close.
+    fn close_late_hellos(&mut self, now: Duration) {
+        let timeout = self.cfg.hello_timeout;
+        let late: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| !c.authed && !c.closing && now >= c.opened + timeout)
+            .map(|(id, _)| id)
+            .collect();
+        for id in late {
+            if let Some(c) = self.conns.get(id) {
+                log::warn!(
+                    "connection {} from {}: no hello within {:?}; closing",
+                    id,
+                    c.peer,
+                    timeout
+                );
+            }
+            self.stats.connections_refused += 1;
+            self.answer(id, error_line(&format!("no hello within {timeout:?}")));
+            self.set_closing(id);
+        }
+    }
+
+    /// Connections that took none of their output for too long close (their results go back
+    /// to the outbox).
+    fn close_stalled(&mut self, now: Duration) {
+        let timeout = self.cfg.write_stall_timeout;
+        let stalled: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.stalled(now, timeout))
+            .map(|(id, _)| id)
+            .collect();
+        for id in stalled {
+            if let Some(c) = self.conns.get(id) {
+                log::warn!(
+                    "connection {} from {}: took no output for {:?}; closing (its results go back to the outbox)",
+                    id,
+                    c.peer,
+                    timeout
+                );
+            }
+            self.stats.connections_refused += 1;
+            self.close(id, "write stalled", true);
+        }
+    }
+
+    /// Writes `conn`'s output into `w`, at most the write budget, feeding it its platform's
+    /// backlog as it goes. A write error is returned; the shell then calls
+    /// [`Bridge::disconnected`].
+    pub fn write<W: Write + ?Sized>(
+        &mut self,
+        id: ConnId,
+        w: &mut W,
+        now: Duration,
+    ) -> io::Result<Flushed> {
+        self.now = now;
+        let result = self.write_budgeted(id, w, now);
+        self.audit();
+        result
+    }
+
+    fn write_budgeted<W: Write + ?Sized>(
+        &mut self,
+        id: ConnId,
+        w: &mut W,
+        now: Duration,
+    ) -> io::Result<Flushed> {
+        let mut budget = self.cfg.write_budget;
+        let how = loop {
+            self.refill(id);
+            if self.conns.get(id).is_none() {
+                return Ok(Flushed::All);
+            }
+            let (n, how) = self.conns.write_out(id, w, budget, now)?;
+            budget -= n.min(budget);
+            if how != Flushed::All || budget == 0 || !self.backlog_for(id) {
+                break how;
+            }
+        };
+        // This pass was its turn (the budget is per wake): only new output marks it again.
+        self.conns.clear_dirty(id);
+        if how == Flushed::All {
+            self.maybe_finish(id);
+        }
+        Ok(how)
+    }
+
+    /// The peer's TCP has acknowledged the first `acked` bytes written to `conn`: the results
+    /// they held are delivered and release their outbox room.
+    pub fn acked(&mut self, id: ConnId, acked: u64) {
+        for f in self.conns.acked(id, acked, self.now) {
+            self.confirm(f);
+        }
+        self.maybe_finish(id);
+        self.audit();
+    }
+
+    /// Bytes written to `conn` so far (for the shell's acknowledgement count).
+    pub fn written(&self, id: ConnId) -> u64 {
+        self.conns.written(id)
+    }
+
+    /// Connections with written results not yet acknowledged.
+    pub fn awaiting_ack(&self) -> Vec<ConnId> {
+        self.conns.awaiting_ack()
+    }
+
+    /// Forced exit: every message still running gets `cancelled: shutdown` on its own
+    /// connection, if that is still open, so the shell can write what it can before exiting.
+    pub fn abandon_all(&mut self) {
+        for (tag, route) in self.routes.drain_in_order() {
+            self.conns.settled(route.conn);
+            let line = encode(&ServerOp::Cancelled {
+                id: &route.id,
+                session: route.session.as_str(),
+                reason: CancelReason::Shutdown.as_str(),
+            });
+            let journaled = self.durable.as_ref().is_some_and(|d| !d.is_waiting(tag));
+            if journaled {
+                // Best effort: the process exits now, and what the journal does not take is
+                // recovered at the next start.
+                self.terminal(tag, route.conn, &route.platform, route.id, Body::Line(line));
+            } else {
+                let frame = Frame::new(Body::Line(line), Some(route.platform.clone()));
+                self.deliver_terminal(route.conn, &route.platform, frame);
+            }
+        }
+        if let Some(d) = &mut self.durable {
+            d.abandon();
+        }
+        self.audit();
+    }
+
+    /// Terminal events waiting for their outcome record to be durable.
+    pub fn unjournaled(&self) -> usize {
+        self.durable.as_ref().map_or(0, Durable::unjournaled)
+    }
+
+    /// Terminal events still waiting in outboxes (or for their outcome record).
+    pub fn outboxed(&self) -> usize {
+        self.platforms.outboxed() + self.unjournaled()
+    }
+
+    /// Connections open.
+    pub fn connections(&self) -> impl Iterator<Item = ConnId> + '_ {
+        self.conns.keys()
+    }
+
+    fn hello(&mut self, id: ConnId, platform: Option<String>, acks: bool) {
+        let new = match platform {
+            None => None,
+            Some(name) => {
+                if let Err(detail) = check_platform(&name) {
+                    return self.error(id, &format!("hello: {detail}"));
+                }
+                let Some(p) = self.platforms.open(&name) else {
+                    let max = self.cfg.max_platforms;
+                    let detail =
+                        format!("hello refused: {max} platforms are active (--max-platforms)");
+                    return self.error(id, &detail);
+                };
+                Some(p)
+            }
+        };
+        if self.conns.get(id).is_none() {
+            return;
+        }
+        let old = self.conns.set_platform(id, new.clone());
+        for f in self.conns.set_acks(id, acks) {
+            self.confirm(f);
+        }
+        self.conns.authenticate(id);
+        if let Some(old) = &old {
+            self.platforms.detach(old, id);
+        }
+        if let Some(new) = &new {
+            self.platforms.attach(new, id);
+        }
+        if let Some(old) = old {
+            self.platforms.maybe_free(&old);
+        }
+        self.refill(id);
+    }
+
+    fn unauthorized(&mut self, id: ConnId) {
+        if let Some(c) = self.conns.get(id) {
+            log::warn!("connection {} from {}: unauthorized; closing", id, c.peer);
+        }
+        self.stats.count_rejected("unauthorized", 1);
+        self.answer(id, error_line("unauthorized"));
+        self.set_closing(id);
+    }
+
+    /// No further line of `id` counts; it closes once its output is written.
+    fn set_closing(&mut self, id: ConnId) {
+        if let Some(p) = self.conns.set_closing(id) {
+            self.platforms.detach(&p, id);
+            self.platforms.maybe_free(&p);
+        }
+    }
+
+    fn error(&mut self, id: ConnId, detail: &str) {
+        self.stats.errors += 1;
+        self.answer(id, error_line(detail));
+    }
+
+    fn answer(&mut self, id: ConnId, line: Vec<u8>) {
+        self.conns.push(id, Frame::line(line), self.now);
+    }
+
+    /// A `delivered` line from an `acks` connection.
+    fn delivered(&mut self, id: ConnId, ids: &[String]) {
+        for f in self.conns.delivered(id, ids, self.now) {
+            self.confirm(f);
+        }
+        self.maybe_finish(id);
+    }
+
+    /// Closes a connection that has nothing left to do: closing and written out, or
+    /// half-closed with nothing outstanding and every result acknowledged.
+    fn maybe_finish(&mut self, id: ConnId) {
+        let Some(c) = self.conns.get(id) else {
+            return;
+        };
+        if c.closing && c.idle() {
+            self.close(id, "closed after error", true);
+        } else if c.read_closed && c.drained() {
+            self.close(id, "peer closed", true);
+        }
+    }
+
+    /// Forgets a connection; its unwritten terminal events go back to the front of their
+    /// outboxes, in order.
+    fn close(&mut self, id: ConnId, why: &str, emit: bool) {
+        let Some(gone) = self.conns.remove(id) else {
+            return;
+        };
+        let moved = gone.undelivered.len();
+        let mut touched: Vec<Arc<str>> = Vec::new();
+        for f in gone.undelivered.into_iter().rev() {
+            let Some(name) = f.terminal_for.clone() else {
+                continue;
+            };
+            self.platforms.push_outbox_front(&name, f);
+            if !touched.contains(&name) {
+                touched.push(name);
+            }
+        }
+        if let Some(p) = gone.platform {
+            self.platforms.detach(&p, id);
+            if !touched.contains(&p) {
+                touched.push(p);
+            }
+        }
+        for name in touched {
+            self.refill_newest(&name);
+            self.platforms.maybe_free(&name);
+        }
+        log::debug!(
+            "connection {} from {} closed: {why}; {moved} undelivered terminal event(s) back to the outbox",
+            id,
+            gone.peer
+        );
+        if emit {
+            self.actions.push_back(if moved > 0 {
+                Action::Reset(id)
+            } else {
+                Action::Close(id)
+            });
+        }
+    }
+
+    /// Checks, in debug builds, each room's invariants and that every count across rooms
+    /// matches what it counts: each reservation is a route, a result on a connection, or a
+    /// result in an outbox (or waiting for its outcome record).
+    fn audit(&self) {
+        // O(state): skipped in release builds, and past a small size so that debug builds of
+        // large scenarios stay fast.
+        if !cfg!(debug_assertions) || self.routes.len() + self.conns.len() + self.outboxed() > 1_000
+        {
+            return;
+        }
+        self.conns.check();
+        self.routes.check();
+        let mut owed: HashMap<&str, usize> = HashMap::new();
+        for r in self.routes.values() {
+            *owed.entry(&*r.platform).or_insert(0) += 1;
+            debug_assert!(self.platforms.contains(&r.platform));
+        }
+        let held = self.conns.terminals_by_platform();
+        let journaled = self.durable.iter().flat_map(|d| d.terminals_by_platform());
+        for p in held.chain(journaled) {
+            *owed.entry(p).or_insert(0) += 1;
+        }
+        for (id, c) in self.conns.iter() {
+            let sent = self.routes.values().filter(|r| r.conn == id).count();
+            debug_assert_eq!(sent, c.outstanding, "connection {} outstanding", id);
+            if let Some(p) = &c.platform {
+                debug_assert!(self.platforms.has_hello(p, id));
+            }
+        }
+        for (name, c) in self.platforms.hellos() {
+            let conn = self.conns.get(c);
+            debug_assert!(conn.is_some_and(|conn| conn.platform.as_deref() == Some(name)));
+        }
+        if let Some(d) = &self.durable {
+            d.check(&self.routes);
+        }
+        let recovered = self.durable.as_ref().map_or(0, Durable::recovered);
+        self.platforms.check(&owed, recovered);
+    }
+}

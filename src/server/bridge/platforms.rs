@@ -1,0 +1,341 @@
+//! The bridge's platforms: for each, the connections that said hello for it, its outbox of
+//! undelivered results, the reservations that keep the outbox from overflowing, and its
+//! duplicate window. A platform is found by name in one place ([`Platforms::get_mut`]);
+//! everything else asks this room by name.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::super::dedup::{DedupWindow, Fingerprint, Seen};
+use super::super::frame::Frame;
+use super::super::protocol::check_platform;
+use super::admit::Refusal;
+use super::status::PlatformStatus;
+use super::{BridgeConfig, ConnId, TERMINAL_ENVELOPE};
+
+/// Expired duplicate-window entries dropped per platform per housekeeping pass, so that a
+/// mass expiry is spread over passes instead of stalling one.
+const EXPIRY_BUDGET: usize = 4096;
+
+struct Platform {
+    /// Connections that said hello for it, oldest first.
+    conns: Vec<ConnId>,
+    outbox: VecDeque<Frame>,
+    outbox_bytes: usize,
+    /// Accepted (or submitted) messages whose terminal event is not yet written.
+    reserved_events: usize,
+    reserved_bytes: usize,
+    dedup: DedupWindow,
+}
+
+impl Platform {
+    fn holds_nothing(&self) -> bool {
+        self.conns.is_empty()
+            && self.outbox.is_empty()
+            && self.reserved_events == 0
+            && self.dedup.is_empty()
+    }
+}
+
+/// How a new message stands with its platform's duplicate window.
+pub(super) enum Claim {
+    /// New: room is reserved for its result and it is pending under this tag.
+    New(u64),
+    /// Accepted within the window: a duplicate.
+    Duplicate,
+    /// A copy of the message submitted under this tag, still awaiting admission.
+    CopyOf(u64),
+}
+
+/// Every platform known, by name, within `max_platforms`.
+pub(super) struct Platforms {
+    map: HashMap<Arc<str>, Platform>,
+    max: usize,
+    /// Outbox bytes an accepted message reserves.
+    reserve: usize,
+    outbox_cap: usize,
+    outbox_bytes: usize,
+    dedup_window: Duration,
+    dedup_max: usize,
+}
+
+impl Platforms {
+    pub(super) fn new(cfg: &BridgeConfig) -> Platforms {
+        Platforms {
+            map: HashMap::new(),
+            max: cfg.max_platforms,
+            reserve: cfg.max_reply_bytes.saturating_add(TERMINAL_ENVELOPE),
+            outbox_cap: cfg.outbox_cap,
+            outbox_bytes: cfg.outbox_bytes,
+            dedup_window: cfg.dedup_window,
+            dedup_max: cfg.dedup_max,
+        }
+    }
+
+    /// The one lookup by name.
+    fn get_mut(&mut self, name: &str) -> Option<&mut Platform> {
+        self.map.get_mut(name)
+    }
+
+    /// The platform named `name`, created if there is room.
+    pub(super) fn open(&mut self, name: &str) -> Option<Arc<str>> {
+        if let Some((k, _)) = self.map.get_key_value(name) {
+            return Some(k.clone());
+        }
+        if self.map.len() >= self.max {
+            return None;
+        }
+        Some(self.insert(name))
+    }
+
+    /// The platform named `name`, created even past `max_platforms` (what the journal holds
+    /// was admitted under the bound; a lowered bound must not lose it); `None` for a name
+    /// that is not valid.
+    pub(super) fn force(&mut self, name: &str) -> Option<Arc<str>> {
+        if check_platform(name).is_err() {
+            return None;
+        }
+        self.open(name).or_else(|| Some(self.insert(name)))
+    }
+
+    /// A new, empty platform named `name` (the caller checked the bound).
+    fn insert(&mut self, name: &str) -> Arc<str> {
+        let k: Arc<str> = name.into();
+        let dedup = DedupWindow::new(self.dedup_window, self.dedup_max);
+        let platform = Platform {
+            conns: Vec::new(),
+            outbox: VecDeque::new(),
+            outbox_bytes: 0,
+            reserved_events: 0,
+            reserved_bytes: 0,
+            dedup,
+        };
+        self.map.insert(k.clone(), platform);
+        k
+    }
+
+    /// Admission's platform step: `name` created if there is room, the id checked against
+    /// its duplicate window, then (a new id) its outbox room and `gate` (what else must hold),
+    /// and room reserved for its result under `new_tag()`.
+    pub(super) fn claim(
+        &mut self,
+        name: &str,
+        fp: Fingerprint,
+        now: Duration,
+        gate: impl FnOnce() -> Result<(), Refusal>,
+        new_tag: impl FnOnce() -> u64,
+    ) -> Result<(Arc<str>, Claim), Refusal> {
+        let Some(key) = self.open(name) else {
+            return Err(Refusal::platforms_full(self.max, name));
+        };
+        let (reserve, cap, cap_bytes) = (self.reserve, self.outbox_cap, self.outbox_bytes);
+        let (dedup_max, max) = (self.dedup_max, self.max);
+        let Some(p) = self.get_mut(&key) else {
+            return Err(Refusal::platforms_full(max, name));
+        };
+        match p.dedup.seen(fp, now) {
+            Seen::Accepted => return Ok((key, Claim::Duplicate)),
+            Seen::Pending(tag) => return Ok((key, Claim::CopyOf(tag))),
+            Seen::New => {}
+        }
+        if p.dedup.is_full(now) {
+            return Err(Refusal::dedup_full(&key, dedup_max));
+        }
+        if p.reserved_events >= cap || p.reserved_bytes.saturating_add(reserve) > cap_bytes {
+            return Err(Refusal::outbox_full(&key, p.reserved_events));
+        }
+        gate()?;
+        let tag = new_tag();
+        p.reserved_events += 1;
+        p.reserved_bytes += reserve;
+        p.dedup.pending(fp, tag);
+        Ok((key, Claim::New(tag)))
+    }
+
+    /// The outbox bytes one result reserves.
+    pub(super) fn reservation(&self) -> usize {
+        self.reserve
+    }
+
+    /// Whether `conn` said hello for `name`.
+    pub(super) fn has_hello(&self, name: &str, conn: ConnId) -> bool {
+        self.map.get(name).is_some_and(|p| p.conns.contains(&conn))
+    }
+
+    /// Room for one more result (recovery: past the cap, which admission already applied).
+    pub(super) fn reserve(&mut self, name: &str) {
+        let reserve = self.reserve;
+        if let Some(p) = self.get_mut(name) {
+            p.reserved_events += 1;
+            p.reserved_bytes += reserve;
+        }
+    }
+
+    /// A result was delivered (or its message refused): its room is free again, and the
+    /// platform too if it now holds nothing.
+    pub(super) fn unreserve(&mut self, name: &str) {
+        let reserve = self.reserve;
+        if let Some(p) = self.get_mut(name) {
+            debug_assert!(p.reserved_events > 0 && p.reserved_bytes >= reserve);
+            p.reserved_events -= 1;
+            p.reserved_bytes -= reserve;
+        }
+    }
+
+    /// The runtime accepted the message pending as `fp`: a duplicate from now on.
+    pub(super) fn dedup_accepted(&mut self, name: &str, fp: Fingerprint, now: Duration) {
+        if let Some(p) = self.get_mut(name) {
+            p.dedup.accepted(fp, now);
+        }
+    }
+
+    /// The message pending as `fp` was refused: a retry of its id is new.
+    pub(super) fn dedup_forget(&mut self, name: &str, fp: Fingerprint) {
+        if let Some(p) = self.get_mut(name) {
+            p.dedup.forget(fp);
+        }
+    }
+
+    /// Recovery: `fp` is a duplicate until `until`; with `if_new`, only if not already known.
+    /// Whether it was added.
+    pub(super) fn remember(
+        &mut self,
+        name: &str,
+        fp: Fingerprint,
+        until: Duration,
+        now: Duration,
+        if_new: bool,
+    ) -> bool {
+        let Some(p) = self.get_mut(name) else {
+            return false;
+        };
+        if if_new && p.dedup.seen(fp, now) != Seen::New {
+            return false;
+        }
+        p.dedup.remember(fp, until);
+        true
+    }
+
+    /// Drops expired duplicate-window entries (a budget per platform) and the platforms
+    /// that then hold nothing.
+    pub(super) fn expire(&mut self, now: Duration) {
+        let mut emptied = Vec::new();
+        for (name, p) in &mut self.map {
+            if p.dedup.expire(now, EXPIRY_BUDGET) > 0 && p.dedup.is_empty() {
+                emptied.push(name.clone());
+            }
+        }
+        for name in emptied {
+            self.maybe_free(&name);
+        }
+    }
+
+    /// A result for the platform's newest connection, at the back of its outbox.
+    pub(super) fn push_outbox(&mut self, name: &str, frame: Frame) {
+        if let Some(p) = self.get_mut(name) {
+            p.outbox_bytes += frame.body.size();
+            p.outbox.push_back(frame);
+        }
+    }
+
+    /// A result a dying connection did not deliver, back at the front of its outbox.
+    pub(super) fn push_outbox_front(&mut self, name: &str, frame: Frame) {
+        if let Some(p) = self.get_mut(name) {
+            p.outbox_bytes += frame.body.size();
+            p.outbox.push_front(frame);
+        }
+    }
+
+    /// The next result of the platform's outbox.
+    pub(super) fn pop_outbox(&mut self, name: &str) -> Option<Frame> {
+        let p = self.get_mut(name)?;
+        let frame = p.outbox.pop_front()?;
+        p.outbox_bytes -= frame.body.size();
+        Some(frame)
+    }
+
+    pub(super) fn has_backlog(&self, name: &str) -> bool {
+        self.map.get(name).is_some_and(|p| !p.outbox.is_empty())
+    }
+
+    /// `conn` said hello for `name`: it is the newest connection to feed.
+    pub(super) fn attach(&mut self, name: &str, conn: ConnId) {
+        if let Some(p) = self.get_mut(name) {
+            p.conns.push(conn);
+        }
+    }
+
+    /// `conn` no longer takes the platform's results.
+    pub(super) fn detach(&mut self, name: &str, conn: ConnId) {
+        if let Some(p) = self.get_mut(name) {
+            p.conns.retain(|&c| c != conn);
+        }
+    }
+
+    /// The newest connection that said hello for `name`: its outbox feeds it.
+    pub(super) fn newest_hello(&self, name: &str) -> Option<ConnId> {
+        self.map.get(name)?.conns.last().copied()
+    }
+
+    /// Forgets a platform that holds nothing.
+    pub(super) fn maybe_free(&mut self, name: &str) {
+        if self.map.get(name).is_some_and(Platform::holds_nothing)
+            && let Some(p) = self.map.remove(name)
+        {
+            debug_assert_eq!((p.outbox_bytes, p.reserved_bytes), (0, 0));
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub(super) fn contains(&self, name: &str) -> bool {
+        self.map.contains_key(name)
+    }
+
+    /// Results waiting in outboxes.
+    pub(super) fn outboxed(&self) -> usize {
+        self.map.values().map(|p| p.outbox.len()).sum()
+    }
+
+    pub(super) fn status(&self) -> BTreeMap<String, PlatformStatus> {
+        let one = |p: &Platform| PlatformStatus {
+            connections: p.conns.len(),
+            outbox_events: p.outbox.len(),
+            outbox_bytes: p.outbox_bytes,
+            reserved_events: p.reserved_events,
+            reserved_bytes: p.reserved_bytes,
+            dedup_ids: p.dedup.len(),
+        };
+        self.map
+            .iter()
+            .map(|(name, p)| (name.to_string(), one(p)))
+            .collect()
+    }
+
+    /// The connections that said hello, with their platform.
+    pub(super) fn hellos(&self) -> impl Iterator<Item = (&str, ConnId)> {
+        self.map
+            .iter()
+            .flat_map(|(name, p)| p.conns.iter().map(move |&c| (&**name, c)))
+    }
+
+    /// Checks, in debug builds, this room's counts: `owed` is, per platform, the results
+    /// held elsewhere (routes, connections, the journal) that each hold a reservation;
+    /// `recovered` the messages recovery restored (which may exceed a lowered cap).
+    pub(super) fn check(&self, owed: &HashMap<&str, usize>, recovered: usize) {
+        debug_assert!(self.map.len() <= self.max);
+        for (name, p) in &self.map {
+            let bytes: usize = p.outbox.iter().map(|f| f.body.size()).sum();
+            debug_assert_eq!(bytes, p.outbox_bytes, "platform {name} outbox bytes");
+            let owed = owed.get(&**name).copied().unwrap_or(0) + p.outbox.len();
+            debug_assert_eq!(owed, p.reserved_events, "platform {name} reservations");
+            debug_assert_eq!(p.reserved_events * self.reserve, p.reserved_bytes);
+            // Recovery may restore more than a lowered cap allows; admission never adds past it.
+            debug_assert!(p.reserved_events <= self.outbox_cap.max(recovered));
+            debug_assert!(p.dedup.len() <= self.dedup_max);
+        }
+    }
+}
