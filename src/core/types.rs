@@ -146,7 +146,7 @@ impl RejectReason {
             RejectReason::QueueFull => "the session's queue is full",
             RejectReason::ShuttingDown => "the gateway is shutting down",
             RejectReason::Overloaded => {
-                "the gateway holds as many waiting messages as it may; retry later"
+                "the gateway holds as many queued messages as it may; retry later"
             }
         }
     }
