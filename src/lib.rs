@@ -64,6 +64,9 @@ mod exec;
 mod journal;
 mod key;
 mod liveness;
+// Only the CLI renders JSON log lines; the reactor's WARN lines use its fields.
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
+mod logfmt;
 mod message;
 mod openai;
 // The operations endpoint, systemd notification and the containment sweep at exit are the

@@ -3,7 +3,6 @@
 
 pub(crate) mod frontend;
 pub(crate) mod http;
-pub(crate) mod logfmt;
 pub(crate) mod metrics;
 pub(crate) mod notify;
 

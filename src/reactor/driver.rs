@@ -14,7 +14,7 @@ use crate::core::{
     Outcome, ShutdownReport, TurnId, TurnJob,
 };
 use crate::message::SessionKey;
-use crate::ops::logfmt::{Field, cut};
+use crate::logfmt::{Field, cut};
 use crate::ops::metrics::{PromHistogram, TURN_BUCKETS};
 use crate::pool::{JobTicket, Pool, Replacement};
 
