@@ -61,6 +61,7 @@ mod child;
 pub mod cli;
 mod core;
 mod exec;
+mod histogram;
 mod journal;
 mod key;
 mod liveness;

@@ -5,80 +5,11 @@
 //! reasons, pools, states, platforms — at most `--max-platforms` of them).
 
 use std::fmt::Write;
-use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::histogram::PromHistogram;
 use crate::liveness::{Status, ThreadStates};
-
-/// Loop-lag buckets in seconds: 50 µs to 10 s.
-pub(crate) const LAG_BUCKETS: &[f64] = &[
-    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1.0, 2.5, 5.0, 10.0,
-];
-
-/// Turn-duration buckets in seconds: 5 ms to 10 minutes.
-pub(crate) const TURN_BUCKETS: &[f64] = &[
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
-];
-
-/// A histogram with fixed upper bounds (seconds), as Prometheus exposes one: per-bucket
-/// counts, a sum and a count.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PromHistogram {
-    bounds: &'static [f64],
-    /// Samples per bucket (not cumulative); the last slot is `+Inf`.
-    counts: Vec<u64>,
-    sum: f64,
-    count: u64,
-}
-
-impl PromHistogram {
-    /// An empty histogram over `bounds` (ascending seconds).
-    pub fn new(bounds: &'static [f64]) -> PromHistogram {
-        debug_assert!(bounds.windows(2).all(|w| w[0] < w[1]), "bounds ascend");
-        PromHistogram {
-            bounds,
-            counts: vec![0; bounds.len() + 1],
-            sum: 0.0,
-            count: 0,
-        }
-    }
-
-    /// Records one sample.
-    pub fn record(&mut self, d: Duration) {
-        let s = d.as_secs_f64();
-        let i = self.bounds.partition_point(|&b| b < s);
-        self.counts[i] += 1;
-        self.sum += s;
-        self.count += 1;
-    }
-
-    /// Samples recorded.
-    pub fn count(&self) -> u64 {
-        self.count
-    }
-
-    /// The sum of the samples, in seconds.
-    pub fn sum(&self) -> f64 {
-        self.sum
-    }
-
-    /// `(upper bound, cumulative count)` per bucket, `+Inf` last.
-    pub fn cumulative(&self) -> Vec<(f64, u64)> {
-        let mut seen = 0;
-        self.bounds
-            .iter()
-            .copied()
-            .chain([f64::INFINITY])
-            .zip(&self.counts)
-            .map(|(b, &n)| {
-                seen += n;
-                (b, seen)
-            })
-            .collect()
-    }
-}
 
 /// Escapes a label value (backslash, double quote, newline).
 pub(crate) fn escape_label(v: &str) -> String {
@@ -476,6 +407,7 @@ fn render_bridge(e: &mut Exposition, b: &Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// Every figure of a snapshot reaches its sample: distinct values in, each found out.
     #[test]
@@ -639,20 +571,6 @@ mod tests {
                 .count(),
             1
         );
-    }
-
-    #[test]
-    fn histogram_buckets_are_cumulative_and_inclusive_of_their_bound() {
-        let mut h = PromHistogram::new(&[0.001, 0.01]);
-        h.record(Duration::from_micros(1000)); // exactly the first bound: in it
-        h.record(Duration::from_micros(1001));
-        h.record(Duration::from_secs(1));
-        assert_eq!(
-            h.cumulative(),
-            vec![(0.001, 1), (0.01, 2), (f64::INFINITY, 3)]
-        );
-        assert_eq!(h.count(), 3);
-        assert!((h.sum() - 1.002001).abs() < 1e-9, "{}", h.sum());
     }
 
     #[test]

@@ -7,11 +7,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::driver::Driver;
 use super::frontend::Frontend;
 use crate::agent::AgentFactory;
+use crate::histogram::{LAG_BUCKETS, LagHistogram, LagWindow, PromHistogram};
 use crate::liveness::{
-    Histograms, LagHistogram, LagWindow, MessageCounts, ProcessInfo, RuntimeState, Status,
-    ThreadStates, WorkerCounts, rfc3339_utc,
+    Histograms, MessageCounts, ProcessInfo, RuntimeState, Status, ThreadStates, WorkerCounts,
+    rfc3339_utc,
 };
-use crate::ops::metrics::{LAG_BUCKETS, PromHistogram};
 use crate::pool::Pool;
 
 /// Length of one slice of the loop-lag window (six slices: the last minute).
