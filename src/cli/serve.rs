@@ -16,7 +16,7 @@ use crate::openai::{
     DEFAULT_READ_TIMEOUT, OpenAiConfig, OpenAiFactory, TlsRoots,
 };
 use crate::ops::http::{self, DEFAULT_HTTP_LISTEN, HttpConfig, HttpServer};
-use crate::ops::notify::SdNotify;
+use crate::ops::systemd::SdNotify;
 use crate::ops::{Ops, Reload, ReloadApplier, ReloadLoader, SwappableFactory};
 use crate::process::{self, ProcessAgent, ProcessOptions};
 use crate::reactor::DEFAULT_PARTIAL_INTERVAL;

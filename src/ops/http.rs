@@ -211,8 +211,8 @@ fn reason_phrase(status: u16) -> &'static str {
     }
 }
 
-/// Renders a response; `head_only` leaves the body out (a `HEAD` request).
-pub(crate) fn render(
+/// A response's bytes; `head_only` leaves the body out (a `HEAD` request).
+pub(crate) fn response(
     status: u16,
     content_type: &str,
     body: &[u8],
@@ -265,10 +265,10 @@ pub(crate) fn respond(
         "/healthz" | "/readyz" | "/status" | "/metrics"
     );
     if !known {
-        return render(404, TEXT, b"not found\n", &[], close, head);
+        return response(404, TEXT, b"not found\n", &[], close, head);
     }
     if req.method != "GET" && !head {
-        return render(
+        return response(
             405,
             TEXT,
             b"method not allowed\n",
@@ -281,7 +281,7 @@ pub(crate) fn respond(
         && let Some(token) = token
         && !req.bearer.as_deref().is_some_and(|b| token.matches(b))
     {
-        return render(
+        return response(
             401,
             TEXT,
             b"unauthorized\n",
@@ -291,14 +291,14 @@ pub(crate) fn respond(
         );
     }
     let probe = |r: Result<(), String>| match r {
-        Ok(()) => render(200, TEXT, b"ok\n", &[], close, head),
-        Err(why) => render(503, TEXT, format!("{why}\n").as_bytes(), &[], close, head),
+        Ok(()) => response(200, TEXT, b"ok\n", &[], close, head),
+        Err(why) => response(503, TEXT, format!("{why}\n").as_bytes(), &[], close, head),
     };
     match req.path.as_str() {
         "/healthz" => probe(source.health()),
         "/readyz" => probe(source.ready()),
-        "/status" => render(200, JSON, &source.status_json(), &[], close, head),
-        _ => render(
+        "/status" => response(200, JSON, &source.status_json(), &[], close, head),
+        _ => response(
             200,
             METRICS_CONTENT_TYPE,
             source.metrics().as_bytes(),
@@ -309,7 +309,7 @@ pub(crate) fn respond(
     }
 }
 
-struct Conn {
+struct HttpConn {
     stream: TcpStream,
     peer: SocketAddr,
     input: Vec<u8>,
@@ -328,7 +328,7 @@ pub(crate) struct HttpServer {
     token: Option<AuthToken>,
     listener: TcpListener,
     registry: Option<Registry>,
-    conns: Slab<Conn>,
+    conns: Slab<HttpConn>,
     /// Connections with requests left unanswered at the per-wake budget.
     pending: Vec<usize>,
     /// The accept batch ran out with connections perhaps still queued.
@@ -452,7 +452,7 @@ impl HttpServer {
             };
             if self.conns.len() >= self.cfg.max_connections {
                 self.stats.refused += 1;
-                let r = render(
+                let r = response(
                     503,
                     TEXT,
                     b"too many connections\n",
@@ -482,7 +482,7 @@ impl HttpServer {
                 continue;
             }
             log::debug!("http: connection from {peer}");
-            entry.insert(Conn {
+            entry.insert(HttpConn {
                 stream,
                 peer,
                 input: Vec::new(),
@@ -569,7 +569,7 @@ impl HttpServer {
                 Parsed::Bad(status, why) => {
                     self.stats.requests += 1;
                     self.stats.bad_requests += 1;
-                    let r = render(
+                    let r = response(
                         status,
                         TEXT,
                         format!("{why}\n").as_bytes(),

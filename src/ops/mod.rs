@@ -1,13 +1,13 @@
 //! Operations: the HTTP endpoint (health, readiness, status, Prometheus metrics), systemd
 //! notifications and the watchdog, hosted on the reactor next to the bridge server.
 
-pub(crate) mod frontend;
 pub(crate) mod http;
+pub(crate) mod layer;
 pub(crate) mod metrics;
-pub(crate) mod notify;
+pub(crate) mod systemd;
 
 #[cfg_attr(not(feature = "cli"), allow(unused_imports))]
-pub(crate) use frontend::{Ops, Reload, ReloadApplier, ReloadLoader};
+pub(crate) use layer::{Ops, Reload, ReloadApplier, ReloadLoader};
 
 use std::sync::{Arc, RwLock};
 

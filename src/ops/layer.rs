@@ -11,7 +11,7 @@ use mio::{Poll, Registry};
 
 use super::http::{self, HttpServer, OpsSource};
 use super::metrics;
-use super::notify::{SdNotify, WatchdogPacer};
+use super::systemd::{SdNotify, WatchdogPacer};
 use crate::agent::AgentFactory;
 use crate::core::{MessageEvent, Tunables};
 use crate::liveness::{RuntimeState, Status};
