@@ -96,7 +96,7 @@ pub use journal::SqliteStore;
 pub use journal::{
     MemStore, Record, Recovered, RecoveredMessage, Store, StoreError, StoredMessage, StoredOutcome,
 };
-pub use liveness::{RuntimeState, Status};
+pub use liveness::{FrontendStatus, RuntimeState, Status};
 pub use message::{Body, ChatType, Command, InvalidInput, Message, MessageContext, SessionKey};
 pub use openai::{ApiKey, OpenAiAgent, OpenAiConfig, OpenAiFactory, TlsRoots};
 pub use process::{ProcessAgent, ProcessOptions};

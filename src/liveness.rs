@@ -4,6 +4,7 @@
 //! `updated_at`. Readers on any thread get the latest snapshot through a [`StatusCell`]; the
 //! file is written by its own thread, never by the reactor.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -18,6 +19,7 @@ use crate::agent::AgentUsage;
 pub(crate) use crate::core::{CleanupCounts, MessageCounts, SessionCounts, TurnCounts};
 use crate::histogram::LagSummary;
 use crate::histogram::{LAG_BUCKETS, PromHistogram, TURN_BUCKETS};
+use crate::server::BridgeStatus;
 
 /// The runtime's lifecycle state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -93,6 +95,54 @@ impl Default for Histograms {
     }
 }
 
+/// What the hosted [`Frontend`](crate::Frontend) reports in the status snapshot
+/// ([`Status::frontend`]), typed so the metrics and the readiness checks read fields, not
+/// JSON paths.
+///
+/// In JSON it is one flat object: the bridge server's figures at its top level, the HTTP
+/// endpoint's under `http`, and an embedder's own figures beside them. An embedder's
+/// frontend fills [`FrontendStatus::custom`] (starting from `FrontendStatus::default()`):
+/// those figures appear in `/status` and the status file as given; the metrics and the
+/// readiness checks read only the typed fields.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct FrontendStatus {
+    /// The bridge server's figures, when the bridge server is hosted.
+    #[serde(flatten)]
+    pub bridge: Option<BridgeStatus>,
+    /// The operations HTTP endpoint's figures, when it is served.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpStatus>,
+    /// Any other frontend's own figures, by name (shown, never read back).
+    #[serde(flatten)]
+    pub custom: BTreeMap<String, serde_json::Value>,
+}
+
+/// The operations HTTP endpoint's figures (`frontend.http` in the status), for the metrics.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct HttpStatus {
+    /// Open connections.
+    pub connections: usize,
+    /// The connection cap.
+    pub max_connections: usize,
+    /// The request head bound in bytes.
+    pub max_header_bytes: usize,
+    /// Requests served per connection.
+    pub max_requests: usize,
+    /// Seconds a connection has to complete a request.
+    pub idle_timeout_s: f64,
+    /// Requests answered (any status).
+    pub requests: u64,
+    /// Connections refused at the cap.
+    pub refused: u64,
+    /// Requests answered `401`.
+    pub unauthorized: u64,
+    /// Requests answered `400`, `404`, `405` or `431`.
+    pub bad_requests: u64,
+    /// Connections closed for not completing a request in time.
+    pub idle_closed: u64,
+}
+
 /// A snapshot of the runtime, refreshed by every heartbeat tick.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 #[non_exhaustive]
@@ -127,14 +177,14 @@ pub struct Status {
     pub messages: MessageCounts,
     /// The runtime's rejections by reason (`queue_full`, `overloaded`, `shutting_down`); a
     /// frontend may refuse more, counted in its own figures.
-    pub rejected_by_reason: std::collections::BTreeMap<&'static str, u64>,
+    pub rejected_by_reason: BTreeMap<&'static str, u64>,
     /// What the agents consumed (tokens), when the agent factory counts it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent_usage: Option<AgentUsage>,
     /// The hosted frontend's own figures (the bridge server's connections, platforms,
-    /// outboxes and rejections), when it reports any.
+    /// outboxes and rejections; the HTTP endpoint's), when it reports any.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub frontend: Option<serde_json::Value>,
+    pub frontend: Option<FrontendStatus>,
     /// Histograms for the metrics.
     #[serde(skip)]
     pub histograms: Arc<Histograms>,

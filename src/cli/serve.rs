@@ -17,7 +17,7 @@ use crate::openai::{
 };
 use crate::ops::http::{self, DEFAULT_HTTP_LISTEN, HttpConfig, HttpServer};
 use crate::ops::systemd::SdNotify;
-use crate::ops::{Ops, Reload, ReloadApplier, ReloadLoader, SwappableFactory};
+use crate::ops::{Ops, Reload, ReloadApplier, ReloadLoader, SwappableFactory, journal_ready};
 use crate::process::{self, ProcessAgent, ProcessOptions};
 use crate::reactor::DEFAULT_PARTIAL_INTERVAL;
 use crate::server::{BridgeConfig, BridgeServer, ServerConfig};
@@ -249,19 +249,6 @@ pub(crate) struct ServeArgs {
     #[arg(long)]
     #[serde(skip)]
     check_config: bool,
-}
-
-/// `/readyz`'s store check: the bridge's journal status says whether its last write failed.
-fn store_ready(status: &crate::Status) -> Result<(), String> {
-    let failing = status
-        .frontend
-        .as_ref()
-        .and_then(|f| f.pointer("/journal/failing"))
-        .and_then(serde_json::Value::as_bool);
-    match failing {
-        Some(true) => Err("journal writes are failing".into()),
-        _ => Ok(()),
-    }
 }
 
 /// Each flag's default as `serve --help` shows it, read from where the default is defined
@@ -1086,7 +1073,7 @@ fn host_ops(
     }
     if s.data_dir.is_some() {
         // Not ready while the journal's writes fail: new messages would be rejected `storage`.
-        ops = ops.with_readiness_check("store", Box::new(store_ready));
+        ops = ops.with_readiness_check("store", Box::new(journal_ready));
     }
     if flags.config.is_some() {
         let loader = reload_loader(flags, s);
@@ -1165,22 +1152,4 @@ fn check_writable(path: &std::path::Path) -> std::io::Result<()> {
     let tmp = PathBuf::from(tmp);
     std::fs::File::create(&tmp)?;
     std::fs::remove_file(&tmp)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_store_is_not_ready_while_journal_writes_fail() {
-        let mut status = crate::Status::default();
-        assert_eq!(store_ready(&status), Ok(()));
-        status.frontend = Some(serde_json::json!({"journal": {"failing": false}}));
-        assert_eq!(store_ready(&status), Ok(()));
-        status.frontend = Some(serde_json::json!({"journal": {"failing": true}}));
-        assert_eq!(
-            store_ready(&status),
-            Err("journal writes are failing".to_owned())
-        );
-    }
 }

@@ -12,9 +12,9 @@ use std::time::Duration;
 use mio::event::Event;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Registry, Token};
-use serde::Serialize;
 use slab::Slab;
 
+use crate::liveness::HttpStatus;
 use crate::server::auth::Token as AuthToken;
 use crate::tokens::{HTTP_CONNS, HTTP_LISTENER as LISTENER};
 
@@ -68,31 +68,6 @@ impl Default for HttpConfig {
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
         }
     }
-}
-
-/// The endpoint's figures, for the status (`frontend.http`) and the metrics.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub(crate) struct HttpStatus {
-    /// Open connections.
-    pub connections: usize,
-    /// The connection cap.
-    pub max_connections: usize,
-    /// The request head bound in bytes.
-    pub max_header_bytes: usize,
-    /// Requests served per connection.
-    pub max_requests: usize,
-    /// Seconds a connection has to complete a request.
-    pub idle_timeout_s: f64,
-    /// Requests answered (any status).
-    pub requests: u64,
-    /// Connections refused at the cap.
-    pub refused: u64,
-    /// Requests answered `401`.
-    pub unauthorized: u64,
-    /// Requests answered `400`, `404`, `405` or `431`.
-    pub bad_requests: u64,
-    /// Connections closed for not completing a request in time.
-    pub idle_closed: u64,
 }
 
 /// A parsed request: what routing needs.

@@ -14,7 +14,7 @@ use super::metrics;
 use super::systemd::{SdNotify, WatchdogPacer};
 use crate::agent::AgentFactory;
 use crate::core::{MessageEvent, Tunables};
-use crate::liveness::{RuntimeState, Status};
+use crate::liveness::{FrontendStatus, RuntimeState, Status};
 use crate::reactor::{Ctx, Frontend};
 
 /// Ticks a snapshot may be old, and a tick may be late, for the loop to count as healthy.
@@ -97,13 +97,26 @@ pub(crate) fn lag_healthy(latest: &Status, tick_interval: Duration) -> bool {
     latest.loop_lag_last_ms <= (tick_interval * HEALTHY_TICKS).as_secs_f64() * 1000.0
 }
 
+/// `/readyz`'s store check (with `--data-dir`): not ready while the bridge's journal says its
+/// last write failed (new messages would be rejected `storage`).
+pub(crate) fn journal_ready(status: &Status) -> Result<(), String> {
+    let journal = status
+        .frontend
+        .as_ref()
+        .and_then(|f| f.bridge.as_ref()?.journal.as_ref());
+    match journal {
+        Some(j) if j.failing => Err("journal writes are failing".into()),
+        _ => Ok(()),
+    }
+}
+
 /// A one-line summary for systemd's `STATUS=` and `turnstile status`.
 pub(crate) fn summary_line(s: &Status) -> String {
     let connections = s
         .frontend
         .as_ref()
-        .and_then(|f| f.get("connections"))
-        .and_then(serde_json::Value::as_u64);
+        .and_then(|f| f.bridge.as_ref())
+        .map(|b| b.connections);
     let mut line = format!(
         "{:?}: {} sessions, {} turns running, {} queued, {} done, {} failed",
         s.state,
@@ -396,20 +409,15 @@ impl<F: Frontend> Frontend for Ops<F> {
         }
     }
 
-    fn status(&self) -> Option<serde_json::Value> {
+    fn status(&self) -> Option<FrontendStatus> {
         let inner = self.inner.status();
         let Some(h) = &self.http else {
             return inner;
         };
-        let http = serde_json::to_value(h.status()).ok()?;
-        match inner {
-            Some(serde_json::Value::Object(mut m)) => {
-                m.insert("http".into(), http);
-                Some(serde_json::Value::Object(m))
-            }
-            None => Some(serde_json::json!({ "http": http })),
-            Some(other) => Some(other),
-        }
+        Some(FrontendStatus {
+            http: Some(h.status()),
+            ..inner.unwrap_or_default()
+        })
     }
 }
 
@@ -453,6 +461,7 @@ mod test_hooks {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::server::BridgeStatus;
 
     fn running(uptime_s: f64, last_lag_ms: f64) -> Status {
         Status {
@@ -534,10 +543,43 @@ mod tests {
         s.turns.completed = 10;
         s.turns.failed = 1;
         s.loop_lag_window_ms.p99 = 0.25;
-        s.frontend = Some(serde_json::json!({"connections": 5}));
+        let bridge = BridgeStatus {
+            connections: 5,
+            ..BridgeStatus::default()
+        };
+        s.frontend = Some(FrontendStatus {
+            bridge: Some(bridge),
+            ..FrontendStatus::default()
+        });
         assert_eq!(
             summary_line(&s),
             "running: 4 sessions, 2 turns running, 3 queued, 10 done, 1 failed, 5 connections, loop lag p99 0.25 ms (last minute)"
+        );
+    }
+
+    #[test]
+    fn the_store_is_not_ready_while_journal_writes_fail() {
+        let mut status = crate::Status::default();
+        assert_eq!(journal_ready(&status), Ok(()));
+        let with_journal = |failing| {
+            let mut bridge = BridgeStatus {
+                journal: Some(Default::default()),
+                ..BridgeStatus::default()
+            };
+            if let Some(j) = &mut bridge.journal {
+                j.failing = failing;
+            }
+            Some(FrontendStatus {
+                bridge: Some(bridge),
+                ..FrontendStatus::default()
+            })
+        };
+        status.frontend = with_journal(false);
+        assert_eq!(journal_ready(&status), Ok(()));
+        status.frontend = with_journal(true);
+        assert_eq!(
+            journal_ready(&status),
+            Err("journal writes are failing".to_owned())
         );
     }
 }

@@ -7,7 +7,7 @@ pub(crate) mod metrics;
 pub(crate) mod systemd;
 
 #[cfg_attr(not(feature = "cli"), allow(unused_imports))]
-pub(crate) use layer::{Ops, Reload, ReloadApplier, ReloadLoader};
+pub(crate) use layer::{Ops, Reload, ReloadApplier, ReloadLoader, journal_ready};
 
 use std::sync::{Arc, RwLock};
 

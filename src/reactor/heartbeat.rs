@@ -9,8 +9,8 @@ use super::frontend::Frontend;
 use crate::agent::AgentFactory;
 use crate::histogram::{LAG_BUCKETS, LagHistogram, LagWindow, PromHistogram};
 use crate::liveness::{
-    Histograms, MessageCounts, ProcessInfo, RuntimeState, Status, ThreadStates, WorkerCounts,
-    rfc3339_utc,
+    FrontendStatus, Histograms, MessageCounts, ProcessInfo, RuntimeState, Status, ThreadStates,
+    WorkerCounts, rfc3339_utc,
 };
 use crate::pool::Pool;
 
@@ -106,7 +106,7 @@ impl Heartbeat {
         state: RuntimeState,
         now: Duration,
         driver: &Driver,
-        frontend: Option<serde_json::Value>,
+        frontend: Option<FrontendStatus>,
     ) -> Arc<Status> {
         let s = driver.core.stats();
         Arc::new(Status {
