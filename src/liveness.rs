@@ -360,4 +360,29 @@ mod tests {
         assert!(!dir.join("status.json.tmp").exists());
         let _ = fs::remove_dir_all(&dir);
     }
+
+    /// `frontend` stays one flat object: the bridge's figures at its top, `http` beside them,
+    /// an embedder's figures beside those; absent parts leave no key.
+    #[test]
+    fn the_frontend_status_serializes_flat() {
+        let bridge = BridgeStatus {
+            connections: 3,
+            ..BridgeStatus::default()
+        };
+        let mut f = FrontendStatus {
+            bridge: Some(bridge.clone()),
+            http: Some(HttpStatus::default()),
+            ..FrontendStatus::default()
+        };
+        f.custom.insert("mine".into(), serde_json::json!({"n": 1}));
+        let v = serde_json::to_value(&f).unwrap();
+        let mut want = serde_json::to_value(&bridge).unwrap();
+        want["http"] = serde_json::to_value(HttpStatus::default()).unwrap();
+        want["mine"] = serde_json::json!({"n": 1});
+        assert_eq!(v, want);
+        assert_eq!(v["connections"], 3);
+        assert!(v.get("journal").is_none() && v.get("bridge").is_none());
+        let empty = serde_json::to_value(FrontendStatus::default()).unwrap();
+        assert_eq!(empty, serde_json::json!({}));
+    }
 }

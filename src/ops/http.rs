@@ -235,35 +235,8 @@ pub(crate) fn respond(
 ) -> Response {
     let close = close || req.close;
     let head = req.method == "HEAD";
-    let known = matches!(
-        req.path.as_str(),
-        "/healthz" | "/readyz" | "/status" | "/metrics"
-    );
-    if !known {
-        return response(404, TEXT, b"not found\n", &[], close, head);
-    }
-    if req.method != "GET" && !head {
-        return response(
-            405,
-            TEXT,
-            b"method not allowed\n",
-            &[("Allow", "GET, HEAD")],
-            close,
-            head,
-        );
-    }
-    if req.path != "/healthz"
-        && let Some(token) = token
-        && !req.bearer.as_deref().is_some_and(|b| token.matches(b))
-    {
-        return response(
-            401,
-            TEXT,
-            b"unauthorized\n",
-            &[("WWW-Authenticate", "Bearer")],
-            close,
-            head,
-        );
+    if let Some(refusal) = refuse(req, token, close, head) {
+        return refusal;
     }
     let probe = |r: Result<(), String>| match r {
         Ok(()) => response(200, TEXT, b"ok\n", &[], close, head),
@@ -284,6 +257,43 @@ pub(crate) fn respond(
     }
 }
 
+/// The answer to a request the endpoint does not serve: an unknown path (`404`), a method
+/// other than `GET` or `HEAD` (`405`), a missing or wrong bearer token (`401`, every path but
+/// `/healthz`).
+fn refuse(req: &Request, token: Option<&AuthToken>, close: bool, head: bool) -> Option<Response> {
+    let known = matches!(
+        req.path.as_str(),
+        "/healthz" | "/readyz" | "/status" | "/metrics"
+    );
+    if !known {
+        return Some(response(404, TEXT, b"not found\n", &[], close, head));
+    }
+    if req.method != "GET" && !head {
+        let allow = [("Allow", "GET, HEAD")];
+        return Some(response(
+            405,
+            TEXT,
+            b"method not allowed\n",
+            &allow,
+            close,
+            head,
+        ));
+    }
+    let authorized = |t: &AuthToken| req.bearer.as_deref().is_some_and(|b| t.matches(b));
+    if req.path != "/healthz" && token.is_some_and(|t| !authorized(t)) {
+        let challenge = [("WWW-Authenticate", "Bearer")];
+        return Some(response(
+            401,
+            TEXT,
+            b"unauthorized\n",
+            &challenge,
+            close,
+            head,
+        ));
+    }
+    None
+}
+
 struct HttpConn {
     stream: TcpStream,
     peer: SocketAddr,
@@ -295,6 +305,55 @@ struct HttpConn {
     since: Duration,
     /// Close once the output is written.
     closing: bool,
+}
+
+/// What a connection's socket did in one step of [`HttpServer::drive`].
+enum Io {
+    /// Done for now with no trouble: go on to the next step.
+    Ready,
+    /// The socket would block: wait for its next readiness event.
+    Blocked,
+    /// The peer closed, or the socket failed: close the connection.
+    Gone,
+}
+
+impl HttpConn {
+    /// Writes the pending response; once it is all written, the next request's time starts.
+    fn write_output(&mut self, now: Duration) -> Io {
+        while self.written < self.output.len() {
+            match self.stream.write(&self.output[self.written..]) {
+                Ok(0) => return Io::Gone,
+                Ok(n) => self.written += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Io::Blocked,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return Io::Gone,
+            }
+        }
+        if !self.output.is_empty() {
+            self.output.clear();
+            self.written = 0;
+            self.since = now;
+        }
+        Io::Ready
+    }
+
+    /// Reads once, never past the head bound (plus one byte to detect an overflow).
+    fn read_input(&mut self, scratch: &mut [u8], max_header_bytes: usize) -> Io {
+        let room = (max_header_bytes + 1)
+            .saturating_sub(self.input.len())
+            .min(scratch.len());
+        debug_assert!(room > 0, "a full head is answered 431 before reading more");
+        match self.stream.read(&mut scratch[..room]) {
+            Ok(0) => Io::Gone,
+            Ok(n) => {
+                self.input.extend_from_slice(&scratch[..n]);
+                Io::Ready
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Io::Blocked,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Io::Ready,
+            Err(_) => Io::Gone,
+        }
+    }
 }
 
 /// The endpoint's mio shell: a listener and its connections, on the reactor's poll.
@@ -416,7 +475,7 @@ impl HttpServer {
 
     fn accept(&mut self, now: Duration) {
         for _ in 0..ACCEPT_BATCH {
-            let (mut stream, peer) = match self.listener.accept() {
+            let (stream, peer) = match self.listener.accept() {
                 Ok(pair) => pair,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -426,52 +485,55 @@ impl HttpServer {
                 }
             };
             if self.conns.len() >= self.cfg.max_connections {
-                self.stats.refused += 1;
-                let r = response(
-                    503,
-                    TEXT,
-                    b"too many connections\n",
-                    &[("Retry-After", "1")],
-                    true,
-                    false,
-                );
-                let _ = stream.write(&r.bytes);
-                log::info!(
-                    "http: refused connection from {peer}: too many connections ({})",
-                    self.cfg.max_connections
-                );
-                continue;
-            }
-            let entry = self.conns.vacant_entry();
-            let slot = entry.key();
-            debug_assert!(slot < self.cfg.max_connections, "slot beyond the cap");
-            let Some(registry) = &self.registry else {
+                self.refuse_connection(stream, peer);
+            } else if self.registry.is_none() {
                 return;
-            };
-            if let Err(e) = registry.register(
-                &mut stream,
-                HTTP_CONNS.token(slot),
-                Interest::READABLE | Interest::WRITABLE,
-            ) {
-                log::warn!("http: cannot register connection from {peer}: {e}");
-                continue;
+            } else {
+                self.admit(stream, peer, now);
             }
-            log::debug!("http: connection from {peer}");
-            entry.insert(HttpConn {
-                stream,
-                peer,
-                input: Vec::new(),
-                output: Vec::new(),
-                written: 0,
-                served: 0,
-                since: now,
-                closing: false,
-            });
-            let due = now + self.cfg.idle_timeout;
-            self.next_sweep = Some(self.next_sweep.map_or(due, |t| t.min(due)));
         }
         // More may wait; the listener is edge-triggered, so look again next wake.
         self.accept_more = true;
+    }
+
+    /// One connection over the cap: `503` (best effort, never blocking) and closed.
+    fn refuse_connection(&mut self, mut stream: TcpStream, peer: SocketAddr) {
+        self.stats.refused += 1;
+        let retry = [("Retry-After", "1")];
+        let r = response(503, TEXT, b"too many connections\n", &retry, true, false);
+        let _ = stream.write(&r.bytes);
+        log::info!(
+            "http: refused connection from {peer}: too many connections ({})",
+            self.cfg.max_connections
+        );
+    }
+
+    /// Registers an accepted connection in a free slot of the band.
+    fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr, now: Duration) {
+        let entry = self.conns.vacant_entry();
+        let slot = entry.key();
+        debug_assert!(slot < self.cfg.max_connections, "slot beyond the cap");
+        let Some(registry) = &self.registry else {
+            return;
+        };
+        let interest = Interest::READABLE | Interest::WRITABLE;
+        if let Err(e) = registry.register(&mut stream, HTTP_CONNS.token(slot), interest) {
+            log::warn!("http: cannot register connection from {peer}: {e}");
+            return;
+        }
+        log::debug!("http: connection from {peer}");
+        entry.insert(HttpConn {
+            stream,
+            peer,
+            input: Vec::new(),
+            output: Vec::new(),
+            written: 0,
+            served: 0,
+            since: now,
+            closing: false,
+        });
+        let due = now + self.cfg.idle_timeout;
+        self.next_sweep = Some(self.next_sweep.map_or(due, |t| t.min(due)));
     }
 
     fn close(&mut self, slot: usize) {
@@ -494,19 +556,10 @@ impl HttpServer {
                 return;
             };
             // 1. Output first: the next request is read only once this one is written.
-            while conn.written < conn.output.len() {
-                match conn.stream.write(&conn.output[conn.written..]) {
-                    Ok(0) => return self.close(slot),
-                    Ok(n) => conn.written += n,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(_) => return self.close(slot),
-                }
-            }
-            if !conn.output.is_empty() {
-                conn.output.clear();
-                conn.written = 0;
-                conn.since = now;
+            match conn.write_output(now) {
+                Io::Ready => {}
+                Io::Blocked => return,
+                Io::Gone => return self.close(slot),
             }
             if conn.closing {
                 let _ = conn.stream.shutdown(std::net::Shutdown::Write);
@@ -514,64 +567,67 @@ impl HttpServer {
             }
             // 2. A complete request in the input: answer it.
             match parse_request(&conn.input, self.cfg.max_header_bytes) {
+                Parsed::Request(_) if answered == REQUESTS_PER_WAKE => {
+                    self.pending.push(slot);
+                    return;
+                }
                 Parsed::Request(req) => {
-                    if answered == REQUESTS_PER_WAKE {
-                        self.pending.push(slot);
-                        return;
-                    }
                     answered += 1;
-                    conn.input.drain(..req.len);
-                    conn.served += 1;
-                    let last = conn.served >= self.cfg.max_requests;
-                    let r = respond(&req, self.token.as_ref(), source, last);
-                    self.stats.requests += 1;
-                    match r.status {
-                        401 => {
-                            self.stats.unauthorized += 1;
-                            log::info!(
-                                "http: unauthorized request for {} from {}",
-                                req.path,
-                                conn.peer
-                            );
-                        }
-                        400 | 404 | 405 | 431 => self.stats.bad_requests += 1,
-                        _ => {}
-                    }
-                    conn.closing = r.close;
-                    conn.output = r.bytes;
+                    self.answer(slot, &req, source);
                     continue;
                 }
                 Parsed::Bad(status, why) => {
-                    self.stats.requests += 1;
-                    self.stats.bad_requests += 1;
-                    let r = response(
-                        status,
-                        TEXT,
-                        format!("{why}\n").as_bytes(),
-                        &[],
-                        true,
-                        false,
-                    );
-                    conn.input.clear();
-                    conn.closing = true;
-                    conn.output = r.bytes;
+                    self.answer_bad(slot, status, why);
                     continue;
                 }
                 Parsed::Incomplete => {}
             }
-            // 3. Read more, never past the head bound (plus one byte to detect overflow).
-            let room = (self.cfg.max_header_bytes + 1)
-                .saturating_sub(conn.input.len())
-                .min(self.scratch.len());
-            debug_assert!(room > 0, "a full head is answered 431 before reading more");
-            match conn.stream.read(&mut self.scratch[..room]) {
-                Ok(0) => return self.close(slot),
-                Ok(n) => conn.input.extend_from_slice(&self.scratch[..n]),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => return self.close(slot),
+            // 3. Read more.
+            match conn.read_input(&mut self.scratch, self.cfg.max_header_bytes) {
+                Io::Ready => {}
+                Io::Blocked => return,
+                Io::Gone => return self.close(slot),
             }
         }
+    }
+
+    /// Answers a complete request and queues the response; counts it.
+    fn answer(&mut self, slot: usize, req: &Request, source: &dyn OpsSource) {
+        let Some(conn) = self.conns.get_mut(slot) else {
+            return;
+        };
+        conn.input.drain(..req.len);
+        conn.served += 1;
+        let last = conn.served >= self.cfg.max_requests;
+        let r = respond(req, self.token.as_ref(), source, last);
+        self.stats.requests += 1;
+        match r.status {
+            401 => {
+                self.stats.unauthorized += 1;
+                log::info!(
+                    "http: unauthorized request for {} from {}",
+                    req.path,
+                    conn.peer
+                );
+            }
+            400 | 404 | 405 | 431 => self.stats.bad_requests += 1,
+            _ => {}
+        }
+        conn.closing = r.close;
+        conn.output = r.bytes;
+    }
+
+    /// Answers a malformed or unacceptable request, then closes once it is written.
+    fn answer_bad(&mut self, slot: usize, status: u16, why: &str) {
+        let Some(conn) = self.conns.get_mut(slot) else {
+            return;
+        };
+        self.stats.requests += 1;
+        self.stats.bad_requests += 1;
+        let body = format!("{why}\n");
+        conn.input.clear();
+        conn.closing = true;
+        conn.output = response(status, TEXT, body.as_bytes(), &[], true, false).bytes;
     }
 }
 

@@ -250,24 +250,10 @@ impl<F: Frontend> Ops<F> {
         }
     }
 
+    /// Applies a reload once its thread has read the configuration.
     fn finish_reload(&mut self, ctx: &mut Ctx<'_>) {
-        let Some(rx) = &self.reloading else {
+        let Some(reload) = self.take_reload() else {
             return;
-        };
-        let result = match rx.try_recv() {
-            Err(TryRecvError::Empty) => return,
-            Ok(r) => r,
-            Err(TryRecvError::Disconnected) => Err("the reload thread died".into()),
-        };
-        self.reloading = None;
-        let reload = match result {
-            Ok(r) => r,
-            Err(e) => {
-                // One line, for log shippers (a TOML error spans several).
-                let e = e.split_whitespace().collect::<Vec<_>>().join(" ");
-                log::error!("reload refused: {e}; the settings in force are kept");
-                return;
-            }
         };
         let Some((_, apply)) = &mut self.reloader else {
             return;
@@ -279,32 +265,56 @@ impl<F: Frontend> Ops<F> {
         {
             h.set_auth_token(reload.auth_token.as_deref());
         }
-        let t = reload.tunables;
-        ctx.retune(t);
+        ctx.retune(reload.tunables);
         for name in &restart {
             log::warn!("reload: {name} changed but needs a restart to apply; the old value stays");
         }
-        log::info!(
-            "reload: applied busy-mode={:?} queue-cap={} turn-timeout={:?} stop-grace={:?} cleanup-timeout={:?} drain-timeout={:?} partial-interval={:?} auth-token={} agent={}",
-            t.busy_mode,
-            t.queue_cap,
-            t.turn_timeout,
-            t.stop_grace,
-            t.cleanup_timeout,
-            t.drain_timeout,
-            reload.partial_interval,
-            if reload.auth_token.is_some() {
-                "set"
-            } else {
-                "none"
-            },
-            if reload.factory.is_some() {
-                "new command for new agents"
-            } else {
-                "unchanged"
-            },
-        );
+        log_applied(&reload);
     }
+
+    /// The reload read by its thread, when it is done; a refused one is logged and dropped.
+    fn take_reload(&mut self) -> Option<Reload> {
+        let result = match self.reloading.as_ref()?.try_recv() {
+            Err(TryRecvError::Empty) => return None,
+            Ok(r) => r,
+            Err(TryRecvError::Disconnected) => Err("the reload thread died".into()),
+        };
+        self.reloading = None;
+        match result {
+            Ok(r) => Some(r),
+            Err(e) => {
+                // One line, for log shippers (a TOML error spans several).
+                let e = e.split_whitespace().collect::<Vec<_>>().join(" ");
+                log::error!("reload refused: {e}; the settings in force are kept");
+                None
+            }
+        }
+    }
+}
+
+/// The INFO line of an applied reload: every setting a reload may change, as now in force.
+fn log_applied(reload: &Reload) {
+    let t = &reload.tunables;
+    log::info!(
+        "reload: applied busy-mode={:?} queue-cap={} turn-timeout={:?} stop-grace={:?} cleanup-timeout={:?} drain-timeout={:?} partial-interval={:?} auth-token={} agent={}",
+        t.busy_mode,
+        t.queue_cap,
+        t.turn_timeout,
+        t.stop_grace,
+        t.cleanup_timeout,
+        t.drain_timeout,
+        reload.partial_interval,
+        if reload.auth_token.is_some() {
+            "set"
+        } else {
+            "none"
+        },
+        if reload.factory.is_some() {
+            "new command for new agents"
+        } else {
+            "unchanged"
+        },
+    );
 }
 
 impl<F: Frontend> Frontend for Ops<F> {
