@@ -433,6 +433,8 @@ impl HttpServer {
         if let Some(slot) = HTTP_CONNS.slot(event.token()) {
             self.drive(slot, now, source);
         }
+        #[cfg(debug_assertions)]
+        self.check();
     }
 
     /// Serves what the budget left, closes idle connections; returns when it next needs the
@@ -458,11 +460,47 @@ impl HttpServer {
             }
             self.next_sweep = self.conns.iter().map(|(_, c)| c.since + idle).min();
         }
+        #[cfg(debug_assertions)]
+        self.check();
         if self.pending.is_empty() && !self.accept_more {
             self.next_sweep
         } else {
             Some(now)
         }
+    }
+
+    /// The endpoint's invariants: connections within the cap and their token band, buffers
+    /// within their bounds, an idle sweep due while any connection is open, counts that add
+    /// up. Checked after every event and wake in debug builds.
+    #[cfg(debug_assertions)]
+    fn check(&self) {
+        let cap = self.cfg.max_connections;
+        assert!(
+            self.conns.len() <= cap,
+            "{} connections over the cap {cap}",
+            self.conns.len()
+        );
+        for (slot, c) in &self.conns {
+            assert!(slot < cap, "slot {slot} outside the token band");
+            assert!(c.written <= c.output.len(), "wrote past the response");
+            assert!(
+                c.input.len() <= self.cfg.max_header_bytes + 1,
+                "read past the head bound"
+            );
+        }
+        assert!(
+            self.pending.iter().all(|&slot| slot < cap),
+            "a pending slot outside the band"
+        );
+        assert!(
+            self.conns.is_empty() || self.next_sweep.is_some(),
+            "open connections with no idle sweep due"
+        );
+        let st = &self.stats;
+        assert!(
+            st.unauthorized + st.bad_requests <= st.requests,
+            "more refused requests than requests"
+        );
     }
 
     /// Closes every connection (shutdown).
@@ -798,5 +836,52 @@ mod tests {
         )));
         assert!(!owns(crate::tokens::JOURNAL));
         assert!(!owns(Token(LISTENER.0 + 1)));
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    fn the_endpoint_keeps_its_invariants_through_accept_and_requests() {
+        let mut poll = mio::Poll::new().unwrap();
+        let cfg = HttpConfig {
+            max_connections: 2,
+            ..HttpConfig::default()
+        };
+        let mut server = HttpServer::bind("127.0.0.1:0".parse().unwrap(), cfg).unwrap();
+        server.register(poll.registry()).unwrap();
+        server.check();
+        let addr = server.local_addr().unwrap();
+        let mut clients: Vec<std::net::TcpStream> = (0..3)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        clients[0]
+            .write_all(b"GET /healthz HTTP/1.1\r\n\r\nGET /nope HTTP/1.1\r\n\r\n")
+            .unwrap();
+        let source = Fixed { healthy: true };
+        let mut events = mio::Events::with_capacity(16);
+        let now = Duration::from_secs(1);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while server.stats.requests < 2 || server.stats.refused < 1 {
+            assert!(std::time::Instant::now() < deadline, "{:?}", server.stats);
+            poll.poll(&mut events, Some(Duration::from_millis(50)))
+                .unwrap();
+            for event in &events {
+                server.on_ready(event, now, &source);
+            }
+            server.on_wake(now, &source);
+        }
+        assert_eq!(server.status().connections, 2);
+        assert_eq!(server.stats.bad_requests, 1);
+        server.close_all();
+        server.check();
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "more refused requests than requests")]
+    fn the_check_catches_counts_that_do_not_add_up() {
+        let mut server =
+            HttpServer::bind("127.0.0.1:0".parse().unwrap(), HttpConfig::default()).unwrap();
+        server.stats.unauthorized = 1;
+        server.check();
     }
 }

@@ -250,6 +250,21 @@ impl<F: Frontend> Ops<F> {
         }
     }
 
+    /// The layer's invariants: systemd hears `STOPPING=1` only after `READY=1`, and a reload
+    /// is read only when there is a way to read and apply it. Checked after every wake in
+    /// debug builds.
+    #[cfg(debug_assertions)]
+    fn check(&self) {
+        assert!(
+            !self.stopping_sent || self.ready_sent,
+            "STOPPING=1 sent before READY=1"
+        );
+        assert!(
+            self.reloading.is_none() || self.reloader.is_some(),
+            "a reload in progress with no loader"
+        );
+    }
+
     /// Applies a reload once its thread has read the configuration.
     fn finish_reload(&mut self, ctx: &mut Ctx<'_>) {
         let Some(reload) = self.take_reload() else {
@@ -377,6 +392,8 @@ impl<F: Frontend> Frontend for Ops<F> {
             checks: &self.checks,
         };
         let http = self.http.as_mut().and_then(|h| h.on_wake(self.now, &view));
+        #[cfg(debug_assertions)]
+        self.check();
         [inner, http].into_iter().flatten().min()
     }
 
@@ -591,5 +608,15 @@ mod tests {
             journal_ready(&status),
             Err("journal writes are failing".to_owned())
         );
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "STOPPING=1 sent before READY=1")]
+    fn the_check_catches_stopping_before_ready() {
+        let mut ops = Ops::new(crate::reactor::NoFrontend, Duration::from_millis(100));
+        ops.check();
+        ops.stopping_sent = true;
+        ops.check();
     }
 }
