@@ -1,5 +1,5 @@
-//! Prometheus metrics: fixed-bucket histograms kept by the reactor, and the text exposition
-//! format 0.0.4 rendered from a status snapshot.
+//! Prometheus metrics: the text exposition format 0.0.4, rendered from a status snapshot's
+//! typed figures (the histograms themselves are kept by the reactor, `crate::histogram`).
 //!
 //! Every name starts `turnstile_`; every label's values come from a bounded set (outcomes,
 //! reasons, pools, states, platforms — at most `--max-platforms` of them).

@@ -1,5 +1,13 @@
 //! Operations: the HTTP endpoint (health, readiness, status, Prometheus metrics), systemd
 //! notifications and the watchdog, hosted on the reactor next to the bridge server.
+//!
+//! The top of the crate below the CLI: nothing under the reactor, the server or the status
+//! imports from here.
+//!
+//! - `layer`: [`Ops`], the frontend wrapping the bridge server; health, readiness, reload.
+//! - `http`: the endpoint (sans-IO request and response, and its mio shell).
+//! - `metrics`: the Prometheus text rendered from a [`crate::Status`].
+//! - `systemd`: `sd_notify(3)` and the watchdog's pace.
 
 pub(crate) mod http;
 pub(crate) mod layer;
