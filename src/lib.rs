@@ -62,9 +62,13 @@ mod child;
 pub mod cli;
 mod core;
 mod exec;
+mod histogram;
 mod journal;
 mod key;
 mod liveness;
+// Only the CLI renders JSON log lines; the reactor's WARN lines use its fields.
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
+mod logfmt;
 mod message;
 mod openai;
 // The operations endpoint, systemd notification and the containment sweep at exit are the
@@ -93,7 +97,10 @@ pub use journal::SqliteStore;
 pub use journal::{
     MemStore, Record, Recovered, RecoveredMessage, Store, StoreError, StoredMessage, StoredOutcome,
 };
-pub use liveness::{RuntimeState, Status};
+pub use liveness::{
+    BridgeStatus, FrontendStatus, HttpStatus, JournalStatus, PlatformStatus, RecoveryCounts,
+    RuntimeState, Status,
+};
 pub use message::{Body, ChatType, Command, InvalidInput, Message, MessageContext, SessionKey};
 pub use openai::{ApiKey, OpenAiAgent, OpenAiConfig, OpenAiFactory, TlsRoots};
 pub use process::{ProcessAgent, ProcessOptions};

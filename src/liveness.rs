@@ -1,9 +1,10 @@
-//! Liveness: the loop-lag histogram, the status snapshot and the status-file writer.
+//! Liveness: the status snapshot, the cell readers get it from and the status-file writer.
 //!
 //! Only the reactor's heartbeat tick produces snapshots, so a wedged loop shows up as a stale
 //! `updated_at`. Readers on any thread get the latest snapshot through a [`StatusCell`]; the
 //! file is written by its own thread, never by the reactor.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -16,187 +17,8 @@ use serde::Serialize;
 
 use crate::agent::AgentUsage;
 pub(crate) use crate::core::{CleanupCounts, MessageCounts, SessionCounts, TurnCounts};
-use crate::ops::metrics::{LAG_BUCKETS, PromHistogram, TURN_BUCKETS};
-
-/// Exact buckets below this many microseconds; log-linear above.
-const LINEAR: u64 = 16;
-/// Sub-buckets per power of two (precision 1/8 = 12.5 %).
-const SUB_BITS: u32 = 3;
-const BUCKETS: usize = 16 + 61 * 8;
-
-/// A histogram of durations with log-linear microsecond buckets (12.5 % precision).
-#[derive(Clone)]
-pub(crate) struct LagHistogram {
-    counts: Box<[u64; BUCKETS]>,
-    total: u64,
-    max_us: u64,
-}
-
-impl Default for LagHistogram {
-    fn default() -> Self {
-        LagHistogram {
-            counts: Box::new([0; BUCKETS]),
-            total: 0,
-            max_us: 0,
-        }
-    }
-}
-
-impl std::fmt::Debug for LagHistogram {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "LagHistogram(n={}, max={}us)", self.total, self.max_us)
-    }
-}
-
-fn bucket_of(us: u64) -> usize {
-    if us < LINEAR {
-        return us as usize;
-    }
-    let exp = 63 - us.leading_zeros(); // >= 4
-    let sub = (us >> (exp - SUB_BITS)) & ((1 << SUB_BITS) - 1);
-    (LINEAR as usize) + ((exp - 4) as usize) * (1 << SUB_BITS) + sub as usize
-}
-
-/// The largest value that falls in bucket `b`.
-fn bucket_high(b: usize) -> u64 {
-    if (b as u64) < LINEAR {
-        return b as u64;
-    }
-    let i = b - LINEAR as usize;
-    let exp = (i >> SUB_BITS) as u32 + 4;
-    let sub = (i & ((1 << SUB_BITS) - 1)) as u64;
-    let low = (1u64 << exp) + (sub << (exp - SUB_BITS));
-    low.saturating_add((1u64 << (exp - SUB_BITS)) - 1)
-}
-
-impl LagHistogram {
-    /// Records one sample.
-    pub(crate) fn record(&mut self, d: Duration) {
-        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-        self.counts[bucket_of(us)] += 1;
-        self.total += 1;
-        self.max_us = self.max_us.max(us);
-    }
-
-    /// Samples recorded.
-    #[cfg(test)]
-    pub(crate) fn count(&self) -> u64 {
-        self.total
-    }
-
-    /// The largest sample.
-    pub(crate) fn max(&self) -> Duration {
-        Duration::from_micros(self.max_us)
-    }
-
-    /// An upper bound (within 12.5 %) of the `q` quantile, `q` in 0..=1; zero when empty.
-    pub(crate) fn quantile(&self, q: f64) -> Duration {
-        if self.total == 0 {
-            return Duration::ZERO;
-        }
-        let rank = ((q.clamp(0.0, 1.0) * self.total as f64).ceil() as u64).max(1);
-        let mut seen = 0;
-        for (b, &n) in self.counts.iter().enumerate() {
-            seen += n;
-            if seen >= rank {
-                return Duration::from_micros(bucket_high(b).min(self.max_us));
-            }
-        }
-        self.max()
-    }
-
-    /// Adds `other`'s samples to this histogram.
-    pub(crate) fn merge(&mut self, other: &LagHistogram) {
-        for (a, b) in self.counts.iter_mut().zip(other.counts.iter()) {
-            *a += b;
-        }
-        self.total += other.total;
-        self.max_us = self.max_us.max(other.max_us);
-    }
-
-    /// Forgets every sample.
-    pub(crate) fn clear(&mut self) {
-        self.counts.fill(0);
-        self.total = 0;
-        self.max_us = 0;
-    }
-
-    /// p50, p99 and max in milliseconds.
-    pub(crate) fn summary(&self) -> LagSummary {
-        // Whole microseconds divided once, so the JSON shows 0.169 rather than 0.16899999.
-        let ms = |d: Duration| d.as_micros() as f64 / 1000.0;
-        LagSummary {
-            p50: ms(self.quantile(0.5)),
-            p99: ms(self.quantile(0.99)),
-            max: ms(self.max()),
-        }
-    }
-}
-
-/// Slices of a [`LagWindow`].
-const WINDOW_SLICES: u64 = 6;
-
-/// Loop lag over a sliding window: the samples of the last `WINDOW_SLICES` slices of
-/// `slice` each (with 10 s slices, the last 50 to 60 s), so a wedge an hour into the run
-/// shows in the percentiles as it would in the first minute.
-#[derive(Clone, Debug)]
-pub(crate) struct LagWindow {
-    slice: Duration,
-    /// Per ring position: the slice number it holds, and its samples.
-    slices: Vec<(u64, LagHistogram)>,
-}
-
-impl LagWindow {
-    /// A window of six slices of `slice` (60 s with 10 s slices).
-    pub(crate) fn new(slice: Duration) -> LagWindow {
-        debug_assert!(!slice.is_zero(), "a window slice must be positive");
-        LagWindow {
-            slice,
-            slices: (0..WINDOW_SLICES)
-                .map(|_| (u64::MAX, LagHistogram::default()))
-                .collect(),
-        }
-    }
-
-    fn slice_of(&self, now: Duration) -> u64 {
-        (now.as_nanos() / self.slice.as_nanos().max(1)) as u64
-    }
-
-    /// Records a sample taken at `now` (monotonic, non-decreasing).
-    pub(crate) fn record(&mut self, now: Duration, lag: Duration) {
-        let n = self.slice_of(now);
-        let (held, h) = &mut self.slices[(n % WINDOW_SLICES) as usize];
-        if *held != n {
-            *held = n;
-            h.clear();
-        }
-        h.record(lag);
-    }
-
-    /// The samples of the slices still inside the window at `now`.
-    pub(crate) fn merged(&self, now: Duration) -> LagHistogram {
-        let n = self.slice_of(now);
-        let mut out = LagHistogram::default();
-        for (held, h) in &self.slices {
-            if *held <= n && n - *held < WINDOW_SLICES {
-                out.merge(h);
-            }
-        }
-        out
-    }
-}
-
-/// Percentiles of loop lag in milliseconds.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
-#[non_exhaustive]
-pub struct LagSummary {
-    /// Median.
-    pub p50: f64,
-    /// 99th percentile.
-    pub p99: f64,
-    /// Largest.
-    pub max: f64,
-}
+use crate::histogram::LagSummary;
+use crate::histogram::{LAG_BUCKETS, PromHistogram, TURN_BUCKETS};
 
 /// The runtime's lifecycle state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -272,6 +94,54 @@ impl Default for Histograms {
     }
 }
 
+/// What the hosted [`Frontend`](crate::Frontend) reports in the status snapshot
+/// ([`Status::frontend`]), typed so the metrics and the readiness checks read fields, not
+/// JSON paths.
+///
+/// In JSON it is one flat object: the bridge server's figures at its top level, the HTTP
+/// endpoint's under `http`, and an embedder's own figures beside them. An embedder's
+/// frontend fills [`FrontendStatus::custom`] (starting from `FrontendStatus::default()`):
+/// those figures appear in `/status` and the status file as given; the metrics and the
+/// readiness checks read only the typed fields.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct FrontendStatus {
+    /// The bridge server's figures, when the bridge server is hosted.
+    #[serde(flatten)]
+    pub bridge: Option<BridgeStatus>,
+    /// The operations HTTP endpoint's figures, when it is served.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpStatus>,
+    /// Any other frontend's own figures, by name (shown, never read back).
+    #[serde(flatten)]
+    pub custom: BTreeMap<String, serde_json::Value>,
+}
+
+/// The operations HTTP endpoint's figures (`frontend.http` in the status), for the metrics.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct HttpStatus {
+    /// Open connections.
+    pub connections: usize,
+    /// The connection cap.
+    pub max_connections: usize,
+    /// The request head bound in bytes.
+    pub max_header_bytes: usize,
+    /// Requests served per connection.
+    pub max_requests: usize,
+    /// Seconds a connection has to complete a request.
+    pub idle_timeout_s: f64,
+    /// Requests answered (any status).
+    pub requests: u64,
+    /// Connections refused at the cap.
+    pub refused: u64,
+    /// Requests answered `401`.
+    pub unauthorized: u64,
+    /// Requests answered `400`, `404`, `405` or `431`.
+    pub bad_requests: u64,
+    /// Connections closed for not completing a request in time.
+    pub idle_closed: u64,
+}
+
 /// A snapshot of the runtime, refreshed by every heartbeat tick.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 #[non_exhaustive]
@@ -288,7 +158,7 @@ pub struct Status {
     pub ticks: u64,
     /// Heartbeat lateness since start.
     pub loop_lag_ms: LagSummary,
-    /// Heartbeat lateness over the last minute (see [`LagWindow`]).
+    /// Heartbeat lateness over the last minute (six 10 s slices).
     pub loop_lag_window_ms: LagSummary,
     /// The latest tick's lateness in milliseconds.
     pub loop_lag_last_ms: f64,
@@ -306,14 +176,14 @@ pub struct Status {
     pub messages: MessageCounts,
     /// The runtime's rejections by reason (`queue_full`, `overloaded`, `shutting_down`); a
     /// frontend may refuse more, counted in its own figures.
-    pub rejected_by_reason: std::collections::BTreeMap<&'static str, u64>,
+    pub rejected_by_reason: BTreeMap<&'static str, u64>,
     /// What the agents consumed (tokens), when the agent factory counts it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent_usage: Option<AgentUsage>,
     /// The hosted frontend's own figures (the bridge server's connections, platforms,
-    /// outboxes and rejections), when it reports any.
+    /// outboxes and rejections; the HTTP endpoint's), when it reports any.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub frontend: Option<serde_json::Value>,
+    pub frontend: Option<FrontendStatus>,
     /// Histograms for the metrics.
     #[serde(skip)]
     pub histograms: Arc<Histograms>,
@@ -456,90 +326,103 @@ fn write_atomically(path: &Path, status: &Status) -> std::io::Result<()> {
     fs::rename(&tmp, path)
 }
 
+// ---- the bridge's figures (filled by the bridge server) --------------------------------
+
+/// One platform's figures in the status.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct PlatformStatus {
+    /// Connections that said hello for it.
+    pub connections: usize,
+    /// Terminal events waiting in its outbox.
+    pub outbox_events: usize,
+    /// Bytes of those events.
+    pub outbox_bytes: usize,
+    /// Terminal events reserved (accepted messages not yet answered, outbox included).
+    pub reserved_events: usize,
+    /// Bytes reserved for them.
+    pub reserved_bytes: usize,
+    /// Ids in its duplicate window.
+    pub dedup_ids: usize,
+}
+
+/// The bridge's figures, for the status snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct BridgeStatus {
+    /// Open connections.
+    pub connections: usize,
+    /// Connections that have not authenticated yet.
+    pub unauthenticated: usize,
+    /// Platforms known.
+    pub platforms: usize,
+    /// Per platform.
+    pub outboxes: BTreeMap<String, PlatformStatus>,
+    /// Rejections by reason, the runtime's included.
+    pub rejected: BTreeMap<&'static str, u64>,
+    /// Connections refused or closed at a bound (too many, hello deadline, stall).
+    pub connections_refused: u64,
+    /// Lines answered with `error`.
+    pub errors: u64,
+    /// Partial replies dropped (connection gone or over its output bound).
+    pub partials_dropped: u64,
+    /// Typing lines dropped (no connection, or over its output bound).
+    pub typing_dropped: u64,
+    /// Durability (`--data-dir`); absent without it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub journal: Option<JournalStatus>,
+    /// Results written to `acks` connections and not yet confirmed `delivered`.
+    pub awaiting_delivery: usize,
+}
+
+/// The journal's figures in the status.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct JournalStatus {
+    /// Records sent to the journal thread and not yet taken.
+    pub queued_records: usize,
+    /// Accepted messages waiting to be durable before their ack.
+    pub pending_durable: usize,
+    /// Terminal events waiting for their outcome record before they are sent.
+    pub unjournaled_outcomes: usize,
+    /// The bound on them (`--max-pending-durable`).
+    pub max_pending_durable: usize,
+    /// Transactions written.
+    pub batches: u64,
+    /// Transactions that failed.
+    pub failed_batches: u64,
+    /// Records kept for another try after a failed write.
+    pub retrying: usize,
+    /// The last write failed (new messages are rejected `storage`).
+    pub failing: bool,
+    /// Wake-ups of the reactor by the journal thread that reached the server on the
+    /// journal's own poll token (set by the shell).
+    pub wakes: u64,
+    /// What start-up recovery found.
+    pub recovery: RecoveryCounts,
+}
+
+/// What start-up recovery did, by message.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct RecoveryCounts {
+    /// Messages found in the journal.
+    pub messages: usize,
+    /// Waiting messages submitted again, in their original order.
+    pub requeued: usize,
+    /// Interrupted turns run again (`--resume-interrupted`).
+    pub resumed: usize,
+    /// Interrupted turns failed `interrupted by restart`.
+    pub interrupted: usize,
+    /// Messages failed `poison` (interrupted twice).
+    pub poisoned: usize,
+    /// Outcomes not yet delivered, back in their outboxes.
+    pub outcomes: usize,
+    /// Ids in the duplicate windows.
+    pub dedup_ids: usize,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn histogram_quantiles_are_tight_upper_bounds() {
-        let mut h = LagHistogram::default();
-        for us in 1..=1000u64 {
-            h.record(Duration::from_micros(us));
-        }
-        let p50 = h.quantile(0.5).as_micros() as f64;
-        let p99 = h.quantile(0.99).as_micros() as f64;
-        assert!((500.0..=500.0 * 1.125).contains(&p50), "p50 {p50}");
-        assert!((990.0..=1000.0).contains(&p99), "p99 {p99}");
-        assert_eq!(h.max(), Duration::from_micros(1000));
-        assert_eq!(h.count(), 1000);
-    }
-
-    #[test]
-    fn every_bucket_holds_the_values_mapped_to_it() {
-        for us in [
-            0u64,
-            1,
-            15,
-            16,
-            17,
-            31,
-            32,
-            1000,
-            123_456,
-            u64::MAX / 2,
-            u64::MAX,
-        ] {
-            let b = bucket_of(us);
-            assert!(b < BUCKETS);
-            assert!(
-                bucket_high(b) >= us,
-                "{us} above its bucket's high {}",
-                bucket_high(b)
-            );
-            if b > 0 {
-                assert!(bucket_high(b - 1) < us, "{us} also fits bucket {}", b - 1);
-            }
-        }
-    }
-
-    #[test]
-    fn the_lag_window_forgets_slices_older_than_a_minute() {
-        let s = Duration::from_secs;
-        let ms = Duration::from_millis;
-        let mut w = LagWindow::new(s(10));
-        w.record(s(5), ms(900)); // slice 0
-        w.record(s(15), ms(1)); // slice 1
-        assert_eq!(w.merged(s(15)).count(), 2);
-        assert_eq!(
-            w.merged(s(59)).max(),
-            ms(900),
-            "slice 0 is still in the window at 59 s"
-        );
-        let later = w.merged(s(60));
-        assert_eq!(later.count(), 1, "slice 0 left the window at 60 s");
-        assert_eq!(later.max(), ms(1));
-        // Slice 6 reuses slice 0's ring position and starts empty.
-        w.record(s(61), ms(2));
-        let m = w.merged(s(61));
-        assert_eq!((m.count(), m.max()), (2, ms(2)));
-        assert_eq!(w.merged(s(200)).count(), 0);
-    }
-
-    #[test]
-    fn merge_and_clear() {
-        let mut a = LagHistogram::default();
-        let mut b = LagHistogram::default();
-        a.record(Duration::from_micros(10));
-        b.record(Duration::from_micros(500));
-        b.record(Duration::from_micros(20));
-        a.merge(&b);
-        assert_eq!(a.count(), 3);
-        assert_eq!(a.max(), Duration::from_micros(500));
-        assert_eq!(a.quantile(0.5), Duration::from_micros(21), "20 µs's bucket");
-        a.clear();
-        assert_eq!((a.count(), a.max()), (0, Duration::ZERO));
-        assert_eq!(a.quantile(0.5), Duration::ZERO);
-    }
 
     #[test]
     fn rfc3339_formats_known_instants() {
@@ -569,5 +452,30 @@ mod tests {
         assert_eq!(v["state"], "starting");
         assert!(!dir.join("status.json.tmp").exists());
         let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// `frontend` stays one flat object: the bridge's figures at its top, `http` beside them,
+    /// an embedder's figures beside those; absent parts leave no key.
+    #[test]
+    fn the_frontend_status_serializes_flat() {
+        let bridge = BridgeStatus {
+            connections: 3,
+            ..BridgeStatus::default()
+        };
+        let mut f = FrontendStatus {
+            bridge: Some(bridge.clone()),
+            http: Some(HttpStatus::default()),
+            ..FrontendStatus::default()
+        };
+        f.custom.insert("mine".into(), serde_json::json!({"n": 1}));
+        let v = serde_json::to_value(&f).unwrap();
+        let mut want = serde_json::to_value(&bridge).unwrap();
+        want["http"] = serde_json::to_value(HttpStatus::default()).unwrap();
+        want["mine"] = serde_json::json!({"n": 1});
+        assert_eq!(v, want);
+        assert_eq!(v["connections"], 3);
+        assert!(v.get("journal").is_none() && v.get("bridge").is_none());
+        let empty = serde_json::to_value(FrontendStatus::default()).unwrap();
+        assert_eq!(empty, serde_json::json!({}));
     }
 }

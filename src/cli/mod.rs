@@ -77,7 +77,7 @@ pub fn main() -> i32 {
         logger.format(|buf, record| {
             use std::io::Write;
             let ts = crate::liveness::rfc3339_utc(std::time::SystemTime::now());
-            let line = crate::ops::logfmt::json_line(
+            let line = crate::logfmt::json_line(
                 &ts,
                 record.level(),
                 record.target(),

@@ -1,84 +1,19 @@
-//! Prometheus metrics: fixed-bucket histograms kept by the reactor, and the text exposition
-//! format 0.0.4 rendered from a status snapshot.
+//! Prometheus metrics: the text exposition format 0.0.4, rendered from a status snapshot's
+//! typed figures (the histograms themselves are kept by the reactor, `crate::histogram`).
 //!
 //! Every name starts `turnstile_`; every label's values come from a bounded set (outcomes,
 //! reasons, pools, states, platforms — at most `--max-platforms` of them).
 
 use std::fmt::Write;
-use std::time::Duration;
 
-use serde_json::Value;
+use std::collections::BTreeMap;
 
-use crate::liveness::{Status, ThreadStates};
-
-/// Loop-lag buckets in seconds: 50 µs to 10 s.
-pub(crate) const LAG_BUCKETS: &[f64] = &[
-    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1.0, 2.5, 5.0, 10.0,
-];
-
-/// Turn-duration buckets in seconds: 5 ms to 10 minutes.
-pub(crate) const TURN_BUCKETS: &[f64] = &[
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
-];
-
-/// A histogram with fixed upper bounds (seconds), as Prometheus exposes one: per-bucket
-/// counts, a sum and a count.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PromHistogram {
-    bounds: &'static [f64],
-    /// Samples per bucket (not cumulative); the last slot is `+Inf`.
-    counts: Vec<u64>,
-    sum: f64,
-    count: u64,
-}
-
-impl PromHistogram {
-    /// An empty histogram over `bounds` (ascending seconds).
-    pub fn new(bounds: &'static [f64]) -> PromHistogram {
-        debug_assert!(bounds.windows(2).all(|w| w[0] < w[1]), "bounds ascend");
-        PromHistogram {
-            bounds,
-            counts: vec![0; bounds.len() + 1],
-            sum: 0.0,
-            count: 0,
-        }
-    }
-
-    /// Records one sample.
-    pub fn record(&mut self, d: Duration) {
-        let s = d.as_secs_f64();
-        let i = self.bounds.partition_point(|&b| b < s);
-        self.counts[i] += 1;
-        self.sum += s;
-        self.count += 1;
-    }
-
-    /// Samples recorded.
-    pub fn count(&self) -> u64 {
-        self.count
-    }
-
-    /// The sum of the samples, in seconds.
-    pub fn sum(&self) -> f64 {
-        self.sum
-    }
-
-    /// `(upper bound, cumulative count)` per bucket, `+Inf` last.
-    pub fn cumulative(&self) -> Vec<(f64, u64)> {
-        let mut seen = 0;
-        self.bounds
-            .iter()
-            .copied()
-            .chain([f64::INFINITY])
-            .zip(&self.counts)
-            .map(|(b, &n)| {
-                seen += n;
-                (b, seen)
-            })
-            .collect()
-    }
-}
+use crate::histogram::PromHistogram;
+use crate::liveness::{BridgeStatus, PlatformStatus};
+use crate::liveness::{
+    CleanupCounts, HttpStatus, MessageCounts, RuntimeState, SessionCounts, Status, ThreadStates,
+    WorkerCounts,
+};
 
 /// Escapes a label value (backslash, double quote, newline).
 pub(crate) fn escape_label(v: &str) -> String {
@@ -154,6 +89,23 @@ impl Exposition {
         }
     }
 
+    /// A counter family with one label whose values are known only at run time.
+    pub(crate) fn counters_by(
+        &mut self,
+        name: &str,
+        help: &str,
+        key: &str,
+        samples: &[(&str, f64)],
+    ) {
+        let labels: Vec<[(&str, &str); 1]> = samples.iter().map(|&(v, _)| [(key, v)]).collect();
+        let samples: Vec<(&[(&str, &str)], f64)> = labels
+            .iter()
+            .zip(samples)
+            .map(|(l, &(_, n))| (&l[..], n))
+            .collect();
+        self.counters(name, help, &samples);
+    }
+
     /// A gauge without labels.
     pub(crate) fn gauge(&mut self, name: &str, help: &str, value: f64) {
         self.gauges(name, help, &[(&[][..], value)]);
@@ -165,6 +117,17 @@ impl Exposition {
         for (labels, v) in samples {
             self.sample(name, labels, *v);
         }
+    }
+
+    /// A gauge family with one label whose values are known only at run time.
+    pub(crate) fn gauges_by(&mut self, name: &str, help: &str, key: &str, samples: &[(&str, f64)]) {
+        let labels: Vec<[(&str, &str); 1]> = samples.iter().map(|&(v, _)| [(key, v)]).collect();
+        let samples: Vec<(&[(&str, &str)], f64)> = labels
+            .iter()
+            .zip(samples)
+            .map(|(l, &(_, n))| (&l[..], n))
+            .collect();
+        self.gauges(name, help, &samples);
     }
 
     /// A histogram family (`_bucket`, `_sum`, `_count`).
@@ -185,18 +148,32 @@ impl Exposition {
     }
 }
 
-/// A number from the frontend's JSON figures (0 when absent).
-fn num(v: &Value, path: &[&str]) -> f64 {
-    path.iter()
-        .try_fold(v, |v, k| v.get(k))
-        .and_then(Value::as_f64)
-        .unwrap_or(0.0)
-}
-
-/// The metrics of a status snapshot, in the text exposition format 0.0.4.
+/// The metrics of a status snapshot, in the text exposition format 0.0.4: one step per group
+/// of families, in the order they are exposed.
 pub(crate) fn render(s: &Status) -> String {
     let mut e = Exposition::new();
-    let ms = 1e-3;
+    render_process(&mut e, s);
+    render_loop_lag(&mut e, s);
+    render_sessions(&mut e, &s.sessions);
+    render_turns(&mut e, s);
+    render_rejections(&mut e, s);
+    render_cleanups(&mut e, &s.cleanups);
+    render_workers(&mut e, &s.workers);
+    render_deliveries(&mut e, &s.messages);
+    if let Some(f) = &s.frontend {
+        if let Some(b) = &f.bridge {
+            render_bridge(&mut e, b);
+            render_outboxes(&mut e, &b.outboxes);
+        }
+        if let Some(h) = &f.http {
+            render_http(&mut e, h);
+        }
+    }
+    e.finish()
+}
+
+/// The process: start time, memory, whether it serves, heartbeat ticks.
+fn render_process(e: &mut Exposition, s: &Status) {
     e.gauge(
         "turnstile_start_time_seconds",
         "When the gateway's loop started, in seconds since the Unix epoch.",
@@ -210,13 +187,18 @@ pub(crate) fn render(s: &Status) -> String {
     e.gauge(
         "turnstile_up",
         "1 while running, 0 while draining or stopped.",
-        f64::from(u8::from(s.state == crate::liveness::RuntimeState::Running)),
+        f64::from(u8::from(s.state == RuntimeState::Running)),
     );
     e.counter(
         "turnstile_ticks_total",
         "Heartbeat ticks of the reactor loop.",
         s.ticks as f64,
     );
+}
+
+/// The heartbeat's lateness: since start (a histogram) and over the last minute.
+fn render_loop_lag(e: &mut Exposition, s: &Status) {
+    let ms = 1e-3;
     e.histogram(
         "turnstile_loop_lag_seconds",
         "Lateness of the reactor's heartbeat ticks.",
@@ -232,33 +214,42 @@ pub(crate) fn render(s: &Status) -> String {
             (&[("stat", "max")][..], w.max * ms),
         ],
     );
+}
+
+/// Sessions and the agents they hold between turns.
+fn render_sessions(e: &mut Exposition, s: &SessionCounts) {
     e.gauge(
         "turnstile_sessions",
         "Sessions holding a slot.",
-        s.sessions.total as f64,
+        s.total as f64,
     );
     e.gauge(
         "turnstile_sessions_waiting_for_worker",
         "Sessions waiting for a free turn worker.",
-        s.sessions.waiting_for_worker as f64,
+        s.waiting_for_worker as f64,
     );
     e.gauges(
         "turnstile_agents",
         "Agents held between turns: idle (cached) or parked by a busy session.",
         &[
-            (&[("state", "cached")][..], s.sessions.cached_agents as f64),
-            (&[("state", "parked")][..], s.sessions.parked_agents as f64),
+            (&[("state", "cached")][..], s.cached_agents as f64),
+            (&[("state", "parked")][..], s.parked_agents as f64),
         ],
     );
     e.counter(
         "turnstile_agent_cache_overflows_total",
         "Agents kept beyond the cache cap because their session was busy.",
-        s.sessions.cache_overflows as f64,
+        s.cache_overflows as f64,
     );
+}
+
+/// Turns running and ended, their durations, and the messages waiting for them.
+fn render_turns(e: &mut Exposition, s: &Status) {
+    let t = &s.turns;
     e.gauge(
         "turnstile_turns_running",
         "Agent turns running now.",
-        s.turns.in_flight as f64,
+        t.in_flight as f64,
     );
     e.gauge(
         "turnstile_messages_queued",
@@ -269,10 +260,10 @@ pub(crate) fn render(s: &Status) -> String {
         "turnstile_turns_total",
         "Agent turns ended, by outcome.",
         &[
-            (&[("outcome", "completed")][..], s.turns.completed as f64),
-            (&[("outcome", "failed")][..], s.turns.failed as f64),
-            (&[("outcome", "cancelled")][..], s.turns.cancelled as f64),
-            (&[("outcome", "abandoned")][..], s.turns.abandoned as f64),
+            (&[("outcome", "completed")][..], t.completed as f64),
+            (&[("outcome", "failed")][..], t.failed as f64),
+            (&[("outcome", "cancelled")][..], t.cancelled as f64),
+            (&[("outcome", "abandoned")][..], t.abandoned as f64),
         ],
     );
     e.histogram(
@@ -290,61 +281,59 @@ pub(crate) fn render(s: &Status) -> String {
         "Queued messages cancelled before their turn (/stop, /new, shutdown).",
         s.messages.queued_cancelled as f64,
     );
+}
+
+/// Refusals by reason, the runtime's three reasons always present.
+fn render_rejections(e: &mut Exposition, s: &Status) {
     // The bridge counts every rejection, the runtime's included; without a bridge, the
     // runtime's own.
-    let bridge = s.frontend.as_ref();
-    let mut rejections: Vec<(String, f64)> = match bridge.and_then(|b| b.get("rejected")) {
-        Some(Value::Object(m)) => m
-            .iter()
-            .map(|(k, v)| (k.clone(), v.as_f64().unwrap_or(0.0)))
-            .collect(),
-        _ => s
-            .rejected_by_reason
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), *v as f64))
-            .collect(),
+    let by_reason = match s.frontend.as_ref().and_then(|f| f.bridge.as_ref()) {
+        Some(b) => &b.rejected,
+        None => &s.rejected_by_reason,
     };
+    let mut samples: Vec<(&str, f64)> = by_reason.iter().map(|(k, v)| (*k, *v as f64)).collect();
     for reason in ["queue_full", "overloaded", "shutting_down"] {
-        if !rejections.iter().any(|(k, _)| k == reason) {
-            rejections.push((reason.to_owned(), 0.0));
+        if !by_reason.contains_key(reason) {
+            samples.push((reason, 0.0));
         }
     }
-    rejections.sort_by(|a, b| a.0.cmp(&b.0));
-    let samples: Vec<([(&str, &str); 1], f64)> = rejections
-        .iter()
-        .map(|(k, v)| ([("reason", k.as_str())], *v))
-        .collect();
-    let samples: Vec<(&[(&str, &str)], f64)> = samples.iter().map(|(l, v)| (&l[..], *v)).collect();
-    e.counters(
+    samples.sort_by(|a, b| a.0.cmp(b.0));
+    e.counters_by(
         "turnstile_rejections_total",
         "Messages refused, by reason.",
+        "reason",
         &samples,
     );
+}
+
+/// Agent cleanups: ended by result, queued, pending.
+fn render_cleanups(e: &mut Exposition, c: &CleanupCounts) {
     e.counters(
         "turnstile_cleanups_total",
         "Agent cleanups (close) ended, by result.",
         &[
-            (&[("result", "done")][..], s.cleanups.done as f64),
-            (&[("result", "timed_out")][..], s.cleanups.timed_out as f64),
-            (&[("result", "failed")][..], s.cleanups.failed as f64),
+            (&[("result", "done")][..], c.done as f64),
+            (&[("result", "timed_out")][..], c.timed_out as f64),
+            (&[("result", "failed")][..], c.failed as f64),
         ],
     );
     e.gauge(
         "turnstile_cleanup_queue_depth",
         "Cleanups waiting for close() to start.",
-        s.cleanups.queued as f64,
+        c.queued as f64,
     );
     e.gauge(
         "turnstile_cleanups_pending",
         "Cleanups not yet finished nor timed out.",
-        s.cleanups.pending as f64,
+        c.pending as f64,
     );
+}
+
+/// Worker threads by pool and state, and the replacements for stuck ones.
+fn render_workers(e: &mut Exposition, w: &WorkerCounts) {
     let states = |t: &ThreadStates| [("idle", t.idle), ("busy", t.busy), ("stuck", t.stuck)];
     let mut threads = Vec::new();
-    for (pool, t) in [
-        ("turn", &s.workers.turn_threads),
-        ("cleanup", &s.workers.cleanup_threads),
-    ] {
+    for (pool, t) in [("turn", &w.turn_threads), ("cleanup", &w.cleanup_threads)] {
         for (state, n) in states(t) {
             threads.push(([("pool", pool), ("state", state)], n as f64));
         }
@@ -358,124 +347,122 @@ pub(crate) fn render(s: &Status) -> String {
     e.counter(
         "turnstile_replaced_threads_total",
         "Threads given up on (stuck past a deadline) and replaced, both pools.",
-        s.workers.replaced as f64,
+        w.replaced as f64,
     );
+}
+
+/// Events handed back to the submitter: partials forwarded, events undelivered.
+fn render_deliveries(e: &mut Exposition, m: &MessageCounts) {
     e.counter(
         "turnstile_partials_forwarded_total",
         "Partial replies delivered to the submitter.",
-        s.messages.partials_forwarded as f64,
+        m.partials_forwarded as f64,
     );
     e.counter(
         "turnstile_events_undelivered_total",
         "Events that could not be handed to their sink.",
-        s.messages.events_undelivered as f64,
+        m.events_undelivered as f64,
     );
-    if let Some(b) = bridge {
-        render_bridge(&mut e, b);
-    }
-    e.finish()
 }
 
-/// The bridge server's and the HTTP endpoint's figures (`Status::frontend`).
-fn render_bridge(e: &mut Exposition, b: &Value) {
+/// The bridge server's connections, platforms and errors.
+fn render_bridge(e: &mut Exposition, b: &BridgeStatus) {
+    let unauthenticated = b.unauthenticated as f64;
     e.gauges(
         "turnstile_connections",
         "Bridge connections open, by whether they have authenticated.",
         &[
             (
                 &[("state", "authenticated")][..],
-                num(b, &["connections"]) - num(b, &["unauthenticated"]),
+                b.connections as f64 - unauthenticated,
             ),
-            (
-                &[("state", "unauthenticated")][..],
-                num(b, &["unauthenticated"]),
-            ),
+            (&[("state", "unauthenticated")][..], unauthenticated),
         ],
     );
     e.counter(
         "turnstile_connections_refused_total",
         "Bridge connections refused or closed at a bound.",
-        num(b, &["connections_refused"]),
+        b.connections_refused as f64,
     );
     e.gauge(
         "turnstile_platforms",
         "Platforms known to the bridge.",
-        num(b, &["platforms"]),
+        b.platforms as f64,
     );
     e.counter(
         "turnstile_bridge_errors_total",
         "Bridge lines answered with an error.",
-        num(b, &["errors"]),
+        b.errors as f64,
     );
     e.counter(
         "turnstile_partials_dropped_total",
         "Partial replies dropped (connection gone or over its output bound).",
-        num(b, &["partials_dropped"]),
+        b.partials_dropped as f64,
     );
-    let outboxes: Vec<(&String, &Value)> = match b.get("outboxes") {
-        Some(Value::Object(m)) => m.iter().collect(),
-        _ => Vec::new(),
-    };
-    for (name, help, field) in [
+}
+
+/// Each platform's outbox: results waiting, their bytes, results owed.
+fn render_outboxes(e: &mut Exposition, outboxes: &BTreeMap<String, PlatformStatus>) {
+    type Figure = fn(&PlatformStatus) -> usize;
+    let families: [(&str, &str, Figure); 3] = [
         (
             "turnstile_outbox_depth",
             "Results waiting in a platform's outbox for a bridge to read them.",
-            "outbox_events",
+            |p| p.outbox_events,
         ),
         (
             "turnstile_outbox_bytes",
             "Bytes of the results waiting in a platform's outbox.",
-            "outbox_bytes",
+            |p| p.outbox_bytes,
         ),
         (
             "turnstile_outbox_reserved",
             "Results a platform is owed (accepted, not yet delivered), outbox included.",
-            "reserved_events",
+            |p| p.reserved_events,
         ),
-    ] {
-        let labels: Vec<[(&str, &str); 1]> = outboxes
+    ];
+    for (name, help, figure) in families {
+        let samples: Vec<(&str, f64)> = outboxes
             .iter()
-            .map(|(platform, _)| [("platform", platform.as_str())])
+            .map(|(platform, p)| (platform.as_str(), figure(p) as f64))
             .collect();
-        let samples: Vec<(&[(&str, &str)], f64)> = labels
-            .iter()
-            .zip(&outboxes)
-            .map(|(l, (_, p))| (&l[..], num(p, &[field])))
-            .collect();
-        e.gauges(name, help, &samples);
+        e.gauges_by(name, help, "platform", &samples);
     }
-    if let Some(h) = b.get("http") {
-        e.gauges(
-            "turnstile_http_connections",
-            "Connections to the operations HTTP endpoint, and its cap.",
-            &[
-                (&[("state", "open")][..], num(h, &["connections"])),
-                (&[("state", "max")][..], num(h, &["max_connections"])),
-            ],
-        );
-        e.counters(
-            "turnstile_http_requests_total",
-            "Requests to the operations HTTP endpoint, by result.",
-            &[
-                (&[("result", "all")][..], num(h, &["requests"])),
-                (&[("result", "unauthorized")][..], num(h, &["unauthorized"])),
-                (&[("result", "bad_request")][..], num(h, &["bad_requests"])),
-            ],
-        );
-        e.counters(
-            "turnstile_http_connections_closed_total",
-            "HTTP connections refused at the cap or closed idle.",
-            &[
-                (&[("reason", "refused")][..], num(h, &["refused"])),
-                (&[("reason", "idle")][..], num(h, &["idle_closed"])),
-            ],
-        );
-    }
+}
+
+/// The operations HTTP endpoint's connections and requests.
+fn render_http(e: &mut Exposition, h: &HttpStatus) {
+    e.gauges(
+        "turnstile_http_connections",
+        "Connections to the operations HTTP endpoint, and its cap.",
+        &[
+            (&[("state", "open")][..], h.connections as f64),
+            (&[("state", "max")][..], h.max_connections as f64),
+        ],
+    );
+    e.counters(
+        "turnstile_http_requests_total",
+        "Requests to the operations HTTP endpoint, by result.",
+        &[
+            (&[("result", "all")][..], h.requests as f64),
+            (&[("result", "unauthorized")][..], h.unauthorized as f64),
+            (&[("result", "bad_request")][..], h.bad_requests as f64),
+        ],
+    );
+    e.counters(
+        "turnstile_http_connections_closed_total",
+        "HTTP connections refused at the cap or closed idle.",
+        &[
+            (&[("reason", "refused")][..], h.refused as f64),
+            (&[("reason", "idle")][..], h.idle_closed as f64),
+        ],
+    );
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// Every figure of a snapshot reaches its sample: distinct values in, each found out.
     #[test]
@@ -594,14 +581,40 @@ mod tests {
             "no bridge, no bridge figures"
         );
         // With the bridge's figures: its rejections replace the runtime's, its own families.
-        s.frontend = Some(serde_json::json!({
-            "connections": 5, "unauthenticated": 2, "connections_refused": 6, "platforms": 7,
-            "errors": 8, "partials_dropped": 9,
-            "rejected": {"invalid": 10, "overloaded": 131},
-            "outboxes": {"tg\"x": {"outbox_events": 11, "outbox_bytes": 12, "reserved_events": 13}},
-            "http": {"connections": 14, "max_connections": 15, "requests": 16, "unauthorized": 17,
-                     "bad_requests": 18, "refused": 19, "idle_closed": 20}
-        }));
+        let mut bridge = BridgeStatus {
+            connections: 5,
+            unauthenticated: 2,
+            connections_refused: 6,
+            platforms: 7,
+            errors: 8,
+            partials_dropped: 9,
+            ..BridgeStatus::default()
+        };
+        bridge
+            .rejected
+            .extend([("invalid", 10), ("overloaded", 131)]);
+        let outbox = PlatformStatus {
+            outbox_events: 11,
+            outbox_bytes: 12,
+            reserved_events: 13,
+            ..PlatformStatus::default()
+        };
+        bridge.outboxes.insert("tg\"x".into(), outbox);
+        let http = HttpStatus {
+            connections: 14,
+            max_connections: 15,
+            requests: 16,
+            unauthorized: 17,
+            bad_requests: 18,
+            refused: 19,
+            idle_closed: 20,
+            ..HttpStatus::default()
+        };
+        s.frontend = Some(crate::liveness::FrontendStatus {
+            bridge: Some(bridge),
+            http: Some(http),
+            ..Default::default()
+        });
         s.state = RuntimeState::Draining;
         let text = render(&s);
         let has = |line: &str| {
@@ -639,20 +652,6 @@ mod tests {
                 .count(),
             1
         );
-    }
-
-    #[test]
-    fn histogram_buckets_are_cumulative_and_inclusive_of_their_bound() {
-        let mut h = PromHistogram::new(&[0.001, 0.01]);
-        h.record(Duration::from_micros(1000)); // exactly the first bound: in it
-        h.record(Duration::from_micros(1001));
-        h.record(Duration::from_secs(1));
-        assert_eq!(
-            h.cumulative(),
-            vec![(0.001, 1), (0.01, 2), (f64::INFINITY, 3)]
-        );
-        assert_eq!(h.count(), 3);
-        assert!((h.sum() - 1.002001).abs() < 1e-9, "{}", h.sum());
     }
 
     #[test]

@@ -1,14 +1,21 @@
 //! Operations: the HTTP endpoint (health, readiness, status, Prometheus metrics), systemd
 //! notifications and the watchdog, hosted on the reactor next to the bridge server.
+//!
+//! The top of the crate below the CLI: nothing under the reactor, the server or the status
+//! imports from here.
+//!
+//! - `layer`: [`Ops`], the frontend wrapping the bridge server; health, readiness, reload.
+//! - `http`: the endpoint (sans-IO request and response, and its mio shell).
+//! - `metrics`: the Prometheus text rendered from a [`crate::Status`].
+//! - `systemd`: `sd_notify(3)` and the watchdog's pace.
 
-pub(crate) mod frontend;
 pub(crate) mod http;
-pub(crate) mod logfmt;
+pub(crate) mod layer;
 pub(crate) mod metrics;
-pub(crate) mod notify;
+pub(crate) mod systemd;
 
 #[cfg_attr(not(feature = "cli"), allow(unused_imports))]
-pub(crate) use frontend::{Ops, Reload, ReloadApplier, ReloadLoader};
+pub(crate) use layer::{Ops, Reload, ReloadApplier, ReloadLoader, journal_ready};
 
 use std::sync::{Arc, RwLock};
 

@@ -13,9 +13,9 @@ use crate::core::{
     AbandonReason, CleanupId, CleanupJob, Core, Effect, EventKind, FailReason, MessageEvent,
     Outcome, ShutdownReport, TurnId, TurnJob,
 };
+use crate::histogram::{PromHistogram, TURN_BUCKETS};
+use crate::logfmt::{Field, cut};
 use crate::message::SessionKey;
-use crate::ops::logfmt::{Field, cut};
-use crate::ops::metrics::{PromHistogram, TURN_BUCKETS};
 use crate::pool::{JobTicket, Pool, Replacement};
 
 /// WARN lines about failed turns per session per [`WARN_WINDOW`]; the rest are counted and

@@ -11,7 +11,7 @@ use mio::{Poll, Registry};
 use super::Route;
 use super::workers::BoxAgent;
 use crate::core::{Core, Effect, Input, MessageEvent};
-use crate::liveness::Status;
+use crate::liveness::{FrontendStatus, Status};
 use crate::message::Message;
 
 /// What a frontend may do during a reactor step.
@@ -116,8 +116,11 @@ pub trait Frontend {
         let _ = status;
     }
 
-    /// The frontend's own figures for the status snapshot (its `frontend` field).
-    fn status(&self) -> Option<serde_json::Value> {
+    /// The frontend's own figures for the status snapshot (its `frontend` field), asked at
+    /// every heartbeat tick: `None` (the default) leaves the field out. A frontend of an
+    /// embedder's own reports its figures in [`FrontendStatus::custom`]; the bridge server
+    /// and the operations endpoint fill the typed fields the metrics read.
+    fn status(&self) -> Option<FrontendStatus> {
         None
     }
 }

@@ -7,11 +7,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::driver::Driver;
 use super::frontend::Frontend;
 use crate::agent::AgentFactory;
+use crate::histogram::{LAG_BUCKETS, LagHistogram, LagWindow, PromHistogram};
 use crate::liveness::{
-    Histograms, LagHistogram, LagWindow, MessageCounts, ProcessInfo, RuntimeState, Status,
-    ThreadStates, WorkerCounts, rfc3339_utc,
+    FrontendStatus, Histograms, MessageCounts, ProcessInfo, RuntimeState, Status, ThreadStates,
+    WorkerCounts, rfc3339_utc,
 };
-use crate::ops::metrics::{LAG_BUCKETS, PromHistogram};
 use crate::pool::Pool;
 
 /// Length of one slice of the loop-lag window (six slices: the last minute).
@@ -74,6 +74,8 @@ impl Heartbeat {
         }
     }
 
+    /// Ticks when the period is due: records the tick's lateness and returns the snapshot
+    /// (with the frontend's figures) to publish.
     pub(super) fn tick_if_due(
         &mut self,
         now: Duration,
@@ -101,12 +103,14 @@ impl Heartbeat {
         Some(self.snapshot(state, now, driver, frontend.status()))
     }
 
+    /// The status snapshot now: the core's counts, the pools', the driver's and the
+    /// frontend's figures, and the heartbeat's own.
     pub(super) fn snapshot(
         &self,
         state: RuntimeState,
         now: Duration,
         driver: &Driver,
-        frontend: Option<serde_json::Value>,
+        frontend: Option<FrontendStatus>,
     ) -> Arc<Status> {
         let s = driver.core.stats();
         Arc::new(Status {
@@ -118,22 +122,11 @@ impl Heartbeat {
             loop_lag_ms: self.lag.summary(),
             loop_lag_window_ms: self.window.merged(now).summary(),
             loop_lag_last_ms: self.last_lag.as_micros() as f64 / 1000.0,
-            process: ProcessInfo {
-                rss_bytes: self.rss,
-                started_unix_s: unix_s(self.started),
-                updated_unix_s: unix_s(self.started + now),
-                tick_interval_s: self.interval.as_secs_f64(),
-            },
+            process: self.process_info(now),
             sessions: s.sessions,
             turns: s.turns,
             cleanups: s.cleanups,
-            workers: WorkerCounts {
-                turn: driver.turn_pool.live_threads(),
-                cleanup: driver.cleanup_pool.live_threads(),
-                replaced: driver.turn_pool.replaced() + driver.cleanup_pool.replaced(),
-                turn_threads: thread_states(&driver.turn_pool),
-                cleanup_threads: thread_states(&driver.cleanup_pool),
-            },
+            workers: worker_counts(driver),
             messages: MessageCounts {
                 events_undelivered: driver.undelivered,
                 partials_forwarded: driver.partials_forwarded,
@@ -147,6 +140,25 @@ impl Heartbeat {
                 turn_duration: driver.turn_durations.clone(),
             }),
         })
+    }
+
+    fn process_info(&self, now: Duration) -> ProcessInfo {
+        ProcessInfo {
+            rss_bytes: self.rss,
+            started_unix_s: unix_s(self.started),
+            updated_unix_s: unix_s(self.started + now),
+            tick_interval_s: self.interval.as_secs_f64(),
+        }
+    }
+}
+
+fn worker_counts(driver: &Driver) -> WorkerCounts {
+    WorkerCounts {
+        turn: driver.turn_pool.live_threads(),
+        cleanup: driver.cleanup_pool.live_threads(),
+        replaced: driver.turn_pool.replaced() + driver.cleanup_pool.replaced(),
+        turn_threads: thread_states(&driver.turn_pool),
+        cleanup_threads: thread_states(&driver.cleanup_pool),
     }
 }
 

@@ -28,6 +28,7 @@ use mio::{Events as MioEvents, Interest, Poll, Registry, Token};
 
 use crate::core::MessageEvent;
 use crate::journal::{Journal, JournalConfig, Store, StoreError};
+use crate::liveness::FrontendStatus;
 use crate::reactor::{Ctx, Frontend};
 use crate::tokens::{BRIDGE_LISTENER as LISTENER, JOURNAL, SIGNALS};
 pub(crate) use bridge::RecoveryCounts;
@@ -800,11 +801,14 @@ impl Frontend for BridgeServer {
         self.watchdog = None;
     }
 
-    fn status(&self) -> Option<serde_json::Value> {
+    fn status(&self) -> Option<FrontendStatus> {
         let mut status = self.bridge.status();
         if let Some(j) = &mut status.journal {
             j.wakes = self.journal_wakes;
         }
-        serde_json::to_value(status).ok()
+        Some(FrontendStatus {
+            bridge: Some(status),
+            ..FrontendStatus::default()
+        })
     }
 }

@@ -20,8 +20,8 @@ use std::time::Duration;
 use crate::child::{self};
 use crate::journal::JournalConfig;
 use crate::ops::http::HttpServer;
-use crate::ops::notify::SdNotify;
-use crate::ops::{Ops, ReloadApplier, SwappableFactory};
+use crate::ops::systemd::SdNotify;
+use crate::ops::{Ops, ReloadApplier, SwappableFactory, journal_ready};
 use crate::server::{BridgeServer, ServerConfig};
 use crate::{Builder, Handle, Runtime};
 
@@ -30,18 +30,6 @@ use args::AgentKind;
 use reload::{make_factory, reload_loader};
 use settings::{Settings, resolve};
 
-/// `/readyz`'s store check: the bridge's journal status says whether its last write failed.
-fn store_ready(status: &crate::Status) -> Result<(), String> {
-    let failing = status
-        .frontend
-        .as_ref()
-        .and_then(|f| f.pointer("/journal/failing"))
-        .and_then(serde_json::Value::as_bool);
-    match failing {
-        Some(true) => Err("journal writes are failing".into()),
-        _ => Ok(()),
-    }
-}
 /// The heartbeat period of the served runtime.
 const TICK_INTERVAL: Duration = Duration::from_millis(100);
 /// Runs the server; returns the process exit code.
@@ -190,7 +178,7 @@ fn host_ops(
     }
     if s.data_dir.is_some() {
         // Not ready while the journal's writes fail: new messages would be rejected `storage`.
-        ops = ops.with_readiness_check("store", Box::new(store_ready));
+        ops = ops.with_readiness_check("store", Box::new(journal_ready));
     }
     if flags.config.is_some() {
         let loader = reload_loader(flags, s);
@@ -269,21 +257,4 @@ fn check_writable(path: &std::path::Path) -> std::io::Result<()> {
     let tmp = PathBuf::from(tmp);
     std::fs::File::create(&tmp)?;
     std::fs::remove_file(&tmp)
-}
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_store_is_not_ready_while_journal_writes_fail() {
-        let mut status = crate::Status::default();
-        assert_eq!(store_ready(&status), Ok(()));
-        status.frontend = Some(serde_json::json!({"journal": {"failing": false}}));
-        assert_eq!(store_ready(&status), Ok(()));
-        status.frontend = Some(serde_json::json!({"journal": {"failing": true}}));
-        assert_eq!(
-            store_ready(&status),
-            Err("journal writes are failing".to_owned())
-        );
-    }
 }

@@ -11,10 +11,10 @@ use mio::{Poll, Registry};
 
 use super::http::{self, HttpServer, OpsSource};
 use super::metrics;
-use super::notify::{SdNotify, WatchdogPacer};
+use super::systemd::{SdNotify, WatchdogPacer};
 use crate::agent::AgentFactory;
 use crate::core::{MessageEvent, Tunables};
-use crate::liveness::{RuntimeState, Status};
+use crate::liveness::{FrontendStatus, RuntimeState, Status};
 use crate::reactor::{Ctx, Frontend};
 
 /// Ticks a snapshot may be old, and a tick may be late, for the loop to count as healthy.
@@ -97,13 +97,26 @@ pub(crate) fn lag_healthy(latest: &Status, tick_interval: Duration) -> bool {
     latest.loop_lag_last_ms <= (tick_interval * HEALTHY_TICKS).as_secs_f64() * 1000.0
 }
 
+/// `/readyz`'s store check (with `--data-dir`): not ready while the bridge's journal says its
+/// last write failed (new messages would be rejected `storage`).
+pub(crate) fn journal_ready(status: &Status) -> Result<(), String> {
+    let journal = status
+        .frontend
+        .as_ref()
+        .and_then(|f| f.bridge.as_ref()?.journal.as_ref());
+    match journal {
+        Some(j) if j.failing => Err("journal writes are failing".into()),
+        _ => Ok(()),
+    }
+}
+
 /// A one-line summary for systemd's `STATUS=` and `turnstile status`.
 pub(crate) fn summary_line(s: &Status) -> String {
     let connections = s
         .frontend
         .as_ref()
-        .and_then(|f| f.get("connections"))
-        .and_then(serde_json::Value::as_u64);
+        .and_then(|f| f.bridge.as_ref())
+        .map(|b| b.connections);
     let mut line = format!(
         "{:?}: {} sessions, {} turns running, {} queued, {} done, {} failed",
         s.state,
@@ -237,24 +250,25 @@ impl<F: Frontend> Ops<F> {
         }
     }
 
+    /// The layer's invariants: systemd hears `STOPPING=1` only after `READY=1`, and a reload
+    /// is read only when there is a way to read and apply it. Checked after every wake in
+    /// debug builds.
+    #[cfg(debug_assertions)]
+    fn check(&self) {
+        assert!(
+            !self.stopping_sent || self.ready_sent,
+            "STOPPING=1 sent before READY=1"
+        );
+        assert!(
+            self.reloading.is_none() || self.reloader.is_some(),
+            "a reload in progress with no loader"
+        );
+    }
+
+    /// Applies a reload once its thread has read the configuration.
     fn finish_reload(&mut self, ctx: &mut Ctx<'_>) {
-        let Some(rx) = &self.reloading else {
+        let Some(reload) = self.take_reload() else {
             return;
-        };
-        let result = match rx.try_recv() {
-            Err(TryRecvError::Empty) => return,
-            Ok(r) => r,
-            Err(TryRecvError::Disconnected) => Err("the reload thread died".into()),
-        };
-        self.reloading = None;
-        let reload = match result {
-            Ok(r) => r,
-            Err(e) => {
-                // One line, for log shippers (a TOML error spans several).
-                let e = e.split_whitespace().collect::<Vec<_>>().join(" ");
-                log::error!("reload refused: {e}; the settings in force are kept");
-                return;
-            }
         };
         let Some((_, apply)) = &mut self.reloader else {
             return;
@@ -266,32 +280,56 @@ impl<F: Frontend> Ops<F> {
         {
             h.set_auth_token(reload.auth_token.as_deref());
         }
-        let t = reload.tunables;
-        ctx.retune(t);
+        ctx.retune(reload.tunables);
         for name in &restart {
             log::warn!("reload: {name} changed but needs a restart to apply; the old value stays");
         }
-        log::info!(
-            "reload: applied busy-mode={:?} queue-cap={} turn-timeout={:?} stop-grace={:?} cleanup-timeout={:?} drain-timeout={:?} partial-interval={:?} auth-token={} agent={}",
-            t.busy_mode,
-            t.queue_cap,
-            t.turn_timeout,
-            t.stop_grace,
-            t.cleanup_timeout,
-            t.drain_timeout,
-            reload.partial_interval,
-            if reload.auth_token.is_some() {
-                "set"
-            } else {
-                "none"
-            },
-            if reload.factory.is_some() {
-                "new command for new agents"
-            } else {
-                "unchanged"
-            },
-        );
+        log_applied(&reload);
     }
+
+    /// The reload read by its thread, when it is done; a refused one is logged and dropped.
+    fn take_reload(&mut self) -> Option<Reload> {
+        let result = match self.reloading.as_ref()?.try_recv() {
+            Err(TryRecvError::Empty) => return None,
+            Ok(r) => r,
+            Err(TryRecvError::Disconnected) => Err("the reload thread died".into()),
+        };
+        self.reloading = None;
+        match result {
+            Ok(r) => Some(r),
+            Err(e) => {
+                // One line, for log shippers (a TOML error spans several).
+                let e = e.split_whitespace().collect::<Vec<_>>().join(" ");
+                log::error!("reload refused: {e}; the settings in force are kept");
+                None
+            }
+        }
+    }
+}
+
+/// The INFO line of an applied reload: every setting a reload may change, as now in force.
+fn log_applied(reload: &Reload) {
+    let t = &reload.tunables;
+    log::info!(
+        "reload: applied busy-mode={:?} queue-cap={} turn-timeout={:?} stop-grace={:?} cleanup-timeout={:?} drain-timeout={:?} partial-interval={:?} auth-token={} agent={}",
+        t.busy_mode,
+        t.queue_cap,
+        t.turn_timeout,
+        t.stop_grace,
+        t.cleanup_timeout,
+        t.drain_timeout,
+        reload.partial_interval,
+        if reload.auth_token.is_some() {
+            "set"
+        } else {
+            "none"
+        },
+        if reload.factory.is_some() {
+            "new command for new agents"
+        } else {
+            "unchanged"
+        },
+    );
 }
 
 impl<F: Frontend> Frontend for Ops<F> {
@@ -354,6 +392,8 @@ impl<F: Frontend> Frontend for Ops<F> {
             checks: &self.checks,
         };
         let http = self.http.as_mut().and_then(|h| h.on_wake(self.now, &view));
+        #[cfg(debug_assertions)]
+        self.check();
         [inner, http].into_iter().flatten().min()
     }
 
@@ -396,20 +436,15 @@ impl<F: Frontend> Frontend for Ops<F> {
         }
     }
 
-    fn status(&self) -> Option<serde_json::Value> {
+    fn status(&self) -> Option<FrontendStatus> {
         let inner = self.inner.status();
         let Some(h) = &self.http else {
             return inner;
         };
-        let http = serde_json::to_value(h.status()).ok()?;
-        match inner {
-            Some(serde_json::Value::Object(mut m)) => {
-                m.insert("http".into(), http);
-                Some(serde_json::Value::Object(m))
-            }
-            None => Some(serde_json::json!({ "http": http })),
-            Some(other) => Some(other),
-        }
+        Some(FrontendStatus {
+            http: Some(h.status()),
+            ..inner.unwrap_or_default()
+        })
     }
 }
 
@@ -453,6 +488,7 @@ mod test_hooks {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::liveness::BridgeStatus;
 
     fn running(uptime_s: f64, last_lag_ms: f64) -> Status {
         Status {
@@ -534,10 +570,53 @@ mod tests {
         s.turns.completed = 10;
         s.turns.failed = 1;
         s.loop_lag_window_ms.p99 = 0.25;
-        s.frontend = Some(serde_json::json!({"connections": 5}));
+        let bridge = BridgeStatus {
+            connections: 5,
+            ..BridgeStatus::default()
+        };
+        s.frontend = Some(FrontendStatus {
+            bridge: Some(bridge),
+            ..FrontendStatus::default()
+        });
         assert_eq!(
             summary_line(&s),
             "running: 4 sessions, 2 turns running, 3 queued, 10 done, 1 failed, 5 connections, loop lag p99 0.25 ms (last minute)"
         );
+    }
+
+    #[test]
+    fn the_store_is_not_ready_while_journal_writes_fail() {
+        let mut status = crate::Status::default();
+        assert_eq!(journal_ready(&status), Ok(()));
+        let with_journal = |failing| {
+            let mut bridge = BridgeStatus {
+                journal: Some(Default::default()),
+                ..BridgeStatus::default()
+            };
+            if let Some(j) = &mut bridge.journal {
+                j.failing = failing;
+            }
+            Some(FrontendStatus {
+                bridge: Some(bridge),
+                ..FrontendStatus::default()
+            })
+        };
+        status.frontend = with_journal(false);
+        assert_eq!(journal_ready(&status), Ok(()));
+        status.frontend = with_journal(true);
+        assert_eq!(
+            journal_ready(&status),
+            Err("journal writes are failing".to_owned())
+        );
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "STOPPING=1 sent before READY=1")]
+    fn the_check_catches_stopping_before_ready() {
+        let mut ops = Ops::new(crate::reactor::NoFrontend, Duration::from_millis(100));
+        ops.check();
+        ops.stopping_sent = true;
+        ops.check();
     }
 }

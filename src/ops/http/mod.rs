@@ -1,0 +1,519 @@
+//! The operations HTTP endpoint: a small HTTP/1.1 server hosted on the reactor.
+//!
+//! Two halves, like the bridge server: `respond` ([`parse_request`] and [`respond`]) is sans-IO
+//! (bytes in, a response out), and [`HttpServer`] here is the mio shell that accepts, reads and
+//! writes on the reactor thread without blocking. Every resource is bounded (see
+//! [`HttpConfig`]).
+
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use mio::event::Event;
+use mio::net::{TcpListener, TcpStream};
+use mio::{Interest, Registry, Token};
+use slab::Slab;
+
+mod respond;
+
+pub(crate) use respond::{OpsSource, Parsed, Request, parse_request, respond};
+use respond::{TEXT, response};
+
+use crate::auth::Token as AuthToken;
+use crate::liveness::HttpStatus;
+use crate::tokens::{HTTP_CONNS, HTTP_LISTENER as LISTENER};
+
+/// Default address of the endpoint.
+pub(crate) const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:7879";
+/// Default cap on open HTTP connections.
+pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 64;
+/// Default cap on the bytes of a request's head (request line and headers).
+pub(crate) const DEFAULT_MAX_HEADER_BYTES: usize = 8 * 1024;
+/// Default number of requests served on one connection before it is closed.
+pub(crate) const DEFAULT_MAX_REQUESTS: usize = 100;
+/// Default time a connection has to complete a request (from its opening or its last
+/// response) before it is closed.
+pub(crate) const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most connections the endpoint may be configured with (their tokens are a fixed band).
+pub(crate) const MAX_CONNECTIONS_LIMIT: usize = crate::tokens::HTTP_MAX_CONNECTIONS;
+/// Requests answered per connection per wake; the rest wait for the next wake.
+const REQUESTS_PER_WAKE: usize = 4;
+/// Connections accepted per wake.
+const ACCEPT_BATCH: usize = 64;
+
+/// Whether `token` belongs to the HTTP endpoint.
+pub(crate) fn owns(token: Token) -> bool {
+    token == LISTENER || HTTP_CONNS.slot(token).is_some()
+}
+
+/// Settings of the endpoint.
+#[derive(Clone, Debug)]
+pub(crate) struct HttpConfig {
+    /// When set, every path but `/healthz` requires `Authorization: Bearer <token>`.
+    pub auth_token: Option<String>,
+    /// Open connections; one more gets `503` and is closed.
+    pub max_connections: usize,
+    /// Bytes of a request head; more is `431` and the connection is closed.
+    pub max_header_bytes: usize,
+    /// Requests per connection; the last response says `Connection: close`.
+    pub max_requests: usize,
+    /// Time to complete a request, from the connection's opening or its last response.
+    pub idle_timeout: Duration,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            auth_token: None,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
+            max_requests: DEFAULT_MAX_REQUESTS,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+        }
+    }
+}
+
+struct HttpConn {
+    stream: TcpStream,
+    peer: SocketAddr,
+    input: Vec<u8>,
+    output: Vec<u8>,
+    written: usize,
+    served: usize,
+    /// When the current request's time started (opening or last response).
+    since: Duration,
+    /// Close once the output is written.
+    closing: bool,
+}
+
+/// What a connection's socket did in one step of [`HttpServer::drive`].
+enum Io {
+    /// Done for now with no trouble: go on to the next step.
+    Ready,
+    /// The socket would block: wait for its next readiness event.
+    Blocked,
+    /// The peer closed, or the socket failed: close the connection.
+    Gone,
+}
+
+impl HttpConn {
+    /// Writes the pending response; once it is all written, the next request's time starts.
+    fn write_output(&mut self, now: Duration) -> Io {
+        while self.written < self.output.len() {
+            match self.stream.write(&self.output[self.written..]) {
+                Ok(0) => return Io::Gone,
+                Ok(n) => self.written += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Io::Blocked,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return Io::Gone,
+            }
+        }
+        if !self.output.is_empty() {
+            self.output.clear();
+            self.written = 0;
+            self.since = now;
+        }
+        Io::Ready
+    }
+
+    /// Reads once, never past the head bound (plus one byte to detect an overflow).
+    fn read_input(&mut self, scratch: &mut [u8], max_header_bytes: usize) -> Io {
+        let room = (max_header_bytes + 1)
+            .saturating_sub(self.input.len())
+            .min(scratch.len());
+        debug_assert!(room > 0, "a full head is answered 431 before reading more");
+        match self.stream.read(&mut scratch[..room]) {
+            Ok(0) => Io::Gone,
+            Ok(n) => {
+                self.input.extend_from_slice(&scratch[..n]);
+                Io::Ready
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Io::Blocked,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Io::Ready,
+            Err(_) => Io::Gone,
+        }
+    }
+}
+
+/// The endpoint's mio shell: a listener and its connections, on the reactor's poll.
+pub(crate) struct HttpServer {
+    cfg: HttpConfig,
+    token: Option<AuthToken>,
+    listener: TcpListener,
+    registry: Option<Registry>,
+    conns: Slab<HttpConn>,
+    /// Connections with requests left unanswered at the per-wake budget.
+    pending: Vec<usize>,
+    /// The accept batch ran out with connections perhaps still queued.
+    accept_more: bool,
+    next_sweep: Option<Duration>,
+    stats: HttpStatus,
+    scratch: Vec<u8>,
+}
+
+impl HttpServer {
+    /// Binds `addr` (non-blocking). The connection cap is clamped to
+    /// [`MAX_CONNECTIONS_LIMIT`].
+    pub(crate) fn bind(addr: SocketAddr, mut cfg: HttpConfig) -> io::Result<HttpServer> {
+        cfg.max_connections = cfg.max_connections.clamp(1, MAX_CONNECTIONS_LIMIT);
+        let listener = TcpListener::bind(addr)?;
+        Ok(HttpServer {
+            token: cfg.auth_token.as_deref().map(AuthToken::new),
+            stats: HttpStatus {
+                max_connections: cfg.max_connections,
+                max_header_bytes: cfg.max_header_bytes,
+                max_requests: cfg.max_requests,
+                idle_timeout_s: cfg.idle_timeout.as_secs_f64(),
+                ..HttpStatus::default()
+            },
+            cfg,
+            listener,
+            registry: None,
+            conns: Slab::new(),
+            pending: Vec::new(),
+            accept_more: false,
+            next_sweep: None,
+            scratch: vec![0; 4096],
+        })
+    }
+
+    /// The bound address.
+    pub(crate) fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Replaces the auth token for the requests that follow (a reload).
+    pub(crate) fn set_auth_token(&mut self, token: Option<&str>) {
+        self.token = token.map(AuthToken::new);
+        self.cfg.auth_token = token.map(str::to_owned);
+    }
+
+    /// The endpoint's figures.
+    pub(crate) fn status(&self) -> HttpStatus {
+        HttpStatus {
+            connections: self.conns.len(),
+            ..self.stats.clone()
+        }
+    }
+
+    /// Registers the listener on the reactor's poll.
+    pub(crate) fn register(&mut self, registry: &Registry) -> io::Result<()> {
+        registry.register(&mut self.listener, LISTENER, Interest::READABLE)?;
+        self.registry = Some(registry.try_clone()?);
+        Ok(())
+    }
+
+    /// A readiness event for one of the endpoint's tokens ([`owns`]).
+    pub(crate) fn on_ready(&mut self, event: &Event, now: Duration, source: &dyn OpsSource) {
+        if event.token() == LISTENER {
+            self.accept(now);
+            return;
+        }
+        if let Some(slot) = HTTP_CONNS.slot(event.token()) {
+            self.drive(slot, now, source);
+        }
+        #[cfg(debug_assertions)]
+        self.check();
+    }
+
+    /// Serves what the budget left, closes idle connections; returns when it next needs the
+    /// loop.
+    pub(crate) fn on_wake(&mut self, now: Duration, source: &dyn OpsSource) -> Option<Duration> {
+        if std::mem::take(&mut self.accept_more) {
+            self.accept(now);
+        }
+        for slot in std::mem::take(&mut self.pending) {
+            self.drive(slot, now, source);
+        }
+        if self.next_sweep.is_some_and(|t| t <= now) {
+            let idle = self.cfg.idle_timeout;
+            let expired: Vec<usize> = self
+                .conns
+                .iter()
+                .filter(|(_, c)| now.saturating_sub(c.since) >= idle)
+                .map(|(slot, _)| slot)
+                .collect();
+            for slot in expired {
+                self.stats.idle_closed += 1;
+                self.close(slot);
+            }
+            self.next_sweep = self.conns.iter().map(|(_, c)| c.since + idle).min();
+        }
+        #[cfg(debug_assertions)]
+        self.check();
+        if self.pending.is_empty() && !self.accept_more {
+            self.next_sweep
+        } else {
+            Some(now)
+        }
+    }
+
+    /// The endpoint's invariants: connections within the cap and their token band, buffers
+    /// within their bounds, an idle sweep due while any connection is open, counts that add
+    /// up. Checked after every event and wake in debug builds.
+    #[cfg(debug_assertions)]
+    fn check(&self) {
+        let cap = self.cfg.max_connections;
+        assert!(
+            self.conns.len() <= cap,
+            "{} connections over the cap {cap}",
+            self.conns.len()
+        );
+        for (slot, c) in &self.conns {
+            assert!(slot < cap, "slot {slot} outside the token band");
+            assert!(c.written <= c.output.len(), "wrote past the response");
+            assert!(
+                c.input.len() <= self.cfg.max_header_bytes + 1,
+                "read past the head bound"
+            );
+        }
+        assert!(
+            self.pending.iter().all(|&slot| slot < cap),
+            "a pending slot outside the band"
+        );
+        assert!(
+            self.conns.is_empty() || self.next_sweep.is_some(),
+            "open connections with no idle sweep due"
+        );
+        let st = &self.stats;
+        assert!(
+            st.unauthorized + st.bad_requests <= st.requests,
+            "more refused requests than requests"
+        );
+    }
+
+    /// Closes every connection (shutdown).
+    pub(crate) fn close_all(&mut self) {
+        let slots: Vec<usize> = self.conns.iter().map(|(s, _)| s).collect();
+        for slot in slots {
+            self.close(slot);
+        }
+    }
+
+    fn accept(&mut self, now: Duration) {
+        for _ in 0..ACCEPT_BATCH {
+            let (stream, peer) = match self.listener.accept() {
+                Ok(pair) => pair,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    log::warn!("http: accept failed: {e}");
+                    return;
+                }
+            };
+            if self.conns.len() >= self.cfg.max_connections {
+                self.refuse_connection(stream, peer);
+            } else if self.registry.is_none() {
+                return;
+            } else {
+                self.admit(stream, peer, now);
+            }
+        }
+        // More may wait; the listener is edge-triggered, so look again next wake.
+        self.accept_more = true;
+    }
+
+    /// One connection over the cap: `503` (best effort, never blocking) and closed.
+    fn refuse_connection(&mut self, mut stream: TcpStream, peer: SocketAddr) {
+        self.stats.refused += 1;
+        let retry = [("Retry-After", "1")];
+        let r = response(503, TEXT, b"too many connections\n", &retry, true, false);
+        let _ = stream.write(&r.bytes);
+        log::info!(
+            "http: refused connection from {peer}: too many connections ({})",
+            self.cfg.max_connections
+        );
+    }
+
+    /// Registers an accepted connection in a free slot of the band.
+    fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr, now: Duration) {
+        let entry = self.conns.vacant_entry();
+        let slot = entry.key();
+        debug_assert!(slot < self.cfg.max_connections, "slot beyond the cap");
+        let Some(registry) = &self.registry else {
+            return;
+        };
+        let interest = Interest::READABLE | Interest::WRITABLE;
+        if let Err(e) = registry.register(&mut stream, HTTP_CONNS.token(slot), interest) {
+            log::warn!("http: cannot register connection from {peer}: {e}");
+            return;
+        }
+        log::debug!("http: connection from {peer}");
+        entry.insert(HttpConn {
+            stream,
+            peer,
+            input: Vec::new(),
+            output: Vec::new(),
+            written: 0,
+            served: 0,
+            since: now,
+            closing: false,
+        });
+        let due = now + self.cfg.idle_timeout;
+        self.next_sweep = Some(self.next_sweep.map_or(due, |t| t.min(due)));
+    }
+
+    fn close(&mut self, slot: usize) {
+        if !self.conns.contains(slot) {
+            return;
+        }
+        let mut conn = self.conns.remove(slot);
+        if let Some(registry) = &self.registry {
+            let _ = registry.deregister(&mut conn.stream);
+        }
+        log::debug!("http: connection from {} closed", conn.peer);
+    }
+
+    /// Writes pending output, answers complete requests, reads more: until the socket
+    /// would block, the connection closes, or the per-wake budget is spent.
+    fn drive(&mut self, slot: usize, now: Duration, source: &dyn OpsSource) {
+        let mut answered = 0;
+        loop {
+            let Some(conn) = self.conns.get_mut(slot) else {
+                return;
+            };
+            // 1. Output first: the next request is read only once this one is written.
+            match conn.write_output(now) {
+                Io::Ready => {}
+                Io::Blocked => return,
+                Io::Gone => return self.close(slot),
+            }
+            if conn.closing {
+                let _ = conn.stream.shutdown(std::net::Shutdown::Write);
+                return self.close(slot);
+            }
+            // 2. A complete request in the input: answer it.
+            match parse_request(&conn.input, self.cfg.max_header_bytes) {
+                Parsed::Request(_) if answered == REQUESTS_PER_WAKE => {
+                    self.pending.push(slot);
+                    return;
+                }
+                Parsed::Request(req) => {
+                    answered += 1;
+                    self.answer(slot, &req, source);
+                    continue;
+                }
+                Parsed::Bad(status, why) => {
+                    self.answer_bad(slot, status, why);
+                    continue;
+                }
+                Parsed::Incomplete => {}
+            }
+            // 3. Read more.
+            match conn.read_input(&mut self.scratch, self.cfg.max_header_bytes) {
+                Io::Ready => {}
+                Io::Blocked => return,
+                Io::Gone => return self.close(slot),
+            }
+        }
+    }
+
+    /// Answers a complete request and queues the response; counts it.
+    fn answer(&mut self, slot: usize, req: &Request, source: &dyn OpsSource) {
+        let Some(conn) = self.conns.get_mut(slot) else {
+            return;
+        };
+        conn.input.drain(..req.len);
+        conn.served += 1;
+        let last = conn.served >= self.cfg.max_requests;
+        let r = respond(req, self.token.as_ref(), source, last);
+        self.stats.requests += 1;
+        match r.status {
+            401 => {
+                self.stats.unauthorized += 1;
+                log::info!(
+                    "http: unauthorized request for {} from {}",
+                    req.path,
+                    conn.peer
+                );
+            }
+            400 | 404 | 405 | 431 => self.stats.bad_requests += 1,
+            _ => {}
+        }
+        conn.closing = r.close;
+        conn.output = r.bytes;
+    }
+
+    /// Answers a malformed or unacceptable request, then closes once it is written.
+    fn answer_bad(&mut self, slot: usize, status: u16, why: &str) {
+        let Some(conn) = self.conns.get_mut(slot) else {
+            return;
+        };
+        self.stats.requests += 1;
+        self.stats.bad_requests += 1;
+        let body = format!("{why}\n");
+        conn.input.clear();
+        conn.closing = true;
+        conn.output = response(status, TEXT, body.as_bytes(), &[], true, false).bytes;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Serves every path as healthy and ready.
+    struct Healthy;
+
+    impl OpsSource for Healthy {
+        fn health(&self) -> Result<(), String> {
+            Ok(())
+        }
+        fn ready(&self) -> Result<(), String> {
+            Ok(())
+        }
+        fn status_json(&self) -> Vec<u8> {
+            b"{}".to_vec()
+        }
+        fn metrics(&self) -> String {
+            String::new()
+        }
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    fn the_endpoint_keeps_its_invariants_through_accept_and_requests() {
+        let mut poll = mio::Poll::new().unwrap();
+        let cfg = HttpConfig {
+            max_connections: 2,
+            ..HttpConfig::default()
+        };
+        let mut server = HttpServer::bind("127.0.0.1:0".parse().unwrap(), cfg).unwrap();
+        server.register(poll.registry()).unwrap();
+        server.check();
+        let addr = server.local_addr().unwrap();
+        let mut clients: Vec<std::net::TcpStream> = (0..3)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        clients[0]
+            .write_all(b"GET /healthz HTTP/1.1\r\n\r\nGET /nope HTTP/1.1\r\n\r\n")
+            .unwrap();
+        let source = Healthy;
+        let mut events = mio::Events::with_capacity(16);
+        let now = Duration::from_secs(1);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while server.stats.requests < 2 || server.stats.refused < 1 {
+            assert!(std::time::Instant::now() < deadline, "{:?}", server.stats);
+            poll.poll(&mut events, Some(Duration::from_millis(50)))
+                .unwrap();
+            for event in &events {
+                server.on_ready(event, now, &source);
+            }
+            server.on_wake(now, &source);
+        }
+        assert_eq!(server.status().connections, 2);
+        assert_eq!(server.stats.bad_requests, 1);
+        server.close_all();
+        server.check();
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "more refused requests than requests")]
+    fn the_check_catches_counts_that_do_not_add_up() {
+        let mut server =
+            HttpServer::bind("127.0.0.1:0".parse().unwrap(), HttpConfig::default()).unwrap();
+        server.stats.unauthorized = 1;
+        server.check();
+    }
+}
