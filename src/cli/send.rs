@@ -102,8 +102,8 @@ fn exchange(args: &SendArgs) -> Result<i32, Box<dyn std::error::Error>> {
     for line in BufReader::new(stream).lines() {
         let line = line.map_err(|e| match e.kind() {
             std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => format!(
-                "timed out after {} waiting for the outcome (--timeout)",
-                args.timeout
+                "timed out after {} s waiting for the outcome (--timeout)",
+                args.timeout.0
             ),
             std::io::ErrorKind::InvalidData => {
                 format!(
