@@ -7,18 +7,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::AgentFactory;
-use crate::child::{self, AgentEnv};
-use crate::core::{CoreConfig, Tunables};
-use crate::exec::{ExecAgent, ExecOptions};
-use crate::journal::JournalConfig;
-use crate::openai::{
+use crate::agents::child::{self, AgentEnv};
+use crate::agents::exec::{ExecAgent, ExecOptions};
+use crate::agents::openai::{
     ApiKey, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HISTORY_CHARS, DEFAULT_HISTORY_TURNS,
     DEFAULT_READ_TIMEOUT, OpenAiConfig, OpenAiFactory, TlsRoots,
 };
+use crate::agents::process::{self, ProcessAgent, ProcessOptions};
+use crate::core::{CoreConfig, Tunables};
+use crate::journal::JournalConfig;
 use crate::ops::http::{self, DEFAULT_HTTP_LISTEN, HttpConfig, HttpServer};
 use crate::ops::notify::SdNotify;
 use crate::ops::{Ops, Reload, ReloadApplier, ReloadLoader, SwappableFactory};
-use crate::process::{self, ProcessAgent, ProcessOptions};
 use crate::reactor::DEFAULT_PARTIAL_INTERVAL;
 use crate::server::{BridgeConfig, BridgeServer, ServerConfig};
 use crate::{Builder, BusyMode, EchoAgent, Handle, Runtime};

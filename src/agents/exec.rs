@@ -1,4 +1,4 @@
-//! The exec agent: each turn runs a shell command, contained ([`crate::child`]), with the
+//! The exec agent: each turn runs a shell command, contained ([`crate::agents::child`]), with the
 //! turn's text on stdin and the reply read from stdout. This is how a one-shot LLM agent (any
 //! CLI or script) plugs into the gateway.
 //!
@@ -13,7 +13,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
 
 use crate::agent::{Agent, AgentFactory, CancelToken, TurnError, TurnInput};
-use crate::child::{
+use crate::agents::child::{
     self, AgentEnv, ContainedChild, Exit, OutputBuf, READ_BUDGET, ReadState, Wake, pollin,
     readable, write_some,
 };

@@ -3,7 +3,7 @@
 //! idle TTL, eviction, `/new` and `close()` exist for: a Python SDK, a node tool, anything
 //! with expensive start-up or memory plugs in without Rust.
 //!
-//! The process is contained like every agent command ([`crate::child`]). The factory starts
+//! The process is contained like every agent command ([`crate::agents::child`]). The factory starts
 //! it on a turn worker; `close()` asks it to leave (`close`, then end of stdin), then
 //! terminates and kills its tree. A process that dies, or breaks the protocol, fails the
 //! running turn; the agent remembers that and starts a fresh process on the session's next
@@ -22,7 +22,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::agent::{Agent, AgentFactory, CancelToken, TurnError, TurnInput};
-use crate::child::{
+use crate::agents::child::{
     self, AgentEnv, ContainedChild, LineBuf, READ_BUDGET, ReadState, Wake, pollin, write_some,
 };
 use crate::message::SessionKey;
