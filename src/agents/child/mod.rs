@@ -40,6 +40,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub(crate) use bounded::{LineBuf, OutputBuf, READ_BUDGET, ReadState, log_stderr};
+// The binary's (feature `cli`).
+#[cfg_attr(not(feature = "cli"), allow(unused_imports))]
 pub(crate) use registry::{become_subreaper, kill_all, kill_all_at_exit};
 pub(crate) use sys::{Wake, poll, pollin, readable, set_nonblocking, write_some};
 
