@@ -43,6 +43,8 @@ use sse::{Event, SseError, SseReader};
 use transport::{CancellableConnector, is_cancel_error};
 
 pub use config::{ApiKey, OpenAiConfig, TlsRoots};
+// The defaults `turnstile serve` shows in its help (feature `cli`).
+#[cfg_attr(not(feature = "cli"), allow(unused_imports))]
 pub(crate) use config::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_HISTORY_CHARS, DEFAULT_HISTORY_TURNS, DEFAULT_READ_TIMEOUT,
 };
