@@ -28,7 +28,7 @@ mod transport;
 use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
-use std::io::{BufReader, Read};
+use std::io::{BufRead, BufReader, Read};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -396,34 +396,8 @@ impl OpenAiAgent {
             if cancel.is_cancelled() {
                 return Err(Stop::Cancelled);
             }
-            let data = match events.next_event() {
-                Ok(Some(d)) => d,
-                Ok(None) => break,
-                Err(_) if cancel.is_cancelled() => return Err(Stop::Cancelled),
-                Err(SseError::Io(e)) => {
-                    let e = ureq::Error::from(e);
-                    if is_cancel_error(&e) {
-                        return Err(Stop::Cancelled);
-                    }
-                    return fail(format!(
-                        "the stream from {url} broke after {} bytes of reply: {}",
-                        text.len(),
-                        describe(&e, url)
-                    ));
-                }
-                Err(SseError::LineTooLong(n)) => {
-                    return fail(format!(
-                        "malformed stream from {url}: a line longer than {n} bytes"
-                    ));
-                }
-                Err(SseError::TooMuch(n)) => {
-                    return fail(format!(
-                        "the stream from {url} went past {n} bytes without finishing"
-                    ));
-                }
-                Err(SseError::NotUtf8) => {
-                    return fail(format!("malformed stream from {url}: a line is not UTF-8"));
-                }
+            let Some(data) = next_data(&mut events, cancel, url, text.len())? else {
+                break;
             };
             count += 1;
             let chunk = match sse::decode(&data) {
@@ -470,17 +444,7 @@ impl OpenAiAgent {
                 text.len()
             ));
         }
-        // Read the end of the body (normally already sent) so the connection can be
-        // reused; a server that keeps it open gets half a second, then it is closed.
-        let _short = transport::watch(cancel, cfg.connect_timeout, Duration::from_millis(500));
-        let mut sink = [0u8; 512];
-        let mut inner = events.into_inner();
-        for _ in 0..64 {
-            match inner.read(&mut sink) {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
-            }
-        }
+        drain_end(events.into_inner(), cancel, cfg.connect_timeout);
         Ok(Streamed { text, usage })
     }
 }
@@ -544,6 +508,53 @@ impl Agent for OpenAiAgent {
         }
         Ok(())
     }
+}
+
+/// The next event's data of the stream; `None` at its end. `received`: bytes of reply so
+/// far, for the error text.
+fn next_data<R: BufRead>(
+    events: &mut SseReader<R>,
+    cancel: &CancelToken,
+    url: &str,
+    received: usize,
+) -> Result<Option<String>, Stop> {
+    let fail = |why: String| Err(Stop::Failed(why));
+    match events.next_event() {
+        Ok(data) => Ok(data),
+        Err(_) if cancel.is_cancelled() => Err(Stop::Cancelled),
+        Err(SseError::Io(e)) => {
+            let e = ureq::Error::from(e);
+            if is_cancel_error(&e) {
+                return Err(Stop::Cancelled);
+            }
+            fail(format!(
+                "the stream from {url} broke after {received} bytes of reply: {}",
+                describe(&e, url)
+            ))
+        }
+        Err(SseError::LineTooLong(n)) => fail(format!(
+            "malformed stream from {url}: a line longer than {n} bytes"
+        )),
+        Err(SseError::TooMuch(n)) => fail(format!(
+            "the stream from {url} went past {n} bytes without finishing"
+        )),
+        Err(SseError::NotUtf8) => fail(format!("malformed stream from {url}: a line is not UTF-8")),
+    }
+}
+
+/// Reads the end of the body (normally already sent) so the connection can be reused; a
+/// server that keeps it open gets half a second, then it is closed.
+fn drain_end(mut body: impl Read, cancel: &CancelToken, connect_timeout: Duration) {
+    let _short = transport::watch(cancel, connect_timeout, Duration::from_millis(500));
+    let mut sink = [0u8; 512];
+    for _ in 0..64 {
+        match body.read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+    // The body goes back (or is closed) while the short watch still holds.
+    drop(body);
 }
 
 /// A user-facing description of a request error (never containing headers).
