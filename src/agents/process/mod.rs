@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 
 use crate::agent::{Agent, AgentFactory, CancelToken, TurnError, TurnInput};
 use crate::agents::child::{
-    self, AgentEnv, ContainedChild, LineBuf, READ_BUDGET, ReadState, pollin, write_some,
+    self, AgentEnv, ContainedChild, Exit, LineBuf, READ_BUDGET, ReadState, pollin, write_some,
 };
 use crate::message::SessionKey;
 use crate::reactor::DEFAULT_MAX_REPLY_BYTES;
@@ -271,75 +271,87 @@ impl Agent for ProcessAgent {
             self.discard();
             return Ok(());
         }
-        live.queue(&json!({"op": "close"}));
         let grace = self.options.close_grace;
+        let result = match live.ask_to_leave(grace) {
+            Some(e) if e.success() => Ok(()),
+            Some(e) => Err(format!("agent process {e} on close")),
+            None => Err(live.terminate(s, grace)),
+        };
+        // Whatever is left of the tree (processes the agent started and left) goes too.
+        self.discard();
+        result
+    }
+}
+
+impl Live {
+    /// Sends `close`, then ends stdin, and waits up to `grace` for the process to exit.
+    fn ask_to_leave(&mut self, grace: Duration) -> Option<Exit> {
+        self.queue(&json!({"op": "close"}));
         let deadline = Instant::now() + grace;
-        let mut exit = None;
         let mut stdout_open = true;
         while Instant::now() < deadline {
-            live.flush();
-            if live.pending.is_empty() {
+            self.flush();
+            if self.pending.is_empty() {
                 // End of input: the other way to say close.
-                live.stdin = None;
+                self.stdin = None;
             }
             // Keep reading (and discarding) so a process that writes on its way out never
             // blocks on a full pipe; one pass per iteration, so the deadline holds.
             if stdout_open {
-                match live.lines.read_from(&mut live.stdout, READ_BUDGET) {
-                    Ok(ReadState::More | ReadState::WouldBlock) => {}
-                    Ok(ReadState::Eof) | Err(_) => stdout_open = false,
-                }
-                while let Some(line) = live.lines.next_line() {
-                    if line.is_err() {
-                        // An overlong line: stop reading; the kill below ends it if need be.
-                        stdout_open = false;
-                        break;
-                    }
-                }
+                stdout_open = self.discard_output();
             }
-            exit = live.child.try_exit();
+            let exit = self.child.try_exit();
             if exit.is_some() {
-                break;
+                return exit;
             }
             let mut fds = Vec::with_capacity(3);
-            if let Some(fd) = live.child.exit_fd() {
+            if let Some(fd) = self.child.exit_fd() {
                 fds.push(pollin(fd));
             }
             if stdout_open {
-                fds.push(pollin(live.stdout.as_raw_fd()));
+                fds.push(pollin(self.stdout.as_raw_fd()));
             }
-            if let Some(p) = live.pollout() {
+            if let Some(p) = self.pollout() {
                 fds.push(p);
             }
             let left = deadline.saturating_duration_since(Instant::now());
             let _ = child::poll(&mut fds, Some(left));
         }
-        let result = match exit {
-            Some(e) if e.success() => Ok(()),
-            Some(e) => Err(format!("agent process {e} on close")),
-            None => {
-                let n = live.child.signal_descendants(libc::SIGTERM);
-                log::warn!(
-                    "session {s}: agent process did not exit within {grace:?} of close; sent SIGTERM to {n} process(es)"
-                );
-                let term_deadline = Instant::now() + TERM_GRACE;
-                let left = || term_deadline.saturating_duration_since(Instant::now());
-                if live.child.wait_exit(left()).is_some()
-                    && live.child.wait_descendants_gone(left())
-                {
-                    Err(format!(
-                        "agent process ignored close for {grace:?}; terminated"
-                    ))
-                } else {
-                    Err(format!(
-                        "agent process ignored close for {grace:?} and SIGTERM for {TERM_GRACE:?}; killed"
-                    ))
-                }
-            }
+        None
+    }
+
+    /// One read pass of stdout, its lines dropped; false once there is nothing more to read
+    /// (end of file, an error, or an overlong line: the kill ends it if need be).
+    fn discard_output(&mut self) -> bool {
+        let mut open = match self.lines.read_from(&mut self.stdout, READ_BUDGET) {
+            Ok(ReadState::More | ReadState::WouldBlock) => true,
+            Ok(ReadState::Eof) | Err(_) => false,
         };
-        // Whatever is left of the tree (processes the agent started and left) goes too.
-        self.discard();
-        result
+        while let Some(line) = self.lines.next_line() {
+            if line.is_err() {
+                open = false;
+                break;
+            }
+        }
+        open
+    }
+
+    /// After `close` went unheeded for `grace`: SIGTERM to the tree, [`TERM_GRACE`] to exit;
+    /// the error saying how it ended (the kill follows).
+    fn terminate(&mut self, s: &SessionKey, grace: Duration) -> String {
+        let n = self.child.signal_descendants(libc::SIGTERM);
+        log::warn!(
+            "session {s}: agent process did not exit within {grace:?} of close; sent SIGTERM to {n} process(es)"
+        );
+        let term_deadline = Instant::now() + TERM_GRACE;
+        let left = || term_deadline.saturating_duration_since(Instant::now());
+        if self.child.wait_exit(left()).is_some() && self.child.wait_descendants_gone(left()) {
+            format!("agent process ignored close for {grace:?}; terminated")
+        } else {
+            format!(
+                "agent process ignored close for {grace:?} and SIGTERM for {TERM_GRACE:?}; killed"
+            )
+        }
     }
 }
 
