@@ -311,30 +311,11 @@ impl OpenAiAgent {
             if (200..300).contains(&status) {
                 return self.stream(response, input, cancel);
             }
-            let retry_after = response
-                .headers()
-                .get("retry-after")
-                .and_then(|v| v.to_str().ok())
-                .and_then(parse_retry_after);
-            let message = {
-                let mut body = response.into_body();
-                let text = body
-                    .with_config()
-                    .limit(MAX_ERROR_BODY)
-                    .lossy_utf8(true)
-                    .read_to_string();
-                if cancel.is_cancelled() {
-                    return Err(Stop::Cancelled);
-                }
-                text.ok().and_then(|t| sse::error_message(&t))
-            };
-            let reason = message.clone().unwrap_or_else(|| {
-                ureq::http::StatusCode::from_u16(status)
-                    .ok()
-                    .and_then(|s| s.canonical_reason())
-                    .unwrap_or("error")
-                    .to_owned()
-            });
+            let Refused {
+                retry_after,
+                message,
+                reason,
+            } = Refused::read(response, status, cancel)?;
             let retryable = status == 429 || (500..600).contains(&status);
             if retryable && attempt < cfg.max_retries {
                 let Some(wait) = retry_wait(attempt, retry_after, cfg) else {
@@ -357,17 +338,7 @@ impl OpenAiAgent {
                 }
                 continue;
             }
-            let mut text = format!("{status} {reason} (from {url}");
-            if status == 404 && message.is_none() {
-                text.push_str(&format!(
-                    "; check the base URL and the model {:?}",
-                    cfg.model
-                ));
-            }
-            if attempt > 0 {
-                text.push_str(&format!("; gave up after {attempt} retries"));
-            }
-            text.push(')');
+            let text = give_up_text(status, &reason, message.is_some(), url, cfg, attempt);
             return Err(Stop::Failed(text));
         }
     }
@@ -508,6 +479,74 @@ impl Agent for OpenAiAgent {
         }
         Ok(())
     }
+}
+
+/// A non-2xx answer: its `Retry-After`, the message of its error body, and the reason shown
+/// (that message, or the status's canonical reason).
+struct Refused {
+    retry_after: Option<Duration>,
+    message: Option<String>,
+    reason: String,
+}
+
+impl Refused {
+    /// Reads the answer's headers and (bounded) body.
+    fn read(
+        response: ureq::http::Response<ureq::Body>,
+        status: u16,
+        cancel: &CancelToken,
+    ) -> Result<Refused, Stop> {
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_retry_after);
+        let mut body = response.into_body();
+        let text = body
+            .with_config()
+            .limit(MAX_ERROR_BODY)
+            .lossy_utf8(true)
+            .read_to_string();
+        if cancel.is_cancelled() {
+            return Err(Stop::Cancelled);
+        }
+        let message = text.ok().and_then(|t| sse::error_message(&t));
+        let reason = message.clone().unwrap_or_else(|| {
+            ureq::http::StatusCode::from_u16(status)
+                .ok()
+                .and_then(|s| s.canonical_reason())
+                .unwrap_or("error")
+                .to_owned()
+        });
+        Ok(Refused {
+            retry_after,
+            message,
+            reason,
+        })
+    }
+}
+
+/// The failure text of a refused request not (or no longer) retried.
+fn give_up_text(
+    status: u16,
+    reason: &str,
+    has_message: bool,
+    url: &str,
+    cfg: &OpenAiConfig,
+    attempt: u32,
+) -> String {
+    let mut text = format!("{status} {reason} (from {url}");
+    if status == 404 && !has_message {
+        text.push_str(&format!(
+            "; check the base URL and the model {:?}",
+            cfg.model
+        ));
+    }
+    if attempt > 0 {
+        text.push_str(&format!("; gave up after {attempt} retries"));
+    }
+    text.push(')');
+    text
 }
 
 /// The next event's data of the stream; `None` at its end. `received`: bytes of reply so
