@@ -54,14 +54,12 @@
 compile_error!("turnstile runs on Linux only (it uses timerfd, pidfd, process groups and /proc)");
 
 mod agent;
+mod agents;
 mod auth;
-#[cfg_attr(not(feature = "cli"), allow(dead_code))]
-mod child;
 #[cfg(feature = "cli")]
 #[doc(hidden)]
 pub mod cli;
 mod core;
-mod exec;
 mod histogram;
 mod journal;
 mod key;
@@ -70,13 +68,11 @@ mod liveness;
 #[cfg_attr(not(feature = "cli"), allow(dead_code))]
 mod logfmt;
 mod message;
-mod openai;
 // The operations endpoint, systemd notification and the containment sweep at exit are the
 // binary's (feature `cli`); without it they are compiled but unused.
 #[cfg_attr(not(feature = "cli"), allow(dead_code))]
 mod ops;
 mod pool;
-mod process;
 mod reactor;
 mod server;
 #[cfg_attr(not(feature = "cli"), allow(dead_code))]
@@ -87,11 +83,14 @@ pub use agent::{
     Agent, AgentFactory, AgentUsage, CancelToken, EchoAgent, FnFactory, Partials, TurnError,
     TurnInput,
 };
+pub use agents::exec::{ExecAgent, ExecOptions};
+#[cfg(feature = "openai")]
+pub use agents::openai::{ApiKey, OpenAiAgent, OpenAiConfig, OpenAiFactory, TlsRoots};
+pub use agents::process::{ProcessAgent, ProcessOptions};
 pub use core::{
     AcceptState, BusyMode, CancelReason, CoreConfig, EventKind, FailReason, MessageEvent, Outcome,
     RejectReason, Reply, ShutdownReport, TurnId,
 };
-pub use exec::{ExecAgent, ExecOptions};
 #[cfg(feature = "sqlite")]
 pub use journal::SqliteStore;
 pub use journal::{
@@ -102,8 +101,6 @@ pub use liveness::{
     RuntimeState, Status,
 };
 pub use message::{Body, ChatType, Command, InvalidInput, Message, MessageContext, SessionKey};
-pub use openai::{ApiKey, OpenAiAgent, OpenAiConfig, OpenAiFactory, TlsRoots};
-pub use process::{ProcessAgent, ProcessOptions};
 pub use reactor::{
     BuildError, Builder, Ctx, EventSink, Events, FIRST_RESERVED_TOKEN, Frontend, Handle,
     NoFrontend, Runtime, SubmitError,
@@ -162,15 +159,16 @@ pub mod internal {
     }
     /// The exec agent.
     pub mod exec {
-        pub use crate::exec::{ExecAgent, ExecOptions};
+        pub use crate::agents::exec::{ExecAgent, ExecOptions};
     }
     /// The process agent.
     pub mod process {
-        pub use crate::process::{ProcessAgent, ProcessOptions};
+        pub use crate::agents::process::{ProcessAgent, ProcessOptions};
     }
     /// The OpenAI agent.
+    #[cfg(feature = "openai")]
     pub mod openai {
-        pub use crate::openai::{ApiKey, OpenAiConfig, OpenAiFactory};
+        pub use crate::agents::openai::{ApiKey, OpenAiConfig, OpenAiFactory};
     }
     /// The reactor's defaults.
     pub mod reactor {

@@ -6,13 +6,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::BusyMode;
-use crate::cli::units::{Bytes, ListenAddr, Seconds};
-use crate::core::CoreConfig;
-use crate::openai::{
+use crate::agents::openai::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_HISTORY_CHARS, DEFAULT_HISTORY_TURNS, DEFAULT_READ_TIMEOUT,
 };
+use crate::agents::process::{self};
+use crate::cli::units::{Bytes, ListenAddr, Seconds};
+use crate::core::CoreConfig;
 use crate::ops::http::{self, DEFAULT_HTTP_LISTEN};
-use crate::process::{self};
 use crate::reactor::DEFAULT_PARTIAL_INTERVAL;
 use crate::server::BridgeConfig;
 use clap::{Args, ValueEnum};

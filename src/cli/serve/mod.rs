@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::child::{self};
+use crate::agents::child::{self};
 use crate::journal::JournalConfig;
 use crate::ops::http::HttpServer;
 use crate::ops::systemd::SdNotify;

@@ -4,11 +4,11 @@ use std::sync::{Arc, Mutex};
 
 use crate::AgentFactory;
 use crate::EchoAgent;
+use crate::agents::exec::{ExecAgent, ExecOptions};
+use crate::agents::openai::OpenAiFactory;
+use crate::agents::process::{ProcessAgent, ProcessOptions};
 use crate::core::Tunables;
-use crate::exec::{ExecAgent, ExecOptions};
-use crate::openai::OpenAiFactory;
 use crate::ops::{Reload, ReloadLoader};
-use crate::process::{ProcessAgent, ProcessOptions};
 
 use super::args::{AgentKind, ServeArgs};
 use super::settings::{Settings, resolve};

@@ -6,14 +6,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::BusyMode;
-use crate::child::AgentEnv;
-use crate::core::CoreConfig;
-use crate::openai::{
+use crate::agents::child::AgentEnv;
+use crate::agents::openai::{
     ApiKey, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HISTORY_CHARS, DEFAULT_HISTORY_TURNS,
     DEFAULT_READ_TIMEOUT, OpenAiConfig, TlsRoots,
 };
+use crate::agents::process::{self};
+use crate::core::CoreConfig;
 use crate::ops::http::{self, DEFAULT_HTTP_LISTEN, HttpConfig};
-use crate::process::{self};
 use crate::reactor::DEFAULT_PARTIAL_INTERVAL;
 use crate::server::BridgeConfig;
 

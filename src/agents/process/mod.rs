@@ -3,7 +3,7 @@
 //! idle TTL, eviction, `/new` and `close()` exist for: a Python SDK, a node tool, anything
 //! with expensive start-up or memory plugs in without Rust.
 //!
-//! The process is contained like every agent command ([`crate::child`]). The factory starts
+//! The process is contained like every agent command ([`crate::agents::child`]). The factory starts
 //! it on a turn worker; `close()` asks it to leave (`close`, then end of stdin), then
 //! terminates and kills its tree. A process that dies, or breaks the protocol, fails the
 //! running turn; the agent remembers that and starts a fresh process on the session's next
@@ -18,15 +18,17 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::agent::{Agent, AgentFactory, CancelToken, TurnError, TurnInput};
-use crate::child::{
-    self, AgentEnv, ContainedChild, LineBuf, READ_BUDGET, ReadState, Wake, pollin, write_some,
+use crate::agents::child::{
+    self, AgentEnv, ContainedChild, Exit, LineBuf, READ_BUDGET, ReadState, pollin, write_some,
 };
 use crate::message::SessionKey;
 use crate::reactor::DEFAULT_MAX_REPLY_BYTES;
+use turn::Ended;
+
+mod turn;
 
 /// Default longest line an agent process may write: 4 MiB.
 pub(crate) const DEFAULT_MAX_LINE_BYTES: usize = 4 << 20;
@@ -41,10 +43,6 @@ pub(crate) const TERM_GRACE: Duration = Duration::from_secs(2);
 #[cfg_attr(not(feature = "cli"), allow(dead_code))]
 pub(crate) const CLOSE_OVERHEAD: Duration =
     Duration::from_secs(TERM_GRACE.as_secs() + child::KILL_MAX.as_secs());
-/// Longest `error` message passed on to the chat.
-const ERROR_TEXT_MAX: usize = 2048;
-/// Bytes queued for a process that does not read its stdin, past which it is replaced.
-const MAX_UNREAD_STDIN: usize = 16 << 20;
 
 /// Settings of process agents.
 #[derive(Clone, Debug)]
@@ -77,27 +75,6 @@ impl ProcessOptions {
             close_grace: DEFAULT_CLOSE_GRACE,
         }
     }
-}
-
-/// A line from the agent process.
-#[derive(Debug, Deserialize, PartialEq)]
-#[serde(tag = "op", rename_all = "lowercase")]
-enum FromAgent {
-    Partial {
-        id: String,
-        text: String,
-    },
-    Reply {
-        id: String,
-        text: String,
-    },
-    Error {
-        id: String,
-        message: String,
-    },
-    /// Any other op: ignored, so the protocol can grow.
-    #[serde(other)]
-    Unknown,
 }
 
 /// The running process and the gateway's ends of its pipes.
@@ -142,10 +119,6 @@ impl Live {
         })
     }
 }
-
-/// Read passes allowed after the process has exited, for what it wrote before: a detached
-/// process flooding the pipe must not hold the turn.
-const PASSES_AFTER_EXIT: usize = 64;
 
 /// One long-lived process per session.
 pub struct ProcessAgent {
@@ -244,6 +217,7 @@ impl ProcessAgent {
         Ok(())
     }
 
+    /// Runs one turn on the live process. `Err`: the process is unusable, to be replaced.
     fn run_turn(
         &mut self,
         input: &TurnInput<'_>,
@@ -252,139 +226,19 @@ impl ProcessAgent {
         let Some(live) = &mut self.live else {
             return Err("no agent process".into());
         };
-        let id = input.message_id;
-        let context = input.context;
-        let meta = context
-            .meta
-            .as_deref()
-            .and_then(|m| serde_json::from_str::<Value>(m).ok())
-            .unwrap_or_else(|| json!({}));
-        let s = input.session;
-        live.queue(&json!({
-            "op": "turn",
-            "id": id,
-            "session": s.as_str(),
-            "text": input.text,
-            "user_id": context.user_id.as_deref().or(s.user_id()),
-            "user_name": context.user_name.as_deref(),
-            "meta": meta,
-            "platform": s.platform(),
-            "chat_id": s.chat_id(),
-            "chat_type": s.chat_type().as_str(),
-            "thread_id": s.thread_id(),
-        }));
-        if live.pending.len() > MAX_UNREAD_STDIN {
-            return Err(format!(
-                "the agent process left more than {MAX_UNREAD_STDIN} bytes of its stdin unread"
-            ));
-        }
-        let wake = Arc::new(Wake::new().map_err(|e| format!("eventfd: {e}"))?);
-        {
-            let wake = Arc::clone(&wake);
-            cancel.on_cancel(move || wake.signal());
-        }
-        // Set once `cancel` is sent: past it the process tree is killed.
-        let mut kill_at: Option<Instant> = None;
-        let mut eof = false;
-        let mut passes_after_exit = 0;
-        loop {
-            live.flush();
-            let mut state = ReadState::WouldBlock;
-            if !eof {
-                state = live
-                    .lines
-                    .read_from(&mut live.stdout, READ_BUDGET)
-                    .map_err(|e| format!("reading the agent's stdout: {e}"))?;
-                eof = state == ReadState::Eof;
-            }
-            while let Some(line) = live.lines.next_line() {
-                let line = line.map_err(|e| {
-                    format!(
-                        "agent protocol error: the agent wrote a line longer than {} bytes",
-                        e.max
-                    )
-                })?;
-                let msg = serde_json::from_slice::<FromAgent>(&line).map_err(|e| {
-                    format!("agent protocol error: not a valid message line from the agent: {e}")
-                })?;
-                match msg {
-                    FromAgent::Partial { id: i, text } if i == id => {
-                        if kill_at.is_none() {
-                            let shown = crate::text::prefix(&text, self.options.max_reply_bytes);
-                            input.partials.publish(shown);
-                        }
-                    }
-                    FromAgent::Reply { id: i, text } if i == id => {
-                        live.answered = true;
-                        return Ok(Ok(text));
-                    }
-                    FromAgent::Error { id: i, message } if i == id => {
-                        live.answered = true;
-                        if kill_at.is_some() {
-                            return Ok(Err(TurnError::Cancelled));
-                        }
-                        return Ok(Err(TurnError::Failed(bounded(message))));
-                    }
-                    FromAgent::Unknown => {}
-                    other => {
-                        log::debug!("session {s}: agent line for another turn ignored: {other:?}")
-                    }
-                }
-            }
-            if let Some(exit) = live.child.try_exit() {
-                // Everything the process wrote before it exited is in the pipe: one more
-                // pass after the exit is seen (it may have come right after a read), more
-                // while a pass still finds data, within a bound.
-                passes_after_exit += 1;
-                if passes_after_exit == 1
-                    || (state == ReadState::More && passes_after_exit < PASSES_AFTER_EXIT)
-                {
-                    continue;
-                }
-                return Err(format!("agent process {exit}"));
-            }
-            if state == ReadState::More {
-                continue;
-            }
-            if kill_at.is_none() && cancel.is_cancelled() {
-                live.queue(&json!({"op": "cancel", "id": id}));
-                live.flush();
-                kill_at = Some(Instant::now() + self.options.stop_grace * 3 / 4);
-            }
-            if let Some(at) = kill_at
-                && Instant::now() >= at
-            {
+        match turn::run(live, input, cancel, &self.options)? {
+            Ended::Answered(result) => Ok(result),
+            Ended::CancelIgnored => {
                 log::warn!(
-                    "session {s}: agent process did not answer cancel within {:?}; killing its process tree",
+                    "session {}: agent process did not answer cancel within {:?}; killing its process tree",
+                    input.session,
                     self.options.stop_grace * 3 / 4
                 );
                 self.discard();
-                return Ok(Err(TurnError::Cancelled));
+                Ok(Err(TurnError::Cancelled))
             }
-            let mut fds = Vec::with_capacity(4);
-            if let Some(fd) = live.child.exit_fd() {
-                fds.push(pollin(fd));
-            }
-            if !eof {
-                fds.push(pollin(live.stdout.as_raw_fd()));
-            }
-            if kill_at.is_none() {
-                fds.push(pollin(wake.fd()));
-            }
-            if let Some(p) = live.pollout() {
-                fds.push(p);
-            }
-            let timeout = kill_at.map(|at| at.saturating_duration_since(Instant::now()));
-            child::poll(&mut fds, timeout).map_err(|e| format!("poll: {e}"))?;
         }
     }
-}
-
-fn bounded(mut text: String) -> String {
-    if crate::text::truncate(&mut text, ERROR_TEXT_MAX) {
-        text.push('…');
-    }
-    text
 }
 
 impl Agent for ProcessAgent {
@@ -417,75 +271,87 @@ impl Agent for ProcessAgent {
             self.discard();
             return Ok(());
         }
-        live.queue(&json!({"op": "close"}));
         let grace = self.options.close_grace;
+        let result = match live.ask_to_leave(grace) {
+            Some(e) if e.success() => Ok(()),
+            Some(e) => Err(format!("agent process {e} on close")),
+            None => Err(live.terminate(s, grace)),
+        };
+        // Whatever is left of the tree (processes the agent started and left) goes too.
+        self.discard();
+        result
+    }
+}
+
+impl Live {
+    /// Sends `close`, then ends stdin, and waits up to `grace` for the process to exit.
+    fn ask_to_leave(&mut self, grace: Duration) -> Option<Exit> {
+        self.queue(&json!({"op": "close"}));
         let deadline = Instant::now() + grace;
-        let mut exit = None;
         let mut stdout_open = true;
         while Instant::now() < deadline {
-            live.flush();
-            if live.pending.is_empty() {
+            self.flush();
+            if self.pending.is_empty() {
                 // End of input: the other way to say close.
-                live.stdin = None;
+                self.stdin = None;
             }
             // Keep reading (and discarding) so a process that writes on its way out never
             // blocks on a full pipe; one pass per iteration, so the deadline holds.
             if stdout_open {
-                match live.lines.read_from(&mut live.stdout, READ_BUDGET) {
-                    Ok(ReadState::More | ReadState::WouldBlock) => {}
-                    Ok(ReadState::Eof) | Err(_) => stdout_open = false,
-                }
-                while let Some(line) = live.lines.next_line() {
-                    if line.is_err() {
-                        // An overlong line: stop reading; the kill below ends it if need be.
-                        stdout_open = false;
-                        break;
-                    }
-                }
+                stdout_open = self.discard_output();
             }
-            exit = live.child.try_exit();
+            let exit = self.child.try_exit();
             if exit.is_some() {
-                break;
+                return exit;
             }
             let mut fds = Vec::with_capacity(3);
-            if let Some(fd) = live.child.exit_fd() {
+            if let Some(fd) = self.child.exit_fd() {
                 fds.push(pollin(fd));
             }
             if stdout_open {
-                fds.push(pollin(live.stdout.as_raw_fd()));
+                fds.push(pollin(self.stdout.as_raw_fd()));
             }
-            if let Some(p) = live.pollout() {
+            if let Some(p) = self.pollout() {
                 fds.push(p);
             }
             let left = deadline.saturating_duration_since(Instant::now());
             let _ = child::poll(&mut fds, Some(left));
         }
-        let result = match exit {
-            Some(e) if e.success() => Ok(()),
-            Some(e) => Err(format!("agent process {e} on close")),
-            None => {
-                let n = live.child.signal_descendants(libc::SIGTERM);
-                log::warn!(
-                    "session {s}: agent process did not exit within {grace:?} of close; sent SIGTERM to {n} process(es)"
-                );
-                let term_deadline = Instant::now() + TERM_GRACE;
-                let left = || term_deadline.saturating_duration_since(Instant::now());
-                if live.child.wait_exit(left()).is_some()
-                    && live.child.wait_descendants_gone(left())
-                {
-                    Err(format!(
-                        "agent process ignored close for {grace:?}; terminated"
-                    ))
-                } else {
-                    Err(format!(
-                        "agent process ignored close for {grace:?} and SIGTERM for {TERM_GRACE:?}; killed"
-                    ))
-                }
-            }
+        None
+    }
+
+    /// One read pass of stdout, its lines dropped; false once there is nothing more to read
+    /// (end of file, an error, or an overlong line: the kill ends it if need be).
+    fn discard_output(&mut self) -> bool {
+        let mut open = match self.lines.read_from(&mut self.stdout, READ_BUDGET) {
+            Ok(ReadState::More | ReadState::WouldBlock) => true,
+            Ok(ReadState::Eof) | Err(_) => false,
         };
-        // Whatever is left of the tree (processes the agent started and left) goes too.
-        self.discard();
-        result
+        while let Some(line) = self.lines.next_line() {
+            if line.is_err() {
+                open = false;
+                break;
+            }
+        }
+        open
+    }
+
+    /// After `close` went unheeded for `grace`: SIGTERM to the tree, [`TERM_GRACE`] to exit;
+    /// the error saying how it ended (the kill follows).
+    fn terminate(&mut self, s: &SessionKey, grace: Duration) -> String {
+        let n = self.child.signal_descendants(libc::SIGTERM);
+        log::warn!(
+            "session {s}: agent process did not exit within {grace:?} of close; sent SIGTERM to {n} process(es)"
+        );
+        let term_deadline = Instant::now() + TERM_GRACE;
+        let left = || term_deadline.saturating_duration_since(Instant::now());
+        if self.child.wait_exit(left()).is_some() && self.child.wait_descendants_gone(left()) {
+            format!("agent process ignored close for {grace:?}; terminated")
+        } else {
+            format!(
+                "agent process ignored close for {grace:?} and SIGTERM for {TERM_GRACE:?}; killed"
+            )
+        }
     }
 }
 
@@ -494,6 +360,7 @@ mod tests {
     use std::io::Read;
     use std::sync::Mutex;
 
+    use super::turn::{FromAgent, MAX_UNREAD_STDIN};
     use super::*;
     use crate::agent::Partials;
     use crate::message::MessageContext;

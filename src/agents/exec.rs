@@ -1,4 +1,4 @@
-//! The exec agent: each turn runs a shell command, contained ([`crate::child`]), with the
+//! The exec agent: each turn runs a shell command, contained ([`crate::agents::child`]), with the
 //! turn's text on stdin and the reply read from stdout. This is how a one-shot LLM agent (any
 //! CLI or script) plugs into the gateway.
 //!
@@ -8,12 +8,13 @@
 //! the pipe. Its stderr goes to the log with the session key, never to the chat. Processes a
 //! turn leaves running live in their contained tree until the agent is closed.
 
+use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
 
 use crate::agent::{Agent, AgentFactory, CancelToken, TurnError, TurnInput};
-use crate::child::{
+use crate::agents::child::{
     self, AgentEnv, ContainedChild, Exit, OutputBuf, READ_BUDGET, ReadState, Wake, pollin,
     readable, write_some,
 };
@@ -85,114 +86,29 @@ impl ExecAgent {
         // Trees whose leftovers have all exited need nothing more than their leader reaped.
         self.leftovers
             .retain_mut(|c| c.has_descendants() || !c.kill());
-        let s = input.session;
-        let user_id = input
-            .context
-            .user_id
-            .as_deref()
-            .or(s.user_id())
-            .unwrap_or("");
-        let vars = [
-            ("TURNSTILE_SESSION", s.as_str()),
-            ("TURNSTILE_MESSAGE_ID", input.message_id),
-            ("TURNSTILE_PLATFORM", s.platform()),
-            ("TURNSTILE_CHAT_ID", s.chat_id()),
-            ("TURNSTILE_USER_ID", user_id),
-            (
-                "TURNSTILE_USER_NAME",
-                input.context.user_name.as_deref().unwrap_or(""),
-            ),
-            ("TURNSTILE_CHAT_TYPE", s.chat_type().as_str()),
-            ("TURNSTILE_THREAD_ID", s.thread_id().unwrap_or("")),
-            (
-                "TURNSTILE_META",
-                input.context.meta.as_deref().unwrap_or(""),
-            ),
-        ];
-        let failed = |what: &str, e: io::Error| TurnError::Failed(format!("{what}: {e}"));
-        let env = self.options.env.build(&vars);
+        let env = self.options.env.build(&turn_vars(input));
         let mut child = ContainedChild::spawn(&self.command, &env)
             .map_err(|e| failed("cannot run agent command", e))?;
         if let Some(stderr) = child.stderr.take() {
-            child::log_stderr(stderr, s.clone());
+            child::log_stderr(stderr, input.session.clone());
         }
         let wake = Arc::new(Wake::new().map_err(|e| failed("eventfd", e))?);
         {
             let wake = Arc::clone(&wake);
             cancel.on_cancel(move || wake.signal());
         }
-        let mut stdin = child.stdin.take();
-        let mut pending = input.text.as_bytes().to_vec();
-        let mut written = 0;
-        if pending.is_empty() {
-            stdin = None;
-        }
-        let mut stdout = child.stdout.take();
-        for fd in stdin
-            .iter()
-            .map(|f| f.as_fd())
-            .chain(stdout.iter().map(|f| f.as_fd()))
-        {
-            child::set_nonblocking(fd).map_err(|e| failed("agent pipes", e))?;
-        }
+        let mut pipes = Pipes::take(&mut child, input.text)?;
         // A few bytes past the cap, so the worker sees (and flags) the cut.
         let mut out = OutputBuf::new(self.options.max_output_bytes.saturating_add(4));
-        let exit = loop {
-            if let Some(exit) = child.try_exit() {
-                break exit;
-            }
-            let Some(exit_fd) = child.exit_fd() else {
-                continue;
-            };
-            let mut fds = vec![pollin(wake.fd()), pollin(exit_fd)];
-            if let Some(f) = &stdout {
-                fds.push(pollin(f.as_raw_fd()));
-            }
-            if let Some(f) = &stdin {
-                fds.push(libc::pollfd {
-                    fd: f.as_raw_fd(),
-                    events: libc::POLLOUT,
-                    revents: 0,
-                });
-            }
-            child::poll(&mut fds, None).map_err(|e| failed("poll", e))?;
-            if readable(&fds[0]) {
-                // The cancel path kills the whole tree, detached processes included.
-                child.kill();
-                return Err(TurnError::Cancelled);
-            }
-            let mut i = 2;
-            if let Some(f) = &mut stdout {
-                if readable(&fds[i])
-                    && out
-                        .read_from(f, READ_BUDGET)
-                        .map_or(true, |st| st == ReadState::Eof)
-                {
-                    stdout = None;
-                }
-                i += 1;
-            }
-            if let Some(f) = &mut stdin
-                && fds[i].revents != 0
-            {
-                // Done, or the command closed its stdin: either way nothing more to write.
-                if !matches!(write_some(f, &mut pending, &mut written), Ok(false)) {
-                    stdin = None;
-                }
-            }
-        };
-        drop(stdin);
-        // Everything the command wrote before it exited is in the pipe now: take it without
-        // waiting for an end of file that a detached process holding the pipe would withhold.
-        if let Some(f) = &mut stdout {
-            // SAFETY: F_GETPIPE_SZ on a pipe fd we own.
-            let size = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETPIPE_SZ) };
-            let budget = usize::try_from(size)
-                .unwrap_or(READ_BUDGET)
-                .max(READ_BUDGET);
-            let _ = out.read_from(f, budget);
-        }
-        drop(stdout);
+        let exit = pipes.until_exit(&mut child, &wake, &mut out)?;
+        pipes.finish(&mut out);
+        self.keep_if_running(child, input.session);
+        Ok((exit, out))
+    }
+
+    /// Keeps a finished turn's tree while something of it still runs (killing the oldest
+    /// kept past [`MAX_LEFTOVER_TREES`]); otherwise reaps its leader now.
+    fn keep_if_running(&mut self, mut child: ContainedChild, s: &SessionKey) {
         if child.has_descendants() {
             if self.leftovers.len() >= MAX_LEFTOVER_TREES {
                 let mut oldest = self.leftovers.remove(0);
@@ -206,7 +122,151 @@ impl ExecAgent {
         } else {
             child.kill();
         }
-        Ok((exit, out))
+    }
+}
+
+/// A turn's failure to run the command.
+fn failed(what: &str, e: io::Error) -> TurnError {
+    TurnError::Failed(format!("{what}: {e}"))
+}
+
+/// The `TURNSTILE_*` variables of a turn.
+fn turn_vars<'a>(input: &TurnInput<'a>) -> [(&'static str, &'a str); 9] {
+    let s = input.session;
+    let user_id = input
+        .context
+        .user_id
+        .as_deref()
+        .or(s.user_id())
+        .unwrap_or("");
+    [
+        ("TURNSTILE_SESSION", s.as_str()),
+        ("TURNSTILE_MESSAGE_ID", input.message_id),
+        ("TURNSTILE_PLATFORM", s.platform()),
+        ("TURNSTILE_CHAT_ID", s.chat_id()),
+        ("TURNSTILE_USER_ID", user_id),
+        (
+            "TURNSTILE_USER_NAME",
+            input.context.user_name.as_deref().unwrap_or(""),
+        ),
+        ("TURNSTILE_CHAT_TYPE", s.chat_type().as_str()),
+        ("TURNSTILE_THREAD_ID", s.thread_id().unwrap_or("")),
+        (
+            "TURNSTILE_META",
+            input.context.meta.as_deref().unwrap_or(""),
+        ),
+    ]
+}
+
+/// The gateway's ends of a turn's stdin and stdout, both non-blocking.
+struct Pipes {
+    /// `None` once everything is written (or the command closed it).
+    stdin: Option<File>,
+    pending: Vec<u8>,
+    written: usize,
+    /// `None` at end of file.
+    stdout: Option<File>,
+}
+
+impl Pipes {
+    /// Takes the child's stdin (to write `text` to) and stdout.
+    fn take(child: &mut ContainedChild, text: &str) -> Result<Pipes, TurnError> {
+        let mut stdin = child.stdin.take();
+        let pending = text.as_bytes().to_vec();
+        if pending.is_empty() {
+            stdin = None;
+        }
+        let stdout = child.stdout.take();
+        for fd in stdin
+            .iter()
+            .map(|f| f.as_fd())
+            .chain(stdout.iter().map(|f| f.as_fd()))
+        {
+            child::set_nonblocking(fd).map_err(|e| failed("agent pipes", e))?;
+        }
+        Ok(Pipes {
+            stdin,
+            pending,
+            written: 0,
+            stdout,
+        })
+    }
+
+    /// Writes stdin and reads stdout into `out` until the command exits; a cancel (through
+    /// `wake`) kills the tree and ends the turn.
+    fn until_exit(
+        &mut self,
+        child: &mut ContainedChild,
+        wake: &Wake,
+        out: &mut OutputBuf,
+    ) -> Result<Exit, TurnError> {
+        loop {
+            if let Some(exit) = child.try_exit() {
+                return Ok(exit);
+            }
+            let Some(exit_fd) = child.exit_fd() else {
+                continue;
+            };
+            let mut fds = vec![pollin(wake.fd()), pollin(exit_fd)];
+            if let Some(f) = &self.stdout {
+                fds.push(pollin(f.as_raw_fd()));
+            }
+            if let Some(f) = &self.stdin {
+                fds.push(libc::pollfd {
+                    fd: f.as_raw_fd(),
+                    events: libc::POLLOUT,
+                    revents: 0,
+                });
+            }
+            child::poll(&mut fds, None).map_err(|e| failed("poll", e))?;
+            if readable(&fds[0]) {
+                // The cancel path kills the whole tree, detached processes included.
+                child.kill();
+                return Err(TurnError::Cancelled);
+            }
+            self.transfer(&fds[2..], out);
+        }
+    }
+
+    /// Reads and writes what `fds` (stdout's, then stdin's, if open) say is ready.
+    fn transfer(&mut self, fds: &[libc::pollfd], out: &mut OutputBuf) {
+        let mut i = 0;
+        if let Some(f) = &mut self.stdout {
+            if readable(&fds[i])
+                && out
+                    .read_from(f, READ_BUDGET)
+                    .map_or(true, |st| st == ReadState::Eof)
+            {
+                self.stdout = None;
+            }
+            i += 1;
+        }
+        if let Some(f) = &mut self.stdin
+            && fds[i].revents != 0
+        {
+            // Done, or the command closed its stdin: either way nothing more to write.
+            if !matches!(
+                write_some(f, &mut self.pending, &mut self.written),
+                Ok(false)
+            ) {
+                self.stdin = None;
+            }
+        }
+    }
+
+    /// After the exit: closes stdin, then takes what stdout holds and closes it.
+    fn finish(mut self, out: &mut OutputBuf) {
+        drop(self.stdin.take());
+        // Everything the command wrote before it exited is in the pipe now: take it without
+        // waiting for an end of file that a detached process holding the pipe would withhold.
+        if let Some(f) = &mut self.stdout {
+            // SAFETY: F_GETPIPE_SZ on a pipe fd we own.
+            let size = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETPIPE_SZ) };
+            let budget = usize::try_from(size)
+                .unwrap_or(READ_BUDGET)
+                .max(READ_BUDGET);
+            let _ = out.read_from(f, budget);
+        }
     }
 }
 

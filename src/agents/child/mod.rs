@@ -1,0 +1,341 @@
+//! Containment of agent processes, shared by the exec and the process agent.
+//!
+//! Every agent command runs under a **leader**: a `/bin/sh` wrapper that the gateway forks
+//! itself (not through `std::process`) with
+//! - a clean environment: only an allow-list ([`AgentEnv`]), never the gateway's secrets;
+//! - its own process group, and the **child-subreaper** attribute (`PR_SET_CHILD_SUBREAPER`,
+//!   which survives `exec`): whatever the command starts, even after `setsid` or a double
+//!   fork, is re-parented to the leader rather than to init, so it stays in the leader's tree;
+//! - stdin, stdout and stderr on pipes, and fd 3 on a private status pipe.
+//!
+//! The wrapper runs the command as its child (`/bin/sh -c CMD`), writes the command's exit
+//! status on fd 3, closes its pipes and idles (`exec sleep`). The gateway decides what happens
+//! to the tree: [`ContainedChild::kill`] walks it and kills every process in it, then the
+//! leader, then reaps.
+//!
+//! Two rules keep a recycled pid from ever being hit:
+//! - the gateway never signals a process group, and never reaps with `waitpid(-1)`;
+//! - the leader is the gateway's own child and stays unreaped until its tree is dead, so its
+//!   pid cannot be reused while the tree is walked; every other process is signalled through
+//!   a pidfd, opened first and then checked to still be the child of a process of the tree.
+//!
+//! The gateway binary also makes itself a child subreaper ([`become_subreaper`]): if an agent
+//! kills its own leader, what the leader held is re-parented to the gateway instead of init,
+//! and [`sweep_strays`] kills and reaps it. [`kill_all`] is for forced-exit paths.
+//!
+//! Linux only (pidfds: Linux 5.4 or later; `/proc/<pid>/task/<tid>/children`).
+
+mod bounded;
+mod registry;
+mod sys;
+#[cfg(test)]
+mod tests;
+mod tree;
+
+use std::fmt;
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub(crate) use bounded::{LineBuf, OutputBuf, READ_BUDGET, ReadState, log_stderr};
+// The binary's (feature `cli`).
+#[cfg_attr(not(feature = "cli"), allow(unused_imports))]
+pub(crate) use registry::{become_subreaper, kill_all, kill_all_at_exit};
+pub(crate) use sys::{Wake, poll, pollin, readable, set_nonblocking, write_some};
+
+use registry::{Leader, sweep_strays};
+use sys::{ChildFds, ExecArgs, pipe, reap, wait_exited};
+use tree::live_descendants;
+
+/// The leader: runs the command as its child with fd 3 closed, reports its status on fd 3,
+/// then idles holding nothing, so that the command's leftovers stay in its tree until the
+/// gateway kills it. `$1` is the command.
+const WRAPPER: &str = "/bin/sh -c \"$1\" 3>&-; echo $? >&3; exec 0</dev/null 1>/dev/null 2>&1 3>&-; exec sleep 2147483647";
+
+/// `PATH` given to agents when the gateway has none.
+const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+/// The longest [`ContainedChild::kill`] (and [`kill_all`]) waits.
+pub(crate) const KILL_MAX: Duration = Duration::from_secs(5);
+
+// ---- environment ------------------------------------------------------------------------
+
+/// The environment of agent processes: `PATH` (a default if the gateway has none), `HOME`
+/// and `LANG` if set, the names listed with `--agent-env`, and the `TURNSTILE_*` turn
+/// variables the agent adds. Nothing else of the gateway's environment is passed on: not
+/// `TURNSTILE_AUTH_TOKEN`, not a provider key the operator forgot about.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AgentEnv {
+    pass: Vec<String>,
+}
+
+impl AgentEnv {
+    /// An allow-list passing `names` through from the gateway's environment as well. Names
+    /// starting with `TURNSTILE_` are refused: that prefix is the gateway's own (its auth token,
+    /// and the turn variables it sets itself).
+    pub fn new<I, S>(names: I) -> Result<AgentEnv, String>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let mut pass = Vec::new();
+        for name in names {
+            let name = name.into();
+            if name.is_empty() || name.contains('=') || name.contains('\0') {
+                return Err(format!("--agent-env {name:?}: not a variable name"));
+            }
+            if name.starts_with("TURNSTILE_") {
+                return Err(format!(
+                    "--agent-env {name}: TURNSTILE_* variables are the gateway's own and never passed to agents"
+                ));
+            }
+            if !pass.contains(&name) {
+                pass.push(name);
+            }
+        }
+        Ok(AgentEnv { pass })
+    }
+
+    /// The full environment of one agent process: the allow-list read now, then `vars`.
+    pub fn build(&self, vars: &[(&str, &str)]) -> Vec<(String, String)> {
+        let mut env = Vec::new();
+        let path = std::env::var("PATH").unwrap_or_else(|_| DEFAULT_PATH.to_owned());
+        env.push(("PATH".to_owned(), path));
+        for name in ["HOME", "LANG"]
+            .into_iter()
+            .chain(self.pass.iter().map(String::as_str))
+        {
+            if let Ok(v) = std::env::var(name)
+                && !env.iter().any(|(k, _)| k == name)
+            {
+                env.push((name.to_owned(), v));
+            }
+        }
+        for (k, v) in vars {
+            env.retain(|(name, _)| name != k);
+            env.push(((*k).to_owned(), (*v).to_owned()));
+        }
+        env
+    }
+}
+
+// ---- the contained child ----------------------------------------------------------------
+
+/// How an agent command ended, as its leader reported it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Exit {
+    /// It exited with this status.
+    Code(i32),
+    /// A signal killed it (the shell reports 128 + the signal number).
+    Signal(i32),
+    /// Its leader died before reporting: the agent killed it.
+    Lost,
+}
+
+impl Exit {
+    /// Exit status 0.
+    pub(crate) fn success(self) -> bool {
+        self == Exit::Code(0)
+    }
+}
+
+impl fmt::Display for Exit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Exit::Code(c) => write!(f, "exit status {c}"),
+            Exit::Signal(s) => write!(f, "killed by signal {s}"),
+            Exit::Lost => f.write_str("exit status unknown (its supervising shell was killed)"),
+        }
+    }
+}
+
+/// One agent command under its leader. Dropping it kills the whole tree.
+#[derive(Debug)]
+pub(crate) struct ContainedChild {
+    leader: Arc<Leader>,
+    /// The command's stdin (blocking; make it non-blocking to write from a poll loop).
+    pub stdin: Option<File>,
+    /// The command's stdout.
+    pub stdout: Option<File>,
+    /// The command's stderr.
+    pub stderr: Option<File>,
+    status: Option<File>,
+    status_line: Vec<u8>,
+    exit: Option<Exit>,
+}
+
+impl ContainedChild {
+    /// Starts `command` under a new leader with exactly the environment `env`.
+    pub(crate) fn spawn(command: &str, env: &[(String, String)]) -> io::Result<ContainedChild> {
+        // Everything that allocates is done before fork: the child may only make system calls.
+        let args = ExecArgs::new(&["/bin/sh", "-c", WRAPPER, "turnstile-agent", command], env)?;
+        let (stdin_r, stdin_w) = pipe()?;
+        let (stdout_r, stdout_w) = pipe()?;
+        let (stderr_r, stderr_w) = pipe()?;
+        let (status_r, status_w) = pipe()?;
+        let (error_r, error_w) = pipe()?;
+        let fds = ChildFds {
+            stdin: stdin_r.as_raw_fd(),
+            stdout: stdout_w.as_raw_fd(),
+            stderr: stderr_w.as_raw_fd(),
+            status: status_w.as_raw_fd(),
+            error: error_w.as_raw_fd(),
+        };
+
+        sweep_strays();
+        let spawning = registry::spawning();
+        let pid = sys::fork_leader(&fds, &args)?;
+        drop((stdin_r, stdout_w, stderr_w, status_w, error_w));
+        let fd = sys::confirm_exec(pid, error_r)?;
+        let leader = registry::register(pid, fd);
+        drop(spawning);
+        let status = File::from(status_r);
+        set_nonblocking(status.as_fd())?;
+        Ok(ContainedChild {
+            leader,
+            stdin: Some(File::from(stdin_w)),
+            stdout: Some(File::from(stdout_r)),
+            stderr: Some(File::from(stderr_r)),
+            status: Some(status),
+            status_line: Vec::new(),
+            exit: None,
+        })
+    }
+
+    /// The leader's pid (the command runs as its child).
+    pub(crate) fn leader_pid(&self) -> i32 {
+        self.leader.pid
+    }
+
+    /// The fd to poll for the command's exit (readable once the leader reports, or dies);
+    /// `None` once the exit is known.
+    pub(crate) fn exit_fd(&self) -> Option<RawFd> {
+        self.status.as_ref().map(|f| f.as_raw_fd())
+    }
+
+    /// The command's exit, if the leader has reported it (never blocks).
+    pub(crate) fn try_exit(&mut self) -> Option<Exit> {
+        if self.exit.is_some() {
+            return self.exit;
+        }
+        let status = self.status.as_mut()?;
+        let mut buf = [0u8; 16];
+        let eof = loop {
+            match status.read(&mut buf) {
+                Ok(0) => break true,
+                Ok(n) => {
+                    if self.status_line.len() < 16 {
+                        self.status_line.extend_from_slice(&buf[..n]);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break false,
+            }
+        };
+        if let Some(end) = self.status_line.iter().position(|&b| b == b'\n') {
+            let code = std::str::from_utf8(&self.status_line[..end])
+                .ok()
+                .and_then(|s| s.trim().parse::<i32>().ok());
+            self.exit = Some(match code {
+                Some(c @ 129..=192) => Exit::Signal(c - 128),
+                Some(c) => Exit::Code(c),
+                None => Exit::Lost,
+            });
+        } else if eof {
+            self.exit = Some(Exit::Lost);
+        }
+        if self.exit.is_some() {
+            self.status = None;
+        }
+        self.exit
+    }
+
+    /// Waits up to `timeout` for the command's exit.
+    pub(crate) fn wait_exit(&mut self, timeout: Duration) -> Option<Exit> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(exit) = self.try_exit() {
+                return Some(exit);
+            }
+            let fd = self.exit_fd()?;
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            let mut p = [pollin(fd)];
+            if poll(&mut p, Some(deadline - now)).is_err() {
+                return None;
+            }
+        }
+    }
+
+    /// Whether anything of the tree is still running besides the leader.
+    pub(crate) fn has_descendants(&self) -> bool {
+        let reaped = self.leader.lock();
+        !*reaped && !live_descendants(self.leader.pid).is_empty()
+    }
+
+    /// Sends `sig` to every process of the tree but the leader (SIGCONT follows a SIGTERM);
+    /// returns how many were signalled.
+    pub(crate) fn signal_descendants(&self, sig: libc::c_int) -> usize {
+        self.leader.signal_tree(sig).len()
+    }
+
+    /// Waits up to `timeout` for every process of the tree but the leader to be gone.
+    pub(crate) fn wait_descendants_gone(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let procs = {
+                let reaped = self.leader.lock();
+                if *reaped {
+                    return true;
+                }
+                live_descendants(self.leader.pid)
+            };
+            if procs.is_empty() {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            let fds: Vec<BorrowedFd<'_>> = procs.iter().map(|p| p.fd.as_fd()).collect();
+            wait_exited(&fds, deadline - now);
+        }
+    }
+
+    /// Kills the whole tree: every process below the leader (round after round, until none is
+    /// left), then the leader, which is then reaped, and the processes killed, which come
+    /// back to the gateway when the leader dies (if it is a subreaper). Idempotent. Returns
+    /// whether everything was seen to die.
+    pub(crate) fn kill(&mut self) -> bool {
+        self.stdin = None;
+        let (killed, clean) = tree::kill_descendants(&self.leader);
+        let leader_gone = self.leader.kill_and_reap();
+        // The killed processes were the leader's; now they are ours (or init's) to reap.
+        let mut unreaped = 0;
+        for p in &killed {
+            if matches!(reap(p.fd.as_fd()), Ok(false)) {
+                unreaped += 1;
+            }
+        }
+        if unreaped > 0 || !leader_gone {
+            registry::leave_to_sweeps(killed);
+        }
+        if self.exit == Some(Exit::Lost) || !leader_gone {
+            sweep_strays();
+        }
+        self.try_exit();
+        clean && leader_gone
+    }
+}
+
+impl Drop for ContainedChild {
+    fn drop(&mut self) {
+        if !*self.leader.lock() {
+            self.kill();
+        }
+    }
+}
