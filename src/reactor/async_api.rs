@@ -33,7 +33,8 @@ use futures_core::future::FusedFuture;
 use futures_core::stream::{FusedStream, Stream};
 use slab::Slab;
 
-use super::{EventSink, Handle, Route, SubmitError};
+use super::handle::{Handle, SubmitError};
+use super::route::{EventSink, Route};
 use crate::agent::CancelToken;
 use crate::core::{EventKind, MessageEvent};
 use crate::message::Message;

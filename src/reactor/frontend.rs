@@ -8,7 +8,7 @@ use std::time::Duration;
 use mio::event::Event;
 use mio::{Poll, Registry};
 
-use super::Route;
+use super::route::Route;
 use super::workers::BoxAgent;
 use crate::core::{Core, Effect, Input, MessageEvent};
 use crate::liveness::Status;

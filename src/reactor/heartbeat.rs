@@ -108,7 +108,7 @@ impl Heartbeat {
         driver: &Driver,
         frontend: Option<serde_json::Value>,
     ) -> Arc<Status> {
-        let s = driver.core.stats();
+        let s = driver.core().stats();
         Arc::new(Status {
             pid: std::process::id(),
             state,
@@ -128,23 +128,23 @@ impl Heartbeat {
             turns: s.turns,
             cleanups: s.cleanups,
             workers: WorkerCounts {
-                turn: driver.turn_pool.live_threads(),
-                cleanup: driver.cleanup_pool.live_threads(),
-                replaced: driver.turn_pool.replaced() + driver.cleanup_pool.replaced(),
-                turn_threads: thread_states(&driver.turn_pool),
-                cleanup_threads: thread_states(&driver.cleanup_pool),
+                turn: driver.turn_pool().live_threads(),
+                cleanup: driver.cleanup_pool().live_threads(),
+                replaced: driver.turn_pool().replaced() + driver.cleanup_pool().replaced(),
+                turn_threads: thread_states(driver.turn_pool()),
+                cleanup_threads: thread_states(driver.cleanup_pool()),
             },
             messages: MessageCounts {
-                events_undelivered: driver.undelivered,
-                partials_forwarded: driver.partials_forwarded,
+                events_undelivered: driver.undelivered(),
+                partials_forwarded: driver.partials_forwarded(),
                 ..s.messages
             },
-            rejected_by_reason: driver.rejected_by_reason.clone(),
+            rejected_by_reason: driver.rejected_by_reason().clone(),
             agent_usage: self.factory.usage(),
             frontend,
             histograms: Arc::new(Histograms {
                 loop_lag: self.lag_buckets.clone(),
-                turn_duration: driver.turn_durations.clone(),
+                turn_duration: driver.turn_durations().clone(),
             }),
         })
     }
