@@ -2,6 +2,7 @@
 //! pools, assemble the [`Runtime`] and its [`Handle`].
 
 use std::fmt;
+use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -35,17 +36,76 @@ pub(crate) const DEFAULT_MAX_EXTRA_THREADS: usize = 16;
 /// How long a pool thread beyond the minimum waits for work before it retires.
 const POOL_KEEPALIVE: Duration = Duration::from_secs(5);
 
-/// A settings value out of range.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BuildError(pub String);
+/// Why [`Builder::build`] refused: a setting out of range, or what the system would not
+/// give (threads, the poll).
+///
+/// [`Display`](fmt::Display) is the whole reason on one line, the system's error included
+/// (what the `turnstile` binary prints); [`source`](std::error::Error::source) is that
+/// [`io::Error`] itself.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// A setting is out of range.
+    Setting {
+        /// The setting, named as its [`Builder`] method (`turn_workers`).
+        name: &'static str,
+        /// What is wrong with its value (`must be at least 1`).
+        problem: String,
+    },
+    /// A pool's threads could not be started.
+    Threads {
+        /// The setting asking for them (`turn_workers`, `cleanup_workers`).
+        name: &'static str,
+        /// Threads asked for.
+        count: usize,
+        /// Why the system refused.
+        source: io::Error,
+    },
+    /// The reactor's poll or its waker could not be created.
+    Poll {
+        /// What was being created: `poll` or `waker`.
+        what: &'static str,
+        /// Why the system refused.
+        source: io::Error,
+    },
+}
 
-impl fmt::Display for BuildError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+impl BuildError {
+    /// The setting the error is about, if one is.
+    pub fn setting(&self) -> Option<&'static str> {
+        match self {
+            BuildError::Setting { name, .. } | BuildError::Threads { name, .. } => Some(name),
+            BuildError::Poll { .. } => None,
+        }
+    }
+
+    fn setting_error(name: &'static str, problem: String) -> BuildError {
+        BuildError::Setting { name, problem }
     }
 }
 
-impl std::error::Error for BuildError {}
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BuildError::Setting { name, problem } => write!(f, "{name} {problem}"),
+            BuildError::Threads {
+                name,
+                count,
+                source,
+            } => write!(f, "{name}: cannot start {count} threads: {source}"),
+            BuildError::Poll { what, source } => write!(f, "cannot create {what}: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for BuildError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            BuildError::Setting { .. } => None,
+            BuildError::Threads { source, .. } | BuildError::Poll { source, .. } => Some(source),
+        }
+    }
+}
 
 /// Configures and builds a [`Runtime`].
 pub struct Builder {
@@ -208,7 +268,7 @@ impl Builder {
         ];
         for (name, v) in positive {
             if v == 0 {
-                return Err(BuildError(format!("{name} must be at least 1")));
+                return Err(BuildError::setting_error(name, "must be at least 1".into()));
             }
         }
         let threads = [
@@ -219,16 +279,20 @@ impl Builder {
         ];
         for (name, v) in threads {
             if v > MAX_POOL_THREADS {
-                return Err(BuildError(format!(
-                    "{name} must be at most {MAX_POOL_THREADS} (got {v})"
-                )));
+                return Err(BuildError::setting_error(
+                    name,
+                    format!("must be at most {MAX_POOL_THREADS} (got {v})"),
+                ));
             }
         }
         if self.cleanup_workers > self.core.cleanup_concurrency {
-            return Err(BuildError(format!(
-                "cleanup_workers ({}) must not exceed max_cleanup_workers ({})",
-                self.cleanup_workers, self.core.cleanup_concurrency
-            )));
+            return Err(BuildError::setting_error(
+                "cleanup_workers",
+                format!(
+                    "({}) must not exceed max_cleanup_workers ({})",
+                    self.cleanup_workers, self.core.cleanup_concurrency
+                ),
+            ));
         }
         let nonzero = [
             ("tick_interval", self.tick_interval),
@@ -238,7 +302,10 @@ impl Builder {
         ];
         for (name, v) in nonzero {
             if v.is_zero() {
-                return Err(BuildError(format!("{name} must be greater than zero")));
+                return Err(BuildError::setting_error(
+                    name,
+                    "must be greater than zero".into(),
+                ));
             }
         }
         Ok(())
@@ -271,11 +338,10 @@ impl Builder {
                 run_turn(job, &cancel, &*factory, &turn_sink, limits)
             },
         )
-        .map_err(|e| {
-            BuildError(format!(
-                "turn_workers: cannot start {} threads: {e}",
-                self.core.turn_workers
-            ))
+        .map_err(|source| BuildError::Threads {
+            name: "turn_workers",
+            count: self.core.turn_workers,
+            source,
         })?;
         let cleanup_sink = wiring.completion_sink();
         let cleanup_pool = Pool::new(
@@ -288,11 +354,10 @@ impl Builder {
             },
             move |job| run_cleanup(job, &cleanup_sink),
         )
-        .map_err(|e| {
-            BuildError(format!(
-                "cleanup_workers: cannot start {} threads: {e}",
-                self.cleanup_workers
-            ))
+        .map_err(|source| BuildError::Threads {
+            name: "cleanup_workers",
+            count: self.cleanup_workers,
+            source,
         })?;
         Ok((turn_pool, cleanup_pool))
     }
@@ -368,9 +433,17 @@ struct Wiring {
 
 impl Wiring {
     fn new(ingress_capacity: usize, partial_interval: Duration) -> Result<Wiring, BuildError> {
-        let poll = Poll::new().map_err(|e| BuildError(format!("cannot create poll: {e}")))?;
-        let waker = mio::Waker::new(poll.registry(), crate::tokens::REACTOR_WAKE)
-            .map_err(|e| BuildError(format!("cannot create waker: {e}")))?;
+        let poll = Poll::new().map_err(|source| BuildError::Poll {
+            what: "poll",
+            source,
+        })?;
+        let waker =
+            mio::Waker::new(poll.registry(), crate::tokens::REACTOR_WAKE).map_err(|source| {
+                BuildError::Poll {
+                    what: "waker",
+                    source,
+                }
+            })?;
         Ok(Wiring {
             poll,
             notifier: Arc::new(Notifier::new(waker)),
@@ -391,5 +464,53 @@ impl Wiring {
             tx: self.completions.0.clone(),
             notifier: Arc::clone(&self.notifier),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::EchoAgent;
+
+    fn refused(builder: Builder) -> BuildError {
+        builder.build().expect_err("refused")
+    }
+
+    #[test]
+    fn a_setting_out_of_range_is_named_with_its_problem() {
+        let echo = || Builder::new(EchoAgent::factory(Duration::ZERO));
+        let e = refused(echo().turn_workers(0));
+        assert_eq!(e.setting(), Some("turn_workers"));
+        assert_eq!(e.to_string(), "turn_workers must be at least 1");
+        assert!(std::error::Error::source(&e).is_none());
+        let e = refused(echo().max_extra_threads(MAX_POOL_THREADS + 1));
+        assert_eq!(
+            e.to_string(),
+            format!("max_extra_threads must be at most {MAX_POOL_THREADS} (got 4097)")
+        );
+        let e = refused(echo().cleanup_workers(3).max_cleanup_workers(2));
+        assert_eq!(e.setting(), Some("cleanup_workers"));
+        assert_eq!(
+            e.to_string(),
+            "cleanup_workers (3) must not exceed max_cleanup_workers (2)"
+        );
+        let e = refused(echo().tick_interval(Duration::ZERO));
+        assert_eq!(e.to_string(), "tick_interval must be greater than zero");
+    }
+
+    #[test]
+    fn a_system_refusal_keeps_its_io_error_as_the_source() {
+        let e = BuildError::Threads {
+            name: "turn_workers",
+            count: 8,
+            source: io::Error::other("no more threads"),
+        };
+        assert_eq!(e.setting(), Some("turn_workers"));
+        assert_eq!(
+            e.to_string(),
+            "turn_workers: cannot start 8 threads: no more threads"
+        );
+        let source = std::error::Error::source(&e).expect("source");
+        assert_eq!(source.to_string(), "no more threads");
     }
 }

@@ -32,8 +32,6 @@ mod workers;
 
 pub use crate::tokens::FIRST_RESERVED_TOKEN;
 #[cfg(feature = "async")]
-pub(crate) use async_api::StreamSink;
-#[cfg(feature = "async")]
 pub use async_api::{Cancelled, EventStream, Submit, SubmitStream};
 pub use builder::{BuildError, Builder};
 pub(crate) use builder::{DEFAULT_CLEANUP_WORKERS, DEFAULT_PARTIAL_INTERVAL};
