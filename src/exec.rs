@@ -109,7 +109,7 @@ impl ExecAgent {
                 input.context.meta.as_deref().unwrap_or(""),
             ),
         ];
-        let failed = |what: &str, e: io::Error| TurnError::Failed(format!("{what}: {e}"));
+        let failed = |what: &str, e: io::Error| TurnError::Failed(format!("{what}: {e}").into());
         let env = self.options.env.build(&vars);
         let mut child = ContainedChild::spawn(&self.command, &env)
             .map_err(|e| failed("cannot run agent command", e))?;
@@ -225,14 +225,14 @@ impl Agent for ExecAgent {
         // its stderr (that is in the log).
         let text = text.trim();
         if text.is_empty() {
-            return Err(TurnError::Failed(exit.to_string()));
+            return Err(TurnError::Failed(exit.to_string().into()));
         }
         let shown = crate::text::prefix(text, ERROR_TEXT_MAX);
         let more = if shown.len() < text.len() { "…" } else { "" };
-        Err(TurnError::Failed(format!("{exit}: {shown}{more}")))
+        Err(TurnError::Failed(format!("{exit}: {shown}{more}").into()))
     }
 
-    fn close(&mut self) -> Result<(), String> {
+    fn close(&mut self) -> Result<(), crate::agent::AgentError> {
         for mut c in self.leftovers.drain(..) {
             c.kill();
         }
@@ -291,15 +291,17 @@ mod tests {
         let Err(TurnError::Failed(e)) = out else {
             panic!("{out:?}")
         };
-        let text = e.strip_prefix("exit status 1: ").expect("status first");
+        let text = e
+            .message()
+            .strip_prefix("exit status 1: ")
+            .expect("status first");
         assert_eq!(text, format!("{}…", "x".repeat(2047)));
         let out = run("printf '%2048s' '' | tr ' ' x; exit 1", "");
         assert_eq!(
             out,
-            Err(TurnError::Failed(format!(
-                "exit status 1: {}",
-                "x".repeat(2048)
-            )))
+            Err(TurnError::Failed(
+                format!("exit status 1: {}", "x".repeat(2048)).into()
+            ))
         );
     }
 
@@ -361,17 +363,15 @@ mod tests {
     #[test]
     fn a_nonzero_exit_fails_with_the_status_and_stdout_never_stderr() {
         let out = run("echo one >&2; echo 'api key sk-SECRET123' >&2; exit 3", "");
-        assert_eq!(out, Err(TurnError::Failed("exit status 3".to_owned())));
+        assert_eq!(out, Err(TurnError::Failed("exit status 3".into())));
         let out = run("echo 'quota exhausted'; echo sk-SECRET123 >&2; exit 4", "");
         assert_eq!(
             out,
-            Err(TurnError::Failed(
-                "exit status 4: quota exhausted".to_owned()
-            ))
+            Err(TurnError::Failed("exit status 4: quota exhausted".into()))
         );
         assert_eq!(
             run("kill -TERM $$", ""),
-            Err(TurnError::Failed("killed by signal 15".to_owned()))
+            Err(TurnError::Failed("killed by signal 15".into()))
         );
     }
 

@@ -79,8 +79,8 @@ mod text;
 mod tokens;
 
 pub use agent::{
-    Agent, AgentFactory, AgentUsage, CancelToken, EchoAgent, FnFactory, Partials, TurnError,
-    TurnInput,
+    Agent, AgentError, AgentFactory, AgentUsage, CancelToken, EchoAgent, FnFactory, Partials,
+    TurnError, TurnInput,
 };
 pub use core::{
     AcceptState, BusyMode, CancelReason, CoreConfig, EventKind, FailReason, MessageEvent, Outcome,
@@ -146,7 +146,7 @@ pub mod internal {
     }
     /// Agents' items the tests use.
     pub mod agent {
-        pub use crate::agent::{Agent, CancelToken, Partials, TurnError, TurnInput};
+        pub use crate::agent::{Agent, AgentError, CancelToken, Partials, TurnError, TurnInput};
     }
     /// Messages.
     pub mod message {

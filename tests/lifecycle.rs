@@ -42,7 +42,7 @@ impl Agent for Remembering {
         Ok(self.turns.to_string())
     }
 
-    fn close(&mut self) -> Result<(), String> {
+    fn close(&mut self) -> Result<(), turnstile::AgentError> {
         // Simulated work (saving memory to disk), not ordering: nothing waits on this.
         let (_keep, never) = unbounded::<()>();
         let _ = never.recv_timeout(self.save);

@@ -67,7 +67,7 @@ impl Agent for CloseScript {
     fn turn(&mut self, input: &TurnInput<'_>, _: &CancelToken) -> Result<String, TurnError> {
         Ok(input.text.to_owned())
     }
-    fn close(&mut self) -> Result<(), String> {
+    fn close(&mut self) -> Result<(), turnstile::AgentError> {
         let _ = self.started.send(());
         if self.panic {
             panic!("provider shutdown blew up");
@@ -564,12 +564,12 @@ fn invalid_settings_are_refused_by_name() {
         .turn_workers(0)
         .build()
         .err();
-    assert!(err.is_some_and(|e| e.0.contains("turn_workers")));
+    assert!(err.is_some_and(|e| e.to_string().contains("turn_workers")));
     let err = Builder::new(EchoAgent::factory(Duration::ZERO))
         .tick_interval(Duration::ZERO)
         .build()
         .err();
-    assert!(err.is_some_and(|e| e.0.contains("tick_interval")));
+    assert!(err.is_some_and(|e| e.to_string().contains("tick_interval")));
 }
 
 /// The handle is usable from many threads at once.
@@ -621,7 +621,7 @@ fn shutdown_closes_all_cached_agents_concurrently() {
         fn turn(&mut self, input: &TurnInput<'_>, _: &CancelToken) -> Result<String, TurnError> {
             Ok(input.text.to_owned())
         }
-        fn close(&mut self) -> Result<(), String> {
+        fn close(&mut self) -> Result<(), turnstile::AgentError> {
             self.0.wait();
             Ok(())
         }

@@ -18,7 +18,7 @@ pub type Events = Receiver<MessageEvent>;
 /// Where the reactor delivers a message's events.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
-pub(crate) enum Route {
+pub(super) enum Route {
     /// A channel to another thread.
     Sink(EventSink),
     /// The frontend running on the reactor, with its own tag.

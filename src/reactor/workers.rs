@@ -121,7 +121,12 @@ pub(super) fn run_turn(
             match catch_unwind(AssertUnwindSafe(|| a.turn(&input, cancel))) {
                 Ok(Ok(reply)) => TurnResult::Reply(Reply::bounded(reply, limits.max_reply_bytes)),
                 Ok(Err(TurnError::Cancelled)) => TurnResult::Cancelled,
-                Ok(Err(TurnError::Failed(e))) => TurnResult::Failed(e),
+                Ok(Err(TurnError::Failed(e))) => {
+                    if std::error::Error::source(&e).is_some() {
+                        log::debug!("session {}: turn failed: {}", job.session, e.chain());
+                    }
+                    TurnResult::Failed(e.message().to_owned())
+                }
                 Err(p) => TurnResult::Panicked(panic_text(&*p)),
             }
         }
@@ -136,7 +141,8 @@ pub(super) fn run_cleanup(job: CleanupJob<BoxAgent>, sink: &ReportSink) {
     // The deadline runs from here, not from when the job was queued.
     sink.send(WorkerReport::CleanupStarted(job));
     let result = match catch_unwind(AssertUnwindSafe(|| agent.close())) {
-        Ok(r) => r,
+        // The core keeps the text; the log line it ends in shows every cause.
+        Ok(r) => r.map_err(|e| e.chain()),
         Err(p) => Err(format!("close() panicked: {}", panic_text(&*p))),
     };
     // Dropping an agent can run arbitrary code too; do it here, off the reactor, guarded.
