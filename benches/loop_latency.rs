@@ -173,10 +173,7 @@ fn run(s: &Scenario, rounds: usize, coarse_timers: bool) -> Report {
     let rss = rss_mib();
     handle.shutdown();
     drop(hang);
-    reactor
-        .join()
-        .expect("reactor thread")
-        .expect("reactor run");
+    reactor.join().expect("reactor run");
     let turns = s.sessions * rounds;
     let lag = status.loop_lag_ms;
     Report {

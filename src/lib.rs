@@ -24,7 +24,7 @@
 //!     }
 //! }
 //! handle.shutdown();
-//! let report = reactor.join().map_err(|_| "reactor panicked")??;
+//! let report = reactor.join()?;
 //! assert!(report.clean);
 //! # Ok(())
 //! # }
@@ -98,7 +98,7 @@ pub use openai::{ApiKey, OpenAiAgent, OpenAiConfig, OpenAiFactory, TlsRoots};
 pub use process::{ProcessAgent, ProcessOptions};
 pub use reactor::{
     BuildError, Builder, Ctx, EventSink, Events, FIRST_RESERVED_TOKEN, Frontend, Handle,
-    NoFrontend, Runtime, SubmitError,
+    NoFrontend, RunError, Runtime, RuntimeThread, SubmitError,
 };
 #[cfg(feature = "async")]
 pub use reactor::{Cancelled, EventStream, Submit, SubmitStream};

@@ -2,6 +2,7 @@
 //! one [`Reactor::turn`] per wake, in named steps.
 
 use std::fmt;
+use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,7 +18,7 @@ use super::frontend::{Ctx, Frontend, NoFrontend};
 use super::heartbeat::Heartbeat;
 use super::route::Route;
 use super::wake::Notifier;
-use super::workers::{BoxAgent, CleanupPool, TurnPool, WorkerReport};
+use super::workers::{BoxAgent, CleanupPool, TurnPool, WorkerReport, panic_text};
 use crate::agent::AgentFactory;
 use crate::core::{Core, CoreConfig, Effect, Input, ShutdownReport};
 use crate::liveness::{RuntimeState, StatusCell, StatusFileWriter};
@@ -64,11 +65,13 @@ impl fmt::Debug for Runtime {
 }
 
 impl Runtime {
-    /// Runs the reactor on a new thread named `turnstile-reactor`.
-    pub fn spawn(self) -> std::io::Result<thread::JoinHandle<std::io::Result<ShutdownReport>>> {
+    /// Runs the reactor on a new thread named `turnstile-reactor`; fails only if the thread
+    /// cannot be started.
+    pub fn spawn(self) -> io::Result<RuntimeThread> {
         thread::Builder::new()
             .name("turnstile-reactor".into())
             .spawn(move || self.run())
+            .map(|thread| RuntimeThread { thread })
     }
 
     /// Drives the loop until a shutdown requested through a [`Handle`](super::Handle)
@@ -87,6 +90,57 @@ impl Runtime {
             }
         };
         Ok(reactor.finish(report))
+    }
+}
+
+/// The reactor running on a thread of its own, from [`Runtime::spawn`].
+#[derive(Debug)]
+pub struct RuntimeThread {
+    thread: thread::JoinHandle<io::Result<ShutdownReport>>,
+}
+
+impl RuntimeThread {
+    /// Waits for the loop to end (after a shutdown asked through a
+    /// [`Handle`](super::Handle)) and returns its report.
+    pub fn join(self) -> Result<ShutdownReport, RunError> {
+        match self.thread.join() {
+            Ok(ran) => ran.map_err(RunError::Io),
+            Err(payload) => Err(RunError::Panicked(panic_text(&*payload))),
+        }
+    }
+
+    /// Whether the loop has ended (`join` then returns at once).
+    pub fn is_finished(&self) -> bool {
+        self.thread.is_finished()
+    }
+}
+
+/// Why the reactor's loop ended without a report.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RunError {
+    /// An I/O error stopped the loop: its poll, the frontend's registration, the status
+    /// file's writer.
+    Io(io::Error),
+    /// The reactor thread panicked, with this message.
+    Panicked(String),
+}
+
+impl fmt::Display for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RunError::Io(_) => f.write_str("the reactor stopped on an I/O error"),
+            RunError::Panicked(why) => write!(f, "the reactor thread panicked: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for RunError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RunError::Io(e) => Some(e),
+            RunError::Panicked(_) => None,
+        }
     }
 }
 

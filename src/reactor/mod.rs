@@ -35,7 +35,7 @@ pub use crate::tokens::FIRST_RESERVED_TOKEN;
 pub use async_api::{Cancelled, EventStream, Submit, SubmitStream};
 pub use builder::{BuildError, Builder};
 pub(crate) use builder::{DEFAULT_CLEANUP_WORKERS, DEFAULT_PARTIAL_INTERVAL};
-pub use event_loop::Runtime;
+pub use event_loop::{RunError, Runtime, RuntimeThread};
 pub use frontend::{Ctx, Frontend, NoFrontend};
 pub use handle::{Handle, SubmitError};
 pub use route::{EventSink, Events};

@@ -63,7 +63,8 @@ impl ReportSink {
     }
 }
 
-fn panic_text(payload: &(dyn Any + Send)) -> String {
+/// A panic's message, when it has one.
+pub(super) fn panic_text(payload: &(dyn Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {
         (*s).to_owned()
     } else if let Some(s) = payload.downcast_ref::<String>() {
