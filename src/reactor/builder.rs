@@ -185,7 +185,7 @@ impl Builder {
             precise_timers: true,
             limits: TurnLimits {
                 partial_interval: DEFAULT_PARTIAL_INTERVAL,
-                max_reply_bytes: super::DEFAULT_MAX_REPLY_BYTES,
+                max_reply_bytes: crate::core::DEFAULT_MAX_REPLY_BYTES,
             },
         }
     }

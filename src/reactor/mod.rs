@@ -39,6 +39,6 @@ pub use event_loop::{RunError, Runtime, RuntimeThread};
 pub use frontend::{Ctx, Frontend, NoFrontend};
 pub use handle::{Handle, SubmitError};
 pub use route::{EventSink, Events};
-
-/// Default cap on a reply's (and a partial's) length in bytes: 1 MiB.
-pub const DEFAULT_MAX_REPLY_BYTES: usize = 1 << 20;
+// The reply cap lives beside `Reply::bounded` in the core; the builder's default and the
+// agents' options read it from here too.
+pub use crate::core::DEFAULT_MAX_REPLY_BYTES;
