@@ -13,7 +13,7 @@ use mio::Poll;
 
 use super::event_loop::Runtime;
 use super::handle::{Handle, nanos};
-use super::route::{Events, Route};
+use super::route::{Events, Submission};
 use super::wake::Notifier;
 use super::workers::{
     BoxAgent, CleanupPool, ReportSink, TurnLimits, TurnPool, run_cleanup, run_turn,
@@ -21,7 +21,7 @@ use super::workers::{
 use crate::agent::{Agent, AgentFactory, CancelToken};
 use crate::core::{BusyMode, CoreConfig, MessageEvent, TurnJob};
 use crate::liveness::StatusCell;
-use crate::message::{Message, SessionKey};
+use crate::message::SessionKey;
 use crate::pool::{Pool, PoolSize};
 
 /// Default least time between two forwarded partials of a turn.
@@ -417,7 +417,7 @@ impl Builder {
 struct Wiring {
     poll: Poll,
     notifier: Arc<Notifier>,
-    ingress: (Sender<(Message, Route)>, Receiver<(Message, Route)>),
+    ingress: (Sender<Submission>, Receiver<Submission>),
     events: (Sender<MessageEvent>, Receiver<MessageEvent>),
     completions: (
         Sender<super::workers::WorkerReport>,

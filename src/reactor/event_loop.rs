@@ -16,13 +16,12 @@ use super::deadline::DeadlineTimer;
 use super::driver::Driver;
 use super::frontend::{Ctx, Frontend, NoFrontend};
 use super::heartbeat::Heartbeat;
-use super::route::Route;
+use super::route::{Route, Submission};
 use super::wake::Notifier;
 use super::workers::{BoxAgent, CleanupPool, TurnPool, WorkerReport, panic_text};
 use crate::agent::AgentFactory;
 use crate::core::{Core, CoreConfig, Effect, Input, ShutdownReport};
 use crate::liveness::{RuntimeState, StatusCell, StatusFileWriter};
-use crate::message::Message;
 use crate::tokens::{REACTOR_TIMER as TIMER_TOKEN, REACTOR_WAKE as WAKE_TOKEN};
 
 /// Readiness events taken per poll.
@@ -38,7 +37,7 @@ pub struct Runtime {
     /// Wakes submits waiting for ingress room (the `async` feature).
     #[cfg(feature = "async")]
     pub(super) room: super::async_api::RoomGuard,
-    pub(super) ingress: Receiver<(Message, Route)>,
+    pub(super) ingress: Receiver<Submission>,
     pub(super) shutdown: Arc<AtomicBool>,
     pub(super) status: Arc<StatusCell>,
     pub(super) core: CoreConfig,
@@ -153,7 +152,7 @@ pub(super) struct Reactor<F: Frontend> {
     notifier: Arc<Notifier>,
     /// Fires at the next deadline with sub-millisecond precision, when enabled.
     timer: Option<DeadlineTimer>,
-    ingress: Receiver<(Message, Route)>,
+    ingress: Receiver<Submission>,
     /// Submits waiting for ingress room, woken after each drain (the `async` feature).
     #[cfg(feature = "async")]
     room: super::async_api::RoomGuard,

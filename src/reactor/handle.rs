@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crossbeam_channel::{Sender, TrySendError};
 
-use super::route::{EventSink, Route};
+use super::route::{EventSink, Route, Submission};
 use super::wake::Notifier;
 use crate::liveness::{Status, StatusCell};
 use crate::message::Message;
@@ -40,7 +40,7 @@ impl std::error::Error for SubmitError {}
 #[derive(Clone)]
 pub struct Handle {
     /// Submissions on their way to the reactor.
-    pub(super) ingress: Sender<(Message, Route)>,
+    pub(super) ingress: Sender<Submission>,
     /// Wakes the reactor after a send.
     pub(super) notifier: Arc<Notifier>,
     /// Set to ask for a graceful shutdown.

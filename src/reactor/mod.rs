@@ -34,6 +34,7 @@ pub use crate::tokens::FIRST_RESERVED_TOKEN;
 #[cfg(feature = "async")]
 pub use async_api::{Cancelled, EventStream, Submit, SubmitStream};
 pub use builder::{BuildError, Builder};
+#[cfg(feature = "cli")]
 pub(crate) use builder::{DEFAULT_CLEANUP_WORKERS, DEFAULT_PARTIAL_INTERVAL};
 pub use event_loop::{RunError, Runtime, RuntimeThread};
 pub use frontend::{Ctx, Frontend, NoFrontend};

@@ -6,6 +6,7 @@ use crossbeam_channel::{Receiver, Sender};
 #[cfg(feature = "async")]
 use super::async_api::StreamSink;
 use crate::core::MessageEvent;
+use crate::message::Message;
 
 /// Where a message's events go. Use an unbounded channel: the reactor never blocks on a
 /// sink, so a full bounded one loses the event (logged at WARN and counted).
@@ -28,3 +29,6 @@ pub(super) enum Route {
     #[cfg(feature = "async")]
     Stream(StreamSink),
 }
+
+/// A message on its way to the reactor, with where its events go.
+pub(super) type Submission = (Message, Route);
