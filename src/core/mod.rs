@@ -136,7 +136,7 @@ struct Shutdown {
 ///   begins and [`Input::CleanupDone`] when it returns;
 /// - signal the turn's cancellation token on [`Effect::CancelTurn`], and stop waiting for
 ///   (replace) the thread of an abandoned turn or an exceeded cleanup;
-/// - forward partial replies as [`Input::Partial`] built by the job's [`PartialRoute`].
+/// - forward partial replies as [`Input::Partial`] built by the job's `PartialRoute`.
 ///
 /// In return every accepted message gets exactly one terminal event, a session never has
 /// two turns or two live agents, and the core's memory is bounded by its configuration.
