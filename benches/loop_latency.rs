@@ -80,7 +80,7 @@ impl Agent for BenchAgent {
     fn turn(&mut self, input: &TurnInput<'_>, cancel: &CancelToken) -> Result<String, TurnError> {
         self.echo.turn(input, cancel)
     }
-    fn close(&mut self) -> Result<(), String> {
+    fn close(&mut self) -> Result<(), turnstile::AgentError> {
         if let Some(rx) = &self.hang_on_close {
             let _ = rx.recv(); // never sent: returns only when the benchmark drops the sender
         }
@@ -173,10 +173,7 @@ fn run(s: &Scenario, rounds: usize, coarse_timers: bool) -> Report {
     let rss = rss_mib();
     handle.shutdown();
     drop(hang);
-    reactor
-        .join()
-        .expect("reactor thread")
-        .expect("reactor run");
+    reactor.join().expect("reactor run");
     let turns = s.sessions * rounds;
     let lag = status.loop_lag_ms;
     Report {

@@ -124,9 +124,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     handle.shutdown();
-    let report = tokio::task::spawn_blocking(move || reactor.join())
-        .await?
-        .map_err(|_| "reactor panicked")??;
+    let report = tokio::task::spawn_blocking(move || reactor.join()).await??;
     println!("shutdown clean: {}", report.clean);
     Ok(())
 }

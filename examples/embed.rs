@@ -29,7 +29,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     handle.shutdown();
-    let report = reactor.join().map_err(|_| "reactor panicked")??;
+    let report = reactor.join()?;
     println!("shutdown clean: {}", report.clean);
     Ok(())
 }

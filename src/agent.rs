@@ -3,6 +3,7 @@
 //! Agents live on worker threads only: the reactor moves an agent into a turn job and gets it
 //! back with the completion, so one agent never serves two turns at once.
 
+use std::error::Error;
 use std::fmt;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -82,26 +83,134 @@ impl Partials {
     }
 }
 
+/// An agent's failure: the text a chat is shown, and optionally the error behind it.
+///
+/// [`Display`](fmt::Display) is the message alone; [`source`](Error::source) is the error
+/// behind it, which the runtime adds to its log lines (a turn's failure at DEBUG, a
+/// `close()`'s in its WARN line) but never to what a chat sees. Built from a `String` or a
+/// `&str` with `.into()`, or with [`AgentError::with_source`]. Two agent errors are equal
+/// when their messages are.
+#[derive(Clone)]
+pub struct AgentError {
+    message: String,
+    source: Option<Arc<dyn Error + Send + Sync>>,
+}
+
+impl AgentError {
+    /// A failure described by `message` alone.
+    pub fn new(message: impl Into<String>) -> AgentError {
+        AgentError {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A failure described by `message`, caused by `source`.
+    pub fn with_source(
+        message: impl Into<String>,
+        source: impl Into<Box<dyn Error + Send + Sync>>,
+    ) -> AgentError {
+        AgentError {
+            message: message.into(),
+            source: Some(Arc::from(source.into())),
+        }
+    }
+
+    /// The text a chat is shown.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The message followed by each source's text (`message: cause: its cause`), for logs.
+    pub(crate) fn chain(&self) -> String {
+        let mut text = self.message.clone();
+        let mut next = self.source();
+        while let Some(e) = next {
+            text.push_str(": ");
+            text.push_str(&e.to_string());
+            next = e.source();
+        }
+        text
+    }
+}
+
+impl fmt::Debug for AgentError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("AgentError");
+        d.field("message", &self.message);
+        if let Some(source) = &self.source {
+            d.field("source", source);
+        }
+        d.finish()
+    }
+}
+
+impl fmt::Display for AgentError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl Error for AgentError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        self.source.as_deref().map(|e| e as &(dyn Error + 'static))
+    }
+}
+
+impl PartialEq for AgentError {
+    fn eq(&self, other: &AgentError) -> bool {
+        self.message == other.message
+    }
+}
+
+impl Eq for AgentError {}
+
+impl From<String> for AgentError {
+    fn from(message: String) -> AgentError {
+        AgentError::new(message)
+    }
+}
+
+impl From<&str> for AgentError {
+    fn from(message: &str) -> AgentError {
+        AgentError::new(message)
+    }
+}
+
 /// Why a turn produced no reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TurnError {
     /// The turn stopped because its cancellation token fired.
     Cancelled,
-    /// The turn failed.
-    Failed(String),
+    /// The turn failed; the chat is shown the error's message.
+    Failed(AgentError),
 }
 
 impl fmt::Display for TurnError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             TurnError::Cancelled => f.write_str("cancelled"),
-            TurnError::Failed(e) => f.write_str(e),
+            TurnError::Failed(e) => fmt::Display::fmt(e, f),
         }
     }
 }
 
-impl std::error::Error for TurnError {}
+impl Error for TurnError {
+    /// A failed turn's display is its [`AgentError`]'s, so its source is the agent error's.
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        match self {
+            TurnError::Cancelled => None,
+            TurnError::Failed(e) => e.source(),
+        }
+    }
+}
+
+impl From<AgentError> for TurnError {
+    fn from(e: AgentError) -> TurnError {
+        TurnError::Failed(e)
+    }
+}
 
 /// An AI agent serving one session. Both methods run on worker threads, never on the reactor.
 pub trait Agent: Send + 'static {
@@ -110,7 +219,7 @@ pub trait Agent: Send + 'static {
 
     /// Releases the agent's resources. May block or hang; it runs on the cleanup pool under a
     /// deadline. An error or panic is logged and goes no further.
-    fn close(&mut self) -> Result<(), String> {
+    fn close(&mut self) -> Result<(), AgentError> {
         Ok(())
     }
 }
@@ -118,7 +227,7 @@ pub trait Agent: Send + 'static {
 /// Creates a fresh agent for a session; called on a turn worker.
 pub trait AgentFactory: Send + Sync + 'static {
     /// A new agent for `session`, or why one could not be made (the turn then fails).
-    fn create(&self, session: &SessionKey) -> Result<Box<dyn Agent>, String>;
+    fn create(&self, session: &SessionKey) -> Result<Box<dyn Agent>, AgentError>;
 
     /// What the factory's agents have consumed so far, for the status snapshot; `None` (the
     /// default) when the agents do not count usage. Called on the reactor at every heartbeat,
@@ -147,12 +256,15 @@ impl std::ops::AddAssign for AgentUsage {
     }
 }
 
-impl<F> AgentFactory for F
+/// A closure is a factory; its error is anything that converts into an [`AgentError`] (a
+/// `String`, a `&str`, an `AgentError`).
+impl<F, E> AgentFactory for F
 where
-    F: Fn(&SessionKey) -> Result<Box<dyn Agent>, String> + Send + Sync + 'static,
+    F: Fn(&SessionKey) -> Result<Box<dyn Agent>, E> + Send + Sync + 'static,
+    E: Into<AgentError>,
 {
-    fn create(&self, session: &SessionKey) -> Result<Box<dyn Agent>, String> {
-        self(session)
+    fn create(&self, session: &SessionKey) -> Result<Box<dyn Agent>, AgentError> {
+        self(session).map_err(Into::into)
     }
 }
 
@@ -165,7 +277,7 @@ where
     F: Fn(&SessionKey) -> A + Send + Sync + 'static,
     A: Agent,
 {
-    fn create(&self, session: &SessionKey) -> Result<Box<dyn Agent>, String> {
+    fn create(&self, session: &SessionKey) -> Result<Box<dyn Agent>, AgentError> {
         Ok(Box::new((self.0)(session)))
     }
 }
@@ -313,7 +425,7 @@ impl EchoAgent {
 
     /// A factory of echo agents with the given per-turn delay.
     pub fn factory(delay: Duration) -> impl AgentFactory {
-        move |_: &SessionKey| -> Result<Box<dyn Agent>, String> {
+        move |_: &SessionKey| -> Result<Box<dyn Agent>, AgentError> {
             Ok(Box::new(EchoAgent::new(delay)))
         }
     }
@@ -331,6 +443,43 @@ impl Agent for EchoAgent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_agent_error_shows_its_message_and_keeps_its_cause_for_the_log() {
+        let plain: AgentError = "quota exhausted".into();
+        assert_eq!(plain.to_string(), "quota exhausted");
+        assert!(plain.source().is_none());
+        assert_eq!(plain.chain(), "quota exhausted");
+        let io = std::io::Error::other("connection reset");
+        let caused = AgentError::with_source("the model is unreachable", io);
+        assert_eq!(caused.to_string(), "the model is unreachable");
+        assert_eq!(
+            caused.source().map(|e| e.to_string()).as_deref(),
+            Some("connection reset")
+        );
+        assert_eq!(caused.chain(), "the model is unreachable: connection reset");
+        assert_eq!(
+            caused,
+            AgentError::new("the model is unreachable"),
+            "equal by message"
+        );
+        let failed = TurnError::from(caused);
+        assert_eq!(failed.to_string(), "the model is unreachable");
+        assert_eq!(
+            failed.source().map(|e| e.to_string()).as_deref(),
+            Some("connection reset")
+        );
+    }
+
+    #[test]
+    fn a_closure_factory_may_fail_with_a_string_or_an_agent_error() {
+        let key = SessionKey::dm("t", "1").unwrap();
+        let by_string = |_: &SessionKey| -> Result<Box<dyn Agent>, String> { Err("no".into()) };
+        let by_error =
+            |_: &SessionKey| -> Result<Box<dyn Agent>, AgentError> { Err(AgentError::new("no")) };
+        assert_eq!(by_string.create(&key).err(), Some(AgentError::new("no")));
+        assert_eq!(by_error.create(&key).err(), Some(AgentError::new("no")));
+    }
 
     fn input<'a>(key: &'a SessionKey, text: &'a str) -> TurnInput<'a> {
         static CONTEXT: std::sync::OnceLock<MessageContext> = std::sync::OnceLock::new();

@@ -24,7 +24,7 @@
 //!     }
 //! }
 //! handle.shutdown();
-//! let report = reactor.join().map_err(|_| "reactor panicked")??;
+//! let report = reactor.join()?;
 //! assert!(report.clean);
 //! # Ok(())
 //! # }
@@ -80,8 +80,8 @@ mod text;
 mod tokens;
 
 pub use agent::{
-    Agent, AgentFactory, AgentUsage, CancelToken, EchoAgent, FnFactory, Partials, TurnError,
-    TurnInput,
+    Agent, AgentError, AgentFactory, AgentUsage, CancelToken, EchoAgent, FnFactory, Partials,
+    TurnError, TurnInput,
 };
 pub use agents::exec::{ExecAgent, ExecOptions};
 #[cfg(feature = "openai")]
@@ -103,7 +103,7 @@ pub use liveness::{
 pub use message::{Body, ChatType, Command, InvalidInput, Message, MessageContext, SessionKey};
 pub use reactor::{
     BuildError, Builder, Ctx, EventSink, Events, FIRST_RESERVED_TOKEN, Frontend, Handle,
-    NoFrontend, Runtime, SubmitError,
+    NoFrontend, RunError, Runtime, RuntimeThread, SubmitError,
 };
 #[cfg(feature = "async")]
 pub use reactor::{Cancelled, EventStream, Submit, SubmitStream};
@@ -151,7 +151,7 @@ pub mod internal {
     }
     /// Agents' items the tests use.
     pub mod agent {
-        pub use crate::agent::{Agent, CancelToken, Partials, TurnError, TurnInput};
+        pub use crate::agent::{Agent, AgentError, CancelToken, Partials, TurnError, TurnInput};
     }
     /// Messages.
     pub mod message {

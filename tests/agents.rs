@@ -12,7 +12,6 @@ use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, bounded, unbounded};
@@ -127,7 +126,7 @@ fn fifo_watch(dir: &Path, name: &str) -> FifoWatch {
 
 // ---- the runtime, in process -------------------------------------------------------------
 
-type Reactor = JoinHandle<std::io::Result<ShutdownReport>>;
+type Reactor = turnstile::RuntimeThread;
 
 fn start(builder: Builder) -> (Handle, Events, Reactor) {
     let (runtime, handle, events) = builder.build().expect("valid settings");
@@ -185,7 +184,7 @@ fn ask_pid(handle: &Handle, events: &Events, id: &str, session: &SessionKey) -> 
 
 fn stop(handle: Handle, reactor: Reactor) -> ShutdownReport {
     handle.shutdown();
-    reactor.join().expect("reactor thread").expect("reactor")
+    reactor.join().expect("reactor")
 }
 
 // ---- §4: the process agent ---------------------------------------------------------------

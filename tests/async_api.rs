@@ -125,9 +125,9 @@ fn full_ingress() -> (Runtime, Handle, Events) {
     (rt, handle, events)
 }
 
-fn stop(handle: &Handle, reactor: thread::JoinHandle<std::io::Result<turnstile::ShutdownReport>>) {
+fn stop(handle: &Handle, reactor: turnstile::RuntimeThread) {
     handle.shutdown();
-    let report = reactor.join().expect("reactor thread").expect("reactor");
+    let report = reactor.join().expect("reactor");
     assert!(report.clean, "{report:?}");
 }
 

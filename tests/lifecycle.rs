@@ -42,7 +42,7 @@ impl Agent for Remembering {
         Ok(self.turns.to_string())
     }
 
-    fn close(&mut self) -> Result<(), String> {
+    fn close(&mut self) -> Result<(), turnstile::AgentError> {
         // Simulated work (saving memory to disk), not ordering: nothing waits on this.
         let (_keep, never) = unbounded::<()>();
         let _ = never.recv_timeout(self.save);
@@ -134,7 +134,7 @@ fn follow_ups_waiting_for_a_worker_keep_their_sessions_agent() {
         .expect("the overflow counted");
     assert_eq!(st.cleanups.timed_out, 0);
     handle.shutdown();
-    let report = reactor.join().expect("reactor").expect("run");
+    let report = reactor.join().expect("run");
     assert!(report.clean, "{report:?}");
     assert_eq!(ledger.created.load(Ordering::SeqCst), sessions);
     assert_eq!(ledger.overlaps.load(Ordering::SeqCst), 0);
@@ -163,7 +163,7 @@ fn a_sessions_next_agent_is_created_only_after_its_previous_close_returned() {
         assert!(got.values().all(|o| matches!(o, Outcome::Reply(_))));
     }
     handle.shutdown();
-    let report = reactor.join().expect("reactor").expect("run");
+    let report = reactor.join().expect("run");
     assert!(report.clean, "{report:?}");
     assert!(
         ledger.created.load(Ordering::SeqCst) > sessions,
@@ -210,7 +210,7 @@ fn a_burst_of_evictions_all_close_and_none_times_out() {
     assert_eq!(st.cleanups.timed_out, 0, "{st:?}");
     assert_eq!(ledger.closed.load(Ordering::SeqCst), sessions);
     handle.shutdown();
-    let report = reactor.join().expect("reactor").expect("run");
+    let report = reactor.join().expect("run");
     assert!(report.clean, "{report:?}");
     assert!(logs.find(log::Level::Error, &["cleanup"]).is_empty());
     assert!(
@@ -235,7 +235,7 @@ fn shutdown_closes_a_hundred_agents_and_reports_clean() {
     }
     outcomes(&events, 100);
     handle.shutdown();
-    let report = reactor.join().expect("reactor").expect("run");
+    let report = reactor.join().expect("run");
     assert!(report.clean, "{report:?}");
     assert_eq!(report.cleanups_done, 100);
     assert_eq!(ledger.closed.load(Ordering::SeqCst), 100);

@@ -6,14 +6,13 @@
 mod mock_openai;
 
 use std::sync::{Mutex, OnceLock};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use mock_openai::{End, Mock, Notice, Reply, delta, error, stream};
 use turnstile::internal::openai::{ApiKey, OpenAiConfig, OpenAiFactory};
 use turnstile::{
     AgentUsage, Builder, CancelReason, EventKind, Events, FailReason, Handle, Message, Outcome,
-    SessionKey, ShutdownReport,
+    SessionKey,
 };
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -62,7 +61,7 @@ fn log_lines(pred: impl Fn(log::Level, &str) -> bool) -> Vec<String> {
 struct Gateway {
     handle: Handle,
     events: Events,
-    reactor: JoinHandle<std::io::Result<ShutdownReport>>,
+    reactor: turnstile::RuntimeThread,
 }
 
 impl Gateway {
@@ -139,11 +138,7 @@ impl Gateway {
 
     fn stop(self) {
         self.handle.shutdown();
-        let report = self
-            .reactor
-            .join()
-            .expect("reactor thread")
-            .expect("reactor ran");
+        let report = self.reactor.join().expect("reactor ran");
         assert!(report.clean, "{report:?}");
     }
 }

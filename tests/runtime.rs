@@ -67,7 +67,7 @@ impl Agent for CloseScript {
     fn turn(&mut self, input: &TurnInput<'_>, _: &CancelToken) -> Result<String, TurnError> {
         Ok(input.text.to_owned())
     }
-    fn close(&mut self) -> Result<(), String> {
+    fn close(&mut self) -> Result<(), turnstile::AgentError> {
         let _ = self.started.send(());
         if self.panic {
             panic!("provider shutdown blew up");
@@ -145,7 +145,7 @@ fn blocking_close_leaves_the_heartbeat_ticking() {
 
     drop(release); // unblocks every close(), including shutdown's
     handle.shutdown();
-    let report = reactor.join().expect("reactor thread").expect("run");
+    let report = reactor.join().expect("run");
     assert!(report.clean, "{report:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -188,7 +188,7 @@ fn cleanup_past_its_timeout_logs_exceeded_and_the_reactor_carries_on() {
     assert_eq!(outcome_of(&events, "m2"), Outcome::Reply("carry on".into()));
     drop(release);
     handle.shutdown();
-    reactor.join().expect("reactor thread").expect("run");
+    reactor.join().expect("run");
 }
 
 /// Seed 3 (#53175): a `close()` that panics logs WARN with `failed` and never reaches the loop.
@@ -217,7 +217,7 @@ fn panicking_cleanup_logs_failed_and_the_reactor_carries_on() {
     send(&handle, "m2", &s, "carry on");
     assert_eq!(outcome_of(&events, "m2"), Outcome::Reply("carry on".into()));
     handle.shutdown();
-    reactor.join().expect("reactor thread").expect("run");
+    reactor.join().expect("run");
 }
 
 /// An agent that panics on `panic`, ignores cancellation on `stuck` (blocking until the test
@@ -271,7 +271,7 @@ fn a_panicking_turn_fails_and_its_worker_survives() {
     send(&handle, "m2", &s, "hi");
     assert_eq!(outcome_of(&events, "m2"), Outcome::Reply("hi".into()));
     handle.shutdown();
-    reactor.join().expect("reactor thread").expect("run");
+    reactor.join().expect("run");
     assert_eq!(handle.status().workers.replaced, 0);
 }
 
@@ -316,7 +316,7 @@ fn a_turn_ignoring_cancellation_is_abandoned_and_the_session_proceeds() {
         .wait_status(WAIT, |st| st.cleanups.done >= 1)
         .expect("late agent closed");
     handle.shutdown();
-    let report = reactor.join().expect("reactor thread").expect("run");
+    let report = reactor.join().expect("run");
     assert!(
         report.clean,
         "abandonment happened before shutdown: {report:?}"
@@ -364,7 +364,7 @@ fn a_session_waits_for_a_stuck_agent_no_longer_than_the_cleanup_timeout() {
         .expect("the given-up agent counted");
     release.send(()).expect("release");
     handle.shutdown();
-    reactor.join().expect("reactor thread").expect("run");
+    reactor.join().expect("run");
 }
 
 /// An agent that counts how many turns run at once for its session and records its inputs.
@@ -446,7 +446,7 @@ fn stress_one_thousand_sessions_by_twenty_messages() {
         }
     }
     handle.shutdown();
-    reactor.join().expect("reactor thread").expect("run");
+    reactor.join().expect("run");
     while let Ok(e) = events.try_recv() {
         assert!(
             !matches!(e.kind, EventKind::Finished(_)),
@@ -496,7 +496,7 @@ fn ten_thousand_sessions_on_sixteen_workers_all_progress() {
         }
     }
     handle.shutdown();
-    reactor.join().expect("reactor thread").expect("run");
+    reactor.join().expect("run");
 }
 
 #[test]
@@ -536,7 +536,7 @@ fn shutdown_drains_running_turns_and_cancels_queued_ones() {
     }
     gate_tx.send(()).expect("release the turn");
     assert_eq!(outcome_of(&events, "running"), Outcome::Reply("a".into()));
-    let report = reactor.join().expect("reactor thread").expect("run");
+    let report = reactor.join().expect("run");
     assert!(report.clean, "{report:?}");
     assert_eq!((report.queued_cancelled, report.turns_finished), (1, 1));
     assert_eq!(handle.status().state, turnstile::RuntimeState::Stopped);
@@ -564,12 +564,12 @@ fn invalid_settings_are_refused_by_name() {
         .turn_workers(0)
         .build()
         .err();
-    assert!(err.is_some_and(|e| e.0.contains("turn_workers")));
+    assert!(err.is_some_and(|e| e.to_string().contains("turn_workers")));
     let err = Builder::new(EchoAgent::factory(Duration::ZERO))
         .tick_interval(Duration::ZERO)
         .build()
         .err();
-    assert!(err.is_some_and(|e| e.0.contains("tick_interval")));
+    assert!(err.is_some_and(|e| e.to_string().contains("tick_interval")));
 }
 
 /// The handle is usable from many threads at once.
@@ -605,7 +605,7 @@ fn handles_submit_concurrently_from_many_threads() {
         }
     }
     handle.shutdown();
-    reactor.join().expect("reactor thread").expect("run");
+    reactor.join().expect("run");
 }
 
 /// Shutdown closes every cached agent at once under one deadline (the reference closed them
@@ -621,7 +621,7 @@ fn shutdown_closes_all_cached_agents_concurrently() {
         fn turn(&mut self, input: &TurnInput<'_>, _: &CancelToken) -> Result<String, TurnError> {
             Ok(input.text.to_owned())
         }
-        fn close(&mut self) -> Result<(), String> {
+        fn close(&mut self) -> Result<(), turnstile::AgentError> {
             self.0.wait();
             Ok(())
         }
@@ -652,7 +652,7 @@ fn shutdown_closes_all_cached_agents_concurrently() {
         }
     }
     handle.shutdown();
-    let report = reactor.join().expect("reactor thread").expect("run");
+    let report = reactor.join().expect("run");
     assert!(report.clean, "{report:?}");
     assert_eq!(report.cleanups_done, AGENTS as u64);
 }
@@ -698,7 +698,7 @@ fn partials_are_forwarded_in_order_before_the_reply_and_throttled() {
         }
         assert_eq!(partials, expected);
         handle.shutdown();
-        reactor.join().expect("reactor").expect("clean run");
+        reactor.join().expect("clean run");
     }
 }
 
@@ -740,5 +740,5 @@ fn long_replies_and_partials_are_cut_on_a_char_boundary_and_flagged() {
     );
     assert_eq!(partial.as_deref(), Some(&*"é".repeat(500)));
     handle.shutdown();
-    reactor.join().expect("reactor").expect("clean run");
+    reactor.join().expect("clean run");
 }

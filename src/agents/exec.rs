@@ -127,7 +127,7 @@ impl ExecAgent {
 
 /// A turn's failure to run the command.
 fn failed(what: &str, e: io::Error) -> TurnError {
-    TurnError::Failed(format!("{what}: {e}"))
+    TurnError::Failed(format!("{what}: {e}").into())
 }
 
 /// The `TURNSTILE_*` variables of a turn.
@@ -285,14 +285,14 @@ impl Agent for ExecAgent {
         // its stderr (that is in the log).
         let text = text.trim();
         if text.is_empty() {
-            return Err(TurnError::Failed(exit.to_string()));
+            return Err(TurnError::Failed(exit.to_string().into()));
         }
         let shown = crate::text::prefix(text, ERROR_TEXT_MAX);
         let more = if shown.len() < text.len() { "…" } else { "" };
-        Err(TurnError::Failed(format!("{exit}: {shown}{more}")))
+        Err(TurnError::Failed(format!("{exit}: {shown}{more}").into()))
     }
 
-    fn close(&mut self) -> Result<(), String> {
+    fn close(&mut self) -> Result<(), crate::agent::AgentError> {
         for mut c in self.leftovers.drain(..) {
             c.kill();
         }
@@ -351,15 +351,17 @@ mod tests {
         let Err(TurnError::Failed(e)) = out else {
             panic!("{out:?}")
         };
-        let text = e.strip_prefix("exit status 1: ").expect("status first");
+        let text = e
+            .message()
+            .strip_prefix("exit status 1: ")
+            .expect("status first");
         assert_eq!(text, format!("{}…", "x".repeat(2047)));
         let out = run("printf '%2048s' '' | tr ' ' x; exit 1", "");
         assert_eq!(
             out,
-            Err(TurnError::Failed(format!(
-                "exit status 1: {}",
-                "x".repeat(2048)
-            )))
+            Err(TurnError::Failed(
+                format!("exit status 1: {}", "x".repeat(2048)).into()
+            ))
         );
     }
 
@@ -421,17 +423,20 @@ mod tests {
     #[test]
     fn a_nonzero_exit_fails_with_the_status_and_stdout_never_stderr() {
         let out = run("echo one >&2; echo 'api key sk-SECRET123' >&2; exit 3", "");
-        assert_eq!(out, Err(TurnError::Failed("exit status 3".to_owned())));
+        assert_eq!(
+            out,
+            Err(TurnError::Failed("exit status 3".to_owned().into()))
+        );
         let out = run("echo 'quota exhausted'; echo sk-SECRET123 >&2; exit 4", "");
         assert_eq!(
             out,
             Err(TurnError::Failed(
-                "exit status 4: quota exhausted".to_owned()
+                "exit status 4: quota exhausted".to_owned().into()
             ))
         );
         assert_eq!(
             run("kill -TERM $$", ""),
-            Err(TurnError::Failed("killed by signal 15".to_owned()))
+            Err(TurnError::Failed("killed by signal 15".to_owned().into()))
         );
     }
 

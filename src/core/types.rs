@@ -200,6 +200,10 @@ impl fmt::Display for FailReason {
     }
 }
 
+/// Default cap on a reply's (and a partial's) length in bytes, 1 MiB: what
+/// [`Reply::bounded`] is given unless a builder or an agent's options say otherwise.
+pub const DEFAULT_MAX_REPLY_BYTES: usize = 1 << 20;
+
 /// An agent's reply, or a command's result.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Reply {

@@ -48,7 +48,7 @@ impl SwappableFactory {
 
 /// Shares a swappable factory with the runtime.
 impl AgentFactory for Arc<SwappableFactory> {
-    fn create(&self, session: &SessionKey) -> Result<Box<dyn Agent>, String> {
+    fn create(&self, session: &SessionKey) -> Result<Box<dyn Agent>, crate::agent::AgentError> {
         self.get().create(session)
     }
 
@@ -69,7 +69,10 @@ mod tests {
         let b: Arc<dyn AgentFactory> = Arc::new(crate::EchoAgent::factory(Duration::ZERO));
         let swap = SwappableFactory::new(a);
         let key = SessionKey::dm("t", "1").unwrap();
-        assert_eq!(swap.create(&key).err().as_deref(), Some("first"));
+        assert_eq!(
+            swap.create(&key).err().map(|e| e.to_string()).as_deref(),
+            Some("first")
+        );
         swap.swap(b);
         assert!(swap.create(&key).is_ok());
         assert_eq!(swap.usage(), None);

@@ -33,7 +33,8 @@ use futures_core::future::FusedFuture;
 use futures_core::stream::{FusedStream, Stream};
 use slab::Slab;
 
-use super::{EventSink, Handle, Route, SubmitError};
+use super::handle::{Handle, SubmitError};
+use super::route::{EventSink, Route};
 use crate::agent::CancelToken;
 use crate::core::{EventKind, MessageEvent};
 use crate::message::Message;
@@ -162,7 +163,7 @@ impl Drop for RoomGuard {
 
 /// The sending half of an [`EventStream`]: where the reactor delivers its events.
 #[derive(Clone)]
-pub struct StreamSink(Arc<StreamTx>);
+pub(super) struct StreamSink(Arc<StreamTx>);
 
 struct StreamTx {
     // Fields drop in declaration order: the sender goes first, so the task woken by
@@ -183,7 +184,7 @@ impl Drop for WakeOnDrop {
 impl StreamSink {
     /// Delivers `event` and wakes the stream's task; hands the event back if the stream is
     /// gone.
-    pub(crate) fn deliver(&self, event: MessageEvent) -> Result<(), MessageEvent> {
+    pub(super) fn deliver(&self, event: MessageEvent) -> Result<(), MessageEvent> {
         let sent = self.0.tx.send(event).map_err(|e| e.into_inner());
         self.0.slot.0.wake();
         sent

@@ -1,90 +1,46 @@
 //! The driver: carries out the core's effects on the pools, the sinks and the frontend.
+//! `apply` only routes; each effect has a step of its own, and what is logged and counted
+//! about it is the [`Observer`]'s.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::TrySendError;
 
 use super::frontend::Frontend;
-use super::workers::{BoxAgent, Completion};
-use super::{CancelToken, Route};
+use super::observe::Observer;
+use super::route::Route;
+use super::workers::{BoxAgent, CleanupPool, TurnPool, WorkerReport};
+use crate::agent::CancelToken;
 use crate::core::{
-    AbandonReason, CleanupId, CleanupJob, Core, Effect, EventKind, FailReason, MessageEvent,
-    Outcome, ShutdownReport, TurnId, TurnJob,
+    AbandonReason, CleanupContext, CleanupId, CleanupJob, Core, Effect, MessageEvent,
+    ShutdownReport, TurnId, TurnJob,
 };
-use crate::histogram::{PromHistogram, TURN_BUCKETS};
-use crate::logfmt::{Field, cut};
+use crate::histogram::PromHistogram;
 use crate::message::SessionKey;
-use crate::pool::{JobTicket, Pool, Replacement};
-
-/// WARN lines about failed turns per session per [`WARN_WINDOW`]; the rest are counted and
-/// the count is given with the next line allowed.
-const WARNS_PER_WINDOW: u32 = 5;
-const WARN_WINDOW: Duration = Duration::from_secs(60);
-/// Sessions remembered by the WARN limiter before the expired ones are forgotten.
-const WARN_SESSIONS: usize = 4096;
-/// Characters of an agent's error text in a WARN line.
-const WARN_ERROR_CHARS: usize = 200;
-
-/// Rate-limits the WARN lines about failed turns, per session.
-#[derive(Default)]
-pub(super) struct WarnLimiter {
-    /// Per session: the window's start, lines logged in it, lines suppressed since the last.
-    sessions: HashMap<SessionKey, (Duration, u32, u64)>,
-}
-
-impl WarnLimiter {
-    /// Whether a line about `session` may be logged at `now`, and how many were suppressed
-    /// since the last one.
-    pub(super) fn allow(&mut self, session: &SessionKey, now: Duration) -> Option<u64> {
-        if self.sessions.len() >= WARN_SESSIONS && !self.sessions.contains_key(session) {
-            self.sessions
-                .retain(|_, (start, _, _)| now.saturating_sub(*start) < WARN_WINDOW);
-        }
-        let entry = self.sessions.entry(session.clone()).or_insert((now, 0, 0));
-        if now.saturating_sub(entry.0) >= WARN_WINDOW {
-            entry.0 = now;
-            entry.1 = 0;
-        }
-        if entry.1 >= WARNS_PER_WINDOW {
-            entry.2 += 1;
-            return None;
-        }
-        entry.1 += 1;
-        Some(std::mem::take(&mut entry.2))
-    }
-}
+use crate::pool::{JobTicket, Replacement};
 
 /// The reactor's side of the pools: carries out the core's effects.
 pub(super) struct Driver {
-    pub(super) core: Core<Route, BoxAgent>,
-    pub(super) turn_pool: Pool<(TurnJob<BoxAgent>, CancelToken)>,
-    pub(super) cleanup_pool: Pool<CleanupJob<BoxAgent>>,
-    pub(super) turns: HashMap<TurnId, (CancelToken, JobTicket)>,
-    pub(super) cleanups: HashMap<CleanupId, JobTicket>,
-    pub(super) undelivered: u64,
-    pub(super) report: Option<ShutdownReport>,
+    core: Core<Route, BoxAgent>,
+    turn_pool: TurnPool,
+    cleanup_pool: CleanupPool,
+    /// Turns on the pool: the token that cancels each, the ticket that gives up on it.
+    turns: HashMap<TurnId, (CancelToken, JobTicket)>,
+    /// Cleanups on the pool: the ticket that gives up on each.
+    cleanups: HashMap<CleanupId, JobTicket>,
+    /// Set by the core's last effect.
+    report: Option<ShutdownReport>,
     /// The reactor's clock at the effects being applied.
-    pub(super) now: Duration,
-    /// Running turns: when each started and the message it answers.
-    started: HashMap<TurnId, (Duration, Arc<str>)>,
-    /// The turn that just ended (its `Finished` follows): message, turn, duration.
-    just_ended: Option<(Arc<str>, TurnId, Duration)>,
-    /// Turn durations, claim to end.
-    pub(super) turn_durations: PromHistogram,
-    /// The runtime's rejections by reason.
-    pub(super) rejected_by_reason: BTreeMap<&'static str, u64>,
-    /// Partials delivered.
-    pub(super) partials_forwarded: u64,
-    warn_limiter: WarnLimiter,
+    now: Duration,
+    observe: Observer,
 }
 
 impl Driver {
     pub(super) fn new(
         core: Core<Route, BoxAgent>,
-        turn_pool: Pool<(TurnJob<BoxAgent>, CancelToken)>,
-        cleanup_pool: Pool<CleanupJob<BoxAgent>>,
+        turn_pool: TurnPool,
+        cleanup_pool: CleanupPool,
     ) -> Driver {
         Driver {
             core,
@@ -92,299 +48,185 @@ impl Driver {
             cleanup_pool,
             turns: HashMap::new(),
             cleanups: HashMap::new(),
-            undelivered: 0,
             report: None,
             now: Duration::ZERO,
-            started: HashMap::new(),
-            just_ended: None,
-            turn_durations: PromHistogram::new(TURN_BUCKETS),
-            rejected_by_reason: BTreeMap::new(),
-            partials_forwarded: 0,
-            warn_limiter: WarnLimiter::default(),
+            observe: Observer::new(),
         }
     }
 
-    /// Counts and logs a message's event before it is delivered: DEBUG for every accepted,
-    /// rejected and finished message; WARN (rate-limited per session) for a failed turn.
-    fn observe(&mut self, ev: &MessageEvent) {
-        let session = Field(ev.session.as_str());
-        let id = Field(&ev.id);
-        match &ev.kind {
-            EventKind::Accepted { state, position } => log::debug!(
-                "accepted session={session} id={id} state={state:?} position={position}"
-            ),
-            EventKind::Rejected(reason) => {
-                *self.rejected_by_reason.entry(reason.as_str()).or_insert(0) += 1;
-                log::debug!(
-                    "rejected session={session} id={id} outcome=rejected reason={}",
-                    reason.as_str()
-                );
-            }
-            EventKind::TurnStarted(_) => {}
-            EventKind::Partial(_) => self.partials_forwarded += 1,
-            EventKind::TurnEnded(turn) => {
-                if let Some((start, message)) = self.started.remove(turn) {
-                    let took = self.now.saturating_sub(start);
-                    self.turn_durations.record(took);
-                    self.just_ended = Some((message, *turn, took));
-                }
-            }
-            EventKind::Finished(outcome) => {
-                let ended = self
-                    .just_ended
-                    .take()
-                    .filter(|(message, _, _)| *message == ev.id);
-                let (turn, ms) = match &ended {
-                    Some((_, turn, took)) => (turn.0.to_string(), took.as_millis().to_string()),
-                    None => ("-".to_owned(), "-".to_owned()),
-                };
-                let name = outcome_name(outcome);
-                log::debug!(
-                    "finished session={session} id={id} turn={turn} outcome={name} ms={ms}"
-                );
-                // A timed-out turn was WARNed as abandoned (the `TurnAbandoned` effect).
-                if let Outcome::Failed(FailReason::Agent(error) | FailReason::Panic(error)) =
-                    outcome
-                    && let Some(suppressed) = self.warn_limiter.allow(&ev.session, self.now)
-                {
-                    let error = cut(error, WARN_ERROR_CHARS);
-                    let more = if suppressed > 0 {
-                        format!(" ({suppressed} more suppressed)")
-                    } else {
-                        String::new()
-                    };
-                    log::warn!(
-                        "turn failed session={session} id={id} turn={turn} outcome={name} ms={ms} error={}{more}",
-                        Field(&error)
-                    );
-                }
-            }
-        }
+    /// The core.
+    pub(super) fn core(&self) -> &Core<Route, BoxAgent> {
+        &self.core
+    }
+
+    /// The core, to feed it inputs.
+    pub(super) fn core_mut(&mut self) -> &mut Core<Route, BoxAgent> {
+        &mut self.core
+    }
+
+    /// The pool running turns.
+    pub(super) fn turn_pool(&self) -> &TurnPool {
+        &self.turn_pool
+    }
+
+    /// The pool closing agents.
+    pub(super) fn cleanup_pool(&self) -> &CleanupPool {
+        &self.cleanup_pool
+    }
+
+    /// Events whose sink was full or gone.
+    pub(super) fn undelivered(&self) -> u64 {
+        self.observe.undelivered()
+    }
+
+    /// Partials delivered.
+    pub(super) fn partials_forwarded(&self) -> u64 {
+        self.observe.partials_forwarded()
+    }
+
+    /// The runtime's rejections by reason.
+    pub(super) fn rejected_by_reason(&self) -> &BTreeMap<&'static str, u64> {
+        self.observe.rejected_by_reason()
+    }
+
+    /// Turn durations, claim to end.
+    pub(super) fn turn_durations(&self) -> &PromHistogram {
+        self.observe.turn_durations()
+    }
+
+    /// The shutdown report, once the core has produced it.
+    pub(super) fn take_report(&mut self) -> Option<ShutdownReport> {
+        self.report.take()
     }
 
     /// A job came back: its ticket is no longer needed to cancel or replace it.
-    pub(super) fn forget_job(&mut self, completion: &Completion) {
+    pub(super) fn forget_job(&mut self, completion: &WorkerReport) {
         match completion {
-            Completion::Turn(done) => {
+            WorkerReport::Turn(done) => {
                 self.turns.remove(&done.turn());
             }
-            Completion::CleanupDone(job, _) => {
+            WorkerReport::CleanupDone(job, _) => {
                 self.cleanups.remove(job);
             }
-            Completion::Partial(_) | Completion::CleanupStarted(_) => {}
+            WorkerReport::Partial(_) | WorkerReport::CleanupStarted(_) => {}
         }
     }
 
-    pub(super) fn apply(&mut self, effect: Effect<Route, BoxAgent>, frontend: &mut impl Frontend) {
-        if let Effect::Emit { event, .. } = &effect {
-            self.observe(event);
+    /// Carries out `effects` in order, at the reactor's clock `now`.
+    pub(super) fn apply_all(
+        &mut self,
+        now: Duration,
+        effects: impl Iterator<Item = Effect<Route, BoxAgent>>,
+        frontend: &mut impl Frontend,
+    ) {
+        self.now = now;
+        for effect in effects {
+            self.apply(effect, frontend);
         }
+    }
+
+    fn apply(&mut self, effect: Effect<Route, BoxAgent>, frontend: &mut impl Frontend) {
         match effect {
-            Effect::Emit {
-                route: Route::Local(tag),
-                event,
-            } => frontend.deliver(tag, event),
-            Effect::Emit {
-                route: Route::Sink(sink),
-                event,
-            } => match sink.try_send(event) {
-                Ok(()) => {}
-                Err(TrySendError::Full(ev)) => {
-                    self.undelivered += 1;
-                    log::warn!(
-                        "session {}: event sink full, event for message {} lost: {:?}",
-                        ev.session,
-                        ev.id,
-                        ev.kind
-                    );
-                }
-                Err(TrySendError::Disconnected(ev)) => {
-                    self.undelivered += 1;
-                    log::debug!("session {}: event sink closed ({})", ev.session, ev.id);
-                }
-            },
-            #[cfg(feature = "async")]
-            Effect::Emit {
-                route: Route::Stream(stream),
-                event,
-            } => {
-                if let Err(ev) = stream.deliver(event) {
-                    self.undelivered += 1;
-                    log::debug!("session {}: event stream dropped ({})", ev.session, ev.id);
-                }
-            }
-            Effect::StartTurn(job) => {
-                let cancel = CancelToken::new();
-                let turn = job.turn;
-                self.started
-                    .insert(turn, (self.now, Arc::clone(&job.message_id)));
-                debug_assert!(
-                    self.started.len() <= self.core.config().turn_workers,
-                    "a turn's start outlived its end"
-                );
-                let ticket = self.turn_pool.submit((job, cancel.clone()));
-                self.turns.insert(turn, (cancel, ticket));
-            }
-            Effect::CancelTurn(turn) => {
-                if let Some((cancel, _)) = self.turns.get(&turn) {
-                    cancel.cancel();
-                }
-            }
+            Effect::Emit { route, event } => self.emit(route, event, frontend),
+            Effect::StartTurn(job) => self.start_turn(job),
+            Effect::CancelTurn(turn) => self.cancel_turn(turn),
             Effect::TurnAbandoned {
                 turn,
                 session,
                 reason,
-            } => {
-                let why = match reason {
-                    AbandonReason::Timeout => "ran past its turn timeout".to_owned(),
-                    AbandonReason::IgnoredCancel(r) => {
-                        format!("ignored cancellation ({}) past the stop grace", r.as_str())
-                    }
-                };
-                let (ms, id) = match self.started.get(&turn) {
-                    Some((start, id)) => (
-                        self.now.saturating_sub(*start).as_millis().to_string(),
-                        id.to_string(),
-                    ),
-                    None => ("-".to_owned(), "-".to_owned()),
-                };
-                if let Some(suppressed) = self.warn_limiter.allow(&session, self.now) {
-                    let more = if suppressed > 0 {
-                        format!(" ({suppressed} more suppressed)")
-                    } else {
-                        String::new()
-                    };
-                    log::warn!(
-                        "turn abandoned session={} id={} turn={} outcome=abandoned ms={ms}: it {why}; its late result will be discarded{more}",
-                        Field(session.as_str()),
-                        Field(&id),
-                        turn.0
-                    );
-                }
-                if let Some((_, ticket)) = self.turns.remove(&turn)
-                    && self.turn_pool.replace(&ticket) == Replacement::Refused
-                {
-                    log::error!(
-                        "session {session}: cannot replace the turn thread stuck on turn {}: extra-thread cap reached",
-                        turn.0
-                    );
-                }
-            }
-            Effect::Cleanup(job) => {
-                // The pool starts a thread for it if none is idle (up to the core's
-                // concurrency), so shutdown closes every agent at once.
-                let id = job.job;
-                let ticket = self.cleanup_pool.submit(job);
-                self.cleanups.insert(id, ticket);
-            }
+            } => self.abandon_turn(turn, &session, reason),
+            Effect::Cleanup(job) => self.start_cleanup(job),
             Effect::CleanupExceeded {
                 job,
                 session,
                 context,
-            } => {
-                log::warn!(
-                    "session {session}: agent cleanup ({}) exceeded {:?}; proceeding without waiting (the thread is left to finish on its own)",
-                    context.as_str(),
-                    self.core.config().cleanup_timeout
-                );
-                if let Some(ticket) = self.cleanups.remove(&job)
-                    && self.cleanup_pool.replace(&ticket) == Replacement::Refused
-                {
-                    log::error!(
-                        "session {session}: cannot replace the cleanup thread stuck on job {}: extra-thread cap reached",
-                        job.0
-                    );
-                }
-            }
+            } => self.abandon_cleanup(job, &session, context),
             Effect::CleanupFailed {
                 session,
                 context,
                 error,
                 ..
-            } => {
-                log::warn!(
-                    "session {session}: agent cleanup ({}) failed: {error}",
-                    context.as_str()
-                );
-            }
+            } => self.observe.cleanup_failed(&session, context, &error),
             Effect::ShutdownComplete(report) => self.report = Some(report),
         }
     }
-}
 
-/// The outcome's name in log lines: `reply`, `cancelled:<reason>`, `failed:<kind>`, `merged`.
-fn outcome_name(outcome: &Outcome) -> String {
-    match outcome {
-        Outcome::Reply(_) => "reply".to_owned(),
-        Outcome::Cancelled(r) => format!("cancelled:{}", r.as_str()),
-        Outcome::Failed(FailReason::Agent(_)) => "failed:agent".to_owned(),
-        Outcome::Failed(FailReason::Panic(_)) => "failed:panic".to_owned(),
-        Outcome::Failed(FailReason::Timeout) => "failed:timeout".to_owned(),
-        Outcome::Merged { .. } => "merged".to_owned(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn warn_limiter_allows_a_burst_per_session_then_reports_what_it_suppressed() {
-        let mut l = WarnLimiter::default();
-        let a = SessionKey::dm("t", "a").unwrap();
-        let b = SessionKey::dm("t", "b").unwrap();
-        let s = Duration::from_secs;
-        for _ in 0..WARNS_PER_WINDOW {
-            assert_eq!(l.allow(&a, s(1)), Some(0));
+    /// Observes a message's event, then delivers it on its route. The reactor never blocks
+    /// on a sink: a full one loses the event.
+    fn emit(&mut self, route: Route, event: MessageEvent, frontend: &mut impl Frontend) {
+        self.observe.event(&event, self.now);
+        match route {
+            Route::Local(tag) => frontend.deliver(tag, event),
+            Route::Sink(sink) => match sink.try_send(event) {
+                Ok(()) => {}
+                Err(TrySendError::Full(ev)) => self.observe.sink_full(&ev),
+                Err(TrySendError::Disconnected(ev)) => self.observe.sink_closed(&ev),
+            },
+            #[cfg(feature = "async")]
+            Route::Stream(stream) => {
+                if let Err(ev) = stream.deliver(event) {
+                    self.observe.stream_dropped(&ev);
+                }
+            }
         }
-        assert_eq!(l.allow(&a, s(2)), None);
-        assert_eq!(l.allow(&a, s(3)), None);
-        assert_eq!(l.allow(&b, s(3)), Some(0), "another session is not limited");
-        assert_eq!(
-            l.allow(&a, s(60)),
-            None,
-            "the window runs from its first line"
-        );
-        assert_eq!(l.allow(&a, s(61)), Some(3));
-        assert_eq!(l.allow(&a, s(62)), Some(0));
     }
 
-    #[test]
-    fn warn_limiter_forgets_expired_sessions_at_its_bound() {
-        let mut l = WarnLimiter::default();
-        for i in 0..WARN_SESSIONS {
-            let k = SessionKey::dm("t", &i.to_string()).unwrap();
-            assert_eq!(l.allow(&k, Duration::ZERO), Some(0));
+    /// Hands a turn to the turn pool with a fresh cancellation token.
+    fn start_turn(&mut self, job: TurnJob<BoxAgent>) {
+        let cancel = CancelToken::new();
+        let turn = job.turn;
+        self.observe.turn_started(turn, &job.message_id, self.now);
+        let ticket = self.turn_pool.submit((job, cancel.clone()));
+        self.turns.insert(turn, (cancel, ticket));
+        self.check();
+    }
+
+    fn cancel_turn(&mut self, turn: TurnId) {
+        if let Some((cancel, _)) = self.turns.get(&turn) {
+            cancel.cancel();
         }
-        assert_eq!(l.sessions.len(), WARN_SESSIONS);
-        let k = SessionKey::dm("t", "new").unwrap();
-        assert_eq!(l.allow(&k, WARN_WINDOW), Some(0));
-        assert_eq!(l.sessions.len(), 1, "expired sessions forgotten");
     }
 
-    #[test]
-    fn outcome_names() {
-        use crate::core::{CancelReason, Reply};
-        assert_eq!(outcome_name(&Outcome::Reply(Reply::default())), "reply");
-        assert_eq!(
-            outcome_name(&Outcome::Cancelled(CancelReason::Stopped)),
-            "cancelled:stopped"
+    /// Gives up on a turn: its thread no longer counts toward the pool's cap.
+    fn abandon_turn(&mut self, turn: TurnId, session: &SessionKey, reason: AbandonReason) {
+        self.observe.turn_abandoned(turn, session, reason, self.now);
+        if let Some((_, ticket)) = self.turns.remove(&turn)
+            && self.turn_pool.replace(&ticket) == Replacement::Refused
+        {
+            self.observe.turn_replace_refused(session, turn);
+        }
+    }
+
+    fn start_cleanup(&mut self, job: CleanupJob<BoxAgent>) {
+        // The pool starts a thread for it if none is idle (up to the core's concurrency),
+        // so shutdown closes every agent at once.
+        let id = job.job;
+        let ticket = self.cleanup_pool.submit(job);
+        self.cleanups.insert(id, ticket);
+    }
+
+    /// Gives up on a cleanup past its deadline: its thread is left to finish on its own.
+    fn abandon_cleanup(&mut self, job: CleanupId, session: &SessionKey, context: CleanupContext) {
+        let timeout = self.core.config().cleanup_timeout;
+        self.observe.cleanup_exceeded(session, context, timeout);
+        if let Some(ticket) = self.cleanups.remove(&job)
+            && self.cleanup_pool.replace(&ticket) == Replacement::Refused
+        {
+            self.observe.cleanup_replace_refused(session, job);
+        }
+    }
+
+    /// The driver's invariants (debug builds): no more turns timed or on the pool than
+    /// there are turn workers.
+    fn check(&self) {
+        let workers = self.core.config().turn_workers;
+        debug_assert!(
+            self.observe.running_turns() <= workers,
+            "a turn's start outlived its end"
         );
-        assert_eq!(
-            outcome_name(&Outcome::Failed(FailReason::Agent("x".into()))),
-            "failed:agent"
-        );
-        assert_eq!(
-            outcome_name(&Outcome::Failed(FailReason::Panic("x".into()))),
-            "failed:panic"
-        );
-        assert_eq!(
-            outcome_name(&Outcome::Failed(FailReason::Timeout)),
-            "failed:timeout"
-        );
-        assert_eq!(
-            outcome_name(&Outcome::Merged { into: "m".into() }),
-            "merged"
+        debug_assert!(
+            self.turns.len() <= workers,
+            "a finished or abandoned turn kept its ticket"
         );
     }
 }

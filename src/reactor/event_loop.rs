@@ -1,7 +1,12 @@
-//! The reactor's loop: one [`Reactor::turn`] per wake, in named steps.
+//! The loop: the [`Runtime`] an embedder runs, and the `Reactor` it becomes on its thread —
+//! one [`Reactor::turn`] per wake, in named steps.
 
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
@@ -9,18 +14,134 @@ use mio::{Events as MioEvents, Poll};
 
 use super::deadline::DeadlineTimer;
 use super::driver::Driver;
-use super::frontend::{Ctx, Frontend};
+use super::frontend::{Ctx, Frontend, NoFrontend};
 use super::heartbeat::Heartbeat;
-use super::notify::Notifier;
-use super::workers::{BoxAgent, Completion};
-use super::{INGRESS_BATCH, Route, Runtime};
-use crate::core::{Core, Effect, Input, ShutdownReport};
+use super::route::{Route, Submission};
+use super::wake::Notifier;
+use super::workers::{BoxAgent, CleanupPool, TurnPool, WorkerReport, panic_text};
+use crate::agent::AgentFactory;
+use crate::core::{Core, CoreConfig, Effect, Input, ShutdownReport};
 use crate::liveness::{RuntimeState, StatusCell, StatusFileWriter};
-use crate::message::Message;
 use crate::tokens::{REACTOR_TIMER as TIMER_TOKEN, REACTOR_WAKE as WAKE_TOKEN};
 
 /// Readiness events taken per poll.
 const EVENTS_CAPACITY: usize = 256;
+/// Submissions taken from the ingress channel per loop iteration.
+const INGRESS_BATCH: usize = 1024;
+
+/// The reactor, ready to run on the thread that calls [`Runtime::run`]; its worker threads
+/// are already running.
+pub struct Runtime {
+    pub(super) poll: Poll,
+    pub(super) notifier: Arc<Notifier>,
+    /// Wakes submits waiting for ingress room (the `async` feature).
+    #[cfg(feature = "async")]
+    pub(super) room: super::async_api::RoomGuard,
+    pub(super) ingress: Receiver<Submission>,
+    pub(super) shutdown: Arc<AtomicBool>,
+    pub(super) status: Arc<StatusCell>,
+    pub(super) core: CoreConfig,
+    pub(super) turn_pool: TurnPool,
+    pub(super) cleanup_pool: CleanupPool,
+    pub(super) completions: Receiver<WorkerReport>,
+    /// Kept for the heartbeat: the factory's agent usage joins the status.
+    pub(super) factory: Arc<dyn AgentFactory>,
+    pub(super) tick_interval: Duration,
+    pub(super) status_file: Option<PathBuf>,
+    pub(super) precise_timers: bool,
+}
+
+impl fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Runtime")
+            .field("core", &self.core)
+            .field("turn_threads", &self.turn_pool.live_threads())
+            .field("cleanup_threads", &self.cleanup_pool.live_threads())
+            .field("tick_interval", &self.tick_interval)
+            .field("status_file", &self.status_file)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Runtime {
+    /// Runs the reactor on a new thread named `turnstile-reactor`; fails only if the thread
+    /// cannot be started.
+    pub fn spawn(self) -> io::Result<RuntimeThread> {
+        thread::Builder::new()
+            .name("turnstile-reactor".into())
+            .spawn(move || self.run())
+            .map(|thread| RuntimeThread { thread })
+    }
+
+    /// Drives the loop until a shutdown requested through a [`Handle`](super::Handle)
+    /// completes.
+    pub fn run(self) -> std::io::Result<ShutdownReport> {
+        self.run_with(NoFrontend)
+    }
+
+    /// Drives the loop with `frontend` hosted on it (its sockets, signals and timers) until
+    /// shutdown completes, then lets the frontend flush its output.
+    pub fn run_with<F: Frontend>(self, frontend: F) -> std::io::Result<ShutdownReport> {
+        let mut reactor = Reactor::start(self, frontend)?;
+        let report = loop {
+            if let Some(report) = reactor.turn()? {
+                break report;
+            }
+        };
+        Ok(reactor.finish(report))
+    }
+}
+
+/// The reactor running on a thread of its own, from [`Runtime::spawn`].
+#[derive(Debug)]
+pub struct RuntimeThread {
+    thread: thread::JoinHandle<io::Result<ShutdownReport>>,
+}
+
+impl RuntimeThread {
+    /// Waits for the loop to end (after a shutdown asked through a
+    /// [`Handle`](super::Handle)) and returns its report.
+    pub fn join(self) -> Result<ShutdownReport, RunError> {
+        match self.thread.join() {
+            Ok(ran) => ran.map_err(RunError::Io),
+            Err(payload) => Err(RunError::Panicked(panic_text(&*payload))),
+        }
+    }
+
+    /// Whether the loop has ended (`join` then returns at once).
+    pub fn is_finished(&self) -> bool {
+        self.thread.is_finished()
+    }
+}
+
+/// Why the reactor's loop ended without a report.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RunError {
+    /// An I/O error stopped the loop: its poll, the frontend's registration, the status
+    /// file's writer.
+    Io(io::Error),
+    /// The reactor thread panicked, with this message.
+    Panicked(String),
+}
+
+impl fmt::Display for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RunError::Io(_) => f.write_str("the reactor stopped on an I/O error"),
+            RunError::Panicked(why) => write!(f, "the reactor thread panicked: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for RunError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RunError::Io(e) => Some(e),
+            RunError::Panicked(_) => None,
+        }
+    }
+}
 
 /// Everything the loop owns, on the reactor thread.
 pub(super) struct Reactor<F: Frontend> {
@@ -31,11 +152,11 @@ pub(super) struct Reactor<F: Frontend> {
     notifier: Arc<Notifier>,
     /// Fires at the next deadline with sub-millisecond precision, when enabled.
     timer: Option<DeadlineTimer>,
-    ingress: Receiver<(Message, Route)>,
+    ingress: Receiver<Submission>,
     /// Submits waiting for ingress room, woken after each drain (the `async` feature).
     #[cfg(feature = "async")]
     room: super::async_api::RoomGuard,
-    completions: Receiver<Completion>,
+    completions: Receiver<WorkerReport>,
     shutdown: Arc<AtomicBool>,
     driver: Driver,
     /// Effects produced by the core this turn, applied in order by [`Reactor::apply_effects`].
@@ -115,7 +236,7 @@ impl<F: Frontend> Reactor<F> {
         self.dispatch_readiness(now);
         self.begin_shutdown_if_requested(now);
         self.apply_effects(now);
-        if let Some(report) = self.driver.report.take() {
+        if let Some(report) = self.driver.take_report() {
             return Ok(Some(report));
         }
         self.tick_heartbeat();
@@ -129,7 +250,7 @@ impl<F: Frontend> Reactor<F> {
         for completion in self.completions.try_iter() {
             self.driver.forget_job(&completion);
             self.driver
-                .core
+                .core_mut()
                 .handle(now, completion.into(), &mut self.effects);
         }
     }
@@ -139,7 +260,7 @@ impl<F: Frontend> Reactor<F> {
     fn drain_ingress(&mut self, now: Duration) {
         for (message, route) in self.ingress.try_iter().take(INGRESS_BATCH) {
             self.driver
-                .core
+                .core_mut()
                 .handle(now, Input::Submit { message, route }, &mut self.effects);
         }
         #[cfg(feature = "async")]
@@ -148,7 +269,7 @@ impl<F: Frontend> Reactor<F> {
 
     /// Hands socket readiness to the frontend, then lets it do its per-wake work.
     fn dispatch_readiness(&mut self, now: Duration) {
-        let mut ctx = Ctx::new(now, &mut self.driver.core, &mut self.effects);
+        let mut ctx = Ctx::new(now, self.driver.core_mut(), &mut self.effects);
         for event in self.events.iter() {
             match event.token() {
                 WAKE_TOKEN => {}
@@ -168,27 +289,25 @@ impl<F: Frontend> Reactor<F> {
 
     /// A shutdown asked for by a handle, a signal or the frontend starts the core's drain once.
     fn begin_shutdown_if_requested(&mut self, now: Duration) {
-        if self.shutdown.load(Ordering::SeqCst) && !self.driver.core.is_shutting_down() {
+        if self.shutdown.load(Ordering::SeqCst) && !self.driver.core().is_shutting_down() {
             log::info!("shutdown requested: draining");
             self.driver
-                .core
+                .core_mut()
                 .handle(now, Input::Shutdown, &mut self.effects);
         }
     }
 
     /// Fires the core's due timers, then carries out every effect in the order produced.
     fn apply_effects(&mut self, now: Duration) {
-        self.driver.core.advance(now, &mut self.effects);
-        self.driver.now = now;
-        for effect in self.effects.drain(..) {
-            self.driver.apply(effect, &mut self.frontend);
-        }
+        self.driver.core_mut().advance(now, &mut self.effects);
+        self.driver
+            .apply_all(now, self.effects.drain(..), &mut self.frontend);
         self.frontend.flush();
     }
 
     /// Records the tick's lateness and publishes a snapshot when a tick is due.
     fn tick_heartbeat(&mut self) {
-        let state = if self.driver.core.is_shutting_down() {
+        let state = if self.driver.core().is_shutting_down() {
             RuntimeState::Draining
         } else {
             RuntimeState::Running
@@ -209,14 +328,14 @@ impl<F: Frontend> Reactor<F> {
     /// Polls until readiness, a wake, or the earliest deadline (the core's timers, the
     /// frontend's, the next tick). Skipped when work is already waiting.
     fn sleep_until_next_deadline(&mut self) -> std::io::Result<()> {
-        let deadline = [self.driver.core.next_deadline(), self.frontend_deadline]
+        let deadline = [self.driver.core().next_deadline(), self.frontend_deadline]
             .into_iter()
             .flatten()
             .fold(self.heartbeat.next, Duration::min);
         self.notifier.prepare_sleep();
         let pending = !self.completions.is_empty()
             || !self.ingress.is_empty()
-            || (self.shutdown.load(Ordering::SeqCst) && !self.driver.core.is_shutting_down());
+            || (self.shutdown.load(Ordering::SeqCst) && !self.driver.core().is_shutting_down());
         if pending {
             // Do not replay the last poll's events next turn.
             self.events.clear();

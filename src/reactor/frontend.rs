@@ -8,7 +8,7 @@ use std::time::Duration;
 use mio::event::Event;
 use mio::{Poll, Registry};
 
-use super::Route;
+use super::route::Route;
 use super::workers::BoxAgent;
 use crate::core::{Core, Effect, Input, MessageEvent};
 use crate::liveness::{FrontendStatus, Status};
@@ -90,7 +90,7 @@ impl<'a> Ctx<'a> {
 
 /// Code hosted on the reactor. Every method runs on the reactor thread and must not block.
 pub trait Frontend {
-    /// Registers the frontend's sources, with tokens below [`FIRST_RESERVED_TOKEN`].
+    /// Registers the frontend's sources, with tokens below [`FIRST_RESERVED_TOKEN`](crate::FIRST_RESERVED_TOKEN).
     fn register(&mut self, registry: &Registry) -> std::io::Result<()>;
 
     /// A readiness event for one of the frontend's tokens.

@@ -112,7 +112,7 @@ impl Heartbeat {
         driver: &Driver,
         frontend: Option<FrontendStatus>,
     ) -> Arc<Status> {
-        let s = driver.core.stats();
+        let s = driver.core().stats();
         Arc::new(Status {
             pid: std::process::id(),
             state,
@@ -128,16 +128,16 @@ impl Heartbeat {
             cleanups: s.cleanups,
             workers: worker_counts(driver),
             messages: MessageCounts {
-                events_undelivered: driver.undelivered,
-                partials_forwarded: driver.partials_forwarded,
+                events_undelivered: driver.undelivered(),
+                partials_forwarded: driver.partials_forwarded(),
                 ..s.messages
             },
-            rejected_by_reason: driver.rejected_by_reason.clone(),
+            rejected_by_reason: driver.rejected_by_reason().clone(),
             agent_usage: self.factory.usage(),
             frontend,
             histograms: Arc::new(Histograms {
                 loop_lag: self.lag_buckets.clone(),
-                turn_duration: driver.turn_durations.clone(),
+                turn_duration: driver.turn_durations().clone(),
             }),
         })
     }
@@ -154,11 +154,11 @@ impl Heartbeat {
 
 fn worker_counts(driver: &Driver) -> WorkerCounts {
     WorkerCounts {
-        turn: driver.turn_pool.live_threads(),
-        cleanup: driver.cleanup_pool.live_threads(),
-        replaced: driver.turn_pool.replaced() + driver.cleanup_pool.replaced(),
-        turn_threads: thread_states(&driver.turn_pool),
-        cleanup_threads: thread_states(&driver.cleanup_pool),
+        turn: driver.turn_pool().live_threads(),
+        cleanup: driver.cleanup_pool().live_threads(),
+        replaced: driver.turn_pool().replaced() + driver.cleanup_pool().replaced(),
+        turn_threads: thread_states(driver.turn_pool()),
+        cleanup_threads: thread_states(driver.cleanup_pool()),
     }
 }
 

@@ -8,16 +8,22 @@ use std::time::Duration;
 
 use crossbeam_channel::Sender;
 
-use super::Route;
-use super::notify::Notifier;
+use super::route::Route;
+use super::wake::Notifier;
 use crate::agent::{Agent, AgentFactory, CancelToken, Partials, TurnError, TurnInput};
 use crate::core::{CleanupId, CleanupJob, Input, Reply, TurnDone, TurnJob, TurnResult};
+use crate::pool::Pool;
 
 /// A boxed agent, as the runtime moves it around.
 pub(crate) type BoxAgent = Box<dyn Agent>;
+/// The pool running turns; each job carries the token that cancels it.
+pub(super) type TurnPool = Pool<(TurnJob<BoxAgent>, CancelToken)>;
+/// The pool closing agents.
+pub(super) type CleanupPool = Pool<CleanupJob<BoxAgent>>;
 
-/// A worker's report to the reactor. Each is built from the job it reports on.
-pub enum Completion {
+/// A worker's report to the reactor (a turn ended, a partial, a cleanup started or ended).
+/// Each is built from the job it reports on.
+pub(super) enum WorkerReport {
     /// A turn returned.
     Turn(TurnDone<BoxAgent>),
     /// A running turn's reply so far.
@@ -28,28 +34,28 @@ pub enum Completion {
     CleanupDone(CleanupId, Result<(), String>),
 }
 
-impl From<Completion> for Input<Route, BoxAgent> {
-    fn from(c: Completion) -> Self {
+impl From<WorkerReport> for Input<Route, BoxAgent> {
+    fn from(c: WorkerReport) -> Self {
         match c {
-            Completion::Turn(done) => Input::TurnDone(done),
-            Completion::Partial(input) => input,
-            Completion::CleanupStarted(job) => Input::CleanupStarted { job },
-            Completion::CleanupDone(job, result) => Input::CleanupDone { job, result },
+            WorkerReport::Turn(done) => Input::TurnDone(done),
+            WorkerReport::Partial(input) => input,
+            WorkerReport::CleanupStarted(job) => Input::CleanupStarted { job },
+            WorkerReport::CleanupDone(job, result) => Input::CleanupDone { job, result },
         }
     }
 }
 
 /// Where workers send completions.
 #[derive(Clone)]
-pub(super) struct CompletionSink {
+pub(super) struct ReportSink {
     /// The channel the reactor drains.
-    pub tx: Sender<Completion>,
+    pub tx: Sender<WorkerReport>,
     /// Wakes the reactor.
     pub notifier: Arc<Notifier>,
 }
 
-impl CompletionSink {
-    fn send(&self, c: Completion) {
+impl ReportSink {
+    fn send(&self, c: WorkerReport) {
         // The reactor holds the receiver until it exits; after that nobody needs the result.
         if self.tx.send(c).is_ok() {
             self.notifier.notify();
@@ -57,7 +63,8 @@ impl CompletionSink {
     }
 }
 
-fn panic_text(payload: &(dyn Any + Send)) -> String {
+/// A panic's message, when it has one.
+pub(super) fn panic_text(payload: &(dyn Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {
         (*s).to_owned()
     } else if let Some(s) = payload.downcast_ref::<String>() {
@@ -82,14 +89,14 @@ pub(super) fn run_turn(
     mut job: TurnJob<BoxAgent>,
     cancel: &CancelToken,
     factory: &dyn AgentFactory,
-    sink: &CompletionSink,
+    sink: &ReportSink,
     limits: TurnLimits,
 ) {
     let partials = {
         let (sink, route) = (sink.clone(), job.partial_route());
         Partials::throttled(limits.partial_interval, move |text| {
             let text = Reply::bounded(text, limits.max_reply_bytes).text;
-            sink.send(Completion::Partial(route.partial(text)));
+            sink.send(WorkerReport::Partial(route.partial(text)));
         })
     };
     let mut agent = match job.agent.take() {
@@ -115,22 +122,28 @@ pub(super) fn run_turn(
             match catch_unwind(AssertUnwindSafe(|| a.turn(&input, cancel))) {
                 Ok(Ok(reply)) => TurnResult::Reply(Reply::bounded(reply, limits.max_reply_bytes)),
                 Ok(Err(TurnError::Cancelled)) => TurnResult::Cancelled,
-                Ok(Err(TurnError::Failed(e))) => TurnResult::Failed(e),
+                Ok(Err(TurnError::Failed(e))) => {
+                    if std::error::Error::source(&e).is_some() {
+                        log::debug!("session {}: turn failed: {}", job.session, e.chain());
+                    }
+                    TurnResult::Failed(e.message().to_owned())
+                }
                 Err(p) => TurnResult::Panicked(panic_text(&*p)),
             }
         }
         Err(r) => r.clone(),
     };
-    sink.send(Completion::Turn(job.done(agent.ok(), result)));
+    sink.send(WorkerReport::Turn(job.done(agent.ok(), result)));
 }
 
 /// Closes one agent on a cleanup-pool thread.
-pub(super) fn run_cleanup(job: CleanupJob<BoxAgent>, sink: &CompletionSink) {
+pub(super) fn run_cleanup(job: CleanupJob<BoxAgent>, sink: &ReportSink) {
     let CleanupJob { job, mut agent, .. } = job;
     // The deadline runs from here, not from when the job was queued.
-    sink.send(Completion::CleanupStarted(job));
+    sink.send(WorkerReport::CleanupStarted(job));
     let result = match catch_unwind(AssertUnwindSafe(|| agent.close())) {
-        Ok(r) => r,
+        // The core keeps the text; the log line it ends in shows every cause.
+        Ok(r) => r.map_err(|e| e.chain()),
         Err(p) => Err(format!("close() panicked: {}", panic_text(&*p))),
     };
     // Dropping an agent can run arbitrary code too; do it here, off the reactor, guarded.
@@ -139,5 +152,5 @@ pub(super) fn run_cleanup(job: CleanupJob<BoxAgent>, sink: &CompletionSink) {
         (Ok(()), Err(p)) => Err(format!("drop panicked: {}", panic_text(&*p))),
         (r, _) => r,
     };
-    sink.send(Completion::CleanupDone(job, result));
+    sink.send(WorkerReport::CleanupDone(job, result));
 }

@@ -163,7 +163,7 @@ impl OpenAiFactory {
 }
 
 impl AgentFactory for OpenAiFactory {
-    fn create(&self, session: &SessionKey) -> Result<Box<dyn Agent>, String> {
+    fn create(&self, session: &SessionKey) -> Result<Box<dyn Agent>, crate::agent::AgentError> {
         Ok(Box::new(self.agent(session)))
     }
 
@@ -460,12 +460,12 @@ impl Agent for OpenAiAgent {
             Err(Stop::Failed(why)) => {
                 let why = self.shared.scrub(why);
                 log::warn!("session {}: openai turn failed: {why}", self.session);
-                Err(TurnError::Failed(why))
+                Err(TurnError::Failed(why.into()))
             }
         }
     }
 
-    fn close(&mut self) -> Result<(), String> {
+    fn close(&mut self) -> Result<(), crate::agent::AgentError> {
         if self.turns > 0 {
             log::info!(
                 "session {}: openai agent closed after {} turns: {} prompt + {} completion tokens",

@@ -211,8 +211,9 @@ impl ProcessAgent {
             }
         }
         if self.live.is_none() {
-            self.start()
-                .map_err(|e| TurnError::Failed(format!("cannot start agent process: {e}")))?;
+            self.start().map_err(|e| {
+                TurnError::Failed(format!("cannot start agent process: {e}").into())
+            })?;
         }
         Ok(())
     }
@@ -256,12 +257,12 @@ impl Agent for ProcessAgent {
                 if cancel.is_cancelled() {
                     return Err(TurnError::Cancelled);
                 }
-                Err(TurnError::Failed(why))
+                Err(TurnError::Failed(why.into()))
             }
         }
     }
 
-    fn close(&mut self) -> Result<(), String> {
+    fn close(&mut self) -> Result<(), crate::agent::AgentError> {
         let Some(live) = &mut self.live else {
             return Ok(());
         };
@@ -279,7 +280,7 @@ impl Agent for ProcessAgent {
         };
         // Whatever is left of the tree (processes the agent started and left) goes too.
         self.discard();
-        result
+        result.map_err(Into::into)
     }
 }
 
@@ -518,7 +519,8 @@ mod tests {
         let first = pid(&mut *a);
         match turn(&mut *a, "garbage") {
             Err(TurnError::Failed(e)) => assert!(
-                e.starts_with("agent protocol error: not a valid message line"),
+                e.message()
+                    .starts_with("agent protocol error: not a valid message line"),
                 "{e}"
             ),
             other => panic!("{other:?}"),
@@ -689,7 +691,7 @@ mod tests {
         });
         let p = pid(&mut *a);
         let e = a.close().expect_err("ignored close");
-        assert!(e.ends_with("terminated"), "{e}");
+        assert!(e.message().ends_with("terminated"), "{e}");
         assert!(!running(p));
 
         let mut a = agent(ProcessOptions {
@@ -698,7 +700,7 @@ mod tests {
         });
         let p = pid(&mut *a);
         let e = a.close().expect_err("ignored close and TERM");
-        assert!(e.ends_with("killed"), "{e}");
+        assert!(e.message().ends_with("killed"), "{e}");
         assert!(!running(p));
     }
 
@@ -713,9 +715,12 @@ mod tests {
         assert_eq!(turn(&mut *a, &big), Ok("x".into()));
         assert_eq!(
             turn(&mut *a, &big),
-            Err(TurnError::Failed(format!(
-                "the agent process left more than {MAX_UNREAD_STDIN} bytes of its stdin unread"
-            )))
+            Err(TurnError::Failed(
+                format!(
+                    "the agent process left more than {MAX_UNREAD_STDIN} bytes of its stdin unread"
+                )
+                .into()
+            ))
         );
     }
 

@@ -209,7 +209,7 @@ impl<'a> Turn<'a> {
                     if self.kill_at.is_some() {
                         return Ok(Some(Err(TurnError::Cancelled)));
                     }
-                    return Ok(Some(Err(TurnError::Failed(bounded(message)))));
+                    return Ok(Some(Err(TurnError::Failed(bounded(message).into()))));
                 }
                 FromAgent::Unknown => {}
                 other => log::debug!(

@@ -1,0 +1,206 @@
+//! The core's turn mechanics: cancelling queues and turns, abandoning a turn, the ready
+//! queue, and starting a turn on a free worker.
+
+use super::*;
+
+impl<R: Clone, A> Core<R, A> {
+    /// Ends every queued message of a session with `cancelled: reason`; returns how many.
+    pub(super) fn cancel_queue(
+        &mut self,
+        slot: Key,
+        reason: CancelReason,
+        fx: &mut Vec<Effect<R, A>>,
+    ) -> usize {
+        let session = &mut self.slots[slot];
+        let n = session.queue.len();
+        for q in session.queue.drain(..) {
+            self.queued_bytes -= q.text.len();
+            emit(
+                fx,
+                q.route,
+                &q.id,
+                &session.key,
+                EventKind::Finished(Outcome::Cancelled(reason)),
+            );
+        }
+        self.queued_total -= n;
+        self.stats.messages.queued_cancelled += n as u64;
+        n
+    }
+
+    /// Signals a running turn's cancellation and starts its grace period. Returns whether a
+    /// turn was running; a turn already cancelling keeps its first reason and deadline.
+    pub(super) fn cancel_turn(
+        &mut self,
+        now: Duration,
+        slot: Key,
+        reason: CancelReason,
+        fx: &mut Vec<Effect<R, A>>,
+    ) -> bool {
+        let Some(t) = self.slots[slot].turn.as_mut() else {
+            return false;
+        };
+        if t.cancel.is_none() {
+            t.cancel = Some(reason);
+            fx.push(Effect::CancelTurn(t.turn));
+            self.timers.insert(
+                now + self.cfg.stop_grace,
+                Timer::StopGrace { turn: t.turn, slot },
+            );
+        }
+        true
+    }
+
+    /// Gives up on a running turn: its message gets its outcome now; its agent stays with
+    /// the stuck worker, and the session waits for it (to be closed when it comes back, or
+    /// given up on after `cleanup_timeout`) before any other agent of the session exists.
+    pub(super) fn abandon(
+        &mut self,
+        now: Duration,
+        slot: Key,
+        reason: AbandonReason,
+        fx: &mut Vec<Effect<R, A>>,
+    ) {
+        let Some(running) = self.slots[slot].turn.take() else {
+            return;
+        };
+        let key = self.slots[slot].key.clone();
+        self.claimed_turns.remove(&running.turn);
+        self.note_stale_timer();
+        self.stats.turns.abandoned += 1;
+        let job = self.cleanups.await_agent(key.clone(), running.turn);
+        self.slots[slot].agent = AgentState::Closing(job);
+        let of = DeadlineOf::AwaitingAgent;
+        self.timers.insert(
+            now + self.cfg.cleanup_timeout,
+            Timer::CleanupDeadline { job, of },
+        );
+        if reason == AbandonReason::Timeout {
+            fx.push(Effect::CancelTurn(running.turn));
+        }
+        fx.push(Effect::TurnAbandoned {
+            turn: running.turn,
+            session: key.clone(),
+            reason,
+        });
+        let outcome = match reason {
+            AbandonReason::Timeout => Outcome::Failed(FailReason::Timeout),
+            AbandonReason::IgnoredCancel(r) => Outcome::Cancelled(r),
+        };
+        end_turn(fx, running, &key, outcome);
+        self.after_turn(slot);
+    }
+
+    /// After a turn ends: hand over to the queued work, or give the slot back.
+    pub(super) fn after_turn(&mut self, slot: Key) {
+        let session = &self.slots[slot];
+        if session.queue.is_empty() {
+            self.release_if_empty(slot);
+        } else if session.agent_free() {
+            self.make_ready(slot);
+        }
+        // Otherwise its agent is closing: the session becomes ready when the close ends.
+    }
+
+    pub(super) fn make_ready(&mut self, slot: Key) {
+        let session = &mut self.slots[slot];
+        debug_assert!(session.agent_free() && session.turn.is_none());
+        if !session.waiting_for_worker {
+            session.waiting_for_worker = true;
+            self.waiting_total += 1;
+            self.ready.push_back(slot);
+        }
+    }
+
+    /// Takes a session out of the ready queue (its entry there goes stale).
+    pub(super) fn unready(&mut self, slot: Key) {
+        let session = &mut self.slots[slot];
+        if session.waiting_for_worker {
+            session.waiting_for_worker = false;
+            self.waiting_total -= 1;
+        }
+    }
+
+    /// Starts turns while workers are free, in ready-queue order.
+    pub(super) fn dispatch(&mut self, now: Duration, fx: &mut Vec<Effect<R, A>>) {
+        while self.claimed_turns.len() < self.cfg.turn_workers {
+            let Some(slot) = self.ready.pop_front() else {
+                break;
+            };
+            let Some(session) = self.slots.get_mut(slot) else {
+                continue;
+            };
+            if !session.waiting_for_worker {
+                continue; // stale entry: the session was stopped or left the slot
+            }
+            session.waiting_for_worker = false;
+            self.waiting_total -= 1;
+            debug_assert!(session.turn.is_none() && !session.queue.is_empty());
+            self.start_turn(now, slot, fx);
+        }
+    }
+
+    pub(super) fn start_turn(&mut self, now: Duration, slot: Key, fx: &mut Vec<Effect<R, A>>) {
+        let session = &mut self.slots[slot];
+        let Some(head) = session.queue.pop_front() else {
+            return;
+        };
+        self.queued_total -= 1;
+        self.queued_bytes -= head.text.len();
+        let mut input = head.text;
+        if self.cfg.busy_mode == BusyMode::Merge {
+            let merged = session.queue.len();
+            for q in session.queue.drain(..) {
+                self.queued_bytes -= q.text.len();
+                input.push('\n');
+                input.push_str(&q.text);
+                let outcome = Outcome::Merged {
+                    into: head.id.clone(),
+                };
+                emit(
+                    fx,
+                    q.route,
+                    &q.id,
+                    &session.key,
+                    EventKind::Finished(outcome),
+                );
+            }
+            self.queued_total -= merged;
+        }
+        let agent = self.take_held_agent(slot);
+        let session = &mut self.slots[slot];
+        debug_assert!(matches!(session.agent, AgentState::Absent));
+        session.agent = AgentState::InTurn;
+        self.next_turn += 1;
+        let turn = TurnId(self.next_turn);
+        emit(
+            fx,
+            head.route.clone(),
+            &head.id,
+            &session.key,
+            EventKind::TurnStarted(turn),
+        );
+        fx.push(Effect::StartTurn(TurnJob {
+            turn,
+            slot,
+            session: session.key.clone(),
+            message_id: head.id.clone(),
+            input,
+            context: head.context,
+            agent,
+        }));
+        session.turn = Some(Running {
+            turn,
+            id: head.id,
+            route: head.route,
+            started: now,
+            cancel: None,
+            discard_agent: false,
+        });
+        self.claimed_turns.insert(turn);
+        self.timers.insert(
+            now + self.cfg.turn_timeout,
+            Timer::TurnDeadline { turn, slot },
+        );
+    }
+}
