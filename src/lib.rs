@@ -16,6 +16,7 @@ pub mod liveness;
 pub mod message;
 pub mod openai;
 pub mod ops;
+pub mod platforms;
 mod pool;
 pub mod process;
 pub mod reactor;
