@@ -5,6 +5,7 @@
 //! partial pacing) applies unchanged: a bridge is just another client.
 
 pub mod gateway;
+pub mod irc;
 pub mod split;
 
 /// Chat commands typed with a `!` (IRC and Matrix clients take `/` for themselves) mapped to
