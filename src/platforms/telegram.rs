@@ -623,6 +623,8 @@ impl Renderer {
         now: Instant,
         what: &str,
     ) -> Result<bool, BridgeError> {
+        // A wait counts from the answer, not from when the call started.
+        let now = now.max(Instant::now());
         match e {
             ApiError::RetryAfter(d) => {
                 log::warn!("telegram: rate limited ({what}); waiting {d:?} as asked");
@@ -1166,11 +1168,14 @@ mod tests {
         r.partial("tg-1-7", "telegram:dm:42", "Hell");
         r.partial("tg-1-7", "telegram:dm:42", "Hello");
         assert!(r.result(&result("tg-1-7", "Hello, world")));
-        assert_eq!(
-            r.step(&mut api, t0 + Duration::from_secs(2)).expect("step"),
-            Step::Idle(Some(t0 + Duration::from_secs(3)))
+        // The wait counts from the 429's answer (a moment after t0).
+        let paused = r.step(&mut api, t0 + Duration::from_secs(2)).expect("step");
+        assert!(
+            matches!(paused, Step::Idle(Some(t)) if t >= t0 + Duration::from_secs(3)),
+            "{paused:?}"
         );
-        let done = run_until_idle(&mut r, &mut api, t0 + Duration::from_secs(3));
+        assert_eq!(api.calls.len(), 1);
+        let done = run_until_idle(&mut r, &mut api, t0 + Duration::from_secs(4));
         assert_eq!(done, ["tg-1-7"]);
         let sent: Vec<_> = api
             .calls
