@@ -26,6 +26,8 @@ use serde_json::{Value, json};
 /// Only a failing run waits this long.
 const WAIT: Duration = Duration::from_secs(60);
 const TOKEN: &str = "123456:FAKE-SECRET-token";
+/// The gateway's auth token: the bridge must present it, and never log it.
+const GATEWAY_TOKEN: &str = "gateway-secret-4711";
 
 /// One API call the fake received.
 #[derive(Clone, Debug)]
@@ -364,7 +366,7 @@ impl Setup {
                 .args(["--agent", "process", "--agent-cmd", &cmd])
                 .args(["--partial-interval", "0.05"])
                 .env("RUST_LOG", "warn")
-                .env_remove("TURNSTILE_AUTH_TOKEN")
+                .env("TURNSTILE_AUTH_TOKEN", GATEWAY_TOKEN)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit()),
         )
@@ -395,6 +397,7 @@ impl Setup {
                 .arg("--state-dir")
                 .arg(state_dir)
                 .env("TELEGRAM_BOT_TOKEN", TOKEN)
+                .env("TURNSTILE_AUTH_TOKEN", GATEWAY_TOKEN)
                 .env("RUST_LOG", "debug")
                 .stdout(Stdio::piped())
                 .stderr(Stdio::from(log)),
@@ -433,6 +436,10 @@ fn private_update(update_id: i64, message_id: i64, text: &str) -> Value {
 fn assert_no_token(log: &Path) {
     let text = std::fs::read_to_string(log).expect("log");
     assert!(!text.contains(TOKEN), "the bot token leaked into the log");
+    assert!(
+        !text.contains(GATEWAY_TOKEN),
+        "the gateway token leaked into the log"
+    );
     assert!(
         !text.contains("FAKE-SECRET"),
         "part of the bot token leaked"

@@ -49,6 +49,10 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Rate-limit strikes on one reply after which its partials are no longer shown.
 const MAX_STRIKES: u32 = 3;
+/// Rejection notices waiting to be sent at most.
+pub const MAX_NOTICES: usize = 1000;
+/// Replies waiting to be shown at most, as a multiple of `max_views`.
+pub const MAX_PENDING_FACTOR: usize = 4;
 /// How long the poller waits for the gateway's answer before asking again.
 const ANSWER_WAIT: Duration = Duration::from_secs(30);
 
@@ -534,13 +538,29 @@ impl Renderer {
         }
     }
 
-    /// A text for a chat outside any reply (a rejection).
+    /// A text for a chat outside any reply (a rejection). At most [`MAX_NOTICES`] wait; past
+    /// that the oldest is dropped with a WARN (its rejection was logged when it happened).
     pub fn notice(&mut self, chat_id: &str, reply_to: Option<i64>, text: &str) {
+        if self.notices.len() >= MAX_NOTICES
+            && let Some(old) = self.notices.pop_front()
+        {
+            log::warn!(
+                "telegram: {MAX_NOTICES} notices waiting; the oldest, for chat {}, is dropped",
+                old.chat_id
+            );
+        }
         self.notices.push_back(Notice {
             chat_id: chat_id.to_owned(),
             reply_to,
             text: text.to_owned(),
         });
+    }
+
+    /// Whether more gateway events may be taken: replies waiting to be shown stay under
+    /// [`MAX_PENDING_FACTOR`] times `max_views`, so a Bot API that is down for long makes the
+    /// gateway keep its results (it owes them until `delivered`) instead of this process.
+    pub fn has_room(&self) -> bool {
+        self.views.len() < self.max_views.saturating_mul(MAX_PENDING_FACTOR)
     }
 
     /// Whether nothing waits to be shown.
@@ -1007,8 +1027,9 @@ fn main_loop(
     let mut renderer = Renderer::new(config.edit_interval, config.max_views);
     let mut ready = false;
     loop {
-        // Take everything that is there, so partials coalesce before a call is made.
-        loop {
+        // Take everything that is there, so partials coalesce before a call is made — while
+        // there is room: beyond the bound, results wait in the gateway's outbox instead.
+        while renderer.has_room() {
             let event = match gateway_rx.try_recv() {
                 Ok(e) => e,
                 Err(crossbeam_channel::TryRecvError::Empty) => break,
@@ -1051,9 +1072,15 @@ fn main_loop(
         let timeout = wake
             .map(|w| w.saturating_duration_since(Instant::now()))
             .unwrap_or(Duration::from_secs(5));
+        let never = crossbeam_channel::never();
+        let events = if renderer.has_room() {
+            gateway_rx
+        } else {
+            &never
+        };
         select! {
             recv(stop) -> _ => return Ok(()),
-            recv(gateway_rx) -> event => match event {
+            recv(events) -> event => match event {
                 Ok(event) => on_event(&mut renderer, gateway, event, &mut ready, username, on_ready),
                 Err(_) => return Err("the gateway client stopped".into()),
             },
