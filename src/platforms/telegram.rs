@@ -33,7 +33,8 @@ use crossbeam_channel::{Receiver, Sender, bounded, select};
 use serde_json::{Value, json};
 
 use super::gateway::{
-    Admission, Gateway, GatewayConfig, GatewayEvent, OutgoingMessage, SendError, TerminalEvent,
+    Admission, Gateway, GatewayConfig, GatewayEvent, Outcome, OutgoingMessage, SendError,
+    TerminalEvent,
 };
 use super::split::{TELEGRAM_LIMIT, split};
 use super::{BridgeError, map_command};
@@ -488,10 +489,16 @@ impl Renderer {
     /// A result to show for `id`; `false` when there is nothing to show (a merge), and the
     /// result is handled already.
     pub fn result(&mut self, result: &TerminalEvent) -> bool {
-        let Some(text) = result.outcome.chat_text() else {
+        let Some(mut text) = result.outcome.chat_text() else {
             return false;
         };
         if let Some(view) = self.views.get_mut(&result.id) {
+            // A turn cancelled or failed after partials were shown keeps what was shown,
+            // with the marker appended as its last edit.
+            if !matches!(result.outcome, Outcome::Reply { .. }) && !view.posted.is_empty() {
+                let shown: String = view.posted.iter().map(|(_, t)| t.as_str()).collect();
+                text = format!("{shown}\n{text}");
+            }
             view.partial = None;
             view.result = Some(text);
             return true;
@@ -1129,7 +1136,6 @@ fn on_event(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::platforms::gateway::Outcome;
 
     /// A scripted Bot API: answers from a queue (default: success), records every call.
     struct ScriptedApi {
@@ -1290,6 +1296,44 @@ mod tests {
             ["tg-1-7"]
         );
         assert_eq!(api.calls.last().expect("call").1["text"], "final");
+    }
+
+    #[test]
+    fn a_cancelled_turn_keeps_its_shown_text_and_ends_with_the_marker() {
+        let t0 = Instant::now();
+        let mut r = Renderer::new(Duration::ZERO, 10);
+        let mut api = ScriptedApi::new();
+        r.partial("tg-1-7", "telegram:dm:42", "half an answer");
+        run_until_idle(&mut r, &mut api, t0);
+        r.result(&TerminalEvent {
+            outcome: Outcome::Cancelled {
+                reason: "stopped".into(),
+            },
+            ..result("tg-1-7", "")
+        });
+        assert_eq!(run_until_idle(&mut r, &mut api, t0), ["tg-1-7"]);
+        assert_eq!(api.calls[1].0, "editMessageText");
+        assert_eq!(
+            api.calls[1].1["text"],
+            "half an answer\n[cancelled: stopped]"
+        );
+    }
+
+    #[test]
+    fn pending_replies_and_notices_are_bounded() {
+        let mut r = Renderer::new(Duration::ZERO, 1);
+        for i in 0..MAX_PENDING_FACTOR {
+            assert!(r.has_room());
+            r.result(&result(&format!("tg-{i}-1"), "x"));
+        }
+        assert!(
+            !r.has_room(),
+            "results beyond the bound stay with the gateway"
+        );
+        for _ in 0..MAX_NOTICES + 5 {
+            r.notice("42", None, "rejected");
+        }
+        assert_eq!(r.notices.len(), MAX_NOTICES);
     }
 
     #[test]
