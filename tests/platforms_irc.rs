@@ -60,7 +60,9 @@ fn require_ngircd() -> Option<PathBuf> {
             )
         }
         None => {
-            eprintln!(
+            // Straight to stderr, past the test harness's capture, so the skip is seen.
+            let _ = writeln!(
+                std::io::stderr(),
                 "SKIPPED: ngircd is not installed (apt-get install -y ngircd); this IRC test needs a real server"
             );
             None
