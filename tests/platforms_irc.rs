@@ -255,7 +255,9 @@ impl Setup {
                 .args(["bridge", "irc", "--gateway", &self.gateway])
                 .args(server)
                 .args(["--nick", nick, "--channel", "#test"])
-                .args(["--flood-interval", "0.1", "--max-reply-lines", "100"])
+                // The default pacing (a burst of 5, then a line a second) is slower than
+                // ngircd's own (about 0.4 s a line here), so the test sees the bridge's.
+                .args(["--max-reply-lines", "100"])
                 .env("RUST_LOG", "info")
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit()),
@@ -362,13 +364,24 @@ fn a_long_multibyte_reply_arrives_split_within_512_bytes_and_stop_and_dms_are_an
     human.send(&format!("PRIVMSG #test :{bot}: tell me a long story"));
     let expected = format!("human: {}", long_reply());
     let mut lines = Vec::new();
+    let mut arrivals = Vec::new();
     while lines.iter().map(|l: &String| l.len() + 1).sum::<usize>() < expected.len() {
         let (wire_len, text) = human.privmsg_from(bot, "#test");
+        arrivals.push(Instant::now());
         assert!(wire_len <= 512, "a relayed line of {wire_len} bytes");
         lines.push(text);
     }
     assert!(lines.len() >= 10, "only {} lines", lines.len());
     assert_eq!(lines.join(" "), expected, "the reply reassembles exactly");
+    // Paced: a burst of 5, then a line a second, so the last line cannot arrive sooner than
+    // this after the first (a lower bound only: load can only slow it).
+    let paced = Duration::from_secs(1) * (lines.len() as u32 - 5);
+    let spread = arrivals[arrivals.len() - 1] - arrivals[0];
+    assert!(
+        spread >= paced.mul_f64(0.9),
+        "{} lines in {spread:?}: not paced",
+        lines.len()
+    );
 
     // A running turn stopped with `!stop`: the stop is answered, then the turn's end.
     human.send(&format!("PRIVMSG #test :{bot}: slow one"));
