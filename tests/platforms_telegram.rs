@@ -646,12 +646,30 @@ fn the_offset_moves_only_once_the_gateway_has_the_message() {
     let state = dir.path().join("state");
     let log = dir.path().join("bridge.log");
     let (mut bridge, ready) = spawn_bridge(&listen, &api, &state, &log);
-    api.wait_for("the bridge to fetch the update", |s| {
-        s.calls
+    // Ordered by the bridge's own log (bounded polling of another process's output): it has
+    // the update, then failed to reach the gateway twice more — time it would have used to
+    // poll past the update if it did not wait for the gateway's answer.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Some(at) = text.find("telegram: update 20 from chat 42")
+            && text[at..].matches("reconnecting in").count() >= 2
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the bridge never got the update: {text}"
+        );
+        std::thread::park_timeout(Duration::from_millis(10));
+    }
+    assert!(
+        !api.lock()
+            .calls
             .iter()
-            .any(|c| c.method == "getUpdates")
-            .then_some(())
-    });
+            .any(|c| c.method == "getUpdates" && c.params["offset"] == 21),
+        "the offset moved while the gateway was down"
+    );
     // Taken before the gateway starts: nothing can have been acked earlier.
     let gateway_up = Instant::now();
     let setup = Setup::start_on(&listen);
