@@ -72,6 +72,8 @@ mod message;
 // binary's (feature `cli`); without it they are compiled but unused.
 #[cfg_attr(not(feature = "cli"), allow(dead_code))]
 mod ops;
+#[cfg(feature = "cli")]
+mod platforms;
 mod pool;
 mod reactor;
 mod server;

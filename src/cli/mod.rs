@@ -2,6 +2,7 @@
 //! reaches the crate's internals without making them public: `serve` runs the gateway,
 //! `send` talks to one, `loadgen` measures one, `status` reads one's snapshot.
 
+mod bridge;
 mod docs;
 pub(crate) mod loadgen;
 pub(crate) mod send;
@@ -49,6 +50,8 @@ enum Cmd {
     Loadgen(loadgen::LoadgenArgs),
     /// Summarise a gateway's status (file or HTTP); non-zero exit when stale or unhealthy.
     Status(status::StatusArgs),
+    /// Connect a chat platform (Matrix, IRC, Telegram) to a running gateway.
+    Bridge(bridge::BridgeArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(docs::CompletionsArgs),
     /// Print the man page (or write every page into a directory with --out).
@@ -92,6 +95,7 @@ pub fn main() -> i32 {
         Cmd::Send(args) => send::run(args),
         Cmd::Loadgen(args) => loadgen::run(args),
         Cmd::Status(args) => status::run(args),
+        Cmd::Bridge(args) => bridge::run(args),
         Cmd::Completions(args) => docs::completions(args, command()),
         Cmd::Man(args) => docs::man(args, command()),
     }
@@ -148,7 +152,15 @@ mod tests {
             &mut bash,
         );
         let bash = String::from_utf8(bash).expect("utf-8");
-        for sub in ["serve", "send", "loadgen", "status", "completions", "man"] {
+        for sub in [
+            "serve",
+            "send",
+            "loadgen",
+            "status",
+            "bridge",
+            "completions",
+            "man",
+        ] {
             assert!(
                 bash.contains(sub),
                 "{sub} missing from the bash completions"

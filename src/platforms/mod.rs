@@ -1,0 +1,45 @@
+//! Native platform bridges: each is a bridge-protocol client ([`gateway`]) on one side and a
+//! chat platform's own protocol on the other, run by `turnstile bridge <platform>`.
+//!
+//! Every rule the gateway keeps (dedup, outboxes, `acks`/`delivered`, the journal, the token,
+//! partial pacing) applies unchanged: a bridge is just another client.
+
+pub(crate) mod gateway;
+pub(crate) mod irc;
+pub(crate) mod split;
+pub(crate) mod telegram;
+
+/// Chat commands typed with a `!` (IRC and Matrix clients take `/` for themselves) mapped to
+/// the gateway's `/` commands: `!stop` → `/stop`, also `!new`, `!reset`, `!status`. Anything
+/// else is returned as it is (a `/stop` typed directly stays a command).
+pub(crate) fn map_command(text: &str) -> std::borrow::Cow<'_, str> {
+    let trimmed = text.trim_start();
+    for name in ["stop", "new", "reset", "status"] {
+        if let Some(rest) = trimmed.strip_prefix('!').and_then(|t| t.strip_prefix(name))
+            && (rest.is_empty() || rest.starts_with(char::is_whitespace))
+        {
+            return format!("/{name}{rest}").into();
+        }
+    }
+    text.into()
+}
+
+/// Why a bridge could not run (bad flags, a refused login): printed, exit code 1.
+pub(crate) type BridgeError = String;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bang_commands_map_to_slash_commands_and_nothing_else_does() {
+        assert_eq!(map_command("!stop"), "/stop");
+        assert_eq!(map_command("  !new"), "/new");
+        assert_eq!(map_command("!status please"), "/status please");
+        assert_eq!(map_command("!reset"), "/reset");
+        assert_eq!(map_command("/stop"), "/stop");
+        assert_eq!(map_command("!stopwatch"), "!stopwatch");
+        assert_eq!(map_command("say !stop"), "say !stop");
+        assert_eq!(map_command("!unknown"), "!unknown");
+    }
+}
