@@ -4,7 +4,9 @@
 //! Every rule the gateway keeps (dedup, outboxes, `acks`/`delivered`, the journal, the token,
 //! partial pacing) applies unchanged: a bridge is just another client.
 
+pub mod edits;
 pub mod gateway;
+pub mod matrix;
 pub mod split;
 
 /// Chat commands typed with a `!` (IRC and Matrix clients take `/` for themselves) mapped to
