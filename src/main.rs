@@ -37,6 +37,8 @@ enum Cmd {
     Loadgen(cli::loadgen::LoadgenArgs),
     /// Summarise a gateway's status (file or HTTP); non-zero exit when stale or unhealthy.
     Status(cli::status::StatusArgs),
+    /// Run a native platform bridge (IRC, Telegram) in front of a running gateway.
+    Bridge(cli::bridge::BridgeArgs),
 }
 
 fn main() {
@@ -70,6 +72,7 @@ fn main() {
         Cmd::Send(args) => cli::send::run(args),
         Cmd::Loadgen(args) => cli::loadgen::run(args),
         Cmd::Status(args) => cli::status::run(args),
+        Cmd::Bridge(args) => cli::bridge::run(args),
     };
     std::process::exit(code);
 }

@@ -1,5 +1,6 @@
 //! Subcommands of the binary.
 
+pub mod bridge;
 pub mod loadgen;
 pub mod send;
 pub mod serve;

@@ -6,6 +6,7 @@
 
 pub mod edits;
 pub mod gateway;
+pub mod irc;
 pub mod matrix;
 pub mod split;
 

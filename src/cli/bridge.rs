@@ -1,0 +1,171 @@
+//! `turnstile bridge <platform>`: a native platform bridge, a bridge-protocol client of a
+//! running gateway (the code is in `turnstile::platforms`).
+
+use std::io::Write;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use crossbeam_channel::{Receiver, bounded};
+use turnstile::platforms::gateway::{GatewayConfig, token_from_env};
+
+use super::USAGE_ERROR;
+
+/// Flags of `bridge`.
+#[derive(Args, Debug)]
+pub struct BridgeArgs {
+    #[command(subcommand)]
+    platform: Platform,
+}
+
+#[derive(Subcommand, Debug)]
+enum Platform {
+    /// An IRC bot: channel lines addressed to it (`NICK: text`) and private messages.
+    Irc(IrcArgs),
+    /// A Telegram bot (Bot API long polling).
+    Telegram(TelegramArgs),
+}
+
+/// Flags every bridge has.
+#[derive(Args, Debug)]
+struct GatewayArgs {
+    /// Address of the gateway (`turnstile serve`).
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:7878")]
+    gateway: String,
+    /// Environment variable holding the gateway's auth token (unset or empty: no token).
+    #[arg(long, value_name = "NAME", default_value = "TURNSTILE_AUTH_TOKEN")]
+    gateway_token_env: String,
+}
+
+impl GatewayArgs {
+    fn config(&self, platform: &str) -> Result<GatewayConfig, String> {
+        let token = token_from_env(&self.gateway_token_env)?;
+        Ok(GatewayConfig::new(&self.gateway, platform, token))
+    }
+}
+
+#[derive(Args, Debug)]
+struct IrcArgs {
+    #[command(flatten)]
+    gateway: GatewayArgs,
+    /// The IRC server.
+    #[arg(long, value_name = "HOST:PORT")]
+    server: String,
+    /// Speak TLS to the server.
+    #[arg(long)]
+    tls: bool,
+    /// The bot's nick (an alternate is taken if it is in use).
+    #[arg(long)]
+    nick: String,
+    /// A channel to join (repeatable), e.g. '#help'.
+    #[arg(long = "channel", value_name = "CHANNEL")]
+    channels: Vec<String>,
+    /// Lines sent at once before pacing starts.
+    #[arg(long, default_value_t = 5)]
+    flood_burst: u32,
+    /// Seconds between lines once the burst is used.
+    #[arg(long, default_value_t = 1.0)]
+    flood_interval: f64,
+    /// Lines of one reply at most (the last one says what was left out).
+    #[arg(long, default_value_t = 40)]
+    max_reply_lines: usize,
+}
+
+#[derive(Args, Debug)]
+struct TelegramArgs {
+    #[command(flatten)]
+    gateway: GatewayArgs,
+    /// Base URL of the Bot API.
+    #[arg(long, value_name = "URL", default_value = "https://api.telegram.org")]
+    api_base: String,
+    /// Environment variable holding the bot token.
+    #[arg(long, value_name = "NAME", default_value = "TELEGRAM_BOT_TOKEN")]
+    bot_token_env: String,
+    /// Directory keeping the update offset, so a restart processes no update twice.
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<std::path::PathBuf>,
+    /// Seconds one getUpdates long poll waits for updates.
+    #[arg(long, default_value_t = 30)]
+    poll_timeout: u64,
+}
+
+/// Stops the bridge on SIGTERM or SIGINT (the receiver fires once).
+fn stop_on_signals() -> Result<Receiver<()>, String> {
+    let mut signals = signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT])
+        .map_err(|e| format!("cannot install the signal handlers: {e}"))?;
+    let (tx, rx) = bounded(1);
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                log::info!("signal {sig}: stopping the bridge");
+                let _ = tx.send(());
+            }
+        })
+        .map_err(|e| format!("cannot start the signal thread: {e}"))?;
+    Ok(rx)
+}
+
+/// Prints the `ready:` line scripts and tests wait for.
+fn print_ready(platform: &str, identity: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "ready: {platform} as {identity}");
+    let _ = out.flush();
+}
+
+fn seconds(name: &str, value: f64) -> Result<Duration, String> {
+    if value.is_finite() && value >= 0.0 {
+        Ok(Duration::from_secs_f64(value))
+    } else {
+        Err(format!("{name} must be a non-negative number of seconds"))
+    }
+}
+
+/// Runs the bridge; returns the exit code (0 after SIGTERM, 2 on bad flags, 1 on failure).
+pub fn run(args: BridgeArgs) -> i32 {
+    let (name, result) = match args.platform {
+        Platform::Irc(a) => ("irc", run_irc(a)),
+        Platform::Telegram(a) => ("telegram", run_telegram(a)),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(Failure::Usage(e)) => {
+            eprintln!("turnstile bridge {name}: {e}");
+            USAGE_ERROR
+        }
+        Err(Failure::Run(e)) => {
+            log::error!("bridge {name}: {e}");
+            eprintln!("turnstile bridge {name}: {e}");
+            1
+        }
+    }
+}
+
+enum Failure {
+    Usage(String),
+    Run(String),
+}
+
+fn run_irc(a: IrcArgs) -> Result<(), Failure> {
+    use turnstile::platforms::irc::{self, IrcConfig};
+    let gateway = a.gateway.config("irc").map_err(Failure::Usage)?;
+    let mut config = IrcConfig::new(gateway, &a.server, &a.nick, a.channels);
+    config.tls = a.tls;
+    config.flood_burst = a.flood_burst;
+    config.flood_interval =
+        seconds("--flood-interval", a.flood_interval).map_err(Failure::Usage)?;
+    config.max_reply_lines = a.max_reply_lines;
+    config.validate().map_err(Failure::Usage)?;
+    let stop = stop_on_signals().map_err(Failure::Run)?;
+    irc::run(config, &stop, &mut |nick| print_ready("irc", nick)).map_err(Failure::Run)
+}
+
+fn run_telegram(a: TelegramArgs) -> Result<(), Failure> {
+    let _ = (
+        &a.gateway,
+        &a.api_base,
+        &a.bot_token_env,
+        &a.state_dir,
+        a.poll_timeout,
+    );
+    Err(Failure::Usage("telegram: not built yet".into()))
+}

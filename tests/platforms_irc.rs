@@ -1,0 +1,413 @@
+//! `turnstile bridge irc` end to end against a real IRC server: ngircd (Debian's `ngircd`),
+//! started by the test with its own config on a free local port, the real `turnstile serve`
+//! with an exec agent, the real bridge, and a "human" speaking raw IRC over TCP.
+//!
+//! Without ngircd installed the tests say so and pass, except under `.ci/run`, which sets
+//! `TURNSTILE_REQUIRE_REAL_SERVERS=1`: there a missing server fails them.
+//!
+//! Nothing sleeps to order events: every wait is a read with a deadline (bounded polling only
+//! for ngircd's port to open).
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, bounded};
+use serde_json::{Value, json};
+
+/// Only a failing run waits this long.
+const WAIT: Duration = Duration::from_secs(60);
+
+/// The agent's long reply: multi-byte words (2-, 3- and 4-byte UTF-8) in one paragraph,
+/// about 6 KB, so it needs many IRC lines.
+fn long_reply() -> String {
+    let words = [
+        "héllo",
+        "wörld",
+        "日本語",
+        "テキスト",
+        "🎉",
+        "naïve",
+        "κόσμε",
+        "Ünïcödé",
+        "🦀rust",
+        "ok",
+    ];
+    (0..600)
+        .map(|i| words[i % words.len()])
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn ngircd_path() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/local/sbin")])
+        .map(|d| d.join("ngircd"))
+        .find(|p| p.is_file())
+}
+
+/// ngircd, or `None` (after saying why) when the test may skip.
+fn require_ngircd() -> Option<PathBuf> {
+    match ngircd_path() {
+        Some(p) => Some(p),
+        None if std::env::var("TURNSTILE_REQUIRE_REAL_SERVERS").as_deref() == Ok("1") => {
+            panic!(
+                "ngircd is not installed but TURNSTILE_REQUIRE_REAL_SERVERS=1 (.ci/run installs it: apt-get install -y ngircd)"
+            )
+        }
+        None => {
+            eprintln!(
+                "SKIPPED: ngircd is not installed (apt-get install -y ngircd); this IRC test needs a real server"
+            );
+            None
+        }
+    }
+}
+
+/// Children die with the test thread that started them, so no server outlives a failed run.
+fn die_with_parent(command: &mut Command) -> &mut Command {
+    // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    }
+}
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Proc {
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child.
+        assert_eq!(unsafe { libc::kill(self.0.id() as i32, sig) }, 0);
+    }
+
+    /// Waits for the exit (bounded).
+    fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(status) = self.0.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the process did not exit in time"
+            );
+            std::thread::park_timeout(Duration::from_millis(20));
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// Lines of a child's stdout, on a channel (the first one is the `ready:`/`listening` line).
+fn stdout_lines(child: &mut Child) -> Receiver<String> {
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = bounded(64);
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    _ircd: Proc,
+    irc_port: u16,
+    _serve: Proc,
+    gateway: String,
+}
+
+impl Setup {
+    fn start(ngircd: &Path) -> Setup {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let irc_port = free_port();
+        let conf = dir.path().join("ngircd.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "[Global]\nName = irc.turnstile.test\nInfo = turnstile test server\n\
+                 Listen = 127.0.0.1\nPorts = {irc_port}\nPidFile = {pid}\nMotdPhrase = test\n\
+                 [Limits]\nMaxNickLength = 30\nPingTimeout = 120\nPongTimeout = 20\n\
+                 [Options]\nPAM = no\nDNS = no\nIdent = no\n",
+                pid = dir.path().join("ngircd.pid").display()
+            ),
+        )
+        .expect("write conf");
+        let ircd = Proc(
+            die_with_parent(
+                Command::new(ngircd)
+                    .arg("-n")
+                    .arg("-f")
+                    .arg(&conf)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null()),
+            )
+            .spawn()
+            .expect("start ngircd"),
+        );
+        // Bounded polling: ngircd tells nobody when it listens.
+        let deadline = Instant::now() + WAIT;
+        while TcpStream::connect(("127.0.0.1", irc_port)).is_err() {
+            assert!(Instant::now() < deadline, "ngircd did not open its port");
+            std::thread::park_timeout(Duration::from_millis(20));
+        }
+        let reply = dir.path().join("reply.txt");
+        std::fs::write(&reply, long_reply()).expect("reply");
+        let agent = format!(
+            "text=$(cat); case \"$text\" in slow*) exec sleep 30;; dm*) echo \"dm answer: $text\";; ping*) echo pong;; *) cat '{}';; esac",
+            reply.display()
+        );
+        let mut serve = die_with_parent(
+            Command::new(env!("CARGO_BIN_EXE_turnstile"))
+                .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "off"])
+                .args(["--agent", "exec", "--agent-cmd", &agent])
+                .env("RUST_LOG", "warn")
+                .env_remove("TURNSTILE_AUTH_TOKEN")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit()),
+        )
+        .spawn()
+        .expect("start serve");
+        let first = stdout_lines(&mut serve)
+            .recv_timeout(WAIT)
+            .expect("listening line");
+        let gateway = first
+            .strip_prefix("listening on ")
+            .expect("listening line")
+            .to_owned();
+        Setup {
+            _dir: dir,
+            _ircd: ircd,
+            irc_port,
+            _serve: Proc(serve),
+            gateway,
+        }
+    }
+
+    /// Starts `turnstile bridge irc` and waits for its `ready:` line.
+    fn bridge(&self, nick: &str) -> (Proc, String) {
+        let mut child = die_with_parent(
+            Command::new(env!("CARGO_BIN_EXE_turnstile"))
+                .args(["bridge", "irc", "--gateway", &self.gateway])
+                .args(["--server", &format!("127.0.0.1:{}", self.irc_port)])
+                .args(["--nick", nick, "--channel", "#test"])
+                .args(["--flood-interval", "0.1", "--max-reply-lines", "100"])
+                .env("RUST_LOG", "info")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit()),
+        )
+        .spawn()
+        .expect("start the bridge");
+        let lines = stdout_lines(&mut child);
+        let ready = lines.recv_timeout(WAIT).expect("the bridge's ready line");
+        (Proc(child), ready)
+    }
+}
+
+/// A raw IRC client: the human in the channel.
+struct Human {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl Human {
+    fn connect(port: u16, nick: &str, channel: Option<&str>) -> Human {
+        let stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        stream.set_read_timeout(Some(WAIT)).expect("timeout");
+        let mut h = Human {
+            reader: BufReader::new(stream.try_clone().expect("clone")),
+            writer: stream,
+        };
+        h.send(&format!("NICK {nick}"));
+        h.send(&format!("USER {nick} 0 * :test human"));
+        h.until(|l| l.split(' ').nth(1) == Some("001"));
+        if let Some(channel) = channel {
+            h.send(&format!("JOIN {channel}"));
+            // 366: end of the names list, the join is complete.
+            h.until(|l| l.split(' ').nth(1) == Some("366"));
+        }
+        h
+    }
+
+    fn send(&mut self, line: &str) {
+        write!(self.writer, "{line}\r\n").expect("write");
+    }
+
+    /// The next raw line, CRLF included, as bytes (so a broken UTF-8 sequence is seen).
+    fn raw_line(&mut self) -> Vec<u8> {
+        let mut buf = Vec::new();
+        let n = self
+            .reader
+            .read_until(b'\n', &mut buf)
+            .expect("a line before the timeout");
+        assert!(n > 0, "the server closed the connection");
+        buf
+    }
+
+    /// Reads until a line matches (answering PINGs); returns it without CRLF.
+    fn until(&mut self, pred: impl Fn(&str) -> bool) -> String {
+        loop {
+            let raw = self.raw_line();
+            let line = String::from_utf8(raw).expect("valid UTF-8");
+            let line = line.trim_end_matches(['\r', '\n']).to_owned();
+            if let Some(token) = line.strip_prefix("PING ") {
+                self.send(&format!("PONG {token}"));
+                continue;
+            }
+            if pred(&line) {
+                return line;
+            }
+        }
+    }
+
+    /// The next PRIVMSG from `from` to `to`: (wire length with CRLF, its text).
+    fn privmsg_from(&mut self, from: &str, to: &str) -> (usize, String) {
+        loop {
+            let raw = self.raw_line();
+            let len = raw.len();
+            let line = String::from_utf8(raw).expect("every wire line is valid UTF-8");
+            let line = line.trim_end_matches(['\r', '\n']);
+            if let Some(token) = line.strip_prefix("PING ") {
+                self.send(&format!("PONG {token}"));
+                continue;
+            }
+            let Some(rest) = line.strip_prefix(&format!(":{from}!")) else {
+                continue;
+            };
+            let Some((_, after)) = rest.split_once(&format!(" PRIVMSG {to} :")) else {
+                continue;
+            };
+            return (len, after.to_owned());
+        }
+    }
+}
+
+#[test]
+fn a_long_multibyte_reply_arrives_split_within_512_bytes_and_stop_and_dms_are_answered() {
+    let Some(ngircd) = require_ngircd() else {
+        return;
+    };
+    let setup = Setup::start(&ngircd);
+    let mut human = Human::connect(setup.irc_port, "human", Some("#test"));
+    // Someone already has the bot's nick: the bridge must take an alternate.
+    let _squatter = Human::connect(setup.irc_port, "turnbot", None);
+    let (mut bridge, ready) = setup.bridge("turnbot");
+    assert_eq!(ready, "ready: irc as turnbot_");
+    let bot = "turnbot_";
+
+    human.send(&format!("PRIVMSG #test :{bot}: tell me a long story"));
+    let expected = format!("human: {}", long_reply());
+    let mut lines = Vec::new();
+    while lines.iter().map(|l: &String| l.len() + 1).sum::<usize>() < expected.len() {
+        let (wire_len, text) = human.privmsg_from(bot, "#test");
+        assert!(wire_len <= 512, "a relayed line of {wire_len} bytes");
+        lines.push(text);
+    }
+    assert!(lines.len() >= 10, "only {} lines", lines.len());
+    assert_eq!(lines.join(" "), expected, "the reply reassembles exactly");
+
+    // A running turn stopped with `!stop`: the stop is answered, then the turn's end.
+    human.send(&format!("PRIVMSG #test :{bot}: slow one"));
+    human.send(&format!("PRIVMSG #test :{bot}: !stop"));
+    let (_, answer) = human.privmsg_from(bot, "#test");
+    assert!(
+        answer.starts_with("human: stop: cancelled the running turn"),
+        "{answer}"
+    );
+    let (_, ended) = human.privmsg_from(bot, "#test");
+    assert_eq!(ended, "human: [cancelled: stopped]");
+
+    // A private message is a dm, answered privately without an address.
+    human.send(&format!("PRIVMSG {bot} :dm hello"));
+    let (_, dm) = human.privmsg_from(bot, "human");
+    assert_eq!(dm, "dm answer: dm hello");
+
+    bridge.signal(libc::SIGTERM);
+    let status = bridge.wait_exit();
+    assert!(status.success(), "SIGTERM exits 0: {status:?}");
+}
+
+/// A bridge-protocol client straight to the gateway: the turn latency without IRC.
+fn gateway_turn(addr: &str, id: &str) -> Duration {
+    let stream = TcpStream::connect(addr).expect("connect");
+    stream.set_read_timeout(Some(WAIT)).expect("timeout");
+    let mut writer = stream.try_clone().expect("clone");
+    let mut reader = BufReader::new(stream);
+    writeln!(writer, "{}", json!({"op":"hello","platform":"direct"})).expect("hello");
+    let started = Instant::now();
+    writeln!(
+        writer,
+        "{}",
+        json!({"op":"message","id":id,"chat_id":"bench","text":"ping"})
+    )
+    .expect("message");
+    loop {
+        let mut line = String::new();
+        assert!(reader.read_line(&mut line).expect("line") > 0, "closed");
+        let v: Value = serde_json::from_str(&line).expect("json");
+        if v["op"] == "reply" && v["id"] == id {
+            return started.elapsed();
+        }
+    }
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// The figure the issue asks for: human's message → first bot line, beside the gateway's own
+/// turn latency (median of 5 each). Printed; run with `--nocapture` to see it.
+#[test]
+fn irc_bridge_added_latency_is_measured() {
+    let Some(ngircd) = require_ngircd() else {
+        return;
+    };
+    let setup = Setup::start(&ngircd);
+    let mut human = Human::connect(setup.irc_port, "human", Some("#test"));
+    let (_bridge, ready) = setup.bridge("latbot");
+    assert_eq!(ready, "ready: irc as latbot");
+    let mut through_irc = Vec::new();
+    let mut direct = Vec::new();
+    for i in 0..5 {
+        let started = Instant::now();
+        human.send(&format!("PRIVMSG #test :latbot: ping {i}"));
+        let (_, text) = human.privmsg_from("latbot", "#test");
+        through_irc.push(started.elapsed());
+        assert_eq!(text, "human: pong");
+        direct.push(gateway_turn(&setup.gateway, &format!("direct-{i}")));
+    }
+    let (irc, gw) = (median(through_irc), median(direct));
+    println!(
+        "latency (median of 5): human -> first bot line through IRC {:.1} ms; gateway turn alone {:.1} ms; added by the bridge and ngircd {:.1} ms",
+        irc.as_secs_f64() * 1e3,
+        gw.as_secs_f64() * 1e3,
+        (irc.as_secs_f64() - gw.as_secs_f64()) * 1e3
+    );
+}
