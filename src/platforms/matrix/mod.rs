@@ -23,13 +23,13 @@ pub mod api;
 pub mod sync;
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::io::Write;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crossbeam_channel::{Receiver, Select, Sender, bounded};
+use crossbeam_channel::{Receiver, Select, Sender, TryRecvError, bounded};
 use serde_json::{Value, json};
 
 use crate::message::{ChatType, Command, SessionKey};
+use crate::platforms::BridgeError;
 use crate::platforms::edits::{EditLimits, EditQueue, Next};
 use crate::platforms::gateway::{
     Admission, Gateway, GatewayConfig, GatewayEvent, Outcome, OutgoingMessage, SendError,
@@ -899,41 +899,38 @@ fn run_sync(api: &Api, me: &str, config: &MatrixConfig, tx: &Sender<FromSync>) {
     }
 }
 
-/// Runs the bridge until SIGTERM/SIGINT (`Ok`) or a fatal error (a refused access token).
-pub fn run(config: MatrixConfig) -> Result<(), String> {
-    let api = Api::new(&config.homeserver, &config.access_token, config.sync_timeout + Duration::from_secs(30))?;
+/// Runs the bridge until `stop` fires (`Ok`) or a fatal error (a refused access token);
+/// `on_ready` gets the bot's mxid once the first sync is done and the gateway answered.
+pub fn run(
+    config: MatrixConfig,
+    stop: &Receiver<()>,
+    on_ready: &mut dyn FnMut(&str),
+) -> Result<(), BridgeError> {
+    let api = Api::new(
+        &config.homeserver,
+        &config.access_token,
+        config.sync_timeout + Duration::from_secs(30),
+    )?;
     let me = loop {
         match api.whoami() {
             Ok(me) => break me,
             Err(e) if e.is_unauthorized() => {
-                return Err(format!("the homeserver {} refused the access token ({e})", api.base()));
+                return Err(format!(
+                    "the homeserver {} refused the access token ({e})",
+                    api.base()
+                ));
             }
             Err(e) => {
                 log::warn!("matrix: {}: {e}; trying again in 2s", api.base());
-                std::thread::sleep(Duration::from_secs(2));
+                if stop.recv_timeout(Duration::from_secs(2)).is_ok() {
+                    return Ok(());
+                }
             }
         }
     };
     log::info!("matrix: logged in to {} as {me}", api.base());
-    let send_api = Api::new(&config.homeserver, &config.access_token, Duration::from_secs(30))?;
-
-    let signals = signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT])
-        .map_err(|e| format!("cannot install the signal handlers: {e}"))?;
-    let (stop_tx, stop_rx) = bounded::<i32>(1);
-    std::thread::Builder::new()
-        .name("matrix-signals".into())
-        .spawn(move || {
-            let mut signals = signals;
-            if let Some(sig) = signals.forever().next() {
-                let _ = stop_tx.send(sig);
-                // The main loop finishes what it is sending and exits; if a request hangs,
-                // do not outlive this bound.
-                std::thread::sleep(Duration::from_secs(10));
-                log::warn!("matrix: shutdown took over 10s; exiting");
-                std::process::exit(0);
-            }
-        })
-        .map_err(|e| format!("cannot start a thread: {e}"))?;
+    // Sends are short; their bound is also the longest a shutdown waits for one.
+    let send_api = Api::new(&config.homeserver, &config.access_token, SEND_TIMEOUT)?;
 
     let (sync_tx, sync_rx) = bounded::<FromSync>(64);
     {
@@ -952,14 +949,27 @@ pub fn run(config: MatrixConfig) -> Result<(), String> {
         typing_timeout: Duration::from_secs(30),
     };
     let mut core = Core::new(hs, &config.gateway.platform, config.limits, config.max_turns);
-    let result = main_loop(&mut core, &mut gw, &gw_rx, &sync_rx, &stop_rx, &me, config.gateway.max_pending);
+    let channels = Channels {
+        gw: &gw_rx,
+        sync: &sync_rx,
+        stop,
+    };
+    let result = main_loop(
+        &mut core,
+        &mut gw,
+        &channels,
+        &mut || on_ready(&me),
+        config.gateway.max_pending,
+    );
     for room in core.typing_rooms() {
         core.typing_off(&room);
     }
     let waiting = core.urgent_len();
     gw.shutdown();
     if waiting > 0 {
-        log::info!("matrix: {waiting} result(s) not posted yet stay with the gateway (redelivered to the next bridge)");
+        log::info!(
+            "matrix: {waiting} result(s) not posted yet stay with the gateway (it redelivers them to the next bridge)"
+        );
     }
     log::info!(
         "matrix: stopped ({} messages, {} edits, {} identical edits skipped, {} rate-limited)",
@@ -971,74 +981,90 @@ pub fn run(config: MatrixConfig) -> Result<(), String> {
     result
 }
 
+/// The bound of one send to the homeserver.
+const SEND_TIMEOUT: Duration = Duration::from_secs(10);
+
+struct Channels<'a> {
+    gw: &'a Receiver<GatewayEvent>,
+    sync: &'a Receiver<FromSync>,
+    stop: &'a Receiver<()>,
+}
+
 /// Urgent posts waiting past which the gateway's events are left unread (TCP then slows it).
 const MAX_URGENT: usize = 256;
 
 fn main_loop(
     core: &mut Core<HttpHomeserver>,
     gw: &mut Gateway,
-    gw_rx: &Receiver<GatewayEvent>,
-    sync_rx: &Receiver<FromSync>,
-    stop_rx: &Receiver<i32>,
-    me: &str,
+    ch: &Channels<'_>,
+    on_ready: &mut dyn FnMut(),
     max_pending: usize,
-) -> Result<(), String> {
+) -> Result<(), BridgeError> {
     let (mut synced, mut connected, mut announced) = (false, false, false);
     loop {
-        if let Ok(sig) = stop_rx.try_recv() {
-            log::info!("matrix: signal {sig}: shutting down");
+        if ch.stop.try_recv().is_ok() {
+            log::info!("matrix: shutting down");
             return Ok(());
         }
         // Take what is there: gateway events (coalesced into the queue) and new messages.
         let now = Instant::now();
         while core.urgent_len() < MAX_URGENT {
-            match gw_rx.try_recv() {
+            match ch.gw.try_recv() {
                 Ok(ev) => {
                     if ev == GatewayEvent::Connected {
                         connected = true;
                     }
                     core.on_gateway(ev, now, gw);
                 }
-                Err(crossbeam_channel::TryRecvError::Empty) => break,
-                Err(crossbeam_channel::TryRecvError::Disconnected) => {
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
                     return Err("the gateway client stopped".into());
                 }
             }
         }
         while gw.pending() + 1 < max_pending {
-            match sync_rx.try_recv() {
+            match ch.sync.try_recv() {
                 Ok(FromSync::Ready) => synced = true,
                 Ok(FromSync::Message(m, kind)) => core.on_human(&m, kind, gw),
-                Ok(FromSync::Refused { room, event_id, why }) => core.on_refused(&room, &event_id, &why),
+                Ok(FromSync::Refused {
+                    room,
+                    event_id,
+                    why,
+                }) => core.on_refused(&room, &event_id, &why),
                 Ok(FromSync::Fatal(e)) => return Err(e),
-                Err(crossbeam_channel::TryRecvError::Empty) => break,
-                Err(crossbeam_channel::TryRecvError::Disconnected) => {
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
                     return Err("the sync thread stopped".into());
                 }
             }
         }
         if synced && connected && !announced {
             announced = true;
-            let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "ready: matrix as {me}");
-            let _ = out.flush();
+            on_ready();
         }
         let wake = match core.step(Instant::now(), gw) {
             Ok(Step::Worked) => continue,
             Ok(Step::Idle(wake)) => wake,
             Err(e) => return Err(format!("the homeserver refused the access token ({e})")),
         };
-        // Wait for news, or until the queue or a typing refresh is due.
+        // Wait for news, or until the queue or a typing refresh is due. Only readiness is
+        // asked here; the loop's top takes the news with try_recv.
         let mut sel = Select::new();
-        let i_stop = sel.recv(stop_rx);
-        let i_gw = (core.urgent_len() < MAX_URGENT).then(|| sel.recv(gw_rx));
-        let i_sync = (gw.pending() + 1 < max_pending).then(|| sel.recv(sync_rx));
-        let ready = match wake {
-            Some(at) => sel.ready_deadline(at).ok(),
-            None => Some(sel.ready()),
-        };
-        // The operation is not completed here: the loop's top takes it with try_recv.
-        let _ = (ready, i_stop, i_gw, i_sync);
+        sel.recv(ch.stop);
+        if core.urgent_len() < MAX_URGENT {
+            sel.recv(ch.gw);
+        }
+        if gw.pending() + 1 < max_pending {
+            sel.recv(ch.sync);
+        }
+        match wake {
+            Some(at) => {
+                let _ = sel.ready_deadline(at);
+            }
+            None => {
+                sel.ready();
+            }
+        }
     }
 }
 
