@@ -307,7 +307,10 @@ mod tests {
         assert_eq!(q.ready_at(t0), Some(t0 + Duration::from_secs(2)));
         let later = t0 + Duration::from_secs(2);
         assert_eq!(q.ready_at(later), None);
-        assert_eq!(drain(&mut q, later), vec![Next::Urgent("r1"), Next::Urgent("r2")]);
+        assert_eq!(
+            drain(&mut q, later),
+            vec![Next::Urgent("r1"), Next::Urgent("r2")]
+        );
     }
 
     #[test]

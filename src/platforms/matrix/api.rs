@@ -245,17 +245,17 @@ impl Api {
 
     /// `POST /rooms/{room}/join`.
     pub fn join(&self, room: &str) -> Result<(), ApiError> {
-        self.call("POST", &format!("/rooms/{}/join", enc(room)), Some(&json!({})))
-            .map(drop)
+        self.call(
+            "POST",
+            &format!("/rooms/{}/join", enc(room)),
+            Some(&json!({})),
+        )
+        .map(drop)
     }
 
     /// `GET /rooms/{room}/joined_members`: how many members are joined.
     pub fn joined_count(&self, room: &str) -> Result<u64, ApiError> {
-        let v = self.call(
-            "GET",
-            &format!("/rooms/{}/joined_members", enc(room)),
-            None,
-        )?;
+        let v = self.call("GET", &format!("/rooms/{}/joined_members", enc(room)), None)?;
         v["joined"]
             .as_object()
             .map(|m| m.len() as u64)
@@ -278,7 +278,13 @@ impl Api {
     }
 
     /// `PUT /rooms/{room}/typing/{user}`.
-    pub fn typing(&self, room: &str, user: &str, on: bool, timeout: Duration) -> Result<(), ApiError> {
+    pub fn typing(
+        &self,
+        room: &str,
+        user: &str,
+        on: bool,
+        timeout: Duration,
+    ) -> Result<(), ApiError> {
         let body = if on {
             json!({"typing": true, "timeout": timeout.as_millis() as u64})
         } else {
@@ -309,7 +315,9 @@ fn describe(e: &ureq::Error, what: &str) -> String {
     use std::io::ErrorKind as K;
     match e {
         ureq::Error::Io(io) => match io.kind() {
-            K::ConnectionRefused => format!("{what}: cannot connect to the homeserver: connection refused"),
+            K::ConnectionRefused => {
+                format!("{what}: cannot connect to the homeserver: connection refused")
+            }
             K::TimedOut => format!("{what}: timed out"),
             _ => format!("{what}: {io}"),
         },

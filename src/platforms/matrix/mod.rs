@@ -358,7 +358,11 @@ impl<H: Homeserver> Core<H> {
             meta: msg.to_bridge(&self.platform, kind).get("meta").cloned(),
             text: msg.text.clone(),
         };
-        log::debug!("matrix: room {}: message {} to the gateway", msg.room, msg.event_id);
+        log::debug!(
+            "matrix: room {}: message {} to the gateway",
+            msg.room,
+            msg.event_id
+        );
         if let Err(e) = gw.send(&out) {
             log::warn!(
                 "matrix: room {}: message {} not handed to the gateway: {e}",
@@ -366,7 +370,11 @@ impl<H: Homeserver> Core<H> {
                 msg.event_id
             );
             self.forget(&msg.event_id);
-            self.notice(&msg.room, Some(&msg.event_id), &format!("[not passed on: {e}]"));
+            self.notice(
+                &msg.room,
+                Some(&msg.event_id),
+                &format!("[not passed on: {e}]"),
+            );
         }
     }
 
@@ -409,7 +417,9 @@ impl<H: Homeserver> Core<H> {
             }
             GatewayEvent::Error { detail } => log::warn!("matrix: the gateway says: {detail}"),
             GatewayEvent::Admission { id, admission } => match admission {
-                Admission::Accepted { session, queued, .. } => {
+                Admission::Accepted {
+                    session, queued, ..
+                } => {
                     log::debug!("matrix: {id} accepted in {session} (queued: {queued})");
                 }
                 Admission::Duplicate { session } => {
@@ -427,7 +437,11 @@ impl<H: Homeserver> Core<H> {
                     );
                     self.forget(&id);
                     if let Some(room) = room {
-                        self.notice(&room, Some(&id), &format!("[not accepted: {reason}: {detail}]"));
+                        self.notice(
+                            &room,
+                            Some(&id),
+                            &format!("[not accepted: {reason}: {detail}]"),
+                        );
                     }
                 }
             },
@@ -438,7 +452,11 @@ impl<H: Homeserver> Core<H> {
             } => {
                 if on {
                     if self.typing.len() < self.max_turns || self.typing.contains_key(&chat_id) {
-                        self.typing.entry(chat_id).or_default().sessions.insert(session);
+                        self.typing
+                            .entry(chat_id)
+                            .or_default()
+                            .sessions
+                            .insert(session);
                     }
                 } else if let Some(t) = self.typing.get_mut(&chat_id) {
                     t.sessions.remove(&session);
@@ -638,14 +656,21 @@ impl<H: Homeserver> Core<H> {
                 if let Some(t) = self.turns.get_mut(&id) {
                     if first {
                         self.stats.messages += 1;
-                        t.shown = if t.first_uncertain { String::new() } else { view };
+                        t.shown = if t.first_uncertain {
+                            String::new()
+                        } else {
+                            view
+                        };
                         t.bot_event = Some(event);
                     } else {
                         self.stats.edits += 1;
                         t.shown = view;
                     }
                 }
-                log::debug!("matrix: room {room}: {} for {id}", if first { "reply started" } else { "edit" });
+                log::debug!(
+                    "matrix: room {room}: {} for {id}",
+                    if first { "reply started" } else { "edit" }
+                );
                 Ok(())
             }
             Err(e) => {
@@ -659,14 +684,21 @@ impl<H: Homeserver> Core<H> {
                 if e.is_transient() {
                     self.queue.requeue_edit(id, text, now);
                 } else {
-                    log::warn!("matrix: room {room}: an edit of the reply to {id} was refused: {e}");
+                    log::warn!(
+                        "matrix: room {room}: an edit of the reply to {id} was refused: {e}"
+                    );
                 }
                 Ok(())
             }
         }
     }
 
-    fn send_post(&mut self, mut post: Post, now: Instant, gw: &mut impl GatewaySide) -> Result<(), ApiError> {
+    fn send_post(
+        &mut self,
+        mut post: Post,
+        now: Instant,
+        gw: &mut impl GatewaySide,
+    ) -> Result<(), ApiError> {
         let Some(chunk) = post.chunks.get(post.next_chunk).cloned() else {
             self.finish(&post, gw);
             return Ok(());
@@ -707,9 +739,7 @@ impl<H: Homeserver> Core<H> {
                 } else {
                     self.stats.messages += 1;
                 }
-                if first
-                    && let Some(t) = post.id.as_ref().and_then(|id| self.turns.get_mut(id))
-                {
+                if first && let Some(t) = post.id.as_ref().and_then(|id| self.turns.get_mut(id)) {
                     t.bot_event.get_or_insert(event);
                     t.shown = chunk;
                 }
@@ -767,8 +797,12 @@ impl<H: Homeserver> Core<H> {
                 Ok(())
             }
             e if e.is_transient() => {
-                self.backoff = (self.backoff * 2).clamp(Duration::from_millis(250), Duration::from_secs(30));
-                log::warn!("matrix: room {room}: {e}; trying again in {:?}", self.backoff);
+                self.backoff =
+                    (self.backoff * 2).clamp(Duration::from_millis(250), Duration::from_secs(30));
+                log::warn!(
+                    "matrix: room {room}: {e}; trying again in {:?}",
+                    self.backoff
+                );
                 self.queue.pause(self.backoff, now);
                 Ok(())
             }
@@ -796,7 +830,11 @@ enum FromSync {
     /// The first sync is done (the backlog skipped): the bridge is ready.
     Ready,
     Message(HumanMessage, ChatKind),
-    Refused { room: String, event_id: String, why: String },
+    Refused {
+        room: String,
+        event_id: String,
+        why: String,
+    },
     Fatal(String),
 }
 
@@ -832,7 +870,9 @@ fn run_sync(api: &Api, me: &str, config: &MatrixConfig, tx: &Sender<FromSync>) {
         let answer = match api.sync(since.as_deref(), f, timeout) {
             Ok(v) => v,
             Err(e) if e.is_unauthorized() => {
-                let _ = tx.send(FromSync::Fatal(format!("the homeserver refused the access token ({e})")));
+                let _ = tx.send(FromSync::Fatal(format!(
+                    "the homeserver refused the access token ({e})"
+                )));
                 return;
             }
             Err(ApiError::RateLimited(d)) => {
@@ -877,7 +917,10 @@ fn run_sync(api: &Api, me: &str, config: &MatrixConfig, tx: &Sender<FromSync>) {
                                 Some(n)
                             }
                             Err(e) => {
-                                log::warn!("matrix: room {}: member count unknown ({e}); taken as a group", m.room);
+                                log::warn!(
+                                    "matrix: room {}: member count unknown ({e}); taken as a group",
+                                    m.room
+                                );
                                 None
                             }
                         },
@@ -885,9 +928,15 @@ fn run_sync(api: &Api, me: &str, config: &MatrixConfig, tx: &Sender<FromSync>) {
                     let kind = joined.map_or(ChatKind::Group, ChatKind::from_joined);
                     tx.send(FromSync::Message(m, kind))
                 }
-                Incoming::Refused { room, event_id, why } => {
-                    tx.send(FromSync::Refused { room, event_id, why })
-                }
+                Incoming::Refused {
+                    room,
+                    event_id,
+                    why,
+                } => tx.send(FromSync::Refused {
+                    room,
+                    event_id,
+                    why,
+                }),
             };
             if sent.is_err() {
                 return;
@@ -948,7 +997,12 @@ pub fn run(
         me: me.clone(),
         typing_timeout: Duration::from_secs(30),
     };
-    let mut core = Core::new(hs, &config.gateway.platform, config.limits, config.max_turns);
+    let mut core = Core::new(
+        hs,
+        &config.gateway.platform,
+        config.limits,
+        config.max_turns,
+    );
     let channels = Channels {
         gw: &gw_rx,
         sync: &sync_rx,

@@ -299,10 +299,16 @@ impl SyncState {
             self.rooms.insert(room.to_owned(), Some(n));
         }
         let timeline = &entry["timeline"];
-        let events = timeline["events"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+        let events = timeline["events"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
         // Display names from this batch's member events (state first, then the timeline).
         let mut names: HashMap<&str, &str> = HashMap::new();
-        let state = entry["state"]["events"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+        let state = entry["state"]["events"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
         for ev in state.iter().chain(events) {
             if ev["type"] == "m.room.member"
                 && let (Some(user), Some(name)) = (
@@ -484,7 +490,8 @@ mod tests {
                         "m.relates_to": {"rel_type": "m.replace", "event_id": "$1"}}});
         let notice = json!({"type": "m.room.message", "event_id": "$n", "sender": "@other-bot:hs",
             "content": {"msgtype": "m.notice", "body": "beep"}});
-        let redacted = json!({"type": "m.room.message", "event_id": "$x", "sender": "@ann:hs", "content": {}});
+        let redacted =
+            json!({"type": "m.room.message", "event_id": "$x", "sender": "@ann:hs", "content": {}});
         let out = s.absorb(&sync_with(
             ROOM,
             2,
@@ -504,7 +511,15 @@ mod tests {
         assert_eq!(got[0].event_id, "$1");
         assert_eq!(got[0].sender_name.as_deref(), Some("Ann"));
         // Seen once: a later sync repeating it is ignored too.
-        assert!(messages(s.absorb(&sync_with(ROOM, 2, vec![], vec![msg("$1", "@ann:hs", "hello")]))).is_empty());
+        assert!(
+            messages(s.absorb(&sync_with(
+                ROOM,
+                2,
+                vec![],
+                vec![msg("$1", "@ann:hs", "hello")]
+            )))
+            .is_empty()
+        );
     }
 
     #[test]
@@ -552,7 +567,12 @@ mod tests {
         let mut s = started();
         assert_eq!(s.joined(ROOM), Some(2));
         // A third member joins: the summary says 3.
-        s.absorb(&sync_with(ROOM, 3, vec![], vec![member("@bob:hs", "join", "Bob")]));
+        s.absorb(&sync_with(
+            ROOM,
+            3,
+            vec![],
+            vec![member("@bob:hs", "join", "Bob")],
+        ));
         assert_eq!(s.joined(ROOM), Some(3));
         let m = HumanMessage {
             room: ROOM.into(),
@@ -625,7 +645,12 @@ mod tests {
         let mut s = SyncState::new(ME, 1, 2);
         s.absorb(&sync_with(ROOM, 2, vec![], vec![]));
         assert!(!s.can_join());
-        s.absorb(&sync_with("!other:hs", 2, vec![], vec![member(ME, "join", "b"), msg("$o", "@a:hs", "x")]));
+        s.absorb(&sync_with(
+            "!other:hs",
+            2,
+            vec![],
+            vec![member(ME, "join", "b"), msg("$o", "@a:hs", "x")],
+        ));
         assert_eq!(s.room_count(), 1);
         let mut seen = BoundedSet::new(2);
         assert!(seen.insert("a"));
