@@ -12,7 +12,6 @@ use crate::platforms::gateway::{Admission, GatewayEvent, Outcome, TerminalEvent}
 #[derive(Debug, Clone)]
 struct Sent {
     room: String,
-    txn: String,
     content: Value,
 }
 
@@ -60,7 +59,6 @@ impl Homeserver for FakeHs {
         let event = format!("$bot{}", self.sent.len());
         self.sent.push(Sent {
             room: room.into(),
-            txn: txn.into(),
             content: content.clone(),
         });
         self.txns.push((txn.into(), event.clone()));
