@@ -139,7 +139,7 @@ struct Setup {
     _dir: tempfile::TempDir,
     _ircd: Proc,
     irc_port: u16,
-    _serve: Proc,
+    serve: Option<Proc>,
     gateway: String,
 }
 
@@ -179,14 +179,37 @@ impl Setup {
         }
         let reply = dir.path().join("reply.txt");
         std::fs::write(&reply, long_reply()).expect("reply");
-        let agent = format!(
-            "text=$(cat); case \"$text\" in slow*) exec sleep 30;; dm*) echo \"dm answer: $text\";; ping*) echo pong;; *) cat '{}';; esac",
-            reply.display()
-        );
+        let mut setup = Setup {
+            _dir: dir,
+            _ircd: ircd,
+            irc_port,
+            serve: None,
+            gateway: String::new(),
+        };
+        setup.start_serve("127.0.0.1:0", &[]);
+        setup
+    }
+
+    /// The exec agent: `slow` runs 30 s (after leaving a `started` file), `dm…` and `ping…`
+    /// get short answers, anything else the long reply.
+    fn agent_cmd(&self) -> String {
+        let dir = self._dir.path();
+        format!(
+            "text=$(cat); case \"$text\" in slow*) touch '{started}'; exec sleep 30;; dm*) echo \"dm answer: $text\";; ping*) echo pong;; *) cat '{reply}';; esac",
+            started = dir.join("started").display(),
+            reply = dir.join("reply.txt").display()
+        )
+    }
+
+    /// (Re)starts `turnstile serve` on `listen`; the gateway address is kept in `gateway`.
+    fn start_serve(&mut self, listen: &str, extra: &[&str]) {
+        self.serve = None;
+        let agent = self.agent_cmd();
         let mut serve = die_with_parent(
             Command::new(env!("CARGO_BIN_EXE_turnstile"))
-                .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "off"])
+                .args(["serve", "--listen", listen, "--http-listen", "off"])
                 .args(["--agent", "exec", "--agent-cmd", &agent])
+                .args(extra)
                 .env("RUST_LOG", "warn")
                 .env_remove("TURNSTILE_AUTH_TOKEN")
                 .stdout(Stdio::piped())
@@ -197,17 +220,11 @@ impl Setup {
         let first = stdout_lines(&mut serve)
             .recv_timeout(WAIT)
             .expect("listening line");
-        let gateway = first
+        self.gateway = first
             .strip_prefix("listening on ")
             .expect("listening line")
             .to_owned();
-        Setup {
-            _dir: dir,
-            _ircd: ircd,
-            irc_port,
-            _serve: Proc(serve),
-            gateway,
-        }
+        self.serve = Some(Proc(serve));
     }
 
     /// Starts `turnstile bridge irc` and waits for its `ready:` line.
@@ -410,4 +427,44 @@ fn irc_bridge_added_latency_is_measured() {
         gw.as_secs_f64() * 1e3,
         (irc.as_secs_f64() - gw.as_secs_f64()) * 1e3
     );
+}
+
+/// Bounded polling for a file another process creates.
+fn wait_for_file(path: &Path) {
+    let deadline = Instant::now() + WAIT;
+    while !path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} did not appear",
+            path.display()
+        );
+        std::thread::park_timeout(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn the_bridge_reconnects_to_a_restarted_gateway_and_shows_its_owed_result_once() {
+    let Some(ngircd) = require_ngircd() else {
+        return;
+    };
+    let mut setup = Setup::start(&ngircd);
+    let data = setup._dir.path().join("data");
+    let data = data.to_str().expect("a UTF-8 temp path").to_owned();
+    let listen = format!("127.0.0.1:{}", free_port());
+    setup.start_serve(&listen, &["--data-dir", &data]);
+    let mut human = Human::connect(setup.irc_port, "human", Some("#test"));
+    let (_bridge, ready) = setup.bridge("rebot");
+    assert_eq!(ready, "ready: irc as rebot");
+
+    human.send("PRIVMSG #test :rebot: slow");
+    wait_for_file(&setup._dir.path().join("started"));
+    // The gateway is killed mid-turn (SIGKILL, no goodbye) and started again on its journal:
+    // the bridge reconnects by itself and gets the result it is owed.
+    setup.start_serve(&listen, &["--data-dir", &data]);
+    let (_, owed) = human.privmsg_from("rebot", "#test");
+    assert_eq!(owed, "human: [failed: interrupted by restart]");
+    // Answered normally afterwards, and the owed result was not shown a second time.
+    human.send("PRIVMSG #test :rebot: ping");
+    let (_, next) = human.privmsg_from("rebot", "#test");
+    assert_eq!(next, "human: pong");
 }

@@ -178,14 +178,32 @@ fn run_irc(a: IrcArgs) -> Result<(), Failure> {
 }
 
 fn run_telegram(a: TelegramArgs) -> Result<(), Failure> {
-    let _ = (
-        &a.gateway,
-        &a.api_base,
-        &a.bot_token_env,
-        &a.state_dir,
-        a.poll_timeout,
-    );
-    Err(Failure::Usage("telegram: not built yet".into()))
+    use turnstile::platforms::telegram::{self, TelegramConfig};
+    let gateway = a.gateway.config("telegram").map_err(Failure::Usage)?;
+    let token = token_from_env(&a.bot_token_env)
+        .map_err(Failure::Usage)?
+        .ok_or_else(|| {
+            Failure::Usage(format!(
+                "the bot token is missing: set {} (or name another variable with --bot-token-env)",
+                a.bot_token_env
+            ))
+        })?;
+    if !a.api_base.starts_with("https://") && !a.api_base.starts_with("http://") {
+        return Err(Failure::Usage(format!(
+            "--api-base {:?} is not an http(s) URL",
+            a.api_base
+        )));
+    }
+    if a.poll_timeout > 600 {
+        return Err(Failure::Usage(
+            "--poll-timeout is at most 600 seconds".into(),
+        ));
+    }
+    let mut config = TelegramConfig::new(gateway, &a.api_base, &token);
+    config.state_dir = a.state_dir;
+    config.poll_timeout = Duration::from_secs(a.poll_timeout);
+    let stop = stop_on_signals().map_err(Failure::Run)?;
+    telegram::run(config, &stop, &mut |me| print_ready("telegram", me)).map_err(Failure::Run)
 }
 
 fn run_matrix(a: MatrixArgs) -> Result<(), Failure> {

@@ -684,15 +684,13 @@ impl Bridge<'_> {
                     conn.source_len = conn.source_len.saturating_add_signed(grown);
                 }
             }
-            "JOIN" => {
-                if msg.prefix.map(nick_of) == Some(conn.nick.as_str()) {
-                    conn.unresolved_channels = conn.unresolved_channels.saturating_sub(1);
-                    log::info!(
-                        "irc {}: joined {}",
-                        self.config.server,
-                        msg.params.first().unwrap_or(&"?")
-                    );
-                }
+            "JOIN" if msg.prefix.map(nick_of) == Some(conn.nick.as_str()) => {
+                conn.unresolved_channels = conn.unresolved_channels.saturating_sub(1);
+                log::info!(
+                    "irc {}: joined {}",
+                    self.config.server,
+                    msg.params.first().unwrap_or(&"?")
+                );
             }
             "403" | "405" | "471" | "473" | "474" | "475" | "477" => {
                 conn.unresolved_channels = conn.unresolved_channels.saturating_sub(1);

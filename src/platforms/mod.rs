@@ -9,6 +9,7 @@ pub mod gateway;
 pub mod irc;
 pub mod matrix;
 pub mod split;
+pub mod telegram;
 
 /// Chat commands typed with a `!` (IRC and Matrix clients take `/` for themselves) mapped to
 /// the gateway's `/` commands: `!stop` → `/stop`, also `!new`, `!reset`, `!status`. Anything

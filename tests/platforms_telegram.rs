@@ -1,0 +1,610 @@
+//! `turnstile bridge telegram` end to end against a **fake** of Telegram's Bot API.
+//!
+//! No real Telegram server can run here, so [`FakeBotApi`] is a scripted stand-in written
+//! for these tests: a small HTTP/1.1 server on 127.0.0.1:0 that keeps Telegram's rules the
+//! bridge depends on — `getUpdates` long polling where an `offset` confirms (forgets) every
+//! earlier update, `sendMessage` ids, `editMessageText` refusing identical text ("message is
+//! not modified") and texts over 4,096 UTF-16 units, 429 with `retry_after` on demand, 401
+//! for a wrong token. It is not Telegram and does not pretend to check anything else.
+//!
+//! The real `turnstile serve` (with a streaming process agent) and the real bridge binary
+//! run against it. Nothing sleeps to order events: the agent waits on a FIFO the test writes
+//! once it has seen what it waits for, and every wait has a deadline.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, bounded};
+use serde_json::{Value, json};
+
+/// Only a failing run waits this long.
+const WAIT: Duration = Duration::from_secs(60);
+const TOKEN: &str = "123456:FAKE-SECRET-token";
+
+/// One API call the fake received.
+#[derive(Clone, Debug)]
+struct Call {
+    method: String,
+    params: Value,
+    at: Instant,
+    /// What the fake answered: true for `ok`.
+    ok: bool,
+}
+
+#[derive(Default)]
+struct FakeState {
+    /// Updates not confirmed yet (Telegram forgets those below the latest offset).
+    pending: Vec<Value>,
+    calls: Vec<Call>,
+    /// Text of every message the bot posted, by message id, with its chat.
+    messages: HashMap<i64, (i64, String)>,
+    next_message_id: i64,
+    /// The next this many `sendMessage` calls get a 429.
+    rate_limit_sends: u32,
+    retry_after: u64,
+    /// Edits refused because the text was identical, and texts refused as too long.
+    not_modified: u32,
+    too_long: u32,
+}
+
+/// A FAKE Telegram Bot API (see the module comment): scripted, in-process, for tests only.
+struct FakeBotApi {
+    url: String,
+    shared: Arc<(Mutex<FakeState>, Condvar)>,
+}
+
+impl FakeBotApi {
+    fn start() -> FakeBotApi {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let shared = Arc::new((
+            Mutex::new(FakeState {
+                next_message_id: 1000,
+                ..FakeState::default()
+            }),
+            Condvar::new(),
+        ));
+        let for_thread = Arc::clone(&shared);
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let shared = Arc::clone(&for_thread);
+                std::thread::spawn(move || serve_http(stream, &shared));
+            }
+        });
+        FakeBotApi { url, shared }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, FakeState> {
+        self.shared.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn push_update(&self, update: Value) {
+        self.lock().pending.push(update);
+        self.shared.1.notify_all();
+    }
+
+    /// Waits (bounded) until `pred` holds for the fake's state; returns what it extracted.
+    fn wait_for<T>(&self, what: &str, pred: impl Fn(&FakeState) -> Option<T>) -> T {
+        let deadline = Instant::now() + WAIT;
+        let mut state = self.lock();
+        loop {
+            if let Some(t) = pred(&state) {
+                return t;
+            }
+            let now = Instant::now();
+            assert!(now < deadline, "timed out waiting for {what}");
+            state = self
+                .shared
+                .1
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+fn respond(stream: &mut TcpStream, status: u16, body: &Value) {
+    let body = body.to_string();
+    let _ = write!(
+        stream,
+        "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+}
+
+fn error(code: u16, description: &str) -> (u16, Value) {
+    (
+        code,
+        json!({"ok": false, "error_code": code, "description": description}),
+    )
+}
+
+/// One request per connection (the fake answers `Connection: close`).
+fn serve_http(mut stream: TcpStream, shared: &(Mutex<FakeState>, Condvar)) {
+    let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+    let mut request_line = String::new();
+    if reader.read_line(&mut request_line).unwrap_or(0) == 0 {
+        return;
+    }
+    let path = request_line.split(' ').nth(1).unwrap_or("").to_owned();
+    let mut length = 0usize;
+    loop {
+        let mut header = String::new();
+        if reader.read_line(&mut header).unwrap_or(0) == 0 {
+            return;
+        }
+        let header = header.trim_end();
+        if header.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = header.split_once(':')
+            && name.eq_ignore_ascii_case("content-length")
+        {
+            length = value.trim().parse().unwrap_or(0);
+        }
+    }
+    let mut body = vec![0u8; length];
+    if reader.read_exact(&mut body).is_err() {
+        return;
+    }
+    let params: Value = serde_json::from_slice(&body).unwrap_or(json!({}));
+    let Some(method) = path
+        .strip_prefix(&format!("/bot{TOKEN}/"))
+        .map(str::to_owned)
+    else {
+        let (status, body) = error(401, "Unauthorized");
+        return respond(&mut stream, status, &body);
+    };
+    let (status, answer) = handle(&method, &params, shared);
+    respond(&mut stream, status, &answer);
+}
+
+fn handle(method: &str, params: &Value, shared: &(Mutex<FakeState>, Condvar)) -> (u16, Value) {
+    let (lock, cvar) = shared;
+    let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
+    let at = Instant::now();
+    let (status, body) = match method {
+        "getMe" => (
+            200,
+            json!({"ok": true, "result": {"id": 999, "is_bot": true, "first_name": "Fake", "username": "fake_bot"}}),
+        ),
+        "getUpdates" => {
+            let offset = params.get("offset").and_then(Value::as_i64);
+            // Record the call when it arrives (the test checks the offsets asked for).
+            state.calls.push(Call {
+                method: method.into(),
+                params: params.clone(),
+                at,
+                ok: true,
+            });
+            cvar.notify_all();
+            if let Some(o) = offset {
+                state.pending.retain(|u| u["update_id"].as_i64() >= Some(o));
+            }
+            let timeout = params.get("timeout").and_then(Value::as_u64).unwrap_or(0);
+            let deadline = at + Duration::from_secs(timeout);
+            loop {
+                if !state.pending.is_empty() || Instant::now() >= deadline {
+                    break;
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                state = cvar
+                    .wait_timeout(state, left)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            let updates: Vec<Value> = state.pending.iter().take(100).cloned().collect();
+            return (200, json!({"ok": true, "result": updates}));
+        }
+        "sendMessage" => {
+            let text = params["text"].as_str().unwrap_or("").to_owned();
+            if state.rate_limit_sends > 0 {
+                state.rate_limit_sends -= 1;
+                let after = state.retry_after;
+                (
+                    429,
+                    json!({"ok": false, "error_code": 429,
+                        "description": format!("Too Many Requests: retry after {after}"),
+                        "parameters": {"retry_after": after}}),
+                )
+            } else if text.encode_utf16().count() > 4096 {
+                state.too_long += 1;
+                error(400, "Bad Request: message is too long")
+            } else {
+                state.next_message_id += 1;
+                let id = state.next_message_id;
+                let chat = params["chat_id"].as_i64().unwrap_or(0);
+                state.messages.insert(id, (chat, text.clone()));
+                (
+                    200,
+                    json!({"ok": true, "result": {"message_id": id, "chat": {"id": chat}, "text": text}}),
+                )
+            }
+        }
+        "editMessageText" => {
+            let id = params["message_id"].as_i64().unwrap_or(0);
+            let text = params["text"].as_str().unwrap_or("").to_owned();
+            let current = state.messages.get(&id).map(|(_, t)| t.clone());
+            match current {
+                None => error(400, "Bad Request: message to edit not found"),
+                Some(t) if t == text => {
+                    state.not_modified += 1;
+                    error(
+                        400,
+                        "Bad Request: message is not modified: specified new message content and reply markup are exactly the same",
+                    )
+                }
+                Some(_) if text.encode_utf16().count() > 4096 => {
+                    state.too_long += 1;
+                    error(400, "Bad Request: MESSAGE_TOO_LONG")
+                }
+                Some(_) => {
+                    if let Some(m) = state.messages.get_mut(&id) {
+                        m.1 = text.clone();
+                    }
+                    (200, json!({"ok": true, "result": {"message_id": id}}))
+                }
+            }
+        }
+        "sendChatAction" => (200, json!({"ok": true, "result": true})),
+        _ => error(404, "Not Found: method not found"),
+    };
+    state.calls.push(Call {
+        method: method.into(),
+        params: params.clone(),
+        at,
+        ok: status == 200,
+    });
+    cvar.notify_all();
+    (status, body)
+}
+
+/// The streaming process agent: for "stream", a partial, (FIFO) a longer partial, (FIFO) a
+/// result over 4,096 UTF-16 units; anything else is echoed with its chat type.
+const AGENT: &str = r#"
+import json, sys
+fifo = sys.argv[1]
+def out(o):
+    sys.stdout.write(json.dumps(o) + "\n"); sys.stdout.flush()
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("op") != "turn":
+        continue
+    i, t = m["id"], m["text"]
+    if t == "stream":
+        out({"op": "partial", "id": i, "text": "Hello"})
+        open(fifo).read()
+        out({"op": "partial", "id": i, "text": "Hello world"})
+        open(fifo).read()
+        out({"op": "reply", "id": i, "text": "Hello world " + "\U0001F389 " * 3000})
+    else:
+        out({"op": "reply", "id": i, "text": "echo: %s (%s)" % (t, m["chat_type"])})
+"#;
+
+fn final_text() -> String {
+    format!("Hello world {}", "🎉 ".repeat(3000))
+}
+
+fn die_with_parent(command: &mut Command) -> &mut Command {
+    // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    }
+}
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Proc {
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        // SAFETY: kill(2) on our own child.
+        assert_eq!(unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) }, 0);
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(status) = self.0.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "no exit after SIGTERM");
+            std::thread::park_timeout(Duration::from_millis(20));
+        }
+    }
+}
+
+fn first_line(child: &mut Child) -> Receiver<String> {
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = bounded(16);
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+struct Setup {
+    dir: tempfile::TempDir,
+    fifo: PathBuf,
+    _serve: Proc,
+    gateway: String,
+}
+
+impl Setup {
+    fn start() -> Setup {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let script = dir.path().join("agent.py");
+        std::fs::write(&script, AGENT).expect("agent");
+        let fifo = dir.path().join("go.fifo");
+        let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+        assert!(made.success());
+        let cmd = format!("exec python3 {} {}", script.display(), fifo.display());
+        let mut serve = die_with_parent(
+            Command::new(env!("CARGO_BIN_EXE_turnstile"))
+                .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "off"])
+                .args(["--agent", "process", "--agent-cmd", &cmd])
+                .args(["--partial-interval", "0.05"])
+                .env("RUST_LOG", "warn")
+                .env_remove("TURNSTILE_AUTH_TOKEN")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit()),
+        )
+        .spawn()
+        .expect("start serve");
+        let line = first_line(&mut serve)
+            .recv_timeout(WAIT)
+            .expect("listening");
+        let gateway = line
+            .strip_prefix("listening on ")
+            .expect("listening line")
+            .to_owned();
+        Setup {
+            dir,
+            fifo,
+            _serve: Proc(serve),
+            gateway,
+        }
+    }
+
+    /// Starts the bridge (stderr to `log`) and waits for its ready line.
+    fn bridge(&self, api: &FakeBotApi, state_dir: &Path, log: &Path) -> Proc {
+        let log = std::fs::File::create(log).expect("log file");
+        let mut child = die_with_parent(
+            Command::new(env!("CARGO_BIN_EXE_turnstile"))
+                .args(["bridge", "telegram", "--gateway", &self.gateway])
+                .args(["--api-base", &api.url])
+                .arg("--state-dir")
+                .arg(state_dir)
+                .env("TELEGRAM_BOT_TOKEN", TOKEN)
+                .env("RUST_LOG", "debug")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::from(log)),
+        )
+        .spawn()
+        .expect("start the bridge");
+        let ready = first_line(&mut child)
+            .recv_timeout(WAIT)
+            .expect("the ready line");
+        assert_eq!(ready, "ready: telegram as @fake_bot");
+        Proc(child)
+    }
+
+    /// Lets the agent go on (it waits on the FIFO), bounded.
+    fn go(&self) {
+        let fifo = self.fifo.clone();
+        let (tx, rx) = bounded(1);
+        std::thread::spawn(move || {
+            let r = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&fifo)
+                .and_then(|mut f| f.write_all(b"go"));
+            let _ = tx.send(r);
+        });
+        rx.recv_timeout(WAIT)
+            .expect("the agent opened the FIFO")
+            .expect("write");
+    }
+}
+
+fn private_update(update_id: i64, message_id: i64, text: &str) -> Value {
+    json!({"update_id": update_id, "message": {"message_id": message_id, "text": text,
+        "chat": {"id": 42, "type": "private"}, "from": {"id": 7, "is_bot": false, "first_name": "Ann"}}})
+}
+
+fn assert_no_token(log: &Path) {
+    let text = std::fs::read_to_string(log).expect("log");
+    assert!(!text.contains(TOKEN), "the bot token leaked into the log");
+    assert!(
+        !text.contains("FAKE-SECRET"),
+        "part of the bot token leaked"
+    );
+}
+
+#[test]
+fn a_streamed_reply_is_one_message_plus_edits_under_429_and_splits_past_4096_units() {
+    let api = FakeBotApi::start();
+    {
+        let mut s = api.lock();
+        s.rate_limit_sends = 1;
+        s.retry_after = 1;
+    }
+    api.push_update(private_update(1, 500, "stream"));
+    let setup = Setup::start();
+    let log = setup.dir.path().join("bridge.log");
+    let mut bridge = setup.bridge(&api, &setup.dir.path().join("state"), &log);
+
+    // The first partial: a 429, then the same message after retry_after, replying to the
+    // user's message.
+    let (refused_at, sent_at, first_id) = api.wait_for("the first message", |s| {
+        let sends: Vec<&Call> = s
+            .calls
+            .iter()
+            .filter(|c| c.method == "sendMessage")
+            .collect();
+        let refused = sends.iter().find(|c| !c.ok)?;
+        let sent = sends.iter().find(|c| c.ok)?;
+        let id = s
+            .messages
+            .iter()
+            .find(|(_, (_, t))| t == "Hello")
+            .map(|(id, _)| *id)?;
+        Some((refused.at, (*sent).clone(), id))
+    });
+    assert!(
+        sent_at.at.duration_since(refused_at) >= Duration::from_secs(1),
+        "retry_after not honoured: {:?}",
+        sent_at.at.duration_since(refused_at)
+    );
+    assert_eq!(sent_at.params["text"], "Hello");
+    assert_eq!(sent_at.params["reply_parameters"]["message_id"], 500);
+
+    // The longer partial edits that message in place.
+    setup.go();
+    api.wait_for("the edit", |s| {
+        (s.messages.get(&first_id)?.1 == "Hello world").then_some(())
+    });
+
+    // The result: the first message filled up, the rest in new messages, all of it shown.
+    setup.go();
+    let expected = final_text();
+    let pieces = api.wait_for("the whole result", |s| {
+        let mut ids: Vec<i64> = s
+            .messages
+            .iter()
+            .filter(|(_, (chat, _))| *chat == 42)
+            .map(|(id, _)| *id)
+            .filter(|id| *id >= first_id)
+            .collect();
+        ids.sort();
+        let texts: Vec<String> = ids.iter().map(|id| s.messages[id].1.clone()).collect();
+        (texts.concat() == expected).then_some(texts)
+    });
+    assert!(pieces.len() >= 2, "{} messages", pieces.len());
+    for p in &pieces {
+        assert!(p.encode_utf16().count() <= 4096);
+    }
+    let s = api.lock();
+    assert_eq!(s.not_modified, 0, "an edit repeated the text already shown");
+    assert_eq!(s.too_long, 0, "a text over 4,096 UTF-16 units was sent");
+    let continued: Vec<&Call> = s
+        .calls
+        .iter()
+        .filter(|c| c.method == "sendMessage" && c.ok && c.params["text"] != "Hello")
+        .collect();
+    assert!(!continued.is_empty());
+    assert!(
+        continued
+            .iter()
+            .all(|c| c.params.get("reply_parameters").is_none()),
+        "only the first message replies to the user"
+    );
+    assert!(
+        s.calls
+            .iter()
+            .any(|c| c.method == "sendChatAction" && c.params["action"] == "typing"),
+        "typing was shown"
+    );
+    // The poll after the update confirmed it.
+    assert!(
+        s.calls
+            .iter()
+            .any(|c| c.method == "getUpdates" && c.params["offset"] == 2)
+    );
+    drop(s);
+    assert!(bridge.terminate().success(), "SIGTERM exits 0");
+    assert_no_token(&log);
+}
+
+#[test]
+fn a_restarted_bridge_resumes_from_its_saved_offset_and_processes_no_update_twice() {
+    let api = FakeBotApi::start();
+    api.push_update(private_update(10, 600, "one"));
+    api.push_update(
+        json!({"update_id": 11, "message": {"message_id": 601, "text": "two",
+        "chat": {"id": -100, "type": "supergroup"}, "from": {"id": 8, "first_name": "Bob"}}}),
+    );
+    let setup = Setup::start();
+    let state = setup.dir.path().join("state");
+    let log = setup.dir.path().join("bridge-1.log");
+    let mut first = setup.bridge(&api, &state, &log);
+    let replies = |s: &FakeState, text: &str| {
+        s.calls
+            .iter()
+            .filter(|c| c.method == "sendMessage" && c.ok && c.params["text"] == text)
+            .count()
+    };
+    api.wait_for("both replies and the confirming poll", |s| {
+        let polled = s
+            .calls
+            .iter()
+            .any(|c| c.method == "getUpdates" && c.params["offset"] == 12);
+        (replies(s, "echo: one (dm)") == 1 && replies(s, "echo: two (group)") == 1 && polled)
+            .then_some(())
+    });
+    {
+        let s = api.lock();
+        let group = s
+            .calls
+            .iter()
+            .find(|c| c.params["text"] == "echo: two (group)")
+            .expect("group reply");
+        assert_eq!(group.params["chat_id"], -100);
+        assert_eq!(group.params["reply_parameters"]["message_id"], 601);
+    }
+    assert!(first.terminate().success());
+    assert_eq!(
+        std::fs::read_to_string(state.join("telegram-offset"))
+            .expect("state file")
+            .trim(),
+        "12"
+    );
+    assert_no_token(&log);
+
+    // As if Telegram never got the confirmation, the old updates are offered again; a new
+    // one arrived while the bridge was down.
+    let calls_before = api.lock().calls.len();
+    api.push_update(private_update(10, 600, "one"));
+    api.push_update(private_update(12, 602, "three"));
+    let log = setup.dir.path().join("bridge-2.log");
+    let mut second = setup.bridge(&api, &state, &log);
+    api.wait_for("the new update's reply", |s| {
+        (replies(s, "echo: three (dm)") == 1).then_some(())
+    });
+    let s = api.lock();
+    let first_poll = s.calls[calls_before..]
+        .iter()
+        .find(|c| c.method == "getUpdates")
+        .expect("a poll");
+    assert_eq!(
+        first_poll.params["offset"], 12,
+        "the restarted bridge starts from the saved offset"
+    );
+    assert_eq!(replies(&s, "echo: one (dm)"), 1, "update 10 processed once");
+    assert_eq!(
+        replies(&s, "echo: two (group)"),
+        1,
+        "update 11 processed once"
+    );
+    drop(s);
+    assert!(second.terminate().success());
+    assert_no_token(&log);
+}
