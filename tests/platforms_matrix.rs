@@ -128,7 +128,9 @@ struct Bridge {
 
 /// `turnstile bridge matrix` for `bot`; waits for its `ready:` line.
 fn bridge(hs: &Synapse, bot: &User, port: u16, dir: &Path) -> Bridge {
-    let log = dir.join("bridge.log");
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let log = dir.join(format!("bridge-{n}.log"));
     let mut child = die_with_parent(
         Command::new(env!("CARGO_BIN_EXE_turnstile"))
             .args([
@@ -438,7 +440,7 @@ fn the_gateway_restarted_mid_turn_the_bridge_reconnects_and_posts_the_outcome_on
     // The gateway dies mid-turn (SIGKILL: nothing flushed) and comes back on its journal.
     gateway.signal(libc::SIGKILL);
     drop(gateway);
-    let _gateway = serve(port, Some(&data));
+    let gateway = serve(port, Some(&data));
     // The bridge reconnects by itself; the interrupted turn's outcome is redelivered.
     let failed_at = w.shows(&r1, at1, "the interrupted outcome", |t| {
         t.contains("interrupted by restart")
@@ -448,16 +450,32 @@ fn the_gateway_restarted_mid_turn_the_bridge_reconnects_and_posts_the_outcome_on
     w.shows(&r2, at2, "the answer after the restart", |t| {
         t == "echo: after the restart"
     });
-    let outcome_posts = w
-        .seen
-        .events()
-        .filter(|(_, ev)| {
-            ev["sender"] == w.bot.mxid.as_str() && ev.to_string().contains("interrupted by restart")
-        })
-        .count();
-    assert_eq!(outcome_posts, 1, "posted once:\n{}", w.seen.transcript());
-    assert!(w.edits(&r1).iter().all(|(i, _)| *i <= failed_at));
     b.assert_no_secret_logged(&w.bot);
+    b.stop();
+    // Both results were confirmed (`delivered`, journaled): a gateway restarted once more
+    // and a fresh bridge, which remembers nothing, get neither of them again.
+    gateway.signal(libc::SIGTERM);
+    drop(gateway);
+    let _gateway = serve(port, Some(&data));
+    let b = bridge(w.hs, &w.bot, port, dir.path());
+    let (ev3, after) = w.say("third");
+    let (r3, at3) = w.reply_to(&ev3, after);
+    w.shows(&r3, at3, "the third answer", |t| t == "echo: third");
+    let bot = w.bot.mxid.clone();
+    let posts = |needle: &str| {
+        w.seen
+            .events()
+            .filter(|(_, ev)| ev["sender"] == bot.as_str() && ev.to_string().contains(needle))
+            .count()
+    };
+    assert_eq!(
+        posts("interrupted by restart"),
+        1,
+        "posted once:\n{}",
+        w.seen.transcript()
+    );
+    assert_eq!(posts("echo: after the restart"), 1, "{}", w.seen.transcript());
+    assert!(w.edits(&r1).iter().all(|(i, _)| *i <= failed_at));
     b.stop();
 }
 
