@@ -339,6 +339,14 @@ fn stop_ends_the_partials_and_the_cancellation_is_a_last_edit_with_a_marker() {
         reply("stop: cancelled the running turn"),
         false,
     ));
+    r.wait_and_settle();
+    assert_eq!(
+        r.bodies(),
+        vec!["w0", "stop: cancelled the running turn"],
+        "no partial is shown once the session was stopped"
+    );
+    r.gateway(partial("$h1", "w0 w1 w2 w3")); // the agent still winding down
+    r.settle();
     r.gateway(result(
         "$h1",
         Outcome::Cancelled {
