@@ -393,6 +393,15 @@ fn under_synapses_default_rate_limits_results_and_commands_still_come_through() 
         let last = w.seen.log.len() - 1;
         w.seen.until_after(last, "more of the stream", bot_message);
     }
+    // A command while the stream still runs: its answer goes before the stale edits.
+    let status_sent = Instant::now();
+    let (status, after) = w.say("!status");
+    let (_, status_at) = w.reply_to(&status, after);
+    let status_latency = w.seen.at(status_at) - status_sent;
+    assert!(
+        status_latency < Duration::from_secs(20),
+        "the status answer took {status_latency:?}"
+    );
     let stop_sent = Instant::now();
     let (stop, after) = w.say("!stop");
     let (_, answer_at) = w.reply_to(&stop, after);
@@ -416,7 +425,7 @@ fn under_synapses_default_rate_limits_results_and_commands_still_come_through() 
         "repeated strikes switched to final-only"
     );
     eprintln!(
-        "default rate limits: the stop answered after {stop_latency:?}; {} edits of the stopped reply; whole test {:?}\n{}",
+        "default rate limits: the status answered after {status_latency:?}, the stop after {stop_latency:?}; {} edits of the stopped reply; whole test {:?}\n{}",
         w.edits(&r1).len(),
         started.elapsed(),
         w.seen.transcript()
