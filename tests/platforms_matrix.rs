@@ -363,6 +363,25 @@ fn a_reply_streams_as_edits_with_typing_stop_is_answered_and_a_second_message_to
         "no edit after the marker"
     );
 
+    // What the agent got: a dm (two joined members), the sender's mxid and display name,
+    // the event id in meta.
+    let (ev4, after) = w.say("context");
+    let (r4, at4) = w.reply_to(&ev4, after);
+    let i = w.shows(&r4, at4, "the context", |t| t.starts_with('{'));
+    let Seen::Event(e, _) = &w.seen.log[i] else {
+        unreachable!()
+    };
+    let body = e["content"]["m.new_content"]["body"]
+        .as_str()
+        .or(e["content"]["body"].as_str())
+        .expect("body");
+    let context: Value = serde_json::from_str(body).expect("json context");
+    assert_eq!(context["chat_type"], "dm");
+    assert_eq!(context["user_id"], w.human.mxid.as_str());
+    assert_eq!(context["user_name"], "Ann");
+    assert_eq!(context["meta"]["event_id"], ev4.as_str());
+    assert_eq!(context["meta"]["room_id"], w.room.as_str());
+
     b.assert_no_secret_logged(&w.bot);
     b.stop();
     eprintln!(
@@ -504,6 +523,7 @@ fn measure_latency() {
     let b = bridge(w.hs, &w.bot, port, dir.path());
     w.wait_joined();
     let mut through = Vec::new();
+    let mut server_side = Vec::new();
     for i in 0..6 {
         let sent = Instant::now();
         let (ev, after) = w.say(&format!("ping {i}"));
@@ -511,6 +531,21 @@ fn measure_latency() {
         if i > 0 {
             // The first one starts the session's agent process.
             through.push(w.seen.at(at) - sent);
+            // The same on the homeserver's clock: the human's event → the bot's reply.
+            let Seen::Event(reply, _) = &w.seen.log[at] else {
+                unreachable!()
+            };
+            let reply_ts = reply["origin_server_ts"].as_u64().expect("ts");
+            w.seen.until("the human's own event", |s| {
+                matches!(s, Seen::Event(e, _) if e["event_id"] == ev.as_str())
+            });
+            let human_ts = w
+                .seen
+                .events()
+                .find(|(_, e)| e["event_id"] == ev.as_str())
+                .and_then(|(_, e)| e["origin_server_ts"].as_u64())
+                .expect("origin_server_ts");
+            server_side.push(Duration::from_millis(reply_ts.saturating_sub(human_ts)));
         }
     }
     // The gateway alone: a raw bridge-protocol client.
@@ -554,6 +589,10 @@ fn measure_latency() {
     eprintln!(
         "first bot text seen by the human, median of 5: {:?} (all: {through:?})",
         median(&mut through.clone())
+    );
+    eprintln!(
+        "the same on Synapse's clock (origin_server_ts), median of 5: {:?} (all: {server_side:?})",
+        median(&mut server_side.clone())
     );
     eprintln!(
         "the gateway's own first text (bridge protocol), median of 5: {:?} (all: {direct:?})",

@@ -3,6 +3,7 @@
 
 `slow N MS`: N words, one partial every MS milliseconds (the pace of a model's tokens, slow
 enough to `!stop` it), then the reply; a `cancel` ends it at once with an error.
+`context`: the turn's session, chat type, user and meta as JSON.
 Anything else: one partial, then the reply `echo: <text>` at once.
 """
 import json, select, sys, time
@@ -62,6 +63,9 @@ while True:
             send(op="error", id=id, message="stopped")
         else:
             send(op="reply", id=id, text=" ".join(words))
+    elif text == "context":
+        keys = ("session", "chat_type", "user_id", "user_name", "meta")
+        send(op="reply", id=id, text=json.dumps({k: msg.get(k) for k in keys}, sort_keys=True))
     else:
         send(op="partial", id=id, text="echo:")
         send(op="reply", id=id, text=f"echo: {text}")
