@@ -382,6 +382,50 @@ fn a_reply_streams_as_edits_with_typing_stop_is_answered_and_a_second_message_to
     assert_eq!(context["meta"]["event_id"], ev4.as_str());
     assert_eq!(context["meta"]["room_id"], w.room.as_str());
 
+    // A third member joins: the room is a group now, one session per sender.
+    let bob = w.hs.register("bob", "Bob");
+    w.human
+        .call(
+            "POST",
+            &format!("/rooms/{}/invite", matrix_support::enc(&w.room)),
+            Some(&serde_json::json!({"user_id": bob.mxid})),
+        )
+        .expect("invite bob");
+    bob.call(
+        "POST",
+        &format!("/rooms/{}/join", matrix_support::enc(&w.room)),
+        Some(&serde_json::json!({})),
+    )
+    .expect("bob joins");
+    let after = w.seen.log.len() - 1;
+    let bob_id = bob.mxid.clone();
+    w.seen.until_after(after, "Bob's join", |ev| {
+        ev["type"] == "m.room.member"
+            && ev["state_key"] == bob_id.as_str()
+            && ev["content"]["membership"] == "join"
+    });
+    let after = w.seen.log.len() - 1;
+    let ev5 = bob.say(&w.room, "context");
+    let (r5, at5) = w.reply_to(&ev5, after);
+    let i = w.shows(&r5, at5, "Bob's context", |t| t.starts_with('{'));
+    let Seen::Event(e, _) = &w.seen.log[i] else {
+        unreachable!()
+    };
+    let body = e["content"]["m.new_content"]["body"]
+        .as_str()
+        .or(e["content"]["body"].as_str())
+        .expect("body");
+    let context: Value = serde_json::from_str(body).expect("json context");
+    assert_eq!(context["chat_type"], "group", "{context}");
+    assert_eq!(context["user_id"], bob.mxid.as_str());
+    assert_eq!(context["user_name"], "Bob");
+    assert!(
+        context["session"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("matrix:group:") && s.contains(":user:")),
+        "{context}"
+    );
+
     b.assert_no_secret_logged(&w.bot);
     b.stop();
     eprintln!(
@@ -502,7 +546,12 @@ fn the_gateway_restarted_mid_turn_the_bridge_reconnects_and_posts_the_outcome_on
         "posted once:\n{}",
         w.seen.transcript()
     );
-    assert_eq!(posts("echo: after the restart"), 1, "{}", w.seen.transcript());
+    assert_eq!(
+        posts("echo: after the restart"),
+        1,
+        "{}",
+        w.seen.transcript()
+    );
     assert!(w.edits(&r1).iter().all(|(i, _)| *i <= failed_at));
     b.stop();
 }
@@ -536,9 +585,10 @@ fn measure_latency() {
                 unreachable!()
             };
             let reply_ts = reply["origin_server_ts"].as_u64().expect("ts");
-            w.seen.until("the human's own event", |s| {
-                matches!(s, Seen::Event(e, _) if e["event_id"] == ev.as_str())
-            });
+            w.seen.until(
+                "the human's own event",
+                |s| matches!(s, Seen::Event(e, _) if e["event_id"] == ev.as_str()),
+            );
             let human_ts = w
                 .seen
                 .events()
