@@ -128,6 +128,10 @@ struct Bridge {
 
 /// `turnstile bridge matrix` for `bot`; waits for its `ready:` line.
 fn bridge(hs: &Synapse, bot: &User, port: u16, dir: &Path) -> Bridge {
+    bridge_with(hs, bot, port, dir, &[])
+}
+
+fn bridge_with(hs: &Synapse, bot: &User, port: u16, dir: &Path, args: &[&str]) -> Bridge {
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     let log = dir.join(format!("bridge-{n}.log"));
@@ -140,6 +144,7 @@ fn bridge(hs: &Synapse, bot: &User, port: u16, dir: &Path) -> Bridge {
                 &format!("127.0.0.1:{port}"),
             ])
             .args(["--homeserver", &hs.base])
+            .args(args)
             .env("MATRIX_ACCESS_TOKEN", &bot.token)
             .env("TURNSTILE_AUTH_TOKEN", GATEWAY_TOKEN)
             .env("RUST_LOG", "debug")
@@ -553,6 +558,45 @@ fn the_gateway_restarted_mid_turn_the_bridge_reconnects_and_posts_the_outcome_on
         w.seen.transcript()
     );
     assert!(w.edits(&r1).iter().all(|(i, _)| *i <= failed_at));
+    b.stop();
+}
+
+#[test]
+fn with_a_state_dir_a_restarted_bridge_answers_what_was_written_while_it_was_down() {
+    let Some(mut w) = world(true) else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let state_arg = state.to_str().expect("utf-8 path").to_owned();
+    let port = free_port();
+    let _serve = serve(port, None);
+    let b = bridge_with(w.hs, &w.bot, port, dir.path(), &["--state-dir", &state_arg]);
+    w.wait_joined();
+    let (ev1, after) = w.say("before");
+    let (r1, at1) = w.reply_to(&ev1, after);
+    w.shows(&r1, at1, "the first answer", |t| t == "echo: before");
+    b.stop();
+    // Written while no bridge runs: answered by the next one, from the stored position.
+    let (ev2, after) = w.say("while away");
+    let b = bridge_with(w.hs, &w.bot, port, dir.path(), &["--state-dir", &state_arg]);
+    let (r2, at2) = w.reply_to(&ev2, after);
+    w.shows(&r2, at2, "the answer to what was written meanwhile", |t| {
+        t == "echo: while away"
+    });
+    let (ev3, after) = w.say("after");
+    let (r3, at3) = w.reply_to(&ev3, after);
+    w.shows(&r3, at3, "the answer after", |t| t == "echo: after");
+    let bot = w.bot.mxid.clone();
+    let replies_to_first = w
+        .seen
+        .events()
+        .filter(|(_, ev)| replies_to(ev, &bot, &ev1))
+        .count();
+    assert_eq!(
+        replies_to_first,
+        1,
+        "nothing answered twice:\n{}",
+        w.seen.transcript()
+    );
     b.stop();
 }
 

@@ -103,6 +103,10 @@ struct MatrixArgs {
     /// Rooms the bot stays joined to at most (later invites are ignored, logged).
     #[arg(long, default_value_t = 1000)]
     max_rooms: usize,
+    /// Directory keeping the sync position, so a restarted bridge answers what was written
+    /// while it was down (without it, each start answers only what comes after it).
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<std::path::PathBuf>,
 }
 
 /// Stops the bridge on SIGTERM or SIGINT (the receiver fires once).
@@ -223,6 +227,7 @@ fn run_matrix(a: MatrixArgs) -> Result<(), Failure> {
     }
     let mut config = MatrixConfig::new(&a.homeserver, token, gateway);
     config.max_rooms = a.max_rooms;
+    config.state_dir = a.state_dir;
     let stop = stop_on_signals().map_err(Failure::Run)?;
     matrix::run(config, &stop, &mut |me| print_ready("matrix", me)).map_err(Failure::Run)
 }

@@ -20,6 +20,7 @@
 //!   not), so a result redelivered after a reconnect is not posted twice.
 
 pub mod api;
+pub mod state;
 pub mod sync;
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -63,6 +64,9 @@ pub struct MatrixConfig {
     pub sync_timeout: Duration,
     /// Replies whose state (the bot's message, the text shown) is kept at once.
     pub max_turns: usize,
+    /// Where the sync position is kept across restarts (`--state-dir`); without it every
+    /// start answers only what is written after it.
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for MatrixConfig {
@@ -86,6 +90,7 @@ impl MatrixConfig {
             limits: EditLimits::default(),
             sync_timeout: Duration::from_secs(30),
             max_turns: 4096,
+            state_dir: None,
         }
     }
 }
@@ -300,7 +305,13 @@ impl<H: Homeserver> Core<H> {
 
     /// A human's message: remembered as a turn and handed to the gateway. A stop or reset
     /// command also ends the showing of that session's partials.
-    pub fn on_human(&mut self, msg: &HumanMessage, kind: ChatKind, gw: &mut impl GatewaySide) {
+    /// Returns whether the gateway client took it (it then answers it with an admission).
+    pub fn on_human(
+        &mut self,
+        msg: &HumanMessage,
+        kind: ChatKind,
+        gw: &mut impl GatewaySide,
+    ) -> bool {
         let command = msg.command();
         if matches!(command, Some(Command::Stop | Command::Reset)) {
             let stopped: Vec<String> = self
@@ -375,7 +386,9 @@ impl<H: Homeserver> Core<H> {
                 Some(&msg.event_id),
                 &format!("[not passed on: {e}]"),
             );
+            return false;
         }
+        true
     }
 
     /// A message the bridge refuses (too long): the human is told.
@@ -829,6 +842,8 @@ impl<H: Homeserver> Core<H> {
 enum FromSync {
     /// The first sync is done (the backlog skipped): the bridge is ready.
     Ready,
+    /// The messages of the sync batch ending with this `next_batch` were all handed over.
+    Batch(String),
     Message(HumanMessage, ChatKind),
     Refused {
         room: String,
@@ -856,15 +871,35 @@ fn join(api: &Api, room: &str) {
     log::warn!("matrix: room {room}: could not join: rate limited five times");
 }
 
-fn run_sync(api: &Api, me: &str, config: &MatrixConfig, tx: &Sender<FromSync>) {
+/// Long-polls `/sync`. The first sync learns the rooms (its events are the backlog); with a
+/// stored position (`resume`) the next one continues from there, so what was written while
+/// the bridge was down is answered.
+fn run_sync(
+    api: &Api,
+    me: &str,
+    config: &MatrixConfig,
+    tx: &Sender<FromSync>,
+    mut resume: Option<String>,
+) {
     let mut state = SyncState::new(me, config.max_rooms, 10_000);
     let mut since: Option<String> = None;
     let mut backoff = Duration::ZERO;
     let first_filter = sync::filter(1);
     let filter = sync::filter(100);
+    // Synapse caches a sync answer for two minutes by its request (user, device, since,
+    // timeout, filter, …): a restarted bridge's first sync, identical to its predecessor's,
+    // would get that stale answer (an invite since joined, an old position). A first sync
+    // returns at once whatever its timeout, so a timeout of this process's own makes the
+    // request new.
+    let unique = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+        .wrapping_add(u64::from(std::process::id()));
+    let first_timeout = Duration::from_millis(1 + unique % 100_000);
     loop {
         let (f, timeout) = match since {
-            None => (&first_filter, Duration::ZERO),
+            None => (&first_filter, first_timeout),
             Some(_) => (&filter, config.sync_timeout),
         };
         let answer = match api.sync(since.as_deref(), f, timeout) {
@@ -894,8 +929,23 @@ fn run_sync(api: &Api, me: &str, config: &MatrixConfig, tx: &Sender<FromSync>) {
             std::thread::sleep(Duration::from_secs(1));
             continue;
         };
-        since = Some(next.to_owned());
-        for item in state.absorb(&answer) {
+        let items = state.absorb(&answer);
+        log::debug!(
+            "matrix: sync {} → {next}: {} item(s)",
+            since.as_deref().unwrap_or("(first)"),
+            items.len()
+        );
+        let resuming = first && resume.is_some();
+        since = match resume.take().filter(|_| first) {
+            Some(stored) => {
+                log::info!("matrix: continuing from the stored sync position");
+                // The learning sync's events come again from the stored position.
+                state.forget_seen();
+                Some(stored)
+            }
+            None => Some(next.to_owned()),
+        };
+        for item in items {
             let sent = match item {
                 Incoming::Invite(room) => {
                     if state.can_join() {
@@ -945,6 +995,9 @@ fn run_sync(api: &Api, me: &str, config: &MatrixConfig, tx: &Sender<FromSync>) {
         if first && tx.send(FromSync::Ready).is_err() {
             return;
         }
+        if !resuming && tx.send(FromSync::Batch(next.to_owned())).is_err() {
+            return;
+        }
     }
 }
 
@@ -981,6 +1034,10 @@ pub fn run(
     // Sends are short; their bound is also the longest a shutdown waits for one.
     let send_api = Api::new(&config.homeserver, &config.access_token, SEND_TIMEOUT)?;
 
+    let (resume, mut tracker) = match &config.state_dir {
+        Some(dir) => (state::load(dir)?, Some(state::Tracker::new(dir)?)),
+        None => (None, None),
+    };
     let (sync_tx, sync_rx) = bounded::<FromSync>(64);
     {
         let api = api.clone();
@@ -988,7 +1045,7 @@ pub fn run(
         let config = config.clone();
         std::thread::Builder::new()
             .name("matrix-sync".into())
-            .spawn(move || run_sync(&api, &me, &config, &sync_tx))
+            .spawn(move || run_sync(&api, &me, &config, &sync_tx, resume))
             .map_err(|e| format!("cannot start a thread: {e}"))?;
     }
     let (mut gw, gw_rx) = Gateway::connect(config.gateway.clone());
@@ -1014,6 +1071,7 @@ pub fn run(
         &channels,
         &mut || on_ready(&me),
         config.gateway.max_pending,
+        tracker.as_mut(),
     );
     for room in core.typing_rooms() {
         core.typing_off(&room);
@@ -1053,6 +1111,7 @@ fn main_loop(
     ch: &Channels<'_>,
     on_ready: &mut dyn FnMut(),
     max_pending: usize,
+    mut tracker: Option<&mut state::Tracker>,
 ) -> Result<(), BridgeError> {
     let (mut synced, mut connected, mut announced) = (false, false, false);
     loop {
@@ -1068,6 +1127,9 @@ fn main_loop(
                     if ev == GatewayEvent::Connected {
                         connected = true;
                     }
+                    if let (GatewayEvent::Admission { id, .. }, Some(t)) = (&ev, tracker.as_mut()) {
+                        t.answered(id);
+                    }
                     core.on_gateway(ev, now, gw);
                 }
                 Err(TryRecvError::Empty) => break,
@@ -1079,7 +1141,18 @@ fn main_loop(
         while gw.pending() + 1 < max_pending {
             match ch.sync.try_recv() {
                 Ok(FromSync::Ready) => synced = true,
-                Ok(FromSync::Message(m, kind)) => core.on_human(&m, kind, gw),
+                Ok(FromSync::Message(m, kind)) => {
+                    if core.on_human(&m, kind, gw)
+                        && let Some(t) = tracker.as_mut()
+                    {
+                        t.sent(&m.event_id);
+                    }
+                }
+                Ok(FromSync::Batch(token)) => {
+                    if let Some(t) = tracker.as_mut() {
+                        t.batch(&token);
+                    }
+                }
                 Ok(FromSync::Refused {
                     room,
                     event_id,

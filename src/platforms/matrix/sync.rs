@@ -245,6 +245,12 @@ impl SyncState {
         }
     }
 
+    /// Forgets the event ids seen (the learning sync's, before continuing from a stored
+    /// position that comes before them).
+    pub fn forget_seen(&mut self) {
+        self.seen = BoundedSet::new(self.seen.cap);
+    }
+
     /// Rooms the bot is joined to.
     pub fn room_count(&self) -> usize {
         self.rooms.len()
