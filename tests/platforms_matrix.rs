@@ -451,13 +451,13 @@ fn under_synapses_default_rate_limits_results_and_commands_still_come_through() 
     w.wait_joined();
 
     // A long stream: far more partials than 0.2 messages a second allows.
-    let (ev1, after) = w.say("slow 1000 50");
+    let (ev1, after) = w.say("slow 2000 50");
     let (r1, at1) = w.reply_to(&ev1, after);
-    // Let it burn Synapse's burst (10 messages); what follows runs into the limit (the log
-    // assertions below check that it did).
+    // Let it burn most of Synapse's burst (10 messages; the stream goes on far longer, so
+    // what follows runs into the limit: the log assertions below check that it did).
     let bot = w.bot.mxid.clone();
     let bot_message = |ev: &Value| ev["sender"] == bot.as_str() && ev["type"] == "m.room.message";
-    while w.seen.events().filter(|(_, ev)| bot_message(ev)).count() < 10 {
+    while w.seen.events().filter(|(_, ev)| bot_message(ev)).count() < 8 {
         let last = w.seen.log.len() - 1;
         w.seen.until_after(last, "more of the stream", bot_message);
     }
@@ -466,6 +466,15 @@ fn under_synapses_default_rate_limits_results_and_commands_still_come_through() 
     let (status, after) = w.say("!status");
     let (_, status_at) = w.reply_to(&status, after);
     let status_latency = w.seen.at(status_at) - status_sent;
+    let Seen::Event(answer, _) = &w.seen.log[status_at] else {
+        unreachable!()
+    };
+    assert!(
+        answer["content"]["body"]
+            .as_str()
+            .is_some_and(|t| t.contains("running")),
+        "answered while the stream still ran: {answer}"
+    );
     assert!(
         status_latency < Duration::from_secs(20),
         "the status answer took {status_latency:?}"
