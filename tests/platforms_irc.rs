@@ -60,7 +60,9 @@ fn require_ngircd() -> Option<PathBuf> {
             )
         }
         None => {
-            eprintln!(
+            // Straight to stderr, past the test harness's capture, so the skip is seen.
+            let _ = writeln!(
+                std::io::stderr(),
                 "SKIPPED: ngircd is not installed (apt-get install -y ngircd); this IRC test needs a real server"
             );
             None
@@ -145,20 +147,31 @@ struct Setup {
 
 impl Setup {
     fn start(ngircd: &Path) -> Setup {
+        Setup::start_with(ngircd, None)
+    }
+
+    /// With `tls`, ngircd also listens with TLS on that port, its certificate (for
+    /// `localhost`) signed by the test CA in `ca.pem`.
+    fn start_with(ngircd: &Path, tls: Option<u16>) -> Setup {
         let dir = tempfile::tempdir().expect("tempdir");
         let irc_port = free_port();
         let conf = dir.path().join("ngircd.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "[Global]\nName = irc.turnstile.test\nInfo = turnstile test server\n\
-                 Listen = 127.0.0.1\nPorts = {irc_port}\nPidFile = {pid}\nMotdPhrase = test\n\
-                 [Limits]\nMaxNickLength = 30\nPingTimeout = 120\nPongTimeout = 20\n\
-                 [Options]\nPAM = no\nDNS = no\nIdent = no\n",
-                pid = dir.path().join("ngircd.pid").display()
-            ),
-        )
-        .expect("write conf");
+        let mut text = format!(
+            "[Global]\nName = irc.turnstile.test\nInfo = turnstile test server\n\
+             Listen = 127.0.0.1\nPorts = {irc_port}\nPidFile = {pid}\nMotdPhrase = test\n\
+             [Limits]\nMaxNickLength = 30\nPingTimeout = 120\nPongTimeout = 20\n\
+             [Options]\nPAM = no\nDNS = no\nIdent = no\n",
+            pid = dir.path().join("ngircd.pid").display()
+        );
+        if let Some(port) = tls {
+            make_certificates(dir.path());
+            text.push_str(&format!(
+                "[SSL]\nCertFile = {}\nKeyFile = {}\nPorts = {port}\n",
+                dir.path().join("cert.pem").display(),
+                dir.path().join("key.pem").display()
+            ));
+        }
+        std::fs::write(&conf, text).expect("write conf");
         let ircd = Proc(
             die_with_parent(
                 Command::new(ngircd)
@@ -173,9 +186,11 @@ impl Setup {
         );
         // Bounded polling: ngircd tells nobody when it listens.
         let deadline = Instant::now() + WAIT;
-        while TcpStream::connect(("127.0.0.1", irc_port)).is_err() {
-            assert!(Instant::now() < deadline, "ngircd did not open its port");
-            std::thread::park_timeout(Duration::from_millis(20));
+        for port in std::iter::once(irc_port).chain(tls) {
+            while TcpStream::connect(("127.0.0.1", port)).is_err() {
+                assert!(Instant::now() < deadline, "ngircd did not open port {port}");
+                std::thread::park_timeout(Duration::from_millis(20));
+            }
         }
         let reply = dir.path().join("reply.txt");
         std::fs::write(&reply, long_reply()).expect("reply");
@@ -229,12 +244,20 @@ impl Setup {
 
     /// Starts `turnstile bridge irc` and waits for its `ready:` line.
     fn bridge(&self, nick: &str) -> (Proc, String) {
+        let server = format!("127.0.0.1:{}", self.irc_port);
+        self.bridge_with(nick, &["--server", &server])
+    }
+
+    /// Starts the bridge with these server flags.
+    fn bridge_with(&self, nick: &str, server: &[&str]) -> (Proc, String) {
         let mut child = die_with_parent(
             Command::new(env!("CARGO_BIN_EXE_turnstile"))
                 .args(["bridge", "irc", "--gateway", &self.gateway])
-                .args(["--server", &format!("127.0.0.1:{}", self.irc_port)])
+                .args(server)
                 .args(["--nick", nick, "--channel", "#test"])
-                .args(["--flood-interval", "0.1", "--max-reply-lines", "100"])
+                // The default pacing (a burst of 5, then a line a second) is slower than
+                // ngircd's own (about 0.4 s a line here), so the test sees the bridge's.
+                .args(["--max-reply-lines", "100"])
                 .env("RUST_LOG", "info")
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit()),
@@ -341,13 +364,24 @@ fn a_long_multibyte_reply_arrives_split_within_512_bytes_and_stop_and_dms_are_an
     human.send(&format!("PRIVMSG #test :{bot}: tell me a long story"));
     let expected = format!("human: {}", long_reply());
     let mut lines = Vec::new();
+    let mut arrivals = Vec::new();
     while lines.iter().map(|l: &String| l.len() + 1).sum::<usize>() < expected.len() {
         let (wire_len, text) = human.privmsg_from(bot, "#test");
+        arrivals.push(Instant::now());
         assert!(wire_len <= 512, "a relayed line of {wire_len} bytes");
         lines.push(text);
     }
     assert!(lines.len() >= 10, "only {} lines", lines.len());
     assert_eq!(lines.join(" "), expected, "the reply reassembles exactly");
+    // Paced: a burst of 5, then a line a second, so the last line cannot arrive sooner than
+    // this after the first (a lower bound only: load can only slow it).
+    let paced = Duration::from_secs(1) * (lines.len() as u32 - 5);
+    let spread = arrivals[arrivals.len() - 1] - arrivals[0];
+    assert!(
+        spread >= paced.mul_f64(0.9),
+        "{} lines in {spread:?}: not paced",
+        lines.len()
+    );
 
     // A running turn stopped with `!stop`: the stop is answered, then the turn's end.
     human.send(&format!("PRIVMSG #test :{bot}: slow one"));
@@ -420,12 +454,26 @@ fn irc_bridge_added_latency_is_measured() {
         assert_eq!(text, "human: pong");
         direct.push(gateway_turn(&setup.gateway, &format!("direct-{i}")));
     }
-    let (irc, gw) = (median(through_irc), median(direct));
+    // ngircd's own share: the same two relays (human -> bot, bot -> human) between two raw
+    // clients, the second answering at once.
+    let mut echoer = Human::connect(setup.irc_port, "echoer", Some("#test"));
+    let mut relay = Vec::new();
+    for i in 0..5 {
+        let started = Instant::now();
+        human.send(&format!("PRIVMSG #test :echoer: ping {i}"));
+        echoer.privmsg_from("human", "#test");
+        echoer.send("PRIVMSG #test :human: pong");
+        human.privmsg_from("echoer", "#test");
+        relay.push(started.elapsed());
+    }
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let (irc, gw, relay) = (median(through_irc), median(direct), median(relay));
     println!(
-        "latency (median of 5): human -> first bot line through IRC {:.1} ms; gateway turn alone {:.1} ms; added by the bridge and ngircd {:.1} ms",
-        irc.as_secs_f64() * 1e3,
-        gw.as_secs_f64() * 1e3,
-        (irc.as_secs_f64() - gw.as_secs_f64()) * 1e3
+        "latency (median of 5): human -> first bot line through IRC {:.1} ms; gateway turn alone {:.1} ms; ngircd's two relays alone {:.1} ms; so the bridge adds {:.1} ms",
+        ms(irc),
+        ms(gw),
+        ms(relay),
+        ms(irc) - ms(gw) - ms(relay)
     );
 }
 
@@ -467,4 +515,126 @@ fn the_bridge_reconnects_to_a_restarted_gateway_and_shows_its_owed_result_once()
     human.send("PRIVMSG #test :rebot: ping");
     let (_, next) = human.privmsg_from("rebot", "#test");
     assert_eq!(next, "human: pong");
+}
+
+/// A test CA and a `localhost` certificate it signed (EC keys: quick to make), with openssl.
+fn make_certificates(dir: &Path) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("run openssl (needed for the TLS test)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    run(&[
+        &["req", "-x509"][..],
+        &ec,
+        &[
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=turnstile test CA",
+        ],
+    ]
+    .concat());
+    run(&[
+        &["req"][..],
+        &ec,
+        &[
+            "-keyout",
+            "key.pem",
+            "-out",
+            "leaf.csr",
+            "-subj",
+            "/CN=localhost",
+        ],
+    ]
+    .concat());
+    std::fs::write(
+        dir.join("leaf.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("ext file");
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "leaf.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "cert.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "leaf.ext",
+    ]);
+}
+
+#[test]
+fn with_tls_the_bridge_verifies_the_server_and_is_answered() {
+    let Some(ngircd) = require_ngircd() else {
+        return;
+    };
+    let tls_port = free_port();
+    let setup = Setup::start_with(&ngircd, Some(tls_port));
+    let mut human = Human::connect(setup.irc_port, "human", Some("#test"));
+    let ca = setup._dir.path().join("ca.pem");
+    let ca = ca.to_str().expect("a UTF-8 temp path");
+    let server = format!("localhost:{tls_port}");
+    let (_bridge, ready) = setup.bridge_with(
+        "tlsbot",
+        &["--server", &server, "--tls", "--tls-ca-file", ca],
+    );
+    assert_eq!(ready, "ready: irc as tlsbot");
+    human.send("PRIVMSG #test :tlsbot: ping");
+    let (_, text) = human.privmsg_from("tlsbot", "#test");
+    assert_eq!(text, "human: pong");
+
+    // Without the test CA the certificate is refused: no connection, a clear WARN.
+    let log = setup._dir.path().join("untrusting.log");
+    let mut child = die_with_parent(
+        Command::new(env!("CARGO_BIN_EXE_turnstile"))
+            .args(["bridge", "irc", "--gateway", &setup.gateway])
+            .args(["--server", &server, "--tls", "--nick", "untrusting"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).expect("log")),
+    )
+    .spawn()
+    .expect("start the bridge");
+    let stdout = stdout_lines(&mut child);
+    let _child = Proc(child);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("TLS handshake with") && text.contains("certificate") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no TLS refusal logged: {text}");
+        std::thread::park_timeout(Duration::from_millis(20));
+    }
+    assert!(
+        stdout.try_recv().is_err(),
+        "an unverified server must not make it ready"
+    );
 }

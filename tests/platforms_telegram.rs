@@ -26,6 +26,8 @@ use serde_json::{Value, json};
 /// Only a failing run waits this long.
 const WAIT: Duration = Duration::from_secs(60);
 const TOKEN: &str = "123456:FAKE-SECRET-token";
+/// The gateway's auth token: the bridge must present it, and never log it.
+const GATEWAY_TOKEN: &str = "gateway-secret-4711";
 
 /// One API call the fake received.
 #[derive(Clone, Debug)]
@@ -351,6 +353,10 @@ struct Setup {
 
 impl Setup {
     fn start() -> Setup {
+        Setup::start_on("127.0.0.1:0")
+    }
+
+    fn start_on(listen: &str) -> Setup {
         let dir = tempfile::tempdir().expect("tempdir");
         let script = dir.path().join("agent.py");
         std::fs::write(&script, AGENT).expect("agent");
@@ -360,11 +366,11 @@ impl Setup {
         let cmd = format!("exec python3 {} {}", script.display(), fifo.display());
         let mut serve = die_with_parent(
             Command::new(env!("CARGO_BIN_EXE_turnstile"))
-                .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "off"])
+                .args(["serve", "--listen", listen, "--http-listen", "off"])
                 .args(["--agent", "process", "--agent-cmd", &cmd])
                 .args(["--partial-interval", "0.05"])
                 .env("RUST_LOG", "warn")
-                .env_remove("TURNSTILE_AUTH_TOKEN")
+                .env("TURNSTILE_AUTH_TOKEN", GATEWAY_TOKEN)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit()),
         )
@@ -387,25 +393,12 @@ impl Setup {
 
     /// Starts the bridge (stderr to `log`) and waits for its ready line.
     fn bridge(&self, api: &FakeBotApi, state_dir: &Path, log: &Path) -> Proc {
-        let log = std::fs::File::create(log).expect("log file");
-        let mut child = die_with_parent(
-            Command::new(env!("CARGO_BIN_EXE_turnstile"))
-                .args(["bridge", "telegram", "--gateway", &self.gateway])
-                .args(["--api-base", &api.url])
-                .arg("--state-dir")
-                .arg(state_dir)
-                .env("TELEGRAM_BOT_TOKEN", TOKEN)
-                .env("RUST_LOG", "debug")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::from(log)),
-        )
-        .spawn()
-        .expect("start the bridge");
-        let ready = first_line(&mut child)
-            .recv_timeout(WAIT)
-            .expect("the ready line");
-        assert_eq!(ready, "ready: telegram as @fake_bot");
-        Proc(child)
+        let (child, ready) = spawn_bridge(&self.gateway, api, state_dir, log);
+        assert_eq!(
+            ready.recv_timeout(WAIT).expect("the ready line"),
+            "ready: telegram as @fake_bot"
+        );
+        child
     }
 
     /// Lets the agent go on (it waits on the FIFO), bounded.
@@ -425,6 +418,33 @@ impl Setup {
     }
 }
 
+/// Starts `turnstile bridge telegram` against `gateway` and the fake; its stdout lines (the
+/// first is the ready line) on the receiver.
+fn spawn_bridge(
+    gateway: &str,
+    api: &FakeBotApi,
+    state_dir: &Path,
+    log: &Path,
+) -> (Proc, Receiver<String>) {
+    let log = std::fs::File::create(log).expect("log file");
+    let mut child = die_with_parent(
+        Command::new(env!("CARGO_BIN_EXE_turnstile"))
+            .args(["bridge", "telegram", "--gateway", gateway])
+            .args(["--api-base", &api.url])
+            .arg("--state-dir")
+            .arg(state_dir)
+            .env("TELEGRAM_BOT_TOKEN", TOKEN)
+            .env("TURNSTILE_AUTH_TOKEN", GATEWAY_TOKEN)
+            .env("RUST_LOG", "debug")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log)),
+    )
+    .spawn()
+    .expect("start the bridge");
+    let ready = first_line(&mut child);
+    (Proc(child), ready)
+}
+
 fn private_update(update_id: i64, message_id: i64, text: &str) -> Value {
     json!({"update_id": update_id, "message": {"message_id": message_id, "text": text,
         "chat": {"id": 42, "type": "private"}, "from": {"id": 7, "is_bot": false, "first_name": "Ann"}}})
@@ -433,6 +453,10 @@ fn private_update(update_id: i64, message_id: i64, text: &str) -> Value {
 fn assert_no_token(log: &Path) {
     let text = std::fs::read_to_string(log).expect("log");
     assert!(!text.contains(TOKEN), "the bot token leaked into the log");
+    assert!(
+        !text.contains(GATEWAY_TOKEN),
+        "the gateway token leaked into the log"
+    );
     assert!(
         !text.contains("FAKE-SECRET"),
         "part of the bot token leaked"
@@ -607,4 +631,78 @@ fn a_restarted_bridge_resumes_from_its_saved_offset_and_processes_no_update_twic
     drop(s);
     assert!(second.terminate().success());
     assert_no_token(&log);
+}
+
+#[test]
+fn the_offset_moves_only_once_the_gateway_has_the_message() {
+    let api = FakeBotApi::start();
+    api.push_update(private_update(20, 700, "early"));
+    // The gateway is not there yet: the bridge gets the update but cannot hand it over.
+    let listen = {
+        let probe = TcpListener::bind("127.0.0.1:0").expect("bind");
+        probe.local_addr().expect("addr").to_string()
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let log = dir.path().join("bridge.log");
+    let (mut bridge, ready) = spawn_bridge(&listen, &api, &state, &log);
+    // Ordered by the bridge's own log (bounded polling of another process's output): it has
+    // the update, then failed to reach the gateway twice more — time it would have used to
+    // poll past the update if it did not wait for the gateway's answer.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Some(at) = text.find("telegram: update 20 from chat 42")
+            && text[at..].matches("reconnecting in").count() >= 2
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the bridge never got the update: {text}"
+        );
+        std::thread::park_timeout(Duration::from_millis(10));
+    }
+    assert!(
+        !api.lock()
+            .calls
+            .iter()
+            .any(|c| c.method == "getUpdates" && c.params["offset"] == 21),
+        "the offset moved while the gateway was down"
+    );
+    // Taken before the gateway starts: nothing can have been acked earlier.
+    let gateway_up = Instant::now();
+    let setup = Setup::start_on(&listen);
+    assert_eq!(
+        ready
+            .recv_timeout(WAIT)
+            .expect("ready once the gateway is up"),
+        "ready: telegram as @fake_bot"
+    );
+    api.wait_for("the reply", |s| {
+        s.calls
+            .iter()
+            .any(|c| c.method == "sendMessage" && c.params["text"] == "echo: early (dm)")
+            .then_some(())
+    });
+    let s = api.lock();
+    let advanced: Vec<&Call> = s
+        .calls
+        .iter()
+        .filter(|c| c.method == "getUpdates" && c.params["offset"] == 21)
+        .collect();
+    assert!(!advanced.is_empty(), "the offset moved past the update");
+    assert!(
+        advanced.iter().all(|c| c.at >= gateway_up),
+        "the offset moved before the gateway had the message"
+    );
+    drop(s);
+    assert!(bridge.terminate().success());
+    assert_eq!(
+        std::fs::read_to_string(state.join("telegram-offset"))
+            .expect("state file")
+            .trim(),
+        "21"
+    );
+    drop(setup);
 }

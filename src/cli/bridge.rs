@@ -52,9 +52,12 @@ struct IrcArgs {
     /// The IRC server.
     #[arg(long, value_name = "HOST:PORT")]
     server: String,
-    /// Speak TLS to the server.
+    /// Speak TLS to the server (its certificate checked against the system's roots).
     #[arg(long)]
     tls: bool,
+    /// With --tls: trust only the CA certificates in this PEM file (a private server).
+    #[arg(long, value_name = "PEM", requires = "tls")]
+    tls_ca_file: Option<std::path::PathBuf>,
     /// The bot's nick (an alternate is taken if it is in use).
     #[arg(long)]
     nick: String,
@@ -172,6 +175,7 @@ fn run_irc(a: IrcArgs) -> Result<(), Failure> {
     let gateway = a.gateway.config("irc").map_err(Failure::Usage)?;
     let mut config = IrcConfig::new(gateway, &a.server, &a.nick, a.channels);
     config.tls = a.tls;
+    config.tls_ca_file = a.tls_ca_file;
     config.flood_burst = a.flood_burst;
     config.flood_interval =
         seconds("--flood-interval", a.flood_interval).map_err(Failure::Usage)?;

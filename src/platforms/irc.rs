@@ -14,13 +14,17 @@
 //!   Partials are not shown (IRC has no edits). A result is confirmed to the gateway
 //!   (`delivered`) once its last line was written to the server; lines not yet written when
 //!   the server connection drops are sent after the reconnect.
+//! - `--tls`: rustls (the TLS stack ureq already brings), the certificate checked against
+//!   the system's roots or the CAs of [`IrcConfig::tls_ca_file`].
 //! - A nick in use gets an alternate (`NICK_`, `NICK_2`, …); PINGs are answered and the bot
 //!   pings a silent server; a lost server is reconnected with capped exponential backoff.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, never, select, unbounded};
@@ -51,8 +55,10 @@ pub struct IrcConfig {
     pub gateway: GatewayConfig,
     /// `HOST:PORT` of the IRC server.
     pub server: String,
-    /// Speak TLS to the server.
+    /// Speak TLS to the server (certificate checked against the system's roots).
     pub tls: bool,
+    /// Trust only the CA certificates of this PEM file for TLS (a private server).
+    pub tls_ca_file: Option<PathBuf>,
     /// The nick to register (alternates if it is taken).
     pub nick: String,
     /// Channels to join.
@@ -80,6 +86,7 @@ impl IrcConfig {
             gateway,
             server: server.to_owned(),
             tls: false,
+            tls_ca_file: None,
             nick: nick.to_owned(),
             channels,
             flood_burst: 5,
@@ -301,7 +308,9 @@ enum ServerInput {
 /// One connection to the IRC server.
 struct ServerConn {
     generation: u64,
-    writer: TcpStream,
+    writer: Wire,
+    /// The TCP socket under `writer`, to shut it down (which also ends the reader).
+    socket: TcpStream,
     registered: bool,
     nick: String,
     nick_attempts: u32,
@@ -318,14 +327,141 @@ impl ServerConn {
         let mut bytes = Vec::with_capacity(line.len() + 2);
         bytes.extend_from_slice(line.as_bytes());
         bytes.extend_from_slice(b"\r\n");
-        self.writer.write_all(&bytes)
+        match &mut self.writer {
+            Wire::Plain(s) => s.write_all(&bytes),
+            Wire::Tls(tls) => {
+                let mut tls = tls.lock().unwrap_or_else(|e| e.into_inner());
+                tls.write_all(&bytes)?;
+                tls.flush()
+            }
+        }
     }
 }
 
 impl Drop for ServerConn {
     fn drop(&mut self) {
-        let _ = self.writer.shutdown(Shutdown::Both);
+        let _ = self.socket.shutdown(Shutdown::Both);
     }
+}
+
+type TlsStream = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
+
+/// The writing side of a server connection: plain TCP, or TLS (shared with the reader, which
+/// holds the lock only while data is there to read).
+enum Wire {
+    Plain(TcpStream),
+    Tls(Arc<Mutex<TlsStream>>),
+}
+
+/// How long a TLS read holds the stream's lock waiting for more bytes.
+const TLS_READ_SLICE: Duration = Duration::from_millis(20);
+
+/// The reading side of a TLS connection: waits for the socket in `poll(2)` without the lock,
+/// then reads under it (and keeps reading while rustls has decrypted data buffered).
+struct TlsReader {
+    stream: Arc<Mutex<TlsStream>>,
+    /// The descriptor polled: `_socket`'s, which this reader keeps open.
+    fd: std::os::fd::RawFd,
+    _socket: TcpStream,
+    draining: bool,
+}
+
+impl Read for TlsReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if !self.draining {
+            let mut pfd = libc::pollfd {
+                fd: self.fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd, whose descriptor `_socket` keeps open.
+            let rc = unsafe { libc::poll(&mut pfd, 1, 1000) };
+            if rc < 0 {
+                let e = io::Error::last_os_error();
+                return if e.kind() == io::ErrorKind::Interrupted {
+                    Err(io::ErrorKind::WouldBlock.into())
+                } else {
+                    Err(e)
+                };
+            }
+            if rc == 0 {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+        }
+        let mut tls = self.stream.lock().unwrap_or_else(|e| e.into_inner());
+        match tls.read(buf) {
+            Ok(n) => {
+                self.draining = n > 0;
+                Ok(n)
+            }
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(0),
+            Err(e) => {
+                self.draining = false;
+                Err(e)
+            }
+        }
+    }
+}
+
+/// The TLS settings: the roots of `ca_file` (PEM) if given, else the operating system's.
+pub fn tls_config(ca_file: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, BridgeError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS set-up failed: {e}"))?;
+    let config = match ca_file {
+        Some(path) => {
+            use rustls_pki_types::CertificateDer;
+            use rustls_pki_types::pem::PemObject;
+            let bad = |e: &dyn std::fmt::Display| format!("--tls-ca-file {}: {e}", path.display());
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in CertificateDer::pem_file_iter(path).map_err(|e| bad(&e))? {
+                roots.add(cert.map_err(|e| bad(&e))?).map_err(|e| bad(&e))?;
+            }
+            if roots.is_empty() {
+                return Err(bad(&"no certificate in it"));
+            }
+            builder.with_root_certificates(roots).with_no_client_auth()
+        }
+        None => {
+            use rustls_platform_verifier::BuilderVerifierExt;
+            builder
+                .with_platform_verifier()
+                .map_err(|e| format!("cannot load the system's certificates: {e}"))?
+                .with_no_client_auth()
+        }
+    };
+    Ok(Arc::new(config))
+}
+
+/// The host part of `HOST:PORT` (`[v6]:port` too), the name TLS checks the certificate for.
+fn host_of(server: &str) -> &str {
+    let host = server.rsplit_once(':').map_or(server, |(h, _)| h);
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+/// Completes the TLS handshake on `socket` (bounded by the connect timeout).
+fn tls_handshake(
+    mut socket: TcpStream,
+    server: &str,
+    config: &Arc<rustls::ClientConfig>,
+) -> Result<TlsStream, String> {
+    let host = host_of(server);
+    let name = rustls_pki_types::ServerName::try_from(host.to_owned())
+        .map_err(|_| format!("{host} is not a name TLS can check a certificate for"))?;
+    let mut conn = rustls::ClientConnection::new(Arc::clone(config), name)
+        .map_err(|e| format!("TLS set-up failed: {e}"))?;
+    let io_err = |e: io::Error| format!("TLS handshake with {server} failed: {e}");
+    socket
+        .set_read_timeout(Some(CONNECT_TIMEOUT))
+        .map_err(io_err)?;
+    while conn.is_handshaking() {
+        conn.complete_io(&mut socket).map_err(io_err)?;
+    }
+    socket
+        .set_read_timeout(Some(TLS_READ_SLICE))
+        .map_err(io_err)?;
+    Ok(rustls::StreamOwned::new(conn, socket))
 }
 
 /// A token bucket: `burst` lines at once, one more per `interval`.
@@ -392,6 +528,8 @@ struct Bridge<'a> {
     boot: u128,
     reconnect_at: Option<Instant>,
     backoff: Duration,
+    /// TLS settings, with `--tls`.
+    tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// Runs the IRC bridge until `stop` fires (or is dropped). `on_ready` is called once, with
@@ -402,9 +540,11 @@ pub fn run(
     on_ready: &mut dyn FnMut(&str),
 ) -> Result<(), BridgeError> {
     config.validate()?;
-    if config.tls {
-        return Err("--tls is not supported yet by this build's IRC bridge; use a plain-text port or a local TLS tunnel (stunnel)".into());
-    }
+    let tls = if config.tls {
+        Some(tls_config(config.tls_ca_file.as_deref())?)
+    } else {
+        None
+    };
     let (gateway, gateway_rx) = Gateway::connect(config.gateway.clone());
     let (server_tx, server_rx) = unbounded();
     let boot = std::time::SystemTime::now()
@@ -426,6 +566,7 @@ pub fn run(
         boot,
         reconnect_at: Some(Instant::now()),
         backoff: config.initial_backoff,
+        tls,
     };
     let result = bridge.run_loop(stop, &server_rx, &gateway_rx, on_ready);
     if let Some(mut conn) = bridge.conn.take() {
@@ -511,14 +652,30 @@ impl Bridge<'_> {
             Ok(s) => s,
             Err(e) => return self.schedule_reconnect(&e),
         };
-        let setup = (|| -> io::Result<TcpStream> {
+        let setup = (|| -> io::Result<(TcpStream, TcpStream)> {
             stream.set_nodelay(true)?;
             stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
-            stream.try_clone()
+            Ok((stream.try_clone()?, stream.try_clone()?))
         })();
-        let reader = match setup {
+        let (socket, reader) = match setup {
             Ok(r) => r,
             Err(e) => return self.schedule_reconnect(&format!("socket setup failed: {e}")),
+        };
+        let (writer, reader): (Wire, Box<dyn Read + Send>) = match &self.tls {
+            None => (Wire::Plain(stream), Box::new(reader)),
+            Some(config) => match tls_handshake(stream, &self.config.server, config) {
+                Ok(tls) => {
+                    let tls = Arc::new(Mutex::new(tls));
+                    let reader = TlsReader {
+                        stream: Arc::clone(&tls),
+                        fd: std::os::fd::AsRawFd::as_raw_fd(&reader),
+                        _socket: reader,
+                        draining: false,
+                    };
+                    (Wire::Tls(tls), Box::new(reader))
+                }
+                Err(e) => return self.schedule_reconnect(&e),
+            },
         };
         self.generation += 1;
         let generation = self.generation;
@@ -532,7 +689,8 @@ impl Bridge<'_> {
         let nick = self.config.nick.clone();
         let mut conn = ServerConn {
             generation,
-            writer: stream,
+            writer,
+            socket,
             registered: false,
             source_len: conservative_source_len(&nick),
             nick,
@@ -841,7 +999,7 @@ fn open(addr: &str) -> Result<TcpStream, String> {
 
 /// Reads server lines (bounded length, lossy UTF-8: IRC has no encoding rule) until the
 /// connection ends.
-fn read_server(mut stream: TcpStream, generation: u64, tx: &Sender<ServerInput>) {
+fn read_server(mut stream: Box<dyn Read + Send>, generation: u64, tx: &Sender<ServerInput>) {
     let mut buf: Vec<u8> = Vec::new();
     let mut chunk = [0u8; 4096];
     let reason = loop {
@@ -863,7 +1021,13 @@ fn read_server(mut stream: TcpStream, generation: u64, tx: &Sender<ServerInput>)
                     buf.clear();
                 }
             }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::Interrupted
+                        | io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                ) => {}
             Err(e) => break format!("reading from the server failed: {e}"),
         }
     };

@@ -33,7 +33,8 @@ use crossbeam_channel::{Receiver, Sender, bounded, select};
 use serde_json::{Value, json};
 
 use super::gateway::{
-    Admission, Gateway, GatewayConfig, GatewayEvent, OutgoingMessage, SendError, TerminalEvent,
+    Admission, Gateway, GatewayConfig, GatewayEvent, Outcome, OutgoingMessage, SendError,
+    TerminalEvent,
 };
 use super::split::{TELEGRAM_LIMIT, split};
 use super::{BridgeError, map_command};
@@ -49,6 +50,10 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Rate-limit strikes on one reply after which its partials are no longer shown.
 const MAX_STRIKES: u32 = 3;
+/// Rejection notices waiting to be sent at most.
+pub const MAX_NOTICES: usize = 1000;
+/// Replies waiting to be shown at most, as a multiple of `max_views`.
+pub const MAX_PENDING_FACTOR: usize = 4;
 /// How long the poller waits for the gateway's answer before asking again.
 const ANSWER_WAIT: Duration = Duration::from_secs(30);
 
@@ -484,10 +489,16 @@ impl Renderer {
     /// A result to show for `id`; `false` when there is nothing to show (a merge), and the
     /// result is handled already.
     pub fn result(&mut self, result: &TerminalEvent) -> bool {
-        let Some(text) = result.outcome.chat_text() else {
+        let Some(mut text) = result.outcome.chat_text() else {
             return false;
         };
         if let Some(view) = self.views.get_mut(&result.id) {
+            // A turn cancelled or failed after partials were shown keeps what was shown,
+            // with the marker appended as its last edit.
+            if !matches!(result.outcome, Outcome::Reply { .. }) && !view.posted.is_empty() {
+                let shown: String = view.posted.iter().map(|(_, t)| t.as_str()).collect();
+                text = format!("{shown}\n{text}");
+            }
             view.partial = None;
             view.result = Some(text);
             return true;
@@ -534,13 +545,29 @@ impl Renderer {
         }
     }
 
-    /// A text for a chat outside any reply (a rejection).
+    /// A text for a chat outside any reply (a rejection). At most [`MAX_NOTICES`] wait; past
+    /// that the oldest is dropped with a WARN (its rejection was logged when it happened).
     pub fn notice(&mut self, chat_id: &str, reply_to: Option<i64>, text: &str) {
+        if self.notices.len() >= MAX_NOTICES
+            && let Some(old) = self.notices.pop_front()
+        {
+            log::warn!(
+                "telegram: {MAX_NOTICES} notices waiting; the oldest, for chat {}, is dropped",
+                old.chat_id
+            );
+        }
         self.notices.push_back(Notice {
             chat_id: chat_id.to_owned(),
             reply_to,
             text: text.to_owned(),
         });
+    }
+
+    /// Whether more gateway events may be taken: replies waiting to be shown stay under
+    /// [`MAX_PENDING_FACTOR`] times `max_views`, so a Bot API that is down for long makes the
+    /// gateway keep its results (it owes them until `delivered`) instead of this process.
+    pub fn has_room(&self) -> bool {
+        self.views.len() < self.max_views.saturating_mul(MAX_PENDING_FACTOR)
     }
 
     /// Whether nothing waits to be shown.
@@ -1007,8 +1034,9 @@ fn main_loop(
     let mut renderer = Renderer::new(config.edit_interval, config.max_views);
     let mut ready = false;
     loop {
-        // Take everything that is there, so partials coalesce before a call is made.
-        loop {
+        // Take everything that is there, so partials coalesce before a call is made — while
+        // there is room: beyond the bound, results wait in the gateway's outbox instead.
+        while renderer.has_room() {
             let event = match gateway_rx.try_recv() {
                 Ok(e) => e,
                 Err(crossbeam_channel::TryRecvError::Empty) => break,
@@ -1051,9 +1079,15 @@ fn main_loop(
         let timeout = wake
             .map(|w| w.saturating_duration_since(Instant::now()))
             .unwrap_or(Duration::from_secs(5));
+        let never = crossbeam_channel::never();
+        let events = if renderer.has_room() {
+            gateway_rx
+        } else {
+            &never
+        };
         select! {
             recv(stop) -> _ => return Ok(()),
-            recv(gateway_rx) -> event => match event {
+            recv(events) -> event => match event {
                 Ok(event) => on_event(&mut renderer, gateway, event, &mut ready, username, on_ready),
                 Err(_) => return Err("the gateway client stopped".into()),
             },
@@ -1102,7 +1136,6 @@ fn on_event(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::platforms::gateway::Outcome;
 
     /// A scripted Bot API: answers from a queue (default: success), records every call.
     struct ScriptedApi {
@@ -1263,6 +1296,44 @@ mod tests {
             ["tg-1-7"]
         );
         assert_eq!(api.calls.last().expect("call").1["text"], "final");
+    }
+
+    #[test]
+    fn a_cancelled_turn_keeps_its_shown_text_and_ends_with_the_marker() {
+        let t0 = Instant::now();
+        let mut r = Renderer::new(Duration::ZERO, 10);
+        let mut api = ScriptedApi::new();
+        r.partial("tg-1-7", "telegram:dm:42", "half an answer");
+        run_until_idle(&mut r, &mut api, t0);
+        r.result(&TerminalEvent {
+            outcome: Outcome::Cancelled {
+                reason: "stopped".into(),
+            },
+            ..result("tg-1-7", "")
+        });
+        assert_eq!(run_until_idle(&mut r, &mut api, t0), ["tg-1-7"]);
+        assert_eq!(api.calls[1].0, "editMessageText");
+        assert_eq!(
+            api.calls[1].1["text"],
+            "half an answer\n[cancelled: stopped]"
+        );
+    }
+
+    #[test]
+    fn pending_replies_and_notices_are_bounded() {
+        let mut r = Renderer::new(Duration::ZERO, 1);
+        for i in 0..MAX_PENDING_FACTOR {
+            assert!(r.has_room());
+            r.result(&result(&format!("tg-{i}-1"), "x"));
+        }
+        assert!(
+            !r.has_room(),
+            "results beyond the bound stay with the gateway"
+        );
+        for _ in 0..MAX_NOTICES + 5 {
+            r.notice("42", None, "rejected");
+        }
+        assert_eq!(r.notices.len(), MAX_NOTICES);
     }
 
     #[test]
