@@ -229,6 +229,8 @@ fn run_matrix(a: MatrixArgs) -> Result<(), Failure> {
     if a.max_rooms == 0 {
         return Err(Failure::Usage("--max-rooms must be at least 1".into()));
     }
+    // A bad URL or token is a usage error, said before anything connects.
+    matrix::api::Api::new(&a.homeserver, &token, Duration::from_secs(1)).map_err(Failure::Usage)?;
     let mut config = MatrixConfig::new(&a.homeserver, token, gateway);
     config.max_rooms = a.max_rooms;
     config.state_dir = a.state_dir;
