@@ -9,7 +9,7 @@ SYNAPSE_VERSION=1.163.2
 VENV="${TURNSTILE_SYNAPSE_VENV:-$PWD/target/synapse-venv}"
 
 if [ -x "$VENV/bin/python" ] \
-  && "$VENV/bin/python" -c "import synapse, sys; sys.exit(synapse.__version__ != '$SYNAPSE_VERSION')" 2>/dev/null; then
+  && "$VENV/bin/python" -c "import sys, importlib.metadata as m; sys.exit(m.version('matrix-synapse') != '$SYNAPSE_VERSION')" 2>/dev/null; then
   echo "synapse $SYNAPSE_VERSION already in $VENV"
   exit 0
 fi
@@ -22,5 +22,5 @@ start=$(date +%s)
 rm -rf "$VENV"
 python3 -m venv "$VENV"
 PIP_NO_CACHE_DIR=1 "$VENV/bin/pip" install -q --disable-pip-version-check "matrix-synapse==$SYNAPSE_VERSION"
-"$VENV/bin/python" -c "import synapse; print('synapse', synapse.__version__, 'installed in $VENV')"
+"$VENV/bin/python" -c "import synapse, importlib.metadata as m; print('synapse', m.version('matrix-synapse'), 'installed in $VENV')"
 echo "synapse install took $(( $(date +%s) - start ))s"
