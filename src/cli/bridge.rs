@@ -23,6 +23,8 @@ enum Platform {
     Irc(IrcArgs),
     /// A Telegram bot (Bot API long polling).
     Telegram(TelegramArgs),
+    /// A Matrix bot (Client-Server API, /sync long polling; unencrypted rooms only).
+    Matrix(MatrixArgs),
 }
 
 /// Flags every bridge has.
@@ -91,6 +93,25 @@ struct TelegramArgs {
     poll_timeout: u64,
 }
 
+#[derive(Args, Debug)]
+struct MatrixArgs {
+    #[command(flatten)]
+    gateway: GatewayArgs,
+    /// Base URL of the homeserver, e.g. https://matrix.example.org.
+    #[arg(long, value_name = "URL")]
+    homeserver: String,
+    /// Environment variable holding the bot's access token.
+    #[arg(long, value_name = "NAME", default_value = "MATRIX_ACCESS_TOKEN")]
+    access_token_env: String,
+    /// Rooms the bot stays joined to at most (later invites are ignored, logged).
+    #[arg(long, default_value_t = 1000)]
+    max_rooms: usize,
+    /// Directory keeping the sync position, so a restarted bridge answers what was written
+    /// while it was down (without it, each start answers only what comes after it).
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<std::path::PathBuf>,
+}
+
 /// Stops the bridge on SIGTERM or SIGINT (the receiver fires once).
 fn stop_on_signals() -> Result<Receiver<()>, String> {
     let mut signals = signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT])
@@ -128,6 +149,7 @@ pub(super) fn run(args: BridgeArgs) -> i32 {
     let (name, result) = match args.platform {
         Platform::Irc(a) => ("irc", run_irc(a)),
         Platform::Telegram(a) => ("telegram", run_telegram(a)),
+        Platform::Matrix(a) => ("matrix", run_matrix(a)),
     };
     match result {
         Ok(()) => 0,
@@ -190,4 +212,28 @@ fn run_telegram(a: TelegramArgs) -> Result<(), Failure> {
     config.poll_timeout = Duration::from_secs(a.poll_timeout);
     let stop = stop_on_signals().map_err(Failure::Run)?;
     telegram::run(config, &stop, &mut |me| print_ready("telegram", me)).map_err(Failure::Run)
+}
+
+fn run_matrix(a: MatrixArgs) -> Result<(), Failure> {
+    use crate::platforms::matrix::{self, MatrixConfig};
+    let gateway = a.gateway.config("matrix").map_err(Failure::Usage)?;
+    let token = match std::env::var(&a.access_token_env) {
+        Ok(t) if !t.is_empty() => t,
+        _ => {
+            return Err(Failure::Usage(format!(
+                "the bot's access token must be in the variable {} (--access-token-env)",
+                a.access_token_env
+            )));
+        }
+    };
+    if a.max_rooms == 0 {
+        return Err(Failure::Usage("--max-rooms must be at least 1".into()));
+    }
+    // A bad URL or token is a usage error, said before anything connects.
+    matrix::api::Api::new(&a.homeserver, &token, Duration::from_secs(1)).map_err(Failure::Usage)?;
+    let mut config = MatrixConfig::new(&a.homeserver, token, gateway);
+    config.max_rooms = a.max_rooms;
+    config.state_dir = a.state_dir;
+    let stop = stop_on_signals().map_err(Failure::Run)?;
+    matrix::run(config, &stop, &mut |me| print_ready("matrix", me)).map_err(Failure::Run)
 }

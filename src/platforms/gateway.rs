@@ -538,7 +538,6 @@ impl Gateway {
     }
 
     /// Messages sent and not yet answered.
-    #[cfg(test)]
     pub(crate) fn pending(&self) -> usize {
         self.shared.lock().pending.len()
     }

@@ -4,8 +4,10 @@
 //! Every rule the gateway keeps (dedup, outboxes, `acks`/`delivered`, the journal, the token,
 //! partial pacing) applies unchanged: a bridge is just another client.
 
+pub(crate) mod edits;
 pub(crate) mod gateway;
 pub(crate) mod irc;
+pub(crate) mod matrix;
 pub(crate) mod split;
 pub(crate) mod telegram;
 

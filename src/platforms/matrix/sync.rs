@@ -1,0 +1,666 @@
+//! Reading `/sync` answers: which rooms the bot is in, who invited it, and which events are a
+//! human's new messages. Pure (no I/O), so the filtering rules are unit-tested on JSON.
+//!
+//! Ignored: the bot's own events, edits (`m.replace`), notices (`m.notice`, what bots send,
+//! so two bots never talk in a loop), redacted events, events already seen, everything in the
+//! first sync (the backlog before the bridge started) and, in a room the bot joins later,
+//! everything before its own join.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use serde_json::{Map, Value, json};
+
+use crate::message::Command;
+use crate::platforms::map_command;
+
+/// The longest message text handed to the gateway; longer ones are refused with a notice.
+pub(crate) const MAX_TEXT_BYTES: usize = 32 * 1024;
+/// The longest display name passed on (cut on a character boundary).
+const MAX_NAME_BYTES: usize = 256;
+
+/// The sync filter: no presence or account data, lazy-loaded members with the senders'
+/// member events in every batch (for display names) and room summaries (for member counts).
+pub(crate) fn filter(timeline_limit: u32) -> String {
+    json!({
+        "presence": {"types": []},
+        "account_data": {"types": []},
+        "room": {
+            "account_data": {"types": []},
+            "ephemeral": {"types": []},
+            "timeline": {"limit": timeline_limit},
+            "state": {"lazy_load_members": true, "include_redundant_members": true},
+        }
+    })
+    .to_string()
+}
+
+/// A set that remembers at most `cap` strings, forgetting the oldest first.
+#[derive(Debug)]
+pub(crate) struct BoundedSet {
+    cap: usize,
+    order: VecDeque<String>,
+    set: HashSet<String>,
+}
+
+impl BoundedSet {
+    /// An empty set holding at most `cap` (at least 1) strings.
+    pub(crate) fn new(cap: usize) -> BoundedSet {
+        BoundedSet {
+            cap: cap.max(1),
+            order: VecDeque::new(),
+            set: HashSet::new(),
+        }
+    }
+
+    /// Adds `s`; returns false when it was there already.
+    pub(crate) fn insert(&mut self, s: &str) -> bool {
+        if self.set.contains(s) {
+            return false;
+        }
+        if self.order.len() >= self.cap
+            && let Some(old) = self.order.pop_front()
+        {
+            self.set.remove(&old);
+        }
+        self.order.push_back(s.to_owned());
+        self.set.insert(s.to_owned());
+        true
+    }
+
+    /// Whether `s` is remembered.
+    #[cfg(test)]
+    pub(crate) fn contains(&self, s: &str) -> bool {
+        self.set.contains(s)
+    }
+
+    /// How many are remembered.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.order.len()
+    }
+}
+
+/// The bridge's chat types on Matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ChatKind {
+    /// Exactly two joined members: the bot and one human.
+    Dm,
+    /// Anything else.
+    Group,
+}
+
+impl ChatKind {
+    /// From the room's joined member count.
+    pub(crate) fn from_joined(joined: u64) -> ChatKind {
+        if joined == 2 {
+            ChatKind::Dm
+        } else {
+            ChatKind::Group
+        }
+    }
+
+    /// The bridge protocol's name.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            ChatKind::Dm => "dm",
+            ChatKind::Group => "group",
+        }
+    }
+}
+
+/// A human's new message.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct HumanMessage {
+    /// The room.
+    pub room: String,
+    /// The event's id: the bridge message's id.
+    pub event_id: String,
+    /// The sender's mxid.
+    pub sender: String,
+    /// The sender's display name in the room, when known.
+    pub sender_name: Option<String>,
+    /// The text for the gateway (`!stop` already mapped to `/stop`).
+    pub text: String,
+    /// The event it replies to.
+    pub reply_to: Option<String>,
+    /// The event's `msgtype`.
+    pub msgtype: String,
+    /// An attachment's `mxc://` URL (images, files).
+    pub url: Option<String>,
+}
+
+impl HumanMessage {
+    /// Whether the text is one of the gateway's commands.
+    pub(crate) fn command(&self) -> Option<Command> {
+        Command::parse(&self.text)
+    }
+
+    /// The bridge-protocol `message` line for it.
+    pub(crate) fn to_bridge(&self, platform: &str, kind: ChatKind) -> Value {
+        let mut meta = Map::new();
+        meta.insert("event_id".into(), json!(self.event_id));
+        meta.insert("room_id".into(), json!(self.room));
+        meta.insert("msgtype".into(), json!(self.msgtype));
+        if let Some(r) = &self.reply_to {
+            meta.insert("reply_to".into(), json!(r));
+        }
+        if let Some(u) = &self.url {
+            meta.insert("url".into(), json!(u));
+        }
+        let mut v = json!({
+            "op": "message",
+            "id": self.event_id,
+            "platform": platform,
+            "chat_id": self.room,
+            "chat_type": kind.as_str(),
+            "user_id": self.sender,
+            "meta": meta,
+            "text": self.text,
+        });
+        if let Some(n) = &self.sender_name {
+            v["user_name"] = json!(n);
+        }
+        v
+    }
+}
+
+/// What one sync answer asks of the bridge.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Incoming {
+    /// The bot was invited to this room.
+    Invite(String),
+    /// A human's message.
+    Message(HumanMessage),
+    /// A message the bridge cannot take (too long), to be answered with a notice.
+    Refused {
+        /// The room.
+        room: String,
+        /// The event.
+        event_id: String,
+        /// Why, for the human.
+        why: String,
+    },
+}
+
+/// What the bridge knows of the rooms, across syncs.
+#[derive(Debug)]
+pub(crate) struct SyncState {
+    me: String,
+    first_done: bool,
+    /// Joined rooms and their joined member count, when known.
+    rooms: HashMap<String, Option<u64>>,
+    max_rooms: usize,
+    seen: BoundedSet,
+    /// Rooms whose timeline had a gap (more events than the filter's limit) since the start.
+    pub gaps: u64,
+}
+
+/// The body without a reply fallback (`> ` quote lines and the blank line after them), which
+/// older clients put before the answer.
+fn strip_reply_fallback(body: &str) -> &str {
+    if !body.starts_with("> ") && !body.starts_with(">\n") {
+        return body;
+    }
+    let mut rest = body;
+    while rest.starts_with('>') {
+        match rest.find('\n') {
+            Some(i) => rest = &rest[i + 1..],
+            None => return body,
+        }
+    }
+    rest.strip_prefix('\n').unwrap_or(rest)
+}
+
+fn clean_name(name: &str) -> Option<String> {
+    let name: String = name.chars().filter(|c| !c.is_control()).collect();
+    let name = name.trim();
+    (!name.is_empty()).then(|| super::api::cut(name, MAX_NAME_BYTES))
+}
+
+impl SyncState {
+    /// Knows nothing yet; `me` is the bot's mxid.
+    pub(crate) fn new(me: &str, max_rooms: usize, max_seen: usize) -> SyncState {
+        SyncState {
+            me: me.to_owned(),
+            first_done: false,
+            rooms: HashMap::new(),
+            max_rooms: max_rooms.max(1),
+            seen: BoundedSet::new(max_seen),
+            gaps: 0,
+        }
+    }
+
+    /// The joined member count of `room`, when known.
+    pub(crate) fn joined(&self, room: &str) -> Option<u64> {
+        self.rooms.get(room).copied().flatten()
+    }
+
+    /// Records `room`'s joined member count (asked of the server).
+    pub(crate) fn set_joined(&mut self, room: &str, count: u64) {
+        if let Some(slot) = self.rooms.get_mut(room) {
+            *slot = Some(count);
+        }
+    }
+
+    /// Forgets the event ids seen (the learning sync's, before continuing from a stored
+    /// position that comes before them).
+    pub(crate) fn forget_seen(&mut self) {
+        self.seen = BoundedSet::new(self.seen.cap);
+    }
+
+    /// Rooms the bot is joined to.
+    pub(crate) fn room_count(&self) -> usize {
+        self.rooms.len()
+    }
+
+    /// Whether another room may be joined.
+    pub(crate) fn can_join(&self) -> bool {
+        self.rooms.len() < self.max_rooms
+    }
+
+    /// Takes one sync answer; returns what it asks for, in timeline order per room.
+    pub(crate) fn absorb(&mut self, sync: &Value) -> Vec<Incoming> {
+        let mut out = Vec::new();
+        let first = !self.first_done;
+        self.first_done = true;
+        let rooms = &sync["rooms"];
+        if let Some(left) = rooms["leave"].as_object() {
+            for room in left.keys() {
+                if self.rooms.remove(room).is_some() {
+                    log::info!("matrix: left room {room}");
+                }
+            }
+        }
+        if let Some(joined) = rooms["join"].as_object() {
+            for (room, entry) in joined {
+                self.absorb_room(room, entry, first, &mut out);
+            }
+        }
+        if let Some(invited) = rooms["invite"].as_object() {
+            for room in invited.keys() {
+                if !self.rooms.contains_key(room) {
+                    out.push(Incoming::Invite(room.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    fn absorb_room(&mut self, room: &str, entry: &Value, first: bool, out: &mut Vec<Incoming>) {
+        let known = self.rooms.contains_key(room);
+        if !known {
+            if self.rooms.len() >= self.max_rooms {
+                log::warn!(
+                    "matrix: room {room}: not tracked, {} rooms already (the bound); its messages are ignored",
+                    self.max_rooms
+                );
+                return;
+            }
+            self.rooms.insert(room.to_owned(), None);
+        }
+        if let Some(n) = entry["summary"]["m.joined_member_count"].as_u64() {
+            self.rooms.insert(room.to_owned(), Some(n));
+        }
+        let timeline = &entry["timeline"];
+        let events = timeline["events"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        // Display names from this batch's member events (state first, then the timeline).
+        let mut names: HashMap<&str, &str> = HashMap::new();
+        let state = entry["state"]["events"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        for ev in state.iter().chain(events) {
+            if ev["type"] == "m.room.member"
+                && let (Some(user), Some(name)) = (
+                    ev["state_key"].as_str(),
+                    ev["content"]["displayname"].as_str(),
+                )
+            {
+                names.insert(user, name);
+            }
+        }
+        if first {
+            // The backlog before the start: answered never, even if a later sync repeats it.
+            for ev in events {
+                if let Some(id) = ev["event_id"].as_str() {
+                    self.seen.insert(id);
+                }
+            }
+            return;
+        }
+        if timeline["limited"] == true && known {
+            self.gaps += 1;
+            log::warn!(
+                "matrix: room {room}: the sync skipped older events (more than the timeline limit arrived at once); messages in the gap are not answered"
+            );
+        }
+        // In a room joined since the last sync, only what follows the bot's own join counts.
+        let start = if known {
+            0
+        } else {
+            match events.iter().rposition(|ev| {
+                ev["type"] == "m.room.member"
+                    && ev["state_key"] == self.me.as_str()
+                    && ev["content"]["membership"] == "join"
+            }) {
+                Some(i) => i + 1,
+                None => events.len(),
+            }
+        };
+        let mut count_changed = false;
+        for ev in &events[start..] {
+            if ev["type"] == "m.room.member" {
+                count_changed = true;
+                continue;
+            }
+            if let Some(item) = self.human_message(room, ev, &names) {
+                out.push(item);
+            }
+        }
+        // A membership change without a summary: the count is asked for again when needed.
+        if count_changed && entry["summary"]["m.joined_member_count"].as_u64().is_none() {
+            self.rooms.insert(room.to_owned(), None);
+        }
+    }
+
+    fn human_message(
+        &mut self,
+        room: &str,
+        ev: &Value,
+        names: &HashMap<&str, &str>,
+    ) -> Option<Incoming> {
+        if ev["type"] != "m.room.message" {
+            return None;
+        }
+        let event_id = ev["event_id"].as_str()?;
+        let sender = ev["sender"].as_str()?;
+        if sender == self.me {
+            return None;
+        }
+        let content = &ev["content"];
+        if content["m.relates_to"]["rel_type"] == "m.replace" {
+            return None;
+        }
+        let msgtype = content["msgtype"].as_str()?;
+        if msgtype == "m.notice" {
+            return None;
+        }
+        let body = content["body"].as_str()?;
+        if event_id.is_empty() || event_id.len() > 255 || room.len() > 255 || sender.len() > 255 {
+            log::debug!("matrix: room {room}: an event with an over-long id ignored");
+            return None;
+        }
+        if !self.seen.insert(event_id) {
+            return None;
+        }
+        let reply_to = content["m.relates_to"]["m.in_reply_to"]["event_id"]
+            .as_str()
+            .map(str::to_owned);
+        let body = if reply_to.is_some() {
+            strip_reply_fallback(body)
+        } else {
+            body
+        };
+        let body = body.trim();
+        if body.is_empty() {
+            return None;
+        }
+        if body.len() > MAX_TEXT_BYTES {
+            return Some(Incoming::Refused {
+                room: room.to_owned(),
+                event_id: event_id.to_owned(),
+                why: format!(
+                    "message not passed on: {} bytes, the limit is {MAX_TEXT_BYTES}",
+                    body.len()
+                ),
+            });
+        }
+        let sender_name = names.get(sender).and_then(|n| clean_name(n));
+        let text = if msgtype == "m.emote" {
+            format!("* {} {body}", sender_name.as_deref().unwrap_or(sender))
+        } else {
+            map_command(body).into_owned()
+        };
+        Some(Incoming::Message(HumanMessage {
+            room: room.to_owned(),
+            event_id: event_id.to_owned(),
+            sender: sender.to_owned(),
+            sender_name,
+            text,
+            reply_to,
+            msgtype: msgtype.to_owned(),
+            url: content["url"].as_str().map(str::to_owned),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ME: &str = "@bot:hs";
+    const ROOM: &str = "!r:hs";
+
+    fn msg(id: &str, sender: &str, body: &str) -> Value {
+        json!({"type": "m.room.message", "event_id": id, "sender": sender,
+               "content": {"msgtype": "m.text", "body": body}})
+    }
+
+    fn member(user: &str, membership: &str, name: &str) -> Value {
+        json!({"type": "m.room.member", "state_key": user, "sender": user, "event_id": format!("$m-{user}-{membership}"),
+               "content": {"membership": membership, "displayname": name}})
+    }
+
+    fn sync_with(room: &str, joined: u64, state: Vec<Value>, timeline: Vec<Value>) -> Value {
+        json!({"next_batch": "s1", "rooms": {"join": {room: {
+            "summary": {"m.joined_member_count": joined},
+            "state": {"events": state},
+            "timeline": {"events": timeline, "limited": false},
+        }}}})
+    }
+
+    fn started() -> SyncState {
+        let mut s = SyncState::new(ME, 10, 100);
+        // The first sync: the room, with a backlog that must not be answered.
+        let first = sync_with(
+            ROOM,
+            2,
+            vec![member("@ann:hs", "join", "Ann")],
+            vec![msg("$old", "@ann:hs", "from before the start")],
+        );
+        assert_eq!(s.absorb(&first), vec![]);
+        s
+    }
+
+    fn messages(out: Vec<Incoming>) -> Vec<HumanMessage> {
+        out.into_iter()
+            .filter_map(|i| match i {
+                Incoming::Message(m) => Some(m),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_backlog_own_events_edits_notices_and_repeats_are_ignored() {
+        let mut s = started();
+        let edit = json!({"type": "m.room.message", "event_id": "$e", "sender": "@ann:hs",
+            "content": {"msgtype": "m.text", "body": "* fixed",
+                        "m.new_content": {"msgtype": "m.text", "body": "fixed"},
+                        "m.relates_to": {"rel_type": "m.replace", "event_id": "$1"}}});
+        let notice = json!({"type": "m.room.message", "event_id": "$n", "sender": "@other-bot:hs",
+            "content": {"msgtype": "m.notice", "body": "beep"}});
+        let redacted =
+            json!({"type": "m.room.message", "event_id": "$x", "sender": "@ann:hs", "content": {}});
+        let out = s.absorb(&sync_with(
+            ROOM,
+            2,
+            vec![member("@ann:hs", "join", "Ann")],
+            vec![
+                msg("$old", "@ann:hs", "the backlog again"),
+                msg("$mine", ME, "my own reply"),
+                edit,
+                notice,
+                redacted,
+                msg("$1", "@ann:hs", "hello"),
+                msg("$1", "@ann:hs", "hello"),
+            ],
+        ));
+        let got = messages(out);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0].event_id, "$1");
+        assert_eq!(got[0].sender_name.as_deref(), Some("Ann"));
+        // Seen once: a later sync repeating it is ignored too.
+        assert!(
+            messages(s.absorb(&sync_with(
+                ROOM,
+                2,
+                vec![],
+                vec![msg("$1", "@ann:hs", "hello")]
+            )))
+            .is_empty()
+        );
+    }
+
+    #[test]
+    fn the_first_sync_answers_nothing_but_its_invites() {
+        let mut s = SyncState::new(ME, 10, 100);
+        let first = json!({"next_batch": "s1", "rooms": {
+            "join": {ROOM: {"timeline": {"events": [msg("$old", "@ann:hs", "hi")]}}},
+            "invite": {"!new:hs": {"invite_state": {"events": []}}},
+        }});
+        assert_eq!(s.absorb(&first), vec![Incoming::Invite("!new:hs".into())]);
+        assert_eq!(s.room_count(), 1);
+    }
+
+    #[test]
+    fn in_a_newly_joined_room_only_what_follows_the_join_counts() {
+        let mut s = started();
+        let out = s.absorb(&sync_with(
+            "!new:hs",
+            3,
+            vec![],
+            vec![
+                msg("$before", "@ann:hs", "said before the bot came"),
+                member(ME, "join", "Bot"),
+                msg("$after", "@ann:hs", "said after"),
+            ],
+        ));
+        let got = messages(out);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].event_id, "$after");
+        // A new room whose timeline does not show the join (a gap): nothing is answered.
+        let out = s.absorb(&sync_with(
+            "!gap:hs",
+            2,
+            vec![],
+            vec![msg("$g", "@ann:hs", "?")],
+        ));
+        assert!(messages(out).is_empty());
+    }
+
+    #[test]
+    fn dm_is_two_joined_members_group_anything_else() {
+        assert_eq!(ChatKind::from_joined(2), ChatKind::Dm);
+        assert_eq!(ChatKind::from_joined(1), ChatKind::Group);
+        assert_eq!(ChatKind::from_joined(3), ChatKind::Group);
+        let mut s = started();
+        assert_eq!(s.joined(ROOM), Some(2));
+        // A third member joins: the summary says 3.
+        s.absorb(&sync_with(
+            ROOM,
+            3,
+            vec![],
+            vec![member("@bob:hs", "join", "Bob")],
+        ));
+        assert_eq!(s.joined(ROOM), Some(3));
+        let m = HumanMessage {
+            room: ROOM.into(),
+            event_id: "$1".into(),
+            sender: "@bob:hs".into(),
+            sender_name: Some("Bob".into()),
+            text: "hi".into(),
+            reply_to: Some("$0".into()),
+            msgtype: "m.text".into(),
+            url: None,
+        };
+        let v = m.to_bridge("matrix", ChatKind::from_joined(3));
+        assert_eq!(v["chat_type"], "group");
+        assert_eq!(v["chat_id"], ROOM);
+        assert_eq!(v["user_id"], "@bob:hs");
+        assert_eq!(v["user_name"], "Bob");
+        assert_eq!(v["id"], "$1");
+        assert_eq!(v["meta"]["event_id"], "$1");
+        assert_eq!(v["meta"]["reply_to"], "$0");
+        let v = m.to_bridge("matrix", ChatKind::Dm);
+        assert_eq!(v["chat_type"], "dm");
+    }
+
+    #[test]
+    fn a_membership_change_without_a_summary_forgets_the_count() {
+        let mut s = started();
+        let no_summary = json!({"rooms": {"join": {ROOM: {"timeline": {"events": [member("@bob:hs", "join", "Bob")]}}}}});
+        s.absorb(&no_summary);
+        assert_eq!(s.joined(ROOM), None);
+        s.set_joined(ROOM, 3);
+        assert_eq!(s.joined(ROOM), Some(3));
+    }
+
+    #[test]
+    fn bang_and_slash_commands_are_the_gateways_commands() {
+        let m = |t: &str| HumanMessage {
+            room: ROOM.into(),
+            event_id: "$1".into(),
+            sender: "@a:hs".into(),
+            sender_name: None,
+            text: map_command(t).into_owned(),
+            reply_to: None,
+            msgtype: "m.text".into(),
+            url: None,
+        };
+        assert_eq!(m("!stop").command(), Some(Command::Stop));
+        assert_eq!(m("!new").command(), Some(Command::Reset));
+        assert_eq!(m("/status").command(), Some(Command::Status));
+        assert_eq!(m("stop").command(), None);
+    }
+
+    #[test]
+    fn reply_fallbacks_are_stripped_and_long_messages_refused() {
+        let mut s = started();
+        let reply = json!({"type": "m.room.message", "event_id": "$r", "sender": "@ann:hs",
+            "content": {"msgtype": "m.text", "body": "> <@bot:hs> earlier\n> more\n\n!stop",
+                        "m.relates_to": {"m.in_reply_to": {"event_id": "$b"}}}});
+        let long = msg("$long", "@ann:hs", &"x".repeat(MAX_TEXT_BYTES + 1));
+        let out = s.absorb(&sync_with(ROOM, 2, vec![], vec![reply, long]));
+        let Incoming::Message(m) = &out[0] else {
+            panic!("{out:?}")
+        };
+        assert_eq!(m.text, "/stop");
+        assert_eq!(m.reply_to.as_deref(), Some("$b"));
+        assert!(matches!(&out[1], Incoming::Refused { event_id, .. } if event_id == "$long"));
+    }
+
+    #[test]
+    fn rooms_and_remembered_ids_are_bounded() {
+        let mut s = SyncState::new(ME, 1, 2);
+        s.absorb(&sync_with(ROOM, 2, vec![], vec![]));
+        assert!(!s.can_join());
+        s.absorb(&sync_with(
+            "!other:hs",
+            2,
+            vec![],
+            vec![member(ME, "join", "b"), msg("$o", "@a:hs", "x")],
+        ));
+        assert_eq!(s.room_count(), 1);
+        let mut seen = BoundedSet::new(2);
+        assert!(seen.insert("a"));
+        assert!(seen.insert("b"));
+        assert!(!seen.insert("b"));
+        assert!(seen.insert("c"));
+        assert_eq!(seen.len(), 2);
+        assert!(!seen.contains("a"));
+    }
+}

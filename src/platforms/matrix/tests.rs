@@ -1,0 +1,497 @@
+//! The main loop's rules against a scripted homeserver and gateway (tests/platforms_matrix.rs
+//! checks the same end to end against a real Synapse).
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::*;
+use crate::platforms::gateway::{Admission, GatewayEvent, Outcome, TerminalEvent};
+
+#[derive(Debug, Clone)]
+struct Sent {
+    room: String,
+    content: Value,
+}
+
+impl Sent {
+    fn body(&self) -> &str {
+        self.content["m.new_content"]["body"]
+            .as_str()
+            .or(self.content["body"].as_str())
+            .unwrap_or("")
+    }
+    fn is_edit(&self) -> bool {
+        self.content["m.relates_to"]["rel_type"] == "m.replace"
+    }
+    fn edits(&self) -> Option<&str> {
+        self.content["m.relates_to"]["event_id"].as_str()
+    }
+    fn replies_to(&self) -> Option<&str> {
+        self.content["m.relates_to"]["m.in_reply_to"]["event_id"].as_str()
+    }
+}
+
+/// Answers sends from a script (then `Ok`), records what went out. `Err(Transport)` with
+/// `keep_lost` set models a server that stored the event but whose answer was lost.
+#[derive(Default)]
+struct FakeHs {
+    answers: VecDeque<Result<(), ApiError>>,
+    keep_lost: bool,
+    sent: Vec<Sent>,
+    /// Transaction ids already answered: the same txn again returns the same event.
+    txns: Vec<(String, String)>,
+    typing: Vec<(String, bool)>,
+}
+
+impl Homeserver for FakeHs {
+    fn send(&mut self, room: &str, txn: &str, content: &Value) -> Result<String, ApiError> {
+        let answer = self.answers.pop_front();
+        if let Some(Err(e)) = &answer
+            && !(self.keep_lost && matches!(e, ApiError::Transport(_)))
+        {
+            return Err(e.clone());
+        }
+        if let Some((_, ev)) = self.txns.iter().find(|(t, _)| t == txn) {
+            return Ok(ev.clone());
+        }
+        let event = format!("$bot{}", self.sent.len());
+        self.sent.push(Sent {
+            room: room.into(),
+            content: content.clone(),
+        });
+        self.txns.push((txn.into(), event.clone()));
+        match answer {
+            Some(Err(e)) => Err(e),
+            _ => Ok(event),
+        }
+    }
+    fn typing(&mut self, room: &str, on: bool) -> Result<(), ApiError> {
+        self.typing.push((room.into(), on));
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+struct FakeGw {
+    sent: Vec<OutgoingMessage>,
+    delivered: Vec<String>,
+}
+
+impl GatewaySide for FakeGw {
+    fn send(&mut self, message: &OutgoingMessage) -> Result<(), SendError> {
+        self.sent.push(message.clone());
+        Ok(())
+    }
+    fn delivered(&mut self, id: &str) {
+        self.delivered.push(id.into());
+    }
+}
+
+const ROOM: &str = "!room:hs";
+
+fn human(id: &str, text: &str) -> HumanMessage {
+    HumanMessage {
+        room: ROOM.into(),
+        event_id: id.into(),
+        sender: "@ann:hs".into(),
+        sender_name: Some("Ann".into()),
+        text: crate::platforms::map_command(text).into_owned(),
+        reply_to: None,
+        msgtype: "m.text".into(),
+        url: None,
+    }
+}
+
+fn session() -> String {
+    format!("matrix:dm:{}", ROOM.replace(':', "%3A"))
+}
+
+fn partial(id: &str, text: &str) -> GatewayEvent {
+    GatewayEvent::Partial {
+        id: id.into(),
+        session: session(),
+        text: text.into(),
+    }
+}
+
+fn result(id: &str, outcome: Outcome, redelivery: bool) -> GatewayEvent {
+    GatewayEvent::Result(TerminalEvent {
+        id: id.into(),
+        session: session(),
+        outcome,
+        redelivery,
+    })
+}
+
+fn reply(text: &str) -> Outcome {
+    Outcome::Reply {
+        text: text.into(),
+        truncated: false,
+    }
+}
+
+fn limited() -> Result<(), ApiError> {
+    Err(ApiError::RateLimited(Duration::from_secs(2)))
+}
+
+struct Rig {
+    core: Core<FakeHs>,
+    gw: FakeGw,
+    now: Instant,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        Rig {
+            core: Core::new(FakeHs::default(), "matrix", EditLimits::default(), 100),
+            gw: FakeGw::default(),
+            now: Instant::now(),
+        }
+    }
+    fn human(&mut self, id: &str, text: &str) {
+        self.core
+            .on_human(&human(id, text), ChatKind::Dm, &mut self.gw);
+    }
+    fn gateway(&mut self, ev: GatewayEvent) {
+        self.core.on_gateway(ev, self.now, &mut self.gw);
+    }
+    /// Steps until idle; returns the wake-up asked for.
+    fn settle(&mut self) -> Option<Instant> {
+        for _ in 0..1000 {
+            match self
+                .core
+                .step(self.now, &mut self.gw)
+                .expect("no fatal error")
+            {
+                Step::Worked => {}
+                Step::Idle(wake) => return wake,
+            }
+        }
+        panic!("the core never went idle");
+    }
+    /// Advances the clock to the wake-up asked for and settles again.
+    fn wait_and_settle(&mut self) {
+        let wake = self.settle();
+        if let Some(at) = wake {
+            self.now = at;
+        }
+        self.settle();
+    }
+    fn sent(&self) -> &[Sent] {
+        &self.core.homeserver().sent
+    }
+    fn bodies(&self) -> Vec<&str> {
+        self.sent().iter().map(Sent::body).collect()
+    }
+}
+
+#[test]
+fn a_reply_is_one_message_replying_to_the_human_then_edits_of_it() {
+    let mut r = Rig::new();
+    r.human("$h1", "hello");
+    assert_eq!(r.gw.sent.len(), 1);
+    let m = &r.gw.sent[0];
+    assert_eq!((m.id.as_str(), m.chat_id.as_str()), ("$h1", ROOM));
+    assert_eq!(m.chat_type, ChatType::Dm);
+    assert_eq!(m.user_id.as_deref(), Some("@ann:hs"));
+    assert_eq!(m.user_name.as_deref(), Some("Ann"));
+    assert_eq!(
+        m.meta.as_ref().map(|v| v["event_id"].clone()),
+        Some("$h1".into())
+    );
+    r.gateway(partial("$h1", "Hel"));
+    r.settle();
+    r.gateway(partial("$h1", "Hello"));
+    r.settle();
+    r.gateway(partial("$h1", "Hello"));
+    r.settle();
+    r.gateway(result("$h1", reply("Hello"), false));
+    r.settle();
+    let sent = r.sent();
+    assert_eq!(
+        sent.len(),
+        2,
+        "identical texts are not sent again: {:?}",
+        r.bodies()
+    );
+    assert_eq!(sent[0].replies_to(), Some("$h1"));
+    assert!(!sent[0].is_edit());
+    assert_eq!(sent[0].body(), "Hel");
+    assert!(sent[1].is_edit());
+    assert_eq!(sent[1].edits(), Some("$bot0"));
+    assert_eq!(sent[1].body(), "Hello");
+    assert_eq!(sent[1].content["body"], "* Hello");
+    assert_eq!(r.gw.delivered, vec!["$h1"]);
+    assert_eq!(r.core.stats.identical_skipped, 2);
+}
+
+#[test]
+fn under_429_only_the_newest_edit_is_kept_and_the_command_answer_goes_first() {
+    let mut r = Rig::new();
+    r.human("$h1", "write a poem");
+    r.gateway(partial("$h1", "a"));
+    r.settle(); // the reply's first message
+    r.core.hs.answers.push_back(limited());
+    r.gateway(partial("$h1", "a b"));
+    let wake = r.settle().expect("a wait after the 429");
+    assert_eq!(wake, r.now + Duration::from_secs(2));
+    // While waiting: more partials, a /status and its answer.
+    r.gateway(partial("$h1", "a b c"));
+    r.gateway(partial("$h1", "a b c d"));
+    r.human("$h2", "!status");
+    assert_eq!(r.gw.sent[1].text, "/status");
+    r.gateway(result("$h2", reply("status: running"), false));
+    assert_eq!(r.settle(), Some(wake), "nothing is sent before retry_after");
+    r.now = wake;
+    r.settle();
+    assert_eq!(r.bodies(), vec!["a", "status: running", "a b c d"]);
+    assert_eq!(r.sent()[1].content["msgtype"], "m.notice");
+    assert_eq!(r.sent()[1].replies_to(), Some("$h2"));
+    assert_eq!(r.core.stats.rate_limited, 1);
+    assert_eq!(r.gw.delivered, vec!["$h2"]);
+}
+
+#[test]
+fn repeated_strikes_stop_the_edits_and_only_the_final_is_sent() {
+    let mut r = Rig::new();
+    r.human("$h1", "long story");
+    r.gateway(partial("$h1", "once"));
+    r.settle();
+    for _ in 0..3 {
+        r.core.hs.answers.push_back(limited());
+    }
+    for text in ["once upon", "once upon a", "once upon a time"] {
+        r.gateway(partial("$h1", text));
+        r.wait_and_settle();
+    }
+    assert!(r.core.final_only(r.now), "three strikes: final only");
+    let before = r.sent().len();
+    r.gateway(partial("$h1", "once upon a time there"));
+    r.wait_and_settle();
+    assert_eq!(r.sent().len(), before, "no edit while final-only");
+    r.gateway(result(
+        "$h1",
+        reply("once upon a time there was a bot"),
+        false,
+    ));
+    r.wait_and_settle();
+    assert_eq!(
+        r.bodies(),
+        vec!["once", "once upon a time there was a bot"],
+        "the stale edits were never sent"
+    );
+    assert!(r.sent()[1].is_edit());
+    assert_eq!(r.gw.delivered, vec!["$h1"]);
+}
+
+#[test]
+fn a_redelivered_result_is_posted_once() {
+    let mut r = Rig::new();
+    r.human("$h1", "hi");
+    r.core.hs.answers.push_back(limited());
+    r.gateway(result("$h1", reply("answer"), false));
+    r.settle(); // refused: waits
+    // The connection dropped before it was posted; the gateway sends it again.
+    r.gateway(GatewayEvent::Disconnected {
+        reason: "test".into(),
+    });
+    r.gateway(GatewayEvent::Connected);
+    r.gateway(result("$h1", reply("answer"), true));
+    r.wait_and_settle();
+    assert_eq!(r.bodies(), vec!["answer"]);
+    assert_eq!(r.gw.delivered, vec!["$h1"]);
+}
+
+#[test]
+fn a_result_after_a_bridge_restart_finds_its_room_in_the_session_key() {
+    let mut r = Rig::new();
+    r.gateway(result(
+        "$old",
+        Outcome::Failed {
+            error: "interrupted by restart".into(),
+        },
+        true,
+    ));
+    r.settle();
+    assert_eq!(r.sent().len(), 1);
+    assert_eq!(r.sent()[0].room, ROOM);
+    assert_eq!(r.sent()[0].replies_to(), Some("$old"));
+    assert_eq!(r.sent()[0].body(), "[failed: interrupted by restart]");
+    assert_eq!(r.gw.delivered, vec!["$old"]);
+}
+
+#[test]
+fn stop_ends_the_partials_and_the_cancellation_is_a_last_edit_with_a_marker() {
+    let mut r = Rig::new();
+    r.human("$h1", "slow");
+    r.gateway(partial("$h1", "w0"));
+    r.settle();
+    r.core.hs.answers.push_back(limited());
+    r.gateway(partial("$h1", "w0 w1"));
+    r.settle(); // refused, w0 w1 waits
+    r.human("$stop", "!stop");
+    assert_eq!(r.gw.sent[1].text, "/stop");
+    r.gateway(partial("$h1", "w0 w1 w2")); // late: after the stop
+    r.gateway(result(
+        "$stop",
+        reply("stop: cancelled the running turn"),
+        false,
+    ));
+    r.wait_and_settle();
+    assert_eq!(
+        r.bodies(),
+        vec!["w0", "stop: cancelled the running turn"],
+        "no partial is shown once the session was stopped"
+    );
+    r.gateway(partial("$h1", "w0 w1 w2 w3")); // the agent still winding down
+    r.settle();
+    r.gateway(result(
+        "$h1",
+        Outcome::Cancelled {
+            reason: "stopped".into(),
+        },
+        false,
+    ));
+    r.wait_and_settle();
+    assert_eq!(
+        r.bodies(),
+        vec![
+            "w0",
+            "stop: cancelled the running turn",
+            &format!("w0\n\n{STOPPED_MARKER}")
+        ]
+    );
+    assert!(r.sent()[2].is_edit());
+    assert_eq!(r.gw.delivered, vec!["$stop", "$h1"]);
+}
+
+#[test]
+fn a_cancellation_with_nothing_shown_posts_nothing_and_is_confirmed() {
+    let mut r = Rig::new();
+    r.human("$h1", "slow");
+    r.gateway(result(
+        "$h1",
+        Outcome::Cancelled {
+            reason: "stopped".into(),
+        },
+        false,
+    ));
+    r.gateway(result("$h2", Outcome::Merged { into: "$h1".into() }, false));
+    r.settle();
+    assert!(r.sent().is_empty());
+    assert_eq!(r.gw.delivered, vec!["$h1", "$h2"]);
+}
+
+#[test]
+fn a_lost_answer_to_the_first_message_is_retried_with_the_same_transaction() {
+    let mut r = Rig::new();
+    r.human("$h1", "hi");
+    r.core.hs.keep_lost = true;
+    r.core
+        .hs
+        .answers
+        .push_back(Err(ApiError::Transport("reset".into())));
+    r.gateway(partial("$h1", "part"));
+    r.settle(); // stored by the server, the answer lost: backs off
+    r.wait_and_settle(); // the same txn again: the server returns the stored event
+    r.gateway(result("$h1", reply("part and whole"), false));
+    r.wait_and_settle();
+    assert_eq!(
+        r.bodies(),
+        vec!["part", "part and whole"],
+        "one message, one edit"
+    );
+    assert!(r.sent()[1].is_edit());
+    assert_eq!(r.sent()[1].edits(), Some("$bot0"));
+}
+
+#[test]
+fn a_rejected_message_is_answered_in_the_room() {
+    let mut r = Rig::new();
+    r.human("$h1", "hi");
+    r.gateway(GatewayEvent::Admission {
+        id: "$h1".into(),
+        admission: Admission::Rejected {
+            session: Some(session()),
+            reason: "queue_full".into(),
+            detail: "32 waiting".into(),
+        },
+    });
+    r.settle();
+    assert_eq!(r.bodies(), vec!["[not accepted: queue_full: 32 waiting]"]);
+    assert_eq!(r.sent()[0].replies_to(), Some("$h1"));
+}
+
+#[test]
+fn typing_follows_the_gateway_and_is_refreshed() {
+    let mut r = Rig::new();
+    let typing = |on| GatewayEvent::Typing {
+        session: session(),
+        chat_id: ROOM.into(),
+        on,
+    };
+    r.gateway(typing(true));
+    let wake = r.settle().expect("a refresh is due later");
+    r.gateway(typing(true)); // the gateway's own refresh: nothing new to send
+    r.settle();
+    assert_eq!(r.core.homeserver().typing, vec![(ROOM.into(), true)]);
+    r.now = wake;
+    r.settle();
+    r.gateway(typing(false));
+    r.settle();
+    assert_eq!(
+        r.core.homeserver().typing,
+        vec![
+            (ROOM.into(), true),
+            (ROOM.into(), true),
+            (ROOM.into(), false)
+        ]
+    );
+}
+
+#[test]
+fn a_long_final_continues_in_new_messages() {
+    let mut r = Rig::new();
+    r.human("$h1", "hi");
+    let long = "word ".repeat(CHUNK_BYTES / 5 * 2 + 10);
+    r.gateway(result("$h1", reply(&long), false));
+    r.settle();
+    let sent = r.sent();
+    assert_eq!(sent.len(), 3);
+    assert!(sent.iter().all(|s| s.body().len() <= CHUNK_BYTES));
+    assert_eq!(sent.iter().map(Sent::body).collect::<String>(), long);
+    assert_eq!(sent[0].replies_to(), Some("$h1"));
+    assert_eq!(r.gw.delivered, vec!["$h1"]);
+}
+
+#[test]
+fn a_permanent_refusal_is_logged_and_the_result_confirmed() {
+    let mut r = Rig::new();
+    r.human("$h1", "hi");
+    r.core.hs.answers.push_back(Err(ApiError::Status {
+        what: "PUT /rooms/x/send".into(),
+        status: 403,
+        errcode: "M_FORBIDDEN".into(),
+        error: "not in room".into(),
+    }));
+    r.gateway(result("$h1", reply("answer"), false));
+    r.settle();
+    assert!(r.sent().is_empty());
+    assert_eq!(r.gw.delivered, vec!["$h1"]);
+}
+
+#[test]
+fn a_refused_access_token_stops_the_bridge() {
+    let mut r = Rig::new();
+    r.human("$h1", "hi");
+    r.core.hs.answers.push_back(Err(ApiError::Status {
+        what: "PUT /rooms/x/send".into(),
+        status: 401,
+        errcode: "M_UNKNOWN_TOKEN".into(),
+        error: "bad".into(),
+    }));
+    r.gateway(result("$h1", reply("answer"), false));
+    assert!(r.core.step(r.now, &mut r.gw).is_err());
+}
