@@ -706,3 +706,88 @@ fn the_offset_moves_only_once_the_gateway_has_the_message() {
     );
     drop(setup);
 }
+
+/// `serve --config` with a `[[bridge]]` table runs the bridge as a supervised child: it
+/// answers through the gateway, is restarted after it is killed, and is stopped (gone) when
+/// the gateway shuts down.
+#[test]
+fn a_bridge_table_runs_the_bridge_supervised_by_serve() {
+    let api = FakeBotApi::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = dir.path().join("agent.py");
+    std::fs::write(&script, AGENT).expect("agent");
+    let config = dir.path().join("turnstile.toml");
+    let state = dir.path().join("state");
+    std::fs::write(
+        &config,
+        format!(
+            "agent = \"process\"\nagent-cmd = \"exec python3 {} unused\"\n\n[[bridge]]\nplatform = \"telegram\"\nargs = [\"--api-base\", \"{}\", \"--state-dir\", \"{}\", \"--poll-timeout\", \"1\"]\n",
+            script.display(),
+            api.url,
+            state.display()
+        ),
+    )
+    .expect("config");
+    let mut serve = die_with_parent(
+        Command::new(env!("CARGO_BIN_EXE_turnstile"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "off"])
+            .arg("--config")
+            .arg(&config)
+            .env("RUST_LOG", "info")
+            .env("TELEGRAM_BOT_TOKEN", TOKEN)
+            .env("TURNSTILE_AUTH_TOKEN", GATEWAY_TOKEN)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+    .spawn()
+    .expect("start serve");
+    let stderr = serve.stderr.take().expect("stderr");
+    let (log_tx, log) = crossbeam_channel::unbounded::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { return };
+            if log_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let _stdout = first_line(&mut serve);
+    let mut serve = Proc(serve);
+    let started_pid = || -> i32 {
+        loop {
+            let line = log.recv_timeout(WAIT).expect("a log line in time");
+            assert!(
+                !line.contains(GATEWAY_TOKEN) && !line.contains(TOKEN),
+                "{line}"
+            );
+            if let Some(rest) = line.split("bridge #1 (telegram): started (pid ").nth(1) {
+                return rest.trim_end_matches(')').parse().expect("pid");
+            }
+        }
+    };
+    let replies = |s: &FakeState, text: &str| {
+        s.calls
+            .iter()
+            .filter(|c| c.method == "sendMessage" && c.ok && c.params["text"] == text)
+            .count()
+    };
+    let first = started_pid();
+    api.push_update(private_update(20, 700, "one"));
+    api.wait_for("the first reply", |s| {
+        (replies(s, "echo: one (dm)") == 1).then_some(())
+    });
+    // SAFETY: kill(2) of the bridge the gateway started (alive: it just answered).
+    assert_eq!(unsafe { libc::kill(first, libc::SIGKILL) }, 0);
+    let second = started_pid();
+    assert_ne!(first, second, "a new bridge process");
+    api.push_update(private_update(21, 701, "two"));
+    api.wait_for("the restarted bridge's reply", |s| {
+        (replies(s, "echo: two (dm)") == 1).then_some(())
+    });
+    assert!(serve.terminate().success());
+    // The bridge was the gateway's child and is reaped by it before it exits: gone.
+    let gone = std::fs::read_to_string(format!("/proc/{second}/stat"))
+        .map(|s| s.contains(") Z "))
+        .unwrap_or(true);
+    assert!(gone, "the bridge outlived the gateway");
+}

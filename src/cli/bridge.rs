@@ -12,7 +12,7 @@ use super::USAGE_ERROR;
 
 /// Flags of `bridge`.
 #[derive(Args, Debug)]
-pub(super) struct BridgeArgs {
+pub(crate) struct BridgeArgs {
     #[command(subcommand)]
     platform: Platform,
 }

@@ -91,7 +91,7 @@ pub fn main() -> i32 {
     }
     logger.init();
     match cli.command {
-        Cmd::Serve(args) => serve::run(*args),
+        Cmd::Serve(args) => serve::run(*args, cli.log_format == LogFormat::Json),
         Cmd::Send(args) => send::run(args),
         Cmd::Loadgen(args) => loadgen::run(args),
         Cmd::Status(args) => status::run(args),

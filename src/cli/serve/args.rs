@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::bridges::BridgeSpec;
 use crate::BusyMode;
 use crate::agents::openai::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_HISTORY_CHARS, DEFAULT_HISTORY_TURNS, DEFAULT_READ_TIMEOUT,
@@ -239,6 +240,9 @@ pub(crate) struct ServeArgs {
     #[arg(long)]
     #[serde(skip)]
     pub(super) check_config: bool,
+    /// `[[bridge]]` tables (config file only): platform bridges run as supervised children.
+    #[arg(skip)]
+    pub(super) bridge: Option<Vec<BridgeSpec>>,
 }
 /// Each flag's default as `serve --help` shows it, read from where the default is defined
 /// (the core's, the bridge's and the agents' own defaults), never typed twice.
@@ -413,7 +417,8 @@ pub(super) fn merged_args(flags: ServeArgs) -> Result<ServeArgs, String> {
         http_max_connections,
         http_max_header_bytes,
         http_max_requests,
-        http_idle_timeout
+        http_idle_timeout,
+        bridge
     );
     Ok(a)
 }

@@ -4,6 +4,7 @@
 //! operations endpoint, serve until stopped.
 
 mod args;
+mod bridges;
 mod reload;
 mod settings;
 
@@ -33,7 +34,7 @@ use settings::{Settings, resolve};
 /// The heartbeat period of the served runtime.
 const TICK_INTERVAL: Duration = Duration::from_millis(100);
 /// Runs the server; returns the process exit code.
-pub(crate) fn run(args: ServeArgs) -> i32 {
+pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
     let check_only = args.check_config;
     let flags = args.clone();
     let s = match resolve(args) {
@@ -87,7 +88,13 @@ pub(crate) fn run(args: ServeArgs) -> i32 {
         s.core.turn_workers,
         s.core.busy_mode
     );
+    let bridges = (!s.bridges.is_empty()).then(|| {
+        bridges::Bridges::start(&s.bridges, addr, s.bridge.auth_token.as_deref(), log_json)
+    });
     let code = serve_until_stopped(runtime, ops, &forced);
+    if let Some(b) = bridges {
+        b.stop();
+    }
     if s.agent != AgentKind::Echo {
         // Closing each agent killed its processes; this catches anything a close left.
         child::kill_all();

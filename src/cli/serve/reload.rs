@@ -83,6 +83,7 @@ pub(super) fn restart_only(s: &Settings) -> Vec<(&'static str, String)> {
         ),
         ("max-queued-bytes", format!("{:?}", s.core.max_queued_bytes)),
         ("status-file", format!("{:?}", s.status_file)),
+        ("bridge tables", format!("{:?}", s.bridges)),
         ("openai settings", format!("{:?}", s.openai)),
         ("the bridge's bounds", format!("{bridge:?}")),
         (

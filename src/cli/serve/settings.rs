@@ -18,12 +18,15 @@ use crate::reactor::DEFAULT_PARTIAL_INTERVAL;
 use crate::server::BridgeConfig;
 
 use super::args::{AgentKind, DEFAULT_LISTEN, ServeArgs, TlsRootsArg, merged_args};
+use super::bridges::BridgeSpec;
 use crate::cli::units::{ListenAddr, Seconds};
 
 /// Every value resolved and checked.
 pub(super) struct Settings {
     /// The runtime's settings (the core's bounds and timings, the pools).
     pub(super) core: CoreSettings,
+    /// Platform bridges to run as supervised children (`[[bridge]]` tables).
+    pub(super) bridges: Vec<BridgeSpec>,
     pub(super) listen: SocketAddr,
     pub(super) agent: AgentKind,
     pub(super) agent_cmd: Option<String>,
@@ -274,6 +277,8 @@ pub(super) fn resolve(flags: ServeArgs) -> Result<Settings, String> {
             "--listen {listen}: a non-loopback address needs --auth-token (or --allow-insecure-bind)"
         ));
     }
+    let bridges = a.bridge.clone().unwrap_or_default();
+    super::bridges::check(&bridges)?;
     let max_reply_bytes = at_least_one(
         "max-reply-bytes",
         a.max_reply_bytes.map(|b| b.0),
@@ -299,6 +304,7 @@ pub(super) fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         data_dir: a.data_dir,
         openai,
         core,
+        bridges,
     })
 }
 

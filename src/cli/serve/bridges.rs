@@ -1,0 +1,361 @@
+//! `[[bridge]]` tables of the `--config` file: platform bridges (`turnstile bridge …`) run by
+//! `serve` as supervised child processes, so one service (one systemd unit) runs a gateway
+//! and its chat bots.
+//!
+//! ```toml
+//! [[bridge]]
+//! platform = "matrix"
+//! args = ["--homeserver", "https://matrix.example.org", "--state-dir", "/var/lib/turnstile/matrix"]
+//! ```
+//!
+//! Each bridge is this binary's `bridge <platform> --gateway <the bound address> <args…>`,
+//! with the gateway's auth token in its environment (`TURNSTILE_AUTH_TOKEN`, never on its
+//! command line) and the platform's own secrets taken from serve's environment as the bridge
+//! documents (e.g. `MATRIX_ACCESS_TOKEN`). A bridge that exits is restarted after a backoff
+//! (1 s doubling to 60 s, back to 1 s once it ran a minute); it dies with the gateway
+//! (`PR_SET_PDEATHSIG`) and is stopped with SIGTERM (then SIGKILL after 5 s) at shutdown.
+
+use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use clap::{Args, FromArgMatches};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
+use serde::Deserialize;
+
+/// Most `[[bridge]]` tables one gateway runs.
+pub(super) const MAX_BRIDGES: usize = 16;
+/// First wait before a restart; doubled after each quick exit.
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// A bridge that ran this long restarts after the first backoff again.
+const STABLE_RUN: Duration = Duration::from_secs(60);
+/// Between SIGTERM and SIGKILL at shutdown.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+/// How often a supervisor looks at its child (it also wakes at once to stop).
+const CHECK_EVERY: Duration = Duration::from_millis(100);
+
+/// A chat platform a `[[bridge]]` table may name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum BridgePlatform {
+    /// `turnstile bridge matrix`.
+    Matrix,
+    /// `turnstile bridge irc`.
+    Irc,
+    /// `turnstile bridge telegram`.
+    Telegram,
+}
+
+impl BridgePlatform {
+    fn name(self) -> &'static str {
+        match self {
+            BridgePlatform::Matrix => "matrix",
+            BridgePlatform::Irc => "irc",
+            BridgePlatform::Telegram => "telegram",
+        }
+    }
+}
+
+/// One `[[bridge]]` table.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BridgeSpec {
+    /// Which bridge.
+    platform: BridgePlatform,
+    /// Its flags, as `turnstile bridge <platform> --help` lists them (without `--gateway`,
+    /// which serve fills in).
+    #[serde(default)]
+    args: Vec<String>,
+}
+
+/// Checks every table the way the bridge itself will parse it, so a bad table stops
+/// start-up (and `--check-config`) with its index and the bridge's own error.
+pub(super) fn check(specs: &[BridgeSpec]) -> Result<(), String> {
+    if specs.len() > MAX_BRIDGES {
+        return Err(format!(
+            "[[bridge]]: {} tables, at most {MAX_BRIDGES}",
+            specs.len()
+        ));
+    }
+    for (i, spec) in specs.iter().enumerate() {
+        if spec
+            .args
+            .iter()
+            .any(|a| a == "--gateway" || a.starts_with("--gateway="))
+        {
+            return Err(format!(
+                "[[bridge]] #{} ({}): --gateway is set by serve (the address it listens on)",
+                i + 1,
+                spec.platform.name()
+            ));
+        }
+        let argv = ["bridge", spec.platform.name(), "--gateway", "127.0.0.1:1"]
+            .into_iter()
+            .map(String::from)
+            .chain(spec.args.iter().cloned());
+        let command = crate::cli::bridge::BridgeArgs::augment_args(clap::Command::new("bridge"));
+        command
+            .try_get_matches_from(argv)
+            .and_then(|m| crate::cli::bridge::BridgeArgs::from_arg_matches(&m))
+            .map_err(|e| {
+                let first = e.to_string();
+                let first = first
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .trim_start_matches("error: ");
+                format!("[[bridge]] #{} ({}): {first}", i + 1, spec.platform.name())
+            })?;
+    }
+    Ok(())
+}
+
+/// The supervisors of the running bridges; [`Bridges::stop`] ends them.
+pub(super) struct Bridges {
+    stop: Option<Sender<()>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Bridges {
+    /// Starts one supervisor thread per table.
+    pub(super) fn start(
+        specs: &[BridgeSpec],
+        gateway: SocketAddr,
+        token: Option<&str>,
+        log_json: bool,
+    ) -> Bridges {
+        let (stop, stopped) = bounded::<()>(0);
+        let gateway = reachable(gateway);
+        let threads = specs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, spec)| {
+                let launch = Launch {
+                    index: i + 1,
+                    spec: spec.clone(),
+                    gateway,
+                    token: token.map(str::to_owned),
+                    log_json,
+                };
+                let stopped = stopped.clone();
+                std::thread::Builder::new()
+                    .name(format!("turnstile-bridge-{}", i + 1))
+                    .spawn(move || supervise(&launch, &stopped))
+                    .map_err(|e| {
+                        log::error!(
+                            "bridge #{} ({}): cannot start its supervisor: {e}",
+                            i + 1,
+                            spec.platform.name()
+                        );
+                    })
+                    .ok()
+            })
+            .collect();
+        Bridges {
+            stop: Some(stop),
+            threads,
+        }
+    }
+
+    /// Stops every bridge (SIGTERM, then SIGKILL after a grace) and waits for it.
+    pub(super) fn stop(mut self) {
+        drop(self.stop.take());
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A wildcard listen address is reached on loopback by a child on the same host.
+fn reachable(addr: SocketAddr) -> SocketAddr {
+    match addr {
+        SocketAddr::V4(a) if a.ip().is_unspecified() => {
+            SocketAddr::from(([127, 0, 0, 1], a.port()))
+        }
+        SocketAddr::V6(a) if a.ip().is_unspecified() => {
+            SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, a.port()))
+        }
+        a => a,
+    }
+}
+
+/// What a supervisor starts, again and again.
+struct Launch {
+    index: usize,
+    spec: BridgeSpec,
+    gateway: SocketAddr,
+    token: Option<String>,
+    log_json: bool,
+}
+
+impl Launch {
+    fn name(&self) -> String {
+        format!("#{} ({})", self.index, self.spec.platform.name())
+    }
+
+    fn spawn(&self) -> std::io::Result<Child> {
+        let exe = std::env::current_exe()?;
+        let mut command = Command::new(exe);
+        command
+            .args(["--log-format", if self.log_json { "json" } else { "text" }])
+            .args(["bridge", self.spec.platform.name()])
+            .arg("--gateway")
+            .arg(self.gateway.to_string())
+            .args(&self.spec.args)
+            .stdin(Stdio::null())
+            // Its `ready:` line and anything else it prints go to serve's log, not stdout.
+            .stdout(Stdio::null());
+        match &self.token {
+            Some(t) => command.env("TURNSTILE_AUTH_TOKEN", t),
+            None => command.env_remove("TURNSTILE_AUTH_TOKEN"),
+        };
+        // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        command.spawn()
+    }
+}
+
+/// Runs one bridge until `stopped` closes: start, wait, restart after a backoff.
+fn supervise(launch: &Launch, stopped: &Receiver<()>) {
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        let started = Instant::now();
+        match launch.spawn() {
+            Ok(mut child) => {
+                log::info!("bridge {}: started (pid {})", launch.name(), child.id());
+                match wait_or_stop(&mut child, stopped) {
+                    Waited::Stopped => {
+                        terminate(launch, &mut child);
+                        return;
+                    }
+                    Waited::Exited(status) => {
+                        if started.elapsed() >= STABLE_RUN {
+                            backoff = FIRST_BACKOFF;
+                        }
+                        log::warn!(
+                            "bridge {}: exited ({status}); restarting in {backoff:?}",
+                            launch.name()
+                        );
+                    }
+                }
+            }
+            Err(e) => log::error!(
+                "bridge {}: cannot start: {e}; retrying in {backoff:?}",
+                launch.name()
+            ),
+        }
+        match stopped.recv_timeout(backoff) {
+            Err(RecvTimeoutError::Timeout) => {}
+            _ => return,
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+enum Waited {
+    Stopped,
+    Exited(std::process::ExitStatus),
+}
+
+fn wait_or_stop(child: &mut Child, stopped: &Receiver<()>) -> Waited {
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Waited::Exited(status),
+            Ok(None) => {}
+            Err(e) => {
+                log::error!("bridge pid {}: cannot wait for it: {e}", child.id());
+                return Waited::Stopped;
+            }
+        }
+        match stopped.recv_timeout(CHECK_EVERY) {
+            Err(RecvTimeoutError::Timeout) => {}
+            _ => return Waited::Stopped,
+        }
+    }
+}
+
+/// SIGTERM, a grace, then SIGKILL; always reaped. The child is unreaped until then, so its
+/// pid cannot have been reused.
+fn terminate(launch: &Launch, child: &mut Child) {
+    // SAFETY: kill(2) on our own unreaped child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + STOP_GRACE;
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            log::info!("bridge {}: stopped ({status})", launch.name());
+            return;
+        }
+        std::thread::sleep(CHECK_EVERY / 4);
+    }
+    log::warn!(
+        "bridge {}: still running {STOP_GRACE:?} after SIGTERM; killing it",
+        launch.name()
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(platform: BridgePlatform, args: &[&str]) -> BridgeSpec {
+        BridgeSpec {
+            platform,
+            args: args.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn tables_are_checked_as_the_bridge_parses_them() {
+        let ok = spec(
+            BridgePlatform::Irc,
+            &[
+                "--server",
+                "127.0.0.1:6667",
+                "--nick",
+                "bot",
+                "--channel",
+                "#c",
+            ],
+        );
+        assert_eq!(check(std::slice::from_ref(&ok)), Ok(()));
+        let missing = spec(BridgePlatform::Matrix, &[]);
+        let e = check(&[ok.clone(), missing]).expect_err("matrix needs --homeserver");
+        assert!(e.starts_with("[[bridge]] #2 (matrix):"), "{e}");
+        assert!(e.contains("--homeserver"), "{e}");
+        let gateway = spec(BridgePlatform::Telegram, &["--gateway", "1.2.3.4:5"]);
+        let e = check(&[gateway]).expect_err("--gateway is serve's");
+        assert!(e.contains("--gateway is set by serve"), "{e}");
+        let many = vec![ok; MAX_BRIDGES + 1];
+        assert!(check(&many).expect_err("too many").contains("at most"));
+    }
+
+    #[test]
+    fn a_wildcard_address_is_reached_on_loopback() {
+        let any: SocketAddr = "0.0.0.0:7878".parse().expect("addr");
+        assert_eq!(reachable(any), "127.0.0.1:7878".parse().expect("addr"));
+        let v6: SocketAddr = "[::]:7878".parse().expect("addr");
+        assert_eq!(reachable(v6), "[::1]:7878".parse().expect("addr"));
+        let one: SocketAddr = "10.0.0.2:7878".parse().expect("addr");
+        assert_eq!(reachable(one), one);
+    }
+
+    #[test]
+    fn unknown_keys_and_platforms_are_refused() {
+        assert!(toml::from_str::<BridgeSpec>("platform = \"slack\"").is_err());
+        assert!(toml::from_str::<BridgeSpec>("platform = \"irc\"\nargz = []").is_err());
+        let s: BridgeSpec = toml::from_str("platform = \"irc\"").expect("no args is fine");
+        assert!(s.args.is_empty());
+    }
+}
