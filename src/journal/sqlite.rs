@@ -258,23 +258,41 @@ impl Store for SqliteStore {
     }
 
     fn load(&mut self, now: u64) -> Result<Recovered, StoreError> {
-        let path = self.path.clone();
-        let damaged = |e: rusqlite::Error| {
-            StoreError(format!(
-                "the journal {} is damaged ({e}); move it away to start with an empty one",
-                path.display()
-            ))
+        self.quick_check()?;
+        let mut out = Recovered {
+            max_seq: self.max_seq()?,
+            ..Recovered::default()
         };
+        out.messages = self.load_messages(out.max_seq)?;
+        out.dedup = self.load_dedup(now)?;
+        Ok(out)
+    }
+}
+
+/// A row of the messages table as stored: the message, its checksum, its outcome blob.
+type MessageRow = (RecoveredMessage, i64, Option<Vec<u8>>);
+
+impl SqliteStore {
+    /// The error for a journal that cannot be trusted, naming the file and what is wrong.
+    fn damaged(&self, what: impl std::fmt::Display) -> StoreError {
+        StoreError(format!(
+            "the journal {} is damaged ({what}); move it away to start with an empty one",
+            self.path.display()
+        ))
+    }
+
+    fn quick_check(&self) -> Result<(), StoreError> {
         let check: String = self
             .conn
             .query_row("PRAGMA quick_check", [], |r| r.get(0))
-            .map_err(damaged)?;
+            .map_err(|e| self.damaged(e))?;
         if check != "ok" {
-            return Err(StoreError(format!(
-                "the journal {} is damaged (quick_check: {check}); move it away to start with an empty one",
-                path.display()
-            )));
+            return Err(self.damaged(format_args!("quick_check: {check}")));
         }
+        Ok(())
+    }
+
+    fn max_seq(&self) -> Result<u64, StoreError> {
         let max_seq: i64 = self
             .conn
             .query_row(
@@ -282,11 +300,13 @@ impl Store for SqliteStore {
                 [],
                 |r| r.get(0),
             )
-            .map_err(damaged)?;
-        let mut out = Recovered {
-            max_seq: u64::try_from(max_seq).unwrap_or(0),
-            ..Recovered::default()
-        };
+            .map_err(|e| self.damaged(e))?;
+        Ok(u64::try_from(max_seq).unwrap_or(0))
+    }
+
+    /// Every journaled message in order, each checked against its checksum and `max_seq`.
+    fn load_messages(&self, max_seq: u64) -> Result<Vec<RecoveredMessage>, StoreError> {
+        let damaged = |e: rusqlite::Error| self.damaged(e);
         let mut stmt = self
             .conn
             .prepare(
@@ -295,56 +315,28 @@ impl Store for SqliteStore {
             )
             .map_err(damaged)?;
         let mut rows = stmt.query([]).map_err(damaged)?;
+        let mut messages = Vec::new();
         while let Some(row) = rows.next().map_err(damaged)? {
-            let get = |row: &rusqlite::Row<'_>| -> rusqlite::Result<(RecoveredMessage, i64, Option<Vec<u8>>)> {
-                let seq: i64 = row.get(0)?;
-                let m = StoredMessage {
-                    seq: seq as u64,
-                    platform: row.get(1)?,
-                    id: row.get(2)?,
-                    chat_type: row.get(3)?,
-                    chat_id: row.get(4)?,
-                    thread_id: row.get(5)?,
-                    user_id: row.get(6)?,
-                    user_name: row.get(7)?,
-                    meta: row.get(8)?,
-                    text: row.get(9)?,
-                    dedup_until_ms: row.get::<_, i64>(10)? as u64,
-                };
-                let sum: i64 = row.get(11)?;
-                let starts: i64 = row.get(12)?;
-                let outcome: Option<Vec<u8>> = row.get(13)?;
-                let starts = u32::try_from(starts).unwrap_or(u32::MAX);
-                Ok((
-                    RecoveredMessage {
-                        message: m,
-                        starts,
-                        outcome: None,
-                    },
-                    sum,
-                    outcome,
-                ))
-            };
-            let (mut rm, sum, outcome) = get(row).map_err(damaged)?;
+            let (mut rm, sum, outcome) = message_row(row).map_err(damaged)?;
             let seq = rm.message.seq;
-            if message_sum(&rm.message) as i64 != sum || seq > out.max_seq {
-                return Err(StoreError(format!(
-                    "the journal {} is damaged (message {seq} fails its checksum); move it away to start with an empty one",
-                    path.display()
-                )));
+            if message_sum(&rm.message) as i64 != sum || seq > max_seq {
+                return Err(self.damaged(format_args!("message {seq} fails its checksum")));
             }
             if let Some(blob) = outcome {
                 rm.outcome = Some(decode_outcome(&blob).ok_or_else(|| {
-                    StoreError(format!(
-                        "the journal {} is damaged (the outcome of message {seq} fails its checksum); move it away to start with an empty one",
-                        path.display()
+                    self.damaged(format_args!(
+                        "the outcome of message {seq} fails its checksum"
                     ))
                 })?);
             }
-            out.messages.push(rm);
+            messages.push(rm);
         }
-        drop(rows);
-        drop(stmt);
+        Ok(messages)
+    }
+
+    /// The duplicate-window ids still in their window at `now`.
+    fn load_dedup(&self, now: u64) -> Result<Vec<(String, String, u64)>, StoreError> {
+        let damaged = |e: rusqlite::Error| self.damaged(e);
         let mut stmt = self
             .conn
             .prepare("SELECT platform, id, until FROM dedup WHERE until > ?1 ORDER BY until")
@@ -354,12 +346,36 @@ impl Store for SqliteStore {
                 Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)? as u64))
             })
             .map_err(damaged)?;
-        for row in rows {
-            out.dedup.push(row.map_err(damaged)?);
-        }
-        out.dedup.sort();
-        Ok(out)
+        let mut dedup = rows.collect::<Result<Vec<_>, _>>().map_err(damaged)?;
+        dedup.sort();
+        Ok(dedup)
     }
+}
+
+fn message_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<MessageRow> {
+    let seq: i64 = row.get(0)?;
+    let message = StoredMessage {
+        seq: seq as u64,
+        platform: row.get(1)?,
+        id: row.get(2)?,
+        chat_type: row.get(3)?,
+        chat_id: row.get(4)?,
+        thread_id: row.get(5)?,
+        user_id: row.get(6)?,
+        user_name: row.get(7)?,
+        meta: row.get(8)?,
+        text: row.get(9)?,
+        dedup_until_ms: row.get::<_, i64>(10)? as u64,
+    };
+    let sum: i64 = row.get(11)?;
+    let starts: i64 = row.get(12)?;
+    let outcome: Option<Vec<u8>> = row.get(13)?;
+    let recovered = RecoveredMessage {
+        message,
+        starts: u32::try_from(starts).unwrap_or(u32::MAX),
+        outcome: None,
+    };
+    Ok((recovered, sum, outcome))
 }
 
 #[cfg(test)]
