@@ -400,7 +400,7 @@ pub struct MessageContext {
     /// The sender's display name.
     pub user_name: Option<Arc<str>>,
     /// A JSON object from the bridge (reply-to, attachments, anything the platform adds),
-    /// serialized; at most [`MAX_META_BYTES`].
+    /// serialized; at most 16 KiB.
     pub meta: Option<Arc<str>>,
 }
 
@@ -455,7 +455,7 @@ impl Message {
     }
 
     /// Attaches platform metadata: `meta` must be a JSON object of at most
-    /// [`MAX_META_BYTES`] once serialized.
+    /// 16 KiB once serialized.
     pub fn with_meta(self, meta: &str) -> Result<Message, InvalidInput> {
         check_meta_size(meta)?;
         match serde_json::from_str::<serde_json::Value>(meta) {

@@ -97,7 +97,7 @@ struct TelegramArgs {
 struct MatrixArgs {
     #[command(flatten)]
     gateway: GatewayArgs,
-    /// Base URL of the homeserver, e.g. https://matrix.example.org.
+    /// Base URL of the homeserver, e.g. `https://matrix.example.org`.
     #[arg(long, value_name = "URL")]
     homeserver: String,
     /// Environment variable holding the bot's access token.

@@ -59,7 +59,7 @@ pub struct ProcessOptions {
     /// so the turn ends `cancelled` before the core abandons it.
     pub stop_grace: Duration,
     /// How long `close()` waits for the process to exit after `close` and end of stdin,
-    /// before SIGTERM, then SIGKILL [`TERM_GRACE`] later.
+    /// before SIGTERM, then SIGKILL 2 s later.
     pub close_grace: Duration,
 }
 

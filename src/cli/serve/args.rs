@@ -145,7 +145,7 @@ pub(crate) struct ServeArgs {
     #[arg(long)]
     pub(super) model: Option<String>,
     /// Base URL of the OpenAI-compatible API, e.g. http://127.0.0.1:11434/v1 (required with
-    /// --agent openai; https://api.openai.com/v1 for OpenAI).
+    /// --agent openai; `https://api.openai.com/v1` for OpenAI).
     #[arg(long)]
     pub(super) openai_base_url: Option<String>,
     /// Environment variable holding the API key
