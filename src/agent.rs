@@ -247,6 +247,17 @@ pub struct AgentUsage {
     pub completion_tokens: u64,
 }
 
+impl AgentUsage {
+    /// Most tokens one turn may report; a server claiming more (one chunk of 2^64−1 once
+    /// saturated the totals for good) is not counted.
+    pub const MAX_TOKENS_PER_TURN: u64 = 1 << 32;
+
+    /// Whether one turn's figures are believable enough to add to the totals.
+    pub fn plausible(prompt_tokens: u64, completion_tokens: u64) -> bool {
+        prompt_tokens <= Self::MAX_TOKENS_PER_TURN && completion_tokens <= Self::MAX_TOKENS_PER_TURN
+    }
+}
+
 impl std::ops::AddAssign for AgentUsage {
     fn add_assign(&mut self, other: AgentUsage) {
         self.prompt_tokens = self.prompt_tokens.saturating_add(other.prompt_tokens);
@@ -442,6 +453,15 @@ impl Agent for EchoAgent {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn implausible_usage_is_not_counted() {
+        assert!(AgentUsage::plausible(0, 0));
+        assert!(AgentUsage::plausible(1 << 32, 1 << 32));
+        assert!(!AgentUsage::plausible(u64::MAX, 1));
+        assert!(!AgentUsage::plausible(1, (1 << 32) + 1));
+    }
+
     use super::*;
 
     #[test]

@@ -1184,3 +1184,53 @@ for line in sys.stdin:
     assert_eq!(rest, "second\n");
     assert!(send.wait().expect("send exits").success());
 }
+
+/// A config file must be a regular file of at most 1 MiB: a huge one is refused instead of
+/// read into memory, a FIFO instead of blocking start-up (and every later reload) forever.
+#[test]
+fn an_oversized_or_non_regular_config_file_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let big = dir.path().join("big.toml");
+    let mut text = String::from("queue-cap = 8\n");
+    while text.len() <= 1 << 20 {
+        text.push_str("# padding padding padding padding padding padding padding padding\n");
+    }
+    std::fs::write(&big, text).expect("write");
+    let fifo = dir.path().join("fifo.toml");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("mkfifo")
+            .success()
+    );
+    for (path, why) in [(&big, "larger than 1 MiB"), (&fifo, "not a regular file")] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+            .args([
+                "serve",
+                "--check-config",
+                "--http-listen",
+                "off",
+                "--config",
+            ])
+            .arg(path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run serve");
+        // Bounded: on a FIFO an unguarded read would block forever.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(s) = child.try_wait().expect("try_wait") {
+                break s;
+            }
+            assert!(std::time::Instant::now() < deadline, "{why}: serve blocked");
+            std::thread::park_timeout(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut err)
+            .expect("stderr");
+        assert_eq!(status.code(), Some(2), "{why}: {err}");
+        assert!(err.contains(why), "{why}: {err}");
+    }
+}

@@ -431,7 +431,18 @@ impl Agent for OpenAiAgent {
         match result {
             Ok(Streamed { text, usage }) => {
                 self.turns += 1;
-                if let Some(u) = usage {
+                if let Some(u) = usage.filter(|u| {
+                    let ok = AgentUsage::plausible(u.prompt_tokens, u.completion_tokens);
+                    if !ok {
+                        log::warn!(
+                            "session {}: the model server reported implausible usage ({} prompt, {} completion tokens); not counted",
+                            input.session,
+                            u.prompt_tokens,
+                            u.completion_tokens
+                        );
+                    }
+                    ok
+                }) {
                     let u = AgentUsage {
                         prompt_tokens: u.prompt_tokens,
                         completion_tokens: u.completion_tokens,

@@ -349,12 +349,37 @@ macro_rules! merge {
         }
     };
 }
+/// Largest `--config` file read (a reload reads it on a helper thread; a huge or endless
+/// file must not grow the gateway's memory).
+pub(super) const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// The config file's text: a regular file (a FIFO or a device would block every reload) of
+/// at most [`MAX_CONFIG_BYTES`].
+fn read_config(path: &std::path::Path) -> Result<String, String> {
+    use std::io::Read;
+    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text))
+        .map_err(|e| e.to_string())?;
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(format!(
+            "larger than {} (the most a config file may be)",
+            crate::cli::units::Bytes(MAX_CONFIG_BYTES as usize)
+        ));
+    }
+    Ok(text)
+}
+
 /// The command line over the `--config` file: a flag wins over the file's key.
 pub(super) fn merged_args(flags: ServeArgs) -> Result<ServeArgs, String> {
     let file = match &flags.config {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| format!("--config {}: {e}", path.display()))?;
+            let text =
+                read_config(path).map_err(|e| format!("--config {}: {e}", path.display()))?;
             toml::from_str::<ServeArgs>(&text)
                 .map_err(|e| format!("--config {}: {e}", path.display()))?
         }

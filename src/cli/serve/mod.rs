@@ -54,6 +54,12 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
         println!("configuration ok");
         return 0;
     }
+    if token_on_command_line(std::env::args_os()) {
+        log::warn!(
+            "the auth token was given with --auth-token: any local user can read it in /proc/{}/cmdline; use TURNSTILE_AUTH_TOKEN or the --config file",
+            std::process::id()
+        );
+    }
     match crate::server::raise_fd_limit() {
         Ok((old, new)) if new > old => {
             log::info!("raised the open-file limit from {old} to {new} (the hard limit)")
@@ -264,4 +270,33 @@ fn check_writable(path: &std::path::Path) -> std::io::Result<()> {
     let tmp = PathBuf::from(tmp);
     std::fs::File::create(&tmp)?;
     std::fs::remove_file(&tmp)
+}
+
+/// Whether `--auth-token` appears among the arguments (the environment variable and the
+/// config file keep the token out of `/proc/PID/cmdline`).
+fn token_on_command_line(args: impl Iterator<Item = std::ffi::OsString>) -> bool {
+    args.take_while(|a| a != "--")
+        .any(|a| a == "--auth-token" || a.to_string_lossy().starts_with("--auth-token="))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_on_the_command_line_is_noticed() {
+        let args = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        assert!(token_on_command_line(
+            args(&["turnstile", "serve", "--auth-token", "k"]).into_iter()
+        ));
+        assert!(token_on_command_line(
+            args(&["turnstile", "serve", "--auth-token=k"]).into_iter()
+        ));
+        assert!(!token_on_command_line(
+            args(&["turnstile", "serve", "--listen", "x"]).into_iter()
+        ));
+        assert!(!token_on_command_line(
+            args(&["turnstile", "send", "--", "--auth-token"]).into_iter()
+        ));
+    }
 }
