@@ -1323,3 +1323,46 @@ fn journal_wakes_reach_the_server_on_their_own_token_with_http_on() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// With `--log-format json` every line is one JSON object: the shutdown report's figures are
+/// fields (not a Rust `Debug` dump), and a fatal start-up error is an ERROR record too.
+#[test]
+fn json_logs_carry_the_shutdown_report_as_fields_and_start_up_errors_as_records() {
+    let gw = Gw::start(&["--log-format", "json"], &[("RUST_LOG", "info")]);
+    gw.signal(libc::SIGTERM);
+    let (status, log) = gw.wait();
+    assert_eq!(status.code(), Some(0), "{log}");
+    let done: Value = log
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .find(|v| {
+            v["msg"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("shutdown complete")
+        })
+        .unwrap_or_else(|| panic!("no shutdown line: {log}"));
+    assert_eq!(done["clean"], "true", "{done}");
+    assert_eq!(done["turns_abandoned"], 0, "{done}");
+    assert!(
+        !done["msg"]
+            .as_str()
+            .unwrap_or("")
+            .contains("ShutdownReport {"),
+        "{done}"
+    );
+
+    let out = bin()
+        .args(["--log-format", "json", "serve", "--queue-cap", "0"])
+        .output()
+        .expect("run serve");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line: Value =
+        serde_json::from_str(err.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {err}"));
+    assert_eq!(line["level"], "ERROR", "{line}");
+    assert!(
+        line["msg"].as_str().unwrap_or("").contains("--queue-cap"),
+        "{line}"
+    );
+}

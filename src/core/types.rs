@@ -476,6 +476,23 @@ pub struct ShutdownReport {
     pub cleanups_timed_out: u64,
 }
 
+/// As `key=value` fields, so a log line (text or JSON) carries them as fields.
+impl fmt::Display for ShutdownReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "clean={} queued_cancelled={} turns_finished={} turns_abandoned={} cleanups_done={} cleanups_failed={} cleanups_timed_out={}",
+            self.clean,
+            self.queued_cancelled,
+            self.turns_finished,
+            self.turns_abandoned,
+            self.cleanups_done,
+            self.cleanups_failed,
+            self.cleanups_timed_out
+        )
+    }
+}
+
 impl ShutdownReport {
     /// What the core did between two readings of its counters: `before` when shutdown
     /// began, `after` when it completed.

@@ -360,7 +360,7 @@ impl<F: Frontend> Reactor<F> {
     /// After the last turn: the frontend flushes its output, and the final snapshot says the
     /// loop has stopped.
     pub(super) fn finish(mut self, report: ShutdownReport) -> ShutdownReport {
-        log::info!("shutdown complete: {report:?}");
+        log::info!("shutdown complete {report}");
         self.frontend.finish(&mut self.poll);
         let last = self.heartbeat.snapshot(
             RuntimeState::Stopped,

@@ -40,14 +40,14 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
     let s = match resolve(args) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("turnstile serve: {e}");
+            fatal(log_json, &e);
             return USAGE_ERROR;
         }
     };
     if let Some(path) = &s.status_file
         && let Err(e) = check_writable(path)
     {
-        eprintln!("turnstile serve: --status-file {}: {e}", path.display());
+        fatal(log_json, &format!("--status-file {}: {e}", path.display()));
         return USAGE_ERROR;
     }
     if check_only {
@@ -77,7 +77,7 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
     let (runtime, ops, forced, addr, http_addr) = match started {
         Ok(parts) => parts,
         Err(e) => {
-            eprintln!("turnstile serve: {e}");
+            fatal(log_json, &e);
             return USAGE_ERROR;
         }
     };
@@ -252,7 +252,7 @@ fn serve_until_stopped(
     match finished.unwrap_or_else(|_| Err(std::io::Error::other("the reactor thread panicked"))) {
         Ok(report) if report.clean => 0,
         Ok(report) => {
-            log::warn!("shutdown was not clean: {report:?}");
+            log::warn!("shutdown was not clean {report}");
             1
         }
         Err(e) => {
@@ -270,6 +270,16 @@ fn check_writable(path: &std::path::Path) -> std::io::Result<()> {
     let tmp = PathBuf::from(tmp);
     std::fs::File::create(&tmp)?;
     std::fs::remove_file(&tmp)
+}
+
+/// A start-up error, in the chosen log format: with `--log-format json` an ERROR record (one
+/// JSON object, like every other line), otherwise a plain line naming the command.
+fn fatal(log_json: bool, e: &dyn std::fmt::Display) {
+    if log_json {
+        log::error!("turnstile serve: {e}");
+    } else {
+        eprintln!("turnstile serve: {e}");
+    }
 }
 
 /// Whether `--auth-token` appears among the arguments (the environment variable and the
