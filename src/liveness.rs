@@ -142,10 +142,19 @@ pub struct HttpStatus {
     pub idle_closed: u64,
 }
 
+/// The crate's version.
+pub(crate) const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The git revision the binary was built from (`unknown` outside a checkout).
+pub(crate) const REVISION: &str = env!("TURNSTILE_REVISION");
+
 /// A snapshot of the runtime, refreshed by every heartbeat tick.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct Status {
+    /// The crate's version (`CARGO_PKG_VERSION`).
+    pub version: &'static str,
+    /// The git revision it was built from, or `unknown`.
+    pub revision: &'static str,
     /// Process id.
     pub pid: u32,
     /// Lifecycle state.

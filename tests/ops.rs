@@ -1366,3 +1366,37 @@ fn json_logs_carry_the_shutdown_report_as_fields_and_start_up_errors_as_records(
         "{line}"
     );
 }
+
+/// The running build is visible: `--version` names the revision, `/status` carries the
+/// version, `/metrics` a `turnstile_build_info` sample, and the first log line says it.
+#[test]
+fn the_build_is_visible_in_version_status_metrics_and_the_log() {
+    let out = bin().arg("--version").output().expect("--version");
+    let version = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        version.starts_with(&format!(
+            "turnstile {} (revision ",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{version}"
+    );
+    let gw = Gw::start(&[], &[("RUST_LOG", "info")]);
+    let first = gw.log_line(&["turnstile"]);
+    assert!(first.contains("starting"), "the first log line: {first}");
+    assert!(first.contains(env!("CARGO_PKG_VERSION")), "{first}");
+    let s = gw.status();
+    assert_eq!(s["version"], env!("CARGO_PKG_VERSION"), "{s}");
+    assert!(s["revision"].as_str().is_some_and(|r| !r.is_empty()), "{s}");
+    let m = gw.metrics();
+    let info = m
+        .iter()
+        .find(|(k, _)| k.starts_with("turnstile_build_info{"))
+        .unwrap_or_else(|| panic!("no build info: {m:?}"));
+    assert_eq!(*info.1, 1.0);
+    assert!(
+        info.0
+            .contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION"))),
+        "{}",
+        info.0
+    );
+}

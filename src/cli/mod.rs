@@ -21,7 +21,7 @@ pub(crate) const USAGE_ERROR: i32 = 2;
 #[derive(clap::Parser)]
 #[command(
     name = "turnstile",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (revision ", env!("TURNSTILE_REVISION"), ")"),
     about = "A runtime for chat-agent gateways"
 )]
 struct Cli {

@@ -76,6 +76,12 @@ impl Exposition {
     }
 
     /// A counter without labels (`name` ends `_total`).
+    /// An info metric: one gauge sample of 1 whose labels carry the information.
+    pub(crate) fn info(&mut self, name: &str, help: &str, labels: &[(&str, &str)]) {
+        self.family(name, "gauge", help);
+        self.sample(name, labels, 1.0);
+    }
+
     pub(crate) fn counter(&mut self, name: &str, help: &str, value: f64) {
         self.counters(name, help, &[(&[][..], value)]);
     }
@@ -174,6 +180,11 @@ pub(crate) fn render(s: &Status) -> String {
 
 /// The process: start time, memory, whether it serves, heartbeat ticks.
 fn render_process(e: &mut Exposition, s: &Status) {
+    e.info(
+        "turnstile_build_info",
+        "The running build: 1, labelled with the version and the git revision.",
+        &[("version", s.version), ("revision", s.revision)],
+    );
     e.gauge(
         "turnstile_start_time_seconds",
         "When the gateway's loop started, in seconds since the Unix epoch.",

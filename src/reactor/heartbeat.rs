@@ -114,6 +114,8 @@ impl Heartbeat {
     ) -> Arc<Status> {
         let s = driver.core().stats();
         Arc::new(Status {
+            version: crate::liveness::VERSION,
+            revision: crate::liveness::REVISION,
             pid: std::process::id(),
             state,
             updated_at: rfc3339_utc(self.started + now),

@@ -54,6 +54,12 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
         println!("configuration ok");
         return 0;
     }
+    log::info!(
+        "turnstile {} (revision {}) starting, pid {}",
+        crate::liveness::VERSION,
+        crate::liveness::REVISION,
+        std::process::id()
+    );
     if token_on_command_line(std::env::args_os()) {
         log::warn!(
             "the auth token was given with --auth-token: any local user can read it in /proc/{}/cmdline; use TURNSTILE_AUTH_TOKEN or the --config file",
