@@ -89,7 +89,12 @@ impl Handle {
         }
     }
 
-    /// The latest status snapshot (produced by the reactor's last heartbeat tick).
+    /// The latest status snapshot, produced by the reactor's last heartbeat tick: up to one
+    /// tick interval old (100 ms by default, [`Builder::tick_interval`]); its `updated_at`
+    /// says when it was taken. An event that just arrived on a channel may not be counted
+    /// yet — to wait for a figure, use [`Handle::wait_status`].
+    ///
+    /// [`Builder::tick_interval`]: crate::Builder::tick_interval
     pub fn status(&self) -> Arc<Status> {
         self.status.get()
     }
