@@ -126,7 +126,9 @@ impl OpenAiFactory {
         if cfg.max_reply_bytes == 0 {
             return Err("max_reply_bytes must be at least 1".into());
         }
-        if cfg.connect_timeout.is_zero() || cfg.read_timeout.is_zero() || cfg.stream_timeout.is_zero()
+        if cfg.connect_timeout.is_zero()
+            || cfg.read_timeout.is_zero()
+            || cfg.stream_timeout.is_zero()
         {
             return Err("the connect, read and stream timeouts must be greater than zero".into());
         }
@@ -245,7 +247,10 @@ enum Stop {
     Cancelled,
     /// `user`: the short generic text the chat sees; `detail`: what the log says (scrubbed
     /// before it is logged).
-    Failed { user: String, detail: String },
+    Failed {
+        user: String,
+        detail: String,
+    },
 }
 
 fn failed(user: impl Into<String>, detail: String) -> Stop {
@@ -337,7 +342,13 @@ impl OpenAiAgent {
                 Err(e) if cancel.is_cancelled() || is_cancel_error(&e) => {
                     return Err(Stop::Cancelled);
                 }
-                Err(e) => return Err(request_failed(&e, url, "the model server could not be reached")),
+                Err(e) => {
+                    return Err(request_failed(
+                        &e,
+                        url,
+                        "the model server could not be reached",
+                    ));
+                }
             };
             let status = response.status().as_u16();
             if (200..300).contains(&status) {
@@ -565,9 +576,7 @@ fn next_data<R: BufRead>(
         )),
         Err(SseError::TooMuch(n)) => Err(failed(
             "the model server's reply was too long",
-            format!(
-                "the stream from {url} went past {n} bytes without finishing"
-            ),
+            format!("the stream from {url} went past {n} bytes without finishing"),
         )),
         Err(SseError::NotUtf8) => fail(format!("malformed stream from {url}: a line is not UTF-8")),
     }

@@ -28,7 +28,9 @@ pub(super) fn endpoint(base: &str) -> Endpoint {
         None => (base, None),
     };
     let before_query = before_query.trim_end_matches('/');
-    let (scheme, rest) = before_query.split_once("://").unwrap_or(("http", before_query));
+    let (scheme, rest) = before_query
+        .split_once("://")
+        .unwrap_or(("http", before_query));
     let (authority, path) = match rest.find('/') {
         Some(i) => rest.split_at(i),
         None => (rest, ""),
@@ -157,7 +159,10 @@ mod tests {
             e.url,
             "http://admin:PASS1@host:8/v1/chat/completions?api-version=2024-01&api-key=SECRET"
         );
-        assert_eq!(e.shown, "http://[redacted]@host:8/v1/chat/completions?[redacted]");
+        assert_eq!(
+            e.shown,
+            "http://[redacted]@host:8/v1/chat/completions?[redacted]"
+        );
         assert!(e.secrets.iter().any(|s| s == "SECRET"));
         assert!(e.secrets.iter().any(|s| s == "PASS1"));
         let plain = endpoint("https://h/v1/");
@@ -169,7 +174,10 @@ mod tests {
 
     #[test]
     fn secrets_and_key_like_strings_are_filtered_whatever_their_case() {
-        let s = scrub("bad key SK-TEST-KEY-123 for MyKey-Abc", &["sk-test-key-123", "mykey-abc"]);
+        let s = scrub(
+            "bad key SK-TEST-KEY-123 for MyKey-Abc",
+            &["sk-test-key-123", "mykey-abc"],
+        );
         assert_eq!(s, "bad key [redacted] for [redacted]");
         assert_eq!(
             scrub("got Authorization: Bearer abc.def-1 ok", &[]),

@@ -353,10 +353,7 @@ fn core_settings(a: &ServeArgs) -> Result<CoreSettings, String> {
 }
 
 /// The openai agent's settings; the API key is read from the environment here.
-pub(super) fn openai_config(
-    a: &ServeArgs,
-    turn_timeout: Duration,
-) -> Result<OpenAiConfig, String> {
+pub(super) fn openai_config(a: &ServeArgs, turn_timeout: Duration) -> Result<OpenAiConfig, String> {
     let base_url = a
         .openai_base_url
         .clone()
