@@ -67,7 +67,7 @@ const MIN_LINE_BOUND: usize = 256 * 1024;
 struct Shared {
     cfg: OpenAiConfig,
     /// Where requests go (may hold credentials: never shown).
-    url: String,
+    request_url: String,
     /// The same, userinfo and query redacted: what logs and errors say.
     shown: String,
     /// The URL's userinfo and query values, filtered from any text.
@@ -158,7 +158,7 @@ impl OpenAiFactory {
         Ok(OpenAiFactory {
             shared: Arc::new(Shared {
                 cfg,
-                url,
+                request_url: url,
                 shown,
                 secrets,
                 http,
@@ -331,7 +331,7 @@ impl OpenAiAgent {
             transport::content_arrived();
             let mut req = shared
                 .http
-                .post(&shared.url)
+                .post(&shared.request_url)
                 .header("Content-Type", "application/json")
                 .header("Accept", "text/event-stream");
             if let Some(ApiKey(key)) = &cfg.api_key {
