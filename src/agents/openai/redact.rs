@@ -185,7 +185,7 @@ mod tests {
         );
         assert_eq!(scrub("key sk-abcdefgh1 x", &[]), "key [redacted] x");
         let hex = "0123456789abcdef0123456789abcdef";
-        assert_eq!(scrub(&format!("id={hex}."), &[]), "id=[redacted].");
+        assert_eq!(scrub(&format!("id: {hex}."), &[]), "id: [redacted].");
         let ordinary = "model llama-3.1-8b not found (HTTP 404), try again";
         assert_eq!(scrub(ordinary, &[]), ordinary);
         assert_eq!(scrub("ünïcode ok", &["x"]), "ünïcode ok");
