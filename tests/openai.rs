@@ -164,6 +164,12 @@ fn failure(o: &Outcome) -> String {
     }
 }
 
+/// The WARN lines of session `chat`'s failed turns (what the log says of them).
+fn logged(chat: &str) -> String {
+    let session = format!("session {}: openai turn failed: ", key(chat));
+    log_lines(|l, m| l == log::Level::Warn && m.contains(&session)).join("\n")
+}
+
 fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
     v.iter()
         .map(|(r, c)| ((*r).to_owned(), (*c).to_owned()))
@@ -405,9 +411,11 @@ fn server_errors_are_retried_then_reported() {
     cfg.retry_base = Duration::from_millis(10);
     let gw = Gateway::start(cfg);
     let text = failure(&gw.ask("m1", &key("5xx"), "hi"));
+    assert_eq!(text, "the model server is unavailable (HTTP 503)");
+    let log = logged("5xx");
     assert!(
-        text.contains("503 still overloaded") && text.contains("gave up after 3 retries"),
-        "{text}"
+        log.contains("503 still overloaded") && log.contains("gave up after 3 retries"),
+        "{log}"
     );
     for _ in 0..4 {
         let _ = mock.next_request();
@@ -422,7 +430,7 @@ fn server_errors_are_retried_then_reported() {
 }
 
 #[test]
-fn unauthorized_and_not_found_surface_the_server_message() {
+fn refusals_show_the_status_in_chat_and_the_server_message_in_the_log() {
     let mock = Mock::start(vec![
         error(401, "invalid api key", &[]),
         error(404, "model \"x\" not found", &[]),
@@ -441,16 +449,24 @@ fn unauthorized_and_not_found_surface_the_server_message() {
     let s = key("errors");
     let url = format!("{}/chat/completions", mock.base_url());
     let t401 = failure(&gw.ask("m1", &s, "hi"));
-    assert_eq!(t401, format!("401 invalid api key (from {url})"));
-    let t404 = failure(&gw.ask("m2", &s, "hi"));
-    assert!(t404.starts_with("404 model \"x\" not found"), "{t404}");
-    let bare = failure(&gw.ask("m3", &s, "hi"));
+    assert_eq!(t401, "the model server refused the request (HTTP 401)");
     assert!(
-        bare.contains("404 Not Found") && bare.contains("\"test-model\""),
-        "{bare}"
+        logged("errors").contains(&format!("401 invalid api key (from {url})")),
+        "{}",
+        logged("errors")
+    );
+    let t404 = failure(&gw.ask("m2", &s, "hi"));
+    assert_eq!(t404, "the model server refused the request (HTTP 404)");
+    assert!(logged("errors").contains("404 model \"x\" not found"));
+    let _bare = failure(&gw.ask("m3", &s, "hi"));
+    let log = logged("errors");
+    assert!(
+        log.contains("404 Not Found") && log.contains("\"test-model\""),
+        "{log}"
     );
     let t400 = failure(&gw.ask("m4", &s, "hi"));
-    assert_eq!(t400, format!("400 Bad Request (from {url})"));
+    assert_eq!(t400, "the model server refused the request (HTTP 400)");
+    assert!(logged("errors").contains(&format!("400 Bad Request (from {url})")));
     assert_eq!(mock.requests.len(), 4, "a 4xx was retried");
     gw.stop();
 }
@@ -468,10 +484,11 @@ fn api_key_is_sent_but_never_logged_nor_shown() {
     let s = key("secret");
     assert_eq!(gw.ask("m1", &s, "hi"), reply("fine"));
     let text = failure(&gw.ask("m2", &s, "hi"));
-    assert!(!text.contains(SECRET), "the key reached the chat: {text}");
+    assert_eq!(text, "the model server refused the request (HTTP 401)");
     assert!(
-        text.contains("Incorrect API key provided: [redacted]"),
-        "{text}"
+        logged("secret").contains("Incorrect API key provided: [redacted]"),
+        "{}",
+        logged("secret")
     );
     assert_eq!(
         mock.next_request()
@@ -505,12 +522,14 @@ fn malformed_chunks_fail_the_turn_and_the_agent_goes_on() {
     let gw = Gateway::start(config(&mock));
     let s = key("malformed");
     let t = failure(&gw.ask("m1", &s, "hi"));
+    assert_eq!(t, "the model server sent a malformed reply");
+    let log = logged("malformed");
     assert!(
-        t.contains("malformed stream") && t.contains("event 2"),
-        "{t}"
+        log.contains("malformed stream") && log.contains("event 2"),
+        "{log}"
     );
     let t = failure(&gw.ask("m2", &s, "hi"));
-    assert!(t.contains("malformed stream"), "{t}");
+    assert_eq!(t, "the model server sent a malformed reply");
     assert_eq!(gw.ask("m3", &s, "hi"), reply("recovered"));
     gw.stop();
 }
@@ -530,17 +549,21 @@ fn a_server_closing_mid_stream_fails_the_turn() {
     let gw = Gateway::start(config(&mock));
     let s = key("close");
     let chunked = failure(&gw.ask("m1", &s, "hi"));
-    assert!(chunked.contains("closed"), "{chunked}");
+    assert_eq!(chunked, "the model server stopped sending the reply");
+    assert!(logged("close").contains("closed"), "{}", logged("close"));
     let eof = failure(&gw.ask("m2", &s, "hi"));
+    assert_eq!(eof, "the model server ended the reply early");
     assert!(
-        eof.contains("closed the stream before it finished (11 bytes of reply received)"),
-        "{eof}"
+        logged("close")
+            .contains("closed the stream before it finished (11 bytes of reply received)"),
+        "{}",
+        logged("close")
     );
     gw.stop();
 }
 
 #[test]
-fn connection_refused_names_the_url() {
+fn connection_refused_names_the_url_in_the_log_only() {
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         l.local_addr().expect("addr").port()
@@ -548,9 +571,13 @@ fn connection_refused_names_the_url() {
     let base = format!("http://127.0.0.1:{port}/v1");
     let gw = Gateway::start(OpenAiConfig::new(&base, "m"));
     let t = failure(&gw.ask("m1", &key("refused"), "hi"));
-    assert_eq!(
-        t,
-        format!("cannot connect to {base}/chat/completions: connection refused")
+    assert_eq!(t, "the model server could not be reached");
+    assert!(
+        logged("refused").contains(&format!(
+            "cannot connect to {base}/chat/completions: connection refused"
+        )),
+        "{}",
+        logged("refused")
     );
     gw.stop();
 }
@@ -892,14 +919,15 @@ fn the_agent_works_without_the_runtime_and_counts_its_session() {
 
 #[test]
 fn a_long_error_body_still_yields_its_message() {
-    let long = format!("invalid api key {}", "x".repeat(4000));
+    let long = format!("invalid api key {}", "xx ".repeat(1400));
     let mock = Mock::start(vec![error(401, &long, &[])]);
     let gw = Gateway::start(config(&mock));
-    let t = failure(&gw.ask("m1", &key("long"), "hi"));
+    let _ = failure(&gw.ask("m1", &key("long"), "hi"));
+    let t = logged("long");
     assert!(
-        t.starts_with("401 invalid api key xxx"),
+        t.contains("401 invalid api key xx xx"),
         "{}",
-        &t[..80.min(t.len())]
+        &t[..160.min(t.len())]
     );
     gw.stop();
 }
@@ -914,12 +942,14 @@ fn a_silent_server_fails_the_turn_after_the_read_timeout() {
     cfg.read_timeout = Duration::from_millis(300);
     let gw = Gateway::start(cfg);
     let t = failure(&gw.ask("m1", &key("silent"), "hi"));
+    assert_eq!(t, "the model server stalled (no reply content for 0.3 s)");
     let url = format!("{}/chat/completions", mock.base_url());
-    assert_eq!(
-        t,
-        format!(
-            "the stream from {url} broke after 1 bytes of reply: {url}: no data for 300ms (read timeout)"
-        )
+    assert!(
+        logged("silent").contains(&format!(
+            "the stream from {url} broke after 1 bytes of reply: {url}: no content for 0.3 s (read timeout)"
+        )),
+        "{}",
+        logged("silent")
     );
     mock.wait_notice(|n| *n == Notice::ClientClosed { n: 0 });
     gw.stop();
@@ -933,9 +963,137 @@ fn a_connect_without_answer_fails_after_the_connect_timeout() {
     cfg.connect_timeout = Duration::from_millis(300);
     let gw = Gateway::start(cfg);
     let t = failure(&gw.ask("m1", &key("connect-timeout"), "hi"));
-    assert_eq!(
-        t,
-        format!("{base}/chat/completions: connect timed out after 300ms")
+    assert_eq!(t, "the model server could not be reached");
+    assert!(
+        logged("connect-timeout").contains(&format!(
+            "{base}/chat/completions: connect timed out after 300ms"
+        )),
+        "{}",
+        logged("connect-timeout")
     );
+    gw.stop();
+}
+
+/// Issue 18 row 6: credentials and query of the base URL reach neither the chat nor the
+/// log, and the request path goes before the query.
+#[test]
+fn a_base_url_with_credentials_and_a_query_stays_out_of_chats_and_logs() {
+    const PASS: &str = "PASS-4242";
+    const QSECRET: &str = "QSECRET-777";
+    let mock = Mock::start(vec![error(503, "down for maintenance", &[])]);
+    let base = format!(
+        "http://admin:{PASS}@{}/v1?api-version=2024-02&api-key={QSECRET}",
+        mock.addr
+    );
+    let mut cfg = OpenAiConfig::new(&base, "test-model");
+    cfg.max_retries = 0;
+    let gw = Gateway::start(cfg);
+    let t = failure(&gw.ask("m1", &key("userinfo"), "hi"));
+    assert_eq!(t, "the model server is unavailable (HTTP 503)");
+    let req = mock.next_request();
+    assert_eq!(
+        req.line,
+        format!("POST /v1/chat/completions?api-version=2024-02&api-key={QSECRET} HTTP/1.1")
+    );
+    // A refused connect says nothing of the address either.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let closed = format!("http://admin:{PASS}@127.0.0.1:{port}/v1?api-key={QSECRET}");
+    let gw2 = Gateway::start(OpenAiConfig::new(&closed, "m"));
+    let t = failure(&gw2.ask("m1", &key("userinfo-refused"), "hi"));
+    assert_eq!(t, "the model server could not be reached");
+    assert!(!t.contains("127.0.0.1"), "{t}");
+    gw.stop();
+    gw2.stop();
+    let log = logged("userinfo-refused");
+    assert!(
+        log.contains(&format!(
+            "cannot connect to http://[redacted]@127.0.0.1:{port}/v1/chat/completions?[redacted]"
+        )),
+        "{log}"
+    );
+    assert!(logged("userinfo").contains("503 down for maintenance"));
+    let leaked = log_lines(|_, m| m.contains(PASS) || m.contains(QSECRET));
+    assert!(
+        leaked.is_empty(),
+        "a secret of the URL was logged: {leaked:?}"
+    );
+}
+
+/// Issue 18 row 7: a key echoed upper-cased, and key-like strings, are filtered.
+#[test]
+fn a_transformed_echo_of_the_key_is_filtered_from_chat_and_log() {
+    const SECRET: &str = "sk-live-abcdef-9876";
+    let upper = SECRET.to_uppercase();
+    let mock = Mock::start(vec![error(
+        403,
+        &format!(
+            "key {upper} is not allowed; token Bearer eyJhbGciOi.J9x; id 0123456789abcdef0123456789abcdef"
+        ),
+        &[],
+    )]);
+    let mut cfg = config(&mock);
+    cfg.api_key = ApiKey::new(SECRET);
+    let gw = Gateway::start(cfg);
+    let t = failure(&gw.ask("m1", &key("upper"), "hi"));
+    assert_eq!(t, "the model server refused the request (HTTP 403)");
+    gw.stop();
+    let log = logged("upper");
+    assert!(log.contains("key [redacted] is not allowed"), "{log}");
+    assert!(log.contains("Bearer [redacted]; id [redacted]"), "{log}");
+    let leaked = log_lines(|_, m| {
+        let m = m.to_ascii_lowercase();
+        m.contains(SECRET) || m.contains("eyjhbgcioi") || m.contains("0123456789abcdef0123")
+    });
+    assert!(leaked.is_empty(), "a secret was logged: {leaked:?}");
+}
+
+/// Issue 18 row 8: keep-alives (comments, empty deltas) do not reset the read timeout.
+#[test]
+fn keep_alives_without_content_fail_the_turn_after_the_read_timeout() {
+    let mock = Mock::start(vec![Reply::Stream {
+        events: vec![delta("a")],
+        end: End::Comments { ms: 20 },
+    }]);
+    let mut cfg = config(&mock);
+    cfg.read_timeout = Duration::from_millis(500);
+    let gw = Gateway::start(cfg);
+    gw.send("m1", &key("keepalive"), "hi");
+    // The server keeps the connection busy: several keep-alives went out...
+    for _ in 0..3 {
+        mock.wait_notice(|n| *n == Notice::Kept { n: 0 });
+    }
+    // ...and still the turn fails with the stall, and the connection is closed.
+    let (_, o) = gw.run("m1");
+    assert_eq!(
+        failure(&o),
+        "the model server stalled (no reply content for 0.5 s)"
+    );
+    mock.wait_notice(|n| *n == Notice::ClientClosed { n: 0 });
+    assert!(logged("keepalive").contains("no content for 0.5 s (read timeout)"));
+    gw.stop();
+}
+
+/// Issue 18 row 8: a stream that drips content forever ends at the stream deadline.
+#[test]
+fn a_dripping_stream_fails_at_the_stream_deadline() {
+    let mock = Mock::start(vec![Reply::Stream {
+        events: vec![],
+        end: End::Endless,
+    }]);
+    let mut cfg = config(&mock);
+    cfg.stream_timeout = Duration::from_millis(600);
+    let gw = Gateway::start(cfg);
+    gw.send("m1", &key("drip"), "hi");
+    let (partials, o) = gw.run("m1");
+    assert!(!partials.is_empty(), "content was flowing");
+    assert_eq!(
+        failure(&o),
+        "the model server took longer than 0.6 s to reply"
+    );
+    mock.wait_notice(|n| *n == Notice::ClientClosed { n: 0 });
+    assert!(logged("drip").contains("the reply took longer than 0.6 s (stream timeout)"));
     gw.stop();
 }

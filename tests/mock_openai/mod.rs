@@ -32,6 +32,10 @@ pub enum End {
     /// A one-character delta keeps coming every few milliseconds until the client closes
     /// the connection ([`Notice::ClientClosed`]).
     Endless,
+    /// No content: an SSE comment and an empty delta every `ms` milliseconds until the
+    /// client closes the connection ([`Notice::ClientClosed`]); [`Notice::Kept`] after
+    /// each.
+    Comments { ms: u64 },
 }
 
 /// A scripted answer.
@@ -86,6 +90,8 @@ pub enum Notice {
     Sent { n: usize, at: Instant },
     /// The client closed a connection the mock was holding or streaming on.
     ClientClosed { n: usize },
+    /// A keep-alive (comment and empty delta) of request `n` was written.
+    Kept { n: usize },
 }
 
 /// The running mock.
@@ -336,6 +342,21 @@ fn serve(conn: TcpStream, shared: &Shared) {
                             }
                         }
                         let _ = shared.notices.send(Notice::ClientClosed { n });
+                        return;
+                    }
+                    End::Comments { ms } => {
+                        let pace = crossbeam_channel::tick(Duration::from_millis(ms));
+                        let empty = delta("");
+                        for _ in 0..60_000 / ms.max(1) {
+                            let kept = chunk(&mut out, b": keep-alive\n\n").is_ok()
+                                && chunk(&mut out, format!("data: {empty}\n\n").as_bytes()).is_ok();
+                            if !kept {
+                                let _ = shared.notices.send(Notice::ClientClosed { n });
+                                return;
+                            }
+                            let _ = shared.notices.send(Notice::Kept { n });
+                            let _ = pace.recv();
+                        }
                         return;
                     }
                     End::Endless => {

@@ -14,9 +14,13 @@ pub(crate) const DEFAULT_HISTORY_TURNS: usize = 20;
 pub(crate) const DEFAULT_HISTORY_CHARS: usize = 24_000;
 /// Default time to open a connection.
 pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Default longest silence of the server (before the first byte, or between two reads of
-/// the stream). Local models can take long before the first token of a large prompt.
+/// Default longest the server may go without sending content (before the first token, or
+/// between two tokens); SSE comments, keep-alives and empty deltas do not count. Local
+/// models can take long before the first token of a large prompt.
 pub(crate) const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(120);
+/// Default longest a request may take in all (connect, retries, the whole stream); below
+/// the default turn timeout (600 s), so a dripping stream fails the turn with its reason.
+pub(crate) const DEFAULT_STREAM_TIMEOUT: Duration = Duration::from_secs(300);
 /// Retries after a 429 or 5xx answer.
 pub(crate) const DEFAULT_MAX_RETRIES: u32 = 3;
 /// First backoff before a retry without `Retry-After`; doubles each retry.
@@ -69,7 +73,9 @@ pub enum TlsRoots {
 #[derive(Clone, Debug)]
 pub struct OpenAiConfig {
     /// The API's base URL, e.g. `http://127.0.0.1:11434/v1`; requests go to
-    /// `{base_url}/chat/completions`.
+    /// `{base_url}/chat/completions`, the path inserted before a query
+    /// (`…/v1?api-version=X` → `…/v1/chat/completions?api-version=X`). Logs and errors show
+    /// it with its userinfo and query redacted.
     pub base_url: String,
     /// The model name sent in every request.
     pub model: String,
@@ -86,8 +92,11 @@ pub struct OpenAiConfig {
     pub sender_prefix: bool,
     /// Time to open a connection.
     pub connect_timeout: Duration,
-    /// Longest silence of the server.
+    /// Longest the server may go without sending content (comments and empty deltas do not
+    /// count).
     pub read_timeout: Duration,
+    /// Longest a request may take in all: connect, retries and the whole stream.
+    pub stream_timeout: Duration,
     /// Retries after a 429 or 5xx answer.
     pub max_retries: u32,
     /// First backoff without `Retry-After` (doubled each retry, plus up to 50 % jitter).
@@ -114,6 +123,7 @@ impl OpenAiConfig {
             sender_prefix: false,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             read_timeout: DEFAULT_READ_TIMEOUT,
+            stream_timeout: DEFAULT_STREAM_TIMEOUT,
             max_retries: DEFAULT_MAX_RETRIES,
             retry_base: DEFAULT_RETRY_BASE,
             max_retry_wait: DEFAULT_MAX_RETRY_WAIT,

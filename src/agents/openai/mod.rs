@@ -17,11 +17,19 @@
 //! retried (at most [`OpenAiConfig::max_retries`] times) after a backoff with jitter, or
 //! after the server's `Retry-After`; each wait ends at once on cancellation.
 //!
-//! The API key is sent as a bearer token and is never logged nor put in an error: the
-//! failure texts are scrubbed of it even if a server echoes it back.
+//! The API key is sent as a bearer token and is never logged nor put in an error. Chat users
+//! get a short generic failure ("the model server is unavailable (HTTP 503)"); the details
+//! go to the log (a WARN naming the session), with the endpoint's userinfo and query
+//! redacted and any text from the server filtered (see [`redact`]: the key and the URL's
+//! secrets case-insensitively, and key-like strings).
+//!
+//! [`OpenAiConfig::read_timeout`] is the longest the server may go without sending
+//! content: SSE comments, keep-alives and empty deltas do not reset it. The whole request
+//! (connect, retries, stream) ends after [`OpenAiConfig::stream_timeout`].
 
 mod config;
 mod history;
+mod redact;
 mod retry;
 mod sse;
 mod transport;
@@ -46,9 +54,10 @@ pub use config::{ApiKey, OpenAiConfig, TlsRoots};
 #[cfg_attr(not(feature = "cli"), allow(unused_imports))]
 pub(crate) use config::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_HISTORY_CHARS, DEFAULT_HISTORY_TURNS, DEFAULT_READ_TIMEOUT,
+    DEFAULT_STREAM_TIMEOUT,
 };
 use history::{History, user_content};
-use retry::{Refused, give_up_text, retry_wait};
+use retry::{Refused, give_up_text, retry_wait, unavailable};
 
 /// The longest stream line accepted.
 const MIN_LINE_BOUND: usize = 256 * 1024;
@@ -57,19 +66,26 @@ const MIN_LINE_BOUND: usize = 256 * 1024;
 /// pool), the usage totals.
 struct Shared {
     cfg: OpenAiConfig,
-    url: String,
+    /// Where requests go (may hold credentials: never shown).
+    request_url: String,
+    /// The same, userinfo and query redacted: what logs and errors say.
+    shown: String,
+    /// The URL's userinfo and query values, filtered from any text.
+    secrets: Vec<String>,
     http: ureq::Agent,
     prompt_tokens: AtomicU64,
     completion_tokens: AtomicU64,
 }
 
 impl Shared {
-    /// `text` with the API key replaced, for anything that leaves the agent.
-    fn scrub(&self, text: String) -> String {
-        match &self.cfg.api_key {
-            Some(ApiKey(k)) if text.contains(k.as_str()) => text.replace(k.as_str(), "[redacted]"),
-            _ => text,
+    /// `text` with the API key, the URL's secrets and key-like strings replaced, for
+    /// anything that leaves the agent.
+    fn scrub(&self, text: &str) -> String {
+        let mut secrets: Vec<&str> = self.secrets.iter().map(String::as_str).collect();
+        if let Some(ApiKey(k)) = &self.cfg.api_key {
+            secrets.push(k);
         }
+        redact::scrub(text, &secrets)
     }
 }
 
@@ -82,7 +98,7 @@ pub struct OpenAiFactory {
 impl fmt::Debug for OpenAiFactory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OpenAiFactory")
-            .field("url", &self.shared.url)
+            .field("url", &self.shared.shown)
             .field("model", &self.shared.cfg.model)
             .finish()
     }
@@ -93,14 +109,16 @@ impl OpenAiFactory {
     pub fn new(cfg: OpenAiConfig) -> Result<OpenAiFactory, String> {
         let base = cfg.base_url.trim().trim_end_matches('/');
         if !(base.starts_with("http://") || base.starts_with("https://")) {
-            return Err(format!(
-                "base URL {base:?} must start with http:// or https://"
-            ));
+            return Err("the base URL must start with http:// or https://".into());
         }
-        let url = format!("{base}/chat/completions");
+        let redact::Endpoint {
+            url,
+            shown,
+            secrets,
+        } = redact::endpoint(base);
         match url.parse::<ureq::http::Uri>() {
             Ok(u) if u.host().is_some_and(|h| !h.is_empty()) => {}
-            _ => return Err(format!("base URL {base:?} is not a valid URL")),
+            _ => return Err(format!("base URL {shown:?} is not a valid URL")),
         }
         if cfg.model.trim().is_empty() {
             return Err("the model name must not be empty".into());
@@ -108,8 +126,11 @@ impl OpenAiFactory {
         if cfg.max_reply_bytes == 0 {
             return Err("max_reply_bytes must be at least 1".into());
         }
-        if cfg.connect_timeout.is_zero() || cfg.read_timeout.is_zero() {
-            return Err("the connect and read timeouts must be greater than zero".into());
+        if cfg.connect_timeout.is_zero()
+            || cfg.read_timeout.is_zero()
+            || cfg.stream_timeout.is_zero()
+        {
+            return Err("the connect, read and stream timeouts must be greater than zero".into());
         }
         let roots = match cfg.tls_roots {
             TlsRoots::Platform => ureq::tls::RootCerts::PlatformVerifier,
@@ -126,7 +147,7 @@ impl OpenAiFactory {
         let connector = ().chain(CancellableConnector).chain(RustlsConnector::default());
         let http = ureq::Agent::with_parts(config, connector, DefaultResolver::default());
         log::info!(
-            "openai agent: model {:?} at {url}, {}",
+            "openai agent: model {:?} at {shown}, {}",
             cfg.model,
             if cfg.api_key.is_some() {
                 "with an API key"
@@ -137,7 +158,9 @@ impl OpenAiFactory {
         Ok(OpenAiFactory {
             shared: Arc::new(Shared {
                 cfg,
-                url,
+                request_url: url,
+                shown,
+                secrets,
                 http,
                 prompt_tokens: AtomicU64::new(0),
                 completion_tokens: AtomicU64::new(0),
@@ -145,9 +168,9 @@ impl OpenAiFactory {
         })
     }
 
-    /// The endpoint requests go to.
+    /// The endpoint requests go to, as shown: userinfo and query redacted.
     pub fn url(&self) -> &str {
-        &self.shared.url
+        &self.shared.shown
     }
 
     /// A fresh agent for `session` (what [`AgentFactory::create`] returns, unboxed).
@@ -222,8 +245,23 @@ struct Streamed {
 /// Why a request ended without a reply.
 enum Stop {
     Cancelled,
-    Failed(String),
+    /// `user`: the short generic text the chat sees; `detail`: what the log says (scrubbed
+    /// before it is logged).
+    Failed {
+        user: String,
+        detail: String,
+    },
 }
+
+fn failed(user: impl Into<String>, detail: String) -> Stop {
+    Stop::Failed {
+        user: user.into(),
+        detail,
+    }
+}
+
+/// What the chat sees of a malformed stream.
+const MALFORMED: &str = "the model server sent a malformed reply";
 
 impl OpenAiAgent {
     /// Tokens this session's turns used so far.
@@ -284,15 +322,16 @@ impl OpenAiAgent {
     ) -> Result<Streamed, Stop> {
         let shared = &*self.shared;
         let cfg = &shared.cfg;
-        let url = &shared.url;
+        let url = &shared.shown;
         let mut attempt = 0;
         loop {
             if cancel.is_cancelled() {
                 return Err(Stop::Cancelled);
             }
+            transport::content_arrived();
             let mut req = shared
                 .http
-                .post(url)
+                .post(&shared.request_url)
                 .header("Content-Type", "application/json")
                 .header("Accept", "text/event-stream");
             if let Some(ApiKey(key)) = &cfg.api_key {
@@ -303,7 +342,13 @@ impl OpenAiAgent {
                 Err(e) if cancel.is_cancelled() || is_cancel_error(&e) => {
                     return Err(Stop::Cancelled);
                 }
-                Err(e) => return Err(Stop::Failed(describe(&e, url))),
+                Err(e) => {
+                    return Err(request_failed(
+                        &e,
+                        url,
+                        "the model server could not be reached",
+                    ));
+                }
             };
             let status = response.status().as_u16();
             if (200..300).contains(&status) {
@@ -317,17 +362,20 @@ impl OpenAiAgent {
             let retryable = status == 429 || (500..600).contains(&status);
             if retryable && attempt < cfg.max_retries {
                 let Some(wait) = retry_wait(attempt, retry_after, cfg) else {
-                    return Err(Stop::Failed(format!(
-                        "{status} {reason} (from {url}; the server asks to retry after {} s, more than the {} s this agent waits)",
-                        retry_after.map_or(0, |d| d.as_secs()),
-                        cfg.max_retry_wait.as_secs()
-                    )));
+                    return Err(failed(
+                        unavailable(status),
+                        format!(
+                            "{status} {reason} (from {url}; the server asks to retry after {} s, more than the {} s this agent waits)",
+                            retry_after.map_or(0, |d| d.as_secs()),
+                            cfg.max_retry_wait.as_secs()
+                        ),
+                    ));
                 };
                 attempt += 1;
                 log::warn!(
                     "session {}: {url} answered {status} {}; retry {attempt}/{} in {:.1} s",
                     self.session,
-                    shared.scrub(reason),
+                    shared.scrub(&reason),
                     cfg.max_retries,
                     wait.as_secs_f64()
                 );
@@ -337,7 +385,7 @@ impl OpenAiAgent {
                 continue;
             }
             let text = give_up_text(status, &reason, message.is_some(), url, cfg, attempt);
-            return Err(Stop::Failed(text));
+            return Err(failed(unavailable(status), text));
         }
     }
 
@@ -349,7 +397,7 @@ impl OpenAiAgent {
         cancel: &CancelToken,
     ) -> Result<Streamed, Stop> {
         let cfg = &self.shared.cfg;
-        let url = &self.shared.url;
+        let url = &self.shared.shown;
         let max_line = cfg.max_reply_bytes.saturating_add(4096).max(MIN_LINE_BOUND);
         // Deltas arrive wrapped in JSON, several times their size; allow generously for
         // that and for chunks that carry no text, but not without end.
@@ -360,7 +408,6 @@ impl OpenAiAgent {
         let mut usage = None;
         let mut finished = false;
         let mut count = 0usize;
-        let fail = |why: String| Err(Stop::Failed(why));
         loop {
             if cancel.is_cancelled() {
                 return Err(Stop::Cancelled);
@@ -376,12 +423,18 @@ impl OpenAiAgent {
                 }
                 Ok(Event::Chunk(c)) => c,
                 Err(why) => {
-                    return fail(format!("malformed stream from {url}: event {count}: {why}"));
+                    return Err(failed(
+                        MALFORMED,
+                        format!("malformed stream from {url}: event {count}: {why}"),
+                    ));
                 }
             };
             if let Some(err) = chunk.error {
                 let msg = err.message.unwrap_or_else(|| "no message".into());
-                return fail(format!("{url} reported an error mid-stream: {msg}"));
+                return Err(failed(
+                    "the model server reported an error",
+                    format!("{url} reported an error mid-stream: {msg}"),
+                ));
             }
             if chunk.usage.is_some() {
                 usage = chunk.usage;
@@ -390,6 +443,7 @@ impl OpenAiAgent {
                 if let Some(delta) = choice.delta.as_ref().and_then(|d| d.content.as_deref())
                     && !delta.is_empty()
                 {
+                    transport::content_arrived();
                     text.push_str(delta);
                     if text.len() > cfg.max_reply_bytes {
                         log::warn!(
@@ -408,9 +462,12 @@ impl OpenAiAgent {
             }
         }
         if !finished {
-            return fail(format!(
-                "{url} closed the stream before it finished ({} bytes of reply received)",
-                text.len()
+            return Err(failed(
+                "the model server ended the reply early",
+                format!(
+                    "{url} closed the stream before it finished ({} bytes of reply received)",
+                    text.len()
+                ),
             ));
         }
         drain_end(events.into_inner(), cancel, cfg.connect_timeout);
@@ -425,7 +482,12 @@ impl Agent for OpenAiAgent {
         let user = user_content(input.text, input.context, cfg.sender_prefix);
         let body = self.request_body(&user);
         let result = {
-            let _watch = transport::watch(cancel, cfg.connect_timeout, cfg.read_timeout);
+            let _watch = transport::watch(
+                cancel,
+                cfg.connect_timeout,
+                cfg.read_timeout,
+                Some(cfg.stream_timeout),
+            );
             self.request(&body, input, cancel)
         };
         match result {
@@ -468,10 +530,13 @@ impl Agent for OpenAiAgent {
                 Ok(text)
             }
             Err(Stop::Cancelled) => Err(TurnError::Cancelled),
-            Err(Stop::Failed(why)) => {
-                let why = self.shared.scrub(why);
-                log::warn!("session {}: openai turn failed: {why}", self.session);
-                Err(TurnError::Failed(why.into()))
+            Err(Stop::Failed { user, detail }) => {
+                let detail = self.shared.scrub(&detail);
+                log::warn!(
+                    "session {}: openai turn failed: {detail} (the chat sees: {user})",
+                    self.session
+                );
+                Err(TurnError::Failed(user.into()))
             }
         }
     }
@@ -498,7 +563,7 @@ fn next_data<R: BufRead>(
     url: &str,
     received: usize,
 ) -> Result<Option<String>, Stop> {
-    let fail = |why: String| Err(Stop::Failed(why));
+    let fail = |why: String| Err(failed(MALFORMED, why));
     match events.next_event() {
         Ok(data) => Ok(data),
         Err(_) if cancel.is_cancelled() => Err(Stop::Cancelled),
@@ -507,16 +572,22 @@ fn next_data<R: BufRead>(
             if is_cancel_error(&e) {
                 return Err(Stop::Cancelled);
             }
-            fail(format!(
-                "the stream from {url} broke after {received} bytes of reply: {}",
-                describe(&e, url)
+            let Stop::Failed { user, detail } =
+                request_failed(&e, url, "the model server stopped sending the reply")
+            else {
+                return Err(Stop::Cancelled);
+            };
+            Err(failed(
+                user,
+                format!("the stream from {url} broke after {received} bytes of reply: {detail}"),
             ))
         }
         Err(SseError::LineTooLong(n)) => fail(format!(
             "malformed stream from {url}: a line longer than {n} bytes"
         )),
-        Err(SseError::TooMuch(n)) => fail(format!(
-            "the stream from {url} went past {n} bytes without finishing"
+        Err(SseError::TooMuch(n)) => Err(failed(
+            "the model server's reply was too long",
+            format!("the stream from {url} went past {n} bytes without finishing"),
         )),
         Err(SseError::NotUtf8) => fail(format!("malformed stream from {url}: a line is not UTF-8")),
     }
@@ -525,7 +596,7 @@ fn next_data<R: BufRead>(
 /// Reads the end of the body (normally already sent) so the connection can be reused; a
 /// server that keeps it open gets half a second, then it is closed.
 fn drain_end(mut body: impl Read, cancel: &CancelToken, connect_timeout: Duration) {
-    let _short = transport::watch(cancel, connect_timeout, Duration::from_millis(500));
+    let _short = transport::watch(cancel, connect_timeout, Duration::from_millis(500), None);
     let mut sink = [0u8; 512];
     for _ in 0..64 {
         match body.read(&mut sink) {
@@ -537,7 +608,30 @@ fn drain_end(mut body: impl Read, cancel: &CancelToken, connect_timeout: Duratio
     drop(body);
 }
 
-/// A user-facing description of a request error (never containing headers).
+/// A failed request: the chat's text (`generic`, or the stall or deadline that ended it),
+/// and the details for the log.
+fn request_failed(e: &ureq::Error, url: &str, generic: &str) -> Stop {
+    let inner = match e {
+        ureq::Error::Io(io) => io.get_ref(),
+        _ => None,
+    };
+    let user = if let Some(s) = inner.and_then(|i| i.downcast_ref::<transport::Stall>()) {
+        format!(
+            "the model server stalled (no reply content for {} s)",
+            s.0.as_secs_f64()
+        )
+    } else if let Some(d) = inner.and_then(|i| i.downcast_ref::<transport::StreamDeadline>()) {
+        format!(
+            "the model server took longer than {} s to reply",
+            d.0.as_secs_f64()
+        )
+    } else {
+        generic.to_owned()
+    };
+    failed(user, describe(e, url))
+}
+
+/// A description of a request error for the log (never containing headers).
 fn describe(e: &ureq::Error, url: &str) -> String {
     use std::io::ErrorKind as K;
     match e {

@@ -56,7 +56,16 @@ impl Refused {
     }
 }
 
-/// The failure text of a refused request not (or no longer) retried.
+/// What the chat sees of a refused request: the status, never the server's text.
+pub(super) fn unavailable(status: u16) -> String {
+    if status == 429 || (500..600).contains(&status) {
+        format!("the model server is unavailable (HTTP {status})")
+    } else {
+        format!("the model server refused the request (HTTP {status})")
+    }
+}
+
+/// The failure text (for the log) of a refused request not (or no longer) retried.
 pub(super) fn give_up_text(
     status: u16,
     reason: &str,

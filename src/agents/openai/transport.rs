@@ -8,15 +8,17 @@
 //! with [`watch`]). A cancelled or timed-out request returns an error, ureq drops the
 //! connection instead of pooling it, and the socket is closed.
 //!
-//! It also enforces the idle read timeout: no byte for `read_timeout` fails the request.
+//! It also enforces the read timeout, counted from the last *content* (see
+//! [`content_arrived`]), not the last byte, and the overall stream deadline.
 //!
 //! This uses ureq's `unversioned` transport API, which does not follow semver; the
 //! dependency is pinned to a minor version for that reason.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use ureq::Error;
@@ -35,6 +37,41 @@ struct Watch {
     cancel: CancelToken,
     connect_timeout: Duration,
     read_timeout: Duration,
+    /// When the watch started, and the overall deadline from there.
+    started: Instant,
+    stream_timeout: Option<Duration>,
+    /// When content last arrived (or the watch or the attempt started).
+    content: Rc<Cell<Instant>>,
+}
+
+impl Watch {
+    /// The error of a wait that has gone on too long at `now`, if any.
+    fn expired(&self, now: Instant) -> Option<Error> {
+        if let Some(t) = self.stream_timeout
+            && now >= self.started + t
+        {
+            return Some(Error::Io(io::Error::new(
+                io::ErrorKind::TimedOut,
+                StreamDeadline(t),
+            )));
+        }
+        if now >= self.content.get() + self.read_timeout {
+            return Some(Error::Io(io::Error::new(
+                io::ErrorKind::TimedOut,
+                Stall(self.read_timeout),
+            )));
+        }
+        None
+    }
+
+    /// The earliest of the two deadlines.
+    fn next_deadline(&self) -> Instant {
+        let stall = self.content.get() + self.read_timeout;
+        match self.stream_timeout {
+            Some(t) => stall.min(self.started + t),
+            None => stall,
+        }
+    }
 }
 
 thread_local! {
@@ -57,20 +94,37 @@ impl Drop for WatchGuard {
 }
 
 /// Makes requests on this thread (until the guard drops) abort when `cancel` fires, fail a
-/// connect after `connect_timeout` and a read after `read_timeout` without data.
+/// connect after `connect_timeout`, any wait once `read_timeout` has passed without
+/// [`content_arrived`] (bytes alone do not count: SSE comments and empty deltas do not
+/// keep a stalled stream alive), and any wait once `stream_timeout` has passed since now.
 pub(super) fn watch(
     cancel: &CancelToken,
     connect_timeout: Duration,
     read_timeout: Duration,
+    stream_timeout: Option<Duration>,
 ) -> WatchGuard {
+    let now = Instant::now();
     let previous = CURRENT.with(|c| {
         c.borrow_mut().replace(Watch {
             cancel: cancel.clone(),
             connect_timeout,
             read_timeout,
+            started: now,
+            stream_timeout,
+            content: Rc::new(Cell::new(now)),
         })
     });
     WatchGuard(previous)
+}
+
+/// Content arrived (a non-empty delta, or a new attempt starts): the read timeout counts
+/// from now.
+pub(super) fn content_arrived() {
+    CURRENT.with(|c| {
+        if let Some(w) = c.borrow().as_ref() {
+            w.content.set(Instant::now());
+        }
+    });
 }
 
 /// The error a cancelled wait returns; recognised by [`is_cancel_error`].
@@ -80,17 +134,37 @@ fn cancelled() -> Error {
 
 const CANCELLED: &str = "request cancelled";
 
-/// No byte arrived for the read timeout.
+/// No content arrived for the read timeout.
 #[derive(Debug)]
-pub(super) struct IdleTimeout(pub Duration);
+pub(super) struct Stall(pub Duration);
 
-impl fmt::Display for IdleTimeout {
+impl fmt::Display for Stall {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "no data for {:?} (read timeout)", self.0)
+        write!(
+            f,
+            "no content for {} s (read timeout)",
+            self.0.as_secs_f64()
+        )
     }
 }
 
-impl std::error::Error for IdleTimeout {}
+impl std::error::Error for Stall {}
+
+/// The request (all its attempts and its stream) took longer than the stream timeout.
+#[derive(Debug)]
+pub(super) struct StreamDeadline(pub Duration);
+
+impl fmt::Display for StreamDeadline {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the reply took longer than {} s (stream timeout)",
+            self.0.as_secs_f64()
+        )
+    }
+}
+
+impl std::error::Error for StreamDeadline {}
 
 /// Opens [`CancellableTcp`] connections (plain TCP; TLS is chained after it).
 #[derive(Debug, Default)]
@@ -108,7 +182,13 @@ impl<In: Transport> Connector<In> for CancellableConnector {
         let budget = watch
             .as_ref()
             .map_or(Duration::from_secs(30), |w| w.connect_timeout);
+        if let Some(e) = watch.as_ref().and_then(|w| w.expired(Instant::now())) {
+            return Err(e);
+        }
         let deadline = Instant::now() + budget;
+        let deadline = watch
+            .as_ref()
+            .map_or(deadline, |w| deadline.min(w.next_deadline()));
         let mut last: Option<io::Error> = None;
         for addr in &details.addrs {
             match connect_one(*addr, deadline, watch.as_ref()) {
@@ -125,6 +205,9 @@ impl<In: Transport> Connector<In> for CancellableConnector {
                 }
                 Err(ConnectError::Cancelled) => return Err(cancelled()),
                 Err(ConnectError::TimedOut) => {
+                    if let Some(e) = watch.as_ref().and_then(|w| w.expired(Instant::now())) {
+                        return Err(e);
+                    }
                     return Err(Error::Io(io::Error::new(
                         io::ErrorKind::TimedOut,
                         format!("connect timed out after {budget:?}"),
@@ -254,28 +337,26 @@ impl Transport for CancellableTcp {
         let watch = current();
         let started = Instant::now();
         let ureq_bound = exact(&timeout.for_read());
-        let idle = watch.as_ref().map(|w| w.read_timeout);
         loop {
             if watch.as_ref().is_some_and(|w| w.cancel.is_cancelled()) {
                 return Err(cancelled());
             }
-            let waited = started.elapsed();
+            let now = Instant::now();
+            let waited = now - started;
             if let Some(b) = ureq_bound
                 && waited >= b
             {
                 return Err(Error::Timeout(timeout.reason));
             }
-            if let Some(i) = idle
-                && waited >= i
-            {
-                return Err(Error::Io(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    IdleTimeout(i),
-                )));
+            if let Some(e) = watch.as_ref().and_then(|w| w.expired(now)) {
+                return Err(e);
             }
             let mut slice = SLICE;
-            for bound in [ureq_bound, idle].into_iter().flatten() {
-                slice = slice.min(bound.saturating_sub(waited));
+            if let Some(b) = ureq_bound {
+                slice = slice.min(b.saturating_sub(waited));
+            }
+            if let Some(w) = &watch {
+                slice = slice.min(w.next_deadline().saturating_duration_since(now));
             }
             let slice = slice.max(Duration::from_millis(1));
             if self.read_timeout_set != Some(slice) {

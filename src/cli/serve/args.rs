@@ -9,6 +9,7 @@ use super::bridges::BridgeSpec;
 use crate::BusyMode;
 use crate::agents::openai::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_HISTORY_CHARS, DEFAULT_HISTORY_TURNS, DEFAULT_READ_TIMEOUT,
+    DEFAULT_STREAM_TIMEOUT,
 };
 use crate::agents::process::{self};
 use crate::cli::units::{Bytes, ListenAddr, Seconds};
@@ -169,9 +170,14 @@ pub(crate) struct ServeArgs {
     /// Seconds to open a connection to the API
     #[arg(long)]
     pub(super) openai_connect_timeout: Option<Seconds>,
-    /// Seconds the API may stay silent before the turn fails
+    /// Seconds the API may go without sending content before the turn fails (SSE comments,
+    /// keep-alives and empty deltas do not count)
     #[arg(long)]
     pub(super) openai_read_timeout: Option<Seconds>,
+    /// Seconds a request may take in all (connect, retries, the whole stream); must be
+    /// below --turn-timeout (the default is lowered to 90 % of a shorter --turn-timeout)
+    #[arg(long)]
+    pub(super) openai_stream_timeout: Option<Seconds>,
     /// Certificate authorities for https
     #[arg(long, value_enum)]
     pub(super) openai_tls_roots: Option<TlsRootsArg>,
@@ -319,6 +325,7 @@ pub(crate) fn defaults() -> Vec<(&'static str, String)> {
         ("openai-sender-prefix", "false".into()),
         ("openai-connect-timeout", secs(DEFAULT_CONNECT_TIMEOUT)),
         ("openai-read-timeout", secs(DEFAULT_READ_TIMEOUT)),
+        ("openai-stream-timeout", secs(DEFAULT_STREAM_TIMEOUT)),
         ("openai-tls-roots", lower(&TlsRootsArg::Platform)),
     ]
 }
@@ -426,6 +433,7 @@ pub(super) fn merged_args(flags: ServeArgs) -> Result<ServeArgs, String> {
         openai_sender_prefix,
         openai_connect_timeout,
         openai_read_timeout,
+        openai_stream_timeout,
         openai_tls_roots,
         outbox_bytes,
         max_platforms,

@@ -9,7 +9,7 @@ use crate::BusyMode;
 use crate::agents::child::AgentEnv;
 use crate::agents::openai::{
     ApiKey, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HISTORY_CHARS, DEFAULT_HISTORY_TURNS,
-    DEFAULT_READ_TIMEOUT, OpenAiConfig, TlsRoots,
+    DEFAULT_READ_TIMEOUT, DEFAULT_STREAM_TIMEOUT, OpenAiConfig, TlsRoots,
 };
 use crate::agents::process::{self};
 use crate::core::CoreConfig;
@@ -266,7 +266,7 @@ pub(super) fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         return Err("--auth-token: must not be empty".into());
     }
     let openai = match agent {
-        AgentKind::Openai => Some(openai_config(&a)?),
+        AgentKind::Openai => Some(openai_config(&a, core.turn_timeout)?),
         _ => None,
     };
     let listen = a
@@ -359,7 +359,7 @@ fn core_settings(a: &ServeArgs) -> Result<CoreSettings, String> {
 }
 
 /// The openai agent's settings; the API key is read from the environment here.
-pub(super) fn openai_config(a: &ServeArgs) -> Result<OpenAiConfig, String> {
+pub(super) fn openai_config(a: &ServeArgs, turn_timeout: Duration) -> Result<OpenAiConfig, String> {
     let base_url = a
         .openai_base_url
         .clone()
@@ -400,6 +400,21 @@ pub(super) fn openai_config(a: &ServeArgs) -> Result<OpenAiConfig, String> {
         DEFAULT_READ_TIMEOUT.as_secs_f64(),
         false,
     )?;
+    cfg.stream_timeout = seconds(
+        "openai-stream-timeout",
+        a.openai_stream_timeout,
+        DEFAULT_STREAM_TIMEOUT.as_secs_f64(),
+        false,
+    )?;
+    if cfg.stream_timeout >= turn_timeout {
+        if a.openai_stream_timeout.is_some() {
+            return Err(format!(
+                "--openai-stream-timeout: {:?} must be below --turn-timeout ({turn_timeout:?})",
+                cfg.stream_timeout
+            ));
+        }
+        cfg.stream_timeout = turn_timeout.mul_f64(0.9);
+    }
     cfg.tls_roots = match a.openai_tls_roots.unwrap_or(TlsRootsArg::Platform) {
         TlsRootsArg::Platform => TlsRoots::Platform,
         TlsRootsArg::Webpki => TlsRoots::WebPki,
