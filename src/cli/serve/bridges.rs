@@ -101,13 +101,12 @@ pub(super) fn check(specs: &[BridgeSpec]) -> Result<(), String> {
             .try_get_matches_from(argv)
             .and_then(|m| crate::cli::bridge::BridgeArgs::from_arg_matches(&m))
             .map_err(|e| {
-                let first = e.to_string();
-                let first = first
-                    .lines()
-                    .next()
-                    .unwrap_or("")
-                    .trim_start_matches("error: ");
-                format!("[[bridge]] #{} ({}): {first}", i + 1, spec.platform.name())
+                // clap's message up to its usage block, on one line.
+                let text = e.to_string();
+                let text = text.split("\nUsage:").next().unwrap_or("");
+                let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+                let text = text.trim_start_matches("error: ");
+                format!("[[bridge]] #{} ({}): {text}", i + 1, spec.platform.name())
             })?;
     }
     Ok(())
