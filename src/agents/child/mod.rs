@@ -6,12 +6,15 @@
 //! - its own process group, and the **child-subreaper** attribute (`PR_SET_CHILD_SUBREAPER`,
 //!   which survives `exec`): whatever the command starts, even after `setsid` or a double
 //!   fork, is re-parented to the leader rather than to init, so it stays in the leader's tree;
-//! - stdin, stdout and stderr on pipes, and fd 3 on a private status pipe.
+//! - stdin, stdout and stderr on pipes, fd 3 on a private status pipe, and fd 4 on the
+//!   gateway's **lifeline**, a pipe whose write end only the gateway holds.
 //!
-//! The wrapper runs the command as its child (`/bin/sh -c CMD`), writes the command's exit
-//! status on fd 3, closes its pipes and idles (`exec sleep`). The gateway decides what happens
-//! to the tree: [`ContainedChild::kill`] walks it and kills every process in it, then the
-//! leader, then reaps.
+//! The wrapper runs the command (`/bin/sh -c CMD`) in a subshell that writes its exit status
+//! on fd 3, holds none of the command's pipes itself, and waits on the lifeline. The gateway
+//! decides what happens to the tree: [`ContainedChild::kill`] walks it and kills every
+//! process in it, then the leader, then reaps. If the gateway dies, however (SIGKILL, OOM,
+//! a panic), the lifeline reads end of file and the leader kills its own tree and exits:
+//! nothing an agent started outlives the gateway, and no leader idles for ever.
 //!
 //! Two rules keep a recycled pid from ever being hit:
 //! - the gateway never signals a process group, and never reaps with `waitpid(-1)`;
@@ -49,10 +52,26 @@ use registry::{Leader, sweep_strays};
 use sys::{ChildFds, ExecArgs, pipe, reap, wait_exited};
 use tree::live_descendants;
 
-/// The leader: runs the command as its child with fd 3 closed, reports its status on fd 3,
-/// then idles holding nothing, so that the command's leftovers stay in its tree until the
-/// gateway kills it. `$1` is the command.
-const WRAPPER: &str = "/bin/sh -c \"$1\" 3>&-; echo $? >&3; exec 0</dev/null 1>/dev/null 2>&1 3>&-; exec sleep 2147483647";
+/// The leader. It keeps the command's pipes on fds 5–7 and runs the command in a subshell
+/// that holds nothing but the status pipe (so the command closing its stdout is seen at once)
+/// and reports the exit status on fd 3. The leader itself holds nothing of the command's and
+/// blocks reading fd 4, the gateway's lifeline ([`sys::lifeline`]): its write end is only in
+/// the gateway, so however the gateway dies (SIGKILL, OOM, a panic) the read ends, and the
+/// leader kills every process of its tree (its children, round after round: being a
+/// subreaper, it inherits what each killed process had started) and exits. It only ever
+/// signals its own unreaped children (builtins only, no fork, so nothing is reaped meanwhile):
+/// no recycled pid is hit. `$1` is the command.
+const WRAPPER: &str = r#"exec 5<&0 6>&1 7>&2 0</dev/null 1>/dev/null 2>&1
+(/bin/sh -c "$1" 0<&5 1>&6 2>&7 3>&- 4<&- 5<&- 6>&- 7>&- & exec 4<&- 5<&- 6>&- 7>&-; wait $!; echo $? >&3) &
+exec 3>&- 5<&- 6>&- 7>&-
+read -r _ <&4
+exec 4<&-
+n=0
+while [ $n -lt 100000 ]; do
+n=$((n+1)); k=; read -r k </proc/$$/task/$$/children; live=
+for p in $k; do s=; read -r s </proc/$p/stat && case ${s##*) } in Z*) ;; *) live=1; kill -9 $p;; esac; done
+[ -z "$live" ] && exit 0
+done"#;
 
 /// `PATH` given to agents when the gateway has none.
 const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
@@ -182,6 +201,7 @@ impl ContainedChild {
             stderr: stderr_w.as_raw_fd(),
             status: status_w.as_raw_fd(),
             error: error_w.as_raw_fd(),
+            lifeline: sys::lifeline()?,
         };
 
         sweep_strays();
