@@ -54,7 +54,7 @@ use tree::live_descendants;
 
 /// The leader. It keeps the command's pipes on fds 5–7 and runs the command in a subshell
 /// that holds nothing but the status pipe (so the command closing its stdout is seen at once)
-/// and reports the exit status on fd 3. The leader itself holds nothing of the command's and
+/// and reports on fd 3 its own pid (a line), then the exit status. The leader itself holds nothing of the command's and
 /// blocks reading fd 4, the gateway's lifeline ([`sys::lifeline`]): its write end is only in
 /// the gateway, so however the gateway dies (SIGKILL, OOM, a panic) the read ends, and the
 /// leader kills every process of its tree (its children, round after round: being a
@@ -62,7 +62,8 @@ use tree::live_descendants;
 /// signals its own unreaped children (builtins only, no fork, so nothing is reaped meanwhile):
 /// no recycled pid is hit. `$1` is the command.
 const WRAPPER: &str = r#"exec 5<&0 6>&1 7>&2 0</dev/null 1>/dev/null 2>&1
-(/bin/sh -c "$1" 0<&5 1>&6 2>&7 3>&- 4<&- 5<&- 6>&- 7>&- & exec 4<&- 5<&- 6>&- 7>&-; wait $!; echo $? >&3) &
+(read -r me _ </proc/self/stat; echo "$me" >&3
+/bin/sh -c "$1" 0<&5 1>&6 2>&7 3>&- 4<&- 5<&- 6>&- 7>&- & exec 4<&- 5<&- 6>&- 7>&-; wait $!; echo $? >&3) &
 exec 3>&- 5<&- 6>&- 7>&-
 read -r _ <&4
 exec 4<&-
@@ -182,6 +183,9 @@ pub(crate) struct ContainedChild {
     pub stderr: Option<File>,
     status: Option<File>,
     status_line: Vec<u8>,
+    /// The pid of the status subshell, once it told it (0: it could not): it is not one of
+    /// the command's processes. Only compared, never signalled.
+    helper: Option<i32>,
     exit: Option<Exit>,
 }
 
@@ -220,6 +224,7 @@ impl ContainedChild {
             stderr: Some(File::from(stderr_r)),
             status: Some(status),
             status_line: Vec::new(),
+            helper: None,
             exit: None,
         })
     }
@@ -246,7 +251,7 @@ impl ContainedChild {
             match status.read(&mut buf) {
                 Ok(0) => break true,
                 Ok(n) => {
-                    if self.status_line.len() < 16 {
+                    if self.status_line.len() < 64 {
                         self.status_line.extend_from_slice(&buf[..n]);
                     }
                 }
@@ -254,7 +259,18 @@ impl ContainedChild {
                 Err(_) => break false,
             }
         };
-        if let Some(end) = self.status_line.iter().position(|&b| b == b'\n') {
+        if self.helper.is_none()
+            && let Some(end) = self.status_line.iter().position(|&b| b == b'\n')
+        {
+            let pid = std::str::from_utf8(&self.status_line[..end])
+                .ok()
+                .and_then(|s| s.trim().parse::<i32>().ok());
+            self.helper = Some(pid.unwrap_or(0));
+            self.status_line.drain(..=end);
+        }
+        if self.helper.is_some()
+            && let Some(end) = self.status_line.iter().position(|&b| b == b'\n')
+        {
             let code = std::str::from_utf8(&self.status_line[..end])
                 .ok()
                 .and_then(|s| s.trim().parse::<i32>().ok());
@@ -292,9 +308,13 @@ impl ContainedChild {
     }
 
     /// Whether anything of the tree is still running besides the leader.
+    /// The status subshell waiting for the command does not count.
     pub(crate) fn has_descendants(&self) -> bool {
         let reaped = self.leader.lock();
-        !*reaped && !live_descendants(self.leader.pid).is_empty()
+        !*reaped
+            && live_descendants(self.leader.pid)
+                .iter()
+                .any(|p| Some(p.pid) != self.helper)
     }
 
     /// Sends `sig` to every process of the tree but the leader (SIGCONT follows a SIGTERM);
