@@ -1002,7 +1002,10 @@ fn tree_of(pid: i32) -> Vec<Pid> {
         };
         for task in tasks.flatten() {
             let text = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-            for child in text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+            for child in text
+                .split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok())
+            {
                 // SAFETY: pidfd_open(2) with a pid and no flags.
                 let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, child, 0) };
                 if fd < 0 {
@@ -1042,7 +1045,11 @@ fn every_agent_process_dies_when_the_gateway_is_killed() {
     let tree = tree_of(server.child.id() as i32);
     // Per session: leader, python, its setsid child, the two sleeps (one re-parented to the
     // leader after the double fork), the status subshell.
-    assert!(tree.len() >= 15, "only {} agent processes found", tree.len());
+    assert!(
+        tree.len() >= 15,
+        "only {} agent processes found",
+        tree.len()
+    );
     server.sigkill();
     for p in tree.iter().chain(&known) {
         assert!(p.exited(WAIT), "{} survived the gateway's SIGKILL", p.pid);
@@ -1064,7 +1071,9 @@ fn every_agent_process_dies_when_the_gateway_is_killed() {
     let mut c = server.client();
     let r = c.ask("left", "1", &format!("detach {}", left.path.display()));
     assert_eq!(r["text"], "the-real-answer");
-    left.opened.recv_timeout(WAIT).expect("setsid child started");
+    left.opened
+        .recv_timeout(WAIT)
+        .expect("setsid child started");
     c.send(&msg(
         "running",
         "2",
@@ -1080,8 +1089,13 @@ fn every_agent_process_dies_when_the_gateway_is_killed() {
     for p in &tree {
         assert!(p.exited(WAIT), "{} survived the gateway's SIGKILL", p.pid);
     }
-    running.eof.recv_timeout(WAIT).expect("the running turn's child survived");
-    left.eof.recv_timeout(WAIT).expect("the leftover child survived");
+    running
+        .eof
+        .recv_timeout(WAIT)
+        .expect("the running turn's child survived");
+    left.eof
+        .recv_timeout(WAIT)
+        .expect("the leftover child survived");
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }

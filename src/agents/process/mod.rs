@@ -795,7 +795,9 @@ mod tests {
         });
         assert_eq!(
             out,
-            Err(TurnError::Failed("the agent process closed its stdin".into()))
+            Err(TurnError::Failed(
+                "the agent process closed its stdin".into()
+            ))
         );
     }
 
