@@ -60,18 +60,20 @@ use tree::live_descendants;
 /// leader kills every process of its tree (its children, round after round: being a
 /// subreaper, it inherits what each killed process had started) and exits. It only ever
 /// signals its own unreaped children (builtins only, no fork, so nothing is reaped meanwhile):
-/// no recycled pid is hit. `$1` is the command.
+/// no recycled pid is hit. It stops after two rounds in a row find no live child: a child
+/// that turned zombie during a round may have handed its children over after the list was
+/// read. `$1` is the command.
 const WRAPPER: &str = r#"exec 5<&0 6>&1 7>&2 0</dev/null 1>/dev/null 2>&1
 (read -r me _ </proc/self/stat; echo "$me" >&3
 /bin/sh -c "$1" 0<&5 1>&6 2>&7 3>&- 4<&- 5<&- 6>&- 7>&- & exec 4<&- 5<&- 6>&- 7>&-; wait $!; echo $? >&3) &
 exec 3>&- 5<&- 6>&- 7>&-
 read -r _ <&4
 exec 4<&-
-n=0
+n=0; q=0
 while [ $n -lt 100000 ]; do
 n=$((n+1)); k=; read -r k </proc/$$/task/$$/children; live=
 for p in $k; do s=; read -r s </proc/$p/stat && case ${s##*) } in Z*) ;; *) live=1; kill -9 $p;; esac; done
-[ -z "$live" ] && exit 0
+if [ -z "$live" ]; then q=$((q+1)); [ $q -ge 2 ] && exit 0; else q=0; fi
 done"#;
 
 /// `PATH` given to agents when the gateway has none.
