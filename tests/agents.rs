@@ -567,6 +567,14 @@ impl Server {
         );
     }
 
+    fn sigkill(&self) {
+        // SAFETY: kill(2) on our own unreaped child.
+        assert_eq!(
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) },
+            0
+        );
+    }
+
     fn wait(&mut self) -> ExitStatus {
         let (tx, rx) = bounded(1);
         let pid = self.child.id() as i32;
@@ -981,5 +989,113 @@ fn a_forced_exit_kills_the_agent_processes_too() {
     for p in &all {
         assert!(p.exited(WAIT), "{} outlived the forced exit", p.pid);
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every live process below `pid` now, followed by pidfds (one exiting meanwhile is skipped).
+fn tree_of(pid: i32) -> Vec<Pid> {
+    let mut out = Vec::new();
+    let mut queue = vec![pid];
+    while let Some(parent) = queue.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{parent}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let text = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for child in text
+                .split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok())
+            {
+                // SAFETY: pidfd_open(2) with a pid and no flags.
+                let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, child, 0) };
+                if fd < 0 {
+                    continue;
+                }
+                // SAFETY: a fresh fd that is ours.
+                let p = Pid {
+                    pid: child,
+                    fd: unsafe { OwnedFd::from_raw_fd(fd as i32) },
+                };
+                if p.alive() {
+                    queue.push(child);
+                    out.push(p);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Issue 18 row 5: SIGKILL of the gateway, with process and exec agents running and having
+/// started background, double-forked and `setsid` children: every process of every agent
+/// tree is gone soon after (each leader reads end of file on the gateway's lifeline and kills
+/// its tree). On main, they all lived on (the leaders as `sleep 2147483647` under init).
+#[test]
+fn every_agent_process_dies_when_the_gateway_is_killed() {
+    let cmd = format!(
+        "sleep 1000 </dev/null >/dev/null 2>&1 & (setsid sleep 1000 </dev/null >/dev/null 2>&1 &); exec python3 {SCRIPT}"
+    );
+    let server = Server::start(&["--agent", "process", "--agent-cmd", &cmd], &[]);
+    let mut c = server.client();
+    let mut known = Vec::new();
+    for chat in ["1", "2", "3"] {
+        let r = c.ask(&format!("d{chat}"), chat, "detach");
+        known.extend(watch_all(r["text"].as_str().expect("pids")));
+    }
+    let tree = tree_of(server.child.id() as i32);
+    // Per session: leader, python, its setsid child, the two sleeps (one re-parented to the
+    // leader after the double fork), the status subshell.
+    assert!(
+        tree.len() >= 15,
+        "only {} agent processes found",
+        tree.len()
+    );
+    server.sigkill();
+    for p in tree.iter().chain(&known) {
+        assert!(p.exited(WAIT), "{} survived the gateway's SIGKILL", p.pid);
+    }
+    drop(server);
+
+    let dir = temp_dir("gateway-kill");
+    let running = fifo_watch(&dir, "running");
+    let left = fifo_watch(&dir, "left");
+    let server = Server::start(
+        &[
+            "--agent",
+            "exec",
+            "--agent-cmd",
+            &format!("sh {EXEC_SCRIPT}"),
+        ],
+        &[],
+    );
+    let mut c = server.client();
+    let r = c.ask("left", "1", &format!("detach {}", left.path.display()));
+    assert_eq!(r["text"], "the-real-answer");
+    left.opened
+        .recv_timeout(WAIT)
+        .expect("setsid child started");
+    c.send(&msg(
+        "running",
+        "2",
+        &format!("detach-wait {}", running.path.display()),
+    ));
+    running
+        .opened
+        .recv_timeout(WAIT)
+        .expect("setsid child started");
+    let tree = tree_of(server.child.id() as i32);
+    assert!(tree.len() >= 4, "only {} agent processes found", tree.len());
+    server.sigkill();
+    for p in &tree {
+        assert!(p.exited(WAIT), "{} survived the gateway's SIGKILL", p.pid);
+    }
+    running
+        .eof
+        .recv_timeout(WAIT)
+        .expect("the running turn's child survived");
+    left.eof
+        .recv_timeout(WAIT)
+        .expect("the leftover child survived");
+    drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }

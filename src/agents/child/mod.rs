@@ -6,12 +6,15 @@
 //! - its own process group, and the **child-subreaper** attribute (`PR_SET_CHILD_SUBREAPER`,
 //!   which survives `exec`): whatever the command starts, even after `setsid` or a double
 //!   fork, is re-parented to the leader rather than to init, so it stays in the leader's tree;
-//! - stdin, stdout and stderr on pipes, and fd 3 on a private status pipe.
+//! - stdin, stdout and stderr on pipes, fd 3 on a private status pipe, and fd 4 on the
+//!   gateway's **lifeline**, a pipe whose write end only the gateway holds.
 //!
-//! The wrapper runs the command as its child (`/bin/sh -c CMD`), writes the command's exit
-//! status on fd 3, closes its pipes and idles (`exec sleep`). The gateway decides what happens
-//! to the tree: [`ContainedChild::kill`] walks it and kills every process in it, then the
-//! leader, then reaps.
+//! The wrapper runs the command (`/bin/sh -c CMD`) in a subshell that writes its exit status
+//! on fd 3, holds none of the command's pipes itself, and waits on the lifeline. The gateway
+//! decides what happens to the tree: [`ContainedChild::kill`] walks it and kills every
+//! process in it, then the leader, then reaps. If the gateway dies, however (SIGKILL, OOM,
+//! a panic), the lifeline reads end of file and the leader kills its own tree and exits:
+//! nothing an agent started outlives the gateway, and no leader idles for ever.
 //!
 //! Two rules keep a recycled pid from ever being hit:
 //! - the gateway never signals a process group, and never reaps with `waitpid(-1)`;
@@ -49,10 +52,29 @@ use registry::{Leader, sweep_strays};
 use sys::{ChildFds, ExecArgs, pipe, reap, wait_exited};
 use tree::live_descendants;
 
-/// The leader: runs the command as its child with fd 3 closed, reports its status on fd 3,
-/// then idles holding nothing, so that the command's leftovers stay in its tree until the
-/// gateway kills it. `$1` is the command.
-const WRAPPER: &str = "/bin/sh -c \"$1\" 3>&-; echo $? >&3; exec 0</dev/null 1>/dev/null 2>&1 3>&-; exec sleep 2147483647";
+/// The leader. It keeps the command's pipes on fds 5–7 and runs the command in a subshell
+/// that holds nothing but the status pipe (so the command closing its stdout is seen at once)
+/// and reports on fd 3 its own pid (a line), then the exit status. The leader itself holds nothing of the command's and
+/// blocks reading fd 4, the gateway's lifeline ([`sys::lifeline`]): its write end is only in
+/// the gateway, so however the gateway dies (SIGKILL, OOM, a panic) the read ends, and the
+/// leader kills every process of its tree (its children, round after round: being a
+/// subreaper, it inherits what each killed process had started) and exits. It only ever
+/// signals its own unreaped children (builtins only, no fork, so nothing is reaped meanwhile):
+/// no recycled pid is hit. It stops after two rounds in a row find no live child: a child
+/// that turned zombie during a round may have handed its children over after the list was
+/// read. `$1` is the command.
+const WRAPPER: &str = r#"exec 5<&0 6>&1 7>&2 0</dev/null 1>/dev/null 2>&1
+(read -r me _ </proc/self/stat; echo "$me" >&3
+/bin/sh -c "$1" 0<&5 1>&6 2>&7 3>&- 4<&- 5<&- 6>&- 7>&- & exec 4<&- 5<&- 6>&- 7>&-; wait $!; echo $? >&3) &
+exec 3>&- 5<&- 6>&- 7>&-
+read -r _ <&4
+exec 4<&-
+n=0; q=0
+while [ $n -lt 100000 ]; do
+n=$((n+1)); k=; read -r k </proc/$$/task/$$/children; live=
+for p in $k; do s=; read -r s </proc/$p/stat && case ${s##*) } in Z*) ;; *) live=1; kill -9 $p;; esac; done
+if [ -z "$live" ]; then q=$((q+1)); [ $q -ge 2 ] && exit 0; else q=0; fi
+done"#;
 
 /// `PATH` given to agents when the gateway has none.
 const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
@@ -163,6 +185,9 @@ pub(crate) struct ContainedChild {
     pub stderr: Option<File>,
     status: Option<File>,
     status_line: Vec<u8>,
+    /// The pid of the status subshell, once it told it (0: it could not): it is not one of
+    /// the command's processes. Only compared, never signalled.
+    helper: Option<i32>,
     exit: Option<Exit>,
 }
 
@@ -182,6 +207,7 @@ impl ContainedChild {
             stderr: stderr_w.as_raw_fd(),
             status: status_w.as_raw_fd(),
             error: error_w.as_raw_fd(),
+            lifeline: sys::lifeline()?,
         };
 
         sweep_strays();
@@ -200,6 +226,7 @@ impl ContainedChild {
             stderr: Some(File::from(stderr_r)),
             status: Some(status),
             status_line: Vec::new(),
+            helper: None,
             exit: None,
         })
     }
@@ -226,7 +253,7 @@ impl ContainedChild {
             match status.read(&mut buf) {
                 Ok(0) => break true,
                 Ok(n) => {
-                    if self.status_line.len() < 16 {
+                    if self.status_line.len() < 64 {
                         self.status_line.extend_from_slice(&buf[..n]);
                     }
                 }
@@ -234,7 +261,18 @@ impl ContainedChild {
                 Err(_) => break false,
             }
         };
-        if let Some(end) = self.status_line.iter().position(|&b| b == b'\n') {
+        if self.helper.is_none()
+            && let Some(end) = self.status_line.iter().position(|&b| b == b'\n')
+        {
+            let pid = std::str::from_utf8(&self.status_line[..end])
+                .ok()
+                .and_then(|s| s.trim().parse::<i32>().ok());
+            self.helper = Some(pid.unwrap_or(0));
+            self.status_line.drain(..=end);
+        }
+        if self.helper.is_some()
+            && let Some(end) = self.status_line.iter().position(|&b| b == b'\n')
+        {
             let code = std::str::from_utf8(&self.status_line[..end])
                 .ok()
                 .and_then(|s| s.trim().parse::<i32>().ok());
@@ -272,9 +310,13 @@ impl ContainedChild {
     }
 
     /// Whether anything of the tree is still running besides the leader.
+    /// The status subshell waiting for the command does not count.
     pub(crate) fn has_descendants(&self) -> bool {
         let reaped = self.leader.lock();
-        !*reaped && !live_descendants(self.leader.pid).is_empty()
+        !*reaped
+            && live_descendants(self.leader.pid)
+                .iter()
+                .any(|p| Some(p.pid) != self.helper)
     }
 
     /// Sends `sig` to every process of the tree but the leader (SIGCONT follows a SIGTERM);

@@ -228,6 +228,22 @@ pub(super) struct ChildFds {
     pub(super) stderr: RawFd,
     pub(super) status: RawFd,
     pub(super) error: RawFd,
+    /// The read end of the gateway's lifeline, put on fd 4.
+    pub(super) lifeline: RawFd,
+}
+
+/// The read end of the gateway's lifeline: a pipe created once, whose write end stays open
+/// in this process (close-on-exec, and closed in every leader between fork and exec) until
+/// the process dies, however it dies. Each leader reads fd 4 and kills its tree at end of
+/// file. Nothing is ever written to it.
+pub(super) fn lifeline() -> io::Result<RawFd> {
+    static LIFELINE: std::sync::OnceLock<(OwnedFd, OwnedFd)> = std::sync::OnceLock::new();
+    if let Some((r, _)) = LIFELINE.get() {
+        return Ok(r.as_raw_fd());
+    }
+    let fresh = pipe()?;
+    // A racing caller's pair is dropped; the one kept is the same for every leader.
+    Ok(LIFELINE.get_or_init(|| fresh).0.as_raw_fd())
 }
 
 /// Forks a process that puts `fds` in place and execs `args` ([`exec_leader`]); returns its
@@ -282,7 +298,7 @@ pub(super) fn confirm_exec(pid: i32, error_r: OwnedFd) -> io::Result<OwnedFd> {
     fd
 }
 
-/// The new process, between fork and exec: put the pipes on 0–3, a process group of its own,
+/// The new process, between fork and exec: put the pipes on 0–3 and the lifeline on 4, a process group of its own,
 /// the subreaper attribute, default signal handling, no other fds, then exec the wrapper.
 ///
 /// # Safety
@@ -307,7 +323,7 @@ unsafe fn exec_leader(
         if err < 0 {
             libc::_exit(127);
         }
-        let mut src = [fds.stdin, fds.stdout, fds.stderr, fds.status];
+        let mut src = [fds.stdin, fds.stdout, fds.stderr, fds.status, fds.lifeline];
         for fd in &mut src {
             *fd = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 10);
             if *fd < 0 {
@@ -315,7 +331,7 @@ unsafe fn exec_leader(
             }
         }
         for (target, fd) in src.iter().enumerate() {
-            // dup2 clears close-on-exec on the target: these four survive the exec.
+            // dup2 clears close-on-exec on the target: these five survive the exec.
             if libc::dup2(*fd, target as RawFd) < 0 {
                 fail(err);
             }
@@ -338,7 +354,7 @@ unsafe fn exec_leader(
             }
         }
         // Nothing else of the gateway's is inherited, close-on-exec or not.
-        libc::syscall(libc::SYS_close_range, 4u32, (err - 1) as u32, 0u32);
+        libc::syscall(libc::SYS_close_range, 5u32, (err - 1) as u32, 0u32);
         libc::syscall(libc::SYS_close_range, (err + 1) as u32, u32::MAX, 0u32);
         libc::execve(*argv, argv, envp);
         fail(err)

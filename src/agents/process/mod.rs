@@ -34,6 +34,8 @@ mod turn;
 pub(crate) const DEFAULT_MAX_LINE_BYTES: usize = 4 << 20;
 /// Default time `close()` gives the process to exit on its own: 10 s.
 pub(crate) const DEFAULT_CLOSE_GRACE: Duration = Duration::from_secs(10);
+/// Default longest a turn's line may sit unread in the process's stdin: 5 s.
+pub(crate) const DEFAULT_STDIN_DRAIN: Duration = Duration::from_secs(5);
 /// Default time a cancelled turn waits for the process's answer to `cancel`: the core's
 /// default stop grace.
 pub(crate) const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(5);
@@ -61,6 +63,9 @@ pub struct ProcessOptions {
     /// How long `close()` waits for the process to exit after `close` and end of stdin,
     /// before SIGTERM, then SIGKILL 2 s later.
     pub close_grace: Duration,
+    /// How long a turn's line may sit unread in the process's stdin: past it the process is
+    /// taken for stuck, the turn fails and the process is replaced.
+    pub stdin_drain: Duration,
 }
 
 impl ProcessOptions {
@@ -73,6 +78,7 @@ impl ProcessOptions {
             max_line_bytes: DEFAULT_MAX_LINE_BYTES,
             stop_grace: DEFAULT_STOP_GRACE,
             close_grace: DEFAULT_CLOSE_GRACE,
+            stdin_drain: DEFAULT_STDIN_DRAIN,
         }
     }
 }
@@ -722,6 +728,104 @@ mod tests {
                 .into()
             ))
         );
+    }
+
+    /// Runs `f` on a thread; its result, or a panic if it has not returned within [`WAIT`]
+    /// (on main, the broken agents below held their turn for ever).
+    fn within_wait<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(WAIT)
+            .expect("the turn was held: the broken agent did not fail it")
+    }
+
+    /// Issue 18 row 9: a process that closes its stdout but lives on fails the turn at once,
+    /// while it still runs (it would sleep 300 s), and is replaced.
+    #[test]
+    fn an_agent_that_closes_its_stdout_and_lives_on_fails_the_turn_at_once() {
+        let (out, leader) = within_wait(|| {
+            let mut a = ProcessAgent {
+                options: Arc::new(ProcessOptions::new(
+                    "read -r line; exec 1>&-; exec sleep 300",
+                )),
+                session: key(),
+                live: None,
+            };
+            a.start().expect("started");
+            let leader = pidfd(a.live.as_ref().expect("live").pid);
+            (turn(&mut a, "hi"), leader)
+        });
+        assert_eq!(
+            out,
+            Err(TurnError::Failed(
+                "the agent process closed its stdout while still running".into()
+            ))
+        );
+        let mut p = libc::pollfd {
+            fd: leader.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll on one pollfd we own.
+        assert_eq!(unsafe { libc::poll(&mut p, 1, 20_000) }, 1, "not replaced");
+    }
+
+    /// Issue 18 row 9: a process that never reads its stdin fails the turn once the turn's
+    /// line has sat unread for `stdin_drain`; one that closed its stdin fails it at once.
+    #[test]
+    fn an_agent_that_never_reads_its_stdin_fails_the_turn_at_the_drain_deadline() {
+        let out = within_wait(|| {
+            let mut a = agent(ProcessOptions {
+                stdin_drain: Duration::from_millis(300),
+                ..ProcessOptions::new("exec sleep 300")
+            });
+            turn(&mut *a, "hi")
+        });
+        assert_eq!(
+            out,
+            Err(TurnError::Failed(
+                "the agent process did not read its stdin within 300ms".into()
+            ))
+        );
+        let out = within_wait(|| {
+            let mut a = agent(ProcessOptions::new("exec 0<&-; exec sleep 300"));
+            turn(&mut *a, &"x".repeat(1 << 20))
+        });
+        assert_eq!(
+            out,
+            Err(TurnError::Failed(
+                "the agent process closed its stdin".into()
+            ))
+        );
+    }
+
+    /// Issue 18 row 9: a process flooding its stdout and ignoring `cancel` is still killed at
+    /// the kill deadline (on main the flood kept the loop from ever checking it).
+    #[test]
+    fn a_flooding_agent_that_ignores_cancel_is_killed_at_the_deadline() {
+        let (fifo, started) = started_fifo("flood");
+        let out = within_wait(move || {
+            let mut a = agent(ProcessOptions {
+                stop_grace: Duration::from_millis(400),
+                ..ProcessOptions::new(&format!(
+                    r#"read -r line; echo go > {fifo}; exec yes '{{"op":"noise"}}'"#
+                ))
+            });
+            let cancel = CancelToken::new();
+            let canceller = {
+                let cancel = cancel.clone();
+                std::thread::spawn(move || {
+                    let _ = started.recv_timeout(WAIT);
+                    cancel.cancel();
+                })
+            };
+            let out = turn_with(&mut *a, "flood", &Partials::discard(), &cancel);
+            canceller.join().expect("join");
+            out
+        });
+        assert_eq!(out, Err(TurnError::Cancelled));
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -21,6 +21,18 @@ pub(super) const MAX_UNREAD_STDIN: usize = 16 << 20;
 /// Read passes allowed after the process has exited, for what it wrote before: a detached
 /// process flooding the pipe must not hold the turn.
 const PASSES_AFTER_EXIT: usize = 64;
+
+/// How long a process whose stdout closed is given to report its exit, so the turn's error
+/// says the exit status; a process still running past it closed its stdout while alive.
+const EXIT_AFTER_EOF: Duration = Duration::from_secs(1);
+
+/// Bytes written to the pipe `w` that its reader has not read yet.
+fn unread(w: &std::fs::File) -> usize {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD on a pipe fd we own writes one int.
+    let rc = unsafe { libc::ioctl(w.as_raw_fd(), libc::FIONREAD, &mut n) };
+    if rc < 0 { 0 } else { n.max(0) as usize }
+}
 
 /// A line from the agent process.
 #[derive(Debug, Deserialize, PartialEq)]
@@ -109,6 +121,8 @@ struct Turn<'a> {
     kill_at: Option<Instant>,
     /// The process closed its stdout.
     eof: bool,
+    /// Until the turn's line has left the stdin pipe: past it the process is stuck.
+    drain_by: Option<Instant>,
     passes_after_exit: usize,
 }
 
@@ -130,17 +144,34 @@ impl<'a> Turn<'a> {
             wake,
             kill_at: None,
             eof: false,
+            drain_by: Some(Instant::now() + options.stdin_drain),
             passes_after_exit: 0,
         })
     }
 
-    /// One pass; `None`: go on.
+    /// One pass; `None`: go on. The cancel, the kill deadline and the stdin deadline are
+    /// checked on every pass, even while stdout floods.
     fn step(&mut self, live: &mut Live) -> Result<Option<Ended>, String> {
         live.flush();
         let state = self.read(live)?;
         if let Some(answer) = self.take_lines(live)? {
             return Ok(Some(Ended::Answered(answer)));
         }
+        if state == ReadState::Eof {
+            // Nothing more can come: a process that closed its stdout (or exited) without
+            // answering fails the turn now, with its exit status if it is exiting.
+            return Err(match live.child.wait_exit(EXIT_AFTER_EOF) {
+                Some(exit) => format!("agent process {exit}"),
+                None => "the agent process closed its stdout while still running".to_owned(),
+            });
+        }
+        self.pass_on_cancel(live);
+        if let Some(at) = self.kill_at
+            && Instant::now() >= at
+        {
+            return Ok(Some(Ended::CancelIgnored));
+        }
+        self.check_drained(live)?;
         if let Some(exit) = live.child.try_exit() {
             // Everything the process wrote before it exited is in the pipe: one more pass
             // after the exit is seen (it may have come right after a read), more while a pass
@@ -156,14 +187,28 @@ impl<'a> Turn<'a> {
         if state == ReadState::More {
             return Ok(None);
         }
-        self.pass_on_cancel(live);
-        if let Some(at) = self.kill_at
-            && Instant::now() >= at
-        {
-            return Ok(Some(Ended::CancelIgnored));
-        }
         self.wait(live)?;
         Ok(None)
+    }
+
+    /// Fails the turn if the process closed its stdin, or left the turn's line unread past
+    /// [`ProcessOptions::stdin_drain`].
+    fn check_drained(&mut self, live: &Live) -> Result<(), String> {
+        let Some(by) = self.drain_by else {
+            return Ok(());
+        };
+        let Some(stdin) = &live.stdin else {
+            return Err("the agent process closed its stdin".to_owned());
+        };
+        if live.pending.is_empty() && unread(stdin) == 0 {
+            self.drain_by = None;
+        } else if Instant::now() >= by {
+            return Err(format!(
+                "the agent process did not read its stdin within {:?}",
+                self.options.stdin_drain
+            ));
+        }
+        Ok(())
     }
 
     /// Reads what stdout has now (nothing once it is closed).
@@ -245,8 +290,10 @@ impl<'a> Turn<'a> {
         if let Some(p) = live.pollout() {
             fds.push(p);
         }
-        let timeout = self
-            .kill_at
+        let timeout = [self.kill_at, self.drain_by]
+            .into_iter()
+            .flatten()
+            .min()
             .map(|at| at.saturating_duration_since(Instant::now()));
         child::poll(&mut fds, timeout).map_err(|e| format!("poll: {e}"))?;
         Ok(())

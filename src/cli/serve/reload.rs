@@ -30,6 +30,7 @@ pub(super) fn make_factory(s: &Settings) -> Result<Arc<dyn AgentFactory>, String
             max_line_bytes: s.agent_max_line_bytes,
             stop_grace: s.core.stop_grace,
             close_grace: s.agent_close_grace,
+            ..ProcessOptions::new(cmd)
         })),
         (AgentKind::Openai, _, Some(cfg)) => {
             Arc::new(OpenAiFactory::new(cfg).map_err(|e| format!("--agent openai: {e}"))?)
