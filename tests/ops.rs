@@ -891,7 +891,8 @@ fn http_bounds_and_bad_requests() {
     let s = gw.wait_status("the HTTP figures", |s| {
         let h = &s["frontend"]["http"];
         h["evicted"].as_u64() >= Some(1)
-            && h["idle_closed"].as_u64().unwrap_or(0) + h["head_timeouts"].as_u64().unwrap_or(0) >= 1
+            && h["idle_closed"].as_u64().unwrap_or(0) + h["head_timeouts"].as_u64().unwrap_or(0)
+                >= 1
             && h["bad_requests"].as_u64() >= Some(4)
     });
     let h = &s["frontend"]["http"];
@@ -1371,10 +1372,7 @@ fn healthz_answers_while_idle_connections_fill_every_slot() {
 /// suppressed: every request is accounted for in the lines.
 #[test]
 fn a_wrong_token_flood_is_logged_at_a_rate_limit() {
-    let gw = Gw::start(
-        &["--auth-token", "right-token"],
-        &[("RUST_LOG", "info")],
-    );
+    let gw = Gw::start(&["--auth-token", "right-token"], &[("RUST_LOG", "info")]);
     const CONNS: usize = 100;
     const PER_CONN: usize = 100;
     let req = "GET /metrics HTTP/1.1\r\nAuthorization: Bearer wrong\r\n\r\n".repeat(PER_CONN);
@@ -1467,7 +1465,8 @@ fn a_first_head_not_sent_in_time_is_closed() {
         &[],
     );
     let mut s = idle_conn(&gw.http);
-    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").expect("write");
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .expect("write");
     let mut buf = Vec::new();
     assert_eq!(s.read_to_end(&mut buf).expect("closed"), 0);
     let st = gw.wait_status("the head timeout", |s| {

@@ -394,7 +394,7 @@ impl<F: Frontend> Frontend for Ops<F> {
         }
         let view = View {
             latest: &self.latest,
-                generation: self.generation,
+            generation: self.generation,
             now: self.now,
             tick_interval: self.tick_interval,
             shutting_down: self.shutting_down,

@@ -269,10 +269,7 @@ pub(crate) fn defaults() -> Vec<(&'static str, String)> {
         ),
         ("http-max-requests", http::DEFAULT_MAX_REQUESTS.to_string()),
         ("http-idle-timeout", secs(http::DEFAULT_IDLE_TIMEOUT)),
-        (
-            "http-max-per-peer",
-            http::DEFAULT_MAX_PER_PEER.to_string(),
-        ),
+        ("http-max-per-peer", http::DEFAULT_MAX_PER_PEER.to_string()),
         ("http-head-timeout", secs(http::DEFAULT_HEAD_TIMEOUT)),
         ("agent", lower(&AgentKind::Echo)),
         ("agent-close-grace", secs(process::DEFAULT_CLOSE_GRACE)),
