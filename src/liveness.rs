@@ -140,6 +140,20 @@ pub struct HttpStatus {
     pub bad_requests: u64,
     /// Connections closed for not completing a request in time.
     pub idle_closed: u64,
+    /// The cap on one peer address's connections.
+    pub max_per_peer: usize,
+    /// Seconds a new connection has to send its first request's head.
+    pub head_timeout_s: f64,
+    /// Requests answered per loop pass across all connections.
+    pub answers_per_pass: usize,
+    /// Idle connections closed to make room for a new one (at a cap).
+    pub evicted: u64,
+    /// Connections closed for not sending their first request's head in time.
+    pub head_timeouts: u64,
+    /// Passes that ended with requests left for the next (the pass budget was spent).
+    pub budget_spent: u64,
+    /// `/status` and `/metrics` bodies rendered (once per snapshot each, at most).
+    pub renders: u64,
 }
 
 /// The crate's version.

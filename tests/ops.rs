@@ -128,9 +128,21 @@ impl Gw {
 
     /// Polls `/status` until `pred` holds (bounded; each poll is a request).
     fn wait_status(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        self.wait_status_auth(None, what, pred)
+    }
+
+    /// [`Gw::wait_status`] with a bearer token.
+    fn wait_status_auth(
+        &self,
+        token: Option<&str>,
+        what: &str,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Value {
         let deadline = Instant::now() + WAIT;
         loop {
-            let s = self.status();
+            let r = self.get("/status", token);
+            assert_eq!(r.status, 200, "{}", r.body);
+            let s: Value = serde_json::from_str(&r.body).expect("status json");
             if pred(&s) {
                 return s;
             }
@@ -855,31 +867,32 @@ fn http_bounds_and_bad_requests() {
     idle.set_read_timeout(Some(WAIT)).expect("timeout");
     let mut buf = Vec::new();
     assert_eq!(idle.read_to_end(&mut buf).expect("closed"), 0);
-    // Two connections held (sending half a request), the third is refused with 503.
+    // Two connections held (sending half a request): a third evicts the oldest of them and
+    // is served; the other is served too.
     let mut held: Vec<TcpStream> = (0..2)
         .map(|_| {
             let mut s = TcpStream::connect(&gw.http).expect("connect");
+            s.set_read_timeout(Some(WAIT)).expect("timeout");
             s.write_all(b"GET /healthz HTTP/1.1\r\n").expect("write");
             s
         })
         .collect();
-    // (It sends nothing: a refused connection is closed at once, and request bytes it had
-    // sent and the server never read would turn the close into a reset.)
-    let refused = raw("");
-    let r = parse_response(&refused).0;
-    assert_eq!((r.status, r.body.as_str()), (503, "too many connections\n"));
-    for s in &mut held {
-        s.write_all(b"Connection: close\r\n\r\n").expect("write");
-        let mut out = Vec::new();
-        s.read_to_end(&mut out).expect("read");
-        let r = parse_response(&out).0;
-        assert_eq!(r.status, 200, "{}", r.body);
-    }
+    let third = raw("GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n");
+    assert_eq!(parse_response(&third).0.status, 200);
+    let mut out = Vec::new();
+    let _ = held[0].read_to_end(&mut out);
+    assert!(out.is_empty(), "the oldest was evicted without an answer");
+    held[1]
+        .write_all(b"Connection: close\r\n\r\n")
+        .expect("write");
+    held[1].read_to_end(&mut out).expect("read");
+    assert_eq!(parse_response(&out).0.status, 200);
     // The status is the last tick's: wait for one taken after all this.
     let s = gw.wait_status("the HTTP figures", |s| {
         let h = &s["frontend"]["http"];
-        h["refused"].as_u64() >= Some(1)
-            && h["idle_closed"].as_u64() >= Some(1)
+        h["evicted"].as_u64() >= Some(1)
+            && h["idle_closed"].as_u64().unwrap_or(0) + h["head_timeouts"].as_u64().unwrap_or(0)
+                >= 1
             && h["bad_requests"].as_u64() >= Some(4)
     });
     let h = &s["frontend"]["http"];
@@ -897,13 +910,7 @@ fn http_bounds_and_bad_requests() {
     assert!(
         m(
             &mm,
-            "turnstile_http_connections_closed_total{reason=\"refused\"}"
-        ) >= 1.0
-    );
-    assert!(
-        m(
-            &mm,
-            "turnstile_http_connections_closed_total{reason=\"idle\"}"
+            "turnstile_http_connections_closed_total{reason=\"evicted\"}"
         ) >= 1.0
     );
     assert!(m(&mm, "turnstile_http_requests_total{result=\"bad_request\"}") >= 4.0);
@@ -1399,4 +1406,181 @@ fn the_build_is_visible_in_version_status_metrics_and_the_log() {
         "{}",
         info.0
     );
+}
+
+/// Opens a connection that sends nothing (an idle client holding a slot).
+fn idle_conn(addr: &str) -> TcpStream {
+    let s = TcpStream::connect(addr).expect("connect idle");
+    s.set_read_timeout(Some(WAIT)).expect("timeout");
+    s
+}
+
+/// 64+ idle connections held open (more opened between probes): `/healthz` still answers
+/// 200, with and without `--auth-token` (the oldest idle connections make room).
+#[test]
+fn healthz_answers_while_idle_connections_fill_every_slot() {
+    for token in [None, Some("s3cret-token")] {
+        let mut args = vec![];
+        if let Some(t) = token {
+            args.extend(["--auth-token", t]);
+        }
+        let gw = Gw::start(&args, &[]);
+        let mut held: Vec<TcpStream> = (0..70).map(|_| idle_conn(&gw.http)).collect();
+        for i in 0..20 {
+            held.push(idle_conn(&gw.http));
+            let h = gw.get("/healthz", None);
+            assert_eq!((h.status, h.body.as_str()), (200, "ok\n"), "probe {i}");
+        }
+        if let Some(t) = token {
+            assert_eq!(gw.get("/status", Some(t)).status, 200);
+        }
+        let s = gw.wait_status_auth(token, "evictions counted", |s| {
+            s["frontend"]["http"]["evicted"].as_u64() >= Some(20)
+        });
+        let h = &s["frontend"]["http"];
+        assert_eq!(h["refused"], json!(0), "{h}");
+        assert_eq!(h["max_per_peer"], json!(16), "{h}");
+        assert_eq!(h["head_timeout_s"], json!(2.0), "{h}");
+        drop(held);
+    }
+}
+
+/// 10,000 wrong-token requests give a bounded number of log lines, the rest counted as
+/// suppressed: every request is accounted for in the lines.
+#[test]
+fn a_wrong_token_flood_is_logged_at_a_rate_limit() {
+    let gw = Gw::start(&["--auth-token", "right-token"], &[("RUST_LOG", "info")]);
+    const CONNS: usize = 100;
+    const PER_CONN: usize = 100;
+    let req = "GET /metrics HTTP/1.1\r\nAuthorization: Bearer wrong\r\n\r\n".repeat(PER_CONN);
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            let (req, addr) = (&req, &gw.http);
+            scope.spawn(move || {
+                for _ in 0..CONNS / 4 {
+                    let mut s = TcpStream::connect(addr).expect("connect");
+                    s.set_read_timeout(Some(WAIT)).expect("timeout");
+                    s.write_all(req.as_bytes()).expect("write");
+                    let mut out = Vec::new();
+                    s.read_to_end(&mut out).expect("read");
+                    let n = String::from_utf8_lossy(&out)
+                        .matches("HTTP/1.1 401")
+                        .count();
+                    assert_eq!(n, PER_CONN);
+                }
+            });
+        }
+    });
+    let total = (CONNS * PER_CONN) as u64;
+    let (mut lines, mut counted) = (0u64, 0u64);
+    let number = |line: &str, after: &str| -> u64 {
+        line.split(after).nth(1).map_or(0, |rest| {
+            rest.trim_start_matches(['(', ' '])
+                .split(' ')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0)
+        })
+    };
+    while counted < total {
+        let line = gw.log_line(&["unauthorized request"]);
+        if line.contains("unauthorized request for") {
+            lines += 1;
+            counted += 1;
+            if let Some(i) = line.find(" (") {
+                counted += number(&line[i..], " (");
+            }
+        } else {
+            // "http: N more unauthorized requests suppressed"
+            counted += number(&line, "http: ");
+            lines += 1;
+        }
+    }
+    assert_eq!(counted, total);
+    assert!(lines <= 200, "{lines} lines for {total} wrong tokens");
+}
+
+/// A peer at its cap: a new connection evicts that peer's oldest idle one (closed without
+/// an answer); the others stay.
+#[test]
+fn a_peer_over_its_cap_loses_its_oldest_idle_connection() {
+    let gw = Gw::start(
+        &[
+            "--http-max-per-peer",
+            "2",
+            "--http-head-timeout",
+            "60",
+            "--http-idle-timeout",
+            "60",
+        ],
+        &[],
+    );
+    let mut a = idle_conn(&gw.http);
+    let mut b = idle_conn(&gw.http);
+    // The third: a is closed (the oldest), then this one is served.
+    let h = gw.get("/healthz", None);
+    assert_eq!(h.status, 200);
+    let mut buf = Vec::new();
+    assert_eq!(a.read_to_end(&mut buf).expect("evicted"), 0);
+    // b is still open and served.
+    b.write_all(b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n")
+        .expect("write");
+    b.read_to_end(&mut buf).expect("read");
+    assert_eq!(parse_response(&buf).0.status, 200);
+    let s = gw.wait_status("the eviction", |s| {
+        s["frontend"]["http"]["evicted"].as_u64() >= Some(1)
+    });
+    assert_eq!(s["frontend"]["http"]["max_per_peer"], json!(2));
+}
+
+/// A first request head not complete within `--http-head-timeout` closes the connection
+/// (the idle timeout is far longer).
+#[test]
+fn a_first_head_not_sent_in_time_is_closed() {
+    let gw = Gw::start(
+        &["--http-head-timeout", "0.3", "--http-idle-timeout", "60"],
+        &[],
+    );
+    let mut s = idle_conn(&gw.http);
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .expect("write");
+    let mut buf = Vec::new();
+    assert_eq!(s.read_to_end(&mut buf).expect("closed"), 0);
+    let st = gw.wait_status("the head timeout", |s| {
+        s["frontend"]["http"]["head_timeouts"].as_u64() >= Some(1)
+    });
+    assert_eq!(st["frontend"]["http"]["head_timeout_s"], json!(0.3));
+    assert_eq!(st["frontend"]["http"]["idle_closed"], json!(0));
+}
+
+/// `/metrics` and `/status` are rendered once per status snapshot: hundreds of pipelined
+/// requests cost at most two renders per tick.
+#[test]
+fn metrics_and_status_are_rendered_once_per_snapshot() {
+    let gw = Gw::start(&[], &[]);
+    let pair = "GET /metrics HTTP/1.1\r\n\r\nGET /status HTTP/1.1\r\n\r\n".repeat(50);
+    let mut bodies = std::collections::BTreeSet::new();
+    for _ in 0..4 {
+        let mut s = idle_conn(&gw.http);
+        s.write_all(pair.as_bytes()).expect("write");
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).expect("read");
+        let mut at = 0;
+        while at < out.len() {
+            let (r, n) = parse_response(&out[at..]);
+            assert_eq!(r.status, 200);
+            bodies.insert(r.body);
+            at += n;
+        }
+    }
+    let s = gw.wait_status("the 400 requests counted", |s| {
+        s["frontend"]["http"]["requests"].as_u64() >= Some(400)
+    });
+    let renders = s["frontend"]["http"]["renders"].as_u64().expect("renders");
+    let ticks = s["ticks"].as_u64().expect("ticks");
+    assert!(
+        renders <= 2 * ticks + 2,
+        "{renders} renders in {ticks} ticks"
+    );
+    assert!(bodies.len() as u64 <= renders, "{} bodies", bodies.len());
 }

@@ -56,6 +56,8 @@ pub(crate) struct Ops<F> {
     pacer: Option<WatchdogPacer>,
     tick_interval: Duration,
     latest: Arc<Status>,
+    /// Counts the snapshots (`latest`): the HTTP bodies' cache key.
+    generation: u64,
     now: Duration,
     shutting_down: bool,
     registered: bool,
@@ -139,6 +141,7 @@ pub(crate) fn summary_line(s: &Status) -> String {
 
 struct View<'a> {
     latest: &'a Status,
+    generation: u64,
     now: Duration,
     tick_interval: Duration,
     shutting_down: bool,
@@ -176,6 +179,10 @@ impl OpsSource for View<'_> {
     fn metrics(&self) -> String {
         metrics::render(self.latest)
     }
+
+    fn snapshot(&self) -> Option<u64> {
+        Some(self.generation)
+    }
 }
 
 impl<F: Frontend> Ops<F> {
@@ -188,6 +195,7 @@ impl<F: Frontend> Ops<F> {
             pacer: None,
             tick_interval,
             latest: Arc::new(Status::default()),
+            generation: 0,
             now: Duration::ZERO,
             shutting_down: false,
             registered: false,
@@ -348,6 +356,7 @@ impl<F: Frontend> Frontend for Ops<F> {
             self.shutting_down = ctx.shutting_down();
             let view = View {
                 latest: &self.latest,
+                generation: self.generation,
                 now: self.now,
                 tick_interval: self.tick_interval,
                 shutting_down: self.shutting_down,
@@ -385,6 +394,7 @@ impl<F: Frontend> Frontend for Ops<F> {
         }
         let view = View {
             latest: &self.latest,
+            generation: self.generation,
             now: self.now,
             tick_interval: self.tick_interval,
             shutting_down: self.shutting_down,
@@ -414,6 +424,7 @@ impl<F: Frontend> Frontend for Ops<F> {
 
     fn on_tick(&mut self, status: &Arc<Status>) {
         self.latest = Arc::clone(status);
+        self.generation += 1;
         self.inner.on_tick(status);
         let now = Duration::from_secs_f64(status.uptime_s.max(0.0));
         // Nothing before READY=1 (sent on the loop's first wake).
@@ -534,6 +545,7 @@ mod tests {
             vec![("store".into(), Box::new(|_| Err("not writable".into())))];
         let view = |shutting_down, registered, checks| View {
             latest: &s,
+            generation: 0,
             now: Duration::from_secs(1),
             tick_interval: tick,
             shutting_down,

@@ -462,11 +462,18 @@ fn render_http(e: &mut Exposition, h: &HttpStatus) {
     );
     e.counters(
         "turnstile_http_connections_closed_total",
-        "HTTP connections refused at the cap or closed idle.",
+        "HTTP connections refused at the cap, evicted for a newcomer, or closed idle or for a late first head.",
         &[
             (&[("reason", "refused")][..], h.refused as f64),
             (&[("reason", "idle")][..], h.idle_closed as f64),
+            (&[("reason", "evicted")][..], h.evicted as f64),
+            (&[("reason", "head_timeout")][..], h.head_timeouts as f64),
         ],
+    );
+    e.counters(
+        "turnstile_http_renders_total",
+        "Bodies of /status and /metrics rendered (once per status snapshot each, at most).",
+        &[(&[][..], h.renders as f64)],
     );
 }
 

@@ -214,9 +214,17 @@ pub(crate) struct ServeArgs {
     /// `off`.
     #[arg(long, value_name = "ADDR|off")]
     pub(super) http_listen: Option<String>,
-    /// Open connections to the HTTP endpoint; one more gets 503.
+    /// Open connections to the HTTP endpoint; one more evicts the oldest idle one (503 when
+    /// none is idle).
     #[arg(long)]
     pub(super) http_max_connections: Option<usize>,
+    /// Open HTTP connections of one peer address; one more evicts that peer's oldest idle
+    /// one.
+    #[arg(long)]
+    pub(super) http_max_per_peer: Option<usize>,
+    /// Seconds a new HTTP connection has to send its first request's head.
+    #[arg(long)]
+    pub(super) http_head_timeout: Option<Seconds>,
     /// Bytes of an HTTP request head; more gets 431.
     #[arg(long)]
     pub(super) http_max_header_bytes: Option<Bytes>,
@@ -271,6 +279,8 @@ pub(crate) fn defaults() -> Vec<(&'static str, String)> {
         ),
         ("http-max-requests", http::DEFAULT_MAX_REQUESTS.to_string()),
         ("http-idle-timeout", secs(http::DEFAULT_IDLE_TIMEOUT)),
+        ("http-max-per-peer", http::DEFAULT_MAX_PER_PEER.to_string()),
+        ("http-head-timeout", secs(http::DEFAULT_HEAD_TIMEOUT)),
         ("agent", lower(&AgentKind::Echo)),
         ("agent-close-grace", secs(process::DEFAULT_CLOSE_GRACE)),
         (
@@ -451,7 +461,9 @@ pub(super) fn merged_args(flags: ServeArgs) -> Result<ServeArgs, String> {
         http_max_header_bytes,
         http_max_requests,
         http_idle_timeout,
-        bridge
+        bridge,
+        http_max_per_peer,
+        http_head_timeout
     );
     Ok(a)
 }

@@ -227,6 +227,17 @@ pub(super) fn http_settings(a: &ServeArgs) -> Result<Option<(SocketAddr, HttpCon
                     http::DEFAULT_IDLE_TIMEOUT.as_secs_f64(),
                     false,
                 )?,
+                max_per_peer: at_least_one(
+                    "http-max-per-peer",
+                    a.http_max_per_peer,
+                    http::DEFAULT_MAX_PER_PEER,
+                )?,
+                head_timeout: seconds(
+                    "http-head-timeout",
+                    a.http_head_timeout,
+                    http::DEFAULT_HEAD_TIMEOUT.as_secs_f64(),
+                    false,
+                )?,
             };
             Some((addr, cfg))
         }

@@ -3,6 +3,7 @@
 //! served.
 
 use std::io::Write;
+use std::sync::Arc;
 
 use crate::auth::Token as AuthToken;
 
@@ -99,6 +100,19 @@ pub(crate) trait OpsSource {
     fn status_json(&self) -> Vec<u8>;
     /// The Prometheus exposition (`/metrics`).
     fn metrics(&self) -> String;
+    /// Which status snapshot `/status` and `/metrics` show: the same number, the same
+    /// bodies (they are rendered once per snapshot); `None` renders every time.
+    fn snapshot(&self) -> Option<u64> {
+        None
+    }
+    /// `/status`'s body as bytes.
+    fn status_bytes(&self) -> Arc<[u8]> {
+        self.status_json().into()
+    }
+    /// `/metrics`'s body as bytes.
+    fn metrics_bytes(&self) -> Arc<[u8]> {
+        self.metrics().into_bytes().into()
+    }
 }
 
 /// A response, ready to write.
@@ -185,11 +199,11 @@ pub(crate) fn respond(
     match req.path.as_str() {
         "/healthz" => probe(source.health()),
         "/readyz" => probe(source.ready()),
-        "/status" => response(200, JSON, &source.status_json(), &[], close, head),
+        "/status" => response(200, JSON, &source.status_bytes(), &[], close, head),
         _ => response(
             200,
             METRICS_CONTENT_TYPE,
-            source.metrics().as_bytes(),
+            &source.metrics_bytes(),
             &[],
             close,
             head,
