@@ -109,32 +109,9 @@ pub(crate) fn run(
     let store = OffsetStore::new(config.state_dir.as_deref())?;
     let offset = store.load()?;
     let mut api = HttpBotApi::new(&config.api_base, &config.bot_token);
-    // getMe: the token works, and the bot's username (for `/cmd@bot` and the ready line).
-    let mut backoff = Duration::from_secs(1);
-    let me = loop {
-        match api.call("getMe", &json!({}), CALL_TIMEOUT) {
-            Ok(me) => break me,
-            Err(ApiError::Unauthorized(d)) => {
-                return Err(format!("the Bot API refused the bot token: {d}"));
-            }
-            Err(e) => {
-                let wait = match e {
-                    ApiError::RetryAfter(d) => d,
-                    _ => backoff,
-                };
-                log::warn!("telegram: getMe failed: {e}; retrying in {wait:?}");
-                if stop.recv_timeout(wait).is_ok() {
-                    return Ok(());
-                }
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-            }
-        }
+    let Some(username) = bot_username(&mut api, stop)? else {
+        return Ok(());
     };
-    let username = me
-        .get("username")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_owned();
     log::info!("telegram: bot @{username}, update offset {offset:?}");
     let (gateway, gateway_rx) = Gateway::connect(config.gateway.clone());
     let stopping = Arc::new(AtomicBool::new(false));
@@ -178,7 +155,40 @@ pub(crate) fn run(
     result
 }
 
+/// `getMe`, retried until it works: the token is good, and the bot's username (for
+/// `/cmd@bot` and the ready line). `None` when `stop` fired while waiting.
+fn bot_username(api: &mut HttpBotApi, stop: &Receiver<()>) -> Result<Option<String>, BridgeError> {
+    let mut backoff = Duration::from_secs(1);
+    let me = loop {
+        match api.call("getMe", &json!({}), CALL_TIMEOUT) {
+            Ok(me) => break me,
+            Err(ApiError::Unauthorized(d)) => {
+                return Err(format!("the Bot API refused the bot token: {d}"));
+            }
+            Err(e) => {
+                let wait = match e {
+                    ApiError::RetryAfter(d) => d,
+                    _ => backoff,
+                };
+                log::warn!("telegram: getMe failed: {e}; retrying in {wait:?}");
+                if stop.recv_timeout(wait).is_ok() {
+                    return Ok(None);
+                }
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    };
+    Ok(Some(
+        me.get("username")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned(),
+    ))
+}
+
 #[allow(clippy::too_many_arguments)]
+/// The main thread: gateway events and the poller's news in, Bot API calls out, until
+/// `stop`.
 fn main_loop(
     config: &TelegramConfig,
     api: &mut dyn BotApi,
@@ -212,24 +222,14 @@ fn main_loop(
             );
         }
         while let Ok(inbound) = inbound_rx.try_recv() {
-            match inbound {
-                Inbound::Rejected {
-                    chat_id,
-                    reply_to,
-                    text,
-                } => renderer.notice(&chat_id, reply_to, &text),
-                Inbound::Fatal(e) => return Err(e),
-            }
+            on_inbound(&mut renderer, inbound)?;
         }
         if stop.try_recv().is_ok() {
             return Ok(());
         }
         let wake = match renderer.step(api, Instant::now())? {
             Step::Worked(done) => {
-                for id in done {
-                    log::debug!("telegram: result {id} shown");
-                    gateway.delivered(&id);
-                }
+                confirm_shown(gateway, done);
                 continue;
             }
             Step::Idle(wake) => wake,
@@ -250,8 +250,7 @@ fn main_loop(
                 Err(_) => return Err("the gateway client stopped".into()),
             },
             recv(inbound_rx) -> inbound => match inbound {
-                Ok(Inbound::Rejected { chat_id, reply_to, text }) => renderer.notice(&chat_id, reply_to, &text),
-                Ok(Inbound::Fatal(e)) => return Err(e),
+                Ok(inbound) => on_inbound(&mut renderer, inbound)?,
                 Err(_) => return Err("the polling thread stopped".into()),
             },
             default(timeout) => {}
@@ -259,6 +258,28 @@ fn main_loop(
     }
 }
 
+/// Results fully shown are confirmed to the gateway.
+fn confirm_shown(gateway: &Gateway, done: Vec<String>) {
+    for id in done {
+        log::debug!("telegram: result {id} shown");
+        gateway.delivered(&id);
+    }
+}
+
+/// What the poller said: a rejection to tell its chat, or the end of the bridge.
+fn on_inbound(renderer: &mut Renderer, inbound: Inbound) -> Result<(), BridgeError> {
+    match inbound {
+        Inbound::Rejected {
+            chat_id,
+            reply_to,
+            text,
+        } => renderer.notice(&chat_id, reply_to, &text),
+        Inbound::Fatal(e) => return Err(e),
+    }
+    Ok(())
+}
+
+/// A gateway event for the renderer (or the ready line).
 fn on_event(
     renderer: &mut Renderer,
     gateway: &Gateway,

@@ -35,6 +35,54 @@ struct View {
     strikes: u32,
 }
 
+impl View {
+    /// The text the reply should show now: its result (`final_`) or newest partial; never
+    /// empty (Telegram refuses an empty message).
+    fn text_to_show(&self, final_: bool) -> String {
+        let text = if final_ {
+            self.result.clone()
+        } else {
+            self.partial.clone()
+        }
+        .unwrap_or_default();
+        if text.trim().is_empty() {
+            "[empty reply]".to_owned()
+        } else {
+            text
+        }
+    }
+
+    /// Shows piece `i`: edits the message already posted for it, or posts a new one (the
+    /// first replying to the user's message). Returns the message's id.
+    fn show_piece(&self, api: &mut dyn BotApi, i: usize, piece: &str) -> Result<i64, ApiError> {
+        if let Some((message_id, _)) = self.posted.get(i) {
+            let params = json!({
+                "chat_id": chat_param(&self.chat_id), "message_id": message_id, "text": piece,
+            });
+            return api
+                .call("editMessageText", &params, CALL_TIMEOUT)
+                .map(|_| *message_id);
+        }
+        let reply_to = if i == 0 { self.reply_to } else { None };
+        let params = send_params(&self.chat_id, piece, reply_to);
+        api.call("sendMessage", &params, CALL_TIMEOUT)
+            .and_then(|m| {
+                m.get("message_id").and_then(Value::as_i64).ok_or_else(|| {
+                    ApiError::Transient("sendMessage: the answer has no message_id".into())
+                })
+            })
+    }
+
+    /// Piece `i` now shows `piece` in message `message_id`.
+    fn record(&mut self, i: usize, message_id: i64, piece: &str) {
+        if i < self.posted.len() {
+            self.posted[i].1 = piece.to_owned();
+        } else {
+            self.posted.push((message_id, piece.to_owned()));
+        }
+    }
+}
+
 /// A text for a chat that is not a reply (a rejection): sent before partials.
 #[derive(Debug)]
 struct Notice {
@@ -205,19 +253,8 @@ impl Renderer {
             }
             self.paused_until = None;
         }
-        if let Some(notice) = self.notices.front() {
-            let params = send_params(&notice.chat_id, &notice.text, notice.reply_to);
-            match api.call("sendMessage", &params, CALL_TIMEOUT) {
-                Ok(_) => {}
-                Err(e) => {
-                    if !self.handle_error(&e, now, &format!("notice to chat {}", notice.chat_id))? {
-                        return Ok(Step::Worked(Vec::new()));
-                    }
-                }
-            }
-            self.backoff = Duration::from_secs(1);
-            self.notices.pop_front();
-            return Ok(Step::Worked(Vec::new()));
+        if !self.notices.is_empty() {
+            return self.send_notice(api, now);
         }
         let with_result = self
             .order
@@ -227,8 +264,38 @@ impl Renderer {
         if let Some(id) = with_result {
             return self.render(api, &id, now, true);
         }
+        let (due, next_due) = self.due_partial(now);
+        if let Some(id) = due {
+            return self.render(api, &id, now, false);
+        }
+        if let Some(chat_id) = self.typing.pop_front() {
+            self.send_typing(api, &chat_id, now)?;
+            return Ok(Step::Worked(Vec::new()));
+        }
+        Ok(Step::Idle(next_due))
+    }
+
+    /// Sends the oldest notice; it stays first in line when the call is to be retried.
+    fn send_notice(&mut self, api: &mut dyn BotApi, now: Instant) -> Result<Step, BridgeError> {
+        let Some(notice) = self.notices.front() else {
+            return Ok(Step::Worked(Vec::new()));
+        };
+        let params = send_params(&notice.chat_id, &notice.text, notice.reply_to);
+        if let Err(e) = api.call("sendMessage", &params, CALL_TIMEOUT) {
+            let what = format!("notice to chat {}", notice.chat_id);
+            if !self.handle_error(&e, now, &what)? {
+                return Ok(Step::Worked(Vec::new()));
+            }
+        }
+        self.backoff = Duration::from_secs(1);
+        self.notices.pop_front();
+        Ok(Step::Worked(Vec::new()))
+    }
+
+    /// The first reply (in arrival order) with a partial whose edit interval has passed, and
+    /// otherwise when the next one will be due.
+    fn due_partial(&self, now: Instant) -> (Option<String>, Option<Instant>) {
         let mut next_due: Option<Instant> = None;
-        let mut due = None;
         for id in &self.order {
             let Some(view) = self.views.get(id) else {
                 continue;
@@ -238,28 +305,31 @@ impl Renderer {
             }
             let at = view.last_edit.map_or(now, |t| t + self.edit_interval);
             if at <= now {
-                due = Some(id.clone());
-                break;
+                return (Some(id.clone()), next_due);
             }
             next_due = Some(next_due.map_or(at, |n: Instant| n.min(at)));
         }
-        if let Some(id) = due {
-            return self.render(api, &id, now, false);
-        }
-        if let Some(chat_id) = self.typing.pop_front() {
-            let params = json!({"chat_id": chat_param(&chat_id), "action": "typing"});
-            if let Err(e) = api.call("sendChatAction", &params, CALL_TIMEOUT) {
-                // Best effort: a lost typing indicator is not retried (the gateway refreshes
-                // it), but a rate limit still pauses everything.
-                if let ApiError::RetryAfter(_) | ApiError::Unauthorized(_) = e {
-                    self.handle_error(&e, now, &format!("typing in chat {chat_id}"))?;
-                } else {
-                    log::debug!("telegram: typing in chat {chat_id} failed: {e}");
-                }
+        (None, next_due)
+    }
+
+    /// Shows the typing indicator in `chat_id`.
+    fn send_typing(
+        &mut self,
+        api: &mut dyn BotApi,
+        chat_id: &str,
+        now: Instant,
+    ) -> Result<(), BridgeError> {
+        let params = json!({"chat_id": chat_param(chat_id), "action": "typing"});
+        if let Err(e) = api.call("sendChatAction", &params, CALL_TIMEOUT) {
+            // Best effort: a lost typing indicator is not retried (the gateway refreshes
+            // it), but a rate limit still pauses everything.
+            if let ApiError::RetryAfter(_) | ApiError::Unauthorized(_) = e {
+                self.handle_error(&e, now, &format!("typing in chat {chat_id}"))?;
+            } else {
+                log::debug!("telegram: typing in chat {chat_id} failed: {e}");
             }
-            return Ok(Step::Worked(Vec::new()));
         }
-        Ok(Step::Idle(next_due))
+        Ok(())
     }
 
     /// Handles a failed call: `Ok(true)` when the work should be dropped (it can never
@@ -306,49 +376,18 @@ impl Renderer {
         let Some(view) = self.views.get_mut(id) else {
             return Ok(Step::Worked(Vec::new()));
         };
-        let text = if final_ {
-            view.result.clone()
-        } else {
-            view.partial.clone()
-        }
-        .unwrap_or_default();
-        let text = if text.trim().is_empty() {
-            "[empty reply]".to_owned()
-        } else {
-            text
-        };
-        let pieces: Vec<String> = split(&text, TELEGRAM_LIMIT)
+        let pieces: Vec<String> = split(&view.text_to_show(final_), TELEGRAM_LIMIT)
             .into_iter()
             .map(str::to_owned)
             .collect();
         let what = format!("reply {id} in chat {}", view.chat_id);
         for (i, piece) in pieces.iter().enumerate() {
-            let outcome = if let Some((message_id, shown)) = view.posted.get(i) {
-                if shown == piece {
-                    continue;
-                }
-                let params = json!({
-                    "chat_id": chat_param(&view.chat_id), "message_id": message_id, "text": piece,
-                });
-                api.call("editMessageText", &params, CALL_TIMEOUT)
-                    .map(|_| *message_id)
-            } else {
-                let reply_to = if i == 0 { view.reply_to } else { None };
-                let params = send_params(&view.chat_id, piece, reply_to);
-                api.call("sendMessage", &params, CALL_TIMEOUT)
-                    .and_then(|m| {
-                        m.get("message_id").and_then(Value::as_i64).ok_or_else(|| {
-                            ApiError::Transient("sendMessage: the answer has no message_id".into())
-                        })
-                    })
-            };
-            match outcome {
+            if view.posted.get(i).is_some_and(|(_, shown)| shown == piece) {
+                continue;
+            }
+            match view.show_piece(api, i, piece) {
                 Ok(message_id) => {
-                    if i < view.posted.len() {
-                        view.posted[i].1 = piece.clone();
-                    } else {
-                        view.posted.push((message_id, piece.clone()));
-                    }
+                    view.record(i, message_id, piece);
                     self.backoff = Duration::from_secs(1);
                 }
                 Err(ApiError::Permanent(d)) if d.contains("message is not modified") => {
@@ -356,24 +395,42 @@ impl Renderer {
                         view.posted[i].1 = piece.clone();
                     }
                 }
-                Err(e) => {
-                    if let ApiError::RetryAfter(_) = e {
-                        view.strikes += 1;
-                        if view.strikes >= MAX_STRIKES && view.partial.take().is_some() {
-                            log::warn!(
-                                "telegram: {what}: rate limited {MAX_STRIKES} times; only its final text will be shown"
-                            );
-                        }
-                    }
-                    let permanent = matches!(e, ApiError::Permanent(_));
-                    let drop = self.handle_error(&e, now, &what)?;
-                    if permanent && drop {
-                        return Ok(self.give_up(id, i, final_));
-                    }
-                    return Ok(Step::Worked(Vec::new()));
-                }
+                Err(e) => return self.piece_failed(id, i, final_, &e, now, &what),
             }
         }
+        self.rendered(id, now, final_)
+    }
+
+    /// A piece of reply `id` could not be shown: a rate limit is a strike against its
+    /// partials; a refusal for good gives the piece up ([`give_up`](Self::give_up)).
+    fn piece_failed(
+        &mut self,
+        id: &str,
+        at: usize,
+        final_: bool,
+        e: &ApiError,
+        now: Instant,
+        what: &str,
+    ) -> Result<Step, BridgeError> {
+        if let (ApiError::RetryAfter(_), Some(view)) = (e, self.views.get_mut(id)) {
+            view.strikes += 1;
+            if view.strikes >= MAX_STRIKES && view.partial.take().is_some() {
+                log::warn!(
+                    "telegram: {what}: rate limited {MAX_STRIKES} times; only its final text will be shown"
+                );
+            }
+        }
+        let permanent = matches!(e, ApiError::Permanent(_));
+        let drop = self.handle_error(e, now, what)?;
+        if permanent && drop {
+            return Ok(self.give_up(id, at, final_));
+        }
+        Ok(Step::Worked(Vec::new()))
+    }
+
+    /// Every piece of reply `id` shows its text: a result is done (confirm it), a partial
+    /// waits for the next edit interval.
+    fn rendered(&mut self, id: &str, now: Instant, final_: bool) -> Result<Step, BridgeError> {
         let view = self
             .views
             .get_mut(id)

@@ -36,38 +36,12 @@ pub(crate) fn update_to_message(update: &Value, bot_username: &str) -> Option<Ou
         .and_then(|f| f.get("id"))
         .and_then(Value::as_i64)
         .map(|i| i.to_string());
-    let user_name = from.and_then(|f| {
-        let first = f.get("first_name").and_then(Value::as_str).unwrap_or("");
-        let last = f.get("last_name").and_then(Value::as_str).unwrap_or("");
-        let name = format!("{first} {last}").trim().to_owned();
-        let name = if name.is_empty() {
-            f.get("username").and_then(Value::as_str)?.to_owned()
-        } else {
-            name
-        };
-        // The protocol allows 1 to 256 bytes without control characters.
-        let name: String = name.chars().filter(|c| !c.is_control()).collect();
-        let mut end = name.len().min(256);
-        while !name.is_char_boundary(end) {
-            end -= 1;
-        }
-        (end > 0).then(|| name[..end].to_owned())
-    });
+    let user_name = from.and_then(user_name);
     if chat_type == ChatType::Group && user_id.is_none() {
         // An anonymous group admin: no user to key the session on.
         return None;
     }
-    let mut text = text.to_owned();
-    // `/stop@this_bot` (how Telegram clients send a command in a group) → `/stop`.
-    if text.starts_with('/') && !bot_username.is_empty() {
-        let end = text.find(char::is_whitespace).unwrap_or(text.len());
-        if let Some(at) = text[..end].find('@')
-            && text[at + 1..end].eq_ignore_ascii_case(bot_username)
-        {
-            text.replace_range(at..end, "");
-        }
-    }
-    let text = map_command(&text).into_owned();
+    let text = map_command(&without_mention(text, bot_username)).into_owned();
     let mut message = OutgoingMessage::new(
         &format!("tg-{update_id}-{message_id}"),
         &chat_id.to_string(),
@@ -102,4 +76,38 @@ pub(crate) fn chat_of(session: &str) -> Option<String> {
     SessionKey::from_str(session)
         .ok()
         .map(|k| k.chat_id().to_owned())
+}
+
+/// The sender's display name: first and last name, else the username; cut to what the
+/// protocol allows (1 to 256 bytes without control characters).
+fn user_name(from: &Value) -> Option<String> {
+    let first = from.get("first_name").and_then(Value::as_str).unwrap_or("");
+    let last = from.get("last_name").and_then(Value::as_str).unwrap_or("");
+    let name = format!("{first} {last}").trim().to_owned();
+    let name = if name.is_empty() {
+        from.get("username").and_then(Value::as_str)?.to_owned()
+    } else {
+        name
+    };
+    let name: String = name.chars().filter(|c| !c.is_control()).collect();
+    let mut end = name.len().min(256);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    (end > 0).then(|| name[..end].to_owned())
+}
+
+/// `/stop@this_bot` (how Telegram clients send a command in a group) → `/stop`; any other
+/// text as it is.
+fn without_mention(text: &str, bot_username: &str) -> String {
+    let mut text = text.to_owned();
+    if text.starts_with('/') && !bot_username.is_empty() {
+        let end = text.find(char::is_whitespace).unwrap_or(text.len());
+        if let Some(at) = text[..end].find('@')
+            && text[at + 1..end].eq_ignore_ascii_case(bot_username)
+        {
+            text.replace_range(at..end, "");
+        }
+    }
+    text
 }
