@@ -13,8 +13,8 @@ use super::IrcConfig;
 use super::flood::FloodBucket;
 use super::transport::{ServerInput, Wire, open, read_server, wire_up};
 use super::wire::{
-    Addressed, Route, addressed, alternate_nick, conservative_source_len, nick_of, parse_line,
-    reply_lines, route_of, text_budget,
+    Addressed, IrcLine, Route, addressed, alternate_nick, conservative_source_len, nick_of,
+    parse_line, reply_lines, route_of, text_budget,
 };
 use crate::message::ChatType;
 use crate::platforms::BridgeError;
@@ -50,6 +50,7 @@ struct ServerConn {
 }
 
 impl ServerConn {
+    /// Writes one line (CRLF added).
     fn send_raw(&mut self, line: &str) -> io::Result<()> {
         log::debug!("irc: -> {}", line.split(' ').next().unwrap_or(""));
         let mut bytes = Vec::with_capacity(line.len() + 2);
@@ -183,6 +184,7 @@ impl<'a> Bridge<'a> {
         }
     }
 
+    /// When the loop must look again: a reconnect, the flood bucket's next token, or 5 s.
     fn next_wake(&self, now: Instant) -> Instant {
         let mut wake = now + Duration::from_secs(5);
         if let Some(t) = self.reconnect_at {
@@ -194,6 +196,7 @@ impl<'a> Bridge<'a> {
         wake.max(now)
     }
 
+    /// Drops the connection and reconnects after the backoff (which doubles).
     fn schedule_reconnect(&mut self, reason: &str) {
         self.conn = None;
         let wait = self.backoff;
@@ -205,6 +208,7 @@ impl<'a> Bridge<'a> {
         self.backoff = (self.backoff * 2).min(self.config.max_backoff);
     }
 
+    /// Connects, starts the reader thread, and registers (NICK, USER).
     fn connect_server(&mut self) {
         let stream = match open(&self.config.server) {
             Ok(s) => s,
@@ -246,6 +250,7 @@ impl<'a> Bridge<'a> {
         }
     }
 
+    /// Pings a silent server; reconnects to one silent for twice as long.
     fn keepalive(&mut self, now: Instant) {
         let Some(conn) = self.conn.as_mut() else {
             return;
@@ -262,6 +267,8 @@ impl<'a> Bridge<'a> {
         }
     }
 
+    /// Writes queued lines while the flood bucket allows; a result's last line written is
+    /// confirmed to the gateway.
     fn flush_outbox(&mut self) {
         loop {
             let Some(conn) = self.conn.as_mut() else {
@@ -292,6 +299,7 @@ impl<'a> Bridge<'a> {
         }
     }
 
+    /// Writes a protocol line outside the flood bucket (PONG, JOIN, NICK).
     fn send_now(&mut self, line: &str) {
         if let Some(conn) = self.conn.as_mut()
             && let Err(e) = conn.send_raw(line)
@@ -300,87 +308,58 @@ impl<'a> Bridge<'a> {
         }
     }
 
+    /// A line (or the end) from the server-reading thread.
     fn on_server(&mut self, input: ServerInput) {
+        let Some(line) = self.current_line(input) else {
+            return;
+        };
+        if let Some(msg) = parse_line(&line) {
+            self.on_message(&msg);
+        }
+    }
+
+    /// The line, if it comes from the current connection (which was just heard from); a
+    /// closed current connection is reconnected.
+    fn current_line(&mut self, input: ServerInput) -> Option<String> {
         let (generation, line) = match input {
             ServerInput::Line(g, line) => (g, line),
             ServerInput::Closed(g, reason) => {
                 if self.conn.as_ref().is_some_and(|c| c.generation == g) {
                     self.schedule_reconnect(&reason);
                 }
-                return;
+                return None;
             }
         };
-        let Some(conn) = self.conn.as_mut() else {
-            return;
-        };
+        let conn = self.conn.as_mut()?;
         if conn.generation != generation {
-            return;
+            return None;
         }
         conn.last_heard = Instant::now();
         conn.pinged = false;
-        let Some(msg) = parse_line(&line) else {
+        Some(line)
+    }
+
+    /// Acts on one server line of the current connection.
+    fn on_message(&mut self, msg: &IrcLine<'_>) {
+        let Some(conn) = self.conn.as_mut() else {
             return;
         };
+        let from_us = msg.prefix.map(nick_of) == Some(conn.nick.as_str());
         match msg.command {
             "PING" => {
                 let token = msg.params.first().copied().unwrap_or("");
                 self.send_now(&format!("PONG :{token}"));
             }
-            "001" => {
-                conn.registered = true;
-                if let Some(nick) = msg.params.first() {
-                    conn.nick = (*nick).to_owned();
-                }
-                // The welcome ends with the source the server will relay our lines with.
-                let source = msg
-                    .params
-                    .last()
-                    .and_then(|t| t.rsplit(' ').next())
-                    .filter(|w| w.contains('!') && w.contains('@') && nick_of(w) == conn.nick);
-                conn.source_len = match source {
-                    Some(s) => s.len(),
-                    None => conservative_source_len(&conn.nick),
-                };
-                self.backoff = self.config.initial_backoff;
-                log::info!(
-                    "irc {}: registered as {} (relayed as {} bytes of source)",
-                    self.config.server,
-                    conn.nick,
-                    conn.source_len
-                );
-                for channel in self.config.channels.clone() {
-                    self.send_now(&format!("JOIN {channel}"));
-                }
-            }
-            "433" | "436" | "432" if !conn.registered => {
-                conn.nick_attempts += 1;
-                if conn.nick_attempts > MAX_NICK_ATTEMPTS {
-                    return self.schedule_reconnect(&format!(
-                        "no nick accepted after {MAX_NICK_ATTEMPTS} alternates of {}",
-                        self.config.nick
-                    ));
-                }
-                let alt = alternate_nick(&self.config.nick, conn.nick_attempts);
-                log::warn!(
-                    "irc {}: nick {} refused ({}); trying {alt}",
-                    self.config.server,
-                    conn.nick,
-                    msg.command
-                );
-                conn.nick = alt.clone();
-                conn.source_len = conservative_source_len(&alt);
-                self.send_now(&format!("NICK {alt}"));
-            }
+            "001" => self.on_welcome(msg),
+            "433" | "436" | "432" if !conn.registered => self.on_nick_refused(msg),
             "NICK" => {
-                if msg.prefix.map(nick_of) == Some(conn.nick.as_str())
-                    && let Some(new) = msg.params.first()
-                {
+                if from_us && let Some(new) = msg.params.first() {
                     let grown = new.len() as isize - conn.nick.len() as isize;
                     conn.nick = (*new).to_owned();
                     conn.source_len = conn.source_len.saturating_add_signed(grown);
                 }
             }
-            "JOIN" if msg.prefix.map(nick_of) == Some(conn.nick.as_str()) => {
+            "JOIN" if from_us => {
                 conn.unresolved_channels = conn.unresolved_channels.saturating_sub(1);
                 log::info!(
                     "irc {}: joined {}",
@@ -397,18 +376,7 @@ impl<'a> Bridge<'a> {
                     msg.params.last().unwrap_or(&"")
                 );
             }
-            "KICK" => {
-                if msg.params.get(1).copied() == Some(conn.nick.as_str())
-                    && let Some(channel) = msg.params.first()
-                {
-                    log::warn!(
-                        "irc {}: kicked from {channel}; joining again",
-                        self.config.server
-                    );
-                    let join = format!("JOIN {channel}");
-                    self.send_now(&join);
-                }
-            }
+            "KICK" => self.on_kick(msg),
             "ERROR" => {
                 log::warn!(
                     "irc {}: server error: {}",
@@ -416,21 +384,101 @@ impl<'a> Bridge<'a> {
                     msg.params.last().unwrap_or(&"")
                 );
             }
-            "PRIVMSG" => {
-                let (Some(prefix), Some(target), Some(text)) =
-                    (msg.prefix, msg.params.first(), msg.params.get(1))
-                else {
-                    return;
-                };
-                let sender = nick_of(prefix);
-                if let Some(a) = addressed(&conn.nick, sender, target, text) {
-                    self.submit(a);
-                }
-            }
+            "PRIVMSG" => self.on_privmsg(msg),
             _ => {}
         }
     }
 
+    /// The welcome (`001`): registered; the nick and relayed source as the server says;
+    /// the channels joined.
+    fn on_welcome(&mut self, msg: &IrcLine<'_>) {
+        let Some(conn) = self.conn.as_mut() else {
+            return;
+        };
+        conn.registered = true;
+        if let Some(nick) = msg.params.first() {
+            conn.nick = (*nick).to_owned();
+        }
+        // The welcome ends with the source the server will relay our lines with.
+        let source = msg
+            .params
+            .last()
+            .and_then(|t| t.rsplit(' ').next())
+            .filter(|w| w.contains('!') && w.contains('@') && nick_of(w) == conn.nick);
+        conn.source_len = match source {
+            Some(s) => s.len(),
+            None => conservative_source_len(&conn.nick),
+        };
+        self.backoff = self.config.initial_backoff;
+        log::info!(
+            "irc {}: registered as {} (relayed as {} bytes of source)",
+            self.config.server,
+            conn.nick,
+            conn.source_len
+        );
+        for channel in self.config.channels.clone() {
+            self.send_now(&format!("JOIN {channel}"));
+        }
+    }
+
+    /// The nick was refused before registration: the next alternate, up to
+    /// [`MAX_NICK_ATTEMPTS`], then a new connection.
+    fn on_nick_refused(&mut self, msg: &IrcLine<'_>) {
+        let Some(conn) = self.conn.as_mut() else {
+            return;
+        };
+        conn.nick_attempts += 1;
+        if conn.nick_attempts > MAX_NICK_ATTEMPTS {
+            return self.schedule_reconnect(&format!(
+                "no nick accepted after {MAX_NICK_ATTEMPTS} alternates of {}",
+                self.config.nick
+            ));
+        }
+        let alt = alternate_nick(&self.config.nick, conn.nick_attempts);
+        log::warn!(
+            "irc {}: nick {} refused ({}); trying {alt}",
+            self.config.server,
+            conn.nick,
+            msg.command
+        );
+        conn.nick = alt.clone();
+        conn.source_len = conservative_source_len(&alt);
+        self.send_now(&format!("NICK {alt}"));
+    }
+
+    /// Kicked from a channel: join it again.
+    fn on_kick(&mut self, msg: &IrcLine<'_>) {
+        let Some(conn) = self.conn.as_ref() else {
+            return;
+        };
+        if msg.params.get(1).copied() == Some(conn.nick.as_str())
+            && let Some(channel) = msg.params.first()
+        {
+            log::warn!(
+                "irc {}: kicked from {channel}; joining again",
+                self.config.server
+            );
+            let join = format!("JOIN {channel}");
+            self.send_now(&join);
+        }
+    }
+
+    /// A PRIVMSG: passed to the gateway when it is addressed to the bot.
+    fn on_privmsg(&mut self, msg: &IrcLine<'_>) {
+        let Some(conn) = self.conn.as_ref() else {
+            return;
+        };
+        let (Some(prefix), Some(target), Some(text)) =
+            (msg.prefix, msg.params.first(), msg.params.get(1))
+        else {
+            return;
+        };
+        if let Some(a) = addressed(&conn.nick, nick_of(prefix), target, text) {
+            self.submit(a);
+        }
+    }
+
+    /// Hands an addressed line to the gateway, keeping where to tell a rejection.
     fn submit(&mut self, a: Addressed) {
         self.next_id += 1;
         let id = format!("irc-{:x}-{}", self.boot, self.next_id);
@@ -462,6 +510,7 @@ impl<'a> Bridge<'a> {
         }
     }
 
+    /// Queues `text` as lines for `route`; the last one completes the result `completes`.
     fn queue_reply(&mut self, route: &Route, text: &str, completes: Option<String>) {
         let source_len = self.conn.as_ref().map_or_else(
             || conservative_source_len(&self.config.nick),
@@ -479,6 +528,7 @@ impl<'a> Bridge<'a> {
         }
     }
 
+    /// A gateway event: readiness, rejections told to their chat, results queued.
     fn on_gateway(&mut self, event: GatewayEvent) {
         match event {
             GatewayEvent::Connected => self.gateway_up = true,
