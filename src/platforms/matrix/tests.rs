@@ -6,8 +6,15 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use super::api::ApiError;
+use super::engine::{Core, GatewaySide, Homeserver, Step};
+use super::sync::{ChatKind, HumanMessage};
 use super::*;
-use crate::platforms::gateway::{Admission, GatewayEvent, Outcome, TerminalEvent};
+use crate::message::ChatType;
+use crate::platforms::edits::EditLimits;
+use crate::platforms::gateway::{
+    Admission, GatewayEvent, Outcome, OutgoingMessage, SendError, TerminalEvent,
+};
 
 #[derive(Debug, Clone)]
 struct Sent {
@@ -233,7 +240,7 @@ fn under_429_only_the_newest_edit_is_kept_and_the_command_answer_goes_first() {
     r.human("$h1", "write a poem");
     r.gateway(partial("$h1", "a"));
     r.settle(); // the reply's first message
-    r.core.hs.answers.push_back(limited());
+    r.core.homeserver_mut().answers.push_back(limited());
     r.gateway(partial("$h1", "a b"));
     let wake = r.settle().expect("a wait after the 429");
     assert_eq!(wake, r.now + Duration::from_secs(2));
@@ -260,7 +267,7 @@ fn repeated_strikes_stop_the_edits_and_only_the_final_is_sent() {
     r.gateway(partial("$h1", "once"));
     r.settle();
     for _ in 0..3 {
-        r.core.hs.answers.push_back(limited());
+        r.core.homeserver_mut().answers.push_back(limited());
     }
     for text in ["once upon", "once upon a", "once upon a time"] {
         r.gateway(partial("$h1", text));
@@ -290,7 +297,7 @@ fn repeated_strikes_stop_the_edits_and_only_the_final_is_sent() {
 fn a_redelivered_result_is_posted_once() {
     let mut r = Rig::new();
     r.human("$h1", "hi");
-    r.core.hs.answers.push_back(limited());
+    r.core.homeserver_mut().answers.push_back(limited());
     r.gateway(result("$h1", reply("answer"), false));
     r.settle(); // refused: waits
     // The connection dropped before it was posted; the gateway sends it again.
@@ -328,7 +335,7 @@ fn stop_ends_the_partials_and_the_cancellation_is_a_last_edit_with_a_marker() {
     r.human("$h1", "slow");
     r.gateway(partial("$h1", "w0"));
     r.settle();
-    r.core.hs.answers.push_back(limited());
+    r.core.homeserver_mut().answers.push_back(limited());
     r.gateway(partial("$h1", "w0 w1"));
     r.settle(); // refused, w0 w1 waits
     r.human("$stop", "!stop");
@@ -388,9 +395,9 @@ fn a_cancellation_with_nothing_shown_posts_nothing_and_is_confirmed() {
 fn a_lost_answer_to_the_first_message_is_retried_with_the_same_transaction() {
     let mut r = Rig::new();
     r.human("$h1", "hi");
-    r.core.hs.keep_lost = true;
+    r.core.homeserver_mut().keep_lost = true;
     r.core
-        .hs
+        .homeserver_mut()
         .answers
         .push_back(Err(ApiError::Transport("reset".into())));
     r.gateway(partial("$h1", "part"));
@@ -470,12 +477,15 @@ fn a_long_final_continues_in_new_messages() {
 fn a_permanent_refusal_is_logged_and_the_result_confirmed() {
     let mut r = Rig::new();
     r.human("$h1", "hi");
-    r.core.hs.answers.push_back(Err(ApiError::Status {
-        what: "PUT /rooms/x/send".into(),
-        status: 403,
-        errcode: "M_FORBIDDEN".into(),
-        error: "not in room".into(),
-    }));
+    r.core
+        .homeserver_mut()
+        .answers
+        .push_back(Err(ApiError::Status {
+            what: "PUT /rooms/x/send".into(),
+            status: 403,
+            errcode: "M_FORBIDDEN".into(),
+            error: "not in room".into(),
+        }));
     r.gateway(result("$h1", reply("answer"), false));
     r.settle();
     assert!(r.sent().is_empty());
@@ -486,12 +496,15 @@ fn a_permanent_refusal_is_logged_and_the_result_confirmed() {
 fn a_refused_access_token_stops_the_bridge() {
     let mut r = Rig::new();
     r.human("$h1", "hi");
-    r.core.hs.answers.push_back(Err(ApiError::Status {
-        what: "PUT /rooms/x/send".into(),
-        status: 401,
-        errcode: "M_UNKNOWN_TOKEN".into(),
-        error: "bad".into(),
-    }));
+    r.core
+        .homeserver_mut()
+        .answers
+        .push_back(Err(ApiError::Status {
+            what: "PUT /rooms/x/send".into(),
+            status: 401,
+            errcode: "M_UNKNOWN_TOKEN".into(),
+            error: "bad".into(),
+        }));
     r.gateway(result("$h1", reply("answer"), false));
     assert!(r.core.step(r.now, &mut r.gw).is_err());
 }

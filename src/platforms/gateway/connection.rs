@@ -1,0 +1,268 @@
+//! The connection thread: opens the TCP connection, says hello, reads lines until the
+//! connection ends, and reconnects with capped exponential backoff.
+
+use std::io::{self, Read};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use serde_json::json;
+
+use super::protocol::{LineResult, handle_line};
+use super::{GatewayEvent, Shared, write_line};
+
+/// Longest gateway line accepted: a 1 MiB reply escaped as JSON fits many times over; a
+/// longer line is a broken peer and ends the connection.
+pub(crate) const MAX_GATEWAY_LINE_BYTES: usize = 16 << 20;
+/// Silence after which the client sends a `ping`.
+const PING_AFTER: Duration = Duration::from_secs(30);
+/// Silence after which the connection is considered dead and replaced.
+const DEAD_AFTER: Duration = Duration::from_secs(75);
+/// How long a read blocks before the stop flag and the ping timer are checked.
+const READ_SLICE: Duration = Duration::from_millis(250);
+/// A write taking longer than this ends the connection (the gateway stopped reading).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time to open a TCP connection to the gateway.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A connection that stayed up this long resets the backoff even without a pong.
+const STABLE_AFTER: Duration = Duration::from_secs(10);
+
+/// The connection thread: connect, hello, read; reconnect with backoff; until shutdown or
+/// until the bridge dropped its receiver.
+pub(super) fn run_connection(shared: &Shared, events: &Sender<GatewayEvent>, stop: &Receiver<()>) {
+    let config = &shared.config;
+    let mut backoff = config.initial_backoff.max(Duration::from_millis(1));
+    let mut attempt: u32 = 0;
+    while !shared.stopping.load(Ordering::SeqCst) {
+        attempt += 1;
+        let started = Instant::now();
+        let result = match open(&config.addr) {
+            Ok(stream) => serve_connection(shared, stream, events),
+            Err(e) => Err(e),
+        };
+        if shared.stopping.load(Ordering::SeqCst) {
+            break;
+        }
+        let (confirmed, reason) = match result {
+            Ok(ConnectionEnd::ReceiverGone) => return,
+            Ok(ConnectionEnd::Closed { confirmed, reason }) => (confirmed, reason),
+            Err(e) => (false, e),
+        };
+        {
+            let mut state = shared.lock();
+            state.conn = None;
+            state.connected = false;
+        }
+        if confirmed || started.elapsed() >= STABLE_AFTER {
+            backoff = config.initial_backoff.max(Duration::from_millis(1));
+            attempt = 1;
+        }
+        if confirmed
+            && events
+                .send(GatewayEvent::Disconnected {
+                    reason: reason.clone(),
+                })
+                .is_err()
+        {
+            return;
+        }
+        log::warn!(
+            "gateway {}: {reason}; reconnecting in {backoff:?} (attempt {attempt})",
+            config.addr
+        );
+        match stop.recv_timeout(backoff) {
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+        backoff = (backoff * 2).min(config.max_backoff.max(Duration::from_millis(1)));
+    }
+}
+
+/// How one connection ended.
+enum ConnectionEnd {
+    /// The bridge dropped its event receiver: the client has nobody to work for.
+    ReceiverGone,
+    /// The connection ended; `confirmed` if its hello had been answered.
+    Closed { confirmed: bool, reason: String },
+}
+
+/// Opens a TCP connection to the first of `addr`'s addresses that answers.
+fn open(addr: &str) -> Result<TcpStream, String> {
+    let addrs: Vec<SocketAddr> = addr
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {addr}: {e}"))?
+        .collect();
+    let mut last = format!("{addr} resolves to no address");
+    for a in addrs {
+        match TcpStream::connect_timeout(&a, CONNECT_TIMEOUT) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = format!("cannot connect to {a}: {e}"),
+        }
+    }
+    Err(last)
+}
+
+/// One connection: sets the socket up, says hello (sending every unanswered message again),
+/// then reads until the connection ends.
+fn serve_connection(
+    shared: &Shared,
+    stream: TcpStream,
+    events: &Sender<GatewayEvent>,
+) -> Result<ConnectionEnd, String> {
+    let reader = setup_socket(&stream)?;
+    say_hello(shared, stream)?;
+    Ok(Reader::new(shared, reader, events).run())
+}
+
+/// Nagle off, the write timeout, the read slice; returns the reading half.
+fn setup_socket(stream: &TcpStream) -> Result<TcpStream, String> {
+    let io_err = |e: io::Error| format!("socket setup failed: {e}");
+    stream.set_nodelay(true).map_err(io_err)?;
+    stream
+        .set_write_timeout(Some(WRITE_TIMEOUT))
+        .map_err(io_err)?;
+    stream.set_read_timeout(Some(READ_SLICE)).map_err(io_err)?;
+    stream.try_clone().map_err(io_err)
+}
+
+/// Installs the writing half in the shared state and writes the hello, the ping that
+/// confirms it, and every message still waiting for its answer, in order.
+fn say_hello(shared: &Shared, stream: TcpStream) -> Result<(), String> {
+    let config = &shared.config;
+    let mut state = shared.lock();
+    state.conn = Some(stream);
+    state.connected = false;
+    let hello = json!({
+        "op": "hello", "platform": config.platform, "token": config.token, "acks": true,
+    })
+    .to_string();
+    // The pong to this ping confirms the hello: with a token, a refused hello is
+    // answered `error` and closed instead.
+    let mut ok = write_line(&mut state, &hello) && write_line(&mut state, r#"{"op":"ping"}"#);
+    let lines: Vec<String> = state.pending.iter().map(|p| p.line.clone()).collect();
+    for line in &lines {
+        ok = ok && write_line(&mut state, line);
+    }
+    if !ok {
+        return Err("the gateway closed the connection during the hello".into());
+    }
+    if !lines.is_empty() {
+        log::info!(
+            "gateway: sent {} unanswered message(s) again after reconnecting",
+            lines.len()
+        );
+    }
+    Ok(())
+}
+
+/// The reading side of one connection: splits the bytes into lines and watches the silence.
+struct Reader<'a> {
+    shared: &'a Shared,
+    reader: TcpStream,
+    events: &'a Sender<GatewayEvent>,
+    /// The hello was answered (a `pong` came).
+    confirmed: bool,
+    /// Bytes read and not yet ended by a newline.
+    buf: Vec<u8>,
+    last_heard: Instant,
+    /// A ping was sent for the current silence.
+    pinged: bool,
+    /// The last `error` line's detail: the reason, should the gateway close right after it.
+    error_detail: Option<String>,
+}
+
+impl<'a> Reader<'a> {
+    /// A reader for a connection whose hello was just written.
+    fn new(shared: &'a Shared, reader: TcpStream, events: &'a Sender<GatewayEvent>) -> Self {
+        Reader {
+            shared,
+            reader,
+            events,
+            confirmed: false,
+            buf: Vec::new(),
+            last_heard: Instant::now(),
+            pinged: false,
+            error_detail: None,
+        }
+    }
+
+    /// The connection ended with `reason`.
+    fn closed(&self, reason: String) -> ConnectionEnd {
+        ConnectionEnd::Closed {
+            confirmed: self.confirmed,
+            reason,
+        }
+    }
+
+    /// Reads until shutdown, the end of the connection, or the bridge gone.
+    fn run(mut self) -> ConnectionEnd {
+        let mut chunk = vec![0u8; 64 * 1024];
+        loop {
+            if self.shared.stopping.load(Ordering::SeqCst) {
+                return self.closed("shutting down".into());
+            }
+            let step = match self.reader.read(&mut chunk) {
+                Ok(0) => {
+                    let reason = match self.error_detail.take() {
+                        Some(d) => format!("the gateway closed the connection: {d}"),
+                        None => "the gateway closed the connection".into(),
+                    };
+                    Some(self.closed(reason))
+                }
+                Ok(n) => self.on_bytes(&chunk[..n]),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock
+                            | io::ErrorKind::TimedOut
+                            | io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    self.on_silence()
+                }
+                Err(e) => Some(self.closed(format!("reading from the gateway failed: {e}"))),
+            };
+            if let Some(end) = step {
+                return end;
+            }
+        }
+    }
+
+    /// Handles every complete line in what was read; `Some` ends the connection.
+    fn on_bytes(&mut self, bytes: &[u8]) -> Option<ConnectionEnd> {
+        self.last_heard = Instant::now();
+        self.pinged = false;
+        self.buf.extend_from_slice(bytes);
+        let mut start = 0;
+        while let Some(nl) = self.buf[start..].iter().position(|&b| b == b'\n') {
+            let line = &self.buf[start..start + nl];
+            start += nl + 1;
+            match handle_line(self.shared, line, &mut self.confirmed, self.events) {
+                LineResult::Continue => {}
+                LineResult::Error(detail) => self.error_detail = Some(detail),
+                LineResult::ReceiverGone => return Some(ConnectionEnd::ReceiverGone),
+            }
+        }
+        self.buf.drain(..start);
+        if self.buf.len() > MAX_GATEWAY_LINE_BYTES {
+            return Some(self.closed(format!(
+                "the gateway sent a line longer than {MAX_GATEWAY_LINE_BYTES} bytes"
+            )));
+        }
+        None
+    }
+
+    /// A read slice passed without bytes: ping after a while, give up after longer.
+    fn on_silence(&mut self) -> Option<ConnectionEnd> {
+        let silent = self.last_heard.elapsed();
+        if silent >= DEAD_AFTER {
+            return Some(self.closed(format!("no answer from the gateway for {silent:?}")));
+        }
+        if silent >= PING_AFTER && !self.pinged {
+            self.pinged = true;
+            write_line(&mut self.shared.lock(), r#"{"op":"ping"}"#);
+        }
+        None
+    }
+}

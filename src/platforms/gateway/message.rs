@@ -1,0 +1,216 @@
+//! The bridge protocol's values as a bridge sees them: the message it sends, the answers
+//! and events it gets back, and why a send failed.
+
+use serde_json::{Value, json};
+
+use crate::message::ChatType;
+
+/// A chat message for the gateway (the `message` op).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct OutgoingMessage {
+    /// Unique per platform (the gateway drops a repeat within its duplicate window).
+    pub id: String,
+    /// The chat (room, channel, nick, chat id).
+    pub chat_id: String,
+    /// `dm` or `group` (part of the session key).
+    pub chat_type: ChatType,
+    /// The sender (part of the session key of a `group` chat).
+    pub user_id: Option<String>,
+    /// The sender's display name.
+    pub user_name: Option<String>,
+    /// A thread inside the chat (part of the session key).
+    pub thread_id: Option<String>,
+    /// Platform metadata passed to the agent: a JSON object.
+    pub meta: Option<Value>,
+    /// The text; `/stop`, `/new`, `/reset`, `/status` at its start are commands.
+    pub text: String,
+}
+
+impl OutgoingMessage {
+    /// A message with only the required fields (a `dm` without user).
+    pub(crate) fn new(id: &str, chat_id: &str, text: &str) -> OutgoingMessage {
+        OutgoingMessage {
+            id: id.to_owned(),
+            chat_id: chat_id.to_owned(),
+            chat_type: ChatType::Dm,
+            user_id: None,
+            user_name: None,
+            thread_id: None,
+            meta: None,
+            text: text.to_owned(),
+        }
+    }
+
+    /// The `message` line sent for it (and sent again after a reconnect).
+    pub(super) fn line(&self, platform: &str) -> String {
+        json!({
+            "op": "message",
+            "id": self.id,
+            "platform": platform,
+            "chat_id": self.chat_id,
+            "chat_type": self.chat_type.as_str(),
+            "user_id": self.user_id,
+            "user_name": self.user_name,
+            "thread_id": self.thread_id,
+            "meta": self.meta,
+            "text": self.text,
+        })
+        .to_string()
+    }
+}
+
+/// The gateway's answer to a message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Admission {
+    /// Accepted: its turn runs (`queued == false`) or waits behind `position` others.
+    Accepted {
+        /// The session key.
+        session: String,
+        /// Waiting behind others rather than running.
+        queued: bool,
+        /// Messages of the session ahead of it.
+        position: usize,
+    },
+    /// Already accepted earlier (a repeat after a reconnect, or a restarted bridge): not run
+    /// again; its result comes (or came) with the first copy.
+    Duplicate {
+        /// The session key.
+        session: String,
+    },
+    /// Refused; nothing else follows for this id.
+    Rejected {
+        /// The session key, when one could be built.
+        session: Option<String>,
+        /// `queue_full`, `overloaded`, `backpressure`, `shutting_down`, `storage`, `invalid`.
+        reason: String,
+        /// The gateway's explanation.
+        detail: String,
+    },
+}
+
+/// How a message's turn ended (a terminal event).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// The agent's reply, or a command's answer.
+    Reply {
+        /// The whole text.
+        text: String,
+        /// The reply was cut at the gateway's `--max-reply-bytes`.
+        truncated: bool,
+    },
+    /// Cancelled: `stopped`, `reset`, `interrupted` or `shutdown`.
+    Cancelled {
+        /// Why.
+        reason: String,
+    },
+    /// Failed: `agent error: …`, `timeout`, `interrupted by restart`, …
+    Failed {
+        /// What failed.
+        error: String,
+    },
+    /// The text ran in another message's turn (merge mode); that one carries the reply.
+    Merged {
+        /// The carrier message's id.
+        into: String,
+    },
+}
+
+impl Outcome {
+    /// What a chat shows for this outcome; `None` for a merge (the carrier's reply says it).
+    pub(crate) fn chat_text(&self) -> Option<String> {
+        match self {
+            Outcome::Reply { text, truncated } if *truncated => {
+                Some(format!("{text}\n[reply truncated by the gateway]"))
+            }
+            Outcome::Reply { text, .. } => Some(text.clone()),
+            Outcome::Cancelled { reason } => Some(format!("[cancelled: {reason}]")),
+            Outcome::Failed { error } => Some(format!("[failed: {error}]")),
+            Outcome::Merged { .. } => None,
+        }
+    }
+}
+
+/// A terminal event: the one result of an accepted message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct TerminalEvent {
+    /// The message id.
+    pub id: String,
+    /// The session key (`platform:chat_type:chat_id[…]`; parse it with
+    /// [`SessionKey`](crate::SessionKey)'s `FromStr` to find the chat after a restart).
+    pub session: String,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// The gateway may have sent it before (see the protocol's Delivery section). Ids the
+    /// client remembers as handled never reach the bridge; this one it does not remember.
+    pub redelivery: bool,
+}
+
+/// What the gateway client reports to its bridge.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum GatewayEvent {
+    /// A hello was confirmed (the gateway answered the ping after it): messages flow.
+    Connected,
+    /// The connection ended; the client reconnects by itself.
+    Disconnected {
+        /// What happened (no secret in it).
+        reason: String,
+    },
+    /// The answer to a message.
+    Admission {
+        /// The message id.
+        id: String,
+        /// Accepted, duplicate or rejected.
+        admission: Admission,
+    },
+    /// A turn started (`on`), is still running, or ended (`!on`).
+    Typing {
+        /// The session key.
+        session: String,
+        /// The chat.
+        chat_id: String,
+        /// On or off.
+        on: bool,
+    },
+    /// The reply so far of a running turn (cumulative; best effort).
+    Partial {
+        /// The message id.
+        id: String,
+        /// The session key.
+        session: String,
+        /// The text so far.
+        text: String,
+    },
+    /// A terminal event not handled before: show it, then call [`Gateway::delivered`].
+    Result(TerminalEvent),
+    /// The gateway could not act on a line, or refused the connection (`unauthorized`, …).
+    Error {
+        /// The gateway's detail.
+        detail: String,
+    },
+}
+
+/// Why a message could not be handed to the client.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum SendError {
+    /// [`GatewayConfig::max_pending`] messages already wait for their answer.
+    TooManyPending(usize),
+    /// [`Gateway::send_and_wait`] got no answer in time (the message stays pending and is
+    /// sent again after a reconnect; sending it again with the same id is safe).
+    TimedOut,
+    /// The client was shut down.
+    Closed,
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SendError::TooManyPending(n) => {
+                write!(f, "{n} messages already wait for the gateway's answer")
+            }
+            SendError::TimedOut => write!(f, "no answer from the gateway in time"),
+            SendError::Closed => write!(f, "the gateway client was shut down"),
+        }
+    }
+}
+
+impl std::error::Error for SendError {}

@@ -1,0 +1,311 @@
+//! A blocking client of the bridge protocol (`docs/protocol.md`), shared by every platform
+//! bridge.
+//!
+//! [`Gateway::connect`] starts one thread that owns the TCP connection: it connects, says
+//! hello with `"acks":true` and the token, confirms the hello with a `ping`, reads the
+//! gateway's lines and turns them into [`GatewayEvent`]s on a bounded channel (a bridge that
+//! falls behind slows the reads, and TCP slows the gateway: nothing is dropped). When the
+//! connection fails it reconnects with capped exponential backoff.
+//!
+//! Guarantees a bridge builds on:
+//! - **A sent message is not lost while the gateway is away.** [`Gateway::send`] keeps the
+//!   message until the gateway answers it with `ack` or `reject`; after a reconnect every
+//!   unanswered message is sent again, in order (the gateway's duplicate window makes the
+//!   repeat harmless: it answers `duplicate`). At most [`GatewayConfig::max_pending`] wait at
+//!   once; beyond, `send` says so ([`SendError::TooManyPending`]) instead of queueing.
+//! - **A result is shown once.** The bridge calls [`Gateway::delivered`] once it has handled
+//!   a terminal event (posted it, or decided not to); the client remembers the id (the newest
+//!   [`GatewayConfig::shown_memory`] of them) and confirms it with `delivered`. A terminal
+//!   event for a remembered id (a `redelivery` after a reconnect, or the second copy the
+//!   protocol allows when a connection dies) is confirmed again and never reaches the
+//!   bridge.
+//! - The token is sent in the hello only; it is never logged nor put in an error.
+
+use std::collections::VecDeque;
+use std::io::Write;
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
+use serde_json::json;
+
+use connection::run_connection;
+pub(crate) use message::{
+    Admission, GatewayEvent, Outcome, OutgoingMessage, SendError, TerminalEvent,
+};
+use recent::RecentIds;
+
+mod connection;
+mod message;
+mod protocol;
+mod recent;
+#[cfg(test)]
+mod tests;
+
+/// Where and how to reach the gateway.
+#[derive(Clone)]
+pub(crate) struct GatewayConfig {
+    /// `HOST:PORT` of `turnstile serve`.
+    pub addr: String,
+    /// The platform named in the hello (`irc`, `telegram`, `matrix`, …).
+    pub platform: String,
+    /// The gateway's auth token, if it has one. Never logged.
+    pub token: Option<String>,
+    /// First wait before reconnecting; doubles up to `max_backoff`.
+    pub initial_backoff: Duration,
+    /// Longest wait between reconnection attempts.
+    pub max_backoff: Duration,
+    /// Messages sent and not yet answered (`ack`/`reject`) at most.
+    pub max_pending: usize,
+    /// Ids of handled results remembered, so a redelivered one is not shown twice.
+    pub shown_memory: usize,
+    /// Events buffered for the bridge before the client stops reading the gateway.
+    pub event_capacity: usize,
+}
+
+impl std::fmt::Debug for GatewayConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatewayConfig")
+            .field("addr", &self.addr)
+            .field("platform", &self.platform)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("initial_backoff", &self.initial_backoff)
+            .field("max_backoff", &self.max_backoff)
+            .field("max_pending", &self.max_pending)
+            .field("shown_memory", &self.shown_memory)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GatewayConfig {
+    /// Defaults: backoff 100 ms doubling to 10 s, 1,024 pending messages, 4,096 remembered
+    /// result ids, 1,024 buffered events.
+    pub(crate) fn new(addr: &str, platform: &str, token: Option<String>) -> GatewayConfig {
+        GatewayConfig {
+            addr: addr.to_owned(),
+            platform: platform.to_owned(),
+            token,
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(10),
+            max_pending: 1024,
+            shown_memory: 4096,
+            event_capacity: 1024,
+        }
+    }
+}
+
+/// Reads the gateway token from the environment variable `var`: `None` when it is unset or
+/// empty (a gateway without a token). The error names the variable, never its value.
+pub(crate) fn token_from_env(var: &str) -> Result<Option<String>, String> {
+    match std::env::var(var) {
+        Ok(v) if v.is_empty() => Ok(None),
+        Ok(v) => Ok(Some(v)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            Err(format!("the variable {var} is not valid UTF-8"))
+        }
+    }
+}
+
+/// A message waiting for its `ack`/`reject`.
+struct Pending {
+    id: String,
+    line: String,
+    waiters: Vec<Sender<Admission>>,
+}
+
+/// What the handle and the connection thread share.
+struct State {
+    /// The writing side of the current connection; `None` while disconnected.
+    conn: Option<TcpStream>,
+    /// The current connection's hello was confirmed.
+    connected: bool,
+    pending: VecDeque<Pending>,
+    shown: RecentIds,
+}
+
+struct Shared {
+    config: GatewayConfig,
+    state: Mutex<State>,
+    stopping: AtomicBool,
+    /// Wakes the connection thread out of its backoff wait at shutdown.
+    stop_tx: Sender<()>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic elsewhere cannot leave the state half-updated in a way that matters more
+        // than stopping the bridge would; keep going with it.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Writes one line to the connection, if there is one; a failed write drops the connection
+/// (its reader then notices and reconnects). Returns whether it was written.
+fn write_line(state: &mut State, line: &str) -> bool {
+    let Some(conn) = state.conn.as_mut() else {
+        return false;
+    };
+    let mut bytes = Vec::with_capacity(line.len() + 1);
+    bytes.extend_from_slice(line.as_bytes());
+    bytes.push(b'\n');
+    match conn.write_all(&bytes) {
+        Ok(()) => true,
+        Err(e) => {
+            log::warn!("gateway: write failed ({e}); reconnecting");
+            let _ = conn.shutdown(Shutdown::Both);
+            state.conn = None;
+            state.connected = false;
+            false
+        }
+    }
+}
+
+/// A bridge's handle on the gateway. Cheap to clone; every clone drives the same connection.
+#[derive(Clone)]
+pub(crate) struct Gateway {
+    shared: Arc<Shared>,
+}
+
+impl Gateway {
+    /// Starts the connection thread; the events arrive on the returned receiver (the first
+    /// one is [`GatewayEvent::Connected`] once the gateway answered). Never fails: an
+    /// unreachable gateway is retried with backoff, each failure logged at WARN.
+    pub(crate) fn connect(config: GatewayConfig) -> (Gateway, Receiver<GatewayEvent>) {
+        let (events_tx, events_rx) = bounded(config.event_capacity.max(1));
+        let (stop_tx, stop_rx) = bounded(1);
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                conn: None,
+                connected: false,
+                pending: VecDeque::new(),
+                shown: RecentIds::new(config.shown_memory),
+            }),
+            config,
+            stopping: AtomicBool::new(false),
+            stop_tx,
+            thread: Mutex::new(None),
+        });
+        let for_thread = Arc::clone(&shared);
+        let spawned = std::thread::Builder::new()
+            .name("gateway-client".into())
+            .spawn(move || run_connection(&for_thread, &events_tx, &stop_rx));
+        match spawned {
+            Ok(handle) => {
+                *shared.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
+            }
+            Err(e) => {
+                // Without the thread nothing is ever connected; the bridge sees the receiver
+                // disconnected and exits with this error.
+                log::error!("gateway: cannot start the client thread: {e}");
+            }
+        }
+        (Gateway { shared }, events_rx)
+    }
+
+    /// Sends a message now (or at the next connection) and keeps it until the gateway
+    /// answers; the answer arrives as [`GatewayEvent::Admission`]. A message whose id is
+    /// already pending is not sent twice.
+    pub(crate) fn send(&self, message: &OutgoingMessage) -> Result<(), SendError> {
+        self.enqueue(message, None)
+    }
+
+    /// Like [`send`](Self::send), and waits up to `timeout` for the gateway's answer (which
+    /// is also reported as an event). Used where the platform's own progress must wait for
+    /// the gateway to have the message (Telegram's update offset).
+    pub(crate) fn send_and_wait(
+        &self,
+        message: &OutgoingMessage,
+        timeout: Duration,
+    ) -> Result<Admission, SendError> {
+        let (tx, rx) = bounded(1);
+        self.enqueue(message, Some(tx))?;
+        match rx.recv_timeout(timeout) {
+            Ok(admission) => Ok(admission),
+            Err(RecvTimeoutError::Timeout) => Err(SendError::TimedOut),
+            Err(RecvTimeoutError::Disconnected) => Err(SendError::Closed),
+        }
+    }
+
+    fn enqueue(
+        &self,
+        message: &OutgoingMessage,
+        waiter: Option<Sender<Admission>>,
+    ) -> Result<(), SendError> {
+        if self.shared.stopping.load(Ordering::SeqCst) {
+            return Err(SendError::Closed);
+        }
+        let mut state = self.shared.lock();
+        if let Some(p) = state.pending.iter_mut().find(|p| p.id == message.id) {
+            p.waiters.extend(waiter);
+            return Ok(());
+        }
+        let max = self.shared.config.max_pending.max(1);
+        if state.pending.len() >= max {
+            return Err(SendError::TooManyPending(max));
+        }
+        let line = message.line(&self.shared.config.platform);
+        log::debug!(
+            "gateway: sending message {} for chat {}",
+            message.id,
+            message.chat_id
+        );
+        write_line(&mut state, &line);
+        state.pending.push_back(Pending {
+            id: message.id.clone(),
+            line,
+            waiters: waiter.into_iter().collect(),
+        });
+        Ok(())
+    }
+
+    /// The bridge has handled the terminal event of `id` (shown it, or chosen not to): it is
+    /// remembered so that a redelivered copy is dropped, and confirmed to the gateway (now,
+    /// or, if the connection is down, when the gateway redelivers it).
+    pub(crate) fn delivered(&self, id: &str) {
+        let mut state = self.shared.lock();
+        state.shown.insert(id);
+        let line = json!({"op": "delivered", "ids": [id]}).to_string();
+        write_line(&mut state, &line);
+    }
+
+    /// Whether `id`'s result was already handled (and is still remembered).
+    pub(crate) fn was_delivered(&self, id: &str) -> bool {
+        self.shared.lock().shown.contains(id)
+    }
+
+    /// Messages sent and not yet answered.
+    pub(crate) fn pending(&self) -> usize {
+        self.shared.lock().pending.len()
+    }
+
+    /// Closes the connection and stops the thread (waits for it). Idempotent. Messages still
+    /// pending are dropped here: the platform side must not have confirmed them (Telegram's
+    /// offset only moves on an answer), so they come again on the next start.
+    pub(crate) fn shutdown(&self) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        let _ = self.shared.stop_tx.try_send(());
+        {
+            let mut state = self.shared.lock();
+            if let Some(conn) = state.conn.take() {
+                let _ = conn.shutdown(Shutdown::Both);
+            }
+            state.connected = false;
+        }
+        let handle = self
+            .shared
+            .thread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(handle) = handle
+            && handle.thread().id() != std::thread::current().id()
+        {
+            let _ = handle.join();
+        }
+    }
+}

@@ -1,0 +1,204 @@
+use super::*;
+use crate::message::ChatType;
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// A scripted fake gateway: accepts connections one at a time.
+struct FakeGateway {
+    listener: TcpListener,
+}
+
+struct Peer {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl FakeGateway {
+    fn new() -> FakeGateway {
+        FakeGateway {
+            listener: TcpListener::bind("127.0.0.1:0").expect("bind"),
+        }
+    }
+    fn addr(&self) -> String {
+        self.listener.local_addr().expect("addr").to_string()
+    }
+    fn accept(&self) -> Peer {
+        let (s, _) = self.listener.accept().expect("accept");
+        s.set_read_timeout(Some(WAIT)).expect("timeout");
+        Peer {
+            reader: BufReader::new(s.try_clone().expect("clone")),
+            writer: s,
+        }
+    }
+}
+
+impl Peer {
+    fn recv(&mut self) -> Value {
+        let mut line = String::new();
+        let n = self.reader.read_line(&mut line).expect("a line in time");
+        assert!(n > 0, "client closed");
+        serde_json::from_str(&line).expect("json")
+    }
+    fn send(&mut self, v: Value) {
+        writeln!(self.writer, "{v}").expect("write");
+    }
+    /// Reads the hello and the ping, answers the ping.
+    fn handshake(&mut self) -> Value {
+        let hello = self.recv();
+        assert_eq!(self.recv()["op"], "ping");
+        self.send(json!({"op": "pong"}));
+        hello
+    }
+}
+
+fn next(rx: &Receiver<GatewayEvent>) -> GatewayEvent {
+    rx.recv_timeout(WAIT).expect("an event in time")
+}
+
+fn config(addr: &str) -> GatewayConfig {
+    let mut c = GatewayConfig::new(addr, "irc", Some("s3cret".into()));
+    c.initial_backoff = Duration::from_millis(5);
+    c.max_backoff = Duration::from_millis(20);
+    c
+}
+
+#[test]
+fn hello_carries_acks_and_token_and_messages_carry_every_field() {
+    let fake = FakeGateway::new();
+    let (gw, rx) = Gateway::connect(config(&fake.addr()));
+    let mut peer = fake.accept();
+    let hello = peer.handshake();
+    assert_eq!(
+        hello,
+        json!({"op":"hello","platform":"irc","token":"s3cret","acks":true})
+    );
+    assert_eq!(next(&rx), GatewayEvent::Connected);
+    let mut m = OutgoingMessage::new("m1", "#chan", "hi");
+    m.chat_type = ChatType::Group;
+    m.user_id = Some("ann".into());
+    m.user_name = Some("Ann".into());
+    m.meta = Some(json!({"reply_to": "x"}));
+    gw.send(&m).expect("send");
+    let line = peer.recv();
+    assert_eq!(line["op"], "message");
+    assert_eq!(line["platform"], "irc");
+    assert_eq!(line["chat_type"], "group");
+    assert_eq!(line["user_id"], "ann");
+    assert_eq!(line["user_name"], "Ann");
+    assert_eq!(line["meta"]["reply_to"], "x");
+    assert_eq!(line["text"], "hi");
+    assert_eq!(gw.pending(), 1);
+    peer.send(json!({"op":"ack","id":"m1","session":"irc:group:#chan:user:ann","state":"running","position":0}));
+    assert_eq!(
+        next(&rx),
+        GatewayEvent::Admission {
+            id: "m1".into(),
+            admission: Admission::Accepted {
+                session: "irc:group:#chan:user:ann".into(),
+                queued: false,
+                position: 0
+            }
+        }
+    );
+    assert_eq!(gw.pending(), 0);
+    gw.shutdown();
+}
+
+#[test]
+fn unanswered_messages_are_sent_again_after_a_reconnect_and_results_shown_once() {
+    let fake = FakeGateway::new();
+    let (gw, rx) = Gateway::connect(config(&fake.addr()));
+    let mut first = fake.accept();
+    first.handshake();
+    assert_eq!(next(&rx), GatewayEvent::Connected);
+    gw.send(&OutgoingMessage::new("a", "1", "one"))
+        .expect("send");
+    gw.send(&OutgoingMessage::new("b", "1", "two"))
+        .expect("send");
+    assert_eq!(first.recv()["id"], "a");
+    assert_eq!(first.recv()["id"], "b");
+    // `a` is answered and its result shown; `b` never gets an answer on this connection.
+    first.send(json!({"op":"ack","id":"a","session":"irc:dm:1","state":"running"}));
+    first.send(json!({"op":"reply","id":"a","session":"irc:dm:1","text":"done"}));
+    assert!(matches!(next(&rx), GatewayEvent::Admission { .. }));
+    let GatewayEvent::Result(result) = next(&rx) else {
+        panic!("a result")
+    };
+    assert_eq!(result.outcome.chat_text().as_deref(), Some("done"));
+    gw.delivered("a");
+    assert_eq!(first.recv(), json!({"op":"delivered","ids":["a"]}));
+    drop(first);
+    assert!(matches!(next(&rx), GatewayEvent::Disconnected { .. }));
+
+    let mut second = fake.accept();
+    second.recv(); // hello
+    assert_eq!(second.recv()["op"], "ping");
+    // Only the unanswered message is sent again.
+    let again = second.recv();
+    assert_eq!(
+        (again["op"].as_str(), again["id"].as_str()),
+        (Some("message"), Some("b"))
+    );
+    second.send(json!({"op":"pong"}));
+    assert_eq!(next(&rx), GatewayEvent::Connected);
+    // The redelivered result of `a` is confirmed but not shown again; `b`'s is shown.
+    second
+        .send(json!({"op":"reply","id":"a","session":"irc:dm:1","text":"done","redelivery":true}));
+    second
+        .send(json!({"op":"reply","id":"b","session":"irc:dm:1","text":"two!","redelivery":true}));
+    assert_eq!(second.recv(), json!({"op":"delivered","ids":["a"]}));
+    let GatewayEvent::Result(result) = next(&rx) else {
+        panic!("b's result")
+    };
+    assert_eq!((result.id.as_str(), result.redelivery), ("b", true));
+    gw.shutdown();
+}
+
+#[test]
+fn send_and_wait_returns_the_answer_and_pending_is_bounded() {
+    let fake = FakeGateway::new();
+    let mut c = config(&fake.addr());
+    c.max_pending = 2;
+    let (gw, rx) = Gateway::connect(c);
+    let mut peer = fake.accept();
+    peer.handshake();
+    assert_eq!(next(&rx), GatewayEvent::Connected);
+    let waiter = {
+        let gw = gw.clone();
+        std::thread::spawn(move || gw.send_and_wait(&OutgoingMessage::new("w", "1", "x"), WAIT))
+    };
+    assert_eq!(peer.recv()["id"], "w");
+    gw.send(&OutgoingMessage::new("v", "1", "y"))
+        .expect("second fits");
+    assert_eq!(
+        gw.send(&OutgoingMessage::new("u", "1", "z")),
+        Err(SendError::TooManyPending(2))
+    );
+    peer.send(
+        json!({"op":"reject","id":"w","session":"irc:dm:1","reason":"queue_full","detail":"full"}),
+    );
+    let answer = waiter.join().expect("thread").expect("answered");
+    assert!(matches!(answer, Admission::Rejected { reason, .. } if reason == "queue_full"));
+    gw.shutdown();
+}
+
+#[test]
+fn recent_ids_are_bounded_oldest_first() {
+    let mut ids = RecentIds::new(2);
+    assert!(ids.insert("a"));
+    assert!(!ids.insert("a"));
+    ids.insert("b");
+    ids.insert("c");
+    assert_eq!(ids.len(), 2);
+    assert!(!ids.contains("a"));
+    assert!(ids.contains("b") && ids.contains("c"));
+}
+
+#[test]
+fn the_token_never_shows_in_debug_output() {
+    let c = GatewayConfig::new("h:1", "irc", Some("s3cret".into()));
+    assert!(!format!("{c:?}").contains("s3cret"));
+}

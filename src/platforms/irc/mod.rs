@@ -1,0 +1,148 @@
+//! `turnstile bridge irc`: an IRC bot in front of the gateway.
+//!
+//! - In a channel the bot answers lines addressed to it (`NICK: text` or `NICK, text`), as a
+//!   `group` message keyed per sender (`user_id` = the sender's nick); a private message to
+//!   the bot is a `dm` (chat = the sender's nick). `!stop`, `!new`, `!reset`, `!status` are
+//!   the gateway's commands.
+//! - A result is sent as PRIVMSG lines, each at most 512 bytes **as the server relays it**
+//!   (with the `:nick!user@host` prefix the bot learns from the welcome), split at newlines
+//!   and spaces and never inside a UTF-8 sequence; a reply longer than
+//!   [`IrcConfig::max_reply_lines`] lines ends with a note saying how much was left out. In a
+//!   channel the first line starts with `sender: `.
+//! - Lines leave through a token bucket ([`IrcConfig::flood_burst`] at once, then one per
+//!   [`IrcConfig::flood_interval`]) so the server's flood protection never drops the bot.
+//!   Partials are not shown (IRC has no edits). A result is confirmed to the gateway
+//!   (`delivered`) once its last line was written to the server; lines not yet written when
+//!   the server connection drops are sent after the reconnect.
+//! - `--tls`: rustls (the TLS stack ureq already brings), the certificate checked against
+//!   the system's roots or the CAs of [`IrcConfig::tls_ca_file`].
+//! - A nick in use gets an alternate (`NICK_`, `NICK_2`, …); PINGs are answered and the bot
+//!   pings a silent server; a lost server is reconnected with capped exponential backoff.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, unbounded};
+
+use super::BridgeError;
+use super::gateway::{Gateway, GatewayConfig};
+use session::Bridge;
+use transport::tls_config;
+
+mod flood;
+mod session;
+#[cfg(test)]
+mod tests;
+mod transport;
+mod wire;
+
+/// Settings of the IRC bridge.
+#[derive(Clone, Debug)]
+pub(crate) struct IrcConfig {
+    /// The gateway (platform `irc`).
+    pub gateway: GatewayConfig,
+    /// `HOST:PORT` of the IRC server.
+    pub server: String,
+    /// Speak TLS to the server (certificate checked against the system's roots).
+    pub tls: bool,
+    /// Trust only the CA certificates of this PEM file for TLS (a private server).
+    pub tls_ca_file: Option<PathBuf>,
+    /// The nick to register (alternates if it is taken).
+    pub nick: String,
+    /// Channels to join.
+    pub channels: Vec<String>,
+    /// Lines sent at once before pacing starts.
+    pub flood_burst: u32,
+    /// One more line per this interval once the burst is used.
+    pub flood_interval: Duration,
+    /// Lines of one reply at most (the last one says what was left out).
+    pub max_reply_lines: usize,
+    /// Reply lines waiting to be sent at most; at the bound no new result is taken from the
+    /// gateway (it keeps them in its outbox) until lines have left.
+    pub max_queued_lines: usize,
+    /// First wait before reconnecting to the server; doubles up to `max_backoff`.
+    pub initial_backoff: Duration,
+    /// Longest wait between server reconnection attempts.
+    pub max_backoff: Duration,
+}
+
+impl IrcConfig {
+    /// Defaults: a burst of 5 lines then one a second, 40 lines per reply, 2,000 queued lines,
+    /// backoff 1 s doubling to 60 s.
+    pub(crate) fn new(
+        gateway: GatewayConfig,
+        server: &str,
+        nick: &str,
+        channels: Vec<String>,
+    ) -> Self {
+        IrcConfig {
+            gateway,
+            server: server.to_owned(),
+            tls: false,
+            tls_ca_file: None,
+            nick: nick.to_owned(),
+            channels,
+            flood_burst: 5,
+            flood_interval: Duration::from_secs(1),
+            max_reply_lines: 40,
+            max_queued_lines: 2000,
+            initial_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(60),
+        }
+    }
+
+    /// Checks what the server would refuse anyway, with a clear message.
+    pub(crate) fn validate(&self) -> Result<(), BridgeError> {
+        let bad_nick = self.nick.is_empty()
+            || self.nick.len() > 30
+            || self
+                .nick
+                .starts_with(|c: char| c.is_ascii_digit() || c == '-')
+            || !self
+                .nick
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_[]\\`^{}|".contains(c));
+        if bad_nick {
+            return Err(format!(
+                "--nick {:?} is not a valid IRC nick (1 to 30 of A-Z a-z 0-9 - _ [ ] \\ ` ^ {{ }} |, not starting with a digit or -)",
+                self.nick
+            ));
+        }
+        for c in &self.channels {
+            let ok = c.len() >= 2
+                && c.len() <= 50
+                && c.starts_with(['#', '&', '+', '!'])
+                && !c.contains([' ', ',', '\x07', '\r', '\n', '\0']);
+            if !ok {
+                return Err(format!(
+                    "--channel {c:?} is not a channel name (starts with #, &, + or !; no space or comma)"
+                ));
+            }
+        }
+        if self.flood_burst == 0 {
+            return Err("--flood-burst must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// Runs the IRC bridge until `stop` fires (or is dropped). `on_ready` is called once, with
+/// the bot's nick, when both the gateway and the server (channels joined) are connected.
+pub(crate) fn run(
+    config: IrcConfig,
+    stop: &Receiver<()>,
+    on_ready: &mut dyn FnMut(&str),
+) -> Result<(), BridgeError> {
+    config.validate()?;
+    let tls = if config.tls {
+        Some(tls_config(config.tls_ca_file.as_deref())?)
+    } else {
+        None
+    };
+    let (gateway, gateway_rx) = Gateway::connect(config.gateway.clone());
+    let (server_tx, server_rx) = unbounded();
+    let mut bridge = Bridge::new(&config, gateway, server_tx, tls);
+    let result = bridge.run_loop(stop, &server_rx, &gateway_rx, on_ready);
+    bridge.quit();
+    result
+}

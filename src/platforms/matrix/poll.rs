@@ -1,0 +1,174 @@
+//! The sync thread: long-polls `/sync`, joins the rooms invited to, and hands human
+//! messages to the main loop.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crossbeam_channel::Sender;
+
+use super::MatrixConfig;
+use super::api::{Api, ApiError};
+use super::sync;
+use super::sync::{ChatKind, HumanMessage, Incoming, SyncState};
+
+/// What the sync thread hands to the main loop.
+pub(super) enum FromSync {
+    /// The first sync is done (the backlog skipped): the bridge is ready.
+    Ready,
+    /// The messages of the sync batch ending with this `next_batch` were all handed over.
+    Batch(String),
+    Message(HumanMessage, ChatKind),
+    Refused {
+        room: String,
+        event_id: String,
+        why: String,
+    },
+    Fatal(String),
+}
+
+/// Joins `room`, waiting out rate limits a few times; logs the outcome.
+fn join(api: &Api, room: &str) {
+    for _ in 0..5 {
+        match api.join(room) {
+            Ok(()) => {
+                log::info!("matrix: joined room {room}");
+                return;
+            }
+            Err(ApiError::RateLimited(d)) => std::thread::sleep(d.min(Duration::from_secs(30))),
+            Err(e) => {
+                log::warn!("matrix: room {room}: could not join: {e}");
+                return;
+            }
+        }
+    }
+    log::warn!("matrix: room {room}: could not join: rate limited five times");
+}
+
+/// Long-polls `/sync`. The first sync learns the rooms (its events are the backlog); with a
+/// stored position (`resume`) the next one continues from there, so what was written while
+/// the bridge was down is answered.
+pub(super) fn run_sync(
+    api: &Api,
+    me: &str,
+    config: &MatrixConfig,
+    tx: &Sender<FromSync>,
+    mut resume: Option<String>,
+) {
+    let mut state = SyncState::new(me, config.max_rooms, 10_000);
+    let mut since: Option<String> = None;
+    let mut backoff = Duration::ZERO;
+    let first_filter = sync::filter(1);
+    let filter = sync::filter(100);
+    // Synapse caches a sync answer for two minutes by its request (user, device, since,
+    // timeout, filter, …): a restarted bridge's first sync, identical to its predecessor's,
+    // would get that stale answer (an invite since joined, an old position). A first sync
+    // returns at once whatever its timeout, so a timeout of this process's own makes the
+    // request new.
+    let unique = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+        .wrapping_add(u64::from(std::process::id()));
+    let first_timeout = Duration::from_millis(1 + unique % 100_000);
+    loop {
+        let (f, timeout) = match since {
+            None => (&first_filter, first_timeout),
+            Some(_) => (&filter, config.sync_timeout),
+        };
+        let answer = match api.sync(since.as_deref(), f, timeout) {
+            Ok(v) => v,
+            Err(e) if e.is_unauthorized() => {
+                let _ = tx.send(FromSync::Fatal(format!(
+                    "the homeserver refused the access token ({e})"
+                )));
+                return;
+            }
+            Err(ApiError::RateLimited(d)) => {
+                log::info!("matrix: sync rate limited, waiting {d:?}");
+                std::thread::sleep(d.min(Duration::from_secs(60)));
+                continue;
+            }
+            Err(e) => {
+                backoff = (backoff * 2).clamp(Duration::from_millis(500), Duration::from_secs(30));
+                log::warn!("matrix: sync failed: {e}; trying again in {backoff:?}");
+                std::thread::sleep(backoff);
+                continue;
+            }
+        };
+        backoff = Duration::ZERO;
+        let first = since.is_none();
+        let Some(next) = answer["next_batch"].as_str() else {
+            log::warn!("matrix: a sync answer without next_batch; trying again");
+            std::thread::sleep(Duration::from_secs(1));
+            continue;
+        };
+        let items = state.absorb(&answer);
+        log::debug!(
+            "matrix: sync {} → {next}: {} item(s)",
+            since.as_deref().unwrap_or("(first)"),
+            items.len()
+        );
+        let resuming = first && resume.is_some();
+        since = match resume.take().filter(|_| first) {
+            Some(stored) => {
+                log::info!("matrix: continuing from the stored sync position");
+                // The learning sync's events come again from the stored position.
+                state.forget_seen();
+                Some(stored)
+            }
+            None => Some(next.to_owned()),
+        };
+        for item in items {
+            let sent = match item {
+                Incoming::Invite(room) => {
+                    if state.can_join() {
+                        join(api, &room);
+                    } else {
+                        log::warn!(
+                            "matrix: room {room}: invite ignored, {} rooms joined already (--max-rooms)",
+                            state.room_count()
+                        );
+                    }
+                    Ok(())
+                }
+                Incoming::Message(m) => {
+                    let joined = match state.joined(&m.room) {
+                        Some(n) => Some(n),
+                        None => match api.joined_count(&m.room) {
+                            Ok(n) => {
+                                state.set_joined(&m.room, n);
+                                Some(n)
+                            }
+                            Err(e) => {
+                                log::warn!(
+                                    "matrix: room {}: member count unknown ({e}); taken as a group",
+                                    m.room
+                                );
+                                None
+                            }
+                        },
+                    };
+                    let kind = joined.map_or(ChatKind::Group, ChatKind::from_joined);
+                    tx.send(FromSync::Message(m, kind))
+                }
+                Incoming::Refused {
+                    room,
+                    event_id,
+                    why,
+                } => tx.send(FromSync::Refused {
+                    room,
+                    event_id,
+                    why,
+                }),
+            };
+            if sent.is_err() {
+                return;
+            }
+        }
+        if first && tx.send(FromSync::Ready).is_err() {
+            return;
+        }
+        if !resuming && tx.send(FromSync::Batch(next.to_owned())).is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! The polling thread: `getUpdates`, each message handed to the gateway, the offset moved
+//! (and saved) once the gateway answered it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+use serde_json::{Value, json};
+
+use super::api::{ApiError, BotApi, HttpBotApi};
+use super::offset::OffsetStore;
+use super::update::{reply_target, update_to_message};
+use super::{CALL_TIMEOUT, MAX_BACKOFF, TelegramConfig};
+use crate::platforms::gateway::{Admission, Gateway, OutgoingMessage, SendError};
+
+/// How long the poller waits for the gateway's answer before asking again.
+const ANSWER_WAIT: Duration = Duration::from_secs(30);
+
+/// What the poller tells the main thread.
+pub(super) enum Inbound {
+    /// The gateway refused a message: tell the chat.
+    Rejected {
+        chat_id: String,
+        reply_to: Option<i64>,
+        text: String,
+    },
+    /// The poller cannot go on.
+    Fatal(String),
+}
+
+/// Waits `d` unless `stop` is set first (checked every 100 ms: the poller has no channel to
+/// select on while it also blocks in HTTP).
+fn pause(stop: &AtomicBool, d: Duration) {
+    let until = Instant::now() + d;
+    while !stop.load(Ordering::SeqCst) {
+        let now = Instant::now();
+        if now >= until {
+            return;
+        }
+        std::thread::park_timeout((until - now).min(Duration::from_millis(100)));
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+/// The update loop: poll, hand each message to the gateway, advance the offset once it was
+/// answered, persist it.
+pub(super) fn poll_updates(
+    config: &TelegramConfig,
+    mut api: HttpBotApi,
+    gateway: &Gateway,
+    store: &OffsetStore,
+    mut offset: Option<i64>,
+    bot_username: &str,
+    stop: &AtomicBool,
+    to_main: &Sender<Inbound>,
+) {
+    let mut backoff = Duration::from_secs(1);
+    while !stop.load(Ordering::SeqCst) {
+        let updates = match get_updates(config, &mut api, offset, stop, &mut backoff) {
+            Polled::Updates(updates) => updates,
+            Polled::Again => continue,
+            Polled::Fatal(e) => {
+                let _ = to_main.send(Inbound::Fatal(e));
+                return;
+            }
+        };
+        for update in &updates {
+            let Some(update_id) = update.get("update_id").and_then(Value::as_i64) else {
+                log::warn!("telegram: an update without update_id; skipped");
+                continue;
+            };
+            if offset.is_some_and(|o| update_id < o) {
+                continue;
+            }
+            if let Some(message) = update_to_message(update, bot_username) {
+                log::debug!("telegram: update {update_id} from chat {}", message.chat_id);
+                let Some(answer) = wait_for_answer(gateway, &message, update_id, stop) else {
+                    return;
+                };
+                tell_rejection(&answer, &message, update_id, to_main);
+            } else {
+                log::debug!(
+                    "telegram: update {update_id} is not a text message to handle; skipped"
+                );
+            }
+            offset = Some(update_id + 1);
+            if let Err(e) = store.save(update_id + 1) {
+                // The gateway's duplicate window still keeps a restart from running it twice
+                // within its window.
+                log::error!("telegram: {e}");
+            }
+        }
+    }
+}
+
+/// What one `getUpdates` gave.
+enum Polled {
+    /// The updates (possibly none).
+    Updates(Vec<Value>),
+    /// A failure waited out (or a stop): poll again.
+    Again,
+    /// The token was refused: the bridge cannot go on.
+    Fatal(String),
+}
+
+/// One long poll from `offset`; a failure is waited out here (the rate limit's wait, or
+/// `backoff`, which doubles).
+fn get_updates(
+    config: &TelegramConfig,
+    api: &mut HttpBotApi,
+    offset: Option<i64>,
+    stop: &AtomicBool,
+    backoff: &mut Duration,
+) -> Polled {
+    let mut params = json!({
+        "timeout": config.poll_timeout.as_secs(),
+        "allowed_updates": ["message"],
+    });
+    if let Some(o) = offset {
+        params["offset"] = json!(o);
+    }
+    match api.call("getUpdates", &params, config.poll_timeout + CALL_TIMEOUT) {
+        Ok(Value::Array(u)) => {
+            *backoff = Duration::from_secs(1);
+            return Polled::Updates(u);
+        }
+        Ok(_) => {
+            log::warn!("telegram: getUpdates answered something that is not a list");
+        }
+        Err(ApiError::RetryAfter(d)) => {
+            log::warn!("telegram: getUpdates rate limited; waiting {d:?}");
+            pause(stop, d);
+            return Polled::Again;
+        }
+        Err(ApiError::Unauthorized(d)) => {
+            return Polled::Fatal(format!("the Bot API refused the bot token: {d}"));
+        }
+        Err(e) => {
+            log::warn!("telegram: getUpdates failed: {e}; retrying in {backoff:?}");
+        }
+    }
+    pause(stop, *backoff);
+    *backoff = (*backoff * 2).min(MAX_BACKOFF);
+    Polled::Again
+}
+
+/// Hands `message` to the gateway and waits for its answer, however long it takes (the
+/// offset must not move before it); `None` when the bridge stops first.
+fn wait_for_answer(
+    gateway: &Gateway,
+    message: &OutgoingMessage,
+    update_id: i64,
+    stop: &AtomicBool,
+) -> Option<Admission> {
+    loop {
+        if stop.load(Ordering::SeqCst) {
+            return None;
+        }
+        match gateway.send_and_wait(message, ANSWER_WAIT) {
+            Ok(a) => return Some(a),
+            Err(SendError::TimedOut) => {
+                log::warn!(
+                    "telegram: no answer from the gateway for update {update_id} of chat {} yet; still waiting",
+                    message.chat_id
+                );
+            }
+            Err(SendError::TooManyPending(_)) => pause(stop, Duration::from_secs(1)),
+            Err(SendError::Closed) => return None,
+        }
+    }
+}
+
+/// A rejected message is told to its chat (by the main thread, which owns the sending).
+fn tell_rejection(
+    answer: &Admission,
+    message: &OutgoingMessage,
+    update_id: i64,
+    to_main: &Sender<Inbound>,
+) {
+    if let Admission::Rejected { reason, detail, .. } = answer {
+        log::warn!(
+            "telegram: update {update_id} of chat {} rejected by the gateway: {reason} ({detail})",
+            message.chat_id
+        );
+        let _ = to_main.send(Inbound::Rejected {
+            chat_id: message.chat_id.clone(),
+            reply_to: reply_target(&message.id),
+            text: format!("[not accepted ({reason}): {detail}]"),
+        });
+    }
+}

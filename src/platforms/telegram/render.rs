@@ -1,0 +1,480 @@
+//! The [`Renderer`]: gateway results, partials, notices and typing as Bot API calls, in
+//! order of urgency and under the rate limits.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use super::api::{ApiError, BotApi, chat_param, send_params};
+use super::update::{chat_of, reply_target};
+use super::{CALL_TIMEOUT, MAX_BACKOFF};
+use crate::platforms::BridgeError;
+use crate::platforms::gateway::{Outcome, TerminalEvent};
+use crate::platforms::split::{TELEGRAM_LIMIT, split};
+
+/// Rate-limit strikes on one reply after which its partials are no longer shown.
+pub(super) const MAX_STRIKES: u32 = 3;
+/// Rejection notices waiting to be sent at most.
+pub(crate) const MAX_NOTICES: usize = 1000;
+/// Replies waiting to be shown at most, as a multiple of `max_views`.
+pub(crate) const MAX_PENDING_FACTOR: usize = 4;
+
+/// One reply being shown: the Telegram messages it spans and what is still to show.
+#[derive(Debug)]
+struct View {
+    chat_id: String,
+    reply_to: Option<i64>,
+    /// Messages posted so far and the text each shows.
+    posted: Vec<(i64, String)>,
+    /// The newest partial not shown yet (older ones are dropped).
+    partial: Option<String>,
+    /// The result, once it came: shown before any partial of any reply.
+    result: Option<String>,
+    last_edit: Option<Instant>,
+    strikes: u32,
+}
+
+impl View {
+    /// The text the reply should show now: its result (`final_`) or newest partial; never
+    /// empty (Telegram refuses an empty message).
+    fn text_to_show(&self, final_: bool) -> String {
+        let text = if final_ {
+            self.result.clone()
+        } else {
+            self.partial.clone()
+        }
+        .unwrap_or_default();
+        if text.trim().is_empty() {
+            "[empty reply]".to_owned()
+        } else {
+            text
+        }
+    }
+
+    /// Shows piece `i`: edits the message already posted for it, or posts a new one (the
+    /// first replying to the user's message). Returns the message's id.
+    fn show_piece(&self, api: &mut dyn BotApi, i: usize, piece: &str) -> Result<i64, ApiError> {
+        if let Some((message_id, _)) = self.posted.get(i) {
+            let params = json!({
+                "chat_id": chat_param(&self.chat_id), "message_id": message_id, "text": piece,
+            });
+            return api
+                .call("editMessageText", &params, CALL_TIMEOUT)
+                .map(|_| *message_id);
+        }
+        let reply_to = if i == 0 { self.reply_to } else { None };
+        let params = send_params(&self.chat_id, piece, reply_to);
+        api.call("sendMessage", &params, CALL_TIMEOUT)
+            .and_then(|m| {
+                m.get("message_id").and_then(Value::as_i64).ok_or_else(|| {
+                    ApiError::Transient("sendMessage: the answer has no message_id".into())
+                })
+            })
+    }
+
+    /// Piece `i` now shows `piece` in message `message_id`.
+    fn record(&mut self, i: usize, message_id: i64, piece: &str) {
+        if i < self.posted.len() {
+            self.posted[i].1 = piece.to_owned();
+        } else {
+            self.posted.push((message_id, piece.to_owned()));
+        }
+    }
+}
+
+/// A text for a chat that is not a reply (a rejection): sent before partials.
+#[derive(Debug)]
+struct Notice {
+    chat_id: String,
+    reply_to: Option<i64>,
+    text: String,
+}
+
+/// What [`Renderer::step`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Nothing to do before this instant (or before a new event, when `None`).
+    Idle(Option<Instant>),
+    /// Made progress; these results are now fully shown (confirm them to the gateway).
+    Worked(Vec<String>),
+}
+
+/// The reply side of the bridge: turns gateway events into Bot API calls, under the rate
+/// limits. Separate from the I/O so that its choices (what goes first, what is coalesced)
+/// are tested with a scripted API.
+#[derive(Debug)]
+pub(crate) struct Renderer {
+    views: HashMap<String, View>,
+    /// Ids in arrival order (fairness between replies).
+    order: VecDeque<String>,
+    notices: VecDeque<Notice>,
+    /// Chats whose typing indicator should be (re)sent.
+    typing: VecDeque<String>,
+    paused_until: Option<Instant>,
+    backoff: Duration,
+    edit_interval: Duration,
+    max_views: usize,
+}
+
+impl Renderer {
+    /// An empty renderer.
+    pub(crate) fn new(edit_interval: Duration, max_views: usize) -> Renderer {
+        Renderer {
+            views: HashMap::new(),
+            order: VecDeque::new(),
+            notices: VecDeque::new(),
+            typing: VecDeque::new(),
+            paused_until: None,
+            backoff: Duration::from_secs(1),
+            edit_interval,
+            max_views: max_views.max(1),
+        }
+    }
+
+    /// A partial reply: kept as the newest text to show for `id` (older pending ones go).
+    pub(crate) fn partial(&mut self, id: &str, session: &str, text: &str) {
+        if let Some(view) = self.views.get_mut(id) {
+            if view.result.is_none() && view.strikes < MAX_STRIKES {
+                view.partial = Some(text.to_owned());
+            }
+            return;
+        }
+        if self.views.len() >= self.max_views {
+            log::debug!(
+                "telegram: {} replies streaming; partial of {id} not shown",
+                self.max_views
+            );
+            return;
+        }
+        let Some(chat_id) = chat_of(session) else {
+            return;
+        };
+        self.insert_view(id, chat_id, Some(text.to_owned()), None);
+    }
+
+    /// A result to show for `id`; `false` when there is nothing to show (a merge), and the
+    /// result is handled already.
+    pub(crate) fn result(&mut self, result: &TerminalEvent) -> bool {
+        let Some(mut text) = result.outcome.chat_text() else {
+            return false;
+        };
+        if let Some(view) = self.views.get_mut(&result.id) {
+            // A turn cancelled or failed after partials were shown keeps what was shown,
+            // with the marker appended as its last edit.
+            if !matches!(result.outcome, Outcome::Reply { .. }) && !view.posted.is_empty() {
+                let shown: String = view.posted.iter().map(|(_, t)| t.as_str()).collect();
+                text = format!("{shown}\n{text}");
+            }
+            view.partial = None;
+            view.result = Some(text);
+            return true;
+        }
+        let Some(chat_id) = chat_of(&result.session) else {
+            log::error!(
+                "telegram: result {} has a session key that names no chat ({}); dropped",
+                result.id,
+                result.session
+            );
+            return false;
+        };
+        self.insert_view(&result.id, chat_id, None, Some(text));
+        true
+    }
+
+    fn insert_view(
+        &mut self,
+        id: &str,
+        chat_id: String,
+        partial: Option<String>,
+        result: Option<String>,
+    ) {
+        self.views.insert(
+            id.to_owned(),
+            View {
+                chat_id,
+                reply_to: reply_target(id),
+                posted: Vec::new(),
+                partial,
+                result,
+                last_edit: None,
+                strikes: 0,
+            },
+        );
+        self.order.push_back(id.to_owned());
+    }
+
+    /// A typing event for a chat.
+    pub(crate) fn typing(&mut self, chat_id: &str, on: bool) {
+        self.typing.retain(|c| c != chat_id);
+        if on {
+            self.typing.push_back(chat_id.to_owned());
+        }
+    }
+
+    /// A text for a chat outside any reply (a rejection). At most [`MAX_NOTICES`] wait; past
+    /// that the oldest is dropped with a WARN (its rejection was logged when it happened).
+    pub(crate) fn notice(&mut self, chat_id: &str, reply_to: Option<i64>, text: &str) {
+        if self.notices.len() >= MAX_NOTICES
+            && let Some(old) = self.notices.pop_front()
+        {
+            log::warn!(
+                "telegram: {MAX_NOTICES} notices waiting; the oldest, for chat {}, is dropped",
+                old.chat_id
+            );
+        }
+        self.notices.push_back(Notice {
+            chat_id: chat_id.to_owned(),
+            reply_to,
+            text: text.to_owned(),
+        });
+    }
+
+    /// Notices waiting to be sent.
+    #[cfg(test)]
+    pub(super) fn notices_waiting(&self) -> usize {
+        self.notices.len()
+    }
+
+    /// Whether more gateway events may be taken: replies waiting to be shown stay under
+    /// [`MAX_PENDING_FACTOR`] times `max_views`, so a Bot API that is down for long makes the
+    /// gateway keep its results (it owes them until `delivered`) instead of this process.
+    pub(crate) fn has_room(&self) -> bool {
+        self.views.len() < self.max_views.saturating_mul(MAX_PENDING_FACTOR)
+    }
+
+    /// Does the most urgent piece of work: a notice, then a result, then a due partial, then
+    /// a typing indicator. Errors other than an unauthorized token are handled here (a
+    /// pause, a retry later, or — for a call that can never work — a WARN and moving on).
+    pub(crate) fn step(&mut self, api: &mut dyn BotApi, now: Instant) -> Result<Step, BridgeError> {
+        if let Some(until) = self.paused_until {
+            if until > now {
+                return Ok(Step::Idle(Some(until)));
+            }
+            self.paused_until = None;
+        }
+        if !self.notices.is_empty() {
+            return self.send_notice(api, now);
+        }
+        let with_result = self
+            .order
+            .iter()
+            .find(|id| self.views.get(*id).is_some_and(|v| v.result.is_some()))
+            .cloned();
+        if let Some(id) = with_result {
+            return self.render(api, &id, now, true);
+        }
+        let (due, next_due) = self.due_partial(now);
+        if let Some(id) = due {
+            return self.render(api, &id, now, false);
+        }
+        if let Some(chat_id) = self.typing.pop_front() {
+            self.send_typing(api, &chat_id, now)?;
+            return Ok(Step::Worked(Vec::new()));
+        }
+        Ok(Step::Idle(next_due))
+    }
+
+    /// Sends the oldest notice; it stays first in line when the call is to be retried.
+    fn send_notice(&mut self, api: &mut dyn BotApi, now: Instant) -> Result<Step, BridgeError> {
+        let Some(notice) = self.notices.front() else {
+            return Ok(Step::Worked(Vec::new()));
+        };
+        let params = send_params(&notice.chat_id, &notice.text, notice.reply_to);
+        if let Err(e) = api.call("sendMessage", &params, CALL_TIMEOUT) {
+            let what = format!("notice to chat {}", notice.chat_id);
+            if !self.handle_error(&e, now, &what)? {
+                return Ok(Step::Worked(Vec::new()));
+            }
+        }
+        self.backoff = Duration::from_secs(1);
+        self.notices.pop_front();
+        Ok(Step::Worked(Vec::new()))
+    }
+
+    /// The first reply (in arrival order) with a partial whose edit interval has passed, and
+    /// otherwise when the next one will be due.
+    fn due_partial(&self, now: Instant) -> (Option<String>, Option<Instant>) {
+        let mut next_due: Option<Instant> = None;
+        for id in &self.order {
+            let Some(view) = self.views.get(id) else {
+                continue;
+            };
+            if view.partial.is_none() {
+                continue;
+            }
+            let at = view.last_edit.map_or(now, |t| t + self.edit_interval);
+            if at <= now {
+                return (Some(id.clone()), next_due);
+            }
+            next_due = Some(next_due.map_or(at, |n: Instant| n.min(at)));
+        }
+        (None, next_due)
+    }
+
+    /// Shows the typing indicator in `chat_id`.
+    fn send_typing(
+        &mut self,
+        api: &mut dyn BotApi,
+        chat_id: &str,
+        now: Instant,
+    ) -> Result<(), BridgeError> {
+        let params = json!({"chat_id": chat_param(chat_id), "action": "typing"});
+        if let Err(e) = api.call("sendChatAction", &params, CALL_TIMEOUT) {
+            // Best effort: a lost typing indicator is not retried (the gateway refreshes
+            // it), but a rate limit still pauses everything.
+            if let ApiError::RetryAfter(_) | ApiError::Unauthorized(_) = e {
+                self.handle_error(&e, now, &format!("typing in chat {chat_id}"))?;
+            } else {
+                log::debug!("telegram: typing in chat {chat_id} failed: {e}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Handles a failed call: `Ok(true)` when the work should be dropped (it can never
+    /// succeed), `Ok(false)` when it is kept for later.
+    fn handle_error(
+        &mut self,
+        e: &ApiError,
+        now: Instant,
+        what: &str,
+    ) -> Result<bool, BridgeError> {
+        // A wait counts from the answer, not from when the call started.
+        let now = now.max(Instant::now());
+        match e {
+            ApiError::RetryAfter(d) => {
+                log::warn!("telegram: rate limited ({what}); waiting {d:?} as asked");
+                self.paused_until = Some(now + *d);
+                Ok(false)
+            }
+            ApiError::Transient(d) => {
+                log::warn!(
+                    "telegram: {what} failed: {d}; retrying in {:?}",
+                    self.backoff
+                );
+                self.paused_until = Some(now + self.backoff);
+                self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+                Ok(false)
+            }
+            ApiError::Permanent(d) => {
+                log::warn!("telegram: {what} refused: {d}; not retried");
+                Ok(true)
+            }
+            ApiError::Unauthorized(d) => Err(format!("the Bot API refused the bot token: {d}")),
+        }
+    }
+
+    /// Brings the Telegram messages of reply `id` to its result (`final_`) or newest partial.
+    fn render(
+        &mut self,
+        api: &mut dyn BotApi,
+        id: &str,
+        now: Instant,
+        final_: bool,
+    ) -> Result<Step, BridgeError> {
+        let Some(view) = self.views.get_mut(id) else {
+            return Ok(Step::Worked(Vec::new()));
+        };
+        let pieces: Vec<String> = split(&view.text_to_show(final_), TELEGRAM_LIMIT)
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        let what = format!("reply {id} in chat {}", view.chat_id);
+        for (i, piece) in pieces.iter().enumerate() {
+            if view.posted.get(i).is_some_and(|(_, shown)| shown == piece) {
+                continue;
+            }
+            match view.show_piece(api, i, piece) {
+                Ok(message_id) => {
+                    view.record(i, message_id, piece);
+                    self.backoff = Duration::from_secs(1);
+                }
+                Err(ApiError::Permanent(d)) if d.contains("message is not modified") => {
+                    if i < view.posted.len() {
+                        view.posted[i].1 = piece.clone();
+                    }
+                }
+                Err(e) => return self.piece_failed(id, i, final_, &e, now, &what),
+            }
+        }
+        self.rendered(id, now, final_)
+    }
+
+    /// A piece of reply `id` could not be shown: a rate limit is a strike against its
+    /// partials; a refusal for good gives the piece up ([`give_up`](Self::give_up)).
+    fn piece_failed(
+        &mut self,
+        id: &str,
+        at: usize,
+        final_: bool,
+        e: &ApiError,
+        now: Instant,
+        what: &str,
+    ) -> Result<Step, BridgeError> {
+        if let (ApiError::RetryAfter(_), Some(view)) = (e, self.views.get_mut(id)) {
+            view.strikes += 1;
+            if view.strikes >= MAX_STRIKES && view.partial.take().is_some() {
+                log::warn!(
+                    "telegram: {what}: rate limited {MAX_STRIKES} times; only its final text will be shown"
+                );
+            }
+        }
+        let permanent = matches!(e, ApiError::Permanent(_));
+        let drop = self.handle_error(e, now, what)?;
+        if permanent && drop {
+            return Ok(self.give_up(id, at, final_));
+        }
+        Ok(Step::Worked(Vec::new()))
+    }
+
+    /// Every piece of reply `id` shows its text: a result is done (confirm it), a partial
+    /// waits for the next edit interval.
+    fn rendered(&mut self, id: &str, now: Instant, final_: bool) -> Result<Step, BridgeError> {
+        let view = self
+            .views
+            .get_mut(id)
+            .ok_or_else(|| "internal: view vanished".to_owned())?;
+        view.last_edit = Some(now);
+        if final_ {
+            self.views.remove(id);
+            self.order.retain(|o| o != id);
+            return Ok(Step::Worked(vec![id.to_owned()]));
+        }
+        view.partial = None;
+        Ok(Step::Worked(Vec::new()))
+    }
+
+    /// A call for reply `id` was refused for good at piece `at`: an edit is replaced by a new
+    /// message (the old one may be gone or too old to edit); a new message that cannot be
+    /// sent ends the reply (logged: the chat is gone or the bot was removed).
+    fn give_up(&mut self, id: &str, at: usize, final_: bool) -> Step {
+        let Some(view) = self.views.get_mut(id) else {
+            return Step::Worked(Vec::new());
+        };
+        if at < view.posted.len() {
+            // Edit refused: post the rest as new messages from here on.
+            view.posted.truncate(at);
+            view.reply_to = None;
+            return Step::Worked(Vec::new());
+        }
+        if at == 0 && view.reply_to.is_some() {
+            // The message replied to may be deleted: try once more without replying.
+            view.reply_to = None;
+            return Step::Worked(Vec::new());
+        }
+        log::warn!(
+            "telegram: reply {id} cannot be shown in chat {}; dropped",
+            view.chat_id
+        );
+        if final_ {
+            self.views.remove(id);
+            self.order.retain(|o| o != id);
+            Step::Worked(vec![id.to_owned()])
+        } else {
+            view.partial = None;
+            view.strikes = MAX_STRIKES;
+            Step::Worked(Vec::new())
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! Telegram updates as gateway messages, and back: which message a gateway id answers, which
+//! chat a session key names.
+
+use std::str::FromStr;
+
+use serde_json::{Value, json};
+
+use crate::message::{ChatType, SessionKey};
+use crate::platforms::gateway::OutgoingMessage;
+use crate::platforms::map_command;
+
+/// The gateway message for one update, or `None` for an update the bridge does not handle
+/// (not a text message, a channel post, from a bot). A leading `/cmd@this_bot` loses its
+/// `@this_bot`, and `!stop`-style commands map to `/stop`.
+pub(crate) fn update_to_message(update: &Value, bot_username: &str) -> Option<OutgoingMessage> {
+    let update_id = update.get("update_id")?.as_i64()?;
+    let m = update.get("message")?;
+    let text = m.get("text")?.as_str()?;
+    let message_id = m.get("message_id")?.as_i64()?;
+    let chat = m.get("chat")?;
+    let chat_id = chat.get("id")?.as_i64()?;
+    let chat_type = match chat.get("type")?.as_str()? {
+        "private" => ChatType::Dm,
+        "group" | "supergroup" => ChatType::Group,
+        _ => return None,
+    };
+    let from = m.get("from");
+    if from
+        .and_then(|f| f.get("is_bot"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false)
+    {
+        return None;
+    }
+    let user_id = from
+        .and_then(|f| f.get("id"))
+        .and_then(Value::as_i64)
+        .map(|i| i.to_string());
+    let user_name = from.and_then(user_name);
+    if chat_type == ChatType::Group && user_id.is_none() {
+        // An anonymous group admin: no user to key the session on.
+        return None;
+    }
+    let text = map_command(&without_mention(text, bot_username)).into_owned();
+    let mut message = OutgoingMessage::new(
+        &format!("tg-{update_id}-{message_id}"),
+        &chat_id.to_string(),
+        &text,
+    );
+    message.chat_type = chat_type;
+    message.user_id = user_id;
+    message.user_name = user_name;
+    let mut meta = json!({"message_id": message_id});
+    if let Some(r) = m
+        .pointer("/reply_to_message/message_id")
+        .and_then(Value::as_i64)
+    {
+        meta["reply_to"] = json!(r);
+    }
+    if let Some(u) = from.and_then(|f| f.get("username")).and_then(Value::as_str) {
+        meta["username"] = json!(u);
+    }
+    message.meta = Some(meta);
+    Some(message)
+}
+
+/// The Telegram message a gateway id (`tg-<update_id>-<message_id>`) answers.
+pub(crate) fn reply_target(id: &str) -> Option<i64> {
+    let rest = id.strip_prefix("tg-")?;
+    let (_, message_id) = rest.split_once('-')?;
+    message_id.parse().ok()
+}
+
+/// The Telegram chat of a session key (`telegram:dm:42`, `telegram:group:-100:user:7`).
+pub(crate) fn chat_of(session: &str) -> Option<String> {
+    SessionKey::from_str(session)
+        .ok()
+        .map(|k| k.chat_id().to_owned())
+}
+
+/// The sender's display name: first and last name, else the username; cut to what the
+/// protocol allows (1 to 256 bytes without control characters).
+fn user_name(from: &Value) -> Option<String> {
+    let first = from.get("first_name").and_then(Value::as_str).unwrap_or("");
+    let last = from.get("last_name").and_then(Value::as_str).unwrap_or("");
+    let name = format!("{first} {last}").trim().to_owned();
+    let name = if name.is_empty() {
+        from.get("username").and_then(Value::as_str)?.to_owned()
+    } else {
+        name
+    };
+    let name: String = name.chars().filter(|c| !c.is_control()).collect();
+    let mut end = name.len().min(256);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    (end > 0).then(|| name[..end].to_owned())
+}
+
+/// `/stop@this_bot` (how Telegram clients send a command in a group) → `/stop`; any other
+/// text as it is.
+fn without_mention(text: &str, bot_username: &str) -> String {
+    let mut text = text.to_owned();
+    if text.starts_with('/') && !bot_username.is_empty() {
+        let end = text.find(char::is_whitespace).unwrap_or(text.len());
+        if let Some(at) = text[..end].find('@')
+            && text[at + 1..end].eq_ignore_ascii_case(bot_username)
+        {
+            text.replace_range(at..end, "");
+        }
+    }
+    text
+}
