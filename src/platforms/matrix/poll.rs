@@ -58,43 +58,20 @@ pub(super) fn run_sync(
     let mut backoff = Duration::ZERO;
     let first_filter = sync::filter(1);
     let filter = sync::filter(100);
-    // Synapse caches a sync answer for two minutes by its request (user, device, since,
-    // timeout, filter, …): a restarted bridge's first sync, identical to its predecessor's,
-    // would get that stale answer (an invite since joined, an old position). A first sync
-    // returns at once whatever its timeout, so a timeout of this process's own makes the
-    // request new.
-    let unique = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-        .wrapping_add(u64::from(std::process::id()));
-    let first_timeout = Duration::from_millis(1 + unique % 100_000);
+    let first_timeout = first_sync_timeout();
     loop {
         let (f, timeout) = match since {
             None => (&first_filter, first_timeout),
             Some(_) => (&filter, config.sync_timeout),
         };
-        let answer = match api.sync(since.as_deref(), f, timeout) {
-            Ok(v) => v,
-            Err(e) if e.is_unauthorized() => {
-                let _ = tx.send(FromSync::Fatal(format!(
-                    "the homeserver refused the access token ({e})"
-                )));
+        let answer = match fetch(api, since.as_deref(), f, timeout, &mut backoff) {
+            Fetched::Answer(v) => v,
+            Fetched::Retry => continue,
+            Fetched::Fatal(why) => {
+                let _ = tx.send(FromSync::Fatal(why));
                 return;
             }
-            Err(ApiError::RateLimited(d)) => {
-                log::info!("matrix: sync rate limited, waiting {d:?}");
-                std::thread::sleep(d.min(Duration::from_secs(60)));
-                continue;
-            }
-            Err(e) => {
-                backoff = (backoff * 2).clamp(Duration::from_millis(500), Duration::from_secs(30));
-                log::warn!("matrix: sync failed: {e}; trying again in {backoff:?}");
-                std::thread::sleep(backoff);
-                continue;
-            }
         };
-        backoff = Duration::ZERO;
         let first = since.is_none();
         let Some(next) = answer["next_batch"].as_str() else {
             log::warn!("matrix: a sync answer without next_batch; trying again");
@@ -118,49 +95,7 @@ pub(super) fn run_sync(
             None => Some(next.to_owned()),
         };
         for item in items {
-            let sent = match item {
-                Incoming::Invite(room) => {
-                    if state.can_join() {
-                        join(api, &room);
-                    } else {
-                        log::warn!(
-                            "matrix: room {room}: invite ignored, {} rooms joined already (--max-rooms)",
-                            state.room_count()
-                        );
-                    }
-                    Ok(())
-                }
-                Incoming::Message(m) => {
-                    let joined = match state.joined(&m.room) {
-                        Some(n) => Some(n),
-                        None => match api.joined_count(&m.room) {
-                            Ok(n) => {
-                                state.set_joined(&m.room, n);
-                                Some(n)
-                            }
-                            Err(e) => {
-                                log::warn!(
-                                    "matrix: room {}: member count unknown ({e}); taken as a group",
-                                    m.room
-                                );
-                                None
-                            }
-                        },
-                    };
-                    let kind = joined.map_or(ChatKind::Group, ChatKind::from_joined);
-                    tx.send(FromSync::Message(m, kind))
-                }
-                Incoming::Refused {
-                    room,
-                    event_id,
-                    why,
-                } => tx.send(FromSync::Refused {
-                    room,
-                    event_id,
-                    why,
-                }),
-            };
-            if sent.is_err() {
+            if !forward(api, &mut state, tx, item) {
                 return;
             }
         }
@@ -171,4 +106,104 @@ pub(super) fn run_sync(
             return;
         }
     }
+}
+
+/// Synapse caches a sync answer for two minutes by its request (user, device, since,
+/// timeout, filter, …): a restarted bridge's first sync, identical to its predecessor's,
+/// would get that stale answer (an invite since joined, an old position). A first sync
+/// returns at once whatever its timeout, so a timeout of this process's own makes the
+/// request new.
+fn first_sync_timeout() -> Duration {
+    let unique = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+        .wrapping_add(u64::from(std::process::id()));
+    Duration::from_millis(1 + unique % 100_000)
+}
+
+/// What one sync request came to.
+enum Fetched {
+    Answer(serde_json::Value),
+    /// Waited out a rate limit or a failure (with backoff): ask again.
+    Retry,
+    /// The token was refused: nothing more can be done.
+    Fatal(String),
+}
+
+fn fetch(
+    api: &Api,
+    since: Option<&str>,
+    filter: &str,
+    timeout: Duration,
+    backoff: &mut Duration,
+) -> Fetched {
+    match api.sync(since, filter, timeout) {
+        Ok(v) => {
+            *backoff = Duration::ZERO;
+            Fetched::Answer(v)
+        }
+        Err(e) if e.is_unauthorized() => {
+            Fetched::Fatal(format!("the homeserver refused the access token ({e})"))
+        }
+        Err(ApiError::RateLimited(d)) => {
+            log::info!("matrix: sync rate limited, waiting {d:?}");
+            std::thread::sleep(d.min(Duration::from_secs(60)));
+            Fetched::Retry
+        }
+        Err(e) => {
+            *backoff = (*backoff * 2).clamp(Duration::from_millis(500), Duration::from_secs(30));
+            log::warn!("matrix: sync failed: {e}; trying again in {backoff:?}");
+            std::thread::sleep(*backoff);
+            Fetched::Retry
+        }
+    }
+}
+
+/// Acts on one item of a sync: joins an invite, or passes a message (with its room's chat
+/// kind) or a refusal to the bridge. False when the bridge has gone.
+fn forward(api: &Api, state: &mut SyncState, tx: &Sender<FromSync>, item: Incoming) -> bool {
+    let sent = match item {
+        Incoming::Invite(room) => {
+            if state.can_join() {
+                join(api, &room);
+            } else {
+                log::warn!(
+                    "matrix: room {room}: invite ignored, {} rooms joined already (--max-rooms)",
+                    state.room_count()
+                );
+            }
+            Ok(())
+        }
+        Incoming::Message(m) => {
+            let joined = match state.joined(&m.room) {
+                Some(n) => Some(n),
+                None => match api.joined_count(&m.room) {
+                    Ok(n) => {
+                        state.set_joined(&m.room, n);
+                        Some(n)
+                    }
+                    Err(e) => {
+                        log::warn!(
+                            "matrix: room {}: member count unknown ({e}); taken as a group",
+                            m.room
+                        );
+                        None
+                    }
+                },
+            };
+            let kind = joined.map_or(ChatKind::Group, ChatKind::from_joined);
+            tx.send(FromSync::Message(m, kind))
+        }
+        Incoming::Refused {
+            room,
+            event_id,
+            why,
+        } => tx.send(FromSync::Refused {
+            room,
+            event_id,
+            why,
+        }),
+    };
+    sent.is_ok()
 }
