@@ -1584,3 +1584,82 @@ fn metrics_and_status_are_rendered_once_per_snapshot() {
     );
     assert!(bodies.len() as u64 <= renders, "{} bodies", bodies.len());
 }
+
+/// Every series `contrib/alerts.yml` and `contrib/grafana-dashboard.json` name exists in a
+/// scrape of a running gateway (with `--data-dir`, so the journal's too), with the label
+/// values they select: a renamed metric breaks this test, not an operator's pager.
+#[test]
+fn the_dashboard_and_the_alerts_name_only_series_the_gateway_exports() {
+    let dir = temp_dir("contrib-series");
+    let gw = Gw::start(
+        &["--data-dir", dir.join("data").to_str().expect("path")],
+        &[],
+    );
+    // A platform with an outbox, and a message through the journal.
+    let mut c = gw.client();
+    c.send(&json!({"op": "hello", "platform": "tg", "acks": true}));
+    c.send(&msg("m1", "tg", "1", "hi"));
+    assert_eq!(c.outcome("m1")["op"], "reply");
+    gw.wait_status("the platform in the status", |s| {
+        s["frontend"]["outboxes"]["tg"].is_object()
+    });
+    let scraped = gw.metrics();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib");
+    let mut checked = 0;
+    for file in ["alerts.yml", "grafana-dashboard.json"] {
+        let text = std::fs::read_to_string(root.join(file)).expect("contrib file");
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("turnstile_") {
+            let tail = &rest[at..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(tail.len());
+            let name = &tail[..end];
+            // `{k="v",…}` right after the name: the label values it selects.
+            let selector: Vec<(String, String)> = tail[end..]
+                .strip_prefix('{')
+                .and_then(|s| s.split_once('}'))
+                .map(|(inner, _)| {
+                    inner
+                        .split(',')
+                        .filter_map(|kv| kv.split_once('='))
+                        .map(|(k, v)| {
+                            (
+                                k.trim().to_owned(),
+                                v.trim().trim_matches(|c| c == '"' || c == '\\').to_owned(),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| {
+                    name.strip_suffix(s).filter(|f| {
+                        scraped
+                            .keys()
+                            .any(|k| k.starts_with(&format!("{f}_bucket")))
+                    })
+                })
+                .unwrap_or(name);
+            let found = scraped.keys().any(|k| {
+                let (n, labels) = k.split_once('{').unwrap_or((k.as_str(), ""));
+                (n == name || (family != name && n.starts_with(family)))
+                    && selector
+                        .iter()
+                        .all(|(lk, lv)| labels.contains(&format!("{lk}=\"{lv}\"")))
+            });
+            assert!(
+                found,
+                "{file} names {name}{selector:?}, which the gateway does not export"
+            );
+            checked += 1;
+            rest = &tail[end..];
+        }
+    }
+    assert!(
+        checked >= 20,
+        "only {checked} series found in the contrib files"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -9,7 +9,7 @@ use std::fmt::Write;
 use std::collections::BTreeMap;
 
 use crate::histogram::PromHistogram;
-use crate::liveness::{BridgeStatus, PlatformStatus};
+use crate::liveness::{BridgeStatus, JournalStatus, PlatformStatus};
 use crate::liveness::{
     CleanupCounts, HttpStatus, MessageCounts, RuntimeState, SessionCounts, Status, ThreadStates,
     WorkerCounts,
@@ -170,6 +170,9 @@ pub(crate) fn render(s: &Status) -> String {
         if let Some(b) = &f.bridge {
             render_bridge(&mut e, b);
             render_outboxes(&mut e, &b.outboxes);
+            if let Some(j) = &b.journal {
+                render_journal(&mut e, j);
+            }
         }
         if let Some(h) = &f.http {
             render_http(&mut e, h);
@@ -303,7 +306,14 @@ fn render_rejections(e: &mut Exposition, s: &Status) {
         None => &s.rejected_by_reason,
     };
     let mut samples: Vec<(&str, f64)> = by_reason.iter().map(|(k, v)| (*k, *v as f64)).collect();
-    for reason in ["queue_full", "overloaded", "shutting_down"] {
+    // Always present, so an alert on them has a series before the first one happens.
+    for reason in [
+        "queue_full",
+        "overloaded",
+        "shutting_down",
+        "backpressure",
+        "storage",
+    ] {
         if !by_reason.contains_key(reason) {
             samples.push((reason, 0.0));
         }
@@ -409,6 +419,35 @@ fn render_bridge(e: &mut Exposition, b: &BridgeStatus) {
         "turnstile_partials_dropped_total",
         "Partial replies dropped (connection gone or over its output bound).",
         b.partials_dropped as f64,
+    );
+}
+
+/// The journal (`--data-dir`): whether its writes fail, its batches, what waits for it.
+fn render_journal(e: &mut Exposition, j: &JournalStatus) {
+    e.gauge(
+        "turnstile_journal_failing",
+        "1 while the journal's last write failed (new messages are rejected `storage`).",
+        f64::from(u8::from(j.failing)),
+    );
+    e.counter(
+        "turnstile_journal_batches_total",
+        "Transactions the journal wrote (group commits).",
+        j.batches as f64,
+    );
+    e.counter(
+        "turnstile_journal_failed_batches_total",
+        "Transactions the journal failed to write.",
+        j.failed_batches as f64,
+    );
+    e.gauge(
+        "turnstile_journal_pending_durable",
+        "Accepted messages waiting for the journal before their ack.",
+        j.pending_durable as f64,
+    );
+    e.gauge(
+        "turnstile_journal_queued_records",
+        "Records sent to the journal thread and not yet taken.",
+        j.queued_records as f64,
     );
 }
 
