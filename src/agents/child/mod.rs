@@ -46,6 +46,15 @@ pub(crate) use bounded::{LineBuf, OutputBuf, READ_BUDGET, ReadState, log_stderr}
 // The binary's (feature `cli`).
 #[cfg_attr(not(feature = "cli"), allow(unused_imports))]
 pub(crate) use registry::{become_subreaper, kill_all, kill_all_at_exit};
+
+/// Waits up to `timeout` for `pid` — a child of this process not yet reaped, so its pid
+/// cannot have been reused — to exit, without reaping it (through a pidfd, no polling
+/// loop). For children outside the agent registry, such as the supervised bridges.
+pub(crate) fn wait_child_exit(pid: u32, timeout: Duration) -> io::Result<bool> {
+    let pid = i32::try_from(pid).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let fd = sys::pidfd_open(pid)?;
+    Ok(wait_exited(&[fd.as_fd()], timeout))
+}
 pub(crate) use sys::{Wake, poll, pollin, readable, set_nonblocking, write_some};
 
 use registry::{Leader, sweep_strays};

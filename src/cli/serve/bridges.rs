@@ -288,13 +288,11 @@ fn wait_or_stop(child: &mut Child, stopped: &Receiver<()>) -> Waited {
 fn terminate(launch: &Launch, child: &mut Child) {
     // SAFETY: kill(2) on our own unreaped child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let deadline = Instant::now() + STOP_GRACE;
-    while Instant::now() < deadline {
-        if let Ok(Some(status)) = child.try_wait() {
-            log::info!("bridge {}: stopped ({status})", launch.name());
-            return;
-        }
-        std::thread::sleep(CHECK_EVERY / 4);
+    if crate::agents::child::wait_child_exit(child.id(), STOP_GRACE).unwrap_or(false)
+        && let Ok(Some(status)) = child.try_wait()
+    {
+        log::info!("bridge {}: stopped ({status})", launch.name());
+        return;
     }
     log::warn!(
         "bridge {}: still running {STOP_GRACE:?} after SIGTERM; killing it",

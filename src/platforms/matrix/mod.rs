@@ -133,13 +133,15 @@ pub(crate) fn run(
         None => (None, None),
     };
     let (sync_tx, sync_rx) = bounded::<FromSync>(64);
+    // Dropped when this function returns: the sync thread's waits end with it.
+    let (_stop_sync, stop_rx) = bounded::<()>(0);
     {
         let api = api.clone();
         let me = me.clone();
         let config = config.clone();
         std::thread::Builder::new()
             .name("matrix-sync".into())
-            .spawn(move || run_sync(&api, &me, &config, &sync_tx, resume))
+            .spawn(move || run_sync(&api, &me, &config, &sync_tx, resume, &stop_rx))
             .map_err(|e| format!("cannot start a thread: {e}"))?;
     }
     let (mut gw, gw_rx) = Gateway::connect(config.gateway.clone());

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crossbeam_channel::Sender;
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use super::MatrixConfig;
 use super::api::{Api, ApiError};
@@ -25,15 +25,24 @@ pub(super) enum FromSync {
     Fatal(String),
 }
 
+/// Waits `d`, or less if the bridge stops (its end of `stop` is dropped); true when it did.
+fn stopped_during(stop: &Receiver<()>, d: Duration) -> bool {
+    !matches!(stop.recv_timeout(d), Err(RecvTimeoutError::Timeout))
+}
+
 /// Joins `room`, waiting out rate limits a few times; logs the outcome.
-fn join(api: &Api, room: &str) {
+fn join(api: &Api, room: &str, stop: &Receiver<()>) {
     for _ in 0..5 {
         match api.join(room) {
             Ok(()) => {
                 log::info!("matrix: joined room {room}");
                 return;
             }
-            Err(ApiError::RateLimited(d)) => std::thread::sleep(d.min(Duration::from_secs(30))),
+            Err(ApiError::RateLimited(d)) => {
+                if stopped_during(stop, d.min(Duration::from_secs(30))) {
+                    return;
+                }
+            }
             Err(e) => {
                 log::warn!("matrix: room {room}: could not join: {e}");
                 return;
@@ -52,6 +61,7 @@ pub(super) fn run_sync(
     config: &MatrixConfig,
     tx: &Sender<FromSync>,
     mut resume: Option<String>,
+    stop: &Receiver<()>,
 ) {
     let mut state = SyncState::new(me, config.max_rooms, 10_000);
     let mut since: Option<String> = None;
@@ -66,7 +76,12 @@ pub(super) fn run_sync(
         };
         let answer = match fetch(api, since.as_deref(), f, timeout, &mut backoff) {
             Fetched::Answer(v) => v,
-            Fetched::Retry => continue,
+            Fetched::Retry(wait) => {
+                if stopped_during(stop, wait) {
+                    return;
+                }
+                continue;
+            }
             Fetched::Fatal(why) => {
                 let _ = tx.send(FromSync::Fatal(why));
                 return;
@@ -75,7 +90,9 @@ pub(super) fn run_sync(
         let first = since.is_none();
         let Some(next) = answer["next_batch"].as_str() else {
             log::warn!("matrix: a sync answer without next_batch; trying again");
-            std::thread::sleep(Duration::from_secs(1));
+            if stopped_during(stop, Duration::from_secs(1)) {
+                return;
+            }
             continue;
         };
         let items = state.absorb(&answer);
@@ -95,7 +112,7 @@ pub(super) fn run_sync(
             None => Some(next.to_owned()),
         };
         for item in items {
-            if !forward(api, &mut state, tx, item) {
+            if !forward(api, &mut state, tx, stop, item) {
                 return;
             }
         }
@@ -125,8 +142,9 @@ fn first_sync_timeout() -> Duration {
 /// What one sync request came to.
 enum Fetched {
     Answer(serde_json::Value),
-    /// Waited out a rate limit or a failure (with backoff): ask again.
-    Retry,
+    /// A rate limit or a failure: ask again after this wait (the caller waits, so that a
+    /// stopping bridge ends it).
+    Retry(Duration),
     /// The token was refused: nothing more can be done.
     Fatal(String),
 }
@@ -148,25 +166,29 @@ fn fetch(
         }
         Err(ApiError::RateLimited(d)) => {
             log::info!("matrix: sync rate limited, waiting {d:?}");
-            std::thread::sleep(d.min(Duration::from_secs(60)));
-            Fetched::Retry
+            Fetched::Retry(d.min(Duration::from_secs(60)))
         }
         Err(e) => {
             *backoff = (*backoff * 2).clamp(Duration::from_millis(500), Duration::from_secs(30));
             log::warn!("matrix: sync failed: {e}; trying again in {backoff:?}");
-            std::thread::sleep(*backoff);
-            Fetched::Retry
+            Fetched::Retry(*backoff)
         }
     }
 }
 
 /// Acts on one item of a sync: joins an invite, or passes a message (with its room's chat
 /// kind) or a refusal to the bridge. False when the bridge has gone.
-fn forward(api: &Api, state: &mut SyncState, tx: &Sender<FromSync>, item: Incoming) -> bool {
+fn forward(
+    api: &Api,
+    state: &mut SyncState,
+    tx: &Sender<FromSync>,
+    stop: &Receiver<()>,
+    item: Incoming,
+) -> bool {
     let sent = match item {
         Incoming::Invite(room) => {
             if state.can_join() {
-                join(api, &room);
+                join(api, &room, stop);
             } else {
                 log::warn!(
                     "matrix: room {room}: invite ignored, {} rooms joined already (--max-rooms)",
