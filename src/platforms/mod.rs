@@ -29,6 +29,27 @@ pub(crate) fn map_command(text: &str) -> std::borrow::Cow<'_, str> {
 /// Why a bridge could not run (bad flags, a refused login): printed, exit code 1.
 pub(crate) type BridgeError = String;
 
+/// Opens a TCP connection to the first of `addr`'s addresses (`HOST:PORT`, names resolved)
+/// that answers within `timeout`; the error names the address and why.
+pub(crate) fn connect_tcp(
+    addr: &str,
+    timeout: std::time::Duration,
+) -> Result<std::net::TcpStream, String> {
+    use std::net::ToSocketAddrs;
+    let addrs: Vec<_> = addr
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {addr}: {e}"))?
+        .collect();
+    let mut last = format!("{addr} resolves to no address");
+    for a in addrs {
+        match std::net::TcpStream::connect_timeout(&a, timeout) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = format!("cannot connect to {a}: {e}"),
+        }
+    }
+    Err(last)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

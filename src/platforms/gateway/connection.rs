@@ -2,7 +2,7 @@
 //! connection ends, and reconnects with capped exponential backoff.
 
 use std::io::{self, Read};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -89,18 +89,7 @@ enum ConnectionEnd {
 
 /// Opens a TCP connection to the first of `addr`'s addresses that answers.
 fn open(addr: &str) -> Result<TcpStream, String> {
-    let addrs: Vec<SocketAddr> = addr
-        .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve {addr}: {e}"))?
-        .collect();
-    let mut last = format!("{addr} resolves to no address");
-    for a in addrs {
-        match TcpStream::connect_timeout(&a, CONNECT_TIMEOUT) {
-            Ok(s) => return Ok(s),
-            Err(e) => last = format!("cannot connect to {a}: {e}"),
-        }
-    }
-    Err(last)
+    super::super::connect_tcp(addr, CONNECT_TIMEOUT)
 }
 
 /// One connection: sets the socket up, says hello (sending every unanswered message again),

@@ -1,7 +1,7 @@
 //! The server connection's bytes: TCP or TLS, and the thread reading lines from it.
 
 use std::io::{self, Read};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -145,18 +145,7 @@ fn tls_handshake(
 
 /// Opens a TCP connection to the first of `addr`'s addresses that answers.
 pub(super) fn open(addr: &str) -> Result<TcpStream, String> {
-    let addrs: Vec<_> = addr
-        .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve {addr}: {e}"))?
-        .collect();
-    let mut last = format!("{addr} resolves to no address");
-    for a in addrs {
-        match TcpStream::connect_timeout(&a, CONNECT_TIMEOUT) {
-            Ok(s) => return Ok(s),
-            Err(e) => last = format!("cannot connect to {a}: {e}"),
-        }
-    }
-    Err(last)
+    super::super::connect_tcp(addr, CONNECT_TIMEOUT)
 }
 
 /// Reads server lines (bounded length, lossy UTF-8: IRC has no encoding rule) until the
