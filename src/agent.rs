@@ -235,6 +235,29 @@ pub trait AgentFactory: Send + Sync + 'static {
     fn usage(&self) -> Option<AgentUsage> {
         None
     }
+
+    /// [`AgentFactory::usage`] split by the model that consumed it, for the metrics
+    /// (`turnstile_llm_tokens_total{model,direction}`); cheap like `usage`. The default files
+    /// everything under the model `""`.
+    fn usage_by_model(&self) -> Vec<ModelUsage> {
+        self.usage()
+            .map(|usage| {
+                vec![ModelUsage {
+                    model: String::new(),
+                    usage,
+                }]
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// What one model consumed, as a factory reports it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ModelUsage {
+    /// The model's name as the agent asks for it (`""`: the factory does not say).
+    pub model: String,
+    /// Its totals.
+    pub usage: AgentUsage,
 }
 
 /// Totals an agent factory reports in the status snapshot (`agent_usage`), e.g. the tokens

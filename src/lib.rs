@@ -82,8 +82,8 @@ mod text;
 mod tokens;
 
 pub use agent::{
-    Agent, AgentError, AgentFactory, AgentUsage, CancelToken, EchoAgent, FnFactory, Partials,
-    TurnError, TurnInput,
+    Agent, AgentError, AgentFactory, AgentUsage, CancelToken, EchoAgent, FnFactory, ModelUsage,
+    Partials, TurnError, TurnInput,
 };
 pub use agents::exec::{ExecAgent, ExecOptions};
 #[cfg(feature = "openai")]

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crossbeam_channel::{Receiver, Sender, bounded};
 use serde::Serialize;
 
-use crate::agent::AgentUsage;
+use crate::agent::{AgentUsage, ModelUsage};
 pub(crate) use crate::core::{CleanupCounts, MessageCounts, SessionCounts, TurnCounts};
 use crate::histogram::LagSummary;
 use crate::histogram::{LAG_BUCKETS, PromHistogram, TURN_BUCKETS};
@@ -66,8 +66,15 @@ pub struct ThreadStates {
 /// The process, as the heartbeat sees it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct ProcessInfo {
-    /// Resident set size in bytes (`/proc/self/statm`, read at most once a second).
+    /// Resident set size in bytes (`/proc/self/statm`; it and the CPU and descriptor figures
+    /// are read at most once a second).
     pub rss_bytes: u64,
+    /// User and system CPU time the process consumed, in seconds.
+    pub cpu_seconds: f64,
+    /// Open file descriptors.
+    pub open_fds: u64,
+    /// The soft limit on open file descriptors (`RLIMIT_NOFILE`).
+    pub max_fds: u64,
     /// When the loop started, in seconds since the Unix epoch.
     pub started_unix_s: f64,
     /// When this snapshot was taken, in seconds since the Unix epoch.
@@ -203,6 +210,9 @@ pub struct Status {
     /// What the agents consumed (tokens), when the agent factory counts it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent_usage: Option<AgentUsage>,
+    /// The same split by model (empty when the factory does not count usage).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub agent_usage_by_model: Vec<ModelUsage>,
     /// The hosted frontend's own figures (the bridge server's connections, platforms,
     /// outboxes and rejections; the HTTP endpoint's), when it reports any.
     #[serde(skip_serializing_if = "Option::is_none")]

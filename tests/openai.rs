@@ -213,6 +213,12 @@ fn streamed_reply_is_assembled_partials_forwarded_and_usage_counted() {
     let json = serde_json::to_value(&*st).expect("status as JSON");
     assert_eq!(json["agent_usage"]["prompt_tokens"], 32);
     assert_eq!(json["agent_usage"]["completion_tokens"], 4);
+    // And by model, as the metrics label it.
+    assert_eq!(json["agent_usage_by_model"][0]["model"], "test-model");
+    assert_eq!(
+        json["agent_usage_by_model"][0]["usage"]["prompt_tokens"],
+        32
+    );
     gw.stop();
 }
 

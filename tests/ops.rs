@@ -637,7 +637,11 @@ fn metrics_move_under_load_and_the_exposition_is_valid() {
     let m0 = gw.metrics();
     assert_eq!(m(&m0, "turnstile_turns_total{outcome=\"completed\"}"), 0.0);
     assert!(m(&m0, "turnstile_start_time_seconds") > 1.7e9);
-    assert!(m(&m0, "turnstile_process_resident_memory_bytes") > 1e6);
+    assert!(m(&m0, "process_resident_memory_bytes") > 1e6);
+    assert!(m(&m0, "process_cpu_seconds_total") > 0.0);
+    assert!(m(&m0, "process_open_fds") >= 3.0);
+    assert!(m(&m0, "process_max_fds") >= m(&m0, "process_open_fds"));
+    assert!(m(&m0, "process_start_time_seconds") > 1.7e9);
     assert_eq!(m(&m0, "turnstile_up"), 1.0);
 
     let mut c = gw.client();

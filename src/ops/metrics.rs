@@ -55,7 +55,11 @@ impl Exposition {
     }
 
     fn family(&mut self, name: &str, kind: &str, help: &str) {
-        debug_assert!(name.starts_with("turnstile_"), "{name} lacks the prefix");
+        // Ours carry the prefix; the process collector's standard names do not.
+        debug_assert!(
+            name.starts_with("turnstile_") || name.starts_with("process_"),
+            "{name} lacks the prefix"
+        );
         let _ = writeln!(self.out, "# HELP {name} {help}");
         let _ = writeln!(self.out, "# TYPE {name} {kind}");
     }
@@ -166,6 +170,7 @@ pub(crate) fn render(s: &Status) -> String {
     render_cleanups(&mut e, &s.cleanups);
     render_workers(&mut e, &s.workers);
     render_deliveries(&mut e, &s.messages);
+    render_llm_tokens(&mut e, &s.agent_usage_by_model);
     if let Some(f) = &s.frontend {
         if let Some(b) = &f.bridge {
             render_bridge(&mut e, b);
@@ -193,11 +198,7 @@ fn render_process(e: &mut Exposition, s: &Status) {
         "When the gateway's loop started, in seconds since the Unix epoch.",
         s.process.started_unix_s,
     );
-    e.gauge(
-        "turnstile_process_resident_memory_bytes",
-        "Resident set size of the process.",
-        s.process.rss_bytes as f64,
-    );
+    render_process_standard(e, s);
     e.gauge(
         "turnstile_up",
         "1 while running, 0 while draining or stopped.",
@@ -207,6 +208,65 @@ fn render_process(e: &mut Exposition, s: &Status) {
         "turnstile_ticks_total",
         "Heartbeat ticks of the reactor loop.",
         s.ticks as f64,
+    );
+}
+
+/// The process collector's standard names (as the Prometheus client libraries export them),
+/// read by the heartbeat at most once a second.
+fn render_process_standard(e: &mut Exposition, s: &Status) {
+    let p = &s.process;
+    e.counter(
+        "process_cpu_seconds_total",
+        "Total user and system CPU time spent in seconds.",
+        p.cpu_seconds,
+    );
+    e.gauge(
+        "process_open_fds",
+        "Number of open file descriptors.",
+        p.open_fds as f64,
+    );
+    e.gauge(
+        "process_max_fds",
+        "Maximum number of open file descriptors.",
+        p.max_fds as f64,
+    );
+    e.gauge(
+        "process_resident_memory_bytes",
+        "Resident memory size in bytes.",
+        p.rss_bytes as f64,
+    );
+    e.gauge(
+        "process_start_time_seconds",
+        "Start time of the process since unix epoch in seconds (the loop's start).",
+        p.started_unix_s,
+    );
+}
+
+/// The tokens the agents' models consumed, when the agent factory counts them.
+fn render_llm_tokens(e: &mut Exposition, by_model: &[crate::agent::ModelUsage]) {
+    if by_model.is_empty() {
+        return;
+    }
+    let samples: Vec<([(&str, &str); 2], f64)> = by_model
+        .iter()
+        .flat_map(|m| {
+            [
+                (
+                    [("model", m.model.as_str()), ("direction", "prompt")],
+                    m.usage.prompt_tokens as f64,
+                ),
+                (
+                    [("model", m.model.as_str()), ("direction", "completion")],
+                    m.usage.completion_tokens as f64,
+                ),
+            ]
+        })
+        .collect();
+    let samples: Vec<(&[(&str, &str)], f64)> = samples.iter().map(|(l, v)| (&l[..], *v)).collect();
+    e.counters(
+        "turnstile_llm_tokens_total",
+        "Tokens the agents' model requests used, by model and direction (prompt: in, completion: out).",
+        &samples,
     );
 }
 
@@ -532,6 +592,9 @@ mod tests {
         };
         s.process = ProcessInfo {
             rss_bytes: 102,
+            cpu_seconds: 12.5,
+            open_fds: 99,
+            max_fds: 1024,
             started_unix_s: 103.5,
             updated_unix_s: 0.0,
             tick_interval_s: 0.1,
@@ -571,6 +634,13 @@ mod tests {
         };
         s.workers.replaced = 130;
         s.rejected_by_reason.insert("overloaded", 131);
+        s.agent_usage_by_model = vec![crate::agent::ModelUsage {
+            model: "gpt-x".into(),
+            usage: crate::agent::AgentUsage {
+                prompt_tokens: 132,
+                completion_tokens: 133,
+            },
+        }];
         let mut h = Histograms::default();
         h.loop_lag.record(Duration::from_micros(70));
         h.turn_duration.record(Duration::from_millis(7));
@@ -585,7 +655,13 @@ mod tests {
         };
         for line in [
             "turnstile_start_time_seconds 103.5",
-            "turnstile_process_resident_memory_bytes 102",
+            "process_resident_memory_bytes 102",
+            "process_cpu_seconds_total 12.5",
+            "process_open_fds 99",
+            "process_max_fds 1024",
+            "process_start_time_seconds 103.5",
+            "turnstile_llm_tokens_total{model=\"gpt-x\",direction=\"prompt\"} 132",
+            "turnstile_llm_tokens_total{model=\"gpt-x\",direction=\"completion\"} 133",
             "turnstile_up 1",
             "turnstile_ticks_total 101",
             "turnstile_loop_lag_seconds_bucket{le=\"0.00005\"} 0",

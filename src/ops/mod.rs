@@ -17,15 +17,34 @@ pub(crate) mod systemd;
 #[cfg_attr(not(feature = "cli"), allow(unused_imports))]
 pub(crate) use layer::{Ops, Reload, ReloadApplier, ReloadLoader, journal_ready};
 
-use std::sync::{Arc, RwLock};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, RwLock};
 
-use crate::agent::{Agent, AgentFactory, AgentUsage};
+use crate::agent::{Agent, AgentFactory, AgentUsage, ModelUsage};
 use crate::message::SessionKey;
+
+/// Factories replaced but still counted: their agents may live on and keep consuming.
+const RETIRED_FACTORIES: usize = 8;
+/// Distinct models kept in the folded totals; the rest are filed under [`OTHER_MODELS`].
+const MAX_MODELS: usize = 64;
+/// The model name of usage folded past [`MAX_MODELS`].
+const OTHER_MODELS: &str = "(other)";
 
 /// An agent factory that can be replaced while the runtime runs (a reload changing the agent's
 /// command): agents created from then on come from the new one; agents alive keep running.
+///
+/// Usage stays monotonic across swaps: the last [`RETIRED_FACTORIES`] replaced factories are
+/// still asked (their agents may still be working), and older ones are folded into fixed
+/// totals when they leave that list (what their agents consume after that is not counted).
 pub struct SwappableFactory {
     current: RwLock<Arc<dyn AgentFactory>>,
+    retired: Mutex<Retired>,
+}
+
+#[derive(Default)]
+struct Retired {
+    recent: VecDeque<Arc<dyn AgentFactory>>,
+    folded: BTreeMap<String, AgentUsage>,
 }
 
 impl SwappableFactory {
@@ -33,16 +52,42 @@ impl SwappableFactory {
     pub fn new(factory: Arc<dyn AgentFactory>) -> Arc<SwappableFactory> {
         Arc::new(SwappableFactory {
             current: RwLock::new(factory),
+            retired: Mutex::new(Retired::default()),
         })
     }
 
     /// Replaces the factory for agents created from now on.
     pub fn swap(&self, factory: Arc<dyn AgentFactory>) {
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) = factory;
+        let old = std::mem::replace(
+            &mut *self.current.write().unwrap_or_else(|e| e.into_inner()),
+            factory,
+        );
+        let mut r = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        r.recent.push_back(old);
+        while r.recent.len() > RETIRED_FACTORIES {
+            if let Some(oldest) = r.recent.pop_front() {
+                for m in oldest.usage_by_model() {
+                    r.fold(m);
+                }
+            }
+        }
     }
 
     fn get(&self) -> Arc<dyn AgentFactory> {
         Arc::clone(&self.current.read().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+impl Retired {
+    fn fold(&mut self, m: ModelUsage) {
+        let known = self.folded.contains_key(&m.model);
+        let model = if known || self.folded.len() < MAX_MODELS {
+            m.model
+        } else {
+            OTHER_MODELS.to_owned()
+        };
+        *self.folded.entry(model).or_default() += m.usage;
+        debug_assert!(self.folded.len() <= MAX_MODELS + 1);
     }
 }
 
@@ -53,7 +98,28 @@ impl AgentFactory for Arc<SwappableFactory> {
     }
 
     fn usage(&self) -> Option<AgentUsage> {
-        self.get().usage()
+        let by_model = self.usage_by_model();
+        if by_model.is_empty() {
+            return None;
+        }
+        let mut total = AgentUsage::default();
+        for m in by_model {
+            total += m.usage;
+        }
+        Some(total)
+    }
+
+    fn usage_by_model(&self) -> Vec<ModelUsage> {
+        let current = self.get();
+        let r = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all = r.folded.clone();
+        let live = std::iter::once(&current).chain(r.recent.iter());
+        for m in live.flat_map(|f| f.usage_by_model()) {
+            *all.entry(m.model).or_default() += m.usage;
+        }
+        all.into_iter()
+            .map(|(model, usage)| ModelUsage { model, usage })
+            .collect()
     }
 }
 
@@ -76,5 +142,57 @@ mod tests {
         swap.swap(b);
         assert!(swap.create(&key).is_ok());
         assert_eq!(swap.usage(), None);
+    }
+
+    /// A factory counting a fixed usage under one model.
+    struct Counted(&'static str, u64);
+    impl AgentFactory for Counted {
+        fn create(&self, _: &SessionKey) -> Result<Box<dyn Agent>, crate::agent::AgentError> {
+            Err("none".into())
+        }
+        fn usage(&self) -> Option<AgentUsage> {
+            Some(AgentUsage {
+                prompt_tokens: self.1,
+                completion_tokens: 1,
+            })
+        }
+        fn usage_by_model(&self) -> Vec<ModelUsage> {
+            vec![ModelUsage {
+                model: self.0.to_owned(),
+                usage: self.usage().unwrap_or_default(),
+            }]
+        }
+    }
+
+    /// Counters never go back when a reload swaps the factory, however many swaps, and each
+    /// model keeps its own totals; the folded models are bounded.
+    #[test]
+    fn usage_stays_monotonic_and_per_model_across_swaps() {
+        let swap = SwappableFactory::new(Arc::new(Counted("a", 10)));
+        let mut last = 0;
+        for i in 0..(RETIRED_FACTORIES + MAX_MODELS + 5) {
+            let model: &'static str =
+                Box::leak(format!("m{}", i % (MAX_MODELS + 3)).into_boxed_str());
+            swap.swap(Arc::new(Counted(model, 1)));
+            let total = swap.usage().expect("usage").prompt_tokens;
+            assert!(
+                total > last,
+                "usage went from {last} to {total} at swap {i}"
+            );
+            last = total;
+            let by_model = swap.usage_by_model();
+            assert!(by_model.len() <= MAX_MODELS + 1 + RETIRED_FACTORIES + 1);
+            assert_eq!(
+                by_model.iter().map(|m| m.usage.prompt_tokens).sum::<u64>(),
+                total
+            );
+        }
+        let by_model = swap.usage_by_model();
+        let a = by_model
+            .iter()
+            .find(|m| m.model == "a")
+            .expect("model a kept");
+        assert_eq!(a.usage.prompt_tokens, 10);
+        assert!(by_model.iter().any(|m| m.model == OTHER_MODELS));
     }
 }

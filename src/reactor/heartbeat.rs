@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::driver::Driver;
 use super::frontend::Frontend;
+use super::procstat::ProcSample;
 use crate::agent::AgentFactory;
 use crate::histogram::{LAG_BUCKETS, LagHistogram, LagWindow, PromHistogram};
 use crate::liveness::{
@@ -16,17 +17,8 @@ use crate::pool::Pool;
 
 /// Length of one slice of the loop-lag window (six slices: the last minute).
 const WINDOW_SLICE: Duration = Duration::from_secs(10);
-/// How often the resident set size is read.
-const RSS_EVERY: Duration = Duration::from_secs(1);
-
-/// The process's resident set size in bytes, from `/proc/self/statm` (procfs: no disk).
-pub(crate) fn read_rss() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    Some(pages * u64::try_from(page).ok()?)
-}
+/// How often the process's figures (memory, CPU, descriptors) are read.
+const PROCESS_EVERY: Duration = Duration::from_secs(1);
 
 fn thread_states<J: Send + 'static>(pool: &Pool<J>) -> ThreadStates {
     let live = pool.live_threads();
@@ -51,8 +43,8 @@ pub(super) struct Heartbeat {
     /// The lag in the metrics' buckets.
     lag_buckets: PromHistogram,
     last_lag: Duration,
-    rss: u64,
-    next_rss: Duration,
+    process: ProcSample,
+    next_process: Duration,
     /// Asked for the agents' usage at each snapshot.
     factory: Arc<dyn AgentFactory>,
 }
@@ -68,8 +60,8 @@ impl Heartbeat {
             window: LagWindow::new(WINDOW_SLICE),
             lag_buckets: PromHistogram::new(LAG_BUCKETS),
             last_lag: Duration::ZERO,
-            rss: read_rss().unwrap_or(0),
-            next_rss: RSS_EVERY,
+            process: ProcSample::read(ProcSample::default()),
+            next_process: PROCESS_EVERY,
             factory,
         }
     }
@@ -92,9 +84,9 @@ impl Heartbeat {
         self.lag_buckets.record(lag);
         self.last_lag = lag;
         self.ticks += 1;
-        if now >= self.next_rss {
-            self.next_rss = now + RSS_EVERY;
-            self.rss = read_rss().unwrap_or(self.rss);
+        if now >= self.next_process {
+            self.next_process = now + PROCESS_EVERY;
+            self.process = ProcSample::read(self.process);
         }
         // Keep the phase; a loop late by several periods records one late tick, not a burst.
         while self.next <= now {
@@ -136,6 +128,7 @@ impl Heartbeat {
             },
             rejected_by_reason: driver.rejected_by_reason().clone(),
             agent_usage: self.factory.usage(),
+            agent_usage_by_model: self.factory.usage_by_model(),
             frontend,
             histograms: Arc::new(Histograms {
                 loop_lag: self.lag_buckets.clone(),
@@ -146,7 +139,10 @@ impl Heartbeat {
 
     fn process_info(&self, now: Duration) -> ProcessInfo {
         ProcessInfo {
-            rss_bytes: self.rss,
+            rss_bytes: self.process.rss_bytes,
+            cpu_seconds: self.process.cpu_seconds,
+            open_fds: self.process.open_fds,
+            max_fds: self.process.max_fds,
             started_unix_s: unix_s(self.started),
             updated_unix_s: unix_s(self.started + now),
             tick_interval_s: self.interval.as_secs_f64(),

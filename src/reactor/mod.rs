@@ -26,6 +26,7 @@ mod frontend;
 mod handle;
 mod heartbeat;
 mod observe;
+mod procstat;
 mod route;
 mod wake;
 mod workers;

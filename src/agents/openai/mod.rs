@@ -196,6 +196,16 @@ impl AgentFactory for OpenAiFactory {
             completion_tokens: self.shared.completion_tokens.load(Ordering::Relaxed),
         })
     }
+
+    fn usage_by_model(&self) -> Vec<crate::agent::ModelUsage> {
+        self.usage()
+            .map(|usage| crate::agent::ModelUsage {
+                model: self.shared.cfg.model.clone(),
+                usage,
+            })
+            .into_iter()
+            .collect()
+    }
 }
 
 #[derive(Serialize)]
