@@ -75,9 +75,18 @@ impl Server {
     }
 
     /// SIGTERM (a graceful stop), and the exit status.
-    fn terminate(mut self) -> ExitStatus {
+    fn terminate(self) -> ExitStatus {
+        self.signal_term();
+        self.wait()
+    }
+
+    /// Sends SIGTERM once (a second one would force an exit 1).
+    fn signal_term(&self) {
         // SAFETY: kill(2) on our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+    }
+
+    fn wait(mut self) -> ExitStatus {
         self.child.wait().expect("wait")
     }
 }
@@ -208,7 +217,14 @@ fn sigterm_keeps_the_queue_and_the_restart_runs_every_message_once() {
     let started = starts(&dir.path().join("started"));
     let common = ["--turn-workers", "8", "--queue-cap", "16"];
     let first = hanging_agent(&log, &dir.path().join("started"));
-    let mut args = vec!["--agent", "exec", "--agent-cmd", &first, "--drain-timeout", "0"];
+    let mut args = vec![
+        "--agent",
+        "exec",
+        "--agent-cmd",
+        &first,
+        "--drain-timeout",
+        "0",
+    ];
     args.extend(common);
     let server = Server::start(Some(&data), &args);
     let mut c = Client::connect(&server.addr);
@@ -253,7 +269,10 @@ fn sigterm_keeps_the_queue_and_the_restart_runs_every_message_once() {
             .entry(v["session"].as_str().unwrap().to_owned())
             .or_default()
             .push(id.clone());
-        assert!(outcomes.insert(id.clone(), v).is_none(), "{id} answered twice");
+        assert!(
+            outcomes.insert(id.clone(), v).is_none(),
+            "{id} answered twice"
+        );
     }
     for (id, v) in &outcomes {
         if expected_running.contains(id) {
@@ -275,7 +294,12 @@ fn sigterm_keeps_the_queue_and_the_restart_runs_every_message_once() {
     }
     let runs = runs(&log);
     for id in (0..4).flat_map(ids) {
-        assert_eq!(runs.get(&id), Some(&1), "{id} ran {:?} times", runs.get(&id));
+        assert_eq!(
+            runs.get(&id),
+            Some(&1),
+            "{id} ran {:?} times",
+            runs.get(&id)
+        );
     }
     assert_eq!(runs.len(), 40);
     // Every confirmation is read before the stop: the pong comes after them.
@@ -299,7 +323,14 @@ fn a_turn_cut_by_the_drain_is_resumed_with_resume_interrupted() {
     let first = hanging_agent(&log, &fifo);
     let server = Server::start(
         Some(&data),
-        &["--agent", "exec", "--agent-cmd", &first, "--drain-timeout", "0"],
+        &[
+            "--agent",
+            "exec",
+            "--agent-cmd",
+            &first,
+            "--drain-timeout",
+            "0",
+        ],
     );
     let mut c = Client::connect(&server.addr);
     c.message("m1", "1");
@@ -315,12 +346,22 @@ fn a_turn_cut_by_the_drain_is_resumed_with_resume_interrupted() {
     let second = replying_agent(&log);
     let server = Server::start(
         Some(&data),
-        &["--agent", "exec", "--agent-cmd", &second, "--resume-interrupted"],
+        &[
+            "--agent",
+            "exec",
+            "--agent-cmd",
+            &second,
+            "--resume-interrupted",
+        ],
     );
     let mut c = Client::connect(&server.addr);
     for id in ["m1", "m2"] {
         let v = c.next();
-        assert_eq!((v["op"].as_str(), v["id"].as_str()), (Some("reply"), Some(id)), "{v}");
+        assert_eq!(
+            (v["op"].as_str(), v["id"].as_str()),
+            (Some("reply"), Some(id)),
+            "{v}"
+        );
         c.send(&json!({"op": "delivered", "ids": [id]}));
     }
     let runs = runs(&log);
@@ -334,22 +375,32 @@ fn a_turn_cut_by_the_drain_is_resumed_with_resume_interrupted() {
 fn without_a_data_dir_sigterm_still_cancels_the_queue() {
     let server = Server::start(
         None,
-        &["--agent", "exec", "--agent-cmd", "sleep 600", "--drain-timeout", "0"],
+        &[
+            "--agent",
+            "exec",
+            "--agent-cmd",
+            "sleep 600",
+            "--drain-timeout",
+            "0",
+        ],
     );
     let mut c = Client::connect(&server.addr);
     c.message("m1", "1");
     assert_eq!(c.next()["state"], "running");
     c.message("m2", "1");
     assert_eq!(c.next()["state"], "queued");
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(server.pid() as i32, libc::SIGTERM) };
+    server.signal_term();
     let mut cancelled = HashSet::new();
     while cancelled.len() < 2 {
         let v = c.next();
-        assert_eq!((v["op"].as_str(), v["reason"].as_str()), (Some("cancelled"), Some("shutdown")), "{v}");
+        assert_eq!(
+            (v["op"].as_str(), v["reason"].as_str()),
+            (Some("cancelled"), Some("shutdown")),
+            "{v}"
+        );
         cancelled.insert(v["id"].as_str().unwrap().to_owned());
     }
-    assert!(server.terminate().success());
+    assert!(server.wait().success());
 }
 
 /// A second gateway on the same data directory exits 2 naming the first one's pid — before
@@ -375,7 +426,10 @@ fn a_second_gateway_on_the_same_data_dir_exits_2_before_binding() {
             err.contains("turnstile.lock") && err.contains(&format!("pid {}", first.pid())),
             "check {check}: {err}"
         );
-        assert!(!err.contains("in use") && !err.contains("database is locked"), "{err}");
+        assert!(
+            !err.contains("in use") && !err.contains("database is locked"),
+            "{err}"
+        );
         assert!(out.stdout.is_empty(), "check {check}: it went on");
     }
     let mut c = Client::connect(&first.addr);
@@ -396,8 +450,8 @@ fn check_config(args: &[&str], data: Option<&Path>) -> (Option<i32>, String) {
         cmd.arg("--data-dir").arg(d);
     }
     let out = cmd.output().unwrap();
-    let text = String::from_utf8_lossy(&out.stderr).into_owned()
-        + &String::from_utf8_lossy(&out.stdout);
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
     (out.status.code(), text)
 }
 
@@ -429,7 +483,12 @@ fn check_config_runs_the_checks_serve_runs() {
     let (code, out) = check_config(&[&openai[..], &["http://[::1/v1"]].concat(), None);
     assert_eq!(code, Some(2), "{out}");
     let (code, out) = check_config(
-        &["--agent", "openai", "--openai-base-url", "http://127.0.0.1:9/v1"],
+        &[
+            "--agent",
+            "openai",
+            "--openai-base-url",
+            "http://127.0.0.1:9/v1",
+        ],
         None,
     );
     assert_eq!(code, Some(2), "{out}");
@@ -543,7 +602,10 @@ fn a_shutdown_whose_journal_cannot_finish_exits_1() {
     w.write_all(&vec![b'x'; 512 << 10]).unwrap();
     drop(w);
     let v = c.next();
-    assert_eq!((v["op"].as_str(), v["id"].as_str()), (Some("reply"), Some("m1")));
+    assert_eq!(
+        (v["op"].as_str(), v["id"].as_str()),
+        (Some("reply"), Some("m1"))
+    );
     let status = server.terminate();
     assert_eq!(status.code(), Some(1), "{status}");
 }

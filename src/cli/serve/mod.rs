@@ -214,15 +214,13 @@ fn build_runtime(
     if let Some(path) = &s.status_file {
         builder = builder.status_file(path);
     }
-    let (runtime, handle, _events) = builder
-        .build()
-        .map_err(|e| match &e {
-            // Threads the system would not give (EAGAIN, ENOMEM) may come later.
-            crate::BuildError::Threads { source, .. } | crate::BuildError::Poll { source, .. } => {
-                exit::io_error(source, e.to_string())
-            }
-            _ => StartError::Config(e.to_string()),
-        })?;
+    let (runtime, handle, _events) = builder.build().map_err(|e| match &e {
+        // Threads the system would not give (EAGAIN, ENOMEM) may come later.
+        crate::BuildError::Threads { source, .. } | crate::BuildError::Poll { source, .. } => {
+            exit::io_error(source, e.to_string())
+        }
+        _ => StartError::Config(e.to_string()),
+    })?;
     Ok((runtime, handle, swap))
 }
 
