@@ -8,7 +8,8 @@
 //! exits 1. Nothing sleeps: agents report their turns' starts through a FIFO.
 //!
 //! The tmpfs tests mount a small tmpfs (they need root, as in CI's container); without the
-//! permission they say so and return.
+//! permission they say so and return — except under `TURNSTILE_REQUIRE_REAL_SERVERS=1`
+//! (`.ci/run`), where they fail.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
@@ -508,6 +509,11 @@ impl Tmpfs {
             .status()
             .is_ok_and(|s| s.success());
         if !ok {
+            // CI runs as root (it installs packages), where a skip would hide a regression.
+            assert!(
+                std::env::var("TURNSTILE_REQUIRE_REAL_SERVERS").as_deref() != Ok("1"),
+                "cannot mount a tmpfs, and TURNSTILE_REQUIRE_REAL_SERVERS=1 (run as root)"
+            );
             eprintln!("cannot mount a tmpfs (not root?): skipping this test");
         }
         ok.then_some(Tmpfs(path))
