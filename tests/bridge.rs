@@ -2245,3 +2245,58 @@ fn delivered_confirms_only_the_ids_it_names() {
     assert_eq!(kinds(&n.journal), ["delivered 2"]);
     assert_eq!(n.b.status().awaiting_delivery, 1);
 }
+
+/// Issue 17 §4: with a journal, a message a graceful shutdown cut off (`cancelled:
+/// shutdown`, queued or running) is not answered and gets no outcome record — it stays in
+/// the journal for the next start (queued again, or interrupted if its turn started) — and
+/// its outbox reservation is released. Without a journal it is answered as before.
+#[test]
+fn a_shutdown_cancel_stays_in_the_journal_and_is_not_answered() {
+    let shutdown = EventKind::Finished(Outcome::Cancelled(CancelReason::Shutdown));
+    let mut store = MemStore::new();
+    let mut n = Net::new(durable());
+    let c = n.connect();
+    n.hello(c, "tg");
+    n.send(c, msg("1", "42", "running"));
+    n.send(c, msg("2", "42", "queued"));
+    n.commit(&mut store);
+    n.accept(1);
+    n.event(1, EventKind::TurnStarted(TurnId(1)));
+    n.accept(2);
+    assert_eq!(
+        ops(&n.take(c)),
+        ["ack 1 running", "ack 2 running", "typing"]
+    );
+    n.event(1, EventKind::TurnEnded(TurnId(1)));
+    n.event(1, shutdown.clone());
+    n.event(2, shutdown.clone());
+    let out = ops(&n.take(c));
+    assert!(
+        out.iter().all(|o| o == "typing"),
+        "answered at shutdown: {out:?}"
+    );
+    assert_eq!(
+        kinds(&n.journal),
+        ["started 1 1"],
+        "an outcome was recorded"
+    );
+    n.commit(&mut store);
+    assert_eq!(n.b.status().outboxes["tg"].reserved_events, 0);
+    let left = store.load(0).unwrap();
+    let kept: Vec<(&str, u32, bool)> = left
+        .messages
+        .iter()
+        .map(|m| (m.message.id.as_str(), m.starts, m.outcome.is_some()))
+        .collect();
+    assert_eq!(kept, [("1", 1, false), ("2", 0, false)]);
+
+    // No journal: nothing would survive the process, so the cancel is answered.
+    let mut n = Net::new(cfg());
+    let c = n.connect();
+    n.hello(c, "tg");
+    n.send(c, msg("1", "42", "queued"));
+    let tag = n.last_tag();
+    n.accept(tag);
+    n.event(tag, shutdown);
+    assert_eq!(ops(&n.take(c)), ["ack 1 running", "cancelled 1 shutdown"]);
+}

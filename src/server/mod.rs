@@ -182,6 +182,9 @@ pub struct BridgeServer {
     watchdog: Option<Sender<()>>,
     /// Where a forced stop is announced to the host ([`BridgeServer::forced_stops`]).
     forced: (Sender<ForcedStop>, crossbeam_channel::Receiver<ForcedStop>),
+    /// Set when shutdown could not write every journal record
+    /// ([`BridgeServer::journal_unfinished`]).
+    journal_unfinished: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Sockets by their connection's key (index), the key's bits being their poll token, so
     /// a readiness event for a closed socket never reaches the one that reuses its slot.
     sockets: SocketTable,
@@ -281,6 +284,7 @@ impl BridgeServer {
             signals_seen: 0,
             watchdog: None,
             forced: crossbeam_channel::bounded(2),
+            journal_unfinished: std::sync::Arc::default(),
             sockets: SocketTable::default(),
             pending_reads: Vec::new(),
             writable: Vec::new(),
@@ -345,6 +349,14 @@ impl BridgeServer {
     /// since the loop may be wedged: see [`ForcedStop`].
     pub fn forced_stops(&self) -> crossbeam_channel::Receiver<ForcedStop> {
         self.forced.1.clone()
+    }
+
+    /// Set once the server has stopped if its journal could not write every record within
+    /// the flush budget: the host should exit non-zero (the `turnstile` binary exits 1, a
+    /// failure worth retrying). What was not written is recovered at the next start as
+    /// after a crash.
+    pub fn journal_unfinished(&self) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+        self.journal_unfinished.clone()
     }
 
     /// The bound address (useful with port 0).
@@ -740,7 +752,8 @@ impl Frontend for BridgeServer {
     fn finish(&mut self, poll: &mut Poll) {
         let deadline = Instant::now() + self.flush_budget;
         let mut events = MioEvents::with_capacity(64);
-        // Outcomes of the shutdown (`cancelled: shutdown`) wait for the journal first.
+        // Outcomes written during shutdown wait for the journal first (with a journal, the
+        // messages shutdown cut off have none: they stay for the next start).
         loop {
             self.on_journal();
             self.run_actions(None);
@@ -789,6 +802,14 @@ impl Frontend for BridgeServer {
                 log::error!(
                     "shutdown: the journal did not finish writing within {:?}",
                     self.flush_budget
+                );
+                self.journal_unfinished
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            let kept = self.bridge.kept_for_restart();
+            if kept > 0 {
+                log::info!(
+                    "shutdown: {kept} message(s) left in the journal for the next start (queued, or cut off by --drain-timeout)"
                 );
             }
         }

@@ -5,6 +5,8 @@
 
 mod args;
 mod bridges;
+mod exit;
+mod lock;
 mod reload;
 mod settings;
 
@@ -26,30 +28,34 @@ use crate::ops::{Ops, ReloadApplier, SwappableFactory, journal_ready};
 use crate::server::{BridgeServer, ServerConfig};
 use crate::{Builder, Handle, Runtime};
 
-use super::USAGE_ERROR;
+use crate::AgentFactory;
+use crate::journal::{SqliteStore, Store};
 use args::AgentKind;
+use exit::{RETRYABLE, StartError};
+use lock::DirLock;
 use reload::{make_factory, reload_loader};
 use settings::{Settings, resolve};
 
 /// The heartbeat period of the served runtime.
 const TICK_INTERVAL: Duration = Duration::from_millis(100);
-/// Runs the server; returns the process exit code.
+/// Runs the server; returns the process exit code (see `exit` for what each means).
 pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
     let check_only = args.check_config;
     let flags = args.clone();
-    let s = match resolve(args) {
-        Ok(s) => s,
+    let ready = resolve(args)
+        .map_err(StartError::from)
+        .and_then(|s| preflight(s, check_only));
+    let Preflight {
+        settings: s,
+        factory,
+        data,
+    } = match ready {
+        Ok(p) => p,
         Err(e) => {
             fatal(log_json, &e);
-            return USAGE_ERROR;
+            return e.code();
         }
     };
-    if let Some(path) = &s.status_file
-        && let Err(e) = check_writable(path)
-    {
-        fatal(log_json, &format!("--status-file {}: {e}", path.display()));
-        return USAGE_ERROR;
-    }
     if check_only {
         println!("configuration ok");
         return 0;
@@ -73,18 +79,26 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
         Ok((_, now)) => log::info!("open-file limit: {now}"),
         Err(e) => log::warn!("cannot raise the open-file limit: {e}"),
     }
-    let started = build_runtime(&s).and_then(|(runtime, handle, swap)| {
-        let server = bind_bridge(&s)?;
+    // Held until the process ends: the data directory is this gateway's alone.
+    let (_lock, store) = match data {
+        Some((lock, store)) => (Some(lock), Some(store)),
+        None => (None, None),
+    };
+    let started = build_runtime(&s, factory).and_then(|(runtime, handle, swap)| {
+        let server = bind_bridge(&s, store)?;
         let forced = server.forced_stops();
-        let addr = server.local_addr().map_err(|e| e.to_string())?;
+        let unfinished = server.journal_unfinished();
+        let addr = server
+            .local_addr()
+            .map_err(|e| exit::io_error(&e, format!("--listen: {e}")))?;
         let (ops, http_addr) = host_ops(server, &s, flags, handle, swap)?;
-        Ok((runtime, ops, forced, addr, http_addr))
+        Ok((runtime, ops, (forced, unfinished), addr, http_addr))
     });
-    let (runtime, ops, forced, addr, http_addr) = match started {
+    let (runtime, ops, (forced, unfinished), addr, http_addr) = match started {
         Ok(parts) => parts,
         Err(e) => {
             fatal(log_json, &e);
-            return USAGE_ERROR;
+            return e.code();
         }
     };
     let mut stdout = std::io::stdout().lock();
@@ -103,7 +117,11 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
     let bridges = (!s.bridges.is_empty()).then(|| {
         bridges::Bridges::start(&s.bridges, addr, s.bridge.auth_token.as_deref(), log_json)
     });
-    let code = serve_until_stopped(runtime, ops, &forced);
+    let mut code = serve_until_stopped(runtime, ops, &forced);
+    if code == 0 && unfinished.load(std::sync::atomic::Ordering::SeqCst) {
+        // Logged at ERROR by the server: what it did not write is recovered as after a crash.
+        code = RETRYABLE;
+    }
     if let Some(b) = bridges {
         b.stop();
     }
@@ -114,10 +132,59 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
     code
 }
 
+/// What `serve` checks before it binds anything — everything `--check-config` checks too:
+/// the settings, the status file, the agent factory (URLs, model), and with `--data-dir` the
+/// directory locked, writable and its journal opened (and, for `--check-config`, read
+/// through: a journal that cannot be trusted fails here too).
+struct Preflight {
+    settings: Settings,
+    factory: Arc<dyn AgentFactory>,
+    data: Option<(DirLock, SqliteStore)>,
+}
+
+fn preflight(s: Settings, check_only: bool) -> Result<Preflight, StartError> {
+    if let Some(path) = &s.status_file
+        && let Err(e) = check_writable(path)
+    {
+        return Err(exit::io_error(
+            &e,
+            format!("--status-file {}: {e}", path.display()),
+        ));
+    }
+    let factory = make_factory(&s)?;
+    let data = match &s.data_dir {
+        None => None,
+        Some(dir) => {
+            let what = format!("--data-dir {}", dir.display());
+            let lock = lock::lock(dir).map_err(|e| match e.io_error() {
+                Some(io) => exit::io_error(io, format!("{what}: {e}")),
+                None => StartError::Config(format!("{what}: {e}")),
+            })?;
+            check_writable(&dir.join("turnstile.probe"))
+                .map_err(|e| exit::io_error(&e, format!("{what}: not writable: {e}")))?;
+            let mut store = SqliteStore::open(dir).map_err(|e| exit::store_error(&e, &what))?;
+            if check_only {
+                store
+                    .load(crate::journal::now_ms())
+                    .map_err(|e| exit::store_error(&e, &what))?;
+            }
+            Some((lock, store))
+        }
+    };
+    Ok(Preflight {
+        settings: s,
+        factory,
+        data,
+    })
+}
+
 /// The runtime with its agent factory (swappable, so a reload can give new agents a new
 /// command); for process-based agents the gateway becomes their subreaper first.
-fn build_runtime(s: &Settings) -> Result<(Runtime, Handle, Arc<SwappableFactory>), String> {
-    let swap = SwappableFactory::new(make_factory(s)?);
+fn build_runtime(
+    s: &Settings,
+    factory: Arc<dyn AgentFactory>,
+) -> Result<(Runtime, Handle, Arc<SwappableFactory>), StartError> {
+    let swap = SwappableFactory::new(factory);
     if matches!(s.agent, AgentKind::Exec | AgentKind::Process) {
         if let Err(e) = child::become_subreaper() {
             log::warn!(
@@ -147,12 +214,19 @@ fn build_runtime(s: &Settings) -> Result<(Runtime, Handle, Arc<SwappableFactory>
     if let Some(path) = &s.status_file {
         builder = builder.status_file(path);
     }
-    let (runtime, handle, _events) = builder.build().map_err(|e| e.to_string())?;
+    let (runtime, handle, _events) = builder.build().map_err(|e| match &e {
+        // Threads the system would not give (EAGAIN, ENOMEM) may come later.
+        crate::BuildError::Threads { source, .. } | crate::BuildError::Poll { source, .. } => {
+            exit::io_error(source, e.to_string())
+        }
+        _ => StartError::Config(e.to_string()),
+    })?;
     Ok((runtime, handle, swap))
 }
 
-/// The bridge server on `--listen`, with its journal recovered when `--data-dir` is set.
-fn bind_bridge(s: &Settings) -> Result<BridgeServer, String> {
+/// The bridge server on `--listen`, with its journal (opened by `preflight`) recovered when
+/// `--data-dir` is set.
+fn bind_bridge(s: &Settings, store: Option<SqliteStore>) -> Result<BridgeServer, StartError> {
     // Well past every shutdown deadline: drain, grace, cleanup, then the flush budget.
     let flush_budget = Duration::from_secs(5);
     let watchdog = s.core.drain_timeout
@@ -167,15 +241,17 @@ fn bind_bridge(s: &Settings) -> Result<BridgeServer, String> {
         allow_insecure_bind: s.allow_insecure_bind,
         ..ServerConfig::default()
     };
-    let server =
-        BridgeServer::bind(s.listen, cfg).map_err(|e| format!("--listen {}: {e}", s.listen))?;
-    let Some(dir) = &s.data_dir else {
+    // An address in use or not ours is the configuration's to fix (under systemd the old
+    // process has exited before the new one starts).
+    let server = BridgeServer::bind(s.listen, cfg)
+        .map_err(|e| StartError::Config(format!("--listen {}: {e}", s.listen)))?;
+    let (Some(dir), Some(store)) = (&s.data_dir, store) else {
         return Ok(server);
     };
-    crate::journal::SqliteStore::open(dir)
-        .and_then(|store| server.with_journal(store, JournalConfig::default()))
+    server
+        .with_journal(store, JournalConfig::default())
         .map(|(server, _counts)| server)
-        .map_err(|e| format!("--data-dir {}: {e}", dir.display()))
+        .map_err(|e| exit::store_error(&e, format_args!("--data-dir {}", dir.display())))
 }
 
 /// The operations frontend around the bridge server: the HTTP endpoint, readiness checks,
@@ -186,12 +262,12 @@ fn host_ops(
     flags: ServeArgs,
     handle: Handle,
     swap: Arc<SwappableFactory>,
-) -> Result<(Ops<BridgeServer>, Option<SocketAddr>), String> {
+) -> Result<(Ops<BridgeServer>, Option<SocketAddr>), StartError> {
     let mut ops = Ops::new(server, TICK_INTERVAL);
     let mut http_addr = None;
     if let Some((addr, cfg)) = s.http.clone() {
-        let server =
-            HttpServer::bind(addr, cfg).map_err(|e| format!("--http-listen {addr}: {e}"))?;
+        let server = HttpServer::bind(addr, cfg)
+            .map_err(|e| StartError::Config(format!("--http-listen {addr}: {e}")))?;
         http_addr = server.local_addr().ok();
         ops = ops.with_http(server);
     }

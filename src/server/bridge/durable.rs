@@ -29,6 +29,8 @@ pub(super) struct Durable {
     /// Wall-clock ms since the epoch at the bridge's time zero (duplicate windows are
     /// journaled in wall time, to survive a restart).
     wall_at_zero: u64,
+    /// Messages a graceful shutdown left in the journal for the next start.
+    kept_for_restart: usize,
 }
 
 impl Durable {
@@ -39,6 +41,7 @@ impl Durable {
             unjournaled: HashMap::new(),
             max_pending,
             wall_at_zero: 0,
+            kept_for_restart: 0,
         }
     }
 
@@ -161,6 +164,34 @@ impl Bridge {
             self.refuse(seq, Refusal::storage(c.error.as_deref()));
         }
         self.audit();
+    }
+
+    /// A graceful shutdown ended the message (`cancelled: shutdown`, queued or cut off by
+    /// the drain): with a journal it is not answered and gets no outcome record, so the next
+    /// start finds it as a crash would have left it — queued again if its turn never
+    /// started, interrupted (failed, or run again with `resume_interrupted`) if it did. A
+    /// planned restart then keeps the queue instead of dropping it. Its duplicate-window
+    /// entry stays (it is still in flight); its outbox reservation is released (the next
+    /// process reserves it again at recovery).
+    pub(super) fn keep_for_restart(&mut self, route: InFlight) {
+        debug_assert!(self.durable.is_some(), "only a journal keeps a message");
+        debug_assert!(route.copies.is_empty(), "a finished message was admitted");
+        if let Some(d) = &mut self.durable {
+            d.kept_for_restart += 1;
+        }
+        log::debug!(
+            "session {}: message {} kept in the journal for the next start",
+            route.session,
+            route.id
+        );
+        self.platforms.unreserve(&route.platform);
+        self.platforms.maybe_free(&route.platform);
+        self.maybe_finish(route.conn);
+    }
+
+    /// Messages a graceful shutdown left in the journal for the next start.
+    pub fn kept_for_restart(&self) -> usize {
+        self.durable.as_ref().map_or(0, |d| d.kept_for_restart)
     }
 
     /// Rebuilds the state a journal held at start-up (before any connection): the duplicate

@@ -196,6 +196,9 @@ impl Bridge {
             return;
         };
         self.conns.settled(route.conn);
+        if self.durable.is_some() && outcome == Outcome::Cancelled(crate::CancelReason::Shutdown) {
+            return self.keep_for_restart(route);
+        }
         let body = terminal_body(id, session.as_str(), outcome, self.cfg.max_reply_bytes);
         debug_assert!(
             body.size() <= self.platforms.reservation(),
