@@ -518,3 +518,96 @@ fn a_full_disk_refuses_new_messages_keeps_deliveries_and_recovers_by_itself() {
     let left: Vec<u64> = r.messages.iter().map(|m| m.message.seq).collect();
     assert_eq!(left, [seq + 2]);
 }
+
+/// A store on a full disk: while `full` is set, a batch with a new message fails and any
+/// other batch is written; the first write after `full` is set waits for the test.
+struct FullDisk {
+    inner: MemStore,
+    full: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    hold: Option<(
+        crossbeam_channel::Sender<()>,
+        crossbeam_channel::Receiver<()>,
+    )>,
+}
+
+impl Store for FullDisk {
+    fn write(&mut self, batch: &[Record]) -> Result<(), turnstile::internal::journal::StoreError> {
+        if self.full.load(Ordering::SeqCst) {
+            if let Some((entered, hold)) = self.hold.take() {
+                entered.send(()).unwrap();
+                hold.recv().unwrap();
+            }
+            if batch.iter().any(|r| matches!(r, Record::Accepted(_))) {
+                return Err(turnstile::internal::journal::StoreError::transient(
+                    "disk full",
+                ));
+            }
+        }
+        self.inner.write(batch)
+    }
+
+    fn load(
+        &mut self,
+        now: u64,
+    ) -> Result<turnstile::internal::journal::Recovered, turnstile::internal::journal::StoreError>
+    {
+        self.inner.load(now)
+    }
+}
+
+/// On a full disk every batch with a new message fails; the records kept from a failed
+/// batch (an acknowledged message's outcome) are written alone before the next new
+/// message, so they are not held back for as long as new messages keep coming.
+#[test]
+fn kept_records_are_written_before_new_messages_that_keep_failing() {
+    let mem = MemStore::new();
+    let full = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (entered_tx, entered) = crossbeam_channel::unbounded();
+    let (release, hold) = crossbeam_channel::unbounded();
+    let store = FullDisk {
+        inner: mem.clone(),
+        full: full.clone(),
+        hold: Some((entered_tx, hold)),
+    };
+    let (wake_tx, wake_rx) = crossbeam_channel::unbounded();
+    let cfg = JournalConfig {
+        // Only new records start another try: no timer writes the kept ones alone.
+        retry_every: Duration::from_secs(3600),
+        ..JournalConfig::default()
+    };
+    let mut j = Journal::start(store, cfg, move || {
+        let _ = wake_tx.send(());
+    })
+    .unwrap();
+    let wait_failed = |seq: u64| loop {
+        wake_rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        if j_failed(&j, seq) {
+            break;
+        }
+    };
+    fn j_failed(j: &Journal, seq: u64) -> bool {
+        j.completions().any(|c| c.failed.contains(&seq))
+    }
+    j.send(Record::Accepted(message(1, "a")));
+    wake_rx.recv_timeout(Duration::from_secs(30)).unwrap();
+    assert_eq!(j.completions().next().unwrap().durable, vec![1]);
+    full.store(true, Ordering::SeqCst);
+    j.send(Record::Accepted(message(2, "b")));
+    // The thread is inside the write of message 2: what is sent now makes one batch.
+    entered.recv_timeout(Duration::from_secs(30)).unwrap();
+    j.send(Record::Outcome {
+        seq: 1,
+        outcome: outcome(1, "x"),
+    });
+    j.send(Record::Accepted(message(3, "c")));
+    release.send(()).unwrap();
+    wait_failed(2);
+    wait_failed(3);
+    assert!(mem.clone().load(0).unwrap().messages[0].outcome.is_none());
+    j.send(Record::Accepted(message(4, "d")));
+    wait_failed(4);
+    let r = mem.clone().load(0).unwrap();
+    assert_eq!(r.messages.len(), 1);
+    assert_eq!(r.messages[0].outcome, Some(outcome(1, "x")));
+    let _ = j.finish(Duration::ZERO);
+}
