@@ -611,3 +611,27 @@ fn kept_records_are_written_before_new_messages_that_keep_failing() {
     assert_eq!(r.messages[0].outcome, Some(outcome(1, "x")));
     let _ = j.finish(Duration::ZERO);
 }
+
+/// A journal that cannot be created or opened for want of space is a transient failure (a
+/// supervisor may retry it: exit 1), not an untrusted journal (exit 2).
+#[test]
+fn a_full_disk_at_start_up_is_transient() {
+    use turnstile::internal::journal::StoreErrorKind;
+    let Some(volume) = SmallVolume::mount("1m") else {
+        eprintln!("not root: skipped (no small volume to fill)");
+        return;
+    };
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(volume.path().join("ballast")).unwrap();
+        let chunk = vec![1u8; 4 << 10];
+        while f.write_all(&chunk).is_ok() {}
+        let _ = f.sync_all();
+    }
+    let e = SqliteStore::open(&volume.path().join("data"))
+        .and_then(|mut s| s.load(now_ms()))
+        .expect_err("no space for a journal");
+    assert_eq!(e.kind, StoreErrorKind::Transient, "{e}");
+    assert!(e.is_transient());
+    eprintln!("full disk at start-up: {e}");
+}
