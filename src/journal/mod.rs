@@ -12,7 +12,11 @@
 //! channel and a `mio::Waker` (group commit).
 //!
 //! The [`Store`] trait is small on purpose: a replicated log can implement the same five
-//! operations (append accepted, mark started, record outcome, mark delivered, load).
+//! operations (append accepted, mark started, record outcome, mark delivered, load); its
+//! two provided methods (idle housekeeping, size on disk) need not be written. A
+//! [`StoreError`]'s kind says whether a failure may pass ([`StoreErrorKind::Transient`]:
+//! a full disk) or the journal cannot be trusted ([`StoreErrorKind::Untrusted`]: records
+//! acknowledged as durable are missing), which start-up tells apart (exit 1 or 2).
 
 #[cfg(feature = "sqlite")]
 mod mark;
