@@ -833,3 +833,73 @@ fn a_gateway_on_a_4_mib_volume_carries_thousands_of_messages() {
     let left = SqliteStore::open(&data).unwrap().load(0).unwrap();
     assert!(left.messages.is_empty(), "{} left", left.messages.len());
 }
+
+/// The real gateway on a 4 MiB tmpfs that fills up (as root; skipped otherwise): new
+/// messages are rejected `storage` while the disk is full, an acknowledged message's reply
+/// still comes and its delivery is written, and once the space is given back the next
+/// message is acked by the same process.
+#[test]
+fn a_full_disk_rejects_storage_and_the_gateway_accepts_again_when_space_returns() {
+    // SAFETY: geteuid(2) has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not root: skipped (no tmpfs; the injected-fault test covers the bridge's side)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"])
+        .arg(dir.path())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(mounted, "mount a tmpfs");
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _unmount = Unmount(dir.path());
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &["--max-reply-bytes", "4096"]);
+    let mut c = Plain::connect(&server.addr, acks_hello());
+    let text = "z".repeat(2048);
+    // One message round trip: Some(reply) if acked, None if rejected `storage`.
+    let round = |c: &mut Plain, id: &str| -> bool {
+        c.send(&json!({"op": "message", "id": id, "chat_id": "c", "text": text}));
+        let v = c.next();
+        match (v["op"].as_str(), v["reason"].as_str()) {
+            (Some("ack"), _) => {
+                let r = c.next();
+                assert_eq!(
+                    (r["op"].as_str(), r["id"].as_str()),
+                    (Some("reply"), Some(id)),
+                    "{r}"
+                );
+                c.send(&json!({"op": "delivered", "ids": [id]}));
+                true
+            }
+            (Some("reject"), Some("storage")) => false,
+            _ => panic!("{id}: {v}"),
+        }
+    };
+    assert!(round(&mut c, "first"));
+    let ballast = dir.path().join("ballast");
+    {
+        let mut f = std::fs::File::create(&ballast).unwrap();
+        let chunk = vec![1u8; 4 << 10];
+        while f.write_all(&chunk).is_ok() {}
+        let _ = f.sync_all();
+    }
+    let mut n = 0;
+    while round(&mut c, &format!("fill{n}")) {
+        n += 1;
+        assert!(n < 2000, "the disk never filled");
+    }
+    // Still full: rejected again, by the same process.
+    assert!(!round(&mut c, "again"));
+    std::fs::remove_file(&ballast).unwrap();
+    assert!(round(&mut c, "after"), "accepted again once space returned");
+    server.stop();
+    let left = SqliteStore::open(&data).unwrap().load(0).unwrap();
+    assert!(left.messages.is_empty(), "{} left", left.messages.len());
+}

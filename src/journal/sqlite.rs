@@ -141,6 +141,18 @@ fn disk_bytes(path: &Path) -> u64 {
     })
 }
 
+/// Bytes free for an unprivileged writer on the file system holding `dir`.
+fn available(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs(3) writes into the zeroed struct it is given; `c` is a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
+
 /// `journal.reserve`: [`RESERVE_BYTES`] allocated while the disk has room, released when it
 /// is full.
 struct Reserve {
@@ -157,10 +169,21 @@ impl Reserve {
     }
 
     /// Allocates the reserve (really: blocks, not a sparse file); false if the disk has no
-    /// room for it.
-    fn acquire(&mut self) -> bool {
+    /// room for it and `headroom` bytes more. Taken back after a full disk with a headroom
+    /// of its own size: otherwise the space it just gave up would be all it finds, and the
+    /// journal would take a new message with nothing left to write its outcome in.
+    fn acquire(&mut self, headroom: u64) -> bool {
         if self.held {
             return true;
+        }
+        if headroom > 0
+            && self
+                .path
+                .parent()
+                .and_then(available)
+                .is_some_and(|free| free < RESERVE_BYTES + headroom)
+        {
+            return false;
         }
         let allocate = || -> std::io::Result<()> {
             let f = File::options()
@@ -239,7 +262,7 @@ impl SqliteStore {
         };
         let mut store = store?;
         reserve.held = std::fs::metadata(&reserve.path).is_ok_and(|m| m.len() >= RESERVE_BYTES);
-        if !reserve.acquire() {
+        if !reserve.acquire(0) {
             log::warn!(
                 "no room for the journal reserve {} ({} KiB): new messages are rejected `storage` until there is",
                 reserve.path.display(),
@@ -617,7 +640,7 @@ impl Store for SqliteStore {
         if !self.reserve.held && accepts {
             // Space may have come back (freed by our deliveries or by someone else).
             let _ = self.reclaim();
-            if !self.reserve.acquire() {
+            if !self.reserve.acquire(RESERVE_BYTES) {
                 return Err(StoreError::transient(format!(
                     "the disk under the journal is full ({} cannot be allocated again): new messages are refused until space returns",
                     self.reserve.path.display()
@@ -675,7 +698,7 @@ impl Store for SqliteStore {
             if let Err(e) = self.housekeeping() {
                 log::warn!("journal housekeeping failed ({}): {e}", self.path.display());
             }
-            if !self.reserve.held && self.reserve.acquire() {
+            if !self.reserve.held && self.reserve.acquire(RESERVE_BYTES) {
                 log::info!(
                     "the journal reserve {} is allocated again: accepting messages",
                     self.reserve.path.display()
