@@ -197,6 +197,12 @@ pub(crate) const TURN_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 ];
 
+/// Journal write (commit, sync, mark) buckets in seconds: 50 µs to 5 s.
+pub(crate) const JOURNAL_BUCKETS: &[f64] = &[
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 5.0,
+];
+
 /// A histogram with fixed upper bounds (seconds), as Prometheus exposes one: per-bucket
 /// counts, a sum and a count.
 #[derive(Clone, Debug, PartialEq)]
@@ -217,6 +223,18 @@ impl PromHistogram {
             counts: vec![0; bounds.len() + 1],
             sum: 0.0,
             count: 0,
+        }
+    }
+
+    /// A histogram over `bounds` with these per-bucket counts (not cumulative, `+Inf`
+    /// last) and sum of samples in seconds: a snapshot of one kept elsewhere.
+    pub(crate) fn from_counts(bounds: &'static [f64], counts: Vec<u64>, sum: f64) -> PromHistogram {
+        debug_assert_eq!(counts.len(), bounds.len() + 1);
+        PromHistogram {
+            bounds,
+            count: counts.iter().sum(),
+            counts,
+            sum,
         }
     }
 

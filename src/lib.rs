@@ -96,7 +96,8 @@ pub use core::{
 #[cfg(feature = "sqlite")]
 pub use journal::SqliteStore;
 pub use journal::{
-    MemStore, Record, Recovered, RecoveredMessage, Store, StoreError, StoredMessage, StoredOutcome,
+    MemStore, Record, Recovered, RecoveredMessage, Store, StoreError, StoreErrorKind,
+    StoredMessage, StoredOutcome,
 };
 pub use liveness::{
     BridgeStatus, FrontendStatus, HttpStatus, JournalStatus, PlatformStatus, RecoveryCounts,
@@ -141,7 +142,8 @@ pub mod internal {
         pub use crate::journal::SqliteStore;
         pub use crate::journal::{
             Committed, FaultyStore, Journal, JournalConfig, MemStore, Model, Record, Recovered,
-            RecoveredMessage, Store, StoredMessage, StoredOutcome, now_ms,
+            RecoveredMessage, Store, StoreError, StoreErrorKind, StoredMessage, StoredOutcome,
+            now_ms,
         };
     }
     /// The sans-IO bridge protocol.

@@ -18,7 +18,7 @@ use serde::Serialize;
 use crate::agent::{AgentUsage, ModelUsage};
 pub(crate) use crate::core::{CleanupCounts, MessageCounts, SessionCounts, TurnCounts};
 use crate::histogram::LagSummary;
-use crate::histogram::{LAG_BUCKETS, PromHistogram, TURN_BUCKETS};
+use crate::histogram::{JOURNAL_BUCKETS, LAG_BUCKETS, PromHistogram, TURN_BUCKETS};
 
 /// The runtime's lifecycle state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -407,9 +407,17 @@ pub struct BridgeStatus {
 }
 
 /// The journal's figures in the status.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct JournalStatus {
+    /// Bytes the journal's files take on disk (database, write-ahead log, mark; not the
+    /// reserve), as of its last write or idle pass; absent for a store without files.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_bytes: Option<u64>,
+    /// How long each of the journal thread's writes took (commit, sync, mark), for the
+    /// metrics.
+    #[serde(skip)]
+    pub write_seconds: PromHistogram,
     /// Records sent to the journal thread and not yet taken.
     pub queued_records: usize,
     /// Accepted messages waiting to be durable before their ack.
@@ -431,6 +439,25 @@ pub struct JournalStatus {
     pub wakes: u64,
     /// What start-up recovery found.
     pub recovery: RecoveryCounts,
+}
+
+impl Default for JournalStatus {
+    fn default() -> Self {
+        JournalStatus {
+            disk_bytes: None,
+            write_seconds: PromHistogram::new(JOURNAL_BUCKETS),
+            queued_records: 0,
+            pending_durable: 0,
+            unjournaled_outcomes: 0,
+            max_pending_durable: 0,
+            batches: 0,
+            failed_batches: 0,
+            retrying: 0,
+            failing: false,
+            wakes: 0,
+            recovery: RecoveryCounts::default(),
+        }
+    }
 }
 
 /// What start-up recovery did, by message.

@@ -123,7 +123,7 @@ fn a_second_gateway_on_the_same_data_dir_is_refused() {
     first.write(&[Record::Accepted(message(1, "a"))]).unwrap();
     let second = SqliteStore::open(dir.path()).and_then(|mut s| s.load(0));
     let e = second.expect_err("the journal is locked by the first");
-    assert!(e.0.contains("locked"), "{e}");
+    assert!(e.message.contains("locked"), "{e}");
 }
 
 /// A journal written and closed cleanly, then truncated or scribbled at many offsets: opening
@@ -150,6 +150,7 @@ fn a_torn_or_scribbled_store_is_refused_or_yields_only_written_messages() {
     }
     let file = dir.path().join("journal.sqlite3");
     let original = std::fs::read(&file).unwrap();
+    let mark = std::fs::read(dir.path().join("journal.mark")).unwrap();
     assert!(original.len() > 8192, "the test needs a multi-page file");
     let (mut refused, mut loaded) = (0, 0);
     let offsets: Vec<usize> = (0..original.len()).step_by(331).collect();
@@ -165,9 +166,10 @@ fn a_torn_or_scribbled_store_is_refused_or_yields_only_written_messages() {
                 bytes.truncate(at);
             }
             std::fs::write(case.path().join("journal.sqlite3"), &bytes).unwrap();
+            std::fs::write(case.path().join("journal.mark"), &mark).unwrap();
             match SqliteStore::open(case.path()).and_then(|mut s| s.load(0)) {
                 Err(e) => {
-                    assert!(!e.0.is_empty());
+                    assert!(!e.message.is_empty());
                     refused += 1;
                 }
                 Ok(r) => {
@@ -202,6 +204,7 @@ fn a_failing_store_fails_new_messages_and_keeps_the_other_records() {
     let cfg = JournalConfig {
         max_batch: 64,
         retry_every: Duration::from_millis(10),
+        ..JournalConfig::default()
     };
     let mut j = Journal::start(store, cfg, move || {
         let _ = wake_tx.send(());
@@ -282,4 +285,353 @@ fn a_window_ending_now_has_expired_in_the_model_and_the_store() {
     assert!(model.recovered(until).dedup.is_empty());
     // The wall clock is the real one (ms since the epoch, after 2020).
     assert!(now_ms() > 1_577_836_800_000);
+}
+
+#[path = "common/mod.rs"]
+mod common;
+
+/// One scribbled row (its text changed behind the journal's back, so it fails its checksum)
+/// is moved to the quarantine with an ERROR naming its id and platform, and every other row
+/// is recovered; the next start finds nothing left to quarantine, and the mark agrees.
+#[test]
+fn a_scribbled_row_is_quarantined_and_the_others_recovered() {
+    let logs = common::capture_logs();
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = SqliteStore::open(dir.path()).unwrap();
+        for s in 1..=20u64 {
+            store
+                .write(&[Record::Accepted(message(s, "hello"))])
+                .unwrap();
+        }
+    }
+    {
+        let c = rusqlite::Connection::open(dir.path().join("journal.sqlite3")).unwrap();
+        let n = c
+            .execute("UPDATE messages SET text = 'forged' WHERE seq = 7", [])
+            .unwrap();
+        assert_eq!(n, 1);
+    }
+    let mut store = SqliteStore::open(dir.path()).unwrap();
+    let r = store.load(now_ms()).unwrap();
+    let seqs: Vec<u64> = r.messages.iter().map(|m| m.message.seq).collect();
+    let expected: Vec<u64> = (1..=20).filter(|s| *s != 7).collect();
+    assert_eq!(seqs, expected);
+    assert_eq!(store.quarantined(), 1);
+    let errors = logs.find(log::Level::Error, &["m-7", "p1", "quarantine"]);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    drop(store);
+    let mut store = SqliteStore::open(dir.path()).unwrap();
+    assert_eq!(store.load(now_ms()).unwrap().messages.len(), 19);
+    assert_eq!(store.quarantined(), 0);
+}
+
+/// Acknowledged commits lost behind the journal's back (the database restored to a copy
+/// taken earlier, which is what a lost write-ahead log amounts to) are refused as
+/// untrusted, naming the mark and the database; truncating the mark accepts it as it is.
+#[test]
+fn a_database_older_than_its_mark_is_refused_until_the_mark_is_reset() {
+    use turnstile::internal::journal::StoreErrorKind;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("journal.sqlite3");
+    {
+        let mut store = SqliteStore::open(dir.path()).unwrap();
+        store.write(&[Record::Accepted(message(1, "a"))]).unwrap();
+    }
+    // Closed cleanly: the write-ahead log is folded into the database.
+    let old = std::fs::read(&db).unwrap();
+    {
+        let mut store = SqliteStore::open(dir.path()).unwrap();
+        store.write(&[Record::Accepted(message(2, "b"))]).unwrap();
+        store.write(&[Record::Accepted(message(3, "c"))]).unwrap();
+    }
+    std::fs::write(&db, &old).unwrap();
+    let _ = std::fs::remove_file(dir.path().join("journal.sqlite3-wal"));
+    let e = SqliteStore::open(dir.path()).err().expect("refused");
+    assert_eq!(e.kind, StoreErrorKind::Untrusted, "{e}");
+    assert!(!e.is_transient());
+    assert!(
+        e.message.contains("journal.mark")
+            && e.message.contains("journal.sqlite3")
+            && e.message.contains("2 acknowledged message(s) are missing"),
+        "{e}"
+    );
+    // Refused again on the next try (nothing was rewritten).
+    assert!(SqliteStore::open(dir.path()).is_err());
+    // The mark removed: still refused (the database counts commits, so it had one).
+    let mark = dir.path().join("journal.mark");
+    std::fs::remove_file(&mark).unwrap();
+    let e = SqliteStore::open(dir.path()).err().expect("refused");
+    assert!(e.message.contains("is missing"), "{e}");
+    // The operator's reset: an empty mark accepts the database as it is.
+    std::fs::write(&mark, b"").unwrap();
+    let mut store = SqliteStore::open(dir.path()).unwrap();
+    assert_eq!(store.load(now_ms()).unwrap().messages.len(), 1);
+}
+
+/// A tmpfs of `size` (e.g. "4m") for the test's data directory, unmounted when dropped; None
+/// when the test does not run as root (the caller then says what it ran instead).
+struct SmallVolume {
+    dir: tempfile::TempDir,
+}
+
+impl SmallVolume {
+    fn mount(size: &str) -> Option<SmallVolume> {
+        // SAFETY: geteuid(2) has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then_some(SmallVolume { dir })
+    }
+
+    fn path(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for SmallVolume {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+fn long(seq: u64) -> StoredMessage {
+    message(seq, &"x".repeat(2048))
+}
+
+/// Finishes `seq`: its turn, a 2 KB reply, its delivery.
+fn finish(seq: u64) -> Vec<Record> {
+    vec![
+        Record::Started { seq, attempt: 1 },
+        Record::Outcome {
+            seq,
+            outcome: outcome(seq, &"y".repeat(2048)),
+        },
+        Record::Delivered { seq },
+    ]
+}
+
+/// 5,000 messages of 2 KB with their 2 KB replies (20 MB through the journal) on a 4 MiB
+/// volume, at most 4 in flight: every write succeeds, the files stay small, and what is in
+/// flight is what loads. Without a checkpoint before SQLite's default 1,000 pages the WAL
+/// alone outgrows the volume.
+#[test]
+fn a_small_volume_carries_thousands_of_messages_with_few_in_flight() {
+    let volume = SmallVolume::mount("4m");
+    let fallback = tempfile::tempdir().unwrap();
+    let base = match &volume {
+        Some(v) => v.path(),
+        None => {
+            eprintln!("not root: a plain directory instead of a 4 MiB tmpfs (size bound only)");
+            fallback.path()
+        }
+    };
+    let data = base.join("data");
+    let mut store = SqliteStore::open(&data).unwrap();
+    assert!(store.reserve_held());
+    let mut largest = 0;
+    for seq in 1..=5000u64 {
+        store
+            .write(&[Record::Accepted(long(seq))])
+            .unwrap_or_else(|e| panic!("message {seq}: {e}"));
+        if seq > 4 {
+            store
+                .write(&finish(seq - 4))
+                .unwrap_or_else(|e| panic!("finishing {}: {e}", seq - 4));
+        }
+        largest = largest.max(store.disk_bytes().unwrap());
+    }
+    // Idle housekeeping gives the rest back.
+    let idle = store.idle().unwrap();
+    assert!(largest < 3 << 20, "the journal took {largest} bytes");
+    assert!(idle <= largest, "{idle} after idle, {largest} at most");
+    eprintln!("5000 messages: largest {largest} bytes on disk, {idle} after idle");
+    let r = store.load(now_ms()).unwrap();
+    assert_eq!(r.messages.len(), 4);
+    assert_eq!(r.max_seq, 5000);
+}
+
+/// The disk fills up (a ballast file takes the rest of a 4 MiB volume): new messages fail
+/// (transient, the bridge answers `storage`), the reserve is released so that outcomes and
+/// deliveries are still written, and once space returns new messages are written again by
+/// the same store, with no restart.
+#[test]
+fn a_full_disk_refuses_new_messages_keeps_deliveries_and_recovers_by_itself() {
+    let Some(volume) = SmallVolume::mount("4m") else {
+        eprintln!(
+            "not root: skipped (no small volume to fill; the thread's fault path is covered by a_failing_store_fails_new_messages_and_keeps_the_other_records)"
+        );
+        return;
+    };
+    let data = volume.path().join("data");
+    let mut store = SqliteStore::open(&data).unwrap();
+    for seq in 1..=3 {
+        store.write(&[Record::Accepted(long(seq))]).unwrap();
+    }
+    let fill = |name: &str| {
+        use std::io::Write;
+        let path = volume.path().join(name);
+        let mut f = std::fs::File::create(&path).unwrap();
+        let chunk = vec![1u8; 4 << 10];
+        while f.write_all(&chunk).is_ok() {}
+        let _ = f.sync_all();
+        path
+    };
+    let ballast = fill("ballast");
+    // New messages until the disk refuses one (the WAL's room is used first).
+    let mut seq = 3;
+    let e = loop {
+        seq += 1;
+        assert!(seq < 3000, "the disk never filled");
+        if let Err(e) = store.write(&[Record::Accepted(long(seq))]) {
+            break e;
+        }
+    };
+    assert!(e.is_transient(), "{e}");
+    assert!(!store.reserve_held());
+    // Outcomes and deliveries of what was acknowledged still get written.
+    for done in 1..seq {
+        store
+            .write(&finish(done))
+            .unwrap_or_else(|e| panic!("finishing {done} on a full disk: {e}"));
+    }
+    // What the deliveries freed is taken too: the disk stays full, new messages fail.
+    let more = fill("more");
+    let e = store
+        .write(&[Record::Accepted(long(seq + 1))])
+        .expect_err("still full");
+    assert!(e.is_transient() && e.message.contains("full"), "{e}");
+    // Space returns: the same store takes new messages again.
+    std::fs::remove_file(&ballast).unwrap();
+    std::fs::remove_file(&more).unwrap();
+    store.write(&[Record::Accepted(long(seq + 2))]).unwrap();
+    assert!(store.reserve_held());
+    let r = store.load(now_ms()).unwrap();
+    let left: Vec<u64> = r.messages.iter().map(|m| m.message.seq).collect();
+    assert_eq!(left, [seq + 2]);
+}
+
+/// A store on a full disk: while `full` is set, a batch with a new message fails and any
+/// other batch is written; the first write after `full` is set waits for the test.
+struct FullDisk {
+    inner: MemStore,
+    full: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    hold: Option<(
+        crossbeam_channel::Sender<()>,
+        crossbeam_channel::Receiver<()>,
+    )>,
+}
+
+impl Store for FullDisk {
+    fn write(&mut self, batch: &[Record]) -> Result<(), turnstile::internal::journal::StoreError> {
+        if self.full.load(Ordering::SeqCst) {
+            if let Some((entered, hold)) = self.hold.take() {
+                entered.send(()).unwrap();
+                hold.recv().unwrap();
+            }
+            if batch.iter().any(|r| matches!(r, Record::Accepted(_))) {
+                return Err(turnstile::internal::journal::StoreError::transient(
+                    "disk full",
+                ));
+            }
+        }
+        self.inner.write(batch)
+    }
+
+    fn load(
+        &mut self,
+        now: u64,
+    ) -> Result<turnstile::internal::journal::Recovered, turnstile::internal::journal::StoreError>
+    {
+        self.inner.load(now)
+    }
+}
+
+/// On a full disk every batch with a new message fails; the records kept from a failed
+/// batch (an acknowledged message's outcome) are written alone before the next new
+/// message, so they are not held back for as long as new messages keep coming.
+#[test]
+fn kept_records_are_written_before_new_messages_that_keep_failing() {
+    let mem = MemStore::new();
+    let full = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (entered_tx, entered) = crossbeam_channel::unbounded();
+    let (release, hold) = crossbeam_channel::unbounded();
+    let store = FullDisk {
+        inner: mem.clone(),
+        full: full.clone(),
+        hold: Some((entered_tx, hold)),
+    };
+    let (wake_tx, wake_rx) = crossbeam_channel::unbounded();
+    let cfg = JournalConfig {
+        // Only new records start another try: no timer writes the kept ones alone.
+        retry_every: Duration::from_secs(3600),
+        ..JournalConfig::default()
+    };
+    let mut j = Journal::start(store, cfg, move || {
+        let _ = wake_tx.send(());
+    })
+    .unwrap();
+    let wait_failed = |seq: u64| loop {
+        wake_rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        if j_failed(&j, seq) {
+            break;
+        }
+    };
+    fn j_failed(j: &Journal, seq: u64) -> bool {
+        j.completions().any(|c| c.failed.contains(&seq))
+    }
+    j.send(Record::Accepted(message(1, "a")));
+    wake_rx.recv_timeout(Duration::from_secs(30)).unwrap();
+    assert_eq!(j.completions().next().unwrap().durable, vec![1]);
+    full.store(true, Ordering::SeqCst);
+    j.send(Record::Accepted(message(2, "b")));
+    // The thread is inside the write of message 2: what is sent now makes one batch.
+    entered.recv_timeout(Duration::from_secs(30)).unwrap();
+    j.send(Record::Outcome {
+        seq: 1,
+        outcome: outcome(1, "x"),
+    });
+    j.send(Record::Accepted(message(3, "c")));
+    release.send(()).unwrap();
+    wait_failed(2);
+    wait_failed(3);
+    assert!(mem.clone().load(0).unwrap().messages[0].outcome.is_none());
+    j.send(Record::Accepted(message(4, "d")));
+    wait_failed(4);
+    let r = mem.clone().load(0).unwrap();
+    assert_eq!(r.messages.len(), 1);
+    assert_eq!(r.messages[0].outcome, Some(outcome(1, "x")));
+    let _ = j.finish(Duration::ZERO);
+}
+
+/// A journal that cannot be created or opened for want of space is a transient failure (a
+/// supervisor may retry it: exit 1), not an untrusted journal (exit 2).
+#[test]
+fn a_full_disk_at_start_up_is_transient() {
+    use turnstile::internal::journal::StoreErrorKind;
+    let Some(volume) = SmallVolume::mount("1m") else {
+        eprintln!("not root: skipped (no small volume to fill)");
+        return;
+    };
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(volume.path().join("ballast")).unwrap();
+        let chunk = vec![1u8; 4 << 10];
+        while f.write_all(&chunk).is_ok() {}
+        let _ = f.sync_all();
+    }
+    let e = SqliteStore::open(&volume.path().join("data"))
+        .and_then(|mut s| s.load(now_ms()))
+        .expect_err("no space for a journal");
+    assert_eq!(e.kind, StoreErrorKind::Transient, "{e}");
+    assert!(e.is_transient());
+    eprintln!("full disk at start-up: {e}");
 }

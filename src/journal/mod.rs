@@ -12,8 +12,14 @@
 //! channel and a `mio::Waker` (group commit).
 //!
 //! The [`Store`] trait is small on purpose: a replicated log can implement the same five
-//! operations (append accepted, mark started, record outcome, mark delivered, load).
+//! operations (append accepted, mark started, record outcome, mark delivered, load); its
+//! two provided methods (idle housekeeping, size on disk) need not be written. A
+//! [`StoreError`]'s kind says whether a failure may pass ([`StoreErrorKind::Transient`]:
+//! a full disk) or the journal cannot be trusted ([`StoreErrorKind::Untrusted`]: records
+//! acknowledged as durable are missing), which start-up tells apart (exit 1 or 2).
 
+#[cfg(feature = "sqlite")]
+mod mark;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod thread;
@@ -136,13 +142,68 @@ pub struct Recovered {
     pub max_seq: u64,
 }
 
-/// A store failure: a write that did not become durable, or a store that cannot be read.
+/// How a caller should take a [`StoreError`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// May go away by itself (the disk is full, an I/O error, the file is locked by another
+    /// process): a write is tried again, and a start-up that meets it may be retried (the
+    /// CLI exits 1, which a supervisor restarts).
+    Transient,
+    /// The journal cannot be trusted: records acknowledged as durable are missing (its
+    /// mark says more was committed than the database holds), or a file of the journal
+    /// cannot be read at all. Starting would drop acknowledged messages silently, so start-up
+    /// refuses until an operator acts (the CLI exits 2).
+    Untrusted,
+    /// The journal cannot be used as configured: another schema version, a directory that
+    /// cannot be created, a bridge without `journal` set (the CLI exits 2).
+    Unusable,
+}
+
+/// A store failure: a write that did not become durable, or a store that cannot be read;
+/// its kind says whether trying again can help.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StoreError(pub String);
+pub struct StoreError {
+    /// How to take it.
+    pub kind: StoreErrorKind,
+    /// What failed, naming the file.
+    pub message: String,
+}
+
+impl StoreError {
+    /// A failure that may go away by itself.
+    pub fn transient(message: impl Into<String>) -> StoreError {
+        StoreError {
+            kind: StoreErrorKind::Transient,
+            message: message.into(),
+        }
+    }
+
+    /// A journal that cannot be trusted (start-up must refuse).
+    pub fn untrusted(message: impl Into<String>) -> StoreError {
+        StoreError {
+            kind: StoreErrorKind::Untrusted,
+            message: message.into(),
+        }
+    }
+
+    /// A journal that cannot be used as configured.
+    pub fn unusable(message: impl Into<String>) -> StoreError {
+        StoreError {
+            kind: StoreErrorKind::Unusable,
+            message: message.into(),
+        }
+    }
+
+    /// Whether trying again later may succeed (start-up: exit 1 rather than 2).
+    pub fn is_transient(&self) -> bool {
+        self.kind == StoreErrorKind::Transient
+    }
+}
 
 impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.message)
     }
 }
 
@@ -158,6 +219,20 @@ pub trait Store: Send {
     /// Reads what survives, for start-up recovery; `now_ms` (ms since the epoch) drops
     /// expired duplicate-window ids. A damaged store is an error, never a guess.
     fn load(&mut self, now_ms: u64) -> Result<Recovered, StoreError>;
+
+    /// Housekeeping while nothing is written: the journal thread calls it once its queue
+    /// has been empty for [`JournalConfig::idle_after`] after a write (the SQLite store
+    /// checkpoints its write-ahead log and gives freed pages back). Returns
+    /// [`Store::disk_bytes`] after it. Best effort: a failure is logged, not returned.
+    fn idle(&mut self) -> Option<u64> {
+        self.disk_bytes()
+    }
+
+    /// The bytes the store takes on disk, if it has files (the status and the metrics show
+    /// them).
+    fn disk_bytes(&self) -> Option<u64> {
+        None
+    }
 }
 
 impl<S: Store + ?Sized> Store for Box<S> {
@@ -166,6 +241,12 @@ impl<S: Store + ?Sized> Store for Box<S> {
     }
     fn load(&mut self, now_ms: u64) -> Result<Recovered, StoreError> {
         (**self).load(now_ms)
+    }
+    fn idle(&mut self) -> Option<u64> {
+        (**self).idle()
+    }
+    fn disk_bytes(&self) -> Option<u64> {
+        (**self).disk_bytes()
     }
 }
 
@@ -251,7 +332,7 @@ impl Store for MemStore {
         let mut m = self
             .state
             .lock()
-            .map_err(|_| StoreError("memory store poisoned".into()))?;
+            .map_err(|_| StoreError::transient("memory store poisoned"))?;
         for r in batch {
             m.apply(r);
         }
@@ -262,7 +343,7 @@ impl Store for MemStore {
         let m = self
             .state
             .lock()
-            .map_err(|_| StoreError("memory store poisoned".into()))?;
+            .map_err(|_| StoreError::transient("memory store poisoned"))?;
         Ok(m.recovered(now_ms))
     }
 }
@@ -291,13 +372,23 @@ impl<S: Store> FaultyStore<S> {
 impl<S: Store> Store for FaultyStore<S> {
     fn write(&mut self, batch: &[Record]) -> Result<(), StoreError> {
         if self.failing.load(Ordering::SeqCst) {
-            return Err(StoreError("injected fault: no space left on device".into()));
+            return Err(StoreError::transient(
+                "injected fault: no space left on device",
+            ));
         }
         self.inner.write(batch)
     }
 
     fn load(&mut self, now_ms: u64) -> Result<Recovered, StoreError> {
         self.inner.load(now_ms)
+    }
+
+    fn idle(&mut self) -> Option<u64> {
+        self.inner.idle()
+    }
+
+    fn disk_bytes(&self) -> Option<u64> {
+        self.inner.disk_bytes()
     }
 }
 

@@ -11,13 +11,23 @@
 //! again with the next batch, or after `retry_every` if nothing new comes: they are
 //! idempotent, and they are about messages that were acknowledged, which must not be lost.
 //! One ERROR is logged when writes start failing and one INFO when they succeed again.
+//! After a failure the kept records are written alone first, so that outcomes and
+//! deliveries get through even while every batch with a new message fails (a full disk:
+//! they are what frees space).
+//!
+//! Once the queue has been empty for `idle_after` after a write, the thread calls
+//! [`Store::idle`] (the SQLite store checkpoints and gives space back), and it publishes the
+//! store's size on disk after each write and each idle pass.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 
 use super::{Record, Store};
+use crate::histogram::{JOURNAL_BUCKETS, PromHistogram};
 
 /// Settings of the journal thread.
 #[derive(Clone, Debug)]
@@ -26,6 +36,8 @@ pub struct JournalConfig {
     pub max_batch: usize,
     /// How soon a failed write is tried again when nothing new arrives.
     pub retry_every: Duration,
+    /// How long the queue stays empty after a write before the store's idle housekeeping.
+    pub idle_after: Duration,
 }
 
 impl Default for JournalConfig {
@@ -33,6 +45,7 @@ impl Default for JournalConfig {
         JournalConfig {
             max_batch: 4096,
             retry_every: Duration::from_millis(100),
+            idle_after: Duration::from_millis(500),
         }
     }
 }
@@ -56,6 +69,31 @@ pub struct Committed {
     pub error: Option<String>,
 }
 
+/// `u64::MAX` in [`Journal::disk_bytes`]: the store has not said.
+const UNKNOWN: u64 = u64::MAX;
+
+/// What the thread measures and the reactor reads, without a lock: the store's size on
+/// disk and how long its writes take.
+struct Gauges {
+    disk: AtomicU64,
+    /// Writes per bucket of [`JOURNAL_BUCKETS`] (not cumulative, `+Inf` last).
+    buckets: Vec<AtomicU64>,
+    /// The writes' total time, in nanoseconds.
+    sum_ns: AtomicU64,
+}
+
+impl Gauges {
+    fn record(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        let i = JOURNAL_BUCKETS.partition_point(|&b| b < s);
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add(
+            d.as_nanos().min(u128::from(u64::MAX)) as u64,
+            Ordering::Relaxed,
+        );
+    }
+}
+
 /// The journal thread's handle, owned by the reactor side.
 pub struct Journal {
     tx: Option<Sender<Record>>,
@@ -64,6 +102,8 @@ pub struct Journal {
     /// a retry period on a failing store then ends at once.
     stop: Option<Sender<()>>,
     thread: Option<JoinHandle<()>>,
+    /// The store's size on disk as the thread last saw it, and its write times.
+    gauges: Arc<Gauges>,
 }
 
 impl Journal {
@@ -77,15 +117,46 @@ impl Journal {
         let (tx, rx) = crossbeam_channel::unbounded();
         let (done_tx, done) = crossbeam_channel::unbounded();
         let (stop, stopped) = crossbeam_channel::bounded(0);
+        let gauges = Arc::new(Gauges {
+            disk: AtomicU64::new(store.disk_bytes().unwrap_or(UNKNOWN)),
+            buckets: (0..=JOURNAL_BUCKETS.len())
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            sum_ns: AtomicU64::new(0),
+        });
+        let seen = gauges.clone();
         let thread = std::thread::Builder::new()
             .name("turnstile-journal".into())
-            .spawn(move || run(store, cfg, rx, done_tx, &stopped, wake))?;
+            .spawn(move || run(store, cfg, rx, done_tx, &stopped, wake, &seen))?;
         Ok(Journal {
             tx: Some(tx),
             done,
             stop: Some(stop),
             thread: Some(thread),
+            gauges,
         })
+    }
+
+    /// The bytes the store takes on disk, as of its last write or idle pass (None: the
+    /// store does not say, e.g. in memory).
+    pub fn disk_bytes(&self) -> Option<u64> {
+        match self.gauges.disk.load(Ordering::Relaxed) {
+            UNKNOWN => None,
+            n => Some(n),
+        }
+    }
+
+    /// How long the store's writes took (commit, sync, mark), since the thread started.
+    pub fn write_seconds(&self) -> PromHistogram {
+        let g = &self.gauges;
+        PromHistogram::from_counts(
+            JOURNAL_BUCKETS,
+            g.buckets
+                .iter()
+                .map(|b| b.load(Ordering::Relaxed))
+                .collect(),
+            g.sum_ns.load(Ordering::Relaxed) as f64 / 1e9,
+        )
     }
 
     /// Queues a record (never blocks).
@@ -139,15 +210,32 @@ fn run<S: Store, W: Fn()>(
     done: Sender<Committed>,
     stopped: &Receiver<()>,
     wake: W,
+    gauges: &Gauges,
 ) {
+    let publish = |n: Option<u64>| gauges.disk.store(n.unwrap_or(UNKNOWN), Ordering::Relaxed);
     let mut retry: Vec<Record> = Vec::new();
     let mut failing = false;
     let mut closed = false;
+    // Written since the last idle pass.
+    let mut dirty = false;
     loop {
         let mut batch = std::mem::take(&mut retry);
         let kept = batch.len();
         if batch.is_empty() {
-            match rx.recv() {
+            let first = if dirty {
+                match rx.recv_timeout(cfg.idle_after) {
+                    Ok(r) => Ok(r),
+                    Err(RecvTimeoutError::Timeout) => {
+                        publish(store.idle());
+                        dirty = false;
+                        rx.recv()
+                    }
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+            } else {
+                rx.recv()
+            };
+            match first {
                 Ok(r) => batch.push(r),
                 Err(_) => return,
             }
@@ -181,12 +269,25 @@ fn run<S: Store, W: Fn()>(
             outcomes,
             ..Committed::default()
         };
-        match store.write(&batch) {
+        let started = Instant::now();
+        // The kept records alone first (see the module's doc); the new ones after them, so
+        // the order of the records is the order they were sent in.
+        if kept > 0 && taken > 0 && store.write(&batch[..kept]).is_ok() {
+            batch.drain(..kept);
+        }
+        let result = if batch.is_empty() {
+            Ok(())
+        } else {
+            store.write(&batch)
+        };
+        gauges.record(started.elapsed());
+        match result {
             Ok(()) => {
                 if failing {
                     log::info!("journal writes succeed again; accepting messages");
                     failing = false;
                 }
+                dirty = true;
                 c.durable = accepted(&batch);
             }
             Err(e) => {
@@ -202,9 +303,10 @@ fn run<S: Store, W: Fn()>(
                     .filter(|r| !matches!(r, Record::Accepted(_)))
                     .collect();
                 c.retrying = retry.len();
-                c.error = Some(e.0);
+                c.error = Some(e.message);
             }
         }
+        publish(store.disk_bytes());
         if done.send(c).is_err() {
             return;
         }

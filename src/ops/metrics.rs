@@ -509,6 +509,18 @@ fn render_journal(e: &mut Exposition, j: &JournalStatus) {
         "Records sent to the journal thread and not yet taken.",
         j.queued_records as f64,
     );
+    if let Some(bytes) = j.disk_bytes {
+        e.gauge(
+            "turnstile_journal_disk_bytes",
+            "Bytes the journal's files take on disk (database, write-ahead log, mark).",
+            bytes as f64,
+        );
+    }
+    e.histogram(
+        "turnstile_journal_write_seconds",
+        "Time each journal write took: commit, sync and mark.",
+        &j.write_seconds,
+    );
 }
 
 /// Each platform's outbox: results waiting, their bytes, results owed.

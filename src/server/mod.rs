@@ -312,8 +312,8 @@ impl BridgeServer {
         cfg: JournalConfig,
     ) -> Result<(BridgeServer, RecoveryCounts), StoreError> {
         if !self.bridge.config().journal {
-            return Err(StoreError(
-                "the bridge config does not have journal set".into(),
+            return Err(StoreError::unusable(
+                "the bridge config does not have journal set",
             ));
         }
         let wall = crate::journal::now_ms();
@@ -826,6 +826,10 @@ impl Frontend for BridgeServer {
         let mut status = self.bridge.status();
         if let Some(j) = &mut status.journal {
             j.wakes = self.journal_wakes;
+            if let Some(journal) = &self.journal {
+                j.disk_bytes = journal.disk_bytes();
+                j.write_seconds = journal.write_seconds();
+            }
         }
         Some(FrontendStatus {
             bridge: Some(status),
