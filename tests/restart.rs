@@ -583,8 +583,8 @@ fn a_full_disk_at_start_up_exits_1() {
     }
 }
 
-/// The disk fills while a turn runs: its reply's outcome record cannot be written (the
-/// reply is still sent), so SIGTERM's journal flush cannot finish and the process exits 1,
+/// The disk fills while a turn runs: its reply's outcome record cannot be written, not even
+/// into the released reserve (the reply is still sent), so SIGTERM's journal flush cannot finish and the process exits 1,
 /// not 0. The fault is a real full tmpfs under the data directory.
 #[test]
 fn a_shutdown_whose_journal_cannot_finish_exits_1() {
@@ -597,15 +597,23 @@ fn a_shutdown_whose_journal_cannot_finish_exits_1() {
     let agent = format!("cat '{}'", gate.display());
     let server = Server::start(
         Some(&fs.0.join("data")),
-        &["--agent", "exec", "--agent-cmd", &agent],
+        &[
+            "--agent",
+            "exec",
+            "--agent-cmd",
+            &agent,
+            "--max-reply-bytes",
+            "4MiB",
+        ],
     );
     let mut c = Client::connect(&server.addr);
     c.message("m1", "1");
     assert_eq!(c.next()["state"], "running");
     fs.fill();
-    // A reply much larger than what the journal's files hold now: its record needs new pages.
+    // A reply larger than the journal's files hold now and than the 1 MiB reserve the
+    // journal releases on a full disk: its record cannot be written.
     let mut w = std::fs::OpenOptions::new().write(true).open(&gate).unwrap();
-    w.write_all(&vec![b'x'; 512 << 10]).unwrap();
+    w.write_all(&vec![b'x'; 3 << 20]).unwrap();
     drop(w);
     let v = c.next();
     assert_eq!(

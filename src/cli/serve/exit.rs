@@ -76,38 +76,17 @@ pub(super) fn io_error(e: &io::Error, message: String) -> StartError {
     }
 }
 
-/// The class of a journal error at start-up. The journal's error is text today, so this
-/// reads SQLite's and the OS's wording: a full disk (`SQLITE_FULL`, ENOSPC), an I/O error
-/// (`SQLITE_IOERR`, EIO), no memory, a busy database are transient; anything else — a
-/// damaged file, a schema from another version, a path that cannot be opened — is a
-/// configuration error (the gateway never starts over a journal it cannot trust). Once the
-/// journal classifies its errors itself, this maps that class instead.
+/// The class of a journal error at start-up, as the journal classed it: transient (a full
+/// disk, an I/O error, a busy file) exits 1; a journal that cannot be trusted or used as
+/// configured (records missing, a damaged file, another schema version) exits 2 — the gateway
+/// never starts over a journal it cannot trust.
 pub(super) fn store_error(e: &StoreError, what: impl std::fmt::Display) -> StartError {
-    let text = e.0.as_str();
-    let sqlite_transient = [
-        "database or disk is full",
-        "disk I/O error",
-        "out of memory",
-        "database is locked",
-    ]
-    .iter()
-    .any(|s| text.contains(s));
-    let os_transient = os_error_code(text)
-        .map(io::Error::from_raw_os_error)
-        .is_some_and(|e| io_is_transient(&e));
     let message = format!("{what}: {e}");
-    if sqlite_transient || os_transient {
+    if e.is_transient() {
         StartError::Transient(message)
     } else {
         StartError::Config(message)
     }
-}
-
-/// The `N` of the last `(os error N)` in `text`, as `io::Error` prints it.
-fn os_error_code(text: &str) -> Option<i32> {
-    let at = text.rfind("(os error ")?;
-    let rest = &text[at + "(os error ".len()..];
-    rest.split(')').next()?.parse().ok()
 }
 
 #[cfg(test)]
@@ -116,22 +95,10 @@ mod tests {
 
     #[test]
     fn storage_errors_are_classed_by_what_a_restart_can_cure() {
-        let class = |text: &str| store_error(&StoreError(text.into()), "--data-dir d").code();
-        assert_eq!(
-            class("cannot open the journal (d/journal.sqlite3): database or disk is full"),
-            1
-        );
-        assert_eq!(class("cannot write the journal (d): disk I/O error"), 1);
-        assert_eq!(
-            class("cannot create d: No space left on device (os error 28)"),
-            1
-        );
-        assert_eq!(class("cannot create d: Permission denied (os error 13)"), 2);
-        assert_eq!(
-            class("the journal d is damaged (file is not a database); move it away"),
-            2
-        );
-        assert_eq!(class("d: journal schema version 9, this build reads 1"), 2);
+        let class = |e: StoreError| store_error(&e, "--data-dir d").code();
+        assert_eq!(class(StoreError::transient("database or disk is full")), 1);
+        assert_eq!(class(StoreError::untrusted("d/journal.mark: 3 missing")), 2);
+        assert_eq!(class(StoreError::unusable("schema version 9")), 2);
         assert_eq!(
             StartError::from("--queue-cap: must be at least 1".to_owned()).code(),
             2
