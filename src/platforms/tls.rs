@@ -145,17 +145,16 @@ pub(crate) fn host_of(server: &str) -> &str {
 }
 
 /// Completes the TLS handshake with `addr` on `socket` within `timeout`, checking the
-/// certificate for `name` (by default `addr`'s host). `reader` is a clone of `socket` for
-/// the reading side. The error says what failed, and for a certificate the server's chain
-/// does not lead to a trusted root, which setting to look at.
-pub(crate) fn handshake(
+/// certificate for `name` (by default `addr`'s host). The error says what failed, and for a
+/// certificate the server's chain does not lead to a trusted root, which setting to look at.
+/// The socket's read timeout is left at `timeout`.
+pub(crate) fn connect_stream(
     mut socket: TcpStream,
-    reader: TcpStream,
     addr: &str,
     name: Option<&str>,
     config: &Arc<rustls::ClientConfig>,
     timeout: Duration,
-) -> Result<(Wire, TlsReader), String> {
+) -> Result<TlsStream, String> {
     let host = name.unwrap_or_else(|| host_of(addr));
     let server_name = rustls_pki_types::ServerName::try_from(host.to_owned())
         .map_err(|_| format!("{host} is not a name TLS can check a certificate for"))?;
@@ -173,10 +172,25 @@ pub(crate) fn handshake(
     while conn.is_handshaking() {
         conn.complete_io(&mut socket).map_err(io_err)?;
     }
-    socket
+    Ok(rustls::StreamOwned::new(conn, socket))
+}
+
+/// [`connect_stream`], then the connection split for a reading thread and a writer: `reader`
+/// is a clone of `socket`, polled without the lock.
+pub(crate) fn handshake(
+    socket: TcpStream,
+    reader: TcpStream,
+    addr: &str,
+    name: Option<&str>,
+    config: &Arc<rustls::ClientConfig>,
+    timeout: Duration,
+) -> Result<(Wire, TlsReader), String> {
+    let stream = connect_stream(socket, addr, name, config, timeout)?;
+    stream
+        .sock
         .set_read_timeout(Some(TLS_READ_SLICE))
-        .map_err(io_err)?;
-    let tls = Arc::new(Mutex::new(rustls::StreamOwned::new(conn, socket)));
+        .map_err(|e| format!("socket setup failed: {e}"))?;
+    let tls = Arc::new(Mutex::new(stream));
     let reader = TlsReader {
         stream: Arc::clone(&tls),
         fd: std::os::fd::AsRawFd::as_raw_fd(&reader),
@@ -184,4 +198,50 @@ pub(crate) fn handshake(
         draining: false,
     };
     Ok((Wire::Tls(tls), reader))
+}
+
+/// A byte stream both ways: a socket, or TLS over one (`send`, `status`).
+pub(crate) trait Duplex: Read + Write + Send {}
+impl<T: Read + Write + Send> Duplex for T {}
+
+/// The TLS flags of a command-line client: `--tls-ca` (turns TLS on) and `--tls-name`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub(crate) struct ClientTlsArgs {
+    /// Connect over TLS (the gateway's `--tls-cert`), trusting the CA certificates of this
+    /// PEM file.
+    #[arg(long, value_name = "PEM")]
+    pub(crate) tls_ca: Option<std::path::PathBuf>,
+    /// The name the gateway's certificate must be for (default: the host of the address).
+    #[arg(long, value_name = "NAME", requires = "tls_ca")]
+    pub(crate) tls_name: Option<String>,
+}
+
+impl ClientTlsArgs {
+    /// The client configuration, when `--tls-ca` is given.
+    pub(crate) fn config(&self) -> Result<Option<Arc<rustls::ClientConfig>>, String> {
+        self.tls_ca
+            .as_deref()
+            .map(|ca| client_config(Some(ca), "--tls-ca"))
+            .transpose()
+    }
+
+    /// `socket` as it is, or with TLS (`config` from [`ClientTlsArgs::config`]).
+    pub(crate) fn wrap(
+        &self,
+        config: Option<&Arc<rustls::ClientConfig>>,
+        socket: TcpStream,
+        addr: &str,
+        timeout: Duration,
+    ) -> Result<Box<dyn Duplex>, String> {
+        match config {
+            None => Ok(Box::new(socket)),
+            Some(c) => Ok(Box::new(connect_stream(
+                socket,
+                addr,
+                self.tls_name.as_deref(),
+                c,
+                timeout,
+            )?)),
+        }
+    }
 }
