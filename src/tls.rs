@@ -18,10 +18,10 @@ use std::io::{self, Read, Write};
 
 use mio::net::TcpStream;
 
-#[cfg(feature = "tls")]
-pub use imp::{ServerTls, TlsError};
 #[cfg(feature = "cli")]
 pub(crate) use imp::load_certs;
+#[cfg(feature = "tls")]
+pub use imp::{ServerTls, TlsError};
 
 /// Without the `tls` feature nothing can make a [`ServerTls`]: a connection is always plain.
 #[cfg(not(feature = "tls"))]
@@ -225,9 +225,8 @@ mod imp {
         pub fn from_pem_files(cert: &Path, key: &Path) -> Result<ServerTls, TlsError> {
             let certs = load_certs(cert, "--tls-cert")?;
             let key_bytes = read_pem(key, "--tls-key")?;
-            let key_der = PrivateKeyDer::from_pem_slice(&key_bytes).map_err(|e| {
-                TlsError(format!("--tls-key {}: {}", key.display(), pem_error(&e)))
-            })?;
+            let key_der = PrivateKeyDer::from_pem_slice(&key_bytes)
+                .map_err(|e| TlsError(format!("--tls-key {}: {}", key.display(), pem_error(&e))))?;
             drop(key_bytes);
             let provider = Arc::new(rustls::crypto::ring::default_provider());
             let config = rustls::ServerConfig::builder_with_provider(provider)
@@ -264,8 +263,8 @@ mod imp {
 
     impl TlsConn {
         pub(super) fn new(tls: &ServerTls, sock: TcpStream) -> io::Result<TlsConn> {
-            let conn = rustls::ServerConnection::new(Arc::clone(&tls.config))
-                .map_err(io::Error::other)?;
+            let conn =
+                rustls::ServerConnection::new(Arc::clone(&tls.config)).map_err(io::Error::other)?;
             Ok(TlsConn {
                 conn,
                 sock,

@@ -140,10 +140,15 @@ struct Gw {
 
 impl Gw {
     fn start(cert: &str, key: &str) -> Gw {
+        Gw::start_with(cert, key, &[])
+    }
+
+    fn start_with(cert: &str, key: &str, args: &[&str]) -> Gw {
         let mut child = bin()
             .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
             .args(["--tls-cert", cert, "--tls-key", key])
+            .args(args)
             .env("RUST_LOG", "info")
             .env_remove("NOTIFY_SOCKET")
             .env_remove("WATCHDOG_USEC")
@@ -281,7 +286,10 @@ fn https_get(addr: &str, ca: &str, path: &str) -> (u16, String) {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or_else(|| panic!("no status line: {text:?}"));
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
     (code, body)
 }
 
@@ -345,7 +353,13 @@ fn both_listeners_speak_tls_and_the_clients_use_it() {
     assert_eq!(text(&sent.stdout).trim(), "hello from send");
 
     let st = run(&[
-        "status", "--http", &gw.http, "--tls-ca", &ca, "--tls-name", "localhost",
+        "status",
+        "--http",
+        &gw.http,
+        "--tls-ca",
+        &ca,
+        "--tls-name",
+        "localhost",
     ]);
     assert!(st.status.success(), "status: {}", text(&st.stderr));
     assert!(text(&st.stdout).contains("tls on"), "{}", text(&st.stdout));
@@ -372,9 +386,13 @@ fn a_client_with_the_wrong_ca_is_refused() {
     let gw = Gw::start(&path(&dir, "a-cert.pem"), &path(&dir, "a-key.pem"));
     let wrong = path(&dir, "b-ca.pem");
 
-    let err = connect_tls(&gw.addr, &wrong).err().expect("the handshake fails");
+    let err = connect_tls(&gw.addr, &wrong)
+        .err()
+        .expect("the handshake fails");
     assert!(err.to_string().contains("UnknownIssuer"), "{err}");
-    let err = connect_tls(&gw.http, &wrong).err().expect("the handshake fails");
+    let err = connect_tls(&gw.http, &wrong)
+        .err()
+        .expect("the handshake fails");
     assert!(err.to_string().contains("UnknownIssuer"), "{err}");
 
     let sent = run(&[
@@ -394,7 +412,13 @@ fn a_client_with_the_wrong_ca_is_refused() {
         "{stderr}"
     );
     let st = run(&[
-        "status", "--http", &gw.http, "--tls-ca", &wrong, "--tls-name", "localhost",
+        "status",
+        "--http",
+        &gw.http,
+        "--tls-ca",
+        &wrong,
+        "--tls-name",
+        "localhost",
     ]);
     assert!(!st.status.success());
     assert!(
@@ -431,7 +455,10 @@ fn sighup_swaps_the_certificate_and_a_broken_pair_keeps_the_old_one() {
     let mut tls = connect_tls(&gw.addr, &ca_b).expect("the new certificate on the bridge port");
     let pong = exchange(
         &mut tls,
-        &[json!({"op": "hello", "platform": "cli"}), json!({"op": "ping"})],
+        &[
+            json!({"op": "hello", "platform": "cli"}),
+            json!({"op": "ping"}),
+        ],
         |v| v["op"] == "pong",
     );
     assert_eq!(pong["op"], "pong");
@@ -449,7 +476,10 @@ fn sighup_swaps_the_certificate_and_a_broken_pair_keeps_the_old_one() {
         "{refused}"
     );
     for line in seen.iter().chain([&refused]) {
-        assert!(!line.contains(secret_line), "the key's contents logged: {line}");
+        assert!(
+            !line.contains(secret_line),
+            "the key's contents logged: {line}"
+        );
     }
     // A key that does not match the certificate: refused too.
     std::fs::copy(dir.join("a-key.pem"), &key).expect("copy");
@@ -480,7 +510,11 @@ fn a_bad_pair_at_start_up_is_an_error_naming_the_file() {
     let missing = path(&dir, "nope.pem");
     let out = check(&path(&dir, "a-cert.pem"), &missing);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains(&missing), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains(&missing),
+        "{}",
+        text(&out.stderr)
+    );
     let out = check(&path(&dir, "a-cert.pem"), &path(&dir, "b-key.pem"));
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(
@@ -490,4 +524,222 @@ fn a_bad_pair_at_start_up_is_an_error_naming_the_file() {
     );
     let out = check(&path(&dir, "a-cert.pem"), &path(&dir, "a-key.pem"));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
+/// The least of a Telegram Bot API a bridge needs to come up: `getMe` answers the bot, a
+/// `getUpdates` is held (no updates) until the test ends. For the gateway side of the bridge.
+fn fake_bot_api() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let (hold_tx, hold) = crossbeam_channel::bounded::<()>(0);
+    std::thread::spawn(move || {
+        // Held by this thread, so the held requests wait until the process ends.
+        let _hold_tx = hold_tx;
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let hold = hold.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    return;
+                }
+                let mut length = 0usize;
+                loop {
+                    let mut header = String::new();
+                    if reader.read_line(&mut header).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let header = header.trim_end();
+                    if header.is_empty() {
+                        break;
+                    }
+                    if let Some((name, value)) = header.split_once(':')
+                        && name.eq_ignore_ascii_case("content-length")
+                    {
+                        length = value.trim().parse().unwrap_or(0);
+                    }
+                }
+                let mut body = vec![0u8; length];
+                let _ = reader.read_exact(&mut body);
+                if !line.contains("/getMe") {
+                    let _ = hold.recv();
+                    return;
+                }
+                let body = json!({"ok": true, "result": {"id": 999, "is_bot": true,
+                    "first_name": "Fake", "username": "fake_bot"}})
+                .to_string();
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    url
+}
+
+/// A platform bridge (the gateway client every bridge shares) says its hello over TLS and
+/// is answered; with the wrong CA it is refused, says why in a WARN, and keeps retrying.
+#[test]
+fn a_bridge_connects_over_tls_and_a_wrong_ca_is_refused() {
+    let dir = temp_dir("bridge");
+    make_pair(&dir, "a");
+    make_pair(&dir, "b");
+    let gw = Gw::start(&path(&dir, "a-cert.pem"), &path(&dir, "a-key.pem"));
+    let api = fake_bot_api();
+    let bridge = |ca: &str| {
+        bin()
+            .args(["bridge", "telegram", "--gateway", &gw.addr])
+            .args(["--gateway-tls-ca", ca, "--gateway-tls-name", "localhost"])
+            .args(["--api-base", &api])
+            .arg("--state-dir")
+            .arg(dir.join(format!("state-{}", ca.len())))
+            .env("TELEGRAM_BOT_TOKEN", "123:fake")
+            .env_remove("TURNSTILE_AUTH_TOKEN")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the bridge")
+    };
+    let mut good = bridge(&path(&dir, "a-ca.pem"));
+    let mut line = String::new();
+    BufReader::new(good.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("the ready line");
+    assert_eq!(line.trim(), "ready: telegram as @fake_bot");
+    let (code, body) = https_get(&gw.http, &path(&dir, "a-ca.pem"), "/status");
+    assert_eq!(code, 200);
+    let status: Value = serde_json::from_str(&body).expect("json");
+    assert!(
+        status["frontend"]["outboxes"].get("telegram").is_some(),
+        "{status}"
+    );
+    let _ = good.kill();
+    let _ = good.wait();
+
+    let mut wrong = bridge(&path(&dir, "b-ca.pem"));
+    let mut log = BufReader::new(wrong.stderr.take().expect("stderr"));
+    let warn = loop {
+        let mut line = String::new();
+        assert!(
+            log.read_line(&mut line).expect("a log line") > 0,
+            "the bridge ended"
+        );
+        if line.contains("TLS handshake") {
+            break line;
+        }
+    };
+    assert!(
+        warn.contains("WARN")
+            && warn.contains("invalid peer certificate")
+            && warn.contains("reconnecting"),
+        "{warn}"
+    );
+    let _ = wrong.kill();
+    let _ = wrong.wait();
+}
+
+/// Replies far larger than the sockets can hold go through TLS whole and in order: 6 MB of
+/// replies with nothing read until every message is sent, against at most 4 MiB of send
+/// buffer (`tcp_wmem`'s maximum here) and a 32 KiB receive buffer, so the gateway's writes
+/// meet `WouldBlock` and resume on the socket's writable edges (its output bound is raised
+/// so that it keeps reading meanwhile).
+#[test]
+fn large_replies_cross_tls_backpressure_intact() {
+    use std::os::fd::AsRawFd;
+    let dir = temp_dir("large");
+    make_pair(&dir, "a");
+    let gw = Gw::start_with(
+        &path(&dir, "a-cert.pem"),
+        &path(&dir, "a-key.pem"),
+        &["--max-write-buffer", "64MiB", "--turn-workers", "4"],
+    );
+    let mut sock = TcpStream::connect(&gw.addr).expect("connect");
+    let small: libc::c_int = 32 * 1024;
+    // SAFETY: setsockopt with a pointer to a local int and its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&small as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0);
+    sock.set_read_timeout(Some(WAIT)).expect("timeout");
+    let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
+    let ca = path(&dir, "a-ca.pem");
+    let mut conn = rustls::ClientConnection::new(client_config(&ca), name).expect("client");
+    while conn.is_handshaking() {
+        conn.complete_io(&mut sock).expect("handshake");
+    }
+    let mut tls = rustls::StreamOwned::new(conn, sock);
+    let n = 100;
+    let texts: Vec<String> = (0..n)
+        .map(|i| format!("{i}:{}", "x".repeat(60_000)))
+        .collect();
+    let mut lines = vec![json!({"op": "hello", "platform": "cli"})];
+    lines.extend(texts.iter().enumerate().map(|(i, t)| {
+        json!({"op": "message", "id": format!("m{i}"), "platform": "cli",
+            "chat_id": format!("c{i}"), "text": t})
+    }));
+    for l in &lines {
+        writeln!(tls, "{l}").expect("write");
+    }
+    tls.flush().expect("flush");
+    let mut reader = BufReader::new(tls);
+    let mut replies = std::collections::BTreeMap::new();
+    while replies.len() < n {
+        let mut line = String::new();
+        assert!(reader.read_line(&mut line).expect("a line") > 0, "closed");
+        let v: Value = serde_json::from_str(&line).expect("json");
+        if v["op"] == "reply" {
+            replies.insert(v["id"].as_str().expect("id").to_owned(), v["text"].clone());
+        }
+    }
+    for (i, t) in texts.iter().enumerate() {
+        assert_eq!(replies[&format!("m{i}")], *t, "m{i}");
+    }
+}
+
+/// A handshake counts against the deadlines a connection already has: a client that
+/// connects and never finishes its handshake is closed at the hello deadline (with a token)
+/// on the bridge port and at the head timeout on the HTTP port.
+#[test]
+fn an_unfinished_handshake_is_closed_at_the_existing_deadlines() {
+    let dir = temp_dir("deadline");
+    make_pair(&dir, "a");
+    let gw = Gw::start_with(
+        &path(&dir, "a-cert.pem"),
+        &path(&dir, "a-key.pem"),
+        &[
+            "--auth-token",
+            "t",
+            "--hello-timeout",
+            "1",
+            "--http-head-timeout",
+            "1",
+        ],
+    );
+    for addr in [&gw.addr, &gw.http] {
+        let mut sock = TcpStream::connect(addr).expect("connect");
+        sock.set_read_timeout(Some(WAIT)).expect("timeout");
+        // Half a ClientHello's record header: the handshake cannot finish.
+        sock.write_all(&[0x16, 0x03]).expect("write");
+        let mut rest = Vec::new();
+        let closed = match sock.read_to_end(&mut rest) {
+            Ok(_) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        };
+        assert!(closed, "{addr}: not closed by the deadline");
+    }
+    // A client that does finish is served as ever.
+    assert_eq!(
+        https_get(&gw.http, &path(&dir, "a-ca.pem"), "/healthz").0,
+        200
+    );
 }

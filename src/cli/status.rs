@@ -277,14 +277,13 @@ fn get(
         .map_err(|e| format!("not an address: {e}"))?
         .next()
         .ok_or("not an address")?;
-    let stream =
-        TcpStream::connect_timeout(&sockaddr, timeout).map_err(|e| match e.kind() {
-            std::io::ErrorKind::ConnectionRefused => {
-                "connection refused (is the gateway running with --http-listen here?)".to_owned()
-            }
-            std::io::ErrorKind::TimedOut => "timed out connecting".to_owned(),
-            _ => format!("cannot connect: {e}"),
-        })?;
+    let stream = TcpStream::connect_timeout(&sockaddr, timeout).map_err(|e| match e.kind() {
+        std::io::ErrorKind::ConnectionRefused => {
+            "connection refused (is the gateway running with --http-listen here?)".to_owned()
+        }
+        std::io::ErrorKind::TimedOut => "timed out connecting".to_owned(),
+        _ => format!("cannot connect: {e}"),
+    })?;
     let _ = stream.set_read_timeout(Some(timeout));
     let _ = stream.set_write_timeout(Some(timeout));
     let mut stream = tls.wrap(tls_config.as_ref(), stream, addr, timeout)?;

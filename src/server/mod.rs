@@ -383,8 +383,7 @@ impl BridgeServer {
                     drop(spare);
                     if let Ok((mut stream, peer)) = self.listener.accept() {
                         if self.tls.is_none() {
-                            let _ =
-                                stream.write(&encode_error("too many open files; retry later"));
+                            let _ = stream.write(&encode_error("too many open files; retry later"));
                         }
                         log::warn!("refused connection from {peer}: out of file descriptors ({e})");
                     }

@@ -106,8 +106,14 @@ fn serve_connection(
         Some(tls) => {
             let config = &shared.config;
             let name = config.tls_name.as_deref();
-            let (wire, reader) =
-                super::super::tls::handshake(stream, reader, &config.addr, name, tls, CONNECT_TIMEOUT)?;
+            let (wire, reader) = super::super::tls::handshake(
+                stream,
+                reader,
+                &config.addr,
+                name,
+                tls,
+                CONNECT_TIMEOUT,
+            )?;
             (wire, Box::new(reader))
         }
     };
