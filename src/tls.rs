@@ -23,10 +23,10 @@ pub(crate) use imp::load_certs;
 #[cfg(feature = "tls")]
 pub use imp::{ServerTls, TlsError};
 
-/// Without the `tls` feature nothing can make a [`ServerTls`]: a connection is always plain.
+/// Without the `tls` feature nothing makes a [`ServerTls`]: a connection is always plain.
 #[cfg(not(feature = "tls"))]
 #[derive(Clone, Debug)]
-pub(crate) enum ServerTls {}
+pub(crate) struct ServerTls(());
 
 /// Largest certificate or key file read (a certificate chain is a few KiB).
 #[cfg_attr(not(feature = "tls"), allow(dead_code))]
@@ -49,7 +49,7 @@ impl Transport {
             #[cfg(feature = "tls")]
             Some(t) => Ok(Transport::Tls(Box::new(imp::TlsConn::new(t, stream)?))),
             #[cfg(not(feature = "tls"))]
-            Some(never) => match *never {},
+            Some(ServerTls(())) => Ok(Transport::Plain(stream)),
         }
     }
 
