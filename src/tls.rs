@@ -126,6 +126,15 @@ impl Write for Transport {
         }
     }
 
+    /// The frame writer hands whole frames as slices: one syscall for many on a plain socket.
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Transport::Plain(s) => s.write_vectored(bufs),
+            #[cfg(feature = "tls")]
+            Transport::Tls(t) => t.write_vectored(bufs),
+        }
+    }
+
     fn flush(&mut self) -> io::Result<()> {
         self.flush_tls()
     }
@@ -318,13 +327,18 @@ mod imp {
 
         /// Takes plaintext only once earlier ciphertext is on the socket (backpressure).
         pub(super) fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.write_vectored(&[io::IoSlice::new(buf)])
+        }
+
+        /// As [`TlsConn::write`], for several slices at once.
+        pub(super) fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
             self.write_pending()?;
             if self.conn.wants_write() {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
-            let n = self.conn.writer().write(buf)?;
+            let n = self.conn.writer().write_vectored(bufs)?;
             self.write_pending()?;
-            if n == 0 && !buf.is_empty() {
+            if n == 0 && bufs.iter().any(|b| !b.is_empty()) {
                 // rustls' own buffer is full (a handshake still running): wait for the socket.
                 return Err(io::ErrorKind::WouldBlock.into());
             }

@@ -524,6 +524,29 @@ fn a_bad_pair_at_start_up_is_an_error_naming_the_file() {
     );
     let out = check(&path(&dir, "a-cert.pem"), &path(&dir, "a-key.pem"));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // The same keys in the config file.
+    let cfg = dir.join("turnstile.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "tls-cert = {:?}\ntls-key = {:?}\n",
+            path(&dir, "a-cert.pem"),
+            path(&dir, "b-key.pem")
+        ),
+    )
+    .expect("write");
+    let out = run(&[
+        "serve",
+        "--check-config",
+        "--config",
+        cfg.to_str().expect("path"),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("does not match") || text(&out.stderr).contains("--tls-cert"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 /// The least of a Telegram Bot API a bridge needs to come up: `getMe` answers the bot, a
@@ -610,13 +633,22 @@ fn a_bridge_connects_over_tls_and_a_wrong_ca_is_refused() {
         .read_line(&mut line)
         .expect("the ready line");
     assert_eq!(line.trim(), "ready: telegram as @fake_bot");
-    let (code, body) = https_get(&gw.http, &path(&dir, "a-ca.pem"), "/status");
-    assert_eq!(code, 200);
-    let status: Value = serde_json::from_str(&body).expect("json");
-    assert!(
-        status["frontend"]["outboxes"].get("telegram").is_some(),
-        "{status}"
-    );
+    // The status is a snapshot taken every tick: look until one shows the bridge (bounded,
+    // as the ops tests do).
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let (code, body) = https_get(&gw.http, &path(&dir, "a-ca.pem"), "/status");
+        assert_eq!(code, 200);
+        let status: Value = serde_json::from_str(&body).expect("json");
+        if status["frontend"]["outboxes"].get("telegram").is_some() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no telegram platform: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let _ = good.kill();
     let _ = good.wait();
 
