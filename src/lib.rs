@@ -79,6 +79,7 @@ mod reactor;
 mod server;
 #[cfg_attr(not(feature = "cli"), allow(dead_code))]
 mod text;
+mod tls;
 mod tokens;
 
 pub use agent::{
@@ -111,6 +112,8 @@ pub use reactor::{
 #[cfg(feature = "async")]
 pub use reactor::{Cancelled, EventStream, Submit, SubmitStream};
 pub use server::{BridgeConfig, BridgeServer, ForcedStop, ServerConfig};
+#[cfg(feature = "tls")]
+pub use tls::{ServerTls, TlsError};
 
 /// The channel crate of [`EventSink`] and [`Events`], re-exported so an embedder uses the same
 /// version.

@@ -157,6 +157,8 @@ pub struct HttpStatus {
     pub evicted: u64,
     /// Connections closed for not sending their first request's head in time.
     pub head_timeouts: u64,
+    /// New connections are served TLS (`--tls-cert`).
+    pub tls: bool,
     /// Passes that ended with requests left for the next (the pass budget was spent).
     pub budget_spent: u64,
     /// `/status` and `/metrics` bodies rendered (once per snapshot each, at most).
@@ -404,6 +406,8 @@ pub struct BridgeStatus {
     pub journal: Option<JournalStatus>,
     /// Results written to `acks` connections and not yet confirmed `delivered`.
     pub awaiting_delivery: usize,
+    /// New connections are served TLS (`--tls-cert`).
+    pub tls: bool,
 }
 
 /// The journal's figures in the status.

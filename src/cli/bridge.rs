@@ -36,12 +36,27 @@ struct GatewayArgs {
     /// Environment variable holding the gateway's auth token (unset or empty: no token).
     #[arg(long, value_name = "NAME", default_value = "TURNSTILE_AUTH_TOKEN")]
     gateway_token_env: String,
+    /// Connect to the gateway over TLS (its `--tls-cert`), trusting the CA certificates of
+    /// this PEM file.
+    #[arg(long, value_name = "PEM")]
+    gateway_tls_ca: Option<std::path::PathBuf>,
+    /// The name the gateway's certificate must be for (default: the host of --gateway).
+    #[arg(long, value_name = "NAME", requires = "gateway_tls_ca")]
+    gateway_tls_name: Option<String>,
 }
 
 impl GatewayArgs {
     fn config(&self, platform: &str) -> Result<GatewayConfig, String> {
         let token = token_from_env(&self.gateway_token_env)?;
-        Ok(GatewayConfig::new(&self.gateway, platform, token))
+        let mut config = GatewayConfig::new(&self.gateway, platform, token);
+        if let Some(ca) = &self.gateway_tls_ca {
+            config.tls = Some(crate::platforms::tls::client_config(
+                Some(ca),
+                "--gateway-tls-ca",
+            )?);
+            config.tls_name = self.gateway_tls_name.clone();
+        }
+        Ok(config)
     }
 }
 

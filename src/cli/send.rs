@@ -41,6 +41,8 @@ pub(crate) struct SendArgs {
     /// reply.
     #[arg(long)]
     stream: bool,
+    #[command(flatten)]
+    tls: crate::platforms::tls::ClientTlsArgs,
     /// The message text.
     #[arg(required = true, num_args = 1..)]
     text: Vec<String>,
@@ -76,9 +78,11 @@ fn connect_error(addr: &str, e: &std::io::Error) -> String {
 }
 
 fn exchange(args: &SendArgs) -> Result<i32, Box<dyn std::error::Error>> {
+    let tls = args.tls.config()?;
     let stream = TcpStream::connect(&args.addr).map_err(|e| connect_error(&args.addr, &e))?;
-    stream.set_read_timeout(Some(Duration::from_secs_f64(args.timeout.0)))?;
-    let mut writer = stream.try_clone()?;
+    let timeout = Duration::from_secs_f64(args.timeout.0);
+    stream.set_read_timeout(Some(timeout))?;
+    let mut stream = args.tls.wrap(tls.as_ref(), stream, &args.addr, timeout)?;
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos())
@@ -96,7 +100,8 @@ fn exchange(args: &SendArgs) -> Result<i32, Box<dyn std::error::Error>> {
         "user_id": args.user, "user_name": args.user_name, "meta": meta,
         "text": args.text.join(" "),
     });
-    writeln!(writer, "{hello}\n{message}")
+    writeln!(stream, "{hello}\n{message}")
+        .and_then(|()| stream.flush())
         .map_err(|e| format!("the gateway at {} closed the connection: {e}", args.addr))?;
     let mut shown = Shown::default();
     for line in BufReader::new(stream).lines() {

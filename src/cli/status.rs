@@ -41,6 +41,8 @@ pub(crate) struct StatusArgs {
     /// How long to wait for the HTTP endpoint.
     #[arg(long, default_value = "5s")]
     timeout: Seconds,
+    #[command(flatten)]
+    tls: crate::platforms::tls::ClientTlsArgs,
 }
 
 /// Prints the summary; returns the exit code.
@@ -67,7 +69,7 @@ pub(crate) fn run(args: StatusArgs) -> i32 {
         None => {
             let addr = args.http.as_deref().unwrap_or("127.0.0.1:7879");
             let timeout = Duration::from_secs_f64(args.timeout.0);
-            let status = match get(addr, "/status", args.token.as_deref(), timeout) {
+            let status = match get(addr, "/status", args.token.as_deref(), timeout, &args.tls) {
                 Ok((200, body)) => body,
                 Ok((401, _)) => {
                     eprintln!(
@@ -87,7 +89,7 @@ pub(crate) fn run(args: StatusArgs) -> i32 {
                     return UNKNOWN;
                 }
             };
-            let health = match get(addr, "/healthz", None, timeout) {
+            let health = match get(addr, "/healthz", None, timeout, &args.tls) {
                 Ok((200, _)) => Ok(()),
                 Ok((code, body)) => Err(format!("/healthz answered {code}: {}", body.trim())),
                 Err(e) => Err(format!("/healthz: {e}")),
@@ -224,11 +226,16 @@ fn summary(v: &Value, now_unix: f64) -> String {
     ));
     if let Some(f) = v.get("frontend") {
         out.push_str(&format!(
-            "connections: {} ({} unauthenticated), {} refused; http {} open\n",
+            "connections: {} ({} unauthenticated), {} refused; http {} open; tls {}\n",
             num(f, &["connections"]),
             num(f, &["unauthenticated"]),
             num(f, &["connections_refused"]),
             num(f, &["http", "connections"]),
+            if f.get("tls") == Some(&Value::Bool(true)) {
+                "on"
+            } else {
+                "off"
+            },
         ));
         if let Some(Value::Object(outboxes)) = f.get("outboxes") {
             let parts: Vec<String> = outboxes
@@ -263,21 +270,23 @@ fn get(
     path: &str,
     token: Option<&str>,
     timeout: Duration,
+    tls: &crate::platforms::tls::ClientTlsArgs,
 ) -> Result<(u16, String), String> {
+    let tls_config = tls.config()?;
     let sockaddr = std::net::ToSocketAddrs::to_socket_addrs(addr)
         .map_err(|e| format!("not an address: {e}"))?
         .next()
         .ok_or("not an address")?;
-    let mut stream =
-        TcpStream::connect_timeout(&sockaddr, timeout).map_err(|e| match e.kind() {
-            std::io::ErrorKind::ConnectionRefused => {
-                "connection refused (is the gateway running with --http-listen here?)".to_owned()
-            }
-            std::io::ErrorKind::TimedOut => "timed out connecting".to_owned(),
-            _ => format!("cannot connect: {e}"),
-        })?;
+    let stream = TcpStream::connect_timeout(&sockaddr, timeout).map_err(|e| match e.kind() {
+        std::io::ErrorKind::ConnectionRefused => {
+            "connection refused (is the gateway running with --http-listen here?)".to_owned()
+        }
+        std::io::ErrorKind::TimedOut => "timed out connecting".to_owned(),
+        _ => format!("cannot connect: {e}"),
+    })?;
     let _ = stream.set_read_timeout(Some(timeout));
     let _ = stream.set_write_timeout(Some(timeout));
+    let mut stream = tls.wrap(tls_config.as_ref(), stream, addr, timeout)?;
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();

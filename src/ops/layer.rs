@@ -39,6 +39,8 @@ pub(crate) struct Reload {
     pub factory: Option<Arc<dyn AgentFactory>>,
     /// Settings that differ from those in force and need a restart (named for the WARN).
     pub restart_needed: Vec<String>,
+    /// The listeners' certificate and key, read again (`None`: TLS is off, or stays as is).
+    pub tls: Option<crate::tls::ServerTls>,
 }
 
 /// Reads the configuration again (on a helper thread).
@@ -287,6 +289,9 @@ impl<F: Frontend> Ops<F> {
             && !restart.iter().any(|n| n == "auth-token")
         {
             h.set_auth_token(reload.auth_token.as_deref());
+        }
+        if let (Some(h), Some(tls)) = (&mut self.http, &reload.tls) {
+            h.set_tls(Some(tls.clone()));
         }
         ctx.retune(reload.tunables);
         for name in &restart {

@@ -10,6 +10,7 @@ pub(crate) mod irc;
 pub(crate) mod matrix;
 pub(crate) mod split;
 pub(crate) mod telegram;
+pub(crate) mod tls;
 
 /// Chat commands typed with a `!` (IRC and Matrix clients take `/` for themselves) mapped to
 /// the gateway's `/` commands: `!stop` → `/stop`, also `!new`, `!reset`, `!status`. Anything

@@ -30,6 +30,7 @@ use crate::core::MessageEvent;
 use crate::journal::{Journal, JournalConfig, Store, StoreError};
 use crate::liveness::FrontendStatus;
 use crate::reactor::{Ctx, Frontend};
+use crate::tls::{ServerTls, Transport};
 use crate::tokens::{BRIDGE_LISTENER as LISTENER, JOURNAL, SIGNALS};
 pub(crate) use bridge::RecoveryCounts;
 pub use bridge::{Action, Bridge, BridgeConfig, ConnId, Flushed};
@@ -161,7 +162,8 @@ impl SocketTable {
 struct Socket {
     id: ConnId,
     peer: SocketAddr,
-    stream: TcpStream,
+    /// The socket, or TLS over it.
+    stream: Transport,
     reader: LineReader,
     /// The bridge wanted no input (its output was over its bound); re-armed when it drains.
     read_paused: bool,
@@ -175,6 +177,8 @@ pub struct BridgeServer {
     flush_budget: Duration,
     watchdog_limit: Duration,
     listener: TcpListener,
+    /// The certificate new connections are served TLS with; none: plain TCP.
+    tls: Option<ServerTls>,
     /// A handle on the reactor's poll registry, for sockets accepted later.
     registry: Option<Registry>,
     signals: Option<signal_hook_mio::v1_0::Signals>,
@@ -279,6 +283,7 @@ impl BridgeServer {
             flush_budget: cfg.flush_budget,
             watchdog_limit: cfg.watchdog,
             listener,
+            tls: None,
             registry: None,
             signals,
             signals_seen: 0,
@@ -359,6 +364,13 @@ impl BridgeServer {
         self.journal_unfinished.clone()
     }
 
+    /// Serves TLS with `tls` to the connections accepted from now on (those open keep what
+    /// they have: a reload of the certificate reaches new connections); `None`: plain TCP.
+    #[cfg(feature = "tls")]
+    pub fn set_tls(&mut self, tls: Option<ServerTls>) {
+        self.tls = tls;
+    }
+
     /// The bound address (useful with port 0).
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         self.listener.local_addr()
@@ -382,7 +394,9 @@ impl BridgeServer {
                     };
                     drop(spare);
                     if let Ok((mut stream, peer)) = self.listener.accept() {
-                        let _ = stream.write(&encode_error("too many open files; retry later"));
+                        if self.tls.is_none() {
+                            let _ = stream.write(&encode_error("too many open files; retry later"));
+                        }
                         log::warn!("refused connection from {peer}: out of file descriptors ({e})");
                     }
                     self.spare_fd = open_spare();
@@ -409,7 +423,11 @@ impl BridgeServer {
         let id = match self.bridge.connect(peer.ip(), self.now) {
             Ok(id) => id,
             Err(line) => {
-                let _ = stream.write(&line);
+                // A TLS client cannot read a plain line before its handshake: it sees the
+                // connection closed (the status counts the refusal).
+                if self.tls.is_none() {
+                    let _ = stream.write(&line);
+                }
                 return;
             }
         };
@@ -423,6 +441,14 @@ impl BridgeServer {
             self.bridge.disconnected(id);
             return;
         }
+        let stream = match Transport::accept(stream, self.tls.as_ref()) {
+            Ok(t) => t,
+            Err(e) => {
+                log::error!("cannot start TLS for the connection from {peer}: {e}");
+                self.bridge.disconnected(id);
+                return;
+            }
+        };
         self.sockets.insert(Socket {
             id,
             peer,
@@ -502,7 +528,7 @@ impl BridgeServer {
                 },
                 (Action::Reset(id), _) => {
                     if let Some(sock) = self.sockets.get(id) {
-                        reset_on_close(&sock.stream);
+                        reset_on_close(sock.stream.tcp());
                     }
                     self.drop_socket(id);
                 }
@@ -516,7 +542,7 @@ impl BridgeServer {
         };
         log::info!("connection closed conn={id} peer={}", sock.peer);
         if let Some(registry) = &self.registry {
-            let _ = registry.deregister(&mut sock.stream);
+            let _ = registry.deregister(sock.stream.tcp_mut());
         }
     }
 
@@ -525,7 +551,7 @@ impl BridgeServer {
     fn rearm(&mut self, id: ConnId) {
         if let (Some(registry), Some(sock)) = (&self.registry, self.sockets.get_mut(id)) {
             let _ = registry.reregister(
-                &mut sock.stream,
+                sock.stream.tcp_mut(),
                 token(id),
                 Interest::READABLE | Interest::WRITABLE,
             );
@@ -537,9 +563,15 @@ impl BridgeServer {
         let Some(sock) = self.sockets.get(id) else {
             return;
         };
+        if sock.stream.tls_queued() {
+            // Some of it is still in TLS, not even on the socket: nothing new is acknowledged.
+            return;
+        }
         let written = self.bridge.written(sock.id);
         // Without the figure, count everything written as delivered (as a plain write would).
-        let pending = unacknowledged(&sock.stream).unwrap_or(0).min(written);
+        // With TLS the figure is of ciphertext, a little more than the plaintext it carries:
+        // acknowledgements come a little late, never early.
+        let pending = unacknowledged(sock.stream.tcp()).unwrap_or(0).min(written);
         self.bridge.acked(sock.id, written - pending);
     }
 
@@ -547,7 +579,11 @@ impl BridgeServer {
         let Some(sock) = self.sockets.get_mut(id) else {
             return;
         };
-        let result = self.bridge.write(id, &mut sock.stream, self.now);
+        // TLS may hold ciphertext from an earlier pass (or the handshake) for the socket.
+        let result = match sock.stream.flush_tls() {
+            Ok(()) => self.bridge.write(id, &mut sock.stream, self.now),
+            Err(e) => Err(e),
+        };
         if result.is_ok() {
             self.poll_ack(id);
         }
@@ -566,6 +602,10 @@ impl BridgeServer {
             && self.bridge.wants_read(id)
         {
             sock.read_paused = false;
+            if sock.stream.is_tls() {
+                // Plaintext may wait in TLS's buffer, which no readiness event announces.
+                self.pending_reads.push(id);
+            }
             self.rearm(id);
         }
     }
@@ -824,6 +864,7 @@ impl Frontend for BridgeServer {
 
     fn status(&self) -> Option<FrontendStatus> {
         let mut status = self.bridge.status();
+        status.tls = self.tls.is_some();
         if let Some(j) = &mut status.journal {
             j.wakes = self.journal_wakes;
             if let Some(journal) = &self.journal {

@@ -234,6 +234,14 @@ pub(crate) struct ServeArgs {
     /// Seconds an HTTP connection has to complete a request.
     #[arg(long)]
     pub(super) http_idle_timeout: Option<Seconds>,
+    /// TLS on both listeners (the bridge protocol's and the HTTP endpoint's): this PEM
+    /// certificate chain, the server's certificate first (needs --tls-key; re-read on
+    /// SIGHUP).
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    pub(super) tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert (re-read on SIGHUP; never logged).
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub(super) tls_key: Option<PathBuf>,
     /// Listen on a non-loopback address without an auth token.
     #[arg(long)]
     #[serde(default)]
@@ -463,7 +471,9 @@ pub(super) fn merged_args(flags: ServeArgs) -> Result<ServeArgs, String> {
         http_idle_timeout,
         bridge,
         http_max_per_peer,
-        http_head_timeout
+        http_head_timeout,
+        tls_cert,
+        tls_key
     );
     Ok(a)
 }

@@ -114,6 +114,12 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
         s.core.turn_workers,
         s.core.busy_mode
     );
+    if let Some(tls) = &s.tls {
+        log::info!(
+            "TLS on both listeners: certificate {}",
+            tls.cert_path().display()
+        );
+    }
     let bridges = (!s.bridges.is_empty()).then(|| {
         bridges::Bridges::start(&s.bridges, addr, s.bridge.auth_token.as_deref(), log_json)
     });
@@ -243,8 +249,9 @@ fn bind_bridge(s: &Settings, store: Option<SqliteStore>) -> Result<BridgeServer,
     };
     // An address in use or not ours is the configuration's to fix (under systemd the old
     // process has exited before the new one starts).
-    let server = BridgeServer::bind(s.listen, cfg)
+    let mut server = BridgeServer::bind(s.listen, cfg)
         .map_err(|e| StartError::Config(format!("--listen {}: {e}", s.listen)))?;
+    server.set_tls(s.tls.clone());
     let (Some(dir), Some(store)) = (&s.data_dir, store) else {
         return Ok(server);
     };
@@ -266,8 +273,9 @@ fn host_ops(
     let mut ops = Ops::new(server, TICK_INTERVAL);
     let mut http_addr = None;
     if let Some((addr, cfg)) = s.http.clone() {
-        let server = HttpServer::bind(addr, cfg)
+        let mut server = HttpServer::bind(addr, cfg)
             .map_err(|e| StartError::Config(format!("--http-listen {addr}: {e}")))?;
+        server.set_tls(s.tls.clone());
         http_addr = server.local_addr().ok();
         ops = ops.with_http(server);
     }
@@ -275,7 +283,8 @@ fn host_ops(
         // Not ready while the journal's writes fail: new messages would be rejected `storage`.
         ops = ops.with_readiness_check("store", Box::new(journal_ready));
     }
-    if flags.config.is_some() {
+    // With TLS a SIGHUP re-reads the certificate even without a config file.
+    if flags.config.is_some() || s.tls.is_some() {
         let loader = reload_loader(flags, s);
         let apply: ReloadApplier<BridgeServer> = Box::new(move |server, r| {
             let mut restart = Vec::new();
@@ -285,6 +294,13 @@ fn host_ops(
             handle.set_partial_interval(r.partial_interval);
             if let Some(f) = &r.factory {
                 swap.swap(Arc::clone(f));
+            }
+            if let Some(tls) = &r.tls {
+                log::info!(
+                    "reload: TLS certificate read again from {}; new connections get it",
+                    tls.cert_path().display()
+                );
+                server.set_tls(Some(tls.clone()));
             }
             restart
         });

@@ -91,12 +91,16 @@ pub(super) fn restart_only(s: &Settings) -> Vec<(&'static str, String)> {
             "allow-insecure-bind",
             format!("{:?}", s.allow_insecure_bind),
         ),
+        // Turning TLS on or off changes what every client must speak; the pair itself is
+        // read again on every reload.
+        ("tls-cert (TLS on or off)", format!("{:?}", s.tls.is_some())),
     ]
 }
 
 /// SIGHUP: re-reads the flags and `--config` file (on a helper thread) into a [`Reload`].
 pub(super) fn reload_loader(flags: ServeArgs, initial: &Settings) -> ReloadLoader {
     let fixed = restart_only(initial);
+    let tls_on = initial.tls.is_some();
     let last_key = Mutex::new(factory_key(initial));
     Arc::new(move || {
         let new = resolve(flags.clone())?;
@@ -128,6 +132,9 @@ pub(super) fn reload_loader(flags: ServeArgs, initial: &Settings) -> ReloadLoade
             auth_token: new.bridge.auth_token.clone(),
             factory,
             restart_needed,
+            // A new pair only for listeners that serve TLS; a bad one failed `resolve` above,
+            // which keeps the one in force (the reload is refused with an ERROR).
+            tls: if tls_on { new.tls } else { None },
         })
     })
 }

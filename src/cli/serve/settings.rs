@@ -42,6 +42,8 @@ pub(super) struct Settings {
     pub(super) data_dir: Option<PathBuf>,
     /// The HTTP endpoint's address and settings; `None` when `off`.
     pub(super) http: Option<(SocketAddr, HttpConfig)>,
+    /// The listeners' certificate and key (`--tls-cert`, `--tls-key`), loaded; `None`: plain.
+    pub(super) tls: Option<crate::ServerTls>,
 }
 
 /// The runtime's settings: the core's bounds and timings, the pools' sizes.
@@ -295,7 +297,16 @@ pub(super) fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         a.max_reply_bytes.map(|b| b.0),
         BridgeConfig::default().max_reply_bytes,
     )?;
+    let tls = match (&a.tls_cert, &a.tls_key) {
+        (Some(cert), Some(key)) => {
+            Some(crate::ServerTls::from_pem_files(cert, key).map_err(|e| e.to_string())?)
+        }
+        (None, None) => None,
+        (Some(_), None) => return Err("--tls-cert needs --tls-key".into()),
+        (None, Some(_)) => return Err("--tls-key needs --tls-cert".into()),
+    };
     Ok(Settings {
+        tls,
         bridge: bridge_config(&a, max_reply_bytes)?,
         http: http_settings(&a)?,
         listen,

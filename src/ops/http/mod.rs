@@ -24,6 +24,7 @@ use respond::{TEXT, response};
 
 use crate::auth::Token as AuthToken;
 use crate::liveness::HttpStatus;
+use crate::tls::{ServerTls, Transport};
 use crate::tokens::{HTTP_CONNS, HTTP_LISTENER as LISTENER};
 
 /// Default address of the endpoint.
@@ -94,7 +95,8 @@ impl Default for HttpConfig {
 }
 
 struct HttpConn {
-    stream: TcpStream,
+    /// The socket, or TLS over it.
+    stream: Transport,
     peer: SocketAddr,
     input: Vec<u8>,
     output: Vec<u8>,
@@ -248,6 +250,13 @@ enum Io {
 impl HttpConn {
     /// Writes the pending response; once it is all written, the next request's time starts.
     fn write_output(&mut self, now: Duration) -> Io {
+        // TLS may hold ciphertext (the handshake's, a write's tail) for the socket.
+        if self.stream.flush_tls().is_err() {
+            return Io::Gone;
+        }
+        if self.stream.tls_queued() {
+            return Io::Blocked;
+        }
         while self.written < self.output.len() {
             match self.stream.write(&self.output[self.written..]) {
                 Ok(0) => return Io::Gone,
@@ -289,6 +298,8 @@ pub(crate) struct HttpServer {
     cfg: HttpConfig,
     token: Option<AuthToken>,
     listener: TcpListener,
+    /// The certificate new connections are served TLS with; none: plain HTTP.
+    tls: Option<ServerTls>,
     registry: Option<Registry>,
     conns: Slab<HttpConn>,
     /// Connections with something to do, served round-robin within the pass budget.
@@ -325,6 +336,7 @@ impl HttpServer {
             },
             cfg,
             listener,
+            tls: None,
             registry: None,
             conns: Slab::new(),
             ready: VecDeque::new(),
@@ -349,10 +361,17 @@ impl HttpServer {
         self.cfg.auth_token = token.map(str::to_owned);
     }
 
+    /// Serves TLS with `tls` to the connections accepted from now on; `None`: plain HTTP.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    pub(crate) fn set_tls(&mut self, tls: Option<ServerTls>) {
+        self.tls = tls;
+    }
+
     /// The endpoint's figures.
     pub(crate) fn status(&self) -> HttpStatus {
         HttpStatus {
             connections: self.conns.len(),
+            tls: self.tls.is_some(),
             renders: self.cache.borrow().renders,
             ..self.stats.clone()
         }
@@ -597,7 +616,11 @@ impl HttpServer {
         self.stats.refused += 1;
         let retry = [("Retry-After", "1")];
         let r = response(503, TEXT, b"too many connections\n", &retry, true, false);
-        let _ = stream.write(&r.bytes);
+        // A TLS client cannot read a plain answer before its handshake: it sees the
+        // connection closed (counted in `refused`).
+        if self.tls.is_none() {
+            let _ = stream.write(&r.bytes);
+        }
         if let Some(n) = self.log_refused.note(now) {
             log::info!(
                 "http: refused connection from {peer}: too many connections ({}), none idle{}",
@@ -608,15 +631,22 @@ impl HttpServer {
     }
 
     /// Registers an accepted connection in a free slot of the band.
-    fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr, now: Duration) {
+    fn admit(&mut self, stream: TcpStream, peer: SocketAddr, now: Duration) {
         let entry = self.conns.vacant_entry();
         let slot = entry.key();
         debug_assert!(slot < self.cfg.max_connections, "slot beyond the cap");
         let Some(registry) = &self.registry else {
             return;
         };
+        let mut stream = match Transport::accept(stream, self.tls.as_ref()) {
+            Ok(t) => t,
+            Err(e) => {
+                log::warn!("http: cannot start TLS for the connection from {peer}: {e}");
+                return;
+            }
+        };
         let interest = Interest::READABLE | Interest::WRITABLE;
-        if let Err(e) = registry.register(&mut stream, HTTP_CONNS.token(slot), interest) {
+        if let Err(e) = registry.register(stream.tcp_mut(), HTTP_CONNS.token(slot), interest) {
             log::warn!("http: cannot register connection from {peer}: {e}");
             return;
         }
@@ -644,7 +674,7 @@ impl HttpServer {
         }
         let mut conn = self.conns.remove(slot);
         if let Some(registry) = &self.registry {
-            let _ = registry.deregister(&mut conn.stream);
+            let _ = registry.deregister(conn.stream.tcp_mut());
         }
         log::debug!("http: connection from {} closed", conn.peer);
     }
@@ -674,7 +704,7 @@ impl HttpServer {
                 }
             }
             if conn.closing {
-                let _ = conn.stream.shutdown(std::net::Shutdown::Write);
+                conn.stream.shutdown_write();
                 self.close(slot);
                 return Turn::Wait;
             }

@@ -11,6 +11,7 @@ use serde_json::json;
 
 use super::protocol::{LineResult, handle_line};
 use super::{GatewayEvent, Shared, write_line};
+use crate::platforms::tls::Wire;
 
 /// Longest gateway line accepted: a 1 MiB reply escaped as JSON fits many times over; a
 /// longer line is a broken peer and ends the connection.
@@ -100,7 +101,23 @@ fn serve_connection(
     events: &Sender<GatewayEvent>,
 ) -> Result<ConnectionEnd, String> {
     let reader = setup_socket(&stream)?;
-    say_hello(shared, stream)?;
+    let (wire, reader): (Wire, Box<dyn Read + Send>) = match &shared.config.tls {
+        None => (Wire::Plain(stream), Box::new(reader)),
+        Some(tls) => {
+            let config = &shared.config;
+            let name = config.tls_name.as_deref();
+            let (wire, reader) = super::super::tls::handshake(
+                stream,
+                reader,
+                &config.addr,
+                name,
+                tls,
+                CONNECT_TIMEOUT,
+            )?;
+            (wire, Box::new(reader))
+        }
+    };
+    say_hello(shared, wire)?;
     Ok(Reader::new(shared, reader, events).run())
 }
 
@@ -117,7 +134,7 @@ fn setup_socket(stream: &TcpStream) -> Result<TcpStream, String> {
 
 /// Installs the writing half in the shared state and writes the hello, the ping that
 /// confirms it, and every message still waiting for its answer, in order.
-fn say_hello(shared: &Shared, stream: TcpStream) -> Result<(), String> {
+fn say_hello(shared: &Shared, stream: Wire) -> Result<(), String> {
     let config = &shared.config;
     let mut state = shared.lock();
     state.conn = Some(stream);
@@ -148,7 +165,7 @@ fn say_hello(shared: &Shared, stream: TcpStream) -> Result<(), String> {
 /// The reading side of one connection: splits the bytes into lines and watches the silence.
 struct Reader<'a> {
     shared: &'a Shared,
-    reader: TcpStream,
+    reader: Box<dyn Read + Send>,
     events: &'a Sender<GatewayEvent>,
     /// The hello was answered (a `pong` came).
     confirmed: bool,
@@ -163,7 +180,11 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     /// A reader for a connection whose hello was just written.
-    fn new(shared: &'a Shared, reader: TcpStream, events: &'a Sender<GatewayEvent>) -> Self {
+    fn new(
+        shared: &'a Shared,
+        reader: Box<dyn Read + Send>,
+        events: &'a Sender<GatewayEvent>,
+    ) -> Self {
         Reader {
             shared,
             reader,

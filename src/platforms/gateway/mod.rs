@@ -23,7 +23,6 @@
 
 use std::collections::VecDeque;
 use std::io::Write;
-use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -37,6 +36,8 @@ pub(crate) use message::{
     Admission, GatewayEvent, Outcome, OutgoingMessage, SendError, TerminalEvent,
 };
 use recent::RecentIds;
+
+use super::tls::Wire;
 
 mod connection;
 mod message;
@@ -64,6 +65,10 @@ pub(crate) struct GatewayConfig {
     pub shown_memory: usize,
     /// Events buffered for the bridge before the client stops reading the gateway.
     pub event_capacity: usize,
+    /// TLS to the gateway (its `--tls-cert`): the roots its certificate is checked against.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// The name the gateway's certificate must be for; by default `addr`'s host.
+    pub tls_name: Option<String>,
 }
 
 impl std::fmt::Debug for GatewayConfig {
@@ -76,6 +81,8 @@ impl std::fmt::Debug for GatewayConfig {
             .field("max_backoff", &self.max_backoff)
             .field("max_pending", &self.max_pending)
             .field("shown_memory", &self.shown_memory)
+            .field("tls", &self.tls.is_some())
+            .field("tls_name", &self.tls_name)
             .finish_non_exhaustive()
     }
 }
@@ -93,6 +100,8 @@ impl GatewayConfig {
             max_pending: 1024,
             shown_memory: 4096,
             event_capacity: 1024,
+            tls: None,
+            tls_name: None,
         }
     }
 }
@@ -120,7 +129,7 @@ struct Pending {
 /// What the handle and the connection thread share.
 struct State {
     /// The writing side of the current connection; `None` while disconnected.
-    conn: Option<TcpStream>,
+    conn: Option<Wire>,
     /// The current connection's hello was confirmed.
     connected: bool,
     pending: VecDeque<Pending>,
@@ -157,7 +166,7 @@ fn write_line(state: &mut State, line: &str) -> bool {
         Ok(()) => true,
         Err(e) => {
             log::warn!("gateway: write failed ({e}); reconnecting");
-            let _ = conn.shutdown(Shutdown::Both);
+            conn.shutdown();
             state.conn = None;
             state.connected = false;
             false
@@ -292,7 +301,7 @@ impl Gateway {
         {
             let mut state = self.shared.lock();
             if let Some(conn) = state.conn.take() {
-                let _ = conn.shutdown(Shutdown::Both);
+                conn.shutdown();
             }
             state.connected = false;
         }

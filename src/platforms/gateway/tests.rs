@@ -2,7 +2,7 @@ use super::*;
 use crate::message::ChatType;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
+use std::net::{TcpListener, TcpStream};
 
 const WAIT: Duration = Duration::from_secs(20);
 

@@ -3,12 +3,14 @@
 use std::io::{self, Read};
 use std::net::TcpStream;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::Sender;
 
 use crate::platforms::BridgeError;
+pub(super) use crate::platforms::tls::Wire;
+use crate::platforms::tls::{client_config, handshake};
 
 /// than 512; anything past this is a broken server).
 const MAX_READ_LINE: usize = 8192;
@@ -23,124 +25,9 @@ pub(super) enum ServerInput {
     Closed(u64, String),
 }
 
-type TlsStream = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
-
-/// The writing side of a server connection: plain TCP, or TLS (shared with the reader, which
-/// holds the lock only while data is there to read).
-pub(super) enum Wire {
-    Plain(TcpStream),
-    Tls(Arc<Mutex<TlsStream>>),
-}
-
-/// How long a TLS read holds the stream's lock waiting for more bytes.
-const TLS_READ_SLICE: Duration = Duration::from_millis(20);
-
-/// The reading side of a TLS connection: waits for the socket in `poll(2)` without the lock,
-/// then reads under it (and keeps reading while rustls has decrypted data buffered).
-struct TlsReader {
-    stream: Arc<Mutex<TlsStream>>,
-    /// The descriptor polled: `_socket`'s, which this reader keeps open.
-    fd: std::os::fd::RawFd,
-    _socket: TcpStream,
-    draining: bool,
-}
-
-impl Read for TlsReader {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if !self.draining {
-            let mut pfd = libc::pollfd {
-                fd: self.fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd, whose descriptor `_socket` keeps open.
-            let rc = unsafe { libc::poll(&mut pfd, 1, 1000) };
-            if rc < 0 {
-                let e = io::Error::last_os_error();
-                return if e.kind() == io::ErrorKind::Interrupted {
-                    Err(io::ErrorKind::WouldBlock.into())
-                } else {
-                    Err(e)
-                };
-            }
-            if rc == 0 {
-                return Err(io::ErrorKind::WouldBlock.into());
-            }
-        }
-        let mut tls = self.stream.lock().unwrap_or_else(|e| e.into_inner());
-        match tls.read(buf) {
-            Ok(n) => {
-                self.draining = n > 0;
-                Ok(n)
-            }
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(0),
-            Err(e) => {
-                self.draining = false;
-                Err(e)
-            }
-        }
-    }
-}
-
 /// The TLS settings: the roots of `ca_file` (PEM) if given, else the operating system's.
 pub(crate) fn tls_config(ca_file: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, BridgeError> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS set-up failed: {e}"))?;
-    let config = match ca_file {
-        Some(path) => {
-            use rustls_pki_types::CertificateDer;
-            use rustls_pki_types::pem::PemObject;
-            let bad = |e: &dyn std::fmt::Display| format!("--tls-ca-file {}: {e}", path.display());
-            let mut roots = rustls::RootCertStore::empty();
-            for cert in CertificateDer::pem_file_iter(path).map_err(|e| bad(&e))? {
-                roots.add(cert.map_err(|e| bad(&e))?).map_err(|e| bad(&e))?;
-            }
-            if roots.is_empty() {
-                return Err(bad(&"no certificate in it"));
-            }
-            builder.with_root_certificates(roots).with_no_client_auth()
-        }
-        None => {
-            use rustls_platform_verifier::BuilderVerifierExt;
-            builder
-                .with_platform_verifier()
-                .map_err(|e| format!("cannot load the system's certificates: {e}"))?
-                .with_no_client_auth()
-        }
-    };
-    Ok(Arc::new(config))
-}
-
-/// The host part of `HOST:PORT` (`[v6]:port` too), the name TLS checks the certificate for.
-fn host_of(server: &str) -> &str {
-    let host = server.rsplit_once(':').map_or(server, |(h, _)| h);
-    host.trim_start_matches('[').trim_end_matches(']')
-}
-
-/// Completes the TLS handshake on `socket` (bounded by the connect timeout).
-fn tls_handshake(
-    mut socket: TcpStream,
-    server: &str,
-    config: &Arc<rustls::ClientConfig>,
-) -> Result<TlsStream, String> {
-    let host = host_of(server);
-    let name = rustls_pki_types::ServerName::try_from(host.to_owned())
-        .map_err(|_| format!("{host} is not a name TLS can check a certificate for"))?;
-    let mut conn = rustls::ClientConnection::new(Arc::clone(config), name)
-        .map_err(|e| format!("TLS set-up failed: {e}"))?;
-    let io_err = |e: io::Error| format!("TLS handshake with {server} failed: {e}");
-    socket
-        .set_read_timeout(Some(CONNECT_TIMEOUT))
-        .map_err(io_err)?;
-    while conn.is_handshaking() {
-        conn.complete_io(&mut socket).map_err(io_err)?;
-    }
-    socket
-        .set_read_timeout(Some(TLS_READ_SLICE))
-        .map_err(io_err)?;
-    Ok(rustls::StreamOwned::new(conn, socket))
+    client_config(ca_file, "--tls-ca-file")
 }
 
 /// Opens a TCP connection to the first of `addr`'s addresses that answers.
@@ -206,12 +93,6 @@ pub(super) fn wire_up(
     let Some(config) = tls else {
         return Ok((Wire::Plain(stream), socket, Box::new(reader)));
     };
-    let tls = Arc::new(Mutex::new(tls_handshake(stream, server, config)?));
-    let reader = TlsReader {
-        stream: Arc::clone(&tls),
-        fd: std::os::fd::AsRawFd::as_raw_fd(&reader),
-        _socket: reader,
-        draining: false,
-    };
-    Ok((Wire::Tls(tls), socket, Box::new(reader)))
+    let (wire, reader) = handshake(stream, reader, server, None, config, CONNECT_TIMEOUT)?;
+    Ok((wire, socket, Box::new(reader)))
 }

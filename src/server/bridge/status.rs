@@ -39,6 +39,8 @@ impl Bridge {
             typing_dropped: c.typing_dropped,
             journal: self.durable.as_ref().map(|d| d.status()),
             awaiting_delivery: self.conns.awaiting_delivery(),
+            // The shell knows (`BridgeServer::status`).
+            tls: false,
         }
     }
 }

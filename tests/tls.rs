@@ -1,0 +1,777 @@
+//! TLS on the listeners, with the real binary: `serve --tls-cert --tls-key` answers the
+//! bridge protocol and the HTTP endpoint over TLS (to a rustls client here, and to the
+//! binary's own `send` and `status`), a client trusting another CA is refused with a clear
+//! error, and SIGHUP swaps the certificate (a broken new pair keeps the old one). The
+//! certificates are made at test time with `openssl`; reads have timeouts that only bound a
+//! failing run.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn bin() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
+    // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    command
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("turnstile-tls-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// Runs openssl in `dir`; panics with its stderr when it fails.
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run openssl (needed for the TLS tests)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+const EC: [&str; 5] = [
+    "-newkey",
+    "ec",
+    "-pkeyopt",
+    "ec_paramgen_curve:prime256v1",
+    "-nodes",
+];
+
+/// A test CA `<name>-ca.pem` and a `localhost` certificate it signed, `<name>-cert.pem` with
+/// its key `<name>-key.pem` (EC keys: quick to make).
+fn make_pair(dir: &Path, name: &str) {
+    let f = |suffix: &str| format!("{name}-{suffix}");
+    let subj = format!("/CN=turnstile test CA {name}");
+    openssl(
+        dir,
+        &[
+            &["req", "-x509"][..],
+            &EC,
+            &[
+                "-keyout",
+                &f("ca.key"),
+                "-out",
+                &f("ca.pem"),
+                "-days",
+                "2",
+                "-subj",
+                &subj,
+            ],
+        ]
+        .concat(),
+    );
+    openssl(
+        dir,
+        &[
+            &["req"][..],
+            &EC,
+            &[
+                "-keyout",
+                &f("key.pem"),
+                "-out",
+                &f("leaf.csr"),
+                "-subj",
+                "/CN=localhost",
+            ],
+        ]
+        .concat(),
+    );
+    std::fs::write(
+        dir.join("leaf.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("ext file");
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &f("leaf.csr"),
+            "-CA",
+            &f("ca.pem"),
+            "-CAkey",
+            &f("ca.key"),
+            "-CAcreateserial",
+            "-out",
+            &f("cert.pem"),
+            "-days",
+            "2",
+            "-extfile",
+            "leaf.ext",
+        ],
+    );
+}
+
+fn path(dir: &Path, file: &str) -> String {
+    dir.join(file).to_str().expect("utf-8 path").to_owned()
+}
+
+/// `serve` with TLS on free ports; its log lines (INFO) on a channel.
+struct Gw {
+    child: Child,
+    addr: String,
+    http: String,
+    log: crossbeam_channel::Receiver<String>,
+}
+
+impl Gw {
+    fn start(cert: &str, key: &str) -> Gw {
+        Gw::start_with(cert, key, &[])
+    }
+
+    fn start_with(cert: &str, key: &str, args: &[&str]) -> Gw {
+        let mut child = bin()
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
+            .args(["--tls-cert", cert, "--tls-key", key])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("WATCHDOG_USEC")
+            .env_remove("TURNSTILE_AUTH_TOKEN")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start turnstile serve");
+        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut next = |prefix: &str| {
+            let mut line = String::new();
+            out.read_line(&mut line).expect("a line");
+            line.trim()
+                .strip_prefix(prefix)
+                .unwrap_or_else(|| panic!("expected {prefix:?}: {line:?}"))
+                .to_owned()
+        };
+        let addr = next("listening on ");
+        let http = next("http on ");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, log) = crossbeam_channel::unbounded();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                let _ = tx.send(line);
+            }
+        });
+        Gw {
+            child,
+            addr,
+            http,
+            log,
+        }
+    }
+
+    /// The first log line (from now on) holding every one of `needles`; every line read on
+    /// the way is returned too.
+    fn log_until(&self, needles: &[&str]) -> (String, Vec<String>) {
+        let mut seen = Vec::new();
+        loop {
+            let line = self
+                .log
+                .recv_timeout(WAIT)
+                .unwrap_or_else(|_| panic!("no log line with {needles:?}; saw {seen:#?}"));
+            if needles.iter().all(|n| line.contains(n)) {
+                return (line, seen);
+            }
+            seen.push(line);
+        }
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: plain kill(2) on our own child's pid.
+        let rc = unsafe { libc::kill(self.child.id() as i32, sig) };
+        assert_eq!(rc, 0, "kill failed");
+    }
+}
+
+impl Drop for Gw {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A rustls client trusting the CA in `ca` only.
+fn client_config(ca: &str) -> Arc<rustls::ClientConfig> {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca).expect("ca file") {
+        roots.add(cert.expect("ca cert")).expect("add root");
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Arc::new(
+        rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    )
+}
+
+type Tls = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
+
+/// A TLS connection to `addr` checking the certificate for `localhost`, handshake done.
+fn connect_tls(addr: &str, ca: &str) -> Result<Tls, std::io::Error> {
+    let mut sock = TcpStream::connect(addr).expect("connect");
+    sock.set_read_timeout(Some(WAIT)).expect("timeout");
+    let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
+    let mut conn = rustls::ClientConnection::new(client_config(ca), name).expect("client");
+    while conn.is_handshaking() {
+        conn.complete_io(&mut sock)?;
+    }
+    Ok(rustls::StreamOwned::new(conn, sock))
+}
+
+/// Sends a line of JSON and reads lines until one matches `pred`.
+fn exchange(tls: &mut Tls, lines: &[Value], pred: impl Fn(&Value) -> bool) -> Value {
+    for l in lines {
+        writeln!(tls, "{l}").expect("write");
+    }
+    tls.flush().expect("flush");
+    let mut reader = BufReader::new(tls);
+    loop {
+        let mut line = String::new();
+        let n = reader.read_line(&mut line).expect("read a line");
+        assert!(n > 0, "the gateway closed the connection");
+        let v: Value = serde_json::from_str(&line).expect("json");
+        if pred(&v) {
+            return v;
+        }
+    }
+}
+
+/// `GET path` over TLS; the status code and body.
+fn https_get(addr: &str, ca: &str, path: &str) -> (u16, String) {
+    let mut tls = connect_tls(addr, ca).expect("handshake");
+    write!(
+        tls,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request");
+    tls.flush().expect("flush");
+    let mut raw = Vec::new();
+    match tls.read_to_end(&mut raw) {
+        Ok(_) => {}
+        // A close without close_notify after a complete answer is still an answer.
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {}
+        Err(e) => panic!("reading the answer: {e}"),
+    }
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let code = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {text:?}"));
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
+    (code, body)
+}
+
+fn run(args: &[&str]) -> Output {
+    bin()
+        .args(args)
+        .env_remove("TURNSTILE_AUTH_TOKEN")
+        .output()
+        .expect("run turnstile")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// The bridge protocol and the HTTP endpoint over TLS: a hello and a message answered, a
+/// /healthz and a /status that says TLS is on, both from a rustls client and from the
+/// binary's own `send` and `status`; a plain client gets no protocol line.
+#[test]
+fn both_listeners_speak_tls_and_the_clients_use_it() {
+    let dir = temp_dir("both");
+    make_pair(&dir, "a");
+    let ca = path(&dir, "a-ca.pem");
+    let gw = Gw::start(&path(&dir, "a-cert.pem"), &path(&dir, "a-key.pem"));
+
+    let mut tls = connect_tls(&gw.addr, &ca).expect("bridge handshake");
+    let reply = exchange(
+        &mut tls,
+        &[
+            json!({"op": "hello", "platform": "cli"}),
+            json!({"op": "message", "id": "m1", "platform": "cli", "chat_id": "c", "text": "over tls"}),
+        ],
+        |v| v["op"] == "reply",
+    );
+    assert_eq!(reply["id"], "m1");
+    assert_eq!(reply["text"], "over tls");
+
+    let (code, body) = https_get(&gw.http, &ca, "/healthz");
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = https_get(&gw.http, &ca, "/status");
+    assert_eq!(code, 200, "{body}");
+    let status: Value = serde_json::from_str(&body).expect("status json");
+    assert_eq!(status["frontend"]["tls"], true, "{status}");
+    assert_eq!(status["frontend"]["http"]["tls"], true, "{status}");
+
+    let sent = run(&[
+        "send",
+        "--addr",
+        &gw.addr,
+        "--tls-ca",
+        &ca,
+        "--tls-name",
+        "localhost",
+        "--timeout",
+        "20",
+        "hello",
+        "from",
+        "send",
+    ]);
+    assert!(sent.status.success(), "send: {}", text(&sent.stderr));
+    assert_eq!(text(&sent.stdout).trim(), "hello from send");
+
+    let st = run(&[
+        "status",
+        "--http",
+        &gw.http,
+        "--tls-ca",
+        &ca,
+        "--tls-name",
+        "localhost",
+    ]);
+    assert!(st.status.success(), "status: {}", text(&st.stderr));
+    assert!(text(&st.stdout).contains("tls on"), "{}", text(&st.stdout));
+
+    // A plain client's hello gets no answer in the clear: the bytes are not TLS.
+    let mut plain = TcpStream::connect(&gw.addr).expect("connect");
+    plain.set_read_timeout(Some(WAIT)).expect("timeout");
+    writeln!(plain, "{}", json!({"op": "hello", "platform": "cli"})).expect("write");
+    let mut got = Vec::new();
+    let _ = plain.read_to_end(&mut got);
+    assert!(
+        !text(&got).contains("\"op\""),
+        "a plaintext answer: {}",
+        text(&got)
+    );
+}
+
+/// A client that trusts another CA is refused, and says why; the gateway goes on serving.
+#[test]
+fn a_client_with_the_wrong_ca_is_refused() {
+    let dir = temp_dir("wrong-ca");
+    make_pair(&dir, "a");
+    make_pair(&dir, "b");
+    let gw = Gw::start(&path(&dir, "a-cert.pem"), &path(&dir, "a-key.pem"));
+    let wrong = path(&dir, "b-ca.pem");
+
+    let err = connect_tls(&gw.addr, &wrong)
+        .err()
+        .unwrap_or_else(|| panic!("the handshake succeeded"));
+    assert!(err.to_string().contains("UnknownIssuer"), "{err}");
+    let err = connect_tls(&gw.http, &wrong)
+        .err()
+        .unwrap_or_else(|| panic!("the handshake succeeded"));
+    assert!(err.to_string().contains("UnknownIssuer"), "{err}");
+
+    let sent = run(&[
+        "send",
+        "--addr",
+        &gw.addr,
+        "--tls-ca",
+        &wrong,
+        "--tls-name",
+        "localhost",
+        "hi",
+    ]);
+    assert_eq!(sent.status.code(), Some(1));
+    let stderr = text(&sent.stderr);
+    assert!(
+        stderr.contains("TLS handshake with") && stderr.contains("invalid peer certificate"),
+        "{stderr}"
+    );
+    let st = run(&[
+        "status",
+        "--http",
+        &gw.http,
+        "--tls-ca",
+        &wrong,
+        "--tls-name",
+        "localhost",
+    ]);
+    assert!(!st.status.success());
+    assert!(
+        text(&st.stderr).contains("invalid peer certificate"),
+        "{}",
+        text(&st.stderr)
+    );
+    // The refusals cost the gateway nothing: the right CA is still answered.
+    let (code, _) = https_get(&gw.http, &path(&dir, "a-ca.pem"), "/healthz");
+    assert_eq!(code, 200);
+}
+
+/// SIGHUP reads the pair again: new connections get the new certificate on both listeners;
+/// a broken new pair is refused with an ERROR naming the file (not its contents) and the
+/// certificate in force stays.
+#[test]
+fn sighup_swaps_the_certificate_and_a_broken_pair_keeps_the_old_one() {
+    let dir = temp_dir("reload");
+    make_pair(&dir, "a");
+    make_pair(&dir, "b");
+    let (cert, key) = (path(&dir, "cert.pem"), path(&dir, "key.pem"));
+    std::fs::copy(dir.join("a-cert.pem"), &cert).expect("copy");
+    std::fs::copy(dir.join("a-key.pem"), &key).expect("copy");
+    let (ca_a, ca_b) = (path(&dir, "a-ca.pem"), path(&dir, "b-ca.pem"));
+    let gw = Gw::start(&cert, &key);
+    gw.log_until(&["TLS on both listeners"]);
+    assert!(connect_tls(&gw.addr, &ca_a).is_ok());
+    assert!(connect_tls(&gw.addr, &ca_b).is_err());
+
+    std::fs::copy(dir.join("b-cert.pem"), &cert).expect("copy");
+    std::fs::copy(dir.join("b-key.pem"), &key).expect("copy");
+    gw.signal(libc::SIGHUP);
+    gw.log_until(&["reload: applied"]);
+    let mut tls = connect_tls(&gw.addr, &ca_b).expect("the new certificate on the bridge port");
+    let pong = exchange(
+        &mut tls,
+        &[
+            json!({"op": "hello", "platform": "cli"}),
+            json!({"op": "ping"}),
+        ],
+        |v| v["op"] == "pong",
+    );
+    assert_eq!(pong["op"], "pong");
+    assert_eq!(https_get(&gw.http, &ca_b, "/healthz").0, 200);
+    assert!(connect_tls(&gw.addr, &ca_a).is_err(), "the old one is gone");
+    assert!(connect_tls(&gw.http, &ca_a).is_err(), "the old one is gone");
+
+    // A key that is no PEM at all: refused, named, not quoted.
+    let secret_line = "not-a-key-but-secret-material-0123456789";
+    std::fs::write(&key, format!("{secret_line}\n")).expect("write");
+    gw.signal(libc::SIGHUP);
+    let (refused, seen) = gw.log_until(&["reload refused"]);
+    assert!(
+        refused.contains("ERROR") && refused.contains("--tls-key") && refused.contains(&key),
+        "{refused}"
+    );
+    for line in seen.iter().chain([&refused]) {
+        assert!(
+            !line.contains(secret_line),
+            "the key's contents logged: {line}"
+        );
+    }
+    // A key that does not match the certificate: refused too.
+    std::fs::copy(dir.join("a-key.pem"), &key).expect("copy");
+    gw.signal(libc::SIGHUP);
+    let (refused, _) = gw.log_until(&["reload refused"]);
+    assert!(refused.contains("--tls-cert"), "{refused}");
+    // B is still served.
+    assert!(connect_tls(&gw.addr, &ca_b).is_ok());
+    assert_eq!(https_get(&gw.http, &ca_b, "/healthz").0, 200);
+}
+
+/// Bad pairs stop start-up with the file named: a missing file, a key that does not match.
+#[test]
+fn a_bad_pair_at_start_up_is_an_error_naming_the_file() {
+    let dir = temp_dir("startup");
+    make_pair(&dir, "a");
+    make_pair(&dir, "b");
+    let check = |cert: &str, key: &str| {
+        run(&[
+            "serve",
+            "--check-config",
+            "--tls-cert",
+            cert,
+            "--tls-key",
+            key,
+        ])
+    };
+    let missing = path(&dir, "nope.pem");
+    let out = check(&path(&dir, "a-cert.pem"), &missing);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains(&missing),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = check(&path(&dir, "a-cert.pem"), &path(&dir, "b-key.pem"));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("--tls-cert"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = check(&path(&dir, "a-cert.pem"), &path(&dir, "a-key.pem"));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // The same keys in the config file.
+    let cfg = dir.join("turnstile.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "tls-cert = {:?}\ntls-key = {:?}\n",
+            path(&dir, "a-cert.pem"),
+            path(&dir, "b-key.pem")
+        ),
+    )
+    .expect("write");
+    let out = run(&[
+        "serve",
+        "--check-config",
+        "--config",
+        cfg.to_str().expect("path"),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("does not match") || text(&out.stderr).contains("--tls-cert"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// The least of a Telegram Bot API a bridge needs to come up: `getMe` answers the bot, a
+/// `getUpdates` is held (no updates) until the test ends. For the gateway side of the bridge.
+fn fake_bot_api() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let (hold_tx, hold) = crossbeam_channel::bounded::<()>(0);
+    std::thread::spawn(move || {
+        // Held by this thread, so the held requests wait until the process ends.
+        let _hold_tx = hold_tx;
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let hold = hold.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    return;
+                }
+                let mut length = 0usize;
+                loop {
+                    let mut header = String::new();
+                    if reader.read_line(&mut header).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let header = header.trim_end();
+                    if header.is_empty() {
+                        break;
+                    }
+                    if let Some((name, value)) = header.split_once(':')
+                        && name.eq_ignore_ascii_case("content-length")
+                    {
+                        length = value.trim().parse().unwrap_or(0);
+                    }
+                }
+                let mut body = vec![0u8; length];
+                let _ = reader.read_exact(&mut body);
+                if !line.contains("/getMe") {
+                    let _ = hold.recv();
+                    return;
+                }
+                let body = json!({"ok": true, "result": {"id": 999, "is_bot": true,
+                    "first_name": "Fake", "username": "fake_bot"}})
+                .to_string();
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    url
+}
+
+/// A platform bridge (the gateway client every bridge shares) says its hello over TLS and
+/// is answered; with the wrong CA it is refused, says why in a WARN, and keeps retrying.
+#[test]
+fn a_bridge_connects_over_tls_and_a_wrong_ca_is_refused() {
+    let dir = temp_dir("bridge");
+    make_pair(&dir, "a");
+    make_pair(&dir, "b");
+    let gw = Gw::start(&path(&dir, "a-cert.pem"), &path(&dir, "a-key.pem"));
+    let api = fake_bot_api();
+    let bridge = |ca: &str| {
+        bin()
+            .args(["bridge", "telegram", "--gateway", &gw.addr])
+            .args(["--gateway-tls-ca", ca, "--gateway-tls-name", "localhost"])
+            .args(["--api-base", &api])
+            .arg("--state-dir")
+            .arg(dir.join(format!("state-{}", ca.len())))
+            .env("TELEGRAM_BOT_TOKEN", "123:fake")
+            .env_remove("TURNSTILE_AUTH_TOKEN")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the bridge")
+    };
+    let mut good = bridge(&path(&dir, "a-ca.pem"));
+    let mut line = String::new();
+    BufReader::new(good.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("the ready line");
+    assert_eq!(line.trim(), "ready: telegram as @fake_bot");
+    // The status is a snapshot taken every tick: look until one shows the bridge (bounded,
+    // as the ops tests do).
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let (code, body) = https_get(&gw.http, &path(&dir, "a-ca.pem"), "/status");
+        assert_eq!(code, 200);
+        let status: Value = serde_json::from_str(&body).expect("json");
+        if status["frontend"]["outboxes"].get("telegram").is_some() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no telegram platform: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = good.kill();
+    let _ = good.wait();
+
+    let mut wrong = bridge(&path(&dir, "b-ca.pem"));
+    let mut log = BufReader::new(wrong.stderr.take().expect("stderr"));
+    let warn = loop {
+        let mut line = String::new();
+        assert!(
+            log.read_line(&mut line).expect("a log line") > 0,
+            "the bridge ended"
+        );
+        if line.contains("TLS handshake") {
+            break line;
+        }
+    };
+    assert!(
+        warn.contains("WARN")
+            && warn.contains("invalid peer certificate")
+            && warn.contains("reconnecting"),
+        "{warn}"
+    );
+    let _ = wrong.kill();
+    let _ = wrong.wait();
+}
+
+/// Replies far larger than the sockets can hold go through TLS whole and in order: 6 MB of
+/// replies with nothing read until every message is sent, against at most 4 MiB of send
+/// buffer (`tcp_wmem`'s maximum here) and a 32 KiB receive buffer, so the gateway's writes
+/// meet `WouldBlock` and resume on the socket's writable edges (its output bound is raised
+/// so that it keeps reading meanwhile).
+#[test]
+fn large_replies_cross_tls_backpressure_intact() {
+    use std::os::fd::AsRawFd;
+    let dir = temp_dir("large");
+    make_pair(&dir, "a");
+    let gw = Gw::start_with(
+        &path(&dir, "a-cert.pem"),
+        &path(&dir, "a-key.pem"),
+        &["--max-write-buffer", "64MiB", "--turn-workers", "4"],
+    );
+    let mut sock = TcpStream::connect(&gw.addr).expect("connect");
+    let small: libc::c_int = 32 * 1024;
+    // SAFETY: setsockopt with a pointer to a local int and its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&small as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0);
+    sock.set_read_timeout(Some(WAIT)).expect("timeout");
+    let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
+    let ca = path(&dir, "a-ca.pem");
+    let mut conn = rustls::ClientConnection::new(client_config(&ca), name).expect("client");
+    while conn.is_handshaking() {
+        conn.complete_io(&mut sock).expect("handshake");
+    }
+    let mut tls = rustls::StreamOwned::new(conn, sock);
+    let n = 100;
+    let texts: Vec<String> = (0..n)
+        .map(|i| format!("{i}:{}", "x".repeat(60_000)))
+        .collect();
+    let mut lines = vec![json!({"op": "hello", "platform": "cli"})];
+    lines.extend(texts.iter().enumerate().map(|(i, t)| {
+        json!({"op": "message", "id": format!("m{i}"), "platform": "cli",
+            "chat_id": format!("c{i}"), "text": t})
+    }));
+    for l in &lines {
+        writeln!(tls, "{l}").expect("write");
+    }
+    tls.flush().expect("flush");
+    let mut reader = BufReader::new(tls);
+    let mut replies = std::collections::BTreeMap::new();
+    while replies.len() < n {
+        let mut line = String::new();
+        assert!(reader.read_line(&mut line).expect("a line") > 0, "closed");
+        let v: Value = serde_json::from_str(&line).expect("json");
+        if v["op"] == "reply" {
+            replies.insert(v["id"].as_str().expect("id").to_owned(), v["text"].clone());
+        }
+    }
+    for (i, t) in texts.iter().enumerate() {
+        assert_eq!(replies[&format!("m{i}")], *t, "m{i}");
+    }
+}
+
+/// A handshake counts against the deadlines a connection already has: a client that
+/// connects and never finishes its handshake is closed at the hello deadline (with a token)
+/// on the bridge port and at the head timeout on the HTTP port.
+#[test]
+fn an_unfinished_handshake_is_closed_at_the_existing_deadlines() {
+    let dir = temp_dir("deadline");
+    make_pair(&dir, "a");
+    let gw = Gw::start_with(
+        &path(&dir, "a-cert.pem"),
+        &path(&dir, "a-key.pem"),
+        &[
+            "--auth-token",
+            "t",
+            "--hello-timeout",
+            "1",
+            "--http-head-timeout",
+            "1",
+        ],
+    );
+    for addr in [&gw.addr, &gw.http] {
+        let mut sock = TcpStream::connect(addr).expect("connect");
+        sock.set_read_timeout(Some(WAIT)).expect("timeout");
+        // Half a ClientHello's record header: the handshake cannot finish.
+        sock.write_all(&[0x16, 0x03]).expect("write");
+        let mut rest = Vec::new();
+        let closed = match sock.read_to_end(&mut rest) {
+            Ok(_) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        };
+        assert!(closed, "{addr}: not closed by the deadline");
+    }
+    // A client that does finish is served as ever.
+    assert_eq!(
+        https_get(&gw.http, &path(&dir, "a-ca.pem"), "/healthz").0,
+        200
+    );
+}
