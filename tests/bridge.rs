@@ -415,29 +415,94 @@ fn row3_each_accepted_message_reserves_its_result_and_a_full_outbox_answers_back
 }
 
 #[test]
-fn row2_outbox_bytes_bound_admission_by_the_largest_possible_result() {
-    let reserve = 4096 + turnstile::internal::server::TERMINAL_ENVELOPE;
+fn row2_outbox_bytes_reserve_an_envelope_and_charge_a_result_when_it_exists() {
+    // Issue 18 row 2 (this replaces the old rule, where each message reserved
+    // --max-reply-bytes + 8 KiB at admission): a message reserves its envelope; its result's
+    // text is charged when the result exists; the refusal names the bound.
+    let env = turnstile::internal::server::TERMINAL_ENVELOPE;
     let mut n = Net::new(BridgeConfig {
-        max_reply_bytes: 4096,
-        outbox_bytes: 3 * reserve,
+        outbox_bytes: 4 * env,
         ..cfg()
     });
     let c = n.connect();
     n.hello(c, "tg");
-    for i in 0..4 {
+    for i in 0..5 {
         n.send(c, msg(&format!("m{i}"), &format!("c{i}"), "x"));
     }
-    assert_eq!(n.order.len(), 3);
-    assert_eq!(n.b.status().outboxes["tg"].reserved_bytes, 3 * reserve);
+    assert_eq!(n.order.len(), 4);
+    assert_eq!(n.b.status().outboxes["tg"].reserved_bytes, 4 * env);
     for t in n.order.clone() {
         n.accept(t);
     }
-    let out: Vec<Value> = n
+    let rejects: Vec<Value> = n
         .take(c)
         .into_iter()
         .filter(|v| v["op"] == "reject")
         .collect();
-    assert_eq!(ops(&out), ["reject m3 backpressure"]);
+    assert_eq!(ops(&rejects), ["reject m4 backpressure"]);
+    let detail = rejects[0]["detail"].as_str().unwrap_or("");
+    assert!(
+        detail.contains(&format!("--outbox-bytes {}", 4 * env)),
+        "{detail}"
+    );
+    // The bridge goes away; a result's text is charged once it exists, and held, not lost.
+    n.b.disconnected(c);
+    let t = n.order[0];
+    n.reply(t, &"r".repeat(1000));
+    let held = n.b.status().outboxes["tg"].reserved_bytes;
+    assert!(held > 4 * env + 1000 && held < 4 * env + 1200, "{held}");
+    let d = n.connect();
+    n.hello(d, "tg");
+    let got = n.take(d);
+    assert_eq!(got.iter().filter(|v| v["op"] == "reply").count(), 1);
+    assert_eq!(n.b.status().outboxes["tg"].reserved_bytes, 3 * env);
+}
+
+#[test]
+fn row2_with_the_defaults_a_burst_of_1000_users_on_one_platform_is_all_accepted() {
+    // On main: 254 acked, 746 `reject backpressure` (1.008 MiB reserved per message).
+    let mut n = Net::new(cfg());
+    let mut conns = Vec::new();
+    for i in 0..1000 {
+        let c = n.connect();
+        n.hello(c, "telegram");
+        n.send(c, msg(&format!("u{i}"), &format!("user{i}"), "hi"));
+        conns.push(c);
+    }
+    assert_eq!(n.order.len(), 1000, "every message admitted");
+    for tag in n.order.clone() {
+        n.accept(tag);
+    }
+    let mut acks = 0;
+    for c in conns {
+        for v in n.take(c) {
+            assert_ne!(v["op"], "reject", "{v}");
+            acks += usize::from(v["op"] == "ack");
+        }
+    }
+    assert_eq!(acks, 1000);
+    assert_eq!(n.b.status().outboxes["telegram"].reserved_events, 1000);
+}
+
+#[test]
+fn row2_with_the_defaults_outbox_cap_is_the_bound_that_binds_and_is_named() {
+    let cap = cfg().outbox_cap;
+    let mut n = Net::new(cfg());
+    let c = n.connect();
+    n.hello(c, "telegram");
+    for i in 0..=cap {
+        n.send(c, msg(&format!("m{i}"), &format!("chat{i}"), "x"));
+    }
+    assert_eq!(n.order.len(), cap);
+    for t in n.order.clone() {
+        n.accept(t);
+    }
+    let out = n.take(c);
+    let rejects: Vec<&Value> = out.iter().filter(|v| v["op"] == "reject").collect();
+    assert_eq!(rejects.len(), 1);
+    assert_eq!(rejects[0]["reason"], "backpressure");
+    let detail = rejects[0]["detail"].as_str().unwrap_or("");
+    assert!(detail.contains(&format!("--outbox-cap {cap}")), "{detail}");
 }
 
 #[test]
@@ -1341,9 +1406,10 @@ fn status_counts_connections_platforms_and_outboxes() {
         (tg.connections, tg.reserved_events, tg.dedup_ids),
         (1, 1, 1)
     );
+    // Issue 18 row 2: a message reserves its envelope (was --max-reply-bytes + 8 KiB).
     assert_eq!(
         tg.reserved_bytes,
-        BridgeConfig::default().max_reply_bytes + turnstile::internal::server::TERMINAL_ENVELOPE
+        turnstile::internal::server::TERMINAL_ENVELOPE
     );
     let v = serde_json::to_value(&st).unwrap();
     assert_eq!(v["outboxes"]["tg"]["outbox_events"], 0);

@@ -181,8 +181,8 @@ pub(crate) struct ServeArgs {
     /// Certificate authorities for https
     #[arg(long, value_enum)]
     pub(super) openai_tls_roots: Option<TlsRootsArg>,
-    /// Bytes a platform may have reserved for undelivered results; each accepted message
-    /// reserves --max-reply-bytes + 8 KiB (`backpressure` beyond)
+    /// Bytes a platform may hold for owed results: 8 KiB per accepted message (its
+    /// envelope) plus each result's text once it exists (`backpressure` beyond)
     #[arg(long)]
     pub(super) outbox_bytes: Option<Bytes>,
     /// Platforms known at once; a hello or message for another gets `error`/`overloaded`

@@ -166,10 +166,10 @@ pub(super) fn bridge_config(a: &ServeArgs, max_reply_bytes: usize) -> Result<Bri
         dedup_max: at_least_one("dedup-max", a.dedup_max, bridge_default.dedup_max)?,
         ..BridgeConfig::default()
     };
-    let reserve = max_reply_bytes.saturating_add(crate::server::bridge::TERMINAL_ENVELOPE);
+    let reserve = crate::server::bridge::TERMINAL_ENVELOPE;
     if bridge.outbox_bytes < reserve {
         return Err(format!(
-            "--outbox-bytes: {} is less than one result's reservation ({reserve} bytes: --max-reply-bytes + 8 KiB)",
+            "--outbox-bytes: {} is less than one message's reservation ({reserve} bytes: its envelope)",
             bridge.outbox_bytes
         ));
     }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::super::dedup::{DedupWindow, Fingerprint, Seen};
-use super::super::frame::Frame;
+use super::super::frame::{Body, Frame};
 use super::super::protocol::check_platform;
 use super::admit::Refusal;
 use super::status::PlatformStatus;
@@ -52,7 +52,8 @@ pub(super) enum Claim {
 pub(super) struct Platforms {
     map: HashMap<Arc<str>, Platform>,
     max: usize,
-    /// Outbox bytes an accepted message reserves.
+    /// Outbox bytes an accepted message reserves (its envelope; its result's text is charged
+    /// when the result exists).
     reserve: usize,
     outbox_cap: usize,
     outbox_bytes: usize,
@@ -65,7 +66,7 @@ impl Platforms {
         Platforms {
             map: HashMap::new(),
             max: cfg.max_platforms,
-            reserve: cfg.max_reply_bytes.saturating_add(TERMINAL_ENVELOPE),
+            reserve: TERMINAL_ENVELOPE,
             outbox_cap: cfg.outbox_cap,
             outbox_bytes: cfg.outbox_bytes,
             dedup_window: cfg.dedup_window,
@@ -142,8 +143,11 @@ impl Platforms {
         if p.dedup.is_full(now) {
             return Err(Refusal::dedup_full(&key, dedup_max));
         }
-        if p.reserved_events >= cap || p.reserved_bytes.saturating_add(reserve) > cap_bytes {
-            return Err(Refusal::outbox_full(&key, p.reserved_events));
+        if p.reserved_events >= cap {
+            return Err(Refusal::outbox_cap(&key, p.reserved_events, cap));
+        }
+        if p.reserved_bytes.saturating_add(reserve) > cap_bytes {
+            return Err(Refusal::outbox_bytes(&key, p.reserved_bytes, cap_bytes));
         }
         gate()?;
         let tag = new_tag();
@@ -153,9 +157,17 @@ impl Platforms {
         Ok((key, Claim::New(tag)))
     }
 
-    /// The outbox bytes one result reserves.
-    pub(super) fn reservation(&self) -> usize {
-        self.reserve
+    /// A result now exists for a message of `name`: its text is charged beyond the envelope
+    /// reserved at admission (possibly past `outbox_bytes`: admission then refuses new
+    /// messages until results are delivered; the result itself is never dropped).
+    pub(super) fn charge(&mut self, name: &str, body: &Body) {
+        debug_assert!(
+            body.size().saturating_sub(text_bytes(body)) <= self.reserve,
+            "a terminal's envelope outgrew its reservation"
+        );
+        if let Some(p) = self.get_mut(name) {
+            p.reserved_bytes += text_bytes(body);
+        }
     }
 
     /// Whether `conn` said hello for `name`.
@@ -172,14 +184,14 @@ impl Platforms {
         }
     }
 
-    /// A result was delivered (or its message refused): its room is free again, and the
-    /// platform too if it now holds nothing.
-    pub(super) fn unreserve(&mut self, name: &str) {
-        let reserve = self.reserve;
+    /// A result was delivered (or its message refused before it had one: `None`): its room
+    /// is free again.
+    pub(super) fn unreserve(&mut self, name: &str, body: Option<&Body>) {
+        let room = self.reserve + body.map_or(0, text_bytes);
         if let Some(p) = self.get_mut(name) {
-            debug_assert!(p.reserved_events > 0 && p.reserved_bytes >= reserve);
+            debug_assert!(p.reserved_events > 0 && p.reserved_bytes >= room);
             p.reserved_events -= 1;
-            p.reserved_bytes -= reserve;
+            p.reserved_bytes = p.reserved_bytes.saturating_sub(room);
         }
     }
 
@@ -332,10 +344,23 @@ impl Platforms {
             debug_assert_eq!(bytes, p.outbox_bytes, "platform {name} outbox bytes");
             let owed = owed.get(&**name).copied().unwrap_or(0) + p.outbox.len();
             debug_assert_eq!(owed, p.reserved_events, "platform {name} reservations");
-            debug_assert_eq!(p.reserved_events * self.reserve, p.reserved_bytes);
+            let outboxed: usize = p.outbox.iter().map(|f| text_bytes(&f.body)).sum();
+            debug_assert!(p.reserved_events * self.reserve + outboxed <= p.reserved_bytes);
             // Recovery may restore more than a lowered cap allows; admission never adds past it.
             debug_assert!(p.reserved_events <= self.outbox_cap.max(recovered));
             debug_assert!(p.dedup.len() <= self.dedup_max);
         }
+    }
+}
+
+/// The bytes of a result charged when it exists (its envelope was reserved at admission):
+/// a short result's whole line, a long one's text; the same before and after it is marked
+/// a redelivery, so that what is charged is what is released.
+fn text_bytes(body: &Body) -> usize {
+    const MARK: &[u8] = b",\"redelivery\":true}\n";
+    match body {
+        Body::Line(l) if l.ends_with(MARK) => l.len() - (MARK.len() - 2),
+        Body::Line(l) => l.len(),
+        Body::Text { text, .. } => text.len(),
     }
 }

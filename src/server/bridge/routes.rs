@@ -197,10 +197,6 @@ impl Bridge {
         };
         self.conns.settled(route.conn);
         let body = terminal_body(id, session.as_str(), outcome, self.cfg.max_reply_bytes);
-        debug_assert!(
-            body.size() <= self.platforms.reservation(),
-            "a terminal outgrew its reservation"
-        );
         self.terminal(tag, route.conn, &route.platform, route.id, body);
     }
 
@@ -237,6 +233,8 @@ impl Bridge {
 
     /// Sends a terminal event to the message's connection, else its platform's outbox.
     pub(super) fn deliver_terminal(&mut self, origin: ConnId, platform: &Arc<str>, frame: Frame) {
+        // The result exists: its bytes are charged (released by `confirm`).
+        self.platforms.charge(platform, &frame.body);
         if self.conns.is_open(origin) {
             return self.conns.push(origin, frame, self.now);
         }
@@ -253,7 +251,7 @@ impl Bridge {
         if f.seq != 0 {
             self.journal(|| Record::Delivered { seq: f.seq });
         }
-        self.platforms.unreserve(&p);
+        self.platforms.unreserve(&p, Some(&f.body));
         self.platforms.maybe_free(&p);
     }
 
