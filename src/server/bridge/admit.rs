@@ -214,9 +214,9 @@ impl Refusal {
         Refusal::new("backpressure", detail)
     }
 
-    pub(super) fn outbox_bytes(platform: &str, bytes: usize, cap: usize) -> Refusal {
+    pub(super) fn outbox_bytes(platform: &str, bytes: usize, held: usize, cap: usize) -> Refusal {
         let detail = format!(
-            "outbox of {platform} is full: {bytes} bytes held for owed results (--outbox-bytes {cap}); deliver them first"
+            "outbox of {platform} is full: {bytes} bytes held for owed results, {held} more waiting for room (--outbox-bytes {cap}); deliver them first"
         );
         Refusal::new("backpressure", detail)
     }
@@ -398,6 +398,7 @@ impl Bridge {
         };
         self.platforms.dedup_forget(&route.platform, route.fp);
         self.platforms.unreserve(&route.platform, None);
+        self.release_held(&route.platform);
         self.conns.settled(route.conn);
         let Refusal { reason, detail, .. } = refusal;
         let line = |cid: &str, ckey: &SessionKey| {

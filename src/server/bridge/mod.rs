@@ -346,6 +346,7 @@ impl Bridge {
                 self.send_typing(conn, &session, true);
             }
             self.platforms.expire(now);
+            self.drop_stale(now);
         }
         self.audit();
         self.next_housekeeping
