@@ -1,7 +1,7 @@
 //! The bridge's platforms: for each, the connections that said hello for it, its outbox of
 //! undelivered results, the reservations that keep the outbox from overflowing, the results
-//! held until they fit, and its duplicate window. A platform is found by name in one place ([`Platforms::get_mut`]);
-//! everything else asks this room by name.
+//! held until they fit, and its duplicate window. A platform is found by name in one place
+//! ([`Platforms::get_mut`]); everything else asks this room by name.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -396,6 +396,8 @@ impl Platforms {
     pub(super) fn attach(&mut self, name: &str, conn: ConnId) {
         if let Some(p) = self.get_mut(name) {
             p.conns.push(conn);
+            // Present again: a later absence counts from its own start.
+            p.absent_since = None;
         }
     }
 
