@@ -374,8 +374,20 @@ pub struct PlatformStatus {
     pub outbox_bytes: usize,
     /// Terminal events reserved (accepted messages not yet answered, outbox included).
     pub reserved_events: usize,
-    /// Bytes reserved for them.
+    /// Bytes held for them: each one's envelope, plus the text of each result that exists
+    /// and is not held (never past `--outbox-bytes`).
     pub reserved_bytes: usize,
+    /// Results that exist but wait for room within `--outbox-bytes`, in order.
+    pub held_events: usize,
+    /// Text bytes of those results (charged when they are released).
+    pub held_bytes: usize,
+    /// How long no connection has said hello for it (`None` while one has).
+    pub absent_ms: Option<u64>,
+    /// Absent past `--outbox-stale-after`: its waiting results beyond `--outbox-stale-keep`
+    /// are dropped.
+    pub stale: bool,
+    /// Results dropped undelivered because it was stale.
+    pub stale_dropped: u64,
     /// Ids in its duplicate window.
     pub dedup_ids: usize,
 }
@@ -401,6 +413,9 @@ pub struct BridgeStatus {
     pub partials_dropped: u64,
     /// Typing lines dropped (no connection, or over its output bound).
     pub typing_dropped: u64,
+    /// Results dropped undelivered, owed to platforms absent past `--outbox-stale-after`
+    /// (beyond `--outbox-stale-keep` each); each was logged at WARN.
+    pub stale_dropped: u64,
     /// Durability (`--data-dir`); absent without it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub journal: Option<JournalStatus>,

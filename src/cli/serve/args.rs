@@ -181,10 +181,17 @@ pub(crate) struct ServeArgs {
     /// Certificate authorities for https
     #[arg(long, value_enum)]
     pub(super) openai_tls_roots: Option<TlsRootsArg>,
-    /// Bytes a platform may have reserved for undelivered results; each accepted message
-    /// reserves --max-reply-bytes + 8 KiB (`backpressure` beyond)
+    /// Bytes a platform may hold for owed results: 8 KiB per accepted message (its
+    /// envelope) plus each result's text once it exists (`backpressure` beyond)
     #[arg(long)]
     pub(super) outbox_bytes: Option<Bytes>,
+    /// Seconds after which a platform no bridge has said hello for is stale: its waiting
+    /// results beyond --outbox-stale-keep are dropped (WARN each, counted in the status)
+    #[arg(long)]
+    pub(super) outbox_stale_after: Option<Seconds>,
+    /// Waiting results a stale platform keeps (the newest)
+    #[arg(long)]
+    pub(super) outbox_stale_keep: Option<usize>,
     /// Platforms known at once; a hello or message for another gets `error`/`overloaded`
     #[arg(long)]
     pub(super) max_platforms: Option<usize>,
@@ -319,6 +326,8 @@ pub(crate) fn defaults() -> Vec<(&'static str, String)> {
         ("max-write-buffer", bytes(bridge.max_write_buffer)),
         ("outbox-cap", bridge.outbox_cap.to_string()),
         ("outbox-bytes", bytes(bridge.outbox_bytes)),
+        ("outbox-stale-after", secs(bridge.outbox_stale_after)),
+        ("outbox-stale-keep", bridge.outbox_stale_keep.to_string()),
         ("max-platforms", bridge.max_platforms.to_string()),
         ("dedup-max", bridge.dedup_max.to_string()),
         ("dedup-window", secs(bridge.dedup_window)),
@@ -454,6 +463,8 @@ pub(super) fn merged_args(flags: ServeArgs) -> Result<ServeArgs, String> {
         openai_stream_timeout,
         openai_tls_roots,
         outbox_bytes,
+        outbox_stale_after,
+        outbox_stale_keep,
         max_platforms,
         dedup_max,
         dedup_window,

@@ -151,6 +151,15 @@ pub(super) fn bridge_config(a: &ServeArgs, max_reply_bytes: usize) -> Result<Bri
             a.outbox_bytes.map(|b| b.0),
             bridge_default.outbox_bytes,
         )?,
+        outbox_stale_after: seconds(
+            "outbox-stale-after",
+            a.outbox_stale_after,
+            bridge_default.outbox_stale_after.as_secs_f64(),
+            false,
+        )?,
+        outbox_stale_keep: a
+            .outbox_stale_keep
+            .unwrap_or(bridge_default.outbox_stale_keep),
         max_reply_bytes,
         journal: a.data_dir.is_some(),
         max_pending_durable: at_least_one(
@@ -168,10 +177,12 @@ pub(super) fn bridge_config(a: &ServeArgs, max_reply_bytes: usize) -> Result<Bri
         dedup_max: at_least_one("dedup-max", a.dedup_max, bridge_default.dedup_max)?,
         ..BridgeConfig::default()
     };
-    let reserve = max_reply_bytes.saturating_add(crate::server::bridge::TERMINAL_ENVELOPE);
-    if bridge.outbox_bytes < reserve {
+    // Admission keeps every owed envelope plus one largest result within --outbox-bytes.
+    let env = crate::server::bridge::TERMINAL_ENVELOPE;
+    let least = max_reply_bytes.saturating_add(2 * env);
+    if bridge.outbox_bytes < least {
         return Err(format!(
-            "--outbox-bytes: {} is less than one result's reservation ({reserve} bytes: --max-reply-bytes + 8 KiB)",
+            "--outbox-bytes: {} is less than one message's envelope plus one largest result ({least} bytes: --max-reply-bytes + 2 x 8 KiB)",
             bridge.outbox_bytes
         ));
     }

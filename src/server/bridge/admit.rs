@@ -207,9 +207,16 @@ impl Refusal {
         Refusal::new("backpressure", detail)
     }
 
-    pub(super) fn outbox_full(platform: &str, reserved: usize) -> Refusal {
+    pub(super) fn outbox_cap(platform: &str, owed: usize, cap: usize) -> Refusal {
         let detail = format!(
-            "outbox of {platform} is full ({reserved} undelivered results); deliver them first"
+            "outbox of {platform} is full: {owed} results owed (--outbox-cap {cap}); deliver them first"
+        );
+        Refusal::new("backpressure", detail)
+    }
+
+    pub(super) fn outbox_bytes(platform: &str, bytes: usize, held: usize, cap: usize) -> Refusal {
+        let detail = format!(
+            "outbox of {platform} is full: {bytes} bytes held for owed results, {held} more waiting for room (--outbox-bytes {cap}); deliver them first"
         );
         Refusal::new("backpressure", detail)
     }
@@ -390,7 +397,8 @@ impl Bridge {
             return;
         };
         self.platforms.dedup_forget(&route.platform, route.fp);
-        self.platforms.unreserve(&route.platform);
+        self.platforms.unreserve(&route.platform, None);
+        self.release_held(&route.platform);
         self.conns.settled(route.conn);
         let Refusal { reason, detail, .. } = refusal;
         let line = |cid: &str, ckey: &SessionKey| {

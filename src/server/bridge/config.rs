@@ -35,8 +35,16 @@ pub struct BridgeConfig {
     pub max_platforms: usize,
     /// Terminal events one platform may have undelivered (reserved at admission).
     pub outbox_cap: usize,
-    /// Bytes one platform may have reserved for undelivered terminal events.
+    /// Bytes one platform may hold for undelivered terminal events: each accepted message's
+    /// envelope ([`TERMINAL_ENVELOPE`]) plus each result's text once it exists. Never passed:
+    /// a result that does not fit is held, in order, until room frees.
     pub outbox_bytes: usize,
+    /// A platform no connection has said hello for during this long is stale: its waiting
+    /// results beyond the newest [`outbox_stale_keep`](Self::outbox_stale_keep) are dropped
+    /// (each with a WARN, counted in the status).
+    pub outbox_stale_after: Duration,
+    /// Waiting results a stale platform keeps.
+    pub outbox_stale_keep: usize,
     /// Longest reply text (the turn worker cuts replies there; the bridge reserves for it).
     pub max_reply_bytes: usize,
     /// How long an accepted (platform, id) is remembered.
@@ -70,6 +78,8 @@ impl Default for BridgeConfig {
             max_platforms: 16,
             outbox_cap: 10_000,
             outbox_bytes: 256 << 20,
+            outbox_stale_after: Duration::from_secs(3600),
+            outbox_stale_keep: 1000,
             max_reply_bytes: crate::reactor::DEFAULT_MAX_REPLY_BYTES,
             dedup_window: Duration::from_secs(600),
             dedup_max: 1_000_000,

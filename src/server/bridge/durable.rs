@@ -261,7 +261,7 @@ impl Bridge {
             let mut frame =
                 Frame::new(Body::from_stored(o), Some(platform.clone())).of_message(seq, id);
             frame.mark_redelivery();
-            self.platforms.push_outbox(&platform, frame);
+            self.deliver_terminal(no_conn(), &platform, frame);
             n.outcomes += 1;
             return;
         }

@@ -16,9 +16,11 @@
 //!   (`duplicate` if accepted, the same `reject` if not).
 //! - **Bounded everywhere, with an explicit answer**: connections, connections waiting for
 //!   their hello (a deadline and a per-address cap), platforms (validated names, a cap, freed
-//!   when empty), each platform's outbox in events and bytes (kept by admission: an accepted
-//!   message reserves room for its terminal event until that event is written, so results are
-//!   never dropped and the outbox never overflows; a full one answers `backpressure`), each
+//!   when empty), each platform's outbox in events and bytes (an accepted message reserves
+//!   its result's envelope until that result is delivered, the result's text is charged when
+//!   it exists, and one that does not fit is held, in order, until room frees: the bound is
+//!   never passed and nothing is dropped for room; a full one answers `backpressure`; only a
+//!   platform absent past `outbox_stale_after` loses its oldest results, each logged), each
 //!   platform's duplicate window (full: `backpressure`, never evicted early), output per
 //!   connection (reads pause; best-effort lines are dropped).
 //! - **Delivery**: a terminal event goes to the connection that sent the message; if it has
@@ -346,6 +348,7 @@ impl Bridge {
                 self.send_typing(conn, &session, true);
             }
             self.platforms.expire(now);
+            self.drop_stale(now);
         }
         self.audit();
         self.next_housekeeping

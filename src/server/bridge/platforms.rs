@@ -1,14 +1,14 @@
 //! The bridge's platforms: for each, the connections that said hello for it, its outbox of
-//! undelivered results, the reservations that keep the outbox from overflowing, and its
-//! duplicate window. A platform is found by name in one place ([`Platforms::get_mut`]);
-//! everything else asks this room by name.
+//! undelivered results, the reservations that keep the outbox from overflowing, the results
+//! held until they fit, and its duplicate window. A platform is found by name in one place
+//! ([`Platforms::get_mut`]); everything else asks this room by name.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::super::dedup::{DedupWindow, Fingerprint, Seen};
-use super::super::frame::Frame;
+use super::super::frame::{Body, Frame};
 use super::super::protocol::check_platform;
 use super::admit::Refusal;
 use super::status::PlatformStatus;
@@ -17,6 +17,8 @@ use super::{BridgeConfig, ConnId, TERMINAL_ENVELOPE};
 /// Expired duplicate-window entries dropped per platform per housekeeping pass, so that a
 /// mass expiry is spread over passes instead of stalling one.
 const EXPIRY_BUDGET: usize = 4096;
+/// Stale results dropped per housekeeping pass, for the same reason.
+const STALE_BUDGET: usize = 4096;
 
 struct Platform {
     /// Connections that said hello for it, oldest first.
@@ -25,7 +27,20 @@ struct Platform {
     outbox_bytes: usize,
     /// Accepted (or submitted) messages whose terminal event is not yet written.
     reserved_events: usize,
+    /// Each owed result's envelope plus the text of each result charged (released to a
+    /// connection or the outbox and not yet delivered); never past `outbox_bytes` (but for
+    /// what recovery restored under a lowered bound).
     reserved_bytes: usize,
+    /// Results that exist but did not fit `outbox_bytes` (or came after one that did not),
+    /// oldest first, with the connection each goes to: released in order as room frees.
+    /// Each keeps its envelope reservation; its text is charged when it is released.
+    held: VecDeque<(ConnId, Frame)>,
+    /// Text bytes of the held results.
+    held_bytes: usize,
+    /// Since when no connection has said hello for it (noted by housekeeping).
+    absent_since: Option<Duration>,
+    /// Results dropped undelivered because it stayed absent (see [`Platforms::drop_stale`]).
+    stale_dropped: u64,
     dedup: DedupWindow,
 }
 
@@ -33,6 +48,7 @@ impl Platform {
     fn holds_nothing(&self) -> bool {
         self.conns.is_empty()
             && self.outbox.is_empty()
+            && self.held.is_empty()
             && self.reserved_events == 0
             && self.dedup.is_empty()
     }
@@ -52,10 +68,15 @@ pub(super) enum Claim {
 pub(super) struct Platforms {
     map: HashMap<Arc<str>, Platform>,
     max: usize,
-    /// Outbox bytes an accepted message reserves.
+    /// Outbox bytes an accepted message reserves (its envelope; its result's text is charged
+    /// when the result exists).
     reserve: usize,
+    /// The most a result may be charged: its text is cut at `max_reply_bytes`.
+    largest: usize,
     outbox_cap: usize,
     outbox_bytes: usize,
+    stale_after: Duration,
+    stale_keep: usize,
     dedup_window: Duration,
     dedup_max: usize,
 }
@@ -65,9 +86,12 @@ impl Platforms {
         Platforms {
             map: HashMap::new(),
             max: cfg.max_platforms,
-            reserve: cfg.max_reply_bytes.saturating_add(TERMINAL_ENVELOPE),
+            reserve: TERMINAL_ENVELOPE,
+            largest: cfg.max_reply_bytes.saturating_add(TERMINAL_ENVELOPE),
             outbox_cap: cfg.outbox_cap,
             outbox_bytes: cfg.outbox_bytes,
+            stale_after: cfg.outbox_stale_after,
+            stale_keep: cfg.outbox_stale_keep,
             dedup_window: cfg.dedup_window,
             dedup_max: cfg.dedup_max,
         }
@@ -109,6 +133,10 @@ impl Platforms {
             outbox_bytes: 0,
             reserved_events: 0,
             reserved_bytes: 0,
+            held: VecDeque::new(),
+            held_bytes: 0,
+            absent_since: None,
+            stale_dropped: 0,
             dedup,
         };
         self.map.insert(k.clone(), platform);
@@ -130,6 +158,7 @@ impl Platforms {
             return Err(Refusal::platforms_full(self.max, name));
         };
         let (reserve, cap, cap_bytes) = (self.reserve, self.outbox_cap, self.outbox_bytes);
+        let largest = self.largest;
         let (dedup_max, max) = (self.dedup_max, self.max);
         let Some(p) = self.get_mut(&key) else {
             return Err(Refusal::platforms_full(max, name));
@@ -142,8 +171,23 @@ impl Platforms {
         if p.dedup.is_full(now) {
             return Err(Refusal::dedup_full(&key, dedup_max));
         }
-        if p.reserved_events >= cap || p.reserved_bytes.saturating_add(reserve) > cap_bytes {
-            return Err(Refusal::outbox_full(&key, p.reserved_events));
+        if p.reserved_events >= cap {
+            return Err(Refusal::outbox_cap(&key, p.reserved_events, cap));
+        }
+        // Room for its envelope now, and — so that a held result always fits once the
+        // results ahead of it are delivered — for every owed envelope plus one largest result.
+        let envelopes = p.reserved_events.saturating_add(1).saturating_mul(reserve);
+        if !p.held.is_empty()
+            || p.reserved_bytes.saturating_add(reserve) > cap_bytes
+            || envelopes.saturating_add(largest) > cap_bytes
+        {
+            let held = p.held.len();
+            return Err(Refusal::outbox_bytes(
+                &key,
+                p.reserved_bytes,
+                held,
+                cap_bytes,
+            ));
         }
         gate()?;
         let tag = new_tag();
@@ -153,9 +197,98 @@ impl Platforms {
         Ok((key, Claim::New(tag)))
     }
 
-    /// The outbox bytes one result reserves.
-    pub(super) fn reservation(&self) -> usize {
-        self.reserve
+    /// A result now exists for a message of `name`, going to `origin`: its text is charged
+    /// beyond the envelope reserved at admission and it is handed back to be sent — or, if
+    /// that would pass `outbox_bytes` (or results held before it still wait), it is held,
+    /// in order, until room frees ([`Platforms::release_held`]). Never dropped for room.
+    pub(super) fn admit_result(
+        &mut self,
+        name: &str,
+        origin: ConnId,
+        frame: Frame,
+    ) -> Option<(ConnId, Frame)> {
+        debug_assert!(
+            frame.body.size().saturating_sub(text_bytes(&frame.body)) <= self.reserve,
+            "a terminal's envelope outgrew its reservation"
+        );
+        let (cap, reserve) = (self.outbox_bytes, self.reserve);
+        let Some(p) = self.get_mut(name) else {
+            return Some((origin, frame));
+        };
+        let text = text_bytes(&frame.body);
+        if p.held.is_empty() && fits(p, text, cap, reserve) {
+            p.reserved_bytes += text;
+            return Some((origin, frame));
+        }
+        log::debug!(
+            "platform {name}: a result of {text} bytes waits for room (--outbox-bytes {cap}; {} held)",
+            p.held.len() + 1
+        );
+        p.held_bytes += text;
+        p.held.push_back((origin, frame));
+        None
+    }
+
+    /// Room freed on `name`: the held results that now fit, in order, charged, to be sent.
+    pub(super) fn release_held(&mut self, name: &str) -> Vec<(ConnId, Frame)> {
+        let (cap, reserve) = (self.outbox_bytes, self.reserve);
+        let mut out = Vec::new();
+        let Some(p) = self.get_mut(name) else {
+            return out;
+        };
+        while let Some((_, f)) = p.held.front() {
+            let text = text_bytes(&f.body);
+            if !fits(p, text, cap, reserve) {
+                break;
+            }
+            let Some(next) = p.held.pop_front() else {
+                break;
+            };
+            p.held_bytes -= text;
+            p.reserved_bytes += text;
+            out.push(next);
+        }
+        out
+    }
+
+    /// Housekeeping: notes since when each platform has had no connection that said hello,
+    /// and from each absent for at least `stale_after` drops its oldest waiting results
+    /// (outbox, then held) beyond the newest `stale_keep`, releasing their room. What is
+    /// dropped is returned (to log, count and take out of the journal); at most a budget
+    /// per pass. Results on a connection, or not yet existing, are never dropped.
+    pub(super) fn drop_stale(&mut self, now: Duration) -> Vec<(Arc<str>, Frame)> {
+        let (after, keep, reserve) = (self.stale_after, self.stale_keep, self.reserve);
+        let mut dropped = Vec::new();
+        for (name, p) in &mut self.map {
+            if !p.conns.is_empty() {
+                p.absent_since = None;
+                continue;
+            }
+            let since = *p.absent_since.get_or_insert(now);
+            if now.saturating_sub(since) < after {
+                continue;
+            }
+            while p.outbox.len() + p.held.len() > keep && dropped.len() < STALE_BUDGET {
+                let text;
+                let frame = if let Some(f) = p.outbox.pop_front() {
+                    p.outbox_bytes -= f.body.size();
+                    text = text_bytes(&f.body);
+                    f
+                } else if let Some((_, f)) = p.held.pop_front() {
+                    p.held_bytes -= text_bytes(&f.body);
+                    text = 0;
+                    f
+                } else {
+                    break;
+                };
+                debug_assert!(p.reserved_events > 0 && p.reserved_bytes >= reserve + text);
+                p.reserved_events -= 1;
+                p.reserved_bytes = p.reserved_bytes.saturating_sub(reserve + text);
+                p.stale_dropped += 1;
+                dropped.push((name.clone(), frame));
+            }
+        }
+        dropped
     }
 
     /// Whether `conn` said hello for `name`.
@@ -172,14 +305,14 @@ impl Platforms {
         }
     }
 
-    /// A result was delivered (or its message refused): its room is free again, and the
-    /// platform too if it now holds nothing.
-    pub(super) fn unreserve(&mut self, name: &str) {
-        let reserve = self.reserve;
+    /// A result was delivered (or its message refused before it had one: `None`): its room
+    /// is free again.
+    pub(super) fn unreserve(&mut self, name: &str, body: Option<&Body>) {
+        let room = self.reserve + body.map_or(0, text_bytes);
         if let Some(p) = self.get_mut(name) {
-            debug_assert!(p.reserved_events > 0 && p.reserved_bytes >= reserve);
+            debug_assert!(p.reserved_events > 0 && p.reserved_bytes >= room);
             p.reserved_events -= 1;
-            p.reserved_bytes -= reserve;
+            p.reserved_bytes = p.reserved_bytes.saturating_sub(room);
         }
     }
 
@@ -263,6 +396,8 @@ impl Platforms {
     pub(super) fn attach(&mut self, name: &str, conn: ConnId) {
         if let Some(p) = self.get_mut(name) {
             p.conns.push(conn);
+            // Present again: a later absence counts from its own start.
+            p.absent_since = None;
         }
     }
 
@@ -295,19 +430,31 @@ impl Platforms {
         self.map.contains_key(name)
     }
 
-    /// Results waiting in outboxes.
+    /// Results waiting in outboxes (held ones included).
     pub(super) fn outboxed(&self) -> usize {
-        self.map.values().map(|p| p.outbox.len()).sum()
+        self.map
+            .values()
+            .map(|p| p.outbox.len() + p.held.len())
+            .sum()
     }
 
-    pub(super) fn status(&self) -> BTreeMap<String, PlatformStatus> {
-        let one = |p: &Platform| PlatformStatus {
-            connections: p.conns.len(),
-            outbox_events: p.outbox.len(),
-            outbox_bytes: p.outbox_bytes,
-            reserved_events: p.reserved_events,
-            reserved_bytes: p.reserved_bytes,
-            dedup_ids: p.dedup.len(),
+    pub(super) fn status(&self, now: Duration) -> BTreeMap<String, PlatformStatus> {
+        let after = self.stale_after;
+        let one = |p: &Platform| {
+            let absent = p.absent_since.map(|s| now.saturating_sub(s));
+            PlatformStatus {
+                connections: p.conns.len(),
+                outbox_events: p.outbox.len(),
+                outbox_bytes: p.outbox_bytes,
+                reserved_events: p.reserved_events,
+                reserved_bytes: p.reserved_bytes,
+                held_events: p.held.len(),
+                held_bytes: p.held_bytes,
+                absent_ms: absent.map(|a| a.as_millis() as u64),
+                stale: absent.is_some_and(|a| a >= after),
+                stale_dropped: p.stale_dropped,
+                dedup_ids: p.dedup.len(),
+            }
         };
         self.map
             .iter()
@@ -330,12 +477,50 @@ impl Platforms {
         for (name, p) in &self.map {
             let bytes: usize = p.outbox.iter().map(|f| f.body.size()).sum();
             debug_assert_eq!(bytes, p.outbox_bytes, "platform {name} outbox bytes");
-            let owed = owed.get(&**name).copied().unwrap_or(0) + p.outbox.len();
+            let owed = owed.get(&**name).copied().unwrap_or(0) + p.outbox.len() + p.held.len();
             debug_assert_eq!(owed, p.reserved_events, "platform {name} reservations");
-            debug_assert_eq!(p.reserved_events * self.reserve, p.reserved_bytes);
+            let outboxed: usize = p.outbox.iter().map(|f| text_bytes(&f.body)).sum();
+            debug_assert!(p.reserved_events * self.reserve + outboxed <= p.reserved_bytes);
+            let held: usize = p.held.iter().map(|(_, f)| text_bytes(&f.body)).sum();
+            debug_assert_eq!(held, p.held_bytes, "platform {name} held bytes");
+            // Room is released to the held results as soon as it frees.
+            debug_assert!(p.held.front().is_none_or(|(_, f)| !fits(
+                p,
+                text_bytes(&f.body),
+                self.outbox_bytes,
+                self.reserve
+            )));
+            // The global bound is never passed (recovery under a lowered bound aside).
+            debug_assert!(
+                p.reserved_bytes <= self.outbox_bytes || recovered > 0,
+                "platform {name}: {} bytes held past --outbox-bytes {}",
+                p.reserved_bytes,
+                self.outbox_bytes
+            );
             // Recovery may restore more than a lowered cap allows; admission never adds past it.
             debug_assert!(p.reserved_events <= self.outbox_cap.max(recovered));
             debug_assert!(p.dedup.len() <= self.dedup_max);
         }
+    }
+}
+
+/// Whether a result charged `text` more bytes fits `p`'s outbox bytes. One that does not
+/// still fits when nothing else is charged beyond the envelopes: admission keeps every owed
+/// envelope plus one largest result within the bound, so this only passes it for what
+/// recovery restored under a lowered bound — and it keeps a held result from waiting forever.
+fn fits(p: &Platform, text: usize, cap: usize, reserve: usize) -> bool {
+    p.reserved_bytes.saturating_add(text) <= cap
+        || p.reserved_bytes <= p.reserved_events.saturating_mul(reserve)
+}
+
+/// The bytes of a result charged when it exists (its envelope was reserved at admission):
+/// a short result's whole line, a long one's text; the same before and after it is marked
+/// a redelivery, so that what is charged is what is released.
+fn text_bytes(body: &Body) -> usize {
+    const MARK: &[u8] = b",\"redelivery\":true}\n";
+    match body {
+        Body::Line(l) if l.ends_with(MARK) => l.len() - (MARK.len() - 2),
+        Body::Line(l) => l.len(),
+        Body::Text { text, .. } => text.len(),
     }
 }

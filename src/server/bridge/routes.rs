@@ -200,10 +200,6 @@ impl Bridge {
             return self.keep_for_restart(route);
         }
         let body = terminal_body(id, session.as_str(), outcome, self.cfg.max_reply_bytes);
-        debug_assert!(
-            body.size() <= self.platforms.reservation(),
-            "a terminal outgrew its reservation"
-        );
         self.terminal(tag, route.conn, &route.platform, route.id, body);
     }
 
@@ -238,13 +234,58 @@ impl Bridge {
         }
     }
 
-    /// Sends a terminal event to the message's connection, else its platform's outbox.
+    /// Sends a terminal event to the message's connection, else its platform's outbox —
+    /// once it fits the platform's `--outbox-bytes`: until then it is held, in order
+    /// (its bytes are charged when it goes, released by `confirm`).
     pub(super) fn deliver_terminal(&mut self, origin: ConnId, platform: &Arc<str>, frame: Frame) {
+        if let Some((origin, frame)) = self.platforms.admit_result(platform, origin, frame) {
+            self.send_result(origin, platform, frame);
+        }
+    }
+
+    /// A charged result goes to its connection while that is open, else to the outbox.
+    fn send_result(&mut self, origin: ConnId, platform: &Arc<str>, frame: Frame) {
         if self.conns.is_open(origin) {
             return self.conns.push(origin, frame, self.now);
         }
         self.platforms.push_outbox(platform, frame);
         self.refill_newest(platform);
+    }
+
+    /// Room freed on `platform`: the held results that now fit go, in order.
+    pub(super) fn release_held(&mut self, platform: &Arc<str>) {
+        for (origin, frame) in self.platforms.release_held(platform) {
+            self.send_result(origin, platform, frame);
+        }
+    }
+
+    /// Housekeeping: results owed to platforms absent past `--outbox-stale-after`, beyond
+    /// the newest `--outbox-stale-keep`, are dropped — each with a WARN naming its session
+    /// and message, counted in the status, and out of the journal — and their room goes to
+    /// what is held.
+    pub(super) fn drop_stale(&mut self, now: Duration) {
+        let dropped = self.platforms.drop_stale(now);
+        let mut touched: Vec<Arc<str>> = Vec::new();
+        for (platform, f) in dropped {
+            let id = f.msg_id.as_deref().unwrap_or("?");
+            log::warn!(
+                "session {}: message {id}: result dropped undelivered: platform {platform} said no hello for {:?} (--outbox-stale-after) and is owed more than {} results (--outbox-stale-keep)",
+                session_of(&f.body),
+                self.cfg.outbox_stale_after,
+                self.cfg.outbox_stale_keep,
+            );
+            self.stats.stale_dropped += 1;
+            if f.seq != 0 {
+                self.journal(|| Record::Delivered { seq: f.seq });
+            }
+            if !touched.contains(&platform) {
+                touched.push(platform);
+            }
+        }
+        for p in touched {
+            self.release_held(&p);
+            self.platforms.maybe_free(&p);
+        }
     }
 
     /// A terminal event was delivered (confirmed by an `acks` bridge, or acknowledged by its
@@ -256,7 +297,8 @@ impl Bridge {
         if f.seq != 0 {
             self.journal(|| Record::Delivered { seq: f.seq });
         }
-        self.platforms.unreserve(&p);
+        self.platforms.unreserve(&p, Some(&f.body));
+        self.release_held(&p);
         self.platforms.maybe_free(&p);
     }
 
@@ -309,6 +351,18 @@ impl Bridge {
         });
         self.conns.push(target, Frame::line(line), self.now);
     }
+}
+
+/// The session a terminal event names (for a WARN): its line, or its head closed off.
+fn session_of(body: &Body) -> String {
+    let line: Vec<u8> = match body {
+        Body::Line(l) => l.clone(),
+        Body::Text { head, .. } => [head.as_slice(), b"\"}"].concat(),
+    };
+    serde_json::from_slice::<serde_json::Value>(&line)
+        .ok()
+        .and_then(|v| v.get("session")?.as_str().map(str::to_owned))
+        .unwrap_or_else(|| "?".into())
 }
 
 /// The terminal event of `outcome`, its text cut to `max` bytes.

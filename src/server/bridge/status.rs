@@ -14,6 +14,8 @@ pub(super) struct Counters {
     pub(super) errors: u64,
     pub(super) partials_dropped: u64,
     pub(super) typing_dropped: u64,
+    /// Results dropped undelivered: owed to a platform absent past `--outbox-stale-after`.
+    pub(super) stale_dropped: u64,
 }
 
 impl Counters {
@@ -31,12 +33,13 @@ impl Bridge {
             connections: self.conns.len(),
             unauthenticated: self.conns.unauthenticated(),
             platforms: self.platforms.len(),
-            outboxes: self.platforms.status(),
+            outboxes: self.platforms.status(self.now),
             rejected: c.rejected.clone(),
             connections_refused: c.connections_refused,
             errors: c.errors,
             partials_dropped: c.partials_dropped,
             typing_dropped: c.typing_dropped,
+            stale_dropped: c.stale_dropped,
             journal: self.durable.as_ref().map(|d| d.status()),
             awaiting_delivery: self.conns.awaiting_delivery(),
             // The shell knows (`BridgeServer::status`).
