@@ -184,7 +184,7 @@ impl Bridge {
             route.session,
             route.id
         );
-        self.platforms.unreserve(&route.platform);
+        self.platforms.unreserve(&route.platform, None);
         self.platforms.maybe_free(&route.platform);
         self.maybe_finish(route.conn);
     }
