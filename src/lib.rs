@@ -103,12 +103,15 @@ pub use liveness::{
     RuntimeState, Status,
 };
 pub use message::{Body, ChatType, Command, InvalidInput, Message, MessageContext, SessionKey};
+#[cfg(feature = "async")]
+pub use reactor::{
+    AgentFuture, AsyncAgent, AsyncAgentFactory, Cancelled, EventStream, Spawn, Submit,
+    SubmitStream, Task,
+};
 pub use reactor::{
     BuildError, Builder, Ctx, EventSink, Events, FIRST_RESERVED_TOKEN, Frontend, Handle,
-    NoFrontend, RunError, Runtime, RuntimeThread, SubmitError,
+    NoFrontend, RunError, Runtime, RuntimeThread, SubmitError, WaitError,
 };
-#[cfg(feature = "async")]
-pub use reactor::{Cancelled, EventStream, Submit, SubmitStream};
 pub use server::{BridgeConfig, BridgeServer, ForcedStop, ServerConfig};
 
 /// The channel crate of [`EventSink`] and [`Events`], re-exported so an embedder uses the same
