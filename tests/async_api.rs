@@ -823,7 +823,7 @@ fn submit_and_wait_returns_the_outcome_or_says_why_not() {
     handle.shutdown();
     reactor.join().expect("reactor");
     match handle.submit_and_wait(msg("m3", "sync", "late"), WAIT) {
-        Err(e @ WaitError::Submit(SubmitError::Closed(_))) => {
+        Err(WaitError::Submit(e)) if matches!(*e, SubmitError::Closed(_)) => {
             assert!(e.to_string().contains("m3"), "{e}");
         }
         other => panic!("expected closed, got {other:?}"),

@@ -223,14 +223,14 @@ impl Driver {
     fn abandon_turn(&mut self, turn: TurnId, session: &SessionKey, reason: AbandonReason) {
         self.observe.turn_abandoned(turn, session, reason, self.now);
         match self.turns.remove(&turn) {
-            Some((_, Ticket::Pool(ticket))) => {
-                if self.turn_pool.replace(&ticket) == Replacement::Refused {
-                    self.observe.turn_replace_refused(session, turn);
-                }
+            Some((_, Ticket::Pool(ticket)))
+                if self.turn_pool.replace(&ticket) == Replacement::Refused =>
+            {
+                self.observe.turn_replace_refused(session, turn);
             }
             #[cfg(feature = "async")]
             Some((_, Ticket::Task(abort))) => abort.cancel(),
-            None => {}
+            _ => {}
         }
     }
 
@@ -264,14 +264,14 @@ impl Driver {
         let timeout = self.core.config().cleanup_timeout;
         self.observe.cleanup_exceeded(session, context, timeout);
         match self.cleanups.remove(&job) {
-            Some(Ticket::Pool(ticket)) => {
-                if self.cleanup_pool.replace(&ticket) == Replacement::Refused {
-                    self.observe.cleanup_replace_refused(session, job);
-                }
+            Some(Ticket::Pool(ticket))
+                if self.cleanup_pool.replace(&ticket) == Replacement::Refused =>
+            {
+                self.observe.cleanup_replace_refused(session, job);
             }
             #[cfg(feature = "async")]
             Some(Ticket::Task(abort)) => abort.cancel(),
-            None => {}
+            _ => {}
         }
     }
 

@@ -42,8 +42,8 @@ impl std::error::Error for SubmitError {}
 #[non_exhaustive]
 pub enum WaitError {
     /// The message was not submitted (a full ingress channel, or the runtime had stopped);
-    /// it is handed back inside.
-    Submit(SubmitError),
+    /// it is handed back inside (boxed: it holds the whole message).
+    Submit(Box<SubmitError>),
     /// The runtime refused the message; this is its only answer.
     Rejected {
         /// The message's id.
@@ -83,7 +83,7 @@ impl fmt::Display for WaitError {
 impl std::error::Error for WaitError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            WaitError::Submit(e) => Some(e),
+            WaitError::Submit(e) => Some(&**e),
             _ => None,
         }
     }
@@ -174,7 +174,8 @@ impl Handle {
     ) -> Result<Outcome, WaitError> {
         let id = Arc::clone(&message.id);
         let (sink, events) = crossbeam_channel::unbounded();
-        self.submit_to(message, sink).map_err(WaitError::Submit)?;
+        self.submit_to(message, sink)
+            .map_err(|e| WaitError::Submit(Box::new(e)))?;
         // A timeout too long to add to now is no timeout.
         let deadline = Instant::now().checked_add(timeout);
         loop {
