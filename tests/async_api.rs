@@ -852,3 +852,81 @@ fn submit_and_wait_ends_stopped_when_the_runtime_goes_without_taking_the_message
         other => panic!("expected stopped, got {other:?}"),
     }
 }
+
+#[test]
+fn a_task_the_executor_drops_still_reports_so_no_message_waits_forever() {
+    let gate = CancelToken::new();
+    gate.cancel();
+    let (log, _seen) = unbounded();
+    let factory = move |_: &SessionKey| -> Result<Box<dyn AsyncAgent>, String> {
+        Ok(Box::new(Gated {
+            gate: gate.clone(),
+            deaf: false,
+            close_gate: None,
+            log: log.clone(),
+        }))
+    };
+    // An executor that has shut down: every task it is given is dropped unpolled.
+    let (rt, handle, events) = Builder::new_async(factory, drop::<Task>)
+        .build()
+        .expect("settings");
+    let reactor = rt.spawn().expect("reactor thread");
+    handle.submit(msg("m1", "dropped", "x")).expect("room");
+    match finished(&events, 1).remove(0) {
+        (id, Outcome::Failed(FailReason::Agent(why))) => {
+            assert_eq!(id, "m1");
+            assert!(why.contains("dropped"), "{why}");
+        }
+        other => panic!("expected a failed turn, got {other:?}"),
+    }
+    handle
+        .wait_status(WAIT, |s| s.workers.async_turns == 0 && s.turns.failed == 1)
+        .expect("the dropped turn counted out");
+    stop(&handle, reactor);
+}
+
+/// Panics while its turn is being polled.
+struct Panics;
+
+impl AsyncAgent for Panics {
+    fn turn<'a>(
+        &'a mut self,
+        input: &'a TurnInput<'a>,
+        _: &'a CancelToken,
+    ) -> AgentFuture<'a, Result<String, TurnError>> {
+        Box::pin(async move {
+            std::future::ready(()).await;
+            panic!("model exploded on {}", input.message_id);
+        })
+    }
+}
+
+#[test]
+fn a_panic_in_an_async_turn_fails_the_turn_and_the_runtime_keeps_serving() {
+    let exec = executor();
+    let tokio = exec.handle().clone();
+    let (rt, handle, _events) = Builder::new_async(
+        |_: &SessionKey| -> Result<Box<dyn AsyncAgent>, String> { Ok(Box::new(Panics)) },
+        move |task: Task| {
+            tokio.spawn(task);
+        },
+    )
+    .build()
+    .expect("settings");
+    let reactor = rt.spawn().expect("reactor thread");
+    for id in ["m1", "m2"] {
+        match handle.submit_and_wait(msg(id, "boom", "x"), WAIT) {
+            Ok(Outcome::Failed(FailReason::Panic(why))) => {
+                assert!(why.contains(&format!("model exploded on {id}")), "{why}")
+            }
+            other => panic!("expected a panic outcome, got {other:?}"),
+        }
+    }
+    // The panicked agents were closed (as tasks), not reused.
+    handle
+        .wait_status(WAIT, |s| {
+            s.cleanups.done == 2 && s.workers.async_closes == 0
+        })
+        .expect("both panicked agents closed");
+    stop(&handle, reactor);
+}
