@@ -1,7 +1,10 @@
 //! Embedding turnstile in a tokio program with the `async` feature: no glue threads between
-//! the two. Four conversations run at once, each a task that awaits its own message's event
-//! stream (partial replies included); one of them is stopped mid-turn with `/stop`, and its
-//! agent, an async body run on the turn worker, notices through `CancelToken::cancelled()`.
+//! the two. The agent is an `AsyncAgent`: its turns are futures turnstile hands to the
+//! program's tokio runtime (through the spawner given to `Builder::new_async`), so no
+//! turnstile thread waits while it types. Four conversations run at once, each a task that
+//! awaits its own message's event stream (partial replies included); one of them is stopped
+//! mid-turn with `/stop`, which the agent notices through `CancelToken::cancelled()`. The
+//! status shows the turns in flight as async tasks while the turn pool has no busy thread.
 //!
 //! Run with `cargo run --example async_tokio --features async`.
 
@@ -9,21 +12,23 @@ use std::time::Duration;
 
 use tokio::task::JoinSet;
 use turnstile::{
-    Agent, Builder, CancelToken, EventKind, Handle, Message, Outcome, SessionKey, TurnError,
-    TurnInput,
+    AgentError, AgentFuture, AsyncAgent, Builder, CancelToken, EventKind, Handle, Message, Outcome,
+    SessionKey, Task, TurnError, TurnInput,
 };
 
 /// Types its reply a word at a time, publishing each partial; gives up as soon as the turn
-/// is cancelled. The turn runs on a turnstile worker thread, which drives the async body on
-/// the program's tokio runtime.
+/// is cancelled. Runs on the program's tokio runtime, not on a turnstile thread.
 struct Typist {
-    tokio: tokio::runtime::Handle,
     per_word: Duration,
 }
 
-impl Agent for Typist {
-    fn turn(&mut self, input: &TurnInput<'_>, cancel: &CancelToken) -> Result<String, TurnError> {
-        self.tokio.block_on(async {
+impl AsyncAgent for Typist {
+    fn turn<'a>(
+        &'a mut self,
+        input: &'a TurnInput<'a>,
+        cancel: &'a CancelToken,
+    ) -> AgentFuture<'a, Result<String, TurnError>> {
+        Box::pin(async move {
             let mut typed = String::new();
             for word in input.text.split_whitespace() {
                 tokio::select! {
@@ -38,6 +43,11 @@ impl Agent for Typist {
             }
             Ok(typed)
         })
+    }
+
+    /// Runs as a task too, under the cleanup deadline (an SDK client would disconnect here).
+    fn close(&mut self) -> AgentFuture<'_, Result<(), AgentError>> {
+        Box::pin(async { Ok(()) })
     }
 }
 
@@ -94,10 +104,17 @@ async fn stop_when_started(handle: Handle, chat: &str) -> Result<Outcome, String
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tokio = tokio::runtime::Handle::current();
-    let (runtime, handle, _events) = Builder::from_fn(move |_session| Typist {
-        tokio: tokio.clone(),
-        per_word: Duration::from_millis(30),
-    })
+    let (runtime, handle, _events) = Builder::new_async(
+        |_: &SessionKey| -> Result<Box<dyn AsyncAgent>, AgentError> {
+            Ok(Box::new(Typist {
+                per_word: Duration::from_millis(30),
+            }))
+        },
+        // Called on turnstile's reactor thread: hand the task over, never run it inline.
+        move |task: Task| {
+            tokio.spawn(task);
+        },
+    )
     .turn_workers(4)
     .partial_interval(Duration::ZERO)
     // Tiny on purpose, so the submits below really wait for room.
@@ -115,6 +132,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         chats.spawn(converse(handle.clone(), id, chat, text));
     }
     chats.spawn(stop_when_started(handle.clone(), "dave"));
+    // While the turns type, they are tasks on this runtime: no turnstile thread is busy.
+    let status = handle.clone();
+    let seen = tokio::task::spawn_blocking(move || {
+        status.wait_status(Duration::from_secs(10), |s| s.workers.async_turns > 0)
+    })
+    .await?;
+    if let Some(s) = seen {
+        println!(
+            "status: {} async turns in flight, {} busy turn-pool threads",
+            s.workers.async_turns, s.workers.turn_threads.busy
+        );
+    }
     while let Some(done) = chats.join_next().await {
         match done? {
             Ok(Outcome::Reply(_) | Outcome::Cancelled(_)) => {}

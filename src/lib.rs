@@ -35,7 +35,9 @@
 //! - [`Builder`] → ([`Runtime`], [`Handle`]): settings, then the loop (run it on a thread of
 //!   your own) and a handle to submit [`Message`]s, read [`Status`] and shut down.
 //! - [`Agent`] / [`AgentFactory`]: your agent, one per session; [`EchoAgent`], [`ExecAgent`],
-//!   [`ProcessAgent`] and (feature `openai`) `OpenAiFactory` are built in.
+//!   [`ProcessAgent`] and (feature `openai`) `OpenAiFactory` are built in. With the `async`
+//!   feature, `AsyncAgent` / `AsyncAgentFactory` are agents whose turns and close are futures,
+//!   run on your executor (`Builder::new_async`).
 //! - [`MessageEvent`]s come back on a channel ([`Events`]) or, with the `async` feature, as a
 //!   stream; each accepted message ends with exactly one [`Outcome`].
 //! - [`Frontend`] / [`Ctx`]: code hosted on the reactor thread next to the core, such as the
@@ -105,12 +107,15 @@ pub use liveness::{
     RuntimeState, Status,
 };
 pub use message::{Body, ChatType, Command, InvalidInput, Message, MessageContext, SessionKey};
+#[cfg(feature = "async")]
+pub use reactor::{
+    AgentFuture, AsyncAgent, AsyncAgentFactory, Cancelled, EventStream, Spawn, Submit,
+    SubmitStream, Task,
+};
 pub use reactor::{
     BuildError, Builder, Ctx, EventSink, Events, FIRST_RESERVED_TOKEN, Frontend, Handle,
-    NoFrontend, RunError, Runtime, RuntimeThread, SubmitError,
+    NoFrontend, RunError, Runtime, RuntimeThread, SubmitError, WaitError,
 };
-#[cfg(feature = "async")]
-pub use reactor::{Cancelled, EventStream, Submit, SubmitStream};
 pub use server::{BridgeConfig, BridgeServer, ForcedStop, ServerConfig};
 #[cfg(feature = "tls")]
 pub use tls::{ServerTls, TlsError};

@@ -50,6 +50,13 @@ pub struct WorkerCounts {
     pub turn_threads: ThreadStates,
     /// The cleanup pool's threads by state.
     pub cleanup_threads: ThreadStates,
+    /// Async agents' turns in flight as tasks on the embedder's executor (feature `async`,
+    /// `Builder::new_async`); no pool thread is held for them.
+    /// At most `turn_workers`, plus given-up turns whose task the executor has yet to poll.
+    pub async_turns: usize,
+    /// Async agents' closes in flight as tasks (at most `max_cleanup_workers`, plus
+    /// given-up ones not yet polled).
+    pub async_closes: usize,
 }
 
 /// A pool's live threads by state (they add up to its live count).

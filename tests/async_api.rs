@@ -18,9 +18,10 @@ use crossbeam_channel::unbounded;
 use futures_core::future::FusedFuture;
 use futures_core::stream::{FusedStream, Stream};
 use turnstile::{
-    AcceptState, Agent, Builder, CancelReason, CancelToken, Cancelled, EchoAgent, EventKind,
-    EventStream, Events, Handle, Message, MessageEvent, Outcome, RejectReason, Runtime, SessionKey,
-    Submit, SubmitError, SubmitStream, TurnError, TurnInput,
+    AcceptState, Agent, AgentFuture, AsyncAgent, Builder, CancelReason, CancelToken, Cancelled,
+    EchoAgent, EventKind, EventStream, Events, FailReason, Handle, Message, MessageEvent, Outcome,
+    RejectReason, Runtime, SessionKey, Submit, SubmitError, SubmitStream, Task, TurnError,
+    TurnInput, WaitError,
 };
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -522,5 +523,410 @@ fn an_async_agent_body_awaiting_cancelled_honours_a_stop() {
         collect(stop_cmd).last(),
         Some(EventKind::Finished(Outcome::Reply(_)))
     ));
+    stop(&handle, reactor);
+}
+
+// ---------------------------------------------------------------------------------------
+// Async agents (`Builder::new_async`): turns and closes as tasks on a real tokio executor.
+// The agents report what happens to them on a channel; a gate (a `CancelToken` the test
+// fires) holds their turns awaiting, so nothing is ordered by sleeping.
+// ---------------------------------------------------------------------------------------
+
+/// What a test agent went through.
+#[derive(Debug, Clone, PartialEq)]
+enum Seen {
+    /// Its turn for this message started (on the executor).
+    Started(String),
+    /// That turn's future is gone: resolved or dropped.
+    TurnGone(String),
+    /// Its close started, on the thread named so.
+    Closing(String),
+    /// Its close's future is gone.
+    CloseGone,
+}
+
+/// Sends `seen` when dropped: proves a future ended (or was dropped) rather than lingering.
+struct OnDrop(crossbeam_channel::Sender<Seen>, Seen);
+
+impl Drop for OnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.send(self.1.clone());
+    }
+}
+
+/// Replies with its input once `gate` fires; honours cancellation unless `deaf`; its close
+/// waits for `close_gate` (when set).
+struct Gated {
+    gate: CancelToken,
+    deaf: bool,
+    close_gate: Option<CancelToken>,
+    log: crossbeam_channel::Sender<Seen>,
+}
+
+impl AsyncAgent for Gated {
+    fn turn<'a>(
+        &'a mut self,
+        input: &'a TurnInput<'a>,
+        cancel: &'a CancelToken,
+    ) -> AgentFuture<'a, Result<String, TurnError>> {
+        Box::pin(async move {
+            let id = input.message_id.to_owned();
+            let _gone = OnDrop(self.log.clone(), Seen::TurnGone(id.clone()));
+            let _ = self.log.send(Seen::Started(id));
+            if self.deaf {
+                self.gate.cancelled().await;
+            } else {
+                tokio::select! {
+                    _ = self.gate.cancelled() => {}
+                    _ = cancel.cancelled() => return Err(TurnError::Cancelled),
+                }
+            }
+            Ok(input.text.to_owned())
+        })
+    }
+
+    fn close(&mut self) -> AgentFuture<'_, Result<(), turnstile::AgentError>> {
+        Box::pin(async move {
+            let _gone = OnDrop(self.log.clone(), Seen::CloseGone);
+            let thread = thread::current().name().unwrap_or("").to_owned();
+            let _ = self.log.send(Seen::Closing(thread));
+            if let Some(gate) = &self.close_gate {
+                gate.cancelled().await;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// A tokio executor whose threads are named `exec`, to tell them from turnstile's.
+fn executor() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("exec")
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// A runtime of `Gated` agents on `exec`; returns the log of what they went through.
+fn gated(
+    exec: &tokio::runtime::Runtime,
+    gate: &CancelToken,
+    deaf: bool,
+    close_gate: Option<CancelToken>,
+) -> (Builder, crossbeam_channel::Receiver<Seen>) {
+    let (log, seen) = unbounded();
+    let gate = gate.clone();
+    let factory = move |_: &SessionKey| -> Result<Box<dyn AsyncAgent>, String> {
+        Ok(Box::new(Gated {
+            gate: gate.clone(),
+            deaf,
+            close_gate: close_gate.clone(),
+            log: log.clone(),
+        }))
+    };
+    let tokio = exec.handle().clone();
+    let spawner = move |task: Task| {
+        tokio.spawn(task);
+    };
+    (Builder::new_async(factory, spawner), seen)
+}
+
+fn next_seen(seen: &crossbeam_channel::Receiver<Seen>) -> Seen {
+    seen.recv_timeout(WAIT)
+        .expect("the agent reported before the timeout")
+}
+
+#[test]
+fn async_turns_await_on_the_executor_while_no_turn_worker_is_busy() {
+    const N: usize = 6;
+    let exec = executor();
+    let gate = CancelToken::new();
+    let (builder, seen) = gated(&exec, &gate, false, None);
+    let (rt, handle, events) = builder.turn_workers(N).build().expect("settings");
+    let reactor = rt.spawn().expect("reactor thread");
+    for i in 0..N {
+        handle
+            .submit(msg(&format!("m{i}"), &format!("chat{i}"), &format!("t{i}")))
+            .expect("room");
+    }
+    let mut started: Vec<Seen> = (0..N).map(|_| next_seen(&seen)).collect();
+    started.sort_by_key(|s| format!("{s:?}"));
+    let expected: Vec<Seen> = (0..N).map(|i| Seen::Started(format!("m{i}"))).collect();
+    assert_eq!(started, expected);
+    // All N turns are awaiting their gate: the status counts them as async turns in flight,
+    // and not one turn-pool thread is busy (the pool has not even started one).
+    let status = handle
+        .wait_status(WAIT, |s| {
+            s.workers.async_turns == N && s.turns.in_flight == N
+        })
+        .expect("N async turns in flight in the status");
+    assert_eq!(status.workers.turn_threads.busy, 0, "{:?}", status.workers);
+    assert_eq!(status.workers.turn, 0, "{:?}", status.workers);
+    gate.cancel();
+    let done = finished(&events, N);
+    let want: Vec<(String, Outcome)> = (0..N)
+        .map(|i| (format!("m{i}"), reply(&format!("t{i}"))))
+        .collect();
+    assert_eq!(done, want);
+    handle
+        .wait_status(WAIT, |s| {
+            s.workers.async_turns == 0 && s.turns.completed == N as u64
+        })
+        .expect("the async turns counted out");
+    stop(&handle, reactor);
+}
+
+#[test]
+fn a_stop_cancels_an_awaiting_async_turn_through_its_cancel_future() {
+    let exec = executor();
+    let gate = CancelToken::new(); // never fired: only the cancellation ends the turn
+    let (builder, seen) = gated(&exec, &gate, false, None);
+    let (rt, handle, events) = builder.build().expect("settings");
+    let reactor = rt.spawn().expect("reactor thread");
+    handle.submit(msg("m1", "stop", "work")).expect("room");
+    assert_eq!(next_seen(&seen), Seen::Started("m1".into()));
+    handle.submit(msg("s1", "stop", "/stop")).expect("room");
+    let done = finished(&events, 2);
+    assert_eq!(
+        done[0],
+        ("m1".into(), Outcome::Cancelled(CancelReason::Stopped))
+    );
+    assert!(matches!(done[1].1, Outcome::Reply(_)), "{done:?}");
+    // The future ended by itself (it returned `Cancelled`), and the agent was kept.
+    assert_eq!(next_seen(&seen), Seen::TurnGone("m1".into()));
+    let status = handle
+        .wait_status(WAIT, |s| {
+            s.turns.cancelled == 1 && s.workers.async_turns == 0
+        })
+        .expect("the cancelled turn counted");
+    assert_eq!(status.turns.abandoned, 0);
+    stop(&handle, reactor);
+}
+
+#[test]
+fn an_async_turn_past_its_timeout_is_dropped_and_its_agent_closed_on_the_executor() {
+    let exec = executor();
+    let gate = CancelToken::new(); // never fired, and the agent ignores its cancellation
+    let (builder, seen) = gated(&exec, &gate, true, None);
+    let (rt, handle, events) = builder
+        .turn_timeout(Duration::from_millis(100))
+        .stop_grace(Duration::from_millis(50))
+        .build()
+        .expect("settings");
+    let reactor = rt.spawn().expect("reactor thread");
+    handle.submit(msg("m1", "deaf", "work")).expect("room");
+    assert_eq!(next_seen(&seen), Seen::Started("m1".into()));
+    let done = finished(&events, 1);
+    assert_eq!(done[0], ("m1".into(), Outcome::Failed(FailReason::Timeout)));
+    // Given up on, the turn's future is dropped (a deaf agent would otherwise await forever),
+    // which hands the agent back to be closed — as a task on the executor.
+    assert_eq!(next_seen(&seen), Seen::TurnGone("m1".into()));
+    match next_seen(&seen) {
+        Seen::Closing(thread) => assert!(thread.starts_with("exec"), "closed on {thread}"),
+        other => panic!("expected the close, got {other:?}"),
+    }
+    assert_eq!(next_seen(&seen), Seen::CloseGone);
+    let status = handle
+        .wait_status(WAIT, |s| {
+            s.cleanups.done == 1 && s.workers.async_turns == 0 && s.workers.async_closes == 0
+        })
+        .expect("the abandoned agent closed");
+    assert_eq!(status.turns.abandoned, 1);
+    assert_eq!(status.workers.cleanup_threads.busy, 0);
+    stop(&handle, reactor);
+}
+
+#[test]
+fn an_async_close_past_the_cleanup_timeout_counts_as_timed_out_and_is_dropped() {
+    let exec = executor();
+    let gate = CancelToken::new();
+    gate.cancel(); // turns reply at once
+    let close_gate = CancelToken::new(); // never fired: every close hangs
+    let (builder, seen) = gated(&exec, &gate, false, Some(close_gate));
+    let (rt, handle, events) = builder
+        .cleanup_timeout(Duration::from_millis(100))
+        .build()
+        .expect("settings");
+    let reactor = rt.spawn().expect("reactor thread");
+    handle.submit(msg("m1", "reset", "hi")).expect("room");
+    assert_eq!(finished(&events, 1), vec![("m1".into(), reply("hi"))]);
+    assert_eq!(next_seen(&seen), Seen::Started("m1".into()));
+    assert_eq!(next_seen(&seen), Seen::TurnGone("m1".into()));
+    handle.submit(msg("n1", "reset", "/new")).expect("room");
+    match next_seen(&seen) {
+        Seen::Closing(thread) => assert!(thread.starts_with("exec"), "closed on {thread}"),
+        other => panic!("expected the close, got {other:?}"),
+    }
+    // The deadline applies to the future: past it the close counts as timed out, and its
+    // future is dropped rather than left pending on the executor.
+    assert_eq!(next_seen(&seen), Seen::CloseGone);
+    let status = handle
+        .wait_status(WAIT, |s| {
+            s.cleanups.timed_out == 1 && s.workers.async_closes == 0
+        })
+        .expect("the close timed out");
+    assert_eq!(status.cleanups.done, 0);
+    assert_eq!(status.workers.cleanup_threads.busy, 0);
+    handle.shutdown();
+    reactor.join().expect("reactor");
+}
+
+#[test]
+fn shutdown_closes_cached_async_agents_on_the_executor() {
+    let exec = executor();
+    let gate = CancelToken::new();
+    gate.cancel();
+    let (builder, seen) = gated(&exec, &gate, false, None);
+    let (rt, handle, events) = builder.build().expect("settings");
+    let reactor = rt.spawn().expect("reactor thread");
+    handle.submit(msg("m1", "a", "one")).expect("room");
+    handle.submit(msg("m2", "b", "two")).expect("room");
+    assert_eq!(
+        finished(&events, 2),
+        vec![("m1".into(), reply("one")), ("m2".into(), reply("two"))]
+    );
+    handle.shutdown();
+    let report = reactor.join().expect("reactor");
+    assert!(report.clean, "{report:?}");
+    assert_eq!(report.cleanups_done, 2, "{report:?}");
+    let closes: Vec<Seen> = seen
+        .try_iter()
+        .filter(|s| matches!(s, Seen::Closing(_)))
+        .collect();
+    assert_eq!(closes.len(), 2, "{closes:?}");
+    for c in closes {
+        assert!(
+            matches!(&c, Seen::Closing(t) if t.starts_with("exec")),
+            "{c:?}"
+        );
+    }
+}
+
+#[test]
+fn submit_and_wait_returns_the_outcome_or_says_why_not() {
+    let exec = executor();
+    let gate = CancelToken::new();
+    let (builder, _seen) = gated(&exec, &gate, false, None);
+    let (rt, handle, _events) = builder.build().expect("settings");
+    let reactor = rt.spawn().expect("reactor thread");
+    // The gate is shut: no outcome in time, and the error says which message.
+    match handle.submit_and_wait(msg("m1", "sync", "slow"), Duration::from_millis(50)) {
+        Err(WaitError::TimedOut { id }) => assert_eq!(&*id, "m1"),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    gate.cancel();
+    let outcome = handle
+        .submit_and_wait(msg("m2", "sync", "fast"), WAIT)
+        .expect("an outcome");
+    assert_eq!(outcome, reply("fast"));
+    handle.shutdown();
+    reactor.join().expect("reactor");
+    match handle.submit_and_wait(msg("m3", "sync", "late"), WAIT) {
+        Err(WaitError::Submit(e)) if matches!(*e, SubmitError::Closed(_)) => {
+            assert!(e.to_string().contains("m3"), "{e}");
+        }
+        other => panic!("expected closed, got {other:?}"),
+    }
+}
+
+#[test]
+fn submit_and_wait_ends_stopped_when_the_runtime_goes_without_taking_the_message() {
+    let (rt, handle, _events) = echo().build().expect("settings");
+    let waiter = {
+        let handle = handle.clone();
+        thread::spawn(move || handle.submit_and_wait(msg("m1", "gone", "x"), WAIT))
+    };
+    // The runtime never ran: once the message sits in its ingress channel, drop it.
+    let deadline = Instant::now() + WAIT;
+    while !format!("{handle:?}").contains("queued_submissions: 1") {
+        assert!(
+            Instant::now() < deadline,
+            "the message never reached the ingress"
+        );
+        thread::yield_now();
+    }
+    drop(rt);
+    match waiter.join().expect("waiter") {
+        Err(WaitError::Stopped { id }) => assert_eq!(&*id, "m1"),
+        other => panic!("expected stopped, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_task_the_executor_drops_still_reports_so_no_message_waits_forever() {
+    let gate = CancelToken::new();
+    gate.cancel();
+    let (log, _seen) = unbounded();
+    let factory = move |_: &SessionKey| -> Result<Box<dyn AsyncAgent>, String> {
+        Ok(Box::new(Gated {
+            gate: gate.clone(),
+            deaf: false,
+            close_gate: None,
+            log: log.clone(),
+        }))
+    };
+    // An executor that has shut down: every task it is given is dropped unpolled.
+    let (rt, handle, events) = Builder::new_async(factory, drop::<Task>)
+        .build()
+        .expect("settings");
+    let reactor = rt.spawn().expect("reactor thread");
+    handle.submit(msg("m1", "dropped", "x")).expect("room");
+    match finished(&events, 1).remove(0) {
+        (id, Outcome::Failed(FailReason::Agent(why))) => {
+            assert_eq!(id, "m1");
+            assert!(why.contains("dropped"), "{why}");
+        }
+        other => panic!("expected a failed turn, got {other:?}"),
+    }
+    handle
+        .wait_status(WAIT, |s| s.workers.async_turns == 0 && s.turns.failed == 1)
+        .expect("the dropped turn counted out");
+    stop(&handle, reactor);
+}
+
+/// Panics while its turn is being polled.
+struct Panics;
+
+impl AsyncAgent for Panics {
+    fn turn<'a>(
+        &'a mut self,
+        input: &'a TurnInput<'a>,
+        _: &'a CancelToken,
+    ) -> AgentFuture<'a, Result<String, TurnError>> {
+        Box::pin(async move {
+            std::future::ready(()).await;
+            panic!("model exploded on {}", input.message_id);
+        })
+    }
+}
+
+#[test]
+fn a_panic_in_an_async_turn_fails_the_turn_and_the_runtime_keeps_serving() {
+    let exec = executor();
+    let tokio = exec.handle().clone();
+    let (rt, handle, _events) = Builder::new_async(
+        |_: &SessionKey| -> Result<Box<dyn AsyncAgent>, String> { Ok(Box::new(Panics)) },
+        move |task: Task| {
+            tokio.spawn(task);
+        },
+    )
+    .build()
+    .expect("settings");
+    let reactor = rt.spawn().expect("reactor thread");
+    for id in ["m1", "m2"] {
+        match handle.submit_and_wait(msg(id, "boom", "x"), WAIT) {
+            Ok(Outcome::Failed(FailReason::Panic(why))) => {
+                assert!(why.contains(&format!("model exploded on {id}")), "{why}")
+            }
+            other => panic!("expected a panic outcome, got {other:?}"),
+        }
+    }
+    // The panicked agents were closed (as tasks), not reused.
+    handle
+        .wait_status(WAIT, |s| {
+            s.cleanups.done == 2 && s.workers.async_closes == 0
+        })
+        .expect("both panicked agents closed");
     stop(&handle, reactor);
 }

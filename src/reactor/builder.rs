@@ -118,6 +118,12 @@ pub struct Builder {
     status_file: Option<PathBuf>,
     precise_timers: bool,
     limits: TurnLimits,
+    /// An async runtime's factory and spawner ([`Builder::new_async`]).
+    #[cfg(feature = "async")]
+    tasks: Option<(
+        Arc<dyn super::async_agent::AsyncAgentFactory>,
+        Box<dyn super::async_agent::Spawn>,
+    )>,
 }
 
 impl fmt::Debug for Builder {
@@ -187,7 +193,51 @@ impl Builder {
                 partial_interval: DEFAULT_PARTIAL_INTERVAL,
                 max_reply_bytes: crate::core::DEFAULT_MAX_REPLY_BYTES,
             },
+            #[cfg(feature = "async")]
+            tasks: None,
         }
+    }
+
+    /// A builder whose agents are [`AsyncAgent`](crate::AsyncAgent)s (feature `async`):
+    /// each turn, and each agent's close, is a task handed to `spawner` (the embedder's
+    /// executor), so no turnstile thread waits while an agent awaits. The same settings and
+    /// defaults apply; `turn_workers` is then the number of turns in flight at once, and the
+    /// turn pool starts no thread. Status counts the tasks in flight
+    /// (`workers.async_turns`, `workers.async_closes`).
+    ///
+    /// ```no_run
+    /// use turnstile::{AgentError, AsyncAgent, Builder, SessionKey, Task};
+    /// # use turnstile::{AgentFuture, CancelToken, TurnError, TurnInput};
+    /// # struct Model;
+    /// # impl AsyncAgent for Model {
+    /// #     fn turn<'a>(&'a mut self, input: &'a TurnInput<'a>, _: &'a CancelToken)
+    /// #         -> AgentFuture<'a, Result<String, TurnError>> {
+    /// #         Box::pin(async move { Ok(input.text.to_owned()) })
+    /// #     }
+    /// # }
+    ///
+    /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let tokio = tokio::runtime::Handle::current();
+    /// let (runtime, handle, events) = Builder::new_async(
+    ///     |_: &SessionKey| -> Result<Box<dyn AsyncAgent>, AgentError> { Ok(Box::new(Model)) },
+    ///     move |task: Task| {
+    ///         tokio.spawn(task);
+    ///     },
+    /// )
+    /// .turn_workers(256)
+    /// .build()?;
+    /// let reactor = runtime.spawn()?;
+    /// # drop((handle, events, reactor)); Ok(()) }
+    /// ```
+    #[cfg(feature = "async")]
+    pub fn new_async(
+        factory: impl super::async_agent::AsyncAgentFactory,
+        spawner: impl super::async_agent::Spawn,
+    ) -> Builder {
+        let factory: Arc<dyn super::async_agent::AsyncAgentFactory> = Arc::new(factory);
+        let mut builder = Builder::new(super::async_agent::UsageOf(Arc::clone(&factory)));
+        builder.tasks = Some((factory, Box::new(spawner)));
+        builder
     }
 
     setters! {
@@ -321,10 +371,19 @@ impl Builder {
         );
         // The partial interval may change while running (a reload): each turn reads it.
         let partial_ns = Arc::clone(&wiring.partial_ns);
+        // An async runtime sends no turn to the pool: it starts no thread.
+        #[cfg(feature = "async")]
+        let min = if self.tasks.is_some() {
+            0
+        } else {
+            self.core.turn_workers
+        };
+        #[cfg(not(feature = "async"))]
+        let min = self.core.turn_workers;
         let turn_pool = Pool::new(
             "turnstile-turn",
             PoolSize {
-                min: self.core.turn_workers,
+                min,
                 max: self.core.turn_workers,
                 max_stuck: self.max_extra_threads,
                 keepalive: POOL_KEEPALIVE,
@@ -369,6 +428,16 @@ impl Builder {
         turn_pool: TurnPool,
         cleanup_pool: CleanupPool,
     ) -> (Runtime, Handle, Events) {
+        #[cfg(feature = "async")]
+        let tasks = self.tasks.map(|(factory, spawner)| {
+            super::async_agent::AsyncRunner::new(
+                factory,
+                spawner,
+                wiring.completion_sink(),
+                self.limits,
+                Arc::clone(&wiring.partial_ns),
+            )
+        });
         let Wiring {
             poll,
             notifier,
@@ -407,6 +476,8 @@ impl Builder {
             tick_interval: self.tick_interval,
             status_file: self.status_file,
             precise_timers: self.precise_timers,
+            #[cfg(feature = "async")]
+            tasks,
         };
         (runtime, handle, events_rx)
     }

@@ -20,15 +20,27 @@ use crate::histogram::PromHistogram;
 use crate::message::SessionKey;
 use crate::pool::{JobTicket, Replacement};
 
+/// How the driver gives up on a job it handed out.
+enum Ticket {
+    /// A pool's job: its thread stops counting toward the pool's cap.
+    Pool(JobTicket),
+    /// An async task's (feature `async`): firing the token drops the task's future.
+    #[cfg(feature = "async")]
+    Task(CancelToken),
+}
+
 /// The reactor's side of the pools: carries out the core's effects.
 pub(super) struct Driver {
     core: Core<Route, BoxAgent>,
     turn_pool: TurnPool,
     cleanup_pool: CleanupPool,
-    /// Turns on the pool: the token that cancels each, the ticket that gives up on it.
-    turns: HashMap<TurnId, (CancelToken, JobTicket)>,
-    /// Cleanups on the pool: the ticket that gives up on each.
-    cleanups: HashMap<CleanupId, JobTicket>,
+    /// Where turns and closes of async agents run, when the runtime's agents are async.
+    #[cfg(feature = "async")]
+    tasks: Option<super::async_agent::AsyncRunner>,
+    /// Turns handed out: the token that cancels each, the ticket that gives up on it.
+    turns: HashMap<TurnId, (CancelToken, Ticket)>,
+    /// Cleanups handed out: the ticket that gives up on each.
+    cleanups: HashMap<CleanupId, Ticket>,
     /// Set by the core's last effect.
     report: Option<ShutdownReport>,
     /// The reactor's clock at the effects being applied.
@@ -41,11 +53,14 @@ impl Driver {
         core: Core<Route, BoxAgent>,
         turn_pool: TurnPool,
         cleanup_pool: CleanupPool,
+        #[cfg(feature = "async")] tasks: Option<super::async_agent::AsyncRunner>,
     ) -> Driver {
         Driver {
             core,
             turn_pool,
             cleanup_pool,
+            #[cfg(feature = "async")]
+            tasks,
             turns: HashMap::new(),
             cleanups: HashMap::new(),
             report: None,
@@ -72,6 +87,15 @@ impl Driver {
     /// The pool closing agents.
     pub(super) fn cleanup_pool(&self) -> &CleanupPool {
         &self.cleanup_pool
+    }
+
+    /// Async turns and closes in flight (zeros without async agents).
+    pub(super) fn async_tasks(&self) -> (usize, usize) {
+        #[cfg(feature = "async")]
+        if let Some(tasks) = &self.tasks {
+            return (tasks.turns_in_flight(), tasks.closes_in_flight());
+        }
+        (0, 0)
     }
 
     /// Events whose sink was full or gone.
@@ -171,12 +195,19 @@ impl Driver {
         }
     }
 
-    /// Hands a turn to the turn pool with a fresh cancellation token.
+    /// Hands a turn to the turn pool (or, for async agents, the executor) with a fresh
+    /// cancellation token.
     fn start_turn(&mut self, job: TurnJob<BoxAgent>) {
         let cancel = CancelToken::new();
         let turn = job.turn;
         self.observe.turn_started(turn, &job.message_id, self.now);
-        let ticket = self.turn_pool.submit((job, cancel.clone()));
+        #[cfg(feature = "async")]
+        let ticket = match &self.tasks {
+            Some(tasks) => Ticket::Task(tasks.start_turn(job, cancel.clone())),
+            None => Ticket::Pool(self.turn_pool.submit((job, cancel.clone()))),
+        };
+        #[cfg(not(feature = "async"))]
+        let ticket = Ticket::Pool(self.turn_pool.submit((job, cancel.clone())));
         self.turns.insert(turn, (cancel, ticket));
         self.check();
     }
@@ -187,32 +218,60 @@ impl Driver {
         }
     }
 
-    /// Gives up on a turn: its thread no longer counts toward the pool's cap.
+    /// Gives up on a turn: its thread no longer counts toward the pool's cap (an async
+    /// turn's future is dropped, which hands its agent back to be closed).
     fn abandon_turn(&mut self, turn: TurnId, session: &SessionKey, reason: AbandonReason) {
         self.observe.turn_abandoned(turn, session, reason, self.now);
-        if let Some((_, ticket)) = self.turns.remove(&turn)
-            && self.turn_pool.replace(&ticket) == Replacement::Refused
-        {
-            self.observe.turn_replace_refused(session, turn);
+        match self.turns.remove(&turn) {
+            Some((_, Ticket::Pool(ticket)))
+                if self.turn_pool.replace(&ticket) == Replacement::Refused =>
+            {
+                self.observe.turn_replace_refused(session, turn);
+            }
+            #[cfg(feature = "async")]
+            Some((_, Ticket::Task(abort))) => abort.cancel(),
+            _ => {}
         }
     }
 
     fn start_cleanup(&mut self, job: CleanupJob<BoxAgent>) {
+        let id = job.job;
+        #[cfg(feature = "async")]
+        let job = match (job, &self.tasks) {
+            (
+                CleanupJob {
+                    agent: BoxAgent::Async(agent),
+                    session,
+                    ..
+                },
+                Some(tasks),
+            ) => {
+                let abort = tasks.start_close(id, agent, session);
+                self.cleanups.insert(id, Ticket::Task(abort));
+                return;
+            }
+            (job, _) => job,
+        };
         // The pool starts a thread for it if none is idle (up to the core's concurrency),
         // so shutdown closes every agent at once.
-        let id = job.job;
         let ticket = self.cleanup_pool.submit(job);
-        self.cleanups.insert(id, ticket);
+        self.cleanups.insert(id, Ticket::Pool(ticket));
     }
 
-    /// Gives up on a cleanup past its deadline: its thread is left to finish on its own.
+    /// Gives up on a cleanup past its deadline: its thread is left to finish on its own (an
+    /// async close's future is dropped).
     fn abandon_cleanup(&mut self, job: CleanupId, session: &SessionKey, context: CleanupContext) {
         let timeout = self.core.config().cleanup_timeout;
         self.observe.cleanup_exceeded(session, context, timeout);
-        if let Some(ticket) = self.cleanups.remove(&job)
-            && self.cleanup_pool.replace(&ticket) == Replacement::Refused
-        {
-            self.observe.cleanup_replace_refused(session, job);
+        match self.cleanups.remove(&job) {
+            Some(Ticket::Pool(ticket))
+                if self.cleanup_pool.replace(&ticket) == Replacement::Refused =>
+            {
+                self.observe.cleanup_replace_refused(session, job);
+            }
+            #[cfg(feature = "async")]
+            Some(Ticket::Task(abort)) => abort.cancel(),
+            _ => {}
         }
     }
 

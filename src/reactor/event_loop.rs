@@ -49,6 +49,9 @@ pub struct Runtime {
     pub(super) tick_interval: Duration,
     pub(super) status_file: Option<PathBuf>,
     pub(super) precise_timers: bool,
+    /// Where async agents' turns and closes run (the `async` feature, `Builder::new_async`).
+    #[cfg(feature = "async")]
+    pub(super) tasks: Option<super::async_agent::AsyncRunner>,
 }
 
 impl fmt::Debug for Runtime {
@@ -188,6 +191,8 @@ impl<F: Frontend> Reactor<F> {
             tick_interval,
             status_file,
             precise_timers,
+            #[cfg(feature = "async")]
+            tasks,
         } = runtime;
         let status_file = status_file.map(StatusFileWriter::start).transpose()?;
         frontend.register(poll.registry())?;
@@ -207,7 +212,13 @@ impl<F: Frontend> Reactor<F> {
             room,
             completions,
             shutdown,
-            driver: Driver::new(Core::new(core, Duration::ZERO), turn_pool, cleanup_pool),
+            driver: Driver::new(
+                Core::new(core, Duration::ZERO),
+                turn_pool,
+                cleanup_pool,
+                #[cfg(feature = "async")]
+                tasks,
+            ),
             effects: Vec::new(),
             frontend,
             frontend_deadline: None,

@@ -4,12 +4,13 @@
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Sender, TrySendError};
+use crossbeam_channel::{RecvTimeoutError, Sender, TrySendError};
 
 use super::route::{EventSink, Route, Submission};
 use super::wake::Notifier;
+use crate::core::{EventKind, Outcome, RejectReason};
 use crate::liveness::{Status, StatusCell};
 use crate::message::Message;
 
@@ -35,6 +36,58 @@ impl fmt::Display for SubmitError {
 }
 
 impl std::error::Error for SubmitError {}
+
+/// Why [`Handle::submit_and_wait`] returned no [`Outcome`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum WaitError {
+    /// The message was not submitted (a full ingress channel, or the runtime had stopped);
+    /// it is handed back inside (boxed: it holds the whole message).
+    Submit(Box<SubmitError>),
+    /// The runtime refused the message; this is its only answer.
+    Rejected {
+        /// The message's id.
+        id: Arc<str>,
+        /// Why.
+        reason: RejectReason,
+    },
+    /// No outcome came within the timeout. The message is still in the runtime and will
+    /// still get one, which nobody reads (counted in the status as `events_undelivered`);
+    /// send `/stop` to the session to end its turn.
+    TimedOut {
+        /// The message's id.
+        id: Arc<str>,
+    },
+    /// The runtime stopped before the message got an outcome.
+    Stopped {
+        /// The message's id.
+        id: Arc<str>,
+    },
+}
+
+impl fmt::Display for WaitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WaitError::Submit(e) => fmt::Display::fmt(e, f),
+            WaitError::Rejected { id, reason } => {
+                write!(f, "message {id} rejected: {}", reason.detail())
+            }
+            WaitError::TimedOut { id } => write!(f, "no outcome for message {id} in time"),
+            WaitError::Stopped { id } => {
+                write!(f, "runtime stopped before message {id} got an outcome")
+            }
+        }
+    }
+}
+
+impl std::error::Error for WaitError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            WaitError::Submit(e) => Some(&**e),
+            _ => None,
+        }
+    }
+}
 
 /// A cloneable, thread-safe handle to a runtime: submit, read status, shut down.
 #[derive(Clone)]
@@ -86,6 +139,60 @@ impl Handle {
             }
             Err(TrySendError::Full((m, _))) => Err(SubmitError::Backpressure(m)),
             Err(TrySendError::Disconnected((m, _))) => Err(SubmitError::Closed(m)),
+        }
+    }
+
+    /// Submits a message and blocks the calling thread until its [`Outcome`] or `timeout`:
+    /// for sync callers that want an answer, not a stream of events. The reactor is never
+    /// held: the events go to a channel of this call's own, and the wait is on it. Do not
+    /// call it on the reactor thread (from a [`Frontend`](crate::Frontend)), which it would
+    /// stall.
+    ///
+    /// Fails with [`WaitError::Submit`] when the message cannot be submitted (backpressure is
+    /// not waited out), [`WaitError::Rejected`], [`WaitError::TimedOut`] (the message stays in
+    /// the runtime), or [`WaitError::Stopped`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use turnstile::{Builder, EchoAgent, Message, Outcome, SessionKey};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let (runtime, handle, _events) = Builder::new(EchoAgent::factory(Duration::ZERO)).build()?;
+    /// let reactor = runtime.spawn()?;
+    /// let chat = SessionKey::dm("telegram", "42")?;
+    /// let outcome = handle.submit_and_wait(Message::new("m1", chat, "hi")?, Duration::from_secs(30))?;
+    /// assert!(matches!(outcome, Outcome::Reply(reply) if reply.text == "hi"));
+    /// handle.shutdown();
+    /// reactor.join()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn submit_and_wait(
+        &self,
+        message: Message,
+        timeout: Duration,
+    ) -> Result<Outcome, WaitError> {
+        let id = Arc::clone(&message.id);
+        let (sink, events) = crossbeam_channel::unbounded();
+        self.submit_to(message, sink)
+            .map_err(|e| WaitError::Submit(Box::new(e)))?;
+        // A timeout too long to add to now is no timeout.
+        let deadline = Instant::now().checked_add(timeout);
+        loop {
+            let next = match deadline {
+                Some(d) => events.recv_deadline(d),
+                None => events.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            };
+            match next {
+                Ok(event) => match event.kind {
+                    EventKind::Finished(outcome) => return Ok(outcome),
+                    EventKind::Rejected(reason) => return Err(WaitError::Rejected { id, reason }),
+                    _ => {}
+                },
+                Err(RecvTimeoutError::Timeout) => return Err(WaitError::TimedOut { id }),
+                // The reactor dropped the route: it stopped, or never took the message.
+                Err(RecvTimeoutError::Disconnected) => return Err(WaitError::Stopped { id }),
+            }
         }
     }
 

@@ -151,7 +151,10 @@ impl Heartbeat {
 }
 
 fn worker_counts(driver: &Driver) -> WorkerCounts {
+    let (async_turns, async_closes) = driver.async_tasks();
     WorkerCounts {
+        async_turns,
+        async_closes,
         turn: driver.turn_pool().live_threads(),
         cleanup: driver.cleanup_pool().live_threads(),
         replaced: driver.turn_pool().replaced() + driver.cleanup_pool().replaced(),

@@ -17,6 +17,8 @@
 //!   on the loop.
 
 #[cfg(feature = "async")]
+mod async_agent;
+#[cfg(feature = "async")]
 mod async_api;
 mod builder;
 mod deadline;
@@ -33,13 +35,15 @@ mod workers;
 
 pub use crate::tokens::FIRST_RESERVED_TOKEN;
 #[cfg(feature = "async")]
+pub use async_agent::{AgentFuture, AsyncAgent, AsyncAgentFactory, Spawn, Task};
+#[cfg(feature = "async")]
 pub use async_api::{Cancelled, EventStream, Submit, SubmitStream};
 pub use builder::{BuildError, Builder};
 #[cfg(feature = "cli")]
 pub(crate) use builder::{DEFAULT_CLEANUP_WORKERS, DEFAULT_PARTIAL_INTERVAL};
 pub use event_loop::{RunError, Runtime, RuntimeThread};
 pub use frontend::{Ctx, Frontend, NoFrontend};
-pub use handle::{Handle, SubmitError};
+pub use handle::{Handle, SubmitError, WaitError};
 pub use route::{EventSink, Events};
 // The reply cap lives beside `Reply::bounded` in the core; the builder's default and the
 // agents' options read it from here too.

@@ -14,8 +14,26 @@ use crate::agent::{Agent, AgentFactory, CancelToken, Partials, TurnError, TurnIn
 use crate::core::{CleanupId, CleanupJob, Input, Reply, TurnDone, TurnJob, TurnResult};
 use crate::pool::Pool;
 
-/// A boxed agent, as the runtime moves it around.
-pub(crate) type BoxAgent = Box<dyn Agent>;
+/// An agent as the runtime moves it around: a sync one, run on the turn pool, or (feature
+/// `async`) an async one, whose turns and close are tasks on the embedder's runtime. One
+/// runtime makes only one kind (its factory's), but the core needs a single type.
+pub(crate) enum BoxAgent {
+    /// Runs on the turn pool and the cleanup pool.
+    Sync(Box<dyn Agent>),
+    /// Runs on the embedder's async runtime.
+    #[cfg(feature = "async")]
+    Async(Box<dyn super::async_agent::AsyncAgent>),
+}
+
+impl std::fmt::Debug for BoxAgent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BoxAgent::Sync(_) => f.write_str("SyncAgent"),
+            #[cfg(feature = "async")]
+            BoxAgent::Async(_) => f.write_str("AsyncAgent"),
+        }
+    }
+}
 /// The pool running turns; each job carries the token that cancels it.
 pub(super) type TurnPool = Pool<(TurnJob<BoxAgent>, CancelToken)>;
 /// The pool closing agents.
@@ -55,7 +73,7 @@ pub(super) struct ReportSink {
 }
 
 impl ReportSink {
-    fn send(&self, c: WorkerReport) {
+    pub(super) fn send(&self, c: WorkerReport) {
         // The reactor holds the receiver until it exits; after that nobody needs the result.
         if self.tx.send(c).is_ok() {
             self.notifier.notify();
@@ -100,7 +118,15 @@ pub(super) fn run_turn(
         })
     };
     let mut agent = match job.agent.take() {
-        Some(a) => Ok(a),
+        Some(BoxAgent::Sync(a)) => Ok(a),
+        // Only an async runtime makes async agents, and it never sends a turn here.
+        #[cfg(feature = "async")]
+        Some(other @ BoxAgent::Async(_)) => {
+            debug_assert!(false, "an async agent reached the turn pool");
+            let failed = TurnResult::Failed("internal: an async agent on the turn pool".into());
+            sink.send(WorkerReport::Turn(job.done(Some(other), failed)));
+            return;
+        }
         None => match catch_unwind(AssertUnwindSafe(|| factory.create(&job.session))) {
             Ok(Ok(a)) => Ok(a),
             Ok(Err(e)) => Err(TurnResult::Failed(format!("agent creation failed: {e}"))),
@@ -133,7 +159,9 @@ pub(super) fn run_turn(
         }
         Err(r) => r.clone(),
     };
-    sink.send(WorkerReport::Turn(job.done(agent.ok(), result)));
+    sink.send(WorkerReport::Turn(
+        job.done(agent.ok().map(BoxAgent::Sync), result),
+    ));
 }
 
 /// Closes one agent on a cleanup-pool thread.
@@ -141,7 +169,7 @@ pub(super) fn run_cleanup(job: CleanupJob<BoxAgent>, sink: &ReportSink) {
     let CleanupJob { job, mut agent, .. } = job;
     // The deadline runs from here, not from when the job was queued.
     sink.send(WorkerReport::CleanupStarted(job));
-    let result = match catch_unwind(AssertUnwindSafe(|| agent.close())) {
+    let result = match catch_unwind(AssertUnwindSafe(|| close(&mut agent))) {
         // The core keeps the text; the log line it ends in shows every cause.
         Ok(r) => r.map_err(|e| e.chain()),
         Err(p) => Err(format!("close() panicked: {}", panic_text(&*p))),
@@ -153,4 +181,14 @@ pub(super) fn run_cleanup(job: CleanupJob<BoxAgent>, sink: &ReportSink) {
         (r, _) => r,
     };
     sink.send(WorkerReport::CleanupDone(job, result));
+}
+
+/// Closes `agent` on this (cleanup-pool) thread. An async agent only gets here from a runtime
+/// without a spawner, which the builder never makes; its close is then driven here.
+fn close(agent: &mut BoxAgent) -> Result<(), crate::agent::AgentError> {
+    match agent {
+        BoxAgent::Sync(a) => a.close(),
+        #[cfg(feature = "async")]
+        BoxAgent::Async(a) => super::async_agent::block_on(a.close()),
+    }
 }
