@@ -100,7 +100,7 @@ pub use journal::{
 };
 pub use liveness::{
     BridgeStatus, FrontendStatus, HttpStatus, JournalStatus, PlatformStatus, RecoveryCounts,
-    RuntimeState, Status,
+    RuntimeState, ServiceStatus, Status,
 };
 pub use message::{Body, ChatType, Command, InvalidInput, Message, MessageContext, SessionKey};
 pub use reactor::{

@@ -1234,3 +1234,96 @@ fn an_oversized_or_non_regular_config_file_is_refused() {
         assert!(err.contains(why), "{why}: {err}");
     }
 }
+
+/// Lowers this thread's priority (nice 19), so that clients flooding the server do not take
+/// the CPU from it on a small machine.
+fn nice_this_thread() {
+    // SAFETY: gettid and setpriority on the calling thread only.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, 19);
+    }
+}
+
+/// Row 1 of issue 18: twenty connections flood the server with lines that need no answer
+/// while a quiet one pings. Readable connections take turns (one that used its read budget
+/// goes to the back), so the quiet one's pong comes while the flood still goes on: before
+/// any flooder's closing ping, sent after its flood, is answered. Ordered by events (each
+/// flooder's pongs, the quiet one's), never by a timed bound; on a server that serves
+/// readable connections in a fixed order, the pong waits for the flood to end.
+#[test]
+fn a_quiet_connection_is_served_while_twenty_others_flood() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const FLOODERS: usize = 20;
+    // Per flooder: more than the sockets' buffers hold, so its last ping is answered only
+    // once the server has read most of its flood; written in small pieces, so that each
+    // flooder has fresh data (a fresh readiness event) at nearly every wake of the server.
+    const FLOOD_BYTES: usize = 4 << 20;
+    let server = Server::start(&[]);
+    let line = b"{\"op\":\"delivered\",\"ids\":[]}\n";
+    let chunk: Arc<Vec<u8>> = Arc::new(line.repeat(2048 / line.len()));
+    let (events, seen) = bounded::<(&'static str, usize)>(4 * FLOODERS);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut threads = Vec::new();
+    for i in 0..FLOODERS {
+        let mut c = server.client();
+        let events = events.clone();
+        let chunk = Arc::clone(&chunk);
+        let stop = Arc::clone(&stop);
+        threads.push(std::thread::spawn(move || {
+            nice_this_thread();
+            c.send(&json!({"op": "ping"}));
+            let mut writer = c.writer.try_clone().expect("clone");
+            let flood = std::thread::spawn(move || {
+                nice_this_thread();
+                let mut sent = 0;
+                while sent < FLOOD_BYTES && !stop.load(Ordering::Relaxed) {
+                    if writer.write_all(&chunk).is_err() {
+                        return;
+                    }
+                    sent += chunk.len();
+                }
+                let _ = writeln!(writer, "{}", json!({"op": "ping"}));
+            });
+            for what in ["started", "done"] {
+                let (v, _) = c.recv_until(|v| v["op"] == "pong");
+                assert_eq!(v["op"], "pong");
+                let _ = events.send((what, i));
+            }
+            let _ = flood.join();
+        }));
+    }
+    // Every flooder is being read (its first ping answered) and still has its flood to go.
+    let mut started = 0;
+    while started < FLOODERS {
+        let (what, i) = seen.recv_timeout(WAIT).expect("every flooder answered");
+        assert_eq!(
+            what, "started",
+            "flooder {i} finished before all had started"
+        );
+        started += 1;
+    }
+    let mut quiet = server.client();
+    let (tx, rx) = bounded(1);
+    quiet.send(&json!({"op": "ping"}));
+    let t0 = std::time::Instant::now();
+    let pinger = std::thread::spawn(move || {
+        let v = quiet.recv();
+        eprintln!("DEBUG quiet pong after {:?}", t0.elapsed());
+        let _ = events.send(("quiet", usize::MAX));
+        let _ = tx.send(v);
+    });
+    let (first, who) = seen.recv_timeout(WAIT).expect("an event");
+    stop.store(true, Ordering::Relaxed);
+    assert_eq!(
+        (first, who),
+        ("quiet", usize::MAX),
+        "flooder {who}'s whole flood was read before the quiet connection's ping"
+    );
+    assert_eq!(rx.recv_timeout(WAIT).expect("pong")["op"], "pong");
+    let _ = pinger.join();
+    // The flooders' threads end with the server's sockets.
+    drop(server);
+    drop(threads);
+}

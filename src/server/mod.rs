@@ -16,6 +16,7 @@ mod lines;
 mod protocol;
 mod sharded;
 
+use std::collections::{HashSet, VecDeque};
 use std::fmt;
 use std::io::{self, Write};
 use std::net::SocketAddr;
@@ -27,8 +28,9 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events as MioEvents, Interest, Poll, Registry, Token};
 
 use crate::core::MessageEvent;
+use crate::histogram::{LAG_BUCKETS, LagHistogram, LagWindow, PromHistogram};
 use crate::journal::{Journal, JournalConfig, Store, StoreError};
-use crate::liveness::FrontendStatus;
+use crate::liveness::{FrontendStatus, ServiceStatus};
 use crate::reactor::{Ctx, Frontend};
 use crate::tokens::{BRIDGE_LISTENER as LISTENER, JOURNAL, SIGNALS};
 pub(crate) use bridge::RecoveryCounts;
@@ -39,9 +41,14 @@ use lines::{Line, LineReader, ReadOutcome};
 const READ_BUDGET: usize = 8 * 1024;
 /// Time the shell spends reading and handing lines to the bridge per loop iteration; what
 /// is left is read on the next iteration, which follows at once. Keeps each wake short.
+/// Readable connections take turns in a [`FairQueue`]: one that used its read budget goes
+/// to the back, the ones a pass did not reach are first in the next, so a connection waits
+/// at most one round of the others' budgets whatever they send.
 const READ_TIME: Duration = Duration::from_micros(200);
-/// Time spent writing per loop iteration, likewise.
+/// Time spent writing per loop iteration, likewise (and in the same round-robin order).
 const WRITE_TIME: Duration = Duration::from_micros(200);
+/// One slice of the recent service-delay window (six slices: the last 10 to 12 s).
+const SERVICE_SLICE: Duration = Duration::from_secs(2);
 /// Connections accepted per wake.
 const ACCEPT_BATCH: usize = 256;
 /// Accepting again after the process ran out of descriptors.
@@ -158,6 +165,94 @@ impl SocketTable {
     }
 }
 
+/// Connections waiting for their turn (to be read, or written), in order, each at most once,
+/// with the time it began to wait. A pass serves from the front, at most the connections
+/// queued when it began; one that used its budget goes to the back; those it did not reach
+/// stay at the front for the next pass. So between two turns of a connection every other one
+/// gets at most one turn: no connection can starve another.
+#[derive(Default)]
+struct FairQueue {
+    order: VecDeque<(ConnId, Instant)>,
+    queued: HashSet<ConnId>,
+}
+
+impl FairQueue {
+    /// Queues `id` at the back, waiting since `at`; no-op (its place and time kept) when it
+    /// is already queued.
+    fn push(&mut self, id: ConnId, at: Instant) {
+        if self.queued.insert(id) {
+            self.order.push_back((id, at));
+        }
+    }
+
+    fn pop(&mut self) -> Option<(ConnId, Instant)> {
+        let (id, at) = self.order.pop_front()?;
+        self.queued.remove(&id);
+        Some((id, at))
+    }
+
+    fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    fn ids(&self) -> impl Iterator<Item = ConnId> + '_ {
+        self.order.iter().map(|&(id, _)| id)
+    }
+
+    /// One pass: serves connections from the front while `more_time()` (the first always),
+    /// at most those queued when the pass began. `serve(id, waited_since)` returns true when
+    /// the connection used its budget and has more: it goes to the back (waiting from now).
+    /// Returns the connections served.
+    fn pass(
+        &mut self,
+        mut more_time: impl FnMut() -> bool,
+        mut serve: impl FnMut(ConnId, Instant) -> bool,
+    ) -> usize {
+        let n = self.len();
+        let mut served = 0;
+        while served < n && (served == 0 || more_time()) {
+            let Some((id, since)) = self.pop() else {
+                break;
+            };
+            served += 1;
+            if serve(id, since) {
+                self.push(id, Instant::now());
+            }
+        }
+        served
+    }
+}
+
+/// How long ready connections waited for their turn: since start, over the recent window,
+/// and in the metrics' buckets.
+struct DelayStats {
+    all: LagHistogram,
+    recent: LagWindow,
+    buckets: PromHistogram,
+}
+
+impl Default for DelayStats {
+    fn default() -> Self {
+        DelayStats {
+            all: LagHistogram::default(),
+            recent: LagWindow::new(SERVICE_SLICE),
+            buckets: PromHistogram::new(LAG_BUCKETS),
+        }
+    }
+}
+
+impl DelayStats {
+    fn record(&mut self, now: Duration, waited: Duration) {
+        self.all.record(waited);
+        self.recent.record(now, waited);
+        self.buckets.record(waited);
+    }
+}
+
 struct Socket {
     id: ConnId,
     peer: SocketAddr,
@@ -185,9 +280,14 @@ pub struct BridgeServer {
     /// Sockets by their connection's key (index), the key's bits being their poll token, so
     /// a readiness event for a closed socket never reaches the one that reuses its slot.
     sockets: SocketTable,
-    pending_reads: Vec<ConnId>,
-    /// Sockets reported writable since the last flush.
-    writable: Vec<ConnId>,
+    /// Connections readable and not yet read (round-robin across wakes).
+    read_queue: FairQueue,
+    /// Connections with output to write and room to write it (round-robin across wakes).
+    write_queue: FairQueue,
+    /// Readable → read.
+    read_delay: DelayStats,
+    /// Output waiting (writable or new output) → written.
+    write_delay: DelayStats,
     /// Submissions the bridge asked for outside a step that could make them.
     deferred: Vec<Action>,
     /// Out of descriptors: accept again at this time.
@@ -197,7 +297,6 @@ pub struct BridgeServer {
     spare_fd: Option<std::fs::File>,
     now: Duration,
     lines: Vec<Line>,
-    read_started: Option<Instant>,
     next_ack_poll: Duration,
     /// The store, until `register` starts the journal thread on it.
     store: Option<(Box<dyn Store>, JournalConfig)>,
@@ -282,14 +381,15 @@ impl BridgeServer {
             watchdog: None,
             forced: crossbeam_channel::bounded(2),
             sockets: SocketTable::default(),
-            pending_reads: Vec::new(),
-            writable: Vec::new(),
+            read_queue: FairQueue::default(),
+            write_queue: FairQueue::default(),
+            read_delay: DelayStats::default(),
+            write_delay: DelayStats::default(),
             deferred: Vec::new(),
             accept_retry: None,
             spare_fd: open_spare(),
             now: Duration::ZERO,
             lines: Vec::new(),
-            read_started: None,
             next_ack_poll: Duration::ZERO,
             store: None,
             journal: None,
@@ -422,24 +522,18 @@ impl BridgeServer {
         log::info!("connection opened conn={id} peer={peer}");
     }
 
-    fn read(&mut self, id: ConnId, ctx: &mut Ctx<'_>) {
+    /// Reads one budget from `id` and hands its lines to the bridge; true when the budget
+    /// ran out with data left (the connection goes to the back of the read queue).
+    fn read(&mut self, id: ConnId, ctx: &mut Ctx<'_>) -> bool {
         let Some(sock) = self.sockets.get_mut(id) else {
-            return;
+            return false;
         };
         if sock.eof {
-            return;
+            return false;
         }
         if !self.bridge.wants_read(id) {
             sock.read_paused = true;
-            return;
-        }
-        match self.read_started {
-            Some(start) if start.elapsed() >= READ_TIME => {
-                self.pending_reads.push(id);
-                return;
-            }
-            Some(_) => {}
-            None => self.read_started = Some(Instant::now()),
+            return false;
         }
         let max_line = self.bridge.config().max_line_bytes;
         let mut lines = std::mem::take(&mut self.lines);
@@ -453,21 +547,41 @@ impl BridgeServer {
             }
         }
         self.lines = lines;
-        match outcome {
-            ReadOutcome::Drained => {}
-            ReadOutcome::MoreLater => self.pending_reads.push(id),
+        let again = match outcome {
+            ReadOutcome::Drained => false,
+            ReadOutcome::MoreLater => true,
             ReadOutcome::Eof => {
                 if let Some(s) = self.sockets.get_mut(id) {
                     s.eof = true;
                 }
                 self.bridge.read_closed(id);
+                false
             }
             ReadOutcome::Failed => {
                 self.bridge.disconnected(id);
                 self.drop_socket(id);
+                false
             }
-        }
+        };
         self.run_actions(Some(ctx));
+        again && self.sockets.get(id).is_some()
+    }
+
+    /// One read pass over the queue, within [`READ_TIME`].
+    fn read_pass(&mut self, ctx: &mut Ctx<'_>) {
+        let mut queue = std::mem::take(&mut self.read_queue);
+        let started = Instant::now();
+        queue.pass(
+            || started.elapsed() < READ_TIME,
+            |id, since| {
+                if self.sockets.get(id).is_none() {
+                    return false;
+                }
+                self.read_delay.record(self.now, since.elapsed());
+                self.read(id, ctx)
+            },
+        );
+        self.read_queue = queue;
     }
 
     /// Carries out the bridge's requests: submissions (only with a step's context) and closes.
@@ -531,24 +645,25 @@ impl BridgeServer {
         self.bridge.acked(sock.id, written - pending);
     }
 
-    fn write_conn(&mut self, id: ConnId) {
+    /// Writes one budget of `id`'s output; true when the budget ran out with output left.
+    fn write_conn(&mut self, id: ConnId) -> bool {
         let Some(sock) = self.sockets.get_mut(id) else {
-            return;
+            return false;
         };
         let result = self.bridge.write(id, &mut sock.stream, self.now);
         if result.is_ok() {
             self.poll_ack(id);
         }
-        match result {
-            Ok(Flushed::Budget) => self.rearm(id),
-            Ok(Flushed::All | Flushed::Blocked) => {}
+        let again = match result {
+            Ok(Flushed::Budget) => true,
+            Ok(Flushed::All | Flushed::Blocked) => false,
             Err(e) => {
                 log::debug!("connection {}: write failed: {e}", id);
                 self.bridge.disconnected(id);
                 self.drop_socket(id);
-                return;
+                return false;
             }
-        }
+        };
         if let Some(sock) = self.sockets.get_mut(id)
             && sock.read_paused
             && self.bridge.wants_read(id)
@@ -556,6 +671,7 @@ impl BridgeServer {
             sock.read_paused = false;
             self.rearm(id);
         }
+        again
     }
 
     fn on_signal(&mut self, ctx: &mut Ctx<'_>) {
@@ -592,7 +708,7 @@ impl BridgeServer {
     fn write_what_we_can(&mut self) {
         self.bridge.abandon_all();
         for id in self.sockets.ids() {
-            self.write_conn(id);
+            let _ = self.write_conn(id);
         }
     }
 }
@@ -670,11 +786,15 @@ impl Frontend for BridgeServer {
                     self.drop_socket(id);
                     return;
                 }
-                if event.is_readable() || event.is_read_closed() || event.is_error() {
-                    self.read(id, ctx);
+                if self.sockets.get(id).is_none() {
+                    return;
                 }
-                if event.is_writable() && self.sockets.get(id).is_some() {
-                    self.writable.push(id);
+                let at = Instant::now();
+                if event.is_readable() || event.is_read_closed() || event.is_error() {
+                    self.read_queue.push(id, at);
+                }
+                if event.is_writable() && self.bridge.has_output(id) {
+                    self.write_queue.push(id, at);
                 }
             }
         }
@@ -685,8 +805,8 @@ impl Frontend for BridgeServer {
         if self.accept_retry.is_some_and(|t| t <= self.now) {
             self.accept();
         }
-        for id in std::mem::take(&mut self.pending_reads) {
-            self.read(id, ctx);
+        if !self.read_queue.is_empty() {
+            self.read_pass(ctx);
         }
         // Also here, should a wake have been coalesced with another event.
         self.on_journal();
@@ -703,7 +823,7 @@ impl Frontend for BridgeServer {
             .into_iter()
             .flatten()
             .fold(next, Duration::min);
-        if self.pending_reads.is_empty() {
+        if self.read_queue.is_empty() {
             Some(soon)
         } else {
             Some(self.now)
@@ -715,25 +835,43 @@ impl Frontend for BridgeServer {
     }
 
     fn flush(&mut self) {
-        self.read_started = None;
         let started = Instant::now();
+        let mut queue = std::mem::take(&mut self.write_queue);
+        // Connections that used their budget wait at the back until the flush is over, so
+        // none is written twice in one wake.
+        let mut again = Vec::new();
         loop {
-            let mut ids: Vec<ConnId> = std::mem::take(&mut self.writable);
-            ids.extend(self.bridge.take_dirty());
-            if ids.is_empty() {
+            let now = Instant::now();
+            for id in self.bridge.take_dirty() {
+                queue.push(id, now);
+            }
+            if queue.is_empty() || started.elapsed() >= WRITE_TIME {
                 break;
             }
-            ids.sort_unstable();
-            ids.dedup();
-            for id in ids {
-                if started.elapsed() >= WRITE_TIME {
-                    // Out of time for this wake: the poll reports it again at once.
-                    self.rearm(id);
-                } else {
-                    self.write_conn(id);
-                }
-            }
+            queue.pass(
+                || started.elapsed() < WRITE_TIME,
+                |id, since| {
+                    if self.sockets.get(id).is_none() {
+                        return false;
+                    }
+                    self.write_delay.record(self.now, since.elapsed());
+                    if self.write_conn(id) {
+                        again.push(id);
+                    }
+                    false
+                },
+            );
             self.run_actions(None);
+        }
+        let now = Instant::now();
+        for id in again {
+            queue.push(id, now);
+        }
+        // What is left waits for the next wake: the poll reports it again at once.
+        let left: Vec<ConnId> = queue.ids().collect();
+        self.write_queue = queue;
+        for id in left {
+            self.rearm(id);
         }
     }
 
@@ -761,7 +899,7 @@ impl Frontend for BridgeServer {
                 break;
             }
             for id in busy {
-                self.write_conn(id);
+                let _ = self.write_conn(id);
             }
             self.run_actions(None);
             let left = deadline.saturating_duration_since(Instant::now());
@@ -808,6 +946,16 @@ impl Frontend for BridgeServer {
         }
         Some(FrontendStatus {
             bridge: Some(status),
+            service: Some(ServiceStatus {
+                read_delay_ms: self.read_delay.all.summary(),
+                read_delay_recent_ms: self.read_delay.recent.merged(self.now).summary(),
+                write_delay_ms: self.write_delay.all.summary(),
+                write_delay_recent_ms: self.write_delay.recent.merged(self.now).summary(),
+                read_queue: self.read_queue.len(),
+                write_queue: self.write_queue.len(),
+                read_delay: self.read_delay.buckets.clone(),
+                write_delay: self.write_delay.buckets.clone(),
+            }),
             ..FrontendStatus::default()
         })
     }
