@@ -960,3 +960,86 @@ impl Frontend for BridgeServer {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(n: u64) -> Vec<ConnId> {
+        (1..=n).map(ConnId::from_bits).collect()
+    }
+
+    /// Serves passes of `per_pass` connections each; `busy` always use their budget (they
+    /// flood), the rest are done after one turn. Returns the order of service.
+    fn passes(q: &mut FairQueue, per_pass: usize, rounds: usize, busy: &[ConnId]) -> Vec<ConnId> {
+        let mut order = Vec::new();
+        for _ in 0..rounds {
+            let mut left = per_pass;
+            q.pass(
+                || {
+                    left -= 1;
+                    left > 0
+                },
+                |id, _| {
+                    order.push(id);
+                    busy.contains(&id)
+                },
+            );
+        }
+        order
+    }
+
+    /// Twenty flooding connections and a quiet one that becomes readable behind them: with
+    /// three served per pass, the quiet one is served before any flooder's second turn.
+    #[test]
+    fn a_connection_behind_flooders_is_served_within_one_round() {
+        let all = ids(21);
+        let (flooders, quiet) = (&all[..20], all[20]);
+        let mut q = FairQueue::default();
+        let t = Instant::now();
+        for &id in flooders {
+            q.push(id, t);
+        }
+        // Fresh readiness of the flooders (edge-triggered: every new packet) keeps no one's
+        // place: they are queued already.
+        q.push(quiet, t);
+        for &id in flooders {
+            q.push(id, t);
+        }
+        assert_eq!(q.len(), 21, "no duplicates");
+        let order = passes(&mut q, 3, 7, flooders);
+        assert_eq!(order.len(), 21);
+        assert_eq!(order[..20], *flooders, "in the order they became readable");
+        assert_eq!(order[20], quiet);
+        // The flooders, still busy, come round again in the same order; the quiet one left.
+        let next = passes(&mut q, 4, 5, flooders);
+        assert_eq!(next, flooders);
+        assert!(!q.ids().any(|id| id == quiet));
+    }
+
+    /// Those a pass did not reach are first in the next; the one that used its budget goes
+    /// behind them, and a pass serves each connection at most once.
+    #[test]
+    fn a_pass_leaves_the_unreached_first_and_sends_the_busy_to_the_back() {
+        let all = ids(4);
+        let mut q = FairQueue::default();
+        let t = Instant::now();
+        for &id in &all {
+            q.push(id, t);
+        }
+        assert_eq!(passes(&mut q, 2, 1, &all), all[..2]);
+        assert_eq!(
+            q.ids().collect::<Vec<_>>(),
+            [all[2], all[3], all[0], all[1]]
+        );
+        // Time for everything: still each once per pass.
+        assert_eq!(
+            passes(&mut q, 100, 1, &all[..1]),
+            [all[2], all[3], all[0], all[1]]
+        );
+        assert_eq!(q.ids().collect::<Vec<_>>(), [all[0]]);
+        // The first is always served, even out of time.
+        assert_eq!(passes(&mut q, 0, 1, &[]), [all[0]]);
+        assert!(q.is_empty());
+    }
+}
