@@ -793,7 +793,9 @@ impl Frontend for BridgeServer {
                 if event.is_readable() || event.is_read_closed() || event.is_error() {
                     self.read_queue.push(id, at);
                 }
-                if event.is_writable() && self.bridge.has_output(id) {
+                // Every writable event, output or not: writing also feeds a connection its
+                // platform's backlog.
+                if event.is_writable() {
                     self.write_queue.push(id, at);
                 }
             }
