@@ -1271,26 +1271,52 @@ fn nice_this_thread() {
     }
 }
 
+/// Writes `chunk` without blocking until the socket takes no more (its buffers and the
+/// server's are full); false if the connection failed.
+fn stuff(stream: &std::net::TcpStream, chunk: &[u8]) -> bool {
+    use std::os::fd::AsRawFd;
+    loop {
+        // SAFETY: send(2) from a live buffer on an open socket; MSG_DONTWAIT leaves the
+        // descriptor (shared with the reading half) blocking.
+        let n = unsafe {
+            libc::send(
+                stream.as_raw_fd(),
+                chunk.as_ptr().cast(),
+                chunk.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n < 0 {
+            return std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock;
+        }
+    }
+}
+
 /// Row 1 of issue 18: twenty connections flood the server with lines that need no answer
 /// while a quiet one pings. Readable connections take turns (one that used its read budget
-/// goes to the back), so the quiet one's pong comes while the flood still goes on: before
-/// any flooder's closing ping, sent after its flood, is answered. Ordered by events (each
-/// flooder's pongs, the quiet one's), never by a timed bound; on a server that serves
-/// readable connections in a fixed order, the pong waits for the flood to end.
+/// goes to the back), so the quiet one's pong comes within one round of the others' turns,
+/// while every flood still goes on: before any flooder's closing ping, sent after its
+/// flood, is answered. Ordered by events, never by a timed bound: the quiet one pings only
+/// once every flooder has filled its socket (so all twenty are readable and stay so), and a
+/// flooder's closing ping is reachable only after the server read tens of MiB more from it
+/// (thousands of its turns, each one a round in which the quiet one is served). On a server
+/// that serves readable connections in a fixed order, the pong waits for the floods to end.
 #[test]
 fn a_quiet_connection_is_served_while_twenty_others_flood() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
     const FLOODERS: usize = 20;
-    // Per flooder: more than the sockets' buffers hold, so its last ping is answered only
-    // once the server has read most of its flood; written in small pieces, so that each
-    // flooder has fresh data (a fresh readiness event) at nearly every wake of the server.
-    const FLOOD_BYTES: usize = 4 << 20;
+    // Per flooder, far more than the sockets' buffers hold (a few MiB on loopback).
+    const FLOOD_BYTES: usize = 64 << 20;
     let server = Server::start(&[]);
     let line = b"{\"op\":\"delivered\",\"ids\":[]}\n";
     let chunk: Arc<Vec<u8>> = Arc::new(line.repeat(2048 / line.len()));
     let (events, seen) = bounded::<(&'static str, usize)>(4 * FLOODERS);
     let stop = Arc::new(AtomicBool::new(false));
+    // Connected and answered before any flood, so its accept is not what it waits for.
+    let mut quiet = server.client();
+    quiet.send(&json!({"op": "ping"}));
+    assert_eq!(quiet.recv()["op"], "pong");
     let mut threads = Vec::new();
     for i in 0..FLOODERS {
         let mut c = server.client();
@@ -1300,9 +1326,16 @@ fn a_quiet_connection_is_served_while_twenty_others_flood() {
         threads.push(std::thread::spawn(move || {
             nice_this_thread();
             c.send(&json!({"op": "ping"}));
+            let (v, _) = c.recv_until(|v| v["op"] == "pong");
+            assert_eq!(v["op"], "pong");
             let mut writer = c.writer.try_clone().expect("clone");
+            let full_events = events.clone();
             let flood = std::thread::spawn(move || {
                 nice_this_thread();
+                if !stuff(&writer, &chunk) {
+                    return;
+                }
+                let _ = full_events.send(("full", i));
                 let mut sent = 0;
                 while sent < FLOOD_BYTES && !stop.load(Ordering::Relaxed) {
                     if writer.write_all(&chunk).is_err() {
@@ -1312,25 +1345,19 @@ fn a_quiet_connection_is_served_while_twenty_others_flood() {
                 }
                 let _ = writeln!(writer, "{}", json!({"op": "ping"}));
             });
-            for what in ["started", "done"] {
-                let (v, _) = c.recv_until(|v| v["op"] == "pong");
-                assert_eq!(v["op"], "pong");
-                let _ = events.send((what, i));
-            }
+            let (v, _) = c.recv_until(|v| v["op"] == "pong");
+            assert_eq!(v["op"], "pong");
+            let _ = events.send(("done", i));
             let _ = flood.join();
         }));
     }
-    // Every flooder is being read (its first ping answered) and still has its flood to go.
-    let mut started = 0;
-    while started < FLOODERS {
-        let (what, i) = seen.recv_timeout(WAIT).expect("every flooder answered");
-        assert_eq!(
-            what, "started",
-            "flooder {i} finished before all had started"
-        );
-        started += 1;
+    // Every flooder's socket is full: all twenty are readable, with their floods to go.
+    let mut full = 0;
+    while full < FLOODERS {
+        let (what, i) = seen.recv_timeout(WAIT).expect("every flooder's socket full");
+        assert_eq!(what, "full", "flooder {i} finished before all had filled their sockets");
+        full += 1;
     }
-    let mut quiet = server.client();
     let (tx, rx) = bounded(1);
     quiet.send(&json!({"op": "ping"}));
     let pinger = std::thread::spawn(move || {
