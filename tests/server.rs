@@ -1354,8 +1354,13 @@ fn a_quiet_connection_is_served_while_twenty_others_flood() {
     // Every flooder's socket is full: all twenty are readable, with their floods to go.
     let mut full = 0;
     while full < FLOODERS {
-        let (what, i) = seen.recv_timeout(WAIT).expect("every flooder's socket full");
-        assert_eq!(what, "full", "flooder {i} finished before all had filled their sockets");
+        let (what, i) = seen
+            .recv_timeout(WAIT)
+            .expect("every flooder's socket full");
+        assert_eq!(
+            what, "full",
+            "flooder {i} finished before all had filled their sockets"
+        );
         full += 1;
     }
     let (tx, rx) = bounded(1);
