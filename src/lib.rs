@@ -104,7 +104,7 @@ pub use journal::{
 };
 pub use liveness::{
     BridgeStatus, FrontendStatus, HttpStatus, JournalStatus, PlatformStatus, RecoveryCounts,
-    RuntimeState, Status,
+    RuntimeState, ServiceStatus, Status,
 };
 pub use message::{Body, ChatType, Command, InvalidInput, Message, MessageContext, SessionKey};
 #[cfg(feature = "async")]

@@ -126,6 +126,9 @@ pub struct FrontendStatus {
     /// The operations HTTP endpoint's figures, when it is served.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub http: Option<HttpStatus>,
+    /// How long the bridge server's ready connections waited for their turn (`service`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service: Option<ServiceStatus>,
     /// Any other frontend's own figures, by name (shown, never read back).
     #[serde(flatten)]
     pub custom: BTreeMap<String, serde_json::Value>,
@@ -176,6 +179,47 @@ pub struct HttpStatus {
 pub(crate) const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// The git revision the binary was built from (`unknown` outside a checkout).
 pub(crate) const REVISION: &str = env!("TURNSTILE_REVISION");
+
+/// The bridge server's service delays (`frontend.service` in the status): how long a ready
+/// connection waited for its turn, as its client sees it, beside the heartbeat's lag. A
+/// connection that is readable waits in a round-robin queue until it is read; one with
+/// output and room for it, until it is written.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ServiceStatus {
+    /// Readable → read, since start.
+    pub read_delay_ms: LagSummary,
+    /// Readable → read, over the last 10 to 12 s (`/healthz` judges its p99).
+    pub read_delay_recent_ms: LagSummary,
+    /// Output ready → written, since start.
+    pub write_delay_ms: LagSummary,
+    /// Output ready → written, over the last 10 to 12 s (`/healthz` judges its p99).
+    pub write_delay_recent_ms: LagSummary,
+    /// Connections waiting to be read now.
+    pub read_queue: usize,
+    /// Connections waiting to be written now.
+    pub write_queue: usize,
+    /// Readable → read in the metrics' buckets (not in the JSON).
+    #[serde(skip)]
+    pub read_delay: PromHistogram,
+    /// Output ready → written in the metrics' buckets (not in the JSON).
+    #[serde(skip)]
+    pub write_delay: PromHistogram,
+}
+
+impl Default for ServiceStatus {
+    fn default() -> Self {
+        ServiceStatus {
+            read_delay_ms: LagSummary::default(),
+            read_delay_recent_ms: LagSummary::default(),
+            write_delay_ms: LagSummary::default(),
+            write_delay_recent_ms: LagSummary::default(),
+            read_queue: 0,
+            write_queue: 0,
+            read_delay: PromHistogram::new(LAG_BUCKETS),
+            write_delay: PromHistogram::new(LAG_BUCKETS),
+        }
+    }
+}
 
 /// A snapshot of the runtime, refreshed by every heartbeat tick.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]

@@ -93,6 +93,20 @@ pub(crate) fn health(
             limit.as_millis()
         ));
     }
+    // Clients starving while the loop keeps its pulse: the same limit as a late tick.
+    if let Some(s) = latest.frontend.as_ref().and_then(|f| f.service.as_ref()) {
+        let limit_ms = limit.as_secs_f64() * 1000.0;
+        for (what, p99) in [
+            ("read", s.read_delay_recent_ms.p99),
+            ("write", s.write_delay_recent_ms.p99),
+        ] {
+            if p99 > limit_ms {
+                return Err(format!(
+                    "bridge connections wait {p99} ms to be {what} (p99 over the last 10 s; limit {limit_ms} ms)"
+                ));
+            }
+        }
+    }
     Ok(())
 }
 
@@ -539,6 +553,30 @@ mod tests {
             Err("shutting down".into())
         );
         assert!(lag_healthy(&running(1.0, 300.0), tick));
+        // Starving connections make it unhealthy, past the same limit as a late tick.
+        let mut starved = running(1.0, 0.0);
+        let mut service = crate::liveness::ServiceStatus::default();
+        service.read_delay_recent_ms.p99 = 300.0;
+        starved.frontend = Some(FrontendStatus {
+            service: Some(service.clone()),
+            ..FrontendStatus::default()
+        });
+        assert_eq!(
+            health(&starved, Duration::from_secs(1), tick, false),
+            Ok(())
+        );
+        service.read_delay_recent_ms.p99 = 301.0;
+        starved.frontend = Some(FrontendStatus {
+            service: Some(service),
+            ..FrontendStatus::default()
+        });
+        assert_eq!(
+            health(&starved, Duration::from_secs(1), tick, false),
+            Err(
+                "bridge connections wait 301 ms to be read (p99 over the last 10 s; limit 300 ms)"
+                    .into()
+            )
+        );
         assert!(!lag_healthy(&running(1.0, 300.5), tick));
     }
 

@@ -9,7 +9,7 @@ use std::fmt::Write;
 use std::collections::BTreeMap;
 
 use crate::histogram::PromHistogram;
-use crate::liveness::{BridgeStatus, JournalStatus, PlatformStatus};
+use crate::liveness::{BridgeStatus, JournalStatus, PlatformStatus, ServiceStatus};
 use crate::liveness::{
     CleanupCounts, HttpStatus, MessageCounts, RuntimeState, SessionCounts, Status, ThreadStates,
     WorkerCounts,
@@ -164,6 +164,9 @@ pub(crate) fn render(s: &Status) -> String {
     let mut e = Exposition::new();
     render_process(&mut e, s);
     render_loop_lag(&mut e, s);
+    if let Some(service) = s.frontend.as_ref().and_then(|f| f.service.as_ref()) {
+        render_service(&mut e, service);
+    }
     render_sessions(&mut e, &s.sessions);
     render_turns(&mut e, s);
     render_rejections(&mut e, s);
@@ -286,6 +289,34 @@ fn render_loop_lag(e: &mut Exposition, s: &Status) {
             (&[("stat", "p50")][..], w.p50 * ms),
             (&[("stat", "p99")][..], w.p99 * ms),
             (&[("stat", "max")][..], w.max * ms),
+        ],
+    );
+}
+
+/// The bridge server's service delays, beside the loop lag: how long ready connections
+/// waited for their turn.
+fn render_service(e: &mut Exposition, s: &ServiceStatus) {
+    e.histogram(
+        "turnstile_bridge_read_delay_seconds",
+        "Time a readable bridge connection waited until it was read.",
+        &s.read_delay,
+    );
+    e.histogram(
+        "turnstile_bridge_write_delay_seconds",
+        "Time a bridge connection with output waited until it was written.",
+        &s.write_delay,
+    );
+    let (r, w, ms) = (&s.read_delay_recent_ms, &s.write_delay_recent_ms, 1e-3);
+    e.gauges(
+        "turnstile_bridge_service_delay_recent_seconds",
+        "Bridge service delays over the last 10 to 12 s: p50, p99 and max.",
+        &[
+            (&[("direction", "read"), ("stat", "p50")][..], r.p50 * ms),
+            (&[("direction", "read"), ("stat", "p99")][..], r.p99 * ms),
+            (&[("direction", "read"), ("stat", "max")][..], r.max * ms),
+            (&[("direction", "write"), ("stat", "p50")][..], w.p50 * ms),
+            (&[("direction", "write"), ("stat", "p99")][..], w.p99 * ms),
+            (&[("direction", "write"), ("stat", "max")][..], w.max * ms),
         ],
     );
 }
@@ -755,9 +786,14 @@ mod tests {
             idle_closed: 20,
             ..HttpStatus::default()
         };
+        let mut service = ServiceStatus::default();
+        service.read_delay.record(Duration::from_millis(3));
+        service.read_delay_recent_ms.p99 = 21.0;
+        service.write_delay_recent_ms.max = 22.0;
         s.frontend = Some(crate::liveness::FrontendStatus {
             bridge: Some(bridge),
             http: Some(http),
+            service: Some(service),
             ..Default::default()
         });
         s.state = RuntimeState::Draining;
@@ -789,6 +825,11 @@ mod tests {
             "turnstile_http_requests_total{result=\"bad_request\"} 18",
             "turnstile_http_connections_closed_total{reason=\"refused\"} 19",
             "turnstile_http_connections_closed_total{reason=\"idle\"} 20",
+            "turnstile_bridge_read_delay_seconds_bucket{le=\"0.0025\"} 0",
+            "turnstile_bridge_read_delay_seconds_bucket{le=\"0.005\"} 1",
+            "turnstile_bridge_write_delay_seconds_count 0",
+            "turnstile_bridge_service_delay_recent_seconds{direction=\"read\",stat=\"p99\"} 0.021",
+            "turnstile_bridge_service_delay_recent_seconds{direction=\"write\",stat=\"max\"} 0.022",
         ] {
             has(line);
         }

@@ -16,6 +16,7 @@ mod lines;
 mod protocol;
 mod sharded;
 
+use std::collections::{HashSet, VecDeque};
 use std::fmt;
 use std::io::{self, Write};
 use std::net::SocketAddr;
@@ -27,8 +28,9 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events as MioEvents, Interest, Poll, Registry, Token};
 
 use crate::core::MessageEvent;
+use crate::histogram::{LAG_BUCKETS, LagHistogram, LagWindow, PromHistogram};
 use crate::journal::{Journal, JournalConfig, Store, StoreError};
-use crate::liveness::FrontendStatus;
+use crate::liveness::{FrontendStatus, ServiceStatus};
 use crate::reactor::{Ctx, Frontend};
 use crate::tls::{ServerTls, Transport};
 use crate::tokens::{BRIDGE_LISTENER as LISTENER, JOURNAL, SIGNALS};
@@ -40,9 +42,14 @@ use lines::{Line, LineReader, ReadOutcome};
 const READ_BUDGET: usize = 8 * 1024;
 /// Time the shell spends reading and handing lines to the bridge per loop iteration; what
 /// is left is read on the next iteration, which follows at once. Keeps each wake short.
+/// Readable connections take turns in a [`FairQueue`]: one that used its read budget goes
+/// to the back, the ones a pass did not reach are first in the next, so a connection waits
+/// at most one round of the others' budgets whatever they send.
 const READ_TIME: Duration = Duration::from_micros(200);
-/// Time spent writing per loop iteration, likewise.
+/// Time spent writing per loop iteration, likewise (and in the same round-robin order).
 const WRITE_TIME: Duration = Duration::from_micros(200);
+/// One slice of the recent service-delay window (six slices: the last 10 to 12 s).
+const SERVICE_SLICE: Duration = Duration::from_secs(2);
 /// Connections accepted per wake.
 const ACCEPT_BATCH: usize = 256;
 /// Accepting again after the process ran out of descriptors.
@@ -159,6 +166,96 @@ impl SocketTable {
     }
 }
 
+/// Connections waiting for their turn (to be read, or written), in order, each at most once,
+/// with the time it began to wait. A pass serves from the front, at most the connections
+/// queued when it began; one that used its budget goes to the back; those it did not reach
+/// stay at the front for the next pass. So between two turns of a connection every other one
+/// gets at most one turn: no connection can starve another.
+#[derive(Default)]
+struct FairQueue {
+    order: VecDeque<(ConnId, Instant)>,
+    queued: HashSet<ConnId>,
+}
+
+impl FairQueue {
+    /// Queues `id` at the back, waiting since `at`; no-op (its place and time kept) when it
+    /// is already queued.
+    fn push(&mut self, id: ConnId, at: Instant) {
+        if self.queued.insert(id) {
+            self.order.push_back((id, at));
+        }
+    }
+
+    fn pop(&mut self) -> Option<(ConnId, Instant)> {
+        let (id, at) = self.order.pop_front()?;
+        self.queued.remove(&id);
+        Some((id, at))
+    }
+
+    fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    fn ids(&self) -> impl Iterator<Item = ConnId> + '_ {
+        self.order.iter().map(|&(id, _)| id)
+    }
+
+    /// One pass: serves connections from the front while `more_time()` (the first always).
+    /// `serve(id, waited_since)` returns true when the connection used its budget and has
+    /// more: it goes to the back (waiting from now), behind everyone queued, and is served
+    /// again in this pass only if time is left once they have had their turn. So a pass
+    /// with one busy connection uses the whole time on it (a lone flooder is read as fast as
+    /// before), and with many each gets one turn before any gets a second.
+    /// Returns the turns served.
+    fn pass(
+        &mut self,
+        mut more_time: impl FnMut() -> bool,
+        mut serve: impl FnMut(ConnId, Instant) -> bool,
+    ) -> usize {
+        let mut served = 0;
+        while !self.is_empty() && (served == 0 || more_time()) {
+            let Some((id, since)) = self.pop() else {
+                break;
+            };
+            served += 1;
+            if serve(id, since) {
+                self.push(id, Instant::now());
+            }
+        }
+        served
+    }
+}
+
+/// How long ready connections waited for their turn: since start, over the recent window,
+/// and in the metrics' buckets.
+struct DelayStats {
+    all: LagHistogram,
+    recent: LagWindow,
+    buckets: PromHistogram,
+}
+
+impl Default for DelayStats {
+    fn default() -> Self {
+        DelayStats {
+            all: LagHistogram::default(),
+            recent: LagWindow::new(SERVICE_SLICE),
+            buckets: PromHistogram::new(LAG_BUCKETS),
+        }
+    }
+}
+
+impl DelayStats {
+    fn record(&mut self, now: Duration, waited: Duration) {
+        self.all.record(waited);
+        self.recent.record(now, waited);
+        self.buckets.record(waited);
+    }
+}
+
 struct Socket {
     id: ConnId,
     peer: SocketAddr,
@@ -192,9 +289,14 @@ pub struct BridgeServer {
     /// Sockets by their connection's key (index), the key's bits being their poll token, so
     /// a readiness event for a closed socket never reaches the one that reuses its slot.
     sockets: SocketTable,
-    pending_reads: Vec<ConnId>,
-    /// Sockets reported writable since the last flush.
-    writable: Vec<ConnId>,
+    /// Connections readable and not yet read (round-robin across wakes).
+    read_queue: FairQueue,
+    /// Connections with output to write and room to write it (round-robin across wakes).
+    write_queue: FairQueue,
+    /// Readable → read.
+    read_delay: DelayStats,
+    /// Output waiting (writable or new output) → written.
+    write_delay: DelayStats,
     /// Submissions the bridge asked for outside a step that could make them.
     deferred: Vec<Action>,
     /// Out of descriptors: accept again at this time.
@@ -204,7 +306,6 @@ pub struct BridgeServer {
     spare_fd: Option<std::fs::File>,
     now: Duration,
     lines: Vec<Line>,
-    read_started: Option<Instant>,
     next_ack_poll: Duration,
     /// The store, until `register` starts the journal thread on it.
     store: Option<(Box<dyn Store>, JournalConfig)>,
@@ -291,14 +392,15 @@ impl BridgeServer {
             forced: crossbeam_channel::bounded(2),
             journal_unfinished: std::sync::Arc::default(),
             sockets: SocketTable::default(),
-            pending_reads: Vec::new(),
-            writable: Vec::new(),
+            read_queue: FairQueue::default(),
+            write_queue: FairQueue::default(),
+            read_delay: DelayStats::default(),
+            write_delay: DelayStats::default(),
             deferred: Vec::new(),
             accept_retry: None,
             spare_fd: open_spare(),
             now: Duration::ZERO,
             lines: Vec::new(),
-            read_started: None,
             next_ack_poll: Duration::ZERO,
             store: None,
             journal: None,
@@ -460,24 +562,18 @@ impl BridgeServer {
         log::info!("connection opened conn={id} peer={peer}");
     }
 
-    fn read(&mut self, id: ConnId, ctx: &mut Ctx<'_>) {
+    /// Reads one budget from `id` and hands its lines to the bridge; true when the budget
+    /// ran out with data left (the connection goes to the back of the read queue).
+    fn read(&mut self, id: ConnId, ctx: &mut Ctx<'_>) -> bool {
         let Some(sock) = self.sockets.get_mut(id) else {
-            return;
+            return false;
         };
         if sock.eof {
-            return;
+            return false;
         }
         if !self.bridge.wants_read(id) {
             sock.read_paused = true;
-            return;
-        }
-        match self.read_started {
-            Some(start) if start.elapsed() >= READ_TIME => {
-                self.pending_reads.push(id);
-                return;
-            }
-            Some(_) => {}
-            None => self.read_started = Some(Instant::now()),
+            return false;
         }
         let max_line = self.bridge.config().max_line_bytes;
         let mut lines = std::mem::take(&mut self.lines);
@@ -491,21 +587,41 @@ impl BridgeServer {
             }
         }
         self.lines = lines;
-        match outcome {
-            ReadOutcome::Drained => {}
-            ReadOutcome::MoreLater => self.pending_reads.push(id),
+        let again = match outcome {
+            ReadOutcome::Drained => false,
+            ReadOutcome::MoreLater => true,
             ReadOutcome::Eof => {
                 if let Some(s) = self.sockets.get_mut(id) {
                     s.eof = true;
                 }
                 self.bridge.read_closed(id);
+                false
             }
             ReadOutcome::Failed => {
                 self.bridge.disconnected(id);
                 self.drop_socket(id);
+                false
             }
-        }
+        };
         self.run_actions(Some(ctx));
+        again && self.sockets.get(id).is_some()
+    }
+
+    /// One read pass over the queue, within [`READ_TIME`].
+    fn read_pass(&mut self, ctx: &mut Ctx<'_>) {
+        let mut queue = std::mem::take(&mut self.read_queue);
+        let started = Instant::now();
+        queue.pass(
+            || started.elapsed() < READ_TIME,
+            |id, since| {
+                if self.sockets.get(id).is_none() {
+                    return false;
+                }
+                self.read_delay.record(self.now, since.elapsed());
+                self.read(id, ctx)
+            },
+        );
+        self.read_queue = queue;
     }
 
     /// Carries out the bridge's requests: submissions (only with a step's context) and closes.
@@ -575,9 +691,10 @@ impl BridgeServer {
         self.bridge.acked(sock.id, written - pending);
     }
 
-    fn write_conn(&mut self, id: ConnId) {
+    /// Writes one budget of `id`'s output; true when the budget ran out with output left.
+    fn write_conn(&mut self, id: ConnId) -> bool {
         let Some(sock) = self.sockets.get_mut(id) else {
-            return;
+            return false;
         };
         // TLS may hold ciphertext from an earlier pass (or the handshake) for the socket.
         let result = match sock.stream.flush_tls() {
@@ -587,16 +704,16 @@ impl BridgeServer {
         if result.is_ok() {
             self.poll_ack(id);
         }
-        match result {
-            Ok(Flushed::Budget) => self.rearm(id),
-            Ok(Flushed::All | Flushed::Blocked) => {}
+        let again = match result {
+            Ok(Flushed::Budget) => true,
+            Ok(Flushed::All | Flushed::Blocked) => false,
             Err(e) => {
                 log::debug!("connection {}: write failed: {e}", id);
                 self.bridge.disconnected(id);
                 self.drop_socket(id);
-                return;
+                return false;
             }
-        }
+        };
         if let Some(sock) = self.sockets.get_mut(id)
             && sock.read_paused
             && self.bridge.wants_read(id)
@@ -608,6 +725,7 @@ impl BridgeServer {
             }
             self.rearm(id);
         }
+        again
     }
 
     fn on_signal(&mut self, ctx: &mut Ctx<'_>) {
@@ -644,7 +762,7 @@ impl BridgeServer {
     fn write_what_we_can(&mut self) {
         self.bridge.abandon_all();
         for id in self.sockets.ids() {
-            self.write_conn(id);
+            let _ = self.write_conn(id);
         }
     }
 }
@@ -722,11 +840,17 @@ impl Frontend for BridgeServer {
                     self.drop_socket(id);
                     return;
                 }
-                if event.is_readable() || event.is_read_closed() || event.is_error() {
-                    self.read(id, ctx);
+                if self.sockets.get(id).is_none() {
+                    return;
                 }
-                if event.is_writable() && self.sockets.get(id).is_some() {
-                    self.writable.push(id);
+                let at = Instant::now();
+                if event.is_readable() || event.is_read_closed() || event.is_error() {
+                    self.read_queue.push(id, at);
+                }
+                // Every writable event, output or not: writing also feeds a connection its
+                // platform's backlog.
+                if event.is_writable() {
+                    self.write_queue.push(id, at);
                 }
             }
         }
@@ -737,8 +861,8 @@ impl Frontend for BridgeServer {
         if self.accept_retry.is_some_and(|t| t <= self.now) {
             self.accept();
         }
-        for id in std::mem::take(&mut self.pending_reads) {
-            self.read(id, ctx);
+        if !self.read_queue.is_empty() {
+            self.read_pass(ctx);
         }
         // Also here, should a wake have been coalesced with another event.
         self.on_journal();
@@ -755,7 +879,7 @@ impl Frontend for BridgeServer {
             .into_iter()
             .flatten()
             .fold(next, Duration::min);
-        if self.pending_reads.is_empty() {
+        if self.read_queue.is_empty() {
             Some(soon)
         } else {
             Some(self.now)
@@ -767,25 +891,43 @@ impl Frontend for BridgeServer {
     }
 
     fn flush(&mut self) {
-        self.read_started = None;
         let started = Instant::now();
+        let mut queue = std::mem::take(&mut self.write_queue);
+        // Connections that used their budget wait at the back until the flush is over, so
+        // none is written twice in one wake.
+        let mut again = Vec::new();
         loop {
-            let mut ids: Vec<ConnId> = std::mem::take(&mut self.writable);
-            ids.extend(self.bridge.take_dirty());
-            if ids.is_empty() {
+            let now = Instant::now();
+            for id in self.bridge.take_dirty() {
+                queue.push(id, now);
+            }
+            if queue.is_empty() || started.elapsed() >= WRITE_TIME {
                 break;
             }
-            ids.sort_unstable();
-            ids.dedup();
-            for id in ids {
-                if started.elapsed() >= WRITE_TIME {
-                    // Out of time for this wake: the poll reports it again at once.
-                    self.rearm(id);
-                } else {
-                    self.write_conn(id);
-                }
-            }
+            queue.pass(
+                || started.elapsed() < WRITE_TIME,
+                |id, since| {
+                    if self.sockets.get(id).is_none() {
+                        return false;
+                    }
+                    self.write_delay.record(self.now, since.elapsed());
+                    if self.write_conn(id) {
+                        again.push(id);
+                    }
+                    false
+                },
+            );
             self.run_actions(None);
+        }
+        let now = Instant::now();
+        for id in again {
+            queue.push(id, now);
+        }
+        // What is left waits for the next wake: the poll reports it again at once.
+        let left: Vec<ConnId> = queue.ids().collect();
+        self.write_queue = queue;
+        for id in left {
+            self.rearm(id);
         }
     }
 
@@ -814,7 +956,7 @@ impl Frontend for BridgeServer {
                 break;
             }
             for id in busy {
-                self.write_conn(id);
+                let _ = self.write_conn(id);
             }
             self.run_actions(None);
             let left = deadline.saturating_duration_since(Instant::now());
@@ -874,7 +1016,102 @@ impl Frontend for BridgeServer {
         }
         Some(FrontendStatus {
             bridge: Some(status),
+            service: Some(ServiceStatus {
+                read_delay_ms: self.read_delay.all.summary(),
+                read_delay_recent_ms: self.read_delay.recent.merged(self.now).summary(),
+                write_delay_ms: self.write_delay.all.summary(),
+                write_delay_recent_ms: self.write_delay.recent.merged(self.now).summary(),
+                read_queue: self.read_queue.len(),
+                write_queue: self.write_queue.len(),
+                read_delay: self.read_delay.buckets.clone(),
+                write_delay: self.write_delay.buckets.clone(),
+            }),
             ..FrontendStatus::default()
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(n: u64) -> Vec<ConnId> {
+        (1..=n).map(ConnId::from_bits).collect()
+    }
+
+    /// Serves passes of `per_pass` connections each; `busy` always use their budget (they
+    /// flood), the rest are done after one turn. Returns the order of service.
+    fn passes(q: &mut FairQueue, per_pass: usize, rounds: usize, busy: &[ConnId]) -> Vec<ConnId> {
+        let mut order = Vec::new();
+        for _ in 0..rounds {
+            let mut left = per_pass;
+            q.pass(
+                || {
+                    left = left.saturating_sub(1);
+                    left > 0
+                },
+                |id, _| {
+                    order.push(id);
+                    busy.contains(&id)
+                },
+            );
+        }
+        order
+    }
+
+    /// Twenty flooding connections and a quiet one that becomes readable behind them: with
+    /// three served per pass, the quiet one is served before any flooder's second turn.
+    #[test]
+    fn a_connection_behind_flooders_is_served_within_one_round() {
+        let all = ids(21);
+        let (flooders, quiet) = (&all[..20], all[20]);
+        let mut q = FairQueue::default();
+        let t = Instant::now();
+        for &id in flooders {
+            q.push(id, t);
+        }
+        // Fresh readiness of the flooders (edge-triggered: every new packet) keeps no one's
+        // place: they are queued already.
+        q.push(quiet, t);
+        for &id in flooders {
+            q.push(id, t);
+        }
+        assert_eq!(q.len(), 21, "no duplicates");
+        let order = passes(&mut q, 3, 7, flooders);
+        assert_eq!(order.len(), 21);
+        assert_eq!(order[..20], *flooders, "in the order they became readable");
+        assert_eq!(order[20], quiet);
+        // The flooders, still busy, come round again in the same order; the quiet one left.
+        let next = passes(&mut q, 4, 5, flooders);
+        assert_eq!(next, flooders);
+        assert!(!q.ids().any(|id| id == quiet));
+    }
+
+    /// Those a pass did not reach are first in the next; the one that used its budget goes
+    /// behind them, and is served again in the same pass only after every other one had its
+    /// turn.
+    #[test]
+    fn a_pass_leaves_the_unreached_first_and_sends_the_busy_to_the_back() {
+        let all = ids(4);
+        let mut q = FairQueue::default();
+        let t = Instant::now();
+        for &id in &all {
+            q.push(id, t);
+        }
+        assert_eq!(passes(&mut q, 2, 1, &all), all[..2]);
+        assert_eq!(
+            q.ids().collect::<Vec<_>>(),
+            [all[2], all[3], all[0], all[1]]
+        );
+        // Time for six turns, one connection busy: the others once each, then it again
+        // (twice: nobody else is waiting).
+        assert_eq!(
+            passes(&mut q, 6, 1, &all[..1]),
+            [all[2], all[3], all[0], all[1], all[0], all[0]]
+        );
+        assert_eq!(q.ids().collect::<Vec<_>>(), [all[0]]);
+        // The first is always served, even out of time.
+        assert_eq!(passes(&mut q, 0, 1, &[]), [all[0]]);
+        assert!(q.is_empty());
     }
 }
