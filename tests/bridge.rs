@@ -1777,10 +1777,11 @@ fn a_failed_journal_write_rejects_storage_and_holds_outcomes_until_a_write_succe
     n.send(c, msg("2", "43", "second"));
     n.commit(&mut store);
     assert_eq!(n.order, [1, 3], "the retry is journaled and submitted anew");
+    n.accept(3);
     assert_eq!(
         ops(&n.take(c)),
-        ["reply 1 one"],
-        "the outcome goes once its record is durable"
+        ["ack 2 running", "reply 1 one"],
+        "the outcome goes once its record is durable (after the answer ahead of it)"
     );
     assert!(
         !n.b.status().journal.unwrap().failing,

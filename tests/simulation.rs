@@ -533,7 +533,7 @@ impl World {
                 }
             }
             if fx.is_empty() && !any {
-                return self.check_bounds();
+                return Ok(());
             }
             self.apply(fx)?;
         }
@@ -1045,6 +1045,7 @@ impl World {
             self.agent_returns(true)?;
             self.read()?;
             self.confirm()?;
+            self.check_bounds()?;
             let open: Vec<&String> = self
                 .client
                 .acked
@@ -1087,6 +1088,7 @@ impl World {
         self.start()?;
         for _ in 0..steps {
             self.step()?;
+            self.check_bounds()?;
         }
         self.settle()
     }
