@@ -71,6 +71,11 @@ struct Net {
     reset: Vec<ConnId>,
     /// Journal records asked for and not yet committed.
     journal: Vec<Record>,
+    /// Of them, how many a failed write kept (the journal thread does not count them as
+    /// taken again).
+    kept: usize,
+    /// Held turns released, in order.
+    released: Vec<TurnId>,
 }
 
 impl Net {
@@ -84,6 +89,8 @@ impl Net {
             closed: Vec::new(),
             reset: Vec::new(),
             journal: Vec::new(),
+            kept: 0,
+            released: Vec::new(),
         }
     }
 
@@ -110,6 +117,7 @@ impl Net {
                     self.reset.push(c);
                 }
                 Action::Journal(r) => self.journal.push(r),
+                Action::StartTurn(turn) => self.released.push(turn),
             }
         }
     }
@@ -199,7 +207,8 @@ impl Net {
     fn commit(&mut self, store: &mut MemStore) {
         let batch = std::mem::take(&mut self.journal);
         store.write(&batch).expect("memory store");
-        let c = completion(&batch, None);
+        let mut c = completion(&batch, None);
+        c.taken -= std::mem::take(&mut self.kept);
         self.b.journaled(c, self.now);
         self.pump();
     }
@@ -207,11 +216,13 @@ impl Net {
     /// The journal thread's write fails: accepted messages failed, other records kept.
     fn fail_journal(&mut self) {
         let batch = std::mem::take(&mut self.journal);
-        let c = completion(&batch, Some("no space left on device"));
+        let mut c = completion(&batch, Some("no space left on device"));
+        c.taken -= self.kept;
         self.journal = batch
             .into_iter()
             .filter(|r| !matches!(r, Record::Accepted(_)))
             .collect();
+        self.kept = self.journal.len();
         self.b.journaled(c, self.now);
         self.pump();
     }
@@ -2049,7 +2060,7 @@ fn an_ack_and_an_outcome_wait_for_their_records_to_be_durable() {
 }
 
 #[test]
-fn a_failed_journal_write_rejects_storage_while_outcomes_still_flow() {
+fn a_failed_journal_write_rejects_storage_and_holds_outcomes_until_a_write_succeeds() {
     let mut store = MemStore::new();
     let mut n = Net::new(durable());
     let c = n.connect();
@@ -2059,32 +2070,69 @@ fn a_failed_journal_write_rejects_storage_while_outcomes_still_flow() {
     n.accept(1);
     n.send(c, msg("2", "43", "second"));
     n.reply(1, "one");
-    // The disk fails: the new message is refused, the acked one's outcome goes out anyway.
+    // The disk fails: the new message is refused; the acked one's outcome waits for its
+    // record (a bridge that had it could be answered differently after a crash).
     n.fail_journal();
     let out = n.take(c);
-    assert_eq!(
-        ops(&out),
-        ["ack 1 running", "reject 2 storage", "reply 1 one"]
-    );
+    assert_eq!(ops(&out), ["ack 1 running", "reject 2 storage"]);
     assert!(out[1]["detail"].as_str().unwrap().contains("no space left"));
     let st = n.b.status();
     assert!(st.journal.as_ref().unwrap().failing);
+    assert_eq!(st.journal.as_ref().unwrap().unjournaled_outcomes, 1);
     assert_eq!(st.rejected["storage"], 1);
     assert_eq!(n.order, [1], "a message that is not durable was submitted");
     // The outcome's record is kept for another try; the refused id is new again.
-    assert_eq!(kinds(&n.journal), ["outcome 1", "delivered 1"]);
+    assert_eq!(kinds(&n.journal), ["outcome 1"]);
+    n.fail_journal();
+    assert!(
+        n.take(c).is_empty(),
+        "an outcome went out on a failed retry"
+    );
     n.send(c, msg("2", "43", "second"));
     n.commit(&mut store);
     assert_eq!(n.order, [1, 3], "the retry is journaled and submitted anew");
+    n.accept(3);
+    assert_eq!(
+        ops(&n.take(c)),
+        ["ack 2 running", "reply 1 one"],
+        "the outcome goes once its record is durable (after the answer ahead of it)"
+    );
     assert!(
         !n.b.status().journal.unwrap().failing,
         "writes succeed again"
     );
-    assert_eq!(
-        store.load(0).unwrap().messages.len(),
-        1,
-        "only message 2 is in flight"
+    let r = store.load(0).unwrap();
+    assert_eq!(r.messages.len(), 2, "message 1 (its outcome) and message 3");
+    assert!(r.messages[0].outcome.is_some());
+}
+
+#[test]
+fn a_turn_is_released_to_its_agent_only_once_its_started_record_is_durable() {
+    let mut store = MemStore::new();
+    let mut n = Net::new(durable());
+    let c = n.connect();
+    n.hello(c, "tg");
+    n.send(c, msg("1", "42", "first"));
+    n.commit(&mut store);
+    n.accept(1);
+    n.event(1, EventKind::TurnStarted(TurnId(7)));
+    assert_eq!(kinds(&n.journal), ["started 1 1"]);
+    assert!(
+        n.released.is_empty(),
+        "released before its record was written"
     );
+    // While the journal cannot write, the turn waits.
+    n.fail_journal();
+    n.fail_journal();
+    assert!(n.released.is_empty(), "released though its record failed");
+    n.commit(&mut store);
+    assert_eq!(n.released, [TurnId(7)]);
+    assert_eq!(store.load(0).unwrap().messages[0].starts, 1);
+    // Other records becoming durable release nothing more.
+    n.send(c, msg("2", "42", "second"));
+    n.commit(&mut store);
+    assert_eq!(n.released, [TurnId(7)]);
+    let _ = n.take(c);
 }
 
 #[test]
@@ -2096,9 +2144,19 @@ fn a_runtime_refusal_after_journaling_forgets_the_message() {
     n.send(c, msg("1", "42", "hi"));
     n.commit(&mut store);
     n.event(1, EventKind::Rejected(RejectReason::QueueFull));
-    assert_eq!(ops(&n.take(c)), ["reject 1 queue_full"]);
+    // A bridge told `reject` retries the id as new: the journal must not bring it back.
+    assert!(
+        n.take(c).is_empty(),
+        "refused before its forget record was durable"
+    );
     assert_eq!(kinds(&n.journal), ["forget 1"]);
+    n.fail_journal();
+    assert!(
+        n.take(c).is_empty(),
+        "refused though its forget record failed"
+    );
     n.commit(&mut store);
+    assert_eq!(ops(&n.take(c)), ["reject 1 queue_full"]);
     let r = store.load(0).unwrap();
     assert!(r.messages.is_empty() && r.dedup.is_empty());
 }

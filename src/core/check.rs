@@ -59,6 +59,14 @@ impl<R: Clone, A> Core<R, A> {
         assert_eq!(parked, self.parked_agents, "parked agents miscounted");
         assert_eq!(idle, self.cache.live, "idle agents miscounted");
         assert!(self.claimed_turns.len() <= self.cfg.turn_workers);
+        assert!(
+            self.held.keys().all(|t| self.claimed_turns.contains(t)),
+            "a held turn that is not claimed"
+        );
+        assert!(
+            self.returned.is_empty(),
+            "an unreleased turn not taken back"
+        );
         self.cleanups.check();
         assert!(self.cleanups.in_pool() <= self.cfg.cleanup_concurrency);
     }

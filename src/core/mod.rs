@@ -55,6 +55,8 @@ enum Timer {
 #[derive(Debug)]
 struct Queued<R> {
     id: Arc<str>,
+    /// Its turn waits for [`Input::Release`] once claimed.
+    held: bool,
     text: String,
     context: MessageContext,
     route: R,
@@ -157,6 +159,11 @@ pub struct Core<R, A> {
     claimed_turns: HashSet<TurnId>,
     timers: TimerQueue<Timer>,
     cleanups: Cleanups<A>,
+    /// Claimed turns of held messages, not yet released to a worker.
+    held: HashMap<TurnId, TurnJob<A>>,
+    /// Held turns that ended before their release, to be reported as returned (as a worker
+    /// would) at the end of the current input.
+    returned: VecDeque<TurnDone<A>>,
     next_turn: u64,
 
     queued_total: usize,
@@ -182,6 +189,8 @@ impl<R: Clone, A> Core<R, A> {
             claimed_turns: HashSet::new(),
             timers,
             cleanups: Cleanups::default(),
+            held: HashMap::new(),
+            returned: VecDeque::new(),
             next_turn: 0,
 
             queued_total: 0,
@@ -232,13 +241,16 @@ impl<R: Clone, A> Core<R, A> {
     /// Applies one input at time `now`, pushing the resulting effects onto `fx`.
     pub fn handle(&mut self, now: Duration, input: Input<R, A>, fx: &mut Vec<Effect<R, A>>) {
         match input {
-            Input::Submit { message, route } => self.submit(now, message, route, fx),
+            Input::Submit { message, route } => self.submit(now, message, route, false, fx),
+            Input::SubmitHeld { message, route } => self.submit(now, message, route, true, fx),
+            Input::Release { turn } => self.release(turn, fx),
             Input::TurnDone(done) => self.turn_done(now, done, fx),
             Input::Partial { turn, slot, text } => self.partial(turn, slot, text, fx),
             Input::CleanupStarted { job } => self.cleanup_started(now, job),
             Input::CleanupDone { job, result } => self.cleanup_done(job, result, fx),
             Input::Shutdown => self.begin_shutdown(now, fx),
         }
+        self.take_back_unreleased(now, fx);
         self.dispatch(now, fx);
         self.check_shutdown_complete(fx);
         self.check_invariants();
@@ -249,6 +261,7 @@ impl<R: Clone, A> Core<R, A> {
         while let Some(timer) = self.timers.pop_due(now) {
             self.fire(now, timer, fx);
         }
+        self.take_back_unreleased(now, fx);
         self.dispatch(now, fx);
         self.check_shutdown_complete(fx);
         self.check_invariants();
@@ -312,7 +325,41 @@ impl<R: Clone, A> Core<R, A> {
 
     // ---- inputs ------------------------------------------------------------------------
 
-    fn submit(&mut self, now: Duration, msg: Message, route: R, fx: &mut Vec<Effect<R, A>>) {
+    /// A held turn may run now.
+    fn release(&mut self, turn: TurnId, fx: &mut Vec<Effect<R, A>>) {
+        if let Some(job) = self.held.remove(&turn) {
+            debug_assert!(self.claimed_turns.contains(&turn));
+            fx.push(Effect::StartTurn(job));
+        }
+    }
+
+    /// Held turns that ended before their release come back as a worker's would (cancelled,
+    /// never run), after the input that ended them.
+    fn take_back_unreleased(&mut self, now: Duration, fx: &mut Vec<Effect<R, A>>) {
+        while let Some(done) = self.returned.pop_front() {
+            self.turn_done(now, done, fx);
+        }
+    }
+
+    /// A held turn ends before its release: it never reaches a worker; true if it was held.
+    fn unhold(&mut self, turn: TurnId) -> bool {
+        let Some(mut job) = self.held.remove(&turn) else {
+            return false;
+        };
+        let agent = job.agent.take();
+        self.returned
+            .push_back(job.done(agent, TurnResult::Cancelled));
+        true
+    }
+
+    fn submit(
+        &mut self,
+        now: Duration,
+        msg: Message,
+        route: R,
+        held: bool,
+        fx: &mut Vec<Effect<R, A>>,
+    ) {
         let Message {
             id,
             session: key,
@@ -403,6 +450,7 @@ impl<R: Clone, A> Core<R, A> {
         self.queued_bytes += text.len();
         self.slots[slot].queue.push_back(Queued {
             id,
+            held,
             text,
             context,
             route,

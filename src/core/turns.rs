@@ -40,13 +40,16 @@ impl<R: Clone, A> Core<R, A> {
         let Some(t) = self.slots[slot].turn.as_mut() else {
             return false;
         };
-        if t.cancel.is_none() {
-            t.cancel = Some(reason);
-            fx.push(Effect::CancelTurn(t.turn));
-            self.timers.insert(
-                now + self.cfg.stop_grace,
-                Timer::StopGrace { turn: t.turn, slot },
-            );
+        if t.cancel.is_some() {
+            return true;
+        }
+        t.cancel = Some(reason);
+        let turn = t.turn;
+        // A held turn never reached a worker: it ends now, with this reason.
+        if !self.unhold(turn) {
+            fx.push(Effect::CancelTurn(turn));
+            self.timers
+                .insert(now + self.cfg.stop_grace, Timer::StopGrace { turn, slot });
         }
         true
     }
@@ -68,6 +71,8 @@ impl<R: Clone, A> Core<R, A> {
         self.claimed_turns.remove(&running.turn);
         self.note_stale_timer();
         self.stats.turns.abandoned += 1;
+        // A held turn is on no worker: its job comes back at once, as if its worker returned.
+        let on_pool = !self.unhold(running.turn);
         let job = self.cleanups.await_agent(key.clone(), running.turn);
         self.slots[slot].agent = AgentState::Closing(job);
         let of = DeadlineOf::AwaitingAgent;
@@ -75,14 +80,16 @@ impl<R: Clone, A> Core<R, A> {
             now + self.cfg.cleanup_timeout,
             Timer::CleanupDeadline { job, of },
         );
-        if reason == AbandonReason::Timeout {
-            fx.push(Effect::CancelTurn(running.turn));
+        if on_pool {
+            if reason == AbandonReason::Timeout {
+                fx.push(Effect::CancelTurn(running.turn));
+            }
+            fx.push(Effect::TurnAbandoned {
+                turn: running.turn,
+                session: key.clone(),
+                reason,
+            });
         }
-        fx.push(Effect::TurnAbandoned {
-            turn: running.turn,
-            session: key.clone(),
-            reason,
-        });
         let outcome = match reason {
             AbandonReason::Timeout => Outcome::Failed(FailReason::Timeout),
             AbandonReason::IgnoredCancel(r) => Outcome::Cancelled(r),
@@ -180,7 +187,7 @@ impl<R: Clone, A> Core<R, A> {
             &session.key,
             EventKind::TurnStarted(turn),
         );
-        fx.push(Effect::StartTurn(TurnJob {
+        let job = TurnJob {
             turn,
             slot,
             session: session.key.clone(),
@@ -188,7 +195,12 @@ impl<R: Clone, A> Core<R, A> {
             input,
             context: head.context,
             agent,
-        }));
+        };
+        if head.held {
+            self.held.insert(turn, job);
+        } else {
+            fx.push(Effect::StartTurn(job));
+        }
         session.turn = Some(Running {
             turn,
             id: head.id,

@@ -522,6 +522,24 @@ pub enum Input<R, A> {
         /// Where its events go.
         route: R,
     },
+    /// A message whose turn, once claimed, waits for [`Input::Release`] before it is handed
+    /// to a worker (its [`EventKind::TurnStarted`] is emitted at the claim): a journaling
+    /// submitter releases it once the turn's `started` record is durable, so that a turn
+    /// never runs without a record of it (a crash then fails it `interrupted by restart`
+    /// instead of running it again). A held turn that is cancelled or times out before its
+    /// release ends without ever reaching a worker.
+    SubmitHeld {
+        /// The message.
+        message: Message,
+        /// Where its events go.
+        route: R,
+    },
+    /// The held turn may now run: its [`Effect::StartTurn`] follows. Ignored for a turn
+    /// that already ended or was never held.
+    Release {
+        /// The turn.
+        turn: TurnId,
+    },
     /// A turn returned from its worker (built by [`TurnJob::done`]).
     TurnDone(TurnDone<A>),
     /// A running turn published its reply so far.

@@ -10,7 +10,7 @@ use mio::{Poll, Registry};
 
 use super::route::Route;
 use super::workers::BoxAgent;
-use crate::core::{Core, Effect, Input, MessageEvent};
+use crate::core::{Core, Effect, Input, MessageEvent, TurnId};
 use crate::liveness::{FrontendStatus, Status};
 use crate::message::Message;
 
@@ -50,6 +50,22 @@ impl<'a> Ctx<'a> {
             route: Route::Local(tag),
         };
         self.core.handle(self.now, input, self.fx);
+    }
+
+    /// Submits a message whose turn, once claimed, waits for [`Ctx::release_turn`] before it
+    /// is handed to a worker (its `TurnStarted` event comes at the claim): how a journaling
+    /// frontend makes a turn's start durable before the agent runs.
+    pub fn submit_held(&mut self, message: Message, tag: u64) {
+        let input = Input::SubmitHeld {
+            message,
+            route: Route::Local(tag),
+        };
+        self.core.handle(self.now, input, self.fx);
+    }
+
+    /// Hands the held turn `turn` to a worker (ignored if it already ended).
+    pub fn release_turn(&mut self, turn: TurnId) {
+        self.core.handle(self.now, Input::Release { turn }, self.fx);
     }
 
     /// Whether the runtime is shutting down (or asked to, by this step or before).

@@ -626,17 +626,28 @@ impl BridgeServer {
 
     /// Carries out the bridge's requests: submissions (only with a step's context) and closes.
     fn run_actions(&mut self, mut ctx: Option<&mut Ctx<'_>>) {
+        let journal = self.bridge.config().journal;
         if let Some(ctx) = ctx.as_deref_mut() {
             for action in self.deferred.drain(..) {
-                if let Action::Submit { tag, message } = action {
-                    ctx.submit(message, tag);
+                match action {
+                    Action::Submit { tag, message } if journal => ctx.submit_held(message, tag),
+                    Action::Submit { tag, message } => ctx.submit(message, tag),
+                    Action::StartTurn(turn) => ctx.release_turn(turn),
+                    _ => {}
                 }
             }
         }
         while let Some(action) = self.bridge.poll_action() {
             match (action, ctx.as_deref_mut()) {
+                // With a journal a turn runs only once its `started` record is durable.
+                (Action::Submit { tag, message }, Some(ctx)) if journal => {
+                    ctx.submit_held(message, tag);
+                }
                 (Action::Submit { tag, message }, Some(ctx)) => ctx.submit(message, tag),
-                (submit @ Action::Submit { .. }, None) => self.deferred.push(submit),
+                (Action::StartTurn(turn), Some(ctx)) => ctx.release_turn(turn),
+                (deferred @ (Action::Submit { .. } | Action::StartTurn(_)), None) => {
+                    self.deferred.push(deferred);
+                }
                 (Action::Close(id), _) => self.drop_socket(id),
                 (Action::Journal(r), _) => match &self.journal {
                     Some(j) => j.send(r),
@@ -721,7 +732,7 @@ impl BridgeServer {
             sock.read_paused = false;
             if sock.stream.is_tls() {
                 // Plaintext may wait in TLS's buffer, which no readiness event announces.
-                self.pending_reads.push(id);
+                self.read_queue.push(id, Instant::now());
             }
             self.rearm(id);
         }

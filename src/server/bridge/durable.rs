@@ -4,7 +4,7 @@
 //! by the bridge; and the bridge's two round trips with the journal: the thread's report
 //! ([`Bridge::journaled`]) and start-up recovery ([`Bridge::recover`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use super::super::dedup::fingerprint;
@@ -13,6 +13,7 @@ use super::admit::{Draft, Refusal, build};
 use super::routes::{InFlight, Routes, no_conn};
 use super::status::{JournalStatus, RecoveryCounts};
 use super::{Action, Bridge, ConnId, INTERRUPTED, POISON};
+use crate::core::TurnId;
 use crate::journal::{Committed, Record, Recovered, RecoveredMessage, StoredMessage};
 use crate::message::{Message, SessionKey};
 
@@ -25,6 +26,20 @@ pub(super) struct Durable {
     /// Terminal events waiting for their outcome record (by sequence number), with the
     /// connection they go to.
     unjournaled: HashMap<u64, (ConnId, Frame)>,
+    /// One entry per record sent to the journal and not yet taken by a batch, in order (the
+    /// thread takes them in order): what the record's durability releases.
+    sent: VecDeque<Sent>,
+    /// Refusals of journaled messages, each waiting for its `forget` record: a bridge told
+    /// `reject` retries the id as new, so the journal must not bring it back after a crash.
+    forgetting: HashMap<u64, Refusal>,
+    /// Of them, those whose record a failed batch took.
+    taken_forgets: Vec<u64>,
+    /// Held turns whose `started` record a failed batch took (it is retried): released with
+    /// the next batch that succeeds, which always writes what failed before.
+    taken_starts: Vec<TurnId>,
+    /// Outcome records taken by a batch and not yet known durable (their batch failed):
+    /// their terminal events wait for the next batch that succeeds.
+    taken_outcomes: HashSet<u64>,
     max_pending: usize,
     /// Wall-clock ms since the epoch at the bridge's time zero (duplicate windows are
     /// journaled in wall time, to survive a restart).
@@ -39,6 +54,11 @@ impl Durable {
             figures: JournalStatus::default(),
             waiting: HashMap::new(),
             unjournaled: HashMap::new(),
+            sent: VecDeque::new(),
+            forgetting: HashMap::new(),
+            taken_forgets: Vec::new(),
+            taken_starts: Vec::new(),
+            taken_outcomes: HashSet::new(),
             max_pending,
             wall_at_zero: 0,
             kept_for_restart: 0,
@@ -48,7 +68,24 @@ impl Durable {
     /// The action that writes `r`.
     pub(super) fn record(&mut self, r: Record) -> Action {
         self.figures.queued_records += 1;
+        self.sent.push_back(Sent::Other);
         Action::Journal(r)
+    }
+
+    /// The action that writes the `forget` record of a journaled message the runtime refused;
+    /// the refusal is answered once the record is durable.
+    pub(super) fn record_forget(&mut self, seq: u64, refusal: Refusal) -> Action {
+        self.figures.queued_records += 1;
+        self.sent.push_back(Sent::Forget(seq));
+        self.forgetting.insert(seq, refusal);
+        Action::Journal(Record::Forget { seq })
+    }
+
+    /// The action that writes the `started` record of a held turn, which the turn waits for.
+    pub(super) fn record_start(&mut self, seq: u64, attempt: u32, turn: TurnId) -> Action {
+        self.figures.queued_records += 1;
+        self.sent.push_back(Sent::Start(turn));
+        Action::Journal(Record::Started { seq, attempt })
     }
 
     /// Whether another accepted message may wait for the journal.
@@ -91,6 +128,9 @@ impl Durable {
     /// Forced exit: no message waits any more (their routes are gone).
     pub(super) fn abandon(&mut self) {
         self.waiting.clear();
+        self.taken_starts.clear();
+        self.forgetting.clear();
+        self.taken_forgets.clear();
     }
 
     pub(super) fn unjournaled(&self) -> usize {
@@ -125,9 +165,22 @@ impl Durable {
     }
 }
 
+/// What a record sent to the journal releases once durable.
+enum Sent {
+    Other,
+    /// A held turn may start.
+    Start(TurnId),
+    /// A refusal may be answered.
+    Forget(u64),
+}
+
 impl Bridge {
     /// The journal thread's report: submit the messages now durable, reject `storage` those
-    /// whose write failed, send the terminal events whose outcome record it took.
+    /// whose write failed; once a batch succeeds, release the held turns whose `started`
+    /// record it wrote ([`Action::StartTurn`]) and send the terminal events whose outcome
+    /// record it wrote. A failed batch releases nothing: while the journal cannot write, no
+    /// turn starts and no outcome reaches a bridge (both wait, and go once writes succeed),
+    /// so that nothing a bridge or an agent has seen can be lost or contradicted by a crash.
     pub fn journaled(&mut self, c: Committed, now: Duration) {
         self.now = now;
         let Some(d) = &mut self.durable else {
@@ -139,11 +192,37 @@ impl Bridge {
         j.batches += 1;
         j.failing = c.error.is_some();
         j.failed_batches += u64::from(c.error.is_some());
-        let held: Vec<_> = c
-            .outcomes
-            .iter()
-            .filter_map(|seq| d.unjournaled.remove(seq))
-            .collect();
+        for _ in 0..c.taken {
+            match d.sent.pop_front() {
+                Some(Sent::Start(turn)) => d.taken_starts.push(turn),
+                Some(Sent::Forget(seq)) => d.taken_forgets.push(seq),
+                Some(Sent::Other) => {}
+                None => break,
+            }
+        }
+        d.taken_outcomes.extend(c.outcomes.iter().copied());
+        let ok = c.error.is_none();
+        let held: Vec<_> = if ok {
+            let unjournaled = &mut d.unjournaled;
+            let mut seqs: Vec<u64> = d.taken_outcomes.drain().collect();
+            seqs.sort_unstable();
+            seqs.into_iter()
+                .filter_map(|seq| unjournaled.remove(&seq))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut forgotten = Vec::new();
+        if ok {
+            for turn in d.taken_starts.drain(..) {
+                self.actions.push_back(Action::StartTurn(turn));
+            }
+            for seq in d.taken_forgets.drain(..) {
+                if let Some(refusal) = d.forgetting.remove(&seq) {
+                    forgotten.push((seq, refusal));
+                }
+            }
+        }
         for seq in c.durable {
             if let Some(message) = d.waiting.remove(&seq) {
                 self.actions.push_back(Action::Submit { tag: seq, message });
@@ -158,6 +237,9 @@ impl Bridge {
             if let Some(platform) = frame.terminal_for.clone() {
                 self.deliver_terminal(conn, &platform, frame);
             }
+        }
+        for (seq, refusal) in forgotten {
+            self.refuse(seq, refusal);
         }
         for seq in failed {
             log::debug!("message {seq}: journal write failed; rejected storage");

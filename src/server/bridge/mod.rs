@@ -104,6 +104,10 @@ pub enum Action {
     /// Write a record to the journal; accepted messages are confirmed through
     /// [`Bridge::journaled`].
     Journal(Record),
+    /// With a journal, messages are submitted held (`Ctx::submit_held`): this turn's
+    /// `started` record is durable, so it may now be handed to an agent
+    /// (`Ctx::release_turn`).
+    StartTurn(TurnId),
 }
 
 /// The bridge protocol's state machine. See the module documentation.
@@ -314,8 +318,14 @@ impl Bridge {
             // Acknowledged by the process before the restart: it gets a terminal event.
             return self.finish_recovered(tag, &admit::not_readmitted(reason.as_str()));
         }
-        self.journal(|| Record::Forget { seq: tag });
-        self.refuse(tag, Refusal::runtime(reason));
+        match &mut self.durable {
+            // Answered once its `forget` record is durable (else a crash brings it back).
+            Some(d) => {
+                let action = d.record_forget(tag, Refusal::runtime(reason));
+                self.actions.push_back(action);
+            }
+            None => self.refuse(tag, Refusal::runtime(reason)),
+        }
     }
 
     fn turn_started(&mut self, tag: u64, turn: TurnId, session: SessionKey, now: Duration) {
@@ -324,7 +334,9 @@ impl Bridge {
         };
         route.starts += 1;
         let (conn, attempt) = (route.conn, route.starts);
-        self.journal(|| Record::Started { seq: tag, attempt });
+        if let Some(d) = &mut self.durable {
+            self.actions.push_back(d.record_start(tag, attempt, turn));
+        }
         self.send_typing(conn, &session, true);
         let next = now + self.cfg.typing_refresh;
         self.routes.typing_started(turn, conn, session, next);
