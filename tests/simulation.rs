@@ -1180,12 +1180,8 @@ fn faults_from_env() -> Faults {
 }
 
 /// Invariants the sweep does not yet hold the code to, each with the row whose fix it waits
-/// for (its own test below stays ignored until then).
-const PENDING: &[Kind] = &[
-    // Row 5: the graceful restart that keeps the queue is built in the CLI/shutdown path on
-    // another branch; `row5_a_graceful_restart_keeps_the_queue` is un-ignored with it.
-    Kind::ShutdownCancelledQueued,
-];
+/// for (its own test below stays ignored until then). None now.
+const PENDING: &[Kind] = &[];
 
 /// Runs `seeds` under `faults` on every core (each seed is independent and deterministic);
 /// the lowest failing seed breaking an invariant not in `skip`.
@@ -1288,7 +1284,6 @@ fn row3_a_full_disk_then_a_crash_reruns_nothing_and_contradicts_nothing() {
 /// Row 5: a graceful SIGTERM answered the acknowledged, queued messages
 /// `cancelled: shutdown`, and the restart ran none of them.
 #[test]
-#[ignore = "row 5: the graceful restart that keeps the queue is another branch's (CLI/shutdown path)"]
 fn row5_a_graceful_restart_keeps_the_queue() {
     assert_clean(ROW5_SEED, SIGTERM);
 }

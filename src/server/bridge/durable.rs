@@ -253,8 +253,10 @@ impl Bridge {
     /// start finds it as a crash would have left it — queued again if its turn never
     /// started, interrupted (failed, or run again with `resume_interrupted`) if it did. A
     /// planned restart then keeps the queue instead of dropping it. Its duplicate-window
-    /// entry stays (it is still in flight); its outbox reservation is released (the next
-    /// process reserves it again at recovery).
+    /// entry stays (it is still in flight), and so does its outbox reservation: the message
+    /// is still owed, and whatever is admitted meanwhile (and may stay in the journal, its
+    /// refusal not yet durable) must fit beside it, so the next process never recovers more
+    /// than the bounds admit.
     pub(super) fn keep_for_restart(&mut self, route: InFlight) {
         debug_assert!(self.durable.is_some(), "only a journal keeps a message");
         debug_assert!(route.copies.is_empty(), "a finished message was admitted");
@@ -266,8 +268,7 @@ impl Bridge {
             route.session,
             route.id
         );
-        self.platforms.unreserve(&route.platform, None);
-        self.platforms.maybe_free(&route.platform);
+        self.platforms.keep_for_restart(&route.platform);
         self.maybe_finish(route.conn);
     }
 

@@ -41,6 +41,9 @@ struct Platform {
     absent_since: Option<Duration>,
     /// Results dropped undelivered because it stayed absent (see [`Platforms::drop_stale`]).
     stale_dropped: u64,
+    /// Messages a graceful shutdown left in the journal for the next process: still owed,
+    /// so they keep their reservations until this process ends.
+    kept: usize,
     dedup: DedupWindow,
 }
 
@@ -137,6 +140,7 @@ impl Platforms {
             held_bytes: 0,
             absent_since: None,
             stale_dropped: 0,
+            kept: 0,
             dedup,
         };
         self.map.insert(k.clone(), platform);
@@ -316,6 +320,14 @@ impl Platforms {
         }
     }
 
+    /// A graceful shutdown left one of `name`'s messages in the journal: it keeps its
+    /// reservation (see `kept`).
+    pub(super) fn keep_for_restart(&mut self, name: &str) {
+        if let Some(p) = self.get_mut(name) {
+            p.kept += 1;
+        }
+    }
+
     /// The runtime accepted the message pending as `fp`: a duplicate from now on.
     pub(super) fn dedup_accepted(&mut self, name: &str, fp: Fingerprint, now: Duration) {
         if let Some(p) = self.get_mut(name) {
@@ -477,7 +489,8 @@ impl Platforms {
         for (name, p) in &self.map {
             let bytes: usize = p.outbox.iter().map(|f| f.body.size()).sum();
             debug_assert_eq!(bytes, p.outbox_bytes, "platform {name} outbox bytes");
-            let owed = owed.get(&**name).copied().unwrap_or(0) + p.outbox.len() + p.held.len();
+            let owed =
+                owed.get(&**name).copied().unwrap_or(0) + p.outbox.len() + p.held.len() + p.kept;
             debug_assert_eq!(owed, p.reserved_events, "platform {name} reservations");
             let outboxed: usize = p.outbox.iter().map(|f| text_bytes(&f.body)).sum();
             debug_assert!(p.reserved_events * self.reserve + outboxed <= p.reserved_bytes);
