@@ -584,8 +584,9 @@ fn a_full_disk_at_start_up_exits_1() {
 }
 
 /// The disk fills while a turn runs: its reply's outcome record cannot be written, not even
-/// into the released reserve (the reply is still sent), so SIGTERM's journal flush cannot finish and the process exits 1,
-/// not 0. The fault is a real full tmpfs under the data directory.
+/// into the reserve the journal releases on a full disk, so SIGTERM's journal flush cannot
+/// finish and the process exits 1, not 0 — and the reply, having no record, is never sent.
+/// The fault is a real full tmpfs under the data directory.
 #[test]
 fn a_shutdown_whose_journal_cannot_finish_exits_1() {
     let dir = tempfile::tempdir().unwrap();
@@ -594,7 +595,12 @@ fn a_shutdown_whose_journal_cannot_finish_exits_1() {
     };
     let gate = dir.path().join("gate");
     mkfifo(&gate);
-    let agent = format!("cat '{}'", gate.display());
+    let done = starts(&dir.path().join("done"));
+    let agent = format!(
+        "cat '{}'; echo done > '{}'",
+        gate.display(),
+        dir.path().join("done").display()
+    );
     let server = Server::start(
         Some(&fs.0.join("data")),
         &[
@@ -610,16 +616,16 @@ fn a_shutdown_whose_journal_cannot_finish_exits_1() {
     c.message("m1", "1");
     assert_eq!(c.next()["state"], "running");
     fs.fill();
-    // A reply larger than the journal's files hold now and than the 1 MiB reserve the
-    // journal releases on a full disk: its record cannot be written.
+    // A reply larger than the journal's files hold now and than the 1 MiB reserve: its
+    // record cannot be written.
     let mut w = std::fs::OpenOptions::new().write(true).open(&gate).unwrap();
     w.write_all(&vec![b'x'; 3 << 20]).unwrap();
     drop(w);
-    let v = c.next();
-    assert_eq!(
-        (v["op"].as_str(), v["id"].as_str()),
-        (Some("reply"), Some("m1"))
-    );
+    // The agent has its reply out; SIGTERM's drain waits for the turn to end either way.
+    assert_eq!(done.recv_timeout(WAIT).as_deref(), Ok("done"));
     let status = server.terminate();
     assert_eq!(status.code(), Some(1), "{status}");
+    while let Some(v) = c.next_line() {
+        assert_ne!(v["op"], "reply", "a result was sent before its record: {v}");
+    }
 }
