@@ -1006,10 +1006,18 @@ impl Frontend for BridgeServer {
                 );
             }
         }
-        let waiting = self.bridge.outboxed();
-        if waiting > 0 {
+        // Two different waits, said apart: results an outbox holds for a bridge, and results
+        // held back because their outcome record could not be written (a full disk).
+        let unrecorded = self.bridge.unjournaled();
+        let outboxed = self.bridge.outboxed() - unrecorded;
+        if outboxed > 0 {
             log::warn!(
-                "shutdown: {waiting} terminal event(s) were still waiting in outboxes for a bridge to connect"
+                "shutdown: {outboxed} terminal event(s) were still waiting in outboxes for a bridge to take them"
+            );
+        }
+        if unrecorded > 0 {
+            log::warn!(
+                "shutdown: {unrecorded} result(s) were never sent: their outcome records could not be written (the next start recovers their messages as after a crash)"
             );
         }
         self.watchdog = None;
