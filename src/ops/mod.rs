@@ -164,6 +164,50 @@ mod tests {
         }
     }
 
+    /// A factory whose agents keep consuming after it was replaced.
+    struct Live(Arc<std::sync::atomic::AtomicU64>);
+    impl AgentFactory for Live {
+        fn create(&self, _: &SessionKey) -> Result<Box<dyn Agent>, crate::agent::AgentError> {
+            Err("none".into())
+        }
+        fn usage(&self) -> Option<AgentUsage> {
+            Some(AgentUsage {
+                prompt_tokens: self.0.load(std::sync::atomic::Ordering::Relaxed),
+                completion_tokens: 0,
+            })
+        }
+    }
+
+    /// The last [`RETIRED_FACTORIES`] replaced factories are still asked (their agents may
+    /// still be working); the one before is folded at what it had, and the list stays bounded.
+    #[test]
+    fn replaced_factories_are_asked_for_a_while_then_folded() {
+        let tokens = Arc::new(std::sync::atomic::AtomicU64::new(5));
+        let swap = SwappableFactory::new(Arc::new(Live(Arc::clone(&tokens))));
+        let swap_arc = swap;
+        let usage = |f: &Arc<SwappableFactory>| f.usage().map_or(0, |u| u.prompt_tokens);
+        for i in 1..=RETIRED_FACTORIES {
+            swap_arc.swap(Arc::new(Counted("x", 0)));
+            tokens.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            // Still among the recent: its agents' new consumption counts.
+            assert_eq!(usage(&swap_arc), 5 + i as u64, "after {i} swaps");
+        }
+        swap_arc.swap(Arc::new(Counted("x", 0)));
+        let folded_at = usage(&swap_arc);
+        assert_eq!(folded_at, 5 + RETIRED_FACTORIES as u64);
+        tokens.fetch_add(100, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(
+            usage(&swap_arc),
+            folded_at,
+            "a folded factory is no longer asked"
+        );
+        for _ in 0..100 {
+            swap_arc.swap(Arc::new(Counted("x", 0)));
+        }
+        let recent = swap_arc.retired.lock().map(|r| r.recent.len()).unwrap_or(0);
+        assert_eq!(recent, RETIRED_FACTORIES);
+    }
+
     /// Counters never go back when a reload swaps the factory, however many swaps, and each
     /// model keeps its own totals; the folded models are bounded.
     #[test]
