@@ -78,7 +78,19 @@ mod tests {
     #[test]
     fn the_figures_are_read_and_see_a_new_descriptor() {
         let before = ProcSample::read(ProcSample::default());
-        assert!(before.rss_bytes > 0);
+        // The same figure as the kernel's own VmRSS line, within what the process grows by
+        // between the two reads.
+        let status = std::fs::read_to_string("/proc/self/status").expect("status");
+        let vm_rss_kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .expect("VmRSS");
+        let kib = before.rss_bytes / 1024;
+        assert!(
+            kib * 2 > vm_rss_kib && kib < vm_rss_kib * 2,
+            "{kib} KiB against VmRSS {vm_rss_kib} KiB"
+        );
         assert!(before.max_fds > 0);
         assert!(before.open_fds >= 3, "{before:?}");
         // Burn a little CPU so the clock moves past its resolution.
