@@ -456,6 +456,14 @@ fn render_workers(e: &mut Exposition, w: &WorkerCounts) {
         "Worker threads alive, by pool and state.",
         &threads,
     );
+    e.gauges(
+        "turnstile_async_tasks",
+        "Async agents' turns and closes running as tasks on the embedder's executor.",
+        &[
+            (&[("kind", "turn")][..], w.async_turns as f64),
+            (&[("kind", "close")][..], w.async_closes as f64),
+        ],
+    );
     e.counter(
         "turnstile_replaced_threads_total",
         "Threads given up on (stuck past a deadline) and replaced, both pools.",
@@ -557,7 +565,7 @@ fn render_journal(e: &mut Exposition, j: &JournalStatus) {
 /// Each platform's outbox: results waiting, their bytes, results owed.
 fn render_outboxes(e: &mut Exposition, outboxes: &BTreeMap<String, PlatformStatus>) {
     type Figure = fn(&PlatformStatus) -> usize;
-    let families: [(&str, &str, Figure); 3] = [
+    let families: [(&str, &str, Figure); 5] = [
         (
             "turnstile_outbox_depth",
             "Results waiting in a platform's outbox for a bridge to read them.",
@@ -573,6 +581,16 @@ fn render_outboxes(e: &mut Exposition, outboxes: &BTreeMap<String, PlatformStatu
             "Results a platform is owed (accepted, not yet delivered), outbox included.",
             |p| p.reserved_events,
         ),
+        (
+            "turnstile_outbox_held",
+            "Results held back until room frees in --outbox-bytes (in order, none dropped).",
+            |p| p.held_events,
+        ),
+        (
+            "turnstile_outbox_held_bytes",
+            "Text bytes of the held results.",
+            |p| p.held_bytes,
+        ),
     ];
     for (name, help, figure) in families {
         let samples: Vec<(&str, f64)> = outboxes
@@ -581,6 +599,16 @@ fn render_outboxes(e: &mut Exposition, outboxes: &BTreeMap<String, PlatformStatu
             .collect();
         e.gauges_by(name, help, "platform", &samples);
     }
+    let stale: Vec<(&str, f64)> = outboxes
+        .iter()
+        .map(|(platform, p)| (platform.as_str(), p.stale_dropped as f64))
+        .collect();
+    e.counters_by(
+        "turnstile_outbox_stale_dropped_total",
+        "Results dropped undelivered because their platform stayed absent past --outbox-stale-after (each logged).",
+        "platform",
+        &stale,
+    );
 }
 
 /// The operations HTTP endpoint's connections and requests.
@@ -676,6 +704,8 @@ mod tests {
             stuck: 129,
         };
         s.workers.replaced = 130;
+        s.workers.async_turns = 134;
+        s.workers.async_closes = 135;
         s.rejected_by_reason.insert("overloaded", 131);
         s.agent_usage_by_model = vec![crate::agent::ModelUsage {
             model: "gpt-x".into(),
@@ -703,6 +733,8 @@ mod tests {
             "process_open_fds 99",
             "process_max_fds 1024",
             "process_start_time_seconds 103.5",
+            "turnstile_async_tasks{kind=\"turn\"} 134",
+            "turnstile_async_tasks{kind=\"close\"} 135",
             "turnstile_llm_tokens_total{model=\"gpt-x\",direction=\"prompt\"} 132",
             "turnstile_llm_tokens_total{model=\"gpt-x\",direction=\"completion\"} 133",
             "turnstile_up 1",
@@ -773,6 +805,9 @@ mod tests {
             outbox_events: 11,
             outbox_bytes: 12,
             reserved_events: 13,
+            held_events: 23,
+            held_bytes: 24,
+            stale_dropped: 25,
             ..PlatformStatus::default()
         };
         bridge.outboxes.insert("tg\"x".into(), outbox);
@@ -818,6 +853,9 @@ mod tests {
             "turnstile_outbox_depth{platform=\"tg\\\"x\"} 11",
             "turnstile_outbox_bytes{platform=\"tg\\\"x\"} 12",
             "turnstile_outbox_reserved{platform=\"tg\\\"x\"} 13",
+            "turnstile_outbox_held{platform=\"tg\\\"x\"} 23",
+            "turnstile_outbox_held_bytes{platform=\"tg\\\"x\"} 24",
+            "turnstile_outbox_stale_dropped_total{platform=\"tg\\\"x\"} 25",
             "turnstile_http_connections{state=\"open\"} 14",
             "turnstile_http_connections{state=\"max\"} 15",
             "turnstile_http_requests_total{result=\"all\"} 16",
