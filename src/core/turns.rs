@@ -215,4 +215,33 @@ impl<R: Clone, A> Core<R, A> {
             Timer::TurnDeadline { turn, slot },
         );
     }
+
+    // ---- held turns (their start is made durable first) -------------------------------
+
+    /// A held turn may run now.
+    pub(super) fn release(&mut self, turn: TurnId, fx: &mut Vec<Effect<R, A>>) {
+        if let Some(job) = self.held.remove(&turn) {
+            debug_assert!(self.claimed_turns.contains(&turn));
+            fx.push(Effect::StartTurn(job));
+        }
+    }
+
+    /// Held turns that ended before their release come back as a worker's would (cancelled,
+    /// never run), after the input that ended them.
+    pub(super) fn take_back_unreleased(&mut self, now: Duration, fx: &mut Vec<Effect<R, A>>) {
+        while let Some(done) = self.returned.pop_front() {
+            self.turn_done(now, done, fx);
+        }
+    }
+
+    /// A held turn ends before its release: it never reaches a worker; true if it was held.
+    pub(super) fn unhold(&mut self, turn: TurnId) -> bool {
+        let Some(mut job) = self.held.remove(&turn) else {
+            return false;
+        };
+        let agent = job.agent.take();
+        self.returned
+            .push_back(job.done(agent, TurnResult::Cancelled));
+        true
+    }
 }
