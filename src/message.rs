@@ -551,6 +551,37 @@ mod tests {
         assert_eq!(g1.chat_type(), ChatType::Group);
     }
 
+    /// A key whose components needed no escaping is its rendered text alone (one small
+    /// allocation, issue 21); one that did keeps the raw components too, and both give
+    /// every component back.
+    #[test]
+    fn a_key_stores_its_components_only_when_escaping_changed_them() {
+        let plain =
+            SessionKey::new("slack", ChatType::Group, "C1", Some("T.1"), Some("u1")).expect("key");
+        assert_eq!(plain.text.len(), plain.as_str().len());
+        assert_eq!(plain.as_str(), "slack:group:C1:thread:T.1:user:u1");
+        let escaped =
+            SessionKey::new("m%", ChatType::Group, "!a:b", Some("t"), Some("u:")).expect("key");
+        assert!(escaped.text.len() > escaped.as_str().len());
+        assert_eq!(escaped.as_str(), "m%25:group:!a%3Ab:thread:t:user:u%3A");
+        for (key, parts) in [
+            (&plain, ("slack", "C1", Some("T.1"), Some("u1"))),
+            (&escaped, ("m%", "!a:b", Some("t"), Some("u:"))),
+        ] {
+            let got = (
+                key.platform(),
+                key.chat_id(),
+                key.thread_id(),
+                key.user_id(),
+            );
+            assert_eq!(got, parts);
+            assert_eq!(key.chat_type(), ChatType::Group);
+        }
+        let dm = SessionKey::dm("telegram", "42").expect("key");
+        assert_eq!((dm.thread_id(), dm.user_id()), (None, None));
+        assert_eq!(dm.text.len(), "telegram:dm:42".len());
+    }
+
     #[test]
     fn bad_identifiers_are_rejected_with_the_field_named() {
         let e = SessionKey::dm("", "1").unwrap_err();
@@ -666,7 +697,12 @@ mod tests {
             let chat_type = if group { ChatType::Group } else { ChatType::Dm };
             let key = SessionKey::new(&platform, chat_type, &chat, thread.as_deref(), user.as_deref()).unwrap();
             let parsed: SessionKey = key.to_string().parse().unwrap();
-            proptest::prop_assert_eq!(parsed, key);
+            proptest::prop_assert_eq!(&parsed, &key);
+            let user = if group { user.as_deref() } else { None };
+            proptest::prop_assert_eq!(
+                (key.platform(), key.chat_id(), key.thread_id(), key.user_id()),
+                (platform.as_str(), chat.as_str(), thread.as_deref(), user)
+            );
         }
     }
 }
