@@ -132,7 +132,12 @@ impl<R: Clone, A> Core<R, A> {
         self.park_agent(slot);
         self.queued_total += 1;
         self.queued_bytes += entry.text.len();
-        self.slots[slot].queue.push_back(entry);
+        let queue = &mut self.slots[slot].queue;
+        if queue.capacity() == 0 {
+            // The common case is one message at a time: room for one, not the default four.
+            queue.reserve_exact(1);
+        }
+        queue.push_back(entry);
         if startable {
             self.make_ready(slot);
         }

@@ -28,6 +28,8 @@ mod agents;
 mod check;
 mod cleanups;
 mod recency;
+#[cfg(test)]
+mod sizes;
 // The timer wheel is internal; the `bench` feature exposes it to its micro-benchmark.
 #[cfg_attr(not(feature = "bench"), allow(unreachable_pub))]
 pub(crate) mod timers;
@@ -93,7 +95,9 @@ enum AgentState<A> {
 struct Session<R, A> {
     key: SessionKey,
     queue: VecDeque<Queued<R>>,
-    turn: Option<Running<R>>,
+    /// Boxed: at most `turn_workers` sessions run a turn, and every other session would
+    /// carry its size (issue 21: bytes per session).
+    turn: Option<Box<Running<R>>>,
     agent: AgentState<A>,
     waiting_for_worker: bool,
 }
@@ -106,6 +110,14 @@ impl<R, A> Session<R, A> {
     /// No turn, nothing queued, not waiting: the only state in which its agent may be evicted.
     fn is_idle(&self) -> bool {
         self.turn.is_none() && self.queue.is_empty() && !self.waiting_for_worker
+    }
+
+    /// Gives back the buffer of a queue that emptied: an idle session holds none (a
+    /// `VecDeque` keeps its capacity, four entries after the first push, when drained).
+    fn free_empty_queue(&mut self) {
+        if self.queue.is_empty() && self.queue.capacity() > 0 {
+            self.queue = VecDeque::new();
+        }
     }
 
     /// Whether a turn may start: no agent, or one held between turns.
@@ -373,7 +385,7 @@ impl<R: Clone, A> Core<R, A> {
             }
         };
         let discard_agent = running.discard_agent;
-        end_turn(fx, running, &key, outcome);
+        end_turn(fx, *running, &key, outcome);
         if let Some(agent) = agent {
             if panicked {
                 self.close_agent(slot, CleanupContext::Panicked, agent, fx);

@@ -23,6 +23,7 @@ impl<R: Clone, A> Core<R, A> {
                 EventKind::Finished(Outcome::Cancelled(reason)),
             );
         }
+        session.free_empty_queue();
         self.queued_total -= n;
         self.stats.messages.queued_cancelled += n as u64;
         n
@@ -94,7 +95,7 @@ impl<R: Clone, A> Core<R, A> {
             AbandonReason::Timeout => Outcome::Failed(FailReason::Timeout),
             AbandonReason::IgnoredCancel(r) => Outcome::Cancelled(r),
         };
-        end_turn(fx, running, &key, outcome);
+        end_turn(fx, *running, &key, outcome);
         self.after_turn(slot);
     }
 
@@ -174,6 +175,7 @@ impl<R: Clone, A> Core<R, A> {
             }
             self.queued_total -= merged;
         }
+        session.free_empty_queue();
         let agent = self.take_held_agent(slot);
         let session = &mut self.slots[slot];
         debug_assert!(matches!(session.agent, AgentState::Absent));
@@ -201,14 +203,14 @@ impl<R: Clone, A> Core<R, A> {
         } else {
             fx.push(Effect::StartTurn(job));
         }
-        session.turn = Some(Running {
+        session.turn = Some(Box::new(Running {
             turn,
             id: head.id,
             route: head.route,
             started: now,
             cancel: None,
             discard_agent: false,
-        });
+        }));
         self.claimed_turns.insert(turn);
         self.timers.insert(
             now + self.cfg.turn_timeout,
