@@ -44,8 +44,10 @@ fn written_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/io")
         .ok()
         .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("wchar: ").and_then(|v| v.trim().parse().ok()))
+            s.lines().find_map(|l| {
+                l.strip_prefix("wchar: ")
+                    .and_then(|v| v.trim().parse().ok())
+            })
         })
         .unwrap_or(0)
 }
