@@ -646,7 +646,9 @@ fn batched_deliveries_keep_the_holes_and_the_order_of_the_records() {
     let dir = tempfile::tempdir().unwrap();
     let mut model = Model::default();
     let batches: Vec<Vec<Record>> = vec![
-        (1..=12).map(|s| Record::Accepted(message(s, "x"))).collect(),
+        (1..=12)
+            .map(|s| Record::Accepted(message(s, "x")))
+            .collect(),
         [1, 2, 3, 5, 6, 9, 12, 40]
             .iter()
             .map(|&seq| Record::Delivered { seq })
@@ -664,7 +666,10 @@ fn batched_deliveries_keep_the_holes_and_the_order_of_the_records() {
                 seq: 8,
                 outcome: outcome(8, "late"),
             },
-            Record::Started { seq: 10, attempt: 2 },
+            Record::Started {
+                seq: 10,
+                attempt: 2,
+            },
             Record::Delivered { seq: 11 },
         ],
     ];
