@@ -178,13 +178,52 @@ impl SqliteStore {
             .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
     }
 
-    /// One transaction: the records, the counters, the mark's content.
+    /// One transaction: the records, the counters, the mark's content. Deliveries are
+    /// deleted together, a run of consecutive numbers per statement (under a flood most of a
+    /// batch's deliveries are consecutive), and first, so that the pages they free take this
+    /// batch's new rows: records about different messages commute. A batch where another
+    /// record is about a delivered message (a retry, a test) keeps its order instead: what
+    /// was gathered is deleted before that record.
     fn commit(&mut self, batch: &[Record]) -> rusqlite::Result<Mark> {
         let tx = self.conn.transaction()?;
-        for r in batch {
-            write_record(&tx, r)?;
-        }
         let mut next = self.state;
+        // Rows in the table, counted as they come and go rather than by `count(*)`, which
+        // walks the whole table on every commit.
+        let mut rows = next.in_flight;
+        let mut delivered: Vec<u64> = batch
+            .iter()
+            .filter_map(|r| match r {
+                Record::Delivered { seq } => Some(*seq),
+                _ => None,
+            })
+            .collect();
+        delivered.sort_unstable();
+        let apart = |r: &Record| {
+            matches!(r, Record::Delivered { .. }) || delivered.binary_search(&r.seq()).is_err()
+        };
+        if batch.iter().all(apart) {
+            rows = rows.saturating_sub(delete_runs(&tx, &mut delivered)?);
+            for r in batch
+                .iter()
+                .filter(|r| !matches!(r, Record::Delivered { .. }))
+            {
+                rows = rows.saturating_add_signed(write_record(&tx, r)?);
+            }
+        } else {
+            delivered.clear();
+            for r in batch {
+                match r {
+                    Record::Delivered { seq } => delivered.push(*seq),
+                    _ => {
+                        if delivered.contains(&r.seq()) {
+                            rows = rows.saturating_sub(delete_runs(&tx, &mut delivered)?);
+                        }
+                        rows = rows.saturating_add_signed(write_record(&tx, r)?);
+                    }
+                }
+            }
+            rows = rows.saturating_sub(delete_runs(&tx, &mut delivered)?);
+        }
         // Once per transaction, not per message: sequence numbers outlive their rows.
         if let Some(max) = batch
             .iter()
@@ -204,10 +243,14 @@ impl SqliteStore {
         next.commits += 1;
         tx.prepare_cached("UPDATE meta SET v = ?1 WHERE k = 'commits'")?
             .execute([next.commits as i64])?;
-        let n: i64 = tx
-            .prepare_cached("SELECT count(*) FROM messages")?
-            .query_row([], |r| r.get(0))?;
-        next.in_flight = u64::try_from(n).unwrap_or(0);
+        debug_assert_eq!(
+            Some(rows),
+            tx.query_row("SELECT count(*) FROM messages", [], |r| r.get::<_, i64>(0))
+                .ok()
+                .and_then(|n| u64::try_from(n).ok()),
+            "the rows counted as they come and go are the rows in the table"
+        );
+        next.in_flight = rows;
         tx.commit()?;
         Ok(next)
     }
@@ -223,7 +266,9 @@ impl SqliteStore {
 }
 
 fn message_sum(m: &StoredMessage) -> u64 {
-    let opt = |o: &Option<String>| o.as_deref().unwrap_or("").as_bytes().to_vec();
+    fn opt(o: &Option<String>) -> &[u8] {
+        o.as_deref().unwrap_or("").as_bytes()
+    }
     let present = [
         u8::from(m.thread_id.is_some()),
         u8::from(m.user_id.is_some()),
@@ -236,10 +281,10 @@ fn message_sum(m: &StoredMessage) -> u64 {
         m.id.as_bytes(),
         m.chat_type.as_bytes(),
         m.chat_id.as_bytes(),
-        &opt(&m.thread_id),
-        &opt(&m.user_id),
-        &opt(&m.user_name),
-        &opt(&m.meta),
+        opt(&m.thread_id),
+        opt(&m.user_id),
+        opt(&m.user_name),
+        opt(&m.meta),
         m.text.as_bytes(),
         &m.dedup_until_ms.to_le_bytes(),
         &present,
@@ -279,15 +324,39 @@ fn decode_outcome(b: &[u8]) -> Option<StoredOutcome> {
     Some(StoredOutcome { head, text, tail })
 }
 
-fn write_record(tx: &Transaction<'_>, r: &Record) -> rusqlite::Result<()> {
+/// Deletes the rows of `seqs` (delivered messages) a run of consecutive numbers per
+/// statement, and empties `seqs`; returns the rows deleted.
+fn delete_runs(tx: &Transaction<'_>, seqs: &mut Vec<u64>) -> rusqlite::Result<u64> {
+    if seqs.is_empty() {
+        return Ok(0);
+    }
+    seqs.sort_unstable();
+    seqs.dedup();
+    let mut stmt = tx.prepare_cached("DELETE FROM messages WHERE seq BETWEEN ?1 AND ?2")?;
+    let mut gone = 0;
+    let mut i = 0;
+    while i < seqs.len() {
+        let first = seqs[i];
+        let mut last = first;
+        i += 1;
+        while i < seqs.len() && seqs[i] == last + 1 {
+            last = seqs[i];
+            i += 1;
+        }
+        // Every number of the run is in `seqs`: the range deletes nothing else.
+        gone += stmt.execute([first as i64, last as i64])? as u64;
+    }
+    seqs.clear();
+    Ok(gone)
+}
+
+/// Writes one record other than a delivery ([`delete_runs`] does those); returns how the
+/// number of rows in `messages` changed.
+fn write_record(tx: &Transaction<'_>, r: &Record) -> rusqlite::Result<i64> {
+    debug_assert!(!matches!(r, Record::Delivered { .. }));
     match r {
         Record::Accepted(m) => {
-            tx.prepare_cached(
-                "INSERT OR REPLACE INTO messages (seq, platform, id, chat_type, chat_id, thread_id,
-                 user_id, user_name, meta, text, dedup_until, sum) VALUES
-                 (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
-            )?
-            .execute(params![
+            let columns = params![
                 m.seq as i64,
                 m.platform,
                 m.id,
@@ -300,23 +369,46 @@ fn write_record(tx: &Transaction<'_>, r: &Record) -> rusqlite::Result<()> {
                 m.text,
                 m.dedup_until_ms as i64,
                 message_sum(m) as i64,
-            ])?;
+            ];
+            // A new row, or (the same number accepted again) the old one replaced whole, its
+            // starts and outcome cleared: counted apart, so the row count stays exact.
+            let added = tx
+                .prepare_cached(
+                    "INSERT INTO messages (seq, platform, id, chat_type, chat_id, thread_id,
+                     user_id, user_name, meta, text, dedup_until, sum) VALUES
+                     (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+                     ON CONFLICT (seq) DO NOTHING",
+                )?
+                .execute(columns)?;
+            if added == 0 {
+                tx.prepare_cached(
+                    "UPDATE messages SET platform = ?2, id = ?3, chat_type = ?4, chat_id = ?5,
+                     thread_id = ?6, user_id = ?7, user_name = ?8, meta = ?9, text = ?10,
+                     dedup_until = ?11, sum = ?12, starts = 0, outcome = NULL WHERE seq = ?1",
+                )?
+                .execute(columns)?;
+            }
             tx.prepare_cached(
                 "INSERT OR REPLACE INTO dedup (platform, id, until) VALUES (?1, ?2, ?3)",
             )?
             .execute(params![m.platform, m.id, m.dedup_until_ms as i64])?;
+            Ok(added as i64)
         }
         Record::Started { seq, attempt } => {
             tx.prepare_cached("UPDATE messages SET starts = ?2 WHERE seq = ?1")?
                 .execute(params![*seq as i64, i64::from(*attempt)])?;
+            Ok(0)
         }
         Record::Outcome { seq, outcome } => {
             tx.prepare_cached("UPDATE messages SET outcome = ?2 WHERE seq = ?1")?
                 .execute(params![*seq as i64, encode_outcome(outcome)])?;
+            Ok(0)
         }
         Record::Delivered { seq } => {
-            tx.prepare_cached("DELETE FROM messages WHERE seq = ?1")?
+            let gone = tx
+                .prepare_cached("DELETE FROM messages WHERE seq = ?1")?
                 .execute([*seq as i64])?;
+            Ok(-(gone as i64))
         }
         Record::Forget { seq } => {
             tx.prepare_cached(
@@ -324,11 +416,12 @@ fn write_record(tx: &Transaction<'_>, r: &Record) -> rusqlite::Result<()> {
                  (SELECT platform, id FROM messages WHERE seq = ?1)",
             )?
             .execute([*seq as i64])?;
-            tx.prepare_cached("DELETE FROM messages WHERE seq = ?1")?
+            let gone = tx
+                .prepare_cached("DELETE FROM messages WHERE seq = ?1")?
                 .execute([*seq as i64])?;
+            Ok(-(gone as i64))
         }
     }
-    Ok(())
 }
 
 impl Store for SqliteStore {
