@@ -741,7 +741,7 @@ impl Frontend for BridgeServer {
         }
         let now = Instant::now();
         for id in again {
-            queue.push(id, now);
+            queue.push_busy(id, now);
         }
         // What is left waits for the next wake: the poll reports it again at once.
         let left: Vec<ConnId> = queue.ids().collect();
