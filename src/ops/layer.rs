@@ -202,9 +202,9 @@ impl OpsSource for View<'_> {
 }
 
 impl<F: Frontend> Ops<F> {
-    /// One HTTP pass ([`HttpServer::serve`]) over the latest snapshot.
-    fn serve_http(&mut self) {
-        let view = View {
+    /// What the HTTP endpoint answers from: the latest snapshot and the layer's state.
+    fn view(&self) -> View<'_> {
+        View {
             latest: &self.latest,
             generation: self.generation,
             now: self.now,
@@ -212,10 +212,17 @@ impl<F: Frontend> Ops<F> {
             shutting_down: self.shutting_down,
             registered: self.registered,
             checks: &self.checks,
-        };
-        if let Some(h) = &mut self.http {
-            h.serve(self.now, &view);
         }
+    }
+
+    /// One HTTP pass ([`HttpServer::serve`]) over the latest snapshot.
+    fn serve_http(&mut self) {
+        // Taken out while it serves, so that the view can borrow the rest of the layer.
+        let mut http = self.http.take();
+        if let Some(h) = &mut http {
+            h.serve(self.now, &self.view());
+        }
+        self.http = http;
     }
 
     /// Wraps `inner`; `tick_interval` is the runtime's heartbeat period.
@@ -389,18 +396,11 @@ impl<F: Frontend> Frontend for Ops<F> {
         self.now = ctx.now();
         if self.http.is_some() && http::owns(event.token()) {
             self.shutting_down = ctx.shutting_down();
-            let view = View {
-                latest: &self.latest,
-                generation: self.generation,
-                now: self.now,
-                tick_interval: self.tick_interval,
-                shutting_down: self.shutting_down,
-                registered: self.registered,
-                checks: &self.checks,
-            };
-            if let Some(h) = &mut self.http {
-                h.on_ready(event, self.now, &view);
+            let mut http = self.http.take();
+            if let Some(h) = &mut http {
+                h.on_ready(event, self.now, &self.view());
             }
+            self.http = http;
         } else {
             self.inner.on_ready(event, ctx);
             if ctx.take_reload_request() {
