@@ -996,7 +996,8 @@ fn logs_a_failed_turn_at_warn_with_its_session_and_every_message_at_debug() {
 }
 
 /// systemd: READY=1 once listening, WATCHDOG=1 pings from the ticks while the loop is
-/// healthy, none while it is wedged, pings again after; STATUS= lines; STOPPING=1.
+/// healthy, none while it is wedged (while `/healthz` answers 503), pings again after;
+/// STATUS= lines; STOPPING=1.
 #[test]
 fn watchdog_pings_stop_while_the_loop_is_wedged() {
     let dir = temp_dir("notify");
@@ -1067,6 +1068,11 @@ fn watchdog_pings_stop_while_the_loop_is_wedged() {
             String::from_utf8_lossy(&buf[..n])
         ),
     }
+    // The HTTP endpoint is served on its own thread (issue 18 row 4): a wedged loop is
+    // answered, and reported by the age of its last snapshot, not waited for.
+    let h = gw.get("/healthz", None);
+    assert_eq!(h.status, 503, "{}", h.body);
+    assert!(h.body.contains("last heartbeat tick"), "{}", h.body);
     // Release it: pings resume.
     writer.write_all(b"x").expect("write");
     drop(writer);

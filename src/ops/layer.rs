@@ -1,16 +1,16 @@
 //! [`Ops`]: a frontend wrapping another (the bridge server) with the operations endpoint
-//! and the systemd notifications, all on the reactor thread.
+//! (served on its own thread, [`Endpoint`]) and the systemd notifications (on the reactor).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, TryRecvError};
 
 use mio::event::Event;
 use mio::{Poll, Registry};
 
-use super::http::{self, HttpServer, OpsSource};
-use super::metrics;
+use super::endpoint::Endpoint;
+use super::http::HttpServer;
 use super::systemd::{SdNotify, WatchdogPacer};
 use crate::agent::AgentFactory;
 use crate::core::{MessageEvent, Tunables};
@@ -53,16 +53,15 @@ pub(crate) type ReloadApplier<F> = Box<dyn FnMut(&mut F, &Reload) -> Vec<String>
 /// The operations side of the gateway, hosted around `inner`.
 pub(crate) struct Ops<F> {
     inner: F,
+    /// The HTTP endpoint until `register` starts its thread.
     http: Option<HttpServer>,
+    endpoint: Option<Endpoint>,
+    /// The snapshot of a tick before `register` (the loop's first), for the endpoint.
+    early: Option<(Arc<Status>, Instant)>,
     notify: Option<SdNotify>,
     pacer: Option<WatchdogPacer>,
     tick_interval: Duration,
-    latest: Arc<Status>,
-    /// Counts the snapshots (`latest`): the HTTP bodies' cache key.
-    generation: u64,
-    now: Duration,
     shutting_down: bool,
-    registered: bool,
     ready_sent: bool,
     stopping_sent: bool,
     next_status_line: Duration,
@@ -155,89 +154,18 @@ pub(crate) fn summary_line(s: &Status) -> String {
     line
 }
 
-struct View<'a> {
-    latest: &'a Status,
-    generation: u64,
-    now: Duration,
-    tick_interval: Duration,
-    shutting_down: bool,
-    registered: bool,
-    checks: &'a [(String, ReadinessCheck)],
-}
-
-impl OpsSource for View<'_> {
-    fn health(&self) -> Result<(), String> {
-        health(
-            self.latest,
-            self.now,
-            self.tick_interval,
-            self.shutting_down,
-        )
-    }
-
-    fn ready(&self) -> Result<(), String> {
-        self.health()?;
-        if !self.registered {
-            return Err("not listening yet".into());
-        }
-        for (name, check) in self.checks {
-            check(self.latest).map_err(|e| format!("{name}: {e}"))?;
-        }
-        Ok(())
-    }
-
-    fn status_json(&self) -> Vec<u8> {
-        let mut body = serde_json::to_vec(self.latest).unwrap_or_default();
-        body.push(b'\n');
-        body
-    }
-
-    fn metrics(&self) -> String {
-        metrics::render(self.latest)
-    }
-
-    fn snapshot(&self) -> Option<u64> {
-        Some(self.generation)
-    }
-}
-
 impl<F: Frontend> Ops<F> {
-    /// What the HTTP endpoint answers from: the latest snapshot and the layer's state.
-    fn view(&self) -> View<'_> {
-        View {
-            latest: &self.latest,
-            generation: self.generation,
-            now: self.now,
-            tick_interval: self.tick_interval,
-            shutting_down: self.shutting_down,
-            registered: self.registered,
-            checks: &self.checks,
-        }
-    }
-
-    /// One HTTP pass ([`HttpServer::serve`]) over the latest snapshot.
-    fn serve_http(&mut self) {
-        // Taken out while it serves, so that the view can borrow the rest of the layer.
-        let mut http = self.http.take();
-        if let Some(h) = &mut http {
-            h.serve(self.now, &self.view());
-        }
-        self.http = http;
-    }
-
     /// Wraps `inner`; `tick_interval` is the runtime's heartbeat period.
     pub(crate) fn new(inner: F, tick_interval: Duration) -> Ops<F> {
         Ops {
             inner,
             http: None,
+            endpoint: None,
+            early: None,
             notify: None,
             pacer: None,
             tick_interval,
-            latest: Arc::new(Status::default()),
-            generation: 0,
-            now: Duration::ZERO,
             shutting_down: false,
-            registered: false,
             ready_sent: false,
             stopping_sent: false,
             next_status_line: Duration::ZERO,
@@ -249,7 +177,7 @@ impl<F: Frontend> Ops<F> {
         }
     }
 
-    /// Serves the HTTP endpoint.
+    /// Serves the HTTP endpoint (on its own thread, from `register` on).
     pub(crate) fn with_http(mut self, server: HttpServer) -> Ops<F> {
         self.http = Some(server);
         self
@@ -322,13 +250,13 @@ impl<F: Frontend> Ops<F> {
         };
         let mut restart = reload.restart_needed.clone();
         restart.extend(apply(&mut self.inner, &reload));
-        if let Some(h) = &mut self.http
+        if let Some(h) = &self.endpoint
             && !restart.iter().any(|n| n == "auth-token")
         {
             h.set_auth_token(reload.auth_token.as_deref());
         }
-        if let (Some(h), Some(tls)) = (&mut self.http, &reload.tls) {
-            h.set_tls(Some(tls.clone()));
+        if let (Some(h), Some(tls)) = (&self.endpoint, &reload.tls) {
+            h.set_tls(tls.clone());
         }
         ctx.retune(reload.tunables);
         for name in &restart {
@@ -385,38 +313,36 @@ fn log_applied(reload: &Reload) {
 impl<F: Frontend> Frontend for Ops<F> {
     fn register(&mut self, registry: &Registry) -> std::io::Result<()> {
         self.inner.register(registry)?;
-        if let Some(h) = &mut self.http {
-            h.register(registry)?;
+        if let Some(server) = self.http.take() {
+            let checks = std::mem::take(&mut self.checks);
+            let endpoint = Endpoint::spawn(server, self.tick_interval, checks)?;
+            if let Some((status, at)) = self.early.take() {
+                endpoint.publish_taken(status, at);
+            }
+            self.endpoint = Some(endpoint);
         }
-        self.registered = true;
         Ok(())
     }
 
     fn on_ready(&mut self, event: &Event, ctx: &mut Ctx<'_>) {
-        self.now = ctx.now();
-        if self.http.is_some() && http::owns(event.token()) {
-            self.shutting_down = ctx.shutting_down();
-            let mut http = self.http.take();
-            if let Some(h) = &mut http {
-                h.on_ready(event, self.now, &self.view());
-            }
-            self.http = http;
-        } else {
-            self.inner.on_ready(event, ctx);
-            if ctx.take_reload_request() {
-                self.start_reload();
-            }
+        self.inner.on_ready(event, ctx);
+        if ctx.take_reload_request() {
+            self.start_reload();
         }
     }
 
     fn on_wake(&mut self, ctx: &mut Ctx<'_>) -> Option<Duration> {
-        self.now = ctx.now();
         let inner = self.inner.on_wake(ctx);
         if ctx.take_reload_request() {
             self.start_reload();
         }
         self.finish_reload(ctx);
-        self.shutting_down = ctx.shutting_down();
+        if ctx.shutting_down() && !self.shutting_down {
+            self.shutting_down = true;
+            if let Some(h) = &self.endpoint {
+                h.shutting_down();
+            }
+        }
         if let Some(n) = &mut self.notify {
             if !self.ready_sent {
                 self.ready_sent = true;
@@ -427,10 +353,9 @@ impl<F: Frontend> Frontend for Ops<F> {
                 n.send("STOPPING=1\nSTATUS=shutting down: draining");
             }
         }
-        let http = self.http.as_mut().and_then(|h| h.on_wake(self.now));
         #[cfg(debug_assertions)]
         self.check();
-        [inner, http].into_iter().flatten().min()
+        inner
     }
 
     fn deliver(&mut self, tag: u64, event: MessageEvent) {
@@ -438,23 +363,21 @@ impl<F: Frontend> Frontend for Ops<F> {
     }
 
     fn flush(&mut self) {
-        // The bridge's output first: what it read this iteration (a ping, a message's ack)
-        // is answered before any HTTP answer is written, and HTTP's budget of answers per
-        // pass comes after, never between a bridge's line and its reply.
         self.inner.flush();
-        self.serve_http();
     }
 
     fn finish(&mut self, poll: &mut Poll) {
-        if let Some(h) = &mut self.http {
-            h.close_all();
+        if let Some(h) = &mut self.endpoint {
+            h.stop();
         }
         self.inner.finish(poll);
     }
 
     fn on_tick(&mut self, status: &Arc<Status>) {
-        self.latest = Arc::clone(status);
-        self.generation += 1;
+        match &self.endpoint {
+            Some(h) => h.publish(status),
+            None => self.early = Some((Arc::clone(status), Instant::now())),
+        }
         self.inner.on_tick(status);
         let now = Duration::from_secs_f64(status.uptime_s.max(0.0));
         // Nothing before READY=1 (sent on the loop's first wake).
@@ -479,7 +402,7 @@ impl<F: Frontend> Frontend for Ops<F> {
 
     fn status(&self) -> Option<FrontendStatus> {
         let inner = self.inner.status();
-        let Some(h) = &self.http else {
+        let Some(h) = &self.endpoint else {
             return inner;
         };
         Some(FrontendStatus {
@@ -530,97 +453,6 @@ mod test_hooks {
 mod tests {
     use super::*;
     use crate::liveness::BridgeStatus;
-    use crate::ops::http::HttpConfig;
-
-    /// Issue 18 row 4: HTTP cannot delay a bridge's reply. An HTTP request ready in the same
-    /// loop iteration as a bridge's output is answered in the flush *after* the bridge has
-    /// written (the bridge frontend here looks at the HTTP client's socket while it flushes:
-    /// no answer there yet), never in the wake before it, where 16 answers per pass (60
-    /// clients pipelining `/metrics`) stood between a bridge's line and its reply.
-    #[test]
-    fn http_answers_are_written_after_the_bridges_output() {
-        use std::io::{Read as _, Write as _};
-        struct Bridge {
-            client: std::net::TcpStream,
-            http_bytes_at_flush: Vec<bool>,
-        }
-        impl Frontend for Bridge {
-            fn register(&mut self, _: &Registry) -> std::io::Result<()> {
-                Ok(())
-            }
-            fn on_ready(&mut self, _: &Event, _: &mut Ctx<'_>) {}
-            fn on_wake(&mut self, _: &mut Ctx<'_>) -> Option<Duration> {
-                None
-            }
-            fn deliver(&mut self, _: u64, _: MessageEvent) {}
-            fn flush(&mut self) {
-                let mut b = [0u8; 1];
-                let ready = self.client.peek(&mut b).is_ok_and(|n| n > 0);
-                self.http_bytes_at_flush.push(ready);
-            }
-            fn finish(&mut self, _: &mut Poll) {}
-        }
-        let mut poll = Poll::new().expect("poll");
-        let http = HttpServer::bind("127.0.0.1:0".parse().expect("addr"), HttpConfig::default())
-            .expect("bind");
-        let addr = http.local_addr().expect("addr");
-        let mut client = std::net::TcpStream::connect(addr).expect("connect");
-        client
-            .write_all(b"GET /healthz HTTP/1.1\r\n\r\n")
-            .expect("request");
-        let peek = client.try_clone().expect("clone");
-        peek.set_nonblocking(true).expect("nonblocking");
-        let bridge = Bridge {
-            client: peek,
-            http_bytes_at_flush: Vec::new(),
-        };
-        let mut ops = Ops::new(bridge, Duration::from_millis(100)).with_http(http);
-        ops.http
-            .as_mut()
-            .expect("http")
-            .register(poll.registry())
-            .expect("register");
-        // Accept, then the request's readiness: the endpoint has it queued for a pass.
-        let now = Duration::from_secs(1);
-        let mut events = mio::Events::with_capacity(16);
-        struct Unused;
-        impl OpsSource for Unused {
-            fn health(&self) -> Result<(), String> {
-                Ok(())
-            }
-            fn ready(&self) -> Result<(), String> {
-                Ok(())
-            }
-            fn status_json(&self) -> Vec<u8> {
-                Vec::new()
-            }
-            fn metrics(&self) -> String {
-                String::new()
-            }
-        }
-        // `on_wake` asks for the loop at once while a connection waits for a pass.
-        while ops.http.as_mut().expect("http").on_wake(now) != Some(now) {
-            poll.poll(&mut events, Some(Duration::from_secs(5)))
-                .expect("poll");
-            let h = ops.http.as_mut().expect("http");
-            for event in &events {
-                h.on_ready(event, now, &Unused);
-            }
-        }
-        Frontend::flush(&mut ops);
-        assert_eq!(
-            ops.inner.http_bytes_at_flush,
-            [false],
-            "an HTTP answer was written before the bridge's output"
-        );
-        client.set_nonblocking(false).expect("blocking");
-        // 503: no heartbeat has ticked here; what matters is that it came after.
-        let mut head = [0u8; 12];
-        client
-            .read_exact(&mut head)
-            .expect("the answer, after the flush");
-        assert_eq!(&head, b"HTTP/1.1 503");
-    }
 
     fn running(uptime_s: f64, last_lag_ms: f64) -> Status {
         Status {
@@ -680,42 +512,6 @@ mod tests {
             )
         );
         assert!(!lag_healthy(&running(1.0, 300.5), tick));
-    }
-
-    #[test]
-    fn readiness_needs_health_registration_and_every_check() {
-        let tick = Duration::from_millis(100);
-        let s = running(1.0, 0.0);
-        let checks: Vec<(String, ReadinessCheck)> =
-            vec![("store".into(), Box::new(|_| Err("not writable".into())))];
-        let view = |shutting_down, registered, checks| View {
-            latest: &s,
-            generation: 0,
-            now: Duration::from_secs(1),
-            tick_interval: tick,
-            shutting_down,
-            registered,
-            checks,
-        };
-        assert_eq!(view(false, true, &[]).ready(), Ok(()));
-        assert_eq!(
-            view(false, false, &[]).ready(),
-            Err("not listening yet".into())
-        );
-        assert_eq!(view(true, true, &[]).ready(), Err("shutting down".into()));
-        assert_eq!(
-            view(false, true, &checks).ready(),
-            Err("store: not writable".into())
-        );
-        let body = view(false, true, &[]).status_json();
-        assert!(body.ends_with(b"}\n"));
-        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(v["state"], "running");
-        assert!(
-            view(false, true, &[])
-                .metrics()
-                .contains("turnstile_up 1\n")
-        );
     }
 
     #[test]
