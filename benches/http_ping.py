@@ -9,7 +9,8 @@ Started from last round's measurement script (/work/measure/row4.py). The N proc
 the default nice level, as a hostile local client would. One quiet client pings every 20 ms
 and times each pong. Prints one JSON line: ping p50/p99/max (ms), pongs, the load average,
 HTTP requests answered and bodies rendered (from `/status` after the run), the server's loop
-lag and read delay, and the reactor thread's CPU share over the run (from /proc).
+lag and read delay, and the CPU share of the reactor thread and of the HTTP endpoint's thread
+(`turnstile-http`, from d57c79b on) over the run (from /proc).
 """
 import json, os, socket, subprocess, sys, time, multiprocessing
 
@@ -31,8 +32,8 @@ def hammer(addr, stop):
         except OSError:
             pass
 
-def reactor_ticks(pid):
-    """utime + stime (clock ticks) of the thread named turnstile-reac*."""
+def reactor_ticks(pid, prefix="turnstile-reac"):
+    """utime + stime (clock ticks) of the thread whose name starts with `prefix`."""
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{tid}/stat") as f:
@@ -40,7 +41,8 @@ def reactor_ticks(pid):
         except OSError:
             continue
         name = st[st.index("(") + 1:st.rindex(")")]
-        if name.startswith("turnstile-reac"):
+        # The main thread carries the binary's name, which may start the same way.
+        if name.startswith(prefix) and tid != str(pid):
             fields = st[st.rindex(")") + 2:].split()
             return int(fields[11]) + int(fields[12])
     return None
@@ -81,6 +83,7 @@ def main():
     f = q.makefile("rb")
     rtts = []
     t0, c0 = time.monotonic(), reactor_ticks(srv.pid)
+    h0 = reactor_ticks(srv.pid, "turnstile-http")
     end = t0 + secs
     while time.monotonic() < end:
         t = time.monotonic()
@@ -89,6 +92,7 @@ def main():
         rtts.append((time.monotonic() - t) * 1000)
         time.sleep(0.02)
     t1, c1 = time.monotonic(), reactor_ticks(srv.pid)
+    h1 = reactor_ticks(srv.pid, "turnstile-http")
     load = os.getloadavg()[0]
     stop.set()
     for p in procs:
@@ -105,6 +109,9 @@ def main():
     print(json.dumps({"mode": mode, "procs": n, "pongs": len(rtts), "p50": round(qq(.5), 2),
                       "p99": round(qq(.99), 2), "max": round(rtts[-1], 2), "load": round(load, 1),
                       "reactor_cpu": cpu and round(cpu, 2),
+                      # The endpoint's own thread (none before it had one: on the reactor).
+                      "http_thread_cpu": None if h0 is None or h1 is None else
+                          round((h1 - h0) / os.sysconf("SC_CLK_TCK") / (t1 - t0), 2),
                       "http_requests": h.get("requests"), "renders": h.get("renders"),
                       "budget_spent": h.get("budget_spent"),
                       "loop_lag_p99": st["loop_lag_ms"]["p99"],

@@ -357,12 +357,16 @@ impl<F: Frontend> Reactor<F> {
             }
         } else {
             let now = self.epoch.elapsed();
-            if let Some(timer) = &mut self.timer
+            let timeout = deadline.saturating_sub(now);
+            // A deadline already due (a frontend asking for the loop at once, each pass a
+            // new `now`) needs no timer: arming one per pass cost a syscall and a timer
+            // interrupt each (9 % of the reactor's samples under 20 flooders).
+            if !timeout.is_zero()
+                && let Some(timer) = &mut self.timer
                 && let Err(e) = timer.arm_for(deadline, now)
             {
                 log::error!("timerfd: {e}; falling back to millisecond poll timeouts");
             }
-            let timeout = deadline.saturating_sub(now);
             if let Err(e) = self.poll.poll(&mut self.events, Some(timeout))
                 && e.kind() != std::io::ErrorKind::Interrupted
             {
