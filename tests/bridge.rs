@@ -517,6 +517,11 @@ fn row2_a_result_that_does_not_fit_is_held_then_delivered_in_order_never_past_ou
         "{detail}"
     );
     assert!(detail.contains("waiting for room"), "{detail}");
+    // And why "full" while less than the cap is held: room for one largest result is kept.
+    assert!(
+        detail.contains("kept free so the largest result always fits"),
+        "{detail}"
+    );
     let mut got: Vec<String> = replies
         .iter()
         .map(|v| v["id"].as_str().unwrap_or("").to_owned())

@@ -391,13 +391,10 @@ pub(super) const MAX_CONFIG_BYTES: u64 = 1 << 20;
 /// at most [`MAX_CONFIG_BYTES`].
 fn read_config(path: &std::path::Path) -> Result<String, String> {
     use std::io::Read;
-    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
-    if !meta.is_file() {
-        return Err("not a regular file".into());
-    }
+    let file = open_regular(path)?;
     let mut text = String::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text))
+    file.take(MAX_CONFIG_BYTES + 1)
+        .read_to_string(&mut text)
         .map_err(|e| e.to_string())?;
     if text.len() as u64 > MAX_CONFIG_BYTES {
         return Err(format!(
@@ -406,6 +403,23 @@ fn read_config(path: &std::path::Path) -> Result<String, String> {
         ));
     }
     Ok(text)
+}
+
+/// Opens `path` for reading if it is a regular file. The type is checked on the open file,
+/// and the open never waits (`O_NONBLOCK`): a FIFO swapped in after a check by path would
+/// block the reload thread for good (every later SIGHUP "already in progress").
+fn open_regular(path: &std::path::Path) -> Result<std::fs::File, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    let meta = file.metadata().map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    Ok(file)
 }
 
 /// The command line over the `--config` file: a flag wins over the file's key.
@@ -487,4 +501,40 @@ pub(super) fn merged_args(flags: ServeArgs) -> Result<ServeArgs, String> {
         tls_key
     );
     Ok(a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 18 row 10: a FIFO as the config file is refused at once, by the open file's type;
+    /// with a check by path before a blocking open, a FIFO swapped in between wedged every
+    /// later reload.
+    #[test]
+    fn a_fifo_is_refused_without_waiting_for_a_writer() {
+        let dir = std::env::temp_dir().join(format!("turnstile-cfg-fifo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let fifo = dir.join("cfg.toml");
+        let c = std::ffi::CString::new(fifo.to_str().expect("path")).expect("cstr");
+        // SAFETY: mkfifo with a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let path = fifo.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(open_regular(&path).map(|_| ()));
+        });
+        let got = rx.recv_timeout(std::time::Duration::from_secs(20));
+        if got.is_err() {
+            // Release the blocked open before failing.
+            let _ = std::fs::OpenOptions::new().write(true).open(&fifo);
+        }
+        assert_eq!(
+            got.expect("the open waited for a writer"),
+            Err("not a regular file".to_owned())
+        );
+        let file = dir.join("ok.toml");
+        std::fs::write(&file, "queue-cap = 5\n").expect("write");
+        assert_eq!(read_config(&file), Ok("queue-cap = 5\n".to_owned()));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -574,8 +574,10 @@ impl HttpServer {
 
     /// Room for a connection from `peer`: at the peer's cap, its oldest idle connection is
     /// evicted; at the global cap, the oldest idle one of any peer. Idle: no response being
-    /// written (a connection waiting for, or part way through, a request head). False when
-    /// every candidate is mid-response.
+    /// written and nothing sent that is not read yet (a connection waiting for, or part way
+    /// through, a request head). Each candidate's socket is read once first, so a request
+    /// that has arrived but waits for its pass (a probe accepted in the same batch as a
+    /// churner's connections) keeps its connection. False when no candidate is idle.
     fn make_room(&mut self, peer: SocketAddr, now: Duration) -> bool {
         let same = |c: &HttpConn| c.peer.ip() == peer.ip();
         let of_peer = self.conns.iter().filter(|(_, c)| same(c)).count();
@@ -586,12 +588,41 @@ impl HttpServer {
         } else {
             return true;
         };
-        let victim = self
+        let mut candidates: Vec<(Duration, usize)> = self
             .conns
             .iter()
             .filter(|(_, c)| (!mine || same(c)) && c.output.is_empty())
-            .min_by_key(|(_, c)| c.since)
-            .map(|(slot, c)| (slot, c.peer));
+            .map(|(slot, c)| (c.since, slot))
+            .collect();
+        candidates.sort_unstable();
+        let mut victim = None;
+        for (_, slot) in candidates {
+            let max = self.cfg.max_header_bytes;
+            let Some(c) = self.conns.get_mut(slot) else {
+                continue;
+            };
+            // A whole head waiting for its pass is a request, not idleness.
+            if c.input.windows(4).any(|w| w == b"\r\n\r\n") {
+                continue;
+            }
+            if c.input.len() > max {
+                victim = Some((slot, c.peer));
+                break;
+            }
+            match c.read_input(&mut self.scratch, max) {
+                // Something to answer: not idle; its pass serves it.
+                Io::Ready => self.enqueue(slot),
+                Io::Blocked => {
+                    victim = Some((slot, c.peer));
+                    break;
+                }
+                // Closed by its peer: that is the room.
+                Io::Gone => {
+                    self.close(slot);
+                    return true;
+                }
+            }
+        }
         let Some((slot, old)) = victim else {
             return false;
         };
@@ -781,72 +812,4 @@ impl HttpServer {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Serves every path as healthy and ready.
-    struct Healthy;
-
-    impl OpsSource for Healthy {
-        fn health(&self) -> Result<(), String> {
-            Ok(())
-        }
-        fn ready(&self) -> Result<(), String> {
-            Ok(())
-        }
-        fn status_json(&self) -> Vec<u8> {
-            b"{}".to_vec()
-        }
-        fn metrics(&self) -> String {
-            String::new()
-        }
-    }
-
-    #[test]
-    #[cfg(debug_assertions)]
-    fn the_endpoint_keeps_its_invariants_through_accept_and_requests() {
-        let mut poll = mio::Poll::new().unwrap();
-        let cfg = HttpConfig {
-            max_connections: 2,
-            ..HttpConfig::default()
-        };
-        let mut server = HttpServer::bind("127.0.0.1:0".parse().unwrap(), cfg).unwrap();
-        server.register(poll.registry()).unwrap();
-        server.check();
-        let addr = server.local_addr().unwrap();
-        let mut clients: Vec<std::net::TcpStream> = (0..3)
-            .map(|_| std::net::TcpStream::connect(addr).unwrap())
-            .collect();
-        clients[0]
-            .write_all(b"GET /healthz HTTP/1.1\r\n\r\nGET /nope HTTP/1.1\r\n\r\n")
-            .unwrap();
-        let source = Healthy;
-        let mut events = mio::Events::with_capacity(16);
-        let now = Duration::from_secs(1);
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while server.stats.evicted < 1 {
-            assert!(std::time::Instant::now() < deadline, "{:?}", server.stats);
-            poll.poll(&mut events, Some(Duration::from_millis(50)))
-                .unwrap();
-            for event in &events {
-                server.on_ready(event, now, &source);
-            }
-            server.on_wake(now);
-            server.serve(now, &source);
-        }
-        assert_eq!(server.status().connections, 2);
-        assert_eq!(server.stats.refused, 0);
-        server.close_all();
-        server.check();
-    }
-
-    #[test]
-    #[cfg(debug_assertions)]
-    #[should_panic(expected = "more refused requests than requests")]
-    fn the_check_catches_counts_that_do_not_add_up() {
-        let mut server =
-            HttpServer::bind("127.0.0.1:0".parse().unwrap(), HttpConfig::default()).unwrap();
-        server.stats.unauthorized = 1;
-        server.check();
-    }
-}
+mod tests;

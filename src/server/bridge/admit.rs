@@ -214,9 +214,15 @@ impl Refusal {
         Refusal::new("backpressure", detail)
     }
 
-    pub(super) fn outbox_bytes(platform: &str, bytes: usize, held: usize, cap: usize) -> Refusal {
+    pub(super) fn outbox_bytes(
+        platform: &str,
+        bytes: usize,
+        held: usize,
+        cap: usize,
+        largest: usize,
+    ) -> Refusal {
         let detail = format!(
-            "outbox of {platform} is full: {bytes} bytes held for owed results, {held} more waiting for room (--outbox-bytes {cap}); deliver them first"
+            "outbox of {platform} is full: {bytes} bytes held for owed results, {held} more waiting for room, and {largest} bytes kept free so the largest result always fits (--outbox-bytes {cap}, --max-reply-bytes); deliver them first"
         );
         Refusal::new("backpressure", detail)
     }

@@ -191,6 +191,7 @@ impl Platforms {
                 p.reserved_bytes,
                 held,
                 cap_bytes,
+                largest,
             ));
         }
         gate()?;
