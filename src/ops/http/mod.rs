@@ -229,6 +229,16 @@ impl OpsSource for Cached<'_> {
     }
 }
 
+/// What [`HttpServer::pick_victim`] found.
+enum Victim {
+    /// A connection closed by its peer was found (and removed).
+    RoomMade,
+    /// Close this one (its peer named for the log).
+    Evict(usize, SocketAddr),
+    /// Every candidate is mid-response.
+    None,
+}
+
 /// What one turn of [`HttpServer::drive`] left.
 enum Turn {
     /// Waiting for the socket's next readiness event (or closed).
@@ -385,10 +395,10 @@ impl HttpServer {
     }
 
     /// A readiness event for one of the endpoint's tokens ([`owns`]).
-    /// Connections are only queued here; the pass's [`HttpServer::on_wake`] serves them.
-    pub(crate) fn on_ready(&mut self, event: &Event, now: Duration, _source: &dyn OpsSource) {
+    /// Connections are only queued here; the pass ([`HttpServer::serve`]) serves them.
+    pub(crate) fn on_ready(&mut self, event: &Event, now: Duration, source: &dyn OpsSource) {
         if event.token() == LISTENER {
-            self.accept(now);
+            self.accept(now, source);
             return;
         }
         if let Some(slot) = HTTP_CONNS.slot(event.token()) {
@@ -412,6 +422,9 @@ impl HttpServer {
     /// iteration after the bridge's own output is written (see `Ops::flush`), so no HTTP
     /// answer sits between a bridge's line and its reply.
     pub(crate) fn serve(&mut self, now: Duration, source: &dyn OpsSource) {
+        if std::mem::take(&mut self.accept_more) {
+            self.accept(now, source);
+        }
         let cache = std::mem::take(&mut self.cache);
         let cached = Cached {
             inner: source,
@@ -440,12 +453,9 @@ impl HttpServer {
         self.cache = cache;
     }
 
-    /// Accepts what is left, closes idle connections; returns when it next needs the loop
+    /// Closes idle connections; returns when it next needs the loop
     /// (at once while connections wait for [`HttpServer::serve`]).
     pub(crate) fn on_wake(&mut self, now: Duration) -> Option<Duration> {
-        if std::mem::take(&mut self.accept_more) {
-            self.accept(now);
-        }
         if self.next_sweep.is_some_and(|t| t <= now) {
             let expired: Vec<(usize, bool)> = self
                 .conns
@@ -548,7 +558,7 @@ impl HttpServer {
         }
     }
 
-    fn accept(&mut self, now: Duration) {
+    fn accept(&mut self, now: Duration, source: &dyn OpsSource) {
         for _ in 0..ACCEPT_BATCH {
             let (stream, peer) = match self.listener.accept() {
                 Ok(pair) => pair,
@@ -562,7 +572,7 @@ impl HttpServer {
             if self.registry.is_none() {
                 return;
             }
-            if self.make_room(peer, now) {
+            if self.make_room(peer, now, source) {
                 self.admit(stream, peer, now);
             } else {
                 self.refuse_connection(stream, peer, now);
@@ -572,13 +582,10 @@ impl HttpServer {
         self.accept_more = true;
     }
 
-    /// Room for a connection from `peer`: at the peer's cap, its oldest idle connection is
-    /// evicted; at the global cap, the oldest idle one of any peer. Idle: no response being
-    /// written and nothing sent that is not read yet (a connection waiting for, or part way
-    /// through, a request head). Each candidate's socket is read once first, so a request
-    /// that has arrived but waits for its pass (a probe accepted in the same batch as a
-    /// churner's connections) keeps its connection. False when no candidate is idle.
-    fn make_room(&mut self, peer: SocketAddr, now: Duration) -> bool {
+    /// Room for a connection from `peer`: at the peer's cap, one of its connections is
+    /// evicted; at the global cap, one of any peer's ([`HttpServer::pick_victim`]). False
+    /// when every candidate is mid-response.
+    fn make_room(&mut self, peer: SocketAddr, now: Duration, source: &dyn OpsSource) -> bool {
         let same = |c: &HttpConn| c.peer.ip() == peer.ip();
         let of_peer = self.conns.iter().filter(|(_, c)| same(c)).count();
         let (why, mine) = if of_peer >= self.cfg.max_per_peer {
@@ -588,43 +595,10 @@ impl HttpServer {
         } else {
             return true;
         };
-        let mut candidates: Vec<(Duration, usize)> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| (!mine || same(c)) && c.output.is_empty())
-            .map(|(slot, c)| (c.since, slot))
-            .collect();
-        candidates.sort_unstable();
-        let mut victim = None;
-        for (_, slot) in candidates {
-            let max = self.cfg.max_header_bytes;
-            let Some(c) = self.conns.get_mut(slot) else {
-                continue;
-            };
-            // A whole head waiting for its pass is a request, not idleness.
-            if c.input.windows(4).any(|w| w == b"\r\n\r\n") {
-                continue;
-            }
-            if c.input.len() > max {
-                victim = Some((slot, c.peer));
-                break;
-            }
-            match c.read_input(&mut self.scratch, max) {
-                // Something to answer: not idle; its pass serves it.
-                Io::Ready => self.enqueue(slot),
-                Io::Blocked => {
-                    victim = Some((slot, c.peer));
-                    break;
-                }
-                // Closed by its peer: that is the room.
-                Io::Gone => {
-                    self.close(slot);
-                    return true;
-                }
-            }
-        }
-        let Some((slot, old)) = victim else {
-            return false;
+        let (slot, old) = match self.pick_victim(|c| !mine || same(c), now, source) {
+            Victim::RoomMade => return true,
+            Victim::None => return false,
+            Victim::Evict(slot, old) => (slot, old),
         };
         self.stats.evicted += 1;
         if let Some(n) = self.log_evicted.note(now) {
@@ -640,6 +614,97 @@ impl HttpServer {
         }
         self.close(slot);
         true
+    }
+
+    /// Which connection among those `eligible` (and not mid-response) makes room: the
+    /// oldest idle keep-alive connection (answered before, nothing sent since), else the
+    /// oldest that never completed a head (silent, or part way). Each socket is read first,
+    /// and a connection whose request has arrived is answered now, before anything is
+    /// chosen (at most [`ANSWERS_PER_PASS`] of them): a probe accepted in a churner's batch
+    /// gets its answer instead of being taken for idle, and a churner's pipelined requests
+    /// cannot shield its connections. Only past that budget is the oldest connection with a
+    /// request waiting chosen.
+    fn pick_victim(
+        &mut self,
+        eligible: impl Fn(&HttpConn) -> bool,
+        now: Duration,
+        source: &dyn OpsSource,
+    ) -> Victim {
+        let max = self.cfg.max_header_bytes;
+        let whole_head = |c: &HttpConn| c.input.windows(4).any(|w| w == b"\r\n\r\n");
+        let mut candidates: Vec<(u8, Duration, usize)> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| eligible(c) && c.output.is_empty())
+            .map(|(slot, c)| {
+                (
+                    u8::from(c.served == 0 || !c.input.is_empty()),
+                    c.since,
+                    slot,
+                )
+            })
+            .collect();
+        candidates.sort_unstable();
+        let mut budget = ANSWERS_PER_PASS;
+        let mut waiting: Option<(Duration, usize)> = None;
+        for (_, since, slot) in candidates {
+            let Some(c) = self.conns.get_mut(slot) else {
+                continue;
+            };
+            let io = if whole_head(c) || c.input.len() > max {
+                Io::Ready
+            } else {
+                c.read_input(&mut self.scratch, max)
+            };
+            match io {
+                Io::Blocked => return Victim::Evict(slot, c.peer),
+                // Closed by its peer: that is the room.
+                Io::Gone => {
+                    self.close(slot);
+                    return Victim::RoomMade;
+                }
+                Io::Ready if budget > 0 => {
+                    self.answer_now(slot, now, source, &mut budget);
+                    match self.conns.get(slot) {
+                        // Answered and closed (`Connection: close`, or its peer left).
+                        None => return Victim::RoomMade,
+                        // Answered, nothing more to do: idle now, nothing is lost.
+                        Some(c) if c.output.is_empty() && !whole_head(c) => {
+                            return Victim::Evict(slot, c.peer);
+                        }
+                        // Mid-response, or part of a head: its pass goes on with it.
+                        Some(_) => self.enqueue(slot),
+                    }
+                }
+                Io::Ready => {
+                    self.enqueue(slot);
+                    if waiting.is_none_or(|(t, _)| since < t) {
+                        waiting = Some((since, slot));
+                    }
+                }
+            }
+        }
+        match waiting.and_then(|(_, slot)| Some((slot, self.conns.get(slot)?.peer))) {
+            Some((slot, peer)) => Victim::Evict(slot, peer),
+            None => Victim::None,
+        }
+    }
+
+    /// One turn of `slot` outside the pass (see [`HttpServer::pick_victim`]).
+    fn answer_now(
+        &mut self,
+        slot: usize,
+        now: Duration,
+        source: &dyn OpsSource,
+        budget: &mut usize,
+    ) {
+        let cache = std::mem::take(&mut self.cache);
+        let cached = Cached {
+            inner: source,
+            cache: &cache,
+        };
+        let _ = self.drive(slot, now, &cached, budget);
+        self.cache = cache;
     }
 
     /// One connection over the cap with no idle one to evict: `503` (best effort, never

@@ -61,8 +61,8 @@ fn the_endpoint_keeps_its_invariants_through_accept_and_requests() {
 /// Issue 18 row 3, a churner on the probe's own address: a probe whose request has
 /// arrived is not "idle" because its pass has not come yet. The probe and four silent
 /// connections from the same address land in one accept batch, over a per-peer cap of
-/// 2; the evictions take silent ones and the probe is answered (it was evicted first,
-/// as the oldest connection with nothing written, before its socket was looked at).
+/// 2; the probe is answered and the evictions take silent ones (it was evicted first, as
+/// the oldest connection with nothing written, before its socket was looked at).
 #[test]
 fn a_probe_whose_request_arrived_is_not_evicted_for_a_churner_on_its_address() {
     let mut poll = mio::Poll::new().unwrap();
@@ -98,7 +98,9 @@ fn a_probe_whose_request_arrived_is_not_evicted_for_a_churner_on_its_address() {
         server.on_wake(now);
         server.serve(now, &source);
     }
-    assert_eq!(server.stats.evicted, 3, "{:?}", server.stats);
+    // The probe was answered as room was sought, and closed (`Connection: close`): that
+    // made room for the third; the fourth and fifth evicted the silent ones.
+    assert_eq!(server.stats.evicted, 2, "{:?}", server.stats);
     let mut answer = String::new();
     probe.read_to_string(&mut answer).unwrap();
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
