@@ -148,6 +148,10 @@ pub mod internal {
     pub mod journal {
         #[cfg(feature = "sqlite")]
         pub use crate::journal::SqliteStore;
+        #[cfg(feature = "cluster")]
+        pub use crate::journal::{
+            Accept, Acquire, ClusterConfig, Lease, LoadedPartition, RedisStore, partition_of,
+        };
         pub use crate::journal::{
             Committed, FaultyStore, Journal, JournalConfig, MemStore, Model, Record, Recovered,
             RecoveredMessage, Store, StoreError, StoreErrorKind, StoredMessage, StoredOutcome,

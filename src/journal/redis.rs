@@ -1,0 +1,837 @@
+//! The partitioned store on Redis (`--cluster`, feature `cluster`): the design is
+//! docs/cluster.md. Sessions map to partitions ([`partition_of`]); every key of a partition
+//! carries it as a hash tag (`ts:{p17}:…`) and every script touches one partition only, so
+//! a later Redis Cluster can spread partitions over primaries.
+//!
+//! The client is blocking: it runs on the journal thread, never on the reactor. Each
+//! operation is one Lua script, atomic in Redis; with `appendfsync always` (checked by
+//! [`RedisStore::connect`]) its writes are on disk before Redis answers. The owner's writes
+//! (`started`, outcome) check the partition's lease first and fail
+//! [`StoreErrorKind::Fenced`](super::StoreErrorKind::Fenced) without changing anything when
+//! the caller no longer holds it.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use redis::{Script, Value};
+
+use super::{Recovered, RecoveredMessage, StoreError, StoredMessage, StoredOutcome};
+
+/// The key prefix of every key the store writes.
+const PREFIX: &str = "ts";
+/// Entries kept in a partition's inbox and outcome streams (`XADD … MAXLEN ~`): a reader
+/// that falls further behind reloads the partition, which holds everything the streams say.
+const STREAM_MAXLEN: u32 = 10_000;
+/// Expired duplicate-window ids each accept prunes (bounds the script's work).
+const PRUNE_PER_ACCEPT: u32 = 64;
+
+/// The partition of a session: FNV-1a (64 bits) of the session key, modulo `partitions`.
+/// Fixed forever: instances of different versions must agree on it.
+pub fn partition_of(session: &str, partitions: u32) -> u32 {
+    debug_assert!(partitions > 0);
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in session.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h % u64::from(partitions.max(1))) as u32
+}
+
+/// How an instance joins the cluster.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// `redis://HOST:PORT[/DB]`.
+    pub url: String,
+    /// This instance's name in leases (`<instance>:<epoch>`); unique among live instances.
+    pub instance: String,
+    /// Partitions of the key space; fixed for the life of the Redis database.
+    pub partitions: u32,
+    /// A lease's time to live.
+    pub lease: Duration,
+    /// Accept a Redis whose `appendfsync` is not `always` (an ack may then precede the
+    /// fsync: a Redis crash can lose acknowledged messages).
+    pub allow_lazy_fsync: bool,
+    /// Connect, read and write timeout of one round trip.
+    pub timeout: Duration,
+}
+
+impl ClusterConfig {
+    /// The defaults of `serve --cluster URL`: 64 partitions, a 3 s lease, `hostname:pid`.
+    pub fn new(url: impl Into<String>, instance: impl Into<String>) -> ClusterConfig {
+        ClusterConfig {
+            url: url.into(),
+            instance: instance.into(),
+            partitions: 64,
+            lease: Duration::from_millis(3000),
+            allow_lazy_fsync: false,
+            timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// A partition's lease as this instance holds it: the token every owned write presents.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// The partition.
+    pub partition: u32,
+    /// `<instance>:<epoch>`, as stored in Redis.
+    pub token: String,
+    /// The epoch: increases with every acquisition of the partition.
+    pub epoch: u64,
+}
+
+/// What [`RedisStore::accept`] did with a message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Accept {
+    /// Durable, numbered `seq` in its partition.
+    New {
+        /// The partition's number for it.
+        seq: u64,
+    },
+    /// Its `(platform, id)` is in the partition's duplicate window (cluster-wide).
+    Duplicate,
+    /// Its session has `cap` messages in flight across the cluster.
+    SessionFull,
+}
+
+/// What [`RedisStore::acquire`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Acquire {
+    /// The partition is this instance's until the lease runs out.
+    Acquired(Lease),
+    /// Another token holds it (possibly an earlier life of this instance).
+    Taken {
+        /// The holder's token.
+        holder: String,
+    },
+}
+
+/// One partition as its new owner loads it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LoadedPartition {
+    /// The messages in flight in seq order, the live duplicate window, the partition's
+    /// highest seq: the same shape as a single instance's start-up recovery.
+    pub recovered: Recovered,
+    /// The instance that accepted each message (where its result goes first).
+    pub origins: HashMap<u64, String>,
+    /// The inbox stream's last entry when the load ran (read new messages after it).
+    pub inbox_after: String,
+}
+
+/// The Redis store: one connection, the scripts, the instance's name.
+pub struct RedisStore {
+    client: redis::Client,
+    /// None after a failure: the next call reconnects.
+    con: Option<redis::Connection>,
+    cfg: ClusterConfig,
+    scripts: Scripts,
+}
+
+struct Scripts {
+    accept: Script,
+    started: Script,
+    outcome: Script,
+    finish: Script,
+    acquire: Script,
+    renew: Script,
+    release: Script,
+    load: Script,
+}
+
+/// KEYS: seq, q, dedup, dedupx, sessions, inbox. ARGV: message key prefix, dedup member,
+/// now, until, session, cap, stream maxlen, prune count, origin, then field/value pairs.
+/// The dedup sorted set scores an in-flight id `+inf` (it stays a duplicate however long
+/// it waits) and a finished one by its window's end.
+const ACCEPT: &str = r"
+local now = tonumber(ARGV[3])
+local old = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, tonumber(ARGV[8]))
+for _, d in ipairs(old) do
+  redis.call('HDEL', KEYS[3], d)
+  redis.call('ZREM', KEYS[4], d)
+end
+local s = redis.call('ZSCORE', KEYS[4], ARGV[2])
+if s and tonumber(s) > now then return {'duplicate'} end
+local n = tonumber(redis.call('HGET', KEYS[5], ARGV[5]) or '0')
+if n >= tonumber(ARGV[6]) then return {'full'} end
+local seq = redis.call('INCR', KEYS[1])
+local m = ARGV[1] .. seq
+redis.call('HSET', m, 'du', ARGV[4], 'st', '0', 's', ARGV[5], 'o', ARGV[9], unpack(ARGV, 10))
+redis.call('ZADD', KEYS[2], seq, seq)
+redis.call('HSET', KEYS[3], ARGV[2], seq)
+redis.call('ZADD', KEYS[4], '+inf', ARGV[2])
+redis.call('HINCRBY', KEYS[5], ARGV[5], 1)
+redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[7], '*', 'seq', seq)
+return {'new', tostring(seq)}
+";
+
+/// KEYS: lease. ARGV: token, message key, attempt. Fenced unless the lease is the token.
+const STARTED: &str = r"
+local l = redis.call('GET', KEYS[1])
+if l ~= ARGV[1] then return {'fenced', l or ''} end
+if redis.call('EXISTS', ARGV[2]) == 0 then return {'gone'} end
+redis.call('HSET', ARGV[2], 'st', ARGV[3])
+return {'ok'}
+";
+
+/// KEYS: lease, outcome stream. ARGV: token, message key, seq, head, text, tail, maxlen.
+/// Fenced unless the lease is the token; a second outcome for the message changes nothing
+/// (a retried write whose first try did land).
+const OUTCOME: &str = r"
+local l = redis.call('GET', KEYS[1])
+if l ~= ARGV[1] then return {'fenced', l or ''} end
+if redis.call('EXISTS', ARGV[2]) == 0 then return {'gone'} end
+if redis.call('HEXISTS', ARGV[2], 'oh') == 1 then return {'again'} end
+redis.call('HSET', ARGV[2], 'oh', ARGV[4], 'ot', ARGV[5], 'ol', ARGV[6])
+local origin = redis.call('HGET', ARGV[2], 'o') or ''
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[7], '*', 'seq', ARGV[3], 'origin', origin)
+return {'ok'}
+";
+
+/// KEYS: q, dedup, dedupx, sessions. ARGV: message key, seq, now, forget (1: the id leaves
+/// the duplicate window too). Delivered (0) or forgotten (1): the message leaves the store.
+const FINISH: &str = r"
+local m = redis.call('HMGET', ARGV[1], 'p', 'i', 's', 'du')
+if not m[1] then return {'gone'} end
+local d = m[1] .. '\n' .. m[2]
+redis.call('DEL', ARGV[1])
+redis.call('ZREM', KEYS[1], ARGV[2])
+if m[3] then
+  local n = redis.call('HINCRBY', KEYS[4], m[3], -1)
+  if n <= 0 then redis.call('HDEL', KEYS[4], m[3]) end
+end
+if ARGV[4] == '0' and tonumber(m[4] or '0') > tonumber(ARGV[3]) then
+  redis.call('ZADD', KEYS[3], m[4], d)
+else
+  redis.call('ZREM', KEYS[3], d)
+  redis.call('HDEL', KEYS[2], d)
+end
+return {'ok'}
+";
+
+/// KEYS: lease, epoch. ARGV: instance, ttl ms. Never hands back a held lease, even to an
+/// instance of the same name: a restarted process must load the partition again.
+const ACQUIRE: &str = r"
+local l = redis.call('GET', KEYS[1])
+if l then return {'taken', l} end
+local e = redis.call('INCR', KEYS[2])
+local t = ARGV[1] .. ':' .. e
+redis.call('SET', KEYS[1], t, 'PX', ARGV[2])
+return {'acquired', t, tostring(e)}
+";
+
+/// KEYS: lease. ARGV: token, ttl ms.
+const RENEW: &str = r"
+local l = redis.call('GET', KEYS[1])
+if l ~= ARGV[1] then return {'fenced', l or ''} end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return {'ok'}
+";
+
+/// KEYS: lease. ARGV: token.
+const RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) return 1 end
+return 0
+";
+
+/// KEYS: seq, q, dedupx, inbox. ARGV: message key prefix, now. One atomic snapshot: the
+/// messages in flight, the live window, the highest seq and the inbox's last id.
+const LOAD: &str = r"
+local seqs = redis.call('ZRANGE', KEYS[2], 0, -1)
+local msgs = {}
+for _, s in ipairs(seqs) do
+  msgs[#msgs + 1] = {s, redis.call('HGETALL', ARGV[1] .. s)}
+end
+local last = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)
+local lastid = '0-0'
+if last[1] then lastid = last[1][1] end
+local live = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. ARGV[2], '+inf', 'WITHSCORES')
+return {redis.call('GET', KEYS[1]) or '0', lastid, msgs, live}
+";
+
+/// The keys of one partition.
+struct Keys(String);
+
+impl Keys {
+    fn of(p: u32) -> Keys {
+        Keys(format!("{PREFIX}:{{p{p}}}:"))
+    }
+    fn k(&self, what: &str) -> String {
+        format!("{}{what}", self.0)
+    }
+    fn message(&self, seq: u64) -> String {
+        format!("{}m:{seq}", self.0)
+    }
+}
+
+fn dedup_member(platform: &str, id: &str) -> String {
+    format!("{platform}\n{id}")
+}
+
+fn transient(what: &str, e: &redis::RedisError) -> StoreError {
+    StoreError::transient(format!("redis: {what}: {e}"))
+}
+
+/// A script's answer as strings (its first is the verdict).
+fn strings(v: &Value) -> Vec<String> {
+    match v {
+        Value::Array(items) => items.iter().filter_map(text).collect(),
+        other => text(other).into_iter().collect(),
+    }
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(i) => Some(i.to_string()),
+        Value::Okay => Some("OK".into()),
+        _ => None,
+    }
+}
+
+fn bytes(v: &Value) -> Option<Vec<u8>> {
+    match v {
+        Value::BulkString(b) => Some(b.clone()),
+        Value::SimpleString(s) => Some(s.clone().into_bytes()),
+        _ => None,
+    }
+}
+
+fn malformed(what: &str) -> StoreError {
+    StoreError::untrusted(format!("redis: {what}: an answer of an unexpected shape"))
+}
+
+impl RedisStore {
+    /// Connects, checks that Redis syncs every write before answering (`appendfsync
+    /// always`, unless `allow_lazy_fsync`), and that the database's partition count (set
+    /// by the first instance) is `cfg.partitions`. A Redis that cannot be reached is
+    /// [`Transient`](super::StoreErrorKind::Transient); one that would ack before fsync,
+    /// or of another partition count, is [`Unusable`](super::StoreErrorKind::Unusable).
+    pub fn connect(cfg: ClusterConfig) -> Result<RedisStore, StoreError> {
+        if cfg.partitions == 0 {
+            return Err(StoreError::unusable("--partitions must be at least 1"));
+        }
+        let client = redis::Client::open(cfg.url.as_str()).map_err(|e| {
+            StoreError::unusable(format!("redis: the URL {:?} is not usable: {e}", cfg.url))
+        })?;
+        let mut store = RedisStore {
+            client,
+            con: None,
+            cfg,
+            scripts: Scripts {
+                accept: Script::new(ACCEPT),
+                started: Script::new(STARTED),
+                outcome: Script::new(OUTCOME),
+                finish: Script::new(FINISH),
+                acquire: Script::new(ACQUIRE),
+                renew: Script::new(RENEW),
+                release: Script::new(RELEASE),
+                load: Script::new(LOAD),
+            },
+        };
+        store.check_fsync()?;
+        store.check_partitions()?;
+        Ok(store)
+    }
+
+    /// This instance's name.
+    pub fn instance(&self) -> &str {
+        &self.cfg.instance
+    }
+
+    /// The partition count.
+    pub fn partitions(&self) -> u32 {
+        self.cfg.partitions
+    }
+
+    fn con(&mut self) -> Result<&mut redis::Connection, StoreError> {
+        if self.con.is_none() {
+            let t = self.cfg.timeout;
+            let c = self
+                .client
+                .get_connection_with_timeout(t)
+                .map_err(|e| transient("connect", &e))?;
+            c.set_read_timeout(Some(t))
+                .and_then(|()| c.set_write_timeout(Some(t)))
+                .map_err(|e| transient("set timeouts", &e))?;
+            self.con = Some(c);
+        }
+        self.con
+            .as_mut()
+            .ok_or_else(|| StoreError::transient("redis: no connection"))
+    }
+
+    /// Runs `f` on the connection; a failure drops it (the next call reconnects).
+    fn with<T>(
+        &mut self,
+        what: &str,
+        f: impl FnOnce(&mut redis::Connection, &Scripts) -> redis::RedisResult<T>,
+    ) -> Result<T, StoreError> {
+        self.con()?;
+        let (con, scripts) = match (&mut self.con, &self.scripts) {
+            (Some(c), s) => (c, s),
+            (None, _) => return Err(StoreError::transient("redis: no connection")),
+        };
+        match f(con, scripts) {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                self.con = None;
+                Err(transient(what, &e))
+            }
+        }
+    }
+
+    fn check_fsync(&mut self) -> Result<(), StoreError> {
+        let got: Result<Vec<String>, StoreError> = self.with("CONFIG GET appendfsync", |c, _| {
+            redis::cmd("CONFIG").arg("GET").arg("appendfsync").query(c)
+        });
+        let setting = match got {
+            Ok(v) => v.get(1).cloned(),
+            // A Redis that refuses CONFIG (renamed on managed services) cannot prove it syncs.
+            Err(e) if e.message.contains("ERR") => None,
+            Err(e) => return Err(e),
+        };
+        let aof: Option<Vec<String>> = self
+            .with("CONFIG GET appendonly", |c, _| {
+                redis::cmd("CONFIG").arg("GET").arg("appendonly").query(c)
+            })
+            .ok();
+        let aof_on = aof.as_ref().and_then(|v| v.get(1)).map(String::as_str) == Some("yes");
+        if setting.as_deref() == Some("always") && aof_on {
+            return Ok(());
+        }
+        let seen = format!(
+            "appendonly {}, appendfsync {}",
+            aof.as_ref()
+                .and_then(|v| v.get(1))
+                .map_or("unknown", String::as_str),
+            setting.as_deref().unwrap_or("unknown")
+        );
+        if self.cfg.allow_lazy_fsync {
+            log::warn!(
+                "redis {}: {seen}: an ack may precede the fsync (--cluster-allow-lazy-fsync): a Redis crash can lose acknowledged messages",
+                self.cfg.url
+            );
+            return Ok(());
+        }
+        Err(StoreError::unusable(format!(
+            "redis {}: {seen}; acknowledged messages must be on disk before the ack: configure `appendonly yes` and `appendfsync always`, or pass --cluster-allow-lazy-fsync to accept the loss",
+            self.cfg.url
+        )))
+    }
+
+    fn check_partitions(&mut self) -> Result<(), StoreError> {
+        let n = self.cfg.partitions;
+        let key = format!("{PREFIX}:partitions");
+        let (_, got): (Value, Option<u32>) = self.with("partitions", |c, _| {
+            redis::pipe()
+                .cmd("SET")
+                .arg(&key)
+                .arg(n)
+                .arg("NX")
+                .cmd("GET")
+                .arg(&key)
+                .query(c)
+        })?;
+        match got {
+            Some(g) if g == n => Ok(()),
+            Some(g) => Err(StoreError::unusable(format!(
+                "redis {}: the cluster has {g} partitions, this instance was given --partitions {n}",
+                self.cfg.url
+            ))),
+            None => Err(malformed("partitions")),
+        }
+    }
+
+    /// Accepts a message for `partition` on behalf of any instance: cluster-wide dedup by
+    /// `(platform, id)`, at most `session_cap` messages in flight for `session`; durable
+    /// when it returns [`Accept::New`]. `message.seq` is ignored (the partition numbers it);
+    /// `now_ms` is the wall clock (expires the window's ids).
+    pub fn accept(
+        &mut self,
+        partition: u32,
+        session: &str,
+        message: &StoredMessage,
+        session_cap: usize,
+        now_ms: u64,
+    ) -> Result<Accept, StoreError> {
+        debug_assert!(partition < self.cfg.partitions);
+        let keys = Keys::of(partition);
+        let m = message;
+        let mut fields: Vec<(&str, &str)> = vec![
+            ("p", m.platform.as_str()),
+            ("i", m.id.as_str()),
+            ("ct", m.chat_type.as_str()),
+            ("c", m.chat_id.as_str()),
+            ("tx", m.text.as_str()),
+        ];
+        for (k, v) in [
+            ("th", &m.thread_id),
+            ("u", &m.user_id),
+            ("un", &m.user_name),
+            ("meta", &m.meta),
+        ] {
+            if let Some(v) = v {
+                fields.push((k, v.as_str()));
+            }
+        }
+        let instance = self.cfg.instance.clone();
+        let v: Value = self.with("accept", |c, s| {
+            let mut inv = s.accept.prepare_invoke();
+            for k in ["seq", "q", "dedup", "dedupx", "sessions", "in"] {
+                inv.key(keys.k(k));
+            }
+            inv.arg(keys.k("m:"))
+                .arg(dedup_member(&m.platform, &m.id))
+                .arg(now_ms)
+                .arg(m.dedup_until_ms)
+                .arg(session)
+                .arg(session_cap)
+                .arg(STREAM_MAXLEN)
+                .arg(PRUNE_PER_ACCEPT)
+                .arg(&instance);
+            for (k, v) in &fields {
+                inv.arg(*k).arg(*v);
+            }
+            inv.invoke(c)
+        })?;
+        let a = strings(&v);
+        match a.first().map(String::as_str) {
+            Some("new") => a
+                .get(1)
+                .and_then(|s| s.parse().ok())
+                .map(|seq| Accept::New { seq })
+                .ok_or_else(|| malformed("accept")),
+            Some("duplicate") => Ok(Accept::Duplicate),
+            Some("full") => Ok(Accept::SessionFull),
+            _ => Err(malformed("accept")),
+        }
+    }
+
+    /// Tries to take `partition` for this instance for one lease.
+    pub fn acquire(&mut self, partition: u32) -> Result<Acquire, StoreError> {
+        let keys = Keys::of(partition);
+        let (instance, ttl) = (self.cfg.instance.clone(), self.ttl_ms());
+        let v: Value = self.with("acquire", |c, s| {
+            s.acquire
+                .key(keys.k("lease"))
+                .key(keys.k("epoch"))
+                .arg(&instance)
+                .arg(ttl)
+                .invoke(c)
+        })?;
+        let a = strings(&v);
+        match (a.first().map(String::as_str), a.get(1), a.get(2)) {
+            (Some("acquired"), Some(token), Some(epoch)) => Ok(Acquire::Acquired(Lease {
+                partition,
+                token: token.clone(),
+                epoch: epoch.parse().map_err(|_| malformed("acquire"))?,
+            })),
+            (Some("taken"), Some(holder), _) => Ok(Acquire::Taken {
+                holder: holder.clone(),
+            }),
+            _ => Err(malformed("acquire")),
+        }
+    }
+
+    /// Extends `lease` by one TTL; [`Fenced`](super::StoreErrorKind::Fenced) if it was lost.
+    pub fn renew(&mut self, lease: &Lease) -> Result<(), StoreError> {
+        let keys = Keys::of(lease.partition);
+        let ttl = self.ttl_ms();
+        let v: Value = self.with("renew", |c, s| {
+            s.renew
+                .key(keys.k("lease"))
+                .arg(&lease.token)
+                .arg(ttl)
+                .invoke(c)
+        })?;
+        self.owned_verdict(&v, lease, "renew").map(|_| ())
+    }
+
+    /// Gives `lease` up (another instance may take the partition at once); false if it was
+    /// no longer held.
+    pub fn release(&mut self, lease: &Lease) -> Result<bool, StoreError> {
+        let keys = Keys::of(lease.partition);
+        let n: i64 = self.with("release", |c, s| {
+            s.release.key(keys.k("lease")).arg(&lease.token).invoke(c)
+        })?;
+        Ok(n == 1)
+    }
+
+    /// The owner records that the turn of `seq` started (attempt `attempt`); fenced unless
+    /// `lease` is still the partition's. False if the message has left the store.
+    pub fn started(&mut self, lease: &Lease, seq: u64, attempt: u32) -> Result<bool, StoreError> {
+        let keys = Keys::of(lease.partition);
+        let v: Value = self.with("started", |c, s| {
+            s.started
+                .key(keys.k("lease"))
+                .arg(&lease.token)
+                .arg(keys.message(seq))
+                .arg(attempt)
+                .invoke(c)
+        })?;
+        self.owned_verdict(&v, lease, "started")
+    }
+
+    /// The owner records the terminal outcome of `seq` and publishes it on the partition's
+    /// outcome stream; fenced unless `lease` is still the partition's. Writing it again
+    /// changes nothing. False if the message has left the store.
+    pub fn outcome(
+        &mut self,
+        lease: &Lease,
+        seq: u64,
+        outcome: &StoredOutcome,
+    ) -> Result<bool, StoreError> {
+        let keys = Keys::of(lease.partition);
+        let v: Value = self.with("outcome", |c, s| {
+            s.outcome
+                .key(keys.k("lease"))
+                .key(keys.k("out"))
+                .arg(&lease.token)
+                .arg(keys.message(seq))
+                .arg(seq)
+                .arg(&outcome.head)
+                .arg(&outcome.text)
+                .arg(&outcome.tail)
+                .arg(STREAM_MAXLEN)
+                .invoke(c)
+        })?;
+        self.owned_verdict(&v, lease, "outcome")
+    }
+
+    /// A bridge has the outcome of `seq`: the message leaves the store cluster-wide (its id
+    /// stays a duplicate until its window ends). Any instance may write it. False if it had
+    /// already left.
+    pub fn delivered(&mut self, partition: u32, seq: u64, now_ms: u64) -> Result<bool, StoreError> {
+        self.finish(partition, seq, now_ms, false)
+    }
+
+    /// The runtime refused `seq` after it was accepted: it leaves the store and the
+    /// duplicate window (the bridge was told `reject`, so a retry is new).
+    pub fn forget(&mut self, partition: u32, seq: u64, now_ms: u64) -> Result<bool, StoreError> {
+        self.finish(partition, seq, now_ms, true)
+    }
+
+    fn finish(
+        &mut self,
+        partition: u32,
+        seq: u64,
+        now_ms: u64,
+        forget: bool,
+    ) -> Result<bool, StoreError> {
+        let keys = Keys::of(partition);
+        let v: Value = self.with("delivered", |c, s| {
+            let mut inv = s.finish.prepare_invoke();
+            for k in ["q", "dedup", "dedupx", "sessions"] {
+                inv.key(keys.k(k));
+            }
+            inv.arg(keys.message(seq))
+                .arg(seq)
+                .arg(now_ms)
+                .arg(if forget { "1" } else { "0" })
+                .invoke(c)
+        })?;
+        match strings(&v).first().map(String::as_str) {
+            Some("ok") => Ok(true),
+            Some("gone") => Ok(false),
+            _ => Err(malformed("delivered")),
+        }
+    }
+
+    /// One partition as a new owner rebuilds it: an atomic snapshot of its messages in
+    /// flight (in seq order, with their starts and outcomes), its live duplicate window and
+    /// its inbox position. A message that cannot be read back is an error, never a guess.
+    pub fn load_partition(
+        &mut self,
+        partition: u32,
+        now_ms: u64,
+    ) -> Result<LoadedPartition, StoreError> {
+        let keys = Keys::of(partition);
+        let v: Value = self.with("load", |c, s| {
+            s.load
+                .key(keys.k("seq"))
+                .key(keys.k("q"))
+                .key(keys.k("dedupx"))
+                .key(keys.k("in"))
+                .arg(keys.k("m:"))
+                .arg(now_ms)
+                .invoke(c)
+        })?;
+        let Value::Array(parts) = v else {
+            return Err(malformed("load"));
+        };
+        let [max_seq, last, msgs, live] = parts.as_slice() else {
+            return Err(malformed("load"));
+        };
+        let max_seq = text(max_seq)
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or_else(|| malformed("load: seq"))?;
+        let inbox_after = text(last).ok_or_else(|| malformed("load: inbox"))?;
+        let mut out = LoadedPartition {
+            recovered: Recovered {
+                max_seq,
+                ..Recovered::default()
+            },
+            origins: HashMap::new(),
+            inbox_after,
+        };
+        let Value::Array(msgs) = msgs else {
+            return Err(malformed("load: messages"));
+        };
+        let mut windows: HashMap<String, u64> = HashMap::new();
+        for entry in msgs {
+            let (seq, fields) = match entry {
+                Value::Array(pair) => match pair.as_slice() {
+                    [seq, Value::Array(fields)] => (text(seq), fields),
+                    _ => return Err(malformed("load: message")),
+                },
+                _ => return Err(malformed("load: message")),
+            };
+            let seq: u64 = seq
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| malformed("load: message seq"))?;
+            let (rm, origin) = message_of(partition, seq, fields)?;
+            windows.insert(
+                dedup_member(&rm.message.platform, &rm.message.id),
+                rm.message.dedup_until_ms,
+            );
+            out.origins.insert(seq, origin);
+            out.recovered.messages.push(rm);
+        }
+        let Value::Array(live) = live else {
+            return Err(malformed("load: window"));
+        };
+        for pair in live.chunks(2) {
+            let [member, score] = pair else {
+                return Err(malformed("load: window"));
+            };
+            let member = text(member).ok_or_else(|| malformed("load: window"))?;
+            let Some((platform, id)) = member.split_once('\n') else {
+                return Err(malformed("load: window id"));
+            };
+            let score = text(score).ok_or_else(|| malformed("load: window"))?;
+            // An in-flight id is scored +inf; its window is the message's own.
+            let until = match score.parse::<u64>() {
+                Ok(u) => u,
+                Err(_) => match windows.get(&member) {
+                    Some(u) => *u,
+                    None => continue,
+                },
+            };
+            out.recovered
+                .dedup
+                .push((platform.to_string(), id.to_string(), until));
+        }
+        Ok(out)
+    }
+
+    fn ttl_ms(&self) -> u64 {
+        self.cfg.lease.as_millis().max(1) as u64
+    }
+
+    /// `ok` → true, `gone` → false, `fenced` → the error (logged with the holder).
+    fn owned_verdict(&self, v: &Value, lease: &Lease, what: &str) -> Result<bool, StoreError> {
+        let a = strings(v);
+        match a.first().map(String::as_str) {
+            Some("ok" | "again") => Ok(true),
+            Some("gone") => Ok(false),
+            Some("fenced") => {
+                let holder =
+                    a.get(1).map_or(
+                        "nobody",
+                        |h| {
+                            if h.is_empty() { "nobody" } else { h.as_str() }
+                        },
+                    );
+                Err(StoreError::fenced(format!(
+                    "partition {}: {what} refused: the lease is no longer {} (now held by {holder})",
+                    lease.partition, lease.token
+                )))
+            }
+            _ => Err(malformed(what)),
+        }
+    }
+}
+
+/// A message hash as stored by the accept script.
+fn message_of(
+    partition: u32,
+    seq: u64,
+    fields: &[Value],
+) -> Result<(RecoveredMessage, String), StoreError> {
+    let mut f: HashMap<String, Vec<u8>> = HashMap::new();
+    for pair in fields.chunks(2) {
+        let [k, v] = pair else {
+            return Err(malformed("load: message fields"));
+        };
+        match (text(k), bytes(v)) {
+            (Some(k), Some(v)) => {
+                f.insert(k, v);
+            }
+            _ => return Err(malformed("load: message fields")),
+        }
+    }
+    let s = |k: &str| f.get(k).map(|v| String::from_utf8_lossy(v).into_owned());
+    let need = |k: &str| {
+        s(k).ok_or_else(|| {
+            StoreError::untrusted(format!(
+                "redis: partition {partition}, message {seq}: field {k} is missing"
+            ))
+        })
+    };
+    let num = |k: &str| -> Result<u64, StoreError> {
+        need(k)?.parse().map_err(|_| {
+            StoreError::untrusted(format!(
+                "redis: partition {partition}, message {seq}: field {k} is not a number"
+            ))
+        })
+    };
+    let message = StoredMessage {
+        seq,
+        platform: need("p")?,
+        id: need("i")?,
+        chat_type: need("ct")?,
+        chat_id: need("c")?,
+        thread_id: s("th"),
+        user_id: s("u"),
+        user_name: s("un"),
+        meta: s("meta"),
+        text: need("tx")?,
+        dedup_until_ms: num("du")?,
+    };
+    let outcome = match (f.get("oh"), s("ot"), f.get("ol")) {
+        (Some(head), Some(text), Some(tail)) => Some(StoredOutcome {
+            head: head.clone(),
+            text,
+            tail: tail.clone(),
+        }),
+        _ => None,
+    };
+    let starts = u32::try_from(num("st")?).map_err(|_| malformed("load: starts"))?;
+    Ok((
+        RecoveredMessage {
+            message,
+            starts,
+            outcome,
+        },
+        s("o").unwrap_or_default(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::partition_of;
+
+    #[test]
+    fn the_partition_of_a_session_is_fixed_and_spread() {
+        // Fixed values: a change to the hash would split a running cluster's partitions.
+        assert_eq!(partition_of("", 64), (0xcbf2_9ce4_8422_2325u64 % 64) as u32);
+        assert_eq!(partition_of("telegram:dm:1", 1), 0);
+        let n = 16;
+        let mut seen = vec![0usize; n as usize];
+        for i in 0..1600 {
+            seen[partition_of(&format!("telegram:dm:{i}"), n) as usize] += 1;
+        }
+        assert!(seen.iter().all(|&c| c > 50), "{seen:?}");
+    }
+}
