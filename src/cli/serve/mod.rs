@@ -60,6 +60,18 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
         println!("configuration ok");
         return 0;
     }
+    if let Some(c) = &s.cluster {
+        // The Redis store and its checks are built (preflight ran them); the bridge's use of
+        // it — partition ownership, the inbox and outcome streams — is not yet (issue 22,
+        // docs/cluster.md). Refusing is honest: serving as a single instance here would
+        // silently give up the guarantees `--cluster` names.
+        let e = StartError::Config(format!(
+            "--cluster {}: Redis checked (appendfsync, {} partitions, instance {}), but serving as a cluster member is not built yet (docs/cluster.md)",
+            c.url, c.partitions, c.instance
+        ));
+        fatal(log_json, &e);
+        return e.code();
+    }
     log::info!(
         "turnstile {} (revision {}) starting, pid {}",
         crate::liveness::VERSION,
@@ -158,6 +170,11 @@ fn preflight(s: Settings, check_only: bool) -> Result<Preflight, StartError> {
         ));
     }
     let factory = make_factory(&s)?;
+    if let Some(c) = &s.cluster {
+        // Reachable, syncing every write before its ack, of the same partition count.
+        crate::journal::RedisStore::connect(c.clone())
+            .map_err(|e| exit::store_error(&e, format_args!("--cluster {}", c.url)))?;
+    }
     let data = match &s.data_dir {
         None => None,
         Some(dir) => {
