@@ -150,7 +150,8 @@ pub mod internal {
         pub use crate::journal::SqliteStore;
         #[cfg(feature = "cluster")]
         pub use crate::journal::{
-            Accept, Acquire, ClusterConfig, Lease, LoadedPartition, RedisStore, partition_of,
+            Accept, Acquire, ClusterConfig, Lease, LoadedPartition, Ownership, Plan, RedisStore,
+            Stream, StreamEntry, partition_of,
         };
         pub use crate::journal::{
             Committed, FaultyStore, Journal, JournalConfig, MemStore, Model, Record, Recovered,

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use redis_support::{Redis, WAIT, require_redis};
 use turnstile::internal::journal::{
-    Accept, Acquire, ClusterConfig, Lease, RedisStore, StoreErrorKind, StoredMessage,
-    StoredOutcome, now_ms, partition_of,
+    Accept, Acquire, ClusterConfig, Lease, Ownership, RedisStore, StoreErrorKind, StoredMessage,
+    StoredOutcome, Stream, now_ms, partition_of,
 };
 
 const P: u32 = 4;
@@ -404,5 +404,152 @@ fn redis_down_is_transient_and_an_acked_message_survives_its_kill() {
             a.accept(p, &s, &msg("m2", chat, later()), 10, now_ms())
                 .unwrap()
         )
+    );
+}
+
+#[test]
+fn the_streams_tell_the_owner_what_was_accepted_and_the_origin_what_finished() {
+    let Some(bin) = require_redis() else { return };
+    let r = Redis::start(&bin);
+    let (mut a, mut b) = (store(&r, "a"), store(&r, "b"));
+    let chat = "11";
+    let (p, s) = (part(chat), session(chat));
+    let s1 = new_seq(
+        a.accept(p, &s, &msg("m1", chat, later()), 10, now_ms())
+            .unwrap(),
+    );
+    let s2 = new_seq(
+        a.accept(p, &s, &msg("m2", chat, later()), 10, now_ms())
+            .unwrap(),
+    );
+    // The owner reads the inbox: both, in order.
+    let got = b
+        .read(Stream::Inbox, &[(p, "0-0".into())], 100, None)
+        .unwrap();
+    assert_eq!(got.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![s1, s2]);
+    assert!(got.iter().all(|e| e.partition == p));
+    let after = got[1].id.clone();
+    assert!(
+        b.read(Stream::Inbox, &[(p, after)], 100, None)
+            .unwrap()
+            .is_empty()
+    );
+
+    // The origin blocks on the outcome stream (its own connection) until the owner writes.
+    let mut reader = store(&r, "a-reader");
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let t = std::thread::spawn(move || {
+        let _ = tx.send(());
+        reader.read(Stream::Outcomes, &[(p, "0-0".into())], 100, Some(WAIT))
+    });
+    rx.recv().unwrap();
+    let lease = acquired(&mut b, p);
+    assert!(b.outcome(&lease, s2, &outcome("two")).unwrap());
+    let got = t.join().unwrap().expect("read");
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        (got[0].partition, got[0].seq, got[0].origin.as_str()),
+        (p, s2, "a")
+    );
+    // A read of nothing, without waiting, is empty, not an error.
+    let mut fresh = store(&r, "c");
+    assert!(
+        fresh
+            .read(Stream::Outcomes, &[(p, got[0].id.clone())], 10, None)
+            .unwrap()
+            .is_empty()
+    );
+}
+
+/// One ownership pass of one instance against Redis, as the journal thread will run it.
+fn pass(o: &mut Ownership, s: &mut RedisStore, t0: Instant) {
+    let now = t0.elapsed();
+    o.set_live(s.heartbeat().expect("heartbeat"));
+    let plan = o.plan(now);
+    for l in &plan.release {
+        s.release(l).expect("release");
+    }
+    for l in &plan.renew {
+        match s.renew(l) {
+            Ok(()) => o.renewed(l.partition, now),
+            Err(e) if e.is_fenced() => {
+                o.fenced(l.partition);
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    for p in plan.acquire {
+        if let Acquire::Acquired(l) = s.acquire(p).expect("acquire") {
+            o.acquired(l, now);
+        }
+    }
+}
+
+fn held(o: &Ownership) -> Vec<u32> {
+    o.held().map(|l| l.partition).collect()
+}
+
+/// Runs passes of `instances` every pass period until `done` holds (bounded).
+fn drive(
+    instances: &mut [(&mut Ownership, &mut RedisStore)],
+    t0: Instant,
+    done: impl Fn(&[(&mut Ownership, &mut RedisStore)]) -> bool,
+) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        for (o, s) in instances.iter_mut() {
+            pass(o, s, t0);
+        }
+        if done(instances) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the partitions never settled");
+        std::thread::park_timeout(instances[0].0.pass_every());
+    }
+}
+
+#[test]
+fn instances_share_the_partitions_fairly_and_a_dead_ones_are_taken_over() {
+    let Some(bin) = require_redis() else { return };
+    let r = Redis::start(&bin);
+    let lease = Duration::from_millis(300);
+    let mk = |name: &str| {
+        let mut c = cfg(&r, name);
+        (c.partitions, c.lease) = (8, lease);
+        (
+            Ownership::new(name, 8, lease),
+            RedisStore::connect(c).expect("connect"),
+        )
+    };
+    let (mut oa, mut sa) = mk("a");
+    let (mut ob, mut sb) = mk("b");
+    let t0 = Instant::now();
+    drive(&mut [(&mut oa, &mut sa)], t0, |i| {
+        i[0].0.held().count() == 8
+    });
+    // B joins: A sheds to its fair share, B takes the rest; no partition is held twice.
+    drive(&mut [(&mut oa, &mut sa), (&mut ob, &mut sb)], t0, |i| {
+        i[0].0.held().count() == 4 && i[1].0.held().count() == 4
+    });
+    let (ha, hb) = (held(&oa), held(&ob));
+    assert!(ha.iter().all(|p| !hb.contains(p)), "{ha:?} and {hb:?}");
+    let stale = oa.held().next().cloned().expect("a holds one");
+
+    // A stops (killed or paused): B takes everything once A's leases and registration run out.
+    let died = Instant::now();
+    drive(&mut [(&mut ob, &mut sb)], t0, |i| {
+        i[0].0.held().count() == 8
+    });
+    eprintln!(
+        "takeover of a dead instance's 4 partitions (lease 300 ms, pass every 100 ms): {:?}",
+        died.elapsed()
+    );
+    // A wakes: its planner gives everything up at once, and its old lease writes nothing.
+    let plan = oa.plan(t0.elapsed());
+    assert_eq!(plan.lost, ha);
+    assert_eq!(sa.renew(&stale).unwrap_err().kind, StoreErrorKind::Fenced);
+    assert_eq!(
+        sa.started(&stale, 1, 1).unwrap_err().kind,
+        StoreErrorKind::Fenced
     );
 }

@@ -21,6 +21,8 @@
 #[cfg(feature = "sqlite")]
 mod mark;
 #[cfg(feature = "cluster")]
+mod owner;
+#[cfg(feature = "cluster")]
 mod redis;
 #[cfg(feature = "sqlite")]
 mod sqlite;
@@ -32,7 +34,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 #[cfg(feature = "cluster")]
-pub use redis::{Accept, Acquire, ClusterConfig, Lease, LoadedPartition, RedisStore, partition_of};
+pub use owner::{Ownership, Plan};
+#[cfg(feature = "cluster")]
+pub use redis::{
+    Accept, Acquire, ClusterConfig, Lease, LoadedPartition, RedisStore, Stream, StreamEntry,
+    partition_of,
+};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use thread::{Committed, Journal, JournalConfig};

@@ -136,6 +136,8 @@ struct Scripts {
     renew: Script,
     release: Script,
     load: Script,
+    heartbeat: Script,
+    leave: Script,
 }
 
 /// KEYS: seq, q, dedup, dedupx, sessions, inbox. ARGV: message key prefix, dedup member,
@@ -248,6 +250,43 @@ local live = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. ARGV[2], '+inf', 'WITHS
 return {redis.call('GET', KEYS[1]) or '0', lastid, msgs, live}
 ";
 
+/// KEYS: instances. ARGV: instance, ttl ms. Registers the instance until now + ttl (Redis's
+/// clock: instances need not agree on theirs), drops the expired ones, counts the live.
+const HEARTBEAT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+return redis.call('ZCARD', KEYS[1])
+";
+
+/// KEYS: instances. ARGV: instance. A graceful stop leaves the registry at once.
+const LEAVE: &str = r"
+return redis.call('ZREM', KEYS[1], ARGV[1])
+";
+
+/// Which of a partition's streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stream {
+    /// `ts:{pN}:in`: one entry per accepted message (`seq`); the owner queues them.
+    Inbox,
+    /// `ts:{pN}:out`: one entry per outcome (`seq`, `origin`); the origin instance sends it.
+    Outcomes,
+}
+
+/// One stream entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamEntry {
+    /// The partition whose stream it is.
+    pub partition: u32,
+    /// The entry's id (read on after it).
+    pub id: String,
+    /// The message.
+    pub seq: u64,
+    /// The instance that accepted it (outcome entries only; empty in the inbox).
+    pub origin: String,
+}
+
 /// The keys of one partition.
 struct Keys(String);
 
@@ -327,6 +366,8 @@ impl RedisStore {
                 renew: Script::new(RENEW),
                 release: Script::new(RELEASE),
                 load: Script::new(LOAD),
+                heartbeat: Script::new(HEARTBEAT),
+                leave: Script::new(LEAVE),
             },
         };
         store.check_fsync()?;
@@ -721,6 +762,114 @@ impl RedisStore {
             out.recovered
                 .dedup
                 .push((platform.to_string(), id.to_string(), until));
+        }
+        Ok(out)
+    }
+
+    /// Registers this instance as live for one lease and answers how many are (itself
+    /// included): the fair share's divisor.
+    pub fn heartbeat(&mut self) -> Result<u32, StoreError> {
+        let key = format!("{PREFIX}:instances");
+        let (instance, ttl) = (self.cfg.instance.clone(), self.ttl_ms());
+        let n: i64 = self.with("heartbeat", |c, s| {
+            s.heartbeat.key(&key).arg(&instance).arg(ttl).invoke(c)
+        })?;
+        u32::try_from(n).map_err(|_| malformed("heartbeat"))
+    }
+
+    /// Leaves the registry (a graceful stop): the others' shares grow at their next pass.
+    pub fn leave(&mut self) -> Result<(), StoreError> {
+        let key = format!("{PREFIX}:instances");
+        let instance = self.cfg.instance.clone();
+        let _: i64 = self.with("leave", |c, s| s.leave.key(&key).arg(&instance).invoke(c))?;
+        Ok(())
+    }
+
+    /// Reads `stream` of each `(partition, after id)` in `cursors`: up to `count` entries of
+    /// each, waiting up to `block` for the first if there are none (`None`: no wait). A
+    /// blocking read holds the connection, so the reader has a store (a connection) of its
+    /// own, on a thread of its own, never the journal thread's.
+    pub fn read(
+        &mut self,
+        stream: Stream,
+        cursors: &[(u32, String)],
+        count: usize,
+        block: Option<Duration>,
+    ) -> Result<Vec<StreamEntry>, StoreError> {
+        if cursors.is_empty() {
+            return Ok(Vec::new());
+        }
+        let name = match stream {
+            Stream::Inbox => "in",
+            Stream::Outcomes => "out",
+        };
+        let mut by_key: HashMap<String, u32> = HashMap::new();
+        let mut cmd = redis::cmd("XREAD");
+        cmd.arg("COUNT").arg(count.max(1));
+        if let Some(b) = block {
+            cmd.arg("BLOCK").arg(b.as_millis().max(1) as u64);
+        }
+        cmd.arg("STREAMS");
+        for (p, _) in cursors {
+            let key = Keys::of(*p).k(name);
+            cmd.arg(&key);
+            by_key.insert(key, *p);
+        }
+        for (_, after) in cursors {
+            cmd.arg(after);
+        }
+        // A blocking read may wait `block` beyond the usual round trip.
+        let timeout = self.cfg.timeout + block.unwrap_or_default();
+        let v: Value = self.with("read", |c, _| {
+            c.set_read_timeout(Some(timeout))?;
+            let v = cmd.query(c);
+            c.set_read_timeout(Some(timeout - block.unwrap_or_default()))?;
+            v
+        })?;
+        let mut out = Vec::new();
+        let streams = match v {
+            Value::Nil => return Ok(out),
+            Value::Array(s) => s,
+            Value::Map(m) => m
+                .into_iter()
+                .map(|(k, v)| Value::Array(vec![k, v]))
+                .collect(),
+            _ => return Err(malformed("read")),
+        };
+        for st in streams {
+            let Value::Array(kv) = st else {
+                return Err(malformed("read: stream"));
+            };
+            let [key, Value::Array(entries)] = kv.as_slice() else {
+                return Err(malformed("read: stream"));
+            };
+            let partition = text(key)
+                .and_then(|k| by_key.get(&k).copied())
+                .ok_or_else(|| malformed("read: stream key"))?;
+            for e in entries {
+                let Value::Array(e) = e else {
+                    return Err(malformed("read: entry"));
+                };
+                let [id, Value::Array(fields)] = e.as_slice() else {
+                    return Err(malformed("read: entry"));
+                };
+                let mut entry = StreamEntry {
+                    partition,
+                    id: text(id).ok_or_else(|| malformed("read: entry id"))?,
+                    seq: 0,
+                    origin: String::new(),
+                };
+                for f in fields.chunks(2) {
+                    match (f.first().and_then(text).as_deref(), f.get(1).and_then(text)) {
+                        (Some("seq"), Some(v)) => {
+                            entry.seq = v.parse().map_err(|_| malformed("read: seq"))?;
+                        }
+                        (Some("origin"), Some(v)) => entry.origin = v,
+                        _ => {}
+                    }
+                }
+                out.push(entry);
+            }
         }
         Ok(out)
     }
