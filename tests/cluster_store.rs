@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use redis_support::{Redis, WAIT, require_redis};
 use turnstile::internal::journal::{
-    Accept, Acquire, ClusterConfig, Lease, Ownership, RedisStore, StoreErrorKind, StoredMessage,
-    StoredOutcome, Stream, now_ms, partition_of,
+    Accept, Acquire, ClusterConfig, Done, Lease, Op, Ownership, RedisStore, StoreErrorKind,
+    StoredMessage, StoredOutcome, Stream, now_ms, partition_of,
 };
 
 const P: u32 = 4;
@@ -551,5 +551,96 @@ fn instances_share_the_partitions_fairly_and_a_dead_ones_are_taken_over() {
     assert_eq!(
         sa.started(&stale, 1, 1).unwrap_err().kind,
         StoreErrorKind::Fenced
+    );
+}
+
+#[test]
+fn one_pipelined_batch_answers_each_write_and_a_fenced_one_hides_nothing() {
+    let Some(bin) = require_redis() else { return };
+    let r = Redis::start(&bin);
+    let (mut a, mut b) = (store(&r, "a"), store(&r, "b"));
+    let chat = "21";
+    let (p, s) = (part(chat), session(chat));
+    let now = now_ms();
+    let s1 = new_seq(a.accept(p, &s, &msg("m1", chat, later()), 10, now).unwrap());
+    let good = acquired(&mut b, p);
+    let stale = Lease {
+        token: format!("a:{}", good.epoch.saturating_sub(1)),
+        ..good.clone()
+    };
+    let (m2, o1) = (msg("m2", chat, later()), outcome("one"));
+    let ops = [
+        Op::Accept {
+            partition: p,
+            session: &s,
+            message: &m2,
+            session_cap: 10,
+        },
+        Op::Started {
+            lease: &stale,
+            seq: s1,
+            attempt: 1,
+        },
+        Op::Started {
+            lease: &good,
+            seq: s1,
+            attempt: 1,
+        },
+        Op::Outcome {
+            lease: &good,
+            seq: s1,
+            outcome: &o1,
+        },
+        Op::Delivered {
+            partition: p,
+            seq: s1,
+        },
+        Op::Delivered {
+            partition: p,
+            seq: s1,
+        },
+    ];
+    let got = b.write(&ops, now).expect("batch");
+    assert_eq!(got.len(), ops.len());
+    let s2 = match &got[0] {
+        Ok(Done::Accepted(Accept::New { seq })) => *seq,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(got[1].as_ref().unwrap_err().kind, StoreErrorKind::Fenced);
+    assert_eq!(got[2], Ok(Done::Written(true)));
+    assert_eq!(got[3], Ok(Done::Written(true)));
+    assert_eq!(got[4], Ok(Done::Written(true)));
+    assert_eq!(
+        got[5],
+        Ok(Done::Written(false)),
+        "delivered twice: already gone"
+    );
+    let left = a.load_partition(p, now).unwrap().recovered.messages;
+    assert_eq!(
+        left.iter().map(|m| m.message.seq).collect::<Vec<_>>(),
+        vec![s2]
+    );
+
+    // A script cache flushed under the store: that batch fails as a whole, transient,
+    // nothing applied, and the next one (a new connection, the scripts loaded again) works.
+    let mut raw = r.client();
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut raw).unwrap();
+    let m3 = msg("m3", chat, later());
+    let accept3 = [Op::Accept {
+        partition: p,
+        session: &s,
+        message: &m3,
+        session_cap: 10,
+    }];
+    let got = b.write(&accept3, now).expect("answered");
+    assert_eq!(got[0].as_ref().unwrap_err().kind, StoreErrorKind::Transient);
+    assert_eq!(
+        a.load_partition(p, now).unwrap().recovered.messages.len(),
+        1
+    );
+    let got = b.write(&accept3, now).expect("answered");
+    assert!(
+        matches!(got[0], Ok(Done::Accepted(Accept::New { .. }))),
+        "{got:?}"
     );
 }

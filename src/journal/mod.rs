@@ -37,8 +37,8 @@ use std::sync::{Arc, Mutex};
 pub use owner::{Ownership, Plan};
 #[cfg(feature = "cluster")]
 pub use redis::{
-    Accept, Acquire, ClusterConfig, Lease, LoadedPartition, RedisStore, Stream, StreamEntry,
-    partition_of,
+    Accept, Acquire, ClusterConfig, Done, Lease, LoadedPartition, Op, RedisStore, Stream,
+    StreamEntry, partition_of,
 };
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;

@@ -94,6 +94,64 @@ pub enum Accept {
     SessionFull,
 }
 
+/// One write of [`RedisStore::write`]: what the journal's records become in a partitioned
+/// store.
+#[derive(Clone, Copy, Debug)]
+pub enum Op<'a> {
+    /// A message accepted by this instance (any partition).
+    Accept {
+        /// Its partition.
+        partition: u32,
+        /// Its session key (the cluster-wide cap counts per session).
+        session: &'a str,
+        /// The message.
+        message: &'a StoredMessage,
+        /// Most messages of the session in flight.
+        session_cap: usize,
+    },
+    /// The owner started the message's turn (fenced).
+    Started {
+        /// The partition's lease as the owner holds it.
+        lease: &'a Lease,
+        /// The message.
+        seq: u64,
+        /// Starts so far.
+        attempt: u32,
+    },
+    /// The owner's terminal outcome (fenced).
+    Outcome {
+        /// The partition's lease as the owner holds it.
+        lease: &'a Lease,
+        /// The message.
+        seq: u64,
+        /// The line.
+        outcome: &'a StoredOutcome,
+    },
+    /// A bridge has the outcome (any instance).
+    Delivered {
+        /// The partition.
+        partition: u32,
+        /// The message.
+        seq: u64,
+    },
+    /// Refused after it was accepted (any instance).
+    Forget {
+        /// The partition.
+        partition: u32,
+        /// The message.
+        seq: u64,
+    },
+}
+
+/// One operation's answer in [`RedisStore::write`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Done {
+    /// An accept's verdict.
+    Accepted(Accept),
+    /// Any other write: false if the message had already left the store.
+    Written(bool),
+}
+
 /// What [`RedisStore::acquire`] found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Acquire {
@@ -392,9 +450,18 @@ impl RedisStore {
                 .client
                 .get_connection_with_timeout(t)
                 .map_err(|e| transient("connect", &e))?;
+            let mut c = c;
             c.set_read_timeout(Some(t))
                 .and_then(|()| c.set_write_timeout(Some(t)))
                 .map_err(|e| transient("set timeouts", &e))?;
+            // The pipelined writes call the scripts by hash only: load them on every new
+            // connection (a restarted Redis has an empty script cache).
+            let s = &self.scripts;
+            for script in [&s.accept, &s.started, &s.outcome, &s.finish] {
+                script
+                    .load(&mut c)
+                    .map_err(|e| transient("SCRIPT LOAD", &e))?;
+            }
             self.con = Some(c);
         }
         self.con
@@ -496,56 +563,15 @@ impl RedisStore {
         session_cap: usize,
         now_ms: u64,
     ) -> Result<Accept, StoreError> {
-        debug_assert!(partition < self.cfg.partitions);
-        let keys = Keys::of(partition);
-        let m = message;
-        let mut fields: Vec<(&str, &str)> = vec![
-            ("p", m.platform.as_str()),
-            ("i", m.id.as_str()),
-            ("ct", m.chat_type.as_str()),
-            ("c", m.chat_id.as_str()),
-            ("tx", m.text.as_str()),
-        ];
-        for (k, v) in [
-            ("th", &m.thread_id),
-            ("u", &m.user_id),
-            ("un", &m.user_name),
-            ("meta", &m.meta),
-        ] {
-            if let Some(v) = v {
-                fields.push((k, v.as_str()));
-            }
-        }
-        let instance = self.cfg.instance.clone();
-        let v: Value = self.with("accept", |c, s| {
-            let mut inv = s.accept.prepare_invoke();
-            for k in ["seq", "q", "dedup", "dedupx", "sessions", "in"] {
-                inv.key(keys.k(k));
-            }
-            inv.arg(keys.k("m:"))
-                .arg(dedup_member(&m.platform, &m.id))
-                .arg(now_ms)
-                .arg(m.dedup_until_ms)
-                .arg(session)
-                .arg(session_cap)
-                .arg(STREAM_MAXLEN)
-                .arg(PRUNE_PER_ACCEPT)
-                .arg(&instance);
-            for (k, v) in &fields {
-                inv.arg(*k).arg(*v);
-            }
-            inv.invoke(c)
-        })?;
-        let a = strings(&v);
-        match a.first().map(String::as_str) {
-            Some("new") => a
-                .get(1)
-                .and_then(|s| s.parse().ok())
-                .map(|seq| Accept::New { seq })
-                .ok_or_else(|| malformed("accept")),
-            Some("duplicate") => Ok(Accept::Duplicate),
-            Some("full") => Ok(Accept::SessionFull),
-            _ => Err(malformed("accept")),
+        let op = Op::Accept {
+            partition,
+            session,
+            message,
+            session_cap,
+        };
+        match self.one(op, now_ms)? {
+            Done::Accepted(a) => Ok(a),
+            Done::Written(_) => Err(malformed("accept")),
         }
     }
 
@@ -602,16 +628,11 @@ impl RedisStore {
     /// The owner records that the turn of `seq` started (attempt `attempt`); fenced unless
     /// `lease` is still the partition's. False if the message has left the store.
     pub fn started(&mut self, lease: &Lease, seq: u64, attempt: u32) -> Result<bool, StoreError> {
-        let keys = Keys::of(lease.partition);
-        let v: Value = self.with("started", |c, s| {
-            s.started
-                .key(keys.k("lease"))
-                .arg(&lease.token)
-                .arg(keys.message(seq))
-                .arg(attempt)
-                .invoke(c)
-        })?;
-        self.owned_verdict(&v, lease, "started")
+        self.written(Op::Started {
+            lease,
+            seq,
+            attempt,
+        })
     }
 
     /// The owner records the terminal outcome of `seq` and publishes it on the partition's
@@ -623,59 +644,200 @@ impl RedisStore {
         seq: u64,
         outcome: &StoredOutcome,
     ) -> Result<bool, StoreError> {
-        let keys = Keys::of(lease.partition);
-        let v: Value = self.with("outcome", |c, s| {
-            s.outcome
-                .key(keys.k("lease"))
-                .key(keys.k("out"))
-                .arg(&lease.token)
-                .arg(keys.message(seq))
-                .arg(seq)
-                .arg(&outcome.head)
-                .arg(&outcome.text)
-                .arg(&outcome.tail)
-                .arg(STREAM_MAXLEN)
-                .invoke(c)
-        })?;
-        self.owned_verdict(&v, lease, "outcome")
+        self.written(Op::Outcome {
+            lease,
+            seq,
+            outcome,
+        })
     }
 
     /// A bridge has the outcome of `seq`: the message leaves the store cluster-wide (its id
     /// stays a duplicate until its window ends). Any instance may write it. False if it had
     /// already left.
     pub fn delivered(&mut self, partition: u32, seq: u64, now_ms: u64) -> Result<bool, StoreError> {
-        self.finish(partition, seq, now_ms, false)
+        match self.one(Op::Delivered { partition, seq }, now_ms)? {
+            Done::Written(w) => Ok(w),
+            Done::Accepted(_) => Err(malformed("delivered")),
+        }
     }
 
     /// The runtime refused `seq` after it was accepted: it leaves the store and the
     /// duplicate window (the bridge was told `reject`, so a retry is new).
     pub fn forget(&mut self, partition: u32, seq: u64, now_ms: u64) -> Result<bool, StoreError> {
-        self.finish(partition, seq, now_ms, true)
+        match self.one(Op::Forget { partition, seq }, now_ms)? {
+            Done::Written(w) => Ok(w),
+            Done::Accepted(_) => Err(malformed("forget")),
+        }
     }
 
-    fn finish(
+    fn written(&mut self, op: Op<'_>) -> Result<bool, StoreError> {
+        match self.one(op, 0)? {
+            Done::Written(w) => Ok(w),
+            Done::Accepted(_) => Err(malformed("write")),
+        }
+    }
+
+    fn one(&mut self, op: Op<'_>, now_ms: u64) -> Result<Done, StoreError> {
+        self.write(&[op], now_ms)?
+            .pop()
+            .unwrap_or_else(|| Err(malformed("write")))
+    }
+
+    /// The journal thread's group commit: every operation of `ops` in one round trip (one
+    /// pipeline of scripts, each atomic on its own; Redis syncs what one pass of its event
+    /// loop wrote with one fsync). One answer per operation, in order: an owned write of a
+    /// lost lease is [`Fenced`](super::StoreErrorKind::Fenced) and changed nothing, while the
+    /// others went through. `Err` for the whole batch if Redis could not be asked or did not
+    /// answer: then any of them may or may not have been applied, and only idempotent ones
+    /// (all but accepts) may be sent again.
+    pub fn write(
         &mut self,
-        partition: u32,
-        seq: u64,
+        ops: &[Op<'_>],
         now_ms: u64,
-        forget: bool,
-    ) -> Result<bool, StoreError> {
-        let keys = Keys::of(partition);
-        let v: Value = self.with("delivered", |c, s| {
-            let mut inv = s.finish.prepare_invoke();
-            for k in ["q", "dedup", "dedupx", "sessions"] {
-                inv.key(keys.k(k));
+    ) -> Result<Vec<Result<Done, StoreError>>, StoreError> {
+        if ops.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        // Each answer on its own: one fenced or failed script must not hide the others'.
+        pipe.ignore_errors();
+        for op in ops {
+            pipe.add_command(self.op_cmd(op, now_ms));
+        }
+        let answers: Vec<Value> = self.with("write", |c, _| pipe.query(c))?;
+        if answers.len() != ops.len() {
+            return Err(malformed("write"));
+        }
+        // A flushed script cache (SCRIPT FLUSH, a failover): the next connection reloads it.
+        if answers
+            .iter()
+            .any(|v| matches!(v, Value::ServerError(e) if e.code() == "NOSCRIPT"))
+        {
+            self.con = None;
+        }
+        Ok(ops
+            .iter()
+            .zip(&answers)
+            .map(|(op, v)| self.op_answer(op, v))
+            .collect())
+    }
+
+    /// The `EVALSHA` of one operation (the scripts are loaded on every new connection).
+    fn op_cmd(&self, op: &Op<'_>, now_ms: u64) -> redis::Cmd {
+        let evalsha = |script: &Script, keys: &[String]| {
+            let mut c = redis::cmd("EVALSHA");
+            c.arg(script.get_hash()).arg(keys.len()).arg(keys);
+            c
+        };
+        let s = &self.scripts;
+        match *op {
+            Op::Accept {
+                partition,
+                session,
+                message: m,
+                session_cap,
+            } => {
+                debug_assert!(partition < self.cfg.partitions);
+                let keys = Keys::of(partition);
+                let names = ["seq", "q", "dedup", "dedupx", "sessions", "in"].map(|k| keys.k(k));
+                let mut c = evalsha(&s.accept, &names);
+                c.arg(keys.k("m:"))
+                    .arg(dedup_member(&m.platform, &m.id))
+                    .arg(now_ms)
+                    .arg(m.dedup_until_ms)
+                    .arg(session)
+                    .arg(session_cap)
+                    .arg(STREAM_MAXLEN)
+                    .arg(PRUNE_PER_ACCEPT)
+                    .arg(&self.cfg.instance);
+                for (k, v) in [
+                    ("p", Some(&m.platform)),
+                    ("i", Some(&m.id)),
+                    ("ct", Some(&m.chat_type)),
+                    ("c", Some(&m.chat_id)),
+                    ("tx", Some(&m.text)),
+                    ("th", m.thread_id.as_ref()),
+                    ("u", m.user_id.as_ref()),
+                    ("un", m.user_name.as_ref()),
+                    ("meta", m.meta.as_ref()),
+                ] {
+                    if let Some(v) = v {
+                        c.arg(k).arg(v);
+                    }
+                }
+                c
             }
-            inv.arg(keys.message(seq))
-                .arg(seq)
-                .arg(now_ms)
-                .arg(if forget { "1" } else { "0" })
-                .invoke(c)
-        })?;
-        match strings(&v).first().map(String::as_str) {
-            Some("ok") => Ok(true),
-            Some("gone") => Ok(false),
-            _ => Err(malformed("delivered")),
+            Op::Started {
+                lease,
+                seq,
+                attempt,
+            } => {
+                let keys = Keys::of(lease.partition);
+                let mut c = evalsha(&s.started, &[keys.k("lease")]);
+                c.arg(&lease.token).arg(keys.message(seq)).arg(attempt);
+                c
+            }
+            Op::Outcome {
+                lease,
+                seq,
+                outcome,
+            } => {
+                let keys = Keys::of(lease.partition);
+                let mut c = evalsha(&s.outcome, &[keys.k("lease"), keys.k("out")]);
+                c.arg(&lease.token)
+                    .arg(keys.message(seq))
+                    .arg(seq)
+                    .arg(&outcome.head)
+                    .arg(&outcome.text)
+                    .arg(&outcome.tail)
+                    .arg(STREAM_MAXLEN);
+                c
+            }
+            Op::Delivered { partition, seq } | Op::Forget { partition, seq } => {
+                let keys = Keys::of(partition);
+                let names = ["q", "dedup", "dedupx", "sessions"].map(|k| keys.k(k));
+                let forget = matches!(op, Op::Forget { .. });
+                let mut c = evalsha(&s.finish, &names);
+                c.arg(keys.message(seq))
+                    .arg(seq)
+                    .arg(now_ms)
+                    .arg(if forget { "1" } else { "0" });
+                c
+            }
+        }
+    }
+
+    fn op_answer(&self, op: &Op<'_>, v: &Value) -> Result<Done, StoreError> {
+        if let Value::ServerError(e) = v {
+            // NOSCRIPT (the cache flushed under us), OOM, a read-only replica: not applied.
+            return Err(StoreError::transient(format!(
+                "redis: write: {}",
+                e.details().unwrap_or(e.code())
+            )));
+        }
+        match op {
+            Op::Accept { .. } => {
+                let a = strings(v);
+                match a.first().map(String::as_str) {
+                    Some("new") => a
+                        .get(1)
+                        .and_then(|s| s.parse().ok())
+                        .map(|seq| Done::Accepted(Accept::New { seq }))
+                        .ok_or_else(|| malformed("accept")),
+                    Some("duplicate") => Ok(Done::Accepted(Accept::Duplicate)),
+                    Some("full") => Ok(Done::Accepted(Accept::SessionFull)),
+                    _ => Err(malformed("accept")),
+                }
+            }
+            Op::Started { lease, .. } => self.owned_verdict(v, lease, "started").map(Done::Written),
+            Op::Outcome { lease, .. } => self.owned_verdict(v, lease, "outcome").map(Done::Written),
+            Op::Delivered { .. } | Op::Forget { .. } => {
+                match strings(v).first().map(String::as_str) {
+                    Some("ok") => Ok(Done::Written(true)),
+                    Some("gone") => Ok(Done::Written(false)),
+                    _ => Err(malformed("delivered")),
+                }
+            }
         }
     }
 
