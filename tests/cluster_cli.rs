@@ -79,6 +79,26 @@ fn an_unreachable_redis_is_worth_a_restart_exit_1() {
     let o = serve(&["--cluster", &url, "--check-config"]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains(&url), "{}", stderr(&o));
+    // A password in the URL never reaches the log, whatever fails.
+    for url in [
+        format!("redis://:hunter2@127.0.0.1:{port}"),
+        "http://:hunter2@x".to_owned(),
+    ] {
+        let o = serve(&["--cluster", &url, "--check-config"]);
+        assert_ne!(o.status.code(), Some(0));
+        assert!(!stderr(&o).contains("hunter2"), "{}", stderr(&o));
+        assert!(!String::from_utf8_lossy(&o.stdout).contains("hunter2"));
+    }
+    let o = serve(&[
+        "--cluster",
+        &format!("redis://:hunter2@127.0.0.1:{port}"),
+        "--check-config",
+    ]);
+    assert!(
+        stderr(&o).contains(&format!("redis://***@127.0.0.1:{port}")),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]

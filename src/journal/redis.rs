@@ -25,6 +25,18 @@ const STREAM_MAXLEN: u32 = 10_000;
 /// Expired duplicate-window ids each accept prunes (bounds the script's work).
 const PRUNE_PER_ACCEPT: u32 = 64;
 
+/// `url` without its user information (`redis://***@host:port`): secrets never reach logs.
+fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let end = rest.find('/').unwrap_or(rest.len());
+    match rest[..end].rfind('@') {
+        Some(at) => format!("{scheme}://***{}", &rest[at..]),
+        None => url.to_owned(),
+    }
+}
+
 /// The partition of a session: FNV-1a (64 bits) of the session key, modulo `partitions`.
 /// Fixed forever: instances of different versions must agree on it.
 pub fn partition_of(session: &str, partitions: u32) -> u32 {
@@ -56,6 +68,12 @@ pub struct ClusterConfig {
 }
 
 impl ClusterConfig {
+    /// The URL as logs and errors may show it: a password (`redis://user:secret@host`) is
+    /// replaced by `***`.
+    pub fn shown_url(&self) -> String {
+        redact_url(&self.url)
+    }
+
     /// The defaults of `serve --cluster URL`: 64 partitions, a 3 s lease, `hostname:pid`.
     pub fn new(url: impl Into<String>, instance: impl Into<String>) -> ClusterConfig {
         ClusterConfig {
@@ -409,7 +427,10 @@ impl RedisStore {
             return Err(StoreError::unusable("--partitions must be at least 1"));
         }
         let client = redis::Client::open(cfg.url.as_str()).map_err(|e| {
-            StoreError::unusable(format!("redis: the URL {:?} is not usable: {e}", cfg.url))
+            StoreError::unusable(format!(
+                "redis: the URL {:?} is not usable: {e}",
+                cfg.shown_url()
+            ))
         })?;
         let mut store = RedisStore {
             client,
@@ -518,13 +539,13 @@ impl RedisStore {
         if self.cfg.allow_lazy_fsync {
             log::warn!(
                 "redis {}: {seen}: an ack may precede the fsync (--cluster-allow-lazy-fsync): a Redis crash can lose acknowledged messages",
-                self.cfg.url
+                self.cfg.shown_url()
             );
             return Ok(());
         }
         Err(StoreError::unusable(format!(
             "redis {}: {seen}; acknowledged messages must be on disk before the ack: configure `appendonly yes` and `appendfsync always`, or pass --cluster-allow-lazy-fsync to accept the loss",
-            self.cfg.url
+            self.cfg.shown_url()
         )))
     }
 
@@ -545,7 +566,7 @@ impl RedisStore {
             Some(g) if g == n => Ok(()),
             Some(g) => Err(StoreError::unusable(format!(
                 "redis {}: the cluster has {g} partitions, this instance was given --partitions {n}",
-                self.cfg.url
+                self.cfg.shown_url()
             ))),
             None => Err(malformed("partitions")),
         }
@@ -1132,6 +1153,18 @@ fn message_of(
 #[cfg(test)]
 mod tests {
     use super::partition_of;
+
+    #[test]
+    fn a_password_in_the_url_never_shows() {
+        use super::redact_url;
+        assert_eq!(
+            redact_url("redis://:s3cret@h:6379/2"),
+            "redis://***@h:6379/2"
+        );
+        assert_eq!(redact_url("redis://u:p@ss@h:1"), "redis://***@h:1");
+        assert_eq!(redact_url("redis://h:1/0"), "redis://h:1/0");
+        assert_eq!(redact_url("unix:///tmp/r.sock"), "unix:///tmp/r.sock");
+    }
 
     #[test]
     fn the_partition_of_a_session_is_fixed_and_spread() {

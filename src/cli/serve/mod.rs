@@ -67,7 +67,9 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
         // silently give up the guarantees `--cluster` names.
         let e = StartError::Config(format!(
             "--cluster {}: Redis checked (appendfsync, {} partitions, instance {}), but serving as a cluster member is not built yet (docs/cluster.md)",
-            c.url, c.partitions, c.instance
+            c.shown_url(),
+            c.partitions,
+            c.instance
         ));
         fatal(log_json, &e);
         return e.code();
@@ -173,7 +175,7 @@ fn preflight(s: Settings, check_only: bool) -> Result<Preflight, StartError> {
     if let Some(c) = &s.cluster {
         // Reachable, syncing every write before its ack, of the same partition count.
         crate::journal::RedisStore::connect(c.clone())
-            .map_err(|e| exit::store_error(&e, format_args!("--cluster {}", c.url)))?;
+            .map_err(|e| exit::store_error(&e, format_args!("--cluster {}", c.shown_url())))?;
     }
     let data = match &s.data_dir {
         None => None,

@@ -371,9 +371,8 @@ fn cluster_settings(a: &ServeArgs) -> Result<Option<ClusterConfig>, String> {
         );
     }
     if !(url.starts_with("redis://") || url.starts_with("unix://")) {
-        return Err(format!(
-            "--cluster {url}: not a Redis URL (redis://HOST:PORT)"
-        ));
+        // Not shown: a mistyped URL may still hold a password.
+        return Err("--cluster: not a Redis URL (redis://HOST:PORT)".into());
     }
     let instance = match &a.instance_id {
         Some(name) => name.trim().to_owned(),
