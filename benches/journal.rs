@@ -1,11 +1,13 @@
-//! The journal on this machine's disk: group-commit throughput of the journal thread, and
-//! recovery time (SQLite load + the bridge's rebuild) for 100,000 journaled messages.
-//! One JSON line per figure. `cargo bench --bench journal [-- --messages N] [-- --dir DIR]`.
+//! The journal on this machine's disk: group-commit throughput of the journal thread, a
+//! message's whole life in the store (accepted, started, outcome, delivered: records, bytes
+//! written and transactions per message), and recovery time (SQLite load + the bridge's
+//! rebuild) for 100,000 journaled messages. One JSON line per figure.
+//! `cargo bench --bench journal [-- --messages N] [-- --dir DIR] [-- --only lifecycle]`.
 
 use std::time::{Duration, Instant};
 
 use turnstile::internal::journal::{
-    Journal, JournalConfig, Record, SqliteStore, Store, StoredMessage, now_ms,
+    Journal, JournalConfig, Record, SqliteStore, Store, StoredMessage, StoredOutcome, now_ms,
 };
 use turnstile::internal::server::{Bridge, BridgeConfig};
 
@@ -25,6 +27,91 @@ fn message(seq: u64, sessions: u64) -> StoredMessage {
     }
 }
 
+/// The echo reply of `seq`, as the bridge journals it (a short line: all `head`).
+fn reply(seq: u64, sessions: u64) -> StoredOutcome {
+    StoredOutcome {
+        head: format!(
+            "{{\"op\":\"reply\",\"id\":\"m-{seq}\",\"session\":\"bench:dm:s{}\",\"text\":\"a message of about forty bytes of text..\"}}\n",
+            seq % sessions
+        )
+        .into_bytes(),
+        ..StoredOutcome::default()
+    }
+}
+
+/// Bytes this process has passed to `write(2)` and friends so far (`wchar` of /proc/self/io).
+fn written_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/io")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("wchar: ")
+                    .and_then(|v| v.trim().parse().ok())
+            })
+        })
+        .unwrap_or(0)
+}
+
+/// A message's whole life through the journal thread, as the bridge writes it under a flood:
+/// `accepted`, then (once thousands of later messages were accepted, so in other
+/// transactions) `started`, its outcome and its delivery, with about `in_flight` messages in
+/// the store at any time. Prints messages/s, records/s, and per message: records, bytes
+/// written (database, write-ahead log and mark) and transactions.
+fn lifecycle(dir: &std::path::Path, n: u64, in_flight: u64) {
+    let store = SqliteStore::open(dir).expect("open");
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let mut journal = Journal::start(store, JournalConfig::default(), move || {
+        let _ = tx.send(());
+    })
+    .expect("journal");
+    let (start_lag, outcome_lag, deliver_lag) = (in_flight / 4, in_flight / 2, in_flight);
+    let bytes_before = written_bytes();
+    let start = Instant::now();
+    let mut records = 0u64;
+    let mut send = |r: Record| {
+        records += 1;
+        journal.send(r);
+    };
+    for i in 1..=n + deliver_lag {
+        if i <= n {
+            send(Record::Accepted(message(i, 1000)));
+        }
+        if let Some(seq) = i.checked_sub(start_lag).filter(|s| (1..=n).contains(s)) {
+            send(Record::Started { seq, attempt: 1 });
+        }
+        if let Some(seq) = i.checked_sub(outcome_lag).filter(|s| (1..=n).contains(s)) {
+            send(Record::Outcome {
+                seq,
+                outcome: reply(seq, 1000),
+            });
+        }
+        if let Some(seq) = i.checked_sub(deliver_lag).filter(|s| (1..=n).contains(s)) {
+            send(Record::Delivered { seq });
+        }
+    }
+    let (mut taken, mut batches) = (0u64, 0u64);
+    while taken < records {
+        rx.recv_timeout(Duration::from_secs(120)).expect("progress");
+        for c in journal.completions() {
+            assert!(c.error.is_none(), "{:?}", c.error);
+            taken += c.taken as u64;
+            batches += 1;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let bytes = written_bytes() - bytes_before;
+    let (_, finished) = journal.finish(Duration::from_secs(60));
+    assert!(finished);
+    println!(
+        "{{\"figure\":\"lifecycle\",\"messages\":{n},\"in_flight\":{in_flight},\"records\":{records},\"transactions\":{batches},\"seconds\":{secs:.3},\"messages_per_s\":{:.0},\"records_per_s\":{:.0},\"records_per_message\":{:.2},\"bytes_written_per_message\":{:.0},\"transactions_per_1000_messages\":{:.2}}}",
+        n as f64 / secs,
+        records as f64 / secs,
+        records as f64 / n as f64,
+        bytes as f64 / n as f64,
+        batches as f64 * 1000.0 / n as f64,
+    );
+}
+
 fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
     args.iter()
@@ -42,6 +129,16 @@ fn main() {
         None => tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")),
     }
     .expect("temp dir");
+    let only = arg("--only");
+
+    // 0. A message's whole life in the store, 20,000 in flight (the flood's 20 x 1,000).
+    {
+        let life = tempfile::tempdir_in(dir.path()).expect("temp dir");
+        lifecycle(life.path(), n, 20_000);
+    }
+    if only.as_deref() == Some("lifecycle") {
+        return;
+    }
 
     // 1. Group commit: n accepted records through the journal thread, as fast as it takes them.
     let store = SqliteStore::open(dir.path()).expect("open");

@@ -12,10 +12,36 @@ use turnstile::internal::core::{Core, CoreConfig, Effect, Input, TurnResult};
 #[allow(dead_code)]
 #[path = "../src/cli/workload.rs"]
 mod workload;
-use turnstile::{Agent, EchoAgent, Message, SessionKey};
+use turnstile::{Agent, CancelToken, EchoAgent, Message, SessionKey, TurnError, TurnInput};
 use workload::{round, rss_mib};
 
 type AgentCore = Core<(), Box<dyn Agent>>;
+
+/// An agent of no size: boxing it allocates nothing, so a case caching it measures what the
+/// runtime holds per session and not the agent (issue 21's goal excludes the agent).
+struct NullAgent;
+
+impl Agent for NullAgent {
+    fn turn(&mut self, input: &TurnInput<'_>, _: &CancelToken) -> Result<String, TurnError> {
+        Ok(input.text.to_owned())
+    }
+}
+
+/// Which agent a turn with none creates.
+#[derive(Clone, Copy)]
+enum Make {
+    Echo,
+    Null,
+}
+
+impl Make {
+    fn agent(self) -> Box<dyn Agent> {
+        match self {
+            Make::Echo => Box::new(EchoAgent::default()),
+            Make::Null => Box::new(NullAgent),
+        }
+    }
+}
 
 fn cfg(cached: usize, workers: usize) -> CoreConfig {
     CoreConfig {
@@ -31,7 +57,12 @@ fn key(i: usize) -> SessionKey {
 
 /// Accept -> start -> complete -> reply for one message; the agent comes back to the cache,
 /// and any cleanup the core asks for completes at once, as the cleanup pool would.
-fn full_path(core: &mut AgentCore, fx: &mut Vec<Effect<(), Box<dyn Agent>>>, m: Message) {
+fn full_path(
+    core: &mut AgentCore,
+    fx: &mut Vec<Effect<(), Box<dyn Agent>>>,
+    m: Message,
+    make: Make,
+) {
     core.handle(
         Duration::ZERO,
         Input::Submit {
@@ -44,10 +75,7 @@ fn full_path(core: &mut AgentCore, fx: &mut Vec<Effect<(), Box<dyn Agent>>>, m: 
     for effect in fx.drain(..) {
         match effect {
             Effect::StartTurn(mut job) => {
-                let agent: Box<dyn Agent> = job
-                    .agent
-                    .take()
-                    .unwrap_or_else(|| Box::new(EchoAgent::default()));
+                let agent = job.agent.take().unwrap_or_else(|| make.agent());
                 let result = TurnResult::Reply(job.input.clone().into());
                 inputs.push(Input::TurnDone(job.done(Some(agent), result)));
             }
@@ -72,7 +100,7 @@ fn full_path(core: &mut AgentCore, fx: &mut Vec<Effect<(), Box<dyn Agent>>>, m: 
 }
 
 /// A core with `n` sessions, each having run one message through the full path.
-fn populate_with(config: CoreConfig, n: usize) -> AgentCore {
+fn populate_with(config: CoreConfig, n: usize, make: Make) -> AgentCore {
     let mut core = Core::new(config, Duration::ZERO);
     let mut fx = Vec::new();
     for i in 0..n {
@@ -80,6 +108,7 @@ fn populate_with(config: CoreConfig, n: usize) -> AgentCore {
             &mut core,
             &mut fx,
             Message::new(&format!("w{i}"), key(i), "x").expect("msg"),
+            make,
         );
     }
     core
@@ -87,7 +116,7 @@ fn populate_with(config: CoreConfig, n: usize) -> AgentCore {
 
 /// `n` idle sessions, each with a cached agent.
 fn populate(n: usize) -> AgentCore {
-    populate_with(cfg(n, 64), n)
+    populate_with(cfg(n, 64), n, Make::Echo)
 }
 
 /// Child process: builds one case and prints the RSS delta per session.
@@ -96,6 +125,11 @@ fn child(case: &str, n: usize) {
     let (sessions, core_cached) = match case {
         "cached-agent" => {
             let core = populate(n);
+            let s = core.stats();
+            (s.sessions.total, Some(core))
+        }
+        "cached-zero-size-agent" => {
+            let core = populate_with(cfg(n, 64), n, Make::Null);
             let s = core.stats();
             (s.sessions.total, Some(core))
         }
@@ -120,7 +154,7 @@ fn child(case: &str, n: usize) {
         }
         "idle-no-agent" => {
             // No cache: a session with no work and no agent gives its slot back.
-            let core = populate_with(cfg(0, 64), n);
+            let core = populate_with(cfg(0, 64), n, Make::Echo);
             let s = core.stats();
             (s.sessions.total, Some(core))
         }
@@ -150,7 +184,7 @@ fn per_message_ns(n: usize, messages: usize) -> f64 {
     for j in 0..messages {
         let i = (j.wrapping_mul(2_654_435_761)) % n;
         let m = Message::new(&format!("m{j}"), key(i), "hello").expect("msg");
-        full_path(&mut core, &mut fx, m);
+        full_path(&mut core, &mut fx, m, Make::Echo);
     }
     start.elapsed().as_nanos() as f64 / messages as f64
 }
@@ -174,7 +208,12 @@ fn main() {
     let quick = args.iter().any(|a| a == "--quick");
     let big = if quick { 100_000 } else { 1_000_000 };
     let exe = std::env::current_exe().expect("own path");
-    for case in ["cached-agent", "waiting-no-agent", "idle-no-agent"] {
+    for case in [
+        "cached-agent",
+        "cached-zero-size-agent",
+        "waiting-no-agent",
+        "idle-no-agent",
+    ] {
         let out = Command::new(&exe)
             .args(["--child", case, &big.to_string()])
             .output()

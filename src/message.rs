@@ -89,14 +89,20 @@ fn check_id(field: &'static str, value: &str) -> Result<(), InvalidInput> {
 /// inside components percent-encoded so distinct keys never render alike (`telegram:dm:42`).
 #[derive(Clone)]
 pub struct SessionKey {
-    /// The rendered key, then NUL and the raw components, NUL-separated: one allocation holds
-    /// everything (components cannot contain NUL: control characters are refused).
+    /// The rendered key. When a component needed escaping it is followed by NUL and the raw
+    /// components, NUL-separated (components cannot contain NUL: control characters are
+    /// refused); otherwise the components are read off the rendered form itself, so a
+    /// common key is its rendered text and nothing else (issue 21: bytes per session).
     text: Arc<str>,
-    rendered_len: usize,
-    /// SipHash of the rendered key under a per-process random key, computed once: maps
-    /// re-hash on growth without touching the key text, and unequal keys compare fast.
+    /// SipHash of the rendered key under a per-process random key, computed once (maps
+    /// re-hash on growth without touching the key text, and unequal keys compare fast),
+    /// with its lowest bit replaced by [`RAW_PARTS`]. Equal rendered forms have equal
+    /// components, so equal keys still have equal values here.
     hash: u64,
 }
+
+/// The bit of [`SessionKey::hash`] saying that raw components follow the rendered form.
+const RAW_PARTS: u64 = 1;
 
 fn key_hasher() -> &'static std::collections::hash_map::RandomState {
     static HASHER: std::sync::OnceLock<std::collections::hash_map::RandomState> =
@@ -143,7 +149,22 @@ impl SessionKey {
         if let Some(u) = user_id {
             check_id("user_id", u)?;
         }
-        let mut text = String::with_capacity(2 * (platform.len() + chat_id.len()) + 24);
+        let parts = [
+            platform,
+            chat_type.as_str(),
+            chat_id,
+            thread_id.unwrap_or(""),
+            user_id.unwrap_or(""),
+        ];
+        let escaped = parts.iter().any(|p| p.contains(['%', ':']));
+        let raw_len: usize = if escaped {
+            parts.iter().map(|p| p.len() + 1).sum()
+        } else {
+            0
+        };
+        let mut text = String::with_capacity(
+            platform.len() + chat_id.len() + 24 + if escaped { 2 * raw_len } else { 0 },
+        );
         push_escaped(&mut text, platform);
         text.push(':');
         text.push_str(chat_type.as_str());
@@ -157,21 +178,19 @@ impl SessionKey {
             text.push_str(":user:");
             push_escaped(&mut text, u);
         }
-        let rendered_len = text.len();
-        for part in [
-            platform,
-            chat_type.as_str(),
-            chat_id,
-            thread_id.unwrap_or(""),
-            user_id.unwrap_or(""),
-        ] {
-            text.push('\0');
-            text.push_str(part);
-        }
-        let hash = std::hash::BuildHasher::hash_one(key_hasher(), &text[..rendered_len]);
+        let hash = std::hash::BuildHasher::hash_one(key_hasher(), &text[..]);
+        let hash = if escaped {
+            for part in parts {
+                text.push('\0');
+                text.push_str(part);
+            }
+            hash | RAW_PARTS
+        } else {
+            hash & !RAW_PARTS
+        };
+        debug_assert!(!escaped || text.len() == text.find('\0').unwrap_or(0) + raw_len);
         Ok(SessionKey {
             text: text.into(),
-            rendered_len,
             hash,
         })
     }
@@ -182,12 +201,36 @@ impl SessionKey {
     }
 
     fn part(&self, index: usize) -> &str {
-        self.text.split('\0').nth(index).unwrap_or("")
+        if self.hash & RAW_PARTS != 0 {
+            return self.text.split('\0').nth(index).unwrap_or("");
+        }
+        // Nothing was escaped: the rendered form's fields are the components, and a `:`
+        // only ever separates them.
+        let mut fields = self.text.split(':');
+        match index {
+            PLATFORM => fields.next().unwrap_or(""),
+            CHAT_TYPE => fields.nth(1).unwrap_or(""),
+            CHAT_ID => fields.nth(2).unwrap_or(""),
+            _ => {
+                let label = if index == THREAD_ID { "thread" } else { "user" };
+                let mut labelled = fields.skip(3);
+                while let (Some(l), Some(value)) = (labelled.next(), labelled.next()) {
+                    if l == label {
+                        return value;
+                    }
+                }
+                ""
+            }
+        }
     }
 
     /// The stable rendered form.
     pub fn as_str(&self) -> &str {
-        &self.text[..self.rendered_len]
+        if self.hash & RAW_PARTS != 0 {
+            self.text.split('\0').next().unwrap_or("")
+        } else {
+            &self.text
+        }
     }
     /// The platform name.
     pub fn platform(&self) -> &str {
@@ -508,6 +551,37 @@ mod tests {
         assert_eq!(g1.chat_type(), ChatType::Group);
     }
 
+    /// A key whose components needed no escaping is its rendered text alone (one small
+    /// allocation, issue 21); one that did keeps the raw components too, and both give
+    /// every component back.
+    #[test]
+    fn a_key_stores_its_components_only_when_escaping_changed_them() {
+        let plain =
+            SessionKey::new("slack", ChatType::Group, "C1", Some("T.1"), Some("u1")).expect("key");
+        assert_eq!(plain.text.len(), plain.as_str().len());
+        assert_eq!(plain.as_str(), "slack:group:C1:thread:T.1:user:u1");
+        let escaped =
+            SessionKey::new("m%", ChatType::Group, "!a:b", Some("t"), Some("u:")).expect("key");
+        assert!(escaped.text.len() > escaped.as_str().len());
+        assert_eq!(escaped.as_str(), "m%25:group:!a%3Ab:thread:t:user:u%3A");
+        for (key, parts) in [
+            (&plain, ("slack", "C1", Some("T.1"), Some("u1"))),
+            (&escaped, ("m%", "!a:b", Some("t"), Some("u:"))),
+        ] {
+            let got = (
+                key.platform(),
+                key.chat_id(),
+                key.thread_id(),
+                key.user_id(),
+            );
+            assert_eq!(got, parts);
+            assert_eq!(key.chat_type(), ChatType::Group);
+        }
+        let dm = SessionKey::dm("telegram", "42").expect("key");
+        assert_eq!((dm.thread_id(), dm.user_id()), (None, None));
+        assert_eq!(dm.text.len(), "telegram:dm:42".len());
+    }
+
     #[test]
     fn bad_identifiers_are_rejected_with_the_field_named() {
         let e = SessionKey::dm("", "1").unwrap_err();
@@ -623,7 +697,12 @@ mod tests {
             let chat_type = if group { ChatType::Group } else { ChatType::Dm };
             let key = SessionKey::new(&platform, chat_type, &chat, thread.as_deref(), user.as_deref()).unwrap();
             let parsed: SessionKey = key.to_string().parse().unwrap();
-            proptest::prop_assert_eq!(parsed, key);
+            proptest::prop_assert_eq!(&parsed, &key);
+            let user = if group { user.as_deref() } else { None };
+            proptest::prop_assert_eq!(
+                (key.platform(), key.chat_id(), key.thread_id(), key.user_id()),
+                (platform.as_str(), chat.as_str(), thread.as_deref(), user)
+            );
         }
     }
 }

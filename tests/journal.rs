@@ -635,3 +635,61 @@ fn a_full_disk_at_start_up_is_transient() {
     assert!(e.is_transient());
     eprintln!("full disk at start-up: {e}");
 }
+
+/// Deliveries are deleted together, a run of consecutive numbers per statement: a run stops
+/// at a number not delivered (the rows in the holes stay), and a record about a delivered
+/// message in the same batch is applied in its order (a delivery before a new `accepted`
+/// of the same number, an outcome after a delivery) — what the model says, and what a
+/// reopened store says too (its mark's count of rows in flight must match).
+#[test]
+fn batched_deliveries_keep_the_holes_and_the_order_of_the_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut model = Model::default();
+    let batches: Vec<Vec<Record>> = vec![
+        (1..=12)
+            .map(|s| Record::Accepted(message(s, "x")))
+            .collect(),
+        [1, 2, 3, 5, 6, 9, 12, 40]
+            .iter()
+            .map(|&seq| Record::Delivered { seq })
+            .collect(),
+        vec![
+            Record::Delivered { seq: 4 },
+            Record::Accepted(message(4, "again")),
+            Record::Outcome {
+                seq: 7,
+                outcome: outcome(7, "o"),
+            },
+            Record::Delivered { seq: 7 },
+            Record::Delivered { seq: 8 },
+            Record::Outcome {
+                seq: 8,
+                outcome: outcome(8, "late"),
+            },
+            Record::Started {
+                seq: 10,
+                attempt: 2,
+            },
+            Record::Delivered { seq: 11 },
+        ],
+    ];
+    {
+        let mut store = SqliteStore::open(dir.path()).unwrap();
+        for b in &batches {
+            store.write(b).unwrap();
+            for r in b {
+                model.apply(r);
+            }
+        }
+        let now = now_ms();
+        let r = store.load(now).unwrap();
+        let seqs: Vec<u64> = r.messages.iter().map(|m| m.message.seq).collect();
+        assert_eq!(seqs, vec![4, 10]);
+        assert_eq!(r.messages[0].message.text, "again");
+        assert_eq!(r.messages[1].starts, 2);
+        assert_eq!(r, model.recovered(now));
+    }
+    let now = now_ms();
+    let mut store = SqliteStore::open(dir.path()).unwrap();
+    assert_eq!(store.load(now).unwrap(), model.recovered(now));
+}

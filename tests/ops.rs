@@ -14,6 +14,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+mod snapshot_watch;
+use snapshot_watch::SnapshotWatch;
+
 const WAIT: Duration = Duration::from_secs(20);
 
 fn bin() -> Command {
@@ -43,15 +46,35 @@ struct Gw {
     http: String,
     /// Log lines as they come (when `RUST_LOG` was given).
     log: Option<crossbeam_channel::Receiver<String>>,
+    /// Wakes when the gateway writes its next status snapshot (its `--status-file`).
+    snapshots: SnapshotWatch,
 }
 
 impl Gw {
     /// `serve` on free ports (bridge and HTTP); stderr captured when `RUST_LOG` is given.
     fn start(args: &[&str], env: &[(&str, &str)]) -> Gw {
+        // Every gateway writes a status file, so that a test waiting for a snapshot can
+        // block until the next one is written instead of polling on a timer.
+        let given = args
+            .iter()
+            .position(|a| *a == "--status-file")
+            .and_then(|i| args.get(i + 1))
+            .map(PathBuf::from);
+        let own = given.is_none().then(|| {
+            static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            temp_dir(&format!("snapshots-{n}")).join("status.json")
+        });
+        let status_file = given.or(own.clone()).expect("a status file");
+        let snapshots = SnapshotWatch::new(status_file.parent().expect("a directory"));
         let mut command = bin();
         command
             .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
+            .args(
+                own.iter()
+                    .flat_map(|f| [std::ffi::OsStr::new("--status-file"), f.as_os_str()]),
+            )
             .args(args)
             .env("RUST_LOG", "warn")
             .env_remove("NOTIFY_SOCKET")
@@ -98,6 +121,7 @@ impl Gw {
             addr,
             http,
             log,
+            snapshots,
         }
     }
 
@@ -147,10 +171,9 @@ impl Gw {
                 return s;
             }
             assert!(
-                Instant::now() < deadline,
+                self.snapshots.next_before(deadline),
                 "timed out waiting for {what}: {s}"
             );
-            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
@@ -1093,10 +1116,9 @@ fn status_subcommand_exit_codes_for_fresh_stale_and_missing() {
     let deadline = Instant::now() + WAIT;
     let (code, out, err) = loop {
         let r = status_cmd(&["--status-file", file_arg]);
-        if r.0 == 0 || Instant::now() > deadline {
+        if r.0 == 0 || !gw.snapshots.next_before(deadline) {
             break r;
         }
-        std::thread::sleep(Duration::from_millis(20));
     };
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.starts_with("state: running"), "{out}");

@@ -163,6 +163,19 @@ fn bytes(n: f64) -> String {
 /// The human summary, one topic per line.
 fn summary(v: &Value, now_unix: f64) -> String {
     let mut out = String::new();
+    runtime_lines(&mut out, v, now_unix);
+    if let Some(f) = v.get("frontend") {
+        frontend_lines(&mut out, f);
+    }
+    out.push_str(&format!(
+        "memory: {} resident\n",
+        bytes(num(v, &["process", "rss_bytes"]))
+    ));
+    out
+}
+
+/// The reactor's own lines: state, loop lag, sessions, turns and messages, cleanups.
+fn runtime_lines(out: &mut String, v: &Value, now_unix: f64) {
     let age = now_unix - num(v, &["process", "updated_unix_s"]);
     out.push_str(&format!(
         "state: {} (pid {}), uptime {:.1} s, snapshot {:.1} s old, {} ticks\n",
@@ -189,32 +202,15 @@ fn summary(v: &Value, now_unix: f64) -> String {
         num(v, &["sessions", "cached_agents"]),
         num(v, &["sessions", "parked_agents"]),
     ));
-    // The bridge counts every rejection (the runtime's included); without it, the runtime's.
-    let rejected = match v.get("frontend").and_then(|f| f.get("rejected")) {
-        Some(Value::Object(by_reason)) => {
-            let mut reasons: Vec<String> = by_reason
-                .iter()
-                .filter(|(_, n)| n.as_u64().unwrap_or(0) > 0)
-                .map(|(k, n)| format!("{k} {n}"))
-                .collect();
-            let total: u64 = by_reason.values().filter_map(Value::as_u64).sum();
-            if reasons.is_empty() {
-                total.to_string()
-            } else {
-                reasons.sort();
-                format!("{total} ({})", reasons.join(", "))
-            }
-        }
-        _ => num(v, &["messages", "rejected"]).to_string(),
-    };
     out.push_str(&format!(
-        "turns: {} running, {} completed, {} failed, {} cancelled, {} abandoned; messages {} accepted, {rejected} rejected\n",
+        "turns: {} running, {} completed, {} failed, {} cancelled, {} abandoned; messages {} accepted, {} rejected\n",
         num(v, &["turns", "in_flight"]),
         num(v, &["turns", "completed"]),
         num(v, &["turns", "failed"]),
         num(v, &["turns", "cancelled"]),
         num(v, &["turns", "abandoned"]),
         num(v, &["messages", "accepted"]),
+        rejected(v),
     ));
     out.push_str(&format!(
         "cleanups: {} done, {} timed out, {} failed, {} queued, {} pending\n",
@@ -224,44 +220,76 @@ fn summary(v: &Value, now_unix: f64) -> String {
         num(v, &["cleanups", "queued"]),
         num(v, &["cleanups", "pending"]),
     ));
-    if let Some(f) = v.get("frontend") {
-        out.push_str(&format!(
-            "connections: {} ({} unauthenticated), {} refused; http {} open; tls {}\n",
-            num(f, &["connections"]),
-            num(f, &["unauthenticated"]),
-            num(f, &["connections_refused"]),
-            num(f, &["http", "connections"]),
-            if f.get("tls") == Some(&Value::Bool(true)) {
-                "on"
-            } else {
-                "off"
-            },
-        ));
-        if let Some(Value::Object(outboxes)) = f.get("outboxes") {
-            let parts: Vec<String> = outboxes
-                .iter()
-                .map(|(name, p)| {
-                    format!(
-                        "{name} {} waiting ({}), {} owed",
-                        num(p, &["outbox_events"]),
-                        bytes(num(p, &["outbox_bytes"])),
-                        num(p, &["reserved_events"]),
-                    )
-                })
-                .collect();
-            let list = if parts.is_empty() {
-                "none".to_owned()
-            } else {
-                parts.join("; ")
-            };
-            out.push_str(&format!("outboxes: {list}\n"));
-        }
+}
+
+/// Messages rejected: the bridge counts every rejection (the runtime's included), by
+/// reason; without a bridge, the runtime's total.
+fn rejected(v: &Value) -> String {
+    let Some(Value::Object(by_reason)) = v.get("frontend").and_then(|f| f.get("rejected")) else {
+        return num(v, &["messages", "rejected"]).to_string();
+    };
+    let mut reasons: Vec<String> = by_reason
+        .iter()
+        .filter(|(_, n)| n.as_u64().unwrap_or(0) > 0)
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect();
+    let total: u64 = by_reason.values().filter_map(Value::as_u64).sum();
+    if reasons.is_empty() {
+        total.to_string()
+    } else {
+        reasons.sort();
+        format!("{total} ({})", reasons.join(", "))
     }
+}
+
+/// The frontend's lines: connections, then each platform's outbox.
+fn frontend_lines(out: &mut String, f: &Value) {
     out.push_str(&format!(
-        "memory: {} resident\n",
-        bytes(num(v, &["process", "rss_bytes"]))
+        "connections: {} ({} unauthenticated), {} refused; http {} open; tls {}\n",
+        num(f, &["connections"]),
+        num(f, &["unauthenticated"]),
+        num(f, &["connections_refused"]),
+        num(f, &["http", "connections"]),
+        if f.get("tls") == Some(&Value::Bool(true)) {
+            "on"
+        } else {
+            "off"
+        },
     ));
-    out
+    if let Some(Value::Object(outboxes)) = f.get("outboxes") {
+        let parts: Vec<String> = outboxes.iter().map(|(name, p)| outbox(name, p)).collect();
+        let list = if parts.is_empty() {
+            "none".to_owned()
+        } else {
+            parts.join("; ")
+        };
+        out.push_str(&format!("outboxes: {list}\n"));
+    }
+}
+
+/// One platform's outbox: results waiting and owed, results held for want of room within
+/// `--outbox-bytes`, and (when its bridge is away) how long and whether it is stale, with
+/// the results dropped for it.
+fn outbox(name: &str, p: &Value) -> String {
+    let mut text = format!(
+        "{name} {} waiting ({}), {} owed, {} held ({})",
+        num(p, &["outbox_events"]),
+        bytes(num(p, &["outbox_bytes"])),
+        num(p, &["reserved_events"]),
+        num(p, &["held_events"]),
+        bytes(num(p, &["held_bytes"])),
+    );
+    if let Some(ms) = p.get("absent_ms").and_then(Value::as_f64) {
+        text.push_str(&format!(", absent {:.1} s", ms / 1000.0));
+    }
+    if p.get("stale") == Some(&Value::Bool(true)) {
+        text.push_str(", stale");
+    }
+    let dropped = num(p, &["stale_dropped"]);
+    if dropped > 0.0 {
+        text.push_str(&format!(", {dropped} stale dropped"));
+    }
+    text
 }
 
 /// A plain HTTP/1.1 GET with timeouts; the status code and body. Errors are in words.
@@ -354,6 +382,27 @@ mod tests {
         );
         let v = json!({"state": "running", "messages": {"accepted": 3, "rejected": 4}});
         assert!(summary(&v, 0.0).contains("messages 3 accepted, 4 rejected"));
+    }
+
+    /// Held results and the stale figures reach the human summary, per platform.
+    #[test]
+    fn the_summary_shows_held_results_and_stale_drops() {
+        let v = json!({"state": "running", "frontend": {"outboxes": {
+            "irc": {"outbox_events": 2, "outbox_bytes": 300, "reserved_events": 5,
+                    "held_events": 3, "held_bytes": 3145728, "absent_ms": null,
+                    "stale": false, "stale_dropped": 0},
+            "telegram": {"outbox_events": 1000, "outbox_bytes": 2048, "reserved_events": 1000,
+                    "held_events": 0, "held_bytes": 0, "absent_ms": 3_700_000,
+                    "stale": true, "stale_dropped": 17}}}});
+        let text = summary(&v, 0.0);
+        assert!(
+            text.contains(
+                "outboxes: irc 2 waiting (300 B), 5 owed, 3 held (3.0 MiB); \
+                 telegram 1000 waiting (2.0 KiB), 1000 owed, 0 held (0 B), absent 3700.0 s, \
+                 stale, 17 stale dropped\n"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

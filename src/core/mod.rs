@@ -17,15 +17,19 @@
 //! - a finished turn hands over to the next queued message in the same step, through the
 //!   ready queue, without the session ever leaving its slot.
 //!
-//! Here: the inputs, timers and commands. `turns`: the turn mechanics (queues, abandonment,
-//! the ready queue, starting a turn); `agents`: the idle cache, parking and closing agents;
+//! Here: the inputs, timers and commands. `admit`: a message's admission (commands answered,
+//! bounds, the session's queue); `turns`: the turn mechanics (queues, abandonment, the ready
+//! queue, starting a turn, held turns); `agents`: the idle cache, parking and closing agents;
 //! `check`: the invariants above, recomputed in debug builds; `cleanups`, `recency`, `timers`:
 //! the queues they use; `types`: what crosses the core's boundary.
 
+mod admit;
 mod agents;
 mod check;
 mod cleanups;
 mod recency;
+#[cfg(test)]
+mod sizes;
 // The timer wheel is internal; the `bench` feature exposes it to its micro-benchmark.
 #[cfg_attr(not(feature = "bench"), allow(unreachable_pub))]
 pub(crate) mod timers;
@@ -91,7 +95,9 @@ enum AgentState<A> {
 struct Session<R, A> {
     key: SessionKey,
     queue: VecDeque<Queued<R>>,
-    turn: Option<Running<R>>,
+    /// Boxed: at most `turn_workers` sessions run a turn, and every other session would
+    /// carry its size (issue 21: bytes per session).
+    turn: Option<Box<Running<R>>>,
     agent: AgentState<A>,
     waiting_for_worker: bool,
 }
@@ -104,6 +110,14 @@ impl<R, A> Session<R, A> {
     /// No turn, nothing queued, not waiting: the only state in which its agent may be evicted.
     fn is_idle(&self) -> bool {
         self.turn.is_none() && self.queue.is_empty() && !self.waiting_for_worker
+    }
+
+    /// Gives back the buffer of a queue that emptied: an idle session holds none (a
+    /// `VecDeque` keeps its capacity, four entries after the first push, when drained).
+    fn free_empty_queue(&mut self) {
+        if self.queue.is_empty() && self.queue.capacity() > 0 {
+            self.queue = VecDeque::new();
+        }
     }
 
     /// Whether a turn may start: no agent, or one held between turns.
@@ -325,141 +339,6 @@ impl<R: Clone, A> Core<R, A> {
 
     // ---- inputs ------------------------------------------------------------------------
 
-    /// A held turn may run now.
-    fn release(&mut self, turn: TurnId, fx: &mut Vec<Effect<R, A>>) {
-        if let Some(job) = self.held.remove(&turn) {
-            debug_assert!(self.claimed_turns.contains(&turn));
-            fx.push(Effect::StartTurn(job));
-        }
-    }
-
-    /// Held turns that ended before their release come back as a worker's would (cancelled,
-    /// never run), after the input that ended them.
-    fn take_back_unreleased(&mut self, now: Duration, fx: &mut Vec<Effect<R, A>>) {
-        while let Some(done) = self.returned.pop_front() {
-            self.turn_done(now, done, fx);
-        }
-    }
-
-    /// A held turn ends before its release: it never reaches a worker; true if it was held.
-    fn unhold(&mut self, turn: TurnId) -> bool {
-        let Some(mut job) = self.held.remove(&turn) else {
-            return false;
-        };
-        let agent = job.agent.take();
-        self.returned
-            .push_back(job.done(agent, TurnResult::Cancelled));
-        true
-    }
-
-    fn submit(
-        &mut self,
-        now: Duration,
-        msg: Message,
-        route: R,
-        held: bool,
-        fx: &mut Vec<Effect<R, A>>,
-    ) {
-        let Message {
-            id,
-            session: key,
-            body,
-            context,
-        } = msg;
-        if self.shutdown.is_some() {
-            self.reject(route, id, key, RejectReason::ShuttingDown, fx);
-            return;
-        }
-        let text = match body {
-            Body::Command(cmd) => {
-                self.stats.messages.accepted += 1;
-                let accepted = EventKind::Accepted {
-                    state: AcceptState::Running,
-                    position: 0,
-                };
-                emit(fx, route.clone(), &id, &key, accepted);
-                let reply = self.command(now, &key, cmd, fx);
-                emit(
-                    fx,
-                    route,
-                    &id,
-                    &key,
-                    EventKind::Finished(Outcome::Reply(reply.into())),
-                );
-                return;
-            }
-            Body::Text(text) => text,
-        };
-        // Checked before a slot is claimed, so a refused message never creates a session.
-        let waiting = self
-            .index
-            .get(&key)
-            .map_or(0, |&slot| self.slots[slot].queue.len());
-        if waiting >= self.cfg.queue_cap {
-            self.reject(route, id, key, RejectReason::QueueFull, fx);
-            return;
-        }
-        if self.queued_total >= self.cfg.max_queued_messages
-            || self.queued_bytes + text.len() > self.cfg.max_queued_bytes
-        {
-            self.reject(route, id, key, RejectReason::Overloaded, fx);
-            return;
-        }
-        let slot = match self.index.get(&key) {
-            Some(&slot) => slot,
-            None => {
-                let slot = self.slots.insert(Session {
-                    key: key.clone(),
-                    queue: VecDeque::new(),
-                    turn: None,
-                    agent: AgentState::Absent,
-                    waiting_for_worker: false,
-                });
-                self.index.insert(key.clone(), slot);
-                slot
-            }
-        };
-        let session = &self.slots[slot];
-        self.stats.messages.accepted += 1;
-        let position = session.queue.len() + usize::from(session.turn.is_some());
-        // Not running, not waiting, agent not closing: the session is idle (nothing queued).
-        let startable =
-            session.turn.is_none() && !session.waiting_for_worker && session.agent_free();
-        debug_assert!(!startable || session.queue.is_empty());
-        // Dispatch runs after every input, so a free worker implies an empty ready queue:
-        // an idle session starts in this very step exactly when a worker is free.
-        debug_assert!(self.claimed_turns.len() >= self.cfg.turn_workers || self.ready.is_empty());
-        let state = if startable && self.claimed_turns.len() < self.cfg.turn_workers {
-            AcceptState::Running
-        } else {
-            AcceptState::Queued
-        };
-        emit(
-            fx,
-            route.clone(),
-            &id,
-            &key,
-            EventKind::Accepted { state, position },
-        );
-        if self.cfg.busy_mode == BusyMode::Interrupt {
-            self.cancel_turn(now, slot, CancelReason::Interrupted, fx);
-        }
-        // The session is busy from now on: its idle agent is no longer evictable.
-        self.park_agent(slot);
-        self.queued_total += 1;
-        self.queued_bytes += text.len();
-        self.slots[slot].queue.push_back(Queued {
-            id,
-            held,
-            text,
-            context,
-            route,
-        });
-        if startable {
-            self.make_ready(slot);
-        }
-    }
-
     fn turn_done(&mut self, now: Duration, done: TurnDone<A>, fx: &mut Vec<Effect<R, A>>) {
         let TurnDone {
             turn,
@@ -506,7 +385,7 @@ impl<R: Clone, A> Core<R, A> {
             }
         };
         let discard_agent = running.discard_agent;
-        end_turn(fx, running, &key, outcome);
+        end_turn(fx, *running, &key, outcome);
         if let Some(agent) = agent {
             if panicked {
                 self.close_agent(slot, CleanupContext::Panicked, agent, fx);
@@ -771,18 +650,6 @@ impl<R: Clone, A> Core<R, A> {
                 format!("{verb}: {running}, {dropped} queued message(s) cancelled")
             }
         }
-    }
-
-    fn reject(
-        &mut self,
-        route: R,
-        id: Arc<str>,
-        key: SessionKey,
-        reason: RejectReason,
-        fx: &mut Vec<Effect<R, A>>,
-    ) {
-        self.stats.messages.rejected += 1;
-        emit(fx, route, &id, &key, EventKind::Rejected(reason));
     }
 
     fn check_shutdown_complete(&mut self, fx: &mut Vec<Effect<R, A>>) {

@@ -23,6 +23,7 @@ impl<R: Clone, A> Core<R, A> {
                 EventKind::Finished(Outcome::Cancelled(reason)),
             );
         }
+        session.free_empty_queue();
         self.queued_total -= n;
         self.stats.messages.queued_cancelled += n as u64;
         n
@@ -94,7 +95,7 @@ impl<R: Clone, A> Core<R, A> {
             AbandonReason::Timeout => Outcome::Failed(FailReason::Timeout),
             AbandonReason::IgnoredCancel(r) => Outcome::Cancelled(r),
         };
-        end_turn(fx, running, &key, outcome);
+        end_turn(fx, *running, &key, outcome);
         self.after_turn(slot);
     }
 
@@ -174,6 +175,7 @@ impl<R: Clone, A> Core<R, A> {
             }
             self.queued_total -= merged;
         }
+        session.free_empty_queue();
         let agent = self.take_held_agent(slot);
         let session = &mut self.slots[slot];
         debug_assert!(matches!(session.agent, AgentState::Absent));
@@ -201,18 +203,47 @@ impl<R: Clone, A> Core<R, A> {
         } else {
             fx.push(Effect::StartTurn(job));
         }
-        session.turn = Some(Running {
+        session.turn = Some(Box::new(Running {
             turn,
             id: head.id,
             route: head.route,
             started: now,
             cancel: None,
             discard_agent: false,
-        });
+        }));
         self.claimed_turns.insert(turn);
         self.timers.insert(
             now + self.cfg.turn_timeout,
             Timer::TurnDeadline { turn, slot },
         );
+    }
+
+    // ---- held turns (their start is made durable first) -------------------------------
+
+    /// A held turn may run now.
+    pub(super) fn release(&mut self, turn: TurnId, fx: &mut Vec<Effect<R, A>>) {
+        if let Some(job) = self.held.remove(&turn) {
+            debug_assert!(self.claimed_turns.contains(&turn));
+            fx.push(Effect::StartTurn(job));
+        }
+    }
+
+    /// Held turns that ended before their release come back as a worker's would (cancelled,
+    /// never run), after the input that ended them.
+    pub(super) fn take_back_unreleased(&mut self, now: Duration, fx: &mut Vec<Effect<R, A>>) {
+        while let Some(done) = self.returned.pop_front() {
+            self.turn_done(now, done, fx);
+        }
+    }
+
+    /// A held turn ends before its release: it never reaches a worker; true if it was held.
+    pub(super) fn unhold(&mut self, turn: TurnId) -> bool {
+        let Some(mut job) = self.held.remove(&turn) else {
+            return false;
+        };
+        let agent = job.agent.take();
+        self.returned
+            .push_back(job.done(agent, TurnResult::Cancelled));
+        true
     }
 }

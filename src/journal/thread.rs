@@ -204,7 +204,7 @@ impl Journal {
 }
 
 fn run<S: Store, W: Fn()>(
-    mut store: S,
+    store: S,
     cfg: JournalConfig,
     rx: Receiver<Record>,
     done: Sender<Committed>,
@@ -212,50 +212,105 @@ fn run<S: Store, W: Fn()>(
     wake: W,
     gauges: &Gauges,
 ) {
-    let publish = |n: Option<u64>| gauges.disk.store(n.unwrap_or(UNKNOWN), Ordering::Relaxed);
-    let mut retry: Vec<Record> = Vec::new();
-    let mut failing = false;
-    let mut closed = false;
-    // Written since the last idle pass.
-    let mut dirty = false;
+    let mut w = Writer {
+        store,
+        cfg,
+        gauges,
+        retry: Vec::new(),
+        failing: false,
+        closed: false,
+        dirty: false,
+    };
     loop {
-        let mut batch = std::mem::take(&mut retry);
-        let kept = batch.len();
-        if batch.is_empty() {
-            let first = if dirty {
-                match rx.recv_timeout(cfg.idle_after) {
-                    Ok(r) => Ok(r),
-                    Err(RecvTimeoutError::Timeout) => {
-                        publish(store.idle());
-                        dirty = false;
-                        rx.recv()
-                    }
-                    Err(RecvTimeoutError::Disconnected) => return,
-                }
-            } else {
-                rx.recv()
-            };
-            match first {
-                Ok(r) => batch.push(r),
-                Err(_) => return,
-            }
-        } else if !closed {
-            match rx.recv_timeout(cfg.retry_every) {
-                Ok(r) => batch.push(r),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => closed = true,
+        let Some((batch, kept)) = w.next_batch(&rx) else {
+            return;
+        };
+        let c = w.commit(batch, kept);
+        if done.send(c).is_err() {
+            return;
+        }
+        wake();
+        if w.closed && w.retry.is_empty() {
+            return;
+        }
+        if w.closed && w.failing {
+            // Shutting down with a failing store: one more try per retry period would keep
+            // the process alive forever; the caller's finish() bounds the wait, and giving
+            // up ends this wait at once.
+            if stopped.recv_timeout(w.cfg.retry_every) == Err(RecvTimeoutError::Disconnected) {
+                return;
             }
         }
-        while batch.len() < cfg.max_batch.max(1) + kept && !closed {
+    }
+}
+
+/// The journal thread's state between batches.
+struct Writer<'g, S> {
+    store: S,
+    cfg: JournalConfig,
+    gauges: &'g Gauges,
+    /// Records of a failed write, tried again first (accepted messages are not: they were
+    /// answered `storage`).
+    retry: Vec<Record>,
+    failing: bool,
+    /// The sender is gone: write what is left, then stop.
+    closed: bool,
+    /// Written since the last idle pass.
+    dirty: bool,
+}
+
+impl<S: Store> Writer<'_, S> {
+    /// The next batch: the records kept from a failed write, then what arrived, up to
+    /// `max_batch` new ones; with how many were kept. `None` once the sender is gone and
+    /// nothing is left.
+    fn next_batch(&mut self, rx: &Receiver<Record>) -> Option<(Vec<Record>, usize)> {
+        let mut batch = std::mem::take(&mut self.retry);
+        let kept = batch.len();
+        if batch.is_empty() {
+            batch.push(self.wait_first(rx)?);
+        } else if !self.closed {
+            match rx.recv_timeout(self.cfg.retry_every) {
+                Ok(r) => batch.push(r),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => self.closed = true,
+            }
+        }
+        while batch.len() < self.cfg.max_batch.max(1) + kept && !self.closed {
             match rx.try_recv() {
                 Ok(r) => batch.push(r),
                 Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => {
-                    closed = true;
-                    break;
-                }
+                Err(TryRecvError::Disconnected) => self.closed = true,
             }
         }
+        Some((batch, kept))
+    }
+
+    /// Blocks for the first record of a batch, giving the store its idle pass if nothing
+    /// arrives for `idle_after` after a write.
+    fn wait_first(&mut self, rx: &Receiver<Record>) -> Option<Record> {
+        if self.dirty {
+            match rx.recv_timeout(self.cfg.idle_after) {
+                Ok(r) => return Some(r),
+                Err(RecvTimeoutError::Timeout) => {
+                    let disk = self.store.idle();
+                    self.publish(disk);
+                    self.dirty = false;
+                }
+                Err(RecvTimeoutError::Disconnected) => return None,
+            }
+        }
+        rx.recv().ok()
+    }
+
+    fn publish(&self, disk: Option<u64>) {
+        self.gauges
+            .disk
+            .store(disk.unwrap_or(UNKNOWN), Ordering::Relaxed);
+    }
+
+    /// Writes one batch (the kept records alone first, see the module's doc) and says what
+    /// became durable, what failed, what will be retried.
+    fn commit(&mut self, mut batch: Vec<Record>, kept: usize) -> Committed {
         let taken = batch.len() - kept;
         let outcomes = batch[kept..]
             .iter()
@@ -270,58 +325,45 @@ fn run<S: Store, W: Fn()>(
             ..Committed::default()
         };
         let started = Instant::now();
-        // The kept records alone first (see the module's doc); the new ones after them, so
-        // the order of the records is the order they were sent in.
-        if kept > 0 && taken > 0 && store.write(&batch[..kept]).is_ok() {
+        // The new records after the kept ones, so the order of the records is the order
+        // they were sent in.
+        if kept > 0 && taken > 0 && self.store.write(&batch[..kept]).is_ok() {
             batch.drain(..kept);
         }
         let result = if batch.is_empty() {
             Ok(())
         } else {
-            store.write(&batch)
+            self.store.write(&batch)
         };
-        gauges.record(started.elapsed());
+        self.gauges.record(started.elapsed());
         match result {
             Ok(()) => {
-                if failing {
+                if self.failing {
                     log::info!("journal writes succeed again; accepting messages");
-                    failing = false;
+                    self.failing = false;
                 }
-                dirty = true;
+                self.dirty = true;
                 c.durable = accepted(&batch);
             }
             Err(e) => {
-                if !failing {
+                if !self.failing {
                     log::error!(
                         "journal write failed: {e}; new messages are rejected `storage` until writes succeed again"
                     );
-                    failing = true;
+                    self.failing = true;
                 }
                 c.failed = accepted(&batch);
-                retry = batch
+                self.retry = batch
                     .into_iter()
                     .filter(|r| !matches!(r, Record::Accepted(_)))
                     .collect();
-                c.retrying = retry.len();
+                c.retrying = self.retry.len();
                 c.error = Some(e.message);
             }
         }
-        publish(store.disk_bytes());
-        if done.send(c).is_err() {
-            return;
-        }
-        wake();
-        if closed && retry.is_empty() {
-            return;
-        }
-        if closed && failing {
-            // Shutting down with a failing store: one more try per retry period would keep
-            // the process alive forever; the caller's finish() bounds the wait, and giving
-            // up ends this wait at once.
-            if stopped.recv_timeout(cfg.retry_every) == Err(RecvTimeoutError::Disconnected) {
-                return;
-            }
-        }
+        let disk = self.store.disk_bytes();
+        self.publish(disk);
+        c
     }
 }
 

@@ -202,6 +202,29 @@ impl OpsSource for View<'_> {
 }
 
 impl<F: Frontend> Ops<F> {
+    /// What the HTTP endpoint answers from: the latest snapshot and the layer's state.
+    fn view(&self) -> View<'_> {
+        View {
+            latest: &self.latest,
+            generation: self.generation,
+            now: self.now,
+            tick_interval: self.tick_interval,
+            shutting_down: self.shutting_down,
+            registered: self.registered,
+            checks: &self.checks,
+        }
+    }
+
+    /// One HTTP pass ([`HttpServer::serve`]) over the latest snapshot.
+    fn serve_http(&mut self) {
+        // Taken out while it serves, so that the view can borrow the rest of the layer.
+        let mut http = self.http.take();
+        if let Some(h) = &mut http {
+            h.serve(self.now, &self.view());
+        }
+        self.http = http;
+    }
+
     /// Wraps `inner`; `tick_interval` is the runtime's heartbeat period.
     pub(crate) fn new(inner: F, tick_interval: Duration) -> Ops<F> {
         Ops {
@@ -373,18 +396,11 @@ impl<F: Frontend> Frontend for Ops<F> {
         self.now = ctx.now();
         if self.http.is_some() && http::owns(event.token()) {
             self.shutting_down = ctx.shutting_down();
-            let view = View {
-                latest: &self.latest,
-                generation: self.generation,
-                now: self.now,
-                tick_interval: self.tick_interval,
-                shutting_down: self.shutting_down,
-                registered: self.registered,
-                checks: &self.checks,
-            };
-            if let Some(h) = &mut self.http {
-                h.on_ready(event, self.now, &view);
+            let mut http = self.http.take();
+            if let Some(h) = &mut http {
+                h.on_ready(event, self.now, &self.view());
             }
+            self.http = http;
         } else {
             self.inner.on_ready(event, ctx);
             if ctx.take_reload_request() {
@@ -411,16 +427,7 @@ impl<F: Frontend> Frontend for Ops<F> {
                 n.send("STOPPING=1\nSTATUS=shutting down: draining");
             }
         }
-        let view = View {
-            latest: &self.latest,
-            generation: self.generation,
-            now: self.now,
-            tick_interval: self.tick_interval,
-            shutting_down: self.shutting_down,
-            registered: self.registered,
-            checks: &self.checks,
-        };
-        let http = self.http.as_mut().and_then(|h| h.on_wake(self.now, &view));
+        let http = self.http.as_mut().and_then(|h| h.on_wake(self.now));
         #[cfg(debug_assertions)]
         self.check();
         [inner, http].into_iter().flatten().min()
@@ -431,7 +438,11 @@ impl<F: Frontend> Frontend for Ops<F> {
     }
 
     fn flush(&mut self) {
+        // The bridge's output first: what it read this iteration (a ping, a message's ack)
+        // is answered before any HTTP answer is written, and HTTP's budget of answers per
+        // pass comes after, never between a bridge's line and its reply.
         self.inner.flush();
+        self.serve_http();
     }
 
     fn finish(&mut self, poll: &mut Poll) {
@@ -519,6 +530,97 @@ mod test_hooks {
 mod tests {
     use super::*;
     use crate::liveness::BridgeStatus;
+    use crate::ops::http::HttpConfig;
+
+    /// Issue 18 row 4: HTTP cannot delay a bridge's reply. An HTTP request ready in the same
+    /// loop iteration as a bridge's output is answered in the flush *after* the bridge has
+    /// written (the bridge frontend here looks at the HTTP client's socket while it flushes:
+    /// no answer there yet), never in the wake before it, where 16 answers per pass (60
+    /// clients pipelining `/metrics`) stood between a bridge's line and its reply.
+    #[test]
+    fn http_answers_are_written_after_the_bridges_output() {
+        use std::io::{Read as _, Write as _};
+        struct Bridge {
+            client: std::net::TcpStream,
+            http_bytes_at_flush: Vec<bool>,
+        }
+        impl Frontend for Bridge {
+            fn register(&mut self, _: &Registry) -> std::io::Result<()> {
+                Ok(())
+            }
+            fn on_ready(&mut self, _: &Event, _: &mut Ctx<'_>) {}
+            fn on_wake(&mut self, _: &mut Ctx<'_>) -> Option<Duration> {
+                None
+            }
+            fn deliver(&mut self, _: u64, _: MessageEvent) {}
+            fn flush(&mut self) {
+                let mut b = [0u8; 1];
+                let ready = self.client.peek(&mut b).is_ok_and(|n| n > 0);
+                self.http_bytes_at_flush.push(ready);
+            }
+            fn finish(&mut self, _: &mut Poll) {}
+        }
+        let mut poll = Poll::new().expect("poll");
+        let http = HttpServer::bind("127.0.0.1:0".parse().expect("addr"), HttpConfig::default())
+            .expect("bind");
+        let addr = http.local_addr().expect("addr");
+        let mut client = std::net::TcpStream::connect(addr).expect("connect");
+        client
+            .write_all(b"GET /healthz HTTP/1.1\r\n\r\n")
+            .expect("request");
+        let peek = client.try_clone().expect("clone");
+        peek.set_nonblocking(true).expect("nonblocking");
+        let bridge = Bridge {
+            client: peek,
+            http_bytes_at_flush: Vec::new(),
+        };
+        let mut ops = Ops::new(bridge, Duration::from_millis(100)).with_http(http);
+        ops.http
+            .as_mut()
+            .expect("http")
+            .register(poll.registry())
+            .expect("register");
+        // Accept, then the request's readiness: the endpoint has it queued for a pass.
+        let now = Duration::from_secs(1);
+        let mut events = mio::Events::with_capacity(16);
+        struct Unused;
+        impl OpsSource for Unused {
+            fn health(&self) -> Result<(), String> {
+                Ok(())
+            }
+            fn ready(&self) -> Result<(), String> {
+                Ok(())
+            }
+            fn status_json(&self) -> Vec<u8> {
+                Vec::new()
+            }
+            fn metrics(&self) -> String {
+                String::new()
+            }
+        }
+        // `on_wake` asks for the loop at once while a connection waits for a pass.
+        while ops.http.as_mut().expect("http").on_wake(now) != Some(now) {
+            poll.poll(&mut events, Some(Duration::from_secs(5)))
+                .expect("poll");
+            let h = ops.http.as_mut().expect("http");
+            for event in &events {
+                h.on_ready(event, now, &Unused);
+            }
+        }
+        Frontend::flush(&mut ops);
+        assert_eq!(
+            ops.inner.http_bytes_at_flush,
+            [false],
+            "an HTTP answer was written before the bridge's output"
+        );
+        client.set_nonblocking(false).expect("blocking");
+        // 503: no heartbeat has ticked here; what matters is that it came after.
+        let mut head = [0u8; 12];
+        client
+            .read_exact(&mut head)
+            .expect("the answer, after the flush");
+        assert_eq!(&head, b"HTTP/1.1 503");
+    }
 
     fn running(uptime_s: f64, last_lag_ms: f64) -> Status {
         Status {

@@ -348,8 +348,13 @@ impl<F: Frontend> Reactor<F> {
             || !self.ingress.is_empty()
             || (self.shutdown.load(Ordering::SeqCst) && !self.driver.core().is_shutting_down());
         if pending {
-            // Do not replay the last poll's events next turn.
-            self.events.clear();
+            // Work is waiting: no sleep, but readiness is still gathered (a zero timeout), so
+            // a socket that became ready waits one turn, not until the completions run dry.
+            if let Err(e) = self.poll.poll(&mut self.events, Some(Duration::ZERO))
+                && e.kind() != std::io::ErrorKind::Interrupted
+            {
+                return Err(e);
+            }
         } else {
             let now = self.epoch.elapsed();
             if let Some(timer) = &mut self.timer

@@ -16,6 +16,8 @@ mod frame;
 mod lines;
 mod protocol;
 mod sharded;
+mod sockets;
+mod sys;
 
 use std::fmt;
 use std::io::{self, Write};
@@ -37,6 +39,10 @@ pub(crate) use bridge::RecoveryCounts;
 pub use bridge::{Action, Bridge, BridgeConfig, ConnId, Flushed};
 use fair::{DelayStats, FairQueue};
 use lines::{Line, LineReader, ReadOutcome};
+use sockets::{Socket, SocketTable, token};
+#[cfg(feature = "cli")]
+pub(crate) use sys::raise_fd_limit;
+use sys::{open_spare, out_of_fds, reset_on_close, unacknowledged};
 
 /// Bytes read from one connection per pass, so one flood cannot starve the rest.
 const READ_BUDGET: usize = 8 * 1024;
@@ -107,77 +113,6 @@ impl fmt::Display for ForcedStop {
     }
 }
 
-/// Raises the soft limit on open files to the hard limit; returns (old, new) soft limits.
-#[cfg_attr(not(feature = "cli"), allow(dead_code))]
-pub(crate) fn raise_fd_limit() -> io::Result<(u64, u64)> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let old = lim.rlim_cur;
-    if lim.rlim_cur < lim.rlim_max {
-        lim.rlim_cur = lim.rlim_max;
-        // SAFETY: as above.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok((old, lim.rlim_cur))
-}
-
-/// A connection's poll token: its key's bits, kept clear of every fixed token and band.
-fn token(id: ConnId) -> Token {
-    crate::tokens::conn_token(id.to_bits())
-}
-
-/// Sockets by their connection's key: a slot per key index, checked against the full key.
-#[derive(Default)]
-struct SocketTable(Vec<Option<Socket>>);
-
-impl SocketTable {
-    fn insert(&mut self, sock: Socket) {
-        let i = sock.id.index();
-        if self.0.len() <= i {
-            self.0.resize_with(i + 1, || None);
-        }
-        debug_assert!(self.0[i].is_none(), "two live sockets for one key index");
-        self.0[i] = Some(sock);
-    }
-
-    fn get(&self, id: ConnId) -> Option<&Socket> {
-        self.0.get(id.index())?.as_ref().filter(|s| s.id == id)
-    }
-
-    fn get_mut(&mut self, id: ConnId) -> Option<&mut Socket> {
-        self.0.get_mut(id.index())?.as_mut().filter(|s| s.id == id)
-    }
-
-    fn remove(&mut self, id: ConnId) -> Option<Socket> {
-        self.get(id)?;
-        self.0[id.index()].take()
-    }
-
-    fn ids(&self) -> Vec<ConnId> {
-        self.0.iter().flatten().map(|s| s.id).collect()
-    }
-}
-
-struct Socket {
-    id: ConnId,
-    peer: SocketAddr,
-    /// The socket, or TLS over it.
-    stream: Transport,
-    reader: LineReader,
-    /// The bridge wanted no input (its output was over its bound); re-armed when it drains.
-    read_paused: bool,
-    /// The peer shut down its side: read no more.
-    eof: bool,
-}
-
 /// The TCP bridge server: the mio shell around a [`Bridge`].
 pub struct BridgeServer {
     bridge: Bridge,
@@ -224,42 +159,6 @@ pub struct BridgeServer {
     journal_wake: Option<mio::unix::pipe::Receiver>,
     /// Readiness events on the journal's token (status: `journal.wakes`).
     journal_wakes: u64,
-}
-
-fn open_spare() -> Option<std::fs::File> {
-    std::fs::File::open("/dev/null").ok()
-}
-
-/// Bytes written to `stream` that the peer's TCP has not acknowledged yet (`SIOCOUTQ`).
-fn unacknowledged(stream: &TcpStream) -> Option<u64> {
-    use std::os::fd::AsRawFd;
-    let mut n: libc::c_int = 0;
-    // SAFETY: TIOCOUTQ (SIOCOUTQ on a TCP socket) stores one int through the pointer.
-    let rc = unsafe { libc::ioctl(stream.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
-    (rc == 0).then(|| u64::try_from(n).unwrap_or(0))
-}
-
-/// Makes the coming close send a reset and discard unsent data (`SO_LINGER` 0).
-fn reset_on_close(stream: &TcpStream) {
-    use std::os::fd::AsRawFd;
-    let linger = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: setsockopt with a pointer to a local linger struct and its size.
-    unsafe {
-        libc::setsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&linger as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        );
-    }
-}
-
-fn out_of_fds(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
 }
 
 impl BridgeServer {
@@ -842,7 +741,7 @@ impl Frontend for BridgeServer {
         }
         let now = Instant::now();
         for id in again {
-            queue.push(id, now);
+            queue.push_busy(id, now);
         }
         // What is left waits for the next wake: the poll reports it again at once.
         let left: Vec<ConnId> = queue.ids().collect();

@@ -335,8 +335,13 @@ impl ContainedChild {
     }
 
     /// Waits up to `timeout` for every process of the tree but the leader to be gone.
+    ///
+    /// One empty walk is not proof: a process that exits while the walk is between its
+    /// parent's list and its own is skipped, and its children, re-parented to the leader
+    /// after the leader's list was read, are missed. Two walks in a row must find none.
     pub(crate) fn wait_descendants_gone(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
+        let mut empty_walks = 0;
         loop {
             let procs = {
                 let reaped = self.leader.lock();
@@ -346,8 +351,13 @@ impl ContainedChild {
                 live_descendants(self.leader.pid)
             };
             if procs.is_empty() {
-                return true;
+                empty_walks += 1;
+                if empty_walks >= 2 {
+                    return true;
+                }
+                continue;
             }
+            empty_walks = 0;
             let now = Instant::now();
             if now >= deadline {
                 return false;

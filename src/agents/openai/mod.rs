@@ -426,7 +426,7 @@ impl OpenAiAgent {
                 break;
             };
             count += 1;
-            let chunk = match sse::decode(&data) {
+            let chunk = match sse::decode(data) {
                 Ok(Event::Done) => {
                     finished = true;
                     break;
@@ -449,12 +449,12 @@ impl OpenAiAgent {
             if chunk.usage.is_some() {
                 usage = chunk.usage;
             }
-            if let Some(choice) = chunk.choices.first() {
-                if let Some(delta) = choice.delta.as_ref().and_then(|d| d.content.as_deref())
-                    && !delta.is_empty()
+            if let Some(choice) = &chunk.choices.0 {
+                if let Some(delta) = choice.delta.as_ref().and_then(|d| d.content.as_ref())
+                    && !delta.0.is_empty()
                 {
                     transport::content_arrived();
-                    text.push_str(delta);
+                    text.push_str(&delta.0);
                     if text.len() > cfg.max_reply_bytes {
                         log::warn!(
                             "session {}: the reply from {url} passed {} bytes; the stream is cut there",
@@ -567,12 +567,12 @@ impl Agent for OpenAiAgent {
 
 /// The next event's data of the stream; `None` at its end. `received`: bytes of reply so
 /// far, for the error text.
-fn next_data<R: BufRead>(
-    events: &mut SseReader<R>,
+fn next_data<'a, R: BufRead>(
+    events: &'a mut SseReader<R>,
     cancel: &CancelToken,
     url: &str,
     received: usize,
-) -> Result<Option<String>, Stop> {
+) -> Result<Option<&'a str>, Stop> {
     let fail = |why: String| Err(failed(MALFORMED, why));
     match events.next_event() {
         Ok(data) => Ok(data),

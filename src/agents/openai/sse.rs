@@ -6,9 +6,13 @@
 //! Every line and the whole stream are bounded, so a hostile or broken server cannot make
 //! the reader buffer without limit.
 
+use std::borrow::Cow;
+use std::fmt;
 use std::io::{self, BufRead};
+use std::marker::PhantomData;
 
 use serde::Deserialize;
+use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Visitor};
 
 /// Why the stream could not be read as events.
 #[derive(Debug)]
@@ -30,6 +34,9 @@ pub(super) struct SseReader<R> {
     max_total: usize,
     total: usize,
     line: Vec<u8>,
+    /// The event being assembled; reused, so an event costs no allocation once the
+    /// buffers have grown to the stream's line size.
+    data: String,
     eof: bool,
 }
 
@@ -42,6 +49,7 @@ impl<R: BufRead> SseReader<R> {
             max_total,
             total: 0,
             line: Vec::new(),
+            data: String::new(),
             eof: false,
         }
     }
@@ -57,11 +65,12 @@ impl<R: BufRead> SseReader<R> {
         self.total
     }
 
-    /// The next line without its ending, or `None` at the end of the stream.
-    fn next_line(&mut self) -> Result<Option<&str>, SseError> {
+    /// Reads the next line, without its ending, into `self.line`; `false` at the end of
+    /// the stream.
+    fn next_line(&mut self) -> Result<bool, SseError> {
         self.line.clear();
         if self.eof {
-            return Ok(None);
+            return Ok(false);
         }
         loop {
             let buf = match self.inner.fill_buf() {
@@ -74,7 +83,7 @@ impl<R: BufRead> SseReader<R> {
             if buf.is_empty() {
                 self.eof = true;
                 if self.line.is_empty() {
-                    return Ok(None);
+                    return Ok(false);
                 }
                 break;
             }
@@ -99,21 +108,22 @@ impl<R: BufRead> SseReader<R> {
         if self.line.last() == Some(&b'\r') {
             self.line.pop();
         }
-        std::str::from_utf8(&self.line)
-            .map(Some)
-            .map_err(|_| SseError::NotUtf8)
+        Ok(true)
     }
 
-    /// The next event's data, or `None` at the end of the stream.
-    pub(super) fn next_event(&mut self) -> Result<Option<String>, SseError> {
-        let mut data: Option<String> = None;
+    /// The next event's data, or `None` at the end of the stream. The text is the reader's
+    /// own buffer, valid until the next call.
+    pub(super) fn next_event(&mut self) -> Result<Option<&str>, SseError> {
+        self.data.clear();
+        let mut any = false;
         loop {
-            let Some(line) = self.next_line()? else {
-                return Ok(data);
-            };
+            if !self.next_line()? {
+                return Ok(any.then_some(self.data.as_str()));
+            }
+            let line = std::str::from_utf8(&self.line).map_err(|_| SseError::NotUtf8)?;
             if line.is_empty() {
-                if data.is_some() {
-                    return Ok(data);
+                if any {
+                    return Ok(Some(self.data.as_str()));
                 }
                 continue;
             }
@@ -125,24 +135,24 @@ impl<R: BufRead> SseReader<R> {
                 None => (line, ""),
             };
             if field == "data" {
-                match &mut data {
-                    Some(d) => {
-                        d.push('\n');
-                        d.push_str(value);
-                    }
-                    None => data = Some(value.to_owned()),
+                if any {
+                    self.data.push('\n');
                 }
+                self.data.push_str(value);
+                any = true;
             }
         }
     }
 }
 
-/// One `chat.completion.chunk`, reduced to what the agent uses.
+/// One `chat.completion.chunk`, reduced to what the agent uses, borrowing its text from
+/// the event where it can: a token costs no allocation (the first choice alone is
+/// decoded; the other choices and unknown fields are skipped without being built).
 #[derive(Debug, Default, Deserialize)]
-pub(super) struct Chunk {
-    /// The choices; the agent reads the first.
-    #[serde(default)]
-    pub choices: Vec<Choice>,
+pub(super) struct Chunk<'a> {
+    /// The first choice (the agent asks for one).
+    #[serde(default, borrow)]
+    pub choices: First<Choice<'a>>,
     /// Token counts (the last chunk, with `stream_options.include_usage`).
     #[serde(default)]
     pub usage: Option<Usage>,
@@ -153,21 +163,76 @@ pub(super) struct Chunk {
 
 /// A choice of a chunk.
 #[derive(Debug, Default, Deserialize)]
-pub(super) struct Choice {
+pub(super) struct Choice<'a> {
     /// The new text.
-    #[serde(default)]
-    pub delta: Option<Delta>,
+    #[serde(default, borrow)]
+    pub delta: Option<Delta<'a>>,
     /// Set on the choice's last chunk.
-    #[serde(default)]
-    pub finish_reason: Option<String>,
+    #[serde(default, borrow)]
+    pub finish_reason: Option<Text<'a>>,
 }
 
 /// The text a chunk adds.
 #[derive(Debug, Default, Deserialize)]
-pub(super) struct Delta {
+pub(super) struct Delta<'a> {
     /// Reply text (absent or null on role-only and tool chunks).
-    #[serde(default)]
-    pub content: Option<String>,
+    #[serde(default, borrow)]
+    pub content: Option<Text<'a>>,
+}
+
+/// A JSON string, borrowed from the event unless it has escapes. (serde's own `Cow`
+/// inside an `Option` always copies.)
+#[derive(Debug, Default)]
+pub(super) struct Text<'a>(pub Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Text<'a>, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Text<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// The first element of a JSON array, the others skipped unbuilt; `None` when it is empty.
+#[derive(Debug)]
+pub(super) struct First<T>(pub Option<T>);
+
+impl<T> Default for First<T> {
+    fn default() -> First<T> {
+        First(None)
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for First<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<First<T>, D::Error> {
+        struct V<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = First<T>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an array")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<First<T>, A::Error> {
+                let first = seq.next_element::<T>()?;
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(First(first))
+            }
+        }
+        d.deserialize_seq(V(PhantomData))
+    }
 }
 
 /// Token counts.
@@ -191,19 +256,19 @@ pub(super) struct ApiError {
 
 /// What one event means.
 #[derive(Debug)]
-pub(super) enum Event {
+pub(super) enum Event<'a> {
     /// `data: [DONE]`.
     Done,
     /// A chunk.
-    Chunk(Chunk),
+    Chunk(Chunk<'a>),
 }
 
 /// Decodes an event's data; `Err` describes why it is not a chunk.
-pub(super) fn decode(data: &str) -> Result<Event, String> {
+pub(super) fn decode(data: &str) -> Result<Event<'_>, String> {
     if data.trim() == "[DONE]" {
         return Ok(Event::Done);
     }
-    serde_json::from_str::<Chunk>(data)
+    serde_json::from_str::<Chunk<'_>>(data)
         .map(Event::Chunk)
         .map_err(|e| format!("not a chat.completion.chunk ({e})"))
 }
@@ -244,7 +309,7 @@ mod tests {
         let mut r = SseReader::new(input.as_bytes(), 1024, 1 << 20);
         let mut out = Vec::new();
         while let Some(e) = r.next_event().expect("valid stream") {
-            out.push(e);
+            out.push(e.to_owned());
         }
         out
     }
@@ -283,7 +348,7 @@ mod tests {
         let line = "data: 12345";
         let input = format!("{line}\n\n");
         let mut r = SseReader::new(input.as_bytes(), line.len(), 1 << 20);
-        assert_eq!(r.next_event().ok().flatten().as_deref(), Some("12345"));
+        assert_eq!(r.next_event().ok().flatten(), Some("12345"));
     }
 
     /// Fails its first fill with `first`, then reads `data`.
@@ -320,7 +385,7 @@ mod tests {
             data: b"data: x\n\n",
         };
         let mut r = SseReader::new(eintr, 64, 1024);
-        assert_eq!(r.next_event().ok().flatten().as_deref(), Some("x"));
+        assert_eq!(r.next_event().ok().flatten(), Some("x"));
         let cancelled = Flaky {
             first: Some(io::Error::new(
                 io::ErrorKind::Interrupted,
@@ -339,13 +404,47 @@ mod tests {
         ) else {
             panic!("not a chunk")
         };
-        assert_eq!(
-            c.choices[0]
-                .delta
+        let content = |c: &Chunk<'_>| {
+            c.choices
+                .0
                 .as_ref()
-                .and_then(|d| d.content.as_deref()),
-            Some("Hi")
-        );
+                .and_then(|c| c.delta.as_ref())
+                .and_then(|d| d.content.as_ref())
+                .map(|t| t.0.to_string())
+        };
+        assert_eq!(content(&c).as_deref(), Some("Hi"));
+        let borrowed = |c: &Chunk<'_>| {
+            c.choices
+                .0
+                .as_ref()
+                .and_then(|c| c.delta.as_ref())
+                .and_then(|d| d.content.as_ref())
+                .is_some_and(|t| matches!(t.0, Cow::Borrowed(_)))
+        };
+        assert!(borrowed(&c), "a token without escapes is not copied");
+        // Plain text is borrowed from the event; escapes are decoded into a copy.
+        let Ok(Event::Chunk(c)) = decode(r#"{"choices":[{"delta":{"content":"a\nb"}}]}"#) else {
+            panic!("not a chunk")
+        };
+        assert_eq!(content(&c).as_deref(), Some("a\nb"));
+        assert!(!borrowed(&c));
+        // The first choice is the one read; later ones are skipped.
+        let Ok(Event::Chunk(c)) =
+            decode(r#"{"choices":[{"delta":{"content":"one"}},{"delta":{"content":"two"}}]}"#)
+        else {
+            panic!("not a chunk")
+        };
+        assert_eq!(content(&c).as_deref(), Some("one"));
+        assert!(matches!(
+            decode(r#"{"choices":[{"delta":{"content":"x"},"finish_reason":"stop"}]}"#),
+            Ok(Event::Chunk(Chunk {
+                choices: First(Some(Choice {
+                    finish_reason: Some(_),
+                    ..
+                })),
+                ..
+            }))
+        ));
         let Ok(Event::Chunk(c)) =
             decode(r#"{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3}}"#)
         else {
@@ -362,6 +461,7 @@ mod tests {
         assert!(decode("{not json").is_err());
         assert!(decode("42").is_err());
         assert!(decode(r#"{"choices":{}}"#).is_err());
+        assert!(decode(r#"{"choices":[{"delta":{"content":7}}]}"#).is_err());
     }
 
     #[test]

@@ -334,29 +334,35 @@ impl Transport for CancellableTcp {
     }
 
     fn await_input(&mut self, timeout: NextTimeout) -> Result<bool, Error> {
-        let watch = current();
         let started = Instant::now();
         let ureq_bound = exact(&timeout.for_read());
         loop {
-            if watch.as_ref().is_some_and(|w| w.cancel.is_cancelled()) {
+            let now = Instant::now();
+            // Called once per read of a stream (once a token when the server paces them):
+            // the watch is looked at in place, not cloned. A cancel wins over a timeout.
+            let cancelled_now =
+                CURRENT.with(|c| c.borrow().as_ref().is_some_and(|w| w.cancel.is_cancelled()));
+            if cancelled_now {
                 return Err(cancelled());
             }
-            let now = Instant::now();
             let waited = now - started;
             if let Some(b) = ureq_bound
                 && waited >= b
             {
                 return Err(Error::Timeout(timeout.reason));
             }
-            if let Some(e) = watch.as_ref().and_then(|w| w.expired(now)) {
-                return Err(e);
-            }
+            let watched = CURRENT.with(|c| {
+                c.borrow().as_ref().map(|w| match w.expired(now) {
+                    Some(e) => Err(e),
+                    None => Ok(w.next_deadline().saturating_duration_since(now)),
+                })
+            });
             let mut slice = SLICE;
             if let Some(b) = ureq_bound {
                 slice = slice.min(b.saturating_sub(waited));
             }
-            if let Some(w) = &watch {
-                slice = slice.min(w.next_deadline().saturating_duration_since(now));
+            if let Some(left) = watched.transpose()? {
+                slice = slice.min(left);
             }
             let slice = slice.max(Duration::from_millis(1));
             if self.read_timeout_set != Some(slice) {

@@ -408,8 +408,10 @@ impl HttpServer {
     }
 
     /// The connections queued at the start of the pass, round-robin, one answer per turn,
-    /// at most [`ANSWERS_PER_PASS`] answers in all.
-    fn serve(&mut self, now: Duration, source: &dyn OpsSource) {
+    /// at most [`ANSWERS_PER_PASS`] answers in all. The host runs it once per loop
+    /// iteration after the bridge's own output is written (see `Ops::flush`), so no HTTP
+    /// answer sits between a bridge's line and its reply.
+    pub(crate) fn serve(&mut self, now: Duration, source: &dyn OpsSource) {
         let cache = std::mem::take(&mut self.cache);
         let cached = Cached {
             inner: source,
@@ -438,13 +440,12 @@ impl HttpServer {
         self.cache = cache;
     }
 
-    /// Serves what the budget left, closes idle connections; returns when it next needs the
-    /// loop.
-    pub(crate) fn on_wake(&mut self, now: Duration, source: &dyn OpsSource) -> Option<Duration> {
+    /// Accepts what is left, closes idle connections; returns when it next needs the loop
+    /// (at once while connections wait for [`HttpServer::serve`]).
+    pub(crate) fn on_wake(&mut self, now: Duration) -> Option<Duration> {
         if std::mem::take(&mut self.accept_more) {
             self.accept(now);
         }
-        self.serve(now, source);
         if self.next_sweep.is_some_and(|t| t <= now) {
             let expired: Vec<(usize, bool)> = self
                 .conns
@@ -830,7 +831,8 @@ mod tests {
             for event in &events {
                 server.on_ready(event, now, &source);
             }
-            server.on_wake(now, &source);
+            server.on_wake(now);
+            server.serve(now, &source);
         }
         assert_eq!(server.status().connections, 2);
         assert_eq!(server.stats.refused, 0);

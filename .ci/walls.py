@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""The walls of issue 16, held by CI: no file in src/ over 900 lines, no function over 100
+(test modules aside). A brace matcher, not a parser: strings and comments are blanked first.
+Usage: walls.py [SRC_DIR]   (prints the longest of each; exits 1 past a limit)"""
+import os
+import re
+import sys
+
+FILE_LIMIT, FN_LIMIT = 900, 100
+FN_RE = re.compile(r'^\s*(pub(\([a-z]+\))?\s+)?(const\s+)?(async\s+)?(unsafe\s+)?fn\s+([A-Za-z_0-9]+)')
+TEST_MOD = re.compile(r'^\s*(pub(\(crate\))?\s+)?mod\s+\w+\s*\{')
+
+
+def code(line):
+    line = re.sub(r'"(\\.|[^"\\])*"', '""', line)
+    line = re.sub(r"'(\\.|[^'\\])'", "''", line)
+    return line.split('//')[0]
+
+
+def functions(lines):
+    """(length, name, first line) of each fn outside a trailing #[cfg(test)] module."""
+    out = []
+    for i, line in enumerate(lines):
+        if re.match(r'^\s*#\[cfg\(test\)\]', line) and i + 1 < len(lines) and TEST_MOD.match(lines[i + 1]):
+            break
+        m = FN_RE.match(line)
+        if not m:
+            continue
+        depth, started = 0, False
+        for j in range(i, len(lines)):
+            s = code(lines[j])
+            if not started and ';' in s and '{' not in s:
+                break
+            for ch in s:
+                if ch == '{':
+                    depth, started = depth + 1, True
+                elif ch == '}':
+                    depth -= 1
+            if started and depth == 0:
+                out.append((j - i + 1, m.group(6), i + 1))
+                break
+    return out
+
+
+def main():
+    root = sys.argv[1] if len(sys.argv) > 1 else 'src'
+    files, funcs = [], []
+    for d, _, names in os.walk(root):
+        for name in names:
+            if not name.endswith('.rs'):
+                continue
+            p = os.path.join(d, name)
+            lines = open(p, encoding='utf-8').read().split('\n')
+            files.append((len(lines) - (1 if lines[-1] == '' else 0), p))
+            if name != 'tests.rs':  # a room's test module in its own file
+                funcs += [(n, f, p, at) for n, f, at in functions(lines)]
+    files.sort(reverse=True)
+    funcs.sort(reverse=True)
+    print(f"walls: longest file {files[0][0]} lines ({files[0][1]}), "
+          f"longest function {funcs[0][0]} lines ({funcs[0][1]} in {funcs[0][2]})")
+    bad = [f"{p}: {n} lines (limit {FILE_LIMIT})" for n, p in files if n > FILE_LIMIT]
+    bad += [f"{p}:{at}: fn {f} is {n} lines (limit {FN_LIMIT})" for n, f, p, at in funcs if n > FN_LIMIT]
+    for b in bad:
+        print(f"walls: {b}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,260 @@
+//! Opening the journal: the connection and its settings, the schema version, and the check
+//! against the mark (a database holding fewer commits than were acknowledged is refused).
+
+use std::path::Path;
+
+use rusqlite::{Connection, OptionalExtension};
+
+use super::reserve::Reserve;
+use super::{
+    FILE_NAME, RESERVE_BYTES, SCHEMA, SCHEMA_VERSION, SqliteStore, WAL_LIMIT, WAL_NAME, WAL_PAGES,
+    err, io_kind, is_full,
+};
+use crate::journal::mark::{Found, MARK_FILE, Mark, MarkFile};
+use crate::journal::{StoreError, StoreErrorKind};
+
+/// An error while opening, and whether the disk was full (then the reserve is released and
+/// the open tried once more).
+type OpenError = (StoreError, bool);
+
+/// Maps a SQLite error to an [`OpenError`] naming `what` failed on `path`.
+fn failed<'a>(
+    what: &'static str,
+    path: &'a Path,
+    otherwise: StoreErrorKind,
+) -> impl Fn(rusqlite::Error) -> OpenError + 'a {
+    move |e| {
+        let full = is_full(&e);
+        (err(what, path, otherwise)(e), full)
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the journal in `dir`, and checks it against its mark: a
+    /// database holding fewer commits than were acknowledged is refused
+    /// ([`StoreErrorKind::Untrusted`]). A full disk ([`StoreErrorKind::Transient`]) releases
+    /// the reserve and tries once more.
+    pub fn open(dir: &Path) -> Result<SqliteStore, StoreError> {
+        std::fs::create_dir_all(dir).map_err(|e| StoreError {
+            kind: io_kind(&e),
+            message: format!("cannot create {}: {e}", dir.display()),
+        })?;
+        let mut reserve = Reserve::new(dir);
+        let store = match SqliteStore::open_once(dir) {
+            Err((e, true)) => {
+                log::warn!("{e}: releasing the journal reserve and trying again");
+                reserve.release();
+                SqliteStore::open_once(dir).map_err(|(e, _)| e)
+            }
+            r => r.map_err(|(e, _)| e),
+        };
+        let mut store = store?;
+        reserve.held = std::fs::metadata(&reserve.path).is_ok_and(|m| m.len() >= RESERVE_BYTES);
+        if !reserve.acquire(0) {
+            log::warn!(
+                "no room for the journal reserve {} ({} KiB): new messages are rejected `storage` until there is",
+                reserve.path.display(),
+                RESERVE_BYTES >> 10
+            );
+        }
+        store.reserve = reserve;
+        Ok(store)
+    }
+
+    /// One try; the flag says the disk was full.
+    fn open_once(dir: &Path) -> Result<SqliteStore, OpenError> {
+        let path = dir.join(FILE_NAME);
+        let conn = Connection::open(&path).map_err(failed(
+            "cannot open the journal",
+            &path,
+            StoreErrorKind::Unusable,
+        ))?;
+        configure(&conn).map_err(failed(
+            "cannot open the journal",
+            &path,
+            StoreErrorKind::Untrusted,
+        ))?;
+        check_version(&conn, &path)?;
+        let (state, counted) = read_state(&conn).map_err(failed(
+            "cannot read the journal",
+            &path,
+            StoreErrorKind::Untrusted,
+        ))?;
+        check_mark(dir, &path, counted, &state).map_err(|e| (e, false))?;
+        if !counted {
+            conn.execute("INSERT INTO meta (k, v) VALUES ('commits', 0)", [])
+                .map_err(failed(
+                    "cannot write the journal",
+                    &path,
+                    StoreErrorKind::Transient,
+                ))?;
+        }
+        // The mark now says what the database holds (after a reset, an upgrade, or a crash
+        // between a commit and its mark).
+        let mark = MarkFile::create(dir, &state).map_err(|e| {
+            let full = e.raw_os_error() == Some(libc::ENOSPC);
+            (
+                StoreError {
+                    kind: io_kind(&e),
+                    message: format!("cannot write {}: {e}", dir.join(MARK_FILE).display()),
+                },
+                full,
+            )
+        })?;
+        Ok(SqliteStore {
+            conn,
+            path,
+            dir: dir.to_path_buf(),
+            batches: 0,
+            state,
+            mark,
+            reserve: Reserve::new(dir),
+            dirty: true,
+            quarantined: 0,
+        })
+    }
+}
+
+/// The connection's settings and the schema.
+fn configure(conn: &Connection) -> rusqlite::Result<()> {
+    conn.pragma_update(None, "locking_mode", "EXCLUSIVE")?;
+    // Only takes effect on a new file (before the tables exist).
+    conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
+    let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(rusqlite::Error::InvalidParameterName(format!(
+            "journal_mode is {mode}, not wal"
+        )));
+    }
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.pragma_update(None, "wal_autocheckpoint", WAL_PAGES)?;
+    conn.pragma_update(None, "journal_size_limit", WAL_LIMIT)?;
+    // 16 MiB of page cache (negative: KiB), so that the rows in flight stay in memory.
+    conn.pragma_update(None, "cache_size", -16384i64)?;
+    conn.execute_batch(SCHEMA)
+}
+
+/// Records the schema version in a new journal; refuses one written by another version.
+fn check_version(conn: &Connection, path: &Path) -> Result<(), OpenError> {
+    let version: Option<i64> = conn
+        .query_row("SELECT v FROM meta WHERE k = 'version'", [], |r| r.get(0))
+        .optional()
+        .map_err(failed(
+            "cannot read the journal",
+            path,
+            StoreErrorKind::Untrusted,
+        ))?;
+    match version {
+        None => {
+            conn.execute(
+                "INSERT INTO meta (k, v) VALUES ('version', ?1)",
+                [SCHEMA_VERSION],
+            )
+            .map_err(failed(
+                "cannot write the journal",
+                path,
+                StoreErrorKind::Transient,
+            ))?;
+            Ok(())
+        }
+        Some(SCHEMA_VERSION) => Ok(()),
+        Some(v) => Err((
+            StoreError::unusable(format!(
+                "{}: journal schema version {v}, this build reads {SCHEMA_VERSION}",
+                path.display()
+            )),
+            false,
+        )),
+    }
+}
+
+/// What the database holds (commits, highest sequence, rows in flight), and whether it
+/// counts its commits at all (a journal older than the mark does not).
+fn read_state(conn: &Connection) -> rusqlite::Result<(Mark, bool)> {
+    let read = |sql: &str| -> rusqlite::Result<Option<i64>> {
+        conn.query_row(sql, [], |r| r.get(0)).optional()
+    };
+    let commits = read("SELECT v FROM meta WHERE k = 'commits'")?;
+    let max_seq = read("SELECT v FROM meta WHERE k = 'max_seq'")?.unwrap_or(0);
+    let in_flight = read("SELECT count(*) FROM messages")?.unwrap_or(0);
+    let state = Mark {
+        commits: u64::try_from(commits.unwrap_or(0)).unwrap_or(0),
+        max_seq: u64::try_from(max_seq).unwrap_or(0),
+        in_flight: u64::try_from(in_flight).unwrap_or(0),
+    };
+    Ok((state, commits.is_some()))
+}
+
+/// Refuses a database that holds less than its mark says was durable.
+fn check_mark(dir: &Path, db: &Path, counted: bool, held: &Mark) -> Result<(), StoreError> {
+    let mark_path = dir.join(MARK_FILE);
+    let wal = dir.join(WAL_NAME);
+    let found = MarkFile::read(dir).map_err(|e| StoreError {
+        kind: io_kind(&e),
+        message: format!("cannot read {}: {e}", mark_path.display()),
+    })?;
+    let restore = format!(
+        "restore {}, {} and {} together from one backup; or, to start from the database as it is and lose what is missing, truncate {} to zero bytes",
+        db.display(),
+        wal.display(),
+        mark_path.display(),
+        mark_path.display()
+    );
+    match found {
+        Found::Valid(m)
+            if held.commits < m.commits
+                || held.max_seq < m.max_seq
+                || (held.commits == m.commits && held.in_flight < m.in_flight) =>
+        {
+            let what = if held.max_seq < m.max_seq {
+                format!(
+                    "at least {} acknowledged message(s) are missing (up to #{} were acknowledged, the database's last is #{})",
+                    m.max_seq - held.max_seq,
+                    m.max_seq,
+                    held.max_seq
+                )
+            } else if held.commits < m.commits {
+                format!(
+                    "{} acknowledged commit(s) are missing",
+                    m.commits - held.commits
+                )
+            } else {
+                format!(
+                    "{} message(s) in flight are missing",
+                    m.in_flight - held.in_flight
+                )
+            };
+            Err(StoreError::untrusted(format!(
+                "the journal cannot be trusted: {} says commit {} ({} message(s) in flight) was durable, but {} holds commit {} ({} in flight): {what}. The write-ahead log {} was lost, truncated or damaged, or the database is an older copy; {restore}",
+                mark_path.display(),
+                m.commits,
+                m.in_flight,
+                db.display(),
+                held.commits,
+                held.in_flight,
+                wal.display(),
+            )))
+        }
+        Found::Valid(_) => Ok(()),
+        Found::Missing if counted && held.commits > 0 => Err(StoreError::untrusted(format!(
+            "the journal cannot be trusted: {} is missing, so nothing shows that {} holds every acknowledged message; {restore}",
+            mark_path.display(),
+            db.display()
+        ))),
+        Found::Missing => Ok(()),
+        Found::Damaged => Err(StoreError::untrusted(format!(
+            "the journal cannot be trusted: {} cannot be read (neither of its slots passes its checksum); {restore}",
+            mark_path.display()
+        ))),
+        Found::Reset => {
+            log::warn!(
+                "{} was truncated to zero bytes: the journal {} is accepted as it is (commit {}, {} message(s) in flight)",
+                mark_path.display(),
+                db.display(),
+                held.commits,
+                held.in_flight
+            );
+            Ok(())
+        }
+    }
+}
