@@ -60,17 +60,7 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
         println!("configuration ok");
         return 0;
     }
-    if let Some(c) = &s.cluster {
-        // The Redis store and its checks are built (preflight ran them); the bridge's use of
-        // it — partition ownership, the inbox and outcome streams — is not yet (issue 22,
-        // docs/cluster.md). Refusing is honest: serving as a single instance here would
-        // silently give up the guarantees `--cluster` names.
-        let e = StartError::Config(format!(
-            "--cluster {}: Redis checked (appendfsync, {} partitions, instance {}), but serving as a cluster member is not built yet (docs/cluster.md)",
-            c.shown_url(),
-            c.partitions,
-            c.instance
-        ));
+    if let Err(e) = cluster_not_served(&s) {
         fatal(log_json, &e);
         return e.code();
     }
@@ -86,13 +76,7 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
             std::process::id()
         );
     }
-    match crate::server::raise_fd_limit() {
-        Ok((old, new)) if new > old => {
-            log::info!("raised the open-file limit from {old} to {new} (the hard limit)")
-        }
-        Ok((_, now)) => log::info!("open-file limit: {now}"),
-        Err(e) => log::warn!("cannot raise the open-file limit: {e}"),
-    }
+    raise_fd_limit();
     // Held until the process ends: the data directory is this gateway's alone.
     let (_lock, store) = match data {
         Some((lock, store)) => (Some(lock), Some(store)),
@@ -150,6 +134,33 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
         child::kill_all();
     }
     code
+}
+
+/// Raises the open-file limit to the hard limit, saying what it is.
+fn raise_fd_limit() {
+    match crate::server::raise_fd_limit() {
+        Ok((old, new)) if new > old => {
+            log::info!("raised the open-file limit from {old} to {new} (the hard limit)")
+        }
+        Ok((_, now)) => log::info!("open-file limit: {now}"),
+        Err(e) => log::warn!("cannot raise the open-file limit: {e}"),
+    }
+}
+
+/// `--cluster`: the Redis store and its checks are built (preflight ran them); the bridge's
+/// use of it — partition ownership, the inbox and outcome streams — is not yet (issue 22,
+/// docs/cluster.md). Refusing is honest: serving as a single instance here would silently
+/// give up the guarantees `--cluster` names.
+fn cluster_not_served(s: &Settings) -> Result<(), StartError> {
+    let Some(c) = &s.cluster else {
+        return Ok(());
+    };
+    Err(StartError::Config(format!(
+        "--cluster {}: Redis checked (appendfsync, {} partitions, instance {}), but serving as a cluster member is not built yet (docs/cluster.md)",
+        c.shown_url(),
+        c.partitions,
+        c.instance
+    )))
 }
 
 /// What `serve` checks before it binds anything — everything `--check-config` checks too:

@@ -10,12 +10,19 @@
 //! [`StoreErrorKind::Fenced`](super::StoreErrorKind::Fenced) without changing anything when
 //! the caller no longer holds it.
 
+mod load;
+mod read;
+mod scripts;
+
 use std::collections::HashMap;
 use std::time::Duration;
 
 use redis::{Script, Value};
 
-use super::{Recovered, RecoveredMessage, StoreError, StoredMessage, StoredOutcome};
+use super::{Recovered, StoreError, StoredMessage, StoredOutcome};
+use scripts::{
+    ACCEPT, ACQUIRE, FINISH, HEARTBEAT, LEAVE, LOAD, OUTCOME, RELEASE, RENEW, STARTED, Scripts,
+};
 
 /// The key prefix of every key the store writes.
 const PREFIX: &str = "ts";
@@ -202,144 +209,6 @@ pub struct RedisStore {
     cfg: ClusterConfig,
     scripts: Scripts,
 }
-
-struct Scripts {
-    accept: Script,
-    started: Script,
-    outcome: Script,
-    finish: Script,
-    acquire: Script,
-    renew: Script,
-    release: Script,
-    load: Script,
-    heartbeat: Script,
-    leave: Script,
-}
-
-/// KEYS: seq, q, dedup, dedupx, sessions, inbox. ARGV: message key prefix, dedup member,
-/// now, until, session, cap, stream maxlen, prune count, origin, then field/value pairs.
-/// The dedup sorted set scores an in-flight id `+inf` (it stays a duplicate however long
-/// it waits) and a finished one by its window's end.
-const ACCEPT: &str = r"
-local now = tonumber(ARGV[3])
-local old = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, tonumber(ARGV[8]))
-for _, d in ipairs(old) do
-  redis.call('HDEL', KEYS[3], d)
-  redis.call('ZREM', KEYS[4], d)
-end
-local s = redis.call('ZSCORE', KEYS[4], ARGV[2])
-if s and tonumber(s) > now then return {'duplicate'} end
-local n = tonumber(redis.call('HGET', KEYS[5], ARGV[5]) or '0')
-if n >= tonumber(ARGV[6]) then return {'full'} end
-local seq = redis.call('INCR', KEYS[1])
-local m = ARGV[1] .. seq
-redis.call('HSET', m, 'du', ARGV[4], 'st', '0', 's', ARGV[5], 'o', ARGV[9], unpack(ARGV, 10))
-redis.call('ZADD', KEYS[2], seq, seq)
-redis.call('HSET', KEYS[3], ARGV[2], seq)
-redis.call('ZADD', KEYS[4], '+inf', ARGV[2])
-redis.call('HINCRBY', KEYS[5], ARGV[5], 1)
-redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[7], '*', 'seq', seq)
-return {'new', tostring(seq)}
-";
-
-/// KEYS: lease. ARGV: token, message key, attempt. Fenced unless the lease is the token.
-const STARTED: &str = r"
-local l = redis.call('GET', KEYS[1])
-if l ~= ARGV[1] then return {'fenced', l or ''} end
-if redis.call('EXISTS', ARGV[2]) == 0 then return {'gone'} end
-redis.call('HSET', ARGV[2], 'st', ARGV[3])
-return {'ok'}
-";
-
-/// KEYS: lease, outcome stream. ARGV: token, message key, seq, head, text, tail, maxlen.
-/// Fenced unless the lease is the token; a second outcome for the message changes nothing
-/// (a retried write whose first try did land).
-const OUTCOME: &str = r"
-local l = redis.call('GET', KEYS[1])
-if l ~= ARGV[1] then return {'fenced', l or ''} end
-if redis.call('EXISTS', ARGV[2]) == 0 then return {'gone'} end
-if redis.call('HEXISTS', ARGV[2], 'oh') == 1 then return {'again'} end
-redis.call('HSET', ARGV[2], 'oh', ARGV[4], 'ot', ARGV[5], 'ol', ARGV[6])
-local origin = redis.call('HGET', ARGV[2], 'o') or ''
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[7], '*', 'seq', ARGV[3], 'origin', origin)
-return {'ok'}
-";
-
-/// KEYS: q, dedup, dedupx, sessions. ARGV: message key, seq, now, forget (1: the id leaves
-/// the duplicate window too). Delivered (0) or forgotten (1): the message leaves the store.
-const FINISH: &str = r"
-local m = redis.call('HMGET', ARGV[1], 'p', 'i', 's', 'du')
-if not m[1] then return {'gone'} end
-local d = m[1] .. '\n' .. m[2]
-redis.call('DEL', ARGV[1])
-redis.call('ZREM', KEYS[1], ARGV[2])
-if m[3] then
-  local n = redis.call('HINCRBY', KEYS[4], m[3], -1)
-  if n <= 0 then redis.call('HDEL', KEYS[4], m[3]) end
-end
-if ARGV[4] == '0' and tonumber(m[4] or '0') > tonumber(ARGV[3]) then
-  redis.call('ZADD', KEYS[3], m[4], d)
-else
-  redis.call('ZREM', KEYS[3], d)
-  redis.call('HDEL', KEYS[2], d)
-end
-return {'ok'}
-";
-
-/// KEYS: lease, epoch. ARGV: instance, ttl ms. Never hands back a held lease, even to an
-/// instance of the same name: a restarted process must load the partition again.
-const ACQUIRE: &str = r"
-local l = redis.call('GET', KEYS[1])
-if l then return {'taken', l} end
-local e = redis.call('INCR', KEYS[2])
-local t = ARGV[1] .. ':' .. e
-redis.call('SET', KEYS[1], t, 'PX', ARGV[2])
-return {'acquired', t, tostring(e)}
-";
-
-/// KEYS: lease. ARGV: token, ttl ms.
-const RENEW: &str = r"
-local l = redis.call('GET', KEYS[1])
-if l ~= ARGV[1] then return {'fenced', l or ''} end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return {'ok'}
-";
-
-/// KEYS: lease. ARGV: token.
-const RELEASE: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) return 1 end
-return 0
-";
-
-/// KEYS: seq, q, dedupx, inbox. ARGV: message key prefix, now. One atomic snapshot: the
-/// messages in flight, the live window, the highest seq and the inbox's last id.
-const LOAD: &str = r"
-local seqs = redis.call('ZRANGE', KEYS[2], 0, -1)
-local msgs = {}
-for _, s in ipairs(seqs) do
-  msgs[#msgs + 1] = {s, redis.call('HGETALL', ARGV[1] .. s)}
-end
-local last = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)
-local lastid = '0-0'
-if last[1] then lastid = last[1][1] end
-local live = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. ARGV[2], '+inf', 'WITHSCORES')
-return {redis.call('GET', KEYS[1]) or '0', lastid, msgs, live}
-";
-
-/// KEYS: instances. ARGV: instance, ttl ms. Registers the instance until now + ttl (Redis's
-/// clock: instances need not agree on theirs), drops the expired ones, counts the live.
-const HEARTBEAT: &str = r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-return redis.call('ZCARD', KEYS[1])
-";
-
-/// KEYS: instances. ARGV: instance. A graceful stop leaves the registry at once.
-const LEAVE: &str = r"
-return redis.call('ZREM', KEYS[1], ARGV[1])
-";
 
 /// Which of a partition's streams.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -862,93 +731,6 @@ impl RedisStore {
         }
     }
 
-    /// One partition as a new owner rebuilds it: an atomic snapshot of its messages in
-    /// flight (in seq order, with their starts and outcomes), its live duplicate window and
-    /// its inbox position. A message that cannot be read back is an error, never a guess.
-    pub fn load_partition(
-        &mut self,
-        partition: u32,
-        now_ms: u64,
-    ) -> Result<LoadedPartition, StoreError> {
-        let keys = Keys::of(partition);
-        let v: Value = self.with("load", |c, s| {
-            s.load
-                .key(keys.k("seq"))
-                .key(keys.k("q"))
-                .key(keys.k("dedupx"))
-                .key(keys.k("in"))
-                .arg(keys.k("m:"))
-                .arg(now_ms)
-                .invoke(c)
-        })?;
-        let Value::Array(parts) = v else {
-            return Err(malformed("load"));
-        };
-        let [max_seq, last, msgs, live] = parts.as_slice() else {
-            return Err(malformed("load"));
-        };
-        let max_seq = text(max_seq)
-            .and_then(|s| s.parse::<u64>().ok())
-            .ok_or_else(|| malformed("load: seq"))?;
-        let inbox_after = text(last).ok_or_else(|| malformed("load: inbox"))?;
-        let mut out = LoadedPartition {
-            recovered: Recovered {
-                max_seq,
-                ..Recovered::default()
-            },
-            origins: HashMap::new(),
-            inbox_after,
-        };
-        let Value::Array(msgs) = msgs else {
-            return Err(malformed("load: messages"));
-        };
-        let mut windows: HashMap<String, u64> = HashMap::new();
-        for entry in msgs {
-            let (seq, fields) = match entry {
-                Value::Array(pair) => match pair.as_slice() {
-                    [seq, Value::Array(fields)] => (text(seq), fields),
-                    _ => return Err(malformed("load: message")),
-                },
-                _ => return Err(malformed("load: message")),
-            };
-            let seq: u64 = seq
-                .and_then(|s| s.parse().ok())
-                .ok_or_else(|| malformed("load: message seq"))?;
-            let (rm, origin) = message_of(partition, seq, fields)?;
-            windows.insert(
-                dedup_member(&rm.message.platform, &rm.message.id),
-                rm.message.dedup_until_ms,
-            );
-            out.origins.insert(seq, origin);
-            out.recovered.messages.push(rm);
-        }
-        let Value::Array(live) = live else {
-            return Err(malformed("load: window"));
-        };
-        for pair in live.chunks(2) {
-            let [member, score] = pair else {
-                return Err(malformed("load: window"));
-            };
-            let member = text(member).ok_or_else(|| malformed("load: window"))?;
-            let Some((platform, id)) = member.split_once('\n') else {
-                return Err(malformed("load: window id"));
-            };
-            let score = text(score).ok_or_else(|| malformed("load: window"))?;
-            // An in-flight id is scored +inf; its window is the message's own.
-            let until = match score.parse::<u64>() {
-                Ok(u) => u,
-                Err(_) => match windows.get(&member) {
-                    Some(u) => *u,
-                    None => continue,
-                },
-            };
-            out.recovered
-                .dedup
-                .push((platform.to_string(), id.to_string(), until));
-        }
-        Ok(out)
-    }
-
     /// Registers this instance as live for one lease and answers how many are (itself
     /// included): the fair share's divisor.
     pub fn heartbeat(&mut self) -> Result<u32, StoreError> {
@@ -966,95 +748,6 @@ impl RedisStore {
         let instance = self.cfg.instance.clone();
         let _: i64 = self.with("leave", |c, s| s.leave.key(&key).arg(&instance).invoke(c))?;
         Ok(())
-    }
-
-    /// Reads `stream` of each `(partition, after id)` in `cursors`: up to `count` entries of
-    /// each, waiting up to `block` for the first if there are none (`None`: no wait). A
-    /// blocking read holds the connection, so the reader has a store (a connection) of its
-    /// own, on a thread of its own, never the journal thread's.
-    pub fn read(
-        &mut self,
-        stream: Stream,
-        cursors: &[(u32, String)],
-        count: usize,
-        block: Option<Duration>,
-    ) -> Result<Vec<StreamEntry>, StoreError> {
-        if cursors.is_empty() {
-            return Ok(Vec::new());
-        }
-        let name = match stream {
-            Stream::Inbox => "in",
-            Stream::Outcomes => "out",
-        };
-        let mut by_key: HashMap<String, u32> = HashMap::new();
-        let mut cmd = redis::cmd("XREAD");
-        cmd.arg("COUNT").arg(count.max(1));
-        if let Some(b) = block {
-            cmd.arg("BLOCK").arg(b.as_millis().max(1) as u64);
-        }
-        cmd.arg("STREAMS");
-        for (p, _) in cursors {
-            let key = Keys::of(*p).k(name);
-            cmd.arg(&key);
-            by_key.insert(key, *p);
-        }
-        for (_, after) in cursors {
-            cmd.arg(after);
-        }
-        // A blocking read may wait `block` beyond the usual round trip.
-        let timeout = self.cfg.timeout + block.unwrap_or_default();
-        let v: Value = self.with("read", |c, _| {
-            c.set_read_timeout(Some(timeout))?;
-            let v = cmd.query(c);
-            c.set_read_timeout(Some(timeout - block.unwrap_or_default()))?;
-            v
-        })?;
-        let mut out = Vec::new();
-        let streams = match v {
-            Value::Nil => return Ok(out),
-            Value::Array(s) => s,
-            Value::Map(m) => m
-                .into_iter()
-                .map(|(k, v)| Value::Array(vec![k, v]))
-                .collect(),
-            _ => return Err(malformed("read")),
-        };
-        for st in streams {
-            let Value::Array(kv) = st else {
-                return Err(malformed("read: stream"));
-            };
-            let [key, Value::Array(entries)] = kv.as_slice() else {
-                return Err(malformed("read: stream"));
-            };
-            let partition = text(key)
-                .and_then(|k| by_key.get(&k).copied())
-                .ok_or_else(|| malformed("read: stream key"))?;
-            for e in entries {
-                let Value::Array(e) = e else {
-                    return Err(malformed("read: entry"));
-                };
-                let [id, Value::Array(fields)] = e.as_slice() else {
-                    return Err(malformed("read: entry"));
-                };
-                let mut entry = StreamEntry {
-                    partition,
-                    id: text(id).ok_or_else(|| malformed("read: entry id"))?,
-                    seq: 0,
-                    origin: String::new(),
-                };
-                for f in fields.chunks(2) {
-                    match (f.first().and_then(text).as_deref(), f.get(1).and_then(text)) {
-                        (Some("seq"), Some(v)) => {
-                            entry.seq = v.parse().map_err(|_| malformed("read: seq"))?;
-                        }
-                        (Some("origin"), Some(v)) => entry.origin = v,
-                        _ => {}
-                    }
-                }
-                out.push(entry);
-            }
-        }
-        Ok(out)
     }
 
     fn ttl_ms(&self) -> u64 {
@@ -1083,71 +776,6 @@ impl RedisStore {
             _ => Err(malformed(what)),
         }
     }
-}
-
-/// A message hash as stored by the accept script.
-fn message_of(
-    partition: u32,
-    seq: u64,
-    fields: &[Value],
-) -> Result<(RecoveredMessage, String), StoreError> {
-    let mut f: HashMap<String, Vec<u8>> = HashMap::new();
-    for pair in fields.chunks(2) {
-        let [k, v] = pair else {
-            return Err(malformed("load: message fields"));
-        };
-        match (text(k), bytes(v)) {
-            (Some(k), Some(v)) => {
-                f.insert(k, v);
-            }
-            _ => return Err(malformed("load: message fields")),
-        }
-    }
-    let s = |k: &str| f.get(k).map(|v| String::from_utf8_lossy(v).into_owned());
-    let need = |k: &str| {
-        s(k).ok_or_else(|| {
-            StoreError::untrusted(format!(
-                "redis: partition {partition}, message {seq}: field {k} is missing"
-            ))
-        })
-    };
-    let num = |k: &str| -> Result<u64, StoreError> {
-        need(k)?.parse().map_err(|_| {
-            StoreError::untrusted(format!(
-                "redis: partition {partition}, message {seq}: field {k} is not a number"
-            ))
-        })
-    };
-    let message = StoredMessage {
-        seq,
-        platform: need("p")?,
-        id: need("i")?,
-        chat_type: need("ct")?,
-        chat_id: need("c")?,
-        thread_id: s("th"),
-        user_id: s("u"),
-        user_name: s("un"),
-        meta: s("meta"),
-        text: need("tx")?,
-        dedup_until_ms: num("du")?,
-    };
-    let outcome = match (f.get("oh"), s("ot"), f.get("ol")) {
-        (Some(head), Some(text), Some(tail)) => Some(StoredOutcome {
-            head: head.clone(),
-            text,
-            tail: tail.clone(),
-        }),
-        _ => None,
-    };
-    let starts = u32::try_from(num("st")?).map_err(|_| malformed("load: starts"))?;
-    Ok((
-        RecoveredMessage {
-            message,
-            starts,
-            outcome,
-        },
-        s("o").unwrap_or_default(),
-    ))
 }
 
 #[cfg(test)]
