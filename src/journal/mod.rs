@@ -18,6 +18,8 @@
 //! a full disk) or the journal cannot be trusted ([`StoreErrorKind::Untrusted`]: records
 //! acknowledged as durable are missing), which start-up tells apart (exit 1 or 2).
 
+#[cfg(feature = "cluster")]
+mod cluster;
 #[cfg(feature = "sqlite")]
 mod mark;
 #[cfg(feature = "cluster")]
@@ -33,6 +35,8 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+#[cfg(feature = "cluster")]
+pub use cluster::{ClusterReport, cluster_tag, tag_parts};
 #[cfg(feature = "cluster")]
 pub use owner::{Ownership, Plan};
 #[cfg(feature = "cluster")]

@@ -85,6 +85,11 @@ impl Ownership {
         self.held.values().map(|h| &h.lease)
     }
 
+    /// The lease of `partition`, if it is held now.
+    pub fn lease(&self, partition: u32) -> Option<&Lease> {
+        self.held.get(&partition).map(|h| &h.lease)
+    }
+
     /// Whether `partition` is held now.
     pub fn holds(&self, partition: u32) -> bool {
         self.held.contains_key(&partition)

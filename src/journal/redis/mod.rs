@@ -333,6 +333,11 @@ impl RedisStore {
         self.cfg.partitions
     }
 
+    /// A lease's time to live.
+    pub fn lease(&self) -> Duration {
+        self.cfg.lease
+    }
+
     fn con(&mut self) -> Result<&mut redis::Connection, StoreError> {
         if self.con.is_none() {
             let t = self.cfg.timeout;
