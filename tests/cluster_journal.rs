@@ -1,6 +1,6 @@
-//! A cluster member's journal thread (`Journal::start_cluster`) against a real redis-server
-//! (tests/redis_support): the bridge's records in, `Committed` reports out, exactly as the
-//! reactor sees them. Ownership (gained partitions with their messages, fencing, a dead
+//! A cluster member's journal thread (`Journal::start_cluster`) and stream reader
+//! (`Reader`) against a real redis-server (tests/redis_support): the bridge's records in,
+//! `Committed` reports and arrivals out, exactly as the reactor sees them. Ownership (gained partitions with their messages, fencing, a dead
 //! member's partitions taken over), placement (owned here or elsewhere, duplicates and the
 //! session cap cluster-wide), Redis down and back, and the leases given back on finish.
 //!
@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use redis_support::{Redis, WAIT, require_redis};
 use turnstile::internal::journal::{
-    Accept, Acquire, ClusterConfig, Committed, Journal, JournalConfig, Lease, Record, RedisStore,
-    StoredMessage, StoredOutcome, cluster_tag, now_ms, partition_of, tag_parts,
+    Accept, Acquire, Arrival, ClusterConfig, Committed, Journal, JournalConfig, Lease, Reader,
+    Record, RedisStore, StoredMessage, StoredOutcome, cluster_tag, now_ms, partition_of, tag_parts,
 };
 
 const P: u32 = 4;
@@ -403,4 +403,150 @@ fn finish_gives_the_leases_back_and_leaves_the_registry() {
     for p in 0..P {
         acquired(&mut b, p);
     }
+}
+
+/// A reader and its waker, with what arrived so far.
+struct Reading {
+    reader: Reader,
+    woke: Receiver<()>,
+    got: Vec<Arrival>,
+}
+
+impl Reading {
+    fn start(r: &Redis, instance: &str) -> Reading {
+        let (tx, woke) = crossbeam_channel::unbounded();
+        let reader = Reader::start(store(r, instance, LONG), move || {
+            let _ = tx.send(());
+        })
+        .expect("start");
+        Reading {
+            reader,
+            woke,
+            got: Vec::new(),
+        }
+    }
+
+    fn until(&mut self, what: &str, n: usize) -> &[Arrival] {
+        let t0 = Instant::now();
+        loop {
+            self.got.extend(self.reader.arrivals());
+            if self.got.len() >= n {
+                return &self.got;
+            }
+            let left = WAIT.saturating_sub(t0.elapsed());
+            assert!(
+                self.woke.recv_timeout(left).is_ok(),
+                "{what}: {n} arrival(s) not within {WAIT:?}; so far {:?}",
+                self.got
+            );
+        }
+    }
+}
+
+fn accept_as(s: &mut RedisStore, id: &str, chat: &str) -> u64 {
+    let session = format!("telegram:dm:{chat}");
+    match s.accept(part(chat), &session, &msg(0, id, chat), 10, now_ms()) {
+        Ok(Accept::New { seq }) => seq,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn the_reader_brings_the_owner_what_others_accept_into_its_partitions_and_only_those() {
+    let Some(bin) = require_redis() else { return };
+    let r = Redis::start(&bin);
+    let (mine, other) = ("7", "8");
+    let (p, q) = (part(mine), part(other));
+    assert_ne!(p, q, "two partitions");
+    let mut b = store(&r, "b", LONG);
+    // Accepted before the load: the load has it, so the inbox is read after it.
+    let before = accept_as(&mut b, "m0", mine);
+    let mut owner = store(&r, "a", LONG);
+    let lease = acquired(&mut owner, p);
+    let loaded = owner.load_partition(p, now_ms()).expect("load");
+    assert_eq!(loaded.recovered.messages[0].message.seq, before);
+    let mut a = Reading::start(&r, "a");
+    a.reader.own(p, loaded.inbox_after.clone());
+    let seq = accept_as(&mut b, "m1", mine);
+    let got = a.until("the message accepted by b", 1);
+    match &got[0] {
+        Arrival::Message {
+            partition,
+            tag,
+            message,
+            origin,
+        } => {
+            assert_eq!((*partition, *tag), (p, cluster_tag(p, seq)));
+            assert_eq!(message.message.seq, *tag, "numbered by its cluster tag");
+            assert_eq!((message.message.id.as_str(), message.starts), ("m1", 0));
+            assert_eq!(message.message.text, "text of m1");
+            assert_eq!(origin, "b");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Another partition's inbox is not this reader's; after disown, neither is p's. An
+    // outcome of a's own, published after both accepts, proves they were not missed but
+    // left: a read that returns it would have returned them (they were in Redis first).
+    a.reader.disown(p);
+    let mut a_store = store(&r, "a", LONG);
+    let own_seq = accept_as(&mut a_store, "m9", other);
+    let _ = accept_as(&mut b, "m2", other);
+    let _ = accept_as(&mut b, "m3", mine);
+    let mut q_owner = store(&r, "c", LONG);
+    let q_lease = acquired(&mut q_owner, q);
+    assert!(
+        q_owner
+            .outcome(&q_lease, own_seq, &outcome("nine"))
+            .expect("outcome")
+    );
+    let got = a.until("its own outcome", 2);
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert!(
+        matches!(&got[1], Arrival::Outcome { tag, .. } if *tag == cluster_tag(q, own_seq)),
+        "{got:?}"
+    );
+    drop(lease);
+}
+
+#[test]
+fn the_reader_brings_the_origin_the_outcomes_of_its_own_messages_only() {
+    let Some(bin) = require_redis() else { return };
+    let r = Redis::start(&bin);
+    let chat = "9";
+    let p = part(chat);
+    let mut a_store = store(&r, "a", LONG);
+    let mut b = store(&r, "b", LONG);
+    let mut owner = store(&r, "c", LONG);
+    let lease = acquired(&mut owner, p);
+    // An outcome published before the reader starts is not read (the owner's load has it).
+    let early = accept_as(&mut a_store, "m0", chat);
+    assert!(
+        owner
+            .outcome(&lease, early, &outcome("early"))
+            .expect("outcome")
+    );
+    // The reader starts from the streams' ends as of its start.
+    let mut a = Reading::start(&r, "a");
+    let theirs = accept_as(&mut b, "m1", chat);
+    let mine = accept_as(&mut a_store, "m2", chat);
+    assert!(
+        owner
+            .outcome(&lease, theirs, &outcome("for b"))
+            .expect("outcome")
+    );
+    assert!(
+        owner
+            .outcome(&lease, mine, &outcome("for a"))
+            .expect("outcome")
+    );
+    let got = a.until("a's outcome", 1).to_vec();
+    assert_eq!(
+        got,
+        vec![Arrival::Outcome {
+            partition: p,
+            tag: cluster_tag(p, mine),
+            outcome: outcome("for a"),
+        }],
+        "b's outcome and the one before the start are not a's to send"
+    );
 }

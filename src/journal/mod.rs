@@ -25,6 +25,8 @@ mod mark;
 #[cfg(feature = "cluster")]
 mod owner;
 #[cfg(feature = "cluster")]
+mod reader;
+#[cfg(feature = "cluster")]
 mod redis;
 #[cfg(feature = "sqlite")]
 mod sqlite;
@@ -39,6 +41,8 @@ use std::sync::{Arc, Mutex};
 pub use cluster::{ClusterReport, cluster_tag, tag_parts};
 #[cfg(feature = "cluster")]
 pub use owner::{Ownership, Plan};
+#[cfg(feature = "cluster")]
+pub use reader::{Arrival, Reader};
 #[cfg(feature = "cluster")]
 pub use redis::{
     Accept, Acquire, ClusterConfig, Done, Lease, LoadedPartition, Op, RedisStore, Stream,

@@ -94,6 +94,39 @@ impl RedisStore {
         }
         Ok(out)
     }
+
+    /// The messages at `(partition, seq)` as stored, with their origins, in one round trip:
+    /// `None` for one that has left the store (delivered or forgotten meanwhile).
+    pub fn fetch(
+        &mut self,
+        at: &[(u32, u64)],
+    ) -> Result<Vec<Option<(RecoveredMessage, String)>>, StoreError> {
+        if at.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for (p, seq) in at {
+            pipe.cmd("HGETALL").arg(Keys::of(*p).message(*seq));
+        }
+        let answers: Vec<Value> = self.with("fetch", |c, _| pipe.query(c))?;
+        if answers.len() != at.len() {
+            return Err(malformed("fetch"));
+        }
+        at.iter()
+            .zip(&answers)
+            .map(|((p, seq), v)| match v {
+                Value::Array(f) if f.is_empty() => Ok(None),
+                Value::Map(m) if m.is_empty() => Ok(None),
+                Value::Array(f) => message_of(*p, *seq, f).map(Some),
+                Value::Map(m) => {
+                    let flat: Vec<Value> =
+                        m.iter().flat_map(|(k, v)| [k.clone(), v.clone()]).collect();
+                    message_of(*p, *seq, &flat).map(Some)
+                }
+                _ => Err(malformed("fetch")),
+            })
+            .collect()
+    }
 }
 
 /// A message hash as stored by the accept script.

@@ -20,26 +20,42 @@ impl RedisStore {
         count: usize,
         block: Option<Duration>,
     ) -> Result<Vec<StreamEntry>, StoreError> {
+        let mixed: Vec<(Stream, u32, String)> = cursors
+            .iter()
+            .map(|(p, after)| (stream, *p, after.clone()))
+            .collect();
+        Ok(self
+            .read_mixed(&mixed, count, block)?
+            .into_iter()
+            .map(|(_, e)| e)
+            .collect())
+    }
+
+    /// As [`RedisStore::read`], for streams of both kinds in one call (one blocking wait for
+    /// whichever has an entry first): each `(stream, partition, after id)`; every entry
+    /// comes with the kind of stream it was read from.
+    pub fn read_mixed(
+        &mut self,
+        cursors: &[(Stream, u32, String)],
+        count: usize,
+        block: Option<Duration>,
+    ) -> Result<Vec<(Stream, StreamEntry)>, StoreError> {
         if cursors.is_empty() {
             return Ok(Vec::new());
         }
-        let name = match stream {
-            Stream::Inbox => "in",
-            Stream::Outcomes => "out",
-        };
-        let mut by_key: HashMap<String, u32> = HashMap::new();
+        let mut by_key: HashMap<String, (Stream, u32)> = HashMap::new();
         let mut cmd = redis::cmd("XREAD");
         cmd.arg("COUNT").arg(count.max(1));
         if let Some(b) = block {
             cmd.arg("BLOCK").arg(b.as_millis().max(1) as u64);
         }
         cmd.arg("STREAMS");
-        for (p, _) in cursors {
-            let key = Keys::of(*p).k(name);
+        for (stream, p, _) in cursors {
+            let key = Keys::of(*p).k(stream_name(*stream));
             cmd.arg(&key);
-            by_key.insert(key, *p);
+            by_key.insert(key, (*stream, *p));
         }
-        for (_, after) in cursors {
+        for (_, _, after) in cursors {
             cmd.arg(after);
         }
         // A blocking read may wait `block` beyond the usual round trip.
@@ -67,7 +83,7 @@ impl RedisStore {
             let [key, Value::Array(entries)] = kv.as_slice() else {
                 return Err(malformed("read: stream"));
             };
-            let partition = text(key)
+            let (stream, partition) = text(key)
                 .and_then(|k| by_key.get(&k).copied())
                 .ok_or_else(|| malformed("read: stream key"))?;
             for e in entries {
@@ -92,9 +108,52 @@ impl RedisStore {
                         _ => {}
                     }
                 }
-                out.push(entry);
+                out.push((stream, entry));
             }
         }
         Ok(out)
+    }
+
+    /// The last entry id of `stream` of each of `partitions` (`0-0` for an empty one): where
+    /// a reader that must miss nothing from now on starts.
+    pub fn stream_ends(
+        &mut self,
+        stream: Stream,
+        partitions: &[u32],
+    ) -> Result<Vec<String>, StoreError> {
+        let mut pipe = redis::pipe();
+        for p in partitions {
+            pipe.cmd("XREVRANGE")
+                .arg(Keys::of(*p).k(stream_name(stream)))
+                .arg("+")
+                .arg("-")
+                .arg("COUNT")
+                .arg(1);
+        }
+        let answers: Vec<Value> = self.with("stream ends", |c, _| pipe.query(c))?;
+        if answers.len() != partitions.len() {
+            return Err(malformed("stream ends"));
+        }
+        answers
+            .iter()
+            .map(|v| match v {
+                Value::Array(entries) => match entries.first() {
+                    None => Ok("0-0".to_string()),
+                    Some(Value::Array(e)) => e
+                        .first()
+                        .and_then(text)
+                        .ok_or_else(|| malformed("stream ends")),
+                    Some(_) => Err(malformed("stream ends")),
+                },
+                _ => Err(malformed("stream ends")),
+            })
+            .collect()
+    }
+}
+
+fn stream_name(stream: Stream) -> &'static str {
+    match stream {
+        Stream::Inbox => "in",
+        Stream::Outcomes => "out",
     }
 }
