@@ -30,8 +30,9 @@ const RETRY: Duration = Duration::from_millis(100);
 /// What the reader found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Arrival {
-    /// A message accepted (by any instance, this one included) into a partition this
-    /// instance owns, after the partition's load: queue it unless it is known already.
+    /// A message another instance accepted into a partition this instance owns, after the
+    /// partition's load: queue it unless it is known already (one this instance accepted
+    /// into a partition it owned was submitted then, so it never arrives here).
     Message {
         /// Its partition.
         partition: u32,
@@ -243,6 +244,8 @@ impl Reading {
             };
             let tag = cluster_tag(p, seq);
             match s {
+                // Accepted here while owned here: the bridge submitted it then.
+                Stream::Inbox if origin == me => {}
                 Stream::Inbox => {
                     message.message.seq = tag;
                     out.push(Arrival::Message {
