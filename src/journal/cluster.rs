@@ -72,8 +72,9 @@ pub struct ClusterReport {
     /// Accepted messages refused because their session has the cap in flight, cluster-wide.
     pub session_full: Vec<u64>,
     /// Partitions this instance now owns, each as loaded: its messages numbered by the tag
-    /// the bridge knows them by (its own for those it accepted, else the cluster tag), their
-    /// origins by the same tag; `max_seq` is 0 (the partition's count is not a bridge tag).
+    /// the bridge knows them by (its own for those it accepted, else the cluster tag); its
+    /// `origins` only those accepted by *another live* instance (their results go there),
+    /// by the same tag; `max_seq` is 0 (the partition's count is not a bridge tag).
     pub gained: Vec<(u32, LoadedPartition)>,
     /// Partitions given up (the surplus over the fair share released, or a lease not renewed
     /// in time): stop starting turns there and end their sessions without outcome records.
@@ -99,7 +100,11 @@ impl Journal {
         W: Fn() + Send + 'static,
     {
         Journal::spawn(None, move |rx, done, stopped, gauges| {
-            let own = Ownership::new(store.instance(), store.partitions(), store.lease());
+            let mut own = Ownership::new(store.instance(), store.partitions(), store.lease());
+            // Not yet: a released partition's sessions would have to end here first (the
+            // bridge cannot drain one yet), so an instance keeps what it holds and one that
+            // joins takes only what comes free (docs/cluster.md, next steps).
+            own.set_shed(false);
             let mut m = Member {
                 store,
                 cfg,
@@ -463,6 +468,13 @@ impl Member {
         self.own.acquired(lease.clone(), sent);
         match self.store.load_partition(p, now_ms()) {
             Ok(mut loaded) => {
+                // Only the origins that are other live instances stay: their results go
+                // there; this instance's own and a dead one's go to this one's bridges.
+                let live = self.store.live_instances().unwrap_or_default();
+                let me = self.store.instance().to_owned();
+                loaded
+                    .origins
+                    .retain(|_, o| *o != me && live.iter().any(|l| l == o));
                 let mut origins = HashMap::with_capacity(loaded.origins.len());
                 for rm in &mut loaded.recovered.messages {
                     let seq = rm.message.seq;

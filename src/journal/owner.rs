@@ -49,6 +49,8 @@ pub struct Ownership {
     /// Where the search for free partitions goes on (starts at a hash of the name, so
     /// instances do not race for the same ones).
     cursor: u32,
+    /// Whether a pass releases what is held beyond the fair share.
+    shed: bool,
 }
 
 impl Ownership {
@@ -61,6 +63,7 @@ impl Ownership {
             held: BTreeMap::new(),
             live: 1,
             cursor: partition_of(instance, partitions),
+            shed: true,
         }
     }
 
@@ -68,6 +71,12 @@ impl Ownership {
     /// fail before a lease runs out.
     pub fn pass_every(&self) -> Duration {
         self.lease / 3
+    }
+
+    /// Whether passes release the surplus over the fair share (default true). Off, an
+    /// instance keeps what it holds and a joining one takes only what comes free.
+    pub fn set_shed(&mut self, shed: bool) {
+        self.shed = shed;
     }
 
     /// The registry's count of live instances (this one included; at least 1).
@@ -113,7 +122,7 @@ impl Ownership {
         plan.lost = lost;
         let share = self.fair_share() as usize;
         // The surplus goes from the top, so the instances' shares settle instead of swapping.
-        while self.held.len() > share {
+        while self.shed && self.held.len() > share {
             if let Some((_, h)) = self.held.pop_last() {
                 plan.release.push(h.lease);
             }
@@ -135,7 +144,7 @@ impl Ownership {
                 want -= 1;
             }
         }
-        debug_assert!(self.held.len() <= share);
+        debug_assert!(!self.shed || self.held.len() <= share);
         plan
     }
 
@@ -251,6 +260,18 @@ mod tests {
         let plan = o.plan(Duration::from_millis(2900));
         assert!(plan.lost.is_empty());
         assert!(o.holds(0));
+    }
+
+    #[test]
+    fn without_shedding_the_surplus_is_kept_and_renewed() {
+        let mut o = Ownership::new("a", 4, LEASE);
+        o.set_shed(false);
+        pass_all_granted(&mut o, Duration::ZERO);
+        o.set_live(2);
+        let plan = o.plan(Duration::from_millis(1000));
+        assert!(plan.release.is_empty());
+        assert_eq!((plan.renew.len(), o.held().count()), (4, 4));
+        assert!(plan.acquire.is_empty());
     }
 
     #[test]

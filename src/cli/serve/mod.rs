@@ -60,10 +60,6 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
         println!("configuration ok");
         return 0;
     }
-    if let Err(e) = cluster_not_served(&s) {
-        fatal(log_json, &e);
-        return e.code();
-    }
     log::info!(
         "turnstile {} (revision {}) starting, pid {}",
         crate::liveness::VERSION,
@@ -145,22 +141,6 @@ fn raise_fd_limit() {
         Ok((_, now)) => log::info!("open-file limit: {now}"),
         Err(e) => log::warn!("cannot raise the open-file limit: {e}"),
     }
-}
-
-/// `--cluster`: the Redis store and its checks are built (preflight ran them); the bridge's
-/// use of it — partition ownership, the inbox and outcome streams — is not yet (issue 22,
-/// docs/cluster.md). Refusing is honest: serving as a single instance here would silently
-/// give up the guarantees `--cluster` names.
-fn cluster_not_served(s: &Settings) -> Result<(), StartError> {
-    let Some(c) = &s.cluster else {
-        return Ok(());
-    };
-    Err(StartError::Config(format!(
-        "--cluster {}: Redis checked (appendfsync, {} partitions, instance {}), but serving as a cluster member is not built yet (docs/cluster.md)",
-        c.shown_url(),
-        c.partitions,
-        c.instance
-    )))
 }
 
 /// What `serve` checks before it binds anything — everything `--check-config` checks too:
@@ -282,6 +262,9 @@ fn bind_bridge(s: &Settings, store: Option<SqliteStore>) -> Result<BridgeServer,
     let mut server = BridgeServer::bind(s.listen, cfg)
         .map_err(|e| StartError::Config(format!("--listen {}: {e}", s.listen)))?;
     server.set_tls(s.tls.clone());
+    if let Some(c) = &s.cluster {
+        return join_cluster(server, s, c);
+    }
     let (Some(dir), Some(store)) = (&s.data_dir, store) else {
         return Ok(server);
     };
@@ -289,6 +272,35 @@ fn bind_bridge(s: &Settings, store: Option<SqliteStore>) -> Result<BridgeServer,
         .with_journal(store, JournalConfig::default())
         .map(|(server, _counts)| server)
         .map_err(|e| exit::store_error(&e, format_args!("--data-dir {}", dir.display())))
+}
+
+/// `--cluster`: the server journals to Redis (one connection for the journal thread, one
+/// for the stream reader); a session's messages in flight across the cluster are bounded
+/// by its queue cap and its running turn.
+fn join_cluster(
+    server: BridgeServer,
+    s: &Settings,
+    c: &crate::journal::ClusterConfig,
+) -> Result<BridgeServer, StartError> {
+    let what = format_args!("--cluster {}", c.shown_url());
+    let connect =
+        || crate::journal::RedisStore::connect(c.clone()).map_err(|e| exit::store_error(&e, what));
+    let (journal, reader) = (connect()?, connect()?);
+    log::info!(
+        "cluster member {} on {}: {} partitions, lease {:?}",
+        c.instance,
+        c.shown_url(),
+        c.partitions,
+        c.lease
+    );
+    server
+        .with_cluster(
+            journal,
+            reader,
+            s.core.queue_cap.saturating_add(1),
+            JournalConfig::default(),
+        )
+        .map_err(|e| exit::store_error(&e, what))
 }
 
 /// The operations frontend around the bridge server: the HTTP endpoint, readiness checks,
@@ -309,7 +321,7 @@ fn host_ops(
         http_addr = server.local_addr().ok();
         ops = ops.with_http(server);
     }
-    if s.data_dir.is_some() {
+    if s.data_dir.is_some() || s.cluster.is_some() {
         // Not ready while the journal's writes fail: new messages would be rejected `storage`.
         ops = ops.with_readiness_check("store", Box::new(journal_ready));
     }

@@ -167,7 +167,8 @@ pub(super) fn bridge_config(a: &ServeArgs, max_reply_bytes: usize) -> Result<Bri
             .outbox_stale_keep
             .unwrap_or(bridge_default.outbox_stale_keep),
         max_reply_bytes,
-        journal: a.data_dir.is_some(),
+        // A cluster member journals to Redis.
+        journal: a.data_dir.is_some() || a.cluster.is_some(),
         max_pending_durable: at_least_one(
             "max-pending-durable",
             a.max_pending_durable,

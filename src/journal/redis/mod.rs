@@ -747,6 +747,20 @@ impl RedisStore {
         u32::try_from(n).map_err(|_| malformed("heartbeat"))
     }
 
+    /// The instances registered live now (by this host's clock: a heartbeat's expiry is
+    /// Redis's, so a skew between the two shifts the answer by as much).
+    pub fn live_instances(&mut self) -> Result<Vec<String>, StoreError> {
+        let key = format!("{PREFIX}:instances");
+        let now = super::now_ms();
+        self.with("instances", |c, _| {
+            redis::cmd("ZRANGEBYSCORE")
+                .arg(&key)
+                .arg(now)
+                .arg("+inf")
+                .query(c)
+        })
+    }
+
     /// Leaves the registry (a graceful stop): the others' shares grow at their next pass.
     pub fn leave(&mut self) -> Result<(), StoreError> {
         let key = format!("{PREFIX}:instances");

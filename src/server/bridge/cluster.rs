@@ -16,7 +16,7 @@
 //!   sessions here without outcome records is the server's to do (it stops the process: the
 //!   partition's new owner recovers them, as after a crash).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use super::super::frame::{Body, Frame};
@@ -34,6 +34,9 @@ pub(super) struct ClusterSide {
     remote: HashMap<u64, u64>,
     /// Partitions lost or fenced since the server last asked.
     dropped: Vec<u32>,
+    /// Messages run here that another live instance accepted: their terminal events are
+    /// recorded (the record publishes them to that instance) and not sent here.
+    silent: HashSet<u64>,
 }
 
 impl Bridge {
@@ -154,6 +157,10 @@ impl Bridge {
                 if self.routes.contains(tag) {
                     return;
                 }
+                // Accepted by another instance, alive a moment ago: its result is its own.
+                if let Some(d) = &mut self.durable {
+                    d.cluster.silent.insert(tag);
+                }
                 let mut n = RecoveryCounts::default();
                 self.recover_message(*message, &mut n, now);
             }
@@ -173,6 +180,21 @@ impl Bridge {
         self.maybe_finish(route.conn);
     }
 
+    /// Whether the terminal event `frame`, its outcome now recorded, is another instance's
+    /// to send: then its reservation here is given back and it goes nowhere.
+    pub(super) fn silenced(&mut self, frame: &Frame) -> bool {
+        let silent = self
+            .durable
+            .as_mut()
+            .is_some_and(|d| d.cluster.silent.remove(&frame.seq));
+        if silent && let Some(platform) = &frame.terminal_for {
+            self.platforms.unreserve(platform, None);
+            self.release_held(platform);
+            self.platforms.maybe_free(platform);
+        }
+        silent
+    }
+
     /// A partition now owned here, rebuilt as recovery does; messages of it this bridge
     /// waited for remotely leave their wait first (their results go to the platform, as a
     /// recovered message's do).
@@ -190,9 +212,20 @@ impl Bridge {
                 self.conns.settled(route.conn);
                 self.maybe_finish(route.conn);
             }
-            if !self.routes.contains(tag) {
-                messages.push(rm);
+            if self.routes.contains(tag) {
+                continue;
             }
+            // Accepted by another live instance: the result goes there, by the stream.
+            if loaded.origins.contains_key(&tag) {
+                if rm.outcome.is_some() {
+                    // Published when it was written; the origin's reader has it.
+                    continue;
+                }
+                if let Some(d) = &mut self.durable {
+                    d.cluster.silent.insert(tag);
+                }
+            }
+            messages.push(rm);
         }
         log::info!(
             "partition {p}: gained, {} message(s) to rebuild",

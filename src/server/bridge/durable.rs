@@ -251,6 +251,10 @@ impl Bridge {
             .filter(|seq| d.waiting.remove(seq).is_some())
             .collect();
         for (conn, frame) in held {
+            #[cfg(feature = "cluster")]
+            if self.silenced(&frame) {
+                continue;
+            }
             if let Some(platform) = frame.terminal_for.clone() {
                 self.deliver_terminal(conn, &platform, frame);
             }
