@@ -5,17 +5,20 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use turnstile::internal::core::{AcceptState, MessageEvent};
 use turnstile::internal::journal::{
     Arrival, ClusterReport, Committed, Record, RecoveredMessage, StoredMessage, StoredOutcome,
     cluster_tag,
 };
 use turnstile::internal::server::{Action, Bridge, BridgeConfig, ConnId, Flushed};
+use turnstile::{EventKind, Message, Outcome};
 
 struct Net {
     b: Bridge,
     now: Duration,
     journal: Vec<Record>,
     submitted: Vec<u64>,
+    messages: Vec<Message>,
 }
 
 impl Net {
@@ -29,6 +32,7 @@ impl Net {
             now: Duration::from_secs(1),
             journal: Vec::new(),
             submitted: Vec::new(),
+            messages: Vec::new(),
         }
     }
 
@@ -36,7 +40,10 @@ impl Net {
         while let Some(a) = self.b.poll_action() {
             match a {
                 Action::Journal(r) => self.journal.push(r),
-                Action::Submit { tag, .. } => self.submitted.push(tag),
+                Action::Submit { tag, message } => {
+                    self.submitted.push(tag);
+                    self.messages.push(message);
+                }
                 _ => {}
             }
         }
@@ -272,4 +279,79 @@ fn a_gained_partition_and_the_inbox_queue_their_messages_here_and_a_lost_one_is_
     );
     assert_eq!(n.b.dropped_partitions(), vec![2, 5]);
     assert!(n.b.dropped_partitions().is_empty());
+}
+
+#[test]
+fn an_outcome_the_store_did_not_write_is_never_sent() {
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = n.take(c);
+    n.send(
+        c,
+        json!({"op": "message", "id": "m1", "chat_id": "1", "text": "hi"}),
+    );
+    let m = n.accepted().pop().expect("accepted");
+    // Owned here: submitted, accepted, run, finished.
+    let durable = Committed {
+        taken: 1,
+        durable: vec![m.seq],
+        ..Committed::default()
+    };
+    n.b.journaled(durable, n.now);
+    n.pump();
+    assert_eq!(n.submitted, vec![m.seq]);
+    let message = n.messages.pop().expect("message");
+    let event = |kind| MessageEvent {
+        id: message.id.clone(),
+        session: message.session.clone(),
+        kind,
+    };
+    n.b.event(
+        m.seq,
+        event(EventKind::Accepted {
+            state: AcceptState::Running,
+            position: 0,
+        }),
+        n.now,
+    );
+    n.b.event(
+        m.seq,
+        event(EventKind::Finished(Outcome::Reply("ran".into()))),
+        n.now,
+    );
+    n.pump();
+    assert_eq!(
+        n.take(c).len(),
+        1,
+        "the ack only: the reply waits for its record"
+    );
+    assert!(
+        n.journal
+            .iter()
+            .any(|r| matches!(r, Record::Outcome { seq, .. } if *seq == m.seq))
+    );
+    // The batch went through, but this outcome was fenced: it never goes out, not with this
+    // batch and not with the next.
+    let taken = n.journal.len();
+    n.journal.clear();
+    let fenced = Committed {
+        taken,
+        outcomes: vec![m.seq],
+        cluster: ClusterReport {
+            fenced: vec![0],
+            unwritten_outcomes: vec![m.seq],
+            ..ClusterReport::default()
+        },
+        ..Committed::default()
+    };
+    n.b.journaled(fenced, n.now);
+    n.pump();
+    n.report(0, ClusterReport::default());
+    assert!(n.take(c).is_empty(), "a fenced outcome reached the bridge");
+    assert_eq!(n.b.dropped_partitions(), vec![0]);
+    assert_eq!(
+        n.b.status().journal.map(|j| j.unjournaled_outcomes),
+        Some(0),
+        "and it is not held either"
+    );
 }

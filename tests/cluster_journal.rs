@@ -96,6 +96,7 @@ fn merge(all: &mut Committed, c: Committed) {
     a.gained.extend(b.gained);
     a.lost.extend(b.lost);
     a.fenced.extend(b.fenced);
+    a.unwritten_outcomes.extend(b.unwritten_outcomes);
 }
 
 fn msg(tag: u64, id: &str, chat: &str) -> StoredMessage {
@@ -251,6 +252,11 @@ fn an_owned_write_after_the_lease_moved_is_fenced_changes_nothing_and_drops_the_
         c.cluster.fenced.len() == 2 && c.taken == 3
     });
     assert_eq!(field(&r, p, seq, "oh"), None, "no stale outcome");
+    assert_eq!(
+        a.seen.cluster.unwritten_outcomes,
+        vec![1],
+        "the bridge is told: never send it"
+    );
     let out: u64 = redis::cmd("XLEN")
         .arg(format!("ts:{{p{p}}}:out"))
         .query(&mut r.client())

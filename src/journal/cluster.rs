@@ -82,6 +82,9 @@ pub struct ClusterReport {
     /// Partitions whose owned write (`started`, an outcome, a renewal) was refused because
     /// another instance holds the lease: the write was dropped; as `lost`.
     pub fenced: Vec<u32>,
+    /// Of this batch's outcome records, those not written (fenced, or their partition no
+    /// longer held): their terminal events must never be sent (the new owner answers).
+    pub unwritten_outcomes: Vec<u64>,
 }
 
 impl Journal {
@@ -313,7 +316,12 @@ impl Member {
                     log::error!("message {}: no session key; rejected storage", m.id);
                     c.failed.push(m.seq);
                 }
-                (_, Place::At { partition, .. }) => c.cluster.fenced.push(*partition),
+                (_, Place::At { partition, .. }) => {
+                    c.cluster.fenced.push(*partition);
+                    if let Record::Outcome { seq, .. } = r {
+                        c.cluster.unwritten_outcomes.push(*seq);
+                    }
+                }
                 _ => log::debug!("record of message {}: never placed; dropped", r.seq()),
             }
         }
@@ -359,6 +367,9 @@ impl Member {
                 log::warn!("{e}; the partition is dropped");
                 self.own.fenced(*partition);
                 c.cluster.fenced.push(*partition);
+                if let Record::Outcome { seq, .. } = r {
+                    c.cluster.unwritten_outcomes.push(*seq);
+                }
                 Ok(())
             }
             (Record::Delivered { seq } | Record::Forget { seq }, _, Ok(_)) => {

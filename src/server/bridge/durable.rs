@@ -197,7 +197,24 @@ impl Bridge {
         #[cfg(feature = "cluster")]
         let c = {
             let mut c = c;
-            self.clustered(std::mem::take(&mut c.cluster), now);
+            let report = std::mem::take(&mut c.cluster);
+            // Not written, so never sent: the partition's new owner answers the message.
+            let mut dropped = Vec::new();
+            if let Some(d) = &mut self.durable {
+                for seq in &report.unwritten_outcomes {
+                    dropped.extend(d.unjournaled.remove(seq));
+                    d.taken_outcomes.remove(seq);
+                }
+            }
+            for (_, frame) in dropped {
+                if let Some(platform) = &frame.terminal_for {
+                    self.platforms.unreserve(platform, None);
+                    self.platforms.maybe_free(platform);
+                }
+            }
+            c.outcomes
+                .retain(|seq| !report.unwritten_outcomes.contains(seq));
+            self.clustered(report, now);
             c
         };
         let Some(d) = &mut self.durable else {
