@@ -148,6 +148,12 @@ pub mod internal {
     pub mod journal {
         #[cfg(feature = "sqlite")]
         pub use crate::journal::SqliteStore;
+        #[cfg(feature = "cluster")]
+        pub use crate::journal::{
+            Accept, Acquire, Arrival, ClusterConfig, ClusterReport, Done, Lease, LoadedPartition,
+            Op, Ownership, Plan, Reader, RedisStore, Stream, StreamEntry, cluster_tag,
+            partition_of, tag_parts,
+        };
         pub use crate::journal::{
             Committed, FaultyStore, Journal, JournalConfig, MemStore, Model, Record, Recovered,
             RecoveredMessage, Store, StoreError, StoreErrorKind, StoredMessage, StoredOutcome,

@@ -265,6 +265,7 @@ fn completion(batch: &[Record], error: Option<&str>) -> Completion {
             0
         },
         error: error.map(str::to_string),
+        ..Completion::default()
     }
 }
 

@@ -18,8 +18,16 @@
 //! a full disk) or the journal cannot be trusted ([`StoreErrorKind::Untrusted`]: records
 //! acknowledged as durable are missing), which start-up tells apart (exit 1 or 2).
 
+#[cfg(feature = "cluster")]
+mod cluster;
 #[cfg(feature = "sqlite")]
 mod mark;
+#[cfg(feature = "cluster")]
+mod owner;
+#[cfg(feature = "cluster")]
+mod reader;
+#[cfg(feature = "cluster")]
+mod redis;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod thread;
@@ -29,6 +37,17 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+#[cfg(feature = "cluster")]
+pub use cluster::{ClusterReport, cluster_tag, tag_parts};
+#[cfg(feature = "cluster")]
+pub use owner::{Ownership, Plan};
+#[cfg(feature = "cluster")]
+pub use reader::{Arrival, Reader};
+#[cfg(feature = "cluster")]
+pub use redis::{
+    Accept, Acquire, ClusterConfig, Done, Lease, LoadedPartition, Op, RedisStore, Stream,
+    StreamEntry, partition_of,
+};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use thread::{Committed, Journal, JournalConfig};
@@ -158,6 +177,10 @@ pub enum StoreErrorKind {
     /// The journal cannot be used as configured: another schema version, a directory that
     /// cannot be created, a bridge without `journal` set (the CLI exits 2).
     Unusable,
+    /// A partitioned store (`--cluster`) refused an owner's write (`started`, an outcome,
+    /// a lease renewal) because the partition's lease is no longer the caller's: nothing was
+    /// written, and the caller must drop the partition (its new owner rebuilds it).
+    Fenced,
 }
 
 /// A store failure: a write that did not become durable, or a store that cannot be read;
@@ -193,6 +216,19 @@ impl StoreError {
             kind: StoreErrorKind::Unusable,
             message: message.into(),
         }
+    }
+
+    /// An owner's write refused: the partition's lease is another's (nothing was written).
+    pub fn fenced(message: impl Into<String>) -> StoreError {
+        StoreError {
+            kind: StoreErrorKind::Fenced,
+            message: message.into(),
+        }
+    }
+
+    /// Whether the write was refused because the caller no longer owns the partition.
+    pub fn is_fenced(&self) -> bool {
+        self.kind == StoreErrorKind::Fenced
     }
 
     /// Whether trying again later may succeed (start-up: exit 1 rather than 2).

@@ -67,6 +67,9 @@ pub struct Committed {
     pub retrying: usize,
     /// The write failed; its error.
     pub error: Option<String>,
+    /// `--cluster`: what the partitioned store said beyond the above (empty otherwise).
+    #[cfg(feature = "cluster")]
+    pub cluster: super::ClusterReport,
 }
 
 /// `u64::MAX` in [`Journal::disk_bytes`]: the store has not said.
@@ -74,7 +77,7 @@ const UNKNOWN: u64 = u64::MAX;
 
 /// What the thread measures and the reactor reads, without a lock: the store's size on
 /// disk and how long its writes take.
-struct Gauges {
+pub(super) struct Gauges {
     disk: AtomicU64,
     /// Writes per bucket of [`JOURNAL_BUCKETS`] (not cumulative, `+Inf` last).
     buckets: Vec<AtomicU64>,
@@ -83,7 +86,7 @@ struct Gauges {
 }
 
 impl Gauges {
-    fn record(&self, d: Duration) {
+    pub(super) fn record(&self, d: Duration) {
         let s = d.as_secs_f64();
         let i = JOURNAL_BUCKETS.partition_point(|&b| b < s);
         self.buckets[i].fetch_add(1, Ordering::Relaxed);
@@ -114,11 +117,23 @@ impl Journal {
         S: Store + 'static,
         W: Fn() + Send + 'static,
     {
+        let disk = store.disk_bytes();
+        Journal::spawn(disk, move |rx, done, stopped, gauges| {
+            run(store, cfg, rx, done, &stopped, wake, &gauges)
+        })
+    }
+
+    /// Starts `body` on the journal thread with the channels it serves: the records, the
+    /// completions, the stop signal (disconnected when the owner gives up) and the gauges.
+    pub(super) fn spawn<F>(disk: Option<u64>, body: F) -> std::io::Result<Journal>
+    where
+        F: FnOnce(Receiver<Record>, Sender<Committed>, Receiver<()>, Arc<Gauges>) + Send + 'static,
+    {
         let (tx, rx) = crossbeam_channel::unbounded();
         let (done_tx, done) = crossbeam_channel::unbounded();
         let (stop, stopped) = crossbeam_channel::bounded(0);
         let gauges = Arc::new(Gauges {
-            disk: AtomicU64::new(store.disk_bytes().unwrap_or(UNKNOWN)),
+            disk: AtomicU64::new(disk.unwrap_or(UNKNOWN)),
             buckets: (0..=JOURNAL_BUCKETS.len())
                 .map(|_| AtomicU64::new(0))
                 .collect(),
@@ -127,7 +142,7 @@ impl Journal {
         let seen = gauges.clone();
         let thread = std::thread::Builder::new()
             .name("turnstile-journal".into())
-            .spawn(move || run(store, cfg, rx, done_tx, &stopped, wake, &seen))?;
+            .spawn(move || body(rx, done_tx, stopped, seen))?;
         Ok(Journal {
             tx: Some(tx),
             done,

@@ -10,6 +10,8 @@
 //! the same poll.
 
 pub(crate) mod bridge;
+#[cfg(feature = "cluster")]
+mod cluster;
 mod dedup;
 mod fair;
 mod frame;
@@ -102,6 +104,9 @@ pub enum ForcedStop {
     SecondSignal,
     /// Shutdown ran past the watchdog's limit ([`ServerConfig::watchdog`]).
     WatchdogExpired,
+    /// `--cluster`: this partition is no longer this instance's (lost or fenced).
+    #[cfg(feature = "cluster")]
+    PartitionLost(u32),
 }
 
 impl fmt::Display for ForcedStop {
@@ -109,6 +114,8 @@ impl fmt::Display for ForcedStop {
         f.write_str(match self {
             ForcedStop::SecondSignal => "a second shutdown signal arrived",
             ForcedStop::WatchdogExpired => "shutdown ran past the watchdog's limit",
+            #[cfg(feature = "cluster")]
+            ForcedStop::PartitionLost(_) => "a partition is no longer this instance's",
         })
     }
 }
@@ -159,6 +166,9 @@ pub struct BridgeServer {
     journal_wake: Option<mio::unix::pipe::Receiver>,
     /// Readiness events on the journal's token (status: `journal.wakes`).
     journal_wakes: u64,
+    /// `--cluster`: the reader and what starts with the server.
+    #[cfg(feature = "cluster")]
+    cluster: cluster::Member,
 }
 
 impl BridgeServer {
@@ -215,6 +225,8 @@ impl BridgeServer {
             journal: None,
             journal_wake: None,
             journal_wakes: 0,
+            #[cfg(feature = "cluster")]
+            cluster: cluster::Member::default(),
         })
     }
 
@@ -250,8 +262,12 @@ impl BridgeServer {
         };
         let done: Vec<_> = j.completions().collect();
         for c in done {
+            #[cfg(feature = "cluster")]
+            self.forward(&c);
             self.bridge.journaled(c, self.now);
         }
+        #[cfg(feature = "cluster")]
+        self.cluster_arrivals();
     }
 
     /// Replaces the auth token for hellos from now on (a reload); false when the change
@@ -633,6 +649,13 @@ impl Frontend for BridgeServer {
             };
             self.journal = Some(Journal::start(store, cfg, wake)?);
             self.journal_wake = Some(receiver);
+        }
+        #[cfg(feature = "cluster")]
+        if self.cluster.is_pending() {
+            let (sender, mut receiver) = mio::unix::pipe::new()?;
+            registry.register(&mut receiver, JOURNAL, Interest::READABLE)?;
+            self.journal_wake = Some(receiver);
+            self.start_cluster(sender)?;
         }
         Ok(())
     }

@@ -265,6 +265,26 @@ pub(crate) struct ServeArgs {
     /// Accepted messages waiting for the journal at once before `reject overloaded`.
     #[arg(long)]
     pub(super) max_pending_durable: Option<usize>,
+    /// Run as one of several instances sharing this Redis (`redis://HOST:PORT`): sessions
+    /// are partitioned across them by fenced leases (docs/cluster.md). Exclusive with
+    /// --data-dir.
+    #[arg(long, value_name = "URL")]
+    pub(super) cluster: Option<String>,
+    /// This instance's name in the cluster's leases; unique among live instances.
+    #[arg(long, value_name = "NAME")]
+    pub(super) instance_id: Option<String>,
+    /// Partitions of the session space (fixed for the life of the Redis database).
+    #[arg(long, value_name = "N")]
+    pub(super) partitions: Option<u32>,
+    /// A partition lease's time to live, in milliseconds: a dead instance's partitions are
+    /// taken over after about this long.
+    #[arg(long, value_name = "MS")]
+    pub(super) lease_ms: Option<u64>,
+    /// Accept a Redis whose `appendfsync` is not `always` (an ack may precede the fsync: a
+    /// Redis crash can then lose acknowledged messages).
+    #[arg(long)]
+    #[serde(default)]
+    pub(super) cluster_allow_lazy_fsync: bool,
     /// Check the flags and the configuration file, then exit: 0 if valid, 2 if not.
     #[arg(long)]
     #[serde(skip)]
@@ -275,6 +295,11 @@ pub(crate) struct ServeArgs {
 }
 /// Each flag's default as `serve --help` shows it, read from where the default is defined
 /// (the core's, the bridge's and the agents' own defaults), never typed twice.
+/// `--partitions`' default.
+pub(super) const DEFAULT_PARTITIONS: u32 = 64;
+/// `--lease-ms`' default.
+pub(super) const DEFAULT_LEASE_MS: u64 = 3000;
+
 pub(crate) fn defaults() -> Vec<(&'static str, String)> {
     let core = CoreConfig::default();
     let bridge = BridgeConfig::default();
@@ -346,6 +371,9 @@ pub(crate) fn defaults() -> Vec<(&'static str, String)> {
             "max-pending-durable",
             bridge.max_pending_durable.to_string(),
         ),
+        ("instance-id", "hostname:pid".into()),
+        ("partitions", DEFAULT_PARTITIONS.to_string()),
+        ("lease-ms", DEFAULT_LEASE_MS.to_string()),
         ("openai-api-key-env", "OPENAI_API_KEY".into()),
         ("history-turns", DEFAULT_HISTORY_TURNS.to_string()),
         ("history-chars", DEFAULT_HISTORY_CHARS.to_string()),
@@ -379,6 +407,8 @@ macro_rules! merge {
             check_config: $flags.check_config,
             allow_insecure_bind: $flags.allow_insecure_bind || $file.allow_insecure_bind,
             resume_interrupted: $flags.resume_interrupted || $file.resume_interrupted,
+            cluster_allow_lazy_fsync: $flags.cluster_allow_lazy_fsync
+                || $file.cluster_allow_lazy_fsync,
             $($field: $flags.$field.or($file.$field)),*
         }
     };
@@ -489,6 +519,10 @@ pub(super) fn merged_args(flags: ServeArgs) -> Result<ServeArgs, String> {
         write_stall_timeout,
         data_dir,
         max_pending_durable,
+        cluster,
+        instance_id,
+        partitions,
+        lease_ms,
         http_listen,
         http_max_connections,
         http_max_header_bytes,

@@ -72,13 +72,7 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
             std::process::id()
         );
     }
-    match crate::server::raise_fd_limit() {
-        Ok((old, new)) if new > old => {
-            log::info!("raised the open-file limit from {old} to {new} (the hard limit)")
-        }
-        Ok((_, now)) => log::info!("open-file limit: {now}"),
-        Err(e) => log::warn!("cannot raise the open-file limit: {e}"),
-    }
+    raise_fd_limit();
     // Held until the process ends: the data directory is this gateway's alone.
     let (_lock, store) = match data {
         Some((lock, store)) => (Some(lock), Some(store)),
@@ -138,6 +132,17 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
     code
 }
 
+/// Raises the open-file limit to the hard limit, saying what it is.
+fn raise_fd_limit() {
+    match crate::server::raise_fd_limit() {
+        Ok((old, new)) if new > old => {
+            log::info!("raised the open-file limit from {old} to {new} (the hard limit)")
+        }
+        Ok((_, now)) => log::info!("open-file limit: {now}"),
+        Err(e) => log::warn!("cannot raise the open-file limit: {e}"),
+    }
+}
+
 /// What `serve` checks before it binds anything — everything `--check-config` checks too:
 /// the settings, the status file, the agent factory (URLs, model), and with `--data-dir` the
 /// directory locked, writable and its journal opened (and, for `--check-config`, read
@@ -158,6 +163,11 @@ fn preflight(s: Settings, check_only: bool) -> Result<Preflight, StartError> {
         ));
     }
     let factory = make_factory(&s)?;
+    if let Some(c) = &s.cluster {
+        // Reachable, syncing every write before its ack, of the same partition count.
+        crate::journal::RedisStore::connect(c.clone())
+            .map_err(|e| exit::store_error(&e, format_args!("--cluster {}", c.shown_url())))?;
+    }
     let data = match &s.data_dir {
         None => None,
         Some(dir) => {
@@ -252,6 +262,9 @@ fn bind_bridge(s: &Settings, store: Option<SqliteStore>) -> Result<BridgeServer,
     let mut server = BridgeServer::bind(s.listen, cfg)
         .map_err(|e| StartError::Config(format!("--listen {}: {e}", s.listen)))?;
     server.set_tls(s.tls.clone());
+    if let Some(c) = &s.cluster {
+        return join_cluster(server, s, c);
+    }
     let (Some(dir), Some(store)) = (&s.data_dir, store) else {
         return Ok(server);
     };
@@ -259,6 +272,35 @@ fn bind_bridge(s: &Settings, store: Option<SqliteStore>) -> Result<BridgeServer,
         .with_journal(store, JournalConfig::default())
         .map(|(server, _counts)| server)
         .map_err(|e| exit::store_error(&e, format_args!("--data-dir {}", dir.display())))
+}
+
+/// `--cluster`: the server journals to Redis (one connection for the journal thread, one
+/// for the stream reader); a session's messages in flight across the cluster are bounded
+/// by its queue cap and its running turn.
+fn join_cluster(
+    server: BridgeServer,
+    s: &Settings,
+    c: &crate::journal::ClusterConfig,
+) -> Result<BridgeServer, StartError> {
+    let what = format_args!("--cluster {}", c.shown_url());
+    let connect =
+        || crate::journal::RedisStore::connect(c.clone()).map_err(|e| exit::store_error(&e, what));
+    let (journal, reader) = (connect()?, connect()?);
+    log::info!(
+        "cluster member {} on {}: {} partitions, lease {:?}",
+        c.instance,
+        c.shown_url(),
+        c.partitions,
+        c.lease
+    );
+    server
+        .with_cluster(
+            journal,
+            reader,
+            s.core.queue_cap.saturating_add(1),
+            JournalConfig::default(),
+        )
+        .map_err(|e| exit::store_error(&e, what))
 }
 
 /// The operations frontend around the bridge server: the HTTP endpoint, readiness checks,
@@ -279,7 +321,7 @@ fn host_ops(
         http_addr = server.local_addr().ok();
         ops = ops.with_http(server);
     }
-    if s.data_dir.is_some() {
+    if s.data_dir.is_some() || s.cluster.is_some() {
         // Not ready while the journal's writes fail: new messages would be rejected `storage`.
         ops = ops.with_readiness_check("store", Box::new(journal_ready));
     }

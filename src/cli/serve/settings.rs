@@ -17,9 +17,13 @@ use crate::ops::http::{self, DEFAULT_HTTP_LISTEN, HttpConfig};
 use crate::reactor::DEFAULT_PARTIAL_INTERVAL;
 use crate::server::BridgeConfig;
 
-use super::args::{AgentKind, DEFAULT_LISTEN, ServeArgs, TlsRootsArg, merged_args};
+use super::args::{
+    AgentKind, DEFAULT_LEASE_MS, DEFAULT_LISTEN, DEFAULT_PARTITIONS, ServeArgs, TlsRootsArg,
+    merged_args,
+};
 use super::bridges::BridgeSpec;
 use crate::cli::units::{ListenAddr, Seconds};
+use crate::journal::ClusterConfig;
 
 /// Every value resolved and checked.
 pub(super) struct Settings {
@@ -40,6 +44,8 @@ pub(super) struct Settings {
     pub(super) bridge: BridgeConfig,
     pub(super) allow_insecure_bind: bool,
     pub(super) data_dir: Option<PathBuf>,
+    /// `--cluster`: the Redis, this instance's name, the partitions and the lease.
+    pub(super) cluster: Option<ClusterConfig>,
     /// The HTTP endpoint's address and settings; `None` when `off`.
     pub(super) http: Option<(SocketAddr, HttpConfig)>,
     /// The listeners' certificate and key (`--tls-cert`, `--tls-key`), loaded; `None`: plain.
@@ -161,7 +167,8 @@ pub(super) fn bridge_config(a: &ServeArgs, max_reply_bytes: usize) -> Result<Bri
             .outbox_stale_keep
             .unwrap_or(bridge_default.outbox_stale_keep),
         max_reply_bytes,
-        journal: a.data_dir.is_some(),
+        // A cluster member journals to Redis.
+        journal: a.data_dir.is_some() || a.cluster.is_some(),
         max_pending_durable: at_least_one(
             "max-pending-durable",
             a.max_pending_durable,
@@ -316,6 +323,7 @@ pub(super) fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         (Some(_), None) => return Err("--tls-cert needs --tls-key".into()),
         (None, Some(_)) => return Err("--tls-key needs --tls-cert".into()),
     };
+    let cluster = cluster_settings(&a)?;
     Ok(Settings {
         tls,
         bridge: bridge_config(&a, max_reply_bytes)?,
@@ -334,11 +342,79 @@ pub(super) fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         )?,
         echo_delay: Duration::from_millis(a.echo_delay_ms.unwrap_or(0)),
         status_file: a.status_file,
+        cluster,
         data_dir: a.data_dir,
         openai,
         core,
         bridges,
     })
+}
+
+/// `--cluster` and its flags: the Redis URL, this instance's name (default `hostname:pid`),
+/// the partition count and the lease, each checked and named when wrong.
+fn cluster_settings(a: &ServeArgs) -> Result<Option<ClusterConfig>, String> {
+    let Some(url) = &a.cluster else {
+        for (set, flag) in [
+            (a.instance_id.is_some(), "--instance-id"),
+            (a.partitions.is_some(), "--partitions"),
+            (a.lease_ms.is_some(), "--lease-ms"),
+            (a.cluster_allow_lazy_fsync, "--cluster-allow-lazy-fsync"),
+        ] {
+            if set {
+                return Err(format!("{flag} needs --cluster"));
+            }
+        }
+        return Ok(None);
+    };
+    if a.data_dir.is_some() {
+        return Err(
+            "--cluster and --data-dir are exclusive: a cluster keeps its journal in Redis".into(),
+        );
+    }
+    if !(url.starts_with("redis://") || url.starts_with("unix://")) {
+        // Not shown: a mistyped URL may still hold a password.
+        return Err("--cluster: not a Redis URL (redis://HOST:PORT)".into());
+    }
+    let instance = match &a.instance_id {
+        Some(name) => name.trim().to_owned(),
+        None => format!("{}:{}", hostname(), std::process::id()),
+    };
+    // The lease token is `<instance>:<epoch>`: the name must be printable and not empty.
+    if instance.is_empty() || instance.len() > 200 || instance.chars().any(char::is_control) {
+        return Err(format!(
+            "--instance-id {instance:?}: must be 1 to 200 printable characters"
+        ));
+    }
+    let partitions = a.partitions.unwrap_or(DEFAULT_PARTITIONS);
+    // Redis Cluster's hash slots: more partitions could not be spread any further.
+    if !(1..=16_384).contains(&partitions) {
+        return Err(format!(
+            "--partitions {partitions}: must be from 1 to 16384"
+        ));
+    }
+    let lease_ms = a.lease_ms.unwrap_or(DEFAULT_LEASE_MS);
+    if !(100..=3_600_000).contains(&lease_ms) {
+        return Err(format!(
+            "--lease-ms {lease_ms}: must be from 100 to 3600000"
+        ));
+    }
+    let mut c = ClusterConfig::new(url.clone(), instance);
+    c.partitions = partitions;
+    c.lease = Duration::from_millis(lease_ms);
+    c.allow_lazy_fsync = a.cluster_allow_lazy_fsync;
+    Ok(Some(c))
+}
+
+/// The machine's name (`localhost` if it has none that can be read).
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname(2) writes at most `buf.len()` bytes into `buf`.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    match std::str::from_utf8(&buf[..end]) {
+        Ok(name) if rc == 0 && !name.is_empty() => name.to_owned(),
+        _ => "localhost".to_owned(),
+    }
 }
 
 /// The runtime's settings from the flags, each checked and named when wrong.

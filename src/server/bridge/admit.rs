@@ -434,7 +434,7 @@ pub(super) fn not_readmitted(why: &str) -> String {
 }
 
 /// The ack of a line whose id is a duplicate.
-fn duplicate_ack(id: &str, session: &SessionKey) -> Vec<u8> {
+pub(super) fn duplicate_ack(id: &str, session: &SessionKey) -> Vec<u8> {
     encode(&ServerOp::Ack {
         id,
         session: session.as_str(),

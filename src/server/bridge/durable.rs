@@ -46,6 +46,9 @@ pub(super) struct Durable {
     wall_at_zero: u64,
     /// Messages a graceful shutdown left in the journal for the next start.
     kept_for_restart: usize,
+    /// `--cluster`: messages waiting for another instance, partitions dropped.
+    #[cfg(feature = "cluster")]
+    pub(super) cluster: super::cluster::ClusterSide,
 }
 
 impl Durable {
@@ -62,6 +65,8 @@ impl Durable {
             max_pending,
             wall_at_zero: 0,
             kept_for_restart: 0,
+            #[cfg(feature = "cluster")]
+            cluster: super::cluster::ClusterSide::default(),
         }
     }
 
@@ -101,6 +106,12 @@ impl Durable {
         debug_assert!(self.waiting.len() < self.max_pending);
         self.waiting.insert(tag, message);
         self.record(Record::Accepted(stored))
+    }
+
+    /// The message of `tag` no longer waits for the journal (answered otherwise).
+    #[cfg(feature = "cluster")]
+    pub(super) fn forget_waiting(&mut self, tag: u64) -> Option<Message> {
+        self.waiting.remove(&tag)
     }
 
     /// Whether the message of `tag` still waits for the journal.
@@ -183,6 +194,29 @@ impl Bridge {
     /// so that nothing a bridge or an agent has seen can be lost or contradicted by a crash.
     pub fn journaled(&mut self, c: Committed, now: Duration) {
         self.now = now;
+        #[cfg(feature = "cluster")]
+        let c = {
+            let mut c = c;
+            let report = std::mem::take(&mut c.cluster);
+            // Not written, so never sent: the partition's new owner answers the message.
+            let mut dropped = Vec::new();
+            if let Some(d) = &mut self.durable {
+                for seq in &report.unwritten_outcomes {
+                    dropped.extend(d.unjournaled.remove(seq));
+                    d.taken_outcomes.remove(seq);
+                }
+            }
+            for (_, frame) in dropped {
+                if let Some(platform) = &frame.terminal_for {
+                    self.platforms.unreserve(platform, None);
+                    self.platforms.maybe_free(platform);
+                }
+            }
+            c.outcomes
+                .retain(|seq| !report.unwritten_outcomes.contains(seq));
+            self.clustered(report, now);
+            c
+        };
         let Some(d) = &mut self.durable else {
             return;
         };
@@ -234,6 +268,10 @@ impl Bridge {
             .filter(|seq| d.waiting.remove(seq).is_some())
             .collect();
         for (conn, frame) in held {
+            #[cfg(feature = "cluster")]
+            if self.silenced(&frame) {
+                continue;
+            }
             if let Some(platform) = frame.terminal_for.clone() {
                 self.deliver_terminal(conn, &platform, frame);
             }
@@ -328,7 +366,12 @@ impl Bridge {
     }
 
     /// One journaled message: its outcome back in its outbox, or submitted again, or failed.
-    fn recover_message(&mut self, rm: RecoveredMessage, n: &mut RecoveryCounts, now: Duration) {
+    pub(super) fn recover_message(
+        &mut self,
+        rm: RecoveredMessage,
+        n: &mut RecoveryCounts,
+        now: Duration,
+    ) {
         let m = rm.message;
         let Some(platform) = self.platforms.force(&m.platform) else {
             return;

@@ -50,6 +50,8 @@
 //! and runtime events) that sets the clock, delegates, and audits.
 
 mod admit;
+#[cfg(feature = "cluster")]
+mod cluster;
 mod config;
 mod conns;
 mod durable;

@@ -1,0 +1,638 @@
+//! The journal thread of a cluster member (`--cluster`, docs/cluster.md): the same channel
+//! of [`Record`]s and the same [`Committed`] reports as the single-instance thread
+//! (`thread.rs`), written to a [`RedisStore`] instead, with the ownership pass on the same
+//! thread. The Redis client is blocking; it runs here, never on the reactor.
+//!
+//! Each batch becomes one pipelined [`RedisStore::write`] (group commit: one round trip,
+//! one answer per record). A failed accept is reported `failed` (the bridge rejects it
+//! `storage`); every other record that failed transiently is kept and written again with
+//! the next batch (they are idempotent); an owned write (`started`, an outcome) refused as
+//! fenced is dropped and its partition reported `fenced`.
+//!
+//! Tags. The bridge numbers the messages it accepts itself (its route tags) and keeps using
+//! that number in every later record; Redis numbers them per partition. This thread keeps
+//! the map between the two for the messages this instance accepted (reported in
+//! [`ClusterReport::placed`], removed once delivered or forgotten). A message this instance
+//! did not accept reaches the bridge through a gained partition with its **cluster tag**
+//! ([`cluster_tag`]: the top bit set, the partition and the partition's seq), which this
+//! thread decodes without a map: the two kinds of tag cannot collide, since the bridge's
+//! own count never reaches 2^63.
+//!
+//! The ownership pass runs every [`Ownership::pass_every`] (a third of the lease), between
+//! batches: heartbeat, release the surplus, renew, acquire free partitions and load each one
+//! gained. Gained, lost (released, or not renewed in time) and fenced partitions go to the
+//! reactor in the next [`Committed`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+
+use super::thread::Gauges;
+use super::{
+    Accept, Acquire, Committed, Done, Journal, JournalConfig, Lease, LoadedPartition, Op,
+    Ownership, Record, RedisStore, StoreError, StoredMessage, now_ms, partition_of,
+};
+use crate::message::{ChatType, SessionKey};
+
+/// The top bit of a [`cluster_tag`].
+const CLUSTER_BIT: u64 = 1 << 63;
+/// Bits of the partition's seq in a cluster tag (10^12 messages per partition).
+const SEQ_BITS: u32 = 40;
+
+/// The tag of message `seq` of `partition` for a bridge that did not accept it: the top bit
+/// set, then the partition, then the seq (below 2^40).
+pub fn cluster_tag(partition: u32, seq: u64) -> u64 {
+    debug_assert!(seq < 1 << SEQ_BITS && u64::from(partition) < 1 << (63 - SEQ_BITS));
+    CLUSTER_BIT | (u64::from(partition) << SEQ_BITS) | (seq & ((1 << SEQ_BITS) - 1))
+}
+
+/// The `(partition, seq)` of a [`cluster_tag`]; `None` for a bridge's own tag.
+pub fn tag_parts(tag: u64) -> Option<(u32, u64)> {
+    (tag & CLUSTER_BIT != 0).then(|| {
+        let p = (tag & !CLUSTER_BIT) >> SEQ_BITS;
+        (p as u32, tag & ((1 << SEQ_BITS) - 1))
+    })
+}
+
+/// What a cluster member's journal thread reports beyond the single-instance [`Committed`].
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ClusterReport {
+    /// Accepted messages now durable in Redis: (the bridge's tag, the message's
+    /// [`cluster_tag`]); the outcome stream and a later load name them by the latter.
+    pub placed: Vec<(u64, u64)>,
+    /// Of those, the ones whose partition another instance owns: they are not in
+    /// [`Committed::durable`] (not to be submitted here); ack them and wait for their
+    /// outcome on the stream.
+    pub remote: Vec<u64>,
+    /// Accepted messages Redis refused as duplicates (the cluster-wide window): nothing was
+    /// written.
+    pub duplicates: Vec<u64>,
+    /// Accepted messages refused because their session has the cap in flight, cluster-wide.
+    pub session_full: Vec<u64>,
+    /// Partitions this instance now owns, each as loaded: its messages numbered by the tag
+    /// the bridge knows them by (its own for those it accepted, else the cluster tag); its
+    /// `origins` only those accepted by *another live* instance (their results go there),
+    /// by the same tag; `max_seq` is 0 (the partition's count is not a bridge tag).
+    pub gained: Vec<(u32, LoadedPartition)>,
+    /// Partitions given up (the surplus over the fair share released, or a lease not renewed
+    /// in time): stop starting turns there and end their sessions without outcome records.
+    pub lost: Vec<u32>,
+    /// Partitions whose owned write (`started`, an outcome, a renewal) was refused because
+    /// another instance holds the lease: the write was dropped; as `lost`.
+    pub fenced: Vec<u32>,
+    /// Of this batch's outcome records, those not written (fenced, or their partition no
+    /// longer held): their terminal events must never be sent (the new owner answers).
+    pub unwritten_outcomes: Vec<u64>,
+}
+
+impl Journal {
+    /// Starts a cluster member's journal thread on `store`: records become pipelined Redis
+    /// writes, and the thread owns partitions (heartbeat, renew, acquire, release, load).
+    /// `session_cap` is the cluster-wide bound of messages in flight per session. On
+    /// [`Journal::finish`] it writes what is queued, then releases its leases and leaves
+    /// the registry, so that the others take its partitions at once.
+    pub fn start_cluster<W>(
+        store: RedisStore,
+        cfg: JournalConfig,
+        session_cap: usize,
+        wake: W,
+    ) -> std::io::Result<Journal>
+    where
+        W: Fn() + Send + 'static,
+    {
+        Journal::spawn(None, move |rx, done, stopped, gauges| {
+            let mut own = Ownership::new(store.instance(), store.partitions(), store.lease());
+            // Not yet: a released partition's sessions would have to end here first (the
+            // bridge cannot drain one yet), so an instance keeps what it holds and one that
+            // joins takes only what comes free (docs/cluster.md, next steps).
+            own.set_shed(false);
+            let mut m = Member {
+                store,
+                cfg,
+                session_cap,
+                gauges,
+                own,
+                zero: Instant::now(),
+                next_pass: Instant::now(),
+                tags: HashMap::new(),
+                back: HashMap::new(),
+                retry: Vec::new(),
+                failing: false,
+                closed: false,
+            };
+            m.run(&rx, &done, &stopped, &wake);
+            m.leave();
+        })
+    }
+}
+
+/// The thread's state between batches.
+struct Member {
+    store: RedisStore,
+    cfg: JournalConfig,
+    session_cap: usize,
+    gauges: Arc<Gauges>,
+    own: Ownership,
+    /// The planner's clock starts here.
+    zero: Instant,
+    next_pass: Instant,
+    /// The bridge's tag of each message it accepted → its partition and seq in Redis.
+    tags: HashMap<u64, (u32, u64)>,
+    /// The reverse of `tags`.
+    back: HashMap<(u32, u64), u64>,
+    /// Records of a failed write, tried again first (accepts never are).
+    retry: Vec<Record>,
+    failing: bool,
+    /// The sender is gone: write what is left, then stop.
+    closed: bool,
+}
+
+/// Where a record goes in Redis: its partition and seq, or (an accept) its session.
+enum Place {
+    Accept {
+        partition: u32,
+        session: String,
+    },
+    At {
+        partition: u32,
+        seq: u64,
+    },
+    /// Not writable: a tag never placed, or a session key that cannot be built.
+    Nowhere,
+}
+
+impl Member {
+    fn run(
+        &mut self,
+        rx: &Receiver<Record>,
+        done: &Sender<Committed>,
+        stopped: &Receiver<()>,
+        wake: &impl Fn(),
+    ) {
+        loop {
+            let mut c = Committed::default();
+            if Instant::now() >= self.next_pass {
+                self.pass(&mut c);
+                self.next_pass = Instant::now() + self.own.pass_every();
+                // At once, not after the wait for records: a gained partition's messages
+                // and a lost one's end must not wait for traffic.
+                if c != Committed::default() {
+                    if done.send(std::mem::take(&mut c)).is_err() {
+                        return;
+                    }
+                    wake();
+                }
+            }
+            // A batch is always reported, even one of kept records alone that now went
+            // through: the bridge releases what waited for a successful write.
+            let batch = self.next_batch(rx);
+            let wrote = batch.is_some();
+            if let Some((batch, kept)) = batch {
+                self.commit(batch, kept, &mut c);
+            }
+            if wrote || c != Committed::default() {
+                if done.send(c).is_err() {
+                    return;
+                }
+                wake();
+            }
+            if self.closed && self.retry.is_empty() {
+                return;
+            }
+            if self.closed
+                && self.failing
+                && stopped.recv_timeout(self.cfg.retry_every) == Err(RecvTimeoutError::Disconnected)
+            {
+                // Shutting down with Redis failing: the caller's finish() bounds the wait.
+                return;
+            }
+        }
+    }
+
+    /// The kept records, then what arrives before the next ownership pass is due (up to
+    /// `max_batch` new ones); `None` if there is nothing to write.
+    fn next_batch(&mut self, rx: &Receiver<Record>) -> Option<(Vec<Record>, usize)> {
+        let mut batch = std::mem::take(&mut self.retry);
+        let kept = batch.len();
+        let mut wait = self.next_pass.saturating_duration_since(Instant::now());
+        if kept > 0 {
+            wait = wait.min(self.cfg.retry_every);
+        }
+        if !self.closed {
+            match rx.recv_timeout(wait) {
+                Ok(r) => batch.push(r),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => self.closed = true,
+            }
+        }
+        while batch.len() < self.cfg.max_batch.max(1) + kept && !self.closed {
+            match rx.try_recv() {
+                Ok(r) => batch.push(r),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => self.closed = true,
+            }
+        }
+        (!batch.is_empty()).then_some((batch, kept))
+    }
+
+    fn place(&self, r: &Record) -> Place {
+        let tagged = |tag: u64| {
+            tag_parts(tag)
+                .or_else(|| self.tags.get(&tag).copied())
+                .map_or(Place::Nowhere, |(partition, seq)| Place::At {
+                    partition,
+                    seq,
+                })
+        };
+        match r {
+            Record::Accepted(m) => match session_of(m) {
+                Some(session) => Place::Accept {
+                    partition: partition_of(&session, self.store.partitions()),
+                    session,
+                },
+                None => Place::Nowhere,
+            },
+            Record::Started { seq, .. }
+            | Record::Outcome { seq, .. }
+            | Record::Delivered { seq }
+            | Record::Forget { seq } => tagged(*seq),
+        }
+    }
+
+    /// Writes one batch in one round trip and reports each record's fate in `c`.
+    fn commit(&mut self, batch: Vec<Record>, kept: usize, c: &mut Committed) {
+        c.taken += batch.len() - kept;
+        c.outcomes
+            .extend(batch[kept..].iter().filter_map(|r| match r {
+                Record::Outcome { seq, .. } => Some(*seq),
+                _ => None,
+            }));
+        let places: Vec<Place> = batch.iter().map(|r| self.place(r)).collect();
+        let ops = to_ops(&batch, &places, &self.own, self.session_cap);
+        let started = Instant::now();
+        let sent: Vec<Op<'_>> = ops.iter().map(|(_, op)| *op).collect();
+        let result = self.store.write(&sent, now_ms());
+        self.gauges.record(started.elapsed());
+        let written: Vec<usize> = ops.iter().map(|(i, _)| *i).collect();
+        drop(sent);
+        drop(ops);
+        let mut retry = vec![false; batch.len()];
+        let mut error: Option<String> = None;
+        match result {
+            Err(e) => {
+                for i in &written {
+                    retry[*i] = true;
+                    if let Record::Accepted(m) = &batch[*i] {
+                        c.failed.push(m.seq);
+                    }
+                }
+                error = Some(e.message);
+            }
+            Ok(answers) => {
+                for (i, answer) in written.iter().zip(answers) {
+                    if let Err(e) = self.answered(&batch[*i], &places[*i], answer, c) {
+                        retry[*i] = true;
+                        error.get_or_insert(e.message);
+                    }
+                }
+            }
+        }
+        // What was not sent: an owned write of a partition not held (fenced: dropped), an
+        // accept without a session key (failed), a record of a tag never placed.
+        let mut was_sent = vec![false; batch.len()];
+        for i in &written {
+            was_sent[*i] = true;
+        }
+        for ((r, place), _) in batch
+            .iter()
+            .zip(&places)
+            .zip(&was_sent)
+            .filter(|(_, sent)| !**sent)
+        {
+            match (r, place) {
+                (Record::Accepted(m), _) => {
+                    log::error!("message {}: no session key; rejected storage", m.id);
+                    c.failed.push(m.seq);
+                }
+                (_, Place::At { partition, .. }) => {
+                    c.cluster.fenced.push(*partition);
+                    if let Record::Outcome { seq, .. } = r {
+                        c.cluster.unwritten_outcomes.push(*seq);
+                    }
+                }
+                _ => log::debug!("record of message {}: never placed; dropped", r.seq()),
+            }
+        }
+        self.settle(batch, &retry, error, c);
+    }
+
+    /// One record's answer: its effect on `c` and on the maps; `Err` to try it again.
+    fn answered(
+        &mut self,
+        r: &Record,
+        place: &Place,
+        answer: Result<Done, StoreError>,
+        c: &mut Committed,
+    ) -> Result<(), StoreError> {
+        match (r, place, answer) {
+            (Record::Accepted(m), Place::Accept { partition, .. }, Ok(Done::Accepted(a))) => {
+                match a {
+                    Accept::New { seq } => {
+                        self.tags.insert(m.seq, (*partition, seq));
+                        self.back.insert((*partition, seq), m.seq);
+                        c.cluster.placed.push((m.seq, cluster_tag(*partition, seq)));
+                        if self.own.holds(*partition) {
+                            c.durable.push(m.seq);
+                        } else {
+                            c.cluster.remote.push(m.seq);
+                        }
+                    }
+                    Accept::Duplicate => c.cluster.duplicates.push(m.seq),
+                    Accept::SessionFull => c.cluster.session_full.push(m.seq),
+                }
+                Ok(())
+            }
+            (Record::Accepted(m), _, other) => {
+                c.failed.push(m.seq);
+                match other {
+                    Err(e) => Err(e),
+                    Ok(_) => Err(StoreError::untrusted(
+                        "redis: accept: not an accept's answer",
+                    )),
+                }
+            }
+            (_, Place::At { partition, .. }, Err(e)) if e.is_fenced() => {
+                log::warn!("{e}; the partition is dropped");
+                self.own.fenced(*partition);
+                c.cluster.fenced.push(*partition);
+                if let Record::Outcome { seq, .. } = r {
+                    c.cluster.unwritten_outcomes.push(*seq);
+                }
+                Ok(())
+            }
+            (Record::Delivered { seq } | Record::Forget { seq }, _, Ok(_)) => {
+                if let Some(at) = self.tags.remove(seq) {
+                    self.back.remove(&at);
+                }
+                Ok(())
+            }
+            (_, _, answer) => answer.map(|_| ()),
+        }
+    }
+
+    /// Keeps what must be tried again (never an accept), logs the change between failing
+    /// and working once each, tidies the report.
+    fn settle(
+        &mut self,
+        batch: Vec<Record>,
+        retry: &[bool],
+        error: Option<String>,
+        c: &mut Committed,
+    ) {
+        self.retry = batch
+            .into_iter()
+            .zip(retry)
+            .filter(|(r, again)| **again && !matches!(r, Record::Accepted(_)))
+            .map(|(r, _)| r)
+            .collect();
+        debug_assert!(
+            self.retry.iter().all(|r| !matches!(r, Record::Accepted(_))),
+            "an accept is never written twice"
+        );
+        c.retrying = self.retry.len();
+        match (&error, self.failing) {
+            (Some(e), false) => {
+                log::error!(
+                    "cluster journal write failed: {e}; new messages are rejected `storage` until writes succeed again"
+                );
+                self.failing = true;
+            }
+            (None, true) => {
+                log::info!("cluster journal writes succeed again; accepting messages");
+                self.failing = false;
+            }
+            _ => {}
+        }
+        c.error = error;
+        c.cluster.fenced.sort_unstable();
+        c.cluster.fenced.dedup();
+    }
+
+    /// The ownership pass: heartbeat, then the planner's releases, renewals and
+    /// acquisitions, each gained partition loaded.
+    fn pass(&mut self, c: &mut Committed) {
+        let now = self.zero.elapsed();
+        match self.store.heartbeat() {
+            Ok(live) => self.own.set_live(live),
+            Err(e) => log::debug!("cluster heartbeat failed: {e}"),
+        }
+        let plan = self.own.plan(now);
+        for p in &plan.lost {
+            log::warn!(
+                "partition {p}: lease not renewed within 0.9 of its TTL; given up (its sessions end here, the next owner recovers them)"
+            );
+        }
+        c.cluster.lost.extend(plan.lost);
+        for lease in plan.release {
+            match self.store.release(&lease) {
+                Ok(_) => log::info!(
+                    "partition {}: released (more than the fair share of {} held)",
+                    lease.partition,
+                    self.own.fair_share()
+                ),
+                // Its TTL frees it anyway.
+                Err(e) => log::debug!("partition {}: release failed: {e}", lease.partition),
+            }
+            c.cluster.lost.push(lease.partition);
+        }
+        for lease in plan.renew {
+            match self.store.renew(&lease) {
+                Ok(()) => self.own.renewed(lease.partition, now),
+                Err(e) if e.is_fenced() => {
+                    log::warn!("{e}; the partition is dropped");
+                    if self.own.fenced(lease.partition) {
+                        c.cluster.fenced.push(lease.partition);
+                    }
+                }
+                Err(e) => log::debug!("partition {}: renewal failed: {e}", lease.partition),
+            }
+        }
+        for p in plan.acquire {
+            match self.store.acquire(p) {
+                Ok(Acquire::Acquired(lease)) => self.gain(lease, now, c),
+                Ok(Acquire::Taken { .. }) => {}
+                Err(e) => {
+                    // Redis is down: the rest would fail the same way.
+                    log::debug!("partition {p}: acquire failed: {e}");
+                    break;
+                }
+            }
+        }
+    }
+
+    /// A lease acquired at `sent`: the partition is loaded and reported, its messages
+    /// renumbered by the tags the bridge knows them by. A load that fails gives it back.
+    fn gain(&mut self, lease: Lease, sent: Duration, c: &mut Committed) {
+        let p = lease.partition;
+        self.own.acquired(lease.clone(), sent);
+        match self.store.load_partition(p, now_ms()) {
+            Ok(mut loaded) => {
+                // Only the origins that are other live instances stay: their results go
+                // there; this instance's own and a dead one's go to this one's bridges.
+                let live = self.store.live_instances().unwrap_or_default();
+                let me = self.store.instance().to_owned();
+                loaded
+                    .origins
+                    .retain(|_, o| *o != me && live.iter().any(|l| l == o));
+                let mut origins = HashMap::with_capacity(loaded.origins.len());
+                for rm in &mut loaded.recovered.messages {
+                    let seq = rm.message.seq;
+                    let tag = self
+                        .back
+                        .get(&(p, seq))
+                        .copied()
+                        .unwrap_or_else(|| cluster_tag(p, seq));
+                    if let Some(o) = loaded.origins.remove(&seq) {
+                        origins.insert(tag, o);
+                    }
+                    rm.message.seq = tag;
+                }
+                loaded.origins = origins;
+                loaded.recovered.max_seq = 0;
+                log::info!(
+                    "partition {p}: gained (lease {}), {} message(s) in flight",
+                    lease.token,
+                    loaded.recovered.messages.len()
+                );
+                c.cluster.gained.push((p, loaded));
+            }
+            Err(e) => {
+                log::error!("partition {p}: gained but its load failed: {e}; released");
+                self.own.fenced(p);
+                let _ = self.store.release(&lease);
+            }
+        }
+    }
+
+    /// A graceful stop: the leases go back and the registry forgets this instance, so the
+    /// others take its partitions at their next pass instead of after the TTL.
+    fn leave(&mut self) {
+        let held: Vec<Lease> = self.own.held().cloned().collect();
+        for lease in &held {
+            let _ = self.store.release(lease);
+            self.own.fenced(lease.partition);
+        }
+        if let Err(e) = self.store.leave() {
+            log::debug!("cluster leave failed: {e}");
+        }
+    }
+}
+
+/// The operations of a batch, each with the index of its record; an owned write of a
+/// partition not held and a record without a place are left out.
+fn to_ops<'a>(
+    batch: &'a [Record],
+    places: &'a [Place],
+    own: &'a Ownership,
+    session_cap: usize,
+) -> Vec<(usize, Op<'a>)> {
+    let mut ops: Vec<(usize, Op<'_>)> = Vec::with_capacity(batch.len());
+    for (i, (r, place)) in batch.iter().zip(places).enumerate() {
+        let op = match (r, place) {
+            (Record::Accepted(message), Place::Accept { partition, session }) => Op::Accept {
+                partition: *partition,
+                session,
+                message,
+                session_cap,
+            },
+            (Record::Started { attempt, .. }, Place::At { partition, seq }) => {
+                match own.lease(*partition) {
+                    Some(lease) => Op::Started {
+                        lease,
+                        seq: *seq,
+                        attempt: *attempt,
+                    },
+                    None => continue,
+                }
+            }
+            (Record::Outcome { outcome, .. }, Place::At { partition, seq }) => {
+                match own.lease(*partition) {
+                    Some(lease) => Op::Outcome {
+                        lease,
+                        seq: *seq,
+                        outcome,
+                    },
+                    None => continue,
+                }
+            }
+            (Record::Delivered { .. }, Place::At { partition, seq }) => Op::Delivered {
+                partition: *partition,
+                seq: *seq,
+            },
+            (Record::Forget { .. }, Place::At { partition, seq }) => Op::Forget {
+                partition: *partition,
+                seq: *seq,
+            },
+            _ => continue,
+        };
+        ops.push((i, op));
+    }
+    ops
+}
+
+/// The session key of a stored message, as the bridge built it when it admitted it.
+fn session_of(m: &StoredMessage) -> Option<String> {
+    let chat_type = ChatType::parse(&m.chat_type)?;
+    SessionKey::new(
+        &m.platform,
+        chat_type,
+        &m.chat_id,
+        m.thread_id.as_deref(),
+        m.user_id.as_deref(),
+    )
+    .ok()
+    .map(|k| k.as_str().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cluster_tag_gives_back_its_partition_and_seq_and_never_looks_like_a_bridges() {
+        for (p, seq) in [(0, 1), (63, 12_345), (1 << 20, (1 << SEQ_BITS) - 1)] {
+            let t = cluster_tag(p, seq);
+            assert_eq!(tag_parts(t), Some((p, seq)));
+        }
+        assert_eq!(tag_parts(1), None);
+        assert_eq!(tag_parts(u64::MAX >> 1), None);
+        assert_ne!(cluster_tag(1, 2), cluster_tag(2, 1));
+    }
+
+    #[test]
+    fn the_session_of_a_stored_message_is_the_bridges_key() {
+        let m = StoredMessage {
+            seq: 1,
+            platform: "telegram".into(),
+            id: "m".into(),
+            chat_type: "group".into(),
+            chat_id: "g:1".into(),
+            thread_id: None,
+            user_id: Some("u".into()),
+            user_name: None,
+            meta: None,
+            text: "hi".into(),
+            dedup_until_ms: 0,
+        };
+        let key =
+            SessionKey::new("telegram", ChatType::Group, "g:1", None, Some("u")).expect("key");
+        assert_eq!(session_of(&m).as_deref(), Some(key.as_str()));
+        let bad = StoredMessage {
+            chat_type: "nope".into(),
+            ..m
+        };
+        assert_eq!(session_of(&bad), None);
+    }
+}

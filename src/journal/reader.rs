@@ -1,0 +1,271 @@
+//! The stream reader of a cluster member (`--cluster`, docs/cluster.md "Where the result
+//! goes"): a thread with a Redis connection of its own that blocks on `XREAD` — the inbox
+//! of every partition this instance owns (messages other instances accepted, to queue
+//! here) and the outcome stream of every partition (results of messages this instance
+//! accepted, run elsewhere) — and hands what it finds to the reactor over a channel and its
+//! waker. The loop never blocks on Redis; this thread does.
+//!
+//! Which inboxes it reads is the reactor's to say ([`Reader::own`] with the inbox position
+//! of the partition's load, [`Reader::disown`]), from the journal thread's gained, lost and
+//! fenced reports. The outcome streams are read from where they ended when the reader
+//! started: an outcome published before that is in its message's hash, which the owner's
+//! load brings back (docs/cluster.md).
+
+use std::collections::BTreeMap;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+
+use super::{RecoveredMessage, RedisStore, StoreError, StoredOutcome, Stream, cluster_tag};
+
+/// How long one `XREAD` waits for an entry: also how soon a change of the owned inboxes,
+/// or a stop, takes effect.
+const BLOCK: Duration = Duration::from_millis(200);
+/// Entries read per stream per call.
+const COUNT: usize = 256;
+/// How long the reader waits before trying a failed Redis again.
+const RETRY: Duration = Duration::from_millis(100);
+
+/// What the reader found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Arrival {
+    /// A message another instance accepted into a partition this instance owns, after the
+    /// partition's load: queue it unless it is known already (one this instance accepted
+    /// into a partition it owned was submitted then, so it never arrives here).
+    Message {
+        /// Its partition.
+        partition: u32,
+        /// Its [`cluster_tag`].
+        tag: u64,
+        /// The message as stored (its `seq` is the tag), its starts and outcome so far.
+        message: Box<RecoveredMessage>,
+        /// The instance that accepted it.
+        origin: String,
+    },
+    /// The outcome of a message this instance accepted, written by the partition's owner.
+    Outcome {
+        /// Its partition.
+        partition: u32,
+        /// The message's [`cluster_tag`].
+        tag: u64,
+        /// The terminal line.
+        outcome: StoredOutcome,
+    },
+}
+
+enum Control {
+    Own(u32, String),
+    Disown(u32),
+}
+
+/// The reader thread's handle, owned by the reactor side. Dropping it stops the thread
+/// within one read's wait.
+pub struct Reader {
+    control: Option<Sender<Control>>,
+    arrivals: Receiver<Arrival>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Reader {
+    /// Starts reading on `store` (a connection of its own, never the journal thread's);
+    /// `wake` is called after each batch of arrivals is sent. The outcome streams are read
+    /// from their ends as of this call (read here, before it returns).
+    pub fn start<W>(mut store: RedisStore, wake: W) -> Result<Reader, StoreError>
+    where
+        W: Fn() + Send + 'static,
+    {
+        let all: Vec<u32> = (0..store.partitions()).collect();
+        let outcomes = store.stream_ends(Stream::Outcomes, &all)?;
+        let (control, ctl) = crossbeam_channel::unbounded();
+        let (tx, arrivals) = crossbeam_channel::unbounded();
+        let thread = std::thread::Builder::new()
+            .name("turnstile-reader".into())
+            .spawn(move || {
+                let mut r = Reading {
+                    store,
+                    inboxes: BTreeMap::new(),
+                    outcomes,
+                    failing: false,
+                };
+                r.run(&ctl, &tx, &wake);
+            })
+            .map_err(|e| StoreError::transient(format!("cannot start the reader thread: {e}")))?;
+        Ok(Reader {
+            control: Some(control),
+            arrivals,
+            thread: Some(thread),
+        })
+    }
+
+    /// Reads `partition`'s inbox from after `after` (its load's `inbox_after`).
+    pub fn own(&self, partition: u32, after: String) {
+        if let Some(c) = &self.control {
+            let _ = c.send(Control::Own(partition, after));
+        }
+    }
+
+    /// Stops reading `partition`'s inbox (lost or fenced).
+    pub fn disown(&self, partition: u32) {
+        if let Some(c) = &self.control {
+            let _ = c.send(Control::Disown(partition));
+        }
+    }
+
+    /// What arrived since the last call.
+    pub fn arrivals(&self) -> impl Iterator<Item = Arrival> + '_ {
+        self.arrivals.try_iter()
+    }
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        self.control = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Reading {
+    store: RedisStore,
+    /// Owned partitions → the inbox position read up to.
+    inboxes: BTreeMap<u32, String>,
+    /// Every partition's outcome stream position.
+    outcomes: Vec<String>,
+    failing: bool,
+}
+
+impl Reading {
+    fn run(&mut self, ctl: &Receiver<Control>, tx: &Sender<Arrival>, wake: &impl Fn()) {
+        loop {
+            if !self.control(ctl) {
+                return;
+            }
+            match self.read_once(ctl) {
+                Ok(found) => {
+                    if self.failing {
+                        log::info!("cluster stream reads succeed again");
+                        self.failing = false;
+                    }
+                    if found.is_empty() {
+                        continue;
+                    }
+                    for a in found {
+                        if tx.send(a).is_err() {
+                            return;
+                        }
+                    }
+                    wake();
+                }
+                Err(e) => {
+                    if !self.failing {
+                        log::error!("cluster stream read failed: {e}; retrying");
+                        self.failing = true;
+                    }
+                    // The wait is on the control channel, so a stop ends it at once.
+                    if ctl
+                        .recv_timeout(RETRY)
+                        .is_err_and(|e| e == RecvTimeoutError::Disconnected)
+                    {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Applies the reactor's changes of the owned inboxes; false once the handle is gone.
+    fn control(&mut self, ctl: &Receiver<Control>) -> bool {
+        loop {
+            match ctl.try_recv() {
+                Ok(Control::Own(p, after)) => {
+                    self.inboxes.insert(p, after);
+                }
+                Ok(Control::Disown(p)) => {
+                    self.inboxes.remove(&p);
+                }
+                Err(TryRecvError::Empty) => return true,
+                Err(TryRecvError::Disconnected) => return false,
+            }
+        }
+    }
+
+    /// One blocking read of every stream, the messages and outcomes it names fetched.
+    fn read_once(&mut self, ctl: &Receiver<Control>) -> Result<Vec<Arrival>, StoreError> {
+        let mut cursors: Vec<(Stream, u32, String)> = self
+            .inboxes
+            .iter()
+            .map(|(p, after)| (Stream::Inbox, *p, after.clone()))
+            .collect();
+        cursors.extend(
+            self.outcomes
+                .iter()
+                .enumerate()
+                .map(|(p, after)| (Stream::Outcomes, p as u32, after.clone())),
+        );
+        let entries = self.store.read_mixed(&cursors, COUNT, Some(BLOCK))?;
+        // A partition disowned while the read waited brings nothing more: what the
+        // reactor said before an entry was read holds for it.
+        self.control(ctl);
+        let me = self.store.instance().to_owned();
+        // Entries are fetched only for what this instance wants: its owned inboxes, its own
+        // outcomes.
+        let wanted: Vec<(Stream, u32, u64)> = entries
+            .iter()
+            .filter(|(s, e)| match s {
+                Stream::Inbox => self.inboxes.contains_key(&e.partition),
+                Stream::Outcomes => e.origin == me,
+            })
+            .map(|(s, e)| (*s, e.partition, e.seq))
+            .collect();
+        let at: Vec<(u32, u64)> = wanted.iter().map(|(_, p, seq)| (*p, *seq)).collect();
+        let fetched = self.store.fetch(&at)?;
+        // Positions move only once the fetch succeeded: a failure reads the entries again.
+        for (s, e) in &entries {
+            match s {
+                Stream::Inbox => {
+                    if let Some(after) = self.inboxes.get_mut(&e.partition) {
+                        after.clone_from(&e.id);
+                    }
+                }
+                Stream::Outcomes => {
+                    if let Some(after) = self.outcomes.get_mut(e.partition as usize) {
+                        after.clone_from(&e.id);
+                    }
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(wanted.len());
+        for ((s, p, seq), found) in wanted.into_iter().zip(fetched) {
+            // Gone: delivered or forgotten meanwhile; nothing to do.
+            let Some((mut message, origin)) = found else {
+                continue;
+            };
+            let tag = cluster_tag(p, seq);
+            match s {
+                // Accepted here while owned here: the bridge submitted it then.
+                Stream::Inbox if origin == me => {}
+                Stream::Inbox => {
+                    message.message.seq = tag;
+                    out.push(Arrival::Message {
+                        partition: p,
+                        tag,
+                        message: Box::new(message),
+                        origin,
+                    });
+                }
+                Stream::Outcomes => {
+                    if let Some(outcome) = message.outcome {
+                        out.push(Arrival::Outcome {
+                            partition: p,
+                            tag,
+                            outcome,
+                        });
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}

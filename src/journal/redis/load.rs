@@ -1,0 +1,195 @@
+//! The load of one partition by its new owner, and the message hash read back.
+
+use std::collections::HashMap;
+
+use redis::Value;
+
+use super::{Keys, LoadedPartition, RedisStore, bytes, dedup_member, malformed, text};
+use crate::journal::{Recovered, RecoveredMessage, StoreError, StoredMessage, StoredOutcome};
+
+impl RedisStore {
+    /// One partition as a new owner rebuilds it: an atomic snapshot of its messages in
+    /// flight (in seq order, with their starts and outcomes), its live duplicate window and
+    /// its inbox position. A message that cannot be read back is an error, never a guess.
+    pub fn load_partition(
+        &mut self,
+        partition: u32,
+        now_ms: u64,
+    ) -> Result<LoadedPartition, StoreError> {
+        let keys = Keys::of(partition);
+        let v: Value = self.with("load", |c, s| {
+            s.load
+                .key(keys.k("seq"))
+                .key(keys.k("q"))
+                .key(keys.k("dedupx"))
+                .key(keys.k("in"))
+                .arg(keys.k("m:"))
+                .arg(now_ms)
+                .invoke(c)
+        })?;
+        let Value::Array(parts) = v else {
+            return Err(malformed("load"));
+        };
+        let [max_seq, last, msgs, live] = parts.as_slice() else {
+            return Err(malformed("load"));
+        };
+        let max_seq = text(max_seq)
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or_else(|| malformed("load: seq"))?;
+        let inbox_after = text(last).ok_or_else(|| malformed("load: inbox"))?;
+        let mut out = LoadedPartition {
+            recovered: Recovered {
+                max_seq,
+                ..Recovered::default()
+            },
+            origins: HashMap::new(),
+            inbox_after,
+        };
+        let Value::Array(msgs) = msgs else {
+            return Err(malformed("load: messages"));
+        };
+        let mut windows: HashMap<String, u64> = HashMap::new();
+        for entry in msgs {
+            let (seq, fields) = match entry {
+                Value::Array(pair) => match pair.as_slice() {
+                    [seq, Value::Array(fields)] => (text(seq), fields),
+                    _ => return Err(malformed("load: message")),
+                },
+                _ => return Err(malformed("load: message")),
+            };
+            let seq: u64 = seq
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| malformed("load: message seq"))?;
+            let (rm, origin) = message_of(partition, seq, fields)?;
+            windows.insert(
+                dedup_member(&rm.message.platform, &rm.message.id),
+                rm.message.dedup_until_ms,
+            );
+            out.origins.insert(seq, origin);
+            out.recovered.messages.push(rm);
+        }
+        let Value::Array(live) = live else {
+            return Err(malformed("load: window"));
+        };
+        for pair in live.chunks(2) {
+            let [member, score] = pair else {
+                return Err(malformed("load: window"));
+            };
+            let member = text(member).ok_or_else(|| malformed("load: window"))?;
+            let Some((platform, id)) = member.split_once('\n') else {
+                return Err(malformed("load: window id"));
+            };
+            let score = text(score).ok_or_else(|| malformed("load: window"))?;
+            // An in-flight id is scored +inf; its window is the message's own.
+            let until = match score.parse::<u64>() {
+                Ok(u) => u,
+                Err(_) => match windows.get(&member) {
+                    Some(u) => *u,
+                    None => continue,
+                },
+            };
+            out.recovered
+                .dedup
+                .push((platform.to_string(), id.to_string(), until));
+        }
+        Ok(out)
+    }
+
+    /// The messages at `(partition, seq)` as stored, with their origins, in one round trip:
+    /// `None` for one that has left the store (delivered or forgotten meanwhile).
+    pub fn fetch(
+        &mut self,
+        at: &[(u32, u64)],
+    ) -> Result<Vec<Option<(RecoveredMessage, String)>>, StoreError> {
+        if at.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for (p, seq) in at {
+            pipe.cmd("HGETALL").arg(Keys::of(*p).message(*seq));
+        }
+        let answers: Vec<Value> = self.with("fetch", |c, _| pipe.query(c))?;
+        if answers.len() != at.len() {
+            return Err(malformed("fetch"));
+        }
+        at.iter()
+            .zip(&answers)
+            .map(|((p, seq), v)| match v {
+                Value::Array(f) if f.is_empty() => Ok(None),
+                Value::Map(m) if m.is_empty() => Ok(None),
+                Value::Array(f) => message_of(*p, *seq, f).map(Some),
+                Value::Map(m) => {
+                    let flat: Vec<Value> =
+                        m.iter().flat_map(|(k, v)| [k.clone(), v.clone()]).collect();
+                    message_of(*p, *seq, &flat).map(Some)
+                }
+                _ => Err(malformed("fetch")),
+            })
+            .collect()
+    }
+}
+
+/// A message hash as stored by the accept script.
+fn message_of(
+    partition: u32,
+    seq: u64,
+    fields: &[Value],
+) -> Result<(RecoveredMessage, String), StoreError> {
+    let mut f: HashMap<String, Vec<u8>> = HashMap::new();
+    for pair in fields.chunks(2) {
+        let [k, v] = pair else {
+            return Err(malformed("load: message fields"));
+        };
+        match (text(k), bytes(v)) {
+            (Some(k), Some(v)) => {
+                f.insert(k, v);
+            }
+            _ => return Err(malformed("load: message fields")),
+        }
+    }
+    let s = |k: &str| f.get(k).map(|v| String::from_utf8_lossy(v).into_owned());
+    let need = |k: &str| {
+        s(k).ok_or_else(|| {
+            StoreError::untrusted(format!(
+                "redis: partition {partition}, message {seq}: field {k} is missing"
+            ))
+        })
+    };
+    let num = |k: &str| -> Result<u64, StoreError> {
+        need(k)?.parse().map_err(|_| {
+            StoreError::untrusted(format!(
+                "redis: partition {partition}, message {seq}: field {k} is not a number"
+            ))
+        })
+    };
+    let message = StoredMessage {
+        seq,
+        platform: need("p")?,
+        id: need("i")?,
+        chat_type: need("ct")?,
+        chat_id: need("c")?,
+        thread_id: s("th"),
+        user_id: s("u"),
+        user_name: s("un"),
+        meta: s("meta"),
+        text: need("tx")?,
+        dedup_until_ms: num("du")?,
+    };
+    let outcome = match (f.get("oh"), s("ot"), f.get("ol")) {
+        (Some(head), Some(text), Some(tail)) => Some(StoredOutcome {
+            head: head.clone(),
+            text,
+            tail: tail.clone(),
+        }),
+        _ => None,
+    };
+    let starts = u32::try_from(num("st")?).map_err(|_| malformed("load: starts"))?;
+    Ok((
+        RecoveredMessage {
+            message,
+            starts,
+            outcome,
+        },
+        s("o").unwrap_or_default(),
+    ))
+}

@@ -1,0 +1,828 @@
+//! The partitioned store on Redis (`--cluster`, feature `cluster`): the design is
+//! docs/cluster.md. Sessions map to partitions ([`partition_of`]); every key of a partition
+//! carries it as a hash tag (`ts:{p17}:…`) and every script touches one partition only, so
+//! a later Redis Cluster can spread partitions over primaries.
+//!
+//! The client is blocking: it runs on the journal thread, never on the reactor. Each
+//! operation is one Lua script, atomic in Redis; with `appendfsync always` (checked by
+//! [`RedisStore::connect`]) its writes are on disk before Redis answers. The owner's writes
+//! (`started`, outcome) check the partition's lease first and fail
+//! [`StoreErrorKind::Fenced`](super::StoreErrorKind::Fenced) without changing anything when
+//! the caller no longer holds it.
+
+mod load;
+mod read;
+mod scripts;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use redis::{Script, Value};
+
+use super::{Recovered, StoreError, StoredMessage, StoredOutcome};
+use scripts::{
+    ACCEPT, ACQUIRE, FINISH, HEARTBEAT, LEAVE, LOAD, OUTCOME, RELEASE, RENEW, STARTED, Scripts,
+};
+
+/// The key prefix of every key the store writes.
+const PREFIX: &str = "ts";
+/// Entries kept in a partition's inbox and outcome streams (`XADD … MAXLEN ~`): a reader
+/// that falls further behind reloads the partition, which holds everything the streams say.
+const STREAM_MAXLEN: u32 = 10_000;
+/// Expired duplicate-window ids each accept prunes (bounds the script's work).
+const PRUNE_PER_ACCEPT: u32 = 64;
+
+/// `url` without its user information (`redis://***@host:port`): secrets never reach logs.
+fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let end = rest.find('/').unwrap_or(rest.len());
+    match rest[..end].rfind('@') {
+        Some(at) => format!("{scheme}://***{}", &rest[at..]),
+        None => url.to_owned(),
+    }
+}
+
+/// The partition of a session: FNV-1a (64 bits) of the session key, modulo `partitions`.
+/// Fixed forever: instances of different versions must agree on it.
+pub fn partition_of(session: &str, partitions: u32) -> u32 {
+    debug_assert!(partitions > 0);
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in session.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h % u64::from(partitions.max(1))) as u32
+}
+
+/// How an instance joins the cluster.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// `redis://HOST:PORT[/DB]`.
+    pub url: String,
+    /// This instance's name in leases (`<instance>:<epoch>`); unique among live instances.
+    pub instance: String,
+    /// Partitions of the key space; fixed for the life of the Redis database.
+    pub partitions: u32,
+    /// A lease's time to live.
+    pub lease: Duration,
+    /// Accept a Redis whose `appendfsync` is not `always` (an ack may then precede the
+    /// fsync: a Redis crash can lose acknowledged messages).
+    pub allow_lazy_fsync: bool,
+    /// Connect, read and write timeout of one round trip.
+    pub timeout: Duration,
+}
+
+impl ClusterConfig {
+    /// The URL as logs and errors may show it: a password (`redis://user:secret@host`) is
+    /// replaced by `***`.
+    pub fn shown_url(&self) -> String {
+        redact_url(&self.url)
+    }
+
+    /// The defaults of `serve --cluster URL`: 64 partitions, a 3 s lease, `hostname:pid`.
+    pub fn new(url: impl Into<String>, instance: impl Into<String>) -> ClusterConfig {
+        ClusterConfig {
+            url: url.into(),
+            instance: instance.into(),
+            partitions: 64,
+            lease: Duration::from_millis(3000),
+            allow_lazy_fsync: false,
+            timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// A partition's lease as this instance holds it: the token every owned write presents.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// The partition.
+    pub partition: u32,
+    /// `<instance>:<epoch>`, as stored in Redis.
+    pub token: String,
+    /// The epoch: increases with every acquisition of the partition.
+    pub epoch: u64,
+}
+
+/// What [`RedisStore::accept`] did with a message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Accept {
+    /// Durable, numbered `seq` in its partition.
+    New {
+        /// The partition's number for it.
+        seq: u64,
+    },
+    /// Its `(platform, id)` is in the partition's duplicate window (cluster-wide).
+    Duplicate,
+    /// Its session has `cap` messages in flight across the cluster.
+    SessionFull,
+}
+
+/// One write of [`RedisStore::write`]: what the journal's records become in a partitioned
+/// store.
+#[derive(Clone, Copy, Debug)]
+pub enum Op<'a> {
+    /// A message accepted by this instance (any partition).
+    Accept {
+        /// Its partition.
+        partition: u32,
+        /// Its session key (the cluster-wide cap counts per session).
+        session: &'a str,
+        /// The message.
+        message: &'a StoredMessage,
+        /// Most messages of the session in flight.
+        session_cap: usize,
+    },
+    /// The owner started the message's turn (fenced).
+    Started {
+        /// The partition's lease as the owner holds it.
+        lease: &'a Lease,
+        /// The message.
+        seq: u64,
+        /// Starts so far.
+        attempt: u32,
+    },
+    /// The owner's terminal outcome (fenced).
+    Outcome {
+        /// The partition's lease as the owner holds it.
+        lease: &'a Lease,
+        /// The message.
+        seq: u64,
+        /// The line.
+        outcome: &'a StoredOutcome,
+    },
+    /// A bridge has the outcome (any instance).
+    Delivered {
+        /// The partition.
+        partition: u32,
+        /// The message.
+        seq: u64,
+    },
+    /// Refused after it was accepted (any instance).
+    Forget {
+        /// The partition.
+        partition: u32,
+        /// The message.
+        seq: u64,
+    },
+}
+
+/// One operation's answer in [`RedisStore::write`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Done {
+    /// An accept's verdict.
+    Accepted(Accept),
+    /// Any other write: false if the message had already left the store.
+    Written(bool),
+}
+
+/// What [`RedisStore::acquire`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Acquire {
+    /// The partition is this instance's until the lease runs out.
+    Acquired(Lease),
+    /// Another token holds it (possibly an earlier life of this instance).
+    Taken {
+        /// The holder's token.
+        holder: String,
+    },
+}
+
+/// One partition as its new owner loads it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LoadedPartition {
+    /// The messages in flight in seq order, the live duplicate window, the partition's
+    /// highest seq: the same shape as a single instance's start-up recovery.
+    pub recovered: Recovered,
+    /// The instance that accepted each message (where its result goes first).
+    pub origins: HashMap<u64, String>,
+    /// The inbox stream's last entry when the load ran (read new messages after it).
+    pub inbox_after: String,
+}
+
+/// The Redis store: one connection, the scripts, the instance's name.
+pub struct RedisStore {
+    client: redis::Client,
+    /// None after a failure: the next call reconnects.
+    con: Option<redis::Connection>,
+    cfg: ClusterConfig,
+    scripts: Scripts,
+}
+
+/// Which of a partition's streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stream {
+    /// `ts:{pN}:in`: one entry per accepted message (`seq`); the owner queues them.
+    Inbox,
+    /// `ts:{pN}:out`: one entry per outcome (`seq`, `origin`); the origin instance sends it.
+    Outcomes,
+}
+
+/// One stream entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamEntry {
+    /// The partition whose stream it is.
+    pub partition: u32,
+    /// The entry's id (read on after it).
+    pub id: String,
+    /// The message.
+    pub seq: u64,
+    /// The instance that accepted it (outcome entries only; empty in the inbox).
+    pub origin: String,
+}
+
+/// The keys of one partition.
+struct Keys(String);
+
+impl Keys {
+    fn of(p: u32) -> Keys {
+        Keys(format!("{PREFIX}:{{p{p}}}:"))
+    }
+    fn k(&self, what: &str) -> String {
+        format!("{}{what}", self.0)
+    }
+    fn message(&self, seq: u64) -> String {
+        format!("{}m:{seq}", self.0)
+    }
+}
+
+fn dedup_member(platform: &str, id: &str) -> String {
+    format!("{platform}\n{id}")
+}
+
+fn transient(what: &str, e: &redis::RedisError) -> StoreError {
+    StoreError::transient(format!("redis: {what}: {e}"))
+}
+
+/// A script's answer as strings (its first is the verdict).
+fn strings(v: &Value) -> Vec<String> {
+    match v {
+        Value::Array(items) => items.iter().filter_map(text).collect(),
+        other => text(other).into_iter().collect(),
+    }
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(i) => Some(i.to_string()),
+        Value::Okay => Some("OK".into()),
+        _ => None,
+    }
+}
+
+fn bytes(v: &Value) -> Option<Vec<u8>> {
+    match v {
+        Value::BulkString(b) => Some(b.clone()),
+        Value::SimpleString(s) => Some(s.clone().into_bytes()),
+        _ => None,
+    }
+}
+
+fn malformed(what: &str) -> StoreError {
+    StoreError::untrusted(format!("redis: {what}: an answer of an unexpected shape"))
+}
+
+impl RedisStore {
+    /// Connects, checks that Redis syncs every write before answering (`appendfsync
+    /// always`, unless `allow_lazy_fsync`), and that the database's partition count (set
+    /// by the first instance) is `cfg.partitions`. A Redis that cannot be reached is
+    /// [`Transient`](super::StoreErrorKind::Transient); one that would ack before fsync,
+    /// or of another partition count, is [`Unusable`](super::StoreErrorKind::Unusable).
+    pub fn connect(cfg: ClusterConfig) -> Result<RedisStore, StoreError> {
+        if cfg.partitions == 0 {
+            return Err(StoreError::unusable("--partitions must be at least 1"));
+        }
+        let client = redis::Client::open(cfg.url.as_str()).map_err(|e| {
+            StoreError::unusable(format!(
+                "redis: the URL {:?} is not usable: {e}",
+                cfg.shown_url()
+            ))
+        })?;
+        let mut store = RedisStore {
+            client,
+            con: None,
+            cfg,
+            scripts: Scripts {
+                accept: Script::new(ACCEPT),
+                started: Script::new(STARTED),
+                outcome: Script::new(OUTCOME),
+                finish: Script::new(FINISH),
+                acquire: Script::new(ACQUIRE),
+                renew: Script::new(RENEW),
+                release: Script::new(RELEASE),
+                load: Script::new(LOAD),
+                heartbeat: Script::new(HEARTBEAT),
+                leave: Script::new(LEAVE),
+            },
+        };
+        store.check_fsync()?;
+        store.check_partitions()?;
+        Ok(store)
+    }
+
+    /// This instance's name.
+    pub fn instance(&self) -> &str {
+        &self.cfg.instance
+    }
+
+    /// The partition count.
+    pub fn partitions(&self) -> u32 {
+        self.cfg.partitions
+    }
+
+    /// A lease's time to live.
+    pub fn lease(&self) -> Duration {
+        self.cfg.lease
+    }
+
+    fn con(&mut self) -> Result<&mut redis::Connection, StoreError> {
+        if self.con.is_none() {
+            let t = self.cfg.timeout;
+            let c = self
+                .client
+                .get_connection_with_timeout(t)
+                .map_err(|e| transient("connect", &e))?;
+            let mut c = c;
+            c.set_read_timeout(Some(t))
+                .and_then(|()| c.set_write_timeout(Some(t)))
+                .map_err(|e| transient("set timeouts", &e))?;
+            // The pipelined writes call the scripts by hash only: load them on every new
+            // connection (a restarted Redis has an empty script cache).
+            let s = &self.scripts;
+            for script in [&s.accept, &s.started, &s.outcome, &s.finish] {
+                script
+                    .load(&mut c)
+                    .map_err(|e| transient("SCRIPT LOAD", &e))?;
+            }
+            self.con = Some(c);
+        }
+        self.con
+            .as_mut()
+            .ok_or_else(|| StoreError::transient("redis: no connection"))
+    }
+
+    /// Runs `f` on the connection; a failure drops it (the next call reconnects).
+    fn with<T>(
+        &mut self,
+        what: &str,
+        f: impl FnOnce(&mut redis::Connection, &Scripts) -> redis::RedisResult<T>,
+    ) -> Result<T, StoreError> {
+        self.con()?;
+        let (con, scripts) = match (&mut self.con, &self.scripts) {
+            (Some(c), s) => (c, s),
+            (None, _) => return Err(StoreError::transient("redis: no connection")),
+        };
+        match f(con, scripts) {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                self.con = None;
+                Err(transient(what, &e))
+            }
+        }
+    }
+
+    fn check_fsync(&mut self) -> Result<(), StoreError> {
+        let got: Result<Vec<String>, StoreError> = self.with("CONFIG GET appendfsync", |c, _| {
+            redis::cmd("CONFIG").arg("GET").arg("appendfsync").query(c)
+        });
+        let setting = match got {
+            Ok(v) => v.get(1).cloned(),
+            // A Redis that refuses CONFIG (renamed on managed services) cannot prove it syncs.
+            Err(e) if e.message.contains("ERR") => None,
+            Err(e) => return Err(e),
+        };
+        let aof: Option<Vec<String>> = self
+            .with("CONFIG GET appendonly", |c, _| {
+                redis::cmd("CONFIG").arg("GET").arg("appendonly").query(c)
+            })
+            .ok();
+        let aof_on = aof.as_ref().and_then(|v| v.get(1)).map(String::as_str) == Some("yes");
+        if setting.as_deref() == Some("always") && aof_on {
+            return Ok(());
+        }
+        let seen = format!(
+            "appendonly {}, appendfsync {}",
+            aof.as_ref()
+                .and_then(|v| v.get(1))
+                .map_or("unknown", String::as_str),
+            setting.as_deref().unwrap_or("unknown")
+        );
+        if self.cfg.allow_lazy_fsync {
+            log::warn!(
+                "redis {}: {seen}: an ack may precede the fsync (--cluster-allow-lazy-fsync): a Redis crash can lose acknowledged messages",
+                self.cfg.shown_url()
+            );
+            return Ok(());
+        }
+        Err(StoreError::unusable(format!(
+            "redis {}: {seen}; acknowledged messages must be on disk before the ack: configure `appendonly yes` and `appendfsync always`, or pass --cluster-allow-lazy-fsync to accept the loss",
+            self.cfg.shown_url()
+        )))
+    }
+
+    fn check_partitions(&mut self) -> Result<(), StoreError> {
+        let n = self.cfg.partitions;
+        let key = format!("{PREFIX}:partitions");
+        let (_, got): (Value, Option<u32>) = self.with("partitions", |c, _| {
+            redis::pipe()
+                .cmd("SET")
+                .arg(&key)
+                .arg(n)
+                .arg("NX")
+                .cmd("GET")
+                .arg(&key)
+                .query(c)
+        })?;
+        match got {
+            Some(g) if g == n => Ok(()),
+            Some(g) => Err(StoreError::unusable(format!(
+                "redis {}: the cluster has {g} partitions, this instance was given --partitions {n}",
+                self.cfg.shown_url()
+            ))),
+            None => Err(malformed("partitions")),
+        }
+    }
+
+    /// Accepts a message for `partition` on behalf of any instance: cluster-wide dedup by
+    /// `(platform, id)`, at most `session_cap` messages in flight for `session`; durable
+    /// when it returns [`Accept::New`]. `message.seq` is ignored (the partition numbers it);
+    /// `now_ms` is the wall clock (expires the window's ids).
+    pub fn accept(
+        &mut self,
+        partition: u32,
+        session: &str,
+        message: &StoredMessage,
+        session_cap: usize,
+        now_ms: u64,
+    ) -> Result<Accept, StoreError> {
+        let op = Op::Accept {
+            partition,
+            session,
+            message,
+            session_cap,
+        };
+        match self.one(op, now_ms)? {
+            Done::Accepted(a) => Ok(a),
+            Done::Written(_) => Err(malformed("accept")),
+        }
+    }
+
+    /// Tries to take `partition` for this instance for one lease.
+    pub fn acquire(&mut self, partition: u32) -> Result<Acquire, StoreError> {
+        let keys = Keys::of(partition);
+        let (instance, ttl) = (self.cfg.instance.clone(), self.ttl_ms());
+        let v: Value = self.with("acquire", |c, s| {
+            s.acquire
+                .key(keys.k("lease"))
+                .key(keys.k("epoch"))
+                .arg(&instance)
+                .arg(ttl)
+                .invoke(c)
+        })?;
+        let a = strings(&v);
+        match (a.first().map(String::as_str), a.get(1), a.get(2)) {
+            (Some("acquired"), Some(token), Some(epoch)) => Ok(Acquire::Acquired(Lease {
+                partition,
+                token: token.clone(),
+                epoch: epoch.parse().map_err(|_| malformed("acquire"))?,
+            })),
+            (Some("taken"), Some(holder), _) => Ok(Acquire::Taken {
+                holder: holder.clone(),
+            }),
+            _ => Err(malformed("acquire")),
+        }
+    }
+
+    /// Extends `lease` by one TTL; [`Fenced`](super::StoreErrorKind::Fenced) if it was lost.
+    pub fn renew(&mut self, lease: &Lease) -> Result<(), StoreError> {
+        let keys = Keys::of(lease.partition);
+        let ttl = self.ttl_ms();
+        let v: Value = self.with("renew", |c, s| {
+            s.renew
+                .key(keys.k("lease"))
+                .arg(&lease.token)
+                .arg(ttl)
+                .invoke(c)
+        })?;
+        self.owned_verdict(&v, lease, "renew").map(|_| ())
+    }
+
+    /// Gives `lease` up (another instance may take the partition at once); false if it was
+    /// no longer held.
+    pub fn release(&mut self, lease: &Lease) -> Result<bool, StoreError> {
+        let keys = Keys::of(lease.partition);
+        let n: i64 = self.with("release", |c, s| {
+            s.release.key(keys.k("lease")).arg(&lease.token).invoke(c)
+        })?;
+        Ok(n == 1)
+    }
+
+    /// The owner records that the turn of `seq` started (attempt `attempt`); fenced unless
+    /// `lease` is still the partition's. False if the message has left the store.
+    pub fn started(&mut self, lease: &Lease, seq: u64, attempt: u32) -> Result<bool, StoreError> {
+        self.written(Op::Started {
+            lease,
+            seq,
+            attempt,
+        })
+    }
+
+    /// The owner records the terminal outcome of `seq` and publishes it on the partition's
+    /// outcome stream; fenced unless `lease` is still the partition's. Writing it again
+    /// changes nothing. False if the message has left the store.
+    pub fn outcome(
+        &mut self,
+        lease: &Lease,
+        seq: u64,
+        outcome: &StoredOutcome,
+    ) -> Result<bool, StoreError> {
+        self.written(Op::Outcome {
+            lease,
+            seq,
+            outcome,
+        })
+    }
+
+    /// A bridge has the outcome of `seq`: the message leaves the store cluster-wide (its id
+    /// stays a duplicate until its window ends). Any instance may write it. False if it had
+    /// already left.
+    pub fn delivered(&mut self, partition: u32, seq: u64, now_ms: u64) -> Result<bool, StoreError> {
+        match self.one(Op::Delivered { partition, seq }, now_ms)? {
+            Done::Written(w) => Ok(w),
+            Done::Accepted(_) => Err(malformed("delivered")),
+        }
+    }
+
+    /// The runtime refused `seq` after it was accepted: it leaves the store and the
+    /// duplicate window (the bridge was told `reject`, so a retry is new).
+    pub fn forget(&mut self, partition: u32, seq: u64, now_ms: u64) -> Result<bool, StoreError> {
+        match self.one(Op::Forget { partition, seq }, now_ms)? {
+            Done::Written(w) => Ok(w),
+            Done::Accepted(_) => Err(malformed("forget")),
+        }
+    }
+
+    fn written(&mut self, op: Op<'_>) -> Result<bool, StoreError> {
+        match self.one(op, 0)? {
+            Done::Written(w) => Ok(w),
+            Done::Accepted(_) => Err(malformed("write")),
+        }
+    }
+
+    fn one(&mut self, op: Op<'_>, now_ms: u64) -> Result<Done, StoreError> {
+        self.write(&[op], now_ms)?
+            .pop()
+            .unwrap_or_else(|| Err(malformed("write")))
+    }
+
+    /// The journal thread's group commit: every operation of `ops` in one round trip (one
+    /// pipeline of scripts, each atomic on its own; Redis syncs what one pass of its event
+    /// loop wrote with one fsync). One answer per operation, in order: an owned write of a
+    /// lost lease is [`Fenced`](super::StoreErrorKind::Fenced) and changed nothing, while the
+    /// others went through. `Err` for the whole batch if Redis could not be asked or did not
+    /// answer: then any of them may or may not have been applied, and only idempotent ones
+    /// (all but accepts) may be sent again.
+    pub fn write(
+        &mut self,
+        ops: &[Op<'_>],
+        now_ms: u64,
+    ) -> Result<Vec<Result<Done, StoreError>>, StoreError> {
+        if ops.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        // Each answer on its own: one fenced or failed script must not hide the others'.
+        pipe.ignore_errors();
+        for op in ops {
+            pipe.add_command(self.op_cmd(op, now_ms));
+        }
+        let answers: Vec<Value> = self.with("write", |c, _| pipe.query(c))?;
+        if answers.len() != ops.len() {
+            return Err(malformed("write"));
+        }
+        // A flushed script cache (SCRIPT FLUSH, a failover): the next connection reloads it.
+        if answers
+            .iter()
+            .any(|v| matches!(v, Value::ServerError(e) if e.code() == "NOSCRIPT"))
+        {
+            self.con = None;
+        }
+        Ok(ops
+            .iter()
+            .zip(&answers)
+            .map(|(op, v)| self.op_answer(op, v))
+            .collect())
+    }
+
+    /// The `EVALSHA` of one operation (the scripts are loaded on every new connection).
+    fn op_cmd(&self, op: &Op<'_>, now_ms: u64) -> redis::Cmd {
+        let evalsha = |script: &Script, keys: &[String]| {
+            let mut c = redis::cmd("EVALSHA");
+            c.arg(script.get_hash()).arg(keys.len()).arg(keys);
+            c
+        };
+        let s = &self.scripts;
+        match *op {
+            Op::Accept {
+                partition,
+                session,
+                message: m,
+                session_cap,
+            } => {
+                debug_assert!(partition < self.cfg.partitions);
+                let keys = Keys::of(partition);
+                let names = ["seq", "q", "dedup", "dedupx", "sessions", "in"].map(|k| keys.k(k));
+                let mut c = evalsha(&s.accept, &names);
+                c.arg(keys.k("m:"))
+                    .arg(dedup_member(&m.platform, &m.id))
+                    .arg(now_ms)
+                    .arg(m.dedup_until_ms)
+                    .arg(session)
+                    .arg(session_cap)
+                    .arg(STREAM_MAXLEN)
+                    .arg(PRUNE_PER_ACCEPT)
+                    .arg(&self.cfg.instance);
+                for (k, v) in [
+                    ("p", Some(&m.platform)),
+                    ("i", Some(&m.id)),
+                    ("ct", Some(&m.chat_type)),
+                    ("c", Some(&m.chat_id)),
+                    ("tx", Some(&m.text)),
+                    ("th", m.thread_id.as_ref()),
+                    ("u", m.user_id.as_ref()),
+                    ("un", m.user_name.as_ref()),
+                    ("meta", m.meta.as_ref()),
+                ] {
+                    if let Some(v) = v {
+                        c.arg(k).arg(v);
+                    }
+                }
+                c
+            }
+            Op::Started {
+                lease,
+                seq,
+                attempt,
+            } => {
+                let keys = Keys::of(lease.partition);
+                let mut c = evalsha(&s.started, &[keys.k("lease")]);
+                c.arg(&lease.token).arg(keys.message(seq)).arg(attempt);
+                c
+            }
+            Op::Outcome {
+                lease,
+                seq,
+                outcome,
+            } => {
+                let keys = Keys::of(lease.partition);
+                let mut c = evalsha(&s.outcome, &[keys.k("lease"), keys.k("out")]);
+                c.arg(&lease.token)
+                    .arg(keys.message(seq))
+                    .arg(seq)
+                    .arg(&outcome.head)
+                    .arg(&outcome.text)
+                    .arg(&outcome.tail)
+                    .arg(STREAM_MAXLEN);
+                c
+            }
+            Op::Delivered { partition, seq } | Op::Forget { partition, seq } => {
+                let keys = Keys::of(partition);
+                let names = ["q", "dedup", "dedupx", "sessions"].map(|k| keys.k(k));
+                let forget = matches!(op, Op::Forget { .. });
+                let mut c = evalsha(&s.finish, &names);
+                c.arg(keys.message(seq))
+                    .arg(seq)
+                    .arg(now_ms)
+                    .arg(if forget { "1" } else { "0" });
+                c
+            }
+        }
+    }
+
+    fn op_answer(&self, op: &Op<'_>, v: &Value) -> Result<Done, StoreError> {
+        if let Value::ServerError(e) = v {
+            // NOSCRIPT (the cache flushed under us), OOM, a read-only replica: not applied.
+            return Err(StoreError::transient(format!(
+                "redis: write: {}",
+                e.details().unwrap_or(e.code())
+            )));
+        }
+        match op {
+            Op::Accept { .. } => {
+                let a = strings(v);
+                match a.first().map(String::as_str) {
+                    Some("new") => a
+                        .get(1)
+                        .and_then(|s| s.parse().ok())
+                        .map(|seq| Done::Accepted(Accept::New { seq }))
+                        .ok_or_else(|| malformed("accept")),
+                    Some("duplicate") => Ok(Done::Accepted(Accept::Duplicate)),
+                    Some("full") => Ok(Done::Accepted(Accept::SessionFull)),
+                    _ => Err(malformed("accept")),
+                }
+            }
+            Op::Started { lease, .. } => self.owned_verdict(v, lease, "started").map(Done::Written),
+            Op::Outcome { lease, .. } => self.owned_verdict(v, lease, "outcome").map(Done::Written),
+            Op::Delivered { .. } | Op::Forget { .. } => {
+                match strings(v).first().map(String::as_str) {
+                    Some("ok") => Ok(Done::Written(true)),
+                    Some("gone") => Ok(Done::Written(false)),
+                    _ => Err(malformed("delivered")),
+                }
+            }
+        }
+    }
+
+    /// Registers this instance as live for one lease and answers how many are (itself
+    /// included): the fair share's divisor.
+    pub fn heartbeat(&mut self) -> Result<u32, StoreError> {
+        let key = format!("{PREFIX}:instances");
+        let (instance, ttl) = (self.cfg.instance.clone(), self.ttl_ms());
+        let n: i64 = self.with("heartbeat", |c, s| {
+            s.heartbeat.key(&key).arg(&instance).arg(ttl).invoke(c)
+        })?;
+        u32::try_from(n).map_err(|_| malformed("heartbeat"))
+    }
+
+    /// The instances registered live now (by this host's clock: a heartbeat's expiry is
+    /// Redis's, so a skew between the two shifts the answer by as much).
+    pub fn live_instances(&mut self) -> Result<Vec<String>, StoreError> {
+        let key = format!("{PREFIX}:instances");
+        let now = super::now_ms();
+        self.with("instances", |c, _| {
+            redis::cmd("ZRANGEBYSCORE")
+                .arg(&key)
+                .arg(now)
+                .arg("+inf")
+                .query(c)
+        })
+    }
+
+    /// Leaves the registry (a graceful stop): the others' shares grow at their next pass.
+    pub fn leave(&mut self) -> Result<(), StoreError> {
+        let key = format!("{PREFIX}:instances");
+        let instance = self.cfg.instance.clone();
+        let _: i64 = self.with("leave", |c, s| s.leave.key(&key).arg(&instance).invoke(c))?;
+        Ok(())
+    }
+
+    fn ttl_ms(&self) -> u64 {
+        self.cfg.lease.as_millis().max(1) as u64
+    }
+
+    /// `ok` → true, `gone` → false, `fenced` → the error (logged with the holder).
+    fn owned_verdict(&self, v: &Value, lease: &Lease, what: &str) -> Result<bool, StoreError> {
+        let a = strings(v);
+        match a.first().map(String::as_str) {
+            Some("ok" | "again") => Ok(true),
+            Some("gone") => Ok(false),
+            Some("fenced") => {
+                let holder =
+                    a.get(1).map_or(
+                        "nobody",
+                        |h| {
+                            if h.is_empty() { "nobody" } else { h.as_str() }
+                        },
+                    );
+                Err(StoreError::fenced(format!(
+                    "partition {}: {what} refused: the lease is no longer {} (now held by {holder})",
+                    lease.partition, lease.token
+                )))
+            }
+            _ => Err(malformed(what)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::partition_of;
+
+    #[test]
+    fn a_password_in_the_url_never_shows() {
+        use super::redact_url;
+        assert_eq!(
+            redact_url("redis://:s3cret@h:6379/2"),
+            "redis://***@h:6379/2"
+        );
+        assert_eq!(redact_url("redis://u:p@ss@h:1"), "redis://***@h:1");
+        assert_eq!(redact_url("redis://h:1/0"), "redis://h:1/0");
+        assert_eq!(redact_url("unix:///tmp/r.sock"), "unix:///tmp/r.sock");
+    }
+
+    #[test]
+    fn the_partition_of_a_session_is_fixed_and_spread() {
+        // Fixed values: a change to the hash would split a running cluster's partitions.
+        assert_eq!(partition_of("", 64), (0xcbf2_9ce4_8422_2325u64 % 64) as u32);
+        assert_eq!(partition_of("telegram:dm:1", 1), 0);
+        let n = 16;
+        let mut seen = vec![0usize; n as usize];
+        for i in 0..1600 {
+            seen[partition_of(&format!("telegram:dm:{i}"), n) as usize] += 1;
+        }
+        assert!(seen.iter().all(|&c| c > 50), "{seen:?}");
+    }
+}

@@ -1,0 +1,142 @@
+//! The Lua scripts of the Redis store, one per operation (docs/cluster.md, "The scripts"):
+//! each runs atomically in Redis and touches the keys of one partition only.
+
+use redis::Script;
+
+pub(super) struct Scripts {
+    pub(super) accept: Script,
+    pub(super) started: Script,
+    pub(super) outcome: Script,
+    pub(super) finish: Script,
+    pub(super) acquire: Script,
+    pub(super) renew: Script,
+    pub(super) release: Script,
+    pub(super) load: Script,
+    pub(super) heartbeat: Script,
+    pub(super) leave: Script,
+}
+
+/// KEYS: seq, q, dedup, dedupx, sessions, inbox. ARGV: message key prefix, dedup member,
+/// now, until, session, cap, stream maxlen, prune count, origin, then field/value pairs.
+/// The dedup sorted set scores an in-flight id `+inf` (it stays a duplicate however long
+/// it waits) and a finished one by its window's end.
+pub(super) const ACCEPT: &str = r"
+local now = tonumber(ARGV[3])
+local old = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, tonumber(ARGV[8]))
+for _, d in ipairs(old) do
+  redis.call('HDEL', KEYS[3], d)
+  redis.call('ZREM', KEYS[4], d)
+end
+local s = redis.call('ZSCORE', KEYS[4], ARGV[2])
+if s and tonumber(s) > now then return {'duplicate'} end
+local n = tonumber(redis.call('HGET', KEYS[5], ARGV[5]) or '0')
+if n >= tonumber(ARGV[6]) then return {'full'} end
+local seq = redis.call('INCR', KEYS[1])
+local m = ARGV[1] .. seq
+redis.call('HSET', m, 'du', ARGV[4], 'st', '0', 's', ARGV[5], 'o', ARGV[9], unpack(ARGV, 10))
+redis.call('ZADD', KEYS[2], seq, seq)
+redis.call('HSET', KEYS[3], ARGV[2], seq)
+redis.call('ZADD', KEYS[4], '+inf', ARGV[2])
+redis.call('HINCRBY', KEYS[5], ARGV[5], 1)
+redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[7], '*', 'seq', seq)
+return {'new', tostring(seq)}
+";
+
+/// KEYS: lease. ARGV: token, message key, attempt. Fenced unless the lease is the token.
+pub(super) const STARTED: &str = r"
+local l = redis.call('GET', KEYS[1])
+if l ~= ARGV[1] then return {'fenced', l or ''} end
+if redis.call('EXISTS', ARGV[2]) == 0 then return {'gone'} end
+redis.call('HSET', ARGV[2], 'st', ARGV[3])
+return {'ok'}
+";
+
+/// KEYS: lease, outcome stream. ARGV: token, message key, seq, head, text, tail, maxlen.
+/// Fenced unless the lease is the token; a second outcome for the message changes nothing
+/// (a retried write whose first try did land).
+pub(super) const OUTCOME: &str = r"
+local l = redis.call('GET', KEYS[1])
+if l ~= ARGV[1] then return {'fenced', l or ''} end
+if redis.call('EXISTS', ARGV[2]) == 0 then return {'gone'} end
+if redis.call('HEXISTS', ARGV[2], 'oh') == 1 then return {'again'} end
+redis.call('HSET', ARGV[2], 'oh', ARGV[4], 'ot', ARGV[5], 'ol', ARGV[6])
+local origin = redis.call('HGET', ARGV[2], 'o') or ''
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[7], '*', 'seq', ARGV[3], 'origin', origin)
+return {'ok'}
+";
+
+/// KEYS: q, dedup, dedupx, sessions. ARGV: message key, seq, now, forget (1: the id leaves
+/// the duplicate window too). Delivered (0) or forgotten (1): the message leaves the store.
+pub(super) const FINISH: &str = r"
+local m = redis.call('HMGET', ARGV[1], 'p', 'i', 's', 'du')
+if not m[1] then return {'gone'} end
+local d = m[1] .. '\n' .. m[2]
+redis.call('DEL', ARGV[1])
+redis.call('ZREM', KEYS[1], ARGV[2])
+if m[3] then
+  local n = redis.call('HINCRBY', KEYS[4], m[3], -1)
+  if n <= 0 then redis.call('HDEL', KEYS[4], m[3]) end
+end
+if ARGV[4] == '0' and tonumber(m[4] or '0') > tonumber(ARGV[3]) then
+  redis.call('ZADD', KEYS[3], m[4], d)
+else
+  redis.call('ZREM', KEYS[3], d)
+  redis.call('HDEL', KEYS[2], d)
+end
+return {'ok'}
+";
+
+/// KEYS: lease, epoch. ARGV: instance, ttl ms. Never hands back a held lease, even to an
+/// instance of the same name: a restarted process must load the partition again.
+pub(super) const ACQUIRE: &str = r"
+local l = redis.call('GET', KEYS[1])
+if l then return {'taken', l} end
+local e = redis.call('INCR', KEYS[2])
+local t = ARGV[1] .. ':' .. e
+redis.call('SET', KEYS[1], t, 'PX', ARGV[2])
+return {'acquired', t, tostring(e)}
+";
+
+/// KEYS: lease. ARGV: token, ttl ms.
+pub(super) const RENEW: &str = r"
+local l = redis.call('GET', KEYS[1])
+if l ~= ARGV[1] then return {'fenced', l or ''} end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return {'ok'}
+";
+
+/// KEYS: lease. ARGV: token.
+pub(super) const RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) return 1 end
+return 0
+";
+
+/// KEYS: seq, q, dedupx, inbox. ARGV: message key prefix, now. One atomic snapshot: the
+/// messages in flight, the live window, the highest seq and the inbox's last id.
+pub(super) const LOAD: &str = r"
+local seqs = redis.call('ZRANGE', KEYS[2], 0, -1)
+local msgs = {}
+for _, s in ipairs(seqs) do
+  msgs[#msgs + 1] = {s, redis.call('HGETALL', ARGV[1] .. s)}
+end
+local last = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)
+local lastid = '0-0'
+if last[1] then lastid = last[1][1] end
+local live = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. ARGV[2], '+inf', 'WITHSCORES')
+return {redis.call('GET', KEYS[1]) or '0', lastid, msgs, live}
+";
+
+/// KEYS: instances. ARGV: instance, ttl ms. Registers the instance until now + ttl (Redis's
+/// clock: instances need not agree on theirs), drops the expired ones, counts the live.
+pub(super) const HEARTBEAT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+return redis.call('ZCARD', KEYS[1])
+";
+
+/// KEYS: instances. ARGV: instance. A graceful stop leaves the registry at once.
+pub(super) const LEAVE: &str = r"
+return redis.call('ZREM', KEYS[1], ARGV[1])
+";

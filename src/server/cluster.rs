@@ -1,0 +1,129 @@
+//! The bridge server as a cluster member (`--cluster`, docs/cluster.md): the journal thread
+//! on Redis ([`Journal::start_cluster`]) and the stream reader ([`Reader`]) both wake the
+//! reactor through the journal's pipe; the reader is told which inboxes to read from the
+//! journal's gained, lost and fenced reports before the bridge sees them.
+//!
+//! A lost or fenced partition stops the process (a [`ForcedStop`], exit 1): ending that
+//! partition's sessions here without outcome records is not built yet, and a stop is what
+//! the partition's new owner already recovers from, as after a crash. (The journal thread
+//! does not release partitions to rebalance for the same reason.)
+
+use std::io;
+use std::sync::Arc;
+
+use super::{BridgeServer, ForcedStop};
+use crate::journal::{Committed, Journal, JournalConfig, Reader, RedisStore, StoreError, now_ms};
+
+/// A cluster member's parts: until `register`, then while serving.
+#[derive(Default)]
+pub(super) struct Member {
+    pending: Option<Pending>,
+    reader: Option<Reader>,
+    /// A forced stop was announced.
+    stopping: bool,
+}
+
+struct Pending {
+    journal: RedisStore,
+    reader: RedisStore,
+    session_cap: usize,
+    cfg: JournalConfig,
+}
+
+impl Member {
+    pub(super) fn is_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+}
+
+impl BridgeServer {
+    /// Makes the server a cluster member: messages are journaled in Redis through
+    /// `journal` (its own connection) and the partitions' streams read through `reader` (a
+    /// second connection); at most `session_cap` messages of one session are in flight
+    /// across the cluster. The bridge's config must have `journal` set. Nothing is loaded
+    /// here: partitions are loaded as they are gained, once the server runs.
+    pub fn with_cluster(
+        mut self,
+        journal: RedisStore,
+        reader: RedisStore,
+        session_cap: usize,
+        cfg: JournalConfig,
+    ) -> Result<BridgeServer, StoreError> {
+        if !self.bridge.config().journal {
+            return Err(StoreError::unusable(
+                "the bridge config does not have journal set",
+            ));
+        }
+        // The bridge's clock starts at zero with the server.
+        self.bridge.set_wall_clock(now_ms());
+        self.cluster.pending = Some(Pending {
+            journal,
+            reader,
+            session_cap,
+            cfg,
+        });
+        Ok(self)
+    }
+
+    /// Starts the journal thread and the reader, both waking the reactor through `pipe`.
+    pub(super) fn start_cluster(&mut self, pipe: mio::unix::pipe::Sender) -> io::Result<()> {
+        let Some(p) = self.cluster.pending.take() else {
+            return Ok(());
+        };
+        let pipe = Arc::new(pipe);
+        let waker = |pipe: Arc<mio::unix::pipe::Sender>| {
+            move || {
+                use std::io::Write as _;
+                match (&*pipe).write(&[1]) {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => log::error!("cannot wake the reactor for the cluster: {e}"),
+                }
+            }
+        };
+        let reader = Reader::start(p.reader, waker(pipe.clone()))
+            .map_err(|e| io::Error::other(e.message))?;
+        self.journal = Some(Journal::start_cluster(
+            p.journal,
+            p.cfg,
+            p.session_cap,
+            waker(pipe),
+        )?);
+        self.cluster.reader = Some(reader);
+        Ok(())
+    }
+
+    /// Before the bridge sees a report: the reader reads the inboxes of the partitions
+    /// gained, from their loads' positions, and no more those lost or fenced.
+    pub(super) fn forward(&self, c: &Committed) {
+        let Some(r) = &self.cluster.reader else {
+            return;
+        };
+        for (p, loaded) in &c.cluster.gained {
+            r.own(*p, loaded.inbox_after.clone());
+        }
+        for p in c.cluster.lost.iter().chain(&c.cluster.fenced) {
+            r.disown(*p);
+        }
+    }
+
+    /// What the reader brought goes to the bridge; a dropped partition stops the process.
+    pub(super) fn cluster_arrivals(&mut self) {
+        if let Some(r) = &self.cluster.reader {
+            let arrivals: Vec<_> = r.arrivals().collect();
+            for a in arrivals {
+                self.bridge.arrived(a, self.now);
+            }
+        }
+        let dropped = self.bridge.dropped_partitions();
+        if let Some(p) = dropped.first()
+            && !self.cluster.stopping
+        {
+            log::error!(
+                "partition {p} is no longer this instance's: stopping (its new owner recovers its sessions)"
+            );
+            self.cluster.stopping = true;
+            let _ = self.forced.0.try_send(ForcedStop::PartitionLost(*p));
+        }
+    }
+}

@@ -1,0 +1,357 @@
+//! The sans-IO bridge as a cluster member (`--cluster`): the journal thread's cluster
+//! reports and the stream reader's arrivals played by hand, as tests/bridge.rs plays the
+//! runtime. No sockets, no threads, no sleeps.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use turnstile::internal::core::{AcceptState, MessageEvent};
+use turnstile::internal::journal::{
+    Arrival, ClusterReport, Committed, Record, RecoveredMessage, StoredMessage, StoredOutcome,
+    cluster_tag,
+};
+use turnstile::internal::server::{Action, Bridge, BridgeConfig, ConnId, Flushed};
+use turnstile::{EventKind, Message, Outcome};
+
+struct Net {
+    b: Bridge,
+    now: Duration,
+    journal: Vec<Record>,
+    submitted: Vec<u64>,
+    messages: Vec<Message>,
+}
+
+impl Net {
+    fn new() -> Net {
+        let cfg = BridgeConfig {
+            journal: true,
+            ..BridgeConfig::default()
+        };
+        Net {
+            b: Bridge::new(cfg),
+            now: Duration::from_secs(1),
+            journal: Vec::new(),
+            submitted: Vec::new(),
+            messages: Vec::new(),
+        }
+    }
+
+    fn pump(&mut self) {
+        while let Some(a) = self.b.poll_action() {
+            match a {
+                Action::Journal(r) => self.journal.push(r),
+                Action::Submit { tag, message } => {
+                    self.submitted.push(tag);
+                    self.messages.push(message);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn send(&mut self, c: ConnId, v: Value) {
+        self.b.line(c, v.to_string().as_bytes(), self.now);
+        self.pump();
+    }
+
+    fn connect(&mut self) -> ConnId {
+        let c = self
+            .b
+            .connect("10.0.0.1".parse().expect("ip"), self.now)
+            .expect("connect");
+        self.send(c, json!({"op": "hello", "platform": "tg", "acks": true}));
+        c
+    }
+
+    fn take(&mut self, c: ConnId) -> Vec<Value> {
+        let mut w = Vec::new();
+        loop {
+            match self.b.write(c, &mut w, self.now).expect("write") {
+                Flushed::All => break,
+                Flushed::Budget => continue,
+                Flushed::Blocked => unreachable!("a Vec never blocks"),
+            }
+        }
+        self.b.acked(c, self.b.written(c));
+        self.pump();
+        w.split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_slice(l).expect("json"))
+            .collect()
+    }
+
+    /// The accepted records asked for so far, taken.
+    fn accepted(&mut self) -> Vec<StoredMessage> {
+        let (acc, rest): (Vec<Record>, Vec<Record>) = std::mem::take(&mut self.journal)
+            .into_iter()
+            .partition(|r| matches!(r, Record::Accepted(_)));
+        self.journal = rest;
+        acc.into_iter()
+            .filter_map(|r| match r {
+                Record::Accepted(m) => Some(m),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn arrive(&mut self, a: Arrival) {
+        self.b.arrived(a, self.now);
+        self.pump();
+    }
+
+    fn report(&mut self, taken: usize, cluster: ClusterReport) {
+        let c = Committed {
+            taken,
+            cluster,
+            ..Committed::default()
+        };
+        self.b.journaled(c, self.now);
+        self.pump();
+    }
+}
+
+fn done(text: &str, id: &str) -> StoredOutcome {
+    StoredOutcome {
+        head: format!("{{\"op\":\"done\",\"id\":\"{id}\",\"session\":\"tg:dm:1\",\"text\":\"")
+            .into_bytes(),
+        text: text.into(),
+        tail: b"\"}\n".to_vec(),
+    }
+}
+
+#[test]
+fn a_message_owned_elsewhere_is_acked_once_durable_answered_from_the_stream_and_delivered_here() {
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = n.take(c);
+    n.send(
+        c,
+        json!({"op": "message", "id": "m1", "chat_id": "1", "text": "hi"}),
+    );
+    assert!(n.take(c).is_empty(), "no ack before Redis has it");
+    let m = n.accepted().pop().expect("an accepted record");
+    let g = cluster_tag(3, 17);
+    n.report(
+        1,
+        ClusterReport {
+            placed: vec![(m.seq, g)],
+            remote: vec![m.seq],
+            ..ClusterReport::default()
+        },
+    );
+    let lines = n.take(c);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(
+        (lines[0]["op"].as_str(), lines[0]["state"].as_str()),
+        (Some("ack"), Some("queued"))
+    );
+    assert!(n.submitted.is_empty(), "owned elsewhere: never run here");
+    assert_eq!(n.b.remote_waiting(), 1);
+
+    // An outcome for another instance's message changes nothing; this one's goes out.
+    n.arrive(Arrival::Outcome {
+        partition: 3,
+        tag: cluster_tag(3, 99),
+        outcome: done("not yours", "m9"),
+    });
+    assert!(n.take(c).is_empty());
+    n.arrive(Arrival::Outcome {
+        partition: 3,
+        tag: g,
+        outcome: done("hello from b", "m1"),
+    });
+    let lines = n.take(c);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["text"], "hello from b");
+    assert_eq!(n.b.remote_waiting(), 0);
+    assert!(
+        !n.journal
+            .iter()
+            .any(|r| matches!(r, Record::Outcome { .. })),
+        "the owner wrote the outcome; no second record"
+    );
+    // The bridge confirms it: `delivered` names the bridge's tag (the thread maps it).
+    n.send(c, json!({"op": "delivered", "ids": ["m1"]}));
+    assert!(
+        n.journal
+            .iter()
+            .any(|r| matches!(r, Record::Delivered { seq } if *seq == m.seq)),
+        "{:?}",
+        n.journal
+    );
+}
+
+#[test]
+fn a_cluster_duplicate_is_answered_as_one_and_a_full_session_is_refused() {
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = n.take(c);
+    n.send(
+        c,
+        json!({"op": "message", "id": "m1", "chat_id": "1", "text": "a"}),
+    );
+    n.send(
+        c,
+        json!({"op": "message", "id": "m2", "chat_id": "1", "text": "b"}),
+    );
+    let acc = n.accepted();
+    assert_eq!(acc.len(), 2);
+    n.report(
+        2,
+        ClusterReport {
+            duplicates: vec![acc[0].seq],
+            session_full: vec![acc[1].seq],
+            ..ClusterReport::default()
+        },
+    );
+    let lines = n.take(c);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines[0]["op"], "ack");
+    assert_eq!(lines[0]["state"], "duplicate", "{:?}", lines[0]);
+    assert_eq!(
+        (lines[1]["op"].as_str(), lines[1]["reason"].as_str()),
+        (Some("reject"), Some("queue_full"))
+    );
+    assert!(n.submitted.is_empty());
+    // Still a duplicate here too.
+    n.send(
+        c,
+        json!({"op": "message", "id": "m1", "chat_id": "1", "text": "a"}),
+    );
+    let lines = n.take(c);
+    assert_eq!(lines[0]["state"], "duplicate", "{lines:?}");
+}
+
+#[test]
+fn a_gained_partition_and_the_inbox_queue_their_messages_here_and_a_lost_one_is_reported() {
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = n.take(c);
+    let stored = |seq: u64, id: &str| RecoveredMessage {
+        message: StoredMessage {
+            seq,
+            platform: "tg".into(),
+            id: id.into(),
+            chat_type: "dm".into(),
+            chat_id: "5".into(),
+            thread_id: None,
+            user_id: None,
+            user_name: None,
+            meta: None,
+            text: format!("text of {id}"),
+            dedup_until_ms: u64::MAX / 4,
+        },
+        starts: 0,
+        outcome: None,
+    };
+    let (g1, g2) = (cluster_tag(2, 1), cluster_tag(2, 2));
+    let mut loaded = turnstile::internal::journal::LoadedPartition::default();
+    loaded.recovered.messages.push(stored(g1, "m1"));
+    n.report(
+        0,
+        ClusterReport {
+            gained: vec![(2, loaded)],
+            ..ClusterReport::default()
+        },
+    );
+    assert_eq!(n.submitted, vec![g1], "rebuilt as recovery does");
+    n.arrive(Arrival::Message {
+        partition: 2,
+        tag: g2,
+        message: Box::new(stored(g2, "m2")),
+        origin: "b".into(),
+    });
+    // Known already: not queued twice.
+    n.arrive(Arrival::Message {
+        partition: 2,
+        tag: g2,
+        message: Box::new(stored(g2, "m2")),
+        origin: "b".into(),
+    });
+    assert_eq!(n.submitted, vec![g1, g2]);
+    n.report(
+        0,
+        ClusterReport {
+            lost: vec![2],
+            fenced: vec![2, 5],
+            ..ClusterReport::default()
+        },
+    );
+    assert_eq!(n.b.dropped_partitions(), vec![2, 5]);
+    assert!(n.b.dropped_partitions().is_empty());
+}
+
+#[test]
+fn an_outcome_the_store_did_not_write_is_never_sent() {
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = n.take(c);
+    n.send(
+        c,
+        json!({"op": "message", "id": "m1", "chat_id": "1", "text": "hi"}),
+    );
+    let m = n.accepted().pop().expect("accepted");
+    // Owned here: submitted, accepted, run, finished.
+    let durable = Committed {
+        taken: 1,
+        durable: vec![m.seq],
+        ..Committed::default()
+    };
+    n.b.journaled(durable, n.now);
+    n.pump();
+    assert_eq!(n.submitted, vec![m.seq]);
+    let message = n.messages.pop().expect("message");
+    let event = |kind| MessageEvent {
+        id: message.id.clone(),
+        session: message.session.clone(),
+        kind,
+    };
+    n.b.event(
+        m.seq,
+        event(EventKind::Accepted {
+            state: AcceptState::Running,
+            position: 0,
+        }),
+        n.now,
+    );
+    n.b.event(
+        m.seq,
+        event(EventKind::Finished(Outcome::Reply("ran".into()))),
+        n.now,
+    );
+    n.pump();
+    assert_eq!(
+        n.take(c).len(),
+        1,
+        "the ack only: the reply waits for its record"
+    );
+    assert!(
+        n.journal
+            .iter()
+            .any(|r| matches!(r, Record::Outcome { seq, .. } if *seq == m.seq))
+    );
+    // The batch went through, but this outcome was fenced: it never goes out, not with this
+    // batch and not with the next.
+    let taken = n.journal.len();
+    n.journal.clear();
+    let fenced = Committed {
+        taken,
+        outcomes: vec![m.seq],
+        cluster: ClusterReport {
+            fenced: vec![0],
+            unwritten_outcomes: vec![m.seq],
+            ..ClusterReport::default()
+        },
+        ..Committed::default()
+    };
+    n.b.journaled(fenced, n.now);
+    n.pump();
+    n.report(0, ClusterReport::default());
+    assert!(n.take(c).is_empty(), "a fenced outcome reached the bridge");
+    assert_eq!(n.b.dropped_partitions(), vec![0]);
+    assert_eq!(
+        n.b.status().journal.map(|j| j.unjournaled_outcomes),
+        Some(0),
+        "and it is not held either"
+    );
+}

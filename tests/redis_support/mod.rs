@@ -1,0 +1,182 @@
+//! A real Redis for the cluster tests: Debian's `redis-server`, started by the test on a free
+//! local port in a directory of its own (`--appendonly yes --appendfsync always --save ''`),
+//! killed when the handle drops (and by the kernel if the test process dies first).
+//!
+//! Without redis-server installed a test says so and passes, except under `.ci/run`, which
+//! sets `TURNSTILE_REQUIRE_REAL_SERVERS=1`: there a missing server fails it.
+//!
+//! Nothing polls for readiness: the server's own log line `Ready to accept connections`,
+//! read from its stdout, says when it listens.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// Only a failing run waits this long.
+pub const WAIT: Duration = Duration::from_secs(60);
+
+fn redis_server_path() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/bin"), PathBuf::from("/usr/sbin")])
+        .map(|d| d.join("redis-server"))
+        .find(|p| p.is_file())
+}
+
+/// redis-server, or `None` (after saying why) when the test may skip.
+pub fn require_redis() -> Option<PathBuf> {
+    match redis_server_path() {
+        Some(p) => Some(p),
+        None if std::env::var("TURNSTILE_REQUIRE_REAL_SERVERS").as_deref() == Ok("1") => {
+            panic!(
+                "redis-server is not installed but TURNSTILE_REQUIRE_REAL_SERVERS=1 (.ci/run installs it: apt-get install -y redis-server)"
+            )
+        }
+        None => {
+            // Straight to stderr, past the test harness's capture, so the skip is seen.
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED: redis-server is not installed (apt-get install -y redis-server); this cluster test needs a real Redis"
+            );
+            None
+        }
+    }
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+fn die_with_parent(command: &mut Command) -> &mut Command {
+    // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    }
+}
+
+/// One redis-server process; its data directory outlives a [`Redis::kill`] so that
+/// [`Redis::restart`] finds the append-only file again.
+pub struct Redis {
+    bin: PathBuf,
+    dir: tempfile::TempDir,
+    port: u16,
+    fsync: &'static str,
+    child: Option<Child>,
+}
+
+impl Redis {
+    /// A Redis that syncs every write before answering (what `--cluster` requires).
+    pub fn start(bin: &Path) -> Redis {
+        Redis::start_with(bin, "always")
+    }
+
+    /// A Redis with `appendfsync` set to `fsync` (`always`, `everysec`, `no`).
+    pub fn start_with(bin: &Path, fsync: &'static str) -> Redis {
+        let mut r = Redis {
+            bin: bin.to_path_buf(),
+            dir: tempfile::tempdir().expect("tempdir"),
+            port: free_port(),
+            fsync,
+            child: None,
+        };
+        r.spawn();
+        r
+    }
+
+    fn spawn(&mut self) {
+        assert!(self.child.is_none());
+        let mut child = die_with_parent(
+            Command::new(&self.bin)
+                .args(["--port", &self.port.to_string()])
+                .args(["--bind", "127.0.0.1"])
+                .arg("--dir")
+                .arg(self.dir.path())
+                .args(["--appendonly", "yes", "--appendfsync", self.fsync])
+                .args(["--save", ""])
+                .args(["--logfile", ""])
+                .args(["--daemonize", "no"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null()),
+        )
+        .spawn()
+        .expect("start redis-server");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            let mut log = Vec::new();
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if line.contains("Ready to accept connections") {
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(Ok(()));
+                    }
+                } else if tx.is_some() {
+                    log.push(line);
+                }
+            }
+            // The log is drained to the end so the server never blocks on a full pipe.
+            if let Some(tx) = tx {
+                let _ = tx.send(Err(log.join("\n")));
+            }
+        });
+        match rx.recv_timeout(WAIT) {
+            Ok(Ok(())) => {}
+            Ok(Err(log)) => panic!("redis-server exited before it was ready:\n{log}"),
+            Err(_) => panic!("redis-server was not ready within {WAIT:?}"),
+        }
+        self.child = Some(child);
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// kill -9: what Redis acknowledged is in its append-only file (`appendfsync always`).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again on the same port and directory.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// A plain client connection for looking at the keys.
+    pub fn client(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .expect("client")
+            .get_connection_with_timeout(WAIT)
+            .expect("connect")
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
