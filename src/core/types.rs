@@ -536,16 +536,19 @@ pub enum Input<R, A> {
     /// to a worker (its [`EventKind::TurnStarted`] is emitted at the claim): a journaling
     /// submitter releases it once the turn's `started` record is durable, so that a turn
     /// never runs without a record of it (a crash then fails it `interrupted by restart`
-    /// instead of running it again). A held turn that is cancelled or times out before its
-    /// release ends without ever reaching a worker.
+    /// instead of running it again). A held turn takes no worker while it waits (at most
+    /// [`CoreConfig::max_held_turns`] are claimed so), so that many start records go in one
+    /// commit. A held turn that is cancelled or times out before it reaches a worker ends
+    /// without ever reaching one.
     SubmitHeld {
         /// The message.
         message: Message,
         /// Where its events go.
         route: R,
     },
-    /// The held turn may now run: its [`Effect::StartTurn`] follows. Ignored for a turn
-    /// that already ended or was never held.
+    /// The held turn may now run: its [`Effect::StartTurn`] follows in this step if a
+    /// worker is free, else when one is (released turns go first, in release order).
+    /// Ignored for a turn that already ended, was already released or was never held.
     Release {
         /// The turn.
         turn: TurnId,
