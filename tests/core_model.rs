@@ -4,7 +4,8 @@
 //! 2 (order), 3 (exactly one outcome), 4 (never unclaimed while holding work), 6 (no leak),
 //! 7 (bounded queues, per session and in total) and the agent lifecycle: at most one live
 //! agent per session, counting agents being closed and agents held by abandoned turns, and
-//! no agent evicted while its session is busy.
+//! no agent evicted while its session is busy; and the start gate: a held turn (a journaling
+//! shell's) reaches no worker before its release, and no more turns run than workers.
 
 mod common;
 
@@ -14,8 +15,8 @@ use std::time::Duration;
 use common::{Fx, Harness, key};
 use proptest::prelude::*;
 use turnstile::internal::core::{
-    AcceptState, AgentPhase, BusyMode, CoreConfig, EventKind, Input, RejectReason, SessionView,
-    TurnId, TurnResult,
+    AcceptState, AgentPhase, BusyMode, CancelReason, CoreConfig, EventKind, Input, Outcome,
+    RejectReason, SessionView, TurnId, TurnResult,
 };
 
 const CHATS: [&str; 3] = ["a", "b", "c"];
@@ -23,6 +24,10 @@ const CHATS: [&str; 3] = ["a", "b", "c"];
 #[derive(Clone, Debug)]
 enum Op {
     Text(usize),
+    /// A held message (a journaling shell's): its turn waits for a `Release` once claimed.
+    HeldText(usize),
+    /// Releases the i-th claimed held turn (modulo their number), or one already released.
+    Release(usize),
     Command(usize, &'static str),
     Complete(usize, u8),
     CompleteStuck,
@@ -34,7 +39,9 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (0..3usize).prop_map(Op::Text),
+        4 => (0..3usize).prop_map(Op::Text),
+        3 => (0..3usize).prop_map(Op::HeldText),
+        3 => (0..4usize).prop_map(Op::Release),
         1 => (0..3usize, prop::sample::select(vec!["/stop", "/new", "/status"])).prop_map(|(s, c)| Op::Command(s, c)),
         5 => (0..3usize, 0..4u8).prop_map(|(s, r)| Op::Complete(s, r)),
         1 => Just(Op::CompleteStuck),
@@ -49,11 +56,13 @@ fn config() -> impl Strategy<Value = (CoreConfig, bool)> {
     (
         (1..4usize, 1..5usize, 0..3usize, 0..3usize),
         (1..12usize, 1..3usize, 0..3usize, any::<bool>()),
+        1..4usize,
     )
         .prop_map(
-            |((workers, cap, cached, mode), (total, concurrency, backlog, auto_start))| {
+            |((workers, cap, cached, mode), (total, concurrency, backlog, auto_start), held)| {
                 let cfg = CoreConfig {
                     turn_workers: workers,
+                    max_held_turns: held,
                     queue_cap: cap,
                     max_cached_agents: cached,
                     busy_mode: [BusyMode::Queue, BusyMode::Interrupt, BusyMode::Merge][mode],
@@ -83,6 +92,12 @@ struct Model {
     outcomes: HashMap<String, usize>,
     /// Session -> its claimed turn.
     in_flight: HashMap<String, TurnId>,
+    /// Ids of held messages.
+    held_ids: HashSet<String>,
+    /// Claimed held turns, in claim order, and those not released yet: none of these may
+    /// reach a worker.
+    held_turns: Vec<TurnId>,
+    unreleased: HashSet<TurnId>,
     /// Per session, the acceptance index of the last message that started a turn.
     last_started: HashMap<String, usize>,
     agents_in_turns: HashSet<u64>,
@@ -121,16 +136,33 @@ impl Model {
                                 "{id} accepted twice"
                             );
                             if !id.starts_with("cmd") {
+                                // `running`: claimed in this step; a turn not held is also
+                                // handed to a worker in it.
+                                let claimed_now = step.iter().any(|f| matches!(f, Fx::Event(e) if *e.id == *id && matches!(e.kind, EventKind::TurnStarted(_))));
                                 let started_now = step
                                     .iter()
                                     .any(|f| matches!(f, Fx::Started { id: s, .. } if *s == id));
+                                // A follow-up in interrupt mode is accepted `queued`; when
+                                // the turn it cancels was held (never on a worker), that turn
+                                // ends at once and the follow-up is claimed in the same step.
+                                let unheld_by_interrupt = cfg.busy_mode == BusyMode::Interrupt
+                                    && step.iter().any(|f| matches!(f, Fx::Event(e) if self.held_ids.contains(&*e.id) && e.kind == EventKind::Finished(Outcome::Cancelled(CancelReason::Interrupted))));
                                 prop_assert_eq!(
-                                    started_now,
+                                    claimed_now && !unheld_by_interrupt,
                                     *state == AcceptState::Running,
-                                    "{} accepted as {:?}",
+                                    "{} accepted as {:?}: {:?}",
                                     id,
-                                    state
+                                    state,
+                                    step
                                 );
+                                if !self.held_ids.contains(&id) {
+                                    prop_assert_eq!(
+                                        started_now,
+                                        claimed_now,
+                                        "{} claimed but not started",
+                                        id
+                                    );
+                                }
                             }
                             if !id.starts_with("cmd") {
                                 self.accepted.entry(session).or_default().push(id);
@@ -155,7 +187,24 @@ impl Model {
                             }
                             self.rejected.insert(id);
                         }
-                        EventKind::TurnStarted(_) | EventKind::Partial(_) => {}
+                        EventKind::TurnStarted(t) => {
+                            let prev = self.in_flight.insert(session.clone(), *t);
+                            prop_assert!(prev.is_none(), "two turns in flight for {session}");
+                            let order = &self.accepted[&session];
+                            let idx = order
+                                .iter()
+                                .position(|m| *m == id)
+                                .expect("claimed an accepted message");
+                            if let Some(&last) = self.last_started.get(&session) {
+                                prop_assert!(idx > last, "{id} started out of order in {session}");
+                            }
+                            self.last_started.insert(session.clone(), idx);
+                            if self.held_ids.contains(&id) {
+                                self.held_turns.push(*t);
+                                self.unreleased.insert(*t);
+                            }
+                        }
+                        EventKind::Partial(_) => {}
                         EventKind::TurnEnded(t) => {
                             prop_assert_eq!(
                                 self.in_flight.remove(&session),
@@ -204,17 +253,17 @@ impl Model {
                         ),
                     }
                     self.turn_agents.insert(*turn, (session.clone(), *agent_id));
-                    let prev = self.in_flight.insert(session.clone(), *turn);
-                    prop_assert!(prev.is_none(), "two turns in flight for {session}");
-                    let order = &self.accepted[session];
-                    let idx = order
-                        .iter()
-                        .position(|m| m == id)
-                        .expect("started an accepted message");
-                    if let Some(&last) = self.last_started.get(session) {
-                        prop_assert!(idx > last, "{id} started out of order in {session}");
-                    }
-                    self.last_started.insert(session.clone(), idx);
+                    prop_assert_eq!(
+                        self.in_flight.get(session),
+                        Some(turn),
+                        "{} on a worker without its claim",
+                        id
+                    );
+                    prop_assert!(
+                        !self.unreleased.contains(turn),
+                        "held {} reached a worker before its release",
+                        id
+                    );
                     if let Some(a) = agent {
                         prop_assert!(!self.agents_closed.contains(a), "closed agent {a} reused");
                         prop_assert!(self.agents_in_turns.insert(*a), "agent {a} in two turns");
@@ -287,7 +336,13 @@ fn check_table(h: &Harness, cap: usize) -> Result<(), TestCaseError> {
         prop_assert!(v.queued <= cap, "{} queue over cap", v.key);
         prop_assert_eq!(h.core.session(&v.key).map(|x| x.slot), Some(v.slot));
     }
-    prop_assert!(h.core.stats().turns.in_flight <= h.core.config().turn_workers);
+    let (stats, cfg) = (h.core.stats(), h.core.config());
+    prop_assert!(stats.turns.held <= cfg.max_held_turns);
+    prop_assert!(stats.turns.in_flight <= cfg.turn_workers + cfg.max_held_turns);
+    prop_assert!(
+        h.running.len() <= cfg.turn_workers,
+        "more turns on workers than workers"
+    );
     Ok(())
 }
 
@@ -334,6 +389,21 @@ fn apply(h: &mut Harness, m: &mut Model, op: &Op) -> Vec<Fx> {
                 &format!("m{}", m.next_id),
                 &format!("text {}", m.next_id),
             )
+        }
+        Op::HeldText(s) => {
+            m.next_id += 1;
+            let id = format!("m{}", m.next_id);
+            m.held_ids.insert(id.clone());
+            h.submit_held(CHATS[s], &id, &format!("text {}", m.next_id))
+        }
+        Op::Release(i) => {
+            if m.held_turns.is_empty() {
+                return vec![];
+            }
+            // Any claimed held turn: not yet released, released, or ended (then ignored).
+            let turn = m.held_turns[i % m.held_turns.len()];
+            m.unreleased.remove(&turn);
+            h.step(Input::Release { turn })
         }
         Op::Command(s, c) => {
             m.next_id += 1;
@@ -409,7 +479,10 @@ proptest! {
             if h.running.is_empty() && h.stuck.is_empty() && h.cleanups.is_empty() && h.core.stats().sessions.total == 0 {
                 break;
             }
-            let op = if let Some(s) = CHATS.iter().position(|c| h.running.values().any(|j| j.session == key(c))) {
+            let unreleased = m.held_turns.iter().position(|t| m.unreleased.contains(t));
+            let op = if let Some(i) = unreleased {
+                Op::Release(i)
+            } else if let Some(s) = CHATS.iter().position(|c| h.running.values().any(|j| j.session == key(c))) {
                 Op::Complete(s, 0)
             } else if !h.stuck.is_empty() {
                 Op::CompleteStuck

@@ -1055,3 +1055,166 @@ fn next_deadline_is_the_earliest_timer() {
     h.submit("a", "s", "/stop");
     assert_eq!(h.core.next_deadline(), Some(Duration::from_secs(7)));
 }
+
+// ---- held turns (a journaling shell's): claimed without a worker ------------------------
+
+fn one_worker(max_held_turns: usize) -> CoreConfig {
+    CoreConfig {
+        turn_workers: 1,
+        max_held_turns,
+        ..cfg()
+    }
+}
+
+fn on_worker(fx: &[Fx], id: &str) -> bool {
+    fx.iter()
+        .any(|f| matches!(f, Fx::Started { id: s, .. } if s == id))
+}
+
+/// Issue 21 §1: a held turn waiting for its `started` record takes no worker. With one
+/// worker and three held turns waiting for their commit, all three are claimed (their
+/// records can go in one commit), and the one released first runs at once, whatever the
+/// others wait for. (Before, the first held turn kept the only worker and the others were
+/// not even claimed until it had run: turns/s was bounded by workers / commit latency.)
+#[test]
+fn a_released_turn_starts_at_once_while_other_held_turns_wait_for_their_commit() {
+    let mut h = Harness::new(one_worker(8));
+    for chat in ["a", "b", "c"] {
+        let step = h.submit_held(chat, chat, "x");
+        assert!(h.claimed(chat).is_some(), "{chat} not claimed: {step:?}");
+        assert!(
+            !on_worker(&step, chat),
+            "a held turn reached a worker: {step:?}"
+        );
+    }
+    let s = h.core.stats();
+    assert_eq!((s.turns.in_flight, s.turns.held), (3, 3));
+    let step = h.release("b");
+    assert!(on_worker(&step, "b"), "b's start is durable: {step:?}");
+    assert_eq!(h.core.stats().turns.held, 2);
+    h.echo("b");
+    assert_eq!(h.outcomes_of("b"), vec![reply("x")]);
+    assert!(h.running.is_empty(), "a and c were never released");
+}
+
+/// Released turns wait for a worker in release order, each starting in the step that frees
+/// one; a message that is not held waits behind them.
+#[test]
+fn released_turns_take_the_free_workers_in_release_order() {
+    let mut h = Harness::new(one_worker(8));
+    for chat in ["a", "b", "c"] {
+        h.submit_held(chat, chat, "x");
+    }
+    assert!(on_worker(&h.release("c"), "c"));
+    assert!(!on_worker(&h.release("a"), "a"), "the only worker is busy");
+    let step = h.release("b");
+    assert!(!on_worker(&step, "b"));
+    // An unheld message for an idle session: no worker, and released turns go first.
+    let step = h.submit("d", "d", "y");
+    assert!(!on_worker(&step, "d"), "{step:?}");
+    assert!(
+        h.claimed("d").is_none(),
+        "d claimed before the released turns"
+    );
+    let step = h.echo("c");
+    assert!(on_worker(&step, "a") && !on_worker(&step, "b"), "{step:?}");
+    assert!(on_worker(&h.echo("a"), "b"));
+    assert!(on_worker(&h.echo("b"), "d"));
+    h.echo("d");
+    for id in ["a", "b", "c"] {
+        assert_eq!(h.outcomes_of(id), vec![reply("x")]);
+    }
+    assert_eq!(h.outcomes_of("d"), vec![reply("y")]);
+}
+
+/// `max_held_turns` bounds the held turns: past it a held message waits in its queue
+/// (accepted `queued`, not claimed), and it is claimed in the step a held turn leaves for
+/// a worker. The bound and the gauge are in the stats.
+#[test]
+fn held_turns_past_max_held_turns_wait_in_their_queues() {
+    let mut h = Harness::new(one_worker(2));
+    h.submit_held("a", "a", "x");
+    h.submit_held("b", "b", "x");
+    let step = h.submit_held("c", "c", "x");
+    assert!(
+        h.claimed("c").is_none(),
+        "a third held turn past the bound: {step:?}"
+    );
+    assert_eq!(
+        h.events_of("c"),
+        vec![EventKind::Accepted {
+            state: AcceptState::Queued,
+            position: 0
+        }]
+    );
+    let s = h.core.stats();
+    assert_eq!(
+        (
+            s.turns.held,
+            s.turns.max_held,
+            s.sessions.waiting_for_worker
+        ),
+        (2, 2, 1)
+    );
+    let step = h.release("a");
+    assert!(on_worker(&step, "a"));
+    assert!(
+        h.claimed("c").is_some(),
+        "room among the held turns: {step:?}"
+    );
+    assert!(!on_worker(&step, "c"));
+    assert_eq!(h.core.stats().turns.held, 2);
+    h.echo("a");
+    assert!(on_worker(&h.release("c"), "c"), "a's worker is free");
+    assert!(h.running.contains_key(&h.turn_of("c")));
+}
+
+/// A released turn that is stopped while it waits for a worker ends `cancelled` without
+/// reaching one, exactly once, and the others keep their place.
+#[test]
+fn a_released_turn_stopped_while_waiting_for_a_worker_never_reaches_one() {
+    let mut h = Harness::new(one_worker(8));
+    for chat in ["a", "b", "c"] {
+        h.submit_held(chat, chat, "x");
+    }
+    h.release("a");
+    h.release("b");
+    h.release("c");
+    h.submit("b", "stop", "/stop");
+    assert_eq!(
+        h.outcomes_of("b"),
+        vec![Outcome::Cancelled(CancelReason::Stopped)]
+    );
+    let step = h.echo("a");
+    assert!(on_worker(&step, "c") && !on_worker(&step, "b"), "{step:?}");
+    h.echo("c");
+    assert_eq!(h.outcomes_of("b").len(), 1);
+    assert_eq!(h.core.stats().turns.held, 0);
+}
+
+/// A held turn waiting for a worker keeps its deadline (from its claim): it fails
+/// `timeout` without reaching one, while the worker's turn runs on.
+#[test]
+fn a_released_turn_waiting_for_a_worker_times_out_without_reaching_one() {
+    let mut h = Harness::new(CoreConfig {
+        turn_timeout: Duration::from_secs(10),
+        ..one_worker(8)
+    });
+    h.submit_held("c", "c", "x");
+    h.advance(Duration::from_secs(5));
+    h.submit_held("b", "b", "x");
+    assert!(on_worker(&h.release("b"), "b"));
+    h.advance(Duration::from_secs(1));
+    assert!(!on_worker(&h.release("c"), "c"), "b holds the only worker");
+    // c's deadline (10 s) comes before b's (15 s).
+    let step = h.advance(Duration::from_secs(4));
+    assert!(!on_worker(&step, "c"), "{step:?}");
+    assert_eq!(
+        h.outcomes_of("c"),
+        vec![Outcome::Failed(FailReason::Timeout)]
+    );
+    assert!(h.outcomes_of("b").is_empty(), "b runs on");
+    assert_eq!(h.core.stats().turns.held, 0);
+    h.echo("b");
+    assert_eq!(h.outcomes_of("b"), vec![reply("x")]);
+}

@@ -115,10 +115,10 @@ impl<R: Clone, A> Core<R, A> {
         let startable =
             session.turn.is_none() && !session.waiting_for_worker && session.agent_free();
         debug_assert!(!startable || session.queue.is_empty());
-        // Dispatch runs after every input, so a free worker implies an empty ready queue:
-        // an idle session starts in this very step exactly when a worker is free.
-        debug_assert!(self.claimed_turns.len() >= self.cfg.turn_workers || self.ready.is_empty());
-        let state = if startable && self.claimed_turns.len() < self.cfg.turn_workers {
+        // Dispatch runs after every input and stops only at a head that cannot be claimed:
+        // an idle session starts in this very step exactly when nothing waits before it and
+        // its kind of turn has room.
+        let state = if startable && self.ready.is_empty() && self.can_claim(entry.held) {
             AcceptState::Running
         } else {
             AcceptState::Queued

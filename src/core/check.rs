@@ -58,11 +58,33 @@ impl<R: Clone, A> Core<R, A> {
         assert_eq!(waiting, self.waiting_total, "waiting sessions miscounted");
         assert_eq!(parked, self.parked_agents, "parked agents miscounted");
         assert_eq!(idle, self.cache.live, "idle agents miscounted");
-        assert!(self.claimed_turns.len() <= self.cfg.turn_workers);
         assert!(
             self.held.keys().all(|t| self.claimed_turns.contains(t)),
             "a held turn that is not claimed"
         );
+        assert!(self.on_workers() <= self.cfg.turn_workers);
+        assert!(self.held.len() <= self.cfg.max_held_turns);
+        let released = self.held.values().filter(|h| h.released).count();
+        assert_eq!(released, self.released.len(), "released turns miscounted");
+        assert!(
+            self.released
+                .iter()
+                .all(|t| self.held.get(t).is_some_and(|h| h.released)),
+            "a released turn missing from the held ones"
+        );
+        // Dispatch ran: a released turn waits only for a worker, and the ready queue's
+        // live head only for room of its kind.
+        assert!(self.released.is_empty() || self.on_workers() == self.cfg.turn_workers);
+        if let Some(&slot) = self.ready.front()
+            && let Some(s) = self.slots.get(slot)
+            && s.waiting_for_worker
+        {
+            let held = s.queue.front().is_some_and(|q| q.held);
+            assert!(
+                !self.can_claim(held),
+                "a ready session that could start waits"
+            );
+        }
         assert!(
             self.returned.is_empty(),
             "an unreleased turn not taken back"

@@ -66,6 +66,14 @@ struct Queued<R> {
     route: R,
 }
 
+/// A held turn's job, kept until a worker takes it.
+#[derive(Debug)]
+struct Held<A> {
+    job: TurnJob<A>,
+    /// Its [`Input::Release`] came: it is in `released`, waiting for a worker.
+    released: bool,
+}
+
 #[derive(Debug)]
 struct Running<R> {
     turn: TurnId,
@@ -168,13 +176,15 @@ pub struct Core<R, A> {
     /// Per slot, the recency stamp of its idle agent (0: not in the recency queue). A dense
     /// copy of what the slab holds, so that liveness checks over many entries stay in cache.
     agent_seq: Vec<u64>,
-    /// Turns claimed now (at most `turn_workers`): its size is the number of busy workers,
-    /// and timer liveness is checked here without touching slots.
+    /// Turns claimed now, on a worker (at most `turn_workers`) or held (at most
+    /// `max_held_turns`); timer liveness is checked here without touching slots.
     claimed_turns: HashSet<TurnId>,
     timers: TimerQueue<Timer>,
     cleanups: Cleanups<A>,
-    /// Claimed turns of held messages, not yet released to a worker.
-    held: HashMap<TurnId, TurnJob<A>>,
+    /// Claimed turns of held messages not yet on a worker, with whether each was released.
+    held: HashMap<TurnId, Held<A>>,
+    /// The released ones among them, waiting for a free worker, in release order.
+    released: VecDeque<TurnId>,
     /// Held turns that ended before their release, to be reported as returned (as a worker
     /// would) at the end of the current input.
     returned: VecDeque<TurnDone<A>>,
@@ -204,6 +214,7 @@ impl<R: Clone, A> Core<R, A> {
             timers,
             cleanups: Cleanups::default(),
             held: HashMap::new(),
+            released: VecDeque::new(),
             returned: VecDeque::new(),
             next_turn: 0,
 
@@ -257,7 +268,7 @@ impl<R: Clone, A> Core<R, A> {
         match input {
             Input::Submit { message, route } => self.submit(now, message, route, false, fx),
             Input::SubmitHeld { message, route } => self.submit(now, message, route, true, fx),
-            Input::Release { turn } => self.release(turn, fx),
+            Input::Release { turn } => self.release(turn),
             Input::TurnDone(done) => self.turn_done(now, done, fx),
             Input::Partial { turn, slot, text } => self.partial(turn, slot, text, fx),
             Input::CleanupStarted { job } => self.cleanup_started(now, job),
@@ -296,6 +307,8 @@ impl<R: Clone, A> Core<R, A> {
         stats.sessions.cached_agents = self.cache.live;
         stats.sessions.parked_agents = self.parked_agents;
         stats.turns.in_flight = self.claimed_turns.len();
+        stats.turns.held = self.held.len();
+        stats.turns.max_held = self.cfg.max_held_turns;
         stats.cleanups.pending = self.cleanups.len();
         stats.cleanups.queued = self.cleanups.queued();
         stats

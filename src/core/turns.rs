@@ -129,22 +129,56 @@ impl<R: Clone, A> Core<R, A> {
         }
     }
 
-    /// Starts turns while workers are free, in ready-queue order.
+    /// Starts turns while there is room, in order: released held turns first (they were
+    /// claimed earlier and only wait for a worker), then sessions in ready-queue order. The
+    /// ready queue's head waits for the room its own kind of turn needs (a worker, or a
+    /// place among the held turns), and the sessions behind it wait with it, so that a
+    /// session keeps its place whatever kind of message it holds.
     pub(super) fn dispatch(&mut self, now: Duration, fx: &mut Vec<Effect<R, A>>) {
-        while self.claimed_turns.len() < self.cfg.turn_workers {
-            let Some(slot) = self.ready.pop_front() else {
+        while self.on_workers() < self.cfg.turn_workers {
+            let Some(turn) = self.released.pop_front() else {
                 break;
             };
-            let Some(session) = self.slots.get_mut(slot) else {
-                continue;
-            };
-            if !session.waiting_for_worker {
-                continue; // stale entry: the session was stopped or left the slot
+            let held = self.held.remove(&turn);
+            debug_assert!(held.as_ref().is_some_and(|h| h.released));
+            if let Some(h) = held {
+                fx.push(Effect::StartTurn(h.job));
             }
+        }
+        while let Some(&slot) = self.ready.front() {
+            let head_held = match self.slots.get(slot) {
+                Some(s) if s.waiting_for_worker => s.queue.front().is_some_and(|q| q.held),
+                _ => {
+                    // A stale entry: the session was stopped or left the slot.
+                    self.ready.pop_front();
+                    continue;
+                }
+            };
+            if !self.can_claim(head_held) {
+                break;
+            }
+            self.ready.pop_front();
+            let session = &mut self.slots[slot];
             session.waiting_for_worker = false;
             self.waiting_total -= 1;
             debug_assert!(session.turn.is_none() && !session.queue.is_empty());
             self.start_turn(now, slot, fx);
+        }
+    }
+
+    /// Claimed turns on a worker (or handed to one in this step).
+    pub(super) fn on_workers(&self) -> usize {
+        debug_assert!(self.held.len() <= self.claimed_turns.len());
+        self.claimed_turns.len() - self.held.len()
+    }
+
+    /// Whether a turn may be claimed now: a held one needs a place among the held turns, any
+    /// other a free worker that no released turn waits for.
+    pub(super) fn can_claim(&self, held: bool) -> bool {
+        if held {
+            self.held.len() < self.cfg.max_held_turns
+        } else {
+            self.released.is_empty() && self.on_workers() < self.cfg.turn_workers
         }
     }
 
@@ -199,7 +233,11 @@ impl<R: Clone, A> Core<R, A> {
             agent,
         };
         if head.held {
-            self.held.insert(turn, job);
+            let held = Held {
+                job,
+                released: false,
+            };
+            self.held.insert(turn, held);
         } else {
             fx.push(Effect::StartTurn(job));
         }
@@ -220,11 +258,15 @@ impl<R: Clone, A> Core<R, A> {
 
     // ---- held turns (their start is made durable first) -------------------------------
 
-    /// A held turn may run now.
-    pub(super) fn release(&mut self, turn: TurnId, fx: &mut Vec<Effect<R, A>>) {
-        if let Some(job) = self.held.remove(&turn) {
+    /// A held turn may run now: it goes to a worker in this step if one is free, else it
+    /// waits (in release order) for the next one, without holding up the other held turns.
+    pub(super) fn release(&mut self, turn: TurnId) {
+        if let Some(h) = self.held.get_mut(&turn)
+            && !h.released
+        {
             debug_assert!(self.claimed_turns.contains(&turn));
-            fx.push(Effect::StartTurn(job));
+            h.released = true;
+            self.released.push_back(turn);
         }
     }
 
@@ -238,9 +280,14 @@ impl<R: Clone, A> Core<R, A> {
 
     /// A held turn ends before its release: it never reaches a worker; true if it was held.
     pub(super) fn unhold(&mut self, turn: TurnId) -> bool {
-        let Some(mut job) = self.held.remove(&turn) else {
+        let Some(Held { mut job, released }) = self.held.remove(&turn) else {
             return false;
         };
+        if released {
+            // Rare (a released turn timed out or was cancelled before a worker was free):
+            // the queue is at most `max_held_turns` long.
+            self.released.retain(|&t| t != turn);
+        }
         let agent = job.agent.take();
         self.returned
             .push_back(job.done(agent, TurnResult::Cancelled));

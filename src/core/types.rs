@@ -37,6 +37,12 @@ pub enum BusyMode {
 pub struct CoreConfig {
     /// Turns that may run at once (the turn pool's size).
     pub turn_workers: usize,
+    /// Held turns ([`Input::SubmitHeld`]) claimed and not yet on a worker: waiting for
+    /// their [`Input::Release`], or released and waiting for a free worker. They take no
+    /// worker while they wait, so a journaling shell's start records are written many per
+    /// commit while the workers run; past the bound further held messages wait in their
+    /// queues. Default 1,024; at least 1.
+    pub max_held_turns: usize,
     /// Busy-session behaviour.
     pub busy_mode: BusyMode,
     /// Messages a session may hold waiting behind its running turn.
@@ -88,6 +94,9 @@ pub struct Tunables {
     pub drain_timeout: Duration,
 }
 
+/// Default [`CoreConfig::max_held_turns`]: held turns waiting for their start record (or
+/// for a worker) at once, each holding its claimed message's job (text and agent).
+pub(crate) const DEFAULT_MAX_HELD_TURNS: usize = 1024;
 /// Default [`CoreConfig::max_queued_messages`].
 pub(crate) const DEFAULT_MAX_QUEUED_MESSAGES: usize = 100_000;
 /// Default [`CoreConfig::max_queued_bytes`]: 256 MiB.
@@ -101,6 +110,7 @@ impl Default for CoreConfig {
     fn default() -> Self {
         CoreConfig {
             turn_workers: 16,
+            max_held_turns: DEFAULT_MAX_HELD_TURNS,
             busy_mode: BusyMode::Queue,
             queue_cap: 32,
             max_cached_agents: 128,
@@ -526,16 +536,19 @@ pub enum Input<R, A> {
     /// to a worker (its [`EventKind::TurnStarted`] is emitted at the claim): a journaling
     /// submitter releases it once the turn's `started` record is durable, so that a turn
     /// never runs without a record of it (a crash then fails it `interrupted by restart`
-    /// instead of running it again). A held turn that is cancelled or times out before its
-    /// release ends without ever reaching a worker.
+    /// instead of running it again). A held turn takes no worker while it waits (at most
+    /// [`CoreConfig::max_held_turns`] are claimed so), so that many start records go in one
+    /// commit. A held turn that is cancelled or times out before it reaches a worker ends
+    /// without ever reaching one.
     SubmitHeld {
         /// The message.
         message: Message,
         /// Where its events go.
         route: R,
     },
-    /// The held turn may now run: its [`Effect::StartTurn`] follows. Ignored for a turn
-    /// that already ended or was never held.
+    /// The held turn may now run: its [`Effect::StartTurn`] follows in this step if a
+    /// worker is free, else when one is (released turns go first, in release order).
+    /// Ignored for a turn that already ended, was already released or was never held.
     Release {
         /// The turn.
         turn: TurnId,
@@ -654,8 +667,12 @@ pub struct SessionCounts {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct TurnCounts {
-    /// Turns in flight (claimed, not abandoned).
+    /// Turns in flight (claimed, not abandoned), held ones included.
     pub in_flight: usize,
+    /// Of them, held turns not yet on a worker (bounded by `max_held`).
+    pub held: usize,
+    /// The bound on held turns ([`CoreConfig::max_held_turns`]).
+    pub max_held: usize,
     /// Turns that ended with a reply.
     pub completed: u64,
     /// Turns that ended failed (abandoned ones excluded).

@@ -212,6 +212,11 @@ fn render_turns(e: &mut Exposition, s: &Status) {
         t.in_flight as f64,
     );
     e.gauge(
+        "turnstile_turns_held",
+        "Of the turns running, those waiting for their start record or a free worker.",
+        t.held as f64,
+    );
+    e.gauge(
         "turnstile_messages_queued",
         "Messages waiting in session queues.",
         s.sessions.queued_messages as f64,

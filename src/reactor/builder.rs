@@ -243,6 +243,9 @@ impl Builder {
     setters! {
         /// Threads running agent turns; also the number of turns in flight at once.
         turn_workers: usize => core.turn_workers;
+        /// Held turns (a journaling shell's, waiting for their start record or for a free
+        /// worker) claimed at once beside the running ones; default 1,024.
+        max_held_turns: usize => core.max_held_turns;
         /// Threads running agent `close()` that always run.
         cleanup_workers: usize => cleanup_workers;
         /// Agent `close()`s that may run at once: the cleanup pool grows on demand up to this
@@ -308,6 +311,7 @@ impl Builder {
     fn validate(&self) -> Result<(), BuildError> {
         let positive = [
             ("turn_workers", self.core.turn_workers),
+            ("max_held_turns", self.core.max_held_turns),
             ("cleanup_workers", self.cleanup_workers),
             ("max_cleanup_workers", self.core.cleanup_concurrency),
             ("queue_cap", self.core.queue_cap),

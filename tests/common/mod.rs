@@ -133,6 +133,26 @@ impl Harness {
         self.step(Input::Submit { message, route: () })
     }
 
+    /// Submits a held message: its turn, once claimed, waits for [`Harness::release`].
+    pub fn submit_held(&mut self, chat: &str, id: &str, text: &str) -> Vec<Fx> {
+        let message = Message::new(id, key(chat), text).expect("valid message");
+        self.step(Input::SubmitHeld { message, route: () })
+    }
+
+    /// Releases the held turn claimed for message `id` (its start record is durable).
+    pub fn release(&mut self, id: &str) -> Vec<Fx> {
+        let turn = self.claimed(id).expect("a claimed turn");
+        self.step(Input::Release { turn })
+    }
+
+    /// The turn claimed for message `id` (its `TurnStarted` event), if any.
+    pub fn claimed(&self, id: &str) -> Option<TurnId> {
+        self.events_of(id).into_iter().find_map(|k| match k {
+            EventKind::TurnStarted(t) => Some(t),
+            _ => None,
+        })
+    }
+
     /// The running turn of a session (panics if none).
     pub fn turn_of(&self, chat: &str) -> TurnId {
         let k = key(chat);
