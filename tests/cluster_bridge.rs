@@ -5,13 +5,14 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use turnstile::internal::core::CancelReason;
 use turnstile::internal::core::{AcceptState, MessageEvent};
 use turnstile::internal::journal::{
     Arrival, ClusterReport, Committed, Record, RecoveredMessage, StoredMessage, StoredOutcome,
     cluster_tag,
 };
 use turnstile::internal::server::{Action, Bridge, BridgeConfig, ConnId, Flushed};
-use turnstile::{EventKind, Message, Outcome};
+use turnstile::{EventKind, Message, Outcome, SessionKey};
 
 struct Net {
     b: Bridge,
@@ -19,6 +20,8 @@ struct Net {
     journal: Vec<Record>,
     submitted: Vec<u64>,
     messages: Vec<Message>,
+    /// The sessions each `HandOver` action named.
+    handed: Vec<Vec<SessionKey>>,
 }
 
 impl Net {
@@ -33,6 +36,7 @@ impl Net {
             journal: Vec::new(),
             submitted: Vec::new(),
             messages: Vec::new(),
+            handed: Vec::new(),
         }
     }
 
@@ -44,6 +48,7 @@ impl Net {
                     self.submitted.push(tag);
                     self.messages.push(message);
                 }
+                Action::HandOver(sessions) => self.handed.push(sessions),
                 _ => {}
             }
         }
@@ -223,7 +228,7 @@ fn a_cluster_duplicate_is_answered_as_one_and_a_full_session_is_refused() {
 }
 
 #[test]
-fn a_gained_partition_and_the_inbox_queue_their_messages_here_and_a_lost_one_is_reported() {
+fn a_gained_partition_and_the_inbox_queue_their_messages_here_and_a_lost_one_is_handed_over() {
     let mut n = Net::new();
     let c = n.connect();
     let _ = n.take(c);
@@ -277,8 +282,18 @@ fn a_gained_partition_and_the_inbox_queue_their_messages_here_and_a_lost_one_is_
             ..ClusterReport::default()
         },
     );
-    assert_eq!(n.b.dropped_partitions(), vec![2, 5]);
-    assert!(n.b.dropped_partitions().is_empty());
+    // Handed over once (5 was never owned here): both messages, accepted elsewhere, leave.
+    assert_eq!(n.handed.len(), 1);
+    assert_eq!(n.b.handed_over(), (1, 2));
+    assert!(n.b.owned_partitions().is_empty());
+    // Read before the hand-over: not queued here.
+    n.arrive(Arrival::Message {
+        partition: 2,
+        tag: cluster_tag(2, 3),
+        message: Box::new(stored(cluster_tag(2, 3), "m3")),
+        origin: "b".into(),
+    });
+    assert_eq!(n.submitted, vec![g1, g2]);
 }
 
 #[test]
@@ -348,10 +363,145 @@ fn an_outcome_the_store_did_not_write_is_never_sent() {
     n.pump();
     n.report(0, ClusterReport::default());
     assert!(n.take(c).is_empty(), "a fenced outcome reached the bridge");
-    assert_eq!(n.b.dropped_partitions(), vec![0]);
     assert_eq!(
         n.b.status().journal.map(|j| j.unjournaled_outcomes),
         Some(0),
         "and it is not held either"
     );
+}
+
+/// A lost partition's messages leave this instance in place: the runtime is told to hand
+/// their sessions over, nothing the runtime says of them afterwards is recorded or sent
+/// (not a late reply, not a cancellation), the ones accepted here wait for the next owner's
+/// outcome from the stream and get it, and the other partition's message goes on as before.
+#[test]
+fn a_lost_partition_hands_its_messages_over_without_outcomes_and_the_rest_serves_on() {
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = n.take(c);
+    let mut gained = ClusterReport::default();
+    for p in [3, 4] {
+        gained.gained.push((p, Default::default()));
+    }
+    n.report(0, gained);
+    assert_eq!(n.b.owned_partitions(), vec![3, 4]);
+    for (id, chat) in [("m1", "1"), ("m2", "1"), ("m3", "2")] {
+        n.send(
+            c,
+            json!({"op": "message", "id": id, "chat_id": chat, "text": id}),
+        );
+    }
+    let acc = n.accepted();
+    let (ct1, ct2, ct3) = (cluster_tag(3, 1), cluster_tag(3, 2), cluster_tag(4, 1));
+    let placed = Committed {
+        taken: 3,
+        durable: acc.iter().map(|m| m.seq).collect(),
+        cluster: ClusterReport {
+            placed: vec![(acc[0].seq, ct1), (acc[1].seq, ct2), (acc[2].seq, ct3)],
+            ..ClusterReport::default()
+        },
+        ..Committed::default()
+    };
+    n.b.journaled(placed, n.now);
+    n.pump();
+    // Accepted elsewhere into partition 3: queued here too.
+    let other = cluster_tag(3, 9);
+    let mut inbox = RecoveredMessage {
+        message: acc[0].clone(),
+        starts: 0,
+        outcome: None,
+    };
+    (inbox.message.seq, inbox.message.id, inbox.message.chat_id) = (other, "x".into(), "7".into());
+    n.arrive(Arrival::Message {
+        partition: 3,
+        tag: other,
+        message: Box::new(inbox),
+        origin: "b".into(),
+    });
+    assert_eq!(n.submitted.len(), 4);
+    let messages = std::mem::take(&mut n.messages);
+    let event = |i: usize, kind| MessageEvent {
+        id: messages[i].id.clone(),
+        session: messages[i].session.clone(),
+        kind,
+    };
+    let running = EventKind::Accepted {
+        state: AcceptState::Running,
+        position: 0,
+    };
+    let queued = EventKind::Accepted {
+        state: AcceptState::Queued,
+        position: 1,
+    };
+    n.b.event(n.submitted[0], event(0, running.clone()), n.now);
+    n.b.event(n.submitted[1], event(1, queued), n.now);
+    n.b.event(n.submitted[2], event(2, running), n.now);
+    n.pump();
+    let _ = n.take(c);
+    n.journal.clear();
+
+    n.report(
+        0,
+        ClusterReport {
+            lost: vec![3],
+            ..ClusterReport::default()
+        },
+    );
+    let mut handed: Vec<String> = n.handed.concat().iter().map(|k| k.to_string()).collect();
+    handed.sort();
+    assert_eq!(handed, vec!["tg:dm:1", "tg:dm:7"]);
+    assert_eq!(n.b.handed_over(), (1, 3));
+    assert_eq!(n.b.owned_partitions(), vec![4]);
+    assert_eq!(n.b.remote_waiting(), 2, "m1 and m2 wait for the next owner");
+
+    // What the runtime says of them now: discarded.
+    let cancelled = || EventKind::Finished(Outcome::Cancelled(CancelReason::HandedOver));
+    n.b.event(n.submitted[1], event(1, cancelled()), n.now);
+    n.b.event(n.submitted[3], event(3, cancelled()), n.now);
+    n.b.event(
+        n.submitted[0],
+        event(0, EventKind::Finished(Outcome::Reply("late".into()))),
+        n.now,
+    );
+    // The other partition's turn ends as ever: its outcome is recorded.
+    n.b.event(
+        n.submitted[2],
+        event(2, EventKind::Finished(Outcome::Reply("m3 done".into()))),
+        n.now,
+    );
+    n.pump();
+    let outcomes: Vec<u64> = n
+        .journal
+        .iter()
+        .filter_map(|r| match r {
+            Record::Outcome { seq, .. } => Some(*seq),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        vec![n.submitted[2]],
+        "no outcome of a handed-over message"
+    );
+    assert!(n.take(c).is_empty(), "nothing sent before the records");
+
+    // The next owner's outcome comes by the stream, once.
+    n.arrive(Arrival::Outcome {
+        partition: 3,
+        tag: ct1,
+        outcome: done("m1 by the next owner", "m1"),
+    });
+    let lines = n.take(c);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["text"], "m1 by the next owner");
+    assert_eq!(n.b.remote_waiting(), 1);
+    // Lost again (a second report of it): nothing more.
+    n.report(
+        0,
+        ClusterReport {
+            fenced: vec![3],
+            ..ClusterReport::default()
+        },
+    );
+    assert_eq!((n.handed.len(), n.b.handed_over()), (1, (1, 3)));
 }

@@ -114,6 +114,12 @@ impl Durable {
         self.waiting.remove(&tag)
     }
 
+    /// Whether the runtime refused the message of `tag` and its `forget` record is pending.
+    #[cfg(feature = "cluster")]
+    pub(super) fn is_forgetting(&self, tag: u64) -> bool {
+        self.forgetting.contains_key(&tag)
+    }
+
     /// Whether the message of `tag` still waits for the journal.
     pub(super) fn is_waiting(&self, tag: u64) -> bool {
         self.waiting.contains_key(&tag)
@@ -195,7 +201,7 @@ impl Bridge {
     pub fn journaled(&mut self, c: Committed, now: Duration) {
         self.now = now;
         #[cfg(feature = "cluster")]
-        let c = {
+        let (c, handed) = {
             let mut c = c;
             let report = std::mem::take(&mut c.cluster);
             // Not written, so never sent: the partition's new owner answers the message.
@@ -214,8 +220,8 @@ impl Bridge {
             }
             c.outcomes
                 .retain(|seq| !report.unwritten_outcomes.contains(seq));
-            self.clustered(report, now);
-            c
+            let handed = self.clustered(report, now);
+            (c, handed)
         };
         let Some(d) = &mut self.durable else {
             return;
@@ -282,6 +288,10 @@ impl Bridge {
         for seq in failed {
             log::debug!("message {seq}: journal write failed; rejected storage");
             self.refuse(seq, Refusal::storage(c.error.as_deref()));
+        }
+        #[cfg(feature = "cluster")]
+        for p in handed {
+            self.hand_over(p);
         }
         self.audit();
     }
