@@ -22,6 +22,8 @@ struct Net {
     messages: Vec<Message>,
     /// The sessions each `HandOver` action named.
     handed: Vec<Vec<SessionKey>>,
+    /// Submissions and hand-overs, in the order they were asked for.
+    order: Vec<String>,
 }
 
 impl Net {
@@ -37,6 +39,7 @@ impl Net {
             submitted: Vec::new(),
             messages: Vec::new(),
             handed: Vec::new(),
+            order: Vec::new(),
         }
     }
 
@@ -45,10 +48,14 @@ impl Net {
             match a {
                 Action::Journal(r) => self.journal.push(r),
                 Action::Submit { tag, message } => {
+                    self.order.push(format!("submit {}", message.id));
                     self.submitted.push(tag);
                     self.messages.push(message);
                 }
-                Action::HandOver(sessions) => self.handed.push(sessions),
+                Action::HandOver(sessions) => {
+                    self.order.push(format!("hand over {}", sessions.len()));
+                    self.handed.push(sessions);
+                }
                 _ => {}
             }
         }
@@ -504,4 +511,92 @@ fn a_lost_partition_hands_its_messages_over_without_outcomes_and_the_rest_serves
         },
     );
     assert_eq!((n.handed.len(), n.b.handed_over()), (1, (1, 3)));
+}
+
+/// A message made durable by the report that also loses its partition is submitted before
+/// its session is handed over (so it ends with it, in the runtime's order) and waits for the
+/// next owner's outcome; a partition gained again afterwards is rebuilt from its load, and
+/// its message runs here again, its results going out as any other.
+#[test]
+fn a_message_durable_in_the_report_that_loses_its_partition_ends_with_it_and_a_regain_rebuilds_it()
+{
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = n.take(c);
+    let mut gained = ClusterReport::default();
+    gained.gained.push((1, Default::default()));
+    n.report(0, gained);
+    n.send(
+        c,
+        json!({"op": "message", "id": "m1", "chat_id": "1", "text": "hi"}),
+    );
+    let m = n.accepted().pop().expect("accepted");
+    let ct = cluster_tag(1, 1);
+    let both = Committed {
+        taken: 1,
+        durable: vec![m.seq],
+        cluster: ClusterReport {
+            placed: vec![(m.seq, ct)],
+            lost: vec![1],
+            ..ClusterReport::default()
+        },
+        ..Committed::default()
+    };
+    n.b.journaled(both, n.now);
+    n.pump();
+    assert_eq!(n.order, vec!["submit m1", "hand over 1"]);
+    assert_eq!((n.b.remote_waiting(), n.b.handed_over()), (1, (1, 1)));
+    let message = n.messages.pop().expect("message");
+    let event = |kind| MessageEvent {
+        id: message.id.clone(),
+        session: message.session.clone(),
+        kind,
+    };
+    // The runtime accepts it (the ack goes: it is durable), then ends it handed over.
+    n.b.event(
+        m.seq,
+        event(EventKind::Accepted {
+            state: AcceptState::Running,
+            position: 0,
+        }),
+        n.now,
+    );
+    n.b.event(
+        m.seq,
+        event(EventKind::Finished(Outcome::Cancelled(
+            CancelReason::HandedOver,
+        ))),
+        n.now,
+    );
+    n.pump();
+    let lines = n.take(c);
+    assert_eq!(lines.len(), 1, "the ack only: {lines:?}");
+    assert_eq!(lines[0]["op"], "ack");
+
+    // Gained again: the load has it, not started; it runs here and its result goes out.
+    let mut loaded = turnstile::internal::journal::LoadedPartition::default();
+    loaded.recovered.messages.push(RecoveredMessage {
+        message: m.clone(),
+        starts: 0,
+        outcome: None,
+    });
+    let mut again = ClusterReport::default();
+    again.gained.push((1, loaded));
+    n.report(0, again);
+    assert_eq!(n.b.remote_waiting(), 0, "taken back from its wait");
+    assert_eq!(n.submitted, vec![m.seq, m.seq], "submitted again");
+    n.journal.clear();
+    n.b.event(
+        m.seq,
+        event(EventKind::Finished(Outcome::Reply("ran again".into()))),
+        n.now,
+    );
+    n.pump();
+    assert!(
+        n.journal
+            .iter()
+            .any(|r| matches!(r, Record::Outcome { seq, .. } if *seq == m.seq)),
+        "its outcome is recorded again: {:?}",
+        n.journal
+    );
 }
