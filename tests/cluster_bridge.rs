@@ -600,3 +600,83 @@ fn a_message_durable_in_the_report_that_loses_its_partition_ends_with_it_and_a_r
         n.journal
     );
 }
+
+/// The outcome record of a message accepted here is refused (its partition was taken while
+/// its turn ran): its terminal event is never sent, and the next owner's outcome, from the
+/// stream, goes to its connection instead — the message is answered once, not lost.
+#[test]
+fn a_refused_outcome_of_a_message_accepted_here_is_answered_by_the_next_owner() {
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = n.take(c);
+    let mut gained = ClusterReport::default();
+    gained.gained.push((0, Default::default()));
+    n.report(0, gained);
+    n.send(
+        c,
+        json!({"op": "message", "id": "m1", "chat_id": "1", "text": "hi"}),
+    );
+    let m = n.accepted().pop().expect("accepted");
+    let ct = cluster_tag(0, 1);
+    let durable = Committed {
+        taken: 1,
+        durable: vec![m.seq],
+        cluster: ClusterReport {
+            placed: vec![(m.seq, ct)],
+            ..ClusterReport::default()
+        },
+        ..Committed::default()
+    };
+    n.b.journaled(durable, n.now);
+    n.pump();
+    let message = n.messages.pop().expect("message");
+    let event = |kind| MessageEvent {
+        id: message.id.clone(),
+        session: message.session.clone(),
+        kind,
+    };
+    n.b.event(
+        m.seq,
+        event(EventKind::Accepted {
+            state: AcceptState::Running,
+            position: 0,
+        }),
+        n.now,
+    );
+    n.b.event(
+        m.seq,
+        event(EventKind::Finished(Outcome::Reply("ran here".into()))),
+        n.now,
+    );
+    n.pump();
+    assert_eq!(n.take(c).len(), 1, "the ack only");
+    let taken = n.journal.len();
+    let fenced = Committed {
+        taken,
+        outcomes: vec![m.seq],
+        cluster: ClusterReport {
+            fenced: vec![0],
+            unwritten_outcomes: vec![m.seq],
+            ..ClusterReport::default()
+        },
+        ..Committed::default()
+    };
+    n.b.journaled(fenced, n.now);
+    n.pump();
+    assert!(n.take(c).is_empty(), "a refused outcome reached the bridge");
+    n.arrive(Arrival::Outcome {
+        partition: 0,
+        tag: ct,
+        outcome: done("by the next owner", "m1"),
+    });
+    let lines = n.take(c);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["text"], "by the next owner");
+    // Once only.
+    n.arrive(Arrival::Outcome {
+        partition: 0,
+        tag: ct,
+        outcome: done("by the next owner", "m1"),
+    });
+    assert!(n.take(c).is_empty());
+}

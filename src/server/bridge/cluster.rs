@@ -25,13 +25,14 @@
 //!   The rest of the instance goes on serving.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::super::frame::{Body, Frame};
 use super::admit::{Refusal, duplicate_ack};
 use super::routes::no_conn;
 use super::status::RecoveryCounts;
-use super::{Action, Bridge};
+use super::{Action, Bridge, ConnId};
 use crate::core::{EventKind, RejectReason};
 use crate::journal::{
     Arrival, ClusterReport, LoadedPartition, Recovered, StoredOutcome, now_ms, partition_of,
@@ -56,11 +57,23 @@ pub(super) struct ClusterSide {
     /// Messages handed over whose runtime events are still to come (at most one per message
     /// in flight at the hand-over; each leaves with its terminal event): all are discarded.
     handed: HashSet<u64>,
+    /// Messages accepted here whose outcome record was refused (the partition's next owner
+    /// answers them): cluster tag → the bridge's tag, the connection, the platform and id
+    /// their result goes to (their reservation is kept for it).
+    orphans: HashMap<u64, (u64, ConnId, Arc<str>, Arc<str>)>,
     /// Partitions handed over, and their messages, since the start.
     handed_over: (u64, u64),
     /// Messages run here that another live instance accepted: their terminal events are
     /// recorded (the record publishes them to that instance) and not sent here.
     silent: HashSet<u64>,
+}
+
+impl ClusterSide {
+    /// The platforms owed a reservation by the messages whose refused outcome the next
+    /// owner answers.
+    pub(super) fn orphan_platforms(&self) -> impl Iterator<Item = &str> {
+        self.orphans.values().map(|(_, _, p, _)| &**p)
+    }
 }
 
 impl Bridge {
@@ -77,7 +90,6 @@ impl Bridge {
     /// session is handed over, and ends with it.
     pub(super) fn clustered(&mut self, r: ClusterReport, now: Duration) -> Vec<u32> {
         let placed: HashMap<u64, u64> = r.placed.iter().copied().collect();
-        let remote: HashSet<u64> = r.remote.iter().copied().collect();
         for tag in r.remote {
             self.acked_remote(tag, placed.get(&tag).copied(), now);
         }
@@ -91,11 +103,14 @@ impl Bridge {
             self.refuse(tag, Refusal::runtime(RejectReason::QueueFull));
         }
         if let Some(d) = &mut self.durable {
-            let owned_here = placed.iter().filter(|(tag, _)| !remote.contains(tag));
-            d.cluster.placed.extend(owned_here.map(|(&t, &c)| (t, c)));
+            d.cluster
+                .placed
+                .extend(placed.iter().map(|(&t, &c)| (t, c)));
             if d.cluster.placed.len() > 2 * self.routes.len() + 64 {
-                let routes = &self.routes;
-                d.cluster.placed.retain(|&tag, _| routes.contains(tag));
+                let (routes, orphans) = (&self.routes, &d.cluster.orphans);
+                d.cluster
+                    .placed
+                    .retain(|&tag, ct| routes.contains(tag) || orphans.contains_key(ct));
             }
         }
         for (p, loaded) in r.gained {
@@ -239,6 +254,28 @@ impl Bridge {
         }
     }
 
+    /// The outcome record of `seq` was not written (fenced, or its partition no longer held):
+    /// its terminal event is never sent. Accepted here, the message waits for the next
+    /// owner's outcome from the stream instead (its reservation kept); else its reservation
+    /// is released.
+    pub(super) fn unwritten(&mut self, seq: u64) {
+        let Some(d) = &mut self.durable else {
+            return;
+        };
+        let Some((conn, frame)) = d.take_unjournaled(seq) else {
+            return;
+        };
+        let Some(platform) = frame.terminal_for.clone() else {
+            return;
+        };
+        if let (Some(&ct), Some(id)) = (d.cluster.placed.get(&seq), frame.msg_id.clone()) {
+            d.cluster.orphans.insert(ct, (seq, conn, platform, id));
+            return;
+        }
+        self.platforms.unreserve(&platform, None);
+        self.platforms.maybe_free(&platform);
+    }
+
     /// Durable in Redis, owned elsewhere: acked now, and its route waits for the outcome.
     fn acked_remote(&mut self, tag: u64, cluster: Option<u64>, now: Duration) {
         let Some(d) = &mut self.durable else {
@@ -303,8 +340,16 @@ impl Bridge {
                     .durable
                     .as_mut()
                     .and_then(|d| d.cluster.remote.remove(&tag));
+                let orphan = self
+                    .durable
+                    .as_mut()
+                    .and_then(|d| d.cluster.orphans.remove(&tag));
                 if let Some(local) = local {
                     self.remote_outcome(local, outcome);
+                } else if let Some((local, conn, platform, id)) = orphan {
+                    let frame = Frame::new(Body::from_stored(outcome), Some(platform.clone()))
+                        .of_message(local, id);
+                    self.deliver_terminal(conn, &platform, frame);
                 }
             }
             Arrival::Message {
@@ -371,6 +416,14 @@ impl Bridge {
                 d.cluster.remote.retain(|_, t| *t != tag);
                 d.cluster.remote.len() < before
             });
+            // Its outcome record refused here before: the load answers it now.
+            let orphan = self.durable.as_mut().and_then(|d| {
+                let ct = d.cluster.placed.get(&tag).copied()?;
+                d.cluster.orphans.remove(&ct)
+            });
+            if let Some((_, _, platform, _)) = orphan {
+                self.platforms.unreserve(&platform, None);
+            }
             if waited && let Some(route) = self.routes.remove(tag) {
                 self.platforms.unreserve(&route.platform, None);
                 self.conns.settled(route.conn);
