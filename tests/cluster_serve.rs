@@ -278,8 +278,12 @@ fn kill_9_of_the_owner_mid_load_loses_no_acked_message_and_keeps_per_session_ord
         if v["op"] == "ack" {
             acked.insert(id);
         } else if terminal(&v) {
-            let session = id.split('-').next().unwrap_or_default().to_owned();
-            order.entry(session).or_default().push(id.clone());
+            // The order of first copies: a copy sent again (`redelivery`, to the reconnected
+            // bridge) after later replies reached the dead instance's bridge is no reorder.
+            if !outcomes.contains_key(&id) {
+                let session = id.split('-').next().unwrap_or_default().to_owned();
+                order.entry(session).or_default().push(id.clone());
+            }
             outcomes.entry(id).or_default().push(v);
         }
     };
