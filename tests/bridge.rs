@@ -118,6 +118,8 @@ impl Net {
                 }
                 Action::Journal(r) => self.journal.push(r),
                 Action::StartTurn(turn) => self.released.push(turn),
+                #[cfg(feature = "cluster")]
+                Action::HandOver(_) => unreachable!("no cluster here"),
             }
         }
     }

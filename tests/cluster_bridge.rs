@@ -5,13 +5,14 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use turnstile::internal::core::CancelReason;
 use turnstile::internal::core::{AcceptState, MessageEvent};
 use turnstile::internal::journal::{
     Arrival, ClusterReport, Committed, Record, RecoveredMessage, StoredMessage, StoredOutcome,
     cluster_tag,
 };
 use turnstile::internal::server::{Action, Bridge, BridgeConfig, ConnId, Flushed};
-use turnstile::{EventKind, Message, Outcome};
+use turnstile::{EventKind, Message, Outcome, SessionKey};
 
 struct Net {
     b: Bridge,
@@ -19,6 +20,10 @@ struct Net {
     journal: Vec<Record>,
     submitted: Vec<u64>,
     messages: Vec<Message>,
+    /// The sessions each `HandOver` action named.
+    handed: Vec<Vec<SessionKey>>,
+    /// Submissions and hand-overs, in the order they were asked for.
+    order: Vec<String>,
 }
 
 impl Net {
@@ -33,6 +38,8 @@ impl Net {
             journal: Vec::new(),
             submitted: Vec::new(),
             messages: Vec::new(),
+            handed: Vec::new(),
+            order: Vec::new(),
         }
     }
 
@@ -41,8 +48,13 @@ impl Net {
             match a {
                 Action::Journal(r) => self.journal.push(r),
                 Action::Submit { tag, message } => {
+                    self.order.push(format!("submit {}", message.id));
                     self.submitted.push(tag);
                     self.messages.push(message);
+                }
+                Action::HandOver(sessions) => {
+                    self.order.push(format!("hand over {}", sessions.len()));
+                    self.handed.push(sessions);
                 }
                 _ => {}
             }
@@ -223,7 +235,7 @@ fn a_cluster_duplicate_is_answered_as_one_and_a_full_session_is_refused() {
 }
 
 #[test]
-fn a_gained_partition_and_the_inbox_queue_their_messages_here_and_a_lost_one_is_reported() {
+fn a_gained_partition_and_the_inbox_queue_their_messages_here_and_a_lost_one_is_handed_over() {
     let mut n = Net::new();
     let c = n.connect();
     let _ = n.take(c);
@@ -277,8 +289,18 @@ fn a_gained_partition_and_the_inbox_queue_their_messages_here_and_a_lost_one_is_
             ..ClusterReport::default()
         },
     );
-    assert_eq!(n.b.dropped_partitions(), vec![2, 5]);
-    assert!(n.b.dropped_partitions().is_empty());
+    // Handed over once (5 was never owned here): both messages, accepted elsewhere, leave.
+    assert_eq!(n.handed.len(), 1);
+    assert_eq!(n.b.handed_over(), (1, 2));
+    assert!(n.b.owned_partitions().is_empty());
+    // Read before the hand-over: not queued here.
+    n.arrive(Arrival::Message {
+        partition: 2,
+        tag: cluster_tag(2, 3),
+        message: Box::new(stored(cluster_tag(2, 3), "m3")),
+        origin: "b".into(),
+    });
+    assert_eq!(n.submitted, vec![g1, g2]);
 }
 
 #[test]
@@ -348,10 +370,313 @@ fn an_outcome_the_store_did_not_write_is_never_sent() {
     n.pump();
     n.report(0, ClusterReport::default());
     assert!(n.take(c).is_empty(), "a fenced outcome reached the bridge");
-    assert_eq!(n.b.dropped_partitions(), vec![0]);
     assert_eq!(
         n.b.status().journal.map(|j| j.unjournaled_outcomes),
         Some(0),
         "and it is not held either"
     );
+}
+
+/// A lost partition's messages leave this instance in place: the runtime is told to hand
+/// their sessions over, nothing the runtime says of them afterwards is recorded or sent
+/// (not a late reply, not a cancellation), the ones accepted here wait for the next owner's
+/// outcome from the stream and get it, and the other partition's message goes on as before.
+#[test]
+fn a_lost_partition_hands_its_messages_over_without_outcomes_and_the_rest_serves_on() {
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = n.take(c);
+    let mut gained = ClusterReport::default();
+    for p in [3, 4] {
+        gained.gained.push((p, Default::default()));
+    }
+    n.report(0, gained);
+    assert_eq!(n.b.owned_partitions(), vec![3, 4]);
+    for (id, chat) in [("m1", "1"), ("m2", "1"), ("m3", "2")] {
+        n.send(
+            c,
+            json!({"op": "message", "id": id, "chat_id": chat, "text": id}),
+        );
+    }
+    let acc = n.accepted();
+    let (ct1, ct2, ct3) = (cluster_tag(3, 1), cluster_tag(3, 2), cluster_tag(4, 1));
+    let placed = Committed {
+        taken: 3,
+        durable: acc.iter().map(|m| m.seq).collect(),
+        cluster: ClusterReport {
+            placed: vec![(acc[0].seq, ct1), (acc[1].seq, ct2), (acc[2].seq, ct3)],
+            ..ClusterReport::default()
+        },
+        ..Committed::default()
+    };
+    n.b.journaled(placed, n.now);
+    n.pump();
+    // Accepted elsewhere into partition 3: queued here too.
+    let other = cluster_tag(3, 9);
+    let mut inbox = RecoveredMessage {
+        message: acc[0].clone(),
+        starts: 0,
+        outcome: None,
+    };
+    (inbox.message.seq, inbox.message.id, inbox.message.chat_id) = (other, "x".into(), "7".into());
+    n.arrive(Arrival::Message {
+        partition: 3,
+        tag: other,
+        message: Box::new(inbox),
+        origin: "b".into(),
+    });
+    assert_eq!(n.submitted.len(), 4);
+    let messages = std::mem::take(&mut n.messages);
+    let event = |i: usize, kind| MessageEvent {
+        id: messages[i].id.clone(),
+        session: messages[i].session.clone(),
+        kind,
+    };
+    let running = EventKind::Accepted {
+        state: AcceptState::Running,
+        position: 0,
+    };
+    let queued = EventKind::Accepted {
+        state: AcceptState::Queued,
+        position: 1,
+    };
+    n.b.event(n.submitted[0], event(0, running.clone()), n.now);
+    n.b.event(n.submitted[1], event(1, queued), n.now);
+    n.b.event(n.submitted[2], event(2, running), n.now);
+    n.pump();
+    let _ = n.take(c);
+    n.journal.clear();
+
+    n.report(
+        0,
+        ClusterReport {
+            lost: vec![3],
+            ..ClusterReport::default()
+        },
+    );
+    let mut handed: Vec<String> = n.handed.concat().iter().map(|k| k.to_string()).collect();
+    handed.sort();
+    assert_eq!(handed, vec!["tg:dm:1", "tg:dm:7"]);
+    assert_eq!(n.b.handed_over(), (1, 3));
+    assert_eq!(n.b.owned_partitions(), vec![4]);
+    assert_eq!(n.b.remote_waiting(), 2, "m1 and m2 wait for the next owner");
+
+    // What the runtime says of them now: discarded.
+    let cancelled = || EventKind::Finished(Outcome::Cancelled(CancelReason::HandedOver));
+    n.b.event(n.submitted[1], event(1, cancelled()), n.now);
+    n.b.event(n.submitted[3], event(3, cancelled()), n.now);
+    n.b.event(
+        n.submitted[0],
+        event(0, EventKind::Finished(Outcome::Reply("late".into()))),
+        n.now,
+    );
+    // The other partition's turn ends as ever: its outcome is recorded.
+    n.b.event(
+        n.submitted[2],
+        event(2, EventKind::Finished(Outcome::Reply("m3 done".into()))),
+        n.now,
+    );
+    n.pump();
+    let outcomes: Vec<u64> = n
+        .journal
+        .iter()
+        .filter_map(|r| match r {
+            Record::Outcome { seq, .. } => Some(*seq),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        vec![n.submitted[2]],
+        "no outcome of a handed-over message"
+    );
+    assert!(n.take(c).is_empty(), "nothing sent before the records");
+
+    // The next owner's outcome comes by the stream, once.
+    n.arrive(Arrival::Outcome {
+        partition: 3,
+        tag: ct1,
+        outcome: done("m1 by the next owner", "m1"),
+    });
+    let lines = n.take(c);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["text"], "m1 by the next owner");
+    assert_eq!(n.b.remote_waiting(), 1);
+    // Lost again (a second report of it): nothing more.
+    n.report(
+        0,
+        ClusterReport {
+            fenced: vec![3],
+            ..ClusterReport::default()
+        },
+    );
+    assert_eq!((n.handed.len(), n.b.handed_over()), (1, (1, 3)));
+}
+
+/// A message made durable by the report that also loses its partition is submitted before
+/// its session is handed over (so it ends with it, in the runtime's order) and waits for the
+/// next owner's outcome; a partition gained again afterwards is rebuilt from its load, and
+/// its message runs here again, its results going out as any other.
+#[test]
+fn a_message_durable_in_the_report_that_loses_its_partition_ends_with_it_and_a_regain_rebuilds_it()
+{
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = n.take(c);
+    let mut gained = ClusterReport::default();
+    gained.gained.push((1, Default::default()));
+    n.report(0, gained);
+    n.send(
+        c,
+        json!({"op": "message", "id": "m1", "chat_id": "1", "text": "hi"}),
+    );
+    let m = n.accepted().pop().expect("accepted");
+    let ct = cluster_tag(1, 1);
+    let both = Committed {
+        taken: 1,
+        durable: vec![m.seq],
+        cluster: ClusterReport {
+            placed: vec![(m.seq, ct)],
+            lost: vec![1],
+            ..ClusterReport::default()
+        },
+        ..Committed::default()
+    };
+    n.b.journaled(both, n.now);
+    n.pump();
+    assert_eq!(n.order, vec!["submit m1", "hand over 1"]);
+    assert_eq!((n.b.remote_waiting(), n.b.handed_over()), (1, (1, 1)));
+    let message = n.messages.pop().expect("message");
+    let event = |kind| MessageEvent {
+        id: message.id.clone(),
+        session: message.session.clone(),
+        kind,
+    };
+    // The runtime accepts it (the ack goes: it is durable), then ends it handed over.
+    n.b.event(
+        m.seq,
+        event(EventKind::Accepted {
+            state: AcceptState::Running,
+            position: 0,
+        }),
+        n.now,
+    );
+    n.b.event(
+        m.seq,
+        event(EventKind::Finished(Outcome::Cancelled(
+            CancelReason::HandedOver,
+        ))),
+        n.now,
+    );
+    n.pump();
+    let lines = n.take(c);
+    assert_eq!(lines.len(), 1, "the ack only: {lines:?}");
+    assert_eq!(lines[0]["op"], "ack");
+
+    // Gained again: the load has it, not started; it runs here and its result goes out.
+    let mut loaded = turnstile::internal::journal::LoadedPartition::default();
+    loaded.recovered.messages.push(RecoveredMessage {
+        message: m.clone(),
+        starts: 0,
+        outcome: None,
+    });
+    let mut again = ClusterReport::default();
+    again.gained.push((1, loaded));
+    n.report(0, again);
+    assert_eq!(n.b.remote_waiting(), 0, "taken back from its wait");
+    assert_eq!(n.submitted, vec![m.seq, m.seq], "submitted again");
+    n.journal.clear();
+    n.b.event(
+        m.seq,
+        event(EventKind::Finished(Outcome::Reply("ran again".into()))),
+        n.now,
+    );
+    n.pump();
+    assert!(
+        n.journal
+            .iter()
+            .any(|r| matches!(r, Record::Outcome { seq, .. } if *seq == m.seq)),
+        "its outcome is recorded again: {:?}",
+        n.journal
+    );
+}
+
+/// The outcome record of a message accepted here is refused (its partition was taken while
+/// its turn ran): its terminal event is never sent, and the next owner's outcome, from the
+/// stream, goes to its connection instead — the message is answered once, not lost.
+#[test]
+fn a_refused_outcome_of_a_message_accepted_here_is_answered_by_the_next_owner() {
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = n.take(c);
+    let mut gained = ClusterReport::default();
+    gained.gained.push((0, Default::default()));
+    n.report(0, gained);
+    n.send(
+        c,
+        json!({"op": "message", "id": "m1", "chat_id": "1", "text": "hi"}),
+    );
+    let m = n.accepted().pop().expect("accepted");
+    let ct = cluster_tag(0, 1);
+    let durable = Committed {
+        taken: 1,
+        durable: vec![m.seq],
+        cluster: ClusterReport {
+            placed: vec![(m.seq, ct)],
+            ..ClusterReport::default()
+        },
+        ..Committed::default()
+    };
+    n.b.journaled(durable, n.now);
+    n.pump();
+    let message = n.messages.pop().expect("message");
+    let event = |kind| MessageEvent {
+        id: message.id.clone(),
+        session: message.session.clone(),
+        kind,
+    };
+    n.b.event(
+        m.seq,
+        event(EventKind::Accepted {
+            state: AcceptState::Running,
+            position: 0,
+        }),
+        n.now,
+    );
+    n.b.event(
+        m.seq,
+        event(EventKind::Finished(Outcome::Reply("ran here".into()))),
+        n.now,
+    );
+    n.pump();
+    assert_eq!(n.take(c).len(), 1, "the ack only");
+    let taken = n.journal.len();
+    let fenced = Committed {
+        taken,
+        outcomes: vec![m.seq],
+        cluster: ClusterReport {
+            fenced: vec![0],
+            unwritten_outcomes: vec![m.seq],
+            ..ClusterReport::default()
+        },
+        ..Committed::default()
+    };
+    n.b.journaled(fenced, n.now);
+    n.pump();
+    assert!(n.take(c).is_empty(), "a refused outcome reached the bridge");
+    n.arrive(Arrival::Outcome {
+        partition: 0,
+        tag: ct,
+        outcome: done("by the next owner", "m1"),
+    });
+    let lines = n.take(c);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["text"], "by the next owner");
+    // Once only.
+    n.arrive(Arrival::Outcome {
+        partition: 0,
+        tag: ct,
+        outcome: done("by the next owner", "m1"),
+    });
+    assert!(n.take(c).is_empty());
 }

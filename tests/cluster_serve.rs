@@ -28,6 +28,11 @@ struct Server {
 
 impl Server {
     fn start(redis: &Redis, instance: &str, lease_ms: u64) -> Server {
+        Server::start_logged(redis, instance, lease_ms, Stdio::inherit())
+    }
+
+    /// As `start`, its log (WARN and up) going to `stderr`.
+    fn start_logged(redis: &Redis, instance: &str, lease_ms: u64, stderr: Stdio) -> Server {
         let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
         command
             .arg("serve")
@@ -37,7 +42,7 @@ impl Server {
             .args(["--lease-ms", &lease_ms.to_string()])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+            .stderr(stderr);
         // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
         unsafe {
             command.pre_exec(|| {
@@ -59,6 +64,12 @@ impl Server {
             .unwrap_or_else(|| panic!("listening line, got {first:?}"))
             .to_owned();
         Server { child, addr }
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("pid");
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill({pid}, {sig})");
     }
 
     fn kill9(&mut self) {
@@ -88,6 +99,11 @@ impl Client {
         };
         c.send(&json!({"op": "hello", "platform": "tg", "acks": true}));
         c
+    }
+
+    /// A second handle on the connection's write side.
+    fn writer(&self) -> TcpStream {
+        self.writer.try_clone().expect("clone")
     }
 
     fn send(&mut self, v: &Value) {
@@ -262,8 +278,12 @@ fn kill_9_of_the_owner_mid_load_loses_no_acked_message_and_keeps_per_session_ord
         if v["op"] == "ack" {
             acked.insert(id);
         } else if terminal(&v) {
-            let session = id.split('-').next().unwrap_or_default().to_owned();
-            order.entry(session).or_default().push(id.clone());
+            // The order of first copies: a copy sent again (`redelivery`, to the reconnected
+            // bridge) after later replies reached the dead instance's bridge is no reorder.
+            if !outcomes.contains_key(&id) {
+                let session = id.split('-').next().unwrap_or_default().to_owned();
+                order.entry(session).or_default().push(id.clone());
+            }
             outcomes.entry(id).or_default().push(v);
         }
     };
@@ -357,4 +377,200 @@ fn kill_9_of_the_owner_mid_load_loses_no_acked_message_and_keeps_per_session_ord
             "session {session}: replies out of order: {ids:?}"
         );
     }
+}
+
+/// What the bridges received: acked ids, each id's terminal events, and each session's
+/// terminal events per bridge in arrival order (key `"<session> on <bridge>"`).
+#[derive(Default)]
+struct Seen {
+    acked: HashSet<String>,
+    outcomes: HashMap<String, Vec<Value>>,
+    order: HashMap<String, Vec<String>>,
+}
+
+impl Seen {
+    fn record(&mut self, v: Value) {
+        let id = v["id"].as_str().unwrap_or_default().to_owned();
+        if v["op"] == "ack" {
+            self.acked.insert(id);
+        } else if terminal(&v) {
+            // Per-session order holds on each bridge (a message may reach both).
+            let session = id.split('-').next().unwrap_or_default();
+            let key = format!("{session} on {}", v["via"].as_str().unwrap_or_default());
+            self.order.entry(key).or_default().push(id.clone());
+            self.outcomes.entry(id).or_default().push(v);
+        }
+    }
+}
+
+/// Sends `id` of session `chat` on a connection's write side.
+fn send_message(w: &mut TcpStream, id: &str, chat: &str) {
+    let v = json!({"op": "message", "id": id, "chat_id": chat, "text": id});
+    w.write_all((v.to_string() + "\n").as_bytes())
+        .expect("write");
+}
+
+/// Reads a connection on its own thread: every line goes to `tx`, every terminal event is
+/// confirmed.
+fn pump(mut c: Client, via: &'static str, tx: crossbeam_channel::Sender<Value>) {
+    std::thread::spawn(move || {
+        while let Some(mut v) = c.next_line() {
+            v["via"] = via.into();
+            if terminal(&v) {
+                c.delivered(&v);
+            }
+            if tx.send(v).is_err() {
+                return;
+            }
+        }
+    });
+}
+
+#[test]
+fn sigstop_of_the_owner_past_its_lease_then_sigcont_hands_its_partitions_over_and_it_serves_on() {
+    let Some(bin) = require_redis() else { return };
+    let redis = Redis::start(&bin);
+    let lease_ms = 1000;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log_path = dir.path().join("b.log");
+    let log = std::fs::File::create(&log_path).expect("log file");
+    let b = Server::start_logged(&redis, "b", lease_ms, Stdio::from(log));
+    until_all_held_by(&redis, "b");
+    let a = Server::start(&redis, "a", lease_ms);
+    let (on_a, on_b) = (Client::connect(&a.addr), Client::connect(&b.addr));
+    let (mut wa, mut wb) = (on_a.writer(), on_b.writer());
+    let (tx, rx) = crossbeam_channel::unbounded();
+    pump(on_a, "a", tx.clone());
+    pump(on_b, "b", tx.clone());
+    let (sessions, per_session) = (12, 8);
+    let mut sent: Vec<String> = Vec::new();
+    for i in 0..per_session {
+        for s in 0..sessions {
+            let id = format!("s{s}-{i}");
+            let w = if s % 2 == 0 { &mut wa } else { &mut wb };
+            send_message(w, &id, &s.to_string());
+            sent.push(id);
+        }
+    }
+    let mut seen = Seen::default();
+    // B (the owner of every partition) pauses mid-load, for longer than its lease.
+    while seen.outcomes.len() < 10 {
+        seen.record(rx.recv_timeout(WAIT).expect("a line before the pause"));
+    }
+    b.signal(libc::SIGSTOP);
+    let paused = Instant::now();
+    let took = until_all_held_by(&redis, "a");
+    eprintln!(
+        "takeover: every partition held by a {:?} after SIGSTOP of b (lease {lease_ms} ms)",
+        paused.elapsed().max(took)
+    );
+    b.signal(libc::SIGCONT);
+    // B woke without its leases: it serves on. A message sent to it now is answered (by
+    // A, which owns its partition, through the stream to B).
+    send_message(&mut wb, "after-0", "99");
+    sent.push("after-0".into());
+    let t0 = Instant::now();
+    while seen.acked.len() < sent.len() || seen.outcomes.len() < seen.acked.len() {
+        let left = WAIT.saturating_sub(t0.elapsed());
+        match rx.recv_timeout(left) {
+            Ok(v) => seen.record(v),
+            Err(_) => break,
+        }
+    }
+    let Seen {
+        acked,
+        outcomes,
+        order,
+    } = seen;
+    let mut b = b;
+    assert!(
+        matches!(b.child.try_wait(), Ok(None)),
+        "b stopped itself after its partitions were lost"
+    );
+    let missing: Vec<&String> = sent
+        .iter()
+        .filter(|id| !outcomes.contains_key(*id))
+        .collect();
+    let twice = outcomes.values().filter(|v| v.len() > 1).count();
+    eprintln!(
+        "sent {}, acked {}, answered {}, lost {}, answered more than once {twice}",
+        sent.len(),
+        acked.len(),
+        outcomes.len(),
+        missing.len()
+    );
+    assert_eq!(acked.len(), sent.len(), "every message acked");
+    assert!(missing.is_empty(), "acked and never answered: {missing:?}");
+    let mut across = 0;
+    for (id, vs) in &outcomes {
+        // One outcome: every copy is the same. While B was paused A took it for dead and
+        // answered B's messages on its own bridge; B, awake, had them from the stream too:
+        // the same outcome on two bridges. A second copy on one bridge is marked as
+        // possibly seen.
+        assert!(
+            vs.iter()
+                .all(|v| v["op"] == vs[0]["op"] && v["text"] == vs[0]["text"]),
+            "{id}: two different outcomes: {vs:?}"
+        );
+        for via in ["a", "b"] {
+            let here: Vec<&Value> = vs.iter().filter(|v| v["via"] == via).collect();
+            assert!(
+                here.iter().skip(1).all(|v| v["redelivery"] == true),
+                "{id}: a second copy on {via}'s bridge not marked redelivery: {vs:?}"
+            );
+        }
+        across += usize::from(vs.iter().any(|v| v["via"] != vs[0]["via"]));
+    }
+    eprintln!("answered on both bridges (the same outcome): {across}");
+    assert!(
+        outcomes["after-0"].iter().any(|v| v["via"] == "b"),
+        "b's bridge not answered after the pause: {:?}",
+        outcomes["after-0"]
+    );
+    // No message has a second outcome record: each one's `outcome` script publishes one
+    // entry, so a write of the woken B after A's would show as a seq published twice.
+    let mut c = redis.client();
+    let mut published = 0;
+    for p in 0..PARTITIONS {
+        let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
+            .arg(format!("ts:{{p{p}}}:out"))
+            .arg("-")
+            .arg("+")
+            .query(&mut c)
+            .expect("XRANGE");
+        let mut seqs: Vec<&String> = entries
+            .iter()
+            .filter_map(|(_, kv)| kv.chunks(2).find(|f| f[0] == "seq").map(|f| &f[1]))
+            .collect();
+        let n = seqs.len();
+        seqs.sort_unstable();
+        seqs.dedup();
+        assert_eq!(seqs.len(), n, "partition {p}: an outcome written twice");
+        published += n;
+    }
+    assert_eq!(published, sent.len(), "one outcome record per message");
+    for (session, ids) in &order {
+        let replies: Vec<usize> = ids
+            .iter()
+            .filter(|id| outcomes[*id][0]["op"] == "reply")
+            .filter_map(|id| id.rsplit('-').next()?.parse().ok())
+            .collect();
+        let mut dedup = replies.clone();
+        dedup.dedup();
+        let mut sorted = dedup.clone();
+        sorted.sort_unstable();
+        assert_eq!(
+            dedup, sorted,
+            "session {session}: replies out of order: {ids:?}"
+        );
+    }
+    b.kill9();
+    let log = std::fs::read_to_string(&log_path).expect("b's log");
+    let handed: Vec<&str> = log.lines().filter(|l| l.contains("handed over")).collect();
+    eprintln!("b's hand-overs:\n{}", handed.join("\n"));
+    assert!(
+        handed.iter().any(|l| l.contains("lost or fenced")),
+        "b never handed a partition over: {log}"
+    );
+    drop(a);
 }

@@ -35,6 +35,8 @@ enum Op {
     Cleanup(bool),
     Advance(u64),
     Shutdown,
+    /// `--cluster`: the session's partition was lost (`Input::HandOver`).
+    HandOver(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -49,6 +51,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<bool>().prop_map(Op::Cleanup),
         2 => (0..8_000u64).prop_map(Op::Advance),
         1 => Just(Op::Shutdown),
+        1 => (0..3usize).prop_map(Op::HandOver),
     ]
 }
 
@@ -351,7 +354,7 @@ fn views(h: &Harness) -> HashMap<String, SessionView> {
 }
 
 /// An agent kept for a busy session (parked) leaves it only for its next turn, or to be
-/// closed by `/new` or shutdown: never by eviction or the idle sweep.
+/// closed by `/new`, a hand-over or shutdown: never by eviction or the idle sweep.
 fn check_no_busy_eviction(
     op: &Op,
     before: &HashMap<String, SessionView>,
@@ -364,7 +367,7 @@ fn check_no_busy_eviction(
         if b.agent == AgentPhase::Parked && a.agent == AgentPhase::Closing {
             let allowed = match op {
                 Op::Shutdown => true,
-                Op::Command(s, "/new") => key(CHATS[*s]).to_string() == *session,
+                Op::Command(s, "/new") | Op::HandOver(s) => key(CHATS[*s]).to_string() == *session,
                 _ => false,
             };
             prop_assert!(allowed, "{}'s parked agent closed by {:?}", session, op);
@@ -454,6 +457,9 @@ fn apply(h: &mut Harness, m: &mut Model, op: &Op) -> Vec<Fx> {
         }
         Op::Advance(ms) => h.advance(Duration::from_millis(ms)),
         Op::Shutdown => h.step(Input::Shutdown),
+        Op::HandOver(s) => h.step(Input::HandOver {
+            sessions: vec![key(CHATS[s])],
+        }),
     }
 }
 

@@ -1218,3 +1218,70 @@ fn a_released_turn_waiting_for_a_worker_times_out_without_reaching_one() {
     h.echo("b");
     assert_eq!(h.outcomes_of("b"), vec![reply("x")]);
 }
+
+/// `--cluster`, a lost partition: the handed-over sessions' queued and held messages end at
+/// once, their running turn is cancelled, and whatever that turn returns — even a reply —
+/// its message ends `cancelled: handed_over` (the new owner answers it); other sessions go
+/// on, and a handed-over session takes new work afterwards (the partition regained).
+#[test]
+fn a_handed_over_session_ends_in_place_and_its_running_turns_result_is_discarded() {
+    let mut h = Harness::new(cfg());
+    let handed = Outcome::Cancelled(CancelReason::HandedOver);
+    h.submit("a", "A1", "running");
+    h.submit("a", "A2", "queued");
+    h.submit_held("b", "B1", "held");
+    h.submit("c", "C1", "other");
+    let a1 = h.turn_of("a");
+    let step = h.step(Input::HandOver {
+        sessions: vec![key("a"), key("b"), key("gone")],
+    });
+    assert!(step.contains(&Fx::Cancel(a1)), "{step:?}");
+    assert_eq!(h.outcomes_of("A2"), vec![handed.clone()]);
+    assert_eq!(h.outcomes_of("B1"), vec![handed.clone()]);
+    assert!(
+        h.outcomes_of("A1").is_empty(),
+        "ends when its worker returns"
+    );
+    assert!(h.core.session(&key("b")).is_none(), "the held session left");
+
+    // The agent ignored the cancellation and replied: the reply is not the outcome.
+    h.complete(a1, TurnResult::Reply("late".into()));
+    assert_eq!(h.outcomes_of("A1"), vec![handed.clone()]);
+    assert!(
+        h.outcomes_of("C1").is_empty(),
+        "another session's turn is untouched"
+    );
+    h.echo("c");
+    assert_eq!(h.outcomes_of("C1"), vec![reply("other")]);
+
+    // Its agent is closed (the new owner starts its own); then the session runs again.
+    let jobs: Vec<_> = h.cleanups.keys().copied().collect();
+    assert_eq!(jobs.len(), 1, "the handed-over session's agent is closed");
+    h.submit("a", "A3", "again");
+    for job in jobs {
+        h.finish_cleanup(job, Ok(()));
+    }
+    h.echo("a");
+    assert_eq!(h.outcomes_of("A3"), vec![reply("again")]);
+}
+
+/// A turn already cancelling (`/stop`) when its session is handed over, whose worker never
+/// returns: its abandonment after the grace still ends it `handed_over`, not `stopped`.
+#[test]
+fn a_handed_over_turn_abandoned_after_its_grace_ends_handed_over() {
+    let grace = Duration::from_secs(2);
+    let mut h = Harness::new(CoreConfig {
+        stop_grace: grace,
+        ..cfg()
+    });
+    h.submit("a", "A1", "running");
+    h.submit("a", "S", "/stop");
+    h.step(Input::HandOver {
+        sessions: vec![key("a")],
+    });
+    h.advance(grace);
+    assert_eq!(
+        h.outcomes_of("A1"),
+        vec![Outcome::Cancelled(CancelReason::HandedOver)]
+    );
+}

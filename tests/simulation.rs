@@ -524,6 +524,10 @@ impl World {
                         gw.journal.queue.push_back(r);
                     }
                     Action::Close(c) | Action::Reset(c) => closed.push(c),
+                    #[cfg(feature = "cluster")]
+                    Action::HandOver(sessions) => {
+                        gw.core.handle(now, Input::HandOver { sessions }, &mut fx);
+                    }
                 }
             }
             for c in closed {

@@ -274,6 +274,7 @@ impl<R: Clone, A> Core<R, A> {
             Input::CleanupStarted { job } => self.cleanup_started(now, job),
             Input::CleanupDone { job, result } => self.cleanup_done(job, result, fx),
             Input::Shutdown => self.begin_shutdown(now, fx),
+            Input::HandOver { sessions } => self.hand_over(now, sessions, fx),
         }
         self.take_back_unreleased(now, fx);
         self.dispatch(now, fx);
@@ -374,6 +375,11 @@ impl<R: Clone, A> Core<R, A> {
         self.note_stale_timer();
         let panicked = matches!(result, TurnResult::Panicked(_));
         let outcome = match result {
+            // Whatever it did, the session's new owner answers the message.
+            _ if running.cancel == Some(CancelReason::HandedOver) => {
+                self.stats.turns.cancelled += 1;
+                Outcome::Cancelled(CancelReason::HandedOver)
+            }
             TurnResult::Reply(reply) => {
                 self.stats.turns.completed += 1;
                 Outcome::Reply(reply)

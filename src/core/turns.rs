@@ -29,6 +29,32 @@ impl<R: Clone, A> Core<R, A> {
         n
     }
 
+    /// [`Input::HandOver`]: the sessions' queues end, their turns are cancelled for good
+    /// (a turn already cancelling takes the new reason, so that its result is discarded
+    /// too), their agents are closed.
+    pub(super) fn hand_over(
+        &mut self,
+        now: Duration,
+        keys: Vec<SessionKey>,
+        fx: &mut Vec<Effect<R, A>>,
+    ) {
+        for key in keys {
+            let Some(&slot) = self.index.get(&key) else {
+                continue;
+            };
+            self.cancel_queue(slot, CancelReason::HandedOver, fx);
+            match self.slots[slot].turn.as_mut() {
+                Some(t) if t.cancel.is_some() => t.cancel = Some(CancelReason::HandedOver),
+                _ => {
+                    self.cancel_turn(now, slot, CancelReason::HandedOver, fx);
+                }
+            }
+            self.unready(slot);
+            self.retire_agent(slot, CleanupContext::Reset, fx);
+            self.release_if_empty(slot);
+        }
+    }
+
     /// Signals a running turn's cancellation and starts its grace period. Returns whether a
     /// turn was running; a turn already cancelling keeps its first reason and deadline.
     pub(super) fn cancel_turn(
@@ -92,6 +118,9 @@ impl<R: Clone, A> Core<R, A> {
             });
         }
         let outcome = match reason {
+            _ if running.cancel == Some(CancelReason::HandedOver) => {
+                Outcome::Cancelled(CancelReason::HandedOver)
+            }
             AbandonReason::Timeout => Outcome::Failed(FailReason::Timeout),
             AbandonReason::IgnoredCancel(r) => Outcome::Cancelled(r),
         };

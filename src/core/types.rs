@@ -174,6 +174,8 @@ pub enum CancelReason {
     Interrupted,
     /// The runtime shut down.
     Shutdown,
+    /// The session left this runtime ([`Input::HandOver`]): another one answers the message.
+    HandedOver,
 }
 
 impl CancelReason {
@@ -184,6 +186,7 @@ impl CancelReason {
             CancelReason::Reset => "reset",
             CancelReason::Interrupted => "interrupted",
             CancelReason::Shutdown => "shutdown",
+            CancelReason::HandedOver => "handed_over",
         }
     }
 }
@@ -578,6 +581,16 @@ pub enum Input<R, A> {
     },
     /// Begin a graceful shutdown.
     Shutdown,
+    /// These sessions leave this runtime (`--cluster`: their partition is another
+    /// instance's now): each queued or held message ends at once, and a running turn is
+    /// cancelled and ends when its worker returns, all with
+    /// `Finished(Cancelled(HandedOver))` whatever the turn's own result, so that nothing it
+    /// did is reported as the message's outcome. Their agents are closed (`Reset`). Keys
+    /// without a session are ignored.
+    HandOver {
+        /// The sessions.
+        sessions: Vec<SessionKey>,
+    },
 }
 
 /// Work the core asks its driver to do.

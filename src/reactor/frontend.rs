@@ -12,7 +12,7 @@ use super::route::Route;
 use super::workers::BoxAgent;
 use crate::core::{Core, Effect, Input, MessageEvent, TurnId};
 use crate::liveness::{FrontendStatus, Status};
-use crate::message::Message;
+use crate::message::{Message, SessionKey};
 
 /// What a frontend may do during a reactor step.
 pub struct Ctx<'a> {
@@ -61,6 +61,13 @@ impl<'a> Ctx<'a> {
             route: Route::Local(tag),
         };
         self.core.handle(self.now, input, self.fx);
+    }
+
+    /// `--cluster`: these sessions leave the runtime (their partition is another
+    /// instance's): their messages end `cancelled: handed_over` ([`Input::HandOver`]).
+    pub fn hand_over(&mut self, sessions: Vec<SessionKey>) {
+        self.core
+            .handle(self.now, Input::HandOver { sessions }, self.fx);
     }
 
     /// Hands the held turn `turn` to a worker (ignored if it already ended).

@@ -3,15 +3,13 @@
 //! reactor through the journal's pipe; the reader is told which inboxes to read from the
 //! journal's gained, lost and fenced reports before the bridge sees them.
 //!
-//! A lost or fenced partition stops the process (a [`ForcedStop`], exit 1): ending that
-//! partition's sessions here without outcome records is not built yet, and a stop is what
-//! the partition's new owner already recovers from, as after a crash. (The journal thread
-//! does not release partitions to rebalance for the same reason.)
+//! A lost or fenced partition's sessions end in place (the bridge hands them over, see
+//! `bridge/cluster.rs`); the rest of the instance goes on serving.
 
 use std::io;
 use std::sync::Arc;
 
-use super::{BridgeServer, ForcedStop};
+use super::BridgeServer;
 use crate::journal::{Committed, Journal, JournalConfig, Reader, RedisStore, StoreError, now_ms};
 
 /// A cluster member's parts: until `register`, then while serving.
@@ -19,8 +17,6 @@ use crate::journal::{Committed, Journal, JournalConfig, Reader, RedisStore, Stor
 pub(super) struct Member {
     pending: Option<Pending>,
     reader: Option<Reader>,
-    /// A forced stop was announced.
-    stopping: bool,
 }
 
 struct Pending {
@@ -56,6 +52,7 @@ impl BridgeServer {
         }
         // The bridge's clock starts at zero with the server.
         self.bridge.set_wall_clock(now_ms());
+        self.bridge.set_partitions(journal.partitions());
         self.cluster.pending = Some(Pending {
             journal,
             reader,
@@ -107,23 +104,13 @@ impl BridgeServer {
         }
     }
 
-    /// What the reader brought goes to the bridge; a dropped partition stops the process.
+    /// What the reader brought goes to the bridge.
     pub(super) fn cluster_arrivals(&mut self) {
         if let Some(r) = &self.cluster.reader {
             let arrivals: Vec<_> = r.arrivals().collect();
             for a in arrivals {
                 self.bridge.arrived(a, self.now);
             }
-        }
-        let dropped = self.bridge.dropped_partitions();
-        if let Some(p) = dropped.first()
-            && !self.cluster.stopping
-        {
-            log::error!(
-                "partition {p} is no longer this instance's: stopping (its new owner recovers its sessions)"
-            );
-            self.cluster.stopping = true;
-            let _ = self.forced.0.try_send(ForcedStop::PartitionLost(*p));
         }
     }
 }

@@ -104,9 +104,6 @@ pub enum ForcedStop {
     SecondSignal,
     /// Shutdown ran past the watchdog's limit ([`ServerConfig::watchdog`]).
     WatchdogExpired,
-    /// `--cluster`: this partition is no longer this instance's (lost or fenced).
-    #[cfg(feature = "cluster")]
-    PartitionLost(u32),
 }
 
 impl fmt::Display for ForcedStop {
@@ -114,8 +111,6 @@ impl fmt::Display for ForcedStop {
         f.write_str(match self {
             ForcedStop::SecondSignal => "a second shutdown signal arrived",
             ForcedStop::WatchdogExpired => "shutdown ran past the watchdog's limit",
-            #[cfg(feature = "cluster")]
-            ForcedStop::PartitionLost(_) => "a partition is no longer this instance's",
         })
     }
 }
@@ -458,6 +453,8 @@ impl BridgeServer {
                     Action::Submit { tag, message } if journal => ctx.submit_held(message, tag),
                     Action::Submit { tag, message } => ctx.submit(message, tag),
                     Action::StartTurn(turn) => ctx.release_turn(turn),
+                    #[cfg(feature = "cluster")]
+                    Action::HandOver(sessions) => ctx.hand_over(sessions),
                     _ => {}
                 }
             }
@@ -473,6 +470,11 @@ impl BridgeServer {
                 (deferred @ (Action::Submit { .. } | Action::StartTurn(_)), None) => {
                     self.deferred.push(deferred);
                 }
+                #[cfg(feature = "cluster")]
+                (Action::HandOver(sessions), Some(ctx)) => ctx.hand_over(sessions),
+                // In order with the submissions deferred before it.
+                #[cfg(feature = "cluster")]
+                (deferred @ Action::HandOver(_), None) => self.deferred.push(deferred),
                 (Action::Close(id), _) => self.drop_socket(id),
                 (Action::Journal(r), _) => match &self.journal {
                     Some(j) => j.send(r),

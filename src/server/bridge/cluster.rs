@@ -12,19 +12,33 @@
 //!   ([`Bridge::recover`]); a message of it this bridge was waiting for remotely is taken back
 //!   from its wait first. A message accepted into an owned partition afterwards (by any
 //!   instance) arrives from the inbox and is queued the same way.
-//! - A **lost or fenced** partition is noted ([`Bridge::dropped_partitions`]): ending its
-//!   sessions here without outcome records is the server's to do (it stops the process: the
-//!   partition's new owner recovers them, as after a crash).
+//! - A **lost or fenced** partition is **handed over** in place: its sessions leave the
+//!   runtime ([`Action::HandOver`], the core's `Input::HandOver`) and every one of its
+//!   messages leaves this instance with no outcome record and nothing sent, as
+//!   `keep_for_restart` leaves one at a planned restart: the partition's next owner loads it
+//!   from Redis. A message accepted here waits for that owner's outcome from the stream (its
+//!   route and reservation stay, as for a message owned elsewhere from the start); one
+//!   accepted elsewhere is forgotten here (its reservation released). Whatever the runtime
+//!   still says of them (a cancelled turn's end) is discarded. A terminal event already
+//!   waiting for its outcome record goes by the journal's answer: sent if the record was
+//!   written under the lease, dropped if not ([`ClusterReport::unwritten_outcomes`]).
+//!   The rest of the instance goes on serving.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::super::frame::{Body, Frame};
-use super::Bridge;
 use super::admit::{Refusal, duplicate_ack};
+use super::routes::no_conn;
 use super::status::RecoveryCounts;
-use crate::core::RejectReason;
-use crate::journal::{Arrival, ClusterReport, LoadedPartition, Recovered, StoredOutcome, now_ms};
+use super::{Action, Bridge, ConnId};
+use crate::core::{EventKind, RejectReason};
+use crate::journal::{
+    Arrival, ClusterReport, LoadedPartition, Recovered, StoredOutcome, now_ms, partition_of,
+    tag_parts,
+};
+use crate::message::SessionKey;
 use crate::server::protocol::{ServerOp, encode};
 
 /// The bridge's cluster state, kept with the journal's ([`super::durable::Durable`]).
@@ -32,11 +46,34 @@ use crate::server::protocol::{ServerOp, encode};
 pub(super) struct ClusterSide {
     /// Messages acked here and owned elsewhere: cluster tag → the bridge's tag.
     remote: HashMap<u64, u64>,
-    /// Partitions lost or fenced since the server last asked.
-    dropped: Vec<u32>,
+    /// Partitions owned here (gained, not handed over since).
+    owned: HashSet<u32>,
+    /// The partition count (`--partitions`): a session's partition is computed here.
+    partitions: u32,
+    /// Messages accepted here and placed in Redis: the bridge's tag → the cluster tag the
+    /// outcome stream names it by (kept while the message is in flight, so that a handed-over
+    /// one can wait for its outcome; pruned as routes end, see `placed_room`).
+    placed: HashMap<u64, u64>,
+    /// Messages handed over whose runtime events are still to come (at most one per message
+    /// in flight at the hand-over; each leaves with its terminal event): all are discarded.
+    handed: HashSet<u64>,
+    /// Messages accepted here whose outcome record was refused (the partition's next owner
+    /// answers them): cluster tag → the bridge's tag, the connection, the platform and id
+    /// their result goes to (their reservation is kept for it).
+    orphans: HashMap<u64, (u64, ConnId, Arc<str>, Arc<str>)>,
+    /// Partitions handed over, and their messages, since the start.
+    handed_over: (u64, u64),
     /// Messages run here that another live instance accepted: their terminal events are
     /// recorded (the record publishes them to that instance) and not sent here.
     silent: HashSet<u64>,
+}
+
+impl ClusterSide {
+    /// The platforms owed a reservation by the messages whose refused outcome the next
+    /// owner answers.
+    pub(super) fn orphan_platforms(&self) -> impl Iterator<Item = &str> {
+        self.orphans.values().map(|(_, _, p, _)| &**p)
+    }
 }
 
 impl Bridge {
@@ -47,8 +84,11 @@ impl Bridge {
     }
 
     /// The cluster part of a journal report: called by [`Bridge::journaled`] before the rest
-    /// (its tags are not among the report's `durable` and `failed`).
-    pub(super) fn clustered(&mut self, r: ClusterReport, now: Duration) {
+    /// (its tags are not among the report's `durable` and `failed`). Returns the partitions
+    /// lost or fenced, which are handed over ([`Bridge::hand_over`]) after the rest: a
+    /// message of one of them made durable by the same report is then submitted before its
+    /// session is handed over, and ends with it.
+    pub(super) fn clustered(&mut self, r: ClusterReport, now: Duration) -> Vec<u32> {
         let placed: HashMap<u64, u64> = r.placed.iter().copied().collect();
         for tag in r.remote {
             self.acked_remote(tag, placed.get(&tag).copied(), now);
@@ -62,27 +102,178 @@ impl Bridge {
             }
             self.refuse(tag, Refusal::runtime(RejectReason::QueueFull));
         }
+        if let Some(d) = &mut self.durable {
+            d.cluster
+                .placed
+                .extend(placed.iter().map(|(&t, &c)| (t, c)));
+            if d.cluster.placed.len() > 2 * self.routes.len() + 64 {
+                let (routes, orphans) = (&self.routes, &d.cluster.orphans);
+                d.cluster
+                    .placed
+                    .retain(|&tag, ct| routes.contains(tag) || orphans.contains_key(ct));
+            }
+        }
         for (p, loaded) in r.gained {
+            if let Some(d) = &mut self.durable {
+                d.cluster.owned.insert(p);
+            }
             self.gained(p, loaded, now);
         }
-        for p in r.lost.into_iter().chain(r.fenced) {
-            log::error!(
-                "partition {p}: no longer this instance's (lost or fenced); its sessions must end here without outcomes"
-            );
-            if let Some(d) = &mut self.durable
-                && !d.cluster.dropped.contains(&p)
-            {
-                d.cluster.dropped.push(p);
-            }
+        r.lost.into_iter().chain(r.fenced).collect()
+    }
+
+    /// `--cluster`: the partition count, for the partition of a session.
+    pub fn set_partitions(&mut self, n: u32) {
+        if let Some(d) = &mut self.durable {
+            d.cluster.partitions = n;
         }
     }
 
-    /// Partitions lost or fenced since the last call: the server ends their sessions.
-    pub fn dropped_partitions(&mut self) -> Vec<u32> {
+    /// `--cluster`: the partitions owned here, in order.
+    pub fn owned_partitions(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self
+            .durable
+            .as_ref()
+            .map(|d| d.cluster.owned.iter().copied().collect())
+            .unwrap_or_default();
+        v.sort_unstable();
+        v
+    }
+
+    /// `--cluster`: partitions lost or fenced since the start, and the messages they took
+    /// away from this instance (handed over to their next owner).
+    pub fn handed_over(&self) -> (u64, u64) {
         self.durable
-            .as_mut()
-            .map(|d| std::mem::take(&mut d.cluster.dropped))
-            .unwrap_or_default()
+            .as_ref()
+            .map_or((0, 0), |d| d.cluster.handed_over)
+    }
+
+    /// A partition lost or fenced (once per ownership): its messages leave this instance
+    /// without outcome records, its sessions leave the runtime (see the module's notes).
+    pub(super) fn hand_over(&mut self, p: u32) {
+        let Some(d) = &mut self.durable else {
+            return;
+        };
+        if !d.cluster.owned.remove(&p) {
+            return;
+        }
+        let n = d.cluster.partitions.max(1);
+        let cluster = &d.cluster;
+        // By its place in Redis where known, else by its session.
+        let partition = |tag: u64, session: &SessionKey| {
+            tag_parts(tag)
+                .or_else(|| cluster.placed.get(&tag).and_then(|&ct| tag_parts(ct)))
+                .map_or_else(|| partition_of(session.as_str(), n), |(p, _)| p)
+        };
+        // Not a message waiting for Redis (the journal thread places it, owned or not), nor
+        // one the runtime already refused (its `forget` is on its way), nor one waiting
+        // for another instance already.
+        let remote: HashSet<u64> = cluster.remote.values().copied().collect();
+        let tags: Vec<u64> = self
+            .routes
+            .tags()
+            .filter(|&(tag, r)| {
+                partition(tag, &r.session) == p
+                    && !d.is_waiting(tag)
+                    && !d.is_forgetting(tag)
+                    && !remote.contains(&tag)
+            })
+            .map(|(tag, _)| tag)
+            .collect();
+        let (mut sessions, mut waiting) = (Vec::<SessionKey>::new(), 0);
+        for &tag in &tags {
+            let Some(route) = self.routes.get(tag) else {
+                continue;
+            };
+            if !sessions.contains(&route.session) {
+                sessions.push(route.session.clone());
+            }
+            if let Some(d) = &mut self.durable {
+                d.cluster.handed.insert(tag);
+                d.cluster.silent.remove(&tag);
+                // Accepted here: its outcome comes from the stream, from the next owner.
+                if let Some(&ct) = d.cluster.placed.get(&tag) {
+                    d.cluster.remote.insert(ct, tag);
+                    waiting += 1;
+                    continue;
+                }
+            }
+            let Some(route) = self.routes.remove(tag) else {
+                continue;
+            };
+            if route.conn != no_conn() {
+                log::warn!(
+                    "session {}: message {}: handed over with partition {p}, but its place in Redis is unknown here: its result will not come to this connection",
+                    route.session,
+                    route.id
+                );
+                self.conns.settled(route.conn);
+            }
+            self.platforms.unreserve(&route.platform, None);
+            self.release_held(&route.platform);
+            self.platforms.maybe_free(&route.platform);
+            self.maybe_finish(route.conn);
+        }
+        if let Some(d) = &mut self.durable {
+            d.cluster.handed_over.0 += 1;
+            d.cluster.handed_over.1 += tags.len() as u64;
+        }
+        log::warn!(
+            "partition {p}: lost or fenced: {} session(s) and {} message(s) handed over to its next owner ({waiting} accepted here wait for its outcome); this instance serves the rest",
+            sessions.len(),
+            tags.len()
+        );
+        if !sessions.is_empty() {
+            self.actions.push_back(Action::HandOver(sessions));
+        }
+    }
+
+    /// Whether a runtime event of `tag` is one of a handed-over message's, to be discarded:
+    /// its start, partials and terminal event (which ends the discarding). Its acceptance
+    /// still acks it (it is durable; the ack may not have gone yet when the same report
+    /// handed it over), a refusal still refuses it (and ends the discarding), a turn's end
+    /// still ends its typing.
+    pub(super) fn handed_event(&mut self, tag: u64, kind: &EventKind) -> bool {
+        let Some(d) = &mut self.durable else {
+            return false;
+        };
+        if !d.cluster.handed.contains(&tag) {
+            return false;
+        }
+        match kind {
+            EventKind::Accepted { .. } | EventKind::TurnEnded(_) => false,
+            EventKind::Rejected(_) => {
+                d.cluster.handed.remove(&tag);
+                false
+            }
+            EventKind::Finished(_) => {
+                d.cluster.handed.remove(&tag);
+                true
+            }
+            EventKind::TurnStarted(_) | EventKind::Partial(_) => true,
+        }
+    }
+
+    /// The outcome record of `seq` was not written (fenced, or its partition no longer held):
+    /// its terminal event is never sent. Accepted here, the message waits for the next
+    /// owner's outcome from the stream instead (its reservation kept); else its reservation
+    /// is released.
+    pub(super) fn unwritten(&mut self, seq: u64) {
+        let Some(d) = &mut self.durable else {
+            return;
+        };
+        let Some((conn, frame)) = d.take_unjournaled(seq) else {
+            return;
+        };
+        let Some(platform) = frame.terminal_for.clone() else {
+            return;
+        };
+        if let (Some(&ct), Some(id)) = (d.cluster.placed.get(&seq), frame.msg_id.clone()) {
+            d.cluster.orphans.insert(ct, (seq, conn, platform, id));
+            return;
+        }
+        self.platforms.unreserve(&platform, None);
+        self.platforms.maybe_free(&platform);
     }
 
     /// Durable in Redis, owned elsewhere: acked now, and its route waits for the outcome.
@@ -149,12 +340,30 @@ impl Bridge {
                     .durable
                     .as_mut()
                     .and_then(|d| d.cluster.remote.remove(&tag));
+                let orphan = self
+                    .durable
+                    .as_mut()
+                    .and_then(|d| d.cluster.orphans.remove(&tag));
                 if let Some(local) = local {
                     self.remote_outcome(local, outcome);
+                } else if let Some((local, conn, platform, id)) = orphan {
+                    let frame = Frame::new(Body::from_stored(outcome), Some(platform.clone()))
+                        .of_message(local, id);
+                    self.deliver_terminal(conn, &platform, frame);
                 }
             }
-            Arrival::Message { tag, message, .. } => {
-                if self.routes.contains(tag) {
+            Arrival::Message {
+                partition,
+                tag,
+                message,
+                ..
+            } => {
+                let owned = self
+                    .durable
+                    .as_ref()
+                    .is_some_and(|d| d.cluster.owned.contains(&partition));
+                // Read before its partition was handed over: its next owner queues it.
+                if self.routes.contains(tag) || !owned {
                     return;
                 }
                 // Accepted by another instance, alive a moment ago: its result is its own.
@@ -207,6 +416,14 @@ impl Bridge {
                 d.cluster.remote.retain(|_, t| *t != tag);
                 d.cluster.remote.len() < before
             });
+            // Its outcome record refused here before: the load answers it now.
+            let orphan = self.durable.as_mut().and_then(|d| {
+                let ct = d.cluster.placed.get(&tag).copied()?;
+                d.cluster.orphans.remove(&ct)
+            });
+            if let Some((_, _, platform, _)) = orphan {
+                self.platforms.unreserve(&platform, None);
+            }
             if waited && let Some(route) = self.routes.remove(tag) {
                 self.platforms.unreserve(&route.platform, None);
                 self.conns.settled(route.conn);

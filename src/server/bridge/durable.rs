@@ -114,6 +114,20 @@ impl Durable {
         self.waiting.remove(&tag)
     }
 
+    /// The terminal event held for `seq`'s outcome record, taken out (the record was not
+    /// written).
+    #[cfg(feature = "cluster")]
+    pub(super) fn take_unjournaled(&mut self, seq: u64) -> Option<(ConnId, Frame)> {
+        self.taken_outcomes.remove(&seq);
+        self.unjournaled.remove(&seq)
+    }
+
+    /// Whether the runtime refused the message of `tag` and its `forget` record is pending.
+    #[cfg(feature = "cluster")]
+    pub(super) fn is_forgetting(&self, tag: u64) -> bool {
+        self.forgetting.contains_key(&tag)
+    }
+
     /// Whether the message of `tag` still waits for the journal.
     pub(super) fn is_waiting(&self, tag: u64) -> bool {
         self.waiting.contains_key(&tag)
@@ -164,9 +178,13 @@ impl Durable {
 
     /// The platforms owed a reservation by the terminal events held here.
     pub(super) fn terminals_by_platform(&self) -> impl Iterator<Item = &str> {
-        self.unjournaled
+        let held = self
+            .unjournaled
             .values()
-            .filter_map(|(_, f)| f.terminal_for.as_deref())
+            .filter_map(|(_, f)| f.terminal_for.as_deref());
+        #[cfg(feature = "cluster")]
+        let held = held.chain(self.cluster.orphan_platforms());
+        held
     }
 
     /// Checks, in debug builds, that every waiting message has its route, within the bound.
@@ -195,27 +213,17 @@ impl Bridge {
     pub fn journaled(&mut self, c: Committed, now: Duration) {
         self.now = now;
         #[cfg(feature = "cluster")]
-        let c = {
+        let (c, handed) = {
             let mut c = c;
             let report = std::mem::take(&mut c.cluster);
             // Not written, so never sent: the partition's new owner answers the message.
-            let mut dropped = Vec::new();
-            if let Some(d) = &mut self.durable {
-                for seq in &report.unwritten_outcomes {
-                    dropped.extend(d.unjournaled.remove(seq));
-                    d.taken_outcomes.remove(seq);
-                }
-            }
-            for (_, frame) in dropped {
-                if let Some(platform) = &frame.terminal_for {
-                    self.platforms.unreserve(platform, None);
-                    self.platforms.maybe_free(platform);
-                }
+            for seq in &report.unwritten_outcomes {
+                self.unwritten(*seq);
             }
             c.outcomes
                 .retain(|seq| !report.unwritten_outcomes.contains(seq));
-            self.clustered(report, now);
-            c
+            let handed = self.clustered(report, now);
+            (c, handed)
         };
         let Some(d) = &mut self.durable else {
             return;
@@ -282,6 +290,10 @@ impl Bridge {
         for seq in failed {
             log::debug!("message {seq}: journal write failed; rejected storage");
             self.refuse(seq, Refusal::storage(c.error.as_deref()));
+        }
+        #[cfg(feature = "cluster")]
+        for p in handed {
+            self.hand_over(p);
         }
         self.audit();
     }

@@ -110,6 +110,10 @@ pub enum Action {
     /// `started` record is durable, so it may now be handed to an agent
     /// (`Ctx::release_turn`).
     StartTurn(TurnId),
+    /// `--cluster`: these sessions' partition is no longer this instance's: they leave the
+    /// runtime (`Ctx::hand_over`); their messages' events are discarded from now on.
+    #[cfg(feature = "cluster")]
+    HandOver(Vec<SessionKey>),
 }
 
 /// The bridge protocol's state machine. See the module documentation.
@@ -298,6 +302,10 @@ impl Bridge {
     pub fn event(&mut self, tag: u64, event: MessageEvent, now: Duration) {
         self.now = now;
         let MessageEvent { id, session, kind } = event;
+        #[cfg(feature = "cluster")]
+        if self.handed_event(tag, &kind) {
+            return self.audit();
+        }
         match kind {
             EventKind::Accepted { state, position } => {
                 self.handle_accepted(tag, (&id, &session), state, position, now);

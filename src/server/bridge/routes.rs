@@ -122,6 +122,11 @@ impl Routes {
         self.map.len()
     }
 
+    #[cfg(feature = "cluster")]
+    pub(super) fn tags(&self) -> impl Iterator<Item = (u64, &InFlight)> {
+        self.map.iter()
+    }
+
     pub(super) fn values(&self) -> impl Iterator<Item = &InFlight> {
         self.map.values()
     }
