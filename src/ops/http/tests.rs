@@ -20,6 +20,34 @@ impl OpsSource for Healthy {
     }
 }
 
+/// Drives `server` as its thread would (poll, events, wake, pass) until `done` holds for
+/// its figures; fails naming `what` after 10 s.
+fn drive_until(
+    server: &mut HttpServer,
+    poll: &mut mio::Poll,
+    what: &str,
+    done: impl Fn(&HttpStatus) -> bool,
+) {
+    let source = Healthy;
+    let mut events = mio::Events::with_capacity(16);
+    let now = Duration::from_secs(1);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !done(&server.stats) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never saw {what}: {:?}",
+            server.stats
+        );
+        poll.poll(&mut events, Some(Duration::from_millis(50)))
+            .unwrap();
+        for event in &events {
+            server.on_ready(event, now, &source);
+        }
+        server.on_wake(now);
+        server.serve(now, &source);
+    }
+}
+
 #[test]
 #[cfg(debug_assertions)]
 fn the_endpoint_keeps_its_invariants_through_accept_and_requests() {
@@ -38,20 +66,7 @@ fn the_endpoint_keeps_its_invariants_through_accept_and_requests() {
     clients[0]
         .write_all(b"GET /healthz HTTP/1.1\r\n\r\nGET /nope HTTP/1.1\r\n\r\n")
         .unwrap();
-    let source = Healthy;
-    let mut events = mio::Events::with_capacity(16);
-    let now = Duration::from_secs(1);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while server.stats.evicted < 1 {
-        assert!(std::time::Instant::now() < deadline, "{:?}", server.stats);
-        poll.poll(&mut events, Some(Duration::from_millis(50)))
-            .unwrap();
-        for event in &events {
-            server.on_ready(event, now, &source);
-        }
-        server.on_wake(now);
-        server.serve(now, &source);
-    }
+    drive_until(&mut server, &mut poll, "an eviction", |st| st.evicted >= 1);
     assert_eq!(server.status().connections, 2);
     assert_eq!(server.stats.refused, 0);
     server.close_all();
@@ -80,24 +95,9 @@ fn a_probe_whose_request_arrived_is_not_evicted_for_a_churner_on_its_address() {
     let silent: Vec<std::net::TcpStream> = (0..4)
         .map(|_| std::net::TcpStream::connect(addr).unwrap())
         .collect();
-    let source = Healthy;
-    let mut events = mio::Events::with_capacity(16);
-    let now = Duration::from_secs(1);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while server.stats.requests < 1 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the probe was never answered: {:?}",
-            server.stats
-        );
-        poll.poll(&mut events, Some(Duration::from_millis(50)))
-            .unwrap();
-        for event in &events {
-            server.on_ready(event, now, &source);
-        }
-        server.on_wake(now);
-        server.serve(now, &source);
-    }
+    drive_until(&mut server, &mut poll, "the probe's answer", |st| {
+        st.requests >= 1
+    });
     // The probe was answered as room was sought, and closed (`Connection: close`): that
     // made room for the third; the fourth and fifth evicted the silent ones.
     assert_eq!(server.stats.evicted, 2, "{:?}", server.stats);
