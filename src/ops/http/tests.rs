@@ -20,6 +20,25 @@ impl OpsSource for Healthy {
     }
 }
 
+/// Healthy, with a `/status` body far larger than a socket's buffers: its answer stays
+/// part-written while the client does not read.
+struct HugeStatus;
+
+impl OpsSource for HugeStatus {
+    fn health(&self) -> Result<(), String> {
+        Ok(())
+    }
+    fn ready(&self) -> Result<(), String> {
+        Ok(())
+    }
+    fn status_json(&self) -> Vec<u8> {
+        vec![b' '; 32 << 20]
+    }
+    fn metrics(&self) -> String {
+        String::new()
+    }
+}
+
 /// Drives `server` as its thread would (poll, events, wake, pass) until `done` holds for
 /// its figures; fails naming `what` after 10 s.
 fn drive_until(
@@ -28,7 +47,17 @@ fn drive_until(
     what: &str,
     done: impl Fn(&HttpStatus) -> bool,
 ) {
-    let source = Healthy;
+    drive_with(server, poll, &Healthy, what, done);
+}
+
+/// [`drive_until`] with another source.
+fn drive_with(
+    server: &mut HttpServer,
+    poll: &mut mio::Poll,
+    source: &dyn OpsSource,
+    what: &str,
+    done: impl Fn(&HttpStatus) -> bool,
+) {
     let mut events = mio::Events::with_capacity(16);
     let now = Duration::from_secs(1);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -41,10 +70,10 @@ fn drive_until(
         poll.poll(&mut events, Some(Duration::from_millis(50)))
             .unwrap();
         for event in &events {
-            server.on_ready(event, now, &source);
+            server.on_ready(event, now, source);
         }
         server.on_wake(now);
-        server.serve(now, &source);
+        server.serve(now, source);
     }
 }
 
@@ -105,6 +134,160 @@ fn a_probe_whose_request_arrived_is_not_evicted_for_a_churner_on_its_address() {
     probe.read_to_string(&mut answer).unwrap();
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     drop(silent);
+}
+
+/// A server on `addr` with `cfg`, registered with a poll of its own.
+fn serving(addr: &str, cfg: HttpConfig) -> (HttpServer, mio::Poll, SocketAddr) {
+    let poll = mio::Poll::new().unwrap();
+    let mut server = HttpServer::bind(addr.parse().unwrap(), cfg).unwrap();
+    server.register(poll.registry()).unwrap();
+    let at = server.local_addr().unwrap();
+    (server, poll, at)
+}
+
+/// Whether the server closed `s` (its read answers end of stream; still open, it would
+/// block). Reads what was sent before.
+fn closed_by_server(s: &mut std::net::TcpStream) -> bool {
+    s.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+            Err(_) => return true,
+        }
+    }
+}
+
+/// Sends a keep-alive request on `s` and reads its whole answer (`/healthz`'s is small).
+fn served_once(s: &mut std::net::TcpStream) {
+    s.write_all(b"GET /healthz HTTP/1.1\r\n\r\n").unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") || !got.ends_with(b"ok\n") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(
+            n > 0,
+            "closed before the answer: {:?}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// The eviction order: an idle keep-alive connection (answered, nothing sent since) goes
+/// before a silent one, even a younger one before an older: it has had its answer, while
+/// the silent one may be a request still on its way.
+#[test]
+fn an_idle_keep_alive_connection_is_evicted_before_an_older_silent_one() {
+    let cfg = HttpConfig {
+        max_connections: 2,
+        ..HttpConfig::default()
+    };
+    let (mut server, mut poll, addr) = serving("127.0.0.1:0", cfg);
+    let mut silent = std::net::TcpStream::connect(addr).unwrap();
+    let mut kept_alive = std::net::TcpStream::connect(addr).unwrap();
+    kept_alive
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let s0 = &mut server;
+    std::thread::scope(|s| {
+        let client = s.spawn(|| served_once(&mut kept_alive));
+        drive_until(s0, &mut poll, "the answer", |st| {
+            st.requests >= 1 && client.is_finished()
+        });
+        client.join().unwrap();
+    });
+    let _third = std::net::TcpStream::connect(addr).unwrap();
+    drive_until(&mut server, &mut poll, "an eviction", |st| st.evicted >= 1);
+    assert!(
+        closed_by_server(&mut kept_alive),
+        "the idle keep-alive one goes"
+    );
+    assert!(!closed_by_server(&mut silent), "the older silent one stays");
+}
+
+/// A connection with only part of a head is one that "never completed a head": the oldest
+/// of those is evicted (its read finds nothing more), not a younger silent one.
+#[test]
+fn the_oldest_connection_with_a_partial_head_is_evicted_before_a_younger_silent_one() {
+    let cfg = HttpConfig {
+        max_connections: 2,
+        ..HttpConfig::default()
+    };
+    let (mut server, mut poll, addr) = serving("127.0.0.1:0", cfg);
+    let mut partial = std::net::TcpStream::connect(addr).unwrap();
+    partial
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let mut silent = std::net::TcpStream::connect(addr).unwrap();
+    let _third = std::net::TcpStream::connect(addr).unwrap();
+    drive_until(&mut server, &mut poll, "an eviction", |st| st.evicted >= 1);
+    assert!(closed_by_server(&mut partial), "the partial head goes");
+    assert!(
+        !closed_by_server(&mut silent),
+        "the younger silent one stays"
+    );
+    assert_eq!(server.stats.requests, 0);
+}
+
+/// A connection answered while room is sought whose answer is still being written (its
+/// client is not reading) is mid-response: never the victim, the next candidate is.
+#[test]
+fn a_connection_answered_mid_search_whose_answer_is_part_written_is_not_evicted() {
+    let cfg = HttpConfig {
+        max_connections: 2,
+        ..HttpConfig::default()
+    };
+    let (mut server, mut poll, addr) = serving("127.0.0.1:0", cfg);
+    let mut reader = std::net::TcpStream::connect(addr).unwrap();
+    reader.write_all(b"GET /status HTTP/1.1\r\n\r\n").unwrap();
+    let mut silent = std::net::TcpStream::connect(addr).unwrap();
+    let _third = std::net::TcpStream::connect(addr).unwrap();
+    drive_with(&mut server, &mut poll, &HugeStatus, "an eviction", |st| {
+        st.evicted >= 1
+    });
+    assert!(closed_by_server(&mut silent), "the silent one goes");
+    assert_eq!(server.status().connections, 2);
+    let mut head = [0u8; 12];
+    reader.set_nonblocking(false).unwrap();
+    reader.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200", "the part-written answer goes on");
+}
+
+/// At a peer's cap the victim is that peer's own: another peer's idle connection, older
+/// and first in the eviction order, is not touched (the peers are `::1` and IPv4
+/// loopback, mapped, on one dual-stack socket).
+#[test]
+fn at_a_peers_cap_only_that_peers_connections_are_candidates() {
+    let cfg = HttpConfig {
+        max_per_peer: 2,
+        ..HttpConfig::default()
+    };
+    let (mut server, mut poll, addr) = serving("[::]:0", cfg);
+    let port = addr.port();
+    let mut other = std::net::TcpStream::connect(("::1", port)).unwrap();
+    other
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let s0 = &mut server;
+    std::thread::scope(|s| {
+        let client = s.spawn(|| served_once(&mut other));
+        drive_until(s0, &mut poll, "the other peer's answer", |st| {
+            st.requests >= 1 && client.is_finished()
+        });
+        client.join().unwrap();
+    });
+    let mut first = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let _second = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let _third = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    drive_until(&mut server, &mut poll, "an eviction", |st| st.evicted >= 1);
+    assert!(closed_by_server(&mut first), "the peer's oldest goes");
+    assert!(
+        !closed_by_server(&mut other),
+        "another peer's idle one stays"
+    );
 }
 
 #[test]
