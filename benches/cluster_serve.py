@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Issue 22's benchmarks: several `turnstile serve --cluster` instances on one Redis.
+
+    python3 benches/cluster_serve.py BIN throughput K [MESSAGES]   # K instances, one flood each
+    python3 benches/cluster_serve.py BIN takeover RUNS [LEASE_MS]  # kill -9 the owner RUNS times
+
+Each run starts its own redis-server (`--appendonly yes --appendfsync always`, a private port
+and directory under /dev/shm; `TURNSTILE_REDIS_SERVER` names the binary, default
+`redis-server`) and its own instances (echo agent, 64 partitions).
+
+`throughput`: K instances; one `turnstile loadgen --flood` per instance, all at once
+(MESSAGES each, default 20,000, 20 connections x 100 in flight, 1,000 sessions shared by all);
+prints one JSON line: the aggregate acked-and-answered messages per second (all messages over
+the wall time from the first flood's start to the last one's end), each flood's ack and
+answer latency p50/p99, the load average.
+
+`takeover`: two instances; the one holding every partition is killed with SIGKILL and the
+time until the survivor holds all 64 leases is measured (Redis polled every 5 ms with one
+MGET); the killed one is started again (it gains nothing while the other holds everything:
+nothing is free) and the roles swap. Prints one JSON line per kill and a summary: takeover
+p50/p99/max against the lease.
+"""
+import json, os, shutil, signal, socket, subprocess, sys, tempfile, time
+
+PARTITIONS = 64
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+class Redis:
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="ts-cluster-bench-", dir="/dev/shm")
+        self.port = free_port()
+        binary = os.environ.get("TURNSTILE_REDIS_SERVER", "redis-server")
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir,
+             "--appendonly", "yes", "--appendfsync", "always", "--save", ""],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.sock = socket.create_connection(("127.0.0.1", self.port))
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+        self.f = self.sock.makefile("rb")
+
+    def command(self, *args):
+        out = b"*%d\r\n" % len(args)
+        for a in args:
+            a = a.encode() if isinstance(a, str) else a
+            out += b"$%d\r\n%s\r\n" % (len(a), a)
+        self.sock.sendall(out)
+        return self.reply()
+
+    def reply(self):
+        line = self.f.readline()
+        kind, rest = line[:1], line[1:-2]
+        if kind == b"$":
+            n = int(rest)
+            if n < 0:
+                return None
+            data = self.f.read(n + 2)[:-2]
+            return data.decode()
+        if kind == b"*":
+            return [self.reply() for _ in range(int(rest))]
+        if kind == b":":
+            return int(rest)
+        if kind == b"-":
+            raise RuntimeError(rest.decode())
+        return rest.decode()
+
+    def holders(self):
+        keys = ["ts:{p%d}:lease" % p for p in range(PARTITIONS)]
+        return [None if v is None else v.rsplit(":", 1)[0] for v in self.command("MGET", *keys)]
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def instance(binary, redis, name, lease_ms):
+    p = subprocess.Popen(
+        [binary, "serve", "--listen", "127.0.0.1:0", "--http-listen", "off",
+         "--cluster", f"redis://127.0.0.1:{redis.port}", "--instance-id", name,
+         "--lease-ms", str(lease_ms), "--turn-workers", "8"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=dict(os.environ, RUST_LOG="warn"))
+    addr = p.stdout.readline().decode().split()[-1]
+    return p, addr
+
+
+def wait_all_held(redis, by=None, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        h = redis.holders()
+        if all(x is not None for x in h) and (by is None or all(x == by for x in h)):
+            return h
+        time.sleep(0.005)
+    raise RuntimeError(f"partitions not all held (by {by}): {redis.holders()}")
+
+
+def throughput(binary, k, messages):
+    redis = Redis()
+    procs = []
+    try:
+        for i in range(k):
+            procs.append(instance(binary, redis, f"i{i}", 3000))
+            if i == 0:
+                wait_all_held(redis)
+        t0 = time.monotonic()
+        floods = [subprocess.Popen(
+            [binary, "loadgen", "--flood", "--addr", addr, "--messages", str(messages),
+             "--sessions", "1000", "--connections", "20", "--window", "100"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) for _, addr in procs]
+        reports = [json.loads(f.communicate()[0].decode().strip().splitlines()[-1]) for f in floods]
+        wall = time.monotonic() - t0
+        print(json.dumps({
+            "instances": k, "messages": messages * k, "seconds": round(wall, 3),
+            "msgs_per_s": round(messages * k / wall),
+            "per_flood_msgs_per_s": [round(r["messages_per_s"]) for r in reports],
+            "ack_ms_p50_p99": [[r["ack_latency_ms"]["p50"], r["ack_latency_ms"]["p99"]] for r in reports],
+            "answer_ms_p50_p99": [[r["latency_ms"]["p50"], r["latency_ms"]["p99"]] for r in reports],
+            "load": os.getloadavg()[0],
+        }), flush=True)
+    finally:
+        for p, _ in procs:
+            p.kill()
+            p.wait()
+        redis.stop()
+
+
+def takeover(binary, runs, lease_ms):
+    redis = Redis()
+    live = {}
+    try:
+        live["a"] = instance(binary, redis, "a", lease_ms)
+        wait_all_held(redis, by="a")
+        live["b"] = instance(binary, redis, "b", lease_ms)
+        owner, other, times = "a", "b", []
+        for n in range(runs):
+            time.sleep(lease_ms / 1000 / 3 * 2)  # the other has heartbeated and renewed
+            p, _ = live.pop(owner)
+            t0 = time.monotonic()
+            p.send_signal(signal.SIGKILL)
+            wait_all_held(redis, by=other, timeout=lease_ms / 1000 * 5 + 5)
+            t = (time.monotonic() - t0) * 1000
+            p.wait()
+            times.append(t)
+            print(json.dumps({"kill": n + 1, "takeover_ms": round(t), "lease_ms": lease_ms,
+                              "load": os.getloadavg()[0]}), flush=True)
+            name = f"{owner}{n + 1}"
+            live[name] = instance(binary, redis, name, lease_ms)
+            owner, other = other, name
+        times.sort()
+        pct = lambda q: round(times[min(len(times) - 1, int(q * len(times)))])
+        print(json.dumps({"kills": runs, "lease_ms": lease_ms, "takeover_ms_p50": pct(0.5),
+                          "takeover_ms_p99": pct(0.99), "takeover_ms_max": round(times[-1]),
+                          "takeover_ms_min": round(times[0]), "over_lease_p99_ms":
+                          pct(0.99) - lease_ms}), flush=True)
+    finally:
+        for p, _ in live.values():
+            p.kill()
+            p.wait()
+        redis.stop()
+
+
+def main():
+    binary, mode = sys.argv[1], sys.argv[2]
+    if mode == "throughput":
+        throughput(binary, int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else 20000)
+    elif mode == "takeover":
+        takeover(binary, int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else 3000)
+    else:
+        sys.exit(f"unknown mode {mode}")
+
+
+if __name__ == "__main__":
+    main()
