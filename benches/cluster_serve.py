@@ -12,7 +12,7 @@ and directory under /dev/shm; `TURNSTILE_REDIS_SERVER` names the binary, default
 (MESSAGES each, default 20,000, 20 connections x 100 in flight, 1,000 sessions shared by all);
 prints one JSON line: the aggregate acked-and-answered messages per second (all messages over
 the wall time from the first flood's start to the last one's end), each flood's ack and
-answer latency p50/p99, the load average.
+answer latency p50/p99, Redis's and the instances' CPU per message, the load average.
 
 `takeover`: two instances; the one holding every partition is killed with SIGKILL and the
 time until the survivor holds all 64 leases is measured (Redis polled every 5 ms with one
@@ -23,6 +23,13 @@ p50/p99/max against the lease.
 import json, os, shutil, signal, socket, subprocess, sys, tempfile, time
 
 PARTITIONS = 64
+
+
+def cpu_s(pid):
+    """User + system CPU seconds of a live process."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def free_port():
@@ -93,7 +100,8 @@ def instance(binary, redis, name, lease_ms):
         [binary, "serve", "--listen", "127.0.0.1:0", "--http-listen", "off",
          "--cluster", f"redis://127.0.0.1:{redis.port}", "--instance-id", name,
          "--lease-ms", str(lease_ms), "--turn-workers", "8"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=dict(os.environ, RUST_LOG="warn"))
+        stdout=subprocess.PIPE, stderr=open(os.environ.get("BENCH_SERVE_LOG", os.devnull), "ab"),
+        env=dict(os.environ, RUST_LOG="warn"))
     addr = p.stdout.readline().decode().split()[-1]
     return p, addr
 
@@ -123,14 +131,23 @@ def throughput(binary, k, messages):
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) for _, addr in procs]
         reports = [json.loads(f.communicate()[0].decode().strip().splitlines()[-1]) for f in floods]
         wall = time.monotonic() - t0
+        total = messages * k
         print(json.dumps({
             "instances": k, "messages": messages * k, "seconds": round(wall, 3),
             "msgs_per_s": round(messages * k / wall),
             "per_flood_msgs_per_s": [round(r["messages_per_s"]) for r in reports],
             "ack_ms_p50_p99": [[r["ack_latency_ms"]["p50"], r["ack_latency_ms"]["p99"]] for r in reports],
             "answer_ms_p50_p99": [[r["latency_ms"]["p50"], r["latency_ms"]["p99"]] for r in reports],
+            "redis_cpu_us_per_msg": round(cpu_s(redis.proc.pid) * 1e6 / total, 1),
+            "instances_cpu_us_per_msg": round(sum(cpu_s(p.pid) for p, _ in procs) * 1e6 / total, 1),
             "load": os.getloadavg()[0],
         }), flush=True)
+        if os.environ.get("BENCH_COMMANDSTATS"):
+            stats = redis.command("INFO", "commandstats")
+            rows = [l for l in stats.splitlines() if l.startswith("cmdstat_")]
+            rows.sort(key=lambda l: -int(l.split("usec=")[1].split(",")[0]))
+            print("\n".join(r for r in rows if "failed_calls=0" not in r or rows.index(r) < 12), file=sys.stderr)
+            print(redis.command("INFO", "errorstats"), file=sys.stderr)
     finally:
         for p, _ in procs:
             p.kill()

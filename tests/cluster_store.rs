@@ -428,6 +428,8 @@ fn the_streams_tell_the_owner_what_was_accepted_and_the_origin_what_finished() {
         .unwrap();
     assert_eq!(got.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![s1, s2]);
     assert!(got.iter().all(|e| e.partition == p));
+    // Each names the instance that accepted it: its own reader skips it unfetched.
+    assert!(got.iter().all(|e| e.origin == "a"), "{got:?}");
     let after = got[1].id.clone();
     assert!(
         b.read(Stream::Inbox, &[(p, after)], 100, None)

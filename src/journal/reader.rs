@@ -209,12 +209,12 @@ impl Reading {
         // reactor said before an entry was read holds for it.
         self.control(ctl);
         let me = self.store.instance().to_owned();
-        // Entries are fetched only for what this instance wants: its owned inboxes, its own
-        // outcomes.
+        // Entries are fetched only for what this instance wants: its owned inboxes but for
+        // what it accepted itself (submitted then), its own outcomes.
         let wanted: Vec<(Stream, u32, u64)> = entries
             .iter()
             .filter(|(s, e)| match s {
-                Stream::Inbox => self.inboxes.contains_key(&e.partition),
+                Stream::Inbox => self.inboxes.contains_key(&e.partition) && e.origin != me,
                 Stream::Outcomes => e.origin == me,
             })
             .map(|(s, e)| (*s, e.partition, e.seq))

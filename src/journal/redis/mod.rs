@@ -228,7 +228,8 @@ pub struct StreamEntry {
     pub id: String,
     /// The message.
     pub seq: u64,
-    /// The instance that accepted it (outcome entries only; empty in the inbox).
+    /// The instance that accepted it (empty in an inbox entry written before the inbox
+    /// carried it).
     pub origin: String,
 }
 

@@ -38,7 +38,7 @@ redis.call('ZADD', KEYS[2], seq, seq)
 redis.call('HSET', KEYS[3], ARGV[2], seq)
 redis.call('ZADD', KEYS[4], '+inf', ARGV[2])
 redis.call('HINCRBY', KEYS[5], ARGV[5], 1)
-redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[7], '*', 'seq', seq)
+redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[7], '*', 'seq', seq, 'origin', ARGV[9])
 return {'new', tostring(seq)}
 ";
 
