@@ -3,6 +3,7 @@
 
     python3 benches/cluster_serve.py BIN throughput K [MESSAGES]   # K instances, one flood each
     python3 benches/cluster_serve.py BIN takeover RUNS [LEASE_MS]  # kill -9 the owner RUNS times
+    python3 benches/cluster_serve.py BIN kill [SESSIONS] [PER_SESSION] # 3 instances, kill -9 one mid-load
 
 Each run starts its own redis-server (`--appendonly yes --appendfsync always`, a private port
 and directory under /dev/shm; `TURNSTILE_REDIS_SERVER` names the binary, default
@@ -14,13 +15,25 @@ prints one JSON line: the aggregate acked-and-answered messages per second (all 
 the wall time from the first flood's start to the last one's end), each flood's ack and
 answer latency p50/p99, Redis's and the instances' CPU per message, the load average.
 
+`kill`: the closing note's terminal session. Three instances; on each, two bridge
+connections (`hello` with `acks`, confirming every terminal line with `delivered`) send
+SESSIONS x PER_SESSION messages (default 300 x 10; each session sticks to one connection and
+sends its messages in order, up to 4 unanswered per session; echo agent taking 20 ms). When a
+third of the messages are acked, the instance holding the most partitions is killed with
+SIGKILL; its two connections reconnect to the survivors and send again every message not
+acked (a real bridge does the same). Counts at the end, from what the bridges saw and from
+Redis: acked, answered (distinct ids with a terminal line), lost (acked, never answered),
+answered twice (marked `redelivery` or not), outcome-stream entries per message (more than
+one: a second outcome written), out of order (a session's results on one connection not in
+send order), and the takeover time (kill to every lease held by a survivor).
+
 `takeover`: two instances; the one holding every partition is killed with SIGKILL and the
 time until the survivor holds all 64 leases is measured (Redis polled every 5 ms with one
 MGET); the killed one is started again (it gains nothing while the other holds everything:
 nothing is free) and the roles swap. Prints one JSON line per kill and a summary: takeover
 p50/p99/max against the lease.
 """
-import json, os, shutil, signal, socket, subprocess, sys, tempfile, time
+import collections, json, os, shutil, signal, socket, subprocess, sys, tempfile, threading, time
 
 PARTITIONS = 64
 
@@ -95,13 +108,13 @@ class Redis:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def instance(binary, redis, name, lease_ms):
+def instance(binary, redis, name, lease_ms, extra=()):
     p = subprocess.Popen(
         [binary, "serve", "--listen", "127.0.0.1:0", "--http-listen", "off",
          "--cluster", f"redis://127.0.0.1:{redis.port}", "--instance-id", name,
-         "--lease-ms", str(lease_ms), "--turn-workers", "8"],
+         "--lease-ms", str(lease_ms), "--turn-workers", "8", *extra],
         stdout=subprocess.PIPE, stderr=open(os.environ.get("BENCH_SERVE_LOG", os.devnull), "ab"),
-        env=dict(os.environ, RUST_LOG="warn"))
+        env=dict(os.environ, RUST_LOG=os.environ.get("BENCH_RUST_LOG", "warn")))
     addr = p.stdout.readline().decode().split()[-1]
     return p, addr
 
@@ -190,10 +203,171 @@ def takeover(binary, runs, lease_ms):
         redis.stop()
 
 
+class Bridge:
+    """One bridge connection with `acks`: sends its sessions' messages in order, confirms
+    every terminal line, records what it saw in the shared `seen`."""
+
+    TERMINAL = {"reply", "cancelled", "failed", "merged"}
+
+    def __init__(self, name, addr, sessions, per_session, seen, lock):
+        self.name, self.sessions, self.per = name, sessions, per_session
+        self.seen, self.lock = seen, lock
+        self.acked, self.next = set(), {s: 0 for s in sessions}
+        self.inflight = collections.defaultdict(set)
+        self.connect(addr)
+
+    def connect(self, addr):
+        host, port = addr.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.f = self.sock.makefile("rb")
+        self.sock.sendall(b'{"op":"hello","platform":"demo","acks":true}\n')
+        # Every message not acked goes again (the window refills from the oldest).
+        for s in self.sessions:
+            self.inflight[s] = {i for i in self.inflight[s] if (s, i) in self.acked}
+        self.fill()
+
+    def send(self, s, i):
+        line = json.dumps({"op": "message", "id": f"{s}-{i}", "chat_id": s, "text": f"{s}:{i}"})
+        self.sock.sendall(line.encode() + b"\n")
+
+    def fill(self):
+        for s in self.sessions:
+            # Unacked ones first, in order (after a reconnect), then new ones.
+            for i in range(self.next[s]):
+                if (s, i) not in self.acked and i not in self.inflight[s]:
+                    self.inflight[s].add(i)
+                    self.send(s, i)
+            while len(self.inflight[s]) < 4 and self.next[s] < self.per:
+                i = self.next[s]
+                self.next[s] += 1
+                self.inflight[s].add(i)
+                self.send(s, i)
+
+    def run(self, stop):
+        while not stop.is_set():
+            try:
+                line = self.f.readline()
+            except OSError:
+                line = b""
+            if not line:
+                return "closed"
+            m = json.loads(line)
+            op, mid = m.get("op"), m.get("id")
+            if op == "ack" and mid:
+                s, i = mid.rsplit("-", 1)
+                self.acked.add((s, int(i)))
+                with self.lock:
+                    self.seen["acked"].add(mid)
+            elif op == "reject":
+                s, i = mid.rsplit("-", 1)
+                self.inflight[s].discard(int(i))
+                with self.lock:
+                    self.seen["rejects"][m.get("reason")] += 1
+            elif op in self.TERMINAL:
+                s, i = mid.rsplit("-", 1)
+                self.sock.sendall(json.dumps({"op": "delivered", "ids": [mid]}).encode() + b"\n")
+                with self.lock:
+                    self.seen["results"][mid].append((self.name, op, m.get("text"),
+                                                      bool(m.get("redelivery"))))
+                    self.seen["order"][(self.name, s)].append(int(i))
+                    done = len(self.seen["results"])
+                if s in self.inflight:
+                    self.inflight[s].discard(int(i))
+                    self.fill()
+                if done >= self.seen["total"]:
+                    stop.set()
+        return "stopped"
+
+
+def kill_demo(binary, sessions, per_session):
+    redis = Redis()
+    procs = {}
+    seen = {"acked": set(), "results": collections.defaultdict(list),
+            "order": collections.defaultdict(list), "rejects": collections.Counter(),
+            "total": sessions * per_session}
+    lock, stop = threading.Lock(), threading.Event()
+    try:
+        for name in ("i0", "i1", "i2"):
+            procs[name] = instance(binary, redis, name, 3000, ["--echo-delay-ms", "20"])
+            if name == "i0":
+                wait_all_held(redis)
+        names = [f"s{k}" for k in range(sessions)]
+        bridges, threads = [], {}
+        for n, (iname, (_, addr)) in enumerate(sorted(procs.items())):
+            for c in range(2):
+                k = n * 2 + c
+                b = Bridge(f"{iname}/{c}", addr, names[k::6], per_session, seen, lock)
+                bridges.append((iname, b))
+        for iname, b in bridges:
+            t = threading.Thread(target=b.run, args=(stop,), daemon=True)
+            t.start()
+            threads[b.name] = t
+        while len(seen["acked"]) < seen["total"] // 3:
+            time.sleep(0.01)
+        held = collections.Counter(redis.holders())
+        victim = max(procs, key=lambda n: held.get(n, 0))
+        t0 = time.monotonic()
+        procs[victim][0].send_signal(signal.SIGKILL)
+        procs[victim][0].wait()
+        acked_at_kill = len(seen["acked"])
+        print(f"$ kill -9 {victim}  # held {held.get(victim, 0)} of {PARTITIONS} partitions; "
+              f"{acked_at_kill} acked, {len(seen['results'])} answered so far", flush=True)
+        survivors = [n for n in procs if n != victim]
+        for k, (iname, b) in enumerate(bridges):
+            if iname == victim:
+                threads[b.name].join(timeout=10)
+                b.connect(procs[survivors[k % 2]][1])
+                t = threading.Thread(target=b.run, args=(stop,), daemon=True)
+                t.start()
+                threads[b.name] = t
+        while any(h == victim or h is None for h in redis.holders()):
+            time.sleep(0.005)
+        takeover = time.monotonic() - t0
+        print(f"takeover: every partition held by {'/'.join(survivors)} "
+              f"{takeover * 1000:.0f} ms after the kill (lease 3000 ms)", flush=True)
+        stop.wait(timeout=120)
+        time.sleep(0.5)
+        res = seen["results"]
+        acked = seen["acked"]
+        lost = sorted(m for m in acked if m not in res)
+        twice = {m: r for m, r in res.items() if len(r) > 1}
+        unmarked = [m for m, r in twice.items() if sum(1 for x in r if not x[3]) > 1]
+        contradicting = [m for m, r in res.items() if len({(x[1], x[2]) for x in r}) > 1]
+        wrong = [m for m, r in res.items() if any(x[2] != m.replace("-", ":") for x in r)]
+        out_of_order = sum(1 for v in seen["order"].values()
+                           if [i for i in v] != sorted(v) and len(set(v)) == len(v))
+        per_seq = collections.Counter()
+        for p in range(PARTITIONS):
+            for e in redis.command("XRANGE", "ts:{p%d}:out" % p, "-", "+"):
+                f = e[1]
+                per_seq[(p, f[f.index("seq") + 1])] += 1
+        second_outcomes = sum(1 for v in per_seq.values() if v > 1)
+        print(json.dumps({
+            "sent": seen["total"], "acked": len(acked), "answered": len(res),
+            "lost": len(lost), "answered_twice": len(twice),
+            "answered_twice_unmarked": len(unmarked), "contradicting": len(contradicting),
+            "wrong_text": len(wrong), "outcome_entries": sum(per_seq.values()),
+            "second_outcomes": second_outcomes, "out_of_order_sessions": out_of_order,
+            "rejects": dict(seen["rejects"]), "takeover_ms": round(takeover * 1000),
+            "load": os.getloadavg()[0]}), flush=True)
+        if lost:
+            print("lost:", lost[:20], file=sys.stderr)
+    finally:
+        stop.set()
+        for p, _ in procs.values():
+            p.kill()
+            p.wait()
+        redis.stop()
+
+
 def main():
     binary, mode = sys.argv[1], sys.argv[2]
     if mode == "throughput":
         throughput(binary, int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else 20000)
+    elif mode == "kill":
+        kill_demo(binary, int(sys.argv[3]) if len(sys.argv) > 3 else 300,
+                  int(sys.argv[4]) if len(sys.argv) > 4 else 10)
     elif mode == "takeover":
         takeover(binary, int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else 3000)
     else:

@@ -646,3 +646,56 @@ fn one_pipelined_batch_answers_each_write_and_a_fenced_one_hides_nothing() {
         "{got:?}"
     );
 }
+
+/// The ownership pass's leases go in one round trip each way: every answer on its own (a
+/// taken or fenced one hides none of the others), and a flushed script cache fails that
+/// pass transiently, the next one working on a new connection.
+#[test]
+fn one_pipelined_pass_renews_and_acquires_each_lease_on_its_own() {
+    let Some(bin) = require_redis() else { return };
+    let r = Redis::start(&bin);
+    let (mut a, mut b) = (store(&r, "a"), store(&r, "b"));
+    let theirs = acquired(&mut b, 1);
+    let got = a.acquire_all(&[0, 1, 2]).expect("answered");
+    let mine: Vec<Lease> = got
+        .iter()
+        .filter_map(|g| match g {
+            Ok(Acquire::Acquired(l)) => Some(l.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        mine.iter().map(|l| l.partition).collect::<Vec<_>>(),
+        vec![0, 2]
+    );
+    assert!(
+        matches!(&got[1], Ok(Acquire::Taken { holder }) if *holder == theirs.token),
+        "{got:?}"
+    );
+    let stale = Lease {
+        token: "a:0".into(),
+        ..theirs.clone()
+    };
+    let got = a
+        .renew_all(&[mine[0].clone(), stale, mine[1].clone()])
+        .expect("answered");
+    assert_eq!(got[0], Ok(()));
+    assert_eq!(got[1].as_ref().unwrap_err().kind, StoreErrorKind::Fenced);
+    assert_eq!(got[2], Ok(()));
+    assert!(
+        b.renew(&theirs).is_ok(),
+        "the fenced renewal changed nothing"
+    );
+
+    let mut raw = r.client();
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut raw).unwrap();
+    let got = a.renew_all(&mine).expect("answered");
+    assert!(
+        got.iter().all(|g| g
+            .as_ref()
+            .is_err_and(|e| e.kind == StoreErrorKind::Transient)),
+        "{got:?}"
+    );
+    assert_eq!(a.renew_all(&mine).expect("answered"), vec![Ok(()), Ok(())]);
+    assert!(a.acquire_all(&[]).expect("nothing asked").is_empty());
+}

@@ -447,28 +447,39 @@ impl Member {
             }
             c.cluster.lost.push(lease.partition);
         }
-        for lease in plan.renew {
-            match self.store.renew(&lease) {
-                Ok(()) => self.own.renewed(lease.partition, now),
-                Err(e) if e.is_fenced() => {
-                    log::warn!("{e}; the partition is dropped");
-                    if self.own.fenced(lease.partition) {
-                        c.cluster.fenced.push(lease.partition);
+        // Every renewal in one round trip, so the leases held expire together should this
+        // instance die (a takeover waits for the last one), however loaded Redis is.
+        match self.store.renew_all(&plan.renew) {
+            Ok(answers) => {
+                for (lease, answer) in plan.renew.iter().zip(answers) {
+                    match answer {
+                        Ok(()) => self.own.renewed(lease.partition, now),
+                        Err(e) if e.is_fenced() => {
+                            log::warn!("{e}; the partition is dropped");
+                            if self.own.fenced(lease.partition) {
+                                c.cluster.fenced.push(lease.partition);
+                            }
+                        }
+                        Err(e) => {
+                            log::debug!("partition {}: renewal failed: {e}", lease.partition);
+                        }
                     }
                 }
-                Err(e) => log::debug!("partition {}: renewal failed: {e}", lease.partition),
             }
+            Err(e) => log::debug!("cluster renewals failed: {e}"),
         }
-        for p in plan.acquire {
-            match self.store.acquire(p) {
-                Ok(Acquire::Acquired(lease)) => self.gain(lease, now, c),
-                Ok(Acquire::Taken { .. }) => {}
-                Err(e) => {
-                    // Redis is down: the rest would fail the same way.
-                    log::debug!("partition {p}: acquire failed: {e}");
-                    break;
+        match self.store.acquire_all(&plan.acquire) {
+            Ok(answers) => {
+                for (p, answer) in plan.acquire.iter().zip(answers) {
+                    match answer {
+                        Ok(Acquire::Acquired(lease)) => self.gain(lease, now, c),
+                        Ok(Acquire::Taken { .. }) => {}
+                        Err(e) => log::debug!("partition {p}: acquire failed: {e}"),
+                    }
                 }
             }
+            // Redis is down: the next pass tries again.
+            Err(e) => log::debug!("cluster acquisitions failed: {e}"),
         }
     }
 

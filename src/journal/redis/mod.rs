@@ -10,6 +10,7 @@
 //! [`StoreErrorKind::Fenced`](super::StoreErrorKind::Fenced) without changing anything when
 //! the caller no longer holds it.
 
+mod leases;
 mod load;
 mod read;
 mod scripts;
@@ -350,10 +351,12 @@ impl RedisStore {
             c.set_read_timeout(Some(t))
                 .and_then(|()| c.set_write_timeout(Some(t)))
                 .map_err(|e| transient("set timeouts", &e))?;
-            // The pipelined writes call the scripts by hash only: load them on every new
+            // The pipelined writes and lease passes call the scripts by hash only: load them on every new
             // connection (a restarted Redis has an empty script cache).
             let s = &self.scripts;
-            for script in [&s.accept, &s.started, &s.outcome, &s.finish] {
+            for script in [
+                &s.accept, &s.started, &s.outcome, &s.finish, &s.renew, &s.acquire,
+            ] {
                 script
                     .load(&mut c)
                     .map_err(|e| transient("SCRIPT LOAD", &e))?;
@@ -483,18 +486,7 @@ impl RedisStore {
                 .arg(ttl)
                 .invoke(c)
         })?;
-        let a = strings(&v);
-        match (a.first().map(String::as_str), a.get(1), a.get(2)) {
-            (Some("acquired"), Some(token), Some(epoch)) => Ok(Acquire::Acquired(Lease {
-                partition,
-                token: token.clone(),
-                epoch: epoch.parse().map_err(|_| malformed("acquire"))?,
-            })),
-            (Some("taken"), Some(holder), _) => Ok(Acquire::Taken {
-                holder: holder.clone(),
-            }),
-            _ => Err(malformed("acquire")),
-        }
+        leases::acquire_verdict(partition, &v)
     }
 
     /// Extends `lease` by one TTL; [`Fenced`](super::StoreErrorKind::Fenced) if it was lost.
