@@ -214,24 +214,43 @@ class Bridge:
         self.seen, self.lock = seen, lock
         self.acked, self.next = set(), {s: 0 for s in sessions}
         self.inflight = collections.defaultdict(set)
+        # Writes come from this bridge's reader and from others' (a result of one of its
+        # sessions can arrive on another connection after a takeover).
+        self.wlock = threading.RLock()
+        for s in sessions:
+            seen["sender"][s] = self
         self.connect(addr)
 
     def connect(self, addr):
-        host, port = addr.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)))
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.f = self.sock.makefile("rb")
-        self.sock.sendall(b'{"op":"hello","platform":"demo","acks":true}\n')
-        # Every message not acked goes again (the window refills from the oldest).
-        for s in self.sessions:
-            self.inflight[s] = {i for i in self.inflight[s] if (s, i) in self.acked}
-        self.fill()
+        with self.wlock:
+            host, port = addr.rsplit(":", 1)
+            self.sock = socket.create_connection((host, int(port)))
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.f = self.sock.makefile("rb")
+            self.sock.sendall(b'{"op":"hello","platform":"demo","acks":true}\n')
+            # Every message not acked goes again (the window refills from the oldest).
+            for s in self.sessions:
+                self.inflight[s] = {i for i in self.inflight[s] if (s, i) in self.acked}
+            self.fill()
 
     def send(self, s, i):
         line = json.dumps({"op": "message", "id": f"{s}-{i}", "chat_id": s, "text": f"{s}:{i}"})
-        self.sock.sendall(line.encode() + b"\n")
+        try:
+            self.sock.sendall(line.encode() + b"\n")
+        except OSError:
+            pass  # its instance died: sent again after the reconnect
+
+    def answered(self, s, i):
+        """A result of one of this bridge's sessions arrived (here or elsewhere)."""
+        with self.wlock:
+            self.inflight[s].discard(i)
+            self.fill()
 
     def fill(self):
+        with self.wlock:
+            self._fill()
+
+    def _fill(self):
         for s in self.sessions:
             # Unacked ones first, in order (after a reconnect), then new ones.
             for i in range(self.next[s]):
@@ -261,20 +280,19 @@ class Bridge:
                     self.seen["acked"].add(mid)
             elif op == "reject":
                 s, i = mid.rsplit("-", 1)
-                self.inflight[s].discard(int(i))
                 with self.lock:
                     self.seen["rejects"][m.get("reason")] += 1
+                self.answered(s, int(i))
             elif op in self.TERMINAL:
                 s, i = mid.rsplit("-", 1)
-                self.sock.sendall(json.dumps({"op": "delivered", "ids": [mid]}).encode() + b"\n")
+                with self.wlock:
+                    self.sock.sendall(json.dumps({"op": "delivered", "ids": [mid]}).encode() + b"\n")
                 with self.lock:
                     self.seen["results"][mid].append((self.name, op, m.get("text"),
                                                       bool(m.get("redelivery"))))
                     self.seen["order"][(self.name, s)].append(int(i))
                     done = len(self.seen["results"])
-                if s in self.inflight:
-                    self.inflight[s].discard(int(i))
-                    self.fill()
+                self.seen["sender"][s].answered(s, int(i))
                 if done >= self.seen["total"]:
                     stop.set()
         return "stopped"
@@ -285,6 +303,7 @@ def kill_demo(binary, sessions, per_session):
     procs = {}
     seen = {"acked": set(), "results": collections.defaultdict(list),
             "order": collections.defaultdict(list), "rejects": collections.Counter(),
+            "sender": {},
             "total": sessions * per_session}
     lock, stop = threading.Lock(), threading.Event()
     try:
@@ -321,9 +340,20 @@ def kill_demo(binary, sessions, per_session):
                 t = threading.Thread(target=b.run, args=(stop,), daemon=True)
                 t.start()
                 threads[b.name] = t
-        while any(h == victim or h is None for h in redis.holders()):
+        timeline, last = [], None
+        while True:
+            h = redis.holders()
+            counts = collections.Counter("-" if x is None else x for x in h)
+            if counts != last:
+                timeline.append((round((time.monotonic() - t0) * 1000), dict(counts)))
+                last = counts
+            if not any(x == victim or x is None for x in h):
+                break
             time.sleep(0.005)
         takeover = time.monotonic() - t0
+        if os.environ.get("BENCH_TIMELINE"):
+            for t, c in timeline:
+                print(f"  +{t} ms: {c}", file=sys.stderr)
         print(f"takeover: every partition held by {'/'.join(survivors)} "
               f"{takeover * 1000:.0f} ms after the kill (lease 3000 ms)", flush=True)
         stop.wait(timeout=120)
@@ -334,7 +364,9 @@ def kill_demo(binary, sessions, per_session):
         twice = {m: r for m, r in res.items() if len(r) > 1}
         unmarked = [m for m, r in twice.items() if sum(1 for x in r if not x[3]) > 1]
         contradicting = [m for m, r in res.items() if len({(x[1], x[2]) for x in r}) > 1]
-        wrong = [m for m, r in res.items() if any(x[2] != m.replace("-", ":") for x in r)]
+        wrong = [m for m, r in res.items()
+                 if any(x[1] == "reply" and x[2] != m.replace("-", ":") for x in r)]
+        ops = collections.Counter(r[0][1] for r in res.values())
         out_of_order = sum(1 for v in seen["order"].values()
                            if [i for i in v] != sorted(v) and len(set(v)) == len(v))
         per_seq = collections.Counter()
@@ -347,7 +379,7 @@ def kill_demo(binary, sessions, per_session):
             "sent": seen["total"], "acked": len(acked), "answered": len(res),
             "lost": len(lost), "answered_twice": len(twice),
             "answered_twice_unmarked": len(unmarked), "contradicting": len(contradicting),
-            "wrong_text": len(wrong), "outcome_entries": sum(per_seq.values()),
+            "wrong_text": len(wrong), "terminal_ops": dict(ops), "outcome_entries": sum(per_seq.values()),
             "second_outcomes": second_outcomes, "out_of_order_sessions": out_of_order,
             "rejects": dict(seen["rejects"]), "takeover_ms": round(takeover * 1000),
             "load": os.getloadavg()[0]}), flush=True)

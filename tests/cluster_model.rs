@@ -147,17 +147,23 @@ fn pass(inst: &mut Instance, redis: &mut Redis, now: Duration) {
             }
         }
     }
-    for &p in &plan.acquire {
-        let got = if inst.link != Link::LostBefore {
-            redis.acquire(p, &inst.name, now)
-        } else {
-            None
-        };
-        if inst.link == Link::Up
-            && let Some(lease) = got
-        {
-            inst.o.acquired(lease, t);
+    // As the journal thread does: as many again as were taken, until the search ends.
+    let mut candidates = plan.acquire;
+    while !candidates.is_empty() {
+        let mut taken = 0;
+        for &p in &candidates {
+            let got = if inst.link != Link::LostBefore {
+                redis.acquire(p, &inst.name, now)
+            } else {
+                None
+            };
+            match got {
+                Some(lease) if inst.link == Link::Up => inst.o.acquired(lease, t),
+                Some(_) => {}
+                None => taken += 1,
+            }
         }
+        candidates = inst.o.more_candidates(taken);
     }
 }
 

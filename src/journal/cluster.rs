@@ -468,18 +468,26 @@ impl Member {
             }
             Err(e) => log::debug!("cluster renewals failed: {e}"),
         }
-        match self.store.acquire_all(&plan.acquire) {
-            Ok(answers) => {
-                for (p, answer) in plan.acquire.iter().zip(answers) {
-                    match answer {
-                        Ok(Acquire::Acquired(lease)) => self.gain(lease, now, c),
-                        Ok(Acquire::Taken { .. }) => {}
-                        Err(e) => log::debug!("partition {p}: acquire failed: {e}"),
-                    }
+        let mut candidates = plan.acquire;
+        while !candidates.is_empty() {
+            let answers = match self.store.acquire_all(&candidates) {
+                Ok(answers) => answers,
+                // Redis is down: the next pass tries again.
+                Err(e) => {
+                    log::debug!("cluster acquisitions failed: {e}");
+                    break;
+                }
+            };
+            let mut taken = 0;
+            for (p, answer) in candidates.iter().zip(answers) {
+                match answer {
+                    Ok(Acquire::Acquired(lease)) => self.gain(lease, now, c),
+                    Ok(Acquire::Taken { .. }) => taken += 1,
+                    Err(e) => log::debug!("partition {p}: acquire failed: {e}"),
                 }
             }
-            // Redis is down: the next pass tries again.
-            Err(e) => log::debug!("cluster acquisitions failed: {e}"),
+            // As many again as were taken, further on: the share is found in this pass.
+            candidates = self.own.more_candidates(taken);
         }
     }
 

@@ -51,6 +51,8 @@ pub struct Ownership {
     cursor: u32,
     /// Whether a pass releases what is held beyond the fair share.
     shed: bool,
+    /// Partitions the search for free ones has looked at in this pass.
+    swept: u32,
 }
 
 impl Ownership {
@@ -64,6 +66,7 @@ impl Ownership {
             live: 1,
             cursor: partition_of(instance, partitions),
             shed: true,
+            swept: 0,
         }
     }
 
@@ -133,19 +136,32 @@ impl Ownership {
                 plan.renew.push(h.lease.clone());
             }
         }
-        let mut want = share.saturating_sub(self.held.len());
-        let mut tried = 0;
-        while want > 0 && tried < self.partitions {
+        self.swept = 0;
+        plan.acquire = self.candidates(share.saturating_sub(self.held.len()));
+        debug_assert!(!self.shed || self.held.len() <= share);
+        plan
+    }
+
+    /// Up to `n` more partitions to try in this pass, after some of its acquisitions found
+    /// theirs taken: the search goes on from where it stopped, so one pass finds every free
+    /// partition it wants (a takeover does not wait a pass for each taken one it met). A
+    /// pass tries each partition at most once.
+    pub fn more_candidates(&mut self, n: usize) -> Vec<u32> {
+        self.candidates(n)
+    }
+
+    fn candidates(&mut self, mut want: usize) -> Vec<u32> {
+        let mut found = Vec::new();
+        while want > 0 && self.swept < self.partitions {
             let p = self.cursor;
             self.cursor = (self.cursor + 1) % self.partitions;
-            tried += 1;
+            self.swept += 1;
             if !self.held.contains_key(&p) {
-                plan.acquire.push(p);
+                found.push(p);
                 want -= 1;
             }
         }
-        debug_assert!(!self.shed || self.held.len() <= share);
-        plan
+        found
     }
 
     /// An acquisition sent at `sent` succeeded.
@@ -272,6 +288,35 @@ mod tests {
         assert!(plan.release.is_empty());
         assert_eq!((plan.renew.len(), o.held().count()), (4, 4));
         assert!(plan.acquire.is_empty());
+    }
+
+    /// A pass whose candidates were taken searches on for as many again, never one it
+    /// tried or holds, and stops once every partition was looked at.
+    #[test]
+    fn a_pass_searches_on_past_taken_partitions_each_once() {
+        let mut o = Ownership::new("a", 8, LEASE);
+        o.set_live(2);
+        let first = o.plan(Duration::ZERO).acquire;
+        assert_eq!(first.len(), 4, "the share");
+        o.acquired(lease(first[0], 1), Duration::ZERO);
+        // Three were taken: three more, further on.
+        let more = o.more_candidates(3);
+        assert_eq!(more.len(), 3);
+        assert!(
+            more.iter().all(|p| !first.contains(p)),
+            "{first:?} {more:?}"
+        );
+        let rest = o.more_candidates(3);
+        assert_eq!(rest.len(), 1, "one partition left unlooked-at");
+        let mut all: Vec<u32> = [first, more, rest].concat();
+        all.sort_unstable();
+        assert_eq!(all, (0..8).collect::<Vec<_>>());
+        assert!(
+            o.more_candidates(3).is_empty(),
+            "the pass has looked at them all"
+        );
+        // The next pass searches afresh.
+        assert_eq!(o.plan(Duration::from_millis(1)).acquire.len(), 3);
     }
 
     #[test]
