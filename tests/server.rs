@@ -592,6 +592,9 @@ fn bad_flags_and_config_values_exit_two_naming_them() {
     let out = run(&["--queue-cap", "0"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--queue-cap"));
+    let out = run(&["--max-held-turns", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--max-held-turns: must be at least 1"));
     let out = run(&["--busy-mode", "chaos"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--busy-mode"));
@@ -1382,4 +1385,36 @@ fn a_quiet_connection_is_served_while_twenty_others_flood() {
     // The flooders' threads end with the server's sockets.
     drop(server);
     drop(threads);
+}
+
+/// `--max-held-turns` reaches the core: the status reports it as the held turns' bound.
+#[test]
+fn max_held_turns_is_the_bound_the_status_reports() {
+    let dir = std::env::temp_dir().join(format!("turnstile-held-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let status = dir.join("status.json");
+    let server = Server::start(&[
+        "--max-held-turns",
+        "7",
+        "--status-file",
+        status.to_str().expect("path"),
+    ]);
+    let mut control = server.client();
+    let deadline = std::time::Instant::now() + WAIT;
+    let mut last = Value::Null;
+    while std::time::Instant::now() < deadline {
+        // Paced by a round trip to the server; the status file is rewritten every 100 ms.
+        control.send(&json!({"op": "ping"}));
+        control.recv_until(|v| v["op"] == "pong");
+        if let Ok(text) = std::fs::read_to_string(&status)
+            && let Ok(v) = serde_json::from_str::<Value>(&text)
+        {
+            last = v["turns"]["max_held"].clone();
+            if last == json!(7) {
+                break;
+            }
+        }
+    }
+    assert_eq!(last, json!(7));
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -88,6 +88,12 @@ pub(crate) struct ServeArgs {
     /// Threads running agent turns
     #[arg(long)]
     pub(super) turn_workers: Option<usize>,
+    /// With --data-dir or --cluster: turns claimed beside the running ones while their start
+    /// record is written (they take no worker). A kill -9 ends each whose start was durable
+    /// `failed: interrupted by restart`, run or not: lower this to shrink that, at the cost
+    /// of durable throughput (fewer start records per commit)
+    #[arg(long)]
+    pub(super) max_held_turns: Option<usize>,
     /// Threads closing agents that always run
     #[arg(long)]
     pub(super) cleanup_workers: Option<usize>,
@@ -332,6 +338,7 @@ pub(crate) fn defaults() -> Vec<(&'static str, String)> {
         ("busy-mode", lower(&core.busy_mode)),
         ("queue-cap", core.queue_cap.to_string()),
         ("turn-workers", core.turn_workers.to_string()),
+        ("max-held-turns", core.max_held_turns.to_string()),
         (
             "cleanup-workers",
             crate::reactor::DEFAULT_CLEANUP_WORKERS.to_string(),
@@ -477,6 +484,7 @@ pub(super) fn merged_args(flags: ServeArgs) -> Result<ServeArgs, String> {
         busy_mode,
         queue_cap,
         turn_workers,
+        max_held_turns,
         cleanup_workers,
         max_cleanup_workers,
         max_cached_agents,

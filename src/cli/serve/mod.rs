@@ -215,6 +215,7 @@ fn build_runtime(
         .busy_mode(s.core.busy_mode)
         .queue_cap(s.core.queue_cap)
         .turn_workers(s.core.turn_workers)
+        .max_held_turns(s.core.max_held_turns)
         .cleanup_workers(s.core.cleanup_workers)
         .max_cleanup_workers(s.core.max_cleanup_workers)
         .max_cached_agents(s.core.max_cached_agents)

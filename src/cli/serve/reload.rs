@@ -68,6 +68,7 @@ pub(super) fn restart_only(s: &Settings) -> Vec<(&'static str, String)> {
         ),
         ("max-reply-bytes", format!("{:?}", s.max_reply_bytes)),
         ("turn-workers", format!("{:?}", s.core.turn_workers)),
+        ("max-held-turns", format!("{:?}", s.core.max_held_turns)),
         ("cleanup-workers", format!("{:?}", s.core.cleanup_workers)),
         (
             "max-cleanup-workers",

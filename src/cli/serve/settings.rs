@@ -57,6 +57,7 @@ pub(super) struct CoreSettings {
     pub(super) busy_mode: BusyMode,
     pub(super) queue_cap: usize,
     pub(super) turn_workers: usize,
+    pub(super) max_held_turns: usize,
     pub(super) cleanup_workers: usize,
     pub(super) max_cleanup_workers: usize,
     pub(super) max_cached_agents: usize,
@@ -427,6 +428,7 @@ fn core_settings(a: &ServeArgs) -> Result<CoreSettings, String> {
         busy_mode: a.busy_mode.unwrap_or(d.busy_mode),
         queue_cap: at_least_one("queue-cap", a.queue_cap, d.queue_cap)?,
         turn_workers: at_least_one("turn-workers", a.turn_workers, d.turn_workers)?,
+        max_held_turns: at_least_one("max-held-turns", a.max_held_turns, d.max_held_turns)?,
         cleanup_workers: at_least_one(
             "cleanup-workers",
             a.cleanup_workers,
