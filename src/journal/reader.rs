@@ -12,12 +12,14 @@
 //! load brings back (docs/cluster.md).
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 
 use super::{RecoveredMessage, RedisStore, StoreError, StoredOutcome, Stream, cluster_tag};
+use crate::liveness::ClusterStatus;
 
 /// How long one `XREAD` waits for an entry: also how soon a change of the owned inboxes,
 /// or a stop, takes effect.
@@ -26,6 +28,12 @@ const BLOCK: Duration = Duration::from_millis(200);
 const COUNT: usize = 256;
 /// How long the reader waits before trying a failed Redis again.
 const RETRY: Duration = Duration::from_millis(100);
+/// How often the reader reads the registry's live instances (for the status only: the
+/// journal thread's pass reads its own for the fair share).
+const LIVE_EVERY: Duration = Duration::from_secs(1);
+/// Live instances kept for the status at most (a registry is a handful; a runaway one must
+/// not grow the snapshot without bound).
+const MAX_LIVE_SHOWN: usize = 256;
 
 /// What the reader found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,6 +73,16 @@ pub struct Reader {
     control: Option<Sender<Control>>,
     arrivals: Receiver<Arrival>,
     thread: Option<JoinHandle<()>>,
+    health: Arc<Mutex<Health>>,
+}
+
+/// The reader's figures for the status, written by its thread.
+#[derive(Default)]
+struct Health {
+    failures: u64,
+    reconnects: u64,
+    failing: bool,
+    live: Vec<String>,
 }
 
 impl Reader {
@@ -79,6 +97,8 @@ impl Reader {
         let outcomes = store.stream_ends(Stream::Outcomes, &all)?;
         let (control, ctl) = crossbeam_channel::unbounded();
         let (tx, arrivals) = crossbeam_channel::unbounded();
+        let health = Arc::new(Mutex::new(Health::default()));
+        let shared = Arc::clone(&health);
         let thread = std::thread::Builder::new()
             .name("turnstile-reader".into())
             .spawn(move || {
@@ -87,6 +107,8 @@ impl Reader {
                     inboxes: BTreeMap::new(),
                     outcomes,
                     failing: false,
+                    health: shared,
+                    live_read: None,
                 };
                 r.run(&ctl, &tx, &wake);
             })
@@ -95,7 +117,17 @@ impl Reader {
             control: Some(control),
             arrivals,
             thread: Some(thread),
+            health,
         })
+    }
+
+    /// Fills in the reader's figures: its failures and reconnects, the live instances.
+    pub fn fill_status(&self, s: &mut ClusterStatus) {
+        let h = self.health.lock().unwrap_or_else(|e| e.into_inner());
+        s.reader_failures = h.failures;
+        s.reader_reconnects = h.reconnects;
+        s.reader_failing = h.failing;
+        s.live_instances.clone_from(&h.live);
     }
 
     /// Reads `partition`'s inbox from after `after` (its load's `inbox_after`).
@@ -134,6 +166,9 @@ struct Reading {
     /// Every partition's outcome stream position.
     outcomes: Vec<String>,
     failing: bool,
+    health: Arc<Mutex<Health>>,
+    /// When the live instances were last read.
+    live_read: Option<Instant>,
 }
 
 impl Reading {
@@ -147,7 +182,12 @@ impl Reading {
                     if self.failing {
                         log::info!("cluster stream reads succeed again");
                         self.failing = false;
+                        self.health(|h| {
+                            h.reconnects += 1;
+                            h.failing = false;
+                        });
                     }
+                    self.read_live();
                     if found.is_empty() {
                         continue;
                     }
@@ -163,6 +203,10 @@ impl Reading {
                         log::error!("cluster stream read failed: {e}; retrying");
                         self.failing = true;
                     }
+                    self.health(|h| {
+                        h.failures += 1;
+                        h.failing = true;
+                    });
                     // The wait is on the control channel, so a stop ends it at once.
                     if ctl
                         .recv_timeout(RETRY)
@@ -172,6 +216,25 @@ impl Reading {
                     }
                 }
             }
+        }
+    }
+
+    fn health(&self, f: impl FnOnce(&mut Health)) {
+        f(&mut self.health.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
+    /// Reads the registry's live instances for the status, every [`LIVE_EVERY`]; a failure
+    /// leaves the last list (the next stream read counts the failure if Redis is gone).
+    fn read_live(&mut self) {
+        if self.live_read.is_some_and(|t| t.elapsed() < LIVE_EVERY) {
+            return;
+        }
+        self.live_read = Some(Instant::now());
+        if let Ok(mut live) = self.store.live_instances() {
+            // By name: the registry's order (by expiry) changes with every heartbeat.
+            live.sort_unstable();
+            live.truncate(MAX_LIVE_SHOWN);
+            self.health(|h| h.live = live);
         }
     }
 
