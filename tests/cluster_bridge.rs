@@ -122,6 +122,24 @@ impl Net {
     }
 }
 
+impl Net {
+    /// The journal says accepted message `seq` is durable in Redis as `ct`, in a partition
+    /// owned here.
+    fn report_durable(&mut self, seq: u64, ct: u64) {
+        let durable = Committed {
+            taken: 1,
+            durable: vec![seq],
+            cluster: ClusterReport {
+                placed: vec![(seq, ct)],
+                ..ClusterReport::default()
+            },
+            ..Committed::default()
+        };
+        self.b.journaled(durable, self.now);
+        self.pump();
+    }
+}
+
 fn done(text: &str, id: &str) -> StoredOutcome {
     StoredOutcome {
         head: format!("{{\"op\":\"done\",\"id\":\"{id}\",\"session\":\"tg:dm:1\",\"text\":\"")
@@ -679,4 +697,97 @@ fn a_refused_outcome_of_a_message_accepted_here_is_answered_by_the_next_owner() 
         outcome: done("by the next owner", "m1"),
     });
     assert!(n.take(c).is_empty());
+}
+
+/// A result run here for a message another instance accepted, that instance taken for dead
+/// by the load (no live origin), goes out here marked `redelivery`: its origin may be alive
+/// after all (paused past its lease) and send the same outcome from the stream. One accepted
+/// here goes out unmarked; one whose origin is alive is not sent here at all.
+#[test]
+fn a_result_for_an_origin_taken_for_dead_is_marked_redelivery() {
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = n.take(c);
+    let stored = |seq: u64, id: &str, chat: &str| RecoveredMessage {
+        message: StoredMessage {
+            seq,
+            platform: "tg".into(),
+            id: id.into(),
+            chat_type: "dm".into(),
+            chat_id: chat.into(),
+            thread_id: None,
+            user_id: None,
+            user_name: None,
+            meta: None,
+            text: format!("text of {id}"),
+            dedup_until_ms: u64::MAX / 4,
+        },
+        starts: 0,
+        outcome: None,
+    };
+    let (dead, alive) = (cluster_tag(0, 1), cluster_tag(0, 2));
+    let mut loaded = turnstile::internal::journal::LoadedPartition::default();
+    loaded.recovered.messages.push(stored(dead, "m1", "5"));
+    loaded.recovered.messages.push(stored(alive, "m2", "6"));
+    loaded.origins.insert(alive, "b".into());
+    n.report(
+        0,
+        ClusterReport {
+            gained: vec![(0, loaded)],
+            ..ClusterReport::default()
+        },
+    );
+    assert_eq!(n.submitted, vec![dead, alive]);
+    // One accepted here, into the owned partition.
+    n.send(
+        c,
+        json!({"op": "message", "id": "m3", "chat_id": "7", "text": "hi"}),
+    );
+    let m = n.accepted().pop().expect("accepted");
+    n.report_durable(m.seq, cluster_tag(0, 3));
+    let messages = std::mem::take(&mut n.messages);
+    let tags = [dead, alive, m.seq];
+    assert_eq!(messages.len(), 3);
+    for (tag, message) in tags.iter().zip(&messages) {
+        let event = |kind| MessageEvent {
+            id: message.id.clone(),
+            session: message.session.clone(),
+            kind,
+        };
+        n.b.event(
+            *tag,
+            event(EventKind::Accepted {
+                state: AcceptState::Running,
+                position: 0,
+            }),
+            n.now,
+        );
+        n.b.event(
+            *tag,
+            event(EventKind::Finished(Outcome::Reply("ran here".into()))),
+            n.now,
+        );
+    }
+    n.pump();
+    let taken = n.journal.len();
+    let written = Committed {
+        taken,
+        outcomes: tags.to_vec(),
+        ..Committed::default()
+    };
+    n.b.journaled(written, n.now);
+    n.pump();
+    let lines = n.take(c);
+    let by_id: std::collections::HashMap<&str, &Value> = lines
+        .iter()
+        .filter(|v| v["op"] == "reply")
+        .map(|v| (v["id"].as_str().unwrap_or_default(), v))
+        .collect();
+    assert_eq!(
+        by_id.len(),
+        2,
+        "m2's result is its live origin's: {lines:?}"
+    );
+    assert_eq!(by_id["m1"]["redelivery"], true, "{lines:?}");
+    assert_eq!(by_id["m3"].get("redelivery"), None, "{lines:?}");
 }

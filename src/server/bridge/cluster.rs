@@ -66,6 +66,11 @@ pub(super) struct ClusterSide {
     /// Messages run here that another live instance accepted: their terminal events are
     /// recorded (the record publishes them to that instance) and not sent here.
     silent: HashSet<u64>,
+    /// Messages run here that another instance accepted and that instance was taken for dead
+    /// (the load found no live origin): their results go out here, marked `redelivery`
+    /// (the origin may be alive after all, paused, and send the same outcome from the
+    /// stream; see `mark_foreign`). Pruned to the messages in flight.
+    foreign: HashSet<u64>,
 }
 
 impl ClusterSide {
@@ -389,6 +394,26 @@ impl Bridge {
         self.maybe_finish(route.conn);
     }
 
+    /// A terminal event about to go out here for a message another instance accepted, that
+    /// instance taken for dead: marked `redelivery`, since its origin may send it as well
+    /// (docs/cluster.md "Where the result goes": a result sent on an instance other than its
+    /// origin's may have been seen).
+    pub(super) fn mark_foreign(&mut self, mut frame: Frame) -> Frame {
+        let Some(d) = &mut self.durable else {
+            return frame;
+        };
+        if d.cluster.foreign.remove(&frame.seq) {
+            frame.mark_redelivery();
+        }
+        // Bounded by the messages in flight: one that left another way (handed over,
+        // refused) is dropped here.
+        if d.cluster.foreign.len() > self.routes.len() + 64 {
+            let routes = &self.routes;
+            d.cluster.foreign.retain(|&tag| routes.contains(tag));
+        }
+        frame
+    }
+
     /// Whether the terminal event `frame`, its outcome now recorded, is another instance's
     /// to send: then its reservation here is given back and it goes nowhere.
     pub(super) fn silenced(&mut self, frame: &Frame) -> bool {
@@ -441,6 +466,13 @@ impl Bridge {
                 if let Some(d) = &mut self.durable {
                     d.cluster.silent.insert(tag);
                 }
+            } else if tag_parts(tag).is_some()
+                && rm.outcome.is_none()
+                && let Some(d) = &mut self.durable
+            {
+                // Accepted by an instance taken for dead: its result goes out here, marked.
+                // (One with its outcome already is marked by the rebuild.)
+                d.cluster.foreign.insert(tag);
             }
             messages.push(rm);
         }

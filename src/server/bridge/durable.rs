@@ -280,6 +280,8 @@ impl Bridge {
             if self.silenced(&frame) {
                 continue;
             }
+            #[cfg(feature = "cluster")]
+            let frame = self.mark_foreign(frame);
             if let Some(platform) = frame.terminal_for.clone() {
                 self.deliver_terminal(conn, &platform, frame);
             }
