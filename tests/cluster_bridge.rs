@@ -791,3 +791,74 @@ fn a_result_for_an_origin_taken_for_dead_is_marked_redelivery() {
     assert_eq!(by_id["m1"]["redelivery"], true, "{lines:?}");
     assert_eq!(by_id["m3"].get("redelivery"), None, "{lines:?}");
 }
+
+/// A terminal event whose outcome record failed waits while that record is kept for another
+/// try, even through a report that wrote nothing and failed nothing (the ownership pass's),
+/// and goes once a write succeeds with nothing kept.
+#[test]
+fn an_outcome_whose_record_is_kept_for_another_try_is_not_sent_by_a_report_without_a_write() {
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = n.take(c);
+    let mut gained = ClusterReport::default();
+    gained.gained.push((0, Default::default()));
+    n.report(0, gained);
+    n.send(
+        c,
+        json!({"op": "message", "id": "m1", "chat_id": "1", "text": "hi"}),
+    );
+    let m = n.accepted().pop().expect("accepted");
+    n.report_durable(m.seq, cluster_tag(0, 1));
+    let message = n.messages.pop().expect("message");
+    let event = |kind| MessageEvent {
+        id: message.id.clone(),
+        session: message.session.clone(),
+        kind,
+    };
+    n.b.event(
+        m.seq,
+        event(EventKind::Accepted {
+            state: AcceptState::Running,
+            position: 0,
+        }),
+        n.now,
+    );
+    n.b.event(
+        m.seq,
+        event(EventKind::Finished(Outcome::Reply("done".into()))),
+        n.now,
+    );
+    n.pump();
+    let taken = n.journal.len();
+    let failed = Committed {
+        taken,
+        outcomes: vec![m.seq],
+        retrying: 1,
+        error: Some("redis is down".into()),
+        ..Committed::default()
+    };
+    n.b.journaled(failed, n.now);
+    n.pump();
+    let replies = |lines: Vec<Value>| lines.into_iter().filter(|v| v["op"] == "reply").count();
+    assert_eq!(replies(n.take(c)), 0, "sent while its record failed");
+    // The ownership pass reports, the record still kept.
+    let pass = Committed {
+        retrying: 1,
+        ..Committed::default()
+    };
+    n.b.journaled(pass, n.now);
+    n.pump();
+    assert_eq!(
+        replies(n.take(c)),
+        0,
+        "sent by a report that wrote nothing, its record still unwritten"
+    );
+    // The kept record written.
+    n.b.journaled(Committed::default(), n.now);
+    n.pump();
+    assert_eq!(
+        replies(n.take(c)),
+        1,
+        "never sent once its record was written"
+    );
+}

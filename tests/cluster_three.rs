@@ -27,7 +27,7 @@ use redis_support::{Redis, WAIT, require_redis};
 use serde_json::{Value, json};
 use snapshot_watch::SnapshotWatch;
 
-const PARTITIONS: u32 = 4;
+const PARTITIONS: u32 = 6;
 
 /// One `serve --cluster` process with its status file and HTTP endpoint.
 struct Server {
@@ -129,12 +129,6 @@ impl Server {
                 self.status()
             );
         }
-    }
-
-    /// The cluster part of the status now.
-    fn cluster(&self) -> Value {
-        self.status()
-            .map_or(Value::Null, |s| s["frontend"]["cluster"].clone())
     }
 
     /// A plain HTTP GET of the endpoint; the body of a 200.
@@ -331,13 +325,13 @@ fn the_cluster_figures_are_in_the_status_the_summary_and_the_exposition() {
     let b = Server::start(&redis, "b", lease_ms, &agent);
     let sa = a.wait_status("a owning every partition and seeing b", |s| {
         let c = &s["frontend"]["cluster"];
-        c["owned_partitions"] == 4 && c["live_instances"].as_array().is_some_and(|l| l.len() == 2)
+        c["owned_partitions"] == 6 && c["live_instances"].as_array().is_some_and(|l| l.len() == 2)
     });
     let ca = &sa["frontend"]["cluster"];
     assert_eq!(ca["instance"], "a", "{ca}");
     assert_eq!(ca["partitions"], PARTITIONS, "{ca}");
-    assert_eq!(ca["owned"], json!([0, 1, 2, 3]), "{ca}");
-    assert_eq!(ca["gained"], 4, "{ca}");
+    assert_eq!(ca["owned"], json!([0, 1, 2, 3, 4, 5]), "{ca}");
+    assert_eq!(ca["gained"], 6, "{ca}");
     assert_eq!(
         (ca["lost"].clone(), ca["fenced"].clone()),
         (json!(0), json!(0))
@@ -369,7 +363,7 @@ fn the_cluster_figures_are_in_the_status_the_summary_and_the_exposition() {
     let m = samples(&text);
     for (k, v) in [
         ("turnstile_cluster_info{instance=\"b\"}", 1.0),
-        ("turnstile_cluster_partitions", 4.0),
+        ("turnstile_cluster_partitions", 6.0),
         ("turnstile_cluster_partitions_owned", 0.0),
         ("turnstile_cluster_remote_waiting", 1.0),
         (
@@ -384,7 +378,7 @@ fn the_cluster_figures_are_in_the_status_the_summary_and_the_exposition() {
     let m = samples(&text);
     assert_eq!(
         m.get("turnstile_cluster_partitions_owned"),
-        Some(&4.0),
+        Some(&6.0),
         "{text}"
     );
     assert_eq!(
@@ -401,7 +395,7 @@ fn the_cluster_figures_are_in_the_status_the_summary_and_the_exposition() {
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(
         said.contains(
-            "cluster: instance b, 2 live (a b); owns 0 of 4 partitions (); 1 waiting for a remote outcome"
+            "cluster: instance b, 2 live (a b); owns 0 of 6 partitions (); 1 waiting for a remote outcome"
         ),
         "{said}"
     );
@@ -426,17 +420,17 @@ fn the_cluster_figures_are_in_the_status_the_summary_and_the_exposition() {
     until_all_held_by(&redis, &["b"]);
     a.signal(libc::SIGCONT);
     let sa = a.wait_status("a handing its partitions over", |s| {
-        s["frontend"]["cluster"]["handed_over_partitions"] == 4
+        s["frontend"]["cluster"]["handed_over_partitions"] == 6
     });
     let ca = &sa["frontend"]["cluster"];
     let (lost, fenced) = (ca["lost"].as_u64(), ca["fenced"].as_u64());
-    assert_eq!(lost.zip(fenced).map(|(l, f)| l + f), Some(4), "{ca}");
+    assert_eq!(lost.zip(fenced).map(|(l, f)| l + f), Some(6), "{ca}");
     assert_eq!(ca["owned_partitions"], 0, "{ca}");
     let cb = b.wait_status("b owning every partition", |s| {
-        s["frontend"]["cluster"]["owned_partitions"] == 4
+        s["frontend"]["cluster"]["owned_partitions"] == 6
     })["frontend"]["cluster"]
         .clone();
-    assert_eq!(cb["gained"], 4, "{cb}");
+    assert_eq!(cb["gained"], 6, "{cb}");
     // Redis goes away: the reader fails (and says so); it comes back: the reader reconnects.
     redis.kill();
     let cb = b.wait_status("b's reader failing", |s| {
@@ -456,5 +450,447 @@ fn the_cluster_figures_are_in_the_status_the_summary_and_the_exposition() {
             && m.get("turnstile_cluster_reader_reconnects_total") >= Some(&1.0),
         "{m:?} {cb}"
     );
+    drop((a, b));
+}
+
+/// One line a load bridge read: which bridge, which of its connections (it reconnects), the
+/// line.
+struct Line {
+    bridge: usize,
+    conn: usize,
+    v: Value,
+}
+
+/// A bridge as a real one behaves, on its own thread: it connects to the first instance of
+/// `addrs` that answers, sends its messages, confirms every terminal event, and when the
+/// connection ends (the instance died) connects to the next one and resends every message
+/// not acked yet, in order. Every line goes to `tx`; it stops when no instance answers or
+/// `tx` is gone.
+fn load_bridge(
+    bridge: usize,
+    addrs: Vec<String>,
+    messages: Vec<(String, String)>,
+    tx: crossbeam_channel::Sender<Line>,
+) {
+    std::thread::spawn(move || {
+        let mut acked: HashSet<String> = HashSet::new();
+        let mut at = 0;
+        for conn in 0.. {
+            let Some(mut c) = addrs[at..].iter().find_map(|a| {
+                at += 1;
+                TcpStream::connect(a).ok().map(|_| Client::connect(a))
+            }) else {
+                return;
+            };
+            for (id, chat) in messages.iter().filter(|(id, _)| !acked.contains(id)) {
+                c.message(id, chat);
+            }
+            while let Some(v) = c.next_line() {
+                if v["op"] == "ack" {
+                    acked.insert(v["id"].as_str().unwrap_or_default().to_owned());
+                } else if terminal(&v) {
+                    c.delivered(&v);
+                }
+                if tx.send(Line { bridge, conn, v }).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+}
+
+/// What the bridges received, and the counts the load tests print and assert.
+#[derive(Default)]
+struct Tally {
+    acked: HashSet<String>,
+    /// Each id's terminal events, in arrival order.
+    outcomes: HashMap<String, Vec<Value>>,
+    /// Each connection's terminal events' ids by session, in arrival order.
+    order: HashMap<(usize, usize, String), Vec<String>>,
+    /// Rejections by id: reason.
+    rejected: HashMap<String, String>,
+}
+
+impl Tally {
+    fn record(&mut self, l: Line) {
+        let id = l.v["id"].as_str().unwrap_or_default().to_owned();
+        match l.v["op"].as_str() {
+            Some("ack") => {
+                self.acked.insert(id);
+            }
+            Some("reject") => {
+                let reason = l.v["reason"].as_str().unwrap_or_default().to_owned();
+                self.rejected.insert(id, reason);
+            }
+            _ if terminal(&l.v) => {
+                let session = id.split('-').next().unwrap_or_default().to_owned();
+                let ids = self.order.entry((l.bridge, l.conn, session)).or_default();
+                if !ids.contains(&id) {
+                    ids.push(id.clone());
+                }
+                self.outcomes.entry(id).or_default().push(l.v);
+            }
+            _ => {}
+        }
+    }
+
+    /// Acked and not answered.
+    fn lost(&self) -> Vec<&String> {
+        let mut v: Vec<&String> = self
+            .acked
+            .iter()
+            .filter(|id| !self.outcomes.contains_key(*id))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Reads `rx` until `done` holds or nothing came for [`WAIT`].
+    fn until(&mut self, rx: &crossbeam_channel::Receiver<Line>, done: impl Fn(&Tally) -> bool) {
+        while !done(self) {
+            match rx.recv_timeout(WAIT) {
+                Ok(l) => self.record(l),
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// Sessions whose replies reached one connection out of sending order (message numbers
+    /// after the `-` of the id; interrupted turns and other outcomes aside).
+    fn out_of_order(&self) -> Vec<String> {
+        let mut bad = Vec::new();
+        for ((bridge, conn, session), ids) in &self.order {
+            let n: Vec<usize> = ids
+                .iter()
+                .filter(|id| self.outcomes[*id][0]["op"] == "reply")
+                .filter_map(|id| id.rsplit('-').next()?.parse().ok())
+                .collect();
+            if n.windows(2).any(|w| w[0] > w[1]) {
+                bad.push(format!("{session} on bridge {bridge} conn {conn}: {ids:?}"));
+            }
+        }
+        bad
+    }
+
+    /// Every id's copies are one outcome, and at most one copy is not marked `redelivery`
+    /// (a second unmarked copy would be a result sent twice as if new); the ids answered
+    /// more than once.
+    fn check_copies(&self) -> usize {
+        for (id, vs) in &self.outcomes {
+            assert!(
+                vs.iter()
+                    .all(|v| v["op"] == vs[0]["op"] && v["text"] == vs[0]["text"]),
+                "{id}: two different outcomes: {vs:?}"
+            );
+            let unmarked = vs.iter().filter(|v| v["redelivery"] != true).count();
+            assert!(
+                unmarked <= 1,
+                "{id}: {unmarked} copies not marked redelivery: {vs:?}"
+            );
+        }
+        self.outcomes.values().filter(|v| v.len() > 1).count()
+    }
+}
+
+/// Each partition's outcome stream: the seqs published, asserting none twice; their count.
+fn outcome_records(redis: &Redis) -> usize {
+    let mut c = redis.client();
+    let mut published = 0;
+    for p in 0..PARTITIONS {
+        let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
+            .arg(format!("ts:{{p{p}}}:out"))
+            .arg("-")
+            .arg("+")
+            .query(&mut c)
+            .expect("XRANGE");
+        let mut seqs: Vec<&String> = entries
+            .iter()
+            .filter_map(|(_, kv)| kv.chunks(2).find(|f| f[0] == "seq").map(|f| &f[1]))
+            .collect();
+        let n = seqs.len();
+        seqs.sort_unstable();
+        seqs.dedup();
+        assert_eq!(seqs.len(), n, "partition {p}: an outcome written twice");
+        published += n;
+    }
+    published
+}
+
+/// Waits (bounded) until Redis holds no message in flight: every outcome confirmed
+/// `delivered` reached it.
+fn until_nothing_in_flight(redis: &Redis) {
+    let t0 = Instant::now();
+    let mut c = redis.client();
+    loop {
+        let n: u64 = (0..PARTITIONS)
+            .map(|p| {
+                redis::cmd("ZCARD")
+                    .arg(format!("ts:{{p{p}}}:q"))
+                    .query::<u64>(&mut c)
+                    .expect("ZCARD")
+            })
+            .sum();
+        if n == 0 {
+            return;
+        }
+        assert!(t0.elapsed() < WAIT, "{n} message(s) stayed in Redis");
+        std::thread::park_timeout(Duration::from_millis(10));
+    }
+}
+
+/// An exec agent that appends the turn's message id to `log` (its side effect), then answers
+/// the turn's text.
+fn side_effect_agent(log: &Path) -> Vec<String> {
+    vec![
+        "--agent".into(),
+        "exec".into(),
+        "--agent-cmd".into(),
+        format!(
+            "printf '%s\\n' \"$TURNSTILE_MESSAGE_ID\" >> '{}'; cat",
+            log.display()
+        ),
+    ]
+}
+
+/// Three instances, a bridge with `acks` on each, 300 messages over 30 sessions; kill -9 of
+/// the instance owning the most partitions mid-load, its bridge reconnecting to a survivor
+/// and resending what was not acked. Every acked message gets exactly one outcome record
+/// (one outcome-stream entry) and reaches a bridge, replies keep per-session order on each
+/// connection, no copy sent twice unmarked; and the side-effect log of the exec agent has
+/// every message whose reply a bridge received and confirmed exactly once (none twice).
+#[test]
+fn three_instances_kill_9_of_one_mid_load_one_outcome_each_and_no_side_effect_twice() {
+    let Some(bin) = require_redis() else { return };
+    let redis = Redis::start(&bin);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let effects = dir.path().join("side-effects.log");
+    let agent = side_effect_agent(&effects);
+    let agent: Vec<&str> = agent.iter().map(String::as_str).collect();
+    let lease_ms = 1000;
+    let names = ["a", "b", "c"];
+    let mut servers: Vec<Server> = names
+        .iter()
+        .map(|n| Server::start(&redis, n, lease_ms, &agent))
+        .collect();
+    until_all_held_by(&redis, &names);
+    let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+    let (sessions, per_session) = (30, 10);
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let mut sent = 0;
+    for b in 0..names.len() {
+        let mut messages = Vec::new();
+        for i in 0..per_session {
+            for s in (0..sessions).filter(|s| s % names.len() == b) {
+                messages.push((format!("s{s}-{i}"), s.to_string()));
+            }
+        }
+        sent += messages.len();
+        let order: Vec<String> = (0..addrs.len())
+            .map(|k| addrs[(b + k) % addrs.len()].clone())
+            .collect();
+        load_bridge(b, order, messages, tx.clone());
+    }
+    drop(tx);
+    let mut t = Tally::default();
+    t.until(&rx, |t| t.outcomes.len() >= 60);
+    // The victim: the instance holding the most partitions now.
+    let held = holders(&redis);
+    let count = |n: &str| {
+        held.iter()
+            .filter(|h| {
+                h.as_deref()
+                    .is_some_and(|h| h.starts_with(&format!("{n}:")))
+            })
+            .count()
+    };
+    let victim = (0..names.len())
+        .max_by_key(|&i| count(names[i]))
+        .expect("an instance");
+    let survivors: Vec<&str> = (0..names.len())
+        .filter(|&i| i != victim)
+        .map(|i| names[i])
+        .collect();
+    eprintln!(
+        "kill -9 of {} (holding {} of {PARTITIONS} partitions) after {} results",
+        names[victim],
+        count(names[victim]),
+        t.outcomes.len()
+    );
+    servers[victim].kill9();
+    let killed = Instant::now();
+    let took = until_all_held_by(&redis, &survivors);
+    let takeover = killed.elapsed().max(took);
+    t.until(&rx, |t| t.acked.len() == sent && t.lost().is_empty());
+    let lost = t.lost();
+    let twice = t.check_copies();
+    let disorder = t.out_of_order();
+    let published = outcome_records(&redis);
+    eprintln!(
+        "sent {sent}, acked {}, answered {}, lost {}, duplicated {twice}, out of order {}, outcome records {published}; takeover: every partition held by {survivors:?} {takeover:?} after the kill (lease {lease_ms} ms)",
+        t.acked.len(),
+        t.outcomes.len(),
+        lost.len(),
+        disorder.len()
+    );
+    assert_eq!(
+        t.acked.len(),
+        sent,
+        "every message acked (resent if need be)"
+    );
+    assert!(lost.is_empty(), "acked and never answered: {lost:?}");
+    assert!(disorder.is_empty(), "replies out of order: {disorder:?}");
+    assert_eq!(published, sent, "one outcome record per message");
+    until_nothing_in_flight(&redis);
+    // The side effects: a delivered reply's exactly once, nobody's twice.
+    let log = std::fs::read_to_string(&effects).expect("the side-effect log");
+    let mut done: HashMap<&str, usize> = HashMap::new();
+    for id in log.lines() {
+        *done.entry(id).or_default() += 1;
+    }
+    let twice: Vec<(&&str, &usize)> = done.iter().filter(|(_, n)| **n > 1).collect();
+    let replies: Vec<&String> = t
+        .outcomes
+        .iter()
+        .filter(|(_, vs)| vs[0]["op"] == "reply")
+        .map(|(id, _)| id)
+        .collect();
+    let missing: Vec<&&String> = replies
+        .iter()
+        .filter(|id| !done.contains_key(id.as_str()))
+        .collect();
+    eprintln!(
+        "side effects: {} logged, {} replies delivered, {} other outcomes, {} twice",
+        log.lines().count(),
+        replies.len(),
+        t.outcomes.len() - replies.len(),
+        twice.len()
+    );
+    assert!(twice.is_empty(), "side effects run twice: {twice:?}");
+    assert!(
+        missing.is_empty(),
+        "a delivered reply without its side effect: {missing:?}"
+    );
+    drop(servers);
+}
+
+/// Reads a connection on its own thread as bridge `bridge`: every line goes to `tx`, every
+/// terminal event is confirmed.
+fn pump(mut c: Client, bridge: usize, tx: crossbeam_channel::Sender<Line>) {
+    std::thread::spawn(move || {
+        while let Some(v) = c.next_line() {
+            if terminal(&v) {
+                c.delivered(&v);
+            }
+            if tx.send(Line { bridge, conn: 0, v }).is_err() {
+                return;
+            }
+        }
+    });
+}
+
+/// Redis killed mid-load and started again on the same port and directory (append-only,
+/// `appendfsync always`), the outage longer than the lease: messages sent meanwhile are
+/// answered `reject storage`; every message acked before is answered once Redis is back
+/// (its turn run, its outcome delivered), with one outcome record; what was refused is
+/// accepted when sent again, and new messages are served.
+#[test]
+fn redis_restarted_mid_load_refuses_storage_meanwhile_loses_nothing_acked_and_resumes() {
+    let Some(bin) = require_redis() else { return };
+    let mut redis = Redis::start(&bin);
+    let lease_ms = 1000;
+    let a = Server::start(&redis, "a", lease_ms, &[]);
+    until_all_held_by(&redis, &["a"]);
+    let b = Server::start(&redis, "b", lease_ms, &[]);
+    let (ca, cb) = (Client::connect(&a.addr), Client::connect(&b.addr));
+    let mut writers = [ca.writer(), cb.writer()];
+    let (tx, rx) = crossbeam_channel::unbounded();
+    pump(ca, 0, tx.clone());
+    pump(cb, 1, tx);
+    let mut sent: Vec<(String, String)> = Vec::new();
+    // Session `s` goes through instance `s % 2`.
+    fn send(writers: &mut [TcpStream; 2], sent: &mut Vec<(String, String)>, id: String, s: usize) {
+        send_message(&mut writers[s % 2], &id, &s.to_string());
+        sent.push((id, s.to_string()));
+    }
+    let (sessions, per_session) = (20, 6);
+    for i in 0..per_session {
+        for s in 0..sessions {
+            send(&mut writers, &mut sent, format!("s{s}-{i}"), s);
+        }
+    }
+    let mut t = Tally::default();
+    t.until(&rx, |t| t.outcomes.len() >= 20);
+    redis.kill();
+    let killed = Instant::now();
+    // New messages during the outage: refused `storage`, never acked.
+    let during: Vec<String> = (0..10).map(|k| format!("s{k}-out")).collect();
+    for (k, id) in during.iter().enumerate() {
+        send(&mut writers, &mut sent, id.clone(), k);
+    }
+    t.until(&rx, |t| during.iter().all(|id| t.rejected.contains_key(id)));
+    for id in &during {
+        assert_eq!(
+            t.rejected.get(id).map(String::as_str),
+            Some("storage"),
+            "{id} during the outage"
+        );
+        assert!(!t.acked.contains(id), "{id} acked during the outage");
+    }
+    // Past the lease: both instances lose what they hold (a) or never had (b).
+    let lost = a.wait_status("a losing its partitions", |s| {
+        s["frontend"]["cluster"]["owned_partitions"] == 0
+    });
+    let outage = killed.elapsed();
+    redis.restart();
+    let acked_before = t.acked.clone();
+    t.until(&rx, |t| {
+        acked_before.iter().all(|id| t.outcomes.contains_key(id))
+    });
+    let back = killed.elapsed();
+    // What was refused is sent again, as a bridge does; new messages too.
+    let refused: Vec<(String, String)> = sent
+        .iter()
+        .filter(|(id, _)| !t.acked.contains(id))
+        .cloned()
+        .collect();
+    for (id, chat) in &refused {
+        let s: usize = chat.parse().expect("a session number");
+        send(&mut writers, &mut sent, id.clone(), s);
+    }
+    for s in 0..sessions {
+        send(&mut writers, &mut sent, format!("s{s}-after"), s);
+    }
+    let all: HashSet<String> = sent.iter().map(|(id, _)| id.clone()).collect();
+    t.until(&rx, |t| {
+        all.iter()
+            .all(|id| t.acked.contains(id) && t.outcomes.contains_key(id))
+    });
+    let lost_ids = t.lost();
+    let twice = t.check_copies();
+    let disorder = t.out_of_order();
+    let published = outcome_records(&redis);
+    eprintln!(
+        "before the outage acked {}; during it {} refused storage; outage {outage:?} (a owned {} partitions then); everything acked before answered {back:?} after the kill; sent {}, acked {}, answered {}, lost {}, duplicated {twice}, out of order {}, outcome records {published}",
+        acked_before.len(),
+        during.len(),
+        lost["frontend"]["cluster"]["owned_partitions"],
+        all.len(),
+        t.acked.len(),
+        t.outcomes.len(),
+        lost_ids.len(),
+        disorder.len()
+    );
+    assert!(
+        lost_ids.is_empty(),
+        "acked and never answered: {lost_ids:?}"
+    );
+    assert_eq!(
+        t.acked.len(),
+        all.len(),
+        "every message acked once sent again"
+    );
+    assert!(disorder.is_empty(), "replies out of order: {disorder:?}");
+    assert_eq!(published, all.len(), "one outcome record per message");
+    until_nothing_in_flight(&redis);
     drop((a, b));
 }
