@@ -502,7 +502,8 @@ pub struct ClusterStatus {
     pub gained: u64,
     /// Partitions lost (a lease not renewed in time) since the start.
     pub lost: u64,
-    /// Partitions fenced (another instance held the lease at a write) since the start.
+    /// Partitions fenced while owned here (another instance held the lease at a write)
+    /// since the start; each ownership ends once in `lost + fenced`.
     pub fenced: u64,
     /// Partitions handed over in place (lost or fenced, once per ownership) since the start.
     pub handed_over_partitions: u64,

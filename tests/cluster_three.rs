@@ -131,6 +131,40 @@ impl Server {
         }
     }
 
+    /// Blocks on the status snapshots until `read()` (what the endpoint serves, which may be
+    /// a snapshot behind the status file) satisfies `pred`; that text.
+    fn wait_for(
+        &self,
+        what: &str,
+        read: impl Fn() -> String,
+        pred: impl Fn(&str) -> bool,
+    ) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let text = read();
+            if pred(&text) {
+                return text;
+            }
+            assert!(
+                self.snapshots.next_before(deadline),
+                "timed out waiting for {what}: {text}"
+            );
+        }
+    }
+
+    /// [`Server::wait_for`] of `/metrics` until every `(sample, value)` of `want` is in it.
+    fn wait_metrics(&self, want: &[(&str, f64)]) -> String {
+        let has = |text: &str| {
+            let m = samples(text);
+            want.iter().all(|(k, v)| m.get(*k) == Some(v))
+        };
+        self.wait_for(
+            &format!("{want:?} in /metrics"),
+            || self.get("/metrics"),
+            has,
+        )
+    }
+
     /// A plain HTTP GET of the endpoint; the body of a 200.
     fn get(&self, path: &str) -> String {
         let mut s = TcpStream::connect(&self.http).expect("connect http");
@@ -356,12 +390,7 @@ fn the_cluster_figures_are_in_the_status_the_summary_and_the_exposition() {
         "{cb}"
     );
     // The same figures in the exposition, which promtool accepts.
-    let text = b.get("/metrics");
-    if let Some((ok, said)) = promtool(&text) {
-        assert!(ok, "promtool check metrics: {said}\n{text}");
-    }
-    let m = samples(&text);
-    for (k, v) in [
+    let text = b.wait_metrics(&[
         ("turnstile_cluster_info{instance=\"b\"}", 1.0),
         ("turnstile_cluster_partitions", 6.0),
         ("turnstile_cluster_partitions_owned", 0.0),
@@ -371,34 +400,28 @@ fn the_cluster_figures_are_in_the_status_the_summary_and_the_exposition() {
             0.0,
         ),
         ("turnstile_cluster_reader_failing", 0.0),
-    ] {
-        assert_eq!(m.get(k), Some(&v), "{k} in\n{text}");
+    ]);
+    if let Some((ok, said)) = promtool(&text) {
+        assert!(ok, "promtool check metrics: {said}\n{text}");
     }
-    let text = a.get("/metrics");
-    let m = samples(&text);
-    assert_eq!(
-        m.get("turnstile_cluster_partitions_owned"),
-        Some(&6.0),
-        "{text}"
-    );
-    assert_eq!(
-        m.get("turnstile_cluster_live_instances"),
-        Some(&2.0),
-        "{text}"
-    );
+    a.wait_metrics(&[
+        ("turnstile_cluster_partitions_owned", 6.0),
+        ("turnstile_cluster_live_instances", 2.0),
+    ]);
     // `turnstile status` says it in words.
-    let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
-        .args(["status", "--http", &b.http])
-        .env_remove("TURNSTILE_AUTH_TOKEN")
-        .output()
-        .expect("turnstile status");
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(
+    let status_cmd = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+            .args(["status", "--http", &b.http])
+            .env_remove("TURNSTILE_AUTH_TOKEN")
+            .output()
+            .expect("turnstile status");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    b.wait_for("the cluster line of turnstile status", status_cmd, |said| {
         said.contains(
-            "cluster: instance b, 2 live (a b); owns 0 of 6 partitions (); 1 waiting for a remote outcome"
-        ),
-        "{said}"
-    );
+            "cluster: instance b, 2 live (a b); owns 0 of 6 partitions; 1 waiting for a remote outcome",
+        )
+    });
     // The gate opens: a's turn answers, b's wait ends.
     drop(
         std::fs::OpenOptions::new()
@@ -444,11 +467,16 @@ fn the_cluster_figures_are_in_the_status_the_summary_and_the_exposition() {
         c["reader_failing"] == false && c["reader_reconnects"].as_u64() >= Some(1)
     })["frontend"]["cluster"]
         .clone();
-    let m = samples(&b.get("/metrics"));
-    assert!(
-        m.get("turnstile_cluster_reader_failures_total") >= Some(&1.0)
-            && m.get("turnstile_cluster_reader_reconnects_total") >= Some(&1.0),
-        "{m:?} {cb}"
+    assert!(cb["reader_failures"].as_u64() >= Some(1), "{cb}");
+    b.wait_for(
+        "the reader's failures and reconnects in /metrics",
+        || b.get("/metrics"),
+        |text| {
+            let m = samples(text);
+            m.get("turnstile_cluster_reader_failures_total") >= Some(&1.0)
+                && m.get("turnstile_cluster_reader_reconnects_total") >= Some(&1.0)
+                && m.get("turnstile_cluster_reader_failing") == Some(&0.0)
+        },
     );
     drop((a, b));
 }

@@ -282,10 +282,14 @@ fn cluster_line(c: &Value) -> String {
                     .collect()
             })
             .unwrap_or_default();
-        items.join(" ")
+        if items.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", items.join(" "))
+        }
     };
     format!(
-        "cluster: instance {}, {} live ({}); owns {} of {} partitions ({}); {} waiting for a remote outcome; partitions gained {}, lost {}, fenced {}; handed over {} partitions, {} messages; reader {} failures, {} reconnects{}\n",
+        "cluster: instance {}, {} live{}; owns {} of {} partitions{}; {} waiting for a remote outcome; partitions gained {}, lost {}, fenced {}; handed over {} partitions, {} messages; reader {} failures, {} reconnects{}\n",
         c["instance"].as_str().unwrap_or("?"),
         c["live_instances"].as_array().map_or(0, Vec::len),
         list("live_instances"),

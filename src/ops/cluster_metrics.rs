@@ -37,7 +37,7 @@ pub(super) fn render_cluster(e: &mut Exposition, c: &ClusterStatus) {
     );
     e.counters(
         "turnstile_cluster_partition_changes_total",
-        "Partitions gained (acquired and loaded), lost (lease not renewed in time) and fenced (another instance held the lease).",
+        "Partitions gained (acquired and loaded), lost (lease not renewed in time) and fenced while owned (another instance held the lease at a write).",
         &[
             (&[("change", "gained")][..], c.gained as f64),
             (&[("change", "lost")][..], c.lost as f64),

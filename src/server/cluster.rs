@@ -21,7 +21,9 @@ pub(super) struct Member {
     /// `--instance-id` and `--partitions`, for the status.
     instance: String,
     partitions: u32,
-    /// Partitions gained, lost and fenced since the start, as the journal reported them.
+    /// Partitions gained, lost and fenced since the start, as the journal reported them
+    /// (fenced: only those owned here then, and not lost in the same report, so that each
+    /// ownership ends once in `lost + fenced`).
     gained: u64,
     lost: u64,
     fenced: u64,
@@ -103,10 +105,22 @@ impl BridgeServer {
     /// Before the bridge sees a report: the reader reads the inboxes of the partitions
     /// gained, from their loads' positions, and no more those lost or fenced.
     pub(super) fn forward(&mut self, c: &Committed) {
+        // A record of a partition not held is reported fenced at each write: not an
+        // ownership ending.
+        let owned = if c.cluster.fenced.is_empty() {
+            Vec::new()
+        } else {
+            self.bridge.owned_partitions()
+        };
         let m = &mut self.cluster;
         m.gained += c.cluster.gained.len() as u64;
         m.lost += c.cluster.lost.len() as u64;
-        m.fenced += c.cluster.fenced.len() as u64;
+        m.fenced += c
+            .cluster
+            .fenced
+            .iter()
+            .filter(|p| owned.contains(p) && !c.cluster.lost.contains(p))
+            .count() as u64;
         let Some(r) = &self.cluster.reader else {
             return;
         };
@@ -127,9 +141,7 @@ impl BridgeServer {
             }
         }
     }
-}
 
-impl BridgeServer {
     /// The cluster's figures in the bridge's status (nothing without `--cluster`).
     pub(super) fn cluster_status(&self, status: &mut BridgeStatus) {
         let m = &self.cluster;
