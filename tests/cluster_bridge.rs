@@ -862,3 +862,91 @@ fn an_outcome_whose_record_is_kept_for_another_try_is_not_sent_by_a_report_witho
         "never sent once its record was written"
     );
 }
+
+/// A partition lost and taken again while a result of it waits for its outcome record (the
+/// record still on its way to the journal thread): the load has no outcome for the message,
+/// and the result held here is the one that goes once its record is written; the message is
+/// not rebuilt (it would be answered again, `interrupted`).
+#[test]
+fn a_result_held_for_its_record_across_a_loss_and_a_regain_is_sent_once_and_not_rebuilt() {
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = n.take(c);
+    let mut gained = ClusterReport::default();
+    gained.gained.push((0, Default::default()));
+    n.report(0, gained);
+    n.send(
+        c,
+        json!({"op": "message", "id": "m1", "chat_id": "1", "text": "hi"}),
+    );
+    let m = n.accepted().pop().expect("accepted");
+    n.report_durable(m.seq, cluster_tag(0, 1));
+    let message = n.messages.pop().expect("message");
+    let event = |kind| MessageEvent {
+        id: message.id.clone(),
+        session: message.session.clone(),
+        kind,
+    };
+    n.b.event(
+        m.seq,
+        event(EventKind::Accepted {
+            state: AcceptState::Running,
+            position: 0,
+        }),
+        n.now,
+    );
+    n.b.event(
+        m.seq,
+        event(EventKind::Finished(Outcome::Reply("the real one".into()))),
+        n.now,
+    );
+    n.pump();
+    // Lost, then taken again; the load has the message started, with no outcome.
+    n.report(
+        0,
+        ClusterReport {
+            lost: vec![0],
+            ..ClusterReport::default()
+        },
+    );
+    let mut loaded = turnstile::internal::journal::LoadedPartition::default();
+    loaded.recovered.messages.push(RecoveredMessage {
+        message: StoredMessage {
+            seq: m.seq,
+            ..m.clone()
+        },
+        starts: 1,
+        outcome: None,
+    });
+    let submitted = n.submitted.len();
+    n.report(
+        0,
+        ClusterReport {
+            gained: vec![(0, loaded)],
+            ..ClusterReport::default()
+        },
+    );
+    assert_eq!(
+        n.submitted.len(),
+        submitted,
+        "rebuilt although its result is held"
+    );
+    // Its record written (under the new lease): the held result goes, once.
+    let taken = n.journal.len();
+    n.b.journaled(
+        Committed {
+            taken,
+            outcomes: vec![m.seq],
+            ..Committed::default()
+        },
+        n.now,
+    );
+    n.pump();
+    let done: Vec<Value> = n
+        .take(c)
+        .into_iter()
+        .filter(|v| v["id"] == "m1" && v["op"] != "ack")
+        .collect();
+    assert_eq!(done.len(), 1, "{done:?}");
+    assert_eq!(done[0]["text"], "the real one", "{done:?}");
+}

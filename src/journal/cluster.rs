@@ -425,6 +425,31 @@ impl Member {
         c.cluster.fenced.dedup();
     }
 
+    /// The owned writes (`started`, outcomes) of partitions just lost, kept for another try,
+    /// are dropped now and their outcomes reported unwritten: tried later, they would be
+    /// written under the lease of a regain that has loaded the partition without them (a
+    /// second outcome for a message rebuilt as interrupted; tests/cluster_three, two runs at
+    /// once). `delivered` and `forget` stay: any instance writes them.
+    fn drop_kept_owned_writes(&mut self, lost: &[u32], c: &mut Committed) {
+        if lost.is_empty() || self.retry.is_empty() {
+            return;
+        }
+        let places: Vec<Place> = self.retry.iter().map(|r| self.place(r)).collect();
+        let kept = std::mem::take(&mut self.retry);
+        for (r, place) in kept.into_iter().zip(places) {
+            match (&r, place) {
+                (Record::Started { .. } | Record::Outcome { .. }, Place::At { partition, .. })
+                    if lost.contains(&partition) =>
+                {
+                    if let Record::Outcome { seq, .. } = r {
+                        c.cluster.unwritten_outcomes.push(seq);
+                    }
+                }
+                _ => self.retry.push(r),
+            }
+        }
+    }
+
     /// The ownership pass: heartbeat, then the planner's releases, renewals and
     /// acquisitions, each gained partition loaded.
     fn pass(&mut self, c: &mut Committed) {
@@ -439,6 +464,7 @@ impl Member {
                 "partition {p}: lease not renewed within 0.9 of its TTL; given up (its sessions end here, the next owner recovers them)"
             );
         }
+        self.drop_kept_owned_writes(&plan.lost, c);
         c.cluster.lost.extend(plan.lost);
         for lease in plan.release {
             match self.store.release(&lease) {

@@ -436,6 +436,13 @@ impl Bridge {
         let mut messages = Vec::with_capacity(loaded.recovered.messages.len());
         for rm in loaded.recovered.messages {
             let tag = rm.message.seq;
+            // Its result is held here for its outcome record, still on its way to the
+            // journal thread when the partition was lost and taken again: the record is
+            // written under the new lease and the result goes then; rebuilding it would
+            // answer it a second time (`interrupted`).
+            if self.durable.as_ref().is_some_and(|d| d.is_unjournaled(tag)) {
+                continue;
+            }
             let waited = self.durable.as_mut().is_some_and(|d| {
                 let before = d.cluster.remote.len();
                 d.cluster.remote.retain(|_, t| *t != tag);
