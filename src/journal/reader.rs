@@ -51,6 +51,18 @@ pub enum Arrival {
         /// The instance that accepted it.
         origin: String,
     },
+    /// A message of a partition this instance owns whose origin (another instance) has left
+    /// the registry since the last read: the result it was to send, or will be sent, is this
+    /// instance's to send now (marked `redelivery`). Read from the partition as a load reads
+    /// it, so its outcome is there if one was recorded.
+    OriginGone {
+        /// Its partition.
+        partition: u32,
+        /// Its [`cluster_tag`].
+        tag: u64,
+        /// The message as stored (its `seq` is the tag), its starts and outcome so far.
+        message: Box<RecoveredMessage>,
+    },
     /// The outcome of a message this instance accepted, written by the partition's owner.
     Outcome {
         /// Its partition.
@@ -109,6 +121,7 @@ impl Reader {
                     failing: false,
                     health: shared,
                     live_read: None,
+                    live: None,
                 };
                 r.run(&ctl, &tx, &wake);
             })
@@ -169,6 +182,8 @@ struct Reading {
     health: Arc<Mutex<Health>>,
     /// When the live instances were last read.
     live_read: Option<Instant>,
+    /// The live instances as last read (`None` before the first read).
+    live: Option<Vec<String>>,
 }
 
 impl Reading {
@@ -187,7 +202,8 @@ impl Reading {
                             h.failing = false;
                         });
                     }
-                    self.read_live();
+                    let mut found = found;
+                    found.extend(self.read_live());
                     if found.is_empty() {
                         continue;
                     }
@@ -223,19 +239,69 @@ impl Reading {
         f(&mut self.health.lock().unwrap_or_else(|e| e.into_inner()));
     }
 
-    /// Reads the registry's live instances for the status, every [`LIVE_EVERY`]; a failure
-    /// leaves the last list (the next stream read counts the failure if Redis is gone).
-    fn read_live(&mut self) {
+    /// Reads the registry's live instances every [`LIVE_EVERY`], for the status and for the
+    /// instances that left it since the last read: the messages they accepted into owned
+    /// partitions ([`Arrival::OriginGone`]). A failure leaves the last list, so the next
+    /// read finds the same instances gone (the next stream read counts the failure if Redis
+    /// is gone).
+    fn read_live(&mut self) -> Vec<Arrival> {
         if self.live_read.is_some_and(|t| t.elapsed() < LIVE_EVERY) {
-            return;
+            return Vec::new();
         }
         self.live_read = Some(Instant::now());
-        if let Ok(mut live) = self.store.live_instances() {
-            // By name: the registry's order (by expiry) changes with every heartbeat.
-            live.sort_unstable();
-            live.truncate(MAX_LIVE_SHOWN);
-            self.health(|h| h.live = live);
+        let Ok(mut live) = self.store.live_instances() else {
+            return Vec::new();
+        };
+        // By name: the registry's order (by expiry) changes with every heartbeat.
+        live.sort_unstable();
+        let me = self.store.instance().to_owned();
+        let gone: Vec<String> = self
+            .live
+            .iter()
+            .flatten()
+            .filter(|i| **i != me && !live.contains(i))
+            .cloned()
+            .collect();
+        let Ok(found) = self.gone_origins(&gone) else {
+            return Vec::new();
+        };
+        let mut shown = live.clone();
+        shown.truncate(MAX_LIVE_SHOWN);
+        self.health(|h| h.live = shown);
+        self.live = Some(live);
+        found
+    }
+
+    /// The messages of the owned partitions whose origin is one of `gone`.
+    fn gone_origins(&mut self, gone: &[String]) -> Result<Vec<Arrival>, StoreError> {
+        let mut out = Vec::new();
+        if gone.is_empty() {
+            return Ok(out);
         }
+        let owned: Vec<u32> = self.inboxes.keys().copied().collect();
+        for p in owned {
+            let loaded = self.store.load_partition(p, super::now_ms())?;
+            for mut m in loaded.recovered.messages {
+                let seq = m.message.seq;
+                if !loaded.origins.get(&seq).is_some_and(|o| gone.contains(o)) {
+                    continue;
+                }
+                let tag = cluster_tag(p, seq);
+                m.message.seq = tag;
+                out.push(Arrival::OriginGone {
+                    partition: p,
+                    tag,
+                    message: Box::new(m),
+                });
+            }
+        }
+        if !out.is_empty() {
+            log::warn!(
+                "instance(s) {gone:?} left the registry: {} of their messages in partitions owned here are answered here",
+                out.len()
+            );
+        }
+        Ok(out)
     }
 
     /// Applies the reactor's changes of the owned inboxes; false once the handle is gone.

@@ -35,8 +35,8 @@ use super::status::RecoveryCounts;
 use super::{Action, Bridge, ConnId};
 use crate::core::{EventKind, RejectReason};
 use crate::journal::{
-    Arrival, ClusterReport, LoadedPartition, Recovered, StoredOutcome, now_ms, partition_of,
-    tag_parts,
+    Arrival, ClusterReport, LoadedPartition, Recovered, RecoveredMessage, StoredOutcome, now_ms,
+    partition_of, tag_parts,
 };
 use crate::message::SessionKey;
 use crate::server::protocol::{ServerOp, encode};
@@ -357,6 +357,11 @@ impl Bridge {
                     self.deliver_terminal(conn, &platform, frame);
                 }
             }
+            Arrival::OriginGone {
+                partition,
+                tag,
+                message,
+            } => self.origin_gone(partition, tag, *message, now),
             Arrival::Message {
                 partition,
                 tag,
@@ -380,6 +385,36 @@ impl Bridge {
             }
         }
         self.audit();
+    }
+
+    /// A message of an owned partition whose origin left the registry: its result is this
+    /// instance's to send, marked `redelivery` (the origin may have sent it, or be paused and
+    /// send it still). Running or queued here, its result is no longer silenced; its outcome
+    /// recorded already, it goes out now, as a recovered one does.
+    fn origin_gone(&mut self, partition: u32, tag: u64, message: RecoveredMessage, now: Duration) {
+        let Some(d) = &mut self.durable else {
+            return;
+        };
+        if !d.cluster.owned.contains(&partition) {
+            return;
+        }
+        if self.routes.contains(tag) {
+            if d.cluster.silent.remove(&tag) {
+                d.cluster.foreign.insert(tag);
+            }
+            return;
+        }
+        if d.cluster.silent.contains(&tag) || d.is_unjournaled(tag) {
+            // Its terminal event is on its way here; it is sent once recorded.
+            if d.cluster.silent.remove(&tag) {
+                d.cluster.foreign.insert(tag);
+            }
+            return;
+        }
+        if message.outcome.is_some() {
+            let mut n = RecoveryCounts::default();
+            self.recover_message(message, &mut n, now);
+        }
     }
 
     /// The owner's outcome of a message acked here goes to its connection (or outbox).
