@@ -31,6 +31,9 @@ const RETRY: Duration = Duration::from_millis(100);
 /// How often the reader reads the registry's live instances (for the status only: the
 /// journal thread's pass reads its own for the fair share).
 const LIVE_EVERY: Duration = Duration::from_secs(1);
+/// How many reads (one a [`LIVE_EVERY`]) look for the messages of an instance that left the
+/// registry.
+const GONE_READS: u8 = 3;
 /// Live instances kept for the status at most (a registry is a handful; a runaway one must
 /// not grow the snapshot without bound).
 const MAX_LIVE_SHOWN: usize = 256;
@@ -122,6 +125,7 @@ impl Reader {
                     health: shared,
                     live_read: None,
                     live: None,
+                    gone: BTreeMap::new(),
                 };
                 r.run(&ctl, &tx, &wake);
             })
@@ -184,6 +188,10 @@ struct Reading {
     live_read: Option<Instant>,
     /// The live instances as last read (`None` before the first read).
     live: Option<Vec<String>>,
+    /// Instances that left the registry lately → the reads of their messages left: a read
+    /// can see a message without its outcome just before its turn ends here (its result
+    /// then silenced for the origin), so the next reads look again.
+    gone: BTreeMap<String, u8>,
 }
 
 impl Reading {
@@ -255,16 +263,26 @@ impl Reading {
         // By name: the registry's order (by expiry) changes with every heartbeat.
         live.sort_unstable();
         let me = self.store.instance().to_owned();
-        let gone: Vec<String> = self
+        let left: Vec<String> = self
             .live
             .iter()
             .flatten()
             .filter(|i| **i != me && !live.contains(i))
             .cloned()
             .collect();
+        for i in left {
+            self.gone.insert(i, GONE_READS);
+        }
+        // One that came back is alive again (a pause): its results are its own.
+        self.gone.retain(|i, _| !live.contains(i));
+        let gone: Vec<String> = self.gone.keys().cloned().collect();
         let Ok(found) = self.gone_origins(&gone) else {
             return Vec::new();
         };
+        for reads in self.gone.values_mut() {
+            *reads -= 1;
+        }
+        self.gone.retain(|_, reads| *reads > 0);
         let mut shown = live.clone();
         shown.truncate(MAX_LIVE_SHOWN);
         self.health(|h| h.live = shown);

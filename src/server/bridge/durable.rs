@@ -249,9 +249,7 @@ impl Bridge {
             }
         }
         d.taken_outcomes.extend(c.outcomes.iter().copied());
-        // Nothing kept for another try either: a report without a write (the cluster's
-        // ownership pass) says nothing of the records a failed batch left.
-        let ok = c.error.is_none() && c.retrying == 0;
+        let ok = c.error.is_none();
         let held: Vec<_> = if ok {
             let unjournaled = &mut d.unjournaled;
             let mut seqs: Vec<u64> = d.taken_outcomes.drain().collect();
