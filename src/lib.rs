@@ -103,8 +103,8 @@ pub use journal::{
     StoredMessage, StoredOutcome,
 };
 pub use liveness::{
-    BridgeStatus, FrontendStatus, HttpStatus, JournalStatus, PlatformStatus, RecoveryCounts,
-    RuntimeState, ServiceStatus, Status,
+    BridgeStatus, ClusterStatus, FrontendStatus, HttpStatus, JournalStatus, PlatformStatus,
+    RecoveryCounts, RuntimeState, ServiceStatus, Status,
 };
 pub use message::{Body, ChatType, Command, InvalidInput, Message, MessageContext, SessionKey};
 #[cfg(feature = "async")]

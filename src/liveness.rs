@@ -474,6 +474,47 @@ pub struct BridgeStatus {
     pub awaiting_delivery: usize,
     /// New connections are served TLS (`--tls-cert`).
     pub tls: bool,
+    /// Cluster membership (`--cluster`); absent without it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterStatus>,
+}
+
+/// A cluster member's figures (`--cluster`, docs/cluster.md): what it owns, what waits on
+/// other instances, how often ownership changed hands, and its stream reader's health.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct ClusterStatus {
+    /// This instance's id (`--instance-id`).
+    pub instance: String,
+    /// Live instances in the registry, this one included, as the reader last read them
+    /// (every second), by name; empty until the first read.
+    pub live_instances: Vec<String>,
+    /// The partition count (`--partitions`).
+    pub partitions: u32,
+    /// How many partitions this instance owns now (at most `partitions`).
+    pub owned_partitions: usize,
+    /// Which, in order.
+    pub owned: Vec<u32>,
+    /// Messages acked here whose outcome another instance owes (each holds its route and
+    /// an outbox reservation, within the platforms' bounds).
+    pub remote_waiting: usize,
+    /// Partitions gained (acquired and loaded) since the start.
+    pub gained: u64,
+    /// Partitions lost (a lease not renewed in time) since the start.
+    pub lost: u64,
+    /// Partitions fenced while owned here (another instance held the lease at a write)
+    /// since the start; each ownership ends once in `lost + fenced`.
+    pub fenced: u64,
+    /// Partitions handed over in place (lost or fenced, once per ownership) since the start.
+    pub handed_over_partitions: u64,
+    /// The messages those hand-overs took from this instance.
+    pub handed_over_messages: u64,
+    /// The stream reader's failed reads of Redis (each retried).
+    pub reader_failures: u64,
+    /// Times the reader read again after failing (a new connection to Redis).
+    pub reader_reconnects: u64,
+    /// The reader's last read failed.
+    pub reader_failing: bool,
 }
 
 /// The journal's figures in the status.

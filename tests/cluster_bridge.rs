@@ -122,6 +122,24 @@ impl Net {
     }
 }
 
+impl Net {
+    /// The journal says accepted message `seq` is durable in Redis as `ct`, in a partition
+    /// owned here.
+    fn report_durable(&mut self, seq: u64, ct: u64) {
+        let durable = Committed {
+            taken: 1,
+            durable: vec![seq],
+            cluster: ClusterReport {
+                placed: vec![(seq, ct)],
+                ..ClusterReport::default()
+            },
+            ..Committed::default()
+        };
+        self.b.journaled(durable, self.now);
+        self.pump();
+    }
+}
+
 fn done(text: &str, id: &str) -> StoredOutcome {
     StoredOutcome {
         head: format!("{{\"op\":\"done\",\"id\":\"{id}\",\"session\":\"tg:dm:1\",\"text\":\"")
@@ -679,4 +697,262 @@ fn a_refused_outcome_of_a_message_accepted_here_is_answered_by_the_next_owner() 
         outcome: done("by the next owner", "m1"),
     });
     assert!(n.take(c).is_empty());
+}
+
+/// A result run here for a message another instance accepted, that instance taken for dead
+/// by the load (no live origin), goes out here marked `redelivery`: its origin may be alive
+/// after all (paused past its lease) and send the same outcome from the stream. One accepted
+/// here goes out unmarked; one whose origin is alive is not sent here at all.
+#[test]
+fn a_result_for_an_origin_taken_for_dead_is_marked_redelivery() {
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = n.take(c);
+    let stored = |seq: u64, id: &str, chat: &str| RecoveredMessage {
+        message: StoredMessage {
+            seq,
+            platform: "tg".into(),
+            id: id.into(),
+            chat_type: "dm".into(),
+            chat_id: chat.into(),
+            thread_id: None,
+            user_id: None,
+            user_name: None,
+            meta: None,
+            text: format!("text of {id}"),
+            dedup_until_ms: u64::MAX / 4,
+        },
+        starts: 0,
+        outcome: None,
+    };
+    let (dead, alive) = (cluster_tag(0, 1), cluster_tag(0, 2));
+    let mut loaded = turnstile::internal::journal::LoadedPartition::default();
+    loaded.recovered.messages.push(stored(dead, "m1", "5"));
+    loaded.recovered.messages.push(stored(alive, "m2", "6"));
+    loaded.origins.insert(alive, "b".into());
+    n.report(
+        0,
+        ClusterReport {
+            gained: vec![(0, loaded)],
+            ..ClusterReport::default()
+        },
+    );
+    assert_eq!(n.submitted, vec![dead, alive]);
+    // One accepted here, into the owned partition.
+    n.send(
+        c,
+        json!({"op": "message", "id": "m3", "chat_id": "7", "text": "hi"}),
+    );
+    let m = n.accepted().pop().expect("accepted");
+    n.report_durable(m.seq, cluster_tag(0, 3));
+    let messages = std::mem::take(&mut n.messages);
+    let tags = [dead, alive, m.seq];
+    assert_eq!(messages.len(), 3);
+    for (tag, message) in tags.iter().zip(&messages) {
+        let event = |kind| MessageEvent {
+            id: message.id.clone(),
+            session: message.session.clone(),
+            kind,
+        };
+        n.b.event(
+            *tag,
+            event(EventKind::Accepted {
+                state: AcceptState::Running,
+                position: 0,
+            }),
+            n.now,
+        );
+        n.b.event(
+            *tag,
+            event(EventKind::Finished(Outcome::Reply("ran here".into()))),
+            n.now,
+        );
+    }
+    n.pump();
+    let taken = n.journal.len();
+    let written = Committed {
+        taken,
+        outcomes: tags.to_vec(),
+        ..Committed::default()
+    };
+    n.b.journaled(written, n.now);
+    n.pump();
+    let lines = n.take(c);
+    let by_id: std::collections::HashMap<&str, &Value> = lines
+        .iter()
+        .filter(|v| v["op"] == "reply")
+        .map(|v| (v["id"].as_str().unwrap_or_default(), v))
+        .collect();
+    assert_eq!(
+        by_id.len(),
+        2,
+        "m2's result is its live origin's: {lines:?}"
+    );
+    assert_eq!(by_id["m1"]["redelivery"], true, "{lines:?}");
+    assert_eq!(by_id["m3"].get("redelivery"), None, "{lines:?}");
+}
+
+/// A terminal event whose outcome record failed waits while that record is kept for another
+/// try, even through a report that wrote nothing and failed nothing (the ownership pass's),
+/// and goes once its record is written: the cluster's journal thread reports an outcome only
+/// when its record is written (tests/cluster_three's Redis restart holds the thread to it).
+#[test]
+fn an_outcome_whose_record_is_kept_for_another_try_is_not_sent_by_a_report_without_a_write() {
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = n.take(c);
+    let mut gained = ClusterReport::default();
+    gained.gained.push((0, Default::default()));
+    n.report(0, gained);
+    n.send(
+        c,
+        json!({"op": "message", "id": "m1", "chat_id": "1", "text": "hi"}),
+    );
+    let m = n.accepted().pop().expect("accepted");
+    n.report_durable(m.seq, cluster_tag(0, 1));
+    let message = n.messages.pop().expect("message");
+    let event = |kind| MessageEvent {
+        id: message.id.clone(),
+        session: message.session.clone(),
+        kind,
+    };
+    n.b.event(
+        m.seq,
+        event(EventKind::Accepted {
+            state: AcceptState::Running,
+            position: 0,
+        }),
+        n.now,
+    );
+    n.b.event(
+        m.seq,
+        event(EventKind::Finished(Outcome::Reply("done".into()))),
+        n.now,
+    );
+    n.pump();
+    let taken = n.journal.len();
+    let failed = Committed {
+        taken,
+        retrying: 1,
+        error: Some("redis is down".into()),
+        ..Committed::default()
+    };
+    n.b.journaled(failed, n.now);
+    n.pump();
+    let replies = |lines: Vec<Value>| lines.into_iter().filter(|v| v["op"] == "reply").count();
+    assert_eq!(replies(n.take(c)), 0, "sent while its record failed");
+    // The ownership pass reports, the record still kept.
+    let pass = Committed {
+        retrying: 1,
+        ..Committed::default()
+    };
+    n.b.journaled(pass, n.now);
+    n.pump();
+    assert_eq!(
+        replies(n.take(c)),
+        0,
+        "sent by a report that wrote nothing, its record still unwritten"
+    );
+    // The kept record written.
+    n.b.journaled(
+        Committed {
+            outcomes: vec![m.seq],
+            ..Committed::default()
+        },
+        n.now,
+    );
+    n.pump();
+    assert_eq!(
+        replies(n.take(c)),
+        1,
+        "never sent once its record was written"
+    );
+}
+
+/// A partition lost and taken again while a result of it waits for its outcome record (the
+/// record still on its way to the journal thread): the load has no outcome for the message,
+/// and the result held here is the one that goes once its record is written; the message is
+/// not rebuilt (it would be answered again, `interrupted`).
+#[test]
+fn a_result_held_for_its_record_across_a_loss_and_a_regain_is_sent_once_and_not_rebuilt() {
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = n.take(c);
+    let mut gained = ClusterReport::default();
+    gained.gained.push((0, Default::default()));
+    n.report(0, gained);
+    n.send(
+        c,
+        json!({"op": "message", "id": "m1", "chat_id": "1", "text": "hi"}),
+    );
+    let m = n.accepted().pop().expect("accepted");
+    n.report_durable(m.seq, cluster_tag(0, 1));
+    let message = n.messages.pop().expect("message");
+    let event = |kind| MessageEvent {
+        id: message.id.clone(),
+        session: message.session.clone(),
+        kind,
+    };
+    n.b.event(
+        m.seq,
+        event(EventKind::Accepted {
+            state: AcceptState::Running,
+            position: 0,
+        }),
+        n.now,
+    );
+    n.b.event(
+        m.seq,
+        event(EventKind::Finished(Outcome::Reply("the real one".into()))),
+        n.now,
+    );
+    n.pump();
+    // Lost, then taken again; the load has the message started, with no outcome.
+    n.report(
+        0,
+        ClusterReport {
+            lost: vec![0],
+            ..ClusterReport::default()
+        },
+    );
+    let mut loaded = turnstile::internal::journal::LoadedPartition::default();
+    loaded.recovered.messages.push(RecoveredMessage {
+        message: StoredMessage {
+            seq: m.seq,
+            ..m.clone()
+        },
+        starts: 1,
+        outcome: None,
+    });
+    let submitted = n.submitted.len();
+    n.report(
+        0,
+        ClusterReport {
+            gained: vec![(0, loaded)],
+            ..ClusterReport::default()
+        },
+    );
+    assert_eq!(
+        n.submitted.len(),
+        submitted,
+        "rebuilt although its result is held"
+    );
+    // Its record written (under the new lease): the held result goes, once.
+    let taken = n.journal.len();
+    n.b.journaled(
+        Committed {
+            taken,
+            outcomes: vec![m.seq],
+            ..Committed::default()
+        },
+        n.now,
+    );
+    n.pump();
+    let done: Vec<Value> = n
+        .take(c)
+        .into_iter()
+        .filter(|v| v["id"] == "m1" && v["op"] != "ack")
+        .collect();
+    assert_eq!(done.len(), 1, "{done:?}");
+    assert_eq!(done[0]["text"], "the real one", "{done:?}");
 }

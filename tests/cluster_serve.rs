@@ -519,7 +519,14 @@ fn sigstop_of_the_owner_past_its_lease_then_sigcont_hands_its_partitions_over_an
                 "{id}: a second copy on {via}'s bridge not marked redelivery: {vs:?}"
             );
         }
-        across += usize::from(vs.iter().any(|v| v["via"] != vs[0]["via"]));
+        if vs.iter().any(|v| v["via"] != vs[0]["via"]) {
+            across += 1;
+            // Sent by an instance other than its origin's (which A took for dead): marked.
+            assert!(
+                vs.iter().any(|v| v["redelivery"] == true),
+                "{id}: answered on both bridges, no copy marked redelivery: {vs:?}"
+            );
+        }
     }
     eprintln!("answered on both bridges (the same outcome): {across}");
     assert!(

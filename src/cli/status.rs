@@ -265,6 +265,51 @@ fn frontend_lines(out: &mut String, f: &Value) {
         };
         out.push_str(&format!("outboxes: {list}\n"));
     }
+    if let Some(c) = f.get("cluster") {
+        out.push_str(&cluster_line(c));
+    }
+}
+
+/// A cluster member's line (`--cluster`): who it is and who is alive, what it owns, what
+/// waits on other instances, ownership's changes, the stream reader.
+fn cluster_line(c: &Value) -> String {
+    let list = |key: &str| -> String {
+        let items: Vec<String> = c[key]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if items.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", items.join(" "))
+        }
+    };
+    format!(
+        "cluster: instance {}, {} live{}; owns {} of {} partitions{}; {} waiting for a remote outcome; partitions gained {}, lost {}, fenced {}; handed over {} partitions, {} messages; reader {} failures, {} reconnects{}\n",
+        c["instance"].as_str().unwrap_or("?"),
+        c["live_instances"].as_array().map_or(0, Vec::len),
+        list("live_instances"),
+        num(c, &["owned_partitions"]),
+        num(c, &["partitions"]),
+        list("owned"),
+        num(c, &["remote_waiting"]),
+        num(c, &["gained"]),
+        num(c, &["lost"]),
+        num(c, &["fenced"]),
+        num(c, &["handed_over_partitions"]),
+        num(c, &["handed_over_messages"]),
+        num(c, &["reader_failures"]),
+        num(c, &["reader_reconnects"]),
+        if c["reader_failing"] == Value::Bool(true) {
+            ", failing"
+        } else {
+            ""
+        },
+    )
 }
 
 /// One platform's outbox: results waiting and owed, results held for want of room within
@@ -382,6 +427,25 @@ mod tests {
         );
         let v = json!({"state": "running", "messages": {"accepted": 3, "rejected": 4}});
         assert!(summary(&v, 0.0).contains("messages 3 accepted, 4 rejected"));
+    }
+
+    /// A cluster member's figures reach the summary on one line; without `--cluster`, none.
+    #[test]
+    fn the_summary_shows_the_cluster() {
+        let v = json!({"state": "running", "frontend": {"cluster": {
+            "instance": "a", "live_instances": ["a", "b"], "partitions": 8,
+            "owned_partitions": 3, "owned": [0, 4, 7], "remote_waiting": 5, "gained": 6,
+            "lost": 1, "fenced": 2, "handed_over_partitions": 3, "handed_over_messages": 9,
+            "reader_failures": 4, "reader_reconnects": 1, "reader_failing": true}}});
+        let text = summary(&v, 0.0);
+        assert!(
+            text.contains(
+                "cluster: instance a, 2 live (a b); owns 3 of 8 partitions (0 4 7); 5 waiting for a remote outcome; partitions gained 6, lost 1, fenced 2; handed over 3 partitions, 9 messages; reader 4 failures, 1 reconnects, failing\n"
+            ),
+            "{text}"
+        );
+        let v = json!({"state": "running", "frontend": {}});
+        assert!(!summary(&v, 0.0).contains("cluster"));
     }
 
     /// Held results and the stale figures reach the human summary, per platform.

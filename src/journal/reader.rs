@@ -12,12 +12,14 @@
 //! load brings back (docs/cluster.md).
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 
 use super::{RecoveredMessage, RedisStore, StoreError, StoredOutcome, Stream, cluster_tag};
+use crate::liveness::ClusterStatus;
 
 /// How long one `XREAD` waits for an entry: also how soon a change of the owned inboxes,
 /// or a stop, takes effect.
@@ -26,6 +28,15 @@ const BLOCK: Duration = Duration::from_millis(200);
 const COUNT: usize = 256;
 /// How long the reader waits before trying a failed Redis again.
 const RETRY: Duration = Duration::from_millis(100);
+/// How often the reader reads the registry's live instances (for the status only: the
+/// journal thread's pass reads its own for the fair share).
+const LIVE_EVERY: Duration = Duration::from_secs(1);
+/// How many reads (one a [`LIVE_EVERY`]) look for the messages of an instance that left the
+/// registry.
+const GONE_READS: u8 = 3;
+/// Live instances kept for the status at most (a registry is a handful; a runaway one must
+/// not grow the snapshot without bound).
+const MAX_LIVE_SHOWN: usize = 256;
 
 /// What the reader found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,6 +53,18 @@ pub enum Arrival {
         message: Box<RecoveredMessage>,
         /// The instance that accepted it.
         origin: String,
+    },
+    /// A message of a partition this instance owns whose origin (another instance) has left
+    /// the registry since the last read: the result it was to send, or will be sent, is this
+    /// instance's to send now (marked `redelivery`). Read from the partition as a load reads
+    /// it, so its outcome is there if one was recorded.
+    OriginGone {
+        /// Its partition.
+        partition: u32,
+        /// Its [`cluster_tag`].
+        tag: u64,
+        /// The message as stored (its `seq` is the tag), its starts and outcome so far.
+        message: Box<RecoveredMessage>,
     },
     /// The outcome of a message this instance accepted, written by the partition's owner.
     Outcome {
@@ -65,6 +88,16 @@ pub struct Reader {
     control: Option<Sender<Control>>,
     arrivals: Receiver<Arrival>,
     thread: Option<JoinHandle<()>>,
+    health: Arc<Mutex<Health>>,
+}
+
+/// The reader's figures for the status, written by its thread.
+#[derive(Default)]
+struct Health {
+    failures: u64,
+    reconnects: u64,
+    failing: bool,
+    live: Vec<String>,
 }
 
 impl Reader {
@@ -79,6 +112,8 @@ impl Reader {
         let outcomes = store.stream_ends(Stream::Outcomes, &all)?;
         let (control, ctl) = crossbeam_channel::unbounded();
         let (tx, arrivals) = crossbeam_channel::unbounded();
+        let health = Arc::new(Mutex::new(Health::default()));
+        let shared = Arc::clone(&health);
         let thread = std::thread::Builder::new()
             .name("turnstile-reader".into())
             .spawn(move || {
@@ -87,6 +122,10 @@ impl Reader {
                     inboxes: BTreeMap::new(),
                     outcomes,
                     failing: false,
+                    health: shared,
+                    live_read: None,
+                    live: None,
+                    gone: BTreeMap::new(),
                 };
                 r.run(&ctl, &tx, &wake);
             })
@@ -95,7 +134,17 @@ impl Reader {
             control: Some(control),
             arrivals,
             thread: Some(thread),
+            health,
         })
+    }
+
+    /// Fills in the reader's figures: its failures and reconnects, the live instances.
+    pub fn fill_status(&self, s: &mut ClusterStatus) {
+        let h = self.health.lock().unwrap_or_else(|e| e.into_inner());
+        s.reader_failures = h.failures;
+        s.reader_reconnects = h.reconnects;
+        s.reader_failing = h.failing;
+        s.live_instances.clone_from(&h.live);
     }
 
     /// Reads `partition`'s inbox from after `after` (its load's `inbox_after`).
@@ -134,6 +183,15 @@ struct Reading {
     /// Every partition's outcome stream position.
     outcomes: Vec<String>,
     failing: bool,
+    health: Arc<Mutex<Health>>,
+    /// When the live instances were last read.
+    live_read: Option<Instant>,
+    /// The live instances as last read (`None` before the first read).
+    live: Option<Vec<String>>,
+    /// Instances that left the registry lately → the reads of their messages left: a read
+    /// can see a message without its outcome just before its turn ends here (its result
+    /// then silenced for the origin), so the next reads look again.
+    gone: BTreeMap<String, u8>,
 }
 
 impl Reading {
@@ -147,7 +205,13 @@ impl Reading {
                     if self.failing {
                         log::info!("cluster stream reads succeed again");
                         self.failing = false;
+                        self.health(|h| {
+                            h.reconnects += 1;
+                            h.failing = false;
+                        });
                     }
+                    let mut found = found;
+                    found.extend(self.read_live());
                     if found.is_empty() {
                         continue;
                     }
@@ -163,6 +227,10 @@ impl Reading {
                         log::error!("cluster stream read failed: {e}; retrying");
                         self.failing = true;
                     }
+                    self.health(|h| {
+                        h.failures += 1;
+                        h.failing = true;
+                    });
                     // The wait is on the control channel, so a stop ends it at once.
                     if ctl
                         .recv_timeout(RETRY)
@@ -173,6 +241,85 @@ impl Reading {
                 }
             }
         }
+    }
+
+    fn health(&self, f: impl FnOnce(&mut Health)) {
+        f(&mut self.health.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
+    /// Reads the registry's live instances every [`LIVE_EVERY`], for the status and for the
+    /// instances that left it since the last read: the messages they accepted into owned
+    /// partitions ([`Arrival::OriginGone`]). A failure leaves the last list, so the next
+    /// read finds the same instances gone (the next stream read counts the failure if Redis
+    /// is gone).
+    fn read_live(&mut self) -> Vec<Arrival> {
+        if self.live_read.is_some_and(|t| t.elapsed() < LIVE_EVERY) {
+            return Vec::new();
+        }
+        self.live_read = Some(Instant::now());
+        let Ok(mut live) = self.store.live_instances() else {
+            return Vec::new();
+        };
+        // By name: the registry's order (by expiry) changes with every heartbeat.
+        live.sort_unstable();
+        let me = self.store.instance().to_owned();
+        let left: Vec<String> = self
+            .live
+            .iter()
+            .flatten()
+            .filter(|i| **i != me && !live.contains(i))
+            .cloned()
+            .collect();
+        for i in left {
+            self.gone.insert(i, GONE_READS);
+        }
+        // One that came back is alive again (a pause): its results are its own.
+        self.gone.retain(|i, _| !live.contains(i));
+        let gone: Vec<String> = self.gone.keys().cloned().collect();
+        let Ok(found) = self.gone_origins(&gone) else {
+            return Vec::new();
+        };
+        for reads in self.gone.values_mut() {
+            *reads -= 1;
+        }
+        self.gone.retain(|_, reads| *reads > 0);
+        let mut shown = live.clone();
+        shown.truncate(MAX_LIVE_SHOWN);
+        self.health(|h| h.live = shown);
+        self.live = Some(live);
+        found
+    }
+
+    /// The messages of the owned partitions whose origin is one of `gone`.
+    fn gone_origins(&mut self, gone: &[String]) -> Result<Vec<Arrival>, StoreError> {
+        let mut out = Vec::new();
+        if gone.is_empty() {
+            return Ok(out);
+        }
+        let owned: Vec<u32> = self.inboxes.keys().copied().collect();
+        for p in owned {
+            let loaded = self.store.load_partition(p, super::now_ms())?;
+            for mut m in loaded.recovered.messages {
+                let seq = m.message.seq;
+                if !loaded.origins.get(&seq).is_some_and(|o| gone.contains(o)) {
+                    continue;
+                }
+                let tag = cluster_tag(p, seq);
+                m.message.seq = tag;
+                out.push(Arrival::OriginGone {
+                    partition: p,
+                    tag,
+                    message: Box::new(m),
+                });
+            }
+        }
+        if !out.is_empty() {
+            log::warn!(
+                "instance(s) {gone:?} left the registry: {} of their messages in partitions owned here are answered here",
+                out.len()
+            );
+        }
+        Ok(out)
     }
 
     /// Applies the reactor's changes of the owned inboxes; false once the handle is gone.

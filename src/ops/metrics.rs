@@ -36,6 +36,9 @@ pub(crate) fn render(s: &Status) -> String {
             if let Some(j) = &b.journal {
                 render_journal(&mut e, j);
             }
+            if let Some(c) = &b.cluster {
+                super::cluster_metrics::render_cluster(&mut e, c);
+            }
         }
         if let Some(h) = &f.http {
             render_http(&mut e, h);

@@ -9,6 +9,7 @@
 //! - `metrics`: the Prometheus text rendered from a [`crate::Status`].
 //! - `systemd`: `sd_notify(3)` and the watchdog's pace.
 
+mod cluster_metrics;
 mod endpoint;
 pub(crate) mod exposition;
 pub(crate) mod http;

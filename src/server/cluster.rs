@@ -11,12 +11,22 @@ use std::sync::Arc;
 
 use super::BridgeServer;
 use crate::journal::{Committed, Journal, JournalConfig, Reader, RedisStore, StoreError, now_ms};
+use crate::liveness::{BridgeStatus, ClusterStatus};
 
 /// A cluster member's parts: until `register`, then while serving.
 #[derive(Default)]
 pub(super) struct Member {
     pending: Option<Pending>,
     reader: Option<Reader>,
+    /// `--instance-id` and `--partitions`, for the status.
+    instance: String,
+    partitions: u32,
+    /// Partitions gained, lost and fenced since the start, as the journal reported them
+    /// (fenced: only those owned here then, and not lost in the same report, so that each
+    /// ownership ends once in `lost + fenced`).
+    gained: u64,
+    lost: u64,
+    fenced: u64,
 }
 
 struct Pending {
@@ -53,6 +63,8 @@ impl BridgeServer {
         // The bridge's clock starts at zero with the server.
         self.bridge.set_wall_clock(now_ms());
         self.bridge.set_partitions(journal.partitions());
+        self.cluster.instance = journal.instance().to_owned();
+        self.cluster.partitions = journal.partitions();
         self.cluster.pending = Some(Pending {
             journal,
             reader,
@@ -92,7 +104,23 @@ impl BridgeServer {
 
     /// Before the bridge sees a report: the reader reads the inboxes of the partitions
     /// gained, from their loads' positions, and no more those lost or fenced.
-    pub(super) fn forward(&self, c: &Committed) {
+    pub(super) fn forward(&mut self, c: &Committed) {
+        // A record of a partition not held is reported fenced at each write: not an
+        // ownership ending.
+        let owned = if c.cluster.fenced.is_empty() {
+            Vec::new()
+        } else {
+            self.bridge.owned_partitions()
+        };
+        let m = &mut self.cluster;
+        m.gained += c.cluster.gained.len() as u64;
+        m.lost += c.cluster.lost.len() as u64;
+        m.fenced += c
+            .cluster
+            .fenced
+            .iter()
+            .filter(|p| owned.contains(p) && !c.cluster.lost.contains(p))
+            .count() as u64;
         let Some(r) = &self.cluster.reader else {
             return;
         };
@@ -112,5 +140,33 @@ impl BridgeServer {
                 self.bridge.arrived(a, self.now);
             }
         }
+    }
+
+    /// The cluster's figures in the bridge's status (nothing without `--cluster`).
+    pub(super) fn cluster_status(&self, status: &mut BridgeStatus) {
+        let m = &self.cluster;
+        if m.instance.is_empty() {
+            return;
+        }
+        let owned = self.bridge.owned_partitions();
+        debug_assert!(owned.len() <= m.partitions as usize);
+        let (handed_over_partitions, handed_over_messages) = self.bridge.handed_over();
+        let mut s = ClusterStatus {
+            instance: m.instance.clone(),
+            partitions: m.partitions,
+            owned_partitions: owned.len(),
+            owned,
+            remote_waiting: self.bridge.remote_waiting(),
+            gained: m.gained,
+            lost: m.lost,
+            fenced: m.fenced,
+            handed_over_partitions,
+            handed_over_messages,
+            ..ClusterStatus::default()
+        };
+        if let Some(r) = &m.reader {
+            r.fill_status(&mut s);
+        }
+        status.cluster = Some(s);
     }
 }

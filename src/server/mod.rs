@@ -860,6 +860,8 @@ impl Frontend for BridgeServer {
     fn status(&self) -> Option<FrontendStatus> {
         let mut status = self.bridge.status();
         status.tls = self.tls.is_some();
+        #[cfg(feature = "cluster")]
+        self.cluster_status(&mut status);
         if let Some(j) = &mut status.journal {
             j.wakes = self.journal_wakes;
             if let Some(journal) = &self.journal {

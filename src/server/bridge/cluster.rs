@@ -35,8 +35,8 @@ use super::status::RecoveryCounts;
 use super::{Action, Bridge, ConnId};
 use crate::core::{EventKind, RejectReason};
 use crate::journal::{
-    Arrival, ClusterReport, LoadedPartition, Recovered, StoredOutcome, now_ms, partition_of,
-    tag_parts,
+    Arrival, ClusterReport, LoadedPartition, Recovered, RecoveredMessage, StoredOutcome, now_ms,
+    partition_of, tag_parts,
 };
 use crate::message::SessionKey;
 use crate::server::protocol::{ServerOp, encode};
@@ -66,6 +66,11 @@ pub(super) struct ClusterSide {
     /// Messages run here that another live instance accepted: their terminal events are
     /// recorded (the record publishes them to that instance) and not sent here.
     silent: HashSet<u64>,
+    /// Messages run here that another instance accepted and that instance was taken for dead
+    /// (the load found no live origin): their results go out here, marked `redelivery`
+    /// (the origin may be alive after all, paused, and send the same outcome from the
+    /// stream; see `mark_foreign`). Pruned to the messages in flight.
+    foreign: HashSet<u64>,
 }
 
 impl ClusterSide {
@@ -352,6 +357,11 @@ impl Bridge {
                     self.deliver_terminal(conn, &platform, frame);
                 }
             }
+            Arrival::OriginGone {
+                partition,
+                tag,
+                message,
+            } => self.origin_gone(partition, tag, *message, now),
             Arrival::Message {
                 partition,
                 tag,
@@ -377,6 +387,36 @@ impl Bridge {
         self.audit();
     }
 
+    /// A message of an owned partition whose origin left the registry: its result is this
+    /// instance's to send, marked `redelivery` (the origin may have sent it, or be paused and
+    /// send it still). Running or queued here, its result is no longer silenced; its outcome
+    /// recorded already, it goes out now, as a recovered one does.
+    fn origin_gone(&mut self, partition: u32, tag: u64, message: RecoveredMessage, now: Duration) {
+        let Some(d) = &mut self.durable else {
+            return;
+        };
+        if !d.cluster.owned.contains(&partition) {
+            return;
+        }
+        if self.routes.contains(tag) {
+            if d.cluster.silent.remove(&tag) {
+                d.cluster.foreign.insert(tag);
+            }
+            return;
+        }
+        if d.cluster.silent.contains(&tag) || d.is_unjournaled(tag) {
+            // Its terminal event is on its way here; it is sent once recorded.
+            if d.cluster.silent.remove(&tag) {
+                d.cluster.foreign.insert(tag);
+            }
+            return;
+        }
+        if message.outcome.is_some() {
+            let mut n = RecoveryCounts::default();
+            self.recover_message(message, &mut n, now);
+        }
+    }
+
     /// The owner's outcome of a message acked here goes to its connection (or outbox).
     fn remote_outcome(&mut self, tag: u64, outcome: StoredOutcome) {
         let Some(route) = self.routes.remove(tag) else {
@@ -387,6 +427,26 @@ impl Bridge {
             .of_message(tag, route.id.clone());
         self.deliver_terminal(route.conn, &route.platform, frame);
         self.maybe_finish(route.conn);
+    }
+
+    /// A terminal event about to go out here for a message another instance accepted, that
+    /// instance taken for dead: marked `redelivery`, since its origin may send it as well
+    /// (docs/cluster.md "Where the result goes": a result sent on an instance other than its
+    /// origin's may have been seen).
+    pub(super) fn mark_foreign(&mut self, mut frame: Frame) -> Frame {
+        let Some(d) = &mut self.durable else {
+            return frame;
+        };
+        if d.cluster.foreign.remove(&frame.seq) {
+            frame.mark_redelivery();
+        }
+        // Bounded by the messages in flight: one that left another way (handed over,
+        // refused) is dropped here.
+        if d.cluster.foreign.len() > self.routes.len() + 64 {
+            let routes = &self.routes;
+            d.cluster.foreign.retain(|&tag| routes.contains(tag));
+        }
+        frame
     }
 
     /// Whether the terminal event `frame`, its outcome now recorded, is another instance's
@@ -411,6 +471,13 @@ impl Bridge {
         let mut messages = Vec::with_capacity(loaded.recovered.messages.len());
         for rm in loaded.recovered.messages {
             let tag = rm.message.seq;
+            // Its result is held here for its outcome record, still on its way to the
+            // journal thread when the partition was lost and taken again: the record is
+            // written under the new lease and the result goes then; rebuilding it would
+            // answer it a second time (`interrupted`).
+            if self.durable.as_ref().is_some_and(|d| d.is_unjournaled(tag)) {
+                continue;
+            }
             let waited = self.durable.as_mut().is_some_and(|d| {
                 let before = d.cluster.remote.len();
                 d.cluster.remote.retain(|_, t| *t != tag);
@@ -441,6 +508,13 @@ impl Bridge {
                 if let Some(d) = &mut self.durable {
                     d.cluster.silent.insert(tag);
                 }
+            } else if tag_parts(tag).is_some()
+                && rm.outcome.is_none()
+                && let Some(d) = &mut self.durable
+            {
+                // Accepted by an instance taken for dead: its result goes out here, marked.
+                // (One with its outcome already is marked by the rebuild.)
+                d.cluster.foreign.insert(tag);
             }
             messages.push(rm);
         }

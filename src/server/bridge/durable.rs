@@ -128,6 +128,12 @@ impl Durable {
         self.forgetting.contains_key(&tag)
     }
 
+    /// Whether the terminal event of `seq` waits for its outcome record.
+    #[cfg(feature = "cluster")]
+    pub(super) fn is_unjournaled(&self, seq: u64) -> bool {
+        self.unjournaled.contains_key(&seq)
+    }
+
     /// Whether the message of `tag` still waits for the journal.
     pub(super) fn is_waiting(&self, tag: u64) -> bool {
         self.waiting.contains_key(&tag)
@@ -280,6 +286,8 @@ impl Bridge {
             if self.silenced(&frame) {
                 continue;
             }
+            #[cfg(feature = "cluster")]
+            let frame = self.mark_foreign(frame);
             if let Some(platform) = frame.terminal_for.clone() {
                 self.deliver_terminal(conn, &platform, frame);
             }

@@ -44,6 +44,8 @@ impl Bridge {
             awaiting_delivery: self.conns.awaiting_delivery(),
             // The shell knows (`BridgeServer::status`).
             tls: false,
+            // The shell's too (`BridgeServer::status`, with the reader's figures).
+            cluster: None,
         }
     }
 }

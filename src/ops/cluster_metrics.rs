@@ -1,0 +1,121 @@
+//! The cluster member's metrics (`--cluster`, docs/cluster.md): ownership, what waits on
+//! other instances, hand-overs and the stream reader, from the status's
+//! [`ClusterStatus`]. Kept apart from `metrics` so that the cluster's families stay in one
+//! place.
+
+use super::exposition::Exposition;
+use crate::liveness::ClusterStatus;
+
+/// The cluster's families. The instance id is a label of the info metric only (one value
+/// per process); the owned partitions' list stays in the JSON (a label per partition would
+/// multiply the series by `--partitions`).
+pub(super) fn render_cluster(e: &mut Exposition, c: &ClusterStatus) {
+    e.info(
+        "turnstile_cluster_info",
+        "This cluster member's instance id (`--instance-id`).",
+        &[("instance", &c.instance)],
+    );
+    e.gauge(
+        "turnstile_cluster_live_instances",
+        "Live instances in the registry, this one included, as last read.",
+        c.live_instances.len() as f64,
+    );
+    e.gauge(
+        "turnstile_cluster_partitions",
+        "The partition count (`--partitions`).",
+        f64::from(c.partitions),
+    );
+    e.gauge(
+        "turnstile_cluster_partitions_owned",
+        "Partitions this instance owns now.",
+        c.owned_partitions as f64,
+    );
+    e.gauge(
+        "turnstile_cluster_remote_waiting",
+        "Messages acked here whose outcome another instance owes.",
+        c.remote_waiting as f64,
+    );
+    e.counters(
+        "turnstile_cluster_partition_changes_total",
+        "Partitions gained (acquired and loaded), lost (lease not renewed in time) and fenced while owned (another instance held the lease at a write).",
+        &[
+            (&[("change", "gained")][..], c.gained as f64),
+            (&[("change", "lost")][..], c.lost as f64),
+            (&[("change", "fenced")][..], c.fenced as f64),
+        ],
+    );
+    e.counter(
+        "turnstile_cluster_handed_over_partitions_total",
+        "Partitions handed over in place (lost or fenced).",
+        c.handed_over_partitions as f64,
+    );
+    e.counter(
+        "turnstile_cluster_handed_over_messages_total",
+        "Messages those hand-overs took from this instance.",
+        c.handed_over_messages as f64,
+    );
+    e.counter(
+        "turnstile_cluster_reader_failures_total",
+        "Failed reads of the cluster's streams (each retried).",
+        c.reader_failures as f64,
+    );
+    e.counter(
+        "turnstile_cluster_reader_reconnects_total",
+        "Times the stream reader read again after failing.",
+        c.reader_reconnects as f64,
+    );
+    e.gauge(
+        "turnstile_cluster_reader_failing",
+        "1 while the stream reader's last read failed.",
+        f64::from(u8::from(c.reader_failing)),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every figure reaches its sample: distinct values in, each found out.
+    #[test]
+    fn every_cluster_figure_is_rendered() {
+        let c = ClusterStatus {
+            instance: "a\"1".into(),
+            live_instances: vec!["a\"1".into(), "b".into(), "c".into()],
+            partitions: 64,
+            owned_partitions: 5,
+            owned: vec![1, 2, 3, 4, 5],
+            remote_waiting: 6,
+            gained: 7,
+            lost: 8,
+            fenced: 9,
+            handed_over_partitions: 10,
+            handed_over_messages: 11,
+            reader_failures: 12,
+            reader_reconnects: 13,
+            reader_failing: true,
+        };
+        let mut e = Exposition::new();
+        render_cluster(&mut e, &c);
+        let text = e.finish();
+        for line in [
+            "turnstile_cluster_info{instance=\"a\\\"1\"} 1",
+            "turnstile_cluster_live_instances 3",
+            "turnstile_cluster_partitions 64",
+            "turnstile_cluster_partitions_owned 5",
+            "turnstile_cluster_remote_waiting 6",
+            "turnstile_cluster_partition_changes_total{change=\"gained\"} 7",
+            "turnstile_cluster_partition_changes_total{change=\"lost\"} 8",
+            "turnstile_cluster_partition_changes_total{change=\"fenced\"} 9",
+            "turnstile_cluster_handed_over_partitions_total 10",
+            "turnstile_cluster_handed_over_messages_total 11",
+            "turnstile_cluster_reader_failures_total 12",
+            "turnstile_cluster_reader_reconnects_total 13",
+            "turnstile_cluster_reader_failing 1",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+    }
+}
