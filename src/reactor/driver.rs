@@ -2,7 +2,7 @@
 //! `apply` only routes; each effect has a step of its own, and what is logged and counted
 //! about it is the [`Observer`]'s.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crossbeam_channel::TrySendError;
@@ -13,7 +13,7 @@ use super::route::Route;
 use super::workers::{BoxAgent, CleanupPool, TurnPool, WorkerReport};
 use crate::agent::CancelToken;
 use crate::core::{
-    AbandonReason, CleanupContext, CleanupId, CleanupJob, Core, Effect, MessageEvent,
+    AbandonReason, CleanupContext, CleanupId, CleanupJob, Core, Effect, IdMap, MessageEvent,
     ShutdownReport, TurnId, TurnJob,
 };
 use crate::histogram::PromHistogram;
@@ -38,9 +38,9 @@ pub(super) struct Driver {
     #[cfg(feature = "async")]
     tasks: Option<super::async_agent::AsyncRunner>,
     /// Turns handed out: the token that cancels each, the ticket that gives up on it.
-    turns: HashMap<TurnId, (CancelToken, Ticket)>,
+    turns: IdMap<TurnId, (CancelToken, Ticket)>,
     /// Cleanups handed out: the ticket that gives up on each.
-    cleanups: HashMap<CleanupId, Ticket>,
+    cleanups: IdMap<CleanupId, Ticket>,
     /// Set by the core's last effect.
     report: Option<ShutdownReport>,
     /// The reactor's clock at the effects being applied.
@@ -61,8 +61,8 @@ impl Driver {
             cleanup_pool,
             #[cfg(feature = "async")]
             tasks,
-            turns: HashMap::new(),
-            cleanups: HashMap::new(),
+            turns: IdMap::default(),
+            cleanups: IdMap::default(),
             report: None,
             now: Duration::ZERO,
             observe: Observer::new(),

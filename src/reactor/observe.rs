@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::core::{
-    AbandonReason, CleanupContext, CleanupId, EventKind, FailReason, MessageEvent, Outcome, TurnId,
+    AbandonReason, CleanupContext, CleanupId, EventKind, FailReason, IdMap, MessageEvent, Outcome,
+    TurnId,
 };
 use crate::histogram::{PromHistogram, TURN_BUCKETS};
 use crate::logfmt::{Field, cut};
@@ -63,7 +64,7 @@ fn suppressed_note(suppressed: u64) -> String {
 /// The driver's log lines and counters.
 pub(super) struct Observer {
     /// Running turns: when each started and the message it answers.
-    started: HashMap<TurnId, (Duration, Arc<str>)>,
+    started: IdMap<TurnId, (Duration, Arc<str>)>,
     /// The turn that just ended (its `Finished` follows): message, turn, duration.
     just_ended: Option<(Arc<str>, TurnId, Duration)>,
     /// Turn durations, claim to end.
@@ -80,7 +81,7 @@ pub(super) struct Observer {
 impl Observer {
     pub(super) fn new() -> Observer {
         Observer {
-            started: HashMap::new(),
+            started: IdMap::default(),
             just_ended: None,
             turn_durations: PromHistogram::new(TURN_BUCKETS),
             rejected_by_reason: BTreeMap::new(),
