@@ -9,7 +9,7 @@ use crossbeam_channel::TrySendError;
 
 use super::frontend::Frontend;
 use super::observe::Observer;
-use super::route::Route;
+use super::route::{EventSink, Route};
 use super::workers::{BoxAgent, CleanupPool, TurnPool, WorkerReport};
 use crate::agent::CancelToken;
 use crate::core::{
@@ -34,6 +34,8 @@ pub(super) struct Driver {
     core: Core<Route, BoxAgent>,
     turn_pool: TurnPool,
     cleanup_pool: CleanupPool,
+    /// The runtime's own event channel, where `Route::Default` delivers.
+    events: EventSink,
     /// Where turns and closes of async agents run, when the runtime's agents are async.
     #[cfg(feature = "async")]
     tasks: Option<super::async_agent::AsyncRunner>,
@@ -53,12 +55,14 @@ impl Driver {
         core: Core<Route, BoxAgent>,
         turn_pool: TurnPool,
         cleanup_pool: CleanupPool,
+        events: EventSink,
         #[cfg(feature = "async")] tasks: Option<super::async_agent::AsyncRunner>,
     ) -> Driver {
         Driver {
             core,
             turn_pool,
             cleanup_pool,
+            events,
             #[cfg(feature = "async")]
             tasks,
             turns: IdMap::default(),
@@ -181,17 +185,23 @@ impl Driver {
         self.observe.event(&event, self.now);
         match route {
             Route::Local(tag) => frontend.deliver(tag, event),
-            Route::Sink(sink) => match sink.try_send(event) {
-                Ok(()) => {}
-                Err(TrySendError::Full(ev)) => self.observe.sink_full(&ev),
-                Err(TrySendError::Disconnected(ev)) => self.observe.sink_closed(&ev),
-            },
+            Route::Default => Self::send(&self.events, event, &mut self.observe),
+            Route::Sink(sink) => Self::send(&sink, event, &mut self.observe),
             #[cfg(feature = "async")]
             Route::Stream(stream) => {
                 if let Err(ev) = stream.deliver(event) {
                     self.observe.stream_dropped(&ev);
                 }
             }
+        }
+    }
+
+    /// Sends an event to a channel; a full or closed one loses it (counted, logged).
+    fn send(sink: &EventSink, event: MessageEvent, observe: &mut Observer) {
+        match sink.try_send(event) {
+            Ok(()) => {}
+            Err(TrySendError::Full(ev)) => observe.sink_full(&ev),
+            Err(TrySendError::Disconnected(ev)) => observe.sink_closed(&ev),
         }
     }
 

@@ -44,6 +44,9 @@ pub struct Runtime {
     pub(super) turn_pool: TurnPool,
     pub(super) cleanup_pool: CleanupPool,
     pub(super) completions: Receiver<WorkerReport>,
+    /// The sending half of the runtime's [`Events`](super::Events): where `Route::Default`
+    /// delivers. Held by the reactor alone, so the stream ends when the loop does.
+    pub(super) events: super::route::EventSink,
     /// Kept for the heartbeat: the factory's agent usage joins the status.
     pub(super) factory: Arc<dyn AgentFactory>,
     pub(super) tick_interval: Duration,
@@ -187,6 +190,7 @@ impl<F: Frontend> Reactor<F> {
             turn_pool,
             cleanup_pool,
             completions,
+            events,
             factory,
             tick_interval,
             status_file,
@@ -216,6 +220,7 @@ impl<F: Frontend> Reactor<F> {
                 Core::new(core, Duration::ZERO),
                 turn_pool,
                 cleanup_pool,
+                events,
                 #[cfg(feature = "async")]
                 tasks,
             ),
