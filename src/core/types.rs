@@ -23,7 +23,9 @@ pub struct CleanupId(pub u64);
 /// multiplier spreads sequential ids over the top bits (hashbrown's tags) and keeps the low
 /// bits (its bucket index) a permutation of the ids'.
 #[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct IdHasher(u64);
+// Exposed to its micro-benchmark by the `bench` feature.
+#[cfg_attr(not(feature = "bench"), allow(unreachable_pub))]
+pub struct IdHasher(u64);
 
 const ID_MULTIPLIER: u64 = 0x9E37_79B9_7F4A_7C15;
 
