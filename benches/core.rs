@@ -1,12 +1,13 @@
 //! Criterion micro-benchmarks of the sans-IO core: one message's full path, session lookup
-//! at 10^6 sessions, timer insert and fire.
+//! at 10^6 sessions, timer insert and fire, the turn-id maps' hashers.
 
+use std::collections::HashMap;
 use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use turnstile::internal::core::TimerQueue;
-use turnstile::internal::core::{Core, CoreConfig, Effect, Input, TurnResult};
+use turnstile::internal::core::{Core, CoreConfig, Effect, Input, TurnId, TurnResult};
+use turnstile::internal::core::{IdHasher, TimerQueue};
 use turnstile::{Message, SessionKey};
 
 type BenchCore = Core<(), u32>;
@@ -101,9 +102,38 @@ fn bench_timers(c: &mut Criterion) {
     });
 }
 
+/// The maps keyed by turn ids (claimed turns, tickets, start times) see one insert and one
+/// remove per turn, with about `turn_workers` entries: SipHash against the core's one
+/// multiply (issue 21 §5).
+fn bench_id_maps(c: &mut Criterion) {
+    fn run<S: std::hash::BuildHasher + Default>(c: &mut Criterion, name: &str) {
+        let mut map: HashMap<TurnId, u64, S> = HashMap::default();
+        for i in 0..64 {
+            map.insert(TurnId(i), i);
+        }
+        let mut next = 64u64;
+        c.bench_function(name, |b| {
+            b.iter(|| {
+                map.insert(TurnId(next), next);
+                let gone = map.remove(&TurnId(next - 64));
+                next += 1;
+                black_box(gone)
+            })
+        });
+    }
+    run::<std::collections::hash_map::RandomState>(
+        c,
+        "id map: insert + remove at 64 in flight, SipHash",
+    );
+    run::<std::hash::BuildHasherDefault<IdHasher>>(
+        c,
+        "id map: insert + remove at 64 in flight, IdHasher",
+    );
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
-    targets = bench_full_path, bench_lookup, bench_timers
+    targets = bench_full_path, bench_lookup, bench_timers, bench_id_maps
 }
 criterion_main!(benches);

@@ -133,6 +133,8 @@ pub mod internal {
     /// The sans-IO core.
     pub mod core {
         #[cfg(feature = "bench")]
+        pub use crate::core::IdHasher;
+        #[cfg(feature = "bench")]
         pub use crate::core::timers::TimerQueue;
         pub use crate::core::{
             AcceptState, AgentPhase, BusyMode, CancelReason, CleanupContext, CleanupId, Core,

@@ -331,6 +331,58 @@ mod tests {
     }
 
     #[test]
+    fn a_job_sent_as_the_thread_falls_asleep_is_not_slept_through() {
+        // One thread, an hour's keepalive: each job is sent just as the thread goes back to
+        // sleep after the previous one. A lost wake-up leaves a job queued with its thread
+        // asleep, and the receive below fails after 20 s instead of returning at once.
+        let (done_tx, done_rx) = unbounded::<u32>();
+        let pool = Pool::new("test-pool", size(1, 1, 0), move |n: u32| {
+            let _ = done_tx.send(n);
+        })
+        .unwrap();
+        for n in 0..5_000 {
+            pool.submit(n);
+            assert_eq!(done_rx.recv_timeout(Duration::from_secs(20)), Ok(n));
+        }
+    }
+
+    #[test]
+    fn dropping_the_pool_ends_its_sleeping_threads_after_the_queued_jobs() {
+        let (done_tx, done_rx) = unbounded::<u32>();
+        let (release_tx, release_rx) = bounded::<()>(0);
+        let pool = Pool::new("test-pool", size(2, 2, 0), move |n: u32| {
+            if n == 0 {
+                let _ = release_rx.recv();
+            }
+            let _ = done_tx.send(n);
+        })
+        .unwrap();
+        let shared = Arc::clone(&pool.shared);
+        pool.submit(0);
+        pool.submit(1);
+        assert_eq!(done_rx.recv_timeout(Duration::from_secs(20)), Ok(1));
+        // Job 0 still blocks one thread; the other sleeps (an hour's keepalive). Job 2 is
+        // queued when the pool goes, and still runs.
+        pool.submit(2);
+        drop(pool);
+        release_tx.send(()).unwrap();
+        let mut done: Vec<u32> = (0..2)
+            .map(|_| done_rx.recv_timeout(Duration::from_secs(20)).unwrap())
+            .collect();
+        done.sort_unstable();
+        assert_eq!(done, [0, 2]);
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while shared.live.load(SeqCst) > 0 && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        assert_eq!(
+            shared.live.load(SeqCst),
+            0,
+            "a sleeping thread outlived its pool"
+        );
+    }
+
+    #[test]
     fn threads_beyond_the_minimum_retire_when_idle() {
         let (done_tx, done_rx) = unbounded::<()>();
         let barrier = Arc::new(std::sync::Barrier::new(4));

@@ -13,7 +13,7 @@ use std::thread;
 use std::time::Duration;
 
 use common::capture_logs;
-use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded, unbounded};
 use turnstile::{
     Agent, Builder, CancelReason, CancelToken, EchoAgent, EventKind, Events, FailReason, Handle,
     Message, Outcome, RejectReason, SessionKey, SubmitError, TurnError, TurnInput,
@@ -92,6 +92,27 @@ fn close_script_factory(panic: bool) -> (impl turnstile::AgentFactory, Receiver<
 
 /// Seed 1 (#53175): a `close()` that blocks does not freeze the loop; the heartbeat keeps
 /// ticking while it blocks, and the status file keeps being refreshed.
+/// The default stream's sender is the reactor's (`Handle::submit` sends `Route::Default`,
+/// not a clone of a sender each handle holds): the stream ends with the loop, after every
+/// event of the run, though a handle is still alive.
+#[test]
+fn the_default_event_stream_ends_with_the_loop_while_a_handle_lives() {
+    let (runtime, handle, events) = Builder::new(EchoAgent::factory(Duration::ZERO))
+        .build()
+        .expect("runtime");
+    let reactor = runtime.spawn().expect("reactor");
+    send(&handle, "m1", &key("t", "a"), "hi");
+    assert!(matches!(outcome_of(&events, "m1"), Outcome::Reply(r) if r.text == "hi"));
+    handle.shutdown();
+    reactor.join().expect("reactor run");
+    assert_eq!(
+        events.recv_timeout(WAIT),
+        Err(RecvTimeoutError::Disconnected),
+        "the stream outlived its loop"
+    );
+    drop(handle);
+}
+
 #[test]
 fn blocking_close_leaves_the_heartbeat_ticking() {
     let (factory, close_started, release) = close_script_factory(false);

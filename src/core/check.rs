@@ -45,7 +45,7 @@ impl<R: Clone, A> Core<R, A> {
             }
         }
         assert_eq!(self.index.len(), self.slots.len());
-        let running: HashSet<TurnId> = self
+        let running: IdSet<TurnId> = self
             .slots
             .iter()
             .filter_map(|(_, s)| s.turn.as_ref().map(|t| t.turn))

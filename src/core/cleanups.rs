@@ -11,9 +11,9 @@
 //! A queued job never times out: its deadline starts when `close()` starts, so a burst of
 //! evictions waits its turn instead of being counted as leaked.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
-use super::types::{CleanupContext, CleanupId, CleanupJob, TurnId};
+use super::types::{CleanupContext, CleanupId, CleanupJob, IdMap, TurnId};
 use crate::message::SessionKey;
 
 /// Which deadline a timer enforces, so a timer armed for an earlier stage is ignored.
@@ -46,9 +46,9 @@ pub(super) struct Pending<A> {
 /// Pending cleanup jobs, the backlog not yet issued, and the count of jobs in the pool.
 #[derive(Debug)]
 pub(super) struct Cleanups<A> {
-    pending: HashMap<CleanupId, Pending<A>>,
+    pending: IdMap<CleanupId, Pending<A>>,
     backlog: VecDeque<CleanupId>,
-    awaiting: HashMap<TurnId, CleanupId>,
+    awaiting: IdMap<TurnId, CleanupId>,
     /// Jobs handed to the pool (issued or running).
     in_pool: usize,
     /// Jobs whose `close()` is running.
@@ -59,9 +59,9 @@ pub(super) struct Cleanups<A> {
 impl<A> Default for Cleanups<A> {
     fn default() -> Self {
         Cleanups {
-            pending: HashMap::new(),
+            pending: IdMap::default(),
             backlog: VecDeque::new(),
-            awaiting: HashMap::new(),
+            awaiting: IdMap::default(),
             in_pool: 0,
             running: 0,
             next: 0,

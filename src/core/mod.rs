@@ -36,7 +36,7 @@ pub(crate) mod timers;
 mod turns;
 mod types;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -178,11 +178,11 @@ pub struct Core<R, A> {
     agent_seq: Vec<u64>,
     /// Turns claimed now, on a worker (at most `turn_workers`) or held (at most
     /// `max_held_turns`); timer liveness is checked here without touching slots.
-    claimed_turns: HashSet<TurnId>,
+    claimed_turns: IdSet<TurnId>,
     timers: TimerQueue<Timer>,
     cleanups: Cleanups<A>,
     /// Claimed turns of held messages not yet on a worker, with whether each was released.
-    held: HashMap<TurnId, Held<A>>,
+    held: IdMap<TurnId, Held<A>>,
     /// The released ones among them, waiting for a free worker, in release order.
     released: VecDeque<TurnId>,
     /// Held turns that ended before their release, to be reported as returned (as a worker
@@ -210,10 +210,10 @@ impl<R: Clone, A> Core<R, A> {
             ready: VecDeque::new(),
             cache: RecencyQueue::default(),
             agent_seq: Vec::new(),
-            claimed_turns: HashSet::new(),
+            claimed_turns: IdSet::default(),
             timers,
             cleanups: Cleanups::default(),
-            held: HashMap::new(),
+            held: IdMap::default(),
             released: VecDeque::new(),
             returned: VecDeque::new(),
             next_turn: 0,

@@ -16,6 +16,43 @@ pub struct TurnId(pub u64);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CleanupId(pub u64);
 
+/// Hashes the core's own ids ([`TurnId`], [`CleanupId`]) with one multiply instead of
+/// SipHash: the maps keyed by them are touched several times per turn (the core's claimed
+/// turns, the driver's tickets, the observer's start times), and the ids are counters the
+/// core hands out, never outside input, so nobody can aim collisions at them. The odd
+/// multiplier spreads sequential ids over the top bits (hashbrown's tags) and keeps the low
+/// bits (its bucket index) a permutation of the ids'.
+#[derive(Clone, Copy, Debug, Default)]
+// Exposed to its micro-benchmark by the `bench` feature.
+#[cfg_attr(not(feature = "bench"), allow(unreachable_pub))]
+pub struct IdHasher(u64);
+
+const ID_MULTIPLIER: u64 = 0x9E37_79B9_7F4A_7C15;
+
+impl std::hash::Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is reached by the ids' derived `Hash`; this keeps any other key
+        // correct (if slower).
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(ID_MULTIPLIER);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(ID_MULTIPLIER);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A map keyed by the core's ids, hashed by [`IdHasher`].
+pub(crate) type IdMap<K, V> =
+    std::collections::HashMap<K, V, std::hash::BuildHasherDefault<IdHasher>>;
+/// A set of the core's ids, hashed by [`IdHasher`].
+pub(crate) type IdSet<K> = std::collections::HashSet<K, std::hash::BuildHasherDefault<IdHasher>>;
+
 /// How a session treats a message that arrives while its turn runs. Named in lowercase on
 /// the command line and in the config file (`queue`, `interrupt`, `merge`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize)]

@@ -516,7 +516,7 @@ impl Handle {
     /// # }
     /// ```
     pub fn submit_async(&self, message: Message) -> Submit<'_> {
-        self.submit_to_async(message, self.default_sink.clone())
+        self.submit_route_async(message, Route::Default)
     }
 
     /// Submits a message whose events go to `sink`, waiting for room in the ingress channel.

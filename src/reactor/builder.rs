@@ -459,7 +459,6 @@ impl Builder {
             notifier: Arc::clone(&notifier),
             shutdown: Arc::clone(&shutdown),
             status: Arc::clone(&status),
-            default_sink: events_tx,
             partial_ns,
             #[cfg(feature = "async")]
             room: Arc::clone(&room),
@@ -476,6 +475,7 @@ impl Builder {
             turn_pool,
             cleanup_pool,
             completions,
+            events: events_tx,
             factory: self.factory,
             tick_interval: self.tick_interval,
             status_file: self.status_file,

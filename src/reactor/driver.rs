@@ -2,18 +2,18 @@
 //! `apply` only routes; each effect has a step of its own, and what is logged and counted
 //! about it is the [`Observer`]'s.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crossbeam_channel::TrySendError;
 
 use super::frontend::Frontend;
 use super::observe::Observer;
-use super::route::Route;
+use super::route::{EventSink, Route};
 use super::workers::{BoxAgent, CleanupPool, TurnPool, WorkerReport};
 use crate::agent::CancelToken;
 use crate::core::{
-    AbandonReason, CleanupContext, CleanupId, CleanupJob, Core, Effect, MessageEvent,
+    AbandonReason, CleanupContext, CleanupId, CleanupJob, Core, Effect, IdMap, MessageEvent,
     ShutdownReport, TurnId, TurnJob,
 };
 use crate::histogram::PromHistogram;
@@ -34,13 +34,15 @@ pub(super) struct Driver {
     core: Core<Route, BoxAgent>,
     turn_pool: TurnPool,
     cleanup_pool: CleanupPool,
+    /// The runtime's own event channel, where `Route::Default` delivers.
+    events: EventSink,
     /// Where turns and closes of async agents run, when the runtime's agents are async.
     #[cfg(feature = "async")]
     tasks: Option<super::async_agent::AsyncRunner>,
     /// Turns handed out: the token that cancels each, the ticket that gives up on it.
-    turns: HashMap<TurnId, (CancelToken, Ticket)>,
+    turns: IdMap<TurnId, (CancelToken, Ticket)>,
     /// Cleanups handed out: the ticket that gives up on each.
-    cleanups: HashMap<CleanupId, Ticket>,
+    cleanups: IdMap<CleanupId, Ticket>,
     /// Set by the core's last effect.
     report: Option<ShutdownReport>,
     /// The reactor's clock at the effects being applied.
@@ -53,16 +55,18 @@ impl Driver {
         core: Core<Route, BoxAgent>,
         turn_pool: TurnPool,
         cleanup_pool: CleanupPool,
+        events: EventSink,
         #[cfg(feature = "async")] tasks: Option<super::async_agent::AsyncRunner>,
     ) -> Driver {
         Driver {
             core,
             turn_pool,
             cleanup_pool,
+            events,
             #[cfg(feature = "async")]
             tasks,
-            turns: HashMap::new(),
-            cleanups: HashMap::new(),
+            turns: IdMap::default(),
+            cleanups: IdMap::default(),
             report: None,
             now: Duration::ZERO,
             observe: Observer::new(),
@@ -181,17 +185,23 @@ impl Driver {
         self.observe.event(&event, self.now);
         match route {
             Route::Local(tag) => frontend.deliver(tag, event),
-            Route::Sink(sink) => match sink.try_send(event) {
-                Ok(()) => {}
-                Err(TrySendError::Full(ev)) => self.observe.sink_full(&ev),
-                Err(TrySendError::Disconnected(ev)) => self.observe.sink_closed(&ev),
-            },
+            Route::Default => Self::send(&self.events, event, &mut self.observe),
+            Route::Sink(sink) => Self::send(&sink, event, &mut self.observe),
             #[cfg(feature = "async")]
             Route::Stream(stream) => {
                 if let Err(ev) = stream.deliver(event) {
                     self.observe.stream_dropped(&ev);
                 }
             }
+        }
+    }
+
+    /// Sends an event to a channel; a full or closed one loses it (counted, logged).
+    fn send(sink: &EventSink, event: MessageEvent, observe: &mut Observer) {
+        match sink.try_send(event) {
+            Ok(()) => {}
+            Err(TrySendError::Full(ev)) => observe.sink_full(&ev),
+            Err(TrySendError::Disconnected(ev)) => observe.sink_closed(&ev),
         }
     }
 

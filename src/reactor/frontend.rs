@@ -146,6 +146,14 @@ pub trait Frontend {
     fn status(&self) -> Option<FrontendStatus> {
         None
     }
+
+    /// Whether the frontend registered sources (sockets, signals, timers of its own). A
+    /// busy loop polls for their readiness with a zero timeout on every pass, so that a
+    /// ready socket waits one pass; a frontend with none ([`NoFrontend`]) returns `false`
+    /// and spares the loop that syscall. Defaults to `true`.
+    fn has_sources(&self) -> bool {
+        true
+    }
 }
 
 /// The frontend of a runtime used only through [`super::Handle`]s.
@@ -162,4 +170,7 @@ impl Frontend for NoFrontend {
     fn deliver(&mut self, _: u64, _: MessageEvent) {}
     fn flush(&mut self) {}
     fn finish(&mut self, _: &mut Poll) {}
+    fn has_sources(&self) -> bool {
+        false
+    }
 }

@@ -100,8 +100,6 @@ pub struct Handle {
     pub(super) shutdown: Arc<AtomicBool>,
     /// Where the heartbeat publishes each snapshot.
     pub(super) status: Arc<StatusCell>,
-    /// Where [`Handle::submit`]'s events go: the runtime's [`Events`](super::Events).
-    pub(super) default_sink: EventSink,
     /// The turn workers' partial interval in nanoseconds.
     pub(super) partial_ns: Arc<AtomicU64>,
     /// Submits waiting for ingress room (the `async` feature).
@@ -127,12 +125,16 @@ impl Handle {
 
     /// Submits a message; its events go to the runtime's [`Events`](super::Events) stream.
     pub fn submit(&self, message: Message) -> Result<(), SubmitError> {
-        self.submit_to(message, self.default_sink.clone())
+        self.submit_route(message, Route::Default)
     }
 
     /// Submits a message whose events go to `sink`. Never blocks.
     pub fn submit_to(&self, message: Message, sink: EventSink) -> Result<(), SubmitError> {
-        match self.ingress.try_send((message, Route::Sink(sink))) {
+        self.submit_route(message, Route::Sink(sink))
+    }
+
+    fn submit_route(&self, message: Message, route: Route) -> Result<(), SubmitError> {
+        match self.ingress.try_send((message, route)) {
             Ok(()) => {
                 self.notifier.notify();
                 Ok(())

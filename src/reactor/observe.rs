@@ -3,11 +3,13 @@
 //! cleanups, and the counters the heartbeat publishes.
 
 use std::collections::{BTreeMap, HashMap};
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::core::{
-    AbandonReason, CleanupContext, CleanupId, EventKind, FailReason, MessageEvent, Outcome, TurnId,
+    AbandonReason, CleanupContext, CleanupId, EventKind, FailReason, IdMap, MessageEvent, Outcome,
+    TurnId,
 };
 use crate::histogram::{PromHistogram, TURN_BUCKETS};
 use crate::logfmt::{Field, cut};
@@ -63,7 +65,7 @@ fn suppressed_note(suppressed: u64) -> String {
 /// The driver's log lines and counters.
 pub(super) struct Observer {
     /// Running turns: when each started and the message it answers.
-    started: HashMap<TurnId, (Duration, Arc<str>)>,
+    started: IdMap<TurnId, (Duration, Arc<str>)>,
     /// The turn that just ended (its `Finished` follows): message, turn, duration.
     just_ended: Option<(Arc<str>, TurnId, Duration)>,
     /// Turn durations, claim to end.
@@ -80,7 +82,7 @@ pub(super) struct Observer {
 impl Observer {
     pub(super) fn new() -> Observer {
         Observer {
-            started: HashMap::new(),
+            started: IdMap::default(),
             just_ended: None,
             turn_durations: PromHistogram::new(TURN_BUCKETS),
             rejected_by_reason: BTreeMap::new(),
@@ -157,11 +159,13 @@ impl Observer {
             .just_ended
             .take()
             .filter(|(message, _, _)| *message == ev.id);
+        // Formatted only if a line is written: no allocation per message for a log level
+        // that is off (issue 21 §5).
         let (turn, ms) = match &ended {
-            Some((_, turn, took)) => (turn.0.to_string(), took.as_millis().to_string()),
-            None => ("-".to_owned(), "-".to_owned()),
+            Some((_, turn, took)) => (Dash(Some(turn.0)), Dash(Some(took.as_millis()))),
+            None => (Dash(None), Dash(None)),
         };
-        let name = outcome_name(outcome);
+        let name = OutcomeName(outcome);
         log::debug!("finished session={session} id={id} turn={turn} outcome={name} ms={ms}");
         // A timed-out turn was WARNed as abandoned (the `TurnAbandoned` effect).
         if let Outcome::Failed(FailReason::Agent(error) | FailReason::Panic(error)) = outcome
@@ -275,16 +279,37 @@ impl Observer {
     }
 }
 
-/// The outcome's name in log lines: `reply`, `cancelled:<reason>`, `failed:<kind>`, `merged`.
-fn outcome_name(outcome: &Outcome) -> String {
-    match outcome {
-        Outcome::Reply(_) => "reply".to_owned(),
-        Outcome::Cancelled(r) => format!("cancelled:{}", r.as_str()),
-        Outcome::Failed(FailReason::Agent(_)) => "failed:agent".to_owned(),
-        Outcome::Failed(FailReason::Panic(_)) => "failed:panic".to_owned(),
-        Outcome::Failed(FailReason::Timeout) => "failed:timeout".to_owned(),
-        Outcome::Merged { .. } => "merged".to_owned(),
+/// A figure in a log line, or `-` when there is none.
+struct Dash<T>(Option<T>);
+
+impl<T: fmt::Display> fmt::Display for Dash<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Some(v) => v.fmt(f),
+            None => f.write_str("-"),
+        }
     }
+}
+
+/// The outcome's name in log lines: `reply`, `cancelled:<reason>`, `failed:<kind>`, `merged`.
+struct OutcomeName<'a>(&'a Outcome);
+
+impl fmt::Display for OutcomeName<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Outcome::Reply(_) => f.write_str("reply"),
+            Outcome::Cancelled(r) => write!(f, "cancelled:{}", r.as_str()),
+            Outcome::Failed(FailReason::Agent(_)) => f.write_str("failed:agent"),
+            Outcome::Failed(FailReason::Panic(_)) => f.write_str("failed:panic"),
+            Outcome::Failed(FailReason::Timeout) => f.write_str("failed:timeout"),
+            Outcome::Merged { .. } => f.write_str("merged"),
+        }
+    }
+}
+
+#[cfg(test)]
+fn outcome_name(outcome: &Outcome) -> String {
+    OutcomeName(outcome).to_string()
 }
 
 #[cfg(test)]

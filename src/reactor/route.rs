@@ -13,13 +13,21 @@ use crate::message::Message;
 pub type EventSink = Sender<MessageEvent>;
 
 /// The runtime's default event stream (events of messages sent with
-/// [`Handle::submit`](super::Handle::submit)).
+/// [`Handle::submit`](super::Handle::submit)). Its sender is the reactor's: the stream ends
+/// (`recv` returns an error once drained) when the runtime's loop has ended or the
+/// [`Runtime`](super::Runtime) was dropped without running.
 pub type Events = Receiver<MessageEvent>;
 
 /// Where the reactor delivers a message's events.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub(super) enum Route {
+    /// The runtime's own [`Events`] channel ([`Handle::submit`](super::Handle::submit)),
+    /// whose sender the reactor holds: the core copies a route into every event it emits,
+    /// and copying this one touches no reference count shared with other threads (a
+    /// `Sink`'s clone and drop are atomic operations on the channel's counter, which the
+    /// submitting thread writes too).
+    Default,
     /// A channel to another thread.
     Sink(EventSink),
     /// The frontend running on the reactor, with its own tag.

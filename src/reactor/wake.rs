@@ -26,7 +26,12 @@ impl Notifier {
     /// Called after sending to one of the reactor's channels.
     pub(super) fn notify(&self) {
         fence(Ordering::SeqCst);
-        if self.sleeping.swap(false, Ordering::SeqCst)
+        // A load first: while the loop is awake (a busy loop, the common case under load)
+        // the flag's cache line stays shared instead of bouncing to every sender for a
+        // read-modify-write. The fence orders it after the send as the swap would; only a
+        // sender that saw the flag on races for the one wake.
+        if self.sleeping.load(Ordering::SeqCst)
+            && self.sleeping.swap(false, Ordering::SeqCst)
             && let Err(e) = self.waker.wake()
         {
             log::error!("reactor wake failed: {e}");
