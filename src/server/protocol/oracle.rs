@@ -166,6 +166,8 @@ mod agreement {
             br#"{"op":"message","id":"m","text":1,"chat_type":"room","meta":1}"#.to_vec(),
             br#"{"op":"message","id":"m","chat_type":7,"meta":1}"#.to_vec(),
             br#"{"op":"message","id":"","chat_id":1}"#.to_vec(),
+            br#"{"op":"message","id":"m","chat_id":1,"text":1}"#.to_vec(),
+            br#"{"op":"message","text":1,"id":"m"}"#.to_vec(),
             br#"{"op":"message","id":"m","chat_id":"1","text":"t","thread_id":1,"user_id":2}"#.to_vec(),
             br#"{"op":"message","id":"m","chat_id":"1","text":"t"} x"#.to_vec(),
             br#"{"op":"message","id":"m","chat_id":"1","text":"t"}{}"#.to_vec(),
@@ -294,9 +296,45 @@ mod agreement {
         })
     }
 
+    /// A `message` whose every field is absent, null, of the right type or of a wrong one,
+    /// in any order: which bad field is answered first.
+    fn message() -> impl Strategy<Value = String> {
+        let names = [
+            "id", "chat_id", "text", "platform", "user_id", "user_name", "thread_id",
+            "chat_type", "meta",
+        ];
+        let one = |name: &'static str| {
+            let right = match name {
+                "id" => prop::sample::select(vec![r#""m""#, r#""""#]).prop_map(str::to_string).boxed(),
+                "chat_type" => prop::sample::select(vec![r#""group""#, r#""room""#])
+                    .prop_map(str::to_string)
+                    .boxed(),
+                "meta" => prop::sample::select(vec![r#"{"b":[1.0],"a":"é"}"#, "{}"])
+                    .prop_map(str::to_string)
+                    .boxed(),
+                _ => string().boxed(),
+            };
+            prop_oneof![
+                3 => right.prop_map(Some),
+                1 => Just(None),
+                1 => Just(Some("null".to_string())),
+                1 => prop::sample::select(vec!["1", "true", "[]", "{}", r#"["x"]"#])
+                    .prop_map(|v| Some(v.to_string())),
+            ]
+            .prop_map(move |v| v.map(|v| format!("\"{name}\":{v}")))
+        };
+        names
+            .map(one)
+            .to_vec()
+            .prop_map(|fs| fs.into_iter().flatten().collect::<Vec<_>>())
+            .prop_shuffle()
+            .prop_map(|fs| format!(r#"{{"op":"message",{}}}"#, fs.join(",")).replace(",}", "}"))
+    }
+
     /// A line: an object, another JSON value, or bytes; then, sometimes, damaged.
     fn line() -> impl Strategy<Value = Vec<u8>> {
         let base = prop_oneof![
+            4 => message().prop_map(String::into_bytes),
             8 => object().prop_map(String::into_bytes),
             1 => value().prop_map(String::into_bytes),
             1 => prop::collection::vec(any::<u8>(), 0..40),
