@@ -3,6 +3,7 @@
 use std::borrow::Cow;
 
 use serde::Serialize;
+use serde_json::Value;
 
 use self::parse::{Field, Fields};
 use crate::message::ChatType;
@@ -74,9 +75,12 @@ pub(super) enum LineError {
 
 /// Parses one line (without its newline).
 pub(super) fn parse_line(line: &[u8]) -> Result<ClientOp, LineError> {
-    let obj = parse::parse(line)
-        .map_err(|e| LineError::Malformed(format!("invalid JSON: {e}")))?
-        .ok_or_else(|| LineError::Malformed("expected a JSON object".into()))?;
+    let mut obj = Fields::default();
+    let object = parse::parse(line, &mut obj)
+        .map_err(|e| LineError::Malformed(format!("invalid JSON: {e}")))?;
+    if !object {
+        return Err(LineError::Malformed("expected a JSON object".into()));
+    }
     let op = match &obj.op {
         Field::Str(op) => &**op,
         Field::Absent => return Err(LineError::Malformed("missing op".into())),
@@ -105,15 +109,15 @@ pub(super) fn parse_line(line: &[u8]) -> Result<ClientOp, LineError> {
                 acks,
             })
         }
-        "delivered" => match obj.ids {
-            Field::Strings(Some(ids)) => Ok(ClientOp::Delivered {
+        "delivered" => match obj.ids.take() {
+            Some(ids) => Ok(ClientOp::Delivered {
                 ids: ids.into_iter().map(Cow::into_owned).collect(),
             }),
-            _ => Err(LineError::Malformed(
+            None => Err(LineError::Malformed(
                 "delivered: ids must be an array of strings".into(),
             )),
         },
-        "message" => parse_message(obj),
+        "message" => parse_message(&mut obj),
         other => Err(LineError::Malformed(format!(
             "unknown op: {}",
             truncate(other, 64)
@@ -123,8 +127,8 @@ pub(super) fn parse_line(line: &[u8]) -> Result<ClientOp, LineError> {
 
 /// The fields of a `message`, checked in the order the protocol always checked them (the
 /// first bad one is the one answered).
-fn parse_message(obj: Fields<'_>) -> Result<ClientOp, LineError> {
-    let id = match obj.id {
+fn parse_message(obj: &mut Fields<'_>) -> Result<ClientOp, LineError> {
+    let id = match std::mem::take(&mut obj.id) {
         Field::Str(id) if !id.is_empty() => id.into_owned(),
         _ => {
             return Err(LineError::Malformed(
@@ -152,18 +156,18 @@ fn parse_message(obj: Fields<'_>) -> Result<ClientOp, LineError> {
             .ok_or_else(|| invalid("chat_type must be one of dm, group, channel, thread".into()))?,
         _ => return Err(invalid("chat_type must be a string or null".into())),
     };
-    let meta = match obj.meta {
-        Field::Absent | Field::Null => None,
+    let meta = match &obj.meta {
+        None | Some(Value::Null) => None,
         // Re-serialized compactly: the agent gets a canonical object, bounded by the line.
-        Field::Object(v) => Some(v.to_string()),
-        _ => return Err(invalid("meta must be a JSON object or null".into())),
+        Some(v @ Value::Object(_)) => Some(v.to_string()),
+        Some(_) => return Err(invalid("meta must be a JSON object or null".into())),
     };
-    let chat_id = required("chat_id", obj.chat_id)?;
-    let text = required("text", obj.text)?;
-    let platform = optional("platform", obj.platform)?;
-    let user_id = optional("user_id", obj.user_id)?;
-    let user_name = optional("user_name", obj.user_name)?;
-    let thread_id = optional("thread_id", obj.thread_id)?;
+    let chat_id = required("chat_id", std::mem::take(&mut obj.chat_id))?;
+    let text = required("text", std::mem::take(&mut obj.text))?;
+    let platform = optional("platform", std::mem::take(&mut obj.platform))?;
+    let user_id = optional("user_id", std::mem::take(&mut obj.user_id))?;
+    let user_name = optional("user_name", std::mem::take(&mut obj.user_name))?;
+    let thread_id = optional("thread_id", std::mem::take(&mut obj.thread_id))?;
     Ok(ClientOp::Message(MessageFields {
         id,
         platform,

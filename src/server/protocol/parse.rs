@@ -35,15 +35,12 @@ pub(super) enum Field<'a> {
     Str(Cow<'a, str>),
     /// `true` or `false`.
     Bool(bool),
-    /// An array, kept only for `ids`: its strings, or `None` if one element was not one.
-    Strings(Option<Vec<Cow<'a, str>>>),
-    /// An object, kept only for `meta`: the value itself, re-serialized by the caller.
-    Object(Value),
-    /// Anything else (a number; an array or object where none is kept).
+    /// Anything else: a number, an array, an object.
     Other,
 }
 
-/// The fields of a line the protocol reads. Fields of other names are parsed and dropped.
+/// The fields of a line the protocol reads; fields of other names are parsed and dropped.
+/// Filled in place (it is a few hundred bytes: moving it per line showed in the profile).
 #[derive(Debug, Default)]
 pub(super) struct Fields<'a> {
     pub op: Field<'a>,
@@ -51,36 +48,39 @@ pub(super) struct Fields<'a> {
     pub platform: Field<'a>,
     pub token: Field<'a>,
     pub acks: Field<'a>,
-    pub ids: Field<'a>,
     pub chat_id: Field<'a>,
     pub chat_type: Field<'a>,
     pub user_id: Field<'a>,
     pub user_name: Field<'a>,
-    pub meta: Field<'a>,
     pub thread_id: Field<'a>,
     pub text: Field<'a>,
+    /// `ids` if it is an array of strings; `None` if absent or anything else.
+    pub ids: Option<Vec<Cow<'a, str>>>,
+    /// `meta` as `Value` has it (rare; the agent gets it re-serialized, keys sorted).
+    pub meta: Option<Value>,
 }
 
-/// Parses `line` as one JSON value, the errors those of `serde_json::from_slice::<Value>`:
-/// its fields if it is an object, `None` if it is valid JSON of another kind.
-pub(super) fn parse(line: &[u8]) -> Result<Option<Fields<'_>>, serde_json::Error> {
+/// Parses `line` as one JSON value into `fields`, the errors those of
+/// `serde_json::from_slice::<Value>`; whether it was an object (else valid JSON of another
+/// kind, and `fields` untouched).
+pub(super) fn parse<'a>(line: &'a [u8], fields: &mut Fields<'a>) -> Result<bool, serde_json::Error> {
     let mut de = serde_json::Deserializer::from_slice(line);
-    let parsed = (&mut de).deserialize_any(LineVisitor)?;
+    let object = (&mut de).deserialize_any(LineVisitor(fields))?;
     de.end()?;
-    Ok(parsed)
+    Ok(object)
 }
 
-struct LineVisitor;
+struct LineVisitor<'f, 'de>(&'f mut Fields<'de>);
 
-impl<'de> Visitor<'de> for LineVisitor {
-    type Value = Option<Fields<'de>>;
+impl<'de> Visitor<'de> for LineVisitor<'_, 'de> {
+    type Value = bool;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("any JSON value")
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut fields = Fields::default();
+        let fields = self.0;
         while let Some(key) = map.next_key_seed(Key)? {
             let slot = match &*key {
                 "op" => &mut fields.op,
@@ -95,16 +95,11 @@ impl<'de> Visitor<'de> for LineVisitor {
                 "thread_id" => &mut fields.thread_id,
                 "text" => &mut fields.text,
                 "ids" => {
-                    fields.ids = map.next_value_seed(Scalar { strings: true })?;
+                    fields.ids = map.next_value_seed(Ids)?;
                     continue;
                 }
                 "meta" => {
-                    // Rare, and kept as `Value` re-serializes it (sorted keys, compact).
-                    fields.meta = match map.next_value::<Value>()? {
-                        Value::Null => Field::Null,
-                        v @ Value::Object(_) => Field::Object(v),
-                        _ => Field::Other,
-                    };
+                    fields.meta = Some(map.next_value::<Value>()?);
                     continue;
                 }
                 _ => {
@@ -112,38 +107,38 @@ impl<'de> Visitor<'de> for LineVisitor {
                     continue;
                 }
             };
-            *slot = map.next_value_seed(Scalar { strings: false })?;
+            *slot = map.next_value_seed(Scalar)?;
         }
-        Ok(Some(fields))
+        Ok(true)
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
         Skip.visit_seq(seq)?;
-        Ok(None)
+        Ok(false)
     }
 
     fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(None)
+        Ok(false)
     }
 
     fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(None)
+        Ok(false)
     }
 
     fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(None)
+        Ok(false)
     }
 
     fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(None)
+        Ok(false)
     }
 
     fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(None)
+        Ok(false)
     }
 
     fn visit_unit<E>(self) -> Result<Self::Value, E> {
-        Ok(None)
+        Ok(false)
     }
 }
 
@@ -244,10 +239,8 @@ impl<'de> DeserializeSeed<'de> for SkipKey {
     }
 }
 
-/// A field's value, classified; with `strings`, an array's strings are kept (for `ids`).
-struct Scalar {
-    strings: bool,
-}
+/// A field's value, classified.
+struct Scalar;
 
 impl<'de> DeserializeSeed<'de> for Scalar {
     type Value = Field<'de>;
@@ -297,20 +290,70 @@ impl<'de> Visitor<'de> for Scalar {
         Ok(Field::Other)
     }
 
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        Skip.visit_seq(seq)?;
+        Ok(Field::Other)
+    }
+}
+
+/// `ids`: its strings if it is an array of nothing else. Whatever it holds is walked in
+/// full, as `Value` walks it.
+struct Ids;
+
+impl<'de> DeserializeSeed<'de> for Ids {
+    type Value = Option<Vec<Cow<'de, str>>>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Ids {
+    type Value = Option<Vec<Cow<'de, str>>>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        if !self.strings {
-            Skip.visit_seq(seq)?;
-            return Ok(Field::Other);
-        }
         // Every element is walked even after a non-string: a syntax error further on
         // still wins over the field's error, as it did.
         let mut kept = Some(Vec::new());
-        while let Some(e) = seq.next_element_seed(Scalar { strings: false })? {
+        while let Some(e) = seq.next_element_seed(Scalar)? {
             match (e, &mut kept) {
                 (Field::Str(s), Some(v)) => v.push(s),
                 _ => kept = None,
             }
         }
-        Ok(Field::Strings(kept))
+        Ok(kept)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        Skip.visit_map(map)?;
+        Ok(None)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
     }
 }
