@@ -8,9 +8,9 @@ use serde_json::Value;
 use self::parse::{Field, Fields};
 use crate::message::ChatType;
 
-mod parse;
 #[cfg(test)]
 mod oracle;
+mod parse;
 
 /// A client line, parsed.
 #[derive(Debug, PartialEq, Eq)]

@@ -221,8 +221,17 @@ mod agreement {
             any::<i64>().prop_map(|n| n.to_string()),
             any::<f64>().prop_map(|n| format!("{n:e}")),
             prop::sample::select(vec![
-                "0", "-0", "1.5", "1e400", "-1e400", "18446744073709551616", "01", "1.", "-",
-                "1e", "0.1e-5",
+                "0",
+                "-0",
+                "1.5",
+                "1e400",
+                "-1e400",
+                "18446744073709551616",
+                "01",
+                "1.",
+                "-",
+                "1e",
+                "0.1e-5",
             ])
             .prop_map(str::to_string),
         ]
@@ -238,7 +247,8 @@ mod agreement {
         ];
         leaf.prop_recursive(3, 24, 4, |inner| {
             prop_oneof![
-                prop::collection::vec(inner.clone(), 0..4).prop_map(|v| format!("[{}]", v.join(","))),
+                prop::collection::vec(inner.clone(), 0..4)
+                    .prop_map(|v| format!("[{}]", v.join(","))),
                 prop::collection::vec((key(), inner), 0..4).prop_map(|kv| {
                     let kv: Vec<String> = kv.into_iter().map(|(k, v)| format!("{k}:{v}")).collect();
                     format!("{{{}}}", kv.join(","))
@@ -265,7 +275,11 @@ mod agreement {
         key().prop_flat_map(|k| {
             let right = match k.as_str() {
                 r#""op""# => prop::sample::select(vec![
-                    r#""message""#, r#""hello""#, r#""delivered""#, r#""ping""#, r#""dance""#,
+                    r#""message""#,
+                    r#""hello""#,
+                    r#""delivered""#,
+                    r#""ping""#,
+                    r#""dance""#,
                 ])
                 .prop_map(str::to_string)
                 .boxed(),
@@ -276,7 +290,11 @@ mod agreement {
                     .prop_map(|v| format!("[{}]", v.join(",")))
                     .boxed(),
                 r#""chat_type""# => prop::sample::select(vec![
-                    r#""dm""#, r#""group""#, r#""channel""#, r#""thread""#, r#""room""#,
+                    r#""dm""#,
+                    r#""group""#,
+                    r#""channel""#,
+                    r#""thread""#,
+                    r#""room""#,
                 ])
                 .prop_map(str::to_string)
                 .boxed(),
@@ -291,7 +309,10 @@ mod agreement {
         (prop::collection::vec(field(), 0..10), any::<bool>()).prop_map(|(fs, spaced)| {
             let sep = if spaced { " , " } else { "," };
             let colon = if spaced { " : " } else { ":" };
-            let kv: Vec<String> = fs.into_iter().map(|(k, v)| format!("{k}{colon}{v}")).collect();
+            let kv: Vec<String> = fs
+                .into_iter()
+                .map(|(k, v)| format!("{k}{colon}{v}"))
+                .collect();
             format!("{{{}}}", kv.join(sep))
         })
     }
@@ -300,12 +321,21 @@ mod agreement {
     /// in any order: which bad field is answered first.
     fn message() -> impl Strategy<Value = String> {
         let names = [
-            "id", "chat_id", "text", "platform", "user_id", "user_name", "thread_id",
-            "chat_type", "meta",
+            "id",
+            "chat_id",
+            "text",
+            "platform",
+            "user_id",
+            "user_name",
+            "thread_id",
+            "chat_type",
+            "meta",
         ];
         let one = |name: &'static str| {
             let right = match name {
-                "id" => prop::sample::select(vec![r#""m""#, r#""""#]).prop_map(str::to_string).boxed(),
+                "id" => prop::sample::select(vec![r#""m""#, r#""""#])
+                    .prop_map(str::to_string)
+                    .boxed(),
                 "chat_type" => prop::sample::select(vec![r#""group""#, r#""room""#])
                     .prop_map(str::to_string)
                     .boxed(),

@@ -63,7 +63,10 @@ pub(super) struct Fields<'a> {
 /// Parses `line` as one JSON value into `fields`, the errors those of
 /// `serde_json::from_slice::<Value>`; whether it was an object (else valid JSON of another
 /// kind, and `fields` untouched).
-pub(super) fn parse<'a>(line: &'a [u8], fields: &mut Fields<'a>) -> Result<bool, serde_json::Error> {
+pub(super) fn parse<'a>(
+    line: &'a [u8],
+    fields: &mut Fields<'a>,
+) -> Result<bool, serde_json::Error> {
     let mut de = serde_json::Deserializer::from_slice(line);
     let object = (&mut de).deserialize_any(LineVisitor(fields))?;
     de.end()?;
