@@ -1,9 +1,16 @@
 //! The bridge protocol, v1: newline-delimited JSON objects over TCP (see `docs/protocol.md`).
 
-use serde::Serialize;
-use serde_json::{Map, Value};
+use std::borrow::Cow;
 
+use serde::Serialize;
+use serde_json::Value;
+
+use self::parse::{Field, Fields};
 use crate::message::ChatType;
+
+#[cfg(test)]
+mod oracle;
+mod parse;
 
 /// A client line, parsed.
 #[derive(Debug, PartialEq, Eq)]
@@ -68,57 +75,49 @@ pub(super) enum LineError {
 
 /// Parses one line (without its newline).
 pub(super) fn parse_line(line: &[u8]) -> Result<ClientOp, LineError> {
-    let value: Value = serde_json::from_slice(line)
+    let mut obj = Fields::default();
+    let object = parse::parse(line, &mut obj)
         .map_err(|e| LineError::Malformed(format!("invalid JSON: {e}")))?;
-    let Value::Object(obj) = value else {
+    if !object {
         return Err(LineError::Malformed("expected a JSON object".into()));
-    };
-    let op = match obj.get("op") {
-        Some(Value::String(op)) => op.as_str(),
-        Some(_) => return Err(LineError::Malformed("op must be a string".into())),
-        None => return Err(LineError::Malformed("missing op".into())),
+    }
+    let op = match &obj.op {
+        Field::Str(op) => &**op,
+        Field::Absent => return Err(LineError::Malformed("missing op".into())),
+        _ => return Err(LineError::Malformed("op must be a string".into())),
     };
     match op {
         "ping" => Ok(ClientOp::Ping),
         "hello" => {
-            let field = |name: &str| match obj.get(name) {
-                None | Some(Value::Null) => Ok(None),
-                Some(Value::String(s)) => Ok(Some(s.clone())),
-                Some(_) => Err(LineError::Malformed(format!(
+            let field = |name: &str, f: &Field<'_>| match f {
+                Field::Absent | Field::Null => Ok(None),
+                Field::Str(s) => Ok(Some(s.to_string())),
+                _ => Err(LineError::Malformed(format!(
                     "hello: {name} must be a string"
                 ))),
             };
-            let acks = match obj.get("acks") {
-                None | Some(Value::Null) => false,
-                Some(Value::Bool(b)) => *b,
-                Some(_) => {
+            let acks = match obj.acks {
+                Field::Absent | Field::Null => false,
+                Field::Bool(b) => b,
+                _ => {
                     return Err(LineError::Malformed("hello: acks must be a boolean".into()));
                 }
             };
             Ok(ClientOp::Hello {
-                platform: field("platform")?,
-                token: field("token")?,
+                platform: field("platform", &obj.platform)?,
+                token: field("token", &obj.token)?,
                 acks,
             })
         }
-        "delivered" => {
-            let Some(Value::Array(ids)) = obj.get("ids") else {
-                return Err(LineError::Malformed(
-                    "delivered: ids must be an array of strings".into(),
-                ));
-            };
-            let ids = ids
-                .iter()
-                .map(|v| match v {
-                    Value::String(s) => Ok(s.clone()),
-                    _ => Err(LineError::Malformed(
-                        "delivered: ids must be an array of strings".into(),
-                    )),
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(ClientOp::Delivered { ids })
-        }
-        "message" => parse_message(&obj),
+        "delivered" => match obj.ids.take() {
+            Some(ids) => Ok(ClientOp::Delivered {
+                ids: ids.into_iter().map(Cow::into_owned).collect(),
+            }),
+            None => Err(LineError::Malformed(
+                "delivered: ids must be an array of strings".into(),
+            )),
+        },
+        "message" => parse_message(&mut obj),
         other => Err(LineError::Malformed(format!(
             "unknown op: {}",
             truncate(other, 64)
@@ -126,9 +125,11 @@ pub(super) fn parse_line(line: &[u8]) -> Result<ClientOp, LineError> {
     }
 }
 
-fn parse_message(obj: &Map<String, Value>) -> Result<ClientOp, LineError> {
-    let id = match obj.get("id") {
-        Some(Value::String(id)) if !id.is_empty() => id.clone(),
+/// The fields of a `message`, checked in the order the protocol always checked them (the
+/// first bad one is the one answered).
+fn parse_message(obj: &mut Fields<'_>) -> Result<ClientOp, LineError> {
+    let id = match std::mem::take(&mut obj.id) {
+        Field::Str(id) if !id.is_empty() => id.into_owned(),
         _ => {
             return Err(LineError::Malformed(
                 "message: id must be a non-empty string".into(),
@@ -139,37 +140,44 @@ fn parse_message(obj: &Map<String, Value>) -> Result<ClientOp, LineError> {
         id: id.clone(),
         detail,
     };
-    let required = |name: &str| match obj.get(name) {
-        Some(Value::String(s)) => Ok(s.clone()),
-        Some(_) => Err(invalid(format!("{name} must be a string"))),
-        None => Err(invalid(format!("{name} is required"))),
+    let required = |name: &str, f: Field<'_>| match f {
+        Field::Str(s) => Ok(s.into_owned()),
+        Field::Absent => Err(invalid(format!("{name} is required"))),
+        _ => Err(invalid(format!("{name} must be a string"))),
     };
-    let optional = |name: &str| match obj.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(_) => Err(invalid(format!("{name} must be a string or null"))),
+    let optional = |name: &str, f: Field<'_>| match f {
+        Field::Absent | Field::Null => Ok(None),
+        Field::Str(s) => Ok(Some(s.into_owned())),
+        _ => Err(invalid(format!("{name} must be a string or null"))),
     };
-    let chat_type = match optional("chat_type")? {
-        None => ChatType::Dm,
-        Some(t) => ChatType::parse(&t)
+    let chat_type = match &obj.chat_type {
+        Field::Absent | Field::Null => ChatType::Dm,
+        Field::Str(t) => ChatType::parse(t)
             .ok_or_else(|| invalid("chat_type must be one of dm, group, channel, thread".into()))?,
+        _ => return Err(invalid("chat_type must be a string or null".into())),
     };
-    let meta = match obj.get("meta") {
+    let meta = match &obj.meta {
         None | Some(Value::Null) => None,
         // Re-serialized compactly: the agent gets a canonical object, bounded by the line.
         Some(v @ Value::Object(_)) => Some(v.to_string()),
         Some(_) => return Err(invalid("meta must be a JSON object or null".into())),
     };
+    let chat_id = required("chat_id", std::mem::take(&mut obj.chat_id))?;
+    let text = required("text", std::mem::take(&mut obj.text))?;
+    let platform = optional("platform", std::mem::take(&mut obj.platform))?;
+    let user_id = optional("user_id", std::mem::take(&mut obj.user_id))?;
+    let user_name = optional("user_name", std::mem::take(&mut obj.user_name))?;
+    let thread_id = optional("thread_id", std::mem::take(&mut obj.thread_id))?;
     Ok(ClientOp::Message(MessageFields {
-        chat_id: required("chat_id")?,
-        text: required("text")?,
-        platform: optional("platform")?,
-        user_id: optional("user_id")?,
-        user_name: optional("user_name")?,
-        meta,
-        thread_id: optional("thread_id")?,
-        chat_type,
         id,
+        platform,
+        chat_id,
+        chat_type,
+        user_id,
+        user_name,
+        meta,
+        thread_id,
+        text,
     }))
 }
 
