@@ -128,6 +128,12 @@ impl Durable {
         self.forgetting.contains_key(&tag)
     }
 
+    /// Whether the terminal event of `seq` waits for its outcome record.
+    #[cfg(feature = "cluster")]
+    pub(super) fn is_unjournaled(&self, seq: u64) -> bool {
+        self.unjournaled.contains_key(&seq)
+    }
+
     /// Whether the message of `tag` still waits for the journal.
     pub(super) fn is_waiting(&self, tag: u64) -> bool {
         self.waiting.contains_key(&tag)
@@ -295,6 +301,8 @@ impl Bridge {
         for p in handed {
             self.hand_over(p);
         }
+        #[cfg(feature = "cluster")]
+        self.drain_step();
         self.audit();
     }
 
