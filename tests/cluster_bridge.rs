@@ -705,7 +705,9 @@ fn draining_setup() -> (Net, ConnId, Vec<u64>, Vec<Message>) {
         taken: 3,
         durable: acc.iter().map(|m| m.seq).collect(),
         cluster: ClusterReport {
-            placed: (0..3).map(|i| (acc[i].seq, cluster_tag(3, i as u64 + 1))).collect(),
+            placed: (0..3)
+                .map(|i| (acc[i].seq, cluster_tag(3, i as u64 + 1)))
+                .collect(),
             ..ClusterReport::default()
         },
         ..Committed::default()
@@ -799,15 +801,25 @@ fn a_draining_partition_starts_no_turn_and_is_released_only_once_its_running_tur
         message: Box::new(inbox),
         origin: "b".into(),
     });
-    assert_eq!(n.submitted, tags, "an inbox arrival of a draining partition queued here");
+    assert_eq!(
+        n.submitted, tags,
+        "an inbox arrival of a draining partition queued here"
+    );
 
     // m1 ends; the runtime claims m2 next: its turn is held, no `started` record.
     n.b.event(
         tags[0],
-        event_of(&messages[0], EventKind::Finished(Outcome::Reply("m1 done".into()))),
+        event_of(
+            &messages[0],
+            EventKind::Finished(Outcome::Reply("m1 done".into())),
+        ),
         n.now,
     );
-    n.b.event(tags[1], event_of(&messages[1], EventKind::TurnStarted(TurnId(2))), n.now);
+    n.b.event(
+        tags[1],
+        event_of(&messages[1], EventKind::TurnStarted(TurnId(2))),
+        n.now,
+    );
     n.pump();
     assert!(
         !n.journal
@@ -821,7 +833,10 @@ fn a_draining_partition_starts_no_turn_and_is_released_only_once_its_running_tur
         "released before m1's outcome was written: {:?}",
         n.order
     );
-    assert!(untyped(n.take(c)).is_empty(), "m1's reply before its record");
+    assert!(
+        untyped(n.take(c)).is_empty(),
+        "m1's reply before its record"
+    );
     // Its outcome record is durable: the reply goes, then session 1 leaves, then the release.
     let taken = std::mem::take(&mut n.journal).len();
     let written = Committed {
@@ -838,7 +853,11 @@ fn a_draining_partition_starts_no_turn_and_is_released_only_once_its_running_tur
     assert_eq!(n.b.drained(), (1, 2), "m2 and m3 handed over");
     assert_eq!(n.b.owned_partitions(), vec![4]);
     assert!(n.b.draining_partitions().is_empty());
-    assert_eq!(n.b.remote_waiting(), 2, "m2 and m3 wait for the next owner's outcome");
+    assert_eq!(
+        n.b.remote_waiting(),
+        2,
+        "m2 and m3 wait for the next owner's outcome"
+    );
     // The held turn ends handed over: nothing recorded, nothing sent.
     n.b.event(
         tags[1],
@@ -859,7 +878,11 @@ fn a_draining_partition_starts_no_turn_and_is_released_only_once_its_running_tur
             ..ClusterReport::default()
         },
     );
-    assert_eq!(n.b.handed_over(), (0, 0), "a drained partition is not a lost one");
+    assert_eq!(
+        n.b.handed_over(),
+        (0, 0),
+        "a drained partition is not a lost one"
+    );
     assert_eq!(n.order.len(), 3);
 }
 
@@ -886,20 +909,31 @@ fn a_drain_past_its_bound_is_handed_over_as_a_lost_partition() {
         },
     );
     assert_eq!(n.order, vec!["hand over 1", "hand over 1"], "{:?}", n.order);
-    assert_eq!(n.b.handed_over(), (1, 2), "m1 and m2 cut off with the partition");
+    assert_eq!(
+        n.b.handed_over(),
+        (1, 2),
+        "m1 and m2 cut off with the partition"
+    );
     assert_eq!(n.b.drained(), (0, 0));
     assert!(n.b.draining_partitions().is_empty());
     // m1's late reply is discarded; nothing asks for a release later.
     n.b.event(
         tags[0],
-        event_of(&messages[0], EventKind::Finished(Outcome::Reply("late".into()))),
+        event_of(
+            &messages[0],
+            EventKind::Finished(Outcome::Reply("late".into())),
+        ),
         n.now,
     );
     n.pump();
     n.report(0, ClusterReport::default());
     assert!(n.journal.is_empty(), "{:?}", n.journal);
     assert!(untyped(n.take(c)).is_empty());
-    assert!(!n.order.iter().any(|o| o.starts_with("release")), "{:?}", n.order);
+    assert!(
+        !n.order.iter().any(|o| o.starts_with("release")),
+        "{:?}",
+        n.order
+    );
 }
 
 /// The lines that are not typing indicators.

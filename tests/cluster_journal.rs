@@ -588,7 +588,9 @@ fn a_joining_instance_makes_the_member_drain_its_surplus_release_what_is_drained
     a.until("every partition gained", |c| gained(c) == [0, 1, 2, 3]);
     let mut b = store(&r, "b", lease);
     b.heartbeat().expect("heartbeat");
-    a.until("the surplus named to drain", |c| c.cluster.draining.len() == 2);
+    a.until("the surplus named to drain", |c| {
+        c.cluster.draining.len() == 2
+    });
     let mut draining = a.seen.cluster.draining.clone();
     draining.sort_unstable();
     assert_eq!(draining, vec![2, 3], "the surplus from the top");
@@ -606,7 +608,10 @@ fn a_joining_instance_makes_the_member_drain_its_surplus_release_what_is_drained
         .expect("a chat of partition 3");
     a.journal.send(Record::Accepted(msg(1, "m1", &chat)));
     let c = a.until("accepted", |c| !c.cluster.placed.is_empty());
-    assert_eq!((c.durable.clone(), c.cluster.remote.clone()), (vec![], vec![1]));
+    assert_eq!(
+        (c.durable.clone(), c.cluster.remote.clone()),
+        (vec![], vec![1])
+    );
     // The bridge drained 3: released now.
     a.journal.release_drained(3);
     a.until("3 released", |c| c.cluster.lost.contains(&3));

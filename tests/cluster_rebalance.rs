@@ -230,7 +230,8 @@ impl Seen {
                 );
             }
             assert!(
-                !vs.iter().any(|v| v.to_string().contains("interrupted by restart")),
+                !vs.iter()
+                    .any(|v| v.to_string().contains("interrupted by restart")),
                 "{id}: a turn cut off by the rebalance: {vs:?}"
             );
             assert_eq!(vs[0]["op"], "reply", "{id}: {vs:?}");
@@ -339,7 +340,10 @@ fn an_instance_joining_mid_load_takes_its_fair_share_without_cutting_off_a_turn_
     sent.extend(last.iter().cloned());
     seen.until_answered(&rx, &sent);
     assert_eq!(
-        holders(&redis).iter().filter(|h| h.as_deref() == Some("b")).count(),
+        holders(&redis)
+            .iter()
+            .filter(|h| h.as_deref() == Some("b"))
+            .count(),
         half,
         "b still holds its share"
     );
@@ -392,7 +396,11 @@ fn an_instance_joining_mid_load_takes_its_fair_share_without_cutting_off_a_turn_
     sent.extend(more.iter().cloned());
     seen.until_answered(&rx, &sent);
     seen.check();
-    assert_eq!(outcome_records(&redis), sent.len(), "one outcome record per message");
+    assert_eq!(
+        outcome_records(&redis),
+        sent.len(),
+        "one outcome record per message"
+    );
     drop(on_b);
     drop(a);
 }

@@ -376,7 +376,10 @@ mod tests {
         assert_eq!(o.drained(3).map(|l| l.partition), Some(3));
         assert_eq!(o.drained(3), None, "once");
         assert_eq!(o.drained(1), None, "a kept partition is not released");
-        assert_eq!(o.held().map(|l| l.partition).collect::<Vec<_>>(), vec![0, 1, 2]);
+        assert_eq!(
+            o.held().map(|l| l.partition).collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
         // Its share is full with the draining one: nothing is acquired meanwhile.
         assert!(o.plan(Duration::from_millis(3000)).acquire.is_empty());
     }
@@ -395,7 +398,10 @@ mod tests {
         o.renewed(0, t(2400));
         o.renewed(1, t(2400));
         let plan = o.plan(t(2500));
-        assert_eq!(plan.expired.iter().map(|l| l.partition).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(
+            plan.expired.iter().map(|l| l.partition).collect::<Vec<_>>(),
+            vec![1]
+        );
         assert!(!o.holds(1) && o.holds(0));
         assert_eq!(o.drained(1), None, "already given up");
     }

@@ -476,11 +476,7 @@ impl BridgeServer {
                 #[cfg(feature = "cluster")]
                 (deferred @ Action::HandOver(_), None) => self.deferred.push(deferred),
                 #[cfg(feature = "cluster")]
-                (Action::ReleasePartition(p), _) => {
-                    if let Some(j) = &self.journal {
-                        j.release_drained(p);
-                    }
-                }
+                (Action::ReleasePartition(p), _) => self.release_drained(p),
                 (Action::Close(id), _) => self.drop_socket(id),
                 (Action::Journal(r), _) => match &self.journal {
                     Some(j) => j.send(r),

@@ -384,8 +384,7 @@ impl Bridge {
                 ..
             } => {
                 let owned = self.durable.as_ref().is_some_and(|d| {
-                    d.cluster.owned.contains(&partition)
-                        && !d.cluster.drains.is_draining(partition)
+                    d.cluster.owned.contains(&partition) && !d.cluster.drains.is_draining(partition)
                 });
                 // Read before its partition was handed over (or while it drains): its next
                 // owner queues it.
