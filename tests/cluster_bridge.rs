@@ -940,3 +940,85 @@ fn a_drain_past_its_bound_is_handed_over_as_a_lost_partition() {
 fn untyped(lines: Vec<Value>) -> Vec<Value> {
     lines.into_iter().filter(|v| v["op"] != "typing").collect()
 }
+
+/// The instance that accepted messages run here leaves the registry (killed) before it had
+/// their results: the one still running is answered here (its outcome recorded, then sent to
+/// this instance's bridges, no longer silent), and one whose outcome was written for it and
+/// is still undelivered is sent again here, marked `redelivery`.
+#[test]
+fn when_the_origin_of_messages_run_here_departs_their_results_go_to_this_instances_bridges() {
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = n.take(c);
+    let stored = |seq: u64, id: &str, outcome: Option<StoredOutcome>| RecoveredMessage {
+        message: StoredMessage {
+            seq,
+            platform: "tg".into(),
+            id: id.into(),
+            chat_type: "dm".into(),
+            chat_id: "1".into(),
+            thread_id: None,
+            user_id: None,
+            user_name: None,
+            meta: None,
+            text: id.into(),
+            dedup_until_ms: u64::MAX / 4,
+        },
+        starts: 0,
+        outcome,
+    };
+    let (g1, g2) = (cluster_tag(2, 1), cluster_tag(2, 2));
+    let mut loaded = turnstile::internal::journal::LoadedPartition::default();
+    loaded.recovered.messages.push(stored(g1, "m1", None));
+    loaded
+        .recovered
+        .messages
+        .push(stored(g2, "m2", Some(done("m2 for b", "m2"))));
+    loaded.origins.insert(g1, "b".into());
+    loaded.origins.insert(g2, "b".into());
+    n.report(
+        0,
+        ClusterReport {
+            gained: vec![(2, loaded)],
+            ..ClusterReport::default()
+        },
+    );
+    assert_eq!(n.submitted, vec![g1], "b's written outcome is b's to send");
+    n.report(
+        0,
+        ClusterReport {
+            departed: vec!["b".into()],
+            stranded: vec![stored(g2, "m2", Some(done("m2 for b", "m2")))],
+            ..ClusterReport::default()
+        },
+    );
+    let lines = n.take(c);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(
+        (lines[0]["text"].as_str(), lines[0]["redelivery"].as_bool()),
+        (Some("m2 for b"), Some(true))
+    );
+    let message = n.messages.pop().expect("m1");
+    n.b.event(
+        g1,
+        event_of(
+            &message,
+            EventKind::Finished(Outcome::Reply("m1 here".into())),
+        ),
+        n.now,
+    );
+    n.pump();
+    let taken = std::mem::take(&mut n.journal).len();
+    n.b.journaled(
+        Committed {
+            taken,
+            outcomes: vec![g1],
+            ..Committed::default()
+        },
+        n.now,
+    );
+    n.pump();
+    let lines = untyped(n.take(c));
+    assert_eq!(lines.len(), 1, "m1's result, no longer silent: {lines:?}");
+    assert_eq!(lines[0]["text"], "m1 here");
+}
