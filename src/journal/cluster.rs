@@ -19,9 +19,13 @@
 //! own count never reaches 2^63.
 //!
 //! The ownership pass runs every [`Ownership::pass_every`] (a third of the lease), between
-//! batches: heartbeat, release the surplus, renew, acquire free partitions and load each one
-//! gained. Gained, lost (released, or not renewed in time) and fenced partitions go to the
-//! reactor in the next [`Committed`].
+//! batches: heartbeat, the instances gone from the registry (their messages' written
+//! outcomes in partitions held here are reported), the surplus named to drain (the bridge
+//! says when a drain is over, on a channel of its own: [`Journal::release_drained`]; past
+//! `ClusterConfig::drain` the partition is released anyway), renew, acquire free partitions
+//! and load each one gained. Gained, draining, lost (drained and released, past the drain's
+//! bound, or not renewed in time) and fenced partitions go to the reactor in the next
+//! [`Committed`].
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -3,8 +3,8 @@
 //! rebalancing").
 //!
 //! Every pass ([`Ownership::plan`]) says what to send: renewals of the leases held, the
-//! surplus to release when there are more partitions held than the fair share
-//! (`ceil(partitions / live instances)`), a few free partitions to try to acquire when there
+//! surplus to release (or, with [`Ownership::set_drain`], to drain first) when there are
+//! more partitions held than the fair share (`ceil(partitions / live instances)`), a few free partitions to try to acquire when there
 //! are fewer, and the leases to consider **lost** — those not renewed successfully for a
 //! whole TTL, counted from when the last successful renewal was *sent*, so that this
 //! instance gives a partition up no later than Redis can give it to another. The fenced
