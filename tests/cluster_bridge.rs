@@ -1022,3 +1022,54 @@ fn when_the_origin_of_messages_run_here_departs_their_results_go_to_this_instanc
     assert_eq!(lines.len(), 1, "m1's result, no longer silent: {lines:?}");
     assert_eq!(lines[0]["text"], "m1 here");
 }
+
+/// A message loaded as the instance stops (an inbox arrival or a gained partition's, the
+/// runtime refusing it `shutting_down`) is left in the journal for the next owner: no
+/// outcome record, nothing sent (a `failed` would answer it wrongly for good).
+#[test]
+fn a_message_loaded_while_the_instance_stops_stays_for_the_next_owner() {
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = n.take(c);
+    let g = cluster_tag(2, 1);
+    let mut loaded = turnstile::internal::journal::LoadedPartition::default();
+    loaded.recovered.messages.push(RecoveredMessage {
+        message: StoredMessage {
+            seq: g,
+            platform: "tg".into(),
+            id: "m1".into(),
+            chat_type: "dm".into(),
+            chat_id: "1".into(),
+            thread_id: None,
+            user_id: None,
+            user_name: None,
+            meta: None,
+            text: "m1".into(),
+            dedup_until_ms: u64::MAX / 4,
+        },
+        starts: 0,
+        outcome: None,
+    });
+    n.report(
+        0,
+        ClusterReport {
+            gained: vec![(2, loaded)],
+            ..ClusterReport::default()
+        },
+    );
+    assert_eq!(n.submitted, vec![g]);
+    let message = n.messages.pop().expect("m1");
+    n.b.event(
+        g,
+        event_of(
+            &message,
+            EventKind::Rejected(turnstile::RejectReason::ShuttingDown),
+        ),
+        n.now,
+    );
+    n.pump();
+    assert!(n.journal.is_empty(), "{:?}", n.journal);
+    n.report(0, ClusterReport::default());
+    assert!(n.take(c).is_empty());
+    assert_eq!(n.b.kept_for_restart(), 1);
+}

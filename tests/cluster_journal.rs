@@ -631,3 +631,58 @@ fn a_joining_instance_makes_the_member_drain_its_surplus_release_what_is_drained
     acquired(&mut b, 3);
     acquired(&mut b, 2);
 }
+
+/// The renewals of a pass go in one pipeline, each answered on its own: a lease taken behind
+/// the member's back is fenced at its next renewal and reported (once), the others stay its
+/// own and are renewed (their TTL set again), and the member serves on with them.
+#[test]
+fn the_pipelined_renewals_fence_a_lease_taken_away_and_renew_the_others() {
+    let Some(bin) = require_redis() else { return };
+    let r = Redis::start(&bin);
+    let lease = Duration::from_millis(3000);
+    let mut a = Member::start(&r, "a", lease, 10);
+    a.until("every partition gained", |c| gained(c) == [0, 1, 2, 3]);
+    // Shorten the others' TTLs (below the lease, above a pass): only a renewal sets them
+    // back to the lease. Then 2 moves to B behind A's back.
+    for p in [0, 1, 3] {
+        let _: () = redis::cmd("PEXPIRE")
+            .arg(format!("ts:{{p{p}}}:lease"))
+            .arg(2000)
+            .query(&mut r.client())
+            .expect("PEXPIRE");
+    }
+    let _: () = redis::cmd("DEL")
+        .arg("ts:{p2}:lease")
+        .query(&mut r.client())
+        .expect("DEL");
+    let mut b = store(&r, "b", LONG);
+    let _b_lease = acquired(&mut b, 2);
+    a.until("2 fenced at its renewal", |c| c.cluster.fenced.contains(&2));
+    assert_eq!(a.seen.cluster.fenced, vec![2]);
+    assert!(a.seen.cluster.lost.is_empty(), "{:?}", a.seen.cluster);
+    assert!(lease_of(&r, 2).is_some_and(|l| l.starts_with("b:")));
+    for p in [0, 1, 3] {
+        assert!(
+            lease_of(&r, p).is_some_and(|l| l.starts_with("a:")),
+            "partition {p} renewed with the others"
+        );
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(format!("ts:{{p{p}}}:lease"))
+            .query(&mut r.client())
+            .expect("PTTL");
+        assert!(
+            ttl > 2000,
+            "partition {p}'s TTL not set again by the pass: {ttl} ms"
+        );
+    }
+    // Still its own: an owned write there goes through.
+    let chat = (0..100)
+        .map(|i| i.to_string())
+        .find(|c| part(c) == 0)
+        .expect("a chat of partition 0");
+    a.journal.send(Record::Accepted(msg(1, "m1", &chat)));
+    a.until("accepted", |c| c.durable == [1]);
+    a.journal.send(Record::Started { seq: 1, attempt: 1 });
+    a.until("started written", |c| c.taken == 2);
+    assert_eq!(a.seen.cluster.fenced, vec![2]);
+}

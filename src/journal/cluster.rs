@@ -506,9 +506,19 @@ impl Member {
             }
             c.cluster.lost.push(lease.partition);
         }
-        for lease in plan.renew {
-            match self.store.renew(&lease) {
-                Ok(()) => self.own.renewed(lease.partition, now),
+        // Every renewal in one round trip, each answered on its own.
+        let renewals: Vec<Op<'_>> = plan.renew.iter().map(|lease| Op::Renew { lease }).collect();
+        let answers = match self.store.write(&renewals, now_ms()) {
+            Ok(a) => a,
+            Err(e) => {
+                log::debug!("renewals failed: {e}");
+                Vec::new()
+            }
+        };
+        drop(renewals);
+        for (lease, answer) in plan.renew.iter().zip(answers) {
+            match answer {
+                Ok(_) => self.own.renewed(lease.partition, now),
                 Err(e) if e.is_fenced() => {
                     log::warn!("{e}; the partition is dropped");
                     if self.own.fenced(lease.partition) {

@@ -174,6 +174,12 @@ pub enum Op<'a> {
         /// The message.
         seq: u64,
     },
+    /// A renewal of a lease held here: fenced unless it is still this token's (the
+    /// ownership pass sends every renewal in one pipeline).
+    Renew {
+        /// The lease.
+        lease: &'a Lease,
+    },
 }
 
 /// One operation's answer in [`RedisStore::write`].
@@ -365,7 +371,7 @@ impl RedisStore {
             // The pipelined writes call the scripts by hash only: load them on every new
             // connection (a restarted Redis has an empty script cache).
             let s = &self.scripts;
-            for script in [&s.accept, &s.started, &s.outcome, &s.finish] {
+            for script in [&s.accept, &s.started, &s.outcome, &s.finish, &s.renew] {
                 script
                     .load(&mut c)
                     .map_err(|e| transient("SCRIPT LOAD", &e))?;
@@ -701,6 +707,12 @@ impl RedisStore {
                     .arg(STREAM_MAXLEN);
                 c
             }
+            Op::Renew { lease } => {
+                let keys = Keys::of(lease.partition);
+                let mut c = evalsha(&s.renew, &[keys.k("lease")]);
+                c.arg(&lease.token).arg(self.ttl_ms());
+                c
+            }
             Op::Delivered { partition, seq } | Op::Forget { partition, seq } => {
                 let keys = Keys::of(partition);
                 let names = ["q", "dedup", "dedupx", "sessions"].map(|k| keys.k(k));
@@ -739,6 +751,7 @@ impl RedisStore {
             }
             Op::Started { lease, .. } => self.owned_verdict(v, lease, "started").map(Done::Written),
             Op::Outcome { lease, .. } => self.owned_verdict(v, lease, "outcome").map(Done::Written),
+            Op::Renew { lease } => self.owned_verdict(v, lease, "renew").map(Done::Written),
             Op::Delivered { .. } | Op::Forget { .. } => {
                 match strings(v).first().map(String::as_str) {
                     Some("ok") => Ok(Done::Written(true)),

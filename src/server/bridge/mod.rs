@@ -331,6 +331,14 @@ impl Bridge {
 
     fn handle_rejected(&mut self, tag: u64, reason: RejectReason) {
         if self.routes.get(tag).is_some_and(|r| r.recovered) {
+            // `--cluster`: loaded (a partition gained, an inbox arrival) as this instance
+            // stops: it stays in the journal for the next owner, as a queued one does.
+            if reason == RejectReason::ShuttingDown
+                && self.durable.is_some()
+                && let Some(route) = self.routes.remove(tag)
+            {
+                return self.keep_for_restart(route);
+            }
             // Acknowledged by the process before the restart: it gets a terminal event.
             return self.finish_recovered(tag, &admit::not_readmitted(reason.as_str()));
         }
