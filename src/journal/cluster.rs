@@ -36,8 +36,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use super::thread::Gauges;
 use super::{
     Accept, Acquire, Committed, Done, Journal, JournalConfig, Lease, LoadedPartition, Op,
-    Ownership, Record, RecoveredMessage, RedisStore, StoreError, StoredMessage, now_ms,
-    partition_of,
+    Ownership, Record, RedisStore, StoreError, StoredMessage, now_ms, partition_of,
 };
 use crate::message::{ChatType, SessionKey};
 
@@ -93,12 +92,6 @@ pub struct ClusterReport {
     /// Partitions whose owned write (`started`, an outcome, a renewal) was refused because
     /// another instance holds the lease: the write was dropped; as `lost`.
     pub fenced: Vec<u32>,
-    /// Instances that left the registry since the last pass (killed, or stopped): the
-    /// messages they accepted into partitions owned here are answered here from now on.
-    pub departed: Vec<String>,
-    /// Their messages in partitions owned here whose outcome is written and undelivered
-    /// (their origin may never have had it), by the tag the bridge knows them by.
-    pub stranded: Vec<RecoveredMessage>,
     /// Of this batch's outcome records, those not written (fenced, or their partition no
     /// longer held): their terminal events must never be sent (the new owner answers).
     pub unwritten_outcomes: Vec<u64>,
@@ -140,7 +133,6 @@ impl Journal {
                 failing: false,
                 closed: false,
                 to_release: Vec::new(),
-                live: Vec::new(),
             };
             m.run(&rx, &done, &stopped, &wake);
             m.leave();
@@ -174,8 +166,6 @@ struct Member {
     closed: bool,
     /// Drained partitions to release after the next batch.
     to_release: Vec<u32>,
-    /// The other instances the registry listed at the last pass.
-    live: Vec<String>,
 }
 
 /// Where a record goes in Redis: its partition and seq, or (an accept) its session.
@@ -468,7 +458,6 @@ impl Member {
             Ok(live) => self.own.set_live(live),
             Err(e) => log::debug!("cluster heartbeat failed: {e}"),
         }
-        self.departures(c);
         let plan = self.own.plan(now);
         for p in &plan.lost {
             log::warn!(
@@ -559,50 +548,6 @@ impl Member {
             }
             c.cluster.lost.push(p);
         }
-    }
-
-    /// Instances gone from the registry since the last pass: reported, with their messages
-    /// in partitions held here whose outcome is written and still undelivered (a reload of
-    /// each held partition; rare: once per departure).
-    fn departures(&mut self, c: &mut Committed) {
-        let Ok(live) = self.store.live_instances() else {
-            return;
-        };
-        let me = self.store.instance().to_owned();
-        let gone: Vec<String> = self
-            .live
-            .iter()
-            .filter(|i| !live.contains(i))
-            .cloned()
-            .collect();
-        self.live = live.into_iter().filter(|i| *i != me).collect();
-        if gone.is_empty() {
-            return;
-        }
-        let held: Vec<u32> = self.own.held().map(|l| l.partition).collect();
-        for p in held {
-            let loaded = match self.store.load_partition(p, now_ms()) {
-                Ok(l) => l,
-                Err(e) => {
-                    log::warn!("partition {p}: reload for {} failed: {e}", gone.join(", "));
-                    continue;
-                }
-            };
-            for mut rm in loaded.recovered.messages {
-                let seq = rm.message.seq;
-                let theirs = loaded.origins.get(&seq).is_some_and(|o| gone.contains(o));
-                if rm.outcome.is_none() || !theirs {
-                    continue;
-                }
-                rm.message.seq = self
-                    .back
-                    .get(&(p, seq))
-                    .copied()
-                    .unwrap_or_else(|| cluster_tag(p, seq));
-                c.cluster.stranded.push(rm);
-            }
-        }
-        c.cluster.departed.extend(gone);
     }
 
     /// A lease acquired at `sent`: the partition is loaded and reported, its messages

@@ -65,9 +65,7 @@ pub(super) struct ClusterSide {
     handed_over: (u64, u64),
     /// Messages run here that another live instance accepted: their terminal events are
     /// recorded (the record publishes them to that instance) and not sent here.
-    /// (With the instance that accepted each: if it leaves the registry, its messages'
-    /// results go to this instance's bridges instead.)
-    pub(super) silent: HashMap<u64, Arc<str>>,
+    silent: HashSet<u64>,
     /// Partitions being drained to be released, and the turns they wait for.
     pub(super) drains: super::drain::Drains,
 }
@@ -129,9 +127,6 @@ impl Bridge {
         }
         if let Some(d) = &mut self.durable {
             d.cluster.drains.ask(r.draining);
-        }
-        if !r.departed.is_empty() {
-            self.departed(&r.departed, r.stranded, now);
         }
         for (p, loaded) in r.gained {
             if let Some(d) = &mut self.durable {
@@ -386,7 +381,7 @@ impl Bridge {
                 partition,
                 tag,
                 message,
-                origin,
+                ..
             } => {
                 let owned = self.durable.as_ref().is_some_and(|d| {
                     d.cluster.owned.contains(&partition) && !d.cluster.drains.is_draining(partition)
@@ -398,7 +393,7 @@ impl Bridge {
                 }
                 // Accepted by another instance, alive a moment ago: its result is its own.
                 if let Some(d) = &mut self.durable {
-                    d.cluster.silent.insert(tag, origin.as_str().into());
+                    d.cluster.silent.insert(tag);
                 }
                 let mut n = RecoveryCounts::default();
                 self.recover_message(*message, &mut n, now);
@@ -425,7 +420,7 @@ impl Bridge {
         let silent = self
             .durable
             .as_mut()
-            .is_some_and(|d| d.cluster.silent.remove(&frame.seq).is_some());
+            .is_some_and(|d| d.cluster.silent.remove(&frame.seq));
         if silent && let Some(platform) = &frame.terminal_for {
             self.platforms.unreserve(platform, None);
             self.release_held(platform);
@@ -463,13 +458,13 @@ impl Bridge {
                 continue;
             }
             // Accepted by another live instance: the result goes there, by the stream.
-            if let Some(origin) = loaded.origins.get(&tag) {
+            if loaded.origins.contains_key(&tag) {
                 if rm.outcome.is_some() {
                     // Published when it was written; the origin's reader has it.
                     continue;
                 }
                 if let Some(d) = &mut self.durable {
-                    d.cluster.silent.insert(tag, origin.as_str().into());
+                    d.cluster.silent.insert(tag);
                 }
             }
             messages.push(rm);

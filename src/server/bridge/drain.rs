@@ -20,21 +20,10 @@
 //! The drain is bounded by the journal thread (`ClusterConfig::drain`, default 30 s): past
 //! it the partition is released and reported lost, and handed over as any lost one (its
 //! running turns cancelled; the next owner fails them `interrupted by restart`).
-//!
-//! A partition drained here is loaded by its next owner while this instance is alive, so
-//! the messages accepted here are run there for this instance (their results come back by
-//! the outcome stream). If the instance that accepted such a message leaves the registry
-//! (killed) before it had the result, the owner answers it itself
-//! ([`Bridge::departed`]): what is still to run is no longer silent here, and an outcome
-//! already written is sent again to this instance's bridges, marked `redelivery`.
 
 use std::collections::{HashMap, HashSet};
 
-use std::time::Duration;
-
-use super::status::RecoveryCounts;
 use super::{Action, Bridge};
-use crate::journal::RecoveredMessage;
 use crate::message::SessionKey;
 
 /// The drains in progress and the turns they wait for.
@@ -188,42 +177,5 @@ impl Bridge {
             "partition {p}: drained: no turn left running here, {handed} message(s) handed over to its next owner; its lease is released"
         );
         self.actions.push_back(Action::ReleasePartition(p));
-    }
-}
-
-impl Bridge {
-    /// Instances that left the registry: the messages they accepted and this instance runs
-    /// are answered here from now on (to this instance's bridges), and `stranded` — their
-    /// messages in partitions held here whose outcome was written for them and is still
-    /// undelivered — go to this instance's bridges now, marked `redelivery`.
-    pub(super) fn departed(
-        &mut self,
-        gone: &[String],
-        stranded: Vec<RecoveredMessage>,
-        now: Duration,
-    ) {
-        let Some(d) = &mut self.durable else {
-            return;
-        };
-        let before = d.cluster.silent.len();
-        d.cluster
-            .silent
-            .retain(|_, o| !gone.iter().any(|g| g.as_str() == &**o));
-        let freed = before - d.cluster.silent.len();
-        let mut n = RecoveryCounts::default();
-        let mut sent = 0;
-        for rm in stranded {
-            let tag = rm.message.seq;
-            let pending = self.durable.as_ref().is_some_and(|d| d.is_unjournaled(tag));
-            if rm.outcome.is_none() || self.routes.contains(tag) || pending {
-                continue;
-            }
-            self.recover_message(rm, &mut n, now);
-            sent += 1;
-        }
-        log::warn!(
-            "instance(s) {} left the cluster: {freed} message(s) they accepted are answered here instead, {sent} written outcome(s) of theirs sent again to this instance's bridges",
-            gone.join(", ")
-        );
     }
 }
