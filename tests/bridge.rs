@@ -119,7 +119,9 @@ impl Net {
                 Action::Journal(r) => self.journal.push(r),
                 Action::StartTurn(turn) => self.released.push(turn),
                 #[cfg(feature = "cluster")]
-                Action::HandOver(_) => unreachable!("no cluster here"),
+                Action::HandOver(_) | Action::ReleasePartition(_) => {
+                    unreachable!("no cluster here")
+                }
             }
         }
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use turnstile::internal::core::CancelReason;
-use turnstile::internal::core::{AcceptState, MessageEvent};
+use turnstile::internal::core::{AcceptState, MessageEvent, TurnId};
 use turnstile::internal::journal::{
     Arrival, ClusterReport, Committed, Record, RecoveredMessage, StoredMessage, StoredOutcome,
     cluster_tag,
@@ -56,6 +56,8 @@ impl Net {
                     self.order.push(format!("hand over {}", sessions.len()));
                     self.handed.push(sessions);
                 }
+                Action::ReleasePartition(p) => self.order.push(format!("release {p}")),
+                Action::StartTurn(turn) => self.order.push(format!("start {}", turn.0)),
                 _ => {}
             }
         }
@@ -697,6 +699,315 @@ fn a_refused_outcome_of_a_message_accepted_here_is_answered_by_the_next_owner() 
         outcome: done("by the next owner", "m1"),
     });
     assert!(n.take(c).is_empty());
+}
+
+/// Partition 3 owned here, with three messages in two sessions: m1 running (its `started`
+/// record written and durable), m2 queued behind it, m3 queued in another session. Returns
+/// the net, the connection, and each message's tag and event builder.
+fn draining_setup() -> (Net, ConnId, Vec<u64>, Vec<Message>) {
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = untyped(n.take(c));
+    let mut gained = ClusterReport::default();
+    gained.gained.push((3, Default::default()));
+    gained.gained.push((4, Default::default()));
+    n.report(0, gained);
+    for (id, chat) in [("m1", "1"), ("m2", "1"), ("m3", "2")] {
+        n.send(
+            c,
+            json!({"op": "message", "id": id, "chat_id": chat, "text": id}),
+        );
+    }
+    let acc = n.accepted();
+    let placed = Committed {
+        taken: 3,
+        durable: acc.iter().map(|m| m.seq).collect(),
+        cluster: ClusterReport {
+            placed: (0..3)
+                .map(|i| (acc[i].seq, cluster_tag(3, i as u64 + 1)))
+                .collect(),
+            ..ClusterReport::default()
+        },
+        ..Committed::default()
+    };
+    n.b.journaled(placed, n.now);
+    n.pump();
+    let tags = n.submitted.clone();
+    let messages = std::mem::take(&mut n.messages);
+    let ev = |i: usize, kind| MessageEvent {
+        id: messages[i].id.clone(),
+        session: messages[i].session.clone(),
+        kind,
+    };
+    let running = EventKind::Accepted {
+        state: AcceptState::Running,
+        position: 0,
+    };
+    let queued = EventKind::Accepted {
+        state: AcceptState::Queued,
+        position: 1,
+    };
+    n.b.event(tags[0], ev(0, running), n.now);
+    n.b.event(tags[1], ev(1, queued.clone()), n.now);
+    n.b.event(tags[2], ev(2, queued), n.now);
+    n.b.event(tags[0], ev(0, EventKind::TurnStarted(TurnId(1))), n.now);
+    n.pump();
+    // m1's `started` is durable: it runs.
+    let taken = std::mem::take(&mut n.journal).len();
+    n.report(taken, ClusterReport::default());
+    assert_eq!(n.order.last().map(String::as_str), Some("start 1"));
+    let acks = untyped(n.take(c));
+    assert_eq!(acks.len(), 3, "{acks:?}");
+    (n, c, tags, messages)
+}
+
+fn event_of(m: &Message, kind: EventKind) -> MessageEvent {
+    MessageEvent {
+        id: m.id.clone(),
+        session: m.session.clone(),
+        kind,
+    }
+}
+
+/// A drained partition (the planned release when an instance joins): the session with no
+/// turn in progress leaves at once; the running turn is not cut off — it ends, its outcome
+/// record is written and its result sent — and only then does its session leave and the
+/// journal thread get the release; the queued message behind it is claimed meanwhile but its
+/// turn never starts here (no `started` record): the next owner finds it not started, so it
+/// is never `interrupted by restart`. Inbox arrivals for it are not queued meanwhile.
+#[test]
+fn a_draining_partition_starts_no_turn_and_is_released_only_once_its_running_turns_outcome_is_written()
+ {
+    let (mut n, c, tags, messages) = draining_setup();
+    n.order.clear();
+    n.report(
+        0,
+        ClusterReport {
+            draining: vec![3],
+            ..ClusterReport::default()
+        },
+    );
+    // Session 2 has no turn in progress: handed over at once; session 1 waits for m1.
+    let handed: Vec<String> = n.handed.concat().iter().map(|k| k.to_string()).collect();
+    assert_eq!(handed, vec!["tg:dm:2"]);
+    assert_eq!(n.order, vec!["hand over 1"], "no release while m1 runs");
+    assert_eq!(n.b.draining_partitions(), vec![3]);
+    assert_eq!(n.b.owned_partitions(), vec![3, 4], "owned until released");
+
+    // Another instance's message into the draining partition: not queued here.
+    let mut inbox = RecoveredMessage {
+        message: n.accepted().pop().unwrap_or_else(|| StoredMessage {
+            seq: 0,
+            platform: "tg".into(),
+            id: "x".into(),
+            chat_type: "dm".into(),
+            chat_id: "7".into(),
+            thread_id: None,
+            user_id: None,
+            user_name: None,
+            meta: None,
+            text: "x".into(),
+            dedup_until_ms: u64::MAX / 4,
+        }),
+        starts: 0,
+        outcome: None,
+    };
+    inbox.message.seq = cluster_tag(3, 9);
+    n.arrive(Arrival::Message {
+        partition: 3,
+        tag: cluster_tag(3, 9),
+        message: Box::new(inbox),
+        origin: "b".into(),
+    });
+    assert_eq!(
+        n.submitted, tags,
+        "an inbox arrival of a draining partition queued here"
+    );
+
+    // m1 ends; the runtime claims m2 next: its turn is held, no `started` record.
+    n.b.event(
+        tags[0],
+        event_of(
+            &messages[0],
+            EventKind::Finished(Outcome::Reply("m1 done".into())),
+        ),
+        n.now,
+    );
+    n.b.event(
+        tags[1],
+        event_of(&messages[1], EventKind::TurnStarted(TurnId(2))),
+        n.now,
+    );
+    n.pump();
+    assert!(
+        !n.journal
+            .iter()
+            .any(|r| matches!(r, Record::Started { seq, .. } if *seq == tags[1])),
+        "a turn started in a draining partition: {:?}",
+        n.journal
+    );
+    assert!(
+        !n.order.iter().any(|o| o.starts_with("release")),
+        "released before m1's outcome was written: {:?}",
+        n.order
+    );
+    assert!(
+        untyped(n.take(c)).is_empty(),
+        "m1's reply before its record"
+    );
+    // Its outcome record is durable: the reply goes, then session 1 leaves, then the release.
+    let taken = std::mem::take(&mut n.journal).len();
+    let written = Committed {
+        taken,
+        outcomes: vec![tags[0]],
+        ..Committed::default()
+    };
+    n.b.journaled(written, n.now);
+    n.pump();
+    let lines = untyped(n.take(c));
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["text"], "m1 done");
+    assert_eq!(n.order, vec!["hand over 1", "hand over 1", "release 3"]);
+    assert_eq!(n.b.drained(), (1, 2), "m2 and m3 handed over");
+    assert_eq!(n.b.owned_partitions(), vec![4]);
+    assert!(n.b.draining_partitions().is_empty());
+    assert_eq!(
+        n.b.remote_waiting(),
+        2,
+        "m2 and m3 wait for the next owner's outcome"
+    );
+    // The held turn ends handed over: nothing recorded, nothing sent.
+    n.b.event(
+        tags[1],
+        event_of(
+            &messages[1],
+            EventKind::Finished(Outcome::Cancelled(CancelReason::HandedOver)),
+        ),
+        n.now,
+    );
+    n.pump();
+    assert!(n.journal.is_empty(), "{:?}", n.journal);
+    assert!(untyped(n.take(c)).is_empty());
+    // The journal thread's report of the release (`lost`) changes nothing more.
+    n.report(
+        0,
+        ClusterReport {
+            lost: vec![3],
+            ..ClusterReport::default()
+        },
+    );
+    assert_eq!(
+        n.b.handed_over(),
+        (0, 0),
+        "a drained partition is not a lost one"
+    );
+    assert_eq!(n.order.len(), 3);
+}
+
+/// The drain's bound: the journal thread gives a drain up past `ClusterConfig::drain` and
+/// reports the partition lost; the running turn is then cut off as a lost partition's is
+/// (handed over, its result discarded), and the bridge never asks for a second release.
+#[test]
+fn a_drain_past_its_bound_is_handed_over_as_a_lost_partition() {
+    let (mut n, c, tags, messages) = draining_setup();
+    n.order.clear();
+    n.report(
+        0,
+        ClusterReport {
+            draining: vec![3],
+            ..ClusterReport::default()
+        },
+    );
+    assert_eq!(n.order, vec!["hand over 1"]);
+    n.report(
+        0,
+        ClusterReport {
+            lost: vec![3],
+            ..ClusterReport::default()
+        },
+    );
+    assert_eq!(n.order, vec!["hand over 1", "hand over 1"], "{:?}", n.order);
+    assert_eq!(
+        n.b.handed_over(),
+        (1, 2),
+        "m1 and m2 cut off with the partition"
+    );
+    assert_eq!(n.b.drained(), (0, 0));
+    assert!(n.b.draining_partitions().is_empty());
+    // m1's late reply is discarded; nothing asks for a release later.
+    n.b.event(
+        tags[0],
+        event_of(
+            &messages[0],
+            EventKind::Finished(Outcome::Reply("late".into())),
+        ),
+        n.now,
+    );
+    n.pump();
+    n.report(0, ClusterReport::default());
+    assert!(n.journal.is_empty(), "{:?}", n.journal);
+    assert!(untyped(n.take(c)).is_empty());
+    assert!(
+        !n.order.iter().any(|o| o.starts_with("release")),
+        "{:?}",
+        n.order
+    );
+}
+
+/// The lines that are not typing indicators.
+fn untyped(lines: Vec<Value>) -> Vec<Value> {
+    lines.into_iter().filter(|v| v["op"] != "typing").collect()
+}
+
+/// A message loaded as the instance stops (an inbox arrival or a gained partition's, the
+/// runtime refusing it `shutting_down`) is left in the journal for the next owner: no
+/// outcome record, nothing sent (a `failed` would answer it wrongly for good).
+#[test]
+fn a_message_loaded_while_the_instance_stops_stays_for_the_next_owner() {
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = n.take(c);
+    let g = cluster_tag(2, 1);
+    let mut loaded = turnstile::internal::journal::LoadedPartition::default();
+    loaded.recovered.messages.push(RecoveredMessage {
+        message: StoredMessage {
+            seq: g,
+            platform: "tg".into(),
+            id: "m1".into(),
+            chat_type: "dm".into(),
+            chat_id: "1".into(),
+            thread_id: None,
+            user_id: None,
+            user_name: None,
+            meta: None,
+            text: "m1".into(),
+            dedup_until_ms: u64::MAX / 4,
+        },
+        starts: 0,
+        outcome: None,
+    });
+    n.report(
+        0,
+        ClusterReport {
+            gained: vec![(2, loaded)],
+            ..ClusterReport::default()
+        },
+    );
+    assert_eq!(n.submitted, vec![g]);
+    let message = n.messages.pop().expect("m1");
+    n.b.event(
+        g,
+        event_of(
+            &message,
+            EventKind::Rejected(turnstile::RejectReason::ShuttingDown),
+        ),
+        n.now,
+    );
+    n.pump();
+    assert!(n.journal.is_empty(), "{:?}", n.journal);
+    n.report(0, ClusterReport::default());
+    assert!(n.take(c).is_empty());
+    assert_eq!(n.b.kept_for_restart(), 1);
 }
 
 /// A result run here for a message another instance accepted, that instance taken for dead

@@ -42,9 +42,13 @@ struct Member {
 
 impl Member {
     fn start(r: &Redis, instance: &str, lease: Duration, session_cap: usize) -> Member {
+        Member::start_with(cfg(r, instance, lease), session_cap)
+    }
+
+    fn start_with(c: ClusterConfig, session_cap: usize) -> Member {
         let (tx, woke) = crossbeam_channel::unbounded();
         let journal = Journal::start_cluster(
-            store(r, instance, lease),
+            RedisStore::connect(c).expect("connect"),
             JournalConfig::default(),
             session_cap,
             move || {
@@ -94,6 +98,7 @@ fn merge(all: &mut Committed, c: Committed) {
     a.duplicates.extend(b.duplicates);
     a.session_full.extend(b.session_full);
     a.gained.extend(b.gained);
+    a.draining.extend(b.draining);
     a.lost.extend(b.lost);
     a.fenced.extend(b.fenced);
     a.unwritten_outcomes.extend(b.unwritten_outcomes);
@@ -558,4 +563,126 @@ fn the_reader_brings_the_origin_the_outcomes_of_its_own_messages_only() {
         }],
         "b's outcome and the one before the start are not a's to send"
     );
+}
+
+fn lease_of(r: &Redis, p: u32) -> Option<String> {
+    redis::cmd("GET")
+        .arg(format!("ts:{{p{p}}}:lease"))
+        .query(&mut r.client())
+        .expect("GET")
+}
+
+/// A second instance joins: the member names its surplus (the top half) to drain instead of
+/// releasing it; a draining partition stays its own in Redis and queues no new message here
+/// (an accept into it is `remote`); one the bridge says is drained is released at once
+/// (reported lost), one never said drained is given up at the drain's bound.
+#[test]
+fn a_joining_instance_makes_the_member_drain_its_surplus_release_what_is_drained_and_give_up_at_the_bound()
+ {
+    let Some(bin) = require_redis() else { return };
+    let r = Redis::start(&bin);
+    let lease = Duration::from_millis(3000);
+    let mut c = cfg(&r, "a", lease);
+    c.drain = Duration::from_millis(600);
+    let mut a = Member::start_with(c, 10);
+    a.until("every partition gained", |c| gained(c) == [0, 1, 2, 3]);
+    let mut b = store(&r, "b", lease);
+    b.heartbeat().expect("heartbeat");
+    a.until("the surplus named to drain", |c| {
+        c.cluster.draining.len() == 2
+    });
+    let mut draining = a.seen.cluster.draining.clone();
+    draining.sort_unstable();
+    assert_eq!(draining, vec![2, 3], "the surplus from the top");
+    assert!(a.seen.cluster.lost.is_empty(), "nothing released yet");
+    for p in 0..P {
+        assert!(
+            lease_of(&r, p).is_some_and(|l| l.starts_with("a:")),
+            "partition {p} still a's while it drains"
+        );
+    }
+    // An accept into a draining partition is placed, acked, and not queued here.
+    let chat = (0..100)
+        .map(|i| i.to_string())
+        .find(|c| part(c) == 3)
+        .expect("a chat of partition 3");
+    a.journal.send(Record::Accepted(msg(1, "m1", &chat)));
+    let c = a.until("accepted", |c| !c.cluster.placed.is_empty());
+    assert_eq!(
+        (c.durable.clone(), c.cluster.remote.clone()),
+        (vec![], vec![1])
+    );
+    // The bridge drained 3: released now.
+    a.journal.release_drained(3);
+    a.until("3 released", |c| c.cluster.lost.contains(&3));
+    assert!(
+        !a.seen.cluster.lost.contains(&2),
+        "3 was released at once, not at the bound with 2"
+    );
+    assert_eq!(lease_of(&r, 3), None, "3's lease given back");
+    // A partition not draining is never released so.
+    a.journal.release_drained(0);
+    b.heartbeat().expect("heartbeat");
+    // 2 was never said drained: given up at the bound, its lease released too.
+    a.until("2 given up at the bound", |c| c.cluster.lost.contains(&2));
+    assert_eq!(lease_of(&r, 2), None, "2's lease given back");
+    assert!(lease_of(&r, 0).is_some_and(|l| l.starts_with("a:")));
+    assert!(!a.seen.cluster.lost.contains(&0));
+    acquired(&mut b, 3);
+    acquired(&mut b, 2);
+}
+
+/// The renewals of a pass go in one pipeline, each answered on its own: a lease taken behind
+/// the member's back is fenced at its next renewal and reported (once), the others stay its
+/// own and are renewed (their TTL set again), and the member serves on with them.
+#[test]
+fn the_pipelined_renewals_fence_a_lease_taken_away_and_renew_the_others() {
+    let Some(bin) = require_redis() else { return };
+    let r = Redis::start(&bin);
+    let lease = Duration::from_millis(3000);
+    let mut a = Member::start(&r, "a", lease, 10);
+    a.until("every partition gained", |c| gained(c) == [0, 1, 2, 3]);
+    // Shorten the others' TTLs (below the lease, above a pass): only a renewal sets them
+    // back to the lease. Then 2 moves to B behind A's back.
+    for p in [0, 1, 3] {
+        let _: () = redis::cmd("PEXPIRE")
+            .arg(format!("ts:{{p{p}}}:lease"))
+            .arg(2000)
+            .query(&mut r.client())
+            .expect("PEXPIRE");
+    }
+    let _: () = redis::cmd("DEL")
+        .arg("ts:{p2}:lease")
+        .query(&mut r.client())
+        .expect("DEL");
+    let mut b = store(&r, "b", LONG);
+    let _b_lease = acquired(&mut b, 2);
+    a.until("2 fenced at its renewal", |c| c.cluster.fenced.contains(&2));
+    assert_eq!(a.seen.cluster.fenced, vec![2]);
+    assert!(a.seen.cluster.lost.is_empty(), "{:?}", a.seen.cluster);
+    assert!(lease_of(&r, 2).is_some_and(|l| l.starts_with("b:")));
+    for p in [0, 1, 3] {
+        assert!(
+            lease_of(&r, p).is_some_and(|l| l.starts_with("a:")),
+            "partition {p} renewed with the others"
+        );
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(format!("ts:{{p{p}}}:lease"))
+            .query(&mut r.client())
+            .expect("PTTL");
+        assert!(
+            ttl > 2000,
+            "partition {p}'s TTL not set again by the pass: {ttl} ms"
+        );
+    }
+    // Still its own: an owned write there goes through.
+    let chat = (0..100)
+        .map(|i| i.to_string())
+        .find(|c| part(c) == 0)
+        .expect("a chat of partition 0");
+    a.journal.send(Record::Accepted(msg(1, "m1", &chat)));
+    a.until("accepted", |c| c.durable == [1]);
+    a.journal.send(Record::Started { seq: 1, attempt: 1 });
+    a.until("started written", |c| c.taken == 2);
+    assert_eq!(a.seen.cluster.fenced, vec![2]);
 }

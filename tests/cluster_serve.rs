@@ -355,9 +355,10 @@ fn kill_9_of_the_owner_mid_load_loses_no_acked_message_and_keeps_per_session_ord
                 .all(|v| v["op"] == first && v["text"] == vs[0]["text"]),
             "{id}: two different outcomes: {vs:?}"
         );
-        // A second copy is the same outcome sent again, marked as possibly seen.
+        // A second copy is the same outcome sent again, marked as possibly seen (which
+        // copy arrives first is a race between the two bridges' connections).
         assert!(
-            vs[1..].iter().all(|v| v["redelivery"] == true),
+            vs.iter().filter(|v| v["redelivery"] != true).count() <= 1,
             "{id}: a second copy not marked redelivery: {vs:?}"
         );
     }

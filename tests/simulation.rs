@@ -528,6 +528,8 @@ impl World {
                     Action::HandOver(sessions) => {
                         gw.core.handle(now, Input::HandOver { sessions }, &mut fx);
                     }
+                    // No cluster here: nothing is ever drained.
+                    Action::ReleasePartition(_) => {}
                 }
             }
             for c in closed {

@@ -19,9 +19,13 @@
 //! own count never reaches 2^63.
 //!
 //! The ownership pass runs every [`Ownership::pass_every`] (a third of the lease), between
-//! batches: heartbeat, release the surplus, renew, acquire free partitions and load each one
-//! gained. Gained, lost (released, or not renewed in time) and fenced partitions go to the
-//! reactor in the next [`Committed`].
+//! batches: heartbeat, the instances gone from the registry (their messages' written
+//! outcomes in partitions held here are reported), the surplus named to drain (the bridge
+//! says when a drain is over, on a channel of its own: [`Journal::release_drained`]; past
+//! `ClusterConfig::drain` the partition is released anyway), renew, acquire free partitions
+//! and load each one gained. Gained, draining, lost (drained and released, past the drain's
+//! bound, or not renewed in time) and fenced partitions go to the reactor in the next
+//! [`Committed`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -76,8 +80,14 @@ pub struct ClusterReport {
     /// `origins` only those accepted by *another live* instance (their results go there),
     /// by the same tag; `max_seq` is 0 (the partition's count is not a bridge tag).
     pub gained: Vec<(u32, LoadedPartition)>,
-    /// Partitions given up (the surplus over the fair share released, or a lease not renewed
-    /// in time): stop starting turns there and end their sessions without outcome records.
+    /// Partitions to drain (more than the fair share held): start no new turn there, let
+    /// the running ones end and their outcomes be written, hand the partition over, then
+    /// tell the thread ([`Journal::release_drained`]). Messages accepted into it from now on
+    /// are reported `remote` (its next owner runs them).
+    pub draining: Vec<u32>,
+    /// Partitions given up (a drained partition released, a drain past its bound, a lease
+    /// not renewed in time): stop starting turns there and end their sessions without
+    /// outcome records (a drained one's were handed over already).
     pub lost: Vec<u32>,
     /// Partitions whose owned write (`started`, an outcome, a renewal) was refused because
     /// another instance holds the lease: the write was dropped; as `lost`.
@@ -102,13 +112,14 @@ impl Journal {
     where
         W: Fn() + Send + 'static,
     {
-        Journal::spawn(None, move |rx, done, stopped, gauges| {
+        let (drained_tx, drained) = crossbeam_channel::unbounded();
+        let mut journal = Journal::spawn(None, move |rx, done, stopped, gauges| {
             let mut own = Ownership::new(store.instance(), store.partitions(), store.lease());
-            // Not yet: a released partition's sessions would have to end here first (the
-            // bridge cannot drain one yet), so an instance keeps what it holds and one that
-            // joins takes only what comes free (docs/cluster.md, next steps).
-            own.set_shed(false);
+            // The surplus over the fair share is drained by the bridge before it is
+            // released: no turn running there is cut off (docs/cluster.md, "Shedding").
+            own.set_drain(Some(store.drain()));
             let mut m = Member {
+                drained: Some(drained),
                 store,
                 cfg,
                 session_cap,
@@ -121,15 +132,21 @@ impl Journal {
                 retry: Vec::new(),
                 failing: false,
                 closed: false,
+                to_release: Vec::new(),
             };
             m.run(&rx, &done, &stopped, &wake);
             m.leave();
-        })
+        })?;
+        journal.drained = Some(drained_tx);
+        Ok(journal)
     }
 }
 
 /// The thread's state between batches.
 struct Member {
+    /// Partitions whose drain the bridge finished ([`Journal::release_drained`]); `None`
+    /// once the sender is gone.
+    drained: Option<Receiver<u32>>,
     store: RedisStore,
     cfg: JournalConfig,
     session_cap: usize,
@@ -147,6 +164,8 @@ struct Member {
     failing: bool,
     /// The sender is gone: write what is left, then stop.
     closed: bool,
+    /// Drained partitions to release after the next batch.
+    to_release: Vec<u32>,
 }
 
 /// Where a record goes in Redis: its partition and seq, or (an accept) its session.
@@ -192,6 +211,7 @@ impl Member {
             if let Some((batch, kept)) = batch {
                 self.commit(batch, kept, &mut c);
             }
+            self.release_drained(&mut c);
             if wrote || c != Committed::default() {
                 if done.send(c).is_err() {
                     return;
@@ -221,10 +241,18 @@ impl Member {
             wait = wait.min(self.cfg.retry_every);
         }
         if !self.closed {
-            match rx.recv_timeout(wait) {
-                Ok(r) => batch.push(r),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => self.closed = true,
+            let never = crossbeam_channel::never();
+            let drained = self.drained.as_ref().unwrap_or(&never);
+            crossbeam_channel::select! {
+                recv(rx) -> r => match r {
+                    Ok(r) => batch.push(r),
+                    Err(_) => self.closed = true,
+                },
+                recv(drained) -> p => match p {
+                    Ok(p) => self.to_release.push(p),
+                    Err(_) => self.drained = None,
+                },
+                default(wait) => {}
             }
         }
         while batch.len() < self.cfg.max_batch.max(1) + kept && !self.closed {
@@ -350,7 +378,9 @@ impl Member {
                         self.tags.insert(m.seq, (*partition, seq));
                         self.back.insert((*partition, seq), m.seq);
                         c.cluster.placed.push((m.seq, cluster_tag(*partition, seq)));
-                        if self.own.holds(*partition) {
+                        // A draining partition queues nothing new here: its next owner
+                        // loads the message, and this bridge waits for its outcome.
+                        if self.own.holds(*partition) && !self.own.is_draining(*partition) {
                             c.durable.push(m.seq);
                         } else {
                             c.cluster.remote.push(m.seq);
@@ -468,6 +498,24 @@ impl Member {
         }
         self.drop_kept_owned_writes(&plan.lost, c);
         c.cluster.lost.extend(plan.lost);
+        for p in &plan.drain {
+            log::info!(
+                "partition {p}: draining (more than the fair share of {} held): no new turn starts there; released once its running turns end",
+                self.own.fair_share()
+            );
+        }
+        c.cluster.draining.extend(plan.drain);
+        for lease in plan.expired {
+            log::warn!(
+                "partition {}: its drain took longer than {:?}; released now (its running turns end here, the next owner recovers them)",
+                lease.partition,
+                self.store.drain()
+            );
+            if let Err(e) = self.store.release(&lease) {
+                log::debug!("partition {}: release failed: {e}", lease.partition);
+            }
+            c.cluster.lost.push(lease.partition);
+        }
         for lease in plan.release {
             match self.store.release(&lease) {
                 Ok(_) => log::info!(
@@ -521,6 +569,26 @@ impl Member {
             }
             // As many again as were taken, further on: the share is found in this pass.
             candidates = self.own.more_candidates(taken);
+        }
+    }
+
+    /// Releases the partitions whose drain the bridge finished (each was handed over there
+    /// already); reported `lost` so that the reader stops reading their inboxes.
+    fn release_drained(&mut self, c: &mut Committed) {
+        if let Some(rx) = &self.drained {
+            self.to_release.extend(rx.try_iter());
+        }
+        for p in std::mem::take(&mut self.to_release) {
+            let Some(lease) = self.own.drained(p) else {
+                log::debug!("partition {p}: drained, but no longer held as draining");
+                continue;
+            };
+            match self.store.release(&lease) {
+                Ok(_) => log::info!("partition {p}: drained and released"),
+                // Its TTL frees it anyway.
+                Err(e) => log::warn!("partition {p}: drained, but its release failed: {e}"),
+            }
+            c.cluster.lost.push(p);
         }
     }
 

@@ -3,8 +3,8 @@
 //! rebalancing").
 //!
 //! Every pass ([`Ownership::plan`]) says what to send: renewals of the leases held, the
-//! surplus to release when there are more partitions held than the fair share
-//! (`ceil(partitions / live instances)`), a few free partitions to try to acquire when there
+//! surplus to release (or, with [`Ownership::set_drain`], to drain first) when there are
+//! more partitions held than the fair share (`ceil(partitions / live instances)`), a few free partitions to try to acquire when there
 //! are fewer, and the leases to consider **lost** — those not renewed successfully for a
 //! whole TTL, counted from when the last successful renewal was *sent*, so that this
 //! instance gives a partition up no later than Redis can give it to another. The fenced
@@ -21,8 +21,16 @@ use super::redis::{Lease, partition_of};
 pub struct Plan {
     /// Leases to renew now.
     pub renew: Vec<Lease>,
-    /// Leases to give up (more than the fair share is held).
+    /// Leases to give up now (more than the fair share is held, and no drain is asked for:
+    /// see [`Ownership::set_drain`]).
     pub release: Vec<Lease>,
+    /// Partitions to drain before they are given up (more than the fair share is held and
+    /// [`Ownership::set_drain`] is on): they stay held and renewed until
+    /// [`Ownership::drained`] or the drain's bound.
+    pub drain: Vec<u32>,
+    /// Drains past their bound: give these up now, as if lost (their running turns end
+    /// here without outcomes; the next owner recovers them).
+    pub expired: Vec<Lease>,
     /// Partitions to try to acquire.
     pub acquire: Vec<u32>,
     /// Partitions lost: not renewed for a whole TTL. Stop starting turns there, drop them.
@@ -36,6 +44,8 @@ struct Held {
     renewed_sent: Duration,
     /// When the last renewal was sent (succeeded or not yet answered).
     last_sent: Duration,
+    /// Since when it is drained to be given up (see [`Plan::drain`]).
+    draining: Option<Duration>,
 }
 
 /// The partitions one instance holds, and when to renew, shed, take or give them up.
@@ -53,6 +63,8 @@ pub struct Ownership {
     shed: bool,
     /// Partitions the search for free ones has looked at in this pass.
     swept: u32,
+    /// With shedding: drain the surplus first, for at most this long (None: release at once).
+    drain: Option<Duration>,
 }
 
 impl Ownership {
@@ -67,6 +79,7 @@ impl Ownership {
             cursor: partition_of(instance, partitions),
             shed: true,
             swept: 0,
+            drain: None,
         }
     }
 
@@ -80,6 +93,33 @@ impl Ownership {
     /// instance keeps what it holds and a joining one takes only what comes free.
     pub fn set_shed(&mut self, shed: bool) {
         self.shed = shed;
+    }
+
+    /// Whether the surplus is drained before it is released, and for how long at most
+    /// (default `None`: released at once). A draining partition stays held and renewed
+    /// until [`Ownership::drained`] says its drain is over, or until `limit` has passed
+    /// since it began ([`Plan::expired`]); it counts as held for the acquisitions (an
+    /// instance never holds more than it did) and not for the surplus (it is not picked
+    /// twice).
+    pub fn set_drain(&mut self, limit: Option<Duration>) {
+        self.drain = limit;
+    }
+
+    /// Whether `partition` is held and being drained.
+    pub fn is_draining(&self, partition: u32) -> bool {
+        self.held
+            .get(&partition)
+            .is_some_and(|h| h.draining.is_some())
+    }
+
+    /// The drain of `partition` is over: it is no longer held, and its lease is returned to
+    /// be released. `None` if it is not held or not draining (a lost, fenced or expired
+    /// drain already gave it up).
+    pub fn drained(&mut self, partition: u32) -> Option<Lease> {
+        if !self.is_draining(partition) {
+            return None;
+        }
+        self.held.remove(&partition).map(|h| h.lease)
     }
 
     /// The registry's count of live instances (this one included; at least 1).
@@ -125,10 +165,8 @@ impl Ownership {
         plan.lost = lost;
         let share = self.fair_share() as usize;
         // The surplus goes from the top, so the instances' shares settle instead of swapping.
-        while self.shed && self.held.len() > share {
-            if let Some((_, h)) = self.held.pop_last() {
-                plan.release.push(h.lease);
-            }
+        if self.shed {
+            self.shed_surplus(now, share, &mut plan);
         }
         for h in self.held.values_mut() {
             if now.saturating_sub(h.last_sent) >= lease / 3 {
@@ -138,7 +176,8 @@ impl Ownership {
         }
         self.swept = 0;
         plan.acquire = self.candidates(share.saturating_sub(self.held.len()));
-        debug_assert!(!self.shed || self.held.len() <= share);
+        debug_assert!(!self.shed || self.kept() <= share);
+        debug_assert!(self.drain.is_some() || self.held.values().all(|h| h.draining.is_none()));
         plan
     }
 
@@ -164,6 +203,46 @@ impl Ownership {
         found
     }
 
+    /// Held partitions not being drained.
+    fn kept(&self) -> usize {
+        self.held.values().filter(|h| h.draining.is_none()).count()
+    }
+
+    /// Releases (or starts draining) what is held beyond `share`, highest first, and gives
+    /// up the drains past their bound.
+    fn shed_surplus(&mut self, now: Duration, share: usize, plan: &mut Plan) {
+        let Some(limit) = self.drain else {
+            while self.held.len() > share {
+                if let Some((_, h)) = self.held.pop_last() {
+                    plan.release.push(h.lease);
+                }
+            }
+            return;
+        };
+        let mut kept = self.kept();
+        for (p, h) in self.held.iter_mut().rev() {
+            if kept <= share {
+                break;
+            }
+            if h.draining.is_none() {
+                h.draining = Some(now);
+                plan.drain.push(*p);
+                kept -= 1;
+            }
+        }
+        let expired: Vec<u32> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.draining.is_some_and(|t| now.saturating_sub(t) >= limit))
+            .map(|(p, _)| *p)
+            .collect();
+        for p in expired {
+            if let Some(h) = self.held.remove(&p) {
+                plan.expired.push(h.lease);
+            }
+        }
+    }
+
     /// An acquisition sent at `sent` succeeded.
     pub fn acquired(&mut self, lease: Lease, sent: Duration) {
         debug_assert!(lease.partition < self.partitions);
@@ -173,6 +252,7 @@ impl Ownership {
                 lease,
                 renewed_sent: sent,
                 last_sent: sent,
+                draining: None,
             },
         );
     }
@@ -317,6 +397,70 @@ mod tests {
         );
         // The next pass searches afresh.
         assert_eq!(o.plan(Duration::from_millis(1)).acquire.len(), 3);
+    }
+
+    #[test]
+    fn with_a_drain_the_surplus_stays_held_and_renewed_until_drained_and_is_picked_once() {
+        let mut o = Ownership::new("a", 4, LEASE);
+        o.set_drain(Some(Duration::from_secs(30)));
+        pass_all_granted(&mut o, Duration::ZERO);
+        o.set_live(2);
+        let plan = o.plan(Duration::from_millis(1000));
+        assert_eq!(plan.drain, vec![3, 2], "the surplus goes from the top");
+        assert!(plan.release.is_empty() && plan.expired.is_empty());
+        assert_eq!(plan.renew.len(), 4, "a draining partition is renewed too");
+        assert!(plan.acquire.is_empty());
+        assert!(o.is_draining(3) && o.is_draining(2) && !o.is_draining(1));
+        for l in &plan.renew {
+            o.renewed(l.partition, Duration::from_millis(1000));
+        }
+        // The next pass picks nothing again and still renews the draining ones.
+        let plan = o.plan(Duration::from_millis(2000));
+        assert!(plan.drain.is_empty(), "{plan:?}");
+        assert_eq!(plan.renew.len(), 4);
+        assert_eq!(o.drained(3).map(|l| l.partition), Some(3));
+        assert_eq!(o.drained(3), None, "once");
+        assert_eq!(o.drained(1), None, "a kept partition is not released");
+        assert_eq!(
+            o.held().map(|l| l.partition).collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
+        // Its share is full with the draining one: nothing is acquired meanwhile.
+        assert!(o.plan(Duration::from_millis(3000)).acquire.is_empty());
+    }
+
+    #[test]
+    fn a_drain_past_its_bound_is_given_up_at_once() {
+        let mut o = Ownership::new("a", 2, LEASE);
+        o.set_drain(Some(Duration::from_millis(1500)));
+        pass_all_granted(&mut o, Duration::ZERO);
+        o.set_live(2);
+        let t = |ms| Duration::from_millis(ms);
+        assert_eq!(o.plan(t(1000)).drain, vec![1]);
+        o.renewed(0, t(1000));
+        o.renewed(1, t(1000));
+        assert!(o.plan(t(2400)).expired.is_empty(), "within the bound");
+        o.renewed(0, t(2400));
+        o.renewed(1, t(2400));
+        let plan = o.plan(t(2500));
+        assert_eq!(
+            plan.expired.iter().map(|l| l.partition).collect::<Vec<_>>(),
+            vec![1]
+        );
+        assert!(!o.holds(1) && o.holds(0));
+        assert_eq!(o.drained(1), None, "already given up");
+    }
+
+    #[test]
+    fn a_draining_partition_not_renewed_in_time_is_lost_like_any_other() {
+        let mut o = Ownership::new("a", 2, LEASE);
+        o.set_drain(Some(Duration::from_secs(30)));
+        pass_all_granted(&mut o, Duration::ZERO);
+        o.set_live(2);
+        assert_eq!(o.plan(Duration::from_millis(1000)).drain, vec![1]);
+        let plan = o.plan(Duration::from_millis(2800));
+        assert_eq!(plan.lost, vec![0, 1]);
+        assert_eq!(o.drained(1), None);
     }
 
     #[test]

@@ -107,6 +107,9 @@ pub struct Journal {
     thread: Option<JoinHandle<()>>,
     /// The store's size on disk as the thread last saw it, and its write times.
     gauges: Arc<Gauges>,
+    /// `--cluster`: partitions whose drain is over, to be released by the thread.
+    #[cfg(feature = "cluster")]
+    pub(super) drained: Option<Sender<u32>>,
 }
 
 impl Journal {
@@ -149,6 +152,8 @@ impl Journal {
             stop: Some(stop),
             thread: Some(thread),
             gauges,
+            #[cfg(feature = "cluster")]
+            drained: None,
         })
     }
 
@@ -180,6 +185,18 @@ impl Journal {
             && tx.send(r).is_err()
         {
             log::error!("the journal thread is gone; a record was not written");
+        }
+    }
+
+    /// `--cluster`: the drain of `partition` is over (its running turns ended, their outcomes
+    /// are written, its sessions were handed over): the thread releases its lease now.
+    /// Ignored for a partition the thread does not hold as draining.
+    #[cfg(feature = "cluster")]
+    pub fn release_drained(&self, partition: u32) {
+        if let Some(tx) = &self.drained
+            && tx.send(partition).is_err()
+        {
+            log::debug!("partition {partition}: drained, but the journal thread is gone");
         }
     }
 

@@ -132,6 +132,13 @@ impl BridgeServer {
         }
     }
 
+    /// The bridge drained partition `p`: the journal thread releases its lease.
+    pub(super) fn release_drained(&self, p: u32) {
+        if let Some(j) = &self.journal {
+            j.release_drained(p);
+        }
+    }
+
     /// What the reader brought goes to the bridge.
     pub(super) fn cluster_arrivals(&mut self) {
         if let Some(r) = &self.cluster.reader {

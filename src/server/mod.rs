@@ -475,6 +475,8 @@ impl BridgeServer {
                 // In order with the submissions deferred before it.
                 #[cfg(feature = "cluster")]
                 (deferred @ Action::HandOver(_), None) => self.deferred.push(deferred),
+                #[cfg(feature = "cluster")]
+                (Action::ReleasePartition(p), _) => self.release_drained(p),
                 (Action::Close(id), _) => self.drop_socket(id),
                 (Action::Journal(r), _) => match &self.journal {
                     Some(j) => j.send(r),

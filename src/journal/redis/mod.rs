@@ -57,6 +57,9 @@ pub fn partition_of(session: &str, partitions: u32) -> u32 {
     (h % u64::from(partitions.max(1))) as u32
 }
 
+/// [`ClusterConfig::drain`]'s default.
+pub(crate) const DEFAULT_DRAIN: Duration = Duration::from_secs(30);
+
 /// How an instance joins the cluster.
 #[derive(Clone, Debug)]
 pub struct ClusterConfig {
@@ -73,6 +76,10 @@ pub struct ClusterConfig {
     pub allow_lazy_fsync: bool,
     /// Connect, read and write timeout of one round trip.
     pub timeout: Duration,
+    /// Longest drain of a partition released to another instance (the fair share shrank):
+    /// its running turns get this long to end before it is given up as if lost (they are
+    /// then failed `interrupted by restart` by the next owner). Default 30 s.
+    pub drain: Duration,
 }
 
 impl ClusterConfig {
@@ -91,6 +98,7 @@ impl ClusterConfig {
             lease: Duration::from_millis(3000),
             allow_lazy_fsync: false,
             timeout: Duration::from_secs(2),
+            drain: DEFAULT_DRAIN,
         }
     }
 }
@@ -338,6 +346,11 @@ impl RedisStore {
     /// A lease's time to live.
     pub fn lease(&self) -> Duration {
         self.cfg.lease
+    }
+
+    /// The longest drain of a released partition ([`ClusterConfig::drain`]).
+    pub fn drain(&self) -> Duration {
+        self.cfg.drain
     }
 
     fn con(&mut self) -> Result<&mut redis::Connection, StoreError> {

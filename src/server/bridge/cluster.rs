@@ -47,7 +47,7 @@ pub(super) struct ClusterSide {
     /// Messages acked here and owned elsewhere: cluster tag → the bridge's tag.
     remote: HashMap<u64, u64>,
     /// Partitions owned here (gained, not handed over since).
-    owned: HashSet<u32>,
+    pub(super) owned: HashSet<u32>,
     /// The partition count (`--partitions`): a session's partition is computed here.
     partitions: u32,
     /// Messages accepted here and placed in Redis: the bridge's tag → the cluster tag the
@@ -71,9 +71,21 @@ pub(super) struct ClusterSide {
     /// (the origin may be alive after all, paused, and send the same outcome from the
     /// stream; see `mark_foreign`). Pruned to the messages in flight.
     foreign: HashSet<u64>,
+    /// Partitions being drained to be released, and the turns they wait for.
+    pub(super) drains: super::drain::Drains,
 }
 
 impl ClusterSide {
+    /// The partition of a message: by its place in Redis where known, else by its session.
+    pub(super) fn partition_of_route(&self, tag: u64, session: &SessionKey) -> u32 {
+        tag_parts(tag)
+            .or_else(|| self.placed.get(&tag).and_then(|&ct| tag_parts(ct)))
+            .map_or_else(
+                || partition_of(session.as_str(), self.partitions.max(1)),
+                |(p, _)| p,
+            )
+    }
+
     /// The platforms owed a reservation by the messages whose refused outcome the next
     /// owner answers.
     pub(super) fn orphan_platforms(&self) -> impl Iterator<Item = &str> {
@@ -117,6 +129,9 @@ impl Bridge {
                     .placed
                     .retain(|&tag, ct| routes.contains(tag) || orphans.contains_key(ct));
             }
+        }
+        if let Some(d) = &mut self.durable {
+            d.cluster.drains.ask(r.draining);
         }
         for (p, loaded) in r.gained {
             if let Some(d) = &mut self.durable {
@@ -162,14 +177,30 @@ impl Bridge {
         if !d.cluster.owned.remove(&p) {
             return;
         }
-        let n = d.cluster.partitions.max(1);
-        let cluster = &d.cluster;
-        // By its place in Redis where known, else by its session.
-        let partition = |tag: u64, session: &SessionKey| {
-            tag_parts(tag)
-                .or_else(|| cluster.placed.get(&tag).and_then(|&ct| tag_parts(ct)))
-                .map_or_else(|| partition_of(session.as_str(), n), |(p, _)| p)
+        d.cluster.drains.forget(p);
+        let (sessions, handed, waiting) = self.hand_over_sessions(p, &HashSet::new());
+        if let Some(d) = &mut self.durable {
+            d.cluster.handed_over.0 += 1;
+            d.cluster.handed_over.1 += handed as u64;
+        }
+        log::warn!(
+            "partition {p}: lost or fenced: {sessions} session(s) and {handed} message(s) handed over to its next owner ({waiting} accepted here wait for its outcome); this instance serves the rest"
+        );
+    }
+
+    /// The messages of partition `p` leave this instance, but for those of the sessions in
+    /// `keep` (see [`Bridge::hand_over`]); their sessions leave the runtime. Returns the
+    /// sessions and messages handed over, and how many of those wait for the next owner's
+    /// outcome.
+    pub(super) fn hand_over_sessions(
+        &mut self,
+        p: u32,
+        keep: &HashSet<SessionKey>,
+    ) -> (usize, usize, usize) {
+        let Some(d) = &mut self.durable else {
+            return (0, 0, 0);
         };
+        let cluster = &d.cluster;
         // Not a message waiting for Redis (the journal thread places it, owned or not), nor
         // one the runtime already refused (its `forget` is on its way), nor one waiting
         // for another instance already.
@@ -178,7 +209,8 @@ impl Bridge {
             .routes
             .tags()
             .filter(|&(tag, r)| {
-                partition(tag, &r.session) == p
+                cluster.partition_of_route(tag, &r.session) == p
+                    && !keep.contains(&r.session)
                     && !d.is_waiting(tag)
                     && !d.is_forgetting(tag)
                     && !remote.contains(&tag)
@@ -219,18 +251,11 @@ impl Bridge {
             self.platforms.maybe_free(&route.platform);
             self.maybe_finish(route.conn);
         }
-        if let Some(d) = &mut self.durable {
-            d.cluster.handed_over.0 += 1;
-            d.cluster.handed_over.1 += tags.len() as u64;
-        }
-        log::warn!(
-            "partition {p}: lost or fenced: {} session(s) and {} message(s) handed over to its next owner ({waiting} accepted here wait for its outcome); this instance serves the rest",
-            sessions.len(),
-            tags.len()
-        );
+        let counts = (sessions.len(), tags.len(), waiting);
         if !sessions.is_empty() {
             self.actions.push_back(Action::HandOver(sessions));
         }
+        counts
     }
 
     /// Whether a runtime event of `tag` is one of a handed-over message's, to be discarded:
@@ -368,11 +393,11 @@ impl Bridge {
                 message,
                 ..
             } => {
-                let owned = self
-                    .durable
-                    .as_ref()
-                    .is_some_and(|d| d.cluster.owned.contains(&partition));
-                // Read before its partition was handed over: its next owner queues it.
+                let owned = self.durable.as_ref().is_some_and(|d| {
+                    d.cluster.owned.contains(&partition) && !d.cluster.drains.is_draining(partition)
+                });
+                // Read before its partition was handed over (or while it drains): its next
+                // owner queues it.
                 if self.routes.contains(tag) || !owned {
                     return;
                 }

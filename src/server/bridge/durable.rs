@@ -303,6 +303,8 @@ impl Bridge {
         for p in handed {
             self.hand_over(p);
         }
+        #[cfg(feature = "cluster")]
+        self.drain_step();
         self.audit();
     }
 

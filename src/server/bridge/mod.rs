@@ -54,6 +54,8 @@ mod admit;
 mod cluster;
 mod config;
 mod conns;
+#[cfg(feature = "cluster")]
+mod drain;
 mod durable;
 mod platforms;
 mod routes;
@@ -114,6 +116,10 @@ pub enum Action {
     /// runtime (`Ctx::hand_over`); their messages' events are discarded from now on.
     #[cfg(feature = "cluster")]
     HandOver(Vec<SessionKey>),
+    /// `--cluster`: this drained partition may be released (its turns ended, its sessions
+    /// were handed over): tell the journal thread (`Journal::release_drained`).
+    #[cfg(feature = "cluster")]
+    ReleasePartition(u32),
 }
 
 /// The bridge protocol's state machine. See the module documentation.
@@ -325,6 +331,14 @@ impl Bridge {
 
     fn handle_rejected(&mut self, tag: u64, reason: RejectReason) {
         if self.routes.get(tag).is_some_and(|r| r.recovered) {
+            // `--cluster`: loaded (a partition gained, an inbox arrival) as this instance
+            // stops: it stays in the journal for the next owner, as a queued one does.
+            if reason == RejectReason::ShuttingDown
+                && self.durable.is_some()
+                && let Some(route) = self.routes.remove(tag)
+            {
+                return self.keep_for_restart(route);
+            }
             // Acknowledged by the process before the restart: it gets a terminal event.
             return self.finish_recovered(tag, &admit::not_readmitted(reason.as_str()));
         }
@@ -339,6 +353,14 @@ impl Bridge {
     }
 
     fn turn_started(&mut self, tag: u64, turn: TurnId, session: SessionKey, now: Duration) {
+        if !self.routes.contains(tag) {
+            return;
+        }
+        // Its partition is draining: the turn stays held, unrecorded, until the hand-over.
+        #[cfg(feature = "cluster")]
+        if self.durable.is_some() && self.drain_gate(tag, &session) {
+            return;
+        }
         let Some(route) = self.routes.get_mut(tag) else {
             return;
         };
