@@ -112,7 +112,8 @@ def instance(binary, redis, name, lease_ms, extra=()):
     p = subprocess.Popen(
         [binary, "serve", "--listen", "127.0.0.1:0", "--http-listen", "off",
          "--cluster", f"redis://127.0.0.1:{redis.port}", "--instance-id", name,
-         "--lease-ms", str(lease_ms), "--turn-workers", "8", *extra],
+         "--lease-ms", str(lease_ms), "--turn-workers", "8", *extra,
+         *os.environ.get("BENCH_SERVE_ARGS", "").split()],
         stdout=subprocess.PIPE, stderr=open(os.environ.get("BENCH_SERVE_LOG", os.devnull), "ab"),
         env=dict(os.environ, RUST_LOG=os.environ.get("BENCH_RUST_LOG", "warn")))
     addr = p.stdout.readline().decode().split()[-1]

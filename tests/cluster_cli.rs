@@ -50,6 +50,10 @@ fn the_cluster_flags_need_cluster_and_are_checked() {
             "--cluster-allow-lazy-fsync needs --cluster",
         ),
         (
+            &["--cluster-rebalance"][..],
+            "--cluster-rebalance needs --cluster",
+        ),
+        (
             &["--cluster", "http://x", "--check-config"][..],
             "not a Redis URL",
         ),

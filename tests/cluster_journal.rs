@@ -584,6 +584,7 @@ fn a_joining_instance_makes_the_member_drain_its_surplus_release_what_is_drained
     let lease = Duration::from_millis(3000);
     let mut c = cfg(&r, "a", lease);
     c.drain = Duration::from_millis(600);
+    c.rebalance = true;
     let mut a = Member::start_with(c, 10);
     a.until("every partition gained", |c| gained(c) == [0, 1, 2, 3]);
     let mut b = store(&r, "b", lease);

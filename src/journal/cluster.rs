@@ -117,7 +117,12 @@ impl Journal {
             let mut own = Ownership::new(store.instance(), store.partitions(), store.lease());
             // The surplus over the fair share is drained by the bridge before it is
             // released: no turn running there is cut off (docs/cluster.md, "Shedding").
-            own.set_drain(Some(store.drain()));
+            // Without rebalancing an instance keeps what it holds.
+            if store.rebalance() {
+                own.set_drain(Some(store.drain()));
+            } else {
+                own.set_shed(false);
+            }
             let mut m = Member {
                 drained: Some(drained),
                 store,

@@ -291,6 +291,12 @@ pub(crate) struct ServeArgs {
     #[arg(long)]
     #[serde(default)]
     pub(super) cluster_allow_lazy_fsync: bool,
+    /// When an instance joins, the others drain and release what they hold beyond their
+    /// fair share (off: a joining instance takes only partitions that come free). Opt-in
+    /// while a known fault stands (docs/cluster.md, "Shedding")
+    #[arg(long)]
+    #[serde(default)]
+    pub(super) cluster_rebalance: bool,
     /// Check the flags and the configuration file, then exit: 0 if valid, 2 if not.
     #[arg(long)]
     #[serde(skip)]
@@ -416,6 +422,7 @@ macro_rules! merge {
             resume_interrupted: $flags.resume_interrupted || $file.resume_interrupted,
             cluster_allow_lazy_fsync: $flags.cluster_allow_lazy_fsync
                 || $file.cluster_allow_lazy_fsync,
+            cluster_rebalance: $flags.cluster_rebalance || $file.cluster_rebalance,
             $($field: $flags.$field.or($file.$field)),*
         }
     };

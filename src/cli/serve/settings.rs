@@ -360,6 +360,7 @@ fn cluster_settings(a: &ServeArgs) -> Result<Option<ClusterConfig>, String> {
             (a.partitions.is_some(), "--partitions"),
             (a.lease_ms.is_some(), "--lease-ms"),
             (a.cluster_allow_lazy_fsync, "--cluster-allow-lazy-fsync"),
+            (a.cluster_rebalance, "--cluster-rebalance"),
         ] {
             if set {
                 return Err(format!("{flag} needs --cluster"));
@@ -403,6 +404,7 @@ fn cluster_settings(a: &ServeArgs) -> Result<Option<ClusterConfig>, String> {
     c.partitions = partitions;
     c.lease = Duration::from_millis(lease_ms);
     c.allow_lazy_fsync = a.cluster_allow_lazy_fsync;
+    c.rebalance = a.cluster_rebalance;
     Ok(Some(c))
 }
 

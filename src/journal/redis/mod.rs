@@ -80,6 +80,12 @@ pub struct ClusterConfig {
     /// its running turns get this long to end before it is given up as if lost (they are
     /// then failed `interrupted by restart` by the next owner). Default 30 s.
     pub drain: Duration,
+    /// Whether an instance gives up what it holds beyond its fair share (drained first) when
+    /// another joins (`--cluster-rebalance`). Off by default: a joining instance takes only
+    /// partitions that come free. Opt-in while a known fault stands: under load, results of
+    /// messages a drained partition's next owner ran for their origin can fail to reach the
+    /// origin's connection (docs/cluster.md, "Shedding").
+    pub rebalance: bool,
 }
 
 impl ClusterConfig {
@@ -99,6 +105,7 @@ impl ClusterConfig {
             allow_lazy_fsync: false,
             timeout: Duration::from_secs(2),
             drain: DEFAULT_DRAIN,
+            rebalance: false,
         }
     }
 }
@@ -351,6 +358,12 @@ impl RedisStore {
     /// The longest drain of a released partition ([`ClusterConfig::drain`]).
     pub fn drain(&self) -> Duration {
         self.cfg.drain
+    }
+
+    /// Whether the surplus over the fair share is drained and released
+    /// ([`ClusterConfig::rebalance`]).
+    pub fn rebalance(&self) -> bool {
+        self.cfg.rebalance
     }
 
     fn con(&mut self) -> Result<&mut redis::Connection, StoreError> {
