@@ -64,9 +64,10 @@ impl RedisStore {
             .collect())
     }
 
-    /// One pipeline of `n` commands built by `build`, its answers checked for number; a
-    /// flushed script cache drops the connection so that the next one reloads the scripts.
-    fn pipelined(
+    /// One pipeline of `n` commands built by `build`, each answered on its own, the answers
+    /// checked for number; a flushed script cache (SCRIPT FLUSH, a failover) drops the
+    /// connection so that the next one reloads the scripts.
+    pub(super) fn pipelined(
         &mut self,
         what: &str,
         n: usize,
@@ -92,7 +93,7 @@ impl RedisStore {
     }
 
     /// `EVALSHA` of `script` on `keys`, its arguments added by `args`.
-    fn evalsha(
+    pub(super) fn evalsha(
         &self,
         script: &redis::Script,
         keys: &[String],
@@ -106,7 +107,7 @@ impl RedisStore {
 }
 
 /// A script's error answer (NOSCRIPT, OOM, a read-only replica): not applied.
-fn refused(v: &Value, what: &str) -> Result<(), StoreError> {
+pub(super) fn refused(v: &Value, what: &str) -> Result<(), StoreError> {
     match v {
         Value::ServerError(e) => Err(StoreError::transient(format!(
             "redis: {what}: {}",

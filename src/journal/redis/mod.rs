@@ -609,26 +609,12 @@ impl RedisStore {
         ops: &[Op<'_>],
         now_ms: u64,
     ) -> Result<Vec<Result<Done, StoreError>>, StoreError> {
-        if ops.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut pipe = redis::pipe();
         // Each answer on its own: one fenced or failed script must not hide the others'.
-        pipe.ignore_errors();
-        for op in ops {
-            pipe.add_command(self.op_cmd(op, now_ms));
-        }
-        let answers: Vec<Value> = self.with("write", |c, _| pipe.query(c))?;
-        if answers.len() != ops.len() {
-            return Err(malformed("write"));
-        }
-        // A flushed script cache (SCRIPT FLUSH, a failover): the next connection reloads it.
-        if answers
-            .iter()
-            .any(|v| matches!(v, Value::ServerError(e) if e.code() == "NOSCRIPT"))
-        {
-            self.con = None;
-        }
+        let answers = self.pipelined("write", ops.len(), |s, pipe| {
+            for op in ops {
+                pipe.add_command(s.op_cmd(op, now_ms));
+            }
+        })?;
         Ok(ops
             .iter()
             .zip(&answers)
@@ -638,11 +624,7 @@ impl RedisStore {
 
     /// The `EVALSHA` of one operation (the scripts are loaded on every new connection).
     fn op_cmd(&self, op: &Op<'_>, now_ms: u64) -> redis::Cmd {
-        let evalsha = |script: &Script, keys: &[String]| {
-            let mut c = redis::cmd("EVALSHA");
-            c.arg(script.get_hash()).arg(keys.len()).arg(keys);
-            c
-        };
+        let evalsha = |script: &Script, keys: &[String]| self.evalsha(script, keys, |_| {});
         let s = &self.scripts;
         match *op {
             Op::Accept {
@@ -722,13 +704,7 @@ impl RedisStore {
     }
 
     fn op_answer(&self, op: &Op<'_>, v: &Value) -> Result<Done, StoreError> {
-        if let Value::ServerError(e) = v {
-            // NOSCRIPT (the cache flushed under us), OOM, a read-only replica: not applied.
-            return Err(StoreError::transient(format!(
-                "redis: write: {}",
-                e.details().unwrap_or(e.code())
-            )));
-        }
+        leases::refused(v, "write")?;
         match op {
             Op::Accept { .. } => {
                 let a = strings(v);
