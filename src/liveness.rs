@@ -498,6 +498,12 @@ pub struct ClusterStatus {
     /// Messages acked here whose outcome another instance owes (each holds its route and
     /// an outbox reservation, within the platforms' bounds).
     pub remote_waiting: usize,
+    /// Outcomes from the stream kept until their message is known here (one can come before
+    /// this instance's own journal reports the message placed); at most the messages in
+    /// flight plus 1,024, the oldest dropped past it.
+    pub early_outcomes: usize,
+    /// Of those, dropped at that bound since the start.
+    pub early_outcomes_dropped: u64,
     /// Partitions gained (acquired and loaded) since the start.
     pub gained: u64,
     /// Partitions lost (a lease not renewed in time) since the start.

@@ -357,12 +357,13 @@ impl Reading {
         self.control(ctl);
         let me = self.store.instance().to_owned();
         // Entries are fetched only for what this instance wants: its owned inboxes but for
-        // what it accepted itself (submitted then), its own outcomes.
+        // what it accepted itself (submitted then), the outcomes of what it accepted that
+        // another instance wrote (one it wrote itself it has sent already).
         let wanted: Vec<(Stream, u32, u64)> = entries
             .iter()
             .filter(|(s, e)| match s {
                 Stream::Inbox => self.inboxes.contains_key(&e.partition) && e.origin != me,
-                Stream::Outcomes => e.origin == me,
+                Stream::Outcomes => e.origin == me && e.by != me,
             })
             .map(|(s, e)| (*s, e.partition, e.seq))
             .collect();

@@ -164,6 +164,8 @@ impl BridgeServer {
             owned_partitions: owned.len(),
             owned,
             remote_waiting: self.bridge.remote_waiting(),
+            early_outcomes: self.bridge.early_outcomes().0,
+            early_outcomes_dropped: self.bridge.early_outcomes().1,
             gained: m.gained,
             lost: m.lost,
             fenced: m.fenced,

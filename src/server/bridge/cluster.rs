@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use super::super::frame::{Body, Frame};
 use super::admit::{Refusal, duplicate_ack};
+use super::early::{EARLY_SLACK, EarlyOutcomes};
 use super::routes::no_conn;
 use super::status::RecoveryCounts;
 use super::{Action, Bridge, ConnId};
@@ -73,6 +74,11 @@ pub(super) struct ClusterSide {
     foreign: HashSet<u64>,
     /// Partitions being drained to be released, and the turns they wait for.
     pub(super) drains: super::drain::Drains,
+    /// Outcomes from the stream that came before their message was known to wait here.
+    early: EarlyOutcomes,
+    /// Messages of a partition being rebuilt that waited here for another instance's
+    /// outcome: the connection their result goes to (emptied by the rebuild).
+    rebind: HashMap<u64, ConnId>,
 }
 
 impl ClusterSide {
@@ -94,6 +100,22 @@ impl ClusterSide {
 }
 
 impl Bridge {
+    /// Whether this bridge owns a partition (`--cluster`): never under `--data-dir` alone,
+    /// where a turn start pays nothing for the cluster's bookkeeping.
+    pub(super) fn owns_partitions(&self) -> bool {
+        self.durable
+            .as_ref()
+            .is_some_and(|d| !d.cluster.owned.is_empty())
+    }
+
+    /// `--cluster`: outcomes from the stream kept until their message is known here, and
+    /// how many were dropped at their bound (the messages in flight plus 1,024).
+    pub fn early_outcomes(&self) -> (usize, u64) {
+        self.durable
+            .as_ref()
+            .map_or((0, 0), |d| d.cluster.early.counts())
+    }
+
     /// `--cluster`: messages acked here whose outcome another instance owes (each holds its
     /// route and its outbox reservation, within the platforms' bounds).
     pub fn remote_waiting(&self) -> usize {
@@ -218,6 +240,7 @@ impl Bridge {
             .map(|(tag, _)| tag)
             .collect();
         let (mut sessions, mut waiting) = (Vec::<SessionKey>::new(), 0);
+        let mut came = Vec::new();
         for &tag in &tags {
             let Some(route) = self.routes.get(tag) else {
                 continue;
@@ -232,6 +255,9 @@ impl Bridge {
                 if let Some(&ct) = d.cluster.placed.get(&tag) {
                     d.cluster.remote.insert(ct, tag);
                     waiting += 1;
+                    if let Some(outcome) = d.cluster.early.take(ct) {
+                        came.push((ct, tag, outcome));
+                    }
                     continue;
                 }
             }
@@ -254,6 +280,13 @@ impl Bridge {
         let counts = (sessions.len(), tags.len(), waiting);
         if !sessions.is_empty() {
             self.actions.push_back(Action::HandOver(sessions));
+        }
+        // The next owner's outcome came before the hand-over: it goes now.
+        for (ct, tag, outcome) in came {
+            if let Some(d) = &mut self.durable {
+                d.cluster.remote.remove(&ct);
+            }
+            self.remote_outcome(tag, outcome);
         }
         counts
     }
@@ -299,6 +332,13 @@ impl Bridge {
             return;
         };
         if let (Some(&ct), Some(id)) = (d.cluster.placed.get(&seq), frame.msg_id.clone()) {
+            // The next owner's outcome may have come while the turn still ran here.
+            if let Some(outcome) = d.cluster.early.take(ct) {
+                let frame = Frame::new(Body::from_stored(outcome), Some(platform.clone()))
+                    .of_message(seq, id);
+                self.deliver_terminal(conn, &platform, frame);
+                return;
+            }
             d.cluster.orphans.insert(ct, (seq, conn, platform, id));
             return;
         }
@@ -333,6 +373,13 @@ impl Bridge {
                 None => ack.clone(),
                 Some((cid, ckey)) => duplicate_ack(cid, ckey),
             });
+        }
+        // Its outcome came before this report: it goes after the ack.
+        if let Some(d) = &mut self.durable
+            && let Some(outcome) = d.cluster.early.take(cluster)
+        {
+            d.cluster.remote.remove(&cluster);
+            self.remote_outcome(tag, outcome);
         }
     }
 
@@ -380,6 +427,12 @@ impl Bridge {
                     let frame = Frame::new(Body::from_stored(outcome), Some(platform.clone()))
                         .of_message(local, id);
                     self.deliver_terminal(conn, &platform, frame);
+                } else {
+                    // Before the report that says its message waits here (see `early`).
+                    let bound = self.routes.len() + EARLY_SLACK;
+                    if let Some(d) = &mut self.durable {
+                        d.cluster.early.keep(tag, outcome, bound);
+                    }
                 }
             }
             Arrival::OriginGone {
@@ -490,12 +543,21 @@ impl Bridge {
     }
 
     /// A partition now owned here, rebuilt as recovery does; messages of it this bridge
-    /// waited for remotely leave their wait first (their results go to the platform, as a
-    /// recovered message's do).
+    /// waited for remotely leave their wait first (their results go to the connection that
+    /// sent them, if it is still open; else to the platform, as a recovered message's do).
     fn gained(&mut self, p: u32, loaded: LoadedPartition, now: Duration) {
         let mut messages = Vec::with_capacity(loaded.recovered.messages.len());
         for rm in loaded.recovered.messages {
             let tag = rm.message.seq;
+            // The load brings its outcome, if any: one kept from the stream is stale.
+            if let Some(d) = &mut self.durable {
+                let ct = tag_parts(tag)
+                    .map(|_| tag)
+                    .or_else(|| d.cluster.placed.get(&tag).copied());
+                if let Some(ct) = ct {
+                    d.cluster.early.take(ct);
+                }
+            }
             // Its result is held here for its outcome record, still on its way to the
             // journal thread when the partition was lost and taken again: the record is
             // written under the new lease and the result goes then; rebuilding it would
@@ -503,23 +565,23 @@ impl Bridge {
             if self.durable.as_ref().is_some_and(|d| d.is_unjournaled(tag)) {
                 continue;
             }
-            let waited = self.durable.as_mut().is_some_and(|d| {
-                let before = d.cluster.remote.len();
-                d.cluster.remote.retain(|_, t| *t != tag);
-                d.cluster.remote.len() < before
+            // Accepted here, it waited for another instance's outcome (its remote entry is
+            // by the cluster tag its placement gave), or its outcome record was refused here
+            // before: the load answers it now, on the connection that sent it.
+            let (waited, orphan) = self.durable.as_mut().map_or((false, None), |d| {
+                let ct = d.cluster.placed.get(&tag).copied();
+                let waited = ct.is_some_and(|ct| d.cluster.remote.remove(&ct).is_some());
+                (waited, ct.and_then(|ct| d.cluster.orphans.remove(&ct)))
             });
-            // Its outcome record refused here before: the load answers it now.
-            let orphan = self.durable.as_mut().and_then(|d| {
-                let ct = d.cluster.placed.get(&tag).copied()?;
-                d.cluster.orphans.remove(&ct)
-            });
-            if let Some((_, _, platform, _)) = orphan {
+            let mut to = no_conn();
+            if let Some((_, conn, platform, _)) = orphan {
                 self.platforms.unreserve(&platform, None);
+                to = conn;
             }
             if waited && let Some(route) = self.routes.remove(tag) {
                 self.platforms.unreserve(&route.platform, None);
                 self.conns.settled(route.conn);
-                self.maybe_finish(route.conn);
+                to = route.conn;
             }
             if self.routes.contains(tag) {
                 continue;
@@ -541,6 +603,11 @@ impl Bridge {
                 // (One with its outcome already is marked by the rebuild.)
                 d.cluster.foreign.insert(tag);
             }
+            if to != no_conn()
+                && let Some(d) = &mut self.durable
+            {
+                d.cluster.rebind.insert(tag, to);
+            }
             messages.push(rm);
         }
         log::info!(
@@ -553,5 +620,22 @@ impl Bridge {
             max_seq: 0,
         };
         let _ = self.recover(r, now_ms(), now);
+        if let Some(d) = &mut self.durable {
+            debug_assert!(
+                d.cluster.rebind.is_empty(),
+                "every rebound message was rebuilt"
+            );
+            d.cluster.rebind.clear();
+        }
+    }
+
+    /// The connection the result of a message being rebuilt goes to: the one that sent it,
+    /// when it waited here for another instance's outcome (see `gained`); else none (its
+    /// platform's newest hello, as for any recovered message).
+    pub(super) fn rebound(&mut self, tag: u64) -> ConnId {
+        self.durable
+            .as_mut()
+            .and_then(|d| d.cluster.rebind.remove(&tag))
+            .unwrap_or_else(no_conn)
     }
 }
