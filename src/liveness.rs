@@ -504,6 +504,18 @@ pub struct ClusterStatus {
     pub early_outcomes: usize,
     /// Of those, dropped at that bound since the start.
     pub early_outcomes_dropped: u64,
+    /// Whether what is held beyond the fair share is drained and released when another
+    /// instance joins (`--cluster-rebalance`).
+    pub rebalance: bool,
+    /// The longest drain of a partition being released, in milliseconds
+    /// (`--cluster-drain-ms`); past it the partition is released as if lost.
+    pub drain_ms: u64,
+    /// Partitions being drained now, in order.
+    pub draining: Vec<u32>,
+    /// Partitions drained and released since the start.
+    pub drained_partitions: u64,
+    /// The messages those drains handed over to their next owner.
+    pub drained_messages: u64,
     /// Partitions gained (acquired and loaded) since the start.
     pub gained: u64,
     /// Partitions lost (a lease not renewed in time) since the start.
