@@ -504,6 +504,10 @@ pub struct ClusterStatus {
     pub early_outcomes: usize,
     /// Of those, dropped at that bound since the start.
     pub early_outcomes_dropped: u64,
+    /// Stream entries of outcomes this instance wrote itself, kept in case a write given up
+    /// as unwritten (its answer lost) landed after all; at most the messages in flight plus
+    /// 1,024, the oldest dropped past it (most are of writes whose answer came).
+    pub own_outcome_entries: usize,
     /// Whether what is held beyond the fair share is drained and released when another
     /// instance joins (`--cluster-rebalance`).
     pub rebalance: bool,

@@ -1557,3 +1557,82 @@ fn a_message_waited_for_here_whose_partition_is_gained_answers_the_connection_th
         "nothing for the newer connection"
     );
 }
+
+/// A message run here whose outcome write's answer was lost (SIGSTOP then SIGCONT: the
+/// write interrupted, the partition then lost): the journal thread gives the write up as
+/// unwritten, yet it landed, and the next owner's load finds the outcome and leaves the
+/// message alone. The stream entry of this instance's own write proves it landed: the held
+/// result goes, once, whichever comes first (found by tests/cluster_serve's SIGSTOP test:
+/// "acked and never answered: [s7-2, s9-2, s11-2]").
+#[test]
+fn an_own_outcome_write_given_up_as_unwritten_that_landed_is_sent_once_in_either_order() {
+    for landed_first in [true, false] {
+        let mut n = Net::new();
+        let c = n.connect();
+        let _ = n.take(c);
+        let mut gained = ClusterReport::default();
+        gained.gained.push((0, Default::default()));
+        n.report(0, gained);
+        n.send(
+            c,
+            json!({"op": "message", "id": "m1", "chat_id": "1", "text": "hi"}),
+        );
+        let m = n.accepted().pop().expect("accepted");
+        let ct = cluster_tag(0, 1);
+        n.report_durable(m.seq, ct);
+        let message = n.messages.pop().expect("message");
+        let event = |kind| MessageEvent {
+            id: message.id.clone(),
+            session: message.session.clone(),
+            kind,
+        };
+        n.b.event(
+            m.seq,
+            event(EventKind::Accepted {
+                state: AcceptState::Running,
+                position: 0,
+            }),
+            n.now,
+        );
+        n.b.event(
+            m.seq,
+            event(EventKind::Finished(Outcome::Reply("ran here".into()))),
+            n.now,
+        );
+        n.pump();
+        assert_eq!(n.take(c).len(), 1, "the ack only");
+        let landed = Arrival::Landed {
+            partition: 0,
+            tag: ct,
+        };
+        if landed_first {
+            n.arrive(landed.clone());
+            assert!(
+                n.take(c).is_empty(),
+                "{landed_first}: not before the journal's word"
+            );
+        }
+        let taken = n.journal.len();
+        n.report(
+            taken,
+            ClusterReport {
+                lost: vec![0],
+                unwritten_outcomes: vec![m.seq],
+                ..ClusterReport::default()
+            },
+        );
+        if !landed_first {
+            assert!(
+                n.take(c).is_empty(),
+                "waits for the next owner or the proof"
+            );
+            n.arrive(landed.clone());
+        }
+        let lines = n.take(c);
+        assert_eq!(lines.len(), 1, "{landed_first}: {lines:?}");
+        assert_eq!(lines[0]["text"], "ran here", "{landed_first}");
+        // Once: the same entry again, or an outcome of nobody's, changes nothing.
+        n.arrive(landed);
+        assert!(n.take(c).is_empty(), "{landed_first}");
+    }
+}

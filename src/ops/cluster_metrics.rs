@@ -40,6 +40,11 @@ pub(super) fn render_cluster(e: &mut Exposition, c: &ClusterStatus) {
         "Outcomes from the stream kept until their message is known here.",
         c.early_outcomes as f64,
     );
+    e.gauge(
+        "turnstile_cluster_own_outcome_entries",
+        "Stream entries of outcomes this instance wrote, kept in case a write given up as unwritten landed.",
+        c.own_outcome_entries as f64,
+    );
     e.counter(
         "turnstile_cluster_early_outcomes_dropped_total",
         "Outcomes from the stream dropped at their bound (the messages in flight plus 1,024).",
@@ -120,6 +125,7 @@ mod tests {
             reader_failing: true,
             early_outcomes: 14,
             early_outcomes_dropped: 15,
+            own_outcome_entries: 20,
             rebalance: true,
             drain_ms: 30_000,
             draining: vec![16, 17],
@@ -146,6 +152,7 @@ mod tests {
             "turnstile_cluster_early_outcomes 14",
             "turnstile_cluster_early_outcomes_dropped_total 15",
             "turnstile_cluster_partitions_draining 2",
+            "turnstile_cluster_own_outcome_entries 20",
             "turnstile_cluster_drained_partitions_total 18",
             "turnstile_cluster_drained_messages_total 19",
         ] {

@@ -172,6 +172,7 @@ impl BridgeServer {
             remote_waiting: self.bridge.remote_waiting(),
             early_outcomes: self.bridge.early_outcomes().0,
             early_outcomes_dropped: self.bridge.early_outcomes().1,
+            own_outcome_entries: self.bridge.own_outcome_entries(),
             gained: m.gained,
             lost: m.lost,
             fenced: m.fenced,

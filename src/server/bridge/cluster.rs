@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use super::super::frame::{Body, Frame};
 use super::admit::{Refusal, duplicate_ack};
-use super::early::{EARLY_SLACK, EarlyOutcomes};
+use super::early::{EARLY_SLACK, EarlyOutcomes, Kept};
 use super::routes::no_conn;
 use super::status::RecoveryCounts;
 use super::{Action, Bridge, ConnId};
@@ -41,6 +41,20 @@ use crate::journal::{
 };
 use crate::message::SessionKey;
 use crate::server::protocol::{ServerOp, encode};
+
+/// A message accepted here whose outcome record was given up (fenced, or its partition no
+/// longer held): its result is the next owner's outcome from the stream, or its own frame if
+/// the write landed after all. Its outbox reservation is kept for it.
+pub(super) struct Orphan {
+    /// The bridge's tag.
+    tag: u64,
+    /// The connection and platform its result goes to, its id.
+    conn: ConnId,
+    platform: Arc<str>,
+    id: Arc<str>,
+    /// The terminal event that waited for the record.
+    own: Frame,
+}
 
 /// The bridge's cluster state, kept with the journal's ([`super::durable::Durable`]).
 #[derive(Default)]
@@ -61,7 +75,7 @@ pub(super) struct ClusterSide {
     /// Messages accepted here whose outcome record was refused (the partition's next owner
     /// answers them): cluster tag → the bridge's tag, the connection, the platform and id
     /// their result goes to (their reservation is kept for it).
-    orphans: HashMap<u64, (u64, ConnId, Arc<str>, Arc<str>)>,
+    orphans: HashMap<u64, Orphan>,
     /// Partitions handed over, and their messages, since the start.
     handed_over: (u64, u64),
     /// Messages run here that another live instance accepted: their terminal events are
@@ -76,6 +90,8 @@ pub(super) struct ClusterSide {
     pub(super) drains: super::drain::Drains,
     /// Outcomes from the stream that came before their message was known to wait here.
     early: EarlyOutcomes,
+    /// Outcomes this instance wrote itself whose stream entry came (see `early.rs`).
+    landed: Kept<()>,
     /// Messages of a partition being rebuilt that waited here for another instance's
     /// outcome: the connection their result goes to (emptied by the rebuild).
     rebind: HashMap<u64, ConnId>,
@@ -95,7 +111,7 @@ impl ClusterSide {
     /// The platforms owed a reservation by the messages whose refused outcome the next
     /// owner answers.
     pub(super) fn orphan_platforms(&self) -> impl Iterator<Item = &str> {
-        self.orphans.values().map(|(_, _, p, _)| &**p)
+        self.orphans.values().map(|o| &*o.platform)
     }
 }
 
@@ -114,6 +130,15 @@ impl Bridge {
         self.durable
             .as_ref()
             .map_or((0, 0), |d| d.cluster.early.counts())
+    }
+
+    /// `--cluster`: stream entries of outcomes this instance wrote itself, kept in case a
+    /// write given up as unwritten landed after all (at most the messages in flight plus
+    /// 1,024; most are of writes whose answer came, dropped at the bound).
+    pub fn own_outcome_entries(&self) -> usize {
+        self.durable
+            .as_ref()
+            .map_or(0, |d| d.cluster.landed.counts().0)
     }
 
     /// `--cluster`: messages acked here whose outcome another instance owes (each holds its
@@ -332,6 +357,13 @@ impl Bridge {
             return;
         };
         if let (Some(&ct), Some(id)) = (d.cluster.placed.get(&seq), frame.msg_id.clone()) {
+            // The write was given up after a try whose answer was lost, yet it landed: the
+            // record is this very frame's.
+            if d.cluster.landed.take(ct).is_some() {
+                log::debug!("message {seq}: its outcome write landed after all; sent");
+                self.deliver_terminal(conn, &platform, frame);
+                return;
+            }
             // The next owner's outcome may have come while the turn still ran here.
             if let Some(outcome) = d.cluster.early.take(ct) {
                 let frame = Frame::new(Body::from_stored(outcome), Some(platform.clone()))
@@ -339,7 +371,14 @@ impl Bridge {
                 self.deliver_terminal(conn, &platform, frame);
                 return;
             }
-            d.cluster.orphans.insert(ct, (seq, conn, platform, id));
+            let orphan = Orphan {
+                tag: seq,
+                conn,
+                platform,
+                id,
+                own: frame,
+            };
+            d.cluster.orphans.insert(ct, orphan);
             return;
         }
         self.platforms.unreserve(&platform, None);
@@ -423,15 +462,40 @@ impl Bridge {
                     .and_then(|d| d.cluster.orphans.remove(&tag));
                 if let Some(local) = local {
                     self.remote_outcome(local, outcome);
-                } else if let Some((local, conn, platform, id)) = orphan {
-                    let frame = Frame::new(Body::from_stored(outcome), Some(platform.clone()))
-                        .of_message(local, id);
-                    self.deliver_terminal(conn, &platform, frame);
+                } else if let Some(o) = orphan {
+                    let frame = Frame::new(Body::from_stored(outcome), Some(o.platform.clone()))
+                        .of_message(o.tag, o.id);
+                    self.deliver_terminal(o.conn, &o.platform, frame);
                 } else {
                     // Before the report that says its message waits here (see `early`).
                     let bound = self.routes.len() + EARLY_SLACK;
                     if let Some(d) = &mut self.durable {
-                        d.cluster.early.keep(tag, outcome, bound);
+                        let dropped = d.cluster.early.keep(tag, outcome, bound);
+                        if dropped > 0 {
+                            log::warn!(
+                                "{dropped} outcome(s) from the stream for messages not known here were dropped (more than {bound} kept); a message of them still waiting here is not answered by this instance"
+                            );
+                        }
+                    }
+                }
+            }
+            Arrival::Landed { tag, .. } => {
+                let orphan = self
+                    .durable
+                    .as_mut()
+                    .and_then(|d| d.cluster.orphans.remove(&tag));
+                if let Some(o) = orphan {
+                    // Given up as unwritten, yet written: its own result goes.
+                    log::debug!(
+                        "message {}: its outcome write landed after all; sent",
+                        o.tag
+                    );
+                    self.deliver_terminal(o.conn, &o.platform, o.own);
+                } else {
+                    let bound = self.routes.len() + EARLY_SLACK;
+                    if let Some(d) = &mut self.durable {
+                        // Most are of writes whose answer came: dropped at the bound.
+                        let _ = d.cluster.landed.keep(tag, (), bound);
                     }
                 }
             }
@@ -574,9 +638,9 @@ impl Bridge {
                 (waited, ct.and_then(|ct| d.cluster.orphans.remove(&ct)))
             });
             let mut to = no_conn();
-            if let Some((_, conn, platform, _)) = orphan {
-                self.platforms.unreserve(&platform, None);
-                to = conn;
+            if let Some(o) = orphan {
+                self.platforms.unreserve(&o.platform, None);
+                to = o.conn;
             }
             if waited && let Some(route) = self.routes.remove(tag) {
                 self.platforms.unreserve(&route.platform, None);

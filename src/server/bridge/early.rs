@@ -10,10 +10,16 @@
 //! given to its message once the bridge learns it waits ([`EarlyOutcomes::take`]); dropping
 //! it would leave an acked message unanswered for good.
 //!
+//! The same holds for an entry of an outcome this instance wrote itself ([`Arrival::Landed`]
+//! (crate::journal::Arrival)), kept without its text: it proves that a write whose answer
+//! was lost (the connection broke, a signal interrupted it) did land, so that the terminal
+//! event held for it is sent when the journal thread later gives that write up.
+//!
 //! Bounded: at most `bound` are kept (the caller passes the messages in flight plus
 //! [`EARLY_SLACK`]; each kept one that matters belongs to a route in flight). Past it the
-//! oldest go first, counted and logged: the one stale kind (an outcome whose message this
-//! instance rebuilt from a load meanwhile) is never taken.
+//! oldest go first, counted and logged: the stale kinds (an outcome whose message this
+//! instance rebuilt from a load meanwhile, the entry of an own write whose answer came) are
+//! never taken.
 
 use std::collections::HashMap;
 
@@ -22,25 +28,37 @@ use crate::journal::StoredOutcome;
 /// Kept beyond the messages in flight.
 pub(super) const EARLY_SLACK: usize = 1024;
 
-/// The kept outcomes, by the message's cluster tag.
-#[derive(Default)]
-pub(super) struct EarlyOutcomes {
-    /// Cluster tag → (arrival order, the outcome).
-    kept: HashMap<u64, (u64, StoredOutcome)>,
+/// Outcomes from the stream kept for their message, by its cluster tag.
+pub(super) type EarlyOutcomes = Kept<StoredOutcome>;
+
+/// Entries kept by the message's cluster tag, the oldest dropped past a bound.
+pub(super) struct Kept<T> {
+    /// Cluster tag → (arrival order, what came).
+    kept: HashMap<u64, (u64, T)>,
     /// The next arrival's order.
     next: u64,
     /// Dropped at the bound since the start.
     dropped: u64,
 }
 
-impl EarlyOutcomes {
-    /// Keeps the outcome of `tag` until its message is known to wait for it; past `bound`,
-    /// drops the oldest down to three quarters of it.
-    pub(super) fn keep(&mut self, tag: u64, outcome: StoredOutcome, bound: usize) {
+impl<T> Default for Kept<T> {
+    fn default() -> Self {
+        Kept {
+            kept: HashMap::new(),
+            next: 0,
+            dropped: 0,
+        }
+    }
+}
+
+impl<T> Kept<T> {
+    /// Keeps what came for `tag` until its message is known to want it; past `bound`, drops
+    /// the oldest down to three quarters of it. Returns how many it dropped.
+    pub(super) fn keep(&mut self, tag: u64, outcome: T, bound: usize) -> u64 {
         self.kept.insert(tag, (self.next, outcome));
         self.next += 1;
         if self.kept.len() <= bound.max(1) {
-            return;
+            return 0;
         }
         let room = (bound.max(1) * 3 / 4).max(1) as u64;
         let oldest_kept = self.next.saturating_sub(room);
@@ -49,13 +67,11 @@ impl EarlyOutcomes {
         let dropped = (before - self.kept.len()) as u64;
         self.dropped += dropped;
         debug_assert!(self.kept.len() as u64 <= room);
-        log::warn!(
-            "{dropped} outcome(s) from the stream for messages not known here were dropped (more than {bound} kept); a message of them still waiting here is not answered by this instance"
-        );
+        dropped
     }
 
-    /// The outcome of `tag`, if it came already.
-    pub(super) fn take(&mut self, tag: u64) -> Option<StoredOutcome> {
+    /// What came for `tag`, if it came already.
+    pub(super) fn take(&mut self, tag: u64) -> Option<T> {
         self.kept.remove(&tag).map(|(_, o)| o)
     }
 
