@@ -9,6 +9,11 @@
 //! share, and no two instances that have just planned hold the same partition. After the
 //! storm, with every survivor connected and told the true count: within a bounded number of
 //! passes every partition has exactly one owner, and Redis agrees.
+//!
+//! The same in the drain mode (`--cluster-rebalance`, `Ownership::set_drain`): the surplus
+//! is drained, not released at once (the bridge says when a drain is over, at random steps
+//! here; a drain past its bound is released as if lost), and every partition an instance
+//! holds, draining or not, is still its own in Redis.
 #![cfg(feature = "cluster")]
 
 use std::time::Duration;
@@ -86,6 +91,8 @@ enum Link {
 struct Instance {
     name: String,
     o: Ownership,
+    /// Partitions the planner named to drain whose drain the bridge has not ended yet.
+    draining: Vec<u32>,
     alive: bool,
     link: Link,
     /// The instance's clock: rate (per mille) and offset against Redis's.
@@ -111,6 +118,9 @@ enum Step {
     Link(usize, Link),
     /// The registry's count of live instances, as the instance last read it (may be wrong).
     Live(usize, u32),
+    /// The bridge ends the instance's oldest drain (its running turns are over): the
+    /// journal thread releases the lease.
+    DrainDone(usize),
 }
 
 fn step(instances: usize) -> impl Strategy<Value = Step> {
@@ -123,6 +133,7 @@ fn step(instances: usize) -> impl Strategy<Value = Step> {
         2 => (0..instances, prop_oneof![Just(Link::Up), Just(Link::LostBefore), Just(Link::LostAfter)])
             .prop_map(|(i, l)| Step::Link(i, l)),
         2 => (0..instances, 1u32..=4).prop_map(|(i, n)| Step::Live(i, n)),
+        2 => (0..instances).prop_map(Step::DrainDone),
     ]
 }
 
@@ -131,11 +142,12 @@ fn step(instances: usize) -> impl Strategy<Value = Step> {
 fn pass(inst: &mut Instance, redis: &mut Redis, now: Duration) {
     let t = inst.clock(now);
     let plan = inst.o.plan(t);
-    for lease in &plan.release {
+    for lease in plan.release.iter().chain(&plan.expired) {
         if inst.link != Link::LostBefore {
             redis.release(lease, now);
         }
     }
+    inst.draining.extend(&plan.drain);
     for lease in &plan.renew {
         let ran = inst.link != Link::LostBefore;
         let ok = ran && redis.renew(lease, now);
@@ -180,8 +192,28 @@ fn check_after_pass(inst: &Instance, redis: &Redis, now: Duration) -> Result<(),
             now
         );
     }
-    prop_assert!(inst.o.held().count() as u32 <= inst.o.fair_share());
+    // Partitions being drained are held (and renewed) beyond the share until released.
+    let kept = inst
+        .o
+        .held()
+        .filter(|l| !inst.o.is_draining(l.partition))
+        .count();
+    prop_assert!(kept as u32 <= inst.o.fair_share());
     Ok(())
+}
+
+/// The bridge ends the instance's oldest drain: the lease goes back as the journal thread's
+/// `release_drained` gives it (nothing if the partition was lost or expired meanwhile).
+fn drain_done(inst: &mut Instance, redis: &mut Redis, now: Duration) {
+    if inst.draining.is_empty() {
+        return;
+    }
+    let p = inst.draining.remove(0);
+    if let Some(lease) = inst.o.drained(p)
+        && inst.link != Link::LostBefore
+    {
+        redis.release(&lease, now);
+    }
 }
 
 proptest! {
@@ -194,12 +226,18 @@ proptest! {
         rates in prop::collection::vec(950u64..=1050, 3),
         offsets in prop::collection::vec(0u64..=100_000, 3),
         steps in prop::collection::vec(step(3), 1..150),
+        drain_ms in prop_oneof![Just(None), (100u64..=9000).prop_map(Some)],
     ) {
         let mut redis = Redis::new(partitions);
         let mut fleet: Vec<Instance> = (0..n)
             .map(|i| Instance {
                 name: format!("gw{i}"),
-                o: Ownership::new(&format!("gw{i}"), partitions, TTL),
+                o: {
+                    let mut o = Ownership::new(&format!("gw{i}"), partitions, TTL);
+                    o.set_drain(drain_ms.map(Duration::from_millis));
+                    o
+                },
+                draining: Vec::new(),
                 alive: true,
                 link: Link::Up,
                 rate_permille: rates[i],
@@ -217,6 +255,9 @@ proptest! {
                 Step::Kill(i) if i < n => fleet[i].alive = false,
                 Step::Link(i, l) if i < n => fleet[i].link = l,
                 Step::Live(i, k) if i < n => fleet[i].o.set_live(k),
+                Step::DrainDone(i) if i < n && fleet[i].alive => {
+                    drain_done(&mut fleet[i], &mut redis, now);
+                }
                 _ => {}
             }
         }
@@ -234,6 +275,10 @@ proptest! {
             for inst in fleet.iter_mut().filter(|i| i.alive) {
                 pass(inst, &mut redis, now);
                 check_after_pass(inst, &redis, now)?;
+                // Every drain ends once its turns do (here: at once).
+                while !inst.draining.is_empty() {
+                    drain_done(inst, &mut redis, now);
+                }
             }
         }
         if live == 0 {
