@@ -498,6 +498,28 @@ pub struct ClusterStatus {
     /// Messages acked here whose outcome another instance owes (each holds its route and
     /// an outbox reservation, within the platforms' bounds).
     pub remote_waiting: usize,
+    /// Outcomes from the stream kept until their message is known here (one can come before
+    /// this instance's own journal reports the message placed); at most the messages in
+    /// flight plus 1,024, the oldest dropped past it.
+    pub early_outcomes: usize,
+    /// Of those, dropped at that bound since the start.
+    pub early_outcomes_dropped: u64,
+    /// Stream entries of outcomes this instance wrote itself, kept in case a write given up
+    /// as unwritten (its answer lost) landed after all; at most the messages in flight plus
+    /// 1,024, the oldest dropped past it (most are of writes whose answer came).
+    pub own_outcome_entries: usize,
+    /// Whether what is held beyond the fair share is drained and released when another
+    /// instance joins (`--cluster-rebalance`).
+    pub rebalance: bool,
+    /// The longest drain of a partition being released, in milliseconds
+    /// (`--cluster-drain-ms`); past it the partition is released as if lost.
+    pub drain_ms: u64,
+    /// Partitions being drained now, in order.
+    pub draining: Vec<u32>,
+    /// Partitions drained and released since the start.
+    pub drained_partitions: u64,
+    /// The messages those drains handed over to their next owner.
+    pub drained_messages: u64,
     /// Partitions gained (acquired and loaded) since the start.
     pub gained: u64,
     /// Partitions lost (a lease not renewed in time) since the start.

@@ -1267,3 +1267,372 @@ fn a_result_held_for_its_record_across_a_loss_and_a_regain_is_sent_once_and_not_
     assert_eq!(done.len(), 1, "{done:?}");
     assert_eq!(done[0]["text"], "the real one", "{done:?}");
 }
+
+/// Found by a flood through two instances (tests/cluster_flood): the owner's outcome can
+/// reach this instance's reader before this instance's journal thread reports the message
+/// placed (the rest of its pipelined batch still executing in Redis). It is kept, and goes
+/// out after the ack once the report comes.
+#[test]
+fn an_outcome_that_comes_before_the_report_placing_its_message_is_sent_after_the_ack() {
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = n.take(c);
+    n.send(
+        c,
+        json!({"op": "message", "id": "m1", "chat_id": "1", "text": "hi"}),
+    );
+    let m = n.accepted().pop().expect("an accepted record");
+    let g = cluster_tag(3, 17);
+    n.arrive(Arrival::Outcome {
+        partition: 3,
+        tag: g,
+        outcome: done("hello from b", "m1"),
+    });
+    assert!(
+        n.take(c).is_empty(),
+        "nothing before the message is durable"
+    );
+    assert_eq!(n.b.early_outcomes(), (1, 0));
+    n.report(
+        1,
+        ClusterReport {
+            placed: vec![(m.seq, g)],
+            remote: vec![m.seq],
+            ..ClusterReport::default()
+        },
+    );
+    let lines = n.take(c);
+    let ops: Vec<_> = lines.iter().map(|l| l["op"].as_str()).collect();
+    assert_eq!(ops, vec![Some("ack"), Some("done")], "{lines:?}");
+    assert_eq!(lines[1]["text"], "hello from b");
+    assert_eq!(n.b.remote_waiting(), 0);
+    assert_eq!(n.b.early_outcomes(), (0, 0));
+    // Once only: the same entry read again changes nothing.
+    n.arrive(Arrival::Outcome {
+        partition: 3,
+        tag: g,
+        outcome: done("hello from b", "m1"),
+    });
+    assert!(n.take(c).is_empty());
+}
+
+/// The SIGSTOP case (tests/cluster_serve): a paused owner wakes with its turn still running;
+/// the next owner's outcome (`interrupted`) comes before this instance's own record is
+/// refused. It is kept, and sent when the refusal comes, once.
+#[test]
+fn the_next_owners_outcome_that_comes_while_the_turn_runs_here_is_sent_when_the_record_is_refused()
+{
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = n.take(c);
+    let mut gained = ClusterReport::default();
+    gained.gained.push((0, Default::default()));
+    n.report(0, gained);
+    n.send(
+        c,
+        json!({"op": "message", "id": "m1", "chat_id": "1", "text": "hi"}),
+    );
+    let m = n.accepted().pop().expect("accepted");
+    let ct = cluster_tag(0, 1);
+    n.report_durable(m.seq, ct);
+    let message = n.messages.pop().expect("message");
+    let event = |kind| MessageEvent {
+        id: message.id.clone(),
+        session: message.session.clone(),
+        kind,
+    };
+    n.b.event(
+        m.seq,
+        event(EventKind::Accepted {
+            state: AcceptState::Running,
+            position: 0,
+        }),
+        n.now,
+    );
+    n.pump();
+    assert_eq!(n.take(c).len(), 1, "the ack");
+    n.arrive(Arrival::Outcome {
+        partition: 0,
+        tag: ct,
+        outcome: done("interrupted, by the next owner", "m1"),
+    });
+    assert!(n.take(c).is_empty(), "the turn still runs here");
+    n.b.event(
+        m.seq,
+        event(EventKind::Finished(Outcome::Reply("ran here".into()))),
+        n.now,
+    );
+    n.pump();
+    let taken = n.journal.len();
+    n.report(
+        taken,
+        ClusterReport {
+            fenced: vec![0],
+            unwritten_outcomes: vec![m.seq],
+            ..ClusterReport::default()
+        },
+    );
+    let lines = n.take(c);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["text"], "interrupted, by the next owner");
+    assert_eq!(n.b.early_outcomes(), (0, 0));
+}
+
+/// The next owner loads and answers a message queued here before this instance hears that
+/// its partition is lost: the outcome is kept and sent at the hand-over.
+#[test]
+fn the_next_owners_outcome_that_comes_before_the_hand_over_is_sent_at_it() {
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = n.take(c);
+    let mut gained = ClusterReport::default();
+    gained.gained.push((2, Default::default()));
+    n.report(0, gained);
+    n.send(
+        c,
+        json!({"op": "message", "id": "m1", "chat_id": "1", "text": "hi"}),
+    );
+    let m = n.accepted().pop().expect("accepted");
+    let ct = cluster_tag(2, 5);
+    n.report_durable(m.seq, ct);
+    let message = n.messages.pop().expect("message");
+    n.b.event(
+        m.seq,
+        MessageEvent {
+            id: message.id.clone(),
+            session: message.session.clone(),
+            kind: EventKind::Accepted {
+                state: AcceptState::Queued,
+                position: 1,
+            },
+        },
+        n.now,
+    );
+    n.pump();
+    assert_eq!(n.take(c).len(), 1, "the ack");
+    n.arrive(Arrival::Outcome {
+        partition: 2,
+        tag: ct,
+        outcome: done("by the next owner", "m1"),
+    });
+    assert!(n.take(c).is_empty(), "still queued here");
+    n.report(
+        0,
+        ClusterReport {
+            lost: vec![2],
+            ..ClusterReport::default()
+        },
+    );
+    assert_eq!(n.handed.len(), 1, "its session is handed over");
+    let lines = n.take(c);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["text"], "by the next owner");
+    assert_eq!(n.b.remote_waiting(), 0);
+    assert_eq!(n.b.early_outcomes(), (0, 0));
+}
+
+/// Outcomes for messages this instance never learns of are kept within their bound (the
+/// messages in flight plus 1,024), the oldest dropped and counted; the newest still match.
+#[test]
+fn outcomes_kept_for_messages_not_known_here_are_bounded_and_counted() {
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = n.take(c);
+    n.send(
+        c,
+        json!({"op": "message", "id": "m1", "chat_id": "1", "text": "hi"}),
+    );
+    let m = n.accepted().pop().expect("accepted");
+    // One route in flight: the bound is 1 + 1,024.
+    for seq in 1..=1026 {
+        n.arrive(Arrival::Outcome {
+            partition: 1,
+            tag: cluster_tag(1, seq),
+            outcome: done("stale", "x"),
+        });
+    }
+    let (kept, dropped) = n.b.early_outcomes();
+    assert!(kept <= 1025, "kept {kept}");
+    assert_eq!(kept as u64 + dropped, 1026);
+    assert!(dropped > 0);
+    // The newest is among those kept: it still reaches its message.
+    let g = cluster_tag(1, 1026);
+    n.report(
+        1,
+        ClusterReport {
+            placed: vec![(m.seq, g)],
+            remote: vec![m.seq],
+            ..ClusterReport::default()
+        },
+    );
+    let lines = n.take(c);
+    let ops: Vec<_> = lines.iter().map(|l| l["op"].as_str()).collect();
+    assert_eq!(ops, vec![Some("ack"), Some("done")], "{lines:?}");
+}
+
+/// Found by the same flood, with `--cluster-rebalance`: a message acked here and owned
+/// elsewhere, whose partition this instance then gains (a drain hands it over), was rebuilt
+/// as a recovered one, its result sent to the platform's newest hello: another connection
+/// of the platform, while the one that sent it waited for good. It goes to the sender, not
+/// marked (no one sent it before); one loaded with its outcome too.
+#[test]
+fn a_message_waited_for_here_whose_partition_is_gained_answers_the_connection_that_sent_it() {
+    let mut n = Net::new();
+    let sender = n.connect();
+    let _ = n.take(sender);
+    for (id, chat) in [("m1", "1"), ("m2", "2")] {
+        n.send(
+            sender,
+            json!({"op": "message", "id": id, "chat_id": chat, "text": id}),
+        );
+    }
+    let acc = n.accepted();
+    let (g1, g2) = (cluster_tag(4, 1), cluster_tag(4, 2));
+    n.report(
+        2,
+        ClusterReport {
+            placed: vec![(acc[0].seq, g1), (acc[1].seq, g2)],
+            remote: vec![acc[0].seq, acc[1].seq],
+            ..ClusterReport::default()
+        },
+    );
+    assert_eq!(n.take(sender).len(), 2, "both acked");
+    // A newer connection of the same platform: a recovered message's result would go there.
+    let newest = n.connect();
+    let _ = n.take(newest);
+
+    let mut loaded = turnstile::internal::journal::LoadedPartition::default();
+    let mut m1 = RecoveredMessage {
+        message: acc[0].clone(),
+        starts: 0,
+        outcome: None,
+    };
+    m1.message.seq = acc[0].seq;
+    let mut m2 = RecoveredMessage {
+        message: acc[1].clone(),
+        starts: 0,
+        outcome: Some(done("answered by the last owner", "m2")),
+    };
+    m2.message.seq = acc[1].seq;
+    loaded.recovered.messages.extend([m1, m2]);
+    n.report(
+        0,
+        ClusterReport {
+            gained: vec![(4, loaded)],
+            ..ClusterReport::default()
+        },
+    );
+    assert_eq!(n.b.remote_waiting(), 0);
+    assert_eq!(n.submitted, vec![acc[0].seq], "m1 runs here now");
+    let lines = n.take(sender);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["text"], "answered by the last owner");
+    assert!(lines[0].get("redelivery").is_none(), "{lines:?}");
+    let message = n.messages.pop().expect("m1");
+    n.b.event(
+        acc[0].seq,
+        MessageEvent {
+            id: message.id.clone(),
+            session: message.session.clone(),
+            kind: EventKind::Finished(Outcome::Reply("ran here".into())),
+        },
+        n.now,
+    );
+    n.pump();
+    let taken = n.journal.len();
+    n.b.journaled(
+        Committed {
+            taken,
+            outcomes: vec![acc[0].seq],
+            ..Committed::default()
+        },
+        n.now,
+    );
+    n.pump();
+    let lines = n.take(sender);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["text"], "ran here");
+    assert!(
+        n.take(newest).is_empty(),
+        "nothing for the newer connection"
+    );
+}
+
+/// A message run here whose outcome write's answer was lost (SIGSTOP then SIGCONT: the
+/// write interrupted, the partition then lost): the journal thread gives the write up as
+/// unwritten, yet it landed, and the next owner's load finds the outcome and leaves the
+/// message alone. The stream entry of this instance's own write proves it landed: the held
+/// result goes, once, whichever comes first (found by tests/cluster_serve's SIGSTOP test:
+/// "acked and never answered: [s7-2, s9-2, s11-2]").
+#[test]
+fn an_own_outcome_write_given_up_as_unwritten_that_landed_is_sent_once_in_either_order() {
+    for landed_first in [true, false] {
+        let mut n = Net::new();
+        let c = n.connect();
+        let _ = n.take(c);
+        let mut gained = ClusterReport::default();
+        gained.gained.push((0, Default::default()));
+        n.report(0, gained);
+        n.send(
+            c,
+            json!({"op": "message", "id": "m1", "chat_id": "1", "text": "hi"}),
+        );
+        let m = n.accepted().pop().expect("accepted");
+        let ct = cluster_tag(0, 1);
+        n.report_durable(m.seq, ct);
+        let message = n.messages.pop().expect("message");
+        let event = |kind| MessageEvent {
+            id: message.id.clone(),
+            session: message.session.clone(),
+            kind,
+        };
+        n.b.event(
+            m.seq,
+            event(EventKind::Accepted {
+                state: AcceptState::Running,
+                position: 0,
+            }),
+            n.now,
+        );
+        n.b.event(
+            m.seq,
+            event(EventKind::Finished(Outcome::Reply("ran here".into()))),
+            n.now,
+        );
+        n.pump();
+        assert_eq!(n.take(c).len(), 1, "the ack only");
+        let landed = Arrival::Landed {
+            partition: 0,
+            tag: ct,
+        };
+        if landed_first {
+            n.arrive(landed.clone());
+            assert!(
+                n.take(c).is_empty(),
+                "{landed_first}: not before the journal's word"
+            );
+        }
+        let taken = n.journal.len();
+        n.report(
+            taken,
+            ClusterReport {
+                lost: vec![0],
+                unwritten_outcomes: vec![m.seq],
+                ..ClusterReport::default()
+            },
+        );
+        if !landed_first {
+            assert!(
+                n.take(c).is_empty(),
+                "waits for the next owner or the proof"
+            );
+            n.arrive(landed.clone());
+        }
+        let lines = n.take(c);
+        assert_eq!(lines.len(), 1, "{landed_first}: {lines:?}");
+        assert_eq!(lines[0]["text"], "ran here", "{landed_first}");
+        // Once: the same entry again, or an outcome of nobody's, changes nothing.
+        n.arrive(landed);
+        assert!(n.take(c).is_empty(), "{landed_first}");
+    }
+}

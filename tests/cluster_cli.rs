@@ -69,6 +69,29 @@ fn the_cluster_flags_need_cluster_and_are_checked() {
             &["--cluster", "redis://127.0.0.1:1", "--instance-id", " "][..],
             "--instance-id",
         ),
+        (
+            &["--cluster-drain-ms", "5000"][..],
+            "--cluster-drain-ms needs --cluster",
+        ),
+        (
+            &[
+                "--cluster",
+                "redis://127.0.0.1:1",
+                "--cluster-drain-ms",
+                "5000",
+            ][..],
+            "--cluster-drain-ms needs --cluster-rebalance",
+        ),
+        (
+            &[
+                "--cluster",
+                "redis://127.0.0.1:1",
+                "--cluster-rebalance",
+                "--cluster-drain-ms",
+                "99",
+            ][..],
+            "--cluster-drain-ms 99: must be from 100 to 3600000",
+        ),
     ] {
         let o = serve(args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));

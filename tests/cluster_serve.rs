@@ -427,8 +427,10 @@ fn pump(mut c: Client, via: &'static str, tx: crossbeam_channel::Sender<Value>) 
     });
 }
 
+/// Once lost 2 of 97 acked results in CI: the next owner's `interrupted` outcome reached the
+/// woken owner's reader while its own turn still ran, before its record was refused, and was
+/// dropped (now kept: `bridge/early.rs`; tests/cluster_bridge has the sans-IO case).
 #[test]
-#[ignore = "open fault 3 of docs/cluster.md: in one CI run 2 of 97 acked messages were never answered (4 local runs after it passed); run with --ignored"]
 fn sigstop_of_the_owner_past_its_lease_then_sigcont_hands_its_partitions_over_and_it_serves_on() {
     let Some(bin) = require_redis() else { return };
     let redis = Redis::start(&bin);

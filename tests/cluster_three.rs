@@ -380,6 +380,26 @@ fn the_cluster_figures_are_in_the_status_the_summary_and_the_exposition() {
         (json!(0), json!(0))
     );
     assert_eq!(ca["live_instances"], json!(["a", "b"]), "{ca}");
+    // No rebalancing by default; its bound is still shown, as are the early outcomes.
+    assert_eq!(
+        (
+            ca["rebalance"].clone(),
+            ca["drain_ms"].clone(),
+            ca["draining"].clone(),
+            ca["drained_partitions"].clone(),
+            ca["early_outcomes"].clone(),
+            ca["early_outcomes_dropped"].clone(),
+        ),
+        (
+            json!(false),
+            json!(30_000),
+            json!([]),
+            json!(0),
+            json!(0),
+            json!(0)
+        ),
+        "{ca}"
+    );
     // A message sent to b, owned by a: acked by b, waiting there for a's outcome while the
     // gate holds a's turn.
     let mut on_b = Client::connect(&b.addr);

@@ -288,8 +288,20 @@ fn cluster_line(c: &Value) -> String {
             format!(" ({})", items.join(" "))
         }
     };
+    let rebalance = if c["rebalance"] == Value::Bool(true) {
+        format!(
+            "rebalancing (a drain at most {:.1} s): {} draining{}, drained {} partitions, {} messages",
+            num(c, &["drain_ms"]) / 1000.0,
+            c["draining"].as_array().map_or(0, Vec::len),
+            list("draining"),
+            num(c, &["drained_partitions"]),
+            num(c, &["drained_messages"]),
+        )
+    } else {
+        "no rebalancing".to_owned()
+    };
     format!(
-        "cluster: instance {}, {} live{}; owns {} of {} partitions{}; {} waiting for a remote outcome; partitions gained {}, lost {}, fenced {}; handed over {} partitions, {} messages; reader {} failures, {} reconnects{}\n",
+        "cluster: instance {}, {} live{}; owns {} of {} partitions{}; {} waiting for a remote outcome ({} early outcomes, {} dropped); partitions gained {}, lost {}, fenced {}; handed over {} partitions, {} messages; {rebalance}; reader {} failures, {} reconnects{}\n",
         c["instance"].as_str().unwrap_or("?"),
         c["live_instances"].as_array().map_or(0, Vec::len),
         list("live_instances"),
@@ -297,6 +309,8 @@ fn cluster_line(c: &Value) -> String {
         num(c, &["partitions"]),
         list("owned"),
         num(c, &["remote_waiting"]),
+        num(c, &["early_outcomes"]),
+        num(c, &["early_outcomes_dropped"]),
         num(c, &["gained"]),
         num(c, &["lost"]),
         num(c, &["fenced"]),
@@ -436,11 +450,13 @@ mod tests {
             "instance": "a", "live_instances": ["a", "b"], "partitions": 8,
             "owned_partitions": 3, "owned": [0, 4, 7], "remote_waiting": 5, "gained": 6,
             "lost": 1, "fenced": 2, "handed_over_partitions": 3, "handed_over_messages": 9,
-            "reader_failures": 4, "reader_reconnects": 1, "reader_failing": true}}});
+            "reader_failures": 4, "reader_reconnects": 1, "reader_failing": true,
+            "early_outcomes": 7, "early_outcomes_dropped": 8, "rebalance": true,
+            "drain_ms": 2500, "draining": [4], "drained_partitions": 2, "drained_messages": 11}}});
         let text = summary(&v, 0.0);
         assert!(
             text.contains(
-                "cluster: instance a, 2 live (a b); owns 3 of 8 partitions (0 4 7); 5 waiting for a remote outcome; partitions gained 6, lost 1, fenced 2; handed over 3 partitions, 9 messages; reader 4 failures, 1 reconnects, failing\n"
+                "cluster: instance a, 2 live (a b); owns 3 of 8 partitions (0 4 7); 5 waiting for a remote outcome (7 early outcomes, 8 dropped); partitions gained 6, lost 1, fenced 2; handed over 3 partitions, 9 messages; rebalancing (a drain at most 2.5 s): 1 draining (4), drained 2 partitions, 11 messages; reader 4 failures, 1 reconnects, failing\n"
             ),
             "{text}"
         );

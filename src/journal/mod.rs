@@ -44,6 +44,8 @@ pub use owner::{Ownership, Plan};
 #[cfg(feature = "cluster")]
 pub use reader::{Arrival, Reader};
 #[cfg(feature = "cluster")]
+pub(crate) use redis::DEFAULT_DRAIN;
+#[cfg(feature = "cluster")]
 pub use redis::{
     Accept, Acquire, ClusterConfig, Done, Lease, LoadedPartition, Op, RedisStore, Stream,
     StreamEntry, partition_of,

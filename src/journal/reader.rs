@@ -66,6 +66,17 @@ pub enum Arrival {
         /// The message as stored (its `seq` is the tag), its starts and outcome so far.
         message: Box<RecoveredMessage>,
     },
+    /// The outcome of a message this instance accepted was written by this instance itself
+    /// (it owned the partition): the entry is not fetched, since the bridge sent the result
+    /// once the write's answer came; but the answer may have been lost (a broken
+    /// connection, an interrupted call) and the write given up as unwritten, and then this
+    /// is the proof that it landed.
+    Landed {
+        /// Its partition.
+        partition: u32,
+        /// The message's [`cluster_tag`].
+        tag: u64,
+    },
     /// The outcome of a message this instance accepted, written by the partition's owner.
     Outcome {
         /// Its partition.
@@ -357,12 +368,13 @@ impl Reading {
         self.control(ctl);
         let me = self.store.instance().to_owned();
         // Entries are fetched only for what this instance wants: its owned inboxes but for
-        // what it accepted itself (submitted then), its own outcomes.
+        // what it accepted itself (submitted then), the outcomes of what it accepted that
+        // another instance wrote (one it wrote itself is only named: `Arrival::Landed`).
         let wanted: Vec<(Stream, u32, u64)> = entries
             .iter()
             .filter(|(s, e)| match s {
                 Stream::Inbox => self.inboxes.contains_key(&e.partition) && e.origin != me,
-                Stream::Outcomes => e.origin == me,
+                Stream::Outcomes => e.origin == me && e.by != me,
             })
             .map(|(s, e)| (*s, e.partition, e.seq))
             .collect();
@@ -384,6 +396,15 @@ impl Reading {
             }
         }
         let mut out = Vec::with_capacity(wanted.len());
+        out.extend(
+            entries
+                .iter()
+                .filter(|(s, e)| *s == Stream::Outcomes && e.origin == me && e.by == me)
+                .map(|(_, e)| Arrival::Landed {
+                    partition: e.partition,
+                    tag: cluster_tag(e.partition, e.seq),
+                }),
+        );
         for ((s, p, seq), found) in wanted.into_iter().zip(fetched) {
             // Gone: delivered or forgotten meanwhile; nothing to do.
             let Some((mut message, origin)) = found else {

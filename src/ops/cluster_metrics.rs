@@ -35,6 +35,36 @@ pub(super) fn render_cluster(e: &mut Exposition, c: &ClusterStatus) {
         "Messages acked here whose outcome another instance owes.",
         c.remote_waiting as f64,
     );
+    e.gauge(
+        "turnstile_cluster_early_outcomes",
+        "Outcomes from the stream kept until their message is known here.",
+        c.early_outcomes as f64,
+    );
+    e.gauge(
+        "turnstile_cluster_own_outcome_entries",
+        "Stream entries of outcomes this instance wrote, kept in case a write given up as unwritten landed.",
+        c.own_outcome_entries as f64,
+    );
+    e.counter(
+        "turnstile_cluster_early_outcomes_dropped_total",
+        "Outcomes from the stream dropped at their bound (the messages in flight plus 1,024).",
+        c.early_outcomes_dropped as f64,
+    );
+    e.gauge(
+        "turnstile_cluster_partitions_draining",
+        "Partitions being drained now, to be released to another instance.",
+        c.draining.len() as f64,
+    );
+    e.counter(
+        "turnstile_cluster_drained_partitions_total",
+        "Partitions drained and released (the fair share shrank).",
+        c.drained_partitions as f64,
+    );
+    e.counter(
+        "turnstile_cluster_drained_messages_total",
+        "Messages those drains handed over to their next owner.",
+        c.drained_messages as f64,
+    );
     e.counters(
         "turnstile_cluster_partition_changes_total",
         "Partitions gained (acquired and loaded), lost (lease not renewed in time) and fenced while owned (another instance held the lease at a write).",
@@ -93,6 +123,14 @@ mod tests {
             reader_failures: 12,
             reader_reconnects: 13,
             reader_failing: true,
+            early_outcomes: 14,
+            early_outcomes_dropped: 15,
+            own_outcome_entries: 20,
+            rebalance: true,
+            drain_ms: 30_000,
+            draining: vec![16, 17],
+            drained_partitions: 18,
+            drained_messages: 19,
         };
         let mut e = Exposition::new();
         render_cluster(&mut e, &c);
@@ -111,6 +149,12 @@ mod tests {
             "turnstile_cluster_reader_failures_total 12",
             "turnstile_cluster_reader_reconnects_total 13",
             "turnstile_cluster_reader_failing 1",
+            "turnstile_cluster_early_outcomes 14",
+            "turnstile_cluster_early_outcomes_dropped_total 15",
+            "turnstile_cluster_partitions_draining 2",
+            "turnstile_cluster_own_outcome_entries 20",
+            "turnstile_cluster_drained_partitions_total 18",
+            "turnstile_cluster_drained_messages_total 19",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

@@ -18,9 +18,12 @@ use crate::liveness::{BridgeStatus, ClusterStatus};
 pub(super) struct Member {
     pending: Option<Pending>,
     reader: Option<Reader>,
-    /// `--instance-id` and `--partitions`, for the status.
+    /// `--instance-id`, `--partitions`, `--cluster-rebalance` and `--cluster-drain-ms`, for
+    /// the status.
     instance: String,
     partitions: u32,
+    rebalance: bool,
+    drain: std::time::Duration,
     /// Partitions gained, lost and fenced since the start, as the journal reported them
     /// (fenced: only those owned here then, and not lost in the same report, so that each
     /// ownership ends once in `lost + fenced`).
@@ -65,6 +68,8 @@ impl BridgeServer {
         self.bridge.set_partitions(journal.partitions());
         self.cluster.instance = journal.instance().to_owned();
         self.cluster.partitions = journal.partitions();
+        self.cluster.rebalance = journal.rebalance();
+        self.cluster.drain = journal.drain();
         self.cluster.pending = Some(Pending {
             journal,
             reader,
@@ -158,17 +163,26 @@ impl BridgeServer {
         let owned = self.bridge.owned_partitions();
         debug_assert!(owned.len() <= m.partitions as usize);
         let (handed_over_partitions, handed_over_messages) = self.bridge.handed_over();
+        let (drained_partitions, drained_messages) = self.bridge.drained();
         let mut s = ClusterStatus {
             instance: m.instance.clone(),
             partitions: m.partitions,
             owned_partitions: owned.len(),
             owned,
             remote_waiting: self.bridge.remote_waiting(),
+            early_outcomes: self.bridge.early_outcomes().0,
+            early_outcomes_dropped: self.bridge.early_outcomes().1,
+            own_outcome_entries: self.bridge.own_outcome_entries(),
             gained: m.gained,
             lost: m.lost,
             fenced: m.fenced,
             handed_over_partitions,
             handed_over_messages,
+            rebalance: m.rebalance,
+            drain_ms: m.drain.as_millis() as u64,
+            draining: self.bridge.draining_partitions(),
+            drained_partitions,
+            drained_messages,
             ..ClusterStatus::default()
         };
         if let Some(r) = &m.reader {

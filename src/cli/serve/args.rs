@@ -297,6 +297,11 @@ pub(crate) struct ServeArgs {
     #[arg(long)]
     #[serde(default)]
     pub(super) cluster_rebalance: bool,
+    /// With --cluster-rebalance: how long, in milliseconds, a partition being released may
+    /// wait for its running turns to end; past it, it is released as if lost (those turns
+    /// then end `interrupted by restart` on the next owner).
+    #[arg(long, value_name = "MS")]
+    pub(super) cluster_drain_ms: Option<u64>,
     /// Check the flags and the configuration file, then exit: 0 if valid, 2 if not.
     #[arg(long)]
     #[serde(skip)]
@@ -387,6 +392,10 @@ pub(crate) fn defaults() -> Vec<(&'static str, String)> {
         ("instance-id", "hostname:pid".into()),
         ("partitions", DEFAULT_PARTITIONS.to_string()),
         ("lease-ms", DEFAULT_LEASE_MS.to_string()),
+        (
+            "cluster-drain-ms",
+            crate::journal::DEFAULT_DRAIN.as_millis().to_string(),
+        ),
         ("openai-api-key-env", "OPENAI_API_KEY".into()),
         ("history-turns", DEFAULT_HISTORY_TURNS.to_string()),
         ("history-chars", DEFAULT_HISTORY_CHARS.to_string()),
@@ -538,6 +547,7 @@ pub(super) fn merged_args(flags: ServeArgs) -> Result<ServeArgs, String> {
         instance_id,
         partitions,
         lease_ms,
+        cluster_drain_ms,
         http_listen,
         http_max_connections,
         http_max_header_bytes,

@@ -361,6 +361,7 @@ fn cluster_settings(a: &ServeArgs) -> Result<Option<ClusterConfig>, String> {
             (a.lease_ms.is_some(), "--lease-ms"),
             (a.cluster_allow_lazy_fsync, "--cluster-allow-lazy-fsync"),
             (a.cluster_rebalance, "--cluster-rebalance"),
+            (a.cluster_drain_ms.is_some(), "--cluster-drain-ms"),
         ] {
             if set {
                 return Err(format!("{flag} needs --cluster"));
@@ -405,6 +406,17 @@ fn cluster_settings(a: &ServeArgs) -> Result<Option<ClusterConfig>, String> {
     c.lease = Duration::from_millis(lease_ms);
     c.allow_lazy_fsync = a.cluster_allow_lazy_fsync;
     c.rebalance = a.cluster_rebalance;
+    if let Some(ms) = a.cluster_drain_ms {
+        if !a.cluster_rebalance {
+            return Err("--cluster-drain-ms needs --cluster-rebalance".into());
+        }
+        if !(100..=3_600_000).contains(&ms) {
+            return Err(format!(
+                "--cluster-drain-ms {ms}: must be from 100 to 3600000"
+            ));
+        }
+        c.drain = Duration::from_millis(ms);
+    }
     Ok(Some(c))
 }
 

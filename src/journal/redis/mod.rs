@@ -247,6 +247,9 @@ pub struct StreamEntry {
     /// The instance that accepted it (empty in an inbox entry written before the inbox
     /// carried it).
     pub origin: String,
+    /// In an outcome entry, the instance that wrote the outcome (empty in an inbox entry,
+    /// and in an outcome entry written before the stream carried it).
+    pub by: String,
 }
 
 /// The keys of one partition.
@@ -686,7 +689,8 @@ impl RedisStore {
                     .arg(&outcome.head)
                     .arg(&outcome.text)
                     .arg(&outcome.tail)
-                    .arg(STREAM_MAXLEN);
+                    .arg(STREAM_MAXLEN)
+                    .arg(&self.cfg.instance);
                 c
             }
             Op::Delivered { partition, seq } | Op::Forget { partition, seq } => {

@@ -98,6 +98,7 @@ impl RedisStore {
                     id: text(id).ok_or_else(|| malformed("read: entry id"))?,
                     seq: 0,
                     origin: String::new(),
+                    by: String::new(),
                 };
                 for f in fields.chunks(2) {
                     match (f.first().and_then(text).as_deref(), f.get(1).and_then(text)) {
@@ -105,6 +106,7 @@ impl RedisStore {
                             entry.seq = v.parse().map_err(|_| malformed("read: seq"))?;
                         }
                         (Some("origin"), Some(v)) => entry.origin = v,
+                        (Some("by"), Some(v)) => entry.by = v,
                         _ => {}
                     }
                 }

@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use super::super::frame::{Body, Frame};
 use super::admit::{Refusal, duplicate_ack};
+use super::early::{EARLY_SLACK, EarlyOutcomes, Kept};
 use super::routes::no_conn;
 use super::status::RecoveryCounts;
 use super::{Action, Bridge, ConnId};
@@ -40,6 +41,20 @@ use crate::journal::{
 };
 use crate::message::SessionKey;
 use crate::server::protocol::{ServerOp, encode};
+
+/// A message accepted here whose outcome record was given up (fenced, or its partition no
+/// longer held): its result is the next owner's outcome from the stream, or its own frame if
+/// the write landed after all. Its outbox reservation is kept for it.
+pub(super) struct Orphan {
+    /// The bridge's tag.
+    tag: u64,
+    /// The connection and platform its result goes to, its id.
+    conn: ConnId,
+    platform: Arc<str>,
+    id: Arc<str>,
+    /// The terminal event that waited for the record.
+    own: Frame,
+}
 
 /// The bridge's cluster state, kept with the journal's ([`super::durable::Durable`]).
 #[derive(Default)]
@@ -60,7 +75,7 @@ pub(super) struct ClusterSide {
     /// Messages accepted here whose outcome record was refused (the partition's next owner
     /// answers them): cluster tag → the bridge's tag, the connection, the platform and id
     /// their result goes to (their reservation is kept for it).
-    orphans: HashMap<u64, (u64, ConnId, Arc<str>, Arc<str>)>,
+    orphans: HashMap<u64, Orphan>,
     /// Partitions handed over, and their messages, since the start.
     handed_over: (u64, u64),
     /// Messages run here that another live instance accepted: their terminal events are
@@ -73,6 +88,13 @@ pub(super) struct ClusterSide {
     foreign: HashSet<u64>,
     /// Partitions being drained to be released, and the turns they wait for.
     pub(super) drains: super::drain::Drains,
+    /// Outcomes from the stream that came before their message was known to wait here.
+    early: EarlyOutcomes,
+    /// Outcomes this instance wrote itself whose stream entry came (see `early.rs`).
+    landed: Kept<()>,
+    /// Messages of a partition being rebuilt that waited here for another instance's
+    /// outcome: the connection their result goes to (emptied by the rebuild).
+    rebind: HashMap<u64, ConnId>,
 }
 
 impl ClusterSide {
@@ -89,11 +111,36 @@ impl ClusterSide {
     /// The platforms owed a reservation by the messages whose refused outcome the next
     /// owner answers.
     pub(super) fn orphan_platforms(&self) -> impl Iterator<Item = &str> {
-        self.orphans.values().map(|(_, _, p, _)| &**p)
+        self.orphans.values().map(|o| &*o.platform)
     }
 }
 
 impl Bridge {
+    /// Whether this bridge owns a partition (`--cluster`): never under `--data-dir` alone,
+    /// where a turn start pays nothing for the cluster's bookkeeping.
+    pub(super) fn owns_partitions(&self) -> bool {
+        self.durable
+            .as_ref()
+            .is_some_and(|d| !d.cluster.owned.is_empty())
+    }
+
+    /// `--cluster`: outcomes from the stream kept until their message is known here, and
+    /// how many were dropped at their bound (the messages in flight plus 1,024).
+    pub fn early_outcomes(&self) -> (usize, u64) {
+        self.durable
+            .as_ref()
+            .map_or((0, 0), |d| d.cluster.early.counts())
+    }
+
+    /// `--cluster`: stream entries of outcomes this instance wrote itself, kept in case a
+    /// write given up as unwritten landed after all (at most the messages in flight plus
+    /// 1,024; most are of writes whose answer came, dropped at the bound).
+    pub fn own_outcome_entries(&self) -> usize {
+        self.durable
+            .as_ref()
+            .map_or(0, |d| d.cluster.landed.counts().0)
+    }
+
     /// `--cluster`: messages acked here whose outcome another instance owes (each holds its
     /// route and its outbox reservation, within the platforms' bounds).
     pub fn remote_waiting(&self) -> usize {
@@ -218,6 +265,7 @@ impl Bridge {
             .map(|(tag, _)| tag)
             .collect();
         let (mut sessions, mut waiting) = (Vec::<SessionKey>::new(), 0);
+        let mut came = Vec::new();
         for &tag in &tags {
             let Some(route) = self.routes.get(tag) else {
                 continue;
@@ -232,6 +280,9 @@ impl Bridge {
                 if let Some(&ct) = d.cluster.placed.get(&tag) {
                     d.cluster.remote.insert(ct, tag);
                     waiting += 1;
+                    if let Some(outcome) = d.cluster.early.take(ct) {
+                        came.push((ct, tag, outcome));
+                    }
                     continue;
                 }
             }
@@ -254,6 +305,13 @@ impl Bridge {
         let counts = (sessions.len(), tags.len(), waiting);
         if !sessions.is_empty() {
             self.actions.push_back(Action::HandOver(sessions));
+        }
+        // The next owner's outcome came before the hand-over: it goes now.
+        for (ct, tag, outcome) in came {
+            if let Some(d) = &mut self.durable {
+                d.cluster.remote.remove(&ct);
+            }
+            self.remote_outcome(tag, outcome);
         }
         counts
     }
@@ -299,7 +357,28 @@ impl Bridge {
             return;
         };
         if let (Some(&ct), Some(id)) = (d.cluster.placed.get(&seq), frame.msg_id.clone()) {
-            d.cluster.orphans.insert(ct, (seq, conn, platform, id));
+            // The write was given up after a try whose answer was lost, yet it landed: the
+            // record is this very frame's.
+            if d.cluster.landed.take(ct).is_some() {
+                log::debug!("message {seq}: its outcome write landed after all; sent");
+                self.deliver_terminal(conn, &platform, frame);
+                return;
+            }
+            // The next owner's outcome may have come while the turn still ran here.
+            if let Some(outcome) = d.cluster.early.take(ct) {
+                let frame = Frame::new(Body::from_stored(outcome), Some(platform.clone()))
+                    .of_message(seq, id);
+                self.deliver_terminal(conn, &platform, frame);
+                return;
+            }
+            let orphan = Orphan {
+                tag: seq,
+                conn,
+                platform,
+                id,
+                own: frame,
+            };
+            d.cluster.orphans.insert(ct, orphan);
             return;
         }
         self.platforms.unreserve(&platform, None);
@@ -333,6 +412,13 @@ impl Bridge {
                 None => ack.clone(),
                 Some((cid, ckey)) => duplicate_ack(cid, ckey),
             });
+        }
+        // Its outcome came before this report: it goes after the ack.
+        if let Some(d) = &mut self.durable
+            && let Some(outcome) = d.cluster.early.take(cluster)
+        {
+            d.cluster.remote.remove(&cluster);
+            self.remote_outcome(tag, outcome);
         }
     }
 
@@ -376,10 +462,41 @@ impl Bridge {
                     .and_then(|d| d.cluster.orphans.remove(&tag));
                 if let Some(local) = local {
                     self.remote_outcome(local, outcome);
-                } else if let Some((local, conn, platform, id)) = orphan {
-                    let frame = Frame::new(Body::from_stored(outcome), Some(platform.clone()))
-                        .of_message(local, id);
-                    self.deliver_terminal(conn, &platform, frame);
+                } else if let Some(o) = orphan {
+                    let frame = Frame::new(Body::from_stored(outcome), Some(o.platform.clone()))
+                        .of_message(o.tag, o.id);
+                    self.deliver_terminal(o.conn, &o.platform, frame);
+                } else {
+                    // Before the report that says its message waits here (see `early`).
+                    let bound = self.routes.len() + EARLY_SLACK;
+                    if let Some(d) = &mut self.durable {
+                        let dropped = d.cluster.early.keep(tag, outcome, bound);
+                        if dropped > 0 {
+                            log::warn!(
+                                "{dropped} outcome(s) from the stream for messages not known here were dropped (more than {bound} kept); a message of them still waiting here is not answered by this instance"
+                            );
+                        }
+                    }
+                }
+            }
+            Arrival::Landed { tag, .. } => {
+                let orphan = self
+                    .durable
+                    .as_mut()
+                    .and_then(|d| d.cluster.orphans.remove(&tag));
+                if let Some(o) = orphan {
+                    // Given up as unwritten, yet written: its own result goes.
+                    log::debug!(
+                        "message {}: its outcome write landed after all; sent",
+                        o.tag
+                    );
+                    self.deliver_terminal(o.conn, &o.platform, o.own);
+                } else {
+                    let bound = self.routes.len() + EARLY_SLACK;
+                    if let Some(d) = &mut self.durable {
+                        // Most are of writes whose answer came: dropped at the bound.
+                        let _ = d.cluster.landed.keep(tag, (), bound);
+                    }
                 }
             }
             Arrival::OriginGone {
@@ -490,12 +607,21 @@ impl Bridge {
     }
 
     /// A partition now owned here, rebuilt as recovery does; messages of it this bridge
-    /// waited for remotely leave their wait first (their results go to the platform, as a
-    /// recovered message's do).
+    /// waited for remotely leave their wait first (their results go to the connection that
+    /// sent them, if it is still open; else to the platform, as a recovered message's do).
     fn gained(&mut self, p: u32, loaded: LoadedPartition, now: Duration) {
         let mut messages = Vec::with_capacity(loaded.recovered.messages.len());
         for rm in loaded.recovered.messages {
             let tag = rm.message.seq;
+            // The load brings its outcome, if any: one kept from the stream is stale.
+            if let Some(d) = &mut self.durable {
+                let ct = tag_parts(tag)
+                    .map(|_| tag)
+                    .or_else(|| d.cluster.placed.get(&tag).copied());
+                if let Some(ct) = ct {
+                    d.cluster.early.take(ct);
+                }
+            }
             // Its result is held here for its outcome record, still on its way to the
             // journal thread when the partition was lost and taken again: the record is
             // written under the new lease and the result goes then; rebuilding it would
@@ -503,23 +629,23 @@ impl Bridge {
             if self.durable.as_ref().is_some_and(|d| d.is_unjournaled(tag)) {
                 continue;
             }
-            let waited = self.durable.as_mut().is_some_and(|d| {
-                let before = d.cluster.remote.len();
-                d.cluster.remote.retain(|_, t| *t != tag);
-                d.cluster.remote.len() < before
+            // Accepted here, it waited for another instance's outcome (its remote entry is
+            // by the cluster tag its placement gave), or its outcome record was refused here
+            // before: the load answers it now, on the connection that sent it.
+            let (waited, orphan) = self.durable.as_mut().map_or((false, None), |d| {
+                let ct = d.cluster.placed.get(&tag).copied();
+                let waited = ct.is_some_and(|ct| d.cluster.remote.remove(&ct).is_some());
+                (waited, ct.and_then(|ct| d.cluster.orphans.remove(&ct)))
             });
-            // Its outcome record refused here before: the load answers it now.
-            let orphan = self.durable.as_mut().and_then(|d| {
-                let ct = d.cluster.placed.get(&tag).copied()?;
-                d.cluster.orphans.remove(&ct)
-            });
-            if let Some((_, _, platform, _)) = orphan {
-                self.platforms.unreserve(&platform, None);
+            let mut to = no_conn();
+            if let Some(o) = orphan {
+                self.platforms.unreserve(&o.platform, None);
+                to = o.conn;
             }
             if waited && let Some(route) = self.routes.remove(tag) {
                 self.platforms.unreserve(&route.platform, None);
                 self.conns.settled(route.conn);
-                self.maybe_finish(route.conn);
+                to = route.conn;
             }
             if self.routes.contains(tag) {
                 continue;
@@ -541,6 +667,11 @@ impl Bridge {
                 // (One with its outcome already is marked by the rebuild.)
                 d.cluster.foreign.insert(tag);
             }
+            if to != no_conn()
+                && let Some(d) = &mut self.durable
+            {
+                d.cluster.rebind.insert(tag, to);
+            }
             messages.push(rm);
         }
         log::info!(
@@ -553,5 +684,22 @@ impl Bridge {
             max_seq: 0,
         };
         let _ = self.recover(r, now_ms(), now);
+        if let Some(d) = &mut self.durable {
+            debug_assert!(
+                d.cluster.rebind.is_empty(),
+                "every rebound message was rebuilt"
+            );
+            d.cluster.rebind.clear();
+        }
+    }
+
+    /// The connection the result of a message being rebuilt goes to: the one that sent it,
+    /// when it waited here for another instance's outcome (see `gained`); else none (its
+    /// platform's newest hello, as for any recovered message).
+    pub(super) fn rebound(&mut self, tag: u64) -> ConnId {
+        self.durable
+            .as_mut()
+            .and_then(|d| d.cluster.rebind.remove(&tag))
+            .unwrap_or_else(no_conn)
     }
 }

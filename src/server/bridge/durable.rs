@@ -395,6 +395,12 @@ impl Bridge {
         now: Duration,
     ) {
         let m = rm.message;
+        // Where its result goes: a connection waiting for it (a cluster partition gained
+        // here), else its platform's newest hello.
+        #[cfg(feature = "cluster")]
+        let to = self.rebound(m.seq);
+        #[cfg(not(feature = "cluster"))]
+        let to = no_conn();
         let Some(platform) = self.platforms.force(&m.platform) else {
             return;
         };
@@ -408,8 +414,11 @@ impl Bridge {
         if let Some(o) = rm.outcome {
             let mut frame =
                 Frame::new(Body::from_stored(o), Some(platform.clone())).of_message(seq, id);
-            frame.mark_redelivery();
-            self.deliver_terminal(no_conn(), &platform, frame);
+            // Sent before, perhaps; never to a connection that waited for it.
+            if to == no_conn() {
+                frame.mark_redelivery();
+            }
+            self.deliver_terminal(to, &platform, frame);
             n.outcomes += 1;
             return;
         }
@@ -437,12 +446,14 @@ impl Bridge {
         };
         if let Some(why) = failure {
             let body = Body::with_text("failed", &id, session.as_str(), "error", why, "");
-            return self.terminal(seq, no_conn(), &platform, id, body);
+            return self.terminal(seq, to, &platform, id, body);
         }
         let Ok(admitted) = built else {
             return;
         };
-        let mut route = InFlight::new(no_conn(), id, session, platform, fp);
+        // The connection waits for it once more (settled when it ends).
+        self.conns.sent(to);
+        let mut route = InFlight::new(to, id, session, platform, fp);
         (route.starts, route.recovered) = (rm.starts, true);
         self.routes.insert(seq, route);
         n.requeued += 1;

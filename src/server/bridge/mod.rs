@@ -57,6 +57,8 @@ mod conns;
 #[cfg(feature = "cluster")]
 mod drain;
 mod durable;
+#[cfg(feature = "cluster")]
+mod early;
 mod platforms;
 mod routes;
 mod status;
@@ -358,7 +360,7 @@ impl Bridge {
         }
         // Its partition is draining: the turn stays held, unrecorded, until the hand-over.
         #[cfg(feature = "cluster")]
-        if self.durable.is_some() && self.drain_gate(tag, &session) {
+        if self.owns_partitions() && self.drain_gate(tag, &session) {
             return;
         }
         let Some(route) = self.routes.get_mut(tag) else {
