@@ -10,7 +10,7 @@ use std::io;
 use std::sync::Arc;
 
 use super::BridgeServer;
-use crate::journal::{Committed, Journal, JournalConfig, Reader, RedisStore, StoreError, now_ms};
+use crate::journal::{ClusterRequest, Committed, Journal, JournalConfig, Reader, RedisStore, StoreError, now_ms};
 use crate::liveness::{BridgeStatus, ClusterStatus};
 
 /// A cluster member's parts: until `register`, then while serving.
@@ -139,6 +139,13 @@ impl BridgeServer {
         }
     }
 
+    /// The bridge's request for the reader's connection (the hello registry, forwards).
+    pub(super) fn cluster_request(&self, r: ClusterRequest) {
+        if let Some(reader) = &self.cluster.reader {
+            reader.request(r);
+        }
+    }
+
     /// What the reader brought goes to the bridge.
     pub(super) fn cluster_arrivals(&mut self) {
         if let Some(r) = &self.cluster.reader {
@@ -173,6 +180,8 @@ impl BridgeServer {
             handed_over_messages,
             ..ClusterStatus::default()
         };
+        (s.forwards_waiting, s.forwarded_out, s.forwarded_in, s.forwards_refused) =
+            self.bridge.forwards();
         if let Some(r) = &m.reader {
             r.fill_status(&mut s);
         }
