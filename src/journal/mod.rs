@@ -45,8 +45,8 @@ pub use owner::{Ownership, Plan};
 pub use reader::{Arrival, ClusterRequest, Reader};
 #[cfg(feature = "cluster")]
 pub use redis::{
-    Accept, Acquire, ClusterConfig, Done, FWD_MAXLEN, FwdEntry, Lease, LoadedPartition, Op, RedisStore, Stream,
-    StreamEntry, partition_of,
+    Accept, Acquire, ClusterConfig, Done, FWD_MAXLEN, FwdEntry, Lease, LoadedPartition, Op,
+    RedisStore, Stream, StreamEntry, partition_of,
 };
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;

@@ -587,11 +587,15 @@ impl Reading {
                     platform,
                     results,
                 }) => {
-                    let at: Vec<(u32, u64)> = results.iter().filter_map(|&t| tag_parts(t)).collect();
+                    let at: Vec<(u32, u64)> =
+                        results.iter().filter_map(|&t| tag_parts(t)).collect();
                     let fetched = self.store.fetch(&at)?;
                     let mut found = Vec::new();
-                    let mut missing: Vec<u64> =
-                        results.iter().copied().filter(|&t| tag_parts(t).is_none()).collect();
+                    let mut missing: Vec<u64> = results
+                        .iter()
+                        .copied()
+                        .filter(|&t| tag_parts(t).is_none())
+                        .collect();
                     for ((p, seq), m) in at.into_iter().zip(fetched) {
                         let tag = cluster_tag(p, seq);
                         match m {

@@ -10,7 +10,9 @@ use std::io;
 use std::sync::Arc;
 
 use super::BridgeServer;
-use crate::journal::{ClusterRequest, Committed, Journal, JournalConfig, Reader, RedisStore, StoreError, now_ms};
+use crate::journal::{
+    ClusterRequest, Committed, Journal, JournalConfig, Reader, RedisStore, StoreError, now_ms,
+};
 use crate::liveness::{BridgeStatus, ClusterStatus};
 
 /// A cluster member's parts: until `register`, then while serving.
@@ -180,8 +182,12 @@ impl BridgeServer {
             handed_over_messages,
             ..ClusterStatus::default()
         };
-        (s.forwards_waiting, s.forwarded_out, s.forwarded_in, s.forwards_refused) =
-            self.bridge.forwards();
+        (
+            s.forwards_waiting,
+            s.forwarded_out,
+            s.forwarded_in,
+            s.forwards_refused,
+        ) = self.bridge.forwards();
         if let Some(r) = &m.reader {
             r.fill_status(&mut s);
         }

@@ -94,7 +94,11 @@ impl RedisStore {
     /// Adds `entry` to instance `to`'s forward stream.
     pub fn fwd_add(&mut self, to: &str, entry: &FwdEntry) -> Result<(), StoreError> {
         let mut cmd = redis::cmd("XADD");
-        cmd.arg(fwd_key(to)).arg("MAXLEN").arg("~").arg(FWD_MAXLEN).arg("*");
+        cmd.arg(fwd_key(to))
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(FWD_MAXLEN)
+            .arg("*");
         match entry {
             FwdEntry::Forward {
                 from,
@@ -102,7 +106,10 @@ impl RedisStore {
                 results,
             } => {
                 cmd.arg("kind").arg("fwd").arg("from").arg(from);
-                cmd.arg("platform").arg(platform).arg("a").arg(tags(results));
+                cmd.arg("platform")
+                    .arg(platform)
+                    .arg("a")
+                    .arg(tags(results));
             }
             FwdEntry::Took {
                 from,

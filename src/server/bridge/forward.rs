@@ -146,7 +146,10 @@ impl Bridge {
             };
             // Known here already (an answer lost and the offer made again, or a message of
             // a partition owned here): this instance delivers it either way.
-            if self.routes.contains(tag) || self.platforms.outbox_has(key, tag) {
+            if self.routes.contains(tag)
+                || self.platforms.outbox_has(key, tag)
+                || self.conns.holds_cluster(tag)
+            {
                 taken.push(tag);
                 continue;
             }
@@ -161,7 +164,9 @@ impl Bridge {
             frame.mark_redelivery();
             match self.platforms.take_forwarded(key, frame) {
                 Ok(()) => {
-                    log::debug!("platform {platform}: message {id}: its result, from {from}, taken here");
+                    log::debug!(
+                        "platform {platform}: message {id}: its result, from {from}, taken here"
+                    );
                     taken.push(tag);
                 }
                 Err(_) => refused.push(tag),

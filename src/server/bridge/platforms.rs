@@ -517,7 +517,8 @@ impl Platforms {
     #[cfg(feature = "cluster")]
     pub(super) fn outbox_has(&self, name: &str, tag: u64) -> bool {
         self.map.get(name).is_some_and(|p| {
-            p.outbox.iter().any(|f| f.cluster == tag) || p.held.iter().any(|(_, f)| f.cluster == tag)
+            p.outbox.iter().any(|f| f.cluster == tag)
+                || p.held.iter().any(|(_, f)| f.cluster == tag)
         })
     }
 
