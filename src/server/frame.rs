@@ -151,6 +151,7 @@ pub(super) struct Frame {
     pub redelivery: bool,
     /// `--cluster`: a terminal event's message as Redis knows it (its cluster tag; 0: not
     /// known), so that another instance can be forwarded it (`bridge/forward.rs`).
+    #[cfg(feature = "cluster")]
     pub cluster: u64,
     cursor: Cursor,
 }
@@ -169,6 +170,7 @@ impl Frame {
             seq: 0,
             msg_id: None,
             redelivery: false,
+            #[cfg(feature = "cluster")]
             cluster: 0,
             cursor: Cursor::default(),
         }

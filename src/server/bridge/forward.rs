@@ -163,13 +163,13 @@ impl Bridge {
             frame.cluster = tag;
             frame.mark_redelivery();
             match self.platforms.take_forwarded(key, frame) {
-                Ok(()) => {
+                true => {
                     log::debug!(
                         "platform {platform}: message {id}: its result, from {from}, taken here"
                     );
                     taken.push(tag);
                 }
-                Err(_) => refused.push(tag),
+                false => refused.push(tag),
             }
         }
         if let Some(key) = &key {

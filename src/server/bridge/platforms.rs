@@ -524,25 +524,25 @@ impl Platforms {
 
     /// `--cluster`: a result another instance forwards, taken into `name`'s outbox if it
     /// fits the platform's bounds as a new message's result would (`outbox_cap` events,
-    /// `outbox_bytes` with its text charged now, nothing held before it); else handed back.
+    /// `outbox_bytes` with its text charged now, nothing held before it); whether it did.
     #[cfg(feature = "cluster")]
-    pub(super) fn take_forwarded(&mut self, name: &str, frame: Frame) -> Result<(), Frame> {
+    pub(super) fn take_forwarded(&mut self, name: &str, frame: Frame) -> bool {
         let (reserve, cap, cap_bytes) = (self.reserve, self.outbox_cap, self.outbox_bytes);
         let Some(p) = self.get_mut(name) else {
-            return Err(frame);
+            return false;
         };
         let room = reserve + text_bytes(&frame.body);
         if !p.held.is_empty()
             || p.reserved_events >= cap
             || p.reserved_bytes.saturating_add(room) > cap_bytes
         {
-            return Err(frame);
+            return false;
         }
         p.reserved_events += 1;
         p.reserved_bytes += room;
         p.outbox_bytes += frame.body.size();
         p.outbox.push_back(frame);
-        Ok(())
+        true
     }
 
     /// `--cluster`: the results of `tags` leave `name`'s outbox (another instance took
