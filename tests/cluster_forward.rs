@@ -174,7 +174,7 @@ fn a_result_whose_connection_is_gone_is_offered_again_until_taken_and_only_then_
     let _ = n.take(c);
     let (g1, g2) = (cluster_tag(1, 7), cluster_tag(2, 8));
     n.acked_remote(c, "m1", g1);
-    n.acked_remote(c, "m2", g2);
+    let m2 = n.acked_remote(c, "m2", g2);
     let _ = n.take(c);
     n.b.disconnected(c);
     n.pump();
@@ -216,6 +216,12 @@ fn a_result_whose_connection_is_gone_is_offered_again_until_taken_and_only_then_
             .any(|r| matches!(r, Record::Delivered { .. })),
         "the taker delivers it: nothing written here"
     );
+    // The journal thread forgets the taken one's tag (its `delivered` never comes here).
+    let untags: Vec<ClusterRequest> = std::mem::take(&mut n.requests)
+        .into_iter()
+        .filter(|r| matches!(r, ClusterRequest::Untag(_)))
+        .collect();
+    assert_eq!(untags, vec![ClusterRequest::Untag(m2)]);
     // The one left still goes to the platform's next hello here.
     let c2 = n.connect();
     let lines = n.take(c2);

@@ -133,6 +133,9 @@ pub enum ClusterRequest {
         /// Refused.
         refused: Vec<u64>,
     },
+    /// For the journal thread, not the reader: the bridge's message of this tag (its own
+    /// numbering) had its result taken by another instance ([`super::Journal::untag`]).
+    Untag(u64),
 }
 
 enum Control {
@@ -552,6 +555,7 @@ impl Reading {
                         ),
                     }
                 }
+                ClusterRequest::Untag(_) => {}
                 ClusterRequest::Took {
                     to,
                     platform,

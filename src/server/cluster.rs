@@ -143,8 +143,10 @@ impl BridgeServer {
 
     /// The bridge's request for the reader's connection (the hello registry, forwards).
     pub(super) fn cluster_request(&self, r: ClusterRequest) {
-        if let Some(reader) = &self.cluster.reader {
-            reader.request(r);
+        match (r, &self.journal, &self.cluster.reader) {
+            (ClusterRequest::Untag(tag), Some(j), _) => j.untag(tag),
+            (ClusterRequest::Untag(_), None, _) | (_, _, None) => {}
+            (r, _, Some(reader)) => reader.request(r),
         }
     }
 

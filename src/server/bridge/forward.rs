@@ -211,6 +211,12 @@ impl Bridge {
         let set: HashSet<u64> = taken.iter().copied().collect();
         let gone = self.platforms.remove_forwarded(platform, &set);
         for frame in &gone {
+            // Accepted here: the journal thread forgets its tag's place (no `delivered` of
+            // this tag will come; the taker writes it by the cluster tag).
+            if frame.seq != 0 && tag_parts(frame.seq).is_none() {
+                let r = ClusterRequest::Untag(frame.seq);
+                self.actions.push_back(Action::Cluster(r));
+            }
             log::debug!(
                 "platform {platform}: message {}: its result was taken by the instance of the platform's newest hello",
                 frame.msg_id.as_deref().unwrap_or("?")
