@@ -532,7 +532,8 @@ pub struct ClusterStatus {
     /// Results another instance took from this one since the start (this one's copies
     /// dropped).
     pub forwarded_out: u64,
-    /// Results taken here from another instance since the start (marked `redelivery`).
+    /// Results taken here from another instance since the start (marked `redelivery`; one
+    /// offered again and held here already is not counted again).
     pub forwarded_in: u64,
     /// Results offered here and refused since the start (no room within the platform's
     /// bounds, no connection of the platform here, no longer in Redis): they stay where

@@ -25,10 +25,12 @@ const PARTITIONS: u32 = 4;
 struct Server {
     child: Child,
     addr: String,
+    status_file: std::path::PathBuf,
 }
 
 impl Server {
-    fn start(redis: &Redis, instance: &str, agent: &[String]) -> Server {
+    fn start(redis: &Redis, instance: &str, agent: &[String], dir: &Path) -> Server {
+        let status_file = dir.join(format!("{instance}.status.json"));
         let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
         command
             .arg("serve")
@@ -36,6 +38,8 @@ impl Server {
             .args(["--cluster", &redis.url(), "--instance-id", instance])
             .args(["--partitions", &PARTITIONS.to_string()])
             .args(["--lease-ms", "3000"])
+            .arg("--status-file")
+            .arg(&status_file)
             .args(agent)
             .env("RUST_LOG", "warn")
             .env_remove("TURNSTILE_AUTH_TOKEN")
@@ -61,7 +65,19 @@ impl Server {
             .strip_prefix("listening on ")
             .unwrap_or_else(|| panic!("listening line, got {first:?}"))
             .to_owned();
-        Server { child, addr }
+        Server {
+            child,
+            addr,
+            status_file,
+        }
+    }
+
+    /// The cluster's figures in the status snapshot now (`Null` before the first).
+    fn cluster(&self) -> Value {
+        std::fs::read_to_string(&self.status_file)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .map_or(Value::Null, |s| s["frontend"]["cluster"].clone())
     }
 }
 
@@ -165,14 +181,14 @@ fn a_bridge_that_moved_from_x_to_y_before_its_results_came_gets_each_from_y_once
     let dir = tempfile::tempdir().expect("tempdir");
     let gate = dir.path().join("gate");
     let agent = gated_agent(&gate);
-    let _b = Server::start(&redis, "b", &agent);
+    let _b = Server::start(&redis, "b", &agent, dir.path());
     until("b holds every partition", || {
         (0..PARTITIONS).all(|p| {
             get(&redis, &format!("ts:{{p{p}}}:lease")).is_some_and(|h| h.starts_with("b:"))
         })
     });
-    let x = Server::start(&redis, "x", &agent);
-    let y = Server::start(&redis, "y", &agent);
+    let x = Server::start(&redis, "x", &agent, dir.path());
+    let y = Server::start(&redis, "y", &agent, dir.path());
     let n = 6;
     let mut on_x = Client::connect(&x.addr);
     for i in 0..n {
@@ -220,4 +236,13 @@ fn a_bridge_that_moved_from_x_to_y_before_its_results_came_gets_each_from_y_once
         break;
     }
     assert!(got.values().all(|copies| copies.len() == 1), "{got:?}");
+    // The status says so: x handed all six away and waits for no answer, y took them.
+    until("x's status counts the forwards", || {
+        let c = x.cluster();
+        c["forwarded_out"] == n && c["forwards_waiting"] == 0
+    });
+    until("y's status counts the forwards", || {
+        let c = y.cluster();
+        c["forwarded_in"] == n && c["forwards_refused"] == 0 && c["forward_requests"] == 0
+    });
 }

@@ -137,6 +137,8 @@ impl Bridge {
     ) {
         self.now = now;
         let (mut taken, mut refused) = (Vec::new(), missing);
+        // Taken now (not known here before): what the status counts.
+        let mut new = 0;
         let here = self.platforms.newest_hello(&platform).is_some();
         let key: Option<Arc<str>> = here.then(|| self.platforms.open(&platform)).flatten();
         for (tag, m) in results {
@@ -168,6 +170,7 @@ impl Bridge {
                         "platform {platform}: message {id}: its result, from {from}, taken here"
                     );
                     taken.push(tag);
+                    new += 1;
                 }
                 false => refused.push(tag),
             }
@@ -182,7 +185,7 @@ impl Bridge {
             );
         }
         if let Some(d) = &mut self.durable {
-            d.cluster.forwards.taken += taken.len() as u64;
+            d.cluster.forwards.taken += new;
             d.cluster.forwards.refused += refused.len() as u64;
         }
         let r = ClusterRequest::Took {
