@@ -160,6 +160,26 @@ fn the_registry_names_the_last_hello_and_the_forward_stream_round_trips_within_i
         x.fwd_read("0-0", 10).expect("read").is_empty(),
         "x's own stream is empty"
     );
+    // An entry of a bad shape is skipped, and the stream goes on after it.
+    let _: String = redis::cmd("XADD")
+        .arg("ts:fwd:y")
+        .arg("*")
+        .arg(&["kind", "fwd", "from", "x", "platform", "tg", "a", "1,zz"][..])
+        .query(&mut r.client())
+        .expect("XADD");
+    let good = FwdEntry::Forward {
+        from: "x".into(),
+        platform: "tg".into(),
+        results: vec![cluster_tag(0, 1)],
+    };
+    x.fwd_add("y", &good).expect("add");
+    let after: Vec<_> = y
+        .fwd_read(&got[1].0, 10)
+        .expect("read")
+        .into_iter()
+        .map(|(_, e)| e)
+        .collect();
+    assert_eq!(after, vec![None, Some(good)]);
 
     // Pushed past its bound, the stream keeps about FWD_MAXLEN (`MAXLEN ~` trims whole
     // nodes of 100 entries).

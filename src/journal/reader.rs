@@ -506,8 +506,15 @@ impl Reading {
     /// forward stream. A failure leaves every position and request as it was.
     fn read_all(&mut self, ctl: &Receiver<Control>) -> Result<Vec<Arrival>, StoreError> {
         let mut found = self.read_once(ctl)?;
-        self.serve_requests()?;
-        found.extend(self.read_forwards()?);
+        // What the streams brought goes to the bridge whatever follows: their positions
+        // moved. A failure here is counted and tried again at the next pass.
+        match self.serve_requests().and_then(|()| self.read_forwards()) {
+            Ok(more) => found.extend(more),
+            Err(e) => {
+                log::debug!("cluster: hello registry or forwards: {e}; trying again");
+                self.health(|h| h.failures += 1);
+            }
+        }
         Ok(found)
     }
 
@@ -533,7 +540,18 @@ impl Reading {
                     self.store.set_hellos(&[platform], super::now_ms())?;
                 }
                 ClusterRequest::Forward { platform, results } => {
-                    let to = self.store.hello_of(&platform)?.map(|(i, _)| i);
+                    // A value that is not an instance's (written by something else) names
+                    // nobody: the results stay here, and the requests behind go on.
+                    let to = match self.store.hello_of(&platform) {
+                        Ok(to) => to.map(|(i, _)| i),
+                        Err(e) if e.is_transient() => return Err(e),
+                        Err(e) => {
+                            log::warn!(
+                                "platform {platform}: the hello registry's key is unreadable ({e}); its results stay here"
+                            );
+                            None
+                        }
+                    };
                     // Only to another live instance: a dead one's hello would strand them.
                     let live = self.live.as_ref();
                     match to {

@@ -153,7 +153,8 @@ impl RedisStore {
     }
 
     /// Up to `count` entries of this instance's forward stream after `after`, each with its
-    /// id (no wait). An entry of an unknown kind is skipped.
+    /// id (no wait). An entry of an unknown kind or shape is `None` (skipped, so that one
+    /// bad entry never stops the stream).
     pub fn fwd_read(
         &mut self,
         after: &str,
@@ -181,13 +182,13 @@ impl RedisStore {
                 return Err(malformed("forward read: entry"));
             };
             let id = text(id).ok_or_else(|| malformed("forward read: id"))?;
-            out.push((id, entry_of(fields)?));
+            out.push((id, entry_of(fields)));
         }
         Ok(out)
     }
 }
 
-fn entry_of(fields: &[Value]) -> Result<Option<FwdEntry>, StoreError> {
+fn entry_of(fields: &[Value]) -> Option<FwdEntry> {
     let mut get = std::collections::HashMap::new();
     for f in fields.chunks(2) {
         if let (Some(k), Some(v)) = (f.first().and_then(text), f.get(1).and_then(text)) {
@@ -196,18 +197,23 @@ fn entry_of(fields: &[Value]) -> Result<Option<FwdEntry>, StoreError> {
     }
     let field = |k: &str| get.get(k).cloned().unwrap_or_default();
     let (from, platform) = (field("from"), field("platform"));
-    Ok(match get.get("kind").map(String::as_str) {
+    let tags = |k: &str| {
+        parse_tags(&field(k))
+            .map_err(|e| log::warn!("cluster: a forward entry skipped: {}", e.message))
+            .ok()
+    };
+    match get.get("kind").map(String::as_str) {
         Some("fwd") => Some(FwdEntry::Forward {
             from,
             platform,
-            results: parse_tags(&field("a"))?,
+            results: tags("a")?,
         }),
         Some("took") => Some(FwdEntry::Took {
             from,
             platform,
-            taken: parse_tags(&field("a"))?,
-            refused: parse_tags(&field("b"))?,
+            taken: tags("a")?,
+            refused: tags("b")?,
         }),
         _ => None,
-    })
+    }
 }
