@@ -314,3 +314,52 @@ fn the_reader_keeps_results_here_when_the_newest_hello_is_its_own_or_a_dead_inst
         );
     }
 }
+
+/// The reader's requests wait for Redis within their bound: past 4,096 a new one is dropped
+/// and counted (the status says both); once Redis is back they are carried out in order.
+#[test]
+fn requests_wait_for_redis_within_their_bound_and_go_when_it_is_back() {
+    let Some(bin) = require_redis() else { return };
+    let mut r = Redis::start(&bin);
+    let x = Reading::start(&r, "x");
+    r.kill();
+    let bound = 4096;
+    x.reader.request(ClusterRequest::Hello("tg".into()));
+    for i in 1..bound + 5 {
+        x.reader.request(ClusterRequest::Hello(format!("p{i}")));
+    }
+    let status = || {
+        let mut s = ClusterStatus::default();
+        x.reader.fill_status(&mut s);
+        s
+    };
+    let t0 = Instant::now();
+    while status().forward_requests_dropped < 5 {
+        assert!(t0.elapsed() < WAIT, "{:?}", status());
+        std::thread::park_timeout(Duration::from_millis(10));
+    }
+    let s = status();
+    assert_eq!((s.forward_requests, s.forward_requests_dropped), (bound, 5));
+    r.restart();
+    let t0 = Instant::now();
+    while status().forward_requests > 0 {
+        assert!(t0.elapsed() < WAIT, "{:?}", status());
+        std::thread::park_timeout(Duration::from_millis(10));
+    }
+    let mut st = store(&r, "y");
+    assert_eq!(
+        st.hello_of("tg").expect("tg").map(|h| h.0),
+        Some("x".into())
+    );
+    let last = format!("p{}", bound - 1);
+    assert_eq!(
+        st.hello_of(&last).expect("last").map(|h| h.0),
+        Some("x".into())
+    );
+    let dropped = format!("p{bound}");
+    assert_eq!(
+        st.hello_of(&dropped).expect("dropped"),
+        None,
+        "past the bound"
+    );
+}

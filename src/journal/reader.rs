@@ -312,12 +312,12 @@ impl Reading {
                         h.failures += 1;
                         h.failing = true;
                     });
-                    // The wait is on the control channel, so a stop ends it at once.
-                    if ctl
-                        .recv_timeout(RETRY)
-                        .is_err_and(|e| e == RecvTimeoutError::Disconnected)
-                    {
-                        return;
+                    // The wait is on the control channel, so a stop ends it at once; what
+                    // it receives meanwhile is applied, never dropped.
+                    match ctl.recv_timeout(RETRY) {
+                        Ok(c) => self.apply(c),
+                        Err(RecvTimeoutError::Disconnected) => return,
+                        Err(RecvTimeoutError::Timeout) => {}
                     }
                 }
             }
@@ -407,16 +407,22 @@ impl Reading {
     fn control(&mut self, ctl: &Receiver<Control>) -> bool {
         loop {
             match ctl.try_recv() {
-                Ok(Control::Own(p, after)) => {
-                    self.inboxes.insert(p, after);
-                }
-                Ok(Control::Disown(p)) => {
-                    self.inboxes.remove(&p);
-                }
-                Ok(Control::Request(r)) => self.queue(r),
+                Ok(c) => self.apply(c),
                 Err(TryRecvError::Empty) => return true,
                 Err(TryRecvError::Disconnected) => return false,
             }
+        }
+    }
+
+    fn apply(&mut self, c: Control) {
+        match c {
+            Control::Own(p, after) => {
+                self.inboxes.insert(p, after);
+            }
+            Control::Disown(p) => {
+                self.inboxes.remove(&p);
+            }
+            Control::Request(r) => self.queue(r),
         }
     }
 
