@@ -152,9 +152,9 @@ pub mod internal {
         pub use crate::journal::SqliteStore;
         #[cfg(feature = "cluster")]
         pub use crate::journal::{
-            Accept, Acquire, Arrival, ClusterConfig, ClusterReport, Done, Lease, LoadedPartition,
-            Op, Ownership, Plan, Reader, RedisStore, Stream, StreamEntry, cluster_tag,
-            partition_of, tag_parts,
+            Accept, Acquire, Arrival, ClusterConfig, ClusterReport, ClusterRequest, Done,
+            FWD_MAXLEN, FwdEntry, Lease, LoadedPartition, Op, Ownership, Plan, Reader, RedisStore,
+            Stream, StreamEntry, cluster_tag, partition_of, tag_parts,
         };
         pub use crate::journal::{
             Committed, FaultyStore, Journal, JournalConfig, MemStore, Model, Record, Recovered,

@@ -537,6 +537,24 @@ pub struct ClusterStatus {
     pub reader_reconnects: u64,
     /// The reader's last read failed.
     pub reader_failing: bool,
+    /// The hello registry's and the forwards' requests waiting for Redis on the reader
+    /// (at most 4,096, `MAX_REQUESTS`; past it a new one is dropped, with a WARN).
+    pub forward_requests: usize,
+    /// Of those, dropped at that bound since the start.
+    pub forward_requests_dropped: u64,
+    /// Results in this instance's outboxes offered to another instance (the platform's
+    /// newest hello is there) and not answered yet (a subset of the outboxes' results).
+    pub forwards_waiting: usize,
+    /// Results another instance took from this one since the start (this one's copies
+    /// dropped).
+    pub forwarded_out: u64,
+    /// Results taken here from another instance since the start (marked `redelivery`; one
+    /// offered again and held here already is not counted again).
+    pub forwarded_in: u64,
+    /// Results offered here and refused since the start (no room within the platform's
+    /// bounds, no connection of the platform here, no longer in Redis): they stay where
+    /// they were.
+    pub forwards_refused: u64,
 }
 
 /// The journal's figures in the status.

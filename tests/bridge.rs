@@ -119,7 +119,7 @@ impl Net {
                 Action::Journal(r) => self.journal.push(r),
                 Action::StartTurn(turn) => self.released.push(turn),
                 #[cfg(feature = "cluster")]
-                Action::HandOver(_) | Action::ReleasePartition(_) => {
+                Action::HandOver(_) | Action::ReleasePartition(_) | Action::Cluster(_) => {
                     unreachable!("no cluster here")
                 }
             }

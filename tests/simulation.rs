@@ -529,7 +529,7 @@ impl World {
                         gw.core.handle(now, Input::HandOver { sessions }, &mut fx);
                     }
                     // No cluster here: nothing is ever drained.
-                    Action::ReleasePartition(_) => {}
+                    Action::ReleasePartition(_) | Action::Cluster(_) => {}
                 }
             }
             for c in closed {

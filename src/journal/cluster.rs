@@ -113,6 +113,7 @@ impl Journal {
         W: Fn() + Send + 'static,
     {
         let (drained_tx, drained) = crossbeam_channel::unbounded();
+        let (untagged_tx, untagged) = crossbeam_channel::unbounded();
         let mut journal = Journal::spawn(None, move |rx, done, stopped, gauges| {
             let mut own = Ownership::new(store.instance(), store.partitions(), store.lease());
             // The surplus over the fair share is drained by the bridge before it is
@@ -125,6 +126,7 @@ impl Journal {
             }
             let mut m = Member {
                 drained: Some(drained),
+                untagged: Some(untagged),
                 store,
                 cfg,
                 session_cap,
@@ -143,6 +145,7 @@ impl Journal {
             m.leave();
         })?;
         journal.drained = Some(drained_tx);
+        journal.untagged = Some(untagged_tx);
         Ok(journal)
     }
 }
@@ -152,6 +155,8 @@ struct Member {
     /// Partitions whose drain the bridge finished ([`Journal::release_drained`]); `None`
     /// once the sender is gone.
     drained: Option<Receiver<u32>>,
+    /// Tags whose message's result another instance took ([`Journal::untag`]).
+    untagged: Option<Receiver<u64>>,
     store: RedisStore,
     cfg: JournalConfig,
     session_cap: usize,
@@ -248,6 +253,8 @@ impl Member {
         if !self.closed {
             let never = crossbeam_channel::never();
             let drained = self.drained.as_ref().unwrap_or(&never);
+            let never_tag = crossbeam_channel::never();
+            let untagged = self.untagged.as_ref().unwrap_or(&never_tag);
             crossbeam_channel::select! {
                 recv(rx) -> r => match r {
                     Ok(r) => batch.push(r),
@@ -256,6 +263,14 @@ impl Member {
                 recv(drained) -> p => match p {
                     Ok(p) => self.to_release.push(p),
                     Err(_) => self.drained = None,
+                },
+                recv(untagged) -> t => match t {
+                    Ok(t) => {
+                        if let Some(at) = self.tags.remove(&t) {
+                            self.back.remove(&at);
+                        }
+                    }
+                    Err(_) => self.untagged = None,
                 },
                 default(wait) => {}
             }

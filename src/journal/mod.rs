@@ -42,13 +42,13 @@ pub use cluster::{ClusterReport, cluster_tag, tag_parts};
 #[cfg(feature = "cluster")]
 pub use owner::{Ownership, Plan};
 #[cfg(feature = "cluster")]
-pub use reader::{Arrival, Reader};
+pub use reader::{Arrival, ClusterRequest, Reader};
 #[cfg(feature = "cluster")]
 pub(crate) use redis::DEFAULT_DRAIN;
 #[cfg(feature = "cluster")]
 pub use redis::{
-    Accept, Acquire, ClusterConfig, Done, Lease, LoadedPartition, Op, RedisStore, Stream,
-    StreamEntry, partition_of,
+    Accept, Acquire, ClusterConfig, Done, FWD_MAXLEN, FwdEntry, Lease, LoadedPartition, Op,
+    RedisStore, Stream, StreamEntry, partition_of,
 };
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;

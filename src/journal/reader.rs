@@ -11,14 +11,17 @@
 //! started: an outcome published before that is in its message's hash, which the owner's
 //! load brings back (docs/cluster.md).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 
-use super::{RecoveredMessage, RedisStore, StoreError, StoredOutcome, Stream, cluster_tag};
+use super::{
+    FwdEntry, RecoveredMessage, RedisStore, StoreError, StoredOutcome, Stream, cluster_tag,
+    tag_parts,
+};
 use crate::liveness::ClusterStatus;
 
 /// How long one `XREAD` waits for an entry: also how soon a change of the owned inboxes,
@@ -34,6 +37,11 @@ const LIVE_EVERY: Duration = Duration::from_secs(1);
 /// How many reads (one a [`LIVE_EVERY`]) look for the messages of an instance that left the
 /// registry.
 const GONE_READS: u8 = 3;
+/// Requests of the reactor (hellos, forwards, their answers) waiting for Redis at most: past
+/// it a new one is dropped with a WARN (a hello: the registry names an older one until the
+/// next; a forward: asked again; an answer: the forwarder keeps its copies, so the platform
+/// may get a result twice, the copy taken marked `redelivery`).
+pub(super) const MAX_REQUESTS: usize = 4096;
 /// Live instances kept for the status at most (a registry is a handful; a runaway one must
 /// not grow the snapshot without bound).
 const MAX_LIVE_SHOWN: usize = 256;
@@ -77,6 +85,29 @@ pub enum Arrival {
         /// The message's [`cluster_tag`].
         tag: u64,
     },
+    /// Results another instance holds for `platform`, whose newest hello is this instance's
+    /// (docs/cluster.md "Where the result goes"): the bridge takes what fits and answers
+    /// ([`ClusterRequest::Took`]).
+    Forwarded {
+        /// The instance that holds them.
+        from: String,
+        /// Their platform.
+        platform: String,
+        /// Each result's cluster tag and its message as stored (its `seq` is the tag).
+        results: Vec<(u64, Box<RecoveredMessage>)>,
+        /// Results it named that are not in Redis with an outcome (delivered, forgotten).
+        missing: Vec<u64>,
+    },
+    /// The answer to this instance's forward of `platform`'s results: the ones taken are the
+    /// other instance's now (this one drops its copies), the refused ones stay here.
+    Took {
+        /// Their platform.
+        platform: String,
+        /// Taken.
+        taken: Vec<u64>,
+        /// Refused.
+        refused: Vec<u64>,
+    },
     /// The outcome of a message this instance accepted, written by the partition's owner.
     Outcome {
         /// Its partition.
@@ -88,9 +119,40 @@ pub enum Arrival {
     },
 }
 
+/// What the bridge asks of the reader's connection (`Action::Cluster`), off the loop.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClusterRequest {
+    /// A hello of this platform here: `ts:hello:<platform>` names this instance now.
+    Hello(String),
+    /// This instance holds these results (cluster tags) of `platform` in its outbox and no
+    /// connection of the platform: if the newest hello is another live instance's, they are
+    /// offered to it (its `ts:fwd:<instance>` stream).
+    Forward {
+        /// The platform.
+        platform: String,
+        /// The results' cluster tags.
+        results: Vec<u64>,
+    },
+    /// The answer to instance `to`'s forward: what was taken here and what was refused.
+    Took {
+        /// The instance that forwarded them.
+        to: String,
+        /// Their platform.
+        platform: String,
+        /// Taken.
+        taken: Vec<u64>,
+        /// Refused.
+        refused: Vec<u64>,
+    },
+    /// For the journal thread, not the reader: the bridge's message of this tag (its own
+    /// numbering) had its result taken by another instance ([`super::Journal::untag`]).
+    Untag(u64),
+}
+
 enum Control {
     Own(u32, String),
     Disown(u32),
+    Request(ClusterRequest),
 }
 
 /// The reader thread's handle, owned by the reactor side. Dropping it stops the thread
@@ -109,6 +171,9 @@ struct Health {
     reconnects: u64,
     failing: bool,
     live: Vec<String>,
+    /// Requests waiting for Redis, and those dropped at [`MAX_REQUESTS`].
+    requests: usize,
+    requests_dropped: u64,
 }
 
 impl Reader {
@@ -121,6 +186,7 @@ impl Reader {
     {
         let all: Vec<u32> = (0..store.partitions()).collect();
         let outcomes = store.stream_ends(Stream::Outcomes, &all)?;
+        let fwd_after = store.fwd_end()?;
         let (control, ctl) = crossbeam_channel::unbounded();
         let (tx, arrivals) = crossbeam_channel::unbounded();
         let health = Arc::new(Mutex::new(Health::default()));
@@ -137,6 +203,8 @@ impl Reader {
                     live_read: None,
                     live: None,
                     gone: BTreeMap::new(),
+                    requests: VecDeque::new(),
+                    fwd_after,
                 };
                 r.run(&ctl, &tx, &wake);
             })
@@ -156,6 +224,15 @@ impl Reader {
         s.reader_reconnects = h.reconnects;
         s.reader_failing = h.failing;
         s.live_instances.clone_from(&h.live);
+        s.forward_requests = h.requests;
+        s.forward_requests_dropped = h.requests_dropped;
+    }
+
+    /// A request of the bridge, carried out on the reader's connection.
+    pub fn request(&self, r: ClusterRequest) {
+        if let Some(c) = &self.control {
+            let _ = c.send(Control::Request(r));
+        }
     }
 
     /// Reads `partition`'s inbox from after `after` (its load's `inbox_after`).
@@ -203,6 +280,10 @@ struct Reading {
     /// can see a message without its outcome just before its turn ends here (its result
     /// then silenced for the origin), so the next reads look again.
     gone: BTreeMap<String, u8>,
+    /// The bridge's requests not yet carried out (at most [`MAX_REQUESTS`]).
+    requests: VecDeque<ClusterRequest>,
+    /// This instance's forward stream, read up to.
+    fwd_after: String,
 }
 
 impl Reading {
@@ -211,7 +292,7 @@ impl Reading {
             if !self.control(ctl) {
                 return;
             }
-            match self.read_once(ctl) {
+            match self.read_all(ctl) {
                 Ok(found) => {
                     if self.failing {
                         log::info!("cluster stream reads succeed again");
@@ -242,12 +323,12 @@ impl Reading {
                         h.failures += 1;
                         h.failing = true;
                     });
-                    // The wait is on the control channel, so a stop ends it at once.
-                    if ctl
-                        .recv_timeout(RETRY)
-                        .is_err_and(|e| e == RecvTimeoutError::Disconnected)
-                    {
-                        return;
+                    // The wait is on the control channel, so a stop ends it at once; what
+                    // it receives meanwhile is applied, never dropped.
+                    match ctl.recv_timeout(RETRY) {
+                        Ok(c) => self.apply(c),
+                        Err(RecvTimeoutError::Disconnected) => return,
+                        Err(RecvTimeoutError::Timeout) => {}
                     }
                 }
             }
@@ -337,15 +418,22 @@ impl Reading {
     fn control(&mut self, ctl: &Receiver<Control>) -> bool {
         loop {
             match ctl.try_recv() {
-                Ok(Control::Own(p, after)) => {
-                    self.inboxes.insert(p, after);
-                }
-                Ok(Control::Disown(p)) => {
-                    self.inboxes.remove(&p);
-                }
+                Ok(c) => self.apply(c),
                 Err(TryRecvError::Empty) => return true,
                 Err(TryRecvError::Disconnected) => return false,
             }
+        }
+    }
+
+    fn apply(&mut self, c: Control) {
+        match c {
+            Control::Own(p, after) => {
+                self.inboxes.insert(p, after);
+            }
+            Control::Disown(p) => {
+                self.inboxes.remove(&p);
+            }
+            Control::Request(r) => self.queue(r),
         }
     }
 
@@ -433,6 +521,162 @@ impl Reading {
                     }
                 }
             }
+        }
+        Ok(out)
+    }
+}
+
+/// The hello registry and the forwards (docs/cluster.md "Where the result goes").
+impl Reading {
+    /// One pass: the streams (blocking), then the bridge's requests, then this instance's
+    /// forward stream. A failure leaves every position and request as it was.
+    fn read_all(&mut self, ctl: &Receiver<Control>) -> Result<Vec<Arrival>, StoreError> {
+        let mut found = self.read_once(ctl)?;
+        // What the streams brought goes to the bridge whatever follows: their positions
+        // moved. A failure here is counted and tried again at the next pass.
+        match self.serve_requests().and_then(|()| self.read_forwards()) {
+            Ok(more) => found.extend(more),
+            Err(e) => {
+                log::debug!("cluster: hello registry or forwards: {e}; trying again");
+                self.health(|h| h.failures += 1);
+            }
+        }
+        Ok(found)
+    }
+
+    fn queue(&mut self, r: ClusterRequest) {
+        if self.requests.len() >= MAX_REQUESTS {
+            log::warn!(
+                "cluster: {MAX_REQUESTS} requests wait for Redis already; dropped: {r:?} (a hello is recorded at the next one, a forward asked again, an answer's results stay with their forwarder)"
+            );
+            self.health(|h| h.requests_dropped += 1);
+            return;
+        }
+        self.requests.push_back(r);
+        let n = self.requests.len();
+        self.health(|h| h.requests = n);
+    }
+
+    /// Carries out the bridge's requests in order; one that fails stays first.
+    fn serve_requests(&mut self) -> Result<(), StoreError> {
+        let me = self.store.instance().to_owned();
+        while let Some(r) = self.requests.front().cloned() {
+            match r {
+                ClusterRequest::Hello(platform) => {
+                    self.store.set_hellos(&[platform], super::now_ms())?;
+                }
+                ClusterRequest::Forward { platform, results } => {
+                    // A value that is not an instance's (written by something else) names
+                    // nobody: the results stay here, and the requests behind go on.
+                    let to = match self.store.hello_of(&platform) {
+                        Ok(to) => to.map(|(i, _)| i),
+                        Err(e) if e.is_transient() => return Err(e),
+                        Err(e) => {
+                            log::warn!(
+                                "platform {platform}: the hello registry's key is unreadable ({e}); its results stay here"
+                            );
+                            None
+                        }
+                    };
+                    // Only to another live instance: a dead one's hello would strand them.
+                    let live = self.live.as_ref();
+                    match to {
+                        Some(to) if to != me && live.is_some_and(|l| l.contains(&to)) => {
+                            log::debug!(
+                                "platform {platform}: {} result(s) offered to {to}, its newest hello's instance",
+                                results.len()
+                            );
+                            let e = FwdEntry::Forward {
+                                from: me.clone(),
+                                platform,
+                                results,
+                            };
+                            self.store.fwd_add(&to, &e)?;
+                        }
+                        to => log::debug!(
+                            "platform {platform}: {} result(s) kept here: its newest hello is {to:?}",
+                            results.len()
+                        ),
+                    }
+                }
+                ClusterRequest::Untag(_) => {}
+                ClusterRequest::Took {
+                    to,
+                    platform,
+                    taken,
+                    refused,
+                } => {
+                    let e = FwdEntry::Took {
+                        from: me.clone(),
+                        platform,
+                        taken,
+                        refused,
+                    };
+                    self.store.fwd_add(&to, &e)?;
+                }
+            }
+            self.requests.pop_front();
+        }
+        self.health(|h| h.requests = 0);
+        Ok(())
+    }
+
+    /// This instance's forward stream since the last read: forwards to take (their messages
+    /// fetched) and answers to its own.
+    fn read_forwards(&mut self) -> Result<Vec<Arrival>, StoreError> {
+        let entries = self.store.fwd_read(&self.fwd_after, COUNT)?;
+        let mut out = Vec::with_capacity(entries.len());
+        let mut after = None;
+        for (id, e) in entries {
+            after = Some(id);
+            match e {
+                Some(FwdEntry::Forward {
+                    from,
+                    platform,
+                    results,
+                }) => {
+                    let at: Vec<(u32, u64)> =
+                        results.iter().filter_map(|&t| tag_parts(t)).collect();
+                    let fetched = self.store.fetch(&at)?;
+                    let mut found = Vec::new();
+                    let mut missing: Vec<u64> = results
+                        .iter()
+                        .copied()
+                        .filter(|&t| tag_parts(t).is_none())
+                        .collect();
+                    for ((p, seq), m) in at.into_iter().zip(fetched) {
+                        let tag = cluster_tag(p, seq);
+                        match m {
+                            Some((mut m, _)) if m.outcome.is_some() => {
+                                m.message.seq = tag;
+                                found.push((tag, Box::new(m)));
+                            }
+                            _ => missing.push(tag),
+                        }
+                    }
+                    out.push(Arrival::Forwarded {
+                        from,
+                        platform,
+                        results: found,
+                        missing,
+                    });
+                }
+                Some(FwdEntry::Took {
+                    platform,
+                    taken,
+                    refused,
+                    ..
+                }) => out.push(Arrival::Took {
+                    platform,
+                    taken,
+                    refused,
+                }),
+                None => {}
+            }
+        }
+        // Moved only once every fetch succeeded: a failure reads the entries again.
+        if let Some(after) = after {
+            self.fwd_after = after;
         }
         Ok(out)
     }

@@ -110,6 +110,9 @@ pub struct Journal {
     /// `--cluster`: partitions whose drain is over, to be released by the thread.
     #[cfg(feature = "cluster")]
     pub(super) drained: Option<Sender<u32>>,
+    /// `--cluster`: tags of messages whose result another instance took, to be forgotten.
+    #[cfg(feature = "cluster")]
+    pub(super) untagged: Option<Sender<u64>>,
 }
 
 impl Journal {
@@ -154,6 +157,8 @@ impl Journal {
             gauges,
             #[cfg(feature = "cluster")]
             drained: None,
+            #[cfg(feature = "cluster")]
+            untagged: None,
         })
     }
 
@@ -185,6 +190,18 @@ impl Journal {
             && tx.send(r).is_err()
         {
             log::error!("the journal thread is gone; a record was not written");
+        }
+    }
+
+    /// `--cluster`: the result of the bridge's message `tag` was taken by another instance,
+    /// which writes its `delivered` by the message's place in Redis: the thread forgets the
+    /// tag's place (nothing is written; it would never see a `delivered` of this tag).
+    #[cfg(feature = "cluster")]
+    pub fn untag(&self, tag: u64) {
+        if let Some(tx) = &self.untagged
+            && tx.send(tag).is_err()
+        {
+            log::debug!("message {tag}: untagged, but the journal thread is gone");
         }
     }
 

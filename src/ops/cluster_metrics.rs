@@ -99,6 +99,35 @@ pub(super) fn render_cluster(e: &mut Exposition, c: &ClusterStatus) {
         "1 while the stream reader's last read failed.",
         f64::from(u8::from(c.reader_failing)),
     );
+    render_forwards(e, c);
+}
+
+/// The hello registry's forwards (docs/cluster.md "Where the result goes").
+fn render_forwards(e: &mut Exposition, c: &ClusterStatus) {
+    e.gauge(
+        "turnstile_cluster_forward_requests",
+        "Hello and forward requests waiting for Redis on the reader (at most 4,096).",
+        c.forward_requests as f64,
+    );
+    e.counter(
+        "turnstile_cluster_forward_requests_dropped_total",
+        "Hello and forward requests dropped at their bound.",
+        c.forward_requests_dropped as f64,
+    );
+    e.gauge(
+        "turnstile_cluster_forwards_waiting",
+        "Results offered to the instance of their platform's newest hello, not answered yet.",
+        c.forwards_waiting as f64,
+    );
+    e.counters(
+        "turnstile_cluster_forwarded_results_total",
+        "Results taken by another instance (out), taken here (in), and refused here (refused).",
+        &[
+            (&[("way", "out")][..], c.forwarded_out as f64),
+            (&[("way", "in")][..], c.forwarded_in as f64),
+            (&[("way", "refused")][..], c.forwards_refused as f64),
+        ],
+    );
 }
 
 #[cfg(test)]
@@ -125,12 +154,18 @@ mod tests {
             reader_failing: true,
             early_outcomes: 14,
             early_outcomes_dropped: 15,
-            own_outcome_entries: 20,
+            own_outcome_entries: 40,
             rebalance: true,
             drain_ms: 30_000,
-            draining: vec![16, 17],
-            drained_partitions: 18,
-            drained_messages: 19,
+            draining: vec![36, 37],
+            drained_partitions: 38,
+            drained_messages: 39,
+            forward_requests: 16,
+            forward_requests_dropped: 17,
+            forwards_waiting: 18,
+            forwarded_out: 19,
+            forwarded_in: 20,
+            forwards_refused: 21,
         };
         let mut e = Exposition::new();
         render_cluster(&mut e, &c);
@@ -152,9 +187,15 @@ mod tests {
             "turnstile_cluster_early_outcomes 14",
             "turnstile_cluster_early_outcomes_dropped_total 15",
             "turnstile_cluster_partitions_draining 2",
-            "turnstile_cluster_own_outcome_entries 20",
-            "turnstile_cluster_drained_partitions_total 18",
-            "turnstile_cluster_drained_messages_total 19",
+            "turnstile_cluster_own_outcome_entries 40",
+            "turnstile_cluster_drained_partitions_total 38",
+            "turnstile_cluster_drained_messages_total 39",
+            "turnstile_cluster_forward_requests 16",
+            "turnstile_cluster_forward_requests_dropped_total 17",
+            "turnstile_cluster_forwards_waiting 18",
+            "turnstile_cluster_forwarded_results_total{way=\"out\"} 19",
+            "turnstile_cluster_forwarded_results_total{way=\"in\"} 20",
+            "turnstile_cluster_forwarded_results_total{way=\"refused\"} 21",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

@@ -10,7 +10,9 @@ use std::io;
 use std::sync::Arc;
 
 use super::BridgeServer;
-use crate::journal::{Committed, Journal, JournalConfig, Reader, RedisStore, StoreError, now_ms};
+use crate::journal::{
+    ClusterRequest, Committed, Journal, JournalConfig, Reader, RedisStore, StoreError, now_ms,
+};
 use crate::liveness::{BridgeStatus, ClusterStatus};
 
 /// A cluster member's parts: until `register`, then while serving.
@@ -144,6 +146,15 @@ impl BridgeServer {
         }
     }
 
+    /// The bridge's request for the reader's connection (the hello registry, forwards).
+    pub(super) fn cluster_request(&self, r: ClusterRequest) {
+        match (r, &self.journal, &self.cluster.reader) {
+            (ClusterRequest::Untag(tag), Some(j), _) => j.untag(tag),
+            (ClusterRequest::Untag(_), None, _) | (_, _, None) => {}
+            (r, _, Some(reader)) => reader.request(r),
+        }
+    }
+
     /// What the reader brought goes to the bridge.
     pub(super) fn cluster_arrivals(&mut self) {
         if let Some(r) = &self.cluster.reader {
@@ -185,6 +196,12 @@ impl BridgeServer {
             drained_messages,
             ..ClusterStatus::default()
         };
+        (
+            s.forwards_waiting,
+            s.forwarded_out,
+            s.forwarded_in,
+            s.forwards_refused,
+        ) = self.bridge.forwards();
         if let Some(r) = &m.reader {
             r.fill_status(&mut s);
         }

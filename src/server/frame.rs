@@ -149,6 +149,10 @@ pub(super) struct Frame {
     pub msg_id: Option<Arc<str>>,
     /// Marked `"redelivery":true`: it may have reached the bridge before.
     pub redelivery: bool,
+    /// `--cluster`: a terminal event's message as Redis knows it (its cluster tag; 0: not
+    /// known), so that another instance can be forwarded it (`bridge/forward.rs`).
+    #[cfg(feature = "cluster")]
+    pub cluster: u64,
     cursor: Cursor,
 }
 
@@ -166,6 +170,8 @@ impl Frame {
             seq: 0,
             msg_id: None,
             redelivery: false,
+            #[cfg(feature = "cluster")]
+            cluster: 0,
             cursor: Cursor::default(),
         }
     }

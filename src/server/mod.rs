@@ -477,6 +477,8 @@ impl BridgeServer {
                 (deferred @ Action::HandOver(_), None) => self.deferred.push(deferred),
                 #[cfg(feature = "cluster")]
                 (Action::ReleasePartition(p), _) => self.release_drained(p),
+                #[cfg(feature = "cluster")]
+                (Action::Cluster(r), _) => self.cluster_request(r),
                 (Action::Close(id), _) => self.drop_socket(id),
                 (Action::Journal(r), _) => match &self.journal {
                     Some(j) => j.send(r),

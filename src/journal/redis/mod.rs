@@ -10,10 +10,13 @@
 //! [`StoreErrorKind::Fenced`](super::StoreErrorKind::Fenced) without changing anything when
 //! the caller no longer holds it.
 
+mod hello;
 mod leases;
 mod load;
 mod read;
 mod scripts;
+
+pub use hello::{FWD_MAXLEN, FwdEntry};
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -92,6 +92,8 @@ pub(super) struct ClusterSide {
     early: EarlyOutcomes,
     /// Outcomes this instance wrote itself whose stream entry came (see `early.rs`).
     landed: Kept<()>,
+    /// Results offered to the instance of their platform's newest hello.
+    pub(super) forwards: super::forward::Forwards,
     /// Messages of a partition being rebuilt that waited here for another instance's
     /// outcome: the connection their result goes to (emptied by the rebuild).
     rebind: HashMap<u64, ConnId>,
@@ -106,6 +108,16 @@ impl ClusterSide {
                 || partition_of(session.as_str(), self.partitions.max(1)),
                 |(p, _)| p,
             )
+    }
+
+    /// Whether this bridge is a cluster member (`set_partitions` was called).
+    pub(super) fn is_on(&self) -> bool {
+        self.partitions > 0
+    }
+
+    /// The cluster tag of a message accepted here, while it is known (see `placed`).
+    pub(super) fn cluster_tag_of(&self, tag: u64) -> Option<u64> {
+        self.placed.get(&tag).copied()
     }
 
     /// The platforms owed a reservation by the messages whose refused outcome the next
@@ -171,10 +183,15 @@ impl Bridge {
                 .placed
                 .extend(placed.iter().map(|(&t, &c)| (t, c)));
             if d.cluster.placed.len() > 2 * self.routes.len() + 64 {
+                // A result held for its outcome record still needs its cluster tag, to be
+                // forwarded should its connection be gone (`forward.rs`).
+                let held: HashSet<u64> = (d.cluster.placed.keys().copied())
+                    .filter(|&t| d.is_unjournaled(t))
+                    .collect();
                 let (routes, orphans) = (&self.routes, &d.cluster.orphans);
-                d.cluster
-                    .placed
-                    .retain(|&tag, ct| routes.contains(tag) || orphans.contains_key(ct));
+                d.cluster.placed.retain(|&tag, ct| {
+                    routes.contains(tag) || orphans.contains_key(ct) || held.contains(&tag)
+                });
             }
         }
         if let Some(d) = &mut self.durable {
@@ -504,6 +521,17 @@ impl Bridge {
                 tag,
                 message,
             } => self.origin_gone(partition, tag, *message, now),
+            Arrival::Forwarded {
+                from,
+                platform,
+                results,
+                missing,
+            } => return self.forwarded(from, platform, results, missing, now),
+            Arrival::Took {
+                platform,
+                taken,
+                refused,
+            } => return self.took(&platform, &taken, &refused, now),
             Arrival::Message {
                 partition,
                 tag,

@@ -586,6 +586,15 @@ impl Conns {
             .filter_map(|f| f.terminal_for.as_deref())
     }
 
+    /// `--cluster`: whether a connection holds the result of cluster tag `tag` (queued, or
+    /// written and not yet confirmed).
+    #[cfg(feature = "cluster")]
+    pub(super) fn holds_cluster(&self, tag: u64) -> bool {
+        self.slots
+            .iter()
+            .any(|(_, c)| c.terminals().any(|f| f.cluster == tag))
+    }
+
     /// Checks, in debug builds, this room's own counts: queued bytes, the unauthenticated
     /// totals, acks.
     pub(super) fn check(&self) {

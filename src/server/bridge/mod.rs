@@ -59,6 +59,8 @@ mod drain;
 mod durable;
 #[cfg(feature = "cluster")]
 mod early;
+#[cfg(feature = "cluster")]
+mod forward;
 mod platforms;
 mod routes;
 mod status;
@@ -122,6 +124,10 @@ pub enum Action {
     /// were handed over): tell the journal thread (`Journal::release_drained`).
     #[cfg(feature = "cluster")]
     ReleasePartition(u32),
+    /// `--cluster`: a request for the stream reader's connection (the hello registry, a
+    /// forward of results and its answer; `Reader::request`).
+    #[cfg(feature = "cluster")]
+    Cluster(crate::journal::ClusterRequest),
 }
 
 /// The bridge protocol's state machine. See the module documentation.
@@ -395,6 +401,8 @@ impl Bridge {
             }
             self.platforms.expire(now);
             self.drop_stale(now);
+            #[cfg(feature = "cluster")]
+            self.offer_forwards(now);
         }
         self.audit();
         self.next_housekeeping
@@ -579,6 +587,8 @@ impl Bridge {
         }
         if let Some(new) = &new {
             self.platforms.attach(new, id);
+            #[cfg(feature = "cluster")]
+            self.said_hello(new);
         }
         if let Some(old) = old {
             self.platforms.maybe_free(&old);

@@ -249,6 +249,8 @@ impl Bridge {
     /// once it fits the platform's `--outbox-bytes`: until then it is held, in order
     /// (its bytes are charged when it goes, released by `confirm`).
     pub(super) fn deliver_terminal(&mut self, origin: ConnId, platform: &Arc<str>, frame: Frame) {
+        #[cfg(feature = "cluster")]
+        let frame = self.stamp_cluster(frame);
         if let Some((origin, frame)) = self.platforms.admit_result(platform, origin, frame) {
             self.send_result(origin, platform, frame);
         }

@@ -1,0 +1,248 @@
+//! The hello registry with the real binary (`serve --cluster`, docs/cluster.md "Where the
+//! result goes"): three instances on one private redis-server, `b` owning every partition.
+//! A bridge acked on `x` disconnects before its results come (the agent waits for a file
+//! the test creates), reconnects to `y` with the same platform, and gets every result from
+//! `y`, marked `redelivery`, each once; its `delivered` then removes them from Redis.
+//!
+//! Waits on a condition in Redis (a lease's holder, the registry's newest hello) poll it
+//! with a deadline: those change on Redis, not on an event this test can wait on.
+
+mod redis_support;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use redis_support::{Redis, WAIT, require_redis};
+use serde_json::{Value, json};
+
+const PARTITIONS: u32 = 4;
+
+struct Server {
+    child: Child,
+    addr: String,
+    status_file: std::path::PathBuf,
+}
+
+impl Server {
+    fn start(redis: &Redis, instance: &str, agent: &[String], dir: &Path) -> Server {
+        let status_file = dir.join(format!("{instance}.status.json"));
+        let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
+        command
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--http-listen", "off"])
+            .args(["--cluster", &redis.url(), "--instance-id", instance])
+            .args(["--partitions", &PARTITIONS.to_string()])
+            .args(["--lease-ms", "3000"])
+            .arg("--status-file")
+            .arg(&status_file)
+            .args(agent)
+            .env("RUST_LOG", "warn")
+            .env_remove("TURNSTILE_AUTH_TOKEN")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = command.spawn().expect("start turnstile serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut first = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut first)
+            .expect("first line");
+        let addr = first
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("listening line, got {first:?}"))
+            .to_owned();
+        Server {
+            child,
+            addr,
+            status_file,
+        }
+    }
+
+    /// The cluster's figures in the status snapshot now (`Null` before the first).
+    fn cluster(&self) -> Value {
+        std::fs::read_to_string(&self.status_file)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .map_or(Value::Null, |s| s["frontend"]["cluster"].clone())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Client {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl Client {
+    fn connect(addr: &str) -> Client {
+        let stream = TcpStream::connect(addr).expect("connect");
+        stream.set_read_timeout(Some(WAIT)).expect("timeout");
+        let mut c = Client {
+            reader: BufReader::new(stream.try_clone().expect("clone")),
+            writer: stream,
+        };
+        c.send(&json!({"op": "hello", "platform": "tg", "acks": true}));
+        c
+    }
+
+    fn send(&mut self, v: &Value) {
+        self.writer
+            .write_all((v.to_string() + "\n").as_bytes())
+            .expect("write");
+    }
+
+    /// The next line that is not a typing indicator or a partial.
+    fn next(&mut self) -> Value {
+        loop {
+            let mut line = String::new();
+            let n = self.reader.read_line(&mut line).expect("read");
+            assert!(n > 0, "connection closed");
+            let v: Value = serde_json::from_str(&line).expect("json");
+            if v["op"] != "typing" && v["op"] != "partial" {
+                return v;
+            }
+        }
+    }
+}
+
+fn terminal(v: &Value) -> bool {
+    matches!(
+        v["op"].as_str(),
+        Some("reply" | "failed" | "cancelled" | "merged")
+    )
+}
+
+/// An exec agent that answers the turn's text once `gate` exists: the test holds every
+/// turn until its bridge is gone.
+fn gated_agent(gate: &Path) -> Vec<String> {
+    vec![
+        "--agent".into(),
+        "exec".into(),
+        "--agent-cmd".into(),
+        format!(
+            "while [ ! -e '{}' ]; do sleep 0.02; done; cat",
+            gate.display()
+        ),
+    ]
+}
+
+fn get(redis: &Redis, key: &str) -> Option<String> {
+    redis::cmd("GET")
+        .arg(key)
+        .query(&mut redis.client())
+        .expect("GET")
+}
+
+/// Waits (bounded) until `f` holds on Redis.
+fn until(what: &str, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < WAIT, "never: {what}");
+        std::thread::park_timeout(Duration::from_millis(10));
+    }
+}
+
+fn in_flight(redis: &Redis) -> u64 {
+    let mut c = redis.client();
+    (0..PARTITIONS)
+        .map(|p| {
+            redis::cmd("ZCARD")
+                .arg(format!("ts:{{p{p}}}:q"))
+                .query::<u64>(&mut c)
+                .expect("ZCARD")
+        })
+        .sum()
+}
+
+#[test]
+fn a_bridge_that_moved_from_x_to_y_before_its_results_came_gets_each_from_y_once_marked() {
+    let Some(bin) = require_redis() else { return };
+    let redis = Redis::start(&bin);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gate = dir.path().join("gate");
+    let agent = gated_agent(&gate);
+    let _b = Server::start(&redis, "b", &agent, dir.path());
+    until("b holds every partition", || {
+        (0..PARTITIONS).all(|p| {
+            get(&redis, &format!("ts:{{p{p}}}:lease")).is_some_and(|h| h.starts_with("b:"))
+        })
+    });
+    let x = Server::start(&redis, "x", &agent, dir.path());
+    let y = Server::start(&redis, "y", &agent, dir.path());
+    let n = 6;
+    let mut on_x = Client::connect(&x.addr);
+    for i in 0..n {
+        on_x.send(&json!({"op": "message", "id": format!("m{i}"), "chat_id": format!("{i}"), "text": format!("t{i}")}));
+    }
+    for _ in 0..n {
+        let ack = on_x.next();
+        assert_eq!(ack["op"], "ack", "{ack}");
+    }
+    until("x's hello is the newest", || {
+        get(&redis, "ts:hello:tg").is_some_and(|v| v.starts_with("x "))
+    });
+    drop(on_x);
+    let mut on_y = Client::connect(&y.addr);
+    until("y's hello is the newest", || {
+        get(&redis, "ts:hello:tg").is_some_and(|v| v.starts_with("y "))
+    });
+    std::fs::write(&gate, b"").expect("open the gate");
+    let mut got: HashMap<String, Vec<Value>> = HashMap::new();
+    while got.len() < n {
+        let v = on_y.next();
+        assert!(terminal(&v), "{v}");
+        let id = v["id"].as_str().expect("id").to_owned();
+        assert_eq!(v["text"], format!("t{}", &id[1..]), "{v}");
+        assert_eq!(
+            v["redelivery"], true,
+            "sent away from its origin: marked: {v}"
+        );
+        on_y.send(&json!({"op": "delivered", "ids": [id.clone()]}));
+        got.entry(id).or_default().push(v);
+    }
+    // Confirmed on y: the messages leave Redis.
+    until("the delivered messages leave Redis", || {
+        in_flight(&redis) == 0
+    });
+    // Each once: a message sent after them is answered with nothing of theirs before it.
+    on_y.send(&json!({"op": "message", "id": "last", "chat_id": "last", "text": "last"}));
+    loop {
+        let v = on_y.next();
+        if v["op"] == "ack" {
+            continue;
+        }
+        assert!(terminal(&v), "{v}");
+        assert_eq!(v["id"], "last", "a result came twice: {v}");
+        break;
+    }
+    assert!(got.values().all(|copies| copies.len() == 1), "{got:?}");
+    // The status says so: x handed all six away and waits for no answer, y took them.
+    until("x's status counts the forwards", || {
+        let c = x.cluster();
+        c["forwarded_out"] == n && c["forwards_waiting"] == 0
+    });
+    until("y's status counts the forwards", || {
+        let c = y.cluster();
+        c["forwarded_in"] == n && c["forwards_refused"] == 0 && c["forward_requests"] == 0
+    });
+}
