@@ -793,6 +793,67 @@ fn loadgen_runs_the_closed_loop_workload_and_prints_one_json_line() {
     assert!(v["latency_ms"]["p50"].as_f64().is_some_and(|p| p > 0.0));
 }
 
+/// A gateway stand-in that acks every message line `duplicate` and answers nothing else: what a
+/// loadgen sees when another sender used its ids first (issue 22's three-instance flood, whose
+/// floods started in the same millisecond).
+fn duplicate_answering_gateway() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut out = stream.try_clone().expect("clone");
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    let v: Value = serde_json::from_str(&line).unwrap_or_default();
+                    if v["op"] == "message" {
+                        let ack = json!({"op": "ack", "id": v["id"], "session": "s",
+                                         "state": "duplicate"});
+                        if writeln!(out, "{ack}").is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn a_loadgen_whose_ids_are_answered_duplicate_exits_naming_it_instead_of_waiting() {
+    let addr = duplicate_answering_gateway();
+    for mode in [
+        &["--flood", "--messages", "5"][..],
+        &["--sessions", "2", "--rounds", "2"],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+            .args(["loadgen", "--addr", &addr, "--connections", "1"])
+            .args(mode)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run loadgen");
+        let mut stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = bounded(1);
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = stderr.read_to_string(&mut text);
+            let _ = tx.send(text);
+        });
+        // A bound, not an ordering: before the fix it waited for the answers forever.
+        let Ok(text) = rx.recv_timeout(Duration::from_secs(60)) else {
+            let _ = child.kill();
+            panic!("loadgen {mode:?} still waiting after 60 s on answers that never come");
+        };
+        let status = child.wait().expect("wait");
+        assert_eq!(status.code(), Some(1), "{mode:?}: {text}");
+        assert!(
+            text.contains("gateway answered duplicate for") && text.contains("same id"),
+            "{mode:?}: {text}"
+        );
+    }
+}
+
 #[test]
 fn connections_beyond_the_limit_get_an_error_and_are_closed() {
     let server = Server::start(&["--max-connections", "1"]);

@@ -69,6 +69,24 @@ struct Line<'a> {
     id: Option<&'a str>,
     reason: Option<&'a str>,
     error: Option<&'a str>,
+    state: Option<&'a str>,
+}
+
+/// What makes this run's message ids its own: the start in milliseconds and the process id,
+/// so that floods started in the same millisecond (one per instance of a cluster) never send
+/// the same `(platform, id)` and have their messages answered `duplicate`.
+fn run_tag() -> String {
+    let millis = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    format!("{millis}.{}", std::process::id())
+}
+
+/// A `duplicate` ack of an id this run sent: someone else sent it first, so its answer went
+/// there and this run would wait for it forever.
+fn duplicate_error(id: &str) -> String {
+    format!("gateway answered duplicate for {id}: another sender used the same id")
 }
 
 /// Runs the workload; returns the exit code.
@@ -80,10 +98,7 @@ pub(crate) fn run(args: LoadgenArgs) -> i32 {
         eprintln!("turnstile loadgen: --sessions, --rounds and --connections must be at least 1");
         return USAGE_ERROR;
     }
-    let nonce = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0);
+    let nonce = run_tag();
     let done = Arc::new(AtomicUsize::new(0));
     let total = args.sessions * args.rounds;
     let start = Instant::now();
@@ -231,6 +246,9 @@ fn drive(
                 let s = parsed
                     .id
                     .and_then(|id| id.rsplit('-').nth(1)?.parse::<usize>().ok());
+                if parsed.state == Some("duplicate") {
+                    return Err(duplicate_error(parsed.id.unwrap_or("-")));
+                }
                 if let Some(t) = s.and_then(|s| sent_at.get(&s)) {
                     ack_latencies.push(t.elapsed().as_secs_f64() * 1000.0);
                 }
@@ -305,14 +323,10 @@ fn flood(args: &LoadgenArgs) -> i32 {
         );
         return USAGE_ERROR;
     }
-    let nonce = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0);
     let done = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
     let conns = args.connections.min(args.messages);
-    let results = start_flooders(args, conns, &nonce.to_string(), &done);
+    let results = start_flooders(args, conns, &run_tag(), &done);
     let (mut latencies, retried, mut ack_latencies) =
         match gather(args, conns, &results, &done, start) {
             Ok(g) => g,
@@ -546,6 +560,9 @@ impl<'a> Flooder<'a> {
             serde_json::from_str(line).map_err(|e| format!("bad line from gateway: {e}"))?;
         let index = || -> Option<usize> { parsed.id?.rsplit('-').next()?.parse().ok() };
         match parsed.op {
+            "ack" if parsed.state == Some("duplicate") => {
+                return Err(duplicate_error(parsed.id.unwrap_or("-")));
+            }
             "ack" => {
                 if let Some(t) = index().and_then(|i| self.sent_at.get(&i)) {
                     self.ack_latencies.push(t.elapsed().as_secs_f64() * 1000.0);
@@ -576,5 +593,18 @@ impl<'a> Flooder<'a> {
             _ => {}
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_run_tag_names_this_process_so_concurrent_runs_never_share_ids() {
+        let tag = run_tag();
+        let (millis, pid) = tag.split_once('.').expect("millis.pid");
+        assert!(millis.parse::<u128>().is_ok_and(|m| m > 0), "{tag}");
+        assert_eq!(pid, std::process::id().to_string(), "{tag}");
     }
 }
