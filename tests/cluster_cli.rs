@@ -77,10 +77,21 @@ fn the_cluster_flags_need_cluster_and_are_checked() {
             &[
                 "--cluster",
                 "redis://127.0.0.1:1",
+                "--cluster-rebalance",
+                "false",
                 "--cluster-drain-ms",
                 "5000",
             ][..],
-            "--cluster-drain-ms needs --cluster-rebalance",
+            "--cluster-drain-ms needs rebalancing",
+        ),
+        (
+            &[
+                "--cluster",
+                "redis://127.0.0.1:1",
+                "--cluster-rebalance",
+                "maybe",
+            ][..],
+            "--cluster-rebalance",
         ),
         (
             &[

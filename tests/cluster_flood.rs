@@ -64,8 +64,9 @@ impl Server {
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
             .stderr(Stdio::from(file));
-        if rebalance {
-            command.arg("--cluster-rebalance");
+        // Rebalancing is the default; the other mode names it off.
+        if !rebalance {
+            command.args(["--cluster-rebalance", "false"]);
         }
         // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
         unsafe {

@@ -38,6 +38,8 @@ impl Server {
             .args(["--cluster", &redis.url(), "--instance-id", instance])
             .args(["--partitions", &PARTITIONS.to_string()])
             .args(["--lease-ms", "3000"])
+            // The test names who owns what: no rebalancing (tests/cluster_rebalance has it).
+            .args(["--cluster-rebalance", "false"])
             .arg("--status-file")
             .arg(&status_file)
             .args(agent)

@@ -46,7 +46,6 @@ impl Server {
             .args(["--cluster", &redis.url(), "--instance-id", instance])
             .args(["--partitions", &PARTITIONS.to_string()])
             .args(["--lease-ms", &LEASE_MS.to_string()])
-            .arg("--cluster-rebalance")
             .args(["--echo-delay-ms", "40"])
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())

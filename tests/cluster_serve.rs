@@ -40,6 +40,8 @@ impl Server {
             .args(["--cluster", &redis.url(), "--instance-id", instance])
             .args(["--partitions", &PARTITIONS.to_string()])
             .args(["--lease-ms", &lease_ms.to_string()])
+            // Each test names who owns what: no rebalancing (tests/cluster_rebalance has it).
+            .args(["--cluster-rebalance", "false"])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(stderr);

@@ -64,6 +64,8 @@ impl Server {
             .args(["--cluster", &redis.url(), "--instance-id", instance])
             .args(["--partitions", &PARTITIONS.to_string()])
             .args(["--lease-ms", &lease_ms.to_string()])
+            // Each test names who owns what: no rebalancing (tests/cluster_rebalance has it).
+            .args(["--cluster-rebalance", "false"])
             .args(extra)
             .env("RUST_LOG", "warn")
             .env_remove("TURNSTILE_AUTH_TOKEN")
@@ -380,7 +382,8 @@ fn the_cluster_figures_are_in_the_status_the_summary_and_the_exposition() {
         (json!(0), json!(0))
     );
     assert_eq!(ca["live_instances"], json!(["a", "b"]), "{ca}");
-    // No rebalancing by default; its bound is still shown, as are the early outcomes.
+    // Rebalancing is off here (`--cluster-rebalance false`); its bound is still shown, as
+    // are the early outcomes.
     assert_eq!(
         (
             ca["rebalance"].clone(),

@@ -292,12 +292,11 @@ pub(crate) struct ServeArgs {
     #[serde(default)]
     pub(super) cluster_allow_lazy_fsync: bool,
     /// When an instance joins, the others drain and release what they hold beyond their
-    /// fair share (off: a joining instance takes only partitions that come free). Opt-in
-    /// while a known fault stands (docs/cluster.md, "Shedding")
-    #[arg(long)]
-    #[serde(default)]
-    pub(super) cluster_rebalance: bool,
-    /// With --cluster-rebalance: how long, in milliseconds, a partition being released may
+    /// fair share (the default; `--cluster-rebalance false`: a joining instance takes only
+    /// partitions that come free)
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub(super) cluster_rebalance: Option<bool>,
+    /// With rebalancing: how long, in milliseconds, a partition being released may
     /// wait for its running turns to end; past it, it is released as if lost (those turns
     /// then end `interrupted by restart` on the next owner).
     #[arg(long, value_name = "MS")]
@@ -431,7 +430,6 @@ macro_rules! merge {
             resume_interrupted: $flags.resume_interrupted || $file.resume_interrupted,
             cluster_allow_lazy_fsync: $flags.cluster_allow_lazy_fsync
                 || $file.cluster_allow_lazy_fsync,
-            cluster_rebalance: $flags.cluster_rebalance || $file.cluster_rebalance,
             $($field: $flags.$field.or($file.$field)),*
         }
     };
@@ -526,6 +524,7 @@ pub(super) fn merged_args(flags: ServeArgs) -> Result<ServeArgs, String> {
         history_turns,
         history_chars,
         openai_sender_prefix,
+        cluster_rebalance,
         openai_connect_timeout,
         openai_read_timeout,
         openai_stream_timeout,

@@ -360,7 +360,7 @@ fn cluster_settings(a: &ServeArgs) -> Result<Option<ClusterConfig>, String> {
             (a.partitions.is_some(), "--partitions"),
             (a.lease_ms.is_some(), "--lease-ms"),
             (a.cluster_allow_lazy_fsync, "--cluster-allow-lazy-fsync"),
-            (a.cluster_rebalance, "--cluster-rebalance"),
+            (a.cluster_rebalance.is_some(), "--cluster-rebalance"),
             (a.cluster_drain_ms.is_some(), "--cluster-drain-ms"),
         ] {
             if set {
@@ -405,10 +405,13 @@ fn cluster_settings(a: &ServeArgs) -> Result<Option<ClusterConfig>, String> {
     c.partitions = partitions;
     c.lease = Duration::from_millis(lease_ms);
     c.allow_lazy_fsync = a.cluster_allow_lazy_fsync;
-    c.rebalance = a.cluster_rebalance;
+    c.rebalance = a.cluster_rebalance.unwrap_or(true);
     if let Some(ms) = a.cluster_drain_ms {
-        if !a.cluster_rebalance {
-            return Err("--cluster-drain-ms needs --cluster-rebalance".into());
+        if !c.rebalance {
+            return Err(
+                "--cluster-drain-ms needs rebalancing (--cluster-rebalance false turns it off)"
+                    .into(),
+            );
         }
         if !(100..=3_600_000).contains(&ms) {
             return Err(format!(

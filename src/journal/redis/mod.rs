@@ -84,10 +84,8 @@ pub struct ClusterConfig {
     /// then failed `interrupted by restart` by the next owner). Default 30 s.
     pub drain: Duration,
     /// Whether an instance gives up what it holds beyond its fair share (drained first) when
-    /// another joins (`--cluster-rebalance`). Off by default: a joining instance takes only
-    /// partitions that come free. Opt-in while a known fault stands: under load, results of
-    /// messages a drained partition's next owner ran for their origin can fail to reach the
-    /// origin's connection (docs/cluster.md, "Shedding").
+    /// another joins (`--cluster-rebalance`). On by default; off, a joining instance takes
+    /// only partitions that come free (a dead or stopped instance's).
     pub rebalance: bool,
 }
 
@@ -108,7 +106,7 @@ impl ClusterConfig {
             allow_lazy_fsync: false,
             timeout: Duration::from_secs(2),
             drain: DEFAULT_DRAIN,
-            rebalance: false,
+            rebalance: true,
         }
     }
 }
