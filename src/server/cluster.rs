@@ -175,14 +175,15 @@ impl BridgeServer {
         debug_assert!(owned.len() <= m.partitions as usize);
         let (handed_over_partitions, handed_over_messages) = self.bridge.handed_over();
         let (drained_partitions, drained_messages) = self.bridge.drained();
+        let (early_outcomes, early_outcomes_dropped) = self.bridge.early_outcomes();
         let mut s = ClusterStatus {
             instance: m.instance.clone(),
             partitions: m.partitions,
             owned_partitions: owned.len(),
             owned,
             remote_waiting: self.bridge.remote_waiting(),
-            early_outcomes: self.bridge.early_outcomes().0,
-            early_outcomes_dropped: self.bridge.early_outcomes().1,
+            early_outcomes,
+            early_outcomes_dropped,
             own_outcome_entries: self.bridge.own_outcome_entries(),
             gained: m.gained,
             lost: m.lost,
