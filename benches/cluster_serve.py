@@ -15,11 +15,13 @@ prints one JSON line: the aggregate acked-and-answered messages per second (all 
 the wall time from the first flood's start to the last one's end), each flood's ack and
 answer latency p50/p99, Redis's and the instances' CPU per message, the load average.
 
-`kill`: the closing note's terminal session. Three instances; on each, two bridge
+`kill`: the closing note's terminal session. Three instances, the load started once
+rebalancing has shared the partitions out (each holds at least 20 of 64; not waited for
+when `BENCH_SERVE_ARGS` turns rebalancing off, so that the first holds all); on each, two bridge
 connections (`hello` with `acks`, confirming every terminal line with `delivered`) send
 SESSIONS x PER_SESSION messages (default 300 x 10; each session sticks to one connection and
 sends its messages in order, up to 4 unanswered per session; echo agent taking 20 ms). When a
-third of the messages are acked, the instance holding the most partitions is killed with
+third of the messages are answered, the instance holding the most partitions is killed with
 SIGKILL; its two connections reconnect to the survivors and send again every message not
 acked (a real bridge does the same). Counts at the end, from what the bridges saw and from
 Redis: acked, answered (distinct ids with a terminal line), lost (acked, never answered),
@@ -128,6 +130,21 @@ def wait_all_held(redis, by=None, timeout=30.0):
             return h
         time.sleep(0.005)
     raise RuntimeError(f"partitions not all held (by {by}): {redis.holders()}")
+
+
+def wait_spread(redis, names, timeout=30.0):
+    """Until every partition is held and each instance holds what the fair share leaves it
+    (each wants ceil(N/k), so the least is N - (k-1) * ceil(N/k): 20 of 64 with three)."""
+    share = -(-PARTITIONS // len(names))
+    least = PARTITIONS - (len(names) - 1) * share
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        h = redis.holders()
+        held = collections.Counter(h)
+        if None not in held and all(held.get(n, 0) >= least for n in names):
+            return held
+        time.sleep(0.005)
+    raise RuntimeError(f"partitions not spread over {names}: {collections.Counter(redis.holders())}")
 
 
 def throughput(binary, k, messages):
@@ -314,6 +331,8 @@ def kill_demo(binary, sessions, per_session):
             procs[name] = instance(binary, redis, name, 3000, ["--echo-delay-ms", "20"])
             if name == "i0":
                 wait_all_held(redis)
+        if "false" not in os.environ.get("BENCH_SERVE_ARGS", ""):
+            wait_spread(redis, list(procs))  # rebalancing (the default) shares them out
         names = [f"s{k}" for k in range(sessions)]
         bridges, threads = [], {}
         for n, (iname, (_, addr)) in enumerate(sorted(procs.items())):
@@ -325,7 +344,8 @@ def kill_demo(binary, sessions, per_session):
             t = threading.Thread(target=b.run, args=(stop,), daemon=True)
             t.start()
             threads[b.name] = t
-        while len(seen["acked"]) < seen["total"] // 3:
+        # Mid-load: a third answered (acks run ahead of answers by each session's window).
+        while len(seen["results"]) < seen["total"] // 3:
             time.sleep(0.01)
         held = collections.Counter(redis.holders())
         victim = max(procs, key=lambda n: held.get(n, 0))
