@@ -1852,7 +1852,7 @@ impl World {
                 Ok(())
             }
             92 if self.faults.jump => {
-                let by = ms(100 + self.rng.below(1500));
+                let by = ms(100 + self.rng.below(4000));
                 if let Some(g) = self.insts[i].as_mut() {
                     g.jumped += by;
                 }
@@ -2064,8 +2064,14 @@ fn run_seed(seed: u64, faults: Faults, brk: Break, verbose: bool) -> Result<(), 
         let r = w.run(steps);
         (r, w.violations, w.trace)
     });
+    let broken = match brk {
+        Break::None => "",
+        Break::AcceptFenced => "TURNSTILE_SIM_BREAK=accept-fenced ",
+        Break::NoDedup => "TURNSTILE_SIM_BREAK=no-dedup ",
+        Break::NoLost => "TURNSTILE_SIM_BREAK=no-lost ",
+    };
     let replay = format!(
-        "replay: TURNSTILE_SIM_SEED={seed} TURNSTILE_SIM_FAULTS={} cargo test --test simulation_cluster",
+        "replay: {broken}TURNSTILE_SIM_SEED={seed} TURNSTILE_SIM_FAULTS={} cargo test --test simulation_cluster",
         faults_env(faults)
     );
     let (mut kinds, mut report) = (Vec::new(), String::new());
@@ -2231,15 +2237,27 @@ fn seed_1_a_pass_report_releases_a_turn_whose_started_record_is_only_kept() {
     assert_clean(1, ALL);
 }
 
-/// A pass that gives a partition up (not renewed in time) and acquires it again at once
-/// reports it both gained and lost in one `Committed`; the bridge takes the gain first and
-/// then hands the partition over, so it no longer counts it as owned while the journal
-/// thread holds its lease: its turns go on, and when it is lost for good nothing is handed
-/// over, so two instances run the session's turns at once, out of order.
+/// A pass that gives every partition up (not renewed in time: the instance was paused)
+/// and acquires some again at once reports them lost and gained in one `Committed`; the
+/// bridge applies the gain first and then hands the partitions over (at 10.2 s in the
+/// trace), so it ends the sessions it just rebuilt and no longer counts the partitions as
+/// owned while the journal thread holds their leases: messages accepted since run here
+/// while the handed-over older ones wait for the next load, out of order.
 #[test]
 #[ignore = "found by the simulation: lost and gained in one report"]
-fn seed_24_a_partition_lost_and_regained_in_one_pass_is_handed_over_after_its_gain() {
-    assert_clean(24, ALL);
+fn seed_37_a_partition_lost_and_regained_in_one_pass_is_handed_over_after_its_gain() {
+    assert_clean(37, ALL);
+}
+
+/// A paused instance resumes with a batch in flight: its `started` write lands after the
+/// lease passed to another instance and is refused as fenced (at 14.4 s in the trace); the
+/// report carries no error, so the bridge releases the held turn before it hands the
+/// partition over, and the agent runs a turn whose start is not in Redis while the new owner
+/// runs the same session and, later, the same message.
+#[test]
+#[ignore = "found by the simulation: a fenced `started` write still releases its turn"]
+fn seed_29_a_fenced_started_write_still_releases_its_turn() {
+    assert_clean(29, ALL);
 }
 
 /// A message accepted into Redis by one instance whose ack was lost (the instance paused,
