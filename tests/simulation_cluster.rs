@@ -18,10 +18,15 @@
 //! dropped) and its stream reader (`journal/reader.rs`: the owned inboxes from their loads'
 //! positions, the outcome streams from their ends at start, `Landed`, `OriginGone` for an
 //! origin that left the registry, and the hello registry with its forwards and answers). A
-//! shell per instance plays the reactor's driver as tests/simulation.rs does. Not modelled:
-//! the drain mode (`--cluster-rebalance`: instances keep what they hold, the default), a
-//! store cut off from one instance only (Redis is up or down for every instance), a Redis
-//! that loses writes, SIGTERM, the trimming of streams, the stream `XREAD` batching.
+//! shell per instance plays the reactor's driver as tests/simulation.rs does (and the
+//! server's passing of gained and lost partitions to the reader). The world: 2 or 3
+//! instances, 4 partitions, a 3 s lease, two platform clients (`tg`, `mx`, one connection
+//! each), three chats each. Not modelled: the drain mode (`--cluster-rebalance`: instances
+//! keep what they hold, the default), a store cut off from one instance only (Redis is up
+//! or down for every instance), a Redis that loses or reorders writes, a write that lands
+//! but whose answer is lost (except a batch torn by a kill), SIGTERM and the graceful leave,
+//! the trimming of streams, the early-outcome buffers' bounds; a hello reaches the registry
+//! when the instance's reader next runs (at most 200 ms of its clock later).
 //!
 //! Faults, chosen by the seed: `kill -9` of an instance (its core, bridge, journal and reader
 //! dropped; a pipelined batch being written lands in part; it restarts empty under a new
@@ -39,19 +44,28 @@
 //! - per-session FIFO: the first runs of a session's messages follow their partition seqs;
 //! - no outcome contradicts one a client already has, and a confirmed one comes again only
 //!   marked `redelivery`;
-//! - every bound holds (pending durable, queued messages, outbox reservations);
+//! - a message refused to a client is never run or answered;
+//! - every bound holds (pending durable, queued messages, outbox reservations; and the real
+//!   code's own `debug_assert!`s: a panic is a failure);
 //! - no write of a fenced owner lands: each `started` or outcome the model applies is by the
 //!   current, unexpired lease of its partition (checked apart from the script's own check);
 //! - at most one instance runs a session's turn at a time: when a turn is handed to an
 //!   agent, no other running (not paused) instance has a turn of that session out and not
 //!   cancelled;
-//! - every acknowledged message ends with exactly one outcome, delivered and confirmed (and
-//!   the store holds nothing in flight once all is confirmed).
+//! - every acknowledged message ends with exactly one outcome, delivered and confirmed, and
+//!   the store holds no message once all is confirmed; then every client says hello on every
+//!   instance once more, so that a copy still held anywhere is checked too.
 //!
-//! A failing seed prints `TURNSTILE_SIM_SEED=<n> cargo test --test simulation_cluster`,
-//! which replays exactly that run with its trace; `TURNSTILE_SIM_SEEDS=<count>` changes how
-//! many seeds the sweep runs, `TURNSTILE_SIM_FAULTS=kill,pause,redis,jump,move` which
-//! faults.
+//! The real code does not hold all of them yet: the sweep with every fault skips the kinds
+//! in [`PENDING`], each shown by a seed kept as an ignored test below (run them with
+//! `-- --ignored`); a second sweep, under clock jumps alone, holds every invariant.
+//!
+//! A failing seed prints the command that replays it, e.g.
+//! `TURNSTILE_SIM_SEED=<n> TURNSTILE_SIM_FAULTS=kill,pause,redis,jump,move cargo test --test
+//! simulation_cluster` (its trace on stderr); `TURNSTILE_SIM_SEEDS=<count>` changes how many
+//! seeds each sweep runs (60), `TURNSTILE_SIM_BREAK=accept-fenced|no-dedup|no-lost` breaks
+//! the model on purpose to show the sweep bites, and `small-outbox` in the faults sets the
+//! outbox cap to 16. The `cluster` feature is on by default (through `cli`).
 #![cfg(feature = "cluster")]
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
