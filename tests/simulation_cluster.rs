@@ -2175,11 +2175,17 @@ fn break_from_env() -> Break {
 /// real code (or a documented limit of it) for the reason its own ignored test below names.
 /// The sweep under clock jumps alone holds every one.
 const PENDING: &[Kind] = &[
+    // seed_1_…, seed_29_…, seed_37_…
     Kind::RunTwice,
+    // seed_29_a_fenced_started_write_still_releases_its_turn
     Kind::TwoRunners,
+    // seed_37_a_partition_lost_and_regained_in_one_pass_is_handed_over_after_its_gain
     Kind::Fifo,
+    // seed_4_a_forwarded_result_comes_again_unmarked_from_the_offerer
     Kind::AnsweredAgain,
+    // seed_0_an_id_accepted_elsewhere_is_refused_here_then_run
     Kind::RejectedThenRun,
+    // seed_23_…: a limit docs/cluster.md states
     Kind::Undelivered,
 ];
 
