@@ -1,0 +1,2364 @@
+//! The deterministic simulation's cluster mode (issue 22): several gateway instances on one
+//! partitioned store, with leases, clocks that jump, kills, pauses and a store that goes
+//! away, under the invariants of tests/simulation.rs plus two of the cluster's own.
+//!
+//! What is real and what is modelled. Each instance is the real sans-IO [`Core`] and
+//! [`Bridge`] (`BridgeConfig { journal: true, .. }`, their own `debug_assert!`ed invariants
+//! checked after every input in this debug build) and the real [`Ownership`] planner,
+//! driven by the instance's own clock. Modelled, small: the Redis store (one shared
+//! in-memory model of what `journal/redis/scripts.rs` does: partitions, leases
+//! `<instance>:<epoch>` expiring on the model's global clock, per-partition seqs, the
+//! per-partition duplicate window of `(platform, id)`, the session cap, fenced `started` and
+//! outcome writes that change nothing unless the lease is the writer's, the inbox and
+//! outcome streams, `delivered`/`forget` removing a message for every instance, the registry
+//! of live instances), each instance's cluster journal thread (`journal/cluster.rs`: the
+//! group commit, the tag maps, placed/remote/duplicate/full reports, kept records and their
+//! retries, fenced and unwritten reports, the ownership pass with heartbeat, renewals,
+//! acquisitions and each gained partition loaded, the kept owned writes of a lost partition
+//! dropped) and its stream reader (`journal/reader.rs`: the owned inboxes from their loads'
+//! positions, the outcome streams from their ends at start, `Landed`, `OriginGone` for an
+//! origin that left the registry, and the hello registry with its forwards and answers). A
+//! shell per instance plays the reactor's driver as tests/simulation.rs does (and the
+//! server's passing of gained and lost partitions to the reader). The world: 2 or 3
+//! instances, 4 partitions, a 3 s lease, two platform clients (`tg`, `mx`, one connection
+//! each), three chats each. Not modelled: the drain mode (`--cluster-rebalance`: instances
+//! keep what they hold, the default), a store cut off from one instance only (Redis is up
+//! or down for every instance), a Redis that loses or reorders writes, a write that lands
+//! but whose answer is lost (except a batch torn by a kill), SIGTERM and the graceful leave,
+//! the trimming of streams, the early-outcome buffers' bounds; a hello reaches the registry
+//! when the instance's reader next runs (at most 200 ms of its clock later).
+//!
+//! Faults, chosen by the seed: `kill -9` of an instance (its core, bridge, journal and reader
+//! dropped; a pipelined batch being written lands in part; it restarts empty under a new
+//! name, as `hostname:pid` would, and acquires leases with new epochs), SIGSTOP (an instance
+//! is not stepped while time passes, past its leases; resumed, its in-flight batch lands
+//! first, then its pass), Redis unreachable for a while (every write fails: new messages
+//! are refused `storage`, other records are kept and retried; renewals fail), clock jumps
+//! (an instance's clock steps forward; its wall clock is skewed from the start), and clients
+//! moving between instances (a client reconnects to any instance and resends what was
+//! never acked).
+//!
+//! Invariants, checked after every step (and the last at the end, once faults stop and
+//! everything has settled):
+//! - no agent side effect twice for one message (`resume_interrupted` off);
+//! - per-session FIFO: the first runs of a session's messages follow their partition seqs;
+//! - no outcome contradicts one a client already has, and a confirmed one comes again only
+//!   marked `redelivery`;
+//! - a message refused to a client is never run or answered;
+//! - every bound holds (pending durable, queued messages, outbox reservations; and the real
+//!   code's own `debug_assert!`s: a panic is a failure);
+//! - no write of a fenced owner lands: each `started` or outcome the model applies is by the
+//!   current, unexpired lease of its partition (checked apart from the script's own check);
+//! - at most one instance runs a session's turn at a time: when a turn is handed to an
+//!   agent, no other running (not paused) instance has a turn of that session out and not
+//!   cancelled;
+//! - every acknowledged message ends with exactly one outcome, delivered and confirmed, and
+//!   the store holds no message once all is confirmed; then every client says hello on every
+//!   instance once more, so that a copy still held anywhere is checked too.
+//!
+//! The real code does not hold all of them yet: the sweep with every fault skips the kinds
+//! in [`PENDING`], each shown by a seed kept as an ignored test below (run them with
+//! `-- --ignored`); a second sweep, under clock jumps alone, holds every invariant.
+//!
+//! A failing seed prints the command that replays it, e.g.
+//! `TURNSTILE_SIM_SEED=<n> TURNSTILE_SIM_FAULTS=kill,pause,redis,jump,move cargo test --test
+//! simulation_cluster` (its trace on stderr); `TURNSTILE_SIM_SEEDS=<count>` changes how many
+//! seeds each sweep runs (80), `TURNSTILE_SIM_BREAK=accept-fenced|no-dedup|no-lost` breaks
+//! the model on purpose to show the sweep bites, and `small-outbox` in the faults sets the
+//! outbox cap to 16. The `cluster` feature is on by default (through `cli`).
+#![cfg(feature = "cluster")]
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use turnstile::internal::core::{Core, CoreConfig, Effect, Input, Reply, TurnJob, TurnResult};
+use turnstile::internal::journal::{
+    Arrival, ClusterRequest, Committed, Lease, LoadedPartition, Ownership, Record,
+    RecoveredMessage, StoredMessage, StoredOutcome, cluster_tag, partition_of, tag_parts,
+};
+use turnstile::internal::server::{Action, Bridge, BridgeConfig, ConnId, Flushed};
+use turnstile::{ChatType, SessionKey};
+
+const MS: Duration = Duration::from_millis(1);
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+/// The wall clock at the simulation's time zero (ms since the epoch).
+const WALL0: u64 = 1_700_000_000_000;
+const PARTITIONS: u32 = 4;
+const TTL: Duration = Duration::from_millis(3000);
+/// How often a reader reads the registry (reader.rs's `LIVE_EVERY`).
+const LIVE_EVERY: Duration = Duration::from_millis(1000);
+/// Reads that look for a gone origin's messages (reader.rs's `GONE_READS`).
+const GONE_READS: u8 = 3;
+/// How often a reader reads at least (reader.rs's `BLOCK`).
+const READ_EVERY: Duration = Duration::from_millis(200);
+const CHATS: [&str; 3] = ["c1", "c2", "c3"];
+const PLATFORMS: [&str; 2] = ["tg", "mx"];
+const NAMES: [&str; 3] = ["a", "b", "c"];
+/// The cluster-wide cap of messages in flight per session.
+const SESSION_CAP: usize = 8;
+
+/// xorshift64*: small, fast, and the same on every machine.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn chance(&mut self, p: u64) -> bool {
+        self.below(100) < p
+    }
+}
+
+// ---- the model of Redis -----------------------------------------------------------------
+
+/// A message's hash.
+#[derive(Clone)]
+struct Msg {
+    stored: StoredMessage,
+    session: String,
+    origin: String,
+    starts: u32,
+    outcome: Option<StoredOutcome>,
+}
+
+#[derive(Default)]
+struct Part {
+    seq: u64,
+    epoch: u64,
+    /// The lease: its token and when it expires (global time).
+    lease: Option<(String, Duration)>,
+    msgs: BTreeMap<u64, Msg>,
+    /// `(platform, id)` → until (wall ms; `u64::MAX` while in flight).
+    dedup: HashMap<(String, String), u64>,
+    sessions: HashMap<String, usize>,
+    /// The inbox stream: seqs.
+    inbox: Vec<u64>,
+    /// The outcome stream: (seq, origin, by).
+    out: Vec<(u64, String, String)>,
+}
+
+/// Ways to break the model, one at a time, to show that the sweep bites.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Break {
+    #[default]
+    None,
+    /// The `started`/outcome scripts do not check the lease.
+    AcceptFenced,
+    /// The accept script does not check the duplicate window.
+    NoDedup,
+    /// The journal thread never reports a partition `lost` to the bridge.
+    NoLost,
+}
+
+enum Owned {
+    Ok,
+    Fenced,
+    Gone,
+    Again,
+}
+
+enum Accepted {
+    New(u64),
+    Duplicate,
+    Full,
+}
+
+struct Redis {
+    parts: Vec<Part>,
+    /// The registry: instance → until (global time).
+    instances: BTreeMap<String, Duration>,
+    down: bool,
+    brk: Break,
+    /// Writes of a stale lease that landed (the invariant's evidence).
+    stale_writes: Vec<String>,
+    /// The newest hello of each platform: its instance.
+    hello: HashMap<String, String>,
+}
+
+impl Redis {
+    fn new(brk: Break) -> Redis {
+        Redis {
+            parts: (0..PARTITIONS).map(|_| Part::default()).collect(),
+            instances: BTreeMap::new(),
+            down: false,
+            brk,
+            stale_writes: Vec::new(),
+            hello: HashMap::new(),
+        }
+    }
+
+    fn holder(&self, p: u32, now: Duration) -> Option<&str> {
+        match &self.parts[p as usize].lease {
+            Some((t, until)) if *until > now => Some(t),
+            _ => None,
+        }
+    }
+
+    /// The ACCEPT script.
+    fn accept(
+        &mut self,
+        p: u32,
+        session: &str,
+        m: &StoredMessage,
+        origin: &str,
+        wall: u64,
+    ) -> Accepted {
+        let nodedup = self.brk == Break::NoDedup;
+        let part = &mut self.parts[p as usize];
+        part.dedup.retain(|_, until| *until > wall);
+        let key = (m.platform.clone(), m.id.clone());
+        if !nodedup && part.dedup.contains_key(&key) {
+            return Accepted::Duplicate;
+        }
+        let n = part.sessions.get(session).copied().unwrap_or(0);
+        if n >= SESSION_CAP {
+            return Accepted::Full;
+        }
+        part.seq += 1;
+        let seq = part.seq;
+        let mut stored = m.clone();
+        stored.seq = seq;
+        part.msgs.insert(
+            seq,
+            Msg {
+                stored,
+                session: session.to_string(),
+                origin: origin.to_string(),
+                starts: 0,
+                outcome: None,
+            },
+        );
+        part.dedup.insert(key, u64::MAX);
+        *part.sessions.entry(session.to_string()).or_insert(0) += 1;
+        part.inbox.push(seq);
+        Accepted::New(seq)
+    }
+
+    /// The fence of the STARTED and OUTCOME scripts, and the invariant's own look.
+    fn fenced(&mut self, lease: &Lease, now: Duration, what: &str) -> bool {
+        let current = self.holder(lease.partition, now) == Some(lease.token.as_str());
+        if self.brk != Break::AcceptFenced && !current {
+            return true;
+        }
+        if !current {
+            self.stale_writes.push(format!(
+                "{what} of partition {} by lease {} (holder {:?})",
+                lease.partition,
+                lease.token,
+                self.holder(lease.partition, now)
+            ));
+        }
+        false
+    }
+
+    fn started(&mut self, lease: &Lease, seq: u64, attempt: u32, now: Duration) -> Owned {
+        if self.fenced(lease, now, &format!("started {seq}")) {
+            return Owned::Fenced;
+        }
+        match self.parts[lease.partition as usize].msgs.get_mut(&seq) {
+            None => Owned::Gone,
+            Some(m) => {
+                m.starts = attempt;
+                Owned::Ok
+            }
+        }
+    }
+
+    fn outcome(
+        &mut self,
+        lease: &Lease,
+        seq: u64,
+        o: &StoredOutcome,
+        by: &str,
+        now: Duration,
+    ) -> Owned {
+        if self.fenced(lease, now, &format!("outcome {seq}")) {
+            return Owned::Fenced;
+        }
+        let part = &mut self.parts[lease.partition as usize];
+        match part.msgs.get_mut(&seq) {
+            None => Owned::Gone,
+            Some(m) if m.outcome.is_some() => Owned::Again,
+            Some(m) => {
+                m.outcome = Some(o.clone());
+                let origin = m.origin.clone();
+                part.out.push((seq, origin, by.to_string()));
+                Owned::Ok
+            }
+        }
+    }
+
+    /// The FINISH script: delivered (the id stays a duplicate for its window) or forgotten.
+    fn finish(&mut self, p: u32, seq: u64, wall: u64, forget: bool) {
+        let part = &mut self.parts[p as usize];
+        let Some(m) = part.msgs.remove(&seq) else {
+            return;
+        };
+        if let Some(n) = part.sessions.get_mut(&m.session) {
+            *n -= 1;
+            if *n == 0 {
+                part.sessions.remove(&m.session);
+            }
+        }
+        let key = (m.stored.platform.clone(), m.stored.id.clone());
+        if !forget && m.stored.dedup_until_ms > wall {
+            part.dedup.insert(key, m.stored.dedup_until_ms);
+        } else {
+            part.dedup.remove(&key);
+        }
+    }
+
+    fn acquire(&mut self, p: u32, instance: &str, now: Duration) -> Option<Lease> {
+        if self.holder(p, now).is_some() {
+            return None;
+        }
+        let part = &mut self.parts[p as usize];
+        part.epoch += 1;
+        let token = format!("{instance}:{}", part.epoch);
+        part.lease = Some((token.clone(), now + TTL));
+        Some(Lease {
+            partition: p,
+            token,
+            epoch: part.epoch,
+        })
+    }
+
+    fn renew(&mut self, lease: &Lease, now: Duration) -> bool {
+        if self.holder(lease.partition, now) != Some(lease.token.as_str()) {
+            return false;
+        }
+        self.parts[lease.partition as usize].lease = Some((lease.token.clone(), now + TTL));
+        true
+    }
+
+    fn heartbeat(&mut self, instance: &str, now: Duration) -> u32 {
+        self.instances.insert(instance.to_string(), now + TTL);
+        self.instances.retain(|_, until| *until > now);
+        self.instances.len() as u32
+    }
+
+    fn live(&self, now: Duration) -> Vec<String> {
+        self.instances
+            .iter()
+            .filter(|(_, until)| **until > now)
+            .map(|(i, _)| i.clone())
+            .collect()
+    }
+
+    fn recovered(m: &Msg, tag: u64) -> RecoveredMessage {
+        let mut message = m.stored.clone();
+        message.seq = tag;
+        RecoveredMessage {
+            message,
+            starts: m.starts,
+            outcome: m.outcome.clone(),
+        }
+    }
+
+    /// The LOAD script: messages numbered by their partition seqs, as `load_partition` does.
+    fn load(&self, p: u32, wall: u64) -> LoadedPartition {
+        let part = &self.parts[p as usize];
+        let mut out = LoadedPartition {
+            inbox_after: part.inbox.len().to_string(),
+            ..LoadedPartition::default()
+        };
+        out.recovered.max_seq = part.seq;
+        for (seq, m) in &part.msgs {
+            out.recovered.messages.push(Redis::recovered(m, *seq));
+            out.origins.insert(*seq, m.origin.clone());
+        }
+        for ((platform, id), until) in &part.dedup {
+            let until = if *until == u64::MAX {
+                match part
+                    .msgs
+                    .values()
+                    .find(|m| m.stored.platform == *platform && m.stored.id == *id)
+                {
+                    Some(m) => m.stored.dedup_until_ms,
+                    None => continue,
+                }
+            } else {
+                *until
+            };
+            if until > wall {
+                out.recovered
+                    .dedup
+                    .push((platform.clone(), id.clone(), until));
+            }
+        }
+        out.recovered.dedup.sort();
+        out
+    }
+}
+
+/// An arrival, briefly, for the trace.
+fn describe(a: &Arrival) -> String {
+    let id = |m: &RecoveredMessage| m.message.id.clone();
+    match a {
+        Arrival::Message {
+            message, origin, ..
+        } => format!("message {} from {origin}", id(message)),
+        Arrival::OriginGone { message, .. } => format!("origin gone {}", id(message)),
+        Arrival::Landed { tag, .. } => format!("landed {:?}", tag_parts(*tag)),
+        Arrival::Outcome { tag, .. } => format!("outcome {:?}", tag_parts(*tag)),
+        Arrival::Forwarded {
+            from,
+            results,
+            missing,
+            ..
+        } => format!(
+            "forwarded by {from}: {:?}, missing {}",
+            results.iter().map(|r| id(&r.1)).collect::<Vec<_>>(),
+            missing.len()
+        ),
+        Arrival::Took { taken, refused, .. } => {
+            format!("took {} refused {}", taken.len(), refused.len())
+        }
+    }
+}
+
+// ---- one instance ------------------------------------------------------------------------
+
+struct Turn {
+    job: TurnJob<u64>,
+    /// When the agent returns (the instance's clock).
+    due: Duration,
+    cancelled: bool,
+}
+
+struct Inst {
+    name: String,
+    core: Core<u64, u64>,
+    bridge: Bridge,
+    /// The instance's clock is `global - born + jumped`.
+    born: Duration,
+    jumped: Duration,
+    /// Its wall clock at its own time zero.
+    wall0: u64,
+    paused: bool,
+    own: Ownership,
+    next_pass: Duration,
+    // The journal thread.
+    queue: VecDeque<Record>,
+    retry: Vec<Record>,
+    /// The batch being written (global time it lands).
+    writing: Option<(Vec<Record>, usize, Duration)>,
+    tags: HashMap<u64, (u32, u64)>,
+    back: HashMap<(u32, u64), u64>,
+    // The reader.
+    inboxes: BTreeMap<u32, usize>,
+    outcomes: Vec<usize>,
+    live_read: Option<Duration>,
+    last_read: Option<Duration>,
+    live: Option<Vec<String>>,
+    gone: BTreeMap<String, u8>,
+    requests: VecDeque<ClusterRequest>,
+    /// Forwards offered to this instance, and answers to its own: (from, arrival).
+    fwd: VecDeque<Arrival>,
+    // The pool.
+    turns: Vec<Turn>,
+    inputs: VecDeque<Input<u64, u64>>,
+    next_agent: u64,
+}
+
+impl Inst {
+    fn local(&self, global: Duration) -> Duration {
+        global.saturating_sub(self.born) + self.jumped
+    }
+    fn wall(&self, global: Duration) -> u64 {
+        self.wall0 + self.local(global).as_millis() as u64
+    }
+    fn journal_idle(&self) -> bool {
+        self.queue.is_empty() && self.retry.is_empty() && self.writing.is_none()
+    }
+}
+
+/// A platform bridge (a client of the gateway), which outlives gateway processes.
+struct Client {
+    platform: &'static str,
+    /// The instance it is connected to, and the connection.
+    at: Option<(usize, ConnId)>,
+    acks: bool,
+    next_msg: u64,
+    sent: Vec<(String, String)>,
+    acked: HashSet<String>,
+    rejected: HashSet<String>,
+    ever_rejected: HashSet<String>,
+    answer: HashMap<String, String>,
+    confirmed: HashMap<String, String>,
+    unconfirmed: Vec<String>,
+    partial: Vec<u8>,
+    unanswered: HashMap<String, u32>,
+}
+
+impl Client {
+    fn new(platform: &'static str, acks: bool) -> Client {
+        Client {
+            platform,
+            at: None,
+            acks,
+            next_msg: 0,
+            sent: Vec::new(),
+            acked: HashSet::new(),
+            rejected: HashSet::new(),
+            ever_rejected: HashSet::new(),
+            answer: HashMap::new(),
+            confirmed: HashMap::new(),
+            unconfirmed: Vec::new(),
+            partial: Vec::new(),
+            unanswered: HashMap::new(),
+        }
+    }
+    fn lost_connection(&mut self) {
+        self.at = None;
+        self.partial.clear();
+        self.unanswered.clear();
+    }
+    fn answered(&mut self, id: &str) -> bool {
+        match self.unanswered.get_mut(id) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                false
+            }
+            _ => {
+                self.unanswered.remove(id);
+                true
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Faults {
+    kill: bool,
+    pause: bool,
+    redis: bool,
+    jump: bool,
+    moves: bool,
+    /// Not a fault: the outbox cap at 16 instead of 64 (`small-outbox`).
+    small_outbox: bool,
+}
+
+const ALL: Faults = Faults {
+    kill: true,
+    pause: true,
+    redis: true,
+    jump: true,
+    moves: true,
+    small_outbox: false,
+};
+
+const NONE: Faults = Faults {
+    kill: false,
+    pause: false,
+    redis: false,
+    jump: false,
+    moves: false,
+    small_outbox: false,
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    RunTwice,
+    Fifo,
+    Contradiction,
+    AnsweredAgain,
+    RejectedThenRun,
+    /// A stale lease's `started` or outcome landed in the store.
+    FencedWriteLanded,
+    /// Two instances ran a turn of one session at once.
+    TwoRunners,
+    /// An acknowledged message without its confirmed outcome once everything settled.
+    Undelivered,
+    /// A bound was exceeded or a state machine panicked (a `debug_assert!` of the real code).
+    Fatal,
+}
+
+type Check = Result<(), String>;
+
+fn core_config() -> CoreConfig {
+    CoreConfig {
+        turn_workers: 2,
+        queue_cap: 8,
+        max_queued_messages: 24,
+        turn_timeout: Duration::from_secs(20),
+        stop_grace: Duration::from_secs(1),
+        drain_timeout: Duration::from_secs(5),
+        cleanup_timeout: Duration::from_secs(5),
+        ..CoreConfig::default()
+    }
+}
+
+fn bridge_config() -> BridgeConfig {
+    BridgeConfig {
+        journal: true,
+        max_pending_durable: 6,
+        // Above any platform's messages in a run: a smaller cap trips the bridge's own
+        // bound check (see `the_outbox_cap_holds_with_messages_accepted_elsewhere`).
+        outbox_cap: 64,
+        ..BridgeConfig::default()
+    }
+}
+
+fn canonical(v: &Value) -> String {
+    let mut plain = v.clone();
+    if let Some(o) = plain.as_object_mut() {
+        o.remove("redelivery");
+    }
+    plain.to_string()
+}
+
+/// The session key of a stored message, as the bridge built it (cluster.rs's `session_of`).
+fn session_of(m: &StoredMessage) -> Option<String> {
+    let chat_type = ChatType::parse(&m.chat_type)?;
+    SessionKey::new(
+        &m.platform,
+        chat_type,
+        &m.chat_id,
+        m.thread_id.as_deref(),
+        m.user_id.as_deref(),
+    )
+    .ok()
+    .map(|k| k.as_str().to_owned())
+}
+
+struct World {
+    rng: Rng,
+    faults: Faults,
+    now: Duration,
+    redis: Redis,
+    insts: Vec<Option<Inst>>,
+    lives: Vec<u32>,
+    clients: Vec<Client>,
+    runs: HashMap<String, u32>,
+    /// The (partition, seq) each id was last accepted as.
+    seq_of: HashMap<String, (u32, u64)>,
+    first_runs: HashMap<String, Vec<u64>>,
+    trace: Vec<String>,
+    violations: Vec<(Kind, String, Vec<String>)>,
+    verbose: bool,
+    max_messages: u64,
+    cfg_core: CoreConfig,
+    cfg_bridge: BridgeConfig,
+}
+
+impl World {
+    fn new(seed: u64, faults: Faults, brk: Break) -> World {
+        let mut rng = Rng::new(seed);
+        let n = 2 + rng.below(2) as usize;
+        let max_messages = 10 + rng.below(30);
+        let clients = PLATFORMS
+            .iter()
+            .map(|p| Client::new(p, rng.chance(50)))
+            .collect();
+        World {
+            rng,
+            faults,
+            now: Duration::ZERO,
+            redis: Redis::new(brk),
+            insts: (0..n).map(|_| None).collect(),
+            lives: vec![0; n],
+            clients,
+            runs: HashMap::new(),
+            seq_of: HashMap::new(),
+            first_runs: HashMap::new(),
+            trace: Vec::new(),
+            violations: Vec::new(),
+            verbose: false,
+            max_messages,
+            cfg_core: core_config(),
+            cfg_bridge: BridgeConfig {
+                outbox_cap: if faults.small_outbox { 16 } else { 64 },
+                ..bridge_config()
+            },
+        }
+    }
+
+    fn log(&mut self, s: String) {
+        if self.verbose {
+            eprintln!("[{:>8?}] {s}", self.now);
+        }
+        self.trace.push(s);
+        if self.trace.len() > 80 {
+            self.trace.remove(0);
+        }
+    }
+
+    fn violate(&mut self, kind: Kind, what: String) {
+        self.log(format!("VIOLATION {kind:?}: {what}"));
+        if !self.violations.iter().any(|v| v.0 == kind) {
+            self.violations.push((kind, what, self.trace.clone()));
+        }
+    }
+
+    fn up(&self, i: usize) -> bool {
+        self.insts[i].as_ref().is_some_and(|g| !g.paused)
+    }
+
+    fn name(&self, i: usize) -> String {
+        self.insts[i]
+            .as_ref()
+            .map(|g| g.name.clone())
+            .unwrap_or_default()
+    }
+
+    // ---- an instance's life ------------------------------------------------------------
+
+    fn start(&mut self, i: usize) -> Check {
+        self.lives[i] += 1;
+        let name = format!("{}:{}", NAMES[i], self.lives[i]);
+        let skew = self.rng.below(4000);
+        let wall0 = WALL0 + self.now.as_millis() as u64 + skew;
+        let mut bridge = Bridge::new(self.cfg_bridge.clone());
+        bridge.set_wall_clock(wall0);
+        bridge.set_partitions(PARTITIONS);
+        let mut own = Ownership::new(&name, PARTITIONS, TTL);
+        own.set_shed(false);
+        self.log(format!("start {name} (wall skew {skew} ms)"));
+        self.insts[i] = Some(Inst {
+            name,
+            core: Core::new(self.cfg_core.clone(), Duration::ZERO),
+            bridge,
+            born: self.now,
+            jumped: Duration::ZERO,
+            wall0,
+            paused: false,
+            own,
+            next_pass: Duration::ZERO,
+            queue: VecDeque::new(),
+            retry: Vec::new(),
+            writing: None,
+            tags: HashMap::new(),
+            back: HashMap::new(),
+            inboxes: BTreeMap::new(),
+            outcomes: self.redis.parts.iter().map(|p| p.out.len()).collect(),
+            live_read: None,
+            last_read: None,
+            live: None,
+            gone: BTreeMap::new(),
+            requests: VecDeque::new(),
+            fwd: VecDeque::new(),
+            turns: Vec::new(),
+            inputs: VecDeque::new(),
+            next_agent: 0,
+        });
+        self.housekeeping(i)
+    }
+
+    /// kill -9: a pipelined batch being written lands in part.
+    fn kill(&mut self, i: usize) {
+        let Some(mut g) = self.insts[i].take() else {
+            return;
+        };
+        let mut landed = 0;
+        if let Some((batch, _, _)) = g.writing.take()
+            && !self.redis.down
+        {
+            landed = self.rng.below(batch.len() as u64 + 1) as usize;
+            let mut c = Committed::default();
+            let head: Vec<Record> = batch.into_iter().take(landed).collect();
+            let _ = self.write_ops(&mut g, &head, &mut c);
+        }
+        self.log(format!(
+            "kill -9 {} ({landed} record(s) of its batch landed)",
+            g.name
+        ));
+        for c in &mut self.clients {
+            if c.at.is_some_and(|(at, _)| at == i) {
+                c.lost_connection();
+            }
+        }
+    }
+
+    // ---- the shell: actions and effects ----------------------------------------------
+
+    fn pump(&mut self, i: usize) -> Check {
+        loop {
+            if !self.up(i) {
+                return Ok(());
+            }
+            let now = self.now;
+            let Some(g) = self.insts[i].as_mut() else {
+                return Ok(());
+            };
+            let local = g.local(now);
+            let mut fx = Vec::new();
+            let mut closed = Vec::new();
+            let mut handed = Vec::new();
+            let mut any = false;
+            while let Some(input) = g.inputs.pop_front() {
+                g.core.handle(local, input, &mut fx);
+                any = true;
+            }
+            while let Some(a) = g.bridge.poll_action() {
+                any = true;
+                match a {
+                    Action::Submit { tag, message } => g.core.handle(
+                        local,
+                        Input::SubmitHeld {
+                            message,
+                            route: tag,
+                        },
+                        &mut fx,
+                    ),
+                    Action::StartTurn(turn) => {
+                        g.core.handle(local, Input::Release { turn }, &mut fx)
+                    }
+                    Action::Journal(r) => g.queue.push_back(r),
+                    Action::Close(c) | Action::Reset(c) => closed.push(c),
+                    Action::HandOver(sessions) => {
+                        let names: Vec<&str> = sessions.iter().map(|s| s.as_str()).collect();
+                        let what = format!("{}: hands over {names:?}", g.name);
+                        g.core.handle(local, Input::HandOver { sessions }, &mut fx);
+                        handed.push(what);
+                    }
+                    // No drain mode: nothing is ever drained.
+                    Action::ReleasePartition(_) => {}
+                    Action::Cluster(ClusterRequest::Untag(tag)) => {
+                        if let Some(at) = g.tags.remove(&tag) {
+                            g.back.remove(&at);
+                        }
+                    }
+                    Action::Cluster(r) => g.requests.push_back(r),
+                }
+            }
+            for what in handed {
+                self.log(what);
+            }
+            for c in closed {
+                for cl in &mut self.clients {
+                    if cl.at == Some((i, c)) {
+                        cl.lost_connection();
+                    }
+                }
+            }
+            if fx.is_empty() && !any {
+                return Ok(());
+            }
+            self.apply(i, fx)?;
+        }
+    }
+
+    fn apply(&mut self, i: usize, fx: Vec<Effect<u64, u64>>) -> Check {
+        for e in fx {
+            let now = self.now;
+            let Some(g) = self.insts[i].as_mut() else {
+                return Ok(());
+            };
+            let local = g.local(now);
+            match e {
+                Effect::Emit { route, event } => g.bridge.event(route, event, local),
+                Effect::StartTurn(job) => self.hand_out(i, job)?,
+                Effect::CancelTurn(turn) => {
+                    if let Some(t) = g.turns.iter_mut().find(|t| t.job.turn == turn) {
+                        t.cancelled = true;
+                    }
+                }
+                Effect::Cleanup(job) => {
+                    g.inputs.push_back(Input::CleanupStarted { job: job.job });
+                    g.inputs.push_back(Input::CleanupDone {
+                        job: job.job,
+                        result: Ok(()),
+                    });
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The driver hands a turn to the pool: the agent runs, and its side effect happens.
+    fn hand_out(&mut self, i: usize, job: TurnJob<u64>) -> Check {
+        let id = job.message_id.to_string();
+        let session = job.session.as_str().to_string();
+        let n = self.runs.entry(id.clone()).or_insert(0);
+        *n += 1;
+        let runs = *n;
+        let name = self.name(i);
+        self.log(format!("{name}: agent runs {id} in {session} (run {runs})"));
+        // Another running instance with a turn of this session out, not cancelled.
+        let other = (0..self.insts.len())
+            .filter(|&j| j != i && self.up(j))
+            .find(|&j| {
+                self.insts[j].as_ref().is_some_and(|g| {
+                    g.turns
+                        .iter()
+                        .any(|t| !t.cancelled && t.job.session.as_str() == session)
+                })
+            });
+        if let Some(j) = other {
+            let other = self.name(j);
+            self.violate(
+                Kind::TwoRunners,
+                format!("session {session}: {name} starts {id} while {other} runs a turn of it"),
+            );
+        }
+        let ever_rejected = self.clients.iter().any(|c| c.ever_rejected.contains(&id));
+        let rejected = self.clients.iter().any(|c| c.rejected.contains(&id));
+        if runs > 1 {
+            self.violate(
+                Kind::RunTwice,
+                format!("message {id}: its agent ran a second time (side effect twice)"),
+            );
+        } else if rejected {
+            self.violate(
+                Kind::RejectedThenRun,
+                format!("message {id}: refused to the bridge, then run"),
+            );
+        } else if !ever_rejected {
+            let seq = self.seq_of.get(&id).map_or(0, |s| s.1);
+            let order = self.first_runs.entry(session.clone()).or_default();
+            let last = order.last().copied();
+            order.push(seq);
+            if last.is_some_and(|last| last > seq) {
+                self.violate(
+                    Kind::Fifo,
+                    format!("session {session}: message {id} (seq {seq}) ran after seq {last:?}"),
+                );
+            }
+        }
+        let delay = match self.rng.below(20) {
+            0 => self.cfg_core.turn_timeout * 2,
+            1..=4 => ms(500 + self.rng.below(3000)),
+            _ => ms(1 + self.rng.below(200)),
+        };
+        let now = self.now;
+        let Some(g) = self.insts[i].as_mut() else {
+            return Ok(());
+        };
+        let mut job = job;
+        if job.agent.is_none() {
+            g.next_agent += 1;
+            job.agent = Some(g.next_agent);
+        }
+        let due = g.local(now) + delay;
+        g.turns.push(Turn {
+            job,
+            due,
+            cancelled: false,
+        });
+        Ok(())
+    }
+
+    fn check_bounds(&self) -> Check {
+        for g in self.insts.iter().flatten() {
+            let st = g.bridge.status();
+            if let Some(j) = &st.journal
+                && j.pending_durable > j.max_pending_durable
+            {
+                return Err(format!(
+                    "{}: pending durable {} over its bound",
+                    g.name, j.pending_durable
+                ));
+            }
+            let cs = g.core.stats();
+            if cs.sessions.queued_messages > self.cfg_core.max_queued_messages {
+                return Err(format!(
+                    "{}: {} queued messages over the core's bound",
+                    g.name, cs.sessions.queued_messages
+                ));
+            }
+            for (p, o) in &st.outboxes {
+                if o.reserved_events > self.cfg_bridge.outbox_cap {
+                    return Err(format!(
+                        "{}: platform {p}: {} reserved over the cap",
+                        g.name, o.reserved_events
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_store(&mut self) {
+        if !self.redis.stale_writes.is_empty() {
+            let w = std::mem::take(&mut self.redis.stale_writes);
+            self.violate(Kind::FencedWriteLanded, w.join("; "));
+        }
+    }
+
+    // ---- the journal thread --------------------------------------------------------------
+
+    /// Where a record goes: (partition, seq) in the store.
+    fn place(g: &Inst, tag: u64) -> Option<(u32, u64)> {
+        tag_parts(tag).or_else(|| g.tags.get(&tag).copied())
+    }
+
+    /// One pipelined write of `batch` (cluster.rs's `commit` and `to_ops`): which records
+    /// to try again and which were sent, by index.
+    fn write_ops(
+        &mut self,
+        g: &mut Inst,
+        batch: &[Record],
+        c: &mut Committed,
+    ) -> (Vec<bool>, Vec<bool>) {
+        let now = self.now;
+        let wall = g.wall(now);
+        let down = self.redis.down;
+        let mut retry = vec![false; batch.len()];
+        let mut sent = vec![false; batch.len()];
+        for (k, r) in batch.iter().enumerate() {
+            // Left out of the pipeline: an accept without a session key (failed), a record
+            // never placed (dropped), an owned write of a partition not held (fenced).
+            let place = match r {
+                Record::Accepted(m) => match session_of(m) {
+                    Some(session) => Some((partition_of(&session, PARTITIONS), 0)),
+                    None => {
+                        c.failed.push(m.seq);
+                        continue;
+                    }
+                },
+                Record::Started { seq, .. }
+                | Record::Outcome { seq, .. }
+                | Record::Delivered { seq }
+                | Record::Forget { seq } => Self::place(g, *seq),
+            };
+            let Some((p, s)) = place else {
+                continue;
+            };
+            let lease = g.own.lease(p).cloned();
+            if matches!(r, Record::Started { .. } | Record::Outcome { .. }) && lease.is_none() {
+                c.cluster.fenced.push(p);
+                if let Record::Outcome { seq, .. } = r {
+                    c.cluster.unwritten_outcomes.push(*seq);
+                }
+                continue;
+            }
+            sent[k] = true;
+            if down {
+                retry[k] = true;
+                if let Record::Accepted(m) = r {
+                    c.failed.push(m.seq);
+                }
+                continue;
+            }
+            match (r, lease) {
+                (Record::Accepted(m), _) => {
+                    let session = session_of(m).unwrap_or_default();
+                    match self.redis.accept(p, &session, m, &g.name, wall) {
+                        Accepted::New(seq) => {
+                            g.tags.insert(m.seq, (p, seq));
+                            g.back.insert((p, seq), m.seq);
+                            self.seq_of.insert(m.id.clone(), (p, seq));
+                            c.cluster.placed.push((m.seq, cluster_tag(p, seq)));
+                            if g.own.holds(p) {
+                                c.durable.push(m.seq);
+                            } else {
+                                c.cluster.remote.push(m.seq);
+                            }
+                        }
+                        Accepted::Duplicate => c.cluster.duplicates.push(m.seq),
+                        Accepted::Full => c.cluster.session_full.push(m.seq),
+                    }
+                }
+                (Record::Started { attempt, .. }, Some(lease)) => {
+                    if let Owned::Fenced = self.redis.started(&lease, s, *attempt, now) {
+                        g.own.fenced(p);
+                        c.cluster.fenced.push(p);
+                    }
+                }
+                (Record::Outcome { seq, outcome }, Some(lease)) => {
+                    match self.redis.outcome(&lease, s, outcome, &g.name, now) {
+                        Owned::Fenced => {
+                            g.own.fenced(p);
+                            c.cluster.fenced.push(p);
+                            c.cluster.unwritten_outcomes.push(*seq);
+                        }
+                        Owned::Ok | Owned::Gone | Owned::Again => {}
+                    }
+                }
+                (Record::Delivered { seq } | Record::Forget { seq }, _) => {
+                    let forget = matches!(r, Record::Forget { .. });
+                    self.redis.finish(p, s, wall, forget);
+                    if let Some(at) = g.tags.remove(seq) {
+                        g.back.remove(&at);
+                    }
+                }
+                (Record::Started { .. } | Record::Outcome { .. }, None) => {}
+            }
+        }
+        if down && sent.contains(&true) {
+            c.error = Some("simulated: redis unreachable".into());
+        }
+        (retry, sent)
+    }
+
+    /// The journal thread takes a batch (its round trip takes a while) or finishes one.
+    fn journal_step(&mut self, i: usize) -> Check {
+        let now = self.now;
+        let due = now + ms(self.rng.below(30));
+        // The thread runs a due pass before it takes the next batch.
+        if self.insts[i]
+            .as_ref()
+            .is_some_and(|g| g.writing.is_none() && g.local(now) >= g.next_pass)
+        {
+            self.pass(i)?;
+        }
+        let Some(g) = self.insts[i].as_mut() else {
+            return Ok(());
+        };
+        match &g.writing {
+            None => {
+                if !g.queue.is_empty() || !g.retry.is_empty() {
+                    let mut batch = std::mem::take(&mut g.retry);
+                    let kept = batch.len();
+                    batch.extend(g.queue.drain(..));
+                    g.writing = Some((batch, kept, due));
+                }
+                Ok(())
+            }
+            Some((_, _, at)) if *at <= now => self.complete(i),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Writes what is queued now.
+    fn commit_now(&mut self, i: usize) -> Check {
+        for _ in 0..3 {
+            let now = self.now;
+            let Some(g) = self.insts[i].as_mut() else {
+                return Ok(());
+            };
+            if let Some(w) = &mut g.writing {
+                w.2 = now;
+            } else {
+                self.journal_step(i)?;
+                let Some(g) = self.insts[i].as_mut() else {
+                    return Ok(());
+                };
+                let Some(w) = &mut g.writing else {
+                    return Ok(());
+                };
+                w.2 = now;
+            }
+            self.complete(i)?;
+        }
+        Ok(())
+    }
+
+    /// The batch's round trip returns: the report the thread sends.
+    fn complete(&mut self, i: usize) -> Check {
+        let Some(mut g) = self.insts[i].take() else {
+            return Ok(());
+        };
+        let Some((batch, kept, _)) = g.writing.take() else {
+            self.insts[i] = Some(g);
+            return Ok(());
+        };
+        let mut c = Committed {
+            taken: batch.len() - kept,
+            ..Committed::default()
+        };
+        let (retry, sent) = self.write_ops(&mut g, &batch, &mut c);
+        // Only the outcome records written are reported (cluster.rs's `commit`).
+        for ((r, again), sent) in batch.iter().zip(&retry).zip(&sent) {
+            if let (false, true, Record::Outcome { seq, .. }) = (again, sent, r)
+                && !c.cluster.unwritten_outcomes.contains(seq)
+            {
+                c.outcomes.push(*seq);
+            }
+        }
+        g.retry = batch
+            .iter()
+            .zip(&retry)
+            .filter(|(r, again)| **again && !matches!(r, Record::Accepted(_)))
+            .map(|(r, _)| r.clone())
+            .collect();
+        c.retrying = g.retry.len();
+        c.cluster.fenced.sort_unstable();
+        c.cluster.fenced.dedup();
+        let what = format!(
+            "{}: batch of {} record(s): {} (fenced {:?}, unwritten {:?})",
+            g.name,
+            batch.len(),
+            c.error.as_deref().unwrap_or("written"),
+            c.cluster.fenced,
+            c.cluster.unwritten_outcomes
+        );
+        self.insts[i] = Some(g);
+        self.log(what);
+        self.check_store();
+        self.report(i, c)
+    }
+
+    /// A report reaches the reactor: the reader follows the gained and lost inboxes
+    /// (server/cluster.rs's `forward`), then the bridge has it.
+    fn report(&mut self, i: usize, c: Committed) -> Check {
+        let now = self.now;
+        let Some(g) = self.insts[i].as_mut() else {
+            return Ok(());
+        };
+        for (p, loaded) in &c.cluster.gained {
+            let after = loaded.inbox_after.parse().unwrap_or(0);
+            g.inboxes.insert(*p, after);
+        }
+        for p in c.cluster.lost.iter().chain(&c.cluster.fenced) {
+            g.inboxes.remove(p);
+        }
+        let local = g.local(now);
+        g.bridge.journaled(c, local);
+        self.pump(i)
+    }
+
+    /// The ownership pass (cluster.rs's `pass`, without the drain mode).
+    fn pass(&mut self, i: usize) -> Check {
+        let now = self.now;
+        let Some(mut g) = self.insts[i].take() else {
+            return Ok(());
+        };
+        let local = g.local(now);
+        let mut c = Committed::default();
+        if !self.redis.down {
+            let live = self.redis.heartbeat(&g.name, now);
+            g.own.set_live(live);
+        }
+        let plan = g.own.plan(local);
+        if !plan.lost.is_empty() {
+            // Kept owned writes of a lost partition are dropped, their outcomes unwritten.
+            for r in std::mem::take(&mut g.retry) {
+                let lost = match &r {
+                    Record::Started { seq, .. } | Record::Outcome { seq, .. } => {
+                        Self::place(&g, *seq).is_some_and(|(p, _)| plan.lost.contains(&p))
+                    }
+                    _ => false,
+                };
+                match (&r, lost) {
+                    (Record::Outcome { seq, .. }, true) => c.cluster.unwritten_outcomes.push(*seq),
+                    (_, true) => {}
+                    (_, false) => g.retry.push(r),
+                }
+            }
+            let lost = plan.lost.clone();
+            self.log(format!("{}: lost {lost:?} (not renewed in time)", g.name));
+            if self.redis.brk != Break::NoLost {
+                c.cluster.lost.extend(lost);
+            }
+        }
+        for lease in plan.release.iter().chain(&plan.expired) {
+            c.cluster.lost.push(lease.partition);
+        }
+        if !self.redis.down {
+            for lease in &plan.renew {
+                if self.redis.renew(lease, now) {
+                    g.own.renewed(lease.partition, local);
+                } else if g.own.fenced(lease.partition) {
+                    c.cluster.fenced.push(lease.partition);
+                }
+            }
+            let mut candidates = plan.acquire;
+            while !candidates.is_empty() {
+                let mut taken = 0;
+                for p in &candidates {
+                    match self.redis.acquire(*p, &g.name, now) {
+                        Some(lease) => self.gain(&mut g, lease, local, &mut c),
+                        None => taken += 1,
+                    }
+                }
+                candidates = g.own.more_candidates(taken);
+            }
+        }
+        g.next_pass = local + g.own.pass_every();
+        self.insts[i] = Some(g);
+        if c == Committed::default() {
+            return Ok(());
+        }
+        self.report(i, c)
+    }
+
+    /// A lease acquired: the partition is loaded, its messages numbered by the tags the
+    /// bridge knows them by, the origins kept only if another live instance.
+    fn gain(&mut self, g: &mut Inst, lease: Lease, sent: Duration, c: &mut Committed) {
+        let p = lease.partition;
+        g.own.acquired(lease.clone(), sent);
+        let mut loaded = self.redis.load(p, g.wall(self.now));
+        let live = self.redis.live(self.now);
+        loaded
+            .origins
+            .retain(|_, o| *o != g.name && live.contains(o));
+        let mut origins = HashMap::new();
+        for rm in &mut loaded.recovered.messages {
+            let seq = rm.message.seq;
+            let tag = g
+                .back
+                .get(&(p, seq))
+                .copied()
+                .unwrap_or_else(|| cluster_tag(p, seq));
+            if let Some(o) = loaded.origins.remove(&seq) {
+                origins.insert(tag, o);
+            }
+            rm.message.seq = tag;
+        }
+        loaded.origins = origins;
+        loaded.recovered.max_seq = 0;
+        let n = loaded.recovered.messages.len();
+        self.log(format!(
+            "{}: gained {p} (lease {}), {n} message(s)",
+            g.name, lease.token
+        ));
+        c.cluster.gained.push((p, loaded));
+    }
+
+    // ---- the reader ----------------------------------------------------------------------
+
+    /// One read of every stream, the registry when due, the requests and the forwards.
+    fn read_streams(&mut self, i: usize) -> Check {
+        if self.redis.down || !self.up(i) {
+            return Ok(());
+        }
+        let now = self.now;
+        let Some(g) = self.insts[i].as_mut() else {
+            return Ok(());
+        };
+        let local = g.local(now);
+        g.last_read = Some(local);
+        let me = g.name.clone();
+        let mut out = Vec::new();
+        for (p, pos) in g.inboxes.iter_mut() {
+            let part = &self.redis.parts[*p as usize];
+            for seq in &part.inbox[*pos..] {
+                if let Some(m) = part.msgs.get(seq)
+                    && m.origin != me
+                {
+                    let tag = cluster_tag(*p, *seq);
+                    out.push(Arrival::Message {
+                        partition: *p,
+                        tag,
+                        message: Box::new(Redis::recovered(m, tag)),
+                        origin: m.origin.clone(),
+                    });
+                }
+            }
+            *pos = part.inbox.len();
+        }
+        for (p, pos) in g.outcomes.iter_mut().enumerate() {
+            let part = &self.redis.parts[p];
+            for (seq, origin, by) in &part.out[*pos..] {
+                if *origin != me {
+                    continue;
+                }
+                let (partition, tag) = (p as u32, cluster_tag(p as u32, *seq));
+                if *by == me {
+                    out.push(Arrival::Landed { partition, tag });
+                } else if let Some(outcome) = part.msgs.get(seq).and_then(|m| m.outcome.clone()) {
+                    out.push(Arrival::Outcome {
+                        partition,
+                        tag,
+                        outcome,
+                    });
+                }
+            }
+            *pos = part.out.len();
+        }
+        if g.live_read.is_none_or(|t| local >= t + LIVE_EVERY) {
+            g.live_read = Some(local);
+            let live = self.redis.live(now);
+            let left: Vec<String> = g
+                .live
+                .iter()
+                .flatten()
+                .filter(|x| **x != me && !live.contains(x))
+                .cloned()
+                .collect();
+            for x in left {
+                g.gone.insert(x, GONE_READS);
+            }
+            g.gone.retain(|x, _| !live.contains(x));
+            for p in g.inboxes.keys() {
+                let part = &self.redis.parts[*p as usize];
+                for (seq, m) in &part.msgs {
+                    if g.gone.contains_key(&m.origin) {
+                        let tag = cluster_tag(*p, *seq);
+                        out.push(Arrival::OriginGone {
+                            partition: *p,
+                            tag,
+                            message: Box::new(Redis::recovered(m, tag)),
+                        });
+                    }
+                }
+            }
+            for reads in g.gone.values_mut() {
+                *reads -= 1;
+            }
+            g.gone.retain(|_, reads| *reads > 0);
+            g.live = Some(live);
+        }
+        let requests: Vec<ClusterRequest> = g.requests.drain(..).collect();
+        out.extend(g.fwd.drain(..));
+        for r in requests {
+            self.request(i, r);
+        }
+        if !out.is_empty() {
+            let what: Vec<String> = out.iter().map(describe).collect();
+            self.log(format!("{me}: reader brings {}", what.join(", ")));
+        }
+        for a in out {
+            let Some(g) = self.insts[i].as_mut() else {
+                return Ok(());
+            };
+            g.bridge.arrived(a, local);
+            self.pump(i)?;
+        }
+        Ok(())
+    }
+
+    fn find(&self, name: &str) -> Option<usize> {
+        (0..self.insts.len()).find(|&j| self.insts[j].as_ref().is_some_and(|g| g.name == name))
+    }
+
+    /// The hello registry and the forwards, carried by the model at once.
+    fn request(&mut self, i: usize, r: ClusterRequest) {
+        let me = self.name(i);
+        let live = self.redis.live(self.now);
+        match r {
+            ClusterRequest::Hello(platform) => {
+                self.redis.hello.insert(platform, me);
+            }
+            ClusterRequest::Forward { platform, results } => {
+                let Some(to) = self.redis.hello.get(&platform).cloned() else {
+                    return;
+                };
+                let Some(j) = self.find(&to).filter(|_| to != me && live.contains(&to)) else {
+                    return;
+                };
+                let (mut found, mut missing) = (Vec::new(), Vec::new());
+                for tag in results {
+                    let m = tag_parts(tag).and_then(|(p, seq)| {
+                        self.redis.parts[p as usize]
+                            .msgs
+                            .get(&seq)
+                            .filter(|m| m.outcome.is_some())
+                    });
+                    match m {
+                        Some(m) => found.push((tag, Box::new(Redis::recovered(m, tag)))),
+                        None => missing.push(tag),
+                    }
+                }
+                self.log(format!(
+                    "{me}: offers {} result(s) of {platform} to {to}",
+                    found.len()
+                ));
+                if let Some(g) = self.insts[j].as_mut() {
+                    g.fwd.push_back(Arrival::Forwarded {
+                        from: me,
+                        platform,
+                        results: found,
+                        missing,
+                    });
+                }
+            }
+            ClusterRequest::Took {
+                to,
+                platform,
+                taken,
+                refused,
+            } => {
+                if let Some(j) = self.find(&to)
+                    && let Some(g) = self.insts[j].as_mut()
+                {
+                    g.fwd.push_back(Arrival::Took {
+                        platform,
+                        taken,
+                        refused,
+                    });
+                }
+            }
+            ClusterRequest::Untag(_) => {}
+        }
+    }
+
+    // ---- time ----------------------------------------------------------------------------
+
+    /// Instance `i` catches up with the time: its timers, its write if it returned, its
+    /// pass if due.
+    fn housekeeping(&mut self, i: usize) -> Check {
+        if !self.up(i) {
+            return Ok(());
+        }
+        let now = self.now;
+        let Some(g) = self.insts[i].as_mut() else {
+            return Ok(());
+        };
+        let local = g.local(now);
+        let mut fx = Vec::new();
+        g.core.advance(local, &mut fx);
+        g.bridge.tick(local);
+        self.apply(i, fx)?;
+        self.pump(i)?;
+        if self.insts[i]
+            .as_ref()
+            .is_some_and(|g| g.writing.as_ref().is_some_and(|w| w.2 <= now))
+        {
+            self.complete(i)?;
+        }
+        let due = self.insts[i]
+            .as_ref()
+            .is_some_and(|g| g.writing.is_none() && g.local(now) >= g.next_pass);
+        if due {
+            self.pass(i)?;
+        }
+        // The reader's thread reads at least once per blocking read's wait (200 ms).
+        let read = self.insts[i]
+            .as_ref()
+            .is_some_and(|g| g.last_read.is_none_or(|t| g.local(now) >= t + READ_EVERY));
+        if read {
+            self.read_streams(i)?;
+        }
+        Ok(())
+    }
+
+    /// Time passes by `by`, stopping at every pass due meanwhile: the journal thread runs
+    /// its pass on time (unless a write holds it up).
+    fn advance(&mut self, by: Duration) -> Check {
+        let end = self.now + by;
+        loop {
+            let next = (0..self.insts.len())
+                .filter(|&i| self.up(i))
+                .filter_map(|i| self.insts[i].as_ref())
+                .filter(|g| g.writing.is_none())
+                .map(|g| g.born + g.next_pass.saturating_sub(g.jumped))
+                .filter(|&t| t > self.now && t < end)
+                .min();
+            let Some(t) = next else {
+                break;
+            };
+            self.now = t;
+            for i in 0..self.insts.len() {
+                self.housekeeping(i)?;
+            }
+        }
+        self.now = end;
+        for i in 0..self.insts.len() {
+            self.housekeeping(i)?;
+        }
+        Ok(())
+    }
+
+    fn wait_up_to(&mut self, max_ms: u64) -> Check {
+        let by = ms(self.rng.below(max_ms));
+        self.advance(by)
+    }
+
+    fn agent_returns(&mut self, i: usize, only_due: bool) -> Check {
+        if !self.up(i) {
+            return Ok(());
+        }
+        let now = self.now;
+        let Some(g) = self.insts[i].as_mut() else {
+            return Ok(());
+        };
+        let local = g.local(now);
+        let due: Vec<usize> = (0..g.turns.len())
+            .filter(|&k| !only_due || g.turns[k].due <= local || g.turns[k].cancelled)
+            .collect();
+        if due.is_empty() {
+            return Ok(());
+        }
+        let k = due[self.rng.below(due.len() as u64) as usize];
+        let t = g.turns.swap_remove(k);
+        let result = if t.cancelled {
+            TurnResult::Cancelled
+        } else {
+            TurnResult::Reply(Reply::from(format!("r-{}", t.job.message_id)))
+        };
+        let agent = t.job.agent;
+        let mut job = t.job;
+        job.agent = None;
+        let done = job.done(agent, result);
+        let mut fx = Vec::new();
+        g.core.handle(local, Input::TurnDone(done), &mut fx);
+        self.apply(i, fx)?;
+        self.pump(i)
+    }
+
+    // ---- the clients ---------------------------------------------------------------------
+
+    fn line(&mut self, k: usize, v: Value) -> Check {
+        let Some((i, c)) = self.clients[k].at else {
+            return Ok(());
+        };
+        if !self.up(i) {
+            return Ok(());
+        }
+        if v["op"] == "message"
+            && let Some(id) = v["id"].as_str()
+        {
+            *self.clients[k]
+                .unanswered
+                .entry(id.to_string())
+                .or_insert(0) += 1;
+            self.clients[k].rejected.remove(id);
+        }
+        let now = self.now;
+        let Some(g) = self.insts[i].as_mut() else {
+            return Ok(());
+        };
+        let local = g.local(now);
+        g.bridge.line(c, v.to_string().as_bytes(), local);
+        self.pump(i)
+    }
+
+    /// Connects client `k` to its last instance or, with moves, to any running one.
+    fn connect(&mut self, k: usize) -> Check {
+        let up: Vec<usize> = (0..self.insts.len()).filter(|&i| self.up(i)).collect();
+        if up.is_empty() {
+            return Ok(());
+        }
+        let home = k % self.insts.len();
+        let i = if self.faults.moves || !self.up(home) {
+            up[self.rng.below(up.len() as u64) as usize]
+        } else {
+            home
+        };
+        let now = self.now;
+        let Some(g) = self.insts[i].as_mut() else {
+            return Ok(());
+        };
+        let local = g.local(now);
+        let peer = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1 + k as u8));
+        let Ok(c) = g.bridge.connect(peer, local) else {
+            return Ok(());
+        };
+        let name = g.name.clone();
+        let cl = &mut self.clients[k];
+        cl.lost_connection();
+        cl.at = Some((i, c));
+        cl.unconfirmed.clear();
+        let (acks, platform) = (cl.acks, cl.platform);
+        self.log(format!("{platform} connects to {name} {c:?} (acks {acks})"));
+        self.line(
+            k,
+            json!({"op": "hello", "platform": platform, "acks": acks}),
+        )?;
+        let cl = &self.clients[k];
+        let retry: Vec<(String, String)> = cl
+            .sent
+            .iter()
+            .filter(|(id, _)| {
+                !cl.acked.contains(id) && !cl.rejected.contains(id) && !cl.answer.contains_key(id)
+            })
+            .cloned()
+            .collect();
+        for (id, chat) in retry {
+            self.line(
+                k,
+                json!({"op": "message", "id": id, "chat_id": chat, "text": format!("t-{id}")}),
+            )?;
+        }
+        Ok(())
+    }
+
+    fn disconnect(&mut self, k: usize) -> Check {
+        let Some((i, c)) = self.clients[k].at else {
+            return Ok(());
+        };
+        self.clients[k].lost_connection();
+        if let Some(g) = self.insts[i].as_mut() {
+            g.bridge.disconnected(c);
+        }
+        self.log(format!("{} disconnects", self.clients[k].platform));
+        self.pump(i)
+    }
+
+    fn send_new(&mut self, k: usize) -> Check {
+        let cl = &mut self.clients[k];
+        if cl.next_msg >= self.max_messages {
+            return Ok(());
+        }
+        cl.next_msg += 1;
+        let id = format!("{}{}", cl.platform, cl.next_msg);
+        let chat = CHATS[self.rng.below(CHATS.len() as u64) as usize].to_string();
+        self.clients[k].sent.push((id.clone(), chat.clone()));
+        self.log(format!("send {id} in {chat}"));
+        self.line(
+            k,
+            json!({"op": "message", "id": id, "chat_id": chat, "text": format!("t-{id}")}),
+        )
+    }
+
+    fn send_again(&mut self, k: usize) -> Check {
+        let cl = &mut self.clients[k];
+        if cl.sent.is_empty() {
+            return Ok(());
+        }
+        let n = cl.sent.len() as u64;
+        let (id, chat) = cl.sent[self.rng.below(n) as usize].clone();
+        let cl = &mut self.clients[k];
+        let what = if cl.rejected.remove(&id) {
+            "retry refused"
+        } else {
+            "duplicate"
+        };
+        self.log(format!("{what} {id}"));
+        self.line(
+            k,
+            json!({"op": "message", "id": id, "chat_id": chat, "text": format!("t-{id}")}),
+        )
+    }
+
+    fn read(&mut self, k: usize) -> Check {
+        let Some((i, c)) = self.clients[k].at else {
+            return Ok(());
+        };
+        if !self.up(i) {
+            return Ok(());
+        }
+        let now = self.now;
+        let Some(g) = self.insts[i].as_mut() else {
+            return Ok(());
+        };
+        let local = g.local(now);
+        let mut out = Vec::new();
+        for _ in 0..1000 {
+            match g.bridge.write(c, &mut out, local) {
+                Ok(Flushed::All) => break,
+                Ok(_) => continue,
+                Err(e) => return Err(format!("a write into memory failed: {e}")),
+            }
+        }
+        let written = g.bridge.written(c);
+        let cl = &mut self.clients[k];
+        cl.partial.extend_from_slice(&out);
+        let end = cl
+            .partial
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |i| i + 1);
+        let whole: Vec<u8> = cl.partial.drain(..end).collect();
+        let mut lines = Vec::new();
+        for l in whole.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+            let v: Value = serde_json::from_slice(l).map_err(|e| format!("not JSON: {e}"))?;
+            lines.push(v);
+        }
+        let tcp_confirms = !cl.acks;
+        for v in lines {
+            self.receive(k, &v, tcp_confirms);
+        }
+        if tcp_confirms && let Some(g) = self.insts[i].as_mut() {
+            g.bridge.acked(c, written);
+        }
+        self.pump(i)
+    }
+
+    fn receive(&mut self, k: usize, v: &Value, tcp_confirms: bool) {
+        let op = v["op"].as_str().unwrap_or("");
+        let id = v["id"].as_str().unwrap_or("").to_string();
+        let cl = &mut self.clients[k];
+        match op {
+            "ack" => {
+                cl.answered(&id);
+                cl.acked.insert(id);
+            }
+            "reject" => {
+                if cl.answered(&id) && !cl.acked.contains(&id) {
+                    cl.ever_rejected.insert(id.clone());
+                    cl.rejected.insert(id.clone());
+                }
+                self.log(format!("reject {id}: {}", v["reason"]));
+            }
+            "reply" | "failed" | "cancelled" | "merged" => {
+                let line = canonical(v);
+                let redelivery = v.get("redelivery").is_some();
+                let rejected = cl.rejected.contains(&id);
+                cl.acked.insert(id.clone());
+                let first = cl.answer.get(&id).cloned();
+                let confirmed = cl.confirmed.contains_key(&id);
+                let kept = cl.answer.entry(id.clone()).or_insert(line.clone()).clone();
+                if tcp_confirms {
+                    cl.confirmed.entry(id.clone()).or_insert(kept);
+                } else {
+                    cl.unconfirmed.push(id.clone());
+                }
+                self.log(format!("terminal {line} (redelivery {redelivery})"));
+                if rejected {
+                    self.violate(
+                        Kind::RejectedThenRun,
+                        format!("message {id}: refused, then answered {line}"),
+                    );
+                }
+                if let Some(first) = first {
+                    if first != line {
+                        self.violate(
+                            Kind::Contradiction,
+                            format!("message {id}: answered {line} after {first}"),
+                        );
+                    } else if confirmed && !redelivery {
+                        self.violate(
+                            Kind::AnsweredAgain,
+                            format!("message {id}: answered again, not marked redelivery, after it was confirmed"),
+                        );
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn confirm(&mut self, k: usize) -> Check {
+        let cl = &mut self.clients[k];
+        if cl.unconfirmed.is_empty() || cl.at.is_none() {
+            return Ok(());
+        }
+        let n = 1 + self.rng.below(cl.unconfirmed.len() as u64) as usize;
+        let ids: Vec<String> = cl.unconfirmed.drain(..n).collect();
+        for id in &ids {
+            if let Some(line) = cl.answer.get(id).cloned() {
+                cl.confirmed.entry(id.clone()).or_insert(line);
+            }
+        }
+        self.log(format!("delivered {ids:?}"));
+        self.line(k, json!({"op": "delivered", "ids": ids}))
+    }
+
+    // ---- steps ---------------------------------------------------------------------------
+
+    fn step(&mut self) -> Check {
+        let n = self.insts.len() as u64;
+        let i = self.rng.below(n) as usize;
+        let k = self.rng.below(self.clients.len() as u64) as usize;
+        let Some(g) = self.insts[i].as_mut() else {
+            if self.rng.chance(30) {
+                return self.start(i);
+            }
+            return self.wait_up_to(300);
+        };
+        if g.paused {
+            if self.rng.chance(25) {
+                g.paused = false;
+                let name = g.name.clone();
+                self.log(format!("SIGCONT {name}"));
+                return self.housekeeping(i);
+            }
+            return self.wait_up_to(500);
+        }
+        if self.clients[k].at.is_none_or(|(at, _)| !self.up(at)) {
+            self.clients[k].lost_connection();
+            return self.connect(k);
+        }
+        let at = self.clients[k].at.map_or(i, |a| a.0);
+        match self.rng.below(100) {
+            0..=11 => self.send_new(k),
+            12..=14 => self.send_again(k),
+            15..=32 => self.journal_step(i),
+            33..=45 => self.agent_returns(i, true),
+            46..=57 => self.read(k),
+            58..=63 => self.confirm(k),
+            64..=71 => self.read_streams(i),
+            72..=73 => self.disconnect(k),
+            74..=85 => self.wait_up_to(300),
+            86..=88 if self.faults.redis => {
+                self.redis.down = !self.redis.down;
+                let down = self.redis.down;
+                self.log(format!("redis unreachable: {down}"));
+                Ok(())
+            }
+            89 if self.faults.kill => {
+                self.kill(i);
+                Ok(())
+            }
+            90..=91 if self.faults.pause => {
+                let name = self.name(i);
+                self.log(format!("SIGSTOP {name}"));
+                if let Some(g) = self.insts[i].as_mut() {
+                    g.paused = true;
+                }
+                Ok(())
+            }
+            92 if self.faults.jump => {
+                let by = ms(100 + self.rng.below(4000));
+                if let Some(g) = self.insts[i].as_mut() {
+                    g.jumped += by;
+                }
+                let name = self.name(i);
+                self.log(format!("{name}: clock jumps {by:?}"));
+                self.housekeeping(i)
+            }
+            93 if self.faults.moves => {
+                self.disconnect(k)?;
+                self.connect(k)
+            }
+            _ => {
+                let _ = at;
+                self.wait_up_to(50)
+            }
+        }
+    }
+
+    fn open(&self) -> Vec<String> {
+        let mut open: Vec<String> = self
+            .clients
+            .iter()
+            .flat_map(|c| {
+                c.acked
+                    .iter()
+                    .filter(|id| !c.confirmed.contains_key(*id))
+                    .cloned()
+            })
+            .collect();
+        open.sort();
+        open
+    }
+
+    /// Faults stop: Redis answers, paused instances resume, dead ones restart; then runs
+    /// until every acknowledged message has its confirmed outcome.
+    fn settle(&mut self) -> Check {
+        self.redis.down = false;
+        self.log("settling".into());
+        for i in 0..self.insts.len() {
+            if let Some(g) = self.insts[i].as_mut() {
+                g.paused = false;
+            }
+        }
+        let mut last_open = Vec::new();
+        let mut stale = 0;
+        for _ in 0..20_000 {
+            // A result held where the registry's hello does not point waits for the
+            // platform's next hello (docs/cluster.md): a waiting client says hello again.
+            let open = self.open();
+            stale = if open == last_open { stale + 1 } else { 0 };
+            last_open = open;
+            if stale > 0 && stale % 200 == 0 {
+                for k in 0..self.clients.len() {
+                    self.disconnect(k)?;
+                }
+            }
+            for i in 0..self.insts.len() {
+                if self.insts[i].is_none() {
+                    self.start(i)?;
+                }
+            }
+            for k in 0..self.clients.len() {
+                if self.clients[k].at.is_none() {
+                    self.connect(k)?;
+                }
+            }
+            for i in 0..self.insts.len() {
+                self.commit_now(i)?;
+                self.read_streams(i)?;
+                self.agent_returns(i, true)?;
+            }
+            for k in 0..self.clients.len() {
+                self.read(k)?;
+                self.confirm(k)?;
+            }
+            self.check_bounds()?;
+            // Copies left in an outbox (of results confirmed elsewhere) are flushed by the
+            // final visit below.
+            let quiet = self.insts.iter().flatten().all(|g| g.journal_idle());
+            if quiet && self.open().is_empty() {
+                let left: Vec<String> = self
+                    .redis
+                    .parts
+                    .iter()
+                    .flat_map(|p| p.msgs.values().map(|m| m.stored.id.clone()))
+                    .collect();
+                if !left.is_empty() {
+                    // Confirmations may still be on their way to the store.
+                    self.advance(MS * 10)?;
+                    continue;
+                }
+                return self.visit_every_instance();
+            }
+            let next = self
+                .insts
+                .iter()
+                .flatten()
+                .filter_map(|g| {
+                    let local = g.local(self.now);
+                    let core = g.core.next_deadline().map(|d| d.saturating_sub(local));
+                    let turn = g.turns.iter().map(|t| t.due.saturating_sub(local)).min();
+                    let pass = g.next_pass.saturating_sub(local);
+                    [core, turn, Some(pass)].into_iter().flatten().min()
+                })
+                .min()
+                .unwrap_or(MS * 10);
+            self.advance(next.clamp(MS * 10, Duration::from_secs(1)))?;
+        }
+        let left: Vec<String> = self
+            .redis
+            .parts
+            .iter()
+            .flat_map(|p| p.msgs.values().map(|m| m.stored.id.clone()))
+            .collect();
+        let busy: Vec<String> = self
+            .insts
+            .iter()
+            .flatten()
+            .map(|g| {
+                format!(
+                    "{}: queue {} retry {:?} writing {} outboxed {}",
+                    g.name,
+                    g.queue.len(),
+                    g.retry,
+                    g.writing.is_some(),
+                    g.bridge.outboxed()
+                )
+            })
+            .collect();
+        Err(format!(
+            "after settling: acknowledged messages without a confirmed outcome: {:?}; messages still in the store: {left:?}; {busy:?}",
+            self.open()
+        ))
+    }
+
+    /// Every client says hello on every instance and reads what it is sent there: a copy
+    /// still held anywhere is checked against what the client has.
+    fn visit_every_instance(&mut self) -> Check {
+        for i in 0..self.insts.len() {
+            for k in 0..self.clients.len() {
+                self.disconnect(k)?;
+                let Some(g) = self.insts[i].as_mut() else {
+                    continue;
+                };
+                let local = g.local(self.now);
+                let peer = IpAddr::V4(Ipv4Addr::new(10, 0, 1, 1 + k as u8));
+                let Ok(c) = g.bridge.connect(peer, local) else {
+                    continue;
+                };
+                let cl = &mut self.clients[k];
+                cl.lost_connection();
+                cl.at = Some((i, c));
+                let (acks, platform) = (cl.acks, cl.platform);
+                self.line(
+                    k,
+                    json!({"op": "hello", "platform": platform, "acks": acks}),
+                )?;
+                for _ in 0..3 {
+                    self.read(k)?;
+                    while !self.clients[k].unconfirmed.is_empty() {
+                        self.confirm(k)?;
+                    }
+                    self.commit_now(i)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn run(&mut self, steps: usize) -> Check {
+        for i in 0..self.insts.len() {
+            self.start(i)?;
+        }
+        for _ in 0..steps {
+            self.step()?;
+            self.check_bounds()?;
+        }
+        self.settle()
+    }
+}
+
+struct Failure {
+    kinds: Vec<Kind>,
+    report: String,
+}
+
+fn faults_env(f: Faults) -> String {
+    let mut v = Vec::new();
+    for (on, name) in [
+        (f.kill, "kill"),
+        (f.pause, "pause"),
+        (f.redis, "redis"),
+        (f.jump, "jump"),
+        (f.moves, "move"),
+        (f.small_outbox, "small-outbox"),
+    ] {
+        if on {
+            v.push(name);
+        }
+    }
+    v.join(",")
+}
+
+fn run_seed(seed: u64, faults: Faults, brk: Break, verbose: bool) -> Result<(), Failure> {
+    let outcome = std::panic::catch_unwind(|| {
+        let mut w = World::new(seed, faults, brk);
+        w.verbose = verbose;
+        let steps = 200 + w.rng.below(300) as usize;
+        let r = w.run(steps);
+        (r, w.violations, w.trace)
+    });
+    let broken = match brk {
+        Break::None => "",
+        Break::AcceptFenced => "TURNSTILE_SIM_BREAK=accept-fenced ",
+        Break::NoDedup => "TURNSTILE_SIM_BREAK=no-dedup ",
+        Break::NoLost => "TURNSTILE_SIM_BREAK=no-lost ",
+    };
+    let replay = format!(
+        "replay: {broken}TURNSTILE_SIM_SEED={seed} TURNSTILE_SIM_FAULTS={} cargo test --test simulation_cluster",
+        faults_env(faults)
+    );
+    let (mut kinds, mut report) = (Vec::new(), String::new());
+    match outcome {
+        Ok((r, violations, trace)) => {
+            for (kind, what, tail) in violations {
+                kinds.push(kind);
+                report += &format!(
+                    "seed {seed}: {kind:?}: {what}\nlast steps:\n  {}\n",
+                    tail.join("\n  ")
+                );
+            }
+            if let Err(why) = r {
+                kinds.push(if why.starts_with("after settling") {
+                    Kind::Undelivered
+                } else {
+                    Kind::Fatal
+                });
+                report += &format!(
+                    "seed {seed}: {why}\nlast steps:\n  {}\n",
+                    trace.join("\n  ")
+                );
+            }
+        }
+        Err(p) => {
+            let why = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            kinds.push(Kind::Fatal);
+            report += &format!("seed {seed}: panicked: {why}\n");
+        }
+    }
+    if kinds.is_empty() {
+        return Ok(());
+    }
+    Err(Failure {
+        kinds,
+        report: format!("{report}{replay}"),
+    })
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+fn faults_from_env() -> Faults {
+    match std::env::var("TURNSTILE_SIM_FAULTS") {
+        Ok(v) => Faults {
+            kill: v.contains("kill"),
+            pause: v.contains("pause"),
+            redis: v.contains("redis"),
+            jump: v.contains("jump"),
+            moves: v.contains("move"),
+            small_outbox: v.contains("small-outbox"),
+        },
+        Err(_) => ALL,
+    }
+}
+
+/// The break to run (`TURNSTILE_SIM_BREAK`), to show the sweep bites; none by default.
+fn break_from_env() -> Break {
+    match std::env::var("TURNSTILE_SIM_BREAK").as_deref() {
+        Ok("accept-fenced") => Break::AcceptFenced,
+        Ok("no-dedup") => Break::NoDedup,
+        Ok("no-lost") => Break::NoLost,
+        _ => Break::None,
+    }
+}
+
+/// Invariants the all-faults sweep does not yet hold the code to: each is broken by the
+/// real code (or a documented limit of it) for the reason its own ignored test below names.
+/// The sweep under clock jumps alone holds every one.
+const PENDING: &[Kind] = &[
+    // seed_1_…, seed_29_…, seed_37_…
+    Kind::RunTwice,
+    // seed_29_a_fenced_started_write_still_releases_its_turn
+    Kind::TwoRunners,
+    // seed_37_a_partition_lost_and_regained_in_one_pass_is_handed_over_after_its_gain
+    Kind::Fifo,
+    // seed_4_a_forwarded_result_comes_again_unmarked_from_the_offerer
+    Kind::AnsweredAgain,
+    // seed_0_an_id_accepted_elsewhere_is_refused_here_then_run
+    Kind::RejectedThenRun,
+    // seed_23_…: a limit docs/cluster.md states
+    Kind::Undelivered,
+];
+
+/// Faults under which the real code holds every invariant: clock jumps (and skews).
+const JUMPS: Faults = Faults { jump: true, ..NONE };
+
+/// The lowest seed of `seeds` breaking an invariant not in `skip`, run on every core.
+fn sweep(
+    seeds: std::ops::Range<u64>,
+    faults: Faults,
+    brk: Break,
+    skip: &[Kind],
+) -> Option<Failure> {
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get()) as u64;
+    let found: Vec<Option<(u64, Failure)>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let seeds = seeds.clone();
+                scope.spawn(move || {
+                    seeds
+                        .filter(|s| s % threads == t)
+                        .filter_map(|s| run_seed(s, faults, brk, false).err().map(|f| (s, f)))
+                        .find(|(_, f)| f.kinds.iter().any(|k| !skip.contains(k)))
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("a sweep thread panicked outside a seed"))
+            .collect()
+    });
+    found
+        .into_iter()
+        .flatten()
+        .min_by_key(|(s, _)| *s)
+        .map(|(_, f)| f)
+}
+
+/// `TURNSTILE_SIM_SEED` replays one seed (its trace on stderr) under `TURNSTILE_SIM_FAULTS`
+/// (every fault by default) and fails on any invariant; otherwise two sweeps of
+/// `TURNSTILE_SIM_SEEDS` (80) seeds each: every fault, held to the invariants not
+/// [`PENDING`], and clock jumps alone, held to all of them.
+#[test]
+fn the_cluster_invariants_hold_for_every_seed() {
+    let brk = break_from_env();
+    if let Some(seed) = env_u64("TURNSTILE_SIM_SEED") {
+        if let Err(f) = run_seed(seed, faults_from_env(), brk, true) {
+            panic!("{}", f.report);
+        }
+        return;
+    }
+    let n = env_u64("TURNSTILE_SIM_SEEDS").unwrap_or(80);
+    let started = std::time::Instant::now();
+    if let Some(f) = sweep(0..n, ALL, brk, PENDING) {
+        panic!("{}", f.report);
+    }
+    if let Some(f) = sweep(0..n, JUMPS, brk, &[]) {
+        panic!("{}", f.report);
+    }
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!(
+        "simulation_cluster: 2 x {n} seeds in {secs:.1} s ({:.1} seeds/s)",
+        2.0 * n as f64 / secs
+    );
+}
+
+fn assert_clean(seed: u64, faults: Faults) {
+    if let Err(f) = run_seed(seed, faults, Break::None, false) {
+        panic!("{}", f.report);
+    }
+}
+
+// What the sweep found in the real code, each kept as the seed that shows it (ignored until
+// fixed; `--ignored` replays it and fails with its trace).
+
+/// An ownership pass's report (it wrote nothing, so it carries no error) releases the held
+/// turns whose `started` record failed and is kept for another try: the agent runs though
+/// its start is not in Redis; the partition is lost in the same pass, the kept record is
+/// dropped, and the next owner loads the message unstarted and runs it again.
+#[test]
+#[ignore = "found by the simulation: a pass report releases turns whose start is not written"]
+fn seed_1_a_pass_report_releases_a_turn_whose_started_record_is_only_kept() {
+    assert_clean(1, ALL);
+}
+
+/// A pass that gives every partition up (not renewed in time: the instance was paused)
+/// and acquires some again at once reports them lost and gained in one `Committed`; the
+/// bridge applies the gain first and then hands the partitions over (at 10.2 s in the
+/// trace), so it ends the sessions it just rebuilt and no longer counts the partitions as
+/// owned while the journal thread holds their leases: messages accepted since run here
+/// while the handed-over older ones wait for the next load, out of order.
+#[test]
+#[ignore = "found by the simulation: lost and gained in one report"]
+fn seed_37_a_partition_lost_and_regained_in_one_pass_is_handed_over_after_its_gain() {
+    assert_clean(37, ALL);
+}
+
+/// A paused instance resumes with a batch in flight: its `started` write lands after the
+/// lease passed to another instance and is refused as fenced (at 14.4 s in the trace); the
+/// report carries no error, so the bridge releases the held turn before it hands the
+/// partition over, and the agent runs a turn whose start is not in Redis while the new owner
+/// runs the same session and, later, the same message.
+#[test]
+#[ignore = "found by the simulation: a fenced `started` write still releases its turn"]
+fn seed_29_a_fenced_started_write_still_releases_its_turn() {
+    assert_clean(29, ALL);
+}
+
+/// A message accepted into Redis by one instance whose ack was lost (the instance paused,
+/// the client moved) and resent to another that refuses it before asking Redis (here
+/// `overloaded`: its journal is full) is refused to the client, then run and answered.
+#[test]
+#[ignore = "found by the simulation: a refusal before the store is asked, of an id it holds"]
+fn seed_0_an_id_accepted_elsewhere_is_refused_here_then_run() {
+    assert_clean(0, ALL);
+}
+
+/// A result offered to the platform's newest hello is taken and sent there (marked); the
+/// platform then says hello on the offerer before the answer came back, and the offerer
+/// sends its own copy unmarked: answered again after it was confirmed.
+#[test]
+#[ignore = "found by the simulation: an offered result sent unmarked by the offerer"]
+fn seed_4_a_forwarded_result_comes_again_unmarked_from_the_offerer() {
+    assert_clean(
+        4,
+        Faults {
+            jump: true,
+            moves: true,
+            ..NONE
+        },
+    );
+}
+
+/// A result taken by a forward and lost with its taker (killed before the platform
+/// confirmed it) is not sent again while the partition's owner lives (docs/cluster.md
+/// says so: "until then (a live owner does not reload) they are not re-sent").
+#[test]
+#[ignore = "a documented limit: a forwarded result lost with its taker waits for a reload"]
+fn seed_23_a_forwarded_result_lost_with_its_taker_is_never_answered() {
+    assert_clean(23, Faults { kill: true, ..NONE });
+}
+
+/// The owner of a partition rebuilds the messages other instances accepted into it and
+/// reserves an outbox event for each, past `--outbox-cap` (16 here): the bridge's own
+/// bound check (`Platforms::check`) fails.
+#[test]
+#[ignore = "found by the simulation: the owner's outbox reservations pass the cap"]
+fn the_outbox_cap_holds_with_messages_accepted_elsewhere() {
+    assert_clean(
+        0,
+        Faults {
+            jump: true,
+            moves: true,
+            small_outbox: true,
+            ..NONE
+        },
+    );
+}
+
+/// How many seeds break each invariant (with the first such seed), under
+/// `TURNSTILE_SIM_FAULTS` and `TURNSTILE_SIM_BREAK`:
+/// `cargo test --test simulation_cluster census -- --ignored --nocapture`.
+#[test]
+#[ignore = "a census, not a check"]
+fn census() {
+    let n = env_u64("TURNSTILE_SIM_SEEDS").unwrap_or(100);
+    let mut by: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for s in 0..n {
+        if let Err(f) = run_seed(s, faults_from_env(), break_from_env(), false) {
+            for k in f.kinds {
+                by.entry(format!("{k:?}")).or_insert((0, s)).0 += 1;
+            }
+        }
+    }
+    eprintln!("(seeds, first seed) by invariant broken, of {n}: {by:?}");
+}
