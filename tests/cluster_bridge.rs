@@ -1636,3 +1636,113 @@ fn an_own_outcome_write_given_up_as_unwritten_that_landed_is_sent_once_in_either
         assert!(n.take(c).is_empty(), "{landed_first}");
     }
 }
+
+/// Partition 3 owned here and m1 of session 1 placed in it, its turn held for its `started`
+/// record (taken by the journal thread, not yet reported): returns the net.
+fn held_turn_setup() -> Net {
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = untyped(n.take(c));
+    let mut gained = ClusterReport::default();
+    gained.gained.push((3, Default::default()));
+    n.report(0, gained);
+    n.send(
+        c,
+        json!({"op": "message", "id": "m1", "chat_id": "1", "text": "m1"}),
+    );
+    let m = n.accepted().pop().expect("accepted");
+    n.report_durable(m.seq, cluster_tag(3, 1));
+    let message = n.messages.pop().expect("submitted");
+    let tag = *n.submitted.last().expect("tag");
+    let running = EventKind::Accepted {
+        state: AcceptState::Running,
+        position: 0,
+    };
+    n.b.event(tag, event_of(&message, running), n.now);
+    n.b.event(
+        tag,
+        event_of(&message, EventKind::TurnStarted(TurnId(1))),
+        n.now,
+    );
+    n.pump();
+    assert!(
+        matches!(n.journal.last(), Some(Record::Started { .. })),
+        "{:?}",
+        n.journal
+    );
+    n.journal.clear();
+    n.order.clear();
+    n
+}
+
+/// Found by tests/simulation_cluster (seed 1's kind): a turn whose `started` record failed
+/// and is kept for another try does not start on a report that wrote nothing (the ownership
+/// pass's, `retrying` still 1), only once the kept record is written. Started early, it would
+/// run with no start in Redis, and a crash then would have the next owner run it again.
+#[test]
+fn a_held_turn_whose_started_record_is_kept_starts_only_once_it_is_written() {
+    let mut n = held_turn_setup();
+    let failed = Committed {
+        taken: 1,
+        retrying: 1,
+        error: Some("redis is down".into()),
+        ..Committed::default()
+    };
+    n.b.journaled(failed, n.now);
+    n.pump();
+    let pass = Committed {
+        retrying: 1,
+        ..Committed::default()
+    };
+    n.b.journaled(pass, n.now);
+    n.pump();
+    assert!(
+        n.order.is_empty(),
+        "started before its record was written: {:?}",
+        n.order
+    );
+    n.b.journaled(Committed::default(), n.now);
+    n.pump();
+    assert_eq!(n.order, vec!["start 1"]);
+}
+
+/// Found by tests/simulation_cluster (seed 29): a `started` record the journal thread did not
+/// write because the partition is no longer held (reported fenced, no error) does not start
+/// its turn: the session is handed over and the next owner runs the message.
+#[test]
+fn a_held_turn_whose_partition_is_fenced_in_the_report_does_not_start() {
+    let mut n = held_turn_setup();
+    n.report(
+        1,
+        ClusterReport {
+            fenced: vec![3],
+            ..ClusterReport::default()
+        },
+    );
+    assert_eq!(
+        n.order,
+        vec!["hand over 1"],
+        "the turn started: {:?}",
+        n.order
+    );
+    assert!(n.b.owned_partitions().is_empty());
+}
+
+/// Found by tests/simulation_cluster (seed 29): a partition lost and gained again in one
+/// report (a paused instance's pass gives it up and acquires it at once) is handed over
+/// first and then rebuilt from its load, so it ends owned; the other order ended the
+/// rebuilt sessions and counted the partition as not owned while its lease was held.
+#[test]
+fn a_partition_lost_and_regained_in_one_report_is_handed_over_then_owned() {
+    let mut n = held_turn_setup();
+    n.report(
+        0,
+        ClusterReport {
+            lost: vec![3],
+            gained: vec![(3, Default::default())],
+            ..ClusterReport::default()
+        },
+    );
+    assert_eq!(n.order, vec!["hand over 1"], "{:?}", n.order);
+    assert_eq!(n.b.owned_partitions(), vec![3]);
+}

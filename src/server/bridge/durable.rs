@@ -36,7 +36,7 @@ pub(super) struct Durable {
     taken_forgets: Vec<u64>,
     /// Held turns whose `started` record a failed batch took (it is retried): released with
     /// the next batch that succeeds, which always writes what failed before.
-    taken_starts: Vec<TurnId>,
+    taken_starts: Vec<(TurnId, u64)>,
     /// Outcome records taken by a batch and not yet known durable (their batch failed):
     /// their terminal events wait for the next batch that succeeds.
     taken_outcomes: HashSet<u64>,
@@ -89,7 +89,7 @@ impl Durable {
     /// The action that writes the `started` record of a held turn, which the turn waits for.
     pub(super) fn record_start(&mut self, seq: u64, attempt: u32, turn: TurnId) -> Action {
         self.figures.queued_records += 1;
-        self.sent.push_back(Sent::Start(turn));
+        self.sent.push_back(Sent::Start(turn, seq));
         Action::Journal(Record::Started { seq, attempt })
     }
 
@@ -203,8 +203,8 @@ impl Durable {
 /// What a record sent to the journal releases once durable.
 enum Sent {
     Other,
-    /// A held turn may start.
-    Start(TurnId),
+    /// A held turn (of the message with this tag) may start.
+    Start(TurnId, u64),
     /// A refusal may be answered.
     Forget(u64),
 }
@@ -219,7 +219,7 @@ impl Bridge {
     pub fn journaled(&mut self, c: Committed, now: Duration) {
         self.now = now;
         #[cfg(feature = "cluster")]
-        let (c, handed) = {
+        let (c, handed, ended) = {
             let mut c = c;
             let report = std::mem::take(&mut c.cluster);
             // Not written, so never sent: the partition's new owner answers the message.
@@ -228,8 +228,11 @@ impl Bridge {
             }
             c.outcomes
                 .retain(|seq| !report.unwritten_outcomes.contains(seq));
+            // Every partition this report ends, regained in it or not: no turn held under
+            // the old lease starts (see `runs_here`).
+            let ended: Vec<u32> = report.lost.iter().chain(&report.fenced).copied().collect();
             let handed = self.clustered(report, now);
-            (c, handed)
+            (c, handed, ended)
         };
         let Some(d) = &mut self.durable else {
             return;
@@ -242,14 +245,16 @@ impl Bridge {
         j.failed_batches += u64::from(c.error.is_some());
         for _ in 0..c.taken {
             match d.sent.pop_front() {
-                Some(Sent::Start(turn)) => d.taken_starts.push(turn),
+                Some(Sent::Start(turn, seq)) => d.taken_starts.push((turn, seq)),
                 Some(Sent::Forget(seq)) => d.taken_forgets.push(seq),
                 Some(Sent::Other) => {}
                 None => break,
             }
         }
         d.taken_outcomes.extend(c.outcomes.iter().copied());
-        let ok = c.error.is_none();
+        // Everything taken so far is written only if nothing failed and nothing is still
+        // kept for another try (a cluster's ownership-pass report writes nothing).
+        let ok = c.error.is_none() && c.retrying == 0;
         let held: Vec<_> = if ok {
             let unjournaled = &mut d.unjournaled;
             let mut seqs: Vec<u64> = d.taken_outcomes.drain().collect();
@@ -262,7 +267,17 @@ impl Bridge {
         };
         let mut forgotten = Vec::new();
         if ok {
-            for turn in d.taken_starts.drain(..) {
+            for (turn, seq) in d.taken_starts.drain(..) {
+                // A turn of a partition lost or fenced (in this report or before) stays
+                // held and leaves with its session's hand-over: its `started` write may
+                // have been refused, and the next owner runs the message.
+                #[cfg(feature = "cluster")]
+                if !d.cluster.runs_here(seq, &self.routes, &ended) {
+                    log::debug!("message {seq}: its partition is not owned here; turn not started");
+                    continue;
+                }
+                #[cfg(not(feature = "cluster"))]
+                let _ = seq;
                 self.actions.push_back(Action::StartTurn(turn));
             }
             for seq in d.taken_forgets.drain(..) {
