@@ -36,8 +36,8 @@ use super::status::RecoveryCounts;
 use super::{Action, Bridge, ConnId};
 use crate::core::{EventKind, RejectReason};
 use crate::journal::{
-    Arrival, ClusterReport, LoadedPartition, Recovered, RecoveredMessage, StoredOutcome, now_ms,
-    partition_of, tag_parts,
+    Arrival, ClusterReport, Committed, LoadedPartition, Recovered, RecoveredMessage, StoredOutcome,
+    now_ms, partition_of, tag_parts,
 };
 use crate::message::SessionKey;
 use crate::server::protocol::{ServerOp, encode};
@@ -169,6 +169,27 @@ impl Bridge {
     /// route and its outbox reservation, within the platforms' bounds).
     pub fn remote_waiting(&self) -> usize {
         self.durable.as_ref().map_or(0, |d| d.cluster.remote.len())
+    }
+
+    /// The cluster's part of a journal report, taken out of it and applied (see
+    /// [`Bridge::clustered`]): returns the rest of the report, the partitions to hand over
+    /// once the rest is applied, and every partition the report ends, regained in it or not
+    /// (no turn held under the old lease starts: `runs_here`).
+    pub(super) fn cluster_part(
+        &mut self,
+        mut c: Committed,
+        now: Duration,
+    ) -> (Committed, Vec<u32>, Vec<u32>) {
+        let report = std::mem::take(&mut c.cluster);
+        // Not written, so never sent: the partition's new owner answers the message.
+        for seq in &report.unwritten_outcomes {
+            self.unwritten(*seq);
+        }
+        c.outcomes
+            .retain(|seq| !report.unwritten_outcomes.contains(seq));
+        let ended: Vec<u32> = report.lost.iter().chain(&report.fenced).copied().collect();
+        let handed = self.clustered(report, now);
+        (c, handed, ended)
     }
 
     /// The cluster part of a journal report: called by [`Bridge::journaled`] before the rest

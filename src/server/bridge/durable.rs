@@ -219,21 +219,7 @@ impl Bridge {
     pub fn journaled(&mut self, c: Committed, now: Duration) {
         self.now = now;
         #[cfg(feature = "cluster")]
-        let (c, handed, ended) = {
-            let mut c = c;
-            let report = std::mem::take(&mut c.cluster);
-            // Not written, so never sent: the partition's new owner answers the message.
-            for seq in &report.unwritten_outcomes {
-                self.unwritten(*seq);
-            }
-            c.outcomes
-                .retain(|seq| !report.unwritten_outcomes.contains(seq));
-            // Every partition this report ends, regained in it or not: no turn held under
-            // the old lease starts (see `runs_here`).
-            let ended: Vec<u32> = report.lost.iter().chain(&report.fenced).copied().collect();
-            let handed = self.clustered(report, now);
-            (c, handed, ended)
-        };
+        let (c, handed, ended) = self.cluster_part(c, now);
         let Some(d) = &mut self.durable else {
             return;
         };
