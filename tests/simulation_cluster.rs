@@ -2182,7 +2182,7 @@ const PENDING: &[Kind] = &[
     Kind::Fifo,
     // seed_247_a_turn_outliving_its_owners_lease_overlaps_the_next_owners_turn: a limit
     Kind::TwoRunners,
-    // seed_4_a_forwarded_result_comes_again_unmarked_from_the_offerer
+    // seed_11_a_confirmed_result_comes_again_unmarked_from_a_leftover_copy
     Kind::AnsweredAgain,
     // seed_0_an_id_accepted_elsewhere_is_refused_here_then_run
     Kind::RejectedThenRun,
@@ -2291,11 +2291,10 @@ fn seed_1_a_pass_report_releases_no_turn_whose_started_record_is_only_kept() {
 /// and, later, the same message. Now no held turn of a partition ended in the report (or no
 /// longer owned) starts, and a partition lost and regained in one report is handed over
 /// before the gain rebuilds it (this seed fails without the second: the lost-and-regained
-/// partition's sessions ended after their rebuild). (The seed still shows the pending fault
-/// of `seed_4_…`.)
+/// partition's sessions ended after their rebuild).
 #[test]
 fn seed_29_a_fenced_started_write_releases_no_turn() {
-    assert_holds(29, ALL, &[Kind::AnsweredAgain]);
+    assert_clean(29, ALL);
 }
 
 /// Pending: a message accepted by the partition's owner itself is submitted as soon as it
@@ -2329,12 +2328,12 @@ fn seed_0_an_id_accepted_elsewhere_is_refused_here_then_run() {
     assert_clean(0, ALL);
 }
 
-/// A result offered to the platform's newest hello is taken and sent there (marked); the
-/// platform then says hello on the offerer before the answer came back, and the offerer
-/// sends its own copy unmarked: answered again after it was confirmed.
+/// Fixed: a result offered to the platform's newest hello was taken and sent there
+/// (marked); the platform then said hello on the offerer before the answer came back, and
+/// the offerer sent its own copy unmarked, after the first was confirmed. Now an offered
+/// result is marked `redelivery` in the offerer's outbox when it is offered.
 #[test]
-#[ignore = "found by the simulation: an offered result sent unmarked by the offerer"]
-fn seed_4_a_forwarded_result_comes_again_unmarked_from_the_offerer() {
+fn seed_4_a_result_the_offerer_sends_after_offering_it_is_marked() {
     assert_clean(
         4,
         Faults {
@@ -2343,6 +2342,15 @@ fn seed_4_a_forwarded_result_comes_again_unmarked_from_the_offerer() {
             ..NONE
         },
     );
+}
+
+/// Pending, not traced: in the final visit (every client to every instance, after the
+/// faults stopped) one instance sends a copy of tg7's result unmarked, 56 s after the
+/// platform confirmed the (marked) copy another instance sent.
+#[test]
+#[ignore = "found by the simulation: a leftover copy of a confirmed result sent unmarked"]
+fn seed_11_a_confirmed_result_comes_again_unmarked_from_a_leftover_copy() {
+    assert_clean(11, ALL);
 }
 
 /// A result taken by a forward and lost with its taker (killed before the platform

@@ -110,6 +110,9 @@ impl Bridge {
             for &t in &due {
                 f.offered.insert(t, now);
             }
+            // Sent from here later (a hello here before the answer), they are marked: the
+            // taker may have sent them already (tests/simulation_cluster, seed 4).
+            self.platforms.mark_offered(&platform, &due);
             let r = ClusterRequest::Forward {
                 platform: platform.to_string(),
                 results: due,
