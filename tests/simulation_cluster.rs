@@ -21,8 +21,8 @@
 //! shell per instance plays the reactor's driver as tests/simulation.rs does (and the
 //! server's passing of gained and lost partitions to the reader). The world: 2 or 3
 //! instances, 4 partitions, a 3 s lease, two platform clients (`tg`, `mx`, one connection
-//! each), three chats each. Not modelled: the drain mode (`--cluster-rebalance`: instances
-//! keep what they hold, the default), a store cut off from one instance only (Redis is up
+//! each), three chats each. Not modelled: the drain mode (rebalancing, on by default in
+//! `serve`: the model's instances keep what they hold, as `--cluster-rebalance false`), a store cut off from one instance only (Redis is up
 //! or down for every instance), a Redis that loses or reorders writes, a write that lands
 //! but whose answer is lost (except a batch torn by a kill), SIGTERM and the graceful leave,
 //! the trimming of streams, the early-outcome buffers' bounds; a hello reaches the registry
@@ -56,9 +56,13 @@
 //!   the store holds no message once all is confirmed; then every client says hello on every
 //!   instance once more, so that a copy still held anywhere is checked too.
 //!
-//! The real code does not hold all of them yet: the sweep with every fault skips the kinds
-//! in [`PENDING`], each shown by a seed kept as an ignored test below (run them with
-//! `-- --ignored`); a second sweep, under clock jumps alone, holds every invariant.
+//! What it found in the real code, fixed: a pass report releasing turns whose `started`
+//! record was only kept for retry (seed 1), a fenced `started` releasing its turn and a
+//! partition lost and regained in one report handed over after its rebuild (seed 29), an
+//! offered result sent unmarked by its offerer (seed 4); each seed is a regression test
+//! below. The real code does not hold every invariant yet: the sweep with every fault skips
+//! the kinds in [`PENDING`], each shown by a seed kept as an ignored test below (run them
+//! with `-- --ignored`); a second sweep, under clock jumps alone, holds every invariant.
 //!
 //! A failing seed prints the command that replays it, e.g.
 //! `TURNSTILE_SIM_SEED=<n> TURNSTILE_SIM_FAULTS=kill,pause,redis,jump,move cargo test --test
