@@ -793,6 +793,35 @@ fn loadgen_runs_the_closed_loop_workload_and_prints_one_json_line() {
     assert!(v["latency_ms"]["p50"].as_f64().is_some_and(|p| p > 0.0));
 }
 
+#[test]
+fn a_loadgen_flood_gets_every_message_answered_and_prints_its_report() {
+    let server = Server::start(&[]);
+    let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(["loadgen", "--flood", "--addr", &server.addr])
+        .args([
+            "--messages",
+            "40",
+            "--sessions",
+            "4",
+            "--connections",
+            "2",
+            "--window",
+            "5",
+        ])
+        .output()
+        .expect("run loadgen");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
+    assert_eq!(
+        (v["scenario"].as_str(), v["messages"].as_u64()),
+        (Some("flood"), Some(40))
+    );
+}
+
 /// A gateway stand-in that acks every message line `duplicate` and answers nothing else: what a
 /// loadgen sees when another sender used its ids first (issue 22's three-instance flood, whose
 /// floods started in the same millisecond).
