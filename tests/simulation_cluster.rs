@@ -590,6 +590,8 @@ enum Kind {
     TwoRunners,
     /// An acknowledged message without its confirmed outcome once everything settled.
     Undelivered,
+    /// No agent ran in a run whose faults cannot hold turns back.
+    NothingRan,
     /// A bound was exceeded or a state machine panicked (a `debug_assert!` of the real code).
     Fatal,
 }
@@ -2065,7 +2067,19 @@ impl World {
             self.step()?;
             self.check_bounds()?;
         }
-        self.settle()
+        self.settle()?;
+        // Liveness: with no fault that can hold a turn back (no kill, pause or outage), a
+        // run that acked messages ran agents. Without this a bridge that never released a
+        // held turn would pass: every turn would time out, answered `failed: timeout`.
+        let quiet = !(self.faults.kill || self.faults.pause || self.faults.redis);
+        let acked = self.clients.iter().map(|c| c.acked.len()).sum::<usize>();
+        if quiet && acked > 0 && self.runs.is_empty() {
+            self.violate(
+                Kind::NothingRan,
+                format!("{acked} message(s) acked and no agent ever ran"),
+            );
+        }
+        Ok(())
     }
 }
 
