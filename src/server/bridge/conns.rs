@@ -115,7 +115,12 @@ impl Client {
     }
 
     /// Its undelivered terminal events, in order, ready to be written again elsewhere: what
-    /// an `acks` bridge was sent but did not confirm is marked a redelivery (it may have it).
+    /// an `acks` bridge was sent but did not confirm is marked a redelivery (it may have it),
+    /// and so is every result of a message placed in Redis (`--cluster`: while it waited
+    /// here, its outcome may have gone out from another copy and been confirmed, its
+    /// partition's owner or this instance's rebuild of the partition sending it; e.g. a
+    /// connection gone quiet, closed for its stalled write long after: tests/
+    /// simulation_cluster, seed 11).
     fn into_undelivered(mut self) -> Vec<Frame> {
         let mut rescued: Vec<Frame> = self
             .awaiting
@@ -132,6 +137,9 @@ impl Client {
             _ => None,
         }));
         for f in &mut rescued {
+            if f.cluster != 0 {
+                f.mark_redelivery();
+            }
             f.rewind();
         }
         rescued
