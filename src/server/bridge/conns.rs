@@ -137,6 +137,7 @@ impl Client {
             _ => None,
         }));
         for f in &mut rescued {
+            #[cfg(feature = "cluster")]
             if f.cluster != 0 {
                 f.mark_redelivery();
             }
