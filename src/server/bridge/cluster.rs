@@ -110,16 +110,15 @@ impl ClusterSide {
             )
     }
 
-    /// Whether the held turn of message `tag`, its `started` record written, may start: not
-    /// a cluster member, or its partition is still owned here and not among `ended` (lost
-    /// or fenced in the report that wrote the record; a refused `started` write must not
-    /// run, tests/simulation_cluster seeds 1 and 29).
+    /// Whether the held turn of message `tag`, its `started` record written, may start: its
+    /// partition is not among `ended` (lost or fenced in the report that wrote the record; a
+    /// refused `started` write must not run, tests/simulation_cluster seeds 1 and 29). A
+    /// partition ended by an earlier report needs no check: its hand-over ended its held
+    /// turns in the core, which ignores the release of a turn it no longer holds.
     pub(super) fn runs_here(&self, tag: u64, routes: &Routes, ended: &[u32]) -> bool {
-        let Some(route) = routes.get(tag) else {
-            return true;
-        };
-        let p = self.partition_of_route(tag, &route.session);
-        !ended.contains(&p) && (!self.is_on() || self.owned.contains(&p))
+        routes
+            .get(tag)
+            .is_none_or(|route| !ended.contains(&self.partition_of_route(tag, &route.session)))
     }
 
     /// Whether this bridge is a cluster member (`set_partitions` was called).
@@ -187,17 +186,17 @@ impl Bridge {
         }
         c.outcomes
             .retain(|seq| !report.unwritten_outcomes.contains(seq));
-        let ended: Vec<u32> = report.lost.iter().chain(&report.fenced).copied().collect();
-        let handed = self.clustered(report, now);
+        let (handed, ended) = self.clustered(report, now);
         (c, handed, ended)
     }
 
     /// The cluster part of a journal report: called by [`Bridge::journaled`] before the rest
     /// (its tags are not among the report's `durable` and `failed`). Returns the partitions
-    /// lost or fenced, which are handed over ([`Bridge::hand_over`]) after the rest: a
-    /// message of one of them made durable by the same report is then submitted before its
-    /// session is handed over, and ends with it.
-    pub(super) fn clustered(&mut self, r: ClusterReport, now: Duration) -> Vec<u32> {
+    /// lost or fenced and not regained in it, which are handed over ([`Bridge::hand_over`])
+    /// after the rest: a message of one of them made durable by the same report is then
+    /// submitted before its session is handed over, and ends with it. And every partition
+    /// the report ends, regained or not.
+    pub(super) fn clustered(&mut self, r: ClusterReport, now: Duration) -> (Vec<u32>, Vec<u32>) {
         let placed: HashMap<u64, u64> = r.placed.iter().copied().collect();
         for tag in r.remote {
             self.acked_remote(tag, placed.get(&tag).copied(), now);
@@ -237,9 +236,10 @@ impl Bridge {
         let mut ended: Vec<u32> = r.lost.into_iter().chain(r.fenced).collect();
         ended.sort_unstable();
         ended.dedup();
+        let mut later = ended.clone();
         for (p, loaded) in r.gained {
-            if let Ok(i) = ended.binary_search(&p) {
-                ended.remove(i);
+            if let Ok(i) = later.binary_search(&p) {
+                later.remove(i);
                 self.hand_over(p);
             }
             if let Some(d) = &mut self.durable {
@@ -247,7 +247,7 @@ impl Bridge {
             }
             self.gained(p, loaded, now);
         }
-        ended
+        (later, ended)
     }
 
     /// `--cluster`: the partition count, for the partition of a session.
