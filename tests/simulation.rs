@@ -33,10 +33,13 @@
 //! exactly that run (with its trace); `TURNSTILE_SIM_SEEDS=<count>` changes how many seeds
 //! the sweep runs.
 
+mod common;
+
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
+use common::sim::{Rng, env_u64, panic_text};
 use serde_json::{Value, json};
 use turnstile::StoreError;
 use turnstile::internal::core::{Core, CoreConfig, Effect, Input, Reply, TurnJob, TurnResult};
@@ -62,30 +65,6 @@ const ROW3_SEEDS: [u64; 2] = [0, 1];
 /// `cancelled: shutdown`.
 const ROW5_SEED: u64 = 0;
 const CHATS: [&str; 3] = ["c1", "c2", "c3"];
-
-/// xorshift64*: small, fast, and the same on every machine.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    /// True with probability `p` percent.
-    fn chance(&mut self, p: u64) -> bool {
-        self.below(100) < p
-    }
-}
 
 /// The simulated disk: what is durable is the journal's model of a store; a write either
 /// applies whole or not at all.
@@ -1152,11 +1131,7 @@ fn run_seed(seed: u64, faults: Faults, verbose: bool) -> Result<(), Failure> {
             }
         }
         Err(p) => {
-            let why = p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
+            let why = panic_text(&*p);
             kinds.push(Kind::Fatal);
             report += &format!("seed {seed}: panicked: {why}\n");
         }
@@ -1168,10 +1143,6 @@ fn run_seed(seed: u64, faults: Faults, verbose: bool) -> Result<(), Failure> {
         kinds,
         report: format!("{report}{replay}"),
     })
-}
-
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
 fn faults_from_env() -> Faults {

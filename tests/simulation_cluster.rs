@@ -74,10 +74,13 @@
 //! outbox cap to 16. The `cluster` feature is on by default (through `cli`).
 #![cfg(feature = "cluster")]
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
+use common::sim::{Rng, env_u64, panic_text};
 use serde_json::{Value, json};
 use turnstile::internal::core::{Core, CoreConfig, Effect, Input, Reply, TurnJob, TurnResult};
 use turnstile::internal::journal::{
@@ -107,29 +110,6 @@ const PLATFORMS: [&str; 2] = ["tg", "mx"];
 const NAMES: [&str; 3] = ["a", "b", "c"];
 /// The cluster-wide cap of messages in flight per session.
 const SESSION_CAP: usize = 8;
-
-/// xorshift64*: small, fast, and the same on every machine.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, p: u64) -> bool {
-        self.below(100) < p
-    }
-}
 
 // ---- the model of Redis -----------------------------------------------------------------
 
@@ -2148,11 +2128,7 @@ fn run_seed(seed: u64, faults: Faults, brk: Break, verbose: bool) -> Result<(), 
             }
         }
         Err(p) => {
-            let why = p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
+            let why = panic_text(&*p);
             kinds.push(Kind::Fatal);
             report += &format!("seed {seed}: panicked: {why}\n");
         }
@@ -2164,10 +2140,6 @@ fn run_seed(seed: u64, faults: Faults, brk: Break, verbose: bool) -> Result<(), 
         kinds,
         report: format!("{report}{replay}"),
     })
-}
-
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
 fn faults_from_env() -> Faults {

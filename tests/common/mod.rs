@@ -1,6 +1,8 @@
 //! Shared test support: a deterministic driver for the sans-IO core, and a log capture.
 #![allow(dead_code)]
 
+pub mod sim;
+
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
