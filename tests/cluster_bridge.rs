@@ -125,6 +125,24 @@ impl Net {
 }
 
 impl Net {
+    /// Partition `p` owned here, m1 (chat 1) accepted on a new connection and placed in
+    /// Redis as `ct`: the connection, m1's acceptance and the message submitted.
+    fn placed_m1(&mut self, p: u32, ct: u64) -> (ConnId, StoredMessage, Message) {
+        let c = self.connect();
+        let _ = self.take(c);
+        let mut gained = ClusterReport::default();
+        gained.gained.push((p, Default::default()));
+        self.report(0, gained);
+        self.send(
+            c,
+            json!({"op": "message", "id": "m1", "chat_id": "1", "text": "hi"}),
+        );
+        let m = self.accepted().pop().expect("accepted");
+        self.report_durable(m.seq, ct);
+        let message = self.messages.pop().expect("message");
+        (c, m, message)
+    }
+
     /// The journal says accepted message `seq` is durable in Redis as `ct`, in a partition
     /// owned here.
     fn report_durable(&mut self, seq: u64, ct: u64) {
@@ -1110,18 +1128,7 @@ fn a_result_for_an_origin_taken_for_dead_is_marked_redelivery() {
 #[test]
 fn an_outcome_whose_record_is_kept_for_another_try_is_not_sent_by_a_report_without_a_write() {
     let mut n = Net::new();
-    let c = n.connect();
-    let _ = n.take(c);
-    let mut gained = ClusterReport::default();
-    gained.gained.push((0, Default::default()));
-    n.report(0, gained);
-    n.send(
-        c,
-        json!({"op": "message", "id": "m1", "chat_id": "1", "text": "hi"}),
-    );
-    let m = n.accepted().pop().expect("accepted");
-    n.report_durable(m.seq, cluster_tag(0, 1));
-    let message = n.messages.pop().expect("message");
+    let (c, m, message) = n.placed_m1(0, cluster_tag(0, 1));
     let event = |kind| MessageEvent {
         id: message.id.clone(),
         session: message.session.clone(),
@@ -1187,18 +1194,7 @@ fn an_outcome_whose_record_is_kept_for_another_try_is_not_sent_by_a_report_witho
 #[test]
 fn a_result_held_for_its_record_across_a_loss_and_a_regain_is_sent_once_and_not_rebuilt() {
     let mut n = Net::new();
-    let c = n.connect();
-    let _ = n.take(c);
-    let mut gained = ClusterReport::default();
-    gained.gained.push((0, Default::default()));
-    n.report(0, gained);
-    n.send(
-        c,
-        json!({"op": "message", "id": "m1", "chat_id": "1", "text": "hi"}),
-    );
-    let m = n.accepted().pop().expect("accepted");
-    n.report_durable(m.seq, cluster_tag(0, 1));
-    let message = n.messages.pop().expect("message");
+    let (c, m, message) = n.placed_m1(0, cluster_tag(0, 1));
     let event = |kind| MessageEvent {
         id: message.id.clone(),
         session: message.session.clone(),
@@ -1323,19 +1319,8 @@ fn an_outcome_that_comes_before_the_report_placing_its_message_is_sent_after_the
 fn the_next_owners_outcome_that_comes_while_the_turn_runs_here_is_sent_when_the_record_is_refused()
 {
     let mut n = Net::new();
-    let c = n.connect();
-    let _ = n.take(c);
-    let mut gained = ClusterReport::default();
-    gained.gained.push((0, Default::default()));
-    n.report(0, gained);
-    n.send(
-        c,
-        json!({"op": "message", "id": "m1", "chat_id": "1", "text": "hi"}),
-    );
-    let m = n.accepted().pop().expect("accepted");
     let ct = cluster_tag(0, 1);
-    n.report_durable(m.seq, ct);
-    let message = n.messages.pop().expect("message");
+    let (c, m, message) = n.placed_m1(0, ct);
     let event = |kind| MessageEvent {
         id: message.id.clone(),
         session: message.session.clone(),
@@ -1383,19 +1368,8 @@ fn the_next_owners_outcome_that_comes_while_the_turn_runs_here_is_sent_when_the_
 #[test]
 fn the_next_owners_outcome_that_comes_before_the_hand_over_is_sent_at_it() {
     let mut n = Net::new();
-    let c = n.connect();
-    let _ = n.take(c);
-    let mut gained = ClusterReport::default();
-    gained.gained.push((2, Default::default()));
-    n.report(0, gained);
-    n.send(
-        c,
-        json!({"op": "message", "id": "m1", "chat_id": "1", "text": "hi"}),
-    );
-    let m = n.accepted().pop().expect("accepted");
     let ct = cluster_tag(2, 5);
-    n.report_durable(m.seq, ct);
-    let message = n.messages.pop().expect("message");
+    let (c, m, message) = n.placed_m1(2, ct);
     n.b.event(
         m.seq,
         MessageEvent {
@@ -1568,19 +1542,8 @@ fn a_message_waited_for_here_whose_partition_is_gained_answers_the_connection_th
 fn an_own_outcome_write_given_up_as_unwritten_that_landed_is_sent_once_in_either_order() {
     for landed_first in [true, false] {
         let mut n = Net::new();
-        let c = n.connect();
-        let _ = n.take(c);
-        let mut gained = ClusterReport::default();
-        gained.gained.push((0, Default::default()));
-        n.report(0, gained);
-        n.send(
-            c,
-            json!({"op": "message", "id": "m1", "chat_id": "1", "text": "hi"}),
-        );
-        let m = n.accepted().pop().expect("accepted");
         let ct = cluster_tag(0, 1);
-        n.report_durable(m.seq, ct);
-        let message = n.messages.pop().expect("message");
+        let (c, m, message) = n.placed_m1(0, ct);
         let event = |kind| MessageEvent {
             id: message.id.clone(),
             session: message.session.clone(),
@@ -1641,18 +1604,7 @@ fn an_own_outcome_write_given_up_as_unwritten_that_landed_is_sent_once_in_either
 /// record (taken by the journal thread, not yet reported): returns the net.
 fn held_turn_setup() -> Net {
     let mut n = Net::new();
-    let c = n.connect();
-    let _ = untyped(n.take(c));
-    let mut gained = ClusterReport::default();
-    gained.gained.push((3, Default::default()));
-    n.report(0, gained);
-    n.send(
-        c,
-        json!({"op": "message", "id": "m1", "chat_id": "1", "text": "m1"}),
-    );
-    let m = n.accepted().pop().expect("accepted");
-    n.report_durable(m.seq, cluster_tag(3, 1));
-    let message = n.messages.pop().expect("submitted");
+    let (_, _, message) = n.placed_m1(3, cluster_tag(3, 1));
     let tag = *n.submitted.last().expect("tag");
     let running = EventKind::Accepted {
         state: AcceptState::Running,
