@@ -5,6 +5,7 @@
 mod bridge;
 mod docs;
 pub(crate) mod loadgen;
+mod reference;
 pub(crate) mod send;
 pub(crate) mod serve;
 pub(crate) mod status;
@@ -56,6 +57,9 @@ enum Cmd {
     Completions(docs::CompletionsArgs),
     /// Print the man page (or write every page into a directory with --out).
     Man(docs::ManArgs),
+    /// Print docs/configuration.md: every subcommand's flags, from these definitions.
+    #[command(hide = true)]
+    ConfigReference,
 }
 
 /// The command line's definition, with each serve flag's default in its help.
@@ -98,6 +102,7 @@ pub fn main() -> i32 {
         Cmd::Bridge(args) => bridge::run(args),
         Cmd::Completions(args) => docs::completions(args, command()),
         Cmd::Man(args) => docs::man(args, command()),
+        Cmd::ConfigReference => reference::print(command()),
     }
 }
 
