@@ -1,9 +1,10 @@
 //! The bridge protocol's values as a bridge sees them: the message it sends, the answers
 //! and events it gets back, and why a send failed.
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::message::ChatType;
+use crate::wire::{ClientOp, MessageFields};
 
 /// A chat message for the gateway (the `message` op).
 #[derive(Clone, Debug, PartialEq)]
@@ -43,19 +44,18 @@ impl OutgoingMessage {
 
     /// The `message` line sent for it (and sent again after a reconnect).
     pub(super) fn line(&self, platform: &str) -> String {
-        json!({
-            "op": "message",
-            "id": self.id,
-            "platform": platform,
-            "chat_id": self.chat_id,
-            "chat_type": self.chat_type.as_str(),
-            "user_id": self.user_id,
-            "user_name": self.user_name,
-            "thread_id": self.thread_id,
-            "meta": self.meta,
-            "text": self.text,
+        ClientOp::Message(MessageFields {
+            id: self.id.clone(),
+            platform: Some(platform.to_owned()),
+            chat_id: self.chat_id.clone(),
+            chat_type: self.chat_type,
+            user_id: self.user_id.clone(),
+            user_name: self.user_name.clone(),
+            thread_id: self.thread_id.clone(),
+            meta: self.meta.as_ref().map(Value::to_string),
+            text: self.text.clone(),
         })
-        .to_string()
+        .line()
     }
 }
 

@@ -28,8 +28,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::wire::ClientOp;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
-use serde_json::json;
 
 use connection::run_connection;
 pub(crate) use message::{
@@ -278,7 +278,10 @@ impl Gateway {
     pub(crate) fn delivered(&self, id: &str) {
         let mut state = self.shared.lock();
         state.shown.insert(id);
-        let line = json!({"op": "delivered", "ids": [id]}).to_string();
+        let line = ClientOp::Delivered {
+            ids: vec![id.to_owned()],
+        }
+        .line();
         write_line(&mut state, &line);
     }
 

@@ -1,6 +1,6 @@
 use super::*;
 use crate::message::ChatType;
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
 use std::net::{TcpListener, TcpStream};
 
