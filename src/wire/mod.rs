@@ -64,12 +64,14 @@ impl ClientOp {
     }
 }
 
-/// The fields of a `message` op.
+/// The fields of a `message` op (written without the optional fields that are `None`: the
+/// protocol reads an absent field as `null`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct MessageFields {
     /// Message id, unique per platform.
     pub id: String,
     /// Platform; `None` means the connection's hello platform.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub platform: Option<String>,
     /// Chat id.
     pub chat_id: String,
@@ -77,13 +79,16 @@ pub struct MessageFields {
     #[serde(serialize_with = "chat_type_str")]
     pub chat_type: ChatType,
     /// Sender's id on the platform (for every chat type; part of the key for groups).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub user_id: Option<String>,
     /// Sender's display name.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub user_name: Option<String>,
     /// Thread.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub thread_id: Option<String>,
     /// Platform metadata: a JSON object, serialized (written as the object itself).
-    #[serde(serialize_with = "raw_object")]
+    #[serde(serialize_with = "raw_object", skip_serializing_if = "Option::is_none")]
     pub meta: Option<String>,
     /// Text (commands start with a slash).
     pub text: String,
