@@ -94,6 +94,26 @@ pub struct MessageFields {
     pub text: String,
 }
 
+impl MessageFields {
+    /// A message with only the required fields (a `dm` without user, on the connection's
+    /// platform).
+    // Only the bridges (feature `cli`) build messages to send.
+    #[cfg_attr(not(feature = "cli"), allow(dead_code))]
+    pub(crate) fn new(id: &str, chat_id: &str, text: &str) -> MessageFields {
+        MessageFields {
+            id: id.to_owned(),
+            platform: None,
+            chat_id: chat_id.to_owned(),
+            chat_type: ChatType::Dm,
+            user_id: None,
+            user_name: None,
+            thread_id: None,
+            meta: None,
+            text: text.to_owned(),
+        }
+    }
+}
+
 fn chat_type_str<S: Serializer>(t: &ChatType, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(t.as_str())
 }

@@ -1,62 +1,18 @@
 //! The bridge protocol's values as a bridge sees them: the message it sends, the answers
 //! and events it gets back, and why a send failed.
 
-use serde_json::Value;
-
-use crate::message::ChatType;
 use crate::wire::{ClientOp, MessageFields};
 
-/// A chat message for the gateway (the `message` op).
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct OutgoingMessage {
-    /// Unique per platform (the gateway drops a repeat within its duplicate window).
-    pub id: String,
-    /// The chat (room, channel, nick, chat id).
-    pub chat_id: String,
-    /// `dm` or `group` (part of the session key).
-    pub chat_type: ChatType,
-    /// The sender (part of the session key of a `group` chat).
-    pub user_id: Option<String>,
-    /// The sender's display name.
-    pub user_name: Option<String>,
-    /// A thread inside the chat (part of the session key).
-    pub thread_id: Option<String>,
-    /// Platform metadata passed to the agent: a JSON object.
-    pub meta: Option<Value>,
-    /// The text; `/stop`, `/new`, `/reset`, `/status` at its start are commands.
-    pub text: String,
-}
+/// A chat message for the gateway: the protocol's `message` fields. Its `platform` is the
+/// client's own unless set.
+pub(crate) type OutgoingMessage = MessageFields;
 
-impl OutgoingMessage {
-    /// A message with only the required fields (a `dm` without user).
-    pub(crate) fn new(id: &str, chat_id: &str, text: &str) -> OutgoingMessage {
-        OutgoingMessage {
-            id: id.to_owned(),
-            chat_id: chat_id.to_owned(),
-            chat_type: ChatType::Dm,
-            user_id: None,
-            user_name: None,
-            thread_id: None,
-            meta: None,
-            text: text.to_owned(),
-        }
-    }
-
-    /// The `message` line sent for it (and sent again after a reconnect).
-    pub(super) fn line(&self, platform: &str) -> String {
-        ClientOp::Message(MessageFields {
-            id: self.id.clone(),
-            platform: Some(platform.to_owned()),
-            chat_id: self.chat_id.clone(),
-            chat_type: self.chat_type,
-            user_id: self.user_id.clone(),
-            user_name: self.user_name.clone(),
-            thread_id: self.thread_id.clone(),
-            meta: self.meta.as_ref().map(Value::to_string),
-            text: self.text.clone(),
-        })
-        .line()
-    }
+/// The `message` line sent for `message` (and sent again after a reconnect), on the platform
+/// `platform` unless it names its own.
+pub(super) fn message_line(message: &OutgoingMessage, platform: &str) -> String {
+    let mut fields = message.clone();
+    fields.platform.get_or_insert_with(|| platform.to_owned());
+    ClientOp::Message(fields).line()
 }
 
 /// The gateway's answer to a message.

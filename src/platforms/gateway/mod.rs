@@ -28,7 +28,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::wire::ClientOp;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
 
 use connection::run_connection;
@@ -38,6 +37,8 @@ pub(crate) use message::{
 use recent::RecentIds;
 
 use super::tls::Wire;
+use crate::wire::ClientOp;
+use message::message_line;
 
 mod connection;
 mod message;
@@ -257,7 +258,7 @@ impl Gateway {
         if state.pending.len() >= max {
             return Err(SendError::TooManyPending(max));
         }
-        let line = message.line(&self.shared.config.platform);
+        let line = message_line(message, &self.shared.config.platform);
         log::debug!(
             "gateway: sending message {} for chat {}",
             message.id,

@@ -299,6 +299,7 @@ impl<H: Homeserver> Core<H> {
         self.turn_order.push_back(msg.event_id.clone());
         let out = OutgoingMessage {
             id: msg.event_id.clone(),
+            platform: None,
             chat_id: msg.room.clone(),
             chat_type: match kind {
                 ChatKind::Dm => ChatType::Dm,
@@ -307,7 +308,10 @@ impl<H: Homeserver> Core<H> {
             user_id: Some(msg.sender.clone()),
             user_name: msg.sender_name.clone(),
             thread_id: None,
-            meta: msg.to_bridge(&self.platform, kind).get("meta").cloned(),
+            meta: msg
+                .to_bridge(&self.platform, kind)
+                .get("meta")
+                .map(|m| m.to_string()),
             text: msg.text.clone(),
         };
         log::debug!(

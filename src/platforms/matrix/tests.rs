@@ -205,7 +205,10 @@ fn a_reply_is_one_message_replying_to_the_human_then_edits_of_it() {
     assert_eq!(m.user_id.as_deref(), Some("@ann:hs"));
     assert_eq!(m.user_name.as_deref(), Some("Ann"));
     assert_eq!(
-        m.meta.as_ref().map(|v| v["event_id"].clone()),
+        m.meta
+            .as_deref()
+            .and_then(|v| serde_json::from_str::<serde_json::Value>(v).ok())
+            .map(|v| v["event_id"].clone()),
         Some("$h1".into())
     );
     r.gateway(partial("$h1", "Hel"));
