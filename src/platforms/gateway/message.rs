@@ -46,7 +46,7 @@ pub(crate) enum Admission {
 
 /// How a message's turn ended (a terminal event).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Outcome {
+pub(crate) enum TerminalOutcome {
     /// The agent's reply, or a command's answer.
     Reply {
         /// The whole text.
@@ -71,17 +71,17 @@ pub(crate) enum Outcome {
     },
 }
 
-impl Outcome {
+impl TerminalOutcome {
     /// What a chat shows for this outcome; `None` for a merge (the carrier's reply says it).
     pub(crate) fn chat_text(&self) -> Option<String> {
         match self {
-            Outcome::Reply { text, truncated } if *truncated => {
+            TerminalOutcome::Reply { text, truncated } if *truncated => {
                 Some(format!("{text}\n[reply truncated by the gateway]"))
             }
-            Outcome::Reply { text, .. } => Some(text.clone()),
-            Outcome::Cancelled { reason } => Some(format!("[cancelled: {reason}]")),
-            Outcome::Failed { error } => Some(format!("[failed: {error}]")),
-            Outcome::Merged { .. } => None,
+            TerminalOutcome::Reply { text, .. } => Some(text.clone()),
+            TerminalOutcome::Cancelled { reason } => Some(format!("[cancelled: {reason}]")),
+            TerminalOutcome::Failed { error } => Some(format!("[failed: {error}]")),
+            TerminalOutcome::Merged { .. } => None,
         }
     }
 }
@@ -95,7 +95,7 @@ pub(crate) struct TerminalEvent {
     /// [`SessionKey`](crate::SessionKey)'s `FromStr` to find the chat after a restart).
     pub session: String,
     /// How it ended.
-    pub outcome: Outcome,
+    pub outcome: TerminalOutcome,
     /// The gateway may have sent it before (see the protocol's Delivery section). Ids the
     /// client remembers as handled never reach the bridge; this one it does not remember.
     pub redelivery: bool,

@@ -32,7 +32,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
 
 use connection::run_connection;
 pub(crate) use message::{
-    Admission, GatewayEvent, Outcome, OutgoingMessage, SendError, TerminalEvent,
+    Admission, GatewayEvent, OutgoingMessage, SendError, TerminalEvent, TerminalOutcome,
 };
 use recent::RecentIds;
 

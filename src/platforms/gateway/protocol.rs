@@ -3,7 +3,7 @@
 
 use crossbeam_channel::Sender;
 
-use super::{Admission, GatewayEvent, Outcome, Shared, TerminalEvent, write_line};
+use super::{Admission, GatewayEvent, Shared, TerminalEvent, TerminalOutcome, write_line};
 use crate::wire::{ClientOp, ServerLine, ServerOp};
 
 /// What reading one line means for the connection.
@@ -86,7 +86,7 @@ pub(super) fn handle_line(
             TerminalEvent {
                 id,
                 session,
-                outcome: Outcome::Reply { text, truncated },
+                outcome: TerminalOutcome::Reply { text, truncated },
                 redelivery,
             },
         ),
@@ -99,7 +99,7 @@ pub(super) fn handle_line(
             TerminalEvent {
                 id,
                 session,
-                outcome: Outcome::Cancelled { reason },
+                outcome: TerminalOutcome::Cancelled { reason },
                 redelivery,
             },
         ),
@@ -108,7 +108,7 @@ pub(super) fn handle_line(
             TerminalEvent {
                 id,
                 session,
-                outcome: Outcome::Failed { error },
+                outcome: TerminalOutcome::Failed { error },
                 redelivery,
             },
         ),
@@ -117,7 +117,7 @@ pub(super) fn handle_line(
             TerminalEvent {
                 id,
                 session,
-                outcome: Outcome::Merged { into },
+                outcome: TerminalOutcome::Merged { into },
                 redelivery,
             },
         ),
