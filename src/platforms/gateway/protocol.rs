@@ -76,57 +76,42 @@ pub(super) fn handle_line(
         ServerOp::Partial { id, session, text } => {
             Some(GatewayEvent::Partial { id, session, text })
         }
-        ServerOp::Reply {
-            id,
-            session,
-            text,
-            truncated,
-        } => on_result(
-            shared,
-            TerminalEvent {
-                id,
-                session,
-                outcome: TerminalOutcome::Reply { text, truncated },
-                redelivery,
-            },
-        ),
-        ServerOp::Cancelled {
-            id,
-            session,
-            reason,
-        } => on_result(
-            shared,
-            TerminalEvent {
-                id,
-                session,
-                outcome: TerminalOutcome::Cancelled { reason },
-                redelivery,
-            },
-        ),
-        ServerOp::Failed { id, session, error } => on_result(
-            shared,
-            TerminalEvent {
-                id,
-                session,
-                outcome: TerminalOutcome::Failed { error },
-                redelivery,
-            },
-        ),
-        ServerOp::Merged { id, session, into } => on_result(
-            shared,
-            TerminalEvent {
-                id,
-                session,
-                outcome: TerminalOutcome::Merged { into },
-                redelivery,
-            },
-        ),
+        op @ (ServerOp::Reply { .. }
+        | ServerOp::Cancelled { .. }
+        | ServerOp::Failed { .. }
+        | ServerOp::Merged { .. }) => terminal(op, redelivery).and_then(|t| on_result(shared, t)),
         ServerOp::Error { detail } => return on_error(shared, detail, events),
     };
     match event.map(|event| events.send(event)) {
         Some(Err(_)) => LineResult::ReceiverGone,
         _ => LineResult::Continue,
     }
+}
+
+/// The terminal event a `reply`, `cancelled`, `failed` or `merged` line is.
+fn terminal(op: ServerOp, redelivery: bool) -> Option<TerminalEvent> {
+    let (id, session, outcome) = match op {
+        ServerOp::Reply {
+            id,
+            session,
+            text,
+            truncated,
+        } => (id, session, TerminalOutcome::Reply { text, truncated }),
+        ServerOp::Cancelled {
+            id,
+            session,
+            reason,
+        } => (id, session, TerminalOutcome::Cancelled { reason }),
+        ServerOp::Failed { id, session, error } => (id, session, TerminalOutcome::Failed { error }),
+        ServerOp::Merged { id, session, into } => (id, session, TerminalOutcome::Merged { into }),
+        _ => return None,
+    };
+    Some(TerminalEvent {
+        id,
+        session,
+        outcome,
+        redelivery,
+    })
 }
 
 /// The line as a server op; `None` (logged) for an empty line or anything else.
