@@ -59,8 +59,9 @@ impl ClientOp {
     // Only the bridges (feature `cli`) write client lines.
     #[cfg_attr(not(feature = "cli"), allow(dead_code))]
     pub(crate) fn line(&self) -> String {
-        // Plain strings, a bool and an object that came from JSON: serializing cannot fail.
-        serde_json::to_string(self).unwrap_or_else(|_| r#"{"op":"ping"}"#.to_owned())
+        // Strings, a bool and JSON values: serializing cannot fail (the fallback is a line
+        // the server answers with `error`, should it ever).
+        serde_json::to_string(self).unwrap_or_else(|e| format!("encoding failed: {e}"))
     }
 }
 
@@ -118,15 +119,18 @@ fn chat_type_str<S: Serializer>(t: &ChatType, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(t.as_str())
 }
 
-/// `meta` holds an object serialized; on the wire it is the object.
+/// `meta` holds an object serialized; on the wire it is the object. Text that is not JSON
+/// goes as a string, which the server refuses (`invalid`, naming `meta`): writing a line never
+/// fails.
 fn raw_object<S: Serializer>(meta: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
-    let value = match meta {
-        Some(m) => {
-            Some(serde_json::from_str::<serde_json::Value>(m).map_err(serde::ser::Error::custom)?)
-        }
-        None => None,
-    };
-    value.serialize(s)
+    match meta
+        .as_deref()
+        .map(serde_json::from_str::<serde_json::Value>)
+    {
+        Some(Ok(value)) => value.serialize(s),
+        Some(Err(_)) => meta.serialize(s),
+        None => s.serialize_none(),
+    }
 }
 
 /// A line the server cannot act on.

@@ -81,6 +81,21 @@ fn encodes_one_line_per_op() {
     assert_eq!(encode(&ServerOp::Pong), b"{\"op\":\"pong\"}\n");
 }
 
+#[test]
+fn a_meta_that_is_not_json_is_written_as_a_string_the_server_refuses() {
+    let mut m = MessageFields::new("m", "1", "hi");
+    m.meta = Some("{not json".into());
+    let line = ClientOp::Message(m).line();
+    assert!(line.contains(r#""meta":"{not json""#), "{line}");
+    assert_eq!(
+        parse_line(line.as_bytes()),
+        Err(LineError::Invalid {
+            id: "m".into(),
+            detail: "meta must be a JSON object or null".into()
+        })
+    );
+}
+
 mod round_trip {
     //! Every op one end writes, the other end reads back as itself: any text (unicode,
     //! quotes, backslashes, control characters, empty), any number.
