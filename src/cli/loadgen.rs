@@ -15,6 +15,8 @@ use clap::Args;
 use serde::Deserialize;
 
 use super::USAGE_ERROR;
+use crate::message::ChatType;
+use crate::wire::{ClientOp, MessageFields};
 
 /// Flags of `loadgen`.
 #[derive(Args, Debug)]
@@ -70,6 +72,32 @@ struct Line<'a> {
     reason: Option<&'a str>,
     error: Option<&'a str>,
     state: Option<&'a str>,
+}
+
+/// The hello of a loadgen connection (platform `loadgen`).
+fn hello(token: Option<&str>) -> String {
+    ClientOp::Hello {
+        platform: Some("loadgen".to_owned()),
+        token: token.map(str::to_owned),
+        acks: false,
+    }
+    .line()
+}
+
+/// A `message` line: a dm in chat `chat_id`.
+fn message(id: String, platform: Option<&str>, chat_id: String, text: String) -> String {
+    ClientOp::Message(MessageFields {
+        id,
+        platform: platform.map(str::to_owned),
+        chat_id,
+        chat_type: ChatType::Dm,
+        user_id: None,
+        user_name: None,
+        thread_id: None,
+        meta: None,
+        text,
+    })
+    .line()
 }
 
 /// What makes this run's message ids its own: the start in milliseconds and the process id,
@@ -214,16 +242,13 @@ fn drive(
         BufReader::with_capacity(256 * 1024, stream.try_clone().map_err(|e| e.to_string())?);
     let mut writer = BufWriter::with_capacity(256 * 1024, stream);
     let io = |e: std::io::Error| e.to_string();
-    writeln!(
-        writer,
-        "{}",
-        serde_json::json!({"op": "hello", "platform": "loadgen", "token": token})
-    )
-    .map_err(io)?;
+    writeln!(writer, "{}", hello(token)).map_err(io)?;
     let mut sent_at: HashMap<usize, Instant> = HashMap::with_capacity(sessions.len());
     let mut count: HashMap<usize, usize> = HashMap::with_capacity(sessions.len());
     let send = |w: &mut BufWriter<TcpStream>, s: usize, r: usize| -> Result<(), String> {
-        writeln!(w, r#"{{"op":"message","id":"lg-{tag}-{s}-{r}","platform":"loadgen","chat_id":"s{s}","text":"m{r}"}}"#).map_err(io)
+        let id = format!("lg-{tag}-{s}-{r}");
+        let line = message(id, Some("loadgen"), format!("s{s}"), format!("m{r}"));
+        writeln!(w, "{line}").map_err(io)
     };
     for &s in sessions {
         sent_at.insert(s, Instant::now());
@@ -493,12 +518,7 @@ impl<'a> Flooder<'a> {
             .map_err(io_error)?;
         let reader = BufReader::with_capacity(256 * 1024, stream.try_clone().map_err(io_error)?);
         let mut writer = BufWriter::with_capacity(256 * 1024, stream);
-        writeln!(
-            writer,
-            "{}",
-            serde_json::json!({"op": "hello", "platform": "loadgen", "token": token})
-        )
-        .map_err(io_error)?;
+        writeln!(writer, "{}", hello(token)).map_err(io_error)?;
         let n = plan.mine.len();
         Ok(Flooder {
             sent_at: HashMap::with_capacity(plan.window),
@@ -527,14 +547,9 @@ impl<'a> Flooder<'a> {
             };
             self.sent_at.insert(i, Instant::now());
             let p = &self.plan;
-            writeln!(
-                self.writer,
-                r#"{{"op":"message","id":"fl-{}-{i}","chat_id":"s{}","text":"{}"}}"#,
-                p.tag,
-                i % p.sessions,
-                p.text
-            )
-            .map_err(io_error)?;
+            let id = format!("fl-{}-{i}", p.tag);
+            let line = message(id, None, format!("s{}", i % p.sessions), p.text.to_owned());
+            writeln!(self.writer, "{line}").map_err(io_error)?;
         }
         self.writer.flush().map_err(io_error)
     }

@@ -5,10 +5,12 @@ use std::net::TcpStream;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::USAGE_ERROR;
 use super::units::Seconds;
+use crate::message::ChatType;
+use crate::wire::{ClientOp, MessageFields, ServerLine, ServerOp};
 
 /// Flags of `send`.
 #[derive(Args, Debug)]
@@ -94,13 +96,23 @@ fn exchange(args: &SendArgs) -> Result<i32, Box<dyn std::error::Error>> {
         }
         None => None,
     };
-    let hello = json!({"op": "hello", "platform": args.platform, "token": args.token});
-    let message = json!({
-        "op": "message", "id": id, "platform": args.platform, "chat_id": args.chat,
-        "user_id": args.user, "user_name": args.user_name, "meta": meta,
-        "text": args.text.join(" "),
+    let hello = ClientOp::Hello {
+        platform: Some(args.platform.clone()),
+        token: args.token.clone(),
+        acks: false,
+    };
+    let message = ClientOp::Message(MessageFields {
+        id: id.clone(),
+        platform: Some(args.platform.clone()),
+        chat_id: args.chat.clone(),
+        chat_type: ChatType::Dm,
+        user_id: args.user.clone(),
+        user_name: args.user_name.clone(),
+        thread_id: None,
+        meta: meta.map(|m| m.to_string()),
+        text: args.text.join(" "),
     });
-    writeln!(stream, "{hello}\n{message}")
+    writeln!(stream, "{}\n{}", hello.line(), message.line())
         .and_then(|()| stream.flush())
         .map_err(|e| format!("the gateway at {} closed the connection: {e}", args.addr))?;
     let mut shown = Shown::default();
@@ -118,59 +130,78 @@ fn exchange(args: &SendArgs) -> Result<i32, Box<dyn std::error::Error>> {
             }
             _ => format!("the connection to the gateway failed: {e}"),
         })?;
-        let v: Value = serde_json::from_str(&line).map_err(|_| {
-            format!(
-                "{} is not a turnstile server (it answered {:?})",
-                args.addr,
-                line.chars().take(60).collect::<String>()
-            )
-        })?;
-        let op = v["op"].as_str().unwrap_or("");
-        if op == "error" {
-            let detail = v["detail"].as_str().unwrap_or("?");
-            if detail == "unauthorized" {
-                eprintln!(
-                    "error: unauthorized (the gateway needs its auth token: --token or TURNSTILE_AUTH_TOKEN)"
-                );
-            } else {
-                eprintln!("error: {detail}");
+        let op = match ServerLine::parse(line.as_bytes()) {
+            Ok(parsed) => parsed.op,
+            // JSON this client cannot read (an op it does not know): not for it.
+            Err(_) if serde_json::from_str::<Value>(&line).is_ok() => continue,
+            Err(_) => {
+                return Err(format!(
+                    "{} is not a turnstile server (it answered {:?})",
+                    args.addr,
+                    line.chars().take(60).collect::<String>()
+                )
+                .into());
             }
-            return Ok(1);
+        };
+        if let Some(code) = answer(op, &id, args.stream, &mut shown) {
+            return Ok(code);
         }
-        if v["id"].as_str() != Some(id.as_str()) {
-            continue;
-        }
-        match op {
-            "partial" if args.stream => {
-                shown.show(v["text"].as_str().unwrap_or(""));
-                continue;
-            }
-            "reply" => {
-                let text = v["text"].as_str().unwrap_or("");
-                if args.stream {
-                    shown.show(text);
-                    println!();
-                } else {
-                    println!("{text}");
-                }
-                if v["truncated"] == true {
-                    eprintln!("(the reply was truncated at --max-reply-bytes)");
-                }
-                return Ok(0);
-            }
-            "reject" => eprintln!(
-                "rejected: {} ({})",
-                v["reason"].as_str().unwrap_or("?"),
-                v["detail"].as_str().unwrap_or("")
-            ),
-            "failed" => eprintln!("failed: {}", v["error"].as_str().unwrap_or("?")),
-            "cancelled" => eprintln!("cancelled: {}", v["reason"].as_str().unwrap_or("?")),
-            "merged" => eprintln!("merged into {}", v["into"].as_str().unwrap_or("?")),
-            _ => continue,
-        }
-        return Ok(1);
     }
     Err("the gateway closed the connection before the outcome".into())
+}
+
+/// What a line from the gateway means for the message `id`: the exit code once it is
+/// answered for good, `None` to keep reading.
+fn answer(op: ServerOp, id: &str, stream: bool, shown: &mut Shown) -> Option<i32> {
+    if let ServerOp::Error { detail } = &op {
+        if detail == "unauthorized" {
+            eprintln!(
+                "error: unauthorized (the gateway needs its auth token: --token or TURNSTILE_AUTH_TOKEN)"
+            );
+        } else {
+            eprintln!("error: {detail}");
+        }
+        return Some(1);
+    }
+    let of_this = match &op {
+        ServerOp::Ack { id: i, .. }
+        | ServerOp::Reject { id: i, .. }
+        | ServerOp::Partial { id: i, .. }
+        | ServerOp::Reply { id: i, .. }
+        | ServerOp::Cancelled { id: i, .. }
+        | ServerOp::Failed { id: i, .. }
+        | ServerOp::Merged { id: i, .. } => i == id,
+        ServerOp::Typing { .. } | ServerOp::Error { .. } | ServerOp::Pong => false,
+    };
+    if !of_this {
+        return None;
+    }
+    match op {
+        ServerOp::Partial { text, .. } if stream => {
+            shown.show(&text);
+            return None;
+        }
+        ServerOp::Reply {
+            text, truncated, ..
+        } => {
+            if stream {
+                shown.show(&text);
+                println!();
+            } else {
+                println!("{text}");
+            }
+            if truncated {
+                eprintln!("(the reply was truncated at --max-reply-bytes)");
+            }
+            return Some(0);
+        }
+        ServerOp::Reject { reason, detail, .. } => eprintln!("rejected: {reason} ({detail})"),
+        ServerOp::Failed { error, .. } => eprintln!("failed: {error}"),
+        ServerOp::Cancelled { reason, .. } => eprintln!("cancelled: {reason}"),
+        ServerOp::Merged { into, .. } => eprintln!("merged into {into}"),
+        _ => return None,
+    }
+    Some(1)
 }
 
 /// What `--stream` has printed of the reply so far: each partial is the reply so far, so

@@ -9,117 +9,12 @@ use std::collections::VecDeque;
 use std::io::{self, IoSlice, Write};
 use std::sync::Arc;
 
-/// Texts up to this many bytes are escaped when the line is made; longer ones as written.
-pub(super) const EAGER_TEXT: usize = 16 * 1024;
+use crate::wire::{EncodedLine, REDELIVERY_MARK, push_escaped};
+
 /// Bytes of text escaped per step of a long line.
 const CHUNK: usize = 16 * 1024;
 /// Frames gathered into one vectored write.
 const MAX_SLICES: usize = 64;
-
-/// The bytes of one line: encoded, or a JSON envelope around a text escaped on the way out.
-#[derive(Debug)]
-pub(super) enum Body {
-    /// A whole encoded line, newline included.
-    Line(Vec<u8>),
-    /// `head` + the text as a JSON string body + `tail` (the tail holds the newline).
-    Text {
-        /// Everything before the text, including its opening quote.
-        head: Vec<u8>,
-        /// The raw text.
-        text: String,
-        /// The closing quote, any later fields, `}` and the newline.
-        tail: Vec<u8>,
-    },
-}
-
-impl Body {
-    /// `{"op":<op>,"id":<id>,"session":<session>,"<field>":"<text>"<extra>}\n`, escaped at once
-    /// when short, else on the way out.
-    pub(super) fn with_text(
-        op: &str,
-        id: &str,
-        session: &str,
-        field: &str,
-        text: String,
-        extra: &str,
-    ) -> Body {
-        let mut head = Vec::with_capacity(64 + id.len() + session.len());
-        head.extend_from_slice(b"{\"op\":\"");
-        head.extend_from_slice(op.as_bytes());
-        head.extend_from_slice(b"\",\"id\":");
-        push_json_str(&mut head, id);
-        head.extend_from_slice(b",\"session\":");
-        push_json_str(&mut head, session);
-        head.extend_from_slice(b",\"");
-        head.extend_from_slice(field.as_bytes());
-        head.extend_from_slice(b"\":\"");
-        let mut tail = Vec::with_capacity(4 + extra.len());
-        tail.push(b'"');
-        tail.extend_from_slice(extra.as_bytes());
-        tail.extend_from_slice(b"}\n");
-        if text.len() <= EAGER_TEXT {
-            let mut line = head;
-            push_escaped(&mut line, &text);
-            line.extend_from_slice(&tail);
-            Body::Line(line)
-        } else {
-            Body::Text { head, text, tail }
-        }
-    }
-
-    /// The parts to journal (`head`, raw `text`, `tail`).
-    pub(super) fn to_stored(&self) -> crate::journal::StoredOutcome {
-        match self {
-            Body::Line(l) => crate::journal::StoredOutcome {
-                head: l.clone(),
-                ..Default::default()
-            },
-            Body::Text { head, text, tail } => crate::journal::StoredOutcome {
-                head: head.clone(),
-                text: text.clone(),
-                tail: tail.clone(),
-            },
-        }
-    }
-
-    /// A journaled line.
-    pub(super) fn from_stored(o: crate::journal::StoredOutcome) -> Body {
-        if o.text.is_empty() && o.tail.is_empty() {
-            Body::Line(o.head)
-        } else {
-            Body::Text {
-                head: o.head,
-                text: o.text,
-                tail: o.tail,
-            }
-        }
-    }
-
-    /// The bytes this line holds in memory before escaping: what an outbox accounts for.
-    pub(super) fn size(&self) -> usize {
-        match self {
-            Body::Line(l) => l.len(),
-            Body::Text { head, text, tail } => head.len() + text.len() + tail.len(),
-        }
-    }
-}
-
-/// Appends `s` as a JSON string, quotes included.
-fn push_json_str(out: &mut Vec<u8>, s: &str) {
-    out.push(b'"');
-    push_escaped(out, s);
-    out.push(b'"');
-}
-
-/// Appends `s` escaped as the inside of a JSON string.
-pub(super) fn push_escaped(out: &mut Vec<u8>, s: &str) {
-    // serde_json's escaping (quotes included) minus the quotes: one correct implementation.
-    let mut quoted = Vec::with_capacity(s.len() + 2);
-    if serde_json::to_writer(&mut quoted, s).is_err() || quoted.len() < 2 {
-        return; // writing a &str into a Vec cannot fail
-    }
-    out.extend_from_slice(&quoted[1..quoted.len() - 1]);
-}
 
 /// Where the writing of a line stands.
 #[derive(Debug, Default)]
@@ -138,7 +33,7 @@ struct Cursor {
 #[derive(Debug)]
 pub(super) struct Frame {
     /// What to write.
-    pub body: Body,
+    pub body: EncodedLine,
     /// A terminal event's platform: it returns to that platform's outbox if the connection
     /// goes before the whole line is written.
     pub terminal_for: Option<Arc<str>>,
@@ -159,11 +54,11 @@ pub(super) struct Frame {
 impl Frame {
     /// A line that is not a terminal event.
     pub(super) fn line(bytes: Vec<u8>) -> Frame {
-        Frame::new(Body::Line(bytes), None)
+        Frame::new(EncodedLine::Line(bytes), None)
     }
 
     /// A frame; `terminal_for` names the platform of a terminal event.
-    pub(super) fn new(body: Body, terminal_for: Option<Arc<str>>) -> Frame {
+    pub(super) fn new(body: EncodedLine, terminal_for: Option<Arc<str>>) -> Frame {
         Frame {
             body,
             terminal_for,
@@ -189,12 +84,12 @@ impl Frame {
             return;
         }
         let end = match &mut self.body {
-            Body::Line(l) => l,
-            Body::Text { tail, .. } => tail,
+            EncodedLine::Line(l) => l,
+            EncodedLine::Text { tail, .. } => tail,
         };
         if end.ends_with(b"}\n") {
             end.truncate(end.len() - 2);
-            end.extend_from_slice(b",\"redelivery\":true}\n");
+            end.extend_from_slice(REDELIVERY_MARK);
             self.redelivery = true;
         }
     }
@@ -208,8 +103,8 @@ impl Frame {
     fn current(&mut self) -> &[u8] {
         let c = &mut self.cursor;
         match &self.body {
-            Body::Line(l) => &l[c.pos.min(l.len())..],
-            Body::Text { head, text, tail } => {
+            EncodedLine::Line(l) => &l[c.pos.min(l.len())..],
+            EncodedLine::Text { head, text, tail } => {
                 if c.stage == 0 && c.pos >= head.len() {
                     c.stage = 1;
                     c.pos = 0;
@@ -239,14 +134,14 @@ impl Frame {
     fn advance(&mut self, n: usize) {
         let c = &mut self.cursor;
         match (&self.body, c.stage) {
-            (Body::Text { .. }, 1) => c.chunk_pos += n,
+            (EncodedLine::Text { .. }, 1) => c.chunk_pos += n,
             _ => c.pos += n,
         }
     }
 
     /// Whether a text line must be escaped further before its next bytes are known.
     fn is_lazy(&self) -> bool {
-        matches!(self.body, Body::Text { .. })
+        matches!(self.body, EncodedLine::Text { .. })
     }
 }
 
@@ -332,7 +227,7 @@ pub(super) fn write_frames<W: Write + ?Sized>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::protocol::{ServerOp, encode};
+    use crate::wire::{EAGER_TEXT, ServerOp, encode};
 
     /// A writer that takes at most `cap` bytes per call and `total` bytes overall.
     struct Trickle {
@@ -374,8 +269,12 @@ mod tests {
         ] {
             for truncated in [false, true] {
                 let extra = if truncated { ",\"truncated\":true" } else { "" };
-                let body = Body::with_text("reply", "m\"1", "t:dm:1", "text", text.clone(), extra);
-                assert_eq!(matches!(body, Body::Line(_)), text.len() <= EAGER_TEXT);
+                let body =
+                    EncodedLine::with_text("reply", "m\"1", "t:dm:1", "text", text.clone(), extra);
+                assert_eq!(
+                    matches!(body, EncodedLine::Line(_)),
+                    text.len() <= EAGER_TEXT
+                );
                 let mut out = VecDeque::from([Frame::new(body, None)]);
                 let mut w = Trickle {
                     data: Vec::new(),
@@ -394,8 +293,8 @@ mod tests {
 
     #[test]
     fn a_partial_line_is_the_protocols_partial_op() {
-        let body = Body::with_text("partial", "m", "t:dm:1", "text", "so far".into(), "");
-        let Body::Line(line) = body else {
+        let body = EncodedLine::with_text("partial", "m", "t:dm:1", "text", "so far".into(), "");
+        let EncodedLine::Line(line) = body else {
             panic!("short text is encoded at once")
         };
         let want = encode(&ServerOp::Partial {

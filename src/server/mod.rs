@@ -16,7 +16,6 @@ mod dedup;
 mod fair;
 mod frame;
 mod lines;
-mod protocol;
 mod sharded;
 mod sockets;
 mod sys;
@@ -610,7 +609,7 @@ impl BridgeServer {
 }
 
 fn encode_error(detail: &str) -> Vec<u8> {
-    protocol::encode(&protocol::ServerOp::Error { detail })
+    crate::wire::encode(&crate::wire::ServerOp::Error { detail })
 }
 
 /// Starts a thread that announces [`ForcedStop::WatchdogExpired`] if the returned sender is

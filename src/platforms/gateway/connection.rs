@@ -6,8 +6,8 @@ use std::net::TcpStream;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use crate::wire::ClientOp;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use serde_json::json;
 
 use super::protocol::{LineResult, handle_line};
 use super::{GatewayEvent, Shared, write_line};
@@ -139,13 +139,15 @@ fn say_hello(shared: &Shared, stream: Wire) -> Result<(), String> {
     let mut state = shared.lock();
     state.conn = Some(stream);
     state.connected = false;
-    let hello = json!({
-        "op": "hello", "platform": config.platform, "token": config.token, "acks": true,
-    })
-    .to_string();
+    let hello = ClientOp::Hello {
+        platform: Some(config.platform.clone()),
+        token: config.token.clone(),
+        acks: true,
+    }
+    .line();
     // The pong to this ping confirms the hello: with a token, a refused hello is
     // answered `error` and closed instead.
-    let mut ok = write_line(&mut state, &hello) && write_line(&mut state, r#"{"op":"ping"}"#);
+    let mut ok = write_line(&mut state, &hello) && write_line(&mut state, &ClientOp::Ping.line());
     let lines: Vec<String> = state.pending.iter().map(|p| p.line.clone()).collect();
     for line in &lines {
         ok = ok && write_line(&mut state, line);
@@ -271,7 +273,7 @@ impl<'a> Reader<'a> {
         }
         if silent >= PING_AFTER && !self.pinged {
             self.pinged = true;
-            write_line(&mut self.shared.lock(), r#"{"op":"ping"}"#);
+            write_line(&mut self.shared.lock(), &ClientOp::Ping.line());
         }
         None
     }

@@ -1,62 +1,18 @@
 //! The bridge protocol's values as a bridge sees them: the message it sends, the answers
 //! and events it gets back, and why a send failed.
 
-use serde_json::{Value, json};
+use crate::wire::{ClientOp, MessageFields};
 
-use crate::message::ChatType;
+/// A chat message for the gateway: the protocol's `message` fields. Its `platform` is the
+/// client's own unless set.
+pub(crate) type OutgoingMessage = MessageFields;
 
-/// A chat message for the gateway (the `message` op).
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct OutgoingMessage {
-    /// Unique per platform (the gateway drops a repeat within its duplicate window).
-    pub id: String,
-    /// The chat (room, channel, nick, chat id).
-    pub chat_id: String,
-    /// `dm` or `group` (part of the session key).
-    pub chat_type: ChatType,
-    /// The sender (part of the session key of a `group` chat).
-    pub user_id: Option<String>,
-    /// The sender's display name.
-    pub user_name: Option<String>,
-    /// A thread inside the chat (part of the session key).
-    pub thread_id: Option<String>,
-    /// Platform metadata passed to the agent: a JSON object.
-    pub meta: Option<Value>,
-    /// The text; `/stop`, `/new`, `/reset`, `/status` at its start are commands.
-    pub text: String,
-}
-
-impl OutgoingMessage {
-    /// A message with only the required fields (a `dm` without user).
-    pub(crate) fn new(id: &str, chat_id: &str, text: &str) -> OutgoingMessage {
-        OutgoingMessage {
-            id: id.to_owned(),
-            chat_id: chat_id.to_owned(),
-            chat_type: ChatType::Dm,
-            user_id: None,
-            user_name: None,
-            thread_id: None,
-            meta: None,
-            text: text.to_owned(),
-        }
-    }
-
-    /// The `message` line sent for it (and sent again after a reconnect).
-    pub(super) fn line(&self, platform: &str) -> String {
-        json!({
-            "op": "message",
-            "id": self.id,
-            "platform": platform,
-            "chat_id": self.chat_id,
-            "chat_type": self.chat_type.as_str(),
-            "user_id": self.user_id,
-            "user_name": self.user_name,
-            "thread_id": self.thread_id,
-            "meta": self.meta,
-            "text": self.text,
-        })
-        .to_string()
-    }
+/// The `message` line sent for `message` (and sent again after a reconnect), on the platform
+/// `platform` unless it names its own.
+pub(super) fn message_line(message: &OutgoingMessage, platform: &str) -> String {
+    let mut fields = message.clone();
+    fields.platform.get_or_insert_with(|| platform.to_owned());
+    ClientOp::Message(fields).line()
 }
 
 /// The gateway's answer to a message.
@@ -90,7 +46,7 @@ pub(crate) enum Admission {
 
 /// How a message's turn ended (a terminal event).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Outcome {
+pub(crate) enum TerminalOutcome {
     /// The agent's reply, or a command's answer.
     Reply {
         /// The whole text.
@@ -115,17 +71,17 @@ pub(crate) enum Outcome {
     },
 }
 
-impl Outcome {
+impl TerminalOutcome {
     /// What a chat shows for this outcome; `None` for a merge (the carrier's reply says it).
     pub(crate) fn chat_text(&self) -> Option<String> {
         match self {
-            Outcome::Reply { text, truncated } if *truncated => {
+            TerminalOutcome::Reply { text, truncated } if *truncated => {
                 Some(format!("{text}\n[reply truncated by the gateway]"))
             }
-            Outcome::Reply { text, .. } => Some(text.clone()),
-            Outcome::Cancelled { reason } => Some(format!("[cancelled: {reason}]")),
-            Outcome::Failed { error } => Some(format!("[failed: {error}]")),
-            Outcome::Merged { .. } => None,
+            TerminalOutcome::Reply { text, .. } => Some(text.clone()),
+            TerminalOutcome::Cancelled { reason } => Some(format!("[cancelled: {reason}]")),
+            TerminalOutcome::Failed { error } => Some(format!("[failed: {error}]")),
+            TerminalOutcome::Merged { .. } => None,
         }
     }
 }
@@ -139,7 +95,7 @@ pub(crate) struct TerminalEvent {
     /// [`SessionKey`](crate::SessionKey)'s `FromStr` to find the chat after a restart).
     pub session: String,
     /// How it ended.
-    pub outcome: Outcome,
+    pub outcome: TerminalOutcome,
     /// The gateway may have sent it before (see the protocol's Delivery section). Ids the
     /// client remembers as handled never reach the bridge; this one it does not remember.
     pub redelivery: bool,

@@ -29,15 +29,16 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
-use serde_json::json;
 
 use connection::run_connection;
 pub(crate) use message::{
-    Admission, GatewayEvent, Outcome, OutgoingMessage, SendError, TerminalEvent,
+    Admission, GatewayEvent, OutgoingMessage, SendError, TerminalEvent, TerminalOutcome,
 };
 use recent::RecentIds;
 
 use super::tls::Wire;
+use crate::wire::ClientOp;
+use message::message_line;
 
 mod connection;
 mod message;
@@ -257,7 +258,7 @@ impl Gateway {
         if state.pending.len() >= max {
             return Err(SendError::TooManyPending(max));
         }
-        let line = message.line(&self.shared.config.platform);
+        let line = message_line(message, &self.shared.config.platform);
         log::debug!(
             "gateway: sending message {} for chat {}",
             message.id,
@@ -278,7 +279,10 @@ impl Gateway {
     pub(crate) fn delivered(&self, id: &str) {
         let mut state = self.shared.lock();
         state.shown.insert(id);
-        let line = json!({"op": "delivered", "ids": [id]}).to_string();
+        let line = ClientOp::Delivered {
+            ids: vec![id.to_owned()],
+        }
+        .line();
         write_line(&mut state, &line);
     }
 

@@ -2,9 +2,9 @@
 //! the rest into [`GatewayEvent`]s.
 
 use crossbeam_channel::Sender;
-use serde_json::{Value, json};
 
-use super::{Admission, GatewayEvent, Outcome, Shared, TerminalEvent, write_line};
+use super::{Admission, GatewayEvent, Shared, TerminalEvent, TerminalOutcome, write_line};
+use crate::wire::{ClientOp, ServerLine, ServerOp};
 
 /// What reading one line means for the connection.
 pub(super) enum LineResult {
@@ -16,14 +16,6 @@ pub(super) enum LineResult {
     ReceiverGone,
 }
 
-/// The string field `name` of a line, empty when absent.
-fn str_field(v: &Value, name: &str) -> String {
-    v.get(name)
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned()
-}
-
 /// Acts on one gateway line: answers pending messages, filters results already shown, and
 /// passes the rest on as events.
 pub(super) fn handle_line(
@@ -32,35 +24,63 @@ pub(super) fn handle_line(
     confirmed: &mut bool,
     events: &Sender<GatewayEvent>,
 ) -> LineResult {
-    let Some(v) = parse(line) else {
+    let Some(ServerLine { op, redelivery }) = parse(line) else {
         return LineResult::Continue;
     };
-    let op = v.get("op").and_then(Value::as_str).unwrap_or_default();
-    let id = str_field(&v, "id");
-    let session = str_field(&v, "session");
     let event = match op {
-        "pong" if *confirmed => None,
-        "pong" => {
+        ServerOp::Pong if *confirmed => None,
+        ServerOp::Pong => {
             *confirmed = true;
             Some(on_pong(shared))
         }
-        "ack" | "reject" => Some(on_admission(shared, op, &v, id, session)),
-        "typing" => Some(GatewayEvent::Typing {
-            session,
-            chat_id: str_field(&v, "chat_id"),
-            on: v.get("on").and_then(Value::as_bool).unwrap_or(false),
-        }),
-        "partial" => Some(GatewayEvent::Partial {
+        ServerOp::Ack {
             id,
             session,
-            text: str_field(&v, "text"),
-        }),
-        "reply" | "cancelled" | "failed" | "merged" => on_result(shared, op, &v, id, session),
-        "error" => return on_error(shared, &v, events),
-        other => {
-            log::debug!("gateway: ignoring op {other:?}");
-            None
+            state,
+            position,
+        } => {
+            let admission = match state.as_str() {
+                "duplicate" => Admission::Duplicate { session },
+                state => Admission::Accepted {
+                    session,
+                    queued: state == "queued",
+                    position: position.unwrap_or(0),
+                },
+            };
+            Some(on_admission(shared, id, admission))
         }
+        ServerOp::Reject {
+            id,
+            session,
+            reason,
+            detail,
+        } => Some(on_admission(
+            shared,
+            id,
+            Admission::Rejected {
+                session,
+                reason,
+                detail,
+            },
+        )),
+        ServerOp::Typing {
+            session,
+            chat_id,
+            on,
+            ..
+        } => Some(GatewayEvent::Typing {
+            session,
+            chat_id,
+            on,
+        }),
+        ServerOp::Partial { id, session, text } => {
+            Some(GatewayEvent::Partial { id, session, text })
+        }
+        op @ (ServerOp::Reply { .. }
+        | ServerOp::Cancelled { .. }
+        | ServerOp::Failed { .. }
+        | ServerOp::Merged { .. }) => terminal(op, redelivery).and_then(|t| on_result(shared, t)),
+        ServerOp::Error { detail } => return on_error(shared, detail, events),
     };
     match event.map(|event| events.send(event)) {
         Some(Err(_)) => LineResult::ReceiverGone,
@@ -68,15 +88,47 @@ pub(super) fn handle_line(
     }
 }
 
-/// The line as a JSON object; `None` (logged) for an empty line or anything else.
-fn parse(line: &[u8]) -> Option<Value> {
+/// The terminal event a `reply`, `cancelled`, `failed` or `merged` line is.
+fn terminal(op: ServerOp, redelivery: bool) -> Option<TerminalEvent> {
+    let (id, session, outcome) = match op {
+        ServerOp::Reply {
+            id,
+            session,
+            text,
+            truncated,
+        } => (id, session, TerminalOutcome::Reply { text, truncated }),
+        ServerOp::Cancelled {
+            id,
+            session,
+            reason,
+        } => (id, session, TerminalOutcome::Cancelled { reason }),
+        ServerOp::Failed { id, session, error } => (id, session, TerminalOutcome::Failed { error }),
+        ServerOp::Merged { id, session, into } => (id, session, TerminalOutcome::Merged { into }),
+        _ => return None,
+    };
+    Some(TerminalEvent {
+        id,
+        session,
+        outcome,
+        redelivery,
+    })
+}
+
+/// The line as a server op; `None` (logged) for an empty line or anything else.
+fn parse(line: &[u8]) -> Option<ServerLine> {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     if line.is_empty() {
         return None;
     }
-    match serde_json::from_slice(line) {
-        Ok(v @ Value::Object(_)) => Some(v),
-        _ => {
+    match ServerLine::parse(line) {
+        Ok(parsed) => Some(parsed),
+        // An object this client cannot read: an op it does not know (or a field of a type
+        // the protocol does not give it).
+        Err(e) if e.is_data() && line.starts_with(b"{") => {
+            log::debug!("gateway: ignoring a line: {e}");
+            None
+        }
+        Err(_) => {
             log::warn!(
                 "gateway: ignoring a line that is not a JSON object ({} bytes)",
                 line.len()
@@ -98,8 +150,7 @@ fn on_pong(shared: &Shared) -> GatewayEvent {
 }
 
 /// An `ack` or `reject`: the message stops being pending and its waiters get the answer.
-fn on_admission(shared: &Shared, op: &str, v: &Value, id: String, session: String) -> GatewayEvent {
-    let admission = admission(op, v, session);
+fn on_admission(shared: &Shared, id: String, admission: Admission) -> GatewayEvent {
     let waiters = {
         let mut state = shared.lock();
         match state.pending.iter().position(|p| p.id == id) {
@@ -117,75 +168,31 @@ fn on_admission(shared: &Shared, op: &str, v: &Value, id: String, session: Strin
     GatewayEvent::Admission { id, admission }
 }
 
-/// The [`Admission`] an `ack` (`state` running, queued or duplicate) or `reject` line says.
-fn admission(op: &str, v: &Value, session: String) -> Admission {
-    if op == "reject" {
-        Admission::Rejected {
-            session: v.get("session").and_then(Value::as_str).map(str::to_owned),
-            reason: str_field(v, "reason"),
-            detail: str_field(v, "detail"),
-        }
-    } else if v.get("state").and_then(Value::as_str) == Some("duplicate") {
-        Admission::Duplicate { session }
-    } else {
-        Admission::Accepted {
-            session,
-            queued: v.get("state").and_then(Value::as_str) == Some("queued"),
-            position: v
-                .get("position")
-                .and_then(Value::as_u64)
-                .and_then(|p| usize::try_from(p).ok())
-                .unwrap_or(0),
-        }
-    }
-}
-
 /// A terminal event: passed on unless its id was handled before (then confirmed again).
-fn on_result(
-    shared: &Shared,
-    op: &str,
-    v: &Value,
-    id: String,
-    session: String,
-) -> Option<GatewayEvent> {
-    let outcome = match op {
-        "reply" => Outcome::Reply {
-            text: str_field(v, "text"),
-            truncated: v.get("truncated").and_then(Value::as_bool) == Some(true),
-        },
-        "cancelled" => Outcome::Cancelled {
-            reason: str_field(v, "reason"),
-        },
-        "failed" => Outcome::Failed {
-            error: str_field(v, "error"),
-        },
-        _ => Outcome::Merged {
-            into: str_field(v, "into"),
-        },
-    };
-    let redelivery = v.get("redelivery").and_then(Value::as_bool) == Some(true);
+fn on_result(shared: &Shared, event: TerminalEvent) -> Option<GatewayEvent> {
     {
         let mut state = shared.lock();
-        if state.shown.contains(&id) {
+        if state.shown.contains(&event.id) {
             // Handled before (the protocol allows a second copy): confirm again so
             // the gateway forgets it, and keep it from the chat.
-            log::debug!("gateway: result {id} of {session} was already handled; confirmed again");
-            let line = json!({"op": "delivered", "ids": [id]}).to_string();
+            log::debug!(
+                "gateway: result {} of {} was already handled; confirmed again",
+                event.id,
+                event.session
+            );
+            let line = ClientOp::Delivered {
+                ids: vec![event.id],
+            }
+            .line();
             write_line(&mut state, &line);
             return None;
         }
     }
-    Some(GatewayEvent::Result(TerminalEvent {
-        id,
-        session,
-        outcome,
-        redelivery,
-    }))
+    Some(GatewayEvent::Result(event))
 }
 
 /// An `error` line: reported to the bridge, and kept as the reason of a close that follows.
-fn on_error(shared: &Shared, v: &Value, events: &Sender<GatewayEvent>) -> LineResult {
-    let detail = str_field(v, "detail");
+fn on_error(shared: &Shared, detail: String, events: &Sender<GatewayEvent>) -> LineResult {
     log::warn!("gateway {}: error: {detail}", shared.config.addr);
     if events
         .send(GatewayEvent::Error {

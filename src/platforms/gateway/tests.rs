@@ -1,6 +1,6 @@
 use super::*;
 use crate::message::ChatType;
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
 use std::net::{TcpListener, TcpStream};
 
@@ -80,7 +80,7 @@ fn hello_carries_acks_and_token_and_messages_carry_every_field() {
     m.chat_type = ChatType::Group;
     m.user_id = Some("ann".into());
     m.user_name = Some("Ann".into());
-    m.meta = Some(json!({"reply_to": "x"}));
+    m.meta = Some(json!({"reply_to": "x"}).to_string());
     gw.send(&m).expect("send");
     let line = peer.recv();
     assert_eq!(line["op"], "message");

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use crate::message::{ChatType, Command, SessionKey};
 use crate::platforms::edits::{EditLimits, EditQueue, Next};
 use crate::platforms::gateway::{
-    Admission, Gateway, GatewayEvent, Outcome, OutgoingMessage, SendError, TerminalEvent,
+    Admission, Gateway, GatewayEvent, OutgoingMessage, SendError, TerminalEvent, TerminalOutcome,
 };
 use crate::platforms::split::{Limit, split};
 
@@ -299,6 +299,7 @@ impl<H: Homeserver> Core<H> {
         self.turn_order.push_back(msg.event_id.clone());
         let out = OutgoingMessage {
             id: msg.event_id.clone(),
+            platform: None,
             chat_id: msg.room.clone(),
             chat_type: match kind {
                 ChatKind::Dm => ChatType::Dm,
@@ -307,7 +308,10 @@ impl<H: Homeserver> Core<H> {
             user_id: Some(msg.sender.clone()),
             user_name: msg.sender_name.clone(),
             thread_id: None,
-            meta: msg.to_bridge(&self.platform, kind).get("meta").cloned(),
+            meta: msg
+                .to_bridge(&self.platform, kind)
+                .get("meta")
+                .map(|m| m.to_string()),
             text: msg.text.clone(),
         };
         log::debug!(
@@ -465,9 +469,9 @@ impl<H: Homeserver> Core<H> {
             },
         };
         let text = match &outcome {
-            Outcome::Reply { .. } => outcome.chat_text(),
-            Outcome::Merged { .. } => None,
-            Outcome::Cancelled { reason } => {
+            TerminalOutcome::Reply { .. } => outcome.chat_text(),
+            TerminalOutcome::Merged { .. } => None,
+            TerminalOutcome::Cancelled { reason } => {
                 if !shown.is_empty() {
                     let marker = if reason == "stopped" {
                         STOPPED_MARKER.to_owned()
@@ -482,7 +486,7 @@ impl<H: Homeserver> Core<H> {
                     outcome.chat_text()
                 }
             }
-            Outcome::Failed { .. } => match outcome.chat_text() {
+            TerminalOutcome::Failed { .. } => match outcome.chat_text() {
                 Some(t) if !shown.is_empty() => Some(format!("{shown}\n\n{t}")),
                 other => other,
             },
@@ -490,10 +494,10 @@ impl<H: Homeserver> Core<H> {
         log::debug!(
             "matrix: room {room}: result of {id} ({}{})",
             match &outcome {
-                Outcome::Reply { .. } => "reply",
-                Outcome::Cancelled { .. } => "cancelled",
-                Outcome::Failed { .. } => "failed",
-                Outcome::Merged { .. } => "merged",
+                TerminalOutcome::Reply { .. } => "reply",
+                TerminalOutcome::Cancelled { .. } => "cancelled",
+                TerminalOutcome::Failed { .. } => "failed",
+                TerminalOutcome::Merged { .. } => "merged",
             },
             if redelivery { ", redelivered" } else { "" }
         );

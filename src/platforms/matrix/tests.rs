@@ -13,7 +13,7 @@ use super::*;
 use crate::message::ChatType;
 use crate::platforms::edits::EditLimits;
 use crate::platforms::gateway::{
-    Admission, GatewayEvent, Outcome, OutgoingMessage, SendError, TerminalEvent,
+    Admission, GatewayEvent, OutgoingMessage, SendError, TerminalEvent, TerminalOutcome,
 };
 
 #[derive(Debug, Clone)]
@@ -123,7 +123,7 @@ fn partial(id: &str, text: &str) -> GatewayEvent {
     }
 }
 
-fn result(id: &str, outcome: Outcome, redelivery: bool) -> GatewayEvent {
+fn result(id: &str, outcome: TerminalOutcome, redelivery: bool) -> GatewayEvent {
     GatewayEvent::Result(TerminalEvent {
         id: id.into(),
         session: session(),
@@ -132,8 +132,8 @@ fn result(id: &str, outcome: Outcome, redelivery: bool) -> GatewayEvent {
     })
 }
 
-fn reply(text: &str) -> Outcome {
-    Outcome::Reply {
+fn reply(text: &str) -> TerminalOutcome {
+    TerminalOutcome::Reply {
         text: text.into(),
         truncated: false,
     }
@@ -205,7 +205,10 @@ fn a_reply_is_one_message_replying_to_the_human_then_edits_of_it() {
     assert_eq!(m.user_id.as_deref(), Some("@ann:hs"));
     assert_eq!(m.user_name.as_deref(), Some("Ann"));
     assert_eq!(
-        m.meta.as_ref().map(|v| v["event_id"].clone()),
+        m.meta
+            .as_deref()
+            .and_then(|v| serde_json::from_str::<serde_json::Value>(v).ok())
+            .map(|v| v["event_id"].clone()),
         Some("$h1".into())
     );
     r.gateway(partial("$h1", "Hel"));
@@ -316,7 +319,7 @@ fn a_result_after_a_bridge_restart_finds_its_room_in_the_session_key() {
     let mut r = Rig::new();
     r.gateway(result(
         "$old",
-        Outcome::Failed {
+        TerminalOutcome::Failed {
             error: "interrupted by restart".into(),
         },
         true,
@@ -356,7 +359,7 @@ fn stop_ends_the_partials_and_the_cancellation_is_a_last_edit_with_a_marker() {
     r.settle();
     r.gateway(result(
         "$h1",
-        Outcome::Cancelled {
+        TerminalOutcome::Cancelled {
             reason: "stopped".into(),
         },
         false,
@@ -380,12 +383,16 @@ fn a_cancellation_with_nothing_shown_posts_nothing_and_is_confirmed() {
     r.human("$h1", "slow");
     r.gateway(result(
         "$h1",
-        Outcome::Cancelled {
+        TerminalOutcome::Cancelled {
             reason: "stopped".into(),
         },
         false,
     ));
-    r.gateway(result("$h2", Outcome::Merged { into: "$h1".into() }, false));
+    r.gateway(result(
+        "$h2",
+        TerminalOutcome::Merged { into: "$h1".into() },
+        false,
+    ));
     r.settle();
     assert!(r.sent().is_empty());
     assert_eq!(r.gw.delivered, vec!["$h1", "$h2"]);

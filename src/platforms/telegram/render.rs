@@ -10,7 +10,7 @@ use super::api::{ApiError, BotApi, chat_param, send_params};
 use super::update::{chat_of, reply_target};
 use super::{CALL_TIMEOUT, MAX_BACKOFF};
 use crate::platforms::BridgeError;
-use crate::platforms::gateway::{Outcome, TerminalEvent};
+use crate::platforms::gateway::{TerminalEvent, TerminalOutcome};
 use crate::platforms::split::{TELEGRAM_LIMIT, split};
 
 /// Rate-limit strikes on one reply after which its partials are no longer shown.
@@ -162,7 +162,7 @@ impl Renderer {
         if let Some(view) = self.views.get_mut(&result.id) {
             // A turn cancelled or failed after partials were shown keeps what was shown,
             // with the marker appended as its last edit.
-            if !matches!(result.outcome, Outcome::Reply { .. }) && !view.posted.is_empty() {
+            if !matches!(result.outcome, TerminalOutcome::Reply { .. }) && !view.posted.is_empty() {
                 let shown: String = view.posted.iter().map(|(_, t)| t.as_str()).collect();
                 text = format!("{shown}\n{text}");
             }

@@ -5,7 +5,7 @@ use super::api::{interpret, redact};
 use super::render::{MAX_NOTICES, MAX_PENDING_FACTOR, MAX_STRIKES};
 use super::update::{chat_of, reply_target, update_to_message};
 use crate::message::{ChatType, SessionKey};
-use crate::platforms::gateway::{Outcome, TerminalEvent};
+use crate::platforms::gateway::{TerminalEvent, TerminalOutcome};
 
 /// A scripted Bot API: answers from a queue (default: success), records every call.
 struct ScriptedApi {
@@ -39,7 +39,7 @@ fn result(id: &str, text: &str) -> TerminalEvent {
     TerminalEvent {
         id: id.into(),
         session: "telegram:dm:42".into(),
-        outcome: Outcome::Reply {
+        outcome: TerminalOutcome::Reply {
             text: text.into(),
             truncated: false,
         },
@@ -176,7 +176,7 @@ fn a_cancelled_turn_keeps_its_shown_text_and_ends_with_the_marker() {
     r.partial("tg-1-7", "telegram:dm:42", "half an answer");
     run_until_idle(&mut r, &mut api, t0);
     r.result(&TerminalEvent {
-        outcome: Outcome::Cancelled {
+        outcome: TerminalOutcome::Cancelled {
             reason: "stopped".into(),
         },
         ..result("tg-1-7", "")

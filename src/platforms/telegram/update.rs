@@ -60,7 +60,7 @@ pub(crate) fn update_to_message(update: &Value, bot_username: &str) -> Option<Ou
     if let Some(u) = from.and_then(|f| f.get("username")).and_then(Value::as_str) {
         meta["username"] = json!(u);
     }
-    message.meta = Some(meta);
+    message.meta = Some(meta.to_string());
     Some(message)
 }
 

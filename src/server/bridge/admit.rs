@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::super::dedup::{Fingerprint, fingerprint};
-use super::super::protocol::{MessageFields, ServerOp, check_platform, encode};
 use super::conns::Answer;
 use super::durable::Durable;
 use super::platforms::Claim;
@@ -20,6 +19,7 @@ use super::{Action, Bridge, ConnId};
 use crate::core::{AcceptState, RejectReason};
 use crate::journal::StoredMessage;
 use crate::message::{ChatType, InvalidInput, Message, SessionKey};
+use crate::wire::{MessageFields, ServerOp, check_platform, encode};
 
 /// A platform's metadata (a JSON object, serialized), and whether it was already parsed.
 pub(super) enum Meta {

@@ -28,7 +28,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::super::frame::{Body, Frame};
+use super::super::frame::Frame;
 use super::admit::{Refusal, duplicate_ack};
 use super::early::{EARLY_SLACK, EarlyOutcomes, Kept};
 use super::routes::{Routes, no_conn};
@@ -40,7 +40,8 @@ use crate::journal::{
     now_ms, partition_of, tag_parts,
 };
 use crate::message::SessionKey;
-use crate::server::protocol::{ServerOp, encode};
+use crate::wire::EncodedLine as Body;
+use crate::wire::{ServerOp, encode};
 
 /// A message accepted here whose outcome record was given up (fenced, or its partition no
 /// longer held): its result is the next owner's outcome from the stream, or its own frame if

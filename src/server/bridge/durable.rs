@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use super::super::dedup::fingerprint;
-use super::super::frame::{Body, Frame};
+use super::super::frame::Frame;
 use super::admit::{Draft, Refusal, build};
 use super::routes::{InFlight, Routes, no_conn};
 use super::status::{JournalStatus, RecoveryCounts};
@@ -16,6 +16,7 @@ use super::{Action, Bridge, ConnId, INTERRUPTED, POISON};
 use crate::core::TurnId;
 use crate::journal::{Committed, Record, Recovered, RecoveredMessage, StoredMessage};
 use crate::message::{Message, SessionKey};
+use crate::wire::EncodedLine as Body;
 
 /// The bridge's journal side.
 pub(super) struct Durable {

@@ -21,9 +21,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::super::frame::{Body, Frame};
+use super::super::frame::Frame;
 use super::{Action, Bridge};
 use crate::journal::{ClusterRequest, RecoveredMessage, tag_parts};
+use crate::wire::EncodedLine as Body;
 
 /// How long an offer waits for its answer before its results are offered again (an offer
 /// to an instance that died, or sent while the registry still named this one).

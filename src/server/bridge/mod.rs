@@ -71,12 +71,14 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::frame::{Body, Frame};
-use super::protocol::{ClientOp, LineError, ServerOp, check_platform, encode, parse_line};
+use super::frame::Frame;
 use crate::core::{CancelReason, EventKind, MessageEvent, RejectReason, TurnId};
 use crate::journal::Record;
 use crate::key::Key;
 use crate::message::{Message, SessionKey};
+use crate::wire::{
+    ClientOp, EncodedLine as Body, LineError, ServerOp, check_platform, encode, parse_line,
+};
 use admit::Refusal;
 pub use config::{BridgeConfig, TERMINAL_ENVELOPE};
 use config::{HOUSEKEEPING, INTERRUPTED, POISON};

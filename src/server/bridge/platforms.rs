@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::super::dedup::{DedupWindow, Fingerprint, Seen};
-use super::super::frame::{Body, Frame};
-use super::super::protocol::check_platform;
+use super::super::frame::Frame;
 use super::admit::Refusal;
 use super::status::PlatformStatus;
 use super::{BridgeConfig, ConnId, TERMINAL_ENVELOPE};
+use crate::wire::{EncodedLine as Body, check_platform};
 
 /// Expired duplicate-window entries dropped per platform per housekeeping pass, so that a
 /// mass expiry is spread over passes instead of stalling one.

@@ -8,14 +8,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::super::dedup::Fingerprint;
-use super::super::frame::{Body, Frame};
-use super::super::protocol::{ServerOp, encode};
+use super::super::frame::Frame;
 use super::super::sharded::Sharded;
 use super::{Bridge, ConnId};
 use crate::core::{Outcome, TurnId};
 use crate::journal::Record;
 use crate::key::Key;
 use crate::message::SessionKey;
+use crate::wire::{EncodedLine as Body, ServerOp, encode};
 
 /// The route of a message recovered from the journal: no connection (its events go to its
 /// platform's outbox). No slot ever gets this key.

@@ -1,14 +1,22 @@
-//! The parser of a client line as it was before the typed parse: the line built into a
-//! `serde_json::Value`, its fields read out of the tree. Kept, for the tests only, as the
-//! oracle the typed parse must agree with on every line, errors included.
+//! The parser of a client line as it was before the typed parse (`src/wire/parse.rs`): the
+//! line built into a `serde_json::Value`, its fields read out of the tree. Kept, for the tests
+//! only, as the oracle the typed parse must agree with on every line, errors included.
 
 use serde_json::{Map, Value};
 
-use super::{ClientOp, LineError, MessageFields, truncate};
-use crate::message::ChatType;
+use turnstile::ChatType;
+use turnstile::internal::wire::{ClientOp, LineError, MessageFields};
+
+/// The first `max` characters of `s`.
+fn truncate(s: &str, max: usize) -> &str {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
 
 /// Parses one line (without its newline).
-pub(super) fn parse_line(line: &[u8]) -> Result<ClientOp, LineError> {
+fn parse_line(line: &[u8]) -> Result<ClientOp, LineError> {
     let value: Value = serde_json::from_slice(line)
         .map_err(|e| LineError::Malformed(format!("invalid JSON: {e}")))?;
     let Value::Object(obj) = value else {
@@ -119,7 +127,7 @@ mod agreement {
 
     use proptest::prelude::*;
 
-    use super::super::parse_line;
+    use turnstile::internal::wire::parse_line;
 
     /// Both parsers on `line`, required equal.
     fn agree(line: &[u8]) {

@@ -14,13 +14,131 @@
 //! byte. What is *not* used is `IgnoredAny`: serde_json skips those values with a laxer
 //! scan (it accepts `1e400` and lone surrogates that `Value` refuses). The checks of the
 //! fields run after the whole line parsed, in the old order. The test module holds the old
-//! parser as an oracle and a proptest holding the two equal.
+//! parser as an oracle (`tests/wire_oracle.rs`) and a proptest holding the two equal.
 
 use std::borrow::Cow;
 use std::fmt;
 
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
+
+use super::{ClientOp, LineError, MessageFields};
+use crate::message::ChatType;
+
+/// Parses one line (without its newline).
+pub fn parse_line(line: &[u8]) -> Result<ClientOp, LineError> {
+    let mut obj = Fields::default();
+    let object =
+        parse(line, &mut obj).map_err(|e| LineError::Malformed(format!("invalid JSON: {e}")))?;
+    if !object {
+        return Err(LineError::Malformed("expected a JSON object".into()));
+    }
+    let op = match &obj.op {
+        Field::Str(op) => &**op,
+        Field::Absent => return Err(LineError::Malformed("missing op".into())),
+        _ => return Err(LineError::Malformed("op must be a string".into())),
+    };
+    match op {
+        "ping" => Ok(ClientOp::Ping),
+        "hello" => {
+            let field = |name: &str, f: &Field<'_>| match f {
+                Field::Absent | Field::Null => Ok(None),
+                Field::Str(s) => Ok(Some(s.to_string())),
+                _ => Err(LineError::Malformed(format!(
+                    "hello: {name} must be a string"
+                ))),
+            };
+            let acks = match obj.acks {
+                Field::Absent | Field::Null => false,
+                Field::Bool(b) => b,
+                _ => {
+                    return Err(LineError::Malformed("hello: acks must be a boolean".into()));
+                }
+            };
+            Ok(ClientOp::Hello {
+                platform: field("platform", &obj.platform)?,
+                token: field("token", &obj.token)?,
+                acks,
+            })
+        }
+        "delivered" => match obj.ids.take() {
+            Some(ids) => Ok(ClientOp::Delivered {
+                ids: ids.into_iter().map(Cow::into_owned).collect(),
+            }),
+            None => Err(LineError::Malformed(
+                "delivered: ids must be an array of strings".into(),
+            )),
+        },
+        "message" => parse_message(&mut obj),
+        other => Err(LineError::Malformed(format!(
+            "unknown op: {}",
+            truncate(other, 64)
+        ))),
+    }
+}
+
+/// The fields of a `message`, checked in the order the protocol always checked them (the
+/// first bad one is the one answered).
+fn parse_message(obj: &mut Fields<'_>) -> Result<ClientOp, LineError> {
+    let id = match std::mem::take(&mut obj.id) {
+        Field::Str(id) if !id.is_empty() => id.into_owned(),
+        _ => {
+            return Err(LineError::Malformed(
+                "message: id must be a non-empty string".into(),
+            ));
+        }
+    };
+    let invalid = |detail: String| LineError::Invalid {
+        id: id.clone(),
+        detail,
+    };
+    let required = |name: &str, f: Field<'_>| match f {
+        Field::Str(s) => Ok(s.into_owned()),
+        Field::Absent => Err(invalid(format!("{name} is required"))),
+        _ => Err(invalid(format!("{name} must be a string"))),
+    };
+    let optional = |name: &str, f: Field<'_>| match f {
+        Field::Absent | Field::Null => Ok(None),
+        Field::Str(s) => Ok(Some(s.into_owned())),
+        _ => Err(invalid(format!("{name} must be a string or null"))),
+    };
+    let chat_type = match &obj.chat_type {
+        Field::Absent | Field::Null => ChatType::Dm,
+        Field::Str(t) => ChatType::parse(t)
+            .ok_or_else(|| invalid("chat_type must be one of dm, group, channel, thread".into()))?,
+        _ => return Err(invalid("chat_type must be a string or null".into())),
+    };
+    let meta = match &obj.meta {
+        None | Some(Value::Null) => None,
+        // Re-serialized compactly: the agent gets a canonical object, bounded by the line.
+        Some(v @ Value::Object(_)) => Some(v.to_string()),
+        Some(_) => return Err(invalid("meta must be a JSON object or null".into())),
+    };
+    let chat_id = required("chat_id", std::mem::take(&mut obj.chat_id))?;
+    let text = required("text", std::mem::take(&mut obj.text))?;
+    let platform = optional("platform", std::mem::take(&mut obj.platform))?;
+    let user_id = optional("user_id", std::mem::take(&mut obj.user_id))?;
+    let user_name = optional("user_name", std::mem::take(&mut obj.user_name))?;
+    let thread_id = optional("thread_id", std::mem::take(&mut obj.thread_id))?;
+    Ok(ClientOp::Message(MessageFields {
+        id,
+        platform,
+        chat_id,
+        chat_type,
+        user_id,
+        user_name,
+        meta,
+        thread_id,
+        text,
+    }))
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
 
 /// What a field of the line held, as far as the protocol looks. A key given twice keeps its
 /// last value, as `Value`'s map did.
