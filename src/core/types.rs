@@ -694,7 +694,7 @@ pub struct CoreStats {
 }
 
 /// Session gauges.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct SessionCounts {
     /// Sessions holding a slot.
@@ -714,7 +714,7 @@ pub struct SessionCounts {
 }
 
 /// Turn counters.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct TurnCounts {
     /// Turns in flight (claimed, not abandoned), held ones included.
@@ -734,7 +734,7 @@ pub struct TurnCounts {
 }
 
 /// Cleanup counters.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct CleanupCounts {
     /// Jobs not yet finished nor timed out (any stage).
@@ -750,7 +750,7 @@ pub struct CleanupCounts {
 }
 
 /// Message counters.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct MessageCounts {
     /// Messages accepted.
