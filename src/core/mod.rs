@@ -234,14 +234,7 @@ impl<R: Clone, A> Core<R, A> {
 
     /// The settings a reload may change, as in force.
     pub fn tunables(&self) -> Tunables {
-        Tunables {
-            busy_mode: self.cfg.busy_mode,
-            queue_cap: self.cfg.queue_cap,
-            turn_timeout: self.cfg.turn_timeout,
-            stop_grace: self.cfg.stop_grace,
-            cleanup_timeout: self.cfg.cleanup_timeout,
-            drain_timeout: self.cfg.drain_timeout,
-        }
+        self.cfg.tunables()
     }
 
     /// Changes the settings a reload may change (see [`Tunables`] for when each applies).

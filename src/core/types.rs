@@ -143,6 +143,20 @@ pub(crate) const DEFAULT_CLEANUP_CONCURRENCY: usize = 64;
 /// Default [`CoreConfig::cleanup_queue_cap`].
 pub(crate) const DEFAULT_CLEANUP_QUEUE_CAP: usize = 1024;
 
+impl CoreConfig {
+    /// The settings of this configuration a reload may change.
+    pub(crate) fn tunables(&self) -> Tunables {
+        Tunables {
+            busy_mode: self.busy_mode,
+            queue_cap: self.queue_cap,
+            turn_timeout: self.turn_timeout,
+            stop_grace: self.stop_grace,
+            cleanup_timeout: self.cleanup_timeout,
+            drain_timeout: self.drain_timeout,
+        }
+    }
+}
+
 impl Default for CoreConfig {
     fn default() -> Self {
         CoreConfig {
