@@ -193,7 +193,7 @@ pub enum RejectReason {
 
 impl RejectReason {
     /// The wire name.
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             RejectReason::QueueFull => "queue_full",
             RejectReason::ShuttingDown => "shutting_down",

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 
 use super::exposition::{Exposition, Kind, Metric, Reading, by, labelled};
 use crate::agent::ModelUsage;
+use crate::core::RejectReason;
 use crate::liveness::{BridgeStatus, JournalStatus, PlatformStatus, ServiceStatus};
 use crate::liveness::{
     CleanupCounts, HttpStatus, MessageCounts, RuntimeState, SessionCounts, Status, ThreadStates,
@@ -282,11 +283,12 @@ const TURNS: &[Metric<Status>] = &[
     },
 ];
 
-/// Reasons exposed before the first refusal for them, so an alert on them has a series.
+/// Reasons exposed before the first refusal for them, so an alert on them has a series:
+/// the runtime's (named where they are defined) and the bridge server's two of its own.
 const ALWAYS_REJECTED: [&str; 5] = [
-    "queue_full",
-    "overloaded",
-    "shutting_down",
+    RejectReason::QueueFull.as_str(),
+    RejectReason::Overloaded.as_str(),
+    RejectReason::ShuttingDown.as_str(),
     "backpressure",
     "storage",
 ];
