@@ -179,6 +179,7 @@ impl Builder {
 
     /// The core's whole configuration at once (what the setters above set one by one), as
     /// `serve` resolved it from its flags.
+    #[cfg(feature = "cli")]
     pub(crate) fn core_config(mut self, core: CoreConfig) -> Self {
         self.core = core;
         self
