@@ -144,6 +144,25 @@ pub(crate) const DEFAULT_CLEANUP_CONCURRENCY: usize = 64;
 pub(crate) const DEFAULT_CLEANUP_QUEUE_CAP: usize = 1024;
 
 impl CoreConfig {
+    /// Changes the settings a reload may change (a queue cap of 0 taken as 1).
+    pub(crate) fn retune(&mut self, t: Tunables) {
+        debug_assert!(t.queue_cap > 0, "queue_cap must be at least 1");
+        debug_assert!(!t.turn_timeout.is_zero() && !t.cleanup_timeout.is_zero());
+        self.busy_mode = t.busy_mode;
+        self.queue_cap = t.queue_cap.max(1);
+        self.turn_timeout = t.turn_timeout;
+        self.stop_grace = t.stop_grace;
+        self.cleanup_timeout = t.cleanup_timeout;
+        self.drain_timeout = t.drain_timeout;
+        debug_assert_eq!(
+            self.tunables(),
+            Tunables {
+                queue_cap: t.queue_cap.max(1),
+                ..t
+            }
+        );
+    }
+
     /// The settings of this configuration a reload may change.
     pub(crate) fn tunables(&self) -> Tunables {
         Tunables {
