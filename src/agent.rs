@@ -252,7 +252,7 @@ pub trait AgentFactory: Send + Sync + 'static {
 }
 
 /// What one model consumed, as a factory reports it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ModelUsage {
     /// The model's name as the agent asks for it (`""`: the factory does not say).
     pub model: String,
@@ -262,7 +262,7 @@ pub struct ModelUsage {
 
 /// Totals an agent factory reports in the status snapshot (`agent_usage`), e.g. the tokens
 /// an LLM agent's requests used.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct AgentUsage {
     /// Prompt (input) tokens.
     pub prompt_tokens: u64,

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Exact buckets below this many microseconds; log-linear above.
 const LINEAR: u64 = 16;
@@ -175,7 +175,7 @@ impl LagWindow {
 }
 
 /// Percentiles of loop lag in milliseconds.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct LagSummary {
     /// Median.

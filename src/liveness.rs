@@ -13,7 +13,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::{Receiver, Sender, bounded};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::agent::{AgentUsage, ModelUsage};
 pub(crate) use crate::core::{CleanupCounts, MessageCounts, SessionCounts, TurnCounts};
@@ -21,7 +21,7 @@ use crate::histogram::LagSummary;
 use crate::histogram::{JOURNAL_BUCKETS, LAG_BUCKETS, PromHistogram, TURN_BUCKETS};
 
 /// The runtime's lifecycle state.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 #[non_exhaustive]
 pub enum RuntimeState {
@@ -37,7 +37,7 @@ pub enum RuntimeState {
 }
 
 /// Worker thread gauges.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct WorkerCounts {
     /// Turn-pool threads alive (stuck ones included).
@@ -60,7 +60,7 @@ pub struct WorkerCounts {
 }
 
 /// A pool's live threads by state (they add up to its live count).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ThreadStates {
     /// Waiting for a job.
     pub idle: usize,
@@ -71,7 +71,7 @@ pub struct ThreadStates {
 }
 
 /// The process, as the heartbeat sees it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProcessInfo {
     /// Resident set size in bytes (`/proc/self/statm`; it and the CPU and descriptor figures
     /// are read at most once a second).
@@ -117,17 +117,18 @@ impl Default for Histograms {
 /// frontend fills [`FrontendStatus::custom`] (starting from `FrontendStatus::default()`):
 /// those figures appear in `/status` and the status file as given; the metrics and the
 /// readiness checks read only the typed fields.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(bound(deserialize = "'de: 'static"))]
 #[non_exhaustive]
 pub struct FrontendStatus {
     /// The bridge server's figures, when the bridge server is hosted.
     #[serde(flatten)]
     pub bridge: Option<BridgeStatus>,
     /// The operations HTTP endpoint's figures, when it is served.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<HttpStatus>,
     /// How long the bridge server's ready connections waited for their turn (`service`).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<ServiceStatus>,
     /// Any other frontend's own figures, by name (shown, never read back).
     #[serde(flatten)]
@@ -135,7 +136,7 @@ pub struct FrontendStatus {
 }
 
 /// The operations HTTP endpoint's figures (`frontend.http` in the status), for the metrics.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct HttpStatus {
     /// Open connections.
     pub connections: usize,
@@ -184,7 +185,7 @@ pub(crate) const REVISION: &str = env!("TURNSTILE_REVISION");
 /// connection waited for its turn, as its client sees it, beside the heartbeat's lag. A
 /// connection that is readable waits in a round-robin queue until it is read; one with
 /// output and room for it, until it is written.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ServiceStatus {
     /// Readable → read, since start.
     pub read_delay_ms: LagSummary,
@@ -199,11 +200,21 @@ pub struct ServiceStatus {
     /// Connections waiting to be written now.
     pub write_queue: usize,
     /// Readable → read in the metrics' buckets (not in the JSON).
-    #[serde(skip)]
+    #[serde(skip, default = "lag_histogram")]
     pub read_delay: PromHistogram,
     /// Output ready → written in the metrics' buckets (not in the JSON).
-    #[serde(skip)]
+    #[serde(skip, default = "lag_histogram")]
     pub write_delay: PromHistogram,
+}
+
+/// An empty histogram in the loop-lag buckets (a skipped field's value when read back).
+fn lag_histogram() -> PromHistogram {
+    PromHistogram::new(LAG_BUCKETS)
+}
+
+/// An empty histogram in the journal-write buckets (a skipped field's value when read back).
+fn journal_histogram() -> PromHistogram {
+    PromHistogram::new(JOURNAL_BUCKETS)
 }
 
 impl Default for ServiceStatus {
@@ -222,12 +233,14 @@ impl Default for ServiceStatus {
 }
 
 /// A snapshot of the runtime, refreshed by every heartbeat tick.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct Status {
     /// The crate's version (`CARGO_PKG_VERSION`).
+    #[serde(borrow)]
     pub version: &'static str,
     /// The git revision it was built from, or `unknown`.
+    #[serde(borrow)]
     pub revision: &'static str,
     /// Process id.
     pub pid: u32,
@@ -259,16 +272,17 @@ pub struct Status {
     pub messages: MessageCounts,
     /// The runtime's rejections by reason (`queue_full`, `overloaded`, `shutting_down`); a
     /// frontend may refuse more, counted in its own figures.
+    #[serde(borrow)]
     pub rejected_by_reason: BTreeMap<&'static str, u64>,
     /// What the agents consumed (tokens), when the agent factory counts it.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_usage: Option<AgentUsage>,
     /// The same split by model (empty when the factory does not count usage).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub agent_usage_by_model: Vec<ModelUsage>,
     /// The hosted frontend's own figures (the bridge server's connections, platforms,
     /// outboxes and rejections; the HTTP endpoint's), when it reports any.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frontend: Option<FrontendStatus>,
     /// Histograms for the metrics.
     #[serde(skip)]
@@ -415,7 +429,7 @@ fn write_atomically(path: &Path, status: &Status) -> std::io::Result<()> {
 // ---- the bridge's figures (filled by the bridge server) --------------------------------
 
 /// One platform's figures in the status.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct PlatformStatus {
     /// Connections that said hello for it.
     pub connections: usize,
@@ -444,7 +458,7 @@ pub struct PlatformStatus {
 }
 
 /// The bridge's figures, for the status snapshot.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct BridgeStatus {
     /// Open connections.
     pub connections: usize,
@@ -455,6 +469,7 @@ pub struct BridgeStatus {
     /// Per platform.
     pub outboxes: BTreeMap<String, PlatformStatus>,
     /// Rejections by reason, the runtime's included.
+    #[serde(borrow)]
     pub rejected: BTreeMap<&'static str, u64>,
     /// Connections refused or closed at a bound (too many, hello deadline, stall).
     pub connections_refused: u64,
@@ -468,20 +483,20 @@ pub struct BridgeStatus {
     /// (beyond `--outbox-stale-keep` each); each was logged at WARN.
     pub stale_dropped: u64,
     /// Durability (`--data-dir`); absent without it.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub journal: Option<JournalStatus>,
     /// Results written to `acks` connections and not yet confirmed `delivered`.
     pub awaiting_delivery: usize,
     /// New connections are served TLS (`--tls-cert`).
     pub tls: bool,
     /// Cluster membership (`--cluster`); absent without it.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<ClusterStatus>,
 }
 
 /// A cluster member's figures (`--cluster`, docs/cluster.md): what it owns, what waits on
 /// other instances, how often ownership changed hands, and its stream reader's health.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct ClusterStatus {
     /// This instance's id (`--instance-id`).
@@ -558,16 +573,16 @@ pub struct ClusterStatus {
 }
 
 /// The journal's figures in the status.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct JournalStatus {
     /// Bytes the journal's files take on disk (database, write-ahead log, mark; not the
     /// reserve), as of its last write or idle pass; absent for a store without files.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_bytes: Option<u64>,
     /// How long each of the journal thread's writes took (commit, sync, mark), for the
     /// metrics.
-    #[serde(skip)]
+    #[serde(skip, default = "journal_histogram")]
     pub write_seconds: PromHistogram,
     /// Records sent to the journal thread and not yet taken.
     pub queued_records: usize,
@@ -612,7 +627,7 @@ impl Default for JournalStatus {
 }
 
 /// What start-up recovery did, by message.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct RecoveryCounts {
     /// Messages found in the journal.

@@ -11,7 +11,8 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
-use serde_json::Value;
+
+use crate::liveness::{ClusterStatus, FrontendStatus, PlatformStatus, RuntimeState, Status};
 
 use super::USAGE_ERROR;
 
@@ -97,20 +98,19 @@ pub(crate) fn run(args: StatusArgs) -> i32 {
             (status, Some(health))
         }
     };
-    let Ok(v) = serde_json::from_str::<Value>(&snapshot) else {
-        eprintln!("turnstile status: not a turnstile status document (not JSON)");
-        return UNKNOWN;
+    let status = match parse(snapshot) {
+        Ok(status) => status,
+        Err(why) => {
+            eprintln!("turnstile status: not a turnstile status document{why}");
+            return UNKNOWN;
+        }
     };
-    if v.get("state").and_then(Value::as_str).is_none() || v.get("ticks").is_none() {
-        eprintln!("turnstile status: not a turnstile status document");
-        return UNKNOWN;
-    }
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
         .as_secs_f64();
-    print!("{}", summary(&v, now));
-    match verdict(&v, now, args.max_age.0, probe) {
+    print!("{}", summary(&status, now));
+    match verdict(&status, now, args.max_age.0, probe) {
         Ok(()) => {
             println!("verdict: healthy");
             0
@@ -122,25 +122,29 @@ pub(crate) fn run(args: StatusArgs) -> i32 {
     }
 }
 
-fn num(v: &Value, path: &[&str]) -> f64 {
-    path.iter()
-        .try_fold(v, |v, k| v.get(k))
-        .and_then(Value::as_f64)
-        .unwrap_or(0.0)
+/// The snapshot, typed: the very [`Status`] the gateway wrote. Its names (version,
+/// rejection reasons) are `&'static str`, borrowed from the document, so the document is
+/// leaked: this process reads one snapshot and exits. The error is the text that follows
+/// "not a turnstile status document".
+fn parse(snapshot: String) -> Result<Status, &'static str> {
+    let text: &'static str = Box::leak(snapshot.into_boxed_str());
+    serde_json::from_str(text).map_err(|e| match e.classify() {
+        serde_json::error::Category::Data => "",
+        _ => " (not JSON)",
+    })
 }
 
 /// Healthy: running, fresh, and (over HTTP) `/healthz` 200.
 fn verdict(
-    v: &Value,
+    s: &Status,
     now_unix: f64,
     max_age: f64,
     probe: Option<Result<(), String>>,
 ) -> Result<(), String> {
-    let state = v["state"].as_str().unwrap_or("?");
-    if state != "running" {
-        return Err(format!("state is {state}"));
+    if s.state != RuntimeState::Running {
+        return Err(format!("state is {}", state_name(s.state)));
     }
-    let updated = num(v, &["process", "updated_unix_s"]);
+    let updated = s.process.updated_unix_s;
     let age = now_unix - updated;
     if updated <= 0.0 || age > max_age {
         return Err(format!(
@@ -148,6 +152,14 @@ fn verdict(
         ));
     }
     probe.unwrap_or(Ok(()))
+}
+
+/// The state as the snapshot spells it (`running`, `draining`, ...).
+fn state_name(state: RuntimeState) -> String {
+    serde_json::to_value(state)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_else(|| "?".to_owned())
 }
 
 fn bytes(n: f64) -> String {
@@ -161,79 +173,71 @@ fn bytes(n: f64) -> String {
 }
 
 /// The human summary, one topic per line.
-fn summary(v: &Value, now_unix: f64) -> String {
+fn summary(s: &Status, now_unix: f64) -> String {
     let mut out = String::new();
-    runtime_lines(&mut out, v, now_unix);
-    if let Some(f) = v.get("frontend") {
+    runtime_lines(&mut out, s, now_unix);
+    if let Some(f) = &s.frontend {
         frontend_lines(&mut out, f);
     }
     out.push_str(&format!(
         "memory: {} resident\n",
-        bytes(num(v, &["process", "rss_bytes"]))
+        bytes(s.process.rss_bytes as f64)
     ));
     out
 }
 
 /// The reactor's own lines: state, loop lag, sessions, turns and messages, cleanups.
-fn runtime_lines(out: &mut String, v: &Value, now_unix: f64) {
-    let age = now_unix - num(v, &["process", "updated_unix_s"]);
+fn runtime_lines(out: &mut String, s: &Status, now_unix: f64) {
+    let age = now_unix - s.process.updated_unix_s;
     out.push_str(&format!(
         "state: {} (pid {}), uptime {:.1} s, snapshot {:.1} s old, {} ticks\n",
-        v["state"].as_str().unwrap_or("?"),
-        num(v, &["pid"]),
-        num(v, &["uptime_s"]),
+        state_name(s.state),
+        s.pid,
+        s.uptime_s,
         age.max(0.0),
-        num(v, &["ticks"]),
+        s.ticks,
     ));
+    let (window, since_start) = (&s.loop_lag_window_ms, &s.loop_lag_ms);
     out.push_str(&format!(
         "loop lag: last minute p50 {} ms, p99 {} ms, max {} ms; since start p99 {} ms, max {} ms\n",
-        num(v, &["loop_lag_window_ms", "p50"]),
-        num(v, &["loop_lag_window_ms", "p99"]),
-        num(v, &["loop_lag_window_ms", "max"]),
-        num(v, &["loop_lag_ms", "p99"]),
-        num(v, &["loop_lag_ms", "max"]),
+        window.p50, window.p99, window.max, since_start.p99, since_start.max,
     ));
+    let n = &s.sessions;
     out.push_str(&format!(
         "sessions: {} ({} running, {} queued messages, {} waiting for a worker), agents {} cached, {} parked\n",
-        num(v, &["sessions", "total"]),
-        num(v, &["sessions", "running"]),
-        num(v, &["sessions", "queued_messages"]),
-        num(v, &["sessions", "waiting_for_worker"]),
-        num(v, &["sessions", "cached_agents"]),
-        num(v, &["sessions", "parked_agents"]),
+        n.total, n.running, n.queued_messages, n.waiting_for_worker, n.cached_agents, n.parked_agents,
     ));
+    let t = &s.turns;
     out.push_str(&format!(
         "turns: {} running, {} completed, {} failed, {} cancelled, {} abandoned; messages {} accepted, {} rejected\n",
-        num(v, &["turns", "in_flight"]),
-        num(v, &["turns", "completed"]),
-        num(v, &["turns", "failed"]),
-        num(v, &["turns", "cancelled"]),
-        num(v, &["turns", "abandoned"]),
-        num(v, &["messages", "accepted"]),
-        rejected(v),
+        t.in_flight,
+        t.completed,
+        t.failed,
+        t.cancelled,
+        t.abandoned,
+        s.messages.accepted,
+        rejected(s),
     ));
+    let c = &s.cleanups;
     out.push_str(&format!(
         "cleanups: {} done, {} timed out, {} failed, {} queued, {} pending\n",
-        num(v, &["cleanups", "done"]),
-        num(v, &["cleanups", "timed_out"]),
-        num(v, &["cleanups", "failed"]),
-        num(v, &["cleanups", "queued"]),
-        num(v, &["cleanups", "pending"]),
+        c.done, c.timed_out, c.failed, c.queued, c.pending,
     ));
 }
 
 /// Messages rejected: the bridge counts every rejection (the runtime's included), by
 /// reason; without a bridge, the runtime's total.
-fn rejected(v: &Value) -> String {
-    let Some(Value::Object(by_reason)) = v.get("frontend").and_then(|f| f.get("rejected")) else {
-        return num(v, &["messages", "rejected"]).to_string();
+fn rejected(s: &Status) -> String {
+    let Some(bridge) = s.frontend.as_ref().and_then(|f| f.bridge.as_ref()) else {
+        return s.messages.rejected.to_string();
     };
-    let mut reasons: Vec<String> = by_reason
+    let mut reasons: Vec<String> = bridge
+        .rejected
         .iter()
-        .filter(|(_, n)| n.as_u64().unwrap_or(0) > 0)
+        .filter(|(_, n)| **n > 0)
         .map(|(k, n)| format!("{k} {n}"))
         .collect();
-    let total: u64 = by_reason.values().filter_map(Value::as_u64).sum();
+    let total: u64 = bridge.rejected.values().sum();
     if reasons.is_empty() {
         total.to_string()
     } else {
@@ -243,110 +247,102 @@ fn rejected(v: &Value) -> String {
 }
 
 /// The frontend's lines: connections, then each platform's outbox.
-fn frontend_lines(out: &mut String, f: &Value) {
+fn frontend_lines(out: &mut String, f: &FrontendStatus) {
+    let b = f.bridge.clone().unwrap_or_default();
     out.push_str(&format!(
         "connections: {} ({} unauthenticated), {} refused; http {} open; tls {}\n",
-        num(f, &["connections"]),
-        num(f, &["unauthenticated"]),
-        num(f, &["connections_refused"]),
-        num(f, &["http", "connections"]),
-        if f.get("tls") == Some(&Value::Bool(true)) {
-            "on"
-        } else {
-            "off"
-        },
+        b.connections,
+        b.unauthenticated,
+        b.connections_refused,
+        f.http.as_ref().map_or(0, |h| h.connections),
+        if b.tls { "on" } else { "off" },
     ));
-    if let Some(Value::Object(outboxes)) = f.get("outboxes") {
-        let parts: Vec<String> = outboxes.iter().map(|(name, p)| outbox(name, p)).collect();
-        let list = if parts.is_empty() {
-            "none".to_owned()
-        } else {
-            parts.join("; ")
-        };
-        out.push_str(&format!("outboxes: {list}\n"));
-    }
-    if let Some(c) = f.get("cluster") {
+    let Some(bridge) = &f.bridge else {
+        return;
+    };
+    let parts: Vec<String> = bridge
+        .outboxes
+        .iter()
+        .map(|(name, p)| outbox(name, p))
+        .collect();
+    let list = if parts.is_empty() {
+        "none".to_owned()
+    } else {
+        parts.join("; ")
+    };
+    out.push_str(&format!("outboxes: {list}\n"));
+    if let Some(c) = &bridge.cluster {
         out.push_str(&cluster_line(c));
+    }
+}
+
+/// ` (a b c)`, or nothing for an empty list.
+fn listed<T: std::fmt::Display>(items: &[T]) -> String {
+    if items.is_empty() {
+        String::new()
+    } else {
+        let items: Vec<String> = items.iter().map(T::to_string).collect();
+        format!(" ({})", items.join(" "))
     }
 }
 
 /// A cluster member's line (`--cluster`): who it is and who is alive, what it owns, what
 /// waits on other instances, ownership's changes, the stream reader.
-fn cluster_line(c: &Value) -> String {
-    let list = |key: &str| -> String {
-        let items: Vec<String> = c[key]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default();
-        if items.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", items.join(" "))
-        }
-    };
-    let rebalance = if c["rebalance"] == Value::Bool(true) {
+fn cluster_line(c: &ClusterStatus) -> String {
+    let rebalance = if c.rebalance {
         format!(
             "rebalancing (a drain at most {:.1} s): {} draining{}, drained {} partitions, {} messages",
-            num(c, &["drain_ms"]) / 1000.0,
-            c["draining"].as_array().map_or(0, Vec::len),
-            list("draining"),
-            num(c, &["drained_partitions"]),
-            num(c, &["drained_messages"]),
+            c.drain_ms as f64 / 1000.0,
+            c.draining.len(),
+            listed(&c.draining),
+            c.drained_partitions,
+            c.drained_messages,
         )
     } else {
         "no rebalancing".to_owned()
     };
     format!(
         "cluster: instance {}, {} live{}; owns {} of {} partitions{}; {} waiting for a remote outcome ({} early outcomes, {} dropped); partitions gained {}, lost {}, fenced {}; handed over {} partitions, {} messages; {rebalance}; reader {} failures, {} reconnects{}\n",
-        c["instance"].as_str().unwrap_or("?"),
-        c["live_instances"].as_array().map_or(0, Vec::len),
-        list("live_instances"),
-        num(c, &["owned_partitions"]),
-        num(c, &["partitions"]),
-        list("owned"),
-        num(c, &["remote_waiting"]),
-        num(c, &["early_outcomes"]),
-        num(c, &["early_outcomes_dropped"]),
-        num(c, &["gained"]),
-        num(c, &["lost"]),
-        num(c, &["fenced"]),
-        num(c, &["handed_over_partitions"]),
-        num(c, &["handed_over_messages"]),
-        num(c, &["reader_failures"]),
-        num(c, &["reader_reconnects"]),
-        if c["reader_failing"] == Value::Bool(true) {
-            ", failing"
-        } else {
-            ""
-        },
+        c.instance,
+        c.live_instances.len(),
+        listed(&c.live_instances),
+        c.owned_partitions,
+        c.partitions,
+        listed(&c.owned),
+        c.remote_waiting,
+        c.early_outcomes,
+        c.early_outcomes_dropped,
+        c.gained,
+        c.lost,
+        c.fenced,
+        c.handed_over_partitions,
+        c.handed_over_messages,
+        c.reader_failures,
+        c.reader_reconnects,
+        if c.reader_failing { ", failing" } else { "" },
     )
 }
 
 /// One platform's outbox: results waiting and owed, results held for want of room within
 /// `--outbox-bytes`, and (when its bridge is away) how long and whether it is stale, with
 /// the results dropped for it.
-fn outbox(name: &str, p: &Value) -> String {
+fn outbox(name: &str, p: &PlatformStatus) -> String {
     let mut text = format!(
         "{name} {} waiting ({}), {} owed, {} held ({})",
-        num(p, &["outbox_events"]),
-        bytes(num(p, &["outbox_bytes"])),
-        num(p, &["reserved_events"]),
-        num(p, &["held_events"]),
-        bytes(num(p, &["held_bytes"])),
+        p.outbox_events,
+        bytes(p.outbox_bytes as f64),
+        p.reserved_events,
+        p.held_events,
+        bytes(p.held_bytes as f64),
     );
-    if let Some(ms) = p.get("absent_ms").and_then(Value::as_f64) {
-        text.push_str(&format!(", absent {:.1} s", ms / 1000.0));
+    if let Some(ms) = p.absent_ms {
+        text.push_str(&format!(", absent {:.1} s", ms as f64 / 1000.0));
     }
-    if p.get("stale") == Some(&Value::Bool(true)) {
+    if p.stale {
         text.push_str(", stale");
     }
-    let dropped = num(p, &["stale_dropped"]);
-    if dropped > 0.0 {
-        text.push_str(&format!(", {dropped} stale dropped"));
+    if p.stale_dropped > 0 {
+        text.push_str(&format!(", {} stale dropped", p.stale_dropped));
     }
     text
 }
@@ -405,76 +401,179 @@ fn get(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::liveness::{BridgeStatus, HttpStatus, ProcessInfo};
 
-    fn doc(state: &str, updated: f64) -> Value {
-        json!({"state": state, "ticks": 3, "process": {"updated_unix_s": updated}})
+    fn doc(state: RuntimeState, updated: f64) -> Status {
+        Status {
+            state,
+            ticks: 3,
+            process: ProcessInfo {
+                updated_unix_s: updated,
+                ..ProcessInfo::default()
+            },
+            ..Status::default()
+        }
+    }
+
+    fn with_bridge(bridge: BridgeStatus) -> Status {
+        Status {
+            frontend: Some(FrontendStatus {
+                bridge: Some(bridge),
+                ..FrontendStatus::default()
+            }),
+            ..doc(RuntimeState::Running, 0.0)
+        }
     }
 
     #[test]
     fn verdicts() {
-        assert_eq!(verdict(&doc("running", 100.0), 101.0, 2.0, None), Ok(()));
+        let running = doc(RuntimeState::Running, 100.0);
+        assert_eq!(verdict(&running, 101.0, 2.0, None), Ok(()));
         assert!(
-            verdict(&doc("running", 100.0), 102.5, 2.0, None)
+            verdict(&running, 102.5, 2.0, None)
                 .unwrap_err()
                 .contains("2.5 s old")
         );
         assert_eq!(
-            verdict(&doc("draining", 100.0), 100.0, 2.0, None),
+            verdict(&doc(RuntimeState::Draining, 100.0), 100.0, 2.0, None),
             Err("state is draining".into())
         );
         assert_eq!(
-            verdict(&doc("running", 100.0), 100.0, 2.0, Some(Err("x".into()))),
+            verdict(&running, 100.0, 2.0, Some(Err("x".into()))),
             Err("x".into())
         );
-        assert!(verdict(&doc("running", 0.0), 1.0, 2.0, None).is_err());
+        assert!(verdict(&doc(RuntimeState::Running, 0.0), 1.0, 2.0, None).is_err());
+    }
+
+    /// What the gateway writes is what `status` reads back, field for field; a document
+    /// that is not a snapshot, or not JSON, is refused in words.
+    #[test]
+    fn the_snapshot_reads_back_typed() {
+        let mut bridge = BridgeStatus {
+            connections: 2,
+            tls: true,
+            cluster: Some(ClusterStatus {
+                instance: "a".into(),
+                owned: vec![1, 3],
+                ..ClusterStatus::default()
+            }),
+            ..BridgeStatus::default()
+        };
+        bridge.rejected.insert("queue_full", 4);
+        bridge.outboxes.insert(
+            "irc".into(),
+            PlatformStatus {
+                absent_ms: Some(1500),
+                stale_dropped: 2,
+                ..PlatformStatus::default()
+            },
+        );
+        let mut status = with_bridge(bridge);
+        status.version = "1.2.3";
+        status.rejected_by_reason.insert("overloaded", 1);
+        if let Some(f) = &mut status.frontend {
+            f.http = Some(HttpStatus {
+                connections: 5,
+                ..HttpStatus::default()
+            });
+        }
+        let text = serde_json::to_string(&status).unwrap();
+        assert_eq!(parse(text), Ok(status));
+        let bare = doc(RuntimeState::Stopped, 9.0);
+        assert_eq!(parse(serde_json::to_string(&bare).unwrap()), Ok(bare));
+        assert_eq!(parse(r#"{"state": "running"}"#.into()), Err(""));
+        assert_eq!(parse("{".into()), Err(" (not JSON)"));
     }
 
     #[test]
     fn the_summary_counts_the_bridges_rejections() {
-        let v = json!({"state": "running", "messages": {"accepted": 3, "rejected": 0},
-            "frontend": {"rejected": {"invalid": 1, "backpressure": 0, "queue_full": 2}}});
-        let text = summary(&v, 0.0);
+        let mut bridge = BridgeStatus::default();
+        bridge.rejected.insert("invalid", 1);
+        bridge.rejected.insert("backpressure", 0);
+        bridge.rejected.insert("queue_full", 2);
+        let mut s = with_bridge(bridge);
+        s.messages.accepted = 3;
+        let text = summary(&s, 0.0);
         assert!(
             text.contains("messages 3 accepted, 3 (invalid 1, queue_full 2) rejected"),
             "{text}"
         );
-        let v = json!({"state": "running", "messages": {"accepted": 3, "rejected": 4}});
-        assert!(summary(&v, 0.0).contains("messages 3 accepted, 4 rejected"));
+        let mut s = doc(RuntimeState::Running, 0.0);
+        s.messages.accepted = 3;
+        s.messages.rejected = 4;
+        assert!(summary(&s, 0.0).contains("messages 3 accepted, 4 rejected"));
     }
 
     /// A cluster member's figures reach the summary on one line; without `--cluster`, none.
     #[test]
     fn the_summary_shows_the_cluster() {
-        let v = json!({"state": "running", "frontend": {"cluster": {
-            "instance": "a", "live_instances": ["a", "b"], "partitions": 8,
-            "owned_partitions": 3, "owned": [0, 4, 7], "remote_waiting": 5, "gained": 6,
-            "lost": 1, "fenced": 2, "handed_over_partitions": 3, "handed_over_messages": 9,
-            "reader_failures": 4, "reader_reconnects": 1, "reader_failing": true,
-            "early_outcomes": 7, "early_outcomes_dropped": 8, "rebalance": true,
-            "drain_ms": 2500, "draining": [4], "drained_partitions": 2, "drained_messages": 11}}});
-        let text = summary(&v, 0.0);
+        let cluster = ClusterStatus {
+            instance: "a".into(),
+            live_instances: vec!["a".into(), "b".into()],
+            partitions: 8,
+            owned_partitions: 3,
+            owned: vec![0, 4, 7],
+            remote_waiting: 5,
+            gained: 6,
+            lost: 1,
+            fenced: 2,
+            handed_over_partitions: 3,
+            handed_over_messages: 9,
+            reader_failures: 4,
+            reader_reconnects: 1,
+            reader_failing: true,
+            early_outcomes: 7,
+            early_outcomes_dropped: 8,
+            rebalance: true,
+            drain_ms: 2500,
+            draining: vec![4],
+            drained_partitions: 2,
+            drained_messages: 11,
+            ..ClusterStatus::default()
+        };
+        let s = with_bridge(BridgeStatus {
+            cluster: Some(cluster),
+            ..BridgeStatus::default()
+        });
+        let text = summary(&s, 0.0);
         assert!(
             text.contains(
                 "cluster: instance a, 2 live (a b); owns 3 of 8 partitions (0 4 7); 5 waiting for a remote outcome (7 early outcomes, 8 dropped); partitions gained 6, lost 1, fenced 2; handed over 3 partitions, 9 messages; rebalancing (a drain at most 2.5 s): 1 draining (4), drained 2 partitions, 11 messages; reader 4 failures, 1 reconnects, failing\n"
             ),
             "{text}"
         );
-        let v = json!({"state": "running", "frontend": {}});
-        assert!(!summary(&v, 0.0).contains("cluster"));
+        let s = with_bridge(BridgeStatus::default());
+        assert!(!summary(&s, 0.0).contains("cluster"));
     }
 
     /// Held results and the stale figures reach the human summary, per platform.
     #[test]
     fn the_summary_shows_held_results_and_stale_drops() {
-        let v = json!({"state": "running", "frontend": {"outboxes": {
-            "irc": {"outbox_events": 2, "outbox_bytes": 300, "reserved_events": 5,
-                    "held_events": 3, "held_bytes": 3145728, "absent_ms": null,
-                    "stale": false, "stale_dropped": 0},
-            "telegram": {"outbox_events": 1000, "outbox_bytes": 2048, "reserved_events": 1000,
-                    "held_events": 0, "held_bytes": 0, "absent_ms": 3_700_000,
-                    "stale": true, "stale_dropped": 17}}}});
-        let text = summary(&v, 0.0);
+        let mut bridge = BridgeStatus::default();
+        bridge.outboxes.insert(
+            "irc".into(),
+            PlatformStatus {
+                outbox_events: 2,
+                outbox_bytes: 300,
+                reserved_events: 5,
+                held_events: 3,
+                held_bytes: 3145728,
+                ..PlatformStatus::default()
+            },
+        );
+        bridge.outboxes.insert(
+            "telegram".into(),
+            PlatformStatus {
+                outbox_events: 1000,
+                outbox_bytes: 2048,
+                reserved_events: 1000,
+                absent_ms: Some(3_700_000),
+                stale: true,
+                stale_dropped: 17,
+                ..PlatformStatus::default()
+            },
+        );
+        let text = summary(&with_bridge(bridge), 0.0);
         assert!(
             text.contains(
                 "outboxes: irc 2 waiting (300 B), 5 owed, 3 held (3.0 MiB); \

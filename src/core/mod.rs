@@ -234,33 +234,12 @@ impl<R: Clone, A> Core<R, A> {
 
     /// The settings a reload may change, as in force.
     pub fn tunables(&self) -> Tunables {
-        Tunables {
-            busy_mode: self.cfg.busy_mode,
-            queue_cap: self.cfg.queue_cap,
-            turn_timeout: self.cfg.turn_timeout,
-            stop_grace: self.cfg.stop_grace,
-            cleanup_timeout: self.cfg.cleanup_timeout,
-            drain_timeout: self.cfg.drain_timeout,
-        }
+        self.cfg.tunables()
     }
 
     /// Changes the settings a reload may change (see [`Tunables`] for when each applies).
     pub fn retune(&mut self, t: Tunables) {
-        debug_assert!(t.queue_cap > 0, "queue_cap must be at least 1");
-        debug_assert!(!t.turn_timeout.is_zero() && !t.cleanup_timeout.is_zero());
-        self.cfg.busy_mode = t.busy_mode;
-        self.cfg.queue_cap = t.queue_cap.max(1);
-        self.cfg.turn_timeout = t.turn_timeout;
-        self.cfg.stop_grace = t.stop_grace;
-        self.cfg.cleanup_timeout = t.cleanup_timeout;
-        self.cfg.drain_timeout = t.drain_timeout;
-        debug_assert_eq!(
-            self.tunables(),
-            Tunables {
-                queue_cap: t.queue_cap.max(1),
-                ..t
-            }
-        );
+        self.cfg.retune(t);
     }
 
     /// Applies one input at time `now`, pushing the resulting effects onto `fx`.

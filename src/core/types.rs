@@ -143,6 +143,39 @@ pub(crate) const DEFAULT_CLEANUP_CONCURRENCY: usize = 64;
 /// Default [`CoreConfig::cleanup_queue_cap`].
 pub(crate) const DEFAULT_CLEANUP_QUEUE_CAP: usize = 1024;
 
+impl CoreConfig {
+    /// Changes the settings a reload may change (a queue cap of 0 taken as 1).
+    pub(crate) fn retune(&mut self, t: Tunables) {
+        debug_assert!(t.queue_cap > 0, "queue_cap must be at least 1");
+        debug_assert!(!t.turn_timeout.is_zero() && !t.cleanup_timeout.is_zero());
+        self.busy_mode = t.busy_mode;
+        self.queue_cap = t.queue_cap.max(1);
+        self.turn_timeout = t.turn_timeout;
+        self.stop_grace = t.stop_grace;
+        self.cleanup_timeout = t.cleanup_timeout;
+        self.drain_timeout = t.drain_timeout;
+        debug_assert_eq!(
+            self.tunables(),
+            Tunables {
+                queue_cap: t.queue_cap.max(1),
+                ..t
+            }
+        );
+    }
+
+    /// The settings of this configuration a reload may change.
+    pub(crate) fn tunables(&self) -> Tunables {
+        Tunables {
+            busy_mode: self.busy_mode,
+            queue_cap: self.queue_cap,
+            turn_timeout: self.turn_timeout,
+            stop_grace: self.stop_grace,
+            cleanup_timeout: self.cleanup_timeout,
+            drain_timeout: self.drain_timeout,
+        }
+    }
+}
+
 impl Default for CoreConfig {
     fn default() -> Self {
         CoreConfig {
@@ -179,7 +212,7 @@ pub enum RejectReason {
 
 impl RejectReason {
     /// The wire name.
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             RejectReason::QueueFull => "queue_full",
             RejectReason::ShuttingDown => "shutting_down",
@@ -694,7 +727,7 @@ pub struct CoreStats {
 }
 
 /// Session gauges.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct SessionCounts {
     /// Sessions holding a slot.
@@ -714,7 +747,7 @@ pub struct SessionCounts {
 }
 
 /// Turn counters.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct TurnCounts {
     /// Turns in flight (claimed, not abandoned), held ones included.
@@ -734,7 +767,7 @@ pub struct TurnCounts {
 }
 
 /// Cleanup counters.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct CleanupCounts {
     /// Jobs not yet finished nor timed out (any stage).
@@ -750,7 +783,7 @@ pub struct CleanupCounts {
 }
 
 /// Message counters.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct MessageCounts {
     /// Messages accepted.

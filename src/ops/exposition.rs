@@ -31,6 +31,78 @@ pub(super) fn number(v: f64) -> String {
     }
 }
 
+/// A metric family's type, as `# TYPE` names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Only goes up (the name ends `_total`).
+    Counter,
+    /// Goes up and down.
+    Gauge,
+    /// Buckets, a sum and a count.
+    Histogram,
+}
+
+impl Kind {
+    /// The word `# TYPE` uses.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        }
+    }
+}
+
+/// A sample's labels: names fixed in the declaration, values read from the figure.
+pub(crate) type Labels<'a> = Vec<(&'static str, &'a str)>;
+
+/// What a [`Metric`] read from its figure this time.
+pub(crate) enum Reading<'a> {
+    /// One sample without labels.
+    Value(f64),
+    /// Labelled samples (none: the family's head alone).
+    Samples(Vec<(Labels<'a>, f64)>),
+    /// A histogram's buckets, sum and count.
+    Histogram(&'a crate::histogram::PromHistogram),
+    /// Not exposed in this snapshot (the figure is absent from it).
+    Absent,
+}
+
+/// One metric family, declared once beside the figure it reads: its name, help and kind,
+/// and how its samples are read from a figure `T` (a status struct). A figure's metrics are
+/// a `&[Metric<T>]` table that [`Exposition::expose`] iterates; the tests iterate the same
+/// tables. Any figure can adopt it: declare a table for its struct and expose it.
+pub(crate) struct Metric<T: ?Sized> {
+    /// The family's name (`turnstile_…`, or a process collector's standard name).
+    pub(crate) name: &'static str,
+    /// Its `# HELP` text (one line).
+    pub(crate) help: &'static str,
+    /// Its `# TYPE`.
+    pub(crate) kind: Kind,
+    /// Its samples in a snapshot.
+    pub(crate) read: for<'a> fn(&'a T) -> Reading<'a>,
+}
+
+/// Samples with one label each, `key` its name.
+pub(crate) fn by<'a>(
+    key: &'static str,
+    samples: impl IntoIterator<Item = (&'a str, f64)>,
+) -> Reading<'a> {
+    Reading::Samples(
+        samples
+            .into_iter()
+            .map(|(v, n)| (vec![(key, v)], n))
+            .collect(),
+    )
+}
+
+/// Samples with fixed labels, given as `(labels, value)`.
+pub(crate) fn labelled<'a, const N: usize>(
+    samples: impl IntoIterator<Item = ([(&'static str, &'a str); N], f64)>,
+) -> Reading<'a> {
+    Reading::Samples(samples.into_iter().map(|(l, n)| (l.to_vec(), n)).collect())
+}
+
 /// Writes metric families in the text format: one `# HELP` and `# TYPE` per family, then
 /// its samples.
 #[derive(Default)]
@@ -89,23 +161,6 @@ impl Exposition {
         }
     }
 
-    /// A counter family with one label whose values are known only at run time.
-    pub(crate) fn counters_by(
-        &mut self,
-        name: &str,
-        help: &str,
-        key: &str,
-        samples: &[(&str, f64)],
-    ) {
-        let labels: Vec<[(&str, &str); 1]> = samples.iter().map(|&(v, _)| [(key, v)]).collect();
-        let samples: Vec<(&[(&str, &str)], f64)> = labels
-            .iter()
-            .zip(samples)
-            .map(|(l, &(_, n))| (&l[..], n))
-            .collect();
-        self.counters(name, help, &samples);
-    }
-
     /// A gauge without labels.
     pub(crate) fn gauge(&mut self, name: &str, help: &str, value: f64) {
         self.gauges(name, help, &[(&[][..], value)]);
@@ -119,17 +174,6 @@ impl Exposition {
         }
     }
 
-    /// A gauge family with one label whose values are known only at run time.
-    pub(crate) fn gauges_by(&mut self, name: &str, help: &str, key: &str, samples: &[(&str, f64)]) {
-        let labels: Vec<[(&str, &str); 1]> = samples.iter().map(|&(v, _)| [(key, v)]).collect();
-        let samples: Vec<(&[(&str, &str)], f64)> = labels
-            .iter()
-            .zip(samples)
-            .map(|(l, &(_, n))| (&l[..], n))
-            .collect();
-        self.gauges(name, help, &samples);
-    }
-
     /// A histogram family (`_bucket`, `_sum`, `_count`).
     pub(crate) fn histogram(&mut self, name: &str, help: &str, h: &PromHistogram) {
         self.family(name, "histogram", help);
@@ -140,6 +184,31 @@ impl Exposition {
         }
         self.sample(&format!("{name}_sum"), &[], h.sum());
         self.sample(&format!("{name}_count"), &[], h.count() as f64);
+    }
+
+    /// The families of `metrics`, in order, read from `figure`.
+    pub(crate) fn expose<T: ?Sized>(&mut self, metrics: &[Metric<T>], figure: &T) {
+        for m in metrics {
+            let samples = match (m.read)(figure) {
+                Reading::Absent => continue,
+                Reading::Histogram(h) => {
+                    debug_assert_eq!(m.kind, Kind::Histogram, "{}", m.name);
+                    self.histogram(m.name, m.help, h);
+                    continue;
+                }
+                Reading::Value(v) => vec![(Vec::new(), v)],
+                Reading::Samples(samples) => samples,
+            };
+            debug_assert!(
+                m.kind != Kind::Counter || m.name.ends_with("_total"),
+                "counter {} must end _total",
+                m.name
+            );
+            self.family(m.name, m.kind.as_str(), m.help);
+            for (labels, v) in &samples {
+                self.sample(m.name, labels, *v);
+            }
+        }
     }
 
     /// The text.

@@ -177,6 +177,14 @@ impl Builder {
         Builder::new(crate::agent::FnFactory(make))
     }
 
+    /// The core's whole configuration at once (what the setters above set one by one), as
+    /// `serve` resolved it from its flags.
+    #[cfg(feature = "cli")]
+    pub(crate) fn core_config(mut self, core: CoreConfig) -> Self {
+        self.core = core;
+        self
+    }
+
     /// Defaults: 16 turn workers, 2 cleanup workers, queue mode, the limits of [`CoreConfig`],
     /// a 100 ms heartbeat, 65,536 pending submissions, no status file.
     pub fn new(factory: impl AgentFactory) -> Builder {

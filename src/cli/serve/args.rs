@@ -46,6 +46,52 @@ pub(crate) enum TlsRootsArg {
     /// Mozilla's roots built into the binary.
     Webpki,
 }
+/// Declares [`ServeArgs`] from its one list of settings, and [`ServeArgs::over`] (flags over
+/// the file) from the same list: a setting is one field, its flag (clap) and its key in the
+/// file (serde, kebab-case) both derived from it.
+macro_rules! settings {
+    (
+        $(#[$meta:meta])*
+        pub(crate) struct ServeArgs {
+            $($(#[$field_meta:meta])* $vis:vis $field:ident: $ty:ty,)*
+        }
+    ) => {
+        $(#[$meta])*
+        pub(crate) struct ServeArgs {
+            $($(#[$field_meta])* $vis $field: $ty,)*
+        }
+
+        impl ServeArgs {
+            /// These settings (the flags) over `file`'s: each one given here wins.
+            fn over(self, file: ServeArgs) -> ServeArgs {
+                ServeArgs {
+                    $($field: Overlay::over(self.$field, file.$field),)*
+                }
+            }
+        }
+    };
+}
+
+/// A setting given twice (a flag, a key of the file): which one counts.
+trait Overlay {
+    /// `self` if it was given, else `under`.
+    fn over(self, under: Self) -> Self;
+}
+
+impl<T> Overlay for Option<T> {
+    fn over(self, under: Self) -> Self {
+        self.or(under)
+    }
+}
+
+/// A switch is on if either turned it on.
+impl Overlay for bool {
+    fn over(self, under: Self) -> Self {
+        self || under
+    }
+}
+
+settings! {
 /// Flags of `serve`; the same keys (kebab-case) may appear in the `--config` TOML file, and
 /// flags override the file.
 #[derive(Args, Clone, Debug, Default, Deserialize)]
@@ -309,6 +355,7 @@ pub(crate) struct ServeArgs {
     #[arg(skip)]
     pub(super) bridge: Option<Vec<BridgeSpec>>,
 }
+}
 /// Each flag's default as `serve --help` shows it, read from where the default is defined
 /// (the core's, the bridge's and the agents' own defaults), never typed twice.
 /// `--partitions`' default.
@@ -421,19 +468,6 @@ pub(crate) fn document_defaults(serve: clap::Command) -> clap::Command {
         })
     })
 }
-macro_rules! merge {
-    ($flags:ident, $file:ident, $($field:ident),*) => {
-        ServeArgs {
-            config: None,
-            check_config: $flags.check_config,
-            allow_insecure_bind: $flags.allow_insecure_bind || $file.allow_insecure_bind,
-            resume_interrupted: $flags.resume_interrupted || $file.resume_interrupted,
-            cluster_allow_lazy_fsync: $flags.cluster_allow_lazy_fsync
-                || $file.cluster_allow_lazy_fsync,
-            $($field: $flags.$field.or($file.$field)),*
-        }
-    };
-}
 /// Largest `--config` file read (a reload reads it on a helper thread; a huge or endless
 /// file must not grow the gateway's memory).
 pub(super) const MAX_CONFIG_BYTES: u64 = 1 << 20;
@@ -484,86 +518,41 @@ pub(super) fn merged_args(flags: ServeArgs) -> Result<ServeArgs, String> {
         }
         None => ServeArgs::default(),
     };
-    let a = merge!(
-        flags,
-        file,
-        listen,
-        agent,
-        agent_cmd,
-        agent_close_grace,
-        agent_env,
-        agent_max_line_bytes,
-        max_reply_bytes,
-        echo_delay_ms,
-        busy_mode,
-        queue_cap,
-        turn_workers,
-        max_held_turns,
-        cleanup_workers,
-        max_cleanup_workers,
-        max_cached_agents,
-        agent_idle_ttl,
-        max_queued_messages,
-        max_queued_bytes,
-        partial_interval,
-        turn_timeout,
-        stop_grace,
-        cleanup_timeout,
-        drain_timeout,
-        status_file,
-        auth_token,
-        max_connections,
-        max_line_bytes,
-        max_write_buffer,
-        outbox_cap,
-        model,
-        openai_base_url,
-        openai_api_key_env,
-        system_prompt,
-        system_prompt_file,
-        history_turns,
-        history_chars,
-        openai_sender_prefix,
-        cluster_rebalance,
-        openai_connect_timeout,
-        openai_read_timeout,
-        openai_stream_timeout,
-        openai_tls_roots,
-        outbox_bytes,
-        outbox_stale_after,
-        outbox_stale_keep,
-        max_platforms,
-        dedup_max,
-        dedup_window,
-        max_unauthenticated,
-        max_unauthenticated_per_peer,
-        hello_timeout,
-        write_budget,
-        write_stall_timeout,
-        data_dir,
-        max_pending_durable,
-        cluster,
-        instance_id,
-        partitions,
-        lease_ms,
-        cluster_drain_ms,
-        http_listen,
-        http_max_connections,
-        http_max_header_bytes,
-        http_max_requests,
-        http_idle_timeout,
-        bridge,
-        http_max_per_peer,
-        http_head_timeout,
-        tls_cert,
-        tls_key
-    );
-    Ok(a)
+    // The file's path is not a setting of the merged whole (a reload reads it again).
+    Ok(ServeArgs {
+        config: None,
+        ..flags.over(file)
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A flag wins over the file's key, the file fills what the flags left out, a switch is
+    /// on if either turned it on, and the merged whole names no config file.
+    #[test]
+    fn flags_over_the_file() {
+        let file: ServeArgs = toml::from_str(
+            "queue-cap = 5\nturn-workers = 3\nresume-interrupted = true\n[[bridge]]\nplatform = \"irc\"\n",
+        )
+        .expect("file");
+        let flags = ServeArgs {
+            config: Some("cfg.toml".into()),
+            queue_cap: Some(7),
+            allow_insecure_bind: true,
+            ..ServeArgs::default()
+        };
+        let a = ServeArgs {
+            config: None,
+            ..flags.over(file)
+        };
+        assert_eq!(a.queue_cap, Some(7));
+        assert_eq!(a.turn_workers, Some(3));
+        assert!(a.allow_insecure_bind && a.resume_interrupted && !a.check_config);
+        assert_eq!(a.bridge.map(|b| b.len()), Some(1));
+        assert!(a.config.is_none() && a.listen.is_none());
+    }
 
     /// Issue 18 row 10: a FIFO as the config file is refused at once, by the open file's type;
     /// with a check by path before a blocking open, a FIFO swapped in between wedged every

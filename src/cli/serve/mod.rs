@@ -105,8 +105,8 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
     log::info!(
         "serving: agent {:?}, {} turn workers, busy mode {:?}",
         s.agent,
-        s.core.turn_workers,
-        s.core.busy_mode
+        s.core.config.turn_workers,
+        s.core.config.busy_mode
     );
     if let Some(tls) = &s.tls {
         log::info!(
@@ -212,21 +212,9 @@ fn build_runtime(
     }
     let mut builder = Builder::new(Arc::clone(&swap))
         .max_reply_bytes(s.max_reply_bytes)
-        .busy_mode(s.core.busy_mode)
-        .queue_cap(s.core.queue_cap)
-        .turn_workers(s.core.turn_workers)
-        .max_held_turns(s.core.max_held_turns)
+        .core_config(s.core.config.clone())
         .cleanup_workers(s.core.cleanup_workers)
-        .max_cleanup_workers(s.core.max_cleanup_workers)
-        .max_cached_agents(s.core.max_cached_agents)
-        .agent_idle_ttl(s.core.agent_idle_ttl)
-        .max_queued_messages(s.core.max_queued_messages)
-        .max_queued_bytes(s.core.max_queued_bytes)
         .partial_interval(s.core.partial_interval)
-        .turn_timeout(s.core.turn_timeout)
-        .stop_grace(s.core.stop_grace)
-        .cleanup_timeout(s.core.cleanup_timeout)
-        .drain_timeout(s.core.drain_timeout)
         .tick_interval(TICK_INTERVAL);
     if let Some(path) = &s.status_file {
         builder = builder.status_file(path);
@@ -246,9 +234,9 @@ fn build_runtime(
 fn bind_bridge(s: &Settings, store: Option<SqliteStore>) -> Result<BridgeServer, StartError> {
     // Well past every shutdown deadline: drain, grace, cleanup, then the flush budget.
     let flush_budget = Duration::from_secs(5);
-    let watchdog = s.core.drain_timeout
-        + s.core.stop_grace
-        + s.core.cleanup_timeout
+    let watchdog = s.core.config.drain_timeout
+        + s.core.config.stop_grace
+        + s.core.config.cleanup_timeout
         + flush_budget
         + Duration::from_secs(30);
     let cfg = ServerConfig {
@@ -298,7 +286,7 @@ fn join_cluster(
         .with_cluster(
             journal,
             reader,
-            s.core.queue_cap.saturating_add(1),
+            s.core.config.queue_cap.saturating_add(1),
             JournalConfig::default(),
         )
         .map_err(|e| exit::store_error(&e, what))

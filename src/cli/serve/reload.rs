@@ -7,7 +7,6 @@ use crate::EchoAgent;
 use crate::agents::exec::{ExecAgent, ExecOptions};
 use crate::agents::openai::OpenAiFactory;
 use crate::agents::process::{ProcessAgent, ProcessOptions};
-use crate::core::Tunables;
 use crate::ops::{Reload, ReloadLoader};
 
 use super::args::{AgentKind, ServeArgs};
@@ -28,7 +27,7 @@ pub(super) fn make_factory(s: &Settings) -> Result<Arc<dyn AgentFactory>, String
             env: s.agent_env.clone(),
             max_reply_bytes: s.max_reply_bytes,
             max_line_bytes: s.agent_max_line_bytes,
-            stop_grace: s.core.stop_grace,
+            stop_grace: s.core.config.stop_grace,
             close_grace: s.agent_close_grace,
             ..ProcessOptions::new(cmd)
         })),
@@ -43,7 +42,7 @@ pub(super) fn make_factory(s: &Settings) -> Result<Arc<dyn AgentFactory>, String
 pub(super) fn factory_key(s: &Settings) -> String {
     format!(
         "{:?} {:?} {:?}",
-        s.agent_cmd, s.echo_delay, s.core.stop_grace
+        s.agent_cmd, s.echo_delay, s.core.config.stop_grace
     )
 }
 
@@ -67,23 +66,32 @@ pub(super) fn restart_only(s: &Settings) -> Vec<(&'static str, String)> {
             format!("{:?}", s.agent_max_line_bytes),
         ),
         ("max-reply-bytes", format!("{:?}", s.max_reply_bytes)),
-        ("turn-workers", format!("{:?}", s.core.turn_workers)),
-        ("max-held-turns", format!("{:?}", s.core.max_held_turns)),
+        ("turn-workers", format!("{:?}", s.core.config.turn_workers)),
+        (
+            "max-held-turns",
+            format!("{:?}", s.core.config.max_held_turns),
+        ),
         ("cleanup-workers", format!("{:?}", s.core.cleanup_workers)),
         (
             "max-cleanup-workers",
-            format!("{:?}", s.core.max_cleanup_workers),
+            format!("{:?}", s.core.config.cleanup_concurrency),
         ),
         (
             "max-cached-agents",
-            format!("{:?}", s.core.max_cached_agents),
+            format!("{:?}", s.core.config.max_cached_agents),
         ),
-        ("agent-idle-ttl", format!("{:?}", s.core.agent_idle_ttl)),
+        (
+            "agent-idle-ttl",
+            format!("{:?}", s.core.config.agent_idle_ttl),
+        ),
         (
             "max-queued-messages",
-            format!("{:?}", s.core.max_queued_messages),
+            format!("{:?}", s.core.config.max_queued_messages),
         ),
-        ("max-queued-bytes", format!("{:?}", s.core.max_queued_bytes)),
+        (
+            "max-queued-bytes",
+            format!("{:?}", s.core.config.max_queued_bytes),
+        ),
         ("status-file", format!("{:?}", s.status_file)),
         ("bridge tables", format!("{:?}", s.bridges)),
         ("openai settings", format!("{:?}", s.openai)),
@@ -121,14 +129,7 @@ pub(super) fn reload_loader(flags: ServeArgs, initial: &Settings) -> ReloadLoade
             None
         };
         Ok(Reload {
-            tunables: Tunables {
-                busy_mode: new.core.busy_mode,
-                queue_cap: new.core.queue_cap,
-                turn_timeout: new.core.turn_timeout,
-                stop_grace: new.core.stop_grace,
-                cleanup_timeout: new.core.cleanup_timeout,
-                drain_timeout: new.core.drain_timeout,
-            },
+            tunables: new.core.config.tunables(),
             partial_interval: new.core.partial_interval,
             auth_token: new.bridge.auth_token.clone(),
             factory,

@@ -5,7 +5,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::BusyMode;
 use crate::agents::child::AgentEnv;
 use crate::agents::openai::{
     ApiKey, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HISTORY_CHARS, DEFAULT_HISTORY_TURNS,
@@ -52,23 +51,12 @@ pub(super) struct Settings {
     pub(super) tls: Option<crate::ServerTls>,
 }
 
-/// The runtime's settings: the core's bounds and timings, the pools' sizes.
+/// The runtime's settings: the core's bounds and timings (its own configuration, each value
+/// defined once there), the cleanup pool's size, the partials' interval.
 pub(super) struct CoreSettings {
-    pub(super) busy_mode: BusyMode,
-    pub(super) queue_cap: usize,
-    pub(super) turn_workers: usize,
-    pub(super) max_held_turns: usize,
+    pub(super) config: CoreConfig,
     pub(super) cleanup_workers: usize,
-    pub(super) max_cleanup_workers: usize,
-    pub(super) max_cached_agents: usize,
-    pub(super) agent_idle_ttl: Duration,
-    pub(super) max_queued_messages: usize,
-    pub(super) max_queued_bytes: usize,
     pub(super) partial_interval: Duration,
-    pub(super) turn_timeout: Duration,
-    pub(super) stop_grace: Duration,
-    pub(super) cleanup_timeout: Duration,
-    pub(super) drain_timeout: Duration,
 }
 pub(super) fn seconds(
     name: &str,
@@ -285,20 +273,20 @@ pub(super) fn resolve(flags: ServeArgs) -> Result<Settings, String> {
     )?;
     let core = core_settings(&a)?;
     if agent == AgentKind::Process
-        && agent_close_grace + process::CLOSE_OVERHEAD > core.cleanup_timeout
+        && agent_close_grace + process::CLOSE_OVERHEAD > core.config.cleanup_timeout
     {
         return Err(format!(
             "--agent-close-grace: {:?} plus {:?} to terminate and kill must fit in --cleanup-timeout ({:?})",
             agent_close_grace,
             process::CLOSE_OVERHEAD,
-            core.cleanup_timeout
+            core.config.cleanup_timeout
         ));
     }
     if a.auth_token.as_deref() == Some("") {
         return Err("--auth-token: must not be empty".into());
     }
     let openai = match agent {
-        AgentKind::Openai => Some(openai_config(&a, core.turn_timeout)?),
+        AgentKind::Openai => Some(openai_config(&a, core.config.turn_timeout)?),
         _ => None,
     };
     let listen = a
@@ -442,31 +430,43 @@ fn core_settings(a: &ServeArgs) -> Result<CoreSettings, String> {
         seconds(name, value, default.as_secs_f64(), allow_zero)
     };
     Ok(CoreSettings {
-        busy_mode: a.busy_mode.unwrap_or(d.busy_mode),
-        queue_cap: at_least_one("queue-cap", a.queue_cap, d.queue_cap)?,
-        turn_workers: at_least_one("turn-workers", a.turn_workers, d.turn_workers)?,
-        max_held_turns: at_least_one("max-held-turns", a.max_held_turns, d.max_held_turns)?,
+        config: CoreConfig {
+            busy_mode: a.busy_mode.unwrap_or(d.busy_mode),
+            queue_cap: at_least_one("queue-cap", a.queue_cap, d.queue_cap)?,
+            turn_workers: at_least_one("turn-workers", a.turn_workers, d.turn_workers)?,
+            max_held_turns: at_least_one("max-held-turns", a.max_held_turns, d.max_held_turns)?,
+            cleanup_concurrency: at_least_one(
+                "max-cleanup-workers",
+                a.max_cleanup_workers,
+                d.cleanup_concurrency,
+            )?,
+            max_cached_agents: a.max_cached_agents.unwrap_or(d.max_cached_agents),
+            agent_idle_ttl: secs("agent-idle-ttl", a.agent_idle_ttl, d.agent_idle_ttl, false)?,
+            max_queued_messages: at_least_one(
+                "max-queued-messages",
+                a.max_queued_messages,
+                d.max_queued_messages,
+            )?,
+            max_queued_bytes: at_least_one(
+                "max-queued-bytes",
+                a.max_queued_bytes.map(|b| b.0),
+                d.max_queued_bytes,
+            )?,
+            turn_timeout: secs("turn-timeout", a.turn_timeout, d.turn_timeout, false)?,
+            stop_grace: secs("stop-grace", a.stop_grace, d.stop_grace, true)?,
+            cleanup_timeout: secs(
+                "cleanup-timeout",
+                a.cleanup_timeout,
+                d.cleanup_timeout,
+                false,
+            )?,
+            drain_timeout: secs("drain-timeout", a.drain_timeout, d.drain_timeout, true)?,
+            ..d
+        },
         cleanup_workers: at_least_one(
             "cleanup-workers",
             a.cleanup_workers,
             crate::reactor::DEFAULT_CLEANUP_WORKERS,
-        )?,
-        max_cleanup_workers: at_least_one(
-            "max-cleanup-workers",
-            a.max_cleanup_workers,
-            d.cleanup_concurrency,
-        )?,
-        max_cached_agents: a.max_cached_agents.unwrap_or(d.max_cached_agents),
-        agent_idle_ttl: secs("agent-idle-ttl", a.agent_idle_ttl, d.agent_idle_ttl, false)?,
-        max_queued_messages: at_least_one(
-            "max-queued-messages",
-            a.max_queued_messages,
-            d.max_queued_messages,
-        )?,
-        max_queued_bytes: at_least_one(
-            "max-queued-bytes",
-            a.max_queued_bytes.map(|b| b.0),
-            d.max_queued_bytes,
         )?,
         partial_interval: secs(
             "partial-interval",
@@ -474,15 +474,6 @@ fn core_settings(a: &ServeArgs) -> Result<CoreSettings, String> {
             DEFAULT_PARTIAL_INTERVAL,
             true,
         )?,
-        turn_timeout: secs("turn-timeout", a.turn_timeout, d.turn_timeout, false)?,
-        stop_grace: secs("stop-grace", a.stop_grace, d.stop_grace, true)?,
-        cleanup_timeout: secs(
-            "cleanup-timeout",
-            a.cleanup_timeout,
-            d.cleanup_timeout,
-            false,
-        )?,
-        drain_timeout: secs("drain-timeout", a.drain_timeout, d.drain_timeout, true)?,
     })
 }
 
