@@ -13,8 +13,8 @@ use super::IrcConfig;
 use super::flood::FloodBucket;
 use super::transport::{ServerInput, Wire, open, read_server, wire_up};
 use super::wire::{
-    Addressed, IrcLine, ReplyTarget, addressed, alternate_nick, conservative_source_len, nick_of,
-    parse_line, reply_lines, reply_target, text_budget,
+    Addressed, IrcLine, Route, addressed, alternate_nick, conservative_source_len, nick_of,
+    parse_line, reply_lines, route_of, text_budget,
 };
 use crate::message::ChatType;
 use crate::platforms::BridgeError;
@@ -73,8 +73,8 @@ impl Drop for ServerConn {
     }
 }
 
-/// The IRC relay: the server connection, the outbox, and what it knows of the gateway.
-pub(super) struct Relay<'a> {
+/// The bridge: the server connection, the outbox, and what it knows of the gateway.
+pub(super) struct Bridge<'a> {
     config: &'a IrcConfig,
     gateway: Gateway,
     conn: Option<ServerConn>,
@@ -83,7 +83,7 @@ pub(super) struct Relay<'a> {
     outbox: VecDeque<OutLine>,
     bucket: FloodBucket,
     /// Messages sent and not answered yet: where to tell a rejection.
-    routes: HashMap<String, ReplyTarget>,
+    routes: HashMap<String, Route>,
     gateway_up: bool,
     ready: bool,
     next_id: u64,
@@ -96,19 +96,19 @@ pub(super) struct Relay<'a> {
     tls: Option<Arc<rustls::ClientConfig>>,
 }
 
-impl<'a> Relay<'a> {
-    /// A relay that connects to the server at its first loop turn.
+impl<'a> Bridge<'a> {
+    /// A bridge that connects to the server at its first loop turn.
     pub(super) fn new(
         config: &'a IrcConfig,
         gateway: Gateway,
         server_tx: Sender<ServerInput>,
         tls: Option<Arc<rustls::ClientConfig>>,
-    ) -> Relay<'a> {
+    ) -> Bridge<'a> {
         let boot = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or(0);
-        Relay {
+        Bridge {
             config,
             gateway,
             conn: None,
@@ -486,7 +486,7 @@ impl<'a> Relay<'a> {
         message.chat_type = a.chat_type;
         message.user_id = Some(a.sender.clone());
         message.user_name = Some(a.sender.clone());
-        let route = ReplyTarget {
+        let route = Route {
             target: a.chat_id.clone(),
             addressee: (a.chat_type == ChatType::Group).then(|| a.sender.clone()),
         };
@@ -511,7 +511,7 @@ impl<'a> Relay<'a> {
     }
 
     /// Queues `text` as lines for `route`; the last one completes the result `completes`.
-    fn queue_reply(&mut self, route: &ReplyTarget, text: &str, completes: Option<String>) {
+    fn queue_reply(&mut self, route: &Route, text: &str, completes: Option<String>) {
         let source_len = self.conn.as_ref().map_or_else(
             || conservative_source_len(&self.config.nick),
             |c| c.source_len,
@@ -544,7 +544,7 @@ impl<'a> Relay<'a> {
                 }
             }
             GatewayEvent::Result(result) => {
-                let Some(route) = reply_target(&result.session) else {
+                let Some(route) = route_of(&result.session) else {
                     log::error!(
                         "irc: result {} has a session key that names no chat ({}); dropped",
                         result.id,

@@ -51,27 +51,27 @@ fn session_keys_route_results_to_their_chat() {
         .expect("key")
         .to_string();
     assert_eq!(
-        reply_target(&group),
-        Some(ReplyTarget {
+        route_of(&group),
+        Some(Route {
             target: "#chan".into(),
             addressee: Some("ann".into())
         })
     );
     let dm = SessionKey::dm("irc", "ann").expect("key").to_string();
     assert_eq!(
-        reply_target(&dm),
-        Some(ReplyTarget {
+        route_of(&dm),
+        Some(Route {
             target: "ann".into(),
             addressee: None
         })
     );
-    assert_eq!(reply_target("nonsense"), None);
+    assert_eq!(route_of("nonsense"), None);
 }
 
 #[test]
 fn relayed_lines_stay_within_512_bytes() {
     let source = "bot!~bot@localhost";
-    let route = ReplyTarget {
+    let route = Route {
         target: "#chan".into(),
         addressee: Some("ann".into()),
     };
@@ -88,7 +88,7 @@ fn relayed_lines_stay_within_512_bytes() {
 
 #[test]
 fn long_replies_are_capped_with_a_note() {
-    let route = ReplyTarget {
+    let route = Route {
         target: "ann".into(),
         addressee: None,
     };

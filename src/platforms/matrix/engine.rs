@@ -127,7 +127,7 @@ struct Typing {
     sent_at: Option<Instant>,
 }
 
-/// What [`Engine::step`] did.
+/// What [`Core::step`] did.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Step {
     /// Sent (or dropped) one item; call again.
@@ -136,8 +136,8 @@ pub(crate) enum Step {
     Idle(Option<Instant>),
 }
 
-/// The Matrix bridge's sans-IO engine: replies in progress and what waits to be sent to Matrix.
-pub(crate) struct Engine<H> {
+/// The bridge's state: replies in progress and what waits to be sent to Matrix.
+pub(crate) struct Core<H> {
     hs: H,
     platform: String,
     turns: HashMap<String, Turn>,
@@ -192,14 +192,14 @@ fn edit_content(original: &str, text: &str, notice: bool) -> Value {
     })
 }
 
-impl<H: Homeserver> Engine<H> {
-    /// A bridge engine posting through `hs`.
-    pub(crate) fn new(hs: H, platform: &str, limits: EditLimits, max_turns: usize) -> Engine<H> {
+impl<H: Homeserver> Core<H> {
+    /// A bridge core posting through `hs`.
+    pub(crate) fn new(hs: H, platform: &str, limits: EditLimits, max_turns: usize) -> Core<H> {
         let started = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis())
             .unwrap_or(0);
-        Engine {
+        Core {
             hs,
             platform: platform.to_owned(),
             turns: HashMap::new(),

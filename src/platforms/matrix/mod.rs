@@ -34,7 +34,7 @@ use crate::platforms::edits::EditLimits;
 use crate::platforms::gateway::{Gateway, GatewayConfig, GatewayEvent};
 
 use api::Api;
-use engine::{Engine, HttpHomeserver, Step};
+use engine::{Core, HttpHomeserver, Step};
 use poll::{FromSync, run_sync};
 
 /// The most text one Matrix event carries: an edit holds it twice (`body` and
@@ -146,7 +146,7 @@ pub(crate) fn run(
     }
     let (mut gw, gw_rx) = Gateway::connect(config.gateway.clone());
     let hs = HttpHomeserver::new(send_api, me.clone());
-    let mut engine = Engine::new(
+    let mut core = Core::new(
         hs,
         &config.gateway.platform,
         config.limits,
@@ -158,17 +158,17 @@ pub(crate) fn run(
         stop,
     };
     let result = main_loop(
-        &mut engine,
+        &mut core,
         &mut gw,
         &channels,
         &mut || on_ready(&me),
         config.gateway.max_pending,
         tracker.as_mut(),
     );
-    for room in engine.typing_rooms() {
-        engine.typing_off(&room);
+    for room in core.typing_rooms() {
+        core.typing_off(&room);
     }
-    let waiting = engine.urgent_len();
+    let waiting = core.urgent_len();
     gw.shutdown();
     if waiting > 0 {
         log::info!(
@@ -177,10 +177,10 @@ pub(crate) fn run(
     }
     log::info!(
         "matrix: stopped ({} messages, {} edits, {} identical edits skipped, {} rate-limited)",
-        engine.stats.messages,
-        engine.stats.edits,
-        engine.stats.identical_skipped,
-        engine.stats.rate_limited
+        core.stats.messages,
+        core.stats.edits,
+        core.stats.identical_skipped,
+        core.stats.rate_limited
     );
     result
 }
@@ -198,7 +198,7 @@ struct Channels<'a> {
 const MAX_URGENT: usize = 256;
 
 fn main_loop(
-    engine: &mut Engine<HttpHomeserver>,
+    core: &mut Core<HttpHomeserver>,
     gw: &mut Gateway,
     ch: &Channels<'_>,
     on_ready: &mut dyn FnMut(),
@@ -213,7 +213,7 @@ fn main_loop(
         }
         // Take what is there: gateway events (coalesced into the queue) and new messages.
         let now = Instant::now();
-        while engine.urgent_len() < MAX_URGENT {
+        while core.urgent_len() < MAX_URGENT {
             match ch.gw.try_recv() {
                 Ok(ev) => {
                     if ev == GatewayEvent::Connected {
@@ -222,7 +222,7 @@ fn main_loop(
                     if let (GatewayEvent::Admission { id, .. }, Some(t)) = (&ev, tracker.as_mut()) {
                         t.answered(id);
                     }
-                    engine.on_gateway(ev, now, gw);
+                    core.on_gateway(ev, now, gw);
                 }
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => {
@@ -234,7 +234,7 @@ fn main_loop(
             match ch.sync.try_recv() {
                 Ok(FromSync::Ready) => synced = true,
                 Ok(FromSync::Message(m, kind)) => {
-                    if engine.on_human(&m, kind, gw)
+                    if core.on_human(&m, kind, gw)
                         && let Some(t) = tracker.as_mut()
                     {
                         t.sent(&m.event_id);
@@ -249,7 +249,7 @@ fn main_loop(
                     room,
                     event_id,
                     why,
-                }) => engine.on_refused(&room, &event_id, &why),
+                }) => core.on_refused(&room, &event_id, &why),
                 Ok(FromSync::Fatal(e)) => return Err(e),
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => {
@@ -261,7 +261,7 @@ fn main_loop(
             announced = true;
             on_ready();
         }
-        let wake = match engine.step(Instant::now(), gw) {
+        let wake = match core.step(Instant::now(), gw) {
             Ok(Step::Worked) => continue,
             Ok(Step::Idle(wake)) => wake,
             Err(e) => return Err(format!("the homeserver refused the access token ({e})")),
@@ -270,7 +270,7 @@ fn main_loop(
         // asked here; the loop's top takes the news with try_recv.
         let mut sel = Select::new();
         sel.recv(ch.stop);
-        if engine.urgent_len() < MAX_URGENT {
+        if core.urgent_len() < MAX_URGENT {
             sel.recv(ch.gw);
         }
         if gw.pending() + 1 < max_pending {

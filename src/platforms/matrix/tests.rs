@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::api::ApiError;
-use super::engine::{Engine, GatewaySide, Homeserver, Step};
+use super::engine::{Core, GatewaySide, Homeserver, Step};
 use super::sync::{ChatKind, HumanMessage};
 use super::*;
 use crate::message::ChatType;
@@ -144,7 +144,7 @@ fn limited() -> Result<(), ApiError> {
 }
 
 struct Rig {
-    engine: Engine<FakeHs>,
+    core: Core<FakeHs>,
     gw: FakeGw,
     now: Instant,
 }
@@ -152,23 +152,23 @@ struct Rig {
 impl Rig {
     fn new() -> Rig {
         Rig {
-            engine: Engine::new(FakeHs::default(), "matrix", EditLimits::default(), 100),
+            core: Core::new(FakeHs::default(), "matrix", EditLimits::default(), 100),
             gw: FakeGw::default(),
             now: Instant::now(),
         }
     }
     fn human(&mut self, id: &str, text: &str) {
-        self.engine
+        self.core
             .on_human(&human(id, text), ChatKind::Dm, &mut self.gw);
     }
     fn gateway(&mut self, ev: GatewayEvent) {
-        self.engine.on_gateway(ev, self.now, &mut self.gw);
+        self.core.on_gateway(ev, self.now, &mut self.gw);
     }
     /// Steps until idle; returns the wake-up asked for.
     fn settle(&mut self) -> Option<Instant> {
         for _ in 0..1000 {
             match self
-                .engine
+                .core
                 .step(self.now, &mut self.gw)
                 .expect("no fatal error")
             {
@@ -176,7 +176,7 @@ impl Rig {
                 Step::Idle(wake) => return wake,
             }
         }
-        panic!("the engine never went idle");
+        panic!("the core never went idle");
     }
     /// Advances the clock to the wake-up asked for and settles again.
     fn wait_and_settle(&mut self) {
@@ -187,7 +187,7 @@ impl Rig {
         self.settle();
     }
     fn sent(&self) -> &[Sent] {
-        &self.engine.homeserver().sent
+        &self.core.homeserver().sent
     }
     fn bodies(&self) -> Vec<&str> {
         self.sent().iter().map(Sent::body).collect()
@@ -234,7 +234,7 @@ fn a_reply_is_one_message_replying_to_the_human_then_edits_of_it() {
     assert_eq!(sent[1].body(), "Hello");
     assert_eq!(sent[1].content["body"], "* Hello");
     assert_eq!(r.gw.delivered, vec!["$h1"]);
-    assert_eq!(r.engine.stats.identical_skipped, 2);
+    assert_eq!(r.core.stats.identical_skipped, 2);
 }
 
 #[test]
@@ -243,7 +243,7 @@ fn under_429_only_the_newest_edit_is_kept_and_the_command_answer_goes_first() {
     r.human("$h1", "write a poem");
     r.gateway(partial("$h1", "a"));
     r.settle(); // the reply's first message
-    r.engine.homeserver_mut().answers.push_back(limited());
+    r.core.homeserver_mut().answers.push_back(limited());
     r.gateway(partial("$h1", "a b"));
     let wake = r.settle().expect("a wait after the 429");
     assert_eq!(wake, r.now + Duration::from_secs(2));
@@ -259,7 +259,7 @@ fn under_429_only_the_newest_edit_is_kept_and_the_command_answer_goes_first() {
     assert_eq!(r.bodies(), vec!["a", "status: running", "a b c d"]);
     assert_eq!(r.sent()[1].content["msgtype"], "m.notice");
     assert_eq!(r.sent()[1].replies_to(), Some("$h2"));
-    assert_eq!(r.engine.stats.rate_limited, 1);
+    assert_eq!(r.core.stats.rate_limited, 1);
     assert_eq!(r.gw.delivered, vec!["$h2"]);
 }
 
@@ -270,13 +270,13 @@ fn repeated_strikes_stop_the_edits_and_only_the_final_is_sent() {
     r.gateway(partial("$h1", "once"));
     r.settle();
     for _ in 0..3 {
-        r.engine.homeserver_mut().answers.push_back(limited());
+        r.core.homeserver_mut().answers.push_back(limited());
     }
     for text in ["once upon", "once upon a", "once upon a time"] {
         r.gateway(partial("$h1", text));
         r.wait_and_settle();
     }
-    assert!(r.engine.final_only(r.now), "three strikes: final only");
+    assert!(r.core.final_only(r.now), "three strikes: final only");
     let before = r.sent().len();
     r.gateway(partial("$h1", "once upon a time there"));
     r.wait_and_settle();
@@ -300,7 +300,7 @@ fn repeated_strikes_stop_the_edits_and_only_the_final_is_sent() {
 fn a_redelivered_result_is_posted_once() {
     let mut r = Rig::new();
     r.human("$h1", "hi");
-    r.engine.homeserver_mut().answers.push_back(limited());
+    r.core.homeserver_mut().answers.push_back(limited());
     r.gateway(result("$h1", reply("answer"), false));
     r.settle(); // refused: waits
     // The connection dropped before it was posted; the gateway sends it again.
@@ -338,7 +338,7 @@ fn stop_ends_the_partials_and_the_cancellation_is_a_last_edit_with_a_marker() {
     r.human("$h1", "slow");
     r.gateway(partial("$h1", "w0"));
     r.settle();
-    r.engine.homeserver_mut().answers.push_back(limited());
+    r.core.homeserver_mut().answers.push_back(limited());
     r.gateway(partial("$h1", "w0 w1"));
     r.settle(); // refused, w0 w1 waits
     r.human("$stop", "!stop");
@@ -402,8 +402,8 @@ fn a_cancellation_with_nothing_shown_posts_nothing_and_is_confirmed() {
 fn a_lost_answer_to_the_first_message_is_retried_with_the_same_transaction() {
     let mut r = Rig::new();
     r.human("$h1", "hi");
-    r.engine.homeserver_mut().keep_lost = true;
-    r.engine
+    r.core.homeserver_mut().keep_lost = true;
+    r.core
         .homeserver_mut()
         .answers
         .push_back(Err(ApiError::Transport("reset".into())));
@@ -450,13 +450,13 @@ fn typing_follows_the_gateway_and_is_refreshed() {
     let wake = r.settle().expect("a refresh is due later");
     r.gateway(typing(true)); // the gateway's own refresh: nothing new to send
     r.settle();
-    assert_eq!(r.engine.homeserver().typing, vec![(ROOM.into(), true)]);
+    assert_eq!(r.core.homeserver().typing, vec![(ROOM.into(), true)]);
     r.now = wake;
     r.settle();
     r.gateway(typing(false));
     r.settle();
     assert_eq!(
-        r.engine.homeserver().typing,
+        r.core.homeserver().typing,
         vec![
             (ROOM.into(), true),
             (ROOM.into(), true),
@@ -484,7 +484,7 @@ fn a_long_final_continues_in_new_messages() {
 fn a_permanent_refusal_is_logged_and_the_result_confirmed() {
     let mut r = Rig::new();
     r.human("$h1", "hi");
-    r.engine
+    r.core
         .homeserver_mut()
         .answers
         .push_back(Err(ApiError::Status {
@@ -503,7 +503,7 @@ fn a_permanent_refusal_is_logged_and_the_result_confirmed() {
 fn a_refused_access_token_stops_the_bridge() {
     let mut r = Rig::new();
     r.human("$h1", "hi");
-    r.engine
+    r.core
         .homeserver_mut()
         .answers
         .push_back(Err(ApiError::Status {
@@ -513,5 +513,5 @@ fn a_refused_access_token_stops_the_bridge() {
             error: "bad".into(),
         }));
     r.gateway(result("$h1", reply("answer"), false));
-    assert!(r.engine.step(r.now, &mut r.gw).is_err());
+    assert!(r.core.step(r.now, &mut r.gw).is_err());
 }
