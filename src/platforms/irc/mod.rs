@@ -26,7 +26,7 @@ use crossbeam_channel::{Receiver, unbounded};
 
 use super::BridgeError;
 use super::gateway::{Gateway, GatewayConfig};
-use session::Bridge;
+use session::IrcSession;
 use transport::tls_config;
 
 mod flood;
@@ -141,7 +141,7 @@ pub(crate) fn run(
     };
     let (gateway, gateway_rx) = Gateway::connect(config.gateway.clone());
     let (server_tx, server_rx) = unbounded();
-    let mut bridge = Bridge::new(&config, gateway, server_tx, tls);
+    let mut bridge = IrcSession::new(&config, gateway, server_tx, tls);
     let result = bridge.run_loop(stop, &server_rx, &gateway_rx, on_ready);
     bridge.quit();
     result

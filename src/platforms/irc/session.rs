@@ -13,7 +13,7 @@ use super::IrcConfig;
 use super::flood::FloodBucket;
 use super::transport::{ServerInput, Wire, open, read_server, wire_up};
 use super::wire::{
-    Addressed, IrcLine, Route, addressed, alternate_nick, conservative_source_len, nick_of,
+    Addressed, IrcLine, ReplyTarget, addressed, alternate_nick, conservative_source_len, nick_of,
     parse_line, reply_lines, route_of, text_budget,
 };
 use crate::message::ChatType;
@@ -74,7 +74,7 @@ impl Drop for ServerConn {
 }
 
 /// The bridge: the server connection, the outbox, and what it knows of the gateway.
-pub(super) struct Bridge<'a> {
+pub(super) struct IrcSession<'a> {
     config: &'a IrcConfig,
     gateway: Gateway,
     conn: Option<ServerConn>,
@@ -83,7 +83,7 @@ pub(super) struct Bridge<'a> {
     outbox: VecDeque<OutLine>,
     bucket: FloodBucket,
     /// Messages sent and not answered yet: where to tell a rejection.
-    routes: HashMap<String, Route>,
+    routes: HashMap<String, ReplyTarget>,
     gateway_up: bool,
     ready: bool,
     next_id: u64,
@@ -96,19 +96,19 @@ pub(super) struct Bridge<'a> {
     tls: Option<Arc<rustls::ClientConfig>>,
 }
 
-impl<'a> Bridge<'a> {
+impl<'a> IrcSession<'a> {
     /// A bridge that connects to the server at its first loop turn.
     pub(super) fn new(
         config: &'a IrcConfig,
         gateway: Gateway,
         server_tx: Sender<ServerInput>,
         tls: Option<Arc<rustls::ClientConfig>>,
-    ) -> Bridge<'a> {
+    ) -> IrcSession<'a> {
         let boot = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or(0);
-        Bridge {
+        IrcSession {
             config,
             gateway,
             conn: None,
@@ -486,7 +486,7 @@ impl<'a> Bridge<'a> {
         message.chat_type = a.chat_type;
         message.user_id = Some(a.sender.clone());
         message.user_name = Some(a.sender.clone());
-        let route = Route {
+        let route = ReplyTarget {
             target: a.chat_id.clone(),
             addressee: (a.chat_type == ChatType::Group).then(|| a.sender.clone()),
         };
@@ -511,7 +511,7 @@ impl<'a> Bridge<'a> {
     }
 
     /// Queues `text` as lines for `route`; the last one completes the result `completes`.
-    fn queue_reply(&mut self, route: &Route, text: &str, completes: Option<String>) {
+    fn queue_reply(&mut self, route: &ReplyTarget, text: &str, completes: Option<String>) {
         let source_len = self.conn.as_ref().map_or_else(
             || conservative_source_len(&self.config.nick),
             |c| c.source_len,

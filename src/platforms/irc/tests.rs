@@ -52,7 +52,7 @@ fn session_keys_route_results_to_their_chat() {
         .to_string();
     assert_eq!(
         route_of(&group),
-        Some(Route {
+        Some(ReplyTarget {
             target: "#chan".into(),
             addressee: Some("ann".into())
         })
@@ -60,7 +60,7 @@ fn session_keys_route_results_to_their_chat() {
     let dm = SessionKey::dm("irc", "ann").expect("key").to_string();
     assert_eq!(
         route_of(&dm),
-        Some(Route {
+        Some(ReplyTarget {
             target: "ann".into(),
             addressee: None
         })
@@ -71,7 +71,7 @@ fn session_keys_route_results_to_their_chat() {
 #[test]
 fn relayed_lines_stay_within_512_bytes() {
     let source = "bot!~bot@localhost";
-    let route = Route {
+    let route = ReplyTarget {
         target: "#chan".into(),
         addressee: Some("ann".into()),
     };
@@ -88,7 +88,7 @@ fn relayed_lines_stay_within_512_bytes() {
 
 #[test]
 fn long_replies_are_capped_with_a_note() {
-    let route = Route {
+    let route = ReplyTarget {
         target: "ann".into(),
         addressee: None,
     };

@@ -127,7 +127,7 @@ struct Typing {
     sent_at: Option<Instant>,
 }
 
-/// What [`Core::step`] did.
+/// What [`SyncEngine::step`] did.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Step {
     /// Sent (or dropped) one item; call again.
@@ -137,7 +137,7 @@ pub(crate) enum Step {
 }
 
 /// The bridge's state: replies in progress and what waits to be sent to Matrix.
-pub(crate) struct Core<H> {
+pub(crate) struct SyncEngine<H> {
     hs: H,
     platform: String,
     turns: HashMap<String, Turn>,
@@ -192,14 +192,19 @@ fn edit_content(original: &str, text: &str, notice: bool) -> Value {
     })
 }
 
-impl<H: Homeserver> Core<H> {
+impl<H: Homeserver> SyncEngine<H> {
     /// A bridge core posting through `hs`.
-    pub(crate) fn new(hs: H, platform: &str, limits: EditLimits, max_turns: usize) -> Core<H> {
+    pub(crate) fn new(
+        hs: H,
+        platform: &str,
+        limits: EditLimits,
+        max_turns: usize,
+    ) -> SyncEngine<H> {
         let started = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis())
             .unwrap_or(0);
-        Core {
+        SyncEngine {
             hs,
             platform: platform.to_owned(),
             turns: HashMap::new(),

@@ -34,7 +34,7 @@ use crate::platforms::edits::EditLimits;
 use crate::platforms::gateway::{Gateway, GatewayConfig, GatewayEvent};
 
 use api::Api;
-use engine::{Core, HttpHomeserver, Step};
+use engine::{HttpHomeserver, Step, SyncEngine};
 use poll::{FromSync, run_sync};
 
 /// The most text one Matrix event carries: an edit holds it twice (`body` and
@@ -146,7 +146,7 @@ pub(crate) fn run(
     }
     let (mut gw, gw_rx) = Gateway::connect(config.gateway.clone());
     let hs = HttpHomeserver::new(send_api, me.clone());
-    let mut core = Core::new(
+    let mut core = SyncEngine::new(
         hs,
         &config.gateway.platform,
         config.limits,
@@ -198,7 +198,7 @@ struct Channels<'a> {
 const MAX_URGENT: usize = 256;
 
 fn main_loop(
-    core: &mut Core<HttpHomeserver>,
+    core: &mut SyncEngine<HttpHomeserver>,
     gw: &mut Gateway,
     ch: &Channels<'_>,
     on_ready: &mut dyn FnMut(),

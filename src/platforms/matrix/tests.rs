@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::api::ApiError;
-use super::engine::{Core, GatewaySide, Homeserver, Step};
+use super::engine::{GatewaySide, Homeserver, Step, SyncEngine};
 use super::sync::{ChatKind, HumanMessage};
 use super::*;
 use crate::message::ChatType;
@@ -144,7 +144,7 @@ fn limited() -> Result<(), ApiError> {
 }
 
 struct Rig {
-    core: Core<FakeHs>,
+    core: SyncEngine<FakeHs>,
     gw: FakeGw,
     now: Instant,
 }
@@ -152,7 +152,7 @@ struct Rig {
 impl Rig {
     fn new() -> Rig {
         Rig {
-            core: Core::new(FakeHs::default(), "matrix", EditLimits::default(), 100),
+            core: SyncEngine::new(FakeHs::default(), "matrix", EditLimits::default(), 100),
             gw: FakeGw::default(),
             now: Instant::now(),
         }
