@@ -143,6 +143,10 @@ pub(crate) fn run(
     let (server_tx, server_rx) = unbounded();
     let mut bridge = IrcSession::new(&config, gateway, server_tx, tls);
     let result = bridge.run_loop(stop, &server_rx, &gateway_rx, on_ready);
+    // The gateway client may be blocked handing an event to a full channel nobody reads any
+    // more: dropping the receivers ends such sends, so the join in `quit` cannot hang.
+    drop(gateway_rx);
+    drop(server_rx);
     bridge.quit();
     result
 }

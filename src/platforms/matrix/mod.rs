@@ -169,6 +169,10 @@ pub(crate) fn run(
         core.typing_off(&room);
     }
     let waiting = core.urgent_len();
+    // The gateway client may be blocked handing an event to a full channel nobody reads any
+    // more: dropping the receiver ends that send, so the join in `shutdown` cannot hang.
+    drop(gw_rx);
+    drop(sync_rx);
     gw.shutdown();
     if waiting > 0 {
         log::info!(

@@ -25,6 +25,16 @@ pub(super) enum FromSync {
     Fatal(String),
 }
 
+/// Hands `msg` to the main loop, or gives up when the bridge stops (its end of `stop` is
+/// dropped) while the channel is full: a blocked send never holds a stopping bridge. False
+/// when it was not handed over.
+fn send_or_stop(tx: &Sender<FromSync>, stop: &Receiver<()>, msg: FromSync) -> bool {
+    crossbeam_channel::select! {
+        send(tx, msg) -> sent => sent.is_ok(),
+        recv(stop) -> _ => false,
+    }
+}
+
 /// Waits `d`, or less if the bridge stops (its end of `stop` is dropped); true when it did.
 fn stopped_during(stop: &Receiver<()>, d: Duration) -> bool {
     !matches!(stop.recv_timeout(d), Err(RecvTimeoutError::Timeout))
@@ -83,7 +93,7 @@ pub(super) fn run_sync(
                 continue;
             }
             Fetched::Fatal(why) => {
-                let _ = tx.send(FromSync::Fatal(why));
+                send_or_stop(tx, stop, FromSync::Fatal(why));
                 return;
             }
         };
@@ -116,10 +126,10 @@ pub(super) fn run_sync(
                 return;
             }
         }
-        if first && tx.send(FromSync::Ready).is_err() {
+        if first && !send_or_stop(tx, stop, FromSync::Ready) {
             return;
         }
-        if !resuming && tx.send(FromSync::Batch(next.to_owned())).is_err() {
+        if !resuming && !send_or_stop(tx, stop, FromSync::Batch(next.to_owned())) {
             return;
         }
     }
@@ -195,7 +205,7 @@ fn forward(
                     state.room_count()
                 );
             }
-            Ok(())
+            true
         }
         Incoming::Message(m) => {
             let joined = match state.joined(&m.room) {
@@ -215,17 +225,21 @@ fn forward(
                 },
             };
             let kind = joined.map_or(ChatKind::Group, ChatKind::from_joined);
-            tx.send(FromSync::Message(m, kind))
+            send_or_stop(tx, stop, FromSync::Message(m, kind))
         }
         Incoming::Refused {
             room,
             event_id,
             why,
-        } => tx.send(FromSync::Refused {
-            room,
-            event_id,
-            why,
-        }),
+        } => send_or_stop(
+            tx,
+            stop,
+            FromSync::Refused {
+                room,
+                event_id,
+                why,
+            },
+        ),
     };
-    sent.is_ok()
+    sent
 }

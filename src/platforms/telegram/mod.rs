@@ -151,6 +151,10 @@ pub(crate) fn run(
     // The poller may be inside a long poll; the process exits without waiting for it (its
     // offset is saved after each answer, so nothing answered is lost).
     stopping.store(true, Ordering::SeqCst);
+    // The gateway client may be blocked handing an event to a full channel nobody reads any
+    // more: dropping the receivers ends such sends, so the join in `shutdown` cannot hang.
+    drop(gateway_rx);
+    drop(inbound_rx);
     gateway.shutdown();
     result
 }

@@ -1,0 +1,391 @@
+//! The platform bridges against hostile servers (issue 30): the real `turnstile bridge`
+//! process, real sockets and signals, and small **fakes** written for these tests — a fake
+//! gateway speaking the bridge protocol's JSON lines, a fake IRC server — playing what a real
+//! server would not do on request (flood, stop reading, never answer).
+//!
+//! Nothing sleeps to order events: every wait is a read with a deadline, or bounded polling
+//! of an observable state (a stalled write, the process's exit).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
+
+/// Only a failing run waits this long.
+const WAIT: Duration = Duration::from_secs(60);
+/// SIGTERM exits within this, in every state (issue 30, row 1).
+const PROMPT_EXIT: Duration = Duration::from_secs(2);
+
+/// Children die with the test thread that started them, so no process outlives a failed run.
+fn die_with_parent(command: &mut Command) -> &mut Command {
+    // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    }
+}
+
+/// The bridge process; killed when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Proc {
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// SIGTERM, then the exit status and how long the exit took (bounded by [`WAIT`]).
+    fn terminate(&mut self) -> (ExitStatus, Duration) {
+        let sent = Instant::now();
+        // SAFETY: kill(2) on our own child.
+        assert_eq!(unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) }, 0);
+        loop {
+            if let Some(status) = self.0.try_wait().expect("try_wait") {
+                return (status, sent.elapsed());
+            }
+            assert!(
+                sent.elapsed() < WAIT,
+                "no exit after SIGTERM within {WAIT:?}"
+            );
+            std::thread::park_timeout(Duration::from_millis(10));
+        }
+    }
+
+    /// The resident set size, from `/proc/PID/status`.
+    fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("/proc/PID/status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS")
+    }
+}
+
+/// Lines of a child's stdout on a channel (the first one is the `ready:` line).
+fn stdout_lines(child: &mut Child) -> Receiver<String> {
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = bounded(64);
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// Starts `turnstile bridge <args>` with `env`, stderr to `log`; waits for its ready line.
+fn start_bridge(args: &[&str], env: &[(&str, &str)], log: &Path) -> (Proc, Receiver<String>) {
+    let file = std::fs::File::create(log).expect("log file");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
+    command
+        .arg("bridge")
+        .args(args)
+        .env("RUST_LOG", "info")
+        .env_remove("TURNSTILE_AUTH_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(file));
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let mut child = die_with_parent(&mut command)
+        .spawn()
+        .expect("start the bridge");
+    let lines = stdout_lines(&mut child);
+    (Proc(child), lines)
+}
+
+// ---------------------------------------------------------------------------------------
+// A fake gateway: answers the hello's `ping` with `pong`, then, if asked, floods results.
+// ---------------------------------------------------------------------------------------
+
+/// What the fake gateway saw and did.
+struct FakeGateway {
+    addr: String,
+    /// Result lines written so far.
+    written: Arc<AtomicU64>,
+    /// Fires once a write stalled (the bridge stopped reading) after `stall_after` results.
+    stalled: Receiver<()>,
+}
+
+impl FakeGateway {
+    /// A fake gateway for one connection; with `flood`, after the hello it writes `reply`
+    /// results for `session` without end, each with a new id, until the connection breaks.
+    /// `stalled` fires when, after at least `stall_after` results, one write made no progress
+    /// for a whole second: the bridge has stopped reading.
+    fn start(flood: Option<(&str, u64)>) -> FakeGateway {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let written = Arc::new(AtomicU64::new(0));
+        let (stalled_tx, stalled) = bounded(1);
+        let flood = flood.map(|(s, n)| (s.to_owned(), n));
+        let count = Arc::clone(&written);
+        std::thread::spawn(move || {
+            let Ok((stream, _)) = listener.accept() else {
+                return;
+            };
+            serve_gateway(stream, flood, &count, &stalled_tx);
+        });
+        FakeGateway {
+            addr,
+            written,
+            stalled,
+        }
+    }
+}
+
+fn serve_gateway(
+    stream: TcpStream,
+    flood: Option<(String, u64)>,
+    written: &AtomicU64,
+    stalled: &Sender<()>,
+) {
+    let mut writer = stream.try_clone().expect("clone");
+    let mut lines = BufReader::new(stream);
+    let mut line = String::new();
+    // hello, then ping
+    loop {
+        line.clear();
+        if lines.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        if line.contains(r#""op":"ping""#) {
+            break;
+        }
+    }
+    if writer.write_all(b"{\"op\":\"pong\"}\n").is_err() {
+        return;
+    }
+    // Whatever the bridge says next is read and dropped.
+    std::thread::spawn(move || {
+        let mut sink = [0u8; 4096];
+        while lines.get_mut().read(&mut sink).is_ok_and(|n| n > 0) {}
+    });
+    let Some((session, stall_after)) = flood else {
+        return;
+    };
+    writer
+        .set_write_timeout(Some(Duration::from_secs(1)))
+        .expect("timeout");
+    let mut told = false;
+    for n in 0u64.. {
+        let line = format!(
+            "{{\"op\":\"reply\",\"id\":\"flood-{n}\",\"session\":\"{session}\",\"text\":\"reply number {n}\"}}\n"
+        );
+        let mut rest = line.as_bytes();
+        while !rest.is_empty() {
+            match writer.write(rest) {
+                Ok(0) => return,
+                Ok(k) => rest = &rest[k..],
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    if n >= stall_after && !told {
+                        told = true;
+                        let _ = stalled.try_send(());
+                    }
+                }
+                Err(_) => return,
+            }
+        }
+        written.store(n + 1, Ordering::SeqCst);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// A fake IRC server: registers the bot, then does what the test asks.
+// ---------------------------------------------------------------------------------------
+
+/// How the fake IRC server behaves once the bot said `USER`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum IrcMode {
+    /// Welcome the bot and read whatever it says.
+    Polite,
+    /// Welcome the bot, then send PINGs without end and never read again.
+    PingFloodNoRead,
+}
+
+/// A fake IRC server for one connection; the lines the bot wrote arrive on the receiver.
+/// `flooded` counts the bytes of PINGs written.
+struct FakeIrc {
+    addr: String,
+    lines: Receiver<String>,
+    flooded: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for FakeIrc {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+impl FakeIrc {
+    fn start(mode: IrcMode) -> FakeIrc {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let (tx, lines) = unbounded();
+        let flooded = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (count, stopping) = (Arc::clone(&flooded), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let Ok((stream, _)) = listener.accept() else {
+                return;
+            };
+            serve_irc(stream, mode, &tx, &count, &stopping);
+        });
+        FakeIrc {
+            addr,
+            lines,
+            flooded,
+            stop,
+        }
+    }
+
+    /// Waits for a line the bot wrote that satisfies `pred`.
+    fn wait_line(&self, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) if pred(&l) => return l,
+                Ok(_) => {}
+                Err(_) => panic!("the bot never wrote {what}"),
+            }
+        }
+    }
+}
+
+fn serve_irc(
+    stream: TcpStream,
+    mode: IrcMode,
+    tx: &Sender<String>,
+    flooded: &AtomicU64,
+    stop: &AtomicBool,
+) {
+    let mut writer = stream.try_clone().expect("clone");
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    let mut nick = String::from("bot");
+    loop {
+        line.clear();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let l = line.trim_end().to_owned();
+        if let Some(n) = l.strip_prefix("NICK ") {
+            nick = n.to_owned();
+        }
+        let user = l.starts_with("USER ");
+        let _ = tx.send(l);
+        if user {
+            break;
+        }
+    }
+    let welcome =
+        format!(":irc.fake 001 {nick} :Welcome to the fake network {nick}!bot@fake.host\r\n");
+    if writer.write_all(welcome.as_bytes()).is_err() {
+        return;
+    }
+    match mode {
+        IrcMode::Polite => {
+            for line in reader.lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        }
+        IrcMode::PingFloodNoRead => {
+            writer
+                .set_write_timeout(Some(Duration::from_millis(200)))
+                .expect("timeout");
+            let chunk = "PING :flood\r\n".repeat(4096);
+            while !stop.load(Ordering::SeqCst) {
+                match writer.write(chunk.as_bytes()) {
+                    Ok(0) => return,
+                    Ok(n) => {
+                        flooded.fetch_add(n as u64, Ordering::SeqCst);
+                    }
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        ) => {}
+                    Err(_) => return,
+                }
+            }
+        }
+    }
+}
+
+/// Starts the IRC bridge against `irc` and `gateway` (as nick `bot`), waits for it to be
+/// ready.
+fn irc_bridge(irc: &FakeIrc, gateway: &FakeGateway, extra: &[&str], log: &Path) -> Proc {
+    let mut args = vec![
+        "irc",
+        "--gateway",
+        &gateway.addr,
+        "--server",
+        &irc.addr,
+        "--nick",
+        "bot",
+    ];
+    args.extend_from_slice(extra);
+    let (proc, lines) = start_bridge(&args, &[], log);
+    assert_eq!(
+        lines.recv_timeout(WAIT).expect("the ready line"),
+        "ready: irc as bot"
+    );
+    proc
+}
+
+/// Row 1: SIGTERM while the gateway client is blocked handing an event to the bridge's full
+/// channel (the fake gateway floods results; the IRC outbox, paced at one line per 1,000 s,
+/// is full, so the main loop reads no more results) exits 0 within 2 s. On main f41b273 the
+/// main thread joined the client thread, which stayed blocked in that send: no exit at all.
+#[test]
+fn sigterm_with_the_gateway_channel_full_exits_promptly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let irc = FakeIrc::start(IrcMode::Polite);
+    // 2,000 queued lines + 1,024 buffered events: past those the bridge reads no more.
+    let gateway = FakeGateway::start(Some(("irc:dm:ann", 3100)));
+    let log = dir.path().join("bridge.log");
+    let mut bridge = irc_bridge(
+        &irc,
+        &gateway,
+        &["--flood-burst", "1", "--flood-interval", "1000"],
+        &log,
+    );
+    gateway
+        .stalled
+        .recv_timeout(WAIT)
+        .expect("the bridge never stopped reading the flood");
+    assert!(gateway.written.load(Ordering::SeqCst) >= 3100);
+    let (status, took) = bridge.terminate();
+    assert!(status.success(), "exit status {status:?}");
+    assert!(took <= PROMPT_EXIT, "SIGTERM took {took:?}");
+}
