@@ -234,6 +234,8 @@ struct FakeIrc {
     addr: String,
     lines: Receiver<String>,
     flooded: Arc<AtomicU64>,
+    /// A flood write made no progress for 200 ms: the bridge stopped reading.
+    stalled: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
 }
 
@@ -250,17 +252,20 @@ impl FakeIrc {
         let (tx, lines) = unbounded();
         let flooded = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
+        let stalled = Arc::new(AtomicBool::new(false));
         let (count, stopping) = (Arc::clone(&flooded), Arc::clone(&stop));
+        let stall = Arc::clone(&stalled);
         std::thread::spawn(move || {
             let Ok((stream, _)) = listener.accept() else {
                 return;
             };
-            serve_irc(stream, mode, &tx, &count, &stopping);
+            serve_irc(stream, mode, &tx, (&count, &stall), &stopping);
         });
         FakeIrc {
             addr,
             lines,
             flooded,
+            stalled,
             stop,
         }
     }
@@ -283,7 +288,7 @@ fn serve_irc(
     stream: TcpStream,
     mode: IrcMode,
     tx: &Sender<String>,
-    flooded: &AtomicU64,
+    (flooded, stalled): (&AtomicU64, &AtomicBool),
     stop: &AtomicBool,
 ) {
     let mut writer = stream.try_clone().expect("clone");
@@ -334,7 +339,10 @@ fn serve_irc(
                         if matches!(
                             e.kind(),
                             std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                        ) => {}
+                        ) =>
+                    {
+                        stalled.store(true, Ordering::SeqCst);
+                    }
                     Err(_) => return,
                 }
             }
@@ -386,6 +394,59 @@ fn sigterm_with_the_gateway_channel_full_exits_promptly() {
         .expect("the bridge never stopped reading the flood");
     assert!(gateway.written.load(Ordering::SeqCst) >= 3100);
     let (status, took) = bridge.terminate();
+    eprintln!("SIGTERM: {status:?} after {took:?}");
+    assert!(status.success(), "exit status {status:?}");
+    assert!(took <= PROMPT_EXIT, "SIGTERM took {took:?}");
+}
+
+/// The bound the IRC bridge's resident memory stays under while a server floods it with
+/// PINGs and stops reading (issue 30, row 2): generous — the bridge needs a few MiB — but
+/// far under what an unbounded queue reaches (2.27 GB on main f41b273; in this debug build,
+/// hundreds of MiB within the test's flood).
+const FLOOD_RSS_BOUND_KIB: u64 = 64 * 1024;
+
+/// Row 2: a fake IRC server sends PINGs without end and never reads. The bridge reads its
+/// input through a bounded channel, so it stops reading when that is full and TCP stops the
+/// server (the fake's write stalls); its RSS stays under [`FLOOD_RSS_BOUND_KIB`]; SIGTERM —
+/// the main loop then blocked writing a PONG the server does not read — exits 0 within 2 s.
+/// On main the input channel was unbounded: the fake never stalled and the RSS passed the
+/// bound (then SIGTERM waited for the 15 s write timeout).
+#[test]
+fn a_ping_flood_from_a_server_that_stops_reading_holds_memory_and_exit_bounded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let irc = FakeIrc::start(IrcMode::PingFloodNoRead);
+    let gateway = FakeGateway::start(None);
+    let log = dir.path().join("bridge.log");
+    let mut bridge = irc_bridge(&irc, &gateway, &[], &log);
+    // Flood until the bridge stops reading (the fake's write stalls), 512 MiB went in, or
+    // the bound is passed.
+    let deadline = Instant::now() + WAIT;
+    let mut peak = 0;
+    loop {
+        peak = peak.max(bridge.rss_kib());
+        let flooded = irc.flooded.load(Ordering::SeqCst);
+        if irc.stalled.load(Ordering::SeqCst) || flooded >= 512 << 20 || peak >= FLOOD_RSS_BOUND_KIB
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the flood neither stalled nor ended"
+        );
+        std::thread::park_timeout(Duration::from_millis(20));
+    }
+    peak = peak.max(bridge.rss_kib());
+    eprintln!(
+        "PING flood: peak RSS {peak} KiB after {} MiB of PINGs",
+        irc.flooded.load(Ordering::SeqCst) >> 20
+    );
+    assert!(
+        peak < FLOOD_RSS_BOUND_KIB,
+        "RSS {peak} KiB under a PING flood, bound {FLOOD_RSS_BOUND_KIB} KiB ({} MiB of PINGs sent)",
+        irc.flooded.load(Ordering::SeqCst) >> 20
+    );
+    let (status, took) = bridge.terminate();
+    eprintln!("SIGTERM: {status:?} after {took:?}");
     assert!(status.success(), "exit status {status:?}");
     assert!(took <= PROMPT_EXIT, "SIGTERM took {took:?}");
 }

@@ -9,19 +9,21 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, never, select};
 
-use super::IrcConfig;
 use super::flood::FloodBucket;
 use super::transport::{ServerInput, Wire, open, read_server, wire_up};
 use super::wire::{
     Addressed, IrcLine, ReplyTarget, addressed, alternate_nick, conservative_source_len, nick_of,
     parse_line, reply_lines, route_of, text_budget,
 };
+use super::{IrcConfig, SocketSlot};
 use crate::message::ChatType;
 use crate::platforms::BridgeError;
 use crate::platforms::gateway::{Admission, Gateway, GatewayEvent, OutgoingMessage};
 
 /// Alternate nicks tried at one registration before giving up on that connection.
 const MAX_NICK_ATTEMPTS: u32 = 10;
+/// The longest the QUIT of a stopping bridge may block.
+const QUIT_TIMEOUT: Duration = Duration::from_millis(500);
 /// Silence after which the bot pings the server; twice this and it reconnects.
 const PING_AFTER: Duration = Duration::from_secs(90);
 
@@ -94,6 +96,8 @@ pub(super) struct IrcSession<'a> {
     backoff: Duration,
     /// TLS settings, with `--tls`.
     tls: Option<Arc<rustls::ClientConfig>>,
+    /// The current server socket, for the stop watcher.
+    socket_slot: SocketSlot,
 }
 
 impl<'a> IrcSession<'a> {
@@ -103,6 +107,7 @@ impl<'a> IrcSession<'a> {
         gateway: Gateway,
         server_tx: Sender<ServerInput>,
         tls: Option<Arc<rustls::ClientConfig>>,
+        socket_slot: SocketSlot,
     ) -> IrcSession<'a> {
         let boot = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -124,12 +129,15 @@ impl<'a> IrcSession<'a> {
             reconnect_at: Some(Instant::now()),
             backoff: config.initial_backoff,
             tls,
+            socket_slot,
         }
     }
 
     /// Says QUIT to the server and shuts the gateway client down.
     pub(super) fn quit(&mut self) {
         if let Some(mut conn) = self.conn.take() {
+            // A server that stopped reading must not hold the exit.
+            let _ = conn.socket.set_write_timeout(Some(QUIT_TIMEOUT));
             let _ = conn.send_raw("QUIT :turnstile bridge stopping");
         }
         self.gateway.shutdown();
@@ -219,6 +227,7 @@ impl<'a> IrcSession<'a> {
             Ok(w) => w,
             Err(e) => return self.schedule_reconnect(&e),
         };
+        *self.socket_slot.lock().unwrap_or_else(|e| e.into_inner()) = socket.try_clone().ok();
         self.generation += 1;
         let generation = self.generation;
         let tx = self.server_tx.clone();

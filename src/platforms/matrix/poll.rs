@@ -195,7 +195,7 @@ fn forward(
     stop: &Receiver<()>,
     item: Incoming,
 ) -> bool {
-    let sent = match item {
+    match item {
         Incoming::Invite(room) => {
             if state.can_join() {
                 join(api, &room, stop);
@@ -240,6 +240,5 @@ fn forward(
                 why,
             },
         ),
-    };
-    sent
+    }
 }
