@@ -220,10 +220,12 @@ fn serve_gateway(
 // ---------------------------------------------------------------------------------------
 
 /// How the fake IRC server behaves once the bot said `USER`.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 enum IrcMode {
     /// Welcome the bot and read whatever it says.
     Polite,
+    /// Welcome the bot, write these bytes, then read whatever it says.
+    Script(Vec<u8>),
     /// Welcome the bot, then send PINGs without end and never read again.
     PingFloodNoRead,
 }
@@ -237,6 +239,8 @@ struct FakeIrc {
     /// A flood write made no progress for 200 ms: the bridge stopped reading.
     stalled: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
+    /// More bytes to write to the bot.
+    more: Sender<Vec<u8>>,
 }
 
 impl Drop for FakeIrc {
@@ -255,11 +259,12 @@ impl FakeIrc {
         let stalled = Arc::new(AtomicBool::new(false));
         let (count, stopping) = (Arc::clone(&flooded), Arc::clone(&stop));
         let stall = Arc::clone(&stalled);
+        let (more, more_rx) = unbounded();
         std::thread::spawn(move || {
             let Ok((stream, _)) = listener.accept() else {
                 return;
             };
-            serve_irc(stream, mode, &tx, (&count, &stall), &stopping);
+            serve_irc(stream, mode, (&tx, more_rx), (&count, &stall), &stopping);
         });
         FakeIrc {
             addr,
@@ -267,7 +272,15 @@ impl FakeIrc {
             flooded,
             stalled,
             stop,
+            more,
         }
+    }
+
+    /// Writes `bytes` to the bot (in the polite modes).
+    fn send(&self, bytes: &str) {
+        self.more
+            .send(bytes.as_bytes().to_vec())
+            .expect("the fake is gone");
     }
 
     /// Waits for a line the bot wrote that satisfies `pred`.
@@ -287,7 +300,7 @@ impl FakeIrc {
 fn serve_irc(
     stream: TcpStream,
     mode: IrcMode,
-    tx: &Sender<String>,
+    (tx, more): (&Sender<String>, Receiver<Vec<u8>>),
     (flooded, stalled): (&AtomicU64, &AtomicBool),
     stop: &AtomicBool,
 ) {
@@ -316,7 +329,19 @@ fn serve_irc(
         return;
     }
     match mode {
-        IrcMode::Polite => {
+        IrcMode::Polite | IrcMode::Script(_) => {
+            if let IrcMode::Script(bytes) = &mode
+                && writer.write_all(bytes).is_err()
+            {
+                return;
+            }
+            std::thread::spawn(move || {
+                for bytes in more {
+                    if writer.write_all(&bytes).is_err() {
+                        return;
+                    }
+                }
+            });
             for line in reader.lines() {
                 let Ok(line) = line else { return };
                 if tx.send(line).is_err() {
@@ -449,4 +474,53 @@ fn a_ping_flood_from_a_server_that_stops_reading_holds_memory_and_exit_bounded()
     eprintln!("SIGTERM: {status:?} after {took:?}");
     assert!(status.success(), "exit status {status:?}");
     assert!(took <= PROMPT_EXIT, "SIGTERM took {took:?}");
+}
+
+/// Row 11: a fake IRC server sends 20,000 `ERROR` lines and 4 MiB without a newline (a WARN
+/// per 8 KiB cut), then a `PING :done` whose PONG proves the bridge handled all of it. Each
+/// WARN site logs at most a burst of 10 then one a second, and says "(N more suppressed)".
+/// On main f41b273 every line was a WARN: 20,000 + 512 of them.
+#[test]
+fn a_flood_of_server_errors_and_endless_lines_is_logged_rate_limited() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut script = b":irc.fake ERROR :closing link, flood\r\n".repeat(20_000);
+    script.extend(std::iter::repeat_n(b'x', 4 << 20));
+    script.extend_from_slice(b"\r\n:irc.fake ERROR :one more\r\nPING :done\r\n");
+    let irc = FakeIrc::start(IrcMode::Script(script));
+    let gateway = FakeGateway::start(None);
+    let log = dir.path().join("bridge.log");
+    let started = Instant::now();
+    let mut bridge = irc_bridge(&irc, &gateway, &[], &log);
+    irc.wait_line("PONG :done", |l| l == "PONG :done");
+    let secs = started.elapsed().as_secs();
+    let text = std::fs::read_to_string(&log).expect("log");
+    let errors = text.matches("server error").count() as u64;
+    let cuts = text.matches("bytes; cut").count() as u64;
+    eprintln!("{errors} server-error WARNs, {cuts} cut WARNs in {secs}+ s");
+    // A burst of 10, one more per second, and the line after the last second.
+    let bound = 10 + secs + 2;
+    assert!(
+        errors <= bound,
+        "{errors} server-error WARN lines, bound {bound}"
+    );
+    assert!(cuts <= bound, "{cuts} line-cut WARN lines, bound {bound}");
+    // The count of what was suppressed comes with the next line the budget allows (a second
+    // later): one more ERROR per round trip until the log says it (bounded polling).
+    let deadline = Instant::now() + WAIT;
+    for n in 0.. {
+        let text = std::fs::read_to_string(&log).expect("log");
+        if text.contains("more suppressed)") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no line says how many were suppressed"
+        );
+        std::thread::park_timeout(Duration::from_millis(100));
+        let ping = format!("PING :again{n}");
+        irc.send(&format!(":irc.fake ERROR :again\r\n{ping}\r\n"));
+        irc.wait_line(&ping, |l| l == format!("PONG :again{n}"));
+    }
+    let (status, _) = bridge.terminate();
+    assert!(status.success(), "exit status {status:?}");
 }

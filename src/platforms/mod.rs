@@ -4,6 +4,55 @@
 //! Every rule the gateway keeps (dedup, outboxes, `acks`/`delivered`, the journal, the token,
 //! partial pacing) applies unchanged: a bridge is just another client.
 
+/// Logs at `$level` through a budget of this call site's own ([`WARN_BURST`] lines at once,
+/// then [`WARN_PER_SEC`] a second): a platform server flooding one kind of line cannot flood
+/// the log. The count of lines dropped is told with the next one logged, as
+/// "(N more suppressed)". Every WARN and ERROR of the bridges fed by a platform server goes
+/// through it (`warn_limited!`, `error_limited!`).
+macro_rules! log_limited {
+    ($level:expr, $($arg:tt)+) => {{
+        static BUDGET: std::sync::Mutex<$crate::logfmt::LogBudget> = std::sync::Mutex::new(
+            $crate::logfmt::LogBudget::new($crate::platforms::WARN_BURST, $crate::platforms::WARN_PER_SEC),
+        );
+        if log::log_enabled!($level) {
+            $crate::platforms::emit_limited(&BUDGET, $level, module_path!(), format_args!($($arg)+));
+        }
+    }};
+}
+
+/// A WARN line through [`log_limited!`].
+macro_rules! warn_limited {
+    ($($arg:tt)+) => { log_limited!(log::Level::Warn, $($arg)+) };
+}
+
+/// An ERROR line through [`log_limited!`].
+macro_rules! error_limited {
+    ($($arg:tt)+) => { log_limited!(log::Level::Error, $($arg)+) };
+}
+
+/// Lines one rate-limited call site logs at once.
+pub(crate) const WARN_BURST: f64 = 10.0;
+/// Lines one rate-limited call site logs per second once its burst is used.
+pub(crate) const WARN_PER_SEC: f64 = 1.0;
+
+/// The body of [`log_limited!`]: the line, if `budget` allows it, with the count dropped
+/// before it.
+pub(crate) fn emit_limited(
+    budget: &std::sync::Mutex<crate::logfmt::LogBudget>,
+    level: log::Level,
+    target: &str,
+    args: std::fmt::Arguments<'_>,
+) {
+    let allowed = budget
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .allow(std::time::Instant::now());
+    if let Some(dropped) = allowed {
+        let more = crate::logfmt::suppressed_note(dropped);
+        log::log!(target: target, level, "{args}{more}");
+    }
+}
+
 pub(crate) mod edits;
 pub(crate) mod gateway;
 pub(crate) mod irc;

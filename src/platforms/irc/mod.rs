@@ -68,7 +68,7 @@ fn watch_stop(
             }
             let _ = forward_tx.send(());
             if let Err(RecvTimeoutError::Timeout) = done_rx.recv_timeout(STOP_GRACE) {
-                log::warn!(
+                warn_limited!(
                     "irc: still busy {STOP_GRACE:?} after the stop; closing the server connection"
                 );
                 if let Some(s) = socket.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {

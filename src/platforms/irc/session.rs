@@ -208,7 +208,7 @@ impl<'a> IrcSession<'a> {
     fn schedule_reconnect(&mut self, reason: &str) {
         self.conn = None;
         let wait = self.backoff;
-        log::warn!(
+        warn_limited!(
             "irc {}: {reason}; reconnecting in {wait:?}",
             self.config.server
         );
@@ -378,7 +378,7 @@ impl<'a> IrcSession<'a> {
             }
             "403" | "405" | "471" | "473" | "474" | "475" | "477" => {
                 conn.unresolved_channels = conn.unresolved_channels.saturating_sub(1);
-                log::error!(
+                error_limited!(
                     "irc {}: cannot join {}: {}",
                     self.config.server,
                     msg.params.get(1).unwrap_or(&"?"),
@@ -387,7 +387,7 @@ impl<'a> IrcSession<'a> {
             }
             "KICK" => self.on_kick(msg),
             "ERROR" => {
-                log::warn!(
+                warn_limited!(
                     "irc {}: server error: {}",
                     self.config.server,
                     msg.params.last().unwrap_or(&"")
@@ -444,7 +444,7 @@ impl<'a> IrcSession<'a> {
             ));
         }
         let alt = alternate_nick(&self.config.nick, conn.nick_attempts);
-        log::warn!(
+        warn_limited!(
             "irc {}: nick {} refused ({}); trying {alt}",
             self.config.server,
             conn.nick,
@@ -463,7 +463,7 @@ impl<'a> IrcSession<'a> {
         if msg.params.get(1).copied() == Some(conn.nick.as_str())
             && let Some(channel) = msg.params.first()
         {
-            log::warn!(
+            warn_limited!(
                 "irc {}: kicked from {channel}; joining again",
                 self.config.server
             );
@@ -505,7 +505,7 @@ impl<'a> IrcSession<'a> {
                 self.routes.insert(id, route);
             }
             Err(e) => {
-                log::warn!(
+                warn_limited!(
                     "irc: message from {} in {} not passed to the gateway: {e}",
                     a.sender,
                     a.chat_id
@@ -545,7 +545,7 @@ impl<'a> IrcSession<'a> {
             GatewayEvent::Admission { id, admission } => {
                 let route = self.routes.remove(&id);
                 if let Admission::Rejected { reason, detail, .. } = admission {
-                    log::warn!("irc: message {id} rejected by the gateway: {reason} ({detail})");
+                    warn_limited!("irc: message {id} rejected by the gateway: {reason} ({detail})");
                     if let Some(route) = route {
                         let text = format!("[not accepted ({reason}): {detail}]");
                         self.queue_reply(&route, &text, None);
@@ -554,7 +554,7 @@ impl<'a> IrcSession<'a> {
             }
             GatewayEvent::Result(result) => {
                 let Some(route) = route_of(&result.session) else {
-                    log::error!(
+                    error_limited!(
                         "irc: result {} has a session key that names no chat ({}); dropped",
                         result.id,
                         result.session

@@ -281,7 +281,7 @@ impl<H: Homeserver> SyncEngine<H> {
             && let Some(old) = self.turn_order.pop_front()
             && self.turns.remove(&old).is_some()
         {
-            log::warn!(
+            warn_limited!(
                 "matrix: {} replies in progress (the bound): forgot the state of {old}; its result will be posted as a new message",
                 self.max_turns
             );
@@ -321,7 +321,7 @@ impl<H: Homeserver> SyncEngine<H> {
             msg.event_id
         );
         if let Err(e) = gw.send(&out) {
-            log::warn!(
+            warn_limited!(
                 "matrix: room {}: message {} not handed to the gateway: {e}",
                 msg.room,
                 msg.event_id
@@ -339,7 +339,7 @@ impl<H: Homeserver> SyncEngine<H> {
 
     /// A message the bridge refuses (too long): the human is told.
     pub(crate) fn on_refused(&mut self, room: &str, event_id: &str, why: &str) {
-        log::warn!("matrix: room {room}: message {event_id} refused: {why}");
+        warn_limited!("matrix: room {room}: message {event_id} refused: {why}");
         self.notice(room, Some(event_id), &format!("[{why}]"));
     }
 
@@ -373,13 +373,13 @@ impl<H: Homeserver> SyncEngine<H> {
         match event {
             GatewayEvent::Connected => log::info!("matrix: connected to the gateway"),
             GatewayEvent::Disconnected { reason } => {
-                log::warn!("matrix: gateway connection lost ({reason}); reconnecting");
+                warn_limited!("matrix: gateway connection lost ({reason}); reconnecting");
                 // Typing notices time out on the homeserver; the gateway sends them again.
                 for t in self.typing.values_mut() {
                     t.sessions.clear();
                 }
             }
-            GatewayEvent::Error { detail } => log::warn!("matrix: the gateway says: {detail}"),
+            GatewayEvent::Error { detail } => warn_limited!("matrix: the gateway says: {detail}"),
             GatewayEvent::Admission { id, admission } => match admission {
                 Admission::Accepted {
                     session, queued, ..
@@ -395,7 +395,7 @@ impl<H: Homeserver> SyncEngine<H> {
                     detail,
                 } => {
                     let room = self.turns.get(&id).map(|t| t.room.clone());
-                    log::warn!(
+                    warn_limited!(
                         "matrix: message {id} (session {}) rejected by the gateway: {reason}: {detail}",
                         session.as_deref().unwrap_or("-")
                     );
@@ -461,7 +461,7 @@ impl<H: Homeserver> SyncEngine<H> {
                     (key.chat_id().to_owned(), String::new(), false)
                 }
                 _ => {
-                    log::warn!(
+                    warn_limited!(
                         "matrix: result {id} for session {session}: not a Matrix room; confirmed without posting"
                     );
                     gw.delivered(&id);
@@ -653,7 +653,7 @@ impl<H: Homeserver> SyncEngine<H> {
                 if e.is_transient() {
                     self.queue.requeue_edit(id, text, now);
                 } else {
-                    log::warn!(
+                    warn_limited!(
                         "matrix: room {room}: an edit of the reply to {id} was refused: {e}"
                     );
                 }
@@ -728,7 +728,7 @@ impl<H: Homeserver> SyncEngine<H> {
                 if e.is_transient() {
                     self.queue.requeue_urgent(post);
                 } else {
-                    log::warn!(
+                    warn_limited!(
                         "matrix: room {}: the result of {} could not be posted: {e}",
                         post.room,
                         post.id.as_deref().unwrap_or("a notice")
@@ -757,7 +757,7 @@ impl<H: Homeserver> SyncEngine<H> {
                 let was = self.queue.final_only(now);
                 let final_only = self.queue.rate_limited(*wait, now);
                 if final_only && !was {
-                    log::warn!(
+                    warn_limited!(
                         "matrix: room {room}: rate limited repeatedly; sending only final replies (no edits) until it stops"
                     );
                 } else {
@@ -768,7 +768,7 @@ impl<H: Homeserver> SyncEngine<H> {
             e if e.is_transient() => {
                 self.backoff =
                     (self.backoff * 2).clamp(Duration::from_millis(250), Duration::from_secs(30));
-                log::warn!(
+                warn_limited!(
                     "matrix: room {room}: {e}; trying again in {:?}",
                     self.backoff
                 );

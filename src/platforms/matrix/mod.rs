@@ -117,7 +117,7 @@ pub(crate) fn run(
                 ));
             }
             Err(e) => {
-                log::warn!("matrix: {}: {e}; trying again in 2s", api.base());
+                warn_limited!("matrix: {}: {e}; trying again in 2s", api.base());
                 if stop.recv_timeout(Duration::from_secs(2)).is_ok() {
                     return Ok(());
                 }

@@ -54,12 +54,12 @@ fn join(api: &Api, room: &str, stop: &Receiver<()>) {
                 }
             }
             Err(e) => {
-                log::warn!("matrix: room {room}: could not join: {e}");
+                warn_limited!("matrix: room {room}: could not join: {e}");
                 return;
             }
         }
     }
-    log::warn!("matrix: room {room}: could not join: rate limited five times");
+    warn_limited!("matrix: room {room}: could not join: rate limited five times");
 }
 
 /// Long-polls `/sync`. The first sync learns the rooms (its events are the backlog); with a
@@ -99,7 +99,7 @@ pub(super) fn run_sync(
         };
         let first = since.is_none();
         let Some(next) = answer["next_batch"].as_str() else {
-            log::warn!("matrix: a sync answer without next_batch; trying again");
+            warn_limited!("matrix: a sync answer without next_batch; trying again");
             if stopped_during(stop, Duration::from_secs(1)) {
                 return;
             }
@@ -180,7 +180,7 @@ fn fetch(
         }
         Err(e) => {
             *backoff = (*backoff * 2).clamp(Duration::from_millis(500), Duration::from_secs(30));
-            log::warn!("matrix: sync failed: {e}; trying again in {backoff:?}");
+            warn_limited!("matrix: sync failed: {e}; trying again in {backoff:?}");
             Fetched::Retry(*backoff)
         }
     }
@@ -200,7 +200,7 @@ fn forward(
             if state.can_join() {
                 join(api, &room, stop);
             } else {
-                log::warn!(
+                warn_limited!(
                     "matrix: room {room}: invite ignored, {} rooms joined already (--max-rooms)",
                     state.room_count()
                 );
@@ -216,7 +216,7 @@ fn forward(
                         Some(n)
                     }
                     Err(e) => {
-                        log::warn!(
+                        warn_limited!(
                             "matrix: room {}: member count unknown ({e}); taken as a group",
                             m.room
                         );

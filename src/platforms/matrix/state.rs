@@ -107,7 +107,7 @@ impl Tracker {
                     log::debug!("matrix: sync position {t} written");
                     self.written = Some(t);
                 }
-                Err(e) => log::warn!(
+                Err(e) => warn_limited!(
                     "matrix: cannot write the sync position to {}: {e} (a restart may answer recent messages late or not at all)",
                     self.dir.display()
                 ),

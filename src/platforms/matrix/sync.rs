@@ -290,7 +290,7 @@ impl SyncState {
         let known = self.rooms.contains_key(room);
         if !known {
             if self.rooms.len() >= self.max_rooms {
-                log::warn!(
+                warn_limited!(
                     "matrix: room {room}: not tracked, {} rooms already (the bound); its messages are ignored",
                     self.max_rooms
                 );
@@ -333,7 +333,7 @@ impl SyncState {
         }
         if timeline["limited"] == true && known {
             self.gaps += 1;
-            log::warn!(
+            warn_limited!(
                 "matrix: room {room}: the sync skipped older events (more than the timeline limit arrived at once); messages in the gap are not answered"
             );
         }

@@ -174,7 +174,7 @@ fn bot_username(api: &mut HttpBotApi, stop: &Receiver<()>) -> Result<Option<Stri
                     ApiError::RetryAfter(d) => d,
                     _ => backoff,
                 };
-                log::warn!("telegram: getMe failed: {e}; retrying in {wait:?}");
+                warn_limited!("telegram: getMe failed: {e}; retrying in {wait:?}");
                 if stop.recv_timeout(wait).is_ok() {
                     return Ok(None);
                 }

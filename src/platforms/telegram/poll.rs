@@ -66,7 +66,7 @@ pub(super) fn poll_updates(
         };
         for update in &updates {
             let Some(update_id) = update.get("update_id").and_then(Value::as_i64) else {
-                log::warn!("telegram: an update without update_id; skipped");
+                warn_limited!("telegram: an update without update_id; skipped");
                 continue;
             };
             if offset.is_some_and(|o| update_id < o) {
@@ -87,7 +87,7 @@ pub(super) fn poll_updates(
             if let Err(e) = store.save(update_id + 1) {
                 // The gateway's duplicate window still keeps a restart from running it twice
                 // within its window.
-                log::error!("telegram: {e}");
+                error_limited!("telegram: {e}");
             }
         }
     }
@@ -125,10 +125,10 @@ fn get_updates(
             return Polled::Updates(u);
         }
         Ok(_) => {
-            log::warn!("telegram: getUpdates answered something that is not a list");
+            warn_limited!("telegram: getUpdates answered something that is not a list");
         }
         Err(ApiError::RetryAfter(d)) => {
-            log::warn!("telegram: getUpdates rate limited; waiting {d:?}");
+            warn_limited!("telegram: getUpdates rate limited; waiting {d:?}");
             pause(stop, d);
             return Polled::Again;
         }
@@ -136,7 +136,7 @@ fn get_updates(
             return Polled::Fatal(format!("the Bot API refused the bot token: {d}"));
         }
         Err(e) => {
-            log::warn!("telegram: getUpdates failed: {e}; retrying in {backoff:?}");
+            warn_limited!("telegram: getUpdates failed: {e}; retrying in {backoff:?}");
         }
     }
     pause(stop, *backoff);
@@ -159,7 +159,7 @@ fn wait_for_answer(
         match gateway.send_and_wait(message, ANSWER_WAIT) {
             Ok(a) => return Some(a),
             Err(SendError::TimedOut) => {
-                log::warn!(
+                warn_limited!(
                     "telegram: no answer from the gateway for update {update_id} of chat {} yet; still waiting",
                     message.chat_id
                 );
@@ -178,7 +178,7 @@ fn tell_rejection(
     to_main: &Sender<Inbound>,
 ) {
     if let Admission::Rejected { reason, detail, .. } = answer {
-        log::warn!(
+        warn_limited!(
             "telegram: update {update_id} of chat {} rejected by the gateway: {reason} ({detail})",
             message.chat_id
         );
