@@ -524,3 +524,199 @@ fn a_flood_of_server_errors_and_endless_lines_is_logged_rate_limited() {
     let (status, _) = bridge.terminate();
     assert!(status.success(), "exit status {status:?}");
 }
+
+// ---------------------------------------------------------------------------------------
+// A fake HTTP server (a homeserver, a Bot API): answers each request as the test says.
+// ---------------------------------------------------------------------------------------
+
+/// How the fake HTTP server answers one request.
+enum HttpAnswer {
+    /// This status and JSON body.
+    Json(u16, String),
+    /// Accept the request and never answer (the connection stays open).
+    Never,
+}
+
+/// A fake HTTP server; every request's `METHOD /path` line arrives on `requests`.
+struct FakeHttp {
+    url: String,
+    requests: Receiver<String>,
+}
+
+impl FakeHttp {
+    fn start(answer: impl Fn(&str) -> HttpAnswer + Send + Sync + 'static) -> FakeHttp {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let (tx, requests) = unbounded();
+        let answer = Arc::new(answer);
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let (tx, answer) = (tx.clone(), Arc::clone(&answer));
+                std::thread::spawn(move || serve_http(stream, &tx, &*answer));
+            }
+        });
+        FakeHttp { url, requests }
+    }
+
+    /// Waits for the `n`th request (from 1) whose line contains `what`.
+    fn wait_requests(&self, what: &str, n: usize) {
+        let deadline = Instant::now() + WAIT;
+        let mut seen = 0;
+        while seen < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self
+                .requests
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("{n} requests for {what} never came"));
+            if line.contains(what) {
+                seen += 1;
+            }
+        }
+    }
+}
+
+fn serve_http(stream: TcpStream, tx: &Sender<String>, answer: &dyn Fn(&str) -> HttpAnswer) {
+    let mut writer = stream.try_clone().expect("clone");
+    let mut reader = BufReader::new(stream);
+    loop {
+        let mut first = String::new();
+        if reader.read_line(&mut first).unwrap_or(0) == 0 {
+            return;
+        }
+        let mut length = 0usize;
+        loop {
+            let mut h = String::new();
+            if reader.read_line(&mut h).unwrap_or(0) == 0 {
+                return;
+            }
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = h.split_once(':')
+                && k.eq_ignore_ascii_case("content-length")
+            {
+                length = v.trim().parse().unwrap_or(0);
+            }
+        }
+        let mut body = vec![0u8; length];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        let line = first.trim_end().to_owned();
+        let reply = answer(&line);
+        let _ = tx.send(line);
+        match reply {
+            HttpAnswer::Never => {
+                // Hold the connection open, answering nothing, until the client leaves.
+                let mut sink = [0u8; 1024];
+                while reader.get_mut().read(&mut sink).is_ok_and(|n| n > 0) {}
+                return;
+            }
+            HttpAnswer::Json(status, body) => {
+                let head = format!(
+                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+                    body.len()
+                );
+                if writer.write_all(head.as_bytes()).is_err()
+                    || writer.write_all(body.as_bytes()).is_err()
+                {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Row 8: servers that echo the tokens back in every form — raw, percent-encoded, either
+/// half, upper-cased — in the error texts the bridges log. No form reaches the log. On main
+/// f41b273 the Matrix bridge logged the homeserver's `error` verbatim and the Telegram one
+/// redacted only the exact bot token.
+#[test]
+fn tokens_echoed_by_a_server_in_any_form_never_reach_the_log() {
+    const GATEWAY_TOKEN: &str = "gw-Secret-Token-0123456789";
+    const ACCESS_TOKEN: &str = "syt_Ym90_QWxhZGRpbjpvcGVu_3fRs1x";
+    const BOT_TOKEN: &str = "123456789:AAE-Secret_Half_xyz";
+    let forms = |t: &str| {
+        let (a, b) = t.split_once(':').unwrap_or_else(|| t.split_at(t.len() / 2));
+        vec![
+            t.to_owned(),
+            t.to_uppercase(),
+            t.to_lowercase(),
+            t.replace(':', "%3A"),
+            t.replace(':', "%3a"),
+            a.to_owned(),
+            b.to_owned(),
+            b.to_uppercase(),
+        ]
+    };
+    // Each bridge is given the gateway's token and its platform's.
+    let echo_of = |platform_token: &str| {
+        let mut forms_ = forms(GATEWAY_TOKEN);
+        forms_.extend(forms(platform_token));
+        forms_
+    };
+    let (matrix_echo, telegram_echo) = (echo_of(ACCESS_TOKEN), echo_of(BOT_TOKEN));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gateway = FakeGateway::start(None);
+    // Matrix: whoami fails with a 500 whose error text is the echo.
+    let text = matrix_echo.join(" | ");
+    let body = serde_json::json!({"errcode": "M_UNKNOWN", "error": format!("Bearer {text}")});
+    let body = body.to_string();
+    let hs = FakeHttp::start(move |_| HttpAnswer::Json(500, body.clone()));
+    let matrix_log = dir.path().join("matrix.log");
+    let (mut matrix, _) = start_bridge(
+        &[
+            "matrix",
+            "--gateway",
+            &gateway.addr,
+            "--homeserver",
+            &hs.url,
+        ],
+        &[
+            ("MATRIX_ACCESS_TOKEN", ACCESS_TOKEN),
+            ("TURNSTILE_AUTH_TOKEN", GATEWAY_TOKEN),
+        ],
+        &matrix_log,
+    );
+    // Telegram: getMe fails with a 500 whose description is the echo.
+    let text = telegram_echo.join(" | ");
+    let body = serde_json::json!({"ok": false, "error_code": 500, "description": text});
+    let body = body.to_string();
+    let api = FakeHttp::start(move |_| HttpAnswer::Json(500, body.clone()));
+    let telegram_log = dir.path().join("telegram.log");
+    let (mut telegram, _) = start_bridge(
+        &[
+            "telegram",
+            "--gateway",
+            &gateway.addr,
+            "--api-base",
+            &api.url,
+        ],
+        &[
+            ("TELEGRAM_BOT_TOKEN", BOT_TOKEN),
+            ("TURNSTILE_AUTH_TOKEN", GATEWAY_TOKEN),
+        ],
+        &telegram_log,
+    );
+    // The second request comes after the first one's failure was logged.
+    hs.wait_requests("/account/whoami", 2);
+    api.wait_requests("/getMe", 2);
+    let _ = matrix.terminate();
+    let _ = telegram.terminate();
+    for (log, echoed) in [(&matrix_log, &matrix_echo), (&telegram_log, &telegram_echo)] {
+        let logged = std::fs::read_to_string(log).expect("log");
+        for form in echoed {
+            assert!(
+                !logged.contains(form.as_str()),
+                "{form:?} reached {}:\n{logged}",
+                log.display()
+            );
+        }
+        assert!(
+            logged.contains("<redacted>"),
+            "the echo was not logged at all: {logged}"
+        );
+    }
+}

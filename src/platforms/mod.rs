@@ -8,7 +8,7 @@
 /// then [`WARN_PER_SEC`] a second): a platform server flooding one kind of line cannot flood
 /// the log. The count of lines dropped is told with the next one logged, as
 /// "(N more suppressed)". Every WARN and ERROR of the bridges fed by a platform server goes
-/// through it (`warn_limited!`, `error_limited!`).
+/// through it (`warn_limited!`, `error_limited!`); the line is redacted ([`secrets::redact`]).
 macro_rules! log_limited {
     ($level:expr, $($arg:tt)+) => {{
         static BUDGET: std::sync::Mutex<$crate::logfmt::LogBudget> = std::sync::Mutex::new(
@@ -23,6 +23,27 @@ macro_rules! log_limited {
 /// A WARN line through [`log_limited!`].
 macro_rules! warn_limited {
     ($($arg:tt)+) => { log_limited!(log::Level::Warn, $($arg)+) };
+}
+
+/// A line at `$level` with every secret's forms redacted ([`secrets::redact`]), for lines
+/// that carry a server's text below WARN.
+macro_rules! log_redacted {
+    ($level:expr, $($arg:tt)+) => {{
+        if log::log_enabled!($level) {
+            let line = format!($($arg)+);
+            log::log!($level, "{}", $crate::platforms::secrets::redact(&line));
+        }
+    }};
+}
+
+/// An INFO line through [`log_redacted!`].
+macro_rules! info_redacted {
+    ($($arg:tt)+) => { log_redacted!(log::Level::Info, $($arg)+) };
+}
+
+/// A DEBUG line through [`log_redacted!`].
+macro_rules! debug_redacted {
+    ($($arg:tt)+) => { log_redacted!(log::Level::Debug, $($arg)+) };
 }
 
 /// An ERROR line through [`log_limited!`].
@@ -49,7 +70,8 @@ pub(crate) fn emit_limited(
         .allow(std::time::Instant::now());
     if let Some(dropped) = allowed {
         let more = crate::logfmt::suppressed_note(dropped);
-        log::log!(target: target, level, "{args}{more}");
+        let line = args.to_string();
+        log::log!(target: target, level, "{}{more}", secrets::redact(&line));
     }
 }
 
@@ -57,6 +79,7 @@ pub(crate) mod edits;
 pub(crate) mod gateway;
 pub(crate) mod irc;
 pub(crate) mod matrix;
+pub(crate) mod secrets;
 pub(crate) mod split;
 pub(crate) mod telegram;
 pub(crate) mod tls;

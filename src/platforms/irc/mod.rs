@@ -177,6 +177,16 @@ pub(crate) fn run(
     stop: &Receiver<()>,
     on_ready: &mut dyn FnMut(&str),
 ) -> Result<(), BridgeError> {
+    super::secrets::register(config.gateway.token.as_deref().unwrap_or_default());
+    serve(config, stop, on_ready).map_err(|e| super::secrets::redact(&e).into_owned())
+}
+
+/// [`run`] once the secrets are registered.
+fn serve(
+    config: IrcConfig,
+    stop: &Receiver<()>,
+    on_ready: &mut dyn FnMut(&str),
+) -> Result<(), BridgeError> {
     config.validate()?;
     let tls = if config.tls {
         Some(tls_config(config.tls_ca_file.as_deref())?)

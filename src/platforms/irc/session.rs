@@ -54,7 +54,7 @@ struct ServerConn {
 impl ServerConn {
     /// Writes one line (CRLF added).
     fn send_raw(&mut self, line: &str) -> io::Result<()> {
-        log::debug!("irc: -> {}", line.split(' ').next().unwrap_or(""));
+        debug_redacted!("irc: -> {}", line.split(' ').next().unwrap_or(""));
         let mut bytes = Vec::with_capacity(line.len() + 2);
         bytes.extend_from_slice(line.as_bytes());
         bytes.extend_from_slice(b"\r\n");
@@ -295,7 +295,7 @@ impl<'a> IrcSession<'a> {
             match conn.send_raw(&format!("PRIVMSG {} :{}", line.target, line.text)) {
                 Ok(()) => {
                     if let Some(id) = line.completes {
-                        log::debug!("irc: result {id} sent to {}", line.target);
+                        debug_redacted!("irc: result {id} sent to {}", line.target);
                         self.gateway.delivered(&id);
                     }
                 }
@@ -370,7 +370,7 @@ impl<'a> IrcSession<'a> {
             }
             "JOIN" if from_us => {
                 conn.unresolved_channels = conn.unresolved_channels.saturating_sub(1);
-                log::info!(
+                info_redacted!(
                     "irc {}: joined {}",
                     self.config.server,
                     msg.params.first().unwrap_or(&"?")
@@ -419,7 +419,7 @@ impl<'a> IrcSession<'a> {
             None => conservative_source_len(&conn.nick),
         };
         self.backoff = self.config.initial_backoff;
-        log::info!(
+        info_redacted!(
             "irc {}: registered as {} (relayed as {} bytes of source)",
             self.config.server,
             conn.nick,
@@ -499,7 +499,7 @@ impl<'a> IrcSession<'a> {
             target: a.chat_id.clone(),
             addressee: (a.chat_type == ChatType::Group).then(|| a.sender.clone()),
         };
-        log::debug!("irc: message {id} from {} in {}", a.sender, a.chat_id);
+        debug_redacted!("irc: message {id} from {} in {}", a.sender, a.chat_id);
         match self.gateway.send(&message) {
             Ok(()) => {
                 self.routes.insert(id, route);

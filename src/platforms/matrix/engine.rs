@@ -315,7 +315,7 @@ impl<H: Homeserver> SyncEngine<H> {
             meta: msg.to_bridge(&self.platform, kind).get("meta").cloned(),
             text: msg.text.clone(),
         };
-        log::debug!(
+        debug_redacted!(
             "matrix: room {}: message {} to the gateway",
             msg.room,
             msg.event_id
@@ -371,7 +371,7 @@ impl<H: Homeserver> SyncEngine<H> {
         gw: &mut impl GatewaySide,
     ) {
         match event {
-            GatewayEvent::Connected => log::info!("matrix: connected to the gateway"),
+            GatewayEvent::Connected => info_redacted!("matrix: connected to the gateway"),
             GatewayEvent::Disconnected { reason } => {
                 warn_limited!("matrix: gateway connection lost ({reason}); reconnecting");
                 // Typing notices time out on the homeserver; the gateway sends them again.
@@ -384,10 +384,10 @@ impl<H: Homeserver> SyncEngine<H> {
                 Admission::Accepted {
                     session, queued, ..
                 } => {
-                    log::debug!("matrix: {id} accepted in {session} (queued: {queued})");
+                    debug_redacted!("matrix: {id} accepted in {session} (queued: {queued})");
                 }
                 Admission::Duplicate { session } => {
-                    log::debug!("matrix: {id} already accepted in {session}");
+                    debug_redacted!("matrix: {id} already accepted in {session}");
                 }
                 Admission::Rejected {
                     session,
@@ -448,7 +448,7 @@ impl<H: Homeserver> SyncEngine<H> {
         } = terminal;
         if self.queued_results.contains(&id) {
             // A redelivered copy of a result that waits to be posted: posted once.
-            log::debug!("matrix: {id}: a second copy of a queued result dropped");
+            debug_redacted!("matrix: {id}: a second copy of a queued result dropped");
             return;
         }
         self.queue.cancel_edit(&id);
@@ -492,7 +492,7 @@ impl<H: Homeserver> SyncEngine<H> {
                 other => other,
             },
         };
-        log::debug!(
+        debug_redacted!(
             "matrix: room {room}: result of {id} ({}{})",
             match &outcome {
                 Outcome::Reply { .. } => "reply",
@@ -587,7 +587,7 @@ impl<H: Homeserver> SyncEngine<H> {
         match result {
             Ok(()) => {}
             Err(e) if e.is_unauthorized() => return Err(e),
-            Err(e) => log::debug!("matrix: room {room}: typing notice failed: {e}"),
+            Err(e) => debug_redacted!("matrix: room {room}: typing notice failed: {e}"),
         }
         Ok(Some(Step::Worked))
     }
@@ -636,7 +636,7 @@ impl<H: Homeserver> SyncEngine<H> {
                         t.shown = view;
                     }
                 }
-                log::debug!(
+                debug_redacted!(
                     "matrix: room {room}: {} for {id}",
                     if first { "reply started" } else { "edit" }
                 );
@@ -712,7 +712,7 @@ impl<H: Homeserver> SyncEngine<H> {
                     t.bot_event.get_or_insert(event);
                     t.shown = chunk;
                 }
-                log::debug!(
+                debug_redacted!(
                     "matrix: room {}: posted piece {} of {} ({})",
                     post.room,
                     post.next_chunk + 1,
@@ -761,7 +761,7 @@ impl<H: Homeserver> SyncEngine<H> {
                         "matrix: room {room}: rate limited repeatedly; sending only final replies (no edits) until it stops"
                     );
                 } else {
-                    log::info!("matrix: room {room}: rate limited, waiting {wait:?}");
+                    info_redacted!("matrix: room {room}: rate limited, waiting {wait:?}");
                 }
                 Ok(())
             }

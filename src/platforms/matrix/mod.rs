@@ -102,6 +102,17 @@ pub(crate) fn run(
     stop: &Receiver<()>,
     on_ready: &mut dyn FnMut(&str),
 ) -> Result<(), BridgeError> {
+    super::secrets::register(config.gateway.token.as_deref().unwrap_or_default());
+    super::secrets::register(&config.access_token);
+    serve(config, stop, on_ready).map_err(|e| super::secrets::redact(&e).into_owned())
+}
+
+/// [`run`] once the secrets are registered.
+fn serve(
+    config: MatrixConfig,
+    stop: &Receiver<()>,
+    on_ready: &mut dyn FnMut(&str),
+) -> Result<(), BridgeError> {
     let api = Api::new(
         &config.homeserver,
         &config.access_token,
@@ -124,7 +135,7 @@ pub(crate) fn run(
             }
         }
     };
-    log::info!("matrix: logged in to {} as {me}", api.base());
+    info_redacted!("matrix: logged in to {} as {me}", api.base());
     // Sends are short; their bound is also the longest a shutdown waits for one.
     let send_api = Api::new(&config.homeserver, &config.access_token, SEND_TIMEOUT)?;
 
@@ -175,11 +186,11 @@ pub(crate) fn run(
     drop(sync_rx);
     gw.shutdown();
     if waiting > 0 {
-        log::info!(
+        info_redacted!(
             "matrix: {waiting} result(s) not posted yet stay with the gateway (it redelivers them to the next bridge)"
         );
     }
-    log::info!(
+    info_redacted!(
         "matrix: stopped ({} messages, {} edits, {} identical edits skipped, {} rate-limited)",
         core.stats.messages,
         core.stats.edits,
@@ -212,7 +223,7 @@ fn main_loop(
     let (mut synced, mut connected, mut announced) = (false, false, false);
     loop {
         if ch.stop.try_recv().is_ok() {
-            log::info!("matrix: shutting down");
+            info_redacted!("matrix: shutting down");
             return Ok(());
         }
         // Take what is there: gateway events (coalesced into the queue) and new messages.

@@ -45,7 +45,7 @@ fn join(api: &Api, room: &str, stop: &Receiver<()>) {
     for _ in 0..5 {
         match api.join(room) {
             Ok(()) => {
-                log::info!("matrix: joined room {room}");
+                info_redacted!("matrix: joined room {room}");
                 return;
             }
             Err(ApiError::RateLimited(d)) => {
@@ -106,7 +106,7 @@ pub(super) fn run_sync(
             continue;
         };
         let items = state.absorb(&answer);
-        log::debug!(
+        debug_redacted!(
             "matrix: sync {} → {next}: {} item(s)",
             since.as_deref().unwrap_or("(first)"),
             items.len()
@@ -114,7 +114,7 @@ pub(super) fn run_sync(
         let resuming = first && resume.is_some();
         since = match resume.take().filter(|_| first) {
             Some(stored) => {
-                log::info!("matrix: continuing from the stored sync position");
+                info_redacted!("matrix: continuing from the stored sync position");
                 // The learning sync's events come again from the stored position.
                 state.forget_seen();
                 Some(stored)
@@ -175,7 +175,7 @@ fn fetch(
             Fetched::Fatal(format!("the homeserver refused the access token ({e})"))
         }
         Err(ApiError::RateLimited(d)) => {
-            log::info!("matrix: sync rate limited, waiting {d:?}");
+            info_redacted!("matrix: sync rate limited, waiting {d:?}");
             Fetched::Retry(d.min(Duration::from_secs(60)))
         }
         Err(e) => {

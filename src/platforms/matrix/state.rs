@@ -104,7 +104,7 @@ impl Tracker {
         {
             match write_atomically(&self.dir.join(FILE), &t) {
                 Ok(()) => {
-                    log::debug!("matrix: sync position {t} written");
+                    debug_redacted!("matrix: sync position {t} written");
                     self.written = Some(t);
                 }
                 Err(e) => warn_limited!(

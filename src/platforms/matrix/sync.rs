@@ -267,7 +267,7 @@ impl SyncState {
         if let Some(left) = rooms["leave"].as_object() {
             for room in left.keys() {
                 if self.rooms.remove(room).is_some() {
-                    log::info!("matrix: left room {room}");
+                    info_redacted!("matrix: left room {room}");
                 }
             }
         }
@@ -390,7 +390,7 @@ impl SyncState {
         }
         let body = content["body"].as_str()?;
         if event_id.is_empty() || event_id.len() > 255 || room.len() > 255 || sender.len() > 255 {
-            log::debug!("matrix: room {room}: an event with an over-long id ignored");
+            debug_redacted!("matrix: room {room}: an event with an over-long id ignored");
             return None;
         }
         if !self.seen.insert(event_id) {

@@ -73,13 +73,13 @@ pub(super) fn poll_updates(
                 continue;
             }
             if let Some(message) = update_to_message(update, bot_username) {
-                log::debug!("telegram: update {update_id} from chat {}", message.chat_id);
+                debug_redacted!("telegram: update {update_id} from chat {}", message.chat_id);
                 let Some(answer) = wait_for_answer(gateway, &message, update_id, stop) else {
                     return;
                 };
                 tell_rejection(&answer, &message, update_id, to_main);
             } else {
-                log::debug!(
+                debug_redacted!(
                     "telegram: update {update_id} is not a text message to handle; skipped"
                 );
             }

@@ -141,7 +141,7 @@ impl Renderer {
             return;
         }
         if self.views.len() >= self.max_views {
-            log::debug!(
+            debug_redacted!(
                 "telegram: {} replies streaming; partial of {id} not shown",
                 self.max_views
             );
@@ -326,7 +326,7 @@ impl Renderer {
             if let ApiError::RetryAfter(_) | ApiError::Unauthorized(_) = e {
                 self.handle_error(&e, now, &format!("typing in chat {chat_id}"))?;
             } else {
-                log::debug!("telegram: typing in chat {chat_id} failed: {e}");
+                debug_redacted!("telegram: typing in chat {chat_id} failed: {e}");
             }
         }
         Ok(())
