@@ -720,3 +720,30 @@ fn tokens_echoed_by_a_server_in_any_form_never_reach_the_log() {
         );
     }
 }
+
+/// Row 10: SIGTERM during the Matrix start-up `whoami`, against a fake homeserver that
+/// accepts the request and never answers, exits 0 within 2 s. On main f41b273 the bridge
+/// waited for the request's timeout (58.6 s measured).
+#[test]
+fn sigterm_during_a_whoami_that_is_never_answered_exits_promptly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gateway = FakeGateway::start(None);
+    let hs = FakeHttp::start(|_| HttpAnswer::Never);
+    let log = dir.path().join("matrix.log");
+    let (mut matrix, _) = start_bridge(
+        &[
+            "matrix",
+            "--gateway",
+            &gateway.addr,
+            "--homeserver",
+            &hs.url,
+        ],
+        &[("MATRIX_ACCESS_TOKEN", "syt_never_answered_0123")],
+        &log,
+    );
+    hs.wait_requests("/account/whoami", 1);
+    let (status, took) = matrix.terminate();
+    eprintln!("SIGTERM during whoami: {status:?} after {took:?}");
+    assert!(status.success(), "exit status {status:?}");
+    assert!(took <= PROMPT_EXIT, "SIGTERM took {took:?}");
+}

@@ -123,6 +123,30 @@ pub(crate) fn connect_tcp(
     Err(last)
 }
 
+/// Runs the blocking call `f` (a start-up request to a server that may never answer) on a
+/// thread of its own and waits for its answer or for `stop`, whichever comes first: `None`
+/// when `stop` fired (or was dropped) first; the call is then left to end on its own (its
+/// timeout), the process does not wait for it.
+pub(crate) fn interruptible<T: Send + 'static>(
+    stop: &crossbeam_channel::Receiver<()>,
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<Option<T>, BridgeError> {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let _ = tx.send(f());
+        })
+        .map_err(|e| format!("cannot start a thread: {e}"))?;
+    crossbeam_channel::select! {
+        recv(rx) -> answer => answer
+            .map(Some)
+            .map_err(|_| format!("the {name} thread ended without an answer")),
+        recv(stop) -> _ => Ok(None),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -119,7 +119,15 @@ fn serve(
         config.sync_timeout + Duration::from_secs(30),
     )?;
     let me = loop {
-        match api.whoami() {
+        // A homeserver that accepts and never answers must not hold a SIGTERM.
+        let whoami = {
+            let api = api.clone();
+            super::interruptible(stop, "matrix-whoami", move || api.whoami())?
+        };
+        let Some(whoami) = whoami else {
+            return Ok(());
+        };
+        match whoami {
             Ok(me) => break me,
             Err(e) if e.is_unauthorized() => {
                 return Err(format!(
