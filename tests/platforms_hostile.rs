@@ -126,6 +126,8 @@ struct FakeGateway {
     written: Arc<AtomicU64>,
     /// Fires once a write stalled (the bridge stopped reading) after `stall_after` results.
     stalled: Receiver<()>,
+    /// `message` lines the bridge sent (each acked `running`).
+    messages: Arc<AtomicU64>,
 }
 
 impl FakeGateway {
@@ -140,16 +142,19 @@ impl FakeGateway {
         let (stalled_tx, stalled) = bounded(1);
         let flood = flood.map(|(s, n)| (s.to_owned(), n));
         let count = Arc::clone(&written);
+        let messages = Arc::new(AtomicU64::new(0));
+        let seen = Arc::clone(&messages);
         std::thread::spawn(move || {
             let Ok((stream, _)) = listener.accept() else {
                 return;
             };
-            serve_gateway(stream, flood, &count, &stalled_tx);
+            serve_gateway(stream, flood, (&count, seen), &stalled_tx);
         });
         FakeGateway {
             addr,
             written,
             stalled,
+            messages,
         }
     }
 }
@@ -157,7 +162,7 @@ impl FakeGateway {
 fn serve_gateway(
     stream: TcpStream,
     flood: Option<(String, u64)>,
-    written: &AtomicU64,
+    (written, messages): (&AtomicU64, Arc<AtomicU64>),
     stalled: &Sender<()>,
 ) {
     let mut writer = stream.try_clone().expect("clone");
@@ -176,10 +181,23 @@ fn serve_gateway(
     if writer.write_all(b"{\"op\":\"pong\"}\n").is_err() {
         return;
     }
-    // Whatever the bridge says next is read and dropped.
+    // Messages are acked (`running`) and counted; the rest is read and dropped.
+    let mut acker = writer.try_clone().expect("clone");
     std::thread::spawn(move || {
-        let mut sink = [0u8; 4096];
-        while lines.get_mut().read(&mut sink).is_ok_and(|n| n > 0) {}
+        let mut line = String::new();
+        while lines.read_line(&mut line).is_ok_and(|n| n > 0) {
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line)
+                && v["op"] == "message"
+            {
+                messages.fetch_add(1, Ordering::SeqCst);
+                let ack = serde_json::json!({"op": "ack", "id": v["id"], "state": "running",
+                    "session": "s"});
+                if acker.write_all(format!("{ack}\n").as_bytes()).is_err() {
+                    return;
+                }
+            }
+            line.clear();
+        }
     });
     let Some((session, stall_after)) = flood else {
         return;
@@ -537,7 +555,7 @@ enum HttpAnswer {
     Never,
 }
 
-/// A fake HTTP server; every request's `METHOD /path` line arrives on `requests`.
+/// A fake HTTP server; every request's `METHOD /path` line and its body arrive on `requests`.
 struct FakeHttp {
     url: String,
     requests: Receiver<String>,
@@ -559,20 +577,22 @@ impl FakeHttp {
         FakeHttp { url, requests }
     }
 
-    /// Waits for the `n`th request (from 1) whose line contains `what`.
-    fn wait_requests(&self, what: &str, n: usize) {
+    /// Waits for the `n`th request (from 1) whose line contains `what`; returns those
+    /// requests (line and body).
+    fn wait_requests(&self, what: &str, n: usize) -> Vec<String> {
         let deadline = Instant::now() + WAIT;
-        let mut seen = 0;
-        while seen < n {
+        let mut seen = Vec::new();
+        while seen.len() < n {
             let left = deadline.saturating_duration_since(Instant::now());
             let line = self
                 .requests
                 .recv_timeout(left)
                 .unwrap_or_else(|_| panic!("{n} requests for {what} never came"));
             if line.contains(what) {
-                seen += 1;
+                seen.push(line);
             }
         }
+        seen
     }
 }
 
@@ -606,7 +626,7 @@ fn serve_http(stream: TcpStream, tx: &Sender<String>, answer: &dyn Fn(&str) -> H
         }
         let line = first.trim_end().to_owned();
         let reply = answer(&line);
-        let _ = tx.send(line);
+        let _ = tx.send(format!("{line} {}", String::from_utf8_lossy(&body)));
         match reply {
             HttpAnswer::Never => {
                 // Hold the connection open, answering nothing, until the client leaves.
@@ -746,4 +766,52 @@ fn sigterm_during_a_whoami_that_is_never_answered_exits_promptly() {
     eprintln!("SIGTERM during whoami: {status:?} after {took:?}");
     assert!(status.success(), "exit status {status:?}");
     assert!(took <= PROMPT_EXIT, "SIGTERM took {took:?}");
+}
+
+/// Row 12: a fake Bot API whose `getUpdates` always returns an update with id 2^63 - 1. The
+/// offset cannot move past it: it must not wrap (a negative offset would re-poll everything,
+/// and on main f41b273 a debug build panicked in the poller), and the update runs once.
+#[test]
+fn the_largest_update_id_runs_once_and_the_offset_does_not_wrap() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gateway = FakeGateway::start(None);
+    let update = serde_json::json!({"update_id": i64::MAX, "message": {"message_id": 1,
+        "text": "hello", "chat": {"id": 42, "type": "private"},
+        "from": {"id": 7, "is_bot": false, "first_name": "Ann"}}});
+    let api = FakeHttp::start(move |line| {
+        let result = if line.contains("/getMe") {
+            serde_json::json!({"id": 1, "is_bot": true, "username": "fake_bot"})
+        } else if line.contains("/getUpdates") {
+            serde_json::json!([update])
+        } else {
+            serde_json::json!({"message_id": 5})
+        };
+        HttpAnswer::Json(
+            200,
+            serde_json::json!({"ok": true, "result": result}).to_string(),
+        )
+    });
+    let log = dir.path().join("telegram.log");
+    let (mut telegram, _) = start_bridge(
+        &[
+            "telegram",
+            "--gateway",
+            &gateway.addr,
+            "--api-base",
+            &api.url,
+        ],
+        &[("TELEGRAM_BOT_TOKEN", "123456789:AAE-offset-test")],
+        &log,
+    );
+    let polls = api.wait_requests("/getUpdates", 4);
+    let (status, _) = telegram.terminate();
+    assert!(status.success(), "exit status {status:?}");
+    for p in &polls {
+        assert!(!p.contains("\"offset\":-"), "the offset wrapped: {p}");
+    }
+    assert_eq!(
+        gateway.messages.load(Ordering::SeqCst),
+        1,
+        "the update ran more than once"
+    );
 }

@@ -55,6 +55,9 @@ pub(super) fn poll_updates(
     to_main: &Sender<Inbound>,
 ) {
     let mut backoff = Duration::from_secs(1);
+    // The newest update handled: nothing at or below it runs again, even when the offset
+    // cannot move past it (an id of 2^63 - 1 has no successor).
+    let mut handled: Option<i64> = None;
     while !stop.load(Ordering::SeqCst) {
         let updates = match get_updates(config, &mut api, offset, stop, &mut backoff) {
             Polled::Updates(updates) => updates,
@@ -64,14 +67,16 @@ pub(super) fn poll_updates(
                 return;
             }
         };
+        let mut news = false;
         for update in &updates {
             let Some(update_id) = update.get("update_id").and_then(Value::as_i64) else {
                 warn_limited!("telegram: an update without update_id; skipped");
                 continue;
             };
-            if offset.is_some_and(|o| update_id < o) {
+            if offset.is_some_and(|o| update_id < o) || handled.is_some_and(|h| update_id <= h) {
                 continue;
             }
+            news = true;
             if let Some(message) = update_to_message(update, bot_username) {
                 debug_redacted!("telegram: update {update_id} from chat {}", message.chat_id);
                 let Some(answer) = wait_for_answer(gateway, &message, update_id, stop) else {
@@ -83,12 +88,24 @@ pub(super) fn poll_updates(
                     "telegram: update {update_id} is not a text message to handle; skipped"
                 );
             }
-            offset = Some(update_id + 1);
-            if let Err(e) = store.save(update_id + 1) {
+            handled = Some(update_id);
+            let Some(next) = update_id.checked_add(1) else {
+                warn_limited!(
+                    "telegram: update id {update_id} has no successor; the offset stays below it"
+                );
+                continue;
+            };
+            offset = Some(next);
+            if let Err(e) = store.save(next) {
                 // The gateway's duplicate window still keeps a restart from running it twice
                 // within its window.
                 error_limited!("telegram: {e}");
             }
+        }
+        if !updates.is_empty() && !news {
+            // Only updates already handled (an offset that cannot move past them): asking
+            // again at once would spin.
+            pause(stop, Duration::from_secs(1));
         }
     }
 }
