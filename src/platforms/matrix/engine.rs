@@ -172,9 +172,12 @@ fn partial_view(text: &str) -> String {
 }
 
 fn message_content(text: &str, notice: bool, reply_to: Option<&str>) -> Value {
+    // `m.mentions` empty: whatever the agent wrote ("@room", a name) mentions nobody, so
+    // it cannot ping a room with the bot's power level.
     let mut c = json!({
         "msgtype": if notice { "m.notice" } else { "m.text" },
         "body": text,
+        "m.mentions": {},
     });
     if let Some(r) = reply_to {
         c["m.relates_to"] = json!({"m.in_reply_to": {"event_id": r}});
@@ -187,7 +190,8 @@ fn edit_content(original: &str, text: &str, notice: bool) -> Value {
     json!({
         "msgtype": msgtype,
         "body": format!("* {text}"),
-        "m.new_content": {"msgtype": msgtype, "body": text},
+        "m.mentions": {},
+        "m.new_content": {"msgtype": msgtype, "body": text, "m.mentions": {}},
         "m.relates_to": {"rel_type": "m.replace", "event_id": original},
     })
 }
