@@ -128,6 +128,10 @@ struct FakeGateway {
     stalled: Receiver<()>,
     /// `message` lines the bridge sent (each acked `running`).
     messages: Arc<AtomicU64>,
+    /// Those `message` lines.
+    received: Receiver<serde_json::Value>,
+    /// Lines to write to the bridge.
+    more: Sender<String>,
 }
 
 impl FakeGateway {
@@ -144,26 +148,37 @@ impl FakeGateway {
         let count = Arc::clone(&written);
         let messages = Arc::new(AtomicU64::new(0));
         let seen = Arc::clone(&messages);
+        let (got, received) = unbounded();
+        let (more, more_rx) = unbounded::<String>();
         std::thread::spawn(move || {
             let Ok((stream, _)) = listener.accept() else {
                 return;
             };
-            serve_gateway(stream, flood, (&count, seen), &stalled_tx);
+            serve_gateway(stream, flood, (&count, seen, got), (&stalled_tx, more_rx));
         });
         FakeGateway {
             addr,
             written,
             stalled,
             messages,
+            received,
+            more,
         }
+    }
+
+    /// Writes one line (a result, …) to the bridge.
+    fn send(&self, line: &str) {
+        self.more
+            .send(line.to_owned())
+            .expect("the fake gateway is gone");
     }
 }
 
 fn serve_gateway(
     stream: TcpStream,
     flood: Option<(String, u64)>,
-    (written, messages): (&AtomicU64, Arc<AtomicU64>),
-    stalled: &Sender<()>,
+    (written, messages, got): (&AtomicU64, Arc<AtomicU64>, Sender<serde_json::Value>),
+    (stalled, more): (&Sender<()>, Receiver<String>),
 ) {
     let mut writer = stream.try_clone().expect("clone");
     let mut lines = BufReader::new(stream);
@@ -190,6 +205,7 @@ fn serve_gateway(
                 && v["op"] == "message"
             {
                 messages.fetch_add(1, Ordering::SeqCst);
+                let _ = got.send(v.clone());
                 let ack = serde_json::json!({"op": "ack", "id": v["id"], "state": "running",
                     "session": "s"});
                 if acker.write_all(format!("{ack}\n").as_bytes()).is_err() {
@@ -200,6 +216,11 @@ fn serve_gateway(
         }
     });
     let Some((session, stall_after)) = flood else {
+        for line in more {
+            if writer.write_all(format!("{line}\n").as_bytes()).is_err() {
+                return;
+            }
+        }
         return;
     };
     writer
@@ -814,4 +835,88 @@ fn the_largest_update_id_runs_once_and_the_offset_does_not_wrap() {
         1,
         "the update ran more than once"
     );
+}
+
+/// Row 12, IRC: an agent reply carrying `\x01` (CTCP) and ZWJ emoji goes out with no `\x01`
+/// and every line made of whole emoji; a DM that is CTCP behind a leading space is not
+/// passed to the gateway (the next plain DM is). On main f41b273 the `\x01` went out (a CTCP
+/// `DCC SEND` through a real server), the lines were cut inside the emoji, and the DM
+/// passed the CTCP filter.
+#[test]
+fn irc_output_carries_no_ctcp_and_splits_between_graphemes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let irc = FakeIrc::start(IrcMode::Polite);
+    let gateway = FakeGateway::start(None);
+    let log = dir.path().join("bridge.log");
+    let mut bridge = irc_bridge(&irc, &gateway, &["--flood-burst", "50"], &log);
+    // 27 bytes, 10 chars: no byte or char budget keeps it whole by luck.
+    let kiss = "👩\u{200D}❤\u{FE0F}\u{200D}💋\u{200D}👨";
+    let text = format!("\u{1}DCC SEND evil 1 2 3\u{1}\n{}", kiss.repeat(60));
+    let result = serde_json::json!({"op": "reply", "id": "r1", "session": "irc:dm:ann",
+        "text": text});
+    gateway.send(&result.to_string());
+    let first = irc.wait_line("the first reply line", |l| l.starts_with("PRIVMSG ann :"));
+    assert!(!first.contains('\u{1}'), "CTCP went out: {first:?}");
+    assert_eq!(first, "PRIVMSG ann :DCC SEND evil 1 2 3");
+    let mut emoji = 0;
+    while emoji < 60 {
+        let line = irc.wait_line("emoji lines", |l| l.starts_with("PRIVMSG ann :"));
+        let body = line.strip_prefix("PRIVMSG ann :").expect("prefix");
+        assert!(
+            !body.is_empty() && body == kiss.repeat(body.len() / kiss.len()),
+            "a line cut inside an emoji: {body:?}"
+        );
+        emoji += body.len() / kiss.len();
+    }
+    // A CTCP DM behind a space, then a plain one: only the plain one reaches the gateway.
+    irc.send(":ann!a@h PRIVMSG bot : \u{1}DCC SEND x 1 2 3\u{1}\r\n");
+    irc.send(":ann!a@h PRIVMSG bot :hello\r\n");
+    let got = gateway.received.recv_timeout(WAIT).expect("a message");
+    assert_eq!(got["text"], "hello", "{got}");
+    let (status, _) = bridge.terminate();
+    assert!(status.success(), "exit status {status:?}");
+}
+
+/// Row 12, names: a Telegram sender whose name carries bidi overrides and isolates reaches
+/// the gateway (and so the agent) without them. On main f41b273 U+202E passed.
+#[test]
+fn bidi_controls_are_dropped_from_display_names() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gateway = FakeGateway::start(None);
+    let update = serde_json::json!({"update_id": 10, "message": {"message_id": 1,
+        "text": "hello", "chat": {"id": 42, "type": "private"},
+        "from": {"id": 7, "is_bot": false, "first_name": "Ann\u{202E}nimda\u{2066}",
+            "last_name": "\u{2069}Lee\u{202A}"}}});
+    let served = Arc::new(AtomicBool::new(false));
+    let api = FakeHttp::start(move |line| {
+        let result = if line.contains("/getMe") {
+            serde_json::json!({"id": 1, "is_bot": true, "username": "fake_bot"})
+        } else if line.contains("/getUpdates") && !served.swap(true, Ordering::SeqCst) {
+            serde_json::json!([update])
+        } else if line.contains("/getUpdates") {
+            serde_json::json!([])
+        } else {
+            serde_json::json!({"message_id": 5})
+        };
+        HttpAnswer::Json(
+            200,
+            serde_json::json!({"ok": true, "result": result}).to_string(),
+        )
+    });
+    let log = dir.path().join("telegram.log");
+    let (mut telegram, _) = start_bridge(
+        &[
+            "telegram",
+            "--gateway",
+            &gateway.addr,
+            "--api-base",
+            &api.url,
+        ],
+        &[("TELEGRAM_BOT_TOKEN", "123456789:AAE-bidi-test")],
+        &log,
+    );
+    let got = gateway.received.recv_timeout(WAIT).expect("the message");
+    assert_eq!(got["user_name"], "Annnimda Lee", "{got}");
+    let (status, _) = telegram.terminate();
+    assert!(status.success(), "exit status {status:?}");
 }

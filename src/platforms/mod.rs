@@ -77,6 +77,7 @@ pub(crate) fn emit_limited(
 
 pub(crate) mod edits;
 pub(crate) mod gateway;
+pub(crate) mod grapheme;
 pub(crate) mod irc;
 pub(crate) mod matrix;
 pub(crate) mod secrets;
@@ -97,6 +98,13 @@ pub(crate) fn map_command(text: &str) -> std::borrow::Cow<'_, str> {
         }
     }
     text.into()
+}
+
+/// Whether `c` may stay in a display name passed to the agent: no control character and no
+/// bidi override or isolate (U+202A–U+202E, U+2066–U+2069), which would let a name reorder
+/// the text around it.
+pub(crate) fn name_char(c: char) -> bool {
+    !c.is_control() && !matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
 }
 
 /// Why a bridge could not run (bad flags, a refused login): printed, exit code 1.
@@ -161,5 +169,14 @@ mod tests {
         assert_eq!(map_command("!stopwatch"), "!stopwatch");
         assert_eq!(map_command("say !stop"), "say !stop");
         assert_eq!(map_command("!unknown"), "!unknown");
+    }
+
+    #[test]
+    fn names_lose_bidi_overrides_and_isolates() {
+        let name: String = "Ann\u{202E}live\u{2066}x\u{2069}\u{202A}\u{7}é"
+            .chars()
+            .filter(|&c| name_char(c))
+            .collect();
+        assert_eq!(name, "Annlivexé");
     }
 }

@@ -36,6 +36,9 @@ fn channel_lines_need_the_address_and_dms_do_not() {
         "hi"
     );
     assert_eq!(addressed("bot", "ann", "#chan", "hello bot"), None);
+    // CTCP, also behind leading whitespace (issue 30 row 12).
+    assert_eq!(addressed("bot", "ann", "bot", "\x01VERSION\x01"), None);
+    assert_eq!(addressed("bot", "ann", "bot", " \x01DCC SEND x\x01"), None);
     assert_eq!(addressed("bot", "ann", "#chan", "botany: hi"), None);
     assert_eq!(addressed("bot", "ann", "#chan", "bot:"), None);
     let dm = addressed("bot", "ann", "bot", "!new").expect("dm");

@@ -88,7 +88,8 @@ pub(crate) fn addressed(
     target: &str,
     text: &str,
 ) -> Option<Addressed> {
-    if text.starts_with('\x01') {
+    // CTCP (`\x01…`), also behind leading whitespace.
+    if text.trim_start().starts_with('\x01') {
         return None;
     }
     let is_channel = target.starts_with(['#', '&', '+', '!']);

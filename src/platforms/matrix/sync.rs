@@ -212,7 +212,10 @@ fn strip_reply_fallback(body: &str) -> &str {
 }
 
 fn clean_name(name: &str) -> Option<String> {
-    let name: String = name.chars().filter(|c| !c.is_control()).collect();
+    let name: String = name
+        .chars()
+        .filter(|&c| crate::platforms::name_char(c))
+        .collect();
     let name = name.trim();
     (!name.is_empty()).then(|| super::api::cut(name, MAX_NAME_BYTES))
 }
