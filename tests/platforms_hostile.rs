@@ -267,6 +267,11 @@ enum IrcMode {
     Script(Vec<u8>),
     /// Welcome the bot, then send PINGs without end and never read again.
     PingFloodNoRead,
+    /// Registration held by IRCv3 capability negotiation with SASL PLAIN, written from the
+    /// IRCv3 `sasl-3.1` spec (`CAP LS` in two lines, `CAP REQ`/`ACK`, `AUTHENTICATE PLAIN`,
+    /// `+`, the base64 payload, `900`/`903` for this payload, else `904`), the welcome after
+    /// `CAP END`; then polite. A fake: ngircd has no SASL.
+    Sasl(&'static str),
 }
 
 /// A fake IRC server for one connection; the lines the bot wrote arrive on the receiver.
@@ -345,30 +350,21 @@ fn serve_irc(
 ) {
     let mut writer = stream.try_clone().expect("clone");
     let mut reader = BufReader::new(stream);
-    let mut line = String::new();
-    let mut nick = String::from("bot");
-    loop {
-        line.clear();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            return;
-        }
-        let l = line.trim_end().to_owned();
-        if let Some(n) = l.strip_prefix("NICK ") {
-            nick = n.to_owned();
-        }
-        let user = l.starts_with("USER ");
-        let _ = tx.send(l);
-        if user {
-            break;
-        }
-    }
+    let nick = if let IrcMode::Sasl(expected) = mode {
+        negotiate_sasl(&mut reader, &mut writer, tx, expected)
+    } else {
+        register(&mut reader, tx)
+    };
+    let Some(nick) = nick else {
+        return;
+    };
     let welcome =
         format!(":irc.fake 001 {nick} :Welcome to the fake network {nick}!bot@fake.host\r\n");
     if writer.write_all(welcome.as_bytes()).is_err() {
         return;
     }
     match mode {
-        IrcMode::Polite | IrcMode::Script(_) => {
+        IrcMode::Polite | IrcMode::Script(_) | IrcMode::Sasl(_) => {
             if let IrcMode::Script(bytes) = &mode
                 && writer.write_all(bytes).is_err()
             {
@@ -410,6 +406,77 @@ fn serve_irc(
                     Err(_) => return,
                 }
             }
+        }
+    }
+}
+
+/// Reads the bot's registration up to `USER` (lines passed on to `tx`): its nick; `None`
+/// when the bot left.
+fn register(reader: &mut BufReader<TcpStream>, tx: &Sender<String>) -> Option<String> {
+    let mut line = String::new();
+    let mut nick = String::from("bot");
+    loop {
+        line.clear();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return None;
+        }
+        let l = line.trim_end().to_owned();
+        if let Some(n) = l.strip_prefix("NICK ") {
+            nick = n.to_owned();
+        }
+        let user = l.starts_with("USER ");
+        let _ = tx.send(l);
+        if user {
+            return Some(nick);
+        }
+    }
+}
+
+/// The fake server's side of CAP/SASL, up to `CAP END` (lines passed on to `tx`; NICK and
+/// USER are only passed on, registration waits for the end). The bot's nick; `None` when
+/// the bot left.
+fn negotiate_sasl(
+    reader: &mut BufReader<TcpStream>,
+    writer: &mut TcpStream,
+    tx: &Sender<String>,
+    expected: &str,
+) -> Option<String> {
+    let mut line = String::new();
+    let mut nick = String::from("bot");
+    loop {
+        line.clear();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return None;
+        }
+        let l = line.trim_end().to_owned();
+        if let Some(n) = l.strip_prefix("NICK ") {
+            nick = n.to_owned();
+        }
+        let answer = match l.as_str() {
+            "CAP LS 302" => ":irc.fake CAP * LS * :multi-prefix away-notify\r\n\
+                             :irc.fake CAP * LS :sasl=PLAIN,EXTERNAL account-notify\r\n"
+                .to_owned(),
+            "CAP REQ :sasl" => ":irc.fake CAP * ACK :sasl\r\n".to_owned(),
+            "AUTHENTICATE PLAIN" => "AUTHENTICATE +\r\n".to_owned(),
+            a if a.starts_with("AUTHENTICATE ") => {
+                if a == format!("AUTHENTICATE {expected}") {
+                    ":irc.fake 900 * bot!bot@fake.host acct :You are now logged in as acct\r\n\
+                     :irc.fake 903 * :SASL authentication successful\r\n"
+                        .to_owned()
+                } else {
+                    ":irc.fake 904 * :SASL authentication failed\r\n".to_owned()
+                }
+            }
+            _ => String::new(),
+        };
+        let end = l == "CAP END";
+        let _ = tx.send(l);
+        if end {
+            // The registration lines came before; the caller welcomes the bot now.
+            return Some(nick);
+        }
+        if !answer.is_empty() && writer.write_all(answer.as_bytes()).is_err() {
+            return None;
         }
     }
 }
@@ -919,4 +986,58 @@ fn bidi_controls_are_dropped_from_display_names() {
     assert_eq!(got["user_name"], "Annnimda Lee", "{got}");
     let (status, _) = telegram.terminate();
     assert!(status.success(), "exit status {status:?}");
+}
+
+/// Row 13: SASL PLAIN and NickServ against a fake IRCv3 server ([`IrcMode::Sasl`]): the
+/// account and password (from a variable) go as the PLAIN payload, registration ends with
+/// `CAP END` after `903`, NickServ gets `IDENTIFY` after the welcome; no password in the
+/// log. On main f41b273 none of the flags existed.
+#[test]
+fn sasl_plain_and_nickserv_log_the_bot_in_with_secrets_from_variables() {
+    const SASL_PW: &str = "s3cret-sasl-pw";
+    const NICKSERV_PW: &str = "nickserv-pw-0123";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let irc = FakeIrc::start(IrcMode::Sasl("YWNjdABhY2N0AHMzY3JldC1zYXNsLXB3"));
+    let gateway = FakeGateway::start(None);
+    let log = dir.path().join("bridge.log");
+    let args = [
+        "irc",
+        "--gateway",
+        &gateway.addr,
+        "--server",
+        &irc.addr,
+        "--nick",
+        "bot",
+        "--sasl-account",
+        "acct",
+        "--sasl-password-env",
+        "TEST_SASL_PW",
+        "--nickserv-password-env",
+        "TEST_NICKSERV_PW",
+    ];
+    let (mut bridge, lines) = start_bridge(
+        &args,
+        &[("TEST_SASL_PW", SASL_PW), ("TEST_NICKSERV_PW", NICKSERV_PW)],
+        &log,
+    );
+    irc.wait_line("CAP LS 302", |l| l == "CAP LS 302");
+    irc.wait_line("CAP REQ", |l| l == "CAP REQ :sasl");
+    irc.wait_line("the PLAIN payload", |l| {
+        l == "AUTHENTICATE YWNjdABhY2N0AHMzY3JldC1zYXNsLXB3"
+    });
+    irc.wait_line("CAP END", |l| l == "CAP END");
+    assert_eq!(
+        lines.recv_timeout(WAIT).expect("the ready line"),
+        "ready: irc as bot"
+    );
+    irc.wait_line("IDENTIFY", |l| {
+        l == format!("PRIVMSG NickServ :IDENTIFY {NICKSERV_PW}")
+    });
+    let (status, _) = bridge.terminate();
+    assert!(status.success(), "exit status {status:?}");
+    let logged = std::fs::read_to_string(&log).expect("log");
+    assert!(logged.contains("SASL login succeeded"), "{logged}");
+    for secret in [SASL_PW, NICKSERV_PW, "YWNjdABhY2N0AHMzY3JldC1zYXNsLXB3"] {
+        assert!(!logged.contains(secret), "{secret} logged:\n{logged}");
+    }
 }

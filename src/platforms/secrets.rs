@@ -28,6 +28,30 @@ pub(crate) fn register(secret: &str) {
     forms.sort_by_key(|f| std::cmp::Reverse(f.len()));
 }
 
+/// A secret (a password, a token) as configured: registered for redaction when made, shown
+/// as `<redacted>` by `Debug`, its text only through [`Secret::expose`].
+#[derive(Clone)]
+pub(crate) struct Secret(String);
+
+impl Secret {
+    /// Keeps `text` and registers it for redaction.
+    pub(crate) fn new(text: String) -> Secret {
+        register(&text);
+        Secret(text)
+    }
+
+    /// The secret's text, for the one place it is sent.
+    pub(crate) fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(MARK)
+    }
+}
+
 /// `secret`'s forms, lower-cased: itself, its two halves (at a `:` when it has one, like a
 /// Telegram token, else at the middle), and each of those percent-encoded.
 fn forms_of(secret: &str) -> Vec<String> {

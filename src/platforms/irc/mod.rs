@@ -16,6 +16,9 @@
 //!   the server connection drops are sent after the reconnect.
 //! - `--tls`: rustls (the TLS stack ureq already brings), the certificate checked against
 //!   the system's roots or the CAs of [`IrcConfig::tls_ca_file`].
+//! - Where a network requires it, the bot logs in ([`Login`]): the server password (`PASS`),
+//!   SASL PLAIN, NickServ `IDENTIFY`; the secrets from environment variables, never logged.
+//!   (SASL EXTERNAL, with a TLS client certificate, is not supported yet.)
 //! - A nick in use gets an alternate (`NICK_`, `NICK_2`, …); PINGs are answered and the bot
 //!   pings a silent server; a lost server is reconnected with capped exponential backoff.
 
@@ -29,10 +32,12 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded, select};
 
 use super::BridgeError;
 use super::gateway::{Gateway, GatewayConfig};
+pub(crate) use login::Login;
 use session::IrcSession;
 use transport::tls_config;
 
 mod flood;
+mod login;
 mod session;
 #[cfg(test)]
 mod tests;
@@ -108,6 +113,8 @@ pub(crate) struct IrcConfig {
     pub initial_backoff: Duration,
     /// Longest wait between server reconnection attempts.
     pub max_backoff: Duration,
+    /// The server password, SASL PLAIN, NickServ: how the bot logs in (secrets redacted).
+    pub login: Login,
 }
 
 impl IrcConfig {
@@ -132,6 +139,7 @@ impl IrcConfig {
             max_queued_lines: 2000,
             initial_backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(60),
+            login: Login::default(),
         }
     }
 
@@ -166,6 +174,7 @@ impl IrcConfig {
         if self.flood_burst == 0 {
             return Err("--flood-burst must be at least 1".into());
         }
+        self.login.validate()?;
         Ok(())
     }
 }

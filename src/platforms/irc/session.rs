@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, never, select};
 
 use super::flood::FloodBucket;
+use super::login::Sasl;
 use super::transport::{ServerInput, Wire, open, read_server, wire_up};
 use super::wire::{
     Addressed, IrcLine, ReplyTarget, addressed, alternate_nick, conservative_source_len, nick_of,
@@ -49,6 +50,8 @@ struct ServerConn {
     unresolved_channels: usize,
     last_heard: Instant,
     pinged: bool,
+    /// Where the SASL exchange is.
+    sasl: Sasl,
 }
 
 impl ServerConn {
@@ -238,6 +241,7 @@ impl<'a> IrcSession<'a> {
             return self.schedule_reconnect(&format!("cannot start the reader thread: {e}"));
         }
         let nick = self.config.nick.clone();
+        let (opening, sasl) = self.config.login.opening();
         let mut conn = ServerConn {
             generation,
             writer,
@@ -249,9 +253,12 @@ impl<'a> IrcSession<'a> {
             unresolved_channels: self.config.channels.len(),
             last_heard: Instant::now(),
             pinged: false,
+            sasl,
         };
-        let registered = conn
-            .send_raw(&format!("NICK {}", conn.nick))
+        let registered = opening
+            .iter()
+            .try_for_each(|line| conn.send_raw(line))
+            .and_then(|()| conn.send_raw(&format!("NICK {}", conn.nick)))
             .and_then(|()| conn.send_raw(&format!("USER {} 0 * :turnstile bridge", conn.nick)));
         self.conn = Some(conn);
         if let Err(e) = registered {
@@ -394,6 +401,18 @@ impl<'a> IrcSession<'a> {
                 );
             }
             "PRIVMSG" => self.on_privmsg(msg),
+            "CAP" | "AUTHENTICATE" | "902" | "903" | "904" | "905" | "906" | "908" => {
+                let (lines, next) = self.config.login.step(
+                    conn.sasl,
+                    msg.command,
+                    &msg.params,
+                    &self.config.server,
+                );
+                conn.sasl = next;
+                for line in lines {
+                    self.send_now(&line);
+                }
+            }
             _ => {}
         }
     }
@@ -425,6 +444,11 @@ impl<'a> IrcSession<'a> {
             conn.nick,
             conn.source_len
         );
+        // A server that ignored the CAP exchange has registered the bot all the same.
+        conn.sasl = Sasl::Off;
+        if let Some(identify) = self.config.login.identify() {
+            self.send_now(&identify);
+        }
         for channel in self.config.channels.clone() {
             self.send_now(&format!("JOIN {channel}"));
         }
