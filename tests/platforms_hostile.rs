@@ -1041,3 +1041,69 @@ fn sasl_plain_and_nickserv_log_the_bot_in_with_secrets_from_variables() {
         assert!(!logged.contains(secret), "{secret} logged:\n{logged}");
     }
 }
+
+/// A fake homeserver for the invite flood: whoami answers, the first sync brings `invites`
+/// invites, later syncs never answer (a long poll that stays open), joins are answered at
+/// once with `join_ok`, or never.
+fn invite_flood_homeserver(invites: usize, join_ok: bool) -> FakeHttp {
+    let rooms: serde_json::Map<String, serde_json::Value> = (0..invites)
+        .map(|i| (format!("!r{i}:fake"), serde_json::json!({})))
+        .collect();
+    let first = serde_json::json!({"next_batch": "s1", "rooms": {"invite": rooms}}).to_string();
+    FakeHttp::start(move |line| {
+        if line.contains("/account/whoami") {
+            HttpAnswer::Json(200, r#"{"user_id":"@bot:fake"}"#.into())
+        } else if line.contains("/sync?") && !line.contains("since=") {
+            HttpAnswer::Json(200, first.clone())
+        } else if line.contains("/join") && join_ok {
+            HttpAnswer::Json(200, r#"{"room_id":"!x:fake"}"#.into())
+        } else {
+            HttpAnswer::Never
+        }
+    })
+}
+
+/// Row 6: 500 invites in one sync with `--max-rooms 10`. The bound counts joins under way:
+/// exactly 10 joins; and joins are off the sync path: with a homeserver that never answers
+/// a join, the bridge is ready all the same. On main f41b273: 500 joins, and, joins never
+/// answered, no `ready` (the sync thread waited on the first join).
+#[test]
+fn max_rooms_counts_joins_under_way_and_joins_do_not_hold_the_sync() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for join_ok in [true, false] {
+        let gateway = FakeGateway::start(None);
+        let hs = invite_flood_homeserver(500, join_ok);
+        let log = dir.path().join(format!("matrix-{join_ok}.log"));
+        let (mut matrix, lines) = start_bridge(
+            &[
+                "matrix",
+                "--gateway",
+                &gateway.addr,
+                "--homeserver",
+                &hs.url,
+                "--max-rooms",
+                "10",
+            ],
+            &[("MATRIX_ACCESS_TOKEN", "syt_invite_flood_0123")],
+            &log,
+        );
+        assert_eq!(
+            lines.recv_timeout(WAIT).expect("the ready line"),
+            "ready: matrix as @bot:fake",
+            "joins answered: {join_ok}"
+        );
+        if join_ok {
+            hs.wait_requests("/join", 10);
+        } else {
+            hs.wait_requests("/join", 1);
+        }
+        let (status, _) = matrix.terminate();
+        assert!(status.success(), "exit status {status:?}");
+        let more: Vec<String> = hs
+            .requests
+            .try_iter()
+            .filter(|l| l.contains("/join"))
+            .collect();
+        assert!(more.is_empty(), "joins past --max-rooms 10: {}", more.len());
+    }
+}
