@@ -2,6 +2,7 @@
 //! line (for `--log-format json`) that lifts those fields out.
 
 use std::fmt;
+use std::time::Instant;
 
 use serde_json::{Map, Value};
 
@@ -89,6 +90,62 @@ pub(crate) fn json_line(ts: &str, level: log::Level, target: &str, msg: &str) ->
     Value::Object(m).to_string()
 }
 
+/// A budget of log lines: `burst` at once, then `per_sec` a second (a token bucket). What is
+/// refused is counted, and the count handed to the next line allowed: one definition for
+/// every flood a log must survive (an agent's stderr, a hostile platform server).
+pub(crate) struct LogBudget {
+    burst: f64,
+    per_sec: f64,
+    tokens: f64,
+    /// When the tokens were last counted; `None` until the first line (a full bucket).
+    refilled: Option<Instant>,
+    dropped: u64,
+}
+
+impl LogBudget {
+    /// A full budget.
+    pub(crate) const fn new(burst: f64, per_sec: f64) -> LogBudget {
+        LogBudget {
+            burst,
+            per_sec,
+            tokens: burst,
+            refilled: None,
+            dropped: 0,
+        }
+    }
+
+    /// Whether a line may be logged at `now`: `Some(n)`, with the `n` lines refused since the
+    /// last one allowed; `None` (counted) when the budget is spent.
+    pub(crate) fn allow(&mut self, now: Instant) -> Option<u64> {
+        let elapsed = self
+            .refilled
+            .map_or(0.0, |t| now.saturating_duration_since(t).as_secs_f64());
+        self.tokens = (self.tokens + elapsed * self.per_sec).min(self.burst);
+        self.refilled = Some(now);
+        if self.tokens < 1.0 {
+            self.dropped += 1;
+            None
+        } else {
+            self.tokens -= 1.0;
+            Some(std::mem::take(&mut self.dropped))
+        }
+    }
+
+    /// Lines refused since the last one allowed.
+    pub(crate) fn dropped(&self) -> u64 {
+        self.dropped
+    }
+}
+
+/// ` (N more suppressed)` after a rate-limited line, when some were; else nothing.
+pub(crate) fn suppressed_note(suppressed: u64) -> String {
+    if suppressed > 0 {
+        format!(" ({suppressed} more suppressed)")
+    } else {
+        String::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,5 +214,22 @@ mod tests {
         let v: Value =
             serde_json::from_str(&json_line("t", log::Level::Info, "x", "a=1 a=2")).unwrap();
         assert_eq!(v["a"], 1, "the first of two fields of a name wins");
+    }
+
+    #[test]
+    fn a_log_budget_allows_a_burst_then_its_rate_and_counts_the_rest() {
+        let t0 = Instant::now();
+        let mut b = LogBudget::new(3.0, 2.0);
+        for _ in 0..3 {
+            assert_eq!(b.allow(t0), Some(0));
+        }
+        assert_eq!(b.allow(t0), None);
+        assert_eq!(b.allow(t0), None);
+        assert_eq!(b.dropped(), 2);
+        // Half a second earns one line, which reports the two refused.
+        assert_eq!(b.allow(t0 + std::time::Duration::from_millis(500)), Some(2));
+        assert_eq!(b.dropped(), 0);
+        assert_eq!(suppressed_note(0), "");
+        assert_eq!(suppressed_note(7), " (7 more suppressed)");
     }
 }

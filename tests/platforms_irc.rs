@@ -153,6 +153,11 @@ impl Setup {
     /// With `tls`, ngircd also listens with TLS on that port, its certificate (for
     /// `localhost`) signed by the test CA in `ca.pem`.
     fn start_with(ngircd: &Path, tls: Option<u16>) -> Setup {
+        Setup::start_opts(ngircd, tls, None)
+    }
+
+    /// With `password`, ngircd asks every client for it (`PASS`).
+    fn start_opts(ngircd: &Path, tls: Option<u16>, password: Option<&str>) -> Setup {
         let dir = tempfile::tempdir().expect("tempdir");
         let irc_port = free_port();
         let conf = dir.path().join("ngircd.conf");
@@ -163,6 +168,9 @@ impl Setup {
              [Options]\nPAM = no\nDNS = no\nIdent = no\n",
             pid = dir.path().join("ngircd.pid").display()
         );
+        if let Some(pw) = password {
+            text = text.replacen("[Limits]", &format!("Password = {pw}\n[Limits]"), 1);
+        }
         if let Some(port) = tls {
             make_certificates(dir.path());
             text.push_str(&format!(
@@ -250,6 +258,11 @@ impl Setup {
 
     /// Starts the bridge with these server flags.
     fn bridge_with(&self, nick: &str, server: &[&str]) -> (Proc, String) {
+        self.bridge_env(nick, server, &[])
+    }
+
+    /// Starts the bridge with these server flags and environment variables.
+    fn bridge_env(&self, nick: &str, server: &[&str], env: &[(&str, &str)]) -> (Proc, String) {
         let mut child = die_with_parent(
             Command::new(env!("CARGO_BIN_EXE_turnstile"))
                 .args(["bridge", "irc", "--gateway", &self.gateway])
@@ -259,6 +272,7 @@ impl Setup {
                 // ngircd's own (about 0.4 s a line here), so the test sees the bridge's.
                 .args(["--max-reply-lines", "100"])
                 .env("RUST_LOG", "info")
+                .envs(env.iter().copied())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit()),
         )
@@ -637,4 +651,53 @@ fn with_tls_the_bridge_verifies_the_server_and_is_answered() {
         stdout.try_recv().is_err(),
         "an unverified server must not make it ready"
     );
+}
+
+/// Issue 30 row 13: ngircd configured with a server password (`[Global] Password`) refuses a
+/// client without `PASS`; the bridge, given the password in a variable
+/// (`--server-password-env`, never a flag), registers, joins and is answered. On main
+/// f41b273 the flag did not exist (and the bridge sent no `PASS`).
+#[test]
+fn with_a_server_password_the_bridge_logs_in_to_ngircd() {
+    let Some(ngircd) = require_ngircd() else {
+        return;
+    };
+    let setup = Setup::start_opts(&ngircd, None, Some("hunter2-server-pw"));
+    let server = format!("127.0.0.1:{}", setup.irc_port);
+    let (_bridge, ready) = setup.bridge_env(
+        "pwbot",
+        &[
+            "--server",
+            &server,
+            "--server-password-env",
+            "IRC_TEST_SERVER_PW",
+        ],
+        &[("IRC_TEST_SERVER_PW", "hunter2-server-pw")],
+    );
+    assert_eq!(ready, "ready: irc as pwbot");
+    // Without the password ngircd refuses a client.
+    let stream = TcpStream::connect(("127.0.0.1", setup.irc_port)).expect("connect");
+    stream.set_read_timeout(Some(WAIT)).expect("timeout");
+    let mut stranger = Human {
+        reader: BufReader::new(stream.try_clone().expect("clone")),
+        writer: stream,
+    };
+    stranger.send("NICK eve");
+    stranger.send("USER eve 0 * :no password");
+    let refused = stranger.until(|l| l.starts_with("ERROR") || l.split(' ').nth(1) == Some("001"));
+    assert!(refused.starts_with("ERROR"), "{refused}");
+    // A human with the password too: the bot answers a private message.
+    let stream = TcpStream::connect(("127.0.0.1", setup.irc_port)).expect("connect");
+    stream.set_read_timeout(Some(WAIT)).expect("timeout");
+    let mut human = Human {
+        reader: BufReader::new(stream.try_clone().expect("clone")),
+        writer: stream,
+    };
+    human.send("PASS hunter2-server-pw");
+    human.send("NICK ann");
+    human.send("USER ann 0 * :test human");
+    human.until(|l| l.split(' ').nth(1) == Some("001"));
+    human.send("PRIVMSG pwbot :dm hello");
+    let answer = human.until(|l| l.contains("PRIVMSG ann :"));
+    assert!(answer.contains("dm answer: dm hello"), "{answer}");
 }

@@ -431,6 +431,27 @@ fn a_reply_streams_as_edits_with_typing_stop_is_answered_and_a_second_message_to
         "{context}"
     );
 
+    // Issue 30 row 9: every message and edit of the bot says it mentions nobody, so
+    // whatever the agent writes ("@room", a name) pings no one with the bot's power.
+    let mut bot_events = 0;
+    for seen in &w.seen.log {
+        let Seen::Event(ev, _) = seen else { continue };
+        if ev["sender"] != bot.as_str() || ev["type"] != "m.room.message" {
+            continue;
+        }
+        bot_events += 1;
+        let c = &ev["content"];
+        assert_eq!(c["m.mentions"], serde_json::json!({}), "{ev}");
+        if c.get("m.new_content").is_some() {
+            assert_eq!(
+                c["m.new_content"]["m.mentions"],
+                serde_json::json!({}),
+                "{ev}"
+            );
+        }
+    }
+    assert!(bot_events > 3, "{bot_events} bot messages seen");
+
     b.assert_no_secret_logged(&w.bot);
     b.stop();
     eprintln!(

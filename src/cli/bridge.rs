@@ -88,6 +88,34 @@ struct IrcArgs {
     /// Lines of one reply at most (the last one says what was left out).
     #[arg(long, default_value_t = 40)]
     max_reply_lines: usize,
+    /// Environment variable holding the server's password (sent as `PASS`).
+    #[arg(long, value_name = "NAME")]
+    server_password_env: Option<String>,
+    /// Log in with SASL PLAIN as this account (the password from --sasl-password-env).
+    #[arg(long, value_name = "ACCOUNT", requires = "sasl_password_env")]
+    sasl_account: Option<String>,
+    /// Environment variable holding the SASL account's password.
+    #[arg(long, value_name = "NAME", requires = "sasl_account")]
+    sasl_password_env: Option<String>,
+    /// Environment variable holding the password sent to NickServ (`IDENTIFY`) after
+    /// connecting.
+    #[arg(long, value_name = "NAME")]
+    nickserv_password_env: Option<String>,
+}
+
+/// The secret in the environment variable `var` (named by `flag`), which must be set and not
+/// empty. The error names the variable, never a value.
+fn secret_from_env(
+    var: Option<&str>,
+    flag: &str,
+) -> Result<Option<crate::platforms::secrets::Secret>, String> {
+    let Some(var) = var else {
+        return Ok(None);
+    };
+    match token_from_env(var)? {
+        Some(v) => Ok(Some(crate::platforms::secrets::Secret::new(v))),
+        None => Err(format!("{flag} {var}: the variable is unset or empty")),
+    }
 }
 
 #[derive(Args, Debug)]
@@ -195,6 +223,17 @@ fn run_irc(a: IrcArgs) -> Result<(), Failure> {
     config.flood_interval =
         seconds("--flood-interval", a.flood_interval).map_err(Failure::Usage)?;
     config.max_reply_lines = a.max_reply_lines;
+    let env = |var: &Option<String>, flag| secret_from_env(var.as_deref(), flag);
+    config.login.server_password =
+        env(&a.server_password_env, "--server-password-env").map_err(Failure::Usage)?;
+    config.login.nickserv_password =
+        env(&a.nickserv_password_env, "--nickserv-password-env").map_err(Failure::Usage)?;
+    if let (Some(account), Some(password)) = (
+        a.sasl_account,
+        env(&a.sasl_password_env, "--sasl-password-env").map_err(Failure::Usage)?,
+    ) {
+        config.login.sasl_plain = Some((account, password));
+    }
     config.validate().map_err(Failure::Usage)?;
     let stop = stop_on_signals().map_err(Failure::Run)?;
     irc::run(config, &stop, &mut |nick| print_ready("irc", nick)).map_err(Failure::Run)

@@ -81,6 +81,9 @@ pub(crate) fn split(text: &str, limit: Limit) -> Vec<&str> {
             .or_else(|| after('\n', 0))
             .or_else(|| after(' ', 0))
             .unwrap_or(end);
+        // Never inside a grapheme cluster (a ZWJ emoji, a flag, a letter and its accent),
+        // unless one cluster alone is longer than the piece.
+        let cut = super::grapheme::boundary_at_or_before(rest, cut);
         pieces.push(&rest[..cut]);
         rest = &rest[cut..];
     }
@@ -90,11 +93,15 @@ pub(crate) fn split(text: &str, limit: Limit) -> Vec<&str> {
 /// IRC lines for `text`, each at most `max_bytes` bytes: IRC carries no newline, so every
 /// line of the text is split on its own; the space a line was cut at is dropped (IRC clients
 /// show a line's trailing space as nothing anyway), blank lines are skipped, and control
-/// characters IRC would misread (`\r`, NUL) are removed.
+/// characters IRC would misread (`\r`, NUL, CTCP's `\x01`) are removed.
 pub(crate) fn irc_lines(text: &str, max_bytes: usize) -> Vec<String> {
     let mut out = Vec::new();
     for line in text.split('\n') {
-        let clean: String = line.chars().filter(|c| !matches!(c, '\r' | '\0')).collect();
+        // `\x01` too: an agent's text must never go out as CTCP (`\x01DCC SEND …\x01`).
+        let clean: String = line
+            .chars()
+            .filter(|c| !matches!(c, '\r' | '\0' | '\x01'))
+            .collect();
         if clean.trim().is_empty() {
             continue;
         }
@@ -148,6 +155,25 @@ mod tests {
         assert_eq!(split(&long, TELEGRAM_LIMIT), [long.as_str()]);
         let longer = "é".repeat(4097);
         assert_eq!(split(&longer, TELEGRAM_LIMIT).len(), 2);
+    }
+
+    #[test]
+    fn pieces_end_at_grapheme_boundaries() {
+        // 27 bytes, 10 chars: a cut by bytes or chars alone lands inside it.
+        let kiss = "👩\u{200D}❤\u{FE0F}\u{200D}💋\u{200D}👨";
+        let text = kiss.repeat(20);
+        for max in [30, 50, 64, 100, 200] {
+            for p in split(&text, Limit::Bytes(max)) {
+                assert_eq!(p.len() % kiss.len(), 0, "{max}: {p:?}");
+                assert!(p.len() <= max);
+            }
+            for p in split(&text, Limit::Utf16Units(max)) {
+                assert_eq!(p.len() % kiss.len(), 0, "{max}: {p:?}");
+            }
+        }
+        // A cluster longer than the piece is still cut (progress before beauty).
+        assert_eq!(split(kiss, Limit::Bytes(8)).concat(), kiss);
+        assert_eq!(irc_lines("a\x01DCC SEND x\x01", 100), ["aDCC SEND x"]);
     }
 
     #[test]

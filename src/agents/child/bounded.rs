@@ -7,6 +7,7 @@ use std::io::{self, Read};
 use std::thread;
 use std::time::Instant;
 
+use crate::logfmt::LogBudget;
 use crate::message::SessionKey;
 
 /// Bytes read from one pipe per call, so one flooding pipe cannot starve the rest of a poll
@@ -239,9 +240,7 @@ struct StderrLog {
     line: Vec<u8>,
     /// The current line passed the length limit; the rest of it is skipped.
     cut: bool,
-    tokens: f64,
-    refilled: Instant,
-    dropped: u64,
+    budget: LogBudget,
 }
 
 impl StderrLog {
@@ -250,9 +249,7 @@ impl StderrLog {
             session,
             line: Vec::new(),
             cut: false,
-            tokens: STDERR_BURST,
-            refilled: Instant::now(),
-            dropped: 0,
+            budget: LogBudget::new(STDERR_BURST, STDERR_PER_SEC),
         }
     }
 
@@ -279,31 +276,22 @@ impl StderrLog {
         if !self.line.is_empty() {
             self.emit();
         }
-        if self.dropped > 0 {
+        if self.budget.dropped() > 0 {
             log::info!(
                 "session {}: {} more agent stderr line(s) not logged (rate limit)",
                 self.session,
-                self.dropped
+                self.budget.dropped()
             );
         }
     }
 
     fn emit(&mut self) {
-        let now = Instant::now();
-        let elapsed = now.duration_since(self.refilled).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * STDERR_PER_SEC).min(STDERR_BURST);
-        self.refilled = now;
-        if self.tokens < 1.0 {
-            self.dropped += 1;
-        } else {
-            self.tokens -= 1.0;
-            if self.dropped > 0 {
+        if let Some(dropped) = self.budget.allow(Instant::now()) {
+            if dropped > 0 {
                 log::info!(
-                    "session {}: {} agent stderr line(s) not logged (rate limit)",
+                    "session {}: {dropped} agent stderr line(s) not logged (rate limit)",
                     self.session,
-                    self.dropped
                 );
-                self.dropped = 0;
             }
             let text = String::from_utf8_lossy(&self.line);
             let more = if self.cut { " …" } else { "" };

@@ -59,14 +59,15 @@ pub(super) fn run_connection(shared: &Shared, events: &Sender<GatewayEvent>, sto
             backoff = config.initial_backoff.max(Duration::from_millis(1));
             attempt = 1;
         }
-        if confirmed
-            && events
-                .send(GatewayEvent::Disconnected {
-                    reason: reason.clone(),
-                })
-                .is_err()
-        {
-            return;
+        if confirmed {
+            // A full channel must not hold a stopping client: the send gives way to `stop`.
+            let disconnected = GatewayEvent::Disconnected {
+                reason: reason.clone(),
+            };
+            crossbeam_channel::select! {
+                send(events, disconnected) -> sent => if sent.is_err() { return },
+                recv(stop) -> _ => break,
+            }
         }
         log::warn!(
             "gateway {}: {reason}; reconnecting in {backoff:?} (attempt {attempt})",

@@ -16,25 +16,74 @@
 //!   the server connection drops are sent after the reconnect.
 //! - `--tls`: rustls (the TLS stack ureq already brings), the certificate checked against
 //!   the system's roots or the CAs of [`IrcConfig::tls_ca_file`].
+//! - Where a network requires it, the bot logs in ([`Login`]): the server password (`PASS`),
+//!   SASL PLAIN, NickServ `IDENTIFY`; the secrets from environment variables, never logged.
+//!   (SASL EXTERNAL, with a TLS client certificate, is not supported yet.)
 //! - A nick in use gets an alternate (`NICK_`, `NICK_2`, …); PINGs are answered and the bot
 //!   pings a silent server; a lost server is reconnected with capped exponential backoff.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, unbounded};
+use std::net::{Shutdown, TcpStream};
+use std::sync::{Arc, Mutex};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded, select};
 
 use super::BridgeError;
 use super::gateway::{Gateway, GatewayConfig};
-use session::Bridge;
+pub(crate) use login::Login;
+use session::IrcSession;
 use transport::tls_config;
 
 mod flood;
+mod login;
 mod session;
 #[cfg(test)]
 mod tests;
 mod transport;
 mod wire;
+
+/// Server lines read and not yet handled at most.
+const SERVER_INPUT_CAPACITY: usize = 256;
+/// How long a stopping bridge's loop may stay busy (a write to a server that stopped
+/// reading) before its server socket is shut down under it.
+const STOP_GRACE: Duration = Duration::from_secs(1);
+
+/// The current server socket, shared with the stop watcher.
+pub(super) type SocketSlot = Arc<Mutex<Option<TcpStream>>>;
+
+/// Forwards `stop` to the loop (the returned receiver). Should the loop still be running
+/// [`STOP_GRACE`] later — blocked writing to a server that stopped reading — the watcher
+/// shuts the server socket down, which ends that write: SIGTERM exits promptly in every
+/// state. The loop's end is told by dropping the returned sender.
+fn watch_stop(
+    stop: &Receiver<()>,
+    socket: SocketSlot,
+) -> Result<(Receiver<()>, Sender<()>), BridgeError> {
+    let (forward_tx, forward_rx) = bounded(1);
+    let (done_tx, done_rx) = bounded::<()>(0);
+    let stop = stop.clone();
+    std::thread::Builder::new()
+        .name("irc-stop".into())
+        .spawn(move || {
+            select! {
+                recv(stop) -> _ => {}
+                recv(done_rx) -> _ => return,
+            }
+            let _ = forward_tx.send(());
+            if let Err(RecvTimeoutError::Timeout) = done_rx.recv_timeout(STOP_GRACE) {
+                warn_limited!(
+                    "irc: still busy {STOP_GRACE:?} after the stop; closing the server connection"
+                );
+                if let Some(s) = socket.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                    let _ = s.shutdown(Shutdown::Both);
+                }
+            }
+        })
+        .map_err(|e| format!("cannot start a thread: {e}"))?;
+    Ok((forward_rx, done_tx))
+}
 
 /// Settings of the IRC bridge.
 #[derive(Clone, Debug)]
@@ -64,6 +113,8 @@ pub(crate) struct IrcConfig {
     pub initial_backoff: Duration,
     /// Longest wait between server reconnection attempts.
     pub max_backoff: Duration,
+    /// The server password, SASL PLAIN, NickServ: how the bot logs in (secrets redacted).
+    pub login: Login,
 }
 
 impl IrcConfig {
@@ -88,6 +139,7 @@ impl IrcConfig {
             max_queued_lines: 2000,
             initial_backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(60),
+            login: Login::default(),
         }
     }
 
@@ -122,6 +174,7 @@ impl IrcConfig {
         if self.flood_burst == 0 {
             return Err("--flood-burst must be at least 1".into());
         }
+        self.login.validate()?;
         Ok(())
     }
 }
@@ -133,6 +186,16 @@ pub(crate) fn run(
     stop: &Receiver<()>,
     on_ready: &mut dyn FnMut(&str),
 ) -> Result<(), BridgeError> {
+    super::secrets::register(config.gateway.token.as_deref().unwrap_or_default());
+    serve(config, stop, on_ready).map_err(|e| super::secrets::redact(&e).into_owned())
+}
+
+/// [`run`] once the secrets are registered.
+fn serve(
+    config: IrcConfig,
+    stop: &Receiver<()>,
+    on_ready: &mut dyn FnMut(&str),
+) -> Result<(), BridgeError> {
     config.validate()?;
     let tls = if config.tls {
         Some(tls_config(config.tls_ca_file.as_deref())?)
@@ -140,9 +203,17 @@ pub(crate) fn run(
         None
     };
     let (gateway, gateway_rx) = Gateway::connect(config.gateway.clone());
-    let (server_tx, server_rx) = unbounded();
-    let mut bridge = Bridge::new(&config, gateway, server_tx, tls);
-    let result = bridge.run_loop(stop, &server_rx, &gateway_rx, on_ready);
+    // Bounded: a flooding server fills it, then its reader thread waits, then TCP slows the
+    // server down; the bridge's memory does not grow with the flood.
+    let (server_tx, server_rx) = bounded(SERVER_INPUT_CAPACITY);
+    let socket = Arc::new(Mutex::new(None));
+    let (stop, _done) = watch_stop(stop, Arc::clone(&socket))?;
+    let mut bridge = IrcSession::new(&config, gateway, server_tx, tls, socket);
+    let result = bridge.run_loop(&stop, &server_rx, &gateway_rx, on_ready);
+    // The gateway client may be blocked handing an event to a full channel nobody reads any
+    // more: dropping the receivers ends such sends, so the join in `quit` cannot hang.
+    drop(gateway_rx);
+    drop(server_rx);
     bridge.quit();
     result
 }

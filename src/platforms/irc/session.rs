@@ -9,19 +9,22 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, never, select};
 
-use super::IrcConfig;
 use super::flood::FloodBucket;
+use super::login::Sasl;
 use super::transport::{ServerInput, Wire, open, read_server, wire_up};
 use super::wire::{
-    Addressed, IrcLine, Route, addressed, alternate_nick, conservative_source_len, nick_of,
+    Addressed, IrcLine, ReplyTarget, addressed, alternate_nick, conservative_source_len, nick_of,
     parse_line, reply_lines, route_of, text_budget,
 };
+use super::{IrcConfig, SocketSlot};
 use crate::message::ChatType;
 use crate::platforms::BridgeError;
 use crate::platforms::gateway::{Admission, Gateway, GatewayEvent, OutgoingMessage};
 
 /// Alternate nicks tried at one registration before giving up on that connection.
 const MAX_NICK_ATTEMPTS: u32 = 10;
+/// The longest the QUIT of a stopping bridge may block.
+const QUIT_TIMEOUT: Duration = Duration::from_millis(500);
 /// Silence after which the bot pings the server; twice this and it reconnects.
 const PING_AFTER: Duration = Duration::from_secs(90);
 
@@ -47,12 +50,14 @@ struct ServerConn {
     unresolved_channels: usize,
     last_heard: Instant,
     pinged: bool,
+    /// Where the SASL exchange is.
+    sasl: Sasl,
 }
 
 impl ServerConn {
     /// Writes one line (CRLF added).
     fn send_raw(&mut self, line: &str) -> io::Result<()> {
-        log::debug!("irc: -> {}", line.split(' ').next().unwrap_or(""));
+        debug_redacted!("irc: -> {}", line.split(' ').next().unwrap_or(""));
         let mut bytes = Vec::with_capacity(line.len() + 2);
         bytes.extend_from_slice(line.as_bytes());
         bytes.extend_from_slice(b"\r\n");
@@ -74,7 +79,7 @@ impl Drop for ServerConn {
 }
 
 /// The bridge: the server connection, the outbox, and what it knows of the gateway.
-pub(super) struct Bridge<'a> {
+pub(super) struct IrcSession<'a> {
     config: &'a IrcConfig,
     gateway: Gateway,
     conn: Option<ServerConn>,
@@ -83,7 +88,7 @@ pub(super) struct Bridge<'a> {
     outbox: VecDeque<OutLine>,
     bucket: FloodBucket,
     /// Messages sent and not answered yet: where to tell a rejection.
-    routes: HashMap<String, Route>,
+    routes: HashMap<String, ReplyTarget>,
     gateway_up: bool,
     ready: bool,
     next_id: u64,
@@ -94,21 +99,24 @@ pub(super) struct Bridge<'a> {
     backoff: Duration,
     /// TLS settings, with `--tls`.
     tls: Option<Arc<rustls::ClientConfig>>,
+    /// The current server socket, for the stop watcher.
+    socket_slot: SocketSlot,
 }
 
-impl<'a> Bridge<'a> {
+impl<'a> IrcSession<'a> {
     /// A bridge that connects to the server at its first loop turn.
     pub(super) fn new(
         config: &'a IrcConfig,
         gateway: Gateway,
         server_tx: Sender<ServerInput>,
         tls: Option<Arc<rustls::ClientConfig>>,
-    ) -> Bridge<'a> {
+        socket_slot: SocketSlot,
+    ) -> IrcSession<'a> {
         let boot = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or(0);
-        Bridge {
+        IrcSession {
             config,
             gateway,
             conn: None,
@@ -124,12 +132,15 @@ impl<'a> Bridge<'a> {
             reconnect_at: Some(Instant::now()),
             backoff: config.initial_backoff,
             tls,
+            socket_slot,
         }
     }
 
     /// Says QUIT to the server and shuts the gateway client down.
     pub(super) fn quit(&mut self) {
         if let Some(mut conn) = self.conn.take() {
+            // A server that stopped reading must not hold the exit.
+            let _ = conn.socket.set_write_timeout(Some(QUIT_TIMEOUT));
             let _ = conn.send_raw("QUIT :turnstile bridge stopping");
         }
         self.gateway.shutdown();
@@ -200,7 +211,7 @@ impl<'a> Bridge<'a> {
     fn schedule_reconnect(&mut self, reason: &str) {
         self.conn = None;
         let wait = self.backoff;
-        log::warn!(
+        warn_limited!(
             "irc {}: {reason}; reconnecting in {wait:?}",
             self.config.server
         );
@@ -219,6 +230,7 @@ impl<'a> Bridge<'a> {
             Ok(w) => w,
             Err(e) => return self.schedule_reconnect(&e),
         };
+        *self.socket_slot.lock().unwrap_or_else(|e| e.into_inner()) = socket.try_clone().ok();
         self.generation += 1;
         let generation = self.generation;
         let tx = self.server_tx.clone();
@@ -229,6 +241,7 @@ impl<'a> Bridge<'a> {
             return self.schedule_reconnect(&format!("cannot start the reader thread: {e}"));
         }
         let nick = self.config.nick.clone();
+        let (opening, sasl) = self.config.login.opening();
         let mut conn = ServerConn {
             generation,
             writer,
@@ -240,9 +253,12 @@ impl<'a> Bridge<'a> {
             unresolved_channels: self.config.channels.len(),
             last_heard: Instant::now(),
             pinged: false,
+            sasl,
         };
-        let registered = conn
-            .send_raw(&format!("NICK {}", conn.nick))
+        let registered = opening
+            .iter()
+            .try_for_each(|line| conn.send_raw(line))
+            .and_then(|()| conn.send_raw(&format!("NICK {}", conn.nick)))
             .and_then(|()| conn.send_raw(&format!("USER {} 0 * :turnstile bridge", conn.nick)));
         self.conn = Some(conn);
         if let Err(e) = registered {
@@ -286,7 +302,7 @@ impl<'a> Bridge<'a> {
             match conn.send_raw(&format!("PRIVMSG {} :{}", line.target, line.text)) {
                 Ok(()) => {
                     if let Some(id) = line.completes {
-                        log::debug!("irc: result {id} sent to {}", line.target);
+                        debug_redacted!("irc: result {id} sent to {}", line.target);
                         self.gateway.delivered(&id);
                     }
                 }
@@ -361,7 +377,7 @@ impl<'a> Bridge<'a> {
             }
             "JOIN" if from_us => {
                 conn.unresolved_channels = conn.unresolved_channels.saturating_sub(1);
-                log::info!(
+                info_redacted!(
                     "irc {}: joined {}",
                     self.config.server,
                     msg.params.first().unwrap_or(&"?")
@@ -369,7 +385,7 @@ impl<'a> Bridge<'a> {
             }
             "403" | "405" | "471" | "473" | "474" | "475" | "477" => {
                 conn.unresolved_channels = conn.unresolved_channels.saturating_sub(1);
-                log::error!(
+                error_limited!(
                     "irc {}: cannot join {}: {}",
                     self.config.server,
                     msg.params.get(1).unwrap_or(&"?"),
@@ -378,13 +394,25 @@ impl<'a> Bridge<'a> {
             }
             "KICK" => self.on_kick(msg),
             "ERROR" => {
-                log::warn!(
+                warn_limited!(
                     "irc {}: server error: {}",
                     self.config.server,
                     msg.params.last().unwrap_or(&"")
                 );
             }
             "PRIVMSG" => self.on_privmsg(msg),
+            "CAP" | "AUTHENTICATE" | "902" | "903" | "904" | "905" | "906" | "908" => {
+                let (lines, next) = self.config.login.step(
+                    conn.sasl,
+                    msg.command,
+                    &msg.params,
+                    &self.config.server,
+                );
+                conn.sasl = next;
+                for line in lines {
+                    self.send_now(&line);
+                }
+            }
             _ => {}
         }
     }
@@ -410,12 +438,17 @@ impl<'a> Bridge<'a> {
             None => conservative_source_len(&conn.nick),
         };
         self.backoff = self.config.initial_backoff;
-        log::info!(
+        info_redacted!(
             "irc {}: registered as {} (relayed as {} bytes of source)",
             self.config.server,
             conn.nick,
             conn.source_len
         );
+        // A server that ignored the CAP exchange has registered the bot all the same.
+        conn.sasl = Sasl::Off;
+        if let Some(identify) = self.config.login.identify() {
+            self.send_now(&identify);
+        }
         for channel in self.config.channels.clone() {
             self.send_now(&format!("JOIN {channel}"));
         }
@@ -435,7 +468,7 @@ impl<'a> Bridge<'a> {
             ));
         }
         let alt = alternate_nick(&self.config.nick, conn.nick_attempts);
-        log::warn!(
+        warn_limited!(
             "irc {}: nick {} refused ({}); trying {alt}",
             self.config.server,
             conn.nick,
@@ -454,7 +487,7 @@ impl<'a> Bridge<'a> {
         if msg.params.get(1).copied() == Some(conn.nick.as_str())
             && let Some(channel) = msg.params.first()
         {
-            log::warn!(
+            warn_limited!(
                 "irc {}: kicked from {channel}; joining again",
                 self.config.server
             );
@@ -486,17 +519,17 @@ impl<'a> Bridge<'a> {
         message.chat_type = a.chat_type;
         message.user_id = Some(a.sender.clone());
         message.user_name = Some(a.sender.clone());
-        let route = Route {
+        let route = ReplyTarget {
             target: a.chat_id.clone(),
             addressee: (a.chat_type == ChatType::Group).then(|| a.sender.clone()),
         };
-        log::debug!("irc: message {id} from {} in {}", a.sender, a.chat_id);
+        debug_redacted!("irc: message {id} from {} in {}", a.sender, a.chat_id);
         match self.gateway.send(&message) {
             Ok(()) => {
                 self.routes.insert(id, route);
             }
             Err(e) => {
-                log::warn!(
+                warn_limited!(
                     "irc: message from {} in {} not passed to the gateway: {e}",
                     a.sender,
                     a.chat_id
@@ -511,7 +544,7 @@ impl<'a> Bridge<'a> {
     }
 
     /// Queues `text` as lines for `route`; the last one completes the result `completes`.
-    fn queue_reply(&mut self, route: &Route, text: &str, completes: Option<String>) {
+    fn queue_reply(&mut self, route: &ReplyTarget, text: &str, completes: Option<String>) {
         let source_len = self.conn.as_ref().map_or_else(
             || conservative_source_len(&self.config.nick),
             |c| c.source_len,
@@ -536,7 +569,7 @@ impl<'a> Bridge<'a> {
             GatewayEvent::Admission { id, admission } => {
                 let route = self.routes.remove(&id);
                 if let Admission::Rejected { reason, detail, .. } = admission {
-                    log::warn!("irc: message {id} rejected by the gateway: {reason} ({detail})");
+                    warn_limited!("irc: message {id} rejected by the gateway: {reason} ({detail})");
                     if let Some(route) = route {
                         let text = format!("[not accepted ({reason}): {detail}]");
                         self.queue_reply(&route, &text, None);
@@ -545,7 +578,7 @@ impl<'a> Bridge<'a> {
             }
             GatewayEvent::Result(result) => {
                 let Some(route) = route_of(&result.session) else {
-                    log::error!(
+                    error_limited!(
                         "irc: result {} has a session key that names no chat ({}); dropped",
                         result.id,
                         result.session

@@ -36,6 +36,9 @@ fn channel_lines_need_the_address_and_dms_do_not() {
         "hi"
     );
     assert_eq!(addressed("bot", "ann", "#chan", "hello bot"), None);
+    // CTCP, also behind leading whitespace (issue 30 row 12).
+    assert_eq!(addressed("bot", "ann", "bot", "\x01VERSION\x01"), None);
+    assert_eq!(addressed("bot", "ann", "bot", " \x01DCC SEND x\x01"), None);
     assert_eq!(addressed("bot", "ann", "#chan", "botany: hi"), None);
     assert_eq!(addressed("bot", "ann", "#chan", "bot:"), None);
     let dm = addressed("bot", "ann", "bot", "!new").expect("dm");
@@ -52,7 +55,7 @@ fn session_keys_route_results_to_their_chat() {
         .to_string();
     assert_eq!(
         route_of(&group),
-        Some(Route {
+        Some(ReplyTarget {
             target: "#chan".into(),
             addressee: Some("ann".into())
         })
@@ -60,7 +63,7 @@ fn session_keys_route_results_to_their_chat() {
     let dm = SessionKey::dm("irc", "ann").expect("key").to_string();
     assert_eq!(
         route_of(&dm),
-        Some(Route {
+        Some(ReplyTarget {
             target: "ann".into(),
             addressee: None
         })
@@ -71,7 +74,7 @@ fn session_keys_route_results_to_their_chat() {
 #[test]
 fn relayed_lines_stay_within_512_bytes() {
     let source = "bot!~bot@localhost";
-    let route = Route {
+    let route = ReplyTarget {
         target: "#chan".into(),
         addressee: Some("ann".into()),
     };
@@ -88,7 +91,7 @@ fn relayed_lines_stay_within_512_bytes() {
 
 #[test]
 fn long_replies_are_capped_with_a_note() {
-    let route = Route {
+    let route = ReplyTarget {
         target: "ann".into(),
         addressee: None,
     };

@@ -59,7 +59,7 @@ pub(super) fn read_server(
                 }
                 buf.drain(..start);
                 if buf.len() > MAX_READ_LINE {
-                    log::warn!("irc: the server sent a line over {MAX_READ_LINE} bytes; cut");
+                    warn_limited!("irc: the server sent a line over {MAX_READ_LINE} bytes; cut");
                     buf.clear();
                 }
             }

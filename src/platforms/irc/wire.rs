@@ -88,7 +88,8 @@ pub(crate) fn addressed(
     target: &str,
     text: &str,
 ) -> Option<Addressed> {
-    if text.starts_with('\x01') {
+    // CTCP (`\x01…`), also behind leading whitespace.
+    if text.trim_start().starts_with('\x01') {
         return None;
     }
     let is_channel = target.starts_with(['#', '&', '+', '!']);
@@ -120,7 +121,7 @@ pub(crate) fn addressed(
 /// Where a result goes: the PRIVMSG target and, in a channel, whom to address. Built from the
 /// session key, so results owed from before a restart of the bridge find their chat too.
 #[derive(Debug, PartialEq, Eq, Clone)]
-pub(crate) struct Route {
+pub(crate) struct ReplyTarget {
     /// Channel or nick.
     pub target: String,
     /// The nick the first line starts with (`nick: `), in a channel.
@@ -129,14 +130,14 @@ pub(crate) struct Route {
 
 /// The route of a session key (`irc:group:#chan:user:ann` → `#chan`, addressed to `ann`;
 /// `irc:dm:ann` → `ann`).
-pub(crate) fn route_of(session: &str) -> Option<Route> {
+pub(crate) fn route_of(session: &str) -> Option<ReplyTarget> {
     let key = SessionKey::from_str(session).ok()?;
     Some(match key.chat_type() {
-        ChatType::Group => Route {
+        ChatType::Group => ReplyTarget {
             target: key.chat_id().to_owned(),
             addressee: key.user_id().map(str::to_owned),
         },
-        _ => Route {
+        _ => ReplyTarget {
             target: key.chat_id().to_owned(),
             addressee: None,
         },
@@ -154,7 +155,7 @@ pub(crate) fn text_budget(source_len: usize, target: &str) -> usize {
 /// A reply as the PRIVMSG texts to send, at most `max_lines` (the last one then says what
 /// was left out).
 pub(crate) fn reply_lines(
-    route: &Route,
+    route: &ReplyTarget,
     text: &str,
     budget: usize,
     max_lines: usize,

@@ -127,7 +127,7 @@ struct Typing {
     sent_at: Option<Instant>,
 }
 
-/// What [`Core::step`] did.
+/// What [`SyncEngine::step`] did.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Step {
     /// Sent (or dropped) one item; call again.
@@ -137,7 +137,7 @@ pub(crate) enum Step {
 }
 
 /// The bridge's state: replies in progress and what waits to be sent to Matrix.
-pub(crate) struct Core<H> {
+pub(crate) struct SyncEngine<H> {
     hs: H,
     platform: String,
     turns: HashMap<String, Turn>,
@@ -172,9 +172,12 @@ fn partial_view(text: &str) -> String {
 }
 
 fn message_content(text: &str, notice: bool, reply_to: Option<&str>) -> Value {
+    // `m.mentions` empty: whatever the agent wrote ("@room", a name) mentions nobody, so
+    // it cannot ping a room with the bot's power level.
     let mut c = json!({
         "msgtype": if notice { "m.notice" } else { "m.text" },
         "body": text,
+        "m.mentions": {},
     });
     if let Some(r) = reply_to {
         c["m.relates_to"] = json!({"m.in_reply_to": {"event_id": r}});
@@ -187,19 +190,25 @@ fn edit_content(original: &str, text: &str, notice: bool) -> Value {
     json!({
         "msgtype": msgtype,
         "body": format!("* {text}"),
-        "m.new_content": {"msgtype": msgtype, "body": text},
+        "m.mentions": {},
+        "m.new_content": {"msgtype": msgtype, "body": text, "m.mentions": {}},
         "m.relates_to": {"rel_type": "m.replace", "event_id": original},
     })
 }
 
-impl<H: Homeserver> Core<H> {
+impl<H: Homeserver> SyncEngine<H> {
     /// A bridge core posting through `hs`.
-    pub(crate) fn new(hs: H, platform: &str, limits: EditLimits, max_turns: usize) -> Core<H> {
+    pub(crate) fn new(
+        hs: H,
+        platform: &str,
+        limits: EditLimits,
+        max_turns: usize,
+    ) -> SyncEngine<H> {
         let started = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis())
             .unwrap_or(0);
-        Core {
+        SyncEngine {
             hs,
             platform: platform.to_owned(),
             turns: HashMap::new(),
@@ -276,7 +285,7 @@ impl<H: Homeserver> Core<H> {
             && let Some(old) = self.turn_order.pop_front()
             && self.turns.remove(&old).is_some()
         {
-            log::warn!(
+            warn_limited!(
                 "matrix: {} replies in progress (the bound): forgot the state of {old}; its result will be posted as a new message",
                 self.max_turns
             );
@@ -314,13 +323,13 @@ impl<H: Homeserver> Core<H> {
                 .map(|m| m.to_string()),
             text: msg.text.clone(),
         };
-        log::debug!(
+        debug_redacted!(
             "matrix: room {}: message {} to the gateway",
             msg.room,
             msg.event_id
         );
         if let Err(e) = gw.send(&out) {
-            log::warn!(
+            warn_limited!(
                 "matrix: room {}: message {} not handed to the gateway: {e}",
                 msg.room,
                 msg.event_id
@@ -338,7 +347,7 @@ impl<H: Homeserver> Core<H> {
 
     /// A message the bridge refuses (too long): the human is told.
     pub(crate) fn on_refused(&mut self, room: &str, event_id: &str, why: &str) {
-        log::warn!("matrix: room {room}: message {event_id} refused: {why}");
+        warn_limited!("matrix: room {room}: message {event_id} refused: {why}");
         self.notice(room, Some(event_id), &format!("[{why}]"));
     }
 
@@ -370,23 +379,23 @@ impl<H: Homeserver> Core<H> {
         gw: &mut impl GatewaySide,
     ) {
         match event {
-            GatewayEvent::Connected => log::info!("matrix: connected to the gateway"),
+            GatewayEvent::Connected => info_redacted!("matrix: connected to the gateway"),
             GatewayEvent::Disconnected { reason } => {
-                log::warn!("matrix: gateway connection lost ({reason}); reconnecting");
+                warn_limited!("matrix: gateway connection lost ({reason}); reconnecting");
                 // Typing notices time out on the homeserver; the gateway sends them again.
                 for t in self.typing.values_mut() {
                     t.sessions.clear();
                 }
             }
-            GatewayEvent::Error { detail } => log::warn!("matrix: the gateway says: {detail}"),
+            GatewayEvent::Error { detail } => warn_limited!("matrix: the gateway says: {detail}"),
             GatewayEvent::Admission { id, admission } => match admission {
                 Admission::Accepted {
                     session, queued, ..
                 } => {
-                    log::debug!("matrix: {id} accepted in {session} (queued: {queued})");
+                    debug_redacted!("matrix: {id} accepted in {session} (queued: {queued})");
                 }
                 Admission::Duplicate { session } => {
-                    log::debug!("matrix: {id} already accepted in {session}");
+                    debug_redacted!("matrix: {id} already accepted in {session}");
                 }
                 Admission::Rejected {
                     session,
@@ -394,7 +403,7 @@ impl<H: Homeserver> Core<H> {
                     detail,
                 } => {
                     let room = self.turns.get(&id).map(|t| t.room.clone());
-                    log::warn!(
+                    warn_limited!(
                         "matrix: message {id} (session {}) rejected by the gateway: {reason}: {detail}",
                         session.as_deref().unwrap_or("-")
                     );
@@ -447,7 +456,7 @@ impl<H: Homeserver> Core<H> {
         } = terminal;
         if self.queued_results.contains(&id) {
             // A redelivered copy of a result that waits to be posted: posted once.
-            log::debug!("matrix: {id}: a second copy of a queued result dropped");
+            debug_redacted!("matrix: {id}: a second copy of a queued result dropped");
             return;
         }
         self.queue.cancel_edit(&id);
@@ -460,7 +469,7 @@ impl<H: Homeserver> Core<H> {
                     (key.chat_id().to_owned(), String::new(), false)
                 }
                 _ => {
-                    log::warn!(
+                    warn_limited!(
                         "matrix: result {id} for session {session}: not a Matrix room; confirmed without posting"
                     );
                     gw.delivered(&id);
@@ -491,7 +500,7 @@ impl<H: Homeserver> Core<H> {
                 other => other,
             },
         };
-        log::debug!(
+        debug_redacted!(
             "matrix: room {room}: result of {id} ({}{})",
             match &outcome {
                 TerminalOutcome::Reply { .. } => "reply",
@@ -586,7 +595,7 @@ impl<H: Homeserver> Core<H> {
         match result {
             Ok(()) => {}
             Err(e) if e.is_unauthorized() => return Err(e),
-            Err(e) => log::debug!("matrix: room {room}: typing notice failed: {e}"),
+            Err(e) => debug_redacted!("matrix: room {room}: typing notice failed: {e}"),
         }
         Ok(Some(Step::Worked))
     }
@@ -635,7 +644,7 @@ impl<H: Homeserver> Core<H> {
                         t.shown = view;
                     }
                 }
-                log::debug!(
+                debug_redacted!(
                     "matrix: room {room}: {} for {id}",
                     if first { "reply started" } else { "edit" }
                 );
@@ -652,7 +661,7 @@ impl<H: Homeserver> Core<H> {
                 if e.is_transient() {
                     self.queue.requeue_edit(id, text, now);
                 } else {
-                    log::warn!(
+                    warn_limited!(
                         "matrix: room {room}: an edit of the reply to {id} was refused: {e}"
                     );
                 }
@@ -711,7 +720,7 @@ impl<H: Homeserver> Core<H> {
                     t.bot_event.get_or_insert(event);
                     t.shown = chunk;
                 }
-                log::debug!(
+                debug_redacted!(
                     "matrix: room {}: posted piece {} of {} ({})",
                     post.room,
                     post.next_chunk + 1,
@@ -727,7 +736,7 @@ impl<H: Homeserver> Core<H> {
                 if e.is_transient() {
                     self.queue.requeue_urgent(post);
                 } else {
-                    log::warn!(
+                    warn_limited!(
                         "matrix: room {}: the result of {} could not be posted: {e}",
                         post.room,
                         post.id.as_deref().unwrap_or("a notice")
@@ -756,18 +765,18 @@ impl<H: Homeserver> Core<H> {
                 let was = self.queue.final_only(now);
                 let final_only = self.queue.rate_limited(*wait, now);
                 if final_only && !was {
-                    log::warn!(
+                    warn_limited!(
                         "matrix: room {room}: rate limited repeatedly; sending only final replies (no edits) until it stops"
                     );
                 } else {
-                    log::info!("matrix: room {room}: rate limited, waiting {wait:?}");
+                    info_redacted!("matrix: room {room}: rate limited, waiting {wait:?}");
                 }
                 Ok(())
             }
             e if e.is_transient() => {
                 self.backoff =
                     (self.backoff * 2).clamp(Duration::from_millis(250), Duration::from_secs(30));
-                log::warn!(
+                warn_limited!(
                     "matrix: room {room}: {e}; trying again in {:?}",
                     self.backoff
                 );

@@ -34,7 +34,7 @@ use crate::platforms::edits::EditLimits;
 use crate::platforms::gateway::{Gateway, GatewayConfig, GatewayEvent};
 
 use api::Api;
-use engine::{Core, HttpHomeserver, Step};
+use engine::{HttpHomeserver, Step, SyncEngine};
 use poll::{FromSync, run_sync};
 
 /// The most text one Matrix event carries: an edit holds it twice (`body` and
@@ -102,13 +102,32 @@ pub(crate) fn run(
     stop: &Receiver<()>,
     on_ready: &mut dyn FnMut(&str),
 ) -> Result<(), BridgeError> {
+    super::secrets::register(config.gateway.token.as_deref().unwrap_or_default());
+    super::secrets::register(&config.access_token);
+    serve(config, stop, on_ready).map_err(|e| super::secrets::redact(&e).into_owned())
+}
+
+/// [`run`] once the secrets are registered.
+fn serve(
+    config: MatrixConfig,
+    stop: &Receiver<()>,
+    on_ready: &mut dyn FnMut(&str),
+) -> Result<(), BridgeError> {
     let api = Api::new(
         &config.homeserver,
         &config.access_token,
         config.sync_timeout + Duration::from_secs(30),
     )?;
     let me = loop {
-        match api.whoami() {
+        // A homeserver that accepts and never answers must not hold a SIGTERM.
+        let whoami = {
+            let api = api.clone();
+            super::interruptible(stop, "matrix-whoami", move || api.whoami())?
+        };
+        let Some(whoami) = whoami else {
+            return Ok(());
+        };
+        match whoami {
             Ok(me) => break me,
             Err(e) if e.is_unauthorized() => {
                 return Err(format!(
@@ -117,14 +136,14 @@ pub(crate) fn run(
                 ));
             }
             Err(e) => {
-                log::warn!("matrix: {}: {e}; trying again in 2s", api.base());
+                warn_limited!("matrix: {}: {e}; trying again in 2s", api.base());
                 if stop.recv_timeout(Duration::from_secs(2)).is_ok() {
                     return Ok(());
                 }
             }
         }
     };
-    log::info!("matrix: logged in to {} as {me}", api.base());
+    info_redacted!("matrix: logged in to {} as {me}", api.base());
     // Sends are short; their bound is also the longest a shutdown waits for one.
     let send_api = Api::new(&config.homeserver, &config.access_token, SEND_TIMEOUT)?;
 
@@ -146,7 +165,7 @@ pub(crate) fn run(
     }
     let (mut gw, gw_rx) = Gateway::connect(config.gateway.clone());
     let hs = HttpHomeserver::new(send_api, me.clone());
-    let mut core = Core::new(
+    let mut core = SyncEngine::new(
         hs,
         &config.gateway.platform,
         config.limits,
@@ -169,13 +188,17 @@ pub(crate) fn run(
         core.typing_off(&room);
     }
     let waiting = core.urgent_len();
+    // The gateway client may be blocked handing an event to a full channel nobody reads any
+    // more: dropping the receiver ends that send, so the join in `shutdown` cannot hang.
+    drop(gw_rx);
+    drop(sync_rx);
     gw.shutdown();
     if waiting > 0 {
-        log::info!(
+        info_redacted!(
             "matrix: {waiting} result(s) not posted yet stay with the gateway (it redelivers them to the next bridge)"
         );
     }
-    log::info!(
+    info_redacted!(
         "matrix: stopped ({} messages, {} edits, {} identical edits skipped, {} rate-limited)",
         core.stats.messages,
         core.stats.edits,
@@ -198,7 +221,7 @@ struct Channels<'a> {
 const MAX_URGENT: usize = 256;
 
 fn main_loop(
-    core: &mut Core<HttpHomeserver>,
+    core: &mut SyncEngine<HttpHomeserver>,
     gw: &mut Gateway,
     ch: &Channels<'_>,
     on_ready: &mut dyn FnMut(),
@@ -208,7 +231,7 @@ fn main_loop(
     let (mut synced, mut connected, mut announced) = (false, false, false);
     loop {
         if ch.stop.try_recv().is_ok() {
-            log::info!("matrix: shutting down");
+            info_redacted!("matrix: shutting down");
             return Ok(());
         }
         // Take what is there: gateway events (coalesced into the queue) and new messages.

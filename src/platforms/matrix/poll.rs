@@ -25,31 +25,99 @@ pub(super) enum FromSync {
     Fatal(String),
 }
 
+/// Hands `msg` to the main loop, or gives up when the bridge stops (its end of `stop` is
+/// dropped) while the channel is full: a blocked send never holds a stopping bridge. False
+/// when it was not handed over.
+fn send_or_stop(tx: &Sender<FromSync>, stop: &Receiver<()>, msg: FromSync) -> bool {
+    crossbeam_channel::select! {
+        send(tx, msg) -> sent => sent.is_ok(),
+        recv(stop) -> _ => false,
+    }
+}
+
 /// Waits `d`, or less if the bridge stops (its end of `stop` is dropped); true when it did.
 fn stopped_during(stop: &Receiver<()>, d: Duration) -> bool {
     !matches!(stop.recv_timeout(d), Err(RecvTimeoutError::Timeout))
 }
 
-/// Joins `room`, waiting out rate limits a few times; logs the outcome.
-fn join(api: &Api, room: &str, stop: &Receiver<()>) {
+/// Joins `room`, waiting out rate limits a few times; logs the outcome. True when joined.
+fn join(api: &Api, room: &str, stop: &Receiver<()>) -> bool {
     for _ in 0..5 {
         match api.join(room) {
             Ok(()) => {
-                log::info!("matrix: joined room {room}");
-                return;
+                info_redacted!("matrix: joined room {room}");
+                return true;
             }
             Err(ApiError::RateLimited(d)) => {
                 if stopped_during(stop, d.min(Duration::from_secs(30))) {
-                    return;
+                    return false;
                 }
             }
             Err(e) => {
-                log::warn!("matrix: room {room}: could not join: {e}");
-                return;
+                warn_limited!("matrix: room {room}: could not join: {e}");
+                return false;
             }
         }
     }
-    log::warn!("matrix: room {room}: could not join: rate limited five times");
+    warn_limited!("matrix: room {room}: could not join: rate limited five times");
+    false
+}
+
+/// Invites handed to the joiner per sync at most (and the joiner's queue).
+const JOINS_PER_SYNC: usize = 16;
+
+/// Joins rooms off the sync thread: a thread of its own, fed through a bounded queue, so a
+/// flood of invites (or a homeserver slow to answer joins) never holds the sync.
+struct Joiner {
+    rooms: Sender<String>,
+    done: Receiver<(String, bool)>,
+}
+
+impl Joiner {
+    /// Starts the joining thread; `None` (logged) when it cannot start: invites then wait.
+    fn start(api: &Api, stop: &Receiver<()>) -> Option<Joiner> {
+        let (rooms, rooms_rx) = crossbeam_channel::bounded::<String>(JOINS_PER_SYNC);
+        let (done_tx, done) = crossbeam_channel::bounded(JOINS_PER_SYNC);
+        let (api, stop) = (api.clone(), stop.clone());
+        let spawned = std::thread::Builder::new()
+            .name("matrix-join".into())
+            .spawn(move || {
+                loop {
+                    let room = crossbeam_channel::select! {
+                        recv(rooms_rx) -> room => match room { Ok(r) => r, Err(_) => return },
+                        recv(stop) -> _ => return,
+                    };
+                    let ok = join(&api, &room, &stop);
+                    crossbeam_channel::select! {
+                        send(done_tx, (room, ok)) -> sent => if sent.is_err() { return },
+                        recv(stop) -> _ => return,
+                    }
+                }
+            });
+        match spawned {
+            Ok(_) => Some(Joiner { rooms, done }),
+            Err(e) => {
+                error_limited!(
+                    "matrix: cannot start the joining thread: {e}; invites are not joined"
+                );
+                None
+            }
+        }
+    }
+
+    /// Takes the joiner's outcomes into `state`, then hands it as many queued invites as its
+    /// queue has room for (never blocking the sync).
+    fn exchange(&self, state: &mut SyncState) {
+        for (room, ok) in self.done.try_iter() {
+            state.join_done(&room, ok);
+        }
+        let room_left = JOINS_PER_SYNC.saturating_sub(self.rooms.len());
+        for room in state.take_joins(room_left) {
+            if self.rooms.try_send(room.clone()).is_err() {
+                state.join_done(&room, false);
+            }
+        }
+    }
 }
 
 /// Long-polls `/sync`. The first sync learns the rooms (its events are the backlog); with a
@@ -64,6 +132,7 @@ pub(super) fn run_sync(
     stop: &Receiver<()>,
 ) {
     let mut state = SyncState::new(me, config.max_rooms, 10_000);
+    let joiner = Joiner::start(api, stop);
     let mut since: Option<String> = None;
     let mut backoff = Duration::ZERO;
     let first_filter = sync::filter(1);
@@ -83,20 +152,20 @@ pub(super) fn run_sync(
                 continue;
             }
             Fetched::Fatal(why) => {
-                let _ = tx.send(FromSync::Fatal(why));
+                send_or_stop(tx, stop, FromSync::Fatal(why));
                 return;
             }
         };
         let first = since.is_none();
         let Some(next) = answer["next_batch"].as_str() else {
-            log::warn!("matrix: a sync answer without next_batch; trying again");
+            warn_limited!("matrix: a sync answer without next_batch; trying again");
             if stopped_during(stop, Duration::from_secs(1)) {
                 return;
             }
             continue;
         };
         let items = state.absorb(&answer);
-        log::debug!(
+        debug_redacted!(
             "matrix: sync {} → {next}: {} item(s)",
             since.as_deref().unwrap_or("(first)"),
             items.len()
@@ -104,7 +173,7 @@ pub(super) fn run_sync(
         let resuming = first && resume.is_some();
         since = match resume.take().filter(|_| first) {
             Some(stored) => {
-                log::info!("matrix: continuing from the stored sync position");
+                info_redacted!("matrix: continuing from the stored sync position");
                 // The learning sync's events come again from the stored position.
                 state.forget_seen();
                 Some(stored)
@@ -116,10 +185,13 @@ pub(super) fn run_sync(
                 return;
             }
         }
-        if first && tx.send(FromSync::Ready).is_err() {
+        if let Some(j) = &joiner {
+            j.exchange(&mut state);
+        }
+        if first && !send_or_stop(tx, stop, FromSync::Ready) {
             return;
         }
-        if !resuming && tx.send(FromSync::Batch(next.to_owned())).is_err() {
+        if !resuming && !send_or_stop(tx, stop, FromSync::Batch(next.to_owned())) {
             return;
         }
     }
@@ -165,12 +237,12 @@ fn fetch(
             Fetched::Fatal(format!("the homeserver refused the access token ({e})"))
         }
         Err(ApiError::RateLimited(d)) => {
-            log::info!("matrix: sync rate limited, waiting {d:?}");
+            info_redacted!("matrix: sync rate limited, waiting {d:?}");
             Fetched::Retry(d.min(Duration::from_secs(60)))
         }
         Err(e) => {
             *backoff = (*backoff * 2).clamp(Duration::from_millis(500), Duration::from_secs(30));
-            log::warn!("matrix: sync failed: {e}; trying again in {backoff:?}");
+            warn_limited!("matrix: sync failed: {e}; trying again in {backoff:?}");
             Fetched::Retry(*backoff)
         }
     }
@@ -185,17 +257,11 @@ fn forward(
     stop: &Receiver<()>,
     item: Incoming,
 ) -> bool {
-    let sent = match item {
+    match item {
         Incoming::Invite(room) => {
-            if state.can_join() {
-                join(api, &room, stop);
-            } else {
-                log::warn!(
-                    "matrix: room {room}: invite ignored, {} rooms joined already (--max-rooms)",
-                    state.room_count()
-                );
-            }
-            Ok(())
+            // Joined by the joiner, off this thread; the bound counts it from now on.
+            state.queue_invite(&room);
+            true
         }
         Incoming::Message(m) => {
             let joined = match state.joined(&m.room) {
@@ -206,7 +272,7 @@ fn forward(
                         Some(n)
                     }
                     Err(e) => {
-                        log::warn!(
+                        warn_limited!(
                             "matrix: room {}: member count unknown ({e}); taken as a group",
                             m.room
                         );
@@ -215,17 +281,20 @@ fn forward(
                 },
             };
             let kind = joined.map_or(ChatKind::Group, ChatKind::from_joined);
-            tx.send(FromSync::Message(m, kind))
+            send_or_stop(tx, stop, FromSync::Message(m, kind))
         }
         Incoming::Refused {
             room,
             event_id,
             why,
-        } => tx.send(FromSync::Refused {
-            room,
-            event_id,
-            why,
-        }),
-    };
-    sent.is_ok()
+        } => send_or_stop(
+            tx,
+            stop,
+            FromSync::Refused {
+                room,
+                event_id,
+                why,
+            },
+        ),
+    }
 }

@@ -104,10 +104,10 @@ impl Tracker {
         {
             match write_atomically(&self.dir.join(FILE), &t) {
                 Ok(()) => {
-                    log::debug!("matrix: sync position {t} written");
+                    debug_redacted!("matrix: sync position {t} written");
                     self.written = Some(t);
                 }
-                Err(e) => log::warn!(
+                Err(e) => warn_limited!(
                     "matrix: cannot write the sync position to {}: {e} (a restart may answer recent messages late or not at all)",
                     self.dir.display()
                 ),

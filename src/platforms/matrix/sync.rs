@@ -190,6 +190,11 @@ pub(crate) struct SyncState {
     /// Joined rooms and their joined member count, when known.
     rooms: HashMap<String, Option<u64>>,
     max_rooms: usize,
+    /// Invites waiting to be handed to the joiner, oldest first.
+    invites: VecDeque<String>,
+    /// Rooms handed to the joiner and not yet joined (or failed): they count against
+    /// `max_rooms` like joined ones.
+    joining: HashSet<String>,
     seen: BoundedSet,
     /// Rooms whose timeline had a gap (more events than the filter's limit) since the start.
     pub gaps: u64,
@@ -212,7 +217,10 @@ fn strip_reply_fallback(body: &str) -> &str {
 }
 
 fn clean_name(name: &str) -> Option<String> {
-    let name: String = name.chars().filter(|c| !c.is_control()).collect();
+    let name: String = name
+        .chars()
+        .filter(|&c| crate::platforms::name_char(c))
+        .collect();
     let name = name.trim();
     (!name.is_empty()).then(|| super::api::cut(name, MAX_NAME_BYTES))
 }
@@ -225,6 +233,8 @@ impl SyncState {
             first_done: false,
             rooms: HashMap::new(),
             max_rooms: max_rooms.max(1),
+            invites: VecDeque::new(),
+            joining: HashSet::new(),
             seen: BoundedSet::new(max_seen),
             gaps: 0,
         }
@@ -249,13 +259,50 @@ impl SyncState {
     }
 
     /// Rooms the bot is joined to.
+    #[cfg(test)]
     pub(crate) fn room_count(&self) -> usize {
         self.rooms.len()
     }
 
-    /// Whether another room may be joined.
+    /// Whether another room may be joined: joined rooms, joins under way and invites queued
+    /// all count against `max_rooms`.
     pub(crate) fn can_join(&self) -> bool {
-        self.rooms.len() < self.max_rooms
+        self.rooms.len() + self.joining.len() + self.invites.len() < self.max_rooms
+    }
+
+    /// Queues an invite to join, if the bound allows; false (logged) when it does not.
+    pub(crate) fn queue_invite(&mut self, room: &str) -> bool {
+        let room = room.to_owned();
+        if self.rooms.contains_key(&room)
+            || self.joining.contains(&room)
+            || self.invites.contains(&room)
+        {
+            return true;
+        }
+        if !self.can_join() {
+            warn_limited!(
+                "matrix: room {room}: invite ignored, {} rooms joined or being joined already (--max-rooms)",
+                self.rooms.len() + self.joining.len() + self.invites.len()
+            );
+            return false;
+        }
+        self.invites.push_back(room);
+        true
+    }
+
+    /// Up to `n` queued invites to hand to the joiner now (they count as being joined).
+    pub(crate) fn take_joins(&mut self, n: usize) -> Vec<String> {
+        let n = n.min(self.invites.len());
+        let rooms: Vec<String> = self.invites.drain(..n).collect();
+        self.joining.extend(rooms.iter().cloned());
+        rooms
+    }
+
+    /// The joiner is done with `room`: joined (`ok`) or given up.
+    pub(crate) fn join_done(&mut self, room: &str, ok: bool) {
+        if self.joining.remove(room) && ok {
+            self.rooms.entry(room.to_owned()).or_insert(None);
+        }
     }
 
     /// Takes one sync answer; returns what it asks for, in timeline order per room.
@@ -266,8 +313,10 @@ impl SyncState {
         let rooms = &sync["rooms"];
         if let Some(left) = rooms["leave"].as_object() {
             for room in left.keys() {
+                self.joining.remove(room);
+                self.invites.retain(|r| r != room);
                 if self.rooms.remove(room).is_some() {
-                    log::info!("matrix: left room {room}");
+                    info_redacted!("matrix: left room {room}");
                 }
             }
         }
@@ -288,9 +337,14 @@ impl SyncState {
 
     fn absorb_room(&mut self, room: &str, entry: &Value, first: bool, out: &mut Vec<Incoming>) {
         let known = self.rooms.contains_key(room);
+        if self.joining.remove(room) && !known {
+            // A join under way shows up: it was counted, it takes its place.
+            self.rooms.insert(room.to_owned(), None);
+        }
+        let known = self.rooms.contains_key(room);
         if !known {
             if self.rooms.len() >= self.max_rooms {
-                log::warn!(
+                warn_limited!(
                     "matrix: room {room}: not tracked, {} rooms already (the bound); its messages are ignored",
                     self.max_rooms
                 );
@@ -333,7 +387,7 @@ impl SyncState {
         }
         if timeline["limited"] == true && known {
             self.gaps += 1;
-            log::warn!(
+            warn_limited!(
                 "matrix: room {room}: the sync skipped older events (more than the timeline limit arrived at once); messages in the gap are not answered"
             );
         }
@@ -390,7 +444,7 @@ impl SyncState {
         }
         let body = content["body"].as_str()?;
         if event_id.is_empty() || event_id.len() > 255 || room.len() > 255 || sender.len() > 255 {
-            log::debug!("matrix: room {room}: an event with an over-long id ignored");
+            debug_redacted!("matrix: room {room}: an event with an over-long id ignored");
             return None;
         }
         if !self.seen.insert(event_id) {
@@ -662,5 +716,23 @@ mod tests {
         assert!(seen.insert("c"));
         assert_eq!(seen.len(), 2);
         assert!(!seen.contains("a"));
+    }
+
+    #[test]
+    fn invites_queued_and_joins_under_way_count_against_max_rooms() {
+        let mut s = SyncState::new("@bot:hs", 3, 100);
+        for i in 0..10 {
+            s.queue_invite(&format!("!r{i}:hs"));
+        }
+        assert!(!s.can_join(), "three invites queued fill a bound of three");
+        let first = s.take_joins(2);
+        assert_eq!(first, ["!r0:hs", "!r1:hs"]);
+        assert!(!s.can_join(), "joins under way still count");
+        s.join_done("!r0:hs", true);
+        s.join_done("!r1:hs", false);
+        assert_eq!(s.room_count(), 1);
+        assert!(s.can_join(), "a failed join frees its place");
+        assert_eq!(s.take_joins(16), ["!r2:hs"]);
+        assert!(s.take_joins(16).is_empty());
     }
 }

@@ -4,10 +4,10 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::api::ApiError;
-use super::engine::{Core, GatewaySide, Homeserver, Step};
+use super::engine::{GatewaySide, Homeserver, Step, SyncEngine};
 use super::sync::{ChatKind, HumanMessage};
 use super::*;
 use crate::message::ChatType;
@@ -144,7 +144,7 @@ fn limited() -> Result<(), ApiError> {
 }
 
 struct Rig {
-    core: Core<FakeHs>,
+    core: SyncEngine<FakeHs>,
     gw: FakeGw,
     now: Instant,
 }
@@ -152,7 +152,7 @@ struct Rig {
 impl Rig {
     fn new() -> Rig {
         Rig {
-            core: Core::new(FakeHs::default(), "matrix", EditLimits::default(), 100),
+            core: SyncEngine::new(FakeHs::default(), "matrix", EditLimits::default(), 100),
             gw: FakeGw::default(),
             now: Instant::now(),
         }
@@ -261,6 +261,13 @@ fn under_429_only_the_newest_edit_is_kept_and_the_command_answer_goes_first() {
     assert_eq!(r.sent()[1].replies_to(), Some("$h2"));
     assert_eq!(r.core.stats.rate_limited, 1);
     assert_eq!(r.gw.delivered, vec!["$h2"]);
+    // Messages, notices and edits alike mention nobody (issue 30 row 9).
+    for s in r.sent() {
+        assert_eq!(s.content["m.mentions"], json!({}), "{}", s.content);
+        if s.is_edit() {
+            assert_eq!(s.content["m.new_content"]["m.mentions"], json!({}));
+        }
+    }
 }
 
 #[test]

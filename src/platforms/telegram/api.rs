@@ -6,19 +6,12 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::platforms::secrets::{self, redact};
+
 /// The longest `retry_after` honoured as given; a longer one is waited in this much.
 pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 /// Longest API response body read (a full `getUpdates` batch of 100 updates fits).
 const MAX_RESPONSE_BYTES: u64 = 32 << 20;
-
-/// Replaces the bot token in `text` (an error quoting a URL) with `<bot-token>`.
-pub(crate) fn redact(text: &str, token: &str) -> String {
-    if token.is_empty() {
-        text.to_owned()
-    } else {
-        text.replace(token, "<bot-token>")
-    }
-}
 
 /// How a Bot API call failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,6 +63,7 @@ impl HttpBotApi {
                     .build(),
             )
             .build();
+        secrets::register(token);
         HttpBotApi {
             agent: ureq::Agent::new_with_config(config),
             base: base.trim_end_matches('/').to_owned(),
@@ -81,8 +75,8 @@ impl HttpBotApi {
 impl BotApi for HttpBotApi {
     fn call(&mut self, method: &str, params: &Value, timeout: Duration) -> Result<Value, ApiError> {
         let url = format!("{}/bot{}/{method}", self.base, self.token);
-        let transient = |e: String| ApiError::Transient(redact(&e, &self.token));
-        log::debug!("telegram: calling {method}");
+        let transient = |e: String| ApiError::Transient(redact(&e).into_owned());
+        debug_redacted!("telegram: calling {method}");
         let response = self
             .agent
             .post(&url)
@@ -100,9 +94,9 @@ impl BotApi for HttpBotApi {
             .read_to_string()
             .map_err(|e| transient(format!("{method}: reading the answer failed: {e}")))?;
         interpret(method, status, &body).map_err(|e| match e {
-            ApiError::Transient(d) => ApiError::Transient(redact(&d, &self.token)),
-            ApiError::Permanent(d) => ApiError::Permanent(redact(&d, &self.token)),
-            ApiError::Unauthorized(d) => ApiError::Unauthorized(redact(&d, &self.token)),
+            ApiError::Transient(d) => ApiError::Transient(redact(&d).into_owned()),
+            ApiError::Permanent(d) => ApiError::Permanent(redact(&d).into_owned()),
+            ApiError::Unauthorized(d) => ApiError::Unauthorized(redact(&d).into_owned()),
             other => other,
         })
     }

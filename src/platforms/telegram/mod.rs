@@ -19,7 +19,7 @@
 //!   at once are bounded ([`TelegramConfig::max_views`]: partials beyond are not shown; results
 //!   always are).
 //! - The bot token is part of every API URL: it is never logged, and every error text is
-//!   passed through [`redact`](api::redact).
+//!   passed through [`redact`](crate::platforms::secrets::redact).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -103,6 +103,17 @@ pub(crate) fn run(
     stop: &Receiver<()>,
     on_ready: &mut dyn FnMut(&str),
 ) -> Result<(), BridgeError> {
+    super::secrets::register(config.gateway.token.as_deref().unwrap_or_default());
+    super::secrets::register(&config.bot_token);
+    serve(config, stop, on_ready).map_err(|e| super::secrets::redact(&e).into_owned())
+}
+
+/// [`run`] once the secrets are registered.
+fn serve(
+    config: TelegramConfig,
+    stop: &Receiver<()>,
+    on_ready: &mut dyn FnMut(&str),
+) -> Result<(), BridgeError> {
     if config.bot_token.trim().is_empty() {
         return Err("the bot token is empty".into());
     }
@@ -112,7 +123,7 @@ pub(crate) fn run(
     let Some(username) = bot_username(&mut api, stop)? else {
         return Ok(());
     };
-    log::info!("telegram: bot @{username}, update offset {offset:?}");
+    info_redacted!("telegram: bot @{username}, update offset {offset:?}");
     let (gateway, gateway_rx) = Gateway::connect(config.gateway.clone());
     let stopping = Arc::new(AtomicBool::new(false));
     let (inbound_tx, inbound_rx) = bounded(256);
@@ -151,6 +162,10 @@ pub(crate) fn run(
     // The poller may be inside a long poll; the process exits without waiting for it (its
     // offset is saved after each answer, so nothing answered is lost).
     stopping.store(true, Ordering::SeqCst);
+    // The gateway client may be blocked handing an event to a full channel nobody reads any
+    // more: dropping the receivers ends such sends, so the join in `shutdown` cannot hang.
+    drop(gateway_rx);
+    drop(inbound_rx);
     gateway.shutdown();
     result
 }
@@ -170,7 +185,7 @@ fn bot_username(api: &mut HttpBotApi, stop: &Receiver<()>) -> Result<Option<Stri
                     ApiError::RetryAfter(d) => d,
                     _ => backoff,
                 };
-                log::warn!("telegram: getMe failed: {e}; retrying in {wait:?}");
+                warn_limited!("telegram: getMe failed: {e}; retrying in {wait:?}");
                 if stop.recv_timeout(wait).is_ok() {
                     return Ok(None);
                 }
@@ -261,7 +276,7 @@ fn main_loop(
 /// Results fully shown are confirmed to the gateway.
 fn confirm_shown(gateway: &Gateway, done: Vec<String>) {
     for id in done {
-        log::debug!("telegram: result {id} shown");
+        debug_redacted!("telegram: result {id} shown");
         gateway.delivered(&id);
     }
 }

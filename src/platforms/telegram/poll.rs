@@ -55,6 +55,9 @@ pub(super) fn poll_updates(
     to_main: &Sender<Inbound>,
 ) {
     let mut backoff = Duration::from_secs(1);
+    // The newest update handled: nothing at or below it runs again, even when the offset
+    // cannot move past it (an id of 2^63 - 1 has no successor).
+    let mut handled: Option<i64> = None;
     while !stop.load(Ordering::SeqCst) {
         let updates = match get_updates(config, &mut api, offset, stop, &mut backoff) {
             Polled::Updates(updates) => updates,
@@ -64,31 +67,45 @@ pub(super) fn poll_updates(
                 return;
             }
         };
+        let mut news = false;
         for update in &updates {
             let Some(update_id) = update.get("update_id").and_then(Value::as_i64) else {
-                log::warn!("telegram: an update without update_id; skipped");
+                warn_limited!("telegram: an update without update_id; skipped");
                 continue;
             };
-            if offset.is_some_and(|o| update_id < o) {
+            if offset.is_some_and(|o| update_id < o) || handled.is_some_and(|h| update_id <= h) {
                 continue;
             }
+            news = true;
             if let Some(message) = update_to_message(update, bot_username) {
-                log::debug!("telegram: update {update_id} from chat {}", message.chat_id);
+                debug_redacted!("telegram: update {update_id} from chat {}", message.chat_id);
                 let Some(answer) = wait_for_answer(gateway, &message, update_id, stop) else {
                     return;
                 };
                 tell_rejection(&answer, &message, update_id, to_main);
             } else {
-                log::debug!(
+                debug_redacted!(
                     "telegram: update {update_id} is not a text message to handle; skipped"
                 );
             }
-            offset = Some(update_id + 1);
-            if let Err(e) = store.save(update_id + 1) {
+            handled = Some(update_id);
+            let Some(next) = update_id.checked_add(1) else {
+                warn_limited!(
+                    "telegram: update id {update_id} has no successor; the offset stays below it"
+                );
+                continue;
+            };
+            offset = Some(next);
+            if let Err(e) = store.save(next) {
                 // The gateway's duplicate window still keeps a restart from running it twice
                 // within its window.
-                log::error!("telegram: {e}");
+                error_limited!("telegram: {e}");
             }
+        }
+        if !updates.is_empty() && !news {
+            // Only updates already handled (an offset that cannot move past them): asking
+            // again at once would spin.
+            pause(stop, Duration::from_secs(1));
         }
     }
 }
@@ -125,10 +142,10 @@ fn get_updates(
             return Polled::Updates(u);
         }
         Ok(_) => {
-            log::warn!("telegram: getUpdates answered something that is not a list");
+            warn_limited!("telegram: getUpdates answered something that is not a list");
         }
         Err(ApiError::RetryAfter(d)) => {
-            log::warn!("telegram: getUpdates rate limited; waiting {d:?}");
+            warn_limited!("telegram: getUpdates rate limited; waiting {d:?}");
             pause(stop, d);
             return Polled::Again;
         }
@@ -136,7 +153,7 @@ fn get_updates(
             return Polled::Fatal(format!("the Bot API refused the bot token: {d}"));
         }
         Err(e) => {
-            log::warn!("telegram: getUpdates failed: {e}; retrying in {backoff:?}");
+            warn_limited!("telegram: getUpdates failed: {e}; retrying in {backoff:?}");
         }
     }
     pause(stop, *backoff);
@@ -159,7 +176,7 @@ fn wait_for_answer(
         match gateway.send_and_wait(message, ANSWER_WAIT) {
             Ok(a) => return Some(a),
             Err(SendError::TimedOut) => {
-                log::warn!(
+                warn_limited!(
                     "telegram: no answer from the gateway for update {update_id} of chat {} yet; still waiting",
                     message.chat_id
                 );
@@ -178,7 +195,7 @@ fn tell_rejection(
     to_main: &Sender<Inbound>,
 ) {
     if let Admission::Rejected { reason, detail, .. } = answer {
-        log::warn!(
+        warn_limited!(
             "telegram: update {update_id} of chat {} rejected by the gateway: {reason} ({detail})",
             message.chat_id
         );

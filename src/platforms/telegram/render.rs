@@ -141,7 +141,7 @@ impl Renderer {
             return;
         }
         if self.views.len() >= self.max_views {
-            log::debug!(
+            debug_redacted!(
                 "telegram: {} replies streaming; partial of {id} not shown",
                 self.max_views
             );
@@ -171,7 +171,7 @@ impl Renderer {
             return true;
         }
         let Some(chat_id) = chat_of(&result.session) else {
-            log::error!(
+            error_limited!(
                 "telegram: result {} has a session key that names no chat ({}); dropped",
                 result.id,
                 result.session
@@ -218,7 +218,7 @@ impl Renderer {
         if self.notices.len() >= MAX_NOTICES
             && let Some(old) = self.notices.pop_front()
         {
-            log::warn!(
+            warn_limited!(
                 "telegram: {MAX_NOTICES} notices waiting; the oldest, for chat {}, is dropped",
                 old.chat_id
             );
@@ -326,7 +326,7 @@ impl Renderer {
             if let ApiError::RetryAfter(_) | ApiError::Unauthorized(_) = e {
                 self.handle_error(&e, now, &format!("typing in chat {chat_id}"))?;
             } else {
-                log::debug!("telegram: typing in chat {chat_id} failed: {e}");
+                debug_redacted!("telegram: typing in chat {chat_id} failed: {e}");
             }
         }
         Ok(())
@@ -344,12 +344,12 @@ impl Renderer {
         let now = now.max(Instant::now());
         match e {
             ApiError::RetryAfter(d) => {
-                log::warn!("telegram: rate limited ({what}); waiting {d:?} as asked");
+                warn_limited!("telegram: rate limited ({what}); waiting {d:?} as asked");
                 self.paused_until = Some(now + *d);
                 Ok(false)
             }
             ApiError::Transient(d) => {
-                log::warn!(
+                warn_limited!(
                     "telegram: {what} failed: {d}; retrying in {:?}",
                     self.backoff
                 );
@@ -358,7 +358,7 @@ impl Renderer {
                 Ok(false)
             }
             ApiError::Permanent(d) => {
-                log::warn!("telegram: {what} refused: {d}; not retried");
+                warn_limited!("telegram: {what} refused: {d}; not retried");
                 Ok(true)
             }
             ApiError::Unauthorized(d) => Err(format!("the Bot API refused the bot token: {d}")),
@@ -415,7 +415,7 @@ impl Renderer {
         if let (ApiError::RetryAfter(_), Some(view)) = (e, self.views.get_mut(id)) {
             view.strikes += 1;
             if view.strikes >= MAX_STRIKES && view.partial.take().is_some() {
-                log::warn!(
+                warn_limited!(
                     "telegram: {what}: rate limited {MAX_STRIKES} times; only its final text will be shown"
                 );
             }
@@ -463,7 +463,7 @@ impl Renderer {
             view.reply_to = None;
             return Step::Worked(Vec::new());
         }
-        log::warn!(
+        warn_limited!(
             "telegram: reply {id} cannot be shown in chat {}; dropped",
             view.chat_id
         );

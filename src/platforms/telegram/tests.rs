@@ -1,7 +1,7 @@
 use super::*;
 use std::collections::VecDeque;
 
-use super::api::{interpret, redact};
+use super::api::interpret;
 use super::render::{MAX_NOTICES, MAX_PENDING_FACTOR, MAX_STRIKES};
 use super::update::{chat_of, reply_target, update_to_message};
 use crate::message::{ChatType, SessionKey};
@@ -284,8 +284,8 @@ fn the_token_is_redacted_from_errors() {
         .expect_err("nothing listens");
     assert!(!e.to_string().contains("SECRET"), "{e}");
     assert_eq!(
-        redact("https://x/bot123:SECRET/getMe", "123:SECRET"),
-        "https://x/bot<bot-token>/getMe"
+        crate::platforms::secrets::redact("https://x/bot123:SECRET/getMe"),
+        "https://x/bot<redacted>/getMe"
     );
 }
 

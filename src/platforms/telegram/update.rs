@@ -89,7 +89,10 @@ fn user_name(from: &Value) -> Option<String> {
     } else {
         name
     };
-    let name: String = name.chars().filter(|c| !c.is_control()).collect();
+    let name: String = name
+        .chars()
+        .filter(|&c| crate::platforms::name_char(c))
+        .collect();
     let mut end = name.len().min(256);
     while !name.is_char_boundary(end) {
         end -= 1;
