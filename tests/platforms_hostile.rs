@@ -1107,3 +1107,52 @@ fn max_rooms_counts_joins_under_way_and_joins_do_not_hold_the_sync() {
         assert!(more.is_empty(), "joins past --max-rooms 10: {}", more.len());
     }
 }
+
+/// Row 8, the gateway's side: an `error` line from the gateway that echoes the gateway token
+/// (raw and upper-cased) is logged redacted by the bridge's gateway client. Before, the
+/// client logged the gateway's `error` text verbatim.
+#[test]
+fn a_gateway_error_echoing_the_token_is_logged_redacted() {
+    const GATEWAY_TOKEN: &str = "gw-Echoed-Token-9876543210";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let irc = FakeIrc::start(IrcMode::Polite);
+    let gateway = FakeGateway::start(None);
+    let log = dir.path().join("bridge.log");
+    let args = [
+        "irc",
+        "--gateway",
+        &gateway.addr,
+        "--server",
+        &irc.addr,
+        "--nick",
+        "bot",
+    ];
+    let (mut bridge, lines) = start_bridge(&args, &[("TURNSTILE_AUTH_TOKEN", GATEWAY_TOKEN)], &log);
+    assert_eq!(
+        lines.recv_timeout(WAIT).expect("the ready line"),
+        "ready: irc as bot"
+    );
+    let detail = format!(
+        "bad token {GATEWAY_TOKEN} ({})",
+        GATEWAY_TOKEN.to_uppercase()
+    );
+    gateway.send(&serde_json::json!({"op": "error", "detail": detail}).to_string());
+    // Lines are handled in order: once this reply is out, the error line was logged.
+    let result = serde_json::json!({"op": "reply", "id": "r1", "session": "irc:dm:ann",
+        "text": "after"});
+    gateway.send(&result.to_string());
+    irc.wait_line("the reply", |l| l == "PRIVMSG ann :after");
+    let (status, _) = bridge.terminate();
+    assert!(status.success(), "exit status {status:?}");
+    let logged = std::fs::read_to_string(&log).expect("log");
+    assert!(
+        logged.contains("<redacted>"),
+        "the error was not logged: {logged}"
+    );
+    for form in [GATEWAY_TOKEN.to_owned(), GATEWAY_TOKEN.to_uppercase()] {
+        assert!(
+            !logged.contains(&form),
+            "{form:?} reached the log:\n{logged}"
+        );
+    }
+}

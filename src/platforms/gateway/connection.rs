@@ -69,7 +69,7 @@ pub(super) fn run_connection(shared: &Shared, events: &Sender<GatewayEvent>, sto
                 recv(stop) -> _ => break,
             }
         }
-        log::warn!(
+        warn_limited!(
             "gateway {}: {reason}; reconnecting in {backoff:?} (attempt {attempt})",
             config.addr
         );

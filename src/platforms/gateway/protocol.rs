@@ -129,7 +129,7 @@ fn parse(line: &[u8]) -> Option<ServerLine> {
             None
         }
         Err(_) => {
-            log::warn!(
+            warn_limited!(
                 "gateway: ignoring a line that is not a JSON object ({} bytes)",
                 line.len()
             );
@@ -193,7 +193,7 @@ fn on_result(shared: &Shared, event: TerminalEvent) -> Option<GatewayEvent> {
 
 /// An `error` line: reported to the bridge, and kept as the reason of a close that follows.
 fn on_error(shared: &Shared, detail: String, events: &Sender<GatewayEvent>) -> LineResult {
-    log::warn!("gateway {}: error: {detail}", shared.config.addr);
+    warn_limited!("gateway {}: error: {detail}", shared.config.addr);
     if events
         .send(GatewayEvent::Error {
             detail: detail.clone(),
