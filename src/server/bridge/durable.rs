@@ -12,10 +12,14 @@ use super::super::frame::{Body, Frame};
 use super::admit::{Draft, Refusal, build};
 use super::routes::{InFlight, Routes, no_conn};
 use super::status::{JournalStatus, RecoveryCounts};
-use super::{Action, Bridge, ConnId, INTERRUPTED, POISON};
+use super::{Action, Bridge, ConnId, INTERRUPTED, POISON, Report};
 use crate::core::TurnId;
 use crate::journal::{Committed, Record, Recovered, RecoveredMessage, StoredMessage};
 use crate::message::{Message, SessionKey};
+
+// The cluster's operations on the journal side, in the cluster's wing.
+#[path = "../../cluster/bridge/durable.rs"]
+mod cluster;
 
 /// The bridge's journal side.
 pub(super) struct Durable {
@@ -46,9 +50,6 @@ pub(super) struct Durable {
     wall_at_zero: u64,
     /// Messages a graceful shutdown left in the journal for the next start.
     kept_for_restart: usize,
-    /// `--cluster`: messages waiting for another instance, partitions dropped.
-    #[cfg(feature = "cluster")]
-    pub(super) cluster: super::cluster::ClusterSide,
 }
 
 impl Durable {
@@ -65,8 +66,6 @@ impl Durable {
             max_pending,
             wall_at_zero: 0,
             kept_for_restart: 0,
-            #[cfg(feature = "cluster")]
-            cluster: super::cluster::ClusterSide::default(),
         }
     }
 
@@ -106,32 +105,6 @@ impl Durable {
         debug_assert!(self.waiting.len() < self.max_pending);
         self.waiting.insert(tag, message);
         self.record(Record::Accepted(stored))
-    }
-
-    /// The message of `tag` no longer waits for the journal (answered otherwise).
-    #[cfg(feature = "cluster")]
-    pub(super) fn forget_waiting(&mut self, tag: u64) -> Option<Message> {
-        self.waiting.remove(&tag)
-    }
-
-    /// The terminal event held for `seq`'s outcome record, taken out (the record was not
-    /// written).
-    #[cfg(feature = "cluster")]
-    pub(super) fn take_unjournaled(&mut self, seq: u64) -> Option<(ConnId, Frame)> {
-        self.taken_outcomes.remove(&seq);
-        self.unjournaled.remove(&seq)
-    }
-
-    /// Whether the runtime refused the message of `tag` and its `forget` record is pending.
-    #[cfg(feature = "cluster")]
-    pub(super) fn is_forgetting(&self, tag: u64) -> bool {
-        self.forgetting.contains_key(&tag)
-    }
-
-    /// Whether the terminal event of `seq` waits for its outcome record.
-    #[cfg(feature = "cluster")]
-    pub(super) fn is_unjournaled(&self, seq: u64) -> bool {
-        self.unjournaled.contains_key(&seq)
     }
 
     /// Whether the message of `tag` still waits for the journal.
@@ -184,13 +157,9 @@ impl Durable {
 
     /// The platforms owed a reservation by the terminal events held here.
     pub(super) fn terminals_by_platform(&self) -> impl Iterator<Item = &str> {
-        let held = self
-            .unjournaled
+        self.unjournaled
             .values()
-            .filter_map(|(_, f)| f.terminal_for.as_deref());
-        #[cfg(feature = "cluster")]
-        let held = held.chain(self.cluster.orphan_platforms());
-        held
+            .filter_map(|(_, f)| f.terminal_for.as_deref())
     }
 
     /// Checks, in debug builds, that every waiting message has its route, within the bound.
@@ -217,9 +186,19 @@ impl Bridge {
     /// turn starts and no outcome reaches a bridge (both wait, and go once writes succeed),
     /// so that nothing a bridge or an agent has seen can be lost or contradicted by a crash.
     pub fn journaled(&mut self, c: Committed, now: Duration) {
+        self.journal_report(c, Report::default(), now);
+    }
+
+    /// [`Bridge::journaled`] with the cluster's part of the same report (a cluster member's,
+    /// `ClusterLink::report`; none without the feature), applied first (`cluster_part`).
+    pub(in crate::server) fn journal_report(
+        &mut self,
+        c: Committed,
+        cluster: Report,
+        now: Duration,
+    ) {
         self.now = now;
-        #[cfg(feature = "cluster")]
-        let (c, handed, ended) = self.cluster_part(c, now);
+        let (c, handed, ended) = self.cluster_part(c, cluster, now);
         let Some(d) = &mut self.durable else {
             return;
         };
@@ -257,13 +236,10 @@ impl Bridge {
                 // A turn of a partition lost or fenced (in this report or before) stays
                 // held and leaves with its session's hand-over: its `started` write may
                 // have been refused, and the next owner runs the message.
-                #[cfg(feature = "cluster")]
-                if !d.cluster.runs_here(seq, &self.routes, &ended) {
+                if !self.cluster.runs_here(seq, &self.routes, &ended) {
                     log::debug!("message {seq}: its partition is not owned here; turn not started");
                     continue;
                 }
-                #[cfg(not(feature = "cluster"))]
-                let _ = seq;
                 self.actions.push_back(Action::StartTurn(turn));
             }
             for seq in d.taken_forgets.drain(..) {
@@ -283,11 +259,9 @@ impl Bridge {
             .filter(|seq| d.waiting.remove(seq).is_some())
             .collect();
         for (conn, frame) in held {
-            #[cfg(feature = "cluster")]
             if self.silenced(&frame) {
                 continue;
             }
-            #[cfg(feature = "cluster")]
             let frame = self.mark_foreign(frame);
             if let Some(platform) = frame.terminal_for.clone() {
                 self.deliver_terminal(conn, &platform, frame);
@@ -300,11 +274,9 @@ impl Bridge {
             log::debug!("message {seq}: journal write failed; rejected storage");
             self.refuse(seq, Refusal::storage(c.error.as_deref()));
         }
-        #[cfg(feature = "cluster")]
         for p in handed {
             self.hand_over(p);
         }
-        #[cfg(feature = "cluster")]
         self.drain_step();
         self.audit();
     }
@@ -398,10 +370,7 @@ impl Bridge {
         let m = rm.message;
         // Where its result goes: a connection waiting for it (a cluster partition gained
         // here), else its platform's newest hello.
-        #[cfg(feature = "cluster")]
         let to = self.rebound(m.seq);
-        #[cfg(not(feature = "cluster"))]
-        let to = no_conn();
         let Some(platform) = self.platforms.force(&m.platform) else {
             return;
         };

@@ -43,6 +43,10 @@
 //!   recovery alike), with every refusal's wording;
 //! - `durable`: what exists only with a journal (`Option<Durable>`), the journal's report
 //!   and recovery;
+//! - `cluster`: what exists only as a cluster member (`ClusterSide`, a sibling of `durable`:
+//!   the cluster's part of the journal's report, the stream reader's arrivals, hand-overs,
+//!   drains, forwards), in the cluster's wing (`src/cluster/bridge/`, mounted here), with a
+//!   no-op twin without the `cluster` feature;
 //! - `status`: the figures for the status snapshot;
 //! - `config`: limits and timings.
 //!
@@ -50,17 +54,12 @@
 //! and runtime events) that sets the clock, delegates, and audits.
 
 mod admit;
-#[cfg(feature = "cluster")]
+// The bridge's cluster side (or its no-op twin), in the cluster's wing.
+#[path = "../../cluster/bridge/mod.rs"]
 mod cluster;
 mod config;
 mod conns;
-#[cfg(feature = "cluster")]
-mod drain;
 mod durable;
-#[cfg(feature = "cluster")]
-mod early;
-#[cfg(feature = "cluster")]
-mod forward;
 mod platforms;
 mod routes;
 mod status;
@@ -78,6 +77,8 @@ use crate::journal::Record;
 use crate::key::Key;
 use crate::message::{Message, SessionKey};
 use admit::Refusal;
+use cluster::ClusterSide;
+pub(super) use cluster::Report;
 pub use config::{BridgeConfig, TERMINAL_ENVELOPE};
 use config::{HOUSEKEEPING, INTERRUPTED, POISON};
 use conns::Conns;
@@ -118,16 +119,14 @@ pub enum Action {
     StartTurn(TurnId),
     /// `--cluster`: these sessions' partition is no longer this instance's: they leave the
     /// runtime (`Ctx::hand_over`); their messages' events are discarded from now on.
-    #[cfg(feature = "cluster")]
     HandOver(Vec<SessionKey>),
     /// `--cluster`: this drained partition may be released (its turns ended, its sessions
-    /// were handed over): tell the journal thread (`Journal::release_drained`).
-    #[cfg(feature = "cluster")]
+    /// were handed over): tell the journal thread (`ClusterLink::release_drained`).
     ReleasePartition(u32),
     /// `--cluster`: a request for the stream reader's connection (the hello registry, a
-    /// forward of results and its answer; `Reader::request`).
-    #[cfg(feature = "cluster")]
-    Cluster(crate::journal::ClusterRequest),
+    /// forward of results and its answer; `Reader::request`). Without the feature, none
+    /// can be made (`Infallible`).
+    Cluster(cluster::Request),
 }
 
 /// The bridge protocol's state machine. See the module documentation.
@@ -141,6 +140,8 @@ pub struct Bridge {
     routes: Routes,
     /// What exists only with a journal (`cfg.journal`).
     durable: Option<Durable>,
+    /// What exists only as a cluster member (`--cluster`; inert otherwise).
+    cluster: ClusterSide,
     actions: VecDeque<Action>,
     stats: Counters,
     next_housekeeping: Duration,
@@ -160,6 +161,7 @@ impl Bridge {
             platforms: Platforms::new(&cfg),
             routes: Routes::default(),
             durable: cfg.journal.then(|| Durable::new(cfg.max_pending_durable)),
+            cluster: ClusterSide::default(),
             cfg,
             actions: VecDeque::new(),
             stats: Counters::default(),
@@ -316,7 +318,6 @@ impl Bridge {
     pub fn event(&mut self, tag: u64, event: MessageEvent, now: Duration) {
         self.now = now;
         let MessageEvent { id, session, kind } = event;
-        #[cfg(feature = "cluster")]
         if self.handed_event(tag, &kind) {
             return self.audit();
         }
@@ -365,8 +366,7 @@ impl Bridge {
             return;
         }
         // Its partition is draining: the turn stays held, unrecorded, until the hand-over.
-        #[cfg(feature = "cluster")]
-        if self.owns_partitions() && self.drain_gate(tag, &session) {
+        if self.turn_gate(tag, &session) {
             return;
         }
         let Some(route) = self.routes.get_mut(tag) else {
@@ -401,7 +401,6 @@ impl Bridge {
             }
             self.platforms.expire(now);
             self.drop_stale(now);
-            #[cfg(feature = "cluster")]
             self.offer_forwards(now);
         }
         self.audit();
@@ -587,7 +586,6 @@ impl Bridge {
         }
         if let Some(new) = &new {
             self.platforms.attach(new, id);
-            #[cfg(feature = "cluster")]
             self.said_hello(new);
         }
         if let Some(old) = old {
@@ -703,7 +701,8 @@ impl Bridge {
         }
         let held = self.conns.terminals_by_platform();
         let journaled = self.durable.iter().flat_map(|d| d.terminals_by_platform());
-        for p in held.chain(journaled) {
+        let orphans = self.cluster.orphan_platforms();
+        for p in held.chain(journaled).chain(orphans) {
             *owed.entry(p).or_insert(0) += 1;
         }
         for (id, c) in self.conns.iter() {

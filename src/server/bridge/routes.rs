@@ -122,7 +122,7 @@ impl Routes {
         self.map.len()
     }
 
-    #[cfg(feature = "cluster")]
+    /// The messages in flight, with their tags.
     pub(super) fn tags(&self) -> impl Iterator<Item = (u64, &InFlight)> {
         self.map.iter()
     }
@@ -175,7 +175,7 @@ impl Routes {
     /// has copies (a recovered one has no connection, but for one a cluster member waited
     /// for and rebuilt, which keeps its sender's).
     pub(super) fn check(&self) {
-        for (tag, r) in self.map.iter() {
+        for (tag, r) in self.tags() {
             // A cluster tag (the top bit) comes from another instance's accept.
             debug_assert!(
                 tag <= self.last_tag || tag >> 63 == 1,
@@ -249,7 +249,6 @@ impl Bridge {
     /// once it fits the platform's `--outbox-bytes`: until then it is held, in order
     /// (its bytes are charged when it goes, released by `confirm`).
     pub(super) fn deliver_terminal(&mut self, origin: ConnId, platform: &Arc<str>, frame: Frame) {
-        #[cfg(feature = "cluster")]
         let frame = self.stamp_cluster(frame);
         if let Some((origin, frame)) = self.platforms.admit_result(platform, origin, frame) {
             self.send_result(origin, platform, frame);
