@@ -28,7 +28,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::super::admit::{Refusal, duplicate_ack};
+use super::super::refusal::{Refusal, duplicate_ack};
 use super::super::routes::{Routes, no_conn};
 use super::super::status::RecoveryCounts;
 use super::super::{Action, Bridge, ConnId};

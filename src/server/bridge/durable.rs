@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use super::super::dedup::fingerprint;
 use super::super::frame::{Body, Frame};
-use super::admit::{Draft, Refusal, build};
+use super::admit::{Draft, build};
+use super::refusal::Refusal;
 use super::routes::{InFlight, Routes, no_conn};
 use super::status::{JournalStatus, RecoveryCounts};
 use super::{Action, Bridge, ConnId, INTERRUPTED, POISON, Report};

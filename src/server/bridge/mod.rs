@@ -61,6 +61,7 @@ mod config;
 mod conns;
 mod durable;
 mod platforms;
+mod refusal;
 mod routes;
 mod status;
 
@@ -76,7 +77,6 @@ use crate::core::{CancelReason, EventKind, MessageEvent, RejectReason, TurnId};
 use crate::journal::Record;
 use crate::key::Key;
 use crate::message::{Message, SessionKey};
-use admit::Refusal;
 use cluster::ClusterSide;
 pub(super) use cluster::Report;
 pub use config::{BridgeConfig, TERMINAL_ENVELOPE};
@@ -84,6 +84,7 @@ use config::{HOUSEKEEPING, INTERRUPTED, POISON};
 use conns::Conns;
 use durable::Durable;
 use platforms::Platforms;
+use refusal::Refusal;
 use routes::Routes;
 use status::Counters;
 
@@ -349,7 +350,7 @@ impl Bridge {
                 return self.keep_for_restart(route);
             }
             // Acknowledged by the process before the restart: it gets a terminal event.
-            return self.finish_recovered(tag, &admit::not_readmitted(reason.as_str()));
+            return self.finish_recovered(tag, &refusal::not_readmitted(reason.as_str()));
         }
         match &mut self.durable {
             // Answered once its `forget` record is durable (else a crash brings it back).

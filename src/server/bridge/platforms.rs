@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::super::dedup::{DedupWindow, Fingerprint, Seen};
 use super::super::frame::{Body, Frame};
 use super::super::protocol::check_platform;
-use super::admit::Refusal;
+use super::refusal::Refusal;
 use super::status::PlatformStatus;
 use super::{BridgeConfig, ConnId, TERMINAL_ENVELOPE};
 
