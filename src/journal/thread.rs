@@ -57,9 +57,9 @@ pub struct Committed {
     pub durable: Vec<u64>,
     /// Accepted messages whose write failed (never durable; reject them `storage`).
     pub failed: Vec<u64>,
-    /// Messages whose outcome record this transaction took: durable if it succeeded; if it
-    /// failed, the record is kept for another try and the outcome may be sent anyway (the
-    /// disk is failing: outcomes keep flowing, with the guarantee weakened until it works).
+    /// Messages whose outcome record this transaction took (written if `error` is `None`;
+    /// else kept for another try, see `retrying`). What this releases is the bridge's rule,
+    /// stated where it is enforced (`Durable::committed`, server/bridge/durable.rs).
     pub outcomes: Vec<u64>,
     /// New records this transaction took off the queue (retried ones not counted again).
     pub taken: usize,

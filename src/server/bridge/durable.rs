@@ -179,13 +179,93 @@ enum Sent {
     Forget(u64),
 }
 
+/// What a journal report releases ([`Durable::committed`]), in the order the bridge applies
+/// it.
+pub(super) struct Released {
+    /// Held turns whose `started` record is written: they may start (message tag, turn).
+    pub(super) starts: Vec<(TurnId, u64)>,
+    /// Accepted messages now durable: submitted (tag, message).
+    pub(super) submit: Vec<(u64, Message)>,
+    /// Terminal events whose outcome record is written: sent (their connection, the frame).
+    pub(super) outcomes: Vec<(ConnId, Frame)>,
+    /// Refusals of journaled messages whose `forget` record is written: answered.
+    pub(super) forgotten: Vec<(u64, Refusal)>,
+    /// Accepted messages whose write failed: rejected `storage`, with the write's error.
+    pub(super) failed: Vec<u64>,
+    pub(super) error: Option<String>,
+}
+
+impl Durable {
+    /// The journal thread's report `c`, applied to what waits for the journal; returns what
+    /// it releases.
+    ///
+    /// **The durability release rule** (stated here only, where it is enforced): a message
+    /// is submitted once its `accepted` record is durable, and rejected `storage` if that
+    /// write failed (it was never acknowledged). A held turn starts, a terminal event is
+    /// sent and a runtime refusal is answered only once a batch has written its record
+    /// (`started`, the outcome, `forget`) *and nothing is failing or kept for another try*:
+    /// a failed batch releases none of them, and neither does a report that wrote nothing
+    /// while records are kept (a cluster's ownership pass). While the journal cannot write,
+    /// no turn starts and no outcome reaches a bridge (both wait, in order, and go once writes
+    /// succeed), so that nothing a bridge or an agent has seen can be lost or contradicted by
+    /// a crash.
+    pub(super) fn committed(&mut self, c: Committed) -> Released {
+        let j = &mut self.figures;
+        j.queued_records = j.queued_records.saturating_sub(c.taken);
+        j.retrying = c.retrying;
+        j.batches += 1;
+        j.failing = c.error.is_some();
+        j.failed_batches += u64::from(c.error.is_some());
+        for _ in 0..c.taken {
+            match self.sent.pop_front() {
+                Some(Sent::Start(turn, seq)) => self.taken_starts.push((turn, seq)),
+                Some(Sent::Forget(seq)) => self.taken_forgets.push(seq),
+                Some(Sent::Other) => {}
+                None => break,
+            }
+        }
+        self.taken_outcomes.extend(c.outcomes.iter().copied());
+        let mut r = Released {
+            starts: Vec::new(),
+            submit: Vec::new(),
+            outcomes: Vec::new(),
+            forgotten: Vec::new(),
+            failed: Vec::new(),
+            error: c.error,
+        };
+        // Everything taken so far is written only if nothing failed and nothing is still
+        // kept for another try (a cluster's ownership-pass report writes nothing).
+        if r.error.is_none() && c.retrying == 0 {
+            let mut seqs: Vec<u64> = self.taken_outcomes.drain().collect();
+            seqs.sort_unstable();
+            let unjournaled = &mut self.unjournaled;
+            r.outcomes = (seqs.into_iter())
+                .filter_map(|seq| unjournaled.remove(&seq))
+                .collect();
+            r.starts = std::mem::take(&mut self.taken_starts);
+            for seq in self.taken_forgets.drain(..) {
+                if let Some(refusal) = self.forgetting.remove(&seq) {
+                    r.forgotten.push((seq, refusal));
+                }
+            }
+        }
+        for seq in c.durable {
+            if let Some(message) = self.waiting.remove(&seq) {
+                r.submit.push((seq, message));
+            }
+        }
+        r.failed = (c.failed.into_iter())
+            .filter(|seq| self.waiting.remove(seq).is_some())
+            .collect();
+        r
+    }
+}
+
 impl Bridge {
-    /// The journal thread's report: submit the messages now durable, reject `storage` those
-    /// whose write failed; once a batch succeeds, release the held turns whose `started`
-    /// record it wrote ([`Action::StartTurn`]) and send the terminal events whose outcome
-    /// record it wrote. A failed batch releases nothing: while the journal cannot write, no
-    /// turn starts and no outcome reaches a bridge (both wait, and go once writes succeed),
-    /// so that nothing a bridge or an agent has seen can be lost or contradicted by a crash.
+    /// The journal thread's report: what it releases ([`Durable::committed`], where the
+    /// release rule is stated) goes out — held turns started ([`Action::StartTurn`]),
+    /// durable messages submitted, terminal events sent, refusals answered, failed writes
+    /// rejected `storage`.
     pub fn journaled(&mut self, c: Committed, now: Duration) {
         self.journal_report(c, Report::default(), now);
     }
@@ -203,63 +283,21 @@ impl Bridge {
         let Some(d) = &mut self.durable else {
             return;
         };
-        let j = &mut d.figures;
-        j.queued_records = j.queued_records.saturating_sub(c.taken);
-        j.retrying = c.retrying;
-        j.batches += 1;
-        j.failing = c.error.is_some();
-        j.failed_batches += u64::from(c.error.is_some());
-        for _ in 0..c.taken {
-            match d.sent.pop_front() {
-                Some(Sent::Start(turn, seq)) => d.taken_starts.push((turn, seq)),
-                Some(Sent::Forget(seq)) => d.taken_forgets.push(seq),
-                Some(Sent::Other) => {}
-                None => break,
+        let released = d.committed(c);
+        for (turn, seq) in released.starts {
+            // A turn of a partition lost or fenced (in this report or before) stays held and
+            // leaves with its session's hand-over: its `started` write may have been
+            // refused, and the next owner runs the message.
+            if !self.cluster.runs_here(seq, &self.routes, &ended) {
+                log::debug!("message {seq}: its partition is not owned here; turn not started");
+                continue;
             }
+            self.actions.push_back(Action::StartTurn(turn));
         }
-        d.taken_outcomes.extend(c.outcomes.iter().copied());
-        // Everything taken so far is written only if nothing failed and nothing is still
-        // kept for another try (a cluster's ownership-pass report writes nothing).
-        let ok = c.error.is_none() && c.retrying == 0;
-        let held: Vec<_> = if ok {
-            let unjournaled = &mut d.unjournaled;
-            let mut seqs: Vec<u64> = d.taken_outcomes.drain().collect();
-            seqs.sort_unstable();
-            seqs.into_iter()
-                .filter_map(|seq| unjournaled.remove(&seq))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let mut forgotten = Vec::new();
-        if ok {
-            for (turn, seq) in d.taken_starts.drain(..) {
-                // A turn of a partition lost or fenced (in this report or before) stays
-                // held and leaves with its session's hand-over: its `started` write may
-                // have been refused, and the next owner runs the message.
-                if !self.cluster.runs_here(seq, &self.routes, &ended) {
-                    log::debug!("message {seq}: its partition is not owned here; turn not started");
-                    continue;
-                }
-                self.actions.push_back(Action::StartTurn(turn));
-            }
-            for seq in d.taken_forgets.drain(..) {
-                if let Some(refusal) = d.forgetting.remove(&seq) {
-                    forgotten.push((seq, refusal));
-                }
-            }
+        for (tag, message) in released.submit {
+            self.actions.push_back(Action::Submit { tag, message });
         }
-        for seq in c.durable {
-            if let Some(message) = d.waiting.remove(&seq) {
-                self.actions.push_back(Action::Submit { tag: seq, message });
-            }
-        }
-        let failed: Vec<u64> = c
-            .failed
-            .into_iter()
-            .filter(|seq| d.waiting.remove(seq).is_some())
-            .collect();
-        for (conn, frame) in held {
+        for (conn, frame) in released.outcomes {
             if self.silenced(&frame) {
                 continue;
             }
@@ -268,12 +306,12 @@ impl Bridge {
                 self.deliver_terminal(conn, &platform, frame);
             }
         }
-        for (seq, refusal) in forgotten {
+        for (seq, refusal) in released.forgotten {
             self.refuse(seq, refusal);
         }
-        for seq in failed {
+        for seq in released.failed {
             log::debug!("message {seq}: journal write failed; rejected storage");
-            self.refuse(seq, Refusal::storage(c.error.as_deref()));
+            self.refuse(seq, Refusal::storage(released.error.as_deref()));
         }
         for p in handed {
             self.hand_over(p);
