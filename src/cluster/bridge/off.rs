@@ -28,6 +28,11 @@ impl ClusterSide {
         true
     }
 
+    /// No message waits for another instance.
+    pub(in crate::server) fn remote_tags(&self) -> std::iter::Empty<u64> {
+        std::iter::empty()
+    }
+
     /// No result waits for another instance.
     pub(in crate::server) fn orphan_platforms(&self) -> std::iter::Empty<&str> {
         std::iter::empty()

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::super::refusal::{Refusal, duplicate_ack};
-use super::super::routes::{Routes, no_conn};
+use super::super::routes::{Phase, Routes, no_conn};
 use super::super::status::RecoveryCounts;
 use super::super::{Action, Bridge, ConnId};
 use super::early::{EARLY_SLACK, EarlyOutcomes, Kept};
@@ -136,6 +136,12 @@ impl ClusterSide {
     /// The cluster tag of a message accepted here, while it is known (see `placed`).
     pub(in crate::server::bridge) fn cluster_tag_of(&self, tag: u64) -> Option<u64> {
         self.placed.get(&tag).copied()
+    }
+
+    /// The bridge's tags of the messages waiting here for another instance's outcome (the
+    /// routes in phase `Remote`).
+    pub(in crate::server::bridge) fn remote_tags(&self) -> impl Iterator<Item = u64> + '_ {
+        self.remote.values().copied()
     }
 
     /// The platforms owed a reservation by the messages whose refused outcome the next
@@ -341,6 +347,9 @@ impl Bridge {
             // Accepted here: its outcome comes from the stream, from the next owner.
             if let Some(&ct) = cluster.placed.get(&tag) {
                 cluster.remote.insert(ct, tag);
+                if let Some(route) = self.routes.get_mut(tag) {
+                    route.phase = Phase::Remote;
+                }
                 waiting += 1;
                 if let Some(outcome) = cluster.early.take(ct) {
                     came.push((ct, tag, outcome));
@@ -453,6 +462,7 @@ impl Bridge {
         let Some(route) = self.routes.get_mut(tag) else {
             return;
         };
+        route.phase = Phase::Remote;
         let (conn, copies) = (route.conn, std::mem::take(&mut route.copies));
         self.platforms
             .dedup_accepted(&route.platform, route.fp, now);

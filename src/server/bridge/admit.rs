@@ -15,7 +15,7 @@ use super::super::protocol::{MessageFields, ServerOp, check_platform, encode};
 use super::conns::Answer;
 use super::platforms::Claim;
 use super::refusal::{Refusal, duplicate_ack};
-use super::routes::InFlight;
+use super::routes::{InFlight, Phase};
 use super::{Action, Bridge, ConnId};
 use crate::core::AcceptState;
 use crate::journal::StoredMessage;
@@ -224,13 +224,16 @@ impl Bridge {
         now: Duration,
     ) {
         let Admitted { message, draft } = admitted;
-        let route = InFlight::new(
+        let mut route = InFlight::new(
             conn,
             message.id.clone(),
             message.session.clone(),
             platform,
             fp,
         );
+        if self.durable.is_some() {
+            route.phase = Phase::Journaling;
+        }
         self.routes.insert(tag, route);
         self.conns.sent(conn);
         self.conns

@@ -11,7 +11,7 @@ use super::super::dedup::fingerprint;
 use super::super::frame::{Body, Frame};
 use super::admit::{Draft, build};
 use super::refusal::Refusal;
-use super::routes::{InFlight, Routes, no_conn};
+use super::routes::{InFlight, Phase, Routes, no_conn};
 use super::status::{JournalStatus, RecoveryCounts};
 use super::{Action, Bridge, ConnId, INTERRUPTED, POISON, Report};
 use crate::core::TurnId;
@@ -163,10 +163,15 @@ impl Durable {
             .filter_map(|(_, f)| f.terminal_for.as_deref())
     }
 
-    /// Checks, in debug builds, that every waiting message has its route, within the bound.
+    /// Checks, in debug builds, that every waiting message has its route, in its phase,
+    /// within the bound (the bridge's `audit` checks the converse).
     pub(super) fn check(&self, routes: &Routes) {
         debug_assert!(self.waiting.len() <= self.max_pending);
-        debug_assert!(self.waiting.keys().all(|&tag| routes.contains(tag)));
+        debug_assert!((self.waiting.keys()).all(|&tag| {
+            routes
+                .get(tag)
+                .is_some_and(|r| r.phase == Phase::Journaling)
+        }));
     }
 }
 
@@ -295,6 +300,9 @@ impl Bridge {
             self.actions.push_back(Action::StartTurn(turn));
         }
         for (tag, message) in released.submit {
+            if let Some(route) = self.routes.get_mut(tag) {
+                route.phase = Phase::Submitted;
+            }
             self.actions.push_back(Action::Submit { tag, message });
         }
         for (conn, frame) in released.outcomes {
@@ -504,10 +512,9 @@ mod tests {
         let mut routes = Routes::default();
         let tag = routes.new_tag();
         let conn = Key::from_bits(0);
-        routes.insert(
-            tag,
-            InFlight::new(conn, "m".into(), message().session, "telegram".into(), 1),
-        );
+        let mut route = InFlight::new(conn, "m".into(), message().session, "telegram".into(), 1);
+        route.phase = Phase::Journaling;
+        routes.insert(tag, route);
         assert!(d.room().is_ok());
         assert!(matches!(
             d.wait(tag, message(), stored(tag)),

@@ -23,9 +23,27 @@ pub(super) fn no_conn() -> ConnId {
     Key::from_bits(u64::MAX)
 }
 
-/// A message in flight: submitted (or waiting for the journal) and without its terminal
-/// event yet.
+/// Where a message in flight is: its phase, which says which other room holds it too (the
+/// bridge's `audit` checks that they agree).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// Waiting for its `accepted` record to be durable before it is submitted (the message
+    /// waits in `Durable`; acknowledged only once durable).
+    Journaling,
+    /// In the runtime: queued, or its turn running (with a journal, each turn held until its
+    /// `started` record is durable); recovered ones are submitted again in this phase.
+    Submitted,
+    /// `--cluster`: durable and acked here, its partition owned elsewhere (or handed over):
+    /// waiting for the owner's outcome from the stream (`ClusterSide`'s remote index, by
+    /// the cluster tag).
+    Remote,
+}
+
+/// A message in flight: submitted (or waiting for the journal, or for another instance)
+/// and without its terminal event yet.
 pub(super) struct InFlight {
+    /// Its phase.
+    pub(super) phase: Phase,
     /// The connection that sent it, which gets its events while it is open.
     pub(super) conn: ConnId,
     pub(super) id: Arc<str>,
@@ -50,6 +68,7 @@ impl InFlight {
         fp: Fingerprint,
     ) -> InFlight {
         InFlight {
+            phase: Phase::Submitted,
             conn,
             id,
             session,
