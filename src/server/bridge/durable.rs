@@ -2,7 +2,9 @@
 //! waiting to be durable before their submission, terminal events waiting for their outcome
 //! record, the journal's figures, the wall clock — in one [`Durable`], held as an `Option`
 //! by the bridge; and the bridge's two round trips with the journal: the thread's report
-//! ([`Bridge::journaled`]) and start-up recovery ([`Bridge::recover`]).
+//! (applied by [`Durable::committed`], which returns what it releases and states the release
+//! rule; carried out by [`Bridge::journaled`] in `mod.rs`) and start-up recovery
+//! ([`Bridge::recover`]).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
@@ -13,7 +15,7 @@ use super::admit::{Draft, build};
 use super::refusal::Refusal;
 use super::routes::{InFlight, Phase, Routes, no_conn};
 use super::status::{JournalStatus, RecoveryCounts};
-use super::{Action, Bridge, ConnId, INTERRUPTED, POISON, Report};
+use super::{Action, Bridge, ConnId, INTERRUPTED, POISON};
 use crate::core::TurnId;
 use crate::journal::{Committed, Record, Recovered, RecoveredMessage, StoredMessage};
 use crate::message::{Message, SessionKey};
@@ -267,67 +269,6 @@ impl Durable {
 }
 
 impl Bridge {
-    /// The journal thread's report: what it releases ([`Durable::committed`], where the
-    /// release rule is stated) goes out — held turns started ([`Action::StartTurn`]),
-    /// durable messages submitted, terminal events sent, refusals answered, failed writes
-    /// rejected `storage`.
-    pub fn journaled(&mut self, c: Committed, now: Duration) {
-        self.journal_report(c, Report::default(), now);
-    }
-
-    /// [`Bridge::journaled`] with the cluster's part of the same report (a cluster member's,
-    /// `ClusterLink::report`; none without the feature), applied first (`cluster_part`).
-    pub(in crate::server) fn journal_report(
-        &mut self,
-        c: Committed,
-        cluster: Report,
-        now: Duration,
-    ) {
-        self.now = now;
-        let (c, handed, ended) = self.cluster_part(c, cluster, now);
-        let Some(d) = &mut self.durable else {
-            return;
-        };
-        let released = d.committed(c);
-        for (turn, seq) in released.starts {
-            // A turn of a partition lost or fenced (in this report or before) stays held and
-            // leaves with its session's hand-over: its `started` write may have been
-            // refused, and the next owner runs the message.
-            if !self.cluster.runs_here(seq, &self.routes, &ended) {
-                log::debug!("message {seq}: its partition is not owned here; turn not started");
-                continue;
-            }
-            self.actions.push_back(Action::StartTurn(turn));
-        }
-        for (tag, message) in released.submit {
-            if let Some(route) = self.routes.get_mut(tag) {
-                route.phase = Phase::Submitted;
-            }
-            self.actions.push_back(Action::Submit { tag, message });
-        }
-        for (conn, frame) in released.outcomes {
-            if self.silenced(&frame) {
-                continue;
-            }
-            let frame = self.mark_foreign(frame);
-            if let Some(platform) = frame.terminal_for.clone() {
-                self.deliver_terminal(conn, &platform, frame);
-            }
-        }
-        for (seq, refusal) in released.forgotten {
-            self.refuse(seq, refusal);
-        }
-        for seq in released.failed {
-            log::debug!("message {seq}: journal write failed; rejected storage");
-            self.refuse(seq, Refusal::storage(released.error.as_deref()));
-        }
-        for p in handed {
-            self.hand_over(p);
-        }
-        self.drain_step();
-        self.audit();
-    }
-
     /// A graceful shutdown ended the message (`cancelled: shutdown`, queued or cut off by
     /// the drain): with a journal it is not answered and gets no outcome record, so the next
     /// start finds it as a crash would have left it — queued again if its turn never

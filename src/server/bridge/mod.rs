@@ -74,7 +74,7 @@ use std::time::Duration;
 use super::frame::{Body, Frame};
 use super::protocol::{ClientOp, LineError, ServerOp, check_platform, encode, parse_line};
 use crate::core::{CancelReason, EventKind, MessageEvent, RejectReason, TurnId};
-use crate::journal::Record;
+use crate::journal::{Committed, Record};
 use crate::key::Key;
 use crate::message::{Message, SessionKey};
 use cluster::ClusterSide;
@@ -381,6 +381,67 @@ impl Bridge {
         self.send_typing(conn, &session, true);
         let next = now + self.cfg.typing_refresh;
         self.routes.typing_started(turn, conn, session, next);
+    }
+
+    /// The journal thread's report: what it releases ([`Durable::committed`], where the
+    /// release rule is stated) goes out — held turns started ([`Action::StartTurn`]),
+    /// durable messages submitted, terminal events sent, refusals answered, failed writes
+    /// rejected `storage`.
+    pub fn journaled(&mut self, c: Committed, now: Duration) {
+        self.journal_report(c, Report::default(), now);
+    }
+
+    /// [`Bridge::journaled`] with the cluster's part of the same report (a cluster member's,
+    /// `ClusterLink::report`; none without the feature), applied first (`cluster_part`).
+    pub(in crate::server) fn journal_report(
+        &mut self,
+        c: Committed,
+        cluster: Report,
+        now: Duration,
+    ) {
+        self.now = now;
+        let (c, handed, ended) = self.cluster_part(c, cluster, now);
+        let Some(d) = &mut self.durable else {
+            return;
+        };
+        let released = d.committed(c);
+        for (turn, seq) in released.starts {
+            // A turn of a partition lost or fenced (in this report or before) stays held and
+            // leaves with its session's hand-over: its `started` write may have been
+            // refused, and the next owner runs the message.
+            if !self.cluster.runs_here(seq, &self.routes, &ended) {
+                log::debug!("message {seq}: its partition is not owned here; turn not started");
+                continue;
+            }
+            self.actions.push_back(Action::StartTurn(turn));
+        }
+        for (tag, message) in released.submit {
+            if let Some(route) = self.routes.get_mut(tag) {
+                route.phase = Phase::Submitted;
+            }
+            self.actions.push_back(Action::Submit { tag, message });
+        }
+        for (conn, frame) in released.outcomes {
+            if self.silenced(&frame) {
+                continue;
+            }
+            let frame = self.mark_foreign(frame);
+            if let Some(platform) = frame.terminal_for.clone() {
+                self.deliver_terminal(conn, &platform, frame);
+            }
+        }
+        for (seq, refusal) in released.forgotten {
+            self.refuse(seq, refusal);
+        }
+        for seq in released.failed {
+            log::debug!("message {seq}: journal write failed; rejected storage");
+            self.refuse(seq, Refusal::storage(released.error.as_deref()));
+        }
+        for p in handed {
+            self.hand_over(p);
+        }
+        self.drain_step();
+        self.audit();
     }
 
     /// Writes a record to the journal, if there is one.
