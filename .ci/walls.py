@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
 """The walls of issue 16, held by CI: no file in src/ over 900 lines, no function over 100
 (test modules aside). A brace matcher, not a parser: strings and comments are blanked first.
-Usage: walls.py [SRC_DIR]   (prints the longest of each; exits 1 past a limit)"""
+And issue 29's: at most 5 lines gated on the `cluster` feature (`cfg(feature = "cluster")`,
+`cfg(not(...))`, `cfg(all/any(...))`, `cfg_attr(...)`, `cfg!(...)`) outside src/cluster/, the
+cluster's wing.
+Usage: walls.py [SRC_DIR]   (prints the longest of each and the gates; exits 1 past a limit)"""
 import os
 import re
 import sys
 
 FILE_LIMIT, FN_LIMIT = 900, 100
+GATE_LIMIT = 5
+GATE_RE = re.compile(r'(#!?\[\s*cfg(_attr)?\s*\(|\bcfg!\s*\().*feature\s*=\s*"cluster"')
 FN_RE = re.compile(r'^\s*(pub(\([a-z]+\))?\s+)?(const\s+)?(async\s+)?(unsafe\s+)?fn\s+([A-Za-z_0-9]+)')
 TEST_MOD = re.compile(r'^\s*(pub(\(crate\))?\s+)?mod\s+\w+\s*\{')
 
@@ -42,6 +47,22 @@ def functions(lines):
     return out
 
 
+def cluster_gates(root):
+    """(path, line number) of each line gated on the cluster feature outside root/cluster/."""
+    wing = os.path.join(root, 'cluster')
+    out = []
+    for d, _, names in os.walk(root):
+        if d == wing or d.startswith(wing + os.sep):
+            continue
+        for name in sorted(names):
+            if name.endswith('.rs'):
+                p = os.path.join(d, name)
+                for i, line in enumerate(open(p, encoding='utf-8'), 1):
+                    if GATE_RE.search(line.split('//')[0]):
+                        out.append((p, i))
+    return out
+
+
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else 'src'
     files, funcs = [], []
@@ -60,6 +81,12 @@ def main():
           f"longest function {funcs[0][0]} lines ({funcs[0][1]} in {funcs[0][2]})")
     bad = [f"{p}: {n} lines (limit {FILE_LIMIT})" for n, p in files if n > FILE_LIMIT]
     bad += [f"{p}:{at}: fn {f} is {n} lines (limit {FN_LIMIT})" for n, f, p, at in funcs if n > FN_LIMIT]
+    gates = cluster_gates(root)
+    print(f"walls: {len(gates)} cluster gate(s) outside {os.path.join(root, 'cluster')}/ (limit {GATE_LIMIT})")
+    if len(gates) > GATE_LIMIT:
+        bad.append(f"{len(gates)} lines gated on the cluster feature outside "
+                   f"{os.path.join(root, 'cluster')}/ (limit {GATE_LIMIT}; move them into the wing): "
+                   + ", ".join(f"{p}:{i}" for p, i in gates))
     for b in bad:
         print(f"walls: {b}", file=sys.stderr)
     return 1 if bad else 0

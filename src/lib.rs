@@ -61,6 +61,7 @@ mod auth;
 #[cfg(feature = "cli")]
 #[doc(hidden)]
 pub mod cli;
+mod cluster;
 mod core;
 mod histogram;
 mod journal;
@@ -151,14 +152,14 @@ pub mod internal {
     }
     /// The journal's store, thread and records.
     pub mod journal {
+        #[cfg(feature = "cluster")]
+        pub use crate::cluster::{
+            Accept, Acquire, Arrival, ClusterConfig, ClusterLink, ClusterReport, ClusterRequest,
+            Done, FWD_MAXLEN, FwdEntry, Lease, LoadedPartition, Op, Ownership, Plan, Reader,
+            RedisStore, Stream, StreamEntry, cluster_tag, partition_of, tag_parts,
+        };
         #[cfg(feature = "sqlite")]
         pub use crate::journal::SqliteStore;
-        #[cfg(feature = "cluster")]
-        pub use crate::journal::{
-            Accept, Acquire, Arrival, ClusterConfig, ClusterReport, ClusterRequest, Done,
-            FWD_MAXLEN, FwdEntry, Lease, LoadedPartition, Op, Ownership, Plan, Reader, RedisStore,
-            Stream, StreamEntry, cluster_tag, partition_of, tag_parts,
-        };
         pub use crate::journal::{
             Committed, FaultyStore, Journal, JournalConfig, MemStore, Model, Record, Recovered,
             RecoveredMessage, Store, StoreError, StoreErrorKind, StoredMessage, StoredOutcome,

@@ -269,7 +269,6 @@ fn completion(batch: &[Record], error: Option<&str>) -> Completion {
             0
         },
         error: error.map(str::to_string),
-        ..Completion::default()
     }
 }
 

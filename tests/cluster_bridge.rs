@@ -114,12 +114,14 @@ impl Net {
     }
 
     fn report(&mut self, taken: usize, cluster: ClusterReport) {
-        let c = Committed {
-            taken,
+        let (c, c_cluster) = (
+            Committed {
+                taken,
+                ..Committed::default()
+            },
             cluster,
-            ..Committed::default()
-        };
-        self.b.journaled(c, self.now);
+        );
+        self.b.journaled_with(c, c_cluster, self.now);
         self.pump();
     }
 }
@@ -146,16 +148,18 @@ impl Net {
     /// The journal says accepted message `seq` is durable in Redis as `ct`, in a partition
     /// owned here.
     fn report_durable(&mut self, seq: u64, ct: u64) {
-        let durable = Committed {
-            taken: 1,
-            durable: vec![seq],
-            cluster: ClusterReport {
+        let (durable, durable_cluster) = (
+            Committed {
+                taken: 1,
+                durable: vec![seq],
+                ..Committed::default()
+            },
+            ClusterReport {
                 placed: vec![(seq, ct)],
                 ..ClusterReport::default()
             },
-            ..Committed::default()
-        };
-        self.b.journaled(durable, self.now);
+        );
+        self.b.journaled_with(durable, durable_cluster, self.now);
         self.pump();
     }
 }
@@ -394,17 +398,19 @@ fn an_outcome_the_store_did_not_write_is_never_sent() {
     // batch and not with the next.
     let taken = n.journal.len();
     n.journal.clear();
-    let fenced = Committed {
-        taken,
-        outcomes: vec![m.seq],
-        cluster: ClusterReport {
+    let (fenced, fenced_cluster) = (
+        Committed {
+            taken,
+            outcomes: vec![m.seq],
+            ..Committed::default()
+        },
+        ClusterReport {
             fenced: vec![0],
             unwritten_outcomes: vec![m.seq],
             ..ClusterReport::default()
         },
-        ..Committed::default()
-    };
-    n.b.journaled(fenced, n.now);
+    );
+    n.b.journaled_with(fenced, fenced_cluster, n.now);
     n.pump();
     n.report(0, ClusterReport::default());
     assert!(n.take(c).is_empty(), "a fenced outcome reached the bridge");
@@ -438,16 +444,18 @@ fn a_lost_partition_hands_its_messages_over_without_outcomes_and_the_rest_serves
     }
     let acc = n.accepted();
     let (ct1, ct2, ct3) = (cluster_tag(3, 1), cluster_tag(3, 2), cluster_tag(4, 1));
-    let placed = Committed {
-        taken: 3,
-        durable: acc.iter().map(|m| m.seq).collect(),
-        cluster: ClusterReport {
+    let (placed, placed_cluster) = (
+        Committed {
+            taken: 3,
+            durable: acc.iter().map(|m| m.seq).collect(),
+            ..Committed::default()
+        },
+        ClusterReport {
             placed: vec![(acc[0].seq, ct1), (acc[1].seq, ct2), (acc[2].seq, ct3)],
             ..ClusterReport::default()
         },
-        ..Committed::default()
-    };
-    n.b.journaled(placed, n.now);
+    );
+    n.b.journaled_with(placed, placed_cluster, n.now);
     n.pump();
     // Accepted elsewhere into partition 3: queued here too.
     let other = cluster_tag(3, 9);
@@ -570,17 +578,19 @@ fn a_message_durable_in_the_report_that_loses_its_partition_ends_with_it_and_a_r
     );
     let m = n.accepted().pop().expect("accepted");
     let ct = cluster_tag(1, 1);
-    let both = Committed {
-        taken: 1,
-        durable: vec![m.seq],
-        cluster: ClusterReport {
+    let (both, both_cluster) = (
+        Committed {
+            taken: 1,
+            durable: vec![m.seq],
+            ..Committed::default()
+        },
+        ClusterReport {
             placed: vec![(m.seq, ct)],
             lost: vec![1],
             ..ClusterReport::default()
         },
-        ..Committed::default()
-    };
-    n.b.journaled(both, n.now);
+    );
+    n.b.journaled_with(both, both_cluster, n.now);
     n.pump();
     assert_eq!(n.order, vec!["submit m1", "hand over 1"]);
     assert_eq!((n.b.remote_waiting(), n.b.handed_over()), (1, (1, 1)));
@@ -656,16 +666,18 @@ fn a_refused_outcome_of_a_message_accepted_here_is_answered_by_the_next_owner() 
     );
     let m = n.accepted().pop().expect("accepted");
     let ct = cluster_tag(0, 1);
-    let durable = Committed {
-        taken: 1,
-        durable: vec![m.seq],
-        cluster: ClusterReport {
+    let (durable, durable_cluster) = (
+        Committed {
+            taken: 1,
+            durable: vec![m.seq],
+            ..Committed::default()
+        },
+        ClusterReport {
             placed: vec![(m.seq, ct)],
             ..ClusterReport::default()
         },
-        ..Committed::default()
-    };
-    n.b.journaled(durable, n.now);
+    );
+    n.b.journaled_with(durable, durable_cluster, n.now);
     n.pump();
     let message = n.messages.pop().expect("message");
     let event = |kind| MessageEvent {
@@ -689,17 +701,19 @@ fn a_refused_outcome_of_a_message_accepted_here_is_answered_by_the_next_owner() 
     n.pump();
     assert_eq!(n.take(c).len(), 1, "the ack only");
     let taken = n.journal.len();
-    let fenced = Committed {
-        taken,
-        outcomes: vec![m.seq],
-        cluster: ClusterReport {
+    let (fenced, fenced_cluster) = (
+        Committed {
+            taken,
+            outcomes: vec![m.seq],
+            ..Committed::default()
+        },
+        ClusterReport {
             fenced: vec![0],
             unwritten_outcomes: vec![m.seq],
             ..ClusterReport::default()
         },
-        ..Committed::default()
-    };
-    n.b.journaled(fenced, n.now);
+    );
+    n.b.journaled_with(fenced, fenced_cluster, n.now);
     n.pump();
     assert!(n.take(c).is_empty(), "a refused outcome reached the bridge");
     n.arrive(Arrival::Outcome {
@@ -737,18 +751,20 @@ fn draining_setup() -> (Net, ConnId, Vec<u64>, Vec<Message>) {
         );
     }
     let acc = n.accepted();
-    let placed = Committed {
-        taken: 3,
-        durable: acc.iter().map(|m| m.seq).collect(),
-        cluster: ClusterReport {
+    let (placed, placed_cluster) = (
+        Committed {
+            taken: 3,
+            durable: acc.iter().map(|m| m.seq).collect(),
+            ..Committed::default()
+        },
+        ClusterReport {
             placed: (0..3)
                 .map(|i| (acc[i].seq, cluster_tag(3, i as u64 + 1)))
                 .collect(),
             ..ClusterReport::default()
         },
-        ..Committed::default()
-    };
-    n.b.journaled(placed, n.now);
+    );
+    n.b.journaled_with(placed, placed_cluster, n.now);
     n.pump();
     let tags = n.submitted.clone();
     let messages = std::mem::take(&mut n.messages);

@@ -116,16 +116,18 @@ impl Net {
                 _ => None,
             })
             .expect("accepted");
-        let c2 = Committed {
-            taken: 1,
-            cluster: ClusterReport {
+        let (c2, c2_cluster) = (
+            Committed {
+                taken: 1,
+                ..Committed::default()
+            },
+            ClusterReport {
                 placed: vec![(seq, ct)],
                 remote: vec![seq],
                 ..ClusterReport::default()
             },
-            ..Committed::default()
-        };
-        self.b.journaled(c2, self.now);
+        );
+        self.b.journaled_with(c2, c2_cluster, self.now);
         self.pump();
         seq
     }

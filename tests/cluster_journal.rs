@@ -15,9 +15,25 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use redis_support::{Redis, WAIT, require_redis};
 use turnstile::internal::journal::{
-    Accept, Acquire, Arrival, ClusterConfig, Committed, Journal, JournalConfig, Lease, Reader,
-    Record, RedisStore, StoredMessage, StoredOutcome, cluster_tag, now_ms, partition_of, tag_parts,
+    Accept, Acquire, Arrival, ClusterConfig, ClusterLink, ClusterReport, Committed, Journal,
+    JournalConfig, Lease, Reader, Record, RedisStore, StoredMessage, StoredOutcome, cluster_tag,
+    now_ms, partition_of, tag_parts,
 };
+
+/// Every report so far, merged: the journal's completions and their cluster parts
+/// (`ClusterLink::report`); dereferences to the completions.
+#[derive(Debug, Default)]
+struct Report {
+    base: Committed,
+    cluster: ClusterReport,
+}
+
+impl std::ops::Deref for Report {
+    type Target = Committed;
+    fn deref(&self) -> &Committed {
+        &self.base
+    }
+}
 
 const P: u32 = 4;
 
@@ -35,9 +51,10 @@ fn store(r: &Redis, instance: &str, lease: Duration) -> RedisStore {
 /// A member's journal thread and its waker.
 struct Member {
     journal: Journal,
+    link: ClusterLink,
     woke: Receiver<()>,
     /// Every report so far, merged.
-    seen: Committed,
+    seen: Report,
 }
 
 impl Member {
@@ -47,7 +64,7 @@ impl Member {
 
     fn start_with(c: ClusterConfig, session_cap: usize) -> Member {
         let (tx, woke) = crossbeam_channel::unbounded();
-        let journal = Journal::start_cluster(
+        let (journal, link) = Journal::start_cluster(
             RedisStore::connect(c).expect("connect"),
             JournalConfig::default(),
             session_cap,
@@ -58,17 +75,18 @@ impl Member {
         .expect("start");
         Member {
             journal,
+            link,
             woke,
-            seen: Committed::default(),
+            seen: Report::default(),
         }
     }
 
     /// Waits for reports until `done` holds of everything reported so far.
-    fn until(&mut self, what: &str, done: impl Fn(&Committed) -> bool) -> &Committed {
+    fn until(&mut self, what: &str, done: impl Fn(&Report) -> bool) -> &Report {
         let t0 = Instant::now();
         loop {
             for c in self.journal.completions() {
-                merge(&mut self.seen, c);
+                merge(&mut self.seen, c, self.link.report());
             }
             if done(&self.seen) {
                 return &self.seen;
@@ -83,16 +101,8 @@ impl Member {
     }
 }
 
-fn merge(all: &mut Committed, c: Committed) {
-    all.durable.extend(c.durable);
-    all.failed.extend(c.failed);
-    all.outcomes.extend(c.outcomes);
-    all.taken += c.taken;
-    all.retrying = c.retrying;
-    if c.error.is_some() {
-        all.error = c.error;
-    }
-    let (a, b) = (&mut all.cluster, c.cluster);
+fn merge(all: &mut Report, c: Committed, cluster: ClusterReport) {
+    let (a, b) = (&mut all.cluster, cluster);
     a.placed.extend(b.placed);
     a.remote.extend(b.remote);
     a.duplicates.extend(b.duplicates);
@@ -102,6 +112,15 @@ fn merge(all: &mut Committed, c: Committed) {
     a.lost.extend(b.lost);
     a.fenced.extend(b.fenced);
     a.unwritten_outcomes.extend(b.unwritten_outcomes);
+    let all = &mut all.base;
+    all.durable.extend(c.durable);
+    all.failed.extend(c.failed);
+    all.outcomes.extend(c.outcomes);
+    all.taken += c.taken;
+    all.retrying = c.retrying;
+    if c.error.is_some() {
+        all.error = c.error;
+    }
 }
 
 fn msg(tag: u64, id: &str, chat: &str) -> StoredMessage {
@@ -133,7 +152,7 @@ fn outcome(text: &str) -> StoredOutcome {
 }
 
 /// The cluster tag the bridge's `tag` was placed under.
-fn placed(c: &Committed, tag: u64) -> u64 {
+fn placed(c: &Report, tag: u64) -> u64 {
     c.cluster
         .placed
         .iter()
@@ -150,7 +169,7 @@ fn field(r: &Redis, p: u32, seq: u64, f: &str) -> Option<String> {
         .expect("HGET")
 }
 
-fn gained(c: &Committed) -> Vec<u32> {
+fn gained(c: &Report) -> Vec<u32> {
     let mut g: Vec<u32> = c.cluster.gained.iter().map(|(p, _)| *p).collect();
     g.sort_unstable();
     g
@@ -614,7 +633,7 @@ fn a_joining_instance_makes_the_member_drain_its_surplus_release_what_is_drained
         (vec![], vec![1])
     );
     // The bridge drained 3: released now.
-    a.journal.release_drained(3);
+    a.link.release_drained(3);
     a.until("3 released", |c| c.cluster.lost.contains(&3));
     assert!(
         !a.seen.cluster.lost.contains(&2),
@@ -622,7 +641,7 @@ fn a_joining_instance_makes_the_member_drain_its_surplus_release_what_is_drained
     );
     assert_eq!(lease_of(&r, 3), None, "3's lease given back");
     // A partition not draining is never released so.
-    a.journal.release_drained(0);
+    a.link.release_drained(0);
     b.heartbeat().expect("heartbeat");
     // 2 was never said drained: given up at the bound, its lease released too.
     a.until("2 given up at the bound", |c| c.cluster.lost.contains(&2));

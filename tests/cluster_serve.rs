@@ -431,7 +431,7 @@ fn pump(mut c: Client, via: &'static str, tx: crossbeam_channel::Sender<Value>) 
 
 /// Once lost 2 of 97 acked results in CI: the next owner's `interrupted` outcome reached the
 /// woken owner's reader while its own turn still ran, before its record was refused, and was
-/// dropped (now kept: `bridge/early.rs`; tests/cluster_bridge has the sans-IO case).
+/// dropped (now kept: `cluster/bridge/early.rs`; tests/cluster_bridge has the sans-IO case).
 #[test]
 fn sigstop_of_the_owner_past_its_lease_then_sigcont_hands_its_partitions_over_and_it_serves_on() {
     let Some(bin) = require_redis() else { return };

@@ -6,16 +6,16 @@
 //! [`Bridge`] (`BridgeConfig { journal: true, .. }`, their own `debug_assert!`ed invariants
 //! checked after every input in this debug build) and the real [`Ownership`] planner,
 //! driven by the instance's own clock. Modelled, small: the Redis store (one shared
-//! in-memory model of what `journal/redis/scripts.rs` does: partitions, leases
+//! in-memory model of what `cluster/store/scripts.rs` does: partitions, leases
 //! `<instance>:<epoch>` expiring on the model's global clock, per-partition seqs, the
 //! per-partition duplicate window of `(platform, id)`, the session cap, fenced `started` and
 //! outcome writes that change nothing unless the lease is the writer's, the inbox and
 //! outcome streams, `delivered`/`forget` removing a message for every instance, the registry
-//! of live instances), each instance's cluster journal thread (`journal/cluster.rs`: the
+//! of live instances), each instance's cluster journal thread (`cluster/member.rs`: the
 //! group commit, the tag maps, placed/remote/duplicate/full reports, kept records and their
 //! retries, fenced and unwritten reports, the ownership pass with heartbeat, renewals,
 //! acquisitions and each gained partition loaded, the kept owned writes of a lost partition
-//! dropped) and its stream reader (`journal/reader.rs`: the owned inboxes from their loads'
+//! dropped) and its stream reader (`cluster/reader.rs`: the owned inboxes from their loads'
 //! positions, the outcome streams from their ends at start, `Landed`, `OriginGone` for an
 //! origin that left the registry, and the hello registry with its forwards and answers). A
 //! shell per instance plays the reactor's driver as tests/simulation.rs does (and the
@@ -84,13 +84,34 @@ use common::sim::{Rng, env_u64, panic_text};
 use serde_json::{Value, json};
 use turnstile::internal::core::{Core, CoreConfig, Effect, Input, Reply, TurnJob, TurnResult};
 use turnstile::internal::journal::{
-    Arrival, ClusterRequest, Committed, Lease, LoadedPartition, Ownership, Record,
+    Arrival, ClusterReport, ClusterRequest, Committed, Lease, LoadedPartition, Ownership, Record,
     RecoveredMessage, StoredMessage, StoredOutcome, cluster_tag, partition_of, tag_parts,
 };
 use turnstile::internal::server::{Action, Bridge, BridgeConfig, ConnId, Flushed};
 use turnstile::{ChatType, SessionKey};
 
 const MS: Duration = Duration::from_millis(1);
+
+/// One report of the member thread as the reactor pairs it: the journal's completion and
+/// its cluster part (`ClusterLink::report`); dereferences to the completion.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Report {
+    base: Committed,
+    cluster: ClusterReport,
+}
+
+impl std::ops::Deref for Report {
+    type Target = Committed;
+    fn deref(&self) -> &Committed {
+        &self.base
+    }
+}
+
+impl std::ops::DerefMut for Report {
+    fn deref_mut(&mut self) -> &mut Committed {
+        &mut self.base
+    }
+}
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -612,7 +633,7 @@ fn canonical(v: &Value) -> String {
     plain.to_string()
 }
 
-/// The session key of a stored message, as the bridge built it (cluster.rs's `session_of`).
+/// The session key of a stored message, as the bridge built it (member.rs's `session_of`).
 fn session_of(m: &StoredMessage) -> Option<String> {
     let chat_type = ChatType::parse(&m.chat_type)?;
     SessionKey::new(
@@ -759,7 +780,7 @@ impl World {
             && !self.redis.down
         {
             landed = self.rng.below(batch.len() as u64 + 1) as usize;
-            let mut c = Committed::default();
+            let mut c = Report::default();
             let head: Vec<Record> = batch.into_iter().take(landed).collect();
             let _ = self.write_ops(&mut g, &head, &mut c);
         }
@@ -988,13 +1009,13 @@ impl World {
         tag_parts(tag).or_else(|| g.tags.get(&tag).copied())
     }
 
-    /// One pipelined write of `batch` (cluster.rs's `commit` and `to_ops`): which records
+    /// One pipelined write of `batch` (member.rs's `commit` and `to_ops`): which records
     /// to try again and which were sent, by index.
     fn write_ops(
         &mut self,
         g: &mut Inst,
         batch: &[Record],
-        c: &mut Committed,
+        c: &mut Report,
     ) -> (Vec<bool>, Vec<bool>) {
         let now = self.now;
         let wall = g.wall(now);
@@ -1149,12 +1170,15 @@ impl World {
             self.insts[i] = Some(g);
             return Ok(());
         };
-        let mut c = Committed {
-            taken: batch.len() - kept,
-            ..Committed::default()
+        let mut c = Report {
+            base: Committed {
+                taken: batch.len() - kept,
+                ..Committed::default()
+            },
+            ..Report::default()
         };
         let (retry, sent) = self.write_ops(&mut g, &batch, &mut c);
-        // Only the outcome records written are reported (cluster.rs's `commit`).
+        // Only the outcome records written are reported (member.rs's `commit`).
         for ((r, again), sent) in batch.iter().zip(&retry).zip(&sent) {
             if let (false, true, Record::Outcome { seq, .. }) = (again, sent, r)
                 && !c.cluster.unwritten_outcomes.contains(seq)
@@ -1186,8 +1210,8 @@ impl World {
     }
 
     /// A report reaches the reactor: the reader follows the gained and lost inboxes
-    /// (server/cluster.rs's `forward`), then the bridge has it.
-    fn report(&mut self, i: usize, c: Committed) -> Check {
+    /// (cluster/shell/member.rs's `forward`), then the bridge has it.
+    fn report(&mut self, i: usize, c: Report) -> Check {
         let now = self.now;
         let Some(g) = self.insts[i].as_mut() else {
             return Ok(());
@@ -1200,18 +1224,18 @@ impl World {
             g.inboxes.remove(p);
         }
         let local = g.local(now);
-        g.bridge.journaled(c, local);
+        g.bridge.journaled_with(c.base, c.cluster, local);
         self.pump(i)
     }
 
-    /// The ownership pass (cluster.rs's `pass`, without the drain mode).
+    /// The ownership pass (member.rs's `pass`, without the drain mode).
     fn pass(&mut self, i: usize) -> Check {
         let now = self.now;
         let Some(mut g) = self.insts[i].take() else {
             return Ok(());
         };
         let local = g.local(now);
-        let mut c = Committed::default();
+        let mut c = Report::default();
         if !self.redis.down {
             let live = self.redis.heartbeat(&g.name, now);
             g.own.set_live(live);
@@ -1262,11 +1286,11 @@ impl World {
             }
         }
         g.next_pass = local + g.own.pass_every();
-        if c == Committed::default() {
+        if c == Report::default() {
             self.insts[i] = Some(g);
             return Ok(());
         }
-        // As cluster.rs: the pass wrote nothing, what is kept is still unwritten.
+        // As member.rs: the pass wrote nothing, what is kept is still unwritten.
         c.retrying = g.retry.len();
         self.insts[i] = Some(g);
         self.report(i, c)
@@ -1274,7 +1298,7 @@ impl World {
 
     /// A lease acquired: the partition is loaded, its messages numbered by the tags the
     /// bridge knows them by, the origins kept only if another live instance.
-    fn gain(&mut self, g: &mut Inst, lease: Lease, sent: Duration, c: &mut Committed) {
+    fn gain(&mut self, g: &mut Inst, lease: Lease, sent: Duration, c: &mut Report) {
         let p = lease.partition;
         g.own.acquired(lease.clone(), sent);
         let mut loaded = self.redis.load(p, g.wall(self.now));

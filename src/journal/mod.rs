@@ -18,38 +18,17 @@
 //! a full disk) or the journal cannot be trusted ([`StoreErrorKind::Untrusted`]: records
 //! acknowledged as durable are missing), which start-up tells apart (exit 1 or 2).
 
-#[cfg(feature = "cluster")]
-mod cluster;
 #[cfg(feature = "sqlite")]
 mod mark;
-#[cfg(feature = "cluster")]
-mod owner;
-#[cfg(feature = "cluster")]
-mod reader;
-#[cfg(feature = "cluster")]
-mod redis;
 #[cfg(feature = "sqlite")]
 mod sqlite;
-mod thread;
+pub(crate) mod thread;
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-#[cfg(feature = "cluster")]
-pub use cluster::{ClusterReport, cluster_tag, tag_parts};
-#[cfg(feature = "cluster")]
-pub use owner::{Ownership, Plan};
-#[cfg(feature = "cluster")]
-pub use reader::{Arrival, ClusterRequest, Reader};
-#[cfg(feature = "cluster")]
-pub(crate) use redis::DEFAULT_DRAIN;
-#[cfg(feature = "cluster")]
-pub use redis::{
-    Accept, Acquire, ClusterConfig, Done, FWD_MAXLEN, FwdEntry, Lease, LoadedPartition, Op,
-    RedisStore, Stream, StreamEntry, partition_of,
-};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use thread::{Committed, Journal, JournalConfig};

@@ -57,9 +57,9 @@ pub struct Committed {
     pub durable: Vec<u64>,
     /// Accepted messages whose write failed (never durable; reject them `storage`).
     pub failed: Vec<u64>,
-    /// Messages whose outcome record this transaction took: durable if it succeeded; if it
-    /// failed, the record is kept for another try and the outcome may be sent anyway (the
-    /// disk is failing: outcomes keep flowing, with the guarantee weakened until it works).
+    /// Messages whose outcome record this transaction took (written if `error` is `None`;
+    /// else kept for another try, see `retrying`). What this releases is the bridge's rule,
+    /// stated where it is enforced (`Durable::committed`, server/bridge/durable.rs).
     pub outcomes: Vec<u64>,
     /// New records this transaction took off the queue (retried ones not counted again).
     pub taken: usize,
@@ -67,9 +67,6 @@ pub struct Committed {
     pub retrying: usize,
     /// The write failed; its error.
     pub error: Option<String>,
-    /// `--cluster`: what the partitioned store said beyond the above (empty otherwise).
-    #[cfg(feature = "cluster")]
-    pub cluster: super::ClusterReport,
 }
 
 /// `u64::MAX` in [`Journal::disk_bytes`]: the store has not said.
@@ -77,7 +74,7 @@ const UNKNOWN: u64 = u64::MAX;
 
 /// What the thread measures and the reactor reads, without a lock: the store's size on
 /// disk and how long its writes take.
-pub(super) struct Gauges {
+pub(crate) struct Gauges {
     disk: AtomicU64,
     /// Writes per bucket of [`JOURNAL_BUCKETS`] (not cumulative, `+Inf` last).
     buckets: Vec<AtomicU64>,
@@ -86,7 +83,7 @@ pub(super) struct Gauges {
 }
 
 impl Gauges {
-    pub(super) fn record(&self, d: Duration) {
+    pub(crate) fn record(&self, d: Duration) {
         let s = d.as_secs_f64();
         let i = JOURNAL_BUCKETS.partition_point(|&b| b < s);
         self.buckets[i].fetch_add(1, Ordering::Relaxed);
@@ -107,12 +104,6 @@ pub struct Journal {
     thread: Option<JoinHandle<()>>,
     /// The store's size on disk as the thread last saw it, and its write times.
     gauges: Arc<Gauges>,
-    /// `--cluster`: partitions whose drain is over, to be released by the thread.
-    #[cfg(feature = "cluster")]
-    pub(super) drained: Option<Sender<u32>>,
-    /// `--cluster`: tags of messages whose result another instance took, to be forgotten.
-    #[cfg(feature = "cluster")]
-    pub(super) untagged: Option<Sender<u64>>,
 }
 
 impl Journal {
@@ -131,7 +122,7 @@ impl Journal {
 
     /// Starts `body` on the journal thread with the channels it serves: the records, the
     /// completions, the stop signal (disconnected when the owner gives up) and the gauges.
-    pub(super) fn spawn<F>(disk: Option<u64>, body: F) -> std::io::Result<Journal>
+    pub(crate) fn spawn<F>(disk: Option<u64>, body: F) -> std::io::Result<Journal>
     where
         F: FnOnce(Receiver<Record>, Sender<Committed>, Receiver<()>, Arc<Gauges>) + Send + 'static,
     {
@@ -155,10 +146,6 @@ impl Journal {
             stop: Some(stop),
             thread: Some(thread),
             gauges,
-            #[cfg(feature = "cluster")]
-            drained: None,
-            #[cfg(feature = "cluster")]
-            untagged: None,
         })
     }
 
@@ -190,30 +177,6 @@ impl Journal {
             && tx.send(r).is_err()
         {
             log::error!("the journal thread is gone; a record was not written");
-        }
-    }
-
-    /// `--cluster`: the result of the bridge's message `tag` was taken by another instance,
-    /// which writes its `delivered` by the message's place in Redis: the thread forgets the
-    /// tag's place (nothing is written; it would never see a `delivered` of this tag).
-    #[cfg(feature = "cluster")]
-    pub fn untag(&self, tag: u64) {
-        if let Some(tx) = &self.untagged
-            && tx.send(tag).is_err()
-        {
-            log::debug!("message {tag}: untagged, but the journal thread is gone");
-        }
-    }
-
-    /// `--cluster`: the drain of `partition` is over (its running turns ended, their outcomes
-    /// are written, its sessions were handed over): the thread releases its lease now.
-    /// Ignored for a partition the thread does not hold as draining.
-    #[cfg(feature = "cluster")]
-    pub fn release_drained(&self, partition: u32) {
-        if let Some(tx) = &self.drained
-            && tx.send(partition).is_err()
-        {
-            log::debug!("partition {partition}: drained, but the journal thread is gone");
         }
     }
 

@@ -9,6 +9,8 @@
 //! - `metrics`: the Prometheus text rendered from a [`crate::Status`].
 //! - `systemd`: `sd_notify(3)` and the watchdog's pace.
 
+// The cluster's families live in the cluster's wing (src/cluster/), mounted here.
+#[path = "../cluster/metrics.rs"]
 mod cluster_metrics;
 mod endpoint;
 pub(crate) mod exposition;

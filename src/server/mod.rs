@@ -10,7 +10,8 @@
 //! the same poll.
 
 pub(crate) mod bridge;
-#[cfg(feature = "cluster")]
+// The server as a cluster member (or its no-op twin), in the cluster's wing.
+#[path = "../cluster/shell/mod.rs"]
 mod cluster;
 mod dedup;
 mod fair;
@@ -161,7 +162,7 @@ pub struct BridgeServer {
     /// Readiness events on the journal's token (status: `journal.wakes`).
     journal_wakes: u64,
     /// `--cluster`: the reader and what starts with the server.
-    #[cfg(feature = "cluster")]
+    /// The cluster member's parts (`--cluster`; inert otherwise).
     cluster: cluster::Member,
 }
 
@@ -219,7 +220,6 @@ impl BridgeServer {
             journal: None,
             journal_wake: None,
             journal_wakes: 0,
-            #[cfg(feature = "cluster")]
             cluster: cluster::Member::default(),
         })
     }
@@ -256,11 +256,9 @@ impl BridgeServer {
         };
         let done: Vec<_> = j.completions().collect();
         for c in done {
-            #[cfg(feature = "cluster")]
-            self.forward(&c);
-            self.bridge.journaled(c, self.now);
+            let report = self.cluster_report();
+            self.bridge.journal_report(c, report, self.now);
         }
-        #[cfg(feature = "cluster")]
         self.cluster_arrivals();
     }
 
@@ -452,7 +450,6 @@ impl BridgeServer {
                     Action::Submit { tag, message } if journal => ctx.submit_held(message, tag),
                     Action::Submit { tag, message } => ctx.submit(message, tag),
                     Action::StartTurn(turn) => ctx.release_turn(turn),
-                    #[cfg(feature = "cluster")]
                     Action::HandOver(sessions) => ctx.hand_over(sessions),
                     _ => {}
                 }
@@ -469,14 +466,10 @@ impl BridgeServer {
                 (deferred @ (Action::Submit { .. } | Action::StartTurn(_)), None) => {
                     self.deferred.push(deferred);
                 }
-                #[cfg(feature = "cluster")]
                 (Action::HandOver(sessions), Some(ctx)) => ctx.hand_over(sessions),
                 // In order with the submissions deferred before it.
-                #[cfg(feature = "cluster")]
                 (deferred @ Action::HandOver(_), None) => self.deferred.push(deferred),
-                #[cfg(feature = "cluster")]
                 (Action::ReleasePartition(p), _) => self.release_drained(p),
-                #[cfg(feature = "cluster")]
                 (Action::Cluster(r), _) => self.cluster_request(r),
                 (Action::Close(id), _) => self.drop_socket(id),
                 (Action::Journal(r), _) => match &self.journal {
@@ -655,7 +648,6 @@ impl Frontend for BridgeServer {
             self.journal = Some(Journal::start(store, cfg, wake)?);
             self.journal_wake = Some(receiver);
         }
-        #[cfg(feature = "cluster")]
         if self.cluster.is_pending() {
             let (sender, mut receiver) = mio::unix::pipe::new()?;
             registry.register(&mut receiver, JOURNAL, Interest::READABLE)?;
@@ -826,7 +818,8 @@ impl Frontend for BridgeServer {
             // What the flush delivered is recorded; the thread writes what is queued.
             let (done, finished) = j.finish(self.flush_budget);
             for c in done {
-                self.bridge.journaled(c, self.now);
+                let report = self.cluster.report();
+                self.bridge.journal_report(c, report, self.now);
             }
             if !finished {
                 log::error!(
@@ -863,7 +856,6 @@ impl Frontend for BridgeServer {
     fn status(&self) -> Option<FrontendStatus> {
         let mut status = self.bridge.status();
         status.tls = self.tls.is_some();
-        #[cfg(feature = "cluster")]
         self.cluster_status(&mut status);
         if let Some(j) = &mut status.journal {
             j.wakes = self.journal_wakes;

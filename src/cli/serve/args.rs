@@ -440,7 +440,7 @@ pub(crate) fn defaults() -> Vec<(&'static str, String)> {
         ("lease-ms", DEFAULT_LEASE_MS.to_string()),
         (
             "cluster-drain-ms",
-            crate::journal::DEFAULT_DRAIN.as_millis().to_string(),
+            crate::cluster::DEFAULT_DRAIN.as_millis().to_string(),
         ),
         ("openai-api-key-env", "OPENAI_API_KEY".into()),
         ("history-turns", DEFAULT_HISTORY_TURNS.to_string()),

@@ -165,7 +165,7 @@ fn preflight(s: Settings, check_only: bool) -> Result<Preflight, StartError> {
     let factory = make_factory(&s)?;
     if let Some(c) = &s.cluster {
         // Reachable, syncing every write before its ack, of the same partition count.
-        crate::journal::RedisStore::connect(c.clone())
+        crate::cluster::RedisStore::connect(c.clone())
             .map_err(|e| exit::store_error(&e, format_args!("--cluster {}", c.shown_url())))?;
     }
     let data = match &s.data_dir {
@@ -269,11 +269,11 @@ fn bind_bridge(s: &Settings, store: Option<SqliteStore>) -> Result<BridgeServer,
 fn join_cluster(
     server: BridgeServer,
     s: &Settings,
-    c: &crate::journal::ClusterConfig,
+    c: &crate::cluster::ClusterConfig,
 ) -> Result<BridgeServer, StartError> {
     let what = format_args!("--cluster {}", c.shown_url());
     let connect =
-        || crate::journal::RedisStore::connect(c.clone()).map_err(|e| exit::store_error(&e, what));
+        || crate::cluster::RedisStore::connect(c.clone()).map_err(|e| exit::store_error(&e, what));
     let (journal, reader) = (connect()?, connect()?);
     log::info!(
         "cluster member {} on {}: {} partitions, lease {:?}",

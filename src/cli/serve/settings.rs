@@ -22,7 +22,7 @@ use super::args::{
 };
 use super::bridges::BridgeSpec;
 use crate::cli::units::{ListenAddr, Seconds};
-use crate::journal::ClusterConfig;
+use crate::cluster::ClusterConfig;
 
 /// Every value resolved and checked.
 pub(super) struct Settings {

@@ -14,6 +14,10 @@ use crate::auth::Token;
 use crate::key::Slots;
 use crate::message::SessionKey;
 
+// The cluster's operations on connections, in the cluster's wing.
+#[path = "../../cluster/bridge/conns.rs"]
+mod cluster;
+
 /// An answer to one line, in line order.
 pub(super) enum Answer {
     Ready(Frame),
@@ -137,10 +141,7 @@ impl Client {
             _ => None,
         }));
         for f in &mut rescued {
-            #[cfg(feature = "cluster")]
-            if f.cluster != 0 {
-                f.mark_redelivery();
-            }
+            cluster::mark_rescued(f);
             f.rewind();
         }
         rescued
@@ -593,15 +594,6 @@ impl Conns {
             .iter()
             .flat_map(|(_, c)| c.terminals())
             .filter_map(|f| f.terminal_for.as_deref())
-    }
-
-    /// `--cluster`: whether a connection holds the result of cluster tag `tag` (queued, or
-    /// written and not yet confirmed).
-    #[cfg(feature = "cluster")]
-    pub(super) fn holds_cluster(&self, tag: u64) -> bool {
-        self.slots
-            .iter()
-            .any(|(_, c)| c.terminals().any(|f| f.cluster == tag))
     }
 
     /// Checks, in debug builds, this room's own counts: queued bytes, the unauthenticated

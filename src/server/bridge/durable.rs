@@ -2,21 +2,28 @@
 //! waiting to be durable before their submission, terminal events waiting for their outcome
 //! record, the journal's figures, the wall clock — in one [`Durable`], held as an `Option`
 //! by the bridge; and the bridge's two round trips with the journal: the thread's report
-//! ([`Bridge::journaled`]) and start-up recovery ([`Bridge::recover`]).
+//! (applied by [`Durable::committed`], which returns what it releases and states the release
+//! rule; carried out by [`Bridge::journaled`] in `mod.rs`) and start-up recovery
+//! ([`Bridge::recover`]).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use super::super::dedup::fingerprint;
 use super::super::frame::Frame;
-use super::admit::{Draft, Refusal, build};
-use super::routes::{InFlight, Routes, no_conn};
+use super::admit::{Draft, build};
+use super::refusal::Refusal;
+use super::routes::{InFlight, Phase, Routes, no_conn};
 use super::status::{JournalStatus, RecoveryCounts};
 use super::{Action, Bridge, ConnId, INTERRUPTED, POISON};
 use crate::core::TurnId;
 use crate::journal::{Committed, Record, Recovered, RecoveredMessage, StoredMessage};
 use crate::message::{Message, SessionKey};
 use crate::wire::EncodedLine as Body;
+
+// The cluster's operations on the journal side, in the cluster's wing.
+#[path = "../../cluster/bridge/durable.rs"]
+mod cluster;
 
 /// The bridge's journal side.
 pub(super) struct Durable {
@@ -47,9 +54,6 @@ pub(super) struct Durable {
     wall_at_zero: u64,
     /// Messages a graceful shutdown left in the journal for the next start.
     kept_for_restart: usize,
-    /// `--cluster`: messages waiting for another instance, partitions dropped.
-    #[cfg(feature = "cluster")]
-    pub(super) cluster: super::cluster::ClusterSide,
 }
 
 impl Durable {
@@ -66,8 +70,6 @@ impl Durable {
             max_pending,
             wall_at_zero: 0,
             kept_for_restart: 0,
-            #[cfg(feature = "cluster")]
-            cluster: super::cluster::ClusterSide::default(),
         }
     }
 
@@ -107,32 +109,6 @@ impl Durable {
         debug_assert!(self.waiting.len() < self.max_pending);
         self.waiting.insert(tag, message);
         self.record(Record::Accepted(stored))
-    }
-
-    /// The message of `tag` no longer waits for the journal (answered otherwise).
-    #[cfg(feature = "cluster")]
-    pub(super) fn forget_waiting(&mut self, tag: u64) -> Option<Message> {
-        self.waiting.remove(&tag)
-    }
-
-    /// The terminal event held for `seq`'s outcome record, taken out (the record was not
-    /// written).
-    #[cfg(feature = "cluster")]
-    pub(super) fn take_unjournaled(&mut self, seq: u64) -> Option<(ConnId, Frame)> {
-        self.taken_outcomes.remove(&seq);
-        self.unjournaled.remove(&seq)
-    }
-
-    /// Whether the runtime refused the message of `tag` and its `forget` record is pending.
-    #[cfg(feature = "cluster")]
-    pub(super) fn is_forgetting(&self, tag: u64) -> bool {
-        self.forgetting.contains_key(&tag)
-    }
-
-    /// Whether the terminal event of `seq` waits for its outcome record.
-    #[cfg(feature = "cluster")]
-    pub(super) fn is_unjournaled(&self, seq: u64) -> bool {
-        self.unjournaled.contains_key(&seq)
     }
 
     /// Whether the message of `tag` still waits for the journal.
@@ -185,19 +161,20 @@ impl Durable {
 
     /// The platforms owed a reservation by the terminal events held here.
     pub(super) fn terminals_by_platform(&self) -> impl Iterator<Item = &str> {
-        let held = self
-            .unjournaled
+        self.unjournaled
             .values()
-            .filter_map(|(_, f)| f.terminal_for.as_deref());
-        #[cfg(feature = "cluster")]
-        let held = held.chain(self.cluster.orphan_platforms());
-        held
+            .filter_map(|(_, f)| f.terminal_for.as_deref())
     }
 
-    /// Checks, in debug builds, that every waiting message has its route, within the bound.
+    /// Checks, in debug builds, that every waiting message has its route, in its phase,
+    /// within the bound (the bridge's `audit` checks the converse).
     pub(super) fn check(&self, routes: &Routes) {
         debug_assert!(self.waiting.len() <= self.max_pending);
-        debug_assert!(self.waiting.keys().all(|&tag| routes.contains(tag)));
+        debug_assert!((self.waiting.keys()).all(|&tag| {
+            routes
+                .get(tag)
+                .is_some_and(|r| r.phase == Phase::Journaling)
+        }));
     }
 }
 
@@ -210,106 +187,89 @@ enum Sent {
     Forget(u64),
 }
 
-impl Bridge {
-    /// The journal thread's report: submit the messages now durable, reject `storage` those
-    /// whose write failed; once a batch succeeds, release the held turns whose `started`
-    /// record it wrote ([`Action::StartTurn`]) and send the terminal events whose outcome
-    /// record it wrote. A failed batch releases nothing: while the journal cannot write, no
-    /// turn starts and no outcome reaches a bridge (both wait, and go once writes succeed),
-    /// so that nothing a bridge or an agent has seen can be lost or contradicted by a crash.
-    pub fn journaled(&mut self, c: Committed, now: Duration) {
-        self.now = now;
-        #[cfg(feature = "cluster")]
-        let (c, handed, ended) = self.cluster_part(c, now);
-        let Some(d) = &mut self.durable else {
-            return;
-        };
-        let j = &mut d.figures;
+/// What a journal report releases ([`Durable::committed`]), in the order the bridge applies
+/// it.
+pub(super) struct Released {
+    /// Held turns whose `started` record is written: they may start (message tag, turn).
+    pub(super) starts: Vec<(TurnId, u64)>,
+    /// Accepted messages now durable: submitted (tag, message).
+    pub(super) submit: Vec<(u64, Message)>,
+    /// Terminal events whose outcome record is written: sent (their connection, the frame).
+    pub(super) outcomes: Vec<(ConnId, Frame)>,
+    /// Refusals of journaled messages whose `forget` record is written: answered.
+    pub(super) forgotten: Vec<(u64, Refusal)>,
+    /// Accepted messages whose write failed: rejected `storage`, with the write's error.
+    pub(super) failed: Vec<u64>,
+    pub(super) error: Option<String>,
+}
+
+impl Durable {
+    /// The journal thread's report `c`, applied to what waits for the journal; returns what
+    /// it releases.
+    ///
+    /// **The durability release rule** (stated here only, where it is enforced): a message
+    /// is submitted once its `accepted` record is durable, and rejected `storage` if that
+    /// write failed (it was never acknowledged). A held turn starts, a terminal event is
+    /// sent and a runtime refusal is answered only once a batch has written its record
+    /// (`started`, the outcome, `forget`) *and nothing is failing or kept for another try*:
+    /// a failed batch releases none of them, and neither does a report that wrote nothing
+    /// while records are kept (a cluster's ownership pass). While the journal cannot write,
+    /// no turn starts and no outcome reaches a bridge (both wait, in order, and go once writes
+    /// succeed), so that nothing a bridge or an agent has seen can be lost or contradicted by
+    /// a crash.
+    pub(super) fn committed(&mut self, c: Committed) -> Released {
+        let j = &mut self.figures;
         j.queued_records = j.queued_records.saturating_sub(c.taken);
         j.retrying = c.retrying;
         j.batches += 1;
         j.failing = c.error.is_some();
         j.failed_batches += u64::from(c.error.is_some());
         for _ in 0..c.taken {
-            match d.sent.pop_front() {
-                Some(Sent::Start(turn, seq)) => d.taken_starts.push((turn, seq)),
-                Some(Sent::Forget(seq)) => d.taken_forgets.push(seq),
+            match self.sent.pop_front() {
+                Some(Sent::Start(turn, seq)) => self.taken_starts.push((turn, seq)),
+                Some(Sent::Forget(seq)) => self.taken_forgets.push(seq),
                 Some(Sent::Other) => {}
                 None => break,
             }
         }
-        d.taken_outcomes.extend(c.outcomes.iter().copied());
+        self.taken_outcomes.extend(c.outcomes.iter().copied());
+        let mut r = Released {
+            starts: Vec::new(),
+            submit: Vec::new(),
+            outcomes: Vec::new(),
+            forgotten: Vec::new(),
+            failed: Vec::new(),
+            error: c.error,
+        };
         // Everything taken so far is written only if nothing failed and nothing is still
         // kept for another try (a cluster's ownership-pass report writes nothing).
-        let ok = c.error.is_none() && c.retrying == 0;
-        let held: Vec<_> = if ok {
-            let unjournaled = &mut d.unjournaled;
-            let mut seqs: Vec<u64> = d.taken_outcomes.drain().collect();
+        if r.error.is_none() && c.retrying == 0 {
+            let mut seqs: Vec<u64> = self.taken_outcomes.drain().collect();
             seqs.sort_unstable();
-            seqs.into_iter()
+            let unjournaled = &mut self.unjournaled;
+            r.outcomes = (seqs.into_iter())
                 .filter_map(|seq| unjournaled.remove(&seq))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let mut forgotten = Vec::new();
-        if ok {
-            for (turn, seq) in d.taken_starts.drain(..) {
-                // A turn of a partition lost or fenced (in this report or before) stays
-                // held and leaves with its session's hand-over: its `started` write may
-                // have been refused, and the next owner runs the message.
-                #[cfg(feature = "cluster")]
-                if !d.cluster.runs_here(seq, &self.routes, &ended) {
-                    log::debug!("message {seq}: its partition is not owned here; turn not started");
-                    continue;
-                }
-                #[cfg(not(feature = "cluster"))]
-                let _ = seq;
-                self.actions.push_back(Action::StartTurn(turn));
-            }
-            for seq in d.taken_forgets.drain(..) {
-                if let Some(refusal) = d.forgetting.remove(&seq) {
-                    forgotten.push((seq, refusal));
+                .collect();
+            r.starts = std::mem::take(&mut self.taken_starts);
+            for seq in self.taken_forgets.drain(..) {
+                if let Some(refusal) = self.forgetting.remove(&seq) {
+                    r.forgotten.push((seq, refusal));
                 }
             }
         }
         for seq in c.durable {
-            if let Some(message) = d.waiting.remove(&seq) {
-                self.actions.push_back(Action::Submit { tag: seq, message });
+            if let Some(message) = self.waiting.remove(&seq) {
+                r.submit.push((seq, message));
             }
         }
-        let failed: Vec<u64> = c
-            .failed
-            .into_iter()
-            .filter(|seq| d.waiting.remove(seq).is_some())
+        r.failed = (c.failed.into_iter())
+            .filter(|seq| self.waiting.remove(seq).is_some())
             .collect();
-        for (conn, frame) in held {
-            #[cfg(feature = "cluster")]
-            if self.silenced(&frame) {
-                continue;
-            }
-            #[cfg(feature = "cluster")]
-            let frame = self.mark_foreign(frame);
-            if let Some(platform) = frame.terminal_for.clone() {
-                self.deliver_terminal(conn, &platform, frame);
-            }
-        }
-        for (seq, refusal) in forgotten {
-            self.refuse(seq, refusal);
-        }
-        for seq in failed {
-            log::debug!("message {seq}: journal write failed; rejected storage");
-            self.refuse(seq, Refusal::storage(c.error.as_deref()));
-        }
-        #[cfg(feature = "cluster")]
-        for p in handed {
-            self.hand_over(p);
-        }
-        #[cfg(feature = "cluster")]
-        self.drain_step();
-        self.audit();
+        r
     }
+}
 
+impl Bridge {
     /// A graceful shutdown ended the message (`cancelled: shutdown`, queued or cut off by
     /// the drain): with a journal it is not answered and gets no outcome record, so the next
     /// start finds it as a crash would have left it — queued again if its turn never
@@ -399,10 +359,7 @@ impl Bridge {
         let m = rm.message;
         // Where its result goes: a connection waiting for it (a cluster partition gained
         // here), else its platform's newest hello.
-        #[cfg(feature = "cluster")]
         let to = self.rebound(m.seq);
-        #[cfg(not(feature = "cluster"))]
-        let to = no_conn();
         let Some(platform) = self.platforms.force(&m.platform) else {
             return;
         };
@@ -497,10 +454,9 @@ mod tests {
         let mut routes = Routes::default();
         let tag = routes.new_tag();
         let conn = Key::from_bits(0);
-        routes.insert(
-            tag,
-            InFlight::new(conn, "m".into(), message().session, "telegram".into(), 1),
-        );
+        let mut route = InFlight::new(conn, "m".into(), message().session, "telegram".into(), 1);
+        route.phase = Phase::Journaling;
+        routes.insert(tag, route);
         assert!(d.room().is_ok());
         assert!(matches!(
             d.wait(tag, message(), stored(tag)),

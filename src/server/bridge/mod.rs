@@ -43,6 +43,10 @@
 //!   recovery alike), with every refusal's wording;
 //! - `durable`: what exists only with a journal (`Option<Durable>`), the journal's report
 //!   and recovery;
+//! - `cluster`: what exists only as a cluster member (`ClusterSide`, a sibling of `durable`:
+//!   the cluster's part of the journal's report, the stream reader's arrivals, hand-overs,
+//!   drains, forwards), in the cluster's wing (`src/cluster/bridge/`, mounted here), with a
+//!   no-op twin without the `cluster` feature;
 //! - `status`: the figures for the status snapshot;
 //! - `config`: limits and timings.
 //!
@@ -50,22 +54,18 @@
 //! and runtime events) that sets the clock, delegates, and audits.
 
 mod admit;
-#[cfg(feature = "cluster")]
+// The bridge's cluster side (or its no-op twin), in the cluster's wing.
+#[path = "../../cluster/bridge/mod.rs"]
 mod cluster;
 mod config;
 mod conns;
-#[cfg(feature = "cluster")]
-mod drain;
 mod durable;
-#[cfg(feature = "cluster")]
-mod early;
-#[cfg(feature = "cluster")]
-mod forward;
 mod platforms;
+mod refusal;
 mod routes;
 mod status;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{self, Write};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -73,19 +73,21 @@ use std::time::Duration;
 
 use super::frame::Frame;
 use crate::core::{CancelReason, EventKind, MessageEvent, RejectReason, TurnId};
-use crate::journal::Record;
+use crate::journal::{Committed, Record};
 use crate::key::Key;
 use crate::message::{Message, SessionKey};
 use crate::wire::{
     ClientOp, EncodedLine as Body, LineError, ServerOp, check_platform, encode, parse_line,
 };
-use admit::Refusal;
+use cluster::ClusterSide;
+pub(super) use cluster::Report;
 pub use config::{BridgeConfig, TERMINAL_ENVELOPE};
 use config::{HOUSEKEEPING, INTERRUPTED, POISON};
 use conns::Conns;
 use durable::Durable;
 use platforms::Platforms;
-use routes::Routes;
+use refusal::Refusal;
+use routes::{Phase, Routes};
 use status::Counters;
 
 pub use super::frame::Flushed;
@@ -120,16 +122,14 @@ pub enum Action {
     StartTurn(TurnId),
     /// `--cluster`: these sessions' partition is no longer this instance's: they leave the
     /// runtime (`Ctx::hand_over`); their messages' events are discarded from now on.
-    #[cfg(feature = "cluster")]
     HandOver(Vec<SessionKey>),
     /// `--cluster`: this drained partition may be released (its turns ended, its sessions
-    /// were handed over): tell the journal thread (`Journal::release_drained`).
-    #[cfg(feature = "cluster")]
+    /// were handed over): tell the journal thread (`ClusterLink::release_drained`).
     ReleasePartition(u32),
     /// `--cluster`: a request for the stream reader's connection (the hello registry, a
-    /// forward of results and its answer; `Reader::request`).
-    #[cfg(feature = "cluster")]
-    Cluster(crate::journal::ClusterRequest),
+    /// forward of results and its answer; `Reader::request`). Without the feature, none
+    /// can be made (`Infallible`).
+    Cluster(cluster::Request),
 }
 
 /// The bridge protocol's state machine. See the module documentation.
@@ -143,6 +143,8 @@ pub struct Bridge {
     routes: Routes,
     /// What exists only with a journal (`cfg.journal`).
     durable: Option<Durable>,
+    /// What exists only as a cluster member (`--cluster`; inert otherwise).
+    cluster: ClusterSide,
     actions: VecDeque<Action>,
     stats: Counters,
     next_housekeeping: Duration,
@@ -162,6 +164,7 @@ impl Bridge {
             platforms: Platforms::new(&cfg),
             routes: Routes::default(),
             durable: cfg.journal.then(|| Durable::new(cfg.max_pending_durable)),
+            cluster: ClusterSide::default(),
             cfg,
             actions: VecDeque::new(),
             stats: Counters::default(),
@@ -318,7 +321,6 @@ impl Bridge {
     pub fn event(&mut self, tag: u64, event: MessageEvent, now: Duration) {
         self.now = now;
         let MessageEvent { id, session, kind } = event;
-        #[cfg(feature = "cluster")]
         if self.handed_event(tag, &kind) {
             return self.audit();
         }
@@ -350,7 +352,7 @@ impl Bridge {
                 return self.keep_for_restart(route);
             }
             // Acknowledged by the process before the restart: it gets a terminal event.
-            return self.finish_recovered(tag, &admit::not_readmitted(reason.as_str()));
+            return self.finish_recovered(tag, &refusal::not_readmitted(reason.as_str()));
         }
         match &mut self.durable {
             // Answered once its `forget` record is durable (else a crash brings it back).
@@ -367,8 +369,7 @@ impl Bridge {
             return;
         }
         // Its partition is draining: the turn stays held, unrecorded, until the hand-over.
-        #[cfg(feature = "cluster")]
-        if self.owns_partitions() && self.drain_gate(tag, &session) {
+        if self.turn_gate(tag, &session) {
             return;
         }
         let Some(route) = self.routes.get_mut(tag) else {
@@ -382,6 +383,67 @@ impl Bridge {
         self.send_typing(conn, &session, true);
         let next = now + self.cfg.typing_refresh;
         self.routes.typing_started(turn, conn, session, next);
+    }
+
+    /// The journal thread's report: what it releases ([`Durable::committed`], where the
+    /// release rule is stated) goes out — held turns started ([`Action::StartTurn`]),
+    /// durable messages submitted, terminal events sent, refusals answered, failed writes
+    /// rejected `storage`.
+    pub fn journaled(&mut self, c: Committed, now: Duration) {
+        self.journal_report(c, Report::default(), now);
+    }
+
+    /// [`Bridge::journaled`] with the cluster's part of the same report (a cluster member's,
+    /// `ClusterLink::report`; none without the feature), applied first (`cluster_part`).
+    pub(in crate::server) fn journal_report(
+        &mut self,
+        c: Committed,
+        cluster: Report,
+        now: Duration,
+    ) {
+        self.now = now;
+        let (c, handed, ended) = self.cluster_part(c, cluster, now);
+        let Some(d) = &mut self.durable else {
+            return;
+        };
+        let released = d.committed(c);
+        for (turn, seq) in released.starts {
+            // A turn of a partition lost or fenced (in this report or before) stays held and
+            // leaves with its session's hand-over: its `started` write may have been
+            // refused, and the next owner runs the message.
+            if !self.cluster.runs_here(seq, &self.routes, &ended) {
+                log::debug!("message {seq}: its partition is not owned here; turn not started");
+                continue;
+            }
+            self.actions.push_back(Action::StartTurn(turn));
+        }
+        for (tag, message) in released.submit {
+            if let Some(route) = self.routes.get_mut(tag) {
+                route.phase = Phase::Submitted;
+            }
+            self.actions.push_back(Action::Submit { tag, message });
+        }
+        for (conn, frame) in released.outcomes {
+            if self.silenced(&frame) {
+                continue;
+            }
+            let frame = self.mark_foreign(frame);
+            if let Some(platform) = frame.terminal_for.clone() {
+                self.deliver_terminal(conn, &platform, frame);
+            }
+        }
+        for (seq, refusal) in released.forgotten {
+            self.refuse(seq, refusal);
+        }
+        for seq in released.failed {
+            log::debug!("message {seq}: journal write failed; rejected storage");
+            self.refuse(seq, Refusal::storage(released.error.as_deref()));
+        }
+        for p in handed {
+            self.hand_over(p);
+        }
+        self.drain_step();
+        self.audit();
     }
 
     /// Writes a record to the journal, if there is one.
@@ -403,7 +465,6 @@ impl Bridge {
             }
             self.platforms.expire(now);
             self.drop_stale(now);
-            #[cfg(feature = "cluster")]
             self.offer_forwards(now);
         }
         self.audit();
@@ -589,7 +650,6 @@ impl Bridge {
         }
         if let Some(new) = &new {
             self.platforms.attach(new, id);
-            #[cfg(feature = "cluster")]
             self.said_hello(new);
         }
         if let Some(old) = old {
@@ -705,7 +765,8 @@ impl Bridge {
         }
         let held = self.conns.terminals_by_platform();
         let journaled = self.durable.iter().flat_map(|d| d.terminals_by_platform());
-        for p in held.chain(journaled) {
+        let orphans = self.cluster.orphan_platforms();
+        for p in held.chain(journaled).chain(orphans) {
             *owed.entry(p).or_insert(0) += 1;
         }
         for (id, c) in self.conns.iter() {
@@ -721,6 +782,17 @@ impl Bridge {
         }
         if let Some(d) = &self.durable {
             d.check(&self.routes);
+        }
+        // Each route's phase agrees with the room that holds it in that phase.
+        let remote: HashSet<u64> = self.cluster.remote_tags().collect();
+        for (tag, r) in self.routes.tags() {
+            let waiting = self.durable.as_ref().is_some_and(|d| d.is_waiting(tag));
+            debug_assert_eq!(r.phase == Phase::Journaling, waiting, "message {tag} phase");
+            debug_assert_eq!(
+                r.phase == Phase::Remote,
+                remote.contains(&tag),
+                "message {tag} phase"
+            );
         }
         let recovered = self.durable.as_ref().map_or(0, Durable::recovered);
         self.platforms.check(&owed, recovered);

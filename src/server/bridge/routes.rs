@@ -23,9 +23,27 @@ pub(super) fn no_conn() -> ConnId {
     Key::from_bits(u64::MAX)
 }
 
-/// A message in flight: submitted (or waiting for the journal) and without its terminal
-/// event yet.
+/// Where a message in flight is: its phase, which says which other room holds it too (the
+/// bridge's `audit` checks that they agree).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// Waiting for its `accepted` record to be durable before it is submitted (the message
+    /// waits in `Durable`; acknowledged only once durable).
+    Journaling,
+    /// In the runtime: queued, or its turn running (with a journal, each turn held until its
+    /// `started` record is durable); recovered ones are submitted again in this phase.
+    Submitted,
+    /// `--cluster`: durable and acked here, its partition owned elsewhere (or handed over):
+    /// waiting for the owner's outcome from the stream (`ClusterSide`'s remote index, by
+    /// the cluster tag).
+    Remote,
+}
+
+/// A message in flight: submitted (or waiting for the journal, or for another instance)
+/// and without its terminal event yet.
 pub(super) struct InFlight {
+    /// Its phase.
+    pub(super) phase: Phase,
     /// The connection that sent it, which gets its events while it is open.
     pub(super) conn: ConnId,
     pub(super) id: Arc<str>,
@@ -50,6 +68,7 @@ impl InFlight {
         fp: Fingerprint,
     ) -> InFlight {
         InFlight {
+            phase: Phase::Submitted,
             conn,
             id,
             session,
@@ -122,7 +141,7 @@ impl Routes {
         self.map.len()
     }
 
-    #[cfg(feature = "cluster")]
+    /// The messages in flight, with their tags.
     pub(super) fn tags(&self) -> impl Iterator<Item = (u64, &InFlight)> {
         self.map.iter()
     }
@@ -175,7 +194,7 @@ impl Routes {
     /// has copies (a recovered one has no connection, but for one a cluster member waited
     /// for and rebuilt, which keeps its sender's).
     pub(super) fn check(&self) {
-        for (tag, r) in self.map.iter() {
+        for (tag, r) in self.tags() {
             // A cluster tag (the top bit) comes from another instance's accept.
             debug_assert!(
                 tag <= self.last_tag || tag >> 63 == 1,
@@ -249,7 +268,6 @@ impl Bridge {
     /// once it fits the platform's `--outbox-bytes`: until then it is held, in order
     /// (its bytes are charged when it goes, released by `confirm`).
     pub(super) fn deliver_terminal(&mut self, origin: ConnId, platform: &Arc<str>, frame: Frame) {
-        #[cfg(feature = "cluster")]
         let frame = self.stamp_cluster(frame);
         if let Some((origin, frame)) = self.platforms.admit_result(platform, origin, frame) {
             self.send_result(origin, platform, frame);

@@ -1,6 +1,6 @@
 //! The bridge's side of a planned release (`--cluster`, docs/cluster.md "Shedding"): the
 //! journal thread holds more than the fair share and names a partition to **drain**
-//! ([`ClusterReport::draining`](crate::journal::ClusterReport)). No turn that is running
+//! ([`ClusterReport::draining`](crate::cluster::ClusterReport)). No turn that is running
 //! there is cut off:
 //!
 //! - no new turn starts there: a held turn of its sessions is never released (its `started`
@@ -23,12 +23,12 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::{Action, Bridge};
+use super::super::{Action, Bridge};
 use crate::message::SessionKey;
 
 /// The drains in progress and the turns they wait for.
 #[derive(Default)]
-pub(super) struct Drains {
+pub(in crate::server::bridge) struct Drains {
     /// Partitions being drained, and the messages handed over so far by each drain.
     draining: HashMap<u32, usize>,
     /// Partitions the journal named to drain, started at the end of its report (after the
@@ -44,19 +44,19 @@ pub(super) struct Drains {
 
 impl Drains {
     /// Whether `partition` is being drained.
-    pub(super) fn is_draining(&self, partition: u32) -> bool {
+    pub(in crate::server::bridge) fn is_draining(&self, partition: u32) -> bool {
         self.draining.contains_key(&partition)
     }
 
     /// The partition was handed over (lost or fenced): its drain, if any, is over.
-    pub(super) fn forget(&mut self, partition: u32) {
+    pub(in crate::server::bridge) fn forget(&mut self, partition: u32) {
         self.draining.remove(&partition);
         self.pending.retain(|p| *p != partition);
         self.running.retain(|_, (p, _)| *p != partition);
     }
 
     /// The journal named these partitions to drain.
-    pub(super) fn ask(&mut self, partitions: Vec<u32>) {
+    pub(in crate::server::bridge) fn ask(&mut self, partitions: Vec<u32>) {
         self.pending.extend(partitions);
     }
 }
@@ -64,11 +64,7 @@ impl Drains {
 impl Bridge {
     /// `--cluster`: partitions being drained now (to be released to another instance).
     pub fn draining_partitions(&self) -> Vec<u32> {
-        let mut v: Vec<u32> = self
-            .durable
-            .as_ref()
-            .map(|d| d.cluster.drains.draining.keys().copied().collect())
-            .unwrap_or_default();
+        let mut v: Vec<u32> = self.cluster.drains.draining.keys().copied().collect();
         v.sort_unstable();
         v
     }
@@ -76,29 +72,27 @@ impl Bridge {
     /// `--cluster`: partitions drained and released since the start (the fair share
     /// shrank), and the messages they handed over to their next owner.
     pub fn drained(&self) -> (u64, u64) {
-        self.durable
-            .as_ref()
-            .map_or((0, 0), |d| d.cluster.drains.drained)
+        self.cluster.drains.drained
     }
 
     /// The held-turn gate: a turn of `tag` was claimed (its `started` record is about to be
     /// written). True if its partition is draining: the record is not written and the turn
     /// stays held until its session is handed over. Else the turn is counted as running in
     /// its partition until its outcome record is durable.
-    pub(super) fn drain_gate(&mut self, tag: u64, session: &SessionKey) -> bool {
+    pub(in crate::server::bridge) fn drain_gate(&mut self, tag: u64, session: &SessionKey) -> bool {
         let routes = self.routes.len();
-        let Some(d) = &mut self.durable else {
+        let Some(d) = &self.durable else {
             return false;
         };
-        let p = d.cluster.partition_of_route(tag, session);
-        if d.cluster.drains.is_draining(p) {
+        let cluster = &mut self.cluster;
+        let p = cluster.partition_of_route(tag, session);
+        if cluster.drains.is_draining(p) {
             log::debug!("session {session}: partition {p} is draining; its turn is not started");
             return true;
         }
-        d.cluster.drains.running.insert(tag, (p, session.clone()));
-        if d.cluster.drains.running.len() > 2 * routes + 64 {
-            let over: Vec<u64> = d
-                .cluster
+        cluster.drains.running.insert(tag, (p, session.clone()));
+        if cluster.drains.running.len() > 2 * routes + 64 {
+            let over: Vec<u64> = cluster
                 .drains
                 .running
                 .keys()
@@ -106,7 +100,7 @@ impl Bridge {
                 .copied()
                 .collect();
             for t in over {
-                d.cluster.drains.running.remove(&t);
+                cluster.drains.running.remove(&t);
             }
         }
         false
@@ -115,19 +109,19 @@ impl Bridge {
     /// Starts the drains the journal asked for and moves every drain on: hands over the
     /// sessions with no turn in progress, and finishes a drain with none left. Called at the
     /// end of each journal report (an outcome record made durable may end a drain).
-    pub(super) fn drain_step(&mut self) {
-        let Some(d) = &mut self.durable else {
+    pub(in crate::server::bridge) fn drain_step(&mut self) {
+        if self.durable.is_none() {
             return;
-        };
-        for p in std::mem::take(&mut d.cluster.drains.pending) {
-            if d.cluster.owned.contains(&p) {
-                d.cluster.drains.draining.entry(p).or_insert(0);
+        }
+        for p in std::mem::take(&mut self.cluster.drains.pending) {
+            if self.cluster.owned.contains(&p) {
+                self.cluster.drains.draining.entry(p).or_insert(0);
             }
         }
-        if d.cluster.drains.draining.is_empty() {
+        if self.cluster.drains.draining.is_empty() {
             return;
         }
-        let mut ps: Vec<u32> = d.cluster.drains.draining.keys().copied().collect();
+        let mut ps: Vec<u32> = self.cluster.drains.draining.keys().copied().collect();
         ps.sort_unstable();
         for p in ps {
             self.drain_one(p);
@@ -135,12 +129,11 @@ impl Bridge {
     }
 
     fn drain_one(&mut self, p: u32) {
-        let Some(d) = &mut self.durable else {
+        let Some(unjournaled) = &self.durable else {
             return;
         };
         let routes = &self.routes;
-        let unjournaled = &*d;
-        let busy: Vec<u64> = d
+        let busy: Vec<u64> = self
             .cluster
             .drains
             .running
@@ -152,17 +145,17 @@ impl Bridge {
             .collect();
         let keep: HashSet<SessionKey> = busy
             .iter()
-            .filter_map(|t| d.cluster.drains.running.get(t).map(|(_, s)| s.clone()))
+            .filter_map(|t| self.cluster.drains.running.get(t).map(|(_, s)| s.clone()))
             .collect();
-        let drains = &mut d.cluster.drains;
+        let drains = &mut self.cluster.drains;
         drains
             .running
             .retain(|t, (q, _)| *q != p || busy.contains(t));
         let (_, handed, _) = self.hand_over_sessions(p, &keep);
-        let Some(d) = &mut self.durable else {
+        if self.durable.is_none() {
             return;
-        };
-        let drains = &mut d.cluster.drains;
+        }
+        let drains = &mut self.cluster.drains;
         let so_far = drains.draining.entry(p).or_insert(0);
         *so_far += handed;
         if !busy.is_empty() {
@@ -172,7 +165,7 @@ impl Bridge {
         drains.draining.remove(&p);
         drains.drained.0 += 1;
         drains.drained.1 += handed as u64;
-        d.cluster.owned.remove(&p);
+        self.cluster.owned.remove(&p);
         log::info!(
             "partition {p}: drained: no turn left running here, {handed} message(s) handed over to its next owner; its lease is released"
         );

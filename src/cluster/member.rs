@@ -1,7 +1,9 @@
 //! The journal thread of a cluster member (`--cluster`, docs/cluster.md): the same channel
 //! of [`Record`]s and the same [`Committed`] reports as the single-instance thread
-//! (`thread.rs`), written to a [`RedisStore`] instead, with the ownership pass on the same
-//! thread. The Redis client is blocking; it runs here, never on the reactor.
+//! (`journal/thread.rs`), written to a [`RedisStore`] instead, with the ownership pass on the
+//! same thread. What the partitioned store says beyond a [`Committed`] is a [`ClusterReport`],
+//! sent on a channel of its own ([`ClusterLink`]) just before the completion it belongs to:
+//! one per completion, so the reactor pairs them in order ([`ClusterLink::report`]). The Redis client is blocking; it runs here, never on the reactor.
 //!
 //! Each batch becomes one pipelined [`RedisStore::write`] (group commit: one round trip,
 //! one answer per record). A failed accept is reported `failed` (the bridge rejects it
@@ -21,11 +23,11 @@
 //! The ownership pass runs every [`Ownership::pass_every`] (a third of the lease), between
 //! batches: heartbeat, the instances gone from the registry (their messages' written
 //! outcomes in partitions held here are reported), the surplus named to drain (the bridge
-//! says when a drain is over, on a channel of its own: [`Journal::release_drained`]; past
+//! says when a drain is over, on a channel of its own: [`ClusterLink::release_drained`]; past
 //! `ClusterConfig::drain` the partition is released anyway), renew, acquire free partitions
 //! and load each one gained. Gained, draining, lost (drained and released, past the drain's
 //! bound, or not renewed in time) and fenced partitions go to the reactor in the next
-//! [`Committed`].
+//! [`ClusterReport`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -33,10 +35,12 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 
-use super::thread::Gauges;
 use super::{
-    Accept, Acquire, Committed, Done, Journal, JournalConfig, Lease, LoadedPartition, Op,
-    Ownership, Record, RedisStore, StoreError, StoredMessage, now_ms, partition_of,
+    Accept, Acquire, Done, Lease, LoadedPartition, Op, Ownership, RedisStore, partition_of,
+};
+use crate::journal::thread::Gauges;
+use crate::journal::{
+    Committed, Journal, JournalConfig, Record, StoreError, StoredMessage, now_ms,
 };
 use crate::message::{ChatType, SessionKey};
 
@@ -82,7 +86,7 @@ pub struct ClusterReport {
     pub gained: Vec<(u32, LoadedPartition)>,
     /// Partitions to drain (more than the fair share held): start no new turn there, let
     /// the running ones end and their outcomes be written, hand the partition over, then
-    /// tell the thread ([`Journal::release_drained`]). Messages accepted into it from now on
+    /// tell the thread ([`ClusterLink::release_drained`]). Messages accepted into it from now on
     /// are reported `remote` (its next owner runs them).
     pub draining: Vec<u32>,
     /// Partitions given up (a drained partition released, a drain past its bound, a lease
@@ -97,6 +101,43 @@ pub struct ClusterReport {
     pub unwritten_outcomes: Vec<u64>,
 }
 
+/// The reactor's side of a cluster member's journal thread, beside its [`Journal`]: the
+/// cluster's report of each completion, and the two requests the bridge makes of the thread.
+pub struct ClusterLink {
+    drained: Sender<u32>,
+    untagged: Sender<u64>,
+    reports: Receiver<ClusterReport>,
+}
+
+impl ClusterLink {
+    /// The cluster's part of the journal's next completion: call it once for each
+    /// [`Committed`] taken from the [`Journal`], in order (the thread sends each report just
+    /// before its completion, so it is always there).
+    pub fn report(&self) -> ClusterReport {
+        let r = self.reports.try_recv();
+        debug_assert!(r.is_ok(), "a completion without its cluster report");
+        r.unwrap_or_default()
+    }
+
+    /// The result of the bridge's message `tag` was taken by another instance, which writes
+    /// its `delivered` by the message's place in Redis: the thread forgets the tag's place
+    /// (nothing is written; it would never see a `delivered` of this tag).
+    pub fn untag(&self, tag: u64) {
+        if self.untagged.send(tag).is_err() {
+            log::debug!("message {tag}: untagged, but the journal thread is gone");
+        }
+    }
+
+    /// The drain of `partition` is over (its running turns ended, their outcomes are
+    /// written, its sessions were handed over): the thread releases its lease now. Ignored
+    /// for a partition the thread does not hold as draining.
+    pub fn release_drained(&self, partition: u32) {
+        if self.drained.send(partition).is_err() {
+            log::debug!("partition {partition}: drained, but the journal thread is gone");
+        }
+    }
+}
+
 impl Journal {
     /// Starts a cluster member's journal thread on `store`: records become pipelined Redis
     /// writes, and the thread owns partitions (heartbeat, renew, acquire, release, load).
@@ -108,13 +149,14 @@ impl Journal {
         cfg: JournalConfig,
         session_cap: usize,
         wake: W,
-    ) -> std::io::Result<Journal>
+    ) -> std::io::Result<(Journal, ClusterLink)>
     where
         W: Fn() + Send + 'static,
     {
         let (drained_tx, drained) = crossbeam_channel::unbounded();
         let (untagged_tx, untagged) = crossbeam_channel::unbounded();
-        let mut journal = Journal::spawn(None, move |rx, done, stopped, gauges| {
+        let (reports_tx, reports) = crossbeam_channel::unbounded();
+        let journal = Journal::spawn(None, move |rx, done, stopped, gauges| {
             let mut own = Ownership::new(store.instance(), store.partitions(), store.lease());
             // The surplus over the fair share is drained by the bridge before it is
             // released: no turn running there is cut off (docs/cluster.md, "Shedding").
@@ -141,21 +183,62 @@ impl Journal {
                 closed: false,
                 to_release: Vec::new(),
             };
-            m.run(&rx, &done, &stopped, &wake);
+            let out = Out {
+                done,
+                reports: reports_tx,
+            };
+            m.run(&rx, &out, &stopped, &wake);
             m.leave();
         })?;
-        journal.drained = Some(drained_tx);
-        journal.untagged = Some(untagged_tx);
-        Ok(journal)
+        let link = ClusterLink {
+            drained: drained_tx,
+            untagged: untagged_tx,
+            reports,
+        };
+        Ok((journal, link))
+    }
+}
+
+/// One report of the thread: the journal's completion and the cluster's part of it
+/// (dereferences to the former).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Report {
+    base: Committed,
+    cluster: ClusterReport,
+}
+
+impl std::ops::Deref for Report {
+    type Target = Committed;
+    fn deref(&self) -> &Committed {
+        &self.base
+    }
+}
+
+impl std::ops::DerefMut for Report {
+    fn deref_mut(&mut self) -> &mut Committed {
+        &mut self.base
+    }
+}
+
+/// Where the thread's reports go: the cluster's part first, then the completion.
+struct Out {
+    done: Sender<Committed>,
+    reports: Sender<ClusterReport>,
+}
+
+impl Out {
+    /// False once the reactor side is gone.
+    fn send(&self, r: Report) -> bool {
+        self.reports.send(r.cluster).is_ok() && self.done.send(r.base).is_ok()
     }
 }
 
 /// The thread's state between batches.
 struct Member {
-    /// Partitions whose drain the bridge finished ([`Journal::release_drained`]); `None`
+    /// Partitions whose drain the bridge finished ([`ClusterLink::release_drained`]); `None`
     /// once the sender is gone.
     drained: Option<Receiver<u32>>,
-    /// Tags whose message's result another instance took ([`Journal::untag`]).
+    /// Tags whose message's result another instance took ([`ClusterLink::untag`]).
     untagged: Option<Receiver<u64>>,
     store: RedisStore,
     cfg: JournalConfig,
@@ -193,26 +276,20 @@ enum Place {
 }
 
 impl Member {
-    fn run(
-        &mut self,
-        rx: &Receiver<Record>,
-        done: &Sender<Committed>,
-        stopped: &Receiver<()>,
-        wake: &impl Fn(),
-    ) {
+    fn run(&mut self, rx: &Receiver<Record>, out: &Out, stopped: &Receiver<()>, wake: &impl Fn()) {
         loop {
-            let mut c = Committed::default();
+            let mut c = Report::default();
             if Instant::now() >= self.next_pass {
                 self.pass(&mut c);
                 self.next_pass = Instant::now() + self.own.pass_every();
                 // At once, not after the wait for records: a gained partition's messages
                 // and a lost one's end must not wait for traffic.
-                if c != Committed::default() {
+                if c != Report::default() {
                     // The pass wrote nothing: records kept for another try are still not
                     // written, and the bridge must not release the turns that wait for
                     // them (tests/simulation_cluster, seed 1).
                     c.retrying = self.retry.len();
-                    if done.send(std::mem::take(&mut c)).is_err() {
+                    if !out.send(std::mem::take(&mut c)) {
                         return;
                     }
                     wake();
@@ -226,8 +303,8 @@ impl Member {
                 self.commit(batch, kept, &mut c);
             }
             self.release_drained(&mut c);
-            if wrote || c != Committed::default() {
-                if done.send(c).is_err() {
+            if wrote || c != Report::default() {
+                if !out.send(c) {
                     return;
                 }
                 wake();
@@ -314,7 +391,7 @@ impl Member {
     }
 
     /// Writes one batch in one round trip and reports each record's fate in `c`.
-    fn commit(&mut self, batch: Vec<Record>, kept: usize, c: &mut Committed) {
+    fn commit(&mut self, batch: Vec<Record>, kept: usize, c: &mut Report) {
         c.taken += batch.len() - kept;
         let places: Vec<Place> = batch.iter().map(|r| self.place(r)).collect();
         let ops = to_ops(&batch, &places, &self.own, self.session_cap);
@@ -393,7 +470,7 @@ impl Member {
         r: &Record,
         place: &Place,
         answer: Result<Done, StoreError>,
-        c: &mut Committed,
+        c: &mut Report,
     ) -> Result<(), StoreError> {
         match (r, place, answer) {
             (Record::Accepted(m), Place::Accept { partition, .. }, Ok(Done::Accepted(a))) => {
@@ -450,7 +527,7 @@ impl Member {
         batch: Vec<Record>,
         retry: &[bool],
         error: Option<String>,
-        c: &mut Committed,
+        c: &mut Report,
     ) {
         self.retry = batch
             .into_iter()
@@ -486,7 +563,7 @@ impl Member {
     /// written under the lease of a regain that has loaded the partition without them (a
     /// second outcome for a message rebuilt as interrupted; tests/cluster_three, two runs at
     /// once). `delivered` and `forget` stay: any instance writes them.
-    fn drop_kept_owned_writes(&mut self, lost: &[u32], c: &mut Committed) {
+    fn drop_kept_owned_writes(&mut self, lost: &[u32], c: &mut Report) {
         if lost.is_empty() || self.retry.is_empty() {
             return;
         }
@@ -508,7 +585,7 @@ impl Member {
 
     /// The ownership pass: heartbeat, then the planner's releases, renewals and
     /// acquisitions, each gained partition loaded.
-    fn pass(&mut self, c: &mut Committed) {
+    fn pass(&mut self, c: &mut Report) {
         let now = self.zero.elapsed();
         match self.store.heartbeat() {
             Ok(live) => self.own.set_live(live),
@@ -598,7 +675,7 @@ impl Member {
 
     /// Releases the partitions whose drain the bridge finished (each was handed over there
     /// already); reported `lost` so that the reader stops reading their inboxes.
-    fn release_drained(&mut self, c: &mut Committed) {
+    fn release_drained(&mut self, c: &mut Report) {
         if let Some(rx) = &self.drained {
             self.to_release.extend(rx.try_iter());
         }
@@ -618,7 +695,7 @@ impl Member {
 
     /// A lease acquired at `sent`: the partition is loaded and reported, its messages
     /// renumbered by the tags the bridge knows them by. A load that fails gives it back.
-    fn gain(&mut self, lease: Lease, sent: Duration, c: &mut Committed) {
+    fn gain(&mut self, lease: Lease, sent: Duration, c: &mut Report) {
         let p = lease.partition;
         self.own.acquired(lease.clone(), sent);
         match self.store.load_partition(p, now_ms()) {

@@ -1,25 +1,27 @@
 //! The bridge server as a cluster member (`--cluster`, docs/cluster.md): the journal thread
 //! on Redis ([`Journal::start_cluster`]) and the stream reader ([`Reader`]) both wake the
-//! reactor through the journal's pipe; the reader is told which inboxes to read from the
-//! journal's gained, lost and fenced reports before the bridge sees them.
+//! reactor through the journal's pipe; each journal completion's cluster part comes from
+//! the [`ClusterLink`], and the reader is told which inboxes to read from its gained, lost
+//! and fenced partitions before the bridge sees them.
 //!
 //! A lost or fenced partition's sessions end in place (the bridge hands them over, see
-//! `bridge/cluster.rs`); the rest of the instance goes on serving.
+//! `cluster/bridge/side.rs`); the rest of the instance goes on serving.
 
 use std::io;
 use std::sync::Arc;
 
-use super::BridgeServer;
-use crate::journal::{
-    ClusterRequest, Committed, Journal, JournalConfig, Reader, RedisStore, StoreError, now_ms,
-};
+use crate::cluster::{ClusterLink, ClusterReport, ClusterRequest, Reader, RedisStore};
+use crate::journal::{Journal, JournalConfig, StoreError, now_ms};
 use crate::liveness::{BridgeStatus, ClusterStatus};
+use crate::server::BridgeServer;
 
 /// A cluster member's parts: until `register`, then while serving.
 #[derive(Default)]
-pub(super) struct Member {
+pub(in crate::server) struct Member {
     pending: Option<Pending>,
     reader: Option<Reader>,
+    /// The journal thread's cluster side: its reports, the drains' ends, the untags.
+    link: Option<ClusterLink>,
     /// `--instance-id`, `--partitions`, `--cluster-rebalance` and `--cluster-drain-ms`, for
     /// the status.
     instance: String,
@@ -42,8 +44,17 @@ struct Pending {
 }
 
 impl Member {
-    pub(super) fn is_pending(&self) -> bool {
+    pub(in crate::server) fn is_pending(&self) -> bool {
         self.pending.is_some()
+    }
+
+    /// The cluster's part of the journal completion just taken (one per completion, in
+    /// order; empty without a cluster journal).
+    pub(in crate::server) fn report(&self) -> ClusterReport {
+        self.link
+            .as_ref()
+            .map(ClusterLink::report)
+            .unwrap_or_default()
     }
 }
 
@@ -82,7 +93,10 @@ impl BridgeServer {
     }
 
     /// Starts the journal thread and the reader, both waking the reactor through `pipe`.
-    pub(super) fn start_cluster(&mut self, pipe: mio::unix::pipe::Sender) -> io::Result<()> {
+    pub(in crate::server) fn start_cluster(
+        &mut self,
+        pipe: mio::unix::pipe::Sender,
+    ) -> io::Result<()> {
         let Some(p) = self.cluster.pending.take() else {
             return Ok(());
         };
@@ -99,64 +113,68 @@ impl BridgeServer {
         };
         let reader = Reader::start(p.reader, waker(pipe.clone()))
             .map_err(|e| io::Error::other(e.message))?;
-        self.journal = Some(Journal::start_cluster(
-            p.journal,
-            p.cfg,
-            p.session_cap,
-            waker(pipe),
-        )?);
+        let (journal, link) = Journal::start_cluster(p.journal, p.cfg, p.session_cap, waker(pipe))?;
+        self.journal = Some(journal);
+        self.cluster.link = Some(link);
         self.cluster.reader = Some(reader);
         Ok(())
     }
 
+    /// The cluster's part of the journal completion just taken, once the reader was told
+    /// of it ([`BridgeServer::forward`]).
+    pub(in crate::server) fn cluster_report(&mut self) -> ClusterReport {
+        let r = self.cluster.report();
+        self.forward(&r);
+        r
+    }
+
     /// Before the bridge sees a report: the reader reads the inboxes of the partitions
     /// gained, from their loads' positions, and no more those lost or fenced.
-    pub(super) fn forward(&mut self, c: &Committed) {
+    fn forward(&mut self, c: &ClusterReport) {
         // A record of a partition not held is reported fenced at each write: not an
         // ownership ending.
-        let owned = if c.cluster.fenced.is_empty() {
+        let owned = if c.fenced.is_empty() {
             Vec::new()
         } else {
             self.bridge.owned_partitions()
         };
         let m = &mut self.cluster;
-        m.gained += c.cluster.gained.len() as u64;
-        m.lost += c.cluster.lost.len() as u64;
+        m.gained += c.gained.len() as u64;
+        m.lost += c.lost.len() as u64;
         m.fenced += c
-            .cluster
             .fenced
             .iter()
-            .filter(|p| owned.contains(p) && !c.cluster.lost.contains(p))
+            .filter(|p| owned.contains(p) && !c.lost.contains(p))
             .count() as u64;
         let Some(r) = &self.cluster.reader else {
             return;
         };
-        for (p, loaded) in &c.cluster.gained {
+        for (p, loaded) in &c.gained {
             r.own(*p, loaded.inbox_after.clone());
         }
-        for p in c.cluster.lost.iter().chain(&c.cluster.fenced) {
+        for p in c.lost.iter().chain(&c.fenced) {
             r.disown(*p);
         }
     }
 
     /// The bridge drained partition `p`: the journal thread releases its lease.
-    pub(super) fn release_drained(&self, p: u32) {
-        if let Some(j) = &self.journal {
-            j.release_drained(p);
+    pub(in crate::server) fn release_drained(&self, p: u32) {
+        if let Some(l) = &self.cluster.link {
+            l.release_drained(p);
         }
     }
 
     /// The bridge's request for the reader's connection (the hello registry, forwards).
-    pub(super) fn cluster_request(&self, r: ClusterRequest) {
-        match (r, &self.journal, &self.cluster.reader) {
-            (ClusterRequest::Untag(tag), Some(j), _) => j.untag(tag),
+    pub(in crate::server) fn cluster_request(&self, r: ClusterRequest) {
+        match (r, &self.cluster.link, &self.cluster.reader) {
+            (ClusterRequest::Untag(tag), Some(l), _) => l.untag(tag),
             (ClusterRequest::Untag(_), None, _) | (_, _, None) => {}
             (r, _, Some(reader)) => reader.request(r),
         }
     }
 
     /// What the reader brought goes to the bridge.
-    pub(super) fn cluster_arrivals(&mut self) {
+    pub(in crate::server) fn cluster_arrivals(&mut self) {
         if let Some(r) = &self.cluster.reader {
             let arrivals: Vec<_> = r.arrivals().collect();
             for a in arrivals {
@@ -166,7 +184,7 @@ impl BridgeServer {
     }
 
     /// The cluster's figures in the bridge's status (nothing without `--cluster`).
-    pub(super) fn cluster_status(&self, status: &mut BridgeStatus) {
+    pub(in crate::server) fn cluster_status(&self, status: &mut BridgeStatus) {
         let m = &self.cluster;
         if m.instance.is_empty() {
             return;

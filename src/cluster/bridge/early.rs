@@ -11,7 +11,7 @@
 //! it would leave an acked message unanswered for good.
 //!
 //! The same holds for an entry of an outcome this instance wrote itself ([`Arrival::Landed`]
-//! (crate::journal::Arrival)), kept without its text: it proves that a write whose answer
+//! (crate::cluster::Arrival)), kept without its text: it proves that a write whose answer
 //! was lost (the connection broke, a signal interrupted it) did land, so that the terminal
 //! event held for it is sent when the journal thread later gives that write up.
 //!
@@ -26,13 +26,13 @@ use std::collections::HashMap;
 use crate::journal::StoredOutcome;
 
 /// Kept beyond the messages in flight.
-pub(super) const EARLY_SLACK: usize = 1024;
+pub(in crate::server::bridge) const EARLY_SLACK: usize = 1024;
 
 /// Outcomes from the stream kept for their message, by its cluster tag.
-pub(super) type EarlyOutcomes = Kept<StoredOutcome>;
+pub(in crate::server::bridge) type EarlyOutcomes = Kept<StoredOutcome>;
 
 /// Entries kept by the message's cluster tag, the oldest dropped past a bound.
-pub(super) struct Kept<T> {
+pub(in crate::server::bridge) struct Kept<T> {
     /// Cluster tag → (arrival order, what came).
     kept: HashMap<u64, (u64, T)>,
     /// The next arrival's order.
@@ -54,7 +54,7 @@ impl<T> Default for Kept<T> {
 impl<T> Kept<T> {
     /// Keeps what came for `tag` until its message is known to want it; past `bound`, drops
     /// the oldest down to three quarters of it. Returns how many it dropped.
-    pub(super) fn keep(&mut self, tag: u64, outcome: T, bound: usize) -> u64 {
+    pub(in crate::server::bridge) fn keep(&mut self, tag: u64, outcome: T, bound: usize) -> u64 {
         self.kept.insert(tag, (self.next, outcome));
         self.next += 1;
         if self.kept.len() <= bound.max(1) {
@@ -71,12 +71,12 @@ impl<T> Kept<T> {
     }
 
     /// What came for `tag`, if it came already.
-    pub(super) fn take(&mut self, tag: u64) -> Option<T> {
+    pub(in crate::server::bridge) fn take(&mut self, tag: u64) -> Option<T> {
         self.kept.remove(&tag).map(|(_, o)| o)
     }
 
     /// How many are kept, and how many were dropped at the bound since the start.
-    pub(super) fn counts(&self) -> (usize, u64) {
+    pub(in crate::server::bridge) fn counts(&self) -> (usize, u64) {
         (self.kept.len(), self.dropped)
     }
 }

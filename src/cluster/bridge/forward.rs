@@ -21,20 +21,21 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::super::frame::Frame;
-use super::{Action, Bridge};
-use crate::journal::{ClusterRequest, RecoveredMessage, tag_parts};
+use super::super::{Action, Bridge};
+use crate::cluster::{ClusterRequest, tag_parts};
+use crate::journal::RecoveredMessage;
+use crate::server::frame::Frame;
 use crate::wire::EncodedLine as Body;
 
 /// How long an offer waits for its answer before its results are offered again (an offer
 /// to an instance that died, or sent while the registry still named this one).
-pub(super) const FORWARD_RETRY: Duration = Duration::from_secs(1);
+pub(in crate::server::bridge) const FORWARD_RETRY: Duration = Duration::from_secs(1);
 /// Results named by one offer at most (an offer is one stream entry).
 const FORWARD_BATCH: usize = 256;
 
 /// The offers and their counts, kept with the cluster's state.
 #[derive(Default)]
-pub(super) struct Forwards {
+pub(in crate::server::bridge) struct Forwards {
     /// Results offered and not answered (cluster tag → when): a subset of the outboxes'
     /// results, pruned to them.
     offered: HashMap<u64, Duration>,
@@ -46,19 +47,17 @@ pub(super) struct Forwards {
 
 impl Bridge {
     fn clustered_here(&self) -> bool {
-        self.durable.as_ref().is_some_and(|d| d.cluster.is_on())
+        self.durable.is_some() && self.cluster.is_on()
     }
 
     /// `--cluster`: offered and unanswered, taken away, taken here, refused here.
     pub fn forwards(&self) -> (usize, u64, u64, u64) {
-        self.durable.as_ref().map_or((0, 0, 0, 0), |d| {
-            let f = &d.cluster.forwards;
-            (f.offered.len(), f.out, f.taken, f.refused)
-        })
+        let f = &self.cluster.forwards;
+        (f.offered.len(), f.out, f.taken, f.refused)
     }
 
     /// A hello of `platform` here: the registry is told (off the loop).
-    pub(super) fn said_hello(&mut self, platform: &Arc<str>) {
+    pub(in crate::server::bridge) fn said_hello(&mut self, platform: &Arc<str>) {
         if self.clustered_here() {
             let r = ClusterRequest::Hello(platform.to_string());
             self.actions.push_back(Action::Cluster(r));
@@ -67,17 +66,13 @@ impl Bridge {
 
     /// A terminal event about to be delivered learns its cluster tag, by which another
     /// instance can find its message in Redis should it be forwarded.
-    pub(super) fn stamp_cluster(&self, mut frame: Frame) -> Frame {
+    pub(in crate::server::bridge) fn stamp_cluster(&self, mut frame: Frame) -> Frame {
         if frame.cluster != 0 || frame.terminal_for.is_none() {
             return frame;
         }
         if tag_parts(frame.seq).is_some() {
             frame.cluster = frame.seq;
-        } else if let Some(ct) = self
-            .durable
-            .as_ref()
-            .and_then(|d| d.cluster.cluster_tag_of(frame.seq))
-        {
+        } else if let Some(ct) = self.cluster.cluster_tag_of(frame.seq) {
             frame.cluster = ct;
         }
         frame
@@ -86,15 +81,12 @@ impl Bridge {
     /// Housekeeping: the results of platforms with no connection here are offered to the
     /// instance of their newest hello, each again once its last offer is [`FORWARD_RETRY`]
     /// old.
-    pub(super) fn offer_forwards(&mut self, now: Duration) {
+    pub(in crate::server::bridge) fn offer_forwards(&mut self, now: Duration) {
         if !self.clustered_here() {
             return;
         }
         let unattended = self.platforms.unattended();
-        let Some(d) = &mut self.durable else {
-            return;
-        };
-        let f = &mut d.cluster.forwards;
+        let f = &mut self.cluster.forwards;
         for (platform, tags) in unattended {
             let due: Vec<u64> = tags
                 .into_iter()
@@ -188,10 +180,8 @@ impl Bridge {
                 refused.len()
             );
         }
-        if let Some(d) = &mut self.durable {
-            d.cluster.forwards.taken += new;
-            d.cluster.forwards.refused += refused.len() as u64;
-        }
+        self.cluster.forwards.taken += new;
+        self.cluster.forwards.refused += refused.len() as u64;
         let r = ClusterRequest::Took {
             to: from,
             platform,
@@ -206,10 +196,10 @@ impl Bridge {
     /// (their reservations released, nothing written: the taker delivers them).
     pub fn took(&mut self, platform: &str, taken: &[u64], refused: &[u64], now: Duration) {
         self.now = now;
-        let Some(d) = &mut self.durable else {
+        if self.durable.is_none() {
             return;
-        };
-        let f = &mut d.cluster.forwards;
+        }
+        let f = &mut self.cluster.forwards;
         for t in taken {
             f.offered.remove(t);
         }
@@ -229,9 +219,7 @@ impl Bridge {
                 frame.msg_id.as_deref().unwrap_or("?")
             );
         }
-        if let Some(d) = &mut self.durable {
-            d.cluster.forwards.out += gone.len() as u64;
-        }
+        self.cluster.forwards.out += gone.len() as u64;
         if !gone.is_empty() {
             log::info!(
                 "platform {platform}: {} result(s) handed to the instance of its newest hello",

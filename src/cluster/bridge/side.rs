@@ -28,25 +28,23 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::super::frame::Frame;
-use super::admit::{Refusal, duplicate_ack};
+use super::super::refusal::{Refusal, duplicate_ack};
+use super::super::routes::{Phase, Routes, no_conn};
+use super::super::status::RecoveryCounts;
+use super::super::{Action, Bridge, ConnId};
 use super::early::{EARLY_SLACK, EarlyOutcomes, Kept};
-use super::routes::{Routes, no_conn};
-use super::status::RecoveryCounts;
-use super::{Action, Bridge, ConnId};
+use crate::cluster::{Arrival, ClusterReport, LoadedPartition, partition_of, tag_parts};
 use crate::core::{EventKind, RejectReason};
-use crate::journal::{
-    Arrival, ClusterReport, Committed, LoadedPartition, Recovered, RecoveredMessage, StoredOutcome,
-    now_ms, partition_of, tag_parts,
-};
+use crate::journal::{Committed, Recovered, RecoveredMessage, StoredOutcome, now_ms};
 use crate::message::SessionKey;
+use crate::server::frame::Frame;
 use crate::wire::EncodedLine as Body;
 use crate::wire::{ServerOp, encode};
 
 /// A message accepted here whose outcome record was given up (fenced, or its partition no
 /// longer held): its result is the next owner's outcome from the stream, or its own frame if
 /// the write landed after all. Its outbox reservation is kept for it.
-pub(super) struct Orphan {
+pub(in crate::server) struct Orphan {
     /// The bridge's tag.
     tag: u64,
     /// The connection and platform its result goes to, its id.
@@ -57,13 +55,13 @@ pub(super) struct Orphan {
     own: Frame,
 }
 
-/// The bridge's cluster state, kept with the journal's ([`super::durable::Durable`]).
+/// The bridge's cluster state, kept with the journal's ([`super::super::durable::Durable`]).
 #[derive(Default)]
-pub(super) struct ClusterSide {
+pub(in crate::server) struct ClusterSide {
     /// Messages acked here and owned elsewhere: cluster tag → the bridge's tag.
     remote: HashMap<u64, u64>,
     /// Partitions owned here (gained, not handed over since).
-    pub(super) owned: HashSet<u32>,
+    pub(in crate::server::bridge) owned: HashSet<u32>,
     /// The partition count (`--partitions`): a session's partition is computed here.
     partitions: u32,
     /// Messages accepted here and placed in Redis: the bridge's tag → the cluster tag the
@@ -88,13 +86,13 @@ pub(super) struct ClusterSide {
     /// stream; see `mark_foreign`). Pruned to the messages in flight.
     foreign: HashSet<u64>,
     /// Partitions being drained to be released, and the turns they wait for.
-    pub(super) drains: super::drain::Drains,
+    pub(in crate::server::bridge) drains: super::drain::Drains,
     /// Outcomes from the stream that came before their message was known to wait here.
     early: EarlyOutcomes,
     /// Outcomes this instance wrote itself whose stream entry came (see `early.rs`).
     landed: Kept<()>,
     /// Results offered to the instance of their platform's newest hello.
-    pub(super) forwards: super::forward::Forwards,
+    pub(in crate::server::bridge) forwards: super::forward::Forwards,
     /// Messages of a partition being rebuilt that waited here for another instance's
     /// outcome: the connection their result goes to (emptied by the rebuild).
     rebind: HashMap<u64, ConnId>,
@@ -102,7 +100,11 @@ pub(super) struct ClusterSide {
 
 impl ClusterSide {
     /// The partition of a message: by its place in Redis where known, else by its session.
-    pub(super) fn partition_of_route(&self, tag: u64, session: &SessionKey) -> u32 {
+    pub(in crate::server::bridge) fn partition_of_route(
+        &self,
+        tag: u64,
+        session: &SessionKey,
+    ) -> u32 {
         tag_parts(tag)
             .or_else(|| self.placed.get(&tag).and_then(|&ct| tag_parts(ct)))
             .map_or_else(
@@ -116,25 +118,36 @@ impl ClusterSide {
     /// refused `started` write must not run, tests/simulation_cluster seeds 1 and 29). A
     /// partition ended by an earlier report needs no check: its hand-over ended its held
     /// turns in the core, which ignores the release of a turn it no longer holds.
-    pub(super) fn runs_here(&self, tag: u64, routes: &Routes, ended: &[u32]) -> bool {
+    pub(in crate::server::bridge) fn runs_here(
+        &self,
+        tag: u64,
+        routes: &Routes,
+        ended: &[u32],
+    ) -> bool {
         routes
             .get(tag)
             .is_none_or(|route| !ended.contains(&self.partition_of_route(tag, &route.session)))
     }
 
     /// Whether this bridge is a cluster member (`set_partitions` was called).
-    pub(super) fn is_on(&self) -> bool {
+    pub(in crate::server::bridge) fn is_on(&self) -> bool {
         self.partitions > 0
     }
 
     /// The cluster tag of a message accepted here, while it is known (see `placed`).
-    pub(super) fn cluster_tag_of(&self, tag: u64) -> Option<u64> {
+    pub(in crate::server::bridge) fn cluster_tag_of(&self, tag: u64) -> Option<u64> {
         self.placed.get(&tag).copied()
+    }
+
+    /// The bridge's tags of the messages waiting here for another instance's outcome (the
+    /// routes in phase `Remote`).
+    pub(in crate::server::bridge) fn remote_tags(&self) -> impl Iterator<Item = u64> + '_ {
+        self.remote.values().copied()
     }
 
     /// The platforms owed a reservation by the messages whose refused outcome the next
     /// owner answers.
-    pub(super) fn orphan_platforms(&self) -> impl Iterator<Item = &str> {
+    pub(in crate::server::bridge) fn orphan_platforms(&self) -> impl Iterator<Item = &str> {
         self.orphans.values().map(|o| &*o.platform)
     }
 }
@@ -142,45 +155,52 @@ impl ClusterSide {
 impl Bridge {
     /// Whether this bridge owns a partition (`--cluster`): never under `--data-dir` alone,
     /// where a turn start pays nothing for the cluster's bookkeeping.
-    pub(super) fn owns_partitions(&self) -> bool {
-        self.durable
-            .as_ref()
-            .is_some_and(|d| !d.cluster.owned.is_empty())
+    pub(in crate::server::bridge) fn owns_partitions(&self) -> bool {
+        !self.cluster.owned.is_empty()
+    }
+
+    /// [`Bridge::journaled`] for a cluster member: `cluster` is the cluster's part of the same
+    /// report (`ClusterLink::report`), applied first.
+    pub fn journaled_with(&mut self, c: Committed, cluster: ClusterReport, now: Duration) {
+        self.journal_report(c, cluster, now);
+    }
+
+    /// The held-turn gate of a cluster member: true if the turn of `tag` must stay held
+    /// (its partition is draining, see `drain.rs`); never under `--data-dir` alone.
+    pub(in crate::server::bridge) fn turn_gate(&mut self, tag: u64, session: &SessionKey) -> bool {
+        self.owns_partitions() && self.drain_gate(tag, session)
     }
 
     /// `--cluster`: outcomes from the stream kept until their message is known here, and
     /// how many were dropped at their bound (the messages in flight plus 1,024).
     pub fn early_outcomes(&self) -> (usize, u64) {
-        self.durable
-            .as_ref()
-            .map_or((0, 0), |d| d.cluster.early.counts())
+        self.cluster.early.counts()
     }
 
     /// `--cluster`: stream entries of outcomes this instance wrote itself, kept in case a
     /// write given up as unwritten landed after all (at most the messages in flight plus
     /// 1,024; most are of writes whose answer came, dropped at the bound).
     pub fn own_outcome_entries(&self) -> usize {
-        self.durable
-            .as_ref()
-            .map_or(0, |d| d.cluster.landed.counts().0)
+        self.cluster.landed.counts().0
     }
 
     /// `--cluster`: messages acked here whose outcome another instance owes (each holds its
     /// route and its outbox reservation, within the platforms' bounds).
     pub fn remote_waiting(&self) -> usize {
-        self.durable.as_ref().map_or(0, |d| d.cluster.remote.len())
+        self.cluster.remote.len()
     }
 
-    /// The cluster's part of a journal report, taken out of it and applied (see
-    /// [`Bridge::clustered`]): returns the rest of the report, the partitions to hand over
-    /// once the rest is applied, and every partition the report ends, regained in it or not
-    /// (no turn held under the old lease starts: `runs_here`).
-    pub(super) fn cluster_part(
+    /// The cluster's part of a journal report, applied before the rest (see
+    /// [`Bridge::clustered`]): returns the rest of the report (less the outcomes not
+    /// written), the partitions to hand over once the rest is applied, and every partition
+    /// the report ends, regained in it or not (no turn held under the old lease starts:
+    /// `runs_here`).
+    pub(in crate::server::bridge) fn cluster_part(
         &mut self,
         mut c: Committed,
+        report: ClusterReport,
         now: Duration,
     ) -> (Committed, Vec<u32>, Vec<u32>) {
-        let report = std::mem::take(&mut c.cluster);
         // Not written, so never sent: the partition's new owner answers the message.
         for seq in &report.unwritten_outcomes {
             self.unwritten(*seq);
@@ -197,7 +217,11 @@ impl Bridge {
     /// after the rest: a message of one of them made durable by the same report is then
     /// submitted before its session is handed over, and ends with it. And every partition
     /// the report ends, regained or not.
-    pub(super) fn clustered(&mut self, r: ClusterReport, now: Duration) -> (Vec<u32>, Vec<u32>) {
+    pub(in crate::server::bridge) fn clustered(
+        &mut self,
+        r: ClusterReport,
+        now: Duration,
+    ) -> (Vec<u32>, Vec<u32>) {
         let placed: HashMap<u64, u64> = r.placed.iter().copied().collect();
         for tag in r.remote {
             self.acked_remote(tag, placed.get(&tag).copied(), now);
@@ -211,25 +235,21 @@ impl Bridge {
             }
             self.refuse(tag, Refusal::runtime(RejectReason::QueueFull));
         }
-        if let Some(d) = &mut self.durable {
-            d.cluster
-                .placed
-                .extend(placed.iter().map(|(&t, &c)| (t, c)));
-            if d.cluster.placed.len() > 2 * self.routes.len() + 64 {
-                // A result held for its outcome record still needs its cluster tag, to be
-                // forwarded should its connection be gone (`forward.rs`).
-                let held: HashSet<u64> = (d.cluster.placed.keys().copied())
-                    .filter(|&t| d.is_unjournaled(t))
-                    .collect();
-                let (routes, orphans) = (&self.routes, &d.cluster.orphans);
-                d.cluster.placed.retain(|&tag, ct| {
-                    routes.contains(tag) || orphans.contains_key(ct) || held.contains(&tag)
-                });
-            }
+        let cluster = &mut self.cluster;
+        cluster.placed.extend(placed.iter().map(|(&t, &c)| (t, c)));
+        if cluster.placed.len() > 2 * self.routes.len() + 64 {
+            // A result held for its outcome record still needs its cluster tag, to be
+            // forwarded should its connection be gone (`forward.rs`).
+            let durable = self.durable.as_ref();
+            let held: HashSet<u64> = (cluster.placed.keys().copied())
+                .filter(|&t| durable.is_some_and(|d| d.is_unjournaled(t)))
+                .collect();
+            let (routes, orphans) = (&self.routes, &cluster.orphans);
+            cluster.placed.retain(|&tag, ct| {
+                routes.contains(tag) || orphans.contains_key(ct) || held.contains(&tag)
+            });
         }
-        if let Some(d) = &mut self.durable {
-            d.cluster.drains.ask(r.draining);
-        }
+        cluster.drains.ask(r.draining);
         // Lost (or fenced) and gained again in one pass (a paused instance waking): what it
         // held under the old lease goes first, then the load rebuilds the partition; handed
         // over after the gain, the rebuilt sessions would end and the partition count as not
@@ -243,9 +263,7 @@ impl Bridge {
                 later.remove(i);
                 self.hand_over(p);
             }
-            if let Some(d) = &mut self.durable {
-                d.cluster.owned.insert(p);
-            }
+            self.cluster.owned.insert(p);
             self.gained(p, loaded, now);
         }
         (later, ended)
@@ -253,18 +271,14 @@ impl Bridge {
 
     /// `--cluster`: the partition count, for the partition of a session.
     pub fn set_partitions(&mut self, n: u32) {
-        if let Some(d) = &mut self.durable {
-            d.cluster.partitions = n;
+        if self.durable.is_some() {
+            self.cluster.partitions = n;
         }
     }
 
     /// `--cluster`: the partitions owned here, in order.
     pub fn owned_partitions(&self) -> Vec<u32> {
-        let mut v: Vec<u32> = self
-            .durable
-            .as_ref()
-            .map(|d| d.cluster.owned.iter().copied().collect())
-            .unwrap_or_default();
+        let mut v: Vec<u32> = self.cluster.owned.iter().copied().collect();
         v.sort_unstable();
         v
     }
@@ -272,26 +286,19 @@ impl Bridge {
     /// `--cluster`: partitions lost or fenced since the start, and the messages they took
     /// away from this instance (handed over to their next owner).
     pub fn handed_over(&self) -> (u64, u64) {
-        self.durable
-            .as_ref()
-            .map_or((0, 0), |d| d.cluster.handed_over)
+        self.cluster.handed_over
     }
 
     /// A partition lost or fenced (once per ownership): its messages leave this instance
     /// without outcome records, its sessions leave the runtime (see the module's notes).
-    pub(super) fn hand_over(&mut self, p: u32) {
-        let Some(d) = &mut self.durable else {
-            return;
-        };
-        if !d.cluster.owned.remove(&p) {
+    pub(in crate::server::bridge) fn hand_over(&mut self, p: u32) {
+        if !self.cluster.owned.remove(&p) {
             return;
         }
-        d.cluster.drains.forget(p);
+        self.cluster.drains.forget(p);
         let (sessions, handed, waiting) = self.hand_over_sessions(p, &HashSet::new());
-        if let Some(d) = &mut self.durable {
-            d.cluster.handed_over.0 += 1;
-            d.cluster.handed_over.1 += handed as u64;
-        }
+        self.cluster.handed_over.0 += 1;
+        self.cluster.handed_over.1 += handed as u64;
         log::warn!(
             "partition {p}: lost or fenced: {sessions} session(s) and {handed} message(s) handed over to its next owner ({waiting} accepted here wait for its outcome); this instance serves the rest"
         );
@@ -301,7 +308,7 @@ impl Bridge {
     /// `keep` (see [`Bridge::hand_over`]); their sessions leave the runtime. Returns the
     /// sessions and messages handed over, and how many of those wait for the next owner's
     /// outcome.
-    pub(super) fn hand_over_sessions(
+    pub(in crate::server::bridge) fn hand_over_sessions(
         &mut self,
         p: u32,
         keep: &HashSet<SessionKey>,
@@ -309,7 +316,7 @@ impl Bridge {
         let Some(d) = &mut self.durable else {
             return (0, 0, 0);
         };
-        let cluster = &d.cluster;
+        let cluster = &self.cluster;
         // Not a message waiting for Redis (the journal thread places it, owned or not), nor
         // one the runtime already refused (its `forget` is on its way), nor one waiting
         // for another instance already.
@@ -335,18 +342,20 @@ impl Bridge {
             if !sessions.contains(&route.session) {
                 sessions.push(route.session.clone());
             }
-            if let Some(d) = &mut self.durable {
-                d.cluster.handed.insert(tag);
-                d.cluster.silent.remove(&tag);
-                // Accepted here: its outcome comes from the stream, from the next owner.
-                if let Some(&ct) = d.cluster.placed.get(&tag) {
-                    d.cluster.remote.insert(ct, tag);
-                    waiting += 1;
-                    if let Some(outcome) = d.cluster.early.take(ct) {
-                        came.push((ct, tag, outcome));
-                    }
-                    continue;
+            let cluster = &mut self.cluster;
+            cluster.handed.insert(tag);
+            cluster.silent.remove(&tag);
+            // Accepted here: its outcome comes from the stream, from the next owner.
+            if let Some(&ct) = cluster.placed.get(&tag) {
+                cluster.remote.insert(ct, tag);
+                if let Some(route) = self.routes.get_mut(tag) {
+                    route.phase = Phase::Remote;
                 }
+                waiting += 1;
+                if let Some(outcome) = cluster.early.take(ct) {
+                    came.push((ct, tag, outcome));
+                }
+                continue;
             }
             let Some(route) = self.routes.remove(tag) else {
                 continue;
@@ -370,9 +379,7 @@ impl Bridge {
         }
         // The next owner's outcome came before the hand-over: it goes now.
         for (ct, tag, outcome) in came {
-            if let Some(d) = &mut self.durable {
-                d.cluster.remote.remove(&ct);
-            }
+            self.cluster.remote.remove(&ct);
             self.remote_outcome(tag, outcome);
         }
         counts
@@ -383,21 +390,18 @@ impl Bridge {
     /// still acks it (it is durable; the ack may not have gone yet when the same report
     /// handed it over), a refusal still refuses it (and ends the discarding), a turn's end
     /// still ends its typing.
-    pub(super) fn handed_event(&mut self, tag: u64, kind: &EventKind) -> bool {
-        let Some(d) = &mut self.durable else {
-            return false;
-        };
-        if !d.cluster.handed.contains(&tag) {
+    pub(in crate::server::bridge) fn handed_event(&mut self, tag: u64, kind: &EventKind) -> bool {
+        if !self.cluster.handed.contains(&tag) {
             return false;
         }
         match kind {
             EventKind::Accepted { .. } | EventKind::TurnEnded(_) => false,
             EventKind::Rejected(_) => {
-                d.cluster.handed.remove(&tag);
+                self.cluster.handed.remove(&tag);
                 false
             }
             EventKind::Finished(_) => {
-                d.cluster.handed.remove(&tag);
+                self.cluster.handed.remove(&tag);
                 true
             }
             EventKind::TurnStarted(_) | EventKind::Partial(_) => true,
@@ -408,7 +412,7 @@ impl Bridge {
     /// its terminal event is never sent. Accepted here, the message waits for the next
     /// owner's outcome from the stream instead (its reservation kept); else its reservation
     /// is released.
-    pub(super) fn unwritten(&mut self, seq: u64) {
+    pub(in crate::server::bridge) fn unwritten(&mut self, seq: u64) {
         let Some(d) = &mut self.durable else {
             return;
         };
@@ -418,16 +422,16 @@ impl Bridge {
         let Some(platform) = frame.terminal_for.clone() else {
             return;
         };
-        if let (Some(&ct), Some(id)) = (d.cluster.placed.get(&seq), frame.msg_id.clone()) {
+        if let (Some(&ct), Some(id)) = (self.cluster.placed.get(&seq), frame.msg_id.clone()) {
             // The write was given up after a try whose answer was lost, yet it landed: the
             // record is this very frame's.
-            if d.cluster.landed.take(ct).is_some() {
+            if self.cluster.landed.take(ct).is_some() {
                 log::debug!("message {seq}: its outcome write landed after all; sent");
                 self.deliver_terminal(conn, &platform, frame);
                 return;
             }
             // The next owner's outcome may have come while the turn still ran here.
-            if let Some(outcome) = d.cluster.early.take(ct) {
+            if let Some(outcome) = self.cluster.early.take(ct) {
                 let frame = Frame::new(Body::from_stored(outcome), Some(platform.clone()))
                     .of_message(seq, id);
                 self.deliver_terminal(conn, &platform, frame);
@@ -440,7 +444,7 @@ impl Bridge {
                 id,
                 own: frame,
             };
-            d.cluster.orphans.insert(ct, orphan);
+            self.cluster.orphans.insert(ct, orphan);
             return;
         }
         self.platforms.unreserve(&platform, None);
@@ -455,10 +459,11 @@ impl Bridge {
         let (Some(_), Some(cluster)) = (d.forget_waiting(tag), cluster) else {
             return;
         };
-        d.cluster.remote.insert(cluster, tag);
+        self.cluster.remote.insert(cluster, tag);
         let Some(route) = self.routes.get_mut(tag) else {
             return;
         };
+        route.phase = Phase::Remote;
         let (conn, copies) = (route.conn, std::mem::take(&mut route.copies));
         self.platforms
             .dedup_accepted(&route.platform, route.fp, now);
@@ -476,10 +481,8 @@ impl Bridge {
             });
         }
         // Its outcome came before this report: it goes after the ack.
-        if let Some(d) = &mut self.durable
-            && let Some(outcome) = d.cluster.early.take(cluster)
-        {
-            d.cluster.remote.remove(&cluster);
+        if let Some(outcome) = self.cluster.early.take(cluster) {
+            self.cluster.remote.remove(&cluster);
             self.remote_outcome(tag, outcome);
         }
     }
@@ -514,14 +517,8 @@ impl Bridge {
         self.now = now;
         match a {
             Arrival::Outcome { tag, outcome, .. } => {
-                let local = self
-                    .durable
-                    .as_mut()
-                    .and_then(|d| d.cluster.remote.remove(&tag));
-                let orphan = self
-                    .durable
-                    .as_mut()
-                    .and_then(|d| d.cluster.orphans.remove(&tag));
+                let local = self.cluster.remote.remove(&tag);
+                let orphan = self.cluster.orphans.remove(&tag);
                 if let Some(local) = local {
                     self.remote_outcome(local, outcome);
                 } else if let Some(o) = orphan {
@@ -531,21 +528,16 @@ impl Bridge {
                 } else {
                     // Before the report that says its message waits here (see `early`).
                     let bound = self.routes.len() + EARLY_SLACK;
-                    if let Some(d) = &mut self.durable {
-                        let dropped = d.cluster.early.keep(tag, outcome, bound);
-                        if dropped > 0 {
-                            log::warn!(
-                                "{dropped} outcome(s) from the stream for messages not known here were dropped (more than {bound} kept); a message of them still waiting here is not answered by this instance"
-                            );
-                        }
+                    let dropped = self.cluster.early.keep(tag, outcome, bound);
+                    if dropped > 0 {
+                        log::warn!(
+                            "{dropped} outcome(s) from the stream for messages not known here were dropped (more than {bound} kept); a message of them still waiting here is not answered by this instance"
+                        );
                     }
                 }
             }
             Arrival::Landed { tag, .. } => {
-                let orphan = self
-                    .durable
-                    .as_mut()
-                    .and_then(|d| d.cluster.orphans.remove(&tag));
+                let orphan = self.cluster.orphans.remove(&tag);
                 if let Some(o) = orphan {
                     // Given up as unwritten, yet written: its own result goes.
                     log::debug!(
@@ -555,10 +547,8 @@ impl Bridge {
                     self.deliver_terminal(o.conn, &o.platform, o.own);
                 } else {
                     let bound = self.routes.len() + EARLY_SLACK;
-                    if let Some(d) = &mut self.durable {
-                        // Most are of writes whose answer came: dropped at the bound.
-                        let _ = d.cluster.landed.keep(tag, (), bound);
-                    }
+                    // Most are of writes whose answer came: dropped at the bound.
+                    let _ = self.cluster.landed.keep(tag, (), bound);
                 }
             }
             Arrival::OriginGone {
@@ -583,18 +573,15 @@ impl Bridge {
                 message,
                 ..
             } => {
-                let owned = self.durable.as_ref().is_some_and(|d| {
-                    d.cluster.owned.contains(&partition) && !d.cluster.drains.is_draining(partition)
-                });
+                let owned = self.cluster.owned.contains(&partition)
+                    && !self.cluster.drains.is_draining(partition);
                 // Read before its partition was handed over (or while it drains): its next
                 // owner queues it.
                 if self.routes.contains(tag) || !owned {
                     return;
                 }
                 // Accepted by another instance, alive a moment ago: its result is its own.
-                if let Some(d) = &mut self.durable {
-                    d.cluster.silent.insert(tag);
-                }
+                self.cluster.silent.insert(tag);
                 let mut n = RecoveryCounts::default();
                 self.recover_message(*message, &mut n, now);
             }
@@ -607,22 +594,20 @@ impl Bridge {
     /// send it still). Running or queued here, its result is no longer silenced; its outcome
     /// recorded already, it goes out now, as a recovered one does.
     fn origin_gone(&mut self, partition: u32, tag: u64, message: RecoveredMessage, now: Duration) {
-        let Some(d) = &mut self.durable else {
-            return;
-        };
-        if !d.cluster.owned.contains(&partition) {
+        if !self.cluster.owned.contains(&partition) {
             return;
         }
         if self.routes.contains(tag) {
-            if d.cluster.silent.remove(&tag) {
-                d.cluster.foreign.insert(tag);
+            if self.cluster.silent.remove(&tag) {
+                self.cluster.foreign.insert(tag);
             }
             return;
         }
-        if d.cluster.silent.contains(&tag) || d.is_unjournaled(tag) {
+        let unjournaled = self.durable.as_ref().is_some_and(|d| d.is_unjournaled(tag));
+        if self.cluster.silent.contains(&tag) || unjournaled {
             // Its terminal event is on its way here; it is sent once recorded.
-            if d.cluster.silent.remove(&tag) {
-                d.cluster.foreign.insert(tag);
+            if self.cluster.silent.remove(&tag) {
+                self.cluster.foreign.insert(tag);
             }
             return;
         }
@@ -648,29 +633,23 @@ impl Bridge {
     /// instance taken for dead: marked `redelivery`, since its origin may send it as well
     /// (docs/cluster.md "Where the result goes": a result sent on an instance other than its
     /// origin's may have been seen).
-    pub(super) fn mark_foreign(&mut self, mut frame: Frame) -> Frame {
-        let Some(d) = &mut self.durable else {
-            return frame;
-        };
-        if d.cluster.foreign.remove(&frame.seq) {
+    pub(in crate::server::bridge) fn mark_foreign(&mut self, mut frame: Frame) -> Frame {
+        if self.cluster.foreign.remove(&frame.seq) {
             frame.mark_redelivery();
         }
         // Bounded by the messages in flight: one that left another way (handed over,
         // refused) is dropped here.
-        if d.cluster.foreign.len() > self.routes.len() + 64 {
+        if self.cluster.foreign.len() > self.routes.len() + 64 {
             let routes = &self.routes;
-            d.cluster.foreign.retain(|&tag| routes.contains(tag));
+            self.cluster.foreign.retain(|&tag| routes.contains(tag));
         }
         frame
     }
 
     /// Whether the terminal event `frame`, its outcome now recorded, is another instance's
     /// to send: then its reservation here is given back and it goes nowhere.
-    pub(super) fn silenced(&mut self, frame: &Frame) -> bool {
-        let silent = self
-            .durable
-            .as_mut()
-            .is_some_and(|d| d.cluster.silent.remove(&frame.seq));
+    pub(in crate::server::bridge) fn silenced(&mut self, frame: &Frame) -> bool {
+        let silent = self.cluster.silent.remove(&frame.seq);
         if silent && let Some(platform) = &frame.terminal_for {
             self.platforms.unreserve(platform, None);
             self.release_held(platform);
@@ -687,13 +666,11 @@ impl Bridge {
         for rm in loaded.recovered.messages {
             let tag = rm.message.seq;
             // The load brings its outcome, if any: one kept from the stream is stale.
-            if let Some(d) = &mut self.durable {
-                let ct = tag_parts(tag)
-                    .map(|_| tag)
-                    .or_else(|| d.cluster.placed.get(&tag).copied());
-                if let Some(ct) = ct {
-                    d.cluster.early.take(ct);
-                }
+            let ct = tag_parts(tag)
+                .map(|_| tag)
+                .or_else(|| self.cluster.placed.get(&tag).copied());
+            if let Some(ct) = ct {
+                self.cluster.early.take(ct);
             }
             // Its result is held here for its outcome record, still on its way to the
             // journal thread when the partition was lost and taken again: the record is
@@ -705,11 +682,10 @@ impl Bridge {
             // Accepted here, it waited for another instance's outcome (its remote entry is
             // by the cluster tag its placement gave), or its outcome record was refused here
             // before: the load answers it now, on the connection that sent it.
-            let (waited, orphan) = self.durable.as_mut().map_or((false, None), |d| {
-                let ct = d.cluster.placed.get(&tag).copied();
-                let waited = ct.is_some_and(|ct| d.cluster.remote.remove(&ct).is_some());
-                (waited, ct.and_then(|ct| d.cluster.orphans.remove(&ct)))
-            });
+            let cluster = &mut self.cluster;
+            let ct = cluster.placed.get(&tag).copied();
+            let waited = ct.is_some_and(|ct| cluster.remote.remove(&ct).is_some());
+            let orphan = ct.and_then(|ct| cluster.orphans.remove(&ct));
             let mut to = no_conn();
             if let Some(o) = orphan {
                 self.platforms.unreserve(&o.platform, None);
@@ -729,21 +705,14 @@ impl Bridge {
                     // Published when it was written; the origin's reader has it.
                     continue;
                 }
-                if let Some(d) = &mut self.durable {
-                    d.cluster.silent.insert(tag);
-                }
-            } else if tag_parts(tag).is_some()
-                && rm.outcome.is_none()
-                && let Some(d) = &mut self.durable
-            {
+                self.cluster.silent.insert(tag);
+            } else if tag_parts(tag).is_some() && rm.outcome.is_none() {
                 // Accepted by an instance taken for dead: its result goes out here, marked.
                 // (One with its outcome already is marked by the rebuild.)
-                d.cluster.foreign.insert(tag);
+                self.cluster.foreign.insert(tag);
             }
-            if to != no_conn()
-                && let Some(d) = &mut self.durable
-            {
-                d.cluster.rebind.insert(tag, to);
+            if to != no_conn() {
+                self.cluster.rebind.insert(tag, to);
             }
             messages.push(rm);
         }
@@ -757,22 +726,17 @@ impl Bridge {
             max_seq: 0,
         };
         let _ = self.recover(r, now_ms(), now);
-        if let Some(d) = &mut self.durable {
-            debug_assert!(
-                d.cluster.rebind.is_empty(),
-                "every rebound message was rebuilt"
-            );
-            d.cluster.rebind.clear();
-        }
+        debug_assert!(
+            self.cluster.rebind.is_empty(),
+            "every rebound message was rebuilt"
+        );
+        self.cluster.rebind.clear();
     }
 
     /// The connection the result of a message being rebuilt goes to: the one that sent it,
     /// when it waited here for another instance's outcome (see `gained`); else none (its
     /// platform's newest hello, as for any recovered message).
-    pub(super) fn rebound(&mut self, tag: u64) -> ConnId {
-        self.durable
-            .as_mut()
-            .and_then(|d| d.cluster.rebind.remove(&tag))
-            .unwrap_or_else(no_conn)
+    pub(in crate::server::bridge) fn rebound(&mut self, tag: u64) -> ConnId {
+        self.cluster.rebind.remove(&tag).unwrap_or_else(no_conn)
     }
 }

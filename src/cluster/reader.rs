@@ -18,10 +18,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 
-use super::{
-    FwdEntry, RecoveredMessage, RedisStore, StoreError, StoredOutcome, Stream, cluster_tag,
-    tag_parts,
-};
+use super::{FwdEntry, RedisStore, Stream, cluster_tag, tag_parts};
+use crate::journal::{RecoveredMessage, StoreError, StoredOutcome};
 use crate::liveness::ClusterStatus;
 
 /// How long one `XREAD` waits for an entry: also how soon a change of the owned inboxes,
@@ -145,7 +143,7 @@ pub enum ClusterRequest {
         refused: Vec<u64>,
     },
     /// For the journal thread, not the reader: the bridge's message of this tag (its own
-    /// numbering) had its result taken by another instance ([`super::Journal::untag`]).
+    /// numbering) had its result taken by another instance ([`super::ClusterLink::untag`]).
     Untag(u64),
 }
 
@@ -390,7 +388,7 @@ impl Reading {
         }
         let owned: Vec<u32> = self.inboxes.keys().copied().collect();
         for p in owned {
-            let loaded = self.store.load_partition(p, super::now_ms())?;
+            let loaded = self.store.load_partition(p, crate::journal::now_ms())?;
             for mut m in loaded.recovered.messages {
                 let seq = m.message.seq;
                 if !loaded.origins.get(&seq).is_some_and(|o| gone.contains(o)) {
@@ -563,7 +561,8 @@ impl Reading {
         while let Some(r) = self.requests.front().cloned() {
             match r {
                 ClusterRequest::Hello(platform) => {
-                    self.store.set_hellos(&[platform], super::now_ms())?;
+                    self.store
+                        .set_hellos(&[platform], crate::journal::now_ms())?;
                 }
                 ClusterRequest::Forward { platform, results } => {
                     // A value that is not an instance's (written by something else) names

@@ -7,7 +7,7 @@
 //! operation is one Lua script, atomic in Redis; with `appendfsync always` (checked by
 //! [`RedisStore::connect`]) its writes are on disk before Redis answers. The owner's writes
 //! (`started`, outcome) check the partition's lease first and fail
-//! [`StoreErrorKind::Fenced`](super::StoreErrorKind::Fenced) without changing anything when
+//! [`StoreErrorKind::Fenced`](crate::journal::StoreErrorKind::Fenced) without changing anything when
 //! the caller no longer holds it.
 
 mod hello;
@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use redis::{Script, Value};
 
-use super::{Recovered, StoreError, StoredMessage, StoredOutcome};
+use crate::journal::{Recovered, StoreError, StoredMessage, StoredOutcome};
 use scripts::{
     ACCEPT, ACQUIRE, FINISH, HEARTBEAT, LEAVE, LOAD, OUTCOME, RELEASE, RENEW, STARTED, Scripts,
 };
@@ -310,8 +310,8 @@ impl RedisStore {
     /// Connects, checks that Redis syncs every write before answering (`appendfsync
     /// always`, unless `allow_lazy_fsync`), and that the database's partition count (set
     /// by the first instance) is `cfg.partitions`. A Redis that cannot be reached is
-    /// [`Transient`](super::StoreErrorKind::Transient); one that would ack before fsync,
-    /// or of another partition count, is [`Unusable`](super::StoreErrorKind::Unusable).
+    /// [`Transient`](crate::journal::StoreErrorKind::Transient); one that would ack before fsync,
+    /// or of another partition count, is [`Unusable`](crate::journal::StoreErrorKind::Unusable).
     pub fn connect(cfg: ClusterConfig) -> Result<RedisStore, StoreError> {
         if cfg.partitions == 0 {
             return Err(StoreError::unusable("--partitions must be at least 1"));
@@ -519,7 +519,7 @@ impl RedisStore {
         leases::acquire_verdict(partition, &v)
     }
 
-    /// Extends `lease` by one TTL; [`Fenced`](super::StoreErrorKind::Fenced) if it was lost.
+    /// Extends `lease` by one TTL; [`Fenced`](crate::journal::StoreErrorKind::Fenced) if it was lost.
     pub fn renew(&mut self, lease: &Lease) -> Result<(), StoreError> {
         let keys = Keys::of(lease.partition);
         let ttl = self.ttl_ms();
@@ -604,7 +604,7 @@ impl RedisStore {
     /// The journal thread's group commit: every operation of `ops` in one round trip (one
     /// pipeline of scripts, each atomic on its own; Redis syncs what one pass of its event
     /// loop wrote with one fsync). One answer per operation, in order: an owned write of a
-    /// lost lease is [`Fenced`](super::StoreErrorKind::Fenced) and changed nothing, while the
+    /// lost lease is [`Fenced`](crate::journal::StoreErrorKind::Fenced) and changed nothing, while the
     /// others went through. `Err` for the whole batch if Redis could not be asked or did not
     /// answer: then any of them may or may not have been applied, and only idempotent ones
     /// (all but accepts) may be sent again.
@@ -751,7 +751,7 @@ impl RedisStore {
     /// Redis's, so a skew between the two shifts the answer by as much).
     pub fn live_instances(&mut self) -> Result<Vec<String>, StoreError> {
         let key = format!("{PREFIX}:instances");
-        let now = super::now_ms();
+        let now = crate::journal::now_ms();
         self.with("instances", |c, _| {
             redis::cmd("ZRANGEBYSCORE")
                 .arg(&key)

@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::redis::{Lease, partition_of};
+use super::store::{Lease, partition_of};
 
 /// What one pass asks for.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -1,0 +1,47 @@
+//! The bridge's cluster side (`--cluster`), mounted as the bridge's `cluster` module
+//! (`server/bridge/mod.rs`), so that it works on the bridge's rooms without widening them.
+//!
+//! The seam: the bridge holds one [`ClusterSide`] beside its `Durable` (the cluster's state:
+//! remote waits, owned partitions, hand-overs, orphans, drains, forwards, early outcomes),
+//! and calls a fixed set of hooks, the same in both builds:
+//! - on an input: `handed_event` (a handed-over message's runtime event is discarded),
+//!   `turn_gate` (a turn of a draining partition stays held), `said_hello`, `offer_forwards`
+//!   (housekeeping), and the reader's [`Bridge::arrived`](super::Bridge) and forwards;
+//! - on the journal's report: `cluster_part` (the [`Report`] applied before the rest),
+//!   `ClusterSide::runs_here` (a held turn of an ended partition stays held), `silenced` and
+//!   `mark_foreign` (a result released by its outcome record), `hand_over` and `drain_step`
+//!   (after the rest);
+//! - on a result's way out: `stamp_cluster`; on recovery: `rebound`; in the audit:
+//!   `ClusterSide::orphan_platforms`.
+//!
+//! Without the `cluster` feature, `off.rs` is the no-op twin of all of it; with it:
+//! - `side`: the state and the report's and the reader's effects;
+//! - `drain`: a planned release (a partition drained before it is handed over);
+//! - `forward`: results offered to, and taken from, the instance of a platform's newest hello;
+//! - `early`: outcomes from the stream that came before their message was known to wait;
+//! - `conns`, `outbox`, `durable`: the cluster's few operations on those rooms, mounted as
+//!   their children (`server/bridge/{conns,platforms,durable}.rs`).
+
+#[cfg(feature = "cluster")]
+mod drain;
+#[cfg(feature = "cluster")]
+mod early;
+#[cfg(feature = "cluster")]
+mod forward;
+#[cfg(not(feature = "cluster"))]
+mod off;
+#[cfg(feature = "cluster")]
+mod side;
+
+#[cfg(not(feature = "cluster"))]
+pub(in crate::server) use off::{ClusterSide, Report, Request};
+#[cfg(feature = "cluster")]
+pub(in crate::server) use side::ClusterSide;
+
+/// The cluster's part of a journal report (`crate::cluster::ClusterReport`; without the
+/// feature, nothing).
+#[cfg(feature = "cluster")]
+pub(in crate::server) type Report = crate::cluster::ClusterReport;
+/// A request of the bridge for the stream reader's connection (without the feature, none).
+#[cfg(feature = "cluster")]
+pub(in crate::server) type Request = crate::cluster::ClusterRequest;

@@ -1,0 +1,83 @@
+//! The no-op twin of the bridge's cluster side, for a build without the `cluster` feature:
+//! the same hooks, each doing nothing (see `mod.rs`).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::super::routes::{Routes, no_conn};
+use super::super::{Bridge, ConnId};
+use crate::core::EventKind;
+use crate::journal::Committed;
+use crate::message::SessionKey;
+use crate::server::frame::Frame;
+
+/// No cluster report without the feature.
+#[derive(Default)]
+pub(in crate::server) struct Report {}
+/// No request for a stream reader without the feature.
+pub(in crate::server) type Request = Infallible;
+
+/// Not a cluster member: no state.
+#[derive(Default)]
+pub(in crate::server) struct ClusterSide {}
+
+impl ClusterSide {
+    /// Every held turn runs here.
+    pub(in crate::server) fn runs_here(&self, _tag: u64, _routes: &Routes, _ended: &[u32]) -> bool {
+        true
+    }
+
+    /// No message waits for another instance.
+    pub(in crate::server) fn remote_tags(&self) -> std::iter::Empty<u64> {
+        std::iter::empty()
+    }
+
+    /// No result waits for another instance.
+    pub(in crate::server) fn orphan_platforms(&self) -> std::iter::Empty<&str> {
+        std::iter::empty()
+    }
+}
+
+impl Bridge {
+    pub(in crate::server) fn handed_event(&mut self, _tag: u64, _kind: &EventKind) -> bool {
+        false
+    }
+
+    pub(in crate::server) fn turn_gate(&mut self, _tag: u64, _session: &SessionKey) -> bool {
+        false
+    }
+
+    pub(in crate::server) fn said_hello(&mut self, _platform: &Arc<str>) {}
+
+    pub(in crate::server) fn offer_forwards(&mut self, _now: Duration) {}
+
+    pub(in crate::server) fn cluster_part(
+        &mut self,
+        c: Committed,
+        _report: Report,
+        _now: Duration,
+    ) -> (Committed, Vec<u32>, Vec<u32>) {
+        (c, Vec::new(), Vec::new())
+    }
+
+    pub(in crate::server) fn silenced(&mut self, _frame: &Frame) -> bool {
+        false
+    }
+
+    pub(in crate::server) fn mark_foreign(&mut self, frame: Frame) -> Frame {
+        frame
+    }
+
+    pub(in crate::server) fn hand_over(&mut self, _partition: u32) {}
+
+    pub(in crate::server) fn drain_step(&mut self) {}
+
+    pub(in crate::server) fn stamp_cluster(&self, frame: Frame) -> Frame {
+        frame
+    }
+
+    pub(in crate::server) fn rebound(&mut self, _tag: u64) -> ConnId {
+        no_conn()
+    }
+}

@@ -1,0 +1,53 @@
+//! Cluster mode (`--cluster`, feature `cluster`, docs/cluster.md): sessions partitioned
+//! across instances sharing one Redis. The whole wing is here, one module per concern:
+//!
+//! - `store/`: the Redis store ([`RedisStore`]) — leases, the partitions' streams, loads,
+//!   the hello registry, the Lua scripts;
+//! - `ownership`: which partitions this instance holds, renews, drains and acquires
+//!   ([`Ownership`], a pure planner);
+//! - `member`: the member's journal thread (`Journal::start_cluster`, [`ClusterLink`]): records become pipelined Redis
+//!   writes, the ownership pass runs between batches, and each batch's [`ClusterReport`]
+//!   goes to the reactor beside the journal's own [`Committed`](crate::journal::Committed);
+//! - `reader`: the stream reader's thread ([`Reader`]): outcomes of messages run elsewhere,
+//!   messages accepted into owned partitions, forwards;
+//!
+//! Three more parts live in this folder but are mounted (`#[path]`) where the code they extend
+//! lives, so that they reach its private rooms without widening them, and so that no room
+//! below imports from a room above (the cluster's modules here use the journal; the server
+//! and ops use the cluster, never the reverse):
+//! - `bridge/`, mounted as the bridge's `cluster` module (`server/bridge/mod.rs`): the
+//!   bridge's cluster side (`ClusterSide`, a sibling of the bridge's `Durable`: remote waits,
+//!   hand-overs, drains, forwards, early outcomes); without the feature, its no-op twin
+//!   (`bridge/off.rs`) stands in;
+//! - `shell/`, mounted as the server's `cluster` module (`server/mod.rs`): the bridge server
+//!   as a member (the threads' start, each report paired with its completion, the reader's
+//!   arrivals, the status), with its no-op twin (`shell/off.rs`);
+//! - `metrics.rs`, mounted as ops' `cluster_metrics` (`ops/mod.rs`): the cluster's
+//!   Prometheus families, from the status's `ClusterStatus` (always compiled: the status
+//!   type is).
+//!
+//! Only this folder says `cfg(feature = "cluster")`, bar a handful of lines (`.ci/walls.py`
+//! holds it to five outside).
+
+#[cfg(feature = "cluster")]
+mod member;
+#[cfg(feature = "cluster")]
+mod ownership;
+#[cfg(feature = "cluster")]
+mod reader;
+#[cfg(feature = "cluster")]
+mod store;
+
+#[cfg(feature = "cluster")]
+pub use member::{ClusterLink, ClusterReport, cluster_tag, tag_parts};
+#[cfg(feature = "cluster")]
+pub use ownership::{Ownership, Plan};
+#[cfg(feature = "cluster")]
+pub use reader::{Arrival, ClusterRequest, Reader};
+#[cfg(feature = "cluster")]
+pub(crate) use store::DEFAULT_DRAIN;
+#[cfg(feature = "cluster")]
+pub use store::{
+    Accept, Acquire, ClusterConfig, Done, FWD_MAXLEN, FwdEntry, Lease, LoadedPartition, Op,
+    RedisStore, Stream, StreamEntry, partition_of,
+};
