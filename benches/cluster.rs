@@ -9,9 +9,9 @@ mod redis_support;
 
 use std::time::Instant;
 
-use turnstile::internal::journal::{
-    ClusterConfig, Done, Lease, Op, RedisStore, StoredMessage, StoredOutcome, now_ms, partition_of,
-};
+use turnstile::internal::cluster::{ClusterConfig, Done, Lease, Op, RedisStore, partition_of};
+use turnstile::internal::journal::now_ms;
+use turnstile::{StoredMessage, StoredOutcome};
 
 const PARTITIONS: u32 = 64;
 const SESSIONS: u64 = 2000;
@@ -58,7 +58,7 @@ fn leases(url: &str) -> Vec<Lease> {
     let mut owner = RedisStore::connect(cfg).expect("owner");
     (0..PARTITIONS)
         .map(|p| match owner.acquire(p).expect("acquire") {
-            turnstile::internal::journal::Acquire::Acquired(l) => l,
+            turnstile::internal::cluster::Acquire::Acquired(l) => l,
             other => panic!("{other:?}"),
         })
         .collect()
@@ -95,7 +95,7 @@ fn run(url: &str, leases: &[Lease], client: usize, messages: u64, batch: usize) 
             .into_iter()
             .zip(&parts)
             .map(|(d, p)| match d {
-                Ok(Done::Accepted(turnstile::internal::journal::Accept::New { seq })) => (*p, seq),
+                Ok(Done::Accepted(turnstile::internal::cluster::Accept::New { seq })) => (*p, seq),
                 other => panic!("{other:?}"),
             })
             .collect();

@@ -6,8 +6,9 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use turnstile::internal::core::{Core, CoreConfig, Effect, Input, TurnId, TurnResult};
+use turnstile::internal::core::{Core, Effect, Input, TurnResult};
 use turnstile::internal::core::{IdHasher, TimerQueue};
+use turnstile::{CoreConfig, TurnId};
 use turnstile::{Message, SessionKey};
 
 type BenchCore = Core<(), u32>;

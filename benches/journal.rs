@@ -6,10 +6,10 @@
 
 use std::time::{Duration, Instant};
 
-use turnstile::internal::journal::{
-    Journal, JournalConfig, Record, SqliteStore, Store, StoredMessage, StoredOutcome, now_ms,
-};
-use turnstile::internal::server::{Bridge, BridgeConfig};
+use turnstile::BridgeConfig;
+use turnstile::internal::journal::{Journal, JournalConfig, now_ms};
+use turnstile::internal::server::Bridge;
+use turnstile::{Record, SqliteStore, Store, StoredMessage, StoredOutcome};
 
 fn message(seq: u64, sessions: u64) -> StoredMessage {
     StoredMessage {

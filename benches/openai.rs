@@ -28,8 +28,8 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use turnstile::internal::openai::{OpenAiConfig, OpenAiFactory};
 use turnstile::{AgentFactory, Builder, EchoAgent, EventKind, Message, Outcome, SessionKey};
+use turnstile::{OpenAiConfig, OpenAiFactory};
 
 fn mono_ns() -> u64 {
     let mut ts = libc::timespec {

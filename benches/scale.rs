@@ -7,7 +7,8 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use turnstile::internal::core::{Core, CoreConfig, Effect, Input, TurnResult};
+use turnstile::CoreConfig;
+use turnstile::internal::core::{Core, Effect, Input, TurnResult};
 // The workload helpers belong to the binary (loadgen); the benches share the file.
 #[allow(dead_code)]
 #[path = "../src/cli/workload.rs"]

@@ -13,7 +13,7 @@ use std::io::BufRead;
 use std::time::Duration;
 
 use crossbeam_channel::{select, unbounded};
-use turnstile::internal::openai::{ApiKey, OpenAiConfig, OpenAiFactory};
+use turnstile::{ApiKey, OpenAiConfig, OpenAiFactory};
 use turnstile::{Builder, EventKind, Message, Outcome, SessionKey};
 
 fn arg(name: &str) -> Option<String> {

@@ -134,70 +134,43 @@ pub use mio;
 /// promise (rustls keeps the same kind of door).
 #[doc(hidden)]
 pub mod internal {
-    /// The sans-IO core.
+    /// The sans-IO core's inner types (the public API has the rest).
     pub mod core {
         #[cfg(feature = "bench")]
         pub use crate::core::IdHasher;
         #[cfg(feature = "bench")]
         pub use crate::core::timers::TimerQueue;
         pub use crate::core::{
-            AcceptState, AgentPhase, BusyMode, CancelReason, CleanupContext, CleanupId, Core,
-            CoreConfig, CoreStats, Effect, EventKind, FailReason, Input, MessageEvent, Outcome,
-            RejectReason, Reply, SessionView, ShutdownReport, TurnId, TurnJob, TurnResult,
+            AgentPhase, CleanupContext, CleanupId, Core, CoreStats, Effect, Input, SessionView,
+            TurnJob, TurnResult,
         };
     }
     /// Generational slot keys.
     pub mod key {
         pub use crate::key::Key;
     }
-    /// The journal's store, thread and records.
+    /// The journal's thread and test stores (its records and stores are public).
     pub mod journal {
-        #[cfg(feature = "cluster")]
+        pub use crate::journal::{Committed, FaultyStore, Journal, JournalConfig, Model, now_ms};
+    }
+    /// The cluster's store, ownership, reader and member link (`--cluster`).
+    #[cfg(feature = "cluster")]
+    pub mod cluster {
         pub use crate::cluster::{
             Accept, Acquire, Arrival, ClusterConfig, ClusterLink, ClusterReport, ClusterRequest,
             Done, FWD_MAXLEN, FwdEntry, Lease, LoadedPartition, Op, Ownership, Plan, Reader,
             RedisStore, Stream, StreamEntry, cluster_tag, partition_of, tag_parts,
         };
-        #[cfg(feature = "sqlite")]
-        pub use crate::journal::SqliteStore;
-        pub use crate::journal::{
-            Committed, FaultyStore, Journal, JournalConfig, MemStore, Model, Record, Recovered,
-            RecoveredMessage, Store, StoreError, StoreErrorKind, StoredMessage, StoredOutcome,
-            now_ms,
-        };
     }
     /// The sans-IO bridge protocol.
     pub mod server {
         pub use crate::server::bridge::TERMINAL_ENVELOPE;
-        pub use crate::server::{
-            Action, Bridge, BridgeConfig, BridgeServer, ConnId, Flushed, ServerConfig,
-        };
+        pub use crate::server::{Action, Bridge, ConnId, Flushed};
     }
     /// The bridge protocol's client side as the server parses it (`tests/wire_oracle.rs`
     /// holds the parse equal to the old `Value` parse).
     pub mod wire {
         pub use crate::wire::{ClientOp, LineError, MessageFields, parse_line};
-    }
-    /// Agents' items the tests use.
-    pub mod agent {
-        pub use crate::agent::{Agent, AgentError, CancelToken, Partials, TurnError, TurnInput};
-    }
-    /// Messages.
-    pub mod message {
-        pub use crate::message::{MessageContext, SessionKey};
-    }
-    /// The exec agent.
-    pub mod exec {
-        pub use crate::agents::exec::{ExecAgent, ExecOptions};
-    }
-    /// The process agent.
-    pub mod process {
-        pub use crate::agents::process::{ProcessAgent, ProcessOptions};
-    }
-    /// The OpenAI agent.
-    #[cfg(feature = "openai")]
-    pub mod openai {
-        pub use crate::agents::openai::{ApiKey, OpenAiConfig, OpenAiFactory};
     }
     /// The reactor's defaults.
     pub mod reactor {

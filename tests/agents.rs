@@ -16,15 +16,15 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, bounded, unbounded};
 use serde_json::{Value, json};
-use turnstile::internal::agent::Partials;
-use turnstile::internal::core::ShutdownReport;
-use turnstile::internal::exec::{ExecAgent, ExecOptions};
-use turnstile::internal::message::MessageContext;
-use turnstile::internal::process::{ProcessAgent, ProcessOptions};
+use turnstile::MessageContext;
+use turnstile::Partials;
+use turnstile::ShutdownReport;
 use turnstile::{
     AgentFactory, Builder, CancelReason, CancelToken, EventKind, Events, FailReason, Handle,
     Message, Outcome, SessionKey, TurnInput,
 };
+use turnstile::{ExecAgent, ExecOptions};
+use turnstile::{ProcessAgent, ProcessOptions};
 
 const WAIT: Duration = Duration::from_secs(30);
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agents/scripted.py");

@@ -9,13 +9,14 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use turnstile::internal::core::{AcceptState, MessageEvent, Reply, TurnId};
-use turnstile::internal::journal::{
-    Committed as Completion, MemStore, Record, Recovered, RecoveredMessage, Store, StoredMessage,
-    StoredOutcome,
-};
-use turnstile::internal::server::{Action, Bridge, BridgeConfig, ConnId, Flushed};
+use turnstile::BridgeConfig;
+use turnstile::internal::journal::Committed as Completion;
+use turnstile::internal::server::{Action, Bridge, ConnId, Flushed};
+use turnstile::{AcceptState, MessageEvent, Reply, TurnId};
 use turnstile::{CancelReason, EventKind, Message, Outcome, RejectReason};
+use turnstile::{
+    MemStore, Record, Recovered, RecoveredMessage, Store, StoredMessage, StoredOutcome,
+};
 
 const S: Duration = Duration::from_secs(1);
 

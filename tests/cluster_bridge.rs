@@ -5,14 +5,14 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use turnstile::internal::core::CancelReason;
-use turnstile::internal::core::{AcceptState, MessageEvent, TurnId};
-use turnstile::internal::journal::{
-    Arrival, ClusterReport, Committed, Record, RecoveredMessage, StoredMessage, StoredOutcome,
-    cluster_tag,
-};
-use turnstile::internal::server::{Action, Bridge, BridgeConfig, ConnId, Flushed};
+use turnstile::BridgeConfig;
+use turnstile::CancelReason;
+use turnstile::internal::cluster::{Arrival, ClusterReport, cluster_tag};
+use turnstile::internal::journal::Committed;
+use turnstile::internal::server::{Action, Bridge, ConnId, Flushed};
+use turnstile::{AcceptState, MessageEvent, TurnId};
 use turnstile::{EventKind, Message, Outcome, SessionKey};
+use turnstile::{Record, RecoveredMessage, StoredMessage, StoredOutcome};
 
 struct Net {
     b: Bridge,
@@ -299,7 +299,7 @@ fn a_gained_partition_and_the_inbox_queue_their_messages_here_and_a_lost_one_is_
         outcome: None,
     };
     let (g1, g2) = (cluster_tag(2, 1), cluster_tag(2, 2));
-    let mut loaded = turnstile::internal::journal::LoadedPartition::default();
+    let mut loaded = turnstile::internal::cluster::LoadedPartition::default();
     loaded.recovered.messages.push(stored(g1, "m1"));
     n.report(
         0,
@@ -622,7 +622,7 @@ fn a_message_durable_in_the_report_that_loses_its_partition_ends_with_it_and_a_r
     assert_eq!(lines[0]["op"], "ack");
 
     // Gained again: the load has it, not started; it runs here and its result goes out.
-    let mut loaded = turnstile::internal::journal::LoadedPartition::default();
+    let mut loaded = turnstile::internal::cluster::LoadedPartition::default();
     loaded.recovered.messages.push(RecoveredMessage {
         message: m.clone(),
         starts: 0,
@@ -1002,7 +1002,7 @@ fn a_message_loaded_while_the_instance_stops_stays_for_the_next_owner() {
     let c = n.connect();
     let _ = n.take(c);
     let g = cluster_tag(2, 1);
-    let mut loaded = turnstile::internal::journal::LoadedPartition::default();
+    let mut loaded = turnstile::internal::cluster::LoadedPartition::default();
     loaded.recovered.messages.push(RecoveredMessage {
         message: StoredMessage {
             seq: g,
@@ -1071,7 +1071,7 @@ fn a_result_for_an_origin_taken_for_dead_is_marked_redelivery() {
         outcome: None,
     };
     let (dead, alive) = (cluster_tag(0, 1), cluster_tag(0, 2));
-    let mut loaded = turnstile::internal::journal::LoadedPartition::default();
+    let mut loaded = turnstile::internal::cluster::LoadedPartition::default();
     loaded.recovered.messages.push(stored(dead, "m1", "5"));
     loaded.recovered.messages.push(stored(alive, "m2", "6"));
     loaded.origins.insert(alive, "b".into());
@@ -1238,7 +1238,7 @@ fn a_result_held_for_its_record_across_a_loss_and_a_regain_is_sent_once_and_not_
             ..ClusterReport::default()
         },
     );
-    let mut loaded = turnstile::internal::journal::LoadedPartition::default();
+    let mut loaded = turnstile::internal::cluster::LoadedPartition::default();
     loaded.recovered.messages.push(RecoveredMessage {
         message: StoredMessage {
             seq: m.seq,
@@ -1491,7 +1491,7 @@ fn a_message_waited_for_here_whose_partition_is_gained_answers_the_connection_th
     let newest = n.connect();
     let _ = n.take(newest);
 
-    let mut loaded = turnstile::internal::journal::LoadedPartition::default();
+    let mut loaded = turnstile::internal::cluster::LoadedPartition::default();
     let mut m1 = RecoveredMessage {
         message: acc[0].clone(),
         starts: 0,

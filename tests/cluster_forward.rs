@@ -7,11 +7,11 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use turnstile::internal::journal::{
-    Arrival, ClusterReport, ClusterRequest, Committed, Record, RecoveredMessage, StoredMessage,
-    StoredOutcome, cluster_tag,
-};
-use turnstile::internal::server::{Action, Bridge, BridgeConfig, ConnId, Flushed};
+use turnstile::BridgeConfig;
+use turnstile::internal::cluster::{Arrival, ClusterReport, ClusterRequest, cluster_tag};
+use turnstile::internal::journal::Committed;
+use turnstile::internal::server::{Action, Bridge, ConnId, Flushed};
+use turnstile::{Record, RecoveredMessage, StoredMessage, StoredOutcome};
 
 struct Net {
     b: Bridge,

@@ -14,11 +14,12 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 use redis_support::{Redis, WAIT, require_redis};
-use turnstile::internal::journal::{
-    Accept, Acquire, Arrival, ClusterConfig, ClusterLink, ClusterReport, Committed, Journal,
-    JournalConfig, Lease, Reader, Record, RedisStore, StoredMessage, StoredOutcome, cluster_tag,
-    now_ms, partition_of, tag_parts,
+use turnstile::internal::cluster::{
+    Accept, Acquire, Arrival, ClusterConfig, ClusterLink, ClusterReport, Lease, Reader, RedisStore,
+    cluster_tag, partition_of, tag_parts,
 };
+use turnstile::internal::journal::{Committed, Journal, JournalConfig, now_ms};
+use turnstile::{Record, StoredMessage, StoredOutcome};
 
 /// Every report so far, merged: the journal's completions and their cluster parts
 /// (`ClusterLink::report`); dereferences to the completions.

@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
-use turnstile::internal::journal::{Lease, Ownership};
+use turnstile::internal::cluster::{Lease, Ownership};
 
 const TTL: Duration = Duration::from_millis(3000);
 

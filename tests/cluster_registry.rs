@@ -12,10 +12,12 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use redis_support::{Redis, WAIT, require_redis};
 use turnstile::ClusterStatus;
-use turnstile::internal::journal::{
+use turnstile::internal::cluster::{
     Accept, Acquire, Arrival, ClusterConfig, ClusterRequest, FWD_MAXLEN, FwdEntry, Reader,
-    RedisStore, StoredMessage, StoredOutcome, cluster_tag, now_ms, partition_of,
+    RedisStore, cluster_tag, partition_of,
 };
+use turnstile::internal::journal::now_ms;
+use turnstile::{StoredMessage, StoredOutcome};
 
 const P: u32 = 4;
 const LONG: Duration = Duration::from_secs(30);

@@ -11,10 +11,11 @@ mod redis_support;
 use std::time::{Duration, Instant};
 
 use redis_support::{Redis, WAIT, require_redis};
-use turnstile::internal::journal::{
-    Accept, Acquire, ClusterConfig, Done, Lease, Op, Ownership, RedisStore, StoreErrorKind,
-    StoredMessage, StoredOutcome, Stream, now_ms, partition_of,
+use turnstile::internal::cluster::{
+    Accept, Acquire, ClusterConfig, Done, Lease, Op, Ownership, RedisStore, Stream, partition_of,
 };
+use turnstile::internal::journal::now_ms;
+use turnstile::{StoreErrorKind, StoredMessage, StoredOutcome};
 
 const P: u32 = 4;
 

@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use common::{Fx, Harness, key};
 use proptest::prelude::*;
-use turnstile::internal::core::{
-    AcceptState, AgentPhase, BusyMode, CancelReason, CoreConfig, EventKind, Input, Outcome,
-    RejectReason, SessionView, TurnId, TurnResult,
+use turnstile::internal::core::{AgentPhase, Input, SessionView, TurnResult};
+use turnstile::{
+    AcceptState, BusyMode, CancelReason, CoreConfig, EventKind, Outcome, RejectReason, TurnId,
 };
 
 const CHATS: [&str; 3] = ["a", "b", "c"];

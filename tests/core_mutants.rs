@@ -8,9 +8,10 @@ mod common;
 use std::time::Duration;
 
 use common::{Fx, Harness, key};
-use turnstile::internal::core::{
-    AcceptState, AgentPhase, CancelReason, CleanupContext, CoreConfig, CoreStats, EventKind,
-    FailReason, Input, Outcome, RejectReason, Reply, ShutdownReport, TurnResult,
+use turnstile::internal::core::{AgentPhase, CleanupContext, CoreStats, Input, TurnResult};
+use turnstile::{
+    AcceptState, CancelReason, CoreConfig, EventKind, FailReason, Outcome, RejectReason, Reply,
+    ShutdownReport,
 };
 
 fn cfg() -> CoreConfig {

@@ -8,9 +8,9 @@ mod common;
 use std::time::Duration;
 
 use common::{Fx, Harness, key};
-use turnstile::internal::core::{
-    AcceptState, AgentPhase, BusyMode, CancelReason, CleanupContext, CoreConfig, EventKind,
-    FailReason, Input, Outcome, RejectReason, TurnResult,
+use turnstile::internal::core::{AgentPhase, CleanupContext, Input, TurnResult};
+use turnstile::{
+    AcceptState, BusyMode, CancelReason, CoreConfig, EventKind, FailReason, Outcome, RejectReason,
 };
 
 fn cfg() -> CoreConfig {

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use turnstile::internal::journal::{SqliteStore, Store};
+use turnstile::{SqliteStore, Store};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -481,10 +481,11 @@ fn a_damaged_journal_is_refused_at_start_up() {
 mod injected_fault {
     use super::*;
     use std::sync::atomic::Ordering;
-    use turnstile::internal::agent::{Agent, CancelToken, TurnError, TurnInput};
-    use turnstile::internal::journal::{FaultyStore, JournalConfig, MemStore};
-    use turnstile::internal::message::SessionKey;
-    use turnstile::internal::server::{BridgeConfig, BridgeServer, ServerConfig};
+    use turnstile::MemStore;
+    use turnstile::SessionKey;
+    use turnstile::internal::journal::{FaultyStore, JournalConfig};
+    use turnstile::{Agent, CancelToken, TurnError, TurnInput};
+    use turnstile::{BridgeConfig, BridgeServer, ServerConfig};
 
     /// Replies with its text once the test opens the gate for it.
     struct Gated(crossbeam_channel::Receiver<()>);

@@ -6,10 +6,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use turnstile::internal::journal::{
-    FaultyStore, Journal, JournalConfig, MemStore, Model, Record, SqliteStore, Store,
-    StoredMessage, StoredOutcome, now_ms,
-};
+use turnstile::internal::journal::{FaultyStore, Journal, JournalConfig, Model, now_ms};
+use turnstile::{MemStore, Record, SqliteStore, Store, StoredMessage, StoredOutcome};
 
 fn message(seq: u64, text: &str) -> StoredMessage {
     StoredMessage {
@@ -331,7 +329,7 @@ fn a_scribbled_row_is_quarantined_and_the_others_recovered() {
 /// untrusted, naming the mark and the database; truncating the mark accepts it as it is.
 #[test]
 fn a_database_older_than_its_mark_is_refused_until_the_mark_is_reset() {
-    use turnstile::internal::journal::StoreErrorKind;
+    use turnstile::StoreErrorKind;
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("journal.sqlite3");
     {
@@ -531,26 +529,20 @@ struct FullDisk {
 }
 
 impl Store for FullDisk {
-    fn write(&mut self, batch: &[Record]) -> Result<(), turnstile::internal::journal::StoreError> {
+    fn write(&mut self, batch: &[Record]) -> Result<(), turnstile::StoreError> {
         if self.full.load(Ordering::SeqCst) {
             if let Some((entered, hold)) = self.hold.take() {
                 entered.send(()).unwrap();
                 hold.recv().unwrap();
             }
             if batch.iter().any(|r| matches!(r, Record::Accepted(_))) {
-                return Err(turnstile::internal::journal::StoreError::transient(
-                    "disk full",
-                ));
+                return Err(turnstile::StoreError::transient("disk full"));
             }
         }
         self.inner.write(batch)
     }
 
-    fn load(
-        &mut self,
-        now: u64,
-    ) -> Result<turnstile::internal::journal::Recovered, turnstile::internal::journal::StoreError>
-    {
+    fn load(&mut self, now: u64) -> Result<turnstile::Recovered, turnstile::StoreError> {
         self.inner.load(now)
     }
 }
@@ -616,7 +608,7 @@ fn kept_records_are_written_before_new_messages_that_keep_failing() {
 /// supervisor may retry it: exit 1), not an untrusted journal (exit 2).
 #[test]
 fn a_full_disk_at_start_up_is_transient() {
-    use turnstile::internal::journal::StoreErrorKind;
+    use turnstile::StoreErrorKind;
     let Some(volume) = SmallVolume::mount("1m") else {
         eprintln!("not root: skipped (no small volume to fill)");
         return;

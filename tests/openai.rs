@@ -9,11 +9,11 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use mock_openai::{End, Mock, Notice, Reply, delta, error, stream};
-use turnstile::internal::openai::{ApiKey, OpenAiConfig, OpenAiFactory};
 use turnstile::{
     AgentUsage, Builder, CancelReason, EventKind, Events, FailReason, Handle, Message, Outcome,
     SessionKey,
 };
+use turnstile::{ApiKey, OpenAiConfig, OpenAiFactory};
 
 const WAIT: Duration = Duration::from_secs(20);
 const SYSTEM: &str = "You are terse.";
@@ -875,8 +875,8 @@ fn stop_during_a_hanging_connect_cancels_the_turn() {
 
 #[test]
 fn the_agent_works_without_the_runtime_and_counts_its_session() {
-    use turnstile::internal::agent::Partials;
-    use turnstile::internal::message::MessageContext;
+    use turnstile::MessageContext;
+    use turnstile::Partials;
     use turnstile::{Agent, CancelToken, TurnInput};
     let mock = Mock::start(vec![
         stream(&["a"], 12, 3),

@@ -22,7 +22,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use turnstile::internal::journal::{SqliteStore, Store};
+use turnstile::{SqliteStore, Store};
 
 const WAIT: Duration = Duration::from_secs(60);
 

@@ -41,10 +41,13 @@ use std::time::Duration;
 
 use common::sim::{Rng, env_u64, panic_text};
 use serde_json::{Value, json};
+use turnstile::BridgeConfig;
 use turnstile::StoreError;
-use turnstile::internal::core::{Core, CoreConfig, Effect, Input, Reply, TurnJob, TurnResult};
-use turnstile::internal::journal::{Committed, Model, Record, Recovered, Store};
-use turnstile::internal::server::{Action, Bridge, BridgeConfig, ConnId, Flushed};
+use turnstile::internal::core::{Core, Effect, Input, TurnJob, TurnResult};
+use turnstile::internal::journal::{Committed, Model};
+use turnstile::internal::server::{Action, Bridge, ConnId, Flushed};
+use turnstile::{CoreConfig, Reply};
+use turnstile::{Record, Recovered, Store};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -1320,7 +1323,7 @@ fn census() {
 
 mod held {
     use super::*;
-    use turnstile::internal::core::{CancelReason, EventKind, FailReason, Outcome};
+    use turnstile::{CancelReason, EventKind, FailReason, Outcome};
     use turnstile::{Message, SessionKey};
 
     fn submit_held(core: &mut Core<u64, u64>, now: Duration, id: &str) -> Vec<Effect<u64, u64>> {

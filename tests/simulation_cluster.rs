@@ -82,13 +82,17 @@ use std::time::Duration;
 
 use common::sim::{Rng, env_u64, panic_text};
 use serde_json::{Value, json};
-use turnstile::internal::core::{Core, CoreConfig, Effect, Input, Reply, TurnJob, TurnResult};
-use turnstile::internal::journal::{
-    Arrival, ClusterReport, ClusterRequest, Committed, Lease, LoadedPartition, Ownership, Record,
-    RecoveredMessage, StoredMessage, StoredOutcome, cluster_tag, partition_of, tag_parts,
+use turnstile::BridgeConfig;
+use turnstile::internal::cluster::{
+    Arrival, ClusterReport, ClusterRequest, Lease, LoadedPartition, Ownership, cluster_tag,
+    partition_of, tag_parts,
 };
-use turnstile::internal::server::{Action, Bridge, BridgeConfig, ConnId, Flushed};
+use turnstile::internal::core::{Core, Effect, Input, TurnJob, TurnResult};
+use turnstile::internal::journal::Committed;
+use turnstile::internal::server::{Action, Bridge, ConnId, Flushed};
 use turnstile::{ChatType, SessionKey};
+use turnstile::{CoreConfig, Reply};
+use turnstile::{Record, RecoveredMessage, StoredMessage, StoredOutcome};
 
 const MS: Duration = Duration::from_millis(1);
 

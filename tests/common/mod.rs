@@ -8,9 +8,9 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use turnstile::internal::core::{
-    CleanupContext, CleanupId, Core, CoreConfig, Effect, EventKind, Input, MessageEvent,
-    ShutdownReport, TurnId, TurnJob, TurnResult,
+    CleanupContext, CleanupId, Core, Effect, Input, TurnJob, TurnResult,
 };
+use turnstile::{CoreConfig, EventKind, MessageEvent, ShutdownReport, TurnId};
 use turnstile::{Message, SessionKey};
 
 /// A simplified, comparable record of one effect.
