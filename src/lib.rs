@@ -46,7 +46,7 @@
 //!   feature).
 //!
 //! The operator's guide — the `turnstile` binary, its flags, the bridge protocol and
-//! production set-up — is the project's README.
+//! production set-up — starts at the project's README and is indexed by reader in docs/README.md.
 #![warn(missing_docs)]
 #![warn(unreachable_pub)]
 

@@ -45,7 +45,7 @@ pub(super) struct Frame {
     /// Marked `"redelivery":true`: it may have reached the bridge before.
     pub redelivery: bool,
     /// `--cluster`: a terminal event's message as Redis knows it (its cluster tag; 0: not
-    /// known), so that another instance can be forwarded it (`bridge/forward.rs`).
+    /// known), so that another instance can be forwarded it (`cluster/bridge/forward.rs`).
     #[cfg(feature = "cluster")]
     pub cluster: u64,
     cursor: Cursor,

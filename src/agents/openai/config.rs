@@ -88,7 +88,7 @@ pub struct OpenAiConfig {
     /// Character budget of a request's conversation; oldest exchanges are dropped first.
     /// The system prompt and the new message are always sent.
     pub history_chars: usize,
-    /// Prefix the sender and meta to the user's text (the rule is in the README: sender, then meta, then the text).
+    /// Prefix the sender and meta to the user's text (the rule is in docs/agents.md: sender, then meta, then the text).
     pub sender_prefix: bool,
     /// Time to open a connection.
     pub connect_timeout: Duration,
