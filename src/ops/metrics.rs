@@ -382,6 +382,11 @@ fn render_bridge(e: &mut Exposition, b: &BridgeStatus) {
         "Partial replies dropped (connection gone or over its output bound).",
         b.partials_dropped as f64,
     );
+    if let Some(t) = b.tls_cert_not_after_unix_s {
+        let help =
+            "When the served TLS certificate expires (notAfter), in seconds since the Unix epoch.";
+        e.gauge("turnstile_tls_cert_expiry_seconds", help, t as f64);
+    }
 }
 
 /// The journal (`--data-dir`): whether its writes fail, its batches, what waits for it.
@@ -661,6 +666,7 @@ mod tests {
             platforms: 7,
             errors: 8,
             partials_dropped: 9,
+            tls_cert_not_after_unix_s: Some(1_900_000_000),
             ..BridgeStatus::default()
         };
         bridge
@@ -715,6 +721,7 @@ mod tests {
             "turnstile_platforms 7",
             "turnstile_bridge_errors_total 8",
             "turnstile_partials_dropped_total 9",
+            "turnstile_tls_cert_expiry_seconds 1900000000",
             "turnstile_outbox_depth{platform=\"tg\\\"x\"} 11",
             "turnstile_outbox_bytes{platform=\"tg\\\"x\"} 12",
             "turnstile_outbox_reserved{platform=\"tg\\\"x\"} 13",

@@ -864,6 +864,7 @@ impl Frontend for BridgeServer {
     fn status(&self) -> Option<FrontendStatus> {
         let mut status = self.bridge.status();
         status.tls = self.tls.is_some();
+        status.tls_cert_not_after_unix_s = self.tls.as_ref().and_then(ServerTls::not_after_unix_s);
         #[cfg(feature = "cluster")]
         self.cluster_status(&mut status);
         if let Some(j) = &mut status.journal {
