@@ -6,9 +6,11 @@
 //! socket has (`read_tls`, `process_new_packets`) and hands out plaintext; its `Write` takes
 //! plaintext only when the ciphertext already queued has gone to the socket, so the socket's
 //! backpressure reaches the caller as `WouldBlock` and rustls never buffers more than one
-//! write's worth. A handshake sends no line, so the listeners' own deadlines (the bridge's
-//! hello deadline, the HTTP head timeout) close one that does not finish in time; its bytes
-//! are bounded by rustls (a handshake message is at most 64 KiB; junk is an error).
+//! write's worth. A handshake sends no line, so the listeners' own deadlines close one that
+//! does not finish in time: the HTTP head timeout, and on the bridge port the hello deadline
+//! (`--hello-timeout`), which the server applies to an unfinished handshake whether or not a
+//! token is set (without one a connection needs no hello, but still its handshake); its
+//! bytes are bounded by rustls (a handshake message is at most 64 KiB; junk is an error).
 //!
 //! A certificate is checked against the clock when it is loaded: an expired or not yet valid
 //! one is an error (so start-up refuses it, and a reload keeps the pair in force), and one
@@ -87,6 +89,15 @@ impl Transport {
             Transport::Plain(s) => s,
             #[cfg(feature = "tls")]
             Transport::Tls(t) => &mut t.sock,
+        }
+    }
+
+    /// A TLS connection whose handshake has not finished (plain: never).
+    pub(crate) fn handshaking(&self) -> bool {
+        match self {
+            Transport::Plain(_) => false,
+            #[cfg(feature = "tls")]
+            Transport::Tls(t) => t.conn.is_handshaking(),
         }
     }
 

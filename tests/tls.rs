@@ -841,19 +841,35 @@ fn a_certificate_outside_its_dates_is_refused_and_one_near_its_end_is_warned_of(
     let dir = temp_dir("dates");
     make_dated_pair(&dir, "old", "20200101000000Z", "20200201000000Z");
     make_dated_pair(&dir, "future", "20600101000000Z", "20610101000000Z");
+    // A serve that does start is killed after WAIT: the test fails, it does not hang.
     let serve = |name: &str| {
         let cert = path(&dir, &format!("{name}-cert.pem"));
         let key = path(&dir, &format!("{name}-key.pem"));
-        let out = run(&[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--tls-cert",
-            &cert,
-            "--tls-key",
-            &key,
-        ]);
-        (cert, out)
+        let child = bin()
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--http-listen",
+                "127.0.0.1:0",
+            ])
+            .args(["--tls-cert", &cert, "--tls-key", &key])
+            .env_remove("TURNSTILE_AUTH_TOKEN")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start turnstile serve");
+        let pid = child.id() as i32;
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait_with_output());
+        });
+        let out = rx.recv_timeout(WAIT).unwrap_or_else(|_| {
+            // SAFETY: plain kill(2) on our own child's pid.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("serve with the {name} pair started and ran")
+        });
+        (cert, out.expect("serve's output"))
     };
     let (cert, out) = serve("old");
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
@@ -916,4 +932,59 @@ fn a_certificate_outside_its_dates_is_refused_and_one_near_its_end_is_warned_of(
     );
     assert!(connect_tls(&gw.addr, &ca).is_ok());
     assert_eq!(https_get(&gw.http, &ca, "/healthz").0, 200);
+}
+
+/// Without `--auth-token` (loopback), connections that never send a ClientHello cannot keep
+/// a TLS bridge out: they fill `--max-connections`, and the handshake deadline (the hello
+/// deadline, applied to an unfinished handshake with or without a token) closes them, so a
+/// bridge that retries gets in within that deadline (1 s here, the sweep's 0.1 s on top).
+#[test]
+fn silent_connections_without_a_token_are_closed_at_the_handshake_deadline() {
+    let dir = temp_dir("no-token-deadline");
+    make_pair(&dir, "a");
+    let ca = path(&dir, "a-ca.pem");
+    let gw = Gw::start_with(
+        &path(&dir, "a-cert.pem"),
+        &path(&dir, "a-key.pem"),
+        &["--max-connections", "20", "--hello-timeout", "1"],
+    );
+    // Held open for the whole test, never a byte sent.
+    let silent: Vec<TcpStream> = (0..40)
+        .map(|_| TcpStream::connect(&gw.addr).expect("connect"))
+        .collect();
+    let started = std::time::Instant::now();
+    let full = loop {
+        let (_, body) = https_get(&gw.http, &ca, "/status");
+        let status: Value = serde_json::from_str(&body).expect("status json");
+        if status["frontend"]["connections"] == 20 {
+            break started.elapsed();
+        }
+        assert!(started.elapsed() < WAIT, "the cap never filled: {status}");
+    };
+    let mut tries = 0;
+    let admitted = loop {
+        tries += 1;
+        if let Ok(mut tls) = connect_tls(&gw.addr, &ca) {
+            let pong = exchange(
+                &mut tls,
+                &[
+                    json!({"op": "hello", "platform": "cli"}),
+                    json!({"op": "ping"}),
+                ],
+                |v| v["op"] == "pong",
+            );
+            assert_eq!(pong["op"], "pong");
+            break started.elapsed();
+        }
+        assert!(
+            started.elapsed() < WAIT,
+            "no TLS bridge got in within {WAIT:?} ({tries} tries)"
+        );
+    };
+    assert!(
+        admitted < full + Duration::from_secs(5),
+        "admitted after {admitted:?} (the cap full at {full:?})"
+    );
+    gw.log_until(&["did not finish their TLS handshake within 1s"]);
+    drop(silent);
 }

@@ -378,6 +378,7 @@ impl BridgeServer {
             reader: LineReader::default(),
             read_paused: false,
             eof: false,
+            opened: self.now,
         });
         log::info!("connection opened conn={id} peer={peer}");
     }
@@ -716,6 +717,7 @@ impl Frontend for BridgeServer {
         // Also here, should a wake have been coalesced with another event.
         self.on_journal();
         let next = self.bridge.tick(self.now);
+        self.close_late_handshakes();
         if self.now >= self.next_ack_poll {
             self.next_ack_poll = self.now + ACK_POLL;
             for id in self.bridge.awaiting_ack() {
