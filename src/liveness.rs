@@ -489,6 +489,9 @@ pub struct BridgeStatus {
     pub awaiting_delivery: usize,
     /// New connections are served TLS (`--tls-cert`).
     pub tls: bool,
+    /// The served certificate's `notAfter`, in seconds since the Unix epoch; absent without TLS.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert_not_after_unix_s: Option<i64>,
     /// Cluster membership (`--cluster`); absent without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<ClusterStatus>,

@@ -6,9 +6,16 @@
 //! socket has (`read_tls`, `process_new_packets`) and hands out plaintext; its `Write` takes
 //! plaintext only when the ciphertext already queued has gone to the socket, so the socket's
 //! backpressure reaches the caller as `WouldBlock` and rustls never buffers more than one
-//! write's worth. A handshake sends no line, so the listeners' own deadlines (the bridge's
-//! hello deadline, the HTTP head timeout) close one that does not finish in time; its bytes
-//! are bounded by rustls (a handshake message is at most 64 KiB; junk is an error).
+//! write's worth. A handshake sends no line, so the listeners' own deadlines close one that
+//! does not finish in time: the HTTP head timeout, and on the bridge port the hello deadline
+//! (`--hello-timeout`), which the server applies to an unfinished handshake whether or not a
+//! token is set (without one a connection needs no hello, but still its handshake); its
+//! bytes are bounded by rustls (a handshake message is at most 64 KiB; junk is an error).
+//!
+//! A certificate is checked against the clock when it is loaded: an expired or not yet valid
+//! one is an error (so start-up refuses it, and a reload keeps the pair in force), and one
+//! that expires within [`EXPIRY_WARNING`] is logged at WARN. Its dates are read from the DER
+//! by the small bounded reader in `validity`.
 //!
 //! The key's contents never leave [`ServerTls::from_pem_files`]: errors name the file and what
 //! is wrong with it, never a line of it (rustls-pki-types' PEM errors quote the offending
@@ -21,12 +28,26 @@ use mio::net::TcpStream;
 #[cfg(feature = "cli")]
 pub(crate) use imp::load_certs;
 #[cfg(feature = "tls")]
+mod validity;
+#[cfg(feature = "tls")]
 pub use imp::{ServerTls, TlsError};
 
 /// Without the `tls` feature nothing makes a [`ServerTls`]: a connection is always plain.
 #[cfg(not(feature = "tls"))]
 #[derive(Clone, Debug)]
 pub(crate) struct ServerTls(());
+
+#[cfg(not(feature = "tls"))]
+impl ServerTls {
+    /// Without TLS there is no certificate.
+    pub(crate) fn not_after_unix_s(&self) -> Option<i64> {
+        None
+    }
+}
+
+/// How long before its `notAfter` a certificate being loaded is logged at WARN.
+#[cfg_attr(not(feature = "tls"), allow(dead_code))]
+const EXPIRY_WARNING: std::time::Duration = std::time::Duration::from_secs(14 * 86_400);
 
 /// Largest certificate or key file read (a certificate chain is a few KiB).
 #[cfg_attr(not(feature = "tls"), allow(dead_code))]
@@ -68,6 +89,15 @@ impl Transport {
             Transport::Plain(s) => s,
             #[cfg(feature = "tls")]
             Transport::Tls(t) => &mut t.sock,
+        }
+    }
+
+    /// A TLS connection whose handshake has not finished (plain: never).
+    pub(crate) fn handshaking(&self) -> bool {
+        match self {
+            Transport::Plain(_) => false,
+            #[cfg(feature = "tls")]
+            Transport::Tls(t) => t.conn.is_handshaking(),
         }
     }
 
@@ -151,7 +181,8 @@ mod imp {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
-    use super::MAX_PEM_BYTES;
+    use super::validity::{self, Validity};
+    use super::{EXPIRY_WARNING, MAX_PEM_BYTES};
 
     /// Why a certificate or key could not be loaded: names the file, never quotes it.
     #[derive(Clone, Debug, PartialEq, Eq)]
@@ -172,6 +203,7 @@ mod imp {
     pub struct ServerTls {
         pub(super) config: Arc<rustls::ServerConfig>,
         cert: PathBuf,
+        validity: Validity,
     }
 
     impl fmt::Debug for ServerTls {
@@ -230,9 +262,23 @@ mod imp {
     impl ServerTls {
         /// Loads a certificate chain (PEM, the server's certificate first) and its private key
         /// (PEM: PKCS#8, PKCS#1 or SEC1). The errors name the file; a key that does not match
-        /// the certificate is an error here, not at the first handshake.
+        /// the certificate is an error here, not at the first handshake, and so is a
+        /// certificate outside its validity (expired or not yet valid: the error names the
+        /// date). One that expires within 14 days loads with a WARN.
         pub fn from_pem_files(cert: &Path, key: &Path) -> Result<ServerTls, TlsError> {
             let certs = load_certs(cert, "--tls-cert")?;
+            let validity = validity::validity(certs[0].as_ref()).ok_or_else(|| {
+                TlsError(format!(
+                    "--tls-cert {}: the certificate's validity dates cannot be read",
+                    cert.display()
+                ))
+            })?;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+            if let Some(warning) = check_validity(cert, validity, now)? {
+                log::warn!("{warning}");
+            }
             let key_bytes = read_pem(key, "--tls-key")?;
             let key_der = PrivateKeyDer::from_pem_slice(&key_bytes)
                 .map_err(|e| TlsError(format!("--tls-key {}: {}", key.display(), pem_error(&e))))?;
@@ -253,6 +299,7 @@ mod imp {
             Ok(ServerTls {
                 config: Arc::new(config),
                 cert: cert.to_owned(),
+                validity,
             })
         }
 
@@ -260,6 +307,41 @@ mod imp {
         pub fn cert_path(&self) -> &Path {
             &self.cert
         }
+
+        /// The certificate's `notAfter`, in seconds since the Unix epoch.
+        pub(crate) fn not_after_unix_s(&self) -> Option<i64> {
+            Some(self.validity.not_after)
+        }
+    }
+
+    /// The certificate at `path` against the clock (`now`, seconds since the epoch): an
+    /// error outside its validity, a warning within [`EXPIRY_WARNING`] of its end.
+    pub(super) fn check_validity(
+        path: &Path,
+        v: Validity,
+        now: i64,
+    ) -> Result<Option<String>, TlsError> {
+        let path = path.display();
+        if now < v.not_before {
+            return Err(TlsError(format!(
+                "--tls-cert {path}: the certificate is not valid before {} (clients would refuse it)",
+                validity::date(v.not_before)
+            )));
+        }
+        if now > v.not_after {
+            return Err(TlsError(format!(
+                "--tls-cert {path}: the certificate expired on {} (clients would refuse it)",
+                validity::date(v.not_after)
+            )));
+        }
+        let left = v.not_after - now;
+        Ok((left < EXPIRY_WARNING.as_secs() as i64).then(|| {
+            format!(
+                "--tls-cert {path}: the certificate expires on {} (in {} h); renew it and send SIGHUP",
+                validity::date(v.not_after),
+                left / 3_600
+            )
+        }))
     }
 
     /// One TLS connection over a non-blocking socket.
@@ -344,5 +426,36 @@ mod imp {
             }
             Ok(n)
         }
+    }
+}
+
+#[cfg(all(test, feature = "tls"))]
+mod tests {
+    use super::imp::check_validity;
+    use super::validity::Validity;
+    use std::path::Path;
+
+    /// Outside the window: an error naming the file and the date; near its end: a warning.
+    #[test]
+    fn a_certificate_is_checked_against_the_clock() {
+        let v = Validity {
+            not_before: 1_000_000,
+            not_after: 1_000_000 + 30 * 86_400,
+        };
+        let path = Path::new("/etc/t/cert.pem");
+        let early = check_validity(path, v, v.not_before - 1).expect_err("not yet valid");
+        assert!(early.to_string().contains("/etc/t/cert.pem"), "{early}");
+        assert!(
+            early.to_string().contains("not valid before 1970-01-12"),
+            "{early}"
+        );
+        let late = check_validity(path, v, v.not_after + 1).expect_err("expired");
+        assert!(late.to_string().contains("expired on 1970-02-11"), "{late}");
+        assert_eq!(check_validity(path, v, v.not_before), Ok(None));
+        assert_eq!(check_validity(path, v, v.not_after - 14 * 86_400), Ok(None));
+        let warn = check_validity(path, v, v.not_after - 14 * 86_400 + 1)
+            .expect("valid")
+            .expect("a warning");
+        assert!(warn.contains("expires on 1970-02-11"), "{warn}");
     }
 }

@@ -930,3 +930,56 @@ fn a_panic_in_an_async_turn_fails_the_turn_and_the_runtime_keeps_serving() {
         .expect("both panicked agents closed");
     stop(&handle, reactor);
 }
+
+/// Publishes the reply so far after each of its message's words.
+struct Streamer;
+
+impl Agent for Streamer {
+    fn turn(&mut self, input: &TurnInput<'_>, _: &CancelToken) -> Result<String, TurnError> {
+        let mut so_far = String::new();
+        for word in input.text.split(' ') {
+            so_far.push_str(word);
+            input.partials.publish(&so_far);
+        }
+        Ok(so_far)
+    }
+}
+
+/// A stream nobody polls while its reply streams holds the newest partial only (each is the
+/// whole reply so far), and still every other event, the terminal one last.
+#[test]
+fn an_unpolled_stream_keeps_only_the_newest_partial_and_every_other_event() {
+    let (rt, handle, events) = Builder::from_fn(|_session| Streamer)
+        .partial_interval(Duration::ZERO)
+        .build()
+        .expect("settings");
+    let reactor = rt.spawn().expect("reactor thread");
+    let words: Vec<String> = (0..300).map(|i| format!("w{i}")).collect();
+    let stream = handle
+        .submit_stream(msg("m1", "coalesce", &words.join(" ")))
+        .expect("room");
+    // The same session's next message finishes after m1's every event was delivered.
+    handle.submit(msg("m2", "coalesce", "x")).expect("room");
+    assert_eq!(finished(&events, 1), vec![("m2".into(), reply("x"))]);
+    let whole = words.concat();
+    let kinds = collect(stream);
+    let partials: Vec<&String> = kinds
+        .iter()
+        .filter_map(|k| match k {
+            EventKind::Partial(t) => Some(t),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(partials, vec![&whole], "{} partials", partials.len());
+    match kinds.as_slice() {
+        [
+            EventKind::Accepted { .. },
+            EventKind::TurnStarted(t),
+            EventKind::Partial(_),
+            EventKind::TurnEnded(u),
+            EventKind::Finished(Outcome::Reply(r)),
+        ] if t == u && r.text == whole => {}
+        other => panic!("unexpected events: {:?}", &other[..other.len().min(6)]),
+    }
+    stop(&handle, reactor);
+}

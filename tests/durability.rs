@@ -717,6 +717,45 @@ fn a_journal_that_lost_acked_messages_refuses_start_up_naming_the_file() {
     server.kill9();
 }
 
+/// The reproduction (10 acknowledged messages in flight here, one session's queue),
+/// `kill -9`, and every file
+/// but `journal.sqlite3` removed (what a backup of the main file alone holds): start-up is
+/// refused with exit 2 naming the missing mark and the documented way to accept the file as
+/// it is (an empty `journal.mark`), which then starts. A fresh directory starts, its mark
+/// written with it.
+#[test]
+fn a_main_file_without_its_mark_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    acked_then_killed(&data, 10);
+    let alone = dir.path().join("main-alone");
+    std::fs::create_dir_all(&alone).unwrap();
+    std::fs::copy(data.join("journal.sqlite3"), alone.join("journal.sqlite3")).unwrap();
+    let (code, err) = refused_start(&alone);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("journal.mark")
+            && err.contains("is missing")
+            && err.contains("journal.sqlite3")
+            && err.contains("empty (zero bytes)"),
+        "{err}"
+    );
+    // Refused again: the refusal rewrote nothing.
+    assert_eq!(refused_start(&alone).0, Some(2));
+    // The documented acceptance: an empty mark.
+    std::fs::write(alone.join("journal.mark"), b"").unwrap();
+    let server = Server::start(&alone, &["--agent", "exec", "--agent-cmd", "sleep 600"]);
+    server.kill9();
+    assert!(std::fs::metadata(alone.join("journal.mark")).unwrap().len() > 0);
+    // A fresh directory: its mark is there as soon as it starts, and a restart is clean.
+    let fresh = dir.path().join("fresh");
+    let server = Server::start(&fresh, &[]);
+    assert!(fresh.join("journal.mark").exists());
+    server.kill9();
+    let server = Server::start(&fresh, &[]);
+    server.kill9();
+}
+
 /// The journal's size on disk is in the status (`journal.disk_bytes`) and the metrics
 /// (`turnstile_journal_disk_bytes`), with the write-latency histogram.
 #[test]

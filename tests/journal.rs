@@ -367,6 +367,39 @@ fn a_database_older_than_its_mark_is_refused_until_the_mark_is_reset() {
     assert_eq!(store.load(now_ms()).unwrap().messages.len(), 1);
 }
 
+/// A journal from before marks existed (a schema version, no commit count, no mark) opens,
+/// and gets its mark; the same database with its version gone too (a file that says
+/// nothing of what it held) is refused.
+#[test]
+fn a_journal_older_than_marks_opens_and_an_unversioned_file_without_its_mark_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = SqliteStore::open(dir.path()).unwrap();
+        store.write(&[Record::Accepted(message(1, "a"))]).unwrap();
+    }
+    let db = dir.path().join("journal.sqlite3");
+    let mark = dir.path().join("journal.mark");
+    let forget = |keys: &str| {
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        conn.execute(&format!("DELETE FROM meta WHERE k IN ({keys})"), [])
+            .unwrap();
+    };
+    forget("'commits'");
+    std::fs::remove_file(&mark).unwrap();
+    let mut store = SqliteStore::open(dir.path()).expect("a journal older than marks");
+    assert_eq!(store.load(now_ms()).unwrap().messages.len(), 1);
+    drop(store);
+    assert!(
+        std::fs::metadata(&mark).unwrap().len() > 0,
+        "its mark written"
+    );
+    forget("'commits', 'version'");
+    std::fs::remove_file(&mark).unwrap();
+    let e = SqliteStore::open(dir.path()).err().expect("refused");
+    assert_eq!(e.kind, turnstile::StoreErrorKind::Untrusted, "{e}");
+    assert!(e.message.contains("is missing"), "{e}");
+}
+
 /// A tmpfs of `size` (e.g. "4m") for the test's data directory, unmounted when dropped; None
 /// when the test does not run as root (the caller then says what it ran instead).
 struct SmallVolume {

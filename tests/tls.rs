@@ -786,3 +786,205 @@ fn an_unfinished_handshake_is_closed_at_the_existing_deadlines() {
         200
     );
 }
+
+/// A leaf for `localhost` valid from `start` to `end` (`YYYYMMDDHHMMSSZ`), signed by a new
+/// CA, as `<name>-cert.pem` (and its CA and key as [`make_pair`] names them): `openssl ca`
+/// takes any dates, where `req`/`x509` only count days from now.
+fn make_dated_pair(dir: &Path, name: &str, start: &str, end: &str) {
+    make_pair(dir, name);
+    let f = |suffix: &str| format!("{name}-{suffix}");
+    std::fs::write(dir.join(f("index.txt")), "").expect("index");
+    std::fs::write(dir.join(f("serial")), "01\n").expect("serial");
+    std::fs::write(
+        dir.join(f("ca.cnf")),
+        format!(
+            "[ca]\ndefault_ca = d\n[d]\ndatabase = {}\nnew_certs_dir = .\nserial = {}\n\
+             default_md = sha256\npolicy = p\nunique_subject = no\ncopy_extensions = copy\n\
+             [p]\ncommonName = supplied\n",
+            f("index.txt"),
+            f("serial")
+        ),
+    )
+    .expect("ca config");
+    openssl(
+        dir,
+        &[
+            "ca",
+            "-batch",
+            "-notext",
+            "-config",
+            &f("ca.cnf"),
+            "-cert",
+            &f("ca.pem"),
+            "-keyfile",
+            &f("ca.key"),
+            "-in",
+            &f("leaf.csr"),
+            "-out",
+            &f("cert.pem"),
+            "-startdate",
+            start,
+            "-enddate",
+            end,
+            "-extfile",
+            "leaf.ext",
+        ],
+    );
+}
+
+/// A certificate is checked against the clock: an expired one and a not yet valid one stop
+/// start-up (exit 2, the file and the date named); one that expires within 14 days starts
+/// with a WARN and its `notAfter` in the status and the metrics (the series the alert rule
+/// reads); SIGHUP with an expired pair is refused with an ERROR and the pair in force stays.
+#[test]
+fn a_certificate_outside_its_dates_is_refused_and_one_near_its_end_is_warned_of() {
+    let dir = temp_dir("dates");
+    make_dated_pair(&dir, "old", "20200101000000Z", "20200201000000Z");
+    make_dated_pair(&dir, "future", "20600101000000Z", "20610101000000Z");
+    // A serve that does start is killed after WAIT: the test fails, it does not hang.
+    let serve = |name: &str| {
+        let cert = path(&dir, &format!("{name}-cert.pem"));
+        let key = path(&dir, &format!("{name}-key.pem"));
+        let child = bin()
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--http-listen",
+                "127.0.0.1:0",
+            ])
+            .args(["--tls-cert", &cert, "--tls-key", &key])
+            .env_remove("TURNSTILE_AUTH_TOKEN")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start turnstile serve");
+        let pid = child.id() as i32;
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait_with_output());
+        });
+        let out = rx.recv_timeout(WAIT).unwrap_or_else(|_| {
+            // SAFETY: plain kill(2) on our own child's pid.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("serve with the {name} pair started and ran")
+        });
+        (cert, out.expect("serve's output"))
+    };
+    let (cert, out) = serve("old");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let said = text(&out.stderr);
+    assert!(
+        said.contains(&cert) && said.contains("expired on 2020-02-01"),
+        "{said}"
+    );
+    let (cert, out) = serve("future");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let said = text(&out.stderr);
+    assert!(
+        said.contains(&cert) && said.contains("not valid before 2060-01-01"),
+        "{said}"
+    );
+
+    // make_pair's certificates live two days: within the warning's 14.
+    make_pair(&dir, "a");
+    let (cert, key) = (path(&dir, "cert.pem"), path(&dir, "key.pem"));
+    std::fs::copy(dir.join("a-cert.pem"), &cert).expect("copy");
+    std::fs::copy(dir.join("a-key.pem"), &key).expect("copy");
+    let ca = path(&dir, "a-ca.pem");
+    let gw = Gw::start(&cert, &key);
+    let (warn, _) = gw.log_until(&["certificate expires on"]);
+    assert!(warn.contains("WARN") && warn.contains(&cert), "{warn}");
+    let (code, body) = https_get(&gw.http, &ca, "/status");
+    assert_eq!(code, 200);
+    let status: Value = serde_json::from_str(&body).expect("status json");
+    let not_after = status["frontend"]["tls_cert_not_after_unix_s"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no notAfter in {status}"));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs() as i64;
+    assert!(
+        now < not_after && not_after <= now + 3 * 86_400,
+        "{not_after}"
+    );
+    let (code, metrics) = https_get(&gw.http, &ca, "/metrics");
+    assert_eq!(code, 200);
+    let gauge = "turnstile_tls_cert_expiry_seconds";
+    assert!(
+        metrics.lines().any(|l| l == format!("{gauge} {not_after}")),
+        "{metrics}"
+    );
+    let alerts =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib/alerts.yml"))
+            .expect("alerts");
+    assert!(alerts.contains(gauge), "no alert rule reads {gauge}");
+
+    // An expired pair on SIGHUP: refused, and the one in force still served.
+    std::fs::copy(dir.join("old-cert.pem"), &cert).expect("copy");
+    std::fs::copy(dir.join("old-key.pem"), &key).expect("copy");
+    gw.signal(libc::SIGHUP);
+    let (refused, _) = gw.log_until(&["reload refused"]);
+    assert!(
+        refused.contains("ERROR") && refused.contains("expired on 2020-02-01"),
+        "{refused}"
+    );
+    assert!(connect_tls(&gw.addr, &ca).is_ok());
+    assert_eq!(https_get(&gw.http, &ca, "/healthz").0, 200);
+}
+
+/// Without `--auth-token` (loopback), connections that never send a ClientHello cannot keep
+/// a TLS bridge out: they fill `--max-connections`, and the handshake deadline (the hello
+/// deadline, applied to an unfinished handshake with or without a token) closes them, so a
+/// bridge that retries gets in within that deadline (1 s here, the sweep's 0.1 s on top).
+#[test]
+fn silent_connections_without_a_token_are_closed_at_the_handshake_deadline() {
+    let dir = temp_dir("no-token-deadline");
+    make_pair(&dir, "a");
+    let ca = path(&dir, "a-ca.pem");
+    let gw = Gw::start_with(
+        &path(&dir, "a-cert.pem"),
+        &path(&dir, "a-key.pem"),
+        &["--max-connections", "20", "--hello-timeout", "1"],
+    );
+    // Held open for the whole test, never a byte sent.
+    let silent: Vec<TcpStream> = (0..40)
+        .map(|_| TcpStream::connect(&gw.addr).expect("connect"))
+        .collect();
+    let started = std::time::Instant::now();
+    let full = loop {
+        let (_, body) = https_get(&gw.http, &ca, "/status");
+        let status: Value = serde_json::from_str(&body).expect("status json");
+        if status["frontend"]["connections"] == 20 {
+            break started.elapsed();
+        }
+        assert!(started.elapsed() < WAIT, "the cap never filled: {status}");
+    };
+    let mut tries = 0;
+    let admitted = loop {
+        tries += 1;
+        if let Ok(mut tls) = connect_tls(&gw.addr, &ca) {
+            let pong = exchange(
+                &mut tls,
+                &[
+                    json!({"op": "hello", "platform": "cli"}),
+                    json!({"op": "ping"}),
+                ],
+                |v| v["op"] == "pong",
+            );
+            assert_eq!(pong["op"], "pong");
+            break started.elapsed();
+        }
+        assert!(
+            started.elapsed() < WAIT,
+            "no TLS bridge got in within {WAIT:?} ({tries} tries)"
+        );
+    };
+    assert!(
+        admitted < full + Duration::from_secs(5),
+        "admitted after {admitted:?} (the cap full at {full:?})"
+    );
+    gw.log_until(&["did not finish their TLS handshake within 1s"]);
+    drop(silent);
+}

@@ -22,13 +22,14 @@
 //! # }
 //! ```
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
-use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError, unbounded};
+use crossbeam_channel::{Receiver, TryRecvError, TrySendError};
 use futures_core::future::FusedFuture;
 use futures_core::stream::{FusedStream, Stream};
 use slab::Slab;
@@ -169,8 +170,56 @@ struct StreamTx {
     // Fields drop in declaration order: the sender goes first, so the task woken by
     // `slot` (when the reactor drops the route without a terminal event) sees the stream
     // disconnected rather than registering again for an event that will never come.
-    tx: Sender<MessageEvent>,
+    tx: InboxSender,
     slot: WakeOnDrop,
+}
+
+/// What waits for an [`EventStream`]'s consumer: its events in order, partials coalesced (a
+/// partial is the whole reply so far, so a newer one replaces one not yet taken). Bounded:
+/// beside at most one partial, a message has at most five events (accepted, turn started,
+/// turn ended, and its terminal event; or its rejection).
+#[derive(Default)]
+struct Inbox {
+    events: VecDeque<MessageEvent>,
+    /// Every sender is gone: once `events` is empty, nothing more will come.
+    senders_gone: bool,
+    /// The stream is gone: deliveries are refused.
+    stream_gone: bool,
+}
+
+/// The delivering side's hold on the inbox; dropping it (the last sink) ends the stream.
+struct InboxSender(Arc<Mutex<Inbox>>);
+
+impl Drop for InboxSender {
+    fn drop(&mut self) {
+        lock(&self.0).senders_gone = true;
+    }
+}
+
+impl Inbox {
+    /// Queues `event`, or hands it back when the stream is gone.
+    fn push(&mut self, event: MessageEvent) -> Result<(), MessageEvent> {
+        if self.stream_gone {
+            return Err(event);
+        }
+        if let EventKind::Partial(_) = event.kind
+            && let Some(last) = self.events.back_mut()
+            && matches!(last.kind, EventKind::Partial(_))
+        {
+            *last = event;
+            return Ok(());
+        }
+        self.events.push_back(event);
+        Ok(())
+    }
+
+    fn pop(&mut self) -> Result<MessageEvent, TryRecvError> {
+        match self.events.pop_front() {
+            Some(event) => Ok(event),
+            None if self.senders_gone => Err(TryRecvError::Disconnected),
+            None => Err(TryRecvError::Empty),
+        }
+    }
 }
 
 struct WakeOnDrop(Arc<WakerSlot>);
@@ -185,7 +234,7 @@ impl StreamSink {
     /// Delivers `event` and wakes the stream's task; hands the event back if the stream is
     /// gone.
     pub(super) fn deliver(&self, event: MessageEvent) -> Result<(), MessageEvent> {
-        let sent = self.0.tx.send(event).map_err(|e| e.into_inner());
+        let sent = lock(&self.0.tx.0).push(event);
         self.0.slot.0.wake();
         sent
     }
@@ -205,6 +254,11 @@ impl std::fmt::Debug for StreamSink {
 /// task when it delivers an event; nothing polls on a timer. Dropping the stream is allowed at
 /// any point: later events are counted in the status as `events_undelivered`.
 ///
+/// Bounded while its consumer is behind: [`EventKind::Partial`] events (each the whole reply
+/// so far) are coalesced, only the newest one not yet taken is kept, so a stream left
+/// unpolled holds at most one partial beside the handful of other events a message has.
+/// Every other event, the terminal one included, is kept and yielded in order.
+///
 /// ```no_run
 /// # async fn example(handle: turnstile::Handle, message: turnstile::Message) {
 /// let mut events = handle.submit_stream(message).expect("ingress has room");
@@ -214,7 +268,7 @@ impl std::fmt::Debug for StreamSink {
 /// # }
 /// ```
 pub struct EventStream {
-    rx: Receiver<MessageEvent>,
+    inbox: Arc<Mutex<Inbox>>,
     slot: Arc<WakerSlot>,
     room: Arc<Room>,
     done: bool,
@@ -222,14 +276,14 @@ pub struct EventStream {
 
 impl EventStream {
     fn pair(room: Arc<Room>) -> (StreamSink, EventStream) {
-        let (tx, rx) = unbounded();
+        let inbox = Arc::new(Mutex::new(Inbox::default()));
         let slot = Arc::new(WakerSlot::default());
         let sink = StreamSink(Arc::new(StreamTx {
-            tx,
+            tx: InboxSender(Arc::clone(&inbox)),
             slot: WakeOnDrop(Arc::clone(&slot)),
         }));
         let stream = EventStream {
-            rx,
+            inbox,
             slot,
             room,
             done: false,
@@ -255,12 +309,24 @@ impl EventStream {
         self.done = true;
         Poll::Ready(None)
     }
+
+    fn try_recv(&self) -> Result<MessageEvent, TryRecvError> {
+        lock(&self.inbox).pop()
+    }
+}
+
+impl Drop for EventStream {
+    fn drop(&mut self) {
+        let mut inbox = lock(&self.inbox);
+        inbox.stream_gone = true;
+        inbox.events.clear();
+    }
 }
 
 impl std::fmt::Debug for EventStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EventStream")
-            .field("buffered", &self.rx.len())
+            .field("buffered", &lock(&self.inbox).events.len())
             .field("done", &self.done)
             .finish()
     }
@@ -274,7 +340,7 @@ impl Stream for EventStream {
         if this.done {
             return Poll::Ready(None);
         }
-        let event = match this.rx.try_recv() {
+        let event = match this.try_recv() {
             Ok(event) => event,
             Err(TryRecvError::Disconnected) => return this.ended(),
             Err(TryRecvError::Empty) => {
@@ -285,7 +351,7 @@ impl Stream for EventStream {
                 // delivered is seen by that look; then an empty channel means nothing more
                 // will come (the message was sent after the reactor's last drain).
                 let closed = this.room.is_closed();
-                match this.rx.try_recv() {
+                match this.try_recv() {
                     Ok(event) => event,
                     Err(TryRecvError::Empty) if !closed => return Poll::Pending,
                     Err(_) => return this.ended(),
@@ -601,6 +667,67 @@ mod tests {
         assert!(matches!(poll_next(&mut stream), Poll::Ready(None)));
         assert!(stream.is_terminated());
         drop(sink);
+    }
+
+    fn event(kind: EventKind) -> MessageEvent {
+        MessageEvent {
+            id: "m1".into(),
+            session: SessionKey::dm("unit", "bounded").expect("key"),
+            kind,
+        }
+    }
+
+    /// A consumer that is behind holds the newest partial only; every other event, in order.
+    #[test]
+    fn partials_are_coalesced_while_the_consumer_is_behind() {
+        let room = Arc::new(Room::default());
+        let (sink, mut stream) = EventStream::pair(room);
+        let turn = crate::core::TurnId(7);
+        let accepted = EventKind::Accepted {
+            state: AcceptState::Running,
+            position: 0,
+        };
+        sink.deliver(event(accepted.clone())).expect("alive");
+        sink.deliver(event(EventKind::TurnStarted(turn)))
+            .expect("alive");
+        let mut so_far = String::new();
+        for i in 0..1_000 {
+            so_far.push_str(&format!("{i} "));
+            sink.deliver(event(EventKind::Partial(so_far.clone())))
+                .expect("alive");
+        }
+        let held = lock(&stream.inbox).events.len();
+        assert_eq!(held, 3, "{stream:?}");
+        let next = |s: &mut EventStream| match poll_next(s) {
+            Poll::Ready(Some(e)) => e.kind,
+            other => panic!("expected an event, got {other:?}"),
+        };
+        assert_eq!(next(&mut stream), accepted);
+        assert_eq!(next(&mut stream), EventKind::TurnStarted(turn));
+        assert_eq!(next(&mut stream), EventKind::Partial(so_far.clone()));
+        // Taken: the next partial queues anew; a turn end between two partials splits them.
+        sink.deliver(event(EventKind::Partial("a".into())))
+            .expect("alive");
+        sink.deliver(event(EventKind::TurnEnded(turn)))
+            .expect("alive");
+        let outcome = crate::core::Outcome::Reply(so_far.as_str().into());
+        sink.deliver(event(EventKind::Finished(outcome.clone())))
+            .expect("alive");
+        assert_eq!(next(&mut stream), EventKind::Partial("a".into()));
+        assert_eq!(next(&mut stream), EventKind::TurnEnded(turn));
+        assert_eq!(next(&mut stream), EventKind::Finished(outcome));
+        assert!(matches!(poll_next(&mut stream), Poll::Ready(None)));
+        // A stream dropped refuses what comes after.
+        let (sink, stream) = EventStream::pair(Arc::new(Room::default()));
+        drop(stream);
+        assert!(sink.deliver(event(EventKind::Partial("x".into()))).is_err());
+        // Every sink dropped: the stream ends once it is empty.
+        let (sink, mut stream) = EventStream::pair(Arc::new(Room::default()));
+        sink.deliver(event(EventKind::Partial("y".into())))
+            .expect("alive");
+        drop(sink);
+        assert_eq!(next(&mut stream), EventKind::Partial("y".into()));
+        assert!(matches!(poll_next(&mut stream), Poll::Ready(None)));
     }
 
     #[test]

@@ -375,6 +375,7 @@ impl BridgeServer {
             reader: LineReader::default(),
             read_paused: false,
             eof: false,
+            opened: self.now,
         });
         log::info!("connection opened conn={id} peer={peer}");
     }
@@ -707,6 +708,7 @@ impl Frontend for BridgeServer {
         // Also here, should a wake have been coalesced with another event.
         self.on_journal();
         let next = self.bridge.tick(self.now);
+        self.close_late_handshakes();
         if self.now >= self.next_ack_poll {
             self.next_ack_poll = self.now + ACK_POLL;
             for id in self.bridge.awaiting_ack() {
@@ -856,6 +858,7 @@ impl Frontend for BridgeServer {
     fn status(&self) -> Option<FrontendStatus> {
         let mut status = self.bridge.status();
         status.tls = self.tls.is_some();
+        status.tls_cert_not_after_unix_s = self.tls.as_ref().and_then(ServerTls::not_after_unix_s);
         self.cluster_status(&mut status);
         if let Some(j) = &mut status.journal {
             j.wakes = self.journal_wakes;

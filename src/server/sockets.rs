@@ -1,11 +1,12 @@
 //! The server's sockets by connection key, and their poll tokens.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use mio::Token;
 
-use super::ConnId;
 use super::lines::LineReader;
+use super::{BridgeServer, ConnId};
 use crate::tls::Transport;
 
 /// A connection's poll token: its key's bits, kept clear of every fixed token and band.
@@ -15,7 +16,10 @@ pub(super) fn token(id: ConnId) -> Token {
 
 /// Sockets by their connection's key: a slot per key index, checked against the full key.
 #[derive(Default)]
-pub(super) struct SocketTable(Vec<Option<Socket>>);
+pub(super) struct SocketTable(Vec<Option<Socket>>, Duration);
+
+/// How often unfinished TLS handshakes are looked for.
+const HANDSHAKE_SWEEP: Duration = Duration::from_millis(100);
 
 impl SocketTable {
     pub(super) fn insert(&mut self, sock: Socket) {
@@ -43,6 +47,38 @@ impl SocketTable {
     pub(super) fn ids(&self) -> Vec<ConnId> {
         self.0.iter().flatten().map(|s| s.id).collect()
     }
+
+    /// TLS connections whose handshake is unfinished `timeout` after they were accepted
+    /// (looked for at most every [`HANDSHAKE_SWEEP`]).
+    fn late_handshakes(&mut self, now: Duration, timeout: Duration) -> Vec<ConnId> {
+        if now < self.1 {
+            return Vec::new();
+        }
+        self.1 = now + HANDSHAKE_SWEEP;
+        let late = |s: &&Socket| s.stream.handshaking() && now >= s.opened + timeout;
+        self.0.iter().flatten().filter(late).map(|s| s.id).collect()
+    }
+}
+
+impl BridgeServer {
+    /// Closes TLS connections that did not finish their handshake within the hello deadline,
+    /// with or without a token (without one, the bridge sets no hello deadline of its own:
+    /// a client that never sends its ClientHello would hold its slot for ever).
+    pub(super) fn close_late_handshakes(&mut self) {
+        let timeout = self.bridge.config().hello_timeout;
+        let late = self.sockets.late_handshakes(self.now, timeout);
+        if late.is_empty() {
+            return;
+        }
+        log::warn!(
+            "closing {} connection(s) that did not finish their TLS handshake within {timeout:?}",
+            late.len()
+        );
+        for id in late {
+            self.bridge.disconnected(id);
+            self.drop_socket(id);
+        }
+    }
 }
 
 /// One connection's socket and its read state.
@@ -56,4 +92,6 @@ pub(super) struct Socket {
     pub(super) read_paused: bool,
     /// The peer shut down its side: read no more.
     pub(super) eof: bool,
+    /// When it was accepted (the TLS handshake's deadline counts from here).
+    pub(super) opened: Duration,
 }

@@ -64,6 +64,21 @@ impl SqliteStore {
     /// One try; the flag says the disk was full.
     fn open_once(dir: &Path) -> Result<SqliteStore, OpenError> {
         let path = dir.join(FILE_NAME);
+        let mark_error = |e: std::io::Error| {
+            let full = e.raw_os_error() == Some(libc::ENOSPC);
+            (
+                StoreError {
+                    kind: io_kind(&e),
+                    message: format!("cannot write {}: {e}", dir.join(MARK_FILE).display()),
+                },
+                full,
+            )
+        };
+        // A new journal gets its mark before its database exists: a database found without
+        // its mark is then one that lost it (or one from before marks existed).
+        if !path.exists() && matches!(MarkFile::read(dir), Ok(Found::Missing)) {
+            MarkFile::create(dir, &Mark::default()).map_err(mark_error)?;
+        }
         let conn = Connection::open(&path).map_err(failed(
             "cannot open the journal",
             &path,
@@ -74,33 +89,29 @@ impl SqliteStore {
             &path,
             StoreErrorKind::Untrusted,
         ))?;
-        check_version(&conn, &path)?;
+        let versioned = check_version(&conn, &path)?;
         let (state, counted) = read_state(&conn).map_err(failed(
             "cannot read the journal",
             &path,
             StoreErrorKind::Untrusted,
         ))?;
-        check_mark(dir, &path, counted, &state).map_err(|e| (e, false))?;
-        if !counted {
-            conn.execute("INSERT INTO meta (k, v) VALUES ('commits', 0)", [])
-                .map_err(failed(
-                    "cannot write the journal",
-                    &path,
-                    StoreErrorKind::Transient,
-                ))?;
+        let older = versioned && !counted;
+        check_mark(dir, &path, counted, older, &state).map_err(|e| (e, false))?;
+        if !versioned || !counted {
+            // Written only once the mark agreed: a refused database stays as it was found.
+            conn.execute_batch(&format!(
+                "BEGIN; INSERT OR IGNORE INTO meta (k, v) VALUES ('version', {SCHEMA_VERSION}); \
+                 INSERT OR IGNORE INTO meta (k, v) VALUES ('commits', 0); COMMIT;"
+            ))
+            .map_err(failed(
+                "cannot write the journal",
+                &path,
+                StoreErrorKind::Transient,
+            ))?;
         }
         // The mark now says what the database holds (after a reset, an upgrade, or a crash
         // between a commit and its mark).
-        let mark = MarkFile::create(dir, &state).map_err(|e| {
-            let full = e.raw_os_error() == Some(libc::ENOSPC);
-            (
-                StoreError {
-                    kind: io_kind(&e),
-                    message: format!("cannot write {}: {e}", dir.join(MARK_FILE).display()),
-                },
-                full,
-            )
-        })?;
+        let mark = MarkFile::create(dir, &state).map_err(mark_error)?;
         Ok(SqliteStore {
             conn,
             path,
@@ -134,8 +145,9 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
     conn.execute_batch(SCHEMA)
 }
 
-/// Records the schema version in a new journal; refuses one written by another version.
-fn check_version(conn: &Connection, path: &Path) -> Result<(), OpenError> {
+/// Whether the journal has a schema version (a new one has none: it is written once the
+/// mark agreed); refuses one written by another version.
+fn check_version(conn: &Connection, path: &Path) -> Result<bool, OpenError> {
     let version: Option<i64> = conn
         .query_row("SELECT v FROM meta WHERE k = 'version'", [], |r| r.get(0))
         .optional()
@@ -145,19 +157,8 @@ fn check_version(conn: &Connection, path: &Path) -> Result<(), OpenError> {
             StoreErrorKind::Untrusted,
         ))?;
     match version {
-        None => {
-            conn.execute(
-                "INSERT INTO meta (k, v) VALUES ('version', ?1)",
-                [SCHEMA_VERSION],
-            )
-            .map_err(failed(
-                "cannot write the journal",
-                path,
-                StoreErrorKind::Transient,
-            ))?;
-            Ok(())
-        }
-        Some(SCHEMA_VERSION) => Ok(()),
+        None => Ok(false),
+        Some(SCHEMA_VERSION) => Ok(true),
         Some(v) => Err((
             StoreError::unusable(format!(
                 "{}: journal schema version {v}, this build reads {SCHEMA_VERSION}",
@@ -185,8 +186,15 @@ fn read_state(conn: &Connection) -> rusqlite::Result<(Mark, bool)> {
     Ok((state, commits.is_some()))
 }
 
-/// Refuses a database that holds less than its mark says was durable.
-fn check_mark(dir: &Path, db: &Path, counted: bool, held: &Mark) -> Result<(), StoreError> {
+/// Refuses a database that holds less than its mark says was durable, and one without a mark
+/// unless it is `older` than marks (it has a schema version but counts no commits).
+fn check_mark(
+    dir: &Path,
+    db: &Path,
+    counted: bool,
+    older: bool,
+    held: &Mark,
+) -> Result<(), StoreError> {
     let mark_path = dir.join(MARK_FILE);
     let wal = dir.join(WAL_NAME);
     let found = MarkFile::read(dir).map_err(|e| StoreError {
@@ -241,7 +249,14 @@ fn check_mark(dir: &Path, db: &Path, counted: bool, held: &Mark) -> Result<(), S
             mark_path.display(),
             db.display()
         ))),
-        Found::Missing => Ok(()),
+        Found::Missing if older => Ok(()),
+        Found::Missing => Err(StoreError::untrusted(format!(
+            "the journal cannot be trusted: {} exists but {} is missing (a new journal gets its mark first, and this is not a journal from before marks existed); like a copy of the database file alone, without its write-ahead log {} and its mark, it may lack acknowledged messages. Restore the three together from one backup; or, to start from the database as it is and lose what is missing, create {} empty (zero bytes)",
+            db.display(),
+            mark_path.display(),
+            wal.display(),
+            mark_path.display()
+        ))),
         Found::Damaged => Err(StoreError::untrusted(format!(
             "the journal cannot be trusted: {} cannot be read (neither of its slots passes its checksum); {restore}",
             mark_path.display()

@@ -459,6 +459,15 @@ const BRIDGE: &[Metric<BridgeStatus>] = &[
         kind: Counter,
         read: |b| Value(n(b.partials_dropped)),
     },
+    Metric {
+        name: "turnstile_tls_cert_expiry_seconds",
+        help: "When the served TLS certificate expires (notAfter), in seconds since the Unix epoch.",
+        kind: Gauge,
+        read: |b| {
+            b.tls_cert_not_after_unix_s
+                .map_or(Reading::Absent, |t| Value(t as f64))
+        },
+    },
 ];
 
 /// One figure of each platform's outbox, labelled by platform.

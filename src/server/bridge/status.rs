@@ -44,6 +44,7 @@ impl Bridge {
             awaiting_delivery: self.conns.awaiting_delivery(),
             // The shell knows (`BridgeServer::status`).
             tls: false,
+            tls_cert_not_after_unix_s: None,
             // The shell's too (`BridgeServer::status`, with the reader's figures).
             cluster: None,
         }
