@@ -28,7 +28,7 @@ fn declared() -> Vec<(&'static str, &'static str, Kind)> {
         .collect()
 }
 
-/// A snapshot with every part present (bridge, journal with its disk figure, HTTP,
+/// A snapshot with every part present (bridge with its TLS expiry, journal with its disk figure, HTTP,
 /// service delays, a platform, a model) and every number a different one (1000, 1001,
 /// ... in the order of the JSON), read back typed.
 fn full_status() -> Status {
@@ -37,6 +37,7 @@ fn full_status() -> Status {
             disk_bytes: Some(0),
             ..JournalStatus::default()
         }),
+        tls_cert_not_after_unix_s: Some(0),
         ..BridgeStatus::default()
     };
     bridge.rejected.insert("invalid", 0);
