@@ -169,6 +169,12 @@ mod agreement {
             br#"{"op":"message","id":"m","chat_id":"1","text":"t","meta":{"b":1} ,"meta":null}"#.to_vec(),
             br#"{"op":"delivered","ids":["a","b\n",3,"c"]}"#.to_vec(),
             br#"{"op":"delivered","ids":["a"],"ids":"a"}"#.to_vec(),
+            // A good `ids` is kept (its strings, escaped or not), an empty one too.
+            br#"{"op":"delivered","ids":["a","b\n"]}"#.to_vec(),
+            br#"{"op":"delivered","ids":[]}"#.to_vec(),
+            // A negative number is a value of the wrong kind, not an absent field.
+            br#"{"op":"message","id":"m","chat_id":-1,"text":"t"}"#.to_vec(),
+            br#"{"op":"hello","acks":-1}"#.to_vec(),
             br#"{"op":"hello","acks":1,"platform":2,"token":3}"#.to_vec(),
             br#"{"op":"hello","platform":2,"token":3}"#.to_vec(),
             br#"{"op":"message","id":"m","text":1,"chat_type":"room","meta":1}"#.to_vec(),

@@ -96,6 +96,56 @@ fn a_meta_that_is_not_json_is_written_as_a_string_the_server_refuses() {
     );
 }
 
+#[test]
+fn an_encoded_line_is_journaled_as_itself_and_sized_as_held() {
+    // A short text: one encoded line, journaled as its head alone.
+    let short = EncodedLine::with_text("reply", "m", "s", "text", "hi".into(), "");
+    let EncodedLine::Line(bytes) = &short else {
+        panic!("a short text is encoded at once")
+    };
+    assert_eq!(
+        bytes,
+        b"{\"op\":\"reply\",\"id\":\"m\",\"session\":\"s\",\"text\":\"hi\"}\n"
+    );
+    assert_eq!(short.size(), bytes.len());
+    let stored = short.to_stored();
+    assert_eq!((&stored.head, stored.text.as_str()), (bytes, ""));
+    assert!(stored.tail.is_empty());
+    let EncodedLine::Line(back) = EncodedLine::from_stored(stored) else {
+        panic!("a journaled short line reads back whole")
+    };
+    assert_eq!(&back, bytes);
+    // A long text: the envelope around the raw text, journaled in its three parts.
+    let long = "\"".repeat(EAGER_TEXT + 1);
+    let line = EncodedLine::with_text("failed", "m", "s", "error", long.clone(), ",\"x\":1");
+    let EncodedLine::Text { head, text, tail } = &line else {
+        panic!("a long text is escaped on the way out")
+    };
+    assert_eq!(
+        head,
+        b"{\"op\":\"failed\",\"id\":\"m\",\"session\":\"s\",\"error\":\""
+    );
+    assert_eq!(
+        (text, tail.as_slice()),
+        (&long, b"\",\"x\":1}\n".as_slice())
+    );
+    assert_eq!(line.size(), head.len() + EAGER_TEXT + 1 + tail.len());
+    let stored = line.to_stored();
+    assert_eq!(
+        (&stored.head, &stored.text, &stored.tail),
+        (head, &long, tail)
+    );
+    let EncodedLine::Text {
+        head: h2,
+        text: t2,
+        tail: l2,
+    } = EncodedLine::from_stored(stored)
+    else {
+        panic!("a journaled long line reads back in its parts")
+    };
+    assert_eq!((&h2, &t2, &l2), (head, &long, tail));
+}
+
 mod round_trip {
     //! Every op one end writes, the other end reads back as itself: any text (unicode,
     //! quotes, backslashes, control characters, empty), any number.

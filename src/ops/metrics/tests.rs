@@ -306,3 +306,60 @@ fn exposition_text() {
     assert_eq!(number(f64::NAN), "NaN");
     assert_eq!(number(1e-5), "0.00001");
 }
+
+/// The windows' milliseconds in the snapshot are seconds in the exposition.
+#[test]
+fn the_windows_milliseconds_are_exposed_in_seconds() {
+    let s = full_status();
+    let text = render(&s);
+    let samples = samples(&text);
+    let exposed = |family: &str, labels: &str| {
+        let labels = format!("{labels}}}");
+        samples
+            .iter()
+            .find(|(f, l, _)| f == family && *l == labels)
+            .map(|(_, _, v)| *v)
+            .unwrap_or_else(|| panic!("no {family}{{{labels}\n{text}"))
+    };
+    let lag = &s.loop_lag_window_ms;
+    let service = s.frontend.as_ref().and_then(|f| f.service.as_ref());
+    let service = service.expect("a service part");
+    let (r, w) = (
+        &service.read_delay_recent_ms,
+        &service.write_delay_recent_ms,
+    );
+    let recent = "turnstile_bridge_service_delay_recent_seconds";
+    for (family, labels, ms) in [
+        (
+            "turnstile_loop_lag_window_seconds",
+            r#"stat="p50""#,
+            lag.p50,
+        ),
+        (
+            "turnstile_loop_lag_window_seconds",
+            r#"stat="p99""#,
+            lag.p99,
+        ),
+        (
+            "turnstile_loop_lag_window_seconds",
+            r#"stat="max""#,
+            lag.max,
+        ),
+        (recent, r#"direction="read",stat="p50""#, r.p50),
+        (recent, r#"direction="read",stat="p99""#, r.p99),
+        (recent, r#"direction="read",stat="max""#, r.max),
+        (recent, r#"direction="write",stat="p50""#, w.p50),
+        (recent, r#"direction="write",stat="p99""#, w.p99),
+        (recent, r#"direction="write",stat="max""#, w.max),
+    ] {
+        assert!(
+            ms >= 1000.0,
+            "{family}{{{labels}}}: the snapshot's figure is {ms}"
+        );
+        let v = exposed(family, labels);
+        assert!(
+            (v - ms / 1000.0).abs() < 1e-9,
+            "{family}{{{labels}}} = {v}, not {ms} ms"
+        );
+    }
+}
