@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use turnstile::internal::cluster::{ClusterConfig, Done, Lease, Op, RedisStore, partition_of};
 use turnstile::internal::journal::now_ms;
-use turnstile::{StoredMessage, StoredOutcome};
+use turnstile::{MessageFields, StoredMessage, StoredOutcome};
 
 const PARTITIONS: u32 = 64;
 const SESSIONS: u64 = 2000;
@@ -27,19 +27,19 @@ fn message(client: usize, i: u64) -> (String, StoredMessage) {
     let chat = format!("s{}", i % SESSIONS);
     (
         format!("bench:dm:{chat}"),
-        StoredMessage {
-            seq: 0,
-            platform: "bench".into(),
-            id: format!("c{client}-m{i}"),
-            chat_type: "dm".into(),
-            chat_id: chat,
-            thread_id: None,
-            user_id: Some("u1".into()),
-            user_name: None,
-            meta: None,
-            text: "a message of about forty bytes of text..".into(),
-            dedup_until_ms: now_ms() + 600_000,
-        },
+        StoredMessage::new(
+            0,
+            "bench",
+            MessageFields {
+                user_id: Some("u1".into()),
+                ..MessageFields::new(
+                    &format!("c{client}-m{i}"),
+                    &chat,
+                    "a message of about forty bytes of text..",
+                )
+            },
+            now_ms() + 600_000,
+        ),
     )
 }
 

@@ -9,22 +9,22 @@ use std::time::{Duration, Instant};
 use turnstile::BridgeConfig;
 use turnstile::internal::journal::{Journal, JournalConfig, now_ms};
 use turnstile::internal::server::Bridge;
-use turnstile::{Record, SqliteStore, Store, StoredMessage, StoredOutcome};
+use turnstile::{MessageFields, Record, SqliteStore, Store, StoredMessage, StoredOutcome};
 
 fn message(seq: u64, sessions: u64) -> StoredMessage {
-    StoredMessage {
+    StoredMessage::new(
         seq,
-        platform: "bench".into(),
-        id: format!("m-{seq}"),
-        chat_type: "dm".into(),
-        chat_id: format!("s{}", seq % sessions),
-        thread_id: None,
-        user_id: Some("u1".into()),
-        user_name: None,
-        meta: None,
-        text: "a message of about forty bytes of text..".into(),
-        dedup_until_ms: now_ms() + 600_000,
-    }
+        "bench",
+        MessageFields {
+            user_id: Some("u1".into()),
+            ..MessageFields::new(
+                &format!("m-{seq}"),
+                &format!("s{}", seq % sessions),
+                "a message of about forty bytes of text..",
+            )
+        },
+        now_ms() + 600_000,
+    )
 }
 
 /// The echo reply of `seq`, as the bridge journals it (a short line: all `head`).

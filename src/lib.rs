@@ -123,6 +123,7 @@ pub use reactor::{
 pub use server::{BridgeConfig, BridgeServer, ForcedStop, ServerConfig};
 #[cfg(feature = "tls")]
 pub use tls::{ServerTls, TlsError};
+pub use wire::MessageFields;
 
 /// The channel crate of [`EventSink`] and [`Events`], re-exported so an embedder uses the same
 /// version.
@@ -170,7 +171,7 @@ pub mod internal {
     /// The bridge protocol's client side as the server parses it (`tests/wire_oracle.rs`
     /// holds the parse equal to the old `Value` parse).
     pub mod wire {
-        pub use crate::wire::{ClientOp, LineError, MessageFields, parse_line};
+        pub use crate::wire::{ClientOp, LineError, parse_line};
     }
     /// The reactor's defaults.
     pub mod reactor {

@@ -15,7 +15,8 @@ use turnstile::internal::server::{Action, Bridge, ConnId, Flushed};
 use turnstile::{AcceptState, MessageEvent, Reply, TurnId};
 use turnstile::{CancelReason, EventKind, Message, Outcome, RejectReason};
 use turnstile::{
-    MemStore, Record, Recovered, RecoveredMessage, Store, StoredMessage, StoredOutcome,
+    MemStore, MessageFields, Record, Recovered, RecoveredMessage, Store, StoredMessage,
+    StoredOutcome,
 };
 
 const S: Duration = Duration::from_secs(1);
@@ -2270,26 +2271,24 @@ fn the_redelivery_set_is_bounded_by_the_outbox() {
 }
 
 fn stored(seq: u64, id: &str, chat: &str) -> StoredMessage {
-    StoredMessage {
+    StoredMessage::new(
         seq,
-        platform: "tg".into(),
-        id: id.into(),
-        chat_type: "dm".into(),
-        chat_id: chat.into(),
-        thread_id: None,
-        user_id: Some("7".into()),
-        user_name: Some("Ann".into()),
-        meta: Some("{\"k\":1}".into()),
-        text: format!("text of {id}"),
-        dedup_until_ms: 1_000_600_000,
-    }
+        "tg",
+        MessageFields {
+            user_id: Some("7".into()),
+            user_name: Some("Ann".into()),
+            meta: Some("{\"k\":1}".into()),
+            ..MessageFields::new(id, chat, &format!("text of {id}"))
+        },
+        1_000_600_000,
+    )
 }
 
 fn journal_of(messages: Vec<(StoredMessage, u32, Option<StoredOutcome>)>) -> Recovered {
     Recovered {
         dedup: messages
             .iter()
-            .map(|(m, _, _)| (m.platform.clone(), m.id.clone(), m.dedup_until_ms))
+            .map(|(m, _, _)| (m.platform().to_owned(), m.id().to_owned(), m.dedup_until_ms))
             .collect(),
         max_seq: messages.iter().map(|(m, _, _)| m.seq).max().unwrap_or(0),
         messages: messages
@@ -2669,7 +2668,7 @@ fn a_shutdown_cancel_stays_in_the_journal_and_is_not_answered() {
     let kept: Vec<(&str, u32, bool)> = left
         .messages
         .iter()
-        .map(|m| (m.message.id.as_str(), m.starts, m.outcome.is_some()))
+        .map(|m| (m.message.id(), m.starts, m.outcome.is_some()))
         .collect();
     assert_eq!(kept, [("1", 1, false), ("2", 0, false)]);
 

@@ -12,7 +12,7 @@ use turnstile::internal::journal::Committed;
 use turnstile::internal::server::{Action, Bridge, ConnId, Flushed};
 use turnstile::{AcceptState, MessageEvent, TurnId};
 use turnstile::{EventKind, Message, Outcome, SessionKey};
-use turnstile::{Record, RecoveredMessage, StoredMessage, StoredOutcome};
+use turnstile::{MessageFields, Record, RecoveredMessage, StoredMessage, StoredOutcome};
 
 struct Net {
     b: Bridge,
@@ -282,19 +282,12 @@ fn a_gained_partition_and_the_inbox_queue_their_messages_here_and_a_lost_one_is_
     let c = n.connect();
     let _ = n.take(c);
     let stored = |seq: u64, id: &str| RecoveredMessage {
-        message: StoredMessage {
+        message: StoredMessage::new(
             seq,
-            platform: "tg".into(),
-            id: id.into(),
-            chat_type: "dm".into(),
-            chat_id: "5".into(),
-            thread_id: None,
-            user_id: None,
-            user_name: None,
-            meta: None,
-            text: format!("text of {id}"),
-            dedup_until_ms: u64::MAX / 4,
-        },
+            "tg",
+            MessageFields::new(id, "5", &format!("text of {id}")),
+            u64::MAX / 4,
+        ),
         starts: 0,
         outcome: None,
     };
@@ -464,7 +457,11 @@ fn a_lost_partition_hands_its_messages_over_without_outcomes_and_the_rest_serves
         starts: 0,
         outcome: None,
     };
-    (inbox.message.seq, inbox.message.id, inbox.message.chat_id) = (other, "x".into(), "7".into());
+    (
+        inbox.message.seq,
+        inbox.message.fields.id,
+        inbox.message.fields.chat_id,
+    ) = (other, "x".into(), "7".into());
     n.arrive(Arrival::Message {
         partition: 3,
         tag: other,
@@ -830,18 +827,8 @@ fn a_draining_partition_starts_no_turn_and_is_released_only_once_its_running_tur
 
     // Another instance's message into the draining partition: not queued here.
     let mut inbox = RecoveredMessage {
-        message: n.accepted().pop().unwrap_or_else(|| StoredMessage {
-            seq: 0,
-            platform: "tg".into(),
-            id: "x".into(),
-            chat_type: "dm".into(),
-            chat_id: "7".into(),
-            thread_id: None,
-            user_id: None,
-            user_name: None,
-            meta: None,
-            text: "x".into(),
-            dedup_until_ms: u64::MAX / 4,
+        message: n.accepted().pop().unwrap_or_else(|| {
+            StoredMessage::new(0, "tg", MessageFields::new("x", "7", "x"), u64::MAX / 4)
         }),
         starts: 0,
         outcome: None,
@@ -1004,19 +991,7 @@ fn a_message_loaded_while_the_instance_stops_stays_for_the_next_owner() {
     let g = cluster_tag(2, 1);
     let mut loaded = turnstile::internal::cluster::LoadedPartition::default();
     loaded.recovered.messages.push(RecoveredMessage {
-        message: StoredMessage {
-            seq: g,
-            platform: "tg".into(),
-            id: "m1".into(),
-            chat_type: "dm".into(),
-            chat_id: "1".into(),
-            thread_id: None,
-            user_id: None,
-            user_name: None,
-            meta: None,
-            text: "m1".into(),
-            dedup_until_ms: u64::MAX / 4,
-        },
+        message: StoredMessage::new(g, "tg", MessageFields::new("m1", "1", "m1"), u64::MAX / 4),
         starts: 0,
         outcome: None,
     });
@@ -1054,19 +1029,12 @@ fn a_result_for_an_origin_taken_for_dead_is_marked_redelivery() {
     let c = n.connect();
     let _ = n.take(c);
     let stored = |seq: u64, id: &str, chat: &str| RecoveredMessage {
-        message: StoredMessage {
+        message: StoredMessage::new(
             seq,
-            platform: "tg".into(),
-            id: id.into(),
-            chat_type: "dm".into(),
-            chat_id: chat.into(),
-            thread_id: None,
-            user_id: None,
-            user_name: None,
-            meta: None,
-            text: format!("text of {id}"),
-            dedup_until_ms: u64::MAX / 4,
-        },
+            "tg",
+            MessageFields::new(id, chat, &format!("text of {id}")),
+            u64::MAX / 4,
+        ),
         starts: 0,
         outcome: None,
     };

@@ -11,7 +11,7 @@ use turnstile::BridgeConfig;
 use turnstile::internal::cluster::{Arrival, ClusterReport, ClusterRequest, cluster_tag};
 use turnstile::internal::journal::Committed;
 use turnstile::internal::server::{Action, Bridge, ConnId, Flushed};
-use turnstile::{Record, RecoveredMessage, StoredMessage, StoredOutcome};
+use turnstile::{MessageFields, Record, RecoveredMessage, StoredMessage, StoredOutcome};
 
 struct Net {
     b: Bridge,
@@ -112,7 +112,7 @@ impl Net {
             .iter()
             .rev()
             .find_map(|r| match r {
-                Record::Accepted(m) if m.id == id => Some(m.seq),
+                Record::Accepted(m) if m.id() == id => Some(m.seq),
                 _ => None,
             })
             .expect("accepted");
@@ -144,19 +144,7 @@ fn done(text: &str, id: &str) -> StoredOutcome {
 
 fn stored(ct: u64, id: &str, platform: &str) -> Box<RecoveredMessage> {
     Box::new(RecoveredMessage {
-        message: StoredMessage {
-            seq: ct,
-            platform: platform.into(),
-            id: id.into(),
-            chat_type: "dm".into(),
-            chat_id: "1".into(),
-            thread_id: None,
-            user_id: None,
-            user_name: None,
-            meta: None,
-            text: "hi".into(),
-            dedup_until_ms: 0,
-        },
+        message: StoredMessage::new(ct, platform, MessageFields::new(id, "1", "hi"), 0),
         starts: 1,
         outcome: Some(done(&format!("re {id}"), id)),
     })

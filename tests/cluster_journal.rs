@@ -19,7 +19,7 @@ use turnstile::internal::cluster::{
     cluster_tag, partition_of, tag_parts,
 };
 use turnstile::internal::journal::{Committed, Journal, JournalConfig, now_ms};
-use turnstile::{Record, StoredMessage, StoredOutcome};
+use turnstile::{MessageFields, Record, StoredMessage, StoredOutcome};
 
 /// Every report so far, merged: the journal's completions and their cluster parts
 /// (`ClusterLink::report`); dereferences to the completions.
@@ -125,19 +125,12 @@ fn merge(all: &mut Report, c: Committed, cluster: ClusterReport) {
 }
 
 fn msg(tag: u64, id: &str, chat: &str) -> StoredMessage {
-    StoredMessage {
-        seq: tag,
-        platform: "telegram".into(),
-        id: id.into(),
-        chat_type: "dm".into(),
-        chat_id: chat.into(),
-        thread_id: None,
-        user_id: None,
-        user_name: None,
-        meta: None,
-        text: format!("text of {id}"),
-        dedup_until_ms: now_ms() + 600_000,
-    }
+    StoredMessage::new(
+        tag,
+        "telegram",
+        MessageFields::new(id, chat, &format!("text of {id}")),
+        now_ms() + 600_000,
+    )
 }
 
 fn part(chat: &str) -> u32 {
@@ -360,7 +353,7 @@ fn a_dead_members_partitions_are_gained_with_their_messages_under_cluster_tags()
         .recovered
         .messages
         .iter()
-        .map(|m| (m.message.seq, m.starts, m.message.id.as_str()))
+        .map(|m| (m.message.seq, m.starts, m.message.id()))
         .collect();
     let tags = [cluster_tag(p, seqs[0]), cluster_tag(p, seqs[1])];
     assert_eq!(
@@ -513,8 +506,8 @@ fn the_reader_brings_the_owner_what_others_accept_into_its_partitions_and_only_t
         } => {
             assert_eq!((*partition, *tag), (p, cluster_tag(p, seq)));
             assert_eq!(message.message.seq, *tag, "numbered by its cluster tag");
-            assert_eq!((message.message.id.as_str(), message.starts), ("m1", 0));
-            assert_eq!(message.message.text, "text of m1");
+            assert_eq!((message.message.id(), message.starts), ("m1", 0));
+            assert_eq!(message.message.fields.text, "text of m1");
             assert_eq!(origin, "b");
         }
         other => panic!("{other:?}"),

@@ -17,7 +17,7 @@ use turnstile::internal::cluster::{
     RedisStore, cluster_tag, partition_of,
 };
 use turnstile::internal::journal::now_ms;
-use turnstile::{StoredMessage, StoredOutcome};
+use turnstile::{MessageFields, StoredMessage, StoredOutcome};
 
 const P: u32 = 4;
 const LONG: Duration = Duration::from_secs(30);
@@ -31,19 +31,12 @@ fn store(r: &Redis, instance: &str) -> RedisStore {
 }
 
 fn msg(id: &str, chat: &str) -> StoredMessage {
-    StoredMessage {
-        seq: 0,
-        platform: "tg".into(),
-        id: id.into(),
-        chat_type: "dm".into(),
-        chat_id: chat.into(),
-        thread_id: None,
-        user_id: None,
-        user_name: None,
-        meta: None,
-        text: format!("text of {id}"),
-        dedup_until_ms: now_ms() + 600_000,
-    }
+    StoredMessage::new(
+        0,
+        "tg",
+        MessageFields::new(id, chat, &format!("text of {id}")),
+        now_ms() + 600_000,
+    )
 }
 
 struct Reading {
@@ -265,7 +258,7 @@ fn the_reader_records_hellos_forwards_to_the_newest_hellos_live_instance_and_car
     assert_eq!(results.len(), 1);
     assert_eq!(results[0].0, ct);
     assert_eq!(results[0].1.message.seq, ct, "numbered by its cluster tag");
-    assert_eq!(results[0].1.message.id, "m1");
+    assert_eq!(results[0].1.message.id(), "m1");
     assert_eq!(
         results[0].1.outcome.as_ref().map(|o| o.text.as_str()),
         Some("answer")

@@ -15,7 +15,7 @@ use turnstile::internal::cluster::{
     Accept, Acquire, ClusterConfig, Done, Lease, Op, Ownership, RedisStore, Stream, partition_of,
 };
 use turnstile::internal::journal::now_ms;
-use turnstile::{StoreErrorKind, StoredMessage, StoredOutcome};
+use turnstile::{ChatType, MessageFields, StoreErrorKind, StoredMessage, StoredOutcome};
 
 const P: u32 = 4;
 
@@ -31,19 +31,12 @@ fn store(r: &Redis, instance: &str) -> RedisStore {
 }
 
 fn msg(id: &str, chat: &str, until: u64) -> StoredMessage {
-    StoredMessage {
-        seq: 0,
-        platform: "telegram".into(),
-        id: id.into(),
-        chat_type: "dm".into(),
-        chat_id: chat.into(),
-        thread_id: None,
-        user_id: None,
-        user_name: None,
-        meta: None,
-        text: format!("text of {id}"),
-        dedup_until_ms: until,
-    }
+    StoredMessage::new(
+        0,
+        "telegram",
+        MessageFields::new(id, chat, &format!("text of {id}")),
+        until,
+    )
 }
 
 fn session(chat: &str) -> String {
@@ -255,14 +248,44 @@ fn the_load_of_a_partition_gives_back_what_was_accepted_and_not_finished() {
     let (p, s) = (part(chat), session(chat));
     let now = now_ms();
     let mut full = msg("m1", chat, later());
-    (full.thread_id, full.user_id, full.user_name) = (
+    (
+        full.fields.thread_id,
+        full.fields.user_id,
+        full.fields.user_name,
+    ) = (
         Some("t9".into()),
         Some("u1".into()),
         Some("Ünïcödé 🦀".into()),
     );
-    full.meta = Some(r#"{"k":[1,2]}"#.into());
-    full.text = "line one\nline \"two\" \u{0}".into();
+    full.fields.meta = Some(r#"{"k":[1,2]}"#.into());
+    full.fields.text = "line one\nline \"two\" \u{0}".into();
+    full.fields.chat_type = ChatType::Group;
     let s1 = new_seq(a.accept(p, &s, &full, 10, now).unwrap());
+    // Written in the fields every release so far has written (`ct` the chat type's name):
+    // the load below reads a message in that stored format.
+    let stored: std::collections::HashMap<String, Vec<u8>> = redis::cmd("HGETALL")
+        .arg(format!("ts:{{p{p}}}:m:{s1}"))
+        .query(&mut r.client())
+        .unwrap();
+    let text = |k: &str| {
+        stored
+            .get(k)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    };
+    let fields = ["p", "i", "ct", "c", "th", "u", "un", "meta", "tx"].map(text);
+    let want = [
+        "telegram",
+        "m1",
+        "group",
+        chat,
+        "t9",
+        "u1",
+        "Ünïcödé 🦀",
+        r#"{"k":[1,2]}"#,
+        "line one\nline \"two\" \u{0}",
+    ]
+    .map(|v| Some(v.to_owned()));
+    assert_eq!(fields, want);
     let s2 = new_seq(b.accept(p, &s, &msg("m2", chat, later()), 10, now).unwrap());
     let s3 = new_seq(a.accept(p, &s, &msg("m3", chat, later()), 10, now).unwrap());
     let s4 = new_seq(b.accept(p, &s, &msg("m4", chat, later()), 10, now).unwrap());

@@ -7,23 +7,23 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use turnstile::internal::journal::{FaultyStore, Journal, JournalConfig, Model, now_ms};
-use turnstile::{MemStore, Record, SqliteStore, Store, StoredMessage, StoredOutcome};
+use turnstile::{
+    ChatType, MemStore, MessageFields, Record, SqliteStore, Store, StoredMessage, StoredOutcome,
+};
 
 fn message(seq: u64, text: &str) -> StoredMessage {
-    StoredMessage {
+    StoredMessage::new(
         seq,
-        platform: format!("p{}", seq % 3),
-        id: format!("m-{seq}"),
-        chat_type: "dm".into(),
-        chat_id: format!("c{}", seq % 5),
-        thread_id: seq.is_multiple_of(4).then(|| "t".to_string()),
-        user_id: Some(format!("u{seq}")),
-        user_name: seq.is_multiple_of(2).then(|| "Ann".to_string()),
-        meta: seq.is_multiple_of(3).then(|| "{\"k\":1}".to_string()),
-        text: text.into(),
-        // In the future: the store's housekeeping expires ids by the wall clock.
-        dedup_until_ms: now_ms() + 3_600_000 + seq,
-    }
+        &format!("p{}", seq % 3),
+        MessageFields {
+            user_id: Some(format!("u{seq}")),
+            user_name: seq.is_multiple_of(2).then(|| "Ann".to_string()),
+            thread_id: seq.is_multiple_of(4).then(|| "t".to_string()),
+            meta: seq.is_multiple_of(3).then(|| "{\"k\":1}".to_string()),
+            ..MessageFields::new(&format!("m-{seq}"), &format!("c{}", seq % 5), text)
+        }, // In the future: the store's housekeeping expires ids by the wall clock.
+        now_ms() + 3_600_000 + seq,
+    )
 }
 
 fn outcome(seq: u64, text: &str) -> StoredOutcome {
@@ -710,11 +710,96 @@ fn batched_deliveries_keep_the_holes_and_the_order_of_the_records() {
         let r = store.load(now).unwrap();
         let seqs: Vec<u64> = r.messages.iter().map(|m| m.message.seq).collect();
         assert_eq!(seqs, vec![4, 10]);
-        assert_eq!(r.messages[0].message.text, "again");
+        assert_eq!(r.messages[0].message.fields.text, "again");
         assert_eq!(r.messages[1].starts, 2);
         assert_eq!(r, model.recovered(now));
     }
     let now = now_ms();
     let mut store = SqliteStore::open(dir.path()).unwrap();
     assert_eq!(store.load(now).unwrap(), model.recovered(now));
+}
+
+/// A row as every release so far has written it — `chat_type` by its name, the platform
+/// in its own column, the checksum over the same fields (the `sum` here was computed apart,
+/// by an FNV-1a of the fields as the 0.x stores wrote them) — loads as the message it was;
+/// the store writes a message as that same row; a `chat_type` no release writes makes the
+/// row unreadable (quarantined), not a guess.
+#[test]
+fn a_row_in_the_stored_format_of_earlier_releases_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let until = 4_102_444_800_000;
+    let fields = MessageFields {
+        chat_type: ChatType::Group,
+        thread_id: Some("t1".into()),
+        user_id: Some("@ann:hs".into()),
+        user_name: Some("Ann".into()),
+        meta: Some(r#"{"k":[1,2]}"#.into()),
+        ..MessageFields::new("m-7", "!room:hs", "h\u{e9}llo \"x\"\n")
+    };
+    let m = StoredMessage::new(7, "matrix", fields, until);
+    let old_row = (
+        "matrix".to_string(),
+        "m-7".to_string(),
+        "group".to_string(),
+        "!room:hs".to_string(),
+        [
+            Some("t1"),
+            Some("@ann:hs"),
+            Some("Ann"),
+            Some(r#"{"k":[1,2]}"#),
+        ]
+        .map(|s| s.map(String::from)),
+        (
+            "h\u{e9}llo \"x\"\n".to_string(),
+            until as i64,
+            6_586_495_355_791_925_230_i64,
+        ),
+    );
+    let path = dir.path().join("journal.sqlite3");
+    {
+        let mut store = SqliteStore::open(dir.path()).unwrap();
+        store
+            .write(&[
+                Record::Accepted(m.clone()),
+                Record::Accepted(message(8, "x")),
+            ])
+            .unwrap();
+    }
+    let row = |c: &rusqlite::Connection| {
+        c.query_row(
+            "SELECT platform, id, chat_type, chat_id, thread_id, user_id, user_name, meta, text,
+             dedup_until, sum FROM messages WHERE seq = 7",
+            [],
+            |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, String>(3)?,
+                    [r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?],
+                    (r.get(8)?, r.get(9)?, r.get(10)?),
+                ))
+            },
+        )
+        .unwrap()
+    };
+    {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        assert_eq!(row(&c), old_row, "the stored format is unchanged");
+    }
+    let mut store = SqliteStore::open(dir.path()).unwrap();
+    let r = store.load(now_ms()).unwrap();
+    assert_eq!(r.messages[0].message, m);
+    assert_eq!(store.quarantined(), 0);
+    drop(store);
+    {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute("UPDATE messages SET chat_type = 'room' WHERE seq = 7", [])
+            .unwrap();
+    }
+    let mut store = SqliteStore::open(dir.path()).unwrap();
+    let r = store.load(now_ms()).unwrap();
+    let seqs: Vec<u64> = r.messages.iter().map(|m| m.message.seq).collect();
+    assert_eq!(seqs, vec![8]);
+    assert_eq!(store.quarantined(), 1);
 }

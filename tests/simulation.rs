@@ -500,8 +500,8 @@ impl World {
                     Action::Journal(r) => {
                         if let Record::Accepted(m) = &r {
                             // A sequence number not durable before a crash is used again.
-                            self.seq_of.insert(m.id.clone(), m.seq);
-                            self.id_of.insert(m.seq, m.id.clone());
+                            self.seq_of.insert(m.fields.id.clone(), m.seq);
+                            self.id_of.insert(m.seq, m.fields.id.clone());
                         }
                         gw.journal.queue.push_back(r);
                     }

@@ -83,6 +83,7 @@ use std::time::Duration;
 use common::sim::{Rng, env_u64, panic_text};
 use serde_json::{Value, json};
 use turnstile::BridgeConfig;
+use turnstile::SessionKey;
 use turnstile::internal::cluster::{
     Arrival, ClusterReport, ClusterRequest, Lease, LoadedPartition, Ownership, cluster_tag,
     partition_of, tag_parts,
@@ -90,7 +91,6 @@ use turnstile::internal::cluster::{
 use turnstile::internal::core::{Core, Effect, Input, TurnJob, TurnResult};
 use turnstile::internal::journal::Committed;
 use turnstile::internal::server::{Action, Bridge, ConnId, Flushed};
-use turnstile::{ChatType, SessionKey};
 use turnstile::{CoreConfig, Reply};
 use turnstile::{Record, RecoveredMessage, StoredMessage, StoredOutcome};
 
@@ -233,7 +233,7 @@ impl Redis {
         let nodedup = self.brk == Break::NoDedup;
         let part = &mut self.parts[p as usize];
         part.dedup.retain(|_, until| *until > wall);
-        let key = (m.platform.clone(), m.id.clone());
+        let key = (m.platform().to_owned(), m.fields.id.clone());
         if !nodedup && part.dedup.contains_key(&key) {
             return Accepted::Duplicate;
         }
@@ -327,7 +327,7 @@ impl Redis {
                 part.sessions.remove(&m.session);
             }
         }
-        let key = (m.stored.platform.clone(), m.stored.id.clone());
+        let key = (m.stored.platform().to_owned(), m.stored.fields.id.clone());
         if !forget && m.stored.dedup_until_ms > wall {
             part.dedup.insert(key, m.stored.dedup_until_ms);
         } else {
@@ -399,7 +399,7 @@ impl Redis {
                 match part
                     .msgs
                     .values()
-                    .find(|m| m.stored.platform == *platform && m.stored.id == *id)
+                    .find(|m| m.stored.platform() == *platform && m.stored.fields.id == *id)
                 {
                     Some(m) => m.stored.dedup_until_ms,
                     None => continue,
@@ -420,7 +420,7 @@ impl Redis {
 
 /// An arrival, briefly, for the trace.
 fn describe(a: &Arrival) -> String {
-    let id = |m: &RecoveredMessage| m.message.id.clone();
+    let id = |m: &RecoveredMessage| m.message.fields.id.clone();
     match a {
         Arrival::Message {
             message, origin, ..
@@ -639,13 +639,13 @@ fn canonical(v: &Value) -> String {
 
 /// The session key of a stored message, as the bridge built it (member.rs's `session_of`).
 fn session_of(m: &StoredMessage) -> Option<String> {
-    let chat_type = ChatType::parse(&m.chat_type)?;
+    let f = &m.fields;
     SessionKey::new(
-        &m.platform,
-        chat_type,
-        &m.chat_id,
-        m.thread_id.as_deref(),
-        m.user_id.as_deref(),
+        m.platform(),
+        f.chat_type,
+        &f.chat_id,
+        f.thread_id.as_deref(),
+        f.user_id.as_deref(),
     )
     .ok()
     .map(|k| k.as_str().to_owned())
@@ -1068,7 +1068,7 @@ impl World {
                         Accepted::New(seq) => {
                             g.tags.insert(m.seq, (p, seq));
                             g.back.insert((p, seq), m.seq);
-                            self.seq_of.insert(m.id.clone(), (p, seq));
+                            self.seq_of.insert(m.fields.id.clone(), (p, seq));
                             c.cluster.placed.push((m.seq, cluster_tag(p, seq)));
                             if g.own.holds(p) {
                                 c.durable.push(m.seq);
@@ -1984,7 +1984,7 @@ impl World {
                     .redis
                     .parts
                     .iter()
-                    .flat_map(|p| p.msgs.values().map(|m| m.stored.id.clone()))
+                    .flat_map(|p| p.msgs.values().map(|m| m.stored.fields.id.clone()))
                     .collect();
                 if !left.is_empty() {
                     // Confirmations may still be on their way to the store.
@@ -2012,7 +2012,7 @@ impl World {
             .redis
             .parts
             .iter()
-            .flat_map(|p| p.msgs.values().map(|m| m.stored.id.clone()))
+            .flat_map(|p| p.msgs.values().map(|m| m.stored.fields.id.clone()))
             .collect();
         let busy: Vec<String> = self
             .insts

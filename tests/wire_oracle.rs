@@ -5,7 +5,8 @@
 use serde_json::{Map, Value};
 
 use turnstile::ChatType;
-use turnstile::internal::wire::{ClientOp, LineError, MessageFields};
+use turnstile::MessageFields;
+use turnstile::internal::wire::{ClientOp, LineError};
 
 /// The first `max` characters of `s`.
 fn truncate(s: &str, max: usize) -> &str {

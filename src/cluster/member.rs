@@ -42,7 +42,7 @@ use crate::journal::thread::Gauges;
 use crate::journal::{
     Committed, Journal, JournalConfig, Record, StoreError, StoredMessage, now_ms,
 };
-use crate::message::{ChatType, SessionKey};
+use crate::message::SessionKey;
 
 /// The top bit of a [`cluster_tag`].
 const CLUSTER_BIT: u64 = 1 << 63;
@@ -449,7 +449,7 @@ impl Member {
         {
             match (r, place) {
                 (Record::Accepted(m), _) => {
-                    log::error!("message {}: no session key; rejected storage", m.id);
+                    log::error!("message {}: no session key; rejected storage", m.id());
                     c.failed.push(m.seq);
                 }
                 (_, Place::At { partition, .. }) => {
@@ -805,13 +805,13 @@ fn to_ops<'a>(
 
 /// The session key of a stored message, as the bridge built it when it admitted it.
 fn session_of(m: &StoredMessage) -> Option<String> {
-    let chat_type = ChatType::parse(&m.chat_type)?;
+    let f = &m.fields;
     SessionKey::new(
-        &m.platform,
-        chat_type,
-        &m.chat_id,
-        m.thread_id.as_deref(),
-        m.user_id.as_deref(),
+        m.platform(),
+        f.chat_type,
+        &f.chat_id,
+        f.thread_id.as_deref(),
+        f.user_id.as_deref(),
     )
     .ok()
     .map(|k| k.as_str().to_owned())
@@ -820,6 +820,8 @@ fn session_of(m: &StoredMessage) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::ChatType;
+    use crate::wire::MessageFields;
 
     #[test]
     fn a_cluster_tag_gives_back_its_partition_and_seq_and_never_looks_like_a_bridges() {
@@ -834,26 +836,17 @@ mod tests {
 
     #[test]
     fn the_session_of_a_stored_message_is_the_bridges_key() {
-        let m = StoredMessage {
-            seq: 1,
-            platform: "telegram".into(),
-            id: "m".into(),
-            chat_type: "group".into(),
-            chat_id: "g:1".into(),
-            thread_id: None,
+        let fields = MessageFields {
+            chat_type: ChatType::Group,
             user_id: Some("u".into()),
-            user_name: None,
-            meta: None,
-            text: "hi".into(),
-            dedup_until_ms: 0,
+            ..MessageFields::new("m", "g:1", "hi")
         };
+        let m = StoredMessage::new(1, "telegram", fields, 0);
         let key =
             SessionKey::new("telegram", ChatType::Group, "g:1", None, Some("u")).expect("key");
         assert_eq!(session_of(&m).as_deref(), Some(key.as_str()));
-        let bad = StoredMessage {
-            chat_type: "nope".into(),
-            ..m
-        };
+        let mut bad = m;
+        bad.fields.chat_id = String::new();
         assert_eq!(session_of(&bad), None);
     }
 }

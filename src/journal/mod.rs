@@ -29,35 +29,51 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::wire::MessageFields;
+
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use thread::{Committed, Journal, JournalConfig};
 
-/// A message as it was accepted: enough to rebuild it exactly.
+/// A message as it was accepted: enough to rebuild it exactly. Its fields are the protocol's
+/// [`MessageFields`], with `platform` always set (the connection's hello platform when the
+/// line named none); stores write them in the columns they always had (`chat_type` by its
+/// name).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredMessage {
     /// Journal order: the bridge's route tag, increasing across restarts.
     pub seq: u64,
-    /// The platform.
-    pub platform: String,
-    /// The platform's message id.
-    pub id: String,
-    /// `dm`, `group`, `channel` or `thread`.
-    pub chat_type: String,
-    /// The chat.
-    pub chat_id: String,
-    /// The thread, if any.
-    pub thread_id: Option<String>,
-    /// The sender's id.
-    pub user_id: Option<String>,
-    /// The sender's display name.
-    pub user_name: Option<String>,
-    /// The platform's metadata (a JSON object, serialized).
-    pub meta: Option<String>,
-    /// The text.
-    pub text: String,
+    /// The message's fields (`platform` set).
+    pub fields: MessageFields,
     /// Wall-clock time (ms since the Unix epoch) until which the id is a duplicate.
     pub dedup_until_ms: u64,
+}
+
+impl StoredMessage {
+    /// The record of the message `fields` on `platform`, journaled as `seq`.
+    pub fn new(
+        seq: u64,
+        platform: &str,
+        mut fields: MessageFields,
+        dedup_until_ms: u64,
+    ) -> StoredMessage {
+        fields.platform = Some(platform.to_owned());
+        StoredMessage {
+            seq,
+            fields,
+            dedup_until_ms,
+        }
+    }
+
+    /// The platform (empty if `fields.platform` was left unset).
+    pub fn platform(&self) -> &str {
+        self.fields.platform.as_deref().unwrap_or("")
+    }
+
+    /// The platform's message id.
+    pub fn id(&self) -> &str {
+        &self.fields.id
+    }
 }
 
 /// A terminal line as it goes out: `head`, then `text` escaped as a JSON string body, then
@@ -282,8 +298,10 @@ impl Model {
         match r {
             Record::Accepted(m) => {
                 self.max_seq = self.max_seq.max(m.seq);
-                self.dedup
-                    .insert((m.platform.clone(), m.id.clone()), m.dedup_until_ms);
+                self.dedup.insert(
+                    (m.platform().to_owned(), m.id().to_owned()),
+                    m.dedup_until_ms,
+                );
                 self.messages.insert(
                     m.seq,
                     RecoveredMessage {
@@ -308,8 +326,8 @@ impl Model {
             }
             Record::Forget { seq } => {
                 if let Some(m) = self.messages.remove(seq) {
-                    self.dedup
-                        .remove(&(m.message.platform.clone(), m.message.id.clone()));
+                    let (p, id) = (m.message.platform(), m.message.id());
+                    self.dedup.remove(&(p.to_owned(), id.to_owned()));
                 }
             }
         }

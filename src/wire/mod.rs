@@ -97,10 +97,8 @@ pub struct MessageFields {
 
 impl MessageFields {
     /// A message with only the required fields (a `dm` without user, on the connection's
-    /// platform).
-    // Only the bridges (feature `cli`) build messages to send.
-    #[cfg_attr(not(feature = "cli"), allow(dead_code))]
-    pub(crate) fn new(id: &str, chat_id: &str, text: &str) -> MessageFields {
+    /// platform); set the others with struct update syntax.
+    pub fn new(id: &str, chat_id: &str, text: &str) -> MessageFields {
         MessageFields {
             id: id.to_owned(),
             platform: None,

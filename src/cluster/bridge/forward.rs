@@ -151,11 +151,11 @@ impl Bridge {
                 taken.push(tag);
                 continue;
             }
-            if m.message.platform != platform {
+            if m.message.platform() != platform {
                 refused.push(tag);
                 continue;
             }
-            let id: Arc<str> = m.message.id.as_str().into();
+            let id: Arc<str> = m.message.id().into();
             let mut frame = Frame::new(Body::from_stored(outcome), Some(key.clone()))
                 .of_message(tag, id.clone());
             frame.cluster = tag;

@@ -6,6 +6,8 @@ use redis::Value;
 
 use super::{Keys, LoadedPartition, RedisStore, bytes, dedup_member, malformed, text};
 use crate::journal::{Recovered, RecoveredMessage, StoreError, StoredMessage, StoredOutcome};
+use crate::message::ChatType;
+use crate::wire::MessageFields;
 
 impl RedisStore {
     /// One partition as a new owner rebuilds it: an atomic snapshot of its messages in
@@ -62,7 +64,7 @@ impl RedisStore {
                 .ok_or_else(|| malformed("load: message seq"))?;
             let (rm, origin) = message_of(partition, seq, fields)?;
             windows.insert(
-                dedup_member(&rm.message.platform, &rm.message.id),
+                dedup_member(rm.message.platform(), rm.message.id()),
                 rm.message.dedup_until_ms,
             );
             out.origins.insert(seq, origin);
@@ -162,17 +164,27 @@ fn message_of(
             ))
         })
     };
-    let message = StoredMessage {
-        seq,
-        platform: need("p")?,
-        id: need("i")?,
-        chat_type: need("ct")?,
+    // In the order the fields were always read (the first missing one is named).
+    let (platform, id, chat_type) = (need("p")?, need("i")?, need("ct")?);
+    let chat_type = ChatType::parse(&chat_type).ok_or_else(|| {
+        StoreError::untrusted(format!(
+            "redis: partition {partition}, message {seq}: field ct is not a chat type"
+        ))
+    })?;
+    let fields = MessageFields {
+        id,
+        platform: Some(platform),
         chat_id: need("c")?,
-        thread_id: s("th"),
+        chat_type,
         user_id: s("u"),
         user_name: s("un"),
+        thread_id: s("th"),
         meta: s("meta"),
         text: need("tx")?,
+    };
+    let message = StoredMessage {
+        seq,
+        fields,
         dedup_until_ms: num("du")?,
     };
     let outcome = match (f.get("oh"), s("ot"), f.get("ol")) {

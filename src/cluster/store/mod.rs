@@ -642,7 +642,7 @@ impl RedisStore {
                 let names = ["seq", "q", "dedup", "dedupx", "sessions", "in"].map(|k| keys.k(k));
                 let mut c = evalsha(&s.accept, &names);
                 c.arg(keys.k("m:"))
-                    .arg(dedup_member(&m.platform, &m.id))
+                    .arg(dedup_member(m.platform(), m.id()))
                     .arg(now_ms)
                     .arg(m.dedup_until_ms)
                     .arg(session)
@@ -650,16 +650,17 @@ impl RedisStore {
                     .arg(STREAM_MAXLEN)
                     .arg(PRUNE_PER_ACCEPT)
                     .arg(&self.cfg.instance);
+                let f = &m.fields;
                 for (k, v) in [
-                    ("p", Some(&m.platform)),
-                    ("i", Some(&m.id)),
-                    ("ct", Some(&m.chat_type)),
-                    ("c", Some(&m.chat_id)),
-                    ("tx", Some(&m.text)),
-                    ("th", m.thread_id.as_ref()),
-                    ("u", m.user_id.as_ref()),
-                    ("un", m.user_name.as_ref()),
-                    ("meta", m.meta.as_ref()),
+                    ("p", Some(m.platform())),
+                    ("i", Some(f.id.as_str())),
+                    ("ct", Some(f.chat_type.as_str())),
+                    ("c", Some(f.chat_id.as_str())),
+                    ("tx", Some(f.text.as_str())),
+                    ("th", f.thread_id.as_deref()),
+                    ("u", f.user_id.as_deref()),
+                    ("un", f.user_name.as_deref()),
+                    ("meta", f.meta.as_deref()),
                 ] {
                     if let Some(v) = v {
                         c.arg(k).arg(v);

@@ -3,6 +3,8 @@
 
 use super::*;
 use crate::journal::mark::MARK_FILE;
+use crate::message::ChatType;
+use crate::wire::MessageFields;
 
 /// A row of the messages table as stored: the message, its checksum, its outcome blob.
 type MessageRow = (RecoveredMessage, i64, Option<Vec<u8>>);
@@ -197,17 +199,25 @@ impl SqliteStore {
 
 fn message_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<MessageRow> {
     let seq: i64 = row.get(0)?;
-    let message = StoredMessage {
-        seq: seq as u64,
-        platform: row.get(1)?,
+    let chat_type: String = row.get(3)?;
+    let chat_type = ChatType::parse(&chat_type).ok_or_else(|| {
+        let e = format!("chat_type {chat_type:?} is not dm, group, channel or thread");
+        rusqlite::Error::FromSqlConversionFailure(3, rusqlite::types::Type::Text, e.into())
+    })?;
+    let fields = MessageFields {
         id: row.get(2)?,
-        chat_type: row.get(3)?,
+        platform: Some(row.get(1)?),
         chat_id: row.get(4)?,
-        thread_id: row.get(5)?,
+        chat_type,
         user_id: row.get(6)?,
         user_name: row.get(7)?,
+        thread_id: row.get(5)?,
         meta: row.get(8)?,
         text: row.get(9)?,
+    };
+    let message = StoredMessage {
+        seq: seq as u64,
+        fields,
         dedup_until_ms: row.get::<_, i64>(10)? as u64,
     };
     let sum: i64 = row.get(11)?;

@@ -269,23 +269,24 @@ fn message_sum(m: &StoredMessage) -> u64 {
     fn opt(o: &Option<String>) -> &[u8] {
         o.as_deref().unwrap_or("").as_bytes()
     }
+    let f = &m.fields;
     let present = [
-        u8::from(m.thread_id.is_some()),
-        u8::from(m.user_id.is_some()),
-        u8::from(m.user_name.is_some()),
-        u8::from(m.meta.is_some()),
+        u8::from(f.thread_id.is_some()),
+        u8::from(f.user_id.is_some()),
+        u8::from(f.user_name.is_some()),
+        u8::from(f.meta.is_some()),
     ];
     checksum(&[
         &m.seq.to_le_bytes(),
-        m.platform.as_bytes(),
-        m.id.as_bytes(),
-        m.chat_type.as_bytes(),
-        m.chat_id.as_bytes(),
-        opt(&m.thread_id),
-        opt(&m.user_id),
-        opt(&m.user_name),
-        opt(&m.meta),
-        m.text.as_bytes(),
+        m.platform().as_bytes(),
+        f.id.as_bytes(),
+        f.chat_type.as_str().as_bytes(),
+        f.chat_id.as_bytes(),
+        opt(&f.thread_id),
+        opt(&f.user_id),
+        opt(&f.user_name),
+        opt(&f.meta),
+        f.text.as_bytes(),
         &m.dedup_until_ms.to_le_bytes(),
         &present,
     ])
@@ -356,17 +357,18 @@ fn write_record(tx: &Transaction<'_>, r: &Record) -> rusqlite::Result<i64> {
     debug_assert!(!matches!(r, Record::Delivered { .. }));
     match r {
         Record::Accepted(m) => {
+            let f = &m.fields;
             let columns = params![
                 m.seq as i64,
-                m.platform,
-                m.id,
-                m.chat_type,
-                m.chat_id,
-                m.thread_id,
-                m.user_id,
-                m.user_name,
-                m.meta,
-                m.text,
+                m.platform(),
+                f.id,
+                f.chat_type.as_str(),
+                f.chat_id,
+                f.thread_id,
+                f.user_id,
+                f.user_name,
+                f.meta,
+                f.text,
                 m.dedup_until_ms as i64,
                 message_sum(m) as i64,
             ];
@@ -391,7 +393,7 @@ fn write_record(tx: &Transaction<'_>, r: &Record) -> rusqlite::Result<i64> {
             tx.prepare_cached(
                 "INSERT OR REPLACE INTO dedup (platform, id, until) VALUES (?1, ?2, ?3)",
             )?
-            .execute(params![m.platform, m.id, m.dedup_until_ms as i64])?;
+            .execute(params![m.platform(), f.id, m.dedup_until_ms as i64])?;
             Ok(added as i64)
         }
         Record::Started { seq, attempt } => {

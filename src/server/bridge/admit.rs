@@ -18,113 +18,42 @@ use super::routes::{InFlight, Phase};
 use super::{Action, Bridge, ConnId};
 use crate::core::AcceptState;
 use crate::journal::StoredMessage;
-use crate::message::{ChatType, InvalidInput, Message, SessionKey};
+use crate::message::{InvalidInput, Message, SessionKey};
 use crate::wire::{MessageFields, ServerOp, check_platform, encode};
 
-/// A platform's metadata (a JSON object, serialized), and whether it was already parsed.
-pub(super) enum Meta {
-    /// From a client's line: the protocol parsed it as an object and serialized it compactly.
-    Parsed(String),
-    /// From the journal: not parsed yet.
-    Stored(String),
-}
-
-impl Meta {
-    fn as_str(&self) -> &str {
-        match self {
-            Meta::Parsed(m) | Meta::Stored(m) => m,
-        }
-    }
-}
-
-/// A message's fields, before they are checked.
-pub(super) struct Draft {
-    platform: String,
-    id: String,
-    chat_type: ChatType,
-    chat_id: String,
-    thread_id: Option<String>,
-    user_id: Option<String>,
-    user_name: Option<String>,
-    meta: Option<Meta>,
-    text: String,
-}
-
-impl Draft {
-    /// The fields of a client's `message` line, for `platform`.
-    pub(super) fn from_line(platform: &str, m: MessageFields) -> Draft {
-        Draft {
-            platform: platform.to_owned(),
-            id: m.id,
-            chat_type: m.chat_type,
-            chat_id: m.chat_id,
-            thread_id: m.thread_id,
-            user_id: m.user_id,
-            user_name: m.user_name,
-            meta: m.meta.map(Meta::Parsed),
-            text: m.text,
-        }
-    }
-
-    /// The fields of a journaled message.
-    pub(super) fn from_stored(m: &StoredMessage) -> Result<Draft, Refusal> {
-        let chat_type = ChatType::parse(&m.chat_type).ok_or(InvalidInput {
-            field: "chat_type",
-            problem: "unknown",
-        })?;
-        Ok(Draft {
-            platform: m.platform.clone(),
-            id: m.id.clone(),
-            chat_type,
-            chat_id: m.chat_id.clone(),
-            thread_id: m.thread_id.clone(),
-            user_id: m.user_id.clone(),
-            user_name: m.user_name.clone(),
-            meta: m.meta.clone().map(Meta::Stored),
-            text: m.text.clone(),
-        })
-    }
-
-    /// The journal record of the admitted message `seq`.
-    fn into_stored(self, seq: u64, dedup_until_ms: u64) -> StoredMessage {
-        StoredMessage {
-            seq,
-            platform: self.platform,
-            id: self.id,
-            chat_type: self.chat_type.as_str().to_string(),
-            chat_id: self.chat_id,
-            thread_id: self.thread_id,
-            user_id: self.user_id,
-            user_name: self.user_name,
-            meta: self.meta.map(|m| match m {
-                Meta::Parsed(m) | Meta::Stored(m) => m,
-            }),
-            text: self.text,
-            dedup_until_ms,
-        }
-    }
+/// Where a message's fields come from, which says what is left to check of its `meta`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Source {
+    /// A client's line: the protocol parsed `meta` as an object and serialized it compactly.
+    Line,
+    /// The journal: `meta` not parsed yet.
+    Journal,
 }
 
 /// A message that passed every check of its fields.
 pub(super) struct Admitted {
     pub(super) message: Message,
-    /// Its fields, for its journal record.
-    draft: Draft,
+    /// Its fields (`platform` set), for its journal record.
+    fields: MessageFields,
 }
 
-/// Builds the message `d` describes: the one builder of a [`Message`], for a client's line
-/// and for a journaled message alike.
-pub(super) fn build(d: Draft) -> Result<Admitted, Refusal> {
+/// Builds the message `f` describes on `platform` (which `f.platform` becomes): the one
+/// builder of a [`Message`], for a client's line and for a journaled message alike.
+pub(super) fn build(
+    platform: &str,
+    mut f: MessageFields,
+    source: Source,
+) -> Result<Admitted, Refusal> {
     let key = SessionKey::new(
-        &d.platform,
-        d.chat_type,
-        &d.chat_id,
-        d.thread_id.as_deref(),
-        d.user_id.as_deref(),
+        platform,
+        f.chat_type,
+        &f.chat_id,
+        f.thread_id.as_deref(),
+        f.user_id.as_deref(),
     )?;
     let with_key = |e: InvalidInput| Refusal::from(e).with_session(&key);
-    let mut message = Message::new(&d.id, key.clone(), &d.text).map_err(with_key)?;
-    message = match (&d.user_id, &d.user_name) {
+    let mut message = Message::new(&f.id, key.clone(), &f.text).map_err(with_key)?;
+    message = match (&f.user_id, &f.user_name) {
         (Some(u), name) => message.from_user(u, name.as_deref()).map_err(with_key)?,
         (None, Some(_)) => {
             return Err(with_key(InvalidInput {
@@ -134,16 +63,14 @@ pub(super) fn build(d: Draft) -> Result<Admitted, Refusal> {
         }
         (None, None) => message,
     };
-    message = match &d.meta {
-        None => message,
-        Some(Meta::Parsed(m)) => message.with_object_meta(m).map_err(with_key)?,
-        Some(Meta::Stored(m)) => message.with_meta(m).map_err(with_key)?,
+    message = match (&f.meta, source) {
+        (None, _) => message,
+        (Some(m), Source::Line) => message.with_object_meta(m).map_err(with_key)?,
+        (Some(m), Source::Journal) => message.with_meta(m).map_err(with_key)?,
     };
-    debug_assert_eq!(
-        message.context.meta.as_deref(),
-        d.meta.as_ref().map(Meta::as_str)
-    );
-    Ok(Admitted { message, draft: d })
+    debug_assert_eq!(message.context.meta.as_deref(), f.meta.as_deref());
+    f.platform = Some(platform.to_owned());
+    Ok(Admitted { message, fields: f })
 }
 
 impl Bridge {
@@ -159,7 +86,7 @@ impl Bridge {
         let Some(name) = self.sender_platform(conn, m.platform.as_deref())? else {
             return Ok(());
         };
-        let admitted = build(Draft::from_line(&name, m))?;
+        let admitted = build(&name, m, Source::Line)?;
         let fp = fingerprint(&admitted.message.id);
         let (durable, routes) = (self.durable.as_ref(), &mut self.routes);
         let (platform, claim) = self
@@ -223,7 +150,7 @@ impl Bridge {
         admitted: Admitted,
         now: Duration,
     ) {
-        let Admitted { message, draft } = admitted;
+        let Admitted { message, fields } = admitted;
         let mut route = InFlight::new(
             conn,
             message.id.clone(),
@@ -241,7 +168,12 @@ impl Bridge {
         let Some(d) = &mut self.durable else {
             return self.actions.push_back(Action::Submit { tag, message });
         };
-        let stored = draft.into_stored(tag, d.wall_ms(now + self.cfg.dedup_window));
+        let dedup_until_ms = d.wall_ms(now + self.cfg.dedup_window);
+        let stored = StoredMessage {
+            seq: tag,
+            fields,
+            dedup_until_ms,
+        };
         log::debug!("message {tag} waits for the journal");
         self.actions.push_back(d.wait(tag, message, stored));
     }
@@ -326,6 +258,7 @@ impl Bridge {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::ChatType;
 
     fn fields(meta: Option<&str>) -> MessageFields {
         MessageFields {
@@ -341,13 +274,24 @@ mod tests {
         }
     }
 
+    /// What the bridge journals for a message it admitted from a line.
+    fn record(a: Admitted, seq: u64) -> StoredMessage {
+        StoredMessage {
+            seq,
+            fields: a.fields,
+            dedup_until_ms: 99,
+        }
+    }
+
     #[test]
     fn a_line_and_its_journal_record_build_the_same_message() {
-        let from_line = build(Draft::from_line("tg", fields(Some(r#"{"k":1}"#)))).expect("line");
-        let stored = from_line.draft.into_stored(5, 99);
-        assert_eq!((stored.seq, stored.dedup_until_ms), (5, 99));
-        let again = build(Draft::from_stored(&stored).expect("draft")).expect("record");
-        assert_eq!(again.message, from_line.message);
+        let from_line = build("tg", fields(Some(r#"{"k":1}"#)), Source::Line).expect("line");
+        let message = from_line.message.clone();
+        let stored = record(from_line, 5);
+        assert_eq!((stored.seq, stored.platform()), (5, "tg"));
+        let again = build(stored.platform(), stored.fields.clone(), Source::Journal);
+        let again = again.expect("record");
+        assert_eq!(again.message, message);
         assert_eq!(again.message.context.meta.as_deref(), Some(r#"{"k":1}"#));
     }
 
@@ -355,21 +299,18 @@ mod tests {
     fn refusals_name_the_session_once_it_is_known() {
         let mut m = fields(None);
         m.chat_id = String::new();
-        let r = build(Draft::from_line("tg", m)).err().expect("no chat id");
+        let r = build("tg", m, Source::Line).err().expect("no chat id");
         assert_eq!((r.reason, r.session.is_none()), ("invalid", true));
         let mut m = fields(None);
         m.user_id = None;
-        let r = build(Draft::from_line("tg", m))
+        let r = build("tg", m, Source::Line)
             .err()
             .expect("a name without an id");
         assert_eq!(r.detail, "user_name: needs user_id");
         assert!(r.session.is_some());
-        let mut s = build(Draft::from_line("tg", fields(None)))
-            .expect("ok")
-            .draft
-            .into_stored(1, 0);
-        s.meta = Some("[1]".into());
-        let r = build(Draft::from_stored(&s).expect("draft"))
+        let mut s = record(build("tg", fields(None), Source::Line).expect("ok"), 1);
+        s.fields.meta = Some("[1]".into());
+        let r = build(s.platform(), s.fields.clone(), Source::Journal)
             .err()
             .expect("bad stored meta");
         assert!(

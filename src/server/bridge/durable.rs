@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::super::dedup::fingerprint;
 use super::super::frame::Frame;
-use super::admit::{Draft, build};
+use super::admit::{Source, build};
 use super::refusal::Refusal;
 use super::routes::{InFlight, Phase, Routes, no_conn};
 use super::status::{JournalStatus, RecoveryCounts};
@@ -360,15 +360,15 @@ impl Bridge {
         // Where its result goes: a connection waiting for it (a cluster partition gained
         // here), else its platform's newest hello.
         let to = self.rebound(m.seq);
-        let Some(platform) = self.platforms.force(&m.platform) else {
+        let Some(platform) = self.platforms.force(m.platform()) else {
             return;
         };
         self.platforms.reserve(&platform);
-        let id: std::sync::Arc<str> = m.id.as_str().into();
+        let id: std::sync::Arc<str> = m.id().into();
         let seq = m.seq;
         // A message still in flight stays a duplicate, even if its window ran out while
         // it waited (its entry is later than every restored one: the order holds).
-        let (fp, until) = (fingerprint(&m.id), now + self.cfg.dedup_window);
+        let (fp, until) = (fingerprint(m.id()), now + self.cfg.dedup_window);
         n.dedup_ids += usize::from(self.platforms.remember(&platform, fp, until, now, true));
         if let Some(o) = rm.outcome {
             let mut frame =
@@ -381,10 +381,10 @@ impl Bridge {
             n.outcomes += 1;
             return;
         }
-        let built = Draft::from_stored(&m).and_then(build);
+        let built = build(m.platform(), m.fields.clone(), Source::Journal);
         let session = match &built {
             Ok(a) => a.message.session.clone(),
-            Err(_) => match SessionKey::dm(&m.platform, &m.chat_id) {
+            Err(_) => match SessionKey::dm(m.platform(), &m.fields.chat_id) {
                 Ok(k) => k,
                 Err(_) => return,
             },
@@ -426,6 +426,7 @@ impl Bridge {
 mod tests {
     use super::*;
     use crate::key::Key;
+    use crate::wire::MessageFields;
 
     fn message() -> Message {
         let key = SessionKey::dm("telegram", "1").expect("key");
@@ -433,19 +434,7 @@ mod tests {
     }
 
     fn stored(seq: u64) -> StoredMessage {
-        StoredMessage {
-            seq,
-            platform: "telegram".into(),
-            id: "m".into(),
-            chat_type: "dm".into(),
-            chat_id: "1".into(),
-            thread_id: None,
-            user_id: None,
-            user_name: None,
-            meta: None,
-            text: "hi".into(),
-            dedup_until_ms: 0,
-        }
+        StoredMessage::new(seq, "telegram", MessageFields::new("m", "1", "hi"), 0)
     }
 
     #[test]
