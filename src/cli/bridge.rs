@@ -43,12 +43,19 @@ struct GatewayArgs {
     /// The name the gateway's certificate must be for (default: the host of --gateway).
     #[arg(long, value_name = "NAME", requires = "gateway_tls_ca")]
     gateway_tls_name: Option<String>,
+    /// Longest line sent to the gateway, in bytes: set it to the gateway's
+    /// `--max-line-bytes`. A longer message is not sent; its sender is told once. Default
+    /// 65,536, the gateway's default.
+    #[arg(long, value_name = "BYTES", default_value_t = crate::platforms::gateway::DEFAULT_MAX_LINE_BYTES,
+          value_parser = clap::value_parser!(usize))]
+    max_line_bytes: usize,
 }
 
 impl GatewayArgs {
     fn config(&self, platform: &str) -> Result<GatewayConfig, String> {
         let token = token_from_env(&self.gateway_token_env)?;
         let mut config = GatewayConfig::new(&self.gateway, platform, token);
+        config.max_line_bytes = self.max_line_bytes;
         if let Some(ca) = &self.gateway_tls_ca {
             config.tls = Some(crate::platforms::tls::client_config(
                 Some(ca),

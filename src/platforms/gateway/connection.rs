@@ -52,8 +52,7 @@ pub(super) fn run_connection(shared: &Shared, events: &Sender<GatewayEvent>, sto
         };
         {
             let mut state = shared.lock();
-            state.conn = None;
-            state.connected = false;
+            state.lost_connection();
         }
         if confirmed || started.elapsed() >= STABLE_AFTER {
             backoff = config.initial_backoff.max(Duration::from_millis(1));
@@ -149,18 +148,15 @@ fn say_hello(shared: &Shared, stream: Wire) -> Result<(), String> {
     // The pong to this ping confirms the hello: with a token, a refused hello is
     // answered `error` and closed instead.
     let mut ok = write_line(&mut state, &hello) && write_line(&mut state, &ClientOp::Ping.line());
-    let lines: Vec<String> = state.pending.iter().map(|p| p.line.clone()).collect();
-    for line in &lines {
-        ok = ok && write_line(&mut state, line);
+    let again = state.pending.len();
+    for i in 0..again {
+        ok = ok && state.write_pending(i);
     }
     if !ok {
         return Err("the gateway closed the connection during the hello".into());
     }
-    if !lines.is_empty() {
-        log::info!(
-            "gateway: sent {} unanswered message(s) again after reconnecting",
-            lines.len()
-        );
+    if again > 0 {
+        log::info!("gateway: sent {again} unanswered message(s) again after reconnecting");
     }
     Ok(())
 }

@@ -80,7 +80,7 @@ pub(super) fn handle_line(
         | ServerOp::Cancelled { .. }
         | ServerOp::Failed { .. }
         | ServerOp::Merged { .. }) => terminal(op, redelivery).and_then(|t| on_result(shared, t)),
-        ServerOp::Error { detail } => return on_error(shared, detail, events),
+        ServerOp::Error { detail } => return on_error(shared, detail, *confirmed, events),
     };
     match event.map(|event| events.send(event)) {
         Some(Err(_)) => LineResult::ReceiverGone,
@@ -191,15 +191,42 @@ fn on_result(shared: &Shared, event: TerminalEvent) -> Option<GatewayEvent> {
     Some(GatewayEvent::Result(event))
 }
 
-/// An `error` line: reported to the bridge, and kept as the reason of a close that follows.
-fn on_error(shared: &Shared, detail: String, events: &Sender<GatewayEvent>) -> LineResult {
-    warn_limited!("gateway {}: error: {detail}", shared.config.addr);
-    if events
-        .send(GatewayEvent::Error {
-            detail: detail.clone(),
-        })
-        .is_err()
-    {
+/// An `error` line: kept as the reason of a close that follows. Once the hello is confirmed,
+/// the gateway answers lines in order, and an `error` there answers the oldest message in
+/// flight (a line it could not read, e.g. too long): that message ends, refused `invalid`,
+/// so its bridge can tell the human and move on. Otherwise it is reported as it is.
+fn on_error(
+    shared: &Shared,
+    detail: String,
+    confirmed: bool,
+    events: &Sender<GatewayEvent>,
+) -> LineResult {
+    let answered = if confirmed {
+        shared.lock().oldest_in_flight()
+    } else {
+        None
+    };
+    let event = match answered {
+        Some(id) => {
+            warn_limited!(
+                "gateway {}: error answering message {id}: {detail}; the message ends there",
+                shared.config.addr
+            );
+            let refused = Admission::Rejected {
+                session: None,
+                reason: "invalid".into(),
+                detail: crate::platforms::secrets::redact(&detail).into_owned(),
+            };
+            on_admission(shared, id, refused)
+        }
+        None => {
+            warn_limited!("gateway {}: error: {detail}", shared.config.addr);
+            GatewayEvent::Error {
+                detail: detail.clone(),
+            }
+        }
+    };
+    if events.send(event).is_err() {
         return LineResult::ReceiverGone;
     }
     LineResult::Error(detail)

@@ -202,3 +202,48 @@ fn the_token_never_shows_in_debug_output() {
     let c = GatewayConfig::new("h:1", "irc", Some("s3cret".into()));
     assert!(!format!("{c:?}").contains("s3cret"));
 }
+
+/// Issue 30 row 3: an `error` line (no id) answers the oldest message in flight — it ends
+/// there, refused, with its waiter told — and a message longer than the gateway's line
+/// limit is refused at once, never sent. Before, both stayed pending for ever.
+#[test]
+fn an_error_line_ends_the_oldest_message_in_flight_and_long_ones_are_refused() {
+    let fake = FakeGateway::new();
+    let mut c = config(&fake.addr());
+    c.max_line_bytes = 400;
+    let (gw, rx) = Gateway::connect(c);
+    let mut peer = fake.accept();
+    peer.handshake();
+    assert_eq!(next(&rx), GatewayEvent::Connected);
+    let long = OutgoingMessage::new("long", "1", &"x".repeat(400));
+    assert!(matches!(
+        gw.send(&long),
+        Err(SendError::TooLong { limit: 400, .. })
+    ));
+    assert_eq!(gw.pending(), 0);
+    let waiter = {
+        let gw = gw.clone();
+        std::thread::spawn(move || gw.send_and_wait(&OutgoingMessage::new("a", "1", "x"), WAIT))
+    };
+    assert_eq!(peer.recv()["id"], "a");
+    gw.send(&OutgoingMessage::new("b", "1", "y")).expect("send");
+    assert_eq!(peer.recv()["id"], "b");
+    peer.send(json!({"op":"error","detail":"line longer than 300 bytes; discarded"}));
+    let answer = waiter.join().expect("thread").expect("answered");
+    assert!(
+        matches!(&answer, Admission::Rejected { reason, detail, .. }
+            if reason == "invalid" && detail.contains("longer than 300")),
+        "{answer:?}"
+    );
+    assert!(matches!(
+        next(&rx),
+        GatewayEvent::Admission { id, admission: Admission::Rejected { .. } } if id == "a"
+    ));
+    assert_eq!(gw.pending(), 1, "b still waits for its own answer");
+    peer.send(json!({"op":"ack","id":"b","session":"irc:dm:1","state":"running"}));
+    assert!(matches!(next(&rx), GatewayEvent::Admission { id, .. } if id == "b"));
+    // With nothing in flight an error is only reported.
+    peer.send(json!({"op":"error","detail":"unknown op"}));
+    assert!(matches!(next(&rx), GatewayEvent::Error { .. }));
+    gw.shutdown();
+}
