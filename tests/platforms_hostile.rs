@@ -140,16 +140,22 @@ impl FakeGateway {
     /// `stalled` fires when, after at least `stall_after` results, one write made no progress
     /// for a whole second: the bridge has stopped reading.
     fn start(flood: Option<(&str, u64)>) -> FakeGateway {
-        FakeGateway::launch(flood, usize::MAX)
+        FakeGateway::launch(flood, usize::MAX, 0)
+    }
+
+    /// A fake gateway that refuses the first `n` message lines `shutting_down` (as a
+    /// draining gateway does), then acks as usual.
+    fn draining_first(n: u64) -> FakeGateway {
+        FakeGateway::launch(None, usize::MAX, n)
     }
 
     /// A fake gateway that, like the real one with `--max-line-bytes max_line`, answers a
     /// longer line with `error` (no id) instead of an answer to the message.
     fn limited(max_line: usize) -> FakeGateway {
-        FakeGateway::launch(None, max_line)
+        FakeGateway::launch(None, max_line, 0)
     }
 
-    fn launch(flood: Option<(&str, u64)>, max_line: usize) -> FakeGateway {
+    fn launch(flood: Option<(&str, u64)>, max_line: usize, refuse: u64) -> FakeGateway {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("addr").to_string();
         let written = Arc::new(AtomicU64::new(0));
@@ -167,7 +173,7 @@ impl FakeGateway {
             serve_gateway(
                 stream,
                 flood,
-                (&count, seen, got, max_line),
+                (&count, seen, got, (max_line, refuse)),
                 (&stalled_tx, more_rx),
             );
         });
@@ -192,11 +198,11 @@ impl FakeGateway {
 fn serve_gateway(
     stream: TcpStream,
     flood: Option<(String, u64)>,
-    (written, messages, got, max_line): (
+    (written, messages, got, (max_line, mut refuse)): (
         &AtomicU64,
         Arc<AtomicU64>,
         Sender<serde_json::Value>,
-        usize,
+        (usize, u64),
     ),
     (stalled, more): (&Sender<()>, Receiver<String>),
 ) {
@@ -233,8 +239,14 @@ fn serve_gateway(
             {
                 messages.fetch_add(1, Ordering::SeqCst);
                 let _ = got.send(v.clone());
-                let ack = serde_json::json!({"op": "ack", "id": v["id"], "state": "running",
-                    "session": "s"});
+                let ack = if refuse > 0 {
+                    refuse -= 1;
+                    serde_json::json!({"op": "reject", "id": v["id"], "session": "s",
+                        "reason": "shutting_down", "detail": "the gateway is shutting down"})
+                } else {
+                    serde_json::json!({"op": "ack", "id": v["id"], "state": "running",
+                        "session": "s"})
+                };
                 if acker.write_all(format!("{ack}\n").as_bytes()).is_err() {
                     return;
                 }
@@ -1424,4 +1436,38 @@ fn a_gateway_error_ends_the_matrix_message_and_the_sync_position_moves_past_it()
     assert!(status.success(), "exit status {status:?}");
     let again: Vec<_> = gateway.received.try_iter().collect();
     assert!(again.is_empty(), "handed over again: {again:?}");
+}
+
+/// Row 5: a message written while the gateway drains is refused `shutting_down`; the
+/// bridge keeps it, sends it again with the same id, and the human never sees the refusal,
+/// only the answer. On main f41b273 the refusal was final: `[not accepted (shutting_down):
+/// …]` went to the chat and the message was never sent again.
+#[test]
+fn a_message_refused_shutting_down_is_sent_again_and_answered_not_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let irc = FakeIrc::start(IrcMode::Polite);
+    let gateway = FakeGateway::draining_first(2);
+    let log = dir.path().join("bridge.log");
+    let mut bridge = irc_bridge(&irc, &gateway, &[], &log);
+    irc.send(":ann!a@h PRIVMSG bot :hello\r\n");
+    let copies: Vec<serde_json::Value> = (0..3)
+        .map(|_| gateway.received.recv_timeout(WAIT).expect("a copy"))
+        .collect();
+    let id = copies[0]["id"].as_str().expect("id").to_owned();
+    for c in &copies {
+        assert_eq!(
+            (c["id"].as_str(), c["text"].as_str()),
+            (Some(id.as_str()), Some("hello"))
+        );
+    }
+    // The third copy was acked; its result goes out, and nothing said "not accepted" first.
+    let result = serde_json::json!({"op": "reply", "id": id, "session": "irc:dm:ann",
+        "text": "answered"});
+    gateway.send(&result.to_string());
+    irc.wait_line("the answer", |l| {
+        assert!(!l.contains("not accepted"), "the refusal was shown: {l}");
+        l == "PRIVMSG ann :answered"
+    });
+    let (status, _) = bridge.terminate();
+    assert!(status.success(), "exit status {status:?}");
 }

@@ -17,6 +17,10 @@
 //!   ([`GatewayConfig::max_line_bytes`]) is refused by `send` ([`SendError::TooLong`]), and
 //!   an `error` line (no id) answers the oldest message in flight (the gateway answers lines
 //!   in order): it ends that message, reported as a `reject` with reason `invalid`.
+//! - **Retryable means retried.** A refusal that passes (`shutting_down`, `overloaded`,
+//!   `storage`, `backpressure`) is held and sent again with the same id ([`hold`]); the
+//!   bridge hears of it only if the client gives up ([`GatewayConfig::max_hold`],
+//!   [`GatewayConfig::max_held`]).
 //! - **A result is shown once.** The bridge calls [`Gateway::delivered`] once it has handled
 //!   a terminal event (posted it, or decided not to); the client remembers the id (the newest
 //!   [`GatewayConfig::shown_memory`] of them) and confirms it with `delivered`. A terminal
@@ -30,7 +34,7 @@ use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
 
@@ -45,6 +49,7 @@ use crate::wire::ClientOp;
 use message::message_line;
 
 mod connection;
+mod hold;
 mod message;
 mod protocol;
 mod recent;
@@ -74,6 +79,12 @@ pub(crate) struct GatewayConfig {
     /// refused by [`Gateway::send`] ([`SendError::TooLong`]) instead of being sent to be
     /// discarded.
     pub max_line_bytes: usize,
+    /// Messages held at once for a retry after a retryable refusal (`shutting_down`,
+    /// `overloaded`, `storage`, `backpressure`); past it such a refusal is final.
+    pub max_held: usize,
+    /// How long after it was first handed over a message is sent again (retryable
+    /// refusals, a gateway away) before the client gives up on it.
+    pub max_hold: Duration,
     /// TLS to the gateway (its `--tls-cert`): the roots its certificate is checked against.
     pub tls: Option<Arc<rustls::ClientConfig>>,
     /// The name the gateway's certificate must be for; by default `addr`'s host.
@@ -91,6 +102,8 @@ impl std::fmt::Debug for GatewayConfig {
             .field("max_pending", &self.max_pending)
             .field("shown_memory", &self.shown_memory)
             .field("max_line_bytes", &self.max_line_bytes)
+            .field("max_held", &self.max_held)
+            .field("max_hold", &self.max_hold)
             .field("tls", &self.tls.is_some())
             .field("tls_name", &self.tls_name)
             .finish_non_exhaustive()
@@ -100,7 +113,7 @@ impl std::fmt::Debug for GatewayConfig {
 impl GatewayConfig {
     /// Defaults: backoff 100 ms doubling to 10 s, 1,024 pending messages, 4,096 remembered
     /// result ids, 1,024 buffered events, lines of at most 65,536 bytes (the gateway's own
-    /// default).
+    /// default), 1,000 messages held for a retry, each for at most 10 minutes.
     pub(crate) fn new(addr: &str, platform: &str, token: Option<String>) -> GatewayConfig {
         GatewayConfig {
             addr: addr.to_owned(),
@@ -112,6 +125,8 @@ impl GatewayConfig {
             shown_memory: 4096,
             event_capacity: 1024,
             max_line_bytes: DEFAULT_MAX_LINE_BYTES,
+            max_held: DEFAULT_MAX_HELD,
+            max_hold: DEFAULT_MAX_HOLD,
             tls: None,
             tls_name: None,
         }
@@ -120,6 +135,11 @@ impl GatewayConfig {
 
 /// The gateway's default `--max-line-bytes`, and so the client's.
 pub(crate) const DEFAULT_MAX_LINE_BYTES: usize = 65_536;
+
+/// Messages held for a retry at most, by default.
+pub(crate) const DEFAULT_MAX_HELD: usize = 1000;
+/// How long a message is retried at most, by default.
+pub(crate) const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(600);
 
 /// Reads the gateway token from the environment variable `var`: `None` when it is unset or
 /// empty (a gateway without a token). The error names the variable, never its value.
@@ -142,6 +162,14 @@ struct Pending {
     /// Written on the current connection and not answered yet: the order of the write
     /// (the gateway answers lines in order, so an `error` without an id answers the oldest).
     in_flight: Option<u64>,
+    /// When it was first handed over ([`GatewayConfig::max_hold`] counts from here).
+    since: Instant,
+    /// Held after a retryable refusal: when it is sent again.
+    retry_at: Option<Instant>,
+    /// Retryable refusals so far (the backoff doubles with each).
+    retries: u32,
+    /// The last retryable refusal (reason, detail): told if the client gives up.
+    refused: Option<(String, String)>,
 }
 
 /// What the handle and the connection thread share.
@@ -169,6 +197,7 @@ impl State {
         let seq = self.writes;
         if let Some(p) = self.pending.get_mut(i) {
             p.in_flight = Some(seq);
+            p.retry_at = None;
         }
         true
     }
@@ -331,6 +360,10 @@ impl Gateway {
             line,
             waiters: waiter.into_iter().collect(),
             in_flight: None,
+            since: Instant::now(),
+            retry_at: None,
+            retries: 0,
+            refused: None,
         });
         let last = state.pending.len() - 1;
         state.write_pending(last);

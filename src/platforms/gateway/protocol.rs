@@ -1,9 +1,11 @@
 //! One gateway line in: answers pending messages, filters results already shown, and turns
 //! the rest into [`GatewayEvent`]s.
 
+use std::time::Instant;
+
 use crossbeam_channel::Sender;
 
-use super::{Admission, GatewayEvent, Shared, TerminalEvent, TerminalOutcome, write_line};
+use super::{Admission, GatewayEvent, Shared, TerminalEvent, TerminalOutcome, hold, write_line};
 use crate::wire::{ClientOp, ServerLine, ServerOp};
 
 /// What reading one line means for the connection.
@@ -47,14 +49,14 @@ pub(super) fn handle_line(
                     position: position.unwrap_or(0),
                 },
             };
-            Some(on_admission(shared, id, admission))
+            on_admission(shared, id, admission)
         }
         ServerOp::Reject {
             id,
             session,
             reason,
             detail,
-        } => Some(on_admission(
+        } => on_admission(
             shared,
             id,
             Admission::Rejected {
@@ -62,7 +64,7 @@ pub(super) fn handle_line(
                 reason,
                 detail,
             },
-        )),
+        ),
         ServerOp::Typing {
             session,
             chat_id,
@@ -149,23 +151,30 @@ fn on_pong(shared: &Shared) -> GatewayEvent {
     GatewayEvent::Connected
 }
 
-/// An `ack` or `reject`: the message stops being pending and its waiters get the answer.
-fn on_admission(shared: &Shared, id: String, admission: Admission) -> GatewayEvent {
-    let waiters = {
+/// An `ack` or `reject`: the message stops being pending and its waiters get the answer —
+/// unless it is a retryable refusal the client holds to send again ([`hold`]): then `None`.
+fn on_admission(shared: &Shared, id: String, admission: Admission) -> Option<GatewayEvent> {
+    let (waiters, admission) = {
         let mut state = shared.lock();
-        match state.pending.iter().position(|p| p.id == id) {
+        let admission =
+            match hold::on_refusal(&mut state, &shared.config, &id, admission, Instant::now()) {
+                hold::Refusal::Held => return None,
+                hold::Refusal::Final(admission) => admission,
+            };
+        let waiters = match state.pending.iter().position(|p| p.id == id) {
             Some(i) => state
                 .pending
                 .remove(i)
                 .map(|p| p.waiters)
                 .unwrap_or_default(),
             None => Vec::new(),
-        }
+        };
+        (waiters, admission)
     };
     for w in waiters {
         let _ = w.try_send(admission.clone());
     }
-    GatewayEvent::Admission { id, admission }
+    Some(GatewayEvent::Admission { id, admission })
 }
 
 /// A terminal event: passed on unless its id was handled before (then confirmed again).
@@ -217,7 +226,10 @@ fn on_error(
                 reason: "invalid".into(),
                 detail: crate::platforms::secrets::redact(&detail).into_owned(),
             };
-            on_admission(shared, id, refused)
+            match on_admission(shared, id, refused) {
+                Some(event) => event,
+                None => return LineResult::Continue,
+            }
         }
         None => {
             warn_limited!("gateway {}: error: {detail}", shared.config.addr);
