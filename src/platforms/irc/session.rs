@@ -1,7 +1,7 @@
 //! The bridge's session: one IRC server connection (registration, nick, joins, the
 //! outbox under the flood bucket) and the gateway's events turned into lines.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::io::{self, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
@@ -19,6 +19,7 @@ use super::wire::{
 use super::{IrcConfig, SocketSlot};
 use crate::message::ChatType;
 use crate::platforms::BridgeError;
+use crate::platforms::fair::FairQueue;
 use crate::platforms::gateway::{Admission, Gateway, GatewayEvent, OutgoingMessage};
 
 /// Alternate nicks tried at one registration before giving up on that connection.
@@ -85,7 +86,9 @@ pub(super) struct IrcSession<'a> {
     conn: Option<ServerConn>,
     generation: u64,
     server_tx: Sender<ServerInput>,
-    outbox: VecDeque<OutLine>,
+    /// Lines to send, one queue per target served in turn: one target's long reply does not
+    /// hold another's first line.
+    outbox: FairQueue<OutLine>,
     bucket: FloodBucket,
     /// Messages sent and not answered yet: where to tell a rejection.
     routes: HashMap<String, ReplyTarget>,
@@ -122,7 +125,7 @@ impl<'a> IrcSession<'a> {
             conn: None,
             generation: 0,
             server_tx,
-            outbox: VecDeque::new(),
+            outbox: FairQueue::default(),
             bucket: FloodBucket::new(config.flood_burst, config.flood_interval),
             routes: HashMap::new(),
             gateway_up: false,
@@ -296,7 +299,7 @@ impl<'a> IrcSession<'a> {
             if !self.bucket.take(Instant::now()) {
                 return;
             }
-            let Some(line) = self.outbox.pop_front() else {
+            let Some(line) = self.outbox.pop() else {
                 return;
             };
             match conn.send_raw(&format!("PRIVMSG {} :{}", line.target, line.text)) {
@@ -308,7 +311,8 @@ impl<'a> IrcSession<'a> {
                 }
                 Err(e) => {
                     // Not written: it goes first again after the reconnect.
-                    self.outbox.push_front(line);
+                    let target = line.target.clone();
+                    self.outbox.push_front(&target, line);
                     return self.schedule_reconnect(&format!("write failed: {e}"));
                 }
             }
@@ -553,11 +557,14 @@ impl<'a> IrcSession<'a> {
         let lines = reply_lines(route, text, budget, self.config.max_reply_lines);
         let last = lines.len().saturating_sub(1);
         for (i, text) in lines.into_iter().enumerate() {
-            self.outbox.push_back(OutLine {
-                target: route.target.clone(),
-                text,
-                completes: if i == last { completes.clone() } else { None },
-            });
+            self.outbox.push(
+                &route.target,
+                OutLine {
+                    target: route.target.clone(),
+                    text,
+                    completes: if i == last { completes.clone() } else { None },
+                },
+            );
         }
     }
 
