@@ -1471,3 +1471,85 @@ fn a_message_refused_shutting_down_is_sent_again_and_answered_not_refused() {
     let (status, _) = bridge.terminate();
     assert!(status.success(), "exit status {status:?}");
 }
+
+/// Row 4, Matrix: three rooms flood the bridge with results (10 each) and a fourth room's
+/// one result comes last, against a fake homeserver that rate-limits every other send
+/// (429, `retry_after_ms`). The bridge's results go out one queue per room, in turn: the
+/// victim's is among the first sends, not behind the 30 others. On main f41b273 one FIFO
+/// sent it last.
+#[test]
+fn a_rooms_result_is_not_held_behind_other_rooms_floods() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gateway = FakeGateway::start(None);
+    let sends = Arc::new(AtomicU64::new(0));
+    let hs = FakeHttp::start(move |request| {
+        if request.contains("/account/whoami") {
+            HttpAnswer::Json(200, r#"{"user_id":"@bot:fake"}"#.into())
+        } else if request.contains("/sync?") && !request.contains("since=") {
+            HttpAnswer::Json(200, r#"{"next_batch":"s1"}"#.into())
+        } else if request.contains("/sync?") {
+            HttpAnswer::Never
+        } else if request.contains("/send/") && sends.fetch_add(1, Ordering::SeqCst) % 2 == 1 {
+            HttpAnswer::Json(
+                429,
+                r#"{"errcode":"M_LIMIT_EXCEEDED","retry_after_ms":20}"#.into(),
+            )
+        } else if request.contains("/send/") {
+            HttpAnswer::Json(200, r#"{"event_id":"$sent"}"#.into())
+        } else {
+            HttpAnswer::Json(200, "{}".into())
+        }
+    });
+    let log = dir.path().join("matrix.log");
+    let (mut matrix, lines) = start_bridge(
+        &[
+            "matrix",
+            "--gateway",
+            &gateway.addr,
+            "--homeserver",
+            &hs.url,
+        ],
+        &[("MATRIX_ACCESS_TOKEN", "syt_fair_rooms_0123")],
+        &log,
+    );
+    assert_eq!(
+        lines.recv_timeout(WAIT).expect("the ready line"),
+        "ready: matrix as @bot:fake"
+    );
+    let result = |room: &str, id: String, text: String| {
+        serde_json::json!({"op": "reply", "id": id,
+            "session": format!("matrix:dm:!{room}%3Afake"), "text": text})
+        .to_string()
+    };
+    for n in 0..10 {
+        for room in ["a", "b", "c"] {
+            gateway.send(&result(
+                room,
+                format!("{room}{n}"),
+                format!("flood {room}{n}"),
+            ));
+        }
+    }
+    gateway.send(&result("v", "v0".into(), "victim".into()));
+    let mut before = 0;
+    loop {
+        let request = hs
+            .requests
+            .recv_timeout(WAIT)
+            .expect("the victim's send never came");
+        if !request.contains("/send/") {
+            continue;
+        }
+        if request.contains("victim") {
+            break;
+        }
+        before += 1;
+    }
+    eprintln!("sends (429s included) before the victim's: {before}");
+    assert!(
+        before <= 12,
+        "the victim's result waited behind {before} sends of the flooding rooms"
+    );
+    let (status, _) = matrix.terminate();
+    assert!(status.success(), "exit status {status:?}");
+}

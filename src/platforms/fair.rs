@@ -55,6 +55,19 @@ impl<T> FairQueue<T> {
         self.len += 1;
     }
 
+    /// Puts `item` first among `key`'s items without changing whose turn it is (the rest of
+    /// a long item sent in parts: the other keys go in between).
+    pub(crate) fn push_next(&mut self, key: &str, item: T) {
+        match self.queues.get_mut(key) {
+            Some(q) => q.push_front(item),
+            None => {
+                self.queues.insert(key.to_owned(), VecDeque::from([item]));
+                self.round.push_back(key.to_owned());
+            }
+        }
+        self.len += 1;
+    }
+
     /// The next item: the first of the key whose turn it is; that key goes to the end of
     /// the round.
     pub(crate) fn pop(&mut self) -> Option<T> {

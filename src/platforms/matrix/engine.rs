@@ -353,15 +353,18 @@ impl<H: Homeserver> SyncEngine<H> {
 
     fn notice(&mut self, room: &str, reply_to: Option<&str>, text: &str) {
         let txn = self.txn();
-        self.queue.push_urgent(Post {
-            id: None,
-            room: room.to_owned(),
-            reply_to: reply_to.map(str::to_owned),
-            chunks: chunks_of(text),
-            next_chunk: 0,
-            notice: true,
-            txn,
-        });
+        self.queue.push_urgent(
+            room,
+            Post {
+                id: None,
+                room: room.to_owned(),
+                reply_to: reply_to.map(str::to_owned),
+                chunks: chunks_of(text),
+                next_chunk: 0,
+                notice: true,
+                txn,
+            },
+        );
     }
 
     fn forget(&mut self, id: &str) {
@@ -520,15 +523,18 @@ impl<H: Homeserver> SyncEngine<H> {
         }
         self.queued_results.insert(id.clone());
         let txn = self.txn();
-        self.queue.push_urgent(Post {
-            id: Some(id.clone()),
-            room,
-            reply_to: Some(id),
-            chunks: chunks_of(&text),
-            next_chunk: 0,
-            notice: command,
-            txn,
-        });
+        self.queue.push_urgent(
+            &room.clone(),
+            Post {
+                id: Some(id.clone()),
+                room,
+                reply_to: Some(id),
+                chunks: chunks_of(&text),
+                next_chunk: 0,
+                notice: command,
+                txn,
+            },
+        );
     }
 
     fn finish(&mut self, post: &Post, gw: &mut impl GatewaySide) {
@@ -734,7 +740,8 @@ impl<H: Homeserver> SyncEngine<H> {
             Err(e) => {
                 self.failed(&post.room, &e, now)?;
                 if e.is_transient() {
-                    self.queue.requeue_urgent(post);
+                    let room = post.room.clone();
+                    self.queue.requeue_urgent(&room, post);
                 } else {
                     warn_limited!(
                         "matrix: room {}: the result of {} could not be posted: {e}",
@@ -752,7 +759,8 @@ impl<H: Homeserver> SyncEngine<H> {
         if post.next_chunk >= post.chunks.len() {
             self.finish(&post, gw);
         } else {
-            self.queue.requeue_urgent(post);
+            let room = post.room.clone();
+            self.queue.continue_urgent(&room, post);
         }
     }
 
