@@ -140,22 +140,31 @@ impl FakeGateway {
     /// `stalled` fires when, after at least `stall_after` results, one write made no progress
     /// for a whole second: the bridge has stopped reading.
     fn start(flood: Option<(&str, u64)>) -> FakeGateway {
-        FakeGateway::launch(flood, usize::MAX, 0)
+        FakeGateway::launch(flood, usize::MAX, (0, ""))
     }
 
     /// A fake gateway that refuses the first `n` message lines `shutting_down` (as a
     /// draining gateway does), then acks as usual.
     fn draining_first(n: u64) -> FakeGateway {
-        FakeGateway::launch(None, usize::MAX, n)
+        FakeGateway::refusing(n, "shutting_down")
+    }
+
+    /// A fake gateway that refuses the first `n` message lines with `reason`.
+    fn refusing(n: u64, reason: &'static str) -> FakeGateway {
+        FakeGateway::launch(None, usize::MAX, (n, reason))
     }
 
     /// A fake gateway that, like the real one with `--max-line-bytes max_line`, answers a
     /// longer line with `error` (no id) instead of an answer to the message.
     fn limited(max_line: usize) -> FakeGateway {
-        FakeGateway::launch(None, max_line, 0)
+        FakeGateway::launch(None, max_line, (0, ""))
     }
 
-    fn launch(flood: Option<(&str, u64)>, max_line: usize, refuse: u64) -> FakeGateway {
+    fn launch(
+        flood: Option<(&str, u64)>,
+        max_line: usize,
+        refuse: (u64, &'static str),
+    ) -> FakeGateway {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("addr").to_string();
         let written = Arc::new(AtomicU64::new(0));
@@ -198,11 +207,11 @@ impl FakeGateway {
 fn serve_gateway(
     stream: TcpStream,
     flood: Option<(String, u64)>,
-    (written, messages, got, (max_line, mut refuse)): (
+    (written, messages, got, (max_line, (mut refuse, reason))): (
         &AtomicU64,
         Arc<AtomicU64>,
         Sender<serde_json::Value>,
-        (usize, u64),
+        (usize, (u64, &'static str)),
     ),
     (stalled, more): (&Sender<()>, Receiver<String>),
 ) {
@@ -242,7 +251,7 @@ fn serve_gateway(
                 let ack = if refuse > 0 {
                     refuse -= 1;
                     serde_json::json!({"op": "reject", "id": v["id"], "session": "s",
-                        "reason": "shutting_down", "detail": "the gateway is shutting down"})
+                        "reason": reason, "detail": "refused by the fake gateway"})
                 } else {
                     serde_json::json!({"op": "ack", "id": v["id"], "state": "running",
                         "session": "s"})
@@ -1551,5 +1560,40 @@ fn a_rooms_result_is_not_held_behind_other_rooms_floods() {
         "the victim's result waited behind {before} sends of the flooding rooms"
     );
     let (status, _) = matrix.terminate();
+    assert!(status.success(), "exit status {status:?}");
+}
+
+/// Row 4, notices: ten DMs refused `queue_full` while the bot's lines are paced (a line
+/// every 2 s) give at most two notices — the one written at once and one waiting; the rest
+/// are not queued while one waits. A result queued after them comes right behind. On main
+/// f41b273 every refusal queued its own notice: ten, all ahead of the result.
+#[test]
+fn refusal_notices_are_capped_per_chat() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let irc = FakeIrc::start(IrcMode::Polite);
+    let gateway = FakeGateway::refusing(10, "queue_full");
+    let log = dir.path().join("bridge.log");
+    let pacing = ["--flood-burst", "1", "--flood-interval", "2"];
+    let mut bridge = irc_bridge(&irc, &gateway, &pacing, &log);
+    for i in 0..10 {
+        irc.send(&format!(":ann!a@h PRIVMSG bot :message {i}\r\n"));
+    }
+    for _ in 0..10 {
+        gateway.received.recv_timeout(WAIT).expect("a message");
+    }
+    // The refusals are written (all but perhaps the last) before this result.
+    let result = serde_json::json!({"op": "reply", "id": "r1", "session": "irc:dm:ann",
+        "text": "after the refusals"});
+    gateway.send(&result.to_string());
+    let notices = std::cell::Cell::new(0);
+    irc.wait_line("the result", |l| {
+        if l.contains("not accepted") {
+            notices.set(notices.get() + 1);
+        }
+        l == "PRIVMSG ann :after the refusals"
+    });
+    let notices = notices.get();
+    assert!((1..=2).contains(&notices), "{notices} notices for one chat");
+    let (status, _) = bridge.terminate();
     assert!(status.success(), "exit status {status:?}");
 }

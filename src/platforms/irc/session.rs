@@ -1,7 +1,7 @@
 //! The bridge's session: one IRC server connection (registration, nick, joins, the
 //! outbox under the flood bucket) and the gateway's events turned into lines.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::{self, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
@@ -35,6 +35,8 @@ struct OutLine {
     text: String,
     /// The result this line ends: confirmed to the gateway once it is written.
     completes: Option<String>,
+    /// The last line of a refusal notice: once it is written, its target may get another.
+    notice: bool,
 }
 
 /// One connection to the IRC server.
@@ -89,6 +91,9 @@ pub(super) struct IrcSession<'a> {
     /// Lines to send, one queue per target served in turn: one target's long reply does not
     /// hold another's first line.
     outbox: FairQueue<OutLine>,
+    /// Targets with a refusal notice waiting in the outbox: one at most each; later ones
+    /// are dropped until it is written (a flood of refusals is told once, not queued).
+    notices: HashSet<String>,
     bucket: FloodBucket,
     /// Messages sent and not answered yet: where to tell a rejection.
     routes: HashMap<String, ReplyTarget>,
@@ -126,6 +131,7 @@ impl<'a> IrcSession<'a> {
             generation: 0,
             server_tx,
             outbox: FairQueue::default(),
+            notices: HashSet::new(),
             bucket: FloodBucket::new(config.flood_burst, config.flood_interval),
             routes: HashMap::new(),
             gateway_up: false,
@@ -304,6 +310,9 @@ impl<'a> IrcSession<'a> {
             };
             match conn.send_raw(&format!("PRIVMSG {} :{}", line.target, line.text)) {
                 Ok(()) => {
+                    if line.notice {
+                        self.notices.remove(&line.target);
+                    }
                     if let Some(id) = line.completes {
                         debug_redacted!("irc: result {id} sent to {}", line.target);
                         self.gateway.delivered(&id);
@@ -538,17 +547,40 @@ impl<'a> IrcSession<'a> {
                     a.sender,
                     a.chat_id
                 );
-                self.queue_reply(
+                self.queue_notice(
                     &route,
                     &format!("[not accepted: {e}; please try again later]"),
-                    None,
                 );
             }
         }
     }
 
+    /// Queues a refusal notice for `route`, unless one already waits for its target.
+    fn queue_notice(&mut self, route: &ReplyTarget, text: &str) {
+        if !self.notices.insert(route.target.clone()) {
+            warn_limited!(
+                "irc: a refusal notice already waits for {}; this one is not queued",
+                route.target
+            );
+            return;
+        }
+        self.queue_lines(route, text, None, true);
+    }
+
     /// Queues `text` as lines for `route`; the last one completes the result `completes`.
     fn queue_reply(&mut self, route: &ReplyTarget, text: &str, completes: Option<String>) {
+        self.queue_lines(route, text, completes, false);
+    }
+
+    /// Queues `text` as lines for `route`; the last one completes the result `completes`
+    /// and, with `notice`, ends a refusal notice.
+    fn queue_lines(
+        &mut self,
+        route: &ReplyTarget,
+        text: &str,
+        completes: Option<String>,
+        notice: bool,
+    ) {
         let source_len = self.conn.as_ref().map_or_else(
             || conservative_source_len(&self.config.nick),
             |c| c.source_len,
@@ -563,6 +595,7 @@ impl<'a> IrcSession<'a> {
                     target: route.target.clone(),
                     text,
                     completes: if i == last { completes.clone() } else { None },
+                    notice: notice && i == last,
                 },
             );
         }
@@ -579,7 +612,7 @@ impl<'a> IrcSession<'a> {
                     warn_limited!("irc: message {id} rejected by the gateway: {reason} ({detail})");
                     if let Some(route) = route {
                         let text = format!("[not accepted ({reason}): {detail}]");
-                        self.queue_reply(&route, &text, None);
+                        self.queue_notice(&route, &text);
                     }
                 }
             }
