@@ -204,6 +204,10 @@ impl FakeGateway {
     }
 }
 
+/// How the fake gateway answers messages: the longest line it reads (a longer one is
+/// answered `error`), and how many it refuses first, with which reason.
+type Answers = (usize, (u64, &'static str));
+
 fn serve_gateway(
     stream: TcpStream,
     flood: Option<(String, u64)>,
@@ -211,7 +215,7 @@ fn serve_gateway(
         &AtomicU64,
         Arc<AtomicU64>,
         Sender<serde_json::Value>,
-        (usize, (u64, &'static str)),
+        Answers,
     ),
     (stalled, more): (&Sender<()>, Receiver<String>),
 ) {
