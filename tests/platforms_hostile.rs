@@ -140,6 +140,31 @@ impl FakeGateway {
     /// `stalled` fires when, after at least `stall_after` results, one write made no progress
     /// for a whole second: the bridge has stopped reading.
     fn start(flood: Option<(&str, u64)>) -> FakeGateway {
+        FakeGateway::launch(flood, usize::MAX, (0, ""))
+    }
+
+    /// A fake gateway that refuses the first `n` message lines `shutting_down` (as a
+    /// draining gateway does), then acks as usual.
+    fn draining_first(n: u64) -> FakeGateway {
+        FakeGateway::refusing(n, "shutting_down")
+    }
+
+    /// A fake gateway that refuses the first `n` message lines with `reason`.
+    fn refusing(n: u64, reason: &'static str) -> FakeGateway {
+        FakeGateway::launch(None, usize::MAX, (n, reason))
+    }
+
+    /// A fake gateway that, like the real one with `--max-line-bytes max_line`, answers a
+    /// longer line with `error` (no id) instead of an answer to the message.
+    fn limited(max_line: usize) -> FakeGateway {
+        FakeGateway::launch(None, max_line, (0, ""))
+    }
+
+    fn launch(
+        flood: Option<(&str, u64)>,
+        max_line: usize,
+        refuse: (u64, &'static str),
+    ) -> FakeGateway {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("addr").to_string();
         let written = Arc::new(AtomicU64::new(0));
@@ -154,7 +179,12 @@ impl FakeGateway {
             let Ok((stream, _)) = listener.accept() else {
                 return;
             };
-            serve_gateway(stream, flood, (&count, seen, got), (&stalled_tx, more_rx));
+            serve_gateway(
+                stream,
+                flood,
+                (&count, seen, got, (max_line, refuse)),
+                (&stalled_tx, more_rx),
+            );
         });
         FakeGateway {
             addr,
@@ -174,10 +204,19 @@ impl FakeGateway {
     }
 }
 
+/// How the fake gateway answers messages: the longest line it reads (a longer one is
+/// answered `error`), and how many it refuses first, with which reason.
+type Answers = (usize, (u64, &'static str));
+
 fn serve_gateway(
     stream: TcpStream,
     flood: Option<(String, u64)>,
-    (written, messages, got): (&AtomicU64, Arc<AtomicU64>, Sender<serde_json::Value>),
+    (written, messages, got, (max_line, (mut refuse, reason))): (
+        &AtomicU64,
+        Arc<AtomicU64>,
+        Sender<serde_json::Value>,
+        Answers,
+    ),
     (stalled, more): (&Sender<()>, Receiver<String>),
 ) {
     let mut writer = stream.try_clone().expect("clone");
@@ -201,13 +240,26 @@ fn serve_gateway(
     std::thread::spawn(move || {
         let mut line = String::new();
         while lines.read_line(&mut line).is_ok_and(|n| n > 0) {
-            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line)
+            if line.trim_end().len() > max_line {
+                let error = format!(
+                    "{{\"op\":\"error\",\"detail\":\"line longer than {max_line} bytes; discarded\"}}\n"
+                );
+                if acker.write_all(error.as_bytes()).is_err() {
+                    return;
+                }
+            } else if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line)
                 && v["op"] == "message"
             {
                 messages.fetch_add(1, Ordering::SeqCst);
                 let _ = got.send(v.clone());
-                let ack = serde_json::json!({"op": "ack", "id": v["id"], "state": "running",
-                    "session": "s"});
+                let ack = if refuse > 0 {
+                    refuse -= 1;
+                    serde_json::json!({"op": "reject", "id": v["id"], "session": "s",
+                        "reason": reason, "detail": "refused by the fake gateway"})
+                } else {
+                    serde_json::json!({"op": "ack", "id": v["id"], "state": "running",
+                        "session": "s"})
+                };
                 if acker.write_all(format!("{ack}\n").as_bytes()).is_err() {
                     return;
                 }
@@ -643,7 +695,8 @@ enum HttpAnswer {
     Never,
 }
 
-/// A fake HTTP server; every request's `METHOD /path` line and its body arrive on `requests`.
+/// A fake HTTP server; every request's `METHOD /path HTTP/1.1` line and its body (after a
+/// space) are what `answer` is asked about, and arrive on `requests`.
 struct FakeHttp {
     url: String,
     requests: Receiver<String>,
@@ -712,9 +765,9 @@ fn serve_http(stream: TcpStream, tx: &Sender<String>, answer: &dyn Fn(&str) -> H
         if reader.read_exact(&mut body).is_err() {
             return;
         }
-        let line = first.trim_end().to_owned();
+        let line = format!("{} {}", first.trim_end(), String::from_utf8_lossy(&body));
         let reply = answer(&line);
-        let _ = tx.send(format!("{line} {}", String::from_utf8_lossy(&body)));
+        let _ = tx.send(line);
         match reply {
             HttpAnswer::Never => {
                 // Hold the connection open, answering nothing, until the client leaves.
@@ -1155,4 +1208,396 @@ fn a_gateway_error_echoing_the_token_is_logged_redacted() {
             "{form:?} reached the log:\n{logged}"
         );
     }
+}
+
+/// A Bot API answer `{"ok":true,"result":…}`.
+fn telegram_ok(result: serde_json::Value) -> HttpAnswer {
+    HttpAnswer::Json(
+        200,
+        serde_json::json!({"ok": true, "result": result}).to_string(),
+    )
+}
+
+/// The `offset` a `getUpdates` request (its line and body) asks from, if any.
+fn offset_asked(request: &str) -> Option<i64> {
+    let body = &request[request.find('{')?..];
+    serde_json::from_str::<serde_json::Value>(body).ok()?["offset"].as_i64()
+}
+
+/// Row 3, Telegram: a broken Bot API hands over a 1 MiB update, then 5 normal ones. The
+/// gateway (here a fake keeping the real one's default `--max-line-bytes` 65,536) would
+/// discard the long line: the bridge bounds its lines to that limit, tells the sender once,
+/// and moves on — all 5 later messages reach the gateway and the offset moves past all 6.
+/// On main f41b273 the long message waited for an answer that never came: 0 of 5, the
+/// offset stuck.
+#[test]
+fn an_over_long_telegram_update_is_refused_once_and_the_next_five_are_answered() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gateway = FakeGateway::limited(65_536);
+    let updates: Vec<serde_json::Value> = (100..106)
+        .map(|id| {
+            let text = if id == 100 {
+                "x".repeat(1 << 20)
+            } else {
+                format!("message {id}")
+            };
+            serde_json::json!({"update_id": id, "message": {"message_id": id, "text": text,
+                "chat": {"id": 42, "type": "private"},
+                "from": {"id": 7, "is_bot": false, "first_name": "Ann"}}})
+        })
+        .collect();
+    let api = FakeHttp::start(move |request| {
+        if request.contains("/getMe") {
+            telegram_ok(serde_json::json!({"id": 1, "is_bot": true, "username": "fake_bot"}))
+        } else if request.contains("/getUpdates") {
+            let from = offset_asked(request).unwrap_or(0);
+            if from > 105 {
+                return HttpAnswer::Never;
+            }
+            let due: Vec<_> = updates
+                .iter()
+                .filter(|u| u["update_id"].as_i64() >= Some(from))
+                .cloned()
+                .collect();
+            telegram_ok(serde_json::json!(due))
+        } else {
+            telegram_ok(serde_json::json!({"message_id": 5}))
+        }
+    });
+    let log = dir.path().join("telegram.log");
+    let state = dir.path().join("state");
+    let state_arg = state.to_str().expect("utf-8 path");
+    let (mut telegram, _) = start_bridge(
+        &[
+            "telegram",
+            "--gateway",
+            &gateway.addr,
+            "--api-base",
+            &api.url,
+            "--state-dir",
+            state_arg,
+        ],
+        &[("TELEGRAM_BOT_TOKEN", "123456789:AAE-long-update")],
+        &log,
+    );
+    let got: Vec<String> = (0..5)
+        .map(|_| {
+            let m = gateway.received.recv_timeout(WAIT).expect("a message");
+            m["id"].as_str().expect("id").to_owned()
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            "tg-101-101",
+            "tg-102-102",
+            "tg-103-103",
+            "tg-104-104",
+            "tg-105-105"
+        ]
+    );
+    // The poll past all six and the one notice, in whichever order they come.
+    let (mut moved, mut told) = (false, None);
+    while !moved || told.is_none() {
+        let request = api
+            .requests
+            .recv_timeout(WAIT)
+            .unwrap_or_else(|_| panic!("offset moved: {moved}, told: {told:?}"));
+        moved |= request.contains("/getUpdates") && offset_asked(&request) == Some(106);
+        if request.contains("not accepted") {
+            assert!(told.is_none(), "told twice: {request}");
+            told = Some(request);
+        }
+    }
+    let told = told.unwrap_or_default();
+    assert!(
+        told.contains("/sendMessage") && told.contains("too long"),
+        "{told}"
+    );
+    let (status, _) = telegram.terminate();
+    assert!(status.success(), "exit status {status:?}");
+    let more = api
+        .requests
+        .try_iter()
+        .filter(|r| r.contains("not accepted"))
+        .count();
+    assert_eq!(more, 0, "the sender was told more than once");
+    assert_eq!(
+        std::fs::read_to_string(state.join("telegram-offset"))
+            .expect("the offset file")
+            .trim(),
+        "106"
+    );
+}
+
+/// A fake homeserver with one DM room: the first sync learns it, the second brings a
+/// `long`-byte message and 5 short ones (next_batch `s2`), later syncs never answer.
+fn one_room_homeserver(long: usize) -> FakeHttp {
+    let room = |events: serde_json::Value| {
+        serde_json::json!({"!room:fake": {"summary": {"m.joined_member_count": 2},
+            "timeline": {"events": events}}})
+    };
+    let learn =
+        serde_json::json!({"next_batch": "s1", "rooms": {"join": room(serde_json::json!([]))}})
+            .to_string();
+    let events: Vec<serde_json::Value> = (0..6)
+        .map(|i| {
+            let body = if i == 0 {
+                "x".repeat(long)
+            } else {
+                format!("message {i}")
+            };
+            serde_json::json!({"type": "m.room.message", "event_id": format!("$e{i}"),
+                "sender": "@ann:fake", "content": {"msgtype": "m.text", "body": body}})
+        })
+        .collect();
+    let batch = serde_json::json!({"next_batch": "s2",
+        "rooms": {"join": room(serde_json::json!(events))}})
+    .to_string();
+    FakeHttp::start(move |request| {
+        if request.contains("/account/whoami") {
+            HttpAnswer::Json(200, r#"{"user_id":"@bot:fake"}"#.into())
+        } else if request.contains("/sync?") && request.contains("since=s1") {
+            HttpAnswer::Json(200, batch.clone())
+        } else if request.contains("/sync?") && !request.contains("since=") {
+            HttpAnswer::Json(200, learn.clone())
+        } else if request.contains("/sync?") {
+            HttpAnswer::Never
+        } else if request.contains("/send/") {
+            HttpAnswer::Json(200, r#"{"event_id":"$bot"}"#.into())
+        } else {
+            HttpAnswer::Json(200, "{}".into())
+        }
+    })
+}
+
+/// Polls `path` (bounded by [`WAIT`]) until it holds `want`.
+fn wait_for_file(path: &Path, want: &str) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if std::fs::read_to_string(path).is_ok_and(|s| s.trim() == want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never held {want:?} (it holds {:?})",
+            path.display(),
+            std::fs::read_to_string(path).ok()
+        );
+        std::thread::park_timeout(Duration::from_millis(20));
+    }
+}
+
+/// Row 3, Matrix: a gateway with `--max-line-bytes 16384` (the bridge left at its default)
+/// answers a 20,000-byte message with `error`. That ends the message: its sender is told
+/// once, the 5 others are answered, the sync position (`--state-dir`) moves past the batch,
+/// and a restarted bridge continues after it, handing nothing over again. On main f41b273
+/// the message stayed pending for ever, the position stayed at `s1`, and the restarted
+/// bridge synced the batch again.
+#[test]
+fn a_gateway_error_ends_the_matrix_message_and_the_sync_position_moves_past_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let state_arg = state.to_str().expect("utf-8 path").to_owned();
+    let hs = one_room_homeserver(20_000);
+    let run = |gateway: &FakeGateway, name: &str| {
+        start_bridge(
+            &[
+                "matrix",
+                "--gateway",
+                &gateway.addr,
+                "--homeserver",
+                &hs.url,
+                "--state-dir",
+                &state_arg,
+            ],
+            &[("MATRIX_ACCESS_TOKEN", "syt_long_message_0123")],
+            &dir.path().join(name),
+        )
+    };
+    let gateway = FakeGateway::limited(16_384);
+    let (mut matrix, _) = run(&gateway, "matrix-1.log");
+    let mut got: Vec<String> = (0..5)
+        .map(|_| {
+            let m = gateway.received.recv_timeout(WAIT).expect("a message");
+            m["id"].as_str().expect("id").to_owned()
+        })
+        .collect();
+    got.sort();
+    assert_eq!(got, ["$e1", "$e2", "$e3", "$e4", "$e5"]);
+    let told = hs.wait_requests("not accepted", 1);
+    assert!(
+        told[0].contains("/send/") && told[0].contains("longer than 16384"),
+        "{}",
+        told[0]
+    );
+    wait_for_file(&state.join("matrix-next-batch"), "s2");
+    let (status, _) = matrix.terminate();
+    assert!(status.success(), "exit status {status:?}");
+    let more = hs
+        .requests
+        .try_iter()
+        .filter(|r| r.contains("not accepted"))
+        .count();
+    assert_eq!(more, 0, "the sender was told more than once");
+
+    // A restart continues from s2: the batch is not synced, nothing is handed over again.
+    let gateway = FakeGateway::limited(16_384);
+    let (mut matrix, _) = run(&gateway, "matrix-2.log");
+    hs.wait_requests("since=s2", 1);
+    let (status, _) = matrix.terminate();
+    assert!(status.success(), "exit status {status:?}");
+    let again: Vec<_> = gateway.received.try_iter().collect();
+    assert!(again.is_empty(), "handed over again: {again:?}");
+}
+
+/// Row 5: a message written while the gateway drains is refused `shutting_down`; the
+/// bridge keeps it, sends it again with the same id, and the human never sees the refusal,
+/// only the answer. On main f41b273 the refusal was final: `[not accepted (shutting_down):
+/// …]` went to the chat and the message was never sent again.
+#[test]
+fn a_message_refused_shutting_down_is_sent_again_and_answered_not_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let irc = FakeIrc::start(IrcMode::Polite);
+    let gateway = FakeGateway::draining_first(2);
+    let log = dir.path().join("bridge.log");
+    let mut bridge = irc_bridge(&irc, &gateway, &[], &log);
+    irc.send(":ann!a@h PRIVMSG bot :hello\r\n");
+    let copies: Vec<serde_json::Value> = (0..3)
+        .map(|_| gateway.received.recv_timeout(WAIT).expect("a copy"))
+        .collect();
+    let id = copies[0]["id"].as_str().expect("id").to_owned();
+    for c in &copies {
+        assert_eq!(
+            (c["id"].as_str(), c["text"].as_str()),
+            (Some(id.as_str()), Some("hello"))
+        );
+    }
+    // The third copy was acked; its result goes out, and nothing said "not accepted" first.
+    let result = serde_json::json!({"op": "reply", "id": id, "session": "irc:dm:ann",
+        "text": "answered"});
+    gateway.send(&result.to_string());
+    irc.wait_line("the answer", |l| {
+        assert!(!l.contains("not accepted"), "the refusal was shown: {l}");
+        l == "PRIVMSG ann :answered"
+    });
+    let (status, _) = bridge.terminate();
+    assert!(status.success(), "exit status {status:?}");
+}
+
+/// Row 4, Matrix: three rooms flood the bridge with results (10 each) and a fourth room's
+/// one result comes last, against a fake homeserver that rate-limits every other send
+/// (429, `retry_after_ms`). The bridge's results go out one queue per room, in turn: the
+/// victim's is among the first sends, not behind the 30 others. On main f41b273 one FIFO
+/// sent it last.
+#[test]
+fn a_rooms_result_is_not_held_behind_other_rooms_floods() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gateway = FakeGateway::start(None);
+    let sends = Arc::new(AtomicU64::new(0));
+    let hs = FakeHttp::start(move |request| {
+        if request.contains("/account/whoami") {
+            HttpAnswer::Json(200, r#"{"user_id":"@bot:fake"}"#.into())
+        } else if request.contains("/sync?") && !request.contains("since=") {
+            HttpAnswer::Json(200, r#"{"next_batch":"s1"}"#.into())
+        } else if request.contains("/sync?") {
+            HttpAnswer::Never
+        } else if request.contains("/send/") && sends.fetch_add(1, Ordering::SeqCst) % 2 == 1 {
+            HttpAnswer::Json(
+                429,
+                r#"{"errcode":"M_LIMIT_EXCEEDED","retry_after_ms":20}"#.into(),
+            )
+        } else if request.contains("/send/") {
+            HttpAnswer::Json(200, r#"{"event_id":"$sent"}"#.into())
+        } else {
+            HttpAnswer::Json(200, "{}".into())
+        }
+    });
+    let log = dir.path().join("matrix.log");
+    let (mut matrix, lines) = start_bridge(
+        &[
+            "matrix",
+            "--gateway",
+            &gateway.addr,
+            "--homeserver",
+            &hs.url,
+        ],
+        &[("MATRIX_ACCESS_TOKEN", "syt_fair_rooms_0123")],
+        &log,
+    );
+    assert_eq!(
+        lines.recv_timeout(WAIT).expect("the ready line"),
+        "ready: matrix as @bot:fake"
+    );
+    let result = |room: &str, id: String, text: String| {
+        serde_json::json!({"op": "reply", "id": id,
+            "session": format!("matrix:dm:!{room}%3Afake"), "text": text})
+        .to_string()
+    };
+    for n in 0..10 {
+        for room in ["a", "b", "c"] {
+            gateway.send(&result(
+                room,
+                format!("{room}{n}"),
+                format!("flood {room}{n}"),
+            ));
+        }
+    }
+    gateway.send(&result("v", "v0".into(), "victim".into()));
+    let mut before = 0;
+    loop {
+        let request = hs
+            .requests
+            .recv_timeout(WAIT)
+            .expect("the victim's send never came");
+        if !request.contains("/send/") {
+            continue;
+        }
+        if request.contains("victim") {
+            break;
+        }
+        before += 1;
+    }
+    eprintln!("sends (429s included) before the victim's: {before}");
+    assert!(
+        before <= 12,
+        "the victim's result waited behind {before} sends of the flooding rooms"
+    );
+    let (status, _) = matrix.terminate();
+    assert!(status.success(), "exit status {status:?}");
+}
+
+/// Row 4, notices: ten DMs refused `queue_full` while the bot's lines are paced (a line
+/// every 2 s) give at most two notices — the one written at once and one waiting; the rest
+/// are not queued while one waits. A result queued after them comes right behind. On main
+/// f41b273 every refusal queued its own notice: ten, all ahead of the result.
+#[test]
+fn refusal_notices_are_capped_per_chat() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let irc = FakeIrc::start(IrcMode::Polite);
+    let gateway = FakeGateway::refusing(10, "queue_full");
+    let log = dir.path().join("bridge.log");
+    let pacing = ["--flood-burst", "1", "--flood-interval", "2"];
+    let mut bridge = irc_bridge(&irc, &gateway, &pacing, &log);
+    for i in 0..10 {
+        irc.send(&format!(":ann!a@h PRIVMSG bot :message {i}\r\n"));
+    }
+    for _ in 0..10 {
+        gateway.received.recv_timeout(WAIT).expect("a message");
+    }
+    // The refusals are written (all but perhaps the last) before this result.
+    let result = serde_json::json!({"op": "reply", "id": "r1", "session": "irc:dm:ann",
+        "text": "after the refusals"});
+    gateway.send(&result.to_string());
+    let notices = std::cell::Cell::new(0);
+    irc.wait_line("the result", |l| {
+        if l.contains("not accepted") {
+            notices.set(notices.get() + 1);
+        }
+        l == "PRIVMSG ann :after the refusals"
+    });
+    let notices = notices.get();
+    assert!((1..=2).contains(&notices), "{notices} notices for one chat");
+    let (status, _) = bridge.terminate();
+    assert!(status.success(), "exit status {status:?}");
 }

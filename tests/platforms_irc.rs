@@ -701,3 +701,49 @@ fn with_a_server_password_the_bridge_logs_in_to_ngircd() {
     let answer = human.until(|l| l.contains("PRIVMSG ann :"));
     assert!(answer.contains("dm answer: dm hello"), "{answer}");
 }
+
+/// Issue 30 row 4, fair output: a long reply in `#test` is being paced out (a line every
+/// 2 s) when the same human's private message is answered. The bridge's outbox is one queue
+/// per target served in turn, so the one-line DM answer goes out within one pacing
+/// interval: among the first lines after the long reply's first, not behind all of it. Both
+/// targets' lines reach the one human's socket, so their order is the server's. On main
+/// f41b273 one FIFO held the DM answer behind the whole reply (23.5 s measured with the
+/// default pacing).
+#[test]
+fn a_one_line_answer_to_another_target_is_not_held_behind_a_long_reply() {
+    let Some(ngircd) = require_ngircd() else {
+        return;
+    };
+    let setup = Setup::start(&ngircd);
+    let mut human = Human::connect(setup.irc_port, "human", Some("#test"));
+    let server = format!("127.0.0.1:{}", setup.irc_port);
+    let pacing = ["--flood-burst", "1", "--flood-interval", "2"];
+    let (mut bridge, ready) = setup.bridge_with(
+        "fairbot",
+        &[&["--server", server.as_str()][..], &pacing].concat(),
+    );
+    assert_eq!(ready, "ready: irc as fairbot");
+    human.send("PRIVMSG #test :fairbot: tell me a long story");
+    let (_, first) = human.privmsg_from("fairbot", "#test");
+    assert!(first.starts_with("human: "), "{first}");
+    // The reply is being paced out; now a DM with a one-line answer.
+    human.send("PRIVMSG fairbot :dm quick");
+    let mut channel_lines_before = 0;
+    loop {
+        let line = human.until(|l| l.starts_with(":fairbot!") && l.contains(" PRIVMSG "));
+        if line.contains(" PRIVMSG human :") {
+            assert!(line.ends_with(":dm answer: dm quick"), "{line}");
+            break;
+        }
+        channel_lines_before += 1;
+    }
+    eprintln!("channel lines between the first and the DM answer: {channel_lines_before}");
+    // One pacing interval is one line; the agent's own time may let another pass.
+    assert!(
+        channel_lines_before <= 2,
+        "the DM answer waited behind {channel_lines_before} lines of the other reply"
+    );
+    bridge.signal(libc::SIGTERM);
+    let status = bridge.wait_exit();
+    assert!(status.success(), "SIGTERM exits 0: {status:?}");
+}

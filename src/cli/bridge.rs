@@ -43,12 +43,30 @@ struct GatewayArgs {
     /// The name the gateway's certificate must be for (default: the host of --gateway).
     #[arg(long, value_name = "NAME", requires = "gateway_tls_ca")]
     gateway_tls_name: Option<String>,
+    /// Longest line sent to the gateway, in bytes: set it to the gateway's
+    /// `--max-line-bytes`. A longer message is not sent; its sender is told once. Default
+    /// 65,536, the gateway's default.
+    #[arg(long, value_name = "BYTES", default_value_t = crate::platforms::gateway::DEFAULT_MAX_LINE_BYTES,
+          value_parser = clap::value_parser!(usize))]
+    max_line_bytes: usize,
+    /// Messages held at once for a retry after a retryable refusal of the gateway
+    /// (`shutting_down`, `overloaded`, `storage`, `backpressure`); past it such a refusal is
+    /// told to the sender at once. Default 1,000.
+    #[arg(long, value_name = "N", default_value_t = crate::platforms::gateway::DEFAULT_MAX_HELD)]
+    max_held_messages: usize,
+    /// How long a message is sent again (after retryable refusals, or while the gateway is
+    /// away) before the bridge gives up and tells its sender, once. Default 10 min.
+    #[arg(long, value_name = "DURATION", default_value = "10m")]
+    max_hold: crate::cli::units::Seconds,
 }
 
 impl GatewayArgs {
     fn config(&self, platform: &str) -> Result<GatewayConfig, String> {
         let token = token_from_env(&self.gateway_token_env)?;
         let mut config = GatewayConfig::new(&self.gateway, platform, token);
+        config.max_line_bytes = self.max_line_bytes;
+        config.max_held = self.max_held_messages;
+        config.max_hold = Duration::from_secs_f64(self.max_hold.0);
         if let Some(ca) = &self.gateway_tls_ca {
             config.tls = Some(crate::platforms::tls::client_config(
                 Some(ca),

@@ -4,8 +4,9 @@
 //! default: 0.2 messages a second after a burst of 10), and a naive FIFO makes a `/stop`'s
 //! answer wait behind stale edits. [`EditQueue`] keeps two classes:
 //!
-//! - **urgent** items — terminal results and command answers — in arrival order, never
-//!   dropped, always sent before any edit;
+//! - **urgent** items — terminal results and command answers — never dropped, always sent
+//!   before any edit, one queue per chat served in turn ([`FairQueue`]): one chat's burst of
+//!   results does not hold another chat's first one;
 //! - **edits** — at most **one pending edit per message** (a newer one replaces the older
 //!   text in place), at most `max_edits` messages with a pending edit in all (past that the
 //!   oldest pending edit is dropped: edits are best effort, the final carries the whole text).
@@ -19,6 +20,8 @@
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
+
+use super::fair::FairQueue;
 
 /// Tunables of an [`EditQueue`].
 #[derive(Clone, Copy, Debug)]
@@ -70,7 +73,7 @@ pub(crate) enum Next<K, U, E> {
 #[derive(Debug)]
 pub(crate) struct EditQueue<K, U, E> {
     limits: EditLimits,
-    urgent: VecDeque<U>,
+    urgent: FairQueue<U>,
     edits: VecDeque<(K, E)>,
     strikes: VecDeque<Instant>,
     blocked_until: Option<Instant>,
@@ -86,7 +89,7 @@ impl<K: PartialEq, U, E> EditQueue<K, U, E> {
                 strike_limit: limits.strike_limit.max(1),
                 ..limits
             },
-            urgent: VecDeque::new(),
+            urgent: FairQueue::default(),
             edits: VecDeque::new(),
             strikes: VecDeque::new(),
             blocked_until: None,
@@ -94,14 +97,20 @@ impl<K: PartialEq, U, E> EditQueue<K, U, E> {
         }
     }
 
-    /// Queues a result or command answer behind the other urgent items.
-    pub(crate) fn push_urgent(&mut self, item: U) {
-        self.urgent.push_back(item);
+    /// Queues a result or command answer behind chat `chat`'s other urgent items.
+    pub(crate) fn push_urgent(&mut self, chat: &str, item: U) {
+        self.urgent.push(chat, item);
     }
 
     /// Puts an urgent item that could not be sent back at the head, so order is kept.
-    pub(crate) fn requeue_urgent(&mut self, item: U) {
-        self.urgent.push_front(item);
+    pub(crate) fn requeue_urgent(&mut self, chat: &str, item: U) {
+        self.urgent.push_front(chat, item);
+    }
+
+    /// Puts the rest of an urgent item sent in parts first among its chat's items; the
+    /// other chats' turns come in between.
+    pub(crate) fn continue_urgent(&mut self, chat: &str, item: U) {
+        self.urgent.push_next(chat, item);
     }
 
     /// Queues `edit` as message `key`'s newest pending edit; see [`EditPushed`].
@@ -151,7 +160,7 @@ impl<K: PartialEq, U, E> EditQueue<K, U, E> {
             return None;
         }
         self.blocked_until = None;
-        if let Some(u) = self.urgent.pop_front() {
+        if let Some(u) = self.urgent.pop() {
             return Some(Next::Urgent(u));
         }
         if self.final_only(now) {
@@ -281,8 +290,8 @@ mod tests {
         let mut q = queue();
         q.push_edit("a", "a1", now);
         q.push_edit("b", "b1", now);
-        q.push_urgent("stop answer");
-        q.push_urgent("final of c");
+        q.push_urgent("c", "stop answer");
+        q.push_urgent("c", "final of c");
         assert_eq!(
             drain(&mut q, now),
             vec![
@@ -298,13 +307,13 @@ mod tests {
     fn a_429_holds_everything_back_until_retry_after_and_keeps_order() {
         let t0 = Instant::now();
         let mut q = queue();
-        q.push_urgent("r1");
-        q.push_urgent("r2");
+        q.push_urgent("c", "r1");
+        q.push_urgent("c", "r2");
         let Some(Next::Urgent(first)) = q.next(t0) else {
             panic!("urgent first")
         };
         // The send was refused: back at the head, and a wait of 2 s.
-        q.requeue_urgent(first);
+        q.requeue_urgent("c", first);
         assert!(!q.rate_limited(Duration::from_secs(2), t0));
         assert_eq!(q.next(t0 + Duration::from_millis(1999)), None);
         assert_eq!(q.ready_at(t0), Some(t0 + Duration::from_secs(2)));
@@ -344,7 +353,7 @@ mod tests {
         let t0 = Instant::now();
         let mut q = queue();
         q.push_edit("a", "a1", t0);
-        q.push_urgent("final b");
+        q.push_urgent("b", "final b");
         let s = Duration::from_secs(1);
         assert!(!q.rate_limited(s, t0));
         assert!(!q.rate_limited(s, t0 + s));
@@ -353,7 +362,7 @@ mod tests {
         let t = t0 + 3 * s;
         assert_eq!(q.push_edit("a", "a2", t), EditPushed::FinalOnly);
         q.requeue_edit("a", "a3", t);
-        q.push_urgent("final a");
+        q.push_urgent("a", "final a");
         assert_eq!(
             drain(&mut q, t),
             vec![Next::Urgent("final b"), Next::Urgent("final a")]

@@ -76,6 +76,7 @@ pub(crate) fn emit_limited(
 }
 
 pub(crate) mod edits;
+pub(crate) mod fair;
 pub(crate) mod gateway;
 pub(crate) mod grapheme;
 pub(crate) mod irc;

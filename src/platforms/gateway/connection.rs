@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use crate::wire::ClientOp;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
+use super::hold;
 use super::protocol::{LineResult, handle_line};
 use super::{GatewayEvent, Shared, write_line};
 use crate::platforms::tls::Wire;
@@ -52,8 +53,7 @@ pub(super) fn run_connection(shared: &Shared, events: &Sender<GatewayEvent>, sto
         };
         {
             let mut state = shared.lock();
-            state.conn = None;
-            state.connected = false;
+            state.lost_connection();
         }
         if confirmed || started.elapsed() >= STABLE_AFTER {
             backoff = config.initial_backoff.max(Duration::from_millis(1));
@@ -77,9 +77,37 @@ pub(super) fn run_connection(shared: &Shared, events: &Sender<GatewayEvent>, sto
             Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
             Err(RecvTimeoutError::Timeout) => {}
         }
+        // Messages held past --max-hold while the gateway is away end here.
+        for event in give_up_expired(shared) {
+            crossbeam_channel::select! {
+                send(events, event) -> sent => if sent.is_err() { return },
+                recv(stop) -> _ => return,
+            }
+        }
         backoff = (backoff * 2).min(config.max_backoff.max(Duration::from_millis(1)));
     }
 }
+
+/// Takes out the messages held past [`GatewayConfig::max_hold`](super::GatewayConfig):
+/// their waiters are told, and the events for the bridge returned.
+fn give_up_expired(shared: &Shared) -> Vec<GatewayEvent> {
+    let expired = hold::expire(&mut shared.lock(), &shared.config, Instant::now());
+    expired
+        .into_iter()
+        .map(|(pending, admission)| {
+            for w in pending.waiters {
+                let _ = w.try_send(admission.clone());
+            }
+            GatewayEvent::Admission {
+                id: pending.id,
+                admission,
+            }
+        })
+        .collect()
+}
+
+/// How often a connection looks for held messages due again or given up.
+const HOLD_TICK: Duration = Duration::from_millis(100);
 
 /// How one connection ended.
 enum ConnectionEnd {
@@ -149,18 +177,15 @@ fn say_hello(shared: &Shared, stream: Wire) -> Result<(), String> {
     // The pong to this ping confirms the hello: with a token, a refused hello is
     // answered `error` and closed instead.
     let mut ok = write_line(&mut state, &hello) && write_line(&mut state, &ClientOp::Ping.line());
-    let lines: Vec<String> = state.pending.iter().map(|p| p.line.clone()).collect();
-    for line in &lines {
-        ok = ok && write_line(&mut state, line);
+    let again = state.pending.len();
+    for i in 0..again {
+        ok = ok && state.write_pending(i);
     }
     if !ok {
         return Err("the gateway closed the connection during the hello".into());
     }
-    if !lines.is_empty() {
-        log::info!(
-            "gateway: sent {} unanswered message(s) again after reconnecting",
-            lines.len()
-        );
+    if again > 0 {
+        log::info!("gateway: sent {again} unanswered message(s) again after reconnecting");
     }
     Ok(())
 }
@@ -179,6 +204,8 @@ struct Reader<'a> {
     pinged: bool,
     /// The last `error` line's detail: the reason, should the gateway close right after it.
     error_detail: Option<String>,
+    /// When held messages were last looked at.
+    last_tick: Instant,
 }
 
 impl<'a> Reader<'a> {
@@ -197,6 +224,7 @@ impl<'a> Reader<'a> {
             last_heard: Instant::now(),
             pinged: false,
             error_detail: None,
+            last_tick: Instant::now(),
         }
     }
 
@@ -214,6 +242,9 @@ impl<'a> Reader<'a> {
         loop {
             if self.shared.stopping.load(Ordering::SeqCst) {
                 return self.closed("shutting down".into());
+            }
+            if let Some(end) = self.on_tick() {
+                return end;
             }
             let step = match self.reader.read(&mut chunk) {
                 Ok(0) => {
@@ -240,6 +271,25 @@ impl<'a> Reader<'a> {
                 return end;
             }
         }
+    }
+
+    /// Now and then: held messages due are sent again (once the hello is confirmed), and
+    /// those held too long are given up (their bridge told).
+    fn on_tick(&mut self) -> Option<ConnectionEnd> {
+        let now = Instant::now();
+        if now.saturating_duration_since(self.last_tick) < HOLD_TICK {
+            return None;
+        }
+        self.last_tick = now;
+        if self.confirmed {
+            hold::resend_due(&mut self.shared.lock(), now);
+        }
+        for event in give_up_expired(self.shared) {
+            if self.events.send(event).is_err() {
+                return Some(ConnectionEnd::ReceiverGone);
+            }
+        }
+        None
     }
 
     /// Handles every complete line in what was read; `Some` ends the connection.

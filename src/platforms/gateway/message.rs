@@ -3,6 +3,9 @@
 
 use crate::wire::{ClientOp, MessageFields};
 
+#[cfg(doc)]
+use super::GatewayConfig;
+
 /// A chat message for the gateway: the protocol's `message` fields. Its `platform` is the
 /// client's own unless set.
 pub(crate) type OutgoingMessage = MessageFields;
@@ -153,6 +156,14 @@ pub(crate) enum SendError {
     /// [`Gateway::send_and_wait`] got no answer in time (the message stays pending and is
     /// sent again after a reconnect; sending it again with the same id is safe).
     TimedOut,
+    /// The message's line would be longer than [`GatewayConfig::max_line_bytes`]: the
+    /// gateway would discard it. Sending it again cannot help.
+    TooLong {
+        /// The line's length.
+        bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// The client was shut down.
     Closed,
 }
@@ -164,6 +175,10 @@ impl std::fmt::Display for SendError {
                 write!(f, "{n} messages already wait for the gateway's answer")
             }
             SendError::TimedOut => write!(f, "no answer from the gateway in time"),
+            SendError::TooLong { bytes, limit } => write!(
+                f,
+                "the message is too long for the gateway ({bytes} bytes as a protocol line, the limit is {limit})"
+            ),
             SendError::Closed => write!(f, "the gateway client was shut down"),
         }
     }

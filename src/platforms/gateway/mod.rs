@@ -13,6 +13,14 @@
 //!   unanswered message is sent again, in order (the gateway's duplicate window makes the
 //!   repeat harmless: it answers `duplicate`). At most [`GatewayConfig::max_pending`] wait at
 //!   once; beyond, `send` says so ([`SendError::TooManyPending`]) instead of queueing.
+//! - **A message ends once.** A message whose line would pass the gateway's line limit
+//!   ([`GatewayConfig::max_line_bytes`]) is refused by `send` ([`SendError::TooLong`]), and
+//!   an `error` line (no id) answers the oldest message in flight (the gateway answers lines
+//!   in order): it ends that message, reported as a `reject` with reason `invalid`.
+//! - **Retryable means retried.** A refusal that passes (`shutting_down`, `overloaded`,
+//!   `storage`, `backpressure`) is held and sent again with the same id ([`hold`]); the
+//!   bridge hears of it only if the client gives up ([`GatewayConfig::max_hold`],
+//!   [`GatewayConfig::max_held`]).
 //! - **A result is shown once.** The bridge calls [`Gateway::delivered`] once it has handled
 //!   a terminal event (posted it, or decided not to); the client remembers the id (the newest
 //!   [`GatewayConfig::shown_memory`] of them) and confirms it with `delivered`. A terminal
@@ -26,7 +34,7 @@ use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
 
@@ -41,6 +49,7 @@ use crate::wire::ClientOp;
 use message::message_line;
 
 mod connection;
+mod hold;
 mod message;
 mod protocol;
 mod recent;
@@ -66,6 +75,16 @@ pub(crate) struct GatewayConfig {
     pub shown_memory: usize,
     /// Events buffered for the bridge before the client stops reading the gateway.
     pub event_capacity: usize,
+    /// Longest `message` line sent (the gateway's `--max-line-bytes`): a longer message is
+    /// refused by [`Gateway::send`] ([`SendError::TooLong`]) instead of being sent to be
+    /// discarded.
+    pub max_line_bytes: usize,
+    /// Messages held at once for a retry after a retryable refusal (`shutting_down`,
+    /// `overloaded`, `storage`, `backpressure`); past it such a refusal is final.
+    pub max_held: usize,
+    /// How long after it was first handed over a message is sent again (retryable
+    /// refusals, a gateway away) before the client gives up on it.
+    pub max_hold: Duration,
     /// TLS to the gateway (its `--tls-cert`): the roots its certificate is checked against.
     pub tls: Option<Arc<rustls::ClientConfig>>,
     /// The name the gateway's certificate must be for; by default `addr`'s host.
@@ -82,6 +101,9 @@ impl std::fmt::Debug for GatewayConfig {
             .field("max_backoff", &self.max_backoff)
             .field("max_pending", &self.max_pending)
             .field("shown_memory", &self.shown_memory)
+            .field("max_line_bytes", &self.max_line_bytes)
+            .field("max_held", &self.max_held)
+            .field("max_hold", &self.max_hold)
             .field("tls", &self.tls.is_some())
             .field("tls_name", &self.tls_name)
             .finish_non_exhaustive()
@@ -90,7 +112,8 @@ impl std::fmt::Debug for GatewayConfig {
 
 impl GatewayConfig {
     /// Defaults: backoff 100 ms doubling to 10 s, 1,024 pending messages, 4,096 remembered
-    /// result ids, 1,024 buffered events.
+    /// result ids, 1,024 buffered events, lines of at most 65,536 bytes (the gateway's own
+    /// default), 1,000 messages held for a retry, each for at most 10 minutes.
     pub(crate) fn new(addr: &str, platform: &str, token: Option<String>) -> GatewayConfig {
         GatewayConfig {
             addr: addr.to_owned(),
@@ -101,11 +124,22 @@ impl GatewayConfig {
             max_pending: 1024,
             shown_memory: 4096,
             event_capacity: 1024,
+            max_line_bytes: DEFAULT_MAX_LINE_BYTES,
+            max_held: DEFAULT_MAX_HELD,
+            max_hold: DEFAULT_MAX_HOLD,
             tls: None,
             tls_name: None,
         }
     }
 }
+
+/// The gateway's default `--max-line-bytes`, and so the client's.
+pub(crate) const DEFAULT_MAX_LINE_BYTES: usize = 65_536;
+
+/// Messages held for a retry at most, by default.
+pub(crate) const DEFAULT_MAX_HELD: usize = 1000;
+/// How long a message is retried at most, by default.
+pub(crate) const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(600);
 
 /// Reads the gateway token from the environment variable `var`: `None` when it is unset or
 /// empty (a gateway without a token). The error names the variable, never its value.
@@ -125,6 +159,17 @@ struct Pending {
     id: String,
     line: String,
     waiters: Vec<Sender<Admission>>,
+    /// Written on the current connection and not answered yet: the order of the write
+    /// (the gateway answers lines in order, so an `error` without an id answers the oldest).
+    in_flight: Option<u64>,
+    /// When it was first handed over ([`GatewayConfig::max_hold`] counts from here).
+    since: Instant,
+    /// Held after a retryable refusal: when it is sent again.
+    retry_at: Option<Instant>,
+    /// Retryable refusals so far (the backoff doubles with each).
+    retries: u32,
+    /// The last retryable refusal (reason, detail): told if the client gives up.
+    refused: Option<(String, String)>,
 }
 
 /// What the handle and the connection thread share.
@@ -135,6 +180,45 @@ struct State {
     connected: bool,
     pending: VecDeque<Pending>,
     shown: RecentIds,
+    /// Message lines written so far (orders [`Pending::in_flight`]).
+    writes: u64,
+}
+
+impl State {
+    /// Writes `pending[i]`'s line; it is in flight if that worked.
+    fn write_pending(&mut self, i: usize) -> bool {
+        let Some(line) = self.pending.get(i).map(|p| p.line.clone()) else {
+            return false;
+        };
+        if !write_line(self, &line) {
+            return false;
+        }
+        self.writes += 1;
+        let seq = self.writes;
+        if let Some(p) = self.pending.get_mut(i) {
+            p.in_flight = Some(seq);
+            p.retry_at = None;
+        }
+        true
+    }
+
+    /// The connection is gone: nothing written on it will be answered.
+    fn lost_connection(&mut self) {
+        self.conn = None;
+        self.connected = false;
+        for p in &mut self.pending {
+            p.in_flight = None;
+        }
+    }
+
+    /// The id of the oldest message in flight: the one an `error` line answers.
+    fn oldest_in_flight(&self) -> Option<String> {
+        self.pending
+            .iter()
+            .filter_map(|p| p.in_flight.map(|seq| (seq, &p.id)))
+            .min_by_key(|(seq, _)| *seq)
+            .map(|(_, id)| id.clone())
+    }
 }
 
 struct Shared {
@@ -168,8 +252,7 @@ fn write_line(state: &mut State, line: &str) -> bool {
         Err(e) => {
             log::warn!("gateway: write failed ({e}); reconnecting");
             conn.shutdown();
-            state.conn = None;
-            state.connected = false;
+            state.lost_connection();
             false
         }
     }
@@ -194,6 +277,7 @@ impl Gateway {
                 connected: false,
                 pending: VecDeque::new(),
                 shown: RecentIds::new(config.shown_memory),
+                writes: 0,
             }),
             config,
             stopping: AtomicBool::new(false),
@@ -259,17 +343,30 @@ impl Gateway {
             return Err(SendError::TooManyPending(max));
         }
         let line = message_line(message, &self.shared.config.platform);
+        let limit = self.shared.config.max_line_bytes;
+        if line.len() > limit {
+            return Err(SendError::TooLong {
+                bytes: line.len(),
+                limit,
+            });
+        }
         log::debug!(
             "gateway: sending message {} for chat {}",
             message.id,
             message.chat_id
         );
-        write_line(&mut state, &line);
         state.pending.push_back(Pending {
             id: message.id.clone(),
             line,
             waiters: waiter.into_iter().collect(),
+            in_flight: None,
+            since: Instant::now(),
+            retry_at: None,
+            retries: 0,
+            refused: None,
         });
+        let last = state.pending.len() - 1;
+        state.write_pending(last);
         Ok(())
     }
 
@@ -307,7 +404,7 @@ impl Gateway {
             if let Some(conn) = state.conn.take() {
                 conn.shutdown();
             }
-            state.connected = false;
+            state.lost_connection();
         }
         let handle = self
             .shared

@@ -1,9 +1,11 @@
 //! One gateway line in: answers pending messages, filters results already shown, and turns
 //! the rest into [`GatewayEvent`]s.
 
+use std::time::Instant;
+
 use crossbeam_channel::Sender;
 
-use super::{Admission, GatewayEvent, Shared, TerminalEvent, TerminalOutcome, write_line};
+use super::{Admission, GatewayEvent, Shared, TerminalEvent, TerminalOutcome, hold, write_line};
 use crate::wire::{ClientOp, ServerLine, ServerOp};
 
 /// What reading one line means for the connection.
@@ -47,14 +49,14 @@ pub(super) fn handle_line(
                     position: position.unwrap_or(0),
                 },
             };
-            Some(on_admission(shared, id, admission))
+            on_admission(shared, id, admission)
         }
         ServerOp::Reject {
             id,
             session,
             reason,
             detail,
-        } => Some(on_admission(
+        } => on_admission(
             shared,
             id,
             Admission::Rejected {
@@ -62,7 +64,7 @@ pub(super) fn handle_line(
                 reason,
                 detail,
             },
-        )),
+        ),
         ServerOp::Typing {
             session,
             chat_id,
@@ -80,7 +82,7 @@ pub(super) fn handle_line(
         | ServerOp::Cancelled { .. }
         | ServerOp::Failed { .. }
         | ServerOp::Merged { .. }) => terminal(op, redelivery).and_then(|t| on_result(shared, t)),
-        ServerOp::Error { detail } => return on_error(shared, detail, events),
+        ServerOp::Error { detail } => return on_error(shared, detail, *confirmed, events),
     };
     match event.map(|event| events.send(event)) {
         Some(Err(_)) => LineResult::ReceiverGone,
@@ -149,23 +151,30 @@ fn on_pong(shared: &Shared) -> GatewayEvent {
     GatewayEvent::Connected
 }
 
-/// An `ack` or `reject`: the message stops being pending and its waiters get the answer.
-fn on_admission(shared: &Shared, id: String, admission: Admission) -> GatewayEvent {
-    let waiters = {
+/// An `ack` or `reject`: the message stops being pending and its waiters get the answer —
+/// unless it is a retryable refusal the client holds to send again ([`hold`]): then `None`.
+fn on_admission(shared: &Shared, id: String, admission: Admission) -> Option<GatewayEvent> {
+    let (waiters, admission) = {
         let mut state = shared.lock();
-        match state.pending.iter().position(|p| p.id == id) {
+        let admission =
+            match hold::on_refusal(&mut state, &shared.config, &id, admission, Instant::now()) {
+                hold::Refusal::Held => return None,
+                hold::Refusal::Final(admission) => admission,
+            };
+        let waiters = match state.pending.iter().position(|p| p.id == id) {
             Some(i) => state
                 .pending
                 .remove(i)
                 .map(|p| p.waiters)
                 .unwrap_or_default(),
             None => Vec::new(),
-        }
+        };
+        (waiters, admission)
     };
     for w in waiters {
         let _ = w.try_send(admission.clone());
     }
-    GatewayEvent::Admission { id, admission }
+    Some(GatewayEvent::Admission { id, admission })
 }
 
 /// A terminal event: passed on unless its id was handled before (then confirmed again).
@@ -191,15 +200,45 @@ fn on_result(shared: &Shared, event: TerminalEvent) -> Option<GatewayEvent> {
     Some(GatewayEvent::Result(event))
 }
 
-/// An `error` line: reported to the bridge, and kept as the reason of a close that follows.
-fn on_error(shared: &Shared, detail: String, events: &Sender<GatewayEvent>) -> LineResult {
-    warn_limited!("gateway {}: error: {detail}", shared.config.addr);
-    if events
-        .send(GatewayEvent::Error {
-            detail: detail.clone(),
-        })
-        .is_err()
-    {
+/// An `error` line: kept as the reason of a close that follows. Once the hello is confirmed,
+/// the gateway answers lines in order, and an `error` there answers the oldest message in
+/// flight (a line it could not read, e.g. too long): that message ends, refused `invalid`,
+/// so its bridge can tell the human and move on. Otherwise it is reported as it is.
+fn on_error(
+    shared: &Shared,
+    detail: String,
+    confirmed: bool,
+    events: &Sender<GatewayEvent>,
+) -> LineResult {
+    let answered = if confirmed {
+        shared.lock().oldest_in_flight()
+    } else {
+        None
+    };
+    let event = match answered {
+        Some(id) => {
+            warn_limited!(
+                "gateway {}: error answering message {id}: {detail}; the message ends there",
+                shared.config.addr
+            );
+            let refused = Admission::Rejected {
+                session: None,
+                reason: "invalid".into(),
+                detail: crate::platforms::secrets::redact(&detail).into_owned(),
+            };
+            match on_admission(shared, id, refused) {
+                Some(event) => event,
+                None => return LineResult::Continue,
+            }
+        }
+        None => {
+            warn_limited!("gateway {}: error: {detail}", shared.config.addr);
+            GatewayEvent::Error {
+                detail: detail.clone(),
+            }
+        }
+    };
+    if events.send(event).is_err() {
         return LineResult::ReceiverGone;
     }
     LineResult::Error(detail)

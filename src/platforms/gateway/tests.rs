@@ -202,3 +202,135 @@ fn the_token_never_shows_in_debug_output() {
     let c = GatewayConfig::new("h:1", "irc", Some("s3cret".into()));
     assert!(!format!("{c:?}").contains("s3cret"));
 }
+
+/// Issue 30 row 3: an `error` line (no id) answers the oldest message in flight — it ends
+/// there, refused, with its waiter told — and a message longer than the gateway's line
+/// limit is refused at once, never sent. Before, both stayed pending for ever.
+#[test]
+fn an_error_line_ends_the_oldest_message_in_flight_and_long_ones_are_refused() {
+    let fake = FakeGateway::new();
+    let mut c = config(&fake.addr());
+    c.max_line_bytes = 400;
+    let (gw, rx) = Gateway::connect(c);
+    let mut peer = fake.accept();
+    peer.handshake();
+    assert_eq!(next(&rx), GatewayEvent::Connected);
+    let long = OutgoingMessage::new("long", "1", &"x".repeat(400));
+    assert!(matches!(
+        gw.send(&long),
+        Err(SendError::TooLong { limit: 400, .. })
+    ));
+    assert_eq!(gw.pending(), 0);
+    let waiter = {
+        let gw = gw.clone();
+        std::thread::spawn(move || gw.send_and_wait(&OutgoingMessage::new("a", "1", "x"), WAIT))
+    };
+    assert_eq!(peer.recv()["id"], "a");
+    gw.send(&OutgoingMessage::new("b", "1", "y")).expect("send");
+    assert_eq!(peer.recv()["id"], "b");
+    peer.send(json!({"op":"error","detail":"line longer than 300 bytes; discarded"}));
+    let answer = waiter.join().expect("thread").expect("answered");
+    assert!(
+        matches!(&answer, Admission::Rejected { reason, detail, .. }
+            if reason == "invalid" && detail.contains("longer than 300")),
+        "{answer:?}"
+    );
+    assert!(matches!(
+        next(&rx),
+        GatewayEvent::Admission { id, admission: Admission::Rejected { .. } } if id == "a"
+    ));
+    assert_eq!(gw.pending(), 1, "b still waits for its own answer");
+    peer.send(json!({"op":"ack","id":"b","session":"irc:dm:1","state":"running"}));
+    assert!(matches!(next(&rx), GatewayEvent::Admission { id, .. } if id == "b"));
+    // With nothing in flight an error is only reported.
+    peer.send(json!({"op":"error","detail":"unknown op"}));
+    assert!(matches!(next(&rx), GatewayEvent::Error { .. }));
+    gw.shutdown();
+}
+
+/// Issue 30 row 5: a retryable refusal (`shutting_down`) is not the message's end: the
+/// client holds it, sends it again with the same id, and the bridge only ever hears the
+/// acceptance. A refusal that does not pass (`queue_full`) is final at once. Before, the
+/// first refusal was final.
+#[test]
+fn a_retryable_refusal_is_held_and_sent_again_with_the_same_id() {
+    let fake = FakeGateway::new();
+    let (gw, rx) = Gateway::connect(config(&fake.addr()));
+    let mut peer = fake.accept();
+    peer.handshake();
+    assert_eq!(next(&rx), GatewayEvent::Connected);
+    gw.send(&OutgoingMessage::new("m", "1", "hi"))
+        .expect("send");
+    assert_eq!(peer.recv()["id"], "m");
+    peer.send(json!({"op":"reject","id":"m","session":"irc:dm:1","reason":"shutting_down","detail":"draining"}));
+    let again = peer.recv();
+    assert_eq!(
+        (again["op"].as_str(), again["id"].as_str()),
+        (Some("message"), Some("m"))
+    );
+    peer.send(json!({"op":"ack","id":"m","session":"irc:dm:1","state":"running"}));
+    assert!(matches!(
+        next(&rx),
+        GatewayEvent::Admission { id, admission: Admission::Accepted { .. } } if id == "m"
+    ));
+    gw.send(&OutgoingMessage::new("q", "1", "hi"))
+        .expect("send");
+    assert_eq!(peer.recv()["id"], "q");
+    peer.send(
+        json!({"op":"reject","id":"q","session":"irc:dm:1","reason":"queue_full","detail":"full"}),
+    );
+    assert!(matches!(
+        next(&rx),
+        GatewayEvent::Admission { admission: Admission::Rejected { reason, .. }, .. } if reason == "queue_full"
+    ));
+    gw.shutdown();
+}
+
+/// Row 5's bounds: past `max_hold` a held message is given up — its bridge told once, with
+/// the last reason — and past `max_held` a retryable refusal is final at once.
+#[test]
+fn held_messages_are_given_up_after_max_hold_and_bounded_by_max_held() {
+    let fake = FakeGateway::new();
+    let mut c = config(&fake.addr());
+    c.max_hold = Duration::from_millis(1500);
+    c.max_held = 1;
+    let (gw, rx) = Gateway::connect(c);
+    let mut peer = fake.accept();
+    peer.handshake();
+    assert_eq!(next(&rx), GatewayEvent::Connected);
+    gw.send(&OutgoingMessage::new("a", "1", "x")).expect("send");
+    gw.send(&OutgoingMessage::new("b", "1", "y")).expect("send");
+    assert_eq!(peer.recv()["id"], "a");
+    assert_eq!(peer.recv()["id"], "b");
+    let overloaded = |id: &str| json!({"op":"reject","id":id,"session":"irc:dm:1","reason":"overloaded","detail":"busy"});
+    peer.send(overloaded("a"));
+    peer.send(overloaded("b"));
+    // `b` finds the one place taken: final at once.
+    let GatewayEvent::Admission { id, admission } = next(&rx) else {
+        panic!("an admission")
+    };
+    assert_eq!(id, "b");
+    assert!(
+        matches!(&admission, Admission::Rejected { detail, .. } if detail.contains("not held"))
+    );
+    // `a` is sent again (and refused again) until its time is up, then given up once.
+    loop {
+        let line = peer.recv();
+        assert_eq!(line["id"], "a", "{line}");
+        peer.send(overloaded("a"));
+        if let Ok(event) = rx.recv_timeout(Duration::from_millis(10)) {
+            let GatewayEvent::Admission { id, admission } = event else {
+                panic!("{event:?}")
+            };
+            assert_eq!(id, "a");
+            assert!(
+                matches!(&admission, Admission::Rejected { reason, detail, .. }
+                    if reason == "overloaded" && detail.contains("given up")),
+                "{admission:?}"
+            );
+            break;
+        }
+    }
+    assert_eq!(gw.pending(), 0);
+    gw.shutdown();
+}

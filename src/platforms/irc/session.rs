@@ -1,7 +1,7 @@
 //! The bridge's session: one IRC server connection (registration, nick, joins, the
 //! outbox under the flood bucket) and the gateway's events turned into lines.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::io::{self, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
@@ -19,6 +19,7 @@ use super::wire::{
 use super::{IrcConfig, SocketSlot};
 use crate::message::ChatType;
 use crate::platforms::BridgeError;
+use crate::platforms::fair::FairQueue;
 use crate::platforms::gateway::{Admission, Gateway, GatewayEvent, OutgoingMessage};
 
 /// Alternate nicks tried at one registration before giving up on that connection.
@@ -34,6 +35,8 @@ struct OutLine {
     text: String,
     /// The result this line ends: confirmed to the gateway once it is written.
     completes: Option<String>,
+    /// The last line of a refusal notice: once it is written, its target may get another.
+    notice: bool,
 }
 
 /// One connection to the IRC server.
@@ -85,7 +88,12 @@ pub(super) struct IrcSession<'a> {
     conn: Option<ServerConn>,
     generation: u64,
     server_tx: Sender<ServerInput>,
-    outbox: VecDeque<OutLine>,
+    /// Lines to send, one queue per target served in turn: one target's long reply does not
+    /// hold another's first line.
+    outbox: FairQueue<OutLine>,
+    /// Targets with a refusal notice waiting in the outbox: one at most each; later ones
+    /// are dropped until it is written (a flood of refusals is told once, not queued).
+    notices: HashSet<String>,
     bucket: FloodBucket,
     /// Messages sent and not answered yet: where to tell a rejection.
     routes: HashMap<String, ReplyTarget>,
@@ -122,7 +130,8 @@ impl<'a> IrcSession<'a> {
             conn: None,
             generation: 0,
             server_tx,
-            outbox: VecDeque::new(),
+            outbox: FairQueue::default(),
+            notices: HashSet::new(),
             bucket: FloodBucket::new(config.flood_burst, config.flood_interval),
             routes: HashMap::new(),
             gateway_up: false,
@@ -296,11 +305,14 @@ impl<'a> IrcSession<'a> {
             if !self.bucket.take(Instant::now()) {
                 return;
             }
-            let Some(line) = self.outbox.pop_front() else {
+            let Some(line) = self.outbox.pop() else {
                 return;
             };
             match conn.send_raw(&format!("PRIVMSG {} :{}", line.target, line.text)) {
                 Ok(()) => {
+                    if line.notice {
+                        self.notices.remove(&line.target);
+                    }
                     if let Some(id) = line.completes {
                         debug_redacted!("irc: result {id} sent to {}", line.target);
                         self.gateway.delivered(&id);
@@ -308,7 +320,8 @@ impl<'a> IrcSession<'a> {
                 }
                 Err(e) => {
                     // Not written: it goes first again after the reconnect.
-                    self.outbox.push_front(line);
+                    let target = line.target.clone();
+                    self.outbox.push_front(&target, line);
                     return self.schedule_reconnect(&format!("write failed: {e}"));
                 }
             }
@@ -534,17 +547,40 @@ impl<'a> IrcSession<'a> {
                     a.sender,
                     a.chat_id
                 );
-                self.queue_reply(
+                self.queue_notice(
                     &route,
                     &format!("[not accepted: {e}; please try again later]"),
-                    None,
                 );
             }
         }
     }
 
+    /// Queues a refusal notice for `route`, unless one already waits for its target.
+    fn queue_notice(&mut self, route: &ReplyTarget, text: &str) {
+        if !self.notices.insert(route.target.clone()) {
+            warn_limited!(
+                "irc: a refusal notice already waits for {}; this one is not queued",
+                route.target
+            );
+            return;
+        }
+        self.queue_lines(route, text, None, true);
+    }
+
     /// Queues `text` as lines for `route`; the last one completes the result `completes`.
     fn queue_reply(&mut self, route: &ReplyTarget, text: &str, completes: Option<String>) {
+        self.queue_lines(route, text, completes, false);
+    }
+
+    /// Queues `text` as lines for `route`; the last one completes the result `completes`
+    /// and, with `notice`, ends a refusal notice.
+    fn queue_lines(
+        &mut self,
+        route: &ReplyTarget,
+        text: &str,
+        completes: Option<String>,
+        notice: bool,
+    ) {
         let source_len = self.conn.as_ref().map_or_else(
             || conservative_source_len(&self.config.nick),
             |c| c.source_len,
@@ -553,11 +589,15 @@ impl<'a> IrcSession<'a> {
         let lines = reply_lines(route, text, budget, self.config.max_reply_lines);
         let last = lines.len().saturating_sub(1);
         for (i, text) in lines.into_iter().enumerate() {
-            self.outbox.push_back(OutLine {
-                target: route.target.clone(),
-                text,
-                completes: if i == last { completes.clone() } else { None },
-            });
+            self.outbox.push(
+                &route.target,
+                OutLine {
+                    target: route.target.clone(),
+                    text,
+                    completes: if i == last { completes.clone() } else { None },
+                    notice: notice && i == last,
+                },
+            );
         }
     }
 
@@ -572,7 +612,7 @@ impl<'a> IrcSession<'a> {
                     warn_limited!("irc: message {id} rejected by the gateway: {reason} ({detail})");
                     if let Some(route) = route {
                         let text = format!("[not accepted ({reason}): {detail}]");
-                        self.queue_reply(&route, &text, None);
+                        self.queue_notice(&route, &text);
                     }
                 }
             }

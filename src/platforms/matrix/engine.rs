@@ -146,6 +146,9 @@ pub(crate) struct SyncEngine<H> {
     queue: EditQueue<String, Post, String>,
     /// Results queued and not yet posted (a redelivered copy is not queued twice).
     queued_results: HashSet<String>,
+    /// Rooms with a refusal notice waiting to be posted: one at most each; later ones are
+    /// dropped until it is posted (a flood of refusals is told once, not queued).
+    notice_rooms: HashSet<String>,
     typing: HashMap<String, Typing>,
     typing_refresh: Duration,
     txn_prefix: String,
@@ -216,6 +219,7 @@ impl<H: Homeserver> SyncEngine<H> {
             max_turns: max_turns.max(1),
             queue: EditQueue::new(limits),
             queued_results: HashSet::new(),
+            notice_rooms: HashSet::new(),
             typing: HashMap::new(),
             typing_refresh: Duration::from_secs(15),
             txn_prefix: format!("ts{started}-{}", std::process::id()),
@@ -352,16 +356,25 @@ impl<H: Homeserver> SyncEngine<H> {
     }
 
     fn notice(&mut self, room: &str, reply_to: Option<&str>, text: &str) {
+        if !self.notice_rooms.insert(room.to_owned()) {
+            warn_limited!(
+                "matrix: room {room}: a refusal notice already waits; this one is not queued"
+            );
+            return;
+        }
         let txn = self.txn();
-        self.queue.push_urgent(Post {
-            id: None,
-            room: room.to_owned(),
-            reply_to: reply_to.map(str::to_owned),
-            chunks: chunks_of(text),
-            next_chunk: 0,
-            notice: true,
-            txn,
-        });
+        self.queue.push_urgent(
+            room,
+            Post {
+                id: None,
+                room: room.to_owned(),
+                reply_to: reply_to.map(str::to_owned),
+                chunks: chunks_of(text),
+                next_chunk: 0,
+                notice: true,
+                txn,
+            },
+        );
     }
 
     fn forget(&mut self, id: &str) {
@@ -520,18 +533,24 @@ impl<H: Homeserver> SyncEngine<H> {
         }
         self.queued_results.insert(id.clone());
         let txn = self.txn();
-        self.queue.push_urgent(Post {
-            id: Some(id.clone()),
-            room,
-            reply_to: Some(id),
-            chunks: chunks_of(&text),
-            next_chunk: 0,
-            notice: command,
-            txn,
-        });
+        self.queue.push_urgent(
+            &room.clone(),
+            Post {
+                id: Some(id.clone()),
+                room,
+                reply_to: Some(id),
+                chunks: chunks_of(&text),
+                next_chunk: 0,
+                notice: command,
+                txn,
+            },
+        );
     }
 
     fn finish(&mut self, post: &Post, gw: &mut impl GatewaySide) {
+        if post.id.is_none() {
+            self.notice_rooms.remove(&post.room);
+        }
         if let Some(id) = &post.id {
             self.queued_results.remove(id);
             self.forget(id);
@@ -734,7 +753,8 @@ impl<H: Homeserver> SyncEngine<H> {
             Err(e) => {
                 self.failed(&post.room, &e, now)?;
                 if e.is_transient() {
-                    self.queue.requeue_urgent(post);
+                    let room = post.room.clone();
+                    self.queue.requeue_urgent(&room, post);
                 } else {
                     warn_limited!(
                         "matrix: room {}: the result of {} could not be posted: {e}",
@@ -752,7 +772,8 @@ impl<H: Homeserver> SyncEngine<H> {
         if post.next_chunk >= post.chunks.len() {
             self.finish(&post, gw);
         } else {
-            self.queue.requeue_urgent(post);
+            let room = post.room.clone();
+            self.queue.continue_urgent(&room, post);
         }
     }
 

@@ -522,3 +522,30 @@ fn a_refused_access_token_stops_the_bridge() {
     r.gateway(result("$h1", reply("answer"), false));
     assert!(r.core.step(r.now, &mut r.gw).is_err());
 }
+
+/// Issue 30 row 4, notices: while a room's refusal notice waits to be posted, later
+/// refusals in that room queue no notice of their own (ten refusals: one notice); once it
+/// is posted, the next refusal is told again. Before, each refusal queued its own.
+#[test]
+fn refusal_notices_are_capped_per_room() {
+    let mut r = Rig::new();
+    let refused = |id: &str| GatewayEvent::Admission {
+        id: id.into(),
+        admission: Admission::Rejected {
+            session: Some(session()),
+            reason: "queue_full".into(),
+            detail: "32 waiting".into(),
+        },
+    };
+    for i in 0..10 {
+        let id = format!("$h{i}");
+        r.human(&id, "hi");
+        r.gateway(refused(&id));
+    }
+    r.settle();
+    assert_eq!(r.bodies(), vec!["[not accepted: queue_full: 32 waiting]"]);
+    r.human("$late", "hi");
+    r.gateway(refused("$late"));
+    r.settle();
+    assert_eq!(r.bodies().len(), 2, "told again once the first was posted");
+}

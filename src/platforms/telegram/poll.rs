@@ -182,6 +182,14 @@ fn wait_for_answer(
                 );
             }
             Err(SendError::TooManyPending(_)) => pause(stop, Duration::from_secs(1)),
+            // It can never be sent: it ends here, refused, and the offset moves past it.
+            Err(e @ SendError::TooLong { .. }) => {
+                return Some(Admission::Rejected {
+                    session: None,
+                    reason: "invalid".into(),
+                    detail: e.to_string(),
+                });
+            }
             Err(SendError::Closed) => return None,
         }
     }
