@@ -6,9 +6,10 @@
 //! Nothing sleeps to order events: every wait is a read with a deadline, or bounded polling
 //! of an observable state (a stalled write, the process's exit).
 
+mod child_support;
+use child_support::{Proc, die_with_parent};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
@@ -21,29 +22,6 @@ use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
 const WAIT: Duration = Duration::from_secs(60);
 /// SIGTERM exits within this, in every state (issue 30, row 1).
 const PROMPT_EXIT: Duration = Duration::from_secs(2);
-
-/// Children die with the test thread that started them, so no process outlives a failed run.
-fn die_with_parent(command: &mut Command) -> &mut Command {
-    // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        })
-    }
-}
-
-/// The bridge process; killed when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 impl Proc {
     fn pid(&self) -> u32 {

@@ -8,9 +8,10 @@
 //! Nothing sleeps to order events: every wait is a read with a deadline (bounded polling only
 //! for ngircd's port to open).
 
+mod child_support;
+use child_support::{Proc, die_with_parent};
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -67,28 +68,6 @@ fn require_ngircd() -> Option<PathBuf> {
             );
             None
         }
-    }
-}
-
-/// Children die with the test thread that started them, so no server outlives a failed run.
-fn die_with_parent(command: &mut Command) -> &mut Command {
-    // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        })
-    }
-}
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 

@@ -11,9 +11,10 @@
 
 mod matrix_support;
 
+mod child_support;
+use child_support::{Proc, die_with_parent};
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -25,28 +26,6 @@ use matrix_support::{Seen, Synapse, User, WAIT, edit_of, replies_to, synapse};
 
 const GATEWAY_TOKEN: &str = "gateway-token-for-the-matrix-test";
 const STOPPED: &str = "[stopped]";
-
-/// Children die with the test thread that started them.
-fn die_with_parent(command: &mut Command) -> &mut Command {
-    // SAFETY: prctl(2) only, async-signal-safe, between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        })
-    }
-}
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 impl Proc {
     fn signal(&self, sig: i32) {

@@ -11,10 +11,11 @@
 //! run against it. Nothing sleeps to order events: the agent waits on a FIFO the test writes
 //! once it has seen what it waits for, and every wait has a deadline.
 
+mod child_support;
+use child_support::{Proc, die_with_parent};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -292,27 +293,6 @@ for line in sys.stdin:
 
 fn final_text() -> String {
     format!("Hello world {}", "🎉 ".repeat(3000))
-}
-
-fn die_with_parent(command: &mut Command) -> &mut Command {
-    // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        })
-    }
-}
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 impl Proc {

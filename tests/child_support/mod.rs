@@ -1,0 +1,30 @@
+//! Child processes of the platform tests: they die with the test that started them, and a
+//! [`Proc`] is killed when dropped, so no bridge or server outlives a failed run. Each test
+//! target adds the methods it needs in an `impl Proc` of its own.
+#![allow(dead_code)]
+
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command};
+
+/// Children die with the test thread that started them (`PR_SET_PDEATHSIG`).
+pub fn die_with_parent(command: &mut Command) -> &mut Command {
+    // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    }
+}
+
+/// A child process, killed and reaped when dropped.
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
