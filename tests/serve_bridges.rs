@@ -210,3 +210,108 @@ fn a_bridge_childs_stderr_flood_is_bounded_in_serves_log() {
     assert!(suppressed > 0);
     assert!(total < 1_000, "{total} lines in serve's log");
 }
+
+/// `serve --check-config --config <tables>` with `env` (and none of the bridges' secret
+/// variables but those): its exit code and stderr, checked to hold no secret.
+fn check_config(dir: &Path, tables: &str, env: &[(&str, &str)]) -> (i32, String) {
+    let path = dir.join("check.toml");
+    std::fs::write(&path, tables).expect("config");
+    let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args([
+            "serve",
+            "--check-config",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "off",
+        ])
+        .arg("--config")
+        .arg(&path)
+        .env_remove("MATRIX_ACCESS_TOKEN")
+        .env_remove("TELEGRAM_BOT_TOKEN")
+        .env_remove("NICKSERV_PASS")
+        .envs(env.iter().copied())
+        .output()
+        .expect("run serve --check-config");
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    for secret in [MATRIX_SECRET, TELEGRAM_SECRET, NICKSERV_SECRET] {
+        assert!(!text.contains(secret), "a secret in the output: {text}");
+    }
+    (out.status.code().expect("an exit code"), text)
+}
+
+/// `--check-config` checks each `[[bridge]]` table for what serve will need: its secret
+/// variables set (named in the error, never shown), its flags as the bridge parses them, its
+/// state directory writable; a failure exits 2 naming the table (index and platform).
+#[test]
+fn check_config_checks_what_each_bridge_will_need() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path().display();
+    let telegram = format!(
+        "[[bridge]]\nplatform = \"telegram\"\nargs = [\"--state-dir\", \"{d}/telegram/new\"]\n\n"
+    );
+    let matrix = format!(
+        "[[bridge]]\nplatform = \"matrix\"\nargs = [\"--homeserver\", \"https://m.example\", \"--state-dir\", \"{d}/matrix\"]\n\n"
+    );
+    let irc = "[[bridge]]\nplatform = \"irc\"\nargs = [\"--server\", \"127.0.0.1:6667\", \"--nick\", \"bot\", \"--nickserv-password-env\", \"NICKSERV_PASS\"]\n\n";
+    let all = format!("{telegram}{matrix}{irc}");
+    let secrets = [
+        ("TELEGRAM_BOT_TOKEN", TELEGRAM_SECRET),
+        ("MATRIX_ACCESS_TOKEN", MATRIX_SECRET),
+        ("NICKSERV_PASS", NICKSERV_SECRET),
+    ];
+    let (code, text) = check_config(dir.path(), &all, &secrets);
+    assert_eq!((code, text.trim()), (0, "configuration ok"));
+
+    // The matrix table's token unset.
+    let (code, text) = check_config(dir.path(), &all, &[secrets[0], secrets[2]]);
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("[[bridge]] #2 (matrix)"), "{text}");
+    assert!(
+        text.contains("MATRIX_ACCESS_TOKEN (--access-token-env)"),
+        "{text}"
+    );
+    // The IRC table's NickServ password empty.
+    let (code, text) = check_config(
+        dir.path(),
+        &all,
+        &[secrets[0], secrets[1], ("NICKSERV_PASS", "")],
+    );
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("[[bridge]] #3 (irc)"), "{text}");
+    assert!(
+        text.contains("NICKSERV_PASS (--nickserv-password-env)"),
+        "{text}"
+    );
+    // The telegram table's token, under the name its flag gives.
+    let renamed =
+        "[[bridge]]\nplatform = \"telegram\"\nargs = [\"--bot-token-env\", \"MY_BOT_TOKEN\"]\n";
+    let (code, text) = check_config(dir.path(), renamed, &secrets);
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("[[bridge]] #1 (telegram)"), "{text}");
+    assert!(text.contains("MY_BOT_TOKEN"), "{text}");
+
+    // Flags the bridge would refuse: SASL without its password's variable.
+    let sasl = "[[bridge]]\nplatform = \"irc\"\nargs = [\"--server\", \"s:6667\", \"--nick\", \"b\", \"--sasl-account\", \"a\"]\n";
+    let (code, text) = check_config(dir.path(), sasl, &secrets);
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("[[bridge]] #1 (irc)"), "{text}");
+    assert!(text.contains("--sasl-password-env"), "{text}");
+
+    // A state directory that cannot be made: a file stands where it would be.
+    std::fs::write(dir.path().join("matrix"), "a file").expect("file");
+    let (code, text) = check_config(dir.path(), &all, &secrets);
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains("[[bridge]] #2 (matrix): --state-dir"),
+        "{text}"
+    );
+    assert!(text.contains("not a directory"), "{text}");
+    std::fs::remove_file(dir.path().join("matrix")).expect("rm");
+    let (code, text) = check_config(dir.path(), &all, &secrets);
+    assert_eq!((code, text.trim()), (0, "configuration ok"));
+    // Nothing was created by the check.
+    assert!(!dir.path().join("telegram/new").exists());
+    assert!(!dir.path().join("matrix").exists());
+}

@@ -155,13 +155,16 @@ struct MatrixArgs {
     state_dir: Option<std::path::PathBuf>,
 }
 
-/// What one `turnstile bridge <platform>` command line takes from its environment: `serve`
-/// gives each `[[bridge]]` child these variables and no other secret.
+/// What one `turnstile bridge <platform>` command line takes from its environment and its
+/// disk: `serve` gives each `[[bridge]]` child these variables and no other secret, and
+/// checks them and the state directory before it starts (`--check-config` too).
 pub(crate) struct BridgeNeeds {
     /// Variables that must be set and not empty, each with the flag that names it.
     pub(crate) required: Vec<(String, &'static str)>,
     /// The variable of the gateway's token (`--gateway-token-env`), read only if set.
     pub(crate) gateway_token_env: String,
+    /// The `--state-dir`, if any: the bridge creates it and writes in it.
+    pub(crate) state_dir: Option<std::path::PathBuf>,
 }
 
 impl BridgeArgs {
@@ -178,14 +181,17 @@ impl BridgeArgs {
                 .filter_map(|(var, flag)| var.clone().map(|v| (v, flag)))
                 .collect(),
                 gateway_token_env: a.gateway.gateway_token_env.clone(),
+                state_dir: None,
             },
             Platform::Telegram(a) => BridgeNeeds {
                 required: vec![(a.bot_token_env.clone(), "--bot-token-env")],
                 gateway_token_env: a.gateway.gateway_token_env.clone(),
+                state_dir: a.state_dir.clone(),
             },
             Platform::Matrix(a) => BridgeNeeds {
                 required: vec![(a.access_token_env.clone(), "--access-token-env")],
                 gateway_token_env: a.gateway.gateway_token_env.clone(),
+                state_dir: a.state_dir.clone(),
             },
         }
     }

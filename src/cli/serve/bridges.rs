@@ -114,8 +114,9 @@ pub(crate) struct BridgeSpec {
     args: Vec<String>,
 }
 
-/// Checks every table the way the bridge itself will parse it, so a bad table stops
-/// start-up (and `--check-config`) with its index and the bridge's own error.
+/// Checks every table the way the bridge itself will parse it, and that what it will need
+/// is there (its secret variables, its state directory), so a bad table stops start-up (and
+/// `--check-config`) with its index, platform and the error.
 pub(super) fn check(specs: &[BridgeSpec]) -> Result<(), String> {
     if specs.len() > MAX_BRIDGES {
         return Err(format!(
@@ -135,10 +136,60 @@ pub(super) fn check(specs: &[BridgeSpec]) -> Result<(), String> {
                 spec.platform.name()
             ));
         }
-        parse(spec)
-            .map_err(|text| format!("[[bridge]] #{} ({}): {text}", i + 1, spec.platform.name()))?;
+        let table =
+            |text: String| format!("[[bridge]] #{} ({}): {text}", i + 1, spec.platform.name());
+        let needs = parse(spec).map_err(table)?.needs();
+        check_needs(&needs).map_err(table)?;
     }
     Ok(())
+}
+
+/// What the bridge will need at its start, there now: every secret variable its platform
+/// reads set and not empty (named, never shown), its state directory writable.
+fn check_needs(needs: &BridgeNeeds) -> Result<(), String> {
+    for (var, flag) in &needs.required {
+        match std::env::var(var) {
+            Ok(v) if !v.is_empty() => {}
+            Ok(_) | Err(std::env::VarError::NotPresent) => {
+                return Err(format!(
+                    "the variable {var} ({flag}) is unset or empty in serve's environment"
+                ));
+            }
+            Err(std::env::VarError::NotUnicode(_)) => {
+                return Err(format!("the variable {var} ({flag}) is not valid UTF-8"));
+            }
+        }
+    }
+    if let Some(dir) = &needs.state_dir {
+        check_state_dir(dir).map_err(|e| format!("--state-dir {}: {e}", dir.display()))?;
+    }
+    Ok(())
+}
+
+/// The bridge creates its state directory if it is missing: the directory, or else its
+/// nearest existing parent, must take a new file (one is made and removed to see).
+fn check_state_dir(dir: &std::path::Path) -> Result<(), String> {
+    let mut at = dir;
+    loop {
+        match std::fs::metadata(at) {
+            Ok(m) if m.is_dir() => break,
+            Ok(_) => return Err(format!("{} is not a directory", at.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                at = match at.parent() {
+                    Some(p) if !p.as_os_str().is_empty() => p,
+                    _ => std::path::Path::new("."),
+                };
+            }
+            Err(e) => return Err(format!("{}: {e}", at.display())),
+        }
+    }
+    let probe = at.join(format!(".turnstile-check-{}", std::process::id()));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+        .and_then(|_| std::fs::remove_file(&probe))
+        .map_err(|e| format!("not writable ({}): {e}", at.display()))
 }
 
 /// The table's flags parsed by the definitions of `turnstile bridge <platform>`, as the
