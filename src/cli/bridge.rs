@@ -173,6 +173,48 @@ struct MatrixArgs {
     state_dir: Option<std::path::PathBuf>,
 }
 
+/// What one `turnstile bridge <platform>` command line takes from its environment and its
+/// disk: `serve` gives each `[[bridge]]` child these variables and no other secret, and
+/// checks them and the state directory before it starts (`--check-config` too).
+pub(crate) struct BridgeNeeds {
+    /// Variables that must be set and not empty, each with the flag that names it.
+    pub(crate) required: Vec<(String, &'static str)>,
+    /// The variable of the gateway's token (`--gateway-token-env`), read only if set.
+    pub(crate) gateway_token_env: String,
+    /// The `--state-dir`, if any: the bridge creates it and writes in it.
+    pub(crate) state_dir: Option<std::path::PathBuf>,
+}
+
+impl BridgeArgs {
+    /// What these flags make the bridge read from its environment and disk.
+    pub(crate) fn needs(&self) -> BridgeNeeds {
+        match &self.platform {
+            Platform::Irc(a) => BridgeNeeds {
+                required: [
+                    (&a.server_password_env, "--server-password-env"),
+                    (&a.sasl_password_env, "--sasl-password-env"),
+                    (&a.nickserv_password_env, "--nickserv-password-env"),
+                ]
+                .into_iter()
+                .filter_map(|(var, flag)| var.clone().map(|v| (v, flag)))
+                .collect(),
+                gateway_token_env: a.gateway.gateway_token_env.clone(),
+                state_dir: None,
+            },
+            Platform::Telegram(a) => BridgeNeeds {
+                required: vec![(a.bot_token_env.clone(), "--bot-token-env")],
+                gateway_token_env: a.gateway.gateway_token_env.clone(),
+                state_dir: a.state_dir.clone(),
+            },
+            Platform::Matrix(a) => BridgeNeeds {
+                required: vec![(a.access_token_env.clone(), "--access-token-env")],
+                gateway_token_env: a.gateway.gateway_token_env.clone(),
+                state_dir: a.state_dir.clone(),
+            },
+        }
+    }
+}
+
 /// Stops the bridge on SIGTERM or SIGINT (the receiver fires once).
 fn stop_on_signals() -> Result<Receiver<()>, String> {
     let mut signals = signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT])

@@ -11,19 +11,28 @@
 //! Each bridge is this binary's `bridge <platform> --gateway <the bound address> <args…>`,
 //! with the gateway's auth token in its environment (`TURNSTILE_AUTH_TOKEN`, never on its
 //! command line) and the platform's own secrets taken from serve's environment as the bridge
-//! documents (e.g. `MATRIX_ACCESS_TOKEN`). A bridge that exits is restarted after a backoff
+//! documents (e.g. `MATRIX_ACCESS_TOKEN`). Its environment holds nothing else of serve's but
+//! the ordinary process variables ([`PROCESS_VARS`], and every `LC_*`): no other platform's
+//! secret. Its stderr (its log) is copied into serve's through a budget
+//! ([`STDERR_BURST`] lines at once, then [`STDERR_PER_SEC`] a second, "(N more suppressed)").
+//! A bridge that exits is restarted after a backoff
 //! (1 s doubling to 60 s, back to 1 s once it ran a minute); it dies with the gateway
 //! (`PR_SET_PDEATHSIG`) and is stopped with SIGTERM (then SIGKILL after 5 s) at shutdown.
 
+use std::ffi::OsString;
+use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStderr, Command, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use clap::{Args, FromArgMatches};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
 use serde::Deserialize;
+
+use crate::cli::bridge::{BridgeArgs, BridgeNeeds};
+use crate::logfmt::{LogBudget, suppressed_note};
 
 /// Most `[[bridge]]` tables one gateway runs.
 pub(super) const MAX_BRIDGES: usize = 16;
@@ -36,6 +45,40 @@ const STABLE_RUN: Duration = Duration::from_secs(60);
 const STOP_GRACE: Duration = Duration::from_secs(5);
 /// How often a supervisor looks at its child (it also wakes at once to stop).
 const CHECK_EVERY: Duration = Duration::from_millis(100);
+/// Lines of a bridge's stderr copied into serve's log at once, before the rate applies.
+const STDERR_BURST: f64 = 100.0;
+/// Lines of a bridge's stderr copied a second once its burst is used.
+const STDERR_PER_SEC: f64 = 10.0;
+/// Longest line of a bridge's stderr copied; the rest of it is cut (marked " …").
+const STDERR_LINE_MAX: usize = 8192;
+
+/// The variables of serve's environment every bridge child keeps, besides every `LC_*`, its
+/// platform's own secrets (those its flags name) and the gateway's token: the locale, time
+/// zone, user, temporary directory, log filter, the TLS roots' overrides and the HTTP proxy
+/// settings the bridges' HTTP client reads.
+const PROCESS_VARS: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LANGUAGE",
+    "TZ",
+    "TMPDIR",
+    "RUST_LOG",
+    "RUST_LOG_STYLE",
+    "RUST_BACKTRACE",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "ALL_PROXY",
+    "all_proxy",
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+    "NO_PROXY",
+    "no_proxy",
+];
 
 /// A chat platform a `[[bridge]]` table may name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -71,8 +114,9 @@ pub(crate) struct BridgeSpec {
     args: Vec<String>,
 }
 
-/// Checks every table the way the bridge itself will parse it, so a bad table stops
-/// start-up (and `--check-config`) with its index and the bridge's own error.
+/// Checks every table the way the bridge itself will parse it, and that what it will need
+/// is there (its secret variables, its state directory), so a bad table stops start-up (and
+/// `--check-config`) with its index, platform and the error.
 pub(super) fn check(specs: &[BridgeSpec]) -> Result<(), String> {
     if specs.len() > MAX_BRIDGES {
         return Err(format!(
@@ -92,24 +136,95 @@ pub(super) fn check(specs: &[BridgeSpec]) -> Result<(), String> {
                 spec.platform.name()
             ));
         }
-        let argv = ["bridge", spec.platform.name(), "--gateway", "127.0.0.1:1"]
-            .into_iter()
-            .map(String::from)
-            .chain(spec.args.iter().cloned());
-        let command = crate::cli::bridge::BridgeArgs::augment_args(clap::Command::new("bridge"));
-        command
-            .try_get_matches_from(argv)
-            .and_then(|m| crate::cli::bridge::BridgeArgs::from_arg_matches(&m))
-            .map_err(|e| {
-                // clap's message up to its usage block, on one line.
-                let text = e.to_string();
-                let text = text.split("\nUsage:").next().unwrap_or("");
-                let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
-                let text = text.trim_start_matches("error: ");
-                format!("[[bridge]] #{} ({}): {text}", i + 1, spec.platform.name())
-            })?;
+        let table =
+            |text: String| format!("[[bridge]] #{} ({}): {text}", i + 1, spec.platform.name());
+        let needs = parse(spec).map_err(table)?.needs();
+        check_needs(&needs).map_err(table)?;
     }
     Ok(())
+}
+
+/// What the bridge will need at its start, there now: every secret variable its platform
+/// reads set and not empty (named, never shown), its state directory writable.
+fn check_needs(needs: &BridgeNeeds) -> Result<(), String> {
+    for (var, flag) in &needs.required {
+        match std::env::var(var) {
+            Ok(v) if !v.is_empty() => {}
+            Ok(_) | Err(std::env::VarError::NotPresent) => {
+                return Err(format!(
+                    "the variable {var} ({flag}) is unset or empty in serve's environment"
+                ));
+            }
+            Err(std::env::VarError::NotUnicode(_)) => {
+                return Err(format!("the variable {var} ({flag}) is not valid UTF-8"));
+            }
+        }
+    }
+    if let Some(dir) = &needs.state_dir {
+        check_state_dir(dir).map_err(|e| format!("--state-dir {}: {e}", dir.display()))?;
+    }
+    Ok(())
+}
+
+/// The bridge creates its state directory if it is missing: the directory, or else its
+/// nearest existing parent, must take a new file (one is made and removed to see).
+fn check_state_dir(dir: &std::path::Path) -> Result<(), String> {
+    let mut at = dir;
+    loop {
+        match std::fs::metadata(at) {
+            Ok(m) if m.is_dir() => break,
+            Ok(_) => return Err(format!("{} is not a directory", at.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                at = match at.parent() {
+                    Some(p) if !p.as_os_str().is_empty() => p,
+                    _ => std::path::Path::new("."),
+                };
+            }
+            Err(e) => return Err(format!("{}: {e}", at.display())),
+        }
+    }
+    let probe = at.join(format!(".turnstile-check-{}", std::process::id()));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+        .and_then(|_| std::fs::remove_file(&probe))
+        .map_err(|e| format!("not writable ({}): {e}", at.display()))
+}
+
+/// The table's flags parsed by the definitions of `turnstile bridge <platform>`, as the
+/// child will parse them; the error is clap's message up to its usage block, on one line.
+fn parse(spec: &BridgeSpec) -> Result<BridgeArgs, String> {
+    let argv = ["bridge", spec.platform.name(), "--gateway", "127.0.0.1:1"]
+        .into_iter()
+        .map(String::from)
+        .chain(spec.args.iter().cloned());
+    let command = BridgeArgs::augment_args(clap::Command::new("bridge"));
+    command
+        .try_get_matches_from(argv)
+        .and_then(|m| BridgeArgs::from_arg_matches(&m))
+        .map_err(|e| {
+            let text = e.to_string();
+            let text = text.split("\nUsage:").next().unwrap_or("");
+            let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+            text.trim_start_matches("error: ").to_owned()
+        })
+}
+
+/// The variables of serve's environment a bridge with these needs keeps (see
+/// [`PROCESS_VARS`]); the gateway's token is set apart, from serve's own.
+fn kept_env(needs: &BridgeNeeds) -> Vec<(OsString, OsString)> {
+    std::env::vars_os()
+        .filter(|(k, _)| {
+            let Some(k) = k.to_str() else {
+                return false;
+            };
+            PROCESS_VARS.contains(&k)
+                || k.starts_with("LC_")
+                || needs.required.iter().any(|(var, _)| var == k)
+                || (k == needs.gateway_token_env && k != "TURNSTILE_AUTH_TOKEN")
+        })
+        .collect()
 }
 
 /// The supervisors of the running bridges; [`Bridges::stop`] ends them.
@@ -132,9 +247,12 @@ impl Bridges {
             .iter()
             .enumerate()
             .filter_map(|(i, spec)| {
+                // Checked at start-up: it parses.
+                let needs = parse(spec).map(|a| a.needs()).ok()?;
                 let launch = Launch {
                     index: i + 1,
                     spec: spec.clone(),
+                    needs,
                     gateway,
                     token: token.map(str::to_owned),
                     log_json,
@@ -185,6 +303,8 @@ fn reachable(addr: SocketAddr) -> SocketAddr {
 struct Launch {
     index: usize,
     spec: BridgeSpec,
+    /// What its flags make it read from its environment.
+    needs: BridgeNeeds,
     gateway: SocketAddr,
     token: Option<String>,
     log_json: bool,
@@ -196,8 +316,7 @@ impl Launch {
     }
 
     fn spawn(&self) -> std::io::Result<Child> {
-        let exe = std::env::current_exe()?;
-        let mut command = Command::new(exe);
+        let mut command = Command::new(program()?);
         command
             .args(["--log-format", if self.log_json { "json" } else { "text" }])
             .args(["bridge", self.spec.platform.name()])
@@ -205,12 +324,14 @@ impl Launch {
             .arg(self.gateway.to_string())
             .args(&self.spec.args)
             .stdin(Stdio::null())
-            // Its `ready:` line and anything else it prints go to serve's log, not stdout.
-            .stdout(Stdio::null());
-        match &self.token {
-            Some(t) => command.env("TURNSTILE_AUTH_TOKEN", t),
-            None => command.env_remove("TURNSTILE_AUTH_TOKEN"),
-        };
+            // Its `ready:` line is not serve's stdout; its log is copied into serve's.
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .env_clear()
+            .envs(kept_env(&self.needs));
+        if let Some(t) = &self.token {
+            command.env("TURNSTILE_AUTH_TOKEN", t);
+        }
         // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
         unsafe {
             command.pre_exec(|| {
@@ -232,6 +353,9 @@ fn supervise(launch: &Launch, stopped: &Receiver<()>) {
         match launch.spawn() {
             Ok(mut child) => {
                 log::info!("bridge {}: started (pid {})", launch.name(), child.id());
+                if let Some(stderr) = child.stderr.take() {
+                    relay_stderr(launch.name(), stderr);
+                }
                 match wait_or_stop(&mut child, stopped) {
                     Waited::Stopped => {
                         terminate(launch, &mut child);
@@ -258,6 +382,102 @@ fn supervise(launch: &Launch, stopped: &Receiver<()>) {
             _ => return,
         }
         backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// The program a bridge child runs: this binary (with the `test-hooks` feature,
+/// `TURNSTILE_TEST_BRIDGE_EXE` if set, so a test can see what a child is given).
+fn program() -> std::io::Result<std::path::PathBuf> {
+    #[cfg(feature = "test-hooks")]
+    if let Some(exe) = std::env::var_os("TURNSTILE_TEST_BRIDGE_EXE") {
+        return Ok(exe.into());
+    }
+    std::env::current_exe()
+}
+
+/// Copies a child's stderr into serve's, line by line through a budget, on a thread of its
+/// own (until the child's end closes the pipe).
+fn relay_stderr(name: String, stderr: ChildStderr) {
+    let thread = format!(
+        "turnstile-bridge-{}-stderr",
+        name.split(' ').next().unwrap_or("")
+    );
+    let spawned = std::thread::Builder::new()
+        .name(thread)
+        .spawn(move || StderrRelay::new(name).run(stderr));
+    if let Err(e) = spawned {
+        log::error!("cannot start a bridge stderr reader thread: {e}; its stderr is discarded");
+    }
+}
+
+/// One child's stderr on its way into serve's: whole lines (its own log lines, already
+/// formatted), cut at [`STDERR_LINE_MAX`], at most what the budget allows.
+struct StderrRelay {
+    name: String,
+    line: Vec<u8>,
+    /// The current line passed the length limit; the rest of it is skipped.
+    cut: bool,
+    budget: LogBudget,
+}
+
+impl StderrRelay {
+    fn new(name: String) -> StderrRelay {
+        StderrRelay {
+            name,
+            line: Vec::new(),
+            cut: false,
+            budget: LogBudget::new(STDERR_BURST, STDERR_PER_SEC),
+        }
+    }
+
+    fn run(mut self, mut stderr: ChildStderr) {
+        let mut chunk = [0u8; 8192];
+        loop {
+            match stderr.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => {
+                    for &b in &chunk[..n] {
+                        if b == b'\n' {
+                            self.emit();
+                        } else if self.line.len() < STDERR_LINE_MAX {
+                            self.line.push(b);
+                        } else {
+                            self.cut = true;
+                        }
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        if !self.line.is_empty() {
+            self.emit();
+        }
+        self.tell_suppressed(self.budget.dropped());
+    }
+
+    fn tell_suppressed(&self, dropped: u64) {
+        if dropped > 0 {
+            log::warn!(
+                "bridge {}: its stderr is rate-limited{}",
+                self.name,
+                suppressed_note(dropped)
+            );
+        }
+    }
+
+    fn emit(&mut self) {
+        if let Some(dropped) = self.budget.allow(Instant::now()) {
+            self.tell_suppressed(dropped);
+            let mut out = std::mem::take(&mut self.line);
+            if self.cut {
+                out.extend_from_slice(" …".as_bytes());
+            }
+            out.push(b'\n');
+            let _ = std::io::stderr().lock().write_all(&out);
+        }
+        self.line.clear();
+        self.cut = false;
     }
 }
 
