@@ -59,6 +59,7 @@ mod admit;
 mod cluster;
 mod config;
 mod conns;
+mod delivery;
 mod durable;
 mod platforms;
 mod refusal;
@@ -297,7 +298,7 @@ impl Bridge {
     pub fn read_closed(&mut self, id: ConnId) {
         if let Some(p) = self.conns.half_close(id) {
             self.platforms.detach(&p, id);
-            self.refill_newest(&p);
+            self.delivery().refill_newest(&p);
             self.platforms.maybe_free(&p);
         }
         if self
@@ -333,7 +334,7 @@ impl Bridge {
             EventKind::Partial(text) => self.partial(tag, &id, &session, text),
             EventKind::TurnEnded(turn) => {
                 if let Some(t) = self.routes.typing_ended(turn) {
-                    self.send_typing(t.conn, &t.session, false);
+                    self.delivery().typing(t.conn, &t.session, false);
                 }
             }
             EventKind::Finished(outcome) => self.finished(tag, &id, &session, outcome),
@@ -380,7 +381,7 @@ impl Bridge {
         if let Some(d) = &mut self.durable {
             self.actions.push_back(d.record_start(tag, attempt, turn));
         }
-        self.send_typing(conn, &session, true);
+        self.delivery().typing(conn, &session, true);
         let next = now + self.cfg.typing_refresh;
         self.routes.typing_started(turn, conn, session, next);
     }
@@ -461,10 +462,10 @@ impl Bridge {
             self.close_late_hellos(now);
             self.close_stalled(now);
             for (conn, session) in self.routes.typing_due(now, self.cfg.typing_refresh) {
-                self.send_typing(conn, &session, true);
+                self.delivery().typing(conn, &session, true);
             }
             self.platforms.expire(now);
-            self.drop_stale(now);
+            self.drop_stale();
             self.offer_forwards(now);
         }
         self.audit();
@@ -542,13 +543,13 @@ impl Bridge {
     ) -> io::Result<Flushed> {
         let mut budget = self.cfg.write_budget;
         let how = loop {
-            self.refill(id);
+            self.delivery().refill(id);
             if self.conns.get(id).is_none() {
                 return Ok(Flushed::All);
             }
             let (n, how) = self.conns.write_out(id, w, budget, now)?;
             budget -= n.min(budget);
-            if how != Flushed::All || budget == 0 || !self.backlog_for(id) {
+            if how != Flushed::All || budget == 0 || !self.delivery().backlog_for(id) {
                 break how;
             }
         };
@@ -655,7 +656,7 @@ impl Bridge {
         if let Some(old) = old {
             self.platforms.maybe_free(&old);
         }
-        self.refill(id);
+        self.delivery().refill(id);
     }
 
     fn unauthorized(&mut self, id: ConnId) {
@@ -729,7 +730,7 @@ impl Bridge {
             }
         }
         for name in touched {
-            self.refill_newest(&name);
+            self.delivery().refill_newest(&name);
             self.platforms.maybe_free(&name);
         }
         log::debug!(
