@@ -15,10 +15,12 @@
 //! it fits; a confirmed result releases its reservation and its charge, and what is held
 //! goes on.
 
+use std::io::{self, Write};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::super::frame::Frame;
+use super::super::frame::{Flushed, Frame};
 use super::ConnId;
 use super::config::BridgeConfig;
 use super::conns::Conns;
@@ -170,6 +172,59 @@ impl Delivery<'_> {
             on,
         });
         self.conns.push(target, Frame::line(line), self.now);
+    }
+
+    /// Writes `id`'s output into `w`, at most `budget` bytes, feeding it its platform's
+    /// backlog as it goes. A write error is returned.
+    pub(super) fn write<W: Write + ?Sized>(
+        &mut self,
+        id: ConnId,
+        w: &mut W,
+        mut budget: usize,
+    ) -> io::Result<Flushed> {
+        let how = loop {
+            self.refill(id);
+            if self.conns.get(id).is_none() {
+                return Ok(Flushed::All);
+            }
+            let (n, how) = self.conns.write_out(id, w, budget, self.now)?;
+            budget -= n.min(budget);
+            if how != Flushed::All || budget == 0 || !self.backlog_for(id) {
+                break how;
+            }
+        };
+        // This pass was its turn (the budget is per wake): only new output marks it again.
+        self.conns.clear_dirty(id);
+        Ok(how)
+    }
+
+    /// Forgets connection `id`: its unwritten terminal events go back to the front of their
+    /// outboxes, in order, and on to the platforms' newest hellos. Returns its peer and how
+    /// many went back, if it was open.
+    pub(super) fn forget(&mut self, id: ConnId) -> Option<(IpAddr, usize)> {
+        let gone = self.conns.remove(id)?;
+        let moved = gone.undelivered.len();
+        let mut touched: Vec<Arc<str>> = Vec::new();
+        for f in gone.undelivered.into_iter().rev() {
+            let Some(name) = f.terminal_for.clone() else {
+                continue;
+            };
+            self.platforms.push_outbox_front(&name, f);
+            if !touched.contains(&name) {
+                touched.push(name);
+            }
+        }
+        if let Some(p) = gone.platform {
+            self.platforms.detach(&p, id);
+            if !touched.contains(&p) {
+                touched.push(p);
+            }
+        }
+        for name in touched {
+            self.refill_newest(&name);
+            self.platforms.maybe_free(&name);
+        }
+        Some((gone.peer, moved))
     }
 }
 

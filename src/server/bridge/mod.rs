@@ -69,7 +69,6 @@ mod status;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{self, Write};
 use std::net::IpAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::frame::Frame;
@@ -530,35 +529,13 @@ impl Bridge {
         now: Duration,
     ) -> io::Result<Flushed> {
         self.now = now;
-        let result = self.write_budgeted(id, w, now);
-        self.audit();
-        result
-    }
-
-    fn write_budgeted<W: Write + ?Sized>(
-        &mut self,
-        id: ConnId,
-        w: &mut W,
-        now: Duration,
-    ) -> io::Result<Flushed> {
-        let mut budget = self.cfg.write_budget;
-        let how = loop {
-            self.delivery().refill(id);
-            if self.conns.get(id).is_none() {
-                return Ok(Flushed::All);
-            }
-            let (n, how) = self.conns.write_out(id, w, budget, now)?;
-            budget -= n.min(budget);
-            if how != Flushed::All || budget == 0 || !self.delivery().backlog_for(id) {
-                break how;
-            }
-        };
-        // This pass was its turn (the budget is per wake): only new output marks it again.
-        self.conns.clear_dirty(id);
-        if how == Flushed::All {
+        let budget = self.cfg.write_budget;
+        let result = self.delivery().write(id, w, budget);
+        if matches!(result, Ok(Flushed::All)) {
             self.maybe_finish(id);
         }
-        Ok(how)
+        self.audit();
+        result
     }
 
     /// The peer's TCP has acknowledged the first `acked` bytes written to `conn`: the results
@@ -709,34 +686,13 @@ impl Bridge {
     /// Forgets a connection; its unwritten terminal events go back to the front of their
     /// outboxes, in order.
     fn close(&mut self, id: ConnId, why: &str, emit: bool) {
-        let Some(gone) = self.conns.remove(id) else {
+        let Some((peer, moved)) = self.delivery().forget(id) else {
             return;
         };
-        let moved = gone.undelivered.len();
-        let mut touched: Vec<Arc<str>> = Vec::new();
-        for f in gone.undelivered.into_iter().rev() {
-            let Some(name) = f.terminal_for.clone() else {
-                continue;
-            };
-            self.platforms.push_outbox_front(&name, f);
-            if !touched.contains(&name) {
-                touched.push(name);
-            }
-        }
-        if let Some(p) = gone.platform {
-            self.platforms.detach(&p, id);
-            if !touched.contains(&p) {
-                touched.push(p);
-            }
-        }
-        for name in touched {
-            self.delivery().refill_newest(&name);
-            self.platforms.maybe_free(&name);
-        }
         log::debug!(
             "connection {} from {} closed: {why}; {moved} undelivered terminal event(s) back to the outbox",
             id,
-            gone.peer
+            peer
         );
         if emit {
             self.actions.push_back(if moved > 0 {
