@@ -38,7 +38,10 @@
 //! - `conns`: connections — answer queues, output, what was written and confirmed, the
 //!   hello/auth bookkeeping;
 //! - `platforms`: per platform — the hellos, the outbox, reservations, the duplicate window;
-//! - `routes`: where a result goes (messages in flight, typing), and delivery;
+//! - `routes`: where a result goes (messages in flight, typing), and a message's end;
+//! - `delivery`: a terminal event's way out (outcome → outbox → connection, what the peer
+//!   confirmed, partial and typing lines), over `conns` and `platforms` for one input: it
+//!   returns what to journal as delivered;
 //! - `admit`: the admission pipeline and the one message builder (client lines and journal
 //!   recovery alike), with every refusal's wording;
 //! - `durable`: what exists only with a journal (`Option<Durable>`), the journal's report
