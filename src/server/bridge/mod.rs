@@ -333,7 +333,11 @@ impl Bridge {
             }
             EventKind::Rejected(reason) => self.handle_rejected(tag, reason),
             EventKind::TurnStarted(turn) => self.turn_started(tag, turn, session, now),
-            EventKind::Partial(text) => self.partial(tag, &id, &session, text),
+            EventKind::Partial(text) => {
+                // To the message's connection if it has room; else dropped.
+                let target = self.routes.get(tag).map(|r| r.conn);
+                self.delivery().partial(target, &id, session.as_str(), text);
+            }
             EventKind::TurnEnded(turn) => {
                 if let Some(t) = self.routes.typing_ended(turn) {
                     self.delivery().typing(t.conn, &t.session, false);
@@ -467,7 +471,10 @@ impl Bridge {
                 self.delivery().typing(conn, &session, true);
             }
             self.platforms.expire(now);
-            self.drop_stale();
+            // Stale results dropped (`Delivery::drop_stale`) leave the journal.
+            for seq in self.delivery().drop_stale() {
+                self.journal(|| Record::Delivered { seq });
+            }
             self.offer_forwards(now);
         }
         self.audit();

@@ -208,12 +208,6 @@ impl Routes {
 }
 
 impl Bridge {
-    /// A partial reply goes to the message's connection if it has room; else it is dropped.
-    pub(super) fn partial(&mut self, tag: u64, id: &str, session: &SessionKey, text: String) {
-        let target = self.routes.get(tag).map(|r| r.conn);
-        self.delivery().partial(target, id, session.as_str(), text);
-    }
-
     /// The message of `tag` finished: its terminal event goes out.
     pub(super) fn finished(&mut self, tag: u64, id: &str, session: &SessionKey, outcome: Outcome) {
         let Some(route) = self.routes.remove(tag) else {
@@ -272,13 +266,6 @@ impl Bridge {
     /// ([`Delivery::confirm`]) and the message leaves the journal.
     pub(super) fn confirm(&mut self, f: Frame) {
         if let Some(seq) = self.delivery().confirm(f) {
-            self.journal(|| Record::Delivered { seq });
-        }
-    }
-
-    /// Housekeeping: stale results dropped ([`Delivery::drop_stale`]) leave the journal.
-    pub(super) fn drop_stale(&mut self) {
-        for seq in self.delivery().drop_stale() {
             self.journal(|| Record::Delivered { seq });
         }
     }
