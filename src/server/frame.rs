@@ -227,7 +227,7 @@ pub(super) fn write_frames<W: Write + ?Sized>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{EAGER_TEXT, ServerOp, encode};
+    use crate::wire::{EAGER_TEXT, ServerOp, TextOp, encode};
 
     /// A writer that takes at most `cap` bytes per call and `total` bytes overall.
     struct Trickle {
@@ -268,9 +268,12 @@ mod tests {
             "é\u{1}x".repeat(CHUNK),
         ] {
             for truncated in [false, true] {
-                let extra = if truncated { ",\"truncated\":true" } else { "" };
-                let body =
-                    EncodedLine::with_text("reply", "m\"1", "t:dm:1", "text", text.clone(), extra);
+                let body = EncodedLine::text_op(
+                    TextOp::Reply { truncated },
+                    "m\"1",
+                    "t:dm:1",
+                    text.clone(),
+                );
                 assert_eq!(
                     matches!(body, EncodedLine::Line(_)),
                     text.len() <= EAGER_TEXT
@@ -293,7 +296,7 @@ mod tests {
 
     #[test]
     fn a_partial_line_is_the_protocols_partial_op() {
-        let body = EncodedLine::with_text("partial", "m", "t:dm:1", "text", "so far".into(), "");
+        let body = EncodedLine::text_op(TextOp::Partial, "m", "t:dm:1", "so far".into());
         let EncodedLine::Line(line) = body else {
             panic!("short text is encoded at once")
         };

@@ -24,10 +24,36 @@ pub(crate) enum EncodedLine {
     },
 }
 
+/// The server ops whose text may be long: what [`EncodedLine::text_op`] encodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TextOp {
+    /// `partial`: a part of the reply so far (`text`).
+    Partial,
+    /// `reply`: the final reply (`text`), marked `truncated` if it was cut.
+    Reply {
+        /// Whether the text was cut (by the agent or at `--max-reply-bytes`).
+        truncated: bool,
+    },
+    /// `failed`: the message failed (`error`).
+    Failed,
+}
+
 impl EncodedLine {
+    /// The line of `op` for message `id` of `session` carrying `text`: the bytes `encode` makes
+    /// of the same `ServerOp`, escaped at once when short, else on the way out.
+    pub(crate) fn text_op(op: TextOp, id: &str, session: &str, text: String) -> EncodedLine {
+        let (name, field, extra) = match op {
+            TextOp::Partial => ("partial", "text", ""),
+            TextOp::Reply { truncated: false } => ("reply", "text", ""),
+            TextOp::Reply { truncated: true } => ("reply", "text", ",\"truncated\":true"),
+            TextOp::Failed => ("failed", "error", ""),
+        };
+        EncodedLine::with_text(name, id, session, field, text, extra)
+    }
+
     /// `{"op":<op>,"id":<id>,"session":<session>,"<field>":"<text>"<extra>}\n`, escaped at once
     /// when short, else on the way out.
-    pub(crate) fn with_text(
+    fn with_text(
         op: &str,
         id: &str,
         session: &str,

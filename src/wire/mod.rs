@@ -25,7 +25,7 @@ mod tests;
 
 #[cfg(test)]
 pub(crate) use line::EAGER_TEXT;
-pub(crate) use line::{EncodedLine, push_escaped};
+pub(crate) use line::{EncodedLine, TextOp, push_escaped};
 pub use parse::parse_line;
 
 /// A client line, parsed.

@@ -372,26 +372,26 @@ mod round_trip {
     /// The line the frame encoder writes for an op that carries a long text, as the socket
     /// gets it.
     fn streamed(op: &ServerOp) -> Option<Vec<u8>> {
-        let (name, id, session, field, text, extra) = match op {
+        let (kind, id, session, text) = match op {
             ServerOp::Reply {
                 id,
                 session,
                 text,
                 truncated,
-            } => {
-                let extra = if *truncated {
-                    ",\"truncated\":true"
-                } else {
-                    ""
-                };
-                ("reply", id, session, "text", text, extra)
-            }
-            ServerOp::Partial { id, session, text } => ("partial", id, session, "text", text, ""),
-            ServerOp::Failed { id, session, error } => ("failed", id, session, "error", error, ""),
+            } => (
+                TextOp::Reply {
+                    truncated: *truncated,
+                },
+                id,
+                session,
+                text,
+            ),
+            ServerOp::Partial { id, session, text } => (TextOp::Partial, id, session, text),
+            ServerOp::Failed { id, session, error } => (TextOp::Failed, id, session, error),
             _ => return None,
         };
         Some(
-            match EncodedLine::with_text(name, id, session, field, text.clone(), extra) {
+            match EncodedLine::text_op(kind, id, session, text.clone()) {
                 EncodedLine::Line(line) => line,
                 EncodedLine::Text { head, text, tail } => {
                     let mut line = head;

@@ -172,7 +172,7 @@ impl Bridge {
             }
         }
         if let Some(key) = &key {
-            self.refill_newest(key);
+            self.delivery().refill_newest(key);
         }
         if !refused.is_empty() {
             log::info!(
@@ -226,7 +226,7 @@ impl Bridge {
                 gone.len()
             );
             if let Some(key) = self.platforms.key(platform) {
-                self.release_held(&key);
+                self.delivery().release_held(&key);
             }
             self.platforms.maybe_free(platform);
         }

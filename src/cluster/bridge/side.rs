@@ -369,7 +369,7 @@ impl Bridge {
                 self.conns.settled(route.conn);
             }
             self.platforms.unreserve(&route.platform, None);
-            self.release_held(&route.platform);
+            self.delivery().release_held(&route.platform);
             self.platforms.maybe_free(&route.platform);
             self.maybe_finish(route.conn);
         }
@@ -499,7 +499,7 @@ impl Bridge {
         self.platforms
             .dedup_accepted(&route.platform, route.fp, now);
         self.platforms.unreserve(&route.platform, None);
-        self.release_held(&route.platform);
+        self.delivery().release_held(&route.platform);
         self.conns.settled(route.conn);
         for &c in std::iter::once(&route.conn).chain(&route.copies) {
             self.conns.resolve(c, tag, |copy| match copy {
@@ -652,7 +652,7 @@ impl Bridge {
         let silent = self.cluster.silent.remove(&frame.seq);
         if silent && let Some(platform) = &frame.terminal_for {
             self.platforms.unreserve(platform, None);
-            self.release_held(platform);
+            self.delivery().release_held(platform);
             self.platforms.maybe_free(platform);
         }
         silent

@@ -231,7 +231,7 @@ impl Bridge {
         };
         self.platforms.dedup_forget(&route.platform, route.fp);
         self.platforms.unreserve(&route.platform, None);
-        self.release_held(&route.platform);
+        self.delivery().release_held(&route.platform);
         self.conns.settled(route.conn);
         let Refusal { reason, detail, .. } = refusal;
         let line = |cid: &str, ckey: &SessionKey| {

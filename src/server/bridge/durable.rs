@@ -19,7 +19,7 @@ use super::{Action, Bridge, ConnId, INTERRUPTED, POISON};
 use crate::core::TurnId;
 use crate::journal::{Committed, Record, Recovered, RecoveredMessage, StoredMessage};
 use crate::message::{Message, SessionKey};
-use crate::wire::EncodedLine as Body;
+use crate::wire::{EncodedLine, TextOp};
 
 // The cluster's operations on the journal side, in the cluster's wing.
 #[path = "../../cluster/bridge/durable.rs"]
@@ -372,7 +372,7 @@ impl Bridge {
         n.dedup_ids += usize::from(self.platforms.remember(&platform, fp, until, now, true));
         if let Some(o) = rm.outcome {
             let mut frame =
-                Frame::new(Body::from_stored(o), Some(platform.clone())).of_message(seq, id);
+                Frame::new(EncodedLine::from_stored(o), Some(platform.clone())).of_message(seq, id);
             // Sent before, perhaps; never to a connection that waited for it.
             if to == no_conn() {
                 frame.mark_redelivery();
@@ -404,7 +404,7 @@ impl Bridge {
             }
         };
         if let Some(why) = failure {
-            let body = Body::with_text("failed", &id, session.as_str(), "error", why, "");
+            let body = EncodedLine::text_op(TextOp::Failed, &id, session.as_str(), why);
             return self.terminal(seq, to, &platform, id, body);
         }
         let Ok(admitted) = built else {

@@ -38,7 +38,10 @@
 //! - `conns`: connections — answer queues, output, what was written and confirmed, the
 //!   hello/auth bookkeeping;
 //! - `platforms`: per platform — the hellos, the outbox, reservations, the duplicate window;
-//! - `routes`: where a result goes (messages in flight, typing), and delivery;
+//! - `routes`: where a result goes (messages in flight, typing), and a message's end;
+//! - `delivery`: a terminal event's way out (outcome → outbox → connection, what the peer
+//!   confirmed, partial and typing lines), over `conns` and `platforms` for one input: it
+//!   returns what to journal as delivered;
 //! - `admit`: the admission pipeline and the one message builder (client lines and journal
 //!   recovery alike), with every refusal's wording;
 //! - `durable`: what exists only with a journal (`Option<Durable>`), the journal's report
@@ -59,6 +62,7 @@ mod admit;
 mod cluster;
 mod config;
 mod conns;
+mod delivery;
 mod durable;
 mod platforms;
 mod refusal;
@@ -68,7 +72,6 @@ mod status;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{self, Write};
 use std::net::IpAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::frame::Frame;
@@ -297,7 +300,7 @@ impl Bridge {
     pub fn read_closed(&mut self, id: ConnId) {
         if let Some(p) = self.conns.half_close(id) {
             self.platforms.detach(&p, id);
-            self.refill_newest(&p);
+            self.delivery().refill_newest(&p);
             self.platforms.maybe_free(&p);
         }
         if self
@@ -330,10 +333,14 @@ impl Bridge {
             }
             EventKind::Rejected(reason) => self.handle_rejected(tag, reason),
             EventKind::TurnStarted(turn) => self.turn_started(tag, turn, session, now),
-            EventKind::Partial(text) => self.partial(tag, &id, &session, text),
+            EventKind::Partial(text) => {
+                // To the message's connection if it has room; else dropped.
+                let target = self.routes.get(tag).map(|r| r.conn);
+                self.delivery().partial(target, &id, session.as_str(), text);
+            }
             EventKind::TurnEnded(turn) => {
                 if let Some(t) = self.routes.typing_ended(turn) {
-                    self.send_typing(t.conn, &t.session, false);
+                    self.delivery().typing(t.conn, &t.session, false);
                 }
             }
             EventKind::Finished(outcome) => self.finished(tag, &id, &session, outcome),
@@ -380,7 +387,7 @@ impl Bridge {
         if let Some(d) = &mut self.durable {
             self.actions.push_back(d.record_start(tag, attempt, turn));
         }
-        self.send_typing(conn, &session, true);
+        self.delivery().typing(conn, &session, true);
         let next = now + self.cfg.typing_refresh;
         self.routes.typing_started(turn, conn, session, next);
     }
@@ -461,10 +468,13 @@ impl Bridge {
             self.close_late_hellos(now);
             self.close_stalled(now);
             for (conn, session) in self.routes.typing_due(now, self.cfg.typing_refresh) {
-                self.send_typing(conn, &session, true);
+                self.delivery().typing(conn, &session, true);
             }
             self.platforms.expire(now);
-            self.drop_stale(now);
+            // Stale results dropped (`Delivery::drop_stale`) leave the journal.
+            for seq in self.delivery().drop_stale() {
+                self.journal(|| Record::Delivered { seq });
+            }
             self.offer_forwards(now);
         }
         self.audit();
@@ -529,35 +539,13 @@ impl Bridge {
         now: Duration,
     ) -> io::Result<Flushed> {
         self.now = now;
-        let result = self.write_budgeted(id, w, now);
-        self.audit();
-        result
-    }
-
-    fn write_budgeted<W: Write + ?Sized>(
-        &mut self,
-        id: ConnId,
-        w: &mut W,
-        now: Duration,
-    ) -> io::Result<Flushed> {
-        let mut budget = self.cfg.write_budget;
-        let how = loop {
-            self.refill(id);
-            if self.conns.get(id).is_none() {
-                return Ok(Flushed::All);
-            }
-            let (n, how) = self.conns.write_out(id, w, budget, now)?;
-            budget -= n.min(budget);
-            if how != Flushed::All || budget == 0 || !self.backlog_for(id) {
-                break how;
-            }
-        };
-        // This pass was its turn (the budget is per wake): only new output marks it again.
-        self.conns.clear_dirty(id);
-        if how == Flushed::All {
+        let budget = self.cfg.write_budget;
+        let result = self.delivery().write(id, w, budget);
+        if matches!(result, Ok(Flushed::All)) {
             self.maybe_finish(id);
         }
-        Ok(how)
+        self.audit();
+        result
     }
 
     /// The peer's TCP has acknowledged the first `acked` bytes written to `conn`: the results
@@ -655,7 +643,7 @@ impl Bridge {
         if let Some(old) = old {
             self.platforms.maybe_free(&old);
         }
-        self.refill(id);
+        self.delivery().refill(id);
     }
 
     fn unauthorized(&mut self, id: ConnId) {
@@ -708,34 +696,13 @@ impl Bridge {
     /// Forgets a connection; its unwritten terminal events go back to the front of their
     /// outboxes, in order.
     fn close(&mut self, id: ConnId, why: &str, emit: bool) {
-        let Some(gone) = self.conns.remove(id) else {
+        let Some((peer, moved)) = self.delivery().forget(id) else {
             return;
         };
-        let moved = gone.undelivered.len();
-        let mut touched: Vec<Arc<str>> = Vec::new();
-        for f in gone.undelivered.into_iter().rev() {
-            let Some(name) = f.terminal_for.clone() else {
-                continue;
-            };
-            self.platforms.push_outbox_front(&name, f);
-            if !touched.contains(&name) {
-                touched.push(name);
-            }
-        }
-        if let Some(p) = gone.platform {
-            self.platforms.detach(&p, id);
-            if !touched.contains(&p) {
-                touched.push(p);
-            }
-        }
-        for name in touched {
-            self.refill_newest(&name);
-            self.platforms.maybe_free(&name);
-        }
         log::debug!(
             "connection {} from {} closed: {why}; {moved} undelivered terminal event(s) back to the outbox",
             id,
-            gone.peer
+            peer
         );
         if emit {
             self.actions.push_back(if moved > 0 {

@@ -10,12 +10,13 @@ use std::time::Duration;
 use super::super::dedup::Fingerprint;
 use super::super::frame::Frame;
 use super::super::sharded::Sharded;
+use super::delivery::{Delivery, failed_line, terminal_line};
 use super::{Bridge, ConnId};
 use crate::core::{Outcome, TurnId};
 use crate::journal::Record;
 use crate::key::Key;
 use crate::message::SessionKey;
-use crate::wire::{EncodedLine as Body, ServerOp, encode};
+use crate::wire::EncodedLine;
 
 /// The route of a message recovered from the journal: no connection (its events go to its
 /// platform's outbox). No slot ever gets this key.
@@ -207,19 +208,6 @@ impl Routes {
 }
 
 impl Bridge {
-    /// A partial reply goes to the message's connection if it has room; else it is dropped.
-    pub(super) fn partial(&mut self, tag: u64, id: &str, session: &SessionKey, text: String) {
-        let target = self.routes.get(tag).map(|r| r.conn);
-        let Some(conn) = target.filter(|&c| self.conns.has_room(c)) else {
-            self.stats.partials_dropped += 1;
-            return;
-        };
-        let mut text = text;
-        crate::text::truncate(&mut text, self.cfg.max_reply_bytes);
-        let body = Body::with_text("partial", id, session.as_str(), "text", text, "");
-        self.conns.push(conn, Frame::new(body, None), self.now);
-    }
-
     /// The message of `tag` finished: its terminal event goes out.
     pub(super) fn finished(&mut self, tag: u64, id: &str, session: &SessionKey, outcome: Outcome) {
         let Some(route) = self.routes.remove(tag) else {
@@ -229,7 +217,7 @@ impl Bridge {
         if self.durable.is_some() && outcome == Outcome::Cancelled(crate::CancelReason::Shutdown) {
             return self.keep_for_restart(route);
         }
-        let body = terminal_body(id, session.as_str(), outcome, self.cfg.max_reply_bytes);
+        let body = terminal_line(id, session.as_str(), outcome, self.cfg.max_reply_bytes);
         self.terminal(tag, route.conn, &route.platform, route.id, body);
     }
 
@@ -239,10 +227,13 @@ impl Bridge {
             return;
         };
         log::warn!("session {}: message {} {why}", route.session, route.id);
-        let mut text = why.to_string();
-        crate::text::truncate(&mut text, self.cfg.max_reply_bytes);
         let session = route.session.as_str();
-        let body = Body::with_text("failed", &route.id, session, "error", text, "");
+        let body = failed_line(
+            &route.id,
+            session,
+            why.to_string(),
+            self.cfg.max_reply_bytes,
+        );
         self.terminal(tag, route.conn, &route.platform, route.id.clone(), body);
     }
 
@@ -255,7 +246,7 @@ impl Bridge {
         conn: ConnId,
         platform: &Arc<str>,
         id: Arc<str>,
-        body: Body,
+        body: EncodedLine,
     ) {
         let frame = Frame::new(body, Some(platform.clone())).of_message(seq, id);
         match &mut self.durable {
@@ -264,166 +255,30 @@ impl Bridge {
         }
     }
 
-    /// Sends a terminal event to the message's connection, else its platform's outbox —
-    /// once it fits the platform's `--outbox-bytes`: until then it is held, in order
-    /// (its bytes are charged when it goes, released by `confirm`).
+    /// A terminal event, stamped for the cluster, to the delivery room
+    /// ([`Delivery::deliver`]).
     pub(super) fn deliver_terminal(&mut self, origin: ConnId, platform: &Arc<str>, frame: Frame) {
         let frame = self.stamp_cluster(frame);
-        if let Some((origin, frame)) = self.platforms.admit_result(platform, origin, frame) {
-            self.send_result(origin, platform, frame);
-        }
+        self.delivery().deliver(origin, platform, frame);
     }
 
-    /// A charged result goes to its connection while that is open, else to the outbox.
-    fn send_result(&mut self, origin: ConnId, platform: &Arc<str>, frame: Frame) {
-        if self.conns.is_open(origin) {
-            return self.conns.push(origin, frame, self.now);
-        }
-        self.platforms.push_outbox(platform, frame);
-        self.refill_newest(platform);
-    }
-
-    /// Room freed on `platform`: the held results that now fit go, in order.
-    pub(super) fn release_held(&mut self, platform: &Arc<str>) {
-        for (origin, frame) in self.platforms.release_held(platform) {
-            self.send_result(origin, platform, frame);
-        }
-    }
-
-    /// Housekeeping: results owed to platforms absent past `--outbox-stale-after`, beyond
-    /// the newest `--outbox-stale-keep`, are dropped — each with a WARN naming its session
-    /// and message, counted in the status, and out of the journal — and their room goes to
-    /// what is held.
-    pub(super) fn drop_stale(&mut self, now: Duration) {
-        let dropped = self.platforms.drop_stale(now);
-        let mut touched: Vec<Arc<str>> = Vec::new();
-        for (platform, f) in dropped {
-            let id = f.msg_id.as_deref().unwrap_or("?");
-            log::warn!(
-                "session {}: message {id}: result dropped undelivered: platform {platform} said no hello for {:?} (--outbox-stale-after) and is owed more than {} results (--outbox-stale-keep)",
-                session_of(&f.body),
-                self.cfg.outbox_stale_after,
-                self.cfg.outbox_stale_keep,
-            );
-            self.stats.stale_dropped += 1;
-            if f.seq != 0 {
-                self.journal(|| Record::Delivered { seq: f.seq });
-            }
-            if !touched.contains(&platform) {
-                touched.push(platform);
-            }
-        }
-        for p in touched {
-            self.release_held(&p);
-            self.platforms.maybe_free(&p);
-        }
-    }
-
-    /// A terminal event was delivered (confirmed by an `acks` bridge, or acknowledged by its
-    /// TCP): its reservation is released and the message leaves the journal.
+    /// A terminal event was delivered: the delivery room releases its room
+    /// ([`Delivery::confirm`]) and the message leaves the journal.
     pub(super) fn confirm(&mut self, f: Frame) {
-        let Some(p) = f.terminal_for else {
-            return;
-        };
-        if f.seq != 0 {
-            self.journal(|| Record::Delivered { seq: f.seq });
-        }
-        self.platforms.unreserve(&p, Some(&f.body));
-        self.release_held(&p);
-        self.platforms.maybe_free(&p);
-    }
-
-    /// Whether `id` is the newest connection that said hello for its platform and that
-    /// platform has a backlog.
-    pub(super) fn backlog_for(&self, id: ConnId) -> bool {
-        let Some(platform) = self.conns.get(id).and_then(|c| c.platform.as_deref()) else {
-            return false;
-        };
-        self.platforms.newest_hello(platform) == Some(id) && self.platforms.has_backlog(platform)
-    }
-
-    /// Feeds `id` its platform's backlog while its queued output is under its bound, if it is
-    /// the newest connection that said hello for it.
-    pub(super) fn refill(&mut self, id: ConnId) {
-        if !self.backlog_for(id) {
-            return;
-        }
-        let Some(platform) = self.conns.get(id).and_then(|c| c.platform.clone()) else {
-            return;
-        };
-        let platforms = &mut self.platforms;
-        self.conns
-            .fill(id, self.now, || platforms.pop_outbox(&platform));
-    }
-
-    /// Feeds the newest connection that said hello for `platform`, if any.
-    pub(super) fn refill_newest(&mut self, platform: &str) {
-        if let Some(newest) = self.platforms.newest_hello(platform) {
-            self.refill(newest);
+        if let Some(seq) = self.delivery().confirm(f) {
+            self.journal(|| Record::Delivered { seq });
         }
     }
 
-    /// A typing line for `session`: to `conn` while it is open, else to the platform's
-    /// newest connection; dropped when that one's output is over its bound.
-    pub(super) fn send_typing(&mut self, conn: ConnId, session: &SessionKey, on: bool) {
-        let target = Some(conn)
-            .filter(|&c| self.conns.is_open(c))
-            .or_else(|| self.platforms.newest_hello(session.platform()))
-            .filter(|&c| self.conns.under_bound(c));
-        let Some(target) = target else {
-            self.stats.typing_dropped += 1;
-            return;
-        };
-        let line = encode(&ServerOp::Typing {
-            session: session.as_str(),
-            platform: session.platform(),
-            chat_id: session.chat_id(),
-            on,
-        });
-        self.conns.push(target, Frame::line(line), self.now);
-    }
-}
-
-/// The session a terminal event names (for a WARN): its line, or its head closed off.
-fn session_of(body: &Body) -> String {
-    let line: Vec<u8> = match body {
-        Body::Line(l) => l.clone(),
-        Body::Text { head, .. } => [head.as_slice(), b"\"}"].concat(),
-    };
-    serde_json::from_slice::<serde_json::Value>(&line)
-        .ok()
-        .and_then(|v| v.get("session")?.as_str().map(str::to_owned))
-        .unwrap_or_else(|| "?".into())
-}
-
-/// The terminal event of `outcome`, its text cut to `max` bytes.
-fn terminal_body(id: &str, session: &str, outcome: Outcome, max: usize) -> Body {
-    match outcome {
-        Outcome::Reply(reply) => {
-            let mut text = reply.text;
-            let cut = crate::text::truncate(&mut text, max);
-            let extra = if reply.truncated || cut {
-                ",\"truncated\":true"
-            } else {
-                ""
-            };
-            Body::with_text("reply", id, session, "text", text, extra)
+    /// The delivery room over this bridge's connections and platforms, now.
+    pub(super) fn delivery(&mut self) -> Delivery<'_> {
+        Delivery {
+            cfg: &self.cfg,
+            conns: &mut self.conns,
+            platforms: &mut self.platforms,
+            stats: &mut self.stats,
+            now: self.now,
         }
-        Outcome::Failed(e) => {
-            let mut text = e.to_string();
-            crate::text::truncate(&mut text, max);
-            Body::with_text("failed", id, session, "error", text, "")
-        }
-        Outcome::Cancelled(r) => Body::Line(encode(&ServerOp::Cancelled {
-            id,
-            session,
-            reason: r.as_str(),
-        })),
-        Outcome::Merged { into } => Body::Line(encode(&ServerOp::Merged {
-            id,
-            session,
-            into: &into,
-        })),
     }
 }
 
