@@ -99,7 +99,7 @@ fn a_meta_that_is_not_json_is_written_as_a_string_the_server_refuses() {
 #[test]
 fn an_encoded_line_is_journaled_as_itself_and_sized_as_held() {
     // A short text: one encoded line, journaled as its head alone.
-    let short = EncodedLine::with_text("reply", "m", "s", "text", "hi".into(), "");
+    let short = EncodedLine::text_op(TextOp::Reply { truncated: false }, "m", "s", "hi".into());
     let EncodedLine::Line(bytes) = &short else {
         panic!("a short text is encoded at once")
     };
@@ -117,17 +117,17 @@ fn an_encoded_line_is_journaled_as_itself_and_sized_as_held() {
     assert_eq!(&back, bytes);
     // A long text: the envelope around the raw text, journaled in its three parts.
     let long = "\"".repeat(EAGER_TEXT + 1);
-    let line = EncodedLine::with_text("failed", "m", "s", "error", long.clone(), ",\"x\":1");
+    let line = EncodedLine::text_op(TextOp::Reply { truncated: true }, "m", "s", long.clone());
     let EncodedLine::Text { head, text, tail } = &line else {
         panic!("a long text is escaped on the way out")
     };
     assert_eq!(
         head,
-        b"{\"op\":\"failed\",\"id\":\"m\",\"session\":\"s\",\"error\":\""
+        b"{\"op\":\"reply\",\"id\":\"m\",\"session\":\"s\",\"text\":\""
     );
     assert_eq!(
         (text, tail.as_slice()),
-        (&long, b"\",\"x\":1}\n".as_slice())
+        (&long, b"\",\"truncated\":true}\n".as_slice())
     );
     assert_eq!(line.size(), head.len() + EAGER_TEXT + 1 + tail.len());
     let stored = line.to_stored();
