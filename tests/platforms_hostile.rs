@@ -887,6 +887,33 @@ fn sigterm_during_a_whoami_that_is_never_answered_exits_promptly() {
     assert!(took <= PROMPT_EXIT, "SIGTERM took {took:?}");
 }
 
+/// Row 10, Telegram: SIGTERM during the start-up `getMe`, against a fake Bot API that
+/// accepts the request and never answers, exits 0 within 2 s. Before, the bridge waited for
+/// the call's 30 s timeout.
+#[test]
+fn sigterm_during_a_get_me_that_is_never_answered_exits_promptly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gateway = FakeGateway::start(None);
+    let api = FakeHttp::start(|_| HttpAnswer::Never);
+    let log = dir.path().join("telegram.log");
+    let (mut telegram, _) = start_bridge(
+        &[
+            "telegram",
+            "--gateway",
+            &gateway.addr,
+            "--api-base",
+            &api.url,
+        ],
+        &[("TELEGRAM_BOT_TOKEN", "123456789:never-answered")],
+        &log,
+    );
+    api.wait_requests("/getMe", 1);
+    let (status, took) = telegram.terminate();
+    eprintln!("SIGTERM during getMe: {status:?} after {took:?}");
+    assert!(status.success(), "exit status {status:?}");
+    assert!(took <= PROMPT_EXIT, "SIGTERM took {took:?}");
+}
+
 /// Row 12: a fake Bot API whose `getUpdates` always returns an update with id 2^63 - 1. The
 /// offset cannot move past it: it must not wrap (a negative offset would re-poll everything,
 /// and on main f41b273 a debug build panicked in the poller), and the update runs once.

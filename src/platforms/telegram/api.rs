@@ -43,7 +43,8 @@ pub(crate) trait BotApi {
     fn call(&mut self, method: &str, params: &Value, timeout: Duration) -> Result<Value, ApiError>;
 }
 
-/// The real Bot API over ureq.
+/// The real Bot API over ureq (a clone shares the connection pool).
+#[derive(Clone)]
 pub(crate) struct HttpBotApi {
     agent: ureq::Agent,
     base: String,

@@ -175,7 +175,17 @@ fn serve(
 fn bot_username(api: &mut HttpBotApi, stop: &Receiver<()>) -> Result<Option<String>, BridgeError> {
     let mut backoff = Duration::from_secs(1);
     let me = loop {
-        match api.call("getMe", &json!({}), CALL_TIMEOUT) {
+        // A Bot API that accepts and never answers must not hold a SIGTERM.
+        let answer = {
+            let mut api = api.clone();
+            super::interruptible(stop, "telegram-getme", move || {
+                api.call("getMe", &json!({}), CALL_TIMEOUT)
+            })?
+        };
+        let Some(answer) = answer else {
+            return Ok(None);
+        };
+        match answer {
             Ok(me) => break me,
             Err(ApiError::Unauthorized(d)) => {
                 return Err(format!("the Bot API refused the bot token: {d}"));
