@@ -538,6 +538,7 @@ mod tests {
 
     #[test]
     fn partials_are_throttled_to_one_per_interval_and_never_block() {
+        // A test: a handful of sends.
         let (tx, rx) = crossbeam_channel::unbounded();
         let p = Partials::throttled(Duration::from_secs(3600), move |t| {
             let _ = tx.send(t);
@@ -578,6 +579,7 @@ mod tests {
 
     #[test]
     fn on_cancel_hooks_run_once_when_the_token_fires_or_at_once_after() {
+        // A test: two sends.
         let (tx, rx) = crossbeam_channel::unbounded();
         let token = CancelToken::new();
         let early = tx.clone();

@@ -88,6 +88,8 @@ impl<J: Send + 'static> Pool<J> {
         size: PoolSize,
         run: impl Fn(J) + Send + Sync + 'static,
     ) -> std::io::Result<Pool<J>> {
+        // Bounded by the core: jobs are sent only for turns it started (its running-turn
+        // cap) and agents it retired (its cleanup cap), never straight from a peer.
         let (tx, rx) = unbounded();
         let shared = Arc::new(Shared {
             name,

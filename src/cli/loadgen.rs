@@ -131,6 +131,7 @@ pub(crate) fn run(args: LoadgenArgs) -> i32 {
     let total = args.sessions * args.rounds;
     let start = Instant::now();
     let conns = args.connections.min(args.sessions);
+    // One result per connection thread: bounded by `--connections`.
     let (results_tx, results) = crossbeam_channel::unbounded();
     for c in 0..conns {
         let sessions: Vec<usize> = (c..args.sessions).step_by(conns).collect();
@@ -402,6 +403,7 @@ fn start_flooders(
     tag: &str,
     done: &Arc<AtomicUsize>,
 ) -> crossbeam_channel::Receiver<FloodResult> {
+    // One result per connection thread: bounded by `--connections`.
     let (results_tx, results) = crossbeam_channel::unbounded();
     for c in 0..conns {
         let mine: Vec<usize> = (c..args.messages).step_by(conns).collect();

@@ -153,6 +153,9 @@ impl Journal {
     where
         W: Fn() + Send + 'static,
     {
+        // Drained: one per partition released (bounded by the partitions). Untagged: one per
+        // message whose tag is forgotten, and reports: one per completion; both bounded by
+        // the journal's records, which the bridge's journal room bounds.
         let (drained_tx, drained) = crossbeam_channel::unbounded();
         let (untagged_tx, untagged) = crossbeam_channel::unbounded();
         let (reports_tx, reports) = crossbeam_channel::unbounded();

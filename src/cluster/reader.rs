@@ -185,6 +185,12 @@ impl Reader {
         let all: Vec<u32> = (0..store.partitions()).collect();
         let outcomes = store.stream_ends(Stream::Outcomes, &all)?;
         let fwd_after = store.fwd_end()?;
+        // Control: one message per ownership change the reactor makes (bounded by the
+        // partitions). Arrivals: NOT bounded here — the reader sends each read (at most
+        // COUNT entries a stream) without waiting for the reactor to drain the last; a
+        // reactor slower than Redis lets it grow. Bounding it needs the shutdown to drop the
+        // receiver before joining (the deadlock issue 30 row 1 fixed in the bridges): left
+        // for issue 31.
         let (control, ctl) = crossbeam_channel::unbounded();
         let (tx, arrivals) = crossbeam_channel::unbounded();
         let health = Arc::new(Mutex::new(Health::default()));

@@ -126,6 +126,9 @@ impl Journal {
     where
         F: FnOnce(Receiver<Record>, Sender<Committed>, Receiver<()>, Arc<Gauges>) + Send + 'static,
     {
+        // Bounded by the bridge: a record is sent only for a message admitted within the
+        // journal's room (`Durable::room`, `--max-pending-durable`) or for one already in it
+        // (its start, outcome, delivery); one completion per batch of those records.
         let (tx, rx) = crossbeam_channel::unbounded();
         let (done_tx, done) = crossbeam_channel::unbounded();
         let (stop, stopped) = crossbeam_channel::bounded(0);

@@ -590,6 +590,7 @@ impl Handle {
     ///
     /// ```no_run
     /// # async fn example(handle: turnstile::Handle, message: turnstile::Message) {
+    /// // One message's events (accepted, throttled partials, one terminal): bounded by its turn.
     /// let (sink, events) = crossbeam_channel::unbounded();
     /// handle.submit_to_async(message, sink).await.expect("runtime running");
     /// # drop(events);

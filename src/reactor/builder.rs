@@ -531,7 +531,14 @@ impl Wiring {
             poll,
             notifier: Arc::new(Notifier::new(waker)),
             ingress: bounded(ingress_capacity),
+            // Bounded by the core: one accepted/terminal event per admitted message (the
+            // global queue caps bound those) plus partials throttled to one per turn per
+            // `--partial-interval`. An embedder that never reads its `Events` lets partials
+            // pile up: not bounded here (the async stream coalesces them; the sync one does
+            // not yet).
             events: unbounded(),
+            // Bounded by the pools: one report per job a worker ran, and jobs are bounded by
+            // the core's running-turn and cleanup caps.
             completions: unbounded(),
             shutdown: Arc::new(AtomicBool::new(false)),
             status: Arc::new(StatusCell::default()),

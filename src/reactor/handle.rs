@@ -175,6 +175,8 @@ impl Handle {
         timeout: Duration,
     ) -> Result<Outcome, WaitError> {
         let id = Arc::clone(&message.id);
+        // One message's events (accepted, throttled partials, one terminal), read by this
+        // loop as they come: bounded by the turn.
         let (sink, events) = crossbeam_channel::unbounded();
         self.submit_to(message, sink)
             .map_err(|e| WaitError::Submit(Box::new(e)))?;
