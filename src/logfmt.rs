@@ -2,6 +2,7 @@
 //! line (for `--log-format json`) that lifts those fields out.
 
 use std::fmt;
+use std::io::Read;
 use std::time::Instant;
 
 use serde_json::{Map, Value};
@@ -144,6 +145,51 @@ pub(crate) fn suppressed_note(suppressed: u64) -> String {
     } else {
         String::new()
     }
+}
+
+/// Reads `from` to its end as lines of at most `line_max` bytes (the rest of a longer line is
+/// skipped and the line marked cut) and hands each line the `budget` allows to `emit`, with
+/// the count of lines dropped since the last one emitted. Returns the lines dropped after the
+/// last one emitted. One child's output stream (an agent's or a bridge's stderr) into the log,
+/// bounded in memory by `line_max` and in log lines by the budget.
+pub(crate) fn relay_lines(
+    mut from: impl Read,
+    line_max: usize,
+    mut budget: LogBudget,
+    mut emit: impl FnMut(&[u8], bool, u64),
+) -> u64 {
+    let mut line = Vec::new();
+    let mut cut = false;
+    let mut flush = |line: &mut Vec<u8>, cut: &mut bool, budget: &mut LogBudget| {
+        if let Some(dropped) = budget.allow(Instant::now()) {
+            emit(line, *cut, dropped);
+        }
+        line.clear();
+        *cut = false;
+    };
+    let mut chunk = [0u8; 8192];
+    loop {
+        match from.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => {
+                for &b in &chunk[..n] {
+                    if b == b'\n' {
+                        flush(&mut line, &mut cut, &mut budget);
+                    } else if line.len() < line_max {
+                        line.push(b);
+                    } else {
+                        cut = true;
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    if !line.is_empty() {
+        flush(&mut line, &mut cut, &mut budget);
+    }
+    budget.dropped()
 }
 
 #[cfg(test)]

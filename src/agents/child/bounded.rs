@@ -5,9 +5,8 @@
 use std::fs::File;
 use std::io::{self, Read};
 use std::thread;
-use std::time::Instant;
 
-use crate::logfmt::LogBudget;
+use crate::logfmt::{LogBudget, relay_lines};
 use crate::message::SessionKey;
 
 /// Bytes read from one pipe per call, so one flooding pipe cannot starve the rest of a poll
@@ -227,7 +226,7 @@ pub(crate) fn log_stderr(stderr: File, session: SessionKey) {
     let key = session.clone();
     let spawned = thread::Builder::new()
         .name("turnstile-agent-stderr".into())
-        .spawn(move || StderrLog::new(session).run(stderr));
+        .spawn(move || log_lines(stderr, &session));
     if let Err(e) = spawned {
         log::error!(
             "session {key}: cannot start an agent stderr reader thread: {e}; its stderr is discarded"
@@ -235,69 +234,21 @@ pub(crate) fn log_stderr(stderr: File, session: SessionKey) {
     }
 }
 
-struct StderrLog {
-    session: SessionKey,
-    line: Vec<u8>,
-    /// The current line passed the length limit; the rest of it is skipped.
-    cut: bool,
-    budget: LogBudget,
-}
-
-impl StderrLog {
-    fn new(session: SessionKey) -> StderrLog {
-        StderrLog {
-            session,
-            line: Vec::new(),
-            cut: false,
-            budget: LogBudget::new(STDERR_BURST, STDERR_PER_SEC),
+/// One agent's stderr into the log at INFO, its lines cut at [`STDERR_LINE_MAX`], at most
+/// what the budget allows.
+fn log_lines(stderr: File, session: &SessionKey) {
+    let budget = LogBudget::new(STDERR_BURST, STDERR_PER_SEC);
+    let dropped = relay_lines(stderr, STDERR_LINE_MAX, budget, |line, cut, dropped| {
+        if dropped > 0 {
+            log::info!("session {session}: {dropped} agent stderr line(s) not logged (rate limit)");
         }
-    }
-
-    fn run(mut self, mut stderr: File) {
-        let mut chunk = [0u8; 8192];
-        loop {
-            match stderr.read(&mut chunk) {
-                Ok(0) => break,
-                Ok(n) => {
-                    for &b in &chunk[..n] {
-                        if b == b'\n' {
-                            self.emit();
-                        } else if self.line.len() < STDERR_LINE_MAX {
-                            self.line.push(b);
-                        } else {
-                            self.cut = true;
-                        }
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => break,
-            }
-        }
-        if !self.line.is_empty() {
-            self.emit();
-        }
-        if self.budget.dropped() > 0 {
-            log::info!(
-                "session {}: {} more agent stderr line(s) not logged (rate limit)",
-                self.session,
-                self.budget.dropped()
-            );
-        }
-    }
-
-    fn emit(&mut self) {
-        if let Some(dropped) = self.budget.allow(Instant::now()) {
-            if dropped > 0 {
-                log::info!(
-                    "session {}: {dropped} agent stderr line(s) not logged (rate limit)",
-                    self.session,
-                );
-            }
-            let text = String::from_utf8_lossy(&self.line);
-            let more = if self.cut { " …" } else { "" };
-            log::info!("session {}: agent stderr: {text}{more}", self.session);
-        }
-        self.line.clear();
-        self.cut = false;
+        let text = String::from_utf8_lossy(line);
+        let more = if cut { " …" } else { "" };
+        log::info!("session {session}: agent stderr: {text}{more}");
+    });
+    if dropped > 0 {
+        log::info!(
+            "session {session}: {dropped} more agent stderr line(s) not logged (rate limit)"
+        );
     }
 }

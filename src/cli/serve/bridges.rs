@@ -20,7 +20,7 @@
 //! (`PR_SET_PDEATHSIG`) and is stopped with SIGTERM (then SIGKILL after 5 s) at shutdown.
 
 use std::ffi::OsString;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStderr, Command, Stdio};
@@ -32,7 +32,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
 use serde::Deserialize;
 
 use crate::cli::bridge::{BridgeArgs, BridgeNeeds};
-use crate::logfmt::{LogBudget, suppressed_note};
+use crate::logfmt::{LogBudget, relay_lines, suppressed_note};
 
 /// Most `[[bridge]]` tables one gateway runs.
 pub(super) const MAX_BRIDGES: usize = 16;
@@ -404,7 +404,7 @@ fn relay_stderr(name: String, stderr: ChildStderr) {
     );
     let spawned = std::thread::Builder::new()
         .name(thread)
-        .spawn(move || StderrRelay::new(name).run(stderr));
+        .spawn(move || copy_stderr(&name, stderr));
     if let Err(e) = spawned {
         log::error!("cannot start a bridge stderr reader thread: {e}; its stderr is discarded");
     }
@@ -412,73 +412,26 @@ fn relay_stderr(name: String, stderr: ChildStderr) {
 
 /// One child's stderr on its way into serve's: whole lines (its own log lines, already
 /// formatted), cut at [`STDERR_LINE_MAX`], at most what the budget allows.
-struct StderrRelay {
-    name: String,
-    line: Vec<u8>,
-    /// The current line passed the length limit; the rest of it is skipped.
-    cut: bool,
-    budget: LogBudget,
-}
-
-impl StderrRelay {
-    fn new(name: String) -> StderrRelay {
-        StderrRelay {
-            name,
-            line: Vec::new(),
-            cut: false,
-            budget: LogBudget::new(STDERR_BURST, STDERR_PER_SEC),
-        }
-    }
-
-    fn run(mut self, mut stderr: ChildStderr) {
-        let mut chunk = [0u8; 8192];
-        loop {
-            match stderr.read(&mut chunk) {
-                Ok(0) => break,
-                Ok(n) => {
-                    for &b in &chunk[..n] {
-                        if b == b'\n' {
-                            self.emit();
-                        } else if self.line.len() < STDERR_LINE_MAX {
-                            self.line.push(b);
-                        } else {
-                            self.cut = true;
-                        }
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => break,
-            }
-        }
-        if !self.line.is_empty() {
-            self.emit();
-        }
-        self.tell_suppressed(self.budget.dropped());
-    }
-
-    fn tell_suppressed(&self, dropped: u64) {
+fn copy_stderr(name: &str, stderr: ChildStderr) {
+    let tell = |dropped: u64| {
         if dropped > 0 {
             log::warn!(
-                "bridge {}: its stderr is rate-limited{}",
-                self.name,
+                "bridge {name}: its stderr is rate-limited{}",
                 suppressed_note(dropped)
             );
         }
-    }
-
-    fn emit(&mut self) {
-        if let Some(dropped) = self.budget.allow(Instant::now()) {
-            self.tell_suppressed(dropped);
-            let mut out = std::mem::take(&mut self.line);
-            if self.cut {
-                out.extend_from_slice(" …".as_bytes());
-            }
-            out.push(b'\n');
-            let _ = std::io::stderr().lock().write_all(&out);
+    };
+    let budget = LogBudget::new(STDERR_BURST, STDERR_PER_SEC);
+    let dropped = relay_lines(stderr, STDERR_LINE_MAX, budget, |line, cut, dropped| {
+        tell(dropped);
+        let mut out = line.to_vec();
+        if cut {
+            out.extend_from_slice(" …".as_bytes());
         }
-        self.line.clear();
-        self.cut = false;
-    }
+        out.push(b'\n');
+        let _ = std::io::stderr().lock().write_all(&out);
+    });
+    tell(dropped);
 }
 
 enum Waited {
