@@ -332,13 +332,9 @@ impl StatusCell {
     }
 }
 
-/// Formats a system time as RFC 3339 UTC with milliseconds, e.g. `2026-11-29T19:04:05.123Z`.
-pub(crate) fn rfc3339_utc(t: SystemTime) -> String {
-    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = d.as_secs();
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Civil-from-days (H. Hinnant): days since 1970-01-01 to year, month, day.
+/// Civil-from-days (H. Hinnant): days since 1970-01-01 to (year, month, day), proleptic
+/// Gregorian, for any day count.
+pub(crate) fn civil_from_days(days: i64) -> (i64, i64, i64) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
@@ -347,7 +343,16 @@ pub(crate) fn rfc3339_utc(t: SystemTime) -> String {
     let mp = (5 * doy + 2) / 153;
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    (yoe + era * 400 + i64::from(month <= 2), month, day)
+}
+
+/// Formats a system time as RFC 3339 UTC with milliseconds, e.g. `2026-11-29T19:04:05.123Z`.
+pub(crate) fn rfc3339_utc(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let (year, month, day) = civil_from_days(days);
     format!(
         "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
         rem / 3600,
