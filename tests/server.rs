@@ -467,9 +467,24 @@ fn a_second_signal_exits_one_at_once() {
     c.send(&msg("long", "1", "x"));
     c.ack("long");
     server.signal(libc::SIGTERM);
-    // Wait until the first signal was handled: new messages are refused from then on.
-    c.send(&msg("late", "2", "y"));
-    assert_eq!(c.ack("late")["reason"], "shutting_down");
+    // Wait until the first signal was handled: new messages are refused from then on. The
+    // signal is asynchronous, so a message can still be accepted before the reactor sees it;
+    // keep writing (new ids, one round trip each) until the refusal comes.
+    let mut handled = false;
+    for n in 0..100_000 {
+        let id = format!("late{n}");
+        c.send(&msg(&id, "2", "y"));
+        let ack = c.ack(&id);
+        if ack["reason"] == "shutting_down" {
+            handled = true;
+            break;
+        }
+        assert_eq!(
+            ack["op"], "ack",
+            "accepted before the signal was seen: {ack}"
+        );
+    }
+    assert!(handled, "SIGTERM never started the drain");
     server.signal(libc::SIGHUP);
     c.send(&json!({"op": "ping"}));
     assert_eq!(
