@@ -29,20 +29,6 @@ impl Platforms {
             .collect()
     }
 
-    /// `--cluster`: the results of `tags` in `name`'s outbox are marked `redelivery`:
-    /// offered to another instance, they may reach the platform from there first, and a
-    /// copy sent from here afterwards must not look like a fresh answer.
-    pub(in crate::server::bridge) fn mark_offered(&mut self, name: &str, tags: &[u64]) {
-        if let Some(p) = self.map.get_mut(name) {
-            for f in p.outbox.iter_mut().filter(|f| tags.contains(&f.cluster)) {
-                let before = f.body.size();
-                f.mark_redelivery();
-                // The mark lengthens the line; the reservation (text bytes) is unchanged.
-                p.outbox_bytes = p.outbox_bytes - before + f.body.size();
-            }
-        }
-    }
-
     /// `--cluster`: every outbox result's cluster tag.
     pub(in crate::server::bridge) fn outboxed_tags(&self) -> std::collections::HashSet<u64> {
         self.map

@@ -129,6 +129,62 @@ impl ClusterSide {
             .is_none_or(|route| !ended.contains(&self.partition_of_route(tag, &route.session)))
     }
 
+    /// Whether this instance owns a partition (`--cluster`): never under `--data-dir` alone,
+    /// where a turn start pays nothing for the cluster's bookkeeping.
+    pub(in crate::server::bridge) fn owns_partitions(&self) -> bool {
+        !self.owned.is_empty()
+    }
+
+    /// Whether a runtime event of `tag` is one of a handed-over message's, to be discarded:
+    /// its start, partials and terminal event (which ends the discarding). Its acceptance
+    /// still acks it (it is durable; the ack may not have gone yet when the same report
+    /// handed it over), a refusal still refuses it (and ends the discarding), a turn's end
+    /// still ends its typing.
+    pub(in crate::server::bridge) fn handed_event(&mut self, tag: u64, kind: &EventKind) -> bool {
+        if !self.handed.contains(&tag) {
+            return false;
+        }
+        match kind {
+            EventKind::Accepted { .. } | EventKind::TurnEnded(_) => false,
+            EventKind::Rejected(_) => {
+                self.handed.remove(&tag);
+                false
+            }
+            EventKind::Finished(_) => {
+                self.handed.remove(&tag);
+                true
+            }
+            EventKind::TurnStarted(_) | EventKind::Partial(_) => true,
+        }
+    }
+
+    /// A terminal event about to go out here for a message another instance accepted, that
+    /// instance taken for dead: marked `redelivery`, since its origin may send it as well
+    /// (docs/cluster.md "Where the result goes": a result sent on an instance other than its
+    /// origin's may have been seen).
+    pub(in crate::server::bridge) fn mark_foreign(
+        &mut self,
+        mut frame: Frame,
+        routes: &Routes,
+    ) -> Frame {
+        if self.foreign.remove(&frame.seq) {
+            frame.mark_redelivery();
+        }
+        // Bounded by the messages in flight: one that left another way (handed over,
+        // refused) is dropped here.
+        if self.foreign.len() > routes.len() + 64 {
+            self.foreign.retain(|&tag| routes.contains(tag));
+        }
+        frame
+    }
+
+    /// The connection the result of a message being rebuilt goes to: the one that sent it,
+    /// when it waited here for another instance's outcome (see `gained`); else none (its
+    /// platform's newest hello, as for any recovered message).
+    pub(in crate::server::bridge) fn rebound(&mut self, tag: u64) -> ConnId {
+        self.rebind.remove(&tag).unwrap_or_else(no_conn)
+    }
+
     /// Whether this bridge is a cluster member (`set_partitions` was called).
     pub(in crate::server::bridge) fn is_on(&self) -> bool {
         self.partitions > 0
@@ -153,22 +209,10 @@ impl ClusterSide {
 }
 
 impl Bridge {
-    /// Whether this bridge owns a partition (`--cluster`): never under `--data-dir` alone,
-    /// where a turn start pays nothing for the cluster's bookkeeping.
-    pub(in crate::server::bridge) fn owns_partitions(&self) -> bool {
-        !self.cluster.owned.is_empty()
-    }
-
     /// [`Bridge::journaled`] for a cluster member: `cluster` is the cluster's part of the same
     /// report (`ClusterLink::report`), applied first.
     pub fn journaled_with(&mut self, c: Committed, cluster: ClusterReport, now: Duration) {
         self.journal_report(c, cluster, now);
-    }
-
-    /// The held-turn gate of a cluster member: true if the turn of `tag` must stay held
-    /// (its partition is draining, see `drain.rs`); never under `--data-dir` alone.
-    pub(in crate::server::bridge) fn turn_gate(&mut self, tag: u64, session: &SessionKey) -> bool {
-        self.owns_partitions() && self.drain_gate(tag, session)
     }
 
     /// `--cluster`: outcomes from the stream kept until their message is known here, and
@@ -383,29 +427,6 @@ impl Bridge {
             self.remote_outcome(tag, outcome);
         }
         counts
-    }
-
-    /// Whether a runtime event of `tag` is one of a handed-over message's, to be discarded:
-    /// its start, partials and terminal event (which ends the discarding). Its acceptance
-    /// still acks it (it is durable; the ack may not have gone yet when the same report
-    /// handed it over), a refusal still refuses it (and ends the discarding), a turn's end
-    /// still ends its typing.
-    pub(in crate::server::bridge) fn handed_event(&mut self, tag: u64, kind: &EventKind) -> bool {
-        if !self.cluster.handed.contains(&tag) {
-            return false;
-        }
-        match kind {
-            EventKind::Accepted { .. } | EventKind::TurnEnded(_) => false,
-            EventKind::Rejected(_) => {
-                self.cluster.handed.remove(&tag);
-                false
-            }
-            EventKind::Finished(_) => {
-                self.cluster.handed.remove(&tag);
-                true
-            }
-            EventKind::TurnStarted(_) | EventKind::Partial(_) => true,
-        }
     }
 
     /// The outcome record of `seq` was not written (fenced, or its partition no longer held):
@@ -629,23 +650,6 @@ impl Bridge {
         self.maybe_finish(route.conn);
     }
 
-    /// A terminal event about to go out here for a message another instance accepted, that
-    /// instance taken for dead: marked `redelivery`, since its origin may send it as well
-    /// (docs/cluster.md "Where the result goes": a result sent on an instance other than its
-    /// origin's may have been seen).
-    pub(in crate::server::bridge) fn mark_foreign(&mut self, mut frame: Frame) -> Frame {
-        if self.cluster.foreign.remove(&frame.seq) {
-            frame.mark_redelivery();
-        }
-        // Bounded by the messages in flight: one that left another way (handed over,
-        // refused) is dropped here.
-        if self.cluster.foreign.len() > self.routes.len() + 64 {
-            let routes = &self.routes;
-            self.cluster.foreign.retain(|&tag| routes.contains(tag));
-        }
-        frame
-    }
-
     /// Whether the terminal event `frame`, its outcome now recorded, is another instance's
     /// to send: then its reservation here is given back and it goes nowhere.
     pub(in crate::server::bridge) fn silenced(&mut self, frame: &Frame) -> bool {
@@ -731,12 +735,5 @@ impl Bridge {
             "every rebound message was rebuilt"
         );
         self.cluster.rebind.clear();
-    }
-
-    /// The connection the result of a message being rebuilt goes to: the one that sent it,
-    /// when it waited here for another instance's outcome (see `gained`); else none (its
-    /// platform's newest hello, as for any recovered message).
-    pub(in crate::server::bridge) fn rebound(&mut self, tag: u64) -> ConnId {
-        self.cluster.rebind.remove(&tag).unwrap_or_else(no_conn)
     }
 }

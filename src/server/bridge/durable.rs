@@ -359,7 +359,7 @@ impl Bridge {
         let m = rm.message;
         // Where its result goes: a connection waiting for it (a cluster partition gained
         // here), else its platform's newest hello.
-        let to = self.rebound(m.seq);
+        let to = self.cluster.rebound(m.seq);
         let Some(platform) = self.platforms.force(m.platform()) else {
             return;
         };

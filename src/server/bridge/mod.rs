@@ -324,7 +324,7 @@ impl Bridge {
     pub fn event(&mut self, tag: u64, event: MessageEvent, now: Duration) {
         self.now = now;
         let MessageEvent { id, session, kind } = event;
-        if self.handed_event(tag, &kind) {
+        if self.cluster.handed_event(tag, &kind) {
             return self.audit();
         }
         match kind {
@@ -376,7 +376,8 @@ impl Bridge {
             return;
         }
         // Its partition is draining: the turn stays held, unrecorded, until the hand-over.
-        if self.turn_gate(tag, &session) {
+        let durable = self.durable.as_ref();
+        if (self.cluster).turn_gate(tag, &session, &self.routes, durable) {
             return;
         }
         let Some(route) = self.routes.get_mut(tag) else {
@@ -434,7 +435,7 @@ impl Bridge {
             if self.silenced(&frame) {
                 continue;
             }
-            let frame = self.mark_foreign(frame);
+            let frame = self.cluster.mark_foreign(frame, &self.routes);
             if let Some(platform) = frame.terminal_for.clone() {
                 self.deliver_terminal(conn, &platform, frame);
             }
@@ -475,7 +476,12 @@ impl Bridge {
             for seq in self.delivery().drop_stale() {
                 self.journal(|| Record::Delivered { seq });
             }
-            self.offer_forwards(now);
+            for (platform, due, r) in self.cluster.offers(&self.platforms, now) {
+                // Sent from here later (a hello here before the answer), they are marked:
+                // the taker may have sent them already (tests/simulation_cluster, seed 4).
+                self.platforms.mark_offered(&platform, &due);
+                self.actions.push_back(Action::Cluster(r));
+            }
         }
         self.audit();
         self.next_housekeeping
@@ -638,7 +644,9 @@ impl Bridge {
         }
         if let Some(new) = &new {
             self.platforms.attach(new, id);
-            self.said_hello(new);
+            if let Some(r) = self.cluster.hello(new) {
+                self.actions.push_back(Action::Cluster(r));
+            }
         }
         if let Some(old) = old {
             self.platforms.maybe_free(&old);

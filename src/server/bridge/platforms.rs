@@ -447,6 +447,20 @@ impl Platforms {
         self.map.contains_key(name)
     }
 
+    /// `--cluster`: the results of `tags` in `name`'s outbox are marked `redelivery`:
+    /// offered to another instance, they may reach the platform from there first, and a
+    /// copy sent from here afterwards must not look like a fresh answer.
+    pub(super) fn mark_offered(&mut self, name: &str, tags: &[u64]) {
+        if let Some(p) = self.map.get_mut(name) {
+            for f in p.outbox.iter_mut().filter(|f| tags.contains(&f.cluster)) {
+                let before = f.body.size();
+                f.mark_redelivery();
+                // The mark lengthens the line; the reservation (text bytes) is unchanged.
+                p.outbox_bytes = p.outbox_bytes - before + f.body.size();
+            }
+        }
+    }
+
     /// Results waiting in outboxes (held ones included).
     pub(super) fn outboxed(&self) -> usize {
         self.map
