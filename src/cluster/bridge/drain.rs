@@ -27,6 +27,7 @@ use super::super::durable::Durable;
 use super::super::routes::Routes;
 use super::super::{Action, Bridge};
 use super::side::ClusterSide;
+use crate::liveness::ClusterStatus;
 use crate::message::SessionKey;
 
 /// The drains in progress and the turns they wait for.
@@ -56,6 +57,15 @@ impl Drains {
         self.draining.remove(&partition);
         self.pending.retain(|p| *p != partition);
         self.running.retain(|_, (p, _)| *p != partition);
+    }
+
+    /// Partitions being drained now (to be released to another instance), in order; and
+    /// those drained and released since the start (the fair share shrank), and the messages
+    /// they handed over to their next owner.
+    pub(in crate::server::bridge) fn fill_status(&self, s: &mut ClusterStatus) {
+        s.draining = self.draining.keys().copied().collect();
+        s.draining.sort_unstable();
+        (s.drained_partitions, s.drained_messages) = self.drained;
     }
 
     /// The journal named these partitions to drain.
@@ -96,19 +106,6 @@ impl ClusterSide {
 }
 
 impl Bridge {
-    /// `--cluster`: partitions being drained now (to be released to another instance).
-    pub fn draining_partitions(&self) -> Vec<u32> {
-        let mut v: Vec<u32> = self.cluster.drains.draining.keys().copied().collect();
-        v.sort_unstable();
-        v
-    }
-
-    /// `--cluster`: partitions drained and released since the start (the fair share
-    /// shrank), and the messages they handed over to their next owner.
-    pub fn drained(&self) -> (u64, u64) {
-        self.cluster.drains.drained
-    }
-
     /// Starts the drains the journal asked for and moves every drain on: hands over the
     /// sessions with no turn in progress, and finishes a drain with none left. Called at the
     /// end of each journal report (an outcome record made durable may end a drain).

@@ -26,6 +26,7 @@ use super::super::{Action, Bridge};
 use super::side::ClusterSide;
 use crate::cluster::{ClusterRequest, tag_parts};
 use crate::journal::RecoveredMessage;
+use crate::liveness::ClusterStatus;
 use crate::server::frame::Frame;
 use crate::wire::EncodedLine as Body;
 
@@ -45,6 +46,15 @@ pub(in crate::server::bridge) struct Forwards {
     out: u64,
     taken: u64,
     refused: u64,
+}
+
+impl Forwards {
+    /// Results offered and unanswered, taken away, taken here, refused here.
+    pub(in crate::server::bridge) fn fill_status(&self, s: &mut ClusterStatus) {
+        s.forwards_waiting = self.offered.len();
+        (s.forwarded_out, s.forwarded_in, s.forwards_refused) =
+            (self.out, self.taken, self.refused);
+    }
 }
 
 impl ClusterSide {
@@ -116,12 +126,6 @@ impl ClusterSide {
 }
 
 impl Bridge {
-    /// `--cluster`: offered and unanswered, taken away, taken here, refused here.
-    pub fn forwards(&self) -> (usize, u64, u64, u64) {
-        let f = &self.cluster.forwards;
-        (f.offered.len(), f.out, f.taken, f.refused)
-    }
-
     /// Results instance `from` holds for `platform`, whose newest hello is here: each that
     /// fits the platform's bounds goes to its outbox marked `redelivery`; the answer says
     /// which were taken.

@@ -36,6 +36,7 @@ use super::early::{EARLY_SLACK, EarlyOutcomes, Kept};
 use crate::cluster::{Arrival, ClusterReport, LoadedPartition, partition_of, tag_parts};
 use crate::core::{EventKind, RejectReason};
 use crate::journal::{Committed, Recovered, RecoveredMessage, StoredOutcome, now_ms};
+use crate::liveness::ClusterStatus;
 use crate::message::SessionKey;
 use crate::server::frame::Frame;
 use crate::wire::EncodedLine as Body;
@@ -185,6 +186,28 @@ impl ClusterSide {
         self.rebind.remove(&tag).unwrap_or_else(no_conn)
     }
 
+    /// The bridge's cluster figures, into the status: the partitions owned here, in order;
+    /// messages acked here whose outcome another instance owes (each holds its route and
+    /// its outbox reservation, within the platforms' bounds); outcomes from the stream kept
+    /// until their message is known here, and how many were dropped at their bound (the
+    /// messages in flight plus 1,024); stream entries of outcomes this instance wrote
+    /// itself, kept in case a write given up as unwritten landed after all (at most the
+    /// messages in flight plus 1,024; most are of writes whose answer came, dropped at the
+    /// bound); partitions lost or fenced since the start, and the messages they took away
+    /// from this instance (handed over to their next owner); the drains and the forwards.
+    pub(in crate::server::bridge) fn fill_status(&self, s: &mut ClusterStatus) {
+        let mut owned: Vec<u32> = self.owned.iter().copied().collect();
+        owned.sort_unstable();
+        s.owned_partitions = owned.len();
+        s.owned = owned;
+        s.remote_waiting = self.remote.len();
+        (s.early_outcomes, s.early_outcomes_dropped) = self.early.counts();
+        s.own_outcome_entries = self.landed.counts().0;
+        (s.handed_over_partitions, s.handed_over_messages) = self.handed_over;
+        self.drains.fill_status(s);
+        self.forwards.fill_status(s);
+    }
+
     /// Whether this bridge is a cluster member (`set_partitions` was called).
     pub(in crate::server::bridge) fn is_on(&self) -> bool {
         self.partitions > 0
@@ -213,25 +236,6 @@ impl Bridge {
     /// report (`ClusterLink::report`), applied first.
     pub fn journaled_with(&mut self, c: Committed, cluster: ClusterReport, now: Duration) {
         self.journal_report(c, cluster, now);
-    }
-
-    /// `--cluster`: outcomes from the stream kept until their message is known here, and
-    /// how many were dropped at their bound (the messages in flight plus 1,024).
-    pub fn early_outcomes(&self) -> (usize, u64) {
-        self.cluster.early.counts()
-    }
-
-    /// `--cluster`: stream entries of outcomes this instance wrote itself, kept in case a
-    /// write given up as unwritten landed after all (at most the messages in flight plus
-    /// 1,024; most are of writes whose answer came, dropped at the bound).
-    pub fn own_outcome_entries(&self) -> usize {
-        self.cluster.landed.counts().0
-    }
-
-    /// `--cluster`: messages acked here whose outcome another instance owes (each holds its
-    /// route and its outbox reservation, within the platforms' bounds).
-    pub fn remote_waiting(&self) -> usize {
-        self.cluster.remote.len()
     }
 
     /// The cluster's part of a journal report, applied before the rest (see
@@ -313,24 +317,20 @@ impl Bridge {
         (later, ended)
     }
 
+    /// `--cluster`: the bridge's figures in the cluster's status (the partitions owned, the
+    /// messages waiting for another instance, hand-overs, drains, forwards; the member's
+    /// and the reader's figures are the shell's).
+    pub fn cluster_status(&self) -> ClusterStatus {
+        let mut s = ClusterStatus::default();
+        self.cluster.fill_status(&mut s);
+        s
+    }
+
     /// `--cluster`: the partition count, for the partition of a session.
     pub fn set_partitions(&mut self, n: u32) {
         if self.durable.is_some() {
             self.cluster.partitions = n;
         }
-    }
-
-    /// `--cluster`: the partitions owned here, in order.
-    pub fn owned_partitions(&self) -> Vec<u32> {
-        let mut v: Vec<u32> = self.cluster.owned.iter().copied().collect();
-        v.sort_unstable();
-        v
-    }
-
-    /// `--cluster`: partitions lost or fenced since the start, and the messages they took
-    /// away from this instance (handed over to their next owner).
-    pub fn handed_over(&self) -> (u64, u64) {
-        self.cluster.handed_over
     }
 
     /// A partition lost or fenced (once per ownership): its messages leave this instance

@@ -136,7 +136,7 @@ impl BridgeServer {
         let owned = if c.fenced.is_empty() {
             Vec::new()
         } else {
-            self.bridge.owned_partitions()
+            self.bridge.cluster_status().owned
         };
         let m = &mut self.cluster;
         m.gained += c.gained.len() as u64;
@@ -189,38 +189,17 @@ impl BridgeServer {
         if m.instance.is_empty() {
             return;
         }
-        let owned = self.bridge.owned_partitions();
-        debug_assert!(owned.len() <= m.partitions as usize);
-        let (handed_over_partitions, handed_over_messages) = self.bridge.handed_over();
-        let (drained_partitions, drained_messages) = self.bridge.drained();
-        let (early_outcomes, early_outcomes_dropped) = self.bridge.early_outcomes();
         let mut s = ClusterStatus {
             instance: m.instance.clone(),
             partitions: m.partitions,
-            owned_partitions: owned.len(),
-            owned,
-            remote_waiting: self.bridge.remote_waiting(),
-            early_outcomes,
-            early_outcomes_dropped,
-            own_outcome_entries: self.bridge.own_outcome_entries(),
             gained: m.gained,
             lost: m.lost,
             fenced: m.fenced,
-            handed_over_partitions,
-            handed_over_messages,
             rebalance: m.rebalance,
             drain_ms: m.drain.as_millis() as u64,
-            draining: self.bridge.draining_partitions(),
-            drained_partitions,
-            drained_messages,
-            ..ClusterStatus::default()
+            ..self.bridge.cluster_status()
         };
-        (
-            s.forwards_waiting,
-            s.forwarded_out,
-            s.forwarded_in,
-            s.forwards_refused,
-        ) = self.bridge.forwards();
+        debug_assert!(s.owned.len() <= m.partitions as usize);
         if let Some(r) = &m.reader {
             r.fill_status(&mut s);
         }
