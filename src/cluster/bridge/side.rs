@@ -218,10 +218,21 @@ impl ClusterSide {
         self.placed.get(&tag).copied()
     }
 
-    /// The bridge's tags of the messages waiting here for another instance's outcome (the
-    /// routes in phase `Remote`).
-    pub(in crate::server::bridge) fn remote_tags(&self) -> impl Iterator<Item = u64> + '_ {
-        self.remote.values().copied()
+    /// Checks, in debug builds, that the remote index and the routes agree both ways: each
+    /// entry names a route waiting in phase `Remote`, and each such route has exactly one
+    /// entry.
+    pub(in crate::server::bridge) fn check(&self, routes: &Routes) {
+        let remote = |tag: u64| routes.get(tag).is_some_and(|r| r.phase == Phase::Remote);
+        debug_assert!(
+            self.remote.values().all(|&tag| remote(tag)),
+            "a remote entry without its route in phase Remote"
+        );
+        let waiting = routes.values().filter(|r| r.phase == Phase::Remote).count();
+        debug_assert_eq!(
+            self.remote.len(),
+            waiting,
+            "remote entries and Remote routes"
+        );
     }
 
     /// The platforms owed a reservation by the messages whose refused outcome the next
