@@ -75,6 +75,11 @@ impl ClusterSide {
         frame
     }
 
+    /// No result is another instance's to send.
+    pub(in crate::server) fn silenced(&mut self, _seq: u64) -> bool {
+        false
+    }
+
     /// No cluster tag.
     pub(in crate::server) fn stamp(&self, frame: Frame) -> Frame {
         frame
@@ -94,10 +99,6 @@ impl Bridge {
         _now: Duration,
     ) -> (Committed, Vec<u32>, Vec<u32>) {
         (c, Vec::new(), Vec::new())
-    }
-
-    pub(in crate::server) fn silenced(&mut self, _frame: &Frame) -> bool {
-        false
     }
 
     pub(in crate::server) fn hand_over(&mut self, _partition: u32) {}

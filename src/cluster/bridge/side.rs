@@ -218,6 +218,13 @@ impl ClusterSide {
         self.placed.get(&tag).copied()
     }
 
+    /// Whether the terminal event of `seq`, its outcome now recorded, is another instance's
+    /// to send (its origin's, alive): then it goes nowhere, and the bridge gives its
+    /// reservation back.
+    pub(in crate::server::bridge) fn silenced(&mut self, seq: u64) -> bool {
+        self.silent.remove(&seq)
+    }
+
     /// Checks, in debug builds, that the remote index and the routes agree both ways: each
     /// entry names a route waiting in phase `Remote`, and each such route has exactly one
     /// entry.
@@ -423,9 +430,7 @@ impl Bridge {
                 );
                 self.conns.settled(route.conn);
             }
-            self.platforms.unreserve(&route.platform, None);
-            self.delivery().release_held(&route.platform);
-            self.platforms.maybe_free(&route.platform);
+            self.delivery().give_back(&route.platform);
             self.maybe_finish(route.conn);
         }
         let counts = (sessions.len(), tags.len(), waiting);
@@ -659,18 +664,6 @@ impl Bridge {
             .of_message(tag, route.id.clone());
         self.deliver_terminal(route.conn, &route.platform, frame);
         self.maybe_finish(route.conn);
-    }
-
-    /// Whether the terminal event `frame`, its outcome now recorded, is another instance's
-    /// to send: then its reservation here is given back and it goes nowhere.
-    pub(in crate::server::bridge) fn silenced(&mut self, frame: &Frame) -> bool {
-        let silent = self.cluster.silent.remove(&frame.seq);
-        if silent && let Some(platform) = &frame.terminal_for {
-            self.platforms.unreserve(platform, None);
-            self.delivery().release_held(platform);
-            self.platforms.maybe_free(platform);
-        }
-        silent
     }
 
     /// A partition now owned here, rebuilt as recovery does; messages of it this bridge

@@ -432,7 +432,10 @@ impl Bridge {
             self.actions.push_back(Action::Submit { tag, message });
         }
         for (conn, frame) in released.outcomes {
-            if self.silenced(&frame) {
+            if self.cluster.silenced(frame.seq) {
+                if let Some(platform) = &frame.terminal_for {
+                    self.delivery().give_back(platform);
+                }
                 continue;
             }
             let frame = self.cluster.mark_foreign(frame, &self.routes);
