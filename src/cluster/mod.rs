@@ -35,6 +35,7 @@ mod member;
 mod ownership;
 #[cfg(feature = "cluster")]
 mod reader;
+pub(crate) mod shell;
 #[cfg(feature = "cluster")]
 mod store;
 

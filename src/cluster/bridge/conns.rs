@@ -7,12 +7,9 @@ use crate::server::frame::Frame;
 /// A result rescued from a dying connection that another instance could be forwarded (it
 /// has a cluster tag) is marked `redelivery`: it may have reached the platform from there.
 pub(super) fn mark_rescued(f: &mut Frame) {
-    #[cfg(feature = "cluster")]
     if f.cluster != 0 {
         f.mark_redelivery();
     }
-    #[cfg(not(feature = "cluster"))]
-    let _ = f;
 }
 
 #[cfg(feature = "cluster")]

@@ -34,14 +34,16 @@ mod off;
 mod side;
 
 #[cfg(not(feature = "cluster"))]
-pub(in crate::server) use off::{ClusterSide, Report, Request};
+pub(crate) use off::Report;
+#[cfg(not(feature = "cluster"))]
+pub(in crate::server) use off::{ClusterSide, Request};
 #[cfg(feature = "cluster")]
 pub(in crate::server) use side::ClusterSide;
 
 /// The cluster's part of a journal report (`crate::cluster::ClusterReport`; without the
 /// feature, nothing).
 #[cfg(feature = "cluster")]
-pub(in crate::server) type Report = crate::cluster::ClusterReport;
+pub(crate) type Report = crate::cluster::ClusterReport;
 /// A request of the bridge for the stream reader's connection (without the feature, none).
 #[cfg(feature = "cluster")]
 pub(in crate::server) type Request = crate::cluster::ClusterRequest;

@@ -16,7 +16,7 @@ use crate::server::frame::Frame;
 
 /// No cluster report without the feature.
 #[derive(Default)]
-pub(in crate::server) struct Report {}
+pub(crate) struct Report {}
 /// No request for a stream reader without the feature.
 pub(in crate::server) type Request = Infallible;
 

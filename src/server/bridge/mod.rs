@@ -83,7 +83,7 @@ use crate::wire::{
     ClientOp, EncodedLine as Body, LineError, ServerOp, check_platform, encode, parse_line,
 };
 use cluster::ClusterSide;
-pub(super) use cluster::Report;
+pub(crate) use cluster::Report;
 pub use config::{BridgeConfig, TERMINAL_ENVELOPE};
 use config::{HOUSEKEEPING, INTERRUPTED, POISON};
 use conns::Conns;
