@@ -152,7 +152,7 @@ impl Bridge {
             // a partition owned here): this instance delivers it either way.
             if self.routes.contains(tag)
                 || self.platforms.outbox_has(key, tag)
-                || self.conns.holds_cluster(tag)
+                || self.conns.terminals().any(|f| f.cluster == tag)
             {
                 taken.push(tag);
                 continue;
