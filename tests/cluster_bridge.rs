@@ -200,7 +200,7 @@ fn a_message_owned_elsewhere_is_acked_once_durable_answered_from_the_stream_and_
         (Some("ack"), Some("queued"))
     );
     assert!(n.submitted.is_empty(), "owned elsewhere: never run here");
-    assert_eq!(n.b.remote_waiting(), 1);
+    assert_eq!(n.b.cluster_status().remote_waiting, 1);
 
     // An outcome for another instance's message changes nothing; this one's goes out.
     n.arrive(Arrival::Outcome {
@@ -217,7 +217,7 @@ fn a_message_owned_elsewhere_is_acked_once_durable_answered_from_the_stream_and_
     let lines = n.take(c);
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(lines[0]["text"], "hello from b");
-    assert_eq!(n.b.remote_waiting(), 0);
+    assert_eq!(n.b.cluster_status().remote_waiting, 0);
     assert!(
         !n.journal
             .iter()
@@ -326,8 +326,8 @@ fn a_gained_partition_and_the_inbox_queue_their_messages_here_and_a_lost_one_is_
     );
     // Handed over once (5 was never owned here): both messages, accepted elsewhere, leave.
     assert_eq!(n.handed.len(), 1);
-    assert_eq!(n.b.handed_over(), (1, 2));
-    assert!(n.b.owned_partitions().is_empty());
+    assert_eq!(handed_over(&n.b), (1, 2));
+    assert!(n.b.cluster_status().owned.is_empty());
     // Read before the hand-over: not queued here.
     n.arrive(Arrival::Message {
         partition: 2,
@@ -428,7 +428,7 @@ fn a_lost_partition_hands_its_messages_over_without_outcomes_and_the_rest_serves
         gained.gained.push((p, Default::default()));
     }
     n.report(0, gained);
-    assert_eq!(n.b.owned_partitions(), vec![3, 4]);
+    assert_eq!(n.b.cluster_status().owned, vec![3, 4]);
     for (id, chat) in [("m1", "1"), ("m2", "1"), ("m3", "2")] {
         n.send(
             c,
@@ -500,9 +500,13 @@ fn a_lost_partition_hands_its_messages_over_without_outcomes_and_the_rest_serves
     let mut handed: Vec<String> = n.handed.concat().iter().map(|k| k.to_string()).collect();
     handed.sort();
     assert_eq!(handed, vec!["tg:dm:1", "tg:dm:7"]);
-    assert_eq!(n.b.handed_over(), (1, 3));
-    assert_eq!(n.b.owned_partitions(), vec![4]);
-    assert_eq!(n.b.remote_waiting(), 2, "m1 and m2 wait for the next owner");
+    assert_eq!(handed_over(&n.b), (1, 3));
+    assert_eq!(n.b.cluster_status().owned, vec![4]);
+    assert_eq!(
+        n.b.cluster_status().remote_waiting,
+        2,
+        "m1 and m2 wait for the next owner"
+    );
 
     // What the runtime says of them now: discarded.
     let cancelled = || EventKind::Finished(Outcome::Cancelled(CancelReason::HandedOver));
@@ -544,7 +548,7 @@ fn a_lost_partition_hands_its_messages_over_without_outcomes_and_the_rest_serves
     let lines = n.take(c);
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(lines[0]["text"], "m1 by the next owner");
-    assert_eq!(n.b.remote_waiting(), 1);
+    assert_eq!(n.b.cluster_status().remote_waiting, 1);
     // Lost again (a second report of it): nothing more.
     n.report(
         0,
@@ -553,7 +557,7 @@ fn a_lost_partition_hands_its_messages_over_without_outcomes_and_the_rest_serves
             ..ClusterReport::default()
         },
     );
-    assert_eq!((n.handed.len(), n.b.handed_over()), (1, (1, 3)));
+    assert_eq!((n.handed.len(), handed_over(&n.b)), (1, (1, 3)));
 }
 
 /// A message made durable by the report that also loses its partition is submitted before
@@ -590,7 +594,10 @@ fn a_message_durable_in_the_report_that_loses_its_partition_ends_with_it_and_a_r
     n.b.journaled_with(both, both_cluster, n.now);
     n.pump();
     assert_eq!(n.order, vec!["submit m1", "hand over 1"]);
-    assert_eq!((n.b.remote_waiting(), n.b.handed_over()), (1, (1, 1)));
+    assert_eq!(
+        (n.b.cluster_status().remote_waiting, handed_over(&n.b)),
+        (1, (1, 1))
+    );
     let message = n.messages.pop().expect("message");
     let event = |kind| MessageEvent {
         id: message.id.clone(),
@@ -628,7 +635,11 @@ fn a_message_durable_in_the_report_that_loses_its_partition_ends_with_it_and_a_r
     let mut again = ClusterReport::default();
     again.gained.push((1, loaded));
     n.report(0, again);
-    assert_eq!(n.b.remote_waiting(), 0, "taken back from its wait");
+    assert_eq!(
+        n.b.cluster_status().remote_waiting,
+        0,
+        "taken back from its wait"
+    );
     assert_eq!(n.submitted, vec![m.seq, m.seq], "submitted again");
     n.journal.clear();
     n.b.event(
@@ -822,8 +833,12 @@ fn a_draining_partition_starts_no_turn_and_is_released_only_once_its_running_tur
     let handed: Vec<String> = n.handed.concat().iter().map(|k| k.to_string()).collect();
     assert_eq!(handed, vec!["tg:dm:2"]);
     assert_eq!(n.order, vec!["hand over 1"], "no release while m1 runs");
-    assert_eq!(n.b.draining_partitions(), vec![3]);
-    assert_eq!(n.b.owned_partitions(), vec![3, 4], "owned until released");
+    assert_eq!(n.b.cluster_status().draining, vec![3]);
+    assert_eq!(
+        n.b.cluster_status().owned,
+        vec![3, 4],
+        "owned until released"
+    );
 
     // Another instance's message into the draining partition: not queued here.
     let mut inbox = RecoveredMessage {
@@ -889,11 +904,11 @@ fn a_draining_partition_starts_no_turn_and_is_released_only_once_its_running_tur
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(lines[0]["text"], "m1 done");
     assert_eq!(n.order, vec!["hand over 1", "hand over 1", "release 3"]);
-    assert_eq!(n.b.drained(), (1, 2), "m2 and m3 handed over");
-    assert_eq!(n.b.owned_partitions(), vec![4]);
-    assert!(n.b.draining_partitions().is_empty());
+    assert_eq!(drained(&n.b), (1, 2), "m2 and m3 handed over");
+    assert_eq!(n.b.cluster_status().owned, vec![4]);
+    assert!(n.b.cluster_status().draining.is_empty());
     assert_eq!(
-        n.b.remote_waiting(),
+        n.b.cluster_status().remote_waiting,
         2,
         "m2 and m3 wait for the next owner's outcome"
     );
@@ -918,7 +933,7 @@ fn a_draining_partition_starts_no_turn_and_is_released_only_once_its_running_tur
         },
     );
     assert_eq!(
-        n.b.handed_over(),
+        handed_over(&n.b),
         (0, 0),
         "a drained partition is not a lost one"
     );
@@ -949,12 +964,12 @@ fn a_drain_past_its_bound_is_handed_over_as_a_lost_partition() {
     );
     assert_eq!(n.order, vec!["hand over 1", "hand over 1"], "{:?}", n.order);
     assert_eq!(
-        n.b.handed_over(),
+        handed_over(&n.b),
         (1, 2),
         "m1 and m2 cut off with the partition"
     );
-    assert_eq!(n.b.drained(), (0, 0));
-    assert!(n.b.draining_partitions().is_empty());
+    assert_eq!(drained(&n.b), (0, 0));
+    assert!(n.b.cluster_status().draining.is_empty());
     // m1's late reply is discarded; nothing asks for a release later.
     n.b.event(
         tags[0],
@@ -1272,7 +1287,7 @@ fn an_outcome_that_comes_before_the_report_placing_its_message_is_sent_after_the
         n.take(c).is_empty(),
         "nothing before the message is durable"
     );
-    assert_eq!(n.b.early_outcomes(), (1, 0));
+    assert_eq!(early_outcomes(&n.b), (1, 0));
     n.report(
         1,
         ClusterReport {
@@ -1285,8 +1300,8 @@ fn an_outcome_that_comes_before_the_report_placing_its_message_is_sent_after_the
     let ops: Vec<_> = lines.iter().map(|l| l["op"].as_str()).collect();
     assert_eq!(ops, vec![Some("ack"), Some("done")], "{lines:?}");
     assert_eq!(lines[1]["text"], "hello from b");
-    assert_eq!(n.b.remote_waiting(), 0);
-    assert_eq!(n.b.early_outcomes(), (0, 0));
+    assert_eq!(n.b.cluster_status().remote_waiting, 0);
+    assert_eq!(early_outcomes(&n.b), (0, 0));
     // Once only: the same entry read again changes nothing.
     n.arrive(Arrival::Outcome {
         partition: 3,
@@ -1344,7 +1359,7 @@ fn the_next_owners_outcome_that_comes_while_the_turn_runs_here_is_sent_when_the_
     let lines = n.take(c);
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(lines[0]["text"], "interrupted, by the next owner");
-    assert_eq!(n.b.early_outcomes(), (0, 0));
+    assert_eq!(early_outcomes(&n.b), (0, 0));
 }
 
 /// The next owner loads and answers a message queued here before this instance hears that
@@ -1385,8 +1400,8 @@ fn the_next_owners_outcome_that_comes_before_the_hand_over_is_sent_at_it() {
     let lines = n.take(c);
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(lines[0]["text"], "by the next owner");
-    assert_eq!(n.b.remote_waiting(), 0);
-    assert_eq!(n.b.early_outcomes(), (0, 0));
+    assert_eq!(n.b.cluster_status().remote_waiting, 0);
+    assert_eq!(early_outcomes(&n.b), (0, 0));
 }
 
 /// Outcomes for messages this instance never learns of are kept within their bound (the
@@ -1409,7 +1424,7 @@ fn outcomes_kept_for_messages_not_known_here_are_bounded_and_counted() {
             outcome: done("stale", "x"),
         });
     }
-    let (kept, dropped) = n.b.early_outcomes();
+    let (kept, dropped) = early_outcomes(&n.b);
     assert!(kept <= 1025, "kept {kept}");
     assert_eq!(kept as u64 + dropped, 1026);
     assert!(dropped > 0);
@@ -1480,7 +1495,7 @@ fn a_message_waited_for_here_whose_partition_is_gained_answers_the_connection_th
             ..ClusterReport::default()
         },
     );
-    assert_eq!(n.b.remote_waiting(), 0);
+    assert_eq!(n.b.cluster_status().remote_waiting, 0);
     assert_eq!(n.submitted, vec![acc[0].seq], "m1 runs here now");
     let lines = n.take(sender);
     assert_eq!(lines.len(), 1, "{lines:?}");
@@ -1661,7 +1676,7 @@ fn a_held_turn_whose_partition_is_fenced_in_the_report_does_not_start() {
         "the turn started: {:?}",
         n.order
     );
-    assert!(n.b.owned_partitions().is_empty());
+    assert!(n.b.cluster_status().owned.is_empty());
 }
 
 /// Found by tests/simulation_cluster (seed 29): a partition lost and gained again in one
@@ -1680,5 +1695,23 @@ fn a_partition_lost_and_regained_in_one_report_is_handed_over_then_owned() {
         },
     );
     assert_eq!(n.order, vec!["hand over 1"], "{:?}", n.order);
-    assert_eq!(n.b.owned_partitions(), vec![3]);
+    assert_eq!(n.b.cluster_status().owned, vec![3]);
+}
+
+/// Partitions lost or fenced since the start, and the messages they handed over.
+fn handed_over(b: &Bridge) -> (u64, u64) {
+    let s = b.cluster_status();
+    (s.handed_over_partitions, s.handed_over_messages)
+}
+
+/// Partitions drained and released since the start, and the messages they handed over.
+fn drained(b: &Bridge) -> (u64, u64) {
+    let s = b.cluster_status();
+    (s.drained_partitions, s.drained_messages)
+}
+
+/// Outcomes from the stream kept for messages not yet known here, and those dropped.
+fn early_outcomes(b: &Bridge) -> (usize, u64) {
+    let s = b.cluster_status();
+    (s.early_outcomes, s.early_outcomes_dropped)
 }

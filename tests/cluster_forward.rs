@@ -185,7 +185,11 @@ fn a_result_whose_connection_is_gone_is_offered_again_until_taken_and_only_then_
     // ... until it is a second old (the target may have died with it).
     n.tick_at(t0 + Duration::from_millis(1000));
     assert_eq!(n.forwards(), vec![("tg".to_string(), vec![g1, g2])]);
-    assert_eq!(n.b.forwards().0, 2, "offered and unanswered");
+    assert_eq!(
+        n.b.cluster_status().forwards_waiting,
+        2,
+        "offered and unanswered"
+    );
     // A refusal leaves them; the answer that takes one drops that one only.
     n.arrive(Arrival::Took {
         platform: "tg".into(),
@@ -199,7 +203,7 @@ fn a_result_whose_connection_is_gone_is_offered_again_until_taken_and_only_then_
         refused: vec![g1],
     });
     assert_eq!(n.b.outboxed(), 1);
-    assert_eq!(n.b.forwards().1, 1, "one taken away");
+    assert_eq!(n.b.cluster_status().forwarded_out, 1, "one taken away");
     assert!(
         !n.journal
             .iter()
@@ -270,7 +274,8 @@ fn a_forwarded_result_is_taken_marked_within_the_platforms_bounds_once_and_deliv
     let ids: Vec<&str> = lines.iter().filter_map(|l| l["id"].as_str()).collect();
     assert_eq!(ids, vec!["m1", "m2"], "{lines:?}");
     assert!(lines.iter().all(|l| l["redelivery"] == true), "{lines:?}");
-    let (_, _, taken, refused) = n.b.forwards();
+    let s = n.b.cluster_status();
+    let (taken, refused) = (s.forwarded_in, s.forwards_refused);
     assert_eq!(
         (taken, refused),
         (2, 2),

@@ -11,17 +11,18 @@
 //! - `reader`: the stream reader's thread ([`Reader`]): outcomes of messages run elsewhere,
 //!   messages accepted into owned partitions, forwards;
 //!
-//! Three more parts live in this folder but are mounted (`#[path]`) where the code they extend
+//! - `shell`: the bridge server as a member ([`shell::Member`]: the threads' start, each
+//!   report paired with its completion, the reader's arrivals, the status), with its no-op
+//!   twin (`shell/off.rs`); the server holds one and gives it the bridge when it needs it.
+//!
+//! Two more parts live in this folder but are mounted (`#[path]`) where the code they extend
 //! lives, so that they reach its private rooms without widening them, and so that no room
-//! below imports from a room above (the cluster's modules here use the journal; the server
-//! and ops use the cluster, never the reverse):
+//! below imports from a room above:
 //! - `bridge/`, mounted as the bridge's `cluster` module (`server/bridge/mod.rs`): the
 //!   bridge's cluster side (`ClusterSide`, a sibling of the bridge's `Durable`: remote waits,
-//!   hand-overs, drains, forwards, early outcomes); without the feature, its no-op twin
-//!   (`bridge/off.rs`) stands in;
-//! - `shell/`, mounted as the server's `cluster` module (`server/mod.rs`): the bridge server
-//!   as a member (the threads' start, each report paired with its completion, the reader's
-//!   arrivals, the status), with its no-op twin (`shell/off.rs`);
+//!   hand-overs, drains, forwards, early outcomes, its hooks returning decisions), and the
+//!   few `impl Bridge` methods that still apply the cluster's report and arrivals across
+//!   the bridge's rooms; without the feature, its no-op twin (`bridge/off.rs`) stands in;
 //! - `metrics.rs`, mounted as ops' `cluster_metrics` (`ops/mod.rs`): the cluster's
 //!   Prometheus families, from the status's `ClusterStatus` (always compiled: the status
 //!   type is).
@@ -35,6 +36,7 @@ mod member;
 mod ownership;
 #[cfg(feature = "cluster")]
 mod reader;
+pub(crate) mod shell;
 #[cfg(feature = "cluster")]
 mod store;
 

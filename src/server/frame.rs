@@ -46,7 +46,7 @@ pub(super) struct Frame {
     pub redelivery: bool,
     /// `--cluster`: a terminal event's message as Redis knows it (its cluster tag; 0: not
     /// known), so that another instance can be forwarded it (`cluster/bridge/forward.rs`).
-    #[cfg(feature = "cluster")]
+    /// Always 0 in a single instance (and without the `cluster` feature).
     pub cluster: u64,
     cursor: Cursor,
 }
@@ -65,7 +65,6 @@ impl Frame {
             seq: 0,
             msg_id: None,
             redelivery: false,
-            #[cfg(feature = "cluster")]
             cluster: 0,
             cursor: Cursor::default(),
         }

@@ -10,10 +10,8 @@
 //! the same poll.
 
 pub(crate) mod bridge;
-// The server as a cluster member (or its no-op twin), in the cluster's wing.
-#[path = "../cluster/shell/mod.rs"]
-mod cluster;
 mod dedup;
+mod durability;
 mod fair;
 mod frame;
 mod lines;
@@ -31,8 +29,9 @@ use mio::event::Event;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events as MioEvents, Interest, Poll, Registry, Token};
 
+use crate::cluster::shell::Member;
 use crate::core::MessageEvent;
-use crate::journal::{Journal, JournalConfig, Store, StoreError};
+use crate::journal::{Journal, JournalConfig, Store};
 use crate::liveness::{FrontendStatus, ServiceStatus};
 use crate::reactor::{Ctx, Frontend};
 use crate::tls::{ServerTls, Transport};
@@ -163,7 +162,7 @@ pub struct BridgeServer {
     journal_wakes: u64,
     /// `--cluster`: the reader and what starts with the server.
     /// The cluster member's parts (`--cluster`; inert otherwise).
-    cluster: cluster::Member,
+    cluster: Member,
 }
 
 impl BridgeServer {
@@ -220,29 +219,8 @@ impl BridgeServer {
             journal: None,
             journal_wake: None,
             journal_wakes: 0,
-            cluster: cluster::Member::default(),
+            cluster: Member::default(),
         })
-    }
-
-    /// Turns durability on: loads what `store` holds and rebuilds the bridge's state from it
-    /// (the bridge's config must have `journal` set), then journals to it from a thread once
-    /// the server is registered. A store that cannot be read is an error: the gateway must
-    /// not start over a journal it cannot trust.
-    pub fn with_journal<S: Store + 'static>(
-        mut self,
-        mut store: S,
-        cfg: JournalConfig,
-    ) -> Result<(BridgeServer, RecoveryCounts), StoreError> {
-        if !self.bridge.config().journal {
-            return Err(StoreError::unusable(
-                "the bridge config does not have journal set",
-            ));
-        }
-        let wall = crate::journal::now_ms();
-        let recovered = store.load(wall)?;
-        let counts = self.bridge.recover(recovered, wall, Duration::ZERO);
-        self.store = Some((Box::new(store), cfg));
-        Ok((self, counts))
     }
 
     fn on_journal(&mut self) {
@@ -256,10 +234,10 @@ impl BridgeServer {
         };
         let done: Vec<_> = j.completions().collect();
         for c in done {
-            let report = self.cluster_report();
+            let report = self.cluster.take_report(&self.bridge);
             self.bridge.journal_report(c, report, self.now);
         }
-        self.cluster_arrivals();
+        self.cluster.arrivals(&mut self.bridge, self.now);
     }
 
     /// Replaces the auth token for hellos from now on (a reload); false when the change
@@ -470,8 +448,8 @@ impl BridgeServer {
                 (Action::HandOver(sessions), Some(ctx)) => ctx.hand_over(sessions),
                 // In order with the submissions deferred before it.
                 (deferred @ Action::HandOver(_), None) => self.deferred.push(deferred),
-                (Action::ReleasePartition(p), _) => self.release_drained(p),
-                (Action::Cluster(r), _) => self.cluster_request(r),
+                (Action::ReleasePartition(p), _) => self.cluster.release_drained(p),
+                (Action::Cluster(r), _) => self.cluster.request(r),
                 (Action::Close(id), _) => self.drop_socket(id),
                 (Action::Journal(r), _) => match &self.journal {
                     Some(j) => j.send(r),
@@ -653,7 +631,9 @@ impl Frontend for BridgeServer {
             let (sender, mut receiver) = mio::unix::pipe::new()?;
             registry.register(&mut receiver, JOURNAL, Interest::READABLE)?;
             self.journal_wake = Some(receiver);
-            self.start_cluster(sender)?;
+            if let Some(journal) = self.cluster.start(sender)? {
+                self.journal = Some(journal);
+            }
         }
         Ok(())
     }
@@ -859,7 +839,7 @@ impl Frontend for BridgeServer {
         let mut status = self.bridge.status();
         status.tls = self.tls.is_some();
         status.tls_cert_not_after_unix_s = self.tls.as_ref().and_then(ServerTls::not_after_unix_s);
-        self.cluster_status(&mut status);
+        self.cluster.fill_status(&self.bridge, &mut status);
         if let Some(j) = &mut status.journal {
             j.wakes = self.journal_wakes;
             if let Some(journal) = &self.journal {

@@ -23,7 +23,11 @@
 
 use std::collections::{HashMap, HashSet};
 
+use super::super::durable::Durable;
+use super::super::routes::Routes;
 use super::super::{Action, Bridge};
+use super::side::ClusterSide;
+use crate::liveness::ClusterStatus;
 use crate::message::SessionKey;
 
 /// The drains in progress and the turns they wait for.
@@ -55,57 +59,53 @@ impl Drains {
         self.running.retain(|_, (p, _)| *p != partition);
     }
 
+    /// Partitions being drained now (to be released to another instance), in order; and
+    /// those drained and released since the start (the fair share shrank), and the messages
+    /// they handed over to their next owner.
+    pub(in crate::server::bridge) fn fill_status(&self, s: &mut ClusterStatus) {
+        s.draining = self.draining.keys().copied().collect();
+        s.draining.sort_unstable();
+        (s.drained_partitions, s.drained_messages) = self.drained;
+    }
+
     /// The journal named these partitions to drain.
     pub(in crate::server::bridge) fn ask(&mut self, partitions: Vec<u32>) {
         self.pending.extend(partitions);
     }
 }
 
-impl Bridge {
-    /// `--cluster`: partitions being drained now (to be released to another instance).
-    pub fn draining_partitions(&self) -> Vec<u32> {
-        let mut v: Vec<u32> = self.cluster.drains.draining.keys().copied().collect();
-        v.sort_unstable();
-        v
-    }
-
-    /// `--cluster`: partitions drained and released since the start (the fair share
-    /// shrank), and the messages they handed over to their next owner.
-    pub fn drained(&self) -> (u64, u64) {
-        self.cluster.drains.drained
-    }
-
+impl ClusterSide {
     /// The held-turn gate: a turn of `tag` was claimed (its `started` record is about to be
     /// written). True if its partition is draining: the record is not written and the turn
     /// stays held until its session is handed over. Else the turn is counted as running in
-    /// its partition until its outcome record is durable.
-    pub(in crate::server::bridge) fn drain_gate(&mut self, tag: u64, session: &SessionKey) -> bool {
-        let routes = self.routes.len();
-        let Some(d) = &self.durable else {
+    /// its partition until its outcome record is durable (an entry whose message has no
+    /// route in `routes` and no terminal event waiting in `durable` is pruned). Never under
+    /// `--data-dir` alone (no partition owned), where a turn start pays nothing for it.
+    pub(in crate::server::bridge) fn turn_gate(
+        &mut self,
+        tag: u64,
+        session: &SessionKey,
+        routes: &Routes,
+        durable: Option<&Durable>,
+    ) -> bool {
+        let Some(d) = durable.filter(|_| self.owns_partitions()) else {
             return false;
         };
-        let cluster = &mut self.cluster;
-        let p = cluster.partition_of_route(tag, session);
-        if cluster.drains.is_draining(p) {
+        let p = self.partition_of_route(tag, session);
+        if self.drains.is_draining(p) {
             log::debug!("session {session}: partition {p} is draining; its turn is not started");
             return true;
         }
-        cluster.drains.running.insert(tag, (p, session.clone()));
-        if cluster.drains.running.len() > 2 * routes + 64 {
-            let over: Vec<u64> = cluster
-                .drains
-                .running
-                .keys()
-                .filter(|&&t| !self.routes.contains(t) && !d.is_unjournaled(t))
-                .copied()
-                .collect();
-            for t in over {
-                cluster.drains.running.remove(&t);
-            }
+        let running = &mut self.drains.running;
+        running.insert(tag, (p, session.clone()));
+        if running.len() > 2 * routes.len() + 64 {
+            running.retain(|&t, _| routes.contains(t) || d.is_unjournaled(t));
         }
         false
     }
+}
 
+impl Bridge {
     /// Starts the drains the journal asked for and moves every drain on: hands over the
     /// sessions with no turn in progress, and finishes a drain with none left. Called at the
     /// end of each journal report (an outcome record made durable may end a drain).

@@ -21,9 +21,12 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::super::platforms::Platforms;
 use super::super::{Action, Bridge};
+use super::side::ClusterSide;
 use crate::cluster::{ClusterRequest, tag_parts};
 use crate::journal::RecoveredMessage;
+use crate::liveness::ClusterStatus;
 use crate::server::frame::Frame;
 use crate::wire::EncodedLine as Body;
 
@@ -45,34 +48,32 @@ pub(in crate::server::bridge) struct Forwards {
     refused: u64,
 }
 
-impl Bridge {
-    fn clustered_here(&self) -> bool {
-        self.durable.is_some() && self.cluster.is_on()
+impl Forwards {
+    /// Results offered and unanswered, taken away, taken here, refused here.
+    pub(in crate::server::bridge) fn fill_status(&self, s: &mut ClusterStatus) {
+        s.forwards_waiting = self.offered.len();
+        (s.forwarded_out, s.forwarded_in, s.forwards_refused) =
+            (self.out, self.taken, self.refused);
     }
+}
 
-    /// `--cluster`: offered and unanswered, taken away, taken here, refused here.
-    pub fn forwards(&self) -> (usize, u64, u64, u64) {
-        let f = &self.cluster.forwards;
-        (f.offered.len(), f.out, f.taken, f.refused)
-    }
-
-    /// A hello of `platform` here: the registry is told (off the loop).
-    pub(in crate::server::bridge) fn said_hello(&mut self, platform: &Arc<str>) {
-        if self.clustered_here() {
-            let r = ClusterRequest::Hello(platform.to_string());
-            self.actions.push_back(Action::Cluster(r));
-        }
+impl ClusterSide {
+    /// A hello of `platform` here: the registry is to be told (off the loop), by this
+    /// request.
+    pub(in crate::server::bridge) fn hello(&self, platform: &Arc<str>) -> Option<ClusterRequest> {
+        self.is_on()
+            .then(|| ClusterRequest::Hello(platform.to_string()))
     }
 
     /// A terminal event about to be delivered learns its cluster tag, by which another
     /// instance can find its message in Redis should it be forwarded.
-    pub(in crate::server::bridge) fn stamp_cluster(&self, mut frame: Frame) -> Frame {
+    pub(in crate::server::bridge) fn stamp(&self, mut frame: Frame) -> Frame {
         if frame.cluster != 0 || frame.terminal_for.is_none() {
             return frame;
         }
         if tag_parts(frame.seq).is_some() {
             frame.cluster = frame.seq;
-        } else if let Some(ct) = self.cluster.cluster_tag_of(frame.seq) {
+        } else if let Some(ct) = self.cluster_tag_of(frame.seq) {
             frame.cluster = ct;
         }
         frame
@@ -80,14 +81,19 @@ impl Bridge {
 
     /// Housekeeping: the results of platforms with no connection here are offered to the
     /// instance of their newest hello, each again once its last offer is [`FORWARD_RETRY`]
-    /// old.
-    pub(in crate::server::bridge) fn offer_forwards(&mut self, now: Duration) {
-        if !self.clustered_here() {
-            return;
+    /// old. Returns the offers to make (the bridge marks their results offered, see
+    /// `Platforms::mark_offered`, and sends each request).
+    pub(in crate::server::bridge) fn offers(
+        &mut self,
+        platforms: &Platforms,
+        now: Duration,
+    ) -> Vec<(Arc<str>, Vec<u64>, ClusterRequest)> {
+        if !self.is_on() {
+            return Vec::new();
         }
-        let unattended = self.platforms.unattended();
-        let f = &mut self.cluster.forwards;
-        for (platform, tags) in unattended {
+        let f = &mut self.forwards;
+        let mut offers = Vec::new();
+        for (platform, tags) in platforms.unattended() {
             let due: Vec<u64> = tags
                 .into_iter()
                 .filter(|t| {
@@ -103,23 +109,23 @@ impl Bridge {
             for &t in &due {
                 f.offered.insert(t, now);
             }
-            // Sent from here later (a hello here before the answer), they are marked: the
-            // taker may have sent them already (tests/simulation_cluster, seed 4).
-            self.platforms.mark_offered(&platform, &due);
             let r = ClusterRequest::Forward {
                 platform: platform.to_string(),
-                results: due,
+                results: due.clone(),
             };
-            self.actions.push_back(Action::Cluster(r));
+            offers.push((platform, due, r));
         }
         // Bounded by the outboxes: an offered result that left another way (a hello here
         // took it, it went stale) is forgotten.
-        if f.offered.len() > self.platforms.outboxed() + 64 {
-            let present = self.platforms.outboxed_tags();
+        if f.offered.len() > platforms.outboxed() + 64 {
+            let present = platforms.outboxed_tags();
             f.offered.retain(|t, _| present.contains(t));
         }
+        offers
     }
+}
 
+impl Bridge {
     /// Results instance `from` holds for `platform`, whose newest hello is here: each that
     /// fits the platform's bounds goes to its outbox marked `redelivery`; the answer says
     /// which were taken.
@@ -146,7 +152,7 @@ impl Bridge {
             // a partition owned here): this instance delivers it either way.
             if self.routes.contains(tag)
                 || self.platforms.outbox_has(key, tag)
-                || self.conns.holds_cluster(tag)
+                || self.conns.terminals().any(|f| f.cluster == tag)
             {
                 taken.push(tag);
                 continue;

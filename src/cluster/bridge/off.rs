@@ -5,7 +5,9 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::super::routes::{Routes, no_conn};
+use super::super::durable::Durable;
+use super::super::platforms::Platforms;
+use super::super::routes::{Phase, Routes, no_conn};
 use super::super::{Bridge, ConnId};
 use crate::core::EventKind;
 use crate::journal::Committed;
@@ -14,7 +16,7 @@ use crate::server::frame::Frame;
 
 /// No cluster report without the feature.
 #[derive(Default)]
-pub(in crate::server) struct Report {}
+pub(crate) struct Report {}
 /// No request for a stream reader without the feature.
 pub(in crate::server) type Request = Infallible;
 
@@ -28,30 +30,68 @@ impl ClusterSide {
         true
     }
 
-    /// No message waits for another instance.
-    pub(in crate::server) fn remote_tags(&self) -> std::iter::Empty<u64> {
-        std::iter::empty()
+    /// No message waits for another instance: none in phase `Remote`.
+    pub(in crate::server) fn check(&self, routes: &Routes) {
+        debug_assert!(routes.values().all(|r| r.phase != Phase::Remote));
     }
 
     /// No result waits for another instance.
     pub(in crate::server) fn orphan_platforms(&self) -> std::iter::Empty<&str> {
         std::iter::empty()
     }
-}
 
-impl Bridge {
+    /// No message is handed over: none of its events is discarded.
     pub(in crate::server) fn handed_event(&mut self, _tag: u64, _kind: &EventKind) -> bool {
         false
     }
 
-    pub(in crate::server) fn turn_gate(&mut self, _tag: u64, _session: &SessionKey) -> bool {
+    /// No partition drains: every turn may start.
+    pub(in crate::server) fn turn_gate(
+        &mut self,
+        _tag: u64,
+        _session: &SessionKey,
+        _routes: &Routes,
+        _durable: Option<&Durable>,
+    ) -> bool {
         false
     }
 
-    pub(in crate::server) fn said_hello(&mut self, _platform: &Arc<str>) {}
+    /// No hello registry.
+    pub(in crate::server) fn hello(&self, _platform: &Arc<str>) -> Option<Request> {
+        None
+    }
 
-    pub(in crate::server) fn offer_forwards(&mut self, _now: Duration) {}
+    /// No forwards.
+    pub(in crate::server) fn offers(
+        &mut self,
+        _platforms: &Platforms,
+        _now: Duration,
+    ) -> Vec<(Arc<str>, Vec<u64>, Request)> {
+        Vec::new()
+    }
 
+    /// No result is another instance's.
+    pub(in crate::server) fn mark_foreign(&mut self, frame: Frame, _routes: &Routes) -> Frame {
+        frame
+    }
+
+    /// No result is another instance's to send.
+    pub(in crate::server) fn silenced(&mut self, _seq: u64) -> bool {
+        false
+    }
+
+    /// No cluster tag.
+    pub(in crate::server) fn stamp(&self, frame: Frame) -> Frame {
+        frame
+    }
+
+    /// No message waits for a rebuilt partition.
+    pub(in crate::server) fn rebound(&mut self, _tag: u64) -> ConnId {
+        no_conn()
+    }
+}
+
+impl Bridge {
     pub(in crate::server) fn cluster_part(
         &mut self,
         c: Committed,
@@ -61,23 +101,7 @@ impl Bridge {
         (c, Vec::new(), Vec::new())
     }
 
-    pub(in crate::server) fn silenced(&mut self, _frame: &Frame) -> bool {
-        false
-    }
-
-    pub(in crate::server) fn mark_foreign(&mut self, frame: Frame) -> Frame {
-        frame
-    }
-
     pub(in crate::server) fn hand_over(&mut self, _partition: u32) {}
 
     pub(in crate::server) fn drain_step(&mut self) {}
-
-    pub(in crate::server) fn stamp_cluster(&self, frame: Frame) -> Frame {
-        frame
-    }
-
-    pub(in crate::server) fn rebound(&mut self, _tag: u64) -> ConnId {
-        no_conn()
-    }
 }

@@ -36,6 +36,7 @@ use super::early::{EARLY_SLACK, EarlyOutcomes, Kept};
 use crate::cluster::{Arrival, ClusterReport, LoadedPartition, partition_of, tag_parts};
 use crate::core::{EventKind, RejectReason};
 use crate::journal::{Committed, Recovered, RecoveredMessage, StoredOutcome, now_ms};
+use crate::liveness::ClusterStatus;
 use crate::message::SessionKey;
 use crate::server::frame::Frame;
 use crate::wire::EncodedLine as Body;
@@ -129,6 +130,84 @@ impl ClusterSide {
             .is_none_or(|route| !ended.contains(&self.partition_of_route(tag, &route.session)))
     }
 
+    /// Whether this instance owns a partition (`--cluster`): never under `--data-dir` alone,
+    /// where a turn start pays nothing for the cluster's bookkeeping.
+    pub(in crate::server::bridge) fn owns_partitions(&self) -> bool {
+        !self.owned.is_empty()
+    }
+
+    /// Whether a runtime event of `tag` is one of a handed-over message's, to be discarded:
+    /// its start, partials and terminal event (which ends the discarding). Its acceptance
+    /// still acks it (it is durable; the ack may not have gone yet when the same report
+    /// handed it over), a refusal still refuses it (and ends the discarding), a turn's end
+    /// still ends its typing.
+    pub(in crate::server::bridge) fn handed_event(&mut self, tag: u64, kind: &EventKind) -> bool {
+        if !self.handed.contains(&tag) {
+            return false;
+        }
+        match kind {
+            EventKind::Accepted { .. } | EventKind::TurnEnded(_) => false,
+            EventKind::Rejected(_) => {
+                self.handed.remove(&tag);
+                false
+            }
+            EventKind::Finished(_) => {
+                self.handed.remove(&tag);
+                true
+            }
+            EventKind::TurnStarted(_) | EventKind::Partial(_) => true,
+        }
+    }
+
+    /// A terminal event about to go out here for a message another instance accepted, that
+    /// instance taken for dead: marked `redelivery`, since its origin may send it as well
+    /// (docs/cluster.md "Where the result goes": a result sent on an instance other than its
+    /// origin's may have been seen).
+    pub(in crate::server::bridge) fn mark_foreign(
+        &mut self,
+        mut frame: Frame,
+        routes: &Routes,
+    ) -> Frame {
+        if self.foreign.remove(&frame.seq) {
+            frame.mark_redelivery();
+        }
+        // Bounded by the messages in flight: one that left another way (handed over,
+        // refused) is dropped here.
+        if self.foreign.len() > routes.len() + 64 {
+            self.foreign.retain(|&tag| routes.contains(tag));
+        }
+        frame
+    }
+
+    /// The connection the result of a message being rebuilt goes to: the one that sent it,
+    /// when it waited here for another instance's outcome (see `gained`); else none (its
+    /// platform's newest hello, as for any recovered message).
+    pub(in crate::server::bridge) fn rebound(&mut self, tag: u64) -> ConnId {
+        self.rebind.remove(&tag).unwrap_or_else(no_conn)
+    }
+
+    /// The bridge's cluster figures, into the status: the partitions owned here, in order;
+    /// messages acked here whose outcome another instance owes (each holds its route and
+    /// its outbox reservation, within the platforms' bounds); outcomes from the stream kept
+    /// until their message is known here, and how many were dropped at their bound (the
+    /// messages in flight plus 1,024); stream entries of outcomes this instance wrote
+    /// itself, kept in case a write given up as unwritten landed after all (at most the
+    /// messages in flight plus 1,024; most are of writes whose answer came, dropped at the
+    /// bound); partitions lost or fenced since the start, and the messages they took away
+    /// from this instance (handed over to their next owner); the drains and the forwards.
+    pub(in crate::server::bridge) fn fill_status(&self, s: &mut ClusterStatus) {
+        let mut owned: Vec<u32> = self.owned.iter().copied().collect();
+        owned.sort_unstable();
+        s.owned_partitions = owned.len();
+        s.owned = owned;
+        s.remote_waiting = self.remote.len();
+        (s.early_outcomes, s.early_outcomes_dropped) = self.early.counts();
+        s.own_outcome_entries = self.landed.counts().0;
+        (s.handed_over_partitions, s.handed_over_messages) = self.handed_over;
+        self.drains.fill_status(s);
+        self.forwards.fill_status(s);
+    }
+
     /// Whether this bridge is a cluster member (`set_partitions` was called).
     pub(in crate::server::bridge) fn is_on(&self) -> bool {
         self.partitions > 0
@@ -139,10 +218,28 @@ impl ClusterSide {
         self.placed.get(&tag).copied()
     }
 
-    /// The bridge's tags of the messages waiting here for another instance's outcome (the
-    /// routes in phase `Remote`).
-    pub(in crate::server::bridge) fn remote_tags(&self) -> impl Iterator<Item = u64> + '_ {
-        self.remote.values().copied()
+    /// Whether the terminal event of `seq`, its outcome now recorded, is another instance's
+    /// to send (its origin's, alive): then it goes nowhere, and the bridge gives its
+    /// reservation back.
+    pub(in crate::server::bridge) fn silenced(&mut self, seq: u64) -> bool {
+        self.silent.remove(&seq)
+    }
+
+    /// Checks, in debug builds, that the remote index and the routes agree both ways: each
+    /// entry names a route waiting in phase `Remote`, and each such route has exactly one
+    /// entry.
+    pub(in crate::server::bridge) fn check(&self, routes: &Routes) {
+        let remote = |tag: u64| routes.get(tag).is_some_and(|r| r.phase == Phase::Remote);
+        debug_assert!(
+            self.remote.values().all(|&tag| remote(tag)),
+            "a remote entry without its route in phase Remote"
+        );
+        let waiting = routes.values().filter(|r| r.phase == Phase::Remote).count();
+        debug_assert_eq!(
+            self.remote.len(),
+            waiting,
+            "remote entries and Remote routes"
+        );
     }
 
     /// The platforms owed a reservation by the messages whose refused outcome the next
@@ -153,41 +250,10 @@ impl ClusterSide {
 }
 
 impl Bridge {
-    /// Whether this bridge owns a partition (`--cluster`): never under `--data-dir` alone,
-    /// where a turn start pays nothing for the cluster's bookkeeping.
-    pub(in crate::server::bridge) fn owns_partitions(&self) -> bool {
-        !self.cluster.owned.is_empty()
-    }
-
     /// [`Bridge::journaled`] for a cluster member: `cluster` is the cluster's part of the same
     /// report (`ClusterLink::report`), applied first.
     pub fn journaled_with(&mut self, c: Committed, cluster: ClusterReport, now: Duration) {
         self.journal_report(c, cluster, now);
-    }
-
-    /// The held-turn gate of a cluster member: true if the turn of `tag` must stay held
-    /// (its partition is draining, see `drain.rs`); never under `--data-dir` alone.
-    pub(in crate::server::bridge) fn turn_gate(&mut self, tag: u64, session: &SessionKey) -> bool {
-        self.owns_partitions() && self.drain_gate(tag, session)
-    }
-
-    /// `--cluster`: outcomes from the stream kept until their message is known here, and
-    /// how many were dropped at their bound (the messages in flight plus 1,024).
-    pub fn early_outcomes(&self) -> (usize, u64) {
-        self.cluster.early.counts()
-    }
-
-    /// `--cluster`: stream entries of outcomes this instance wrote itself, kept in case a
-    /// write given up as unwritten landed after all (at most the messages in flight plus
-    /// 1,024; most are of writes whose answer came, dropped at the bound).
-    pub fn own_outcome_entries(&self) -> usize {
-        self.cluster.landed.counts().0
-    }
-
-    /// `--cluster`: messages acked here whose outcome another instance owes (each holds its
-    /// route and its outbox reservation, within the platforms' bounds).
-    pub fn remote_waiting(&self) -> usize {
-        self.cluster.remote.len()
     }
 
     /// The cluster's part of a journal report, applied before the rest (see
@@ -269,24 +335,20 @@ impl Bridge {
         (later, ended)
     }
 
+    /// `--cluster`: the bridge's figures in the cluster's status (the partitions owned, the
+    /// messages waiting for another instance, hand-overs, drains, forwards; the member's
+    /// and the reader's figures are the shell's).
+    pub fn cluster_status(&self) -> ClusterStatus {
+        let mut s = ClusterStatus::default();
+        self.cluster.fill_status(&mut s);
+        s
+    }
+
     /// `--cluster`: the partition count, for the partition of a session.
     pub fn set_partitions(&mut self, n: u32) {
         if self.durable.is_some() {
             self.cluster.partitions = n;
         }
-    }
-
-    /// `--cluster`: the partitions owned here, in order.
-    pub fn owned_partitions(&self) -> Vec<u32> {
-        let mut v: Vec<u32> = self.cluster.owned.iter().copied().collect();
-        v.sort_unstable();
-        v
-    }
-
-    /// `--cluster`: partitions lost or fenced since the start, and the messages they took
-    /// away from this instance (handed over to their next owner).
-    pub fn handed_over(&self) -> (u64, u64) {
-        self.cluster.handed_over
     }
 
     /// A partition lost or fenced (once per ownership): its messages leave this instance
@@ -368,9 +430,7 @@ impl Bridge {
                 );
                 self.conns.settled(route.conn);
             }
-            self.platforms.unreserve(&route.platform, None);
-            self.delivery().release_held(&route.platform);
-            self.platforms.maybe_free(&route.platform);
+            self.delivery().give_back(&route.platform);
             self.maybe_finish(route.conn);
         }
         let counts = (sessions.len(), tags.len(), waiting);
@@ -383,29 +443,6 @@ impl Bridge {
             self.remote_outcome(tag, outcome);
         }
         counts
-    }
-
-    /// Whether a runtime event of `tag` is one of a handed-over message's, to be discarded:
-    /// its start, partials and terminal event (which ends the discarding). Its acceptance
-    /// still acks it (it is durable; the ack may not have gone yet when the same report
-    /// handed it over), a refusal still refuses it (and ends the discarding), a turn's end
-    /// still ends its typing.
-    pub(in crate::server::bridge) fn handed_event(&mut self, tag: u64, kind: &EventKind) -> bool {
-        if !self.cluster.handed.contains(&tag) {
-            return false;
-        }
-        match kind {
-            EventKind::Accepted { .. } | EventKind::TurnEnded(_) => false,
-            EventKind::Rejected(_) => {
-                self.cluster.handed.remove(&tag);
-                false
-            }
-            EventKind::Finished(_) => {
-                self.cluster.handed.remove(&tag);
-                true
-            }
-            EventKind::TurnStarted(_) | EventKind::Partial(_) => true,
-        }
     }
 
     /// The outcome record of `seq` was not written (fenced, or its partition no longer held):
@@ -629,35 +666,6 @@ impl Bridge {
         self.maybe_finish(route.conn);
     }
 
-    /// A terminal event about to go out here for a message another instance accepted, that
-    /// instance taken for dead: marked `redelivery`, since its origin may send it as well
-    /// (docs/cluster.md "Where the result goes": a result sent on an instance other than its
-    /// origin's may have been seen).
-    pub(in crate::server::bridge) fn mark_foreign(&mut self, mut frame: Frame) -> Frame {
-        if self.cluster.foreign.remove(&frame.seq) {
-            frame.mark_redelivery();
-        }
-        // Bounded by the messages in flight: one that left another way (handed over,
-        // refused) is dropped here.
-        if self.cluster.foreign.len() > self.routes.len() + 64 {
-            let routes = &self.routes;
-            self.cluster.foreign.retain(|&tag| routes.contains(tag));
-        }
-        frame
-    }
-
-    /// Whether the terminal event `frame`, its outcome now recorded, is another instance's
-    /// to send: then its reservation here is given back and it goes nowhere.
-    pub(in crate::server::bridge) fn silenced(&mut self, frame: &Frame) -> bool {
-        let silent = self.cluster.silent.remove(&frame.seq);
-        if silent && let Some(platform) = &frame.terminal_for {
-            self.platforms.unreserve(platform, None);
-            self.delivery().release_held(platform);
-            self.platforms.maybe_free(platform);
-        }
-        silent
-    }
-
     /// A partition now owned here, rebuilt as recovery does; messages of it this bridge
     /// waited for remotely leave their wait first (their results go to the connection that
     /// sent them, if it is still open; else to the platform, as a recovered message's do).
@@ -731,12 +739,5 @@ impl Bridge {
             "every rebound message was rebuilt"
         );
         self.cluster.rebind.clear();
-    }
-
-    /// The connection the result of a message being rebuilt goes to: the one that sent it,
-    /// when it waited here for another instance's outcome (see `gained`); else none (its
-    /// platform's newest hello, as for any recovered message).
-    pub(in crate::server::bridge) fn rebound(&mut self, tag: u64) -> ConnId {
-        self.cluster.rebind.remove(&tag).unwrap_or_else(no_conn)
     }
 }

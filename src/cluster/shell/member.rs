@@ -9,15 +9,16 @@
 
 use std::io;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::cluster::{ClusterLink, ClusterReport, ClusterRequest, Reader, RedisStore};
-use crate::journal::{Journal, JournalConfig, StoreError, now_ms};
+use crate::journal::{Journal, JournalConfig};
 use crate::liveness::{BridgeStatus, ClusterStatus};
-use crate::server::BridgeServer;
+use crate::server::bridge::Bridge;
 
 /// A cluster member's parts: until `register`, then while serving.
 #[derive(Default)]
-pub(in crate::server) struct Member {
+pub(crate) struct Member {
     pending: Option<Pending>,
     reader: Option<Reader>,
     /// The journal thread's cluster side: its reports, the drains' ends, the untags.
@@ -27,7 +28,7 @@ pub(in crate::server) struct Member {
     instance: String,
     partitions: u32,
     rebalance: bool,
-    drain: std::time::Duration,
+    drain: Duration,
     /// Partitions gained, lost and fenced since the start, as the journal reported them
     /// (fenced: only those owned here then, and not lost in the same report, so that each
     /// ownership ends once in `lost + fenced`).
@@ -44,61 +45,55 @@ struct Pending {
 }
 
 impl Member {
-    pub(in crate::server) fn is_pending(&self) -> bool {
+    /// A cluster member's parts, until the server is registered (`BridgeServer::with_cluster`):
+    /// messages are journaled in Redis through `journal` (its own connection) and the
+    /// partitions' streams read through `reader` (a second connection); at most
+    /// `session_cap` messages of one session are in flight across the cluster. Nothing is
+    /// loaded here: partitions are loaded as they are gained, once the server runs.
+    pub(crate) fn new(
+        journal: RedisStore,
+        reader: RedisStore,
+        session_cap: usize,
+        cfg: JournalConfig,
+    ) -> Member {
+        Member {
+            instance: journal.instance().to_owned(),
+            partitions: journal.partitions(),
+            rebalance: journal.rebalance(),
+            drain: journal.drain(),
+            pending: Some(Pending {
+                journal,
+                reader,
+                session_cap,
+                cfg,
+            }),
+            ..Member::default()
+        }
+    }
+
+    /// `--partitions`, for the bridge.
+    pub(crate) fn partitions(&self) -> u32 {
+        self.partitions
+    }
+
+    pub(crate) fn is_pending(&self) -> bool {
         self.pending.is_some()
     }
 
     /// The cluster's part of the journal completion just taken (one per completion, in
     /// order; empty without a cluster journal).
-    pub(in crate::server) fn report(&self) -> ClusterReport {
+    pub(crate) fn report(&self) -> ClusterReport {
         self.link
             .as_ref()
             .map(ClusterLink::report)
             .unwrap_or_default()
     }
-}
 
-impl BridgeServer {
-    /// Makes the server a cluster member: messages are journaled in Redis through
-    /// `journal` (its own connection) and the partitions' streams read through `reader` (a
-    /// second connection); at most `session_cap` messages of one session are in flight
-    /// across the cluster. The bridge's config must have `journal` set. Nothing is loaded
-    /// here: partitions are loaded as they are gained, once the server runs.
-    pub fn with_cluster(
-        mut self,
-        journal: RedisStore,
-        reader: RedisStore,
-        session_cap: usize,
-        cfg: JournalConfig,
-    ) -> Result<BridgeServer, StoreError> {
-        if !self.bridge.config().journal {
-            return Err(StoreError::unusable(
-                "the bridge config does not have journal set",
-            ));
-        }
-        // The bridge's clock starts at zero with the server.
-        self.bridge.set_wall_clock(now_ms());
-        self.bridge.set_partitions(journal.partitions());
-        self.cluster.instance = journal.instance().to_owned();
-        self.cluster.partitions = journal.partitions();
-        self.cluster.rebalance = journal.rebalance();
-        self.cluster.drain = journal.drain();
-        self.cluster.pending = Some(Pending {
-            journal,
-            reader,
-            session_cap,
-            cfg,
-        });
-        Ok(self)
-    }
-
-    /// Starts the journal thread and the reader, both waking the reactor through `pipe`.
-    pub(in crate::server) fn start_cluster(
-        &mut self,
-        pipe: mio::unix::pipe::Sender,
-    ) -> io::Result<()> {
-        let Some(p) = self.cluster.pending.take() else {
-            return Ok(());
+    /// Starts the journal thread and the reader, both waking the reactor through `pipe`;
+    /// returns the journal thread, which the server takes completions from.
+    pub(crate) fn start(&mut self, pipe: mio::unix::pipe::Sender) -> io::Result<Option<Journal>> {
+        let Some(p) = self.pending.take() else {
+            return Ok(None);
         };
         let pipe = Arc::new(pipe);
         let waker = |pipe: Arc<mio::unix::pipe::Sender>| {
@@ -114,39 +109,37 @@ impl BridgeServer {
         let reader = Reader::start(p.reader, waker(pipe.clone()))
             .map_err(|e| io::Error::other(e.message))?;
         let (journal, link) = Journal::start_cluster(p.journal, p.cfg, p.session_cap, waker(pipe))?;
-        self.journal = Some(journal);
-        self.cluster.link = Some(link);
-        self.cluster.reader = Some(reader);
-        Ok(())
+        self.link = Some(link);
+        self.reader = Some(reader);
+        Ok(Some(journal))
     }
 
     /// The cluster's part of the journal completion just taken, once the reader was told
-    /// of it ([`BridgeServer::forward`]).
-    pub(in crate::server) fn cluster_report(&mut self) -> ClusterReport {
-        let r = self.cluster.report();
-        self.forward(&r);
+    /// of it ([`Member::forward`]); `bridge` says which partitions it owns.
+    pub(crate) fn take_report(&mut self, bridge: &Bridge) -> ClusterReport {
+        let r = self.report();
+        self.forward(&r, bridge);
         r
     }
 
     /// Before the bridge sees a report: the reader reads the inboxes of the partitions
     /// gained, from their loads' positions, and no more those lost or fenced.
-    fn forward(&mut self, c: &ClusterReport) {
+    fn forward(&mut self, c: &ClusterReport, bridge: &Bridge) {
         // A record of a partition not held is reported fenced at each write: not an
         // ownership ending.
         let owned = if c.fenced.is_empty() {
             Vec::new()
         } else {
-            self.bridge.owned_partitions()
+            bridge.cluster_status().owned
         };
-        let m = &mut self.cluster;
-        m.gained += c.gained.len() as u64;
-        m.lost += c.lost.len() as u64;
-        m.fenced += c
+        self.gained += c.gained.len() as u64;
+        self.lost += c.lost.len() as u64;
+        self.fenced += c
             .fenced
             .iter()
             .filter(|p| owned.contains(p) && !c.lost.contains(p))
             .count() as u64;
-        let Some(r) = &self.cluster.reader else {
+        let Some(r) = &self.reader else {
             return;
         };
         for (p, loaded) in &c.gained {
@@ -158,70 +151,50 @@ impl BridgeServer {
     }
 
     /// The bridge drained partition `p`: the journal thread releases its lease.
-    pub(in crate::server) fn release_drained(&self, p: u32) {
-        if let Some(l) = &self.cluster.link {
+    pub(crate) fn release_drained(&self, p: u32) {
+        if let Some(l) = &self.link {
             l.release_drained(p);
         }
     }
 
     /// The bridge's request for the reader's connection (the hello registry, forwards).
-    pub(in crate::server) fn cluster_request(&self, r: ClusterRequest) {
-        match (r, &self.cluster.link, &self.cluster.reader) {
+    pub(crate) fn request(&self, r: ClusterRequest) {
+        match (r, &self.link, &self.reader) {
             (ClusterRequest::Untag(tag), Some(l), _) => l.untag(tag),
             (ClusterRequest::Untag(_), None, _) | (_, _, None) => {}
             (r, _, Some(reader)) => reader.request(r),
         }
     }
 
-    /// What the reader brought goes to the bridge.
-    pub(in crate::server) fn cluster_arrivals(&mut self) {
-        if let Some(r) = &self.cluster.reader {
+    /// What the reader brought goes to `bridge`, at `now`.
+    pub(crate) fn arrivals(&self, bridge: &mut Bridge, now: Duration) {
+        if let Some(r) = &self.reader {
+            // Those already come, no more: the reader goes on meanwhile.
             let arrivals: Vec<_> = r.arrivals().collect();
             for a in arrivals {
-                self.bridge.arrived(a, self.now);
+                bridge.arrived(a, now);
             }
         }
     }
 
-    /// The cluster's figures in the bridge's status (nothing without `--cluster`).
-    pub(in crate::server) fn cluster_status(&self, status: &mut BridgeStatus) {
-        let m = &self.cluster;
-        if m.instance.is_empty() {
+    /// The cluster's figures in the bridge's status, the bridge's own from `bridge`
+    /// (nothing without `--cluster`).
+    pub(crate) fn fill_status(&self, bridge: &Bridge, status: &mut BridgeStatus) {
+        if self.instance.is_empty() {
             return;
         }
-        let owned = self.bridge.owned_partitions();
-        debug_assert!(owned.len() <= m.partitions as usize);
-        let (handed_over_partitions, handed_over_messages) = self.bridge.handed_over();
-        let (drained_partitions, drained_messages) = self.bridge.drained();
-        let (early_outcomes, early_outcomes_dropped) = self.bridge.early_outcomes();
         let mut s = ClusterStatus {
-            instance: m.instance.clone(),
-            partitions: m.partitions,
-            owned_partitions: owned.len(),
-            owned,
-            remote_waiting: self.bridge.remote_waiting(),
-            early_outcomes,
-            early_outcomes_dropped,
-            own_outcome_entries: self.bridge.own_outcome_entries(),
-            gained: m.gained,
-            lost: m.lost,
-            fenced: m.fenced,
-            handed_over_partitions,
-            handed_over_messages,
-            rebalance: m.rebalance,
-            drain_ms: m.drain.as_millis() as u64,
-            draining: self.bridge.draining_partitions(),
-            drained_partitions,
-            drained_messages,
-            ..ClusterStatus::default()
+            instance: self.instance.clone(),
+            partitions: self.partitions,
+            gained: self.gained,
+            lost: self.lost,
+            fenced: self.fenced,
+            rebalance: self.rebalance,
+            drain_ms: self.drain.as_millis() as u64,
+            ..bridge.cluster_status()
         };
-        (
-            s.forwards_waiting,
-            s.forwarded_out,
-            s.forwarded_in,
-            s.forwards_refused,
-        ) = self.bridge.forwards();
-        if let Some(r) = &m.reader {
+        debug_assert!(s.owned.len() <= self.partitions as usize);
+        if let Some(r) = &self.reader {
             r.fill_status(&mut s);
         }
         status.cluster = Some(s);

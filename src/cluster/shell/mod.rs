@@ -1,9 +1,10 @@
-//! The bridge server as a cluster member (`--cluster`), mounted as the server's `cluster`
-//! module (`server/mod.rs`). The seam: the server holds one `Member` and calls, in both
-//! builds, `is_pending`/`start_cluster` (at registration), `cluster_report` (each journal
-//! completion's cluster part, before the bridge sees it), `cluster_arrivals` (the reader's),
-//! `release_drained` and `cluster_request` (the bridge's actions) and `cluster_status`.
-//! Without the `cluster` feature, `off.rs` is the no-op twin.
+//! The bridge server as a cluster member (`--cluster`). The seam: the server holds one
+//! [`Member`] and calls, in both builds, `is_pending`/`start` (at registration; `start`
+//! returns the journal thread), `take_report` (each journal completion's cluster part,
+//! before the bridge sees it), `arrivals` (the reader's, fed to the bridge), `release_drained`
+//! and `request` (the bridge's actions) and `fill_status`; each is given the bridge when it
+//! needs it and holds nothing of the server's. Without the `cluster` feature, `off.rs` is
+//! the no-op twin.
 
 #[cfg(feature = "cluster")]
 mod member;
@@ -11,6 +12,6 @@ mod member;
 mod off;
 
 #[cfg(feature = "cluster")]
-pub(super) use member::Member;
+pub(crate) use member::Member;
 #[cfg(not(feature = "cluster"))]
-pub(super) use off::Member;
+pub(crate) use off::Member;

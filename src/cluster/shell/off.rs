@@ -1,45 +1,42 @@
 //! The no-op twin of the server's cluster member, for a build without the `cluster`
 //! feature (see `mod.rs`).
 
+use std::convert::Infallible;
 use std::io;
+use std::time::Duration;
 
+use crate::journal::Journal;
 use crate::liveness::BridgeStatus;
-use crate::server::BridgeServer;
-use crate::server::bridge::Report;
+use crate::server::bridge::{Bridge, Report};
 
 /// Not a cluster member.
 #[derive(Default)]
-pub(in crate::server) struct Member {}
+pub(crate) struct Member {}
 
 impl Member {
-    pub(in crate::server) fn is_pending(&self) -> bool {
+    pub(crate) fn is_pending(&self) -> bool {
         false
     }
 
-    pub(in crate::server) fn report(&self) -> Report {
-        Report {}
-    }
-}
-
-impl BridgeServer {
-    pub(in crate::server) fn start_cluster(
-        &mut self,
-        _pipe: mio::unix::pipe::Sender,
-    ) -> io::Result<()> {
-        Ok(())
-    }
-
-    pub(in crate::server) fn cluster_report(&mut self) -> Report {
+    pub(crate) fn report(&self) -> Report {
         Report {}
     }
 
-    pub(in crate::server) fn release_drained(&self, _partition: u32) {}
+    pub(crate) fn start(&mut self, _pipe: mio::unix::pipe::Sender) -> io::Result<Option<Journal>> {
+        Ok(None)
+    }
 
-    pub(in crate::server) fn cluster_request(&self, r: std::convert::Infallible) {
+    pub(crate) fn take_report(&mut self, _bridge: &Bridge) -> Report {
+        Report {}
+    }
+
+    pub(crate) fn release_drained(&self, _partition: u32) {}
+
+    pub(crate) fn request(&self, r: Infallible) {
         match r {}
     }
 
-    pub(in crate::server) fn cluster_arrivals(&mut self) {}
+    pub(crate) fn arrivals(&self, _bridge: &mut Bridge, _now: Duration) {}
 
-    pub(in crate::server) fn cluster_status(&self, _status: &mut BridgeStatus) {}
+    pub(crate) fn fill_status(&self, _bridge: &Bridge, _status: &mut BridgeStatus) {}
 }

@@ -14,10 +14,6 @@ use crate::auth::Token;
 use crate::key::Slots;
 use crate::message::SessionKey;
 
-// The cluster's operations on connections, in the cluster's wing.
-#[path = "../../cluster/bridge/conns.rs"]
-mod cluster;
-
 /// An answer to one line, in line order.
 pub(super) enum Answer {
     Ready(Frame),
@@ -141,7 +137,11 @@ impl Client {
             _ => None,
         }));
         for f in &mut rescued {
-            cluster::mark_rescued(f);
+            // A result another instance could be forwarded (it has a cluster tag) may have
+            // reached the platform from there.
+            if f.cluster != 0 {
+                f.mark_redelivery();
+            }
             f.rewind();
         }
         rescued
@@ -588,12 +588,15 @@ impl Conns {
         dirty
     }
 
+    /// The terminal events the connections hold (queued, or written and not yet
+    /// confirmed).
+    pub(super) fn terminals(&self) -> impl Iterator<Item = &Frame> {
+        self.slots.iter().flat_map(|(_, c)| c.terminals())
+    }
+
     /// The platforms owed a reservation by the terminal events the connections hold.
     pub(super) fn terminals_by_platform(&self) -> impl Iterator<Item = &str> {
-        self.slots
-            .iter()
-            .flat_map(|(_, c)| c.terminals())
-            .filter_map(|f| f.terminal_for.as_deref())
+        self.terminals().filter_map(|f| f.terminal_for.as_deref())
     }
 
     /// Checks, in debug builds, this room's own counts: queued bytes, the unauthenticated

@@ -67,6 +67,15 @@ impl Delivery<'_> {
         }
     }
 
+    /// A result's reservation on `platform` is given back without a result (another
+    /// instance sends it, or its message left this one): what is held goes, and the
+    /// platform is freed if nothing else holds it.
+    pub(super) fn give_back(&mut self, platform: &Arc<str>) {
+        self.platforms.unreserve(platform, None);
+        self.release_held(platform);
+        self.platforms.maybe_free(platform);
+    }
+
     /// A terminal event was delivered (confirmed by an `acks` bridge, or acknowledged by its
     /// TCP): its reservation is released and what is held goes on. Returns the message to
     /// journal as delivered (it leaves the journal), if it was journaled.

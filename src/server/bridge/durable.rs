@@ -21,10 +21,6 @@ use crate::journal::{Committed, Record, Recovered, RecoveredMessage, StoredMessa
 use crate::message::{Message, SessionKey};
 use crate::wire::{EncodedLine, TextOp};
 
-// The cluster's operations on the journal side, in the cluster's wing.
-#[path = "../../cluster/bridge/durable.rs"]
-mod cluster;
-
 /// The bridge's journal side.
 pub(super) struct Durable {
     /// The figures kept here; the rest of [`JournalStatus`] is filled in by `status`.
@@ -175,6 +171,34 @@ impl Durable {
                 .get(tag)
                 .is_some_and(|r| r.phase == Phase::Journaling)
         }));
+    }
+}
+
+// The cluster side's few operations here (`--cluster`, `cluster/bridge/side.rs`): a message
+// answered otherwise leaves its wait, a terminal event whose outcome record was not written
+// is taken back.
+#[cfg(feature = "cluster")]
+impl Durable {
+    /// The message of `tag` no longer waits for the journal (answered otherwise).
+    pub(super) fn forget_waiting(&mut self, tag: u64) -> Option<Message> {
+        self.waiting.remove(&tag)
+    }
+
+    /// The terminal event held for `seq`'s outcome record, taken out (the record was not
+    /// written).
+    pub(super) fn take_unjournaled(&mut self, seq: u64) -> Option<(ConnId, Frame)> {
+        self.taken_outcomes.remove(&seq);
+        self.unjournaled.remove(&seq)
+    }
+
+    /// Whether the runtime refused the message of `tag` and its `forget` record is pending.
+    pub(super) fn is_forgetting(&self, tag: u64) -> bool {
+        self.forgetting.contains_key(&tag)
+    }
+
+    /// Whether the terminal event of `seq` waits for its outcome record.
+    pub(super) fn is_unjournaled(&self, seq: u64) -> bool {
+        self.unjournaled.contains_key(&seq)
     }
 }
 
@@ -359,7 +383,7 @@ impl Bridge {
         let m = rm.message;
         // Where its result goes: a connection waiting for it (a cluster partition gained
         // here), else its platform's newest hello.
-        let to = self.rebound(m.seq);
+        let to = self.cluster.rebound(m.seq);
         let Some(platform) = self.platforms.force(m.platform()) else {
             return;
         };

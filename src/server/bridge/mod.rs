@@ -69,7 +69,7 @@ mod refusal;
 mod routes;
 mod status;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, Write};
 use std::net::IpAddr;
 use std::time::Duration;
@@ -83,7 +83,7 @@ use crate::wire::{
     ClientOp, EncodedLine as Body, LineError, ServerOp, check_platform, encode, parse_line,
 };
 use cluster::ClusterSide;
-pub(super) use cluster::Report;
+pub(crate) use cluster::Report;
 pub use config::{BridgeConfig, TERMINAL_ENVELOPE};
 use config::{HOUSEKEEPING, INTERRUPTED, POISON};
 use conns::Conns;
@@ -324,7 +324,7 @@ impl Bridge {
     pub fn event(&mut self, tag: u64, event: MessageEvent, now: Duration) {
         self.now = now;
         let MessageEvent { id, session, kind } = event;
-        if self.handed_event(tag, &kind) {
+        if self.cluster.handed_event(tag, &kind) {
             return self.audit();
         }
         match kind {
@@ -376,7 +376,8 @@ impl Bridge {
             return;
         }
         // Its partition is draining: the turn stays held, unrecorded, until the hand-over.
-        if self.turn_gate(tag, &session) {
+        let durable = self.durable.as_ref();
+        if (self.cluster).turn_gate(tag, &session, &self.routes, durable) {
             return;
         }
         let Some(route) = self.routes.get_mut(tag) else {
@@ -431,10 +432,13 @@ impl Bridge {
             self.actions.push_back(Action::Submit { tag, message });
         }
         for (conn, frame) in released.outcomes {
-            if self.silenced(&frame) {
+            if self.cluster.silenced(frame.seq) {
+                if let Some(platform) = &frame.terminal_for {
+                    self.delivery().give_back(platform);
+                }
                 continue;
             }
-            let frame = self.mark_foreign(frame);
+            let frame = self.cluster.mark_foreign(frame, &self.routes);
             if let Some(platform) = frame.terminal_for.clone() {
                 self.deliver_terminal(conn, &platform, frame);
             }
@@ -475,7 +479,12 @@ impl Bridge {
             for seq in self.delivery().drop_stale() {
                 self.journal(|| Record::Delivered { seq });
             }
-            self.offer_forwards(now);
+            for (platform, due, r) in self.cluster.offers(&self.platforms, now) {
+                // Sent from here later (a hello here before the answer), they are marked:
+                // the taker may have sent them already (tests/simulation_cluster, seed 4).
+                self.platforms.mark_offered(&platform, &due);
+                self.actions.push_back(Action::Cluster(r));
+            }
         }
         self.audit();
         self.next_housekeeping
@@ -638,7 +647,9 @@ impl Bridge {
         }
         if let Some(new) = &new {
             self.platforms.attach(new, id);
-            self.said_hello(new);
+            if let Some(r) = self.cluster.hello(new) {
+                self.actions.push_back(Action::Cluster(r));
+            }
         }
         if let Some(old) = old {
             self.platforms.maybe_free(&old);
@@ -750,17 +761,13 @@ impl Bridge {
         if let Some(d) = &self.durable {
             d.check(&self.routes);
         }
-        // Each route's phase agrees with the room that holds it in that phase.
-        let remote: HashSet<u64> = self.cluster.remote_tags().collect();
+        // Each route's phase agrees with the room that holds it in that phase, both ways
+        // (`Durable::check` and `ClusterSide::check` look from the other side).
         for (tag, r) in self.routes.tags() {
             let waiting = self.durable.as_ref().is_some_and(|d| d.is_waiting(tag));
             debug_assert_eq!(r.phase == Phase::Journaling, waiting, "message {tag} phase");
-            debug_assert_eq!(
-                r.phase == Phase::Remote,
-                remote.contains(&tag),
-                "message {tag} phase"
-            );
         }
+        self.cluster.check(&self.routes);
         let recovered = self.durable.as_ref().map_or(0, Durable::recovered);
         self.platforms.check(&owed, recovered);
     }

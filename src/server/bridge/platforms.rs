@@ -14,10 +14,6 @@ use super::status::PlatformStatus;
 use super::{BridgeConfig, ConnId, TERMINAL_ENVELOPE};
 use crate::wire::{EncodedLine as Body, check_platform};
 
-// The cluster's operations on outboxes (forwards), in the cluster's wing.
-#[path = "../../cluster/bridge/outbox.rs"]
-mod cluster;
-
 /// Expired duplicate-window entries dropped per platform per housekeeping pass, so that a
 /// mass expiry is spread over passes instead of stalling one.
 const EXPIRY_BUDGET: usize = 4096;
@@ -447,6 +443,20 @@ impl Platforms {
         self.map.contains_key(name)
     }
 
+    /// `--cluster`: the results of `tags` in `name`'s outbox are marked `redelivery`:
+    /// offered to another instance, they may reach the platform from there first, and a
+    /// copy sent from here afterwards must not look like a fresh answer.
+    pub(super) fn mark_offered(&mut self, name: &str, tags: &[u64]) {
+        if let Some(p) = self.map.get_mut(name) {
+            for f in p.outbox.iter_mut().filter(|f| tags.contains(&f.cluster)) {
+                let before = f.body.size();
+                f.mark_redelivery();
+                // The mark lengthens the line; the reservation (text bytes) is unchanged.
+                p.outbox_bytes = p.outbox_bytes - before + f.body.size();
+            }
+        }
+    }
+
     /// Results waiting in outboxes (held ones included).
     pub(super) fn outboxed(&self) -> usize {
         self.map
@@ -519,6 +529,94 @@ impl Platforms {
             debug_assert!(p.reserved_events <= self.outbox_cap.max(recovered));
             debug_assert!(p.dedup.len() <= self.dedup_max);
         }
+    }
+}
+
+// The forwards' operations on outboxes (`--cluster`, `cluster/bridge/forward.rs`): results
+// found, taken in and given away by their cluster tag ([`Frame::cluster`]).
+#[cfg(feature = "cluster")]
+impl Platforms {
+    /// The platform's own name, if it is known.
+    pub(super) fn key(&self, name: &str) -> Option<Arc<str>> {
+        self.map.get_key_value(name).map(|(k, _)| k.clone())
+    }
+
+    /// `--cluster`: platforms with results in their outbox and no connection, each with its
+    /// outbox results' cluster tags (those that have one), oldest first.
+    pub(super) fn unattended(&self) -> Vec<(Arc<str>, Vec<u64>)> {
+        self.map
+            .iter()
+            .filter(|(_, p)| p.conns.is_empty() && !p.outbox.is_empty())
+            .map(|(name, p)| {
+                let tags = p.outbox.iter().map(|f| f.cluster).filter(|&t| t != 0);
+                (name.clone(), tags.collect())
+            })
+            .filter(|(_, tags): &(Arc<str>, Vec<u64>)| !tags.is_empty())
+            .collect()
+    }
+
+    /// `--cluster`: every outbox result's cluster tag.
+    pub(super) fn outboxed_tags(&self) -> std::collections::HashSet<u64> {
+        self.map
+            .values()
+            .flat_map(|p| p.outbox.iter().map(|f| f.cluster))
+            .filter(|&t| t != 0)
+            .collect()
+    }
+
+    /// `--cluster`: whether `name`'s outbox (or held results) has the result of `tag`.
+    pub(super) fn outbox_has(&self, name: &str, tag: u64) -> bool {
+        self.map.get(name).is_some_and(|p| {
+            p.outbox.iter().any(|f| f.cluster == tag)
+                || p.held.iter().any(|(_, f)| f.cluster == tag)
+        })
+    }
+
+    /// `--cluster`: a result another instance forwards, taken into `name`'s outbox if it
+    /// fits the platform's bounds as a new message's result would (`outbox_cap` events,
+    /// `outbox_bytes` with its text charged now, nothing held before it); whether it did.
+    pub(super) fn take_forwarded(&mut self, name: &str, frame: Frame) -> bool {
+        let (reserve, cap, cap_bytes) = (self.reserve, self.outbox_cap, self.outbox_bytes);
+        let Some(p) = self.get_mut(name) else {
+            return false;
+        };
+        let room = reserve + text_bytes(&frame.body);
+        if !p.held.is_empty()
+            || p.reserved_events >= cap
+            || p.reserved_bytes.saturating_add(room) > cap_bytes
+        {
+            return false;
+        }
+        p.reserved_events += 1;
+        p.reserved_bytes += room;
+        p.outbox_bytes += frame.body.size();
+        p.outbox.push_back(frame);
+        true
+    }
+
+    /// `--cluster`: the results of `tags` leave `name`'s outbox (another instance took
+    /// them), their room released; returned.
+    pub(super) fn remove_forwarded(
+        &mut self,
+        name: &str,
+        tags: &std::collections::HashSet<u64>,
+    ) -> Vec<Frame> {
+        let reserve = self.reserve;
+        let Some(p) = self.get_mut(name) else {
+            return Vec::new();
+        };
+        let (gone, kept): (VecDeque<Frame>, VecDeque<Frame>) = std::mem::take(&mut p.outbox)
+            .into_iter()
+            .partition(|f| f.cluster != 0 && tags.contains(&f.cluster));
+        p.outbox = kept;
+        for f in &gone {
+            let room = reserve + text_bytes(&f.body);
+            debug_assert!(p.reserved_events > 0 && p.reserved_bytes >= room);
+            p.outbox_bytes -= f.body.size();
+            p.reserved_events -= 1;
+            p.reserved_bytes = p.reserved_bytes.saturating_sub(room);
+        }
+        gone.into_iter().collect()
     }
 }
 

@@ -258,7 +258,7 @@ impl Bridge {
     /// A terminal event, stamped for the cluster, to the delivery room
     /// ([`Delivery::deliver`]).
     pub(super) fn deliver_terminal(&mut self, origin: ConnId, platform: &Arc<str>, frame: Frame) {
-        let frame = self.stamp_cluster(frame);
+        let frame = self.cluster.stamp(frame);
         self.delivery().deliver(origin, platform, frame);
     }
 
