@@ -256,6 +256,7 @@ mod tests {
             session: "t:dm:1",
             text,
             truncated,
+            notice: None,
         })
     }
 

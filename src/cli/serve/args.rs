@@ -354,6 +354,10 @@ pub(crate) struct ServeArgs {
     /// `[[bridge]]` tables (config file only): platform bridges run as supervised children.
     #[arg(skip)]
     pub(super) bridge: Option<Vec<BridgeSpec>>,
+    /// `[access.<platform>]` tables (config file only): who may talk to the bot, and how
+    /// much (docs/access.md).
+    #[arg(skip)]
+    pub(super) access: Option<std::collections::BTreeMap<String, crate::access::AccessTable>>,
 }
 }
 /// Each flag's default as `serve --help` shows it, read from where the default is defined

@@ -258,6 +258,9 @@ fn bind_bridge(s: &Settings, store: Option<SqliteStore>) -> Result<BridgeServer,
         return Ok(server);
     };
     server
+        .persist_access(dir)
+        .map_err(|e| exit::io_error(&e, format!("--data-dir {}: access.json: {e}", dir.display())))?;
+    server
         .with_journal(store, JournalConfig::default())
         .map(|(server, _counts)| server)
         .map_err(|e| exit::store_error(&e, format_args!("--data-dir {}", dir.display())))
