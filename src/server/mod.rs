@@ -193,8 +193,11 @@ impl BridgeServer {
         } else {
             None
         };
+        let mut bridge = Bridge::new(cfg.bridge);
+        bridge.set_wall_clock(crate::journal::now_ms());
+        bridge.log_access();
         Ok(BridgeServer {
-            bridge: Bridge::new(cfg.bridge),
+            bridge,
             flush_budget: cfg.flush_budget,
             watchdog_limit: cfg.watchdog,
             listener,
@@ -243,6 +246,13 @@ impl BridgeServer {
         let counts = self.bridge.recover(recovered, wall, Duration::ZERO);
         self.store = Some((Box::new(store), cfg));
         Ok((self, counts))
+    }
+
+    /// Keeps the access policy's approvals and counters in `dir/access.json` (read now;
+    /// written from then on by a thread of its own, never the reactor), so they survive a
+    /// restart. Call it with the journal's directory (`--data-dir`).
+    pub fn persist_access(&mut self, dir: &std::path::Path) -> io::Result<()> {
+        self.bridge.persist_access(dir)
     }
 
     fn on_journal(&mut self) {
