@@ -85,10 +85,6 @@ impl Rules {
             rate: None,
         }
     }
-
-    pub(crate) fn is_admin(&self, user: &str) -> bool {
-        self.admins.iter().any(|g| g.matches(user))
-    }
 }
 
 /// The access policy's configuration: the tables, and whether platforms without one get

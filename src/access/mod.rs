@@ -33,6 +33,9 @@ use crate::message::{Body, ChatType, Message};
 
 /// The meta key a bridge sets (`"to_bot": true`) on a group message addressed to the bot.
 pub(crate) const ADDRESSED_KEY: &str = "to_bot";
+/// The meta key of the sender's full IRC mask (`nick!user@host`), which `admins` and
+/// `allow` patterns match as well as the user id.
+pub(crate) const MASK_KEY: &str = "mask";
 /// Most platforms the policy keeps state for (the bridge's own platform cap is lower).
 const MAX_PLATFORMS: usize = 64;
 /// Counter changes (rate buckets, notices) are saved at most this often; approvals and
@@ -148,7 +151,9 @@ impl Policy {
             return Decision::answer(Notice::Ignored, "");
         }
         let user = m.context.user_id.as_deref().unwrap_or("");
-        if !user.is_empty() && rules.is_admin(user) {
+        let mask = meta_str(m, MASK_KEY);
+        let ids = [Some(user).filter(|u| !u.is_empty()), mask.as_deref()];
+        if rules.admins.iter().any(|g| ids.iter().flatten().any(|id| g.matches(id))) {
             return match admin_command(m) {
                 Some(cmd) => {
                     let text = self.run_admin(platform, cmd, now_ms);
@@ -168,7 +173,7 @@ impl Policy {
             return Decision::answer(Notice::Denied, "This bot is not available here.");
         }
         let st = self.state.platforms.entry(platform.to_owned()).or_default();
-        let decision = decide_known(&rules, st, m, user, now_ms);
+        let decision = decide_known(&rules, st, m, &ids, now_ms);
         if let Decision::Answer { notice, .. } = &decision {
             st.count_refused(notice.as_str());
         }
@@ -246,9 +251,11 @@ impl Policy {
 }
 
 /// The decision for a non-admin user on a platform with a policy.
-fn decide_known(rules: &Rules, st: &mut PlatformState, m: &Message, user: &str, now_ms: u64) -> Decision {
+fn decide_known(rules: &Rules, st: &mut PlatformState, m: &Message, ids: &[Option<&str>; 2], now_ms: u64) -> Decision {
+    let user = ids[0].unwrap_or("");
     let listed = !user.is_empty()
-        && (rules.allow.iter().any(|g| g.matches(user)) || st.approved.contains(user));
+        && (rules.allow.iter().any(|g| ids.iter().flatten().any(|id| g.matches(id)))
+            || st.approved.contains(user));
     let chat_listed = rules.allow_chats.iter().any(|g| g.matches(m.session.chat_id()));
     let denied = st.denied.contains(user);
     let allowed = !denied && (rules.mode == Mode::Open || listed || chat_listed);
@@ -288,10 +295,17 @@ fn decide_known(rules: &Rules, st: &mut PlatformState, m: &Message, user: &str, 
 
 /// Whether a group message is addressed to the bot, as its bridge marked it in `meta`.
 fn addressed(m: &Message) -> bool {
-    m.context.meta.as_deref().is_some_and(|meta| {
-        serde_json::from_str::<serde_json::Value>(meta)
-            .is_ok_and(|v| v.get(ADDRESSED_KEY) == Some(&serde_json::Value::Bool(true)))
-    })
+    meta_value(m).is_some_and(|v| v.get(ADDRESSED_KEY) == Some(&serde_json::Value::Bool(true)))
+}
+
+/// The message's `meta` object, parsed (at most 16 KiB, checked at admission).
+fn meta_value(m: &Message) -> Option<serde_json::Value> {
+    serde_json::from_str(m.context.meta.as_deref()?).ok()
+}
+
+/// A string field of `meta`.
+fn meta_str(m: &Message, key: &str) -> Option<String> {
+    meta_value(m)?.get(key)?.as_str().map(str::to_owned)
 }
 
 /// An admin's `!` command.
