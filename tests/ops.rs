@@ -69,7 +69,7 @@ impl Gw {
         let snapshots = SnapshotWatch::new(status_file.parent().expect("a directory"));
         let mut command = bin();
         command
-            .arg("serve")
+            .args(["serve", "--access-default", "open"])
             .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
             .args(
                 own.iter()

@@ -210,6 +210,7 @@ impl Setup {
         let mut serve = die_with_parent(
             Command::new(env!("CARGO_BIN_EXE_turnstile"))
                 .args(["serve", "--listen", listen, "--http-listen", "off"])
+                .args(["--access-default", "open"])
                 .args(["--agent", "exec", "--agent-cmd", &agent])
                 .args(extra)
                 .env("RUST_LOG", "warn")

@@ -83,6 +83,7 @@ fn serve(port: u16, data_dir: Option<&Path>) -> Proc {
     command
         .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
         .args(["--http-listen", "off", "--agent", "process"])
+        .args(["--access-default", "open"])
         .args(["--agent-cmd", &agent_cmd(), "--partial-interval", "0.05"])
         .env("RUST_LOG", "warn")
         .env("TURNSTILE_AUTH_TOKEN", GATEWAY_TOKEN)

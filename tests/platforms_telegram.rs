@@ -347,6 +347,7 @@ impl Setup {
         let mut serve = die_with_parent(
             Command::new(env!("CARGO_BIN_EXE_turnstile"))
                 .args(["serve", "--listen", listen, "--http-listen", "off"])
+                .args(["--access-default", "open"])
                 .args(["--agent", "process", "--agent-cmd", &cmd])
                 .args(["--partial-interval", "0.05"])
                 .env("RUST_LOG", "warn")
@@ -711,6 +712,7 @@ fn a_bridge_table_runs_the_bridge_supervised_by_serve() {
     let mut serve = die_with_parent(
         Command::new(env!("CARGO_BIN_EXE_turnstile"))
             .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "off"])
+            .args(["--access-default", "open"])
             .arg("--config")
             .arg(&config)
             .env("RUST_LOG", "info")

@@ -97,14 +97,18 @@ pub struct AccessConfig {
 }
 
 impl AccessConfig {
-    /// `serve`'s policy: the tables over the safe defaults. Errors name the key.
-    pub(crate) fn from_tables(tables: &BTreeMap<String, AccessTable>) -> Result<Self, String> {
+    /// `serve`'s policy: the tables over the safe defaults (`native_defaults`: pair strangers
+    /// on `matrix`, `irc`, `telegram`), or over open platforms. Errors name the key.
+    pub(crate) fn from_tables(
+        tables: &BTreeMap<String, AccessTable>,
+        native_defaults: bool,
+    ) -> Result<Self, String> {
         if tables.len() > MAX_TABLES {
             return Err(format!("access: {} tables, at most {MAX_TABLES}", tables.len()));
         }
         let mut out = AccessConfig {
             tables: BTreeMap::new(),
-            native_defaults: true,
+            native_defaults,
         };
         for (platform, t) in tables {
             crate::wire::check_platform(platform).map_err(|e| format!("access.{platform}: {e}"))?;
@@ -226,7 +230,7 @@ mod tests {
 
     #[test]
     fn each_bad_key_is_named() {
-        let err = |f: fn(&mut AccessTable)| AccessConfig::from_tables(&table(f)).expect_err("bad");
+        let err = |f: fn(&mut AccessTable)| AccessConfig::from_tables(&table(f), true).expect_err("bad");
         assert!(err(|t| t.mode = Some("closed".into())).starts_with("access.matrix.mode:"));
         assert!(err(|t| t.rate = Some("0/min".into())).starts_with("access.matrix.rate:"));
         assert!(err(|t| t.rate = Some("5/fortnight".into())).starts_with("access.matrix.rate:"));
@@ -234,12 +238,12 @@ mod tests {
         assert!(err(|t| t.groups = Some("some".into())).starts_with("access.matrix.groups:"));
         assert!(err(|t| t.admins = vec![String::new()]).starts_with("access.matrix.admins:"));
         let bad_name = BTreeMap::from([("no spaces".to_owned(), AccessTable::default())]);
-        assert!(AccessConfig::from_tables(&bad_name).is_err());
+        assert!(AccessConfig::from_tables(&bad_name, true).is_err());
     }
 
     #[test]
     fn native_platforms_default_to_pairing_and_others_to_open() {
-        let c = AccessConfig::from_tables(&BTreeMap::new()).expect("empty");
+        let c = AccessConfig::from_tables(&BTreeMap::new(), true).expect("empty");
         for p in NATIVE_PLATFORMS {
             assert_eq!(c.default_rules(p).mode, Mode::Pairing);
         }

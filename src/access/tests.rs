@@ -3,7 +3,7 @@ use crate::message::SessionKey;
 
 fn cfg(toml: &[(&str, AccessTable)]) -> AccessConfig {
     let map = toml.iter().map(|(p, t)| ((*p).to_owned(), t.clone())).collect();
-    AccessConfig::from_tables(&map).expect("valid")
+    AccessConfig::from_tables(&map, true).expect("valid")
 }
 
 fn table(f: impl FnOnce(&mut toml_like::T)) -> AccessTable {
