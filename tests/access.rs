@@ -106,7 +106,10 @@ impl Client {
                 _ => {}
             }
         }
-        (ack.expect("an ack before the outcome"), end.expect("outcome"))
+        (
+            ack.expect("an ack before the outcome"),
+            end.expect("outcome"),
+        )
     }
 }
 
@@ -130,7 +133,10 @@ fn row1_a_stranger_is_paired_and_runs_only_once_the_admin_approves() {
     assert_eq!(first["notice"], "pairing", "{first}");
     let code = code_in(&first);
     let (_, again) = c.ask("b2", "@bob:hs", "hello?", None);
-    assert_eq!((again["notice"].as_str(), again["text"].as_str()), (Some("ignored"), Some("")));
+    assert_eq!(
+        (again["notice"].as_str(), again["text"].as_str()),
+        (Some("ignored"), Some(""))
+    );
     assert_eq!(runs(dir.path()), 0, "no agent ran for a stranger");
     let (_, approved) = c.ask("a1", "@alice:hs", &format!("!approve {code}"), None);
     assert_eq!(approved["notice"], "admin");
@@ -173,14 +179,22 @@ fn row2_a_rate_limit_is_answered_and_survives_a_restart() {
     }
     let (_, limited) = c.ask("r3", "@u:hs", "x", None);
     assert_eq!(limited["notice"], "rate_limited", "{limited}");
-    assert!(limited["text"].as_str().expect("text").contains("Try again in"));
+    assert!(
+        limited["text"]
+            .as_str()
+            .expect("text")
+            .contains("Try again in")
+    );
     assert_eq!(runs(dir.path()), 2);
     // The counters are saved off the reactor, at most once a second: wait for the file to
     // hold the empty bucket (a bounded poll of a file, not a sleep ordering events).
     let state = data.join("access.json");
     let deadline = Instant::now() + WAIT;
     while !std::fs::read_to_string(&state).is_ok_and(|s| s.contains("\"@u:hs\":{\"tokens\":0")) {
-        assert!(Instant::now() < deadline, "access.json never held the bucket");
+        assert!(
+            Instant::now() < deadline,
+            "access.json never held the bucket"
+        );
         std::thread::park_timeout(Duration::from_millis(20));
     }
     drop(c);
@@ -191,7 +205,9 @@ fn row2_a_rate_limit_is_answered_and_survives_a_restart() {
     let (_, still) = c.ask("r4", "@u:hs", "x", None);
     // Still limited: `rate_limited`, or `ignored` while the last notice is under a minute
     // old (that survived the restart too); never the agent.
-    let notice = still["notice"].as_str().unwrap_or("none (the restart forgot the count)");
+    let notice = still["notice"]
+        .as_str()
+        .unwrap_or("none (the restart forgot the count)");
     assert!(["rate_limited", "ignored"].contains(&notice), "{still}");
     assert_eq!(runs(dir.path()), 2);
 }
@@ -208,7 +224,13 @@ fn check_config_names_the_bad_key_and_exits_2() {
         let path = dir.path().join("bad.toml");
         std::fs::write(&path, table).expect("write");
         let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
-            .args(["serve", "--check-config", "--http-listen", "off", "--config"])
+            .args([
+                "serve",
+                "--check-config",
+                "--http-listen",
+                "off",
+                "--config",
+            ])
             .arg(&path)
             .output()
             .expect("run");

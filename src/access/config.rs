@@ -104,7 +104,10 @@ impl AccessConfig {
         native_defaults: bool,
     ) -> Result<Self, String> {
         if tables.len() > MAX_TABLES {
-            return Err(format!("access: {} tables, at most {MAX_TABLES}", tables.len()));
+            return Err(format!(
+                "access: {} tables, at most {MAX_TABLES}",
+                tables.len()
+            ));
         }
         let mut out = AccessConfig {
             tables: BTreeMap::new(),
@@ -140,20 +143,33 @@ impl AccessConfig {
     pub(crate) fn summary(&self) -> Vec<String> {
         let mut names: Vec<&str> = self.tables.keys().map(String::as_str).collect();
         if self.native_defaults {
-            names.extend(NATIVE_PLATFORMS.iter().filter(|p| !self.tables.contains_key(**p)));
+            names.extend(
+                NATIVE_PLATFORMS
+                    .iter()
+                    .filter(|p| !self.tables.contains_key(**p)),
+            );
         }
         names.sort_unstable();
-        let other = if self.native_defaults { "open" } else { "open (no policy)" };
+        let other = if self.native_defaults {
+            "open"
+        } else {
+            "open (no policy)"
+        };
         let mut lines: Vec<String> = names
             .into_iter()
             .map(|p| {
-                let r = self.tables.get(p).cloned().unwrap_or_else(|| self.default_rules(p));
+                let r = self
+                    .tables
+                    .get(p)
+                    .cloned()
+                    .unwrap_or_else(|| self.default_rules(p));
                 format!(
                     "access: platform {p}: mode {}, {} admin pattern(s), groups {}{}",
                     r.mode.as_str(),
                     r.admins.len(),
                     if r.mention_only { "mention" } else { "all" },
-                    r.rate.map_or(String::new(), |r| format!(", rate {}/{:?}", r.count, r.per)),
+                    r.rate
+                        .map_or(String::new(), |r| format!(", rate {}/{:?}", r.count, r.per)),
                 )
             })
             .collect();
@@ -183,18 +199,32 @@ fn rules(platform: &str, t: &AccessTable) -> Result<Rules, String> {
             other => return Err(format!("groups: {other:?} is not mention or all")),
         };
     }
-    r.rate = t.rate.as_deref().map(parse_rate).transpose().map_err(|e| format!("rate: {e}"))?;
+    r.rate = t
+        .rate
+        .as_deref()
+        .map(parse_rate)
+        .transpose()
+        .map_err(|e| format!("rate: {e}"))?;
     if t.tokens_per_day.is_some() {
-        return Err("tokens-per-day: not supported yet (per-user token budgets are issue 32's open part)".into());
+        return Err(
+            "tokens-per-day: not supported yet (per-user token budgets are issue 32's open part)"
+                .into(),
+        );
     }
     Ok(r)
 }
 
 fn globs(key: &str, patterns: &[String]) -> Result<Vec<Glob>, String> {
     if patterns.len() > MAX_PATTERNS {
-        return Err(format!("{key}: {} patterns, at most {MAX_PATTERNS}", patterns.len()));
+        return Err(format!(
+            "{key}: {} patterns, at most {MAX_PATTERNS}",
+            patterns.len()
+        ));
     }
-    patterns.iter().map(|p| Glob::new(p).map_err(|e| format!("{key}: {e}"))).collect()
+    patterns
+        .iter()
+        .map(|p| Glob::new(p).map_err(|e| format!("{key}: {e}")))
+        .collect()
 }
 
 /// `N/s`, `N/min`, `N/hour` or `N/day`, N from 1 to 1,000,000.
@@ -230,7 +260,8 @@ mod tests {
 
     #[test]
     fn each_bad_key_is_named() {
-        let err = |f: fn(&mut AccessTable)| AccessConfig::from_tables(&table(f), true).expect_err("bad");
+        let err =
+            |f: fn(&mut AccessTable)| AccessConfig::from_tables(&table(f), true).expect_err("bad");
         assert!(err(|t| t.mode = Some("closed".into())).starts_with("access.matrix.mode:"));
         assert!(err(|t| t.rate = Some("0/min".into())).starts_with("access.matrix.rate:"));
         assert!(err(|t| t.rate = Some("5/fortnight".into())).starts_with("access.matrix.rate:"));
@@ -248,7 +279,16 @@ mod tests {
             assert_eq!(c.default_rules(p).mode, Mode::Pairing);
         }
         assert_eq!(c.default_rules("cli").mode, Mode::Open);
-        assert_eq!(AccessConfig::default().default_rules("matrix").mode, Mode::Open);
-        assert_eq!(parse_rate("6/min"), Ok(Rate { count: 6, per: Duration::from_secs(60) }));
+        assert_eq!(
+            AccessConfig::default().default_rules("matrix").mode,
+            Mode::Open
+        );
+        assert_eq!(
+            parse_rate("6/min"),
+            Ok(Rate {
+                count: 6,
+                per: Duration::from_secs(60)
+            })
+        );
     }
 }

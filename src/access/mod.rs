@@ -115,7 +115,10 @@ impl Policy {
         match std::fs::read(&path) {
             Ok(bytes) => {
                 self.state = serde_json::from_slice(&bytes).map_err(|e| {
-                    std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {e}", path.display()))
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!("{}: {e}", path.display()),
+                    )
                 })?;
                 self.state.platforms.values_mut().for_each(|p| p.check());
             }
@@ -153,7 +156,11 @@ impl Policy {
         let user = m.context.user_id.as_deref().unwrap_or("");
         let mask = meta_str(m, MASK_KEY);
         let ids = [Some(user).filter(|u| !u.is_empty()), mask.as_deref()];
-        if rules.admins.iter().any(|g| ids.iter().flatten().any(|id| g.matches(id))) {
+        if rules
+            .admins
+            .iter()
+            .any(|g| ids.iter().flatten().any(|id| g.matches(id)))
+        {
             return match admin_command(m) {
                 Some(cmd) => {
                     let text = self.run_admin(platform, cmd, now_ms);
@@ -165,9 +172,13 @@ impl Policy {
         if rules.mode == Mode::Open && rules.rate.is_none() {
             return Decision::Admit;
         }
-        if !self.state.platforms.contains_key(platform) && self.state.platforms.len() >= MAX_PLATFORMS {
+        if !self.state.platforms.contains_key(platform)
+            && self.state.platforms.len() >= MAX_PLATFORMS
+        {
             if !self.warned_full {
-                log::warn!("access: state for {MAX_PLATFORMS} platforms already; messages on {platform} refused");
+                log::warn!(
+                    "access: state for {MAX_PLATFORMS} platforms already; messages on {platform} refused"
+                );
                 self.warned_full = true;
             }
             return Decision::answer(Notice::Denied, "This bot is not available here.");
@@ -213,18 +224,30 @@ impl Policy {
     fn run_admin(&mut self, platform: &str, cmd: AdminCommand<'_>, now_ms: u64) -> String {
         let st = self.state.platforms.entry(platform.to_owned()).or_default();
         st.expire(now_ms);
-        let changed = matches!(cmd, AdminCommand::Approve(_) | AdminCommand::Allow(_) | AdminCommand::Deny(_));
+        let changed = matches!(
+            cmd,
+            AdminCommand::Approve(_) | AdminCommand::Allow(_) | AdminCommand::Deny(_)
+        );
         let text = match cmd {
             AdminCommand::Approve(code) => match st.approve_code(code, now_ms) {
                 Ok(user) => format!("approved {user}"),
                 Err(e) => e,
             },
-            AdminCommand::Allow(user) => st.allow(user).map_or_else(|e| e, |()| format!("allowed {user}")),
-            AdminCommand::Deny(user) => st.deny(user).map_or_else(|e| e, |()| format!("denied {user}")),
+            AdminCommand::Allow(user) => st
+                .allow(user)
+                .map_or_else(|e| e, |()| format!("allowed {user}")),
+            AdminCommand::Deny(user) => st
+                .deny(user)
+                .map_or_else(|e| e, |()| format!("denied {user}")),
             AdminCommand::Pending => list(
                 "pending codes",
                 st.pending.iter().map(|p| {
-                    format!("{} {} (expires in {} min)", p.code, p.user, p.expires_ms.saturating_sub(now_ms) / 60_000)
+                    format!(
+                        "{} {} (expires in {} min)",
+                        p.code,
+                        p.user,
+                        p.expires_ms.saturating_sub(now_ms) / 60_000
+                    )
                 }),
             ),
             AdminCommand::Users => list(
@@ -239,7 +262,10 @@ impl Policy {
                     .filter(|(u, _)| user.is_none_or(|w| w == u.as_str()))
                     .map(|(u, b)| format!("{u}: {:.1} messages left", b.tokens)),
             ),
-            AdminCommand::Unknown => "commands: !approve CODE, !allow USER, !deny USER, !pending, !users, !usage [USER]".into(),
+            AdminCommand::Unknown => {
+                "commands: !approve CODE, !allow USER, !deny USER, !pending, !users, !usage [USER]"
+                    .into()
+            }
         };
         st.check();
         if changed {
@@ -251,12 +277,24 @@ impl Policy {
 }
 
 /// The decision for a non-admin user on a platform with a policy.
-fn decide_known(rules: &Rules, st: &mut PlatformState, m: &Message, ids: &[Option<&str>; 2], now_ms: u64) -> Decision {
+fn decide_known(
+    rules: &Rules,
+    st: &mut PlatformState,
+    m: &Message,
+    ids: &[Option<&str>; 2],
+    now_ms: u64,
+) -> Decision {
     let user = ids[0].unwrap_or("");
     let listed = !user.is_empty()
-        && (rules.allow.iter().any(|g| ids.iter().flatten().any(|id| g.matches(id)))
+        && (rules
+            .allow
+            .iter()
+            .any(|g| ids.iter().flatten().any(|id| g.matches(id)))
             || st.approved.contains(user));
-    let chat_listed = rules.allow_chats.iter().any(|g| g.matches(m.session.chat_id()));
+    let chat_listed = rules
+        .allow_chats
+        .iter()
+        .any(|g| g.matches(m.session.chat_id()));
     let denied = st.denied.contains(user);
     let allowed = !denied && (rules.mode == Mode::Open || listed || chat_listed);
     if !allowed {
@@ -264,16 +302,25 @@ fn decide_known(rules: &Rules, st: &mut PlatformState, m: &Message, ids: &[Optio
             return Decision::answer(Notice::Ignored, "");
         }
         if denied || rules.mode == Mode::Allowlist || user.is_empty() {
-            return Decision::answer(Notice::Denied, "This bot is private: you are not on its list of users.");
+            return Decision::answer(
+                Notice::Denied,
+                "This bot is private: you are not on its list of users.",
+            );
         }
         let platform = m.session.platform();
         return match st.code_for(user, now_ms) {
-            Some(code) => Decision::answer(Notice::Pairing, format!(
-                "This bot is private. To ask for access, send its operator this code: {code} (valid for an hour). \
+            Some(code) => Decision::answer(
+                Notice::Pairing,
+                format!(
+                    "This bot is private. To ask for access, send its operator this code: {code} (valid for an hour). \
                  An admin approves it by writing `!approve {code}` to the bot; without an admin, the operator adds \
                  {user} to `allow` in the gateway's [access.{platform}] table."
-            )),
-            None => Decision::answer(Notice::Pairing, "This bot is private, and too many requests wait for approval: try again later."),
+                ),
+            ),
+            None => Decision::answer(
+                Notice::Pairing,
+                "This bot is private, and too many requests wait for approval: try again later.",
+            ),
         };
     }
     if let Some(rate) = rules.rate {
@@ -283,11 +330,14 @@ fn decide_known(rules: &Rules, st: &mut PlatformState, m: &Message, ids: &[Optio
                 return Decision::answer(Notice::Ignored, "");
             }
             let secs = wait_ms.div_ceil(1000);
-            return Decision::answer(Notice::RateLimited, format!(
-                "Slow down: at most {} messages per {} s here. Try again in {secs} s.",
-                rate.count,
-                rate.per.as_secs()
-            ));
+            return Decision::answer(
+                Notice::RateLimited,
+                format!(
+                    "Slow down: at most {} messages per {} s here. Try again in {secs} s.",
+                    rate.count,
+                    rate.per.as_secs()
+                ),
+            );
         }
     }
     Decision::Admit
@@ -324,7 +374,9 @@ enum AdminCommand<'a> {
 /// The admin command `m`'s text is, if any (`!word` first; a Matrix reply's quoted lines
 /// are not part of the command).
 fn admin_command(m: &Message) -> Option<AdminCommand<'_>> {
-    let Body::Text(text) = &m.body else { return None };
+    let Body::Text(text) = &m.body else {
+        return None;
+    };
     let mut words = text.trim().strip_prefix('!')?.split_whitespace();
     let cmd = words.next()?;
     let arg = words.next();

@@ -100,7 +100,9 @@ impl PlatformState {
 
     pub(crate) fn allow(&mut self, user: &str) -> Result<(), String> {
         if !self.knows(user) && self.approved.len() + self.denied.len() >= MAX_USERS {
-            return Err(format!("{MAX_USERS} users remembered already: !deny or remove some first"));
+            return Err(format!(
+                "{MAX_USERS} users remembered already: !deny or remove some first"
+            ));
         }
         self.denied.remove(user);
         self.approved.insert(user.to_owned());
@@ -141,14 +143,23 @@ impl PlatformState {
 
     /// Takes one token of `user`'s bucket (`count` per `per_ms`): `Err(ms until one is
     /// there)` when empty.
-    pub(crate) fn take_token(&mut self, user: &str, count: u32, per_ms: u64, now_ms: u64) -> Result<(), u64> {
+    pub(crate) fn take_token(
+        &mut self,
+        user: &str,
+        count: u32,
+        per_ms: u64,
+        now_ms: u64,
+    ) -> Result<(), u64> {
         let full = f64::from(count);
         let per_token = per_ms as f64 / full;
         if !self.buckets.contains_key(user) && self.buckets.len() >= MAX_TRACKED {
             // A bucket refilled to full says nothing: those go first, else the stalest.
             evict_oldest(&mut self.buckets, |b| b.at_ms);
         }
-        let b = self.buckets.entry(user.to_owned()).or_insert(Bucket { tokens: full, at_ms: now_ms });
+        let b = self.buckets.entry(user.to_owned()).or_insert(Bucket {
+            tokens: full,
+            at_ms: now_ms,
+        });
         let elapsed = now_ms.saturating_sub(b.at_ms) as f64;
         b.tokens = (b.tokens + elapsed / per_token).min(full);
         b.at_ms = now_ms.max(b.at_ms);
@@ -175,7 +186,11 @@ impl PlatformState {
 }
 
 fn evict_oldest<V>(map: &mut HashMap<String, V>, at: impl Fn(&V) -> u64) {
-    if let Some(k) = map.iter().min_by_key(|(_, v)| at(v)).map(|(k, _)| k.clone()) {
+    if let Some(k) = map
+        .iter()
+        .min_by_key(|(_, v)| at(v))
+        .map(|(k, _)| k.clone())
+    {
         map.remove(&k);
     }
 }
@@ -218,21 +233,38 @@ mod tests {
     fn codes_are_bounded_one_per_user_and_expire() {
         let mut s = PlatformState::default();
         let first = s.code_for("u0", 0).expect("room");
-        assert_eq!(s.code_for("u0", 10).as_deref(), Some(first.as_str()), "no second code");
+        assert_eq!(
+            s.code_for("u0", 10).as_deref(),
+            Some(first.as_str()),
+            "no second code"
+        );
         for i in 1..MAX_PENDING {
             assert!(s.code_for(&format!("u{i}"), 0).is_some());
         }
-        assert_eq!(s.code_for("one-too-many", 0), None, "past the bound: no code");
+        assert_eq!(
+            s.code_for("one-too-many", 0),
+            None,
+            "past the bound: no code"
+        );
         s.check();
-        assert!(s.code_for("one-too-many", CODE_TTL_MS).is_some(), "expired ones freed room");
-        assert!(s.approve_code(&first, CODE_TTL_MS).is_err(), "an expired code approves no one");
+        assert!(
+            s.code_for("one-too-many", CODE_TTL_MS).is_some(),
+            "expired ones freed room"
+        );
+        assert!(
+            s.approve_code(&first, CODE_TTL_MS).is_err(),
+            "an expired code approves no one"
+        );
     }
 
     #[test]
     fn an_approved_code_is_used_once_and_case_does_not_matter() {
         let mut s = PlatformState::default();
         let code = s.code_for("@bob:x", 0).expect("room");
-        assert_eq!(s.approve_code(&code.to_lowercase(), 5), Ok("@bob:x".to_owned()));
+        assert_eq!(
+            s.approve_code(&code.to_lowercase(), 5),
+            Ok("@bob:x".to_owned())
+        );
         assert!(s.approved.contains("@bob:x") && s.pending.is_empty());
         assert!(s.approve_code(&code, 6).is_err());
         s.deny("@bob:x").expect("room");

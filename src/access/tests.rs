@@ -2,7 +2,10 @@ use super::*;
 use crate::message::SessionKey;
 
 fn cfg(toml: &[(&str, AccessTable)]) -> AccessConfig {
-    let map = toml.iter().map(|(p, t)| ((*p).to_owned(), t.clone())).collect();
+    let map = toml
+        .iter()
+        .map(|(p, t)| ((*p).to_owned(), t.clone()))
+        .collect();
     AccessConfig::from_tables(&map, true).expect("valid")
 }
 
@@ -25,11 +28,20 @@ mod toml_like {
     impl T {
         pub(super) fn build(self) -> super::AccessTable {
             let mut s = String::new();
-            let list = |v: &[&str]| v.iter().map(|x| format!("{x:?}")).collect::<Vec<_>>().join(",");
+            let list = |v: &[&str]| {
+                v.iter()
+                    .map(|x| format!("{x:?}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
             if let Some(m) = self.mode {
                 s += &format!("mode = {m:?}\n");
             }
-            s += &format!("admins = [{}]\nallow = [{}]\n", list(&self.admins), list(&self.allow));
+            s += &format!(
+                "admins = [{}]\nallow = [{}]\n",
+                list(&self.admins),
+                list(&self.allow)
+            );
             if let Some(g) = self.groups {
                 s += &format!("groups = {g:?}\n");
             }
@@ -52,12 +64,18 @@ mod toml_like {
 
 fn dm(platform: &str, user: &str, text: &str) -> Message {
     let key = SessionKey::dm(platform, user).expect("key");
-    Message::new("m", key, text).expect("msg").from_user(user, None).expect("user")
+    Message::new("m", key, text)
+        .expect("msg")
+        .from_user(user, None)
+        .expect("user")
 }
 
 fn group(platform: &str, user: &str, text: &str, to_bot: bool) -> Message {
     let key = SessionKey::new(platform, ChatType::Group, "!room", None, Some(user)).expect("key");
-    let m = Message::new("m", key, text).expect("msg").from_user(user, None).expect("user");
+    let m = Message::new("m", key, text)
+        .expect("msg")
+        .from_user(user, None)
+        .expect("user");
     if to_bot {
         m.with_meta(r#"{"to_bot":true}"#).expect("meta")
     } else {
@@ -73,7 +91,9 @@ fn notice(d: &Decision) -> Option<Notice> {
 }
 
 fn code_in(d: &Decision) -> String {
-    let Decision::Answer { text, .. } = d else { panic!("no notice") };
+    let Decision::Answer { text, .. } = d else {
+        panic!("no notice")
+    };
     let at = text.find("code: ").expect("a code") + 6;
     text[at..at + 8].to_owned()
 }
@@ -86,28 +106,50 @@ fn a_stranger_is_paired_and_the_admins_approval_lets_the_next_message_through() 
     assert_eq!(notice(&first), Some(Notice::Pairing));
     let code = code_in(&first);
     // Within the minute: no second notice, no second code.
-    assert_eq!(notice(&p.decide(&dm("matrix", "@bob:x", "hi?"), 1000)), Some(Notice::Ignored));
+    assert_eq!(
+        notice(&p.decide(&dm("matrix", "@bob:x", "hi?"), 1000)),
+        Some(Notice::Ignored)
+    );
     // A non-admin's `!approve` is not a command: it is a stranger's message like any.
-    assert_eq!(notice(&p.decide(&dm("matrix", "@eve:x", &format!("!approve {code}")), 1000)), Some(Notice::Pairing));
+    assert_eq!(
+        notice(&p.decide(&dm("matrix", "@eve:x", &format!("!approve {code}")), 1000)),
+        Some(Notice::Pairing)
+    );
     let ok = p.decide(&dm("matrix", admin, &format!("!approve {code}")), 2000);
     assert_eq!(ok, Decision::answer(Notice::Admin, "approved @bob:x"));
-    assert_eq!(p.decide(&dm("matrix", "@bob:x", "hi"), 3000), Decision::Admit);
+    assert_eq!(
+        p.decide(&dm("matrix", "@bob:x", "hi"), 3000),
+        Decision::Admit
+    );
     // The admin's own messages run, exempt.
-    assert_eq!(p.decide(&dm("matrix", admin, "hello"), 3000), Decision::Admit);
+    assert_eq!(
+        p.decide(&dm("matrix", admin, "hello"), 3000),
+        Decision::Admit
+    );
     // `!deny` shuts them out again.
     p.decide(&dm("matrix", admin, "!deny @bob:x"), 4000);
-    assert_eq!(notice(&p.decide(&dm("matrix", "@bob:x", "hi"), 5000)), Some(Notice::Denied));
+    assert_eq!(
+        notice(&p.decide(&dm("matrix", "@bob:x", "hi"), 5000)),
+        Some(Notice::Denied)
+    );
 }
 
 #[test]
 fn defaults_pair_on_native_platforms_and_leave_others_open() {
     let mut p = Policy::new(cfg(&[]));
     for platform in ["matrix", "irc", "telegram"] {
-        assert_eq!(notice(&p.decide(&dm(platform, "u", "hi"), 0)), Some(Notice::Pairing), "{platform}");
+        assert_eq!(
+            notice(&p.decide(&dm(platform, "u", "hi"), 0)),
+            Some(Notice::Pairing),
+            "{platform}"
+        );
     }
     assert_eq!(p.decide(&dm("cli", "u", "hi"), 0), Decision::Admit);
     let mut embedder = Policy::new(AccessConfig::default());
-    assert_eq!(embedder.decide(&dm("matrix", "u", "hi"), 0), Decision::Admit);
+    assert_eq!(
+        embedder.decide(&dm("matrix", "u", "hi"), 0),
+        Decision::Admit
+    );
 }
 
 #[test]
@@ -119,35 +161,62 @@ fn allow_globs_admit_and_an_allowlist_denies_the_rest() {
             t.allow = vec!["@*:example.org"];
         }),
     )]));
-    assert_eq!(p.decide(&dm("matrix", "@bob:example.org", "hi"), 0), Decision::Admit);
-    assert_eq!(notice(&p.decide(&dm("matrix", "@bob:evil.org", "hi"), 0)), Some(Notice::Denied));
+    assert_eq!(
+        p.decide(&dm("matrix", "@bob:example.org", "hi"), 0),
+        Decision::Admit
+    );
+    assert_eq!(
+        notice(&p.decide(&dm("matrix", "@bob:evil.org", "hi"), 0)),
+        Some(Notice::Denied)
+    );
 }
 
 #[test]
 fn in_a_mention_only_group_only_messages_to_the_bot_count() {
     let mut p = Policy::new(cfg(&[("matrix", table(|t| t.mode = Some("open")))]));
-    assert_eq!(notice(&p.decide(&group("matrix", "u", "chatter", false), 0)), Some(Notice::Ignored));
-    assert_eq!(p.decide(&group("matrix", "u", "bot: hi", true), 0), Decision::Admit);
-    assert_eq!(p.decide(&dm("matrix", "u", "hi"), 0), Decision::Admit, "a DM is always addressed");
-    let mut all = Policy::new(cfg(&[("matrix", table(|t| {
-        t.mode = Some("open");
-        t.groups = Some("all");
-    }))]));
-    assert_eq!(all.decide(&group("matrix", "u", "chatter", false), 0), Decision::Admit);
+    assert_eq!(
+        notice(&p.decide(&group("matrix", "u", "chatter", false), 0)),
+        Some(Notice::Ignored)
+    );
+    assert_eq!(
+        p.decide(&group("matrix", "u", "bot: hi", true), 0),
+        Decision::Admit
+    );
+    assert_eq!(
+        p.decide(&dm("matrix", "u", "hi"), 0),
+        Decision::Admit,
+        "a DM is always addressed"
+    );
+    let mut all = Policy::new(cfg(&[(
+        "matrix",
+        table(|t| {
+            t.mode = Some("open");
+            t.groups = Some("all");
+        }),
+    )]));
+    assert_eq!(
+        all.decide(&group("matrix", "u", "chatter", false), 0),
+        Decision::Admit
+    );
 }
 
 #[test]
 fn a_user_past_the_rate_is_told_when_to_come_back_and_admins_are_exempt() {
-    let mut p = Policy::new(cfg(&[("telegram", table(|t| {
-        t.mode = Some("open");
-        t.rate = Some("2/min");
-        t.admins = vec!["boss"];
-    }))]));
+    let mut p = Policy::new(cfg(&[(
+        "telegram",
+        table(|t| {
+            t.mode = Some("open");
+            t.rate = Some("2/min");
+            t.admins = vec!["boss"];
+        }),
+    )]));
     assert_eq!(p.decide(&dm("telegram", "u", "1"), 0), Decision::Admit);
     assert_eq!(p.decide(&dm("telegram", "u", "2"), 0), Decision::Admit);
     let third = p.decide(&dm("telegram", "u", "3"), 0);
     assert_eq!(notice(&third), Some(Notice::RateLimited));
-    let Decision::Answer { text, .. } = third else { unreachable!() };
+    let Decision::Answer { text, .. } = third else {
+        unreachable!()
+    };
     assert!(text.contains("Try again in 30 s"), "{text}");
     assert_eq!(p.decide(&dm("telegram", "u", "4"), 30_000), Decision::Admit);
     for _ in 0..10 {
@@ -172,5 +241,8 @@ fn the_state_survives_a_save_and_a_load() {
     }
     let mut again = Policy::new(cfg(&[("matrix", table(|t| t.admins = vec!["a"]))]));
     again.persist_in(dir.path()).expect("load");
-    assert_eq!(again.decide(&dm("matrix", "bob", "hi"), 10), Decision::Admit);
+    assert_eq!(
+        again.decide(&dm("matrix", "bob", "hi"), 10),
+        Decision::Admit
+    );
 }

@@ -272,15 +272,20 @@ mod round_trip {
                     on,
                 }
             }),
-            (text(), text(), text(), any::<bool>(), proptest::option::of(text())).prop_map(
-                |(id, session, text, truncated, notice)| ServerOp::Reply {
+            (
+                text(),
+                text(),
+                text(),
+                any::<bool>(),
+                proptest::option::of(text())
+            )
+                .prop_map(|(id, session, text, truncated, notice)| ServerOp::Reply {
                     id,
                     session,
                     text,
                     truncated,
                     notice,
-                }
-            ),
+                }),
             (text(), text(), text()).prop_map(|(id, session, text)| ServerOp::Partial {
                 id,
                 session,

@@ -204,6 +204,8 @@ pub(crate) struct SyncState {
     seen: BoundedSet,
     /// Rooms whose timeline had a gap (more events than the filter's limit) since the start.
     pub gaps: u64,
+    /// The bot's display name, from the latest member event of its own seen (a mention).
+    my_name: Option<String>,
 }
 
 /// The body without a reply fallback (`> ` quote lines and the blank line after them), which
@@ -243,6 +245,7 @@ impl SyncState {
             joining: HashSet::new(),
             seen: BoundedSet::new(max_seen),
             gaps: 0,
+            my_name: None,
         }
     }
 
@@ -379,6 +382,9 @@ impl SyncState {
                     ev["content"]["displayname"].as_str(),
                 )
             {
+                if user == self.me {
+                    self.my_name = clean_name(name);
+                }
                 names.insert(user, name);
             }
         }
@@ -479,7 +485,7 @@ impl SyncState {
             });
         }
         let sender_name = names.get(sender).and_then(|n| clean_name(n));
-        let to_bot = self.mentions_me(content, body, names);
+        let to_bot = self.mentions_me(content, body);
         let text = if msgtype == "m.emote" {
             format!("* {} {body}", sender_name.as_deref().unwrap_or(sender))
         } else {
@@ -500,13 +506,15 @@ impl SyncState {
 
     /// Whether a message mentions the bot: its `m.mentions` names it (clients add the
     /// sender of the event replied to), or the text holds its mxid or its display name.
-    fn mentions_me(&self, content: &Value, body: &str, names: &HashMap<&str, &str>) -> bool {
+    fn mentions_me(&self, content: &Value, body: &str) -> bool {
         let me = self.me.as_str();
         let listed = content["m.mentions"]["user_ids"]
             .as_array()
             .is_some_and(|ids| ids.iter().any(|id| id.as_str() == Some(me)));
-        let name = names.get(me).copied().filter(|n| !n.trim().is_empty());
-        listed || body.contains(me) || name.is_some_and(|n| body.to_lowercase().contains(&n.to_lowercase()))
+        let name = self.my_name.as_deref().filter(|n| !n.trim().is_empty());
+        listed
+            || body.contains(me)
+            || name.is_some_and(|n| body.to_lowercase().contains(&n.to_lowercase()))
     }
 }
 
@@ -561,7 +569,10 @@ mod tests {
     #[test]
     fn a_group_message_is_marked_to_the_bot_only_when_it_mentions_it() {
         let mut s = started();
-        let names = vec![member("@ann:hs", "join", "Ann"), member(ME, "join", "Turnstile Bot")];
+        let names = vec![
+            member("@ann:hs", "join", "Ann"),
+            member(ME, "join", "Turnstile Bot"),
+        ];
         let mut mentioned = msg("$3", "@ann:hs", "hey you");
         mentioned["content"]["m.mentions"] = json!({"user_ids": [ME]});
         let got = messages(s.absorb(&sync_with(
@@ -579,7 +590,11 @@ mod tests {
         assert_eq!(marks, [false, true, true, true]);
         let line = got[1].to_bridge("matrix", ChatKind::Group);
         assert_eq!(line["meta"]["to_bot"], true);
-        assert!(got[0].to_bridge("matrix", ChatKind::Group)["meta"].get("to_bot").is_none());
+        assert!(
+            got[0].to_bridge("matrix", ChatKind::Group)["meta"]
+                .get("to_bot")
+                .is_none()
+        );
     }
 
     #[test]

@@ -314,7 +314,8 @@ fn a_group_message_is_marked_to_the_bot_only_when_addressed() {
             u["message"]["reply_to_message"] = json!({"message_id": 2, "from": {"username": f}});
         }
         let m = update_to_message(&u, "test_bot").expect("message");
-        let meta: serde_json::Value = serde_json::from_str(m.meta.as_deref().expect("meta")).expect("json");
+        let meta: serde_json::Value =
+            serde_json::from_str(m.meta.as_deref().expect("meta")).expect("json");
         meta.get("to_bot") == Some(&json!(true))
     };
     assert!(!group("chatter", None));

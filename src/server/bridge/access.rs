@@ -24,7 +24,12 @@ impl Bridge {
     /// Acks the message of `tag` as a turn that ran at once, then ends it with the notice.
     fn answer_notice(&mut self, tag: u64, m: &Message, notice: Notice, mut text: String) {
         let platform = m.session.platform();
-        log::debug!("session {}: message {} answered by the access policy: {}", m.session, m.id, notice.as_str());
+        log::debug!(
+            "session {}: message {} answered by the access policy: {}",
+            m.session,
+            m.id,
+            notice.as_str()
+        );
         let now = self.now;
         self.handle_accepted(tag, (&m.id, &m.session), AcceptState::Running, 0, now);
         let Some(route) = self.routes.remove(tag) else {
@@ -46,7 +51,10 @@ impl Bridge {
 
 impl Bridge {
     /// Keeps the policy's state in `dir/access.json` (loaded now, saved off the reactor).
-    pub(in crate::server) fn persist_access(&mut self, dir: &std::path::Path) -> std::io::Result<()> {
+    pub(in crate::server) fn persist_access(
+        &mut self,
+        dir: &std::path::Path,
+    ) -> std::io::Result<()> {
         self.access.persist_in(dir)
     }
 

@@ -484,7 +484,8 @@ impl Bridge {
                 self.journal(|| Record::Delivered { seq });
             }
             self.offer_forwards(now);
-            self.access.maybe_save(self.wall_at_zero + now.as_millis() as u64);
+            self.access
+                .maybe_save(self.wall_at_zero + now.as_millis() as u64);
         }
         self.audit();
         self.next_housekeeping
