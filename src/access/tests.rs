@@ -246,3 +246,98 @@ fn the_state_survives_a_save_and_a_load() {
         Decision::Admit
     );
 }
+
+/// One step of a random conversation with the policy.
+#[derive(Clone, Debug)]
+enum Step {
+    /// User `n` writes (in a DM).
+    Write(u8),
+    /// The admin approves the code user `n` was given (if any).
+    Approve(u8),
+    /// The admin denies user `n`.
+    Deny(u8),
+    /// The admin allows user `n`.
+    Allow(u8),
+    /// Time passes (ms).
+    Wait(u32),
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        4 => (0u8..6).prop_map(Step::Write),
+        1 => (0u8..6).prop_map(Step::Approve),
+        1 => (0u8..6).prop_map(Step::Deny),
+        1 => (0u8..6).prop_map(Step::Allow),
+        1 => (0u32..7_200_000).prop_map(Step::Wait),
+    ]
+}
+
+proptest::proptest! {
+    /// Whatever the interleaving of messages, approvals, denials and time: a user's message
+    /// reaches the agent exactly when an admin let them in (approved their live code, or
+    /// allowed them) and did not deny them since; no user ever holds two codes; a code is
+    /// never handed out past its hour; and a refused user gets at most one notice a minute.
+    #[test]
+    fn only_users_an_admin_let_in_reach_the_agent(steps in proptest::collection::vec(step(), 1..60)) {
+        let admin = "admin";
+        let mut p = Policy::new(cfg(&[("matrix", table(|t| t.admins = vec!["admin"]))]));
+        let mut now = 0u64;
+        let mut let_in = std::collections::HashSet::new();
+        let mut codes: std::collections::HashMap<u8, (String, u64)> = Default::default();
+        let mut last_notice: std::collections::HashMap<u8, u64> = Default::default();
+        for s in steps {
+            match s {
+                Step::Write(u) => {
+                    let d = p.decide(&dm("matrix", &format!("u{u}"), "hi"), now);
+                    proptest::prop_assert_eq!(d == Decision::Admit, let_in.contains(&u), "{:?}", d);
+                    if let Decision::Answer { notice, text } = &d {
+                        if *notice != Notice::Ignored {
+                            let prev = last_notice.insert(u, now);
+                            proptest::prop_assert!(prev.is_none_or(|t| now >= t + state::NOTICE_EVERY_MS));
+                        }
+                        if *notice == Notice::Pairing && text.contains("code: ") {
+                            let code = code_in(&d);
+                            match codes.get(&u) {
+                                Some((old, expires)) if now < *expires => {
+                                    // The same code again, with its first expiry.
+                                    proptest::prop_assert_eq!(old, &code, "a second live code");
+                                }
+                                _ => {
+                                    codes.insert(u, (code, now + state::CODE_TTL_MS));
+                                }
+                            }
+                        }
+                    }
+                }
+                Step::Approve(u) => {
+                    if let Some((code, expires)) = codes.get(&u).cloned() {
+                        let d = p.decide(&dm("matrix", admin, &format!("!approve {code}")), now);
+                        let live = now < expires && !let_in.contains(&u);
+                        let approved = d == Decision::answer(Notice::Admin, format!("approved u{u}"));
+                        // A code is good until it expires or its user is let in another way.
+                        proptest::prop_assert_eq!(approved, live, "{:?}", d);
+                        if approved {
+                            // Let in: their next refusal, if any, is news worth a notice.
+                            let_in.insert(u);
+                            last_notice.remove(&u);
+                        }
+                        codes.remove(&u);
+                    }
+                }
+                Step::Deny(u) => {
+                    p.decide(&dm("matrix", admin, &format!("!deny u{u}")), now);
+                    let_in.remove(&u);
+                    codes.remove(&u);
+                }
+                Step::Allow(u) => {
+                    p.decide(&dm("matrix", admin, &format!("!allow u{u}")), now);
+                    let_in.insert(u);
+                    codes.remove(&u);
+                    last_notice.remove(&u);
+                }
+                Step::Wait(ms) => now += u64::from(ms),
+            }
+        }
+    }
+}
