@@ -81,7 +81,9 @@ impl Rules {
             admins: Vec::new(),
             allow: Vec::new(),
             allow_chats: Vec::new(),
-            mention_only: true,
+            // A third-party bridge may not mark mentions (`meta.to_bot`): without a table its
+            // platform stays as it was, every group message answered.
+            mention_only: native,
             rate: None,
         }
     }
@@ -180,7 +182,11 @@ impl AccessConfig {
 
 /// One table's rules; the error starts with the key.
 fn rules(platform: &str, t: &AccessTable) -> Result<Rules, String> {
-    let mut r = Rules::default_for(platform);
+    // A table opts its platform into the policy: groups by mention unless it says `all`.
+    let mut r = Rules {
+        mention_only: true,
+        ..Rules::default_for(platform)
+    };
     if let Some(m) = &t.mode {
         r.mode = match m.as_str() {
             "pairing" => Mode::Pairing,
@@ -279,6 +285,7 @@ mod tests {
             assert_eq!(c.default_rules(p).mode, Mode::Pairing);
         }
         assert_eq!(c.default_rules("cli").mode, Mode::Open);
+        assert!(c.default_rules("matrix").mention_only && !c.default_rules("slack").mention_only);
         assert_eq!(
             AccessConfig::default().default_rules("matrix").mode,
             Mode::Open
