@@ -55,6 +55,7 @@
 #[cfg(not(target_os = "linux"))]
 compile_error!("turnstile runs on Linux only (it uses timerfd, pidfd, process groups and /proc)");
 
+mod access;
 mod agent;
 mod agents;
 mod auth;
@@ -88,6 +89,7 @@ mod tokens;
 #[cfg_attr(not(feature = "cli"), allow(dead_code))]
 mod wire;
 
+pub use access::{AccessConfig, AccessFigures};
 pub use agent::{
     Agent, AgentError, AgentFactory, AgentUsage, CancelToken, EchoAgent, FnFactory, ModelUsage,
     Partials, TurnError, TurnInput,

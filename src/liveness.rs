@@ -500,6 +500,9 @@ pub struct BridgeStatus {
     /// Cluster membership (`--cluster`); absent without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<ClusterStatus>,
+    /// The access policy (docs/access.md): notices answered by kind, codes pending.
+    #[serde(default)]
+    pub access: crate::AccessFigures,
 }
 
 /// A cluster member's figures (`--cluster`, docs/cluster.md): what it owns, what waits on

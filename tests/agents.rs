@@ -511,7 +511,7 @@ struct Server {
 impl Server {
     fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
-            .arg("serve")
+            .args(["serve", "--access-default", "open"])
             .args(["--listen", "127.0.0.1:0", "--http-listen", "off"])
             .args(args)
             .env("RUST_LOG", "info")

@@ -69,7 +69,7 @@ impl Gw {
         let snapshots = SnapshotWatch::new(status_file.parent().expect("a directory"));
         let mut command = bin();
         command
-            .arg("serve")
+            .args(["serve", "--access-default", "open"])
             .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
             .args(
                 own.iter()
@@ -1623,8 +1623,16 @@ fn metrics_and_status_are_rendered_once_per_snapshot() {
 #[test]
 fn the_dashboard_and_the_alerts_name_only_series_the_gateway_exports() {
     let dir = temp_dir("contrib-series");
+    // The platform pairs strangers, so the access policy's series have samples.
+    let config = dir.join("access.toml");
+    std::fs::write(&config, "[access.tg]\nmode = \"pairing\"\n").expect("config");
     let gw = Gw::start(
-        &["--data-dir", dir.join("data").to_str().expect("path")],
+        &[
+            "--data-dir",
+            dir.join("data").to_str().expect("path"),
+            "--config",
+            config.to_str().expect("path"),
+        ],
         &[],
     );
     // A platform with an outbox, and a message through the journal.
@@ -1632,8 +1640,13 @@ fn the_dashboard_and_the_alerts_name_only_series_the_gateway_exports() {
     c.send(&json!({"op": "hello", "platform": "tg", "acks": true}));
     c.send(&msg("m1", "tg", "1", "hi"));
     assert_eq!(c.outcome("m1")["op"], "reply");
-    gw.wait_status("the platform in the status", |s| {
+    let mut stranger = msg("m2", "tg", "2", "let me in");
+    stranger["user_id"] = json!("stranger");
+    c.send(&stranger);
+    assert_eq!(c.outcome("m2")["notice"], "pairing");
+    gw.wait_status("the platform and the pairing notice in the status", |s| {
         s["frontend"]["outboxes"]["tg"].is_object()
+            && s["frontend"]["access"]["refused"]["tg:pairing"] == 1
     });
     let scraped = gw.metrics();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib");

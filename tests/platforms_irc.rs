@@ -210,6 +210,7 @@ impl Setup {
         let mut serve = die_with_parent(
             Command::new(env!("CARGO_BIN_EXE_turnstile"))
                 .args(["serve", "--listen", listen, "--http-listen", "off"])
+                .args(["--access-default", "open"])
                 .args(["--agent", "exec", "--agent-cmd", &agent])
                 .args(extra)
                 .env("RUST_LOG", "warn")
@@ -271,6 +272,11 @@ struct Human {
 
 impl Human {
     fn connect(port: u16, nick: &str, channel: Option<&str>) -> Human {
+        Human::connect_as(port, nick, nick, channel)
+    }
+
+    /// With `user` as the USER name (the `user` of `nick!user@host`).
+    fn connect_as(port: u16, nick: &str, user: &str, channel: Option<&str>) -> Human {
         let stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
         stream.set_read_timeout(Some(WAIT)).expect("timeout");
         let mut h = Human {
@@ -278,7 +284,7 @@ impl Human {
             writer: stream,
         };
         h.send(&format!("NICK {nick}"));
-        h.send(&format!("USER {nick} 0 * :test human"));
+        h.send(&format!("USER {user} 0 * :test human"));
         h.until(|l| l.split(' ').nth(1) == Some("001"));
         if let Some(channel) = channel {
             h.send(&format!("JOIN {channel}"));
@@ -508,6 +514,45 @@ fn the_bridge_reconnects_to_a_restarted_gateway_and_shows_its_owed_result_once()
     human.send("PRIVMSG #test :rebot: ping");
     let (_, next) = human.privmsg_from("rebot", "#test");
     assert_eq!(next, "human: pong");
+}
+
+/// Issue 32: a nick is anyone's to take, so the access policy matches the sender's whole
+/// `nick!user@host` mask (the bridge sends it as `meta.mask`): with `allow` naming the user
+/// part, the real alice is answered and an impostor who took her nick is refused.
+#[test]
+fn an_allowlist_on_the_mask_answers_alice_and_refuses_an_impostor_with_her_nick() {
+    let Some(ngircd) = require_ngircd() else {
+        return;
+    };
+    let mut setup = Setup::start(&ngircd);
+    let config = setup._dir.path().join("access.toml");
+    std::fs::write(
+        &config,
+        "[access.irc]\nmode = \"allowlist\"\nallow = [\"alice!*alice@*\"]\n",
+    )
+    .expect("config");
+    setup.start_serve(
+        "127.0.0.1:0",
+        &["--config", config.to_str().expect("utf-8")],
+    );
+    let mut alice = Human::connect_as(setup.irc_port, "alice", "alice", Some("#test"));
+    let (_bridge, ready) = setup.bridge("gatebot");
+    assert_eq!(ready, "ready: irc as gatebot");
+    alice.send("PRIVMSG #test :gatebot: ping");
+    let (_, answer) = alice.privmsg_from("gatebot", "#test");
+    assert_eq!(answer, "alice: pong");
+    alice.send("QUIT :bye");
+    // The server's goodbye: the nick is released once it has answered the QUIT.
+    alice.until(|l| l.starts_with("ERROR"));
+    drop(alice);
+    // The nick is free again; someone else takes it.
+    let mut impostor = Human::connect_as(setup.irc_port, "alice", "mallory", Some("#test"));
+    impostor.send("PRIVMSG #test :gatebot: ping");
+    let (_, refused) = impostor.privmsg_from("gatebot", "#test");
+    assert!(
+        refused.starts_with("alice: This bot is private"),
+        "{refused}"
+    );
 }
 
 /// A test CA and a `localhost` certificate it signed (EC keys: quick to make), with openssl.

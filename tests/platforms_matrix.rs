@@ -77,12 +77,18 @@ fn agent_cmd() -> String {
     )
 }
 
-/// `turnstile serve` on `port`, with the streaming agent; `data_dir` for the journal.
+/// `turnstile serve` on `port`, with the streaming agent; `data_dir` for the journal; every
+/// platform open (the access policy's own test configures it).
 fn serve(port: u16, data_dir: Option<&Path>) -> Proc {
+    serve_with(port, data_dir, &["--access-default", "open"])
+}
+
+fn serve_with(port: u16, data_dir: Option<&Path>, args: &[&str]) -> Proc {
     let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
     command
         .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
         .args(["--http-listen", "off", "--agent", "process"])
+        .args(args)
         .args(["--agent-cmd", &agent_cmd(), "--partial-interval", "0.05"])
         .env("RUST_LOG", "warn")
         .env("TURNSTILE_AUTH_TOKEN", GATEWAY_TOKEN)
@@ -605,6 +611,116 @@ fn with_a_state_dir_a_restarted_bridge_answers_what_was_written_while_it_was_dow
         1,
         "nothing answered twice:\n{}",
         w.seen.transcript()
+    );
+    b.stop();
+}
+
+/// A second handle on the bot's account (the tests' worlds each hold one).
+fn same_user(u: &User) -> User {
+    User {
+        base: u.base.clone(),
+        mxid: u.mxid.clone(),
+        token: u.token.clone(),
+    }
+}
+
+/// Issue 32 rows 1 and 3 against the real Synapse, with the default policy (`pairing` on
+/// matrix) and one admin: a stranger who invites the bot gets a pairing notice and no agent
+/// run; the admin's `!approve CODE` lets the stranger's next message through; in a group
+/// room only the message that mentions the bot is answered.
+#[test]
+fn issue32_a_stranger_is_paired_the_admin_approves_and_a_group_gets_answers_only_when_it_mentions_the_bot()
+ {
+    let Some(hs) = synapse() else { return };
+    let bot = hs.register("bot", "Turnstile Bot");
+    hs.unlimit(&bot);
+    let alice = hs.register("alice", "Alice");
+    let bob = hs.register("bob", "Bob");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("turnstile.toml");
+    std::fs::write(
+        &config,
+        format!("[access.matrix]\nadmins = [{:?}]\n", alice.mxid),
+    )
+    .expect("config");
+    let port = free_port();
+    let _serve = serve_with(port, None, &["--config", config.to_str().expect("utf-8")]);
+    let world = |human: User| {
+        let room = human.create_room(&[&bot.mxid]);
+        let seen = human.watch(&room);
+        World {
+            hs,
+            bot: same_user(&bot),
+            human,
+            room,
+            seen,
+        }
+    };
+    let mut bob_dm = world(bob);
+    let mut alice_dm = world(alice);
+    let b = bridge(hs, &bot, port, dir.path());
+    bob_dm.wait_joined();
+    alice_dm.wait_joined();
+
+    // The stranger: a notice with a code, no agent (the agent would say "echo: …").
+    let (ev, after) = bob_dm.say("hello bot");
+    let (r, at) = bob_dm.reply_to(&ev, after);
+    let at = bob_dm.shows(&r, at, "the pairing notice", |t| {
+        t.contains("This bot is private")
+    });
+    let Seen::Event(notice, _) = &bob_dm.seen.log[at] else {
+        unreachable!()
+    };
+    let text = notice["content"]["body"].as_str().expect("body").to_owned();
+    assert!(!text.contains("echo:"), "{text}");
+    let code = text[text.find("code: ").expect("a code") + 6..][..8].to_owned();
+
+    // The admin approves from her own room with the bot.
+    let (ev, after) = alice_dm.say(&format!("!approve {code}"));
+    let (r, at) = alice_dm.reply_to(&ev, after);
+    let bob_id = bob_dm.human.mxid.clone();
+    alice_dm.shows(&r, at, "the approval", |t| {
+        t == format!("approved {bob_id}")
+    });
+
+    // The stranger's next message reaches the agent.
+    let (ev, after) = bob_dm.say("now?");
+    let (r, at) = bob_dm.reply_to(&ev, after);
+    bob_dm.shows(&r, at, "the agent's answer", |t| t == "echo: now?");
+
+    // A group room (alice, bob, the bot): only the message that names the bot is answered.
+    let group = alice_dm.human.create_room(&[&bot.mxid, &bob_dm.human.mxid]);
+    bob_dm
+        .human
+        .call(
+            "POST",
+            &format!("/join/{}", matrix_support::enc(&group)),
+            Some(&serde_json::json!({})),
+        )
+        .expect("bob joins the group");
+    let mut g = World {
+        hs,
+        bot: same_user(&bot),
+        human: same_user(&alice_dm.human),
+        room: group.clone(),
+        seen: alice_dm.human.watch(&group),
+    };
+    g.wait_joined();
+    let (chatter, _) = g.say("just chatting among humans");
+    let (asked, after) = g.say("Turnstile Bot: are you there?");
+    let (r, at) = g.reply_to(&asked, after);
+    g.shows(&r, at, "the answer to the mention", |t| {
+        t == "echo: Turnstile Bot: are you there?"
+    });
+    let bot_id = bot.mxid.clone();
+    let answered_chatter = g
+        .seen
+        .events()
+        .any(|(_, ev)| replies_to(ev, &bot_id, &chatter));
+    assert!(
+        !answered_chatter,
+        "the bot answered chatter:\n{}",
+        g.seen.transcript()
     );
     b.stop();
 }

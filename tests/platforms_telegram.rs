@@ -337,7 +337,15 @@ impl Setup {
     }
 
     fn start_on(listen: &str) -> Setup {
+        Setup::start_with(listen, None)
+    }
+
+    /// With `access` as the `--config` file's text (the access policy's defaults and tables),
+    /// else every platform open.
+    fn start_with(listen: &str, access: Option<&str>) -> Setup {
         let dir = tempfile::tempdir().expect("tempdir");
+        let config = dir.path().join("turnstile.toml");
+        std::fs::write(&config, access.unwrap_or("access-default = \"open\"\n")).expect("config");
         let script = dir.path().join("agent.py");
         std::fs::write(&script, AGENT).expect("agent");
         let fifo = dir.path().join("go.fifo");
@@ -347,6 +355,8 @@ impl Setup {
         let mut serve = die_with_parent(
             Command::new(env!("CARGO_BIN_EXE_turnstile"))
                 .args(["serve", "--listen", listen, "--http-listen", "off"])
+                .arg("--config")
+                .arg(&config)
                 .args(["--agent", "process", "--agent-cmd", &cmd])
                 .args(["--partial-interval", "0.05"])
                 .env("RUST_LOG", "warn")
@@ -538,6 +548,56 @@ fn a_streamed_reply_is_one_message_plus_edits_under_429_and_splits_past_4096_uni
     assert_no_token(&log);
 }
 
+/// Issue 32 rows 1 and 3 through the real bridge and the fake Bot API, with the default
+/// policy (`pairing`, groups by mention) and one allowed user: in the group, chatter is not
+/// answered and a message naming `@fake_bot` is; a stranger's DM gets the pairing notice.
+#[test]
+fn a_group_is_answered_only_when_it_names_the_bot_and_a_stranger_gets_a_pairing_notice() {
+    let api = FakeBotApi::start();
+    let group = |update_id: i64, message_id: i64, text: &str| {
+        json!({"update_id": update_id, "message": {"message_id": message_id, "text": text,
+            "chat": {"id": -100, "type": "supergroup"}, "from": {"id": 8, "first_name": "Bob"}}})
+    };
+    api.push_update(group(20, 700, "chatter among humans"));
+    api.push_update(group(21, 701, "@fake_bot are you there?"));
+    api.push_update(private_update(22, 702, "let me in"));
+    let setup = Setup::start_with("127.0.0.1:0", Some("[access.telegram]\nallow = [\"8\"]\n"));
+    let state = setup.dir.path().join("state");
+    let log = setup.dir.path().join("bridge.log");
+    let mut bridge = setup.bridge(&api, &state, &log);
+    let sent = |s: &FakeState, pred: &dyn Fn(&str) -> bool| {
+        s.calls
+            .iter()
+            .filter(|c| c.method == "sendMessage" && c.params["text"].as_str().is_some_and(pred))
+            .count()
+    };
+    api.wait_for(
+        "the mention's answer, the notice and the confirming poll",
+        |s| {
+            let polled = s
+                .calls
+                .iter()
+                .any(|c| c.method == "getUpdates" && c.params["offset"] == 23);
+            let answered = sent(s, &|t| t == "echo: @fake_bot are you there? (group)") == 1;
+            let noticed = sent(s, &|t| t.starts_with("This bot is private")) == 1;
+            (answered && noticed && polled).then_some(())
+        },
+    );
+    let s = api.lock();
+    assert_eq!(
+        sent(&s, &|t| t.contains("chatter")),
+        0,
+        "the chatter was answered"
+    );
+    assert_eq!(
+        sent(&s, &|t| t.contains("let me in")),
+        0,
+        "the stranger reached the agent"
+    );
+    drop(s);
+    assert!(bridge.terminate().success());
+}
+
 #[test]
 fn a_restarted_bridge_resumes_from_its_saved_offset_and_processes_no_update_twice() {
     let api = FakeBotApi::start();
@@ -711,6 +771,7 @@ fn a_bridge_table_runs_the_bridge_supervised_by_serve() {
     let mut serve = die_with_parent(
         Command::new(env!("CARGO_BIN_EXE_turnstile"))
             .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "off"])
+            .args(["--access-default", "open"])
             .arg("--config")
             .arg(&config)
             .env("RUST_LOG", "info")

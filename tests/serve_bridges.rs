@@ -59,6 +59,7 @@ fn serve(dir: &Path, config: &str, mode: &str, env: &[(&str, &str)]) -> (Proc, R
     let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
     command
         .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "off"])
+        .args(["--access-default", "open"])
         .arg("--config")
         .arg(&path)
         .env("RUST_LOG", "info")

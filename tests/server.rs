@@ -22,7 +22,7 @@ impl Server {
     fn start(args: &[&str]) -> Server {
         let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
         command
-            .arg("serve")
+            .args(["serve", "--access-default", "open"])
             .args(["--listen", "127.0.0.1:0"])
             .args(["--http-listen", "off"])
             .args(args)

@@ -148,7 +148,7 @@ impl Gw {
 
     fn start_with(cert: &str, key: &str, args: &[&str]) -> Gw {
         let mut child = bin()
-            .arg("serve")
+            .args(["serve", "--access-default", "open"])
             .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
             .args(["--tls-cert", cert, "--tls-key", key])
             .args(args)

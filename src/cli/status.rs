@@ -271,6 +271,20 @@ fn frontend_lines(out: &mut String, f: &FrontendStatus) {
         parts.join("; ")
     };
     out.push_str(&format!("outboxes: {list}\n"));
+    let a = &bridge.access;
+    if !a.refused.is_empty() || a.pending_codes > 0 {
+        let refused: Vec<String> = a.refused.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        out.push_str(&format!(
+            "access: {} pairing code(s) pending, {} user(s) remembered; refused: {}\n",
+            a.pending_codes,
+            a.users_remembered,
+            if refused.is_empty() {
+                "none".to_owned()
+            } else {
+                refused.join(", ")
+            },
+        ));
+    }
     if let Some(c) = &bridge.cluster {
         out.push_str(&cluster_line(c));
     }
@@ -423,6 +437,22 @@ mod tests {
             }),
             ..doc(RuntimeState::Running, 0.0)
         }
+    }
+
+    #[test]
+    fn the_access_policy_shows_when_it_refused_anything() {
+        let quiet = summary(&with_bridge(BridgeStatus::default()), 0.0);
+        assert!(!quiet.contains("access:"), "{quiet}");
+        let mut b = BridgeStatus::default();
+        b.access.refused.insert("matrix:pairing".into(), 3);
+        b.access.pending_codes = 2;
+        let s = summary(&with_bridge(b), 0.0);
+        assert!(
+            s.contains(
+                "access: 2 pairing code(s) pending, 0 user(s) remembered; refused: matrix:pairing 3"
+            ),
+            "{s}"
+        );
     }
 
     #[test]

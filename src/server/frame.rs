@@ -255,6 +255,7 @@ mod tests {
             session: "t:dm:1",
             text,
             truncated,
+            notice: None,
         })
     }
 

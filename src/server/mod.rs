@@ -192,8 +192,11 @@ impl BridgeServer {
         } else {
             None
         };
+        let mut bridge = Bridge::new(cfg.bridge);
+        bridge.set_wall_clock(crate::journal::now_ms());
+        bridge.log_access();
         Ok(BridgeServer {
-            bridge: Bridge::new(cfg.bridge),
+            bridge,
             flush_budget: cfg.flush_budget,
             watchdog_limit: cfg.watchdog,
             listener,
@@ -221,6 +224,13 @@ impl BridgeServer {
             journal_wakes: 0,
             cluster: Member::default(),
         })
+    }
+
+    /// Keeps the access policy's approvals and counters in `dir/access.json` (read now;
+    /// written from then on by a thread of its own, never the reactor), so they survive a
+    /// restart. Call it with the journal's directory (`--data-dir`).
+    pub fn persist_access(&mut self, dir: &std::path::Path) -> io::Result<()> {
+        self.bridge.persist_access(dir)
     }
 
     fn on_journal(&mut self) {

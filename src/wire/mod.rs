@@ -216,6 +216,10 @@ pub(crate) enum ServerOp<S = String> {
         /// The agent's reply was longer than `--max-reply-bytes` and was cut.
         #[serde(default, skip_serializing_if = "Not::not")]
         truncated: bool,
+        /// Set when the gateway's access policy answered instead of an agent: `pairing`,
+        /// `denied`, `rate_limited`, `admin` or `ignored` (an empty text not to be shown).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        notice: Option<S>,
     },
     /// The reply so far of a running turn (best effort; the terminal `reply` has it all).
     /// Written through [`EncodedLine`], as `reply`.

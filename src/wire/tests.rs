@@ -272,14 +272,20 @@ mod round_trip {
                     on,
                 }
             }),
-            (text(), text(), text(), any::<bool>()).prop_map(|(id, session, text, truncated)| {
-                ServerOp::Reply {
+            (
+                text(),
+                text(),
+                text(),
+                any::<bool>(),
+                proptest::option::of(text())
+            )
+                .prop_map(|(id, session, text, truncated, notice)| ServerOp::Reply {
                     id,
                     session,
                     text,
                     truncated,
-                }
-            }),
+                    notice,
+                }),
             (text(), text(), text()).prop_map(|(id, session, text)| ServerOp::Partial {
                 id,
                 session,
@@ -346,11 +352,13 @@ mod round_trip {
                 session,
                 text,
                 truncated,
+                notice,
             } => ServerOp::Reply {
                 id,
                 session,
                 text,
                 truncated: *truncated,
+                notice: notice.as_deref(),
             },
             ServerOp::Partial { id, session, text } => ServerOp::Partial { id, session, text },
             ServerOp::Cancelled {
@@ -378,6 +386,7 @@ mod round_trip {
                 session,
                 text,
                 truncated,
+                notice: None,
             } => (
                 TextOp::Reply {
                     truncated: *truncated,

@@ -23,6 +23,16 @@ use serde::Deserialize;
 /// Where `serve` listens unless told otherwise.
 pub(crate) const DEFAULT_LISTEN: ([u8; 4], u16) = ([127, 0, 0, 1], 7878);
 
+/// `--access-default`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum AccessDefault {
+    /// Strangers on the native platforms are paired.
+    Pairing,
+    /// Every platform without a table is open.
+    Open,
+}
+
 /// Which agent serves the sessions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -354,6 +364,16 @@ pub(crate) struct ServeArgs {
     /// `[[bridge]]` tables (config file only): platform bridges run as supervised children.
     #[arg(skip)]
     pub(super) bridge: Option<Vec<BridgeSpec>>,
+    /// Access mode of every platform without an `[access.<platform>]` table: `pairing`
+    /// (matrix, irc and telegram pair strangers with a code an admin approves and answer
+    /// group messages only when addressed; other platforms are open) or `open` (every
+    /// platform open, every group message answered)
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub(super) access_default: Option<AccessDefault>,
+    /// `[access.<platform>]` tables (config file only): who may talk to the bot, and how
+    /// much (docs/access.md).
+    #[arg(skip)]
+    pub(super) access: Option<std::collections::BTreeMap<String, crate::access::AccessTable>>,
 }
 }
 /// Each flag's default as `serve --help` shows it, read from where the default is defined
@@ -435,6 +455,7 @@ pub(crate) fn defaults() -> Vec<(&'static str, String)> {
             "max-pending-durable",
             bridge.max_pending_durable.to_string(),
         ),
+        ("access-default", "pairing".into()),
         ("instance-id", "hostname:pid".into()),
         ("partitions", DEFAULT_PARTITIONS.to_string()),
         ("lease-ms", DEFAULT_LEASE_MS.to_string()),

@@ -257,6 +257,12 @@ fn bind_bridge(s: &Settings, store: Option<SqliteStore>) -> Result<BridgeServer,
     let (Some(dir), Some(store)) = (&s.data_dir, store) else {
         return Ok(server);
     };
+    server.persist_access(dir).map_err(|e| {
+        exit::io_error(
+            &e,
+            format!("--data-dir {}: access.json: {e}", dir.display()),
+        )
+    })?;
     server
         .with_journal(store, JournalConfig::default())
         .map(|(server, _counts)| server)

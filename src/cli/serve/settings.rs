@@ -164,6 +164,10 @@ pub(super) fn bridge_config(a: &ServeArgs, max_reply_bytes: usize) -> Result<Bri
             bridge_default.max_pending_durable,
         )?,
         resume_interrupted: a.resume_interrupted,
+        access: crate::AccessConfig::from_tables(
+            &a.access.clone().unwrap_or_default(),
+            a.access_default != Some(super::args::AccessDefault::Open),
+        )?,
         dedup_window: seconds(
             "dedup-window",
             a.dedup_window,

@@ -460,6 +460,23 @@ const BRIDGE: &[Metric<BridgeStatus>] = &[
         read: |b| Value(n(b.partials_dropped)),
     },
     Metric {
+        name: "turnstile_access_refused_total",
+        help: "Messages the access policy answered instead of an agent, by platform and notice (pairing, denied, rate_limited, admin, ignored).",
+        kind: Counter,
+        read: |b| {
+            labelled(b.access.refused.iter().filter_map(|(key, count)| {
+                let (platform, notice) = key.split_once(':')?;
+                Some(([("platform", platform), ("notice", notice)], n(*count)))
+            }))
+        },
+    },
+    Metric {
+        name: "turnstile_access_pending_codes",
+        help: "Pairing codes waiting for an admin's !approve.",
+        kind: Gauge,
+        read: |b| Value(n(b.access.pending_codes)),
+    },
+    Metric {
         name: "turnstile_tls_cert_expiry_seconds",
         help: "When the served TLS certificate expires (notAfter), in seconds since the Unix epoch.",
         kind: Gauge,

@@ -41,6 +41,7 @@ fn full_status() -> Status {
         ..BridgeStatus::default()
     };
     bridge.rejected.insert("invalid", 0);
+    bridge.access.refused.insert("matrix:pairing".into(), 0);
     bridge
         .outboxes
         .insert("tg\"x".into(), PlatformStatus::default());

@@ -72,6 +72,9 @@ pub(crate) enum TerminalOutcome {
         /// The carrier message's id.
         into: String,
     },
+    /// The gateway's access policy ignored it (a group message not addressed to the bot, a
+    /// refused user's repeat): nothing to show.
+    Ignored,
 }
 
 impl TerminalOutcome {
@@ -84,7 +87,7 @@ impl TerminalOutcome {
             TerminalOutcome::Reply { text, .. } => Some(text.clone()),
             TerminalOutcome::Cancelled { reason } => Some(format!("[cancelled: {reason}]")),
             TerminalOutcome::Failed { error } => Some(format!("[failed: {error}]")),
-            TerminalOutcome::Merged { .. } => None,
+            TerminalOutcome::Merged { .. } | TerminalOutcome::Ignored => None,
         }
     }
 }

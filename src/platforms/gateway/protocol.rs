@@ -93,11 +93,19 @@ pub(super) fn handle_line(
 /// The terminal event a `reply`, `cancelled`, `failed` or `merged` line is.
 fn terminal(op: ServerOp, redelivery: bool) -> Option<TerminalEvent> {
     let (id, session, outcome) = match op {
+        // The access policy's `ignored`: nothing to show, confirmed all the same.
+        ServerOp::Reply {
+            id,
+            session,
+            notice: Some(n),
+            ..
+        } if n == "ignored" => (id, session, TerminalOutcome::Ignored),
         ServerOp::Reply {
             id,
             session,
             text,
             truncated,
+            ..
         } => (id, session, TerminalOutcome::Reply { text, truncated }),
         ServerOp::Cancelled {
             id,

@@ -520,18 +520,26 @@ impl<'a> IrcSession<'a> {
             return;
         };
         if let Some(a) = addressed(&conn.nick, nick_of(prefix), target, text) {
-            self.submit(a);
+            let mask = prefix.to_owned();
+            self.submit(a, &mask);
         }
     }
 
     /// Hands an addressed line to the gateway, keeping where to tell a rejection.
-    fn submit(&mut self, a: Addressed) {
+    /// `mask` is the sender's `nick!user@host`, for the gateway's access patterns (a nick
+    /// alone is anyone's to take).
+    fn submit(&mut self, a: Addressed, mask: &str) {
         self.next_id += 1;
         let id = format!("irc-{:x}-{}", self.boot, self.next_id);
         let mut message = OutgoingMessage::new(&id, &a.chat_id, &a.text);
         message.chat_type = a.chat_type;
         message.user_id = Some(a.sender.clone());
         message.user_name = Some(a.sender.clone());
+        // Only lines addressed to the bot (`nick: …` in a channel) get here.
+        let mut meta = serde_json::Map::new();
+        meta.insert(crate::access::ADDRESSED_KEY.into(), true.into());
+        meta.insert(crate::access::MASK_KEY.into(), mask.into());
+        message.meta = Some(serde_json::Value::Object(meta).to_string());
         let route = ReplyTarget {
             target: a.chat_id.clone(),
             addressee: (a.chat_type == ChatType::Group).then(|| a.sender.clone()),

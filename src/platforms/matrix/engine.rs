@@ -492,7 +492,7 @@ impl<H: Homeserver> SyncEngine<H> {
         };
         let text = match &outcome {
             TerminalOutcome::Reply { .. } => outcome.chat_text(),
-            TerminalOutcome::Merged { .. } => None,
+            TerminalOutcome::Merged { .. } | TerminalOutcome::Ignored => None,
             TerminalOutcome::Cancelled { reason } => {
                 if !shown.is_empty() {
                     let marker = if reason == "stopped" {
@@ -520,6 +520,7 @@ impl<H: Homeserver> SyncEngine<H> {
                 TerminalOutcome::Cancelled { .. } => "cancelled",
                 TerminalOutcome::Failed { .. } => "failed",
                 TerminalOutcome::Merged { .. } => "merged",
+                TerminalOutcome::Ignored => "ignored",
             },
             if redelivery { ", redelivered" } else { "" }
         );

@@ -127,6 +127,9 @@ pub(crate) struct HumanMessage {
     pub msgtype: String,
     /// An attachment's `mxc://` URL (images, files).
     pub url: Option<String>,
+    /// It mentions the bot (`m.mentions`, its mxid or display name in the text): a group
+    /// message the gateway's `groups = "mention"` lets through (`meta.to_bot`).
+    pub to_bot: bool,
 }
 
 impl HumanMessage {
@@ -146,6 +149,9 @@ impl HumanMessage {
         }
         if let Some(u) = &self.url {
             meta.insert("url".into(), json!(u));
+        }
+        if self.to_bot {
+            meta.insert(crate::access::ADDRESSED_KEY.into(), json!(true));
         }
         let mut v = json!({
             "op": "message",
@@ -198,6 +204,8 @@ pub(crate) struct SyncState {
     seen: BoundedSet,
     /// Rooms whose timeline had a gap (more events than the filter's limit) since the start.
     pub gaps: u64,
+    /// The bot's display name, from the latest member event of its own seen (a mention).
+    my_name: Option<String>,
 }
 
 /// The body without a reply fallback (`> ` quote lines and the blank line after them), which
@@ -237,6 +245,7 @@ impl SyncState {
             joining: HashSet::new(),
             seen: BoundedSet::new(max_seen),
             gaps: 0,
+            my_name: None,
         }
     }
 
@@ -373,6 +382,9 @@ impl SyncState {
                     ev["content"]["displayname"].as_str(),
                 )
             {
+                if user == self.me {
+                    self.my_name = clean_name(name);
+                }
                 names.insert(user, name);
             }
         }
@@ -473,6 +485,7 @@ impl SyncState {
             });
         }
         let sender_name = names.get(sender).and_then(|n| clean_name(n));
+        let to_bot = self.mentions_me(content, body);
         let text = if msgtype == "m.emote" {
             format!("* {} {body}", sender_name.as_deref().unwrap_or(sender))
         } else {
@@ -487,7 +500,21 @@ impl SyncState {
             reply_to,
             msgtype: msgtype.to_owned(),
             url: content["url"].as_str().map(str::to_owned),
+            to_bot,
         }))
+    }
+
+    /// Whether a message mentions the bot: its `m.mentions` names it (clients add the
+    /// sender of the event replied to), or the text holds its mxid or its display name.
+    fn mentions_me(&self, content: &Value, body: &str) -> bool {
+        let me = self.me.as_str();
+        let listed = content["m.mentions"]["user_ids"]
+            .as_array()
+            .is_some_and(|ids| ids.iter().any(|id| id.as_str() == Some(me)));
+        let name = self.my_name.as_deref().filter(|n| !n.trim().is_empty());
+        listed
+            || body.contains(me)
+            || name.is_some_and(|n| body.to_lowercase().contains(&n.to_lowercase()))
     }
 }
 
@@ -536,6 +563,38 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    /// Issue 32 row 3: a group message is marked for the bot only when it mentions it.
+    #[test]
+    fn a_group_message_is_marked_to_the_bot_only_when_it_mentions_it() {
+        let mut s = started();
+        let names = vec![
+            member("@ann:hs", "join", "Ann"),
+            member(ME, "join", "Turnstile Bot"),
+        ];
+        let mut mentioned = msg("$3", "@ann:hs", "hey you");
+        mentioned["content"]["m.mentions"] = json!({"user_ids": [ME]});
+        let got = messages(s.absorb(&sync_with(
+            ROOM,
+            3,
+            names,
+            vec![
+                msg("$1", "@ann:hs", "chatter among humans"),
+                msg("$2", "@ann:hs", "turnstile bot: what is 2+2?"),
+                mentioned,
+                msg("$4", "@ann:hs", "ask @bot:hs"),
+            ],
+        )));
+        let marks: Vec<bool> = got.iter().map(|m| m.to_bot).collect();
+        assert_eq!(marks, [false, true, true, true]);
+        let line = got[1].to_bridge("matrix", ChatKind::Group);
+        assert_eq!(line["meta"]["to_bot"], true);
+        assert!(
+            got[0].to_bridge("matrix", ChatKind::Group)["meta"]
+                .get("to_bot")
+                .is_none()
+        );
     }
 
     #[test]
@@ -640,6 +699,7 @@ mod tests {
             reply_to: Some("$0".into()),
             msgtype: "m.text".into(),
             url: None,
+            to_bot: false,
         };
         let v = m.to_bridge("matrix", ChatKind::from_joined(3));
         assert_eq!(v["chat_type"], "group");
@@ -674,6 +734,7 @@ mod tests {
             reply_to: None,
             msgtype: "m.text".into(),
             url: None,
+            to_bot: false,
         };
         assert_eq!(m("!stop").command(), Some(Command::Stop));
         assert_eq!(m("!new").command(), Some(Command::Reset));

@@ -108,6 +108,7 @@ fn human(id: &str, text: &str) -> HumanMessage {
         reply_to: None,
         msgtype: "m.text".into(),
         url: None,
+        to_bot: false,
     }
 }
 

@@ -302,3 +302,26 @@ fn the_offset_survives_in_the_state_dir_and_a_damaged_file_is_an_error() {
     std::fs::write(dir.path().join("telegram-offset"), "garbage").expect("write");
     assert!(store.load().is_err());
 }
+
+/// Issue 32 row 3: a group message is marked for the bot (`meta.to_bot`) only when it names
+/// `@test_bot`, is a `/command@test_bot`, or replies to the bot.
+#[test]
+fn a_group_message_is_marked_to_the_bot_only_when_addressed() {
+    let group = |text: &str, reply_from: Option<&str>| {
+        let mut u = json!({"update_id": 6, "message": {"message_id": 3, "text": text,
+            "chat": {"id": -100, "type": "supergroup"}, "from": {"id": 8, "first_name": "Bob"}}});
+        if let Some(f) = reply_from {
+            u["message"]["reply_to_message"] = json!({"message_id": 2, "from": {"username": f}});
+        }
+        let m = update_to_message(&u, "test_bot").expect("message");
+        let meta: serde_json::Value =
+            serde_json::from_str(m.meta.as_deref().expect("meta")).expect("json");
+        meta.get("to_bot") == Some(&json!(true))
+    };
+    assert!(!group("chatter", None));
+    assert!(!group("ask @test_bot_fan", None), "another handle");
+    assert!(group("hey @Test_Bot what now", None));
+    assert!(group("/status@test_bot", None));
+    assert!(group("thanks", Some("test_bot")));
+    assert!(!group("thanks", Some("ann")));
+}

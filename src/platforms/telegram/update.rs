@@ -41,6 +41,7 @@ pub(crate) fn update_to_message(update: &Value, bot_username: &str) -> Option<Ou
         // An anonymous group admin: no user to key the session on.
         return None;
     }
+    let to_bot = chat_type == ChatType::Group && addresses_bot(m, text, bot_username);
     let text = map_command(&without_mention(text, bot_username)).into_owned();
     let mut message = OutgoingMessage::new(
         &format!("tg-{update_id}-{message_id}"),
@@ -60,8 +61,30 @@ pub(crate) fn update_to_message(update: &Value, bot_username: &str) -> Option<Ou
     if let Some(u) = from.and_then(|f| f.get("username")).and_then(Value::as_str) {
         meta["username"] = json!(u);
     }
+    if to_bot {
+        meta[crate::access::ADDRESSED_KEY] = json!(true);
+    }
     message.meta = Some(meta.to_string());
     Some(message)
+}
+
+/// Whether a group message is for the bot: it names `@bot_username` (a mention, or a
+/// `/command@bot_username`), or it replies to the bot's message.
+fn addresses_bot(m: &Value, text: &str, bot_username: &str) -> bool {
+    if bot_username.is_empty() {
+        return false;
+    }
+    let replied_to_bot = m
+        .pointer("/reply_to_message/from/username")
+        .and_then(Value::as_str)
+        .is_some_and(|u| u.eq_ignore_ascii_case(bot_username));
+    let lower = text.to_ascii_lowercase();
+    let handle = format!("@{}", bot_username.to_ascii_lowercase());
+    let named = lower.match_indices(&handle).any(|(at, h)| {
+        let next = lower[at + h.len()..].chars().next();
+        !next.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+    });
+    replied_to_bot || named
 }
 
 /// The Telegram message a gateway id (`tg-<update_id>-<message_id>`) answers.

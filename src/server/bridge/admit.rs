@@ -15,7 +15,7 @@ use super::conns::Answer;
 use super::platforms::Claim;
 use super::refusal::{Refusal, duplicate_ack};
 use super::routes::{InFlight, Phase};
-use super::{Action, Bridge, ConnId};
+use super::{Bridge, ConnId};
 use crate::core::AcceptState;
 use crate::journal::StoredMessage;
 use crate::message::{InvalidInput, Message, SessionKey};
@@ -166,7 +166,7 @@ impl Bridge {
         self.conns
             .push_answer(conn, Answer::Pending { tag, copy: None }, now);
         let Some(d) = &mut self.durable else {
-            return self.actions.push_back(Action::Submit { tag, message });
+            return self.submit(tag, message);
         };
         let dedup_until_ms = d.wall_ms(now + self.cfg.dedup_window);
         let stored = StoredMessage {

@@ -61,6 +61,10 @@ pub struct BridgeConfig {
     /// At recovery, run again the turns a crash interrupted (else they fail `interrupted by
     /// restart`); a message interrupted twice fails `poison` either way.
     pub resume_interrupted: bool,
+    /// Who may talk to the bot, and how much ([`AccessConfig`](crate::AccessConfig)): by
+    /// default (an embedder's) every platform is open; `turnstile serve` pairs strangers on
+    /// `matrix`, `irc` and `telegram` unless its `[access.*]` tables say otherwise.
+    pub access: crate::AccessConfig,
 }
 
 impl Default for BridgeConfig {
@@ -87,6 +91,7 @@ impl Default for BridgeConfig {
             journal: false,
             max_pending_durable: DEFAULT_MAX_PENDING_DURABLE,
             resume_interrupted: false,
+            access: crate::AccessConfig::default(),
         }
     }
 }

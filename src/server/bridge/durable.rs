@@ -441,8 +441,7 @@ impl Bridge {
         self.routes.insert(seq, route);
         n.requeued += 1;
         n.resumed += usize::from(rm.starts > 0);
-        let message = admitted.message;
-        self.actions.push_back(Action::Submit { tag: seq, message });
+        self.submit(seq, admitted.message);
     }
 }
 

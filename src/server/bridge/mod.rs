@@ -56,6 +56,7 @@
 //! This file routes between them: every input is a `Bridge` method (`handle_*` for lines
 //! and runtime events) that sets the clock, delegates, and audits.
 
+mod access;
 mod admit;
 // The bridge's cluster side (or its no-op twin), in the cluster's wing.
 #[path = "../../cluster/bridge/mod.rs"]
@@ -153,6 +154,10 @@ pub struct Bridge {
     next_housekeeping: Duration,
     /// The time of the latest input.
     now: Duration,
+    /// Who may talk to the bot, and how much (`access::Policy`).
+    access: crate::access::Policy,
+    /// Wall-clock ms since the epoch at time zero of `now` (the policy's days and codes).
+    wall_at_zero: u64,
 }
 
 fn error_line(detail: &str) -> Vec<u8> {
@@ -168,6 +173,8 @@ impl Bridge {
             routes: Routes::default(),
             durable: cfg.journal.then(|| Durable::new(cfg.max_pending_durable)),
             cluster: ClusterSide::default(),
+            access: crate::access::Policy::new(cfg.access.clone()),
+            wall_at_zero: 0,
             cfg,
             actions: VecDeque::new(),
             stats: Counters::default(),
@@ -179,6 +186,7 @@ impl Bridge {
     /// Sets the wall clock: `epoch_ms` is the wall-clock time (ms since the Unix epoch) at
     /// time zero of the bridge's clock (used only with a journal).
     pub fn set_wall_clock(&mut self, epoch_ms: u64) {
+        self.wall_at_zero = epoch_ms;
         if let Some(d) = &mut self.durable {
             d.set_wall_clock(epoch_ms);
         }
@@ -429,7 +437,7 @@ impl Bridge {
             if let Some(route) = self.routes.get_mut(tag) {
                 route.phase = Phase::Submitted;
             }
-            self.actions.push_back(Action::Submit { tag, message });
+            self.submit(tag, message);
         }
         for (conn, frame) in released.outcomes {
             if self.cluster.silenced(frame.seq) {
@@ -485,6 +493,8 @@ impl Bridge {
                 self.platforms.mark_offered(&platform, &due);
                 self.actions.push_back(Action::Cluster(r));
             }
+            self.access
+                .maybe_save(self.wall_at_zero + now.as_millis() as u64);
         }
         self.audit();
         self.next_housekeeping

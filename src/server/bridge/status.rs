@@ -47,6 +47,7 @@ impl Bridge {
             tls_cert_not_after_unix_s: None,
             // The shell's too (`BridgeServer::status`, with the reader's figures).
             cluster: None,
+            access: self.access.figures(),
         }
     }
 }

@@ -1,0 +1,474 @@
+//! Who may talk to the bot, and how much: the access policy (issue 32), sans-IO.
+//!
+//! The bridge server asks [`Policy::decide`] once per message, where it would submit it to the
+//! runtime; the answer is to run it, or to answer it here with a notice (no agent runs):
+//! - `pairing`: an unknown user on a `pairing` platform gets a one-time code an admin
+//!   approves with `!approve CODE` (codes bounded per platform and expiring);
+//! - `denied`: an unknown user on an `allowlist` platform, or one an admin denied;
+//! - `rate_limited`: a user past their platform's `rate` (a token bucket per user);
+//! - `admin`: an admin's `!` command, answered here;
+//! - `ignored`: a group message not addressed to the bot (`groups = "mention"`), or a
+//!   refused user's message within a minute of their last notice — answered with an empty
+//!   text the native bridges do not post.
+//!
+//! What it remembers is bounded (see `state.rs`) and, with `--data-dir`, kept in
+//! `access.json` beside the journal, written by a thread of its own ([`Saver`]), never on
+//! the reactor.
+
+mod config;
+mod glob;
+mod state;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+
+pub use config::AccessConfig;
+pub(crate) use config::AccessTable;
+use config::{Mode, Rules};
+use state::{PlatformState, Snapshot};
+
+use crate::message::{Body, ChatType, Message};
+
+/// The meta key a bridge sets (`"to_bot": true`) on a group message addressed to the bot.
+pub(crate) const ADDRESSED_KEY: &str = "to_bot";
+/// The meta key of the sender's full IRC mask (`nick!user@host`), which `admins` and
+/// `allow` patterns match as well as the user id.
+pub(crate) const MASK_KEY: &str = "mask";
+/// Most platforms the policy keeps state for (the bridge's own platform cap is lower).
+const MAX_PLATFORMS: usize = 64;
+/// Counter changes (rate buckets, notices) are saved at most this often; approvals and
+/// denials at once.
+const SAVE_EVERY_MS: u64 = 1000;
+
+/// The kind of a notice, as the `notice` field of the `reply` says it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Notice {
+    Pairing,
+    Denied,
+    RateLimited,
+    Admin,
+    Ignored,
+}
+
+impl Notice {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Notice::Pairing => "pairing",
+            Notice::Denied => "denied",
+            Notice::RateLimited => "rate_limited",
+            Notice::Admin => "admin",
+            Notice::Ignored => "ignored",
+        }
+    }
+}
+
+/// What to do with a message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Decision {
+    /// Submit it to the runtime.
+    Admit,
+    /// Answer it here with `text` (a `reply` carrying `"notice": kind`); no agent runs.
+    Answer { notice: Notice, text: String },
+}
+
+impl Decision {
+    fn answer(notice: Notice, text: impl Into<String>) -> Decision {
+        Decision::Answer {
+            notice,
+            text: text.into(),
+        }
+    }
+}
+
+/// The policy: the configuration and what it remembers.
+pub(crate) struct Policy {
+    cfg: AccessConfig,
+    state: Snapshot,
+    saver: Option<Saver>,
+    /// State changed since the last save; `urgent` for approvals and denials.
+    dirty: bool,
+    urgent: bool,
+    last_save_ms: u64,
+    /// The platform cap was reported (once).
+    warned_full: bool,
+}
+
+impl Policy {
+    pub(crate) fn new(cfg: AccessConfig) -> Policy {
+        Policy {
+            cfg,
+            state: Snapshot::default(),
+            saver: None,
+            dirty: false,
+            urgent: false,
+            last_save_ms: 0,
+            warned_full: false,
+        }
+    }
+
+    /// Keeps the state in `dir/access.json`: loads it now (start-up, before the reactor
+    /// runs) and saves changes from now on through a writer thread.
+    pub(crate) fn persist_in(&mut self, dir: &Path) -> std::io::Result<()> {
+        let path = dir.join("access.json");
+        match std::fs::read(&path) {
+            Ok(bytes) => {
+                self.state = serde_json::from_slice(&bytes).map_err(|e| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!("{}: {e}", path.display()),
+                    )
+                })?;
+                self.state.platforms.values_mut().for_each(|p| p.check());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        self.saver = Some(Saver::start(path)?);
+        Ok(())
+    }
+
+    /// Logs, once at start-up, the mode in force per platform.
+    pub(crate) fn log_summary(&self) {
+        for line in self.cfg.summary() {
+            log::info!("{line}");
+        }
+    }
+
+    fn rules(&self, platform: &str) -> Rules {
+        self.cfg
+            .rules(platform)
+            .cloned()
+            .unwrap_or_else(|| self.cfg.default_rules(platform))
+    }
+
+    /// The decision for `m` at wall-clock `now_ms`.
+    pub(crate) fn decide(&mut self, m: &Message, now_ms: u64) -> Decision {
+        let platform = m.session.platform();
+        let rules = self.rules(platform);
+        if rules.mode == Mode::Open && rules.rate.is_none() && !rules.mention_only {
+            return Decision::Admit;
+        }
+        if m.session.chat_type() != ChatType::Dm && rules.mention_only && !addressed(m) {
+            return Decision::answer(Notice::Ignored, "");
+        }
+        let user = m.context.user_id.as_deref().unwrap_or("");
+        let mask = meta_str(m, MASK_KEY);
+        let ids = [Some(user).filter(|u| !u.is_empty()), mask.as_deref()];
+        if rules
+            .admins
+            .iter()
+            .any(|g| ids.iter().flatten().any(|id| g.matches(id)))
+        {
+            return match admin_command(m) {
+                Some(cmd) => {
+                    let text = self.run_admin(platform, cmd, now_ms);
+                    Decision::answer(Notice::Admin, text)
+                }
+                None => Decision::Admit,
+            };
+        }
+        if rules.mode == Mode::Open && rules.rate.is_none() {
+            return Decision::Admit;
+        }
+        if !self.state.platforms.contains_key(platform)
+            && self.state.platforms.len() >= MAX_PLATFORMS
+        {
+            if !self.warned_full {
+                log::warn!(
+                    "access: state for {MAX_PLATFORMS} platforms already; messages on {platform} refused"
+                );
+                self.warned_full = true;
+            }
+            return Decision::answer(Notice::Denied, "This bot is not available here.");
+        }
+        let st = self.state.platforms.entry(platform.to_owned()).or_default();
+        let decision = decide_known(&rules, st, m, &ids, now_ms);
+        if let Decision::Answer { notice, .. } = &decision {
+            st.count_refused(notice.as_str());
+        }
+        st.check();
+        self.dirty = true;
+        decision
+    }
+
+    /// Saves the state if it changed (approvals at once, counters at most once a second).
+    pub(crate) fn maybe_save(&mut self, now_ms: u64) {
+        let due = self.urgent || now_ms >= self.last_save_ms.saturating_add(SAVE_EVERY_MS);
+        if !self.dirty || !due {
+            return;
+        }
+        if let Some(s) = &self.saver {
+            match serde_json::to_vec(&self.state) {
+                Ok(bytes) => s.offer(bytes),
+                Err(e) => log::error!("access: cannot serialize the state: {e}"),
+            }
+        }
+        (self.dirty, self.urgent, self.last_save_ms) = (false, false, now_ms);
+    }
+
+    /// Figures for the status: refused messages by platform and kind, pending codes.
+    pub(crate) fn figures(&self) -> AccessFigures {
+        let mut f = AccessFigures::default();
+        for (p, st) in &self.state.platforms {
+            for (kind, n) in &st.refused {
+                f.refused.insert(format!("{p}:{kind}"), *n);
+            }
+            f.pending_codes += st.pending.len();
+            f.users_remembered += st.approved.len() + st.denied.len();
+        }
+        f
+    }
+
+    fn run_admin(&mut self, platform: &str, cmd: AdminCommand<'_>, now_ms: u64) -> String {
+        let st = self.state.platforms.entry(platform.to_owned()).or_default();
+        st.expire(now_ms);
+        let changed = matches!(
+            cmd,
+            AdminCommand::Approve(_) | AdminCommand::Allow(_) | AdminCommand::Deny(_)
+        );
+        let text = match cmd {
+            AdminCommand::Approve(code) => match st.approve_code(code, now_ms) {
+                Ok(user) => format!("approved {user}"),
+                Err(e) => e,
+            },
+            AdminCommand::Allow(user) => st
+                .allow(user)
+                .map_or_else(|e| e, |()| format!("allowed {user}")),
+            AdminCommand::Deny(user) => st
+                .deny(user)
+                .map_or_else(|e| e, |()| format!("denied {user}")),
+            AdminCommand::Pending => list(
+                "pending codes",
+                st.pending.iter().map(|p| {
+                    format!(
+                        "{} {} (expires in {} min)",
+                        p.code,
+                        p.user,
+                        p.expires_ms.saturating_sub(now_ms) / 60_000
+                    )
+                }),
+            ),
+            AdminCommand::Users => list(
+                "users",
+                (st.approved.iter().map(|u| format!("allowed {u}")))
+                    .chain(st.denied.iter().map(|u| format!("denied {u}"))),
+            ),
+            AdminCommand::Usage(user) => list(
+                "rate buckets",
+                st.buckets
+                    .iter()
+                    .filter(|(u, _)| user.is_none_or(|w| w == u.as_str()))
+                    .map(|(u, b)| format!("{u}: {:.1} messages left", b.tokens)),
+            ),
+            AdminCommand::Unknown => {
+                "commands: !approve CODE, !allow USER, !deny USER, !pending, !users, !usage [USER]"
+                    .into()
+            }
+        };
+        st.check();
+        if changed {
+            log::info!("access: {platform}: {text}");
+            (self.dirty, self.urgent) = (true, true);
+        }
+        text
+    }
+}
+
+/// The decision for a non-admin user on a platform with a policy.
+fn decide_known(
+    rules: &Rules,
+    st: &mut PlatformState,
+    m: &Message,
+    ids: &[Option<&str>; 2],
+    now_ms: u64,
+) -> Decision {
+    let user = ids[0].unwrap_or("");
+    let listed = !user.is_empty()
+        && (rules
+            .allow
+            .iter()
+            .any(|g| ids.iter().flatten().any(|id| g.matches(id)))
+            || st.approved.contains(user));
+    let chat_listed = rules
+        .allow_chats
+        .iter()
+        .any(|g| g.matches(m.session.chat_id()));
+    let denied = st.denied.contains(user);
+    let allowed = !denied && (rules.mode == Mode::Open || listed || chat_listed);
+    if !allowed {
+        if !st.may_notice(user, now_ms) {
+            return Decision::answer(Notice::Ignored, "");
+        }
+        if denied || rules.mode == Mode::Allowlist || user.is_empty() {
+            return Decision::answer(
+                Notice::Denied,
+                "This bot is private: you are not on its list of users.",
+            );
+        }
+        let platform = m.session.platform();
+        return match st.code_for(user, now_ms) {
+            Some(code) => Decision::answer(
+                Notice::Pairing,
+                format!(
+                    "This bot is private. To ask for access, send its operator this code: {code} (valid for an hour). \
+                 An admin approves it by writing `!approve {code}` to the bot; without an admin, the operator adds \
+                 {user} to `allow` in the gateway's [access.{platform}] table."
+                ),
+            ),
+            None => Decision::answer(
+                Notice::Pairing,
+                "This bot is private, and too many requests wait for approval: try again later.",
+            ),
+        };
+    }
+    if let Some(rate) = rules.rate {
+        let per_ms = rate.per.as_millis() as u64;
+        if let Err(wait_ms) = st.take_token(user, rate.count, per_ms, now_ms) {
+            if !st.may_notice(user, now_ms) {
+                return Decision::answer(Notice::Ignored, "");
+            }
+            let secs = wait_ms.div_ceil(1000);
+            return Decision::answer(
+                Notice::RateLimited,
+                format!(
+                    "Slow down: at most {} messages per {} s here. Try again in {secs} s.",
+                    rate.count,
+                    rate.per.as_secs()
+                ),
+            );
+        }
+    }
+    Decision::Admit
+}
+
+/// Whether a group message is addressed to the bot, as its bridge marked it in `meta`.
+fn addressed(m: &Message) -> bool {
+    meta_value(m).is_some_and(|v| v.get(ADDRESSED_KEY) == Some(&serde_json::Value::Bool(true)))
+}
+
+/// The message's `meta` object, parsed (at most 16 KiB, checked at admission).
+fn meta_value(m: &Message) -> Option<serde_json::Value> {
+    serde_json::from_str(m.context.meta.as_deref()?).ok()
+}
+
+/// A string field of `meta`.
+fn meta_str(m: &Message, key: &str) -> Option<String> {
+    meta_value(m)?.get(key)?.as_str().map(str::to_owned)
+}
+
+/// An admin's `!` command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AdminCommand<'a> {
+    Approve(&'a str),
+    Allow(&'a str),
+    Deny(&'a str),
+    Pending,
+    Users,
+    Usage(Option<&'a str>),
+    /// `!` and a word that is none of these: answered with the list.
+    Unknown,
+}
+
+/// The admin command `m`'s text is, if any (`!word` first; a Matrix reply's quoted lines
+/// are not part of the command).
+fn admin_command(m: &Message) -> Option<AdminCommand<'_>> {
+    let Body::Text(text) = &m.body else {
+        return None;
+    };
+    let mut words = text.trim().strip_prefix('!')?.split_whitespace();
+    let cmd = words.next()?;
+    let arg = words.next();
+    Some(match (cmd, arg) {
+        ("approve", Some(code)) => AdminCommand::Approve(code),
+        ("allow", Some(user)) => AdminCommand::Allow(user),
+        ("deny", Some(user)) => AdminCommand::Deny(user),
+        ("pending", _) => AdminCommand::Pending,
+        ("users", _) => AdminCommand::Users,
+        ("usage", user) => AdminCommand::Usage(user),
+        _ => AdminCommand::Unknown,
+    })
+}
+
+/// A titled list, cut at 50 lines (the rest counted).
+fn list(title: &str, lines: impl Iterator<Item = String>) -> String {
+    const MAX_LINES: usize = 50;
+    let all: Vec<String> = lines.collect();
+    let mut out = format!("{title}: {}", all.len());
+    for l in all.iter().take(MAX_LINES) {
+        let _ = write!(out, "\n{l}");
+    }
+    if all.len() > MAX_LINES {
+        let _ = write!(out, "\n… and {} more", all.len() - MAX_LINES);
+    }
+    out
+}
+
+/// The policy's figures in the status.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct AccessFigures {
+    /// Messages answered with a notice, by `platform:kind`.
+    pub refused: BTreeMap<String, u64>,
+    /// Pairing codes waiting for an admin.
+    pub pending_codes: usize,
+    /// Users approved or denied.
+    pub users_remembered: usize,
+}
+
+/// The writer of `access.json`: the reactor offers the newest state; a thread writes it
+/// (to a temporary file, synced, then renamed over). Only the newest offer is kept: a slow
+/// disk costs intermediate states, never the reactor's time, and memory stays one state.
+pub(crate) struct Saver {
+    slot: Arc<(Mutex<Option<Vec<u8>>>, Condvar)>,
+}
+
+impl Saver {
+    fn start(path: PathBuf) -> std::io::Result<Saver> {
+        let slot: Arc<(Mutex<Option<Vec<u8>>>, Condvar)> = Arc::default();
+        let theirs = Arc::clone(&slot);
+        std::thread::Builder::new()
+            .name("access-saver".into())
+            .spawn(move || save_loop(&path, &theirs))?;
+        Ok(Saver { slot })
+    }
+
+    fn offer(&self, bytes: Vec<u8>) {
+        let (lock, cv) = &*self.slot;
+        if let Ok(mut s) = lock.lock() {
+            *s = Some(bytes);
+            cv.notify_one();
+        }
+    }
+}
+
+fn save_loop(path: &Path, slot: &(Mutex<Option<Vec<u8>>>, Condvar)) {
+    let tmp = path.with_extension("json.tmp");
+    loop {
+        let bytes = {
+            let Ok(mut s) = slot.0.lock() else { return };
+            loop {
+                if let Some(b) = s.take() {
+                    break b;
+                }
+                s = match slot.1.wait(s) {
+                    Ok(s) => s,
+                    Err(_) => return,
+                };
+            }
+        };
+        let write = || -> std::io::Result<()> {
+            let mut f = std::fs::File::create(&tmp)?;
+            std::io::Write::write_all(&mut f, &bytes)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, path)
+        };
+        if let Err(e) = write() {
+            // At most one write a second, or one per admin change: no flood.
+            log::error!("access: cannot save {}: {e}", path.display());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

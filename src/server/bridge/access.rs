@@ -1,0 +1,65 @@
+//! The access policy's seam in the bridge (issue 32): every message the bridge would submit
+//! to the runtime — a new one, one the journal made durable, one recovered — is first
+//! decided by [`Policy::decide`](crate::access::Policy). A message answered here with a
+//! notice gets the same single terminal outcome as any (its ack, its outcome record with a
+//! journal, its outbox room, its duplicate window): a `reply` carrying `"notice"`, and no
+//! agent runs for it.
+
+use super::{Action, Bridge};
+use crate::access::{Decision, Notice};
+use crate::core::AcceptState;
+use crate::message::Message;
+use crate::wire::{EncodedLine, ServerOp, encode};
+
+impl Bridge {
+    /// Submits the message of `tag` to the runtime, or answers it with the policy's notice.
+    pub(super) fn submit(&mut self, tag: u64, message: Message) {
+        let wall_ms = self.wall_at_zero + self.now.as_millis() as u64;
+        match self.access.decide(&message, wall_ms) {
+            Decision::Admit => self.actions.push_back(Action::Submit { tag, message }),
+            Decision::Answer { notice, text } => self.answer_notice(tag, &message, notice, text),
+        }
+    }
+
+    /// Acks the message of `tag` as a turn that ran at once, then ends it with the notice.
+    fn answer_notice(&mut self, tag: u64, m: &Message, notice: Notice, mut text: String) {
+        let platform = m.session.platform();
+        log::debug!(
+            "session {}: message {} answered by the access policy: {}",
+            m.session,
+            m.id,
+            notice.as_str()
+        );
+        let now = self.now;
+        self.handle_accepted(tag, (&m.id, &m.session), AcceptState::Running, 0, now);
+        let Some(route) = self.routes.remove(tag) else {
+            return;
+        };
+        debug_assert_eq!(&*route.platform, platform);
+        self.conns.settled(route.conn);
+        crate::text::truncate(&mut text, self.cfg.max_reply_bytes);
+        let body = EncodedLine::Line(encode(&ServerOp::Reply {
+            id: &m.id,
+            session: m.session.as_str(),
+            text: &text,
+            truncated: false,
+            notice: Some(notice.as_str()),
+        }));
+        self.terminal(tag, route.conn, &route.platform, route.id, body);
+    }
+}
+
+impl Bridge {
+    /// Keeps the policy's state in `dir/access.json` (loaded now, saved off the reactor).
+    pub(in crate::server) fn persist_access(
+        &mut self,
+        dir: &std::path::Path,
+    ) -> std::io::Result<()> {
+        self.access.persist_in(dir)
+    }
+
+    /// Logs the mode in force per platform (once, at start-up).
+    pub(in crate::server) fn log_access(&self) {
+        self.access.log_summary();
+    }
+}

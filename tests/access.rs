@@ -1,0 +1,241 @@
+//! Issue 32, the access policy, end to end through the real binary: `turnstile serve` with
+//! an `[access.*]` table, spoken to over a real socket with the bridge protocol, its agent a
+//! shell command that records every run in a file. Reads have timeouts that only bound a
+//! failing run; nothing sleeps to order events.
+
+mod child_support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use child_support::{Proc, die_with_parent};
+use serde_json::{Value, json};
+
+/// Only a failing run waits this long.
+const WAIT: Duration = Duration::from_secs(60);
+
+/// `turnstile serve` with `config` as its `--config` file and an agent that appends one line
+/// to `dir/runs` per turn and answers `agent: <user>`.
+fn serve(dir: &Path, config: &str, extra: &[&str]) -> (Proc, String) {
+    let path = dir.join("turnstile.toml");
+    std::fs::write(&path, config).expect("config");
+    let runs = dir.join("runs");
+    let agent = format!(
+        "echo run >> {}; echo \"agent: $TURNSTILE_USER_ID\"",
+        runs.display()
+    );
+    let mut child = die_with_parent(
+        Command::new(env!("CARGO_BIN_EXE_turnstile"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "off"])
+            .args(["--agent", "exec", "--agent-cmd", &agent])
+            .arg("--config")
+            .arg(&path)
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit()),
+    )
+    .spawn()
+    .expect("start serve");
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut first)
+        .expect("listening line");
+    let addr = first
+        .trim()
+        .strip_prefix("listening on ")
+        .expect("listening on …")
+        .to_owned();
+    (Proc(child), addr)
+}
+
+fn runs(dir: &Path) -> usize {
+    std::fs::read_to_string(dir.join("runs")).map_or(0, |s| s.lines().count())
+}
+
+struct Client {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl Client {
+    fn connect(addr: &str, platform: &str) -> Client {
+        let stream = TcpStream::connect(addr).expect("connect");
+        stream.set_read_timeout(Some(WAIT)).expect("timeout");
+        let mut c = Client {
+            reader: BufReader::new(stream.try_clone().expect("clone")),
+            writer: stream,
+        };
+        c.send(&json!({"op": "hello", "platform": platform}));
+        c
+    }
+
+    fn send(&mut self, v: &Value) {
+        writeln!(self.writer, "{v}").expect("write");
+    }
+
+    fn recv(&mut self) -> Value {
+        let mut line = String::new();
+        let n = self.reader.read_line(&mut line).expect("a line in time");
+        assert!(n > 0, "connection closed");
+        serde_json::from_str(&line).expect("json")
+    }
+
+    /// Sends a message from `user` and returns its ack and its terminal event.
+    fn ask(&mut self, id: &str, user: &str, text: &str, group: Option<&Value>) -> (Value, Value) {
+        let mut m = json!({"op": "message", "id": id, "chat_id": format!("chat-{user}"),
+                           "user_id": user, "text": text});
+        if let Some(meta) = group {
+            m["chat_type"] = json!("group");
+            m["chat_id"] = json!("the-group");
+            m["meta"] = meta.clone();
+        }
+        self.send(&m);
+        let (mut ack, mut end) = (None, None);
+        while end.is_none() {
+            let v = self.recv();
+            if v["id"] != id {
+                continue;
+            }
+            match v["op"].as_str() {
+                Some("ack" | "reject") => ack = Some(v),
+                Some("reply" | "failed" | "cancelled" | "merged") => end = Some(v),
+                _ => {}
+            }
+        }
+        (
+            ack.expect("an ack before the outcome"),
+            end.expect("outcome"),
+        )
+    }
+}
+
+fn code_in(reply: &Value) -> String {
+    let text = reply["text"].as_str().expect("text");
+    let at = text.find("code: ").expect("a code in the notice") + 6;
+    text[at..at + 8].to_owned()
+}
+
+/// Rows 1 and 4: a stranger gets a one-time code and no agent run; a repeat within the
+/// minute gets no second code; the admin's `!approve` lets the next message through.
+#[test]
+fn row1_a_stranger_is_paired_and_runs_only_once_the_admin_approves() {
+    let dir = tempfile::tempdir().expect("dir");
+    let config = "[access.matrix]\nadmins = [\"@alice:hs\"]\n";
+    let (_serve, addr) = serve(dir.path(), config, &[]);
+    let mut c = Client::connect(&addr, "matrix");
+    let (ack, first) = c.ask("b1", "@bob:hs", "please run rm -rf /", None);
+    assert_eq!(ack["op"], "ack");
+    assert_eq!(first["op"], "reply");
+    assert_eq!(first["notice"], "pairing", "{first}");
+    let code = code_in(&first);
+    let (_, again) = c.ask("b2", "@bob:hs", "hello?", None);
+    assert_eq!(
+        (again["notice"].as_str(), again["text"].as_str()),
+        (Some("ignored"), Some(""))
+    );
+    assert_eq!(runs(dir.path()), 0, "no agent ran for a stranger");
+    let (_, approved) = c.ask("a1", "@alice:hs", &format!("!approve {code}"), None);
+    assert_eq!(approved["notice"], "admin");
+    assert_eq!(approved["text"], "approved @bob:hs");
+    let (_, now) = c.ask("b3", "@bob:hs", "hi", None);
+    assert_eq!(now["text"], "agent: @bob:hs");
+    assert!(now.get("notice").is_none(), "{now}");
+    assert_eq!(runs(dir.path()), 1);
+}
+
+/// Row 3: in a group, only messages the bridge marked as addressed to the bot reach it; the
+/// rest are acked and answered with an empty `ignored` reply the bridges do not show.
+#[test]
+fn row3_in_a_mention_only_group_only_messages_to_the_bot_run() {
+    let dir = tempfile::tempdir().expect("dir");
+    let config = "[access.telegram]\nmode = \"open\"\n";
+    let (_serve, addr) = serve(dir.path(), config, &[]);
+    let mut c = Client::connect(&addr, "telegram");
+    let (ack, chatter) = c.ask("g1", "7", "humans talking", Some(&json!({})));
+    assert_eq!(ack["op"], "ack");
+    assert_eq!(chatter["notice"], "ignored");
+    assert_eq!(runs(dir.path()), 0);
+    let (_, asked) = c.ask("g2", "7", "@bot hi", Some(&json!({"to_bot": true})));
+    assert_eq!(asked["text"], "agent: 7");
+    assert_eq!(runs(dir.path()), 1);
+}
+
+/// Row 2: a user past `rate` is told when to come back, no agent runs, and the count
+/// survives a gateway restart with `--data-dir`.
+#[test]
+fn row2_a_rate_limit_is_answered_and_survives_a_restart() {
+    let dir = tempfile::tempdir().expect("dir");
+    let data = dir.path().join("data");
+    let config = "[access.matrix]\nmode = \"open\"\nrate = \"2/hour\"\n";
+    let data_arg = ["--data-dir", data.to_str().expect("utf-8")];
+    let (serve1, addr) = serve(dir.path(), config, &data_arg);
+    let mut c = Client::connect(&addr, "matrix");
+    for id in ["r1", "r2"] {
+        assert_eq!(c.ask(id, "@u:hs", "x", None).1["text"], "agent: @u:hs");
+    }
+    let (_, limited) = c.ask("r3", "@u:hs", "x", None);
+    assert_eq!(limited["notice"], "rate_limited", "{limited}");
+    assert!(
+        limited["text"]
+            .as_str()
+            .expect("text")
+            .contains("Try again in")
+    );
+    assert_eq!(runs(dir.path()), 2);
+    // The counters are saved off the reactor, at most once a second: wait for the file to
+    // hold the empty bucket (a bounded poll of a file, not a sleep ordering events).
+    let state = data.join("access.json");
+    let deadline = Instant::now() + WAIT;
+    while !std::fs::read_to_string(&state).is_ok_and(|s| s.contains("\"@u:hs\":{\"tokens\":0")) {
+        assert!(
+            Instant::now() < deadline,
+            "access.json never held the bucket"
+        );
+        std::thread::park_timeout(Duration::from_millis(20));
+    }
+    drop(c);
+    // Killed (SIGKILL, reaped): what was saved is all the next start has.
+    drop(serve1);
+    let (_serve2, addr) = serve(dir.path(), config, &data_arg);
+    let mut c = Client::connect(&addr, "matrix");
+    let (_, still) = c.ask("r4", "@u:hs", "x", None);
+    // Still limited: `rate_limited`, or `ignored` while the last notice is under a minute
+    // old (that survived the restart too); never the agent.
+    let notice = still["notice"]
+        .as_str()
+        .unwrap_or("none (the restart forgot the count)");
+    assert!(["rate_limited", "ignored"].contains(&notice), "{still}");
+    assert_eq!(runs(dir.path()), 2);
+}
+
+/// `--check-config` refuses a bad table with exit 2, naming the key.
+#[test]
+fn check_config_names_the_bad_key_and_exits_2() {
+    let dir = tempfile::tempdir().expect("dir");
+    for (table, key) in [
+        ("[access.matrix]\nrate = \"0/min\"\n", "access.matrix.rate"),
+        ("[access.irc]\nmode = \"closed\"\n", "access.irc.mode"),
+        ("[access.matrix]\nallow = [\"*\"]\n", "access.matrix.allow"),
+    ] {
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, table).expect("write");
+        let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+            .args([
+                "serve",
+                "--check-config",
+                "--http-listen",
+                "off",
+                "--config",
+            ])
+            .arg(&path)
+            .output()
+            .expect("run");
+        assert_eq!(out.status.code(), Some(2), "{table}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(key), "{key} not named: {err}");
+    }
+}
