@@ -1606,3 +1606,168 @@ fn refusal_notices_are_capped_per_chat() {
     let (status, _) = bridge.terminate();
     assert!(status.success(), "exit status {status:?}");
 }
+
+/// The peak RSS a bridge may reach parsing a ~31 MiB platform answer (row 7): the body
+/// itself (read into one string, which may double while growing) plus what the bridge
+/// keeps of it, a bounded number of typed items.
+const BIG_BODY_RSS_BOUND_KIB: u64 = 96 * 1024;
+/// How many log lines such an answer may cost at most (per-answer warnings, not per element).
+const BIG_BODY_LOG_LINES: usize = 40;
+/// The size of the hostile answers of row 7: just under the 32 MiB body cap.
+const BIG_BODY_BYTES: usize = 31 << 20;
+
+/// `prefix` `first` then `,filler` repeated until the text is `BIG_BODY_BYTES` long, then
+/// `suffix`.
+fn big_json(prefix: &str, first: &str, filler: &str, suffix: &str) -> String {
+    let mut s = String::with_capacity(BIG_BODY_BYTES + 1024);
+    s.push_str(prefix);
+    s.push_str(first);
+    while s.len() < BIG_BODY_BYTES {
+        s.push(',');
+        s.push_str(filler);
+    }
+    s.push_str(suffix);
+    s
+}
+
+impl Proc {
+    /// The peak resident set size so far (`VmHWM`).
+    fn peak_rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("/proc/PID/status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmHWM")
+    }
+}
+
+/// Row 7, Telegram: a Bot API answers `getUpdates` with one real update followed by ~31 MiB
+/// of malformed ones (`{}`, ten million of them). The real one is answered, the bridge's
+/// peak RSS stays under [`BIG_BODY_RSS_BOUND_KIB`] and the answer costs at most
+/// [`BIG_BODY_LOG_LINES`] log lines. Before the typed parsing the answer became a whole
+/// `serde_json::Value` (main f41b273: 1.06 GB RSS, 10.6 M WARN lines).
+#[test]
+fn a_31_mib_get_updates_answer_holds_memory_and_log_bounded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gateway = FakeGateway::start(None);
+    let real = serde_json::json!({"update_id": 1, "message": {"message_id": 1,
+        "text": "hello", "chat": {"id": 42, "type": "private"},
+        "from": {"id": 7, "is_bot": false, "first_name": "Ann"}}})
+    .to_string();
+    let body = Arc::new(big_json(r#"{"ok":true,"result":["#, &real, "{}", "]}"));
+    let api = FakeHttp::start(move |request| {
+        if request.contains("/getMe") {
+            telegram_ok(serde_json::json!({"id": 1, "is_bot": true, "username": "fake_bot"}))
+        } else if request.contains("/getUpdates") {
+            if offset_asked(request).unwrap_or(0) > 1 {
+                return HttpAnswer::Never;
+            }
+            HttpAnswer::Json(200, String::clone(&body))
+        } else {
+            telegram_ok(serde_json::json!({"message_id": 5}))
+        }
+    });
+    let log = dir.path().join("telegram.log");
+    let (mut telegram, _) = start_bridge(
+        &[
+            "telegram",
+            "--gateway",
+            &gateway.addr,
+            "--api-base",
+            &api.url,
+        ],
+        &[("TELEGRAM_BOT_TOKEN", "123456789:AAE-big-answer")],
+        &log,
+    );
+    let m = gateway
+        .received
+        .recv_timeout(WAIT)
+        .expect("the real update");
+    assert_eq!(m["id"], "tg-1-1");
+    // The next poll asks past it: the answer was parsed whole.
+    let deadline = Instant::now() + WAIT;
+    while !api
+        .requests
+        .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        .map(|r| r.contains("/getUpdates") && offset_asked(&r) == Some(2))
+        .expect("a poll past the update")
+    {}
+    let peak = telegram.peak_rss_kib();
+    let (status, _) = telegram.terminate();
+    assert!(status.success(), "exit status {status:?}");
+    let lines = std::fs::read_to_string(&log).expect("log").lines().count();
+    eprintln!("31 MiB getUpdates: peak RSS {peak} KiB, {lines} log lines");
+    assert!(
+        peak < BIG_BODY_RSS_BOUND_KIB,
+        "peak RSS {peak} KiB, bound {BIG_BODY_RSS_BOUND_KIB} KiB"
+    );
+    assert!(lines <= BIG_BODY_LOG_LINES, "{lines} log lines");
+}
+
+/// Row 7, Matrix: a homeserver answers a `/sync` with one room whose timeline holds a
+/// human's message followed by ~31 MiB of malformed events (`{}`). The message is handed
+/// over, the peak RSS stays under [`BIG_BODY_RSS_BOUND_KIB`], the log under
+/// [`BIG_BODY_LOG_LINES`] lines. Before, the answer became a whole `serde_json::Value`
+/// (main f41b273: 548 MB RSS for a 31 MiB `/sync`).
+#[test]
+fn a_31_mib_sync_answer_holds_memory_and_log_bounded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gateway = FakeGateway::start(None);
+    let learn = serde_json::json!({"next_batch": "s1", "rooms": {"join": {"!room:fake":
+        {"summary": {"m.joined_member_count": 2}, "timeline": {"events": []}}}}})
+    .to_string();
+    let real = serde_json::json!({"type": "m.room.message", "event_id": "$real",
+        "sender": "@ann:fake", "content": {"msgtype": "m.text", "body": "hello"}})
+    .to_string();
+    let big = Arc::new(big_json(
+        r#"{"next_batch":"s2","rooms":{"join":{"!room:fake":{"summary":{"m.joined_member_count":2},"timeline":{"events":["#,
+        &real,
+        "{}",
+        "]}}}}}",
+    ));
+    let hs = FakeHttp::start(move |request| {
+        if request.contains("/account/whoami") {
+            HttpAnswer::Json(200, r#"{"user_id":"@bot:fake"}"#.into())
+        } else if request.contains("/sync?") && request.contains("since=s1") {
+            HttpAnswer::Json(200, String::clone(&big))
+        } else if request.contains("/sync?") && !request.contains("since=") {
+            HttpAnswer::Json(200, learn.clone())
+        } else if request.contains("/sync?") {
+            HttpAnswer::Never
+        } else if request.contains("/send/") {
+            HttpAnswer::Json(200, r#"{"event_id":"$bot"}"#.into())
+        } else {
+            HttpAnswer::Json(200, "{}".into())
+        }
+    });
+    let log = dir.path().join("matrix.log");
+    let (mut matrix, _) = start_bridge(
+        &[
+            "matrix",
+            "--gateway",
+            &gateway.addr,
+            "--homeserver",
+            &hs.url,
+        ],
+        &[("MATRIX_ACCESS_TOKEN", "syt_big_sync_0123")],
+        &log,
+    );
+    let m = gateway
+        .received
+        .recv_timeout(WAIT)
+        .expect("the real message");
+    assert_eq!(m["id"], "$real");
+    hs.wait_requests("since=s2", 1);
+    let peak = matrix.peak_rss_kib();
+    let (status, _) = matrix.terminate();
+    assert!(status.success(), "exit status {status:?}");
+    let lines = std::fs::read_to_string(&log).expect("log").lines().count();
+    eprintln!("31 MiB /sync: peak RSS {peak} KiB, {lines} log lines");
+    assert!(
+        peak < BIG_BODY_RSS_BOUND_KIB,
+        "peak RSS {peak} KiB, bound {BIG_BODY_RSS_BOUND_KIB} KiB"
+    );
+    assert!(lines <= BIG_BODY_LOG_LINES, "{lines} log lines");
+}
