@@ -178,7 +178,8 @@ pub(crate) fn interpret<T: DeserializeOwned + Default>(
         return Ok(v.result.unwrap_or_default());
     }
     let code = v.error_code.get().copied().unwrap_or(u64::from(status));
-    let description = v.description.text().unwrap_or("no description");
+    // Cut: a server's text reaches the log, and one answer may be 32 MiB.
+    let description = crate::logfmt::cut(v.description.text().unwrap_or("no description"), 300);
     let what = format!("{method}: {code} {description}");
     Err(match code {
         429 => {
