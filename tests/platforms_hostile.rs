@@ -110,6 +110,8 @@ struct FakeGateway {
     received: Receiver<serde_json::Value>,
     /// Lines to write to the bridge.
     more: Sender<String>,
+    /// The ids the bridge confirmed with `delivered`.
+    delivered: Receiver<String>,
 }
 
 impl FakeGateway {
@@ -153,6 +155,7 @@ impl FakeGateway {
         let seen = Arc::clone(&messages);
         let (got, received) = unbounded();
         let (more, more_rx) = unbounded::<String>();
+        let (confirmed, delivered) = unbounded::<String>();
         std::thread::spawn(move || {
             let Ok((stream, _)) = listener.accept() else {
                 return;
@@ -160,7 +163,7 @@ impl FakeGateway {
             serve_gateway(
                 stream,
                 flood,
-                (&count, seen, got, (max_line, refuse)),
+                (&count, seen, (got, confirmed), (max_line, refuse)),
                 (&stalled_tx, more_rx),
             );
         });
@@ -171,6 +174,7 @@ impl FakeGateway {
             messages,
             received,
             more,
+            delivered,
         }
     }
 
@@ -189,10 +193,10 @@ type Answers = (usize, (u64, &'static str));
 fn serve_gateway(
     stream: TcpStream,
     flood: Option<(String, u64)>,
-    (written, messages, got, (max_line, (mut refuse, reason))): (
+    (written, messages, (got, confirmed), (max_line, (mut refuse, reason))): (
         &AtomicU64,
         Arc<AtomicU64>,
-        Sender<serde_json::Value>,
+        (Sender<serde_json::Value>, Sender<String>),
         Answers,
     ),
     (stalled, more): (&Sender<()>, Receiver<String>),
@@ -224,6 +228,12 @@ fn serve_gateway(
                 );
                 if acker.write_all(error.as_bytes()).is_err() {
                     return;
+                }
+            } else if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line)
+                && v["op"] == "delivered"
+            {
+                for id in v["ids"].as_array().into_iter().flatten() {
+                    let _ = confirmed.send(id.as_str().unwrap_or("").to_owned());
                 }
             } else if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line)
                 && v["op"] == "message"
@@ -1770,4 +1780,68 @@ fn a_31_mib_sync_answer_holds_memory_and_log_bounded() {
         "peak RSS {peak} KiB, bound {BIG_BODY_RSS_BOUND_KIB} KiB"
     );
     assert!(lines <= BIG_BODY_LOG_LINES, "{lines} log lines");
+}
+
+/// Row 14, the bridge's side: a Telegram bridge with `--state-dir` shows a result and
+/// confirms it; restarted with the same directory, it gets the same result again marked
+/// `redelivery` (a gateway that did not make the confirmation durable): it confirms it and
+/// does not show it again. Before, the bridge forgot across a restart what it had shown:
+/// the reply was posted twice.
+#[test]
+fn a_result_shown_before_a_bridge_restart_is_confirmed_not_shown_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let state_arg = state.to_str().expect("utf-8 path").to_owned();
+    let api = FakeHttp::start(|request| {
+        if request.contains("/getMe") {
+            telegram_ok(serde_json::json!({"id": 1, "is_bot": true, "username": "fake_bot"}))
+        } else if request.contains("/getUpdates") {
+            HttpAnswer::Never
+        } else {
+            telegram_ok(serde_json::json!({"message_id": 5}))
+        }
+    });
+    for (run, redelivery) in [(1, false), (2, true)] {
+        let gateway = FakeGateway::start(None);
+        let log = dir.path().join(format!("telegram-{run}.log"));
+        let (mut telegram, lines) = start_bridge(
+            &[
+                "telegram",
+                "--gateway",
+                &gateway.addr,
+                "--api-base",
+                &api.url,
+                "--state-dir",
+                &state_arg,
+            ],
+            &[("TELEGRAM_BOT_TOKEN", "123456789:AAE-shown-once")],
+            &log,
+        );
+        assert_eq!(
+            lines.recv_timeout(WAIT).expect("the ready line"),
+            "ready: telegram as @fake_bot"
+        );
+        let mut result = serde_json::json!({"op": "reply", "id": "tg-1-1",
+            "session": "telegram:dm:42", "text": "shown once"});
+        if redelivery {
+            result["redelivery"] = serde_json::json!(true);
+        }
+        gateway.send(&result.to_string());
+        assert_eq!(
+            gateway
+                .delivered
+                .recv_timeout(WAIT)
+                .expect("a confirmation"),
+            "tg-1-1",
+            "run {run}"
+        );
+        let (status, _) = telegram.terminate();
+        assert!(status.success(), "exit status {status:?}");
+    }
+    let shown = api
+        .requests
+        .try_iter()
+        .filter(|r| r.contains("/sendMessage") && r.contains("shown once"))
+        .count();
+    assert_eq!(shown, 1, "the reply was shown {shown} times");
 }

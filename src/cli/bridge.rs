@@ -146,7 +146,8 @@ struct TelegramArgs {
     /// Environment variable holding the bot token.
     #[arg(long, value_name = "NAME", default_value = "TELEGRAM_BOT_TOKEN")]
     bot_token_env: String,
-    /// Directory keeping the update offset, so a restart processes no update twice.
+    /// Directory keeping the update offset, so a restart processes no update twice, and the
+    /// ids of the results shown (the newest 4,096), so a restart shows none twice.
     #[arg(long, value_name = "DIR")]
     state_dir: Option<std::path::PathBuf>,
     /// Seconds one getUpdates long poll waits for updates.
@@ -168,7 +169,8 @@ struct MatrixArgs {
     #[arg(long, default_value_t = 1000)]
     max_rooms: usize,
     /// Directory keeping the sync position, so a restarted bridge answers what was written
-    /// while it was down (without it, each start answers only what comes after it).
+    /// while it was down (without it, each start answers only what comes after it), and the
+    /// ids of the results shown (the newest 4,096), so a restart shows none twice.
     #[arg(long, value_name = "DIR")]
     state_dir: Option<std::path::PathBuf>,
 }
@@ -301,7 +303,8 @@ fn run_irc(a: IrcArgs) -> Result<(), Failure> {
 
 fn run_telegram(a: TelegramArgs) -> Result<(), Failure> {
     use crate::platforms::telegram::{self, TelegramConfig};
-    let gateway = a.gateway.config("telegram").map_err(Failure::Usage)?;
+    let mut gateway = a.gateway.config("telegram").map_err(Failure::Usage)?;
+    gateway.shown_file = a.state_dir.as_ref().map(|d| d.join("telegram-shown"));
     let token = token_from_env(&a.bot_token_env)
         .map_err(Failure::Usage)?
         .ok_or_else(|| {
@@ -330,7 +333,8 @@ fn run_telegram(a: TelegramArgs) -> Result<(), Failure> {
 
 fn run_matrix(a: MatrixArgs) -> Result<(), Failure> {
     use crate::platforms::matrix::{self, MatrixConfig};
-    let gateway = a.gateway.config("matrix").map_err(Failure::Usage)?;
+    let mut gateway = a.gateway.config("matrix").map_err(Failure::Usage)?;
+    gateway.shown_file = a.state_dir.as_ref().map(|d| d.join("matrix-shown"));
     let token = match std::env::var(&a.access_token_env) {
         Ok(t) if !t.is_empty() => t,
         _ => {

@@ -73,6 +73,10 @@ pub(crate) struct GatewayConfig {
     pub max_pending: usize,
     /// Ids of handled results remembered, so a redelivered one is not shown twice.
     pub shown_memory: usize,
+    /// Where those ids are kept across restarts (`<--state-dir>/<platform>-shown`), if
+    /// anywhere: a result shown before a restart and redelivered after it is confirmed, not
+    /// shown again.
+    pub shown_file: Option<std::path::PathBuf>,
     /// Events buffered for the bridge before the client stops reading the gateway.
     pub event_capacity: usize,
     /// Longest `message` line sent (the gateway's `--max-line-bytes`): a longer message is
@@ -101,6 +105,7 @@ impl std::fmt::Debug for GatewayConfig {
             .field("max_backoff", &self.max_backoff)
             .field("max_pending", &self.max_pending)
             .field("shown_memory", &self.shown_memory)
+            .field("shown_file", &self.shown_file)
             .field("max_line_bytes", &self.max_line_bytes)
             .field("max_held", &self.max_held)
             .field("max_hold", &self.max_hold)
@@ -123,6 +128,7 @@ impl GatewayConfig {
             max_backoff: Duration::from_secs(10),
             max_pending: 1024,
             shown_memory: 4096,
+            shown_file: None,
             event_capacity: 1024,
             max_line_bytes: DEFAULT_MAX_LINE_BYTES,
             max_held: DEFAULT_MAX_HELD,
@@ -131,6 +137,18 @@ impl GatewayConfig {
             tls_name: None,
         }
     }
+}
+
+/// The ids of results already shown: kept in [`GatewayConfig::shown_file`] if set (an
+/// unreadable file is logged and the memory starts empty).
+fn shown_memory(config: &GatewayConfig) -> RecentIds {
+    let Some(path) = &config.shown_file else {
+        return RecentIds::new(config.shown_memory);
+    };
+    RecentIds::open(path, config.shown_memory).unwrap_or_else(|e| {
+        log::error!("gateway: the results shown before cannot be known ({e}); one redelivered after this restart may be shown again");
+        RecentIds::new(config.shown_memory)
+    })
 }
 
 /// The gateway's default `--max-line-bytes`, and so the client's.
@@ -276,7 +294,7 @@ impl Gateway {
                 conn: None,
                 connected: false,
                 pending: VecDeque::new(),
-                shown: RecentIds::new(config.shown_memory),
+                shown: shown_memory(&config),
                 writes: 0,
             }),
             config,
