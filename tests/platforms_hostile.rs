@@ -190,13 +190,17 @@ impl FakeGateway {
 /// answered `error`), and how many it refuses first, with which reason.
 type Answers = (usize, (u64, &'static str));
 
+/// Where the fake gateway hands what the bridge sent: its `message` lines, and the ids it
+/// confirmed with `delivered`.
+type Seen = (Sender<serde_json::Value>, Sender<String>);
+
 fn serve_gateway(
     stream: TcpStream,
     flood: Option<(String, u64)>,
     (written, messages, (got, confirmed), (max_line, (mut refuse, reason))): (
         &AtomicU64,
         Arc<AtomicU64>,
-        (Sender<serde_json::Value>, Sender<String>),
+        Seen,
         Answers,
     ),
     (stalled, more): (&Sender<()>, Receiver<String>),
