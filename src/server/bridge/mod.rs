@@ -568,6 +568,25 @@ impl Bridge {
         self.conns.awaiting_ack()
     }
 
+    /// Results written to `acks` connections and not yet confirmed with `delivered`.
+    pub fn awaiting_delivery(&self) -> usize {
+        self.conns.awaiting_delivery()
+    }
+
+    /// A line from `id` after the runtime stopped, while shutdown waits for confirmations:
+    /// a `delivered` line is taken (its results are journaled as delivered); any other line
+    /// is left unanswered (a bridge sends a message it got no answer for again, to the next
+    /// start).
+    pub fn confirmation_line(&mut self, id: ConnId, line: &[u8]) {
+        if !self.conns.get(id).is_some_and(|c| c.authed && !c.closing) {
+            return;
+        }
+        if let Ok(ClientOp::Delivered { ids }) = parse_line(line) {
+            self.delivered(id, &ids);
+            self.audit();
+        }
+    }
+
     /// Forced exit: every message still running gets `cancelled: shutdown` on its own
     /// connection, if that is still open, so the shell can write what it can before exiting.
     pub fn abandon_all(&mut self) {
