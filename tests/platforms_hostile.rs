@@ -120,7 +120,7 @@ impl FakeGateway {
     /// `stalled` fires when, after at least `stall_after` results, one write made no progress
     /// for a whole second: the bridge has stopped reading.
     fn start(flood: Option<(&str, u64)>) -> FakeGateway {
-        FakeGateway::launch(flood, usize::MAX, (0, ""))
+        FakeGateway::launch(flood, (usize::MAX, false), (0, ""))
     }
 
     /// A fake gateway that refuses the first `n` message lines `shutting_down` (as a
@@ -131,18 +131,24 @@ impl FakeGateway {
 
     /// A fake gateway that refuses the first `n` message lines with `reason`.
     fn refusing(n: u64, reason: &'static str) -> FakeGateway {
-        FakeGateway::launch(None, usize::MAX, (n, reason))
+        FakeGateway::launch(None, (usize::MAX, false), (n, reason))
     }
 
     /// A fake gateway that, like the real one with `--max-line-bytes max_line`, answers a
     /// longer line with `error` (no id) instead of an answer to the message.
     fn limited(max_line: usize) -> FakeGateway {
-        FakeGateway::launch(None, max_line, (0, ""))
+        FakeGateway::launch(None, (max_line, false), (0, ""))
+    }
+
+    /// A fake gateway that, like the real one with `--max-line-bytes max_line`, says so in
+    /// its `pong` and answers a longer line with `error`.
+    fn announcing(max_line: usize) -> FakeGateway {
+        FakeGateway::launch(None, (max_line, true), (0, ""))
     }
 
     fn launch(
         flood: Option<(&str, u64)>,
-        max_line: usize,
+        max_line: (usize, bool),
         refuse: (u64, &'static str),
     ) -> FakeGateway {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -187,8 +193,9 @@ impl FakeGateway {
 }
 
 /// How the fake gateway answers messages: the longest line it reads (a longer one is
-/// answered `error`), and how many it refuses first, with which reason.
-type Answers = (usize, (u64, &'static str));
+/// answered `error`) and whether its `pong` announces it, and how many it refuses first,
+/// with which reason.
+type Answers = ((usize, bool), (u64, &'static str));
 
 /// Where the fake gateway hands what the bridge sent: its `message` lines, and the ids it
 /// confirmed with `delivered`.
@@ -197,7 +204,7 @@ type Seen = (Sender<serde_json::Value>, Sender<String>);
 fn serve_gateway(
     stream: TcpStream,
     flood: Option<(String, u64)>,
-    (written, messages, (got, confirmed), (max_line, (mut refuse, reason))): (
+    (written, messages, (got, confirmed), ((max_line, announce), (mut refuse, reason))): (
         &AtomicU64,
         Arc<AtomicU64>,
         Seen,
@@ -218,7 +225,12 @@ fn serve_gateway(
             break;
         }
     }
-    if writer.write_all(b"{\"op\":\"pong\"}\n").is_err() {
+    let pong = if announce {
+        format!("{{\"op\":\"pong\",\"max_line_bytes\":{max_line}}}\n")
+    } else {
+        "{\"op\":\"pong\"}\n".to_owned()
+    };
+    if writer.write_all(pong.as_bytes()).is_err() {
         return;
     }
     // Messages are acked (`running`) and counted; the rest is read and dropped.
@@ -1848,4 +1860,61 @@ fn a_result_shown_before_a_bridge_restart_is_confirmed_not_shown_again() {
         .filter(|r| r.contains("/sendMessage") && r.contains("shown once"))
         .count();
     assert_eq!(shown, 1, "the reply was shown {shown} times");
+}
+
+/// The gateway announces its line limit (`--max-line-bytes 16384`) in its `pong`; a Telegram
+/// bridge left at its default (65,536) bounds its lines to the announced limit: a
+/// 20,000-byte message is not sent (its sender is told once, by the bridge: too long), the
+/// next one is. Before, the bridge knew only its own flag, sent the long line, and the
+/// gateway discarded it with `error`.
+#[test]
+fn the_line_limit_the_gateway_announces_bounds_the_bridges_lines() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gateway = FakeGateway::announcing(16_384);
+    let updates: Vec<serde_json::Value> = [(1, "x".repeat(20_000)), (2, "short".to_owned())]
+        .into_iter()
+        .map(|(id, text)| {
+            serde_json::json!({"update_id": id, "message": {"message_id": id, "text": text,
+                "chat": {"id": 42, "type": "private"},
+                "from": {"id": 7, "is_bot": false, "first_name": "Ann"}}})
+        })
+        .collect();
+    let api = FakeHttp::start(move |request| {
+        if request.contains("/getMe") {
+            telegram_ok(serde_json::json!({"id": 1, "is_bot": true, "username": "fake_bot"}))
+        } else if request.contains("/getUpdates") {
+            if offset_asked(request).unwrap_or(0) > 2 {
+                return HttpAnswer::Never;
+            }
+            telegram_ok(serde_json::json!(updates))
+        } else {
+            telegram_ok(serde_json::json!({"message_id": 5}))
+        }
+    });
+    let log = dir.path().join("telegram.log");
+    let (mut telegram, _) = start_bridge(
+        &[
+            "telegram",
+            "--gateway",
+            &gateway.addr,
+            "--api-base",
+            &api.url,
+        ],
+        &[("TELEGRAM_BOT_TOKEN", "123456789:AAE-announced")],
+        &log,
+    );
+    let m = gateway.received.recv_timeout(WAIT).expect("a message");
+    assert_eq!(m["id"], "tg-2-2");
+    let told = api.wait_requests("not accepted", 1);
+    assert!(
+        told[0].contains("/sendMessage") && told[0].contains("the limit is 16384"),
+        "{}",
+        told[0]
+    );
+    let (status, _) = telegram.terminate();
+    assert!(status.success(), "exit status {status:?}");
+    assert!(
+        gateway.received.try_iter().next().is_none(),
+        "another message reached the gateway"
+    );
 }

@@ -43,9 +43,9 @@ struct GatewayArgs {
     /// The name the gateway's certificate must be for (default: the host of --gateway).
     #[arg(long, value_name = "NAME", requires = "gateway_tls_ca")]
     gateway_tls_name: Option<String>,
-    /// Longest line sent to the gateway, in bytes: set it to the gateway's
-    /// `--max-line-bytes`. A longer message is not sent; its sender is told once. Default
-    /// 65,536, the gateway's default.
+    /// Longest line sent to the gateway, in bytes, when the gateway does not announce its
+    /// own `--max-line-bytes` (it does in its `pong`, and that wins). A longer message is
+    /// not sent; its sender is told once. Default 65,536, the gateway's default.
     #[arg(long, value_name = "BYTES", default_value_t = crate::platforms::gateway::DEFAULT_MAX_LINE_BYTES,
           value_parser = clap::value_parser!(usize))]
     max_line_bytes: usize,

@@ -14,7 +14,8 @@
 //!   repeat harmless: it answers `duplicate`). At most [`GatewayConfig::max_pending`] wait at
 //!   once; beyond, `send` says so ([`SendError::TooManyPending`]) instead of queueing.
 //! - **A message ends once.** A message whose line would pass the gateway's line limit
-//!   ([`GatewayConfig::max_line_bytes`]) is refused by `send` ([`SendError::TooLong`]), and
+//!   (announced in its `pong`, else [`GatewayConfig::max_line_bytes`]) is refused by `send`
+//!   ([`SendError::TooLong`]), and
 //!   an `error` line (no id) answers the oldest message in flight (the gateway answers lines
 //!   in order): it ends that message, reported as a `reject` with reason `invalid`.
 //! - **Retryable means retried.** A refusal that passes (`shutting_down`, `overloaded`,
@@ -79,9 +80,9 @@ pub(crate) struct GatewayConfig {
     pub shown_file: Option<std::path::PathBuf>,
     /// Events buffered for the bridge before the client stops reading the gateway.
     pub event_capacity: usize,
-    /// Longest `message` line sent (the gateway's `--max-line-bytes`): a longer message is
-    /// refused by [`Gateway::send`] ([`SendError::TooLong`]) instead of being sent to be
-    /// discarded.
+    /// Longest `message` line sent when the gateway does not announce its own limit (in its
+    /// `pong`, which then wins): a longer message is refused by [`Gateway::send`]
+    /// ([`SendError::TooLong`]) instead of being sent to be discarded.
     pub max_line_bytes: usize,
     /// Messages held at once for a retry after a retryable refusal (`shutting_down`,
     /// `overloaded`, `storage`, `backpressure`); past it such a refusal is final.
@@ -200,6 +201,9 @@ struct State {
     shown: RecentIds,
     /// Message lines written so far (orders [`Pending::in_flight`]).
     writes: u64,
+    /// The longest message line sent: the limit the gateway announced in its last pong, or
+    /// [`GatewayConfig::max_line_bytes`] until (or unless) it announces one.
+    max_line_bytes: usize,
 }
 
 impl State {
@@ -296,6 +300,7 @@ impl Gateway {
                 pending: VecDeque::new(),
                 shown: shown_memory(&config),
                 writes: 0,
+                max_line_bytes: config.max_line_bytes,
             }),
             config,
             stopping: AtomicBool::new(false),
@@ -361,7 +366,7 @@ impl Gateway {
             return Err(SendError::TooManyPending(max));
         }
         let line = message_line(message, &self.shared.config.platform);
-        let limit = self.shared.config.max_line_bytes;
+        let limit = state.max_line_bytes;
         if line.len() > limit {
             return Err(SendError::TooLong {
                 bytes: line.len(),

@@ -258,7 +258,10 @@ impl Bridge {
             return;
         }
         match parsed {
-            Ok(ClientOp::Ping) => self.answer(id, encode(&ServerOp::Pong)),
+            Ok(ClientOp::Ping) => {
+                let max_line_bytes = Some(self.cfg.max_line_bytes);
+                self.answer(id, encode(&ServerOp::Pong { max_line_bytes }));
+            }
             Ok(ClientOp::Hello {
                 platform,
                 token,
