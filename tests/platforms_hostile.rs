@@ -1918,3 +1918,239 @@ fn the_line_limit_the_gateway_announces_bounds_the_bridges_lines() {
         "another message reached the gateway"
     );
 }
+
+/// Runs openssl in `dir`; panics with its stderr when it fails.
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run openssl (needed for the TLS tests)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// In `dir`: a test CA (`ca.pem`), a server certificate it signed for 127.0.0.1
+/// (`server.pem`, `server.key`) and a client certificate (`client.pem`, `client.key`, CN
+/// `bot-by-cert`). EC keys: quick to make.
+fn make_certificates(dir: &Path) {
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    fn req<'a>(ec: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+        [&["req"][..], ec, extra].concat()
+    }
+    openssl(
+        dir,
+        &req(
+            &ec,
+            &[
+                "-x509",
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=test CA",
+            ],
+        ),
+    );
+    for (name, cn, usage) in [
+        (
+            "server",
+            "127.0.0.1",
+            "serverAuth\nsubjectAltName=IP:127.0.0.1",
+        ),
+        ("client", "bot-by-cert", "clientAuth"),
+    ] {
+        let (key, csr, pem, ext) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.pem"),
+            format!("{name}.ext"),
+        );
+        let subject = format!("/CN={cn}");
+        openssl(
+            dir,
+            &req(&ec, &["-keyout", &key, "-out", &csr, "-subj", &subject]),
+        );
+        std::fs::write(
+            dir.join(&ext),
+            format!("basicConstraints=CA:FALSE\nextendedKeyUsage={usage}\n"),
+        )
+        .expect("ext file");
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &pem,
+                "-days",
+                "2",
+                "-extfile",
+                &ext,
+            ],
+        );
+    }
+}
+
+/// A fake IRC server over TLS that requires a client certificate signed by `ca.pem` (the
+/// handshake fails without one) and logs the bot in with SASL EXTERNAL only: `CAP LS`
+/// offers `sasl=EXTERNAL`, `AUTHENTICATE EXTERNAL` gets `+`, the empty response `+` gets
+/// `900`/`903`, `CAP END` the welcome. The lines the bot wrote arrive on the
+/// receiver, the first being `CERTS <n>` (the certificates the bot presented) once the
+/// handshake is done.
+/// A fake: ngircd has no SASL.
+fn fake_irc_tls_external(dir: &Path) -> (String, Receiver<String>) {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_file_iter(dir.join("ca.pem")).expect("ca") {
+        roots.add(ca.expect("ca cert")).expect("root");
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .expect("client verifier");
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(dir.join("server.pem"))
+        .expect("server cert")
+        .map(|c| c.expect("cert"))
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(dir.join("server.key")).expect("server key");
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(certs, key)
+        .expect("server config");
+    let config = Arc::new(config);
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let (tx, rx) = unbounded();
+    std::thread::spawn(move || {
+        let Ok((tcp, _)) = listener.accept() else {
+            return;
+        };
+        let conn = rustls::ServerConnection::new(config).expect("connection");
+        let mut tls = rustls::StreamOwned::new(conn, tcp);
+        while tls.conn.is_handshaking() {
+            if tls.conn.complete_io(&mut tls.sock).is_err() {
+                let _ = tx.send("HANDSHAKE FAILED".to_owned());
+                return;
+            }
+        }
+        let presented = tls.conn.peer_certificates().map_or(0, <[_]>::len);
+        let _ = tx.send(format!("CERTS {presented}"));
+        let mut pending = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = match tls.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            pending.extend_from_slice(&buf[..n]);
+            while let Some(end) = pending.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=end).collect();
+                let l = String::from_utf8_lossy(&line).trim_end().to_owned();
+                let answer = match l.as_str() {
+                    "CAP LS 302" => ":irc.fake CAP * LS :sasl=EXTERNAL\r\n".to_owned(),
+                    "CAP REQ :sasl" => ":irc.fake CAP * ACK :sasl\r\n".to_owned(),
+                    "AUTHENTICATE EXTERNAL" => "AUTHENTICATE +\r\n".to_owned(),
+                    "AUTHENTICATE +" => ":irc.fake 900 * bot!bot@fake.host bot-by-cert :You are now logged in as bot-by-cert\r\n\
+                                         :irc.fake 903 * :SASL authentication successful\r\n"
+                        .to_owned(),
+                    // Registration waits for the end of the capability negotiation.
+                    "CAP END" => ":irc.fake 001 bot :Welcome\r\n".to_owned(),
+                    p if p.starts_with("PING ") => format!(":irc.fake PONG {}\r\n", &p[5..]),
+                    _ => String::new(),
+                };
+                let _ = tx.send(l);
+                if !answer.is_empty() && tls.write_all(answer.as_bytes()).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    (addr, rx)
+}
+
+/// Row 13: SASL EXTERNAL. The bridge, given `--tls-client-cert`/`--tls-client-key`
+/// and `--sasl-external`, presents its certificate in the TLS handshake (the fake refuses a
+/// handshake without one) and logs in with `AUTHENTICATE EXTERNAL` and the empty response
+/// `+`; then it registers and is ready. Before, the bridge had no client certificate and no
+/// EXTERNAL mechanism (ngircd has neither, so this is a fake).
+#[test]
+fn sasl_external_logs_the_bot_in_by_its_tls_client_certificate() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    make_certificates(dir.path());
+    let (addr, lines) = fake_irc_tls_external(dir.path());
+    let gateway = FakeGateway::start(None);
+    let log = dir.path().join("bridge.log");
+    let p = |f: &str| dir.path().join(f).to_str().expect("utf-8 path").to_owned();
+    let (ca, cert, key) = (p("ca.pem"), p("client.pem"), p("client.key"));
+    let args = [
+        "irc",
+        "--gateway",
+        &gateway.addr,
+        "--server",
+        &addr,
+        "--nick",
+        "bot",
+        "--tls",
+        "--tls-ca-file",
+        &ca,
+        "--tls-client-cert",
+        &cert,
+        "--tls-client-key",
+        &key,
+        "--sasl-external",
+    ];
+    let (mut bridge, ready) = start_bridge(&args, &[], &log);
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    while !seen.iter().any(|l: &String| l == "CAP END") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = lines
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("no registration; the server saw {seen:?}"));
+        seen.push(line);
+    }
+    let at = |want: &str| {
+        seen.iter()
+            .position(|l| l == want)
+            .unwrap_or_else(|| panic!("{want:?} not in {seen:?}"))
+    };
+    assert_eq!(seen[0], "CERTS 1", "the client certificate was presented");
+    assert!(at("CAP LS 302") < at("CAP REQ :sasl"));
+    assert!(at("CAP REQ :sasl") < at("AUTHENTICATE EXTERNAL"));
+    assert!(at("AUTHENTICATE EXTERNAL") < at("AUTHENTICATE +"));
+    assert!(at("AUTHENTICATE +") < at("CAP END"));
+    assert_eq!(
+        ready.recv_timeout(WAIT).expect("the ready line"),
+        "ready: irc as bot"
+    );
+    let (status, _) = bridge.terminate();
+    assert!(status.success(), "exit status {status:?}");
+    let logged = std::fs::read_to_string(&log).expect("log");
+    assert!(logged.contains("SASL login succeeded"), "{logged}");
+}

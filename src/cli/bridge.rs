@@ -91,6 +91,13 @@ struct IrcArgs {
     /// With --tls: trust only the CA certificates in this PEM file (a private server).
     #[arg(long, value_name = "PEM", requires = "tls")]
     tls_ca_file: Option<std::path::PathBuf>,
+    /// With --tls: offer this client certificate (PEM, the chain) to the server, for
+    /// --sasl-external or a network that knows the bot by its certificate.
+    #[arg(long, value_name = "PEM", requires_all = ["tls", "tls_client_key"])]
+    tls_client_cert: Option<std::path::PathBuf>,
+    /// The private key of --tls-client-cert (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, value_name = "PEM", requires = "tls_client_cert")]
+    tls_client_key: Option<std::path::PathBuf>,
     /// The bot's nick (an alternate is taken if it is in use).
     #[arg(long)]
     nick: String,
@@ -115,6 +122,10 @@ struct IrcArgs {
     /// Environment variable holding the SASL account's password.
     #[arg(long, value_name = "NAME", requires = "sasl_account")]
     sasl_password_env: Option<String>,
+    /// Log in with SASL EXTERNAL: the server knows the bot by its client certificate
+    /// (--tls-client-cert).
+    #[arg(long, requires = "tls_client_cert", conflicts_with = "sasl_account")]
+    sasl_external: bool,
     /// Environment variable holding the password sent to NickServ (`IDENTIFY`) after
     /// connecting.
     #[arg(long, value_name = "NAME")]
@@ -281,6 +292,8 @@ fn run_irc(a: IrcArgs) -> Result<(), Failure> {
     let mut config = IrcConfig::new(gateway, &a.server, &a.nick, a.channels);
     config.tls = a.tls;
     config.tls_ca_file = a.tls_ca_file;
+    config.tls_client_cert = a.tls_client_cert.zip(a.tls_client_key);
+    config.login.sasl_external = a.sasl_external;
     config.flood_burst = a.flood_burst;
     config.flood_interval =
         seconds("--flood-interval", a.flood_interval).map_err(Failure::Usage)?;
