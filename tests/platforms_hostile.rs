@@ -110,6 +110,8 @@ struct FakeGateway {
     received: Receiver<serde_json::Value>,
     /// Lines to write to the bridge.
     more: Sender<String>,
+    /// The ids the bridge confirmed with `delivered`.
+    delivered: Receiver<String>,
 }
 
 impl FakeGateway {
@@ -118,7 +120,7 @@ impl FakeGateway {
     /// `stalled` fires when, after at least `stall_after` results, one write made no progress
     /// for a whole second: the bridge has stopped reading.
     fn start(flood: Option<(&str, u64)>) -> FakeGateway {
-        FakeGateway::launch(flood, usize::MAX, (0, ""))
+        FakeGateway::launch(flood, (usize::MAX, false), (0, ""))
     }
 
     /// A fake gateway that refuses the first `n` message lines `shutting_down` (as a
@@ -129,18 +131,24 @@ impl FakeGateway {
 
     /// A fake gateway that refuses the first `n` message lines with `reason`.
     fn refusing(n: u64, reason: &'static str) -> FakeGateway {
-        FakeGateway::launch(None, usize::MAX, (n, reason))
+        FakeGateway::launch(None, (usize::MAX, false), (n, reason))
     }
 
     /// A fake gateway that, like the real one with `--max-line-bytes max_line`, answers a
     /// longer line with `error` (no id) instead of an answer to the message.
     fn limited(max_line: usize) -> FakeGateway {
-        FakeGateway::launch(None, max_line, (0, ""))
+        FakeGateway::launch(None, (max_line, false), (0, ""))
+    }
+
+    /// A fake gateway that, like the real one with `--max-line-bytes max_line`, says so in
+    /// its `pong` and answers a longer line with `error`.
+    fn announcing(max_line: usize) -> FakeGateway {
+        FakeGateway::launch(None, (max_line, true), (0, ""))
     }
 
     fn launch(
         flood: Option<(&str, u64)>,
-        max_line: usize,
+        max_line: (usize, bool),
         refuse: (u64, &'static str),
     ) -> FakeGateway {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -153,6 +161,7 @@ impl FakeGateway {
         let seen = Arc::clone(&messages);
         let (got, received) = unbounded();
         let (more, more_rx) = unbounded::<String>();
+        let (confirmed, delivered) = unbounded::<String>();
         std::thread::spawn(move || {
             let Ok((stream, _)) = listener.accept() else {
                 return;
@@ -160,7 +169,7 @@ impl FakeGateway {
             serve_gateway(
                 stream,
                 flood,
-                (&count, seen, got, (max_line, refuse)),
+                (&count, seen, (got, confirmed), (max_line, refuse)),
                 (&stalled_tx, more_rx),
             );
         });
@@ -171,6 +180,7 @@ impl FakeGateway {
             messages,
             received,
             more,
+            delivered,
         }
     }
 
@@ -183,16 +193,21 @@ impl FakeGateway {
 }
 
 /// How the fake gateway answers messages: the longest line it reads (a longer one is
-/// answered `error`), and how many it refuses first, with which reason.
-type Answers = (usize, (u64, &'static str));
+/// answered `error`) and whether its `pong` announces it, and how many it refuses first,
+/// with which reason.
+type Answers = ((usize, bool), (u64, &'static str));
+
+/// Where the fake gateway hands what the bridge sent: its `message` lines, and the ids it
+/// confirmed with `delivered`.
+type Seen = (Sender<serde_json::Value>, Sender<String>);
 
 fn serve_gateway(
     stream: TcpStream,
     flood: Option<(String, u64)>,
-    (written, messages, got, (max_line, (mut refuse, reason))): (
+    (written, messages, (got, confirmed), ((max_line, announce), (mut refuse, reason))): (
         &AtomicU64,
         Arc<AtomicU64>,
-        Sender<serde_json::Value>,
+        Seen,
         Answers,
     ),
     (stalled, more): (&Sender<()>, Receiver<String>),
@@ -210,7 +225,12 @@ fn serve_gateway(
             break;
         }
     }
-    if writer.write_all(b"{\"op\":\"pong\"}\n").is_err() {
+    let pong = if announce {
+        format!("{{\"op\":\"pong\",\"max_line_bytes\":{max_line}}}\n")
+    } else {
+        "{\"op\":\"pong\"}\n".to_owned()
+    };
+    if writer.write_all(pong.as_bytes()).is_err() {
         return;
     }
     // Messages are acked (`running`) and counted; the rest is read and dropped.
@@ -224,6 +244,12 @@ fn serve_gateway(
                 );
                 if acker.write_all(error.as_bytes()).is_err() {
                     return;
+                }
+            } else if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line)
+                && v["op"] == "delivered"
+            {
+                for id in v["ids"].as_array().into_iter().flatten() {
+                    let _ = confirmed.send(id.as_str().unwrap_or("").to_owned());
                 }
             } else if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line)
                 && v["op"] == "message"
@@ -1605,4 +1631,526 @@ fn refusal_notices_are_capped_per_chat() {
     assert!((1..=2).contains(&notices), "{notices} notices for one chat");
     let (status, _) = bridge.terminate();
     assert!(status.success(), "exit status {status:?}");
+}
+
+/// The peak RSS a bridge may reach parsing a ~31 MiB platform answer (row 7): the body
+/// itself (read into one string, which may double while growing) plus what the bridge
+/// keeps of it, a bounded number of typed items.
+const BIG_BODY_RSS_BOUND_KIB: u64 = 96 * 1024;
+/// How many log lines such an answer may cost at most (per-answer warnings, not per element).
+const BIG_BODY_LOG_LINES: usize = 40;
+/// The size of the hostile answers of row 7: just under the 32 MiB body cap.
+const BIG_BODY_BYTES: usize = 31 << 20;
+
+/// `prefix` `first` then `,filler` repeated until the text is `BIG_BODY_BYTES` long, then
+/// `suffix`.
+fn big_json(prefix: &str, first: &str, filler: &str, suffix: &str) -> String {
+    let mut s = String::with_capacity(BIG_BODY_BYTES + 1024);
+    s.push_str(prefix);
+    s.push_str(first);
+    while s.len() < BIG_BODY_BYTES {
+        s.push(',');
+        s.push_str(filler);
+    }
+    s.push_str(suffix);
+    s
+}
+
+impl Proc {
+    /// The peak resident set size so far (`VmHWM`).
+    fn peak_rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("/proc/PID/status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmHWM")
+    }
+}
+
+/// Row 7, Telegram: a Bot API answers `getUpdates` with one real update followed by ~31 MiB
+/// of malformed ones (`{}`, ten million of them). The real one is answered, the bridge's
+/// peak RSS stays under [`BIG_BODY_RSS_BOUND_KIB`] and the answer costs at most
+/// [`BIG_BODY_LOG_LINES`] log lines. Before the typed parsing the answer became a whole
+/// `serde_json::Value` (main f41b273: 1.06 GB RSS, 10.6 M WARN lines).
+#[test]
+fn a_31_mib_get_updates_answer_holds_memory_and_log_bounded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gateway = FakeGateway::start(None);
+    let real = serde_json::json!({"update_id": 1, "message": {"message_id": 1,
+        "text": "hello", "chat": {"id": 42, "type": "private"},
+        "from": {"id": 7, "is_bot": false, "first_name": "Ann"}}})
+    .to_string();
+    let body = Arc::new(big_json(r#"{"ok":true,"result":["#, &real, "{}", "]}"));
+    let api = FakeHttp::start(move |request| {
+        if request.contains("/getMe") {
+            telegram_ok(serde_json::json!({"id": 1, "is_bot": true, "username": "fake_bot"}))
+        } else if request.contains("/getUpdates") {
+            if offset_asked(request).unwrap_or(0) > 1 {
+                return HttpAnswer::Never;
+            }
+            HttpAnswer::Json(200, String::clone(&body))
+        } else {
+            telegram_ok(serde_json::json!({"message_id": 5}))
+        }
+    });
+    let log = dir.path().join("telegram.log");
+    let (mut telegram, _) = start_bridge(
+        &[
+            "telegram",
+            "--gateway",
+            &gateway.addr,
+            "--api-base",
+            &api.url,
+        ],
+        &[("TELEGRAM_BOT_TOKEN", "123456789:AAE-big-answer")],
+        &log,
+    );
+    let m = gateway
+        .received
+        .recv_timeout(WAIT)
+        .expect("the real update");
+    assert_eq!(m["id"], "tg-1-1");
+    // The next poll asks past it: the answer was parsed whole.
+    let deadline = Instant::now() + WAIT;
+    while !api
+        .requests
+        .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        .map(|r| r.contains("/getUpdates") && offset_asked(&r) == Some(2))
+        .expect("a poll past the update")
+    {}
+    let peak = telegram.peak_rss_kib();
+    let (status, _) = telegram.terminate();
+    assert!(status.success(), "exit status {status:?}");
+    let lines = std::fs::read_to_string(&log).expect("log").lines().count();
+    eprintln!("31 MiB getUpdates: peak RSS {peak} KiB, {lines} log lines");
+    assert!(
+        peak < BIG_BODY_RSS_BOUND_KIB,
+        "peak RSS {peak} KiB, bound {BIG_BODY_RSS_BOUND_KIB} KiB"
+    );
+    assert!(lines <= BIG_BODY_LOG_LINES, "{lines} log lines");
+}
+
+/// Row 7, Matrix: a homeserver answers a `/sync` with one room whose timeline holds a
+/// human's message followed by ~31 MiB of malformed events (`{}`). The message is handed
+/// over, the peak RSS stays under [`BIG_BODY_RSS_BOUND_KIB`], the log under
+/// [`BIG_BODY_LOG_LINES`] lines. Before, the answer became a whole `serde_json::Value`
+/// (main f41b273: 548 MB RSS for a 31 MiB `/sync`).
+#[test]
+fn a_31_mib_sync_answer_holds_memory_and_log_bounded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gateway = FakeGateway::start(None);
+    let learn = serde_json::json!({"next_batch": "s1", "rooms": {"join": {"!room:fake":
+        {"summary": {"m.joined_member_count": 2}, "timeline": {"events": []}}}}})
+    .to_string();
+    let real = serde_json::json!({"type": "m.room.message", "event_id": "$real",
+        "sender": "@ann:fake", "content": {"msgtype": "m.text", "body": "hello"}})
+    .to_string();
+    let big = Arc::new(big_json(
+        r#"{"next_batch":"s2","rooms":{"join":{"!room:fake":{"summary":{"m.joined_member_count":2},"timeline":{"events":["#,
+        &real,
+        "{}",
+        "]}}}}}",
+    ));
+    let hs = FakeHttp::start(move |request| {
+        if request.contains("/account/whoami") {
+            HttpAnswer::Json(200, r#"{"user_id":"@bot:fake"}"#.into())
+        } else if request.contains("/sync?") && request.contains("since=s1") {
+            HttpAnswer::Json(200, String::clone(&big))
+        } else if request.contains("/sync?") && !request.contains("since=") {
+            HttpAnswer::Json(200, learn.clone())
+        } else if request.contains("/sync?") {
+            HttpAnswer::Never
+        } else if request.contains("/send/") {
+            HttpAnswer::Json(200, r#"{"event_id":"$bot"}"#.into())
+        } else {
+            HttpAnswer::Json(200, "{}".into())
+        }
+    });
+    let log = dir.path().join("matrix.log");
+    let (mut matrix, _) = start_bridge(
+        &[
+            "matrix",
+            "--gateway",
+            &gateway.addr,
+            "--homeserver",
+            &hs.url,
+        ],
+        &[("MATRIX_ACCESS_TOKEN", "syt_big_sync_0123")],
+        &log,
+    );
+    let m = gateway
+        .received
+        .recv_timeout(WAIT)
+        .expect("the real message");
+    assert_eq!(m["id"], "$real");
+    hs.wait_requests("since=s2", 1);
+    let peak = matrix.peak_rss_kib();
+    let (status, _) = matrix.terminate();
+    assert!(status.success(), "exit status {status:?}");
+    let lines = std::fs::read_to_string(&log).expect("log").lines().count();
+    eprintln!("31 MiB /sync: peak RSS {peak} KiB, {lines} log lines");
+    assert!(
+        peak < BIG_BODY_RSS_BOUND_KIB,
+        "peak RSS {peak} KiB, bound {BIG_BODY_RSS_BOUND_KIB} KiB"
+    );
+    assert!(lines <= BIG_BODY_LOG_LINES, "{lines} log lines");
+}
+
+/// Row 14, the bridge's side: a Telegram bridge with `--state-dir` shows a result and
+/// confirms it; restarted with the same directory, it gets the same result again marked
+/// `redelivery` (a gateway that did not make the confirmation durable): it confirms it and
+/// does not show it again. Before, the bridge forgot across a restart what it had shown:
+/// the reply was posted twice.
+#[test]
+fn a_result_shown_before_a_bridge_restart_is_confirmed_not_shown_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let state_arg = state.to_str().expect("utf-8 path").to_owned();
+    let api = FakeHttp::start(|request| {
+        if request.contains("/getMe") {
+            telegram_ok(serde_json::json!({"id": 1, "is_bot": true, "username": "fake_bot"}))
+        } else if request.contains("/getUpdates") {
+            HttpAnswer::Never
+        } else {
+            telegram_ok(serde_json::json!({"message_id": 5}))
+        }
+    });
+    for (run, redelivery) in [(1, false), (2, true)] {
+        let gateway = FakeGateway::start(None);
+        let log = dir.path().join(format!("telegram-{run}.log"));
+        let (mut telegram, lines) = start_bridge(
+            &[
+                "telegram",
+                "--gateway",
+                &gateway.addr,
+                "--api-base",
+                &api.url,
+                "--state-dir",
+                &state_arg,
+            ],
+            &[("TELEGRAM_BOT_TOKEN", "123456789:AAE-shown-once")],
+            &log,
+        );
+        assert_eq!(
+            lines.recv_timeout(WAIT).expect("the ready line"),
+            "ready: telegram as @fake_bot"
+        );
+        let mut result = serde_json::json!({"op": "reply", "id": "tg-1-1",
+            "session": "telegram:dm:42", "text": "shown once"});
+        if redelivery {
+            result["redelivery"] = serde_json::json!(true);
+        }
+        gateway.send(&result.to_string());
+        assert_eq!(
+            gateway
+                .delivered
+                .recv_timeout(WAIT)
+                .expect("a confirmation"),
+            "tg-1-1",
+            "run {run}"
+        );
+        let (status, _) = telegram.terminate();
+        assert!(status.success(), "exit status {status:?}");
+    }
+    let shown = api
+        .requests
+        .try_iter()
+        .filter(|r| r.contains("/sendMessage") && r.contains("shown once"))
+        .count();
+    assert_eq!(shown, 1, "the reply was shown {shown} times");
+}
+
+/// The gateway announces its line limit (`--max-line-bytes 16384`) in its `pong`; a Telegram
+/// bridge left at its default (65,536) bounds its lines to the announced limit: a
+/// 20,000-byte message is not sent (its sender is told once, by the bridge: too long), the
+/// next one is. Before, the bridge knew only its own flag, sent the long line, and the
+/// gateway discarded it with `error`.
+#[test]
+fn the_line_limit_the_gateway_announces_bounds_the_bridges_lines() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gateway = FakeGateway::announcing(16_384);
+    let updates: Vec<serde_json::Value> = [(1, "x".repeat(20_000)), (2, "short".to_owned())]
+        .into_iter()
+        .map(|(id, text)| {
+            serde_json::json!({"update_id": id, "message": {"message_id": id, "text": text,
+                "chat": {"id": 42, "type": "private"},
+                "from": {"id": 7, "is_bot": false, "first_name": "Ann"}}})
+        })
+        .collect();
+    let api = FakeHttp::start(move |request| {
+        if request.contains("/getMe") {
+            telegram_ok(serde_json::json!({"id": 1, "is_bot": true, "username": "fake_bot"}))
+        } else if request.contains("/getUpdates") {
+            if offset_asked(request).unwrap_or(0) > 2 {
+                return HttpAnswer::Never;
+            }
+            telegram_ok(serde_json::json!(updates))
+        } else {
+            telegram_ok(serde_json::json!({"message_id": 5}))
+        }
+    });
+    let log = dir.path().join("telegram.log");
+    let (mut telegram, _) = start_bridge(
+        &[
+            "telegram",
+            "--gateway",
+            &gateway.addr,
+            "--api-base",
+            &api.url,
+        ],
+        &[("TELEGRAM_BOT_TOKEN", "123456789:AAE-announced")],
+        &log,
+    );
+    let m = gateway.received.recv_timeout(WAIT).expect("a message");
+    assert_eq!(m["id"], "tg-2-2");
+    let told = api.wait_requests("not accepted", 1);
+    assert!(
+        told[0].contains("/sendMessage") && told[0].contains("the limit is 16384"),
+        "{}",
+        told[0]
+    );
+    let (status, _) = telegram.terminate();
+    assert!(status.success(), "exit status {status:?}");
+    assert!(
+        gateway.received.try_iter().next().is_none(),
+        "another message reached the gateway"
+    );
+}
+
+/// Runs openssl in `dir`; panics with its stderr when it fails.
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run openssl (needed for the TLS tests)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// In `dir`: a test CA (`ca.pem`), a server certificate it signed for 127.0.0.1
+/// (`server.pem`, `server.key`) and a client certificate (`client.pem`, `client.key`, CN
+/// `bot-by-cert`). EC keys: quick to make.
+fn make_certificates(dir: &Path) {
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    fn req<'a>(ec: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+        [&["req"][..], ec, extra].concat()
+    }
+    openssl(
+        dir,
+        &req(
+            &ec,
+            &[
+                "-x509",
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=test CA",
+            ],
+        ),
+    );
+    for (name, cn, usage) in [
+        (
+            "server",
+            "127.0.0.1",
+            "serverAuth\nsubjectAltName=IP:127.0.0.1",
+        ),
+        ("client", "bot-by-cert", "clientAuth"),
+    ] {
+        let (key, csr, pem, ext) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.pem"),
+            format!("{name}.ext"),
+        );
+        let subject = format!("/CN={cn}");
+        openssl(
+            dir,
+            &req(&ec, &["-keyout", &key, "-out", &csr, "-subj", &subject]),
+        );
+        std::fs::write(
+            dir.join(&ext),
+            format!("basicConstraints=CA:FALSE\nextendedKeyUsage={usage}\n"),
+        )
+        .expect("ext file");
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &pem,
+                "-days",
+                "2",
+                "-extfile",
+                &ext,
+            ],
+        );
+    }
+}
+
+/// A fake IRC server over TLS that requires a client certificate signed by `ca.pem` (the
+/// handshake fails without one) and logs the bot in with SASL EXTERNAL only: `CAP LS`
+/// offers `sasl=EXTERNAL`, `AUTHENTICATE EXTERNAL` gets `+`, the empty response `+` gets
+/// `900`/`903`, `CAP END` the welcome. The lines the bot wrote arrive on the
+/// receiver, the first being `CERTS <n>` (the certificates the bot presented) once the
+/// handshake is done.
+/// A fake: ngircd has no SASL.
+fn fake_irc_tls_external(dir: &Path) -> (String, Receiver<String>) {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_file_iter(dir.join("ca.pem")).expect("ca") {
+        roots.add(ca.expect("ca cert")).expect("root");
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .expect("client verifier");
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(dir.join("server.pem"))
+        .expect("server cert")
+        .map(|c| c.expect("cert"))
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(dir.join("server.key")).expect("server key");
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(certs, key)
+        .expect("server config");
+    let config = Arc::new(config);
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let (tx, rx) = unbounded();
+    std::thread::spawn(move || {
+        let Ok((tcp, _)) = listener.accept() else {
+            return;
+        };
+        let conn = rustls::ServerConnection::new(config).expect("connection");
+        let mut tls = rustls::StreamOwned::new(conn, tcp);
+        while tls.conn.is_handshaking() {
+            if tls.conn.complete_io(&mut tls.sock).is_err() {
+                let _ = tx.send("HANDSHAKE FAILED".to_owned());
+                return;
+            }
+        }
+        let presented = tls.conn.peer_certificates().map_or(0, <[_]>::len);
+        let _ = tx.send(format!("CERTS {presented}"));
+        let mut pending = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = match tls.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            pending.extend_from_slice(&buf[..n]);
+            while let Some(end) = pending.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=end).collect();
+                let l = String::from_utf8_lossy(&line).trim_end().to_owned();
+                let answer = match l.as_str() {
+                    "CAP LS 302" => ":irc.fake CAP * LS :sasl=EXTERNAL\r\n".to_owned(),
+                    "CAP REQ :sasl" => ":irc.fake CAP * ACK :sasl\r\n".to_owned(),
+                    "AUTHENTICATE EXTERNAL" => "AUTHENTICATE +\r\n".to_owned(),
+                    "AUTHENTICATE +" => ":irc.fake 900 * bot!bot@fake.host bot-by-cert :You are now logged in as bot-by-cert\r\n\
+                                         :irc.fake 903 * :SASL authentication successful\r\n"
+                        .to_owned(),
+                    // Registration waits for the end of the capability negotiation.
+                    "CAP END" => ":irc.fake 001 bot :Welcome\r\n".to_owned(),
+                    p if p.starts_with("PING ") => format!(":irc.fake PONG {}\r\n", &p[5..]),
+                    _ => String::new(),
+                };
+                let _ = tx.send(l);
+                if !answer.is_empty() && tls.write_all(answer.as_bytes()).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    (addr, rx)
+}
+
+/// Row 13: SASL EXTERNAL. The bridge, given `--tls-client-cert`/`--tls-client-key`
+/// and `--sasl-external`, presents its certificate in the TLS handshake (the fake refuses a
+/// handshake without one) and logs in with `AUTHENTICATE EXTERNAL` and the empty response
+/// `+`; then it registers and is ready. Before, the bridge had no client certificate and no
+/// EXTERNAL mechanism (ngircd has neither, so this is a fake).
+#[test]
+fn sasl_external_logs_the_bot_in_by_its_tls_client_certificate() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    make_certificates(dir.path());
+    let (addr, lines) = fake_irc_tls_external(dir.path());
+    let gateway = FakeGateway::start(None);
+    let log = dir.path().join("bridge.log");
+    let p = |f: &str| dir.path().join(f).to_str().expect("utf-8 path").to_owned();
+    let (ca, cert, key) = (p("ca.pem"), p("client.pem"), p("client.key"));
+    let args = [
+        "irc",
+        "--gateway",
+        &gateway.addr,
+        "--server",
+        &addr,
+        "--nick",
+        "bot",
+        "--tls",
+        "--tls-ca-file",
+        &ca,
+        "--tls-client-cert",
+        &cert,
+        "--tls-client-key",
+        &key,
+        "--sasl-external",
+    ];
+    let (mut bridge, ready) = start_bridge(&args, &[], &log);
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    while !seen.iter().any(|l: &String| l == "CAP END") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = lines
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("no registration; the server saw {seen:?}"));
+        seen.push(line);
+    }
+    let at = |want: &str| {
+        seen.iter()
+            .position(|l| l == want)
+            .unwrap_or_else(|| panic!("{want:?} not in {seen:?}"))
+    };
+    assert_eq!(seen[0], "CERTS 1", "the client certificate was presented");
+    assert!(at("CAP LS 302") < at("CAP REQ :sasl"));
+    assert!(at("CAP REQ :sasl") < at("AUTHENTICATE EXTERNAL"));
+    assert!(at("AUTHENTICATE EXTERNAL") < at("AUTHENTICATE +"));
+    assert!(at("AUTHENTICATE +") < at("CAP END"));
+    assert_eq!(
+        ready.recv_timeout(WAIT).expect("the ready line"),
+        "ready: irc as bot"
+    );
+    let (status, _) = bridge.terminate();
+    assert!(status.success(), "exit status {status:?}");
+    let logged = std::fs::read_to_string(&log).expect("log");
+    assert!(logged.contains("SASL login succeeded"), "{logged}");
 }

@@ -725,6 +725,81 @@ fn issue32_a_stranger_is_paired_the_admin_approves_and_a_group_gets_answers_only
     b.stop();
 }
 
+/// Issue 30 row 14 through the real Synapse: a burst of three messages in a room (one turn
+/// streaming, two queued), the gateway (`--data-dir`) stopped with SIGTERM mid-turn. The
+/// running turn finishes in the drain and is shown; the gateway waits for the bridge's
+/// confirmation and journals it; gateway and bridge (`--state-dir`) restart, as under
+/// `[[bridge]]`; the two queued messages run then. Every message is answered once and each
+/// reply is shown once: one reply per message, the finished turn's final text posted once.
+/// Before, the reply finished in the drain was shown again after the restart.
+#[test]
+fn a_gateway_restart_mid_burst_answers_each_message_once_and_shows_each_reply_once() {
+    let Some(mut w) = world(true) else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let state = dir.path().join("state");
+    let state_arg = state.to_str().expect("utf-8 path").to_owned();
+    let port = free_port();
+    let mut gateway = serve(port, Some(&data));
+    let b = bridge_with(w.hs, &w.bot, port, dir.path(), &["--state-dir", &state_arg]);
+    w.wait_joined();
+    let final_text = words(20);
+    let burst: Vec<(String, usize)> = (0..3).map(|_| w.say("slow 20 100")).collect();
+    let (r1, at1) = w.reply_to(&burst[0].0, burst[0].1);
+    w.shows(&r1, at1, "streaming", |t| t.starts_with("w0 w1"));
+    gateway.signal(libc::SIGTERM);
+    w.shows(&r1, at1, "the turn finished in the drain", |t| {
+        t == final_text
+    });
+    assert!(gateway.wait_exit().success(), "the gateway exits 0");
+    b.stop();
+
+    let _gateway = serve(port, Some(&data));
+    let b = bridge_with(w.hs, &w.bot, port, dir.path(), &["--state-dir", &state_arg]);
+    let mut replies = vec![r1.clone()];
+    for (event, after) in &burst[1..] {
+        let (r, at) = w.reply_to(event, *after);
+        w.shows(&r, at, "a queued message's answer", |t| t == final_text);
+        replies.push(r);
+    }
+    // A redelivery would come before the answer to a new message.
+    let (ev, after) = w.say("after");
+    let (r, at) = w.reply_to(&ev, after);
+    w.shows(&r, at, "the answer after the restart", |t| {
+        t == "echo: after"
+    });
+    let bot = w.bot.mxid.clone();
+    for (event, _) in &burst {
+        let n = w
+            .seen
+            .events()
+            .filter(|(_, ev)| replies_to(ev, &bot, event))
+            .count();
+        assert_eq!(n, 1, "answered {n} times:\n{}", w.seen.transcript());
+    }
+    for r in &replies {
+        let shown = w
+            .seen
+            .events()
+            .filter(|(_, ev)| {
+                let text = if ev["event_id"] == r.as_str() {
+                    ev["content"]["body"].as_str()
+                } else {
+                    edit_of(ev, r)
+                };
+                text == Some(final_text.as_str())
+            })
+            .count();
+        assert_eq!(
+            shown,
+            1,
+            "final text shown {shown} times:\n{}",
+            w.seen.transcript()
+        );
+    }
+    b.stop();
+}
+
 /// Figures for the issue (run by hand, printed): the bridge's added latency (the human's
 /// message → the first bot text the human sees) beside the gateway's own turn latency
 /// (message → first partial over the bridge protocol), medians of 5.

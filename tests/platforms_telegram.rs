@@ -54,6 +54,8 @@ struct FakeState {
     /// Edits refused because the text was identical, and texts refused as too long.
     not_modified: u32,
     too_long: u32,
+    /// While set, `sendMessage` calls wait (bounded) before they are answered.
+    hold_sends: bool,
 }
 
 /// A FAKE Telegram Bot API (see the module comment): scripted, in-process, for tests only.
@@ -207,6 +209,13 @@ fn handle(method: &str, params: &Value, shared: &(Mutex<FakeState>, Condvar)) ->
             return (200, json!({"ok": true, "result": updates}));
         }
         "sendMessage" => {
+            let deadline = at + WAIT;
+            while state.hold_sends && Instant::now() < deadline {
+                state = cvar
+                    .wait_timeout(state, deadline.saturating_duration_since(Instant::now()))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
             let text = params["text"].as_str().unwrap_or("").to_owned();
             if state.rate_limit_sends > 0 {
                 state.rate_limit_sends -= 1;
@@ -831,4 +840,193 @@ fn a_bridge_table_runs_the_bridge_supervised_by_serve() {
         .map(|s| s.contains(") Z "))
         .unwrap_or(true);
     assert!(gone, "the bridge outlived the gateway");
+}
+
+/// The agent of the restart test: every turn is logged (one line, its text, in `log`), runs
+/// in a thread of its own, and a "slow" one reads one `go\n` (3 bytes, written at once) from
+/// the FIFO before it answers "echo: TEXT".
+const RESTART_AGENT: &str = r#"
+import json, os, sys, threading
+fifo, log = sys.argv[1], sys.argv[2]
+lock = threading.Lock()
+def out(o):
+    with lock:
+        sys.stdout.write(json.dumps(o) + "\n"); sys.stdout.flush()
+def turn(i, t):
+    with lock:
+        with open(log, "a") as f:
+            f.write(t + "\n")
+    if t.startswith("slow"):
+        fd = os.open(fifo, os.O_RDONLY)
+        os.read(fd, 3)
+        os.close(fd)
+    out({"op": "reply", "id": i, "text": "echo: " + t})
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("op") == "turn":
+        threading.Thread(target=turn, args=(m["id"], m["text"])).start()
+"#;
+
+/// `turnstile serve --data-dir data` on `listen` with [`RESTART_AGENT`]; its stderr lines on
+/// the receiver.
+fn serve_durable(listen: &str, dir: &Path) -> (Proc, Receiver<String>) {
+    let cmd = format!(
+        "exec python3 {} {} {}",
+        dir.join("agent.py").display(),
+        dir.join("go.fifo").display(),
+        dir.join("turns.log").display()
+    );
+    let mut serve = die_with_parent(
+        Command::new(env!("CARGO_BIN_EXE_turnstile"))
+            .args(["serve", "--listen", listen, "--http-listen", "off"])
+            .args(["--agent", "process", "--agent-cmd", &cmd])
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .env("RUST_LOG", "info")
+            .env("TURNSTILE_AUTH_TOKEN", GATEWAY_TOKEN)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+    .spawn()
+    .expect("start serve");
+    let stderr = serve.stderr.take().expect("stderr");
+    let (tx, log) = crossbeam_channel::unbounded::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let line = first_line(&mut serve)
+        .recv_timeout(WAIT)
+        .expect("listening");
+    assert_eq!(line, format!("listening on {listen}"));
+    (Proc(serve), log)
+}
+
+/// Row 14 of issue 30, the gateway's side: a gateway (`--data-dir`) is stopped with SIGTERM
+/// while four turns of four chats run; they finish in the drain, their replies go to the
+/// bridge, which shows them (the fake holds the posts until the drain is over) and confirms
+/// them. The gateway waits for those confirmations
+/// and journals them before it exits: after a restart (gateway and bridge, the bridge with a
+/// fresh state directory so that only the gateway can prevent a repeat) nothing is
+/// redelivered — each reply was shown once, each message answered once, every agent turn
+/// run once. Before, the gateway exited without reading the confirmations and the restart
+/// showed the four replies again.
+#[test]
+fn a_gateway_restart_mid_burst_shows_each_reply_once() {
+    let api = FakeBotApi::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("agent.py"), RESTART_AGENT).expect("agent");
+    let fifo = dir.path().join("go.fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    let listen = {
+        let probe = TcpListener::bind("127.0.0.1:0").expect("bind");
+        probe.local_addr().expect("addr").to_string()
+    };
+    let replies = |s: &FakeState, text: &str| {
+        s.calls
+            .iter()
+            .filter(|c| c.method == "sendMessage" && c.ok && c.params["text"] == text)
+            .count()
+    };
+    let (mut serve, log) = serve_durable(&listen, dir.path());
+    let log_1 = dir.path().join("bridge-1.log");
+    let (mut bridge, ready) = spawn_bridge(&listen, &api, &dir.path().join("state-1"), &log_1);
+    assert_eq!(
+        ready.recv_timeout(WAIT).expect("the ready line"),
+        "ready: telegram as @fake_bot"
+    );
+    // The replies are shown only once the drain is over (the gateway in its last steps):
+    // their confirmations come after it.
+    api.lock().hold_sends = true;
+    for n in 1..=4 {
+        api.push_update(json!({"update_id": n, "message": {"message_id": 100 + n,
+            "text": format!("slow {n}"), "chat": {"id": 40 + n, "type": "private"},
+            "from": {"id": 7, "is_bot": false, "first_name": "Ann"}}}));
+    }
+    // The offset moves past all four once the gateway has accepted them: they are running.
+    api.wait_for("the four messages accepted", |s| {
+        s.calls
+            .iter()
+            .any(|c| c.method == "getUpdates" && c.params["offset"] == 5)
+            .then_some(())
+    });
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(serve.0.id() as i32, libc::SIGTERM) }, 0);
+    loop {
+        let line = log.recv_timeout(WAIT).expect("the drain begins");
+        if line.contains("shutting down") {
+            break;
+        }
+    }
+    // The four turns go on in the drain: four `go` in the FIFO, held open (its data stays
+    // for the agents that open it later) until the test ends.
+    let (hold_tx, hold_rx) = bounded::<()>(0);
+    let writer_fifo = fifo.clone();
+    std::thread::spawn(move || {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&writer_fifo)
+            .expect("open the FIFO");
+        // One write (atomic, under PIPE_BUF) while the first reader, waiting for it, holds
+        // the FIFO open: a write with no reader would fail.
+        f.write_all(b"go\ngo\ngo\ngo\n").expect("write");
+        let _ = hold_rx.recv();
+    });
+    loop {
+        let line = log.recv_timeout(WAIT).expect("the drain ends");
+        if line.contains("shutdown complete") {
+            break;
+        }
+    }
+    api.lock().hold_sends = false;
+    api.shared.1.notify_all();
+    let deadline = Instant::now() + WAIT;
+    let status = loop {
+        if let Some(status) = serve.0.try_wait().expect("try_wait") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the gateway did not exit");
+        std::thread::park_timeout(Duration::from_millis(20));
+    };
+    assert!(status.success(), "gateway exit status {status:?}");
+    api.wait_for("the four replies shown", |s| {
+        (1..=4)
+            .all(|n| replies(s, &format!("echo: slow {n}")) == 1)
+            .then_some(())
+    });
+    assert!(bridge.terminate().success());
+    drop(hold_tx);
+
+    // Both restart (as under `[[bridge]]`); a new message's reply comes after anything the
+    // gateway would redeliver (an outbox is redelivered first, at the bridge's hello).
+    let (mut serve, _log) = serve_durable(&listen, dir.path());
+    let log_2 = dir.path().join("bridge-2.log");
+    let (mut bridge, ready) = spawn_bridge(&listen, &api, &dir.path().join("state-2"), &log_2);
+    assert_eq!(
+        ready.recv_timeout(WAIT).expect("the ready line"),
+        "ready: telegram as @fake_bot"
+    );
+    api.push_update(private_update(5, 105, "after"));
+    api.wait_for("the new message's reply", |s| {
+        (replies(s, "echo: after") == 1).then_some(())
+    });
+    assert!(bridge.terminate().success());
+    assert!(serve.terminate().success());
+    let s = api.lock();
+    for n in 1..=4 {
+        let shown = replies(&s, &format!("echo: slow {n}"));
+        assert_eq!(shown, 1, "the reply to slow {n} was shown {shown} times");
+    }
+    drop(s);
+    let turns = std::fs::read_to_string(dir.path().join("turns.log")).expect("turns");
+    let mut turns: Vec<&str> = turns.lines().collect();
+    turns.sort_unstable();
+    assert_eq!(turns, ["after", "slow 1", "slow 2", "slow 3", "slow 4"]);
+    assert_no_token(&log_1);
+    assert_no_token(&log_2);
 }

@@ -156,7 +156,8 @@ fn reply_round_trip() {
     let server = Server::start(&[]);
     let mut c = server.client();
     c.send(&json!({"op": "ping"}));
-    assert_eq!(c.recv(), json!({"op": "pong"}));
+    // The pong tells the server's line limit (`--max-line-bytes`, by default 65,536).
+    assert_eq!(c.recv(), json!({"op": "pong", "max_line_bytes": 65_536}));
     c.send(&msg("m-1", "42", "hi there"));
     assert_eq!(
         c.recv(),

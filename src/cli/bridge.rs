@@ -43,9 +43,9 @@ struct GatewayArgs {
     /// The name the gateway's certificate must be for (default: the host of --gateway).
     #[arg(long, value_name = "NAME", requires = "gateway_tls_ca")]
     gateway_tls_name: Option<String>,
-    /// Longest line sent to the gateway, in bytes: set it to the gateway's
-    /// `--max-line-bytes`. A longer message is not sent; its sender is told once. Default
-    /// 65,536, the gateway's default.
+    /// Longest line sent to the gateway, in bytes, when the gateway does not announce its
+    /// own `--max-line-bytes` (it does in its `pong`, and that wins). A longer message is
+    /// not sent; its sender is told once. Default 65,536, the gateway's default.
     #[arg(long, value_name = "BYTES", default_value_t = crate::platforms::gateway::DEFAULT_MAX_LINE_BYTES,
           value_parser = clap::value_parser!(usize))]
     max_line_bytes: usize,
@@ -91,6 +91,13 @@ struct IrcArgs {
     /// With --tls: trust only the CA certificates in this PEM file (a private server).
     #[arg(long, value_name = "PEM", requires = "tls")]
     tls_ca_file: Option<std::path::PathBuf>,
+    /// With --tls: offer this client certificate (PEM, the chain) to the server, for
+    /// --sasl-external or a network that knows the bot by its certificate.
+    #[arg(long, value_name = "PEM", requires_all = ["tls", "tls_client_key"])]
+    tls_client_cert: Option<std::path::PathBuf>,
+    /// The private key of --tls-client-cert (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, value_name = "PEM", requires = "tls_client_cert")]
+    tls_client_key: Option<std::path::PathBuf>,
     /// The bot's nick (an alternate is taken if it is in use).
     #[arg(long)]
     nick: String,
@@ -115,6 +122,10 @@ struct IrcArgs {
     /// Environment variable holding the SASL account's password.
     #[arg(long, value_name = "NAME", requires = "sasl_account")]
     sasl_password_env: Option<String>,
+    /// Log in with SASL EXTERNAL: the server knows the bot by its client certificate
+    /// (--tls-client-cert).
+    #[arg(long, requires = "tls_client_cert", conflicts_with = "sasl_account")]
+    sasl_external: bool,
     /// Environment variable holding the password sent to NickServ (`IDENTIFY`) after
     /// connecting.
     #[arg(long, value_name = "NAME")]
@@ -146,7 +157,8 @@ struct TelegramArgs {
     /// Environment variable holding the bot token.
     #[arg(long, value_name = "NAME", default_value = "TELEGRAM_BOT_TOKEN")]
     bot_token_env: String,
-    /// Directory keeping the update offset, so a restart processes no update twice.
+    /// Directory keeping the update offset, so a restart processes no update twice, and the
+    /// ids of the results shown (the newest 4,096), so a restart shows none twice.
     #[arg(long, value_name = "DIR")]
     state_dir: Option<std::path::PathBuf>,
     /// Seconds one getUpdates long poll waits for updates.
@@ -168,7 +180,8 @@ struct MatrixArgs {
     #[arg(long, default_value_t = 1000)]
     max_rooms: usize,
     /// Directory keeping the sync position, so a restarted bridge answers what was written
-    /// while it was down (without it, each start answers only what comes after it).
+    /// while it was down (without it, each start answers only what comes after it), and the
+    /// ids of the results shown (the newest 4,096), so a restart shows none twice.
     #[arg(long, value_name = "DIR")]
     state_dir: Option<std::path::PathBuf>,
 }
@@ -279,6 +292,8 @@ fn run_irc(a: IrcArgs) -> Result<(), Failure> {
     let mut config = IrcConfig::new(gateway, &a.server, &a.nick, a.channels);
     config.tls = a.tls;
     config.tls_ca_file = a.tls_ca_file;
+    config.tls_client_cert = a.tls_client_cert.zip(a.tls_client_key);
+    config.login.sasl_external = a.sasl_external;
     config.flood_burst = a.flood_burst;
     config.flood_interval =
         seconds("--flood-interval", a.flood_interval).map_err(Failure::Usage)?;
@@ -301,7 +316,8 @@ fn run_irc(a: IrcArgs) -> Result<(), Failure> {
 
 fn run_telegram(a: TelegramArgs) -> Result<(), Failure> {
     use crate::platforms::telegram::{self, TelegramConfig};
-    let gateway = a.gateway.config("telegram").map_err(Failure::Usage)?;
+    let mut gateway = a.gateway.config("telegram").map_err(Failure::Usage)?;
+    gateway.shown_file = a.state_dir.as_ref().map(|d| d.join("telegram-shown"));
     let token = token_from_env(&a.bot_token_env)
         .map_err(Failure::Usage)?
         .ok_or_else(|| {
@@ -330,7 +346,8 @@ fn run_telegram(a: TelegramArgs) -> Result<(), Failure> {
 
 fn run_matrix(a: MatrixArgs) -> Result<(), Failure> {
     use crate::platforms::matrix::{self, MatrixConfig};
-    let gateway = a.gateway.config("matrix").map_err(Failure::Usage)?;
+    let mut gateway = a.gateway.config("matrix").map_err(Failure::Usage)?;
+    gateway.shown_file = a.state_dir.as_ref().map(|d| d.join("matrix-shown"));
     let token = match std::env::var(&a.access_token_env) {
         Ok(t) if !t.is_empty() => t,
         _ => {

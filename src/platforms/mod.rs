@@ -80,6 +80,7 @@ pub(crate) mod fair;
 pub(crate) mod gateway;
 pub(crate) mod grapheme;
 pub(crate) mod irc;
+pub(crate) mod lenient;
 pub(crate) mod matrix;
 pub(crate) mod secrets;
 pub(crate) mod split;

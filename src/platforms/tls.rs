@@ -114,28 +114,63 @@ pub(crate) fn client_config(
     ca_file: Option<&Path>,
     flag: &str,
 ) -> Result<Arc<rustls::ClientConfig>, String> {
+    client_config_with(ca_file, flag, None)
+}
+
+/// [`client_config`], offering the certificate chain and key of the PEM files `identity`
+/// (certificate, key) to a server that asks for one (IRC's SASL EXTERNAL). The key's
+/// contents never reach an error.
+pub(crate) fn client_config_with(
+    ca_file: Option<&Path>,
+    flag: &str,
+    identity: Option<(&Path, &Path)>,
+) -> Result<Arc<rustls::ClientConfig>, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS set-up failed: {e}"))?;
-    let config = match ca_file {
+    let builder = match ca_file {
         Some(path) => {
             let bad = |e: &dyn std::fmt::Display| format!("{flag} {}: {e}", path.display());
             let mut roots = rustls::RootCertStore::empty();
             for cert in crate::tls::load_certs(path, flag).map_err(|e| e.to_string())? {
                 roots.add(cert).map_err(|e| bad(&e))?;
             }
-            builder.with_root_certificates(roots).with_no_client_auth()
+            builder.with_root_certificates(roots)
         }
         None => {
             use rustls_platform_verifier::BuilderVerifierExt;
             builder
                 .with_platform_verifier()
                 .map_err(|e| format!("cannot load the system's certificates: {e}"))?
-                .with_no_client_auth()
+        }
+    };
+    let config = match identity {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => {
+            let certs =
+                crate::tls::load_certs(cert, "--tls-client-cert").map_err(|e| e.to_string())?;
+            let key = load_key(key)?;
+            builder
+                .with_client_auth_cert(certs, key)
+                .map_err(|e| format!("--tls-client-key does not fit --tls-client-cert: {e}"))?
         }
     };
     Ok(Arc::new(config))
+}
+
+/// The private key of the PEM file `path` (PKCS#8, PKCS#1 or SEC1); errors name the file,
+/// never its contents.
+fn load_key(path: &Path) -> Result<rustls::pki_types::PrivateKeyDer<'static>, String> {
+    use rustls::pki_types::pem::PemObject;
+    let bytes =
+        std::fs::read(path).map_err(|e| format!("--tls-client-key {}: {e}", path.display()))?;
+    rustls::pki_types::PrivateKeyDer::from_pem_slice(&bytes).map_err(|_| {
+        format!(
+            "--tls-client-key {}: no private key (PKCS#8, PKCS#1 or SEC1 PEM) in it",
+            path.display()
+        )
+    })
 }
 
 /// The host part of `HOST:PORT` (`[v6]:port` too), the name TLS checks the certificate for.

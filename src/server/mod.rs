@@ -16,6 +16,7 @@ mod fair;
 mod frame;
 mod lines;
 mod sharded;
+mod shutdown;
 mod sockets;
 mod sys;
 
@@ -27,7 +28,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 use mio::event::Event;
 use mio::net::{TcpListener, TcpStream};
-use mio::{Events as MioEvents, Interest, Poll, Registry, Token};
+use mio::{Interest, Poll, Registry, Token};
 
 use crate::cluster::shell::Member;
 use crate::core::MessageEvent;
@@ -71,6 +72,10 @@ pub struct ServerConfig {
     pub bridge: BridgeConfig,
     /// Time allowed to flush output to clients after shutdown.
     pub flush_budget: Duration,
+    /// After that, how long shutdown waits at most for the `delivered` confirmations of
+    /// the results written to `acks` bridges (so they are journaled as delivered, and not
+    /// sent again after a restart). The binary sets `--drain-timeout`.
+    pub delivery_wait: Duration,
     /// Exit with code 1 if shutdown has not finished this long after the first signal.
     pub watchdog: Duration,
     /// Handle SIGTERM, SIGINT (shutdown) and SIGHUP (ignored).
@@ -84,6 +89,7 @@ impl Default for ServerConfig {
         ServerConfig {
             bridge: BridgeConfig::default(),
             flush_budget: Duration::from_secs(5),
+            delivery_wait: Duration::from_secs(5),
             watchdog: Duration::from_secs(120),
             handle_signals: true,
             allow_insecure_bind: false,
@@ -118,6 +124,7 @@ impl fmt::Display for ForcedStop {
 pub struct BridgeServer {
     bridge: Bridge,
     flush_budget: Duration,
+    delivery_wait: Duration,
     watchdog_limit: Duration,
     listener: TcpListener,
     /// The certificate new connections are served TLS with; none: plain TCP.
@@ -198,6 +205,7 @@ impl BridgeServer {
         Ok(BridgeServer {
             bridge,
             flush_budget: cfg.flush_budget,
+            delivery_wait: cfg.delivery_wait,
             watchdog_limit: cfg.watchdog,
             listener,
             tls: None,
@@ -764,85 +772,7 @@ impl Frontend for BridgeServer {
     }
 
     fn finish(&mut self, poll: &mut Poll) {
-        let deadline = Instant::now() + self.flush_budget;
-        let mut events = MioEvents::with_capacity(64);
-        // Outcomes written during shutdown wait for the journal first (with a journal, the
-        // messages shutdown cut off have none: they stay for the next start).
-        loop {
-            self.on_journal();
-            self.run_actions(None);
-            let left = deadline.saturating_duration_since(Instant::now());
-            if self.bridge.unjournaled() == 0 || left.is_zero() {
-                break;
-            }
-            let _ = poll.poll(&mut events, Some(left.min(Duration::from_millis(50))));
-        }
-        loop {
-            let busy: Vec<ConnId> = self
-                .sockets
-                .ids()
-                .into_iter()
-                .filter(|&id| self.bridge.has_output(id))
-                .collect();
-            if busy.is_empty() {
-                break;
-            }
-            for id in busy {
-                let _ = self.write_conn(id);
-            }
-            self.run_actions(None);
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                let stuck = self
-                    .sockets
-                    .ids()
-                    .into_iter()
-                    .filter(|&id| self.bridge.has_output(id))
-                    .count();
-                log::warn!(
-                    "shutdown: {stuck} connection(s) still had output after the flush budget"
-                );
-                break;
-            }
-            let _ = poll.poll(&mut events, Some(left.min(Duration::from_millis(50))));
-        }
-        if let Some(j) = &mut self.journal {
-            // What the flush delivered is recorded; the thread writes what is queued.
-            let (done, finished) = j.finish(self.flush_budget);
-            for c in done {
-                let report = self.cluster.report();
-                self.bridge.journal_report(c, report, self.now);
-            }
-            if !finished {
-                log::error!(
-                    "shutdown: the journal did not finish writing within {:?}",
-                    self.flush_budget
-                );
-                self.journal_unfinished
-                    .store(true, std::sync::atomic::Ordering::SeqCst);
-            }
-            let kept = self.bridge.kept_for_restart();
-            if kept > 0 {
-                log::info!(
-                    "shutdown: {kept} message(s) left in the journal for the next start (queued, or cut off by --drain-timeout)"
-                );
-            }
-        }
-        // Two different waits, said apart: results an outbox holds for a bridge, and results
-        // held back because their outcome record could not be written (a full disk).
-        let unrecorded = self.bridge.unjournaled();
-        let outboxed = self.bridge.outboxed() - unrecorded;
-        if outboxed > 0 {
-            log::warn!(
-                "shutdown: {outboxed} terminal event(s) were still waiting in outboxes for a bridge to take them"
-            );
-        }
-        if unrecorded > 0 {
-            log::warn!(
-                "shutdown: {unrecorded} result(s) were never sent: their outcome records could not be written (the next start recovers their messages as after a crash)"
-            );
-        }
-        self.watchdog = None;
+        self.shut_down(poll);
     }
 
     fn status(&self) -> Option<FrontendStatus> {

@@ -263,8 +263,13 @@ pub(crate) enum ServerOp<S = String> {
         /// What was wrong.
         detail: S,
     },
-    /// Answer to ping.
-    Pong,
+    /// Answer to ping, with the longest line the server reads (its `--max-line-bytes`): a
+    /// client bounds its own lines to it.
+    Pong {
+        /// The server's line limit in bytes.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_line_bytes: Option<usize>,
+    },
 }
 
 /// The field the server adds to a terminal event it sends again (`"redelivery":true`), as

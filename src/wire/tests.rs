@@ -78,7 +78,18 @@ fn encodes_one_line_per_op() {
         position: Some(2),
     });
     assert_eq!(line, b"{\"op\":\"ack\",\"id\":\"m\",\"session\":\"t:dm:1\",\"state\":\"queued\",\"position\":2}\n");
-    assert_eq!(encode(&ServerOp::Pong), b"{\"op\":\"pong\"}\n");
+    assert_eq!(
+        encode(&ServerOp::<&str>::Pong {
+            max_line_bytes: None
+        }),
+        b"{\"op\":\"pong\"}\n"
+    );
+    assert_eq!(
+        encode(&ServerOp::<&str>::Pong {
+            max_line_bytes: Some(65_536)
+        }),
+        b"{\"op\":\"pong\",\"max_line_bytes\":65536}\n"
+    );
 }
 
 #[test]
@@ -307,7 +318,8 @@ mod round_trip {
                 into
             }),
             text().prop_map(|detail| ServerOp::Error { detail }),
-            Just(ServerOp::Pong),
+            proptest::option::of(1usize..1 << 30)
+                .prop_map(|max_line_bytes| ServerOp::Pong { max_line_bytes }),
         ]
     }
 
@@ -373,7 +385,9 @@ mod round_trip {
             ServerOp::Failed { id, session, error } => ServerOp::Failed { id, session, error },
             ServerOp::Merged { id, session, into } => ServerOp::Merged { id, session, into },
             ServerOp::Error { detail } => ServerOp::Error { detail },
-            ServerOp::Pong => ServerOp::Pong,
+            ServerOp::Pong { max_line_bytes } => ServerOp::Pong {
+                max_line_bytes: *max_line_bytes,
+            },
         }
     }
 

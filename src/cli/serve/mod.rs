@@ -232,16 +232,21 @@ fn build_runtime(
 /// The bridge server on `--listen`, with its journal (opened by `preflight`) recovered when
 /// `--data-dir` is set.
 fn bind_bridge(s: &Settings, store: Option<SqliteStore>) -> Result<BridgeServer, StartError> {
-    // Well past every shutdown deadline: drain, grace, cleanup, then the flush budget.
+    // Well past every shutdown deadline: drain, grace, cleanup, the flush budget, then the
+    // wait for delivery confirmations.
     let flush_budget = Duration::from_secs(5);
+    // The confirmations of what the drain sent are awaited as long as the drain itself.
+    let delivery_wait = s.core.config.drain_timeout;
     let watchdog = s.core.config.drain_timeout
         + s.core.config.stop_grace
         + s.core.config.cleanup_timeout
         + flush_budget
+        + delivery_wait
         + Duration::from_secs(30);
     let cfg = ServerConfig {
         bridge: s.bridge.clone(),
         flush_budget,
+        delivery_wait,
         watchdog,
         allow_insecure_bind: s.allow_insecure_bind,
         ..ServerConfig::default()

@@ -14,7 +14,8 @@
 //!   repeat harmless: it answers `duplicate`). At most [`GatewayConfig::max_pending`] wait at
 //!   once; beyond, `send` says so ([`SendError::TooManyPending`]) instead of queueing.
 //! - **A message ends once.** A message whose line would pass the gateway's line limit
-//!   ([`GatewayConfig::max_line_bytes`]) is refused by `send` ([`SendError::TooLong`]), and
+//!   (announced in its `pong`, else [`GatewayConfig::max_line_bytes`]) is refused by `send`
+//!   ([`SendError::TooLong`]), and
 //!   an `error` line (no id) answers the oldest message in flight (the gateway answers lines
 //!   in order): it ends that message, reported as a `reject` with reason `invalid`.
 //! - **Retryable means retried.** A refusal that passes (`shutting_down`, `overloaded`,
@@ -73,11 +74,15 @@ pub(crate) struct GatewayConfig {
     pub max_pending: usize,
     /// Ids of handled results remembered, so a redelivered one is not shown twice.
     pub shown_memory: usize,
+    /// Where those ids are kept across restarts (`<--state-dir>/<platform>-shown`), if
+    /// anywhere: a result shown before a restart and redelivered after it is confirmed, not
+    /// shown again.
+    pub shown_file: Option<std::path::PathBuf>,
     /// Events buffered for the bridge before the client stops reading the gateway.
     pub event_capacity: usize,
-    /// Longest `message` line sent (the gateway's `--max-line-bytes`): a longer message is
-    /// refused by [`Gateway::send`] ([`SendError::TooLong`]) instead of being sent to be
-    /// discarded.
+    /// Longest `message` line sent when the gateway does not announce its own limit (in its
+    /// `pong`, which then wins): a longer message is refused by [`Gateway::send`]
+    /// ([`SendError::TooLong`]) instead of being sent to be discarded.
     pub max_line_bytes: usize,
     /// Messages held at once for a retry after a retryable refusal (`shutting_down`,
     /// `overloaded`, `storage`, `backpressure`); past it such a refusal is final.
@@ -101,6 +106,7 @@ impl std::fmt::Debug for GatewayConfig {
             .field("max_backoff", &self.max_backoff)
             .field("max_pending", &self.max_pending)
             .field("shown_memory", &self.shown_memory)
+            .field("shown_file", &self.shown_file)
             .field("max_line_bytes", &self.max_line_bytes)
             .field("max_held", &self.max_held)
             .field("max_hold", &self.max_hold)
@@ -123,6 +129,7 @@ impl GatewayConfig {
             max_backoff: Duration::from_secs(10),
             max_pending: 1024,
             shown_memory: 4096,
+            shown_file: None,
             event_capacity: 1024,
             max_line_bytes: DEFAULT_MAX_LINE_BYTES,
             max_held: DEFAULT_MAX_HELD,
@@ -131,6 +138,18 @@ impl GatewayConfig {
             tls_name: None,
         }
     }
+}
+
+/// The ids of results already shown: kept in [`GatewayConfig::shown_file`] if set (an
+/// unreadable file is logged and the memory starts empty).
+fn shown_memory(config: &GatewayConfig) -> RecentIds {
+    let Some(path) = &config.shown_file else {
+        return RecentIds::new(config.shown_memory);
+    };
+    RecentIds::open(path, config.shown_memory).unwrap_or_else(|e| {
+        log::error!("gateway: the results shown before cannot be known ({e}); one redelivered after this restart may be shown again");
+        RecentIds::new(config.shown_memory)
+    })
 }
 
 /// The gateway's default `--max-line-bytes`, and so the client's.
@@ -182,6 +201,9 @@ struct State {
     shown: RecentIds,
     /// Message lines written so far (orders [`Pending::in_flight`]).
     writes: u64,
+    /// The longest message line sent: the limit the gateway announced in its last pong, or
+    /// [`GatewayConfig::max_line_bytes`] until (or unless) it announces one.
+    max_line_bytes: usize,
 }
 
 impl State {
@@ -276,8 +298,9 @@ impl Gateway {
                 conn: None,
                 connected: false,
                 pending: VecDeque::new(),
-                shown: RecentIds::new(config.shown_memory),
+                shown: shown_memory(&config),
                 writes: 0,
+                max_line_bytes: config.max_line_bytes,
             }),
             config,
             stopping: AtomicBool::new(false),
@@ -343,7 +366,7 @@ impl Gateway {
             return Err(SendError::TooManyPending(max));
         }
         let line = message_line(message, &self.shared.config.platform);
-        let limit = self.shared.config.max_line_bytes;
+        let limit = state.max_line_bytes;
         if line.len() > limit {
             return Err(SendError::TooLong {
                 bytes: line.len(),

@@ -30,10 +30,10 @@ pub(super) fn handle_line(
         return LineResult::Continue;
     };
     let event = match op {
-        ServerOp::Pong if *confirmed => None,
-        ServerOp::Pong => {
+        ServerOp::Pong { .. } if *confirmed => None,
+        ServerOp::Pong { max_line_bytes } => {
             *confirmed = true;
-            Some(on_pong(shared))
+            Some(on_pong(shared, max_line_bytes))
         }
         ServerOp::Ack {
             id,
@@ -149,10 +149,19 @@ fn parse(line: &[u8]) -> Option<ServerLine> {
 }
 
 /// The first `pong` of a connection: its hello is confirmed.
-fn on_pong(shared: &Shared) -> GatewayEvent {
-    shared.lock().connected = true;
+/// The hello's confirmation: connected. The line limit the gateway announces, if it does,
+/// bounds the messages from now on (else the configured `--max-line-bytes` does).
+fn on_pong(shared: &Shared, announced: Option<usize>) -> GatewayEvent {
+    let limit = {
+        let mut state = shared.lock();
+        state.connected = true;
+        state.max_line_bytes = announced
+            .filter(|&n| n > 0)
+            .unwrap_or(shared.config.max_line_bytes);
+        state.max_line_bytes
+    };
     log::info!(
-        "gateway: connected to {} as platform {}",
+        "gateway: connected to {} as platform {} (lines of at most {limit} bytes)",
         shared.config.addr,
         shared.config.platform
     );

@@ -1,6 +1,7 @@
-//! Logging in where a network requires it: the server password (`PASS`), SASL PLAIN
-//! (IRCv3 `CAP LS`/`CAP REQ :sasl`/`AUTHENTICATE`, ended by `903` or a failure numeric, then
-//! `CAP END`), and NickServ `IDENTIFY` after the welcome. The secrets come from environment
+//! Logging in where a network requires it: the server password (`PASS`), SASL PLAIN or
+//! EXTERNAL (the TLS client certificate; IRCv3 `CAP LS`/`CAP REQ :sasl`/`AUTHENTICATE`,
+//! ended by `903` or a failure numeric, then `CAP END`), and NickServ `IDENTIFY` after the
+//! welcome. The secrets come from environment
 //! variables (never flags), are registered for redaction, and are never logged: a line
 //! written is logged by its command word only.
 
@@ -13,6 +14,8 @@ pub(crate) struct Login {
     pub server_password: Option<Secret>,
     /// SASL PLAIN: the account and its password.
     pub sasl_plain: Option<(String, Secret)>,
+    /// SASL EXTERNAL: the server logs the bot in by its TLS client certificate.
+    pub sasl_external: bool,
     /// Sent to NickServ as `IDENTIFY <password>` after the welcome.
     pub nickserv_password: Option<Secret>,
 }
@@ -26,7 +29,7 @@ pub(super) enum Sasl {
     Listing { offered: bool },
     /// `CAP REQ :sasl` sent.
     Requested,
-    /// `AUTHENTICATE PLAIN` sent, waiting for `AUTHENTICATE +`.
+    /// `AUTHENTICATE PLAIN` (or `EXTERNAL`) sent, waiting for `AUTHENTICATE +`.
     Started,
     /// The credentials sent, waiting for `903` (or a failure).
     Sent,
@@ -59,6 +62,9 @@ impl Login {
         {
             return Err("--sasl-account is empty or holds a space, CR, LF or NUL".into());
         }
+        if self.sasl_external && self.sasl_plain.is_some() {
+            return Err("--sasl-external and --sasl-account: choose one SASL mechanism".into());
+        }
         Ok(())
     }
 
@@ -67,7 +73,7 @@ impl Login {
     pub(super) fn opening(&self) -> (Vec<String>, Sasl) {
         let mut lines = Vec::new();
         let mut sasl = Sasl::Off;
-        if self.sasl_plain.is_some() {
+        if self.sasl_plain.is_some() || self.sasl_external {
             lines.push("CAP LS 302".to_owned());
             sasl = Sasl::Listing { offered: false };
         }
@@ -113,13 +119,22 @@ impl Login {
                 }
             }
             (Sasl::Requested, "CAP") if params.get(1) == Some(&"ACK") => {
-                (vec!["AUTHENTICATE PLAIN".to_owned()], Sasl::Started)
+                let mechanism = if self.sasl_external {
+                    "EXTERNAL"
+                } else {
+                    "PLAIN"
+                };
+                (vec![format!("AUTHENTICATE {mechanism}")], Sasl::Started)
             }
             (Sasl::Requested, "CAP") if params.get(1) == Some(&"NAK") => {
                 warn_limited!("irc {server}: the server refused the SASL capability");
                 (end(), Sasl::Off)
             }
             (Sasl::Started, "AUTHENTICATE") if params.first() == Some(&"+") => {
+                if self.sasl_external {
+                    // No authorization identity: the one the certificate names.
+                    return (vec!["AUTHENTICATE +".to_owned()], Sasl::Sent);
+                }
                 let Some((account, password)) = &self.sasl_plain else {
                     return (end(), Sasl::Off);
                 };
@@ -222,6 +237,21 @@ mod tests {
         assert_eq!(
             (out.as_slice(), s),
             (["CAP END".to_owned()].as_slice(), Sasl::Off)
+        );
+        // EXTERNAL: the certificate is the credential, the response empty.
+        let external = Login {
+            sasl_external: true,
+            ..Login::default()
+        };
+        let (open, s) = external.opening();
+        assert_eq!(open, ["CAP LS 302"]);
+        let (_, s) = external.step(s, "CAP", &["*", "LS", "sasl=EXTERNAL"], "x");
+        let (out, s) = external.step(s, "CAP", &["*", "ACK", "sasl"], "x");
+        assert_eq!(out, ["AUTHENTICATE EXTERNAL"]);
+        let (out, s) = external.step(s, "AUTHENTICATE", &["+"], "x");
+        assert_eq!(
+            (out.as_slice(), s),
+            (["AUTHENTICATE +".to_owned()].as_slice(), Sasl::Sent)
         );
         // A long password: 400-byte chunks, a trailing `+` after an exact multiple.
         let lines = authenticate_plain("a", &"p".repeat(296));

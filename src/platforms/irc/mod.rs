@@ -17,8 +17,8 @@
 //! - `--tls`: rustls (the TLS stack ureq already brings), the certificate checked against
 //!   the system's roots or the CAs of [`IrcConfig::tls_ca_file`].
 //! - Where a network requires it, the bot logs in ([`Login`]): the server password (`PASS`),
-//!   SASL PLAIN, NickServ `IDENTIFY`; the secrets from environment variables, never logged.
-//!   (SASL EXTERNAL, with a TLS client certificate, is not supported yet.)
+//!   SASL PLAIN or EXTERNAL (the TLS client certificate of [`IrcConfig::tls_client_cert`]),
+//!   NickServ `IDENTIFY`; the secrets from environment variables, never logged.
 //! - A nick in use gets an alternate (`NICK_`, `NICK_2`, …); PINGs are answered and the bot
 //!   pings a silent server; a lost server is reconnected with capped exponential backoff.
 
@@ -96,6 +96,9 @@ pub(crate) struct IrcConfig {
     pub tls: bool,
     /// Trust only the CA certificates of this PEM file for TLS (a private server).
     pub tls_ca_file: Option<PathBuf>,
+    /// The client certificate (PEM chain) and its key offered over TLS, for SASL EXTERNAL
+    /// or a network that checks certificates (CertFP).
+    pub tls_client_cert: Option<(PathBuf, PathBuf)>,
     /// The nick to register (alternates if it is taken).
     pub nick: String,
     /// Channels to join.
@@ -131,6 +134,7 @@ impl IrcConfig {
             server: server.to_owned(),
             tls: false,
             tls_ca_file: None,
+            tls_client_cert: None,
             nick: nick.to_owned(),
             channels,
             flood_burst: 5,
@@ -174,6 +178,12 @@ impl IrcConfig {
         if self.flood_burst == 0 {
             return Err("--flood-burst must be at least 1".into());
         }
+        if self.login.sasl_external && self.tls_client_cert.is_none() {
+            return Err(
+                "--sasl-external needs a client certificate (--tls-client-cert, --tls-client-key)"
+                    .into(),
+            );
+        }
         self.login.validate()?;
         Ok(())
     }
@@ -198,7 +208,11 @@ fn serve(
 ) -> Result<(), BridgeError> {
     config.validate()?;
     let tls = if config.tls {
-        Some(tls_config(config.tls_ca_file.as_deref())?)
+        let identity = config
+            .tls_client_cert
+            .as_ref()
+            .map(|(c, k)| (c.as_path(), k.as_path()));
+        Some(tls_config(config.tls_ca_file.as_deref(), identity)?)
     } else {
         None
     };

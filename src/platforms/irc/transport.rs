@@ -10,7 +10,7 @@ use crossbeam_channel::Sender;
 
 use crate::platforms::BridgeError;
 pub(super) use crate::platforms::tls::Wire;
-use crate::platforms::tls::{client_config, handshake};
+use crate::platforms::tls::{client_config_with, handshake};
 
 /// than 512; anything past this is a broken server).
 const MAX_READ_LINE: usize = 8192;
@@ -25,9 +25,14 @@ pub(super) enum ServerInput {
     Closed(u64, String),
 }
 
-/// The TLS settings: the roots of `ca_file` (PEM) if given, else the operating system's.
-pub(crate) fn tls_config(ca_file: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, BridgeError> {
-    client_config(ca_file, "--tls-ca-file")
+/// The TLS settings: the roots of `ca_file` (PEM) if given, else the operating system's;
+/// with `identity` (certificate, key PEM files), the client certificate offered (SASL
+/// EXTERNAL).
+pub(crate) fn tls_config(
+    ca_file: Option<&Path>,
+    identity: Option<(&Path, &Path)>,
+) -> Result<Arc<rustls::ClientConfig>, BridgeError> {
+    client_config_with(ca_file, "--tls-ca-file", identity)
 }
 
 /// Opens a TCP connection to the first of `addr`'s addresses that answers.

@@ -8,7 +8,11 @@ use std::fmt;
 use std::io::Read;
 use std::time::Duration;
 
+use serde::Deserialize;
 use serde_json::{Value, json};
+
+use super::answer::SyncAnswer;
+use crate::platforms::lenient::Lenient;
 
 /// The most a response body may hold (a sync of many busy rooms stays well under it).
 const MAX_BODY: u64 = 32 * 1024 * 1024;
@@ -91,6 +95,17 @@ pub(crate) struct Api {
     auth: String,
 }
 
+/// An error answer's fields the bridge reads.
+#[derive(Default, Deserialize)]
+struct ErrorAnswer {
+    #[serde(default)]
+    errcode: Lenient<String>,
+    #[serde(default)]
+    error: Lenient<String>,
+    #[serde(default)]
+    retry_after_ms: Lenient<u64>,
+}
+
 impl fmt::Debug for Api {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Api").field("base", &self.base).finish()
@@ -136,13 +151,31 @@ impl Api {
         &self.base
     }
 
-    /// One request to `/_matrix/client/v3{path}` (`path` already encoded, query included).
+    /// One request to `/_matrix/client/v3{path}` (`path` already encoded, query included):
+    /// its answer, a JSON object.
     pub(crate) fn call(
         &self,
         method: &str,
         path: &str,
         body: Option<&Value>,
     ) -> Result<Value, ApiError> {
+        let (what, status, text) = self.request(method, path, body)?;
+        match serde_json::from_str::<Value>(&text) {
+            Ok(v) if v.is_object() => Ok(v),
+            _ => Err(ApiError::BadResponse(format!(
+                "{what}: HTTP {status} with a body that is not a JSON object"
+            ))),
+        }
+    }
+
+    /// One request to `/_matrix/client/v3{path}`: what it was (for error texts), the status
+    /// and the body of a 2xx answer; any other answer as its error.
+    fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(String, u16, String), ApiError> {
         let url = format!("{}/_matrix/client/v3{path}", self.base);
         // What error texts name: the method and the path without its query (a filter or a
         // sync token adds nothing useful and may be long).
@@ -184,34 +217,23 @@ impl Api {
             .reader()
             .read_to_string(&mut text)
             .map_err(|e| ApiError::Transport(format!("{what}: reading the answer failed: {e}")))?;
-        let parsed: Option<Value> = serde_json::from_str(&text).ok();
         if (200..300).contains(&status) {
-            return match parsed {
-                Some(v) if v.is_object() => Ok(v),
-                _ => Err(ApiError::BadResponse(format!(
-                    "{what}: HTTP {status} with a body that is not a JSON object"
-                ))),
-            };
+            return Ok((what, status, text));
         }
-        let errcode = parsed
-            .as_ref()
-            .and_then(|v| v["errcode"].as_str())
-            .unwrap_or("")
-            .to_owned();
+        // An error answer: only its three fields are read (typed, however large the body).
+        let parsed: ErrorAnswer = serde_json::from_str(&text).unwrap_or_default();
+        let errcode = parsed.errcode.text().unwrap_or("").to_owned();
         if status == 429 || errcode == "M_LIMIT_EXCEEDED" {
             let wait = parsed
-                .as_ref()
-                .and_then(|v| v["retry_after_ms"].as_u64())
+                .retry_after_ms
+                .get()
+                .copied()
                 .map(Duration::from_millis)
                 .or(retry_header)
                 .unwrap_or(Duration::from_secs(1));
             return Err(ApiError::RateLimited(wait));
         }
-        let error = parsed
-            .as_ref()
-            .and_then(|v| v["error"].as_str())
-            .map(|s| cut(s, 300))
-            .unwrap_or_default();
+        let error = parsed.error.text().map(|s| cut(s, 300)).unwrap_or_default();
         Err(ApiError::Status {
             what,
             status,
@@ -235,7 +257,7 @@ impl Api {
         since: Option<&str>,
         filter: &str,
         timeout: Duration,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<SyncAnswer, ApiError> {
         let mut path = format!(
             "/sync?filter={}&timeout={}",
             enc(filter),
@@ -245,7 +267,13 @@ impl Api {
             path.push_str("&since=");
             path.push_str(&enc(s));
         }
-        self.call("GET", &path, None)
+        // Typed and bounded: a huge answer costs its text and what is kept of it.
+        let (what, status, text) = self.request("GET", &path, None)?;
+        serde_json::from_str(&text).map_err(|_| {
+            ApiError::BadResponse(format!(
+                "{what}: HTTP {status} with a body that is not a sync answer"
+            ))
+        })
     }
 
     /// `POST /rooms/{room}/join`.

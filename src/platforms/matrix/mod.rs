@@ -19,6 +19,7 @@
 //! - a result is confirmed to the gateway (`delivered`) once it is posted (or deliberately
 //!   not), so a result redelivered after a reconnect is not posted twice.
 
+mod answer;
 pub(crate) mod api;
 mod engine;
 mod poll;

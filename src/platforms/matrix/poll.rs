@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use super::MatrixConfig;
+use super::answer::SyncAnswer;
 use super::api::{Api, ApiError};
 use super::sync;
 use super::sync::{ChatKind, HumanMessage, Incoming, SyncState};
@@ -157,7 +158,14 @@ pub(super) fn run_sync(
             }
         };
         let first = since.is_none();
-        let Some(next) = answer["next_batch"].as_str() else {
+        if answer.dropped() > 0 {
+            // One line per answer, however many rooms or events it held.
+            warn_limited!(
+                "matrix: a sync answer held {} malformed or surplus room(s) and event(s); skipped",
+                answer.dropped()
+            );
+        }
+        let Some(next) = answer.next_batch.text() else {
             warn_limited!("matrix: a sync answer without next_batch; trying again");
             if stopped_during(stop, Duration::from_secs(1)) {
                 return;
@@ -213,7 +221,7 @@ fn first_sync_timeout() -> Duration {
 
 /// What one sync request came to.
 enum Fetched {
-    Answer(serde_json::Value),
+    Answer(Box<SyncAnswer>),
     /// A rate limit or a failure: ask again after this wait (the caller waits, so that a
     /// stopping bridge ends it).
     Retry(Duration),
@@ -231,7 +239,7 @@ fn fetch(
     match api.sync(since, filter, timeout) {
         Ok(v) => {
             *backoff = Duration::ZERO;
-            Fetched::Answer(v)
+            Fetched::Answer(Box::new(v))
         }
         Err(e) if e.is_unauthorized() => {
             Fetched::Fatal(format!("the homeserver refused the access token ({e})"))

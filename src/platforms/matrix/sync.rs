@@ -10,6 +10,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 
 use serde_json::{Map, Value, json};
 
+use super::answer::{Content, Event, JoinedRoom, SyncAnswer};
 use crate::message::Command;
 use crate::platforms::map_command;
 
@@ -315,36 +316,38 @@ impl SyncState {
     }
 
     /// Takes one sync answer; returns what it asks for, in timeline order per room.
-    pub(crate) fn absorb(&mut self, sync: &Value) -> Vec<Incoming> {
+    pub(crate) fn absorb(&mut self, sync: &SyncAnswer) -> Vec<Incoming> {
         let mut out = Vec::new();
         let first = !self.first_done;
         self.first_done = true;
-        let rooms = &sync["rooms"];
-        if let Some(left) = rooms["leave"].as_object() {
-            for room in left.keys() {
-                self.joining.remove(room);
-                self.invites.retain(|r| r != room);
-                if self.rooms.remove(room).is_some() {
-                    info_redacted!("matrix: left room {room}");
-                }
+        let Some(rooms) = sync.rooms.get() else {
+            return out;
+        };
+        for (room, _) in &rooms.leave.entries {
+            self.joining.remove(room);
+            self.invites.retain(|r| r != room);
+            if self.rooms.remove(room).is_some() {
+                info_redacted!("matrix: left room {room}");
             }
         }
-        if let Some(joined) = rooms["join"].as_object() {
-            for (room, entry) in joined {
-                self.absorb_room(room, entry, first, &mut out);
-            }
+        for (room, entry) in &rooms.join.entries {
+            self.absorb_room(room, entry, first, &mut out);
         }
-        if let Some(invited) = rooms["invite"].as_object() {
-            for room in invited.keys() {
-                if !self.rooms.contains_key(room) {
-                    out.push(Incoming::Invite(room.clone()));
-                }
+        for (room, _) in &rooms.invite.entries {
+            if !self.rooms.contains_key(room) {
+                out.push(Incoming::Invite(room.clone()));
             }
         }
         out
     }
 
-    fn absorb_room(&mut self, room: &str, entry: &Value, first: bool, out: &mut Vec<Incoming>) {
+    fn absorb_room(
+        &mut self,
+        room: &str,
+        entry: &JoinedRoom,
+        first: bool,
+        out: &mut Vec<Incoming>,
+    ) {
         let known = self.rooms.contains_key(room);
         if self.joining.remove(room) && !known {
             // A join under way shows up: it was counted, it takes its place.
@@ -361,26 +364,18 @@ impl SyncState {
             }
             self.rooms.insert(room.to_owned(), None);
         }
-        if let Some(n) = entry["summary"]["m.joined_member_count"].as_u64() {
+        if let Some(n) = entry.joined_count() {
             self.rooms.insert(room.to_owned(), Some(n));
         }
-        let timeline = &entry["timeline"];
-        let events = timeline["events"]
-            .as_array()
-            .map(Vec::as_slice)
-            .unwrap_or(&[]);
+        let timeline = entry.timeline.get();
+        let events: &[Event] = timeline.map_or(&[], |t| &t.events.items);
+        let state: &[Event] = entry.state.get().map_or(&[], |s| &s.events.items);
         // Display names from this batch's member events (state first, then the timeline).
         let mut names: HashMap<&str, &str> = HashMap::new();
-        let state = entry["state"]["events"]
-            .as_array()
-            .map(Vec::as_slice)
-            .unwrap_or(&[]);
         for ev in state.iter().chain(events) {
-            if ev["type"] == "m.room.member"
-                && let (Some(user), Some(name)) = (
-                    ev["state_key"].as_str(),
-                    ev["content"]["displayname"].as_str(),
-                )
+            if ev.is("m.room.member")
+                && let (Some(user), Some(name)) =
+                    (ev.state_key.text(), ev.content(|c| &c.displayname))
             {
                 if user == self.me {
                     self.my_name = clean_name(name);
@@ -391,13 +386,13 @@ impl SyncState {
         if first {
             // The backlog before the start: answered never, even if a later sync repeats it.
             for ev in events {
-                if let Some(id) = ev["event_id"].as_str() {
+                if let Some(id) = ev.event_id.text() {
                     self.seen.insert(id);
                 }
             }
             return;
         }
-        if timeline["limited"] == true && known {
+        if timeline.is_some_and(|t| t.limited.get() == Some(&true)) && known {
             self.gaps += 1;
             warn_limited!(
                 "matrix: room {room}: the sync skipped older events (more than the timeline limit arrived at once); messages in the gap are not answered"
@@ -408,9 +403,9 @@ impl SyncState {
             0
         } else {
             match events.iter().rposition(|ev| {
-                ev["type"] == "m.room.member"
-                    && ev["state_key"] == self.me.as_str()
-                    && ev["content"]["membership"] == "join"
+                ev.is("m.room.member")
+                    && ev.state_key.text() == Some(self.me.as_str())
+                    && ev.content(|c| &c.membership) == Some("join")
             }) {
                 Some(i) => i + 1,
                 None => events.len(),
@@ -418,7 +413,7 @@ impl SyncState {
         };
         let mut count_changed = false;
         for ev in &events[start..] {
-            if ev["type"] == "m.room.member" {
+            if ev.is("m.room.member") {
                 count_changed = true;
                 continue;
             }
@@ -427,7 +422,7 @@ impl SyncState {
             }
         }
         // A membership change without a summary: the count is asked for again when needed.
-        if count_changed && entry["summary"]["m.joined_member_count"].as_u64().is_none() {
+        if count_changed && entry.joined_count().is_none() {
             self.rooms.insert(room.to_owned(), None);
         }
     }
@@ -435,26 +430,27 @@ impl SyncState {
     fn human_message(
         &mut self,
         room: &str,
-        ev: &Value,
+        ev: &Event,
         names: &HashMap<&str, &str>,
     ) -> Option<Incoming> {
-        if ev["type"] != "m.room.message" {
+        if !ev.is("m.room.message") {
             return None;
         }
-        let event_id = ev["event_id"].as_str()?;
-        let sender = ev["sender"].as_str()?;
+        let event_id = ev.event_id.text()?;
+        let sender = ev.sender.text()?;
         if sender == self.me {
             return None;
         }
-        let content = &ev["content"];
-        if content["m.relates_to"]["rel_type"] == "m.replace" {
+        let content = ev.content.get()?;
+        let relates = content.relates_to.get();
+        if relates.and_then(|r| r.rel_type.text()) == Some("m.replace") {
             return None;
         }
-        let msgtype = content["msgtype"].as_str()?;
+        let msgtype = content.msgtype.text()?;
         if msgtype == "m.notice" {
             return None;
         }
-        let body = content["body"].as_str()?;
+        let body = content.body.text()?;
         if event_id.is_empty() || event_id.len() > 255 || room.len() > 255 || sender.len() > 255 {
             debug_redacted!("matrix: room {room}: an event with an over-long id ignored");
             return None;
@@ -462,8 +458,9 @@ impl SyncState {
         if !self.seen.insert(event_id) {
             return None;
         }
-        let reply_to = content["m.relates_to"]["m.in_reply_to"]["event_id"]
-            .as_str()
+        let reply_to = relates
+            .and_then(|r| r.in_reply_to.get())
+            .and_then(|r| r.event_id.text())
             .map(str::to_owned);
         let body = if reply_to.is_some() {
             strip_reply_fallback(body)
@@ -499,22 +496,32 @@ impl SyncState {
             text,
             reply_to,
             msgtype: msgtype.to_owned(),
-            url: content["url"].as_str().map(str::to_owned),
+            url: content.url.text().map(str::to_owned),
             to_bot,
         }))
     }
 
     /// Whether a message mentions the bot: its `m.mentions` names it (clients add the
     /// sender of the event replied to), or the text holds its mxid or its display name.
-    fn mentions_me(&self, content: &Value, body: &str) -> bool {
+    fn mentions_me(&self, content: &Content, body: &str) -> bool {
         let me = self.me.as_str();
-        let listed = content["m.mentions"]["user_ids"]
-            .as_array()
-            .is_some_and(|ids| ids.iter().any(|id| id.as_str() == Some(me)));
+        let listed = content
+            .mentions
+            .get()
+            .is_some_and(|m| m.user_ids.items.iter().any(|id| id.text() == Some(me)));
         let name = self.my_name.as_deref().filter(|n| !n.trim().is_empty());
         listed
             || body.contains(me)
             || name.is_some_and(|n| body.to_lowercase().contains(&n.to_lowercase()))
+    }
+}
+
+#[cfg(test)]
+impl SyncState {
+    /// [`SyncState::absorb`] of `sync` read as the sync thread reads answers (from text).
+    pub(crate) fn absorb_value(&mut self, sync: &Value) -> Vec<Incoming> {
+        let answer: SyncAnswer = serde_json::from_str(&sync.to_string()).expect("a sync answer");
+        self.absorb(&answer)
     }
 }
 
@@ -552,7 +559,7 @@ mod tests {
             vec![member("@ann:hs", "join", "Ann")],
             vec![msg("$old", "@ann:hs", "from before the start")],
         );
-        assert_eq!(s.absorb(&first), vec![]);
+        assert_eq!(s.absorb_value(&first), vec![]);
         s
     }
 
@@ -575,7 +582,7 @@ mod tests {
         ];
         let mut mentioned = msg("$3", "@ann:hs", "hey you");
         mentioned["content"]["m.mentions"] = json!({"user_ids": [ME]});
-        let got = messages(s.absorb(&sync_with(
+        let got = messages(s.absorb_value(&sync_with(
             ROOM,
             3,
             names,
@@ -608,7 +615,7 @@ mod tests {
             "content": {"msgtype": "m.notice", "body": "beep"}});
         let redacted =
             json!({"type": "m.room.message", "event_id": "$x", "sender": "@ann:hs", "content": {}});
-        let out = s.absorb(&sync_with(
+        let out = s.absorb_value(&sync_with(
             ROOM,
             2,
             vec![member("@ann:hs", "join", "Ann")],
@@ -628,7 +635,7 @@ mod tests {
         assert_eq!(got[0].sender_name.as_deref(), Some("Ann"));
         // Seen once: a later sync repeating it is ignored too.
         assert!(
-            messages(s.absorb(&sync_with(
+            messages(s.absorb_value(&sync_with(
                 ROOM,
                 2,
                 vec![],
@@ -645,14 +652,17 @@ mod tests {
             "join": {ROOM: {"timeline": {"events": [msg("$old", "@ann:hs", "hi")]}}},
             "invite": {"!new:hs": {"invite_state": {"events": []}}},
         }});
-        assert_eq!(s.absorb(&first), vec![Incoming::Invite("!new:hs".into())]);
+        assert_eq!(
+            s.absorb_value(&first),
+            vec![Incoming::Invite("!new:hs".into())]
+        );
         assert_eq!(s.room_count(), 1);
     }
 
     #[test]
     fn in_a_newly_joined_room_only_what_follows_the_join_counts() {
         let mut s = started();
-        let out = s.absorb(&sync_with(
+        let out = s.absorb_value(&sync_with(
             "!new:hs",
             3,
             vec![],
@@ -666,7 +676,7 @@ mod tests {
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].event_id, "$after");
         // A new room whose timeline does not show the join (a gap): nothing is answered.
-        let out = s.absorb(&sync_with(
+        let out = s.absorb_value(&sync_with(
             "!gap:hs",
             2,
             vec![],
@@ -683,7 +693,7 @@ mod tests {
         let mut s = started();
         assert_eq!(s.joined(ROOM), Some(2));
         // A third member joins: the summary says 3.
-        s.absorb(&sync_with(
+        s.absorb_value(&sync_with(
             ROOM,
             3,
             vec![],
@@ -717,7 +727,7 @@ mod tests {
     fn a_membership_change_without_a_summary_forgets_the_count() {
         let mut s = started();
         let no_summary = json!({"rooms": {"join": {ROOM: {"timeline": {"events": [member("@bob:hs", "join", "Bob")]}}}}});
-        s.absorb(&no_summary);
+        s.absorb_value(&no_summary);
         assert_eq!(s.joined(ROOM), None);
         s.set_joined(ROOM, 3);
         assert_eq!(s.joined(ROOM), Some(3));
@@ -749,7 +759,7 @@ mod tests {
             "content": {"msgtype": "m.text", "body": "> <@bot:hs> earlier\n> more\n\n!stop",
                         "m.relates_to": {"m.in_reply_to": {"event_id": "$b"}}}});
         let long = msg("$long", "@ann:hs", &"x".repeat(MAX_TEXT_BYTES + 1));
-        let out = s.absorb(&sync_with(ROOM, 2, vec![], vec![reply, long]));
+        let out = s.absorb_value(&sync_with(ROOM, 2, vec![], vec![reply, long]));
         let Incoming::Message(m) = &out[0] else {
             panic!("{out:?}")
         };
@@ -761,9 +771,9 @@ mod tests {
     #[test]
     fn rooms_and_remembered_ids_are_bounded() {
         let mut s = SyncState::new(ME, 1, 2);
-        s.absorb(&sync_with(ROOM, 2, vec![], vec![]));
+        s.absorb_value(&sync_with(ROOM, 2, vec![], vec![]));
         assert!(!s.can_join());
-        s.absorb(&sync_with(
+        s.absorb_value(&sync_with(
             "!other:hs",
             2,
             vec![],

@@ -4,8 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
+use super::update::Updates;
+use crate::platforms::lenient::Lenient;
 use crate::platforms::secrets::{self, redact};
 
 /// The longest `retry_after` honoured as given; a longer one is waited in this much.
@@ -73,8 +77,15 @@ impl HttpBotApi {
     }
 }
 
-impl BotApi for HttpBotApi {
-    fn call(&mut self, method: &str, params: &Value, timeout: Duration) -> Result<Value, ApiError> {
+impl HttpBotApi {
+    /// Posts `params` to `method`: the answer's status and body (at most
+    /// [`MAX_RESPONSE_BYTES`]).
+    fn post(
+        &mut self,
+        method: &str,
+        params: &Value,
+        timeout: Duration,
+    ) -> Result<(u16, String), ApiError> {
         let url = format!("{}/bot{}/{method}", self.base, self.token);
         let transient = |e: String| ApiError::Transient(redact(&e).into_owned());
         debug_redacted!("telegram: calling {method}");
@@ -94,19 +105,66 @@ impl BotApi for HttpBotApi {
             .limit(MAX_RESPONSE_BYTES)
             .read_to_string()
             .map_err(|e| transient(format!("{method}: reading the answer failed: {e}")))?;
-        interpret(method, status, &body).map_err(|e| match e {
-            ApiError::Transient(d) => ApiError::Transient(redact(&d).into_owned()),
-            ApiError::Permanent(d) => ApiError::Permanent(redact(&d).into_owned()),
-            ApiError::Unauthorized(d) => ApiError::Unauthorized(redact(&d).into_owned()),
-            other => other,
-        })
+        Ok((status, body))
+    }
+
+    /// `getUpdates` with `params`, read typed and bounded ([`Updates`]): a huge answer costs
+    /// its body and at most [`super::update::MAX_UPDATES`] updates, never a tree of it.
+    pub(crate) fn get_updates(
+        &mut self,
+        params: &Value,
+        timeout: Duration,
+    ) -> Result<Updates, ApiError> {
+        let (status, body) = self.post("getUpdates", params, timeout)?;
+        interpret("getUpdates", status, &body).map_err(redacted)
     }
 }
 
-/// Reads a Bot API answer: `{"ok":true,"result":…}` or `{"ok":false,"error_code":…,
-/// "description":…,"parameters":{"retry_after":…}}`.
-pub(crate) fn interpret(method: &str, status: u16, body: &str) -> Result<Value, ApiError> {
-    let v: Value = serde_json::from_str(body).map_err(|_| {
+impl BotApi for HttpBotApi {
+    fn call(&mut self, method: &str, params: &Value, timeout: Duration) -> Result<Value, ApiError> {
+        let (status, body) = self.post(method, params, timeout)?;
+        interpret(method, status, &body).map_err(redacted)
+    }
+}
+
+/// `e` with every form of a secret redacted from its text.
+fn redacted(e: ApiError) -> ApiError {
+    match e {
+        ApiError::Transient(d) => ApiError::Transient(redact(&d).into_owned()),
+        ApiError::Permanent(d) => ApiError::Permanent(redact(&d).into_owned()),
+        ApiError::Unauthorized(d) => ApiError::Unauthorized(redact(&d).into_owned()),
+        other => other,
+    }
+}
+
+/// A Bot API answer: `{"ok":true,"result":…}` or `{"ok":false,"error_code":…,
+/// "description":…,"parameters":{"retry_after":…}}`; the rest skipped unread.
+#[derive(Deserialize)]
+struct Answer<T> {
+    #[serde(default)]
+    ok: Lenient<bool>,
+    result: Option<T>,
+    #[serde(default)]
+    error_code: Lenient<u64>,
+    #[serde(default)]
+    description: Lenient<String>,
+    #[serde(default)]
+    parameters: Lenient<Parameters>,
+}
+
+#[derive(Deserialize)]
+struct Parameters {
+    #[serde(default)]
+    retry_after: Lenient<f64>,
+}
+
+/// Reads a Bot API answer into its `result` as a `T` (the default `T` when there is none).
+pub(crate) fn interpret<T: DeserializeOwned + Default>(
+    method: &str,
+    status: u16,
+    body: &str,
+) -> Result<T, ApiError> {
+    let v: Answer<T> = serde_json::from_str(body).map_err(|_| {
         let what = format!("{method}: HTTP {status} with a body that is not JSON");
         if (500..600).contains(&status) || status == 429 {
             ApiError::Transient(what)
@@ -116,23 +174,19 @@ pub(crate) fn interpret(method: &str, status: u16, body: &str) -> Result<Value, 
             ApiError::Transient(what)
         }
     })?;
-    if v.get("ok").and_then(Value::as_bool) == Some(true) {
-        return Ok(v.get("result").cloned().unwrap_or(Value::Null));
+    if v.ok.get() == Some(&true) {
+        return Ok(v.result.unwrap_or_default());
     }
-    let code = v
-        .get("error_code")
-        .and_then(Value::as_u64)
-        .unwrap_or(u64::from(status));
-    let description = v
-        .get("description")
-        .and_then(Value::as_str)
-        .unwrap_or("no description");
+    let code = v.error_code.get().copied().unwrap_or(u64::from(status));
+    // Cut: a server's text reaches the log, and one answer may be 32 MiB.
+    let description = crate::logfmt::cut(v.description.text().unwrap_or("no description"), 300);
     let what = format!("{method}: {code} {description}");
     Err(match code {
         429 => {
             let secs = v
-                .pointer("/parameters/retry_after")
-                .and_then(Value::as_f64)
+                .parameters
+                .get()
+                .and_then(|p| p.retry_after.get().copied())
                 .filter(|s| s.is_finite() && *s >= 0.0)
                 .unwrap_or(1.0);
             ApiError::RetryAfter(Duration::from_secs_f64(secs).min(MAX_RETRY_AFTER))

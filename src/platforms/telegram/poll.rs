@@ -5,11 +5,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
-use serde_json::{Value, json};
+use serde_json::json;
 
-use super::api::{ApiError, BotApi, HttpBotApi};
+use super::api::{ApiError, HttpBotApi};
 use super::offset::OffsetStore;
-use super::update::{reply_target, update_to_message};
+use super::update::{MAX_UPDATES, Update, reply_target, update_to_message};
 use super::{CALL_TIMEOUT, MAX_BACKOFF, TelegramConfig};
 use crate::platforms::gateway::{Admission, Gateway, OutgoingMessage, SendError};
 
@@ -69,10 +69,7 @@ pub(super) fn poll_updates(
         };
         let mut news = false;
         for update in &updates {
-            let Some(update_id) = update.get("update_id").and_then(Value::as_i64) else {
-                warn_limited!("telegram: an update without update_id; skipped");
-                continue;
-            };
+            let update_id = update.update_id;
             if offset.is_some_and(|o| update_id < o) || handled.is_some_and(|h| update_id <= h) {
                 continue;
             }
@@ -112,8 +109,8 @@ pub(super) fn poll_updates(
 
 /// What one `getUpdates` gave.
 enum Polled {
-    /// The updates (possibly none).
-    Updates(Vec<Value>),
+    /// The well-formed updates kept (possibly none).
+    Updates(Vec<Update>),
     /// A failure waited out (or a stop): poll again.
     Again,
     /// The token was refused: the bridge cannot go on.
@@ -136,10 +133,18 @@ fn get_updates(
     if let Some(o) = offset {
         params["offset"] = json!(o);
     }
-    match api.call("getUpdates", &params, config.poll_timeout + CALL_TIMEOUT) {
-        Ok(Value::Array(u)) => {
+    match api.get_updates(&params, config.poll_timeout + CALL_TIMEOUT) {
+        Ok(u) if !u.not_a_list => {
             *backoff = Duration::from_secs(1);
-            return Polled::Updates(u);
+            if u.dropped() > 0 {
+                // One line per answer, however many updates it held.
+                warn_limited!(
+                    "telegram: getUpdates answered {} malformed update(s) and {} past the first {MAX_UPDATES}; skipped",
+                    u.malformed,
+                    u.over
+                );
+            }
+            return Polled::Updates(u.items);
         }
         Ok(_) => {
             warn_limited!("telegram: getUpdates answered something that is not a list");

@@ -89,6 +89,8 @@ struct Notice {
     chat_id: String,
     reply_to: Option<i64>,
     text: String,
+    /// Later notices for the same chat folded into this one while it waited.
+    more: usize,
 }
 
 /// What [`Renderer::step`] did.
@@ -215,6 +217,12 @@ impl Renderer {
     /// A text for a chat outside any reply (a rejection). At most [`MAX_NOTICES`] wait; past
     /// that the oldest is dropped with a WARN (its rejection was logged when it happened).
     pub(crate) fn notice(&mut self, chat_id: &str, reply_to: Option<i64>, text: &str) {
+        // Coalesced per chat: one notice waits per chat, the others are counted in it, so a
+        // flood of refusals costs a chat one message, not one each.
+        if let Some(waiting) = self.notices.iter_mut().find(|n| n.chat_id == chat_id) {
+            waiting.more += 1;
+            return;
+        }
         if self.notices.len() >= MAX_NOTICES
             && let Some(old) = self.notices.pop_front()
         {
@@ -227,6 +235,7 @@ impl Renderer {
             chat_id: chat_id.to_owned(),
             reply_to,
             text: text.to_owned(),
+            more: 0,
         });
     }
 
@@ -280,7 +289,11 @@ impl Renderer {
         let Some(notice) = self.notices.front() else {
             return Ok(Step::Worked(Vec::new()));
         };
-        let params = send_params(&notice.chat_id, &notice.text, notice.reply_to);
+        let text = match notice.more {
+            0 => notice.text.clone(),
+            n => format!("{} (and {n} more message(s) not accepted)", notice.text),
+        };
+        let params = send_params(&notice.chat_id, &text, notice.reply_to);
         if let Err(e) = api.call("sendMessage", &params, CALL_TIMEOUT) {
             let what = format!("notice to chat {}", notice.chat_id);
             if !self.handle_error(&e, now, &what)? {

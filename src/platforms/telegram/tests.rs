@@ -3,7 +3,7 @@ use std::collections::VecDeque;
 
 use super::api::interpret;
 use super::render::{MAX_NOTICES, MAX_PENDING_FACTOR, MAX_STRIKES};
-use super::update::{chat_of, reply_target, update_to_message};
+use super::update::{Update, chat_of, reply_target, update_to_message};
 use crate::message::{ChatType, SessionKey};
 use crate::platforms::gateway::{TerminalEvent, TerminalOutcome};
 
@@ -200,17 +200,38 @@ fn pending_replies_and_notices_are_bounded() {
         !r.has_room(),
         "results beyond the bound stay with the gateway"
     );
-    for _ in 0..MAX_NOTICES + 5 {
+    // One notice waits per chat: the others are folded into it, and said in it.
+    for _ in 0..5 {
         r.notice("42", None, "rejected");
     }
+    assert_eq!(r.notices_waiting(), 1);
+    let mut folded = Renderer::new(Duration::ZERO, 1);
+    for _ in 0..3 {
+        folded.notice("42", None, "[not accepted]");
+    }
+    let mut api = ScriptedApi::new();
+    run_until_idle(&mut folded, &mut api, Instant::now());
+    assert_eq!(api.calls.len(), 1, "{:?}", api.calls);
+    assert_eq!(
+        api.calls[0].1["text"],
+        "[not accepted] (and 2 more message(s) not accepted)"
+    );
+    for chat in 0..MAX_NOTICES + 5 {
+        r.notice(&chat.to_string(), None, "rejected");
+    }
     assert_eq!(r.notices_waiting(), MAX_NOTICES);
+}
+
+/// `v` read as an update (from text, as the poller reads them).
+fn update(v: &Value) -> Update {
+    serde_json::from_str(&v.to_string()).expect("an update")
 }
 
 #[test]
 fn updates_map_to_dm_and_group_messages() {
     let private = json!({"update_id": 5, "message": {"message_id": 9, "text": "/stop@test_bot",
         "chat": {"id": 42, "type": "private"}, "from": {"id": 7, "first_name": "Ann", "username": "ann"}}});
-    let m = update_to_message(&private, "test_bot").expect("message");
+    let m = update_to_message(&update(&private), "test_bot").expect("message");
     assert_eq!(
         (m.id.as_str(), m.chat_id.as_str(), m.chat_type),
         ("tg-5-9", "42", ChatType::Dm)
@@ -220,7 +241,7 @@ fn updates_map_to_dm_and_group_messages() {
     assert_eq!(reply_target(&m.id), Some(9));
     let group = json!({"update_id": 6, "message": {"message_id": 3, "text": "hi",
         "chat": {"id": -100, "type": "supergroup"}, "from": {"id": 8, "first_name": "Bob"}}});
-    let m = update_to_message(&group, "test_bot").expect("message");
+    let m = update_to_message(&update(&group), "test_bot").expect("message");
     assert_eq!(
         (m.chat_type, m.user_id.as_deref()),
         (ChatType::Group, Some("8"))
@@ -237,21 +258,21 @@ fn updates_map_to_dm_and_group_messages() {
     assert_eq!(chat_of(&key.to_string()).as_deref(), Some("-100"));
     let photo =
         json!({"update_id": 7, "message": {"message_id": 4, "chat": {"id": 1, "type": "private"}}});
-    assert_eq!(update_to_message(&photo, "test_bot"), None);
+    assert_eq!(update_to_message(&update(&photo), "test_bot"), None);
     let channel = json!({"update_id": 8, "message": {"message_id": 4, "text": "x", "chat": {"id": 1, "type": "channel"}}});
-    assert_eq!(update_to_message(&channel, "test_bot"), None);
+    assert_eq!(update_to_message(&update(&channel), "test_bot"), None);
 }
 
 #[test]
 fn api_errors_are_classified_and_retry_after_is_read() {
-    let e = interpret(
+    let e = interpret::<Value>(
         "sendMessage",
         429,
         r#"{"ok":false,"error_code":429,"description":"Too Many Requests: retry after 3","parameters":{"retry_after":3}}"#,
     );
     assert_eq!(e, Err(ApiError::RetryAfter(Duration::from_secs(3))));
     assert!(matches!(
-        interpret(
+        interpret::<Value>(
             "getMe",
             401,
             r#"{"ok":false,"error_code":401,"description":"Unauthorized"}"#
@@ -259,7 +280,7 @@ fn api_errors_are_classified_and_retry_after_is_read() {
         Err(ApiError::Unauthorized(_))
     ));
     assert!(matches!(
-        interpret(
+        interpret::<Value>(
             "x",
             400,
             r#"{"ok":false,"error_code":400,"description":"Bad Request: chat not found"}"#
@@ -267,11 +288,11 @@ fn api_errors_are_classified_and_retry_after_is_read() {
         Err(ApiError::Permanent(_))
     ));
     assert!(matches!(
-        interpret("x", 502, "<html>"),
+        interpret::<Value>("x", 502, "<html>"),
         Err(ApiError::Transient(_))
     ));
     assert_eq!(
-        interpret("x", 200, r#"{"ok":true,"result":{"a":1}}"#),
+        interpret::<Value>("x", 200, r#"{"ok":true,"result":{"a":1}}"#),
         Ok(json!({"a":1}))
     );
 }
@@ -313,7 +334,7 @@ fn a_group_message_is_marked_to_the_bot_only_when_addressed() {
         if let Some(f) = reply_from {
             u["message"]["reply_to_message"] = json!({"message_id": 2, "from": {"username": f}});
         }
-        let m = update_to_message(&u, "test_bot").expect("message");
+        let m = update_to_message(&update(&u), "test_bot").expect("message");
         let meta: serde_json::Value =
             serde_json::from_str(m.meta.as_deref().expect("meta")).expect("json");
         meta.get("to_bot") == Some(&json!(true))

@@ -3,39 +3,89 @@
 
 use std::str::FromStr;
 
-use serde_json::{Value, json};
+use serde::Deserialize;
+use serde_json::json;
 
 use crate::message::{ChatType, SessionKey};
 use crate::platforms::gateway::OutgoingMessage;
+use crate::platforms::lenient::{Capped, Lenient};
 use crate::platforms::map_command;
+
+/// The most updates kept of one `getUpdates` answer: the Bot API's own maximum `limit` (and
+/// its default), so only a broken or hostile server ever sends more.
+pub(crate) const MAX_UPDATES: usize = 100;
+
+/// A `getUpdates` result: at most [`MAX_UPDATES`] updates, malformed and surplus ones
+/// counted.
+pub(crate) type Updates = Capped<Update, MAX_UPDATES>;
+
+/// One update, with what the bridge reads of it (the rest of the update is skipped unread).
+#[derive(Debug, Deserialize)]
+pub(crate) struct Update {
+    /// Its id: the offset moves past it.
+    pub update_id: i64,
+    #[serde(default)]
+    message: Lenient<Message>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Message {
+    message_id: i64,
+    #[serde(default)]
+    text: Lenient<String>,
+    chat: Chat,
+    #[serde(default)]
+    from: Lenient<User>,
+    #[serde(default)]
+    reply_to_message: Lenient<Replied>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Chat {
+    id: i64,
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct User {
+    #[serde(default)]
+    id: Lenient<i64>,
+    #[serde(default)]
+    is_bot: Lenient<bool>,
+    #[serde(default)]
+    first_name: Lenient<String>,
+    #[serde(default)]
+    last_name: Lenient<String>,
+    #[serde(default)]
+    username: Lenient<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Replied {
+    message_id: i64,
+    #[serde(default)]
+    from: Lenient<User>,
+}
 
 /// The gateway message for one update, or `None` for an update the bridge does not handle
 /// (not a text message, a channel post, from a bot). A leading `/cmd@this_bot` loses its
 /// `@this_bot`, and `!stop`-style commands map to `/stop`.
-pub(crate) fn update_to_message(update: &Value, bot_username: &str) -> Option<OutgoingMessage> {
-    let update_id = update.get("update_id")?.as_i64()?;
-    let m = update.get("message")?;
-    let text = m.get("text")?.as_str()?;
-    let message_id = m.get("message_id")?.as_i64()?;
-    let chat = m.get("chat")?;
-    let chat_id = chat.get("id")?.as_i64()?;
-    let chat_type = match chat.get("type")?.as_str()? {
+pub(crate) fn update_to_message(update: &Update, bot_username: &str) -> Option<OutgoingMessage> {
+    let update_id = update.update_id;
+    let m = update.message.get()?;
+    let text = m.text.text()?;
+    let message_id = m.message_id;
+    let chat_type = match m.chat.kind.as_str() {
         "private" => ChatType::Dm,
         "group" | "supergroup" => ChatType::Group,
         _ => return None,
     };
-    let from = m.get("from");
-    if from
-        .and_then(|f| f.get("is_bot"))
-        .and_then(Value::as_bool)
-        .unwrap_or(false)
-    {
+    let from = m.from.get();
+    if from.and_then(|f| f.is_bot.get().copied()).unwrap_or(false) {
         return None;
     }
-    let user_id = from
-        .and_then(|f| f.get("id"))
-        .and_then(Value::as_i64)
-        .map(|i| i.to_string());
+    let user_id = from.and_then(|f| f.id.get()).map(i64::to_string);
     let user_name = from.and_then(user_name);
     if chat_type == ChatType::Group && user_id.is_none() {
         // An anonymous group admin: no user to key the session on.
@@ -45,20 +95,17 @@ pub(crate) fn update_to_message(update: &Value, bot_username: &str) -> Option<Ou
     let text = map_command(&without_mention(text, bot_username)).into_owned();
     let mut message = OutgoingMessage::new(
         &format!("tg-{update_id}-{message_id}"),
-        &chat_id.to_string(),
+        &m.chat.id.to_string(),
         &text,
     );
     message.chat_type = chat_type;
     message.user_id = user_id;
     message.user_name = user_name;
     let mut meta = json!({"message_id": message_id});
-    if let Some(r) = m
-        .pointer("/reply_to_message/message_id")
-        .and_then(Value::as_i64)
-    {
-        meta["reply_to"] = json!(r);
+    if let Some(r) = m.reply_to_message.get() {
+        meta["reply_to"] = json!(r.message_id);
     }
-    if let Some(u) = from.and_then(|f| f.get("username")).and_then(Value::as_str) {
+    if let Some(u) = from.and_then(|f| f.username.text()) {
         meta["username"] = json!(u);
     }
     if to_bot {
@@ -70,13 +117,15 @@ pub(crate) fn update_to_message(update: &Value, bot_username: &str) -> Option<Ou
 
 /// Whether a group message is for the bot: it names `@bot_username` (a mention, or a
 /// `/command@bot_username`), or it replies to the bot's message.
-fn addresses_bot(m: &Value, text: &str, bot_username: &str) -> bool {
+fn addresses_bot(m: &Message, text: &str, bot_username: &str) -> bool {
     if bot_username.is_empty() {
         return false;
     }
     let replied_to_bot = m
-        .pointer("/reply_to_message/from/username")
-        .and_then(Value::as_str)
+        .reply_to_message
+        .get()
+        .and_then(|r| r.from.get())
+        .and_then(|u| u.username.text())
         .is_some_and(|u| u.eq_ignore_ascii_case(bot_username));
     let lower = text.to_ascii_lowercase();
     let handle = format!("@{}", bot_username.to_ascii_lowercase());
@@ -103,12 +152,12 @@ pub(crate) fn chat_of(session: &str) -> Option<String> {
 
 /// The sender's display name: first and last name, else the username; cut to what the
 /// protocol allows (1 to 256 bytes without control characters).
-fn user_name(from: &Value) -> Option<String> {
-    let first = from.get("first_name").and_then(Value::as_str).unwrap_or("");
-    let last = from.get("last_name").and_then(Value::as_str).unwrap_or("");
+fn user_name(from: &User) -> Option<String> {
+    let first = from.first_name.text().unwrap_or("");
+    let last = from.last_name.text().unwrap_or("");
     let name = format!("{first} {last}").trim().to_owned();
     let name = if name.is_empty() {
-        from.get("username").and_then(Value::as_str)?.to_owned()
+        from.username.text()?.to_owned()
     } else {
         name
     };

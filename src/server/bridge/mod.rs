@@ -266,7 +266,10 @@ impl Bridge {
             return;
         }
         match parsed {
-            Ok(ClientOp::Ping) => self.answer(id, encode(&ServerOp::Pong)),
+            Ok(ClientOp::Ping) => {
+                let max_line_bytes = Some(self.cfg.max_line_bytes);
+                self.answer(id, encode(&ServerOp::Pong { max_line_bytes }));
+            }
             Ok(ClientOp::Hello {
                 platform,
                 token,
@@ -585,6 +588,25 @@ impl Bridge {
     /// Connections with written results not yet acknowledged.
     pub fn awaiting_ack(&self) -> Vec<ConnId> {
         self.conns.awaiting_ack()
+    }
+
+    /// Results written to `acks` connections and not yet confirmed with `delivered`.
+    pub fn awaiting_delivery(&self) -> usize {
+        self.conns.awaiting_delivery()
+    }
+
+    /// A line from `id` after the runtime stopped, while shutdown waits for confirmations:
+    /// a `delivered` line is taken (its results are journaled as delivered); any other line
+    /// is left unanswered (a bridge sends a message it got no answer for again, to the next
+    /// start).
+    pub fn confirmation_line(&mut self, id: ConnId, line: &[u8]) {
+        if !self.conns.get(id).is_some_and(|c| c.authed && !c.closing) {
+            return;
+        }
+        if let Ok(ClientOp::Delivered { ids }) = parse_line(line) {
+            self.delivered(id, &ids);
+            self.audit();
+        }
     }
 
     /// Forced exit: every message still running gets `cancelled: shutdown` on its own
