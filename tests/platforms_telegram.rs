@@ -880,6 +880,7 @@ fn serve_durable(listen: &str, dir: &Path) -> (Proc, Receiver<String>) {
         Command::new(env!("CARGO_BIN_EXE_turnstile"))
             .args(["serve", "--listen", listen, "--http-listen", "off"])
             .args(["--agent", "process", "--agent-cmd", &cmd])
+            .args(["--access-default", "open"])
             .arg("--data-dir")
             .arg(dir.join("data"))
             .env("RUST_LOG", "info")
