@@ -107,8 +107,9 @@ pub use journal::{
     StoredMessage, StoredOutcome,
 };
 pub use liveness::{
-    BridgeStatus, ClusterStatus, FrontendStatus, HttpStatus, JournalStatus, PlatformStatus,
-    RecoveryCounts, RuntimeState, ServiceStatus, Status,
+    BridgeStatus, ClusterStatus, FrontendStatus, HttpStatus, JournalStatus, LinkStatus,
+    PlatformStatus, RecoveryCounts, RuntimeState, ServiceStatus, Status, SupervisedBridge,
+    SupervisedState,
 };
 pub use message::{Body, ChatType, Command, InvalidInput, Message, MessageContext, SessionKey};
 #[cfg(feature = "async")]

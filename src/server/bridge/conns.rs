@@ -12,6 +12,7 @@ use super::super::frame::{Flushed, Frame, write_frames};
 use super::{BridgeConfig, ConnId};
 use crate::auth::Token;
 use crate::key::Slots;
+use crate::liveness::LinkStatus;
 use crate::logfmt::LogBudget;
 use crate::message::SessionKey;
 use crate::platforms::{WARN_BURST, WARN_PER_SEC};
@@ -38,6 +39,8 @@ pub(super) struct Client {
     pub(super) authed: bool,
     /// The platform of its hello.
     pub(super) platform: Option<Arc<str>>,
+    /// What it last reported of its own connection to its platform (`link`).
+    pub(super) link: Option<LinkStatus>,
     /// No further line counts; closed once its output is written.
     pub(super) closing: bool,
     /// The peer shut down its sending side.
@@ -71,6 +74,7 @@ impl Client {
             peer,
             authed,
             platform: None,
+            link: None,
             closing: false,
             read_closed: false,
             opened: now,
@@ -384,6 +388,31 @@ impl Conns {
     ) -> Option<Arc<str>> {
         let conn = self.slots.get_mut(id)?;
         std::mem::replace(&mut conn.platform, platform)
+    }
+
+    /// `id`'s report of its platform connection; refused before a hello with a platform.
+    pub(super) fn set_link(&mut self, id: ConnId, link: LinkStatus) -> Result<(), &'static str> {
+        let conn = self.slots.get_mut(id).ok_or("no such connection")?;
+        if conn.platform.is_none() {
+            return Err("link: say hello with a platform first");
+        }
+        conn.link = Some(link);
+        Ok(())
+    }
+
+    /// The newest report of each platform's connections that reported (the most recently
+    /// opened connection's, when several did).
+    pub(super) fn links(&self) -> HashMap<&str, &LinkStatus> {
+        let mut by_platform: HashMap<&str, (Duration, &LinkStatus)> = HashMap::new();
+        for (_, c) in self.slots.iter() {
+            if let (Some(p), Some(link)) = (c.platform.as_deref(), c.link.as_ref()) {
+                let newer = by_platform.get(p).is_none_or(|(at, _)| c.opened >= *at);
+                if newer {
+                    by_platform.insert(p, (c.opened, link));
+                }
+            }
+        }
+        by_platform.into_iter().map(|(p, (_, l))| (p, l)).collect()
     }
 
     pub(super) fn get(&self, id: ConnId) -> Option<&Client> {

@@ -292,6 +292,12 @@ impl Bridge {
             }
             Ok(ClientOp::Delivered { ids }) => self.delivered(id, &ids),
             Ok(ClientOp::Message(m)) => self.handle_message(id, m, now),
+            Ok(ClientOp::Link { up, detail }) => {
+                let link = crate::liveness::LinkStatus { up, detail };
+                if let Err(e) = self.conns.set_link(id, link) {
+                    self.error(id, e);
+                }
+            }
             Err(LineError::Malformed(detail)) => self.error(id, &detail),
             Err(LineError::Invalid { id: mid, detail }) => {
                 self.answer_refusal(id, &mid, Refusal::invalid(detail));
