@@ -257,6 +257,9 @@ fn frontend_lines(out: &mut String, f: &FrontendStatus) {
         f.http.as_ref().map_or(0, |h| h.connections),
         if b.tls { "on" } else { "off" },
     ));
+    for sb in &f.bridges {
+        out.push_str(&supervised_line(sb));
+    }
     let Some(bridge) = &f.bridge else {
         return;
     };
@@ -274,6 +277,31 @@ fn frontend_lines(out: &mut String, f: &FrontendStatus) {
     if let Some(c) = &bridge.cluster {
         out.push_str(&cluster_line(c));
     }
+}
+
+/// A supervised bridge's line: `bridge #1 (matrix): reconnecting since … (why); 2 restarts,
+/// last exit …; last error: …`.
+fn supervised_line(b: &crate::liveness::SupervisedBridge) -> String {
+    let state = serde_json::to_value(b.state)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    let mut line = format!(
+        "bridge #{} ({}): {state} since {}",
+        b.index, b.platform, b.since
+    );
+    if let Some(r) = &b.reason {
+        line.push_str(&format!(" ({r})"));
+    }
+    line.push_str(&format!("; {} restarts", b.restarts));
+    if let Some(e) = &b.last_exit {
+        line.push_str(&format!(", last exit {e}"));
+    }
+    if let Some(e) = &b.last_error {
+        line.push_str(&format!("; last error: {e}"));
+    }
+    line.push('\n');
+    line
 }
 
 /// ` (a b c)`, or nothing for an empty list.

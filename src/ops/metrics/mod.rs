@@ -18,6 +18,7 @@ use crate::liveness::{
     CleanupCounts, HttpStatus, MessageCounts, RuntimeState, SessionCounts, Status, ThreadStates,
     WorkerCounts,
 };
+use crate::liveness::{SupervisedBridge, SupervisedState};
 
 use Kind::{Counter, Gauge, Histogram};
 use Reading::Value;
@@ -49,6 +50,9 @@ pub(crate) fn render(s: &Status) -> String {
         }
         if let Some(h) = &f.http {
             e.expose(HTTP, h);
+        }
+        if !f.bridges.is_empty() {
+            e.expose(SUPERVISED, &f.bridges[..]);
         }
     }
     e.finish()
@@ -624,3 +628,67 @@ const HTTP: &[Metric<HttpStatus>] = &[
 
 #[cfg(test)]
 mod tests;
+
+/// A table's number as a label value (serve runs at most 16 tables).
+fn table_label(index: usize) -> &'static str {
+    const TABLES: [&str; 17] = [
+        "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
+    ];
+    TABLES.get(index).copied().unwrap_or("many")
+}
+
+/// The bridges `serve` supervises (`[[bridge]]` tables), by platform and table number.
+const SUPERVISED: &[Metric<[SupervisedBridge]>] = &[
+    Metric {
+        name: "turnstile_bridge_up",
+        help: "1 while a supervised bridge is ready (connected to the gateway and, as it reports, to its platform), else 0.",
+        kind: Gauge,
+        read: |bridges| {
+            labelled(bridges.iter().map(|b| {
+                let labels = [
+                    ("platform", b.platform.as_str()),
+                    ("table", table_label(b.index)),
+                ];
+                (labels, flag(b.state == SupervisedState::Ready))
+            }))
+        },
+    },
+    Metric {
+        name: "turnstile_bridge_restarts_total",
+        help: "Times a supervised bridge's process was started again after it exited.",
+        kind: Counter,
+        read: |bridges| {
+            labelled(bridges.iter().map(|b| {
+                let labels = [
+                    ("platform", b.platform.as_str()),
+                    ("table", table_label(b.index)),
+                ];
+                (labels, n(b.restarts))
+            }))
+        },
+    },
+    Metric {
+        name: "turnstile_bridge_state",
+        help: "A supervised bridge's state: 1 on the state it is in (starting, ready, reconnecting, backoff).",
+        kind: Gauge,
+        read: |bridges| {
+            use SupervisedState::{Backoff, Ready, Reconnecting, Starting};
+            labelled(bridges.iter().flat_map(|b| {
+                [
+                    (Starting, "starting"),
+                    (Ready, "ready"),
+                    (Reconnecting, "reconnecting"),
+                    (Backoff, "backoff"),
+                ]
+                .map(|(state, name)| {
+                    let labels = [
+                        ("platform", b.platform.as_str()),
+                        ("table", table_label(b.index)),
+                        ("state", name),
+                    ];
+                    (labels, flag(b.state == state))
+                })
+            }))
+        },
+    },
+];

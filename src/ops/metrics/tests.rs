@@ -25,6 +25,7 @@ fn declared() -> Vec<(&'static str, &'static str, Kind)> {
         .chain(heads(OUTBOXES))
         .chain(heads(JOURNAL))
         .chain(heads(HTTP))
+        .chain(heads(SUPERVISED))
         .collect()
 }
 
@@ -51,6 +52,11 @@ fn full_status() -> Status {
             bridge: Some(bridge),
             http: Some(HttpStatus::default()),
             service: Some(ServiceStatus::default()),
+            bridges: vec![SupervisedBridge {
+                index: 1,
+                platform: "matrix".into(),
+                ..SupervisedBridge::default()
+            }],
             ..Default::default()
         }),
         ..Status::default()
@@ -209,6 +215,8 @@ fn each_family_reads_its_own_figures() {
         "turnstile_turn_duration_seconds",
         "turnstile_journal_failing",
         "turnstile_journal_write_seconds",
+        "turnstile_bridge_up",
+        "turnstile_bridge_state",
     ];
     for (name, _, _) in declared() {
         assert!(

@@ -182,6 +182,9 @@ struct State {
     shown: RecentIds,
     /// Message lines written so far (orders [`Pending::in_flight`]).
     writes: u64,
+    /// The last `link` report of the platform connection, as its line: written when it
+    /// changes and again after every hello (a new connection starts without it).
+    link: Option<(bool, String)>,
 }
 
 impl State {
@@ -278,6 +281,7 @@ impl Gateway {
                 pending: VecDeque::new(),
                 shown: RecentIds::new(config.shown_memory),
                 writes: 0,
+                link: None,
             }),
             config,
             stopping: AtomicBool::new(false),
@@ -380,6 +384,19 @@ impl Gateway {
             ids: vec![id.to_owned()],
         }
         .line();
+        write_line(&mut state, &line);
+    }
+
+    /// Reports the bridge's own connection to its platform (`link` op, shown in the
+    /// gateway's status): `up`, or down with `detail` (why). Written only when `up` changes
+    /// (a new reason while down is not news), and again after each reconnection.
+    pub(crate) fn link(&self, up: bool, detail: Option<String>) {
+        let mut state = self.shared.lock();
+        if state.link.as_ref().is_some_and(|(was, _)| *was == up) {
+            return;
+        }
+        let line = ClientOp::Link { up, detail }.line();
+        state.link = Some((up, line.clone()));
         write_line(&mut state, &line);
     }
 
