@@ -45,7 +45,7 @@ pub(crate) fn render(s: &Status) -> String {
                 e.expose(JOURNAL, j);
             }
             if let Some(c) = &b.cluster {
-                super::cluster_metrics::render_cluster(&mut e, c);
+                e.expose(super::cluster_metrics::CLUSTER, c);
             }
         }
         if let Some(h) = &f.http {

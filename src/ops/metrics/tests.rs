@@ -294,13 +294,22 @@ fn the_families_decisions() {
 
 #[test]
 fn exposition_text() {
+    const TEXT: &[Metric<f64>] = &[
+        Metric {
+            name: "turnstile_ticks_total",
+            help: "Ticks.",
+            kind: Counter,
+            read: |v| Value(*v),
+        },
+        Metric {
+            name: "turnstile_outbox_events",
+            help: "Outbox.",
+            kind: Gauge,
+            read: |_| labelled([([("platform", "a\"b\\c\nd")], 2.0)]),
+        },
+    ];
     let mut e = Exposition::new();
-    e.counter("turnstile_ticks_total", "Ticks.", 3.0);
-    e.gauges(
-        "turnstile_outbox_events",
-        "Outbox.",
-        &[(&[("platform", "a\"b\\c\nd")][..], 2.0)],
-    );
+    e.expose(TEXT, &3.0);
     let mut h = PromHistogram::new(&[0.5]);
     h.record(Duration::from_millis(250));
     e.histogram("turnstile_x_seconds", "X.", &h);
