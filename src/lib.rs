@@ -89,8 +89,8 @@ mod tokens;
 mod wire;
 
 pub use agent::{
-    Agent, AgentError, AgentFactory, AgentUsage, CancelToken, EchoAgent, FnFactory, ModelUsage,
-    Partials, TurnError, TurnInput,
+    Agent, AgentError, AgentFactory, AgentFailures, AgentUsage, CancelToken, EchoAgent, FnFactory,
+    ModelUsage, Partials, TurnError, TurnInput,
 };
 pub use agents::exec::{ExecAgent, ExecOptions};
 #[cfg(feature = "openai")]

@@ -325,6 +325,10 @@ pub struct Status {
     /// The same split by model (empty when the factory does not count usage).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub agent_usage_by_model: Vec<ModelUsage>,
+    /// The agents' failed model requests by kind (connect, status, stall), when the agent
+    /// factory makes requests of its own (the openai agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_failures: Option<crate::agent::AgentFailures>,
     /// The hosted frontend's own figures (the bridge server's connections, platforms,
     /// outboxes and rejections; the HTTP endpoint's), when it reports any.
     #[serde(default, skip_serializing_if = "Option::is_none")]

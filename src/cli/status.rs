@@ -218,6 +218,12 @@ fn runtime_lines(out: &mut String, s: &Status, now_unix: f64) {
         s.messages.accepted,
         rejected(s),
     ));
+    if let Some(f) = &s.agent_failures {
+        out.push_str(&format!(
+            "model requests failed: {} connect, {} status, {} stall\n",
+            f.connect, f.status, f.stall
+        ));
+    }
     let c = &s.cleanups;
     out.push_str(&format!(
         "cleanups: {} done, {} timed out, {} failed, {} queued, {} pending\n",

@@ -37,6 +37,7 @@ pub(crate) fn render(s: &Status) -> String {
     e.expose(WORKERS, &s.workers);
     e.expose(DELIVERIES, &s.messages);
     e.expose(LLM_TOKENS, &s.agent_usage_by_model[..]);
+    e.expose(AGENT_FAILURES, s);
     if let Some(f) = &s.frontend {
         if let Some(b) = &f.bridge {
             e.expose(BRIDGE, b);
@@ -419,6 +420,25 @@ const LLM_TOKENS: &[Metric<[ModelUsage]>] = &[Metric {
                 ),
             ]
         }))
+    },
+}];
+
+/// The agents' failed model requests by kind, when the factory counts them (openai).
+const AGENT_FAILURES: &[Metric<Status>] = &[Metric {
+    name: "turnstile_agent_failures_total",
+    help: "The agents' failed model requests by kind: connect (no answer: refused, reset, timed out, DNS, TLS), status (an answer other than 2xx, each retry counted), stall (the reply stopped, or passed its deadline).",
+    kind: Counter,
+    read: |s| {
+        s.agent_failures.map_or(Reading::Absent, |f| {
+            by(
+                "kind",
+                [
+                    ("connect", n(f.connect)),
+                    ("status", n(f.status)),
+                    ("stall", n(f.stall)),
+                ],
+            )
+        })
     },
 }];
 

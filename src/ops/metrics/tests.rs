@@ -21,6 +21,7 @@ fn declared() -> Vec<(&'static str, &'static str, Kind)> {
         .chain(heads(WORKERS))
         .chain(heads(DELIVERIES))
         .chain(heads(LLM_TOKENS))
+        .chain(heads(AGENT_FAILURES))
         .chain(heads(BRIDGE))
         .chain(heads(OUTBOXES))
         .chain(heads(JOURNAL))
@@ -48,6 +49,7 @@ fn full_status() -> Status {
     let mut s = Status {
         state: RuntimeState::Running,
         agent_usage_by_model: vec![ModelUsage::default()],
+        agent_failures: Some(crate::agent::AgentFailures::default()),
         frontend: Some(crate::liveness::FrontendStatus {
             bridge: Some(bridge),
             http: Some(HttpStatus::default()),
