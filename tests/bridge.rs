@@ -1039,6 +1039,35 @@ fn row7_idle_unauthenticated_connections_cannot_lock_the_bridge_out() {
     assert!(!n.closed.contains(&real));
 }
 
+/// At the global cap the victim is the oldest waiting connection of the largest prefix:
+/// never a connection that said hello, never the older one of a smaller prefix.
+#[test]
+fn at_the_cap_neither_a_bridge_nor_a_small_prefix_is_evicted() {
+    let mut n = Net::new(BridgeConfig {
+        max_unauthenticated: 3,
+        max_unauthenticated_per_peer: 3,
+        hello_timeout: 5 * S,
+        ..tokened()
+    });
+    let at = |a: u8| IpAddr::V4(Ipv4Addr::new(10, a, 0, 1));
+    let real = n.connect_from(at(9)).unwrap();
+    n.send(
+        real,
+        json!({"op": "hello", "platform": "tg", "token": "s3cret"}),
+    );
+    let lone = n.connect_from(at(1)).unwrap();
+    let a = n.connect_from(at(2)).unwrap();
+    let b = n.connect_from(at(2)).unwrap();
+    n.connect_from(at(3)).unwrap();
+    n.pump();
+    assert_eq!(
+        n.closed,
+        vec![a],
+        "not {real} (said hello) nor {lone} (a prefix of one)"
+    );
+    assert!(!n.closed.contains(&b));
+}
+
 #[test]
 fn without_a_token_connections_are_capped_but_never_timed_out() {
     let mut n = Net::new(BridgeConfig {
