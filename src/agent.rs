@@ -236,6 +236,12 @@ pub trait AgentFactory: Send + Sync + 'static {
         None
     }
 
+    /// Its agents' failed requests by kind, for the status and the metrics; `None` (the
+    /// default) when its agents make no requests of their own. Cheap like `usage`.
+    fn failures(&self) -> Option<AgentFailures> {
+        None
+    }
+
     /// [`AgentFactory::usage`] split by the model that consumed it, for the metrics
     /// (`turnstile_llm_tokens_total{model,direction}`); cheap like `usage`. The default files
     /// everything under the model `""`.
@@ -258,6 +264,28 @@ pub struct ModelUsage {
     pub model: String,
     /// Its totals.
     pub usage: AgentUsage,
+}
+
+/// An agent factory's failed model requests so far, by kind (`agent_failures` in the status,
+/// `turnstile_agent_failures_total{kind}` in the metrics; their rate is the recent failures).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub struct AgentFailures {
+    /// No answer: the connection was refused, reset, timed out, or DNS or TLS failed.
+    pub connect: u64,
+    /// The server answered with a status other than 2xx (each answer, retries included).
+    pub status: u64,
+    /// The server stopped sending the reply (no content for the stall timeout), or took
+    /// longer than the whole reply's deadline.
+    pub stall: u64,
+}
+
+impl std::ops::AddAssign for AgentFailures {
+    fn add_assign(&mut self, o: AgentFailures) {
+        self.connect += o.connect;
+        self.status += o.status;
+        self.stall += o.stall;
+    }
 }
 
 /// Totals an agent factory reports in the status snapshot (`agent_usage`), e.g. the tokens

@@ -91,8 +91,8 @@ mod wire;
 
 pub use access::{AccessConfig, AccessFigures};
 pub use agent::{
-    Agent, AgentError, AgentFactory, AgentUsage, CancelToken, EchoAgent, FnFactory, ModelUsage,
-    Partials, TurnError, TurnInput,
+    Agent, AgentError, AgentFactory, AgentFailures, AgentUsage, CancelToken, EchoAgent, FnFactory,
+    ModelUsage, Partials, TurnError, TurnInput,
 };
 pub use agents::exec::{ExecAgent, ExecOptions};
 #[cfg(feature = "openai")]
@@ -109,8 +109,9 @@ pub use journal::{
     StoredMessage, StoredOutcome,
 };
 pub use liveness::{
-    BridgeStatus, ClusterStatus, FrontendStatus, HttpStatus, JournalStatus, PlatformStatus,
-    RecoveryCounts, RuntimeState, ServiceStatus, Status,
+    BridgeStatus, ClusterStatus, FrontendStatus, HttpStatus, JournalStatus, LinkStatus,
+    PlatformStatus, RecoveryCounts, RuntimeState, ServiceStatus, Status, SupervisedBridge,
+    SupervisedState,
 };
 pub use message::{Body, ChatType, Command, InvalidInput, Message, MessageContext, SessionKey};
 #[cfg(feature = "async")]

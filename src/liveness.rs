@@ -130,9 +130,54 @@ pub struct FrontendStatus {
     /// How long the bridge server's ready connections waited for their turn (`service`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<ServiceStatus>,
+    /// The platform bridges `serve` runs as its children (`[[bridge]]` tables), in table
+    /// order; empty (and absent in JSON) without any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bridges: Vec<SupervisedBridge>,
     /// Any other frontend's own figures, by name (shown, never read back).
     #[serde(flatten)]
     pub custom: BTreeMap<String, serde_json::Value>,
+}
+
+/// Where a supervised bridge is (`frontend.bridges[].state`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SupervisedState {
+    /// Its process runs and has not yet connected to the gateway and its platform.
+    #[default]
+    Starting,
+    /// Connected to the gateway (said hello) and, if it reports it, to its platform.
+    Ready,
+    /// Its process runs, but it reported its platform connection down (`link` op), or its
+    /// connection to the gateway is gone: `reason` says why.
+    Reconnecting,
+    /// Its process exited; it is restarted after a backoff.
+    Backoff,
+}
+
+/// One supervised bridge (a `[[bridge]]` table) in the status.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct SupervisedBridge {
+    /// The table's number, from 1.
+    pub index: usize,
+    /// Its platform (`matrix`, `irc`, `telegram`).
+    pub platform: String,
+    /// Where it is.
+    pub state: SupervisedState,
+    /// Why it is reconnecting (what it reported), when it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Times its process was started again after an exit.
+    pub restarts: u64,
+    /// When it entered its state (RFC 3339, UTC).
+    pub since: String,
+    /// How its process last exited (`exit status: 1`, `signal: 9 …`), if it ever did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_exit: Option<String>,
+    /// Its last ERROR log line (secrets redacted, cut at 512 bytes), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
 }
 
 /// The operations HTTP endpoint's figures (`frontend.http` in the status), for the metrics.
@@ -280,6 +325,10 @@ pub struct Status {
     /// The same split by model (empty when the factory does not count usage).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub agent_usage_by_model: Vec<ModelUsage>,
+    /// The agents' failed model requests by kind (connect, status, stall), when the agent
+    /// factory makes requests of its own (the openai agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_failures: Option<crate::agent::AgentFailures>,
     /// The hosted frontend's own figures (the bridge server's connections, platforms,
     /// outboxes and rejections; the HTTP endpoint's), when it reports any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -460,6 +509,20 @@ pub struct PlatformStatus {
     pub stale_dropped: u64,
     /// Ids in its duplicate window.
     pub dedup_ids: usize,
+    /// What its bridge last reported of its own connection to the platform (the `link` op),
+    /// from the newest connection that reported; absent when none did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<LinkStatus>,
+}
+
+/// A bridge's report of its connection to its platform (`link` op, docs/protocol.md).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkStatus {
+    /// Connected to the platform.
+    pub up: bool,
+    /// Its reason (e.g. the error that took the connection down), if it gave one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 /// The bridge's figures, for the status snapshot.

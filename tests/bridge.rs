@@ -999,46 +999,73 @@ fn row7_idle_unauthenticated_connections_cannot_lock_the_bridge_out() {
         hello_timeout: 5 * S,
         ..tokened()
     });
+    // 10.0.0.9 and 10.0.0.10 share a /24: the per-peer cap counts them together, and a
+    // fifth from that prefix closes its oldest (issue 33 row 1).
     let idle: Vec<ConnId> = (0..4).map(|_| n.connect_from(peer(9)).unwrap()).collect();
-    let e = n.connect_from(peer(9)).unwrap_err();
-    assert!(
-        e["detail"].as_str().unwrap().contains("from 10.0.0.9"),
-        "{e}"
-    );
-    for p in 10..14 {
-        n.connect_from(peer(p)).unwrap();
+    let fifth = n.connect_from(peer(10)).unwrap();
+    n.pump();
+    assert_eq!(n.closed, vec![idle[0]], "the prefix's oldest makes room");
+    assert_eq!(n.b.status().unauthenticated, 4);
+    // Other prefixes fill the global cap: 4 + 2 + 2.
+    let other = |a: u8| IpAddr::V4(Ipv4Addr::new(10, a, 0, 1));
+    let mut later = Vec::new();
+    for a in [1, 1, 2, 2] {
+        later.push(n.connect_from(other(a)).unwrap());
     }
-    let e = n.connect_from(peer(20)).unwrap_err();
-    assert!(
-        e["detail"]
-            .as_str()
-            .unwrap()
-            .contains("waiting for their hello"),
-        "{e}"
-    );
     assert_eq!(n.b.status().unauthenticated, 8);
-    // The real bridge gets in once the idle ones time out (at 5 s exactly).
-    n.tick(4 * S);
-    assert!(!n.b.has_output(idle[0]), "answered before its deadline");
-    n.tick(900 * Duration::from_millis(1));
-    assert!(n.closed.is_empty());
-    n.tick(100 * Duration::from_millis(1));
-    for c in n.b.connections().collect::<Vec<_>>() {
-        let out = n.take(c);
-        assert_eq!(out[0]["detail"], "no hello within 5s");
-    }
-    let _ = idle;
-    assert_eq!(n.closed.len(), 8);
-    assert_eq!(n.b.status().unauthenticated, 0);
-    assert_eq!(n.b.status().connections_refused, 2 + 8);
-    let real = n.connect_from(peer(9)).unwrap();
+    assert_eq!(n.b.status().connections_refused, 1);
+    // At the global cap a newcomer from a fresh prefix closes the oldest of the prefix
+    // holding the most (10.0.0.0/24's), not a connection of the small prefixes.
+    let real = n.connect_from(other(3)).unwrap();
+    n.pump();
+    assert_eq!(n.closed, vec![idle[0], idle[1]]);
     n.send(
         real,
         json!({"op": "hello", "platform": "tg", "token": "s3cret"}),
     );
+    assert_eq!(n.b.status().unauthenticated, 7);
+    // The rest time out (at 5 s exactly); the bridge that said hello stays.
+    n.tick(4 * S);
+    assert_eq!(n.closed.len(), 2, "closed before the deadline");
+    n.tick(S);
+    let waited: Vec<ConnId> = [&idle[2..], &[fifth], &later[..]].concat();
+    for c in &waited {
+        assert_eq!(n.take(*c)[0]["detail"], "no hello within 5s");
+    }
+    assert_eq!(n.closed.len(), 2 + waited.len());
     assert_eq!(n.b.status().unauthenticated, 0);
+    assert_eq!(n.b.status().connections_refused, 2 + 7);
     n.tick(10 * S);
     assert!(!n.closed.contains(&real));
+}
+
+/// At the global cap the victim is the oldest waiting connection of the largest prefix:
+/// never a connection that said hello, never the older one of a smaller prefix.
+#[test]
+fn at_the_cap_neither_a_bridge_nor_a_small_prefix_is_evicted() {
+    let mut n = Net::new(BridgeConfig {
+        max_unauthenticated: 3,
+        max_unauthenticated_per_peer: 3,
+        hello_timeout: 5 * S,
+        ..tokened()
+    });
+    let at = |a: u8| IpAddr::V4(Ipv4Addr::new(10, a, 0, 1));
+    let real = n.connect_from(at(9)).unwrap();
+    n.send(
+        real,
+        json!({"op": "hello", "platform": "tg", "token": "s3cret"}),
+    );
+    let lone = n.connect_from(at(1)).unwrap();
+    let a = n.connect_from(at(2)).unwrap();
+    let b = n.connect_from(at(2)).unwrap();
+    n.connect_from(at(3)).unwrap();
+    n.pump();
+    assert_eq!(
+        n.closed,
+        vec![a],
+        "not {real} (said hello) nor {lone} (a prefix of one)"
+    );
+    assert!(!n.closed.contains(&b));
 }
 
 #[test]

@@ -136,6 +136,18 @@ impl Gateway {
         panic!("the expected log line never came");
     }
 
+    /// The agents' failures (connect, status, stall) once the status shows `want`.
+    fn failures_reach(&self, want: (u64, u64, u64)) {
+        let seen = |st: &turnstile::Status| {
+            st.agent_failures
+                .is_some_and(|f| (f.connect, f.status, f.stall) == want)
+        };
+        if self.handle.wait_status(WAIT, seen).is_none() {
+            let now = self.handle.status().agent_failures;
+            panic!("failures {want:?} never shown; now {now:?}");
+        }
+    }
+
     fn stop(self) {
         self.handle.shutdown();
         let report = self.reactor.join().expect("reactor ran");
@@ -418,6 +430,8 @@ fn server_errors_are_retried_then_reported() {
     let gw = Gateway::start(cfg);
     let text = failure(&gw.ask("m1", &key("5xx"), "hi"));
     assert_eq!(text, "the model server is unavailable (HTTP 503)");
+    // Each of the four answers counted as a status failure (issue 33 row 5).
+    gw.failures_reach((0, 4, 0));
     let log = logged("5xx");
     assert!(
         log.contains("503 still overloaded") && log.contains("gave up after 3 retries"),
@@ -578,6 +592,7 @@ fn connection_refused_names_the_url_in_the_log_only() {
     let gw = Gateway::start(OpenAiConfig::new(&base, "m"));
     let t = failure(&gw.ask("m1", &key("refused"), "hi"));
     assert_eq!(t, "the model server could not be reached");
+    gw.failures_reach((1, 0, 0));
     assert!(
         logged("refused").contains(&format!(
             "cannot connect to {base}/chat/completions: connection refused"
@@ -949,6 +964,7 @@ fn a_silent_server_fails_the_turn_after_the_read_timeout() {
     let gw = Gateway::start(cfg);
     let t = failure(&gw.ask("m1", &key("silent"), "hi"));
     assert_eq!(t, "the model server stalled (no reply content for 0.3 s)");
+    gw.failures_reach((0, 0, 1));
     let url = format!("{}/chat/completions", mock.base_url());
     assert!(
         logged("silent").contains(&format!(

@@ -28,7 +28,27 @@ const PROBE: &str = r#"#!/usr/bin/env python3
 import os, signal, sys
 platform = sys.argv[4]
 mode = open(os.path.join(os.path.dirname(__file__), "mode")).read().split()
-if mode[0] == "names":
+if mode[0] == "link":
+    # Says hello, reports its platform connection down, logs an ERROR holding its secret;
+    # each write to the FIFO `go` moves it on: link up, then exit 3.
+    import json, socket
+    host, port = sys.argv[sys.argv.index("--gateway") + 1].rsplit(":", 1)
+    conn = socket.create_connection((host, int(port)))
+    f = conn.makefile("rw")
+    def send(o):
+        f.write(json.dumps(o) + "\n"); f.flush()
+    send({"op": "hello", "platform": platform, "token": os.environ["TURNSTILE_AUTH_TOKEN"]})
+    send({"op": "ping"})
+    f.readline()
+    send({"op": "link", "state": "down", "detail": "homeserver unreachable: connection refused"})
+    sys.stderr.write("[2026-01-01T00:00:00Z ERROR turnstile] sync failed for %s\n" % os.environ["MATRIX_ACCESS_TOKEN"])
+    sys.stderr.flush()
+    go = os.path.join(os.path.dirname(__file__), "go")
+    open(go).read()
+    send({"op": "link", "state": "up"})
+    open(go).read()
+    sys.exit(3)
+elif mode[0] == "names":
     for name in sorted(os.environ):
         sys.stderr.write("probe %s: %s\n" % (platform, name))
     sys.stderr.write("probe %s: done\n" % platform)
@@ -50,6 +70,18 @@ impl Drop for Proc {
 
 /// `serve` with `config`, the probe as its bridges' program; its stderr, line by line.
 fn serve(dir: &Path, config: &str, mode: &str, env: &[(&str, &str)]) -> (Proc, Receiver<String>) {
+    let (proc, log, _) = serve_with(dir, config, mode, env, false);
+    (proc, log)
+}
+
+/// [`serve`], with the HTTP endpoint on a free port when `http` (its address returned).
+fn serve_with(
+    dir: &Path,
+    config: &str,
+    mode: &str,
+    env: &[(&str, &str)],
+    http: bool,
+) -> (Proc, Receiver<String>, Option<String>) {
     let probe = dir.join("probe.py");
     std::fs::write(&probe, PROBE).expect("probe");
     std::fs::set_permissions(&probe, std::fs::Permissions::from_mode(0o755)).expect("chmod");
@@ -58,7 +90,8 @@ fn serve(dir: &Path, config: &str, mode: &str, env: &[(&str, &str)]) -> (Proc, R
     std::fs::write(&path, config).expect("config");
     let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
     command
-        .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "off"])
+        .args(["serve", "--listen", "127.0.0.1:0", "--http-listen"])
+        .arg(if http { "127.0.0.1:0" } else { "off" })
         .args(["--access-default", "open"])
         .arg("--config")
         .arg(&path)
@@ -67,7 +100,7 @@ fn serve(dir: &Path, config: &str, mode: &str, env: &[(&str, &str)]) -> (Proc, R
         .env("TURNSTILE_AUTH_TOKEN", GATEWAY_TOKEN)
         .envs(env.iter().copied())
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(if http { Stdio::piped() } else { Stdio::null() })
         .stderr(Stdio::piped());
     // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
     unsafe {
@@ -79,6 +112,15 @@ fn serve(dir: &Path, config: &str, mode: &str, env: &[(&str, &str)]) -> (Proc, R
         });
     }
     let mut child = command.spawn().expect("start serve");
+    let http_addr = child.stdout.take().map(|out| {
+        let mut lines = BufReader::new(out).lines();
+        let mut addr = None;
+        for line in lines.by_ref().take(2) {
+            let line = line.expect("a stdout line");
+            addr = addr.or(line.strip_prefix("http on ").map(str::to_owned));
+        }
+        addr.expect("an `http on` line")
+    });
     let stderr = child.stderr.take().expect("stderr");
     let (tx, rx) = crossbeam_channel::unbounded();
     std::thread::spawn(move || {
@@ -89,7 +131,7 @@ fn serve(dir: &Path, config: &str, mode: &str, env: &[(&str, &str)]) -> (Proc, R
             }
         }
     });
-    (Proc(child), rx)
+    (Proc(child), rx, http_addr)
 }
 
 fn line(log: &Receiver<String>) -> String {
@@ -315,4 +357,130 @@ fn check_config_checks_what_each_bridge_will_need() {
     // Nothing was created by the check.
     assert!(!dir.path().join("telegram/new").exists());
     assert!(!dir.path().join("matrix").exists());
+}
+
+/// `GET path` from the HTTP endpoint at `addr` (with the gateway's token): the body.
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut sock = std::net::TcpStream::connect(addr).expect("connect");
+    sock.set_read_timeout(Some(WAIT)).expect("timeout");
+    write!(
+        sock,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {GATEWAY_TOKEN}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request");
+    let mut raw = String::new();
+    sock.read_to_string(&mut raw).expect("answer");
+    raw.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned()
+}
+
+/// Polls `/status` (bounded) until the first supervised bridge's entry satisfies `pred`.
+fn wait_bridge(
+    http: &str,
+    what: &str,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let status: serde_json::Value =
+            serde_json::from_str(&http_get(http, "/status")).expect("status json");
+        let entry = &status["frontend"]["bridges"][0];
+        if pred(entry) {
+            return entry.clone();
+        }
+        assert!(Instant::now() < deadline, "{what}: {entry}");
+        std::thread::park_timeout(Duration::from_millis(50));
+    }
+}
+
+/// Lets the probe go on (it waits on the FIFO `go`), bounded.
+fn go(dir: &Path) {
+    let fifo = dir.join("go");
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    std::thread::spawn(move || {
+        let r = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&fifo)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, b"go"));
+        let _ = tx.send(r);
+    });
+    rx.recv_timeout(WAIT)
+        .expect("the probe opened the FIFO")
+        .expect("write");
+}
+
+/// Issue 33 row 5: a supervised bridge in `/status`, `/metrics` and `turnstile status`:
+/// `reconnecting` with the reason it reported over the protocol (`link` down) and its last
+/// ERROR line with its secret redacted, `ready` once it reports the link up, and after its
+/// exit a restart counted with how it exited.
+#[test]
+fn a_supervised_bridge_is_seen_in_the_status_and_the_metrics() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let made = Command::new("mkfifo")
+        .arg(dir.path().join("go"))
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    let config =
+        "[[bridge]]\nplatform = \"matrix\"\nargs = [\"--homeserver\", \"http://127.0.0.1:1\"]\n";
+    let env = [("MATRIX_ACCESS_TOKEN", MATRIX_SECRET)];
+    let (_serve, _log, http) = serve_with(dir.path(), config, "link", &env, true);
+    let http = http.expect("http");
+    let down = wait_bridge(&http, "reconnecting with its last error", |b| {
+        b["state"] == "reconnecting" && b["last_error"].is_string()
+    });
+    assert_eq!(down["platform"], "matrix");
+    assert_eq!(down["reason"], "homeserver unreachable: connection refused");
+    assert_eq!(down["restarts"], 0);
+    let last_error = down["last_error"].as_str().expect("last_error");
+    assert!(
+        last_error.contains("sync failed for <redacted>"),
+        "{last_error}"
+    );
+    assert!(!last_error.contains(MATRIX_SECRET), "{last_error}");
+    let metrics = http_get(&http, "/metrics");
+    assert!(
+        metrics.contains("turnstile_bridge_up{platform=\"matrix\",table=\"1\"} 0"),
+        "{metrics}"
+    );
+    assert!(metrics.contains(
+        "turnstile_bridge_state{platform=\"matrix\",table=\"1\",state=\"reconnecting\"} 1"
+    ));
+    // Every supervised series the dashboard and the alerts name is in the scrape.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib");
+    for file in ["alerts.yml", "grafana-dashboard.json"] {
+        let text = std::fs::read_to_string(root.join(file)).expect("contrib file");
+        for name in ["turnstile_bridge_up", "turnstile_bridge_restarts_total"] {
+            assert!(text.contains(name), "{file} does not name {name}");
+            assert!(
+                metrics.contains(&format!("\n{name}{{")),
+                "{name} not scraped"
+            );
+        }
+    }
+    let summary = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(["status", "--http", &http, "--token", GATEWAY_TOKEN])
+        .output()
+        .expect("turnstile status");
+    let text = String::from_utf8_lossy(&summary.stdout);
+    assert!(
+        text.contains("bridge #1 (matrix): reconnecting since ")
+            && text.contains("(homeserver unreachable: connection refused); 0 restarts"),
+        "{text}"
+    );
+    assert!(!text.contains(MATRIX_SECRET));
+    go(dir.path());
+    let up = wait_bridge(&http, "ready", |b| b["state"] == "ready");
+    assert!(up["reason"].is_null(), "{up}");
+    assert!(
+        http_get(&http, "/metrics")
+            .contains("turnstile_bridge_up{platform=\"matrix\",table=\"1\"} 1")
+    );
+    go(dir.path());
+    let restarted = wait_bridge(&http, "restarted", |b| b["restarts"] == 1);
+    assert_eq!(restarted["last_exit"], "exit status: 3");
+    assert!(
+        http_get(&http, "/metrics")
+            .contains("turnstile_bridge_restarts_total{platform=\"matrix\",table=\"1\"} 1")
+    );
 }

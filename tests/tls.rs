@@ -269,10 +269,15 @@ fn exchange(tls: &mut Tls, lines: &[Value], pred: impl Fn(&Value) -> bool) -> Va
 
 /// `GET path` over TLS; the status code and body.
 fn https_get(addr: &str, ca: &str, path: &str) -> (u16, String) {
+    https_get_with(addr, ca, path, "")
+}
+
+/// [`https_get`] with `headers` (each ending in CRLF) added to the request.
+fn https_get_with(addr: &str, ca: &str, path: &str, headers: &str) -> (u16, String) {
     let mut tls = connect_tls(addr, ca).expect("handshake");
     write!(
         tls,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\n{headers}Connection: close\r\n\r\n"
     )
     .expect("request");
     tls.flush().expect("flush");
@@ -987,4 +992,123 @@ fn silent_connections_without_a_token_are_closed_at_the_handshake_deadline() {
     );
     gw.log_until(&["did not finish their TLS handshake within 1s"]);
     drop(silent);
+}
+
+/// A plain TCP connection to `addr` from the local address `from` (any of 127.0.0.0/8).
+fn connect_from(from: [u8; 4], addr: &str) -> std::io::Result<TcpStream> {
+    use socket2::{Domain, Socket, Type};
+    let to: std::net::SocketAddr = addr.parse().expect("an address");
+    let sock = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+    sock.bind(&std::net::SocketAddr::from((from, 0)).into())?;
+    sock.connect(&to.into())?;
+    Ok(sock.into())
+}
+
+/// Issue 33 row 1: sixteen addresses in sixteen /24s each hold as many connections waiting
+/// for their hello as their prefix may (32: 512 in all, over the global 256) and re-open
+/// every one that is closed, as fast as they notice. The bound: a bridge from another
+/// address gets in on its first connection, every one of 8 times (each within `WAIT`),
+/// because at the cap the oldest waiting connection of the largest prefix is closed for the
+/// newcomer; the lines about refusals and evictions stay within their budget (10 at once,
+/// then 1 a second), each later one telling how many were suppressed.
+#[test]
+fn a_spread_out_flood_of_silent_connections_cannot_lock_a_bridge_out() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let dir = temp_dir("spread-flood");
+    make_pair(&dir, "a");
+    let ca = path(&dir, "a-ca.pem");
+    let gw = Gw::start_with(
+        &path(&dir, "a-cert.pem"),
+        &path(&dir, "a-key.pem"),
+        // A hello deadline longer than the test: only eviction frees a slot.
+        &["--auth-token", "t", "--hello-timeout", "120"],
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let opened = Arc::new(AtomicU64::new(0));
+    let attackers: Vec<_> = (1..=16u8)
+        .map(|i| {
+            let (stop, opened, addr) = (stop.clone(), opened.clone(), gw.addr.clone());
+            std::thread::spawn(move || {
+                let mut held: Vec<TcpStream> = Vec::new();
+                let mut buf = [0u8; 64];
+                while !stop.load(Ordering::Relaxed) {
+                    // Drop what the gateway closed, then re-open up to the prefix's cap.
+                    held.retain_mut(|s| {
+                        matches!(s.read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+                    });
+                    while held.len() < 32 {
+                        let Ok(s) = connect_from([127, i, 0, 1], &addr) else {
+                            break;
+                        };
+                        s.set_nonblocking(true).expect("nonblocking");
+                        held.push(s);
+                        opened.fetch_add(1, Ordering::Relaxed);
+                    }
+                    // Pacing only (a scan of 32 sockets), not ordering: the flood goes on.
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            })
+        })
+        .collect();
+    // The flood fills the cap before the first bridge tries.
+    let started = std::time::Instant::now();
+    loop {
+        let (_, body) = https_get_with(&gw.http, &ca, "/status", "Authorization: Bearer t\r\n");
+        let status: Value = serde_json::from_str(&body).expect("status json");
+        if status["frontend"]["unauthenticated"] == 256 {
+            break;
+        }
+        assert!(
+            started.elapsed() < WAIT,
+            "the flood never filled the cap: {status}"
+        );
+    }
+    let flood_start = opened.load(Ordering::Relaxed);
+    let mut slowest = Duration::ZERO;
+    for attempt in 0..8 {
+        let t = std::time::Instant::now();
+        let mut sock = connect_from([127, 250, 0, 1], &gw.addr).expect("connect");
+        sock.set_read_timeout(Some(WAIT)).expect("timeout");
+        let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
+        let mut conn = rustls::ClientConnection::new(client_config(&ca), name).expect("client");
+        while conn.is_handshaking() {
+            if let Err(e) = conn.complete_io(&mut sock) {
+                panic!("attempt {attempt}: the bridge's handshake failed: {e}");
+            }
+        }
+        let mut tls = rustls::StreamOwned::new(conn, sock);
+        let hello = json!({"op": "hello", "platform": "cli", "token": "t"});
+        let pong = exchange(&mut tls, &[hello, json!({"op": "ping"})], |v| {
+            v["op"] == "pong" || v["op"] == "error"
+        });
+        assert_eq!(pong["op"], "pong", "attempt {attempt}: {pong}");
+        slowest = slowest.max(t.elapsed());
+    }
+    let elapsed = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    for a in attackers {
+        a.join().expect("attacker");
+    }
+    let reopened = opened.load(Ordering::Relaxed) - flood_start;
+    eprintln!("8 of 8 bridges in, slowest {slowest:?}; the flood re-opened {reopened} connections");
+    assert!(reopened > 8, "the flood was not re-opening ({reopened})");
+    let lines: Vec<String> = gw.log.try_iter().collect();
+    let about = |l: &&String| l.contains("refused connection") || l.contains("(no hello yet)");
+    let refusals: Vec<&String> = lines.iter().filter(about).collect();
+    let budget = 10 + elapsed.as_secs() as usize + 2;
+    assert!(
+        refusals.len() <= budget,
+        "{} refusal lines in {elapsed:?} (budget {budget}); first: {:#?}",
+        refusals.len(),
+        refusals.iter().take(5).collect::<Vec<_>>()
+    );
+    assert!(
+        refusals.iter().any(|l| l.contains("more suppressed)")),
+        "no line told of suppressed ones: {refusals:#?}"
+    );
+    assert!(
+        lines.len() <= budget + 50,
+        "{} log lines in all",
+        lines.len()
+    );
 }

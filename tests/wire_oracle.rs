@@ -69,6 +69,25 @@ fn parse_line(line: &[u8]) -> Result<ClientOp, LineError> {
             Ok(ClientOp::Delivered { ids })
         }
         "message" => parse_message(&obj),
+        "link" => {
+            let up = match obj.get("state") {
+                Some(Value::String(s)) if s == "up" => true,
+                Some(Value::String(s)) if s == "down" => false,
+                _ => {
+                    return Err(LineError::Malformed(
+                        "link: state must be \"up\" or \"down\"".into(),
+                    ));
+                }
+            };
+            let detail = match obj.get("detail") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(d)) => Some(truncate(d, 512).to_owned()),
+                Some(_) => {
+                    return Err(LineError::Malformed("link: detail must be a string".into()));
+                }
+            };
+            Ok(ClientOp::Link { up, detail })
+        }
         other => Err(LineError::Malformed(format!(
             "unknown op: {}",
             truncate(other, 64)

@@ -218,6 +218,12 @@ fn runtime_lines(out: &mut String, s: &Status, now_unix: f64) {
         s.messages.accepted,
         rejected(s),
     ));
+    if let Some(f) = &s.agent_failures {
+        out.push_str(&format!(
+            "model requests failed: {} connect, {} status, {} stall\n",
+            f.connect, f.status, f.stall
+        ));
+    }
     let c = &s.cleanups;
     out.push_str(&format!(
         "cleanups: {} done, {} timed out, {} failed, {} queued, {} pending\n",
@@ -257,6 +263,9 @@ fn frontend_lines(out: &mut String, f: &FrontendStatus) {
         f.http.as_ref().map_or(0, |h| h.connections),
         if b.tls { "on" } else { "off" },
     ));
+    for sb in &f.bridges {
+        out.push_str(&supervised_line(sb));
+    }
     let Some(bridge) = &f.bridge else {
         return;
     };
@@ -288,6 +297,31 @@ fn frontend_lines(out: &mut String, f: &FrontendStatus) {
     if let Some(c) = &bridge.cluster {
         out.push_str(&cluster_line(c));
     }
+}
+
+/// A supervised bridge's line: `bridge #1 (matrix): reconnecting since … (why); 2 restarts,
+/// last exit …; last error: …`.
+fn supervised_line(b: &crate::liveness::SupervisedBridge) -> String {
+    let state = serde_json::to_value(b.state)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    let mut line = format!(
+        "bridge #{} ({}): {state} since {}",
+        b.index, b.platform, b.since
+    );
+    if let Some(r) = &b.reason {
+        line.push_str(&format!(" ({r})"));
+    }
+    line.push_str(&format!("; {} restarts", b.restarts));
+    if let Some(e) = &b.last_exit {
+        line.push_str(&format!(", last exit {e}"));
+    }
+    if let Some(e) = &b.last_error {
+        line.push_str(&format!("; last error: {e}"));
+    }
+    line.push('\n');
+    line
 }
 
 /// ` (a b c)`, or nothing for an empty list.

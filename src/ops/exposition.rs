@@ -141,39 +141,6 @@ impl Exposition {
         let _ = writeln!(self.out, " {}", number(value));
     }
 
-    /// A counter without labels (`name` ends `_total`).
-    /// An info metric: one gauge sample of 1 whose labels carry the information.
-    pub(crate) fn info(&mut self, name: &str, help: &str, labels: &[(&str, &str)]) {
-        self.family(name, "gauge", help);
-        self.sample(name, labels, 1.0);
-    }
-
-    pub(crate) fn counter(&mut self, name: &str, help: &str, value: f64) {
-        self.counters(name, help, &[(&[][..], value)]);
-    }
-
-    /// A counter family with labelled samples.
-    pub(crate) fn counters(&mut self, name: &str, help: &str, samples: &[(&[(&str, &str)], f64)]) {
-        debug_assert!(name.ends_with("_total"), "counter {name} must end _total");
-        self.family(name, "counter", help);
-        for (labels, v) in samples {
-            self.sample(name, labels, *v);
-        }
-    }
-
-    /// A gauge without labels.
-    pub(crate) fn gauge(&mut self, name: &str, help: &str, value: f64) {
-        self.gauges(name, help, &[(&[][..], value)]);
-    }
-
-    /// A gauge family with labelled samples.
-    pub(crate) fn gauges(&mut self, name: &str, help: &str, samples: &[(&[(&str, &str)], f64)]) {
-        self.family(name, "gauge", help);
-        for (labels, v) in samples {
-            self.sample(name, labels, *v);
-        }
-    }
-
     /// A histogram family (`_bucket`, `_sum`, `_count`).
     pub(crate) fn histogram(&mut self, name: &str, help: &str, h: &PromHistogram) {
         self.family(name, "histogram", help);

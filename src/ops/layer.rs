@@ -43,6 +43,9 @@ pub(crate) struct Reload {
     pub tls: Option<crate::tls::ServerTls>,
 }
 
+/// Adds figures to the frontend's status each tick (e.g. serve's supervised bridges).
+pub(crate) type StatusAddon = Box<dyn Fn(&mut FrontendStatus) + Send>;
+
 /// Reads the configuration again (on a helper thread).
 pub(crate) type ReloadLoader = Arc<dyn Fn() -> Result<Reload, String> + Send + Sync>;
 
@@ -66,6 +69,7 @@ pub(crate) struct Ops<F> {
     stopping_sent: bool,
     next_status_line: Duration,
     checks: Vec<(String, ReadinessCheck)>,
+    addon: Option<StatusAddon>,
     reloader: Option<(ReloadLoader, ReloadApplier<F>)>,
     /// A reload being read on its helper thread.
     reloading: Option<Receiver<Result<Reload, String>>>,
@@ -170,6 +174,7 @@ impl<F: Frontend> Ops<F> {
             stopping_sent: false,
             next_status_line: Duration::ZERO,
             checks: Vec::new(),
+            addon: None,
             reloader: None,
             reloading: None,
             #[cfg(feature = "test-hooks")]
@@ -187,6 +192,12 @@ impl<F: Frontend> Ops<F> {
     pub(crate) fn with_notify(mut self, notify: SdNotify) -> Ops<F> {
         self.pacer = notify.watchdog().map(WatchdogPacer::new);
         self.notify = Some(notify);
+        self
+    }
+
+    /// Adds figures to every status the frontend reports.
+    pub(crate) fn with_status_addon(mut self, addon: StatusAddon) -> Ops<F> {
+        self.addon = Some(addon);
         self
     }
 
@@ -401,14 +412,14 @@ impl<F: Frontend> Frontend for Ops<F> {
     }
 
     fn status(&self) -> Option<FrontendStatus> {
-        let inner = self.inner.status();
-        let Some(h) = &self.endpoint else {
-            return inner;
-        };
-        Some(FrontendStatus {
-            http: Some(h.status()),
-            ..inner.unwrap_or_default()
-        })
+        let mut status = self.inner.status();
+        if let Some(h) = &self.endpoint {
+            status.get_or_insert_default().http = Some(h.status());
+        }
+        if let Some(addon) = &self.addon {
+            addon(status.get_or_insert_default());
+        }
+        status
     }
 }
 

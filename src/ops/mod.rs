@@ -25,7 +25,7 @@ pub(crate) use layer::{Ops, Reload, ReloadApplier, ReloadLoader, journal_ready};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, RwLock};
 
-use crate::agent::{Agent, AgentFactory, AgentUsage, ModelUsage};
+use crate::agent::{Agent, AgentFactory, AgentFailures, AgentUsage, ModelUsage};
 use crate::message::SessionKey;
 
 /// Factories replaced but still counted: their agents may live on and keep consuming.
@@ -50,6 +50,8 @@ pub struct SwappableFactory {
 struct Retired {
     recent: VecDeque<Arc<dyn AgentFactory>>,
     folded: BTreeMap<String, AgentUsage>,
+    /// The failures of the factories folded away (`None`: none of them counted any).
+    folded_failures: Option<AgentFailures>,
 }
 
 impl SwappableFactory {
@@ -73,6 +75,9 @@ impl SwappableFactory {
             if let Some(oldest) = r.recent.pop_front() {
                 for m in oldest.usage_by_model() {
                     r.fold(m);
+                }
+                if let Some(f) = oldest.failures() {
+                    *r.folded_failures.get_or_insert_default() += f;
                 }
             }
         }
@@ -112,6 +117,20 @@ impl AgentFactory for Arc<SwappableFactory> {
             total += m.usage;
         }
         Some(total)
+    }
+
+    /// The current factory's, the recent ones' and the folded ones' together: a counter
+    /// stays monotonic across reloads.
+    fn failures(&self) -> Option<AgentFailures> {
+        let current = self.get();
+        let r = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        let live = std::iter::once(&current).chain(r.recent.iter());
+        live.filter_map(|f| f.failures())
+            .chain(r.folded_failures)
+            .reduce(|mut a, b| {
+                a += b;
+                a
+            })
     }
 
     fn usage_by_model(&self) -> Vec<ModelUsage> {

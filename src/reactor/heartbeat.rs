@@ -129,6 +129,7 @@ impl Heartbeat {
             rejected_by_reason: driver.rejected_by_reason().clone(),
             agent_usage: self.factory.usage(),
             agent_usage_by_model: self.factory.usage_by_model(),
+            agent_failures: self.factory.failures(),
             frontend,
             histograms: Arc::new(Histograms {
                 loop_lag: self.lag_buckets.clone(),

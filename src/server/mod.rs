@@ -332,9 +332,9 @@ impl BridgeServer {
     }
 
     fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr) {
-        let Some(registry) = self.registry.as_ref() else {
+        if self.registry.is_none() {
             return;
-        };
+        }
         let id = match self.bridge.connect(peer.ip(), self.now) {
             Ok(id) => id,
             Err(line) => {
@@ -345,6 +345,12 @@ impl BridgeServer {
                 }
                 return;
             }
+        };
+        // A waiting connection evicted for this one: its socket goes before this one's
+        // takes a slot (it may be the same).
+        self.run_actions(None);
+        let Some(registry) = self.registry.as_ref() else {
+            return;
         };
         let _ = stream.set_nodelay(true);
         if let Err(e) = registry.register(
@@ -373,7 +379,7 @@ impl BridgeServer {
             eof: false,
             opened: self.now,
         });
-        log::info!("connection opened conn={id} peer={peer}");
+        log::debug!("connection opened conn={id} peer={peer}");
     }
 
     /// Reads one budget from `id` and hands its lines to the bridge; true when the budget
@@ -487,7 +493,7 @@ impl BridgeServer {
         let Some(mut sock) = self.sockets.remove(id) else {
             return;
         };
-        log::info!("connection closed conn={id} peer={}", sock.peer);
+        log::debug!("connection closed conn={id} peer={}", sock.peer);
         if let Some(registry) = &self.registry {
             let _ = registry.deregister(sock.stream.tcp_mut());
         }

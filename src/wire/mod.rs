@@ -52,6 +52,23 @@ pub enum ClientOp {
     Message(MessageFields),
     /// Liveness probe.
     Ping,
+    /// The bridge's own connection to its platform: up, or down (and why); shown in the
+    /// status. Any bridge may send it after its hello, whenever the connection changes.
+    Link {
+        /// Connected to the platform.
+        #[serde(serialize_with = "link_state", rename = "state")]
+        up: bool,
+        /// Why (e.g. the error that took it down); its first [`LINK_DETAIL_MAX`] characters.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        detail: Option<String>,
+    },
+}
+
+/// Characters of a `link` op's `detail` kept (the rest is cut).
+pub(crate) const LINK_DETAIL_MAX: usize = 512;
+
+fn link_state<S: serde::Serializer>(up: &bool, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(if *up { "up" } else { "down" })
 }
 
 impl ClientOp {

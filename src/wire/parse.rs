@@ -70,6 +70,23 @@ pub fn parse_line(line: &[u8]) -> Result<ClientOp, LineError> {
             )),
         },
         "message" => parse_message(&mut obj),
+        "link" => {
+            let up = match &obj.state {
+                Field::Str(s) if s == "up" => true,
+                Field::Str(s) if s == "down" => false,
+                _ => {
+                    return Err(LineError::Malformed(
+                        "link: state must be \"up\" or \"down\"".into(),
+                    ));
+                }
+            };
+            let detail = match std::mem::take(&mut obj.detail) {
+                Field::Absent | Field::Null => None,
+                Field::Str(d) => Some(truncate(&d, super::LINK_DETAIL_MAX).to_owned()),
+                _ => return Err(LineError::Malformed("link: detail must be a string".into())),
+            };
+            Ok(ClientOp::Link { up, detail })
+        }
         other => Err(LineError::Malformed(format!(
             "unknown op: {}",
             truncate(other, 64)
@@ -172,6 +189,8 @@ pub(super) struct Fields<'a> {
     pub user_name: Field<'a>,
     pub thread_id: Field<'a>,
     pub text: Field<'a>,
+    pub state: Field<'a>,
+    pub detail: Field<'a>,
     /// `ids` if it is an array of strings; `None` if absent or anything else.
     pub ids: Option<Vec<Cow<'a, str>>>,
     /// `meta` as `Value` has it (rare; the agent gets it re-serialized, keys sorted).
@@ -215,6 +234,8 @@ impl<'de> Visitor<'de> for LineVisitor<'_, 'de> {
                 "user_name" => &mut fields.user_name,
                 "thread_id" => &mut fields.thread_id,
                 "text" => &mut fields.text,
+                "state" => &mut fields.state,
+                "detail" => &mut fields.detail,
                 "ids" => {
                     fields.ids = map.next_value_seed(Ids)?;
                     continue;

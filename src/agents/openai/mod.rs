@@ -44,7 +44,9 @@ use serde::Serialize;
 use ureq::unversioned::resolver::DefaultResolver;
 use ureq::unversioned::transport::{Connector, RustlsConnector};
 
-use crate::agent::{Agent, AgentFactory, AgentUsage, CancelToken, TurnError, TurnInput};
+use crate::agent::{
+    Agent, AgentFactory, AgentFailures, AgentUsage, CancelToken, TurnError, TurnInput,
+};
 use crate::message::SessionKey;
 use sse::{Event, SseError, SseReader};
 use transport::{CancellableConnector, is_cancel_error};
@@ -75,9 +77,20 @@ struct Shared {
     http: ureq::Agent,
     prompt_tokens: AtomicU64,
     completion_tokens: AtomicU64,
+    /// Failed requests: connect, status, stall ([`AgentFailures`]).
+    failures: [AtomicU64; 3],
 }
 
+/// The index of a failure's kind in [`Shared::failures`].
+const CONNECT: usize = 0;
+const STATUS: usize = 1;
+const STALL: usize = 2;
+
 impl Shared {
+    fn count_failure(&self, kind: usize) {
+        self.failures[kind].fetch_add(1, Ordering::Relaxed);
+    }
+
     /// `text` with the API key, the URL's secrets and key-like strings replaced, for
     /// anything that leaves the agent.
     fn scrub(&self, text: &str) -> String {
@@ -164,6 +177,7 @@ impl OpenAiFactory {
                 http,
                 prompt_tokens: AtomicU64::new(0),
                 completion_tokens: AtomicU64::new(0),
+                failures: Default::default(),
             }),
         })
     }
@@ -195,6 +209,13 @@ impl AgentFactory for OpenAiFactory {
             prompt_tokens: self.shared.prompt_tokens.load(Ordering::Relaxed),
             completion_tokens: self.shared.completion_tokens.load(Ordering::Relaxed),
         })
+    }
+
+    fn failures(&self) -> Option<AgentFailures> {
+        let read = |k: usize| self.shared.failures[k].load(Ordering::Relaxed);
+        let mut f = AgentFailures::default();
+        (f.connect, f.status, f.stall) = (read(CONNECT), read(STATUS), read(STALL));
+        Some(f)
     }
 
     fn usage_by_model(&self) -> Vec<crate::agent::ModelUsage> {
@@ -354,6 +375,7 @@ impl OpenAiAgent {
                 }
                 Err(e) => {
                     return Err(request_failed(
+                        shared,
                         &e,
                         url,
                         "the model server could not be reached",
@@ -364,6 +386,7 @@ impl OpenAiAgent {
             if (200..300).contains(&status) {
                 return self.stream(response, input, cancel);
             }
+            shared.count_failure(STATUS);
             let Refused {
                 retry_after,
                 message,
@@ -422,7 +445,7 @@ impl OpenAiAgent {
             if cancel.is_cancelled() {
                 return Err(Stop::Cancelled);
             }
-            let Some(data) = next_data(&mut events, cancel, url, text.len())? else {
+            let Some(data) = next_data(&self.shared, &mut events, cancel, url, text.len())? else {
                 break;
             };
             count += 1;
@@ -568,6 +591,7 @@ impl Agent for OpenAiAgent {
 /// The next event's data of the stream; `None` at its end. `received`: bytes of reply so
 /// far, for the error text.
 fn next_data<'a, R: BufRead>(
+    shared: &Shared,
     events: &'a mut SseReader<R>,
     cancel: &CancelToken,
     url: &str,
@@ -582,9 +606,12 @@ fn next_data<'a, R: BufRead>(
             if is_cancel_error(&e) {
                 return Err(Stop::Cancelled);
             }
-            let Stop::Failed { user, detail } =
-                request_failed(&e, url, "the model server stopped sending the reply")
-            else {
+            let Stop::Failed { user, detail } = request_failed(
+                shared,
+                &e,
+                url,
+                "the model server stopped sending the reply",
+            ) else {
                 return Err(Stop::Cancelled);
             };
             Err(failed(
@@ -618,13 +645,18 @@ fn drain_end(mut body: impl Read, cancel: &CancelToken, connect_timeout: Duratio
     drop(body);
 }
 
-/// A failed request: the chat's text (`generic`, or the stall or deadline that ended it),
-/// and the details for the log.
-fn request_failed(e: &ureq::Error, url: &str, generic: &str) -> Stop {
+/// A failed request (counted by its kind): the chat's text (`generic`, or the stall or
+/// deadline that ended it), and the details for the log.
+fn request_failed(shared: &Shared, e: &ureq::Error, url: &str, generic: &str) -> Stop {
     let inner = match e {
         ureq::Error::Io(io) => io.get_ref(),
         _ => None,
     };
+    let stalled = inner.is_some_and(|i| {
+        i.downcast_ref::<transport::Stall>().is_some()
+            || i.downcast_ref::<transport::StreamDeadline>().is_some()
+    });
+    shared.count_failure(if stalled { STALL } else { CONNECT });
     let user = if let Some(s) = inner.and_then(|i| i.downcast_ref::<transport::Stall>()) {
         format!(
             "the model server stalled (no reply content for {} s)",

@@ -263,10 +263,10 @@ pub(crate) struct ServeArgs {
     /// Seconds an accepted (platform, id) is remembered
     #[arg(long)]
     pub(super) dedup_window: Option<Seconds>,
-    /// Connections waiting for their hello (with a token), in all
+    /// Connections waiting for their hello (with a token), in all; at the cap the oldest waiting one is closed for the newcomer
     #[arg(long)]
     pub(super) max_unauthenticated: Option<usize>,
-    /// Connections waiting for their hello (with a token), per peer address
+    /// Connections waiting for their hello (with a token), per address prefix (IPv4 /24, IPv6 /64)
     #[arg(long)]
     pub(super) max_unauthenticated_per_peer: Option<usize>,
     /// Seconds a connection has to send its hello (with a token)

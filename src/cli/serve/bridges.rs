@@ -31,6 +31,8 @@ use clap::{Args, FromArgMatches};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
 use serde::Deserialize;
 
+pub(super) use super::board::Board;
+use super::board::is_error_line;
 use crate::cli::bridge::{BridgeArgs, BridgeNeeds};
 use crate::logfmt::{LogBudget, relay_lines, suppressed_note};
 
@@ -93,7 +95,7 @@ pub(crate) enum BridgePlatform {
 }
 
 impl BridgePlatform {
-    fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             BridgePlatform::Matrix => "matrix",
             BridgePlatform::Irc => "irc",
@@ -107,7 +109,7 @@ impl BridgePlatform {
 #[serde(deny_unknown_fields)]
 pub(crate) struct BridgeSpec {
     /// Which bridge.
-    platform: BridgePlatform,
+    pub(super) platform: BridgePlatform,
     /// Its flags, as `turnstile bridge <platform> --help` lists them (without `--gateway`,
     /// which serve fills in).
     #[serde(default)]
@@ -234,12 +236,13 @@ pub(super) struct Bridges {
 }
 
 impl Bridges {
-    /// Starts one supervisor thread per table.
+    /// Starts one supervisor thread per table, each telling `board` of its process.
     pub(super) fn start(
         specs: &[BridgeSpec],
         gateway: SocketAddr,
         token: Option<&str>,
         log_json: bool,
+        board: &Board,
     ) -> Bridges {
         let (stop, stopped) = bounded::<()>(0);
         let gateway = reachable(gateway);
@@ -249,6 +252,11 @@ impl Bridges {
             .filter_map(|(i, spec)| {
                 // Checked at start-up: it parses.
                 let needs = parse(spec).map(|a| a.needs()).ok()?;
+                // Its secrets are redacted from its lines the status keeps.
+                for (var, _) in &needs.required {
+                    crate::platforms::secrets::register(&std::env::var(var).unwrap_or_default());
+                }
+                crate::platforms::secrets::register(token.unwrap_or_default());
                 let launch = Launch {
                     index: i + 1,
                     spec: spec.clone(),
@@ -256,6 +264,7 @@ impl Bridges {
                     gateway,
                     token: token.map(str::to_owned),
                     log_json,
+                    board: board.clone(),
                 };
                 let stopped = stopped.clone();
                 std::thread::Builder::new()
@@ -308,6 +317,7 @@ struct Launch {
     gateway: SocketAddr,
     token: Option<String>,
     log_json: bool,
+    board: Board,
 }
 
 impl Launch {
@@ -348,13 +358,15 @@ impl Launch {
 /// Runs one bridge until `stopped` closes: start, wait, restart after a backoff.
 fn supervise(launch: &Launch, stopped: &Receiver<()>) {
     let mut backoff = FIRST_BACKOFF;
+    let mut again = false;
     loop {
         let started = Instant::now();
         match launch.spawn() {
             Ok(mut child) => {
                 log::info!("bridge {}: started (pid {})", launch.name(), child.id());
+                launch.board.started(launch.index, again);
                 if let Some(stderr) = child.stderr.take() {
-                    relay_stderr(launch.name(), stderr);
+                    relay_stderr(launch.name(), stderr, launch.board.clone(), launch.index);
                 }
                 match wait_or_stop(&mut child, stopped) {
                     Waited::Stopped => {
@@ -362,6 +374,7 @@ fn supervise(launch: &Launch, stopped: &Receiver<()>) {
                         return;
                     }
                     Waited::Exited(status) => {
+                        launch.board.exited(launch.index, status.to_string());
                         if started.elapsed() >= STABLE_RUN {
                             backoff = FIRST_BACKOFF;
                         }
@@ -372,11 +385,17 @@ fn supervise(launch: &Launch, stopped: &Receiver<()>) {
                     }
                 }
             }
-            Err(e) => log::error!(
-                "bridge {}: cannot start: {e}; retrying in {backoff:?}",
-                launch.name()
-            ),
+            Err(e) => {
+                launch
+                    .board
+                    .exited(launch.index, format!("cannot start: {e}"));
+                log::error!(
+                    "bridge {}: cannot start: {e}; retrying in {backoff:?}",
+                    launch.name()
+                );
+            }
         }
+        again = true;
         match stopped.recv_timeout(backoff) {
             Err(RecvTimeoutError::Timeout) => {}
             _ => return,
@@ -397,22 +416,23 @@ fn program() -> std::io::Result<std::path::PathBuf> {
 
 /// Copies a child's stderr into serve's, line by line through a budget, on a thread of its
 /// own (until the child's end closes the pipe).
-fn relay_stderr(name: String, stderr: ChildStderr) {
+fn relay_stderr(name: String, stderr: ChildStderr, board: Board, index: usize) {
     let thread = format!(
         "turnstile-bridge-{}-stderr",
         name.split(' ').next().unwrap_or("")
     );
     let spawned = std::thread::Builder::new()
         .name(thread)
-        .spawn(move || copy_stderr(&name, stderr));
+        .spawn(move || copy_stderr(&name, stderr, &board, index));
     if let Err(e) = spawned {
         log::error!("cannot start a bridge stderr reader thread: {e}; its stderr is discarded");
     }
 }
 
 /// One child's stderr on its way into serve's: whole lines (its own log lines, already
-/// formatted), cut at [`STDERR_LINE_MAX`], at most what the budget allows.
-fn copy_stderr(name: &str, stderr: ChildStderr) {
+/// formatted), cut at [`STDERR_LINE_MAX`], at most what the budget allows; an ERROR line
+/// copied is also its last error on the board.
+fn copy_stderr(name: &str, stderr: ChildStderr, board: &Board, index: usize) {
     let tell = |dropped: u64| {
         if dropped > 0 {
             log::warn!(
@@ -424,6 +444,9 @@ fn copy_stderr(name: &str, stderr: ChildStderr) {
     let budget = LogBudget::new(STDERR_BURST, STDERR_PER_SEC);
     let dropped = relay_lines(stderr, STDERR_LINE_MAX, budget, |line, cut, dropped| {
         tell(dropped);
+        if is_error_line(line) {
+            board.error_line(index, &String::from_utf8_lossy(line));
+        }
         let mut out = line.to_vec();
         if cut {
             out.extend_from_slice(" …".as_bytes());

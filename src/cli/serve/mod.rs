@@ -4,6 +4,7 @@
 //! operations endpoint, serve until stopped.
 
 mod args;
+mod board;
 mod bridges;
 mod exit;
 mod lock;
@@ -78,6 +79,7 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
         Some((lock, store)) => (Some(lock), Some(store)),
         None => (None, None),
     };
+    let board = bridges::Board::new(s.bridges.iter().map(|b| b.platform.name()));
     let started = build_runtime(&s, factory).and_then(|(runtime, handle, swap)| {
         let server = bind_bridge(&s, store)?;
         let forced = server.forced_stops();
@@ -85,7 +87,11 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
         let addr = server
             .local_addr()
             .map_err(|e| exit::io_error(&e, format!("--listen: {e}")))?;
-        let (ops, http_addr) = host_ops(server, &s, flags, handle, swap)?;
+        let (mut ops, http_addr) = host_ops(server, &s, flags, handle, swap)?;
+        if !s.bridges.is_empty() {
+            let board = board.clone();
+            ops = ops.with_status_addon(Box::new(move |f| board.fill(f)));
+        }
         Ok((runtime, ops, (forced, unfinished), addr, http_addr))
     });
     let (runtime, ops, (forced, unfinished), addr, http_addr) = match started {
@@ -115,7 +121,8 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
         );
     }
     let bridges = (!s.bridges.is_empty()).then(|| {
-        bridges::Bridges::start(&s.bridges, addr, s.bridge.auth_token.as_deref(), log_json)
+        let token = s.bridge.auth_token.as_deref();
+        bridges::Bridges::start(&s.bridges, addr, token, log_json, &board)
     });
     let mut code = serve_until_stopped(runtime, ops, &forced);
     if code == 0 && unfinished.load(std::sync::atomic::Ordering::SeqCst) {

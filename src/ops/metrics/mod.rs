@@ -18,6 +18,7 @@ use crate::liveness::{
     CleanupCounts, HttpStatus, MessageCounts, RuntimeState, SessionCounts, Status, ThreadStates,
     WorkerCounts,
 };
+use crate::liveness::{SupervisedBridge, SupervisedState};
 
 use Kind::{Counter, Gauge, Histogram};
 use Reading::Value;
@@ -36,6 +37,7 @@ pub(crate) fn render(s: &Status) -> String {
     e.expose(WORKERS, &s.workers);
     e.expose(DELIVERIES, &s.messages);
     e.expose(LLM_TOKENS, &s.agent_usage_by_model[..]);
+    e.expose(AGENT_FAILURES, s);
     if let Some(f) = &s.frontend {
         if let Some(b) = &f.bridge {
             e.expose(BRIDGE, b);
@@ -44,11 +46,14 @@ pub(crate) fn render(s: &Status) -> String {
                 e.expose(JOURNAL, j);
             }
             if let Some(c) = &b.cluster {
-                super::cluster_metrics::render_cluster(&mut e, c);
+                e.expose(super::cluster_metrics::CLUSTER, c);
             }
         }
         if let Some(h) = &f.http {
             e.expose(HTTP, h);
+        }
+        if !f.bridges.is_empty() {
+            e.expose(SUPERVISED, &f.bridges[..]);
         }
     }
     e.finish()
@@ -418,6 +423,25 @@ const LLM_TOKENS: &[Metric<[ModelUsage]>] = &[Metric {
     },
 }];
 
+/// The agents' failed model requests by kind, when the factory counts them (openai).
+const AGENT_FAILURES: &[Metric<Status>] = &[Metric {
+    name: "turnstile_agent_failures_total",
+    help: "The agents' failed model requests by kind: connect (no answer: refused, reset, timed out, DNS, TLS), status (an answer other than 2xx, each retry counted), stall (the reply stopped, or passed its deadline).",
+    kind: Counter,
+    read: |s| {
+        s.agent_failures.map_or(Reading::Absent, |f| {
+            by(
+                "kind",
+                [
+                    ("connect", n(f.connect)),
+                    ("status", n(f.status)),
+                    ("stall", n(f.stall)),
+                ],
+            )
+        })
+    },
+}];
+
 /// The bridge server's connections, platforms and errors.
 const BRIDGE: &[Metric<BridgeStatus>] = &[
     Metric {
@@ -641,3 +665,67 @@ const HTTP: &[Metric<HttpStatus>] = &[
 
 #[cfg(test)]
 mod tests;
+
+/// A table's number as a label value (serve runs at most 16 tables).
+fn table_label(index: usize) -> &'static str {
+    const TABLES: [&str; 17] = [
+        "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
+    ];
+    TABLES.get(index).copied().unwrap_or("many")
+}
+
+/// The bridges `serve` supervises (`[[bridge]]` tables), by platform and table number.
+const SUPERVISED: &[Metric<[SupervisedBridge]>] = &[
+    Metric {
+        name: "turnstile_bridge_up",
+        help: "1 while a supervised bridge is ready (connected to the gateway and, as it reports, to its platform), else 0.",
+        kind: Gauge,
+        read: |bridges| {
+            labelled(bridges.iter().map(|b| {
+                let labels = [
+                    ("platform", b.platform.as_str()),
+                    ("table", table_label(b.index)),
+                ];
+                (labels, flag(b.state == SupervisedState::Ready))
+            }))
+        },
+    },
+    Metric {
+        name: "turnstile_bridge_restarts_total",
+        help: "Times a supervised bridge's process was started again after it exited.",
+        kind: Counter,
+        read: |bridges| {
+            labelled(bridges.iter().map(|b| {
+                let labels = [
+                    ("platform", b.platform.as_str()),
+                    ("table", table_label(b.index)),
+                ];
+                (labels, n(b.restarts))
+            }))
+        },
+    },
+    Metric {
+        name: "turnstile_bridge_state",
+        help: "A supervised bridge's state: 1 on the state it is in (starting, ready, reconnecting, backoff).",
+        kind: Gauge,
+        read: |bridges| {
+            use SupervisedState::{Backoff, Ready, Reconnecting, Starting};
+            labelled(bridges.iter().flat_map(|b| {
+                [
+                    (Starting, "starting"),
+                    (Ready, "ready"),
+                    (Reconnecting, "reconnecting"),
+                    (Backoff, "backoff"),
+                ]
+                .map(|(state, name)| {
+                    let labels = [
+                        ("platform", b.platform.as_str()),
+                        ("table", table_label(b.index)),
+                        ("state", name),
+                    ];
+                    (labels, flag(b.state == state))
+                })
+            }))
+        },
+    },
+];

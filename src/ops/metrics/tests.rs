@@ -21,10 +21,12 @@ fn declared() -> Vec<(&'static str, &'static str, Kind)> {
         .chain(heads(WORKERS))
         .chain(heads(DELIVERIES))
         .chain(heads(LLM_TOKENS))
+        .chain(heads(AGENT_FAILURES))
         .chain(heads(BRIDGE))
         .chain(heads(OUTBOXES))
         .chain(heads(JOURNAL))
         .chain(heads(HTTP))
+        .chain(heads(SUPERVISED))
         .collect()
 }
 
@@ -48,10 +50,16 @@ fn full_status() -> Status {
     let mut s = Status {
         state: RuntimeState::Running,
         agent_usage_by_model: vec![ModelUsage::default()],
+        agent_failures: Some(crate::agent::AgentFailures::default()),
         frontend: Some(crate::liveness::FrontendStatus {
             bridge: Some(bridge),
             http: Some(HttpStatus::default()),
             service: Some(ServiceStatus::default()),
+            bridges: vec![SupervisedBridge {
+                index: 1,
+                platform: "matrix".into(),
+                ..SupervisedBridge::default()
+            }],
             ..Default::default()
         }),
         ..Status::default()
@@ -210,6 +218,8 @@ fn each_family_reads_its_own_figures() {
         "turnstile_turn_duration_seconds",
         "turnstile_journal_failing",
         "turnstile_journal_write_seconds",
+        "turnstile_bridge_up",
+        "turnstile_bridge_state",
     ];
     for (name, _, _) in declared() {
         assert!(
@@ -287,13 +297,22 @@ fn the_families_decisions() {
 
 #[test]
 fn exposition_text() {
+    const TEXT: &[Metric<f64>] = &[
+        Metric {
+            name: "turnstile_ticks_total",
+            help: "Ticks.",
+            kind: Counter,
+            read: |v| Value(*v),
+        },
+        Metric {
+            name: "turnstile_outbox_events",
+            help: "Outbox.",
+            kind: Gauge,
+            read: |_| labelled([([("platform", "a\"b\\c\nd")], 2.0)]),
+        },
+    ];
     let mut e = Exposition::new();
-    e.counter("turnstile_ticks_total", "Ticks.", 3.0);
-    e.gauges(
-        "turnstile_outbox_events",
-        "Outbox.",
-        &[(&[("platform", "a\"b\\c\nd")][..], 2.0)],
-    );
+    e.expose(TEXT, &3.0);
     let mut h = PromHistogram::new(&[0.5]);
     h.record(Duration::from_millis(250));
     e.histogram("turnstile_x_seconds", "X.", &h);

@@ -177,6 +177,9 @@ fn say_hello(shared: &Shared, stream: Wire) -> Result<(), String> {
     // The pong to this ping confirms the hello: with a token, a refused hello is
     // answered `error` and closed instead.
     let mut ok = write_line(&mut state, &hello) && write_line(&mut state, &ClientOp::Ping.line());
+    if let Some((_, link)) = state.link.clone() {
+        ok = ok && write_line(&mut state, &link);
+    }
     let again = state.pending.len();
     for i in 0..again {
         ok = ok && state.write_pending(i);

@@ -204,6 +204,9 @@ struct State {
     /// The longest message line sent: the limit the gateway announced in its last pong, or
     /// [`GatewayConfig::max_line_bytes`] until (or unless) it announces one.
     max_line_bytes: usize,
+    /// The last `link` report of the platform connection, as its line: written when it
+    /// changes and again after every hello (a new connection starts without it).
+    link: Option<(bool, String)>,
 }
 
 impl State {
@@ -301,6 +304,7 @@ impl Gateway {
                 shown: shown_memory(&config),
                 writes: 0,
                 max_line_bytes: config.max_line_bytes,
+                link: None,
             }),
             config,
             stopping: AtomicBool::new(false),
@@ -403,6 +407,19 @@ impl Gateway {
             ids: vec![id.to_owned()],
         }
         .line();
+        write_line(&mut state, &line);
+    }
+
+    /// Reports the bridge's own connection to its platform (`link` op, shown in the
+    /// gateway's status): `up`, or down with `detail` (why). Written only when `up` changes
+    /// (a new reason while down is not news), and again after each reconnection.
+    pub(crate) fn link(&self, up: bool, detail: Option<String>) {
+        let mut state = self.shared.lock();
+        if state.link.as_ref().is_some_and(|(was, _)| *was == up) {
+            return;
+        }
+        let line = ClientOp::Link { up, detail }.line();
+        state.link = Some((up, line.clone()));
         write_line(&mut state, &line);
     }
 

@@ -226,6 +226,8 @@ impl<'a> IrcSession<'a> {
         );
         self.reconnect_at = Some(Instant::now() + wait);
         self.backoff = (self.backoff * 2).min(self.config.max_backoff);
+        let why = crate::platforms::secrets::redact(reason).into_owned();
+        self.gateway.link(false, Some(why));
     }
 
     /// Connects, starts the reader thread, and registers (NICK, USER).
@@ -437,6 +439,7 @@ impl<'a> IrcSession<'a> {
             return;
         };
         conn.registered = true;
+        self.gateway.link(true, None);
         if let Some(nick) = msg.params.first() {
             conn.nick = (*nick).to_owned();
         }

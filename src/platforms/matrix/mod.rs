@@ -274,6 +274,7 @@ fn main_loop(
                     event_id,
                     why,
                 }) => core.on_refused(&room, &event_id, &why),
+                Ok(FromSync::Link(up, why)) => gw.link(up, why),
                 Ok(FromSync::Fatal(e)) => return Err(e),
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => {

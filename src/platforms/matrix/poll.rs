@@ -23,6 +23,9 @@ pub(super) enum FromSync {
         event_id: String,
         why: String,
     },
+    /// The homeserver answered (true) or a sync failed (false, why): for the gateway's
+    /// status (`link`).
+    Link(bool, Option<String>),
     Fatal(String),
 }
 
@@ -139,14 +142,30 @@ pub(super) fn run_sync(
     let first_filter = sync::filter(1);
     let filter = sync::filter(100);
     let first_timeout = first_sync_timeout();
+    // What was last told of the homeserver connection (told only when it changes).
+    let mut link_up: Option<bool> = None;
     loop {
         let (f, timeout) = match since {
             None => (&first_filter, first_timeout),
             Some(_) => (&filter, config.sync_timeout),
         };
         let answer = match fetch(api, since.as_deref(), f, timeout, &mut backoff) {
-            Fetched::Answer(v) => v,
-            Fetched::Retry(wait) => {
+            Fetched::Answer(v) => {
+                if link_up != Some(true) && !send_or_stop(tx, stop, FromSync::Link(true, None)) {
+                    return;
+                }
+                link_up = Some(true);
+                v
+            }
+            Fetched::Retry(wait, why) => {
+                if let Some(why) = why {
+                    if link_up != Some(false)
+                        && !send_or_stop(tx, stop, FromSync::Link(false, Some(why)))
+                    {
+                        return;
+                    }
+                    link_up = Some(false);
+                }
                 if stopped_during(stop, wait) {
                     return;
                 }
@@ -222,9 +241,9 @@ fn first_sync_timeout() -> Duration {
 /// What one sync request came to.
 enum Fetched {
     Answer(Box<SyncAnswer>),
-    /// A rate limit or a failure: ask again after this wait (the caller waits, so that a
-    /// stopping bridge ends it).
-    Retry(Duration),
+    /// A rate limit or a failure (and why, redacted): ask again after this wait (the caller
+    /// waits, so that a stopping bridge ends it).
+    Retry(Duration, Option<String>),
     /// The token was refused: nothing more can be done.
     Fatal(String),
 }
@@ -246,12 +265,13 @@ fn fetch(
         }
         Err(ApiError::RateLimited(d)) => {
             info_redacted!("matrix: sync rate limited, waiting {d:?}");
-            Fetched::Retry(d.min(Duration::from_secs(60)))
+            Fetched::Retry(d.min(Duration::from_secs(60)), None)
         }
         Err(e) => {
             *backoff = (*backoff * 2).clamp(Duration::from_millis(500), Duration::from_secs(30));
             warn_limited!("matrix: sync failed: {e}; trying again in {backoff:?}");
-            Fetched::Retry(*backoff)
+            let why = super::super::secrets::redact(&format!("sync failed: {e}")).into_owned();
+            Fetched::Retry(*backoff, Some(why))
         }
     }
 }

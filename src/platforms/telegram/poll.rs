@@ -59,7 +59,8 @@ pub(super) fn poll_updates(
     // cannot move past it (an id of 2^63 - 1 has no successor).
     let mut handled: Option<i64> = None;
     while !stop.load(Ordering::SeqCst) {
-        let updates = match get_updates(config, &mut api, offset, stop, &mut backoff) {
+        let polled = get_updates(config, &mut api, offset, stop, &mut backoff, gateway);
+        let updates = match polled {
             Polled::Updates(updates) => updates,
             Polled::Again => continue,
             Polled::Fatal(e) => {
@@ -125,6 +126,7 @@ fn get_updates(
     offset: Option<i64>,
     stop: &AtomicBool,
     backoff: &mut Duration,
+    gateway: &Gateway,
 ) -> Polled {
     let mut params = json!({
         "timeout": config.poll_timeout.as_secs(),
@@ -144,6 +146,7 @@ fn get_updates(
                     u.over
                 );
             }
+            gateway.link(true, None);
             return Polled::Updates(u.items);
         }
         Ok(_) => {
@@ -159,6 +162,11 @@ fn get_updates(
         }
         Err(e) => {
             warn_limited!("telegram: getUpdates failed: {e}; retrying in {backoff:?}");
+            let why = format!("getUpdates failed: {e}");
+            gateway.link(
+                false,
+                Some(super::super::secrets::redact(&why).into_owned()),
+            );
         }
     }
     pause(stop, *backoff);

@@ -15,9 +15,10 @@ pub struct BridgeConfig {
     pub auth_token: Option<String>,
     /// Open connections; beyond it a new one gets an error line and is closed.
     pub max_connections: usize,
-    /// Connections that have not yet authenticated (only with a token), in all.
+    /// Connections that have not yet authenticated (only with a token), in all; at the cap
+    /// the oldest waiting one (of the prefix holding the most) is closed for a newcomer.
     pub max_unauthenticated: usize,
-    /// Connections that have not yet authenticated, per peer address.
+    /// Connections that have not yet authenticated, per address prefix (IPv4 /24, IPv6 /64).
     pub max_unauthenticated_per_peer: usize,
     /// Time a connection has to authenticate (only with a token).
     pub hello_timeout: Duration,

@@ -12,7 +12,10 @@ use super::super::frame::{Flushed, Frame, write_frames};
 use super::{BridgeConfig, ConnId};
 use crate::auth::Token;
 use crate::key::Slots;
+use crate::liveness::LinkStatus;
+use crate::logfmt::LogBudget;
 use crate::message::SessionKey;
+use crate::platforms::{WARN_BURST, WARN_PER_SEC};
 
 /// An answer to one line, in line order.
 pub(super) enum Answer {
@@ -32,6 +35,8 @@ pub(super) struct Client {
     pub(super) authed: bool,
     /// The platform of its hello.
     pub(super) platform: Option<Arc<str>>,
+    /// What it last reported of its own connection to its platform (`link`).
+    pub(super) link: Option<LinkStatus>,
     /// No further line counts; closed once its output is written.
     pub(super) closing: bool,
     /// The peer shut down its sending side.
@@ -65,6 +70,7 @@ impl Client {
             peer,
             authed,
             platform: None,
+            link: None,
             closing: false,
             read_closed: false,
             opened: now,
@@ -163,7 +169,11 @@ pub(super) struct Conns {
     /// Required in a hello when set (kept as a digest).
     token: Option<Token>,
     unauthenticated: usize,
+    /// Connections waiting for their hello by their peer's prefix ([`peer_prefix`]).
     unauth_by_peer: HashMap<IpAddr, usize>,
+    /// Refusals, evictions and missed hellos a peer can cause at will: one budget for them
+    /// all, so that no client floods the log.
+    refusal_log: LogBudget,
     /// Connections whose output changed since the shell last asked.
     dirty: Vec<ConnId>,
     max_write_buffer: usize,
@@ -176,6 +186,7 @@ impl Conns {
             token: cfg.auth_token.as_deref().map(Token::new),
             unauthenticated: 0,
             unauth_by_peer: HashMap::new(),
+            refusal_log: LogBudget::new(WARN_BURST, WARN_PER_SEC),
             dirty: Vec::new(),
             max_write_buffer: cfg.max_write_buffer,
         }
@@ -202,7 +213,8 @@ impl Conns {
         self.token.as_ref().is_some_and(|t| t.matches(guess))
     }
 
-    /// Opens a connection from `peer`, or says which bound refuses it.
+    /// Opens a connection from `peer`, or says which bound refuses it. Call
+    /// [`Conns::victim_for`] first: at a cap on waiting connections, one of them makes room.
     pub(super) fn open(
         &mut self,
         peer: IpAddr,
@@ -220,17 +232,63 @@ impl Conns {
                     cfg.max_unauthenticated
                 ));
             }
-            let from_peer = self.unauth_by_peer.get(&peer).copied().unwrap_or(0);
+            let prefix = peer_prefix(peer);
+            let from_peer = self.unauth_by_peer.get(&prefix).copied().unwrap_or(0);
             if from_peer >= cfg.max_unauthenticated_per_peer {
                 return Err(format!(
-                    "too many connections from {peer} waiting for their hello ({})",
+                    "too many connections from {prefix}/{} waiting for their hello ({})",
+                    prefix_len(prefix),
                     cfg.max_unauthenticated_per_peer
                 ));
             }
             self.unauthenticated += 1;
-            *self.unauth_by_peer.entry(peer).or_insert(0) += 1;
+            *self.unauth_by_peer.entry(prefix).or_insert(0) += 1;
         }
         Ok(self.slots.insert(Client::new(peer, authed, now)))
+    }
+
+    /// The waiting connection (no hello yet) to close so that one from `peer` fits, and the
+    /// cap it makes room under; `None` when no cap on waiting connections is reached (or
+    /// none waits). At `peer`'s prefix cap: that prefix's oldest. At the global cap (or the
+    /// connection cap): the oldest of the prefix holding the most waiting connections, so a
+    /// client spread over many addresses evicts its own connections before a bridge's, and
+    /// a bridge re-connecting is evicted only by as many newer ones as the cap holds.
+    pub(super) fn victim_for(
+        &self,
+        peer: IpAddr,
+        cfg: &BridgeConfig,
+    ) -> Option<(ConnId, &'static str)> {
+        if self.token.is_none() || self.unauthenticated == 0 {
+            return None;
+        }
+        let prefix = peer_prefix(peer);
+        let of_prefix = self.unauth_by_peer.get(&prefix).copied().unwrap_or(0);
+        // `Some(p)`: only prefix `p`; `None`: the prefixes holding the most.
+        let (why, only) = if of_prefix >= cfg.max_unauthenticated_per_peer {
+            ("its address prefix's cap", Some(prefix))
+        } else if self.unauthenticated >= cfg.max_unauthenticated
+            || self.slots.len() >= cfg.max_connections
+        {
+            ("the cap on waiting connections", None)
+        } else {
+            return None;
+        };
+        let most = self.unauth_by_peer.values().copied().max().unwrap_or(0);
+        let eligible = |p: IpAddr| match only {
+            Some(only) => p == only,
+            None => self.unauth_by_peer.get(&p) == Some(&most),
+        };
+        self.slots
+            .iter()
+            .filter(|(_, c)| !c.authed && eligible(peer_prefix(c.peer)))
+            .min_by_key(|(id, c)| (c.opened, id.to_bits()))
+            .map(|(id, _)| (id, why))
+    }
+
+    /// Whether a line about a refusal a peer caused may be logged now: `Some(n)`, with the
+    /// `n` such lines suppressed before it.
+    pub(super) fn refusal_log(&mut self) -> Option<u64> {
+        self.refusal_log.allow(std::time::Instant::now())
     }
 
     /// Forgets a connection; what the bridge still needs of it.
@@ -260,10 +318,12 @@ impl Conns {
     fn count_authenticated(&mut self, peer: IpAddr) {
         debug_assert!(self.unauthenticated > 0);
         self.unauthenticated -= 1;
-        if let Some(n) = self.unauth_by_peer.get_mut(&peer) {
+        let prefix = peer_prefix(peer);
+        if let Some(n) = self.unauth_by_peer.get_mut(&prefix) {
+            debug_assert!(*n > 0);
             *n -= 1;
             if *n == 0 {
-                self.unauth_by_peer.remove(&peer);
+                self.unauth_by_peer.remove(&prefix);
             }
         }
     }
@@ -328,6 +388,31 @@ impl Conns {
     ) -> Option<Arc<str>> {
         let conn = self.slots.get_mut(id)?;
         std::mem::replace(&mut conn.platform, platform)
+    }
+
+    /// `id`'s report of its platform connection; refused before a hello with a platform.
+    pub(super) fn set_link(&mut self, id: ConnId, link: LinkStatus) -> Result<(), &'static str> {
+        let conn = self.slots.get_mut(id).ok_or("no such connection")?;
+        if conn.platform.is_none() {
+            return Err("link: say hello with a platform first");
+        }
+        conn.link = Some(link);
+        Ok(())
+    }
+
+    /// The newest report of each platform's connections that reported (the most recently
+    /// opened connection's, when several did).
+    pub(super) fn links(&self) -> HashMap<&str, &LinkStatus> {
+        let mut by_platform: HashMap<&str, (Duration, &LinkStatus)> = HashMap::new();
+        for (_, c) in self.slots.iter() {
+            if let (Some(p), Some(link)) = (c.platform.as_deref(), c.link.as_ref()) {
+                let newer = by_platform.get(p).is_none_or(|(at, _)| c.opened >= *at);
+                if newer {
+                    by_platform.insert(p, (c.opened, link));
+                }
+            }
+        }
+        by_platform.into_iter().map(|(p, (_, l))| (p, l)).collect()
     }
 
     pub(super) fn get(&self, id: ConnId) -> Option<&Client> {
@@ -618,5 +703,46 @@ impl Conns {
             self.unauth_by_peer.values().sum::<usize>(),
             self.unauthenticated
         );
+    }
+}
+
+/// The address prefix the per-peer cap on waiting connections counts by: an IPv4 /24, an
+/// IPv6 /64 (what one host or one site is usually given, so that a client cannot multiply its
+/// share by using its neighbouring addresses); an IPv4-mapped IPv6 address as its IPv4.
+pub(super) fn peer_prefix(peer: IpAddr) -> IpAddr {
+    match peer {
+        IpAddr::V4(v4) => IpAddr::V4((u32::from(v4) & !0xff).into()),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => peer_prefix(IpAddr::V4(v4)),
+            None => IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into()),
+        },
+    }
+}
+
+/// The length of the prefixes [`peer_prefix`] makes, for messages.
+fn prefix_len(prefix: IpAddr) -> u8 {
+    if prefix.is_ipv4() { 24 } else { 64 }
+}
+
+#[cfg(test)]
+mod prefix_tests {
+    use super::peer_prefix;
+    use std::net::IpAddr;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("an address")
+    }
+
+    #[test]
+    fn the_per_peer_cap_counts_ipv4_by_24_and_ipv6_by_64() {
+        assert_eq!(peer_prefix(ip("10.1.2.3")), ip("10.1.2.0"));
+        assert_eq!(peer_prefix(ip("10.1.2.255")), ip("10.1.2.0"));
+        assert_ne!(peer_prefix(ip("10.1.3.1")), peer_prefix(ip("10.1.2.1")));
+        assert_eq!(
+            peer_prefix(ip("2001:db8:1:2:aaaa::1")),
+            ip("2001:db8:1:2::")
+        );
+        assert_ne!(peer_prefix(ip("2001:db8:1:3::1")), ip("2001:db8:1:2::"));
+        assert_eq!(peer_prefix(ip("::ffff:10.1.2.3")), ip("10.1.2.0"));
     }
 }

@@ -210,10 +210,28 @@ impl Bridge {
     }
 
     /// A new connection from `peer`, or the error line to write before closing it.
+    /// At a cap on connections waiting for their hello, the oldest waiting one of the
+    /// largest address prefix is closed for it ([`Action::Close`]: run it before taking the
+    /// new socket).
     pub fn connect(&mut self, peer: IpAddr, now: Duration) -> Result<ConnId, Vec<u8>> {
+        if let Some((victim, why)) = self.conns.victim_for(peer, &self.cfg) {
+            self.stats.connections_refused += 1;
+            if let Some(old) = self.conns.get(victim).map(|c| c.peer)
+                && let Some(n) = self.conns.refusal_log()
+            {
+                let more = crate::logfmt::suppressed_note(n);
+                log::warn!(
+                    "closed connection {victim} from {old} (no hello yet) for one from {peer}: {why}{more}"
+                );
+            }
+            self.close(victim, "evicted", true);
+        }
         self.conns.open(peer, now, &self.cfg).map_err(|why| {
             self.stats.connections_refused += 1;
-            log::warn!("refused connection from {peer}: {why}");
+            if let Some(n) = self.conns.refusal_log() {
+                let more = crate::logfmt::suppressed_note(n);
+                log::warn!("refused connection from {peer}: {why}{more}");
+            }
             error_line(&why)
         })
     }
@@ -285,6 +303,12 @@ impl Bridge {
             }
             Ok(ClientOp::Delivered { ids }) => self.delivered(id, &ids),
             Ok(ClientOp::Message(m)) => self.handle_message(id, m, now),
+            Ok(ClientOp::Link { up, detail }) => {
+                let link = crate::liveness::LinkStatus { up, detail };
+                if let Err(e) = self.conns.set_link(id, link) {
+                    self.error(id, e);
+                }
+            }
             Err(LineError::Malformed(detail)) => self.error(id, &detail),
             Err(LineError::Invalid { id: mid, detail }) => {
                 self.answer_refusal(id, &mid, Refusal::invalid(detail));
@@ -513,12 +537,12 @@ impl Bridge {
             .map(|(id, _)| id)
             .collect();
         for id in late {
-            if let Some(c) = self.conns.get(id) {
+            if let Some(peer) = self.conns.get(id).map(|c| c.peer)
+                && let Some(n) = self.conns.refusal_log()
+            {
+                let more = crate::logfmt::suppressed_note(n);
                 log::warn!(
-                    "connection {} from {}: no hello within {:?}; closing",
-                    id,
-                    c.peer,
-                    timeout
+                    "connection {id} from {peer}: no hello within {timeout:?}; closing{more}"
                 );
             }
             self.stats.connections_refused += 1;
@@ -690,8 +714,11 @@ impl Bridge {
     }
 
     fn unauthorized(&mut self, id: ConnId) {
-        if let Some(c) = self.conns.get(id) {
-            log::warn!("connection {} from {}: unauthorized; closing", id, c.peer);
+        if let Some(peer) = self.conns.get(id).map(|c| c.peer)
+            && let Some(n) = self.conns.refusal_log()
+        {
+            let more = crate::logfmt::suppressed_note(n);
+            log::warn!("connection {id} from {peer}: unauthorized; closing{more}");
         }
         self.stats.count_rejected("unauthorized", 1);
         self.answer(id, error_line("unauthorized"));

@@ -481,6 +481,8 @@ impl Platforms {
                 stale: absent.is_some_and(|a| a >= after),
                 stale_dropped: p.stale_dropped,
                 dedup_ids: p.dedup.len(),
+                // The connections' reports (`Bridge::status`).
+                link: None,
             }
         };
         self.map

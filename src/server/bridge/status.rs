@@ -29,11 +29,17 @@ impl Bridge {
     /// The figures for the status snapshot.
     pub fn status(&self) -> BridgeStatus {
         let c = &self.stats;
+        let mut outboxes = self.platforms.status(self.now);
+        for (platform, link) in self.conns.links() {
+            if let Some(p) = outboxes.get_mut(platform) {
+                p.link = Some(link.clone());
+            }
+        }
         BridgeStatus {
             connections: self.conns.len(),
             unauthenticated: self.conns.unauthenticated(),
             platforms: self.platforms.len(),
-            outboxes: self.platforms.status(self.now),
+            outboxes,
             rejected: c.rejected.clone(),
             connections_refused: c.connections_refused,
             errors: c.errors,
