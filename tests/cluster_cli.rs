@@ -1,11 +1,14 @@
 //! `turnstile serve --cluster` as a process: the flags' contract (exclusive with
 //! `--data-dir`, the cluster flags need `--cluster`, values checked) and the start-up checks
 //! against a real redis-server (tests/redis_support): a Redis that would ack before fsync is
-//! refused (exit 2) unless `--cluster-allow-lazy-fsync`, an unreachable one is exit 1.
+//! refused (exit 2) unless `--cluster-allow-lazy-fsync`, an unreachable one is exit 1; a
+//! second process with a live instance's `--instance-id` is refused (exit 2), while a process
+//! restarted after a crash takes its id back.
 
 mod redis_support;
 
-use std::process::{Command, Output};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output, Stdio};
 
 use redis_support::{Redis, free_port, require_redis};
 
@@ -181,4 +184,75 @@ fn a_redis_that_acks_before_fsync_is_refused_unless_allowed() {
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("has 8 partitions"), "{}", stderr(&o));
+}
+
+/// A `serve --cluster` process, running once its `listening on` line came.
+struct Running(Child);
+
+impl Running {
+    fn start(url: &str, id: &str) -> Running {
+        let (running, first) = Running::spawn(url, id);
+        assert!(first.starts_with("listening on "), "got {first:?}");
+        running
+    }
+
+    /// The process and its first line on stdout (empty if it exited without one).
+    fn spawn(url: &str, id: &str) -> (Running, String) {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--http-listen", "off"])
+            .args(["--cluster", url, "--instance-id", id, "--lease-ms", "500"])
+            .env_remove("TURNSTILE_AUTH_TOKEN")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start turnstile serve");
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut first)
+            .expect("first line");
+        (Running(child), first)
+    }
+
+    /// Its exit code and stderr, once it exited.
+    fn exited(mut self) -> (Option<i32>, String) {
+        let mut e = String::new();
+        if let Some(mut err) = self.0.stderr.take() {
+            std::io::Read::read_to_string(&mut err, &mut e).expect("stderr");
+        }
+        let status = self.0.wait().expect("wait");
+        (status.code(), e)
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_second_process_with_a_live_instance_id_is_refused_exit_2_naming_both() {
+    let Some(bin) = require_redis() else { return };
+    let redis = Redis::start(&bin);
+    let first = Running::start(&redis.url(), "gw-twin");
+    // The twin waits out one lease (the holder might be a crashed process) and, the claim
+    // renewed meanwhile, is refused: before, it started and acked messages never run.
+    let (twin, line) = Running::spawn(&redis.url(), "gw-twin");
+    assert_eq!(line, "", "the twin started");
+    let (code, e) = twin.exited();
+    assert_eq!(code, Some(2), "{e}");
+    assert!(e.contains("--instance-id \"gw-twin\" is live"), "{e}");
+    assert!(e.contains(&format!("pid {} on ", first.pid())), "{e}");
+    // Another id joins beside it.
+    let _other = Running::start(&redis.url(), "gw-other");
+    // A crash (kill -9) leaves the claim to expire: the restarted process takes the id.
+    drop(first);
+    let _again = Running::start(&redis.url(), "gw-twin");
 }

@@ -435,7 +435,7 @@ pub(crate) fn defaults() -> Vec<(&'static str, String)> {
             "max-pending-durable",
             bridge.max_pending_durable.to_string(),
         ),
-        ("instance-id", "hostname:pid".into()),
+        ("instance-id", "hostname:pid:random".into()),
         ("partitions", DEFAULT_PARTITIONS.to_string()),
         ("lease-ms", DEFAULT_LEASE_MS.to_string()),
         (

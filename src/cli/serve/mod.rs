@@ -274,7 +274,11 @@ fn join_cluster(
     let what = format_args!("--cluster {}", c.shown_url());
     let connect =
         || crate::cluster::RedisStore::connect(c.clone()).map_err(|e| exit::store_error(&e, what));
-    let (journal, reader) = (connect()?, connect()?);
+    let (mut journal, reader) = (connect()?, connect()?);
+    // One process per id: a twin would skip the other's messages as its own.
+    journal
+        .claim_instance()
+        .map_err(|e| exit::store_error(&e, what))?;
     log::info!(
         "cluster member {} on {}: {} partitions, lease {:?}",
         c.instance,

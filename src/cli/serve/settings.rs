@@ -339,7 +339,7 @@ pub(super) fn resolve(flags: ServeArgs) -> Result<Settings, String> {
     })
 }
 
-/// `--cluster` and its flags: the Redis URL, this instance's name (default `hostname:pid`),
+/// `--cluster` and its flags: the Redis URL, this instance's name (default `hostname:pid:random`),
 /// the partition count and the lease, each checked and named when wrong.
 fn cluster_settings(a: &ServeArgs) -> Result<Option<ClusterConfig>, String> {
     let Some(url) = &a.cluster else {
@@ -368,7 +368,7 @@ fn cluster_settings(a: &ServeArgs) -> Result<Option<ClusterConfig>, String> {
     }
     let instance = match &a.instance_id {
         Some(name) => name.trim().to_owned(),
-        None => format!("{}:{}", hostname(), std::process::id()),
+        None => crate::cluster::default_instance_id(),
     };
     // The lease token is `<instance>:<epoch>`: the name must be printable and not empty.
     if instance.is_empty() || instance.len() > 200 || instance.chars().any(char::is_control) {
@@ -409,18 +409,6 @@ fn cluster_settings(a: &ServeArgs) -> Result<Option<ClusterConfig>, String> {
         c.drain = Duration::from_millis(ms);
     }
     Ok(Some(c))
-}
-
-/// The machine's name (`localhost` if it has none that can be read).
-fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname(2) writes at most `buf.len()` bytes into `buf`.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    match std::str::from_utf8(&buf[..end]) {
-        Ok(name) if rc == 0 && !name.is_empty() => name.to_owned(),
-        _ => "localhost".to_owned(),
-    }
 }
 
 /// The runtime's settings from the flags, each checked and named when wrong.

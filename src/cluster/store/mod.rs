@@ -14,9 +14,11 @@ mod hello;
 mod leases;
 mod load;
 mod read;
+mod registry;
 mod scripts;
 
 pub use hello::{FWD_MAXLEN, FwdEntry};
+pub(crate) use registry::default_instance_id;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -96,7 +98,7 @@ impl ClusterConfig {
         redact_url(&self.url)
     }
 
-    /// The defaults of `serve --cluster URL`: 64 partitions, a 3 s lease, `hostname:pid`.
+    /// The defaults of `serve --cluster URL`: 64 partitions, a 3 s lease.
     pub fn new(url: impl Into<String>, instance: impl Into<String>) -> ClusterConfig {
         ClusterConfig {
             url: url.into(),
@@ -225,6 +227,9 @@ pub struct RedisStore {
     con: Option<redis::Connection>,
     cfg: ClusterConfig,
     scripts: Scripts,
+    /// This process's claim on the instance id ([`RedisStore::claim_instance`]), renewed by
+    /// each heartbeat; `None` on a store that did not claim it (the reader's, a probe's).
+    claim: Option<registry::Claim>,
 }
 
 /// Which of a partition's streams.
@@ -338,6 +343,7 @@ impl RedisStore {
                 heartbeat: Script::new(HEARTBEAT),
                 leave: Script::new(LEAVE),
             },
+            claim: None,
         };
         store.check_fsync()?;
         store.check_partitions()?;
@@ -735,39 +741,6 @@ impl RedisStore {
                 }
             }
         }
-    }
-
-    /// Registers this instance as live for one lease and answers how many are (itself
-    /// included): the fair share's divisor.
-    pub fn heartbeat(&mut self) -> Result<u32, StoreError> {
-        let key = format!("{PREFIX}:instances");
-        let (instance, ttl) = (self.cfg.instance.clone(), self.ttl_ms());
-        let n: i64 = self.with("heartbeat", |c, s| {
-            s.heartbeat.key(&key).arg(&instance).arg(ttl).invoke(c)
-        })?;
-        u32::try_from(n).map_err(|_| malformed("heartbeat"))
-    }
-
-    /// The instances registered live now (by this host's clock: a heartbeat's expiry is
-    /// Redis's, so a skew between the two shifts the answer by as much).
-    pub fn live_instances(&mut self) -> Result<Vec<String>, StoreError> {
-        let key = format!("{PREFIX}:instances");
-        let now = crate::journal::now_ms();
-        self.with("instances", |c, _| {
-            redis::cmd("ZRANGEBYSCORE")
-                .arg(&key)
-                .arg(now)
-                .arg("+inf")
-                .query(c)
-        })
-    }
-
-    /// Leaves the registry (a graceful stop): the others' shares grow at their next pass.
-    pub fn leave(&mut self) -> Result<(), StoreError> {
-        let key = format!("{PREFIX}:instances");
-        let instance = self.cfg.instance.clone();
-        let _: i64 = self.with("leave", |c, s| s.leave.key(&key).arg(&instance).invoke(c))?;
-        Ok(())
     }
 
     fn ttl_ms(&self) -> u64 {

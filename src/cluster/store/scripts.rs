@@ -128,17 +128,35 @@ local live = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. ARGV[2], '+inf', 'WITHS
 return {redis.call('GET', KEYS[1]) or '0', lastid, msgs, live}
 ";
 
-/// KEYS: instances. ARGV: instance, ttl ms. Registers the instance until now + ttl (Redis's
-/// clock: instances need not agree on theirs), drops the expired ones, counts the live.
+/// KEYS: instances, the instance's claim. ARGV: instance, ttl ms, claim ('' when this store
+/// claimed nothing). Registers the instance until now + ttl (Redis's clock: instances need
+/// not agree on theirs), renews its claim, drops the expired ones, counts the live; answers
+/// the count and the claim's other holder (empty unless a second process holds this id:
+/// then nothing is registered or renewed for this one).
 pub(super) const HEARTBEAT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+local other = ''
+if ARGV[3] ~= '' then
+  local h = redis.call('GET', KEYS[2])
+  if h and h ~= ARGV[3] then
+    other = h
+  else
+    redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[2])
+  end
+end
+if other == '' then
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-return redis.call('ZCARD', KEYS[1])
+return {redis.call('ZCARD', KEYS[1]), other}
 ";
 
-/// KEYS: instances. ARGV: instance. A graceful stop leaves the registry at once.
+/// KEYS: instances, the instance's claim. ARGV: instance, claim. A graceful stop leaves the
+/// registry at once, and gives the id up if this process holds it.
 pub(super) const LEAVE: &str = r"
+if ARGV[2] ~= '' and redis.call('GET', KEYS[2]) == ARGV[2] then
+  redis.call('DEL', KEYS[2])
+end
 return redis.call('ZREM', KEYS[1], ARGV[1])
 ";
