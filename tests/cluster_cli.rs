@@ -198,10 +198,15 @@ impl Running {
 
     /// The process and its first line on stdout (empty if it exited without one).
     fn spawn(url: &str, id: &str) -> (Running, String) {
+        Running::spawn_with(&["--cluster", url, "--instance-id", id, "--lease-ms", "500"])
+    }
+
+    /// `serve` with `args`, and its first line on stdout.
+    fn spawn_with(args: &[&str]) -> (Running, String) {
         let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
             .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--http-listen", "off"])
-            .args(["--cluster", url, "--instance-id", id, "--lease-ms", "500"])
+            .args(args)
             .env_remove("TURNSTILE_AUTH_TOKEN")
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
@@ -213,6 +218,13 @@ impl Running {
             .read_line(&mut first)
             .expect("first line");
         (Running(child), first)
+    }
+
+    /// Its stderr, once killed.
+    fn killed(self) -> String {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGKILL) };
+        self.exited().1
     }
 
     /// Its exit code and stderr, once it exited.
@@ -255,4 +267,43 @@ fn a_second_process_with_a_live_instance_id_is_refused_exit_2_naming_both() {
     // A crash (kill -9) leaves the claim to expire: the restarted process takes the id.
     drop(first);
     let _again = Running::start(&redis.url(), "gw-twin");
+}
+
+#[test]
+fn a_refused_password_exits_2_and_a_password_on_the_command_line_is_warned_never_shown() {
+    let Some(bin) = require_redis() else { return };
+    let redis = Redis::start_args(&bin, "always", &["--requirepass", "s3cret"]);
+    let at = format!("127.0.0.1:{}", redis.port());
+    // A wrong password, or none where one is needed: the configuration's to fix, exit 2
+    // (systemd does not restart it), the password never shown.
+    for url in [format!("redis://:wr0ng@{at}"), format!("redis://{at}")] {
+        let o = serve(&["--cluster", &url, "--check-config"]);
+        assert_eq!(o.status.code(), Some(2), "{url}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("authentication refused"),
+            "{}",
+            stderr(&o)
+        );
+        assert!(!stderr(&o).contains("wr0ng"), "{}", stderr(&o));
+    }
+    // The right one on the command line: it serves, and says where the password belongs.
+    let url = format!("redis://:s3cret@{at}");
+    let (running, line) = Running::spawn_with(&["--cluster", &url]);
+    assert!(line.starts_with("listening on "), "got {line:?}");
+    let e = running.killed();
+    assert!(
+        e.contains("the Redis password was given in the --cluster URL"),
+        "{e}"
+    );
+    assert!(e.contains(&format!("redis://***@{at}")), "{e}");
+    assert!(!e.contains("s3cret"), "{e}");
+    // In the config file: no warning.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("serve.toml");
+    std::fs::write(&config, format!("cluster = {url:?}\n")).expect("write config");
+    let (running, line) = Running::spawn_with(&["--config", config.to_str().expect("utf-8")]);
+    assert!(line.starts_with("listening on "), "got {line:?}");
+    let e = running.killed();
+    assert!(!e.contains("password was given"), "{e}");
+    assert!(!e.contains("s3cret"), "{e}");
 }

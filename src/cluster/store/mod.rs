@@ -345,6 +345,7 @@ impl RedisStore {
             },
             claim: None,
         };
+        store.check_auth()?;
         store.check_fsync()?;
         store.check_partitions()?;
         Ok(store)
@@ -421,6 +422,28 @@ impl RedisStore {
                 self.con = None;
                 Err(transient(what, &e))
             }
+        }
+    }
+
+    /// A password Redis refuses (or one it needs and was not given) is the configuration's
+    /// to fix: unusable (exit 2), where an unreachable Redis is transient (exit 1). Any other
+    /// failure is left to the checks after.
+    fn check_auth(&mut self) -> Result<(), StoreError> {
+        let probe = self
+            .client
+            .get_connection_with_timeout(self.cfg.timeout)
+            .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
+        match probe {
+            Err(e)
+                if e.kind() == redis::ErrorKind::AuthenticationFailed
+                    || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM")) =>
+            {
+                Err(StoreError::unusable(format!(
+                    "redis {}: authentication refused ({e}): check the password (the `cluster` URL of the --config file)",
+                    self.cfg.shown_url()
+                )))
+            }
+            _ => Ok(()),
         }
     }
 
