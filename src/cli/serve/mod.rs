@@ -66,22 +66,7 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
         crate::liveness::REVISION,
         std::process::id()
     );
-    if on_command_line(std::env::args_os(), "--auth-token") {
-        log::warn!(
-            "the auth token was given with --auth-token: any local user can read it in /proc/{}/cmdline; use TURNSTILE_AUTH_TOKEN or the --config file",
-            std::process::id()
-        );
-    }
-    if let Some(c) = &s.cluster
-        && c.shown_url() != c.url
-        && on_command_line(std::env::args_os(), "--cluster")
-    {
-        log::warn!(
-            "the Redis password was given in the --cluster URL ({}): any local user can read it in /proc/{}/cmdline; put the URL in the --config file (`cluster = \"redis://…\"`)",
-            c.shown_url(),
-            std::process::id()
-        );
-    }
+    warn_secrets_on_command_line(&s);
     raise_fd_limit();
     // Held until the process ends: the data directory is this gateway's alone.
     let (_lock, store) = match data {
@@ -422,6 +407,27 @@ fn fatal(log_json: bool, e: &dyn std::fmt::Display) {
         log::error!("turnstile serve: {e}");
     } else {
         eprintln!("turnstile serve: {e}");
+    }
+}
+
+/// A WARN for each secret given on the command line, which any local user can read in
+/// `/proc/PID/cmdline` (the environment or the `--config` file keep it out).
+fn warn_secrets_on_command_line(s: &Settings) {
+    if on_command_line(std::env::args_os(), "--auth-token") {
+        log::warn!(
+            "the auth token was given with --auth-token: any local user can read it in /proc/{}/cmdline; use TURNSTILE_AUTH_TOKEN or the --config file",
+            std::process::id()
+        );
+    }
+    if let Some(c) = &s.cluster
+        && c.shown_url() != c.url
+        && on_command_line(std::env::args_os(), "--cluster")
+    {
+        log::warn!(
+            "the Redis password was given in the --cluster URL ({}): any local user can read it in /proc/{}/cmdline; put the URL in the --config file (`cluster = \"redis://…\"`)",
+            c.shown_url(),
+            std::process::id()
+        );
     }
 }
 
