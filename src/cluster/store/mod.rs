@@ -10,6 +10,7 @@
 //! [`StoreErrorKind::Fenced`](crate::journal::StoreErrorKind::Fenced) without changing anything when
 //! the caller no longer holds it.
 
+mod generation;
 mod hello;
 mod leases;
 mod load;
@@ -230,6 +231,10 @@ pub struct RedisStore {
     /// This process's claim on the instance id ([`RedisStore::claim_instance`]), renewed by
     /// each heartbeat; `None` on a store that did not claim it (the reader's, a probe's).
     claim: Option<registry::Claim>,
+    /// The cluster generation this instance joined (`generation.rs`); every accept presents it.
+    generation: String,
+    /// Why Redis is no longer trusted, once found (sticky).
+    distrust: Option<String>,
 }
 
 /// Which of a partition's streams.
@@ -344,10 +349,13 @@ impl RedisStore {
                 leave: Script::new(LEAVE),
             },
             claim: None,
+            generation: String::new(),
+            distrust: None,
         };
         store.check_auth()?;
         store.check_fsync()?;
         store.check_partitions()?;
+        store.check_generation()?;
         Ok(store)
     }
 
@@ -648,6 +656,11 @@ impl RedisStore {
                 pipe.add_command(s.op_cmd(op, now_ms));
             }
         })?;
+        for (op, v) in ops.iter().zip(&answers) {
+            if let Op::Accept { partition, .. } = op {
+                self.note_generation_answer(*partition, v);
+            }
+        }
         Ok(ops
             .iter()
             .zip(&answers)
@@ -668,7 +681,8 @@ impl RedisStore {
             } => {
                 debug_assert!(partition < self.cfg.partitions);
                 let keys = Keys::of(partition);
-                let names = ["seq", "q", "dedup", "dedupx", "sessions", "in"].map(|k| keys.k(k));
+                let names =
+                    ["seq", "q", "dedup", "dedupx", "sessions", "in", "gen"].map(|k| keys.k(k));
                 let mut c = evalsha(&s.accept, &names);
                 c.arg(keys.k("m:"))
                     .arg(dedup_member(m.platform(), m.id()))
@@ -678,7 +692,8 @@ impl RedisStore {
                     .arg(session_cap)
                     .arg(STREAM_MAXLEN)
                     .arg(PRUNE_PER_ACCEPT)
-                    .arg(&self.cfg.instance);
+                    .arg(&self.cfg.instance)
+                    .arg(&self.generation);
                 let f = &m.fields;
                 for (k, v) in [
                     ("p", Some(m.platform())),
@@ -751,6 +766,11 @@ impl RedisStore {
                         .ok_or_else(|| malformed("accept")),
                     Some("duplicate") => Ok(Done::Accepted(Accept::Duplicate)),
                     Some("full") => Ok(Done::Accepted(Accept::SessionFull)),
+                    Some("generation") => {
+                        Err(StoreError::untrusted(self.distrust.clone().unwrap_or_else(
+                            || "redis: accept: another generation".into(),
+                        )))
+                    }
                     _ => Err(malformed("accept")),
                 }
             }
