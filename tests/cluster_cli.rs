@@ -77,6 +77,19 @@ fn the_cluster_flags_need_cluster_and_are_checked() {
             "--cluster-drain-ms needs --cluster",
         ),
         (
+            &["--cluster-min-replicas", "1"][..],
+            "--cluster-min-replicas needs --cluster",
+        ),
+        (
+            &[
+                "--cluster",
+                "redis://127.0.0.1:1",
+                "--cluster-min-replicas",
+                "17",
+            ][..],
+            "--cluster-min-replicas 17: must be from 0 to 16",
+        ),
+        (
             &[
                 "--cluster",
                 "redis://127.0.0.1:1",

@@ -161,6 +161,14 @@ impl Redis {
         self.port
     }
 
+    /// Sends `sig` to the server (SIGSTOP, SIGCONT).
+    pub fn signal(&self, sig: libc::c_int) {
+        let child = self.child.as_ref().expect("running");
+        let pid = libc::pid_t::try_from(child.id()).expect("pid");
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill({pid}, {sig})");
+    }
+
     /// kill -9: what Redis acknowledged is in its append-only file (`appendfsync always`).
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -350,6 +350,7 @@ fn cluster_settings(a: &ServeArgs) -> Result<Option<ClusterConfig>, String> {
             (a.cluster_allow_lazy_fsync, "--cluster-allow-lazy-fsync"),
             (a.cluster_rebalance.is_some(), "--cluster-rebalance"),
             (a.cluster_drain_ms.is_some(), "--cluster-drain-ms"),
+            (a.cluster_min_replicas.is_some(), "--cluster-min-replicas"),
         ] {
             if set {
                 return Err(format!("{flag} needs --cluster"));
@@ -394,6 +395,13 @@ fn cluster_settings(a: &ServeArgs) -> Result<Option<ClusterConfig>, String> {
     c.lease = Duration::from_millis(lease_ms);
     c.allow_lazy_fsync = a.cluster_allow_lazy_fsync;
     c.rebalance = a.cluster_rebalance.unwrap_or(true);
+    c.min_replicas = a.cluster_min_replicas.unwrap_or(0);
+    if c.min_replicas > 16 {
+        return Err(format!(
+            "--cluster-min-replicas {}: must be from 0 to 16",
+            c.min_replicas
+        ));
+    }
     if let Some(ms) = a.cluster_drain_ms {
         if !c.rebalance {
             return Err(

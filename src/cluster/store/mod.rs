@@ -16,6 +16,7 @@ mod leases;
 mod load;
 mod read;
 mod registry;
+mod replicas;
 mod scripts;
 
 pub use hello::{FWD_MAXLEN, FwdEntry};
@@ -90,6 +91,11 @@ pub struct ClusterConfig {
     /// another joins (`--cluster-rebalance`). On by default; off, a joining instance takes
     /// only partitions that come free (a dead or stopped instance's).
     pub rebalance: bool,
+    /// Replicas that must confirm each batch of writes (`WAIT`) before it counts as written
+    /// (`--cluster-min-replicas`); 0: the primary's fsync alone. A batch they do not confirm
+    /// within half of [`ClusterConfig::timeout`] or a sixth of the lease fails transiently (its accepts are
+    /// rejected, its other records tried again).
+    pub min_replicas: u32,
 }
 
 impl ClusterConfig {
@@ -110,6 +116,7 @@ impl ClusterConfig {
             timeout: Duration::from_secs(2),
             drain: DEFAULT_DRAIN,
             rebalance: true,
+            min_replicas: 0,
         }
     }
 }
@@ -661,6 +668,7 @@ impl RedisStore {
                 self.note_generation_answer(*partition, v);
             }
         }
+        self.wait_replicas()?;
         Ok(ops
             .iter()
             .zip(&answers)
