@@ -6,6 +6,10 @@
 //! virtual IP or DNS name an operator moves), and a new replica attached to it: every
 //! message acked before is answered.
 //!
+//! Without it (`--cluster-min-replicas 0`), a failover to a replica that lagged is found
+//! (each instance keeps every partition's high-water mark): an ERROR, and nothing more is
+//! acked from the older copy.
+//!
 //! The turns are held by a gated exec agent (a FIFO the test opens), so every acked message
 //! is still in flight when the primary dies. Nothing sleeps: answers come on the bridges'
 //! connections.
@@ -83,23 +87,40 @@ fn relay(mut from: TcpStream, mut to: TcpStream) {
 struct Server {
     child: Child,
     addr: String,
+    /// The instance's log lines (WARN and up), also copied to this test's stderr.
+    log: Receiver<String>,
 }
 
 impl Server {
+    /// An instance whose turns wait for `gate`, with one replica required.
     fn start(url: &str, instance: &str, gate: &Path) -> Server {
+        let agent = format!(": < '{}'; cat", gate.display());
+        Server::start_with(
+            url,
+            instance,
+            &[
+                "--cluster-min-replicas",
+                "1",
+                "--agent",
+                "exec",
+                "--agent-cmd",
+                &agent,
+            ],
+        )
+    }
+
+    fn start_with(url: &str, instance: &str, extra: &[&str]) -> Server {
         let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
         command
             .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--http-listen", "off"])
             .args(["--cluster", url, "--instance-id", instance])
             .args(["--partitions", "4", "--lease-ms", "1000"])
-            .args(["--cluster-min-replicas", "1"])
-            .args(["--agent", "exec", "--agent-cmd"])
-            .arg(format!(": < '{}'; cat", gate.display()))
+            .args(extra)
             .env("RUST_LOG", "warn")
             .env_remove("TURNSTILE_AUTH_TOKEN")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+            .stderr(Stdio::piped());
         // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
         unsafe {
             command.pre_exec(|| {
@@ -110,6 +131,15 @@ impl Server {
             });
         }
         let mut child = command.spawn().expect("start turnstile serve");
+        let (tx, log) = crossbeam_channel::unbounded();
+        let stderr = child.stderr.take().expect("stderr");
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                eprintln!("{line}");
+                let _ = tx.send(line);
+            }
+        });
         let mut line = String::new();
         BufReader::new(child.stdout.take().expect("stdout"))
             .read_line(&mut line)
@@ -119,7 +149,18 @@ impl Server {
             .strip_prefix("listening on ")
             .unwrap_or_else(|| panic!("listening line, got {line:?}"))
             .to_owned();
-        Server { child, addr }
+        Server { child, addr, log }
+    }
+
+    /// Blocks until a log line contains `needle`; that line.
+    fn wait_log(&self, needle: &str) -> String {
+        loop {
+            match self.log.recv_timeout(WAIT) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(_) => {}
+                Err(e) => panic!("no log line with {needle:?}: {e}"),
+            }
+        }
     }
 }
 
@@ -288,4 +329,51 @@ fn with_one_replica_required_an_ack_survives_a_failover_and_a_stopped_replica_ac
         }
     }
     drop((a, b));
+}
+
+#[test]
+fn a_failover_to_a_replica_that_lagged_is_refused_with_an_error() {
+    let Some(bin) = require_redis() else { return };
+    let mut primary = Redis::start(&bin);
+    let replica_of = primary.port().to_string();
+    let replica = Redis::start_args(&bin, "always", &["--replicaof", "127.0.0.1", &replica_of]);
+    let synced: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(WAIT.as_millis() as u64)
+        .query(&mut primary.client())
+        .expect("WAIT");
+    assert_eq!(synced, 1, "the replica never synced");
+    let relay = Relay::start(primary.port());
+    let url = format!("redis://127.0.0.1:{}", relay.port);
+    let a = Server::start_with(&url, "gw-a", &[]);
+    let (mut wa, ra) = bridge(&a.addr);
+    let mut expect = |ids: &[String], op: &str| {
+        let got = verdicts(&mut wa, &ra, ids);
+        for id in ids {
+            assert_eq!(got[id]["op"], op, "{id}: {}", got[id]);
+        }
+    };
+    expect(&ids("first", 10), "ack");
+    // The replica falls behind: its link cut while it is stopped (what the kernel had
+    // buffered for it, it still reads), these are acked by the primary alone.
+    replica.signal(libc::SIGSTOP);
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query(&mut primary.client())
+        .expect("CLIENT KILL TYPE replica");
+    expect(&ids("lagged", 10), "ack");
+    primary.kill();
+    replica.signal(libc::SIGCONT);
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut replica.client())
+        .expect("REPLICAOF NO ONE");
+    relay.switch(replica.port());
+    // The instance's next pass finds partitions counting fewer messages than it saw.
+    let line = a.wait_log("older than this instance has seen");
+    assert!(line.contains("ERROR"), "{line}");
+    expect(&ids("after", 10), "reject");
 }

@@ -1,11 +1,14 @@
-//! The cluster's generation: trust Redis or refuse. The first instance to find a database
+//! The cluster's generation and each partition's high-water mark: trust Redis or refuse. The first instance to find a database
 //! without one names it (`ts:generation`, random) and writes it into every partition
 //! (`ts:{pN}:gen`); every accept presents the generation its instance joined, and the
 //! accept script refuses one that differs. A Redis that lost its data (FLUSHALL, a new
 //! empty Redis on the same address, a failover to a replica that never had it) has no
 //! generation, or another: the instance stops accepting instead of acking messages into a
 //! database that has forgotten the ones before (the single-node journal's `journal.mark`
-//! refuses the same way). The refusal is sticky for the process: an operator restarts the
+//! refuses the same way). Each store also keeps the highest seq it has seen of each
+//! partition (its accepts, its loads): an accept, a load or a pass that finds a partition's
+//! count below it meets an older copy (restarted from an older file, a failover to a replica
+//! that lagged) and is refused the same way. The refusal is sticky for the process: an operator restarts the
 //! instances, and the first to start names a new generation.
 
 use redis::Value;
@@ -91,21 +94,69 @@ impl RedisStore {
     /// [`RedisStore::distrusted`] from now on.
     pub fn check_generation_holds(&mut self) -> Result<(), StoreError> {
         let key = generation_key();
-        let got: Option<String> =
-            self.with("generation", |c, _| redis::cmd("GET").arg(&key).query(c))?;
+        let marked: Vec<u32> = self.marks.keys().copied().collect();
+        let (got, counts): (Option<String>, Vec<Option<u64>>) =
+            self.with("generation", |c, _| {
+                let got = redis::cmd("GET").arg(&key).query(c)?;
+                if marked.is_empty() {
+                    return Ok((got, Vec::new()));
+                }
+                let mut counts = redis::pipe();
+                for p in &marked {
+                    counts.cmd("GET").arg(Keys::of(*p).k("seq"));
+                }
+                Ok((got, counts.query(c)?))
+            })?;
         if got.as_deref() != Some(self.generation.as_str()) {
             self.distrust_for(&key, got.as_deref());
+            return Ok(());
+        }
+        for (p, count) in marked.into_iter().zip(counts) {
+            let _ = self.note_count(p, count.unwrap_or(0));
         }
         Ok(())
     }
 
-    /// An accept's answer `v`: `generation` records the distrust (partition `p`).
-    pub(super) fn note_generation_answer(&mut self, p: u32, v: &Value) {
+    /// An accept's answer `v` for partition `p`: a new seq raises the partition's mark;
+    /// `generation` and `older` record the distrust.
+    pub(super) fn note_accept_answer(&mut self, p: u32, v: &Value) {
         let a = strings(v);
-        if a.first().map(String::as_str) == Some("generation") {
-            let found = a.get(1).filter(|g| !g.is_empty()).cloned();
-            self.distrust_for(&Keys::of(p).k("gen"), found.as_deref());
+        match (a.first().map(String::as_str), a.get(1)) {
+            (Some("new"), Some(seq)) => {
+                if let Ok(seq) = seq.parse::<u64>() {
+                    let mark = self.marks.entry(p).or_insert(0);
+                    *mark = (*mark).max(seq);
+                }
+            }
+            (Some("generation"), found) => {
+                let found = found.filter(|g| !g.is_empty()).cloned();
+                self.distrust_for(&Keys::of(p).k("gen"), found.as_deref());
+            }
+            (Some("older"), Some(count)) => {
+                let _ = self.note_count(p, count.parse().unwrap_or(0));
+            }
+            _ => {}
         }
+    }
+
+    /// Partition `p`'s count as Redis has it now (a load, a pass): below this store's mark,
+    /// Redis is an older copy (distrusted, `Err`); else the mark follows it.
+    pub(super) fn note_count(&mut self, p: u32, count: u64) -> Result<(), StoreError> {
+        let mark = self.marks.entry(p).or_insert(0);
+        if count >= *mark {
+            *mark = count;
+            return Ok(());
+        }
+        let seen = *mark;
+        if self.distrust.is_none() {
+            self.distrust = Some(format!(
+                "redis {}: the cluster's data is older than this instance has seen (partition {p} counts {count} messages, this instance saw {seen}): a restart from an older file, or a failover to a replica that lagged; messages acknowledged since are lost, and no new one is accepted: restart the instances to go on from this data",
+                self.cfg.shown_url()
+            ));
+        }
+        Err(StoreError::untrusted(
+            self.distrust.clone().unwrap_or_default(),
+        ))
     }
 
     fn distrust_for(&mut self, key: &str, found: Option<&str>) {

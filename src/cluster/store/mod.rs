@@ -242,6 +242,9 @@ pub struct RedisStore {
     generation: String,
     /// Why Redis is no longer trusted, once found (sticky).
     distrust: Option<String>,
+    /// The highest seq this store has seen of each partition (its accepts, its loads): a
+    /// partition whose count is below it is an older copy (`generation.rs`).
+    marks: HashMap<u32, u64>,
 }
 
 /// Which of a partition's streams.
@@ -358,6 +361,7 @@ impl RedisStore {
             claim: None,
             generation: String::new(),
             distrust: None,
+            marks: HashMap::new(),
         };
         store.check_auth()?;
         store.check_fsync()?;
@@ -665,7 +669,7 @@ impl RedisStore {
         })?;
         for (op, v) in ops.iter().zip(&answers) {
             if let Op::Accept { partition, .. } = op {
-                self.note_generation_answer(*partition, v);
+                self.note_accept_answer(*partition, v);
             }
         }
         self.wait_replicas()?;
@@ -701,7 +705,8 @@ impl RedisStore {
                     .arg(STREAM_MAXLEN)
                     .arg(PRUNE_PER_ACCEPT)
                     .arg(&self.cfg.instance)
-                    .arg(&self.generation);
+                    .arg(&self.generation)
+                    .arg(self.marks.get(&partition).copied().unwrap_or(0));
                 let f = &m.fields;
                 for (k, v) in [
                     ("p", Some(m.platform())),
@@ -774,9 +779,9 @@ impl RedisStore {
                         .ok_or_else(|| malformed("accept")),
                     Some("duplicate") => Ok(Done::Accepted(Accept::Duplicate)),
                     Some("full") => Ok(Done::Accepted(Accept::SessionFull)),
-                    Some("generation") => {
+                    Some("generation" | "older") => {
                         Err(StoreError::untrusted(self.distrust.clone().unwrap_or_else(
-                            || "redis: accept: another generation".into(),
+                            || "redis: accept: another generation or an older copy".into(),
                         )))
                     }
                     _ => Err(malformed("accept")),

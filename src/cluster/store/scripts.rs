@@ -17,14 +17,17 @@ pub(super) struct Scripts {
 }
 
 /// KEYS: seq, q, dedup, dedupx, sessions, inbox, generation. ARGV: message key prefix, dedup
-/// member, now, until, session, cap, stream maxlen, prune count, origin, generation, then
-/// field/value pairs. A partition whose generation is not the caller's (its data lost or
-/// replaced) accepts nothing and answers what it has.
+/// member, now, until, session, cap, stream maxlen, prune count, origin, generation, the
+/// highest seq the caller has seen, then field/value pairs. A partition whose generation is
+/// not the caller's (its data lost or replaced) or whose count is below what the caller has
+/// seen (an older copy of it) accepts nothing and answers what it has.
 /// The dedup sorted set scores an in-flight id `+inf` (it stays a duplicate however long
 /// it waits) and a finished one by its window's end.
 pub(super) const ACCEPT: &str = r"
 local g = redis.call('GET', KEYS[7])
 if g ~= ARGV[10] then return {'generation', g or ''} end
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+if cur < tonumber(ARGV[11]) then return {'older', tostring(cur)} end
 local now = tonumber(ARGV[3])
 local old = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, tonumber(ARGV[8]))
 for _, d in ipairs(old) do
@@ -37,7 +40,7 @@ local n = tonumber(redis.call('HGET', KEYS[5], ARGV[5]) or '0')
 if n >= tonumber(ARGV[6]) then return {'full'} end
 local seq = redis.call('INCR', KEYS[1])
 local m = ARGV[1] .. seq
-redis.call('HSET', m, 'du', ARGV[4], 'st', '0', 's', ARGV[5], 'o', ARGV[9], unpack(ARGV, 11))
+redis.call('HSET', m, 'du', ARGV[4], 'st', '0', 's', ARGV[5], 'o', ARGV[9], unpack(ARGV, 12))
 redis.call('ZADD', KEYS[2], seq, seq)
 redis.call('HSET', KEYS[3], ARGV[2], seq)
 redis.call('ZADD', KEYS[4], '+inf', ARGV[2])
