@@ -1,11 +1,14 @@
 //! `turnstile serve --cluster` as a process: the flags' contract (exclusive with
 //! `--data-dir`, the cluster flags need `--cluster`, values checked) and the start-up checks
 //! against a real redis-server (tests/redis_support): a Redis that would ack before fsync is
-//! refused (exit 2) unless `--cluster-allow-lazy-fsync`, an unreachable one is exit 1.
+//! refused (exit 2) unless `--cluster-allow-lazy-fsync`, an unreachable one is exit 1; a
+//! second process with a live instance's `--instance-id` is refused (exit 2), while a process
+//! restarted after a crash takes its id back.
 
 mod redis_support;
 
-use std::process::{Command, Output};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output, Stdio};
 
 use redis_support::{Redis, free_port, require_redis};
 
@@ -72,6 +75,19 @@ fn the_cluster_flags_need_cluster_and_are_checked() {
         (
             &["--cluster-drain-ms", "5000"][..],
             "--cluster-drain-ms needs --cluster",
+        ),
+        (
+            &["--cluster-min-replicas", "1"][..],
+            "--cluster-min-replicas needs --cluster",
+        ),
+        (
+            &[
+                "--cluster",
+                "redis://127.0.0.1:1",
+                "--cluster-min-replicas",
+                "17",
+            ][..],
+            "--cluster-min-replicas 17: must be from 0 to 16",
         ),
         (
             &[
@@ -181,4 +197,126 @@ fn a_redis_that_acks_before_fsync_is_refused_unless_allowed() {
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("has 8 partitions"), "{}", stderr(&o));
+}
+
+/// A `serve --cluster` process, running once its `listening on` line came.
+struct Running(Child);
+
+impl Running {
+    fn start(url: &str, id: &str) -> Running {
+        let (running, first) = Running::spawn(url, id);
+        assert!(first.starts_with("listening on "), "got {first:?}");
+        running
+    }
+
+    /// The process and its first line on stdout (empty if it exited without one).
+    fn spawn(url: &str, id: &str) -> (Running, String) {
+        Running::spawn_with(&["--cluster", url, "--instance-id", id, "--lease-ms", "500"])
+    }
+
+    /// `serve` with `args`, and its first line on stdout.
+    fn spawn_with(args: &[&str]) -> (Running, String) {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--http-listen", "off"])
+            .args(args)
+            .env_remove("TURNSTILE_AUTH_TOKEN")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start turnstile serve");
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut first)
+            .expect("first line");
+        (Running(child), first)
+    }
+
+    /// Its stderr, once killed.
+    fn killed(self) -> String {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGKILL) };
+        self.exited().1
+    }
+
+    /// Its exit code and stderr, once it exited.
+    fn exited(mut self) -> (Option<i32>, String) {
+        let mut e = String::new();
+        if let Some(mut err) = self.0.stderr.take() {
+            std::io::Read::read_to_string(&mut err, &mut e).expect("stderr");
+        }
+        let status = self.0.wait().expect("wait");
+        (status.code(), e)
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_second_process_with_a_live_instance_id_is_refused_exit_2_naming_both() {
+    let Some(bin) = require_redis() else { return };
+    let redis = Redis::start(&bin);
+    let first = Running::start(&redis.url(), "gw-twin");
+    // The twin waits out one lease (the holder might be a crashed process) and, the claim
+    // renewed meanwhile, is refused: before, it started and acked messages never run.
+    let (twin, line) = Running::spawn(&redis.url(), "gw-twin");
+    assert_eq!(line, "", "the twin started");
+    let (code, e) = twin.exited();
+    assert_eq!(code, Some(2), "{e}");
+    assert!(e.contains("--instance-id \"gw-twin\" is live"), "{e}");
+    assert!(e.contains(&format!("pid {} on ", first.pid())), "{e}");
+    // Another id joins beside it.
+    let _other = Running::start(&redis.url(), "gw-other");
+    // A crash (kill -9) leaves the claim to expire: the restarted process takes the id.
+    drop(first);
+    let _again = Running::start(&redis.url(), "gw-twin");
+}
+
+#[test]
+fn a_refused_password_exits_2_and_a_password_on_the_command_line_is_warned_never_shown() {
+    let Some(bin) = require_redis() else { return };
+    let redis = Redis::start_args(&bin, "always", &["--requirepass", "s3cret"]);
+    let at = format!("127.0.0.1:{}", redis.port());
+    // A wrong password, or none where one is needed: the configuration's to fix, exit 2
+    // (systemd does not restart it), the password never shown.
+    for url in [format!("redis://:wr0ng@{at}"), format!("redis://{at}")] {
+        let o = serve(&["--cluster", &url, "--check-config"]);
+        assert_eq!(o.status.code(), Some(2), "{url}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("authentication refused"),
+            "{}",
+            stderr(&o)
+        );
+        assert!(!stderr(&o).contains("wr0ng"), "{}", stderr(&o));
+    }
+    // The right one on the command line: it serves, and says where the password belongs.
+    let url = format!("redis://:s3cret@{at}");
+    let (running, line) = Running::spawn_with(&["--cluster", &url]);
+    assert!(line.starts_with("listening on "), "got {line:?}");
+    let e = running.killed();
+    assert!(
+        e.contains("the Redis password was given in the --cluster URL"),
+        "{e}"
+    );
+    assert!(e.contains(&format!("redis://***@{at}")), "{e}");
+    assert!(!e.contains("s3cret"), "{e}");
+    // In the config file: no warning.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("serve.toml");
+    std::fs::write(&config, format!("cluster = {url:?}\n")).expect("write config");
+    let (running, line) = Running::spawn_with(&["--config", config.to_str().expect("utf-8")]);
+    assert!(line.starts_with("listening on "), "got {line:?}");
+    let e = running.killed();
+    assert!(!e.contains("password was given"), "{e}");
+    assert!(!e.contains("s3cret"), "{e}");
 }

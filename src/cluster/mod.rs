@@ -47,9 +47,9 @@ pub use ownership::{Ownership, Plan};
 #[cfg(feature = "cluster")]
 pub use reader::{Arrival, ClusterRequest, Reader};
 #[cfg(feature = "cluster")]
-pub(crate) use store::DEFAULT_DRAIN;
-#[cfg(feature = "cluster")]
 pub use store::{
     Accept, Acquire, ClusterConfig, Done, FWD_MAXLEN, FwdEntry, Lease, LoadedPartition, Op,
     RedisStore, Stream, StreamEntry, partition_of,
 };
+#[cfg(feature = "cluster")]
+pub(crate) use store::{DEFAULT_DRAIN, default_instance_id};

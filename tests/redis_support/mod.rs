@@ -75,6 +75,8 @@ pub struct Redis {
     dir: tempfile::TempDir,
     port: u16,
     fsync: &'static str,
+    /// More redis-server arguments (`--requirepass …`).
+    extra: Vec<String>,
     child: Option<Child>,
 }
 
@@ -86,11 +88,17 @@ impl Redis {
 
     /// A Redis with `appendfsync` set to `fsync` (`always`, `everysec`, `no`).
     pub fn start_with(bin: &Path, fsync: &'static str) -> Redis {
+        Redis::start_args(bin, fsync, &[])
+    }
+
+    /// As [`Redis::start_with`], with `extra` redis-server arguments.
+    pub fn start_args(bin: &Path, fsync: &'static str, extra: &[&str]) -> Redis {
         let mut r = Redis {
             bin: bin.to_path_buf(),
             dir: tempfile::tempdir().expect("tempdir"),
             port: free_port(),
             fsync,
+            extra: extra.iter().map(|a| (*a).to_owned()).collect(),
             child: None,
         };
         r.spawn();
@@ -109,6 +117,7 @@ impl Redis {
                 .args(["--save", ""])
                 .args(["--logfile", ""])
                 .args(["--daemonize", "no"])
+                .args(&self.extra)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::null()),
@@ -150,6 +159,14 @@ impl Redis {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// Sends `sig` to the server (SIGSTOP, SIGCONT).
+    pub fn signal(&self, sig: libc::c_int) {
+        let child = self.child.as_ref().expect("running");
+        let pid = libc::pid_t::try_from(child.id()).expect("pid");
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill({pid}, {sig})");
     }
 
     /// kill -9: what Redis acknowledged is in its append-only file (`appendfsync always`).

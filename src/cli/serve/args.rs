@@ -357,6 +357,12 @@ pub(crate) struct ServeArgs {
     /// then end `interrupted by restart` on the next owner).
     #[arg(long, value_name = "MS")]
     pub(super) cluster_drain_ms: Option<u64>,
+    /// Replicas that must have each batch of writes before its messages are acked (Redis
+    /// `WAIT`): with 1, a failover to that replica loses no acked message; a batch they do
+    /// not confirm in time is rejected `storage`. 0 (the default): acks wait for the
+    /// primary's fsync only.
+    #[arg(long, value_name = "N")]
+    pub(super) cluster_min_replicas: Option<u32>,
     /// Check the flags and the configuration file, then exit: 0 if valid, 2 if not.
     #[arg(long)]
     #[serde(skip)]
@@ -456,8 +462,9 @@ pub(crate) fn defaults() -> Vec<(&'static str, String)> {
             bridge.max_pending_durable.to_string(),
         ),
         ("access-default", "pairing".into()),
-        ("instance-id", "hostname:pid".into()),
+        ("instance-id", "hostname:pid:random".into()),
         ("partitions", DEFAULT_PARTITIONS.to_string()),
+        ("cluster-min-replicas", "0".into()),
         ("lease-ms", DEFAULT_LEASE_MS.to_string()),
         (
             "cluster-drain-ms",

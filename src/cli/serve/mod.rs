@@ -67,12 +67,7 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
         crate::liveness::REVISION,
         std::process::id()
     );
-    if token_on_command_line(std::env::args_os()) {
-        log::warn!(
-            "the auth token was given with --auth-token: any local user can read it in /proc/{}/cmdline; use TURNSTILE_AUTH_TOKEN or the --config file",
-            std::process::id()
-        );
-    }
+    warn_secrets_on_command_line(&s);
     raise_fd_limit();
     // Held until the process ends: the data directory is this gateway's alone.
     let (_lock, store) = match data {
@@ -292,7 +287,11 @@ fn join_cluster(
     let what = format_args!("--cluster {}", c.shown_url());
     let connect =
         || crate::cluster::RedisStore::connect(c.clone()).map_err(|e| exit::store_error(&e, what));
-    let (journal, reader) = (connect()?, connect()?);
+    let (mut journal, reader) = (connect()?, connect()?);
+    // One process per id: a twin would skip the other's messages as its own.
+    journal
+        .claim_instance()
+        .map_err(|e| exit::store_error(&e, what))?;
     log::info!(
         "cluster member {} on {}: {} partitions, lease {:?}",
         c.instance,
@@ -429,11 +428,34 @@ fn fatal(log_json: bool, e: &dyn std::fmt::Display) {
     }
 }
 
-/// Whether `--auth-token` appears among the arguments (the environment variable and the
-/// config file keep the token out of `/proc/PID/cmdline`).
-fn token_on_command_line(args: impl Iterator<Item = std::ffi::OsString>) -> bool {
+/// A WARN for each secret given on the command line, which any local user can read in
+/// `/proc/PID/cmdline` (the environment or the `--config` file keep it out).
+fn warn_secrets_on_command_line(s: &Settings) {
+    if on_command_line(std::env::args_os(), "--auth-token") {
+        log::warn!(
+            "the auth token was given with --auth-token: any local user can read it in /proc/{}/cmdline; use TURNSTILE_AUTH_TOKEN or the --config file",
+            std::process::id()
+        );
+    }
+    if let Some(c) = &s.cluster
+        && c.shown_url() != c.url
+        && on_command_line(std::env::args_os(), "--cluster")
+    {
+        log::warn!(
+            "the Redis password was given in the --cluster URL ({}): any local user can read it in /proc/{}/cmdline; put the URL in the --config file (`cluster = \"redis://…\"`)",
+            c.shown_url(),
+            std::process::id()
+        );
+    }
+}
+
+/// Whether `flag` (one taking a value: `--auth-token`, `--cluster`) appears among the
+/// arguments: a secret in it is readable in `/proc/PID/cmdline` (the environment and the
+/// config file keep it out).
+fn on_command_line(args: impl Iterator<Item = std::ffi::OsString>, flag: &str) -> bool {
+    let with_value = format!("{flag}=");
     args.take_while(|a| a != "--")
-        .any(|a| a == "--auth-token" || a.to_string_lossy().starts_with("--auth-token="))
+        .any(|a| a == flag || a.to_string_lossy().starts_with(&with_value))
 }
 
 #[cfg(test)]
@@ -441,19 +463,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_token_on_the_command_line_is_noticed() {
+    fn a_secret_flag_on_the_command_line_is_noticed() {
         let args = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
-        assert!(token_on_command_line(
-            args(&["turnstile", "serve", "--auth-token", "k"]).into_iter()
+        let on = |v: &[&str], flag| on_command_line(args(v).into_iter(), flag);
+        assert!(on(
+            &["turnstile", "serve", "--auth-token", "k"],
+            "--auth-token"
         ));
-        assert!(token_on_command_line(
-            args(&["turnstile", "serve", "--auth-token=k"]).into_iter()
+        assert!(on(
+            &["turnstile", "serve", "--auth-token=k"],
+            "--auth-token"
         ));
-        assert!(!token_on_command_line(
-            args(&["turnstile", "serve", "--listen", "x"]).into_iter()
+        assert!(!on(
+            &["turnstile", "serve", "--listen", "x"],
+            "--auth-token"
         ));
-        assert!(!token_on_command_line(
-            args(&["turnstile", "send", "--", "--auth-token"]).into_iter()
+        assert!(!on(
+            &["turnstile", "send", "--", "--auth-token"],
+            "--auth-token"
+        ));
+        assert!(on(
+            &["turnstile", "serve", "--cluster=redis://:p@h"],
+            "--cluster"
+        ));
+        assert!(!on(
+            &["turnstile", "serve", "--cluster-rebalance", "false"],
+            "--cluster"
         ));
     }
 }

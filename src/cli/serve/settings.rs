@@ -343,7 +343,7 @@ pub(super) fn resolve(flags: ServeArgs) -> Result<Settings, String> {
     })
 }
 
-/// `--cluster` and its flags: the Redis URL, this instance's name (default `hostname:pid`),
+/// `--cluster` and its flags: the Redis URL, this instance's name (default `hostname:pid:random`),
 /// the partition count and the lease, each checked and named when wrong.
 fn cluster_settings(a: &ServeArgs) -> Result<Option<ClusterConfig>, String> {
     let Some(url) = &a.cluster else {
@@ -354,6 +354,7 @@ fn cluster_settings(a: &ServeArgs) -> Result<Option<ClusterConfig>, String> {
             (a.cluster_allow_lazy_fsync, "--cluster-allow-lazy-fsync"),
             (a.cluster_rebalance.is_some(), "--cluster-rebalance"),
             (a.cluster_drain_ms.is_some(), "--cluster-drain-ms"),
+            (a.cluster_min_replicas.is_some(), "--cluster-min-replicas"),
         ] {
             if set {
                 return Err(format!("{flag} needs --cluster"));
@@ -372,7 +373,7 @@ fn cluster_settings(a: &ServeArgs) -> Result<Option<ClusterConfig>, String> {
     }
     let instance = match &a.instance_id {
         Some(name) => name.trim().to_owned(),
-        None => format!("{}:{}", hostname(), std::process::id()),
+        None => crate::cluster::default_instance_id(),
     };
     // The lease token is `<instance>:<epoch>`: the name must be printable and not empty.
     if instance.is_empty() || instance.len() > 200 || instance.chars().any(char::is_control) {
@@ -398,6 +399,13 @@ fn cluster_settings(a: &ServeArgs) -> Result<Option<ClusterConfig>, String> {
     c.lease = Duration::from_millis(lease_ms);
     c.allow_lazy_fsync = a.cluster_allow_lazy_fsync;
     c.rebalance = a.cluster_rebalance.unwrap_or(true);
+    c.min_replicas = a.cluster_min_replicas.unwrap_or(0);
+    if c.min_replicas > 16 {
+        return Err(format!(
+            "--cluster-min-replicas {}: must be from 0 to 16",
+            c.min_replicas
+        ));
+    }
     if let Some(ms) = a.cluster_drain_ms {
         if !c.rebalance {
             return Err(
@@ -413,18 +421,6 @@ fn cluster_settings(a: &ServeArgs) -> Result<Option<ClusterConfig>, String> {
         c.drain = Duration::from_millis(ms);
     }
     Ok(Some(c))
-}
-
-/// The machine's name (`localhost` if it has none that can be read).
-fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname(2) writes at most `buf.len()` bytes into `buf`.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    match std::str::from_utf8(&buf[..end]) {
-        Ok(name) if rc == 0 && !name.is_empty() => name.to_owned(),
-        _ => "localhost".to_owned(),
-    }
 }
 
 /// The runtime's settings from the flags, each checked and named when wrong.

@@ -38,6 +38,7 @@ impl RedisStore {
         let max_seq = text(max_seq)
             .and_then(|s| s.parse::<u64>().ok())
             .ok_or_else(|| malformed("load: seq"))?;
+        self.note_count(partition, max_seq)?;
         let inbox_after = text(last).ok_or_else(|| malformed("load: inbox"))?;
         let mut out = LoadedPartition {
             recovered: Recovered {

@@ -10,13 +10,17 @@
 //! [`StoreErrorKind::Fenced`](crate::journal::StoreErrorKind::Fenced) without changing anything when
 //! the caller no longer holds it.
 
+mod generation;
 mod hello;
 mod leases;
 mod load;
 mod read;
+mod registry;
+mod replicas;
 mod scripts;
 
 pub use hello::{FWD_MAXLEN, FwdEntry};
+pub(crate) use registry::default_instance_id;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -87,6 +91,11 @@ pub struct ClusterConfig {
     /// another joins (`--cluster-rebalance`). On by default; off, a joining instance takes
     /// only partitions that come free (a dead or stopped instance's).
     pub rebalance: bool,
+    /// Replicas that must confirm each batch of writes (`WAIT`) before it counts as written
+    /// (`--cluster-min-replicas`); 0: the primary's fsync alone. A batch they do not confirm
+    /// within half of [`ClusterConfig::timeout`] or a sixth of the lease fails transiently (its accepts are
+    /// rejected, its other records tried again).
+    pub min_replicas: u32,
 }
 
 impl ClusterConfig {
@@ -96,7 +105,7 @@ impl ClusterConfig {
         redact_url(&self.url)
     }
 
-    /// The defaults of `serve --cluster URL`: 64 partitions, a 3 s lease, `hostname:pid`.
+    /// The defaults of `serve --cluster URL`: 64 partitions, a 3 s lease.
     pub fn new(url: impl Into<String>, instance: impl Into<String>) -> ClusterConfig {
         ClusterConfig {
             url: url.into(),
@@ -107,6 +116,7 @@ impl ClusterConfig {
             timeout: Duration::from_secs(2),
             drain: DEFAULT_DRAIN,
             rebalance: true,
+            min_replicas: 0,
         }
     }
 }
@@ -225,6 +235,16 @@ pub struct RedisStore {
     con: Option<redis::Connection>,
     cfg: ClusterConfig,
     scripts: Scripts,
+    /// This process's claim on the instance id ([`RedisStore::claim_instance`]), renewed by
+    /// each heartbeat; `None` on a store that did not claim it (the reader's, a probe's).
+    claim: Option<registry::Claim>,
+    /// The cluster generation this instance joined (`generation.rs`); every accept presents it.
+    generation: String,
+    /// Why Redis is no longer trusted, once found (sticky).
+    distrust: Option<String>,
+    /// The highest seq this store has seen of each partition (its accepts, its loads): a
+    /// partition whose count is below it is an older copy (`generation.rs`).
+    marks: HashMap<u32, u64>,
 }
 
 /// Which of a partition's streams.
@@ -338,9 +358,15 @@ impl RedisStore {
                 heartbeat: Script::new(HEARTBEAT),
                 leave: Script::new(LEAVE),
             },
+            claim: None,
+            generation: String::new(),
+            distrust: None,
+            marks: HashMap::new(),
         };
+        store.check_auth()?;
         store.check_fsync()?;
         store.check_partitions()?;
+        store.check_generation()?;
         Ok(store)
     }
 
@@ -415,6 +441,28 @@ impl RedisStore {
                 self.con = None;
                 Err(transient(what, &e))
             }
+        }
+    }
+
+    /// A password Redis refuses (or one it needs and was not given) is the configuration's
+    /// to fix: unusable (exit 2), where an unreachable Redis is transient (exit 1). Any other
+    /// failure is left to the checks after.
+    fn check_auth(&mut self) -> Result<(), StoreError> {
+        let probe = self
+            .client
+            .get_connection_with_timeout(self.cfg.timeout)
+            .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
+        match probe {
+            Err(e)
+                if e.kind() == redis::ErrorKind::AuthenticationFailed
+                    || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM")) =>
+            {
+                Err(StoreError::unusable(format!(
+                    "redis {}: authentication refused ({e}): check the password (the `cluster` URL of the --config file)",
+                    self.cfg.shown_url()
+                )))
+            }
+            _ => Ok(()),
         }
     }
 
@@ -619,6 +667,12 @@ impl RedisStore {
                 pipe.add_command(s.op_cmd(op, now_ms));
             }
         })?;
+        for (op, v) in ops.iter().zip(&answers) {
+            if let Op::Accept { partition, .. } = op {
+                self.note_accept_answer(*partition, v);
+            }
+        }
+        self.wait_replicas()?;
         Ok(ops
             .iter()
             .zip(&answers)
@@ -639,7 +693,8 @@ impl RedisStore {
             } => {
                 debug_assert!(partition < self.cfg.partitions);
                 let keys = Keys::of(partition);
-                let names = ["seq", "q", "dedup", "dedupx", "sessions", "in"].map(|k| keys.k(k));
+                let names =
+                    ["seq", "q", "dedup", "dedupx", "sessions", "in", "gen"].map(|k| keys.k(k));
                 let mut c = evalsha(&s.accept, &names);
                 c.arg(keys.k("m:"))
                     .arg(dedup_member(m.platform(), m.id()))
@@ -649,7 +704,9 @@ impl RedisStore {
                     .arg(session_cap)
                     .arg(STREAM_MAXLEN)
                     .arg(PRUNE_PER_ACCEPT)
-                    .arg(&self.cfg.instance);
+                    .arg(&self.cfg.instance)
+                    .arg(&self.generation)
+                    .arg(self.marks.get(&partition).copied().unwrap_or(0));
                 let f = &m.fields;
                 for (k, v) in [
                     ("p", Some(m.platform())),
@@ -722,6 +779,11 @@ impl RedisStore {
                         .ok_or_else(|| malformed("accept")),
                     Some("duplicate") => Ok(Done::Accepted(Accept::Duplicate)),
                     Some("full") => Ok(Done::Accepted(Accept::SessionFull)),
+                    Some("generation" | "older") => {
+                        Err(StoreError::untrusted(self.distrust.clone().unwrap_or_else(
+                            || "redis: accept: another generation or an older copy".into(),
+                        )))
+                    }
                     _ => Err(malformed("accept")),
                 }
             }
@@ -735,39 +797,6 @@ impl RedisStore {
                 }
             }
         }
-    }
-
-    /// Registers this instance as live for one lease and answers how many are (itself
-    /// included): the fair share's divisor.
-    pub fn heartbeat(&mut self) -> Result<u32, StoreError> {
-        let key = format!("{PREFIX}:instances");
-        let (instance, ttl) = (self.cfg.instance.clone(), self.ttl_ms());
-        let n: i64 = self.with("heartbeat", |c, s| {
-            s.heartbeat.key(&key).arg(&instance).arg(ttl).invoke(c)
-        })?;
-        u32::try_from(n).map_err(|_| malformed("heartbeat"))
-    }
-
-    /// The instances registered live now (by this host's clock: a heartbeat's expiry is
-    /// Redis's, so a skew between the two shifts the answer by as much).
-    pub fn live_instances(&mut self) -> Result<Vec<String>, StoreError> {
-        let key = format!("{PREFIX}:instances");
-        let now = crate::journal::now_ms();
-        self.with("instances", |c, _| {
-            redis::cmd("ZRANGEBYSCORE")
-                .arg(&key)
-                .arg(now)
-                .arg("+inf")
-                .query(c)
-        })
-    }
-
-    /// Leaves the registry (a graceful stop): the others' shares grow at their next pass.
-    pub fn leave(&mut self) -> Result<(), StoreError> {
-        let key = format!("{PREFIX}:instances");
-        let instance = self.cfg.instance.clone();
-        let _: i64 = self.with("leave", |c, s| s.leave.key(&key).arg(&instance).invoke(c))?;
-        Ok(())
     }
 
     fn ttl_ms(&self) -> u64 {

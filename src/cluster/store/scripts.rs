@@ -16,11 +16,18 @@ pub(super) struct Scripts {
     pub(super) leave: Script,
 }
 
-/// KEYS: seq, q, dedup, dedupx, sessions, inbox. ARGV: message key prefix, dedup member,
-/// now, until, session, cap, stream maxlen, prune count, origin, then field/value pairs.
+/// KEYS: seq, q, dedup, dedupx, sessions, inbox, generation. ARGV: message key prefix, dedup
+/// member, now, until, session, cap, stream maxlen, prune count, origin, generation, the
+/// highest seq the caller has seen, then field/value pairs. A partition whose generation is
+/// not the caller's (its data lost or replaced) or whose count is below what the caller has
+/// seen (an older copy of it) accepts nothing and answers what it has.
 /// The dedup sorted set scores an in-flight id `+inf` (it stays a duplicate however long
 /// it waits) and a finished one by its window's end.
 pub(super) const ACCEPT: &str = r"
+local g = redis.call('GET', KEYS[7])
+if g ~= ARGV[10] then return {'generation', g or ''} end
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+if cur < tonumber(ARGV[11]) then return {'older', tostring(cur)} end
 local now = tonumber(ARGV[3])
 local old = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, tonumber(ARGV[8]))
 for _, d in ipairs(old) do
@@ -33,7 +40,7 @@ local n = tonumber(redis.call('HGET', KEYS[5], ARGV[5]) or '0')
 if n >= tonumber(ARGV[6]) then return {'full'} end
 local seq = redis.call('INCR', KEYS[1])
 local m = ARGV[1] .. seq
-redis.call('HSET', m, 'du', ARGV[4], 'st', '0', 's', ARGV[5], 'o', ARGV[9], unpack(ARGV, 10))
+redis.call('HSET', m, 'du', ARGV[4], 'st', '0', 's', ARGV[5], 'o', ARGV[9], unpack(ARGV, 12))
 redis.call('ZADD', KEYS[2], seq, seq)
 redis.call('HSET', KEYS[3], ARGV[2], seq)
 redis.call('ZADD', KEYS[4], '+inf', ARGV[2])
@@ -128,17 +135,35 @@ local live = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. ARGV[2], '+inf', 'WITHS
 return {redis.call('GET', KEYS[1]) or '0', lastid, msgs, live}
 ";
 
-/// KEYS: instances. ARGV: instance, ttl ms. Registers the instance until now + ttl (Redis's
-/// clock: instances need not agree on theirs), drops the expired ones, counts the live.
+/// KEYS: instances, the instance's claim. ARGV: instance, ttl ms, claim ('' when this store
+/// claimed nothing). Registers the instance until now + ttl (Redis's clock: instances need
+/// not agree on theirs), renews its claim, drops the expired ones, counts the live; answers
+/// the count and the claim's other holder (empty unless a second process holds this id:
+/// then nothing is registered or renewed for this one).
 pub(super) const HEARTBEAT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+local other = ''
+if ARGV[3] ~= '' then
+  local h = redis.call('GET', KEYS[2])
+  if h and h ~= ARGV[3] then
+    other = h
+  else
+    redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[2])
+  end
+end
+if other == '' then
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-return redis.call('ZCARD', KEYS[1])
+return {redis.call('ZCARD', KEYS[1]), other}
 ";
 
-/// KEYS: instances. ARGV: instance. A graceful stop leaves the registry at once.
+/// KEYS: instances, the instance's claim. ARGV: instance, claim. A graceful stop leaves the
+/// registry at once, and gives the id up if this process holds it.
 pub(super) const LEAVE: &str = r"
+if ARGV[2] ~= '' and redis.call('GET', KEYS[2]) == ARGV[2] then
+  redis.call('DEL', KEYS[2])
+end
 return redis.call('ZREM', KEYS[1], ARGV[1])
 ";

@@ -29,6 +29,8 @@
 //! bound, or not renewed in time) and fenced partitions go to the reactor in the next
 //! [`ClusterReport`].
 
+mod trust;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -183,6 +185,7 @@ impl Journal {
                 back: HashMap::new(),
                 retry: Vec::new(),
                 failing: false,
+                distrusted: false,
                 closed: false,
                 to_release: Vec::new(),
             };
@@ -258,6 +261,8 @@ struct Member {
     /// Records of a failed write, tried again first (accepts never are).
     retry: Vec<Record>,
     failing: bool,
+    /// Redis lost its data or was replaced (`trust.rs`): nothing more is written or owned.
+    distrusted: bool,
     /// The sender is gone: write what is left, then stop.
     closed: bool,
     /// Drained partitions to release after the next batch.
@@ -396,6 +401,10 @@ impl Member {
     /// Writes one batch in one round trip and reports each record's fate in `c`.
     fn commit(&mut self, batch: Vec<Record>, kept: usize, c: &mut Report) {
         c.taken += batch.len() - kept;
+        if self.distrusted {
+            self.refuse(batch, c);
+            return;
+        }
         let places: Vec<Place> = batch.iter().map(|r| self.place(r)).collect();
         let ops = to_ops(&batch, &places, &self.own, self.session_cap);
         let started = Instant::now();
@@ -465,6 +474,7 @@ impl Member {
             }
         }
         self.settle(batch, &retry, error, c);
+        self.note_distrust(c);
     }
 
     /// One record's answer: its effect on `c` and on the maps; `Err` to try it again.
@@ -589,6 +599,9 @@ impl Member {
     /// The ownership pass: heartbeat, then the planner's releases, renewals and
     /// acquisitions, each gained partition loaded.
     fn pass(&mut self, c: &mut Report) {
+        if self.check_trust(c) {
+            return;
+        }
         let now = self.zero.elapsed();
         match self.store.heartbeat() {
             Ok(live) => self.own.set_live(live),

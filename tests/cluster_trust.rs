@@ -1,0 +1,297 @@
+//! Trust Redis or refuse (issue 31 rows 7 and 9): two `serve --cluster` instances under load
+//! on one private redis-server (tests/redis_support), and Redis loses its data (FLUSHALL).
+//! Each instance says so in an ERROR (an idle one too, from its ownership pass), fails `/readyz`, and accepts nothing more: a new
+//! message is rejected `storage`, never acked into a database that forgot the ones before,
+//! and Redis holds no message written after the flush. Before, both served on: 15 of 15
+//! new messages were acked as if nothing had happened.
+//!
+//! Nothing sleeps: the instances' ERROR lines come on their stderr, the bridges' answers on
+//! their connections, and `/readyz` is asked again at each new status snapshot (the endpoint
+//! serves the latest one: tests/snapshot_watch).
+
+mod redis_support;
+mod snapshot_watch;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::time::Instant;
+
+use crossbeam_channel::{Receiver, Sender};
+use redis_support::{Redis, WAIT, require_redis};
+use serde_json::{Value, json};
+use snapshot_watch::SnapshotWatch;
+
+/// What every instance logs once it finds Redis without its generation.
+const DISTRUST: &str = "the cluster's data is gone or replaced";
+
+struct Server {
+    child: Child,
+    addr: String,
+    http: String,
+    /// The instance's log lines (WARN and up), also copied to this test's stderr.
+    log: Receiver<String>,
+    snapshots: SnapshotWatch,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    fn start(redis: &Redis, instance: &str) -> Server {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let snapshots = SnapshotWatch::new(dir.path());
+        let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
+        command
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
+            .arg("--status-file")
+            .arg(dir.path().join("status.json"))
+            .args(["--cluster", &redis.url(), "--instance-id", instance])
+            .args(["--partitions", "4", "--lease-ms", "1000"])
+            .env("RUST_LOG", "warn")
+            .env_remove("TURNSTILE_AUTH_TOKEN")
+            .env_remove("NOTIFY_SOCKET")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = command.spawn().expect("start turnstile serve");
+        let (tx, log) = crossbeam_channel::unbounded();
+        let stderr = child.stderr.take().expect("stderr");
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                eprintln!("{line}");
+                let _ = tx.send(line);
+            }
+        });
+        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        out.read_line(&mut line).expect("first line");
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("listening line, got {line:?}"))
+            .to_owned();
+        line.clear();
+        out.read_line(&mut line).expect("second line");
+        let http = line
+            .trim()
+            .strip_prefix("http on ")
+            .unwrap_or_else(|| panic!("http line, got {line:?}"))
+            .to_owned();
+        Server {
+            child,
+            addr,
+            http,
+            log,
+            snapshots,
+            _dir: dir,
+        }
+    }
+
+    /// Blocks on the status snapshots until `/readyz` answers `code`; its response.
+    fn wait_ready(&self, code: u16) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let (got, body) = self.get("/readyz");
+            if got == code {
+                return body;
+            }
+            assert!(
+                self.snapshots.next_before(deadline),
+                "/readyz never answered {code}: {body}"
+            );
+        }
+    }
+
+    /// Blocks until a log line contains `needle`; that line.
+    fn wait_log(&self, needle: &str) -> String {
+        loop {
+            match self.log.recv_timeout(WAIT) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(_) => {}
+                Err(e) => panic!("no log line with {needle:?}: {e}"),
+            }
+        }
+    }
+
+    /// The status code and body of a GET of the HTTP endpoint.
+    fn get(&self, path: &str) -> (u16, String) {
+        let mut s = TcpStream::connect(&self.http).expect("connect http");
+        s.set_read_timeout(Some(WAIT)).expect("timeout");
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .expect("request");
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).expect("response");
+        let code = raw
+            .get(9..12)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or_else(|| panic!("a status line: {raw}"));
+        (code, raw)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A bridge with `acks` on `addr`: its write side, and every line it receives (but typing
+/// and partials) on a channel.
+fn bridge(addr: &str) -> (TcpStream, Receiver<Value>) {
+    let stream = TcpStream::connect(addr).expect("connect");
+    let mut w = stream.try_clone().expect("clone");
+    send(
+        &mut w,
+        &json!({"op": "hello", "platform": "tg", "acks": true}),
+    );
+    let (tx, rx) = crossbeam_channel::unbounded();
+    std::thread::spawn(move || pump(stream, &tx));
+    (w, rx)
+}
+
+fn pump(stream: TcpStream, tx: &Sender<Value>) {
+    for line in BufReader::new(stream).lines() {
+        let Ok(line) = line else { break };
+        let Ok(v) = serde_json::from_str::<Value>(&line) else {
+            break;
+        };
+        if v["op"] != "typing" && v["op"] != "partial" && tx.send(v).is_err() {
+            break;
+        }
+    }
+}
+
+fn send(w: &mut TcpStream, v: &Value) {
+    w.write_all((v.to_string() + "\n").as_bytes())
+        .expect("write");
+}
+
+fn message(w: &mut TcpStream, id: &str, chat: usize) {
+    send(
+        w,
+        &json!({"op": "message", "id": id, "chat_id": chat.to_string(), "text": id}),
+    );
+}
+
+/// The first `ack` or `reject` of each id of `ids` from `rx`.
+fn verdicts(rx: &Receiver<Value>, ids: &[String]) -> HashMap<String, Value> {
+    let mut got = HashMap::new();
+    while got.len() < ids.len() {
+        let v = rx
+            .recv_timeout(WAIT)
+            .unwrap_or_else(|e| panic!("{} of {} answered: {e}", got.len(), ids.len()));
+        let id = v["id"].as_str().unwrap_or_default().to_owned();
+        if matches!(v["op"].as_str(), Some("ack" | "reject")) && ids.contains(&id) {
+            got.entry(id).or_insert(v);
+        }
+    }
+    got
+}
+
+/// Redis's keys that only an accept writes (a message, the partition's count, its queue
+/// and inbox): none may appear after the flush.
+fn accepted_keys(redis: &Redis) -> Vec<String> {
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("ts:{p*}:*")
+        .query(&mut redis.client())
+        .expect("KEYS");
+    keys.into_iter()
+        .filter(|k| [":seq", ":q", ":in"].iter().any(|s| k.ends_with(s)) || k.contains(":m:"))
+        .collect()
+}
+
+#[test]
+fn redis_flushed_under_load_is_refused_by_every_instance_and_nothing_is_acked_into_it() {
+    let Some(bin) = require_redis() else { return };
+    let redis = Redis::start(&bin);
+    let (a, b) = (Server::start(&redis, "gw-a"), Server::start(&redis, "gw-b"));
+    // No bridge ever connects to C: its ownership pass alone must notice.
+    let c = Server::start(&redis, "gw-c");
+    let (mut wa, ra) = bridge(&a.addr);
+    let (mut wb, rb) = bridge(&b.addr);
+    assert_eq!(a.get("/readyz").0, 200);
+
+    // Load on both; Redis is flushed once 50 of A's are answered, and the load goes on.
+    let ids = |phase: &str| -> Vec<String> { (0..100).map(|i| format!("{phase}-{i}")).collect() };
+    let (before, after) = (ids("before"), ids("after"));
+    let (go, flushed) = crossbeam_channel::bounded::<()>(1);
+    let loader = {
+        let (mut wa, mut wb) = (
+            wa.try_clone().expect("clone"),
+            wb.try_clone().expect("clone"),
+        );
+        let (before, after) = (before.clone(), after.clone());
+        std::thread::spawn(move || {
+            for (phase, ids) in [(0, before), (1, after)] {
+                if phase == 1 {
+                    flushed.recv().expect("the flush");
+                }
+                for (i, id) in ids.iter().enumerate() {
+                    let w = if i % 2 == 0 { &mut wa } else { &mut wb };
+                    message(w, id, i % 20);
+                }
+            }
+        })
+    };
+    let mut answered = 0;
+    while answered < 50 {
+        let v = ra.recv_timeout(WAIT).expect("A's answers under load");
+        answered += usize::from(v["op"] == "reply");
+    }
+    let _: () = redis::cmd("FLUSHALL")
+        .query(&mut redis.client())
+        .expect("FLUSHALL");
+    go.send(()).expect("go");
+    loader.join().expect("loader");
+    // Sent after the flush, before either instance may have noticed: every accept meets a
+    // partition without its generation and is refused.
+    let (to_a, to_b): (Vec<_>, Vec<_>) = after
+        .iter()
+        .cloned()
+        .enumerate()
+        .partition(|(i, _)| i % 2 == 0);
+    for (rx, sent) in [(&ra, to_a), (&rb, to_b)] {
+        let sent: Vec<String> = sent.into_iter().map(|(_, id)| id).collect();
+        let got = verdicts(rx, &sent);
+        let acked: Vec<&String> = sent.iter().filter(|id| got[*id]["op"] == "ack").collect();
+        assert!(acked.is_empty(), "acked after the flush: {acked:?}");
+    }
+
+    // Each instance finds out, on its own (an accept or its ownership pass), and says so.
+    for s in [&a, &b, &c] {
+        let line = s.wait_log(DISTRUST);
+        assert!(line.contains("ERROR"), "{line}");
+        let body = s.wait_ready(503);
+        assert!(body.contains("journal writes are failing"), "{body}");
+    }
+    // New messages on either: rejected `storage`, none acked into the empty database.
+    for (w, rx, name) in [(&mut wa, &ra, "a"), (&mut wb, &rb, "b")] {
+        let ids: Vec<String> = (0..15).map(|i| format!("later-{name}-{i}")).collect();
+        for (i, id) in ids.iter().enumerate() {
+            message(w, id, 100 + i);
+        }
+        let got = verdicts(rx, &ids);
+        let acked: Vec<&String> = ids.iter().filter(|id| got[*id]["op"] == "ack").collect();
+        assert!(acked.is_empty(), "{name}: acked after the flush: {acked:?}");
+        for id in &ids {
+            assert_eq!(got[id]["reason"], "storage", "{name}: {}", got[id]);
+        }
+    }
+    let written = accepted_keys(&redis);
+    assert!(written.is_empty(), "accepted after the flush: {written:?}");
+}
