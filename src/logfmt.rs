@@ -91,6 +91,11 @@ pub(crate) fn json_line(ts: &str, level: log::Level, target: &str, msg: &str) ->
     Value::Object(m).to_string()
 }
 
+/// Lines one rate-limited call site logs at once.
+pub(crate) const WARN_BURST: f64 = 10.0;
+/// Lines one rate-limited call site logs per second once its burst is used.
+pub(crate) const WARN_PER_SEC: f64 = 1.0;
+
 /// A budget of log lines: `burst` at once, then `per_sec` a second (a token bucket). What is
 /// refused is counted, and the count handed to the next line allowed: one definition for
 /// every flood a log must survive (an agent's stderr, a hostile platform server).

@@ -15,7 +15,11 @@
 //! `access.json` beside the journal, written by a thread of its own ([`Saver`]), never on
 //! the reactor.
 
+// The tables are read from `serve`'s `--config` file (feature `cli`); a library-only build
+// has no reader of them yet, so their parser is unused there.
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
 mod config;
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
 mod glob;
 mod state;
 
@@ -25,6 +29,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 
 pub use config::AccessConfig;
+#[cfg(feature = "cli")]
 pub(crate) use config::AccessTable;
 use config::{Mode, Rules};
 use state::{PlatformState, Snapshot};

@@ -51,10 +51,7 @@ macro_rules! error_limited {
     ($($arg:tt)+) => { log_limited!(log::Level::Error, $($arg)+) };
 }
 
-/// Lines one rate-limited call site logs at once.
-pub(crate) const WARN_BURST: f64 = 10.0;
-/// Lines one rate-limited call site logs per second once its burst is used.
-pub(crate) const WARN_PER_SEC: f64 = 1.0;
+pub(crate) use crate::logfmt::{WARN_BURST, WARN_PER_SEC};
 
 /// The body of [`log_limited!`]: the line, if `budget` allows it, with the count dropped
 /// before it.

@@ -14,8 +14,8 @@ use crate::auth::Token;
 use crate::key::Slots;
 use crate::liveness::LinkStatus;
 use crate::logfmt::LogBudget;
+use crate::logfmt::{WARN_BURST, WARN_PER_SEC};
 use crate::message::SessionKey;
-use crate::platforms::{WARN_BURST, WARN_PER_SEC};
 
 /// An answer to one line, in line order.
 pub(super) enum Answer {
