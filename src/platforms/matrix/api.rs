@@ -276,9 +276,21 @@ impl Api {
         txn: &str,
         content: &Value,
     ) -> Result<String, ApiError> {
+        self.send_event(room, "m.room.message", txn, content)
+    }
+
+    /// `PUT /rooms/{room}/send/{kind}/{txn}` (an encrypted room's events are
+    /// `m.room.encrypted`): the new event's id, idempotent by `txn` as [`Api::send_message`].
+    pub(crate) fn send_event(
+        &self,
+        room: &str,
+        kind: &str,
+        txn: &str,
+        content: &Value,
+    ) -> Result<String, ApiError> {
         let v = self.call(
             "PUT",
-            &format!("/rooms/{}/send/m.room.message/{}", enc(room), enc(txn)),
+            &format!("/rooms/{}/send/{}/{}", enc(room), enc(kind), enc(txn)),
             Some(content),
         )?;
         v["event_id"]

@@ -130,6 +130,7 @@ pub(super) fn run_sync(
     tx: &Sender<FromSync>,
     mut resume: Option<String>,
     stop: &Receiver<()>,
+    crypto: Option<&super::crypto::Shared>,
 ) {
     let mut state = SyncState::new(me, config.max_rooms, 10_000);
     let joiner = Joiner::start(api, stop);
@@ -157,6 +158,10 @@ pub(super) fn run_sync(
             }
         };
         let first = since.is_none();
+        let mut answer = answer;
+        let unreadable = crypto.map_or_else(Vec::new, |c| {
+            super::crypto::lock(c).on_sync(api, &mut answer, first, std::time::Instant::now())
+        });
         let Some(next) = answer["next_batch"].as_str() else {
             warn_limited!("matrix: a sync answer without next_batch; trying again");
             if stopped_during(stop, Duration::from_secs(1)) {
@@ -180,7 +185,12 @@ pub(super) fn run_sync(
             }
             None => Some(next.to_owned()),
         };
-        for item in items {
+        let told = unreadable.into_iter().map(|u| Incoming::Refused {
+            room: u.room,
+            event_id: u.event_id,
+            why: super::crypto::UNREADABLE_NOTICE.to_owned(),
+        });
+        for item in items.into_iter().chain(told) {
             if !forward(api, &mut state, tx, stop, item) {
                 return;
             }
