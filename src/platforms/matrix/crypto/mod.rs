@@ -60,6 +60,9 @@ impl Default for E2eeConfig {
     }
 }
 
+/// Key requests sent per sync at most.
+const KEY_REQUESTS_PER_SYNC: usize = 16;
+
 /// The text a room sees once when a message's key does not come.
 pub(crate) const UNREADABLE_NOTICE: &str = "I can't read this message yet — its encryption key has not reached me. Sending it again, or verifying that your client shares keys with new devices, may help.";
 
@@ -88,6 +91,10 @@ pub(crate) struct Crypto {
     stale: HashSet<String>,
     /// Rooms already told about an unreadable message.
     told: HashSet<String>,
+    /// Key requests to send after this sync: the sender, its device and the session.
+    requests: Vec<(String, String, SessionRef)>,
+    /// Sessions whose key was already asked for.
+    asked: HashSet<SessionRef>,
     store: Option<Store>,
     config: E2eeConfig,
     txn: u64,
@@ -143,22 +150,7 @@ impl Crypto {
             Some(s) => s.load(me, &device)?,
             None => None,
         };
-        let mut crypto = Crypto {
-            me: me.to_owned(),
-            device,
-            account: Account::new(),
-            olm: OlmSessions::new(config.max_devices),
-            inbound: Inbound::new(config.sessions_per_room),
-            pending: Pending::new(config.max_pending),
-            outbound: HashMap::new(),
-            rooms: HashMap::new(),
-            devices: HashMap::new(),
-            stale: HashSet::new(),
-            told: HashSet::new(),
-            store,
-            config: config.clone(),
-            txn: 0,
-        };
+        let mut crypto = Crypto::new(me, &device, store, config);
         let fresh = loaded.is_none();
         if let Some(l) = loaded {
             crypto.account = l.account;
@@ -191,6 +183,28 @@ impl Crypto {
             config.notice_after
         );
         Ok(crypto)
+    }
+
+    /// A new device's state (no keys published yet).
+    fn new(me: &str, device: &str, store: Option<Store>, config: &E2eeConfig) -> Crypto {
+        Crypto {
+            me: me.to_owned(),
+            device: device.to_owned(),
+            account: Account::new(),
+            olm: OlmSessions::new(config.max_devices),
+            inbound: Inbound::new(config.sessions_per_room),
+            pending: Pending::new(config.max_pending),
+            outbound: HashMap::new(),
+            rooms: HashMap::new(),
+            devices: HashMap::new(),
+            stale: HashSet::new(),
+            told: HashSet::new(),
+            requests: Vec::new(),
+            asked: HashSet::new(),
+            store,
+            config: config.clone(),
+            txn: 0,
+        }
     }
 
     /// Publishes the device keys (with `device_keys`) and the unpublished one-time and
@@ -289,6 +303,7 @@ impl Crypto {
         if keys_came {
             self.retry(sync);
         }
+        self.send_key_requests(api);
         self.unreadable(now)
     }
 
@@ -398,6 +413,7 @@ impl Crypto {
             match self.inbound.decrypt(room, ev) {
                 Ok(plain) => reveal(ev, plain),
                 Err(Undecryptable::MissingKey(session)) => {
+                    self.want_key(ev, &session);
                     debug_redacted!(
                         "matrix: room {room}: session {} unknown yet; the event waits",
                         session.session_id
@@ -429,10 +445,62 @@ impl Crypto {
                     Some(outbound::Rotation::from_content(&ev["content"])),
                 );
             }
-            Some("m.room.member") if ev["content"]["membership"] != "join" => {
+            Some("m.room.member")
+                if matches!(ev["content"]["membership"].as_str(), Some("leave" | "ban")) =>
+            {
                 self.outbound.remove(room);
             }
             _ => {}
+        }
+    }
+
+    /// Queues a key request (`m.room_key_request`) for the session of `ev`, once per session.
+    fn want_key(&mut self, ev: &Value, session: &SessionRef) {
+        if self.asked.contains(session) {
+            return;
+        }
+        if self.asked.len() >= self.config.max_pending.max(1024) {
+            self.asked.clear();
+        }
+        self.asked.insert(session.clone());
+        let sender = ev["sender"].as_str().unwrap_or_default().to_owned();
+        let device = ev["content"]["device_id"]
+            .as_str()
+            .unwrap_or("*")
+            .to_owned();
+        self.requests.push((sender, device, session.clone()));
+    }
+
+    /// Sends the queued key requests, at most [`KEY_REQUESTS_PER_SYNC`] (the rest dropped:
+    /// their events still wait, and the sender's client may share the key unasked).
+    fn send_key_requests(&mut self, api: &Api) {
+        let mut messages: HashMap<String, serde_json::Map<String, Value>> = HashMap::new();
+        let queued = std::mem::take(&mut self.requests);
+        let skipped = queued.len().saturating_sub(KEY_REQUESTS_PER_SYNC);
+        for (sender, device, s) in queued.into_iter().take(KEY_REQUESTS_PER_SYNC) {
+            self.txn += 1;
+            let body = json!({
+                "action": "request",
+                "requesting_device_id": self.device,
+                "request_id": format!("{}-{}", self.device, self.txn),
+                "body": {"algorithm": keys::MEGOLM, "room_id": s.room, "sender_key": s.sender_key, "session_id": s.session_id},
+            });
+            messages.entry(sender).or_default().insert(device, body);
+        }
+        if skipped > 0 {
+            warn_limited!(
+                "matrix: {skipped} key request(s) not sent: at most {KEY_REQUESTS_PER_SYNC} a sync"
+            );
+        }
+        if messages.is_empty() {
+            return;
+        }
+        let path = format!(
+            "/sendToDevice/m.room_key_request/{}",
+            super::api::enc(&format!("{}-kr-{}", self.device, self.txn))
+        );
+        if let Err(e) = api.call("PUT", &path, Some(&json!({"messages": messages}))) {
+            warn_limited!("matrix: sending key requests failed: {e}");
         }
     }
 
@@ -506,5 +574,95 @@ fn reveal(ev: &mut Value, plain: Value) {
     ev["content"] = plain["content"].clone();
     if !relates.is_null() && ev["content"].is_object() && ev["content"]["m.relates_to"].is_null() {
         ev["content"]["m.relates_to"] = relates;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vodozemac::megolm::GroupSession;
+
+    const ROOM: &str = "!r:hs";
+
+    fn encrypted(out: &mut GroupSession, id: &str, body: &str) -> Value {
+        let plain = json!({"type": "m.room.message", "room_id": ROOM, "content": {"msgtype": "m.text", "body": body}});
+        json!({"type": "m.room.encrypted", "event_id": id, "sender": "@ann:hs", "content": {
+            "algorithm": keys::MEGOLM, "sender_key": "SK", "session_id": out.session_id(),
+            "ciphertext": out.encrypt(plain.to_string()).to_base64()}})
+    }
+
+    fn sync_with(events: Vec<Value>) -> Value {
+        json!({"next_batch": "b", "rooms": {"join": {ROOM: {"timeline": {"events": events}}}}})
+    }
+
+    #[test]
+    fn a_waiting_event_is_decrypted_into_the_sync_its_key_comes_in_and_the_room_is_told_once() {
+        let config = E2eeConfig {
+            notice_after: Duration::from_secs(5),
+            ..E2eeConfig::default()
+        };
+        let mut c = Crypto::new("@bot:hs", "DEV", None, &config);
+        let mut out = GroupSession::new(SessionConfig::version_1());
+        let key = out.session_key();
+        let t0 = Instant::now();
+        let mut first = sync_with(vec![
+            encrypted(&mut out, "$a", "one"),
+            encrypted(&mut out, "$b", "two"),
+        ]);
+        c.room_events(ROOM, &mut first["rooms"]["join"][ROOM], false, t0);
+        assert_eq!(
+            first["rooms"]["join"][ROOM]["timeline"]["events"][0]["type"],
+            "m.room.encrypted"
+        );
+        assert!(
+            c.unreadable(t0 + Duration::from_secs(4)).is_empty(),
+            "not before the timeout"
+        );
+        let told = c.unreadable(t0 + Duration::from_secs(5));
+        assert_eq!(told.len(), 1, "two waiting events, one notice for the room");
+        assert_eq!(told[0].event_id, "$a");
+        assert!(
+            c.unreadable(t0 + Duration::from_secs(60)).is_empty(),
+            "the room is told once"
+        );
+
+        let r = SessionRef {
+            room: ROOM.into(),
+            sender_key: "SK".into(),
+            session_id: out.session_id(),
+        };
+        c.inbound.add(
+            r,
+            InboundGroupSession::new(&key, SessionConfig::version_1()),
+        );
+        let mut later = json!({"next_batch": "c"});
+        c.retry(&mut later);
+        let events = &later["rooms"]["join"][ROOM]["timeline"]["events"];
+        assert_eq!(events[0]["type"], "m.room.message");
+        assert_eq!(events[0]["content"]["body"], "one");
+        assert_eq!(events[1]["content"]["body"], "two");
+        assert_eq!(c.pending.len(), 0);
+    }
+
+    #[test]
+    fn a_member_leaving_retires_the_outbound_session_and_an_invite_does_not() {
+        let mut c = Crypto::new("@bot:hs", "DEV", None, &E2eeConfig::default());
+        let fresh = || outbound::Outbound::new();
+        c.outbound.insert(ROOM.into(), fresh());
+        c.room_state(
+            ROOM,
+            &json!({"type": "m.room.member", "content": {"membership": "invite"}}),
+        );
+        assert!(c.outbound.contains_key(ROOM));
+        c.room_state(
+            ROOM,
+            &json!({"type": "m.room.member", "content": {"membership": "leave"}}),
+        );
+        assert!(!c.outbound.contains_key(ROOM));
+        c.room_state(ROOM, &json!({"type": "m.room.encryption", "content": {"algorithm": keys::MEGOLM, "rotation_period_msgs": 3}}));
+        assert!(
+            matches!(c.rooms.get(ROOM), Some(Some(_))),
+            "encryption turned on mid-life is followed"
+        );
     }
 }

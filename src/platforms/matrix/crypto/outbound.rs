@@ -59,6 +59,18 @@ pub(crate) struct Outbound {
     created: Instant,
 }
 
+impl Outbound {
+    /// A new session, shared with nobody yet.
+    pub(crate) fn new() -> Outbound {
+        Outbound {
+            session: GroupSession::new(SessionConfig::version_1()),
+            shared: HashSet::new(),
+            sent: 0,
+            created: Instant::now(),
+        }
+    }
+}
+
 impl Crypto {
     /// The encrypted content to send instead of `content` in `room` (`m.room.encrypted`), or
     /// `None` when the room is not encrypted. Never falls back to plaintext in an encrypted
@@ -77,15 +89,7 @@ impl Crypto {
             .get(room)
             .is_none_or(|o| o.sent >= rotation.messages || o.created.elapsed() >= rotation.age);
         if due {
-            self.outbound.insert(
-                room.to_owned(),
-                Outbound {
-                    session: GroupSession::new(SessionConfig::version_1()),
-                    shared: HashSet::new(),
-                    sent: 0,
-                    created: Instant::now(),
-                },
-            );
+            self.outbound.insert(room.to_owned(), Outbound::new());
         }
         let members = joined_members(api, room)?;
         self.refresh_devices(api, &members)?;
