@@ -473,6 +473,12 @@ fn a_late_key_is_waited_for_a_missing_one_told_and_waiting_is_bounded() {
             && v["content"]["m.relates_to"]["m.in_reply_to"]["event_id"] == never.as_str()
     });
     assert_eq!(notice["content"]["msgtype"], "m.notice");
+    let request = nio.until("the bot's key request", |v| {
+        v["ev"] == "key_request"
+            && v["sender"] == bot.mxid.as_str()
+            && v["content"]["action"] == "request"
+    });
+    assert_eq!(request["content"]["body"]["room_id"], room.as_str());
 
     nio.say(&room, "never two", true);
     nio.say(&room, "never three", true);

@@ -11,7 +11,8 @@ stdin, one JSON object a line:
   {"op": "release"}                         sends the held keys -> {"ev": "released"}
 stdout, one JSON object a line: {"ev": "ready", "device"}, and every room event the client
 syncs: {"ev": "event", "room", "event_id", "sender", "type", "class", "decrypted", "content"}
-(the decrypted content when it decrypted), {"ev": "joined", "room", "user"} for joins.
+(the decrypted content when it decrypted), {"ev": "joined", "room", "user"} for joins, and
+{"ev": "key_request", "sender", "content"} for each `m.room_key_request` it receives.
 """
 import asyncio, json, sys, uuid
 
@@ -57,6 +58,10 @@ async def main():
             for room_id, info in resp.rooms.join.items():
                 for ev in info.timeline.events:
                     report(room_id, ev)
+            for ev in resp.to_device_events:
+                src = getattr(ev, "source", {}) or {}
+                if src.get("type") == "m.room_key_request":
+                    out(ev="key_request", sender=ev.sender, content=src.get("content", {}))
             await maintain()
 
     def report(room_id, ev):
