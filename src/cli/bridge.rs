@@ -23,7 +23,7 @@ enum Platform {
     Irc(IrcArgs),
     /// A Telegram bot (Bot API long polling).
     Telegram(TelegramArgs),
-    /// A Matrix bot (Client-Server API, /sync long polling; unencrypted rooms only).
+    /// A Matrix bot (Client-Server API, /sync long polling; plain and end-to-end encrypted rooms).
     Matrix(MatrixArgs),
 }
 

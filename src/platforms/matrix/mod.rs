@@ -1,8 +1,8 @@
 //! The Matrix bridge: `turnstile bridge matrix --gateway HOST:PORT --homeserver URL`.
 //!
 //! A bot account on a homeserver, spoken to with the Client-Server API by hand over ureq
-//! (no SDK, no async runtime). **Unencrypted rooms only**: an end-to-end encrypted room's
-//! messages arrive as `m.room.encrypted` and are not seen.
+//! (no SDK, no async runtime). End-to-end encrypted rooms go through [`crypto`]: each sync
+//! answer is decrypted in place before it is read, and sends into encrypted rooms are sealed.
 //!
 //! Threads: one long-polls `/sync` ([`sync`]), joins the rooms the bot is invited to and
 //! hands the humans' messages over on a bounded channel; the gateway client
