@@ -25,7 +25,10 @@ use serde_json::{Value, json};
 use snapshot_watch::SnapshotWatch;
 
 /// What every instance logs once it finds Redis without its generation.
-const DISTRUST: &str = "the cluster's data is gone or replaced";
+/// What both distrust ERRORs say (the generation gone: "gone or replaced"; a partition's count
+/// below what the instance saw: "older than this instance has seen"). Which check fires first
+/// on an instance is a race between its accepts and its ownership pass: either is the promise.
+const DISTRUST: &str = "no new one is accepted";
 
 struct Server {
     child: Child,

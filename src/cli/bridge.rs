@@ -23,7 +23,7 @@ enum Platform {
     Irc(IrcArgs),
     /// A Telegram bot (Bot API long polling).
     Telegram(TelegramArgs),
-    /// A Matrix bot (Client-Server API, /sync long polling; unencrypted rooms only).
+    /// A Matrix bot (Client-Server API, /sync long polling; plain and end-to-end encrypted rooms).
     Matrix(MatrixArgs),
 }
 
@@ -181,9 +181,21 @@ struct MatrixArgs {
     max_rooms: usize,
     /// Directory keeping the sync position, so a restarted bridge answers what was written
     /// while it was down (without it, each start answers only what comes after it), and the
-    /// ids of the results shown (the newest 4,096), so a restart shows none twice.
+    /// ids of the results shown (the newest 4,096), so a restart shows none twice, and the
+    /// encryption keys (pickled with the key in `--pickle-key-env`).
     #[arg(long, value_name = "DIR")]
     state_dir: Option<std::path::PathBuf>,
+    /// Environment variable holding the key the encryption state in `--state-dir` is pickled
+    /// with (without it the bot is a new device at every start).
+    #[arg(long, value_name = "NAME", default_value = "MATRIX_PICKLE_KEY")]
+    pickle_key_env: String,
+    /// Seconds an encrypted message whose key has not come waits before the room is told
+    /// (once per room).
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    undecryptable_notice_after: u64,
+    /// Encrypted messages waiting for their key at most (past it the oldest is dropped).
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    max_undecryptable: usize,
 }
 
 /// What one `turnstile bridge <platform>` command line takes from its environment and its
@@ -194,6 +206,8 @@ pub(crate) struct BridgeNeeds {
     pub(crate) required: Vec<(String, &'static str)>,
     /// The variable of the gateway's token (`--gateway-token-env`), read only if set.
     pub(crate) gateway_token_env: String,
+    /// Other secrets' variables read only if set (Matrix's `--pickle-key-env`).
+    pub(crate) optional: Vec<String>,
     /// The `--state-dir`, if any: the bridge creates it and writes in it.
     pub(crate) state_dir: Option<std::path::PathBuf>,
 }
@@ -212,16 +226,19 @@ impl BridgeArgs {
                 .filter_map(|(var, flag)| var.clone().map(|v| (v, flag)))
                 .collect(),
                 gateway_token_env: a.gateway.gateway_token_env.clone(),
+                optional: Vec::new(),
                 state_dir: None,
             },
             Platform::Telegram(a) => BridgeNeeds {
                 required: vec![(a.bot_token_env.clone(), "--bot-token-env")],
                 gateway_token_env: a.gateway.gateway_token_env.clone(),
+                optional: Vec::new(),
                 state_dir: a.state_dir.clone(),
             },
             Platform::Matrix(a) => BridgeNeeds {
                 required: vec![(a.access_token_env.clone(), "--access-token-env")],
                 gateway_token_env: a.gateway.gateway_token_env.clone(),
+                optional: vec![a.pickle_key_env.clone()],
                 state_dir: a.state_dir.clone(),
             },
         }
@@ -365,6 +382,11 @@ fn run_matrix(a: MatrixArgs) -> Result<(), Failure> {
     let mut config = MatrixConfig::new(&a.homeserver, token, gateway);
     config.max_rooms = a.max_rooms;
     config.state_dir = a.state_dir;
+    config.e2ee.pickle_secret = std::env::var(&a.pickle_key_env)
+        .ok()
+        .filter(|k| !k.is_empty());
+    config.e2ee.notice_after = Duration::from_secs(a.undecryptable_notice_after);
+    config.e2ee.max_pending = a.max_undecryptable.max(1);
     let stop = stop_on_signals().map_err(Failure::Run)?;
     matrix::run(config, &stop, &mut |me| print_ready("matrix", me)).map_err(Failure::Run)
 }

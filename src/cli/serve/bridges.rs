@@ -224,6 +224,7 @@ fn kept_env(needs: &BridgeNeeds) -> Vec<(OsString, OsString)> {
             PROCESS_VARS.contains(&k)
                 || k.starts_with("LC_")
                 || needs.required.iter().any(|(var, _)| var == k)
+                || needs.optional.iter().any(|var| var == k)
                 || (k == needs.gateway_token_env && k != "TURNSTILE_AUTH_TOKEN")
         })
         .collect()

@@ -252,12 +252,12 @@ impl Api {
     }
 
     /// `GET /sync`, long polling up to `timeout` when `since` is given.
-    pub(crate) fn sync(
+    pub(crate) fn sync_text(
         &self,
         since: Option<&str>,
         filter: &str,
         timeout: Duration,
-    ) -> Result<SyncAnswer, ApiError> {
+    ) -> Result<String, ApiError> {
         let mut path = format!(
             "/sync?filter={}&timeout={}",
             enc(filter),
@@ -267,12 +267,15 @@ impl Api {
             path.push_str("&since=");
             path.push_str(&enc(s));
         }
-        // Typed and bounded: a huge answer costs its text and what is kept of it.
-        let (what, status, text) = self.request("GET", &path, None)?;
-        serde_json::from_str(&text).map_err(|_| {
-            ApiError::BadResponse(format!(
-                "{what}: HTTP {status} with a body that is not a sync answer"
-            ))
+        let (_, _, text) = self.request("GET", &path, None)?;
+        Ok(text)
+    }
+
+    /// A sync answer's text read typed and bounded: a huge answer costs its text and what is
+    /// kept of it.
+    pub(crate) fn parse_sync(text: &str) -> Result<SyncAnswer, ApiError> {
+        serde_json::from_str(text).map_err(|_| {
+            ApiError::BadResponse("GET /sync: a body that is not a sync answer".to_owned())
         })
     }
 
@@ -304,9 +307,21 @@ impl Api {
         txn: &str,
         content: &Value,
     ) -> Result<String, ApiError> {
+        self.send_event(room, "m.room.message", txn, content)
+    }
+
+    /// `PUT /rooms/{room}/send/{kind}/{txn}` (an encrypted room's events are
+    /// `m.room.encrypted`): the new event's id, idempotent by `txn` as [`Api::send_message`].
+    pub(crate) fn send_event(
+        &self,
+        room: &str,
+        kind: &str,
+        txn: &str,
+        content: &Value,
+    ) -> Result<String, ApiError> {
         let v = self.call(
             "PUT",
-            &format!("/rooms/{}/send/m.room.message/{}", enc(room), enc(txn)),
+            &format!("/rooms/{}/send/{}/{}", enc(room), enc(kind), enc(txn)),
             Some(content),
         )?;
         v["event_id"]

@@ -48,21 +48,33 @@ pub(crate) struct HttpHomeserver {
     api: Api,
     me: String,
     typing_timeout: Duration,
+    /// Encrypts what goes into encrypted rooms.
+    crypto: Option<super::crypto::Shared>,
 }
 
 impl HttpHomeserver {
     /// The homeserver as `me` through `api`; typing shown for 30 s per refresh.
-    pub(super) fn new(api: Api, me: String) -> HttpHomeserver {
+    pub(super) fn new(
+        api: Api,
+        me: String,
+        crypto: Option<super::crypto::Shared>,
+    ) -> HttpHomeserver {
         HttpHomeserver {
             api,
             me,
             typing_timeout: Duration::from_secs(30),
+            crypto,
         }
     }
 }
 
 impl Homeserver for HttpHomeserver {
     fn send(&mut self, room: &str, txn: &str, content: &Value) -> Result<String, ApiError> {
+        if let Some(c) = &self.crypto
+            && let Some(sealed) = super::crypto::lock(c).encrypt(&self.api, room, content)?
+        {
+            return self.api.send_event(room, "m.room.encrypted", txn, &sealed);
+        }
         self.api.send_message(room, txn, content)
     }
     fn typing(&mut self, room: &str, on: bool) -> Result<(), ApiError> {

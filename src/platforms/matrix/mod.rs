@@ -1,8 +1,8 @@
 //! The Matrix bridge: `turnstile bridge matrix --gateway HOST:PORT --homeserver URL`.
 //!
 //! A bot account on a homeserver, spoken to with the Client-Server API by hand over ureq
-//! (no SDK, no async runtime). **Unencrypted rooms only**: an end-to-end encrypted room's
-//! messages arrive as `m.room.encrypted` and are not seen.
+//! (no SDK, no async runtime). End-to-end encrypted rooms go through [`crypto`]: each sync
+//! answer is decrypted in place before it is read, and sends into encrypted rooms are sealed.
 //!
 //! Threads: one long-polls `/sync` ([`sync`]), joins the rooms the bot is invited to and
 //! hands the humans' messages over on a bounded channel; the gateway client
@@ -21,6 +21,7 @@
 
 mod answer;
 pub(crate) mod api;
+pub(crate) mod crypto;
 mod engine;
 mod poll;
 pub(crate) mod state;
@@ -64,6 +65,8 @@ pub(crate) struct MatrixConfig {
     /// Where the sync position is kept across restarts (`--state-dir`); without it every
     /// start answers only what is written after it.
     pub state_dir: Option<std::path::PathBuf>,
+    /// End-to-end encryption: the pickle key and the bounds.
+    pub e2ee: crypto::E2eeConfig,
 }
 
 impl std::fmt::Debug for MatrixConfig {
@@ -92,6 +95,7 @@ impl MatrixConfig {
             sync_timeout: Duration::from_secs(30),
             max_turns: 4096,
             state_dir: None,
+            e2ee: crypto::E2eeConfig::default(),
         }
     }
 }
@@ -105,7 +109,51 @@ pub(crate) fn run(
 ) -> Result<(), BridgeError> {
     super::secrets::register(config.gateway.token.as_deref().unwrap_or_default());
     super::secrets::register(&config.access_token);
+    if let Some(key) = &config.e2ee.pickle_secret {
+        super::secrets::register(key);
+    }
     serve(config, stop, on_ready).map_err(|e| super::secrets::redact(&e).into_owned())
+}
+
+/// The bot's mxid (`/account/whoami`), asked until answered; `None` when `stop` fires first.
+fn who_am_i(api: &Api, stop: &Receiver<()>) -> Result<Option<String>, BridgeError> {
+    loop {
+        // A homeserver that accepts and never answers must not hold a SIGTERM.
+        let whoami = {
+            let api = api.clone();
+            super::interruptible(stop, "matrix-whoami", move || api.whoami())?
+        };
+        let Some(whoami) = whoami else {
+            return Ok(None);
+        };
+        match whoami {
+            Ok(me) => return Ok(Some(me)),
+            Err(e) if e.is_unauthorized() => {
+                return Err(format!(
+                    "the homeserver {} refused the access token ({e})",
+                    api.base()
+                ));
+            }
+            Err(e) => {
+                warn_limited!("matrix: {}: {e}; trying again in 2s", api.base());
+                if stop.recv_timeout(Duration::from_secs(2)).is_ok() {
+                    return Ok(None);
+                }
+            }
+        }
+    }
+}
+
+/// The bot's encryption device; `None` (logged: encrypted rooms stay unread) when the
+/// homeserver refuses it.
+fn start_crypto(api: &Api, me: &str, config: &MatrixConfig) -> Option<crypto::Shared> {
+    match crypto::Crypto::start(api, me, config.state_dir.as_deref(), &config.e2ee) {
+        Ok(c) => Some(std::sync::Arc::new(std::sync::Mutex::new(c))),
+        Err(e) => {
+            error_limited!("matrix: encryption off, encrypted rooms are not read: {e}");
+            None
+        }
+    }
 }
 
 /// [`run`] once the secrets are registered.
@@ -119,30 +167,8 @@ fn serve(
         &config.access_token,
         config.sync_timeout + Duration::from_secs(30),
     )?;
-    let me = loop {
-        // A homeserver that accepts and never answers must not hold a SIGTERM.
-        let whoami = {
-            let api = api.clone();
-            super::interruptible(stop, "matrix-whoami", move || api.whoami())?
-        };
-        let Some(whoami) = whoami else {
-            return Ok(());
-        };
-        match whoami {
-            Ok(me) => break me,
-            Err(e) if e.is_unauthorized() => {
-                return Err(format!(
-                    "the homeserver {} refused the access token ({e})",
-                    api.base()
-                ));
-            }
-            Err(e) => {
-                warn_limited!("matrix: {}: {e}; trying again in 2s", api.base());
-                if stop.recv_timeout(Duration::from_secs(2)).is_ok() {
-                    return Ok(());
-                }
-            }
-        }
+    let Some(me) = who_am_i(&api, stop)? else {
+        return Ok(());
     };
     info_redacted!("matrix: logged in to {} as {me}", api.base());
     // Sends are short; their bound is also the longest a shutdown waits for one.
@@ -152,6 +178,7 @@ fn serve(
         Some(dir) => (state::load(dir)?, Some(state::Tracker::new(dir)?)),
         None => (None, None),
     };
+    let crypto = start_crypto(&api, &me, &config);
     let (sync_tx, sync_rx) = bounded::<FromSync>(64);
     // Dropped when this function returns: the sync thread's waits end with it.
     let (_stop_sync, stop_rx) = bounded::<()>(0);
@@ -159,13 +186,24 @@ fn serve(
         let api = api.clone();
         let me = me.clone();
         let config = config.clone();
+        let crypto = crypto.clone();
         std::thread::Builder::new()
             .name("matrix-sync".into())
-            .spawn(move || run_sync(&api, &me, &config, &sync_tx, resume, &stop_rx))
+            .spawn(move || {
+                run_sync(
+                    &api,
+                    &me,
+                    &config,
+                    &sync_tx,
+                    resume,
+                    &stop_rx,
+                    crypto.as_ref(),
+                )
+            })
             .map_err(|e| format!("cannot start a thread: {e}"))?;
     }
     let (mut gw, gw_rx) = Gateway::connect(config.gateway.clone());
-    let hs = HttpHomeserver::new(send_api, me.clone());
+    let hs = HttpHomeserver::new(send_api, me.clone(), crypto);
     let mut core = SyncEngine::new(
         hs,
         &config.gateway.platform,

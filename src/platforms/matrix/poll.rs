@@ -8,6 +8,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use super::MatrixConfig;
 use super::answer::SyncAnswer;
 use super::api::{Api, ApiError};
+use super::crypto::Unreadable;
 use super::sync;
 use super::sync::{ChatKind, HumanMessage, Incoming, SyncState};
 
@@ -134,6 +135,7 @@ pub(super) fn run_sync(
     tx: &Sender<FromSync>,
     mut resume: Option<String>,
     stop: &Receiver<()>,
+    crypto: Option<&super::crypto::Shared>,
 ) {
     let mut state = SyncState::new(me, config.max_rooms, 10_000);
     let joiner = Joiner::start(api, stop);
@@ -149,13 +151,23 @@ pub(super) fn run_sync(
             None => (&first_filter, first_timeout),
             Some(_) => (&filter, config.sync_timeout),
         };
-        let answer = match fetch(api, since.as_deref(), f, timeout, &mut backoff) {
-            Fetched::Answer(v) => {
+        let first = since.is_none();
+        let fetched = fetch(
+            api,
+            since.as_deref(),
+            f,
+            timeout,
+            &mut backoff,
+            crypto,
+            first,
+        );
+        let (answer, unreadable) = match fetched {
+            Fetched::Answer(v, unreadable) => {
                 if link_up != Some(true) && !send_or_stop(tx, stop, FromSync::Link(true, None)) {
                     return;
                 }
                 link_up = Some(true);
-                v
+                (v, unreadable)
             }
             Fetched::Retry(wait, why) => {
                 if let Some(why) = why {
@@ -176,7 +188,6 @@ pub(super) fn run_sync(
                 return;
             }
         };
-        let first = since.is_none();
         if answer.dropped() > 0 {
             // One line per answer, however many rooms or events it held.
             warn_limited!(
@@ -207,7 +218,12 @@ pub(super) fn run_sync(
             }
             None => Some(next.to_owned()),
         };
-        for item in items {
+        let told = unreadable.into_iter().map(|u| Incoming::Refused {
+            room: u.room,
+            event_id: u.event_id,
+            why: super::crypto::UNREADABLE_NOTICE.to_owned(),
+        });
+        for item in items.into_iter().chain(told) {
             if !forward(api, &mut state, tx, stop, item) {
                 return;
             }
@@ -240,7 +256,9 @@ fn first_sync_timeout() -> Duration {
 
 /// What one sync request came to.
 enum Fetched {
-    Answer(Box<SyncAnswer>),
+    /// The answer, read after the encryption pass (when there is one), and the encrypted
+    /// events that pass says the room must now be told it cannot read.
+    Answer(Box<SyncAnswer>, Vec<Unreadable>),
     /// A rate limit or a failure (and why, redacted): ask again after this wait (the caller
     /// waits, so that a stopping bridge ends it).
     Retry(Duration, Option<String>),
@@ -248,17 +266,31 @@ enum Fetched {
     Fatal(String),
 }
 
+/// The largest sync answer the encryption pass reads (it reads the answer whole, to decrypt
+/// events in place); a larger one is read typed and bounded without it, its room keys and
+/// encrypted events unread (a WARN says so; the rooms are told, as for any missing key).
+const CRYPTO_PASS_MAX_BYTES: usize = 8 << 20;
+
 fn fetch(
     api: &Api,
     since: Option<&str>,
     filter: &str,
     timeout: Duration,
     backoff: &mut Duration,
+    crypto: Option<&super::crypto::Shared>,
+    first: bool,
 ) -> Fetched {
-    match api.sync(since, filter, timeout) {
-        Ok(v) => {
+    let read = api.sync_text(since, filter, timeout).and_then(|text| {
+        let (text, unreadable) = match crypto {
+            Some(c) => crypto_pass(api, c, text, first),
+            None => (text, Vec::new()),
+        };
+        Ok((Api::parse_sync(&text)?, unreadable))
+    });
+    match read {
+        Ok((v, unreadable)) => {
             *backoff = Duration::ZERO;
-            Fetched::Answer(Box::new(v))
+            Fetched::Answer(Box::new(v), unreadable)
         }
         Err(e) if e.is_unauthorized() => {
             Fetched::Fatal(format!("the homeserver refused the access token ({e})"))
@@ -274,6 +306,30 @@ fn fetch(
             Fetched::Retry(*backoff, Some(why))
         }
     }
+}
+
+/// Decrypts what an answer holds for the bot (room keys in to-device events, encrypted room
+/// events in place) before it is read typed; bounded by [`CRYPTO_PASS_MAX_BYTES`].
+fn crypto_pass(
+    api: &Api,
+    crypto: &super::crypto::Shared,
+    text: String,
+    first: bool,
+) -> (String, Vec<Unreadable>) {
+    if text.len() > CRYPTO_PASS_MAX_BYTES {
+        warn_limited!(
+            "matrix: a sync answer of {} bytes is past the encryption pass's {CRYPTO_PASS_MAX_BYTES} bytes; its room keys and encrypted events are not read",
+            text.len()
+        );
+        return (text, Vec::new());
+    }
+    let Ok(mut sync) = serde_json::from_str::<serde_json::Value>(&text) else {
+        // Not JSON: the typed read refuses it and the sync is asked again.
+        return (text, Vec::new());
+    };
+    let unreadable =
+        super::crypto::lock(crypto).on_sync(api, &mut sync, first, std::time::Instant::now());
+    (sync.to_string(), unreadable)
 }
 
 /// Acts on one item of a sync: joins an invite, or passes a message (with its room's chat
