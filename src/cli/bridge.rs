@@ -25,6 +25,8 @@ enum Platform {
     Telegram(TelegramArgs),
     /// A Matrix bot (Client-Server API, /sync long polling; unencrypted rooms only).
     Matrix(MatrixArgs),
+    /// A Discord bot (Gateway v10 WebSocket and REST API).
+    Discord(DiscordArgs),
 }
 
 /// Flags every bridge has.
@@ -155,6 +157,26 @@ struct TelegramArgs {
 }
 
 #[derive(Args, Debug)]
+struct DiscordArgs {
+    #[command(flatten)]
+    gateway: GatewayArgs,
+    /// Base URL of the REST API (the Gateway's URL comes from its `GET /gateway/bot`).
+    #[arg(
+        long,
+        value_name = "URL",
+        default_value = "https://discord.com/api/v10"
+    )]
+    api_base: String,
+    /// Environment variable holding the bot token.
+    #[arg(long, value_name = "NAME", default_value = "DISCORD_BOT_TOKEN")]
+    token_env: String,
+    /// Directory keeping the Gateway session, so a restart resumes it and answers what came
+    /// while the bridge was down (while Discord still keeps the session).
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<std::path::PathBuf>,
+}
+
+#[derive(Args, Debug)]
 struct MatrixArgs {
     #[command(flatten)]
     gateway: GatewayArgs,
@@ -211,6 +233,11 @@ impl BridgeArgs {
                 gateway_token_env: a.gateway.gateway_token_env.clone(),
                 state_dir: a.state_dir.clone(),
             },
+            Platform::Discord(a) => BridgeNeeds {
+                required: vec![(a.token_env.clone(), "--token-env")],
+                gateway_token_env: a.gateway.gateway_token_env.clone(),
+                state_dir: a.state_dir.clone(),
+            },
         }
     }
 }
@@ -253,6 +280,7 @@ pub(super) fn run(args: BridgeArgs) -> i32 {
         Platform::Irc(a) => ("irc", run_irc(a)),
         Platform::Telegram(a) => ("telegram", run_telegram(a)),
         Platform::Matrix(a) => ("matrix", run_matrix(a)),
+        Platform::Discord(a) => ("discord", run_discord(a)),
     };
     match result {
         Ok(()) => 0,
@@ -350,4 +378,34 @@ fn run_matrix(a: MatrixArgs) -> Result<(), Failure> {
     config.state_dir = a.state_dir;
     let stop = stop_on_signals().map_err(Failure::Run)?;
     matrix::run(config, &stop, &mut |me| print_ready("matrix", me)).map_err(Failure::Run)
+}
+
+fn run_discord(a: DiscordArgs) -> Result<(), Failure> {
+    use crate::platforms::discord::{self, DiscordConfig, DiscordError};
+    let gateway = a.gateway.config("discord").map_err(Failure::Usage)?;
+    let token = token_from_env(&a.token_env)
+        .map_err(Failure::Usage)?
+        .ok_or_else(|| {
+            Failure::Usage(format!(
+                "the bot token is missing: set {} (or name another variable with --token-env)",
+                a.token_env
+            ))
+        })?;
+    if !a.api_base.starts_with("https://") && !a.api_base.starts_with("http://") {
+        return Err(Failure::Usage(format!(
+            "--api-base {:?} is not an http(s) URL",
+            a.api_base
+        )));
+    }
+    let mut config = DiscordConfig::new(gateway, &a.api_base, &token);
+    config.state_dir = a.state_dir;
+    let stop = stop_on_signals().map_err(Failure::Run)?;
+    discord::run(config, &stop, &mut |me| print_ready("discord", me)).map_err(|e| match e {
+        // A setting must change (the token, the intents): like a usage error, exit 2.
+        DiscordError::Fatal(e) => {
+            log::error!("bridge discord: {e}");
+            Failure::Usage(e)
+        }
+        DiscordError::Failed(e) => Failure::Run(e),
+    })
 }

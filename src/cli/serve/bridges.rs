@@ -90,6 +90,8 @@ pub(crate) enum BridgePlatform {
     Irc,
     /// `turnstile bridge telegram`.
     Telegram,
+    /// `turnstile bridge discord`.
+    Discord,
 }
 
 impl BridgePlatform {
@@ -98,6 +100,7 @@ impl BridgePlatform {
             BridgePlatform::Matrix => "matrix",
             BridgePlatform::Irc => "irc",
             BridgePlatform::Telegram => "telegram",
+            BridgePlatform::Discord => "discord",
         }
     }
 }

@@ -1,0 +1,351 @@
+//! The [`Renderer`]: gateway results, partials, notices and typing as REST calls, results
+//! first, under the rate limits.
+//!
+//! A reply is one message replying to the user's (with `message_reference`), edited in place
+//! (PATCH) as partials come, never with the text it already shows; only the newest pending
+//! partial of a reply is kept. A text over 2,000 characters fills the message and continues
+//! in new ones. Agent text mentions nobody (`allowed_mentions` empty).
+
+use std::collections::{HashMap, VecDeque};
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use super::event::reply_target;
+use super::rest::{Rest, RestError};
+use crate::message::SessionKey;
+use crate::platforms::BridgeError;
+use crate::platforms::gateway::TerminalEvent;
+use crate::platforms::split::{Limit, split};
+
+/// Discord's limit on a message's content is 2,000 characters; counted in UTF-16 units the
+/// pieces are never longer than that in any count Discord uses.
+pub(crate) const DISCORD_LIMIT: Limit = Limit::Utf16Units(2000);
+/// A typing indicator lasts 10 s: renewed this often while a turn runs.
+pub(crate) const TYPING_RENEW: Duration = Duration::from_secs(8);
+/// Rejection notices waiting at most.
+pub(crate) const MAX_NOTICES: usize = 1000;
+/// Replies waiting to be shown at most, as a multiple of `max_views`.
+const MAX_PENDING_FACTOR: usize = 4;
+/// Longest pause after failed calls (doubling from 1 s).
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// One reply being shown.
+#[derive(Debug)]
+struct View {
+    channel: String,
+    reply_to: Option<String>,
+    /// Messages posted so far and the text each shows.
+    posted: Vec<(String, String)>,
+    partial: Option<String>,
+    result: Option<String>,
+    last_edit: Option<Instant>,
+}
+
+/// What [`Renderer::step`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Nothing to do before this instant (or before a new event, when `None`).
+    Idle(Option<Instant>),
+    /// Made progress; these results are now fully shown (confirm them to the gateway).
+    Worked(Vec<String>),
+}
+
+/// The reply side of the bridge, apart from the I/O so its choices are unit-tested.
+#[derive(Debug)]
+pub(crate) struct Renderer {
+    views: HashMap<String, View>,
+    order: VecDeque<String>,
+    notices: VecDeque<(String, Option<String>, String)>,
+    /// Channels whose turn runs, with when their indicator is sent next.
+    typing: HashMap<String, Instant>,
+    paused_until: Option<Instant>,
+    backoff: Duration,
+    edit_interval: Duration,
+    max_views: usize,
+}
+
+/// The channel of a session key (`discord:dm:42`, `discord:group:42:user:7`).
+fn channel_of(session: &str) -> Option<String> {
+    SessionKey::from_str(session)
+        .ok()
+        .map(|k| k.chat_id().to_owned())
+}
+
+impl Renderer {
+    /// An empty renderer: partials edited at most every `edit_interval` per reply, at most
+    /// `max_views` replies streamed at once (results are always shown).
+    pub(crate) fn new(edit_interval: Duration, max_views: usize) -> Renderer {
+        Renderer {
+            views: HashMap::new(),
+            order: VecDeque::new(),
+            notices: VecDeque::new(),
+            typing: HashMap::new(),
+            paused_until: None,
+            backoff: Duration::from_secs(1),
+            edit_interval,
+            max_views: max_views.max(1),
+        }
+    }
+
+    fn view(&mut self, id: &str, session: &str) -> Option<&mut View> {
+        if !self.views.contains_key(id) {
+            let channel = channel_of(session)?;
+            self.views.insert(
+                id.to_owned(),
+                View {
+                    channel,
+                    reply_to: reply_target(id).map(str::to_owned),
+                    posted: Vec::new(),
+                    partial: None,
+                    result: None,
+                    last_edit: None,
+                },
+            );
+            self.order.push_back(id.to_owned());
+        }
+        self.views.get_mut(id)
+    }
+
+    /// A partial reply: the newest text to show for `id` (an older pending one is dropped).
+    /// Not shown past `max_views` streamed replies.
+    pub(crate) fn partial(&mut self, id: &str, session: &str, text: &str) {
+        if !self.views.contains_key(id) && self.views.len() >= self.max_views {
+            return;
+        }
+        if let Some(view) = self.view(id, session)
+            && view.result.is_none()
+        {
+            view.partial = Some(text.to_owned());
+        }
+    }
+
+    /// A result to show; `false` when there is nothing to show (a merged message, an
+    /// unknown session): the caller confirms it at once.
+    pub(crate) fn result(&mut self, event: &TerminalEvent) -> bool {
+        let Some(text) = event.outcome.chat_text() else {
+            return false;
+        };
+        let Some(view) = self.view(&event.id, &event.session) else {
+            warn_limited!(
+                "discord: result {} for an unknown session; dropped",
+                event.id
+            );
+            return false;
+        };
+        view.partial = None;
+        view.result = Some(text);
+        true
+    }
+
+    /// A turn of `channel` started or ended.
+    pub(crate) fn typing(&mut self, channel: &str, on: bool, now: Instant) {
+        if on {
+            self.typing.entry(channel.to_owned()).or_insert(now);
+        } else {
+            self.typing.remove(channel);
+        }
+    }
+
+    /// A text for a channel that is not a reply (a rejection).
+    pub(crate) fn notice(&mut self, channel: &str, reply_to: Option<&str>, text: &str) {
+        if self.notices.len() >= MAX_NOTICES {
+            warn_limited!("discord: {MAX_NOTICES} notices wait already; one for {channel} dropped");
+            return;
+        }
+        self.notices.push_back((
+            channel.to_owned(),
+            reply_to.map(str::to_owned),
+            text.to_owned(),
+        ));
+    }
+
+    /// Whether more gateway events may be taken (else they wait in the gateway's outbox).
+    pub(crate) fn has_room(&self) -> bool {
+        self.views.len() < self.max_views * MAX_PENDING_FACTOR
+    }
+
+    /// Does the most urgent thing there is: a result, a notice, a due partial, a typing
+    /// renewal. An error only when the token was refused.
+    pub(crate) fn step(&mut self, api: &mut dyn Rest, now: Instant) -> Result<Step, BridgeError> {
+        if let Some(until) = self.paused_until.filter(|t| *t > now) {
+            return Ok(Step::Idle(Some(until)));
+        }
+        if let Some(id) = self
+            .order
+            .iter()
+            .find(|id| self.views.get(*id).is_some_and(|v| v.result.is_some()))
+        {
+            let id = id.clone();
+            return self.render(api, &id, true, now);
+        }
+        if let Some((channel, reply_to, text)) = self.notices.pop_front() {
+            let body = post_body(&text, reply_to.as_deref());
+            let path = format!("/channels/{channel}/messages");
+            if let Err(e) = api.call("POST", &path, Some(&body)) {
+                self.notices.push_front((channel, reply_to, text));
+                return self.failed(e, now).map(|()| Step::Worked(Vec::new()));
+            }
+            return Ok(Step::Worked(Vec::new()));
+        }
+        let mut wake: Option<Instant> = None;
+        let due = self.order.iter().find_map(|id| {
+            let v = self.views.get(id)?;
+            v.partial.as_ref()?;
+            let at = v.last_edit.map_or(now, |t| t + self.edit_interval);
+            if at <= now {
+                return Some(id.clone());
+            }
+            wake = Some(wake.map_or(at, |w: Instant| w.min(at)));
+            None
+        });
+        if let Some(id) = due {
+            return self.render(api, &id, false, now);
+        }
+        let typing = self
+            .typing
+            .iter()
+            .find(|(_, at)| **at <= now)
+            .map(|(c, _)| c.clone());
+        if let Some(channel) = typing {
+            self.typing.insert(channel.clone(), now + TYPING_RENEW);
+            let path = format!("/channels/{channel}/typing");
+            if let Err(e) = api.call("POST", &path, None) {
+                self.failed(e, now)?;
+            }
+            return Ok(Step::Worked(Vec::new()));
+        }
+        let next_typing = self.typing.values().min().copied();
+        Ok(Step::Idle(match (wake, next_typing) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }))
+    }
+
+    /// Shows reply `id`'s result (`final_`) or newest partial: piece by piece, each only if
+    /// it differs from what its message shows.
+    fn render(
+        &mut self,
+        api: &mut dyn Rest,
+        id: &str,
+        final_: bool,
+        now: Instant,
+    ) -> Result<Step, BridgeError> {
+        let Some(view) = self.views.get_mut(id) else {
+            return Ok(Step::Worked(Vec::new()));
+        };
+        let text = if final_ {
+            view.result.clone()
+        } else {
+            view.partial.clone()
+        }
+        .filter(|t| !t.trim().is_empty())
+        .unwrap_or_else(|| "[empty reply]".to_owned());
+        let pieces = split(&text, DISCORD_LIMIT);
+        for (i, piece) in pieces.iter().enumerate() {
+            if view.posted.get(i).is_some_and(|(_, shown)| shown == piece) {
+                continue;
+            }
+            match show_piece(api, view, i, piece) {
+                Ok(message_id) => {
+                    if i < view.posted.len() {
+                        view.posted[i].1 = (*piece).to_owned();
+                    } else {
+                        view.posted.push((message_id, (*piece).to_owned()));
+                    }
+                }
+                Err(RestError::Permanent(e)) => {
+                    warn_limited!(
+                        "discord: reply {id} in channel {} not shown: {e}",
+                        view.channel
+                    );
+                    return Ok(self.give_up(id, final_));
+                }
+                Err(e) => {
+                    self.failed(e, now)?;
+                    return Ok(Step::Worked(Vec::new()));
+                }
+            }
+        }
+        if final_ {
+            // Pieces a longer partial left beyond the result's end go (best effort).
+            for (message_id, _) in view.posted.iter().skip(pieces.len()) {
+                let path = format!("/channels/{}/messages/{message_id}", view.channel);
+                let _ = api.call("DELETE", &path, None);
+            }
+            self.views.remove(id);
+            self.order.retain(|o| o != id);
+            self.backoff = Duration::from_secs(1);
+            return Ok(Step::Worked(vec![id.to_owned()]));
+        }
+        view.partial = None;
+        view.last_edit = Some(now);
+        self.backoff = Duration::from_secs(1);
+        Ok(Step::Worked(Vec::new()))
+    }
+
+    /// A piece that can never be shown: a result ends here (confirmed), a partial is
+    /// dropped.
+    fn give_up(&mut self, id: &str, final_: bool) -> Step {
+        if final_ {
+            self.views.remove(id);
+            self.order.retain(|o| o != id);
+            return Step::Worked(vec![id.to_owned()]);
+        }
+        if let Some(v) = self.views.get_mut(id) {
+            v.partial = None;
+        }
+        Step::Worked(Vec::new())
+    }
+
+    /// A failed call: a rate limit or a transient failure pauses every call (the rate
+    /// limit until its reset, a failure with a doubling backoff); a refused token ends it.
+    fn failed(&mut self, e: RestError, now: Instant) -> Result<(), BridgeError> {
+        match e {
+            RestError::Wait(until) => self.paused_until = Some(until),
+            RestError::Unauthorized(d) => {
+                return Err(format!("Discord refused the bot token: {d}"));
+            }
+            RestError::Permanent(d) | RestError::Transient(d) => {
+                warn_limited!("discord: a call failed: {d}; pausing {:?}", self.backoff);
+                self.paused_until = Some(now + self.backoff);
+                self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The body of a new message: `text`, replying to `reply_to` if given, mentioning nobody.
+fn post_body(text: &str, reply_to: Option<&str>) -> Value {
+    let mut body = json!({"content": text, "allowed_mentions": {"parse": []}});
+    if let Some(r) = reply_to {
+        body["message_reference"] = json!({"message_id": r, "fail_if_not_exists": false});
+    }
+    body
+}
+
+/// Shows piece `i` of `view`: edits its message, or posts a new one (the first replying to
+/// the user's message). Returns the message's id.
+fn show_piece(api: &mut dyn Rest, view: &View, i: usize, piece: &str) -> Result<String, RestError> {
+    if let Some((message_id, _)) = view.posted.get(i) {
+        let path = format!("/channels/{}/messages/{message_id}", view.channel);
+        let body = json!({"content": piece, "allowed_mentions": {"parse": []}});
+        return api
+            .call("PATCH", &path, Some(&body))
+            .map(|_| message_id.clone());
+    }
+    let reply_to = if i == 0 {
+        view.reply_to.as_deref()
+    } else {
+        None
+    };
+    let path = format!("/channels/{}/messages", view.channel);
+    let answer = api.call("POST", &path, Some(&post_body(piece, reply_to)))?;
+    answer
+        .get("id")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .ok_or_else(|| RestError::Transient("the new message's answer has no id".into()))
+}
