@@ -85,7 +85,7 @@ impl Setup {
             Command::new(env!("CARGO_BIN_EXE_turnstile"))
                 .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "off"])
                 .args(["--agent", "process", "--agent-cmd", &cmd])
-                .args(["--partial-interval", "0.05"])
+                .args(["--partial-interval", "0"])
                 .env("RUST_LOG", "warn")
                 .env("TURNSTILE_AUTH_TOKEN", GATEWAY_TOKEN)
                 .stdout(Stdio::piped())
@@ -262,14 +262,12 @@ fn a_zombie_connection_is_resumed_in_the_middle_of_a_stream_losing_and_repeating
     fake.user_message("601", "42", None, "during");
     // Ordered by the fake: the bridge must notice the missing ACK and resume.
     fake.wait_for("a resume", |s| (s.resumes > resumes_before).then_some(()));
-    fake.lock().zombie = false;
-    fake.wait_for("the missed message's reply", |s| {
-        (posted(s, "echo: during (dm)") == 1).then_some(())
-    });
+    // The stream goes on over the gateway; the missed message waits behind it (one
+    // session) and is answered after it.
     setup.go();
     setup.go();
     let expected = final_text();
-    fake.wait_for("the whole result", |s| {
+    fake.wait_for("the whole result and the missed message's reply", |s| {
         let texts = FakeDiscord::texts(s, "42");
         texts
             .iter()

@@ -140,7 +140,17 @@ impl FakeDiscord {
                 return t;
             }
             let now = Instant::now();
-            assert!(now < deadline, "timed out waiting for {what}");
+            if now >= deadline {
+                let calls: Vec<String> = state
+                    .calls
+                    .iter()
+                    .map(|c| format!("{} {} {} {}", c.method, c.path, c.status, c.body))
+                    .collect();
+                panic!(
+                    "timed out waiting for {what}; the fake's REST calls:\n{}",
+                    calls.join("\n")
+                );
+            }
             state = self
                 .shared
                 .1

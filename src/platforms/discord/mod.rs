@@ -212,6 +212,7 @@ fn serve(
         last_seq,
         me,
         connected: false,
+        discord_up: false,
         ready: false,
     };
     let result = bridge.main_loop(&gateway_rx, &inbound_rx, stop, on_ready);
@@ -238,7 +239,11 @@ struct Bridge {
     last_seq: Arc<AtomicU64>,
     /// The bot's name (the ready line).
     me: String,
+    /// The gateway's hello was confirmed.
     connected: bool,
+    /// Discord said READY or RESUMED.
+    discord_up: bool,
+    /// The ready line was printed.
     ready: bool,
 }
 
@@ -269,7 +274,7 @@ impl Bridge {
             }
             self.flush_backlog();
             self.save_progress(last_seq);
-            if !self.ready && self.connected {
+            if !self.ready && self.connected && self.discord_up {
                 self.ready = true;
                 on_ready(&self.me);
             }
@@ -325,8 +330,10 @@ impl Bridge {
 
     fn on_inbound(&mut self, inbound: Inbound) -> Result<(), DiscordError> {
         match inbound {
+            Inbound::Resumed => self.discord_up = true,
             Inbound::Ready { session } => {
                 info_redacted!("discord: READY, a new session");
+                self.discord_up = true;
                 self.progress.reset();
                 self.saved_seq = 0;
                 self.session = Some(session);

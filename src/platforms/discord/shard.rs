@@ -50,6 +50,8 @@ pub(crate) struct Session {
 pub(crate) enum Inbound {
     /// READY: a new session.
     Ready { session: Session },
+    /// RESUMED: the session goes on.
+    Resumed,
     /// A user's message for the gateway, with its dispatch's sequence number.
     Message { seq: u64, message: OutgoingMessage },
     /// The connection cannot go on: a close code no retry fixes.
@@ -356,7 +358,10 @@ impl Shard<'_> {
                 self.session = Some(session.clone());
                 self.hand_over(Inbound::Ready { session })?;
             }
-            "RESUMED" => info_redacted!("discord: session resumed"),
+            "RESUMED" => {
+                info_redacted!("discord: session resumed");
+                self.hand_over(Inbound::Resumed)?;
+            }
             "MESSAGE_CREATE" => {
                 if let Some(seq) = seq
                     && let Some(message) = message_create(d, &self.config.user_id)
