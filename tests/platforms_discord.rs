@@ -397,3 +397,106 @@ fn a_restarted_bridge_resumes_its_session_and_answers_what_came_while_it_was_dow
     assert!(second.terminate().success());
     assert_no_secret(&log);
 }
+
+#[test]
+fn reconnect_and_invalid_session_are_answered_as_the_gateway_documentation_says() {
+    let fake = FakeDiscord::start(1000);
+    let setup = Setup::start();
+    let log = setup.dir.path().join("bridge.log");
+    let mut bridge = setup.bridge(&fake, &setup.dir.path().join("state"), &log);
+    // Op 7: reconnect and resume; a message sent meanwhile is replayed and answered once.
+    fake.send_op(serde_json::json!({"op": 7, "d": null}));
+    fake.user_message("900", "42", None, "after seven");
+    fake.wait_for("the resume after op 7", |s| (s.resumes == 1).then_some(()));
+    fake.wait_for("the reply", |s| {
+        (posted(s, "echo: after seven (dm)") == 1).then_some(())
+    });
+    // Op 9, resumable: resume again.
+    fake.send_op(serde_json::json!({"op": 9, "d": true}));
+    fake.wait_for("the resume after op 9 true", |s| {
+        (s.resumes == 2).then_some(())
+    });
+    // Op 9, not resumable: a new session (Identify), not a resume.
+    fake.send_op(serde_json::json!({"op": 9, "d": false}));
+    fake.wait_for("the identify after op 9 false", |s| {
+        (s.identifies == 2).then_some(())
+    });
+    fake.user_message("901", "42", None, "new session");
+    fake.wait_for("the reply in the new session", |s| {
+        (posted(s, "echo: new session (dm)") == 1).then_some(())
+    });
+    let s = fake.lock();
+    assert_eq!(s.resumes, 2, "op 9 false is not resumed");
+    assert_eq!(posted(&s, "echo: after seven (dm)"), 1);
+    drop(s);
+    assert!(bridge.terminate().success());
+    assert_no_secret(&log);
+}
+
+/// `serve --config` with a `[[bridge]]` table for discord runs the bridge as a supervised
+/// child with its token variable passed through: it answers, and is restarted when killed.
+#[test]
+fn a_bridge_table_runs_the_discord_bridge_supervised_by_serve() {
+    let fake = FakeDiscord::start(1000);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = dir.path().join("agent.py");
+    std::fs::write(&script, AGENT).expect("agent");
+    let config = dir.path().join("turnstile.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "agent = \"process\"\nagent-cmd = \"exec python3 {} unused\"\n\n[[bridge]]\nplatform = \"discord\"\nargs = [\"--api-base\", \"{}\", \"--state-dir\", \"{}\"]\n",
+            script.display(),
+            fake.api_base,
+            dir.path().join("state").display()
+        ),
+    )
+    .expect("config");
+    let mut serve = die_with_parent(
+        Command::new(env!("CARGO_BIN_EXE_turnstile"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "off"])
+            .arg("--config")
+            .arg(&config)
+            .env("RUST_LOG", "info")
+            .env("DISCORD_BOT_TOKEN", TOKEN)
+            .env("TURNSTILE_AUTH_TOKEN", GATEWAY_TOKEN)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+    .spawn()
+    .expect("start serve");
+    let log = lines(serve.stderr.take().expect("stderr"));
+    let _stdout = lines(serve.stdout.take().expect("stdout"));
+    let mut serve = Proc(serve);
+    let started_pid = || -> i32 {
+        loop {
+            let line = log.recv_timeout(WAIT).expect("a log line in time");
+            assert!(
+                !line.contains(GATEWAY_TOKEN) && !line.contains(TOKEN),
+                "{line}"
+            );
+            if let Some(rest) = line.split("bridge #1 (discord): started (pid ").nth(1) {
+                return rest.trim_end_matches(')').parse().expect("pid");
+            }
+        }
+    };
+    let first = started_pid();
+    fake.wait_for("the first session", |s| (s.identifies == 1).then_some(()));
+    fake.user_message("950", "42", None, "one");
+    fake.wait_for("the first reply", |s| {
+        (posted(s, "echo: one (dm)") == 1).then_some(())
+    });
+    // SAFETY: kill(2) of the bridge the gateway started (alive: it just answered).
+    assert_eq!(unsafe { libc::kill(first, libc::SIGKILL) }, 0);
+    let second = started_pid();
+    assert_ne!(first, second, "a new bridge process");
+    fake.wait_for("the restarted bridge's resume", |s| {
+        (s.resumes >= 1).then_some(())
+    });
+    fake.user_message("951", "42", None, "two");
+    fake.wait_for("the restarted bridge's reply", |s| {
+        (posted(s, "echo: two (dm)") == 1).then_some(())
+    });
+    assert_eq!(posted(&fake.lock(), "echo: one (dm)"), 1);
+    assert!(serve.terminate().success());
+}

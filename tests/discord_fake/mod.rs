@@ -178,6 +178,13 @@ impl FakeDiscord {
         self.shared.1.notify_all();
     }
 
+    /// Sends `payload` (an op 7, an op 9) on the live connection.
+    pub fn send_op(&self, payload: Value) {
+        let state = self.lock();
+        let conn = state.conn.as_ref().expect("a live connection");
+        conn.send(payload).expect("the connection thread is there");
+    }
+
     /// Messages the bot posted or edited in `channel`, in id order.
     pub fn texts(state: &FakeState, channel: &str) -> Vec<String> {
         let mut ids: Vec<(&String, &(String, String))> = state
