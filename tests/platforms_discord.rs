@@ -110,7 +110,7 @@ impl Setup {
 
     /// Starts the bridge (stderr to `log`) and waits for its ready line.
     fn bridge(&self, fake: &FakeDiscord, state_dir: &Path, log: &Path) -> Proc {
-        let (child, ready) = spawn_bridge(&self.gateway, fake, TOKEN, state_dir, log);
+        let (child, ready) = spawn_bridge(&self.gateway, &fake.api_base, TOKEN, state_dir, log);
         assert_eq!(
             ready.recv_timeout(WAIT).expect("the ready line"),
             "ready: discord as fakebot"
@@ -137,7 +137,7 @@ impl Setup {
 
 fn spawn_bridge(
     gateway: &str,
-    fake: &FakeDiscord,
+    api_base: &str,
     token: &str,
     state_dir: &Path,
     log: &Path,
@@ -146,7 +146,7 @@ fn spawn_bridge(
     let mut child = die_with_parent(
         Command::new(env!("CARGO_BIN_EXE_turnstile"))
             .args(["bridge", "discord", "--gateway", gateway])
-            .args(["--api-base", &fake.api_base])
+            .args(["--api-base", api_base])
             .arg("--state-dir")
             .arg(state_dir)
             .env("DISCORD_BOT_TOKEN", token)
@@ -337,7 +337,7 @@ fn close_codes_no_retry_fixes_and_a_refused_token_end_the_bridge_with_exit_2() {
         let log = setup.dir.path().join(format!("bridge-{code}.log"));
         let (mut bridge, _) = spawn_bridge(
             &setup.gateway,
-            &fake,
+            &fake.api_base,
             TOKEN,
             &setup.dir.path().join("state"),
             &log,
@@ -353,7 +353,7 @@ fn close_codes_no_retry_fixes_and_a_refused_token_end_the_bridge_with_exit_2() {
     let log = setup.dir.path().join("bridge-bad-token.log");
     let (mut bridge, _) = spawn_bridge(
         &setup.gateway,
-        &fake,
+        &fake.api_base,
         "wrong-token",
         &setup.dir.path().join("state-2"),
         &log,
@@ -502,4 +502,72 @@ fn a_bridge_table_runs_the_discord_bridge_supervised_by_serve() {
     });
     assert_eq!(posted(&fake.lock(), "echo: one (dm)"), 1);
     assert!(serve.terminate().success());
+}
+
+/// A listener that accepts connections and never says anything: a server that hangs.
+fn silent_listener() -> (String, Receiver<std::net::TcpStream>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let (tx, rx) = bounded(16);
+    std::thread::spawn(move || {
+        for s in listener.incoming().flatten() {
+            if tx.send(s).is_err() {
+                return;
+            }
+        }
+    });
+    (addr, rx)
+}
+
+#[test]
+fn sigterm_exits_0_promptly_while_the_api_or_the_gateway_hangs() {
+    let setup = Setup::start();
+    // The REST API accepts and never answers (the start-up calls hang).
+    let (api, accepted) = silent_listener();
+    let log = setup.dir.path().join("bridge-api.log");
+    let (mut bridge, _) = spawn_bridge(
+        &setup.gateway,
+        &format!("http://{api}/api/v10"),
+        TOKEN,
+        &setup.dir.path().join("state-1"),
+        &log,
+    );
+    let _held = accepted
+        .recv_timeout(WAIT)
+        .expect("the bridge called the API");
+    let asked = Instant::now();
+    assert!(
+        bridge.terminate().success(),
+        "exit 0 during the start-up calls"
+    );
+    assert!(
+        asked.elapsed() < Duration::from_secs(25),
+        "not promptly: {:?}",
+        asked.elapsed()
+    );
+    assert_no_secret(&log);
+
+    // The Gateway accepts TCP and never completes the WebSocket handshake.
+    let fake = FakeDiscord::start(1000);
+    let (ws, accepted) = silent_listener();
+    fake.lock().gateway_url = Some(format!("ws://{ws}"));
+    let log = setup.dir.path().join("bridge-ws.log");
+    let (mut bridge, _) = spawn_bridge(
+        &setup.gateway,
+        &fake.api_base,
+        TOKEN,
+        &setup.dir.path().join("state-2"),
+        &log,
+    );
+    let _held = accepted
+        .recv_timeout(WAIT)
+        .expect("the bridge opened the Gateway");
+    let asked = Instant::now();
+    assert!(bridge.terminate().success(), "exit 0 during the handshake");
+    assert!(
+        asked.elapsed() < Duration::from_secs(25),
+        "not promptly: {:?}",
+        asked.elapsed()
+    );
+    assert_no_secret(&log);
 }

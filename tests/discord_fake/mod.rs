@@ -67,6 +67,8 @@ pub struct FakeState {
     /// The next Identify is answered with this close code.
     pub close_on_identify: Option<u16>,
     pub intents: Option<u64>,
+    /// The Gateway URL `GET /gateway/bot` names instead of the fake's own.
+    pub gateway_url: Option<String>,
     /// The next this many message POSTs get a 429 with `retry_after`.
     pub force_429: u32,
     pub retry_after: f64,
@@ -506,7 +508,7 @@ fn handle(state: &mut FakeState, method: &str, path: &str, body: &Value, ws_url:
         return (
             200,
             vec![],
-            json!({"url": ws_url, "shards": 1,
+            json!({"url": state.gateway_url.as_deref().unwrap_or(ws_url), "shards": 1,
                 "session_start_limit": {"total": 1000, "remaining": 999, "reset_after": 14_400_000, "max_concurrency": 1}}),
         );
     }
