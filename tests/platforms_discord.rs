@@ -397,7 +397,29 @@ fn a_restarted_bridge_resumes_its_session_and_answers_what_came_while_it_was_dow
     assert_eq!(s.resumed_from, vec![2]);
     assert_eq!(posted(&s, "echo: one (dm)"), 1, "nothing answered twice");
     drop(s);
-    assert!(second.terminate().success());
+
+    // Killed after its reply was created and before it heard back (so before it could
+    // confirm it): the gateway redelivers the result, and the post repeated with the same
+    // nonce returns the message already there.
+    fake.lock().hold_posts = true;
+    fake.user_message("802", "42", None, "three");
+    fake.wait_for("the reply created", |s| {
+        (posted(s, "echo: three (dm)") == 1).then_some(())
+    });
+    drop(second);
+    fake.release_posts();
+    let log = setup.dir.path().join("bridge-3.log");
+    let mut third = setup.bridge(&fake, &state, &log);
+    fake.wait_for("the repeated post", |s| {
+        let tries = s
+            .calls
+            .iter()
+            .filter(|c| c.method == "POST" && c.body["content"] == "echo: three (dm)")
+            .count();
+        (tries == 2).then_some(())
+    });
+    assert_eq!(posted(&fake.lock(), "echo: three (dm)"), 1, "shown once");
+    assert!(third.terminate().success());
     assert_no_secret(&log);
 }
 

@@ -82,6 +82,7 @@ pub(crate) mod gateway;
 pub(crate) mod grapheme;
 pub(crate) mod irc;
 pub(crate) mod matrix;
+pub(crate) mod replies;
 pub(crate) mod secrets;
 pub(crate) mod split;
 pub(crate) mod telegram;

@@ -9,7 +9,8 @@
 //!   zombie link: then dispatches are not delivered either); Resume replaying every
 //!   dispatch after the given sequence, then RESUMED; an unknown session answered op 9.
 //! - REST: `GET /gateway/bot`; `POST /channels/{id}/messages` (2,000 characters at most, a
-//!   `message_reference` recorded), `PATCH` edits, `DELETE`, `POST …/typing`; buckets of 5
+//!   `message_reference` recorded; a repeated `nonce` with `enforce_nonce` returns the message
+//!   it created), `PATCH` edits, `DELETE`, `POST …/typing`; buckets of 5
 //!   requests per 5 s per route and channel and 50 requests a second in all, announced in
 //!   the `X-RateLimit-*` headers and answered 429 with `retry_after` past them; a request
 //!   on a route before its `retry_after` passed is counted as a violation (what gets a bot
@@ -50,6 +51,10 @@ pub struct FakeState {
     pub calls: Vec<Call>,
     /// Every message the bot posted: id → (channel, content).
     pub messages: HashMap<String, (String, String)>,
+    /// Every message created, in order: (id, content).
+    pub created: Vec<(String, String)>,
+    /// Nonces of `enforce_nonce` posts → the message they created.
+    nonces: HashMap<String, String>,
     next_id: u64,
     /// The session's dispatches (READY first); the sequence number is the index plus one.
     events: Vec<Value>,
@@ -67,6 +72,9 @@ pub struct FakeState {
     /// The next Identify is answered with this close code.
     pub close_on_identify: Option<u16>,
     pub intents: Option<u64>,
+    /// Message POSTs are answered only once this is cleared (the message is created at
+    /// once): a bridge killed meanwhile has posted a reply it never heard back about.
+    pub hold_posts: bool,
     /// The Gateway URL `GET /gateway/bot` names instead of the fake's own.
     pub gateway_url: Option<String>,
     /// The next this many message POSTs get a 429 with `retry_after`.
@@ -127,6 +135,12 @@ impl FakeDiscord {
             ws_url,
             shared,
         }
+    }
+
+    /// Answers the held POSTs.
+    pub fn release_posts(&self) {
+        self.lock().hold_posts = false;
+        self.shared.1.notify_all();
     }
 
     pub fn lock(&self) -> MutexGuard<'_, FakeState> {
@@ -198,13 +212,9 @@ impl FakeDiscord {
         ids.into_iter().map(|(_, (_, t))| t.clone()).collect()
     }
 
-    /// Successful POSTs of `content` (the number of times a text was posted).
+    /// Messages created with `content` (the number of times a text was posted).
     pub fn posts(state: &FakeState, content: &str) -> usize {
-        state
-            .calls
-            .iter()
-            .filter(|c| c.method == "POST" && c.status == 200 && c.body["content"] == content)
-            .count()
+        state.created.iter().filter(|(_, c)| c == content).count()
     }
 }
 
@@ -428,6 +438,7 @@ fn serve_http(mut stream: TcpStream, shared: &(Mutex<FakeState>, Condvar), ws_ur
     let (lock, cvar) = shared;
     let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
     let (status, headers, answer) = handle(&mut state, &method, &path, &body, ws_url);
+    let method_posts_message = method == "POST" && path.ends_with("/messages");
     state.calls.push(Call {
         method,
         path,
@@ -436,6 +447,9 @@ fn serve_http(mut stream: TcpStream, shared: &(Mutex<FakeState>, Condvar), ws_ur
         status,
     });
     cvar.notify_all();
+    while state.hold_posts && method_posts_message {
+        state = cvar.wait(state).unwrap_or_else(|e| e.into_inner());
+    }
     drop(state);
     respond(&mut stream, status, &headers, &answer);
 }
@@ -540,11 +554,28 @@ fn handle(state: &mut FakeState, method: &str, path: &str, body: &Value, ws_url:
                     json!({"message": "Invalid Form Body", "code": 50035}),
                 );
             }
+            let nonce = body
+                .get("nonce")
+                .and_then(Value::as_str)
+                .filter(|_| body.get("enforce_nonce") == Some(&json!(true)))
+                .map(str::to_owned);
+            if let Some(id) = nonce.as_ref().and_then(|n| state.nonces.get(n)).cloned() {
+                let (channel, content) = state.messages.get(&id).cloned().unwrap_or_default();
+                return (
+                    200,
+                    headers,
+                    json!({"id": id, "channel_id": channel, "content": content}),
+                );
+            }
             state.next_id += 1;
             let id = state.next_id.to_string();
             state
                 .messages
                 .insert(id.clone(), (channel.clone(), content.to_owned()));
+            state.created.push((id.clone(), content.to_owned()));
+            if let Some(n) = nonce {
+                state.nonces.insert(n, id.clone());
+            }
             (
                 200,
                 headers,

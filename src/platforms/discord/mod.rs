@@ -22,13 +22,12 @@ use crossbeam_channel::{Receiver, bounded, select};
 use serde_json::Value;
 
 use super::gateway::{Admission, Gateway, GatewayConfig, GatewayEvent, OutgoingMessage, SendError};
-use render::{Renderer, Step};
+use super::replies::{Renderer, ReplyApi, Step};
 use rest::{HttpRest, Rest, RestError};
 use shard::{Inbound, Session, ShardConfig, run_shard};
 use state::{Progress, SessionStore};
 
 mod event;
-mod render;
 mod rest;
 mod shard;
 mod state;
@@ -410,11 +409,13 @@ impl Bridge {
             }
             GatewayEvent::Partial { id, session, text } => {
                 if !self.gateway.was_delivered(&id) {
-                    self.renderer.partial(&id, &session, &text);
+                    let target = self.api.reply_target(&id);
+                    self.renderer.partial(&id, &session, &text, target);
                 }
             }
             GatewayEvent::Result(result) => {
-                if !self.renderer.result(&result) {
+                let target = self.api.reply_target(&result.id);
+                if !self.renderer.result(&result, target) {
                     self.gateway.delivered(&result.id);
                 }
             }

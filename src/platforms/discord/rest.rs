@@ -6,9 +6,11 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
+use crate::platforms::replies::ReplyApi;
 use crate::platforms::secrets::{self, redact};
+use crate::platforms::split::Limit;
 
 /// The longest wait a `retry_after` or bucket reset imposes at once.
 pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
@@ -19,34 +21,7 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Routes whose bucket is remembered at most (the oldest reset is forgotten first).
 const MAX_BUCKETS: usize = 4096;
 
-/// How a call failed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum RestError {
-    /// Rate limited (a 429, or a bucket known to be empty): call nothing on this route (or,
-    /// for a global limit, at all) before this instant.
-    Wait(Instant),
-    /// 401: the token is wrong. Fatal.
-    Unauthorized(String),
-    /// Another 4xx: this call will never work (channel gone, no permission, …).
-    Permanent(String),
-    /// Network trouble or a 5xx: try again later.
-    Transient(String),
-}
-
-impl std::fmt::Display for RestError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RestError::Wait(at) => write!(
-                f,
-                "rate limited for {:?}",
-                at.saturating_duration_since(Instant::now())
-            ),
-            RestError::Unauthorized(d) | RestError::Permanent(d) | RestError::Transient(d) => {
-                f.write_str(d)
-            }
-        }
-    }
-}
+pub(crate) use crate::platforms::replies::CallError as RestError;
 
 /// The REST API: `method` on `path` (under `/api/v10`) with an optional JSON body.
 pub(crate) trait Rest {
@@ -212,6 +187,70 @@ impl Rest for HttpRest {
             return Err(RestError::Wait(until));
         }
         classify(&route, status, &value)
+    }
+}
+
+/// Discord's limit on a message's content is 2,000 characters; counted in UTF-16 units the
+/// pieces are never longer than that in any count Discord uses.
+pub(crate) const DISCORD_LIMIT: Limit = Limit::Utf16Units(2000);
+
+/// Replies on Discord: a message replying to the user's (`message_reference`), edited with
+/// PATCH, mentioning nobody (`allowed_mentions` empty: whatever the agent wrote pings no one).
+impl ReplyApi for HttpRest {
+    fn limit(&self) -> Limit {
+        DISCORD_LIMIT
+    }
+
+    fn reply_target(&self, id: &str) -> Option<String> {
+        super::event::reply_target(id).map(str::to_owned)
+    }
+
+    fn post(
+        &mut self,
+        channel: &str,
+        reply_to: Option<&str>,
+        text: &str,
+        key: Option<&str>,
+    ) -> Result<String, RestError> {
+        let mut body = json!({"content": text, "allowed_mentions": {"parse": []}});
+        // A nonce (25 characters at most) Discord enforces: the same one again within a few
+        // minutes returns the message already created.
+        if let Some(k) = key.filter(|k| k.len() <= 25) {
+            body["nonce"] = json!(k);
+            body["enforce_nonce"] = json!(true);
+        }
+        if let Some(r) = reply_to {
+            body["message_reference"] = json!({"message_id": r, "fail_if_not_exists": false});
+        }
+        let answer = self.call(
+            "POST",
+            &format!("/channels/{channel}/messages"),
+            Some(&body),
+        )?;
+        answer
+            .get("id")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .ok_or_else(|| RestError::Transient("the new message's answer has no id".into()))
+    }
+
+    fn edit(&mut self, channel: &str, message: &str, text: &str) -> Result<(), RestError> {
+        let body = json!({"content": text, "allowed_mentions": {"parse": []}});
+        let path = format!("/channels/{channel}/messages/{message}");
+        self.call("PATCH", &path, Some(&body)).map(|_| ())
+    }
+
+    fn typing(&mut self, channel: &str) -> Result<(), RestError> {
+        self.call("POST", &format!("/channels/{channel}/typing"), None)
+            .map(|_| ())
+    }
+
+    fn delete(&mut self, channel: &str, message: &str) {
+        let _ = self.call(
+            "DELETE",
+            &format!("/channels/{channel}/messages/{message}"),
+            None,
+        );
     }
 }
 

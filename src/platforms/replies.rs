@@ -1,29 +1,75 @@
-//! The [`Renderer`]: gateway results, partials, notices and typing as REST calls, results
-//! first, under the rate limits.
+//! The [`Renderer`] of the WebSocket bridges (Discord, Slack): gateway results, partials,
+//! notices and typing as platform calls ([`ReplyApi`]), results first, under the rate limits.
 //!
-//! A reply is one message replying to the user's (with `message_reference`), edited in place
-//! (PATCH) as partials come, never with the text it already shows; only the newest pending
-//! partial of a reply is kept. A text over 2,000 characters fills the message and continues
-//! in new ones. Agent text mentions nobody (`allowed_mentions` empty).
+//! A reply is one message answering the user's, edited in place as partials come, never with
+//! the text it already shows; only the newest pending partial of a reply is kept. A text
+//! over the platform's limit fills the message and continues in new ones.
 
 use std::collections::{HashMap, VecDeque};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
-
-use super::event::reply_target;
-use super::rest::{Rest, RestError};
 use crate::message::SessionKey;
 use crate::platforms::BridgeError;
 use crate::platforms::gateway::TerminalEvent;
 use crate::platforms::split::{Limit, split};
 
-/// Discord's limit on a message's content is 2,000 characters; counted in UTF-16 units the
-/// pieces are never longer than that in any count Discord uses.
-pub(crate) const DISCORD_LIMIT: Limit = Limit::Utf16Units(2000);
-/// A typing indicator lasts 10 s: renewed this often while a turn runs.
+/// A typing indicator lasts 10 s on Discord: renewed this often while a turn runs.
 pub(crate) const TYPING_RENEW: Duration = Duration::from_secs(8);
+
+/// How a platform call failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum CallError {
+    /// Rate limited (a 429, or a limit known to be reached): call nothing on this route (or,
+    /// for a global limit, at all) before this instant.
+    Wait(Instant),
+    /// The token is wrong. Fatal.
+    Unauthorized(String),
+    /// This call will never work (channel gone, no permission, …).
+    Permanent(String),
+    /// Network trouble or a 5xx: try again later.
+    Transient(String),
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Wait(at) => write!(
+                f,
+                "rate limited for {:?}",
+                at.saturating_duration_since(Instant::now())
+            ),
+            CallError::Unauthorized(d) | CallError::Permanent(d) | CallError::Transient(d) => {
+                f.write_str(d)
+            }
+        }
+    }
+}
+
+/// What the renderer asks of a platform.
+pub(crate) trait ReplyApi {
+    /// The most one message shows.
+    fn limit(&self) -> Limit;
+    /// The platform message a gateway id answers (what a reply refers to).
+    fn reply_target(&self, id: &str) -> Option<String>;
+    /// Posts `text` in `channel`, answering `reply_to` if given; the new message's id.
+    /// `key` names the piece (the same for every try of it): a platform that can refuse to
+    /// create a message twice uses it, so that a post repeated after a crash (shown, not yet
+    /// confirmed to the gateway) returns the first message instead of a second one.
+    fn post(
+        &mut self,
+        channel: &str,
+        reply_to: Option<&str>,
+        text: &str,
+        key: Option<&str>,
+    ) -> Result<String, CallError>;
+    /// Replaces message `message`'s text.
+    fn edit(&mut self, channel: &str, message: &str, text: &str) -> Result<(), CallError>;
+    /// Shows that a turn runs in `channel` (a no-op where the platform has no such call).
+    fn typing(&mut self, channel: &str) -> Result<(), CallError>;
+    /// Removes message `message` (best effort).
+    fn delete(&mut self, channel: &str, message: &str);
+}
 /// Rejection notices waiting at most.
 pub(crate) const MAX_NOTICES: usize = 1000;
 /// Replies waiting to be shown at most, as a multiple of `max_views`.
@@ -89,14 +135,14 @@ impl Renderer {
         }
     }
 
-    fn view(&mut self, id: &str, session: &str) -> Option<&mut View> {
+    fn view(&mut self, id: &str, session: &str, reply_to: Option<String>) -> Option<&mut View> {
         if !self.views.contains_key(id) {
             let channel = channel_of(session)?;
             self.views.insert(
                 id.to_owned(),
                 View {
                     channel,
-                    reply_to: reply_target(id).map(str::to_owned),
+                    reply_to,
                     posted: Vec::new(),
                     partial: None,
                     result: None,
@@ -110,11 +156,17 @@ impl Renderer {
 
     /// A partial reply: the newest text to show for `id` (an older pending one is dropped).
     /// Not shown past `max_views` streamed replies.
-    pub(crate) fn partial(&mut self, id: &str, session: &str, text: &str) {
+    pub(crate) fn partial(
+        &mut self,
+        id: &str,
+        session: &str,
+        text: &str,
+        reply_to: Option<String>,
+    ) {
         if !self.views.contains_key(id) && self.views.len() >= self.max_views {
             return;
         }
-        if let Some(view) = self.view(id, session)
+        if let Some(view) = self.view(id, session, reply_to)
             && view.result.is_none()
         {
             view.partial = Some(text.to_owned());
@@ -123,13 +175,13 @@ impl Renderer {
 
     /// A result to show; `false` when there is nothing to show (a merged message, an
     /// unknown session): the caller confirms it at once.
-    pub(crate) fn result(&mut self, event: &TerminalEvent) -> bool {
+    pub(crate) fn result(&mut self, event: &TerminalEvent, reply_to: Option<String>) -> bool {
         let Some(text) = event.outcome.chat_text() else {
             return false;
         };
-        let Some(view) = self.view(&event.id, &event.session) else {
+        let Some(view) = self.view(&event.id, &event.session, reply_to) else {
             warn_limited!(
-                "discord: result {} for an unknown session; dropped",
+                "bridge: result {} for an unknown session; dropped",
                 event.id
             );
             return false;
@@ -151,7 +203,7 @@ impl Renderer {
     /// A text for a channel that is not a reply (a rejection).
     pub(crate) fn notice(&mut self, channel: &str, reply_to: Option<&str>, text: &str) {
         if self.notices.len() >= MAX_NOTICES {
-            warn_limited!("discord: {MAX_NOTICES} notices wait already; one for {channel} dropped");
+            warn_limited!("bridge: {MAX_NOTICES} notices wait already; one for {channel} dropped");
             return;
         }
         self.notices.push_back((
@@ -168,7 +220,11 @@ impl Renderer {
 
     /// Does the most urgent thing there is: a result, a notice, a due partial, a typing
     /// renewal. An error only when the token was refused.
-    pub(crate) fn step(&mut self, api: &mut dyn Rest, now: Instant) -> Result<Step, BridgeError> {
+    pub(crate) fn step(
+        &mut self,
+        api: &mut dyn ReplyApi,
+        now: Instant,
+    ) -> Result<Step, BridgeError> {
         if let Some(until) = self.paused_until.filter(|t| *t > now) {
             return Ok(Step::Idle(Some(until)));
         }
@@ -181,9 +237,7 @@ impl Renderer {
             return self.render(api, &id, true, now);
         }
         if let Some((channel, reply_to, text)) = self.notices.pop_front() {
-            let body = post_body(&text, reply_to.as_deref());
-            let path = format!("/channels/{channel}/messages");
-            if let Err(e) = api.call("POST", &path, Some(&body)) {
+            if let Err(e) = api.post(&channel, reply_to.as_deref(), &text, None) {
                 self.notices.push_front((channel, reply_to, text));
                 return self.failed(e, now).map(|()| Step::Worked(Vec::new()));
             }
@@ -210,8 +264,7 @@ impl Renderer {
             .map(|(c, _)| c.clone());
         if let Some(channel) = typing {
             self.typing.insert(channel.clone(), now + TYPING_RENEW);
-            let path = format!("/channels/{channel}/typing");
-            if let Err(e) = api.call("POST", &path, None) {
+            if let Err(e) = api.typing(&channel) {
                 self.failed(e, now)?;
             }
             return Ok(Step::Worked(Vec::new()));
@@ -227,7 +280,7 @@ impl Renderer {
     /// it differs from what its message shows.
     fn render(
         &mut self,
-        api: &mut dyn Rest,
+        api: &mut dyn ReplyApi,
         id: &str,
         final_: bool,
         now: Instant,
@@ -242,7 +295,7 @@ impl Renderer {
         }
         .filter(|t| !t.trim().is_empty())
         .unwrap_or_else(|| "[empty reply]".to_owned());
-        let pieces = split(&text, DISCORD_LIMIT);
+        let pieces = split(&text, api.limit());
         for (i, piece) in pieces.iter().enumerate() {
             if view.posted.get(i).is_some_and(|(_, shown)| shown == piece) {
                 continue;
@@ -255,9 +308,9 @@ impl Renderer {
                         view.posted.push((message_id, (*piece).to_owned()));
                     }
                 }
-                Err(RestError::Permanent(e)) => {
+                Err(CallError::Permanent(e)) => {
                     warn_limited!(
-                        "discord: reply {id} in channel {} not shown: {e}",
+                        "bridge: reply {id} in channel {} not shown: {e}",
                         view.channel
                     );
                     return Ok(self.give_up(id, final_));
@@ -271,8 +324,7 @@ impl Renderer {
         if final_ {
             // Pieces a longer partial left beyond the result's end go (best effort).
             for (message_id, _) in view.posted.iter().skip(pieces.len()) {
-                let path = format!("/channels/{}/messages/{message_id}", view.channel);
-                let _ = api.call("DELETE", &path, None);
+                api.delete(&view.channel, message_id);
             }
             self.views.remove(id);
             self.order.retain(|o| o != id);
@@ -301,14 +353,14 @@ impl Renderer {
 
     /// A failed call: a rate limit or a transient failure pauses every call (the rate
     /// limit until its reset, a failure with a doubling backoff); a refused token ends it.
-    fn failed(&mut self, e: RestError, now: Instant) -> Result<(), BridgeError> {
+    fn failed(&mut self, e: CallError, now: Instant) -> Result<(), BridgeError> {
         match e {
-            RestError::Wait(until) => self.paused_until = Some(until),
-            RestError::Unauthorized(d) => {
-                return Err(format!("Discord refused the bot token: {d}"));
+            CallError::Wait(until) => self.paused_until = Some(until),
+            CallError::Unauthorized(d) => {
+                return Err(format!("the platform refused the bot token: {d}"));
             }
-            RestError::Permanent(d) | RestError::Transient(d) => {
-                warn_limited!("discord: a call failed: {d}; pausing {:?}", self.backoff);
+            CallError::Permanent(d) | CallError::Transient(d) => {
+                warn_limited!("bridge: a call failed: {d}; pausing {:?}", self.backoff);
                 self.paused_until = Some(now + self.backoff);
                 self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
             }
@@ -317,35 +369,24 @@ impl Renderer {
     }
 }
 
-/// The body of a new message: `text`, replying to `reply_to` if given, mentioning nobody.
-fn post_body(text: &str, reply_to: Option<&str>) -> Value {
-    let mut body = json!({"content": text, "allowed_mentions": {"parse": []}});
-    if let Some(r) = reply_to {
-        body["message_reference"] = json!({"message_id": r, "fail_if_not_exists": false});
-    }
-    body
-}
-
-/// Shows piece `i` of `view`: edits its message, or posts a new one (the first replying to
+/// Shows piece `i` of `view`: edits its message, or posts a new one (the first answering
 /// the user's message). Returns the message's id.
-fn show_piece(api: &mut dyn Rest, view: &View, i: usize, piece: &str) -> Result<String, RestError> {
+fn show_piece(
+    api: &mut dyn ReplyApi,
+    view: &View,
+    i: usize,
+    piece: &str,
+) -> Result<String, CallError> {
     if let Some((message_id, _)) = view.posted.get(i) {
-        let path = format!("/channels/{}/messages/{message_id}", view.channel);
-        let body = json!({"content": piece, "allowed_mentions": {"parse": []}});
         return api
-            .call("PATCH", &path, Some(&body))
-            .map(|_| message_id.clone());
+            .edit(&view.channel, message_id, piece)
+            .map(|()| message_id.clone());
     }
     let reply_to = if i == 0 {
         view.reply_to.as_deref()
     } else {
         None
     };
-    let path = format!("/channels/{}/messages", view.channel);
-    let answer = api.call("POST", &path, Some(&post_body(piece, reply_to)))?;
-    answer
-        .get("id")
-        .and_then(Value::as_str)
-        .map(str::to_owned)
-        .ok_or_else(|| RestError::Transient("the new message's answer has no id".into()))
+    let key = view.reply_to.as_ref().map(|r| format!("{r}-{i}"));
+    api.post(&view.channel, reply_to, piece, key.as_deref())
 }
