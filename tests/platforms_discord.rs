@@ -263,8 +263,15 @@ fn a_zombie_connection_is_resumed_in_the_middle_of_a_stream_losing_and_repeating
     // Ordered by the fake: the bridge must notice the missing ACK and resume.
     fake.wait_for("a resume", |s| (s.resumes > resumes_before).then_some(()));
     // The stream goes on over the gateway; the missed message waits behind it (one
-    // session) and is answered after it.
+    // session) and is answered after it. Each go() once the agent read the one before (two
+    // writers at once would be read as one).
     setup.go();
+    fake.wait_for("the edit", |s| {
+        FakeDiscord::texts(s, "42")
+            .iter()
+            .any(|t| t == "Hello world")
+            .then_some(())
+    });
     setup.go();
     let expected = final_text();
     fake.wait_for("the whole result and the missed message's reply", |s| {
@@ -388,7 +395,7 @@ fn a_restarted_bridge_resumes_its_session_and_answers_what_came_while_it_was_dow
     assert!(first.terminate().success());
     fake.user_message("801", "42", None, "two");
     let log = setup.dir.path().join("bridge-2.log");
-    let mut second = setup.bridge(&fake, &state, &log);
+    let second = setup.bridge(&fake, &state, &log);
     fake.wait_for("the reply to what came while down", |s| {
         (posted(s, "echo: two (dm)") == 1).then_some(())
     });

@@ -84,6 +84,7 @@ pub(crate) mod irc;
 pub(crate) mod matrix;
 pub(crate) mod replies;
 pub(crate) mod secrets;
+pub(crate) mod slack;
 pub(crate) mod split;
 pub(crate) mod telegram;
 pub(crate) mod tls;

@@ -52,16 +52,17 @@ pub(crate) trait ReplyApi {
     fn limit(&self) -> Limit;
     /// The platform message a gateway id answers (what a reply refers to).
     fn reply_target(&self, id: &str) -> Option<String>;
-    /// Posts `text` in `channel`, answering `reply_to` if given; the new message's id.
-    /// `key` names the piece (the same for every try of it): a platform that can refuse to
-    /// create a message twice uses it, so that a post repeated after a crash (shown, not yet
-    /// confirmed to the gateway) returns the first message instead of a second one.
+    /// Posts `text` in `channel`: piece `piece` of the reply to message `answers`, or, with
+    /// no piece, a notice about it. The new message's id. The same piece of the same reply
+    /// is the same post on every try: a platform that can refuse to create a message twice
+    /// uses that, so a post repeated after a crash (shown, not yet confirmed to the gateway)
+    /// returns the first message instead of a second one.
     fn post(
         &mut self,
         channel: &str,
-        reply_to: Option<&str>,
+        answers: Option<&str>,
+        piece: Option<usize>,
         text: &str,
-        key: Option<&str>,
     ) -> Result<String, CallError>;
     /// Replaces message `message`'s text.
     fn edit(&mut self, channel: &str, message: &str, text: &str) -> Result<(), CallError>;
@@ -237,7 +238,7 @@ impl Renderer {
             return self.render(api, &id, true, now);
         }
         if let Some((channel, reply_to, text)) = self.notices.pop_front() {
-            if let Err(e) = api.post(&channel, reply_to.as_deref(), &text, None) {
+            if let Err(e) = api.post(&channel, reply_to.as_deref(), None, &text) {
                 self.notices.push_front((channel, reply_to, text));
                 return self.failed(e, now).map(|()| Step::Worked(Vec::new()));
             }
@@ -382,11 +383,5 @@ fn show_piece(
             .edit(&view.channel, message_id, piece)
             .map(|()| message_id.clone());
     }
-    let reply_to = if i == 0 {
-        view.reply_to.as_deref()
-    } else {
-        None
-    };
-    let key = view.reply_to.as_ref().map(|r| format!("{r}-{i}"));
-    api.post(&view.channel, reply_to, piece, key.as_deref())
+    api.post(&view.channel, view.reply_to.as_deref(), Some(i), piece)
 }

@@ -92,6 +92,8 @@ pub(crate) enum BridgePlatform {
     Telegram,
     /// `turnstile bridge discord`.
     Discord,
+    /// `turnstile bridge slack`.
+    Slack,
 }
 
 impl BridgePlatform {
@@ -101,6 +103,7 @@ impl BridgePlatform {
             BridgePlatform::Irc => "irc",
             BridgePlatform::Telegram => "telegram",
             BridgePlatform::Discord => "discord",
+            BridgePlatform::Slack => "slack",
         }
     }
 }

@@ -208,19 +208,22 @@ impl ReplyApi for HttpRest {
     fn post(
         &mut self,
         channel: &str,
-        reply_to: Option<&str>,
+        answers: Option<&str>,
+        piece: Option<usize>,
         text: &str,
-        key: Option<&str>,
     ) -> Result<String, RestError> {
         let mut body = json!({"content": text, "allowed_mentions": {"parse": []}});
+        if let Some(r) = answers.filter(|_| piece.unwrap_or(0) == 0) {
+            body["message_reference"] = json!({"message_id": r, "fail_if_not_exists": false});
+        }
         // A nonce (25 characters at most) Discord enforces: the same one again within a few
         // minutes returns the message already created.
-        if let Some(k) = key.filter(|k| k.len() <= 25) {
-            body["nonce"] = json!(k);
-            body["enforce_nonce"] = json!(true);
-        }
-        if let Some(r) = reply_to {
-            body["message_reference"] = json!({"message_id": r, "fail_if_not_exists": false});
+        if let (Some(r), Some(i)) = (answers, piece) {
+            let nonce = format!("{r}-{i}");
+            if nonce.len() <= 25 {
+                body["nonce"] = json!(nonce);
+                body["enforce_nonce"] = json!(true);
+            }
         }
         let answer = self.call(
             "POST",
