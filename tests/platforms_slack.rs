@@ -77,6 +77,10 @@ struct Setup {
 
 impl Setup {
     fn start() -> Setup {
+        Setup::start_on("127.0.0.1:0")
+    }
+
+    fn start_on(listen: &str) -> Setup {
         let dir = tempfile::tempdir().expect("tempdir");
         let script = dir.path().join("agent.py");
         std::fs::write(&script, AGENT).expect("agent");
@@ -86,7 +90,7 @@ impl Setup {
         let cmd = format!("exec python3 {} {}", script.display(), fifo.display());
         let mut serve = die_with_parent(
             Command::new(env!("CARGO_BIN_EXE_turnstile"))
-                .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "off"])
+                .args(["serve", "--listen", listen, "--http-listen", "off"])
                 .args(["--agent", "process", "--agent-cmd", &cmd])
                 .args(["--partial-interval", "0"])
                 .env("RUST_LOG", "warn")
@@ -363,4 +367,43 @@ fn a_refused_app_token_ends_the_bridge_with_exit_2() {
     assert_eq!(bridge.wait_exit().code(), Some(2));
     let text = std::fs::read_to_string(&log).expect("log");
     assert!(text.contains("connections:write"), "{text}");
+}
+
+#[test]
+fn an_envelope_is_acked_only_once_the_gateway_has_its_message() {
+    let fake = FakeSlack::start();
+    // The gateway is not there yet: the bridge gets the event but cannot hand it over.
+    let listen = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        probe.local_addr().expect("addr").to_string()
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("bridge.log");
+    let (mut bridge, ready) = spawn_bridge(&listen, &fake.api_base, APP_TOKEN, &log);
+    fake.wait_for("the Socket Mode connection", |s| {
+        (!s.connections.is_empty()).then_some(())
+    });
+    fake.dm("600.000001", "early");
+    // Ordered by the fake: not acked within 3 s, so Slack delivers it again.
+    fake.wait_for("a redelivery", |s| (s.late_redeliveries >= 1).then_some(()));
+    assert_eq!(
+        fake.lock().acks,
+        0,
+        "acked before the gateway had the message"
+    );
+    let setup = Setup::start_on(&listen);
+    assert_eq!(
+        ready
+            .recv_timeout(WAIT)
+            .expect("ready once the gateway is up"),
+        "ready: slack as fakebot"
+    );
+    fake.wait_for("the reply and every envelope acked", |s| {
+        (posted(s, "echo: early (dm)") == 1 && s.acks as usize >= 1 + s.late_redeliveries as usize)
+            .then_some(())
+    });
+    assert_eq!(posted(&fake.lock(), "echo: early (dm)"), 1, "answered once");
+    assert!(bridge.terminate().success());
+    assert_no_secret(&log);
+    drop(setup);
 }
