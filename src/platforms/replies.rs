@@ -385,3 +385,135 @@ fn show_piece(
     }
     api.post(&view.channel, view.reply_to.as_deref(), Some(i), piece)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::platforms::gateway::TerminalOutcome;
+
+    /// A scripted platform: records calls, answers the next scripted error if any.
+    #[derive(Default)]
+    struct Script {
+        calls: Vec<String>,
+        errors: VecDeque<CallError>,
+        next: u32,
+    }
+
+    impl Script {
+        fn answer(&mut self, call: String) -> Result<(), CallError> {
+            self.calls.push(call);
+            self.errors.pop_front().map_or(Ok(()), Err)
+        }
+    }
+
+    impl ReplyApi for Script {
+        fn limit(&self) -> Limit {
+            Limit::Utf16Units(10)
+        }
+        fn reply_target(&self, id: &str) -> Option<String> {
+            Some(id.to_owned())
+        }
+        fn post(
+            &mut self,
+            channel: &str,
+            answers: Option<&str>,
+            piece: Option<usize>,
+            text: &str,
+        ) -> Result<String, CallError> {
+            self.answer(format!("post {channel} {answers:?} {piece:?} {text}"))?;
+            self.next += 1;
+            Ok(format!("m{}", self.next))
+        }
+        fn edit(&mut self, channel: &str, message: &str, text: &str) -> Result<(), CallError> {
+            self.answer(format!("edit {channel} {message} {text}"))
+        }
+        fn typing(&mut self, channel: &str) -> Result<(), CallError> {
+            self.answer(format!("typing {channel}"))
+        }
+        fn delete(&mut self, channel: &str, message: &str) {
+            let _ = self.answer(format!("delete {channel} {message}"));
+        }
+    }
+
+    fn result(id: &str, text: &str) -> TerminalEvent {
+        TerminalEvent {
+            id: id.into(),
+            session: "discord:dm:42".into(),
+            outcome: TerminalOutcome::Reply {
+                text: text.into(),
+                truncated: false,
+            },
+            redelivery: false,
+        }
+    }
+
+    fn run(r: &mut Renderer, api: &mut Script, now: Instant) -> Vec<String> {
+        let mut done = Vec::new();
+        for _ in 0..20 {
+            match r.step(api, now).expect("step") {
+                Step::Worked(d) => done.extend(d),
+                Step::Idle(_) => break,
+            }
+        }
+        done
+    }
+
+    #[test]
+    fn a_reply_is_posted_then_edited_split_at_the_limit_and_identical_text_is_not_sent() {
+        let mut r = Renderer::new(Duration::from_secs(1), 8);
+        let mut api = Script::default();
+        let t0 = Instant::now();
+        r.partial("a", "discord:dm:42", "Hello", Some("u1".into()));
+        run(&mut r, &mut api, t0);
+        // The same text again, and a newer one replacing an older pending one.
+        r.partial("a", "discord:dm:42", "Hello", Some("u1".into()));
+        run(&mut r, &mut api, t0 + Duration::from_secs(2));
+        r.partial("a", "discord:dm:42", "Hello wo", Some("u1".into()));
+        r.partial("a", "discord:dm:42", "Hello world", Some("u1".into()));
+        run(&mut r, &mut api, t0 + Duration::from_secs(4));
+        assert!(r.result(&result("a", "Hello world, again"), Some("u1".into())));
+        let done = run(&mut r, &mut api, t0 + Duration::from_secs(4));
+        assert_eq!(done, ["a"]);
+        assert_eq!(
+            api.calls,
+            [
+                "post 42 Some(\"u1\") Some(0) Hello",
+                "edit 42 m1 Hello ",
+                "post 42 Some(\"u1\") Some(1) world",
+                "edit 42 m2 world, ",
+                "post 42 Some(\"u1\") Some(2) again",
+            ]
+        );
+    }
+
+    #[test]
+    fn results_go_before_partials_and_a_rate_limit_stops_every_call_until_it_passed() {
+        let mut r = Renderer::new(Duration::from_secs(1), 8);
+        let t0 = Instant::now();
+        let mut api = Script {
+            errors: [CallError::Wait(t0 + Duration::from_secs(3))].into(),
+            ..Script::default()
+        };
+        r.partial("b", "discord:dm:7", "partial", Some("u2".into()));
+        assert!(r.result(&result("a", "final"), Some("u1".into())));
+        assert_eq!(
+            r.step(&mut api, t0).expect("step"),
+            Step::Worked(Vec::new())
+        );
+        assert_eq!(
+            r.step(&mut api, t0 + Duration::from_secs(1)).expect("step"),
+            Step::Idle(Some(t0 + Duration::from_secs(3)))
+        );
+        assert_eq!(api.calls.len(), 1, "nothing called while rate limited");
+        let done = run(&mut r, &mut api, t0 + Duration::from_secs(3));
+        assert_eq!(done, ["a"]);
+        assert_eq!(
+            api.calls,
+            [
+                "post 42 Some(\"u1\") Some(0) final",
+                "post 42 Some(\"u1\") Some(0) final",
+                "post 7 Some(\"u2\") Some(0) partial",
+            ]
+        );
+    }
+}

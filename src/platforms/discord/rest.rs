@@ -296,7 +296,7 @@ mod tests {
 
     #[test]
     fn an_empty_bucket_blocks_its_route_until_its_reset_and_no_other() {
-        let mut rest = HttpRest::new("http://127.0.0.1:9", "t");
+        let mut rest = HttpRest::new("http://127.0.0.1:9", "discord-unit-test-token-8f3a");
         let now = Instant::now();
         let reset_at = now + Duration::from_secs(2);
         rest.remember(
