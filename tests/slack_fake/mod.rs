@@ -51,6 +51,8 @@ pub struct FakeState {
     conn: Option<(usize, Sender<Value>)>,
     unacked: Vec<Unacked>,
     pub acks: u32,
+    /// Envelopes sent (first deliveries and redeliveries).
+    pub envelopes: u32,
     /// Envelopes delivered again because their ack came late.
     pub late_redeliveries: u32,
     pub force_429: u32,
@@ -163,6 +165,7 @@ impl FakeSlack {
 
 fn send_envelope(state: &mut FakeState, event: Value, retry_attempt: u64) {
     state.next += 1;
+    state.envelopes += 1;
     let envelope_id = format!("env-{}", state.next);
     let envelope = json!({"envelope_id": envelope_id, "type": "events_api",
         "accepts_response_payload": false, "retry_attempt": retry_attempt,
