@@ -529,7 +529,7 @@ mod tests {
 
     #[test]
     fn unknown_keys_and_platforms_are_refused() {
-        assert!(toml::from_str::<BridgeSpec>("platform = \"slack\"").is_err());
+        assert!(toml::from_str::<BridgeSpec>("platform = \"whatsapp\"").is_err());
         assert!(toml::from_str::<BridgeSpec>("platform = \"irc\"\nargz = []").is_err());
         let s: BridgeSpec = toml::from_str("platform = \"irc\"").expect("no args is fine");
         assert!(s.args.is_empty());

@@ -45,8 +45,10 @@ pub(crate) fn event_message(event: &Value, me: &str) -> Option<OutgoingMessage> 
     message.chat_type = if dm { ChatType::Dm } else { ChatType::Group };
     message.user_id = Some(user.to_owned());
     let mut meta = json!({"ts": ts, "mentioned": !dm});
+    // A message inside a thread is in the thread's session; a top-level one in the channel's.
     if event.get("thread_ts").is_some() {
         meta["thread_ts"] = json!(thread);
+        message.thread_id = Some(thread.to_owned());
     }
     message.meta = Some(meta.to_string());
     Some(message)
@@ -74,12 +76,14 @@ mod tests {
         assert_eq!(m.chat_type, ChatType::Dm);
         assert_eq!(m.text, "/stop");
         assert_eq!(m.id, "sl-D1-1.1-1.1");
+        assert_eq!(m.thread_id, None);
         let mention = json!({"type": "app_mention", "channel": "C1", "user": "U7",
             "ts": "2.2", "thread_ts": "1.0", "text": "<@UBOT> hi"});
         let m = event_message(&mention, "UBOT").expect("mention");
         assert_eq!(m.chat_type, ChatType::Group);
         assert_eq!(m.text, "hi");
         assert_eq!(thread_of(&m.id), Some("1.0"));
+        assert_eq!(m.thread_id.as_deref(), Some("1.0"));
         let chatter = json!({"type": "message", "channel_type": "channel", "channel": "C1",
             "user": "U7", "ts": "3.3", "text": "hi"});
         assert!(event_message(&chatter, "UBOT").is_none());
