@@ -10,7 +10,7 @@ use super::glob::Glob;
 
 /// Platforms whose bridges this crate ships: strangers reach them, so they default to
 /// `pairing`; any other platform (a local `cli`, a third-party bridge) defaults to `open`.
-pub(crate) const NATIVE_PLATFORMS: [&str; 3] = ["matrix", "irc", "telegram"];
+pub(crate) const NATIVE_PLATFORMS: [&str; 5] = ["matrix", "irc", "telegram", "discord", "slack"];
 /// Most `[access.*]` tables.
 const MAX_TABLES: usize = 64;
 /// Most patterns in one list (`admins`, `allow`, `allow-chats`).
@@ -100,7 +100,7 @@ pub struct AccessConfig {
 
 impl AccessConfig {
     /// `serve`'s policy: the tables over the safe defaults (`native_defaults`: pair strangers
-    /// on `matrix`, `irc`, `telegram`), or over open platforms. Errors name the key.
+    /// on `matrix`, `irc`, `telegram`, `discord`, `slack`), or over open platforms. Errors name the key.
     pub(crate) fn from_tables(
         tables: &BTreeMap<String, AccessTable>,
         native_defaults: bool,
@@ -285,7 +285,9 @@ mod tests {
             assert_eq!(c.default_rules(p).mode, Mode::Pairing);
         }
         assert_eq!(c.default_rules("cli").mode, Mode::Open);
-        assert!(c.default_rules("matrix").mention_only && !c.default_rules("slack").mention_only);
+        assert!(
+            c.default_rules("matrix").mention_only && !c.default_rules("whatsapp").mention_only
+        );
         assert_eq!(
             AccessConfig::default().default_rules("matrix").mode,
             Mode::Open

@@ -25,6 +25,10 @@ enum Platform {
     Telegram(TelegramArgs),
     /// A Matrix bot (Client-Server API, /sync long polling; plain and end-to-end encrypted rooms).
     Matrix(MatrixArgs),
+    /// A Discord bot (Gateway v10 WebSocket and REST API).
+    Discord(DiscordArgs),
+    /// A Slack app (Socket Mode and the Web API).
+    Slack(SlackArgs),
 }
 
 /// Flags every bridge has.
@@ -167,6 +171,41 @@ struct TelegramArgs {
 }
 
 #[derive(Args, Debug)]
+struct DiscordArgs {
+    #[command(flatten)]
+    gateway: GatewayArgs,
+    /// Base URL of the REST API (the Gateway's URL comes from its `GET /gateway/bot`).
+    #[arg(
+        long,
+        value_name = "URL",
+        default_value = "https://discord.com/api/v10"
+    )]
+    api_base: String,
+    /// Environment variable holding the bot token.
+    #[arg(long, value_name = "NAME", default_value = "DISCORD_BOT_TOKEN")]
+    token_env: String,
+    /// Directory keeping the Gateway session, so a restart resumes it and answers what came
+    /// while the bridge was down (while Discord still keeps the session).
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<std::path::PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct SlackArgs {
+    #[command(flatten)]
+    gateway: GatewayArgs,
+    /// Base URL of the Web API.
+    #[arg(long, value_name = "URL", default_value = "https://slack.com/api")]
+    api_base: String,
+    /// Environment variable holding the app-level token (`xapp-…`, Socket Mode).
+    #[arg(long, value_name = "NAME", default_value = "SLACK_APP_TOKEN")]
+    app_token_env: String,
+    /// Environment variable holding the bot token (`xoxb-…`).
+    #[arg(long, value_name = "NAME", default_value = "SLACK_BOT_TOKEN")]
+    bot_token_env: String,
+}
+
+#[derive(Args, Debug)]
 struct MatrixArgs {
     #[command(flatten)]
     gateway: GatewayArgs,
@@ -241,6 +280,21 @@ impl BridgeArgs {
                 optional: vec![a.pickle_key_env.clone()],
                 state_dir: a.state_dir.clone(),
             },
+            Platform::Slack(a) => BridgeNeeds {
+                required: vec![
+                    (a.app_token_env.clone(), "--app-token-env"),
+                    (a.bot_token_env.clone(), "--bot-token-env"),
+                ],
+                gateway_token_env: a.gateway.gateway_token_env.clone(),
+                optional: Vec::new(),
+                state_dir: None,
+            },
+            Platform::Discord(a) => BridgeNeeds {
+                required: vec![(a.token_env.clone(), "--token-env")],
+                gateway_token_env: a.gateway.gateway_token_env.clone(),
+                optional: Vec::new(),
+                state_dir: a.state_dir.clone(),
+            },
         }
     }
 }
@@ -283,6 +337,8 @@ pub(super) fn run(args: BridgeArgs) -> i32 {
         Platform::Irc(a) => ("irc", run_irc(a)),
         Platform::Telegram(a) => ("telegram", run_telegram(a)),
         Platform::Matrix(a) => ("matrix", run_matrix(a)),
+        Platform::Discord(a) => ("discord", run_discord(a)),
+        Platform::Slack(a) => ("slack", run_slack(a)),
     };
     match result {
         Ok(()) => 0,
@@ -389,4 +445,64 @@ fn run_matrix(a: MatrixArgs) -> Result<(), Failure> {
     config.e2ee.max_pending = a.max_undecryptable.max(1);
     let stop = stop_on_signals().map_err(Failure::Run)?;
     matrix::run(config, &stop, &mut |me| print_ready("matrix", me)).map_err(Failure::Run)
+}
+
+fn run_discord(a: DiscordArgs) -> Result<(), Failure> {
+    use crate::platforms::discord::{self, DiscordConfig, DiscordError};
+    let gateway = a.gateway.config("discord").map_err(Failure::Usage)?;
+    let token = token_from_env(&a.token_env)
+        .map_err(Failure::Usage)?
+        .ok_or_else(|| {
+            Failure::Usage(format!(
+                "the bot token is missing: set {} (or name another variable with --token-env)",
+                a.token_env
+            ))
+        })?;
+    if !a.api_base.starts_with("https://") && !a.api_base.starts_with("http://") {
+        return Err(Failure::Usage(format!(
+            "--api-base {:?} is not an http(s) URL",
+            a.api_base
+        )));
+    }
+    let mut config = DiscordConfig::new(gateway, &a.api_base, &token);
+    config.state_dir = a.state_dir;
+    let stop = stop_on_signals().map_err(Failure::Run)?;
+    discord::run(config, &stop, &mut |me| print_ready("discord", me)).map_err(|e| match e {
+        // A setting must change (the token, the intents): like a usage error, exit 2.
+        DiscordError::Fatal(e) => {
+            log::error!("bridge discord: {e}");
+            Failure::Usage(e)
+        }
+        DiscordError::Failed(e) => Failure::Run(e),
+    })
+}
+
+fn run_slack(a: SlackArgs) -> Result<(), Failure> {
+    use crate::platforms::slack::{self, SlackConfig, SlackError};
+    let gateway = a.gateway.config("slack").map_err(Failure::Usage)?;
+    let token = |var: &str, flag: &str| {
+        token_from_env(var).map_err(Failure::Usage)?.ok_or_else(|| {
+            Failure::Usage(format!(
+                "a Slack token is missing: set {var} (or name another variable with {flag})"
+            ))
+        })
+    };
+    let app = token(&a.app_token_env, "--app-token-env")?;
+    let bot = token(&a.bot_token_env, "--bot-token-env")?;
+    if !a.api_base.starts_with("https://") && !a.api_base.starts_with("http://") {
+        return Err(Failure::Usage(format!(
+            "--api-base {:?} is not an http(s) URL",
+            a.api_base
+        )));
+    }
+    let config = SlackConfig::new(gateway, &a.api_base, &app, &bot);
+    let stop = stop_on_signals().map_err(Failure::Run)?;
+    slack::run(config, &stop, &mut |me| print_ready("slack", me)).map_err(|e| match e {
+        // A token must change: like a usage error, exit 2.
+        SlackError::Fatal(e) => {
+            log::error!("bridge slack: {e}");
+            Failure::Usage(e)
+        }
+        SlackError::Failed(e) => Failure::Run(e),
+    })
 }

@@ -51,7 +51,7 @@ enum Cmd {
     Loadgen(loadgen::LoadgenArgs),
     /// Summarise a gateway's status (file or HTTP); non-zero exit when stale or unhealthy.
     Status(status::StatusArgs),
-    /// Connect a chat platform (Matrix, IRC, Telegram) to a running gateway.
+    /// Connect a chat platform (Matrix, IRC, Telegram, Discord, Slack) to a running gateway.
     Bridge(bridge::BridgeArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(docs::CompletionsArgs),

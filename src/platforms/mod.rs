@@ -72,6 +72,7 @@ pub(crate) fn emit_limited(
     }
 }
 
+pub(crate) mod discord;
 pub(crate) mod edits;
 pub(crate) mod fair;
 pub(crate) mod gateway;
@@ -79,10 +80,13 @@ pub(crate) mod grapheme;
 pub(crate) mod irc;
 pub(crate) mod lenient;
 pub(crate) mod matrix;
+pub(crate) mod replies;
 pub(crate) mod secrets;
+pub(crate) mod slack;
 pub(crate) mod split;
 pub(crate) mod telegram;
 pub(crate) mod tls;
+pub(crate) mod websocket;
 
 /// Chat commands typed with a `!` (IRC and Matrix clients take `/` for themselves) mapped to
 /// the gateway's `/` commands: `!stop` → `/stop`, also `!new`, `!reset`, `!status`. Anything

@@ -92,6 +92,10 @@ pub(crate) enum BridgePlatform {
     Irc,
     /// `turnstile bridge telegram`.
     Telegram,
+    /// `turnstile bridge discord`.
+    Discord,
+    /// `turnstile bridge slack`.
+    Slack,
 }
 
 impl BridgePlatform {
@@ -100,6 +104,8 @@ impl BridgePlatform {
             BridgePlatform::Matrix => "matrix",
             BridgePlatform::Irc => "irc",
             BridgePlatform::Telegram => "telegram",
+            BridgePlatform::Discord => "discord",
+            BridgePlatform::Slack => "slack",
         }
     }
 }
@@ -547,7 +553,7 @@ mod tests {
 
     #[test]
     fn unknown_keys_and_platforms_are_refused() {
-        assert!(toml::from_str::<BridgeSpec>("platform = \"slack\"").is_err());
+        assert!(toml::from_str::<BridgeSpec>("platform = \"whatsapp\"").is_err());
         assert!(toml::from_str::<BridgeSpec>("platform = \"irc\"\nargz = []").is_err());
         let s: BridgeSpec = toml::from_str("platform = \"irc\"").expect("no args is fine");
         assert!(s.args.is_empty());
