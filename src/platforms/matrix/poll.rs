@@ -161,32 +161,10 @@ pub(super) fn run_sync(
             crypto,
             first,
         );
-        let (answer, unreadable) = match fetched {
-            Fetched::Answer(v, unreadable) => {
-                if link_up != Some(true) && !send_or_stop(tx, stop, FromSync::Link(true, None)) {
-                    return;
-                }
-                link_up = Some(true);
-                (v, unreadable)
-            }
-            Fetched::Retry(wait, why) => {
-                if let Some(why) = why {
-                    if link_up != Some(false)
-                        && !send_or_stop(tx, stop, FromSync::Link(false, Some(why)))
-                    {
-                        return;
-                    }
-                    link_up = Some(false);
-                }
-                if stopped_during(stop, wait) {
-                    return;
-                }
-                continue;
-            }
-            Fetched::Fatal(why) => {
-                send_or_stop(tx, stop, FromSync::Fatal(why));
-                return;
-            }
+        let (answer, unreadable) = match tell_link(fetched, &mut link_up, tx, stop) {
+            Step::Read(v, unreadable) => (v, unreadable),
+            Step::Again => continue,
+            Step::Stop => return,
         };
         if answer.dropped() > 0 {
             // One line per answer, however many rooms or events it held.
@@ -236,6 +214,54 @@ pub(super) fn run_sync(
         }
         if !resuming && !send_or_stop(tx, stop, FromSync::Batch(next.to_owned())) {
             return;
+        }
+    }
+}
+
+/// What the sync loop does after one fetch.
+enum Step {
+    /// Read this answer (and tell the rooms these events cannot be read).
+    Read(Box<SyncAnswer>, Vec<Unreadable>),
+    /// Ask again (after the wait the fetch asked for).
+    Again,
+    /// The bridge is stopping or the token was refused.
+    Stop,
+}
+
+/// Tells the bridge the homeserver connection's state when it changes (`link_up`), and
+/// waits out a retry.
+fn tell_link(
+    fetched: Fetched,
+    link_up: &mut Option<bool>,
+    tx: &Sender<FromSync>,
+    stop: &Receiver<()>,
+) -> Step {
+    match fetched {
+        Fetched::Answer(v, unreadable) => {
+            if *link_up != Some(true) && !send_or_stop(tx, stop, FromSync::Link(true, None)) {
+                return Step::Stop;
+            }
+            *link_up = Some(true);
+            Step::Read(v, unreadable)
+        }
+        Fetched::Retry(wait, why) => {
+            if let Some(why) = why {
+                if *link_up != Some(false)
+                    && !send_or_stop(tx, stop, FromSync::Link(false, Some(why)))
+                {
+                    return Step::Stop;
+                }
+                *link_up = Some(false);
+            }
+            if stopped_during(stop, wait) {
+                Step::Stop
+            } else {
+                Step::Again
+            }
+        }
+        Fetched::Fatal(why) => {
+            send_or_stop(tx, stop, FromSync::Fatal(why));
+            Step::Stop
         }
     }
 }
