@@ -84,6 +84,7 @@ fn serve(port: u16) -> Proc {
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
             .args(["--http-listen", "off", "--agent", "process"])
             .args(["--agent-cmd", &agent, "--partial-interval", "0.05"])
+            .args(["--access-default", "open"])
             .env("RUST_LOG", "warn")
             .env("TURNSTILE_AUTH_TOKEN", GATEWAY_TOKEN)
             .stdout(Stdio::piped())
