@@ -56,7 +56,7 @@ fn acquired(s: &mut RedisStore, p: u32) -> Lease {
 
 fn new_seq(a: Accept) -> u64 {
     match a {
-        Accept::New { seq } => seq,
+        Accept::New { seq, .. } => seq,
         other => panic!("not accepted: {other:?}"),
     }
 }
@@ -629,7 +629,7 @@ fn one_pipelined_batch_answers_each_write_and_a_fenced_one_hides_nothing() {
     let got = b.write(&ops, now).expect("batch");
     assert_eq!(got.len(), ops.len());
     let s2 = match &got[0] {
-        Ok(Done::Accepted(Accept::New { seq })) => *seq,
+        Ok(Done::Accepted(Accept::New { seq, .. })) => *seq,
         other => panic!("{other:?}"),
     };
     assert_eq!(got[1].as_ref().unwrap_err().kind, StoreErrorKind::Fenced);

@@ -139,6 +139,9 @@ pub enum Accept {
     New {
         /// The partition's number for it.
         seq: u64,
+        /// Its session's messages in flight across the cluster before it (its ack's
+        /// `position`).
+        ahead: usize,
     },
     /// Its `(platform, id)` is in the partition's duplicate window (cluster-wide).
     Duplicate,
@@ -772,11 +775,13 @@ impl RedisStore {
             Op::Accept { .. } => {
                 let a = strings(v);
                 match a.first().map(String::as_str) {
-                    Some("new") => a
-                        .get(1)
-                        .and_then(|s| s.parse().ok())
-                        .map(|seq| Done::Accepted(Accept::New { seq }))
-                        .ok_or_else(|| malformed("accept")),
+                    Some("new") => {
+                        let seq = a.get(1).and_then(|s| s.parse().ok());
+                        let ahead = a.get(2).and_then(|s| s.parse().ok());
+                        seq.zip(ahead)
+                            .map(|(seq, ahead)| Done::Accepted(Accept::New { seq, ahead }))
+                            .ok_or_else(|| malformed("accept"))
+                    }
                     Some("duplicate") => Ok(Done::Accepted(Accept::Duplicate)),
                     Some("full") => Ok(Done::Accepted(Accept::SessionFull)),
                     Some("generation" | "older") => {

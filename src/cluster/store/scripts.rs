@@ -22,7 +22,8 @@ pub(super) struct Scripts {
 /// not the caller's (its data lost or replaced) or whose count is below what the caller has
 /// seen (an older copy of it) accepts nothing and answers what it has.
 /// The dedup sorted set scores an in-flight id `+inf` (it stays a duplicate however long
-/// it waits) and a finished one by its window's end.
+/// it waits) and a finished one by its window's end. A new message's answer carries its seq
+/// and the session's messages already in flight (its `position` in the ack).
 pub(super) const ACCEPT: &str = r"
 local g = redis.call('GET', KEYS[7])
 if g ~= ARGV[10] then return {'generation', g or ''} end
@@ -46,7 +47,7 @@ redis.call('HSET', KEYS[3], ARGV[2], seq)
 redis.call('ZADD', KEYS[4], '+inf', ARGV[2])
 redis.call('HINCRBY', KEYS[5], ARGV[5], 1)
 redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[7], '*', 'seq', seq, 'origin', ARGV[9])
-return {'new', tostring(seq)}
+return {'new', tostring(seq), tostring(n)}
 ";
 
 /// KEYS: lease. ARGV: token, message key, attempt. Fenced unless the lease is the token.
