@@ -1056,3 +1056,65 @@ fn an_ack_for_a_message_owned_elsewhere_carries_the_cluster_wide_position() {
     open_gate();
     assert_eq!(on_b.next()["text"], "m3");
 }
+
+/// The same (platform, id) sent to another instance with another chat, whose session falls
+/// in another partition, is answered `duplicate` (docs/protocol.md: duplicates are per
+/// (platform, id)), as the single-node gateway answers it: while the first runs, and after it
+/// was answered and confirmed, for the rest of the window.
+#[test]
+fn the_same_id_with_another_chat_on_another_instance_is_a_duplicate() {
+    let Some(bin) = require_redis() else { return };
+    let redis = Redis::start(&bin);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gate = dir.path().join("gate");
+    let agent = gated_agent(&gate);
+    let agent: Vec<&str> = agent.iter().map(String::as_str).collect();
+    let a = Server::start(&redis, "a", 3000, &agent);
+    until_all_held_by(&redis, &["a"]);
+    let b = Server::start(&redis, "b", 3000, &agent);
+    a.wait_status("a seeing b", |s| {
+        s["frontend"]["cluster"]["live_instances"]
+            .as_array()
+            .is_some_and(|l| l.len() == 2)
+    });
+    let partition = |chat: &str| {
+        turnstile::internal::cluster::partition_of(&format!("tg:dm:{chat}"), PARTITIONS)
+    };
+    let other = (2..100)
+        .map(|c| c.to_string())
+        .find(|c| partition(c) != partition("1"))
+        .expect("a chat in another partition");
+    let (mut on_a, mut on_b) = (Client::connect(&a.addr), Client::connect(&b.addr));
+    on_a.message("m1", "1");
+    let ack = on_a.next();
+    assert_eq!(
+        (ack["op"].clone(), ack["state"].clone()),
+        (json!("ack"), json!("running"))
+    );
+    // While it runs on a.
+    on_b.message("m1", &other);
+    let dup = on_b.next();
+    assert_eq!(
+        (dup["op"].clone(), dup["state"].clone()),
+        (json!("ack"), json!("duplicate")),
+        "{dup}"
+    );
+    drop(
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&gate)
+            .expect("open the gate"),
+    );
+    let done = on_a.next();
+    assert_eq!(done["text"], "m1", "{done}");
+    on_a.delivered(&done);
+    until_nothing_in_flight(&redis);
+    // Answered and confirmed: still a duplicate for the rest of the window.
+    on_b.message("m1", &other);
+    let dup = on_b.next();
+    assert_eq!(
+        (dup["op"].clone(), dup["state"].clone()),
+        (json!("ack"), json!("duplicate")),
+        "{dup}"
+    );
+}
