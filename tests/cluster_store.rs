@@ -742,6 +742,14 @@ fn dedup_is_per_platform_and_id_whatever_the_chat() {
     let now = now_ms();
     let short = now + 1_000;
     let seq = new_seq(a.accept(p, &s, &msg("m1", chat, short), 9, now).unwrap());
+    // The index entry lives in the id's own partition (a hash slot of its own, docs/cluster.md).
+    let k = partition_of("telegram\nm1", P);
+    let score: Option<String> = redis::cmd("ZSCORE")
+        .arg(format!("ts:{{p{k}}}:ids"))
+        .arg("telegram\nm1")
+        .query(&mut r.client())
+        .expect("ZSCORE");
+    assert_eq!(score.as_deref(), Some("inf"), "in flight: scored +inf");
     assert_eq!(
         b.accept(q, &t, &msg("m1", &other, short), 9, now + 5_000)
             .unwrap(),
