@@ -95,7 +95,9 @@ fn run(url: &str, leases: &[Lease], client: usize, messages: u64, batch: usize) 
             .into_iter()
             .zip(&parts)
             .map(|(d, p)| match d {
-                Ok(Done::Accepted(turnstile::internal::cluster::Accept::New { seq })) => (*p, seq),
+                Ok(Done::Accepted(turnstile::internal::cluster::Accept::New { seq, .. })) => {
+                    (*p, seq)
+                }
                 other => panic!("{other:?}"),
             })
             .collect();

@@ -326,7 +326,7 @@ fn a_dead_members_partitions_are_gained_with_their_messages_under_cluster_tags()
         .iter()
         .map(
             |id| match old.accept(p, "telegram:dm:5", &msg(0, id, chat), 10, now_ms()) {
-                Ok(Accept::New { seq }) => seq,
+                Ok(Accept::New { seq, .. }) => seq,
                 other => panic!("{other:?}"),
             },
         )
@@ -470,7 +470,7 @@ impl Reading {
 fn accept_as(s: &mut RedisStore, id: &str, chat: &str) -> u64 {
     let session = format!("telegram:dm:{chat}");
     match s.accept(part(chat), &session, &msg(0, id, chat), 10, now_ms()) {
-        Ok(Accept::New { seq }) => seq,
+        Ok(Accept::New { seq, .. }) => seq,
         other => panic!("{other:?}"),
     }
 }

@@ -209,7 +209,7 @@ fn the_reader_records_hellos_forwards_to_the_newest_hellos_live_instance_and_car
         .accept(p, &format!("tg:dm:{chat}"), &msg("m1", chat), 10, now_ms())
         .expect("accept")
     {
-        Accept::New { seq } => seq,
+        Accept::New { seq, .. } => seq,
         other => panic!("{other:?}"),
     };
     let lease = match owner.acquire(p).expect("acquire") {

@@ -56,7 +56,7 @@ fn acquired(s: &mut RedisStore, p: u32) -> Lease {
 
 fn new_seq(a: Accept) -> u64 {
     match a {
-        Accept::New { seq } => seq,
+        Accept::New { seq, .. } => seq,
         other => panic!("not accepted: {other:?}"),
     }
 }
@@ -629,7 +629,7 @@ fn one_pipelined_batch_answers_each_write_and_a_fenced_one_hides_nothing() {
     let got = b.write(&ops, now).expect("batch");
     assert_eq!(got.len(), ops.len());
     let s2 = match &got[0] {
-        Ok(Done::Accepted(Accept::New { seq })) => *seq,
+        Ok(Done::Accepted(Accept::New { seq, .. })) => *seq,
         other => panic!("{other:?}"),
     };
     assert_eq!(got[1].as_ref().unwrap_err().kind, StoreErrorKind::Fenced);
@@ -722,4 +722,56 @@ fn one_pipelined_pass_renews_and_acquires_each_lease_on_its_own() {
     );
     assert_eq!(a.renew_all(&mine).expect("answered"), vec![Ok(()), Ok(())]);
     assert!(a.acquire_all(&[]).expect("nothing asked").is_empty());
+}
+
+/// The duplicate window is per (platform, id) whatever the chat: an id re-sent with a chat of
+/// another partition is a duplicate while in flight and, delivered, until its window ends;
+/// forgotten, it is new again (docs/cluster.md, `ts:{pK}:ids`).
+#[test]
+fn dedup_is_per_platform_and_id_whatever_the_chat() {
+    let Some(bin) = require_redis() else { return };
+    let r = Redis::start(&bin);
+    let (mut a, mut b) = (store(&r, "a"), store(&r, "b"));
+    let chat = "7";
+    let (p, s) = (part(chat), session(chat));
+    let other = (0..100)
+        .map(|i| i.to_string())
+        .find(|c| part(c) != p)
+        .expect("a chat of another partition");
+    let (q, t) = (part(&other), session(&other));
+    let now = now_ms();
+    let short = now + 1_000;
+    let seq = new_seq(a.accept(p, &s, &msg("m1", chat, short), 9, now).unwrap());
+    // The index entry lives in the id's own partition (a hash slot of its own, docs/cluster.md).
+    let k = partition_of("telegram\nm1", P);
+    let score: Option<String> = redis::cmd("ZSCORE")
+        .arg(format!("ts:{{p{k}}}:ids"))
+        .arg("telegram\nm1")
+        .query(&mut r.client())
+        .expect("ZSCORE");
+    assert_eq!(score.as_deref(), Some("inf"), "in flight: scored +inf");
+    assert_eq!(
+        b.accept(q, &t, &msg("m1", &other, short), 9, now + 5_000)
+            .unwrap(),
+        Accept::Duplicate,
+        "in flight: a duplicate however long it waits"
+    );
+    assert!(a.delivered(p, seq, now).unwrap());
+    assert_eq!(
+        b.accept(q, &t, &msg("m1", &other, short), 9, now + 500)
+            .unwrap(),
+        Accept::Duplicate,
+        "delivered: a duplicate until its window ends"
+    );
+    new_seq(
+        b.accept(q, &t, &msg("m1", &other, short), 9, now + 5_000)
+            .unwrap(),
+    );
+    // Forgotten (refused after acceptance): new again, with any chat.
+    let seq2 = new_seq(a.accept(p, &s, &msg("m2", chat, later()), 9, now).unwrap());
+    assert!(a.forget(p, seq2, now).unwrap());
+    new_seq(
+        b.accept(q, &t, &msg("m2", &other, later()), 9, now)
+            .unwrap(),
+    );
 }

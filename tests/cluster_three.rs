@@ -995,3 +995,126 @@ fn redis_restarted_mid_load_refuses_storage_meanwhile_loses_nothing_acked_and_re
     until_nothing_in_flight(&redis);
     drop((a, b));
 }
+
+/// An ack for a message queued on another instance carries its `position` (docs/protocol.md):
+/// the session's messages in flight across the cluster when Redis accepted it, counting one
+/// running on the owner and those accepted before it on any instance.
+#[test]
+fn an_ack_for_a_message_owned_elsewhere_carries_the_cluster_wide_position() {
+    let Some(bin) = require_redis() else { return };
+    let redis = Redis::start(&bin);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gate = dir.path().join("gate");
+    let agent = gated_agent(&gate);
+    let agent: Vec<&str> = agent.iter().map(String::as_str).collect();
+    let a = Server::start(&redis, "a", 3000, &agent);
+    until_all_held_by(&redis, &["a"]);
+    let b = Server::start(&redis, "b", 3000, &agent);
+    a.wait_status("a seeing b", |s| {
+        s["frontend"]["cluster"]["live_instances"]
+            .as_array()
+            .is_some_and(|l| l.len() == 2)
+    });
+    let (mut on_a, mut on_b) = (Client::connect(&a.addr), Client::connect(&b.addr));
+    let ack = |c: &mut Client| {
+        let v = c.next();
+        assert_eq!(v["op"], "ack", "{v}");
+        (v["id"].clone(), v["state"].clone(), v["position"].clone())
+    };
+    on_a.message("m0", "7");
+    assert_eq!(ack(&mut on_a), (json!("m0"), json!("running"), json!(0)));
+    on_b.message("m1", "7");
+    assert_eq!(ack(&mut on_b), (json!("m1"), json!("queued"), json!(1)));
+    on_b.message("m2", "7");
+    assert_eq!(ack(&mut on_b), (json!("m2"), json!("queued"), json!(2)));
+    // Each opening of the gate lets the session's next turn answer, in order.
+    let open_gate = || {
+        drop(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&gate)
+                .expect("open the gate"),
+        )
+    };
+    open_gate();
+    let done = on_a.next();
+    assert_eq!(done["text"], "m0");
+    on_a.delivered(&done);
+    for id in ["m1", "m2"] {
+        open_gate();
+        let done = on_b.next();
+        assert_eq!(
+            (done["op"].clone(), done["text"].clone()),
+            (json!("reply"), json!(id))
+        );
+        on_b.delivered(&done);
+    }
+    // Confirmed, they leave Redis; with nothing ahead, the next one is queued at position 0.
+    until_nothing_in_flight(&redis);
+    on_b.message("m3", "7");
+    assert_eq!(ack(&mut on_b), (json!("m3"), json!("queued"), json!(0)));
+    open_gate();
+    assert_eq!(on_b.next()["text"], "m3");
+}
+
+/// The same (platform, id) sent to another instance with another chat, whose session falls
+/// in another partition, is answered `duplicate` (docs/protocol.md: duplicates are per
+/// (platform, id)), as the single-node gateway answers it: while the first runs, and after it
+/// was answered and confirmed, for the rest of the window.
+#[test]
+fn the_same_id_with_another_chat_on_another_instance_is_a_duplicate() {
+    let Some(bin) = require_redis() else { return };
+    let redis = Redis::start(&bin);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gate = dir.path().join("gate");
+    let agent = gated_agent(&gate);
+    let agent: Vec<&str> = agent.iter().map(String::as_str).collect();
+    let a = Server::start(&redis, "a", 3000, &agent);
+    until_all_held_by(&redis, &["a"]);
+    let b = Server::start(&redis, "b", 3000, &agent);
+    a.wait_status("a seeing b", |s| {
+        s["frontend"]["cluster"]["live_instances"]
+            .as_array()
+            .is_some_and(|l| l.len() == 2)
+    });
+    let partition = |chat: &str| {
+        turnstile::internal::cluster::partition_of(&format!("tg:dm:{chat}"), PARTITIONS)
+    };
+    let other = (2..100)
+        .map(|c| c.to_string())
+        .find(|c| partition(c) != partition("1"))
+        .expect("a chat in another partition");
+    let (mut on_a, mut on_b) = (Client::connect(&a.addr), Client::connect(&b.addr));
+    on_a.message("m1", "1");
+    let ack = on_a.next();
+    assert_eq!(
+        (ack["op"].clone(), ack["state"].clone()),
+        (json!("ack"), json!("running"))
+    );
+    // While it runs on a.
+    on_b.message("m1", &other);
+    let dup = on_b.next();
+    assert_eq!(
+        (dup["op"].clone(), dup["state"].clone()),
+        (json!("ack"), json!("duplicate")),
+        "{dup}"
+    );
+    drop(
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&gate)
+            .expect("open the gate"),
+    );
+    let done = on_a.next();
+    assert_eq!(done["text"], "m1", "{done}");
+    on_a.delivered(&done);
+    until_nothing_in_flight(&redis);
+    // Answered and confirmed: still a duplicate for the rest of the window.
+    on_b.message("m1", &other);
+    let dup = on_b.next();
+    assert_eq!(
+        (dup["op"].clone(), dup["state"].clone()),
+        (json!("ack"), json!("duplicate")),
+        "{dup}"
+    );
+}

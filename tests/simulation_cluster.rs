@@ -8,7 +8,8 @@
 //! driven by the instance's own clock. Modelled, small: the Redis store (one shared
 //! in-memory model of what `cluster/store/scripts.rs` does: partitions, leases
 //! `<instance>:<epoch>` expiring on the model's global clock, per-partition seqs, the
-//! per-partition duplicate window of `(platform, id)`, the session cap, fenced `started` and
+//! per-partition duplicate window of `(platform, id)` and its cluster-wide index (`ids`: the
+//! same id with another chat), the session cap, fenced `started` and
 //! outcome writes that change nothing unless the lease is the writer's, the inbox and
 //! outcome streams, `delivered`/`forget` removing a message for every instance, the registry
 //! of live instances), each instance's cluster journal thread (`cluster/member.rs`: the
@@ -198,6 +199,9 @@ struct Redis {
     brk: Break,
     /// Writes of a stale lease that landed (the invariant's evidence).
     stale_writes: Vec<String>,
+    /// The `ids` index: `(platform, id)` → until, whatever the partition (`u64::MAX` in
+    /// flight).
+    ids: HashMap<(String, String), u64>,
     /// The newest hello of each platform: its instance.
     hello: HashMap<String, String>,
 }
@@ -210,6 +214,7 @@ impl Redis {
             down: false,
             brk,
             stale_writes: Vec::new(),
+            ids: HashMap::new(),
             hello: HashMap::new(),
         }
     }
@@ -233,8 +238,9 @@ impl Redis {
         let nodedup = self.brk == Break::NoDedup;
         let part = &mut self.parts[p as usize];
         part.dedup.retain(|_, until| *until > wall);
+        self.ids.retain(|_, until| *until > wall);
         let key = (m.platform().to_owned(), m.fields.id.clone());
-        if !nodedup && part.dedup.contains_key(&key) {
+        if !nodedup && (part.dedup.contains_key(&key) || self.ids.contains_key(&key)) {
             return Accepted::Duplicate;
         }
         let n = part.sessions.get(session).copied().unwrap_or(0);
@@ -255,7 +261,8 @@ impl Redis {
                 outcome: None,
             },
         );
-        part.dedup.insert(key, u64::MAX);
+        part.dedup.insert(key.clone(), u64::MAX);
+        self.ids.insert(key, u64::MAX);
         *part.sessions.entry(session.to_string()).or_insert(0) += 1;
         part.inbox.push(seq);
         Accepted::New(seq)
@@ -329,9 +336,11 @@ impl Redis {
         }
         let key = (m.stored.platform().to_owned(), m.stored.fields.id.clone());
         if !forget && m.stored.dedup_until_ms > wall {
-            part.dedup.insert(key, m.stored.dedup_until_ms);
+            part.dedup.insert(key.clone(), m.stored.dedup_until_ms);
+            self.ids.insert(key, m.stored.dedup_until_ms);
         } else {
             part.dedup.remove(&key);
+            self.ids.remove(&key);
         }
     }
 

@@ -3,7 +3,8 @@
 //! brings ([`Arrival`]).
 //!
 //! - A message accepted here for a partition **owned elsewhere** is acked once durable
-//!   (`queued`, no position: its queue is on another instance) and never submitted here; its
+//!   (`queued`, its `position` the session's messages in flight across the cluster, as
+//!   Redis counted them) and never submitted here; its
 //!   route waits for the owner's outcome, which the reader brings from the outcome stream and
 //!   which goes out as any terminal event (no outcome record: the owner wrote it).
 //! - A **duplicate** by Redis's cluster-wide window is answered as a local duplicate is; a
@@ -289,8 +290,10 @@ impl Bridge {
         now: Duration,
     ) -> (Vec<u32>, Vec<u32>) {
         let placed: HashMap<u64, u64> = r.placed.iter().copied().collect();
+        let ahead: HashMap<u64, usize> = r.ahead.iter().copied().collect();
         for tag in r.remote {
-            self.acked_remote(tag, placed.get(&tag).copied(), now);
+            let position = ahead.get(&tag).copied();
+            self.acked_remote(tag, placed.get(&tag).copied(), position, now);
         }
         for tag in r.duplicates {
             self.cluster_duplicate(tag, now);
@@ -488,8 +491,16 @@ impl Bridge {
         self.platforms.maybe_free(&platform);
     }
 
-    /// Durable in Redis, owned elsewhere: acked now, and its route waits for the outcome.
-    fn acked_remote(&mut self, tag: u64, cluster: Option<u64>, now: Duration) {
+    /// Durable in Redis, owned elsewhere: acked now (`queued`, `position` the session's
+    /// messages in flight across the cluster when Redis accepted it), and its route waits
+    /// for the outcome.
+    fn acked_remote(
+        &mut self,
+        tag: u64,
+        cluster: Option<u64>,
+        position: Option<usize>,
+        now: Duration,
+    ) {
         let Some(d) = &mut self.durable else {
             return;
         };
@@ -508,7 +519,7 @@ impl Bridge {
             id: &route.id,
             session: route.session.as_str(),
             state: "queued",
-            position: None,
+            position,
         });
         log::debug!("message {tag} durable; its partition is owned elsewhere");
         for c in std::iter::once(conn).chain(copies) {

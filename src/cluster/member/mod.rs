@@ -76,6 +76,9 @@ pub struct ClusterReport {
     /// [`Committed::durable`] (not to be submitted here); ack them and wait for their
     /// outcome on the stream.
     pub remote: Vec<u64>,
+    /// Of those, each one's session's messages in flight across the cluster when it was
+    /// accepted (the bridge's tag, the count): its ack's `position`.
+    pub ahead: Vec<(u64, usize)>,
     /// Accepted messages Redis refused as duplicates (the cluster-wide window): nothing was
     /// written.
     pub duplicates: Vec<u64>,
@@ -488,7 +491,7 @@ impl Member {
         match (r, place, answer) {
             (Record::Accepted(m), Place::Accept { partition, .. }, Ok(Done::Accepted(a))) => {
                 match a {
-                    Accept::New { seq } => {
+                    Accept::New { seq, ahead } => {
                         self.tags.insert(m.seq, (*partition, seq));
                         self.back.insert((*partition, seq), m.seq);
                         c.cluster.placed.push((m.seq, cluster_tag(*partition, seq)));
@@ -498,6 +501,7 @@ impl Member {
                             c.durable.push(m.seq);
                         } else {
                             c.cluster.remote.push(m.seq);
+                            c.cluster.ahead.push((m.seq, ahead));
                         }
                     }
                     Accept::Duplicate => c.cluster.duplicates.push(m.seq),

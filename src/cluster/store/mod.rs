@@ -1,7 +1,8 @@
 //! The partitioned store on Redis (`--cluster`, feature `cluster`): the design is
 //! docs/cluster.md. Sessions map to partitions ([`partition_of`]); every key of a partition
-//! carries it as a hash tag (`ts:{p17}:…`) and every script touches one partition only, so
-//! a later Redis Cluster can spread partitions over primaries.
+//! carries it as a hash tag (`ts:{p17}:…`) and every script touches one partition only (but
+//! for the duplicate index of the id's own partition, [`ids_key`]), so a later Redis Cluster
+//! can spread partitions over primaries.
 //!
 //! The client is blocking: it runs on the journal thread, never on the reactor. Each
 //! operation is one Lua script, atomic in Redis; with `appendfsync always` (checked by
@@ -139,6 +140,9 @@ pub enum Accept {
     New {
         /// The partition's number for it.
         seq: u64,
+        /// Its session's messages in flight across the cluster before it (its ack's
+        /// `position`).
+        ahead: usize,
     },
     /// Its `(platform, id)` is in the partition's duplicate window (cluster-wide).
     Duplicate,
@@ -290,6 +294,13 @@ impl Keys {
 
 fn dedup_member(platform: &str, id: &str) -> String {
     format!("{platform}\n{id}")
+}
+
+/// The cluster-wide index of `(platform, id)` in the duplicate window: a sorted set in the
+/// partition of the id itself (not of its session), so that an id re-sent with another chat
+/// is found whatever partition its session falls in.
+pub(super) fn ids_key(member: &str, partitions: u32) -> String {
+    Keys::of(partition_of(member, partitions)).k("ids")
 }
 
 fn transient(what: &str, e: &redis::RedisError) -> StoreError {
@@ -693,11 +704,15 @@ impl RedisStore {
             } => {
                 debug_assert!(partition < self.cfg.partitions);
                 let keys = Keys::of(partition);
-                let names =
-                    ["seq", "q", "dedup", "dedupx", "sessions", "in", "gen"].map(|k| keys.k(k));
+                let member = dedup_member(m.platform(), m.id());
+                let mut names: Vec<String> =
+                    ["seq", "q", "dedup", "dedupx", "sessions", "in", "gen"]
+                        .map(|k| keys.k(k))
+                        .into();
+                names.push(ids_key(&member, self.cfg.partitions));
                 let mut c = evalsha(&s.accept, &names);
                 c.arg(keys.k("m:"))
-                    .arg(dedup_member(m.platform(), m.id()))
+                    .arg(&member)
                     .arg(now_ms)
                     .arg(m.dedup_until_ms)
                     .arg(session)
@@ -772,11 +787,13 @@ impl RedisStore {
             Op::Accept { .. } => {
                 let a = strings(v);
                 match a.first().map(String::as_str) {
-                    Some("new") => a
-                        .get(1)
-                        .and_then(|s| s.parse().ok())
-                        .map(|seq| Done::Accepted(Accept::New { seq }))
-                        .ok_or_else(|| malformed("accept")),
+                    Some("new") => {
+                        let seq = a.get(1).and_then(|s| s.parse().ok());
+                        let ahead = a.get(2).and_then(|s| s.parse().ok());
+                        seq.zip(ahead)
+                            .map(|(seq, ahead)| Done::Accepted(Accept::New { seq, ahead }))
+                            .ok_or_else(|| malformed("accept"))
+                    }
                     Some("duplicate") => Ok(Done::Accepted(Accept::Duplicate)),
                     Some("full") => Ok(Done::Accepted(Accept::SessionFull)),
                     Some("generation" | "older") => {

@@ -1,5 +1,6 @@
 //! The Lua scripts of the Redis store, one per operation (docs/cluster.md, "The scripts"):
-//! each runs atomically in Redis and touches the keys of one partition only.
+//! each runs atomically in Redis and touches the keys of one partition only, but for the
+//! cluster-wide `ids` index of accept and finish (the partition of the message's id).
 
 use redis::Script;
 
@@ -16,13 +17,15 @@ pub(super) struct Scripts {
     pub(super) leave: Script,
 }
 
-/// KEYS: seq, q, dedup, dedupx, sessions, inbox, generation. ARGV: message key prefix, dedup
+/// KEYS: seq, q, dedup, dedupx, sessions, inbox, generation, ids (the id's partition's
+/// cluster-wide index, [`ids_key`](super::ids_key)). ARGV: message key prefix, dedup
 /// member, now, until, session, cap, stream maxlen, prune count, origin, generation, the
 /// highest seq the caller has seen, then field/value pairs. A partition whose generation is
 /// not the caller's (its data lost or replaced) or whose count is below what the caller has
 /// seen (an older copy of it) accepts nothing and answers what it has.
 /// The dedup sorted set scores an in-flight id `+inf` (it stays a duplicate however long
-/// it waits) and a finished one by its window's end.
+/// it waits) and a finished one by its window's end. A new message's answer carries its seq
+/// and the session's messages already in flight (its `position` in the ack).
 pub(super) const ACCEPT: &str = r"
 local g = redis.call('GET', KEYS[7])
 if g ~= ARGV[10] then return {'generation', g or ''} end
@@ -34,19 +37,24 @@ for _, d in ipairs(old) do
   redis.call('HDEL', KEYS[3], d)
   redis.call('ZREM', KEYS[4], d)
 end
+local oldi = redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', now, 'LIMIT', 0, tonumber(ARGV[8]))
+for _, d in ipairs(oldi) do redis.call('ZREM', KEYS[8], d) end
 local s = redis.call('ZSCORE', KEYS[4], ARGV[2])
 if s and tonumber(s) > now then return {'duplicate'} end
+local si = redis.call('ZSCORE', KEYS[8], ARGV[2])
+if si and tonumber(si) > now then return {'duplicate'} end
 local n = tonumber(redis.call('HGET', KEYS[5], ARGV[5]) or '0')
 if n >= tonumber(ARGV[6]) then return {'full'} end
 local seq = redis.call('INCR', KEYS[1])
 local m = ARGV[1] .. seq
-redis.call('HSET', m, 'du', ARGV[4], 'st', '0', 's', ARGV[5], 'o', ARGV[9], unpack(ARGV, 12))
+redis.call('HSET', m, 'du', ARGV[4], 'st', '0', 's', ARGV[5], 'o', ARGV[9], 'ix', KEYS[8], unpack(ARGV, 12))
 redis.call('ZADD', KEYS[2], seq, seq)
 redis.call('HSET', KEYS[3], ARGV[2], seq)
 redis.call('ZADD', KEYS[4], '+inf', ARGV[2])
+redis.call('ZADD', KEYS[8], '+inf', ARGV[2])
 redis.call('HINCRBY', KEYS[5], ARGV[5], 1)
 redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[7], '*', 'seq', seq, 'origin', ARGV[9])
-return {'new', tostring(seq)}
+return {'new', tostring(seq), tostring(n)}
 ";
 
 /// KEYS: lease. ARGV: token, message key, attempt. Fenced unless the lease is the token.
@@ -76,8 +84,9 @@ return {'ok'}
 
 /// KEYS: q, dedup, dedupx, sessions. ARGV: message key, seq, now, forget (1: the id leaves
 /// the duplicate window too). Delivered (0) or forgotten (1): the message leaves the store.
+/// The id's cluster-wide index (`ix`, named by the message) follows `dedupx`.
 pub(super) const FINISH: &str = r"
-local m = redis.call('HMGET', ARGV[1], 'p', 'i', 's', 'du')
+local m = redis.call('HMGET', ARGV[1], 'p', 'i', 's', 'du', 'ix')
 if not m[1] then return {'gone'} end
 local d = m[1] .. '\n' .. m[2]
 redis.call('DEL', ARGV[1])
@@ -88,9 +97,11 @@ if m[3] then
 end
 if ARGV[4] == '0' and tonumber(m[4] or '0') > tonumber(ARGV[3]) then
   redis.call('ZADD', KEYS[3], m[4], d)
+  if m[5] then redis.call('ZADD', m[5], m[4], d) end
 else
   redis.call('ZREM', KEYS[3], d)
   redis.call('HDEL', KEYS[2], d)
+  if m[5] then redis.call('ZREM', m[5], d) end
 end
 return {'ok'}
 ";
