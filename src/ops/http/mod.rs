@@ -227,6 +227,9 @@ impl OpsSource for Cached<'_> {
     fn metrics_bytes(&self) -> Arc<[u8]> {
         self.body(true)
     }
+    fn access(&self, query: &str) -> (u16, String) {
+        self.inner.access(query)
+    }
 }
 
 /// What [`HttpServer::pick_victim`] found.
