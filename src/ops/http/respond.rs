@@ -139,6 +139,7 @@ fn reason_phrase(status: u16) -> &'static str {
         200 => "OK",
         400 => "Bad Request",
         401 => "Unauthorized",
+        403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
         431 => "Request Header Fields Too Large",
@@ -225,7 +226,7 @@ pub(crate) fn respond(
 
 /// The answer to a request the endpoint does not serve: an unknown path (`404`), a method
 /// other than `GET` or `HEAD` (`405`; `/access` takes only `POST`), a missing or wrong bearer
-/// token (`401`, every path but `/healthz`).
+/// token (`401`, every path but `/healthz`), `/access` on a gateway without a token (`403`).
 fn refuse(req: &Request, token: Option<&AuthToken>, close: bool, head: bool) -> Option<Response> {
     let known = matches!(
         req.path.as_str(),
@@ -249,6 +250,12 @@ fn refuse(req: &Request, token: Option<&AuthToken>, close: bool, head: bool) -> 
             close,
             head,
         ));
+    }
+    if req.path == "/access" && token.is_none() {
+        // It changes who may use the agent: never open, even on a loopback address.
+        let why =
+            b"/access needs the gateway's auth token (--auth-token or TURNSTILE_AUTH_TOKEN)\n";
+        return Some(response(403, TEXT, why, &[], close, head));
     }
     let authorized = |t: &AuthToken| req.bearer.as_deref().is_some_and(|b| t.matches(b));
     if req.path != "/healthz" && token.is_some_and(|t| !authorized(t)) {
@@ -478,6 +485,8 @@ mod tests {
         );
         assert_eq!(s, 200);
         assert!(text.ends_with("ran platform=irc&command=users"), "{text}");
-        assert_eq!(answer("POST /access?x HTTP/1.1\r\n\r\n", None, true).0, 404);
+        // Without a configured token, never served.
+        let r = respond(&req("POST /access?x HTTP/1.1\r\n\r\n"), None, &Echo, false);
+        assert_eq!(r.status, 403);
     }
 }
