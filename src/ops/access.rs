@@ -154,6 +154,8 @@ fn percent_decode(s: &str) -> Option<String> {
 }
 
 /// `s` percent-encoded for a query value (all but unreserved characters escaped).
+// Only `turnstile access` (feature `cli`) writes queries.
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
 pub(crate) fn percent_encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for &c in s.as_bytes() {
