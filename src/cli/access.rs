@@ -41,13 +41,25 @@ enum Action {
     /// The pending pairing codes and the users allowed or denied by command.
     List,
     /// Let in the user who was given CODE.
-    Approve { code: String },
+    Approve {
+        /// The code the user was given (case and dashes ignored).
+        code: String,
+    },
     /// Let USER in (and lift a denial).
-    Allow { user: String },
+    Allow {
+        /// The user id, as the platform's bridge sends it (`@bob:example.org`).
+        user: String,
+    },
     /// Shut USER out, overriding `allow` patterns.
-    Deny { user: String },
+    Deny {
+        /// The user id, as the platform's bridge sends it.
+        user: String,
+    },
     /// Rate buckets: messages left (all users, or USER's).
-    Usage { user: Option<String> },
+    Usage {
+        /// Only this user's bucket.
+        user: Option<String>,
+    },
 }
 
 impl Action {
