@@ -314,7 +314,7 @@ impl OpsSource for View<'_> {
     fn access(&self, query: &str) -> (u16, String) {
         match self.desk {
             Some(desk) => desk.ask(query),
-            None => (404, "no access policy here\n".into()),
+            None => http::no_access_policy(),
         }
     }
 }

@@ -19,7 +19,7 @@ use slab::Slab;
 
 mod respond;
 
-pub(crate) use respond::{OpsSource, Parsed, Request, parse_request, respond};
+pub(crate) use respond::{OpsSource, Parsed, Request, no_access_policy, parse_request, respond};
 use respond::{TEXT, response};
 
 use crate::auth::Token as AuthToken;

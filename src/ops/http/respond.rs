@@ -119,8 +119,13 @@ pub(crate) trait OpsSource {
     /// `POST /access?QUERY`: an access policy admin command, its status and text
     /// (`404` where the gateway has no policy to run it on).
     fn access(&self, _query: &str) -> (u16, String) {
-        (404, "no access policy here\n".into())
+        no_access_policy()
     }
+}
+
+/// `/access` where nothing applies the commands (an embedder's gateway without a policy).
+pub(crate) fn no_access_policy() -> (u16, String) {
+    (404, "no access policy here\n".into())
 }
 
 /// A response, ready to write.
