@@ -20,6 +20,12 @@ const WAIT: Duration = Duration::from_secs(60);
 /// `turnstile serve` with `config` as its `--config` file and an agent that appends one line
 /// to `dir/runs` per turn and answers `agent: <user>`.
 fn serve(dir: &Path, config: &str, extra: &[&str]) -> (Proc, String) {
+    let (serve, addr, _) = serve_on(dir, config, extra, false);
+    (serve, addr)
+}
+
+/// [`serve`], with the HTTP endpoint on a free port when `http` (its address third).
+fn serve_on(dir: &Path, config: &str, extra: &[&str], http: bool) -> (Proc, String, String) {
     let path = dir.join("turnstile.toml");
     std::fs::write(&path, config).expect("config");
     let runs = dir.join("runs");
@@ -29,7 +35,8 @@ fn serve(dir: &Path, config: &str, extra: &[&str]) -> (Proc, String) {
     );
     let mut child = die_with_parent(
         Command::new(env!("CARGO_BIN_EXE_turnstile"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "off"])
+            .args(["serve", "--listen", "127.0.0.1:0", "--http-listen"])
+            .arg(if http { "127.0.0.1:0" } else { "off" })
             .args(["--agent", "exec", "--agent-cmd", &agent])
             .arg("--config")
             .arg(&path)
@@ -40,16 +47,41 @@ fn serve(dir: &Path, config: &str, extra: &[&str]) -> (Proc, String) {
     )
     .spawn()
     .expect("start serve");
-    let mut first = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut first)
-        .expect("listening line");
-    let addr = first
-        .trim()
-        .strip_prefix("listening on ")
-        .expect("listening on …")
-        .to_owned();
-    (Proc(child), addr)
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = |prefix: &str| {
+        let mut l = String::new();
+        out.read_line(&mut l).expect("a line");
+        let at = l.trim().strip_prefix(prefix).map(str::to_owned);
+        at.unwrap_or_else(|| panic!("{prefix}…: {l:?}"))
+    };
+    let addr = line("listening on ");
+    let http_addr = if http {
+        line("http on ")
+    } else {
+        String::new()
+    };
+    (Proc(child), addr, http_addr)
+}
+
+/// `turnstile access --http ADDR --platform P ARGS…`: its exit code and stdout and stderr.
+fn access_cli(http: &str, token: &str, platform: &str, args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args([
+            "access",
+            "--http",
+            http,
+            "--token",
+            token,
+            "--platform",
+            platform,
+        ])
+        .args(args)
+        .env_remove("TURNSTILE_AUTH_TOKEN")
+        .output()
+        .expect("run turnstile access");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), text)
 }
 
 fn runs(dir: &Path) -> usize {
@@ -63,13 +95,17 @@ struct Client {
 
 impl Client {
     fn connect(addr: &str, platform: &str) -> Client {
+        Client::connect_with(addr, &json!({"op": "hello", "platform": platform}))
+    }
+
+    fn connect_with(addr: &str, hello: &Value) -> Client {
         let stream = TcpStream::connect(addr).expect("connect");
         stream.set_read_timeout(Some(WAIT)).expect("timeout");
         let mut c = Client {
             reader: BufReader::new(stream.try_clone().expect("clone")),
             writer: stream,
         };
-        c.send(&json!({"op": "hello", "platform": platform}));
+        c.send(hello);
         c
     }
 
@@ -144,6 +180,43 @@ fn row1_a_stranger_is_paired_and_runs_only_once_the_admin_approves() {
     let (_, now) = c.ask("b3", "@bob:hs", "hi", None);
     assert_eq!(now["text"], "agent: @bob:hs");
     assert!(now.get("notice").is_none(), "{now}");
+    assert_eq!(runs(dir.path()), 1);
+}
+
+/// The CLI over the authenticated HTTP endpoint: `turnstile access list` shows a stranger's
+/// pending code, `approve` lets their next message reach the agent (applied on the gateway's
+/// loop), and a wrong token is refused with nothing changed.
+#[test]
+fn the_cli_approves_a_pending_code_over_the_http_endpoint() {
+    let dir = tempfile::tempdir().expect("dir");
+    let config = "[access.matrix]\nmode = \"pairing\"\n";
+    let (_serve, addr, http) = serve_on(dir.path(), config, &["--auth-token", "k3y"], true);
+    let hello = json!({"op": "hello", "platform": "matrix", "token": "k3y"});
+    let mut c = Client::connect_with(&addr, &hello);
+    let (_, first) = c.ask("b1", "@bob:hs", "hello", None);
+    assert_eq!(first["notice"], "pairing", "{first}");
+    let code = code_in(&first);
+    let (status, listed) = access_cli(&http, "k3y", "matrix", &["list"]);
+    assert_eq!(status, 0, "{listed}");
+    assert!(listed.contains(&format!("{code} @bob:hs")), "{listed}");
+    let (status, refused) = access_cli(&http, "wrong", "matrix", &["approve", &code]);
+    assert_eq!(status, 3, "{refused}");
+    assert!(refused.contains("unauthorized"), "{refused}");
+    let (_, still) = c.ask("b2", "@bob:hs", "still there?", None);
+    assert!(
+        still.get("notice").is_some(),
+        "a refused call let bob in: {still}"
+    );
+    assert_eq!(runs(dir.path()), 0);
+    let (status, approved) = access_cli(&http, "k3y", "matrix", &["approve", &code]);
+    assert_eq!((status, approved.trim()), (0, "approved @bob:hs"));
+    let (_, now) = c.ask("b3", "@bob:hs", "hi", None);
+    assert_eq!(now["text"], "agent: @bob:hs", "{now}");
+    assert_eq!(runs(dir.path()), 1);
+    let (status, users) = access_cli(&http, "k3y", "matrix", &["deny", "@bob:hs"]);
+    assert_eq!((status, users.trim()), (0, "denied @bob:hs"));
+    let (_, denied) = c.ask("b4", "@bob:hs", "again", None);
+    assert_eq!(denied["notice"], "denied", "{denied}");
     assert_eq!(runs(dir.path()), 1);
 }
 

@@ -226,6 +226,26 @@ impl Policy {
         f
     }
 
+    /// Runs an admin command given outside the chat (`turnstile access`, over the HTTP
+    /// endpoint): `command` is its words without the `!`. `Err` for a platform the policy
+    /// has no room for (no state is made for it).
+    pub(crate) fn operate(
+        &mut self,
+        platform: &str,
+        command: &str,
+        now_ms: u64,
+    ) -> Result<String, String> {
+        let cmd = parse_command(command).unwrap_or(AdminCommand::Unknown);
+        if !self.state.platforms.contains_key(platform)
+            && self.state.platforms.len() >= MAX_PLATFORMS
+        {
+            return Err(format!(
+                "state for {MAX_PLATFORMS} platforms already; none for {platform}"
+            ));
+        }
+        Ok(self.run_admin(platform, cmd, now_ms))
+    }
+
     fn run_admin(&mut self, platform: &str, cmd: AdminCommand<'_>, now_ms: u64) -> String {
         let st = self.state.platforms.entry(platform.to_owned()).or_default();
         st.expire(now_ms);
@@ -382,7 +402,13 @@ fn admin_command(m: &Message) -> Option<AdminCommand<'_>> {
     let Body::Text(text) = &m.body else {
         return None;
     };
-    let mut words = text.trim().strip_prefix('!')?.split_whitespace();
+    parse_command(text.trim().strip_prefix('!')?)
+}
+
+/// An admin command's words without the `!` (`approve CODE`), as the chat and the
+/// `turnstile access` CLI give them.
+fn parse_command(text: &str) -> Option<AdminCommand<'_>> {
+    let mut words = text.split_whitespace();
     let cmd = words.next()?;
     let arg = words.next();
     Some(match (cmd, arg) {

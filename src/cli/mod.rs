@@ -2,6 +2,7 @@
 //! reaches the crate's internals without making them public: `serve` runs the gateway,
 //! `send` talks to one, `loadgen` measures one, `status` reads one's snapshot.
 
+mod access;
 mod bridge;
 mod docs;
 pub(crate) mod loadgen;
@@ -51,6 +52,8 @@ enum Cmd {
     Loadgen(loadgen::LoadgenArgs),
     /// Summarise a gateway's status (file or HTTP); non-zero exit when stale or unhealthy.
     Status(status::StatusArgs),
+    /// Manage a running gateway's access policy: pending codes, approvals, denials, usage.
+    Access(access::AccessArgs),
     /// Connect a chat platform (Matrix, IRC, Telegram, Discord, Slack) to a running gateway.
     Bridge(bridge::BridgeArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
@@ -99,6 +102,7 @@ pub fn main() -> i32 {
         Cmd::Send(args) => send::run(args),
         Cmd::Loadgen(args) => loadgen::run(args),
         Cmd::Status(args) => status::run(args),
+        Cmd::Access(args) => access::run(args),
         Cmd::Bridge(args) => bridge::run(args),
         Cmd::Completions(args) => docs::completions(args, command()),
         Cmd::Man(args) => docs::man(args, command()),

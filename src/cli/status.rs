@@ -70,7 +70,14 @@ pub(crate) fn run(args: StatusArgs) -> i32 {
         None => {
             let addr = args.http.as_deref().unwrap_or("127.0.0.1:7879");
             let timeout = Duration::from_secs_f64(args.timeout.0);
-            let status = match get(addr, "/status", args.token.as_deref(), timeout, &args.tls) {
+            let status = match request(
+                "GET",
+                addr,
+                "/status",
+                args.token.as_deref(),
+                timeout,
+                &args.tls,
+            ) {
                 Ok((200, body)) => body,
                 Ok((401, _)) => {
                     eprintln!(
@@ -90,7 +97,7 @@ pub(crate) fn run(args: StatusArgs) -> i32 {
                     return UNKNOWN;
                 }
             };
-            let health = match get(addr, "/healthz", None, timeout, &args.tls) {
+            let health = match request("GET", addr, "/healthz", None, timeout, &args.tls) {
                 Ok((200, _)) => Ok(()),
                 Ok((code, body)) => Err(format!("/healthz answered {code}: {}", body.trim())),
                 Err(e) => Err(format!("/healthz: {e}")),
@@ -395,8 +402,10 @@ fn outbox(name: &str, p: &PlatformStatus) -> String {
     text
 }
 
-/// A plain HTTP/1.1 GET with timeouts; the status code and body. Errors are in words.
-fn get(
+/// A plain HTTP/1.1 request without a body (`GET`, or `POST` for `/access`) with timeouts;
+/// the status code and body. Errors are in words.
+pub(super) fn request(
+    method: &str,
     addr: &str,
     path: &str,
     token: Option<&str>,
@@ -423,7 +432,7 @@ fn get(
         .unwrap_or_default();
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
     )
     .map_err(|e| format!("cannot send the request: {e}"))?;
     let mut raw = Vec::new();

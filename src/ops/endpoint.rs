@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use mio::{Events, Poll, Token, Waker};
 
+use super::access::AccessDesk;
 use super::http::{self, HttpServer, OpsSource};
 use super::layer::{ReadinessCheck, health};
 use super::metrics;
@@ -56,6 +57,7 @@ impl Endpoint {
         mut server: HttpServer,
         tick_interval: Duration,
         checks: Vec<(String, ReadinessCheck)>,
+        desk: Option<AccessDesk>,
     ) -> io::Result<Endpoint> {
         let poll = Poll::new()?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
@@ -70,6 +72,7 @@ impl Endpoint {
             shutting_down: false,
             tick_interval,
             checks,
+            desk,
         };
         let shared = Arc::clone(&figures);
         let thread = std::thread::Builder::new()
@@ -155,6 +158,8 @@ struct Served {
     shutting_down: bool,
     tick_interval: Duration,
     checks: Vec<(String, ReadinessCheck)>,
+    /// Where `/access` calls go (the reactor), when the gateway has a policy.
+    desk: Option<AccessDesk>,
 }
 
 impl Served {
@@ -167,6 +172,7 @@ impl Served {
             tick_interval: self.tick_interval,
             shutting_down: self.shutting_down,
             checks: &self.checks,
+            desk: self.desk.as_ref(),
         }
     }
 }
@@ -270,6 +276,7 @@ pub(super) struct View<'a> {
     pub(super) tick_interval: Duration,
     pub(super) shutting_down: bool,
     pub(super) checks: &'a [(String, ReadinessCheck)],
+    pub(super) desk: Option<&'a AccessDesk>,
 }
 
 impl OpsSource for View<'_> {
@@ -302,6 +309,13 @@ impl OpsSource for View<'_> {
 
     fn snapshot(&self) -> Option<u64> {
         Some(self.generation)
+    }
+
+    fn access(&self, query: &str) -> (u16, String) {
+        match self.desk {
+            Some(desk) => desk.ask(query),
+            None => http::no_access_policy(),
+        }
     }
 }
 
@@ -340,7 +354,7 @@ mod tests {
             .expect("bind");
         let addr = server.local_addr().expect("addr");
         let tick = Duration::from_millis(100);
-        let mut endpoint = Endpoint::spawn(server, tick, Vec::new()).expect("spawn");
+        let mut endpoint = Endpoint::spawn(server, tick, Vec::new(), None).expect("spawn");
         // A request before the first snapshot waits for it; a fresh snapshot: healthy.
         let early = std::thread::spawn(move || get(addr, "/healthz"));
         endpoint.publish(&Arc::new(running(1.0)));
@@ -388,6 +402,7 @@ mod tests {
             tick_interval: tick,
             shutting_down,
             checks,
+            desk: None,
         };
         assert_eq!(view(false, &[]).ready(), Ok(()));
         assert_eq!(view(true, &[]).ready(), Err("shutting down".into()));

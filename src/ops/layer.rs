@@ -9,6 +9,7 @@ use crossbeam_channel::{Receiver, TryRecvError};
 use mio::event::Event;
 use mio::{Poll, Registry};
 
+use super::access::{AccessApplier, AccessCalls, AccessDesk};
 use super::endpoint::Endpoint;
 use super::http::HttpServer;
 use super::systemd::{SdNotify, WatchdogPacer};
@@ -73,6 +74,9 @@ pub(crate) struct Ops<F> {
     reloader: Option<(ReloadLoader, ReloadApplier<F>)>,
     /// A reload being read on its helper thread.
     reloading: Option<Receiver<Result<Reload, String>>>,
+    /// `/access` calls from the endpoint, applied on `inner`; the desk until `register`.
+    access: Option<AccessCalls<F>>,
+    desk: Option<AccessDesk>,
     #[cfg(feature = "test-hooks")]
     wedge: Option<test_hooks::Wedge>,
 }
@@ -177,6 +181,8 @@ impl<F: Frontend> Ops<F> {
             addon: None,
             reloader: None,
             reloading: None,
+            access: None,
+            desk: None,
             #[cfg(feature = "test-hooks")]
             wedge: test_hooks::Wedge::from_env(),
         }
@@ -211,6 +217,14 @@ impl<F: Frontend> Ops<F> {
     /// the core's tunables and the HTTP token here, the rest with `apply`.
     pub(crate) fn with_reload(mut self, load: ReloadLoader, apply: ReloadApplier<F>) -> Ops<F> {
         self.reloader = Some((load, apply));
+        self
+    }
+
+    /// Serves `POST /access` on the endpoint: each call is applied on `inner` by `apply`
+    /// on the reactor (within a tick).
+    pub(crate) fn with_access(mut self, apply: AccessApplier<F>) -> Ops<F> {
+        let (desk, calls) = super::access::channel(apply);
+        (self.access, self.desk) = (Some(calls), Some(desk));
         self
     }
 
@@ -326,7 +340,7 @@ impl<F: Frontend> Frontend for Ops<F> {
         self.inner.register(registry)?;
         if let Some(server) = self.http.take() {
             let checks = std::mem::take(&mut self.checks);
-            let endpoint = Endpoint::spawn(server, self.tick_interval, checks)?;
+            let endpoint = Endpoint::spawn(server, self.tick_interval, checks, self.desk.take())?;
             if let Some((status, at)) = self.early.take() {
                 endpoint.publish_taken(status, at);
             }
@@ -390,6 +404,9 @@ impl<F: Frontend> Frontend for Ops<F> {
             None => self.early = Some((Arc::clone(status), Instant::now())),
         }
         self.inner.on_tick(status);
+        if let Some(calls) = &mut self.access {
+            calls.apply_waiting(&mut self.inner);
+        }
         let now = Duration::from_secs_f64(status.uptime_s.max(0.0));
         // Nothing before READY=1 (sent on the loop's first wake).
         if let Some(n) = self.notify.as_mut().filter(|_| self.ready_sent) {

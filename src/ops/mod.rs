@@ -10,6 +10,7 @@
 //! - `systemd`: `sd_notify(3)` and the watchdog's pace.
 
 // The cluster's families live in the cluster's wing (src/cluster/), mounted here.
+pub(crate) mod access;
 #[path = "../cluster/metrics.rs"]
 mod cluster_metrics;
 mod endpoint;

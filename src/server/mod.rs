@@ -241,6 +241,17 @@ impl BridgeServer {
         self.bridge.persist_access(dir)
     }
 
+    /// Runs an access policy admin command (`approve CODE`, `allow USER`, `deny USER`,
+    /// `pending`, `users`, `usage [USER]`) for `platform`, as `turnstile access` asks it
+    /// over the HTTP endpoint; the answer's text, or why there is none.
+    pub(crate) fn access_command(
+        &mut self,
+        platform: &str,
+        command: &str,
+    ) -> Result<String, String> {
+        self.bridge.access_command(platform, command)
+    }
+
     fn on_journal(&mut self) {
         if let Some(r) = &mut self.journal_wake {
             // Edge-triggered: drain every wake-up byte.

@@ -354,6 +354,9 @@ fn host_ops(
         });
         ops = ops.with_reload(loader, apply);
     }
+    ops = ops.with_access(Box::new(|server, platform, command| {
+        server.access_command(platform, command)
+    }));
     match SdNotify::from_env() {
         Ok(Some(n)) => {
             log::info!("systemd notifications on: {n:?}");

@@ -19,7 +19,7 @@ use slab::Slab;
 
 mod respond;
 
-pub(crate) use respond::{OpsSource, Parsed, Request, parse_request, respond};
+pub(crate) use respond::{OpsSource, Parsed, Request, no_access_policy, parse_request, respond};
 use respond::{TEXT, response};
 
 use crate::auth::Token as AuthToken;
@@ -226,6 +226,9 @@ impl OpsSource for Cached<'_> {
     }
     fn metrics_bytes(&self) -> Arc<[u8]> {
         self.body(true)
+    }
+    fn access(&self, query: &str) -> (u16, String) {
+        self.inner.access(query)
     }
 }
 

@@ -1,6 +1,6 @@
 //! The endpoint's sans-IO half: one request head parsed from bytes, one response rendered
 //! for it. Requests are parsed by `httparse`; only `GET` and `HEAD` without a body are
-//! served.
+//! served, and `POST /access` (its arguments in the query, no body).
 
 use std::io::Write;
 use std::sync::Arc;
@@ -17,6 +17,8 @@ pub(crate) struct Request {
     pub method: String,
     /// The path without its query.
     pub path: String,
+    /// The query (after `?`), raw; empty without one.
+    pub query: String,
     /// The bearer token of the `Authorization` header, if any.
     pub bearer: Option<String>,
     /// The client asked to close after this response (or speaks HTTP/1.0).
@@ -80,10 +82,11 @@ pub(crate) fn parse_request(buf: &[u8], max_head: usize) -> Parsed {
             _ => {}
         }
     }
-    let path = target.split('?').next().unwrap_or("").to_owned();
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
     Parsed::Request(Request {
         method: method.to_owned(),
-        path,
+        path: path.to_owned(),
+        query: query.to_owned(),
         bearer,
         close,
         len,
@@ -113,6 +116,16 @@ pub(crate) trait OpsSource {
     fn metrics_bytes(&self) -> Arc<[u8]> {
         self.metrics().into_bytes().into()
     }
+    /// `POST /access?QUERY`: an access policy admin command, its status and text
+    /// (`404` where the gateway has no policy to run it on).
+    fn access(&self, _query: &str) -> (u16, String) {
+        no_access_policy()
+    }
+}
+
+/// `/access` where nothing applies the commands (an embedder's gateway without a policy).
+pub(crate) fn no_access_policy() -> (u16, String) {
+    (404, "no access policy here\n".into())
 }
 
 /// A response, ready to write.
@@ -131,6 +144,7 @@ fn reason_phrase(status: u16) -> &'static str {
         200 => "OK",
         400 => "Bad Request",
         401 => "Unauthorized",
+        403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
         431 => "Request Header Fields Too Large",
@@ -200,6 +214,10 @@ pub(crate) fn respond(
         "/healthz" => probe(source.health()),
         "/readyz" => probe(source.ready()),
         "/status" => response(200, JSON, &source.status_bytes(), &[], close, head),
+        "/access" => {
+            let (status, text) = source.access(&req.query);
+            response(status, TEXT, text.as_bytes(), &[], close, head)
+        }
         _ => response(
             200,
             METRICS_CONTENT_TYPE,
@@ -212,18 +230,23 @@ pub(crate) fn respond(
 }
 
 /// The answer to a request the endpoint does not serve: an unknown path (`404`), a method
-/// other than `GET` or `HEAD` (`405`), a missing or wrong bearer token (`401`, every path but
-/// `/healthz`).
+/// other than `GET` or `HEAD` (`405`; `/access` takes only `POST`), a missing or wrong bearer
+/// token (`401`, every path but `/healthz`), `/access` on a gateway without a token (`403`).
 fn refuse(req: &Request, token: Option<&AuthToken>, close: bool, head: bool) -> Option<Response> {
     let known = matches!(
         req.path.as_str(),
-        "/healthz" | "/readyz" | "/status" | "/metrics"
+        "/healthz" | "/readyz" | "/status" | "/metrics" | "/access"
     );
     if !known {
         return Some(response(404, TEXT, b"not found\n", &[], close, head));
     }
-    if req.method != "GET" && !head {
-        let allow = [("Allow", "GET, HEAD")];
+    let (allowed, allow) = if req.path == "/access" {
+        (req.method == "POST", "POST")
+    } else {
+        (req.method == "GET" || head, "GET, HEAD")
+    };
+    if !allowed {
+        let allow = [("Allow", allow)];
         return Some(response(
             405,
             TEXT,
@@ -232,6 +255,12 @@ fn refuse(req: &Request, token: Option<&AuthToken>, close: bool, head: bool) -> 
             close,
             head,
         ));
+    }
+    if req.path == "/access" && token.is_none() {
+        // It changes who may use the agent: never open, even on a loopback address.
+        let why =
+            b"/access needs the gateway's auth token (--auth-token or TURNSTILE_AUTH_TOKEN)\n";
+        return Some(response(403, TEXT, why, &[], close, head));
     }
     let authorized = |t: &AuthToken| req.bearer.as_deref().is_some_and(|b| t.matches(b));
     if req.path != "/healthz" && token.is_some_and(|t| !authorized(t)) {
@@ -418,5 +447,51 @@ mod tests {
         )));
         assert!(!owns(crate::tokens::JOURNAL));
         assert!(!owns(Token(LISTENER.0 + 1)));
+    }
+
+    /// `/access` changes the policy: `POST` only (a `GET` is `405` naming `POST`), behind
+    /// the token, its query handed to the source whole.
+    #[test]
+    fn access_is_a_post_behind_the_token() {
+        struct Echo;
+        impl OpsSource for Echo {
+            fn health(&self) -> Result<(), String> {
+                Ok(())
+            }
+            fn ready(&self) -> Result<(), String> {
+                Ok(())
+            }
+            fn status_json(&self) -> Vec<u8> {
+                Vec::new()
+            }
+            fn metrics(&self) -> String {
+                String::new()
+            }
+            fn access(&self, query: &str) -> (u16, String) {
+                (200, format!("ran {query}"))
+            }
+        }
+        let t = AuthToken::new("s3cret");
+        let ask = |text: &str| {
+            let r = respond(&req(text), Some(&t), &Echo, false);
+            (r.status, String::from_utf8(r.bytes).unwrap())
+        };
+        let (s, text) = ask(
+            "GET /access?platform=irc&command=users HTTP/1.1\r\nAuthorization: Bearer s3cret\r\n\r\n",
+        );
+        assert_eq!(s, 405);
+        assert!(text.contains("Allow: POST\r\n"), "{text}");
+        assert_eq!(
+            ask("POST /access?platform=irc&command=users HTTP/1.1\r\n\r\n").0,
+            401
+        );
+        let (s, text) = ask(
+            "POST /access?platform=irc&command=users HTTP/1.1\r\nAuthorization: Bearer s3cret\r\nContent-Length: 0\r\n\r\n",
+        );
+        assert_eq!(s, 200);
+        assert!(text.ends_with("ran platform=irc&command=users"), "{text}");
+        // Without a configured token, never served.
+        let r = respond(&req("POST /access?x HTTP/1.1\r\n\r\n"), None, &Echo, false);
+        assert_eq!(r.status, 403);
     }
 }

@@ -58,6 +58,17 @@ impl Bridge {
         self.access.persist_in(dir)
     }
 
+    /// Runs an admin command from outside the chat (`turnstile access`): `command` is its
+    /// words without the `!`.
+    pub(in crate::server) fn access_command(
+        &mut self,
+        platform: &str,
+        command: &str,
+    ) -> Result<String, String> {
+        let wall_ms = self.wall_at_zero + self.now.as_millis() as u64;
+        self.access.operate(platform, command, wall_ms)
+    }
+
     /// Logs the mode in force per platform (once, at start-up).
     pub(in crate::server) fn log_access(&self) {
         self.access.log_summary();
