@@ -375,7 +375,9 @@ fn both_listeners_speak_tls_and_the_clients_use_it() {
     // A plain client's hello gets no answer in the clear: the bytes are not TLS.
     let mut plain = TcpStream::connect(&gw.addr).expect("connect");
     plain.set_read_timeout(Some(WAIT)).expect("timeout");
-    writeln!(plain, "{}", json!({"op": "hello", "platform": "cli"})).expect("write");
+    // The gateway may close it before the write lands (it is not a TLS ClientHello): a
+    // failed write is as good an answer as an empty read.
+    let _ = writeln!(plain, "{}", json!({"op": "hello", "platform": "cli"}));
     let mut got = Vec::new();
     let _ = plain.read_to_end(&mut got);
     assert!(
