@@ -516,6 +516,93 @@ fn under_synapses_default_rate_limits_results_and_commands_still_come_through() 
     b.stop();
 }
 
+/// Issue 30 row 4: the bot keeps Synapse's default `rc_message` (0.2/s after a burst of 10),
+/// three accounts flood it (10 messages each, each in its own room), and once the burst is
+/// spent a fourth user writes in another room. The bridge's per-room queues serve the rooms
+/// in turn, so the fourth user's answer waits about one round of the others' (3 messages plus
+/// its own, ~20 s at 0.2/s; measured 19.5 s), not everything queued before it (one queue for
+/// all rooms: 35.0 s; on main f41b273: 85.1 s). Bound: [`FAIR_BOUND`], 6 pacing intervals.
+#[test]
+fn under_default_rate_limits_three_flooding_rooms_do_not_hold_another_rooms_answer() {
+    const FAIR_BOUND: Duration = Duration::from_secs(30);
+    let Some(hs) = synapse() else { return };
+    let bot = hs.register("bot", "Turnstile Bot");
+    let flooders: Vec<User> = (0..3)
+        .map(|i| hs.register(&format!("fl{i}"), "Flood"))
+        .collect();
+    let victim = hs.register("vic", "Victim");
+    // The humans may write as fast as they like; only the bot keeps the default limit.
+    for u in flooders.iter().chain([&victim]) {
+        hs.unlimit(u);
+    }
+    let rooms: Vec<String> = flooders
+        .iter()
+        .map(|u| u.create_room(&[&bot.mxid]))
+        .collect();
+    let victim_room = victim.create_room(&[&bot.mxid]);
+    let mut watchers: Vec<_> = flooders
+        .iter()
+        .zip(&rooms)
+        .map(|(u, r)| u.watch(r))
+        .collect();
+    let mut seen = victim.watch(&victim_room);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let _serve = serve(port, None);
+    let b = bridge(hs, &bot, port, dir.path());
+    let joined = |w: &mut matrix_support::Watcher| {
+        w.until("the bot joining", |s| {
+            matches!(s, Seen::Event(ev, _) if ev["type"] == "m.room.member"
+                && ev["state_key"] == bot.mxid.as_str() && ev["content"]["membership"] == "join")
+        });
+    };
+    for w in watchers.iter_mut() {
+        joined(w);
+    }
+    joined(&mut seen);
+    for (u, r) in flooders.iter().zip(&rooms) {
+        for i in 0..10 {
+            u.say(r, &format!("flood {i}"));
+        }
+    }
+    // The burst is spent once the bot sent 10 messages in the flooders' rooms.
+    let bot_message =
+        |ev: &Value| ev["sender"] == bot.mxid.as_str() && ev["type"] == "m.room.message";
+    let sent = |ws: &[matrix_support::Watcher]| -> usize {
+        ws.iter()
+            .map(|w| w.events().filter(|(_, ev)| bot_message(ev)).count())
+            .sum()
+    };
+    while sent(&watchers) < 10 {
+        for w in watchers.iter_mut() {
+            let last = w.log.len().saturating_sub(1);
+            if w.events().filter(|(_, ev)| bot_message(ev)).count() < 4 {
+                w.until_after(last, "the bot's answers to the flood", bot_message);
+            }
+        }
+    }
+    let after = seen.log.len().saturating_sub(1);
+    let asked = Instant::now();
+    let ev = victim.say(&victim_room, "am I heard");
+    let at = seen.until_after(after, "the victim's answer", |e| {
+        replies_to(e, &bot.mxid, &ev)
+    });
+    let waited = seen.at(at) - asked;
+    eprintln!(
+        "default rate limits, 3 rooms x 10 messages: another room's first answer after {waited:?}"
+    );
+    assert!(
+        waited < FAIR_BOUND,
+        "the victim waited {waited:?} behind the flood (bound {FAIR_BOUND:?})"
+    );
+    let log = std::fs::read_to_string(&b.log).expect("log");
+    assert!(
+        log.contains("rate limited"),
+        "the test did run into Synapse's rate limit"
+    );
+    b.stop();
+}
+
 #[test]
 fn the_gateway_restarted_mid_turn_the_bridge_reconnects_and_posts_the_outcome_once() {
     let Some(mut w) = world(true) else { return };

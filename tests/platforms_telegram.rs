@@ -279,7 +279,8 @@ fn handle(method: &str, params: &Value, shared: &(Mutex<FakeState>, Condvar)) ->
 }
 
 /// The streaming process agent: for "stream", a partial, (FIFO) a longer partial, (FIFO) a
-/// result over 4,096 UTF-16 units; anything else is echoed with its chat type.
+/// result over 4,096 UTF-16 units; anything else is echoed with its chat type (and after
+/// "flood 9" and "victim" it writes "replied" to the FIFO).
 const AGENT: &str = r#"
 import json, sys
 fifo = sys.argv[1]
@@ -298,6 +299,10 @@ for line in sys.stdin:
         out({"op": "reply", "id": i, "text": "Hello world " + "\U0001F389 " * 3000})
     else:
         out({"op": "reply", "id": i, "text": "echo: %s (%s)" % (t, m["chat_type"])})
+        if t in ("flood 9", "victim"):
+            # Tells the test this turn was answered (the fairness test waits for it).
+            with open(fifo, "w") as f:
+                f.write("replied")
 "#;
 
 fn final_text() -> String {
@@ -400,6 +405,20 @@ impl Setup {
         child
     }
 
+    /// Waits (bounded) until the agent says it answered (it writes to the FIFO).
+    fn replied(&self) {
+        let fifo = self.fifo.clone();
+        let (tx, rx) = bounded(1);
+        std::thread::spawn(move || {
+            let _ = tx.send(std::fs::read_to_string(&fifo));
+        });
+        let said = rx
+            .recv_timeout(WAIT)
+            .expect("the agent answered")
+            .expect("read");
+        assert_eq!(said, "replied");
+    }
+
     /// Lets the agent go on (it waits on the FIFO), bounded.
     fn go(&self) {
         let fifo = self.fifo.clone();
@@ -447,6 +466,12 @@ fn spawn_bridge(
 fn private_update(update_id: i64, message_id: i64, text: &str) -> Value {
     json!({"update_id": update_id, "message": {"message_id": message_id, "text": text,
         "chat": {"id": 42, "type": "private"}, "from": {"id": 7, "is_bot": false, "first_name": "Ann"}}})
+}
+
+/// A private message from user `chat` in its own chat.
+fn chat_update(update_id: i64, message_id: i64, chat: i64, text: &str) -> Value {
+    json!({"update_id": update_id, "message": {"message_id": message_id, "text": text,
+        "chat": {"id": chat, "type": "private"}, "from": {"id": chat, "is_bot": false, "first_name": "Bo"}}})
 }
 
 fn assert_no_token(log: &Path) {
@@ -1030,4 +1055,56 @@ fn a_gateway_restart_mid_burst_shows_each_reply_once() {
     assert_eq!(turns, ["after", "slow 1", "slow 2", "slow 3", "slow 4"]);
     assert_no_token(&log_1);
     assert_no_token(&log_2);
+}
+
+/// Issue 30 row 4: the Bot API holds the bridge's first `sendMessage` (a paced API) while one
+/// chat's ten answers and then another chat's first answer reach the bridge; once released,
+/// the other chat's answer goes out within one round of the chats (among the first three
+/// messages), not behind the flooding chat's nine others (before: eleventh).
+///
+/// Order without sleeps: the agent writes to the FIFO after answering "flood 9" and after
+/// "victim"; a probe message from a third chat is acknowledged by the gateway on the bridge's
+/// connection after the victim's answer, and the poll past it is seen by the fake.
+#[test]
+fn a_flooding_chat_cannot_hold_another_chats_first_reply_behind_its_own() {
+    let api = FakeBotApi::start();
+    api.lock().hold_sends = true;
+    for i in 0..10 {
+        api.push_update(chat_update(1 + i, 500 + i, 42, &format!("flood {i}")));
+    }
+    let setup = Setup::start();
+    let log = setup.dir.path().join("bridge.log");
+    let mut bridge = setup.bridge(&api, &setup.dir.path().join("state"), &log);
+    setup.replied();
+    api.push_update(chat_update(11, 600, 43, "victim"));
+    setup.replied();
+    api.push_update(chat_update(12, 700, 44, "probe"));
+    api.wait_for("the probe acknowledged", |s| {
+        s.calls
+            .iter()
+            .any(|c| c.method == "getUpdates" && c.params["offset"] == 13)
+            .then_some(())
+    });
+    api.lock().hold_sends = false;
+    api.shared.1.notify_all();
+    let chats = api.wait_for("every answer", |s| {
+        let chats: Vec<i64> = s
+            .calls
+            .iter()
+            .filter(|c| c.method == "sendMessage" && c.ok)
+            .filter_map(|c| c.params["chat_id"].as_i64())
+            .collect();
+        (chats.len() >= 12).then_some(chats)
+    });
+    let victim_at = chats
+        .iter()
+        .position(|c| *c == 43)
+        .expect("the victim answered");
+    assert!(
+        victim_at <= 2,
+        "the other chat's answer went out at position {victim_at}: {chats:?}"
+    );
+    assert_eq!(chats.iter().filter(|c| **c == 42).count(), 10, "{chats:?}");
+    assert!(bridge.terminate().success(), "SIGTERM exits 0");
+    assert_no_token(&log);
 }

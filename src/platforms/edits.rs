@@ -9,7 +9,9 @@
 //!   results does not hold another chat's first one;
 //! - **edits** — at most **one pending edit per message** (a newer one replaces the older
 //!   text in place), at most `max_edits` messages with a pending edit in all (past that the
-//!   oldest pending edit is dropped: edits are best effort, the final carries the whole text).
+//!   oldest pending edit is dropped: edits are best effort, the final carries the whole text);
+//!   the chats take turns too, so one chat's many streaming replies do not hold another
+//!   chat's first line (on Matrix a reply's first line is its first edit).
 //!
 //! Rate-limit strikes ([`EditQueue::rate_limited`]) are counted over a window; after
 //! `strike_limit` of them the queue goes **final-only**: pending edits are dropped, new ones
@@ -69,12 +71,23 @@ pub(crate) enum Next<K, U, E> {
     Edit(K, E),
 }
 
+/// A message's newest edit not sent yet, and the chat it is in.
+#[derive(Debug)]
+struct PendingEdit<K, E> {
+    key: K,
+    chat: String,
+    edit: E,
+}
+
 /// Urgent items first, then at most one pending edit per message; see the module docs.
 #[derive(Debug)]
 pub(crate) struct EditQueue<K, U, E> {
     limits: EditLimits,
     urgent: FairQueue<U>,
-    edits: VecDeque<(K, E)>,
+    /// Pending edits, oldest first.
+    edits: VecDeque<PendingEdit<K, E>>,
+    /// Chats with a pending edit, in the order their turn comes.
+    edit_round: VecDeque<String>,
     strikes: VecDeque<Instant>,
     blocked_until: Option<Instant>,
     dropped_edits: u64,
@@ -91,6 +104,7 @@ impl<K: PartialEq, U, E> EditQueue<K, U, E> {
             },
             urgent: FairQueue::default(),
             edits: VecDeque::new(),
+            edit_round: VecDeque::new(),
             strikes: VecDeque::new(),
             blocked_until: None,
             dropped_edits: 0,
@@ -113,30 +127,42 @@ impl<K: PartialEq, U, E> EditQueue<K, U, E> {
         self.urgent.push_next(chat, item);
     }
 
-    /// Queues `edit` as message `key`'s newest pending edit; see [`EditPushed`].
-    pub(crate) fn push_edit(&mut self, key: K, edit: E, now: Instant) -> EditPushed {
+    /// Queues `edit` as message `key`'s (in chat `chat`) newest pending edit; see
+    /// [`EditPushed`].
+    pub(crate) fn push_edit(&mut self, chat: &str, key: K, edit: E, now: Instant) -> EditPushed {
         if self.final_only(now) {
             self.dropped_edits += 1;
             return EditPushed::FinalOnly;
         }
-        if let Some(slot) = self.edits.iter_mut().find(|(k, _)| *k == key) {
-            slot.1 = edit;
+        if let Some(slot) = self.edits.iter_mut().find(|p| p.key == key) {
+            slot.edit = edit;
             self.dropped_edits += 1;
             return EditPushed::Replaced;
         }
         let mut pushed = EditPushed::Queued;
-        if self.edits.len() >= self.limits.max_edits {
-            self.edits.pop_front();
+        if self.edits.len() >= self.limits.max_edits
+            && let Some(oldest) = self.edits.pop_front()
+        {
+            self.leave_round_if_done(&oldest.chat);
             self.dropped_edits += 1;
             pushed = EditPushed::QueuedDroppedOldest;
         }
-        self.edits.push_back((key, edit));
+        if !self.edit_round.iter().any(|c| c == chat) {
+            self.edit_round.push_back(chat.to_owned());
+        }
+        self.edits.push_back(PendingEdit {
+            key,
+            chat: chat.to_owned(),
+            edit,
+        });
+        self.debug_check_round();
         pushed
     }
 
-    /// Puts back an edit that could not be sent, unless a newer one for `key` is waiting.
-    pub(crate) fn requeue_edit(&mut self, key: K, edit: E, now: Instant) {
-        if self.final_only(now) || self.edits.iter().any(|(k, _)| *k == key) {
+    /// Puts back an edit that could not be sent, unless a newer one for `key` is waiting; its
+    /// chat's turn comes first again.
+    pub(crate) fn requeue_edit(&mut self, chat: &str, key: K, edit: E, now: Instant) {
+        if self.final_only(now) || self.edits.iter().any(|p| p.key == key) {
             self.dropped_edits += 1;
             return;
         }
@@ -144,13 +170,55 @@ impl<K: PartialEq, U, E> EditQueue<K, U, E> {
             self.dropped_edits += 1;
             return;
         }
-        self.edits.push_front((key, edit));
+        self.edit_round.retain(|c| c != chat);
+        self.edit_round.push_front(chat.to_owned());
+        self.edits.push_front(PendingEdit {
+            key,
+            chat: chat.to_owned(),
+            edit,
+        });
+        self.debug_check_round();
     }
 
     /// Drops message `key`'s pending edit (its final has come, or it was stopped).
     pub(crate) fn cancel_edit(&mut self, key: &K) -> Option<E> {
-        let at = self.edits.iter().position(|(k, _)| k == key)?;
-        self.edits.remove(at).map(|(_, e)| e)
+        let at = self.edits.iter().position(|p| p.key == *key)?;
+        let pending = self.edits.remove(at)?;
+        self.leave_round_if_done(&pending.chat);
+        Some(pending.edit)
+    }
+
+    /// The oldest pending edit of the chat whose turn it is; the chat's turn goes to the end
+    /// of the round if it has more.
+    fn pop_edit_in_turn(&mut self) -> Option<(K, E)> {
+        let chat = self.edit_round.pop_front()?;
+        let at = self.edits.iter().position(|p| p.chat == chat)?;
+        let pending = self.edits.remove(at)?;
+        if self.edits.iter().any(|p| p.chat == chat) {
+            self.edit_round.push_back(chat);
+        }
+        self.debug_check_round();
+        Some((pending.key, pending.edit))
+    }
+
+    /// Takes `chat` out of the round when none of its edits waits any more.
+    fn leave_round_if_done(&mut self, chat: &str) {
+        if !self.edits.iter().any(|p| p.chat == chat) {
+            self.edit_round.retain(|c| c != chat);
+        }
+    }
+
+    /// The round names each chat with a pending edit once, and no other.
+    fn debug_check_round(&self) {
+        debug_assert!(
+            self.edits
+                .iter()
+                .all(|p| self.edit_round.iter().filter(|c| **c == p.chat).count() == 1)
+                && self
+                    .edit_round
+                    .iter()
+                    .all(|c| self.edits.iter().any(|p| p.chat == *c))
+        );
     }
 
     /// The next item to send: urgent ones first. `None` when empty or while a rate limit's
@@ -167,7 +235,7 @@ impl<K: PartialEq, U, E> EditQueue<K, U, E> {
             self.drop_edits();
             return None;
         }
-        self.edits.pop_front().map(|(k, e)| Next::Edit(k, e))
+        self.pop_edit_in_turn().map(|(k, e)| Next::Edit(k, e))
     }
 
     /// Holds everything back for `wait` (a back-off after a failed send), without a strike.
@@ -236,6 +304,7 @@ impl<K: PartialEq, U, E> EditQueue<K, U, E> {
     fn drop_edits(&mut self) {
         self.dropped_edits += self.edits.len() as u64;
         self.edits.clear();
+        self.edit_round.clear();
     }
 
     fn expire_strikes(&mut self, now: Instant) {
@@ -273,10 +342,10 @@ mod tests {
     fn only_the_newest_edit_of_a_message_is_kept_in_its_place() {
         let now = Instant::now();
         let mut q = queue();
-        assert_eq!(q.push_edit("a", "a1", now), EditPushed::Queued);
-        assert_eq!(q.push_edit("b", "b1", now), EditPushed::Queued);
-        assert_eq!(q.push_edit("a", "a2", now), EditPushed::Replaced);
-        assert_eq!(q.push_edit("a", "a3", now), EditPushed::Replaced);
+        assert_eq!(q.push_edit("a", "a", "a1", now), EditPushed::Queued);
+        assert_eq!(q.push_edit("b", "b", "b1", now), EditPushed::Queued);
+        assert_eq!(q.push_edit("a", "a", "a2", now), EditPushed::Replaced);
+        assert_eq!(q.push_edit("a", "a", "a3", now), EditPushed::Replaced);
         assert_eq!(
             drain(&mut q, now),
             vec![Next::Edit("a", "a3"), Next::Edit("b", "b1")]
@@ -288,8 +357,8 @@ mod tests {
     fn results_and_command_answers_go_before_stale_edits() {
         let now = Instant::now();
         let mut q = queue();
-        q.push_edit("a", "a1", now);
-        q.push_edit("b", "b1", now);
+        q.push_edit("a", "a", "a1", now);
+        q.push_edit("b", "b", "b1", now);
         q.push_urgent("c", "stop answer");
         q.push_urgent("c", "final of c");
         assert_eq!(
@@ -337,14 +406,14 @@ mod tests {
     fn a_refused_edit_comes_back_only_if_nothing_newer_waits() {
         let now = Instant::now();
         let mut q = queue();
-        q.push_edit("a", "a1", now);
+        q.push_edit("a", "a", "a1", now);
         let Some(Next::Edit(k, e)) = q.next(now) else {
             panic!("edit")
         };
-        q.push_edit("a", "a2", now); // arrived while a1 was on the wire
-        q.requeue_edit(k, e, now);
+        q.push_edit("a", "a", "a2", now); // arrived while a1 was on the wire
+        q.requeue_edit(k, k, e, now);
         assert_eq!(drain(&mut q, now), vec![Next::Edit("a", "a2")]);
-        q.requeue_edit("b", "b1", now);
+        q.requeue_edit("b", "b", "b1", now);
         assert_eq!(drain(&mut q, now), vec![Next::Edit("b", "b1")]);
     }
 
@@ -352,7 +421,7 @@ mod tests {
     fn repeated_strikes_stop_editing_and_send_only_finals() {
         let t0 = Instant::now();
         let mut q = queue();
-        q.push_edit("a", "a1", t0);
+        q.push_edit("a", "a", "a1", t0);
         q.push_urgent("b", "final b");
         let s = Duration::from_secs(1);
         assert!(!q.rate_limited(s, t0));
@@ -360,8 +429,8 @@ mod tests {
         assert!(q.rate_limited(s, t0 + 2 * s), "third strike: final-only");
         assert_eq!(q.edits_len(), 0, "pending edits dropped");
         let t = t0 + 3 * s;
-        assert_eq!(q.push_edit("a", "a2", t), EditPushed::FinalOnly);
-        q.requeue_edit("a", "a3", t);
+        assert_eq!(q.push_edit("a", "a", "a2", t), EditPushed::FinalOnly);
+        q.requeue_edit("a", "a", "a3", t);
         q.push_urgent("a", "final a");
         assert_eq!(
             drain(&mut q, t),
@@ -370,7 +439,7 @@ mod tests {
         // A whole window without a strike: edits again.
         let calm = t0 + 2 * s + Duration::from_secs(60);
         assert!(!q.final_only(calm));
-        assert_eq!(q.push_edit("c", "c1", calm), EditPushed::Queued);
+        assert_eq!(q.push_edit("c", "c", "c1", calm), EditPushed::Queued);
         assert_eq!(drain(&mut q, calm), vec![Next::Edit("c", "c1")]);
     }
 
@@ -389,10 +458,13 @@ mod tests {
     fn pending_edits_are_bounded_dropping_the_oldest() {
         let now = Instant::now();
         let mut q = queue();
-        q.push_edit("a", "a1", now);
-        q.push_edit("b", "b1", now);
-        q.push_edit("c", "c1", now);
-        assert_eq!(q.push_edit("d", "d1", now), EditPushed::QueuedDroppedOldest);
+        q.push_edit("a", "a", "a1", now);
+        q.push_edit("b", "b", "b1", now);
+        q.push_edit("c", "c", "c1", now);
+        assert_eq!(
+            q.push_edit("d", "d", "d1", now),
+            EditPushed::QueuedDroppedOldest
+        );
         assert_eq!(q.edits_len(), 3);
         assert_eq!(
             drain(&mut q, now),
@@ -408,11 +480,33 @@ mod tests {
     fn a_final_cancels_its_pending_edit() {
         let now = Instant::now();
         let mut q = queue();
-        q.push_edit("a", "a1", now);
-        q.push_edit("b", "b1", now);
+        q.push_edit("a", "a", "a1", now);
+        q.push_edit("b", "b", "b1", now);
         assert_eq!(q.cancel_edit(&"a"), Some("a1"));
         assert_eq!(q.cancel_edit(&"a"), None);
         assert_eq!(drain(&mut q, now), vec![Next::Edit("b", "b1")]);
+        assert!(q.is_empty());
+    }
+
+    /// Issue 30 row 4: edits (on Matrix, a reply's first line too) are served one chat at a
+    /// time: a chat streaming many replies does not hold another chat's first line.
+    #[test]
+    fn chats_take_turns_with_their_edits() {
+        let now = Instant::now();
+        let mut q = EditQueue::new(EditLimits::default());
+        for key in ["a1", "a2", "a3", "a4"] {
+            q.push_edit("room-a", key, key, now);
+        }
+        q.push_edit("room-b", "b1", "b1", now);
+        q.push_edit("room-c", "c1", "c1", now);
+        q.push_edit("room-b", "b2", "b2", now);
+        let order: Vec<&str> = std::iter::from_fn(|| q.next(now))
+            .map(|n| match n {
+                Next::Edit(k, _) => k,
+                Next::Urgent(u) => u,
+            })
+            .collect();
+        assert_eq!(order, ["a1", "b1", "c1", "a2", "b2", "a3", "a4"]);
         assert!(q.is_empty());
     }
 }

@@ -466,7 +466,8 @@ impl<H: Homeserver> SyncEngine<H> {
                 if turn.stopped || turn.command {
                     return;
                 }
-                self.queue.push_edit(id, text, now);
+                let room = turn.room.clone();
+                self.queue.push_edit(&room, id, text, now);
             }
             GatewayEvent::Result(terminal) => self.on_result(terminal, gw),
         }
@@ -691,7 +692,7 @@ impl<H: Homeserver> SyncEngine<H> {
                 }
                 self.failed(&room, &e, now)?;
                 if e.is_transient() {
-                    self.queue.requeue_edit(id, text, now);
+                    self.queue.requeue_edit(&room, id, text, now);
                 } else {
                     warn_limited!(
                         "matrix: room {room}: an edit of the reply to {id} was refused: {e}"

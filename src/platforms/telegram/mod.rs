@@ -11,9 +11,10 @@
 //! - **Replies**: the first partial (or the result) is a `sendMessage` replying to the
 //!   user's message, later partials and the result `editMessageText` (identical text is never
 //!   sent; only the newest pending text per reply is kept). A text over 4,096 UTF-16 units
-//!   fills the message and continues in a new one. Results and rejections go before partial
-//!   edits; after three rate-limit strikes on one reply its partials stop and only the result
-//!   is shown. `typing` events become `sendChatAction`.
+//!   fills the message and continues in a new one. Rejections go first, then results and
+//!   first lines, then partial edits, the chats taking turns at each; after three rate-limit
+//!   strikes on one reply its partials stop and only the result is shown. `typing` events
+//!   become `sendChatAction`.
 //! - **Limits**: a 429 stops every call for its `retry_after` (capped at
 //!   [`MAX_RETRY_AFTER`](api::MAX_RETRY_AFTER)); other failures back off exponentially up to 30 s. Replies streamed
 //!   at once are bounded ([`TelegramConfig::max_views`]: partials beyond are not shown; results

@@ -108,8 +108,11 @@ pub(crate) enum Step {
 #[derive(Debug)]
 pub(crate) struct Renderer {
     views: HashMap<String, View>,
-    /// Ids in arrival order (fairness between replies).
+    /// Ids in arrival order (a chat's replies go out in this order).
     order: VecDeque<String>,
+    /// Chats with a reply, in the order their turn comes: replies are served one chat at a
+    /// time, so one chat's burst of replies cannot hold another chat's first one.
+    round: VecDeque<String>,
     notices: VecDeque<Notice>,
     /// Chats whose typing indicator should be (re)sent.
     typing: VecDeque<String>,
@@ -125,6 +128,7 @@ impl Renderer {
         Renderer {
             views: HashMap::new(),
             order: VecDeque::new(),
+            round: VecDeque::new(),
             notices: VecDeque::new(),
             typing: VecDeque::new(),
             paused_until: None,
@@ -191,6 +195,10 @@ impl Renderer {
         partial: Option<String>,
         result: Option<String>,
     ) {
+        if !self.round.contains(&chat_id) {
+            self.round.push_back(chat_id.clone());
+        }
+        debug_assert!(self.round.iter().filter(|c| **c == chat_id).count() == 1);
         self.views.insert(
             id.to_owned(),
             View {
@@ -204,6 +212,42 @@ impl Renderer {
             },
         );
         self.order.push_back(id.to_owned());
+    }
+
+    /// Forgets reply `id`, and its chat's turn when it was the chat's last reply.
+    fn remove_view(&mut self, id: &str) {
+        let Some(view) = self.views.remove(id) else {
+            return;
+        };
+        self.order.retain(|o| o != id);
+        if !self.views.values().any(|v| v.chat_id == view.chat_id) {
+            self.round.retain(|c| *c != view.chat_id);
+        }
+        debug_assert!(self.round.len() <= self.views.len());
+    }
+
+    /// The oldest reply matching `pick` of the first chat in the round that has one; that
+    /// chat's turn moves to the end of the round.
+    fn next_in_round(&mut self, pick: impl Fn(&View) -> bool) -> Option<String> {
+        let mut first_of_chat: HashMap<&str, &str> = HashMap::new();
+        for id in &self.order {
+            if let Some(view) = self.views.get(id)
+                && pick(view)
+            {
+                first_of_chat
+                    .entry(view.chat_id.as_str())
+                    .or_insert(id.as_str());
+            }
+        }
+        let at = self
+            .round
+            .iter()
+            .position(|c| first_of_chat.contains_key(c.as_str()))?;
+        let id = first_of_chat.get(self.round[at].as_str())?.to_string();
+        if let Some(chat) = self.round.remove(at) {
+            self.round.push_back(chat);
+        }
+        Some(id)
     }
 
     /// A typing event for a chat.
@@ -265,13 +309,13 @@ impl Renderer {
         if !self.notices.is_empty() {
             return self.send_notice(api, now);
         }
-        let with_result = self
-            .order
-            .iter()
-            .find(|id| self.views.get(*id).is_some_and(|v| v.result.is_some()))
-            .cloned();
-        if let Some(id) = with_result {
-            return self.render(api, &id, now, true);
+        // A result, or the first line of a reply not shown yet, goes before the edits of
+        // replies already shown; the chats take turns.
+        if let Some(id) = self
+            .next_in_round(|v| v.result.is_some() || (v.posted.is_empty() && v.partial.is_some()))
+        {
+            let final_ = self.views.get(&id).is_some_and(|v| v.result.is_some());
+            return self.render(api, &id, now, final_);
         }
         let (due, next_due) = self.due_partial(now);
         if let Some(id) = due {
@@ -305,23 +349,20 @@ impl Renderer {
         Ok(Step::Worked(Vec::new()))
     }
 
-    /// The first reply (in arrival order) with a partial whose edit interval has passed, and
+    /// A reply with a partial whose edit interval has passed (the chats taking turns), and
     /// otherwise when the next one will be due.
-    fn due_partial(&self, now: Instant) -> (Option<String>, Option<Instant>) {
-        let mut next_due: Option<Instant> = None;
-        for id in &self.order {
-            let Some(view) = self.views.get(id) else {
-                continue;
-            };
-            if view.partial.is_none() {
-                continue;
-            }
-            let at = view.last_edit.map_or(now, |t| t + self.edit_interval);
-            if at <= now {
-                return (Some(id.clone()), next_due);
-            }
-            next_due = Some(next_due.map_or(at, |n: Instant| n.min(at)));
+    fn due_partial(&mut self, now: Instant) -> (Option<String>, Option<Instant>) {
+        let interval = self.edit_interval;
+        let due_at = move |v: &View| v.last_edit.map_or(now, |t| t + interval);
+        if let Some(id) = self.next_in_round(|v| v.partial.is_some() && due_at(v) <= now) {
+            return (Some(id), None);
         }
+        let next_due = self
+            .views
+            .values()
+            .filter(|v| v.partial.is_some())
+            .map(due_at)
+            .min();
         (None, next_due)
     }
 
@@ -450,8 +491,7 @@ impl Renderer {
             .ok_or_else(|| "internal: view vanished".to_owned())?;
         view.last_edit = Some(now);
         if final_ {
-            self.views.remove(id);
-            self.order.retain(|o| o != id);
+            self.remove_view(id);
             return Ok(Step::Worked(vec![id.to_owned()]));
         }
         view.partial = None;
@@ -481,8 +521,7 @@ impl Renderer {
             view.chat_id
         );
         if final_ {
-            self.views.remove(id);
-            self.order.retain(|o| o != id);
+            self.remove_view(id);
             Step::Worked(vec![id.to_owned()])
         } else {
             view.partial = None;

@@ -346,3 +346,39 @@ fn a_group_message_is_marked_to_the_bot_only_when_addressed() {
     assert!(group("thanks", Some("test_bot")));
     assert!(!group("thanks", Some("ann")));
 }
+
+/// Issue 30 row 4: a chat with ten results waiting does not hold another chat's first reply
+/// behind them: the chats take turns (before: the other chat's reply went out eleventh).
+#[test]
+fn a_flooding_chat_cannot_hold_another_chats_first_reply() {
+    let t0 = Instant::now();
+    let mut r = Renderer::new(Duration::from_secs(1), 64);
+    let mut api = ScriptedApi::new();
+    for i in 0..10 {
+        r.result(&result(&format!("tg-{i}-{i}"), &format!("flood {i}")));
+    }
+    // The other chat's first line is a partial: it goes before the flood's later results too.
+    r.partial("tg-50-50", "telegram:dm:43", "hello");
+    r.result(&TerminalEvent {
+        session: "telegram:dm:44".into(),
+        ..result("tg-60-60", "answer")
+    });
+    run_until_idle(&mut r, &mut api, t0);
+    let chats: Vec<i64> = api
+        .calls
+        .iter()
+        .filter(|(m, _)| m == "sendMessage")
+        .map(|(_, p)| p["chat_id"].as_i64().expect("chat id"))
+        .collect();
+    assert_eq!(&chats[..4], [42, 43, 44, 42], "{chats:?}");
+    assert_eq!(chats.iter().filter(|c| **c == 42).count(), 10);
+    // The flood's own replies keep their order.
+    let flood: Vec<&str> = api
+        .calls
+        .iter()
+        .filter(|(_, p)| p["chat_id"] == 42)
+        .filter_map(|(_, p)| p["text"].as_str())
+        .collect();
+    let expected: Vec<String> = (0..10).map(|i| format!("flood {i}")).collect();
+    assert_eq!(flood, expected);
+}
