@@ -229,6 +229,7 @@ impl Policy {
     /// Runs an admin command given outside the chat (`turnstile access`, over the HTTP
     /// endpoint): `command` is its words without the `!`. `Err` for a platform the policy
     /// has no room for (no state is made for it).
+    #[cfg(feature = "cli")] // called by `turnstile access` through serve's HTTP endpoint
     pub(crate) fn operate(
         &mut self,
         platform: &str,

@@ -244,6 +244,7 @@ impl BridgeServer {
     /// Runs an access policy admin command (`approve CODE`, `allow USER`, `deny USER`,
     /// `pending`, `users`, `usage [USER]`) for `platform`, as `turnstile access` asks it
     /// over the HTTP endpoint; the answer's text, or why there is none.
+    #[cfg(feature = "cli")] // called by `turnstile access` through serve's HTTP endpoint
     pub(crate) fn access_command(
         &mut self,
         platform: &str,

@@ -60,6 +60,7 @@ impl Bridge {
 
     /// Runs an admin command from outside the chat (`turnstile access`): `command` is its
     /// words without the `!`.
+    #[cfg(feature = "cli")] // called by `turnstile access` through serve's HTTP endpoint
     pub(in crate::server) fn access_command(
         &mut self,
         platform: &str,
