@@ -117,6 +117,11 @@ impl RedisStore {
                     self.cfg.lease
                 );
             }
+            // A poll of Redis for the old holder's claim to expire: at start-up, on serve's
+            // main thread before the reactor exists, bounded by `give_up` (1.25 leases, 3.75 s
+            // at the default); it orders nothing in a test. A SIGTERM meanwhile is caught (the
+            // server registered its signals) and acted on once the loop starts, so shutdown
+            // waits at most this bound.
             std::thread::sleep((self.cfg.lease / 10).max(Duration::from_millis(10)));
         }
     }
