@@ -205,10 +205,8 @@ impl Policy {
             return;
         }
         if let Some(s) = &self.saver {
-            match serde_json::to_vec(&self.state) {
-                Ok(bytes) => s.offer(bytes),
-                Err(e) => log::error!("access: cannot serialize the state: {e}"),
-            }
+            // A copy only: the JSON is made on the saver's thread, not the reactor's.
+            s.offer(self.state.clone());
         }
         (self.dirty, self.urgent, self.last_save_ms) = (false, false, now_ms);
     }
@@ -452,12 +450,12 @@ pub struct AccessFigures {
 /// (to a temporary file, synced, then renamed over). Only the newest offer is kept: a slow
 /// disk costs intermediate states, never the reactor's time, and memory stays one state.
 pub(crate) struct Saver {
-    slot: Arc<(Mutex<Option<Vec<u8>>>, Condvar)>,
+    slot: Arc<(Mutex<Option<Snapshot>>, Condvar)>,
 }
 
 impl Saver {
     fn start(path: PathBuf) -> std::io::Result<Saver> {
-        let slot: Arc<(Mutex<Option<Vec<u8>>>, Condvar)> = Arc::default();
+        let slot: Arc<(Mutex<Option<Snapshot>>, Condvar)> = Arc::default();
         let theirs = Arc::clone(&slot);
         std::thread::Builder::new()
             .name("access-saver".into())
@@ -465,19 +463,19 @@ impl Saver {
         Ok(Saver { slot })
     }
 
-    fn offer(&self, bytes: Vec<u8>) {
+    fn offer(&self, state: Snapshot) {
         let (lock, cv) = &*self.slot;
         if let Ok(mut s) = lock.lock() {
-            *s = Some(bytes);
+            *s = Some(state);
             cv.notify_one();
         }
     }
 }
 
-fn save_loop(path: &Path, slot: &(Mutex<Option<Vec<u8>>>, Condvar)) {
+fn save_loop(path: &Path, slot: &(Mutex<Option<Snapshot>>, Condvar)) {
     let tmp = path.with_extension("json.tmp");
     loop {
-        let bytes = {
+        let state = {
             let Ok(mut s) = slot.0.lock() else { return };
             loop {
                 if let Some(b) = s.take() {
@@ -490,6 +488,7 @@ fn save_loop(path: &Path, slot: &(Mutex<Option<Vec<u8>>>, Condvar)) {
             }
         };
         let write = || -> std::io::Result<()> {
+            let bytes = serde_json::to_vec(&state).map_err(std::io::Error::other)?;
             let mut f = std::fs::File::create(&tmp)?;
             std::io::Write::write_all(&mut f, &bytes)?;
             f.sync_all()?;
