@@ -421,6 +421,10 @@ mod tests {
                 route(Some("irc"), Some("dev-*"), None, 1),
                 route(None, Some("dev-*"), None, 2),
                 route(None, None, Some("alice"), 1),
+                Route {
+                    chat_type: Some(ChatType::Group),
+                    ..route(None, None, None, 2)
+                },
             ],
             Arc::clone(&picks),
         );
@@ -430,6 +434,10 @@ mod tests {
         assert_eq!(name(&dm("matrix", "dev-x"), None), "b");
         assert_eq!(name(&dm("matrix", "ops"), None), DEFAULT_AGENT);
         assert_eq!(name(&dm("matrix", "ops"), Some("alice")), "a");
+        let group = |user| SessionKey::new("matrix", ChatType::Group, "ops", None, Some(user));
+        assert_eq!(name(&group("bob").expect("key"), None), "b");
+        // A group session's own user counts, not the sender.
+        assert_eq!(name(&group("alice").expect("key"), Some("bob")), "a");
         let key = dm("matrix", "dev-y");
         let agent = table.create(&key).expect("agent");
         assert_eq!(table.session_agent(&key).as_deref(), Some("b"));

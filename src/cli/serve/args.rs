@@ -559,7 +559,14 @@ fn open_regular(path: &std::path::Path) -> Result<std::fs::File, String> {
 
 /// The file's settings; its `[[agent]]` tables, when it has some, read on their own.
 fn file_args(text: &str) -> Result<ServeArgs, String> {
-    let mut table = text.parse::<toml::Table>().map_err(|e| e.to_string())?;
+    let mut table = text.parse::<toml::Table>().map_err(|e| {
+        let hint = if text.contains("[[agent]]") {
+            " (with [[agent]] tables the file's `agent` key is their array: give the top-level agent with --agent, or end the routes with a catch-all [[route]])"
+        } else {
+            ""
+        };
+        format!("{e}{hint}")
+    })?;
     let Some(agents) = super::tables::take_agent_tables(&mut table)? else {
         // Parsed from the text: an error keeps its line and column.
         return toml::from_str::<ServeArgs>(text).map_err(|e| e.to_string());

@@ -190,6 +190,46 @@ pub(super) fn check_names(tables: &[AgentTable]) -> Result<(), String> {
 mod tests {
     use super::*;
 
+    /// The issue's example resolves: its openai agent with its own model and URL, its
+    /// process agent, its two routes; a top-level `agent` key beside the tables is named.
+    #[test]
+    fn the_issue_s_example_resolves() {
+        let dir = std::env::temp_dir().join(format!("turnstile-tables-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("t.toml");
+        let example = "[[agent]]\nname = \"support\"\nkind = \"openai\"\nmodel = \"small\"\n\
+            openai-base-url = \"http://127.0.0.1:8000/v1\"\n\
+            system-prompt = \"You answer questions about our product.\"\n\
+            [[agent]]\nname = \"coder\"\nkind = \"process\"\nagent-cmd = \"python3 /opt/bots/coder.py\"\n\
+            [[route]]\nplatform = \"matrix\"\nchat = \"!support:example.org\"\nagent = \"support\"\n\
+            [[route]]\nchat = \"dev-*\"\nagent = \"coder\"\n";
+        std::fs::write(&path, example).expect("write");
+        let flags = ServeArgs {
+            config: Some(path.clone()),
+            ..ServeArgs::default()
+        };
+        let s = super::super::settings::resolve(flags.clone()).expect("valid");
+        let names: Vec<_> = s.agents.iter().map(|a| (a.name.as_str(), a.kind)).collect();
+        assert_eq!(
+            names,
+            [
+                (DEFAULT_AGENT, AgentKind::Echo),
+                ("support", AgentKind::Openai),
+                ("coder", AgentKind::Process)
+            ]
+        );
+        let openai = s.agents[1].openai.as_ref().expect("openai config");
+        assert_eq!(openai.model, "small");
+        assert_eq!(s.routes.len(), 2);
+        assert_eq!((s.routes[0].agent, s.routes[1].agent), (1, 2));
+        std::fs::write(&path, format!("agent = \"echo\"\n{example}")).expect("write");
+        let e = super::super::settings::resolve(flags)
+            .err()
+            .expect("refused");
+        assert!(e.contains("give the top-level agent with --agent"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// Every key a kind allows is a key of the top-level settings (one spelling of each).
     #[test]
     fn each_kind_s_keys_are_top_level_keys() {
