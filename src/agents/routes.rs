@@ -313,7 +313,7 @@ impl RoutedAgent {
         if table.has(&self.name) {
             return Ok(());
         }
-        log::info!(
+        log::debug!(
             "session {}: agent {} was removed by a reload; closing it, the routes pick again",
             self.session,
             self.name
