@@ -428,6 +428,18 @@ mod tests {
             ],
             Arc::clone(&picks),
         );
+        assert!(route(None, None, None, 0).is_catch_all());
+        for one in [
+            route(Some("irc"), None, None, 0),
+            route(None, Some("*"), None, 0),
+            route(None, None, Some("*"), 0),
+            Route {
+                chat_type: Some(ChatType::Dm),
+                ..route(None, None, None, 0)
+            },
+        ] {
+            assert!(!one.is_catch_all(), "{one:?}");
+        }
         let dm = |p: &str, c: &str| SessionKey::dm(p, c).expect("key");
         let name = |k: &SessionKey, who: Option<&str>| table.pick(k, who).name.to_string();
         assert_eq!(name(&dm("irc", "dev-x"), None), "a");
