@@ -255,6 +255,49 @@ pub trait AgentFactory: Send + Sync + 'static {
             })
             .unwrap_or_default()
     }
+
+    /// [`AgentFactory::create`] for the message that needs the agent: a factory that
+    /// chooses among agents by the sender (a DM's key holds no user) reads it here. The
+    /// default ignores the context.
+    fn create_for(
+        &self,
+        session: &SessionKey,
+        context: &MessageContext,
+    ) -> Result<Box<dyn Agent>, AgentError> {
+        let _ = context;
+        self.create(session)
+    }
+
+    /// The name of the agent serving `session` now, for its `/status`; `None` (the default)
+    /// when the factory has one kind of agent. Called on the reactor: cheap like `usage`.
+    fn session_agent(&self, session: &SessionKey) -> Option<String> {
+        let _ = session;
+        None
+    }
+
+    /// Per named agent, its figures for the status and the metrics (`agent` label); empty
+    /// (the default) for a factory of one agent. Cheap like `usage`.
+    fn agents(&self) -> Vec<AgentFigures> {
+        Vec::new()
+    }
+}
+
+/// One named agent's figures (`agents` in the status; the `agent` label in the metrics).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub struct AgentFigures {
+    /// The agent's name (`default`: the top-level agent).
+    pub name: String,
+    /// Its kind: `echo`, `exec`, `process` or `openai`.
+    pub kind: String,
+    /// Sessions it serves now (their agents are live).
+    pub sessions: u64,
+    /// What its agents consumed, when it counts usage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<AgentUsage>,
+    /// Its failed model requests, when it makes requests of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failures: Option<AgentFailures>,
 }
 
 /// What one model consumed, as a factory reports it.

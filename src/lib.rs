@@ -91,8 +91,8 @@ mod wire;
 
 pub use access::{AccessConfig, AccessFigures};
 pub use agent::{
-    Agent, AgentError, AgentFactory, AgentFailures, AgentUsage, CancelToken, EchoAgent, FnFactory,
-    ModelUsage, Partials, TurnError, TurnInput,
+    Agent, AgentError, AgentFactory, AgentFailures, AgentFigures, AgentUsage, CancelToken,
+    EchoAgent, FnFactory, ModelUsage, Partials, TurnError, TurnInput,
 };
 pub use agents::exec::{ExecAgent, ExecOptions};
 #[cfg(feature = "openai")]

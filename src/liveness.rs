@@ -329,6 +329,10 @@ pub struct Status {
     /// factory makes requests of its own (the openai agent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_failures: Option<crate::agent::AgentFailures>,
+    /// Per named agent (`[[agent]]` tables and the top-level `default`), its live sessions,
+    /// usage and failures; empty for a gateway of one agent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub agents: Vec<crate::agent::AgentFigures>,
     /// The hosted frontend's own figures (the bridge server's connections, platforms,
     /// outboxes and rejections; the HTTP endpoint's), when it reports any.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -13,3 +13,5 @@ pub(crate) mod exec;
 #[cfg(feature = "openai")]
 pub(crate) mod openai;
 pub(crate) mod process;
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
+pub(crate) mod routes;

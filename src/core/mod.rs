@@ -196,6 +196,20 @@ pub struct Core<R, A> {
     parked_agents: usize,
     stats: CoreStats,
     shutdown: Option<Shutdown>,
+    /// Names a session's agent in its `/status` (several agents, routed).
+    agent_names: Option<AgentNames>,
+}
+
+/// Which agent serves a session, asked by `/status`.
+pub(crate) struct AgentNames(pub(crate) Box<NameOf>);
+
+/// The name of a session's agent, if the factory names them.
+pub(crate) type NameOf = dyn Fn(&SessionKey) -> Option<String> + Send;
+
+impl std::fmt::Debug for AgentNames {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AgentNames")
+    }
 }
 
 impl<R: Clone, A> Core<R, A> {
@@ -224,7 +238,13 @@ impl<R: Clone, A> Core<R, A> {
             parked_agents: 0,
             stats: CoreStats::default(),
             shutdown: None,
+            agent_names: None,
         }
+    }
+
+    /// `/status` names the session's agent as `names` says.
+    pub(crate) fn set_agent_names(&mut self, names: AgentNames) {
+        self.agent_names = Some(names);
     }
 
     /// The configuration in force.
@@ -589,6 +609,23 @@ impl<R: Clone, A> Core<R, A> {
     // ---- commands ----------------------------------------------------------------------
 
     fn command(
+        &mut self,
+        now: Duration,
+        key: &SessionKey,
+        cmd: Command,
+        fx: &mut Vec<Effect<R, A>>,
+    ) -> String {
+        let reply = self.command_reply(now, key, cmd, fx);
+        match (cmd, &self.agent_names) {
+            (Command::Status, Some(names)) => match (names.0)(key) {
+                Some(name) => format!("{reply}; agent {name}"),
+                None => reply,
+            },
+            _ => reply,
+        }
+    }
+
+    fn command_reply(
         &mut self,
         now: Duration,
         key: &SessionKey,

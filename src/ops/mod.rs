@@ -108,6 +108,22 @@ impl AgentFactory for Arc<SwappableFactory> {
         self.get().create(session)
     }
 
+    fn create_for(
+        &self,
+        session: &SessionKey,
+        context: &crate::message::MessageContext,
+    ) -> Result<Box<dyn Agent>, crate::agent::AgentError> {
+        self.get().create_for(session, context)
+    }
+
+    fn session_agent(&self, session: &SessionKey) -> Option<String> {
+        self.get().session_agent(session)
+    }
+
+    fn agents(&self) -> Vec<crate::AgentFigures> {
+        self.get().agents()
+    }
+
     fn usage(&self) -> Option<AgentUsage> {
         let by_model = self.usage_by_model();
         if by_model.is_empty() {

@@ -217,7 +217,7 @@ impl<F: Frontend> Reactor<F> {
             completions,
             shutdown,
             driver: Driver::new(
-                Core::new(core, Duration::ZERO),
+                core_naming_agents(core, &factory),
                 turn_pool,
                 cleanup_pool,
                 events,
@@ -407,4 +407,17 @@ impl<F: Frontend> Reactor<F> {
         }
         report
     }
+}
+
+/// The core, its `/status` naming each session's agent as the factory says.
+fn core_naming_agents(
+    cfg: crate::core::CoreConfig,
+    factory: &Arc<dyn AgentFactory>,
+) -> Core<Route, BoxAgent> {
+    let mut core = Core::new(cfg, Duration::ZERO);
+    let factory = Arc::clone(factory);
+    core.set_agent_names(crate::core::AgentNames(Box::new(move |key| {
+        factory.session_agent(key)
+    })));
+    core
 }

@@ -130,6 +130,7 @@ impl Heartbeat {
             agent_usage: self.factory.usage(),
             agent_usage_by_model: self.factory.usage_by_model(),
             agent_failures: self.factory.failures(),
+            agents: self.factory.agents(),
             frontend,
             histograms: Arc::new(Histograms {
                 loop_lag: self.lag_buckets.clone(),

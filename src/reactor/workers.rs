@@ -127,7 +127,9 @@ pub(super) fn run_turn(
             sink.send(WorkerReport::Turn(job.done(Some(other), failed)));
             return;
         }
-        None => match catch_unwind(AssertUnwindSafe(|| factory.create(&job.session))) {
+        None => match catch_unwind(AssertUnwindSafe(|| {
+            factory.create_for(&job.session, &job.context)
+        })) {
             Ok(Ok(a)) => Ok(a),
             Ok(Err(e)) => Err(TurnResult::Failed(format!("agent creation failed: {e}"))),
             Err(p) => Err(TurnResult::Panicked(format!(

@@ -47,6 +47,18 @@ pub(crate) enum AgentKind {
     Openai,
 }
 
+impl AgentKind {
+    /// Its name as `--agent` and an agent table's `kind` spell it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            AgentKind::Echo => "echo",
+            AgentKind::Exec => "exec",
+            AgentKind::Process => "process",
+            AgentKind::Openai => "openai",
+        }
+    }
+}
+
 /// `--openai-tls-roots` names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -380,6 +392,16 @@ pub(crate) struct ServeArgs {
     /// much (docs/access.md).
     #[arg(skip)]
     pub(super) access: Option<std::collections::BTreeMap<String, crate::access::AccessTable>>,
+    /// `[[agent]]` tables (config file only): named agents for the `[[route]]`s
+    /// (docs/agents.md). Taken out of the file before the rest is read: the file's `agent`
+    /// key is either the top-level agent's kind or these tables.
+    #[arg(skip)]
+    #[serde(skip)]
+    pub(super) agent_tables: Option<Vec<super::tables::AgentTable>>,
+    /// `[[route]]` tables (config file only): which agent a new session gets, first match
+    /// wins (docs/agents.md).
+    #[arg(skip)]
+    pub(super) route: Option<Vec<super::tables::RouteSpec>>,
 }
 }
 /// Each flag's default as `serve --help` shows it, read from where the default is defined
@@ -535,14 +557,36 @@ fn open_regular(path: &std::path::Path) -> Result<std::fs::File, String> {
     Ok(file)
 }
 
+/// The file's settings; its `[[agent]]` tables, when it has some, read on their own.
+fn file_args(text: &str) -> Result<ServeArgs, String> {
+    let mut table = text.parse::<toml::Table>().map_err(|e| {
+        let hint = if text.contains("[[agent]]") {
+            " (with [[agent]] tables the file's `agent` key is their array: give the top-level agent with --agent, or end the routes with a catch-all [[route]])"
+        } else {
+            ""
+        };
+        format!("{e}{hint}")
+    })?;
+    let Some(agents) = super::tables::take_agent_tables(&mut table)? else {
+        // Parsed from the text: an error keeps its line and column.
+        return toml::from_str::<ServeArgs>(text).map_err(|e| e.to_string());
+    };
+    let args = toml::Value::Table(table)
+        .try_into::<ServeArgs>()
+        .map_err(|e| e.to_string())?;
+    Ok(ServeArgs {
+        agent_tables: Some(agents),
+        ..args
+    })
+}
+
 /// The command line over the `--config` file: a flag wins over the file's key.
 pub(super) fn merged_args(flags: ServeArgs) -> Result<ServeArgs, String> {
     let file = match &flags.config {
         Some(path) => {
             let text =
                 read_config(path).map_err(|e| format!("--config {}: {e}", path.display()))?;
-            toml::from_str::<ServeArgs>(&text)
-                .map_err(|e| format!("--config {}: {e}", path.display()))?
+            file_args(&text).map_err(|e| format!("--config {}: {e}", path.display()))?
         }
         None => ServeArgs::default(),
     };

@@ -10,6 +10,7 @@ mod exit;
 mod lock;
 mod reload;
 mod settings;
+mod tables;
 
 #[cfg(test)]
 pub(crate) use args::defaults;
@@ -22,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::agents::child::{self};
+use crate::agents::routes::Picks;
 use crate::journal::JournalConfig;
 use crate::ops::http::HttpServer;
 use crate::ops::systemd::SdNotify;
@@ -49,6 +51,7 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
     let Preflight {
         settings: s,
         factory,
+        picks,
         data,
     } = match ready {
         Ok(p) => p,
@@ -82,7 +85,7 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
         let addr = server
             .local_addr()
             .map_err(|e| exit::io_error(&e, format!("--listen: {e}")))?;
-        let (mut ops, http_addr) = host_ops(server, &s, flags, handle, swap)?;
+        let (mut ops, http_addr) = host_ops(server, &s, flags, handle, (swap, picks))?;
         if !s.bridges.is_empty() {
             let board = board.clone();
             ops = ops.with_status_addon(Box::new(move |f| board.fill(f)));
@@ -104,8 +107,10 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
     let _ = stdout.flush();
     drop(stdout);
     log::info!(
-        "serving: agent {:?}, {} turn workers, busy mode {:?}",
-        s.agent,
+        "serving: agent {:?} ({} named agents, {} routes), {} turn workers, busy mode {:?}",
+        s.agents[0].kind,
+        s.agents.len() - 1,
+        s.routes.len(),
         s.core.config.turn_workers,
         s.core.config.busy_mode
     );
@@ -127,7 +132,7 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
     if let Some(b) = bridges {
         b.stop();
     }
-    if s.agent != AgentKind::Echo {
+    if s.agents.iter().any(|a| a.kind != AgentKind::Echo) {
         // Closing each agent killed its processes; this catches anything a close left.
         child::kill_all();
     }
@@ -152,6 +157,8 @@ fn raise_fd_limit() {
 struct Preflight {
     settings: Settings,
     factory: Arc<dyn AgentFactory>,
+    /// The live agents per name, shared by every route table (a reload makes new ones).
+    picks: Arc<Picks>,
     data: Option<(DirLock, SqliteStore)>,
 }
 
@@ -164,7 +171,11 @@ fn preflight(s: Settings, check_only: bool) -> Result<Preflight, StartError> {
             format!("--status-file {}: {e}", path.display()),
         ));
     }
-    let factory = make_factory(&s)?;
+    let picks = Arc::new(Picks::default());
+    let (factory, table) = make_factory(&s, &picks)?;
+    if let Some(table) = &table {
+        picks.install(table);
+    }
     if let Some(c) = &s.cluster {
         // Reachable, syncing every write before its ack, of the same partition count.
         crate::cluster::RedisStore::connect(c.clone())
@@ -192,6 +203,7 @@ fn preflight(s: Settings, check_only: bool) -> Result<Preflight, StartError> {
     Ok(Preflight {
         settings: s,
         factory,
+        picks,
         data,
     })
 }
@@ -203,7 +215,7 @@ fn build_runtime(
     factory: Arc<dyn AgentFactory>,
 ) -> Result<(Runtime, Handle, Arc<SwappableFactory>), StartError> {
     let swap = SwappableFactory::new(factory);
-    if matches!(s.agent, AgentKind::Exec | AgentKind::Process) {
+    if s.agents.iter().any(|a| a.runs_processes()) {
         if let Err(e) = child::become_subreaper() {
             log::warn!(
                 "cannot become a child subreaper ({e}): agent processes that kill their own leader escape containment"
@@ -316,7 +328,7 @@ fn host_ops(
     s: &Settings,
     flags: ServeArgs,
     handle: Handle,
-    swap: Arc<SwappableFactory>,
+    (swap, picks): (Arc<SwappableFactory>, Arc<Picks>),
 ) -> Result<(Ops<BridgeServer>, Option<SocketAddr>), StartError> {
     let mut ops = Ops::new(server, TICK_INTERVAL);
     let mut http_addr = None;
@@ -333,7 +345,7 @@ fn host_ops(
     }
     // With TLS a SIGHUP re-reads the certificate even without a config file.
     if flags.config.is_some() || s.tls.is_some() {
-        let loader = reload_loader(flags, s);
+        let loader = reload_loader(flags, s, picks);
         let apply: ReloadApplier<BridgeServer> = Box::new(move |server, r| {
             let mut restart = Vec::new();
             if !server.set_auth_token(r.auth_token.as_deref()) {

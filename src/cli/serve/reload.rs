@@ -10,39 +10,71 @@ use crate::agents::process::{ProcessAgent, ProcessOptions};
 use crate::ops::{Reload, ReloadLoader};
 
 use super::args::{AgentKind, ServeArgs};
-use super::settings::{Settings, resolve};
+use super::settings::{AgentSpec, Settings, resolve};
+use crate::agents::routes::{NamedAgent, Picks, RouteTable};
 
-/// The agent factory the settings ask for.
-pub(super) fn make_factory(s: &Settings) -> Result<Arc<dyn AgentFactory>, String> {
-    Ok(match (s.agent, &s.agent_cmd, s.openai.clone()) {
+/// The agent factory the settings ask for: the top-level agent's, or with `[[agent]]`/
+/// `[[route]]` tables a route table over all of them (its live picks counted in `picks`,
+/// shared by every table of the process; the caller installs it once it is in force).
+pub(super) fn make_factory(s: &Settings, picks: &Arc<Picks>) -> Result<Made, String> {
+    if s.agents.len() == 1 && s.routes.is_empty() {
+        return Ok((agent_factory(s, &s.agents[0])?, None));
+    }
+    let agents = s
+        .agents
+        .iter()
+        .map(|spec| {
+            Ok(NamedAgent {
+                name: spec.name.as_str().into(),
+                kind: spec.kind.name(),
+                factory: agent_factory(s, spec)?,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let table = Arc::new(RouteTable::new(agents, s.routes.clone(), Arc::clone(picks)));
+    Ok((Arc::clone(&table) as Arc<dyn AgentFactory>, Some(table)))
+}
+
+/// The factory for the runtime, and the route table behind it when there is one.
+pub(super) type Made = (Arc<dyn AgentFactory>, Option<Arc<RouteTable>>);
+
+/// One agent's factory.
+fn agent_factory(s: &Settings, spec: &AgentSpec) -> Result<Arc<dyn AgentFactory>, String> {
+    Ok(match (spec.kind, &spec.cmd, spec.openai.clone()) {
         (AgentKind::Exec, Some(cmd), _) => Arc::new(ExecAgent::factory_with(
             cmd,
             ExecOptions {
-                env: s.agent_env.clone(),
+                env: spec.env.clone(),
                 max_output_bytes: s.max_reply_bytes,
             },
         )),
         (AgentKind::Process, Some(cmd), _) => Arc::new(ProcessAgent::factory(ProcessOptions {
             command: cmd.clone(),
-            env: s.agent_env.clone(),
+            env: spec.env.clone(),
             max_reply_bytes: s.max_reply_bytes,
-            max_line_bytes: s.agent_max_line_bytes,
+            max_line_bytes: spec.max_line_bytes,
             stop_grace: s.core.config.stop_grace,
-            close_grace: s.agent_close_grace,
+            close_grace: spec.close_grace,
             ..ProcessOptions::new(cmd)
         })),
-        (AgentKind::Openai, _, Some(cfg)) => {
-            Arc::new(OpenAiFactory::new(cfg).map_err(|e| format!("--agent openai: {e}"))?)
-        }
-        _ => Arc::new(EchoAgent::factory(s.echo_delay)),
+        (AgentKind::Openai, _, Some(cfg)) => Arc::new(
+            OpenAiFactory::new(cfg).map_err(|e| format!("agent {} (openai): {e}", spec.name))?,
+        ),
+        _ => Arc::new(EchoAgent::factory(spec.echo_delay)),
     })
 }
 
-/// What a new agent factory depends on that a reload may change.
+/// What a new agent factory depends on that a reload may change: the top-level agent's
+/// command and echo delay, every agent table, every route.
 pub(super) fn factory_key(s: &Settings) -> String {
+    let top = &s.agents[0];
     format!(
-        "{:?} {:?} {:?}",
-        s.agent_cmd, s.echo_delay, s.core.config.stop_grace
+        "{:?} {:?} {:?} {:?} {:?}",
+        top.cmd,
+        top.echo_delay,
+        &s.agents[1..],
+        s.routes,
+        s.core.config.stop_grace
     )
 }
 
@@ -55,16 +87,14 @@ pub(super) fn restart_only(s: &Settings) -> Vec<(&'static str, String)> {
         cfg.auth_token = None;
         (addr, cfg)
     });
+    let top = &s.agents[0];
     vec![
         ("listen", format!("{:?}", s.listen)),
         ("http-listen and the http bounds", format!("{http:?}")),
-        ("agent", format!("{:?}", s.agent)),
-        ("agent-env", format!("{:?}", s.agent_env)),
-        ("agent-close-grace", format!("{:?}", s.agent_close_grace)),
-        (
-            "agent-max-line-bytes",
-            format!("{:?}", s.agent_max_line_bytes),
-        ),
+        ("agent", format!("{:?}", top.kind)),
+        ("agent-env", format!("{:?}", top.env)),
+        ("agent-close-grace", format!("{:?}", top.close_grace)),
+        ("agent-max-line-bytes", format!("{:?}", top.max_line_bytes)),
         ("max-reply-bytes", format!("{:?}", s.max_reply_bytes)),
         ("turn-workers", format!("{:?}", s.core.config.turn_workers)),
         (
@@ -94,7 +124,7 @@ pub(super) fn restart_only(s: &Settings) -> Vec<(&'static str, String)> {
         ),
         ("status-file", format!("{:?}", s.status_file)),
         ("bridge tables", format!("{:?}", s.bridges)),
-        ("openai settings", format!("{:?}", s.openai)),
+        ("openai settings", format!("{:?}", top.openai)),
         ("the bridge's bounds", format!("{bridge:?}")),
         (
             "allow-insecure-bind",
@@ -107,22 +137,38 @@ pub(super) fn restart_only(s: &Settings) -> Vec<(&'static str, String)> {
 }
 
 /// SIGHUP: re-reads the flags and `--config` file (on a helper thread) into a [`Reload`].
-pub(super) fn reload_loader(flags: ServeArgs, initial: &Settings) -> ReloadLoader {
+pub(super) fn reload_loader(
+    flags: ServeArgs,
+    initial: &Settings,
+    picks: Arc<Picks>,
+) -> ReloadLoader {
     let fixed = restart_only(initial);
+    let fixed_top = initial.agents[0].clone();
     let tls_on = initial.tls.is_some();
     let last_key = Mutex::new(factory_key(initial));
     Arc::new(move || {
-        let new = resolve(flags.clone())?;
+        let mut new = resolve(flags.clone())?;
         let restart_needed = restart_only(&new)
             .into_iter()
             .zip(&fixed)
             .filter(|((_, now), (_, was))| now != was)
             .map(|((name, _), _)| name.to_owned())
             .collect();
+        // The top-level agent's other settings need a restart (named above): the new
+        // factory keeps the ones in force.
+        new.agents[0] = AgentSpec {
+            cmd: new.agents[0].cmd.clone(),
+            echo_delay: new.agents[0].echo_delay,
+            ..fixed_top.clone()
+        };
         let key = factory_key(&new);
         let mut last = last_key.lock().unwrap_or_else(|e| e.into_inner());
         let factory = if *last != key {
-            let f = make_factory(&new)?;
+            let (f, table) = make_factory(&new, &picks)?;
+            if let Some(table) = &table {
+                // The last fallible step is behind: this table is the one in force.
+                picks.install(table);
+            }
             *last = key;
             Some(f)
         } else {

@@ -11,6 +11,7 @@ use crate::agents::openai::{
     DEFAULT_READ_TIMEOUT, DEFAULT_STREAM_TIMEOUT, OpenAiConfig, TlsRoots,
 };
 use crate::agents::process::{self};
+use crate::agents::routes::{DEFAULT_AGENT, Route};
 use crate::core::CoreConfig;
 use crate::ops::http::{self, DEFAULT_HTTP_LISTEN, HttpConfig};
 use crate::reactor::DEFAULT_PARTIAL_INTERVAL;
@@ -31,15 +32,12 @@ pub(super) struct Settings {
     /// Platform bridges to run as supervised children (`[[bridge]]` tables).
     pub(super) bridges: Vec<BridgeSpec>,
     pub(super) listen: SocketAddr,
-    pub(super) agent: AgentKind,
-    pub(super) agent_cmd: Option<String>,
-    pub(super) agent_close_grace: Duration,
-    pub(super) agent_env: AgentEnv,
-    pub(super) agent_max_line_bytes: usize,
+    /// The top-level agent (the first; named `default`), then each `[[agent]]` table's.
+    pub(super) agents: Vec<AgentSpec>,
+    /// The `[[route]]` tables, their agents as indexes into `agents`.
+    pub(super) routes: Vec<Route>,
     pub(super) max_reply_bytes: usize,
-    pub(super) echo_delay: Duration,
     pub(super) status_file: Option<PathBuf>,
-    pub(super) openai: Option<OpenAiConfig>,
     pub(super) bridge: BridgeConfig,
     pub(super) allow_insecure_bind: bool,
     pub(super) data_dir: Option<PathBuf>,
@@ -49,6 +47,26 @@ pub(super) struct Settings {
     pub(super) http: Option<(SocketAddr, HttpConfig)>,
     /// The listeners' certificate and key (`--tls-cert`, `--tls-key`), loaded; `None`: plain.
     pub(super) tls: Option<crate::ServerTls>,
+}
+
+/// One agent's settings, checked: the top-level agent's or an `[[agent]]` table's.
+#[derive(Clone, Debug)]
+pub(super) struct AgentSpec {
+    pub(super) name: String,
+    pub(super) kind: AgentKind,
+    pub(super) cmd: Option<String>,
+    pub(super) close_grace: Duration,
+    pub(super) env: AgentEnv,
+    pub(super) max_line_bytes: usize,
+    pub(super) echo_delay: Duration,
+    pub(super) openai: Option<OpenAiConfig>,
+}
+
+impl AgentSpec {
+    /// Whether its agents run processes (the gateway then contains them).
+    pub(super) fn runs_processes(&self) -> bool {
+        matches!(self.kind, AgentKind::Exec | AgentKind::Process)
+    }
 }
 
 /// The runtime's settings: the core's bounds and timings (its own configuration, each value
@@ -259,40 +277,11 @@ pub(super) fn http_settings(a: &ServeArgs) -> Result<Option<(SocketAddr, HttpCon
 }
 pub(super) fn resolve(flags: ServeArgs) -> Result<Settings, String> {
     let a = merged_args(flags)?;
-    let agent = a.agent.unwrap_or(AgentKind::Echo);
-    let needs_cmd = matches!(agent, AgentKind::Exec | AgentKind::Process);
-    if needs_cmd && a.agent_cmd.as_deref().is_none_or(|c| c.trim().is_empty()) {
-        let name = if agent == AgentKind::Exec {
-            "exec"
-        } else {
-            "process"
-        };
-        return Err(format!("--agent {name} needs --agent-cmd"));
-    }
-    let agent_close_grace = seconds(
-        "agent-close-grace",
-        a.agent_close_grace,
-        process::DEFAULT_CLOSE_GRACE.as_secs_f64(),
-        true,
-    )?;
     let core = core_settings(&a)?;
-    if agent == AgentKind::Process
-        && agent_close_grace + process::CLOSE_OVERHEAD > core.config.cleanup_timeout
-    {
-        return Err(format!(
-            "--agent-close-grace: {:?} plus {:?} to terminate and kill must fit in --cleanup-timeout ({:?})",
-            agent_close_grace,
-            process::CLOSE_OVERHEAD,
-            core.config.cleanup_timeout
-        ));
-    }
+    let (agents, routes) = agent_specs(&a, &core)?;
     if a.auth_token.as_deref() == Some("") {
         return Err("--auth-token: must not be empty".into());
     }
-    let openai = match agent {
-        AgentKind::Openai => Some(openai_config(&a, core.config.turn_timeout)?),
-        _ => None,
-    };
     let listen = a
         .listen
         .map_or_else(|| SocketAddr::from(DEFAULT_LISTEN), |l| l.0);
@@ -324,22 +313,82 @@ pub(super) fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         listen,
         max_reply_bytes,
         allow_insecure_bind: a.allow_insecure_bind,
-        agent,
-        agent_cmd: a.agent_cmd.clone(),
-        agent_close_grace,
-        agent_env: AgentEnv::new(a.agent_env.clone().unwrap_or_default())?,
-        agent_max_line_bytes: at_least_one(
+        agents,
+        routes,
+        status_file: a.status_file,
+        cluster,
+        data_dir: a.data_dir,
+        core,
+        bridges,
+    })
+}
+
+/// The top-level agent, each `[[agent]]` table's, and the `[[route]]`s among them.
+fn agent_specs(a: &ServeArgs, core: &CoreSettings) -> Result<(Vec<AgentSpec>, Vec<Route>), String> {
+    let mut agents = vec![agent_spec(DEFAULT_AGENT, a, core)?];
+    let tables = a.agent_tables.as_deref().unwrap_or_default();
+    super::tables::check_names(tables)?;
+    for t in tables {
+        // Its own options only, and the gateway-wide bound its replies are cut to.
+        let options = ServeArgs {
+            agent: t.kind,
+            max_reply_bytes: a.max_reply_bytes,
+            ..(*t.options).clone()
+        };
+        let spec = agent_spec(&t.name, &options, core)
+            .map_err(|e| format!("[[agent]] {:?}: {e}", t.name))?;
+        agents.push(spec);
+    }
+    let names: Vec<&str> = agents.iter().map(|s| s.name.as_str()).collect();
+    let routes = super::tables::routes(a.route.as_deref().unwrap_or_default(), &names)?;
+    Ok((agents, routes))
+}
+
+/// One agent's settings from its options (the top level's, or an agent table's).
+fn agent_spec(name: &str, a: &ServeArgs, core: &CoreSettings) -> Result<AgentSpec, String> {
+    let kind = a.agent.unwrap_or(AgentKind::Echo);
+    let needs_cmd = matches!(kind, AgentKind::Exec | AgentKind::Process);
+    if needs_cmd && a.agent_cmd.as_deref().is_none_or(|c| c.trim().is_empty()) {
+        let kind = if kind == AgentKind::Exec {
+            "exec"
+        } else {
+            "process"
+        };
+        return Err(format!("--agent {kind} needs --agent-cmd"));
+    }
+    let close_grace = seconds(
+        "agent-close-grace",
+        a.agent_close_grace,
+        process::DEFAULT_CLOSE_GRACE.as_secs_f64(),
+        true,
+    )?;
+    if kind == AgentKind::Process
+        && close_grace + process::CLOSE_OVERHEAD > core.config.cleanup_timeout
+    {
+        return Err(format!(
+            "--agent-close-grace: {:?} plus {:?} to terminate and kill must fit in --cleanup-timeout ({:?})",
+            close_grace,
+            process::CLOSE_OVERHEAD,
+            core.config.cleanup_timeout
+        ));
+    }
+    let openai = match kind {
+        AgentKind::Openai => Some(openai_config(a, core.config.turn_timeout)?),
+        _ => None,
+    };
+    Ok(AgentSpec {
+        name: name.to_owned(),
+        kind,
+        cmd: a.agent_cmd.clone(),
+        close_grace,
+        env: AgentEnv::new(a.agent_env.clone().unwrap_or_default())?,
+        max_line_bytes: at_least_one(
             "agent-max-line-bytes",
             a.agent_max_line_bytes.map(|b| b.0),
             process::DEFAULT_MAX_LINE_BYTES,
         )?,
         echo_delay: Duration::from_millis(a.echo_delay_ms.unwrap_or(0)),
-        status_file: a.status_file,
-        cluster,
-        data_dir: a.data_dir,
         openai,
-        core,
-        bridges,
     })
 }
 

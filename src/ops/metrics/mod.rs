@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use super::exposition::{Exposition, Kind, Metric, Reading, by, labelled};
-use crate::agent::ModelUsage;
+use crate::agent::{AgentFigures, ModelUsage};
 use crate::core::RejectReason;
 use crate::liveness::{BridgeStatus, JournalStatus, PlatformStatus, ServiceStatus};
 use crate::liveness::{
@@ -38,6 +38,9 @@ pub(crate) fn render(s: &Status) -> String {
     e.expose(DELIVERIES, &s.messages);
     e.expose(LLM_TOKENS, &s.agent_usage_by_model[..]);
     e.expose(AGENT_FAILURES, s);
+    if !s.agents.is_empty() {
+        e.expose(PER_AGENT, &s.agents[..]);
+    }
     if let Some(f) = &s.frontend {
         if let Some(b) = &f.bridge {
             e.expose(BRIDGE, b);
@@ -441,6 +444,65 @@ const AGENT_FAILURES: &[Metric<Status>] = &[Metric {
         })
     },
 }];
+
+/// Per named agent (`[[agent]]` tables and the top-level `default`), bounded by the tables.
+const PER_AGENT: &[Metric<[AgentFigures]>] = &[
+    Metric {
+        name: "turnstile_agent_sessions",
+        help: "Sessions each named agent serves now (their agents are live).",
+        kind: Gauge,
+        read: |agents| {
+            by(
+                "agent",
+                agents.iter().map(|a| (a.name.as_str(), n(a.sessions))),
+            )
+        },
+    },
+    Metric {
+        name: "turnstile_agent_tokens_total",
+        help: "Tokens each named agent's model requests used, by direction (since the reload that last changed the agent tables).",
+        kind: Counter,
+        read: |agents| {
+            labelled(
+                agents
+                    .iter()
+                    .filter_map(|a| a.usage.map(|u| (a, u)))
+                    .flat_map(|(a, u)| {
+                        [
+                            (
+                                [("agent", a.name.as_str()), ("direction", "prompt")],
+                                n(u.prompt_tokens),
+                            ),
+                            (
+                                [("agent", a.name.as_str()), ("direction", "completion")],
+                                n(u.completion_tokens),
+                            ),
+                        ]
+                    }),
+            )
+        },
+    },
+    Metric {
+        name: "turnstile_agent_request_failures_total",
+        help: "Each named agent's failed model requests, by kind (as turnstile_agent_failures_total; since the reload that last changed the agent tables).",
+        kind: Counter,
+        read: |agents| {
+            labelled(
+                agents
+                    .iter()
+                    .filter_map(|a| a.failures.map(|f| (a, f)))
+                    .flat_map(|(a, f)| {
+                        [
+                            ("connect", f.connect),
+                            ("status", f.status),
+                            ("stall", f.stall),
+                        ]
+                        .map(|(kind, v)| ([("agent", a.name.as_str()), ("kind", kind)], n(v)))
+                    }),
+            )
+        },
+    },
+];
 
 /// The bridge server's connections, platforms and errors.
 const BRIDGE: &[Metric<BridgeStatus>] = &[
