@@ -26,6 +26,7 @@ mod engine;
 mod poll;
 pub(crate) mod state;
 pub(crate) mod sync;
+mod threads;
 
 use std::time::{Duration, Instant};
 

@@ -106,6 +106,7 @@ fn human(id: &str, text: &str) -> HumanMessage {
         sender_name: Some("Ann".into()),
         text: crate::platforms::map_command(text).into_owned(),
         reply_to: None,
+        thread: None,
         msgtype: "m.text".into(),
         url: None,
         to_bot: false,
@@ -549,4 +550,47 @@ fn refusal_notices_are_capped_per_room() {
     r.gateway(refused("$late"));
     r.settle();
     assert_eq!(r.bodies().len(), 2, "told again once the first was posted");
+}
+
+/// Issue 35 row 3: a message in a thread goes to the gateway with its thread; the reply
+/// starts in the thread (replying to the human as the fallback), grows by edits of itself,
+/// and a result the bridge has no turn for (a restart) finds the thread in the session key.
+#[test]
+fn a_thread_message_is_answered_in_its_thread_and_edits_stay_edits() {
+    let mut r = Rig::new();
+    let mut m = human("$h1", "hello");
+    m.thread = Some("$root".into());
+    r.core.on_human(&m, ChatKind::Dm, &mut r.gw);
+    assert_eq!(r.gw.sent[0].thread_id.as_deref(), Some("$root"));
+    r.gateway(partial("$h1", "Hel"));
+    r.settle();
+    r.gateway(result("$h1", reply("Hello"), false));
+    r.settle();
+    let sent = r.sent();
+    assert_eq!(sent.len(), 2, "{:?}", r.bodies());
+    let rel = &sent[0].content["m.relates_to"];
+    assert_eq!(
+        (&rel["rel_type"], &rel["event_id"], &rel["is_falling_back"]),
+        (&json!("m.thread"), &json!("$root"), &json!(true))
+    );
+    assert_eq!(sent[0].replies_to(), Some("$h1"));
+    assert!(sent[1].is_edit() && sent[1].edits() == Some("$bot0"));
+    // A result redelivered to a restarted bridge: no turn known, the thread from the key.
+    r.gateway(GatewayEvent::Result(TerminalEvent {
+        id: "$h2".into(),
+        session: format!("matrix:dm:{}:thread:$root", ROOM.replace(':', "%3A")),
+        outcome: reply("late"),
+        redelivery: true,
+    }));
+    r.wait_and_settle();
+    let late = &r.sent()[2].content["m.relates_to"];
+    assert_eq!((&late["rel_type"], &late["event_id"]), (&json!("m.thread"), &json!("$root")));
+    // A stop in the main timeline does not stop the thread's reply.
+    let mut t = human("$h3", "slow");
+    t.thread = Some("$root".into());
+    r.core.on_human(&t, ChatKind::Dm, &mut r.gw);
+    r.human("$h4", "!stop");
+    r.gateway(partial("$h3", "still streaming"));
+    r.wait_and_settle();
+    assert_eq!(r.sent().last().map(Sent::body), Some("still streaming"));
 }
