@@ -445,7 +445,10 @@ impl<H: Homeserver> SyncEngine<H> {
                     reason,
                     detail,
                 } => {
-                    let at = self.turns.get(&id).map(|t| (t.room.clone(), t.thread.clone()));
+                    let at = self
+                        .turns
+                        .get(&id)
+                        .map(|t| (t.room.clone(), t.thread.clone()));
                     warn_limited!(
                         "matrix: message {id} (session {}) rejected by the gateway: {reason}: {detail}",
                         session.as_deref().unwrap_or("-")

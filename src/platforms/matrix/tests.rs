@@ -584,7 +584,10 @@ fn a_thread_message_is_answered_in_its_thread_and_edits_stay_edits() {
     }));
     r.wait_and_settle();
     let late = &r.sent()[2].content["m.relates_to"];
-    assert_eq!((&late["rel_type"], &late["event_id"]), (&json!("m.thread"), &json!("$root")));
+    assert_eq!(
+        (&late["rel_type"], &late["event_id"]),
+        (&json!("m.thread"), &json!("$root"))
+    );
     // A stop in the main timeline does not stop the thread's reply.
     let mut t = human("$h3", "slow");
     t.thread = Some("$root".into());
