@@ -24,6 +24,8 @@ pub(crate) trait Homeserver {
     fn send(&mut self, room: &str, txn: &str, content: &Value) -> Result<String, ApiError>;
     /// Sets the bot's typing notice in `room`.
     fn typing(&mut self, room: &str, on: bool) -> Result<(), ApiError>;
+    /// Moves the bot's read receipt in `room` to `event`.
+    fn receipt(&mut self, room: &str, event: &str) -> Result<(), ApiError>;
 }
 
 /// The calls the main loop makes on the gateway.
@@ -79,6 +81,9 @@ impl Homeserver for HttpHomeserver {
     }
     fn typing(&mut self, room: &str, on: bool) -> Result<(), ApiError> {
         self.api.typing(room, &self.me, on, self.typing_timeout)
+    }
+    fn receipt(&mut self, room: &str, event: &str) -> Result<(), ApiError> {
+        self.api.receipt(room, event)
     }
 }
 
@@ -166,6 +171,8 @@ pub(crate) struct SyncEngine<H> {
     /// dropped until it is posted (a flood of refusals is told once, not queued).
     notice_rooms: HashSet<String>,
     typing: HashMap<String, Typing>,
+    /// Receipts for messages queued behind a running turn ("I have it").
+    received: super::received::Received,
     typing_refresh: Duration,
     txn_prefix: String,
     txn_counter: u64,
@@ -246,6 +253,7 @@ impl<H: Homeserver> SyncEngine<H> {
             queued_results: HashSet::new(),
             notice_rooms: HashSet::new(),
             typing: HashMap::new(),
+            received: Default::default(),
             typing_refresh: Duration::from_secs(15),
             txn_prefix: format!("ts{started}-{}", std::process::id()),
             txn_counter: 0,
@@ -436,6 +444,9 @@ impl<H: Homeserver> SyncEngine<H> {
                     session, queued, ..
                 } => {
                     debug_redacted!("matrix: {id} accepted in {session} (queued: {queued})");
+                    if let (true, Some(t)) = (queued, self.turns.get(&id)) {
+                        self.received.queued(&t.room, &id);
+                    }
                 }
                 Admission::Duplicate { session } => {
                     debug_redacted!("matrix: {id} already accepted in {session}");
@@ -610,6 +621,10 @@ impl<H: Homeserver> SyncEngine<H> {
             if let Some(worked) = self.step_typing(now)? {
                 return Ok(worked);
             }
+            if let Some((room, event)) = self.received.next() {
+                self.send_receipt(&room, &event, now)?;
+                return Ok(Step::Worked);
+            }
             let wake = self.queue.ready_at(now);
             let typing_wake = self
                 .typing
@@ -656,6 +671,20 @@ impl<H: Homeserver> SyncEngine<H> {
             Err(e) => debug_redacted!("matrix: room {room}: typing notice failed: {e}"),
         }
         Ok(Some(Step::Worked))
+    }
+
+    /// A receipt for a queued message still waiting (best effort, never retried).
+    fn send_receipt(&mut self, room: &str, event: &str, now: Instant) -> Result<(), ApiError> {
+        if !self.turns.contains_key(event) {
+            return Ok(()); // answered already: the reply says more than a receipt
+        }
+        match self.hs.receipt(room, event) {
+            Ok(()) => debug_redacted!("matrix: room {room}: queued message {event} receipted"),
+            Err(e @ ApiError::RateLimited(_)) => self.failed(room, &e, now)?,
+            Err(e) if e.is_unauthorized() => return Err(e),
+            Err(e) => debug_redacted!("matrix: room {room}: a receipt failed: {e}"),
+        }
+        Ok(())
     }
 
     fn send_edit(&mut self, id: String, text: String, now: Instant) -> Result<(), ApiError> {

@@ -50,6 +50,7 @@ struct FakeHs {
     /// Transaction ids already answered: the same txn again returns the same event.
     txns: Vec<(String, String)>,
     typing: Vec<(String, bool)>,
+    receipts: Vec<(String, String)>,
 }
 
 impl Homeserver for FakeHs {
@@ -76,6 +77,10 @@ impl Homeserver for FakeHs {
     }
     fn typing(&mut self, room: &str, on: bool) -> Result<(), ApiError> {
         self.typing.push((room.into(), on));
+        Ok(())
+    }
+    fn receipt(&mut self, room: &str, event: &str) -> Result<(), ApiError> {
+        self.receipts.push((room.into(), event.into()));
         Ok(())
     }
 }
@@ -596,4 +601,44 @@ fn a_thread_message_is_answered_in_its_thread_and_edits_stay_edits() {
     r.gateway(partial("$h3", "still streaming"));
     r.wait_and_settle();
     assert_eq!(r.sent().last().map(Sent::body), Some("still streaming"));
+}
+
+/// Issue 35 row 5: a message queued behind a running turn gets one read receipt, after
+/// every reply waiting (the lowest priority); a message answered first gets none.
+#[test]
+fn a_queued_message_gets_one_receipt_after_the_replies_waiting() {
+    let mut r = Rig::new();
+    let accepted = |id: &str, queued: bool| GatewayEvent::Admission {
+        id: id.into(),
+        admission: Admission::Accepted {
+            session: session(),
+            queued,
+            position: usize::from(queued),
+        },
+    };
+    r.human("$h1", "long");
+    r.gateway(accepted("$h1", false));
+    r.human("$h2", "next");
+    r.human("$h3", "later");
+    r.gateway(partial("$h1", "working"));
+    r.gateway(accepted("$h2", true));
+    r.gateway(accepted("$h3", true));
+    r.core.step(r.now, &mut r.gw).expect("a step");
+    assert_eq!(r.bodies(), ["working"], "the reply goes before the receipt");
+    assert!(r.core.homeserver().receipts.is_empty());
+    r.settle();
+    assert_eq!(
+        r.core.homeserver().receipts,
+        [(ROOM.to_owned(), "$h3".to_owned())],
+        "one receipt, for the newest queued message (it covers the one before)"
+    );
+    r.human("$h4", "quick");
+    r.gateway(accepted("$h4", true));
+    r.gateway(result("$h4", reply("done"), false));
+    r.wait_and_settle();
+    assert_eq!(
+        r.core.homeserver().receipts.len(),
+        1,
+        "an answered message is not receipted"
+    );
 }
