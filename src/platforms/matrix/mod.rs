@@ -26,6 +26,7 @@ pub(crate) mod crypto;
 mod engine;
 mod poll;
 mod received;
+mod rooms;
 pub(crate) mod state;
 pub(crate) mod sync;
 mod threads;
