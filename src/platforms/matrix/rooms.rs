@@ -82,6 +82,9 @@ impl RoomKinds {
     /// Decides `room` at `sender`'s message from its joined member count (`None`: unknown,
     /// then it is taken as a group this time and decided at a later message).
     pub(crate) fn decide(&mut self, room: &str, sender: &str, joined: Option<u64>) -> ChatKind {
+        if let Some(kind) = self.known(room, sender) {
+            return kind; // decided once: never again
+        }
         let Some(joined) = joined else {
             return ChatKind::Group;
         };
