@@ -5,7 +5,11 @@
 //! bridge depends on — `getUpdates` long polling where an `offset` confirms (forgets) every
 //! earlier update, `sendMessage` ids, `editMessageText` refusing identical text ("message is
 //! not modified") and texts over 4,096 UTF-16 units, 429 with `retry_after` on demand, 401
-//! for a wrong token. It is not Telegram and does not pretend to check anything else.
+//! for a wrong token, forum topics (`message_thread_id` on `sendMessage` and `sendChatAction`
+//! must name a topic that exists: "message thread not found" otherwise; a message sent
+//! without it lands in the chat's General topic), `setMessageReaction` refusing anything
+//! but a list of emoji reactions. It is not Telegram and does not pretend to check anything
+//! else.
 //!
 //! The real `turnstile serve` (with a streaming process agent) and the real bridge binary
 //! run against it. Nothing sleeps to order events: the agent waits on a FIFO the test writes
@@ -56,6 +60,24 @@ struct FakeState {
     too_long: u32,
     /// While set, `sendMessage` calls wait (bounded) before they are answered.
     hold_sends: bool,
+    /// Forum topics that exist, as (chat, message_thread_id).
+    topics: std::collections::HashSet<(i64, i64)>,
+    /// The topic each posted message landed in (`None`: the General topic or no forum).
+    message_topics: HashMap<i64, Option<i64>>,
+}
+
+/// The Bot API's check of `message_thread_id`: absent, or a topic of the chat that exists.
+fn topic_check(state: &FakeState, params: &Value) -> Result<Option<i64>, (u16, Value)> {
+    match params.get("message_thread_id") {
+        None => Ok(None),
+        Some(t) => {
+            let chat = params["chat_id"].as_i64().unwrap_or(0);
+            match t.as_i64() {
+                Some(t) if state.topics.contains(&(chat, t)) => Ok(Some(t)),
+                _ => Err(error(400, "Bad Request: message thread not found")),
+            }
+        }
+    }
 }
 
 /// A FAKE Telegram Bot API (see the module comment): scripted, in-process, for tests only.
@@ -217,7 +239,10 @@ fn handle(method: &str, params: &Value, shared: &(Mutex<FakeState>, Condvar)) ->
                     .0;
             }
             let text = params["text"].as_str().unwrap_or("").to_owned();
-            if state.rate_limit_sends > 0 {
+            let topic = topic_check(&state, params);
+            if let Err(refused) = topic {
+                refused
+            } else if state.rate_limit_sends > 0 {
                 state.rate_limit_sends -= 1;
                 let after = state.retry_after;
                 (
@@ -234,6 +259,7 @@ fn handle(method: &str, params: &Value, shared: &(Mutex<FakeState>, Condvar)) ->
                 let id = state.next_message_id;
                 let chat = params["chat_id"].as_i64().unwrap_or(0);
                 state.messages.insert(id, (chat, text.clone()));
+                state.message_topics.insert(id, topic.ok().flatten());
                 (
                     200,
                     json!({"ok": true, "result": {"message_id": id, "chat": {"id": chat}, "text": text}}),
@@ -265,7 +291,21 @@ fn handle(method: &str, params: &Value, shared: &(Mutex<FakeState>, Condvar)) ->
                 }
             }
         }
-        "sendChatAction" => (200, json!({"ok": true, "result": true})),
+        "sendChatAction" => match topic_check(&state, params) {
+            Ok(_) => (200, json!({"ok": true, "result": true})),
+            Err(refused) => refused,
+        },
+        "setMessageReaction" => {
+            let emoji_only = params["reaction"].as_array().is_some_and(|r| {
+                r.iter()
+                    .all(|x| x["type"] == "emoji" && x["emoji"].as_str().is_some())
+            });
+            if params["message_id"].as_i64().is_some() && emoji_only {
+                (200, json!({"ok": true, "result": true}))
+            } else {
+                error(400, "Bad Request: REACTION_INVALID")
+            }
+        }
         _ => error(404, "Not Found: method not found"),
     };
     state.calls.push(Call {
@@ -291,7 +331,12 @@ for line in sys.stdin:
     if m.get("op") != "turn":
         continue
     i, t = m["id"], m["text"]
-    if t == "stream":
+    if "whoami" in t:
+        out({"op": "reply", "id": i, "text": "session " + m["session"]})
+    elif t == "hold":
+        open(fifo).read()
+        out({"op": "reply", "id": i, "text": "held"})
+    elif t.endswith("stream"):
         out({"op": "partial", "id": i, "text": "Hello"})
         open(fifo).read()
         out({"op": "partial", "id": i, "text": "Hello world"})
@@ -466,6 +511,18 @@ fn spawn_bridge(
 fn private_update(update_id: i64, message_id: i64, text: &str) -> Value {
     json!({"update_id": update_id, "message": {"message_id": message_id, "text": text,
         "chat": {"id": 42, "type": "private"}, "from": {"id": 7, "is_bot": false, "first_name": "Ann"}}})
+}
+
+/// A message of user 7 in the forum supergroup -1001, in `topic` (`None`: General).
+fn forum_update(update_id: i64, message_id: i64, topic: Option<i64>, text: &str) -> Value {
+    let mut m = json!({"message_id": message_id, "text": text,
+        "chat": {"id": -1001, "type": "supergroup", "is_forum": true},
+        "from": {"id": 7, "is_bot": false, "first_name": "Ann"}});
+    if let Some(t) = topic {
+        m["message_thread_id"] = json!(t);
+        m["is_topic_message"] = json!(true);
+    }
+    json!({"update_id": update_id, "message": m})
 }
 
 /// A private message from user `chat` in its own chat.
@@ -1107,4 +1164,118 @@ fn a_flooding_chat_cannot_hold_another_chats_first_reply_behind_its_own() {
     assert_eq!(chats.iter().filter(|c| **c == 42).count(), 10, "{chats:?}");
     assert!(bridge.terminate().success(), "SIGTERM exits 0");
     assert_no_token(&log);
+}
+
+/// Issue 35 row 3: a forum topic is a conversation of its own: its session key holds the
+/// topic, and the reply and the typing go into the topic; the General topic's message is
+/// answered in General, in its own session.
+#[test]
+fn issue35_a_forum_topic_is_its_own_session_and_is_answered_in_the_topic() {
+    let api = FakeBotApi::start();
+    api.lock().topics.insert((-1001, 77));
+    api.lock().topics.insert((-1001, 66));
+    api.push_update(forum_update(1, 502, Some(77), "@fake_bot stream"));
+    api.push_update(forum_update(2, 501, None, "@fake_bot whoami"));
+    api.push_update(forum_update(3, 500, Some(66), "@fake_bot whoami"));
+    let setup = Setup::start();
+    let log = setup.dir.path().join("bridge.log");
+    let mut bridge = setup.bridge(&api, &setup.dir.path().join("state"), &log);
+    let posted = |s: &FakeState, text: &str| {
+        s.calls.iter().find_map(|c| {
+            (c.method == "sendMessage" && c.ok && c.params["text"] == text)
+                .then(|| c.params.clone())
+        })
+    };
+    let (in_topic, in_general) = api.wait_for("both answers", |s| {
+        Some((
+            posted(s, "session telegram:group:-1001:thread:66:user:7")?,
+            posted(s, "session telegram:group:-1001:user:7")?,
+        ))
+    });
+    assert_eq!(in_topic["message_thread_id"], 66, "{in_topic}");
+    assert_eq!(in_topic["reply_parameters"]["message_id"], 500);
+    assert!(
+        in_general.get("message_thread_id").is_none(),
+        "{in_general}"
+    );
+    // A streaming reply in the topic: its typing and its first line are in the topic (its
+    // edits name only the message, which stays where it was posted).
+    let typing = api.wait_for("typing in the topic", |s| {
+        s.calls
+            .iter()
+            .find(|c| c.method == "sendChatAction" && c.ok && c.params["message_thread_id"] == 77)
+            .map(|c| c.params.clone())
+    });
+    assert_eq!(typing["chat_id"], -1001, "{typing}");
+    let first = api.wait_for("the first line", |s| posted(s, "Hello"));
+    assert_eq!(first["message_thread_id"], 77);
+    let first_id = api.wait_for("its id", |s| {
+        s.messages
+            .iter()
+            .find_map(|(id, (_, t))| (t == "Hello").then_some(*id))
+    });
+    let s = api.lock();
+    let refused: Vec<_> = s
+        .calls
+        .iter()
+        .filter(|c| !c.ok && c.method != "getUpdates")
+        .collect();
+    assert!(refused.is_empty(), "calls the Bot API refused: {refused:?}");
+    assert_eq!(s.message_topics.get(&first_id), Some(&Some(77)));
+    drop(s);
+    assert!(bridge.terminate().success());
+    assert_no_token(&log);
+}
+
+/// Issue 35 row 5: a message queued behind a running turn gets one 👀 reaction while it
+/// waits; the running message gets none; its reply still comes.
+#[test]
+fn issue35_a_message_queued_behind_a_running_turn_is_marked_once() {
+    let api = FakeBotApi::start();
+    api.push_update(private_update(1, 500, "hold"));
+    let setup = Setup::start();
+    let log = setup.dir.path().join("bridge.log");
+    let mut bridge = setup.bridge(&api, &setup.dir.path().join("state"), &log);
+    api.wait_for("typing: the turn runs", |s| {
+        s.calls
+            .iter()
+            .any(|c| c.method == "sendChatAction" && c.ok && c.params["chat_id"] == 42)
+            .then_some(())
+    });
+    api.push_update(private_update(2, 501, "second"));
+    api.push_update(private_update(3, 502, "third"));
+    let mark = api.wait_for("a reaction", |s| {
+        s.calls
+            .iter()
+            .find(|c| c.method == "setMessageReaction" && c.ok)
+            .map(|c| c.params.clone())
+    });
+    assert_eq!(mark["chat_id"], 42);
+    assert_eq!(mark["reaction"], json!([{"type": "emoji", "emoji": "👀"}]));
+    setup.go();
+    api.wait_for("the queued messages' replies", |s| {
+        let replied = |t: &str| {
+            s.calls
+                .iter()
+                .any(|c| c.method == "sendMessage" && c.ok && c.params["text"] == t)
+        };
+        (replied("echo: second (dm)") && replied("echo: third (dm)")).then_some(())
+    });
+    let s = api.lock();
+    let marked: Vec<i64> = s
+        .calls
+        .iter()
+        .filter(|c| c.method == "setMessageReaction")
+        .filter_map(|c| c.params["message_id"].as_i64())
+        .collect();
+    assert!(
+        !marked.contains(&500),
+        "the running message was marked: {marked:?}"
+    );
+    let mut unique = marked.clone();
+    unique.dedup();
+    assert_eq!(unique, marked, "a message marked twice: {marked:?}");
+    assert!(marked.iter().all(|m| [501, 502].contains(m)), "{marked:?}");
+    drop(s);
+    assert!(bridge.terminate().success());
 }

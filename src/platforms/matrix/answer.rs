@@ -154,6 +154,12 @@ pub(super) struct Mentions {
 pub(super) struct RelatesTo {
     #[serde(default)]
     pub rel_type: Lenient<String>,
+    /// The event related to: a thread's root for `rel_type` `m.thread`.
+    #[serde(default)]
+    pub event_id: Lenient<String>,
+    /// A thread reply's `m.in_reply_to` is only a fallback for clients without threads.
+    #[serde(default)]
+    pub is_falling_back: Lenient<bool>,
     #[serde(default, rename = "m.in_reply_to")]
     pub in_reply_to: Lenient<InReplyTo>,
 }

@@ -350,6 +350,12 @@ impl Api {
         )
         .map(drop)
     }
+
+    /// Moves the bot's read receipt (`m.read`, unthreaded) in `room` to `event`.
+    pub(crate) fn receipt(&self, room: &str, event: &str) -> Result<(), ApiError> {
+        let path = format!("/rooms/{}/receipt/m.read/{}", enc(room), enc(event));
+        self.call("POST", &path, Some(&json!({}))).map(drop)
+    }
 }
 
 /// `s` cut to at most `max` bytes on a character boundary.

@@ -24,6 +24,8 @@ pub(crate) trait Homeserver {
     fn send(&mut self, room: &str, txn: &str, content: &Value) -> Result<String, ApiError>;
     /// Sets the bot's typing notice in `room`.
     fn typing(&mut self, room: &str, on: bool) -> Result<(), ApiError>;
+    /// Moves the bot's read receipt in `room` to `event`.
+    fn receipt(&mut self, room: &str, event: &str) -> Result<(), ApiError>;
 }
 
 /// The calls the main loop makes on the gateway.
@@ -80,12 +82,17 @@ impl Homeserver for HttpHomeserver {
     fn typing(&mut self, room: &str, on: bool) -> Result<(), ApiError> {
         self.api.typing(room, &self.me, on, self.typing_timeout)
     }
+    fn receipt(&mut self, room: &str, event: &str) -> Result<(), ApiError> {
+        self.api.receipt(room, event)
+    }
 }
 
 /// A reply in progress: the human's message and what the bot has shown for it.
 #[derive(Debug)]
 struct Turn {
     room: String,
+    /// The thread's root, when the human wrote in a thread: the reply goes there too.
+    thread: Option<String>,
     sender: String,
     kind: ChatKind,
     command: bool,
@@ -108,6 +115,8 @@ struct Post {
     /// The gateway message id whose terminal event this is (confirmed when done), if any.
     id: Option<String>,
     room: String,
+    /// The thread the post goes in (its root), if any.
+    thread: Option<String>,
     reply_to: Option<String>,
     /// The pieces to show; the first replaces the bot's message when there is one.
     chunks: Vec<String>,
@@ -162,6 +171,8 @@ pub(crate) struct SyncEngine<H> {
     /// dropped until it is posted (a flood of refusals is told once, not queued).
     notice_rooms: HashSet<String>,
     typing: HashMap<String, Typing>,
+    /// Receipts for messages queued behind a running turn ("I have it").
+    received: super::received::Received,
     typing_refresh: Duration,
     txn_prefix: String,
     txn_counter: u64,
@@ -200,6 +211,15 @@ fn message_content(text: &str, notice: bool, reply_to: Option<&str>) -> Value {
     c
 }
 
+/// A new message's content, inside `thread` (its root) when there is one.
+fn new_content(text: &str, notice: bool, reply_to: Option<&str>, thread: Option<&str>) -> Value {
+    let mut c = message_content(text, notice, reply_to);
+    if let Some(root) = thread {
+        super::threads::put_in_thread(&mut c, root, reply_to);
+    }
+    c
+}
+
 fn edit_content(original: &str, text: &str, notice: bool) -> Value {
     let msgtype = if notice { "m.notice" } else { "m.text" };
     json!({
@@ -233,6 +253,7 @@ impl<H: Homeserver> SyncEngine<H> {
             queued_results: HashSet::new(),
             notice_rooms: HashSet::new(),
             typing: HashMap::new(),
+            received: Default::default(),
             typing_refresh: Duration::from_secs(15),
             txn_prefix: format!("ts{started}-{}", std::process::id()),
             txn_counter: 0,
@@ -286,6 +307,7 @@ impl<H: Homeserver> SyncEngine<H> {
                 .filter(|(_, t)| {
                     !t.command
                         && t.room == msg.room
+                        && t.thread == msg.thread
                         && (t.kind == ChatKind::Dm || t.sender == msg.sender)
                 })
                 .map(|(id, t)| {
@@ -311,6 +333,7 @@ impl<H: Homeserver> SyncEngine<H> {
             msg.event_id.clone(),
             Turn {
                 room: msg.room.clone(),
+                thread: msg.thread.clone(),
                 sender: msg.sender.clone(),
                 kind,
                 command: command.is_some(),
@@ -332,7 +355,7 @@ impl<H: Homeserver> SyncEngine<H> {
             },
             user_id: Some(msg.sender.clone()),
             user_name: msg.sender_name.clone(),
-            thread_id: None,
+            thread_id: msg.thread.clone(),
             meta: msg
                 .to_bridge(&self.platform, kind)
                 .get("meta")
@@ -353,7 +376,7 @@ impl<H: Homeserver> SyncEngine<H> {
             self.forget(&msg.event_id);
             self.notice(
                 &msg.room,
-                Some(&msg.event_id),
+                (Some(&msg.event_id), msg.thread.as_deref()),
                 &format!("[not passed on: {e}]"),
             );
             return false;
@@ -364,10 +387,12 @@ impl<H: Homeserver> SyncEngine<H> {
     /// A message the bridge refuses (too long): the human is told.
     pub(crate) fn on_refused(&mut self, room: &str, event_id: &str, why: &str) {
         warn_limited!("matrix: room {room}: message {event_id} refused: {why}");
-        self.notice(room, Some(event_id), &format!("[{why}]"));
+        self.notice(room, (Some(event_id), None), &format!("[{why}]"));
     }
 
-    fn notice(&mut self, room: &str, reply_to: Option<&str>, text: &str) {
+    /// A notice replying to `at`'s event, in `at`'s thread (if any).
+    fn notice(&mut self, room: &str, at: (Option<&str>, Option<&str>), text: &str) {
+        let (reply_to, thread) = at;
         if !self.notice_rooms.insert(room.to_owned()) {
             warn_limited!(
                 "matrix: room {room}: a refusal notice already waits; this one is not queued"
@@ -380,6 +405,7 @@ impl<H: Homeserver> SyncEngine<H> {
             Post {
                 id: None,
                 room: room.to_owned(),
+                thread: thread.map(str::to_owned),
                 reply_to: reply_to.map(str::to_owned),
                 chunks: chunks_of(text),
                 next_chunk: 0,
@@ -418,6 +444,9 @@ impl<H: Homeserver> SyncEngine<H> {
                     session, queued, ..
                 } => {
                     debug_redacted!("matrix: {id} accepted in {session} (queued: {queued})");
+                    if let (true, Some(t)) = (queued, self.turns.get(&id)) {
+                        self.received.queued(&t.room, &id);
+                    }
                 }
                 Admission::Duplicate { session } => {
                     debug_redacted!("matrix: {id} already accepted in {session}");
@@ -427,16 +456,19 @@ impl<H: Homeserver> SyncEngine<H> {
                     reason,
                     detail,
                 } => {
-                    let room = self.turns.get(&id).map(|t| t.room.clone());
+                    let at = self
+                        .turns
+                        .get(&id)
+                        .map(|t| (t.room.clone(), t.thread.clone()));
                     warn_limited!(
                         "matrix: message {id} (session {}) rejected by the gateway: {reason}: {detail}",
                         session.as_deref().unwrap_or("-")
                     );
                     self.forget(&id);
-                    if let Some(room) = room {
+                    if let Some((room, thread)) = at {
                         self.notice(
                             &room,
-                            Some(&id),
+                            (Some(&id), thread.as_deref()),
                             &format!("[not accepted: {reason}: {detail}]"),
                         );
                     }
@@ -486,14 +518,17 @@ impl<H: Homeserver> SyncEngine<H> {
             return;
         }
         self.queue.cancel_edit(&id);
-        let (room, shown, command) = match self.turns.get(&id) {
-            Some(t) => (t.room.clone(), t.shown.clone(), t.command),
+        let (room, thread, shown, command) = match self.turns.get(&id) {
+            Some(t) => (t.room.clone(), t.thread.clone(), t.shown.clone(), t.command),
             None => match session.parse::<SessionKey>() {
                 // A result of a message this process did not send (it restarted): the room
                 // is in the session key, the human's event is the id.
-                Ok(key) if key.platform() == self.platform => {
-                    (key.chat_id().to_owned(), String::new(), false)
-                }
+                Ok(key) if key.platform() == self.platform => (
+                    key.chat_id().to_owned(),
+                    key.thread_id().map(str::to_owned),
+                    String::new(),
+                    false,
+                ),
                 _ => {
                     warn_limited!(
                         "matrix: result {id} for session {session}: not a Matrix room; confirmed without posting"
@@ -552,6 +587,7 @@ impl<H: Homeserver> SyncEngine<H> {
             Post {
                 id: Some(id.clone()),
                 room,
+                thread,
                 reply_to: Some(id),
                 chunks: chunks_of(&text),
                 next_chunk: 0,
@@ -584,6 +620,10 @@ impl<H: Homeserver> SyncEngine<H> {
         let Some(next) = self.queue.next(now) else {
             if let Some(worked) = self.step_typing(now)? {
                 return Ok(worked);
+            }
+            if let Some((room, event)) = self.received.next() {
+                self.send_receipt(&room, &event, now)?;
+                return Ok(Step::Worked);
             }
             let wake = self.queue.ready_at(now);
             let typing_wake = self
@@ -633,6 +673,20 @@ impl<H: Homeserver> SyncEngine<H> {
         Ok(Some(Step::Worked))
     }
 
+    /// A receipt for a queued message still waiting (best effort, never retried).
+    fn send_receipt(&mut self, room: &str, event: &str, now: Instant) -> Result<(), ApiError> {
+        if !self.turns.contains_key(event) {
+            return Ok(()); // answered already: the reply says more than a receipt
+        }
+        match self.hs.receipt(room, event) {
+            Ok(()) => debug_redacted!("matrix: room {room}: queued message {event} receipted"),
+            Err(e @ ApiError::RateLimited(_)) => self.failed(room, &e, now)?,
+            Err(e) if e.is_unauthorized() => return Err(e),
+            Err(e) => debug_redacted!("matrix: room {room}: a receipt failed: {e}"),
+        }
+        Ok(())
+    }
+
     fn send_edit(&mut self, id: String, text: String, now: Instant) -> Result<(), ApiError> {
         let Some(turn) = self.turns.get(&id) else {
             return Ok(());
@@ -652,7 +706,7 @@ impl<H: Homeserver> SyncEngine<H> {
         let (txn, content, first) = match &turn.bot_event {
             None => (
                 turn.first_txn.clone(),
-                message_content(&view, false, Some(&id)),
+                new_content(&view, false, Some(&id), turn.thread.as_deref()),
                 true,
             ),
             Some(original) => {
@@ -734,11 +788,16 @@ impl<H: Homeserver> SyncEngine<H> {
             (None, true) => (
                 turn.map(|t| t.first_txn.clone())
                     .unwrap_or_else(|| format!("{}-0", post.txn)),
-                message_content(&chunk, post.notice, post.reply_to.as_deref()),
+                new_content(
+                    &chunk,
+                    post.notice,
+                    post.reply_to.as_deref(),
+                    post.thread.as_deref(),
+                ),
             ),
             (None, false) => (
                 format!("{}-{}", post.txn, post.next_chunk),
-                message_content(&chunk, post.notice, None),
+                new_content(&chunk, post.notice, None, post.thread.as_deref()),
             ),
         };
         match self.hs.send(&post.room, &txn, &content) {

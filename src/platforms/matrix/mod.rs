@@ -12,7 +12,8 @@
 //! - a reply's first partial is a new message replying to the human's event; later partials
 //!   and the final text are `m.replace` edits of it (an identical text is not sent again); a
 //!   cancellation is a last edit with a marker; a command's answer is an `m.notice` reply;
-//! - typing is on while a turn runs (`PUT /typing`, refreshed);
+//! - typing is on while a turn runs (`PUT /typing`, refreshed); a message queued behind a
+//!   running turn gets the bot's read receipt ([`received`]), the lowest-priority output;
 //! - rate limits: a 429 waits its `retry_after_ms`; only the newest pending edit per message
 //!   is kept and results and command answers go first ([`EditQueue`]); after repeated
 //!   strikes no edit is sent at all, only finals;
@@ -24,8 +25,11 @@ pub(crate) mod api;
 pub(crate) mod crypto;
 mod engine;
 mod poll;
+mod received;
+mod rooms;
 pub(crate) mod state;
 pub(crate) mod sync;
+mod threads;
 
 use std::time::{Duration, Instant};
 

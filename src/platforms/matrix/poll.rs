@@ -9,6 +9,7 @@ use super::MatrixConfig;
 use super::answer::SyncAnswer;
 use super::api::{Api, ApiError};
 use super::crypto::Unreadable;
+use super::rooms::RoomKinds;
 use super::sync;
 use super::sync::{ChatKind, HumanMessage, Incoming, SyncState};
 
@@ -138,6 +139,7 @@ pub(super) fn run_sync(
     crypto: Option<&super::crypto::Shared>,
 ) {
     let mut state = SyncState::new(me, config.max_rooms, 10_000);
+    let mut kinds = super::rooms::RoomKinds::open(config.state_dir.as_deref());
     let joiner = Joiner::start(api, stop);
     let mut since: Option<String> = None;
     let mut backoff = Duration::ZERO;
@@ -202,7 +204,7 @@ pub(super) fn run_sync(
             why: super::crypto::UNREADABLE_NOTICE.to_owned(),
         });
         for item in items.into_iter().chain(told) {
-            if !forward(api, &mut state, tx, stop, item) {
+            if !forward(api, (&mut state, &mut kinds), tx, stop, item) {
                 return;
             }
         }
@@ -362,7 +364,7 @@ fn crypto_pass(
 /// kind) or a refusal to the bridge. False when the bridge has gone.
 fn forward(
     api: &Api,
-    state: &mut SyncState,
+    (state, kinds): (&mut SyncState, &mut RoomKinds),
     tx: &Sender<FromSync>,
     stop: &Receiver<()>,
     item: Incoming,
@@ -374,6 +376,9 @@ fn forward(
             true
         }
         Incoming::Message(m) => {
+            if let Some(kind) = kinds.known(&m.room, &m.sender) {
+                return send_or_stop(tx, stop, FromSync::Message(m, kind));
+            }
             let joined = match state.joined(&m.room) {
                 Some(n) => Some(n),
                 None => match api.joined_count(&m.room) {
@@ -390,7 +395,8 @@ fn forward(
                     }
                 },
             };
-            let kind = joined.map_or(ChatKind::Group, ChatKind::from_joined);
+            // Decided once, at the room's first message: a member joining later moves nothing.
+            let kind = kinds.decide(&m.room, &m.sender, joined);
             send_or_stop(tx, stop, FromSync::Message(m, kind))
         }
         Incoming::Refused {

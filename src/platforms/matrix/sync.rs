@@ -124,6 +124,8 @@ pub(crate) struct HumanMessage {
     pub text: String,
     /// The event it replies to.
     pub reply_to: Option<String>,
+    /// The root of the thread it is in (`m.thread`); `None` in the main timeline.
+    pub thread: Option<String>,
     /// The event's `msgtype`.
     pub msgtype: String,
     /// An attachment's `mxc://` URL (images, files).
@@ -166,6 +168,9 @@ impl HumanMessage {
         });
         if let Some(n) = &self.sender_name {
             v["user_name"] = json!(n);
+        }
+        if let Some(t) = &self.thread {
+            v["thread_id"] = json!(t);
         }
         v
     }
@@ -458,10 +463,7 @@ impl SyncState {
         if !self.seen.insert(event_id) {
             return None;
         }
-        let reply_to = relates
-            .and_then(|r| r.in_reply_to.get())
-            .and_then(|r| r.event_id.text())
-            .map(str::to_owned);
+        let (thread, reply_to) = super::threads::thread_and_reply(relates);
         let body = if reply_to.is_some() {
             strip_reply_fallback(body)
         } else {
@@ -495,6 +497,7 @@ impl SyncState {
             sender_name,
             text,
             reply_to,
+            thread,
             msgtype: msgtype.to_owned(),
             url: content.url.text().map(str::to_owned),
             to_bot,
@@ -707,6 +710,7 @@ mod tests {
             sender_name: Some("Bob".into()),
             text: "hi".into(),
             reply_to: Some("$0".into()),
+            thread: None,
             msgtype: "m.text".into(),
             url: None,
             to_bot: false,
@@ -742,6 +746,7 @@ mod tests {
             sender_name: None,
             text: map_command(t).into_owned(),
             reply_to: None,
+            thread: None,
             msgtype: "m.text".into(),
             url: None,
             to_bot: false,

@@ -50,6 +50,7 @@ struct FakeHs {
     /// Transaction ids already answered: the same txn again returns the same event.
     txns: Vec<(String, String)>,
     typing: Vec<(String, bool)>,
+    receipts: Vec<(String, String)>,
 }
 
 impl Homeserver for FakeHs {
@@ -76,6 +77,10 @@ impl Homeserver for FakeHs {
     }
     fn typing(&mut self, room: &str, on: bool) -> Result<(), ApiError> {
         self.typing.push((room.into(), on));
+        Ok(())
+    }
+    fn receipt(&mut self, room: &str, event: &str) -> Result<(), ApiError> {
+        self.receipts.push((room.into(), event.into()));
         Ok(())
     }
 }
@@ -106,6 +111,7 @@ fn human(id: &str, text: &str) -> HumanMessage {
         sender_name: Some("Ann".into()),
         text: crate::platforms::map_command(text).into_owned(),
         reply_to: None,
+        thread: None,
         msgtype: "m.text".into(),
         url: None,
         to_bot: false,
@@ -549,4 +555,90 @@ fn refusal_notices_are_capped_per_room() {
     r.gateway(refused("$late"));
     r.settle();
     assert_eq!(r.bodies().len(), 2, "told again once the first was posted");
+}
+
+/// Issue 35 row 3: a message in a thread goes to the gateway with its thread; the reply
+/// starts in the thread (replying to the human as the fallback), grows by edits of itself,
+/// and a result the bridge has no turn for (a restart) finds the thread in the session key.
+#[test]
+fn a_thread_message_is_answered_in_its_thread_and_edits_stay_edits() {
+    let mut r = Rig::new();
+    let mut m = human("$h1", "hello");
+    m.thread = Some("$root".into());
+    r.core.on_human(&m, ChatKind::Dm, &mut r.gw);
+    assert_eq!(r.gw.sent[0].thread_id.as_deref(), Some("$root"));
+    r.gateway(partial("$h1", "Hel"));
+    r.settle();
+    r.gateway(result("$h1", reply("Hello"), false));
+    r.settle();
+    let sent = r.sent();
+    assert_eq!(sent.len(), 2, "{:?}", r.bodies());
+    let rel = &sent[0].content["m.relates_to"];
+    assert_eq!(
+        (&rel["rel_type"], &rel["event_id"], &rel["is_falling_back"]),
+        (&json!("m.thread"), &json!("$root"), &json!(true))
+    );
+    assert_eq!(sent[0].replies_to(), Some("$h1"));
+    assert!(sent[1].is_edit() && sent[1].edits() == Some("$bot0"));
+    // A result redelivered to a restarted bridge: no turn known, the thread from the key.
+    r.gateway(GatewayEvent::Result(TerminalEvent {
+        id: "$h2".into(),
+        session: format!("matrix:dm:{}:thread:$root", ROOM.replace(':', "%3A")),
+        outcome: reply("late"),
+        redelivery: true,
+    }));
+    r.wait_and_settle();
+    let late = &r.sent()[2].content["m.relates_to"];
+    assert_eq!(
+        (&late["rel_type"], &late["event_id"]),
+        (&json!("m.thread"), &json!("$root"))
+    );
+    // A stop in the main timeline does not stop the thread's reply.
+    let mut t = human("$h3", "slow");
+    t.thread = Some("$root".into());
+    r.core.on_human(&t, ChatKind::Dm, &mut r.gw);
+    r.human("$h4", "!stop");
+    r.gateway(partial("$h3", "still streaming"));
+    r.wait_and_settle();
+    assert_eq!(r.sent().last().map(Sent::body), Some("still streaming"));
+}
+
+/// Issue 35 row 5: a message queued behind a running turn gets one read receipt, after
+/// every reply waiting (the lowest priority); a message answered first gets none.
+#[test]
+fn a_queued_message_gets_one_receipt_after_the_replies_waiting() {
+    let mut r = Rig::new();
+    let accepted = |id: &str, queued: bool| GatewayEvent::Admission {
+        id: id.into(),
+        admission: Admission::Accepted {
+            session: session(),
+            queued,
+            position: usize::from(queued),
+        },
+    };
+    r.human("$h1", "long");
+    r.gateway(accepted("$h1", false));
+    r.human("$h2", "next");
+    r.human("$h3", "later");
+    r.gateway(partial("$h1", "working"));
+    r.gateway(accepted("$h2", true));
+    r.gateway(accepted("$h3", true));
+    r.core.step(r.now, &mut r.gw).expect("a step");
+    assert_eq!(r.bodies(), ["working"], "the reply goes before the receipt");
+    assert!(r.core.homeserver().receipts.is_empty());
+    r.settle();
+    assert_eq!(
+        r.core.homeserver().receipts,
+        [(ROOM.to_owned(), "$h3".to_owned())],
+        "one receipt, for the newest queued message (it covers the one before)"
+    );
+    r.human("$h4", "quick");
+    r.gateway(accepted("$h4", true));
+    r.gateway(result("$h4", reply("done"), false));
+    r.wait_and_settle();
+    assert_eq!(
+        r.core.homeserver().receipts.len(),
+        1,
+        "an answered message is not receipted"
+    );
 }

@@ -14,7 +14,8 @@
 //!   fills the message and continues in a new one. Rejections go first, then results and
 //!   first lines, then partial edits, the chats taking turns at each; after three rate-limit
 //!   strikes on one reply its partials stop and only the result is shown. `typing` events
-//!   become `sendChatAction`.
+//!   become `sendChatAction` (in the forum topic, [`topics`]); a message queued behind a
+//!   running turn gets a 👀 reaction ([`received`]), the lowest-priority call.
 //! - **Limits**: a 429 stops every call for its `retry_after` (capped at
 //!   [`MAX_RETRY_AFTER`](api::MAX_RETRY_AFTER)); other failures back off exponentially up to 30 s. Replies streamed
 //!   at once are bounded ([`TelegramConfig::max_views`]: partials beyond are not shown; results
@@ -40,9 +41,11 @@ use render::{Renderer, Step};
 mod api;
 mod offset;
 mod poll;
+mod received;
 mod render;
 #[cfg(test)]
 mod tests;
+mod topics;
 mod update;
 
 /// Time a non-polling API call may take.
@@ -297,9 +300,14 @@ fn on_inbound(renderer: &mut Renderer, inbound: Inbound) -> Result<(), BridgeErr
     match inbound {
         Inbound::Rejected {
             chat_id,
+            topic,
             reply_to,
             text,
-        } => renderer.notice(&chat_id, reply_to, &text),
+        } => renderer.notice((&chat_id, topic), reply_to, &text),
+        Inbound::Queued {
+            chat_id,
+            message_id,
+        } => renderer.received.queued(&chat_id, message_id),
         Inbound::Fatal(e) => return Err(e),
     }
     Ok(())
@@ -331,7 +339,11 @@ fn on_event(
                 gateway.delivered(&result.id);
             }
         }
-        GatewayEvent::Typing { chat_id, on, .. } => renderer.typing(&chat_id, on),
+        GatewayEvent::Typing {
+            chat_id,
+            session,
+            on,
+        } => renderer.typing(&chat_id, &session, on),
         GatewayEvent::Disconnected { .. }
         | GatewayEvent::Admission { .. }
         | GatewayEvent::Error { .. } => {}

@@ -21,9 +21,13 @@ pub(super) enum Inbound {
     /// The gateway refused a message: tell the chat.
     Rejected {
         chat_id: String,
+        /// The forum topic the message was in.
+        topic: Option<i64>,
         reply_to: Option<i64>,
         text: String,
     },
+    /// The gateway queued a message behind a running turn: mark it ("I have it").
+    Queued { chat_id: String, message_id: i64 },
     /// The poller cannot go on.
     Fatal(String),
 }
@@ -81,6 +85,7 @@ pub(super) fn poll_updates(
                     return;
                 };
                 tell_rejection(&answer, &message, update_id, to_main);
+                tell_queued(&answer, &message, to_main);
             } else {
                 debug_redacted!(
                     "telegram: update {update_id} is not a text message to handle; skipped"
@@ -222,8 +227,25 @@ fn tell_rejection(
         );
         let _ = to_main.send(Inbound::Rejected {
             chat_id: message.chat_id.clone(),
+            topic: message.thread_id.as_deref().and_then(|t| t.parse().ok()),
             reply_to: reply_target(&message.id),
             text: format!("[not accepted ({reason}): {detail}]"),
         });
+    }
+}
+
+/// A message queued behind a running turn is marked by the main thread; the lowest-priority
+/// news, so it is dropped rather than waited for when the main thread is behind.
+fn tell_queued(answer: &Admission, message: &OutgoingMessage, to_main: &Sender<Inbound>) {
+    if let (Admission::Accepted { queued: true, .. }, Some(message_id)) =
+        (answer, reply_target(&message.id))
+    {
+        let queued = Inbound::Queued {
+            chat_id: message.chat_id.clone(),
+            message_id,
+        };
+        if to_main.try_send(queued).is_err() {
+            debug_redacted!("telegram: the main thread is behind; a queued message is not marked");
+        }
     }
 }

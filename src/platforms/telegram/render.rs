@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::api::{ApiError, BotApi, chat_param, send_params};
+use super::received::Received;
+use super::topics::{in_topic, topic_of_session};
 use super::update::{chat_of, reply_target};
 use super::{CALL_TIMEOUT, MAX_BACKOFF};
 use crate::platforms::BridgeError;
@@ -24,6 +26,8 @@ pub(crate) const MAX_PENDING_FACTOR: usize = 4;
 #[derive(Debug)]
 struct View {
     chat_id: String,
+    /// The forum topic the reply goes in, if any.
+    topic: Option<i64>,
     reply_to: Option<i64>,
     /// Messages posted so far and the text each shows.
     posted: Vec<(i64, String)>,
@@ -64,7 +68,8 @@ impl View {
                 .map(|_| *message_id);
         }
         let reply_to = if i == 0 { self.reply_to } else { None };
-        let params = send_params(&self.chat_id, piece, reply_to);
+        let mut params = send_params(&self.chat_id, piece, reply_to);
+        in_topic(&mut params, self.topic);
         api.call("sendMessage", &params, CALL_TIMEOUT)
             .and_then(|m| {
                 m.get("message_id").and_then(Value::as_i64).ok_or_else(|| {
@@ -87,6 +92,7 @@ impl View {
 #[derive(Debug)]
 struct Notice {
     chat_id: String,
+    topic: Option<i64>,
     reply_to: Option<i64>,
     text: String,
     /// Later notices for the same chat folded into this one while it waited.
@@ -114,8 +120,10 @@ pub(crate) struct Renderer {
     /// time, so one chat's burst of replies cannot hold another chat's first one.
     round: VecDeque<String>,
     notices: VecDeque<Notice>,
-    /// Chats whose typing indicator should be (re)sent.
-    typing: VecDeque<String>,
+    /// Chats (and forum topics) whose typing indicator should be (re)sent.
+    typing: VecDeque<(String, Option<i64>)>,
+    /// Queued messages to mark ("I have it"): the lowest-priority calls.
+    pub(super) received: Received,
     paused_until: Option<Instant>,
     backoff: Duration,
     edit_interval: Duration,
@@ -131,6 +139,7 @@ impl Renderer {
             round: VecDeque::new(),
             notices: VecDeque::new(),
             typing: VecDeque::new(),
+            received: Received::default(),
             paused_until: None,
             backoff: Duration::from_secs(1),
             edit_interval,
@@ -156,7 +165,8 @@ impl Renderer {
         let Some(chat_id) = chat_of(session) else {
             return;
         };
-        self.insert_view(id, chat_id, Some(text.to_owned()), None);
+        let topic = topic_of_session(session);
+        self.insert_view(id, (chat_id, topic), Some(text.to_owned()), None);
     }
 
     /// A result to show for `id`; `false` when there is nothing to show (a merge), and the
@@ -184,14 +194,15 @@ impl Renderer {
             );
             return false;
         };
-        self.insert_view(&result.id, chat_id, None, Some(text));
+        let topic = topic_of_session(&result.session);
+        self.insert_view(&result.id, (chat_id, topic), None, Some(text));
         true
     }
 
     fn insert_view(
         &mut self,
         id: &str,
-        chat_id: String,
+        (chat_id, topic): (String, Option<i64>),
         partial: Option<String>,
         result: Option<String>,
     ) {
@@ -203,6 +214,7 @@ impl Renderer {
             id.to_owned(),
             View {
                 chat_id,
+                topic,
                 reply_to: reply_target(id),
                 posted: Vec::new(),
                 partial,
@@ -250,17 +262,23 @@ impl Renderer {
         Some(id)
     }
 
-    /// A typing event for a chat.
-    pub(crate) fn typing(&mut self, chat_id: &str, on: bool) {
-        self.typing.retain(|c| c != chat_id);
+    /// A typing event for a chat (in a forum topic, when its session is one).
+    pub(crate) fn typing(&mut self, chat_id: &str, session: &str, on: bool) {
+        let at = (chat_id.to_owned(), topic_of_session(session));
+        self.typing.retain(|c| *c != at);
         if on {
-            self.typing.push_back(chat_id.to_owned());
+            self.typing.push_back(at);
         }
     }
 
     /// A text for a chat outside any reply (a rejection). At most [`MAX_NOTICES`] wait; past
     /// that the oldest is dropped with a WARN (its rejection was logged when it happened).
-    pub(crate) fn notice(&mut self, chat_id: &str, reply_to: Option<i64>, text: &str) {
+    pub(crate) fn notice(
+        &mut self,
+        (chat_id, topic): (&str, Option<i64>),
+        reply_to: Option<i64>,
+        text: &str,
+    ) {
         // Coalesced per chat: one notice waits per chat, the others are counted in it, so a
         // flood of refusals costs a chat one message, not one each.
         if let Some(waiting) = self.notices.iter_mut().find(|n| n.chat_id == chat_id) {
@@ -277,6 +295,7 @@ impl Renderer {
         }
         self.notices.push_back(Notice {
             chat_id: chat_id.to_owned(),
+            topic,
             reply_to,
             text: text.to_owned(),
             more: 0,
@@ -321,8 +340,13 @@ impl Renderer {
         if let Some(id) = due {
             return self.render(api, &id, now, false);
         }
-        if let Some(chat_id) = self.typing.pop_front() {
-            self.send_typing(api, &chat_id, now)?;
+        if let Some(at) = self.typing.pop_front() {
+            self.send_typing(api, at, now)?;
+            return Ok(Step::Worked(Vec::new()));
+        }
+        // Nothing else is due now: a mark costs a reply at most one call's wait.
+        if let Some((chat_id, params)) = self.received.next() {
+            self.send_mark(api, &chat_id, &params, now)?;
             return Ok(Step::Worked(Vec::new()));
         }
         Ok(Step::Idle(next_due))
@@ -337,7 +361,8 @@ impl Renderer {
             0 => notice.text.clone(),
             n => format!("{} (and {n} more message(s) not accepted)", notice.text),
         };
-        let params = send_params(&notice.chat_id, &text, notice.reply_to);
+        let mut params = send_params(&notice.chat_id, &text, notice.reply_to);
+        in_topic(&mut params, notice.topic);
         if let Err(e) = api.call("sendMessage", &params, CALL_TIMEOUT) {
             let what = format!("notice to chat {}", notice.chat_id);
             if !self.handle_error(&e, now, &what)? {
@@ -370,10 +395,11 @@ impl Renderer {
     fn send_typing(
         &mut self,
         api: &mut dyn BotApi,
-        chat_id: &str,
+        (chat_id, topic): (String, Option<i64>),
         now: Instant,
     ) -> Result<(), BridgeError> {
-        let params = json!({"chat_id": chat_param(chat_id), "action": "typing"});
+        let mut params = json!({"chat_id": chat_param(&chat_id), "action": "typing"});
+        in_topic(&mut params, topic);
         if let Err(e) = api.call("sendChatAction", &params, CALL_TIMEOUT) {
             // Best effort: a lost typing indicator is not retried (the gateway refreshes
             // it), but a rate limit still pauses everything.
@@ -382,6 +408,24 @@ impl Renderer {
             } else {
                 debug_redacted!("telegram: typing in chat {chat_id} failed: {e}");
             }
+        }
+        Ok(())
+    }
+
+    /// Marks a queued message (best effort: never retried; a rate limit still pauses).
+    fn send_mark(
+        &mut self,
+        api: &mut dyn BotApi,
+        chat_id: &str,
+        params: &Value,
+        now: Instant,
+    ) -> Result<(), BridgeError> {
+        match api.call("setMessageReaction", params, CALL_TIMEOUT) {
+            Ok(_) => debug_redacted!("telegram: a queued message of chat {chat_id} marked"),
+            Err(e @ (ApiError::RetryAfter(_) | ApiError::Unauthorized(_))) => {
+                self.handle_error(&e, now, &format!("a mark in chat {chat_id}"))?;
+            }
+            Err(e) => debug_redacted!("telegram: a mark in chat {chat_id} failed: {e}"),
         }
         Ok(())
     }

@@ -202,12 +202,12 @@ fn pending_replies_and_notices_are_bounded() {
     );
     // One notice waits per chat: the others are folded into it, and said in it.
     for _ in 0..5 {
-        r.notice("42", None, "rejected");
+        r.notice(("42", None), None, "rejected");
     }
     assert_eq!(r.notices_waiting(), 1);
     let mut folded = Renderer::new(Duration::ZERO, 1);
     for _ in 0..3 {
-        folded.notice("42", None, "[not accepted]");
+        folded.notice(("42", None), None, "[not accepted]");
     }
     let mut api = ScriptedApi::new();
     run_until_idle(&mut folded, &mut api, Instant::now());
@@ -217,7 +217,7 @@ fn pending_replies_and_notices_are_bounded() {
         "[not accepted] (and 2 more message(s) not accepted)"
     );
     for chat in 0..MAX_NOTICES + 5 {
-        r.notice(&chat.to_string(), None, "rejected");
+        r.notice((&chat.to_string(), None), None, "rejected");
     }
     assert_eq!(r.notices_waiting(), MAX_NOTICES);
 }

@@ -38,6 +38,11 @@ struct Message {
     from: Lenient<User>,
     #[serde(default)]
     reply_to_message: Lenient<Replied>,
+    /// The forum topic (with `is_topic_message`); outside forums a reply chain's id.
+    #[serde(default)]
+    message_thread_id: Lenient<i64>,
+    #[serde(default)]
+    is_topic_message: Lenient<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -102,6 +107,13 @@ pub(crate) fn update_to_message(update: &Update, bot_username: &str) -> Option<O
     message.user_id = user_id;
     message.user_name = user_name;
     let mut meta = json!({"message_id": message_id});
+    if let Some(topic) =
+        super::topics::topic_of(m.is_topic_message.get(), m.message_thread_id.get())
+    {
+        // A forum topic is a conversation of its own: its session key holds the topic.
+        message.thread_id = Some(topic.to_string());
+        meta["message_thread_id"] = json!(topic);
+    }
     if let Some(r) = m.reply_to_message.get() {
         meta["reply_to"] = json!(r.message_id);
     }
