@@ -312,3 +312,46 @@ fn check_config_names_the_bad_key_and_exits_2() {
         assert!(err.contains(key), "{key} not named: {err}");
     }
 }
+
+/// The `may_use` op (a bridge asks before acting for a user outside a message, as the
+/// Matrix bridge does before it accepts an invite): answered in line order, for the
+/// connection's platform or the one the query names, with the policy's word; a thousand
+/// questions about a stranger mint no code and spend no notice.
+#[test]
+fn may_use_is_answered_in_order_for_any_platform_and_changes_nothing() {
+    let dir = tempfile::tempdir().expect("dir");
+    let config = "[access.matrix]\nadmins = [\"@alice:hs\"]\nallow-chats = [\"!open:hs\"]\n";
+    let (_serve, addr) = serve(dir.path(), config, &[]);
+    let mut c = Client::connect(&addr, "matrix");
+    let queries = [
+        (json!({"user_id": "@alice:hs"}), true),
+        (json!({"user_id": "@bob:hs"}), false),
+        (json!({"user_id": "@bob:hs", "chat_id": "!open:hs"}), true),
+        (json!({"user_id": "@bob:hs", "platform": "cli"}), true),
+        (json!({"user_id": "7", "platform": "telegram"}), false),
+    ];
+    for (i, (q, _)) in queries.iter().enumerate() {
+        let mut q = q.clone();
+        q["op"] = json!("may_use");
+        q["id"] = json!(format!("q{i}"));
+        c.send(&q);
+    }
+    for (i, (q, allowed)) in queries.iter().enumerate() {
+        let a = c.recv();
+        assert_eq!(a["op"], "may_use", "{a}");
+        assert_eq!(a["id"], format!("q{i}"), "in line order: {a}");
+        assert_eq!(a["allowed"], *allowed, "{q}: {a}");
+    }
+    for i in 0..1000 {
+        c.send(&json!({"op": "may_use", "id": format!("f{i}"), "user_id": "@bob:hs"}));
+    }
+    for i in 0..1000 {
+        assert_eq!(c.recv()["id"], format!("f{i}"));
+    }
+    let (_, first) = c.ask("b1", "@bob:hs", "hello", None);
+    assert_eq!(
+        first["notice"], "pairing",
+        "asking spent the notice: {first}"
+    );
+    assert_eq!(runs(dir.path()), 0);
+}

@@ -198,6 +198,29 @@ impl Policy {
         decision
     }
 
+    /// Whether `user` may use the bot on `platform` — an admin, a user let in (an `allow`
+    /// pattern, an approval, or a member of an `allow-chats` chat `chat`), or anyone on an
+    /// open platform — without a message: a bridge asks before it acts for them (the Matrix
+    /// bridge before it accepts an invite). Changes nothing (no code minted, no token
+    /// taken), so a flood of questions grows nothing.
+    pub(crate) fn may_use(&self, platform: &str, user: &str, chat: Option<&str>) -> bool {
+        let rules = self.rules(platform);
+        if user.is_empty() {
+            return rules.mode == Mode::Open;
+        }
+        if rules.admins.iter().any(|g| g.matches(user)) {
+            return true;
+        }
+        let st = self.state.platforms.get(platform);
+        if st.is_some_and(|st| st.denied.contains(user)) {
+            return false;
+        }
+        rules.mode == Mode::Open
+            || rules.allow.iter().any(|g| g.matches(user))
+            || st.is_some_and(|st| st.approved.contains(user))
+            || chat.is_some_and(|c| rules.allow_chats.iter().any(|g| g.matches(c)))
+    }
+
     /// Saves the state if it changed (approvals at once, counters at most once a second).
     pub(crate) fn maybe_save(&mut self, now_ms: u64) {
         let due = self.urgent || now_ms >= self.last_save_ms.saturating_add(SAVE_EVERY_MS);

@@ -341,3 +341,42 @@ proptest::proptest! {
         }
     }
 }
+
+/// `may_use` (a bridge's question before it joins an invite): admins and users let in —
+/// by pattern, by approval, or on an open platform — may; strangers and denied users may
+/// not; asking changes nothing (no code minted, no notice spent).
+#[test]
+fn may_use_says_who_is_let_in_and_changes_nothing() {
+    let admin = "@alice:x";
+    let mut p = Policy::new(cfg(&[(
+        "matrix",
+        table(|t| {
+            t.admins = vec![admin];
+            t.allow = vec!["@*:friends.org"];
+        }),
+    )]));
+    assert!(p.may_use("matrix", admin, None));
+    assert!(p.may_use("matrix", "@carol:friends.org", Some("!r")));
+    assert!(!p.may_use("matrix", "@bob:x", Some("!r")));
+    assert!(!p.may_use("matrix", "", None));
+    assert!(p.may_use("cli", "anyone", None), "an open platform");
+    assert!(!p.may_use("telegram", "7", None), "a native platform pairs");
+    for _ in 0..100 {
+        assert!(!p.may_use("matrix", "@bob:x", None));
+    }
+    assert!(p.state.platforms.is_empty(), "asking minted nothing");
+    let first = p.decide(&dm("matrix", "@bob:x", "hi"), 0);
+    assert_eq!(
+        notice(&first),
+        Some(Notice::Pairing),
+        "the notice is unspent"
+    );
+    let code = code_in(&first);
+    p.decide(&dm("matrix", admin, &format!("!approve {code}")), 1);
+    assert!(p.may_use("matrix", "@bob:x", None), "approved");
+    p.decide(&dm("matrix", admin, "!deny @carol:friends.org"), 2);
+    assert!(
+        !p.may_use("matrix", "@carol:friends.org", None),
+        "a denial beats a pattern"
+    );
+}

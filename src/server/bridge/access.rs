@@ -5,7 +5,7 @@
 //! journal, its outbox room, its duplicate window): a `reply` carrying `"notice"`, and no
 //! agent runs for it.
 
-use super::{Action, Bridge};
+use super::{Action, Bridge, ConnId};
 use crate::access::{Decision, Notice};
 use crate::core::AcceptState;
 use crate::message::Message;
@@ -50,6 +50,29 @@ impl Bridge {
 }
 
 impl Bridge {
+    /// A `may_use` query from `conn`: answered in line order with the policy's word. Its
+    /// platform is the query's, else the connection's hello platform.
+    pub(super) fn may_use(
+        &mut self,
+        conn: ConnId,
+        id: &str,
+        platform: Option<&str>,
+        user: &str,
+        chat: Option<&str>,
+    ) {
+        let hello = self.conns.get(conn).and_then(|c| c.platform.clone());
+        let Some(platform) = platform.or(hello.as_deref()) else {
+            self.error(
+                conn,
+                "may_use: no platform (give one, or say hello with one)",
+            );
+            return;
+        };
+        let allowed = self.access.may_use(platform, user, chat);
+        log::debug!("access: may_use {platform} {user}: {allowed}");
+        self.answer(conn, encode(&ServerOp::MayUse { id, allowed }));
+    }
+
     /// Keeps the policy's state in `dir/access.json` (loaded now, saved off the reactor).
     pub(in crate::server) fn persist_access(
         &mut self,
