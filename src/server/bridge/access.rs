@@ -7,7 +7,7 @@
 
 use super::{Action, Bridge, ConnId};
 use crate::access::{Decision, Notice};
-use crate::core::AcceptState;
+use crate::core::{AcceptState, Outcome};
 use crate::message::Message;
 use crate::wire::{EncodedLine, ServerOp, encode};
 
@@ -16,9 +16,23 @@ impl Bridge {
     pub(super) fn submit(&mut self, tag: u64, message: Message) {
         let wall_ms = self.wall_at_zero + self.now.as_millis() as u64;
         match self.access.decide(&message, wall_ms) {
-            Decision::Admit => self.actions.push_back(Action::Submit { tag, message }),
+            Decision::Admit => {
+                self.access.track(tag, &message);
+                self.actions.push_back(Action::Submit { tag, message });
+            }
             Decision::Answer { notice, text } => self.answer_notice(tag, &message, notice, text),
         }
+    }
+
+    /// The message of `tag` ended with `outcome`: a reply's tokens count against its user's
+    /// budget.
+    pub(super) fn charge_tokens(&mut self, tag: u64, outcome: &Outcome) {
+        let tokens = match outcome {
+            Outcome::Reply(r) => r.tokens,
+            _ => None,
+        };
+        let wall_ms = self.wall_at_zero + self.now.as_millis() as u64;
+        self.access.charge(tag, tokens, wall_ms);
     }
 
     /// Acks the message of `tag` as a turn that ran at once, then ends it with the notice.
