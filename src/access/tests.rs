@@ -380,3 +380,53 @@ fn may_use_says_who_is_let_in_and_changes_nothing() {
         "a denial beats a pattern"
     );
 }
+
+/// `tokens-per-day`: a tracked message's reply tokens count to its user's UTC day; at the
+/// budget the next message gets one `budget` notice (then `ignored` within the minute); the
+/// next day starts from zero; admins are neither tracked nor limited; an untracked message's
+/// tokens count nothing.
+#[test]
+fn a_budget_counts_replies_per_user_per_day_and_spares_admins() {
+    const DAY: u64 = 86_400_000;
+    let admin = "@alice:x";
+    let table: AccessTable = serde_json::from_value(serde_json::json!({
+        "mode": "open", "admins": [admin], "tokens-per-day": 1000
+    }))
+    .expect("table");
+    let mut p = Policy::new(cfg(&[("matrix", table)]));
+    let noon = 10 * DAY + DAY / 2;
+    assert_eq!(p.decide(&dm("matrix", "@u:x", "hi"), noon), Decision::Admit);
+    p.track(1, &dm("matrix", "@u:x", "hi"));
+    p.charge(99, Some(5000), noon); // not tracked: counts nothing
+    p.charge(1, Some(999), noon);
+    assert_eq!(p.decide(&dm("matrix", "@u:x", "hi"), noon), Decision::Admit);
+    p.track(2, &dm("matrix", "@u:x", "hi"));
+    p.charge(2, Some(1), noon);
+    p.charge(2, Some(1000), noon); // a second end of the same tag counts nothing
+    let spent = p.decide(&dm("matrix", "@u:x", "hi"), noon);
+    assert_eq!(notice(&spent), Some(Notice::Budget));
+    let Decision::Answer { text, .. } = &spent else {
+        unreachable!()
+    };
+    assert!(text.contains("in 12 h 0 min"), "{text}");
+    assert_eq!(
+        notice(&p.decide(&dm("matrix", "@u:x", "hi"), noon + 1)),
+        Some(Notice::Ignored)
+    );
+    assert_eq!(
+        p.decide(&dm("matrix", "@v:x", "hi"), noon),
+        Decision::Admit,
+        "per user"
+    );
+    assert_eq!(
+        p.decide(&dm("matrix", "@u:x", "hi"), 11 * DAY),
+        Decision::Admit,
+        "a new UTC day"
+    );
+    p.track(3, &dm("matrix", admin, "hi"));
+    p.charge(3, Some(1_000_000), noon);
+    assert_eq!(p.decide(&dm("matrix", admin, "hi"), noon), Decision::Admit);
+    assert!(p.charging.is_empty(), "every tracked message was settled");
+    let usage = p.operate("matrix", "usage @u:x", 11 * DAY);
+    assert_eq!(usage.as_deref(), Ok("usage: 1\n@u:x: 0 tokens today"));
+}
