@@ -427,6 +427,12 @@ fn a_budget_counts_replies_per_user_per_day_and_spares_admins() {
     p.charge(3, Some(1_000_000), noon);
     assert_eq!(p.decide(&dm("matrix", admin, "hi"), noon), Decision::Admit);
     assert!(p.charging.is_empty(), "every tracked message was settled");
+    assert_eq!(
+        p.operate("matrix", &format!("usage {admin}"), noon)
+            .as_deref(),
+        Ok("usage: 0"),
+        "an admin's tokens are not counted"
+    );
     let usage = p.operate("matrix", "usage @u:x", 11 * DAY);
     assert_eq!(usage.as_deref(), Ok("usage: 1\n@u:x: 0 tokens today"));
 }
