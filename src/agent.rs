@@ -222,6 +222,16 @@ pub trait Agent: Send + 'static {
     fn close(&mut self) -> Result<(), AgentError> {
         Ok(())
     }
+
+    /// The usage its last turn reported (an LLM's prompt and completion tokens), read on the
+    /// worker right after `turn` returned a reply and carried with it ([`Reply::tokens`]),
+    /// so the gateway's access policy can count a user's tokens (`tokens-per-day`). `None`
+    /// (the default) when the agent does not count usage.
+    ///
+    /// [`Reply::tokens`]: crate::Reply::tokens
+    fn turn_usage(&self) -> Option<AgentUsage> {
+        None
+    }
 }
 
 /// Creates a fresh agent for a session; called on a turn worker.

@@ -4,6 +4,7 @@
 //! failing run; nothing sleeps to order events.
 
 mod child_support;
+mod mock_openai;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
@@ -26,18 +27,35 @@ fn serve(dir: &Path, config: &str, extra: &[&str]) -> (Proc, String) {
 
 /// [`serve`], with the HTTP endpoint on a free port when `http` (its address third).
 fn serve_on(dir: &Path, config: &str, extra: &[&str], http: bool) -> (Proc, String, String) {
-    let path = dir.join("turnstile.toml");
-    std::fs::write(&path, config).expect("config");
     let runs = dir.join("runs");
     let agent = format!(
         "echo run >> {}; echo \"agent: $TURNSTILE_USER_ID\"",
         runs.display()
     );
+    serve_agent(
+        dir,
+        config,
+        &["--agent", "exec", "--agent-cmd", &agent],
+        extra,
+        http,
+    )
+}
+
+/// [`serve_on`] with the agent flags `agent`.
+fn serve_agent(
+    dir: &Path,
+    config: &str,
+    agent: &[&str],
+    extra: &[&str],
+    http: bool,
+) -> (Proc, String, String) {
+    let path = dir.join("turnstile.toml");
+    std::fs::write(&path, config).expect("config");
     let mut child = die_with_parent(
         Command::new(env!("CARGO_BIN_EXE_turnstile"))
             .args(["serve", "--listen", "127.0.0.1:0", "--http-listen"])
             .arg(if http { "127.0.0.1:0" } else { "off" })
-            .args(["--agent", "exec", "--agent-cmd", &agent])
+            .args(agent)
             .arg("--config")
             .arg(&path)
             .args(extra)
@@ -311,4 +329,124 @@ fn check_config_names_the_bad_key_and_exits_2() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(key), "{key} not named: {err}");
     }
+}
+
+/// The `may_use` op (a bridge asks before acting for a user outside a message, as the
+/// Matrix bridge does before it accepts an invite): answered in line order, for the
+/// connection's platform or the one the query names, with the policy's word; a thousand
+/// questions about a stranger mint no code and spend no notice.
+#[test]
+fn may_use_is_answered_in_order_for_any_platform_and_changes_nothing() {
+    let dir = tempfile::tempdir().expect("dir");
+    let config = "[access.matrix]\nadmins = [\"@alice:hs\"]\nallow-chats = [\"!open:hs\"]\n";
+    let (_serve, addr) = serve(dir.path(), config, &[]);
+    let mut c = Client::connect(&addr, "matrix");
+    let queries = [
+        (json!({"user_id": "@alice:hs"}), true),
+        (json!({"user_id": "@bob:hs"}), false),
+        (json!({"user_id": "@bob:hs", "chat_id": "!open:hs"}), true),
+        (json!({"user_id": "@bob:hs", "platform": "cli"}), true),
+        (json!({"user_id": "7", "platform": "telegram"}), false),
+    ];
+    for (i, (q, _)) in queries.iter().enumerate() {
+        let mut q = q.clone();
+        q["op"] = json!("may_use");
+        q["id"] = json!(format!("q{i}"));
+        c.send(&q);
+    }
+    for (i, (q, allowed)) in queries.iter().enumerate() {
+        let a = c.recv();
+        assert_eq!(a["op"], "may_use", "{a}");
+        assert_eq!(a["id"], format!("q{i}"), "in line order: {a}");
+        assert_eq!(a["allowed"], *allowed, "{q}: {a}");
+    }
+    for i in 0..1000 {
+        c.send(&json!({"op": "may_use", "id": format!("f{i}"), "user_id": "@bob:hs"}));
+    }
+    for i in 0..1000 {
+        assert_eq!(c.recv()["id"], format!("f{i}"));
+    }
+    let (_, first) = c.ask("b1", "@bob:hs", "hello", None);
+    assert_eq!(
+        first["notice"], "pairing",
+        "asking spent the notice: {first}"
+    );
+    assert_eq!(runs(dir.path()), 0);
+}
+
+/// Row 2's budget with the OpenAI agent against the fake server: a turn reporting 1,100
+/// tokens spends a 1,000-token day; the next message is answered `budget` (with the reset
+/// time) and no request reaches the fake; the count survives a kill -9 with `--data-dir`;
+/// the admin is exempt, and `!usage` shows the count.
+#[test]
+fn row2_a_spent_budget_is_answered_without_a_request_and_survives_a_restart() {
+    use mock_openai::{Mock, stream};
+    let dir = tempfile::tempdir().expect("dir");
+    let data = dir.path().join("data");
+    let mock = Mock::start(vec![stream(&["the ", "answer"], 600, 500)]);
+    let url = mock.base_url();
+    let agent = [
+        "--agent",
+        "openai",
+        "--model",
+        "m",
+        "--openai-base-url",
+        &url,
+    ];
+    let data_arg = ["--data-dir", data.to_str().expect("utf-8")];
+    let config =
+        "[access.matrix]\nmode = \"open\"\nadmins = [\"@alice:hs\"]\ntokens-per-day = 1000\n";
+    let (serve1, addr, _) = serve_agent(dir.path(), config, &agent, &data_arg, false);
+    let mut c = Client::connect(&addr, "matrix");
+    assert_eq!(c.ask("t1", "@u:hs", "hi", None).1["text"], "the answer");
+    mock.next_request();
+    let (_, spent) = c.ask("t2", "@u:hs", "more", None);
+    assert_eq!(spent["notice"], "budget", "{spent}");
+    let text = spent["text"].as_str().expect("text");
+    assert!(text.contains("resets at 00:00 UTC, in "), "{text}");
+    // A request would have come before the outcome: none came.
+    assert!(
+        mock.requests.try_recv().is_err(),
+        "a request reached the model"
+    );
+    let (_, usage) = c.ask("a1", "@alice:hs", "!usage @u:hs", None);
+    assert!(
+        usage["text"]
+            .as_str()
+            .expect("text")
+            .contains("@u:hs: 1100 tokens today"),
+        "{usage}"
+    );
+    // The admin is exempt: two turns of 10,000 tokens each both run.
+    for id in ["a2", "a3"] {
+        mock.push([stream(&["for alice"], 5000, 5000)]);
+        assert_eq!(c.ask(id, "@alice:hs", "hi", None).1["text"], "for alice");
+        mock.next_request();
+    }
+    // Counters are saved off the reactor, at most once a second: wait for the file to hold
+    // the count (a bounded poll of a file, not a sleep ordering events).
+    let state = data.join("access.json");
+    let deadline = Instant::now() + WAIT;
+    while !std::fs::read_to_string(&state).is_ok_and(|s| s.contains("\"used\":1100")) {
+        assert!(
+            Instant::now() < deadline,
+            "access.json never held the count"
+        );
+        std::thread::park_timeout(Duration::from_millis(20));
+    }
+    drop(c);
+    drop(serve1);
+    let (_serve2, addr, _) = serve_agent(dir.path(), config, &agent, &data_arg, false);
+    let mut c = Client::connect(&addr, "matrix");
+    let (_, still) = c.ask("t3", "@u:hs", "and now?", None);
+    // `budget`, or `ignored` while the last notice is under a minute old (that survived the
+    // restart too); never the model.
+    let notice = still["notice"]
+        .as_str()
+        .unwrap_or("none (the restart forgot the count)");
+    assert!(["budget", "ignored"].contains(&notice), "{still}");
+    assert!(
+        mock.requests.try_recv().is_err(),
+        "a request reached the model"
+    );
 }

@@ -979,6 +979,7 @@ fn replies_over_the_limit_are_cut_on_a_character_boundary_and_marked() {
         EventKind::Finished(Outcome::Reply(Reply {
             text: "ok".into(),
             truncated: true,
+            tokens: None,
         })),
     );
     let out = n.take(a);

@@ -62,6 +62,9 @@ struct Gateway {
     handle: Handle,
     events: Events,
     reactor: turnstile::RuntimeThread,
+    /// The tokens the last reply [`run`](Self::run) returned reported (taken out of it, so
+    /// outcomes compare by their text).
+    tokens: std::cell::Cell<Option<u64>>,
 }
 
 impl Gateway {
@@ -78,6 +81,7 @@ impl Gateway {
             handle,
             events,
             reactor,
+            tokens: std::cell::Cell::new(None),
         }
     }
 
@@ -96,7 +100,12 @@ impl Gateway {
             }
             match e.kind {
                 EventKind::Partial(t) => partials.push(t),
-                EventKind::Finished(o) => return (partials, o),
+                EventKind::Finished(mut o) => {
+                    if let Outcome::Reply(r) = &mut o {
+                        self.tokens.set(r.tokens.take());
+                    }
+                    return (partials, o);
+                }
                 _ => {}
             }
         }
@@ -199,6 +208,11 @@ fn streamed_reply_is_assembled_partials_forwarded_and_usage_counted() {
     gw.send("m1", &s, "hi");
     let (partials, outcome) = gw.run("m1");
     assert_eq!(outcome, reply("Hello world"));
+    assert_eq!(
+        gw.tokens.get(),
+        Some(15),
+        "the turn's own usage, with its reply"
+    );
     assert_eq!(partials, ["Hel", "Hello", "Hello world"]);
 
     let req = mock.next_request();
@@ -620,6 +634,7 @@ fn an_endless_reply_is_cut_at_the_bound_and_its_connection_closed() {
         handle,
         events,
         reactor: rt.spawn().expect("reactor thread"),
+        tokens: std::cell::Cell::new(None),
     };
     let s = key("endless");
     match gw.ask("m1", &s, "talk forever") {

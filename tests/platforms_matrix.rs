@@ -712,9 +712,9 @@ fn same_user(u: &User) -> User {
 }
 
 /// Issue 32 rows 1 and 3 against the real Synapse, with the default policy (`pairing` on
-/// matrix) and one admin: a stranger who invites the bot gets a pairing notice and no agent
-/// run; the admin's `!approve CODE` lets the stranger's next message through; in a group
-/// room only the message that mentions the bot is answered.
+/// matrix) and one admin: a stranger writing to the bot in a room the admin made gets a
+/// pairing notice and no agent run; the admin's `!approve CODE` lets the stranger's next
+/// message through; in a group room only the message that mentions the bot is answered.
 #[test]
 fn issue32_a_stranger_is_paired_the_admin_approves_and_a_group_gets_answers_only_when_it_mentions_the_bot()
  {
@@ -724,38 +724,45 @@ fn issue32_a_stranger_is_paired_the_admin_approves_and_a_group_gets_answers_only
     let alice = hs.register("alice", "Alice");
     let bob = hs.register("bob", "Bob");
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = dir.path().join("turnstile.toml");
-    std::fs::write(
-        &config,
-        format!("[access.matrix]\nadmins = [{:?}]\n", alice.mxid),
-    )
-    .expect("config");
     let port = free_port();
-    let _serve = serve_with(port, None, &["--config", config.to_str().expect("utf-8")]);
-    let world = |human: User| {
-        let room = human.create_room(&[&bot.mxid]);
-        let seen = human.watch(&room);
-        World {
-            hs,
-            bot: same_user(&bot),
-            human,
-            room,
-            seen,
-        }
+    let _serve = serve_with(port, None, &["--config", &admin_config(dir.path(), &alice)]);
+    let room = alice.create_room(&[&bot.mxid]);
+    let mut alice_dm = World {
+        hs,
+        bot: same_user(&bot),
+        seen: alice.watch(&room),
+        human: alice,
+        room,
     };
-    let mut bob_dm = world(bob);
-    let mut alice_dm = world(alice);
     let b = bridge(hs, &bot, port, dir.path());
-    bob_dm.wait_joined();
     alice_dm.wait_joined();
 
+    // A group room the admin made (alice, bob, the bot); bob is a stranger to the bot.
+    let group = alice_dm.human.create_room(&[&bob.mxid]);
+    bob.call(
+        "POST",
+        &format!("/join/{}", matrix_support::enc(&group)),
+        Some(&serde_json::json!({})),
+    )
+    .expect("bob joins the group");
+    let mut g = World {
+        hs,
+        bot: same_user(&bot),
+        seen: bob.watch(&group),
+        human: bob,
+        room: group.clone(),
+    };
+    // Invited once bob watches, so he sees the bot join.
+    invite(&alice_dm.human, &group, &bot);
+    g.wait_joined();
+
     // The stranger: a notice with a code, no agent (the agent would say "echo: …").
-    let (ev, after) = bob_dm.say("hello bot");
-    let (r, at) = bob_dm.reply_to(&ev, after);
-    let at = bob_dm.shows(&r, at, "the pairing notice", |t| {
+    let (ev, after) = g.say("Turnstile Bot: hello");
+    let (r, at) = g.reply_to(&ev, after);
+    let at = g.shows(&r, at, "the pairing notice", |t| {
         t.contains("This bot is private")
     });
-    let Seen::Event(notice, _) = &bob_dm.seen.log[at] else {
+    let Seen::Event(notice, _) = &g.seen.log[at] else {
         unreachable!()
     };
     let text = notice["content"]["body"].as_str().expect("body").to_owned();
@@ -765,34 +772,13 @@ fn issue32_a_stranger_is_paired_the_admin_approves_and_a_group_gets_answers_only
     // The admin approves from her own room with the bot.
     let (ev, after) = alice_dm.say(&format!("!approve {code}"));
     let (r, at) = alice_dm.reply_to(&ev, after);
-    let bob_id = bob_dm.human.mxid.clone();
+    let bob_id = g.human.mxid.clone();
     alice_dm.shows(&r, at, "the approval", |t| {
         t == format!("approved {bob_id}")
     });
 
-    // The stranger's next message reaches the agent.
-    let (ev, after) = bob_dm.say("now?");
-    let (r, at) = bob_dm.reply_to(&ev, after);
-    bob_dm.shows(&r, at, "the agent's answer", |t| t == "echo: now?");
-
-    // A group room (alice, bob, the bot): only the message that names the bot is answered.
-    let group = alice_dm.human.create_room(&[&bot.mxid, &bob_dm.human.mxid]);
-    bob_dm
-        .human
-        .call(
-            "POST",
-            &format!("/join/{}", matrix_support::enc(&group)),
-            Some(&serde_json::json!({})),
-        )
-        .expect("bob joins the group");
-    let mut g = World {
-        hs,
-        bot: same_user(&bot),
-        human: same_user(&alice_dm.human),
-        room: group.clone(),
-        seen: alice_dm.human.watch(&group),
-    };
-    g.wait_joined();
+    // The stranger's next message reaches the agent; chatter not addressed to the bot does
+    // not.
     let (chatter, _) = g.say("just chatting among humans");
     let (asked, after) = g.say("Turnstile Bot: are you there?");
     let (r, at) = g.reply_to(&asked, after);
@@ -809,6 +795,100 @@ fn issue32_a_stranger_is_paired_the_admin_approves_and_a_group_gets_answers_only
         "the bot answered chatter:\n{}",
         g.seen.transcript()
     );
+    b.stop();
+}
+
+/// A `--config` file in `dir` making `admin` the admin on matrix (pairing, the default
+/// mode); its path.
+fn admin_config(dir: &Path, admin: &User) -> String {
+    let config = dir.join("turnstile.toml");
+    std::fs::write(
+        &config,
+        format!("[access.matrix]\nadmins = [{:?}]\n", admin.mxid),
+    )
+    .expect("config");
+    config.to_str().expect("utf-8").to_owned()
+}
+
+/// `who` invites `bot` to `room`.
+fn invite(who: &User, room: &str, bot: &User) {
+    who.call(
+        "POST",
+        &format!("/rooms/{}/invite", matrix_support::enc(room)),
+        Some(&serde_json::json!({"user_id": bot.mxid})),
+    )
+    .expect("invite");
+}
+
+/// Issue 32's Matrix invites against the real Synapse: the bot joins a room only when the
+/// inviter may use it. A stranger's invite (made while the bridge runs) is declined — the
+/// stranger sees the bot's membership go to `leave`, the bot is not in the room, and the
+/// bridge logs it once — while the admin's invite is accepted.
+#[test]
+fn issue32_a_strangers_invite_is_declined_and_logged_once_and_the_admins_is_accepted() {
+    let Some(hs) = synapse() else { return };
+    let bot = hs.register("bot", "Turnstile Bot");
+    hs.unlimit(&bot);
+    let alice = hs.register("alice", "Alice");
+    let carol = hs.register("carol", "Carol");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let _serve = serve_with(port, None, &["--config", &admin_config(dir.path(), &alice)]);
+    let b = bridge(hs, &bot, port, dir.path());
+
+    // The stranger's room, watched before the invite so the bot's answer is seen.
+    let theirs = carol.create_room(&[]);
+    let mut seen = carol.watch(&theirs);
+    invite(&carol, &theirs, &bot);
+    let bot_id = bot.mxid.clone();
+    let membership = |want: &'static str| {
+        let bot_id = bot_id.clone();
+        move |s: &Seen| {
+            matches!(s, Seen::Event(ev, _) if ev["type"] == "m.room.member"
+                && ev["state_key"] == bot_id.as_str() && ev["content"]["membership"] == want)
+        }
+    };
+    seen.until("the bot declining the invite", membership("leave"));
+    assert!(
+        !seen.log.iter().any(membership("join")),
+        "the bot joined a stranger's room:\n{}",
+        seen.transcript()
+    );
+    let state = carol
+        .call(
+            "GET",
+            &format!(
+                "/rooms/{}/state/m.room.member/{}",
+                matrix_support::enc(&theirs),
+                matrix_support::enc(&bot.mxid)
+            ),
+            None,
+        )
+        .expect("the bot's membership");
+    assert_eq!(state["membership"], "leave", "{state}");
+
+    // The admin's invite is accepted.
+    let room = alice.create_room(&[]);
+    let mut alice_dm = World {
+        hs,
+        bot: same_user(&bot),
+        seen: alice.watch(&room),
+        human: alice,
+        room,
+    };
+    invite(&alice_dm.human, &alice_dm.room, &bot);
+    alice_dm.wait_joined();
+    let (ev, after) = alice_dm.say("hello");
+    let (r, at) = alice_dm.reply_to(&ev, after);
+    alice_dm.shows(&r, at, "the agent's answer", |t| t == "echo: hello");
+
+    let log = std::fs::read_to_string(&b.log).expect("bridge log");
+    let declined: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("declined the invite"))
+        .collect();
+    assert_eq!(declined.len(), 1, "{declined:?}");
+    assert!(declined[0].contains(&carol.mxid), "{}", declined[0]);
     b.stop();
 }
 

@@ -88,6 +88,27 @@ fn parse_line(line: &[u8]) -> Result<ClientOp, LineError> {
             };
             Ok(ClientOp::Link { up, detail })
         }
+        "may_use" => {
+            let bad = |what: &str| LineError::Malformed(format!("may_use: {what}"));
+            let id = match obj.get("id") {
+                Some(Value::String(id)) if !id.is_empty() => id.clone(),
+                _ => return Err(bad("id must be a non-empty string")),
+            };
+            let Some(Value::String(user_id)) = obj.get("user_id") else {
+                return Err(bad("user_id must be a string"));
+            };
+            let optional = |name: &str| match obj.get(name) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(s)) => Ok(Some(s.clone())),
+                Some(_) => Err(bad(&format!("{name} must be a string or null"))),
+            };
+            Ok(ClientOp::MayUse {
+                id,
+                platform: optional("platform")?,
+                user_id: user_id.clone(),
+                chat_id: optional("chat_id")?,
+            })
+        }
         other => Err(LineError::Malformed(format!(
             "unknown op: {}",
             truncate(other, 64)
@@ -192,6 +213,11 @@ mod agreement {
             // A good `ids` is kept (its strings, escaped or not), an empty one too.
             br#"{"op":"delivered","ids":["a","b\n"]}"#.to_vec(),
             br#"{"op":"delivered","ids":[]}"#.to_vec(),
+            br#"{"op":"may_use","id":"q","user_id":"@b:hs","chat_id":"!r","platform":null}"#.to_vec(),
+            br#"{"op":"may_use","id":"","user_id":"u"}"#.to_vec(),
+            br#"{"op":"may_use","id":"q","user_id":3}"#.to_vec(),
+            br#"{"op":"may_use","id":"q","user_id":"u","chat_id":1}"#.to_vec(),
+            br#"{"op":"may_use","id":"q","user_id":"u","platform":[]}"#.to_vec(),
             // A negative number is a value of the wrong kind, not an absent field.
             br#"{"op":"message","id":"m","chat_id":-1,"text":"t"}"#.to_vec(),
             br#"{"op":"hello","acks":-1}"#.to_vec(),

@@ -70,7 +70,12 @@ pub(crate) struct Rules {
     /// Group messages only when addressed to the bot (`groups = "mention"`, the default).
     pub(crate) mention_only: bool,
     pub(crate) rate: Option<Rate>,
+    /// Tokens (the agent's reported usage) a user may spend per UTC day.
+    pub(crate) tokens_per_day: Option<u64>,
 }
+
+/// Most `tokens-per-day` (10^12: far past any day's spend, far from overflowing a count).
+const MAX_TOKENS_PER_DAY: u64 = 1_000_000_000_000;
 
 impl Rules {
     /// The rules of a platform without a table.
@@ -85,6 +90,7 @@ impl Rules {
             // platform stays as it was, every group message answered.
             mention_only: native,
             rate: None,
+            tokens_per_day: None,
         }
     }
 }
@@ -166,12 +172,14 @@ impl AccessConfig {
                     .cloned()
                     .unwrap_or_else(|| self.default_rules(p));
                 format!(
-                    "access: platform {p}: mode {}, {} admin pattern(s), groups {}{}",
+                    "access: platform {p}: mode {}, {} admin pattern(s), groups {}{}{}",
                     r.mode.as_str(),
                     r.admins.len(),
                     if r.mention_only { "mention" } else { "all" },
                     r.rate
                         .map_or(String::new(), |r| format!(", rate {}/{:?}", r.count, r.per)),
+                    r.tokens_per_day
+                        .map_or(String::new(), |n| format!(", {n} tokens per day")),
                 )
             })
             .collect();
@@ -211,12 +219,14 @@ fn rules(platform: &str, t: &AccessTable) -> Result<Rules, String> {
         .map(parse_rate)
         .transpose()
         .map_err(|e| format!("rate: {e}"))?;
-    if t.tokens_per_day.is_some() {
-        return Err(
-            "tokens-per-day: not supported yet (per-user token budgets are issue 32's open part)"
-                .into(),
-        );
-    }
+    r.tokens_per_day = match t.tokens_per_day {
+        Some(n) if !(1..=MAX_TOKENS_PER_DAY).contains(&n) => {
+            return Err(format!(
+                "tokens-per-day: {n}: write a number of tokens from 1 to {MAX_TOKENS_PER_DAY}"
+            ));
+        }
+        n => n,
+    };
     Ok(r)
 }
 
@@ -274,6 +284,7 @@ mod tests {
         assert!(err(|t| t.allow = vec!["*".into()]).starts_with("access.matrix.allow:"));
         assert!(err(|t| t.groups = Some("some".into())).starts_with("access.matrix.groups:"));
         assert!(err(|t| t.admins = vec![String::new()]).starts_with("access.matrix.admins:"));
+        assert!(err(|t| t.tokens_per_day = Some(0)).starts_with("access.matrix.tokens-per-day:"));
         let bad_name = BTreeMap::from([("no spaces".to_owned(), AccessTable::default())]);
         assert!(AccessConfig::from_tables(&bad_name, true).is_err());
     }

@@ -6,6 +6,8 @@
 //!   approves with `!approve CODE` (codes bounded per platform and expiring);
 //! - `denied`: an unknown user on an `allowlist` platform, or one an admin denied;
 //! - `rate_limited`: a user past their platform's `rate` (a token bucket per user);
+//! - `budget`: a user whose turns today spent their platform's `tokens-per-day` (the agent's
+//!   reported usage, counted when each turn's reply comes back: [`Policy::charge`]);
 //! - `admin`: an admin's `!` command, answered here;
 //! - `ignored`: a group message not addressed to the bot (`groups = "mention"`), or a
 //!   refused user's message within a minute of their last notice — answered with an empty
@@ -32,7 +34,7 @@ pub use config::AccessConfig;
 #[cfg(feature = "cli")]
 pub(crate) use config::AccessTable;
 use config::{Mode, Rules};
-use state::{PlatformState, Snapshot};
+use state::{DAY_MS, PlatformState, Snapshot};
 
 use crate::message::{Body, ChatType, Message};
 
@@ -46,6 +48,10 @@ const MAX_PLATFORMS: usize = 64;
 /// Counter changes (rate buckets, notices) are saved at most this often; approvals and
 /// denials at once.
 const SAVE_EVERY_MS: u64 = 1000;
+/// Messages admitted and not yet answered whose tokens are to be counted, at most (past it
+/// the oldest is forgotten: its turn's tokens go uncounted). Above every bound on messages
+/// in flight (outboxes of 10,000 results × 16 platforms), so reached only by a leak.
+const MAX_CHARGING: usize = 200_000;
 
 /// The kind of a notice, as the `notice` field of the `reply` says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,6 +59,7 @@ pub(crate) enum Notice {
     Pairing,
     Denied,
     RateLimited,
+    Budget,
     Admin,
     Ignored,
 }
@@ -63,6 +70,7 @@ impl Notice {
             Notice::Pairing => "pairing",
             Notice::Denied => "denied",
             Notice::RateLimited => "rate_limited",
+            Notice::Budget => "budget",
             Notice::Admin => "admin",
             Notice::Ignored => "ignored",
         }
@@ -98,6 +106,8 @@ pub(crate) struct Policy {
     last_save_ms: u64,
     /// The platform cap was reported (once).
     warned_full: bool,
+    /// Admitted messages whose turn's tokens count against a budget: tag → (platform, user).
+    charging: BTreeMap<u64, (String, String)>,
 }
 
 impl Policy {
@@ -110,6 +120,7 @@ impl Policy {
             urgent: false,
             last_save_ms: 0,
             warned_full: false,
+            charging: BTreeMap::new(),
         }
     }
 
@@ -152,7 +163,8 @@ impl Policy {
     pub(crate) fn decide(&mut self, m: &Message, now_ms: u64) -> Decision {
         let platform = m.session.platform();
         let rules = self.rules(platform);
-        if rules.mode == Mode::Open && rules.rate.is_none() && !rules.mention_only {
+        let limited = rules.rate.is_some() || rules.tokens_per_day.is_some();
+        if rules.mode == Mode::Open && !limited && !rules.mention_only {
             return Decision::Admit;
         }
         if m.session.chat_type() != ChatType::Dm && rules.mention_only && !addressed(m) {
@@ -174,7 +186,7 @@ impl Policy {
                 None => Decision::Admit,
             };
         }
-        if rules.mode == Mode::Open && rules.rate.is_none() {
+        if rules.mode == Mode::Open && !limited {
             return Decision::Admit;
         }
         if !self.state.platforms.contains_key(platform)
@@ -196,6 +208,70 @@ impl Policy {
         st.check();
         self.dirty = true;
         decision
+    }
+
+    /// Whether `user` may use the bot on `platform` — an admin, a user let in (an `allow`
+    /// pattern, an approval, or a member of an `allow-chats` chat `chat`), or anyone on an
+    /// open platform — without a message: a bridge asks before it acts for them (the Matrix
+    /// bridge before it accepts an invite). Changes nothing (no code minted, no token
+    /// taken), so a flood of questions grows nothing.
+    pub(crate) fn may_use(&self, platform: &str, user: &str, chat: Option<&str>) -> bool {
+        let rules = self.rules(platform);
+        if user.is_empty() {
+            return rules.mode == Mode::Open;
+        }
+        if rules.admins.iter().any(|g| g.matches(user)) {
+            return true;
+        }
+        let st = self.state.platforms.get(platform);
+        if st.is_some_and(|st| st.denied.contains(user)) {
+            return false;
+        }
+        rules.mode == Mode::Open
+            || rules.allow.iter().any(|g| g.matches(user))
+            || st.is_some_and(|st| st.approved.contains(user))
+            || chat.is_some_and(|c| rules.allow_chats.iter().any(|g| g.matches(c)))
+    }
+
+    /// Remembers that the admitted message of `tag` (the bridge's route) spends `m`'s user's
+    /// budget, when their platform has one and they are no admin: its reply's tokens are
+    /// counted by [`charge`](Self::charge).
+    pub(crate) fn track(&mut self, tag: u64, m: &Message) {
+        let platform = m.session.platform();
+        let rules = self.rules(platform);
+        if rules.tokens_per_day.is_none() {
+            return;
+        }
+        let user = m.context.user_id.as_deref().unwrap_or("");
+        let mask = meta_str(m, MASK_KEY);
+        let ids = [Some(user).filter(|u| !u.is_empty()), mask.as_deref()];
+        if rules
+            .admins
+            .iter()
+            .any(|g| ids.iter().flatten().any(|id| g.matches(id)))
+        {
+            return;
+        }
+        if self.charging.len() >= MAX_CHARGING {
+            self.charging.pop_first();
+        }
+        self.charging
+            .insert(tag, (platform.to_owned(), user.to_owned()));
+        debug_assert!(self.charging.len() <= MAX_CHARGING);
+    }
+
+    /// The message of `tag` ended; `tokens` its turn reported (a reply's): counted to its
+    /// user's day, if it was [tracked](Self::track).
+    pub(crate) fn charge(&mut self, tag: u64, tokens: Option<u64>, now_ms: u64) {
+        let Some((platform, user)) = self.charging.remove(&tag) else {
+            return;
+        };
+        let (Some(n), Some(st)) = (tokens, self.state.platforms.get_mut(&platform)) else {
+            return;
+        };
+        st.charge(&user, n, now_ms / DAY_MS);
+        st.check();
+        self.dirty = true;
     }
 
     /// Saves the state if it changed (approvals at once, counters at most once a second).
@@ -279,13 +355,7 @@ impl Policy {
                 (st.approved.iter().map(|u| format!("allowed {u}")))
                     .chain(st.denied.iter().map(|u| format!("denied {u}"))),
             ),
-            AdminCommand::Usage(user) => list(
-                "rate buckets",
-                st.buckets
-                    .iter()
-                    .filter(|(u, _)| user.is_none_or(|w| w == u.as_str()))
-                    .map(|(u, b)| format!("{u}: {:.1} messages left", b.tokens)),
-            ),
+            AdminCommand::Usage(user) => usage(st, user, now_ms),
             AdminCommand::Unknown => {
                 "commands: !approve CODE, !allow USER, !deny USER, !pending, !users, !usage [USER]"
                     .into()
@@ -298,6 +368,42 @@ impl Policy {
         }
         text
     }
+}
+
+/// `!usage [USER]`: each user's messages left in their rate bucket and tokens spent today.
+fn usage(st: &PlatformState, user: Option<&str>, now_ms: u64) -> String {
+    let today = now_ms / DAY_MS;
+    let mut users: Vec<&String> = st.buckets.keys().chain(st.tokens.keys()).collect();
+    users.sort_unstable();
+    users.dedup();
+    list(
+        "usage",
+        users
+            .into_iter()
+            .filter(|u| user.is_none_or(|w| w == u.as_str()))
+            .map(|u| {
+                let mut line = format!("{u}:");
+                if let Some(b) = st.buckets.get(u) {
+                    let _ = write!(line, " {:.1} messages left", b.tokens);
+                }
+                let _ = write!(line, " {} tokens today", st.tokens_on(u, today));
+                line
+            }),
+    )
+}
+
+/// The `budget` notice: the day's tokens are spent; they come back at 00:00 UTC.
+fn budget_spent(limit: u64, now_ms: u64) -> Decision {
+    let next_day_ms = (now_ms / DAY_MS + 1) * DAY_MS;
+    let mins = (next_day_ms - now_ms).div_ceil(60_000);
+    Decision::answer(
+        Notice::Budget,
+        format!(
+            "Today's budget is spent: {limit} tokens per day here. It resets at 00:00 UTC, in {} h {} min.",
+            mins / 60,
+            mins % 60
+        ),
+    )
 }
 
 /// The decision for a non-admin user on a platform with a policy.
@@ -346,6 +452,14 @@ fn decide_known(
                 "This bot is private, and too many requests wait for approval: try again later.",
             ),
         };
+    }
+    if let Some(limit) = rules.tokens_per_day
+        && st.tokens_on(user, now_ms / DAY_MS) >= limit
+    {
+        if !st.may_notice(user, now_ms) {
+            return Decision::answer(Notice::Ignored, "");
+        }
+        return budget_spent(limit, now_ms);
     }
     if let Some(rate) = rules.rate {
         let per_ms = rate.per.as_millis() as u64;

@@ -29,6 +29,16 @@ pub(crate) struct Pending {
     pub(crate) expires_ms: u64,
 }
 
+/// One UTC day's length.
+pub(crate) const DAY_MS: u64 = 86_400_000;
+
+/// The tokens a user's turns used on one UTC day (days since the epoch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DayTokens {
+    pub(crate) day: u64,
+    pub(crate) used: u64,
+}
+
 /// A user's token bucket: `tokens` at `at_ms` (refilled continuously).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Bucket {
@@ -48,6 +58,9 @@ pub(crate) struct PlatformState {
     /// Notices answered, by kind (for the status).
     #[serde(default)]
     pub(crate) refused: BTreeMap<String, u64>,
+    /// Tokens each user spent on their latest day (`tokens-per-day`).
+    #[serde(default)]
+    pub(crate) tokens: HashMap<String, DayTokens>,
 }
 
 impl PlatformState {
@@ -172,6 +185,31 @@ impl PlatformState {
         }
     }
 
+    /// The tokens `user` spent on `day`.
+    pub(crate) fn tokens_on(&self, user: &str, day: u64) -> u64 {
+        self.tokens
+            .get(user)
+            .filter(|t| t.day == day)
+            .map_or(0, |t| t.used)
+    }
+
+    /// Counts `n` tokens to `user` on `day` (a new day starts from zero).
+    pub(crate) fn charge(&mut self, user: &str, n: u64, day: u64) {
+        if !self.tokens.contains_key(user) && self.tokens.len() >= MAX_TRACKED {
+            // The user whose count is oldest goes (a past day's count says nothing).
+            evict_oldest(&mut self.tokens, |t| t.day);
+        }
+        let t = self
+            .tokens
+            .entry(user.to_owned())
+            .or_insert(DayTokens { day, used: 0 });
+        if t.day != day {
+            *t = DayTokens { day, used: 0 };
+        }
+        t.used = t.used.saturating_add(n);
+        debug_assert!(self.tokens.len() <= MAX_TRACKED);
+    }
+
     pub(crate) fn count_refused(&mut self, kind: &str) {
         *self.refused.entry(kind.to_owned()).or_default() += 1;
     }
@@ -181,6 +219,7 @@ impl PlatformState {
         debug_assert!(self.pending.len() <= MAX_PENDING);
         debug_assert!(self.approved.len() + self.denied.len() <= MAX_USERS);
         debug_assert!(self.buckets.len() <= MAX_TRACKED && self.noticed.len() <= MAX_TRACKED);
+        debug_assert!(self.tokens.len() <= MAX_TRACKED);
         debug_assert!(self.approved.is_disjoint(&self.denied));
     }
 }
@@ -306,6 +345,22 @@ mod tests {
         s.check();
         assert!(!s.buckets.contains_key("u0"), "the stalest went");
         assert!(!s.may_notice(&format!("u{MAX_TRACKED}"), MAX_TRACKED as u64 + 1));
+    }
+
+    #[test]
+    fn token_counts_are_per_day_and_bounded() {
+        let mut s = PlatformState::default();
+        s.charge("u", 700, 10);
+        s.charge("u", 400, 10);
+        assert_eq!(s.tokens_on("u", 10), 1100);
+        assert_eq!(s.tokens_on("u", 11), 0, "a new day starts from zero");
+        s.charge("u", 5, 11);
+        assert_eq!((s.tokens_on("u", 11), s.tokens_on("u", 10)), (5, 0));
+        for i in 0..MAX_TRACKED as u64 {
+            s.charge(&format!("v{i}"), 1, 12);
+        }
+        s.check();
+        assert!(!s.tokens.contains_key("u"), "the oldest day's count went");
     }
 
     proptest::proptest! {

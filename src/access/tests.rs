@@ -341,3 +341,98 @@ proptest::proptest! {
         }
     }
 }
+
+/// `may_use` (a bridge's question before it joins an invite): admins and users let in —
+/// by pattern, by approval, or on an open platform — may; strangers and denied users may
+/// not; asking changes nothing (no code minted, no notice spent).
+#[test]
+fn may_use_says_who_is_let_in_and_changes_nothing() {
+    let admin = "@alice:x";
+    let mut p = Policy::new(cfg(&[(
+        "matrix",
+        table(|t| {
+            t.admins = vec![admin];
+            t.allow = vec!["@*:friends.org"];
+        }),
+    )]));
+    assert!(p.may_use("matrix", admin, None));
+    assert!(p.may_use("matrix", "@carol:friends.org", Some("!r")));
+    assert!(!p.may_use("matrix", "@bob:x", Some("!r")));
+    assert!(!p.may_use("matrix", "", None));
+    assert!(p.may_use("cli", "anyone", None), "an open platform");
+    assert!(!p.may_use("telegram", "7", None), "a native platform pairs");
+    for _ in 0..100 {
+        assert!(!p.may_use("matrix", "@bob:x", None));
+    }
+    assert!(p.state.platforms.is_empty(), "asking minted nothing");
+    let first = p.decide(&dm("matrix", "@bob:x", "hi"), 0);
+    assert_eq!(
+        notice(&first),
+        Some(Notice::Pairing),
+        "the notice is unspent"
+    );
+    let code = code_in(&first);
+    p.decide(&dm("matrix", admin, &format!("!approve {code}")), 1);
+    assert!(p.may_use("matrix", "@bob:x", None), "approved");
+    p.decide(&dm("matrix", admin, "!deny @carol:friends.org"), 2);
+    assert!(
+        !p.may_use("matrix", "@carol:friends.org", None),
+        "a denial beats a pattern"
+    );
+}
+
+/// `tokens-per-day`: a tracked message's reply tokens count to its user's UTC day; at the
+/// budget the next message gets one `budget` notice (then `ignored` within the minute); the
+/// next day starts from zero; admins are neither tracked nor limited; an untracked message's
+/// tokens count nothing.
+#[test]
+fn a_budget_counts_replies_per_user_per_day_and_spares_admins() {
+    const DAY: u64 = 86_400_000;
+    let admin = "@alice:x";
+    let table: AccessTable = serde_json::from_value(serde_json::json!({
+        "mode": "open", "admins": [admin], "tokens-per-day": 1000
+    }))
+    .expect("table");
+    let mut p = Policy::new(cfg(&[("matrix", table)]));
+    let noon = 10 * DAY + DAY / 2;
+    assert_eq!(p.decide(&dm("matrix", "@u:x", "hi"), noon), Decision::Admit);
+    p.track(1, &dm("matrix", "@u:x", "hi"));
+    p.charge(99, Some(5000), noon); // not tracked: counts nothing
+    p.charge(1, Some(999), noon);
+    assert_eq!(p.decide(&dm("matrix", "@u:x", "hi"), noon), Decision::Admit);
+    p.track(2, &dm("matrix", "@u:x", "hi"));
+    p.charge(2, Some(1), noon);
+    p.charge(2, Some(1000), noon); // a second end of the same tag counts nothing
+    let spent = p.decide(&dm("matrix", "@u:x", "hi"), noon);
+    assert_eq!(notice(&spent), Some(Notice::Budget));
+    let Decision::Answer { text, .. } = &spent else {
+        unreachable!()
+    };
+    assert!(text.contains("in 12 h 0 min"), "{text}");
+    assert_eq!(
+        notice(&p.decide(&dm("matrix", "@u:x", "hi"), noon + 1)),
+        Some(Notice::Ignored)
+    );
+    assert_eq!(
+        p.decide(&dm("matrix", "@v:x", "hi"), noon),
+        Decision::Admit,
+        "per user"
+    );
+    assert_eq!(
+        p.decide(&dm("matrix", "@u:x", "hi"), 11 * DAY),
+        Decision::Admit,
+        "a new UTC day"
+    );
+    p.track(3, &dm("matrix", admin, "hi"));
+    p.charge(3, Some(1_000_000), noon);
+    assert_eq!(p.decide(&dm("matrix", admin, "hi"), noon), Decision::Admit);
+    assert!(p.charging.is_empty(), "every tracked message was settled");
+    assert_eq!(
+        p.operate("matrix", &format!("usage {admin}"), noon)
+            .as_deref(),
+        Ok("usage: 0"),
+        "an admin's tokens are not counted"
+    );
+    let usage = p.operate("matrix", "usage @u:x", 11 * DAY);
+    assert_eq!(usage.as_deref(), Ok("usage: 1\n@u:x: 0 tokens today"));
+}

@@ -55,9 +55,9 @@ enum Action {
         /// The user id, as the platform's bridge sends it.
         user: String,
     },
-    /// Rate buckets: messages left (all users, or USER's).
+    /// Each user's messages left in their rate bucket and tokens spent today (all users, or USER's).
     Usage {
-        /// Only this user's bucket.
+        /// Only this user's figures.
         user: Option<String>,
     },
 }

@@ -171,7 +171,10 @@ fn answer(op: ServerOp, id: &str, stream: bool, shown: &mut Shown) -> Option<i32
         | ServerOp::Cancelled { id: i, .. }
         | ServerOp::Failed { id: i, .. }
         | ServerOp::Merged { id: i, .. } => i == id,
-        ServerOp::Typing { .. } | ServerOp::Error { .. } | ServerOp::Pong { .. } => false,
+        ServerOp::Typing { .. }
+        | ServerOp::Error { .. }
+        | ServerOp::Pong { .. }
+        | ServerOp::MayUse { .. } => false,
     };
     if !of_this {
         return None;

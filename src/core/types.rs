@@ -294,13 +294,20 @@ pub struct Reply {
     pub text: String,
     /// The agent's text was longer than `max_reply_bytes` and was cut (on a UTF-8 boundary).
     pub truncated: bool,
+    /// The tokens (prompt + completion) the agent reported for this turn
+    /// ([`Agent::turn_usage`](crate::Agent::turn_usage)); `None` when it reports none.
+    pub tokens: Option<u64>,
 }
 
 impl Reply {
     /// `text` cut to at most `max` bytes on a character boundary, flagged when cut.
     pub fn bounded(mut text: String, max: usize) -> Reply {
         let truncated = crate::text::truncate(&mut text, max);
-        Reply { text, truncated }
+        Reply {
+            text,
+            truncated,
+            tokens: None,
+        }
     }
 }
 
@@ -309,6 +316,7 @@ impl From<String> for Reply {
         Reply {
             text,
             truncated: false,
+            tokens: None,
         }
     }
 }

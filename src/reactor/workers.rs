@@ -148,7 +148,13 @@ pub(super) fn run_turn(
                 partials: &partials,
             };
             match catch_unwind(AssertUnwindSafe(|| a.turn(&input, cancel))) {
-                Ok(Ok(reply)) => TurnResult::Reply(Reply::bounded(reply, limits.max_reply_bytes)),
+                Ok(Ok(reply)) => {
+                    let mut reply = Reply::bounded(reply, limits.max_reply_bytes);
+                    reply.tokens = a
+                        .turn_usage()
+                        .map(|u| u.prompt_tokens.saturating_add(u.completion_tokens));
+                    TurnResult::Reply(reply)
+                }
                 Ok(Err(TurnError::Cancelled)) => TurnResult::Cancelled,
                 Ok(Err(TurnError::Failed(e))) => {
                     if std::error::Error::source(&e).is_some() {

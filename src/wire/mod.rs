@@ -62,6 +62,21 @@ pub enum ClientOp {
         #[serde(skip_serializing_if = "Option::is_none")]
         detail: Option<String>,
     },
+    /// Asks whether a user may use the bot (the access policy's answer, `allowed` or not),
+    /// before the bridge acts for them outside a message — the Matrix bridge before it
+    /// accepts an invite. Answered in line order by a `may_use` server op with the same `id`.
+    MayUse {
+        /// The query's id, chosen by the bridge and echoed in the answer.
+        id: String,
+        /// Platform; `None` means the connection's hello platform.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        platform: Option<String>,
+        /// The user, as the bridge names them in a message's `user_id`.
+        user_id: String,
+        /// The chat the question is about (an invite's room), matched against `allow-chats`.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        chat_id: Option<String>,
+    },
 }
 
 /// Characters of a `link` op's `detail` kept (the rest is cut).
@@ -279,6 +294,14 @@ pub(crate) enum ServerOp<S = String> {
     Error {
         /// What was wrong.
         detail: S,
+    },
+    /// The answer to a `may_use` query: whether its user may use the bot (an admin, a user
+    /// let in, or anyone on an open platform).
+    MayUse {
+        /// The query's id.
+        id: S,
+        /// The user may use the bot.
+        allowed: bool,
     },
     /// Answer to ping, with the longest line the server reads (its `--max-line-bytes`): a
     /// client bounds its own lines to it.

@@ -70,6 +70,7 @@ pub fn parse_line(line: &[u8]) -> Result<ClientOp, LineError> {
             )),
         },
         "message" => parse_message(&mut obj),
+        "may_use" => parse_may_use(&mut obj),
         "link" => {
             let up = match &obj.state {
                 Field::Str(s) if s == "up" => true,
@@ -148,6 +149,32 @@ fn parse_message(obj: &mut Fields<'_>) -> Result<ClientOp, LineError> {
         thread_id,
         text,
     }))
+}
+
+/// The fields of a `may_use` query; a bad one is a malformed line (it has no message id).
+fn parse_may_use(obj: &mut Fields<'_>) -> Result<ClientOp, LineError> {
+    let bad = |what: &str| LineError::Malformed(format!("may_use: {what}"));
+    let id = match std::mem::take(&mut obj.id) {
+        Field::Str(id) if !id.is_empty() => id.into_owned(),
+        _ => return Err(bad("id must be a non-empty string")),
+    };
+    let user_id = match std::mem::take(&mut obj.user_id) {
+        Field::Str(u) => u.into_owned(),
+        _ => return Err(bad("user_id must be a string")),
+    };
+    let optional = |f: Field<'_>, name: &str| match f {
+        Field::Absent | Field::Null => Ok(None),
+        Field::Str(s) => Ok(Some(s.into_owned())),
+        _ => Err(bad(&format!("{name} must be a string or null"))),
+    };
+    let platform = optional(std::mem::take(&mut obj.platform), "platform")?;
+    let chat_id = optional(std::mem::take(&mut obj.chat_id), "chat_id")?;
+    Ok(ClientOp::MayUse {
+        id,
+        platform,
+        user_id,
+        chat_id,
+    })
 }
 
 fn truncate(s: &str, max: usize) -> &str {

@@ -254,11 +254,20 @@ mod round_trip {
             prop::collection::vec(text(), 0..5).prop_map(|ids| ClientOp::Delivered { ids }),
             message().prop_map(ClientOp::Message),
             Just(ClientOp::Ping),
+            (text(), some_text(), text(), some_text())
+                .prop_filter("a query's id is not empty", |(id, ..)| !id.is_empty())
+                .prop_map(|(id, platform, user_id, chat_id)| ClientOp::MayUse {
+                    id,
+                    platform,
+                    user_id,
+                    chat_id,
+                }),
         ]
     }
 
     fn server_op() -> impl Strategy<Value = ServerOp> {
         prop_oneof![
+            (text(), any::<bool>()).prop_map(|(id, allowed)| ServerOp::MayUse { id, allowed }),
             (text(), text(), text(), prop::option::of(any::<usize>())).prop_map(
                 |(id, session, state, position)| ServerOp::Ack {
                     id,
@@ -326,6 +335,10 @@ mod round_trip {
     /// The op as the server holds it: its strings borrowed.
     fn borrowed(op: &ServerOp) -> ServerOp<&str> {
         match op {
+            ServerOp::MayUse { id, allowed } => ServerOp::MayUse {
+                id,
+                allowed: *allowed,
+            },
             ServerOp::Ack {
                 id,
                 session,

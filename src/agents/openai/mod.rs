@@ -195,6 +195,7 @@ impl OpenAiFactory {
             history: History::default(),
             usage: AgentUsage::default(),
             turns: 0,
+            last_turn: None,
         }
     }
 }
@@ -255,6 +256,8 @@ pub struct OpenAiAgent {
     history: History,
     usage: AgentUsage,
     turns: u64,
+    /// What the last turn's server reported (`None`: nothing, or nothing plausible).
+    last_turn: Option<AgentUsage>,
 }
 
 impl fmt::Debug for OpenAiAgent {
@@ -514,6 +517,7 @@ impl Agent for OpenAiAgent {
         let cfg = &self.shared.cfg;
         let user = user_content(input.text, input.context, cfg.sender_prefix);
         let body = self.request_body(&user);
+        self.last_turn = None;
         let result = {
             let _watch = transport::watch(
                 cancel,
@@ -543,6 +547,7 @@ impl Agent for OpenAiAgent {
                         completion_tokens: u.completion_tokens,
                     };
                     self.usage += u;
+                    self.last_turn = Some(u);
                     let s = &self.shared;
                     s.prompt_tokens
                         .fetch_add(u.prompt_tokens, Ordering::Relaxed);
@@ -572,6 +577,10 @@ impl Agent for OpenAiAgent {
                 Err(TurnError::Failed(user.into()))
             }
         }
+    }
+
+    fn turn_usage(&self) -> Option<AgentUsage> {
+        self.last_turn
     }
 
     fn close(&mut self) -> Result<(), crate::agent::AgentError> {

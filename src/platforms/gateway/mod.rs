@@ -49,6 +49,7 @@ use super::tls::Wire;
 use crate::wire::ClientOp;
 use message::message_line;
 
+mod ask;
 mod connection;
 mod hold;
 mod message;
@@ -207,6 +208,8 @@ struct State {
     /// The last `link` report of the platform connection, as its line: written when it
     /// changes and again after every hello (a new connection starts without it).
     link: Option<(bool, String)>,
+    /// `may_use` queries waiting for their answer.
+    queries: ask::Queries,
 }
 
 impl State {
@@ -231,6 +234,7 @@ impl State {
     fn lost_connection(&mut self) {
         self.conn = None;
         self.connected = false;
+        self.queries.lost();
         for p in &mut self.pending {
             p.in_flight = None;
         }
@@ -305,6 +309,7 @@ impl Gateway {
                 writes: 0,
                 max_line_bytes: config.max_line_bytes,
                 link: None,
+                queries: ask::Queries::default(),
             }),
             config,
             stopping: AtomicBool::new(false),

@@ -82,6 +82,10 @@ pub(super) fn handle_line(
         | ServerOp::Cancelled { .. }
         | ServerOp::Failed { .. }
         | ServerOp::Merged { .. }) => terminal(op, redelivery).and_then(|t| on_result(shared, t)),
+        ServerOp::MayUse { id, allowed } => {
+            super::ask::answered(shared, &id, allowed);
+            None
+        }
         ServerOp::Error { detail } => return on_error(shared, detail, *confirmed, events),
     };
     match event.map(|event| events.send(event)) {

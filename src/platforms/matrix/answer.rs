@@ -52,9 +52,32 @@ pub(super) struct Rooms {
     #[serde(default)]
     pub join: CappedMap<JoinedRoom, MAX_ROOMS_PER_SYNC>,
     #[serde(default)]
-    pub invite: CappedMap<IgnoredAny, MAX_ROOMS_PER_SYNC>,
+    pub invite: CappedMap<InvitedRoom, MAX_ROOMS_PER_SYNC>,
     #[serde(default)]
     pub leave: CappedMap<IgnoredAny, MAX_ROOMS_PER_SYNC>,
+}
+
+/// One invite: the room's stripped state, which holds the invite event (its `sender` is
+/// who invited the bot).
+#[derive(Debug, Deserialize)]
+pub(super) struct InvitedRoom {
+    #[serde(default)]
+    pub invite_state: Lenient<StateBlock>,
+}
+
+impl InvitedRoom {
+    /// Who invited `me`: the sender of the `m.room.member` invite event for `me`.
+    pub(super) fn inviter(&self, me: &str) -> Option<&str> {
+        let events = self.invite_state.get().map_or(&[][..], |s| &s.events.items);
+        events
+            .iter()
+            .rfind(|ev| {
+                ev.is("m.room.member")
+                    && ev.state_key.text() == Some(me)
+                    && ev.content(|c| &c.membership) == Some("invite")
+            })
+            .and_then(|ev| ev.sender.text())
+    }
 }
 
 /// One joined room's news.

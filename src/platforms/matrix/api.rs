@@ -289,6 +289,16 @@ impl Api {
         .map(drop)
     }
 
+    /// `POST /rooms/{room}/leave`: leaves a room, or declines an invite to it.
+    pub(crate) fn leave(&self, room: &str) -> Result<(), ApiError> {
+        self.call(
+            "POST",
+            &format!("/rooms/{}/leave", enc(room)),
+            Some(&json!({})),
+        )
+        .map(drop)
+    }
+
     /// `GET /rooms/{room}/joined_members`: how many members are joined.
     pub(crate) fn joined_count(&self, room: &str) -> Result<u64, ApiError> {
         let v = self.call("GET", &format!("/rooms/{}/joined_members", enc(room)), None)?;

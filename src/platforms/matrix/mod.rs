@@ -24,6 +24,7 @@ mod answer;
 pub(crate) mod api;
 pub(crate) mod crypto;
 mod engine;
+mod invites;
 mod poll;
 mod received;
 mod rooms;
@@ -183,6 +184,7 @@ fn serve(
         None => (None, None),
     };
     let crypto = start_crypto(&api, &me, &config);
+    let (mut gw, gw_rx) = Gateway::connect(config.gateway.clone());
     let (sync_tx, sync_rx) = bounded::<FromSync>(64);
     // Dropped when this function returns: the sync thread's waits end with it.
     let (_stop_sync, stop_rx) = bounded::<()>(0);
@@ -191,6 +193,7 @@ fn serve(
         let me = me.clone();
         let config = config.clone();
         let crypto = crypto.clone();
+        let gate = invite_gate(gw.clone());
         std::thread::Builder::new()
             .name("matrix-sync".into())
             .spawn(move || {
@@ -202,11 +205,11 @@ fn serve(
                     resume,
                     &stop_rx,
                     crypto.as_ref(),
+                    gate,
                 )
             })
             .map_err(|e| format!("cannot start a thread: {e}"))?;
     }
-    let (mut gw, gw_rx) = Gateway::connect(config.gateway.clone());
     let hs = HttpHomeserver::new(send_api, me.clone(), crypto);
     let mut core = SyncEngine::new(
         hs,
@@ -249,6 +252,17 @@ fn serve(
         core.stats.rate_limited
     );
     result
+}
+
+/// How long the joiner waits for the gateway's `may_use` answer before asking again.
+const MAY_USE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The invite check: the gateway's access policy, asked about the inviter and the room.
+fn invite_gate(gw: Gateway) -> invites::Gate {
+    Box::new(move |inviter, room| {
+        gw.may_use(inviter, Some(room), MAY_USE_TIMEOUT)
+            .map_err(|e| e.to_string())
+    })
 }
 
 /// The bound of one send to the homeserver.

@@ -9,6 +9,7 @@ use super::MatrixConfig;
 use super::answer::SyncAnswer;
 use super::api::{Api, ApiError};
 use super::crypto::Unreadable;
+use super::invites::{Gate, Joiner};
 use super::rooms::RoomKinds;
 use super::sync;
 use super::sync::{ChatKind, HumanMessage, Incoming, SyncState};
@@ -42,93 +43,15 @@ fn send_or_stop(tx: &Sender<FromSync>, stop: &Receiver<()>, msg: FromSync) -> bo
 }
 
 /// Waits `d`, or less if the bridge stops (its end of `stop` is dropped); true when it did.
-fn stopped_during(stop: &Receiver<()>, d: Duration) -> bool {
+pub(super) fn stopped_during(stop: &Receiver<()>, d: Duration) -> bool {
     !matches!(stop.recv_timeout(d), Err(RecvTimeoutError::Timeout))
-}
-
-/// Joins `room`, waiting out rate limits a few times; logs the outcome. True when joined.
-fn join(api: &Api, room: &str, stop: &Receiver<()>) -> bool {
-    for _ in 0..5 {
-        match api.join(room) {
-            Ok(()) => {
-                info_redacted!("matrix: joined room {room}");
-                return true;
-            }
-            Err(ApiError::RateLimited(d)) => {
-                if stopped_during(stop, d.min(Duration::from_secs(30))) {
-                    return false;
-                }
-            }
-            Err(e) => {
-                warn_limited!("matrix: room {room}: could not join: {e}");
-                return false;
-            }
-        }
-    }
-    warn_limited!("matrix: room {room}: could not join: rate limited five times");
-    false
-}
-
-/// Invites handed to the joiner per sync at most (and the joiner's queue).
-const JOINS_PER_SYNC: usize = 16;
-
-/// Joins rooms off the sync thread: a thread of its own, fed through a bounded queue, so a
-/// flood of invites (or a homeserver slow to answer joins) never holds the sync.
-struct Joiner {
-    rooms: Sender<String>,
-    done: Receiver<(String, bool)>,
-}
-
-impl Joiner {
-    /// Starts the joining thread; `None` (logged) when it cannot start: invites then wait.
-    fn start(api: &Api, stop: &Receiver<()>) -> Option<Joiner> {
-        let (rooms, rooms_rx) = crossbeam_channel::bounded::<String>(JOINS_PER_SYNC);
-        let (done_tx, done) = crossbeam_channel::bounded(JOINS_PER_SYNC);
-        let (api, stop) = (api.clone(), stop.clone());
-        let spawned = std::thread::Builder::new()
-            .name("matrix-join".into())
-            .spawn(move || {
-                loop {
-                    let room = crossbeam_channel::select! {
-                        recv(rooms_rx) -> room => match room { Ok(r) => r, Err(_) => return },
-                        recv(stop) -> _ => return,
-                    };
-                    let ok = join(&api, &room, &stop);
-                    crossbeam_channel::select! {
-                        send(done_tx, (room, ok)) -> sent => if sent.is_err() { return },
-                        recv(stop) -> _ => return,
-                    }
-                }
-            });
-        match spawned {
-            Ok(_) => Some(Joiner { rooms, done }),
-            Err(e) => {
-                error_limited!(
-                    "matrix: cannot start the joining thread: {e}; invites are not joined"
-                );
-                None
-            }
-        }
-    }
-
-    /// Takes the joiner's outcomes into `state`, then hands it as many queued invites as its
-    /// queue has room for (never blocking the sync).
-    fn exchange(&self, state: &mut SyncState) {
-        for (room, ok) in self.done.try_iter() {
-            state.join_done(&room, ok);
-        }
-        let room_left = JOINS_PER_SYNC.saturating_sub(self.rooms.len());
-        for room in state.take_joins(room_left) {
-            if self.rooms.try_send(room.clone()).is_err() {
-                state.join_done(&room, false);
-            }
-        }
-    }
 }
 
 /// Long-polls `/sync`. The first sync learns the rooms (its events are the backlog); with a
 /// stored position (`resume`) the next one continues from there, so what was written while
-/// the bridge was down is answered.
+/// the bridge was down is answered. Invites go to a joiner that asks `gate` first.
+// The sync thread's whole world, handed over once at its start (as Telegram's poller).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn run_sync(
     api: &Api,
     me: &str,
@@ -137,10 +60,11 @@ pub(super) fn run_sync(
     mut resume: Option<String>,
     stop: &Receiver<()>,
     crypto: Option<&super::crypto::Shared>,
+    gate: Gate,
 ) {
     let mut state = SyncState::new(me, config.max_rooms, 10_000);
     let mut kinds = super::rooms::RoomKinds::open(config.state_dir.as_deref());
-    let joiner = Joiner::start(api, stop);
+    let joiner = Joiner::start(api, stop, gate);
     let mut since: Option<String> = None;
     let mut backoff = Duration::ZERO;
     let first_filter = sync::filter(1);
@@ -370,9 +294,10 @@ fn forward(
     item: Incoming,
 ) -> bool {
     match item {
-        Incoming::Invite(room) => {
-            // Joined by the joiner, off this thread; the bound counts it from now on.
-            state.queue_invite(&room);
+        Incoming::Invite { room, inviter } => {
+            // Joined (or declined) by the joiner, off this thread; the bound counts it from
+            // now on.
+            state.queue_invite(&room, inviter.as_deref());
             true
         }
         Incoming::Message(m) => {

@@ -179,8 +179,13 @@ impl HumanMessage {
 /// What one sync answer asks of the bridge.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Incoming {
-    /// The bot was invited to this room.
-    Invite(String),
+    /// The bot was invited to this room, by this user (when the invite says).
+    Invite {
+        /// The room.
+        room: String,
+        /// Who invited the bot.
+        inviter: Option<String>,
+    },
     /// A human's message.
     Message(HumanMessage),
     /// A message the bridge cannot take (too long), to be answered with a notice.
@@ -202,8 +207,8 @@ pub(crate) struct SyncState {
     /// Joined rooms and their joined member count, when known.
     rooms: HashMap<String, Option<u64>>,
     max_rooms: usize,
-    /// Invites waiting to be handed to the joiner, oldest first.
-    invites: VecDeque<String>,
+    /// Invites waiting to be handed to the joiner (room, inviter), oldest first.
+    invites: VecDeque<(String, Option<String>)>,
     /// Rooms handed to the joiner and not yet joined (or failed): they count against
     /// `max_rooms` like joined ones.
     joining: HashSet<String>,
@@ -285,12 +290,13 @@ impl SyncState {
         self.rooms.len() + self.joining.len() + self.invites.len() < self.max_rooms
     }
 
-    /// Queues an invite to join, if the bound allows; false (logged) when it does not.
-    pub(crate) fn queue_invite(&mut self, room: &str) -> bool {
+    /// Queues an invite to join (or decline), if the bound allows; false (logged) when it
+    /// does not.
+    pub(crate) fn queue_invite(&mut self, room: &str, inviter: Option<&str>) -> bool {
         let room = room.to_owned();
         if self.rooms.contains_key(&room)
             || self.joining.contains(&room)
-            || self.invites.contains(&room)
+            || self.invites.iter().any(|(r, _)| *r == room)
         {
             return true;
         }
@@ -301,15 +307,16 @@ impl SyncState {
             );
             return false;
         }
-        self.invites.push_back(room);
+        self.invites.push_back((room, inviter.map(str::to_owned)));
         true
     }
 
-    /// Up to `n` queued invites to hand to the joiner now (they count as being joined).
-    pub(crate) fn take_joins(&mut self, n: usize) -> Vec<String> {
+    /// Up to `n` queued invites (room, inviter) to hand to the joiner now (they count as
+    /// being joined).
+    pub(crate) fn take_joins(&mut self, n: usize) -> Vec<(String, Option<String>)> {
         let n = n.min(self.invites.len());
-        let rooms: Vec<String> = self.invites.drain(..n).collect();
-        self.joining.extend(rooms.iter().cloned());
+        let rooms: Vec<(String, Option<String>)> = self.invites.drain(..n).collect();
+        self.joining.extend(rooms.iter().map(|(r, _)| r.clone()));
         rooms
     }
 
@@ -330,7 +337,7 @@ impl SyncState {
         };
         for (room, _) in &rooms.leave.entries {
             self.joining.remove(room);
-            self.invites.retain(|r| r != room);
+            self.invites.retain(|(r, _)| r != room);
             if self.rooms.remove(room).is_some() {
                 info_redacted!("matrix: left room {room}");
             }
@@ -338,9 +345,12 @@ impl SyncState {
         for (room, entry) in &rooms.join.entries {
             self.absorb_room(room, entry, first, &mut out);
         }
-        for (room, _) in &rooms.invite.entries {
+        for (room, invite) in &rooms.invite.entries {
             if !self.rooms.contains_key(room) {
-                out.push(Incoming::Invite(room.clone()));
+                out.push(Incoming::Invite {
+                    room: room.clone(),
+                    inviter: invite.inviter(&self.me).map(str::to_owned),
+                });
             }
         }
         out
@@ -653,11 +663,17 @@ mod tests {
         let mut s = SyncState::new(ME, 10, 100);
         let first = json!({"next_batch": "s1", "rooms": {
             "join": {ROOM: {"timeline": {"events": [msg("$old", "@ann:hs", "hi")]}}},
-            "invite": {"!new:hs": {"invite_state": {"events": []}}},
+            "invite": {"!new:hs": {"invite_state": {"events": [
+                {"type": "m.room.member", "state_key": ME, "sender": "@ann:hs",
+                 "content": {"membership": "invite"}},
+            ]}}},
         }});
         assert_eq!(
             s.absorb_value(&first),
-            vec![Incoming::Invite("!new:hs".into())]
+            vec![Incoming::Invite {
+                room: "!new:hs".into(),
+                inviter: Some("@ann:hs".into())
+            }]
         );
         assert_eq!(s.room_count(), 1);
     }
@@ -798,17 +814,17 @@ mod tests {
     fn invites_queued_and_joins_under_way_count_against_max_rooms() {
         let mut s = SyncState::new("@bot:hs", 3, 100);
         for i in 0..10 {
-            s.queue_invite(&format!("!r{i}:hs"));
+            s.queue_invite(&format!("!r{i}:hs"), None);
         }
         assert!(!s.can_join(), "three invites queued fill a bound of three");
-        let first = s.take_joins(2);
+        let first: Vec<String> = s.take_joins(2).into_iter().map(|(r, _)| r).collect();
         assert_eq!(first, ["!r0:hs", "!r1:hs"]);
         assert!(!s.can_join(), "joins under way still count");
         s.join_done("!r0:hs", true);
         s.join_done("!r1:hs", false);
         assert_eq!(s.room_count(), 1);
         assert!(s.can_join(), "a failed join frees its place");
-        assert_eq!(s.take_joins(16), ["!r2:hs"]);
+        assert_eq!(s.take_joins(16), [("!r2:hs".to_owned(), None)]);
         assert!(s.take_joins(16).is_empty());
     }
 }

@@ -5,9 +5,9 @@
 //! journal, its outbox room, its duplicate window): a `reply` carrying `"notice"`, and no
 //! agent runs for it.
 
-use super::{Action, Bridge};
+use super::{Action, Bridge, ConnId};
 use crate::access::{Decision, Notice};
-use crate::core::AcceptState;
+use crate::core::{AcceptState, Outcome};
 use crate::message::Message;
 use crate::wire::{EncodedLine, ServerOp, encode};
 
@@ -16,9 +16,23 @@ impl Bridge {
     pub(super) fn submit(&mut self, tag: u64, message: Message) {
         let wall_ms = self.wall_at_zero + self.now.as_millis() as u64;
         match self.access.decide(&message, wall_ms) {
-            Decision::Admit => self.actions.push_back(Action::Submit { tag, message }),
+            Decision::Admit => {
+                self.access.track(tag, &message);
+                self.actions.push_back(Action::Submit { tag, message });
+            }
             Decision::Answer { notice, text } => self.answer_notice(tag, &message, notice, text),
         }
+    }
+
+    /// The message of `tag` ended with `outcome`: a reply's tokens count against its user's
+    /// budget.
+    pub(super) fn charge_tokens(&mut self, tag: u64, outcome: &Outcome) {
+        let tokens = match outcome {
+            Outcome::Reply(r) => r.tokens,
+            _ => None,
+        };
+        let wall_ms = self.wall_at_zero + self.now.as_millis() as u64;
+        self.access.charge(tag, tokens, wall_ms);
     }
 
     /// Acks the message of `tag` as a turn that ran at once, then ends it with the notice.
@@ -50,6 +64,29 @@ impl Bridge {
 }
 
 impl Bridge {
+    /// A `may_use` query from `conn`: answered in line order with the policy's word. Its
+    /// platform is the query's, else the connection's hello platform.
+    pub(super) fn may_use(
+        &mut self,
+        conn: ConnId,
+        id: &str,
+        platform: Option<&str>,
+        user: &str,
+        chat: Option<&str>,
+    ) {
+        let hello = self.conns.get(conn).and_then(|c| c.platform.clone());
+        let Some(platform) = platform.or(hello.as_deref()) else {
+            self.error(
+                conn,
+                "may_use: no platform (give one, or say hello with one)",
+            );
+            return;
+        };
+        let allowed = self.access.may_use(platform, user, chat);
+        log::debug!("access: may_use {platform} {user}: {allowed}");
+        self.answer(conn, encode(&ServerOp::MayUse { id, allowed }));
+    }
+
     /// Keeps the policy's state in `dir/access.json` (loaded now, saved off the reactor).
     pub(in crate::server) fn persist_access(
         &mut self,

@@ -303,6 +303,12 @@ impl Bridge {
             }
             Ok(ClientOp::Delivered { ids }) => self.delivered(id, &ids),
             Ok(ClientOp::Message(m)) => self.handle_message(id, m, now),
+            Ok(ClientOp::MayUse {
+                id: q,
+                platform,
+                user_id,
+                chat_id,
+            }) => self.may_use(id, &q, platform.as_deref(), &user_id, chat_id.as_deref()),
             Ok(ClientOp::Link { up, detail }) => {
                 let link = crate::liveness::LinkStatus { up, detail };
                 if let Err(e) = self.conns.set_link(id, link) {

@@ -210,6 +210,7 @@ impl Routes {
 impl Bridge {
     /// The message of `tag` finished: its terminal event goes out.
     pub(super) fn finished(&mut self, tag: u64, id: &str, session: &SessionKey, outcome: Outcome) {
+        self.charge_tokens(tag, &outcome);
         let Some(route) = self.routes.remove(tag) else {
             return;
         };
