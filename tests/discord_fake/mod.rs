@@ -23,7 +23,7 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, unbounded};
+use crossbeam_channel::{Sender, unbounded};
 use serde_json::{Value, json};
 use tungstenite::Message;
 
@@ -617,18 +617,4 @@ fn handle(state: &mut FakeState, method: &str, path: &str, body: &Value, ws_url:
             json!({"message": "404: Not Found", "code": 0}),
         ),
     }
-}
-
-/// Lines of a child's stdout on a channel.
-pub fn lines(stdout: impl Read + Send + 'static) -> Receiver<String> {
-    let (tx, rx) = crossbeam_channel::bounded(16);
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { return };
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    rx
 }
