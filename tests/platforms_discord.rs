@@ -131,6 +131,10 @@ fn a_dm_and_a_guild_mention_get_streamed_replies_split_at_2000_characters() {
     assert_eq!(reply.body["message_reference"]["message_id"], "502");
     assert_eq!(posted(&s, "echo: not for the bot (group)"), 0);
     assert_eq!(s.not_modified, 0, "an edit repeated the text already shown");
+    assert_eq!(
+        s.rate_limited, 0,
+        "posts and edits share the channel's bucket: none past it"
+    );
     assert_eq!(s.too_long, 0, "a text over 2,000 characters was sent");
     assert!(
         s.calls.iter().any(|c| c.path == "/channels/42/typing"),
@@ -554,6 +558,42 @@ fn stop_from_the_chat_ends_a_streamed_turn_answered_once_and_nothing_shown_twice
             .any(|t| t.contains("Hello world")),
         "nothing of the stopped turn came after the stop"
     );
+    assert_eq!(s.violations, 0);
+    drop(s);
+    assert!(bridge.terminate().success());
+    assert_no_secret(&log);
+}
+
+/// Replies in 80 channels at once (each its own bucket) are over 50 requests a second
+/// without a global limit of the bridge's own: it keeps under it, so Discord never answers
+/// a global 429.
+#[test]
+fn replies_in_many_channels_at_once_stay_under_the_global_limit_without_a_429() {
+    let fake = FakeDiscord::start(1000);
+    let setup = Setup::echo();
+    let log = setup.dir.path().join("bridge.log");
+    let mut bridge = start_bridge(&setup, &fake, &setup.dir.path().join("state"), &log);
+    let n = 80;
+    for i in 0..n {
+        fake.user_message(
+            &format!("3{i:03}"),
+            &format!("6{i:03}"),
+            None,
+            &format!("hi {i}"),
+        );
+    }
+    fake.wait_for("every reply", |s| {
+        (0..n)
+            .all(|i| posted(s, &format!("hi {i}")) == 1)
+            .then_some(())
+    });
+    setup.wait_all_delivered("discord");
+    let s = fake.lock();
+    assert_eq!(
+        s.global_limited, 0,
+        "a global 429: over 50 requests a second"
+    );
+    assert_eq!(s.rate_limited, 0);
     assert_eq!(s.violations, 0);
     drop(s);
     assert!(bridge.terminate().success());
