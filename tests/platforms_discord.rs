@@ -83,8 +83,8 @@ fn a_dm_and_a_guild_mention_get_streamed_replies_split_at_2000_characters() {
     let mut bridge = start_bridge(&setup, &fake, &setup.dir.path().join("state"), &log);
     assert_eq!(
         fake.lock().intents,
-        Some((1 << 9) | (1 << 12) | (1 << 15)),
-        "guild messages, direct messages, message content"
+        Some(1 | (1 << 9) | (1 << 12) | (1 << 15)),
+        "guilds (thread events), guild messages, direct messages, message content"
     );
 
     fake.user_message("500", "42", None, "stream");
@@ -596,6 +596,46 @@ fn replies_in_many_channels_at_once_stay_under_the_global_limit_without_a_429() 
     assert_eq!(s.rate_limited, 0);
     assert_eq!(s.violations, 0);
     drop(s);
+    assert!(bridge.terminate().success());
+    assert_no_secret(&log);
+}
+
+#[test]
+fn a_mention_in_a_thread_is_in_the_threads_session_and_answered_in_the_thread() {
+    let fake = FakeDiscord::start(1000);
+    let setup = Setup::start(STREAM_EMOJI);
+    let log = setup.dir.path().join("bridge.log");
+    let mut bridge = start_bridge(&setup, &fake, &setup.dir.path().join("state"), &log);
+    fake.thread_created("88", "77", "9");
+    fake.user_message("560", "88", Some("9"), &format!("<@{BOT_ID}> where"));
+    let reply = "session discord:group:77:thread:88:user:7";
+    let call = fake.wait_for("the reply in the thread", |s| {
+        s.calls
+            .iter()
+            .find(|c| c.method == "POST" && c.status == 200 && c.body["content"] == reply)
+            .cloned()
+    });
+    assert_eq!(call.path, "/channels/88/messages", "answered in the thread");
+    assert_eq!(call.body["message_reference"]["message_id"], "560");
+    // The thread's parent channel itself is still a channel of its own.
+    fake.user_message("561", "77", Some("9"), &format!("<@{BOT_ID}> where"));
+    fake.wait_for("the reply in the channel", |s| {
+        s.calls
+            .iter()
+            .any(|c| {
+                c.path == "/channels/77/messages"
+                    && c.body["content"] == "session discord:group:77:user:7"
+            })
+            .then_some(())
+    });
+    assert!(
+        !fake
+            .lock()
+            .calls
+            .iter()
+            .any(|c| c.path == "/channels/77/messages" && c.body["content"] == reply),
+        "the thread's reply went to the parent channel"
+    );
     assert!(bridge.terminate().success());
     assert_no_secret(&log);
 }

@@ -23,8 +23,8 @@ pub const WAIT: Duration = Duration::from_secs(60);
 
 /// The streaming process agent (`agent.py FIFO N`): for "stream", a partial, (FIFO) a longer
 /// partial, (FIFO) a result of "Hello world " and N party emoji; for "ticks K", K partials
-/// 50 ms apart, then a result (the figures' stream); anything else is echoed with its chat
-/// type.
+/// 50 ms apart, then a result (the figures' stream); for "where", its session key; anything
+/// else is echoed with its chat type.
 pub const AGENT: &str = r#"
 import json, sys, time
 fifo, n = sys.argv[1], int(sys.argv[2])
@@ -47,6 +47,8 @@ for line in sys.stdin:
             out({"op": "partial", "id": i, "text": "tick %d" % j})
             time.sleep(0.05)
         out({"op": "reply", "id": i, "text": "ticks done %d" % k})
+    elif t == "where":
+        out({"op": "reply", "id": i, "text": "session " + m["session"]})
     else:
         out({"op": "reply", "id": i, "text": "echo: %s (%s)" % (t, m["chat_type"])})
 "#;

@@ -2,12 +2,13 @@
 //! tests of `turnstile bridge discord` from Discord's published documentation. It is not
 //! Discord and checks only what the bridge depends on and what the real service punishes:
 //!
-//! - Gateway: Hello with a heartbeat interval; Identify (the token, and the intents: guild
-//!   messages, direct messages, message content) answered with READY (session id,
+//! - Gateway: Hello with a heartbeat interval; Identify (the token, and the intents: guilds,
+//!   guild messages, direct messages, message content) answered with READY (session id,
 //!   `resume_gateway_url`, the bot user) or a close code (4004 for a wrong token, or the one
 //!   a test scripts); heartbeats answered with Heartbeat ACK unless a test drops them (a
 //!   zombie link: then dispatches are not delivered either); Resume replaying every
-//!   dispatch after the given sequence, then RESUMED; an unknown session answered op 9.
+//!   dispatch after the given sequence, then RESUMED; an unknown session answered op 9;
+//!   THREAD_CREATE when a test opens a thread (a thread is a channel of its own).
 //! - REST: `GET /gateway/bot`; `POST /channels/{id}/messages` (2,000 characters at most, a
 //!   `message_reference` recorded; a repeated `nonce` with `enforce_nonce` returns the message
 //!   it created), `PATCH` edits, `DELETE`, `POST …/typing`; buckets of 5
@@ -195,6 +196,15 @@ impl FakeDiscord {
         }
         let mut state = self.lock();
         dispatch(&mut state, "MESSAGE_CREATE", d);
+        self.shared.1.notify_all();
+    }
+
+    /// A thread `thread` created in channel `parent` of guild `guild` (THREAD_CREATE).
+    pub fn thread_created(&self, thread: &str, parent: &str, guild: &str) {
+        let mut state = self.lock();
+        let d = json!({"id": thread, "parent_id": parent, "guild_id": guild, "type": 11,
+            "name": "a thread"});
+        dispatch(&mut state, "THREAD_CREATE", d);
         self.shared.1.notify_all();
     }
 

@@ -31,6 +31,7 @@ mod event;
 mod rest;
 mod shard;
 mod state;
+mod threads;
 
 /// Messages read from Discord and not yet handed to the gateway client at most (the
 /// client's own bound is [`GatewayConfig::max_pending`]); past it the Gateway connection
@@ -200,7 +201,8 @@ fn serve(
             .map_err(|e| DiscordError::Failed(format!("cannot start the Gateway thread: {e}")))?;
     }
     let mut bridge = Bridge {
-        renderer: Renderer::new(config.edit_interval, config.max_views),
+        renderer: Renderer::new(config.edit_interval, config.max_views)
+            .with_channels(event::session_channel),
         api: HttpRest::new(&config.api_base, &config.bot_token),
         gateway: gateway.clone(),
         store,
@@ -338,7 +340,8 @@ impl Bridge {
                 self.session = Some(session);
             }
             Inbound::Message { seq, message } => {
-                self.progress.handed(seq, &message.id, &message.chat_id);
+                let channel = event::reply_channel(&message);
+                self.progress.handed(seq, &message.id, channel);
                 self.backlog.push_back((seq, message));
             }
             Inbound::Fatal(e) => return Err(DiscordError::Fatal(e)),
@@ -355,7 +358,7 @@ impl Bridge {
                 Err(e) => {
                     // It can never be sent: it ends here, told to its sender.
                     let id = message.id.clone();
-                    let channel = message.chat_id.clone();
+                    let channel = event::reply_channel(message).to_owned();
                     self.progress.answered(&id);
                     let target = event::reply_target(&id).map(str::to_owned);
                     self.renderer.notice(
@@ -419,8 +422,13 @@ impl Bridge {
                     self.gateway.delivered(&result.id);
                 }
             }
-            GatewayEvent::Typing { chat_id, on, .. } => {
-                self.renderer.typing(&chat_id, on, Instant::now());
+            GatewayEvent::Typing {
+                session,
+                chat_id,
+                on,
+            } => {
+                let channel = event::session_channel(&session).unwrap_or(chat_id);
+                self.renderer.typing(&channel, on, Instant::now());
             }
             GatewayEvent::Disconnected { .. } | GatewayEvent::Error { .. } => {}
         }
