@@ -3,7 +3,9 @@
 //! serve` with a streaming process agent and the real bridge binary.
 //!
 //! - **First text**: from a user's message entering the fake to the bot's first message
-//!   (the reply's first partial) reaching the fake.
+//!   (the reply's first partial) reaching the fake: `cold` in a new conversation (the
+//!   agent's process starts: a Python interpreter), `warm` in one whose agent runs already
+//!   (its earlier reply over a second before, out of the limits' way).
 //! - **Edits per reply**: an agent streaming 40 partials 50 ms apart (2 s) is shown with how
 //!   many edits (the final text included) under the bridges' pace (one edit a second per
 //!   reply) and the fakes' limits (Discord: 5 per 5 s per channel, 50/s in all; Slack: about
@@ -65,10 +67,10 @@ fn median_ms(mut v: Vec<Duration>) -> f64 {
     v[v.len() / 2].as_secs_f64() * 1e3
 }
 
-fn report(platform: &str, first: Vec<Duration>, edits: &[usize]) {
+fn report(platform: &str, conversation: &str, first: Vec<Duration>, edits: &[usize]) {
     let max = first.iter().max().copied().unwrap_or_default();
     println!(
-        "{{\"bench\": \"chat_bridges\", \"platform\": \"{platform}\", \"replies\": {}, \"partials_per_reply\": {TICKS}, \"first_text_ms_median\": {:.1}, \"first_text_ms_max\": {:.1}, \"edits_per_reply\": {:?}}}",
+        "{{\"bench\": \"chat_bridges\", \"platform\": \"{platform}\", \"conversation\": \"{conversation}\", \"replies\": {}, \"partials_per_reply\": {TICKS}, \"first_text_ms_median\": {:.1}, \"first_text_ms_max\": {:.1}, \"edits_per_reply\": {:?}}}",
         first.len(),
         median_ms(first),
         max.as_secs_f64() * 1e3,
@@ -87,17 +89,39 @@ fn discord(n: usize) {
         &["--api-base", &fake.api_base, "--state-dir", state],
         &[("DISCORD_BOT_TOKEN", discord_fake::TOKEN)],
     );
-    let (mut first, mut edits) = (Vec::new(), Vec::new());
-    for i in 0..n {
-        let channel = format!("4{i:03}");
+    for warm in [false, true] {
+        let (mut first, mut edits) = (Vec::new(), Vec::new());
+        for i in 0..n {
+            let channel = format!("4{}{i:03}", u8::from(warm));
+            if warm {
+                fake.user_message(&format!("8{i:03}"), &channel, None, "warm");
+                fake.wait_for("the warm-up reply", |s| {
+                    (FakeDiscord::posts(s, "echo: warm (dm)") == i + 1).then_some(())
+                });
+                std::thread::sleep(Duration::from_millis(1100));
+            }
+            let (at, n_edits) =
+                discord_reply(&fake, &channel, &format!("{}9{i:03}", u8::from(warm)));
+            first.push(at);
+            edits.push(n_edits);
+        }
+        report("discord", if warm { "warm" } else { "cold" }, first, &edits);
+    }
+}
+
+/// One streamed reply in `channel`: its first text's latency and its edits.
+fn discord_reply(fake: &FakeDiscord, channel: &str, id: &str) -> (Duration, usize) {
+    {
         let path = format!("/channels/{channel}/messages");
         let sent = Instant::now();
-        fake.user_message(&format!("9{i:03}"), &channel, None, &format!("ticks {TICKS}"));
+        fake.user_message(id, channel, None, &format!("ticks {TICKS}"));
         let done = format!("ticks done {TICKS}");
         let (at, n_edits) = fake.wait_for("the whole reply", |s| {
             let mine = s.calls.iter().filter(|c| c.status == 200);
-            let first = mine.clone().find(|c| c.method == "POST" && c.path == path)?;
-            FakeDiscord::texts(s, &channel)
+            let first = mine
+                .clone()
+                .find(|c| c.method == "POST" && c.path == path && c.at >= sent)?;
+            FakeDiscord::texts(s, channel)
                 .iter()
                 .any(|t| *t == done)
                 .then_some(())?;
@@ -106,10 +130,8 @@ fn discord(n: usize) {
                 .count();
             Some((first.at, edits))
         });
-        first.push(at.duration_since(sent));
-        edits.push(n_edits);
+        (at.duration_since(sent), n_edits)
     }
-    report("discord", first, &edits);
 }
 
 fn slack(n: usize) {
@@ -126,16 +148,45 @@ fn slack(n: usize) {
             ("SLACK_BOT_TOKEN", slack_fake::BOT_TOKEN),
         ],
     );
-    let (mut first, mut edits) = (Vec::new(), Vec::new());
-    for i in 0..n {
-        let channel = format!("D{i}");
+    for warm in [false, true] {
+        let (mut first, mut edits) = (Vec::new(), Vec::new());
+        for i in 0..n {
+            let channel = format!("D{}{i}", u8::from(warm));
+            if warm {
+                fake.event(
+                    json!({"type": "message", "channel_type": "im", "channel": channel,
+                    "user": "U7", "ts": format!("800.{i:06}"), "text": "warm"}),
+                );
+                fake.wait_for("the warm-up reply", |s| {
+                    (FakeSlack::posts(s, "echo: warm (dm)") == i + 1).then_some(())
+                });
+                std::thread::sleep(Duration::from_millis(1100));
+            }
+            let ts = format!("9{}0.{i:06}", u8::from(warm));
+            let (at, n_edits) = slack_reply(&fake, &channel, &ts);
+            first.push(at);
+            edits.push(n_edits);
+        }
+        report("slack", if warm { "warm" } else { "cold" }, first, &edits);
+    }
+}
+
+/// One streamed reply in `channel`: its first text's latency and its edits.
+fn slack_reply(fake: &FakeSlack, channel: &str, ts: &str) -> (Duration, usize) {
+    {
         let sent = Instant::now();
-        fake.event(json!({"type": "message", "channel_type": "im", "channel": channel,
-            "user": "U7", "ts": format!("900.{i:06}"), "text": format!("ticks {TICKS}")}));
+        fake.event(
+            json!({"type": "message", "channel_type": "im", "channel": channel,
+            "user": "U7", "ts": ts, "text": format!("ticks {TICKS}")}),
+        );
         let done = format!("ticks done {TICKS}");
         let (at, n_edits) = fake.wait_for("the whole reply", |s| {
-            let at = s.created_at.iter().find(|(c, _)| *c == channel)?.1;
-            FakeSlack::texts(s, &channel)
+            let at = s
+                .created_at
+                .iter()
+                .find(|(c, at)| c == channel && *at >= sent)?
+                .1;
+            FakeSlack::texts(s, channel)
                 .iter()
                 .any(|t| *t == done)
                 .then_some(())?;
@@ -146,10 +197,8 @@ fn slack(n: usize) {
                 .count();
             Some((at, edits))
         });
-        first.push(at.duration_since(sent));
-        edits.push(n_edits);
+        (at.duration_since(sent), n_edits)
     }
-    report("slack", first, &edits);
 }
 
 fn main() {
