@@ -121,10 +121,7 @@ fn discord_reply(fake: &FakeDiscord, channel: &str, id: &str) -> (Duration, usiz
             let first = mine
                 .clone()
                 .find(|c| c.method == "POST" && c.path == path && c.at >= sent)?;
-            FakeDiscord::texts(s, channel)
-                .iter()
-                .any(|t| *t == done)
-                .then_some(())?;
+            FakeDiscord::texts(s, channel).contains(&done).then_some(())?;
             let edits = mine
                 .filter(|c| c.method == "PATCH" && c.path.starts_with(&path))
                 .count();
@@ -186,10 +183,7 @@ fn slack_reply(fake: &FakeSlack, channel: &str, ts: &str) -> (Duration, usize) {
                 .iter()
                 .find(|(c, at)| c == channel && *at >= sent)?
                 .1;
-            FakeSlack::texts(s, channel)
-                .iter()
-                .any(|t| *t == done)
-                .then_some(())?;
+            FakeSlack::texts(s, channel).contains(&done).then_some(())?;
             let edits = s
                 .calls
                 .iter()
