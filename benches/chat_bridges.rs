@@ -121,7 +121,9 @@ fn discord_reply(fake: &FakeDiscord, channel: &str, id: &str) -> (Duration, usiz
             let first = mine
                 .clone()
                 .find(|c| c.method == "POST" && c.path == path && c.at >= sent)?;
-            FakeDiscord::texts(s, channel).contains(&done).then_some(())?;
+            FakeDiscord::texts(s, channel)
+                .contains(&done)
+                .then_some(())?;
             let edits = mine
                 .filter(|c| c.method == "PATCH" && c.path.starts_with(&path))
                 .count();

@@ -2,14 +2,16 @@
 //! (v10, a WebSocket: [`shard`]) and the REST API ([`rest`]).
 //!
 //! - **In**: `MESSAGE_CREATE` from users (not bots, not itself) in DMs, and in guild channels
-//!   when they mention the bot, become gateway messages `dc-<message id>` ([`event`]). A
+//!   when they mention the bot, become gateway messages `dc-<message id>` ([`event`]); one in
+//!   a thread ([`threads`]) carries the thread as `thread_id` and is answered in it. A
 //!   resumed session's replay, or a restart's, carries the same ids: the gateway answers
 //!   `duplicate`, nothing runs twice.
 //! - **Restart**: with `--state-dir` the session (id, resume URL, the sequence below the
 //!   oldest message the gateway has not answered) is saved ([`state`]); a restarted bridge
 //!   resumes it and Discord replays what came since, while the session lives (a few
 //!   minutes). Past that Discord answers op 9 and what came meanwhile is not delivered.
-//! - **Out**: [`render`]: replies, edits, typing, notices, under the REST rate limits.
+//! - **Out**: the shared renderer: replies, edits, typing, notices, under the REST rate
+//!   limits ([`rest`]: buckets by their hash, the global limit).
 //! - The bot token goes in the Identify/Resume payloads and the `Authorization` header only:
 //!   it is never logged, and every error text is redacted.
 
