@@ -3,137 +3,35 @@
 //! documentation; it says at its top what it checks and that it is not Discord).
 //!
 //! The real `turnstile serve` (with a streaming process agent) and the real bridge binary
-//! run against it. Nothing sleeps to order events: the agent waits on a FIFO the test writes
-//! once it has seen what it waits for, and every wait has a deadline.
+//! run against it (`chat_bridge_support`: the gateway, the streaming agent and its FIFO).
 
+mod chat_bridge_support;
 mod child_support;
 mod discord_fake;
+use chat_bridge_support::{AGENT, GATEWAY_TOKEN, Setup, WAIT, lines, stream_text};
 use child_support::{Proc, die_with_parent};
-use discord_fake::{BOT_ID, FakeDiscord, FakeState, TOKEN, WAIT, lines};
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use discord_fake::{BOT_ID, FakeDiscord, FakeState, TOKEN};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, bounded};
 
-/// The gateway's auth token: the bridge must present it, and never log it.
-const GATEWAY_TOKEN: &str = "gateway-secret-4711";
-
-/// The streaming process agent: for "stream", a partial, (FIFO) a longer partial, (FIFO) a
-/// result over 2,000 characters; anything else is echoed with its chat type.
-const AGENT: &str = r#"
-import json, sys
-fifo = sys.argv[1]
-def out(o):
-    sys.stdout.write(json.dumps(o) + "\n"); sys.stdout.flush()
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("op") != "turn":
-        continue
-    i, t = m["id"], m["text"]
-    if t == "stream":
-        out({"op": "partial", "id": i, "text": "Hello"})
-        open(fifo).read()
-        out({"op": "partial", "id": i, "text": "Hello world"})
-        open(fifo).read()
-        out({"op": "reply", "id": i, "text": "Hello world " + "\U0001F389 " * 1500})
-    else:
-        out({"op": "reply", "id": i, "text": "echo: %s (%s)" % (t, m["chat_type"])})
-"#;
+/// The "stream" result: over 2,000 characters, so it continues in new messages.
+const STREAM_EMOJI: usize = 1500;
 
 fn final_text() -> String {
-    format!("Hello world {}", "🎉 ".repeat(1500))
+    stream_text(STREAM_EMOJI)
 }
 
-impl Proc {
-    fn terminate(&mut self) -> std::process::ExitStatus {
-        // SAFETY: kill(2) on our own child.
-        assert_eq!(unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) }, 0);
-        self.wait_exit()
-    }
-
-    fn wait_exit(&mut self) -> std::process::ExitStatus {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(status) = self.0.try_wait().expect("try_wait") {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "no exit in time");
-            std::thread::park_timeout(Duration::from_millis(20));
-        }
-    }
-}
-
-struct Setup {
-    dir: tempfile::TempDir,
-    fifo: PathBuf,
-    _serve: Proc,
-    gateway: String,
-}
-
-impl Setup {
-    fn start() -> Setup {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let script = dir.path().join("agent.py");
-        std::fs::write(&script, AGENT).expect("agent");
-        let fifo = dir.path().join("go.fifo");
-        let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
-        assert!(made.success());
-        let cmd = format!("exec python3 {} {}", script.display(), fifo.display());
-        let mut serve = die_with_parent(
-            Command::new(env!("CARGO_BIN_EXE_turnstile"))
-                .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "off"])
-                .args(["--access-default", "open"])
-                .args(["--agent", "process", "--agent-cmd", &cmd])
-                .args(["--partial-interval", "0"])
-                .env("RUST_LOG", "warn")
-                .env("TURNSTILE_AUTH_TOKEN", GATEWAY_TOKEN)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit()),
-        )
-        .spawn()
-        .expect("start serve");
-        let line = lines(serve.stdout.take().expect("stdout"))
-            .recv_timeout(WAIT)
-            .expect("listening");
-        let gateway = line
-            .strip_prefix("listening on ")
-            .expect("listening line")
-            .to_owned();
-        Setup {
-            dir,
-            fifo,
-            _serve: Proc(serve),
-            gateway,
-        }
-    }
-
-    /// Starts the bridge (stderr to `log`) and waits for its ready line.
-    fn bridge(&self, fake: &FakeDiscord, state_dir: &Path, log: &Path) -> Proc {
-        let (child, ready) = spawn_bridge(&self.gateway, &fake.api_base, TOKEN, state_dir, log);
-        assert_eq!(
-            ready.recv_timeout(WAIT).expect("the ready line"),
-            "ready: discord as fakebot"
-        );
-        child
-    }
-
-    /// Lets the agent go on (it waits on the FIFO), bounded.
-    fn go(&self) {
-        let fifo = self.fifo.clone();
-        let (tx, rx) = bounded(1);
-        std::thread::spawn(move || {
-            let r = std::fs::OpenOptions::new()
-                .write(true)
-                .open(&fifo)
-                .and_then(|mut f| f.write_all(b"go"));
-            let _ = tx.send(r);
-        });
-        rx.recv_timeout(WAIT)
-            .expect("the agent opened the FIFO")
-            .expect("write");
-    }
+/// Starts the bridge (stderr to `log`) and waits for its ready line.
+fn start_bridge(setup: &Setup, fake: &FakeDiscord, state_dir: &Path, log: &Path) -> Proc {
+    let (child, ready) = spawn_bridge(&setup.gateway, &fake.api_base, TOKEN, state_dir, log);
+    assert_eq!(
+        ready.recv_timeout(WAIT).expect("the ready line"),
+        "ready: discord as fakebot"
+    );
+    child
 }
 
 fn spawn_bridge(
@@ -180,13 +78,13 @@ fn posted(s: &FakeState, text: &str) -> usize {
 #[test]
 fn a_dm_and_a_guild_mention_get_streamed_replies_split_at_2000_characters() {
     let fake = FakeDiscord::start(1000);
-    let setup = Setup::start();
+    let setup = Setup::start(STREAM_EMOJI);
     let log = setup.dir.path().join("bridge.log");
-    let mut bridge = setup.bridge(&fake, &setup.dir.path().join("state"), &log);
+    let mut bridge = start_bridge(&setup, &fake, &setup.dir.path().join("state"), &log);
     assert_eq!(
         fake.lock().intents,
-        Some((1 << 9) | (1 << 12) | (1 << 15)),
-        "guild messages, direct messages, message content"
+        Some(1 | (1 << 9) | (1 << 12) | (1 << 15)),
+        "guilds (thread events), guild messages, direct messages, message content"
     );
 
     fake.user_message("500", "42", None, "stream");
@@ -233,6 +131,10 @@ fn a_dm_and_a_guild_mention_get_streamed_replies_split_at_2000_characters() {
     assert_eq!(reply.body["message_reference"]["message_id"], "502");
     assert_eq!(posted(&s, "echo: not for the bot (group)"), 0);
     assert_eq!(s.not_modified, 0, "an edit repeated the text already shown");
+    assert_eq!(
+        s.rate_limited, 0,
+        "posts and edits share the channel's bucket: none past it"
+    );
     assert_eq!(s.too_long, 0, "a text over 2,000 characters was sent");
     assert!(
         s.calls.iter().any(|c| c.path == "/channels/42/typing"),
@@ -247,9 +149,9 @@ fn a_dm_and_a_guild_mention_get_streamed_replies_split_at_2000_characters() {
 #[test]
 fn a_zombie_connection_is_resumed_in_the_middle_of_a_stream_losing_and_repeating_nothing() {
     let fake = FakeDiscord::start(300);
-    let setup = Setup::start();
+    let setup = Setup::start(STREAM_EMOJI);
     let log = setup.dir.path().join("bridge.log");
-    let mut bridge = setup.bridge(&fake, &setup.dir.path().join("state"), &log);
+    let mut bridge = start_bridge(&setup, &fake, &setup.dir.path().join("state"), &log);
     fake.user_message("600", "42", None, "stream");
     fake.wait_for("the first message", |s| {
         (posted(s, "Hello") == 1).then_some(())
@@ -287,6 +189,8 @@ fn a_zombie_connection_is_resumed_in_the_middle_of_a_stream_losing_and_repeating
             .collect();
         (stream.concat() == expected).then_some(())
     });
+    // Every result was confirmed: the gateway holds none for Discord.
+    setup.wait_all_delivered("discord");
     let s = fake.lock();
     assert_eq!(s.identifies, 1, "the session was resumed, not started anew");
     assert_eq!(posted(&s, "echo: during (dm)"), 1, "answered once");
@@ -308,9 +212,9 @@ fn a_429_storm_ends_without_a_request_past_the_limits() {
         s.force_429 = 3;
         s.retry_after = 1.0;
     }
-    let setup = Setup::start();
+    let setup = Setup::start(STREAM_EMOJI);
     let log = setup.dir.path().join("bridge.log");
-    let mut bridge = setup.bridge(&fake, &setup.dir.path().join("state"), &log);
+    let mut bridge = start_bridge(&setup, &fake, &setup.dir.path().join("state"), &log);
     for i in 0..8 {
         fake.user_message(&format!("70{i}"), "42", None, &format!("m{i}"));
     }
@@ -338,7 +242,7 @@ fn a_429_storm_ends_without_a_request_past_the_limits() {
 
 #[test]
 fn close_codes_no_retry_fixes_and_a_refused_token_end_the_bridge_with_exit_2() {
-    let setup = Setup::start();
+    let setup = Setup::start(STREAM_EMOJI);
     for (code, hint) in [(4004, "Reset Token"), (4014, "Message Content Intent")] {
         let fake = FakeDiscord::start(1000);
         fake.lock().close_on_identify = Some(code);
@@ -372,10 +276,10 @@ fn close_codes_no_retry_fixes_and_a_refused_token_end_the_bridge_with_exit_2() {
 #[test]
 fn a_restarted_bridge_resumes_its_session_and_answers_what_came_while_it_was_down_once() {
     let fake = FakeDiscord::start(1000);
-    let setup = Setup::start();
+    let setup = Setup::start(STREAM_EMOJI);
     let state = setup.dir.path().join("state");
     let log = setup.dir.path().join("bridge-1.log");
-    let mut first = setup.bridge(&fake, &state, &log);
+    let mut first = start_bridge(&setup, &fake, &state, &log);
     fake.user_message("800", "42", None, "one");
     fake.wait_for("the first reply", |s| {
         (posted(s, "echo: one (dm)") == 1).then_some(())
@@ -396,7 +300,7 @@ fn a_restarted_bridge_resumes_its_session_and_answers_what_came_while_it_was_dow
     assert!(first.terminate().success());
     fake.user_message("801", "42", None, "two");
     let log = setup.dir.path().join("bridge-2.log");
-    let second = setup.bridge(&fake, &state, &log);
+    let second = start_bridge(&setup, &fake, &state, &log);
     fake.wait_for("the reply to what came while down", |s| {
         (posted(s, "echo: two (dm)") == 1).then_some(())
     });
@@ -417,7 +321,7 @@ fn a_restarted_bridge_resumes_its_session_and_answers_what_came_while_it_was_dow
     drop(second);
     fake.release_posts();
     let log = setup.dir.path().join("bridge-3.log");
-    let mut third = setup.bridge(&fake, &state, &log);
+    let mut third = start_bridge(&setup, &fake, &state, &log);
     fake.wait_for("the repeated post", |s| {
         let tries = s
             .calls
@@ -434,9 +338,9 @@ fn a_restarted_bridge_resumes_its_session_and_answers_what_came_while_it_was_dow
 #[test]
 fn reconnect_and_invalid_session_are_answered_as_the_gateway_documentation_says() {
     let fake = FakeDiscord::start(1000);
-    let setup = Setup::start();
+    let setup = Setup::start(STREAM_EMOJI);
     let log = setup.dir.path().join("bridge.log");
-    let mut bridge = setup.bridge(&fake, &setup.dir.path().join("state"), &log);
+    let mut bridge = start_bridge(&setup, &fake, &setup.dir.path().join("state"), &log);
     // Op 7: reconnect and resume; a message sent meanwhile is replayed and answered once.
     fake.send_op(serde_json::json!({"op": 7, "d": null}));
     fake.user_message("900", "42", None, "after seven");
@@ -478,7 +382,7 @@ fn a_bridge_table_runs_the_discord_bridge_supervised_by_serve() {
     std::fs::write(
         &config,
         format!(
-            "agent = \"process\"\nagent-cmd = \"exec python3 {} unused\"\n\n[[bridge]]\nplatform = \"discord\"\nargs = [\"--api-base\", \"{}\", \"--state-dir\", \"{}\"]\n",
+            "agent = \"process\"\nagent-cmd = \"exec python3 {} unused 1\"\n\n[[bridge]]\nplatform = \"discord\"\nargs = [\"--api-base\", \"{}\", \"--state-dir\", \"{}\"]\n",
             script.display(),
             fake.api_base,
             dir.path().join("state").display()
@@ -552,7 +456,7 @@ fn silent_listener() -> (String, Receiver<std::net::TcpStream>) {
 
 #[test]
 fn sigterm_exits_0_promptly_while_the_api_or_the_gateway_hangs() {
-    let setup = Setup::start();
+    let setup = Setup::start(STREAM_EMOJI);
     // The REST API accepts and never answers (the start-up calls hang).
     let (api, accepted) = silent_listener();
     let log = setup.dir.path().join("bridge-api.log");
@@ -600,5 +504,138 @@ fn sigterm_exits_0_promptly_while_the_api_or_the_gateway_hangs() {
         "not promptly: {:?}",
         asked.elapsed()
     );
+    assert_no_secret(&log);
+}
+
+/// The gateway's answer to a `!stop` that cancelled a running turn.
+const STOPPED: &str = "stop: cancelled the running turn, 0 queued message(s) cancelled";
+
+#[test]
+fn stop_from_the_chat_ends_a_streamed_turn_answered_once_and_nothing_shown_twice() {
+    let fake = FakeDiscord::start(1000);
+    let setup = Setup::start(STREAM_EMOJI);
+    let log = setup.dir.path().join("bridge.log");
+    let mut bridge = start_bridge(&setup, &fake, &setup.dir.path().join("state"), &log);
+    fake.user_message("650", "42", None, "stream");
+    fake.wait_for("the first message", |s| {
+        (posted(s, "Hello") == 1).then_some(())
+    });
+    // The agent is stuck mid-stream (it waits on the FIFO): only the stop ends the turn.
+    fake.user_message("651", "42", None, "!stop");
+    fake.wait_for("the stop answered", |s| {
+        s.calls
+            .iter()
+            .any(|c| {
+                c.method == "POST"
+                    && c.status == 200
+                    && c.body["content"] == STOPPED
+                    && c.body["message_reference"]["message_id"] == "651"
+            })
+            .then_some(())
+    });
+    fake.wait_for("the stream's message shows the cancellation", |s| {
+        FakeDiscord::texts(s, "42")
+            .iter()
+            .any(|t| t.starts_with("[cancelled"))
+            .then_some(())
+    });
+    setup.wait_all_delivered("discord");
+    // The session is free again.
+    fake.user_message("652", "42", None, "after");
+    fake.wait_for("the next reply", |s| {
+        (posted(s, "echo: after (dm)") == 1).then_some(())
+    });
+    let s = fake.lock();
+    let created: Vec<&str> = s.created.iter().map(|(_, t)| t.as_str()).collect();
+    assert_eq!(
+        created,
+        ["Hello", STOPPED, "echo: after (dm)"],
+        "each shown once; the cancellation edits the stream's message"
+    );
+    assert!(
+        !FakeDiscord::texts(&s, "42")
+            .iter()
+            .any(|t| t.contains("Hello world")),
+        "nothing of the stopped turn came after the stop"
+    );
+    assert_eq!(s.violations, 0);
+    drop(s);
+    assert!(bridge.terminate().success());
+    assert_no_secret(&log);
+}
+
+/// Replies in 80 channels at once (each its own bucket) are over 50 requests a second
+/// without a global limit of the bridge's own: it keeps under it, so Discord never answers
+/// a global 429.
+#[test]
+fn replies_in_many_channels_at_once_stay_under_the_global_limit_without_a_429() {
+    let fake = FakeDiscord::start(1000);
+    let setup = Setup::echo();
+    let log = setup.dir.path().join("bridge.log");
+    let mut bridge = start_bridge(&setup, &fake, &setup.dir.path().join("state"), &log);
+    let n = 80;
+    for i in 0..n {
+        fake.user_message(
+            &format!("3{i:03}"),
+            &format!("6{i:03}"),
+            None,
+            &format!("hi {i}"),
+        );
+    }
+    fake.wait_for("every reply", |s| {
+        (0..n)
+            .all(|i| posted(s, &format!("hi {i}")) == 1)
+            .then_some(())
+    });
+    setup.wait_all_delivered("discord");
+    let s = fake.lock();
+    assert_eq!(
+        s.global_limited, 0,
+        "a global 429: over 50 requests a second"
+    );
+    assert_eq!(s.rate_limited, 0);
+    assert_eq!(s.violations, 0);
+    drop(s);
+    assert!(bridge.terminate().success());
+    assert_no_secret(&log);
+}
+
+#[test]
+fn a_mention_in_a_thread_is_in_the_threads_session_and_answered_in_the_thread() {
+    let fake = FakeDiscord::start(1000);
+    let setup = Setup::start(STREAM_EMOJI);
+    let log = setup.dir.path().join("bridge.log");
+    let mut bridge = start_bridge(&setup, &fake, &setup.dir.path().join("state"), &log);
+    fake.thread_created("88", "77", "9");
+    fake.user_message("560", "88", Some("9"), &format!("<@{BOT_ID}> where"));
+    let reply = "session discord:group:77:thread:88:user:7";
+    let call = fake.wait_for("the reply in the thread", |s| {
+        s.calls
+            .iter()
+            .find(|c| c.method == "POST" && c.status == 200 && c.body["content"] == reply)
+            .cloned()
+    });
+    assert_eq!(call.path, "/channels/88/messages", "answered in the thread");
+    assert_eq!(call.body["message_reference"]["message_id"], "560");
+    // The thread's parent channel itself is still a channel of its own.
+    fake.user_message("561", "77", Some("9"), &format!("<@{BOT_ID}> where"));
+    fake.wait_for("the reply in the channel", |s| {
+        s.calls
+            .iter()
+            .any(|c| {
+                c.path == "/channels/77/messages"
+                    && c.body["content"] == "session discord:group:77:user:7"
+            })
+            .then_some(())
+    });
+    assert!(
+        !fake
+            .lock()
+            .calls
+            .iter()
+            .any(|c| c.path == "/channels/77/messages" && c.body["content"] == reply),
+        "the thread's reply went to the parent channel"
+    );
+    assert!(bridge.terminate().success());
     assert_no_secret(&log);
 }

@@ -7,6 +7,7 @@
 //! of an observable state (a stalled write, the process's exit).
 
 mod child_support;
+mod slack_fake;
 use child_support::{Proc, die_with_parent};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -1859,6 +1860,59 @@ fn a_result_shown_before_a_bridge_restart_is_confirmed_not_shown_again() {
         .try_iter()
         .filter(|r| r.contains("/sendMessage") && r.contains("shown once"))
         .count();
+    assert_eq!(shown, 1, "the reply was shown {shown} times");
+}
+
+/// The same for Slack (issue 37): with `--state-dir` a result shown before a restart and
+/// redelivered after it is confirmed, not posted again (`chat.postMessage` has no
+/// idempotency key of its own).
+#[test]
+fn a_slack_result_shown_before_a_bridge_restart_is_confirmed_not_shown_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let state_arg = state.to_str().expect("utf-8 path").to_owned();
+    let slack = slack_fake::FakeSlack::start();
+    for (run, redelivery) in [(1, false), (2, true)] {
+        let gateway = FakeGateway::start(None);
+        let log = dir.path().join(format!("slack-{run}.log"));
+        let (mut bridge, lines) = start_bridge(
+            &[
+                "slack",
+                "--gateway",
+                &gateway.addr,
+                "--api-base",
+                &slack.api_base,
+                "--state-dir",
+                &state_arg,
+            ],
+            &[
+                ("SLACK_APP_TOKEN", slack_fake::APP_TOKEN),
+                ("SLACK_BOT_TOKEN", slack_fake::BOT_TOKEN),
+            ],
+            &log,
+        );
+        assert_eq!(
+            lines.recv_timeout(WAIT).expect("the ready line"),
+            "ready: slack as fakebot"
+        );
+        let mut result = serde_json::json!({"op": "reply", "id": "sl-D1-100.1-100.1",
+            "session": "slack:dm:D1", "text": "shown once"});
+        if redelivery {
+            result["redelivery"] = serde_json::json!(true);
+        }
+        gateway.send(&result.to_string());
+        assert_eq!(
+            gateway
+                .delivered
+                .recv_timeout(WAIT)
+                .expect("a confirmation"),
+            "sl-D1-100.1-100.1",
+            "run {run}"
+        );
+        let (status, _) = bridge.terminate();
+        assert!(status.success(), "exit status {status:?}");
+    }
+    let shown = slack_fake::FakeSlack::posts(&slack.lock(), "shown once");
     assert_eq!(shown, 1, "the reply was shown {shown} times");
 }
 

@@ -203,6 +203,11 @@ struct SlackArgs {
     /// Environment variable holding the bot token (`xoxb-…`).
     #[arg(long, value_name = "NAME", default_value = "SLACK_BOT_TOKEN")]
     bot_token_env: String,
+    /// Directory keeping the ids of the results shown (the newest 4,096), so a result
+    /// redelivered after a restart is not shown twice. What came while the bridge was down
+    /// needs no state: Slack redelivers every event it had no ack for.
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<std::path::PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -287,7 +292,7 @@ impl BridgeArgs {
                 ],
                 gateway_token_env: a.gateway.gateway_token_env.clone(),
                 optional: Vec::new(),
-                state_dir: None,
+                state_dir: a.state_dir.clone(),
             },
             Platform::Discord(a) => BridgeNeeds {
                 required: vec![(a.token_env.clone(), "--token-env")],
@@ -449,7 +454,8 @@ fn run_matrix(a: MatrixArgs) -> Result<(), Failure> {
 
 fn run_discord(a: DiscordArgs) -> Result<(), Failure> {
     use crate::platforms::discord::{self, DiscordConfig, DiscordError};
-    let gateway = a.gateway.config("discord").map_err(Failure::Usage)?;
+    let mut gateway = a.gateway.config("discord").map_err(Failure::Usage)?;
+    gateway.shown_file = a.state_dir.as_ref().map(|d| d.join("discord-shown"));
     let token = token_from_env(&a.token_env)
         .map_err(Failure::Usage)?
         .ok_or_else(|| {
@@ -479,7 +485,8 @@ fn run_discord(a: DiscordArgs) -> Result<(), Failure> {
 
 fn run_slack(a: SlackArgs) -> Result<(), Failure> {
     use crate::platforms::slack::{self, SlackConfig, SlackError};
-    let gateway = a.gateway.config("slack").map_err(Failure::Usage)?;
+    let mut gateway = a.gateway.config("slack").map_err(Failure::Usage)?;
+    gateway.shown_file = a.state_dir.as_ref().map(|d| d.join("slack-shown"));
     let token = |var: &str, flag: &str| {
         token_from_env(var).map_err(Failure::Usage)?.ok_or_else(|| {
             Failure::Usage(format!(

@@ -111,10 +111,13 @@ pub(crate) struct Renderer {
     backoff: Duration,
     edit_interval: Duration,
     max_views: usize,
+    /// Where a session's replies go ([`chat_of`] unless the platform says otherwise).
+    channel_of: fn(&str) -> Option<String>,
 }
 
-/// The channel of a session key (`discord:dm:42`, `discord:group:42:user:7`).
-fn channel_of(session: &str) -> Option<String> {
+/// The chat of a session key (`discord:dm:42`, `discord:group:42:user:7`): where its replies
+/// go on a platform whose threads are inside the chat's channel (Slack).
+pub(crate) fn chat_of(session: &str) -> Option<String> {
     SessionKey::from_str(session)
         .ok()
         .map(|k| k.chat_id().to_owned())
@@ -133,12 +136,20 @@ impl Renderer {
             backoff: Duration::from_secs(1),
             edit_interval,
             max_views: max_views.max(1),
+            channel_of: chat_of,
         }
+    }
+
+    /// Replies of a session go to the channel `channel_of` names (Discord: a thread is a
+    /// channel of its own).
+    pub(crate) fn with_channels(mut self, channel_of: fn(&str) -> Option<String>) -> Renderer {
+        self.channel_of = channel_of;
+        self
     }
 
     fn view(&mut self, id: &str, session: &str, reply_to: Option<String>) -> Option<&mut View> {
         if !self.views.contains_key(id) {
-            let channel = channel_of(session)?;
+            let channel = (self.channel_of)(session)?;
             self.views.insert(
                 id.to_owned(),
                 View {

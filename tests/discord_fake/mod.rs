@@ -2,18 +2,21 @@
 //! tests of `turnstile bridge discord` from Discord's published documentation. It is not
 //! Discord and checks only what the bridge depends on and what the real service punishes:
 //!
-//! - Gateway: Hello with a heartbeat interval; Identify (the token, and the intents: guild
-//!   messages, direct messages, message content) answered with READY (session id,
+//! - Gateway: Hello with a heartbeat interval; Identify (the token, and the intents: guilds,
+//!   guild messages, direct messages, message content) answered with READY (session id,
 //!   `resume_gateway_url`, the bot user) or a close code (4004 for a wrong token, or the one
 //!   a test scripts); heartbeats answered with Heartbeat ACK unless a test drops them (a
 //!   zombie link: then dispatches are not delivered either); Resume replaying every
-//!   dispatch after the given sequence, then RESUMED; an unknown session answered op 9.
+//!   dispatch after the given sequence, then RESUMED; an unknown session answered op 9;
+//!   THREAD_CREATE when a test opens a thread (a thread is a channel of its own).
 //! - REST: `GET /gateway/bot`; `POST /channels/{id}/messages` (2,000 characters at most, a
 //!   `message_reference` recorded; a repeated `nonce` with `enforce_nonce` returns the message
 //!   it created), `PATCH` edits, `DELETE`, `POST …/typing`; buckets of 5
-//!   requests per 5 s per route and channel and 50 requests a second in all, announced in
-//!   the `X-RateLimit-*` headers and answered 429 with `retry_after` past them; a request
-//!   on a route before its `retry_after` passed is counted as a violation (what gets a bot
+//!   requests per 5 s per channel, the message routes (post, edit, delete) sharing one
+//!   bucket (one `X-RateLimit-Bucket` hash, as Discord lets routes share buckets), typing
+//!   another, and 50 requests a second in all (the global limit), announced in the
+//!   `X-RateLimit-*` headers and answered 429 with `retry_after` past them; a request on a
+//!   bucket before its `retry_after` passed is counted as a violation (what gets a bot
 //!   banned).
 #![allow(dead_code)]
 
@@ -23,7 +26,7 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, unbounded};
+use crossbeam_channel::{Sender, unbounded};
 use serde_json::{Value, json};
 use tungstenite::Message;
 
@@ -84,6 +87,8 @@ pub struct FakeState {
     global: VecDeque<Instant>,
     limited_until: HashMap<String, Instant>,
     pub rate_limited: u32,
+    /// 429s for the global limit (a subset of `rate_limited`).
+    pub global_limited: u32,
     pub violations: u32,
     pub too_long: u32,
     pub not_modified: u32,
@@ -191,6 +196,15 @@ impl FakeDiscord {
         }
         let mut state = self.lock();
         dispatch(&mut state, "MESSAGE_CREATE", d);
+        self.shared.1.notify_all();
+    }
+
+    /// A thread `thread` created in channel `parent` of guild `guild` (THREAD_CREATE).
+    pub fn thread_created(&self, thread: &str, parent: &str, guild: &str) {
+        let mut state = self.lock();
+        let d = json!({"id": thread, "parent_id": parent, "guild_id": guild, "type": 11,
+            "name": "a thread"});
+        dispatch(&mut state, "THREAD_CREATE", d);
         self.shared.1.notify_all();
     }
 
@@ -456,12 +470,15 @@ fn serve_http(mut stream: TcpStream, shared: &(Mutex<FakeState>, Condvar), ws_ur
 
 type Answer = (u16, Vec<(String, String)>, Value);
 
-/// The rate limits: a violation is a request before its route's `retry_after` passed.
+/// The rate limits of bucket `hash` for one channel (`key`): a violation is a request before
+/// its bucket's `retry_after` passed.
 fn limit(
     state: &mut FakeState,
-    route: &str,
+    key: &str,
+    hash: &str,
     now: Instant,
 ) -> Result<Vec<(String, String)>, Answer> {
+    let route = key;
     if state.limited_until.get(route).is_some_and(|t| *t > now) {
         state.violations += 1;
     }
@@ -483,10 +500,11 @@ fn limit(
         .retain(|t| now.duration_since(*t) < Duration::from_secs(1));
     if state.global.len() >= GLOBAL_PER_SEC {
         state.rate_limited += 1;
+        state.global_limited += 1;
         let after = Duration::from_secs(1) - now.duration_since(state.global[0]);
         return Err(too_many(after, true));
     }
-    if state.force_429 > 0 && route.contains("/messages") {
+    if state.force_429 > 0 && hash == "fake-messages" {
         state.force_429 -= 1;
         state.rate_limited += 1;
         let after = Duration::from_secs_f64(state.retry_after);
@@ -512,7 +530,7 @@ fn limit(
             "X-RateLimit-Reset-After".into(),
             format!("{:.3}", reset_after.as_secs_f64()),
         ),
-        ("X-RateLimit-Bucket".into(), format!("fake-{route}")),
+        ("X-RateLimit-Bucket".into(), hash.to_owned()),
     ])
 }
 
@@ -537,8 +555,13 @@ fn handle(state: &mut FakeState, method: &str, path: &str, body: &Value, ws_url:
         return (404, vec![], json!({"message": "404: Not Found", "code": 0}));
     }
     let channel = parts[2].to_owned();
-    let route = format!("{method} /channels/{channel}/{}", parts[3]);
-    let headers = match limit(state, &route, Instant::now()) {
+    let hash = if parts[3] == "messages" {
+        "fake-messages".to_owned()
+    } else {
+        format!("fake-{}", parts[3])
+    };
+    let key = format!("{hash}:{channel}");
+    let headers = match limit(state, &key, &hash, Instant::now()) {
         Ok(h) => h,
         Err(answer) => return answer,
     };
@@ -617,18 +640,4 @@ fn handle(state: &mut FakeState, method: &str, path: &str, body: &Value, ws_url:
             json!({"message": "404: Not Found", "code": 0}),
         ),
     }
-}
-
-/// Lines of a child's stdout on a channel.
-pub fn lines(stdout: impl Read + Send + 'static) -> Receiver<String> {
-    let (tx, rx) = crossbeam_channel::bounded(16);
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { return };
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    rx
 }

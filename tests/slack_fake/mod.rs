@@ -45,6 +45,8 @@ pub struct FakeState {
     pub messages: HashMap<String, (String, Option<String>, String)>,
     /// Every message created, in order: (ts, text).
     pub created: Vec<(String, String)>,
+    /// When each message was created, in order: (channel, instant).
+    pub created_at: Vec<(String, Instant)>,
     next: u64,
     /// Connections: (opened, closed).
     pub connections: Vec<(Instant, Option<Instant>)>,
@@ -383,6 +385,7 @@ fn handle(
                 .messages
                 .insert(ts.clone(), (channel.clone(), thread, text.clone()));
             state.created.push((ts.clone(), text));
+            state.created_at.push((channel.clone(), Instant::now()));
             (200, None, json!({"ok": true, "ts": ts, "channel": channel}))
         }
         "chat.delete" => {

@@ -1,17 +1,21 @@
 //! Discord messages as gateway messages, and back: which message a gateway id answers.
 
+use std::str::FromStr;
+
 use serde_json::{Value, json};
 
-use crate::message::ChatType;
+use super::threads::Threads;
+use crate::message::{ChatType, SessionKey};
 use crate::platforms::gateway::OutgoingMessage;
 use crate::platforms::map_command;
 
 /// The gateway message for a `MESSAGE_CREATE`, or `None` for one the bridge does not answer:
 /// from a bot (itself included) or a webhook, not a plain message or reply, empty, or in a
 /// guild channel without mentioning the bot (or replying to it). A DM is `dm`; a guild
-/// channel (a thread is a channel of its own) is `group`, keyed per sender. The mention is
+/// channel is `group`, keyed per sender; in a thread (a channel of its own, known from
+/// `threads`) the chat is the thread's channel and the thread its `thread_id`. The mention is
 /// taken out of the text and `!stop`-style commands map to `/stop`.
-pub(crate) fn message_create(d: &Value, me: &str) -> Option<OutgoingMessage> {
+pub(crate) fn message_create(d: &Value, me: &str, threads: &Threads) -> Option<OutgoingMessage> {
     let id = d.get("id")?.as_str()?;
     let channel_id = d.get("channel_id")?.as_str()?;
     let author = d.get("author")?;
@@ -45,7 +49,12 @@ pub(crate) fn message_create(d: &Value, me: &str) -> Option<OutgoingMessage> {
     if text.trim().is_empty() {
         return None;
     }
-    let mut message = OutgoingMessage::new(&format!("dc-{id}"), channel_id, &map_command(&text));
+    let (chat_id, thread_id) = match threads.parent(channel_id) {
+        Some(parent) => (parent, Some(channel_id)),
+        None => (channel_id, None),
+    };
+    let mut message = OutgoingMessage::new(&format!("dc-{id}"), chat_id, &map_command(&text));
+    message.thread_id = thread_id.map(str::to_owned);
     message.chat_type = if guild_id.is_some() {
         ChatType::Group
     } else {
@@ -66,6 +75,17 @@ pub(crate) fn message_create(d: &Value, me: &str) -> Option<OutgoingMessage> {
     }
     message.meta = Some(meta.to_string());
     Some(message)
+}
+
+/// Where a message's replies go: its thread (a channel of its own), else its channel.
+pub(crate) fn reply_channel(message: &OutgoingMessage) -> &str {
+    message.thread_id.as_deref().unwrap_or(&message.chat_id)
+}
+
+/// Where a session's replies go (the renderer's channel): its thread, else its chat.
+pub(crate) fn session_channel(session: &str) -> Option<String> {
+    let key = SessionKey::from_str(session).ok()?;
+    Some(key.thread_id().unwrap_or(key.chat_id()).to_owned())
 }
 
 /// The Discord message a gateway id (`dc-<message id>`) answers.
@@ -109,14 +129,40 @@ mod tests {
         d
     }
 
+    fn message_create_plain(d: &Value, me: &str) -> Option<OutgoingMessage> {
+        message_create(d, me, &Threads::default())
+    }
+
+    #[test]
+    fn a_message_in_a_thread_is_in_the_threads_session_and_answered_there() {
+        let mut threads = Threads::default();
+        threads.dispatch(
+            "THREAD_CREATE",
+            &json!({"id": "88", "parent_id": "42", "type": 11, "guild_id": "9"}),
+        );
+        let mut d = create("<@1> hi", true, &["1"]);
+        d["channel_id"] = json!("88");
+        let m = message_create(&d, "1", &threads).expect("thread message");
+        assert_eq!(
+            (m.chat_id.as_str(), m.thread_id.as_deref()),
+            ("42", Some("88"))
+        );
+        assert_eq!(reply_channel(&m), "88");
+        let key = "discord:group:42:thread:88:user:7";
+        assert_eq!(session_channel(key).as_deref(), Some("88"));
+        assert_eq!(session_channel("discord:dm:42").as_deref(), Some("42"));
+        let plain = message_create(&create("<@1> hi", true, &["1"]), "1", &threads).expect("m");
+        assert_eq!((plain.chat_id.as_str(), plain.thread_id), ("42", None));
+    }
+
     #[test]
     fn a_dm_is_answered_and_a_guild_message_only_when_it_mentions_the_bot() {
-        let dm = message_create(&create("hi", false, &[]), "1").expect("dm");
+        let dm = message_create_plain(&create("hi", false, &[]), "1").expect("dm");
         assert_eq!(dm.chat_type, ChatType::Dm);
         assert_eq!(dm.id, "dc-500");
         assert_eq!(dm.text, "hi");
-        assert!(message_create(&create("hi", true, &[]), "1").is_none());
-        let g = message_create(&create("<@1> !stop", true, &["1"]), "1").expect("guild");
+        assert!(message_create_plain(&create("hi", true, &[]), "1").is_none());
+        let g = message_create_plain(&create("<@1> !stop", true, &["1"]), "1").expect("guild");
         assert_eq!(g.chat_type, ChatType::Group);
         assert_eq!(g.text, "/stop");
         assert_eq!(g.user_id.as_deref(), Some("7"));
@@ -131,12 +177,12 @@ mod tests {
     fn bots_itself_and_system_messages_are_not_answered() {
         let mut bot = create("hi", false, &[]);
         bot["author"]["bot"] = json!(true);
-        assert!(message_create(&bot, "1").is_none());
-        assert!(message_create(&create("hi", false, &[]), "7").is_none());
+        assert!(message_create_plain(&bot, "1").is_none());
+        assert!(message_create_plain(&create("hi", false, &[]), "7").is_none());
         let mut join = create("hi", false, &[]);
         join["type"] = json!(7);
-        assert!(message_create(&join, "1").is_none());
-        assert!(message_create(&create("<@1>", true, &["1"]), "1").is_none());
+        assert!(message_create_plain(&join, "1").is_none());
+        assert!(message_create_plain(&create("<@1>", true, &["1"]), "1").is_none());
     }
 
     #[test]

@@ -2,14 +2,16 @@
 //! (v10, a WebSocket: [`shard`]) and the REST API ([`rest`]).
 //!
 //! - **In**: `MESSAGE_CREATE` from users (not bots, not itself) in DMs, and in guild channels
-//!   when they mention the bot, become gateway messages `dc-<message id>` ([`event`]). A
+//!   when they mention the bot, become gateway messages `dc-<message id>` ([`event`]); one in
+//!   a thread ([`threads`]) carries the thread as `thread_id` and is answered in it. A
 //!   resumed session's replay, or a restart's, carries the same ids: the gateway answers
 //!   `duplicate`, nothing runs twice.
 //! - **Restart**: with `--state-dir` the session (id, resume URL, the sequence below the
 //!   oldest message the gateway has not answered) is saved ([`state`]); a restarted bridge
 //!   resumes it and Discord replays what came since, while the session lives (a few
 //!   minutes). Past that Discord answers op 9 and what came meanwhile is not delivered.
-//! - **Out**: [`render`]: replies, edits, typing, notices, under the REST rate limits.
+//! - **Out**: the shared renderer: replies, edits, typing, notices, under the REST rate
+//!   limits ([`rest`]: buckets by their hash, the global limit).
 //! - The bot token goes in the Identify/Resume payloads and the `Authorization` header only:
 //!   it is never logged, and every error text is redacted.
 
@@ -31,6 +33,7 @@ mod event;
 mod rest;
 mod shard;
 mod state;
+mod threads;
 
 /// Messages read from Discord and not yet handed to the gateway client at most (the
 /// client's own bound is [`GatewayConfig::max_pending`]); past it the Gateway connection
@@ -200,7 +203,8 @@ fn serve(
             .map_err(|e| DiscordError::Failed(format!("cannot start the Gateway thread: {e}")))?;
     }
     let mut bridge = Bridge {
-        renderer: Renderer::new(config.edit_interval, config.max_views),
+        renderer: Renderer::new(config.edit_interval, config.max_views)
+            .with_channels(event::session_channel),
         api: HttpRest::new(&config.api_base, &config.bot_token),
         gateway: gateway.clone(),
         store,
@@ -338,7 +342,8 @@ impl Bridge {
                 self.session = Some(session);
             }
             Inbound::Message { seq, message } => {
-                self.progress.handed(seq, &message.id, &message.chat_id);
+                let channel = event::reply_channel(&message);
+                self.progress.handed(seq, &message.id, channel);
                 self.backlog.push_back((seq, message));
             }
             Inbound::Fatal(e) => return Err(DiscordError::Fatal(e)),
@@ -355,7 +360,7 @@ impl Bridge {
                 Err(e) => {
                     // It can never be sent: it ends here, told to its sender.
                     let id = message.id.clone();
-                    let channel = message.chat_id.clone();
+                    let channel = event::reply_channel(message).to_owned();
                     self.progress.answered(&id);
                     let target = event::reply_target(&id).map(str::to_owned);
                     self.renderer.notice(
@@ -419,8 +424,13 @@ impl Bridge {
                     self.gateway.delivered(&result.id);
                 }
             }
-            GatewayEvent::Typing { chat_id, on, .. } => {
-                self.renderer.typing(&chat_id, on, Instant::now());
+            GatewayEvent::Typing {
+                session,
+                chat_id,
+                on,
+            } => {
+                let channel = event::session_channel(&session).unwrap_or(chat_id);
+                self.renderer.typing(&channel, on, Instant::now());
             }
             GatewayEvent::Disconnected { .. } | GatewayEvent::Error { .. } => {}
         }

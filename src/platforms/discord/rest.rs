@@ -1,9 +1,17 @@
 //! Discord's REST API as the bridge uses it: one call (behind [`Rest`], so the renderer is
-//! tested with a scripted one), the rate-limit buckets it learns from the `X-RateLimit-*`
-//! headers, and 429s (per route or global) turned into a time before which nothing is sent.
+//! tested with a scripted one), the rate limits as Discord publishes them, and 429s (per
+//! bucket or global) turned into a time before which nothing is sent:
+//!
+//! - **Buckets**: a route's bucket is named by the `X-RateLimit-Bucket` hash of its answers;
+//!   routes with the same hash share one bucket per top-level resource (the channel), so a
+//!   post that empties it stops the edits too. A route whose hash is not known yet is its
+//!   own bucket until its first answer names one.
+//! - **Global**: at most [`GLOBAL_PER_SECOND`] calls in any second, counted before any 429:
+//!   a call waits until the one [`GLOBAL_PER_SECOND`] calls back finished a second ago.
+//!
 //! The bot token travels in the `Authorization` header only and is never logged.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -18,8 +26,11 @@ pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 const MAX_RESPONSE_BYTES: u64 = 4 << 20;
 /// Time one call may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
-/// Routes whose bucket is remembered at most (the oldest reset is forgotten first).
+/// Buckets (and route hashes) remembered at most (past it the ones whose reset passed are
+/// forgotten, then all).
 const MAX_BUCKETS: usize = 4096;
+/// Discord's global rate limit: requests a bot may make in any second.
+pub(crate) const GLOBAL_PER_SECOND: usize = 50;
 
 pub(crate) use crate::platforms::replies::CallError as RestError;
 
@@ -41,8 +52,13 @@ pub(crate) struct HttpRest {
     agent: ureq::Agent,
     base: String,
     authorization: String,
+    /// A route's template (its top-level resource left out) → its bucket's hash.
+    hashes: HashMap<String, String>,
+    /// A bucket (`hash:resource`, or the route while its hash is unknown) → what it allows.
     buckets: HashMap<String, Bucket>,
     global_until: Option<Instant>,
+    /// When the newest [`GLOBAL_PER_SECOND`] calls finished, oldest first.
+    finished: VecDeque<Instant>,
 }
 
 impl HttpRest {
@@ -68,31 +84,90 @@ impl HttpRest {
             agent: ureq::Agent::new_with_config(config),
             base: base.trim_end_matches('/').to_owned(),
             authorization: format!("Bot {token}"),
+            hashes: HashMap::new(),
             buckets: HashMap::new(),
             global_until: None,
+            finished: VecDeque::with_capacity(GLOBAL_PER_SECOND + 1),
+        }
+    }
+
+    /// The bucket `route` counts against: its hash's, for its top-level resource, once an
+    /// answer named the hash; the route itself before.
+    fn bucket_key(&self, route: &str) -> String {
+        let (template, resource) = split_resource(route);
+        match self.hashes.get(&template) {
+            Some(hash) => format!("{hash}:{resource}"),
+            None => route.to_owned(),
         }
     }
 
     /// When the route (or everything) may be called again, if not now.
     fn blocked(&self, route: &str, now: Instant) -> Option<Instant> {
         let global = self.global_until.filter(|t| *t > now);
+        let second = self
+            .finished
+            .front()
+            .filter(|_| self.finished.len() >= GLOBAL_PER_SECOND)
+            .map(|t| *t + Duration::from_secs(1))
+            .filter(|t| *t > now);
         let bucket = self
             .buckets
-            .get(route)
+            .get(&self.bucket_key(route))
             .filter(|b| b.remaining == 0 && b.reset_at > now)
             .map(|b| b.reset_at);
-        global.max(bucket)
+        global.max(second).max(bucket)
     }
 
-    fn remember(&mut self, route: &str, bucket: Bucket, now: Instant) {
-        if self.buckets.len() >= MAX_BUCKETS && !self.buckets.contains_key(route) {
+    /// A call finished at `now` (answered or not: it may have reached Discord). Counted
+    /// when it finished, after Discord counted it, so no second holds more than
+    /// [`GLOBAL_PER_SECOND`] of them in Discord's count either.
+    fn finished(&mut self, now: Instant) {
+        self.finished.push_back(now);
+        while self.finished.len() > GLOBAL_PER_SECOND {
+            self.finished.pop_front();
+        }
+        debug_assert!(self.finished.len() <= GLOBAL_PER_SECOND);
+    }
+
+    /// What an answer said of `route`'s bucket: its hash (shared with other routes) and,
+    /// if given, what it allows now.
+    fn learn(&mut self, route: &str, hash: Option<&str>, bucket: Option<Bucket>, now: Instant) {
+        if let Some(hash) = hash {
+            let (template, _) = split_resource(route);
+            if self.hashes.len() >= MAX_BUCKETS && !self.hashes.contains_key(&template) {
+                self.hashes.clear();
+            }
+            self.hashes.insert(template, hash.to_owned());
+        }
+        if let Some(bucket) = bucket {
+            let key = self.bucket_key(route);
+            self.remember(key, bucket, now);
+        }
+    }
+
+    fn remember(&mut self, key: String, bucket: Bucket, now: Instant) {
+        if self.buckets.len() >= MAX_BUCKETS && !self.buckets.contains_key(&key) {
             self.buckets.retain(|_, b| b.reset_at > now);
             if self.buckets.len() >= MAX_BUCKETS {
                 self.buckets.clear();
             }
         }
-        self.buckets.insert(route.to_owned(), bucket);
+        self.buckets.insert(key, bucket);
+        debug_assert!(self.buckets.len() <= MAX_BUCKETS);
     }
+}
+
+/// A route (`PATCH /channels/7/messages/:id`) as its template, the top-level resource left
+/// out (`PATCH /channels/:resource/messages/:id`, what a bucket hash is named for), and that
+/// resource (`7`; empty for a route without one).
+fn split_resource(route: &str) -> (String, &str) {
+    let mut parts: Vec<&str> = route.split('/').collect();
+    if parts.len() >= 3 && matches!(parts[1], "channels" | "guilds" | "webhooks") {
+        let resource = parts[2];
+        parts[2] = ":resource";
+        return (parts.join("/"), resource);
+    }
+    (route.to_owned(), "")
 }
 
 /// The rate-limit route of a call: its method and path, with a message id (a minor
@@ -133,10 +208,9 @@ impl Rest for HttpRest {
         let request = request(method)
             .body(text)
             .map_err(|e| transient(format!("{route}: {e}")))?;
-        let response = self
-            .agent
-            .run(request)
-            .map_err(|e| transient(format!("{route}: {e}")))?;
+        let response = self.agent.run(request);
+        self.finished(Instant::now());
+        let response = response.map_err(|e| transient(format!("{route}: {e}")))?;
         let status = response.status().as_u16();
         let header = |name: &str| {
             response
@@ -149,6 +223,7 @@ impl Rest for HttpRest {
         let reset_after = seconds(header("x-ratelimit-reset-after").and_then(|v| v.parse().ok()));
         let global_header = header("x-ratelimit-global").is_some_and(|v| v == "true");
         let retry_header = seconds(header("retry-after").and_then(|v| v.parse().ok()));
+        let hash = header("x-ratelimit-bucket").filter(|h| !h.is_empty() && h.len() <= 256);
         let body = response
             .into_body()
             .with_config()
@@ -156,13 +231,11 @@ impl Rest for HttpRest {
             .read_to_string()
             .map_err(|e| transient(format!("{route}: reading the answer failed: {e}")))?;
         let now = Instant::now();
-        if let (Some(remaining), Some(after)) = (remaining, reset_after) {
-            let bucket = Bucket {
-                remaining,
-                reset_at: now + after,
-            };
-            self.remember(&route, bucket, now);
-        }
+        let bucket = remaining.zip(reset_after).map(|(remaining, after)| Bucket {
+            remaining,
+            reset_at: now + after,
+        });
+        self.learn(&route, hash.as_deref(), bucket, now);
         let value: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
         if status == 429 {
             let after = seconds(value.get("retry_after").and_then(Value::as_f64))
@@ -178,7 +251,8 @@ impl Rest for HttpRest {
                     remaining: 0,
                     reset_at: until,
                 };
-                self.remember(&route, bucket, now);
+                let key = self.bucket_key(&route);
+                self.remember(key, bucket, now);
             }
             warn_limited!(
                 "discord: {route} rate limited ({}) for {after:?}",
@@ -299,12 +373,13 @@ mod tests {
         let mut rest = HttpRest::new("http://127.0.0.1:9", "discord-unit-test-token-8f3a");
         let now = Instant::now();
         let reset_at = now + Duration::from_secs(2);
-        rest.remember(
+        rest.learn(
             "POST /channels/1/messages",
-            Bucket {
+            None,
+            Some(Bucket {
                 remaining: 0,
                 reset_at,
-            },
+            }),
             now,
         );
         assert_eq!(
@@ -317,6 +392,65 @@ mod tests {
         assert_eq!(
             rest.blocked("POST /channels/2/messages", now),
             Some(now + Duration::from_secs(5))
+        );
+    }
+
+    #[test]
+    fn routes_whose_answers_name_one_bucket_hash_share_it_per_channel() {
+        let mut rest = HttpRest::new("http://127.0.0.1:9", "discord-unit-test-token-8f3a");
+        let now = Instant::now();
+        let reset_at = now + Duration::from_secs(5);
+        let (post, edit) = (
+            "POST /channels/1/messages",
+            "PATCH /channels/1/messages/:id",
+        );
+        let room = |remaining| {
+            Some(Bucket {
+                remaining,
+                reset_at,
+            })
+        };
+        rest.learn(edit, Some("h1"), room(3), now);
+        rest.learn(post, Some("h1"), room(0), now);
+        assert_eq!(
+            rest.blocked(edit, now),
+            Some(reset_at),
+            "the post emptied the bucket the edits share"
+        );
+        assert_eq!(rest.blocked("PATCH /channels/2/messages/:id", now), None);
+        assert_eq!(rest.blocked("POST /channels/1/typing", now), None);
+        assert_eq!(rest.blocked(edit, reset_at), None);
+    }
+
+    #[test]
+    fn no_second_holds_more_than_fifty_finished_calls() {
+        let mut rest = HttpRest::new("http://127.0.0.1:9", "discord-unit-test-token-8f3a");
+        let t0 = Instant::now();
+        let route = "POST /channels/1/messages";
+        for i in 0..GLOBAL_PER_SECOND as u64 - 1 {
+            rest.finished(t0 + Duration::from_millis(i));
+        }
+        let now = t0 + Duration::from_millis(100);
+        assert_eq!(rest.blocked(route, now), None, "49 in the last second");
+        rest.finished(now);
+        assert_eq!(
+            rest.blocked("POST /channels/2/messages", now),
+            Some(t0 + Duration::from_secs(1)),
+            "the 51st waits until the first is a second old"
+        );
+        assert_eq!(rest.blocked(route, t0 + Duration::from_secs(1)), None);
+        assert_eq!(rest.finished.len(), GLOBAL_PER_SECOND);
+    }
+
+    #[test]
+    fn the_top_level_resource_is_left_out_of_a_routes_template() {
+        assert_eq!(
+            split_resource("PATCH /channels/7/messages/:id"),
+            ("PATCH /channels/:resource/messages/:id".to_owned(), "7")
+        );
+        assert_eq!(
+            split_resource("GET /gateway/bot"),
+            ("GET /gateway/bot".to_owned(), "")
         );
     }
 }

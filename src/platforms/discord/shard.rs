@@ -23,11 +23,13 @@ use tungstenite::protocol::CloseFrame;
 use tungstenite::protocol::frame::coding::CloseCode;
 
 use super::event::message_create;
+use super::threads::Threads;
 use crate::platforms::gateway::OutgoingMessage;
 use crate::platforms::websocket::{self, Socket};
 
-/// Guild messages, direct messages and message content: the intents the bridge needs.
-pub(crate) const INTENTS: u64 = (1 << 9) | (1 << 12) | (1 << 15);
+/// Guilds (the thread events), guild messages, direct messages and message content: the
+/// intents the bridge needs.
+pub(crate) const INTENTS: u64 = 1 | (1 << 9) | (1 << 12) | (1 << 15);
 /// Least time between two Identify payloads (a `max_concurrency` of 1).
 pub(crate) const IDENTIFY_INTERVAL: Duration = Duration::from_secs(5);
 /// Time a connection, and its Hello, may take.
@@ -95,6 +97,7 @@ struct Shard<'a> {
     /// The last sequence received, shared with the main thread (stored after the message
     /// it carries was handed over).
     last_seq: &'a AtomicU64,
+    threads: Threads,
 }
 
 /// A number in [0, 1) that differs between calls (the heartbeat's jitter, the pause before a
@@ -135,6 +138,7 @@ pub(crate) fn run_shard(
         to_main,
         stop,
         last_seq,
+        threads: Threads::default(),
     };
     let mut backoff = Duration::from_secs(1);
     while !stop.load(Ordering::SeqCst) {
@@ -342,6 +346,7 @@ impl Shard<'_> {
         let seq = payload.get("s").and_then(Value::as_u64);
         let kind = payload.get("t").and_then(Value::as_str).unwrap_or_default();
         let d = payload.get("d").unwrap_or(&Value::Null);
+        self.threads.dispatch(kind, d);
         match kind {
             "READY" => {
                 let field = |p: &str| d.pointer(p).and_then(Value::as_str).map(str::to_owned);
@@ -364,7 +369,7 @@ impl Shard<'_> {
             }
             "MESSAGE_CREATE" => {
                 if let Some(seq) = seq
-                    && let Some(message) = message_create(d, &self.config.user_id)
+                    && let Some(message) = message_create(d, &self.config.user_id, &self.threads)
                 {
                     debug_redacted!(
                         "discord: message {} in channel {}",
@@ -434,7 +439,7 @@ mod tests {
 
     #[test]
     fn the_intents_are_guild_messages_direct_messages_and_message_content() {
-        assert_eq!(INTENTS, 37_376);
+        assert_eq!(INTENTS, 37_377);
     }
 
     #[test]
