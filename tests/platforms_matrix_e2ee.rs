@@ -292,6 +292,98 @@ fn text_of(v: &Value) -> &str {
         .unwrap_or("")
 }
 
+/// The plaintext the sender encrypted (as the client decrypted it again), `Null` for an event
+/// that was not encrypted.
+fn payload(v: &Value) -> &Value {
+    &v["payload"]["content"]
+}
+
+/// The bot's streamed answer to `trigger` (the agent's `slow` words ending in `last`), checked
+/// as the human's client saw it: every bot event was `m.room.encrypted` on the wire with no
+/// text in clear; the first message replies to `trigger` inside the ciphertext; at least one
+/// edit carries its `m.replace` and `m.new_content` inside the ciphertext (the relation also in
+/// clear for the server); the last edit shows `last`.
+fn assert_streamed_reply(nio: &mut Nio, bot: &str, room: &str, trigger: &str, last: &str) {
+    let first = nio.decrypted_from(bot, room, "the first message of the stream", |v, _| {
+        payload(v)["m.relates_to"]["m.in_reply_to"]["event_id"] == trigger
+    });
+    let first_id = first["event_id"].as_str().expect("id").to_owned();
+    let final_edit = nio.decrypted_from(bot, room, "the final edit, decrypted", |v, _| {
+        payload(v)["m.relates_to"]["rel_type"] == "m.replace"
+            && payload(v)["m.relates_to"]["event_id"] == first_id.as_str()
+            && payload(v)["m.new_content"]["body"] == last
+    });
+    assert_eq!(final_edit["type"], "m.room.message", "{final_edit}");
+    let edits: Vec<&Value> = nio
+        .log
+        .iter()
+        .filter(|v| v["content"]["m.relates_to"]["event_id"] == first_id.as_str())
+        .collect();
+    assert!(!edits.is_empty());
+    for ev in edits.iter().copied().chain([&first]) {
+        assert_eq!(ev["decrypted"], true, "an edit not decrypted: {ev}");
+        assert_eq!(ev["wire"]["algorithm"], "m.megolm.v1.aes-sha2", "{ev}");
+        assert!(
+            ev["wire"]["body"].is_null() && ev["wire"]["m.new_content"].is_null(),
+            "no text in clear: {ev}"
+        );
+    }
+    assert_eq!(
+        final_edit["wire"]["m.relates_to"]["rel_type"], "m.replace",
+        "the relation is also in clear, for the server: {final_edit}"
+    );
+}
+
+/// `!stop` during a long streamed turn in `room`: the reply ends with the stopped marker, in
+/// an encrypted edit the human's client decrypts.
+fn assert_stop_works(nio: &mut Nio, bot: &str, room: &str) {
+    nio.say(room, "slow 400 50", false);
+    let partial = nio.decrypted_from(bot, room, "a streamed partial", |_, t| {
+        t.starts_with("w0 w1")
+    });
+    assert!(!payload(&partial).is_null(), "{partial}");
+    nio.say(room, "!stop", false);
+    let stopped = nio.decrypted_from(bot, room, "the stopped marker", |v, _| {
+        payload(v)["m.new_content"]["body"]
+            .as_str()
+            .is_some_and(|t| t.contains("[stopped]"))
+    });
+    assert_eq!(
+        stopped["payload"]["content"]["m.relates_to"]["rel_type"],
+        "m.replace"
+    );
+}
+
+/// The human's decrypted timeline of `room`, one line an event (printed with `--nocapture`:
+/// the transcript for the closing note).
+fn transcript(nio: &Nio, room: &str, names: &[(&str, &str)]) -> String {
+    let mut out = String::new();
+    let messages = nio.log.iter().filter(|v| {
+        v["ev"] == "event"
+            && v["room"] == room
+            && (v["type"] == "m.room.message" || v["type"] == "m.room.encrypted")
+    });
+    for v in messages {
+        let sender = v["sender"].as_str().unwrap_or("?");
+        let who = names
+            .iter()
+            .find(|(id, _)| *id == sender)
+            .map_or(sender, |(_, n)| *n);
+        let how = match (v["wire"]["algorithm"].as_str(), v["decrypted"] == true) {
+            (Some(_), true) => "encrypted, decrypted",
+            (None, true) => "decrypted",
+            (_, false) => "NOT decrypted",
+        };
+        let kind = if v["content"]["m.relates_to"]["rel_type"] == "m.replace" {
+            " (edit)"
+        } else {
+            ""
+        };
+        out.push_str(&format!("{who}{kind} [{how}]: {}\n", text_of(v)));
+    }
+    out
+}
+
 /// The bot's devices as another user sees them (`/keys/query`): id → ed25519 key.
 fn bot_devices(asker: &User, bot: &User) -> Vec<(String, String)> {
     let v = asker
@@ -317,8 +409,9 @@ fn bot_devices(asker: &User, bot: &User) -> Vec<(String, String)> {
         .collect()
 }
 
-/// A human in an encrypted DM writes; the bot answers encrypted (first message, edits, the
-/// final text all decrypt on the human's side); `!stop` stops a streaming reply.
+/// A human in an encrypted DM writes; the bot answers encrypted: a streamed reply (first
+/// message, `m.replace` edits inside the ciphertext, the final text) decrypts on the human's
+/// side, and `!stop` stops a long turn with an encrypted last edit.
 #[test]
 fn an_encrypted_dm_is_answered_and_the_answer_decrypts() {
     let Some(hs) = synapse() else { return };
@@ -340,7 +433,7 @@ fn an_encrypted_dm_is_answered_and_the_answer_decrypts() {
 
     let hello = nio.say(&room, "hello there", false);
     let reply = nio.decrypted_from(&bot.mxid, &room, "the bot's encrypted reply", |v, _| {
-        v["content"]["m.relates_to"]["m.in_reply_to"]["event_id"] == hello.as_str()
+        payload(v)["m.relates_to"]["m.in_reply_to"]["event_id"] == hello.as_str()
     });
     let reply_id = reply["event_id"].as_str().expect("id").to_owned();
     nio.decrypted_from(&bot.mxid, &room, "the final text, decrypted", |v, text| {
@@ -349,14 +442,9 @@ fn an_encrypted_dm_is_answered_and_the_answer_decrypts() {
             && text == "echo: hello there"
     });
 
-    nio.say(&room, "slow 400 50", false);
-    nio.decrypted_from(&bot.mxid, &room, "a streamed partial", |_, t| {
-        t.starts_with("w0 w1")
-    });
-    nio.say(&room, "!stop", false);
-    nio.decrypted_from(&bot.mxid, &room, "the stopped marker", |_, t| {
-        t.contains("[stopped]")
-    });
+    let stream = nio.say(&room, "slow 4 400", false);
+    assert_streamed_reply(&mut nio, &bot.mxid, &room, &stream, "w0 w1 w2 w3");
+    assert_stop_works(&mut nio, &bot.mxid, &room);
 
     let undecrypted: Vec<&Value> = nio
         .log
@@ -369,10 +457,18 @@ fn an_encrypted_dm_is_answered_and_the_answer_decrypts() {
         undecrypted.is_empty(),
         "every bot event in the room was encrypted and decrypted: {undecrypted:?}"
     );
+    println!(
+        "What the human saw in the encrypted DM:\n{}",
+        transcript(&nio, &room, &[(&bot.mxid, "bot"), (&human.mxid, "ann")])
+    );
     let log = bridge.log();
     assert!(
         log.contains("no --state-dir: the encryption keys are not kept"),
         "the start-up warning:\n{log}"
+    );
+    assert!(
+        log.contains("bounds: 256 undecryptable events waiting, 64 sessions per room"),
+        "the bounds in the start-up log:\n{log}"
     );
     assert!(!log.contains("not decrypted"), "{log}");
     bridge.assert_no_secret_logged(&bot);
@@ -380,7 +476,10 @@ fn an_encrypted_dm_is_answered_and_the_answer_decrypts() {
 }
 
 /// Restarted with its `--state-dir`, the bot is the same device (same id, same keys) and its
-/// kept room session still decrypts what the human's client sends without re-keying.
+/// kept room session still decrypts what the human's client sends without re-keying: the
+/// human's client goes on with the same room session (it saw no new device to share with),
+/// and the bot reaches the human's device over its kept Olm session (it claims no new
+/// one-time key).
 #[test]
 fn a_restart_with_the_state_dir_keeps_the_device_and_its_sessions() {
     let Some(hs) = synapse() else { return };
@@ -401,10 +500,20 @@ fn a_restart_with_the_state_dir_keeps_the_device_and_its_sessions() {
     nio.until("the bot joining", |v| {
         v["ev"] == "joined" && v["user"] == bot.mxid.as_str()
     });
-    nio.say(&room, "one", false);
+    let one = nio.say(&room, "one", false);
     nio.decrypted_from(&bot.mxid, &room, "the answer to one", |_, t| {
         t == "echo: one"
     });
+    let session_of = |nio: &mut Nio, id: &str| {
+        let own = nio.decrypted_from(&human.mxid, &room, "the human's own event", |v, _| {
+            v["event_id"] == id
+        });
+        own["wire"]["session_id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no session id: {own}"))
+            .to_owned()
+    };
+    let session_before = session_of(&mut nio, &one);
     let before = bot_devices(&human, &bot);
     assert_eq!(before.len(), 1, "{before:?}");
     assert!(first.log().contains("(new)"));
@@ -422,12 +531,22 @@ fn a_restart_with_the_state_dir_keeps_the_device_and_its_sessions() {
         before,
         "the same device, the same keys"
     );
-    nio.say(&room, "two", false);
+    let two = nio.say(&room, "two", false);
     nio.decrypted_from(
         &bot.mxid,
         &room,
         "the answer to two after the restart",
         |_, t| t == "echo: two",
+    );
+    assert_eq!(
+        session_of(&mut nio, &two),
+        session_before,
+        "the human's client did not re-key the room for the restarted bot"
+    );
+    assert!(
+        !second.log().contains("claiming one-time keys"),
+        "the restarted bot used its kept Olm session:\n{}",
+        second.log()
     );
     let kept = std::fs::read_to_string(state.join("matrix-e2ee.json")).expect("state file");
     assert!(!kept.contains(PICKLE_KEY));
@@ -505,7 +624,8 @@ fn a_late_key_is_waited_for_a_missing_one_told_and_waiting_is_bounded() {
     bridge.stop();
 }
 
-/// In a group room, a second device of the human that joins later reads the bot's next reply.
+/// In an encrypted group room the streamed reply decrypts and `!stop` works; a second device
+/// of the human that joins later reads the bot's next reply.
 #[test]
 fn a_second_device_of_the_human_reads_the_next_reply_in_a_group_room() {
     let Some(hs) = synapse() else { return };
@@ -536,6 +656,9 @@ fn a_second_device_of_the_human_reads_the_next_reply_in_a_group_room() {
     nio.decrypted_from(&bot.mxid, &room, "the answer to first", |_, t| {
         t == "echo: first"
     });
+    let stream = nio.say(&room, "slow 4 400", false);
+    assert_streamed_reply(&mut nio, &bot.mxid, &room, &stream, "w0 w1 w2 w3");
+    assert_stop_works(&mut nio, &bot.mxid, &room);
 
     let mut second = Nio::start(hs, Login::Password(&human), &dir.path().join("nio2"));
     nio.say(&room, "second", false);
@@ -547,6 +670,67 @@ fn a_second_device_of_the_human_reads_the_next_reply_in_a_group_room() {
         &room,
         "the answer on the second device",
         |_, t| t == "echo: second",
+    );
+    bridge.assert_no_secret_logged(&bot);
+    bridge.stop();
+}
+
+/// A room that starts in clear and turns encryption on mid-life: the bot answers in clear
+/// before, and its next reply after the `m.room.encryption` event is encrypted.
+#[test]
+fn a_room_that_turns_encryption_on_is_answered_encrypted_from_then_on() {
+    let Some(hs) = synapse() else { return };
+    if !nio_installed() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("dir");
+    let bot = hs.register("bot", "Turnstile Bot");
+    hs.unlimit(&bot);
+    let human = hs.register("ann", "Ann");
+    let port = free_port();
+    let _serve = serve(port);
+    let bridge = bridge(hs, &bot, port, dir.path(), &[]);
+    let mut nio = Nio::start(hs, Login::Token(&human), &dir.path().join("nio"));
+    nio.send(json!({"op": "create", "invite": [bot.mxid], "plain": true}));
+    let room = nio.until("the room created", |v| v["ev"] == "created")["room"]
+        .as_str()
+        .expect("room")
+        .to_owned();
+    nio.until("the bot joining", |v| {
+        v["ev"] == "joined" && v["user"] == bot.mxid.as_str()
+    });
+    nio.say(&room, "in clear", false);
+    let clear = nio.until("the answer in clear", |v| {
+        v["ev"] == "event" && v["sender"] == bot.mxid.as_str() && text_of(v) == "echo: in clear"
+    });
+    assert_eq!(clear["decrypted"], false, "{clear}");
+    assert_eq!(clear["type"], "m.room.message", "{clear}");
+
+    nio.send(json!({"op": "encrypt", "room": room}));
+    nio.until("encryption on in the human's client", |v| {
+        v["ev"] == "event" && v["type"] == "m.room.encryption"
+    });
+    let secret = nio.say(&room, "now encrypted", false);
+    let answer = nio.decrypted_from(&bot.mxid, &room, "the encrypted answer", |v, _| {
+        payload(v)["m.relates_to"]["m.in_reply_to"]["event_id"] == secret.as_str()
+    });
+    assert_eq!(
+        answer["wire"]["algorithm"], "m.megolm.v1.aes-sha2",
+        "{answer}"
+    );
+    nio.decrypted_from(&bot.mxid, &room, "the final text, encrypted", |v, t| {
+        !payload(v).is_null() && t == "echo: now encrypted"
+    });
+    let after: Vec<&Value> = nio
+        .log
+        .iter()
+        .skip_while(|v| v["type"] != "m.room.encryption")
+        .filter(|v| v["ev"] == "event" && v["sender"] == bot.mxid.as_str())
+        .filter(|v| v["decrypted"] != true)
+        .collect();
+    assert!(
+        after.is_empty(),
+        "nothing in clear after the switch: {after:?}"
     );
     bridge.assert_no_secret_logged(&bot);
     bridge.stop();

@@ -241,6 +241,10 @@ impl Crypto {
         if ask.is_empty() {
             return Ok(());
         }
+        debug_redacted!(
+            "matrix: claiming one-time keys of {} device(s) to start Olm sessions",
+            ask.values().map(Map::len).sum::<usize>()
+        );
         let answer = api.call("POST", "/keys/claim", Some(&json!({"one_time_keys": ask})))?;
         for (u, d) in targets {
             if self.olm.has(&d.curve25519.to_base64()) {
