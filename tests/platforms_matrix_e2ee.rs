@@ -170,6 +170,8 @@ struct Nio {
     lines: Receiver<String>,
     /// Everything it reported, in order.
     log: Vec<Value>,
+    /// Its device id and Ed25519 key (as Element shows a session's id and key).
+    device: (String, String),
 }
 
 enum Login<'a> {
@@ -207,8 +209,16 @@ impl Nio {
             stdin,
             lines,
             log: Vec::new(),
+            device: (String::new(), String::new()),
         };
-        nio.until("nio ready", |v| v["ev"] == "ready");
+        let ready = nio.until("nio ready", |v| v["ev"] == "ready");
+        let field = |k: &str| {
+            ready[k]
+                .as_str()
+                .expect("ready names the device")
+                .to_owned()
+        };
+        nio.device = (field("device"), field("ed25519"));
         nio
     }
 
@@ -732,6 +742,88 @@ fn a_room_that_turns_encryption_on_is_answered_encrypted_from_then_on() {
         after.is_empty(),
         "nothing in clear after the switch: {after:?}"
     );
+    bridge.assert_no_secret_logged(&bot);
+    bridge.stop();
+}
+
+/// `--matrix-require-verified`: of the human's two devices only the listed one gets the bot's
+/// room keys (the other sees the reply and cannot decrypt it), and only the listed one's room
+/// keys are taken (the other's message stays unreadable: the room is told, no answer).
+#[test]
+fn only_listed_devices_get_room_keys_and_only_theirs_are_taken() {
+    let Some(hs) = synapse() else { return };
+    if !nio_installed() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("dir");
+    let bot = hs.register("bot", "Turnstile Bot");
+    hs.unlimit(&bot);
+    let human = hs.register("ann", "Ann");
+    let port = free_port();
+    let _serve = serve(port);
+    let mut listed = Nio::start(hs, Login::Token(&human), &dir.path().join("nio"));
+    // The key in groups of four, as Element shows a session key.
+    let (device, key) = &listed.device;
+    let grouped: Vec<String> = key
+        .as_bytes()
+        .chunks(4)
+        .map(|c| String::from_utf8_lossy(c).into_owned())
+        .collect();
+    let list = dir.path().join("verified.txt");
+    std::fs::write(
+        &list,
+        format!(
+            "# Ann's laptop\n{} {device} {}\n",
+            human.mxid,
+            grouped.join(" ")
+        ),
+    )
+    .expect("list");
+    let args = [
+        "--matrix-require-verified",
+        list.to_str().expect("utf8"),
+        "--undecryptable-notice-after",
+        "1",
+    ];
+    let bridge = bridge(hs, &bot, port, dir.path(), &args);
+    let room = listed.create(&[&bot.mxid]);
+    listed.until("the bot joining", |v| {
+        v["ev"] == "joined" && v["user"] == bot.mxid.as_str()
+    });
+    let mut unlisted = Nio::start(hs, Login::Password(&human), &dir.path().join("nio2"));
+
+    listed.say(&room, "from the listed device", false);
+    let answer = listed.decrypted_from(&bot.mxid, &room, "the answer", |_, t| {
+        t == "echo: from the listed device"
+    });
+    let answer_id = answer["event_id"].as_str().expect("id");
+    let seen = unlisted.until("the answer on the unlisted device", |v| {
+        v["ev"] == "event" && v["event_id"] == answer_id
+    });
+    assert_eq!(
+        seen["decrypted"], false,
+        "the unlisted device got no room key: {seen}"
+    );
+
+    let refused = unlisted.say(&room, "from the unlisted device", false);
+    let notice = listed.decrypted_from(&bot.mxid, &room, "the unreadable notice", |v, t| {
+        t.contains("can't read this message")
+            && v["content"]["m.relates_to"]["m.in_reply_to"]["event_id"] == refused.as_str()
+    });
+    assert_eq!(notice["content"]["msgtype"], "m.notice");
+    assert!(
+        !listed
+            .log
+            .iter()
+            .any(|v| text_of(v) == "echo: from the unlisted device"),
+        "the unlisted device's message was not answered"
+    );
+    let log = bridge.log();
+    assert!(
+        log.contains("trust: only the 1 device(s) --matrix-require-verified lists"),
+        "{log}"
+    );
+    assert!(log.contains("refused: its device is not in"), "{log}");
     bridge.assert_no_secret_logged(&bot);
     bridge.stop();
 }

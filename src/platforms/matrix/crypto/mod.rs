@@ -10,14 +10,18 @@
 //! [`Crypto::encrypt`] (in `outbound`): in an encrypted room the content is encrypted with
 //! the room's outbound session, first shared over Olm with every joined member's devices.
 //!
-//! Trust: on first use. Any device whose keys carry its own valid signature gets the room
-//! key; there is no interactive verification and no cross-signing (see docs/platforms.md).
+//! Trust: on first use (any device whose keys carry its own valid signature gets the room
+//! key), or only the devices `--matrix-require-verified` lists ([`trust`]); there is no
+//! interactive verification and no cross-signing (see docs/platforms.md).
 
 mod keys;
 mod megolm;
 mod olm;
 mod outbound;
 mod store;
+mod trust;
+
+pub(crate) use trust::Verified;
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -46,6 +50,8 @@ pub(crate) struct E2eeConfig {
     pub sessions_per_room: usize,
     /// Other devices with Olm sessions at most.
     pub max_devices: usize,
+    /// The only devices trusted (`--matrix-require-verified`); `None`: trust on first use.
+    pub verified: Option<Arc<Verified>>,
 }
 
 impl Default for E2eeConfig {
@@ -56,6 +62,7 @@ impl Default for E2eeConfig {
             max_pending: 256,
             sessions_per_room: 64,
             max_devices: 4096,
+            verified: None,
         }
     }
 }
@@ -169,7 +176,7 @@ impl Crypto {
             .map_err(|e| format!("publishing the device keys: {e}"))?;
         crypto.top_up(api, count);
         info_redacted!(
-            "matrix: encryption on, device {} ({}), {} room session(s) kept; bounds: {} undecryptable events waiting, {} sessions per room, {} devices with Olm sessions; unreadable messages told after {:?}",
+            "matrix: encryption on, device {} ({}), {} room session(s) kept; trust: {}; bounds: {} undecryptable events waiting, {} sessions per room, {} devices with Olm sessions, {KEY_REQUESTS_PER_SYNC} key requests a sync; unreadable messages told after {:?}",
             crypto.device,
             if fresh {
                 "new"
@@ -177,6 +184,13 @@ impl Crypto {
                 "kept from --state-dir"
             },
             crypto.inbound.len(),
+            match &config.verified {
+                Some(list) => format!(
+                    "only the {} device(s) --matrix-require-verified lists",
+                    list.len()
+                ),
+                None => "on first use".to_owned(),
+            },
             config.max_pending,
             config.sessions_per_room,
             config.max_devices,
@@ -265,7 +279,7 @@ impl Crypto {
         first: bool,
         now: Instant,
     ) -> Vec<Unreadable> {
-        let keys_came = self.take_to_device(&sync["to_device"]["events"]);
+        let keys_came = self.take_to_device(api, &sync["to_device"]["events"]);
         for user in sync["device_lists"]["changed"]
             .as_array()
             .into_iter()
@@ -307,10 +321,11 @@ impl Crypto {
         self.unreadable(now)
     }
 
-    /// Decrypts the to-device events; true when a room key came.
-    fn take_to_device(&mut self, events: &Value) -> bool {
+    /// Decrypts the to-device events and takes the room keys they carry (under
+    /// `--matrix-require-verified`, only those of listed devices); true when one was kept.
+    fn take_to_device(&mut self, api: &Api, events: &Value) -> bool {
         let our_key = self.account.curve25519_key().to_base64();
-        let mut came = false;
+        let mut decrypted = Vec::new();
         for ev in events.as_array().into_iter().flatten() {
             if ev["type"] != "m.room.encrypted" {
                 continue;
@@ -320,11 +335,15 @@ impl Crypto {
                 .olm
                 .decrypt(&mut self.account, &our_key, &ev["content"])
             {
-                Ok(d) => came |= self.room_key(sender, d),
+                Ok(d) => decrypted.push((sender.to_owned(), d)),
                 Err(why) => {
                     warn_limited!("matrix: a to-device message from {sender} not decrypted: {why}")
                 }
             }
+        }
+        let mut came = false;
+        for (sender, d) in self.trusted_keys(api, decrypted) {
+            came |= self.room_key(&sender, d);
         }
         if came || !events.as_array().is_none_or(Vec::is_empty) {
             self.save();
@@ -454,9 +473,10 @@ impl Crypto {
         }
     }
 
-    /// Queues a key request (`m.room_key_request`) for the session of `ev`, once per session.
+    /// Queues a key request (`m.room_key_request`) for the session of `ev`, once per session
+    /// (none under `--matrix-require-verified`: the answer, a forwarded key, would be refused).
     fn want_key(&mut self, ev: &Value, session: &SessionRef) {
-        if self.asked.contains(session) {
+        if self.asked.contains(session) || self.config.verified.is_some() {
             return;
         }
         if self.asked.len() >= self.config.max_pending.max(1024) {
