@@ -491,27 +491,9 @@ impl Crypto {
         self.requests.push((sender, device, session.clone()));
     }
 
-    /// Sends the queued key requests, at most [`KEY_REQUESTS_PER_SYNC`] (the rest dropped:
-    /// their events still wait, and the sender's client may share the key unasked).
+    /// Sends this sync's key requests ([`Crypto::key_request_batch`]).
     fn send_key_requests(&mut self, api: &Api) {
-        let mut messages: HashMap<String, serde_json::Map<String, Value>> = HashMap::new();
-        let queued = std::mem::take(&mut self.requests);
-        let skipped = queued.len().saturating_sub(KEY_REQUESTS_PER_SYNC);
-        for (sender, device, s) in queued.into_iter().take(KEY_REQUESTS_PER_SYNC) {
-            self.txn += 1;
-            let body = json!({
-                "action": "request",
-                "requesting_device_id": self.device,
-                "request_id": format!("{}-{}", self.device, self.txn),
-                "body": {"algorithm": keys::MEGOLM, "room_id": s.room, "sender_key": s.sender_key, "session_id": s.session_id},
-            });
-            messages.entry(sender).or_default().insert(device, body);
-        }
-        if skipped > 0 {
-            warn_limited!(
-                "matrix: {skipped} key request(s) not sent: at most {KEY_REQUESTS_PER_SYNC} a sync"
-            );
-        }
+        let messages = self.key_request_batch();
         if messages.is_empty() {
             return;
         }
@@ -522,6 +504,46 @@ impl Crypto {
         if let Err(e) = api.call("PUT", &path, Some(&json!({"messages": messages}))) {
             warn_limited!("matrix: sending key requests failed: {e}");
         }
+    }
+
+    /// This sync's key requests, by user and device: at most [`KEY_REQUESTS_PER_SYNC`], one
+    /// per device (a `/sendToDevice` carries one message per device). The others wait for
+    /// the next sync, at most [`E2eeConfig::max_pending`] of them (past it the oldest are
+    /// dropped, logged: their events still wait, and the sender may share the key unasked).
+    fn key_request_batch(&mut self) -> HashMap<String, serde_json::Map<String, Value>> {
+        let mut messages: HashMap<String, serde_json::Map<String, Value>> = HashMap::new();
+        let mut later = Vec::new();
+        let mut taken = 0;
+        for (sender, device, s) in std::mem::take(&mut self.requests) {
+            let busy = messages
+                .get(&sender)
+                .is_some_and(|m| m.contains_key(&device));
+            if taken >= KEY_REQUESTS_PER_SYNC || busy {
+                later.push((sender, device, s));
+                continue;
+            }
+            self.txn += 1;
+            let body = json!({
+                "action": "request",
+                "requesting_device_id": self.device,
+                "request_id": format!("{}-{}", self.device, self.txn),
+                "body": {"algorithm": keys::MEGOLM, "room_id": s.room, "sender_key": s.sender_key, "session_id": s.session_id},
+            });
+            messages.entry(sender).or_default().insert(device, body);
+            taken += 1;
+        }
+        let dropped = later.len().saturating_sub(self.config.max_pending);
+        if dropped > 0 {
+            later.drain(..dropped);
+            warn_limited!(
+                "matrix: {dropped} key request(s) dropped unsent: at most {KEY_REQUESTS_PER_SYNC} a sync and {} waiting",
+                self.config.max_pending
+            );
+        }
+        self.requests = later;
+        debug_assert!(taken <= KEY_REQUESTS_PER_SYNC);
+        debug_assert!(self.requests.len() <= self.config.max_pending);
+        messages
     }
 
     /// Puts waiting events whose key has come into their room's timeline in `sync`.
@@ -662,6 +684,54 @@ mod tests {
         assert_eq!(events[0]["content"]["body"], "one");
         assert_eq!(events[1]["content"]["body"], "two");
         assert_eq!(c.pending.len(), 0);
+    }
+
+    #[test]
+    fn key_requests_are_bounded_per_sync_one_per_device_and_the_rest_wait_bounded() {
+        let config = E2eeConfig {
+            max_pending: 30,
+            ..E2eeConfig::default()
+        };
+        let mut c = Crypto::new("@bot:hs", "DEV", None, &config);
+        let ask = |c: &mut Crypto, device: &str, session: &str| {
+            let ev = json!({"sender": "@ann:hs", "content": {"device_id": device}});
+            let r = SessionRef {
+                room: ROOM.into(),
+                sender_key: "SK".into(),
+                session_id: session.into(),
+            };
+            c.want_key(&ev, &r);
+        };
+        for i in 0..20 {
+            ask(&mut c, &format!("D{i}"), &format!("s{i}"));
+        }
+        ask(&mut c, "D0", "again-on-D0");
+        let count = |m: &HashMap<String, serde_json::Map<String, Value>>| {
+            m.values().map(serde_json::Map::len).sum::<usize>()
+        };
+        let first = c.key_request_batch();
+        assert_eq!(count(&first), KEY_REQUESTS_PER_SYNC, "at most 16 a sync");
+        assert_eq!(first["@ann:hs"]["D0"]["body"]["session_id"], "s0");
+        assert_eq!(c.requests.len(), 5, "the other five wait for the next sync");
+        let second = c.key_request_batch();
+        assert_eq!(count(&second), 5);
+        assert_eq!(second["@ann:hs"]["D0"]["body"]["session_id"], "again-on-D0");
+        assert!(c.key_request_batch().is_empty());
+
+        for i in 0..40 {
+            ask(&mut c, "D0", &format!("t{i}"));
+        }
+        assert_eq!(
+            count(&c.key_request_batch()),
+            1,
+            "one a device a sync: a second would overwrite the first"
+        );
+        assert_eq!(
+            c.requests.len(),
+            30,
+            "39 wait, bounded to max_pending (30): the oldest dropped"
+        );
+        assert_eq!(c.requests[0].2.session_id, "t10");
     }
 
     #[test]
