@@ -148,8 +148,78 @@ impl Crypto {
 
 #[cfg(test)]
 mod tests {
+    use super::super::E2eeConfig;
     use super::*;
+    use serde_json::json;
+    use std::sync::Arc;
     use vodozemac::olm::Account;
+
+    fn device(id: &str, account: &Account) -> Device {
+        Device {
+            id: id.into(),
+            curve25519: account.curve25519_key(),
+            ed25519: account.ed25519_key(),
+        }
+    }
+
+    fn key_from(kind: &str, olm_sender: &Account, claimed: &Account) -> Decrypted {
+        Decrypted {
+            payload: json!({"type": kind, "keys": {"ed25519": claimed.ed25519_key().to_base64()}}),
+            sender_key: olm_sender.curve25519_key().to_base64(),
+        }
+    }
+
+    #[test]
+    fn only_room_keys_straight_from_a_listed_device_are_taken_and_only_it_is_given_keys() {
+        let (laptop, phone) = (Account::new(), Account::new());
+        let list = Verified::parse(&format!(
+            "@ann:hs LAPTOP {}",
+            laptop.ed25519_key().to_base64()
+        ))
+        .expect("list");
+        let config = E2eeConfig {
+            verified: Some(Arc::new(list)),
+            ..E2eeConfig::default()
+        };
+        let mut c = Crypto::new("@bot:hs", "DEV", None, &config);
+        let (l, p) = (device("LAPTOP", &laptop), device("PHONE", &phone));
+        c.devices
+            .insert("@ann:hs".into(), vec![l.clone(), p.clone()]);
+        c.devices.insert("@eve:hs".into(), Vec::new());
+        // Every sender's devices are known: no `/keys/query` is made.
+        let api =
+            Api::new("http://127.0.0.1:9", "t", std::time::Duration::from_secs(1)).expect("api");
+        let keys = vec![
+            (
+                "@ann:hs".to_owned(),
+                key_from("m.room_key", &laptop, &laptop),
+            ),
+            ("@ann:hs".to_owned(), key_from("m.room_key", &phone, &phone)),
+            (
+                "@ann:hs".to_owned(),
+                key_from("m.room_key", &phone, &laptop),
+            ),
+            (
+                "@ann:hs".to_owned(),
+                key_from("m.forwarded_room_key", &laptop, &laptop),
+            ),
+            (
+                "@eve:hs".to_owned(),
+                key_from("m.room_key", &laptop, &laptop),
+            ),
+        ];
+        let kept = c.trusted_keys(&api, keys);
+        assert_eq!(kept.len(), 1, "only the laptop's own room key");
+        assert_eq!(kept[0].1.sender_key, laptop.curve25519_key().to_base64());
+        assert!(c.may_receive_keys("@ann:hs", &l));
+        assert!(!c.may_receive_keys("@ann:hs", &p));
+        assert!(!c.may_receive_keys("@eve:hs", &l));
+
+        let mut tofu = Crypto::new("@bot:hs", "DEV", None, &E2eeConfig::default());
+        assert!(tofu.may_receive_keys("@ann:hs", &p), "on first use: all");
+        let all = vec![("@ann:hs".to_owned(), key_from("m.room_key", &phone, &phone))];
+        assert_eq!(tofu.trusted_keys(&api, all).len(), 1);
+    }
 
     #[test]
     fn a_list_takes_element_style_keys_and_refuses_what_is_not_a_device_line() {
