@@ -344,19 +344,27 @@ fn assert_streamed_reply(nio: &mut Nio, bot: &str, room: &str, trigger: &str, la
     );
 }
 
-/// `!stop` during a long streamed turn in `room`: the reply ends with the stopped marker, in
-/// an encrypted edit the human's client decrypts.
+/// `!stop` during a long streamed turn in `room`: that turn's reply (not an earlier one)
+/// ends with the stopped marker, in an encrypted edit the human's client decrypts.
 fn assert_stop_works(nio: &mut Nio, bot: &str, room: &str) {
-    nio.say(room, "slow 400 50", false);
-    let partial = nio.decrypted_from(bot, room, "a streamed partial", |_, t| {
-        t.starts_with("w0 w1")
+    let long = nio.say(room, "slow 400 50", false);
+    let first = nio.decrypted_from(bot, room, "the long turn's first message", |v, _| {
+        payload(v)["m.relates_to"]["m.in_reply_to"]["event_id"] == long.as_str()
     });
-    assert!(!payload(&partial).is_null(), "{partial}");
+    let first_id = first["event_id"].as_str().expect("id").to_owned();
+    let of_it = |v: &Value| {
+        v["event_id"] == first_id.as_str()
+            || payload(v)["m.relates_to"]["event_id"] == first_id.as_str()
+    };
+    nio.decrypted_from(bot, room, "a streamed partial of it", |v, t| {
+        of_it(v) && t.starts_with("w0 w1")
+    });
     nio.say(room, "!stop", false);
     let stopped = nio.decrypted_from(bot, room, "the stopped marker", |v, _| {
-        payload(v)["m.new_content"]["body"]
-            .as_str()
-            .is_some_and(|t| t.contains("[stopped]"))
+        of_it(v)
+            && payload(v)["m.new_content"]["body"]
+                .as_str()
+                .is_some_and(|t| t.contains("[stopped]"))
     });
     assert_eq!(
         stopped["payload"]["content"]["m.relates_to"]["rel_type"],
