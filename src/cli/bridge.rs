@@ -240,6 +240,11 @@ struct MatrixArgs {
     /// Encrypted messages waiting for their key at most (past it the oldest is dropped).
     #[arg(long, value_name = "N", default_value_t = 256)]
     max_undecryptable: usize,
+    /// Trust only the devices listed in FILE (`@user:server DEVICEID ED25519KEY` a line, the
+    /// key as clients show it): only they get room keys, only their room keys are taken.
+    /// Without it, every device is trusted on first use.
+    #[arg(long, value_name = "FILE")]
+    matrix_require_verified: Option<std::path::PathBuf>,
 }
 
 /// What one `turnstile bridge <platform>` command line takes from its environment and its
@@ -448,6 +453,10 @@ fn run_matrix(a: MatrixArgs) -> Result<(), Failure> {
         .filter(|k| !k.is_empty());
     config.e2ee.notice_after = Duration::from_secs(a.undecryptable_notice_after);
     config.e2ee.max_pending = a.max_undecryptable.max(1);
+    if let Some(path) = &a.matrix_require_verified {
+        let list = matrix::crypto::Verified::load(path).map_err(Failure::Usage)?;
+        config.e2ee.verified = Some(std::sync::Arc::new(list));
+    }
     let stop = stop_on_signals().map_err(Failure::Run)?;
     matrix::run(config, &stop, &mut |me| print_ready("matrix", me)).map_err(Failure::Run)
 }

@@ -5,13 +5,18 @@ its E2E support (the `vodozemac` Python bindings), driven by JSON lines.
     e2ee_client.py BASE USER_ID (--token TOKEN | --password PW) STORE_DIR
 
 stdin, one JSON object a line:
-  {"op": "create", "invite": [mxid, ...]}   an encrypted private room -> {"ev": "created", "room"}
+  {"op": "create", "invite": [mxid, ...], "plain": bool}   a private room, encrypted unless
+                                            "plain" -> {"ev": "created", "room"}
+  {"op": "encrypt", "room"}                 turns encryption on in a plain room -> {"ev": "encrypting"}
   {"op": "say", "room", "text"}             an encrypted message (keys shared first) -> {"ev": "sent", "event_id"}
   {"op": "say_late", "room", "text"}        encrypted with a new session whose key is held back -> "sent"
   {"op": "release"}                         sends the held keys -> {"ev": "released"}
-stdout, one JSON object a line: {"ev": "ready", "device"}, and every room event the client
-syncs: {"ev": "event", "room", "event_id", "sender", "type", "class", "decrypted", "content"}
-(the decrypted content when it decrypted), {"ev": "joined", "room", "user"} for joins, and
+stdout, one JSON object a line: {"ev": "ready", "device", "ed25519"}, and every room event the
+client syncs: {"ev": "event", "room", "event_id", "sender", "type", "class", "decrypted",
+"content"} (the decrypted content when it decrypted; nio copies a cleartext `m.relates_to` into
+it), and for a decrypted event also "wire" (the `m.room.encrypted` content as the server
+relayed it, ciphertext left out) and "payload" (the plaintext exactly as the sender encrypted
+it, decrypted again here with the same room key), {"ev": "joined", "room", "user"} for joins, and
 {"ev": "key_request", "sender", "content"} for each `m.room_key_request` it receives.
 """
 import asyncio, json, sys, uuid
@@ -39,6 +44,23 @@ async def main():
         if not hasattr(resp, "device_id"):
             sys.exit(f"login failed: {resp}")
     held = []
+    # What each decrypted event was on the wire and inside the ciphertext (nio keeps neither).
+    seen_encrypted = {}
+    real_decrypt = client.olm.decrypt_megolm_event
+
+    def spy_decrypt(event, room_id=None):
+        session = client.olm.inbound_group_store.get(room_id or event.room_id,
+                                                     event.sender_key, event.session_id)
+        if session is not None:
+            try:
+                plaintext, _ = session.decrypt(event.ciphertext)
+                wire = {k: v for k, v in event.source.get("content", {}).items() if k != "ciphertext"}
+                seen_encrypted[event.event_id] = (wire, json.loads(plaintext))
+            except Exception:
+                pass  # nio's own decryption below reports the failure
+        return real_decrypt(event, room_id)
+
+    client.olm.decrypt_megolm_event = spy_decrypt
 
     async def maintain():
         if client.should_upload_keys:
@@ -70,10 +92,13 @@ async def main():
                 out(ev="joined", room=room_id, user=ev.state_key)
             return
         content = ev.source.get("content", {})
-        out(ev="event", room=room_id, event_id=ev.event_id, sender=ev.sender,
-            type=ev.source.get("type"), cls=type(ev).__name__,
-            decrypted=bool(getattr(ev, "decrypted", False)) and not isinstance(ev, MegolmEvent),
-            content=content)
+        decrypted = bool(getattr(ev, "decrypted", False)) and not isinstance(ev, MegolmEvent)
+        line = dict(ev="event", room=room_id, event_id=ev.event_id, sender=ev.sender,
+                    type=ev.source.get("type"), cls=type(ev).__name__,
+                    decrypted=decrypted, content=content)
+        if decrypted and ev.event_id in seen_encrypted:
+            line["wire"], line["payload"] = seen_encrypted.pop(ev.event_id)
+        out(**line)
 
     async def ready_room(room_id):
         room = client.rooms[room_id]
@@ -85,11 +110,15 @@ async def main():
     async def handle(cmd):
         op = cmd["op"]
         if op == "create":
+            state = [] if cmd.get("plain") else [{"type": "m.room.encryption", "state_key": "",
+                                                   "content": {"algorithm": "m.megolm.v1.aes-sha2"}}]
             resp = await client.room_create(
-                invite=cmd["invite"], is_direct=len(cmd["invite"]) == 1,
-                initial_state=[{"type": "m.room.encryption", "state_key": "",
-                                "content": {"algorithm": "m.megolm.v1.aes-sha2"}}])
+                invite=cmd["invite"], is_direct=len(cmd["invite"]) == 1, initial_state=state)
             out(ev="created", room=resp.room_id)
+        elif op == "encrypt":
+            resp = await client.room_put_state(cmd["room"], "m.room.encryption",
+                                               {"algorithm": "m.megolm.v1.aes-sha2"})
+            out(ev="encrypting", event_id=getattr(resp, "event_id", None))
         elif op == "say":
             room_id = cmd["room"]
             await ready_room(room_id)
@@ -125,7 +154,7 @@ async def main():
 
     await client.sync(timeout=0, full_state=True)
     await maintain()
-    out(ev="ready", device=client.device_id)
+    out(ev="ready", device=client.device_id, ed25519=client.olm.account.identity_keys["ed25519"])
     syncing = asyncio.ensure_future(sync_loop())
     loop = asyncio.get_running_loop()
     while True:

@@ -10,14 +10,18 @@
 //! [`Crypto::encrypt`] (in `outbound`): in an encrypted room the content is encrypted with
 //! the room's outbound session, first shared over Olm with every joined member's devices.
 //!
-//! Trust: on first use. Any device whose keys carry its own valid signature gets the room
-//! key; there is no interactive verification and no cross-signing (see docs/platforms.md).
+//! Trust: on first use (any device whose keys carry its own valid signature gets the room
+//! key), or only the devices `--matrix-require-verified` lists ([`trust`]); there is no
+//! interactive verification and no cross-signing (see docs/platforms.md).
 
 mod keys;
 mod megolm;
 mod olm;
 mod outbound;
 mod store;
+mod trust;
+
+pub(crate) use trust::Verified;
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -46,6 +50,8 @@ pub(crate) struct E2eeConfig {
     pub sessions_per_room: usize,
     /// Other devices with Olm sessions at most.
     pub max_devices: usize,
+    /// The only devices trusted (`--matrix-require-verified`); `None`: trust on first use.
+    pub verified: Option<Arc<Verified>>,
 }
 
 impl Default for E2eeConfig {
@@ -56,6 +62,7 @@ impl Default for E2eeConfig {
             max_pending: 256,
             sessions_per_room: 64,
             max_devices: 4096,
+            verified: None,
         }
     }
 }
@@ -169,7 +176,7 @@ impl Crypto {
             .map_err(|e| format!("publishing the device keys: {e}"))?;
         crypto.top_up(api, count);
         info_redacted!(
-            "matrix: encryption on, device {} ({}), {} room session(s) kept; bounds: {} undecryptable events waiting, {} sessions per room, {} devices with Olm sessions; unreadable messages told after {:?}",
+            "matrix: encryption on, device {} ({}), {} room session(s) kept; trust: {}; bounds: {} undecryptable events waiting, {} sessions per room, {} devices with Olm sessions, {KEY_REQUESTS_PER_SYNC} key requests a sync; unreadable messages told after {:?}",
             crypto.device,
             if fresh {
                 "new"
@@ -177,6 +184,13 @@ impl Crypto {
                 "kept from --state-dir"
             },
             crypto.inbound.len(),
+            match &config.verified {
+                Some(list) => format!(
+                    "only the {} device(s) --matrix-require-verified lists",
+                    list.len()
+                ),
+                None => "on first use".to_owned(),
+            },
             config.max_pending,
             config.sessions_per_room,
             config.max_devices,
@@ -265,7 +279,7 @@ impl Crypto {
         first: bool,
         now: Instant,
     ) -> Vec<Unreadable> {
-        let keys_came = self.take_to_device(&sync["to_device"]["events"]);
+        let keys_came = self.take_to_device(api, &sync["to_device"]["events"]);
         for user in sync["device_lists"]["changed"]
             .as_array()
             .into_iter()
@@ -307,10 +321,11 @@ impl Crypto {
         self.unreadable(now)
     }
 
-    /// Decrypts the to-device events; true when a room key came.
-    fn take_to_device(&mut self, events: &Value) -> bool {
+    /// Decrypts the to-device events and takes the room keys they carry (under
+    /// `--matrix-require-verified`, only those of listed devices); true when one was kept.
+    fn take_to_device(&mut self, api: &Api, events: &Value) -> bool {
         let our_key = self.account.curve25519_key().to_base64();
-        let mut came = false;
+        let mut decrypted = Vec::new();
         for ev in events.as_array().into_iter().flatten() {
             if ev["type"] != "m.room.encrypted" {
                 continue;
@@ -320,11 +335,15 @@ impl Crypto {
                 .olm
                 .decrypt(&mut self.account, &our_key, &ev["content"])
             {
-                Ok(d) => came |= self.room_key(sender, d),
+                Ok(d) => decrypted.push((sender.to_owned(), d)),
                 Err(why) => {
                     warn_limited!("matrix: a to-device message from {sender} not decrypted: {why}")
                 }
             }
+        }
+        let mut came = false;
+        for (sender, d) in self.trusted_keys(api, decrypted) {
+            came |= self.room_key(&sender, d);
         }
         if came || !events.as_array().is_none_or(Vec::is_empty) {
             self.save();
@@ -454,9 +473,10 @@ impl Crypto {
         }
     }
 
-    /// Queues a key request (`m.room_key_request`) for the session of `ev`, once per session.
+    /// Queues a key request (`m.room_key_request`) for the session of `ev`, once per session
+    /// (none under `--matrix-require-verified`: the answer, a forwarded key, would be refused).
     fn want_key(&mut self, ev: &Value, session: &SessionRef) {
-        if self.asked.contains(session) {
+        if self.asked.contains(session) || self.config.verified.is_some() {
             return;
         }
         if self.asked.len() >= self.config.max_pending.max(1024) {
@@ -471,27 +491,9 @@ impl Crypto {
         self.requests.push((sender, device, session.clone()));
     }
 
-    /// Sends the queued key requests, at most [`KEY_REQUESTS_PER_SYNC`] (the rest dropped:
-    /// their events still wait, and the sender's client may share the key unasked).
+    /// Sends this sync's key requests ([`Crypto::key_request_batch`]).
     fn send_key_requests(&mut self, api: &Api) {
-        let mut messages: HashMap<String, serde_json::Map<String, Value>> = HashMap::new();
-        let queued = std::mem::take(&mut self.requests);
-        let skipped = queued.len().saturating_sub(KEY_REQUESTS_PER_SYNC);
-        for (sender, device, s) in queued.into_iter().take(KEY_REQUESTS_PER_SYNC) {
-            self.txn += 1;
-            let body = json!({
-                "action": "request",
-                "requesting_device_id": self.device,
-                "request_id": format!("{}-{}", self.device, self.txn),
-                "body": {"algorithm": keys::MEGOLM, "room_id": s.room, "sender_key": s.sender_key, "session_id": s.session_id},
-            });
-            messages.entry(sender).or_default().insert(device, body);
-        }
-        if skipped > 0 {
-            warn_limited!(
-                "matrix: {skipped} key request(s) not sent: at most {KEY_REQUESTS_PER_SYNC} a sync"
-            );
-        }
+        let messages = self.key_request_batch();
         if messages.is_empty() {
             return;
         }
@@ -502,6 +504,46 @@ impl Crypto {
         if let Err(e) = api.call("PUT", &path, Some(&json!({"messages": messages}))) {
             warn_limited!("matrix: sending key requests failed: {e}");
         }
+    }
+
+    /// This sync's key requests, by user and device: at most [`KEY_REQUESTS_PER_SYNC`], one
+    /// per device (a `/sendToDevice` carries one message per device). The others wait for
+    /// the next sync, at most [`E2eeConfig::max_pending`] of them (past it the oldest are
+    /// dropped, logged: their events still wait, and the sender may share the key unasked).
+    fn key_request_batch(&mut self) -> HashMap<String, serde_json::Map<String, Value>> {
+        let mut messages: HashMap<String, serde_json::Map<String, Value>> = HashMap::new();
+        let mut later = Vec::new();
+        let mut taken = 0;
+        for (sender, device, s) in std::mem::take(&mut self.requests) {
+            let busy = messages
+                .get(&sender)
+                .is_some_and(|m| m.contains_key(&device));
+            if taken >= KEY_REQUESTS_PER_SYNC || busy {
+                later.push((sender, device, s));
+                continue;
+            }
+            self.txn += 1;
+            let body = json!({
+                "action": "request",
+                "requesting_device_id": self.device,
+                "request_id": format!("{}-{}", self.device, self.txn),
+                "body": {"algorithm": keys::MEGOLM, "room_id": s.room, "sender_key": s.sender_key, "session_id": s.session_id},
+            });
+            messages.entry(sender).or_default().insert(device, body);
+            taken += 1;
+        }
+        let dropped = later.len().saturating_sub(self.config.max_pending);
+        if dropped > 0 {
+            later.drain(..dropped);
+            warn_limited!(
+                "matrix: {dropped} key request(s) dropped unsent: at most {KEY_REQUESTS_PER_SYNC} a sync and {} waiting",
+                self.config.max_pending
+            );
+        }
+        self.requests = later;
+        debug_assert!(taken <= KEY_REQUESTS_PER_SYNC);
+        debug_assert!(self.requests.len() <= self.config.max_pending);
+        messages
     }
 
     /// Puts waiting events whose key has come into their room's timeline in `sync`.
@@ -642,6 +684,54 @@ mod tests {
         assert_eq!(events[0]["content"]["body"], "one");
         assert_eq!(events[1]["content"]["body"], "two");
         assert_eq!(c.pending.len(), 0);
+    }
+
+    #[test]
+    fn key_requests_are_bounded_per_sync_one_per_device_and_the_rest_wait_bounded() {
+        let config = E2eeConfig {
+            max_pending: 30,
+            ..E2eeConfig::default()
+        };
+        let mut c = Crypto::new("@bot:hs", "DEV", None, &config);
+        let ask = |c: &mut Crypto, device: &str, session: &str| {
+            let ev = json!({"sender": "@ann:hs", "content": {"device_id": device}});
+            let r = SessionRef {
+                room: ROOM.into(),
+                sender_key: "SK".into(),
+                session_id: session.into(),
+            };
+            c.want_key(&ev, &r);
+        };
+        for i in 0..20 {
+            ask(&mut c, &format!("D{i}"), &format!("s{i}"));
+        }
+        ask(&mut c, "D0", "again-on-D0");
+        let count = |m: &HashMap<String, serde_json::Map<String, Value>>| {
+            m.values().map(serde_json::Map::len).sum::<usize>()
+        };
+        let first = c.key_request_batch();
+        assert_eq!(count(&first), KEY_REQUESTS_PER_SYNC, "at most 16 a sync");
+        assert_eq!(first["@ann:hs"]["D0"]["body"]["session_id"], "s0");
+        assert_eq!(c.requests.len(), 5, "the other five wait for the next sync");
+        let second = c.key_request_batch();
+        assert_eq!(count(&second), 5);
+        assert_eq!(second["@ann:hs"]["D0"]["body"]["session_id"], "again-on-D0");
+        assert!(c.key_request_batch().is_empty());
+
+        for i in 0..40 {
+            ask(&mut c, "D0", &format!("t{i}"));
+        }
+        assert_eq!(
+            count(&c.key_request_batch()),
+            1,
+            "one a device a sync: a second would overwrite the first"
+        );
+        assert_eq!(
+            c.requests.len(),
+            30,
+            "39 wait, bounded to max_pending (30): the oldest dropped"
+        );
+        assert_eq!(c.requests[0].2.session_id, "t10");
     }
 
     #[test]

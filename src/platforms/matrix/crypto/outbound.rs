@@ -134,7 +134,11 @@ impl Crypto {
     }
 
     /// Asks `/keys/query` for the members whose devices are unknown or changed.
-    fn refresh_devices(&mut self, api: &Api, members: &[String]) -> Result<(), ApiError> {
+    pub(super) fn refresh_devices(
+        &mut self,
+        api: &Api,
+        members: &[String],
+    ) -> Result<(), ApiError> {
         let wanted: Vec<&String> = members
             .iter()
             .filter(|u| !self.devices.contains_key(*u) || self.stale.contains(*u))
@@ -178,8 +182,16 @@ impl Crypto {
         for u in members {
             for d in self.devices.get(u).into_iter().flatten() {
                 let own = *u == self.me && d.id == self.device;
-                if !own && !out.shared.contains(&(u.clone(), d.id.clone())) {
+                if own || out.shared.contains(&(u.clone(), d.id.clone())) {
+                    continue;
+                }
+                if self.may_receive_keys(u, d) {
                     targets.push((u.clone(), d.clone()));
+                } else {
+                    debug_redacted!(
+                        "matrix: room {room}: device {} of {u} is not in --matrix-require-verified's list; it gets no room key",
+                        d.id
+                    );
                 }
             }
         }
@@ -241,6 +253,10 @@ impl Crypto {
         if ask.is_empty() {
             return Ok(());
         }
+        debug_redacted!(
+            "matrix: claiming one-time keys of {} device(s) to start Olm sessions",
+            ask.values().map(Map::len).sum::<usize>()
+        );
         let answer = api.call("POST", "/keys/claim", Some(&json!({"one_time_keys": ask})))?;
         for (u, d) in targets {
             if self.olm.has(&d.curve25519.to_base64()) {
