@@ -361,7 +361,13 @@ impl<R: Clone, A> Core<R, A> {
             }
             TurnResult::Reply(reply) => {
                 self.stats.turns.completed += 1;
-                Outcome::Reply(reply)
+                // A reply that beat `/new`'s cancellation must not write back the conversation
+                // the reset cleared.
+                if running.cancel == Some(CancelReason::Reset) {
+                    Outcome::Reply(reply.remembering(None))
+                } else {
+                    Outcome::Reply(reply)
+                }
             }
             TurnResult::Cancelled => match running.cancel {
                 Some(reason) => {

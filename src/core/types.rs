@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::journal::MemoryUpdate;
 use crate::key::Key;
 use crate::message::{Message, MessageContext, SessionKey};
 
@@ -288,27 +289,50 @@ impl fmt::Display for FailReason {
 pub const DEFAULT_MAX_REPLY_BYTES: usize = 1 << 20;
 
 /// An agent's reply, or a command's result.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct Reply {
     /// The text.
     pub text: String,
     /// The agent's text was longer than `max_reply_bytes` and was cut (on a UTF-8 boundary).
     pub truncated: bool,
+    /// What the reply changes in the session's durable conversation (the openai agent's
+    /// history, `/new`'s clear), journaled with its outcome; not part of the reply's value.
+    pub(crate) memory: Option<MemoryUpdate>,
 }
 
 impl Reply {
     /// `text` cut to at most `max` bytes on a character boundary, flagged when cut.
     pub fn bounded(mut text: String, max: usize) -> Reply {
         let truncated = crate::text::truncate(&mut text, max);
-        Reply { text, truncated }
+        Reply {
+            text,
+            truncated,
+            memory: None,
+        }
+    }
+
+    /// The same reply, carrying `memory` to its outcome record.
+    pub(crate) fn remembering(self, memory: Option<MemoryUpdate>) -> Reply {
+        Reply { memory, ..self }
     }
 }
+
+/// Two replies are equal when their texts and flags are: what they change in the durable
+/// conversation travels with them but is not what they say.
+impl PartialEq for Reply {
+    fn eq(&self, other: &Reply) -> bool {
+        self.text == other.text && self.truncated == other.truncated
+    }
+}
+
+impl Eq for Reply {}
 
 impl From<String> for Reply {
     fn from(text: String) -> Reply {
         Reply {
             text,
             truncated: false,
+            memory: None,
         }
     }
 }

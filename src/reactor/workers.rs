@@ -12,6 +12,8 @@ use super::route::Route;
 use super::wake::Notifier;
 use crate::agent::{Agent, AgentFactory, CancelToken, Partials, TurnError, TurnInput};
 use crate::core::{CleanupId, CleanupJob, Input, Reply, TurnDone, TurnJob, TurnResult};
+use crate::journal::MemoryUpdate;
+use crate::message::SessionKey;
 use crate::pool::Pool;
 
 /// An agent as the runtime moves it around: a sync one, run on the turn pool, or (feature
@@ -146,7 +148,12 @@ pub(super) fn run_turn(
                 partials: &partials,
             };
             match catch_unwind(AssertUnwindSafe(|| a.turn(&input, cancel))) {
-                Ok(Ok(reply)) => TurnResult::Reply(Reply::bounded(reply, limits.max_reply_bytes)),
+                Ok(Ok(reply)) => {
+                    let memory = remembered(&mut **a, &job.session);
+                    TurnResult::Reply(
+                        Reply::bounded(reply, limits.max_reply_bytes).remembering(memory),
+                    )
+                }
                 Ok(Err(TurnError::Cancelled)) => TurnResult::Cancelled,
                 Ok(Err(TurnError::Failed(e))) => {
                     if std::error::Error::source(&e).is_some() {
@@ -162,6 +169,21 @@ pub(super) fn run_turn(
     sink.send(WorkerReport::Turn(
         job.done(agent.ok().map(BoxAgent::Sync), result),
     ));
+}
+
+/// What the agent wants kept of its conversation after a reply, for the outcome record; a
+/// panic there keeps nothing (logged), the reply stands.
+fn remembered(agent: &mut dyn Agent, session: &SessionKey) -> Option<MemoryUpdate> {
+    match catch_unwind(AssertUnwindSafe(|| agent.durable_memory())) {
+        Ok(kept) => kept.map(|exchanges| MemoryUpdate::keep(session.as_str(), exchanges)),
+        Err(p) => {
+            log::error!(
+                "session {session}: the agent's durable_memory() panicked: {}; nothing kept",
+                panic_text(&*p)
+            );
+            None
+        }
+    }
 }
 
 /// Closes one agent on a cleanup-pool thread.

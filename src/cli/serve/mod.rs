@@ -155,7 +155,7 @@ struct Preflight {
     data: Option<(DirLock, SqliteStore)>,
 }
 
-fn preflight(s: Settings, check_only: bool) -> Result<Preflight, StartError> {
+fn preflight(mut s: Settings, check_only: bool) -> Result<Preflight, StartError> {
     if let Some(path) = &s.status_file
         && let Err(e) = check_writable(path)
     {
@@ -164,7 +164,6 @@ fn preflight(s: Settings, check_only: bool) -> Result<Preflight, StartError> {
             format!("--status-file {}: {e}", path.display()),
         ));
     }
-    let factory = make_factory(&s)?;
     if let Some(c) = &s.cluster {
         // Reachable, syncing every write before its ack, of the same partition count.
         crate::cluster::RedisStore::connect(c.clone())
@@ -181,6 +180,10 @@ fn preflight(s: Settings, check_only: bool) -> Result<Preflight, StartError> {
             check_writable(&dir.join("turnstile.probe"))
                 .map_err(|e| exit::io_error(&e, format!("{what}: not writable: {e}")))?;
             let mut store = SqliteStore::open(dir).map_err(|e| exit::store_error(&e, &what))?;
+            store
+                .set_history_limits(s.history)
+                .map_err(|e| exit::store_error(&e, &what))?;
+            s.memory = Some(store.memory_loader());
             if check_only {
                 store
                     .load(crate::journal::now_ms())
@@ -189,6 +192,8 @@ fn preflight(s: Settings, check_only: bool) -> Result<Preflight, StartError> {
             Some((lock, store))
         }
     };
+    // After the journal: the openai agent reads its stored conversations through it.
+    let factory = make_factory(&s)?;
     Ok(Preflight {
         settings: s,
         factory,

@@ -32,7 +32,11 @@ pub(super) fn make_factory(s: &Settings) -> Result<Arc<dyn AgentFactory>, String
             ..ProcessOptions::new(cmd)
         })),
         (AgentKind::Openai, _, Some(cfg)) => {
-            Arc::new(OpenAiFactory::new(cfg).map_err(|e| format!("--agent openai: {e}"))?)
+            let f = OpenAiFactory::new(cfg).map_err(|e| format!("--agent openai: {e}"))?;
+            match &s.memory {
+                Some(load) => Arc::new(f.with_memory(Arc::clone(load))),
+                None => Arc::new(f),
+            }
         }
         _ => Arc::new(EchoAgent::factory(s.echo_delay)),
     })
@@ -111,8 +115,10 @@ pub(super) fn reload_loader(flags: ServeArgs, initial: &Settings) -> ReloadLoade
     let fixed = restart_only(initial);
     let tls_on = initial.tls.is_some();
     let last_key = Mutex::new(factory_key(initial));
+    let memory = initial.memory.clone();
     Arc::new(move || {
-        let new = resolve(flags.clone())?;
+        let mut new = resolve(flags.clone())?;
+        new.memory = memory.clone();
         let restart_needed = restart_only(&new)
             .into_iter()
             .zip(&fixed)
