@@ -202,3 +202,183 @@ fn busy_or(path: &Path, e: &rusqlite::Error) -> String {
         _ => format!("cannot read {}: {e}", path.display()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::SqliteStore;
+    use super::*;
+    use crate::journal::{Record, Store, StoredMessage, StoredOutcome, now_ms};
+    use crate::message::ChatType;
+    use crate::wire::MessageFields;
+
+    fn accepted(seq: u64) -> Record {
+        let fields = MessageFields {
+            id: format!("m{seq}"),
+            platform: None,
+            chat_id: "c".into(),
+            chat_type: ChatType::Dm,
+            user_id: None,
+            user_name: None,
+            thread_id: None,
+            meta: None,
+            text: "hi".into(),
+        };
+        Record::Accepted(StoredMessage::new(seq, "t", fields, now_ms() + 60_000))
+    }
+
+    /// The outcome of `seq` that leaves `session`'s conversation at `exchanges`.
+    fn remembering(seq: u64, session: &str, exchanges: &[(&str, &str)]) -> Record {
+        let exchanges = exchanges
+            .iter()
+            .map(|(u, a)| ((*u).to_owned(), (*a).to_owned()))
+            .collect();
+        Record::Outcome {
+            seq,
+            outcome: StoredOutcome {
+                head: b"{\"op\":\"reply\"}\n".to_vec(),
+                memory: Some(MemoryUpdate::keep(session, exchanges)),
+                ..StoredOutcome::default()
+            },
+        }
+    }
+
+    fn stored(store: &SqliteStore, session: &str) -> Vec<Exchange> {
+        (store.memory_loader())(session).expect("readable")
+    }
+
+    fn pairs(v: &[(&str, &str)]) -> Vec<Exchange> {
+        v.iter()
+            .map(|(u, a)| ((*u).to_owned(), (*a).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn a_conversation_commits_with_its_outcome_or_not_at_all() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut store = SqliteStore::open(dir.path()).expect("open");
+        store.write(&[accepted(1)]).expect("accepted");
+        // A crash between the conversation's write and the commit: the transaction aborts
+        // at its last statement (the commit counter), after the conversation was written.
+        store
+            .db()
+            .execute_batch(
+                "CREATE TEMP TRIGGER crash BEFORE UPDATE ON meta
+                 BEGIN SELECT RAISE(ABORT, 'crash before the commit'); END;",
+            )
+            .expect("trigger");
+        let outcome = remembering(1, "t:dm:c", &[("hi", "hello")]);
+        assert!(store.write(std::slice::from_ref(&outcome)).is_err());
+        store
+            .db()
+            .execute_batch("DROP TRIGGER crash")
+            .expect("drop");
+        assert_eq!(stored(&store, "t:dm:c"), Vec::<Exchange>::new());
+        assert_eq!(store.history().map(|h| h.sessions), Some(0));
+        drop(store);
+        let mut store = SqliteStore::open(dir.path()).expect("reopen");
+        let loaded = store.load(now_ms()).expect("load");
+        assert_eq!(loaded.messages[0].outcome, None, "no outcome either");
+        assert_eq!(stored(&store, "t:dm:c"), Vec::<Exchange>::new());
+        // The same batch once it commits: both, and the conversation survives a reopen.
+        store.write(&[outcome]).expect("outcome");
+        drop(store);
+        let mut store = SqliteStore::open(dir.path()).expect("reopen");
+        assert!(store.load(now_ms()).expect("load").messages[0].outcome.is_some());
+        assert_eq!(stored(&store, "t:dm:c"), pairs(&[("hi", "hello")]));
+        let h = store.history().expect("figures");
+        assert_eq!(h.sessions, 1);
+        assert_eq!(h.bytes, row_bytes("t:dm:c", r#"[["hi","hello"]]"#));
+        // `/new`'s clear rides its outcome the same way.
+        store.write(&[accepted(2)]).expect("accepted");
+        let clear = Record::Outcome {
+            seq: 2,
+            outcome: StoredOutcome {
+                memory: Some(MemoryUpdate::clear("t:dm:c")),
+                ..StoredOutcome::default()
+            },
+        };
+        store.write(&[clear]).expect("cleared");
+        assert_eq!(stored(&store, "t:dm:c"), Vec::<Exchange>::new());
+        assert_eq!(store.history().map(|h| (h.sessions, h.bytes)), Some((0, 0)));
+    }
+
+    #[test]
+    fn past_the_total_bound_the_least_recently_continued_conversations_go() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut store = SqliteStore::open(dir.path()).expect("open");
+        let one = row_bytes("t:dm:a", r#"[["q","0123456789"]]"#);
+        store
+            .set_history_limits(HistoryLimits {
+                ttl: Duration::from_secs(3600),
+                max_bytes: 2 * one,
+            })
+            .expect("limits");
+        for (seq, s) in [(1, "a"), (2, "b"), (3, "c")] {
+            store.write(&[accepted(seq)]).expect("accepted");
+            let session = format!("t:dm:{s}");
+            store
+                .write(&[remembering(seq, &session, &[("q", "0123456789")])])
+                .expect("outcome");
+            let h = store.history().expect("figures");
+            assert!(h.bytes <= 2 * one, "{h:?}");
+        }
+        let h = store.history().expect("figures");
+        assert_eq!((h.sessions, h.bytes, h.evicted), (2, 2 * one, 1));
+        assert_eq!(stored(&store, "t:dm:a"), Vec::<Exchange>::new(), "oldest");
+        assert_eq!(stored(&store, "t:dm:c"), pairs(&[("q", "0123456789")]));
+        // A conversation continued is the most recent again: `b` now outlives `c`.
+        store.write(&[accepted(4)]).expect("accepted");
+        store
+            .write(&[remembering(4, "t:dm:b", &[("q", "0123456789")])])
+            .expect("outcome");
+        store.write(&[accepted(5)]).expect("accepted");
+        store
+            .write(&[remembering(5, "t:dm:d", &[("q", "0123456789")])])
+            .expect("outcome");
+        assert!(!stored(&store, "t:dm:b").is_empty());
+        assert_eq!(stored(&store, "t:dm:c"), Vec::<Exchange>::new());
+        assert_eq!(store.history().map(|h| h.evicted), Some(2));
+    }
+
+    #[test]
+    fn a_conversation_nobody_continued_for_the_ttl_is_swept() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut store = SqliteStore::open(dir.path()).expect("open");
+        let ttl = Duration::from_secs(3600);
+        store
+            .set_history_limits(HistoryLimits {
+                ttl,
+                max_bytes: 1 << 20,
+            })
+            .expect("limits");
+        store.write(&[accepted(1)]).expect("accepted");
+        store
+            .write(&[remembering(1, "t:dm:a", &[("q", "a")])])
+            .expect("outcome");
+        store.sweep_history(now_ms()).expect("sweep");
+        assert_eq!(store.history().map(|h| h.sessions), Some(1), "not yet");
+        let later = now_ms() + ttl.as_millis() as u64 + 1;
+        store.sweep_history(later).expect("sweep");
+        let h = store.history().expect("figures");
+        assert_eq!((h.sessions, h.bytes, h.expired), (0, 0, 1));
+        assert_eq!(stored(&store, "t:dm:a"), Vec::<Exchange>::new());
+    }
+
+    #[test]
+    fn a_scribbled_conversation_is_refused_not_guessed() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut store = SqliteStore::open(dir.path()).expect("open");
+        store.write(&[accepted(1)]).expect("accepted");
+        store
+            .write(&[remembering(1, "t:dm:a", &[("q", "a")])])
+            .expect("outcome");
+        store
+            .db()
+            .execute("UPDATE history SET body = '[[\"q\",\"b\"]]'", [])
+            .expect("scribble");
+        let e = (store.memory_loader())("t:dm:a").expect_err("refused");
+        assert!(e.contains("checksum"), "{e}");
+    }
+}

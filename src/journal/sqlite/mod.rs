@@ -212,12 +212,17 @@ impl SqliteStore {
     }
 
     fn housekeeping(&mut self) -> rusqlite::Result<()> {
-        let conn = Arc::clone(&self.conn);
-        let db = lock(&conn);
-        db.execute("DELETE FROM dedup WHERE until <= ?1", [now_ms() as i64])?;
-        history::expire(&db, &self.history_limits, now_ms(), &mut self.history)?;
-        drop(db);
+        let now = now_ms();
+        self.db()
+            .execute("DELETE FROM dedup WHERE until <= ?1", [now as i64])?;
+        self.sweep_history(now)?;
         self.reclaim()
+    }
+
+    /// Deletes the stored conversations untouched for `--history-ttl` as of `now_ms`.
+    fn sweep_history(&mut self, now_ms: u64) -> rusqlite::Result<()> {
+        let conn = Arc::clone(&self.conn);
+        history::expire(&lock(&conn), &self.history_limits, now_ms, &mut self.history)
     }
 
     /// Freed pages back to the file system, then the write-ahead log copied into the
