@@ -7,6 +7,7 @@ mod mock_openai;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use mock_openai::{Mock, stream};
 
@@ -24,6 +25,8 @@ impl Gateway {
     fn start(mock: &Mock, dir: &Path) -> Gateway {
         let mut child = Command::new(BIN)
             .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "off"])
+            .arg("--status-file")
+            .arg(dir.join("status.json"))
             .args(["--agent", "openai", "--model", "m"])
             .args(["--openai-base-url", &mock.base_url()])
             .arg("--data-dir")
@@ -121,8 +124,38 @@ fn row1_the_conversation_survives_a_kill_9_and_the_restart_continues_it() {
         ]),
         "the first request after the restart carries the earlier exchange"
     );
+    // The status shows the stored conversation (the heartbeat rewrites the file; polled
+    // with a generous deadline, never a fixed wait).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let history = loop {
+        let status: Option<serde_json::Value> = std::fs::read(dir.path().join("status.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        let history = status.and_then(|s| find(&s, "history").cloned());
+        match history {
+            Some(h) if h["sessions"] == 1 => break h,
+            _ if Instant::now() > deadline => panic!("no journal.history in the status"),
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+    };
+    assert!(
+        history["bytes"].as_u64().is_some_and(|b| b > 0),
+        "{history}"
+    );
+    assert_eq!(history["evicted"], 0);
     gateway.kill_9();
     assert_eq!(export(dir.path()).len(), 2);
+}
+
+/// The first object under `key`, anywhere in `v`.
+fn find<'a>(v: &'a serde_json::Value, key: &str) -> Option<&'a serde_json::Value> {
+    match v {
+        serde_json::Value::Object(m) => {
+            m.get(key).or_else(|| m.values().find_map(|x| find(x, key)))
+        }
+        serde_json::Value::Array(a) => a.iter().find_map(|x| find(x, key)),
+        _ => None,
+    }
 }
 
 #[test]
@@ -139,7 +172,10 @@ fn new_clears_the_conversation_durably() {
 
     mock.push([stream(&["which number?"], 5, 2)]);
     let gateway = Gateway::start(&mock, dir.path());
-    assert_eq!(gateway.send("what did I ask you to remember?"), "which number?");
+    assert_eq!(
+        gateway.send("what did I ask you to remember?"),
+        "which number?"
+    );
     assert_eq!(
         mock.next_request().messages(),
         pairs(&[("user", "what did I ask you to remember?")]),

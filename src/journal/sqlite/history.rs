@@ -285,7 +285,11 @@ mod tests {
         store.write(&[outcome]).expect("outcome");
         drop(store);
         let mut store = SqliteStore::open(dir.path()).expect("reopen");
-        assert!(store.load(now_ms()).expect("load").messages[0].outcome.is_some());
+        assert!(
+            store.load(now_ms()).expect("load").messages[0]
+                .outcome
+                .is_some()
+        );
         assert_eq!(stored(&store, "t:dm:c"), pairs(&[("hi", "hello")]));
         let h = store.history().expect("figures");
         assert_eq!(h.sessions, 1);

@@ -222,7 +222,12 @@ impl SqliteStore {
     /// Deletes the stored conversations untouched for `--history-ttl` as of `now_ms`.
     fn sweep_history(&mut self, now_ms: u64) -> rusqlite::Result<()> {
         let conn = Arc::clone(&self.conn);
-        history::expire(&lock(&conn), &self.history_limits, now_ms, &mut self.history)
+        history::expire(
+            &lock(&conn),
+            &self.history_limits,
+            now_ms,
+            &mut self.history,
+        )
     }
 
     /// Freed pages back to the file system, then the write-ahead log copied into the
