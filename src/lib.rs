@@ -155,6 +155,7 @@ pub mod internal {
     }
     /// The journal's thread and test stores (its records and stores are public).
     pub mod journal {
+        pub use crate::journal::memory::kept_conversation;
         pub use crate::journal::{Committed, FaultyStore, Journal, JournalConfig, Model, now_ms};
     }
     /// The cluster's store, ownership, reader and member link (`--cluster`).

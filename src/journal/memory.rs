@@ -69,6 +69,11 @@ impl MemoryUpdate {
     }
 }
 
+/// [`MemoryUpdate::keep`], for the benchmarks (`turnstile::internal::journal`).
+pub fn kept_conversation(session: &str, exchanges: Vec<Exchange>) -> MemoryUpdate {
+    MemoryUpdate::keep(session, exchanges)
+}
+
 impl fmt::Debug for MemoryUpdate {
     /// The session and the size, never the conversation's text.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -180,14 +180,16 @@ fn preflight(mut s: Settings, check_only: bool) -> Result<Preflight, StartError>
             check_writable(&dir.join("turnstile.probe"))
                 .map_err(|e| exit::io_error(&e, format!("{what}: not writable: {e}")))?;
             let mut store = SqliteStore::open(dir).map_err(|e| exit::store_error(&e, &what))?;
-            store
-                .set_history_limits(s.history)
-                .map_err(|e| exit::store_error(&e, &what))?;
-            s.memory = Some(store.memory_loader());
             if check_only {
                 store
                     .load(crate::journal::now_ms())
                     .map_err(|e| exit::store_error(&e, &what))?;
+            } else {
+                // The bounds apply at once (a lowered --history-bytes, a shorter ttl).
+                store
+                    .set_history_limits(s.history)
+                    .map_err(|e| exit::store_error(&e, &what))?;
+                s.memory = Some(store.memory_loader());
             }
             Some((lock, store))
         }
