@@ -306,6 +306,12 @@ mod tests {
         store.write(&[clear]).expect("cleared");
         assert_eq!(stored(&store, "t:dm:c"), Vec::<Exchange>::new());
         assert_eq!(store.history().map(|h| (h.sessions, h.bytes)), Some((0, 0)));
+        // A conversation the agent emptied (one exchange past `--history-chars`) keeps no row.
+        store.write(&[accepted(3)]).expect("accepted");
+        store
+            .write(&[remembering(3, "t:dm:c", &[])])
+            .expect("outcome");
+        assert_eq!(store.history().map(|h| (h.sessions, h.bytes)), Some((0, 0)));
     }
 
     #[test]
