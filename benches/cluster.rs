@@ -48,6 +48,7 @@ fn outcome() -> StoredOutcome {
         head: br#"{"type":"done","id":"m","text":""#.to_vec(),
         text: "an answer of about forty bytes of text..".into(),
         tail: b"\"}\n".to_vec(),
+        memory: None,
     }
 }
 

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use turnstile::BridgeConfig;
-use turnstile::internal::journal::{Journal, JournalConfig, now_ms};
+use turnstile::internal::journal::{Journal, JournalConfig, kept_conversation, now_ms};
 use turnstile::internal::server::Bridge;
 use turnstile::{MessageFields, Record, SqliteStore, Store, StoredMessage, StoredOutcome};
 
@@ -112,6 +112,73 @@ fn lifecycle(dir: &std::path::Path, n: u64, in_flight: u64) {
     );
 }
 
+/// A conversation of `n` typical exchanges: a 100-character question, a 500-character answer.
+fn conversation(n: usize) -> Vec<(String, String)> {
+    (0..n)
+        .map(|i| {
+            let user = format!("question {i}: ")
+                .chars()
+                .cycle()
+                .take(100)
+                .collect();
+            let answer = format!("answer {i}, in several sentences. ")
+                .chars()
+                .cycle()
+                .take(500)
+                .collect();
+            (user, answer)
+        })
+        .collect()
+}
+
+/// One turn at a time in 50 sessions, as the bridge journals it: the ack's commit
+/// (`accepted`), the start gate's, then the outcome's, each timed; with `memory`, the
+/// outcome carries the session's conversation of 20 typical exchanges (the openai agent's
+/// durable history). Prints the ack and outcome commit latencies and the bytes stored per
+/// session. Run: `cargo bench --bench journal -- --only turn-commit`.
+fn turn_commit(dir: &std::path::Path, memory: bool) {
+    let mut store = SqliteStore::open(dir).expect("open");
+    let exchanges = conversation(20);
+    let (mut acks, mut outcomes) = (Vec::new(), Vec::new());
+    for seq in 1..=1000u64 {
+        let t = Instant::now();
+        store
+            .write(&[Record::Accepted(message(seq, 50))])
+            .expect("accepted");
+        acks.push(t.elapsed().as_secs_f64() * 1000.0);
+        store
+            .write(&[Record::Started { seq, attempt: 1 }])
+            .expect("started");
+        let mut outcome = reply(seq, 50);
+        if memory {
+            let session = format!("bench:dm:s{}", seq % 50);
+            outcome.memory = Some(kept_conversation(&session, exchanges.clone()));
+        }
+        let t = Instant::now();
+        store
+            .write(&[Record::Outcome { seq, outcome }])
+            .expect("outcome");
+        outcomes.push(t.elapsed().as_secs_f64() * 1000.0);
+        store
+            .write(&[Record::Delivered { seq }])
+            .expect("delivered");
+    }
+    let pct = |v: &mut Vec<f64>, p: f64| {
+        v.sort_by(f64::total_cmp);
+        v[((v.len() - 1) as f64 * p).round() as usize]
+    };
+    let h = store.history().unwrap_or_default();
+    println!(
+        "{{\"figure\":\"turn_commit\",\"durable_history\":{memory},\"turns\":1000,\"ack_p50_ms\":{:.3},\"ack_p99_ms\":{:.3},\"outcome_p50_ms\":{:.3},\"outcome_p99_ms\":{:.3},\"sessions_stored\":{},\"bytes_per_session\":{}}}",
+        pct(&mut acks, 0.5),
+        pct(&mut acks, 0.99),
+        pct(&mut outcomes, 0.5),
+        pct(&mut outcomes, 0.99),
+        h.sessions,
+        h.bytes.checked_div(h.sessions).unwrap_or(0),
+    );
+}
+
 fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
     args.iter()
@@ -130,6 +197,13 @@ fn main() {
     }
     .expect("temp dir");
     let only = arg("--only");
+    if only.as_deref() == Some("turn-commit") {
+        let plain = tempfile::tempdir_in(dir.path()).expect("temp dir");
+        turn_commit(plain.path(), false);
+        let durable = tempfile::tempdir_in(dir.path()).expect("temp dir");
+        turn_commit(durable.path(), true);
+        return;
+    }
 
     // 0. A message's whole life in the store, 20,000 in flight (the flood's 20 x 1,000).
     {

@@ -232,6 +232,15 @@ pub trait Agent: Send + 'static {
     fn turn_usage(&self) -> Option<AgentUsage> {
         None
     }
+
+    /// The conversation to keep across restarts, (user, assistant) pairs oldest first: asked
+    /// by the worker right after a turn that returned a reply, and journaled with that turn's
+    /// outcome, in the same transaction. `None` (the default): nothing is kept. Only the
+    /// built-in openai agent answers (with `--data-dir`: its factory reads it back).
+    #[doc(hidden)]
+    fn durable_memory(&mut self) -> Option<Vec<(String, String)>> {
+        None
+    }
 }
 
 /// Creates a fresh agent for a session; called on a turn worker.

@@ -105,13 +105,13 @@ pub use core::{
 #[cfg(feature = "sqlite")]
 pub use journal::SqliteStore;
 pub use journal::{
-    MemStore, Record, Recovered, RecoveredMessage, Store, StoreError, StoreErrorKind,
+    MemStore, MemoryUpdate, Record, Recovered, RecoveredMessage, Store, StoreError, StoreErrorKind,
     StoredMessage, StoredOutcome,
 };
 pub use liveness::{
-    BridgeStatus, ClusterStatus, FrontendStatus, HttpStatus, JournalStatus, LinkStatus,
-    PlatformStatus, RecoveryCounts, RuntimeState, ServiceStatus, Status, SupervisedBridge,
-    SupervisedState,
+    BridgeStatus, ClusterStatus, FrontendStatus, HistoryStatus, HttpStatus, JournalStatus,
+    LinkStatus, PlatformStatus, RecoveryCounts, RuntimeState, ServiceStatus, Status,
+    SupervisedBridge, SupervisedState,
 };
 pub use message::{Body, ChatType, Command, InvalidInput, Message, MessageContext, SessionKey};
 #[cfg(feature = "async")]
@@ -155,6 +155,7 @@ pub mod internal {
     }
     /// The journal's thread and test stores (its records and stores are public).
     pub mod journal {
+        pub use crate::journal::memory::kept_conversation;
         pub use crate::journal::{Committed, FaultyStore, Journal, JournalConfig, Model, now_ms};
     }
     /// The cluster's store, ownership, reader and member link (`--cluster`).

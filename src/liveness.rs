@@ -683,6 +683,26 @@ pub struct JournalStatus {
     pub wakes: u64,
     /// What start-up recovery found.
     pub recovery: RecoveryCounts,
+    /// The stored conversations (the openai agent's durable history); absent for a store
+    /// that keeps none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<HistoryStatus>,
+}
+
+/// The journal's stored conversations (`journal.history` in the status).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct HistoryStatus {
+    /// Sessions with a stored conversation.
+    pub sessions: u64,
+    /// Their bytes together (bounded by `--history-bytes`).
+    pub bytes: u64,
+    /// Conversations deleted since the start because the total passed `--history-bytes`
+    /// (least recently used first).
+    pub evicted: u64,
+    /// Conversations deleted since the start because nobody continued them for
+    /// `--history-ttl`.
+    pub expired: u64,
 }
 
 impl Default for JournalStatus {
@@ -700,6 +720,7 @@ impl Default for JournalStatus {
             failing: false,
             wakes: 0,
             recovery: RecoveryCounts::default(),
+            history: None,
         }
     }
 }

@@ -976,10 +976,10 @@ fn replies_over_the_limit_are_cut_on_a_character_boundary_and_marked() {
     n.accept(t);
     n.event(
         t,
-        EventKind::Finished(Outcome::Reply(Reply {
-            text: "ok".into(),
-            truncated: true,
-            tokens: None,
+        EventKind::Finished(Outcome::Reply({
+            let mut cut = Reply::from("ok");
+            cut.truncated = true;
+            cut
         })),
     );
     let out = n.take(a);

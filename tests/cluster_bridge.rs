@@ -170,6 +170,7 @@ fn done(text: &str, id: &str) -> StoredOutcome {
             .into_bytes(),
         text: text.into(),
         tail: b"\"}\n".to_vec(),
+        memory: None,
     }
 }
 

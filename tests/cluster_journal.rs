@@ -142,6 +142,7 @@ fn outcome(text: &str) -> StoredOutcome {
         head: b"{\"type\":\"done\",\"text\":\"".to_vec(),
         text: text.into(),
         tail: b"\"}\n".to_vec(),
+        memory: None,
     }
 }
 

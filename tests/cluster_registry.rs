@@ -220,6 +220,7 @@ fn the_reader_records_hellos_forwards_to_the_newest_hellos_live_instance_and_car
         head: b"{\"op\":\"reply\",\"text\":\"".to_vec(),
         text: "answer".into(),
         tail: b"\"}\n".to_vec(),
+        memory: None,
     };
     assert!(owner.outcome(&lease, seq, &outcome).expect("outcome"));
     let ct = cluster_tag(p, seq);

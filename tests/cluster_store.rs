@@ -70,6 +70,7 @@ fn outcome(text: &str) -> StoredOutcome {
         head: b"{\"type\":\"done\",\"text\":\"".to_vec(),
         text: text.into(),
         tail: b"\"}\n".to_vec(),
+        memory: None,
     }
 }
 
@@ -296,6 +297,7 @@ fn the_load_of_a_partition_gives_back_what_was_accepted_and_not_finished() {
         head: vec![0, 255, b'{'],
         text: "ré\"sult\n".into(),
         tail: vec![b'}', b'\n'],
+        memory: None,
     };
     assert!(b.outcome(&lease, s2, &binary).unwrap());
     assert!(a.delivered(p, s3, now).unwrap());

@@ -32,6 +32,7 @@ fn outcome(seq: u64, text: &str) -> StoredOutcome {
             head: format!("{{\"op\":\"reply\",\"id\":\"m-{seq}\",\"text\":\"").into_bytes(),
             text: text.into(),
             tail: b"\"}\n".to_vec(),
+            memory: None,
         }
     } else {
         StoredOutcome {

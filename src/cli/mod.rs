@@ -5,6 +5,7 @@
 mod access;
 mod bridge;
 mod docs;
+mod history;
 pub(crate) mod loadgen;
 mod reference;
 pub(crate) mod send;
@@ -54,6 +55,8 @@ enum Cmd {
     Status(status::StatusArgs),
     /// Manage a running gateway's access policy: pending codes, approvals, denials, usage.
     Access(access::AccessArgs),
+    /// Print a session's stored conversation (`serve --data-dir`) as JSON lines.
+    History(history::HistoryArgs),
     /// Connect a chat platform (Matrix, IRC, Telegram, Discord, Slack) to a running gateway.
     Bridge(bridge::BridgeArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
@@ -103,6 +106,7 @@ pub fn main() -> i32 {
         Cmd::Loadgen(args) => loadgen::run(args),
         Cmd::Status(args) => status::run(args),
         Cmd::Access(args) => access::run(args),
+        Cmd::History(args) => history::run(args),
         Cmd::Bridge(args) => bridge::run(args),
         Cmd::Completions(args) => docs::completions(args, command()),
         Cmd::Man(args) => docs::man(args, command()),

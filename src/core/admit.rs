@@ -2,6 +2,7 @@
 //! session (created here, so a refused message never creates a session).
 
 use super::*;
+use crate::journal::MemoryUpdate;
 
 impl<R: Clone, A> Core<R, A> {
     /// Admits one message: commands are answered at once; text is refused at a bound or
@@ -60,7 +61,10 @@ impl<R: Clone, A> Core<R, A> {
         };
         emit(fx, route.clone(), &id, &key, accepted);
         let reply = self.command(now, &key, cmd, fx);
-        let finished = EventKind::Finished(Outcome::Reply(reply.into()));
+        // `/new` clears the durable conversation in its own outcome's commit.
+        let memory = (cmd == Command::Reset).then(|| MemoryUpdate::clear(key.as_str()));
+        let reply = Reply::from(reply).remembering(memory);
+        let finished = EventKind::Finished(Outcome::Reply(reply));
         emit(fx, route, &id, &key, finished);
     }
 

@@ -381,7 +381,13 @@ impl<R: Clone, A> Core<R, A> {
             }
             TurnResult::Reply(reply) => {
                 self.stats.turns.completed += 1;
-                Outcome::Reply(reply)
+                // A reply that beat `/new`'s cancellation must not write back the conversation
+                // the reset cleared.
+                if running.cancel == Some(CancelReason::Reset) {
+                    Outcome::Reply(reply.remembering(None))
+                } else {
+                    Outcome::Reply(reply)
+                }
             }
             TurnResult::Cancelled => match running.cancel {
                 Some(reason) => {
@@ -744,6 +750,82 @@ fn emit<R, A>(
 #[cfg(test)]
 mod mutant_tests {
     use super::*;
+    use crate::journal::MemoryUpdate;
+
+    /// The memory each finished message carries to its outcome record.
+    fn memories(fx: Vec<Effect<(), u64>>) -> Vec<(Arc<str>, Option<MemoryUpdate>)> {
+        fx.into_iter()
+            .filter_map(|f| match f {
+                Effect::Emit { event, .. } => match event.kind {
+                    EventKind::Finished(Outcome::Reply(r)) => Some((event.id, r.memory)),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// `/new` clears the durable conversation in its own outcome, and a reply that beat its
+    /// cancellation (the agent answered anyway) stores nothing: the clear is not undone.
+    #[test]
+    fn new_clears_the_memory_and_a_reply_racing_it_stores_none() {
+        let mut core: Core<(), u64> = Core::new(CoreConfig::default(), Duration::ZERO);
+        let key = SessionKey::dm("test", "a").expect("key");
+        let now = Duration::ZERO;
+        let mut fx = Vec::new();
+        let message = Message::new("m1", key.clone(), "hi").expect("message");
+        core.handle(now, Input::Submit { message, route: () }, &mut fx);
+        let job = fx
+            .into_iter()
+            .find_map(|f| match f {
+                Effect::StartTurn(job) => Some(job),
+                _ => None,
+            })
+            .expect("a turn started");
+        let mut fx = Vec::new();
+        let reset = Message::new("m2", key.clone(), "/new").expect("message");
+        core.handle(
+            now,
+            Input::Submit {
+                message: reset,
+                route: (),
+            },
+            &mut fx,
+        );
+        let cleared = MemoryUpdate::clear(key.as_str());
+        assert_eq!(memories(fx), vec![("m2".into(), Some(cleared))]);
+        let kept = MemoryUpdate::keep(key.as_str(), vec![("hi".into(), "hello".into())]);
+        let reply = Reply::from("hello").remembering(Some(kept.clone()));
+        let mut fx = Vec::new();
+        core.handle(
+            now,
+            Input::TurnDone(job.done(Some(1), TurnResult::Reply(reply))),
+            &mut fx,
+        );
+        assert_eq!(memories(fx), vec![("m1".into(), None)]);
+        // Without a reset (another session: this one's agent is still closing), the reply
+        // keeps what it carries.
+        let key = SessionKey::dm("test", "b").expect("key");
+        let kept = MemoryUpdate::keep(key.as_str(), vec![("hi".into(), "hello".into())]);
+        let mut fx = Vec::new();
+        let message = Message::new("m3", key.clone(), "again").expect("message");
+        core.handle(now, Input::Submit { message, route: () }, &mut fx);
+        let job = fx
+            .into_iter()
+            .find_map(|f| match f {
+                Effect::StartTurn(job) => Some(job),
+                _ => None,
+            })
+            .expect("a turn started");
+        let reply = Reply::from("hello").remembering(Some(kept.clone()));
+        let mut fx = Vec::new();
+        core.handle(
+            now,
+            Input::TurnDone(job.done(Some(2), TurnResult::Reply(reply))),
+            &mut fx,
+        );
+        assert_eq!(memories(fx), vec![("m3".into(), Some(kept))]);
+    }
 
     /// Every finished turn marks its timeout timer stale, so the timer heap stays bounded
     /// by live timers however many turns run before their timeouts.

@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::journal::MemoryUpdate;
 use crate::key::Key;
 use crate::message::{Message, MessageContext, SessionKey};
 
@@ -288,7 +289,7 @@ impl fmt::Display for FailReason {
 pub const DEFAULT_MAX_REPLY_BYTES: usize = 1 << 20;
 
 /// An agent's reply, or a command's result.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct Reply {
     /// The text.
     pub text: String,
@@ -297,6 +298,9 @@ pub struct Reply {
     /// The tokens (prompt + completion) the agent reported for this turn
     /// ([`Agent::turn_usage`](crate::Agent::turn_usage)); `None` when it reports none.
     pub tokens: Option<u64>,
+    /// What the reply changes in the session's durable conversation (the openai agent's
+    /// history, `/new`'s clear), journaled with its outcome; not part of the reply's value.
+    pub(crate) memory: Option<MemoryUpdate>,
 }
 
 impl Reply {
@@ -307,9 +311,25 @@ impl Reply {
             text,
             truncated,
             tokens: None,
+            memory: None,
         }
     }
+
+    /// The same reply, carrying `memory` to its outcome record.
+    pub(crate) fn remembering(self, memory: Option<MemoryUpdate>) -> Reply {
+        Reply { memory, ..self }
+    }
 }
+
+/// Two replies are equal when their texts and flags are: what they change in the durable
+/// conversation travels with them but is not what they say.
+impl PartialEq for Reply {
+    fn eq(&self, other: &Reply) -> bool {
+        self.text == other.text && self.truncated == other.truncated && self.tokens == other.tokens
+    }
+}
+
+impl Eq for Reply {}
 
 impl From<String> for Reply {
     fn from(text: String) -> Reply {
@@ -317,6 +337,7 @@ impl From<String> for Reply {
             text,
             truncated: false,
             tokens: None,
+            memory: None,
         }
     }
 }

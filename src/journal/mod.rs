@@ -20,6 +20,7 @@
 
 #[cfg(feature = "sqlite")]
 mod mark;
+pub(crate) mod memory;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 pub(crate) mod thread;
@@ -29,10 +30,14 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::liveness::HistoryStatus;
 use crate::wire::MessageFields;
 
+pub use memory::MemoryUpdate;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
+#[cfg(feature = "sqlite")]
+pub(crate) use sqlite::history::export as export_history;
 pub use thread::{Committed, Journal, JournalConfig};
 
 /// A message as it was accepted: enough to rebuild it exactly. Its fields are the protocol's
@@ -86,6 +91,10 @@ pub struct StoredOutcome {
     pub text: String,
     /// Bytes after the text (newline included).
     pub tail: Vec<u8>,
+    /// What the outcome changes in its session's stored conversation, written in the same
+    /// transaction (the openai agent's history with `--data-dir`); not part of the line, and
+    /// not read back with it.
+    pub memory: Option<MemoryUpdate>,
 }
 
 /// One journal record.
@@ -266,6 +275,12 @@ pub trait Store: Send {
     fn disk_bytes(&self) -> Option<u64> {
         None
     }
+
+    /// Its stored conversations' figures (`journal.history` in the status), if it keeps
+    /// them ([`StoredOutcome::memory`]).
+    fn history(&self) -> Option<HistoryStatus> {
+        None
+    }
 }
 
 impl<S: Store + ?Sized> Store for Box<S> {
@@ -280,6 +295,9 @@ impl<S: Store + ?Sized> Store for Box<S> {
     }
     fn disk_bytes(&self) -> Option<u64> {
         (**self).disk_bytes()
+    }
+    fn history(&self) -> Option<HistoryStatus> {
+        (**self).history()
     }
 }
 
@@ -318,7 +336,11 @@ impl Model {
             }
             Record::Outcome { seq, outcome } => {
                 if let Some(m) = self.messages.get_mut(seq) {
-                    m.outcome = Some(outcome.clone());
+                    // The line only: the conversation change is not read back with it.
+                    m.outcome = Some(StoredOutcome {
+                        memory: None,
+                        ..outcome.clone()
+                    });
                 }
             }
             Record::Delivered { seq } => {
@@ -424,6 +446,10 @@ impl<S: Store> Store for FaultyStore<S> {
 
     fn disk_bytes(&self) -> Option<u64> {
         self.inner.disk_bytes()
+    }
+
+    fn history(&self) -> Option<HistoryStatus> {
+        self.inner.history()
     }
 }
 

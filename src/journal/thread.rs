@@ -28,6 +28,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 
 use super::{Record, Store};
 use crate::histogram::{JOURNAL_BUCKETS, PromHistogram};
+use crate::liveness::HistoryStatus;
 
 /// Settings of the journal thread.
 #[derive(Clone, Debug)]
@@ -80,9 +81,21 @@ pub(crate) struct Gauges {
     buckets: Vec<AtomicU64>,
     /// The writes' total time, in nanoseconds.
     sum_ns: AtomicU64,
+    /// The store's stored conversations: sessions ([`UNKNOWN`]: the store keeps none),
+    /// bytes, evicted, expired.
+    history: [AtomicU64; 4],
 }
 
 impl Gauges {
+    fn publish_history(&self, h: Option<HistoryStatus>) {
+        let values = h.map_or([UNKNOWN, 0, 0, 0], |h| {
+            [h.sessions, h.bytes, h.evicted, h.expired]
+        });
+        for (gauge, v) in self.history.iter().zip(values) {
+            gauge.store(v, Ordering::Relaxed);
+        }
+    }
+
     pub(crate) fn record(&self, d: Duration) {
         let s = d.as_secs_f64();
         let i = JOURNAL_BUCKETS.partition_point(|&b| b < s);
@@ -115,9 +128,12 @@ impl Journal {
         W: Fn() + Send + 'static,
     {
         let disk = store.disk_bytes();
-        Journal::spawn(disk, move |rx, done, stopped, gauges| {
+        let history = store.history();
+        let journal = Journal::spawn(disk, move |rx, done, stopped, gauges| {
             run(store, cfg, rx, done, &stopped, wake, &gauges)
-        })
+        })?;
+        journal.gauges.publish_history(history);
+        Ok(journal)
     }
 
     /// Starts `body` on the journal thread with the channels it serves: the records, the
@@ -138,6 +154,7 @@ impl Journal {
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             sum_ns: AtomicU64::new(0),
+            history: [UNKNOWN, 0, 0, 0].map(AtomicU64::new),
         });
         let seen = gauges.clone();
         let thread = std::thread::Builder::new()
@@ -159,6 +176,22 @@ impl Journal {
             UNKNOWN => None,
             n => Some(n),
         }
+    }
+
+    /// The store's stored conversations, as of its last write or idle pass (None: the
+    /// store keeps none).
+    pub(crate) fn history(&self) -> Option<HistoryStatus> {
+        let [sessions, bytes, evicted, expired] = self
+            .gauges
+            .history
+            .each_ref()
+            .map(|g| g.load(Ordering::Relaxed));
+        (sessions != UNKNOWN).then_some(HistoryStatus {
+            sessions,
+            bytes,
+            evicted,
+            expired,
+        })
     }
 
     /// How long the store's writes took (commit, sync, mark), since the thread started.
@@ -321,6 +354,7 @@ impl<S: Store> Writer<'_, S> {
         self.gauges
             .disk
             .store(disk.unwrap_or(UNKNOWN), Ordering::Relaxed);
+        self.gauges.publish_history(self.store.history());
     }
 
     /// Writes one batch (the kept records alone first, see the module's doc) and says what

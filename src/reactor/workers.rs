@@ -12,6 +12,8 @@ use super::route::Route;
 use super::wake::Notifier;
 use crate::agent::{Agent, AgentFactory, CancelToken, Partials, TurnError, TurnInput};
 use crate::core::{CleanupId, CleanupJob, Input, Reply, TurnDone, TurnJob, TurnResult};
+use crate::journal::MemoryUpdate;
+use crate::message::SessionKey;
 use crate::pool::Pool;
 
 /// An agent as the runtime moves it around: a sync one, run on the turn pool, or (feature
@@ -149,7 +151,9 @@ pub(super) fn run_turn(
             };
             match catch_unwind(AssertUnwindSafe(|| a.turn(&input, cancel))) {
                 Ok(Ok(reply)) => {
-                    let mut reply = Reply::bounded(reply, limits.max_reply_bytes);
+                    let memory = remembered(&mut **a, &job.session);
+                    let mut reply =
+                        Reply::bounded(reply, limits.max_reply_bytes).remembering(memory);
                     reply.tokens = a
                         .turn_usage()
                         .map(|u| u.prompt_tokens.saturating_add(u.completion_tokens));
@@ -170,6 +174,21 @@ pub(super) fn run_turn(
     sink.send(WorkerReport::Turn(
         job.done(agent.ok().map(BoxAgent::Sync), result),
     ));
+}
+
+/// What the agent wants kept of its conversation after a reply, for the outcome record; a
+/// panic there keeps nothing (logged), the reply stands.
+fn remembered(agent: &mut dyn Agent, session: &SessionKey) -> Option<MemoryUpdate> {
+    match catch_unwind(AssertUnwindSafe(|| agent.durable_memory())) {
+        Ok(kept) => kept.map(|exchanges| MemoryUpdate::keep(session.as_str(), exchanges)),
+        Err(p) => {
+            log::error!(
+                "session {session}: the agent's durable_memory() panicked: {}; nothing kept",
+                panic_text(&*p)
+            );
+            None
+        }
+    }
 }
 
 /// Closes one agent on a cleanup-pool thread.

@@ -802,6 +802,7 @@ impl Frontend for BridgeServer {
             j.wakes = self.journal_wakes;
             if let Some(journal) = &self.journal {
                 j.disk_bytes = journal.disk_bytes();
+                j.history = journal.history();
                 j.write_seconds = journal.write_seconds();
             }
         }

@@ -96,6 +96,7 @@ impl EncodedLine {
                 head: head.clone(),
                 text: text.clone(),
                 tail: tail.clone(),
+                memory: None,
             },
         }
     }

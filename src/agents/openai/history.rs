@@ -45,6 +45,28 @@ impl History {
         debug_assert!(self.check(max_turns, max_chars), "{self:?}");
     }
 
+    /// A history holding `exchanges` (a stored conversation, oldest first), within the
+    /// bounds in force now (they may have shrunk since it was stored).
+    pub(super) fn restored(
+        exchanges: Vec<(String, String)>,
+        max_turns: usize,
+        max_chars: usize,
+    ) -> History {
+        let mut h = History::default();
+        for (user, assistant) in exchanges {
+            h.push(user, assistant, max_turns, max_chars);
+        }
+        h
+    }
+
+    /// The exchanges kept, (user, assistant) oldest first: what the journal stores.
+    pub(super) fn exchanges(&self) -> Vec<(String, String)> {
+        self.turns
+            .iter()
+            .map(|e| (e.user.clone(), e.assistant.clone()))
+            .collect()
+    }
+
     /// The exchanges kept.
     pub(super) fn len(&self) -> usize {
         self.turns.len()

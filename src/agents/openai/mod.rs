@@ -47,6 +47,7 @@ use ureq::unversioned::transport::{Connector, RustlsConnector};
 use crate::agent::{
     Agent, AgentFactory, AgentFailures, AgentUsage, CancelToken, TurnError, TurnInput,
 };
+use crate::journal::memory::MemoryLoader;
 use crate::message::SessionKey;
 use sse::{Event, SseError, SseReader};
 use transport::{CancellableConnector, is_cancel_error};
@@ -106,6 +107,9 @@ impl Shared {
 #[derive(Clone)]
 pub struct OpenAiFactory {
     shared: Arc<Shared>,
+    /// Reads a session's stored conversation back (`--data-dir`); with it, agents hand
+    /// their conversation to the journal after each reply.
+    memory: Option<MemoryLoader>,
 }
 
 impl fmt::Debug for OpenAiFactory {
@@ -179,7 +183,18 @@ impl OpenAiFactory {
                 completion_tokens: AtomicU64::new(0),
                 failures: Default::default(),
             }),
+            memory: None,
         })
+    }
+
+    /// The same factory, its agents' conversations durable: each agent starts from the
+    /// session's stored conversation (read by `load`) and hands its conversation to the
+    /// journal after each reply, written with the turn's outcome.
+    pub(crate) fn with_memory(self, load: MemoryLoader) -> OpenAiFactory {
+        OpenAiFactory {
+            memory: Some(load),
+            ..self
+        }
     }
 
     /// The endpoint requests go to, as shown: userinfo and query redacted.
@@ -187,12 +202,29 @@ impl OpenAiFactory {
         &self.shared.shown
     }
 
-    /// A fresh agent for `session` (what [`AgentFactory::create`] returns, unboxed).
+    /// A fresh agent for `session` (what [`AgentFactory::create`] returns, unboxed): with
+    /// durable memory, its conversation is the one stored for the session (none if it
+    /// cannot be read: logged, and the conversation starts anew).
     pub fn agent(&self, session: &SessionKey) -> OpenAiAgent {
+        let cfg = &self.shared.cfg;
+        let history = match &self.memory {
+            None => History::default(),
+            Some(load) => match load(session.as_str()) {
+                Ok(exchanges) => History::restored(exchanges, cfg.history_turns, cfg.history_chars),
+                Err(e) => {
+                    log::warn!(
+                        "session {session}: the stored conversation cannot be read ({e}); it starts anew"
+                    );
+                    History::default()
+                }
+            },
+        };
         OpenAiAgent {
             shared: Arc::clone(&self.shared),
             session: session.clone(),
-            history: History::default(),
+            history,
+            durable: self.memory.is_some(),
+            replied: false,
             usage: AgentUsage::default(),
             turns: 0,
             last_turn: None,
@@ -254,6 +286,11 @@ pub struct OpenAiAgent {
     shared: Arc<Shared>,
     session: SessionKey,
     history: History,
+    /// Whether the conversation is handed to the journal after each reply.
+    durable: bool,
+    /// The last turn replied (and pushed its exchange) since the journal was handed the
+    /// conversation.
+    replied: bool,
     usage: AgentUsage,
     turns: u64,
     /// What the last turn's server reported (`None`: nothing, or nothing plausible).
@@ -565,6 +602,7 @@ impl Agent for OpenAiAgent {
                 let cfg = &self.shared.cfg;
                 self.history
                     .push(user, text.clone(), cfg.history_turns, cfg.history_chars);
+                self.replied = true;
                 Ok(text)
             }
             Err(Stop::Cancelled) => Err(TurnError::Cancelled),
@@ -581,6 +619,11 @@ impl Agent for OpenAiAgent {
 
     fn turn_usage(&self) -> Option<AgentUsage> {
         self.last_turn
+    }
+
+    fn durable_memory(&mut self) -> Option<Vec<(String, String)>> {
+        let replied = std::mem::take(&mut self.replied);
+        (self.durable && replied).then(|| self.history.exchanges())
     }
 
     fn close(&mut self) -> Result<(), crate::agent::AgentError> {

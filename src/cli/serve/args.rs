@@ -14,6 +14,7 @@ use crate::agents::openai::{
 use crate::agents::process::{self};
 use crate::cli::units::{Bytes, ListenAddr, Seconds};
 use crate::core::CoreConfig;
+use crate::journal::memory::{DEFAULT_HISTORY_BYTES, DEFAULT_HISTORY_TTL};
 use crate::ops::http::{self, DEFAULT_HTTP_LISTEN};
 use crate::reactor::DEFAULT_PARTIAL_INTERVAL;
 use crate::server::BridgeConfig;
@@ -238,6 +239,14 @@ pub(crate) struct ServeArgs {
     /// Character budget of a request's conversation
     #[arg(long)]
     pub(super) history_chars: Option<usize>,
+    /// Seconds without a turn after which a session's stored conversation is deleted (with
+    /// --data-dir: the openai agent's history is kept in the journal)
+    #[arg(long)]
+    pub(super) history_ttl: Option<Seconds>,
+    /// Bytes of stored conversations in all (with --data-dir); past it, the least recently
+    /// continued ones are deleted
+    #[arg(long)]
+    pub(super) history_bytes: Option<Bytes>,
     /// Prefix "[from: NAME (id ID); meta: {...}]" to the user's text
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub(super) openai_sender_prefix: Option<bool>,
@@ -495,6 +504,8 @@ pub(crate) fn defaults() -> Vec<(&'static str, String)> {
         ("openai-api-key-env", "OPENAI_API_KEY".into()),
         ("history-turns", DEFAULT_HISTORY_TURNS.to_string()),
         ("history-chars", DEFAULT_HISTORY_CHARS.to_string()),
+        ("history-ttl", secs(DEFAULT_HISTORY_TTL)),
+        ("history-bytes", bytes(DEFAULT_HISTORY_BYTES as usize)),
         ("openai-sender-prefix", "false".into()),
         ("openai-connect-timeout", secs(DEFAULT_CONNECT_TIMEOUT)),
         ("openai-read-timeout", secs(DEFAULT_READ_TIMEOUT)),

@@ -162,7 +162,7 @@ struct Preflight {
     data: Option<(DirLock, SqliteStore)>,
 }
 
-fn preflight(s: Settings, check_only: bool) -> Result<Preflight, StartError> {
+fn preflight(mut s: Settings, check_only: bool) -> Result<Preflight, StartError> {
     if let Some(path) = &s.status_file
         && let Err(e) = check_writable(path)
     {
@@ -170,11 +170,6 @@ fn preflight(s: Settings, check_only: bool) -> Result<Preflight, StartError> {
             &e,
             format!("--status-file {}: {e}", path.display()),
         ));
-    }
-    let picks = Arc::new(Picks::default());
-    let (factory, table) = make_factory(&s, &picks)?;
-    if let Some(table) = &table {
-        picks.install(table);
     }
     if let Some(c) = &s.cluster {
         // Reachable, syncing every write before its ack, of the same partition count.
@@ -196,10 +191,22 @@ fn preflight(s: Settings, check_only: bool) -> Result<Preflight, StartError> {
                 store
                     .load(crate::journal::now_ms())
                     .map_err(|e| exit::store_error(&e, &what))?;
+            } else {
+                // The bounds apply at once (a lowered --history-bytes, a shorter ttl).
+                store
+                    .set_history_limits(s.history)
+                    .map_err(|e| exit::store_error(&e, &what))?;
+                s.memory = Some(store.memory_loader());
             }
             Some((lock, store))
         }
     };
+    // After the journal: the openai agent reads its stored conversations through it.
+    let picks = Arc::new(Picks::default());
+    let (factory, table) = make_factory(&s, &picks)?;
+    if let Some(table) = &table {
+        picks.install(table);
+    }
     Ok(Preflight {
         settings: s,
         factory,

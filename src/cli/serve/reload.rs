@@ -57,9 +57,14 @@ fn agent_factory(s: &Settings, spec: &AgentSpec) -> Result<Arc<dyn AgentFactory>
             close_grace: spec.close_grace,
             ..ProcessOptions::new(cmd)
         })),
-        (AgentKind::Openai, _, Some(cfg)) => Arc::new(
-            OpenAiFactory::new(cfg).map_err(|e| format!("agent {} (openai): {e}", spec.name))?,
-        ),
+        (AgentKind::Openai, _, Some(cfg)) => {
+            let f = OpenAiFactory::new(cfg)
+                .map_err(|e| format!("agent {} (openai): {e}", spec.name))?;
+            match &s.memory {
+                Some(load) => Arc::new(f.with_memory(Arc::clone(load))),
+                None => Arc::new(f),
+            }
+        }
         _ => Arc::new(EchoAgent::factory(spec.echo_delay)),
     })
 }
@@ -146,8 +151,10 @@ pub(super) fn reload_loader(
     let fixed_top = initial.agents[0].clone();
     let tls_on = initial.tls.is_some();
     let last_key = Mutex::new(factory_key(initial));
+    let memory = initial.memory.clone();
     Arc::new(move || {
         let mut new = resolve(flags.clone())?;
+        new.memory = memory.clone();
         let restart_needed = restart_only(&new)
             .into_iter()
             .zip(&fixed)

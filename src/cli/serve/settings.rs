@@ -24,6 +24,9 @@ use super::args::{
 use super::bridges::BridgeSpec;
 use crate::cli::units::{ListenAddr, Seconds};
 use crate::cluster::ClusterConfig;
+use crate::journal::memory::{
+    DEFAULT_HISTORY_BYTES, DEFAULT_HISTORY_TTL, HistoryLimits, MemoryLoader,
+};
 
 /// Every value resolved and checked.
 pub(super) struct Settings {
@@ -41,6 +44,11 @@ pub(super) struct Settings {
     pub(super) bridge: BridgeConfig,
     pub(super) allow_insecure_bind: bool,
     pub(super) data_dir: Option<PathBuf>,
+    /// The stored conversations' bounds (`--history-ttl`, `--history-bytes`; with
+    /// `--data-dir`).
+    pub(super) history: HistoryLimits,
+    /// Reads them back for the openai agent: set once the journal is open.
+    pub(super) memory: Option<MemoryLoader>,
     /// `--cluster`: the Redis, this instance's name, the partitions and the lease.
     pub(super) cluster: Option<ClusterConfig>,
     /// The HTTP endpoint's address and settings; `None` when `off`.
@@ -317,6 +325,18 @@ pub(super) fn resolve(flags: ServeArgs) -> Result<Settings, String> {
         routes,
         status_file: a.status_file,
         cluster,
+        history: HistoryLimits {
+            ttl: seconds(
+                "history-ttl",
+                a.history_ttl,
+                DEFAULT_HISTORY_TTL.as_secs_f64(),
+                false,
+            )?,
+            max_bytes: a
+                .history_bytes
+                .map_or(DEFAULT_HISTORY_BYTES, |b| b.0 as u64),
+        },
+        memory: None,
         data_dir: a.data_dir,
         core,
         bridges,

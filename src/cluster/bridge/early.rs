@@ -90,6 +90,7 @@ mod tests {
             head: b"{".to_vec(),
             text: text.into(),
             tail: b"}\n".to_vec(),
+            memory: None,
         }
     }
 

@@ -193,6 +193,7 @@ fn message_of(
             head: head.clone(),
             text,
             tail: tail.clone(),
+            memory: None,
         }),
         _ => None,
     };

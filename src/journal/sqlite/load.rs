@@ -61,7 +61,7 @@ impl SqliteStore {
 
     fn quick_check(&self) -> Result<(), StoreError> {
         let check: String = self
-            .conn
+            .db()
             .query_row("PRAGMA quick_check", [], |r| r.get(0))
             .map_err(|e| self.damaged(&e))?;
         if check != "ok" {
@@ -82,8 +82,8 @@ impl SqliteStore {
         max_seq: u64,
     ) -> Result<(Vec<RecoveredMessage>, Vec<Damaged>), StoreError> {
         let damaged = |e: rusqlite::Error| self.damaged(&e);
-        let mut stmt = self
-            .conn
+        let db = self.db();
+        let mut stmt = db
             .prepare(
                 "SELECT seq, platform, id, chat_type, chat_id, thread_id, user_id, user_name, meta,
                  text, dedup_until, sum, starts, outcome FROM messages ORDER BY seq",
@@ -145,7 +145,9 @@ impl SqliteStore {
             StoreErrorKind::Untrusted,
         );
         let mut next = self.state;
-        let tx = self.conn.transaction().map_err(&fail)?;
+        let conn = Arc::clone(&self.conn);
+        let mut db = lock(&conn);
+        let tx = db.transaction().map_err(&fail)?;
         for d in bad {
             tx.prepare_cached(
                 "INSERT INTO quarantine SELECT *, ?2, ?3 FROM messages WHERE seq = ?1",
@@ -182,8 +184,8 @@ impl SqliteStore {
     /// The duplicate-window ids still in their window at `now`.
     fn load_dedup(&self, now: u64) -> Result<Vec<(String, String, u64)>, StoreError> {
         let damaged = |e: rusqlite::Error| self.damaged(&e);
-        let mut stmt = self
-            .conn
+        let db = self.db();
+        let mut stmt = db
             .prepare("SELECT platform, id, until FROM dedup WHERE until > ?1 ORDER BY until")
             .map_err(damaged)?;
         let rows = stmt

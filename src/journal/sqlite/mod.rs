@@ -23,11 +23,13 @@
 //! Here: the schema, writing a batch and the `Store` implementation; `open`: opening and the
 //! check against the mark; `load`: recovery and quarantine; `reserve`: `journal.reserve`.
 
+pub(crate) mod history;
 mod load;
 mod open;
 mod reserve;
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{Connection, ErrorCode, Transaction, params};
 
@@ -36,6 +38,8 @@ use super::{
     Record, Recovered, RecoveredMessage, Store, StoreError, StoreErrorKind, StoredMessage,
     StoredOutcome, checksum, now_ms,
 };
+use crate::journal::memory::{HistoryLimits, MemoryLoader};
+use crate::liveness::HistoryStatus;
 use reserve::Reserve;
 
 /// The file inside the data directory.
@@ -78,7 +82,10 @@ CREATE TABLE IF NOT EXISTS quarantine (
 /// The SQLite journal. The file is locked exclusively while it is open: a second gateway on
 /// the same data directory is refused.
 pub struct SqliteStore {
-    conn: Connection,
+    /// The one connection (the file is locked exclusively): the journal thread writes
+    /// through it, and agent creation reads stored conversations through it (a worker waits
+    /// for the commit in progress, never the reactor).
+    conn: Arc<Mutex<Connection>>,
     path: PathBuf,
     dir: PathBuf,
     batches: u64,
@@ -90,6 +97,10 @@ pub struct SqliteStore {
     dirty: bool,
     /// Rows moved to `quarantine` by the last load.
     quarantined: usize,
+    /// The stored conversations' figures, as of the last commit.
+    history: HistoryStatus,
+    /// Their bounds.
+    history_limits: HistoryLimits,
 }
 
 /// How a SQLite failure is taken; `otherwise` when its code does not say.
@@ -148,7 +159,17 @@ fn disk_bytes(path: &Path) -> u64 {
     })
 }
 
+/// The connection, whoever panicked while holding it (SQLite rolls back an unfinished
+/// transaction when the next one begins).
+fn lock(conn: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
+    conn.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 impl SqliteStore {
+    fn db(&self) -> MutexGuard<'_, Connection> {
+        lock(&self.conn)
+    }
+
     /// The journal file.
     pub fn path(&self) -> &Path {
         &self.path
@@ -164,18 +185,57 @@ impl SqliteStore {
         self.reserve.held
     }
 
+    /// Sets the stored conversations' bounds (default: [`HistoryLimits::default`]) and
+    /// applies them at once.
+    pub(crate) fn set_history_limits(&mut self, limits: HistoryLimits) -> Result<(), StoreError> {
+        self.history_limits = limits;
+        let conn = Arc::clone(&self.conn);
+        let mut db = lock(&conn);
+        let mut figures = self.history;
+        let fail = err(
+            "cannot bound the stored conversations",
+            &self.path,
+            StoreErrorKind::Transient,
+        );
+        history::expire(&db, &limits, now_ms(), &mut figures).map_err(&fail)?;
+        let tx = db.transaction().map_err(&fail)?;
+        history::evict(&tx, limits.max_bytes, &mut figures).map_err(&fail)?;
+        tx.commit().map_err(&fail)?;
+        self.history = figures;
+        Ok(())
+    }
+
+    /// Reads a session's stored conversation through this store's connection, for the
+    /// openai agent's factory (agent creation, on a worker).
+    pub(crate) fn memory_loader(&self) -> MemoryLoader {
+        history::loader(&self.conn)
+    }
+
     fn housekeeping(&mut self) -> rusqlite::Result<()> {
-        self.conn
-            .execute("DELETE FROM dedup WHERE until <= ?1", [now_ms() as i64])?;
+        let now = now_ms();
+        self.db()
+            .execute("DELETE FROM dedup WHERE until <= ?1", [now as i64])?;
+        self.sweep_history(now)?;
         self.reclaim()
+    }
+
+    /// Deletes the stored conversations untouched for `--history-ttl` as of `now_ms`.
+    fn sweep_history(&mut self, now_ms: u64) -> rusqlite::Result<()> {
+        let conn = Arc::clone(&self.conn);
+        history::expire(
+            &lock(&conn),
+            &self.history_limits,
+            now_ms,
+            &mut self.history,
+        )
     }
 
     /// Freed pages back to the file system, then the write-ahead log copied into the
     /// database and cut to zero bytes.
     fn reclaim(&mut self) -> rusqlite::Result<()> {
-        self.conn.execute_batch("PRAGMA incremental_vacuum;")?;
-        self.conn
-            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        let db = self.db();
+        db.execute_batch("PRAGMA incremental_vacuum;")?;
+        db.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
     }
 
     /// One transaction: the records, the counters, the mark's content. Deliveries are
@@ -185,7 +245,9 @@ impl SqliteStore {
     /// record is about a delivered message (a retry, a test) keeps its order instead: what
     /// was gathered is deleted before that record.
     fn commit(&mut self, batch: &[Record]) -> rusqlite::Result<Mark> {
-        let tx = self.conn.transaction()?;
+        let conn = Arc::clone(&self.conn);
+        let mut db = lock(&conn);
+        let tx = db.transaction()?;
         let mut next = self.state;
         // Rows in the table, counted as they come and go rather than by `count(*)`, which
         // walks the whole table on every commit.
@@ -240,6 +302,7 @@ impl SqliteStore {
             .execute([max as i64])?;
             next.max_seq = next.max_seq.max(max);
         }
+        let history = self.commit_history(&tx, batch)?;
         next.commits += 1;
         tx.prepare_cached("UPDATE meta SET v = ?1 WHERE k = 'commits'")?
             .execute([next.commits as i64])?;
@@ -252,7 +315,39 @@ impl SqliteStore {
         );
         next.in_flight = rows;
         tx.commit()?;
+        self.history = history;
         Ok(next)
+    }
+
+    /// The batch's changes to stored conversations, in the batch's order and its
+    /// transaction, then the total bound; returns the figures they leave (kept only once
+    /// the transaction commits).
+    fn commit_history(
+        &self,
+        tx: &Transaction<'_>,
+        batch: &[Record],
+    ) -> rusqlite::Result<HistoryStatus> {
+        let mut figures = self.history;
+        let mut changed = false;
+        for r in batch {
+            if let Record::Outcome {
+                outcome:
+                    StoredOutcome {
+                        memory: Some(update),
+                        ..
+                    },
+                ..
+            } = r
+            {
+                history::apply(tx, update, now_ms(), &mut figures)?;
+                changed = true;
+            }
+        }
+        if changed {
+            history::evict(tx, self.history_limits.max_bytes, &mut figures)?;
+        }
+        debug_assert!(figures.bytes <= self.history_limits.max_bytes || !changed);
+        Ok(figures)
     }
 
     /// Writes the mark for a commit that is durable in the database.
@@ -322,7 +417,12 @@ fn decode_outcome(b: &[u8]) -> Option<StoredOutcome> {
     let text = body.get(text_at + 4..text_at + 4 + text_len)?;
     let text = String::from_utf8(text.to_vec()).ok()?;
     let tail = body.get(text_at + 4 + text_len..)?.to_vec();
-    Some(StoredOutcome { head, text, tail })
+    Some(StoredOutcome {
+        head,
+        text,
+        tail,
+        memory: None,
+    })
 }
 
 /// Deletes the rows of `seqs` (delivered messages) a run of consecutive numbers per
@@ -500,6 +600,10 @@ impl Store for SqliteStore {
         self.disk_bytes()
     }
 
+    fn history(&self) -> Option<HistoryStatus> {
+        Some(self.history)
+    }
+
     fn disk_bytes(&self) -> Option<u64> {
         Some(disk_bytes(&self.path) + disk_bytes(&self.dir.join(WAL_NAME)) + self.mark.disk_bytes())
     }
@@ -515,6 +619,7 @@ mod tests {
             head: b"{\"op\":\"reply\",\"text\":\"".to_vec(),
             text: "h\u{e9}llo".into(),
             tail: b"\"}\n".to_vec(),
+            memory: None,
         };
         let b = encode_outcome(&o);
         assert_eq!(decode_outcome(&b), Some(o));

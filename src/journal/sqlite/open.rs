@@ -2,16 +2,20 @@
 //! against the mark (a database holding fewer commits than were acknowledged is refused).
 
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use rusqlite::{Connection, OptionalExtension};
 
+use super::history;
 use super::reserve::Reserve;
 use super::{
     FILE_NAME, RESERVE_BYTES, SCHEMA, SCHEMA_VERSION, SqliteStore, WAL_LIMIT, WAL_NAME, WAL_PAGES,
     err, io_kind, is_full,
 };
 use crate::journal::mark::{Found, MARK_FILE, Mark, MarkFile};
+use crate::journal::memory::HistoryLimits;
 use crate::journal::{StoreError, StoreErrorKind};
+use crate::liveness::HistoryStatus;
 
 /// An error while opening, and whether the disk was full (then the reserve is released and
 /// the open tried once more).
@@ -112,8 +116,14 @@ impl SqliteStore {
         // The mark now says what the database holds (after a reset, an upgrade, or a crash
         // between a commit and its mark).
         let mark = MarkFile::create(dir, &state).map_err(mark_error)?;
+        let mut history = HistoryStatus::default();
+        history::count(&conn, &mut history).map_err(failed(
+            "cannot read the journal",
+            &path,
+            StoreErrorKind::Untrusted,
+        ))?;
         Ok(SqliteStore {
-            conn,
+            conn: Arc::new(Mutex::new(conn)),
             path,
             dir: dir.to_path_buf(),
             batches: 0,
@@ -122,6 +132,8 @@ impl SqliteStore {
             reserve: Reserve::new(dir),
             dirty: true,
             quarantined: 0,
+            history,
+            history_limits: HistoryLimits::default(),
         })
     }
 }
@@ -142,7 +154,8 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
     conn.pragma_update(None, "journal_size_limit", WAL_LIMIT)?;
     // 16 MiB of page cache (negative: KiB), so that the rows in flight stay in memory.
     conn.pragma_update(None, "cache_size", -16384i64)?;
-    conn.execute_batch(SCHEMA)
+    conn.execute_batch(SCHEMA)?;
+    conn.execute_batch(history::SCHEMA)
 }
 
 /// Whether the journal has a schema version (a new one has none: it is written once the

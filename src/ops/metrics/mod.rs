@@ -666,6 +666,31 @@ const JOURNAL: &[Metric<JournalStatus>] = &[
         read: |j| j.disk_bytes.map_or(Reading::Absent, |b| Value(n(b))),
     },
     Metric {
+        name: "turnstile_history_sessions",
+        help: "Sessions with a stored conversation (the openai agent's durable history).",
+        kind: Gauge,
+        read: |j| j.history.map_or(Reading::Absent, |h| Value(n(h.sessions))),
+    },
+    Metric {
+        name: "turnstile_history_bytes",
+        help: "Bytes of the stored conversations together (bounded by --history-bytes).",
+        kind: Gauge,
+        read: |j| j.history.map_or(Reading::Absent, |h| Value(n(h.bytes))),
+    },
+    Metric {
+        name: "turnstile_history_deleted_total",
+        help: "Stored conversations deleted: past --history-bytes (evicted) or --history-ttl (expired).",
+        kind: Counter,
+        read: |j| {
+            j.history.map_or(Reading::Absent, |h| {
+                by(
+                    "reason",
+                    [("evicted", n(h.evicted)), ("expired", n(h.expired))],
+                )
+            })
+        },
+    },
+    Metric {
         name: "turnstile_journal_write_seconds",
         help: "Time each journal write took: commit, sync and mark.",
         kind: Histogram,

@@ -37,6 +37,7 @@ fn full_status() -> Status {
     let mut bridge = BridgeStatus {
         journal: Some(JournalStatus {
             disk_bytes: Some(0),
+            history: Some(crate::HistoryStatus::default()),
             ..JournalStatus::default()
         }),
         tls_cert_not_after_unix_s: Some(0),
@@ -292,7 +293,29 @@ fn the_families_decisions() {
     j.disk_bytes = Some(5);
     let mut e = Exposition::new();
     e.expose(JOURNAL, &j);
-    assert!(e.finish().contains("turnstile_journal_disk_bytes 5\n"));
+    let text = e.finish();
+    assert!(text.contains("turnstile_journal_disk_bytes 5\n"));
+    assert!(
+        !text.contains("turnstile_history"),
+        "no stored conversations, no family"
+    );
+    j.history = Some(crate::HistoryStatus {
+        sessions: 2,
+        bytes: 300,
+        evicted: 4,
+        expired: 1,
+    });
+    let mut e = Exposition::new();
+    e.expose(JOURNAL, &j);
+    let text = e.finish();
+    for line in [
+        "turnstile_history_sessions 2\n",
+        "turnstile_history_bytes 300\n",
+        "turnstile_history_deleted_total{reason=\"evicted\"} 4\n",
+        "turnstile_history_deleted_total{reason=\"expired\"} 1\n",
+    ] {
+        assert!(text.contains(line), "{line:?} missing\n{text}");
+    }
 }
 
 #[test]

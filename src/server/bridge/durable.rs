@@ -17,7 +17,9 @@ use super::routes::{InFlight, Phase, Routes, no_conn};
 use super::status::{JournalStatus, RecoveryCounts};
 use super::{Action, Bridge, ConnId, INTERRUPTED, POISON};
 use crate::core::TurnId;
-use crate::journal::{Committed, Record, Recovered, RecoveredMessage, StoredMessage};
+use crate::journal::{
+    Committed, MemoryUpdate, Record, Recovered, RecoveredMessage, StoredMessage, StoredOutcome,
+};
 use crate::message::{Message, SessionKey};
 use crate::wire::{EncodedLine, TextOp};
 
@@ -112,9 +114,19 @@ impl Durable {
         self.waiting.contains_key(&tag)
     }
 
-    /// A terminal event waits for its outcome record before it is sent.
-    pub(super) fn hold_outcome(&mut self, seq: u64, conn: ConnId, frame: Frame) -> Action {
-        let outcome = frame.body.to_stored();
+    /// A terminal event waits for its outcome record before it is sent; `memory`, the
+    /// change to its session's stored conversation, commits with that record.
+    pub(super) fn hold_outcome(
+        &mut self,
+        seq: u64,
+        conn: ConnId,
+        frame: Frame,
+        memory: Option<MemoryUpdate>,
+    ) -> Action {
+        let outcome = StoredOutcome {
+            memory,
+            ..frame.body.to_stored()
+        };
         debug_assert!(!self.unjournaled.contains_key(&seq));
         self.unjournaled.insert(seq, (conn, frame));
         self.record(Record::Outcome { seq, outcome })

@@ -13,7 +13,7 @@ use super::super::sharded::Sharded;
 use super::delivery::{Delivery, failed_line, terminal_line};
 use super::{Bridge, ConnId};
 use crate::core::{Outcome, TurnId};
-use crate::journal::Record;
+use crate::journal::{MemoryUpdate, Record};
 use crate::key::Key;
 use crate::message::SessionKey;
 use crate::wire::EncodedLine;
@@ -209,7 +209,13 @@ impl Routes {
 
 impl Bridge {
     /// The message of `tag` finished: its terminal event goes out.
-    pub(super) fn finished(&mut self, tag: u64, id: &str, session: &SessionKey, outcome: Outcome) {
+    pub(super) fn finished(
+        &mut self,
+        tag: u64,
+        id: &str,
+        session: &SessionKey,
+        mut outcome: Outcome,
+    ) {
         self.charge_tokens(tag, &outcome);
         let Some(route) = self.routes.remove(tag) else {
             return;
@@ -218,8 +224,12 @@ impl Bridge {
         if self.durable.is_some() && outcome == Outcome::Cancelled(crate::CancelReason::Shutdown) {
             return self.keep_for_restart(route);
         }
+        let memory = match &mut outcome {
+            Outcome::Reply(reply) => reply.memory.take(),
+            _ => None,
+        };
         let body = terminal_line(id, session.as_str(), outcome, self.cfg.max_reply_bytes);
-        self.terminal(tag, route.conn, &route.platform, route.id, body);
+        self.terminal_remembering(tag, route.conn, &route.platform, route.id, body, memory);
     }
 
     /// A recovered message the runtime would not take back fails with `why`.
@@ -249,10 +259,26 @@ impl Bridge {
         id: Arc<str>,
         body: EncodedLine,
     ) {
+        self.terminal_remembering(seq, conn, platform, id, body, None);
+    }
+
+    /// [`Bridge::terminal`], with the change to the session's stored conversation that
+    /// commits with the outcome record (dropped without a journal).
+    fn terminal_remembering(
+        &mut self,
+        seq: u64,
+        conn: ConnId,
+        platform: &Arc<str>,
+        id: Arc<str>,
+        body: EncodedLine,
+        memory: Option<MemoryUpdate>,
+    ) {
         let frame = Frame::new(body, Some(platform.clone())).of_message(seq, id);
         match &mut self.durable {
             None => self.deliver_terminal(conn, platform, frame),
-            Some(d) => self.actions.push_back(d.hold_outcome(seq, conn, frame)),
+            Some(d) => self
+                .actions
+                .push_back(d.hold_outcome(seq, conn, frame, memory)),
         }
     }
 
