@@ -39,24 +39,13 @@ pub(crate) const TELEGRAM_MAX_TAGS: usize = 100;
 pub(crate) const MAX_URL_BYTES: usize = 2048;
 
 /// Whether a bridge renders the agent's Markdown (`--format`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum Format {
     /// Markdown rendered as the platform formats it.
     #[default]
     Markdown,
     /// The text as the agent wrote it, asterisks and all.
     Plain,
-}
-
-impl std::str::FromStr for Format {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Format, String> {
-        match s {
-            "markdown" => Ok(Format::Markdown),
-            "plain" => Ok(Format::Plain),
-            other => Err(format!("unknown format {other:?} (markdown or plain)")),
-        }
-    }
 }
 
 /// The platform a reply is rendered for.

@@ -11,6 +11,7 @@ use crate::platforms::edits::{EditLimits, EditQueue, Next};
 use crate::platforms::gateway::{
     Admission, Gateway, GatewayEvent, OutgoingMessage, SendError, TerminalEvent, TerminalOutcome,
 };
+use crate::platforms::markdown::{self, Format, Measure, Piece, Target};
 use crate::platforms::split::{Limit, split};
 
 use super::api::{Api, ApiError};
@@ -91,8 +92,10 @@ struct Turn {
     command: bool,
     /// The bot's message carrying the reply, once posted.
     bot_event: Option<String>,
-    /// The text that message shows now.
-    shown: String,
+    /// What that message shows now.
+    shown: Piece,
+    /// The partial text it was rendered from (a cancelled reply keeps it).
+    shown_text: String,
     /// The transaction id of the reply's first message: every attempt to post it uses this
     /// one, so a send whose answer was lost and is tried again does not post a second copy.
     first_txn: String,
@@ -110,7 +113,7 @@ struct Post {
     room: String,
     reply_to: Option<String>,
     /// The pieces to show; the first replaces the bot's message when there is one.
-    chunks: Vec<String>,
+    chunks: Vec<Piece>,
     next_chunk: usize,
     notice: bool,
     /// Transaction ids of the pieces after the first (fixed, so retries are idempotent).
@@ -166,49 +169,74 @@ pub(crate) struct SyncEngine<H> {
     txn_prefix: String,
     txn_counter: u64,
     backoff: Duration,
+    /// Markdown rendered (`formatted_body`), or texts shown as they are.
+    format: Format,
     /// What was sent.
     pub stats: Stats,
 }
 
-fn chunks_of(text: &str) -> Vec<String> {
-    split(text, Limit::Bytes(CHUNK_BYTES))
-        .into_iter()
-        .map(str::to_owned)
-        .collect()
-}
-
-/// The first piece of a partial (the rest comes with the final).
-fn partial_view(text: &str) -> String {
-    match split(text, Limit::Bytes(CHUNK_BYTES - 4)).first() {
-        Some(first) if first.len() < text.len() => format!("{first}…"),
-        Some(first) => (*first).to_owned(),
-        None => String::new(),
+/// `text`'s pieces of at most `limit` bytes (HTML and body together when rendered).
+fn chunks_of(text: &str, format: Format, limit: usize) -> Vec<Piece> {
+    match format {
+        Format::Markdown => markdown::pieces(
+            text,
+            Target::Matrix,
+            Measure::HtmlPlusPlainBytes,
+            limit,
+            usize::MAX,
+        ),
+        Format::Plain => split(text, Limit::Bytes(limit))
+            .into_iter()
+            .map(|p| Piece {
+                html: String::new(),
+                plain: p.to_owned(),
+            })
+            .collect(),
     }
 }
 
-fn message_content(text: &str, notice: bool, reply_to: Option<&str>) -> Value {
+/// The first piece of a partial (the rest comes with the final).
+fn partial_view(text: &str, format: Format) -> Piece {
+    let mut pieces = chunks_of(text, format, CHUNK_BYTES - 8).into_iter();
+    let mut first = pieces.next().unwrap_or_default();
+    if pieces.next().is_some() {
+        first.plain.push('…');
+        if !first.html.is_empty() {
+            first.html.push('…');
+        }
+    }
+    first
+}
+
+/// `{msgtype, body}`, with `format` and `formatted_body` when the piece has HTML.
+fn text_content(piece: &Piece, notice: bool, prefix: &str) -> Value {
     // `m.mentions` empty: whatever the agent wrote ("@room", a name) mentions nobody, so
     // it cannot ping a room with the bot's power level.
     let mut c = json!({
         "msgtype": if notice { "m.notice" } else { "m.text" },
-        "body": text,
+        "body": format!("{prefix}{}", piece.plain),
         "m.mentions": {},
     });
+    if !piece.html.is_empty() {
+        c["format"] = json!("org.matrix.custom.html");
+        c["formatted_body"] = json!(format!("{prefix}{}", piece.html));
+    }
+    c
+}
+
+fn message_content(piece: &Piece, notice: bool, reply_to: Option<&str>) -> Value {
+    let mut c = text_content(piece, notice, "");
     if let Some(r) = reply_to {
         c["m.relates_to"] = json!({"m.in_reply_to": {"event_id": r}});
     }
     c
 }
 
-fn edit_content(original: &str, text: &str, notice: bool) -> Value {
-    let msgtype = if notice { "m.notice" } else { "m.text" };
-    json!({
-        "msgtype": msgtype,
-        "body": format!("* {text}"),
-        "m.mentions": {},
-        "m.new_content": {"msgtype": msgtype, "body": text, "m.mentions": {}},
-        "m.relates_to": {"rel_type": "m.replace", "event_id": original},
-    })
+fn edit_content(original: &str, piece: &Piece, notice: bool) -> Value {
+    let mut c = text_content(piece, notice, "* ");
+    c["m.new_content"] = text_content(piece, notice, "");
+    c["m.relates_to"] = json!({"rel_type": "m.replace", "event_id": original});
+    c
 }
 
 impl<H: Homeserver> SyncEngine<H> {
@@ -237,8 +265,14 @@ impl<H: Homeserver> SyncEngine<H> {
             txn_prefix: format!("ts{started}-{}", std::process::id()),
             txn_counter: 0,
             backoff: Duration::ZERO,
+            format: Format::Plain,
             stats: Stats::default(),
         }
+    }
+
+    /// This engine showing results and partials in `format` (as given: [`Format::Plain`]).
+    pub(crate) fn with_format(self, format: Format) -> SyncEngine<H> {
+        SyncEngine { format, ..self }
     }
 
     /// The homeserver, to script it.
@@ -315,7 +349,8 @@ impl<H: Homeserver> SyncEngine<H> {
                 kind,
                 command: command.is_some(),
                 bot_event: None,
-                shown: String::new(),
+                shown: Piece::default(),
+                shown_text: String::new(),
                 first_txn,
                 first_uncertain: false,
                 stopped: false,
@@ -381,7 +416,7 @@ impl<H: Homeserver> SyncEngine<H> {
                 id: None,
                 room: room.to_owned(),
                 reply_to: reply_to.map(str::to_owned),
-                chunks: chunks_of(text),
+                chunks: chunks_of(text, Format::Plain, CHUNK_BYTES),
                 next_chunk: 0,
                 notice: true,
                 txn,
@@ -487,7 +522,7 @@ impl<H: Homeserver> SyncEngine<H> {
         }
         self.queue.cancel_edit(&id);
         let (room, shown, command) = match self.turns.get(&id) {
-            Some(t) => (t.room.clone(), t.shown.clone(), t.command),
+            Some(t) => (t.room.clone(), t.shown_text.clone(), t.command),
             None => match session.parse::<SessionKey>() {
                 // A result of a message this process did not send (it restarted): the room
                 // is in the session key, the human's event is the id.
@@ -553,7 +588,7 @@ impl<H: Homeserver> SyncEngine<H> {
                 id: Some(id.clone()),
                 room,
                 reply_to: Some(id),
-                chunks: chunks_of(&text),
+                chunks: chunks_of(&text, self.format, CHUNK_BYTES),
                 next_chunk: 0,
                 notice: command,
                 txn,
@@ -640,8 +675,8 @@ impl<H: Homeserver> SyncEngine<H> {
         if turn.stopped {
             return Ok(());
         }
-        let view = partial_view(&text);
-        if view.trim().is_empty() {
+        let view = partial_view(&text, self.format);
+        if view.plain.trim().is_empty() {
             return Ok(());
         }
         if view == turn.shown && turn.bot_event.is_some() {
@@ -667,7 +702,7 @@ impl<H: Homeserver> SyncEngine<H> {
                     if first {
                         self.stats.messages += 1;
                         t.shown = if t.first_uncertain {
-                            String::new()
+                            Piece::default()
                         } else {
                             view
                         };
@@ -676,6 +711,11 @@ impl<H: Homeserver> SyncEngine<H> {
                         self.stats.edits += 1;
                         t.shown = view;
                     }
+                    t.shown_text = if t.shown.plain.is_empty() {
+                        String::new()
+                    } else {
+                        text
+                    };
                 }
                 debug_redacted!(
                     "matrix: room {room}: {} for {id}",

@@ -67,6 +67,8 @@ pub(crate) struct MatrixConfig {
     pub state_dir: Option<std::path::PathBuf>,
     /// End-to-end encryption: the pickle key and the bounds.
     pub e2ee: crypto::E2eeConfig,
+    /// Markdown shown as `formatted_body` HTML, or the text as it is.
+    pub format: super::markdown::Format,
 }
 
 impl std::fmt::Debug for MatrixConfig {
@@ -96,6 +98,7 @@ impl MatrixConfig {
             max_turns: 4096,
             state_dir: None,
             e2ee: crypto::E2eeConfig::default(),
+            format: super::markdown::Format::default(),
         }
     }
 }
@@ -209,7 +212,8 @@ fn serve(
         &config.gateway.platform,
         config.limits,
         config.max_turns,
-    );
+    )
+    .with_format(config.format);
     let channels = Channels {
         gw: &gw_rx,
         sync: &sync_rx,
