@@ -434,6 +434,19 @@ fn a_markdown_reply_arrives_as_plain_text_without_its_markup() {
     );
     bridge.signal(libc::SIGTERM);
     assert!(bridge.wait_exit().success());
+    // `--format plain`: the text exactly as the agent wrote it.
+    let server = format!("127.0.0.1:{}", setup.irc_port);
+    let (mut bridge, ready) =
+        setup.bridge_with("rawbot", &["--server", &server, "--format", "plain"]);
+    assert_eq!(ready, "ready: irc as rawbot");
+    human.send("PRIVMSG #test :rawbot: markdown please");
+    let first = human.privmsg_from("rawbot", "#test").1;
+    assert_eq!(
+        first,
+        "human: **Bold** and `code`, [site](https://e.org) <b>raw</b>"
+    );
+    bridge.signal(libc::SIGTERM);
+    assert!(bridge.wait_exit().success());
 }
 
 /// A bridge-protocol client straight to the gateway: the turn latency without IRC.

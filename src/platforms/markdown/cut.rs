@@ -13,7 +13,7 @@ use super::write::{Atom, Tag};
 
 /// How a piece's size is counted against its limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Measure {
+pub enum Measure {
     /// Bytes of the HTML plus bytes of the plain text (a Matrix event carries both).
     HtmlPlusPlainBytes,
     /// UTF-16 code units of the HTML (a Telegram message).
@@ -57,11 +57,11 @@ impl Measure {
 
 /// One message's worth of a rendered reply.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Piece {
+pub struct Piece {
     /// The HTML (Matrix's `formatted_body`, Telegram's `text`).
-    pub(crate) html: String,
+    pub html: String,
     /// The plain text (Matrix's `body`; what Telegram shows of the HTML; IRC's text).
-    pub(crate) plain: String,
+    pub plain: String,
 }
 
 /// A tag open at this point of the output.

@@ -28,7 +28,7 @@ mod cut;
 mod tests;
 mod write;
 
-pub(crate) use cut::{Measure, Piece};
+pub use cut::{Measure, Piece};
 
 /// Tags opened inside one another at most; deeper ones keep their text, not their tag.
 pub(crate) const MAX_DEPTH: usize = 16;
@@ -50,7 +50,7 @@ pub(crate) enum Format {
 
 /// The platform a reply is rendered for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Target {
+pub enum Target {
     /// `org.matrix.custom.html` and a plain body.
     Matrix,
     /// The Bot API's HTML.
@@ -61,7 +61,7 @@ pub(crate) enum Target {
 
 /// `text` rendered for `target` and cut into pieces each within `limit` as `measure`
 /// counts it (`max_tags` tags at most per piece). Empty text gives no piece.
-pub(crate) fn pieces(
+pub fn pieces(
     text: &str,
     target: Target,
     measure: Measure,
@@ -73,7 +73,7 @@ pub(crate) fn pieces(
 }
 
 /// `text` as plain text (IRC): the markup removed, links as `text <url>`.
-pub(crate) fn plain(text: &str) -> String {
+pub fn plain(text: &str) -> String {
     let atoms = write::atoms(text, Target::Irc);
     cut::cut(
         &atoms,
@@ -87,7 +87,7 @@ pub(crate) fn plain(text: &str) -> String {
 }
 
 /// Telegram's pieces of `text`: its HTML, each within the 4,096 UTF-16 units of a message.
-pub(crate) fn telegram(text: &str) -> Vec<String> {
+pub fn telegram(text: &str) -> Vec<String> {
     pieces(
         text,
         Target::Telegram,
