@@ -28,14 +28,14 @@ fn well_formed(html: &str, allowed: &[&str]) -> Result<Vec<String>, String> {
         if at.starts_with('>') {
             return Err(format!("a raw '>' in {html:?}"));
         }
-        if at.starts_with('&') {
-            let ok = ["&amp;", "&lt;", "&gt;", "&quot;"]
+        if let Some(after) = at.strip_prefix('&') {
+            let ok = ["amp;", "lt;", "gt;", "quot;"]
                 .iter()
-                .any(|e| at.starts_with(e));
+                .any(|e| after.starts_with(e));
             if !ok {
                 return Err(format!("a raw '&' in {html:?}"));
             }
-            rest = &at[1..];
+            rest = after;
             continue;
         }
         let end = at
