@@ -21,6 +21,7 @@
 
 mod answer;
 pub(crate) mod api;
+mod content;
 pub(crate) mod crypto;
 mod engine;
 mod poll;
