@@ -181,4 +181,9 @@ pub mod internal {
     pub mod reactor {
         pub use crate::reactor::DEFAULT_MAX_REPLY_BYTES;
     }
+    /// The bridges' Markdown renderer (`benches/markdown.rs`).
+    #[cfg(feature = "cli")]
+    pub mod markdown {
+        pub use crate::platforms::markdown::{Measure, Piece, Target, pieces, plain, telegram};
+    }
 }

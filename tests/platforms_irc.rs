@@ -181,6 +181,7 @@ impl Setup {
         }
         let reply = dir.path().join("reply.txt");
         std::fs::write(&reply, long_reply()).expect("reply");
+        std::fs::write(dir.path().join("markdown.txt"), MARKDOWN).expect("markdown");
         let mut setup = Setup {
             _dir: dir,
             _ircd: ircd,
@@ -193,12 +194,13 @@ impl Setup {
     }
 
     /// The exec agent: `slow` runs 30 s (after leaving a `started` file), `dm…` and `ping…`
-    /// get short answers, anything else the long reply.
+    /// get short answers, `markdown` the [`MARKDOWN`] reply, anything else the long reply.
     fn agent_cmd(&self) -> String {
         let dir = self._dir.path();
         format!(
-            "text=$(cat); case \"$text\" in slow*) touch '{started}'; exec sleep 30;; dm*) echo \"dm answer: $text\";; ping*) echo pong;; *) cat '{reply}';; esac",
+            "text=$(cat); case \"$text\" in slow*) touch '{started}'; exec sleep 30;; dm*) echo \"dm answer: $text\";; ping*) echo pong;; markdown*) cat '{markdown}';; *) cat '{reply}';; esac",
             started = dir.join("started").display(),
+            markdown = dir.join("markdown.txt").display(),
             reply = dir.join("reply.txt").display()
         )
     }
@@ -401,6 +403,50 @@ fn a_long_multibyte_reply_arrives_split_within_512_bytes_and_stop_and_dms_are_an
     bridge.signal(libc::SIGTERM);
     let status = bridge.wait_exit();
     assert!(status.success(), "SIGTERM exits 0: {status:?}");
+}
+
+/// A reply in Markdown, as a model writes one.
+const MARKDOWN: &str = "**Bold** and `code`, [site](https://e.org) <b>raw</b>\n\n```rust\nlet a = 1;\n```\n\n1. one\n   - two";
+
+/// Issue 36 row 4 (IRC): a Markdown reply arrives as plain text, the markup removed, a link
+/// as `text <url>`, the raw HTML left as the text it is.
+#[test]
+fn a_markdown_reply_arrives_as_plain_text_without_its_markup() {
+    let Some(ngircd) = require_ngircd() else {
+        return;
+    };
+    let setup = Setup::start(&ngircd);
+    let mut human = Human::connect(setup.irc_port, "human", Some("#test"));
+    let (mut bridge, ready) = setup.bridge("mdbot");
+    assert_eq!(ready, "ready: irc as mdbot");
+    human.send("PRIVMSG #test :mdbot: markdown please");
+    let lines: Vec<String> = (0..4)
+        .map(|_| human.privmsg_from("mdbot", "#test").1)
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            "human: Bold and code, site <https://e.org> <b>raw</b>",
+            "let a = 1;",
+            "1. one",
+            "  • two",
+        ]
+    );
+    bridge.signal(libc::SIGTERM);
+    assert!(bridge.wait_exit().success());
+    // `--format plain`: the text exactly as the agent wrote it.
+    let server = format!("127.0.0.1:{}", setup.irc_port);
+    let (mut bridge, ready) =
+        setup.bridge_with("rawbot", &["--server", &server, "--format", "plain"]);
+    assert_eq!(ready, "ready: irc as rawbot");
+    human.send("PRIVMSG #test :rawbot: markdown please");
+    let first = human.privmsg_from("rawbot", "#test").1;
+    assert_eq!(
+        first,
+        "human: **Bold** and `code`, [site](https://e.org) <b>raw</b>"
+    );
+    bridge.signal(libc::SIGTERM);
+    assert!(bridge.wait_exit().success());
 }
 
 /// A bridge-protocol client straight to the gateway: the turn latency without IRC.

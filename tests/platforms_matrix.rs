@@ -702,6 +702,101 @@ fn with_a_state_dir_a_restarted_bridge_answers_what_was_written_while_it_was_dow
     b.stop();
 }
 
+/// Issue 36 row 4 (Matrix): a Markdown reply whose code fence is longer than one Matrix
+/// message reaches the human as `org.matrix.custom.html`: the fence split between lines,
+/// closed at the end of each message and opened again with its language in the next, the
+/// plain `body` beside it; the raw HTML escaped, the `javascript:` link dropped.
+#[test]
+fn a_markdown_reply_with_a_long_code_fence_is_formatted_html_split_and_reopened() {
+    let Some(mut w) = world(true) else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let _serve = serve(port, None);
+    let b = bridge(w.hs, &w.bot, port, dir.path());
+    w.wait_joined();
+    let (ev, after) = w.say("fence");
+    let (first, at) = w.reply_to(&ev, after);
+    let bot = w.bot.mxid.clone();
+    // The pieces after the first are new messages; the last ends with the list.
+    w.seen.until_after(at, "the reply's last piece", |e| {
+        e["sender"] == bot.as_str()
+            && e["content"]["m.relates_to"].is_null()
+            && e["content"]["body"]
+                .as_str()
+                .is_some_and(|t| t.ends_with("• two"))
+    });
+    // What the human sees: the first message as last edited, then the new messages.
+    let mut pieces: Vec<Value> = Vec::new();
+    for (_, e) in w.seen.events().filter(|(i, _)| *i >= at) {
+        if e["sender"] != bot.as_str() || e["type"] != "m.room.message" {
+            continue;
+        }
+        if e["event_id"] == first.as_str() || edit_of(e, &first).is_some() {
+            let content = if e["event_id"] == first.as_str() {
+                e["content"].clone()
+            } else {
+                e["content"]["m.new_content"].clone()
+            };
+            match pieces.first_mut() {
+                Some(p) => *p = content,
+                None => pieces.push(content),
+            }
+        } else if e["content"]["m.relates_to"].is_null() {
+            pieces.push(e["content"].clone());
+        }
+    }
+    for (i, p) in pieces.iter().enumerate() {
+        eprintln!("piece {i} formatted_body: {}", p["formatted_body"]);
+    }
+    assert!(pieces.len() >= 2, "{pieces:?}");
+    let html: Vec<&str> = pieces
+        .iter()
+        .map(|p| {
+            assert_eq!(p["format"], "org.matrix.custom.html", "{p}");
+            p["formatted_body"].as_str().expect("formatted_body")
+        })
+        .collect();
+    assert!(
+        html[0].starts_with("<p>Intro <strong>bold</strong> &amp; &lt;script&gt;alert(1)&lt;/script&gt; <a href=\"https://e.org/?a=1&amp;b=2\">site</a> bad</p>"),
+        "{}",
+        html[0]
+    );
+    for (i, h) in html.iter().enumerate() {
+        assert!(
+            !h.contains("<script") && !h.to_lowercase().contains("javascript"),
+            "{h}"
+        );
+        if i + 1 < html.len() {
+            assert!(
+                h.ends_with(";\n</code></pre>"),
+                "piece {i} cut inside a line: {h}"
+            );
+        }
+        if i > 0 {
+            assert!(
+                h.starts_with("<pre><code class=\"language-rust\">let x"),
+                "piece {i}: {h}"
+            );
+        }
+    }
+    assert!(html[html.len() - 1].ends_with(
+        "<blockquote><p>quoted</p></blockquote>\n\n<ul><li>one</li>\n<li>two</li></ul>"
+    ));
+    let bodies: String = pieces.iter().filter_map(|p| p["body"].as_str()).collect();
+    for n in 0..900 {
+        assert_eq!(
+            bodies.matches(&format!("let x{n} = {n};")).count(),
+            1,
+            "line {n}"
+        );
+    }
+    assert!(
+        !bodies.contains("```") && !bodies.contains("**"),
+        "{bodies}"
+    );
+    b.stop();
+}
+
 /// A second handle on the bot's account (the tests' worlds each hold one).
 fn same_user(u: &User) -> User {
     User {

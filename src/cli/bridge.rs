@@ -82,10 +82,22 @@ impl GatewayArgs {
     }
 }
 
+/// How a bridge shows the agent's Markdown.
+#[derive(Args, Debug)]
+struct FormatArgs {
+    /// `markdown`: the reply's Markdown (emphasis, code, lists, links, quotes, headings)
+    /// shown as the platform formats it (Matrix HTML, Telegram HTML, IRC plain text without
+    /// the markup); `plain`: the text exactly as the agent wrote it.
+    #[arg(long, value_enum, default_value_t = crate::platforms::markdown::Format::Markdown)]
+    format: crate::platforms::markdown::Format,
+}
+
 #[derive(Args, Debug)]
 struct IrcArgs {
     #[command(flatten)]
     gateway: GatewayArgs,
+    #[command(flatten)]
+    format: FormatArgs,
     /// The IRC server.
     #[arg(long, value_name = "HOST:PORT")]
     server: String,
@@ -155,6 +167,8 @@ fn secret_from_env(
 struct TelegramArgs {
     #[command(flatten)]
     gateway: GatewayArgs,
+    #[command(flatten)]
+    format: FormatArgs,
     /// Base URL of the Bot API.
     #[arg(long, value_name = "URL", default_value = "https://api.telegram.org")]
     api_base: String,
@@ -214,6 +228,8 @@ struct SlackArgs {
 struct MatrixArgs {
     #[command(flatten)]
     gateway: GatewayArgs,
+    #[command(flatten)]
+    format: FormatArgs,
     /// Base URL of the homeserver, e.g. `https://matrix.example.org`.
     #[arg(long, value_name = "URL")]
     homeserver: String,
@@ -381,6 +397,7 @@ fn run_irc(a: IrcArgs) -> Result<(), Failure> {
     config.flood_interval =
         seconds("--flood-interval", a.flood_interval).map_err(Failure::Usage)?;
     config.max_reply_lines = a.max_reply_lines;
+    config.format = a.format.format;
     let env = |var: &Option<String>, flag| secret_from_env(var.as_deref(), flag);
     config.login.server_password =
         env(&a.server_password_env, "--server-password-env").map_err(Failure::Usage)?;
@@ -423,6 +440,7 @@ fn run_telegram(a: TelegramArgs) -> Result<(), Failure> {
     let mut config = TelegramConfig::new(gateway, &a.api_base, &token);
     config.state_dir = a.state_dir;
     config.poll_timeout = Duration::from_secs(a.poll_timeout);
+    config.format = a.format.format;
     let stop = stop_on_signals().map_err(Failure::Run)?;
     telegram::run(config, &stop, &mut |me| print_ready("telegram", me)).map_err(Failure::Run)
 }
@@ -447,6 +465,7 @@ fn run_matrix(a: MatrixArgs) -> Result<(), Failure> {
     matrix::api::Api::new(&a.homeserver, &token, Duration::from_secs(1)).map_err(Failure::Usage)?;
     let mut config = MatrixConfig::new(&a.homeserver, token, gateway);
     config.max_rooms = a.max_rooms;
+    config.format = a.format.format;
     config.state_dir = a.state_dir;
     config.e2ee.pickle_secret = std::env::var(&a.pickle_key_env)
         .ok()

@@ -79,6 +79,7 @@ pub(crate) mod gateway;
 pub(crate) mod grapheme;
 pub(crate) mod irc;
 pub(crate) mod lenient;
+pub(crate) mod markdown;
 pub(crate) mod matrix;
 pub(crate) mod replies;
 pub(crate) mod secrets;

@@ -3,6 +3,8 @@
 
 `slow N MS`: N words, one partial every MS milliseconds (the pace of a model's tokens, slow
 enough to `!stop` it), then the reply; a `cancel` ends it at once with an error.
+`fence`: a partial inside an open code fence, then a Markdown reply with a fence longer than
+one Matrix message.
 `context`: the turn's session, chat type, user and meta as JSON.
 Anything else: one partial, then the reply `echo: <text>` at once.
 """
@@ -63,6 +65,12 @@ while True:
             send(op="error", id=id, message="stopped")
         else:
             send(op="reply", id=id, text=" ".join(words))
+    elif text == "fence":
+        # A partial inside an unterminated fence, then a reply whose fence is longer than
+        # one Matrix message, with raw HTML and a javascript: link to be escaped or dropped.
+        send(op="partial", id=id, text="Intro:\n\n```rust\nlet x0")
+        code = "".join("let x%d = %d;\n" % (n, n) for n in range(900))
+        send(op="reply", id=id, text="Intro **bold** & <script>alert(1)</script> [site](https://e.org/?a=1&b=2) [bad](javascript:alert(1))\n\n```rust\n" + code + "```\n\n> quoted\n\n- one\n- two")
     elif text == "context":
         keys = ("session", "chat_type", "user_id", "user_name", "meta")
         send(op="reply", id=id, text=json.dumps({k: msg.get(k) for k in keys}, sort_keys=True))

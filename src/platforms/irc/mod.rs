@@ -109,6 +109,8 @@ pub(crate) struct IrcConfig {
     pub flood_interval: Duration,
     /// Lines of one reply at most (the last one says what was left out).
     pub max_reply_lines: usize,
+    /// Markdown shown as plain text without the markup, or the text as it is.
+    pub format: super::markdown::Format,
     /// Reply lines waiting to be sent at most; at the bound no new result is taken from the
     /// gateway (it keeps them in its outbox) until lines have left.
     pub max_queued_lines: usize,
@@ -140,6 +142,7 @@ impl IrcConfig {
             flood_burst: 5,
             flood_interval: Duration::from_secs(1),
             max_reply_lines: 40,
+            format: super::markdown::Format::default(),
             max_queued_lines: 2000,
             initial_backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(60),

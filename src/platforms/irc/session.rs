@@ -21,6 +21,7 @@ use crate::message::ChatType;
 use crate::platforms::BridgeError;
 use crate::platforms::fair::FairQueue;
 use crate::platforms::gateway::{Admission, Gateway, GatewayEvent, OutgoingMessage};
+use crate::platforms::markdown::{self, Format};
 
 /// Alternate nicks tried at one registration before giving up on that connection.
 const MAX_NICK_ATTEMPTS: u32 = 10;
@@ -638,7 +639,13 @@ impl<'a> IrcSession<'a> {
                     return;
                 };
                 match result.outcome.chat_text() {
-                    Some(text) => self.queue_reply(&route, &text, Some(result.id)),
+                    Some(text) => {
+                        let text = match self.config.format {
+                            Format::Markdown => markdown::plain(&text),
+                            Format::Plain => text,
+                        };
+                        self.queue_reply(&route, &text, Some(result.id));
+                    }
                     None => self.gateway.delivered(&result.id),
                 }
             }

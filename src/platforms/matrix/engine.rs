@@ -4,16 +4,17 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::message::{ChatType, Command, SessionKey};
 use crate::platforms::edits::{EditLimits, EditQueue, Next};
 use crate::platforms::gateway::{
     Admission, Gateway, GatewayEvent, OutgoingMessage, SendError, TerminalEvent, TerminalOutcome,
 };
-use crate::platforms::split::{Limit, split};
+use crate::platforms::markdown::{Format, Piece};
 
 use super::api::{Api, ApiError};
+use super::content::{chunks_of, edit_content, new_content, partial_view};
 use super::sync::{ChatKind, HumanMessage};
 use super::{CHUNK_BYTES, STOPPED_MARKER};
 
@@ -98,8 +99,10 @@ struct Turn {
     command: bool,
     /// The bot's message carrying the reply, once posted.
     bot_event: Option<String>,
-    /// The text that message shows now.
-    shown: String,
+    /// What that message shows now.
+    shown: Piece,
+    /// The partial text it was rendered from (a cancelled reply keeps it).
+    shown_text: String,
     /// The transaction id of the reply's first message: every attempt to post it uses this
     /// one, so a send whose answer was lost and is tried again does not post a second copy.
     first_txn: String,
@@ -119,7 +122,7 @@ struct Post {
     thread: Option<String>,
     reply_to: Option<String>,
     /// The pieces to show; the first replaces the bot's message when there is one.
-    chunks: Vec<String>,
+    chunks: Vec<Piece>,
     next_chunk: usize,
     notice: bool,
     /// Transaction ids of the pieces after the first (fixed, so retries are idempotent).
@@ -177,58 +180,10 @@ pub(crate) struct SyncEngine<H> {
     txn_prefix: String,
     txn_counter: u64,
     backoff: Duration,
+    /// Markdown rendered (`formatted_body`), or texts shown as they are.
+    format: Format,
     /// What was sent.
     pub stats: Stats,
-}
-
-fn chunks_of(text: &str) -> Vec<String> {
-    split(text, Limit::Bytes(CHUNK_BYTES))
-        .into_iter()
-        .map(str::to_owned)
-        .collect()
-}
-
-/// The first piece of a partial (the rest comes with the final).
-fn partial_view(text: &str) -> String {
-    match split(text, Limit::Bytes(CHUNK_BYTES - 4)).first() {
-        Some(first) if first.len() < text.len() => format!("{first}…"),
-        Some(first) => (*first).to_owned(),
-        None => String::new(),
-    }
-}
-
-fn message_content(text: &str, notice: bool, reply_to: Option<&str>) -> Value {
-    // `m.mentions` empty: whatever the agent wrote ("@room", a name) mentions nobody, so
-    // it cannot ping a room with the bot's power level.
-    let mut c = json!({
-        "msgtype": if notice { "m.notice" } else { "m.text" },
-        "body": text,
-        "m.mentions": {},
-    });
-    if let Some(r) = reply_to {
-        c["m.relates_to"] = json!({"m.in_reply_to": {"event_id": r}});
-    }
-    c
-}
-
-/// A new message's content, inside `thread` (its root) when there is one.
-fn new_content(text: &str, notice: bool, reply_to: Option<&str>, thread: Option<&str>) -> Value {
-    let mut c = message_content(text, notice, reply_to);
-    if let Some(root) = thread {
-        super::threads::put_in_thread(&mut c, root, reply_to);
-    }
-    c
-}
-
-fn edit_content(original: &str, text: &str, notice: bool) -> Value {
-    let msgtype = if notice { "m.notice" } else { "m.text" };
-    json!({
-        "msgtype": msgtype,
-        "body": format!("* {text}"),
-        "m.mentions": {},
-        "m.new_content": {"msgtype": msgtype, "body": text, "m.mentions": {}},
-        "m.relates_to": {"rel_type": "m.replace", "event_id": original},
-    })
 }
 
 impl<H: Homeserver> SyncEngine<H> {
@@ -258,8 +213,14 @@ impl<H: Homeserver> SyncEngine<H> {
             txn_prefix: format!("ts{started}-{}", std::process::id()),
             txn_counter: 0,
             backoff: Duration::ZERO,
+            format: Format::Plain,
             stats: Stats::default(),
         }
+    }
+
+    /// This engine showing results and partials in `format` (as given: [`Format::Plain`]).
+    pub(crate) fn with_format(self, format: Format) -> SyncEngine<H> {
+        SyncEngine { format, ..self }
     }
 
     /// The homeserver, to script it.
@@ -338,7 +299,8 @@ impl<H: Homeserver> SyncEngine<H> {
                 kind,
                 command: command.is_some(),
                 bot_event: None,
-                shown: String::new(),
+                shown: Piece::default(),
+                shown_text: String::new(),
                 first_txn,
                 first_uncertain: false,
                 stopped: false,
@@ -407,7 +369,7 @@ impl<H: Homeserver> SyncEngine<H> {
                 room: room.to_owned(),
                 thread: thread.map(str::to_owned),
                 reply_to: reply_to.map(str::to_owned),
-                chunks: chunks_of(text),
+                chunks: chunks_of(text, Format::Plain, CHUNK_BYTES),
                 next_chunk: 0,
                 notice: true,
                 txn,
@@ -519,7 +481,12 @@ impl<H: Homeserver> SyncEngine<H> {
         }
         self.queue.cancel_edit(&id);
         let (room, thread, shown, command) = match self.turns.get(&id) {
-            Some(t) => (t.room.clone(), t.thread.clone(), t.shown.clone(), t.command),
+            Some(t) => (
+                t.room.clone(),
+                t.thread.clone(),
+                t.shown_text.clone(),
+                t.command,
+            ),
             None => match session.parse::<SessionKey>() {
                 // A result of a message this process did not send (it restarted): the room
                 // is in the session key, the human's event is the id.
@@ -589,7 +556,7 @@ impl<H: Homeserver> SyncEngine<H> {
                 room,
                 thread,
                 reply_to: Some(id),
-                chunks: chunks_of(&text),
+                chunks: chunks_of(&text, self.format, CHUNK_BYTES),
                 next_chunk: 0,
                 notice: command,
                 txn,
@@ -694,8 +661,8 @@ impl<H: Homeserver> SyncEngine<H> {
         if turn.stopped {
             return Ok(());
         }
-        let view = partial_view(&text);
-        if view.trim().is_empty() {
+        let view = partial_view(&text, self.format);
+        if view.plain.trim().is_empty() {
             return Ok(());
         }
         if view == turn.shown && turn.bot_event.is_some() {
@@ -721,7 +688,7 @@ impl<H: Homeserver> SyncEngine<H> {
                     if first {
                         self.stats.messages += 1;
                         t.shown = if t.first_uncertain {
-                            String::new()
+                            Piece::default()
                         } else {
                             view
                         };
@@ -730,6 +697,11 @@ impl<H: Homeserver> SyncEngine<H> {
                         self.stats.edits += 1;
                         t.shown = view;
                     }
+                    t.shown_text = if t.shown.plain.is_empty() {
+                        String::new()
+                    } else {
+                        text
+                    };
                 }
                 debug_redacted!(
                     "matrix: room {room}: {} for {id}",

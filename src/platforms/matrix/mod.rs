@@ -22,6 +22,7 @@
 
 mod answer;
 pub(crate) mod api;
+mod content;
 pub(crate) mod crypto;
 mod engine;
 mod invites;
@@ -72,6 +73,8 @@ pub(crate) struct MatrixConfig {
     pub state_dir: Option<std::path::PathBuf>,
     /// End-to-end encryption: the pickle key and the bounds.
     pub e2ee: crypto::E2eeConfig,
+    /// Markdown shown as `formatted_body` HTML, or the text as it is.
+    pub format: super::markdown::Format,
 }
 
 impl std::fmt::Debug for MatrixConfig {
@@ -101,6 +104,7 @@ impl MatrixConfig {
             max_turns: 4096,
             state_dir: None,
             e2ee: crypto::E2eeConfig::default(),
+            format: super::markdown::Format::default(),
         }
     }
 }
@@ -216,7 +220,8 @@ fn serve(
         &config.gateway.platform,
         config.limits,
         config.max_turns,
-    );
+    )
+    .with_format(config.format);
     let channels = Channels {
         gw: &gw_rx,
         sync: &sync_rx,

@@ -642,3 +642,49 @@ fn a_queued_message_gets_one_receipt_after_the_replies_waiting() {
         "an answered message is not receipted"
     );
 }
+
+/// Issue 36 row 4: with Markdown on, a partial inside an open fence shows as an open code
+/// block and the result as HTML beside its plain body (an edit carries both); notices and
+/// `--format plain` send the text as it is.
+#[test]
+fn issue36_markdown_renders_partials_and_results_as_html_with_a_plain_body() {
+    use crate::platforms::markdown::Format;
+    let mut r = Rig::new();
+    r.core = SyncEngine::new(FakeHs::default(), "matrix", EditLimits::default(), 100)
+        .with_format(Format::Markdown);
+    r.human("$h1", "code please");
+    r.gateway(partial("$h1", "Here <b>:\n\n```rust\nfn main() {"));
+    r.settle();
+    let first = &r.sent()[0].content;
+    assert_eq!(first["format"], "org.matrix.custom.html");
+    assert_eq!(
+        first["formatted_body"],
+        "<p>Here &lt;b&gt;:</p>\n\n<pre><code class=\"language-rust\">fn main() {</code></pre>"
+    );
+    assert_eq!(first["body"], "Here <b>:\n\nfn main() {");
+    r.gateway(result(
+        "$h1",
+        reply("Here <b>:\n\n```rust\nfn main() {}\n```\n\n**done**"),
+        false,
+    ));
+    r.wait_and_settle();
+    let edit = &r.sent()[1].content;
+    let html = "<p>Here &lt;b&gt;:</p>\n\n<pre><code class=\"language-rust\">fn main() {}</code></pre>\n\n<p><strong>done</strong></p>";
+    assert_eq!(edit["m.new_content"]["formatted_body"], html);
+    assert_eq!(edit["m.new_content"]["format"], "org.matrix.custom.html");
+    assert_eq!(
+        edit["m.new_content"]["body"],
+        "Here <b>:\n\nfn main() {}\n\ndone"
+    );
+    assert_eq!(edit["formatted_body"], format!("* {html}"));
+    assert_eq!(r.gw.delivered, vec!["$h1"]);
+
+    let mut plain = Rig::new();
+    plain.core = SyncEngine::new(FakeHs::default(), "matrix", EditLimits::default(), 100)
+        .with_format(Format::Plain);
+    plain.human("$h2", "hi");
+    plain.gateway(result("$h2", reply("**done**"), false));
+    plain.settle();
+    assert_eq!(plain.sent()[0].content["body"], "**done**");
+    assert!(plain.sent()[0].content["formatted_body"].is_null());
+}

@@ -70,6 +70,8 @@ pub(crate) struct TelegramConfig {
     pub edit_interval: Duration,
     /// Replies streamed (partials shown) at once.
     pub max_views: usize,
+    /// Markdown shown as Telegram HTML, or the text as it is.
+    pub format: super::markdown::Format,
 }
 
 impl std::fmt::Debug for TelegramConfig {
@@ -96,6 +98,7 @@ impl TelegramConfig {
             poll_timeout: Duration::from_secs(30),
             edit_interval: Duration::from_secs(1),
             max_views: 256,
+            format: super::markdown::Format::default(),
         }
     }
 }
@@ -228,7 +231,8 @@ fn main_loop(
     username: &str,
     on_ready: &mut dyn FnMut(&str),
 ) -> Result<(), BridgeError> {
-    let mut renderer = Renderer::new(config.edit_interval, config.max_views);
+    let mut renderer =
+        Renderer::new(config.edit_interval, config.max_views).with_format(config.format);
     let mut ready = false;
     loop {
         // Take everything that is there, so partials coalesce before a call is made — while

@@ -13,6 +13,7 @@ use super::update::{chat_of, reply_target};
 use super::{CALL_TIMEOUT, MAX_BACKOFF};
 use crate::platforms::BridgeError;
 use crate::platforms::gateway::{TerminalEvent, TerminalOutcome};
+use crate::platforms::markdown::{self, Format};
 use crate::platforms::split::{TELEGRAM_LIMIT, split};
 
 /// Rate-limit strikes on one reply after which its partials are no longer shown.
@@ -37,6 +38,8 @@ struct View {
     result: Option<String>,
     last_edit: Option<Instant>,
     strikes: u32,
+    /// The text the posted pieces were rendered from (a cancelled reply keeps it).
+    source: String,
 }
 
 impl View {
@@ -56,13 +59,23 @@ impl View {
         }
     }
 
-    /// Shows piece `i`: edits the message already posted for it, or posts a new one (the
-    /// first replying to the user's message). Returns the message's id.
-    fn show_piece(&self, api: &mut dyn BotApi, i: usize, piece: &str) -> Result<i64, ApiError> {
+    /// Shows piece `i` (Telegram HTML with `html`): edits the message already posted for
+    /// it, or posts a new one (the first replying to the user's message). Returns the
+    /// message's id.
+    fn show_piece(
+        &self,
+        api: &mut dyn BotApi,
+        i: usize,
+        piece: &str,
+        html: bool,
+    ) -> Result<i64, ApiError> {
         if let Some((message_id, _)) = self.posted.get(i) {
-            let params = json!({
+            let mut params = json!({
                 "chat_id": chat_param(&self.chat_id), "message_id": message_id, "text": piece,
             });
+            if html {
+                params["parse_mode"] = json!("HTML");
+            }
             return api
                 .call("editMessageText", &params, CALL_TIMEOUT)
                 .map(|_| *message_id);
@@ -70,6 +83,9 @@ impl View {
         let reply_to = if i == 0 { self.reply_to } else { None };
         let mut params = send_params(&self.chat_id, piece, reply_to);
         in_topic(&mut params, self.topic);
+        if html {
+            params["parse_mode"] = json!("HTML");
+        }
         api.call("sendMessage", &params, CALL_TIMEOUT)
             .and_then(|m| {
                 m.get("message_id").and_then(Value::as_i64).ok_or_else(|| {
@@ -128,10 +144,12 @@ pub(crate) struct Renderer {
     backoff: Duration,
     edit_interval: Duration,
     max_views: usize,
+    format: Format,
 }
 
 impl Renderer {
-    /// An empty renderer.
+    /// An empty renderer, showing texts as they are ([`Format::Plain`]; see
+    /// [`with_format`](Self::with_format)).
     pub(crate) fn new(edit_interval: Duration, max_views: usize) -> Renderer {
         Renderer {
             views: HashMap::new(),
@@ -144,7 +162,13 @@ impl Renderer {
             backoff: Duration::from_secs(1),
             edit_interval,
             max_views: max_views.max(1),
+            format: Format::Plain,
         }
+    }
+
+    /// This renderer showing replies in `format` (Markdown as Telegram HTML, or plain).
+    pub(crate) fn with_format(self, format: Format) -> Renderer {
+        Renderer { format, ..self }
     }
 
     /// A partial reply: kept as the newest text to show for `id` (older pending ones go).
@@ -179,8 +203,7 @@ impl Renderer {
             // A turn cancelled or failed after partials were shown keeps what was shown,
             // with the marker appended as its last edit.
             if !matches!(result.outcome, TerminalOutcome::Reply { .. }) && !view.posted.is_empty() {
-                let shown: String = view.posted.iter().map(|(_, t)| t.as_str()).collect();
-                text = format!("{shown}\n{text}");
+                text = format!("{}\n{text}", view.source);
             }
             view.partial = None;
             view.result = Some(text);
@@ -221,6 +244,7 @@ impl Renderer {
                 result,
                 last_edit: None,
                 strikes: 0,
+                source: String::new(),
             },
         );
         self.order.push_back(id.to_owned());
@@ -474,16 +498,27 @@ impl Renderer {
         let Some(view) = self.views.get_mut(id) else {
             return Ok(Step::Worked(Vec::new()));
         };
-        let pieces: Vec<String> = split(&view.text_to_show(final_), TELEGRAM_LIMIT)
-            .into_iter()
-            .map(str::to_owned)
-            .collect();
+        view.source = view.text_to_show(final_);
+        let html = self.format == Format::Markdown;
+        let pieces: Vec<String> = if html {
+            markdown::telegram(&view.source)
+        } else {
+            split(&view.source, TELEGRAM_LIMIT)
+                .into_iter()
+                .map(str::to_owned)
+                .collect()
+        };
+        let pieces = if pieces.is_empty() {
+            vec!["[empty reply]".to_owned()]
+        } else {
+            pieces
+        };
         let what = format!("reply {id} in chat {}", view.chat_id);
         for (i, piece) in pieces.iter().enumerate() {
             if view.posted.get(i).is_some_and(|(_, shown)| shown == piece) {
                 continue;
             }
-            match view.show_piece(api, i, piece) {
+            match view.show_piece(api, i, piece, html) {
                 Ok(message_id) => {
                     view.record(i, message_id, piece);
                     self.backoff = Duration::from_secs(1);

@@ -382,3 +382,50 @@ fn a_flooding_chat_cannot_hold_another_chats_first_reply() {
     let expected: Vec<String> = (0..10).map(|i| format!("flood {i}")).collect();
     assert_eq!(flood, expected);
 }
+
+/// Issue 36 row 4: with Markdown on, pieces go out as `parse_mode: HTML` (a partial's open
+/// fence as an open code block), and a cancelled reply keeps what it showed re-rendered
+/// from its Markdown (not its HTML escaped); `--format plain` sends the text as it is.
+#[test]
+fn issue36_markdown_goes_out_as_telegram_html_and_a_cancellation_keeps_its_formatting() {
+    use crate::platforms::markdown::Format;
+    let t0 = Instant::now();
+    let mut r = Renderer::new(Duration::from_secs(1), 10).with_format(Format::Markdown);
+    let mut api = ScriptedApi::new();
+    r.partial("tg-1-7", "telegram:dm:42", "**Hi** <b>\n\n```py\nx = 1");
+    run_until_idle(&mut r, &mut api, t0);
+    let (method, params) = &api.calls[0];
+    assert_eq!(method, "sendMessage");
+    assert_eq!(params["parse_mode"], "HTML");
+    assert_eq!(
+        params["text"],
+        "<b>Hi</b> &lt;b&gt;\n\n<pre><code class=\"language-py\">x = 1</code></pre>"
+    );
+    let cancelled = TerminalEvent {
+        outcome: TerminalOutcome::Cancelled {
+            reason: "stopped".into(),
+        },
+        ..result("tg-1-7", "")
+    };
+    assert!(r.result(&cancelled));
+    run_until_idle(&mut r, &mut api, t0 + Duration::from_secs(2));
+    let (method, params) = api.calls.last().expect("the last edit");
+    assert_eq!(method, "editMessageText");
+    assert_eq!(params["parse_mode"], "HTML");
+    let text = params["text"].as_str().expect("text");
+    assert!(
+        text.starts_with("<b>Hi</b> &lt;b&gt;\n\n<pre><code class=\"language-py\">x = 1\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("cancelled") && !text.contains("&lt;pre"),
+        "{text}"
+    );
+
+    let mut plain = Renderer::new(Duration::from_secs(1), 10).with_format(Format::Plain);
+    let mut api = ScriptedApi::new();
+    plain.partial("tg-2-8", "telegram:dm:42", "**Hi** <b>");
+    run_until_idle(&mut plain, &mut api, t0);
+    assert_eq!(api.calls[0].1["text"], "**Hi** <b>");
+    assert!(api.calls[0].1.get("parse_mode").is_none());
+}
