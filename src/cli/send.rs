@@ -111,6 +111,7 @@ fn exchange(args: &SendArgs) -> Result<i32, Box<dyn std::error::Error>> {
         thread_id: None,
         meta: meta.map(|m| m.to_string()),
         text: args.text.join(" "),
+        attachments: Vec::new(),
     });
     writeln!(stream, "{}\n{}", hello.line(), message.line())
         .and_then(|()| stream.flush())

@@ -103,6 +103,7 @@ fn turn_line(input: &TurnInput<'_>) -> Value {
         "user_id": context.user_id.as_deref().or(s.user_id()),
         "user_name": context.user_name.as_deref(),
         "meta": meta,
+        "attachments": context.attachments(),
         "platform": s.platform(),
         "chat_id": s.chat_id(),
         "chat_type": s.chat_type().as_str(),

@@ -245,8 +245,21 @@ fn bind_bridge(s: &Settings, store: Option<SqliteStore>) -> Result<BridgeServer,
         + flush_budget
         + delivery_wait
         + Duration::from_secs(30);
+    let mut bridge = s.bridge.clone();
+    if bridge.attachments.dir.is_none() {
+        let dir = settings::private_temp_dir()
+            .and_then(|d| d.canonicalize())
+            .map_err(|e| {
+                exit::io_error(
+                    &e,
+                    format!("--attachments-dir: cannot create a private temporary directory: {e}"),
+                )
+            })?;
+        log::info!("attachments spool: {}", dir.display());
+        bridge.attachments.dir = Some(dir);
+    }
     let cfg = ServerConfig {
-        bridge: s.bridge.clone(),
+        bridge,
         flush_budget,
         delivery_wait,
         watchdog,
@@ -262,6 +275,8 @@ fn bind_bridge(s: &Settings, store: Option<SqliteStore>) -> Result<BridgeServer,
         return join_cluster(server, s, c);
     }
     let (Some(dir), Some(store)) = (&s.data_dir, store) else {
+        // Nothing is journaled: every file a previous run left is an orphan.
+        server.sweep_spool(&Default::default());
         return Ok(server);
     };
     server.persist_access(dir).map_err(|e| {
