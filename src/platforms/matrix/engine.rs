@@ -338,7 +338,7 @@ impl<H: Homeserver> SyncEngine<H> {
                 .get("meta")
                 .map(|m| m.to_string()),
             text: msg.text.clone(),
-            attachments: Vec::new(),
+            attachments: msg.attachments.clone(),
         };
         debug_redacted!(
             "matrix: room {}: message {} to the gateway",

@@ -23,6 +23,7 @@ mod answer;
 pub(crate) mod api;
 pub(crate) mod crypto;
 mod engine;
+mod media;
 mod poll;
 pub(crate) mod state;
 pub(crate) mod sync;

@@ -202,7 +202,13 @@ pub(super) fn run_sync(
             why: super::crypto::UNREADABLE_NOTICE.to_owned(),
         });
         for item in items.into_iter().chain(told) {
-            if !forward(api, &mut state, tx, stop, item) {
+            if !forward(
+                api,
+                &config.gateway.attachments,
+                &mut state,
+                (tx, stop),
+                item,
+            ) {
                 return;
             }
         }
@@ -358,13 +364,47 @@ fn crypto_pass(
     (sync.to_string(), unreadable)
 }
 
+/// The message's file fetched into the spool (issue 36); what could not be is told to the
+/// room once, before the message goes on. False when the bridge has gone.
+fn fetch_media(
+    api: &Api,
+    files: &crate::AttachmentLimits,
+    m: &mut super::sync::HumanMessage,
+    tx: &Sender<FromSync>,
+    stop: &Receiver<()>,
+) -> bool {
+    let Some(media) = m.media.take() else {
+        return true;
+    };
+    let entry = super::media::fetch(api, files, &m.event_id, &media);
+    let skipped = entry.skipped.clone();
+    m.attachments = vec![entry];
+    match skipped {
+        None => true,
+        Some(why) => {
+            let name = &m.attachments[0].name;
+            let why = format!("file not passed on: {name}: {why}");
+            let (room, event_id) = (m.room.clone(), m.event_id.clone());
+            send_or_stop(
+                tx,
+                stop,
+                FromSync::Refused {
+                    room,
+                    event_id,
+                    why,
+                },
+            )
+        }
+    }
+}
+
 /// Acts on one item of a sync: joins an invite, or passes a message (with its room's chat
 /// kind) or a refusal to the bridge. False when the bridge has gone.
 fn forward(
     api: &Api,
+    files: &crate::AttachmentLimits,
     state: &mut SyncState,
-    tx: &Sender<FromSync>,
-    stop: &Receiver<()>,
+    (tx, stop): (&Sender<FromSync>, &Receiver<()>),
     item: Incoming,
 ) -> bool {
     match item {
@@ -373,7 +413,10 @@ fn forward(
             state.queue_invite(&room);
             true
         }
-        Incoming::Message(m) => {
+        Incoming::Message(mut m) => {
+            if !fetch_media(api, files, &mut m, tx, stop) {
+                return false;
+            }
             let joined = match state.joined(&m.room) {
                 Some(n) => Some(n),
                 None => match api.joined_count(&m.room) {

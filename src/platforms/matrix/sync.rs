@@ -128,6 +128,10 @@ pub(crate) struct HumanMessage {
     pub msgtype: String,
     /// An attachment's `mxc://` URL (images, files).
     pub url: Option<String>,
+    /// The file it carries, before it is fetched (issue 36).
+    pub media: Option<super::media::Media>,
+    /// That file in the spool (or why not), once the sync thread fetched it.
+    pub attachments: Vec<crate::Attachment>,
     /// It mentions the bot (`m.mentions`, its mxid or display name in the text): a group
     /// message the gateway's `groups = "mention"` lets through (`meta.to_bot`).
     pub to_bot: bool,
@@ -497,6 +501,8 @@ impl SyncState {
             reply_to,
             msgtype: msgtype.to_owned(),
             url: content.url.text().map(str::to_owned),
+            media: super::media::of(msgtype, content),
+            attachments: Vec::new(),
             to_bot,
         }))
     }
@@ -709,6 +715,8 @@ mod tests {
             reply_to: Some("$0".into()),
             msgtype: "m.text".into(),
             url: None,
+            media: None,
+            attachments: Vec::new(),
             to_bot: false,
         };
         let v = m.to_bridge("matrix", ChatKind::from_joined(3));
@@ -744,6 +752,8 @@ mod tests {
             reply_to: None,
             msgtype: "m.text".into(),
             url: None,
+            media: None,
+            attachments: Vec::new(),
             to_bot: false,
         };
         assert_eq!(m("!stop").command(), Some(Command::Stop));

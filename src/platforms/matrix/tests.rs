@@ -108,6 +108,8 @@ fn human(id: &str, text: &str) -> HumanMessage {
         reply_to: None,
         msgtype: "m.text".into(),
         url: None,
+        media: None,
+        attachments: Vec::new(),
         to_bot: false,
     }
 }
