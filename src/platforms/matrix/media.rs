@@ -30,6 +30,8 @@ pub(crate) struct Media {
     /// `mxc://server/id`, or `None` for an encrypted room's file (`content.file`).
     url: Option<String>,
     offered: Offered,
+    /// Its entry once fetched (with a path, or saying why not).
+    pub(super) fetched: Option<Attachment>,
 }
 
 /// The file of a message of type `msgtype`, if it carries one.
@@ -53,17 +55,24 @@ pub(super) fn of(msgtype: &str, content: &Content) -> Option<Media> {
                 .to_owned(),
             size: info.and_then(|i| i.size.get().copied()),
         },
+        fetched: None,
     })
 }
 
 /// Fetches `media` of the event `event_id` into the spool: its entry, with a path or
-/// saying why not.
-pub(super) fn fetch(
+/// saying why not (kept in `media.fetched` too).
+pub(super) fn fetch_into(
     api: &Api,
     limits: &AttachmentLimits,
     event_id: &str,
-    media: &Media,
+    media: &mut Media,
 ) -> Attachment {
+    let entry = fetch(api, limits, event_id, media);
+    media.fetched = Some(entry.clone());
+    entry
+}
+
+fn fetch(api: &Api, limits: &AttachmentLimits, event_id: &str, media: &Media) -> Attachment {
     let offered = &media.offered;
     let Some((server, id)) = media.url.as_deref().and_then(mxc) else {
         return offered.skipped("an encrypted or malformed file: not fetched".into());

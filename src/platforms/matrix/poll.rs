@@ -373,17 +373,14 @@ fn fetch_media(
     tx: &Sender<FromSync>,
     stop: &Receiver<()>,
 ) -> bool {
-    let Some(media) = m.media.take() else {
+    let Some(media) = m.media.as_mut() else {
         return true;
     };
-    let entry = super::media::fetch(api, files, &m.event_id, &media);
-    let skipped = entry.skipped.clone();
-    m.attachments = vec![entry];
-    match skipped {
+    let entry = super::media::fetch_into(api, files, &m.event_id, media);
+    match &entry.skipped {
         None => true,
         Some(why) => {
-            let name = &m.attachments[0].name;
-            let why = format!("file not passed on: {name}: {why}");
+            let why = format!("file not passed on: {}: {why}", entry.name);
             let (room, event_id) = (m.room.clone(), m.event_id.clone());
             send_or_stop(
                 tx,

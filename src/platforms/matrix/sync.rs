@@ -128,10 +128,9 @@ pub(crate) struct HumanMessage {
     pub msgtype: String,
     /// An attachment's `mxc://` URL (images, files).
     pub url: Option<String>,
-    /// The file it carries, before it is fetched (issue 36).
-    pub media: Option<super::media::Media>,
-    /// That file in the spool (or why not), once the sync thread fetched it.
-    pub attachments: Vec<crate::Attachment>,
+    /// The file it carries (issue 36), and once the sync thread fetched it, its entry
+    /// (boxed: most messages have none).
+    pub media: Option<Box<super::media::Media>>,
     /// It mentions the bot (`m.mentions`, its mxid or display name in the text): a group
     /// message the gateway's `groups = "mention"` lets through (`meta.to_bot`).
     pub to_bot: bool,
@@ -501,8 +500,7 @@ impl SyncState {
             reply_to,
             msgtype: msgtype.to_owned(),
             url: content.url.text().map(str::to_owned),
-            media: super::media::of(msgtype, content),
-            attachments: Vec::new(),
+            media: super::media::of(msgtype, content).map(Box::new),
             to_bot,
         }))
     }
@@ -716,7 +714,6 @@ mod tests {
             msgtype: "m.text".into(),
             url: None,
             media: None,
-            attachments: Vec::new(),
             to_bot: false,
         };
         let v = m.to_bridge("matrix", ChatKind::from_joined(3));
@@ -753,7 +750,6 @@ mod tests {
             msgtype: "m.text".into(),
             url: None,
             media: None,
-            attachments: Vec::new(),
             to_bot: false,
         };
         assert_eq!(m("!stop").command(), Some(Command::Stop));

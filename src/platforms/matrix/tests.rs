@@ -109,7 +109,6 @@ fn human(id: &str, text: &str) -> HumanMessage {
         msgtype: "m.text".into(),
         url: None,
         media: None,
-        attachments: Vec::new(),
         to_bot: false,
     }
 }
