@@ -47,7 +47,7 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
         .map_err(StartError::from)
         .and_then(|s| preflight(s, check_only));
     let Preflight {
-        settings: s,
+        settings: mut s,
         factory,
         data,
     } = match ready {
@@ -69,6 +69,10 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
     );
     warn_secrets_on_command_line(&s);
     raise_fd_limit();
+    if let Err(e) = private_spool(&mut s) {
+        fatal(log_json, &e);
+        return e.code();
+    }
     // Held until the process ends: the data directory is this gateway's alone.
     let (_lock, store) = match data {
         Some((lock, store)) => (Some(lock), Some(store)),
@@ -117,7 +121,8 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
     }
     let bridges = (!s.bridges.is_empty()).then(|| {
         let token = s.bridge.auth_token.as_deref();
-        bridges::Bridges::start(&s.bridges, addr, token, log_json, &board)
+        let spool = bridges::spool_args(&s.bridge.attachments);
+        bridges::Bridges::start(&s.bridges, addr, (token, &spool), log_json, &board)
     });
     let mut code = serve_until_stopped(runtime, ops, &forced);
     if code == 0 && unfinished.load(std::sync::atomic::Ordering::SeqCst) {
@@ -233,6 +238,25 @@ fn build_runtime(
 
 /// The bridge server on `--listen`, with its journal (opened by `preflight`) recovered when
 /// `--data-dir` is set.
+/// Without `--attachments-dir` or `--data-dir`, the spool is a private temporary directory,
+/// made once here (not on every reload), which the supervised bridges are given too.
+fn private_spool(s: &mut Settings) -> Result<(), StartError> {
+    if s.bridge.attachments.dir.is_some() {
+        return Ok(());
+    }
+    let dir = settings::private_temp_dir()
+        .and_then(|d| d.canonicalize())
+        .map_err(|e| {
+            exit::io_error(
+                &e,
+                format!("--attachments-dir: cannot create a private temporary directory: {e}"),
+            )
+        })?;
+    log::info!("attachments spool: {}", dir.display());
+    s.bridge.attachments.dir = Some(dir);
+    Ok(())
+}
+
 fn bind_bridge(s: &Settings, store: Option<SqliteStore>) -> Result<BridgeServer, StartError> {
     // Well past every shutdown deadline: drain, grace, cleanup, the flush budget, then the
     // wait for delivery confirmations.
@@ -245,21 +269,8 @@ fn bind_bridge(s: &Settings, store: Option<SqliteStore>) -> Result<BridgeServer,
         + flush_budget
         + delivery_wait
         + Duration::from_secs(30);
-    let mut bridge = s.bridge.clone();
-    if bridge.attachments.dir.is_none() {
-        let dir = settings::private_temp_dir()
-            .and_then(|d| d.canonicalize())
-            .map_err(|e| {
-                exit::io_error(
-                    &e,
-                    format!("--attachments-dir: cannot create a private temporary directory: {e}"),
-                )
-            })?;
-        log::info!("attachments spool: {}", dir.display());
-        bridge.attachments.dir = Some(dir);
-    }
     let cfg = ServerConfig {
-        bridge,
+        bridge: s.bridge.clone(),
         flush_budget,
         delivery_wait,
         watchdog,
