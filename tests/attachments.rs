@@ -194,3 +194,29 @@ fn the_exec_agent_reads_the_files_and_they_leave_the_spool_after_the_turn() {
         );
     }
 }
+
+/// `turnstile send --attach` copies the file into the gateway's spool (on the gateway's host)
+/// and names it: the agent reads it, sha256 matching.
+#[test]
+fn send_attach_copies_a_file_into_the_spool_for_the_agent() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let spool = tmp.path().join("spool");
+    let server = Server::start(&["--attachments-dir", spool.to_str().expect("utf-8")]);
+    let file = tmp.path().join("report.csv");
+    std::fs::write(&file, b"a,b\n1,2\n").expect("file");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(["send", "--addr", &server.addr, "--attach"])
+        .arg(&file)
+        .arg("--attachments-dir")
+        .arg(&spool)
+        .arg("here is the report")
+        .output()
+        .expect("send");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: Value = serde_json::from_slice(&out.stdout).expect("the agent's answer");
+    assert_eq!(seen, json!([["report.csv", "", true, "a,b\n1"]]));
+}
