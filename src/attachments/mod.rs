@@ -185,6 +185,8 @@ pub(crate) fn to_json(entries: &[Attachment]) -> String {
 }
 
 /// Creates the spool directory (owner-only) if needed and returns its canonical path.
+// The binary's (feature `cli`) and the tests'.
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
 pub(crate) fn open_spool(dir: &Path) -> io::Result<PathBuf> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
