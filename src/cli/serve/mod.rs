@@ -238,10 +238,14 @@ fn build_runtime(
 
 /// The bridge server on `--listen`, with its journal (opened by `preflight`) recovered when
 /// `--data-dir` is set.
-/// Without `--attachments-dir` or `--data-dir`, the spool is a private temporary directory,
-/// made once here (not on every reload), which the supervised bridges are given too.
+/// The spool is made here, once (not on every reload), and named by its canonical path:
+/// the directory configured, else a private temporary one; the supervised bridges are
+/// given it too.
 fn private_spool(s: &mut Settings) -> Result<(), StartError> {
-    if s.bridge.attachments.dir.is_some() {
+    if let Some(dir) = &s.bridge.attachments.dir {
+        let made = crate::attachments::open_spool(dir)
+            .map_err(|e| exit::io_error(&e, format!("--attachments-dir {}: {e}", dir.display())))?;
+        s.bridge.attachments.dir = Some(made);
         return Ok(());
     }
     let dir = settings::private_temp_dir()

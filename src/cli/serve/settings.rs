@@ -190,8 +190,8 @@ pub(super) fn bridge_config(a: &ServeArgs, max_reply_bytes: usize) -> Result<Bri
     Ok(bridge)
 }
 
-/// The spool and its bounds (`--attachments-dir` …): the directory is created (owner-only)
-/// if needed and named by its canonical path, the one admission compares against.
+/// The spool and its bounds (`--attachments-dir` …); the directory is made at start
+/// (`private_spool`), owner-only, and named by its canonical path.
 fn attachment_limits(a: &ServeArgs) -> Result<crate::AttachmentLimits, String> {
     let d = crate::AttachmentLimits::default();
     // Without either, a private temporary directory made once at start (`spool_dir`), not on
@@ -201,12 +201,7 @@ fn attachment_limits(a: &ServeArgs) -> Result<crate::AttachmentLimits, String> {
         (None, Some(data)) => Some(data.join("attachments")),
         (None, None) => None,
     };
-    let dir = dir
-        .map(|dir| {
-            crate::attachments::open_spool(&dir)
-                .map_err(|e| format!("--attachments-dir {}: {e}", dir.display()))
-        })
-        .transpose()?;
+    // Created (and made canonical) at start, after the data directory's own checks.
     Ok(crate::AttachmentLimits {
         dir,
         max_files: at_least_one("max-attachments", a.max_attachments, d.max_files)?,
