@@ -58,6 +58,7 @@ compile_error!("turnstile runs on Linux only (it uses timerfd, pidfd, process gr
 mod access;
 mod agent;
 mod agents;
+mod attachments;
 mod auth;
 #[cfg(feature = "cli")]
 #[doc(hidden)]
@@ -98,6 +99,7 @@ pub use agents::exec::{ExecAgent, ExecOptions};
 #[cfg(feature = "openai")]
 pub use agents::openai::{ApiKey, OpenAiAgent, OpenAiConfig, OpenAiFactory, TlsRoots};
 pub use agents::process::{ProcessAgent, ProcessOptions};
+pub use attachments::{Attachment, AttachmentLimits};
 pub use core::{
     AcceptState, BusyMode, CancelReason, CoreConfig, EventKind, FailReason, MessageEvent, Outcome,
     RejectReason, Reply, ShutdownReport, TurnId,
@@ -109,8 +111,8 @@ pub use journal::{
     StoredMessage, StoredOutcome,
 };
 pub use liveness::{
-    BridgeStatus, ClusterStatus, FrontendStatus, HistoryStatus, HttpStatus, JournalStatus,
-    LinkStatus, PlatformStatus, RecoveryCounts, RuntimeState, ServiceStatus, Status,
+    AttachmentsStatus, BridgeStatus, ClusterStatus, FrontendStatus, HistoryStatus, HttpStatus,
+    JournalStatus, LinkStatus, PlatformStatus, RecoveryCounts, RuntimeState, ServiceStatus, Status,
     SupervisedBridge, SupervisedState,
 };
 pub use message::{Body, ChatType, Command, InvalidInput, Message, MessageContext, SessionKey};

@@ -529,6 +529,26 @@ pub struct LinkStatus {
     pub detail: Option<String>,
 }
 
+/// The attachments spool's bounds and figures (`frontend.attachments`, issue 36).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct AttachmentsStatus {
+    /// The spool directory (`--attachments-dir`).
+    pub dir: String,
+    /// Bytes its files held at the last measure (every 5 s, off the reactor).
+    pub spool_used_bytes: u64,
+    /// Its bound, `--attachments-bytes`: bridges skip a file that does not fit.
+    pub spool_bytes: u64,
+    /// `--max-attachment-bytes`.
+    pub max_file_bytes: u64,
+    /// `--max-attachments`.
+    pub max_files: usize,
+    /// Files deleted since start because their message's route ended.
+    pub released: u64,
+    /// Batches of files left to the start-up sweep (the janitor's queue was full).
+    pub release_dropped: u64,
+}
+
 /// The bridge's figures, for the status snapshot.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct BridgeStatus {
@@ -570,6 +590,9 @@ pub struct BridgeStatus {
     /// The access policy (docs/access.md): notices answered by kind, codes pending.
     #[serde(default)]
     pub access: crate::AccessFigures,
+    /// The attachments spool, when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attachments: Option<AttachmentsStatus>,
 }
 
 /// A cluster member's figures (`--cluster`, docs/cluster.md): what it owns, what waits on

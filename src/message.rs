@@ -445,6 +445,17 @@ pub struct MessageContext {
     /// A JSON object from the bridge (reply-to, attachments, anything the platform adds),
     /// serialized; at most 16 KiB.
     pub meta: Option<Arc<str>>,
+    /// Files sent with the message, in the gateway's spool (or skipped, saying why): see
+    /// [`Attachment`](crate::Attachment). `None` for most messages (one pointer wide: a
+    /// message stays small); read it with [`MessageContext::attachments`].
+    pub attachments: Option<Arc<Vec<crate::Attachment>>>,
+}
+
+impl MessageContext {
+    /// The message's files (empty when it has none).
+    pub fn attachments(&self) -> &[crate::Attachment] {
+        self.attachments.as_deref().map_or(&[], Vec::as_slice)
+    }
 }
 
 /// One inbound message.
@@ -508,6 +519,12 @@ impl Message {
                 problem: "must be a JSON object",
             }),
         }
+    }
+
+    /// Attaches files (the bridge's entries, checked by the caller against the spool).
+    pub fn with_attachments(mut self, attachments: Vec<crate::Attachment>) -> Message {
+        self.context.attachments = (!attachments.is_empty()).then(|| Arc::new(attachments));
+        self
     }
 
     /// Attaches metadata its caller already parsed as a JSON object (the bridge protocol's

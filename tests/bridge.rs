@@ -78,6 +78,8 @@ struct Net {
     kept: usize,
     /// Held turns released, in order.
     released: Vec<TurnId>,
+    /// Spool files handed to the janitor (issue 36).
+    released_files: Vec<String>,
 }
 
 impl Net {
@@ -93,6 +95,7 @@ impl Net {
             journal: Vec::new(),
             kept: 0,
             released: Vec::new(),
+            released_files: Vec::new(),
         }
     }
 
@@ -120,6 +123,7 @@ impl Net {
                 }
                 Action::Journal(r) => self.journal.push(r),
                 Action::StartTurn(turn) => self.released.push(turn),
+                Action::ReleaseFiles(paths) => self.released_files.extend(paths),
                 #[cfg(feature = "cluster")]
                 Action::HandOver(_) | Action::ReleasePartition(_) | Action::Cluster(_) => {
                     unreachable!("no cluster here")
@@ -2712,4 +2716,65 @@ fn a_shutdown_cancel_stays_in_the_journal_and_is_not_answered() {
     n.accept(tag);
     n.event(tag, shutdown);
     assert_eq!(ops(&n.take(c)), ["ack 1 running", "cancelled 1 shutdown"]);
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue 36: attachments name files in the spool only, and leave it with their route.
+
+/// A message may name only regular files inside the gateway's spool (a hostile bridge must
+/// not make an agent read `/etc/passwd`), at most `max_files` of them; an admitted message
+/// reaches the runtime with its files, which are handed to the janitor once its route
+/// ended, never while it runs, and never for a refused message (its bridge may send it
+/// again).
+#[test]
+fn attachments_come_from_the_spool_only_and_leave_it_when_their_route_ends() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let spool = tmp.path().canonicalize().expect("canonical");
+    std::fs::write(spool.join("a.txt"), b"hello").expect("write");
+    let inside = spool.join("a.txt").to_string_lossy().into_owned();
+    let mut config = cfg();
+    config.attachments.dir = Some(spool.clone());
+    config.attachments.max_files = 2;
+    let mut net = Net::new(config);
+    let c = net.connect();
+    net.hello(c, "tg");
+    let entry = |path: &str| {
+        json!({"name": "a.txt", "mime": "text/plain", "size": 5,
+               "sha256": "ab".repeat(32), "path": path})
+    };
+    let with = |id: &str, files: Vec<Value>| json!({"op": "message", "id": id, "chat_id": "1", "text": "see", "attachments": files});
+    net.send(c, with("m1", vec![entry("/etc/passwd")]));
+    net.send(c, with("m2", vec![entry(&inside); 3]));
+    let lines = net.take(c);
+    assert_eq!(ops(&lines), ["reject m1 invalid", "reject m2 invalid"]);
+    let detail = lines[0]["detail"].as_str().expect("detail");
+    assert!(
+        detail.contains("not inside the gateway's attachments directory"),
+        "{detail}"
+    );
+    assert_eq!(
+        lines[1]["detail"],
+        "attachments: more than --max-attachments 2"
+    );
+    assert!(net.order.is_empty(), "nothing refused was submitted");
+    assert!(
+        net.released_files.is_empty(),
+        "a refused message's files stay"
+    );
+
+    net.send(c, with("m3", vec![entry(&inside)]));
+    let tag = net.last_tag();
+    let files = net.sub[&tag].context.attachments();
+    assert_eq!(files.len(), 1);
+    assert_eq!(files[0].path.as_deref(), Some(inside.as_str()));
+    net.accept(tag);
+    assert!(net.released_files.is_empty(), "kept while the turn runs");
+    net.reply(tag, "seen");
+    assert_eq!(net.released_files, [inside]);
+    assert_eq!(ops(&net.take(c)), ["ack m3 running", "reply m3 seen"]);
+    let status = net.b.status().attachments.expect("spool in the status");
+    assert_eq!(
+        (status.max_files, status.dir),
+        (2, spool.display().to_string())
+    );
 }

@@ -8,7 +8,8 @@ use std::time::Duration;
 use proptest::prelude::*;
 use turnstile::internal::journal::{FaultyStore, Journal, JournalConfig, Model, now_ms};
 use turnstile::{
-    ChatType, MemStore, MessageFields, Record, SqliteStore, Store, StoredMessage, StoredOutcome,
+    Attachment, ChatType, MemStore, MessageFields, Record, SqliteStore, Store, StoredMessage,
+    StoredOutcome,
 };
 
 fn message(seq: u64, text: &str) -> StoredMessage {
@@ -20,10 +21,38 @@ fn message(seq: u64, text: &str) -> StoredMessage {
             user_name: seq.is_multiple_of(2).then(|| "Ann".to_string()),
             thread_id: seq.is_multiple_of(4).then(|| "t".to_string()),
             meta: seq.is_multiple_of(3).then(|| "{\"k\":1}".to_string()),
+            // Some messages carry files (issue 36): the store keeps their entries.
+            attachments: if seq.is_multiple_of(5) {
+                attachments(seq)
+            } else {
+                Vec::new()
+            },
             ..MessageFields::new(&format!("m-{seq}"), &format!("c{}", seq % 5), text)
         }, // In the future: the store's housekeeping expires ids by the wall clock.
         now_ms() + 3_600_000 + seq,
     )
+}
+
+/// A file in the spool and one a bound skipped.
+fn attachments(seq: u64) -> Vec<Attachment> {
+    vec![
+        Attachment {
+            name: format!("photo-{seq}.png"),
+            mime: "image/png".into(),
+            size: seq,
+            sha256: Some("ab".repeat(32)),
+            path: Some(format!("/spool/{seq}.png")),
+            skipped: None,
+        },
+        Attachment {
+            name: "big.bin".into(),
+            mime: String::new(),
+            size: 1 << 40,
+            sha256: None,
+            path: None,
+            skipped: Some("larger than --max-attachment-bytes".into()),
+        },
+    ]
 }
 
 fn outcome(seq: u64, text: &str) -> StoredOutcome {

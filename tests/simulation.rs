@@ -512,6 +512,8 @@ impl World {
                     }
                     // No cluster here: nothing is ever drained.
                     Action::ReleasePartition(_) | Action::Cluster(_) => {}
+                    // No message here carries files.
+                    Action::ReleaseFiles(_) => {}
                 }
             }
             for c in closed {

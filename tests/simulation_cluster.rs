@@ -852,6 +852,8 @@ impl World {
                     }
                     // No drain mode: nothing is ever drained.
                     Action::ReleasePartition(_) => {}
+                    // No message here carries files.
+                    Action::ReleaseFiles(_) => {}
                     Action::Cluster(ClusterRequest::Untag(tag)) => {
                         if let Some(at) = g.tags.remove(&tag) {
                             g.back.remove(&at);

@@ -153,6 +153,7 @@ fn parse_message(obj: &Map<String, Value>) -> Result<ClientOp, LineError> {
     Ok(ClientOp::Message(MessageFields {
         chat_id: required("chat_id")?,
         text: required("text")?,
+        attachments: Vec::new(),
         platform: optional("platform")?,
         user_id: optional("user_id")?,
         user_name: optional("user_name")?,

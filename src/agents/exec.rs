@@ -86,7 +86,10 @@ impl ExecAgent {
         // Trees whose leftovers have all exited need nothing more than their leader reaped.
         self.leftovers
             .retain_mut(|c| c.has_descendants() || !c.kill());
-        let env = self.options.env.build(&turn_vars(input));
+        let files = crate::attachments::to_json(input.context.attachments());
+        let mut vars = turn_vars(input).to_vec();
+        vars.push(("TURNSTILE_ATTACHMENTS", &files));
+        let env = self.options.env.build(&vars);
         let mut child = ContainedChild::spawn(&self.command, &env)
             .map_err(|e| failed("cannot run agent command", e))?;
         if let Some(stderr) = child.stderr.take() {
@@ -320,6 +323,7 @@ mod tests {
             user_id: Some("7".into()),
             user_name: Some("Ann".into()),
             meta: Some(r#"{"reply_to":"m-8"}"#.into()),
+            ..MessageContext::default()
         };
         let input = TurnInput {
             session: &key,

@@ -58,6 +58,22 @@ struct GatewayArgs {
     /// told to the sender at once. Default 1,000.
     #[arg(long, value_name = "N", default_value_t = crate::platforms::gateway::DEFAULT_MAX_HELD)]
     max_held_messages: usize,
+    /// The gateway's attachments spool (its `--attachments-dir`, on this host): the files
+    /// of the platform's messages are downloaded there, bounded. Without it they reach the
+    /// agent named, not fetched (Telegram and Matrix).
+    #[arg(long, value_name = "DIR")]
+    attachments_dir: Option<std::path::PathBuf>,
+    /// Largest file downloaded; a larger one reaches the agent named, with the reason, and
+    /// its sender is told. Default 20 MiB.
+    #[arg(long, value_name = "BYTES")]
+    max_attachment_bytes: Option<crate::cli::units::Bytes>,
+    /// Files of one message downloaded; the others are named, not fetched. Default 10.
+    #[arg(long, value_name = "N")]
+    max_attachments: Option<usize>,
+    /// Bytes the spool may hold; a file that does not fit is named, not fetched. Default
+    /// 1 GiB.
+    #[arg(long, value_name = "BYTES")]
+    attachments_bytes: Option<crate::cli::units::Bytes>,
     /// How long a message is sent again (after retryable refusals, or while the gateway is
     /// away) before the bridge gives up and tells its sender, once. Default 10 min.
     #[arg(long, value_name = "DURATION", default_value = "10m")]
@@ -65,12 +81,33 @@ struct GatewayArgs {
 }
 
 impl GatewayArgs {
+    /// The spool (which must exist: the gateway made it) and its bounds.
+    fn attachment_limits(&self) -> Result<crate::AttachmentLimits, String> {
+        let d = crate::AttachmentLimits::default();
+        let dir = match &self.attachments_dir {
+            None => None,
+            Some(dir) => Some(
+                dir.canonicalize()
+                    .map_err(|e| format!("--attachments-dir {}: {e}", dir.display()))?,
+            ),
+        };
+        Ok(crate::AttachmentLimits {
+            dir,
+            max_files: self.max_attachments.unwrap_or(d.max_files),
+            max_file_bytes: self
+                .max_attachment_bytes
+                .map_or(d.max_file_bytes, |b| b.0 as u64),
+            spool_bytes: self.attachments_bytes.map_or(d.spool_bytes, |b| b.0 as u64),
+        })
+    }
+
     fn config(&self, platform: &str) -> Result<GatewayConfig, String> {
         let token = token_from_env(&self.gateway_token_env)?;
         let mut config = GatewayConfig::new(&self.gateway, platform, token);
         config.max_line_bytes = self.max_line_bytes;
         config.max_held = self.max_held_messages;
         config.max_hold = Duration::from_secs_f64(self.max_hold.0);
+        config.attachments = self.attachment_limits()?;
         if let Some(ca) = &self.gateway_tls_ca {
             config.tls = Some(crate::platforms::tls::client_config(
                 Some(ca),

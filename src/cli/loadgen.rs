@@ -96,6 +96,7 @@ fn message(id: String, platform: Option<&str>, chat_id: String, text: String) ->
         thread_id: None,
         meta: None,
         text,
+        attachments: Vec::new(),
     })
     .line()
 }

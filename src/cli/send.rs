@@ -43,6 +43,14 @@ pub(crate) struct SendArgs {
     /// reply.
     #[arg(long)]
     stream: bool,
+    /// A file to send with the message (repeatable). It is copied into the gateway's spool
+    /// (--attachments-dir), so `send` runs on the gateway's host.
+    #[arg(long = "attach", value_name = "PATH", requires = "attachments_dir")]
+    attach: Vec<std::path::PathBuf>,
+    /// The gateway's attachments spool (its `--attachments-dir`; it logs the spool at
+    /// start-up when it made a temporary one).
+    #[arg(long, value_name = "DIR")]
+    attachments_dir: Option<std::path::PathBuf>,
     #[command(flatten)]
     tls: crate::platforms::tls::ClientTlsArgs,
     /// The message text.
@@ -63,6 +71,44 @@ pub(crate) fn run(args: SendArgs) -> i32 {
             1
         }
     }
+}
+
+/// The `--attach` files copied into the spool (streamed, their SHA-256 computed, the
+/// default bounds applied): one entry each. A file past a bound is an error, not a skipped
+/// entry: the person running `send` is there to be told.
+fn copy_attachments(
+    args: &SendArgs,
+    id: &str,
+) -> Result<Vec<crate::Attachment>, Box<dyn std::error::Error>> {
+    let Some(dir) = &args.attachments_dir else {
+        return Ok(Vec::new());
+    };
+    let limits = crate::AttachmentLimits {
+        dir: Some(
+            dir.canonicalize()
+                .map_err(|e| format!("--attachments-dir {}: {e}", dir.display()))?,
+        ),
+        ..crate::AttachmentLimits::default()
+    };
+    let mut entries = Vec::new();
+    for (i, path) in args.attach.iter().enumerate() {
+        let shown = path.display();
+        let mut file = std::fs::File::open(path).map_err(|e| format!("--attach {shown}: {e}"))?;
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        let offered = crate::platforms::spool::Offered {
+            name: crate::platforms::spool::clean_name(name.as_deref().unwrap_or("file")),
+            mime: String::new(),
+            size: file.metadata().ok().map(|m| m.len()),
+        };
+        let entry =
+            crate::platforms::spool::store(&limits, &offered, &format!("{id}-{i}"), &mut file);
+        if let Some(why) = &entry.skipped {
+            crate::platforms::spool::discard(&entries);
+            return Err(format!("--attach {shown}: {why}").into());
+        }
+        entries.push(entry);
+    }
+    Ok(entries)
 }
 
 /// A connection error in words: refused, timed out, unreachable.
@@ -111,6 +157,7 @@ fn exchange(args: &SendArgs) -> Result<i32, Box<dyn std::error::Error>> {
         thread_id: None,
         meta: meta.map(|m| m.to_string()),
         text: args.text.join(" "),
+        attachments: copy_attachments(args, &id)?,
     });
     writeln!(stream, "{}\n{}", hello.line(), message.line())
         .and_then(|()| stream.flush())

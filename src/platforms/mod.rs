@@ -85,6 +85,7 @@ pub(crate) mod replies;
 pub(crate) mod secrets;
 pub(crate) mod slack;
 pub(crate) mod split;
+pub(crate) mod spool;
 pub(crate) mod telegram;
 pub(crate) mod tls;
 pub(crate) mod websocket;

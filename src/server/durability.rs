@@ -2,6 +2,8 @@
 //! ([`BridgeServer::with_journal`]), or a cluster member's in Redis
 //! ([`BridgeServer::with_cluster`], the cluster's shell `crate::cluster::shell::Member`).
 
+use std::collections::HashSet;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use super::{BridgeServer, RecoveryCounts};
@@ -24,9 +26,36 @@ impl BridgeServer {
         }
         let wall = crate::journal::now_ms();
         let recovered = store.load(wall)?;
+        // A message whose turn has not ended still needs its files; every other file in the
+        // spool is an orphan of the last run.
+        let keep = recovered
+            .messages
+            .iter()
+            .filter(|m| m.outcome.is_none())
+            .flat_map(|m| &m.message.fields.attachments)
+            .filter_map(|a| a.path.as_deref().map(std::path::PathBuf::from))
+            .collect();
+        self.sweep_spool(&keep);
         let counts = self.bridge.recover(recovered, wall, Duration::ZERO);
         self.store = Some((Box::new(store), cfg));
         Ok((self, counts))
+    }
+
+    /// Removes the spool's files (`--attachments-dir`) that no message in `keep` names: the
+    /// orphans of an earlier run. Called once, before the server runs; a failure is logged
+    /// (the spool's bound still holds: a bridge skips what does not fit).
+    pub(crate) fn sweep_spool(&self, keep: &HashSet<PathBuf>) {
+        let Some(dir) = &self.bridge.config().attachments.dir else {
+            return;
+        };
+        match crate::attachments::sweep(dir, keep) {
+            Ok(0) => {}
+            Ok(n) => log::info!(
+                "attachments: removed {n} orphan file(s) from {}",
+                dir.display()
+            ),
+            Err(e) => log::warn!("attachments: cannot sweep {}: {e}", dir.display()),
+        }
     }
 
     /// Makes the server a cluster member (`--cluster`, docs/cluster.md): messages are

@@ -170,6 +170,8 @@ pub struct BridgeServer {
     /// `--cluster`: the reader and what starts with the server.
     /// The cluster member's parts (`--cluster`; inert otherwise).
     cluster: Member,
+    /// Deletes ended messages' files from the spool, off the reactor (with a spool only).
+    janitor: Option<crate::attachments::Janitor>,
 }
 
 impl BridgeServer {
@@ -198,6 +200,10 @@ impl BridgeServer {
             ])?)
         } else {
             None
+        };
+        let janitor = match &cfg.bridge.attachments.dir {
+            Some(dir) => Some(crate::attachments::Janitor::start(dir.clone())?),
+            None => None,
         };
         let mut bridge = Bridge::new(cfg.bridge);
         bridge.set_wall_clock(crate::journal::now_ms());
@@ -231,6 +237,7 @@ impl BridgeServer {
             journal_wake: None,
             journal_wakes: 0,
             cluster: Member::default(),
+            janitor,
         })
     }
 
@@ -487,6 +494,10 @@ impl BridgeServer {
                 (Action::ReleasePartition(p), _) => self.cluster.release_drained(p),
                 (Action::Cluster(r), _) => self.cluster.request(r),
                 (Action::Close(id), _) => self.drop_socket(id),
+                (Action::ReleaseFiles(paths), _) => match &self.janitor {
+                    Some(j) => j.release(paths),
+                    None => log::debug!("no spool janitor: {} file(s) kept", paths.len()),
+                },
                 (Action::Journal(r), _) => match &self.journal {
                     Some(j) => j.send(r),
                     None => log::error!("no journal thread; record {} not written", r.seq()),
@@ -798,6 +809,9 @@ impl Frontend for BridgeServer {
         status.tls = self.tls.is_some();
         status.tls_cert_not_after_unix_s = self.tls.as_ref().and_then(ServerTls::not_after_unix_s);
         self.cluster.fill_status(&self.bridge, &mut status);
+        if let (Some(a), Some(j)) = (&mut status.attachments, &self.janitor) {
+            (a.spool_used_bytes, a.released, a.release_dropped) = j.figures();
+        }
         if let Some(j) = &mut status.journal {
             j.wakes = self.journal_wakes;
             if let Some(journal) = &self.journal {

@@ -16,6 +16,7 @@ use std::ops::Not;
 
 use serde::{Deserialize, Serialize, Serializer};
 
+use crate::attachments::Attachment;
 use crate::message::ChatType;
 
 mod line;
@@ -125,6 +126,9 @@ pub struct MessageFields {
     pub meta: Option<String>,
     /// Text (commands start with a slash).
     pub text: String,
+    /// Files the bridge put in the gateway's spool (or skipped, saying why).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<Attachment>,
 }
 
 impl MessageFields {
@@ -141,6 +145,7 @@ impl MessageFields {
             thread_id: None,
             meta: None,
             text: text.to_owned(),
+            attachments: Vec::new(),
         }
     }
 }

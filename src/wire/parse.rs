@@ -132,6 +132,10 @@ fn parse_message(obj: &mut Fields<'_>) -> Result<ClientOp, LineError> {
         Some(v @ Value::Object(_)) => Some(v.to_string()),
         Some(_) => return Err(invalid("meta must be a JSON object or null".into())),
     };
+    let attachments = match obj.attachments.take() {
+        None | Some(Value::Null) => Vec::new(),
+        Some(v) => crate::attachments::parse_list(v).map_err(invalid)?,
+    };
     let chat_id = required("chat_id", std::mem::take(&mut obj.chat_id))?;
     let text = required("text", std::mem::take(&mut obj.text))?;
     let platform = optional("platform", std::mem::take(&mut obj.platform))?;
@@ -148,6 +152,7 @@ fn parse_message(obj: &mut Fields<'_>) -> Result<ClientOp, LineError> {
         meta,
         thread_id,
         text,
+        attachments,
     }))
 }
 
@@ -222,6 +227,8 @@ pub(super) struct Fields<'a> {
     pub ids: Option<Vec<Cow<'a, str>>>,
     /// `meta` as `Value` has it (rare; the agent gets it re-serialized, keys sorted).
     pub meta: Option<Value>,
+    /// `attachments` as `Value` has it (rare; typed once the line parsed).
+    pub attachments: Option<Value>,
 }
 
 /// Parses `line` as one JSON value into `fields`, the errors those of
@@ -269,6 +276,10 @@ impl<'de> Visitor<'de> for LineVisitor<'_, 'de> {
                 }
                 "meta" => {
                     fields.meta = Some(map.next_value::<Value>()?);
+                    continue;
+                }
+                "attachments" => {
+                    fields.attachments = Some(map.next_value::<Value>()?);
                     continue;
                 }
                 _ => {

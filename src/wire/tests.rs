@@ -237,6 +237,7 @@ mod round_trip {
                         thread_id,
                         meta,
                         text,
+                        attachments: Vec::new(),
                     }
                 },
             )
@@ -466,6 +467,40 @@ mod round_trip {
             if let Some(streamed) = streamed(&op) {
                 prop_assert_eq!(streamed, line);
             }
+        }
+    }
+}
+
+/// `attachments` (issue 36) is parsed into typed entries; anything else is refused
+/// `invalid`, naming the field.
+#[test]
+fn a_message_carries_typed_attachments_and_bad_ones_are_invalid() {
+    let sha = "ab".repeat(32);
+    let line = format!(
+        r#"{{"op":"message","id":"m","chat_id":"1","text":"t","attachments":[{{"name":"a.png","mime":"image/png","size":3,"sha256":"{sha}","path":"/s/a.png"}},{{"name":"b","size":9,"skipped":"too big"}}]}}"#
+    );
+    let ClientOp::Message(m) = parse_line(line.as_bytes()).expect("parsed") else {
+        panic!("not a message");
+    };
+    assert_eq!(m.attachments.len(), 2);
+    assert_eq!(m.attachments[0].path.as_deref(), Some("/s/a.png"));
+    assert_eq!(m.attachments[1].skipped.as_deref(), Some("too big"));
+    // Written back by a bridge, the line parses to the same fields.
+    let again = parse_line(ClientOp::Message(m.clone()).line().as_bytes()).expect("again");
+    assert_eq!(again, ClientOp::Message(m));
+    for bad in [
+        r#""x""#,
+        r#"[1]"#,
+        r#"[{"name":"a","size":-1}]"#,
+        r#"{"name":"a"}"#,
+    ] {
+        let line =
+            format!(r#"{{"op":"message","id":"m","chat_id":"1","text":"t","attachments":{bad}}}"#);
+        match parse_line(line.as_bytes()) {
+            Err(LineError::Invalid { detail, .. }) => {
+                assert!(detail.starts_with("attachments must be a list"), "{detail}")
+            }
+            other => panic!("{bad}: {other:?}"),
         }
     }
 }

@@ -180,6 +180,7 @@ mod tests {
             user_id: Some("u42".into()),
             user_name: Some("Alice".into()),
             meta: Some(r#"{"reply_to":"m7"}"#.into()),
+            ..MessageContext::default()
         };
         assert_eq!(user_content("hi", &ctx, false), "hi");
         assert_eq!(

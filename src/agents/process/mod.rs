@@ -404,6 +404,7 @@ mod tests {
             user_id: Some("7".into()),
             user_name: Some("Ann".into()),
             meta: Some(r#"{"reply_to":"m-8"}"#.into()),
+            ..MessageContext::default()
         };
         let input = TurnInput {
             session: &key,

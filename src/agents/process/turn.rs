@@ -103,6 +103,7 @@ fn turn_line(input: &TurnInput<'_>) -> Value {
         "user_id": context.user_id.as_deref().or(s.user_id()),
         "user_name": context.user_name.as_deref(),
         "meta": meta,
+        "attachments": context.attachments(),
         "platform": s.platform(),
         "chat_id": s.chat_id(),
         "chat_type": s.chat_type().as_str(),
@@ -306,4 +307,45 @@ fn bounded(mut text: String) -> String {
         text.push('…');
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::Partials;
+    use crate::message::{MessageContext, SessionKey};
+
+    /// The turn line names the message's files as the bridge protocol does (issue 36), and
+    /// an empty list when it has none.
+    #[test]
+    fn the_turn_line_carries_the_attachments() {
+        let key = SessionKey::dm("tg", "42").expect("key");
+        let entry = crate::Attachment {
+            name: "cat.png".into(),
+            mime: "image/png".into(),
+            size: 3,
+            sha256: Some("ab".repeat(32)),
+            path: Some("/spool/cat.png".into()),
+            skipped: None,
+        };
+        let with_files = MessageContext {
+            attachments: Some(Arc::new(vec![entry])),
+            ..MessageContext::default()
+        };
+        let line = |context: &MessageContext| {
+            turn_line(&TurnInput {
+                session: &key,
+                message_id: "m-1",
+                text: "look",
+                context,
+                partials: &Partials::discard(),
+            })
+        };
+        assert_eq!(
+            line(&with_files)["attachments"],
+            json!([{"name": "cat.png", "mime": "image/png", "size": 3,
+                    "sha256": "ab".repeat(32), "path": "/spool/cat.png"}])
+        );
+        assert_eq!(line(&MessageContext::default())["attachments"], json!([]));
+    }
 }

@@ -348,6 +348,21 @@ pub(crate) struct ServeArgs {
     /// Accepted messages waiting for the journal at once before `reject overloaded`.
     #[arg(long)]
     pub(super) max_pending_durable: Option<usize>,
+    /// The spool: the only directory whose files a message's `attachments` may name (a path
+    /// outside it is refused `invalid`); default `<data-dir>/attachments`, else a private
+    /// temporary directory. Files no journaled message names are removed at start-up.
+    #[arg(long, value_name = "DIR")]
+    pub(super) attachments_dir: Option<PathBuf>,
+    /// Largest attachment: a bridge skips a larger file (the entry kept, `skipped` saying
+    /// why), the gateway refuses a message naming one.
+    #[arg(long)]
+    pub(super) max_attachment_bytes: Option<Bytes>,
+    /// Attachments one message may carry (more: `reject invalid`).
+    #[arg(long)]
+    pub(super) max_attachments: Option<usize>,
+    /// Bytes the spool may hold in all: a bridge skips a file that does not fit.
+    #[arg(long)]
+    pub(super) attachments_bytes: Option<Bytes>,
     /// Run as one of several instances sharing this Redis (`redis://HOST:PORT`): sessions
     /// are partitioned across them by fenced leases (docs/cluster.md). Exclusive with
     /// --data-dir.
@@ -423,6 +438,7 @@ pub(super) const DEFAULT_LEASE_MS: u64 = 3000;
 pub(crate) fn defaults() -> Vec<(&'static str, String)> {
     let core = CoreConfig::default();
     let bridge = BridgeConfig::default();
+    let files = &bridge.attachments;
     let secs = |d: Duration| Seconds(d.as_secs_f64()).to_string();
     let bytes = |n: usize| Bytes(n).to_string();
     let lower = |v: &dyn std::fmt::Debug| format!("{v:?}").to_lowercase();
@@ -492,6 +508,10 @@ pub(crate) fn defaults() -> Vec<(&'static str, String)> {
             "max-pending-durable",
             bridge.max_pending_durable.to_string(),
         ),
+        ("attachments-dir", "<data-dir>/attachments".into()),
+        ("max-attachment-bytes", bytes(files.max_file_bytes as usize)),
+        ("max-attachments", files.max_files.to_string()),
+        ("attachments-bytes", bytes(files.spool_bytes as usize)),
         ("access-default", "pairing".into()),
         ("instance-id", "hostname:pid:random".into()),
         ("partitions", DEFAULT_PARTITIONS.to_string()),

@@ -247,7 +247,7 @@ impl Bridges {
     pub(super) fn start(
         specs: &[BridgeSpec],
         gateway: SocketAddr,
-        token: Option<&str>,
+        (token, spool): (Option<&str>, &[String]),
         log_json: bool,
         board: &Board,
     ) -> Bridges {
@@ -270,6 +270,7 @@ impl Bridges {
                     needs,
                     gateway,
                     token: token.map(str::to_owned),
+                    spool: spool.to_vec(),
                     log_json,
                     board: board.clone(),
                 };
@@ -323,8 +324,27 @@ struct Launch {
     needs: BridgeNeeds,
     gateway: SocketAddr,
     token: Option<String>,
+    /// The gateway's spool and bounds as bridge flags ([`spool_args`]).
+    spool: Vec<String>,
     log_json: bool,
     board: Board,
+}
+
+/// The spool and its bounds as the flags a bridge takes (issue 36): each supervised bridge
+/// downloads its platform's files where the gateway admits them.
+pub(super) fn spool_args(limits: &crate::AttachmentLimits) -> Vec<String> {
+    let Some(dir) = &limits.dir else {
+        return Vec::new();
+    };
+    [
+        ("--attachments-dir", dir.display().to_string()),
+        ("--max-attachment-bytes", limits.max_file_bytes.to_string()),
+        ("--max-attachments", limits.max_files.to_string()),
+        ("--attachments-bytes", limits.spool_bytes.to_string()),
+    ]
+    .into_iter()
+    .flat_map(|(flag, value)| [flag.to_owned(), value])
+    .collect()
 }
 
 impl Launch {
@@ -340,6 +360,19 @@ impl Launch {
             .arg("--gateway")
             .arg(self.gateway.to_string())
             .args(&self.spec.args)
+            // The gateway's own spool, unless the table names one.
+            .args(
+                if self
+                    .spec
+                    .args
+                    .iter()
+                    .any(|a| a.starts_with("--attachments-dir"))
+                {
+                    &[][..]
+                } else {
+                    &self.spool[..]
+                },
+            )
             .stdin(Stdio::null())
             // Its `ready:` line is not serve's stdout; its log is copied into serve's.
             .stdout(Stdio::null())

@@ -49,7 +49,7 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
         .map_err(StartError::from)
         .and_then(|s| preflight(s, check_only));
     let Preflight {
-        settings: s,
+        settings: mut s,
         factory,
         picks,
         data,
@@ -72,6 +72,10 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
     );
     warn_secrets_on_command_line(&s);
     raise_fd_limit();
+    if let Err(e) = private_spool(&mut s) {
+        fatal(log_json, &e);
+        return e.code();
+    }
     // Held until the process ends: the data directory is this gateway's alone.
     let (_lock, store) = match data {
         Some((lock, store)) => (Some(lock), Some(store)),
@@ -99,6 +103,30 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
             return e.code();
         }
     };
+    announce(&s, addr, http_addr);
+    let bridges = (!s.bridges.is_empty()).then(|| {
+        let token = s.bridge.auth_token.as_deref();
+        let spool = bridges::spool_args(&s.bridge.attachments);
+        bridges::Bridges::start(&s.bridges, addr, (token, &spool), log_json, &board)
+    });
+    let mut code = serve_until_stopped(runtime, ops, &forced);
+    if code == 0 && unfinished.load(std::sync::atomic::Ordering::SeqCst) {
+        // Logged at ERROR by the server: what it did not write is recovered as after a crash.
+        code = RETRYABLE;
+    }
+    if let Some(b) = bridges {
+        b.stop();
+    }
+    if s.agents.iter().any(|a| a.kind != AgentKind::Echo) {
+        // Closing each agent killed its processes; this catches anything a close left.
+        child::kill_all();
+    }
+    code
+}
+
+/// Says where the gateway listens (the first stdout lines, which tests and supervisors wait
+/// for) and what it serves.
+fn announce(s: &Settings, addr: std::net::SocketAddr, http_addr: Option<std::net::SocketAddr>) {
     let mut stdout = std::io::stdout().lock();
     let _ = writeln!(stdout, "listening on {addr}");
     if let Some(h) = http_addr {
@@ -120,23 +148,6 @@ pub(crate) fn run(args: ServeArgs, log_json: bool) -> i32 {
             tls.cert_path().display()
         );
     }
-    let bridges = (!s.bridges.is_empty()).then(|| {
-        let token = s.bridge.auth_token.as_deref();
-        bridges::Bridges::start(&s.bridges, addr, token, log_json, &board)
-    });
-    let mut code = serve_until_stopped(runtime, ops, &forced);
-    if code == 0 && unfinished.load(std::sync::atomic::Ordering::SeqCst) {
-        // Logged at ERROR by the server: what it did not write is recovered as after a crash.
-        code = RETRYABLE;
-    }
-    if let Some(b) = bridges {
-        b.stop();
-    }
-    if s.agents.iter().any(|a| a.kind != AgentKind::Echo) {
-        // Closing each agent killed its processes; this catches anything a close left.
-        child::kill_all();
-    }
-    code
 }
 
 /// Raises the open-file limit to the hard limit, saying what it is.
@@ -252,6 +263,29 @@ fn build_runtime(
 
 /// The bridge server on `--listen`, with its journal (opened by `preflight`) recovered when
 /// `--data-dir` is set.
+/// The spool is made here, once (not on every reload), and named by its canonical path:
+/// the directory configured, else a private temporary one; the supervised bridges are
+/// given it too.
+fn private_spool(s: &mut Settings) -> Result<(), StartError> {
+    if let Some(dir) = &s.bridge.attachments.dir {
+        let made = crate::attachments::open_spool(dir)
+            .map_err(|e| exit::io_error(&e, format!("--attachments-dir {}: {e}", dir.display())))?;
+        s.bridge.attachments.dir = Some(made);
+        return Ok(());
+    }
+    let dir = settings::private_temp_dir()
+        .and_then(|d| d.canonicalize())
+        .map_err(|e| {
+            exit::io_error(
+                &e,
+                format!("--attachments-dir: cannot create a private temporary directory: {e}"),
+            )
+        })?;
+    log::info!("attachments spool: {}", dir.display());
+    s.bridge.attachments.dir = Some(dir);
+    Ok(())
+}
+
 fn bind_bridge(s: &Settings, store: Option<SqliteStore>) -> Result<BridgeServer, StartError> {
     // Well past every shutdown deadline: drain, grace, cleanup, the flush budget, then the
     // wait for delivery confirmations.
@@ -281,6 +315,8 @@ fn bind_bridge(s: &Settings, store: Option<SqliteStore>) -> Result<BridgeServer,
         return join_cluster(server, s, c);
     }
     let (Some(dir), Some(store)) = (&s.data_dir, store) else {
+        // Nothing is journaled: every file a previous run left is an orphan.
+        server.sweep_spool(&Default::default());
         return Ok(server);
     };
     server.persist_access(dir).map_err(|e| {

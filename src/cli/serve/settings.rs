@@ -201,6 +201,7 @@ pub(super) fn bridge_config(a: &ServeArgs, max_reply_bytes: usize) -> Result<Bri
             false,
         )?,
         dedup_max: at_least_one("dedup-max", a.dedup_max, bridge_default.dedup_max)?,
+        attachments: attachment_limits(a)?,
         ..BridgeConfig::default()
     };
     // Admission keeps every owed envelope plus one largest result within --outbox-bytes.
@@ -213,6 +214,50 @@ pub(super) fn bridge_config(a: &ServeArgs, max_reply_bytes: usize) -> Result<Bri
         ));
     }
     Ok(bridge)
+}
+
+/// The spool and its bounds (`--attachments-dir` …); the directory is made at start
+/// (`private_spool`), owner-only, and named by its canonical path.
+fn attachment_limits(a: &ServeArgs) -> Result<crate::AttachmentLimits, String> {
+    let d = crate::AttachmentLimits::default();
+    // Without either, a private temporary directory made once at start (`spool_dir`), not on
+    // every reload.
+    let dir = match (&a.attachments_dir, &a.data_dir) {
+        (Some(dir), _) => Some(dir.clone()),
+        (None, Some(data)) => Some(data.join("attachments")),
+        (None, None) => None,
+    };
+    // Created (and made canonical) at start, after the data directory's own checks.
+    Ok(crate::AttachmentLimits {
+        dir,
+        max_files: at_least_one("max-attachments", a.max_attachments, d.max_files)?,
+        max_file_bytes: at_least_one(
+            "max-attachment-bytes",
+            a.max_attachment_bytes.map(|b| b.0),
+            d.max_file_bytes as usize,
+        )? as u64,
+        spool_bytes: at_least_one(
+            "attachments-bytes",
+            a.attachments_bytes.map(|b| b.0),
+            d.spool_bytes as usize,
+        )? as u64,
+    })
+}
+
+/// A new directory only this user may enter, under the system's temporary directory
+/// (`mkdtemp`: never one another user created in advance).
+pub(super) fn private_temp_dir() -> std::io::Result<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let template = std::env::temp_dir().join("turnstile-attachments-XXXXXX");
+    let mut raw = template.as_os_str().as_bytes().to_vec();
+    raw.push(0);
+    // SAFETY: `raw` is a NUL-terminated, writable buffer that mkdtemp fills in place.
+    let made = unsafe { libc::mkdtemp(raw.as_mut_ptr().cast()) };
+    if made.is_null() {
+        return Err(std::io::Error::last_os_error());
+    }
+    raw.pop();
+    Ok(PathBuf::from(std::ffi::OsStr::from_bytes(&raw)))
 }
 
 /// The HTTP endpoint's address and bounds, or `None` for `--http-listen off`.

@@ -182,6 +182,17 @@ fn message_of(
         thread_id: s("th"),
         meta: s("meta"),
         text: need("tx")?,
+        attachments: match s("att") {
+            None => Vec::new(),
+            Some(text) => serde_json::from_str(&text)
+                .map_err(|e| e.to_string())
+                .and_then(crate::attachments::parse_list)
+                .map_err(|e| {
+                    StoreError::untrusted(format!(
+                        "redis: partition {partition}, message {seq}: field att: {e}"
+                    ))
+                })?,
+        },
     };
     let message = StoredMessage {
         seq,

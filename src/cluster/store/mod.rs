@@ -723,6 +723,9 @@ impl RedisStore {
                     .arg(&self.generation)
                     .arg(self.marks.get(&partition).copied().unwrap_or(0));
                 let f = &m.fields;
+                // Absent when none: a message without files is stored as it always was.
+                let attachments = (!f.attachments.is_empty())
+                    .then(|| crate::attachments::to_json(&f.attachments));
                 for (k, v) in [
                     ("p", Some(m.platform())),
                     ("i", Some(f.id.as_str())),
@@ -733,6 +736,7 @@ impl RedisStore {
                     ("u", f.user_id.as_deref()),
                     ("un", f.user_name.as_deref()),
                     ("meta", f.meta.as_deref()),
+                    ("att", attachments.as_deref()),
                 ] {
                     if let Some(v) = v {
                         c.arg(k).arg(v);

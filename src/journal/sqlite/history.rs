@@ -224,6 +224,7 @@ mod tests {
             thread_id: None,
             meta: None,
             text: "hi".into(),
+            attachments: Vec::new(),
         };
         Record::Accepted(StoredMessage::new(seq, "t", fields, now_ms() + 60_000))
     }

@@ -86,7 +86,7 @@ impl SqliteStore {
         let mut stmt = db
             .prepare(
                 "SELECT seq, platform, id, chat_type, chat_id, thread_id, user_id, user_name, meta,
-                 text, dedup_until, sum, starts, outcome FROM messages ORDER BY seq",
+                 text, dedup_until, sum, starts, outcome, attachments FROM messages ORDER BY seq",
             )
             .map_err(damaged)?;
         let mut rows = stmt.query([]).map_err(damaged)?;
@@ -150,7 +150,11 @@ impl SqliteStore {
         let tx = db.transaction().map_err(&fail)?;
         for d in bad {
             tx.prepare_cached(
-                "INSERT INTO quarantine SELECT *, ?2, ?3 FROM messages WHERE seq = ?1",
+                "INSERT INTO quarantine (seq, platform, id, chat_type, chat_id, thread_id, user_id,
+                 user_name, meta, text, dedup_until, sum, starts, outcome, reason, at,
+                 attachments) SELECT seq, platform, id, chat_type, chat_id, thread_id, user_id,
+                 user_name, meta, text, dedup_until, sum, starts, outcome, ?2, ?3, attachments
+                 FROM messages WHERE seq = ?1",
             )
             .and_then(|mut s| s.execute(params![d.seq, d.reason, now as i64]))
             .map_err(&fail)?;
@@ -199,6 +203,19 @@ impl SqliteStore {
     }
 }
 
+/// The `attachments` column: NULL (none, or a row from before the column) or the JSON list.
+fn attachments_column(text: Option<String>) -> rusqlite::Result<Vec<crate::Attachment>> {
+    let Some(text) = text else {
+        return Ok(Vec::new());
+    };
+    serde_json::from_str::<serde_json::Value>(&text)
+        .map_err(|e| e.to_string())
+        .and_then(crate::attachments::parse_list)
+        .map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(14, rusqlite::types::Type::Text, e.into())
+        })
+}
+
 fn message_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<MessageRow> {
     let seq: i64 = row.get(0)?;
     let chat_type: String = row.get(3)?;
@@ -216,6 +233,7 @@ fn message_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<MessageRow> {
         thread_id: row.get(5)?,
         meta: row.get(8)?,
         text: row.get(9)?,
+        attachments: attachments_column(row.get(14)?)?,
     };
     let message = StoredMessage {
         seq: seq as u64,

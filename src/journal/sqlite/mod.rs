@@ -40,6 +40,7 @@ use super::{
 };
 use crate::journal::memory::{HistoryLimits, MemoryLoader};
 use crate::liveness::HistoryStatus;
+use crate::wire::MessageFields;
 use reserve::Reserve;
 
 /// The file inside the data directory.
@@ -371,7 +372,10 @@ fn message_sum(m: &StoredMessage) -> u64 {
         u8::from(f.user_name.is_some()),
         u8::from(f.meta.is_some()),
     ];
-    checksum(&[
+    let attachments = attachments_text(f);
+    // A row without attachments sums as it did before the column existed.
+    let with_files = attachments.as_deref().map(str::as_bytes);
+    let parts: [&[u8]; 13] = [
         &m.seq.to_le_bytes(),
         m.platform().as_bytes(),
         f.id.as_bytes(),
@@ -384,7 +388,14 @@ fn message_sum(m: &StoredMessage) -> u64 {
         f.text.as_bytes(),
         &m.dedup_until_ms.to_le_bytes(),
         &present,
-    ])
+        with_files.unwrap_or_default(),
+    ];
+    checksum(&parts[..parts.len() - usize::from(with_files.is_none())])
+}
+
+/// The `attachments` column's text: the JSON list, or NULL when there are none.
+fn attachments_text(f: &MessageFields) -> Option<String> {
+    (!f.attachments.is_empty()).then(|| crate::attachments::to_json(&f.attachments))
 }
 
 /// `[head len u32][head][text len u32][text][tail][checksum u64]`, little-endian.
@@ -471,14 +482,15 @@ fn write_record(tx: &Transaction<'_>, r: &Record) -> rusqlite::Result<i64> {
                 f.text,
                 m.dedup_until_ms as i64,
                 message_sum(m) as i64,
+                attachments_text(f),
             ];
             // A new row, or (the same number accepted again) the old one replaced whole, its
             // starts and outcome cleared: counted apart, so the row count stays exact.
             let added = tx
                 .prepare_cached(
                     "INSERT INTO messages (seq, platform, id, chat_type, chat_id, thread_id,
-                     user_id, user_name, meta, text, dedup_until, sum) VALUES
-                     (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+                     user_id, user_name, meta, text, dedup_until, sum, attachments) VALUES
+                     (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
                      ON CONFLICT (seq) DO NOTHING",
                 )?
                 .execute(columns)?;
@@ -486,7 +498,8 @@ fn write_record(tx: &Transaction<'_>, r: &Record) -> rusqlite::Result<i64> {
                 tx.prepare_cached(
                     "UPDATE messages SET platform = ?2, id = ?3, chat_type = ?4, chat_id = ?5,
                      thread_id = ?6, user_id = ?7, user_name = ?8, meta = ?9, text = ?10,
-                     dedup_until = ?11, sum = ?12, starts = 0, outcome = NULL WHERE seq = ?1",
+                     dedup_until = ?11, sum = ?12, attachments = ?13, starts = 0, outcome = NULL
+                     WHERE seq = ?1",
                 )?
                 .execute(columns)?;
             }

@@ -113,6 +113,11 @@ impl SqliteStore {
                 StoreErrorKind::Transient,
             ))?;
         }
+        add_attachments_column(&conn).map_err(failed(
+            "cannot write the journal",
+            &path,
+            StoreErrorKind::Transient,
+        ))?;
         // The mark now says what the database holds (after a reset, an upgrade, or a crash
         // between a commit and its mark).
         let mark = MarkFile::create(dir, &state).map_err(mark_error)?;
@@ -156,6 +161,22 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
     conn.pragma_update(None, "cache_size", -16384i64)?;
     conn.execute_batch(SCHEMA)?;
     conn.execute_batch(history::SCHEMA)
+}
+
+/// Adds the `attachments` column (issue 36) to a journal written before it: an optional
+/// column, NULL in old rows, so they load as messages without files.
+fn add_attachments_column(conn: &Connection) -> rusqlite::Result<()> {
+    for table in ["messages", "quarantine"] {
+        let has: i64 = conn.query_row(
+            "SELECT COUNT(*) FROM pragma_table_info(?1) WHERE name = 'attachments'",
+            [table],
+            |r| r.get(0),
+        )?;
+        if has == 0 {
+            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN attachments TEXT"))?;
+        }
+    }
+    Ok(())
 }
 
 /// Whether the journal has a schema version (a new one has none: it is written once the

@@ -95,6 +95,9 @@ pub(crate) struct GatewayConfig {
     pub tls: Option<Arc<rustls::ClientConfig>>,
     /// The name the gateway's certificate must be for; by default `addr`'s host.
     pub tls_name: Option<String>,
+    /// Where the platform's files are downloaded (the gateway's spool) and their bounds;
+    /// without a directory they reach the agent named, not fetched (issue 36).
+    pub attachments: crate::AttachmentLimits,
 }
 
 impl std::fmt::Debug for GatewayConfig {
@@ -137,6 +140,7 @@ impl GatewayConfig {
             max_hold: DEFAULT_MAX_HOLD,
             tls: None,
             tls_name: None,
+            attachments: crate::AttachmentLimits::default(),
         }
     }
 }

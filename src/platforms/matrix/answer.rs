@@ -160,6 +160,12 @@ pub(super) struct Content {
     pub membership: Lenient<String>,
     #[serde(default)]
     pub url: Lenient<String>,
+    /// A file message's name when its `body` is a caption.
+    #[serde(default)]
+    pub filename: Lenient<String>,
+    /// A file message's size and type.
+    #[serde(default)]
+    pub info: Lenient<super::media::MediaInfo>,
     #[serde(default, rename = "m.relates_to")]
     pub relates_to: Lenient<RelatesTo>,
     #[serde(default, rename = "m.mentions")]

@@ -323,6 +323,7 @@ impl<H: Homeserver> SyncEngine<H> {
                 .get("meta")
                 .map(|m| m.to_string()),
             text: msg.text.clone(),
+            attachments: msg.media.iter().filter_map(|m| m.fetched.clone()).collect(),
         };
         debug_redacted!(
             "matrix: room {}: message {} to the gateway",

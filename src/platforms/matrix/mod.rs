@@ -26,6 +26,7 @@ mod content;
 pub(crate) mod crypto;
 mod engine;
 mod invites;
+mod media;
 mod poll;
 mod received;
 mod rooms;

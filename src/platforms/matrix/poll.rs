@@ -128,7 +128,13 @@ pub(super) fn run_sync(
             why: super::crypto::UNREADABLE_NOTICE.to_owned(),
         });
         for item in items.into_iter().chain(told) {
-            if !forward(api, (&mut state, &mut kinds), tx, stop, item) {
+            if !forward(
+                api,
+                &config.gateway.attachments,
+                (&mut state, &mut kinds),
+                (tx, stop),
+                item,
+            ) {
                 return;
             }
         }
@@ -284,13 +290,44 @@ fn crypto_pass(
     (sync.to_string(), unreadable)
 }
 
+/// The message's file fetched into the spool (issue 36); what could not be is told to the
+/// room once, before the message goes on. False when the bridge has gone.
+fn fetch_media(
+    api: &Api,
+    files: &crate::AttachmentLimits,
+    m: &mut super::sync::HumanMessage,
+    tx: &Sender<FromSync>,
+    stop: &Receiver<()>,
+) -> bool {
+    let Some(media) = m.media.as_mut() else {
+        return true;
+    };
+    let entry = super::media::fetch_into(api, files, &m.event_id, media);
+    match &entry.skipped {
+        None => true,
+        Some(why) => {
+            let why = format!("file not passed on: {}: {why}", entry.name);
+            let (room, event_id) = (m.room.clone(), m.event_id.clone());
+            send_or_stop(
+                tx,
+                stop,
+                FromSync::Refused {
+                    room,
+                    event_id,
+                    why,
+                },
+            )
+        }
+    }
+}
+
 /// Acts on one item of a sync: joins an invite, or passes a message (with its room's chat
 /// kind) or a refusal to the bridge. False when the bridge has gone.
 fn forward(
     api: &Api,
+    files: &crate::AttachmentLimits,
     (state, kinds): (&mut SyncState, &mut RoomKinds),
-    tx: &Sender<FromSync>,
-    stop: &Receiver<()>,
+    (tx, stop): (&Sender<FromSync>, &Receiver<()>),
     item: Incoming,
 ) -> bool {
     match item {
@@ -300,7 +337,10 @@ fn forward(
             state.queue_invite(&room, inviter.as_deref());
             true
         }
-        Incoming::Message(m) => {
+        Incoming::Message(mut m) => {
+            if !fetch_media(api, files, &mut m, tx, stop) {
+                return false;
+            }
             if let Some(kind) = kinds.known(&m.room, &m.sender) {
                 return send_or_stop(tx, stop, FromSync::Message(m, kind));
             }

@@ -130,6 +130,9 @@ pub(crate) struct HumanMessage {
     pub msgtype: String,
     /// An attachment's `mxc://` URL (images, files).
     pub url: Option<String>,
+    /// The file it carries (issue 36), and once the sync thread fetched it, its entry
+    /// (boxed: most messages have none).
+    pub media: Option<Box<super::media::Media>>,
     /// It mentions the bot (`m.mentions`, its mxid or display name in the text): a group
     /// message the gateway's `groups = "mention"` lets through (`meta.to_bot`).
     pub to_bot: bool,
@@ -510,6 +513,7 @@ impl SyncState {
             thread,
             msgtype: msgtype.to_owned(),
             url: content.url.text().map(str::to_owned),
+            media: super::media::of(msgtype, content).map(Box::new),
             to_bot,
         }))
     }
@@ -729,6 +733,7 @@ mod tests {
             thread: None,
             msgtype: "m.text".into(),
             url: None,
+            media: None,
             to_bot: false,
         };
         let v = m.to_bridge("matrix", ChatKind::from_joined(3));
@@ -765,6 +770,7 @@ mod tests {
             thread: None,
             msgtype: "m.text".into(),
             url: None,
+            media: None,
             to_bot: false,
         };
         assert_eq!(m("!stop").command(), Some(Command::Stop));

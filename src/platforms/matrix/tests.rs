@@ -114,6 +114,7 @@ fn human(id: &str, text: &str) -> HumanMessage {
         thread: None,
         msgtype: "m.text".into(),
         url: None,
+        media: None,
         to_bot: false,
     }
 }

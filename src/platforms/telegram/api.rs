@@ -120,6 +120,33 @@ impl HttpBotApi {
     }
 }
 
+impl HttpBotApi {
+    /// The file at `file_path` (from `getFile`) as a stream: read it in pieces, never whole
+    /// (issue 36). A status other than 200 is an error.
+    pub(crate) fn download(
+        &mut self,
+        file_path: &str,
+        timeout: Duration,
+    ) -> Result<impl std::io::Read + use<>, ApiError> {
+        let url = format!("{}/file/bot{}/{file_path}", self.base, self.token);
+        let transient = |e: String| ApiError::Transient(redact(&e).into_owned());
+        debug_redacted!("telegram: downloading a file");
+        let response = self
+            .agent
+            .get(&url)
+            .config()
+            .timeout_global(Some(timeout))
+            .build()
+            .call()
+            .map_err(|e| transient(format!("file download: {e}")))?;
+        match response.status().as_u16() {
+            200 => Ok(response.into_body().into_reader()),
+            s @ 400..=499 => Err(ApiError::Permanent(format!("file download: HTTP {s}"))),
+            s => Err(ApiError::Transient(format!("file download: HTTP {s}"))),
+        }
+    }
+}
+
 impl BotApi for HttpBotApi {
     fn call(&mut self, method: &str, params: &Value, timeout: Duration) -> Result<Value, ApiError> {
         let (status, body) = self.post(method, params, timeout)?;

@@ -39,6 +39,7 @@ use poll::{Inbound, poll_updates};
 use render::{Renderer, Step};
 
 mod api;
+mod files;
 mod offset;
 mod poll;
 mod received;

@@ -79,8 +79,9 @@ pub(super) fn poll_updates(
                 continue;
             }
             news = true;
-            if let Some(message) = update_to_message(update, bot_username) {
+            if let Some(mut message) = update_to_message(update, bot_username) {
                 debug_redacted!("telegram: update {update_id} from chat {}", message.chat_id);
+                fetch_files(config, &mut api, update, &mut message, to_main);
                 let Some(answer) = wait_for_answer(gateway, &message, update_id, stop) else {
                     return;
                 };
@@ -213,6 +214,32 @@ fn wait_for_answer(
     }
 }
 
+/// The message's photo and document, fetched into the spool (issue 36); what could not be
+/// is named in the entries and told to the chat once.
+fn fetch_files(
+    config: &TelegramConfig,
+    api: &mut HttpBotApi,
+    update: &Update,
+    message: &mut OutgoingMessage,
+    to_main: &Sender<Inbound>,
+) {
+    let limits = &config.gateway.attachments;
+    let wanted = super::files::wanted(update, limits);
+    if wanted.is_empty() {
+        return;
+    }
+    message.attachments = super::files::fetch(api, limits, &message.id, wanted);
+    if let Some(text) = super::files::notice(&message.attachments) {
+        warn_limited!("telegram: message {}: {text}", message.id);
+        let _ = to_main.send(Inbound::Rejected {
+            chat_id: message.chat_id.clone(),
+            topic: message.thread_id.as_deref().and_then(|t| t.parse().ok()),
+            reply_to: reply_target(&message.id),
+            text,
+        });
+    }
+}
+
 /// A rejected message is told to its chat (by the main thread, which owns the sending).
 fn tell_rejection(
     answer: &Admission,
@@ -221,6 +248,8 @@ fn tell_rejection(
     to_main: &Sender<Inbound>,
 ) {
     if let Admission::Rejected { reason, detail, .. } = answer {
+        // The gateway never took its files: they are still the bridge's to delete.
+        crate::platforms::spool::discard(&message.attachments);
         warn_limited!(
             "telegram: update {update_id} of chat {} rejected by the gateway: {reason} ({detail})",
             message.chat_id

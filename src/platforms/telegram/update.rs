@@ -25,14 +25,21 @@ pub(crate) struct Update {
     /// Its id: the offset moves past it.
     pub update_id: i64,
     #[serde(default)]
-    message: Lenient<Message>,
+    pub(super) message: Lenient<Message>,
 }
 
 #[derive(Debug, Deserialize)]
-struct Message {
+pub(super) struct Message {
     message_id: i64,
     #[serde(default)]
     text: Lenient<String>,
+    /// The text of a photo or document message.
+    #[serde(default)]
+    caption: Lenient<String>,
+    #[serde(default)]
+    pub(super) photo: Lenient<Vec<super::files::PhotoSize>>,
+    #[serde(default)]
+    pub(super) document: Lenient<super::files::Document>,
     chat: Chat,
     #[serde(default)]
     from: Lenient<User>,
@@ -79,7 +86,13 @@ struct Replied {
 pub(crate) fn update_to_message(update: &Update, bot_username: &str) -> Option<OutgoingMessage> {
     let update_id = update.update_id;
     let m = update.message.get()?;
-    let text = m.text.text()?;
+    // A photo or document may come without a caption: its text is then empty.
+    let has_file = m.photo.get().is_some_and(|p| !p.is_empty()) || m.document.get().is_some();
+    let text = m
+        .text
+        .text()
+        .or(m.caption.text())
+        .or(has_file.then_some(""))?;
     let message_id = m.message_id;
     let chat_type = match m.chat.kind.as_str() {
         "private" => ChatType::Dm,

@@ -51,6 +51,7 @@ impl Bridge {
         };
         debug_assert_eq!(&*route.platform, platform);
         self.conns.settled(route.conn);
+        self.release_files(route.files.as_deref());
         crate::text::truncate(&mut text, self.cfg.max_reply_bytes);
         let body = EncodedLine::Line(encode(&ServerOp::Reply {
             id: &m.id,

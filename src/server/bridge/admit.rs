@@ -16,6 +16,7 @@ use super::platforms::Claim;
 use super::refusal::{Refusal, duplicate_ack};
 use super::routes::{InFlight, Phase};
 use super::{Bridge, ConnId};
+use crate::attachments::AttachmentLimits;
 use crate::core::AcceptState;
 use crate::journal::StoredMessage;
 use crate::message::{InvalidInput, Message, SessionKey};
@@ -43,6 +44,7 @@ pub(super) fn build(
     platform: &str,
     mut f: MessageFields,
     source: Source,
+    limits: &AttachmentLimits,
 ) -> Result<Admitted, Refusal> {
     let key = SessionKey::new(
         platform,
@@ -69,6 +71,16 @@ pub(super) fn build(
         (Some(m), Source::Journal) => message.with_meta(m).map_err(with_key)?,
     };
     debug_assert_eq!(message.context.meta.as_deref(), f.meta.as_deref());
+    if !f.attachments.is_empty() {
+        // Checked once, when a bridge names the files; a journaled message's were checked
+        // then, and its files kept by the start-up sweep.
+        if source == Source::Line {
+            limits
+                .check(&f.attachments)
+                .map_err(|e| Refusal::invalid(e).with_session(&key))?;
+        }
+        message = message.with_attachments(f.attachments.clone());
+    }
     f.platform = Some(platform.to_owned());
     Ok(Admitted { message, fields: f })
 }
@@ -86,7 +98,7 @@ impl Bridge {
         let Some(name) = self.sender_platform(conn, m.platform.as_deref())? else {
             return Ok(());
         };
-        let admitted = build(&name, m, Source::Line)?;
+        let admitted = build(&name, m, Source::Line, &self.cfg.attachments)?;
         let fp = fingerprint(&admitted.message.id);
         let (durable, routes) = (self.durable.as_ref(), &mut self.routes);
         let (platform, claim) = self
@@ -161,6 +173,7 @@ impl Bridge {
         if self.durable.is_some() {
             route.phase = Phase::Journaling;
         }
+        route.files = message.context.attachments.clone();
         self.routes.insert(tag, route);
         self.conns.sent(conn);
         self.conns
@@ -271,6 +284,7 @@ mod tests {
             user_name: Some("Ann".into()),
             meta: meta.map(Into::into),
             text: "hello".into(),
+            attachments: Vec::new(),
         }
     }
 
@@ -285,11 +299,22 @@ mod tests {
 
     #[test]
     fn a_line_and_its_journal_record_build_the_same_message() {
-        let from_line = build("tg", fields(Some(r#"{"k":1}"#)), Source::Line).expect("line");
+        let from_line = build(
+            "tg",
+            fields(Some(r#"{"k":1}"#)),
+            Source::Line,
+            &AttachmentLimits::default(),
+        )
+        .expect("line");
         let message = from_line.message.clone();
         let stored = record(from_line, 5);
         assert_eq!((stored.seq, stored.platform()), (5, "tg"));
-        let again = build(stored.platform(), stored.fields.clone(), Source::Journal);
+        let again = build(
+            stored.platform(),
+            stored.fields.clone(),
+            Source::Journal,
+            &AttachmentLimits::default(),
+        );
         let again = again.expect("record");
         assert_eq!(again.message, message);
         assert_eq!(again.message.context.meta.as_deref(), Some(r#"{"k":1}"#));
@@ -299,20 +324,36 @@ mod tests {
     fn refusals_name_the_session_once_it_is_known() {
         let mut m = fields(None);
         m.chat_id = String::new();
-        let r = build("tg", m, Source::Line).err().expect("no chat id");
+        let r = build("tg", m, Source::Line, &AttachmentLimits::default())
+            .err()
+            .expect("no chat id");
         assert_eq!((r.reason, r.session.is_none()), ("invalid", true));
         let mut m = fields(None);
         m.user_id = None;
-        let r = build("tg", m, Source::Line)
+        let r = build("tg", m, Source::Line, &AttachmentLimits::default())
             .err()
             .expect("a name without an id");
         assert_eq!(r.detail, "user_name: needs user_id");
         assert!(r.session.is_some());
-        let mut s = record(build("tg", fields(None), Source::Line).expect("ok"), 1);
+        let mut s = record(
+            build(
+                "tg",
+                fields(None),
+                Source::Line,
+                &AttachmentLimits::default(),
+            )
+            .expect("ok"),
+            1,
+        );
         s.fields.meta = Some("[1]".into());
-        let r = build(s.platform(), s.fields.clone(), Source::Journal)
-            .err()
-            .expect("bad stored meta");
+        let r = build(
+            s.platform(),
+            s.fields.clone(),
+            Source::Journal,
+            &AttachmentLimits::default(),
+        )
+        .err()
+        .expect("bad stored meta");
         assert!(
             r.after_restart()
                 .starts_with("not admitted again after a restart: meta")

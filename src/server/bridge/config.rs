@@ -66,6 +66,9 @@ pub struct BridgeConfig {
     /// default (an embedder's) every platform is open; `turnstile serve` pairs strangers on
     /// `matrix`, `irc` and `telegram` unless its `[access.*]` tables say otherwise.
     pub access: crate::AccessConfig,
+    /// Files a message may name: the spool directory and its bounds (a message naming a path
+    /// outside it, or too many files, is refused `invalid`).
+    pub attachments: crate::AttachmentLimits,
 }
 
 impl Default for BridgeConfig {
@@ -93,6 +96,7 @@ impl Default for BridgeConfig {
             max_pending_durable: DEFAULT_MAX_PENDING_DURABLE,
             resume_interrupted: false,
             access: crate::AccessConfig::default(),
+            attachments: crate::AttachmentLimits::default(),
         }
     }
 }

@@ -417,7 +417,12 @@ impl Bridge {
             n.outcomes += 1;
             return;
         }
-        let built = build(m.platform(), m.fields.clone(), Source::Journal);
+        let built = build(
+            m.platform(),
+            m.fields.clone(),
+            Source::Journal,
+            &self.cfg.attachments,
+        );
         let session = match &built {
             Ok(a) => a.message.session.clone(),
             Err(_) => match SessionKey::dm(m.platform(), &m.fields.chat_id) {
@@ -440,6 +445,9 @@ impl Bridge {
             }
         };
         if let Some(why) = failure {
+            if let Ok(a) = &built {
+                self.release_files(a.message.context.attachments.as_deref());
+            }
             let body = EncodedLine::text_op(TextOp::Failed, &id, session.as_str(), why);
             return self.terminal(seq, to, &platform, id, body);
         }
@@ -450,6 +458,7 @@ impl Bridge {
         self.conns.sent(to);
         let mut route = InFlight::new(to, id, session, platform, fp);
         (route.starts, route.recovered) = (rm.starts, true);
+        route.files = admitted.message.context.attachments.clone();
         self.routes.insert(seq, route);
         n.requeued += 1;
         n.resumed += usize::from(rm.starts > 0);

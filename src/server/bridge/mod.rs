@@ -134,6 +134,9 @@ pub enum Action {
     /// forward of results and its answer; `Reader::request`). Without the feature, none
     /// can be made (`Infallible`).
     Cluster(cluster::Request),
+    /// These files (in the spool, checked at admission) belong to messages whose route
+    /// ended: delete them, off the reactor.
+    ReleaseFiles(Vec<String>),
 }
 
 /// The bridge protocol's state machine. See the module documentation.

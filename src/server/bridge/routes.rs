@@ -57,6 +57,8 @@ pub(super) struct InFlight {
     pub(super) starts: u32,
     /// Recovered from the journal: its acknowledgement was sent by an earlier process.
     pub(super) recovered: bool,
+    /// Its files in the spool, deleted once its route ends (issue 36).
+    pub(super) files: Option<Arc<Vec<crate::Attachment>>>,
 }
 
 impl InFlight {
@@ -78,6 +80,7 @@ impl InFlight {
             copies: Vec::new(),
             starts: 0,
             recovered: false,
+            files: None,
         }
     }
 }
@@ -228,8 +231,23 @@ impl Bridge {
             Outcome::Reply(reply) => reply.memory.take(),
             _ => None,
         };
+        self.release_files(route.files.as_deref());
         let body = terminal_line(id, session.as_str(), outcome, self.cfg.max_reply_bytes);
         self.terminal_remembering(tag, route.conn, &route.platform, route.id, body, memory);
+    }
+
+    /// The route of a message ended (its terminal event exists): its files leave the spool,
+    /// on the shell's janitor thread. A refused message's files stay (its bridge may send it
+    /// again); what a crash left is swept at the next start.
+    pub(super) fn release_files(&mut self, files: Option<&Vec<crate::Attachment>>) {
+        let paths: Vec<String> = files
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.path.clone())
+            .collect();
+        if !paths.is_empty() {
+            self.actions.push_back(super::Action::ReleaseFiles(paths));
+        }
     }
 
     /// A recovered message the runtime would not take back fails with `why`.
@@ -238,6 +256,7 @@ impl Bridge {
             return;
         };
         log::warn!("session {}: message {} {why}", route.session, route.id);
+        self.release_files(route.files.as_deref());
         let session = route.session.as_str();
         let body = failed_line(
             &route.id,

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::Bridge;
+use crate::liveness::AttachmentsStatus;
 pub(crate) use crate::liveness::{BridgeStatus, JournalStatus, PlatformStatus, RecoveryCounts};
 
 /// What the bridge counts as it goes (the rest of the status is read from the rooms).
@@ -54,6 +55,17 @@ impl Bridge {
             // The shell's too (`BridgeServer::status`, with the reader's figures).
             cluster: None,
             access: self.access.figures(),
+            attachments: self.cfg.attachments.dir.as_ref().map(|dir| {
+                let limits = &self.cfg.attachments;
+                AttachmentsStatus {
+                    dir: dir.display().to_string(),
+                    spool_bytes: limits.spool_bytes,
+                    max_file_bytes: limits.max_file_bytes,
+                    max_files: limits.max_files,
+                    // The shell's janitor measures the rest (`BridgeServer::status`).
+                    ..AttachmentsStatus::default()
+                }
+            }),
         }
     }
 }
