@@ -253,6 +253,15 @@ fn serve_gateway(
                     let _ = confirmed.send(id.as_str().unwrap_or("").to_owned());
                 }
             } else if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line)
+                && v["op"] == "may_use"
+            {
+                // Whoever invites the bot may use it (the policy is the gateway's, not this
+                // fake's): the Matrix joiner asks before each join.
+                let answer = serde_json::json!({"op": "may_use", "id": v["id"], "allowed": true});
+                if acker.write_all(format!("{answer}\n").as_bytes()).is_err() {
+                    return;
+                }
+            } else if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line)
                 && v["op"] == "message"
             {
                 messages.fetch_add(1, Ordering::SeqCst);
@@ -1132,7 +1141,13 @@ fn sasl_plain_and_nickserv_log_the_bot_in_with_secrets_from_variables() {
 /// once with `join_ok`, or never.
 fn invite_flood_homeserver(invites: usize, join_ok: bool) -> FakeHttp {
     let rooms: serde_json::Map<String, serde_json::Value> = (0..invites)
-        .map(|i| (format!("!r{i}:fake"), serde_json::json!({})))
+        .map(|i| {
+            // Each invite says who sent it (the joiner asks the gateway about the inviter).
+            let invite = serde_json::json!({"invite_state": {"events": [{
+                "type": "m.room.member", "state_key": "@bot:fake", "sender": "@alice:fake",
+                "content": {"membership": "invite"}}]}});
+            (format!("!r{i}:fake"), invite)
+        })
         .collect();
     let first = serde_json::json!({"next_batch": "s1", "rooms": {"invite": rooms}}).to_string();
     FakeHttp::start(move |line| {
