@@ -351,6 +351,16 @@ impl Agent for RoutedAgent {
             None => Ok(()),
         }
     }
+
+    // The wrapper is invisible: the access policy's token count and the durable conversation
+    // are the routed agent's own.
+    fn turn_usage(&self) -> Option<AgentUsage> {
+        self.inner.as_ref().and_then(|a| a.turn_usage())
+    }
+
+    fn durable_memory(&mut self) -> Option<Vec<(String, String)>> {
+        self.inner.as_mut().and_then(|a| a.durable_memory())
+    }
 }
 
 impl Drop for RoutedAgent {
@@ -393,6 +403,31 @@ mod tests {
         fn turn(&mut self, _: &TurnInput<'_>, _: &CancelToken) -> Result<String, TurnError> {
             Ok(self.0.clone())
         }
+        fn turn_usage(&self) -> Option<AgentUsage> {
+            Some(AgentUsage {
+                prompt_tokens: 3,
+                completion_tokens: 4,
+            })
+        }
+        fn durable_memory(&mut self) -> Option<Vec<(String, String)>> {
+            Some(vec![("q".into(), self.0.clone())])
+        }
+    }
+
+    /// A routed agent reports its inner agent's usage and conversation (the access budget
+    /// and the durable memory would otherwise see nothing of a routed openai agent).
+    #[test]
+    fn a_routed_agent_passes_on_its_usage_and_its_memory() {
+        let picks = Arc::new(Picks::default());
+        let table = RouteTable::new(vec![echo(DEFAULT_AGENT)], Vec::new(), Arc::clone(&picks));
+        let key = SessionKey::dm("cli", "x").expect("key");
+        let mut agent = table.create(&key).expect("agent");
+        let usage = agent.turn_usage().expect("usage passed on");
+        assert_eq!((usage.prompt_tokens, usage.completion_tokens), (3, 4));
+        assert_eq!(
+            agent.durable_memory(),
+            Some(vec![("q".to_owned(), DEFAULT_AGENT.to_owned())])
+        );
     }
 
     fn route(
