@@ -218,7 +218,16 @@ fn status_and_metrics_name_the_agents() {
     assert!(status.ends_with("; agent two"), "{status}");
     let status = gw.send("matrix", "lobby", "u", "/status");
     assert!(status.ends_with("; agent default"), "{status}");
-    let json: serde_json::Value = serde_json::from_str(&gw.get("/status")).expect("status json");
+    // The status is the reactor's last heartbeat snapshot (up to one tick old): read it
+    // until it counts the three sessions just served.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let json = loop {
+        let json: serde_json::Value =
+            serde_json::from_str(&gw.get("/status")).expect("status json");
+        if json["sessions"]["total"].as_u64() >= Some(3) || std::time::Instant::now() > deadline {
+            break json;
+        }
+    };
     let agents = json["agents"].as_array().expect("agents in the status");
     let names: Vec<&str> = agents.iter().filter_map(|a| a["name"].as_str()).collect();
     assert_eq!(names, ["default", "one", "two", "three"]);
