@@ -11,6 +11,7 @@
 //! - `reader`: the stream reader's thread ([`Reader`]): outcomes of messages run elsewhere,
 //!   messages accepted into owned partitions, forwards;
 //!
+//! - `access`: the access policy's state in Redis (`RedisAccess`, the policy's shared store);
 //! - `shell`: the bridge server as a member ([`shell::Member`]: the threads' start, each
 //!   report paired with its completion, the reader's arrivals, the status), with its no-op
 //!   twin (`shell/off.rs`); the server holds one and gives it the bridge when it needs it.
@@ -31,6 +32,8 @@
 //! holds it to five outside).
 
 #[cfg(feature = "cluster")]
+mod access;
+#[cfg(feature = "cluster")]
 mod member;
 #[cfg(feature = "cluster")]
 mod ownership;
@@ -40,6 +43,8 @@ pub(crate) mod shell;
 #[cfg(feature = "cluster")]
 mod store;
 
+#[cfg(feature = "cluster")]
+pub(crate) use access::access_store;
 #[cfg(feature = "cluster")]
 pub use member::{ClusterLink, ClusterReport, cluster_tag, tag_parts};
 #[cfg(feature = "cluster")]
