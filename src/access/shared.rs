@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use super::state::{Pending, PlatformState, Snapshot};
+use super::state::{MAX_PENDING, MAX_TRACKED, Pending, PlatformState, Snapshot};
 
 /// How often changes are pushed and the merged state pulled: a limit is exceeded across the
 /// cluster by at most what the instances admit within this long (docs/access.md).
@@ -81,25 +81,41 @@ impl Sharer {
     }
 }
 
-/// Adds `newer` to `into` (a newer verdict wins; counts add up).
+/// Adds `newer` to `into` (a newer verdict wins; counts add up). Bounded as the state is,
+/// however long the store is down: codes by [`MAX_PENDING`] (the newest kept), users whose
+/// counts wait by [`MAX_TRACKED`] (past it a new user's count stays local only).
 fn merge_changes(into: &mut Changes, newer: Changes) {
     for (platform, c) in newer {
         let p = into.entry(platform).or_default();
         p.verdicts.extend(c.verdicts);
-        p.codes_added.extend(c.codes_added);
+        for code in c.codes_added {
+            if !p.codes_added.iter().any(|q| q.code == code.code) {
+                p.codes_added.push(code);
+            }
+        }
+        p.codes_added
+            .sort_by_key(|q| std::cmp::Reverse(q.expires_ms));
+        p.codes_added.truncate(MAX_PENDING);
         p.codes_removed.extend(c.codes_removed);
+        // A code given and gone while the store was away is not given again.
+        p.codes_added.retain(|q| !p.codes_removed.contains(&q.code));
         for (user, (n, count, per)) in c.taken {
-            let t = p.taken.entry(user).or_insert((0, count, per));
-            t.0 = t.0.saturating_add(n);
+            if p.taken.len() < MAX_TRACKED || p.taken.contains_key(&user) {
+                let t = p.taken.entry(user).or_insert((0, count, per));
+                t.0 = t.0.saturating_add(n);
+            }
         }
         for (user, (day, n)) in c.spent {
-            let s = p.spent.entry(user).or_insert((day, 0));
-            *s = if s.0 == day {
-                (day, s.1.saturating_add(n))
-            } else {
-                (day, n)
-            };
+            if p.spent.len() < MAX_TRACKED || p.spent.contains_key(&user) {
+                let s = p.spent.entry(user).or_insert((day, 0));
+                *s = if s.0 == day {
+                    (day, s.1.saturating_add(n))
+                } else {
+                    (day, n)
+                };
+            }
         }
+        debug_assert!(p.codes_added.len() <= MAX_PENDING && p.taken.len() <= MAX_TRACKED);
     }
 }
 
@@ -254,4 +270,92 @@ pub(crate) fn rebase(base: &Snapshot, now: &Snapshot, merged: &Snapshot) -> Snap
         o.check();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one(platform: &str, st: PlatformState) -> Snapshot {
+        let mut s = Snapshot::default();
+        s.platforms.insert(platform.to_owned(), st);
+        s
+    }
+
+    #[test]
+    fn a_merge_takes_the_stores_word_and_keeps_what_changed_here_since() {
+        // The store's last word: a code of bob's, pending.
+        let mut was = PlatformState::default();
+        let code = was.code_for("bob", 0).expect("room");
+        let base = one("m", was.clone());
+        // Here since: carol allowed (not yet in the store).
+        let mut now = was.clone();
+        now.allow("carol").expect("room");
+        // The store now: bob approved elsewhere (his code gone), dave denied elsewhere.
+        let mut merged = PlatformState::default();
+        merged.approved.insert("bob".into());
+        merged.denied.insert("dave".into());
+        let out = rebase(&base, &one("m", now.clone()), &one("m", merged.clone()));
+        let st = &out.platforms["m"];
+        assert!(st.approved.contains("bob") && st.approved.contains("carol"));
+        assert!(st.denied.contains("dave"));
+        assert!(
+            st.pending.iter().all(|p| p.code != code),
+            "bob's code is gone"
+        );
+        // What is handed out next is carol only: bob and dave came from the store.
+        let mut after = out.clone();
+        let c = changes_since(&one("m", merged), &mut after, |_| None);
+        assert_eq!(
+            c["m"].verdicts,
+            BTreeMap::from([("carol".to_owned(), true)])
+        );
+    }
+
+    #[test]
+    fn rate_tokens_taken_here_are_handed_out_once_and_count_against_the_stores_bucket() {
+        let mut now = one("m", PlatformState::default());
+        let st = now.platforms.get_mut("m").expect("platform");
+        for _ in 0..2 {
+            st.take_token("u", 5, 60_000, 0).expect("a token");
+        }
+        let c = changes_since(&Snapshot::default(), &mut now, |_| Some((5, 60_000)));
+        assert_eq!(c["m"].taken["u"], (2, 5, 60_000));
+        let again = changes_since(&Snapshot::default(), &mut now, |_| Some((5, 60_000)));
+        assert!(!again.contains_key("m"), "handed out once: {again:?}");
+        // One more taken here, not handed out; the store says another instance left 1.0.
+        let st = now.platforms.get_mut("m").expect("platform");
+        st.take_token("u", 5, 60_000, 0).expect("a token");
+        let mut store = PlatformState::default();
+        store.buckets.insert(
+            "u".into(),
+            super::super::state::Bucket {
+                tokens: 1.0,
+                at_ms: 0,
+                taken: 0,
+            },
+        );
+        let out = rebase(&Snapshot::default(), &now, &one("m", store));
+        let b = out.platforms["m"].buckets["u"];
+        assert_eq!(
+            (b.tokens, b.taken),
+            (0.0, 1),
+            "the store's 1.0 less the take made here"
+        );
+    }
+
+    #[test]
+    fn changes_kept_through_an_outage_are_bounded() {
+        let mut into = Changes::new();
+        for i in 0..3 * MAX_PENDING as u64 {
+            let mut c = PlatformChanges::default();
+            c.codes_added.push(Pending {
+                code: format!("C{}", i % (2 * MAX_PENDING as u64)),
+                user: format!("u{i}"),
+                expires_ms: i,
+            });
+            merge_changes(&mut into, Changes::from([("m".to_owned(), c)]));
+        }
+        assert_eq!(into["m"].codes_added.len(), MAX_PENDING);
+    }
 }
