@@ -31,7 +31,9 @@
 //! Only this folder says `cfg(feature = "cluster")`, bar a handful of lines (`.ci/walls.py`
 //! holds it to five outside).
 
+// Set up by `serve --cluster` (feature `cli`) only.
 #[cfg(feature = "cluster")]
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
 mod access;
 #[cfg(feature = "cluster")]
 mod member;
@@ -44,6 +46,7 @@ pub(crate) mod shell;
 mod store;
 
 #[cfg(feature = "cluster")]
+#[cfg_attr(not(feature = "cli"), allow(unused_imports))]
 pub(crate) use access::access_store;
 #[cfg(feature = "cluster")]
 pub use member::{ClusterLink, ClusterReport, cluster_tag, tag_parts};
