@@ -121,7 +121,8 @@ fn merge_changes(into: &mut Changes, newer: Changes) {
 
 fn share_loop(store: &mut dyn SharedStore, out: &Slot<Changes>, back: &Mutex<Option<Snapshot>>) {
     let mut failing = false;
-    loop {
+    // Until the policy (the reactor's end) is gone.
+    while Arc::strong_count(out) > 1 {
         let changes = {
             let Ok(slot) = out.0.lock() else { return };
             let Ok((mut slot, _)) = out
