@@ -15,7 +15,8 @@
 //!
 //! What it remembers is bounded (see `state.rs`) and, with `--data-dir`, kept in
 //! `access.json` beside the journal, written by a thread of its own ([`Saver`]), never on
-//! the reactor.
+//! the reactor; with `--cluster`, merged with the other instances' through Redis by a
+//! thread of its own instead (`shared.rs`, the store in `cluster/access.rs`).
 
 // The tables are read from `serve`'s `--config` file (feature `cli`); a library-only build
 // has no reader of them yet, so their parser is unused there.

@@ -346,6 +346,25 @@ mod tests {
     }
 
     #[test]
+    fn day_tokens_spent_here_are_handed_out_once_and_added_to_the_stores_count() {
+        let mut now = one("m", PlatformState::default());
+        let st = now.platforms.get_mut("m").expect("platform");
+        st.charge("u", 300, 7);
+        let c = changes_since(&Snapshot::default(), &mut now, |_| None);
+        assert_eq!(c["m"].spent["u"], (7, 300));
+        assert!(!changes_since(&Snapshot::default(), &mut now, |_| None).contains_key("m"));
+        // 50 more here, not handed out; the store counts 1000 (this 300 and others' 700).
+        let st = now.platforms.get_mut("m").expect("platform");
+        st.charge("u", 50, 7);
+        let mut store = PlatformState::default();
+        store.charge("u", 1000, 7);
+        store.tokens.get_mut("u").expect("count").unpushed = 0;
+        let out = rebase(&Snapshot::default(), &now, &one("m", store));
+        assert_eq!(out.platforms["m"].tokens_on("u", 7), 1050);
+        assert_eq!(out.platforms["m"].tokens["u"].unpushed, 50);
+    }
+
+    #[test]
     fn changes_kept_through_an_outage_are_bounded() {
         let mut into = Changes::new();
         for i in 0..3 * MAX_PENDING as u64 {
