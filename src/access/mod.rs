@@ -15,7 +15,8 @@
 //!
 //! What it remembers is bounded (see `state.rs`) and, with `--data-dir`, kept in
 //! `access.json` beside the journal, written by a thread of its own ([`Saver`]), never on
-//! the reactor.
+//! the reactor; with `--cluster`, merged with the other instances' through Redis by a
+//! thread of its own instead (`shared.rs`, the store in `cluster/access.rs`).
 
 // The tables are read from `serve`'s `--config` file (feature `cli`); a library-only build
 // has no reader of them yet, so their parser is unused there.
@@ -23,7 +24,10 @@
 mod config;
 #[cfg_attr(not(feature = "cli"), allow(dead_code))]
 mod glob;
-mod state;
+// Shared through Redis with `--cluster`, which only `serve` (feature `cli`) sets up.
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
+pub(crate) mod shared;
+pub(crate) mod state;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -100,6 +104,9 @@ pub(crate) struct Policy {
     cfg: AccessConfig,
     state: Snapshot,
     saver: Option<Saver>,
+    /// With `--cluster`: the thread sharing the state, and the state as it last came from
+    /// the shared store (what changed here since is handed out: `shared.rs`).
+    sharer: Option<(shared::Sharer, Snapshot)>,
     /// State changed since the last save; `urgent` for approvals and denials.
     dirty: bool,
     urgent: bool,
@@ -116,6 +123,7 @@ impl Policy {
             cfg,
             state: Snapshot::default(),
             saver: None,
+            sharer: None,
             dirty: false,
             urgent: false,
             last_save_ms: 0,
@@ -143,6 +151,53 @@ impl Policy {
         }
         self.saver = Some(Saver::start(path)?);
         Ok(())
+    }
+
+    /// Shares the state through `store` (`--cluster`): loads it now (start-up, before the
+    /// reactor runs; a store that does not answer leaves the local state, with a WARN) and
+    /// from then on merges changes both ways through a thread of its own.
+    #[cfg_attr(not(feature = "cli"), allow(dead_code))]
+    pub(crate) fn share(&mut self, mut store: Box<dyn shared::SharedStore>) -> std::io::Result<()> {
+        match store.sync(&shared::Changes::new(), crate::journal::now_ms()) {
+            Ok(merged) => {
+                self.state = shared::rebase(&Snapshot::default(), &self.state, &merged);
+                self.sharer = Some((shared::Sharer::start(store)?, merged));
+            }
+            Err(e) => {
+                log::warn!("access: cannot load the shared state: {e}; starting from none");
+                self.sharer = Some((shared::Sharer::start(store)?, Snapshot::default()));
+            }
+        }
+        Ok(())
+    }
+
+    /// With `--cluster`: takes the newest merged state in, and hands what changed here out
+    /// (approvals at once, counters at most once a [`shared::SYNC_EVERY_MS`]).
+    fn sync_shared(&mut self, now_ms: u64) {
+        let Some((sharer, base)) = &mut self.sharer else {
+            return;
+        };
+        if let Some(merged) = sharer.take_merged() {
+            self.state = shared::rebase(base, &self.state, &merged);
+            *base = merged;
+        }
+        let due = self.urgent || now_ms >= self.last_save_ms.saturating_add(shared::SYNC_EVERY_MS);
+        if !self.dirty || !due {
+            return;
+        }
+        let cfg = &self.cfg;
+        let rate = |platform: &str| {
+            let rules = cfg
+                .rules(platform)
+                .cloned()
+                .unwrap_or_else(|| cfg.default_rules(platform));
+            rules.rate.map(|r| (r.count, r.per.as_millis() as u64))
+        };
+        let changes = shared::changes_since(base, &mut self.state, rate);
+        if !changes.is_empty() {
+            sharer.offer(changes);
+        }
+        (self.dirty, self.urgent, self.last_save_ms) = (false, false, now_ms);
     }
 
     /// Logs, once at start-up, the mode in force per platform.
@@ -276,6 +331,9 @@ impl Policy {
 
     /// Saves the state if it changed (approvals at once, counters at most once a second).
     pub(crate) fn maybe_save(&mut self, now_ms: u64) {
+        if self.sharer.is_some() {
+            return self.sync_shared(now_ms);
+        }
         let due = self.urgent || now_ms >= self.last_save_ms.saturating_add(SAVE_EVERY_MS);
         if !self.dirty || !due {
             return;

@@ -37,6 +37,10 @@ pub(crate) const DAY_MS: u64 = 86_400_000;
 pub(crate) struct DayTokens {
     pub(crate) day: u64,
     pub(crate) used: u64,
+    /// Of `used`, what this instance counted and has not handed to the shared store yet
+    /// (`--cluster`; `shared.rs`).
+    #[serde(skip)]
+    pub(crate) unpushed: u64,
 }
 
 /// A user's token bucket: `tokens` at `at_ms` (refilled continuously).
@@ -44,6 +48,10 @@ pub(crate) struct DayTokens {
 pub(crate) struct Bucket {
     pub(crate) tokens: f64,
     pub(crate) at_ms: u64,
+    /// Tokens this instance took and has not handed to the shared store yet (`--cluster`;
+    /// `shared.rs`).
+    #[serde(skip)]
+    pub(crate) taken: u32,
 }
 
 /// One platform's state. Serialized as is into `access.json`.
@@ -172,6 +180,7 @@ impl PlatformState {
         let b = self.buckets.entry(user.to_owned()).or_insert(Bucket {
             tokens: full,
             at_ms: now_ms,
+            taken: 0,
         });
         let elapsed = now_ms.saturating_sub(b.at_ms) as f64;
         b.tokens = (b.tokens + elapsed / per_token).min(full);
@@ -179,6 +188,7 @@ impl PlatformState {
         debug_assert!(b.tokens <= full);
         if b.tokens >= 1.0 {
             b.tokens -= 1.0;
+            b.taken = b.taken.saturating_add(1);
             Ok(())
         } else {
             Err(((1.0 - b.tokens) * per_token).ceil() as u64)
@@ -199,19 +209,45 @@ impl PlatformState {
             // The user whose count is oldest goes (a past day's count says nothing).
             evict_oldest(&mut self.tokens, |t| t.day);
         }
-        let t = self
-            .tokens
-            .entry(user.to_owned())
-            .or_insert(DayTokens { day, used: 0 });
+        let t = self.tokens.entry(user.to_owned()).or_insert(DayTokens {
+            day,
+            used: 0,
+            unpushed: 0,
+        });
         if t.day != day {
-            *t = DayTokens { day, used: 0 };
+            *t = DayTokens {
+                day,
+                used: 0,
+                unpushed: 0,
+            };
         }
         t.used = t.used.saturating_add(n);
+        t.unpushed = t.unpushed.saturating_add(n);
         debug_assert!(self.tokens.len() <= MAX_TRACKED);
     }
 
     pub(crate) fn count_refused(&mut self, kind: &str) {
         *self.refused.entry(kind.to_owned()).or_default() += 1;
+    }
+
+    /// Forgets what is past the bounds (a state merged from the cluster's may be): the
+    /// newest codes, the stalest buckets and day counts, users denied before approved.
+    pub(crate) fn trim(&mut self) {
+        self.pending
+            .sort_by_key(|p| std::cmp::Reverse(p.expires_ms));
+        self.pending.truncate(MAX_PENDING);
+        while self.buckets.len() > MAX_TRACKED {
+            evict_oldest(&mut self.buckets, |b| b.at_ms);
+        }
+        while self.tokens.len() > MAX_TRACKED {
+            evict_oldest(&mut self.tokens, |t| t.day);
+        }
+        while self.approved.len() + self.denied.len() > MAX_USERS {
+            if self.denied.pop_last().is_none() {
+                self.approved.pop_last();
+            }
+        }
+        self.approved.retain(|u| !self.denied.contains(u));
     }
 
     /// Checks the bounds (debug builds).

@@ -436,3 +436,73 @@ fn a_budget_counts_replies_per_user_per_day_and_spares_admins() {
     let usage = p.operate("matrix", "usage @u:x", 11 * DAY);
     assert_eq!(usage.as_deref(), Ok("usage: 1\n@u:x: 0 tokens today"));
 }
+
+/// A shared store the test drives: each call's changes go to the test, which answers it.
+struct DrivenStore {
+    calls: std::sync::mpsc::Sender<shared::Changes>,
+    answers: std::sync::mpsc::Receiver<Result<Snapshot, String>>,
+}
+
+impl shared::SharedStore for DrivenStore {
+    fn sync(&mut self, changes: &shared::Changes, _now_ms: u64) -> Result<Snapshot, String> {
+        let _ = self.calls.send(changes.clone());
+        self.answers
+            .recv()
+            .unwrap_or_else(|_| Err("test over".into()))
+    }
+}
+
+#[test]
+fn a_shared_store_that_fails_or_hangs_never_stops_decisions_and_loses_no_change() {
+    let (calls_tx, calls) = std::sync::mpsc::channel();
+    let (answer, answers) = std::sync::mpsc::channel();
+    let admin = "@alice:x";
+    let limited = table(|t| (t.mode, t.rate) = (Some("open"), Some("5/min")));
+    let mut p = Policy::new(cfg(&[
+        ("matrix", table(|t| t.admins = vec![admin])),
+        ("cli", limited),
+    ]));
+    answer.send(Err("down".into())).expect("send");
+    let store = DrivenStore {
+        calls: calls_tx,
+        answers,
+    };
+    p.share(Box::new(store)).expect("thread");
+    assert!(calls.recv().expect("the load").is_empty());
+    // Down at start-up: the local state decides.
+    let code = code_in(&p.decide(&dm("matrix", "@bob:x", "hi"), 0));
+    assert_eq!(p.decide(&dm("cli", "u", "hi"), 0), Decision::Admit);
+    p.maybe_save(1000);
+    let pushed = calls.recv().expect("a push");
+    assert!(pushed["matrix"].codes_added.iter().any(|c| c.code == code));
+    // The store hangs in that call (no answer yet): the loop's calls still return.
+    assert_eq!(
+        notice(&p.decide(&dm("matrix", "@carol:x", "hi"), 1500)),
+        Some(Notice::Pairing)
+    );
+    assert_eq!(p.decide(&dm("cli", "u", "hi"), 1500), Decision::Admit);
+    p.maybe_save(2000);
+    answer.send(Err("still down".into())).expect("send");
+    // Pushed again with what came since: nothing lost to the failure.
+    let again = calls.recv().expect("a retry");
+    let codes = &again["matrix"].codes_added;
+    assert!(codes.iter().any(|c| c.code == code), "{again:?}");
+    assert!(codes.iter().any(|c| c.user == "@carol:x"), "{again:?}");
+    assert_eq!(again["cli"].taken["u"].0, 2, "both tokens taken: {again:?}");
+    // Back: the store's word (an approval of @dave made elsewhere) reaches the policy.
+    let mut merged = Snapshot::default();
+    let mut st = PlatformState::default();
+    st.approved.insert("@dave:x".into());
+    merged.platforms.insert("matrix".into(), st);
+    answer.send(Ok(merged)).expect("send");
+    // The next call means the answer before it was taken in by the thread.
+    let _ = calls.recv().expect("the next period");
+    p.maybe_save(3000);
+    assert_eq!(
+        p.decide(&dm("matrix", "@dave:x", "hi"), 3000),
+        Decision::Admit
+    );
+    // bob's code, not yet in the store's word, is still approvable here.
+    let ok = p.decide(&dm("matrix", admin, &format!("!approve {code}")), 3000);
+    assert_eq!(ok, Decision::answer(Notice::Admin, "approved @bob:x"));
+}

@@ -11,6 +11,7 @@
 //! - `reader`: the stream reader's thread ([`Reader`]): outcomes of messages run elsewhere,
 //!   messages accepted into owned partitions, forwards;
 //!
+//! - `access`: the access policy's state in Redis (`RedisAccess`, the policy's shared store);
 //! - `shell`: the bridge server as a member ([`shell::Member`]: the threads' start, each
 //!   report paired with its completion, the reader's arrivals, the status), with its no-op
 //!   twin (`shell/off.rs`); the server holds one and gives it the bridge when it needs it.
@@ -30,6 +31,10 @@
 //! Only this folder says `cfg(feature = "cluster")`, bar a handful of lines (`.ci/walls.py`
 //! holds it to five outside).
 
+// Set up by `serve --cluster` (feature `cli`) only.
+#[cfg(feature = "cluster")]
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
+mod access;
 #[cfg(feature = "cluster")]
 mod member;
 #[cfg(feature = "cluster")]
@@ -40,6 +45,9 @@ pub(crate) mod shell;
 #[cfg(feature = "cluster")]
 mod store;
 
+#[cfg(feature = "cluster")]
+#[cfg_attr(not(feature = "cli"), allow(unused_imports))]
+pub(crate) use access::access_store;
 #[cfg(feature = "cluster")]
 pub use member::{ClusterLink, ClusterReport, cluster_tag, tag_parts};
 #[cfg(feature = "cluster")]

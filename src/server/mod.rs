@@ -248,6 +248,16 @@ impl BridgeServer {
         self.bridge.persist_access(dir)
     }
 
+    /// Shares the access policy's state across a cluster through `store` (`serve
+    /// --cluster`): loaded now, merged both ways by a thread of its own from then on.
+    #[cfg(feature = "cli")] // set up by `serve --cluster`
+    pub(crate) fn share_access(
+        &mut self,
+        store: Box<dyn crate::access::shared::SharedStore>,
+    ) -> io::Result<()> {
+        self.bridge.share_access(store)
+    }
+
     /// Runs an access policy admin command (`approve CODE`, `allow USER`, `deny USER`,
     /// `pending`, `users`, `usage [USER]`) for `platform`, as `turnstile access` asks it
     /// over the HTTP endpoint; the answer's text, or why there is none.

@@ -335,7 +335,7 @@ fn bind_bridge(s: &Settings, store: Option<SqliteStore>) -> Result<BridgeServer,
 /// for the stream reader); a session's messages in flight across the cluster are bounded
 /// by its queue cap and its running turn.
 fn join_cluster(
-    server: BridgeServer,
+    mut server: BridgeServer,
     s: &Settings,
     c: &crate::cluster::ClusterConfig,
 ) -> Result<BridgeServer, StartError> {
@@ -347,6 +347,11 @@ fn join_cluster(
     journal
         .claim_instance()
         .map_err(|e| exit::store_error(&e, what))?;
+    // The access policy's approvals, codes and counters, merged across the instances.
+    let shared = crate::cluster::access_store(c).map_err(StartError::Config)?;
+    server
+        .share_access(shared)
+        .map_err(|e| exit::io_error(&e, format!("access: {e}")))?;
     log::info!(
         "cluster member {} on {}: {} partitions, lease {:?}",
         c.instance,

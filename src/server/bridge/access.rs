@@ -96,6 +96,16 @@ impl Bridge {
         self.access.persist_in(dir)
     }
 
+    /// Shares the policy's state through `store` (`--cluster`): loaded now, merged both ways
+    /// off the reactor from then on.
+    #[cfg(feature = "cli")] // set up by `serve --cluster`
+    pub(in crate::server) fn share_access(
+        &mut self,
+        store: Box<dyn crate::access::shared::SharedStore>,
+    ) -> std::io::Result<()> {
+        self.access.share(store)
+    }
+
     /// Runs an admin command from outside the chat (`turnstile access`): `command` is its
     /// words without the `!`.
     #[cfg(feature = "cli")] // called by `turnstile access` through serve's HTTP endpoint
