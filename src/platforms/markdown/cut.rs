@@ -298,3 +298,26 @@ fn cut_point(text: &str, end: usize) -> Option<usize> {
     let cut = crate::platforms::grapheme::boundary_at_or_before(text, cut);
     (cut > 0).then_some(cut)
 }
+
+#[cfg(test)]
+mod cut_point_tests {
+    use super::cut_point;
+
+    /// A text cut prefers the last newline in the second half of what fits, then the last
+    /// space there, then the last newline or space anywhere, and never cuts at 0 (caught the
+    /// survivors `/ 2` → `% 2` and `* 2` of the half-way point).
+    #[test]
+    fn a_cut_falls_at_the_last_newline_of_the_second_half_then_the_last_space() {
+        // newline in the second half of the first 20 bytes: cut after it.
+        let text = "aaaa bbbb ccc\ndd eeeeeeeeeeeeeee";
+        assert_eq!(cut_point(text, 20), Some(14));
+        // A newline only in the first half: the last space of the second half wins.
+        let text = "aa\nbbbbbbbbb ccc dddddddddddddd";
+        assert_eq!(cut_point(text, 20), Some(17));
+        // Only a newline early on: it is still used rather than cutting a word.
+        let text = "a\nbbbbbbbbbbbbbbbbbbbbbbbbbb";
+        assert_eq!(cut_point(text, 20), Some(2));
+        // No separator at all: no place to cut.
+        assert_eq!(cut_point("bbbbbbbbbbbbbbbbbbbbbbbb", 20), None);
+    }
+}
