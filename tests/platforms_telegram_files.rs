@@ -396,6 +396,8 @@ fn photos_and_documents_reach_the_agent_bounded_and_the_sender_is_told_what_did_
     drop(state);
     // The gateway's janitor deletes an answered message's files on a thread of its own.
     let deadline = Instant::now() + WAIT;
+    // The bridge process deletes the refused files on its own thread: polled (bounded) until
+    // they are gone, nothing in this test waits on the order of events.
     while spool_files(&spool) != ["filler"] {
         assert!(
             Instant::now() < deadline,
