@@ -320,6 +320,23 @@ fn two_instances(mock: &Mock, redis: &Redis, dir: &Path) -> (Gateway, Gateway) {
     (owner, survivor)
 }
 
+/// The session `turnstile send` talks in by default (platform `cli`, chat `local`).
+const SESSION: &str = "cli:dm:local";
+
+/// `turnstile history export --cluster` of `SESSION`, one JSON value a line.
+fn export(redis: &Redis) -> Vec<serde_json::Value> {
+    let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(["history", "export", "--session", SESSION])
+        .env("TURNSTILE_CLUSTER", redis.url())
+        .output()
+        .expect("run turnstile history export");
+    assert!(out.status.success(), "export: {out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect()
+}
+
 fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
     v.iter()
         .map(|(r, c)| ((*r).to_owned(), (*c).to_owned()))
@@ -341,6 +358,12 @@ fn a_failover_continues_the_conversation_on_the_next_owner() {
     owner.wait_status("the owner counts the stored conversation", |s| {
         find(s, "history").is_some_and(|h| h["sessions"] == 1 && h["bytes"].as_u64() > Some(0))
     });
+    // Exported from Redis while both instances run.
+    let lines = export(&redis);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["session"], SESSION);
+    assert_eq!(lines[0]["user"], "my name is Ann");
+    assert_eq!(lines[0]["assistant"], "Hello Ann");
     owner.kill_9();
 
     mock.push([stream(&["You are Ann"], 9, 3)]);
@@ -355,6 +378,7 @@ fn a_failover_continues_the_conversation_on_the_next_owner() {
         ]),
         "the next owner's first request carries the earlier exchange"
     );
+    assert_eq!(export(&redis).len(), 2);
     survivor.wait_status("the survivor counts the conversation", |s| {
         find(s, "history").is_some_and(|h| h["sessions"] == 1)
     });
@@ -371,6 +395,7 @@ fn new_then_a_failover_leaves_nothing_of_the_old_conversation() {
     mock.next_request();
     let reset = owner.send("/new");
     assert!(reset.starts_with("reset"), "{reset}");
+    assert_eq!(export(&redis), Vec::<serde_json::Value>::new());
     owner.kill_9();
 
     mock.push([stream(&["which number?"], 5, 2)]);

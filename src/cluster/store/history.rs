@@ -17,7 +17,10 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::{ClusterConfig, Keys, Lease, RedisStore, STREAM_MAXLEN, partition_of, strings};
+use super::{
+    ClusterConfig, Keys, Lease, PREFIX, RedisStore, STREAM_MAXLEN, partition_of, redact_url,
+    strings,
+};
 use crate::journal::memory::{Exchange, HistoryLimits, MemoryLoader, MemoryUpdate};
 use crate::journal::{StoreError, StoredOutcome};
 use crate::liveness::HistoryStatus;
@@ -25,6 +28,9 @@ use crate::liveness::HistoryStatus;
 /// Expired conversations whose bookkeeping one outcome script drops (bounds its work; Redis
 /// deletes the keys themselves at their expiry).
 const PRUNE_PER_OUTCOME: u32 = 64;
+/// Connect, read and write timeout of `turnstile history export --cluster`.
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// `session`'s conversation key, in the hash tag of the session's partition.
 fn history_key(session: &str, partitions: u32) -> String {
@@ -231,36 +237,65 @@ impl Reader {
     fn read(&self, session: &str) -> Result<Vec<Exchange>, String> {
         let mut con = self.con.lock().unwrap_or_else(PoisonError::into_inner);
         if con.is_none() {
-            let c = self
-                .client
-                .get_connection_with_timeout(self.timeout)
-                .and_then(|c| {
-                    c.set_read_timeout(Some(self.timeout))?;
-                    c.set_write_timeout(Some(self.timeout))?;
-                    Ok(c)
-                })
-                .map_err(|e| format!("redis: connect: {e}"))?;
-            *con = Some(c);
+            *con = Some(connect(&self.client, self.timeout)?);
         }
         let Some(c) = con.as_mut() else {
             return Err("redis: no connection".into());
         };
-        let body: Option<String> = match redis::cmd("GET")
-            .arg(history_key(session, self.partitions))
-            .query(c)
-        {
-            Ok(b) => b,
-            Err(e) => {
-                *con = None;
-                return Err(format!("redis: GET: {e}"));
-            }
-        };
-        match body {
-            None => Ok(Vec::new()),
-            Some(b) => serde_json::from_str(&b)
-                .map_err(|e| format!("the stored conversation is malformed: {e}")),
+        let read = read_on(c, session, self.partitions);
+        if read.is_err() {
+            *con = None;
         }
+        read
     }
+}
+
+fn connect(client: &redis::Client, timeout: Duration) -> Result<redis::Connection, String> {
+    client
+        .get_connection_with_timeout(timeout)
+        .and_then(|c| {
+            c.set_read_timeout(Some(timeout))?;
+            c.set_write_timeout(Some(timeout))?;
+            Ok(c)
+        })
+        .map_err(|e| format!("redis: connect: {e}"))
+}
+
+/// `session`'s conversation (empty: none stored, or expired).
+fn read_on(
+    c: &mut redis::Connection,
+    session: &str,
+    partitions: u32,
+) -> Result<Vec<Exchange>, String> {
+    let body: Option<String> = redis::cmd("GET")
+        .arg(history_key(session, partitions))
+        .query(c)
+        .map_err(|e| format!("redis: GET: {e}"))?;
+    match body {
+        None => Ok(Vec::new()),
+        Some(b) => serde_json::from_str(&b)
+            .map_err(|e| format!("the stored conversation is malformed: {e}")),
+    }
+}
+
+/// `session`'s stored conversation in the cluster's Redis at `url`, read while the cluster
+/// runs (`turnstile history export --cluster URL`); the partition count is the one the
+/// cluster's first instance set.
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
+pub(crate) fn export_history(url: &str, session: &str) -> Result<Vec<Exchange>, String> {
+    let shown = redact_url(url);
+    let client = redis::Client::open(url).map_err(|e| format!("redis {shown}: {e}"))?;
+    let mut c = connect(&client, EXPORT_TIMEOUT).map_err(|e| format!("{shown}: {e}"))?;
+    let partitions: Option<u32> = redis::cmd("GET")
+        .arg(format!("{PREFIX}:partitions"))
+        .query(&mut c)
+        .map_err(|e| format!("redis {shown}: GET: {e}"))?;
+    let Some(partitions) = partitions.filter(|p| *p > 0) else {
+        return Err(format!(
+            "redis {shown}: no cluster has run on this database"
+        ));
+    };
+    read_on(&mut c, session, partitions).map_err(|e| format!("{shown}: {e}"))
 }
 
 /// A loader for agent creation (on a turn worker, never the reactor), reading each
