@@ -195,7 +195,7 @@ fn turn_commit(bin: &std::path::Path, memory: bool) {
     let pct = |p: f64| outcomes[((outcomes.len() - 1) as f64 * p).round() as usize];
     let h = store.history_status(0..PARTITIONS);
     let session = "bench:dm:s0";
-    let key = format!("ts:{{p{}}}:h:{session}", partition_of(&session, PARTITIONS));
+    let key = format!("ts:{{p{}}}:h:{session}", partition_of(session, PARTITIONS));
     let usage: Option<u64> = redis::cmd("MEMORY")
         .arg("USAGE")
         .arg(key)
