@@ -225,6 +225,10 @@ struct Gateway {
 
 impl Gateway {
     fn start(mock: &Mock, redis: &Redis, id: &str, dir: &Path) -> Gateway {
+        Gateway::start_with(mock, redis, id, dir, &[])
+    }
+
+    fn start_with(mock: &Mock, redis: &Redis, id: &str, dir: &Path, extra: &[&str]) -> Gateway {
         let status = dir.join(format!("{id}.json"));
         let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
             .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "off"])
@@ -235,6 +239,7 @@ impl Gateway {
             .args(["--cluster", &redis.url(), "--instance-id", id])
             .args(["--partitions", "1", "--lease-ms", "500"])
             .args(["--cluster-rebalance", "false"])
+            .args(extra)
             .env_remove("OPENAI_API_KEY")
             .env_remove("TURNSTILE_AUTH_TOKEN")
             .stdout(Stdio::piped())
@@ -261,6 +266,25 @@ impl Gateway {
     fn send(&self, text: &str) -> String {
         let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
             .args(["send", "--addr", &self.addr, "--timeout", "60s", text])
+            .output()
+            .expect("run turnstile send");
+        assert!(out.status.success(), "send {text:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// Sends `text` in the chat `chat` (another session than `send`'s).
+    fn send_in(&self, chat: &str, text: &str) -> String {
+        let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+            .args([
+                "send",
+                "--addr",
+                &self.addr,
+                "--timeout",
+                "60s",
+                "--chat",
+                chat,
+                text,
+            ])
             .output()
             .expect("run turnstile send");
         assert!(out.status.success(), "send {text:?}: {out:?}");
@@ -407,5 +431,64 @@ fn new_then_a_failover_leaves_nothing_of_the_old_conversation() {
         mock.next_request().messages(),
         pairs(&[("user", "what did I ask you to remember?")]),
         "nothing from before /new"
+    );
+}
+
+#[test]
+fn a_conversation_read_on_a_connection_redis_closed_is_read_again_not_started_anew() {
+    let Some(bin) = require_redis() else { return };
+    let redis = Redis::start(&bin);
+    let mock = Mock::start(vec![
+        stream(&["Hello ", "Ann"], 5, 2),
+        stream(&["Hello Bob"], 5, 2),
+    ]);
+    let dir = tempfile::tempdir().expect("dir");
+    // One cached agent: another session's turn evicts Ann's, so her next message makes a new
+    // one, which reads the conversation back on the connection the earlier reads left open.
+    let owner = Gateway::start_with(
+        &mock,
+        &redis,
+        "owner",
+        dir.path(),
+        &["--max-cached-agents", "1"],
+    );
+    assert_eq!(owner.send("my name is Ann"), "Hello Ann");
+    mock.next_request();
+    assert_eq!(owner.send_in("bob", "I am Bob"), "Hello Bob");
+    mock.next_request();
+    owner.wait_status("Ann's agent is evicted", |s| {
+        find(s, "cached_agents") == Some(&serde_json::json!(1))
+    });
+    // Redis closes that connection (its idle `timeout`, a restart, a proxy): the connections
+    // whose last command was the read.
+    let mut admin = redis.client();
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(&mut admin)
+        .expect("CLIENT LIST");
+    let readers: Vec<&str> = clients
+        .lines()
+        .filter(|l| l.contains(" cmd=get "))
+        .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")))
+        .collect();
+    assert!(!readers.is_empty(), "{clients}");
+    for id in readers {
+        let _: redis::Value = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("ID")
+            .arg(id)
+            .query(&mut admin)
+            .expect("CLIENT KILL");
+    }
+    mock.push([stream(&["You are Ann"], 9, 3)]);
+    assert_eq!(owner.send("what is my name?"), "You are Ann");
+    assert_eq!(
+        mock.next_request().messages(),
+        pairs(&[
+            ("user", "my name is Ann"),
+            ("assistant", "Hello Ann"),
+            ("user", "what is my name?"),
+        ]),
+        "the new agent read the conversation on a new connection"
     );
 }

@@ -234,17 +234,22 @@ struct Reader {
 }
 
 impl Reader {
+    /// A connection kept from an earlier read may have been closed meanwhile (Redis's idle
+    /// `timeout`, a restart): its failure is tried once more on a new one, so that a
+    /// conversation is not started anew (and then overwritten) for a stale socket.
     fn read(&self, session: &str) -> Result<Vec<Exchange>, String> {
         let mut con = self.con.lock().unwrap_or_else(PoisonError::into_inner);
-        if con.is_none() {
-            *con = Some(connect(&self.client, self.timeout)?);
+        if let Some(c) = con.as_mut() {
+            match read_on(c, session, self.partitions) {
+                Ok(v) => return Ok(v),
+                Err(e) => log::debug!("session {session}: {e}; read again on a new connection"),
+            }
         }
-        let Some(c) = con.as_mut() else {
-            return Err("redis: no connection".into());
-        };
-        let read = read_on(c, session, self.partitions);
-        if read.is_err() {
-            *con = None;
+        *con = None;
+        let mut c = connect(&self.client, self.timeout)?;
+        let read = read_on(&mut c, session, self.partitions);
+        if read.is_ok() {
+            *con = Some(c);
         }
         read
     }
