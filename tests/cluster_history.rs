@@ -120,6 +120,12 @@ fn a_conversation_is_written_only_with_its_outcome_and_never_by_a_fenced_owner()
         .query(&mut redis.client())
         .expect("PTTL");
     assert!(pttl > 0, "the conversation expires (--history-ttl): {pttl}");
+    // Another instance loading the partition (as its next owner would) counts it at once.
+    let mut next = store(&redis, "next");
+    next.load_partition(p, now_ms()).expect("load");
+    let counted = next.history_status([p].into_iter());
+    let bytes = (session("ann").len() + r#"[["hi","hello"]]"#.len()) as u64;
+    assert_eq!((counted.sessions, counted.bytes), (1, bytes));
 
     // A stale owner's outcome is fenced: neither it nor its conversation is written.
     let stale = Lease {
