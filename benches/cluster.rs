@@ -3,6 +3,8 @@
 //! with `appendfsync always`, one call per round trip and pipelined in batches (the journal
 //! thread's group commit), from 1 and from 3 clients at once (3 instances). One JSON line per
 //! figure. `cargo bench --bench cluster [-- --messages N]`. Needs `redis-server` (Debian's).
+//! `-- --only turn-commit`: the outcome's commit with and without the openai agent's
+//! conversation (issue 35), and the bytes a conversation takes in Redis.
 
 #[path = "../tests/redis_support/mod.rs"]
 mod redis_support;
@@ -10,7 +12,7 @@ mod redis_support;
 use std::time::Instant;
 
 use turnstile::internal::cluster::{ClusterConfig, Done, Lease, Op, RedisStore, partition_of};
-use turnstile::internal::journal::now_ms;
+use turnstile::internal::journal::{kept_conversation, now_ms};
 use turnstile::{MessageFields, StoredMessage, StoredOutcome};
 
 const PARTITIONS: u32 = 64;
@@ -135,6 +137,81 @@ fn run(url: &str, leases: &[Lease], client: usize, messages: u64, batch: usize) 
     done
 }
 
+/// A conversation of `n` typical exchanges: a 100-character question, a 500-character answer
+/// (as `benches/journal.rs` stores it).
+fn conversation(n: usize) -> Vec<(String, String)> {
+    let cut = |s: String, n: usize| s.chars().cycle().take(n).collect::<String>();
+    (0..n)
+        .map(|i| {
+            let user = cut(format!("question {i} about the product? "), 100);
+            let answer = cut(format!("answer {i}, in several sentences. "), 500);
+            (user, answer)
+        })
+        .collect()
+}
+
+/// One turn at a time in 50 sessions, as the owner's journal thread writes them: accept,
+/// started, then the outcome (timed), then delivered; with `memory`, the outcome carries the
+/// session's conversation of 20 typical exchanges. Prints the outcome's commit latencies,
+/// the bytes stored per session as the store counts them and Redis's `MEMORY USAGE` of one.
+fn turn_commit(bin: &std::path::Path, memory: bool) {
+    let redis = redis_support::Redis::start(bin);
+    let url = redis.url();
+    let leases = leases(&url);
+    let mut store = RedisStore::connect(ClusterConfig {
+        partitions: PARTITIONS,
+        ..ClusterConfig::new(url.as_str(), "bench")
+    })
+    .expect("connect");
+    let exchanges = conversation(20);
+    let mut outcomes = Vec::new();
+    for i in 0..1000u64 {
+        let chat = format!("s{}", i % 50);
+        let session = format!("bench:dm:{chat}");
+        let text = "a message of about forty bytes of text..";
+        let m = StoredMessage::new(
+            0,
+            "bench",
+            MessageFields::new(&format!("t{i}"), &chat, text),
+            now_ms() + 600_000,
+        );
+        let p = partition_of(&session, PARTITIONS);
+        let seq = match store.accept(p, &session, &m, 100, now_ms()) {
+            Ok(turnstile::internal::cluster::Accept::New { seq, .. }) => seq,
+            other => panic!("accept: {other:?}"),
+        };
+        let lease = &leases[p as usize];
+        store.started(lease, seq, 1).expect("started");
+        let mut o = outcome();
+        if memory {
+            o.memory = Some(kept_conversation(&session, exchanges.clone()));
+        }
+        let t = Instant::now();
+        store.outcome(lease, seq, &o).expect("outcome");
+        outcomes.push(t.elapsed().as_secs_f64() * 1000.0);
+        store.delivered(p, seq, now_ms()).expect("delivered");
+    }
+    outcomes.sort_by(f64::total_cmp);
+    let pct = |p: f64| outcomes[((outcomes.len() - 1) as f64 * p).round() as usize];
+    let h = store.history_status(0..PARTITIONS);
+    let session = "bench:dm:s0";
+    let key = format!("ts:{{p{}}}:h:{session}", partition_of(session, PARTITIONS));
+    let usage: Option<u64> = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(key)
+        .query(&mut redis.client())
+        .expect("MEMORY USAGE");
+    println!(
+        "{{\"figure\":\"cluster_turn_commit\",\"durable_history\":{memory},\"turns\":1000,\"outcome_p50_ms\":{:.3},\"outcome_p99_ms\":{:.3},\"sessions_stored\":{},\"bytes_per_session\":{},\"redis_memory_usage_per_key\":{},\"load\":\"{}\"}}",
+        pct(0.5),
+        pct(0.99),
+        h.sessions,
+        h.bytes.checked_div(h.sessions).unwrap_or(0),
+        usage.unwrap_or(0),
+        load()
+    );
+}
+
 fn load() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
@@ -145,6 +222,11 @@ fn main() {
     let Some(bin) = redis_support::require_redis() else {
         return;
     };
+    if arg("--only").as_deref() == Some("turn-commit") {
+        turn_commit(&bin, false);
+        turn_commit(&bin, true);
+        return;
+    }
     let messages: u64 = arg("--messages")
         .and_then(|n| n.parse().ok())
         .unwrap_or(20_000);

@@ -2,8 +2,9 @@
 //! history, `serve --data-dir`) printed as JSON lines, one exchange a line, oldest first:
 //! `{"session":"…","user":"…","assistant":"…"}`. It opens the journal read-only; the
 //! running gateway holds its database locked, so it reads a stopped gateway's directory (or
-//! a copy). Exit codes: 0 printed (nothing for a session with no stored conversation);
-//! 1 the journal cannot be read; 2 usage.
+//! a copy). With `--cluster URL` it reads the cluster's Redis instead, while the cluster
+//! runs. Exit codes: 0 printed (nothing for a session with no stored conversation);
+//! 1 the journal or Redis cannot be read; 2 usage.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -29,6 +30,15 @@ enum Action {
         /// The gateway's `--data-dir`.
         #[arg(long, default_value = ".")]
         data_dir: PathBuf,
+        /// Read the cluster's Redis instead (`serve --cluster URL`), while it runs; from the
+        /// environment, a password stays out of the process list.
+        #[arg(
+            long,
+            value_name = "URL",
+            env = "TURNSTILE_CLUSTER",
+            conflicts_with = "data_dir"
+        )]
+        cluster: Option<String>,
     },
 }
 
@@ -42,8 +52,16 @@ struct Line<'a> {
 
 /// Runs `history`; returns the exit code.
 pub(crate) fn run(args: HistoryArgs) -> i32 {
-    let Action::Export { session, data_dir } = args.action;
-    let exchanges = match crate::journal::export_history(&data_dir, &session) {
+    let Action::Export {
+        session,
+        data_dir,
+        cluster,
+    } = args.action;
+    let exchanges = match cluster {
+        Some(url) => crate::cluster::export_history(&url, &session),
+        None => crate::journal::export_history(&data_dir, &session),
+    };
+    let exchanges = match exchanges {
         Ok(e) => e,
         Err(e) => {
             eprintln!("turnstile history export: {e}");

@@ -60,4 +60,4 @@ pub use store::{
     RedisStore, Stream, StreamEntry, partition_of,
 };
 #[cfg(feature = "cluster")]
-pub(crate) use store::{DEFAULT_DRAIN, default_instance_id};
+pub(crate) use store::{DEFAULT_DRAIN, default_instance_id, export_history, history_loader};

@@ -7,7 +7,6 @@
 
 use std::fmt;
 use std::sync::Arc;
-#[cfg(feature = "sqlite")]
 use std::time::Duration;
 
 /// One exchange: what the user said, what the model answered.
@@ -15,21 +14,23 @@ pub(crate) type Exchange = (String, String);
 
 /// Reads a session's stored conversation, oldest exchange first (empty: none stored). Runs
 /// on a turn worker when the session's agent is created; it may wait for the journal's
-/// commit in progress.
-#[cfg(feature = "sqlite")]
+/// commit in progress. Kept by the SQLite journal (`--data-dir`) and by the Redis store
+/// (`--cluster`, `cluster/store/history.rs`).
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 pub(crate) type MemoryLoader = Arc<dyn Fn(&str) -> Result<Vec<Exchange>, String> + Send + Sync>;
 
 /// Default `--history-ttl`: a conversation nobody continued for 30 days is forgotten.
-#[cfg(feature = "sqlite")]
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 pub(crate) const DEFAULT_HISTORY_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 /// Default `--history-bytes`, the stored conversations together: 64 MiB. A full conversation
 /// under the default `--history-chars` (24,000) is about 25 KB of JSON, so this keeps ~2,600
 /// full ones (many more short ones) on any disk that holds the gateway at all.
-#[cfg(feature = "sqlite")]
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 pub(crate) const DEFAULT_HISTORY_BYTES: u64 = 64 << 20;
 
-/// The bounds of the stored conversations, enforced by the journal.
-#[cfg(feature = "sqlite")]
+/// The bounds of the stored conversations, enforced by the journal (with `--cluster`, by the
+/// Redis store: `max_bytes` split evenly among the partitions).
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct HistoryLimits {
     /// A conversation untouched this long is deleted (swept by the journal thread).
@@ -38,7 +39,6 @@ pub(crate) struct HistoryLimits {
     pub(crate) max_bytes: u64,
 }
 
-#[cfg(feature = "sqlite")]
 impl Default for HistoryLimits {
     fn default() -> Self {
         HistoryLimits {

@@ -87,7 +87,7 @@ pub(crate) struct Gauges {
 }
 
 impl Gauges {
-    fn publish_history(&self, h: Option<HistoryStatus>) {
+    pub(crate) fn publish_history(&self, h: Option<HistoryStatus>) {
         let values = h.map_or([UNKNOWN, 0, 0, 0], |h| {
             [h.sessions, h.bytes, h.evicted, h.expired]
         });

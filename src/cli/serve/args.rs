@@ -240,11 +240,11 @@ pub(crate) struct ServeArgs {
     #[arg(long)]
     pub(super) history_chars: Option<usize>,
     /// Seconds without a turn after which a session's stored conversation is deleted (with
-    /// --data-dir: the openai agent's history is kept in the journal)
+    /// --data-dir or --cluster: the openai agent's history is kept in the journal or Redis)
     #[arg(long)]
     pub(super) history_ttl: Option<Seconds>,
-    /// Bytes of stored conversations in all (with --data-dir); past it, the least recently
-    /// continued ones are deleted
+    /// Bytes of stored conversations in all (with --data-dir; with --cluster, split evenly
+    /// among the partitions); past it, the least recently continued ones are deleted
     #[arg(long)]
     pub(super) history_bytes: Option<Bytes>,
     /// Prefix "[from: NAME (id ID); meta: {...}]" to the user's text

@@ -182,10 +182,13 @@ fn preflight(mut s: Settings, check_only: bool) -> Result<Preflight, StartError>
             format!("--status-file {}: {e}", path.display()),
         ));
     }
-    if let Some(c) = &s.cluster {
+    if let Some(c) = s.cluster.clone() {
         // Reachable, syncing every write before its ack, of the same partition count.
-        crate::cluster::RedisStore::connect(c.clone())
-            .map_err(|e| exit::store_error(&e, format_args!("--cluster {}", c.shown_url())))?;
+        let what = format_args!("--cluster {}", c.shown_url());
+        crate::cluster::RedisStore::connect(c.clone()).map_err(|e| exit::store_error(&e, what))?;
+        // The openai agent's conversations are read from Redis when a session's agent is made.
+        s.memory =
+            Some(crate::cluster::history_loader(&c).map_err(|e| exit::store_error(&e, what))?);
     }
     let data = match &s.data_dir {
         None => None,
@@ -343,6 +346,7 @@ fn join_cluster(
     let connect =
         || crate::cluster::RedisStore::connect(c.clone()).map_err(|e| exit::store_error(&e, what));
     let (mut journal, reader) = (connect()?, connect()?);
+    journal.set_history_limits(s.history.ttl, s.history.max_bytes);
     // One process per id: a twin would skip the other's messages as its own.
     journal
         .claim_instance()

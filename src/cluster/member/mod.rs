@@ -314,6 +314,8 @@ impl Member {
                 self.commit(batch, kept, &mut c);
             }
             self.release_drained(&mut c);
+            let owned = self.own.held().map(|l| l.partition);
+            (self.gauges).publish_history(Some(self.store.history_status(owned)));
             if wrote || c != Report::default() {
                 if !out.send(c) {
                     return;

@@ -95,6 +95,10 @@ impl RedisStore {
                 .dedup
                 .push((platform.to_string(), id.to_string(), until));
         }
+        // The status counts its conversations from now on; a failed count is no failed load.
+        if let Err(e) = self.count_history(partition) {
+            log::debug!("partition {partition}: its conversations were not counted: {e}");
+        }
         Ok(out)
     }
 

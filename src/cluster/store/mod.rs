@@ -13,6 +13,7 @@
 
 mod generation;
 mod hello;
+mod history;
 mod leases;
 mod load;
 mod read;
@@ -21,6 +22,8 @@ mod replicas;
 mod scripts;
 
 pub use hello::{FWD_MAXLEN, FwdEntry};
+#[cfg_attr(not(feature = "cli"), allow(unused_imports))]
+pub(crate) use history::{export_history, history_loader};
 pub(crate) use registry::default_instance_id;
 
 use std::collections::HashMap;
@@ -29,9 +32,8 @@ use std::time::Duration;
 use redis::{Script, Value};
 
 use crate::journal::{Recovered, StoreError, StoredMessage, StoredOutcome};
-use scripts::{
-    ACCEPT, ACQUIRE, FINISH, HEARTBEAT, LEAVE, LOAD, OUTCOME, RELEASE, RENEW, STARTED, Scripts,
-};
+use history::{Histories, OUTCOME};
+use scripts::{ACCEPT, ACQUIRE, FINISH, HEARTBEAT, LEAVE, LOAD, RELEASE, RENEW, STARTED, Scripts};
 
 /// The key prefix of every key the store writes.
 const PREFIX: &str = "ts";
@@ -249,6 +251,8 @@ pub struct RedisStore {
     /// The highest seq this store has seen of each partition (its accepts, its loads): a
     /// partition whose count is below it is an older copy (`generation.rs`).
     marks: HashMap<u32, u64>,
+    /// The openai agent's stored conversations: bounds and figures (`history.rs`).
+    histories: Histories,
 }
 
 /// Which of a partition's streams.
@@ -373,6 +377,7 @@ impl RedisStore {
             generation: String::new(),
             distrust: None,
             marks: HashMap::new(),
+            histories: Histories::default(),
         };
         store.check_auth()?;
         store.check_fsync()?;
@@ -679,8 +684,10 @@ impl RedisStore {
             }
         })?;
         for (op, v) in ops.iter().zip(&answers) {
-            if let Op::Accept { partition, .. } = op {
-                self.note_accept_answer(*partition, v);
+            match op {
+                Op::Accept { partition, .. } => self.note_accept_answer(*partition, v),
+                Op::Outcome { lease, .. } => self.note_outcome_answer(lease.partition, v),
+                _ => {}
             }
         }
         self.wait_replicas()?;
@@ -758,19 +765,7 @@ impl RedisStore {
                 lease,
                 seq,
                 outcome,
-            } => {
-                let keys = Keys::of(lease.partition);
-                let mut c = evalsha(&s.outcome, &[keys.k("lease"), keys.k("out")]);
-                c.arg(&lease.token)
-                    .arg(keys.message(seq))
-                    .arg(seq)
-                    .arg(&outcome.head)
-                    .arg(&outcome.text)
-                    .arg(&outcome.tail)
-                    .arg(STREAM_MAXLEN)
-                    .arg(&self.cfg.instance);
-                c
-            }
+            } => self.outcome_cmd(lease, seq, outcome),
             Op::Delivered { partition, seq } | Op::Forget { partition, seq } => {
                 let keys = Keys::of(partition);
                 let names = ["q", "dedup", "dedupx", "sessions"].map(|k| keys.k(k));

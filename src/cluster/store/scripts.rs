@@ -66,21 +66,7 @@ redis.call('HSET', ARGV[2], 'st', ARGV[3])
 return {'ok'}
 ";
 
-/// KEYS: lease, outcome stream. ARGV: token, message key, seq, head, text, tail, maxlen,
-/// instance. Fenced unless the lease is the token; a second outcome for the message changes
-/// nothing (a retried write whose first try did land). The stream entry names the message's
-/// origin (whose reader wants it) and the writer (`by`: an origin that wrote it itself has
-/// the result already, and its reader skips the entry).
-pub(super) const OUTCOME: &str = r"
-local l = redis.call('GET', KEYS[1])
-if l ~= ARGV[1] then return {'fenced', l or ''} end
-if redis.call('EXISTS', ARGV[2]) == 0 then return {'gone'} end
-if redis.call('HEXISTS', ARGV[2], 'oh') == 1 then return {'again'} end
-redis.call('HSET', ARGV[2], 'oh', ARGV[4], 'ot', ARGV[5], 'ol', ARGV[6])
-local origin = redis.call('HGET', ARGV[2], 'o') or ''
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[7], '*', 'seq', ARGV[3], 'origin', origin, 'by', ARGV[8])
-return {'ok'}
-";
+// OUTCOME: in `history.rs`, beside the conversation it writes with the outcome.
 
 /// KEYS: q, dedup, dedupx, sessions. ARGV: message key, seq, now, forget (1: the id leaves
 /// the duplicate window too). Delivered (0) or forgotten (1): the message leaves the store.
