@@ -614,6 +614,11 @@ pub struct ClusterStatus {
     /// Messages acked here whose outcome another instance owes (each holds its route and
     /// an outbox reservation, within the platforms' bounds).
     pub remote_waiting: usize,
+    /// Messages accepted here into a partition owned here, durable, held until the stream
+    /// reader has brought every message accepted before them elsewhere (per-session order
+    /// across instances); they count against `--max-pending-durable` (10,000), past which
+    /// a new message is refused `overloaded`.
+    pub order_held: usize,
     /// Outcomes from the stream kept until their message is known here (one can come before
     /// this instance's own journal reports the message placed); at most the messages in
     /// flight plus 1,024, the oldest dropped past it.

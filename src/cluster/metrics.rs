@@ -51,6 +51,12 @@ pub(super) const CLUSTER: &[Metric<ClusterStatus>] = &[
         read: |c| Value(n(c.remote_waiting)),
     },
     Metric {
+        name: "turnstile_cluster_order_held",
+        help: "Messages accepted here into owned partitions, held until the reader brought every earlier one.",
+        kind: Gauge,
+        read: |c| Value(n(c.order_held)),
+    },
+    Metric {
         name: "turnstile_cluster_early_outcomes",
         help: "Outcomes from the stream kept until their message is known here.",
         kind: Gauge,
@@ -181,6 +187,7 @@ mod tests {
             owned_partitions: 5,
             owned: vec![1, 2, 3, 4, 5],
             remote_waiting: 6,
+            order_held: 41,
             gained: 7,
             lost: 8,
             fenced: 9,
@@ -216,6 +223,7 @@ mod tests {
             "turnstile_cluster_partitions 64",
             "turnstile_cluster_partitions_owned 5",
             "turnstile_cluster_remote_waiting 6",
+            "turnstile_cluster_order_held 41",
             "turnstile_cluster_partition_changes_total{change=\"gained\"} 7",
             "turnstile_cluster_partition_changes_total{change=\"lost\"} 8",
             "turnstile_cluster_partition_changes_total{change=\"fenced\"} 9",
