@@ -658,6 +658,9 @@ pub struct ClusterStatus {
     pub reader_reconnects: u64,
     /// The reader's last read failed.
     pub reader_failing: bool,
+    /// What the reader brought and the reactor has not taken yet (at most 4,096,
+    /// `MAX_ARRIVALS`; at the bound the reader waits for room, reading nothing more).
+    pub reader_arrivals: usize,
     /// The hello registry's and the forwards' requests waiting for Redis on the reader
     /// (at most 4,096, `MAX_REQUESTS`; past it a new one is dropped, with a WARN).
     pub forward_requests: usize,

@@ -138,6 +138,12 @@ pub(super) const CLUSTER: &[Metric<ClusterStatus>] = &[
         read: |c| Value(f64::from(u8::from(c.reader_failing))),
     },
     Metric {
+        name: "turnstile_cluster_reader_arrivals",
+        help: "What the stream reader brought and the reactor has not taken yet (at most 4,096).",
+        kind: Gauge,
+        read: |c| Value(n(c.reader_arrivals)),
+    },
+    Metric {
         name: "turnstile_cluster_forward_requests",
         help: "Hello and forward requests waiting for Redis on the reader (at most 4,096).",
         kind: Gauge,
@@ -196,6 +202,7 @@ mod tests {
             reader_failures: 12,
             reader_reconnects: 13,
             reader_failing: true,
+            reader_arrivals: 42,
             early_outcomes: 14,
             early_outcomes_dropped: 15,
             own_outcome_entries: 40,
@@ -232,6 +239,7 @@ mod tests {
             "turnstile_cluster_reader_failures_total 12",
             "turnstile_cluster_reader_reconnects_total 13",
             "turnstile_cluster_reader_failing 1",
+            "turnstile_cluster_reader_arrivals 42",
             "turnstile_cluster_early_outcomes 14",
             "turnstile_cluster_early_outcomes_dropped_total 15",
             "turnstile_cluster_partitions_draining 2",

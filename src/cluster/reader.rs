@@ -240,6 +240,7 @@ impl Reader {
         s.reader_failures = h.failures;
         s.reader_reconnects = h.reconnects;
         s.reader_failing = h.failing;
+        s.reader_arrivals = self.arrivals.len();
         s.live_instances.clone_from(&h.live);
         s.forward_requests = h.requests;
         s.forward_requests_dropped = h.requests_dropped;
