@@ -11,8 +11,9 @@
 //!   session with its cap in flight cluster-wide is refused `queue_full`.
 //! - A **gained** partition is rebuilt as start-up recovery rebuilds the journal
 //!   ([`Bridge::recover`]); a message of it this bridge was waiting for remotely is taken back
-//!   from its wait first. A message accepted into an owned partition afterwards (by any
-//!   instance) arrives from the inbox and is queued the same way.
+//!   from its wait first. A message accepted into an owned partition afterwards by another
+//!   instance arrives from the inbox and is queued the same way; one accepted here is
+//!   submitted once the reader has passed its inbox entry (`order.rs`), behind the others.
 //! - A **lost or fenced** partition is **handed over** in place: its sessions leave the
 //!   runtime ([`Action::HandOver`], the core's `Input::HandOver`) and every one of its
 //!   messages leaves this instance with no outcome record and nothing sent, as
