@@ -214,7 +214,7 @@ fn a_bridge_alternating_instances_within_each_session_gets_every_session_run_in_
     let mut m2_acks: Vec<Duration> = Vec::new();
     let mut answered: HashMap<String, Value> = HashMap::new();
     let t0 = Instant::now();
-    let mut next = |what: &str| -> Value {
+    let next = |what: &str| -> Value {
         let left = WAIT.saturating_sub(t0.elapsed());
         rx.recv_timeout(left)
             .unwrap_or_else(|_| panic!("{what}: nothing within {WAIT:?}"))
