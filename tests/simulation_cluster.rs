@@ -1232,12 +1232,14 @@ impl World {
         let Some(g) = self.insts[i].as_mut() else {
             return Ok(());
         };
+        // As cluster/shell/member.rs: ended first, so that a partition lost and gained in
+        // one report is read from its new load.
+        for p in c.cluster.lost.iter().chain(&c.cluster.fenced) {
+            g.inboxes.remove(p);
+        }
         for (p, loaded) in &c.cluster.gained {
             let after = loaded.inbox_after.parse().unwrap_or(0);
             g.inboxes.insert(*p, after);
-        }
-        for p in c.cluster.lost.iter().chain(&c.cluster.fenced) {
-            g.inboxes.remove(p);
         }
         let local = g.local(now);
         g.bridge.journaled_with(c.base, c.cluster, local);

@@ -17,7 +17,7 @@
 //! acked here and waiting for the next owner's outcome (its `position` as Redis counted
 //! it), as any message accepted here for a partition owned elsewhere.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::super::Bridge;
 use super::super::routes::Phase;
@@ -97,7 +97,7 @@ impl Bridge {
         draining: &[u32],
     ) {
         let cluster = &mut self.cluster;
-        let mut held = Vec::new();
+        let mut held = HashSet::new();
         for &tag in &c.durable {
             let Some((p, seq)) = cluster.cluster_tag_of(tag).and_then(tag_parts) else {
                 continue;
@@ -111,7 +111,7 @@ impl Bridge {
             log::debug!("message {tag}: held until the reader passes partition {p}'s seq {seq}");
             let position = ahead.get(&tag).copied();
             cluster.order.held.insert((p, seq), Held { tag, position });
-            held.push(tag);
+            held.insert(tag);
         }
         if !held.is_empty() {
             c.durable.retain(|t| !held.contains(t));

@@ -263,7 +263,8 @@ impl Bridge {
 
     /// The cluster's part of a journal report, applied before the rest (see
     /// [`Bridge::clustered`]): returns the rest of the report (less the outcomes not
-    /// written), the partitions to hand over once the rest is applied, and every partition
+    /// written, and less the own accepts held behind their inbox: `order.rs`), the
+    /// partitions to hand over once the rest is applied, and every partition
     /// the report ends, regained in it or not (no turn held under the old lease starts:
     /// `runs_here`).
     pub(in crate::server::bridge) fn cluster_part(
@@ -504,9 +505,9 @@ impl Bridge {
         self.platforms.maybe_free(&platform);
     }
 
-    /// Durable in Redis, owned elsewhere (or handed over before it was submitted): acked now (`queued`, `position` the session's
-    /// messages in flight across the cluster when Redis accepted it), and its route waits
-    /// for the outcome.
+    /// Durable in Redis, owned elsewhere (or handed over while held, `order.rs`): acked now
+    /// (`queued`, `position` the session's messages in flight across the cluster when Redis
+    /// accepted it), and its route waits for the outcome.
     pub(in crate::server::bridge) fn acked_remote(
         &mut self,
         tag: u64,

@@ -496,9 +496,9 @@ impl Member {
                         self.tags.insert(m.seq, (*partition, seq));
                         self.back.insert((*partition, seq), m.seq);
                         c.cluster.placed.push((m.seq, cluster_tag(*partition, seq)));
+                        c.cluster.ahead.push((m.seq, ahead));
                         // A draining partition queues nothing new here: its next owner
                         // loads the message, and this bridge waits for its outcome.
-                        c.cluster.ahead.push((m.seq, ahead));
                         if self.own.holds(*partition) && !self.own.is_draining(*partition) {
                             c.durable.push(m.seq);
                         } else {
