@@ -33,8 +33,12 @@ struct Server {
 
 impl Server {
     /// `serve --cluster` as `instance` with an exec agent that appends each turn's message
-    /// id to `effects`, then answers its text.
+    /// id to `effects`, then answers its text; the default lease.
     fn start(redis: &Redis, instance: &str, effects: &Path) -> Server {
+        Server::start_leased(redis, instance, effects, 3000)
+    }
+
+    fn start_leased(redis: &Redis, instance: &str, effects: &Path, lease_ms: u64) -> Server {
         let agent = format!(
             "printf '%s\\n' \"$TURNSTILE_MESSAGE_ID\" >> '{}'; cat",
             effects.display()
@@ -45,6 +49,7 @@ impl Server {
             .args(["--listen", "127.0.0.1:0", "--http-listen", "off"])
             .args(["--cluster", &redis.url(), "--instance-id", instance])
             .args(["--partitions", &PARTITIONS.to_string()])
+            .args(["--lease-ms", &lease_ms.to_string()])
             // Who owns what is this test's to say: no rebalancing.
             .args(["--cluster-rebalance", "false"])
             .args(["--agent", "exec", "--agent-cmd", &agent])
@@ -76,6 +81,14 @@ impl Server {
     }
 }
 
+impl Server {
+    fn signal(&self, sig: libc::c_int) {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("pid");
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill({pid}, {sig})");
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -83,25 +96,36 @@ impl Drop for Server {
     }
 }
 
-/// Waits (bounded) until `instance` holds every partition's lease.
-fn until_all_held_by(redis: &Redis, instance: &str) {
-    let t0 = Instant::now();
-    let prefix = format!("{instance}:");
+/// Each partition's lease now (`<instance>:<epoch>`, or none).
+fn leases(redis: &Redis) -> Vec<Option<String>> {
     let mut c = redis.client();
-    loop {
-        let held = (0..PARTITIONS).all(|p| {
+    (0..PARTITIONS)
+        .map(|p| {
             redis::cmd("GET")
                 .arg(format!("ts:{{p{p}}}:lease"))
                 .query::<Option<String>>(&mut c)
                 .expect("GET")
-                .is_some_and(|h| h.starts_with(&prefix))
-        });
-        if held {
-            return;
-        }
-        assert!(t0.elapsed() < WAIT, "{instance} never held every partition");
+        })
+        .collect()
+}
+
+/// Waits (bounded) until the leases satisfy `done`: a lease changes hands on Redis's clock,
+/// not on an event this test can wait on, so Redis is polled.
+fn until_leases(redis: &Redis, what: &str, done: impl Fn(&[Option<String>]) -> bool) {
+    let t0 = Instant::now();
+    while !done(&leases(redis)) {
+        assert!(t0.elapsed() < WAIT, "{what}: {:?}", leases(redis));
         std::thread::park_timeout(Duration::from_millis(10));
     }
+}
+
+/// Waits (bounded) until `instance` holds every partition's lease.
+fn until_all_held_by(redis: &Redis, instance: &str) {
+    let prefix = format!("{instance}:");
+    until_leases(redis, &format!("{instance} holds every partition"), |l| {
+        l.iter()
+            .all(|h| h.as_deref().is_some_and(|h| h.starts_with(&prefix)))
+    });
 }
 
 /// A bridge connection (`acks`): its write side, and a thread that sends every line it
@@ -277,6 +301,60 @@ fn a_bridge_alternating_instances_within_each_session_gets_every_session_run_in_
             (Some("reply"), Some(id.as_str())),
             "{v}"
         );
+    }
+    drop(a);
+}
+
+/// An owner paused past its lease with no other instance to take its partitions wakes, loses
+/// them and gains them again in one pass (one report). Its reader must then read their
+/// inboxes from the new loads: a message another instance accepts afterwards is run and
+/// answered (and its own accepts, held behind the inbox, are released). Before, the reader
+/// was told to read the gained inbox, then to stop reading the lost one: the message was
+/// acked and never answered.
+#[test]
+fn an_owner_that_loses_and_regains_its_partitions_in_one_pass_reads_their_inboxes_again() {
+    let Some(bin) = require_redis() else { return };
+    let redis = Redis::start(&bin);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let effects = dir.path().join("effects.log");
+    let lease_ms = 1000;
+    let b = Server::start_leased(&redis, "b", &effects, lease_ms);
+    until_all_held_by(&redis, "b");
+    let before = leases(&redis);
+    b.signal(libc::SIGSTOP);
+    until_leases(&redis, "every lease expired", |l| {
+        l.iter().all(Option::is_none)
+    });
+    b.signal(libc::SIGCONT);
+    until_leases(
+        &redis,
+        "b holds every partition again, under new epochs",
+        |l| {
+            l.iter()
+                .zip(&before)
+                .all(|(now, was)| now.as_deref().is_some_and(|h| h.starts_with("b:")) && now != was)
+        },
+    );
+    let a = Server::start_leased(&redis, "a", &effects, lease_ms);
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let mut to_a = connect(&a.addr, "a", tx.clone());
+    let mut to_b = connect(&b.addr, "b", tx);
+    // One message through a (b runs it from its inbox), one through b (b's own accept).
+    for s in 0..4 {
+        message(&mut to_a, &format!("a{s}"), &s.to_string());
+        message(&mut to_b, &format!("b{s}"), &(10 + s).to_string());
+    }
+    let mut answered: HashMap<String, Value> = HashMap::new();
+    let t0 = Instant::now();
+    while answered.len() < 8 {
+        let left = WAIT.saturating_sub(t0.elapsed());
+        let Ok(v) = rx.recv_timeout(left) else {
+            panic!("answered within {WAIT:?}: {:?}", answered.keys());
+        };
+        assert_ne!(v["op"], "reject", "{v}");
+        if v["op"] == "reply" {
+            answered.insert(v["id"].as_str().unwrap_or_default().to_owned(), v);
+        }
     }
     drop(a);
 }
