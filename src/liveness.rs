@@ -614,6 +614,11 @@ pub struct ClusterStatus {
     /// Messages acked here whose outcome another instance owes (each holds its route and
     /// an outbox reservation, within the platforms' bounds).
     pub remote_waiting: usize,
+    /// Messages accepted here into a partition owned here, durable, held until the stream
+    /// reader has brought every message accepted before them elsewhere (per-session order
+    /// across instances); they count against `--max-pending-durable` (10,000), past which
+    /// a new message is refused `overloaded`.
+    pub order_held: usize,
     /// Outcomes from the stream kept until their message is known here (one can come before
     /// this instance's own journal reports the message placed); at most the messages in
     /// flight plus 1,024, the oldest dropped past it.
@@ -653,6 +658,9 @@ pub struct ClusterStatus {
     pub reader_reconnects: u64,
     /// The reader's last read failed.
     pub reader_failing: bool,
+    /// What the reader brought and the reactor has not taken yet (at most 4,096,
+    /// `MAX_ARRIVALS`; at the bound the reader waits for room, reading nothing more).
+    pub reader_arrivals: usize,
     /// The hello registry's and the forwards' requests waiting for Redis on the reader
     /// (at most 4,096, `MAX_REQUESTS`; past it a new one is dropped, with a WARN).
     pub forward_requests: usize,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use turnstile::BridgeConfig;
 use turnstile::CancelReason;
-use turnstile::internal::cluster::{Arrival, ClusterReport, cluster_tag};
+use turnstile::internal::cluster::{Arrival, ClusterReport, cluster_tag, tag_parts};
 use turnstile::internal::journal::Committed;
 use turnstile::internal::server::{Action, Bridge, ConnId, Flushed};
 use turnstile::{AcceptState, MessageEvent, TurnId};
@@ -113,6 +113,24 @@ impl Net {
         self.pump();
     }
 
+    /// The journal thread's report; the stream reader is taken to have passed the inbox
+    /// entries of the messages it places already (it may be ahead of the report or behind
+    /// it: `reader_behind` plays the other case).
+    fn journaled_with(&mut self, c: Committed, cluster: ClusterReport, now: Duration) {
+        for &(_, ct) in &cluster.placed {
+            let (partition, seq) = tag_parts(ct).expect("a cluster tag");
+            self.b.arrived(Arrival::Reached { partition, seq }, now);
+        }
+        self.b.journaled_with(c, cluster, now);
+        self.pump();
+    }
+
+    /// As `journaled_with`, the reader not yet past the inbox entries of what it places.
+    fn reader_behind(&mut self, c: Committed, cluster: ClusterReport) {
+        self.b.journaled_with(c, cluster, self.now);
+        self.pump();
+    }
+
     fn report(&mut self, taken: usize, cluster: ClusterReport) {
         let (c, c_cluster) = (
             Committed {
@@ -121,7 +139,7 @@ impl Net {
             },
             cluster,
         );
-        self.b.journaled_with(c, c_cluster, self.now);
+        self.journaled_with(c, c_cluster, self.now);
         self.pump();
     }
 }
@@ -159,7 +177,7 @@ impl Net {
                 ..ClusterReport::default()
             },
         );
-        self.b.journaled_with(durable, durable_cluster, self.now);
+        self.journaled_with(durable, durable_cluster, self.now);
         self.pump();
     }
 }
@@ -404,7 +422,7 @@ fn an_outcome_the_store_did_not_write_is_never_sent() {
             ..ClusterReport::default()
         },
     );
-    n.b.journaled_with(fenced, fenced_cluster, n.now);
+    n.journaled_with(fenced, fenced_cluster, n.now);
     n.pump();
     n.report(0, ClusterReport::default());
     assert!(n.take(c).is_empty(), "a fenced outcome reached the bridge");
@@ -449,7 +467,7 @@ fn a_lost_partition_hands_its_messages_over_without_outcomes_and_the_rest_serves
             ..ClusterReport::default()
         },
     );
-    n.b.journaled_with(placed, placed_cluster, n.now);
+    n.journaled_with(placed, placed_cluster, n.now);
     n.pump();
     // Accepted elsewhere into partition 3: queued here too.
     let other = cluster_tag(3, 9);
@@ -592,7 +610,7 @@ fn a_message_durable_in_the_report_that_loses_its_partition_ends_with_it_and_a_r
             ..ClusterReport::default()
         },
     );
-    n.b.journaled_with(both, both_cluster, n.now);
+    n.journaled_with(both, both_cluster, n.now);
     n.pump();
     assert_eq!(n.order, vec!["submit m1", "hand over 1"]);
     assert_eq!(
@@ -686,7 +704,7 @@ fn a_refused_outcome_of_a_message_accepted_here_is_answered_by_the_next_owner() 
             ..ClusterReport::default()
         },
     );
-    n.b.journaled_with(durable, durable_cluster, n.now);
+    n.journaled_with(durable, durable_cluster, n.now);
     n.pump();
     let message = n.messages.pop().expect("message");
     let event = |kind| MessageEvent {
@@ -722,7 +740,7 @@ fn a_refused_outcome_of_a_message_accepted_here_is_answered_by_the_next_owner() 
             ..ClusterReport::default()
         },
     );
-    n.b.journaled_with(fenced, fenced_cluster, n.now);
+    n.journaled_with(fenced, fenced_cluster, n.now);
     n.pump();
     assert!(n.take(c).is_empty(), "a refused outcome reached the bridge");
     n.arrive(Arrival::Outcome {
@@ -773,7 +791,7 @@ fn draining_setup() -> (Net, ConnId, Vec<u64>, Vec<Message>) {
             ..ClusterReport::default()
         },
     );
-    n.b.journaled_with(placed, placed_cluster, n.now);
+    n.journaled_with(placed, placed_cluster, n.now);
     n.pump();
     let tags = n.submitted.clone();
     let messages = std::mem::take(&mut n.messages);
@@ -1715,4 +1733,190 @@ fn drained(b: &Bridge) -> (u64, u64) {
 fn early_outcomes(b: &Bridge) -> (usize, u64) {
     let s = b.cluster_status();
     (s.early_outcomes, s.early_outcomes_dropped)
+}
+
+/// A message of chat 1 accepted elsewhere into partition `p` as `seq`, as the reader brings
+/// it (its id `id`).
+fn inbox_message(like: &StoredMessage, p: u32, seq: u64, id: &str) -> Arrival {
+    let tag = cluster_tag(p, seq);
+    let mut m = RecoveredMessage {
+        message: like.clone(),
+        starts: 0,
+        outcome: None,
+    };
+    (m.message.seq, m.message.fields.id) = (tag, id.into());
+    Arrival::Message {
+        partition: p,
+        tag,
+        message: Box::new(m),
+        origin: "a".into(),
+    }
+}
+
+/// Partition 2 owned here (gained empty), m2 of chat 1 accepted here and made durable in
+/// Redis as seq 2 while the reader has not yet passed seq 1 (m1 of the same chat, accepted
+/// by another instance): the connection and m2's stored message.
+fn own_accept_behind_the_inbox(n: &mut Net) -> (ConnId, StoredMessage) {
+    let c = n.connect();
+    let _ = n.take(c);
+    let mut gained = ClusterReport::default();
+    gained.gained.push((2, Default::default()));
+    n.report(0, gained);
+    n.send(
+        c,
+        json!({"op": "message", "id": "m2", "chat_id": "1", "text": "hi"}),
+    );
+    let m = n.accepted().pop().expect("accepted");
+    n.reader_behind(
+        Committed {
+            taken: 1,
+            durable: vec![m.seq],
+            ..Committed::default()
+        },
+        ClusterReport {
+            placed: vec![(m.seq, cluster_tag(2, 2))],
+            ahead: vec![(m.seq, 1)],
+            ..ClusterReport::default()
+        },
+    );
+    (c, m)
+}
+
+/// Issue 31 row 1 (seed 37 of tests/simulation_cluster): the owner's own accept, durable
+/// before its reader brought an earlier message of the same session accepted elsewhere, is
+/// held (not submitted, not acked, counted in the status) until the reader has passed its
+/// inbox entry; then it is submitted behind the earlier one.
+#[test]
+fn an_own_accept_waits_for_the_reader_to_bring_what_the_inbox_has_before_it() {
+    let mut n = Net::new();
+    let (c, m2) = own_accept_behind_the_inbox(&mut n);
+    assert!(n.submitted.is_empty(), "submitted before the inbox's m1");
+    assert!(n.take(c).is_empty(), "acked before it is submitted");
+    assert_eq!(n.b.cluster_status().order_held, 1);
+    // The reader's read: m1 (seq 1), then how far it went; a read that stops before m2's
+    // entry releases nothing.
+    n.arrive(inbox_message(&m2, 2, 1, "m1"));
+    n.arrive(Arrival::Reached {
+        partition: 2,
+        seq: 1,
+    });
+    assert_eq!(n.order, vec!["submit m1"]);
+    n.arrive(Arrival::Reached {
+        partition: 2,
+        seq: 2,
+    });
+    assert_eq!(n.order, vec!["submit m1", "submit m2"]);
+    assert_eq!(n.b.cluster_status().order_held, 0);
+    assert_eq!(n.b.status().journal.map(|j| j.pending_durable), Some(0));
+}
+
+/// A partition lost while an own accept is held there: the message is acked `queued` with
+/// Redis's count as its position and waits for the next owner's outcome, never submitted.
+#[test]
+fn an_own_accept_held_when_its_partition_is_lost_is_acked_and_waits_for_the_next_owner() {
+    let mut n = Net::new();
+    let (c, _) = own_accept_behind_the_inbox(&mut n);
+    n.report(
+        0,
+        ClusterReport {
+            lost: vec![2],
+            ..ClusterReport::default()
+        },
+    );
+    assert!(n.submitted.is_empty(), "{:?}", n.order);
+    let lines = n.take(c);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(
+        (
+            lines[0]["op"].as_str(),
+            lines[0]["state"].as_str(),
+            lines[0]["position"].as_u64()
+        ),
+        (Some("ack"), Some("queued"), Some(1)),
+        "{lines:?}"
+    );
+    let s = n.b.cluster_status();
+    assert_eq!((s.order_held, s.remote_waiting), (0, 1));
+    // The reader's late word for a partition no longer owned changes nothing.
+    n.arrive(Arrival::Reached {
+        partition: 2,
+        seq: 2,
+    });
+    assert!(n.submitted.is_empty(), "{:?}", n.order);
+}
+
+/// A partition named to drain while an own accept is held there: the next owner runs it, so
+/// it is acked and waits for that owner's outcome, never submitted here.
+#[test]
+fn an_own_accept_held_when_its_partition_drains_waits_for_the_next_owner() {
+    let mut n = Net::new();
+    let (c, _) = own_accept_behind_the_inbox(&mut n);
+    n.report(
+        0,
+        ClusterReport {
+            draining: vec![2],
+            ..ClusterReport::default()
+        },
+    );
+    assert!(n.submitted.is_empty(), "{:?}", n.order);
+    let lines = n.take(c);
+    assert_eq!(
+        (lines[0]["op"].as_str(), lines[0]["state"].as_str()),
+        (Some("ack"), Some("queued")),
+        "{lines:?}"
+    );
+    let s = n.b.cluster_status();
+    assert_eq!((s.order_held, s.remote_waiting), (0, 1));
+}
+
+/// What is held counts against `--max-pending-durable`: at the bound a new message is
+/// refused `overloaded` (and admitted again once the reader releases the held one).
+#[test]
+fn held_own_accepts_are_bounded_by_max_pending_durable() {
+    let mut n = Net {
+        b: Bridge::new(BridgeConfig {
+            journal: true,
+            max_pending_durable: 1,
+            ..BridgeConfig::default()
+        }),
+        ..Net::new()
+    };
+    let (c, _) = own_accept_behind_the_inbox(&mut n);
+    n.send(
+        c,
+        json!({"op": "message", "id": "m3", "chat_id": "1", "text": "hi"}),
+    );
+    assert!(n.accepted().is_empty(), "m3 admitted past the bound");
+    n.arrive(Arrival::Reached {
+        partition: 2,
+        seq: 2,
+    });
+    // m2 submitted, its acceptance acks it; m3's refusal comes after it (answers keep the
+    // connection's order).
+    let m2 = n.messages.pop().expect("m2 submitted");
+    let accepted = MessageEvent {
+        id: m2.id.clone(),
+        session: m2.session.clone(),
+        kind: EventKind::Accepted {
+            state: AcceptState::Running,
+            position: 0,
+        },
+    };
+    n.b.event(n.submitted[0], accepted, n.now);
+    n.pump();
+    let lines = n.take(c);
+    let seen: Vec<(Option<&str>, Option<&str>)> = lines
+        .iter()
+        .map(|l| (l["op"].as_str(), l["id"].as_str()))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![(Some("ack"), Some("m2")), (Some("reject"), Some("m3"))]
+    );
+    assert_eq!(lines[1]["reason"], "overloaded", "{lines:?}");
+    n.send(
+        c,
+        json!({"op": "message", "id": "m4", "chat_id": "1", "text": "hi"}),
+    );
+    assert_eq!(n.accepted().len(), 1, "m4 admitted once m2 left the wait");
 }

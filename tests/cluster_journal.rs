@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use redis_support::{Redis, WAIT, require_redis};
 use turnstile::internal::cluster::{
-    Accept, Acquire, Arrival, ClusterConfig, ClusterLink, ClusterReport, Lease, Reader, RedisStore,
-    cluster_tag, partition_of, tag_parts,
+    Accept, Acquire, Arrival, ClusterConfig, ClusterLink, ClusterReport, Lease, Op, Reader,
+    RedisStore, cluster_tag, partition_of, tag_parts,
 };
 use turnstile::internal::journal::{Committed, Journal, JournalConfig, now_ms};
 use turnstile::{MessageFields, Record, StoredMessage, StoredOutcome};
@@ -430,11 +430,13 @@ fn finish_gives_the_leases_back_and_leaves_the_registry() {
     }
 }
 
-/// A reader and its waker, with what arrived so far.
+/// A reader and its waker, with what arrived so far: how far it read each owned inbox
+/// (`Arrival::Reached`) apart from the rest.
 struct Reading {
     reader: Reader,
     woke: Receiver<()>,
     got: Vec<Arrival>,
+    reached: Vec<(u32, u64)>,
 }
 
 impl Reading {
@@ -448,13 +450,41 @@ impl Reading {
             reader,
             woke,
             got: Vec::new(),
+            reached: Vec::new(),
+        }
+    }
+
+    fn take(&mut self) {
+        for a in self.reader.arrivals() {
+            match a {
+                Arrival::Reached { partition, seq } => self.reached.push((partition, seq)),
+                a => self.got.push(a),
+            }
+        }
+    }
+
+    /// Waits until the reader said it read `p`'s inbox up to `seq` at least; the arrivals
+    /// before that word, in order.
+    fn until_reached(&mut self, p: u32, seq: u64) -> &[Arrival] {
+        let t0 = Instant::now();
+        loop {
+            self.take();
+            if self.reached.iter().any(|&(q, s)| q == p && s >= seq) {
+                return &self.got;
+            }
+            let left = WAIT.saturating_sub(t0.elapsed());
+            assert!(
+                self.woke.recv_timeout(left).is_ok(),
+                "partition {p} not read up to {seq} within {WAIT:?}; so far {:?}",
+                self.reached
+            );
         }
     }
 
     fn until(&mut self, what: &str, n: usize) -> &[Arrival] {
         let t0 = Instant::now();
         loop {
-            self.got.extend(self.reader.arrivals());
+            self.take();
             if self.got.len() >= n {
                 return &self.got;
             }
@@ -492,10 +522,16 @@ fn the_reader_brings_the_owner_what_others_accept_into_its_partitions_and_only_t
     assert_eq!(loaded.recovered.messages[0].message.seq, before);
     let mut a = Reading::start(&r, "a");
     a.reader.own(p, loaded.inbox_after.clone());
-    // Its own accept into its own partition is not brought back (its bridge has it): the
-    // first arrival is b's, accepted after it.
+    // Its own accept into its own partition is not brought back (its bridge has it), only
+    // named as read (`Reached`, which releases it to be submitted): the first arrival is
+    // b's, accepted after it.
     let mut a_store = store(&r, "a", LONG);
-    let _ = accept_as(&mut a_store, "m1a", mine);
+    let own = accept_as(&mut a_store, "m1a", mine);
+    assert!(
+        a.until_reached(p, own).is_empty(),
+        "its own message brought back: {:?}",
+        a.got
+    );
     let seq = accept_as(&mut b, "m1", mine);
     let got = a.until("the message accepted by b", 1);
     match &got[0] {
@@ -700,4 +736,82 @@ fn the_pipelined_renewals_fence_a_lease_taken_away_and_renew_the_others() {
     a.journal.send(Record::Started { seq: 1, attempt: 1 });
     a.until("started written", |c| c.taken == 2);
     assert_eq!(a.seen.cluster.fenced, vec![2]);
+}
+
+/// reader.rs's `MAX_ARRIVALS`: what the reader keeps for the reactor at most.
+const MAX_ARRIVALS: usize = 4096;
+
+/// The reader's figure of what waits for the reactor.
+fn waiting(r: &Reader) -> usize {
+    let mut s = turnstile::ClusterStatus::default();
+    r.fill_status(&mut s);
+    s.reader_arrivals
+}
+
+/// The reader's channel to the reactor is bounded: with more in an owned inbox than the
+/// bound and a reactor that takes nothing, the reader stops at the bound (it wakes the
+/// reactor, then waits for room), and shows it in the status; once the reactor takes what
+/// waits, every message arrives, in order, none lost. A handle dropped while its reader
+/// waits for room ends it (no hang at shutdown).
+#[test]
+fn the_readers_arrivals_stop_at_their_bound_lose_nothing_and_a_full_reader_stops() {
+    let Some(bin) = require_redis() else { return };
+    let r = Redis::start(&bin);
+    let chat = "5";
+    let p = part(chat);
+    let mut b = store(&r, "b", LONG);
+    let n = MAX_ARRIVALS + 300;
+    let session = format!("telegram:dm:{chat}");
+    let messages: Vec<StoredMessage> = (0..n).map(|i| msg(0, &format!("m{i}"), chat)).collect();
+    for chunk in messages.chunks(512) {
+        let ops: Vec<Op> = chunk
+            .iter()
+            .map(|m| Op::Accept {
+                partition: p,
+                session: &session,
+                message: m,
+                session_cap: n + 1,
+            })
+            .collect();
+        let done = b.write(&ops, now_ms()).expect("accepts");
+        assert!(done.iter().all(Result::is_ok), "{done:?}");
+    }
+    for round in ["drained", "dropped full"] {
+        let mut a = Reading::start(&r, "a");
+        a.reader.own(p, "0-0".into());
+        // The reader wakes the reactor before it waits for room: then the channel is full.
+        let t0 = Instant::now();
+        while waiting(&a.reader) < MAX_ARRIVALS {
+            let left = WAIT.saturating_sub(t0.elapsed());
+            assert!(
+                a.woke.recv_timeout(left).is_ok(),
+                "{round}: the reader never filled its channel: {} waiting",
+                waiting(&a.reader)
+            );
+        }
+        assert_eq!(waiting(&a.reader), MAX_ARRIVALS, "{round}: past the bound");
+        if round == "drained" {
+            let got = a.until("every message", n).to_vec();
+            let ids: Vec<String> = got
+                .iter()
+                .map(|a| match a {
+                    Arrival::Message { message, .. } => message.message.id().to_owned(),
+                    other => panic!("{other:?}"),
+                })
+                .collect();
+            let sent: Vec<String> = messages.iter().map(|m| m.id().to_owned()).collect();
+            assert_eq!(ids, sent, "in inbox order, none lost");
+            a.until_reached(p, n as u64);
+        } else {
+            let (done, stopped) = crossbeam_channel::bounded(1);
+            std::thread::spawn(move || {
+                drop(a);
+                let _ = done.send(());
+            });
+            assert!(
+                stopped.recv_timeout(WAIT).is_ok(),
+                "dropping a reader waiting for room hung"
+            );
+        }
+    }
 }

@@ -16,9 +16,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError, TrySendError};
 
-use super::{FwdEntry, RedisStore, Stream, cluster_tag, tag_parts};
+use super::{FwdEntry, RedisStore, Stream, StreamEntry, cluster_tag, tag_parts};
 use crate::journal::{RecoveredMessage, StoreError, StoredOutcome};
 use crate::liveness::ClusterStatus;
 
@@ -43,6 +43,9 @@ pub(super) const MAX_REQUESTS: usize = 4096;
 /// Live instances kept for the status at most (a registry is a handful; a runaway one must
 /// not grow the snapshot without bound).
 const MAX_LIVE_SHOWN: usize = 256;
+/// Arrivals waiting for the reactor at most: past it the reader wakes the reactor and waits
+/// for room (backpressure: it reads nothing more meanwhile, and Redis keeps the entries).
+pub(super) const MAX_ARRIVALS: usize = 4096;
 
 /// What the reader found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -105,6 +108,17 @@ pub enum Arrival {
         taken: Vec<u64>,
         /// Refused.
         refused: Vec<u64>,
+    },
+    /// The reader has passed the inbox of `partition` (owned here) up to message `seq`:
+    /// every message another instance accepted into it before `seq` has arrived before
+    /// this, so the owner may submit what it accepted itself up to `seq`
+    /// (docs/cluster.md "Order across instances"). One per partition and read, after that
+    /// read's messages.
+    Reached {
+        /// Its partition.
+        partition: u32,
+        /// The highest seq of the inbox entries read (this instance's own included).
+        seq: u64,
     },
     /// The outcome of a message this instance accepted, written by the partition's owner.
     Outcome {
@@ -186,13 +200,12 @@ impl Reader {
         let outcomes = store.stream_ends(Stream::Outcomes, &all)?;
         let fwd_after = store.fwd_end()?;
         // Control: one message per ownership change the reactor makes (bounded by the
-        // partitions). Arrivals: NOT bounded here — the reader sends each read (at most
-        // COUNT entries a stream) without waiting for the reactor to drain the last; a
-        // reactor slower than Redis lets it grow. Bounding it needs the shutdown to drop the
-        // receiver before joining (the deadlock issue 30 row 1 fixed in the bridges): left
-        // for issue 31.
+        // partitions) and the bridge's requests (bounded on the thread, MAX_REQUESTS).
+        // Arrivals: bounded (MAX_ARRIVALS); a full channel makes the reader wait, and the
+        // handle's drop lets go of the receiver before it joins the thread, so a reader
+        // waiting for room ends too.
         let (control, ctl) = crossbeam_channel::unbounded();
-        let (tx, arrivals) = crossbeam_channel::unbounded();
+        let (tx, arrivals) = crossbeam_channel::bounded(MAX_ARRIVALS);
         let health = Arc::new(Mutex::new(Health::default()));
         let shared = Arc::clone(&health);
         let thread = std::thread::Builder::new()
@@ -227,6 +240,7 @@ impl Reader {
         s.reader_failures = h.failures;
         s.reader_reconnects = h.reconnects;
         s.reader_failing = h.failing;
+        s.reader_arrivals = self.arrivals.len();
         s.live_instances.clone_from(&h.live);
         s.forward_requests = h.requests;
         s.forward_requests_dropped = h.requests_dropped;
@@ -262,10 +276,33 @@ impl Reader {
 impl Drop for Reader {
     fn drop(&mut self) {
         self.control = None;
+        // A reader waiting for room in a full channel would never see the control channel
+        // close: dropping the receiver ends its wait (its send fails).
+        self.arrivals = crossbeam_channel::never();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }
+}
+
+/// Sends a read's arrivals in order, then wakes the reactor; when the channel is full, the
+/// reactor is woken first (it takes what waits) and the reader waits for room. False once
+/// the handle is gone.
+fn send_all(found: Vec<Arrival>, tx: &Sender<Arrival>, wake: &impl Fn()) -> bool {
+    for a in found {
+        match tx.try_send(a) {
+            Ok(()) => {}
+            Err(TrySendError::Full(a)) => {
+                wake();
+                if tx.send(a).is_err() {
+                    return false;
+                }
+            }
+            Err(TrySendError::Disconnected(_)) => return false,
+        }
+    }
+    wake();
+    true
 }
 
 struct Reading {
@@ -311,12 +348,9 @@ impl Reading {
                     if found.is_empty() {
                         continue;
                     }
-                    for a in found {
-                        if tx.send(a).is_err() {
-                            return;
-                        }
+                    if !send_all(found, tx, wake) {
+                        return;
                     }
-                    wake();
                 }
                 Err(e) => {
                     if !self.failing {
@@ -487,7 +521,8 @@ impl Reading {
                 }
             }
         }
-        let mut out = Vec::with_capacity(wanted.len());
+        let reached = self.reached(&entries);
+        let mut out = Vec::with_capacity(wanted.len() + reached.len());
         out.extend(
             entries
                 .iter()
@@ -526,7 +561,26 @@ impl Reading {
                 }
             }
         }
+        // After the messages they follow.
+        out.extend(reached);
         Ok(out)
+    }
+
+    /// How far this read went in each owned inbox: the highest seq of its entries, whoever
+    /// accepted them (the entries are in seq order: the accept script numbers and appends
+    /// in one step). An entry of another instance's counts too, so that an own entry
+    /// trimmed before it was read (`MAXLEN ~`) is passed all the same.
+    fn reached(&self, entries: &[(Stream, StreamEntry)]) -> Vec<Arrival> {
+        let mut reached: BTreeMap<u32, u64> = BTreeMap::new();
+        for (s, e) in entries {
+            if *s == Stream::Inbox && self.inboxes.contains_key(&e.partition) {
+                let r = reached.entry(e.partition).or_insert(e.seq);
+                *r = (*r).max(e.seq);
+            }
+        }
+        (reached.into_iter())
+            .map(|(partition, seq)| Arrival::Reached { partition, seq })
+            .collect()
     }
 }
 

@@ -25,7 +25,9 @@
 //! - `drain`: a planned release (a partition drained before it is handed over);
 //! - `forward`: results offered to, and taken from, the instance of a platform's newest hello
 //!   (the outboxes' own operations by cluster tag are the platforms room's);
-//! - `early`: outcomes from the stream that came before their message was known to wait.
+//! - `early`: outcomes from the stream that came before their message was known to wait;
+//! - `order`: own accepts held behind the inbox of their partition (per-session order
+//!   across instances).
 
 #[cfg(feature = "cluster")]
 mod drain;
@@ -35,6 +37,8 @@ mod early;
 mod forward;
 #[cfg(not(feature = "cluster"))]
 mod off;
+#[cfg(feature = "cluster")]
+mod order;
 #[cfg(feature = "cluster")]
 mod side;
 

@@ -11,8 +11,9 @@
 //!   session with its cap in flight cluster-wide is refused `queue_full`.
 //! - A **gained** partition is rebuilt as start-up recovery rebuilds the journal
 //!   ([`Bridge::recover`]); a message of it this bridge was waiting for remotely is taken back
-//!   from its wait first. A message accepted into an owned partition afterwards (by any
-//!   instance) arrives from the inbox and is queued the same way.
+//!   from its wait first. A message accepted into an owned partition afterwards by another
+//!   instance arrives from the inbox and is queued the same way; one accepted here is
+//!   submitted once the reader has passed its inbox entry (`order.rs`), behind the others.
 //! - A **lost or fenced** partition is **handed over** in place: its sessions leave the
 //!   runtime ([`Action::HandOver`], the core's `Input::HandOver`) and every one of its
 //!   messages leaves this instance with no outcome record and nothing sent, as
@@ -98,6 +99,8 @@ pub(in crate::server) struct ClusterSide {
     /// Messages of a partition being rebuilt that waited here for another instance's
     /// outcome: the connection their result goes to (emptied by the rebuild).
     rebind: HashMap<u64, ConnId>,
+    /// Own accepts held behind the inboxes of owned partitions (`order.rs`).
+    pub(in crate::server::bridge) order: super::order::Order,
 }
 
 impl ClusterSide {
@@ -202,6 +205,7 @@ impl ClusterSide {
         s.owned_partitions = owned.len();
         s.owned = owned;
         s.remote_waiting = self.remote.len();
+        s.order_held = self.order.held();
         (s.early_outcomes, s.early_outcomes_dropped) = self.early.counts();
         s.own_outcome_entries = self.landed.counts().0;
         (s.handed_over_partitions, s.handed_over_messages) = self.handed_over;
@@ -259,7 +263,8 @@ impl Bridge {
 
     /// The cluster's part of a journal report, applied before the rest (see
     /// [`Bridge::clustered`]): returns the rest of the report (less the outcomes not
-    /// written), the partitions to hand over once the rest is applied, and every partition
+    /// written, and less the own accepts held behind their inbox: `order.rs`), the
+    /// partitions to hand over once the rest is applied, and every partition
     /// the report ends, regained in it or not (no turn held under the old lease starts:
     /// `runs_here`).
     pub(in crate::server::bridge) fn cluster_part(
@@ -274,7 +279,13 @@ impl Bridge {
         }
         c.outcomes
             .retain(|seq| !report.unwritten_outcomes.contains(seq));
+        let ahead: HashMap<u64, usize> = report.ahead.iter().copied().collect();
+        let draining = report.draining.clone();
         let (handed, ended) = self.clustered(report, now);
+        for &p in &draining {
+            self.unhold(p);
+        }
+        self.hold_for_order(&mut c, &ahead, &draining);
         (c, handed, ended)
     }
 
@@ -333,6 +344,8 @@ impl Bridge {
                 self.hand_over(p);
             }
             self.cluster.owned.insert(p);
+            let cluster = &mut self.cluster;
+            cluster.order.loaded(p, &loaded, &cluster.placed);
             self.gained(p, loaded, now);
         }
         (later, ended)
@@ -357,6 +370,7 @@ impl Bridge {
     /// A partition lost or fenced (once per ownership): its messages leave this instance
     /// without outcome records, its sessions leave the runtime (see the module's notes).
     pub(in crate::server::bridge) fn hand_over(&mut self, p: u32) {
+        self.unhold(p);
         if !self.cluster.owned.remove(&p) {
             return;
         }
@@ -491,10 +505,10 @@ impl Bridge {
         self.platforms.maybe_free(&platform);
     }
 
-    /// Durable in Redis, owned elsewhere: acked now (`queued`, `position` the session's
-    /// messages in flight across the cluster when Redis accepted it), and its route waits
-    /// for the outcome.
-    fn acked_remote(
+    /// Durable in Redis, owned elsewhere (or handed over while held, `order.rs`): acked now
+    /// (`queued`, `position` the session's messages in flight across the cluster when Redis
+    /// accepted it), and its route waits for the outcome.
+    pub(in crate::server::bridge) fn acked_remote(
         &mut self,
         tag: u64,
         cluster: Option<u64>,
@@ -604,6 +618,7 @@ impl Bridge {
                 tag,
                 message,
             } => self.origin_gone(partition, tag, *message, now),
+            Arrival::Reached { partition, seq } => self.reached(partition, seq),
             Arrival::Forwarded {
                 from,
                 platform,

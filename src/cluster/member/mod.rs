@@ -76,8 +76,9 @@ pub struct ClusterReport {
     /// [`Committed::durable`] (not to be submitted here); ack them and wait for their
     /// outcome on the stream.
     pub remote: Vec<u64>,
-    /// Of those, each one's session's messages in flight across the cluster when it was
-    /// accepted (the bridge's tag, the count): its ack's `position`.
+    /// Of the placed ones, each one's session's messages in flight across the cluster when
+    /// it was accepted (the bridge's tag, the count): the ack's `position` of one acked
+    /// remote (a remote one, or an own one handed over before its turn to be submitted).
     pub ahead: Vec<(u64, usize)>,
     /// Accepted messages Redis refused as duplicates (the cluster-wide window): nothing was
     /// written.
@@ -497,13 +498,13 @@ impl Member {
                         self.tags.insert(m.seq, (*partition, seq));
                         self.back.insert((*partition, seq), m.seq);
                         c.cluster.placed.push((m.seq, cluster_tag(*partition, seq)));
+                        c.cluster.ahead.push((m.seq, ahead));
                         // A draining partition queues nothing new here: its next owner
                         // loads the message, and this bridge waits for its outcome.
                         if self.own.holds(*partition) && !self.own.is_draining(*partition) {
                             c.durable.push(m.seq);
                         } else {
                             c.cluster.remote.push(m.seq);
-                            c.cluster.ahead.push((m.seq, ahead));
                         }
                     }
                     Accept::Duplicate => c.cluster.duplicates.push(m.seq),

@@ -142,11 +142,13 @@ impl Member {
         let Some(r) = &self.reader else {
             return;
         };
-        for (p, loaded) in &c.gained {
-            r.own(*p, loaded.inbox_after.clone());
-        }
+        // Ended first: a partition lost and gained again in one report (a paused instance
+        // waking) is read from its new load's position, not dropped by its old ending.
         for p in c.lost.iter().chain(&c.fenced) {
             r.disown(*p);
+        }
+        for (p, loaded) in &c.gained {
+            r.own(*p, loaded.inbox_after.clone());
         }
     }
 

@@ -1,0 +1,157 @@
+//! Per-session order across instances (docs/cluster.md "Order across instances"): the owner
+//! submits a partition's messages in the order its inbox stream accepted them, whichever
+//! instance accepted them.
+//!
+//! A message another instance accepted into a partition owned here reaches the bridge
+//! through the stream reader (`Arrival::Message`), in inbox order; one accepted here is
+//! durable as soon as the journal thread says so, which can be before the reader has
+//! brought an earlier message of the same session (seed 37 of tests/simulation_cluster: the
+//! later one ran first). So an own accept is **held** until the reader has passed its inbox
+//! entry (`Arrival::Reached`, after the messages of the same read) or the partition's load
+//! covered it; then it is submitted, behind every earlier entry. The cost: the time for the
+//! reader to read the entry, about one of its round trips.
+//!
+//! What is held stays where it waited for Redis (the bridge's `Durable`, not yet acked), so
+//! it counts against `--max-pending-durable`: past that bound a new message is refused
+//! `overloaded`. A hand-over or a drain of the partition turns each held message into one
+//! acked here and waiting for the next owner's outcome (its `position` as Redis counted
+//! it), as any message accepted here for a partition owned elsewhere.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use super::super::Bridge;
+use super::super::routes::Phase;
+use crate::cluster::{LoadedPartition, cluster_tag, tag_parts};
+use crate::journal::Committed;
+
+/// An own accept waiting for the reader: the bridge's tag and its ack's `position`.
+struct Held {
+    tag: u64,
+    position: Option<usize>,
+}
+
+/// The reader's progress in each owned inbox and the own accepts held behind it.
+#[derive(Default)]
+pub(in crate::server::bridge) struct Order {
+    /// Owned partition → the highest inbox seq the reader has passed or a load covered.
+    reached: HashMap<u32, u64>,
+    /// Own accepts into owned partitions, durable, not yet submitted, by (partition, seq).
+    held: BTreeMap<(u32, u64), Held>,
+}
+
+impl Order {
+    /// Own accepts held now (for the status).
+    pub(in crate::server::bridge) fn held(&self) -> usize {
+        self.held.len()
+    }
+
+    /// The partition was gained with `loaded`: every message in the load is rebuilt by the
+    /// gain, so an own accept among them waits for nothing more (one accepted after the
+    /// load has a higher seq than all of them). `placed` maps the bridge's tags to cluster
+    /// tags (a loaded message accepted here bears the bridge's tag).
+    pub(in crate::server::bridge) fn loaded(
+        &mut self,
+        p: u32,
+        loaded: &LoadedPartition,
+        placed: &HashMap<u64, u64>,
+    ) {
+        let seqs = loaded.recovered.messages.iter().filter_map(|rm| {
+            let tag = rm.message.seq;
+            tag_parts(tag)
+                .or_else(|| placed.get(&tag).and_then(|&ct| tag_parts(ct)))
+                .filter(|(q, _)| *q == p)
+                .map(|(_, seq)| seq)
+        });
+        if let Some(top) = seqs.max() {
+            self.reach(p, top);
+        }
+    }
+
+    fn reach(&mut self, p: u32, seq: u64) {
+        let r = self.reached.entry(p).or_insert(0);
+        *r = (*r).max(seq);
+    }
+
+    /// The held messages of `p` up to `seq`, taken out in seq order.
+    fn take_through(&mut self, p: u32, seq: u64) -> Vec<(u64, Held)> {
+        let keys: Vec<(u32, u64)> = self
+            .held
+            .range((p, 0)..=(p, seq))
+            .map(|(k, _)| *k)
+            .collect();
+        keys.into_iter()
+            .filter_map(|k| self.held.remove(&k).map(|h| (k.1, h)))
+            .collect()
+    }
+}
+
+impl Bridge {
+    /// Of a report's durable messages (`c.durable`), those accepted here into a partition
+    /// owned here (not draining, nor named to drain by this report) whose inbox entry the
+    /// reader has not passed yet are held instead of submitted. Called once the report's
+    /// gains are applied.
+    pub(in crate::server::bridge) fn hold_for_order(
+        &mut self,
+        c: &mut Committed,
+        ahead: &HashMap<u64, usize>,
+        draining: &[u32],
+    ) {
+        let cluster = &mut self.cluster;
+        let mut held = HashSet::new();
+        for &tag in &c.durable {
+            let Some((p, seq)) = cluster.cluster_tag_of(tag).and_then(tag_parts) else {
+                continue;
+            };
+            let owned = cluster.owned.contains(&p)
+                && !cluster.drains.is_draining(p)
+                && !draining.contains(&p);
+            if !owned || cluster.order.reached.get(&p).is_some_and(|&r| r >= seq) {
+                continue;
+            }
+            log::debug!("message {tag}: held until the reader passes partition {p}'s seq {seq}");
+            let position = ahead.get(&tag).copied();
+            cluster.order.held.insert((p, seq), Held { tag, position });
+            held.insert(tag);
+        }
+        if !held.is_empty() {
+            c.durable.retain(|t| !held.contains(t));
+        }
+        debug_assert!(
+            self.cluster.order.held.len() <= self.routes.len(),
+            "every held message has its route"
+        );
+    }
+
+    /// The reader passed `p`'s inbox up to `seq` (every earlier message of it has arrived):
+    /// the own accepts held up to there are submitted, in seq order.
+    pub(in crate::server::bridge) fn reached(&mut self, p: u32, seq: u64) {
+        if !self.cluster.owned.contains(&p) {
+            return;
+        }
+        self.cluster.order.reach(p, seq);
+        if self.cluster.drains.is_draining(p) {
+            self.unhold(p);
+            return;
+        }
+        for (_, h) in self.cluster.order.take_through(p, seq) {
+            let Some(message) = self.durable.as_mut().and_then(|d| d.forget_waiting(h.tag)) else {
+                continue;
+            };
+            if let Some(route) = self.routes.get_mut(h.tag) {
+                route.phase = Phase::Submitted;
+            }
+            self.submit(h.tag, message);
+        }
+    }
+
+    /// `p` leaves this instance (handed over, or drained): each own accept held for it is
+    /// acked now and waits for the next owner's outcome from the stream, as one accepted
+    /// for a partition owned elsewhere; the reader's progress there is forgotten.
+    pub(in crate::server::bridge) fn unhold(&mut self, p: u32) {
+        self.cluster.order.reached.remove(&p);
+        let now = self.now;
+        for (seq, h) in self.cluster.order.take_through(p, u64::MAX) {
+            self.acked_remote(h.tag, Some(cluster_tag(p, seq)), h.position, now);
+        }
+    }
+}
