@@ -295,9 +295,7 @@ impl Policy {
     pub(crate) fn track(&self, m: &Message) -> Option<Charge> {
         let platform = m.session.platform();
         let rules = self.rules(platform);
-        if rules.tokens_per_day.is_none() {
-            return None;
-        }
+        rules.tokens_per_day?;
         let user = m.context.user_id.as_deref().unwrap_or("");
         let mask = meta_str(m, MASK_KEY);
         let ids = [Some(user).filter(|u| !u.is_empty()), mask.as_deref()];

@@ -524,6 +524,48 @@ mod tests {
         assert!(d.room().is_ok());
     }
 
+    fn route_of(tag: u64, routes: &mut Routes) {
+        let conn = Key::from_bits(0);
+        let route = InFlight::new(conn, "m".into(), message().session, "telegram".into(), 1);
+        routes.insert(tag, route);
+    }
+
+    /// A runtime refusal waiting for its `forget` record is its route's phase: the check
+    /// holds the index and the record together.
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "phase")]
+    fn check_catches_a_pending_refusal_whose_route_is_in_another_phase() {
+        let mut d = Durable::new(4);
+        let mut routes = Routes::default();
+        let tag = routes.new_tag();
+        route_of(tag, &mut routes);
+        let refusal = Refusal::runtime(crate::core::RejectReason::QueueFull);
+        let _ = d.record_forget(tag, refusal);
+        assert!(d.is_forgetting(tag));
+        routes.get_mut(tag).expect("route").phase = Phase::Refusing;
+        d.check(&routes);
+        routes.get_mut(tag).expect("route").phase = Phase::Submitted;
+        d.check(&routes);
+    }
+
+    /// A terminal event waiting for its outcome record belongs to a message whose route
+    /// ended.
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "an outcome and a route")]
+    fn check_catches_an_outcome_waiting_beside_its_route() {
+        let mut d = Durable::new(4);
+        let mut routes = Routes::default();
+        let tag = routes.new_tag();
+        let body = super::super::delivery::failed_line("m", "telegram:1", "why".into(), 100);
+        let frame = Frame::new(body, Some("telegram".into())).of_message(tag, "m".into());
+        let _ = d.hold_outcome(tag, Key::from_bits(0), frame, None);
+        d.check(&routes);
+        route_of(tag, &mut routes);
+        d.check(&routes);
+    }
+
     #[test]
     #[cfg(debug_assertions)]
     #[should_panic]

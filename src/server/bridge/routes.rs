@@ -296,10 +296,10 @@ impl Bridge {
     /// A terminal event was delivered: the delivery room releases its room
     /// ([`Delivery::confirm`]) and the message leaves the journal.
     pub(super) fn confirm(&mut self, f: Frame) {
-        if let Some(seq) = self.delivery().confirm(f) {
-            if let Some(d) = &mut self.durable {
-                self.actions.push_back(d.record(Record::Delivered { seq }));
-            }
+        if let Some(seq) = self.delivery().confirm(f)
+            && let Some(d) = &mut self.durable
+        {
+            self.actions.push_back(d.record(Record::Delivered { seq }));
         }
     }
 
