@@ -3,14 +3,18 @@
 (test modules aside). A brace matcher, not a parser: strings and comments are blanked first.
 And issue 29's: at most 5 lines gated on the `cluster` feature (`cfg(feature = "cluster")`,
 `cfg(not(...))`, `cfg(all/any(...))`, `cfg_attr(...)`, `cfg!(...)`) outside src/cluster/, the
-cluster's wing.
+cluster's wing. And issue 29 item 3's: the methods of the bridge's `impl Bridge` (counted by
+bridge_methods.py, whose own limit is the target, 40) may not grow past BRIDGE_METHODS_CEILING,
+a ratchet lowered as rooms take their behaviour back (never raised).
 Usage: walls.py [SRC_DIR]   (prints the longest of each and the gates; exits 1 past a limit)"""
+import importlib.util
 import os
 import re
 import sys
 
 FILE_LIMIT, FN_LIMIT = 900, 100
 GATE_LIMIT = 5
+BRIDGE_METHODS_CEILING = 73
 GATE_RE = re.compile(r'(#!?\[\s*cfg(_attr)?\s*\(|\bcfg!\s*\().*feature\s*=\s*"cluster"')
 FN_RE = re.compile(r'^\s*(pub(\([a-z]+\))?\s+)?(const\s+)?(async\s+)?(unsafe\s+)?fn\s+([A-Za-z_0-9]+)')
 TEST_MOD = re.compile(r'^\s*(pub(\(crate\))?\s+)?mod\s+\w+\s*\{')
@@ -63,6 +67,15 @@ def cluster_gates(root):
     return out
 
 
+def bridge_methods(root):
+    """The number of methods in the bridge's `impl Bridge` blocks, and the target."""
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'bridge_methods.py')
+    spec = importlib.util.spec_from_file_location('bridge_methods', here)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return sum(mod.count(root).values()), mod.LIMIT
+
+
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else 'src'
     files, funcs = [], []
@@ -87,6 +100,11 @@ def main():
         bad.append(f"{len(gates)} lines gated on the cluster feature outside "
                    f"{os.path.join(root, 'cluster')}/ (limit {GATE_LIMIT}; move them into the wing): "
                    + ", ".join(f"{p}:{i}" for p, i in gates))
+    methods, target = bridge_methods(root)
+    print(f"walls: {methods} methods in `impl Bridge` (ceiling {BRIDGE_METHODS_CEILING}, target {target})")
+    if methods > BRIDGE_METHODS_CEILING:
+        bad.append(f"{methods} methods in `impl Bridge` (ceiling {BRIDGE_METHODS_CEILING}; give the "
+                   "behaviour to the room that owns the state: .ci/bridge_methods.py lists them)")
     for b in bad:
         print(f"walls: {b}", file=sys.stderr)
     return 1 if bad else 0

@@ -1747,6 +1747,44 @@ fn the_largest_possible_result_fits_its_reservation() {
     assert_eq!(out.len(), 2, "a second terminal for one message");
 }
 
+/// A `may_use` query is answered with the policy's word for the query's platform, else the
+/// hello's (an open policy here: allowed), in line order behind a pending ack; with no
+/// platform at all it gets an error naming what is missing (the access room's decision,
+/// carried out by the bridge).
+#[test]
+fn a_may_use_query_is_answered_in_line_order_with_the_policys_word() {
+    let mut n = Net::new(BridgeConfig::default());
+    let c = n.connect();
+    n.hello(c, "tg");
+    n.send(c, msg("1", "42", "hi"));
+    n.send(c, json!({"op": "may_use", "id": "q1", "user_id": "u"}));
+    assert!(
+        n.take(c).is_empty(),
+        "the answer waits behind the pending ack"
+    );
+    let tag = n.last_tag();
+    n.accept(tag);
+    let out = n.take(c);
+    assert_eq!(ops(&out), ["ack 1 running", "may_use q1"]);
+    assert_eq!(out[1]["allowed"], json!(true));
+    let bare = n.connect();
+    n.send(bare, json!({"op": "hello"}));
+    n.send(bare, json!({"op": "may_use", "id": "q2", "user_id": "u"}));
+    n.send(
+        bare,
+        json!({"op": "may_use", "id": "q3", "user_id": "u", "platform": "tg"}),
+    );
+    let out = n.take(bare);
+    assert_eq!(
+        ops(&out),
+        [
+            "error may_use: no platform (give one, or say hello with one)",
+            "may_use q3"
+        ]
+    );
+    assert_eq!(out[1]["allowed"], json!(true));
+}
+
 #[test]
 fn core_rejections_name_their_reason_with_a_detail() {
     let mut n = Net::new(cfg());

@@ -52,10 +52,6 @@ const MAX_PLATFORMS: usize = 64;
 /// Counter changes (rate buckets, notices) are saved at most this often; approvals and
 /// denials at once.
 const SAVE_EVERY_MS: u64 = 1000;
-/// Messages admitted and not yet answered whose tokens are to be counted, at most (past it
-/// the oldest is forgotten: its turn's tokens go uncounted). Above every bound on messages
-/// in flight (outboxes of 10,000 results × 16 platforms), so reached only by a leak.
-const MAX_CHARGING: usize = 200_000;
 
 /// The kind of a notice, as the `notice` field of the `reply` says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,8 +109,14 @@ pub(crate) struct Policy {
     last_save_ms: u64,
     /// The platform cap was reported (once).
     warned_full: bool,
-    /// Admitted messages whose turn's tokens count against a budget: tag → (platform, user).
-    charging: BTreeMap<u64, (String, String)>,
+}
+
+/// Whose budget an admitted message's turn spends: kept by the caller with the message (the
+/// bridge's route) until it ends, then given to [`Policy::charge`].
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Charge {
+    platform: String,
+    user: String,
 }
 
 impl Policy {
@@ -128,7 +130,6 @@ impl Policy {
             urgent: false,
             last_save_ms: 0,
             warned_full: false,
-            charging: BTreeMap::new(),
         }
     }
 
@@ -288,15 +289,13 @@ impl Policy {
             || chat.is_some_and(|c| rules.allow_chats.iter().any(|g| g.matches(c)))
     }
 
-    /// Remembers that the admitted message of `tag` (the bridge's route) spends `m`'s user's
-    /// budget, when their platform has one and they are no admin: its reply's tokens are
-    /// counted by [`charge`](Self::charge).
-    pub(crate) fn track(&mut self, tag: u64, m: &Message) {
+    /// Whose budget the admitted message `m` spends: its user's, when their platform has one
+    /// and they are no admin (`None` otherwise). Its reply's tokens are counted by
+    /// [`charge`](Self::charge).
+    pub(crate) fn track(&self, m: &Message) -> Option<Charge> {
         let platform = m.session.platform();
         let rules = self.rules(platform);
-        if rules.tokens_per_day.is_none() {
-            return;
-        }
+        rules.tokens_per_day?;
         let user = m.context.user_id.as_deref().unwrap_or("");
         let mask = meta_str(m, MASK_KEY);
         let ids = [Some(user).filter(|u| !u.is_empty()), mask.as_deref()];
@@ -305,20 +304,18 @@ impl Policy {
             .iter()
             .any(|g| ids.iter().flatten().any(|id| g.matches(id)))
         {
-            return;
+            return None;
         }
-        if self.charging.len() >= MAX_CHARGING {
-            self.charging.pop_first();
-        }
-        self.charging
-            .insert(tag, (platform.to_owned(), user.to_owned()));
-        debug_assert!(self.charging.len() <= MAX_CHARGING);
+        Some(Charge {
+            platform: platform.to_owned(),
+            user: user.to_owned(),
+        })
     }
 
-    /// The message of `tag` ended; `tokens` its turn reported (a reply's): counted to its
-    /// user's day, if it was [tracked](Self::track).
-    pub(crate) fn charge(&mut self, tag: u64, tokens: Option<u64>, now_ms: u64) {
-        let Some((platform, user)) = self.charging.remove(&tag) else {
+    /// A message ended; `tokens` its turn reported (a reply's): counted to the user's day of
+    /// its [`Charge`], if it had one ([tracked](Self::track)).
+    pub(crate) fn charge(&mut self, charge: Option<Charge>, tokens: Option<u64>, now_ms: u64) {
+        let Some(Charge { platform, user }) = charge else {
             return;
         };
         let (Some(n), Some(st)) = (tokens, self.state.platforms.get_mut(&platform)) else {

@@ -207,7 +207,7 @@ impl BridgeServer {
         };
         let mut bridge = Bridge::new(cfg.bridge);
         bridge.set_wall_clock(crate::journal::now_ms());
-        bridge.log_access();
+        bridge.access().0.log_summary();
         Ok(BridgeServer {
             bridge,
             flush_budget: cfg.flush_budget,
@@ -245,7 +245,7 @@ impl BridgeServer {
     /// written from then on by a thread of its own, never the reactor), so they survive a
     /// restart. Call it with the journal's directory (`--data-dir`).
     pub fn persist_access(&mut self, dir: &std::path::Path) -> io::Result<()> {
-        self.bridge.persist_access(dir)
+        self.bridge.access().0.persist_in(dir)
     }
 
     /// Shares the access policy's state across a cluster through `store` (`serve
@@ -255,7 +255,7 @@ impl BridgeServer {
         &mut self,
         store: Box<dyn crate::access::shared::SharedStore>,
     ) -> io::Result<()> {
-        self.bridge.share_access(store)
+        self.bridge.access().0.share(store)
     }
 
     /// Runs an access policy admin command (`approve CODE`, `allow USER`, `deny USER`,
@@ -267,7 +267,8 @@ impl BridgeServer {
         platform: &str,
         command: &str,
     ) -> Result<String, String> {
-        self.bridge.access_command(platform, command)
+        let (policy, wall_ms) = self.bridge.access();
+        policy.operate(platform, command, wall_ms)
     }
 
     fn on_journal(&mut self) {

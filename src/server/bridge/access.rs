@@ -4,40 +4,129 @@
 //! notice gets the same single terminal outcome as any (its ack, its outcome record with a
 //! journal, its outbox room, its duplicate window): a `reply` carrying `"notice"`, and no
 //! agent runs for it.
+//!
+//! [`Access`] is the room: the policy and the wall clock its days and codes are kept in. It
+//! answers with decisions (a notice to send, a `may_use` line) and the bridge carries them
+//! out (`Bridge::submit`).
 
-use super::{Action, Bridge, ConnId};
-use crate::access::{Decision, Notice};
+use std::time::Duration;
+
+use super::{Action, Bridge};
+use crate::access::{AccessConfig, AccessFigures, Charge, Decision, Notice, Policy};
 use crate::core::{AcceptState, Outcome};
 use crate::message::Message;
 use crate::wire::{EncodedLine, ServerOp, encode};
 
-impl Bridge {
-    /// Submits the message of `tag` to the runtime, or answers it with the policy's notice.
-    pub(super) fn submit(&mut self, tag: u64, message: Message) {
-        let wall_ms = self.wall_at_zero + self.now.as_millis() as u64;
-        match self.access.decide(&message, wall_ms) {
-            Decision::Admit => {
-                self.access.track(tag, &message);
-                self.actions.push_back(Action::Submit { tag, message });
-            }
-            Decision::Answer { notice, text } => self.answer_notice(tag, &message, notice, text),
+/// The access policy, on the wall clock.
+pub(super) struct Access {
+    policy: Policy,
+    /// Wall-clock ms since the epoch at time zero of the bridge's clock (the policy's days
+    /// and codes).
+    wall_at_zero: u64,
+}
+
+impl Access {
+    pub(super) fn new(cfg: AccessConfig) -> Access {
+        Access {
+            policy: Policy::new(cfg),
+            wall_at_zero: 0,
         }
     }
 
-    /// The message of `tag` ended with `outcome`: a reply's tokens count against its user's
-    /// budget.
-    pub(super) fn charge_tokens(&mut self, tag: u64, outcome: &Outcome) {
+    pub(super) fn set_wall_clock(&mut self, epoch_ms: u64) {
+        self.wall_at_zero = epoch_ms;
+    }
+
+    /// The wall-clock time of the bridge's `now`.
+    fn wall_ms(&self, now: Duration) -> u64 {
+        self.wall_at_zero + now.as_millis() as u64
+    }
+
+    /// The policy's word on `message` at `now`: submit it (with whose budget its turn
+    /// spends, kept in its route), or the notice that answers it instead.
+    pub(super) fn decide(
+        &mut self,
+        message: &Message,
+        now: Duration,
+    ) -> Result<Option<Charge>, (Notice, String)> {
+        match self.policy.decide(message, self.wall_ms(now)) {
+            Decision::Admit => Ok(self.policy.track(message)),
+            Decision::Answer { notice, text } => Err((notice, text)),
+        }
+    }
+
+    /// A message ended with `outcome`: a reply's tokens count against the budget of its
+    /// route's `charge`.
+    pub(super) fn charge(&mut self, charge: Option<Charge>, outcome: &Outcome, now: Duration) {
         let tokens = match outcome {
             Outcome::Reply(r) => r.tokens,
             _ => None,
         };
-        let wall_ms = self.wall_at_zero + self.now.as_millis() as u64;
-        self.access.charge(tag, tokens, wall_ms);
+        self.policy.charge(charge, tokens, self.wall_ms(now));
     }
 
-    /// Acks the message of `tag` as a turn that ran at once, then ends it with the notice.
-    fn answer_notice(&mut self, tag: u64, m: &Message, notice: Notice, mut text: String) {
-        let platform = m.session.platform();
+    /// The answer to a `may_use` query `id` from a connection whose hello named `hello`: the
+    /// `may_use` line with the policy's word, or the error (no platform). Its platform is the
+    /// query's, else the hello's.
+    pub(super) fn may_use(
+        &self,
+        hello: Option<&str>,
+        id: &str,
+        platform: Option<&str>,
+        user: &str,
+        chat: Option<&str>,
+    ) -> Result<Vec<u8>, &'static str> {
+        let Some(platform) = platform.or(hello) else {
+            return Err("may_use: no platform (give one, or say hello with one)");
+        };
+        let allowed = self.policy.may_use(platform, user, chat);
+        log::debug!("access: may_use {platform} {user}: {allowed}");
+        Ok(encode(&ServerOp::MayUse { id, allowed }))
+    }
+
+    /// Saves the policy's state if it changed (off the reactor).
+    pub(super) fn maybe_save(&mut self, now: Duration) {
+        self.policy.maybe_save(self.wall_ms(now));
+    }
+
+    pub(super) fn figures(&self) -> AccessFigures {
+        self.policy.figures()
+    }
+
+    /// The policy, for the shell (persisting, sharing, admin commands, the start-up log),
+    /// with the wall-clock time of `now`.
+    pub(super) fn policy(&mut self, now: Duration) -> (&mut Policy, u64) {
+        let wall_ms = self.wall_ms(now);
+        (&mut self.policy, wall_ms)
+    }
+}
+
+/// The terminal `reply` that carries a notice for `m`, its text cut to `max` bytes.
+fn notice_line(m: &Message, notice: Notice, mut text: String, max: usize) -> EncodedLine {
+    crate::text::truncate(&mut text, max);
+    EncodedLine::Line(encode(&ServerOp::Reply {
+        id: &m.id,
+        session: m.session.as_str(),
+        text: &text,
+        truncated: false,
+        notice: Some(notice.as_str()),
+    }))
+}
+
+impl Bridge {
+    /// Submits the message of `tag` to the runtime, or answers it with the policy's notice:
+    /// acked as a turn that ran at once, then ended with the notice.
+    pub(super) fn submit(&mut self, tag: u64, message: Message) {
+        let (notice, text) = match self.access.decide(&message, self.now) {
+            Ok(charge) => {
+                if let Some(route) = self.routes.get_mut(tag) {
+                    route.charge = charge;
+                }
+                return self.actions.push_back(Action::Submit { tag, message });
+            }
+            Err(answer) => answer,
+        };
+        let m = &message;
         log::debug!(
             "session {}: message {} answered by the access policy: {}",
             m.session,
@@ -49,77 +138,15 @@ impl Bridge {
         let Some(route) = self.routes.remove(tag) else {
             return;
         };
-        debug_assert_eq!(&*route.platform, platform);
+        debug_assert_eq!(&*route.platform, m.session.platform());
         self.conns.settled(route.conn);
-        self.release_files(route.files.as_deref());
-        crate::text::truncate(&mut text, self.cfg.max_reply_bytes);
-        let body = EncodedLine::Line(encode(&ServerOp::Reply {
-            id: &m.id,
-            session: m.session.as_str(),
-            text: &text,
-            truncated: false,
-            notice: Some(notice.as_str()),
-        }));
-        self.terminal(tag, route.conn, &route.platform, route.id, body);
-    }
-}
-
-impl Bridge {
-    /// A `may_use` query from `conn`: answered in line order with the policy's word. Its
-    /// platform is the query's, else the connection's hello platform.
-    pub(super) fn may_use(
-        &mut self,
-        conn: ConnId,
-        id: &str,
-        platform: Option<&str>,
-        user: &str,
-        chat: Option<&str>,
-    ) {
-        let hello = self.conns.get(conn).and_then(|c| c.platform.clone());
-        let Some(platform) = platform.or(hello.as_deref()) else {
-            self.error(
-                conn,
-                "may_use: no platform (give one, or say hello with one)",
-            );
-            return;
-        };
-        let allowed = self.access.may_use(platform, user, chat);
-        log::debug!("access: may_use {platform} {user}: {allowed}");
-        self.answer(conn, encode(&ServerOp::MayUse { id, allowed }));
+        self.actions.extend(route.release_files());
+        let body = notice_line(m, notice, text, self.cfg.max_reply_bytes);
+        self.terminal(tag, route.conn, &route.platform, route.id, body, None);
     }
 
-    /// Keeps the policy's state in `dir/access.json` (loaded now, saved off the reactor).
-    pub(in crate::server) fn persist_access(
-        &mut self,
-        dir: &std::path::Path,
-    ) -> std::io::Result<()> {
-        self.access.persist_in(dir)
-    }
-
-    /// Shares the policy's state through `store` (`--cluster`): loaded now, merged both ways
-    /// off the reactor from then on.
-    #[cfg(feature = "cli")] // set up by `serve --cluster`
-    pub(in crate::server) fn share_access(
-        &mut self,
-        store: Box<dyn crate::access::shared::SharedStore>,
-    ) -> std::io::Result<()> {
-        self.access.share(store)
-    }
-
-    /// Runs an admin command from outside the chat (`turnstile access`): `command` is its
-    /// words without the `!`.
-    #[cfg(feature = "cli")] // called by `turnstile access` through serve's HTTP endpoint
-    pub(in crate::server) fn access_command(
-        &mut self,
-        platform: &str,
-        command: &str,
-    ) -> Result<String, String> {
-        let wall_ms = self.wall_at_zero + self.now.as_millis() as u64;
-        self.access.operate(platform, command, wall_ms)
-    }
-
-    /// Logs the mode in force per platform (once, at start-up).
-    pub(in crate::server) fn log_access(&self) {
-        self.access.log_summary();
+    /// The access policy, for the shell, with the wall-clock time of the bridge's `now`.
+    pub(in crate::server) fn access(&mut self) -> (&mut Policy, u64) {
+        self.access.policy(self.now)
     }
 }

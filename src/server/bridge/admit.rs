@@ -13,14 +13,14 @@ use std::time::Duration;
 use super::super::dedup::{Fingerprint, fingerprint};
 use super::conns::Answer;
 use super::platforms::Claim;
-use super::refusal::{Refusal, duplicate_ack};
+use super::refusal::{Refusal, duplicate_ack, reject_line};
 use super::routes::{InFlight, Phase};
 use super::{Bridge, ConnId};
 use crate::attachments::AttachmentLimits;
 use crate::core::AcceptState;
 use crate::journal::StoredMessage;
 use crate::message::{InvalidInput, Message, SessionKey};
-use crate::wire::{MessageFields, ServerOp, check_platform, encode};
+use crate::wire::{MessageFields, ServerOp, encode};
 
 /// Where a message's fields come from, which says what is left to check of its `meta`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,16 +86,14 @@ pub(super) fn build(
 }
 
 impl Bridge {
-    /// A `message` line from `conn`: admitted, or answered with a `reject`.
-    pub(super) fn handle_message(&mut self, conn: ConnId, m: MessageFields, now: Duration) {
-        let id = m.id.clone();
-        if let Err(refusal) = self.admit(conn, m, now) {
-            self.answer_refusal(conn, &id, refusal);
-        }
-    }
-
-    fn admit(&mut self, conn: ConnId, m: MessageFields, now: Duration) -> Result<(), Refusal> {
-        let Some(name) = self.sender_platform(conn, m.platform.as_deref())? else {
+    /// A `message` line from `conn`: admitted, or the refusal to answer it with.
+    pub(super) fn admit(
+        &mut self,
+        conn: ConnId,
+        m: MessageFields,
+        now: Duration,
+    ) -> Result<(), Refusal> {
+        let Some(name) = self.conns.sender_platform(conn, m.platform.as_deref())? else {
             return Ok(());
         };
         let admitted = build(&name, m, Source::Line, &self.cfg.attachments)?;
@@ -128,27 +126,6 @@ impl Bridge {
             Claim::New(tag) => self.launch(conn, tag, platform, fp, admitted, now),
         }
         Ok(())
-    }
-
-    /// The platform a message from `conn` is for (`None`: no such connection): the one its
-    /// line names, else its hello's; with a token, only its hello's.
-    fn sender_platform(
-        &self,
-        conn: ConnId,
-        named: Option<&str>,
-    ) -> Result<Option<String>, Refusal> {
-        let Some(c) = self.conns.get(conn) else {
-            return Ok(None);
-        };
-        let hello = c.platform.as_deref();
-        let Some(name) = named.or(hello) else {
-            return Err(Refusal::no_platform());
-        };
-        if self.conns.token_required() && hello != Some(name) {
-            return Err(Refusal::not_its_platform(hello));
-        }
-        check_platform(name).map_err(Refusal::invalid)?;
-        Ok(Some(name.to_owned()))
     }
 
     /// A new message takes its route and its place in its connection's answers, then goes to
@@ -189,18 +166,6 @@ impl Bridge {
         };
         log::debug!("message {tag} waits for the journal");
         self.actions.push_back(d.wait(tag, message, stored));
-    }
-
-    /// Answers a line with the `reject` of `refusal`.
-    pub(super) fn answer_refusal(&mut self, conn: ConnId, id: &str, refusal: Refusal) {
-        self.stats.count_rejected(refusal.reason, 1);
-        let line = encode(&ServerOp::Reject {
-            id,
-            session: refusal.session.as_ref().map(SessionKey::as_str),
-            reason: refusal.reason,
-            detail: &refusal.detail,
-        });
-        self.answer(conn, line);
     }
 
     /// The runtime accepted the message of `tag`: its line and every copy get their ack.
@@ -246,23 +211,15 @@ impl Bridge {
         self.platforms.unreserve(&route.platform, None);
         self.delivery().release_held(&route.platform);
         self.conns.settled(route.conn);
-        let Refusal { reason, detail, .. } = refusal;
-        let line = |cid: &str, ckey: &SessionKey| {
-            encode(&ServerOp::Reject {
-                id: cid,
-                session: Some(ckey.as_str()),
-                reason,
-                detail: &detail,
-            })
-        };
+        let (reason, detail) = (refusal.reason, &refusal.detail);
+        let line = |cid: &str, ckey: &SessionKey| reject_line(cid, Some(ckey), reason, detail);
         for &c in std::iter::once(&route.conn).chain(&route.copies) {
             self.conns.resolve(c, tag, |copy| match copy {
                 None => line(&route.id, &route.session),
                 Some((cid, ckey)) => line(cid, ckey),
             });
         }
-        self.stats
-            .count_rejected(reason, 1 + route.copies.len() as u64);
+        (self.stats).count_rejected(reason, 1 + route.copies.len() as u64);
         self.platforms.maybe_free(&route.platform);
         self.maybe_finish(route.conn);
     }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::super::frame::{Flushed, Frame, write_frames};
+use super::refusal::Refusal;
 use super::{BridgeConfig, ConnId};
 use crate::auth::Token;
 use crate::key::Slots;
@@ -16,6 +17,7 @@ use crate::liveness::LinkStatus;
 use crate::logfmt::LogBudget;
 use crate::logfmt::{WARN_BURST, WARN_PER_SEC};
 use crate::message::SessionKey;
+use crate::wire::check_platform;
 
 /// An answer to one line, in line order.
 pub(super) enum Answer {
@@ -291,6 +293,65 @@ impl Conns {
         self.refusal_log.allow(std::time::Instant::now())
     }
 
+    /// Connections that did not say hello within `timeout` of opening, each logged (rate
+    /// limited: a peer causes it): the bridge answers them with an error and closes them.
+    pub(super) fn late_hellos(&mut self, now: Duration, timeout: Duration) -> Vec<ConnId> {
+        let late: Vec<(ConnId, IpAddr)> = (self.slots.iter())
+            .filter(|(_, c)| !c.authed && !c.closing && now >= c.opened + timeout)
+            .map(|(id, c)| (id, c.peer))
+            .collect();
+        for &(id, peer) in &late {
+            if let Some(n) = self.refusal_log() {
+                let more = crate::logfmt::suppressed_note(n);
+                log::warn!(
+                    "connection {id} from {peer}: no hello within {timeout:?}; closing{more}"
+                );
+            }
+        }
+        late.into_iter().map(|(id, _)| id).collect()
+    }
+
+    /// Connections that took none of their output for `timeout`, each logged: the bridge
+    /// closes them (their results go back to the outbox).
+    pub(super) fn stalled_for(&self, now: Duration, timeout: Duration) -> Vec<ConnId> {
+        let stalled: Vec<ConnId> = (self.slots.iter())
+            .filter(|(_, c)| c.stalled(now, timeout))
+            .map(|(id, _)| id)
+            .collect();
+        for &id in &stalled {
+            if let Some(c) = self.get(id) {
+                log::warn!(
+                    "connection {} from {}: took no output for {:?}; closing (its results go back to the outbox)",
+                    id,
+                    c.peer,
+                    timeout
+                );
+            }
+        }
+        stalled
+    }
+
+    /// The platform a message from `id` is for (`None`: no such connection): the one its
+    /// line names, else its hello's; with a token, only its hello's.
+    pub(super) fn sender_platform(
+        &self,
+        id: ConnId,
+        named: Option<&str>,
+    ) -> Result<Option<String>, Refusal> {
+        let Some(c) = self.get(id) else {
+            return Ok(None);
+        };
+        let hello = c.platform.as_deref();
+        let Some(name) = named.or(hello) else {
+            return Err(Refusal::no_platform());
+        };
+        if self.token_required() && hello != Some(name) {
+            return Err(Refusal::not_its_platform(hello));
+        }
+        check_platform(name).map_err(Refusal::invalid)?;
+        Ok(Some(name.to_owned()))
+    }
+
     /// Forgets a connection; what the bridge still needs of it.
     pub(super) fn remove(&mut self, id: ConnId) -> Option<Gone> {
         let mut conn = self.slots.remove(id)?;
@@ -425,10 +486,6 @@ impl Conns {
 
     pub(super) fn iter(&self) -> impl Iterator<Item = (ConnId, &Client)> + '_ {
         self.slots.iter()
-    }
-
-    pub(super) fn keys(&self) -> impl Iterator<Item = ConnId> + '_ {
-        self.slots.keys()
     }
 
     pub(super) fn unauthenticated(&self) -> usize {

@@ -12,8 +12,9 @@ use std::time::Duration;
 use super::super::dedup::fingerprint;
 use super::super::frame::Frame;
 use super::admit::{Source, build};
+use super::platforms::Platforms;
 use super::refusal::Refusal;
-use super::routes::{InFlight, Phase, Routes, no_conn};
+use super::routes::{InFlight, Phase, Routes, files_released, no_conn};
 use super::status::{JournalStatus, RecoveryCounts};
 use super::{Action, Bridge, ConnId, INTERRUPTED, POISON};
 use crate::core::TurnId;
@@ -114,6 +115,11 @@ impl Durable {
         self.waiting.contains_key(&tag)
     }
 
+    /// Whether the runtime refused the message of `tag` and its `forget` record is pending.
+    pub(super) fn is_forgetting(&self, tag: u64) -> bool {
+        self.forgetting.contains_key(&tag)
+    }
+
     /// A terminal event waits for its outcome record before it is sent; `memory`, the
     /// change to its session's stored conversation, commits with that record.
     pub(super) fn hold_outcome(
@@ -175,7 +181,9 @@ impl Durable {
     }
 
     /// Checks, in debug builds, that every waiting message has its route, in its phase,
-    /// within the bound (the bridge's `audit` checks the converse).
+    /// within the bound, that a refusal waiting for its `forget` record is its route's phase
+    /// (if the route is still there), and that a terminal event waiting for its outcome
+    /// record has no route any more (the bridge's `audit` checks the converse).
     pub(super) fn check(&self, routes: &Routes) {
         debug_assert!(self.waiting.len() <= self.max_pending);
         debug_assert!((self.waiting.keys()).all(|&tag| {
@@ -183,6 +191,44 @@ impl Durable {
                 .get(tag)
                 .is_some_and(|r| r.phase == Phase::Journaling)
         }));
+        for &tag in self.forgetting.keys() {
+            let phase = routes.get(tag).map(|r| r.phase);
+            debug_assert!(
+                phase.is_none_or(|p| p == Phase::Refusing),
+                "message {tag} phase"
+            );
+        }
+        for &seq in self.unjournaled.keys() {
+            debug_assert!(
+                !routes.contains(seq),
+                "message {seq}: an outcome and a route"
+            );
+        }
+    }
+
+    /// A graceful shutdown ended the message of `route` (`cancelled: shutdown`, queued or
+    /// cut off by the drain): with a journal it is not answered and gets no outcome record,
+    /// so the next start finds it as a crash would have left it — queued again if its turn
+    /// never started, interrupted (failed, or run again with `resume_interrupted`) if it did.
+    /// A planned restart then keeps the queue instead of dropping it. Its duplicate-window
+    /// entry stays (it is still in flight), and so does its outbox reservation: the message
+    /// is still owed, and whatever is admitted meanwhile (and may stay in the journal, its
+    /// refusal not yet durable) must fit beside it, so the next process never recovers more
+    /// than the bounds admit. Returns its connection, which may now be finished.
+    pub(super) fn keep_for_restart(
+        &mut self,
+        route: InFlight,
+        platforms: &mut Platforms,
+    ) -> ConnId {
+        debug_assert!(route.copies.is_empty(), "a finished message was admitted");
+        self.kept_for_restart += 1;
+        log::debug!(
+            "session {}: message {} kept in the journal for the next start",
+            route.session,
+            route.id
+        );
+        platforms.keep_for_restart(&route.platform);
+        route.conn
     }
 }
 
@@ -201,11 +247,6 @@ impl Durable {
     pub(super) fn take_unjournaled(&mut self, seq: u64) -> Option<(ConnId, Frame)> {
         self.taken_outcomes.remove(&seq);
         self.unjournaled.remove(&seq)
-    }
-
-    /// Whether the runtime refused the message of `tag` and its `forget` record is pending.
-    pub(super) fn is_forgetting(&self, tag: u64) -> bool {
-        self.forgetting.contains_key(&tag)
     }
 
     /// Whether the terminal event of `seq` waits for its outcome record.
@@ -306,30 +347,6 @@ impl Durable {
 }
 
 impl Bridge {
-    /// A graceful shutdown ended the message (`cancelled: shutdown`, queued or cut off by
-    /// the drain): with a journal it is not answered and gets no outcome record, so the next
-    /// start finds it as a crash would have left it — queued again if its turn never
-    /// started, interrupted (failed, or run again with `resume_interrupted`) if it did. A
-    /// planned restart then keeps the queue instead of dropping it. Its duplicate-window
-    /// entry stays (it is still in flight), and so does its outbox reservation: the message
-    /// is still owed, and whatever is admitted meanwhile (and may stay in the journal, its
-    /// refusal not yet durable) must fit beside it, so the next process never recovers more
-    /// than the bounds admit.
-    pub(super) fn keep_for_restart(&mut self, route: InFlight) {
-        debug_assert!(self.durable.is_some(), "only a journal keeps a message");
-        debug_assert!(route.copies.is_empty(), "a finished message was admitted");
-        if let Some(d) = &mut self.durable {
-            d.kept_for_restart += 1;
-        }
-        log::debug!(
-            "session {}: message {} kept in the journal for the next start",
-            route.session,
-            route.id
-        );
-        self.platforms.keep_for_restart(&route.platform);
-        self.maybe_finish(route.conn);
-    }
-
     /// Messages a graceful shutdown left in the journal for the next start.
     pub fn kept_for_restart(&self) -> usize {
         self.durable.as_ref().map_or(0, |d| d.kept_for_restart)
@@ -446,10 +463,11 @@ impl Bridge {
         };
         if let Some(why) = failure {
             if let Ok(a) = &built {
-                self.release_files(a.message.context.attachments.as_deref());
+                let files = a.message.context.attachments.as_deref();
+                self.actions.extend(files_released(files));
             }
             let body = EncodedLine::text_op(TextOp::Failed, &id, session.as_str(), why);
-            return self.terminal(seq, to, &platform, id, body);
+            return self.terminal(seq, to, &platform, id, body, None);
         }
         let Ok(admitted) = built else {
             return;
@@ -504,6 +522,48 @@ mod tests {
         d.check(&routes);
         d.abandon();
         assert!(d.room().is_ok());
+    }
+
+    fn route_of(tag: u64, routes: &mut Routes) {
+        let conn = Key::from_bits(0);
+        let route = InFlight::new(conn, "m".into(), message().session, "telegram".into(), 1);
+        routes.insert(tag, route);
+    }
+
+    /// A runtime refusal waiting for its `forget` record is its route's phase: the check
+    /// holds the index and the record together.
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "phase")]
+    fn check_catches_a_pending_refusal_whose_route_is_in_another_phase() {
+        let mut d = Durable::new(4);
+        let mut routes = Routes::default();
+        let tag = routes.new_tag();
+        route_of(tag, &mut routes);
+        let refusal = Refusal::runtime(crate::core::RejectReason::QueueFull);
+        let _ = d.record_forget(tag, refusal);
+        assert!(d.is_forgetting(tag));
+        routes.get_mut(tag).expect("route").phase = Phase::Refusing;
+        d.check(&routes);
+        routes.get_mut(tag).expect("route").phase = Phase::Submitted;
+        d.check(&routes);
+    }
+
+    /// A terminal event waiting for its outcome record belongs to a message whose route
+    /// ended.
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "an outcome and a route")]
+    fn check_catches_an_outcome_waiting_beside_its_route() {
+        let mut d = Durable::new(4);
+        let mut routes = Routes::default();
+        let tag = routes.new_tag();
+        let body = super::super::delivery::failed_line("m", "telegram:1", "why".into(), 100);
+        let frame = Frame::new(body, Some("telegram".into())).of_message(tag, "m".into());
+        let _ = d.hold_outcome(tag, Key::from_bits(0), frame, None);
+        d.check(&routes);
+        route_of(tag, &mut routes);
+        d.check(&routes);
     }
 
     #[test]

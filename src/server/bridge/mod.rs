@@ -83,11 +83,13 @@ use crate::message::{Message, SessionKey};
 use crate::wire::{
     ClientOp, EncodedLine as Body, LineError, ServerOp, check_platform, encode, parse_line,
 };
+use access::Access;
 use cluster::ClusterSide;
 pub(crate) use cluster::Report;
 pub use config::{BridgeConfig, TERMINAL_ENVELOPE};
 use config::{HOUSEKEEPING, INTERRUPTED, POISON};
 use conns::Conns;
+use delivery::failed_line;
 use durable::Durable;
 use platforms::Platforms;
 use refusal::Refusal;
@@ -157,10 +159,8 @@ pub struct Bridge {
     next_housekeeping: Duration,
     /// The time of the latest input.
     now: Duration,
-    /// Who may talk to the bot, and how much (`access::Policy`).
-    access: crate::access::Policy,
-    /// Wall-clock ms since the epoch at time zero of `now` (the policy's days and codes).
-    wall_at_zero: u64,
+    /// Who may talk to the bot, and how much (`access::Policy`, on the wall clock).
+    access: Access,
 }
 
 fn error_line(detail: &str) -> Vec<u8> {
@@ -176,8 +176,7 @@ impl Bridge {
             routes: Routes::default(),
             durable: cfg.journal.then(|| Durable::new(cfg.max_pending_durable)),
             cluster: ClusterSide::default(),
-            access: crate::access::Policy::new(cfg.access.clone()),
-            wall_at_zero: 0,
+            access: Access::new(cfg.access.clone()),
             cfg,
             actions: VecDeque::new(),
             stats: Counters::default(),
@@ -189,7 +188,7 @@ impl Bridge {
     /// Sets the wall clock: `epoch_ms` is the wall-clock time (ms since the Unix epoch) at
     /// time zero of the bridge's clock (used only with a journal).
     pub fn set_wall_clock(&mut self, epoch_ms: u64) {
-        self.wall_at_zero = epoch_ms;
+        self.access.set_wall_clock(epoch_ms);
         if let Some(d) = &mut self.durable {
             d.set_wall_clock(epoch_ms);
         }
@@ -304,14 +303,32 @@ impl Bridge {
                     self.hello(id, platform, acks);
                 }
             }
-            Ok(ClientOp::Delivered { ids }) => self.delivered(id, &ids),
-            Ok(ClientOp::Message(m)) => self.handle_message(id, m, now),
+            Ok(ClientOp::Delivered { ids }) => {
+                for f in self.conns.delivered(id, &ids, self.now) {
+                    self.confirm(f);
+                }
+                self.maybe_finish(id);
+            }
+            Ok(ClientOp::Message(m)) => {
+                let mid = m.id.clone();
+                if let Err(refusal) = self.admit(id, m, now) {
+                    self.stats.count_rejected(refusal.reason, 1);
+                    self.answer(id, refusal.reject_line(&mid));
+                }
+            }
             Ok(ClientOp::MayUse {
                 id: q,
                 platform,
                 user_id,
                 chat_id,
-            }) => self.may_use(id, &q, platform.as_deref(), &user_id, chat_id.as_deref()),
+            }) => {
+                let hello = self.conns.get(id).and_then(|c| c.platform.as_deref());
+                let (platform, chat) = (platform.as_deref(), chat_id.as_deref());
+                match (self.access).may_use(hello, &q, platform, &user_id, chat) {
+                    Ok(line) => self.answer(id, line),
+                    Err(e) => self.error(id, e),
+                }
+            }
             Ok(ClientOp::Link { up, detail }) => {
                 let link = crate::liveness::LinkStatus { up, detail };
                 if let Err(e) = self.conns.set_link(id, link) {
@@ -320,7 +337,9 @@ impl Bridge {
             }
             Err(LineError::Malformed(detail)) => self.error(id, &detail),
             Err(LineError::Invalid { id: mid, detail }) => {
-                self.answer_refusal(id, &mid, Refusal::invalid(detail));
+                let refusal = Refusal::invalid(detail);
+                self.stats.count_rejected(refusal.reason, 1);
+                self.answer(id, refusal.reject_line(&mid));
             }
         }
     }
@@ -397,17 +416,29 @@ impl Bridge {
             // `--cluster`: loaded (a partition gained, an inbox arrival) as this instance
             // stops: it stays in the journal for the next owner, as a queued one does.
             if reason == RejectReason::ShuttingDown
-                && self.durable.is_some()
+                && let Some(d) = &mut self.durable
                 && let Some(route) = self.routes.remove(tag)
             {
-                return self.keep_for_restart(route);
+                let conn = d.keep_for_restart(route, &mut self.platforms);
+                return self.maybe_finish(conn);
             }
             // Acknowledged by the process before the restart: it gets a terminal event.
-            return self.finish_recovered(tag, &refusal::not_readmitted(reason.as_str()));
+            let Some(route) = self.routes.remove(tag) else {
+                return;
+            };
+            let why = refusal::not_readmitted(reason.as_str());
+            log::warn!("session {}: message {} {why}", route.session, route.id);
+            self.actions.extend(route.release_files());
+            let max = self.cfg.max_reply_bytes;
+            let body = failed_line(&route.id, route.session.as_str(), why, max);
+            return self.terminal(tag, route.conn, &route.platform, route.id, body, None);
         }
         match &mut self.durable {
             // Answered once its `forget` record is durable (else a crash brings it back).
             Some(d) => {
+                if let Some(route) = self.routes.get_mut(tag) {
+                    route.phase = Phase::Refusing;
+                }
                 let action = d.record_forget(tag, Refusal::runtime(reason));
                 self.actions.push_back(action);
             }
@@ -501,27 +532,31 @@ impl Bridge {
         self.audit();
     }
 
-    /// Writes a record to the journal, if there is one.
-    fn journal(&mut self, record: impl FnOnce() -> Record) {
-        if let Some(d) = &mut self.durable {
-            self.actions.push_back(d.record(record()));
-        }
-    }
-
     /// Fires the bridge's deadlines; returns when it next needs to be called.
     pub fn tick(&mut self, now: Duration) -> Duration {
         self.now = now;
         if now >= self.next_housekeeping {
             self.next_housekeeping = now + HOUSEKEEPING;
-            self.close_late_hellos(now);
-            self.close_stalled(now);
+            let timeout = self.cfg.hello_timeout;
+            for id in self.conns.late_hellos(now, timeout) {
+                self.stats.connections_refused += 1;
+                self.answer(id, error_line(&format!("no hello within {timeout:?}")));
+                self.set_closing(id);
+            }
+            // Their results go back to the outbox.
+            for id in self.conns.stalled_for(now, self.cfg.write_stall_timeout) {
+                self.stats.connections_refused += 1;
+                self.close(id, "write stalled", true);
+            }
             for (conn, session) in self.routes.typing_due(now, self.cfg.typing_refresh) {
                 self.delivery().typing(conn, &session, true);
             }
             self.platforms.expire(now);
             // Stale results dropped (`Delivery::drop_stale`) leave the journal.
             for seq in self.delivery().drop_stale() {
-                self.journal(|| Record::Delivered { seq });
+                if let Some(d) = &mut self.durable {
+                    self.actions.push_back(d.record(Record::Delivered { seq }));
+                }
             }
             for (platform, due, r) in self.cluster.offers(&self.platforms, now) {
                 // Sent from here later (a hello here before the answer), they are marked:
@@ -529,59 +564,10 @@ impl Bridge {
                 self.platforms.mark_offered(&platform, &due);
                 self.actions.push_back(Action::Cluster(r));
             }
-            self.access
-                .maybe_save(self.wall_at_zero + now.as_millis() as u64);
+            self.access.maybe_save(now);
         }
         self.audit();
         self.next_housekeeping
-    }
-
-    /// Connections that did not say hello in time get an error line and close.
-    fn close_late_hellos(&mut self, now: Duration) {
-        let timeout = self.cfg.hello_timeout;
-        let late: Vec<ConnId> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| !c.authed && !c.closing && now >= c.opened + timeout)
-            .map(|(id, _)| id)
-            .collect();
-        for id in late {
-            if let Some(peer) = self.conns.get(id).map(|c| c.peer)
-                && let Some(n) = self.conns.refusal_log()
-            {
-                let more = crate::logfmt::suppressed_note(n);
-                log::warn!(
-                    "connection {id} from {peer}: no hello within {timeout:?}; closing{more}"
-                );
-            }
-            self.stats.connections_refused += 1;
-            self.answer(id, error_line(&format!("no hello within {timeout:?}")));
-            self.set_closing(id);
-        }
-    }
-
-    /// Connections that took none of their output for too long close (their results go back
-    /// to the outbox).
-    fn close_stalled(&mut self, now: Duration) {
-        let timeout = self.cfg.write_stall_timeout;
-        let stalled: Vec<ConnId> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| c.stalled(now, timeout))
-            .map(|(id, _)| id)
-            .collect();
-        for id in stalled {
-            if let Some(c) = self.conns.get(id) {
-                log::warn!(
-                    "connection {} from {}: took no output for {:?}; closing (its results go back to the outbox)",
-                    id,
-                    c.peer,
-                    timeout
-                );
-            }
-            self.stats.connections_refused += 1;
-            self.close(id, "write stalled", true);
-        }
     }
 
     /// Writes `conn`'s output into `w`, at most the write budget, feeding it its platform's
@@ -637,7 +623,10 @@ impl Bridge {
             return;
         }
         if let Ok(ClientOp::Delivered { ids }) = parse_line(line) {
-            self.delivered(id, &ids);
+            for f in self.conns.delivered(id, &ids, self.now) {
+                self.confirm(f);
+            }
+            self.maybe_finish(id);
             self.audit();
         }
     }
@@ -652,11 +641,12 @@ impl Bridge {
                 session: route.session.as_str(),
                 reason: CancelReason::Shutdown.as_str(),
             });
-            let journaled = self.durable.as_ref().is_some_and(|d| !d.is_waiting(tag));
+            let journaled = self.durable.is_some() && route.phase != Phase::Journaling;
             if journaled {
                 // Best effort: the process exits now, and what the journal does not take is
                 // recovered at the next start.
-                self.terminal(tag, route.conn, &route.platform, route.id, Body::Line(line));
+                let body = Body::Line(line);
+                self.terminal(tag, route.conn, &route.platform, route.id, body, None);
             } else {
                 let frame = Frame::new(Body::Line(line), Some(route.platform.clone()));
                 self.deliver_terminal(route.conn, &route.platform, frame);
@@ -676,11 +666,6 @@ impl Bridge {
     /// Terminal events still waiting in outboxes (or for their outcome record).
     pub fn outboxed(&self) -> usize {
         self.platforms.outboxed() + self.unjournaled()
-    }
-
-    /// Connections open.
-    pub fn connections(&self) -> impl Iterator<Item = ConnId> + '_ {
-        self.conns.keys()
     }
 
     fn hello(&mut self, id: ConnId, platform: Option<String>, acks: bool) {
@@ -749,14 +734,6 @@ impl Bridge {
 
     fn answer(&mut self, id: ConnId, line: Vec<u8>) {
         self.conns.push(id, Frame::line(line), self.now);
-    }
-
-    /// A `delivered` line from an `acks` connection.
-    fn delivered(&mut self, id: ConnId, ids: &[String]) {
-        for f in self.conns.delivered(id, ids, self.now) {
-            self.confirm(f);
-        }
-        self.maybe_finish(id);
     }
 
     /// Closes a connection that has nothing left to do: closing and written out, or
@@ -829,11 +806,18 @@ impl Bridge {
         if let Some(d) = &self.durable {
             d.check(&self.routes);
         }
-        // Each route's phase agrees with the room that holds it in that phase, both ways
+        // Each route's phase agrees with the index that holds it in that phase, both ways
         // (`Durable::check` and `ClusterSide::check` look from the other side).
+        let d = self.durable.as_ref();
         for (tag, r) in self.routes.tags() {
-            let waiting = self.durable.as_ref().is_some_and(|d| d.is_waiting(tag));
+            let waiting = d.is_some_and(|d| d.is_waiting(tag));
             debug_assert_eq!(r.phase == Phase::Journaling, waiting, "message {tag} phase");
+            let forgetting = d.is_some_and(|d| d.is_forgetting(tag));
+            debug_assert_eq!(
+                r.phase == Phase::Refusing,
+                forgetting,
+                "message {tag} phase"
+            );
         }
         self.cluster.check(&self.routes);
         let recovered = self.durable.as_ref().map_or(0, Durable::recovered);

@@ -43,6 +43,11 @@ impl Refusal {
         self
     }
 
+    /// The `reject` line answering the message `id` with this refusal.
+    pub(super) fn reject_line(&self, id: &str) -> Vec<u8> {
+        reject_line(id, self.session.as_ref(), self.reason, &self.detail)
+    }
+
     pub(super) fn no_platform() -> Refusal {
         Refusal::invalid("platform is required (no hello named one)".into())
     }
@@ -118,6 +123,22 @@ impl Refusal {
 /// The failure of a recovered message (acknowledged before the restart) refused this time.
 pub(super) fn not_readmitted(why: &str) -> String {
     format!("not admitted again after a restart: {why}")
+}
+
+/// The `reject` line of message `id` (of `session`, once known): the one wording of a refusal's
+/// line.
+pub(super) fn reject_line(
+    id: &str,
+    session: Option<&SessionKey>,
+    reason: &str,
+    detail: &str,
+) -> Vec<u8> {
+    encode(&ServerOp::Reject {
+        id,
+        session: session.map(SessionKey::as_str),
+        reason,
+        detail,
+    })
 }
 
 /// The ack of a line whose id is a duplicate.

@@ -10,8 +10,8 @@ use std::time::Duration;
 use super::super::dedup::Fingerprint;
 use super::super::frame::Frame;
 use super::super::sharded::Sharded;
-use super::delivery::{Delivery, failed_line, terminal_line};
-use super::{Bridge, ConnId};
+use super::delivery::{Delivery, terminal_line};
+use super::{Action, Bridge, ConnId};
 use crate::core::{Outcome, TurnId};
 use crate::journal::{MemoryUpdate, Record};
 use crate::key::Key;
@@ -34,6 +34,9 @@ pub(super) enum Phase {
     /// In the runtime: queued, or its turn running (with a journal, each turn held until its
     /// `started` record is durable); recovered ones are submitted again in this phase.
     Submitted,
+    /// The runtime refused it and, with a journal, its `forget` record is not durable yet
+    /// (its refusal waits in `Durable`, answered once the record is written).
+    Refusing,
     /// `--cluster`: durable and acked here, its partition owned elsewhere (or handed over):
     /// waiting for the owner's outcome from the stream (`ClusterSide`'s remote index, by
     /// the cluster tag).
@@ -59,6 +62,8 @@ pub(super) struct InFlight {
     pub(super) recovered: bool,
     /// Its files in the spool, deleted once its route ends (issue 36).
     pub(super) files: Option<Arc<Vec<crate::Attachment>>>,
+    /// Whose token budget its turn spends (the access policy's, once submitted).
+    pub(super) charge: Option<crate::access::Charge>,
 }
 
 impl InFlight {
@@ -81,8 +86,28 @@ impl InFlight {
             starts: 0,
             recovered: false,
             files: None,
+            charge: None,
         }
     }
+}
+
+impl InFlight {
+    /// Its route ended (its terminal event exists): the action that deletes its files.
+    pub(super) fn release_files(&self) -> Option<Action> {
+        files_released(self.files.as_deref())
+    }
+}
+
+/// The action that deletes these files from the spool, on the shell's janitor thread (none
+/// without files): a message's route ended. A refused message's files stay (its bridge may
+/// send it again); what a crash left is swept at the next start.
+pub(super) fn files_released(files: Option<&Vec<crate::Attachment>>) -> Option<Action> {
+    let paths: Vec<String> = files
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a.path.clone())
+        .collect();
+    (!paths.is_empty()).then_some(Action::ReleaseFiles(paths))
 }
 
 /// Where a running turn's typing lines go, and when next.
@@ -219,71 +244,31 @@ impl Bridge {
         session: &SessionKey,
         mut outcome: Outcome,
     ) {
-        self.charge_tokens(tag, &outcome);
-        let Some(route) = self.routes.remove(tag) else {
+        let Some(mut route) = self.routes.remove(tag) else {
             return;
         };
+        self.access.charge(route.charge.take(), &outcome, self.now);
         self.conns.settled(route.conn);
-        if self.durable.is_some() && outcome == Outcome::Cancelled(crate::CancelReason::Shutdown) {
-            return self.keep_for_restart(route);
+        if outcome == Outcome::Cancelled(crate::CancelReason::Shutdown)
+            && let Some(d) = &mut self.durable
+        {
+            let conn = d.keep_for_restart(route, &mut self.platforms);
+            return self.maybe_finish(conn);
         }
         let memory = match &mut outcome {
             Outcome::Reply(reply) => reply.memory.take(),
             _ => None,
         };
-        self.release_files(route.files.as_deref());
+        self.actions.extend(route.release_files());
         let body = terminal_line(id, session.as_str(), outcome, self.cfg.max_reply_bytes);
-        self.terminal_remembering(tag, route.conn, &route.platform, route.id, body, memory);
-    }
-
-    /// The route of a message ended (its terminal event exists): its files leave the spool,
-    /// on the shell's janitor thread. A refused message's files stay (its bridge may send it
-    /// again); what a crash left is swept at the next start.
-    pub(super) fn release_files(&mut self, files: Option<&Vec<crate::Attachment>>) {
-        let paths: Vec<String> = files
-            .into_iter()
-            .flatten()
-            .filter_map(|a| a.path.clone())
-            .collect();
-        if !paths.is_empty() {
-            self.actions.push_back(super::Action::ReleaseFiles(paths));
-        }
-    }
-
-    /// A recovered message the runtime would not take back fails with `why`.
-    pub(super) fn finish_recovered(&mut self, tag: u64, why: &str) {
-        let Some(route) = self.routes.remove(tag) else {
-            return;
-        };
-        log::warn!("session {}: message {} {why}", route.session, route.id);
-        self.release_files(route.files.as_deref());
-        let session = route.session.as_str();
-        let body = failed_line(
-            &route.id,
-            session,
-            why.to_string(),
-            self.cfg.max_reply_bytes,
-        );
-        self.terminal(tag, route.conn, &route.platform, route.id.clone(), body);
+        self.terminal(tag, route.conn, &route.platform, route.id, body, memory);
     }
 
     /// Sends a terminal event on — with a journal, once its outcome record is durable: an
     /// outcome a bridge has seen must survive a crash, or recovery would answer the message
-    /// again differently (`interrupted by restart`).
+    /// again differently (`interrupted by restart`). `memory`, the change to the session's
+    /// stored conversation, commits with the outcome record (dropped without a journal).
     pub(super) fn terminal(
-        &mut self,
-        seq: u64,
-        conn: ConnId,
-        platform: &Arc<str>,
-        id: Arc<str>,
-        body: EncodedLine,
-    ) {
-        self.terminal_remembering(seq, conn, platform, id, body, None);
-    }
-
-    /// [`Bridge::terminal`], with the change to the session's stored conversation that
-    /// commits with the outcome record (dropped without a journal).
-    fn terminal_remembering(
         &mut self,
         seq: u64,
         conn: ConnId,
@@ -311,8 +296,10 @@ impl Bridge {
     /// A terminal event was delivered: the delivery room releases its room
     /// ([`Delivery::confirm`]) and the message leaves the journal.
     pub(super) fn confirm(&mut self, f: Frame) {
-        if let Some(seq) = self.delivery().confirm(f) {
-            self.journal(|| Record::Delivered { seq });
+        if let Some(seq) = self.delivery().confirm(f)
+            && let Some(d) = &mut self.durable
+        {
+            self.actions.push_back(d.record(Record::Delivered { seq }));
         }
     }
 
