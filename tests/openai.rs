@@ -1134,3 +1134,202 @@ fn a_dripping_stream_fails_at_the_stream_deadline() {
     assert!(logged("drip").contains("the reply took longer than 0.6 s (stream timeout)"));
     gw.stop();
 }
+
+/// A PNG's signature and header, then every byte value (what a data URL must carry intact).
+fn png_bytes() -> Vec<u8> {
+    let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec();
+    png.extend((0..3000u32).map(|i| (i * 7 % 256) as u8));
+    png
+}
+
+/// `bytes` written as `name` in `dir`, and the entry a bridge would send for it.
+fn spooled(dir: &std::path::Path, name: &str, mime: &str, bytes: &[u8]) -> turnstile::Attachment {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).expect("write the spool file");
+    turnstile::Attachment {
+        name: name.into(),
+        mime: mime.into(),
+        size: bytes.len() as u64,
+        sha256: None,
+        path: Some(path.display().to_string()),
+        skipped: None,
+    }
+}
+
+/// Issue 36 item 2: with vision on, an image goes to the model as an `image_url` part whose
+/// data URL decodes to the file's bytes; the history keeps its placeholder, so the next
+/// request carries `[image: NAME]` and none of the data.
+#[test]
+fn an_image_reaches_a_vision_model_as_a_data_url_and_the_history_keeps_its_placeholder() {
+    use base64::Engine;
+    let mock = Mock::start(vec![stream(&["a cat"], 1, 1), stream(&["yes"], 1, 1)]);
+    let mut cfg = config(&mock);
+    cfg.vision = true;
+    let gw = Gateway::start(cfg);
+    let spool = tempfile::tempdir().expect("spool");
+    let png = png_bytes();
+    let photo = spooled(spool.path(), "photo.png", "image/png", &png);
+    let s = key("vision");
+    let msg = Message::new("m1", s.clone(), "what is this?")
+        .expect("valid message")
+        .with_attachments(vec![photo]);
+    gw.handle.submit(msg).expect("submitted");
+    assert_eq!(gw.run("m1").1, reply("a cat"));
+
+    let req = mock.next_request();
+    let user = &req.body["messages"][1];
+    assert_eq!(user["role"], "user");
+    let parts = user["content"].as_array().expect("content parts");
+    assert_eq!(parts.len(), 2, "{parts:?}");
+    assert_eq!(
+        parts[0],
+        serde_json::json!({"type": "text", "text": "what is this?\n\n[image: photo.png]"})
+    );
+    assert_eq!(parts[1]["type"], "image_url");
+    let url = parts[1]["image_url"]["url"].as_str().expect("a URL");
+    let data = url
+        .strip_prefix("data:image/png;base64,")
+        .unwrap_or_else(|| panic!("not a PNG data URL: {:.60}", url));
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(data)
+        .expect("base64");
+    assert!(decoded == png, "the data URL is not the file's bytes");
+
+    assert_eq!(gw.ask("m2", &s, "is it cute?"), reply("yes"));
+    let req = mock.next_request();
+    assert_eq!(
+        req.messages(),
+        pairs(&[
+            ("system", SYSTEM),
+            ("user", "what is this?\n\n[image: photo.png]"),
+            ("assistant", "a cat"),
+            ("user", "is it cute?")
+        ])
+    );
+    let body = req.body.to_string();
+    assert!(
+        !body.contains("image_url") && !body.contains(&data[..64]),
+        "the next request carries the image: {body:.300}"
+    );
+    gw.stop();
+}
+
+/// Issue 36 item 2, vision off (the default): the image is named, a text file is inlined
+/// as the model's text, a PDF is named; the content stays a plain string.
+#[test]
+fn without_vision_an_image_is_named_and_a_text_file_inlined() {
+    let mock = Mock::start(vec![stream(&["noted"], 1, 1)]);
+    let gw = Gateway::start(config(&mock));
+    let spool = tempfile::tempdir().expect("spool");
+    let notes = "line one\nline <two> & \"three\"\n";
+    let files = vec![
+        spooled(spool.path(), "photo.png", "image/png", &png_bytes()),
+        spooled(spool.path(), "notes.txt", "text/plain", notes.as_bytes()),
+        spooled(
+            spool.path(),
+            "report.pdf",
+            "application/pdf",
+            b"%PDF-1.7 ...",
+        ),
+    ];
+    let msg = Message::new("m1", key("novision"), "see these")
+        .expect("valid message")
+        .with_attachments(files);
+    gw.handle.submit(msg).expect("submitted");
+    assert_eq!(gw.run("m1").1, reply("noted"));
+    let req = mock.next_request();
+    let png = png_bytes().len();
+    let want = format!(
+        "see these\n\n[attached: photo.png, image/png, {png} bytes]\n\n\
+         [file: notes.txt, text/plain, {} bytes]\n{notes}\n[end of notes.txt]\n\n\
+         [attached: report.pdf, application/pdf, 12 bytes]",
+        notes.len()
+    );
+    assert_eq!(req.body["messages"][1]["content"], want.as_str());
+    assert!(!req.body.to_string().contains("image_url"));
+    gw.stop();
+}
+
+/// The binary's `openai-vision` and `openai-inline-text-bytes` (config file keys here, the
+/// same as the flags), with files from `turnstile send --attach` through the spool.
+#[test]
+fn the_binary_sends_attached_files_as_its_settings_say() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let mock = Mock::start(vec![stream(&["seen"], 1, 1)]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spool = dir.path().join("spool");
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "agent = \"openai\"\nmodel = \"m\"\nopenai-base-url = \"{}\"\nopenai-vision = true\nopenai-inline-text-bytes = 5\n",
+            mock.base_url()
+        ),
+    )
+    .expect("config file");
+    let photo = dir.path().join("photo.png");
+    std::fs::write(&photo, png_bytes()).expect("photo");
+    let notes = dir.path().join("notes.txt");
+    std::fs::write(&notes, "0123456789").expect("notes");
+    struct Reaped(std::process::Child);
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let bin = env!("CARGO_BIN_EXE_turnstile");
+    let mut serve = Command::new(bin)
+        .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "off"])
+        .arg("--config")
+        .arg(&config)
+        .arg("--attachments-dir")
+        .arg(&spool)
+        .env("RUST_LOG", "warn")
+        .env_remove("OPENAI_API_KEY")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map(Reaped)
+        .expect("start turnstile serve");
+    let mut first = String::new();
+    BufReader::new(serve.0.stdout.take().expect("stdout"))
+        .read_line(&mut first)
+        .expect("first line");
+    let addr = first
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("no listening line: {first:?}"))
+        .to_owned();
+    let out = Command::new(bin)
+        .args(["send", "--addr", &addr, "--attachments-dir"])
+        .arg(&spool)
+        .arg("--attach")
+        .arg(&photo)
+        .arg("--attach")
+        .arg(&notes)
+        .arg("look")
+        .output()
+        .expect("run turnstile send");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "seen",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let req = mock.next_request();
+    let parts = req.body["messages"][0]["content"]
+        .as_array()
+        .unwrap_or_else(|| panic!("content parts: {}", req.body));
+    assert_eq!(
+        parts[0]["text"],
+        "look\n\n[image: photo.png]\n\n[file: notes.txt, unknown type, 10 bytes]\n01234\n\
+         [end of notes.txt: cut, the first 5 of 10 bytes shown]"
+    );
+    let url = parts[1]["image_url"]["url"].as_str().expect("an image URL");
+    assert!(
+        url.starts_with("data:image/png;base64,iVBORw0KGgo"),
+        "{url:.60}"
+    );
+}

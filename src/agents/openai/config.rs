@@ -21,6 +21,11 @@ pub(crate) const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(120);
 /// Default longest a request may take in all (connect, retries, the whole stream); below
 /// the default turn timeout (600 s), so a dripping stream fails the turn with its reason.
 pub(crate) const DEFAULT_STREAM_TIMEOUT: Duration = Duration::from_secs(300);
+/// Default bytes of text files inlined in one message, all its files together: about 4,000
+/// tokens, two thirds of the default `history_chars`, so the system prompt and the message
+/// still fit beside it and the exchange that carries it is kept in the history (a larger
+/// one would crowd the whole conversation out of the 8k context of small local models).
+pub(crate) const DEFAULT_INLINE_TEXT_BYTES: usize = 16 * 1024;
 /// Retries after a 429 or 5xx answer.
 pub(crate) const DEFAULT_MAX_RETRIES: u32 = 3;
 /// First backoff before a retry without `Retry-After`; doubles each retry.
@@ -108,6 +113,16 @@ pub struct OpenAiConfig {
     pub max_reply_bytes: usize,
     /// Certificate authorities for `https`.
     pub tls_roots: TlsRoots,
+    /// Send a message's images (PNG, JPEG, GIF, WebP) to the model as `image_url` parts
+    /// (base64 data URLs), for vision models; off (the default), they are named in the text.
+    pub vision: bool,
+    /// Bytes of a message's images sent at most, all together (the binary takes
+    /// `--max-attachment-bytes`); an image past it is named instead. A request holds about
+    /// 2.7 times this (base64, then the JSON body) while it is built.
+    pub max_image_bytes: u64,
+    /// Bytes of text files (`text/*`, JSON, XML, YAML, …) inlined in one message, all its
+    /// files together; a file past it is cut (and says so), the next ones named.
+    pub inline_text_bytes: usize,
 }
 
 impl OpenAiConfig {
@@ -129,6 +144,9 @@ impl OpenAiConfig {
             max_retry_wait: DEFAULT_MAX_RETRY_WAIT,
             max_reply_bytes: DEFAULT_MAX_REPLY_BYTES,
             tls_roots: TlsRoots::Platform,
+            vision: false,
+            max_image_bytes: crate::attachments::DEFAULT_MAX_ATTACHMENT_BYTES,
+            inline_text_bytes: DEFAULT_INLINE_TEXT_BYTES,
         }
     }
 }

@@ -27,6 +27,7 @@
 //! content: SSE comments, keep-alives and empty deltas do not reset it. The whole request
 //! (connect, retries, stream) ends after [`OpenAiConfig::stream_timeout`].
 
+mod attach;
 mod config;
 mod history;
 mod redact;
@@ -54,10 +55,11 @@ use transport::{CancellableConnector, is_cancel_error};
 
 pub use config::{ApiKey, OpenAiConfig, TlsRoots};
 // The defaults `turnstile serve` shows in its help (feature `cli`).
+use attach::{Content, UserTurn, user_turn};
 #[cfg_attr(not(feature = "cli"), allow(unused_imports))]
 pub(crate) use config::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_HISTORY_CHARS, DEFAULT_HISTORY_TURNS, DEFAULT_READ_TIMEOUT,
-    DEFAULT_STREAM_TIMEOUT,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_HISTORY_CHARS, DEFAULT_HISTORY_TURNS,
+    DEFAULT_INLINE_TEXT_BYTES, DEFAULT_READ_TIMEOUT, DEFAULT_STREAM_TIMEOUT,
 };
 use history::{History, user_content};
 use retry::{Refused, give_up_text, retry_wait, unavailable};
@@ -273,7 +275,7 @@ struct ChatRequest<'a> {
 #[derive(Serialize)]
 struct ChatMessage<'a> {
     role: &'static str,
-    content: &'a str,
+    content: Content<'a>,
 }
 
 #[derive(Serialize)]
@@ -346,31 +348,32 @@ impl OpenAiAgent {
     }
 
     /// The request body for `user` after the kept history.
-    fn request_body(&self, user: &str) -> Vec<u8> {
+    fn request_body(&self, user: &UserTurn) -> Vec<u8> {
         let cfg = &self.shared.cfg;
         let system = cfg.system_prompt.as_deref().filter(|s| !s.is_empty());
-        let fixed = system.map_or(0, |s| s.chars().count()) + user.chars().count();
+        // Images are not counted: the budget is the conversation's text.
+        let fixed = system.map_or(0, |s| s.chars().count()) + user.text.chars().count();
         let budget = cfg.history_chars.saturating_sub(fixed);
         let mut messages = Vec::with_capacity(2 + 2 * self.history.len());
         if let Some(s) = system {
             messages.push(ChatMessage {
                 role: "system",
-                content: s,
+                content: Content::Text(s),
             });
         }
         for e in self.history.fitting(budget) {
             messages.push(ChatMessage {
                 role: "user",
-                content: &e.user,
+                content: Content::Text(&e.user),
             });
             messages.push(ChatMessage {
                 role: "assistant",
-                content: &e.assistant,
+                content: Content::Text(&e.assistant),
             });
         }
         messages.push(ChatMessage {
             role: "user",
-            content: user,
+            content: user.content(),
         });
         let req = ChatRequest {
             model: &cfg.model,
@@ -552,8 +555,24 @@ impl Agent for OpenAiAgent {
     fn turn(&mut self, input: &TurnInput<'_>, cancel: &CancelToken) -> Result<String, TurnError> {
         let started = Instant::now();
         let cfg = &self.shared.cfg;
-        let user = user_content(input.text, input.context, cfg.sender_prefix);
+        let text = user_content(input.text, input.context, cfg.sender_prefix);
+        let user = user_turn(text, input.context.attachments(), cfg);
+        if !user.problems.is_empty() {
+            log::warn!(
+                "session {}: attachments named instead of sent: {}",
+                self.session,
+                user.problems.join("; ")
+            );
+        }
         let body = self.request_body(&user);
+        log::debug!(
+            "session {}: openai request: {} attachments, {} bytes of images",
+            self.session,
+            input.context.attachments().len(),
+            user.image_bytes()
+        );
+        // The images live on in the body only, and the body only as long as the turn.
+        let user = user.text;
         self.last_turn = None;
         let result = {
             let _watch = transport::watch(

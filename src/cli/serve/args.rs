@@ -8,8 +8,8 @@ use std::time::Duration;
 use super::bridges::BridgeSpec;
 use crate::BusyMode;
 use crate::agents::openai::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_HISTORY_CHARS, DEFAULT_HISTORY_TURNS, DEFAULT_READ_TIMEOUT,
-    DEFAULT_STREAM_TIMEOUT,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_HISTORY_CHARS, DEFAULT_HISTORY_TURNS,
+    DEFAULT_INLINE_TEXT_BYTES, DEFAULT_READ_TIMEOUT, DEFAULT_STREAM_TIMEOUT,
 };
 use crate::agents::process::{self};
 use crate::cli::units::{Bytes, ListenAddr, Seconds};
@@ -250,6 +250,15 @@ pub(crate) struct ServeArgs {
     /// Prefix "[from: NAME (id ID); meta: {...}]" to the user's text
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub(super) openai_sender_prefix: Option<bool>,
+    /// Send a message's images (PNG, JPEG, GIF, WebP) to the model as image_url parts
+    /// (base64 data URLs), for vision models, within --max-attachment-bytes for the message's
+    /// images together; off, they are named in the text
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub(super) openai_vision: Option<bool>,
+    /// Bytes of a message's text files (text/*, JSON, XML, YAML…) inlined in its text, all
+    /// together: a file past it is cut (and says so), the next ones named
+    #[arg(long)]
+    pub(super) openai_inline_text_bytes: Option<Bytes>,
     /// Seconds to open a connection to the API
     #[arg(long)]
     pub(super) openai_connect_timeout: Option<Seconds>,
@@ -521,16 +530,32 @@ pub(crate) fn defaults() -> Vec<(&'static str, String)> {
             "cluster-drain-ms",
             crate::cluster::DEFAULT_DRAIN.as_millis().to_string(),
         ),
+    ]
+    .into_iter()
+    .chain(openai_defaults())
+    .collect()
+}
+
+/// The openai agent's part of [`defaults`].
+fn openai_defaults() -> [(&'static str, String); 12] {
+    let secs = |d: Duration| Seconds(d.as_secs_f64()).to_string();
+    let bytes = |n: usize| Bytes(n).to_string();
+    [
         ("openai-api-key-env", "OPENAI_API_KEY".into()),
         ("history-turns", DEFAULT_HISTORY_TURNS.to_string()),
         ("history-chars", DEFAULT_HISTORY_CHARS.to_string()),
         ("history-ttl", secs(DEFAULT_HISTORY_TTL)),
         ("history-bytes", bytes(DEFAULT_HISTORY_BYTES as usize)),
         ("openai-sender-prefix", "false".into()),
+        ("openai-vision", "false".into()),
+        ("openai-inline-text-bytes", bytes(DEFAULT_INLINE_TEXT_BYTES)),
         ("openai-connect-timeout", secs(DEFAULT_CONNECT_TIMEOUT)),
         ("openai-read-timeout", secs(DEFAULT_READ_TIMEOUT)),
         ("openai-stream-timeout", secs(DEFAULT_STREAM_TIMEOUT)),
-        ("openai-tls-roots", lower(&TlsRootsArg::Platform)),
+        (
+            "openai-tls-roots",
+            format!("{:?}", TlsRootsArg::Platform).to_lowercase(),
+        ),
     ]
 }
 

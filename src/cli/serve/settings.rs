@@ -394,10 +394,12 @@ fn agent_specs(a: &ServeArgs, core: &CoreSettings) -> Result<(Vec<AgentSpec>, Ve
     let tables = a.agent_tables.as_deref().unwrap_or_default();
     super::tables::check_names(tables)?;
     for t in tables {
-        // Its own options only, and the gateway-wide bound its replies are cut to.
+        // Its own options only, and the gateway-wide bounds its replies are cut to and its
+        // images are sent within.
         let options = ServeArgs {
             agent: t.kind,
             max_reply_bytes: a.max_reply_bytes,
+            max_attachment_bytes: a.max_attachment_bytes,
             ..(*t.options).clone()
         };
         let spec = agent_spec(&t.name, &options, core)
@@ -621,6 +623,13 @@ pub(super) fn openai_config(a: &ServeArgs, turn_timeout: Duration) -> Result<Ope
     cfg.history_turns = a.history_turns.unwrap_or(DEFAULT_HISTORY_TURNS);
     cfg.history_chars = a.history_chars.unwrap_or(DEFAULT_HISTORY_CHARS);
     cfg.sender_prefix = a.openai_sender_prefix.unwrap_or(false);
+    cfg.vision = a.openai_vision.unwrap_or(false);
+    if let Some(bytes) = a.openai_inline_text_bytes {
+        cfg.inline_text_bytes = bytes.0;
+    }
+    if let Some(bytes) = a.max_attachment_bytes {
+        cfg.max_image_bytes = bytes.0 as u64;
+    }
     cfg.connect_timeout = seconds(
         "openai-connect-timeout",
         a.openai_connect_timeout,

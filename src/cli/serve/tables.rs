@@ -47,6 +47,8 @@ fn keys_of(kind: AgentKind) -> &'static [&'static str] {
             "history-turns",
             "history-chars",
             "openai-sender-prefix",
+            "openai-vision",
+            "openai-inline-text-bytes",
             "openai-connect-timeout",
             "openai-read-timeout",
             "openai-stream-timeout",
@@ -228,6 +230,28 @@ mod tests {
             .expect("refused");
         assert!(e.contains("give the top-level agent with --agent"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// An openai table takes the attachment keys (issue 36), and its images are bounded by
+    /// the gateway-wide `--max-attachment-bytes`.
+    #[test]
+    fn an_openai_table_takes_vision_and_the_gateway_s_attachment_bound() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("t.toml");
+        let table = "[[agent]]\nname = \"eyes\"\nkind = \"openai\"\nmodel = \"m\"\n\
+            openai-base-url = \"http://127.0.0.1:8000/v1\"\n\
+            openai-vision = true\nopenai-inline-text-bytes = 100\n";
+        std::fs::write(&path, table).expect("write");
+        let flags = ServeArgs {
+            config: Some(path),
+            max_attachment_bytes: Some(crate::cli::units::Bytes(1000)),
+            ..ServeArgs::default()
+        };
+        let s = super::super::settings::resolve(flags).expect("valid");
+        let openai = s.agents[1].openai.as_ref().expect("openai config");
+        assert!(openai.vision);
+        assert_eq!(openai.inline_text_bytes, 100);
+        assert_eq!(openai.max_image_bytes, 1000);
     }
 
     /// Every key a kind allows is a key of the top-level settings (one spelling of each).

@@ -1,6 +1,11 @@
 use super::*;
 use proptest::prelude::*;
 
+// The Bot API's HTML parse mode, as the Telegram fake of the bridge tests parses it.
+#[path = "../../../tests/telegram_html/mod.rs"]
+mod telegram_html;
+use telegram_html::parse_entities;
+
 fn matrix(text: &str) -> Piece {
     let mut p = pieces(
         text,
@@ -52,6 +57,9 @@ fn well_formed(html: &str, allowed: &[&str]) -> Result<Vec<String>, String> {
         let name = body.split(' ').next().unwrap_or_default().to_owned();
         if !allowed.contains(&name.as_str()) {
             return Err(format!("tag {name:?} not allowed in {html:?}"));
+        }
+        if !closing && name == "a" && stack.iter().any(|t| t == "a") {
+            return Err(format!("a link inside a link in {html:?}"));
         }
         if closing {
             if stack.pop().as_deref() != Some(name.as_str()) {
@@ -184,6 +192,14 @@ fn raw_html_and_unsafe_links_are_escaped_or_dropped() {
     assert!(!p.html.contains("\" onmouseover"), "{}", p.html);
     let p = matrix("```rust\" onclick=\"x\nbody\n```");
     assert_eq!(p.html, "<pre><code>body</code></pre>");
+    // A link inside a link (an autolink as a link's text): one link, the inner one's text.
+    let nested = "[<https://x.org>](https://e.org/)";
+    assert_eq!(
+        matrix(nested).html,
+        "<p><a href=\"https://e.org/\">https://x.org</a></p>"
+    );
+    assert_eq!(tg(nested), "<a href=\"https://e.org/\">https://x.org</a>");
+    assert_eq!(parse_entities(&tg(nested)).as_deref(), Ok("https://x.org"));
 }
 
 #[test]
@@ -213,6 +229,8 @@ fn unterminated_markup_renders_safely_and_an_open_fence_is_an_open_code_block() 
     }
     assert_eq!(tg("**bold"), "**bold");
     assert_eq!(tg("a & b <c>"), "a &amp; b &lt;c&gt;");
+    // Entities before wide characters (the parser reads a few bytes ahead for the `;`).
+    assert_eq!(parse_entities(&tg("& 🎉🎉🎉")).as_deref(), Ok("& 🎉🎉🎉"));
 }
 
 #[test]
@@ -289,8 +307,9 @@ fn telegram_pieces_keep_under_the_tag_bound() {
     }
 }
 
-fn markdownish() -> impl Strategy<Value = String> {
-    let atom = prop_oneof![
+/// One piece of Markdown or HTML syntax, or a word.
+fn markdown_atom() -> impl Strategy<Value = &'static str> {
+    prop_oneof![
         Just("*"),
         Just("**"),
         Just("_"),
@@ -321,8 +340,11 @@ fn markdownish() -> impl Strategy<Value = String> {
         Just("👩\u{200D}💻"),
         Just("<https://x.org>"),
         Just("\\"),
-    ];
-    prop::collection::vec(atom, 0..200).prop_map(|v| v.concat())
+    ]
+}
+
+fn markdownish() -> impl Strategy<Value = String> {
+    prop::collection::vec(markdown_atom(), 0..200).prop_map(|v| v.concat())
 }
 
 proptest! {
@@ -354,6 +376,73 @@ proptest! {
             let concat: String = pieces.iter().map(|p| p.plain.as_str()).collect();
             let full = whole.first().map(|p| p.plain.clone()).unwrap_or_default();
             prop_assert_eq!(concat, full);
+        }
+    }
+}
+
+/// Arbitrary text (any characters, control ones and lone markup included) cut into short
+/// runs between the Markdown and HTML the renderer must defuse: unterminated, nested, raw.
+fn hostile() -> impl Strategy<Value = String> {
+    let piece = prop_oneof![
+        3 => any::<String>().prop_map(|s| s.chars().take(12).collect::<String>()),
+        4 => markdown_atom().prop_map(str::to_owned),
+        1 => Just("<b>".to_owned()),
+        1 => Just("<pre><code>".to_owned()),
+        1 => Just("&#60;&lt".to_owned()),
+        1 => Just("```\n".to_owned()),
+        1 => Just("> ".repeat(20)),
+        1 => Just("**_~~`".to_owned()),
+        // Nested: a link in a link, code in a link or a quote, a fence in a list in a quote.
+        1 => Just("[<https://x.org> *e* `c`](https://e.org)".to_owned()),
+        1 => Just("> - ```\n".to_owned()),
+        1 => Just("> [`c`](https://e.org)".to_owned()),
+    ];
+    prop::collection::vec(piece, 0..80).prop_map(|v| v.concat())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Issue 36 row 4 (Telegram): from any input, every piece parses under the Bot API's
+    /// rules (its tags only, balanced, nested as it allows, every `<`, `>`, `&` of the text
+    /// escaped), shows exactly the piece's plain text (nothing lost, nothing injected),
+    /// and stays within the message's limit and the tag bound, split or not.
+    #[test]
+    fn telegram_html_from_any_input_parses_as_the_bot_api_does_in_every_piece(
+        text in prop_oneof![any::<String>(), hostile()],
+        limit in 64usize..1024,
+    ) {
+        for (limit, pieces) in [
+            (4096, super::pieces(&text, Target::Telegram, Measure::HtmlUtf16, 4096, TELEGRAM_MAX_TAGS)),
+            (limit, super::pieces(&text, Target::Telegram, Measure::HtmlUtf16, limit, TELEGRAM_MAX_TAGS)),
+        ] {
+            for p in &pieces {
+                let shown = parse_entities(&p.html);
+                prop_assert_eq!(shown.as_deref(), Ok(p.plain.as_str()), "html {:?}", p.html);
+                prop_assert!(p.html.encode_utf16().count() <= limit);
+                let tags = well_formed(&p.html, TELEGRAM_TAGS);
+                prop_assert!(tags.is_ok(), "{:?}", tags);
+                prop_assert!(tags.unwrap_or_default().len() <= TELEGRAM_MAX_TAGS);
+            }
+        }
+        for html in telegram(&text) {
+            prop_assert!(parse_entities(&html).is_ok_and(|shown| !shown.trim().is_empty()), "{:?}", html);
+        }
+    }
+
+    /// Issue 36 row 4 (Matrix): from any input, the formatted body has only the safe set's
+    /// tags, balanced, its text escaped, in one piece or split.
+    #[test]
+    fn matrix_html_from_any_input_is_well_formed_in_every_piece(
+        text in prop_oneof![any::<String>(), hostile()],
+        limit in 256usize..2048,
+    ) {
+        let whole = matrix(&text);
+        prop_assert!(well_formed(&whole.html, MATRIX_TAGS).is_ok(), "{:?}", whole.html);
+        for p in super::pieces(&text, Target::Matrix, Measure::HtmlPlusPlainBytes, limit, usize::MAX) {
+            prop_assert!(p.html.len() + p.plain.len() <= limit);
+            let tags = well_formed(&p.html, MATRIX_TAGS);
+            prop_assert!(tags.is_ok(), "{:?}", tags);
         }
     }
 }

@@ -315,11 +315,14 @@ impl Writer {
         // An autolink's text is its URL already.
         let auto = matches!(kind, LinkType::Autolink | LinkType::Email);
         let shown_url = url.clone().filter(|_| !auto).map(|u| format!(" <{u}>"));
-        let allowed = match self.target {
-            Target::Matrix => true,
-            Target::Telegram => self.quotes == 0,
-            Target::Irc => false,
-        };
+        // No link inside a link (`[<https://x.org>](https://e.org)`): HTML forbids it and
+        // the Bot API refuses the message; the inner one keeps its text.
+        let allowed = self.links == 0
+            && match self.target {
+                Target::Matrix => true,
+                Target::Telegram => self.quotes == 0,
+                Target::Irc => false,
+            };
         self.links += 1;
         match url {
             Some(u) if allowed => {

@@ -160,6 +160,9 @@ pub(super) struct Content {
     pub membership: Lenient<String>,
     #[serde(default)]
     pub url: Lenient<String>,
+    /// An encrypted room's file: its URL, key, IV and hash.
+    #[serde(default)]
+    pub file: Lenient<super::encrypted_file::EncryptedFile>,
     /// A file message's name when its `body` is a caption.
     #[serde(default)]
     pub filename: Lenient<String>,

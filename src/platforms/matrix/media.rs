@@ -1,13 +1,16 @@
 //! A Matrix message's file (`m.image`, `m.file`, `m.audio`, `m.video`) fetched into the
 //! gateway's spool (issue 36): through the authenticated media API with the bot's token
 //! ([`Api::download`]), streamed and bounded ([`crate::platforms::spool`]). A file past a
-//! bound, or one that cannot be fetched (an encrypted room's file, a failed download),
-//! reaches the agent named, with `skipped` saying why, and is never fetched again.
+//! bound, or one that cannot be fetched (a malformed key, a hash that does not match, a
+//! failed download), reaches the agent named, with `skipped` saying why, and is never
+//! fetched again. An encrypted room's file is decrypted as it streams
+//! ([`super::encrypted_file`]).
 
 use serde::Deserialize;
 
 use super::answer::Content;
 use super::api::Api;
+use super::encrypted_file::{Decrypting, Sealed};
 use crate::platforms::lenient::Lenient;
 use crate::platforms::spool::{self, Offered};
 use crate::{Attachment, AttachmentLimits};
@@ -27,8 +30,10 @@ pub(crate) struct MediaInfo {
 /// A file a message carries, before it is fetched.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Media {
-    /// `mxc://server/id`, or `None` for an encrypted room's file (`content.file`).
+    /// `mxc://server/id` (an encrypted room's file's is in `content.file`).
     url: Option<String>,
+    /// An encrypted room's file: what decrypts it.
+    encrypted: Option<Sealed>,
     offered: Offered,
     /// Its entry once fetched (with a path, or saying why not).
     pub(super) fetched: Option<Attachment>,
@@ -45,8 +50,12 @@ pub(super) fn of(msgtype: &str, content: &Content) -> Option<Media> {
         .text()
         .or(content.body.text())
         .unwrap_or("file");
+    let file = content.file.get();
+    let url = content.url.text().or_else(|| file.and_then(|f| f.url()));
+    let encrypted = file.map(|f| f.sealed());
     Some(Media {
-        url: content.url.text().map(str::to_owned),
+        url: url.map(str::to_owned),
+        encrypted,
         offered: Offered {
             name: spool::clean_name(name),
             mime: info
@@ -75,14 +84,25 @@ pub(super) fn fetch_into(
 fn fetch(api: &Api, limits: &AttachmentLimits, event_id: &str, media: &Media) -> Attachment {
     let offered = &media.offered;
     let Some((server, id)) = media.url.as_deref().and_then(mxc) else {
-        return offered.skipped("an encrypted or malformed file: not fetched".into());
+        return offered.skipped("a malformed file URL: not fetched".into());
+    };
+    let key = match &media.encrypted {
+        None => None,
+        Some(Sealed::Key(key)) => Some(key),
+        Some(Sealed::Malformed) => {
+            return offered.skipped("an encrypted file with a malformed key".into());
+        }
     };
     if let Some(why) = offered.refused(limits) {
         return offered.skipped(why);
     }
-    match api.download(server, id) {
-        Ok(mut body) => spool::store(limits, offered, &spool_name(event_id), &mut body),
-        Err(e) => offered.skipped(format!("download failed: {e}")),
+    let name = spool_name(event_id);
+    match (api.download(server, id), key) {
+        (Ok(mut body), None) => spool::store(limits, offered, &name, &mut body),
+        (Ok(body), Some(key)) => {
+            spool::store(limits, offered, &name, &mut Decrypting::new(body, key))
+        }
+        (Err(e), _) => offered.skipped(format!("download failed: {e}")),
     }
 }
 

@@ -24,6 +24,7 @@ mod answer;
 pub(crate) mod api;
 mod content;
 pub(crate) mod crypto;
+mod encrypted_file;
 mod engine;
 mod invites;
 mod media;
