@@ -511,6 +511,11 @@ impl Bridge {
     /// Fires the bridge's deadlines; returns when it next needs to be called.
     pub fn tick(&mut self, now: Duration) -> Duration {
         self.now = now;
+        // `--cluster`: partitions past their lease's fence deadline stop their turns now.
+        for (p, request) in self.cluster.fence_due(now) {
+            self.hand_over(p);
+            self.actions.push_back(Action::Cluster(request));
+        }
         if now >= self.next_housekeeping {
             self.next_housekeeping = now + HOUSEKEEPING;
             self.close_late_hellos(now);
@@ -533,7 +538,8 @@ impl Bridge {
                 .maybe_save(self.wall_at_zero + now.as_millis() as u64);
         }
         self.audit();
-        self.next_housekeeping
+        (self.cluster.next_fence())
+            .map_or(self.next_housekeeping, |t| t.min(self.next_housekeeping))
     }
 
     /// Connections that did not say hello in time get an error line and close.
