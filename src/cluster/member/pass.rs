@@ -110,6 +110,9 @@ impl Member {
         c.cluster.leases = (self.own.deadlines())
             .map(|(l, at)| (l.partition, l.epoch, at))
             .collect();
+        // A stopped gateway's agents end at the earliest of them (`cluster/leash.rs`).
+        let earliest = c.cluster.leases.iter().map(|(_, _, at)| *at).min();
+        super::super::leash::extend(earliest.map(|at| self.zero + at));
     }
 
     /// Renews `leases` (sent at `now`): every renewal in one round trip; one answered past
