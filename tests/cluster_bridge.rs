@@ -1740,7 +1740,7 @@ fn a_partition_past_its_fence_deadline_is_handed_over_at_the_tick_and_the_thread
     );
     // Renewed: the deadline moves.
     n.report(0, pass(ms(2000)));
-    let mut tick = |n: &mut Net, at| {
+    let tick = |n: &mut Net, at| {
         n.b.tick(at);
         let mut fenced = Vec::new();
         while let Some(a) = n.b.poll_action() {
