@@ -382,7 +382,7 @@ pub(crate) struct ServeArgs {
     /// Redis's over one lease, plus the time a turn takes to stop. An owner that cannot
     /// renew stops a partition's turns this long before its lease can expire, and a new
     /// owner starts none until this long after it acquired the lease. Below a third of
-    /// --lease-ms (refused otherwise)
+    /// --lease-ms (refused otherwise); by default a tenth of it
     #[arg(long, value_name = "MS")]
     pub(super) max_clock_skew_ms: Option<u64>,
     /// Accept a Redis whose `appendfsync` is not `always` (an ack may precede the fsync: a
@@ -524,7 +524,6 @@ pub(crate) fn defaults() -> Vec<(&'static str, String)> {
         ("partitions", DEFAULT_PARTITIONS.to_string()),
         ("cluster-min-replicas", "0".into()),
         ("lease-ms", DEFAULT_LEASE_MS.to_string()),
-        ("max-clock-skew-ms", "a tenth of --lease-ms".into()),
         (
             "cluster-drain-ms",
             crate::cluster::DEFAULT_DRAIN.as_millis().to_string(),
