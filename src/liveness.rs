@@ -648,6 +648,11 @@ pub struct ClusterStatus {
     /// Partitions fenced while owned here (another instance held the lease at a write)
     /// since the start; each ownership ends once in `lost + fenced`.
     pub fenced: u64,
+    /// Partitions this instance fenced itself out of since the start: a lease not renewed
+    /// by its fence deadline (the lease less `--max-clock-skew-ms`), its running turns
+    /// stopped before the lease could expire (also counted in `lost`).
+    #[serde(default)]
+    pub self_fenced: u64,
     /// Partitions handed over in place (lost or fenced, once per ownership) since the start.
     pub handed_over_partitions: u64,
     /// The messages those hand-overs took from this instance.

@@ -1919,4 +1919,48 @@ fn held_own_accepts_are_bounded_by_max_pending_durable() {
         json!({"op": "message", "id": "m4", "chat_id": "1", "text": "hi"}),
     );
     assert_eq!(n.accepted().len(), 1, "m4 admitted once m2 left the wait");
+/// Self-fencing (issue 31 row 2): an owned partition past its lease's fence deadline, as
+/// the last ownership pass reported it, is handed over at the bridge's own tick (its running
+/// turns cancelled by the runtime), without waiting for the journal thread, which is told
+/// (`ClusterRequest::Fenced`, with the lease's epoch); a pass that renewed it moves the
+/// deadline, and the tick's timer says when the next one falls.
+#[test]
+fn a_partition_past_its_fence_deadline_is_handed_over_at_the_tick_and_the_thread_told() {
+    use turnstile::internal::cluster::ClusterRequest;
+    let mut n = Net::new();
+    let (_c, _m, message) = n.placed_m1(3, cluster_tag(3, 1));
+    let t0 = n.now;
+    let ms = |m| t0 + Duration::from_millis(m);
+    let pass = |deadline| ClusterReport {
+        leases: vec![(3, 7, deadline)],
+        ..ClusterReport::default()
+    };
+    n.report(0, pass(ms(1000)));
+    assert!(
+        n.b.tick(ms(500)) <= ms(1000),
+        "the timer is set for the deadline"
+    );
+    // Renewed: the deadline moves.
+    n.report(0, pass(ms(2000)));
+    let tick = |n: &mut Net, at| {
+        n.b.tick(at);
+        let mut fenced = Vec::new();
+        while let Some(a) = n.b.poll_action() {
+            match a {
+                Action::HandOver(sessions) => n.handed.push(sessions),
+                Action::Cluster(ClusterRequest::Fenced { partition, epoch }) => {
+                    fenced.push((partition, epoch));
+                }
+                _ => {}
+            }
+        }
+        fenced
+    };
+    assert!(tick(&mut n, ms(1999)).is_empty());
+    assert!(n.handed.is_empty());
+    assert_eq!(tick(&mut n, ms(2000)), vec![(3, 7)]);
+    assert_eq!(n.handed, vec![vec![message.session.clone()]]);
+    let s = n.b.cluster_status();
+    assert_eq!((s.owned.clone(), s.self_fenced), (vec![], 1), "{s:?}");
+    assert!(tick(&mut n, ms(3000)).is_empty(), "once");
 }

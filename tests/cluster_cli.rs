@@ -119,6 +119,22 @@ fn the_cluster_flags_need_cluster_and_are_checked() {
             ][..],
             "--cluster-drain-ms 99: must be from 100 to 3600000",
         ),
+        (
+            &["--max-clock-skew-ms", "100"][..],
+            "--max-clock-skew-ms needs --cluster",
+        ),
+        // The fence (the lease less the skew) must come after the second renewal (2/3).
+        (
+            &[
+                "--cluster",
+                "redis://127.0.0.1:1",
+                "--lease-ms",
+                "900",
+                "--max-clock-skew-ms",
+                "300",
+            ][..],
+            "--max-clock-skew-ms 300: leaves no room in --lease-ms 900",
+        ),
     ] {
         let o = serve(args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));

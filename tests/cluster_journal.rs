@@ -113,6 +113,9 @@ fn merge(all: &mut Report, c: Committed, cluster: ClusterReport) {
     a.lost.extend(b.lost);
     a.fenced.extend(b.fenced);
     a.unwritten_outcomes.extend(b.unwritten_outcomes);
+    if !b.leases.is_empty() {
+        a.leases = b.leases;
+    }
     let all = &mut all.base;
     all.durable.extend(c.durable);
     all.failed.extend(c.failed);
@@ -814,4 +817,45 @@ fn the_readers_arrivals_stop_at_their_bound_lose_nothing_and_a_full_reader_stops
             );
         }
     }
+/// Self-fencing (issue 31 row 2): a partition acquired is loaded and reported only a
+/// margin (`--max-clock-skew-ms`) after its acquisition, so the previous owner, which stopped
+/// its turns a margin before the lease could expire, is two margins clear; every pass
+/// reports each lease's fence deadline, the lease less the margin after its last renewal.
+/// Then the bridge fences itself out of one: the thread drops it without releasing it (the
+/// lease runs out in Redis) and reports it lost.
+#[test]
+fn a_partition_is_reported_gained_a_margin_after_its_acquisition_and_a_self_fenced_one_is_dropped()
+{
+    let Some(bin) = require_redis() else { return };
+    let r = Redis::start(&bin);
+    let (lease, margin) = (Duration::from_millis(3000), Duration::from_millis(900));
+    let mut c = cfg(&r, "a", lease);
+    c.max_clock_skew = Some(margin);
+    let t0 = Instant::now();
+    let mut a = Member::start_with(c, 8);
+    a.until("every partition gained", |c| {
+        c.cluster.gained.len() == P as usize
+    });
+    assert!(
+        t0.elapsed() >= margin,
+        "gained {:?} after the start, before the margin",
+        t0.elapsed()
+    );
+    let leases = a.seen.cluster.leases.clone();
+    assert_eq!(leases.len(), P as usize, "{leases:?}");
+    for (p, _, at) in &leases {
+        // No later than the lease less the margin from now (the renewal was sent before).
+        let deadline = a.link.zero() + *at;
+        assert!(deadline <= Instant::now() + (lease - margin), "{p}: {at:?}");
+        assert!(deadline > Instant::now(), "{p}: {at:?} already past");
+    }
+    let (p, epoch, _) = leases[0];
+    a.link.self_fenced(p, epoch + 1);
+    a.link.self_fenced(p, epoch);
+    a.until("the fenced partition lost", |c| c.cluster.lost.contains(&p));
+    assert_eq!(a.seen.cluster.lost, vec![p], "another epoch is ignored");
+    assert!(
+        lease_of(&r, p).is_some_and(|l| l == format!("a:{epoch}")),
+        "left to expire, not released"
+    );
 }

@@ -66,6 +66,10 @@ enum Cmd {
     /// Print docs/configuration.md: every subcommand's flags, from these definitions.
     #[command(hide = true)]
     ConfigReference,
+    /// The leash of a `serve --cluster` gateway's agent processes (started by it, never by
+    /// hand): ends them once the gateway stops renewing its leases (docs/cluster.md).
+    #[command(hide = true)]
+    Leash,
 }
 
 /// The command line's definition, with each serve flag's default in its help.
@@ -111,6 +115,7 @@ pub fn main() -> i32 {
         Cmd::Completions(args) => docs::completions(args, command()),
         Cmd::Man(args) => docs::man(args, command()),
         Cmd::ConfigReference => reference::print(command()),
+        Cmd::Leash => crate::cluster::leash::run(),
     }
 }
 

@@ -108,6 +108,12 @@ pub(super) const CLUSTER: &[Metric<ClusterStatus>] = &[
         },
     },
     Metric {
+        name: "turnstile_cluster_self_fenced_total",
+        help: "Partitions this instance fenced itself out of: a lease not renewed by its fence deadline, its running turns stopped before the lease could expire.",
+        kind: Counter,
+        read: |c| Value(c.self_fenced as f64),
+    },
+    Metric {
         name: "turnstile_cluster_handed_over_partitions_total",
         help: "Partitions handed over in place (lost or fenced).",
         kind: Counter,
@@ -197,6 +203,7 @@ mod tests {
             gained: 7,
             lost: 8,
             fenced: 9,
+            self_fenced: 41,
             handed_over_partitions: 10,
             handed_over_messages: 11,
             reader_failures: 12,
@@ -234,6 +241,7 @@ mod tests {
             "turnstile_cluster_partition_changes_total{change=\"gained\"} 7",
             "turnstile_cluster_partition_changes_total{change=\"lost\"} 8",
             "turnstile_cluster_partition_changes_total{change=\"fenced\"} 9",
+            "turnstile_cluster_self_fenced_total 41",
             "turnstile_cluster_handed_over_partitions_total 10",
             "turnstile_cluster_handed_over_messages_total 11",
             "turnstile_cluster_reader_failures_total 12",

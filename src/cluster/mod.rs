@@ -36,6 +36,7 @@
 #[cfg_attr(not(feature = "cli"), allow(dead_code))]
 mod access;
 #[cfg(feature = "cluster")]
+pub(crate) mod leash;
 mod member;
 #[cfg(feature = "cluster")]
 mod ownership;

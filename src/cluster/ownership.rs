@@ -6,15 +6,21 @@
 //! surplus to release (or, with [`Ownership::set_drain`], to drain first) when there are
 //! more partitions held than the fair share (`ceil(partitions / live instances)`), a few free partitions to try to acquire when there
 //! are fewer, and the leases to consider **lost** — those not renewed successfully for a
-//! whole TTL, counted from when the last successful renewal was *sent*, so that this
-//! instance gives a partition up no later than Redis can give it to another. The fenced
-//! scripts catch anything written after that anyway; giving up in time keeps a paused
-//! instance from running turns the new owner runs too.
+//! TTL less the **fence margin** ([`Ownership::fence_at`]), counted from when the last
+//! successful renewal was *sent*, so that this instance gives a partition up (and stops its
+//! turns: the bridge fences itself at the same deadline) before Redis can give it to
+//! another. The fenced scripts catch anything written after that anyway; giving up in time
+//! keeps an owner cut off from Redis from running turns the next owner runs too.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::store::{Lease, partition_of};
+
+/// The fence margin when none is configured: a tenth of the lease.
+pub(crate) fn default_margin(lease: Duration) -> Duration {
+    lease / 10
+}
 
 /// What one pass asks for.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -33,7 +39,8 @@ pub struct Plan {
     pub expired: Vec<Lease>,
     /// Partitions to try to acquire.
     pub acquire: Vec<u32>,
-    /// Partitions lost: not renewed for a whole TTL. Stop starting turns there, drop them.
+    /// Partitions lost: not renewed by their fence deadline ([`Ownership::fence_at`]).
+    /// Stop starting turns there, drop them.
     pub lost: Vec<u32>,
 }
 
@@ -53,6 +60,8 @@ struct Held {
 pub struct Ownership {
     partitions: u32,
     lease: Duration,
+    /// The fence margin: a lease is given up this long before it can expire.
+    margin: Duration,
     held: BTreeMap<u32, Held>,
     /// Live instances, this one included, as the registry last said.
     live: u32,
@@ -74,6 +83,7 @@ impl Ownership {
         Ownership {
             partitions,
             lease,
+            margin: default_margin(lease),
             held: BTreeMap::new(),
             live: 1,
             cursor: partition_of(instance, partitions),
@@ -87,6 +97,39 @@ impl Ownership {
     /// fail before a lease runs out.
     pub fn pass_every(&self) -> Duration {
         self.lease / 3
+    }
+
+    /// The fence margin (default [`default_margin`]: a tenth of the lease): a lease not
+    /// renewed successfully is given up, and its partition's turns stopped, at `lease −
+    /// margin` after the last successful renewal was sent; and a gained partition starts no
+    /// turn until `margin` after its acquisition. It covers the clocks' disagreement over
+    /// one lease and the time a turn takes to stop (docs/cluster.md, "Self-fencing").
+    pub fn set_margin(&mut self, margin: Duration) {
+        debug_assert!(margin < self.lease / 3, "checked at start-up");
+        self.margin = margin;
+    }
+
+    /// The fence margin ([`Ownership::set_margin`]).
+    pub fn margin(&self) -> Duration {
+        self.margin
+    }
+
+    /// When `partition`, if held, must have stopped its turns unless a renewal sent before
+    /// then succeeds: the last successful renewal's (or the acquisition's) send time plus
+    /// the lease less the margin, on the planner's clock. The pass gives it up then, and the
+    /// bridge fences itself then without waiting for the pass.
+    pub fn fence_at(&self, partition: u32) -> Option<Duration> {
+        self.held
+            .get(&partition)
+            .map(|h| h.renewed_sent + self.lease.saturating_sub(self.margin))
+    }
+
+    /// Every held lease with its [`Ownership::fence_at`] deadline.
+    pub fn deadlines(&self) -> impl Iterator<Item = (&Lease, Duration)> {
+        let keep = self.lease.saturating_sub(self.margin);
+        self.held
+            .values()
+            .map(move |h| (&h.lease, h.renewed_sent + keep))
     }
 
     /// Whether passes release the surplus over the fair share (default true). Off, an
@@ -151,13 +194,11 @@ impl Ownership {
     pub fn plan(&mut self, now: Duration) -> Plan {
         let mut plan = Plan::default();
         let lease = self.lease;
-        // A tenth of the TTL as margin for the two clocks' rates.
-        let give_up = lease.saturating_sub(lease / 10);
         let lost: Vec<u32> = self
             .held
-            .iter()
-            .filter(|(_, h)| now.saturating_sub(h.renewed_sent) >= give_up)
-            .map(|(p, _)| *p)
+            .keys()
+            .filter(|p| self.fence_at(**p).is_some_and(|at| now >= at))
+            .copied()
             .collect();
         for p in &lost {
             self.held.remove(p);
@@ -333,6 +374,29 @@ mod tests {
         assert_eq!(o.held().count(), 0);
         // And it tries to take them again.
         assert_eq!(plan.acquire.len(), 2);
+    }
+
+    /// Self-fencing: the deadline is the last successful renewal's send time plus the lease
+    /// less the margin, the pass gives the lease up exactly then, and a renewal moves it.
+    #[test]
+    fn the_fence_deadline_is_the_lease_less_the_margin_after_the_last_renewal_sent() {
+        let mut o = Ownership::new("a", 1, LEASE);
+        assert_eq!(o.margin(), Duration::from_millis(300), "a tenth by default");
+        o.set_margin(Duration::from_millis(500));
+        pass_all_granted(&mut o, Duration::ZERO);
+        let t = Duration::from_millis;
+        assert_eq!(o.fence_at(0), Some(t(2500)));
+        o.renewed(0, t(1000));
+        assert_eq!(o.fence_at(0), Some(t(3500)));
+        assert_eq!(
+            o.deadlines()
+                .map(|(l, at)| (l.partition, at))
+                .collect::<Vec<_>>(),
+            vec![(0, t(3500))]
+        );
+        assert!(o.plan(t(3499)).lost.is_empty());
+        assert_eq!(o.plan(t(3500)).lost, vec![0]);
+        assert_eq!(o.fence_at(0), None);
     }
 
     #[test]

@@ -159,6 +159,14 @@ pub enum ClusterRequest {
     /// For the journal thread, not the reader: the bridge's message of this tag (its own
     /// numbering) had its result taken by another instance ([`super::ClusterLink::untag`]).
     Untag(u64),
+    /// For the journal thread, not the reader: the bridge fenced itself out of this
+    /// partition's lease of this epoch ([`super::ClusterLink::self_fenced`]).
+    Fenced {
+        /// The partition.
+        partition: u32,
+        /// The lease's epoch.
+        epoch: u64,
+    },
 }
 
 enum Control {
@@ -658,7 +666,7 @@ impl Reading {
                         ),
                     }
                 }
-                ClusterRequest::Untag(_) => {}
+                ClusterRequest::Untag(_) | ClusterRequest::Fenced { .. } => {}
                 ClusterRequest::Took {
                     to,
                     platform,

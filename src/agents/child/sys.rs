@@ -235,15 +235,42 @@ pub(super) struct ChildFds {
 /// The read end of the gateway's lifeline: a pipe created once, whose write end stays open
 /// in this process (close-on-exec, and closed in every leader between fork and exec) until
 /// the process dies, however it dies. Each leader reads fd 4 and kills its tree at end of
-/// file. Nothing is ever written to it.
+/// file. Nothing is ever written to it. With `--cluster` the write end is a leash's instead
+/// ([`install_lifeline`]).
 pub(super) fn lifeline() -> io::Result<RawFd> {
-    static LIFELINE: std::sync::OnceLock<(OwnedFd, OwnedFd)> = std::sync::OnceLock::new();
-    if let Some((r, _)) = LIFELINE.get() {
-        return Ok(r.as_raw_fd());
+    let mut lifelines = lifelines();
+    if let Some(fd) = lifelines.current {
+        return Ok(fd);
     }
-    let fresh = pipe()?;
-    // A racing caller's pair is dropped; the one kept is the same for every leader.
-    Ok(LIFELINE.get_or_init(|| fresh).0.as_raw_fd())
+    let (r, w) = pipe()?;
+    let fd = r.as_raw_fd();
+    lifelines.kept.extend([r, w]);
+    lifelines.current = Some(fd);
+    Ok(fd)
+}
+
+/// Leaders forked from now on read `read`, the read end of a lifeline whose write end
+/// another process holds (the cluster's leash, `cluster/leash.rs`): when that process ends,
+/// or closes it, every such leader kills its tree. The ends given before stay open (a leader
+/// being forked may hold their number): one fd per leash, a handful in a process's life.
+pub(crate) fn install_lifeline(read: OwnedFd) {
+    let mut lifelines = lifelines();
+    lifelines.current = Some(read.as_raw_fd());
+    lifelines.kept.push(read);
+}
+
+/// The lifeline leaders get now, and every end ever given (never closed).
+struct Lifelines {
+    current: Option<RawFd>,
+    kept: Vec<OwnedFd>,
+}
+
+fn lifelines() -> std::sync::MutexGuard<'static, Lifelines> {
+    static LIFELINES: std::sync::Mutex<Lifelines> = std::sync::Mutex::new(Lifelines {
+        current: None,
+        kept: Vec::new(),
+    });
+    LIFELINES.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Forks a process that puts `fds` in place and execs `args` ([`exec_leader`]); returns its

@@ -387,6 +387,13 @@ pub(crate) struct ServeArgs {
     /// taken over after about this long.
     #[arg(long, value_name = "MS")]
     pub(super) lease_ms: Option<u64>,
+    /// The fence margin, in milliseconds: how far an instance's clock may run behind
+    /// Redis's over one lease, plus the time a turn takes to stop. An owner that cannot
+    /// renew stops a partition's turns this long before its lease can expire, and a new
+    /// owner starts none until this long after it acquired the lease. Below a third of
+    /// --lease-ms (refused otherwise); by default a tenth of it
+    #[arg(long, value_name = "MS")]
+    pub(super) max_clock_skew_ms: Option<u64>,
     /// Accept a Redis whose `appendfsync` is not `always` (an ack may precede the fsync: a
     /// Redis crash can then lose acknowledged messages).
     #[arg(long)]

@@ -244,6 +244,14 @@ fn build_runtime(
         }
         // Whatever path ends the process, agent processes go with it.
         child::kill_all_at_exit();
+        // With --cluster, also once it stops renewing its leases, stopped or not.
+        if s.cluster.is_some()
+            && let Err(e) = crate::cluster::leash::start()
+        {
+            return Err(StartError::Transient(format!(
+                "cannot start the agents' leash: {e}"
+            )));
+        }
     }
     let mut builder = Builder::new(Arc::clone(&swap))
         .max_reply_bytes(s.max_reply_bytes)

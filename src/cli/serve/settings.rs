@@ -467,6 +467,7 @@ fn cluster_settings(a: &ServeArgs) -> Result<Option<ClusterConfig>, String> {
             (a.instance_id.is_some(), "--instance-id"),
             (a.partitions.is_some(), "--partitions"),
             (a.lease_ms.is_some(), "--lease-ms"),
+            (a.max_clock_skew_ms.is_some(), "--max-clock-skew-ms"),
             (a.cluster_allow_lazy_fsync, "--cluster-allow-lazy-fsync"),
             (a.cluster_rebalance.is_some(), "--cluster-rebalance"),
             (a.cluster_drain_ms.is_some(), "--cluster-drain-ms"),
@@ -513,6 +514,17 @@ fn cluster_settings(a: &ServeArgs) -> Result<Option<ClusterConfig>, String> {
     let mut c = ClusterConfig::new(url.clone(), instance);
     c.partitions = partitions;
     c.lease = Duration::from_millis(lease_ms);
+    if let Some(skew) = a.max_clock_skew_ms {
+        // Renewals go every third of the lease: a fence at `lease − skew` must come after
+        // the second one, or one failed renewal would stop every turn.
+        if skew.saturating_mul(3) >= lease_ms {
+            return Err(format!(
+                "--max-clock-skew-ms {skew}: leaves no room in --lease-ms {lease_ms}: an owner stops its turns at the lease less the skew, which must come after its second renewal (at 2/3 of the lease); use a skew below {} ms or a longer lease",
+                lease_ms.div_ceil(3)
+            ));
+        }
+        c.max_clock_skew = Some(Duration::from_millis(skew));
+    }
     c.allow_lazy_fsync = a.cluster_allow_lazy_fsync;
     c.rebalance = a.cluster_rebalance.unwrap_or(true);
     c.min_replicas = a.cluster_min_replicas.unwrap_or(0);

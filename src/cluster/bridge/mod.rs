@@ -23,6 +23,7 @@
 //! Without the `cluster` feature, `off.rs` is the no-op twin of all of it; with it:
 //! - `side`: the state and the report's and the reader's effects;
 //! - `drain`: a planned release (a partition drained before it is handed over);
+//! - `fence`: self-fencing (a partition past its lease's fence deadline is handed over);
 //! - `forward`: results offered to, and taken from, the instance of a platform's newest hello
 //!   (the outboxes' own operations by cluster tag are the platforms room's);
 //! - `early`: outcomes from the stream that came before their message was known to wait;
@@ -33,6 +34,8 @@
 mod drain;
 #[cfg(feature = "cluster")]
 mod early;
+#[cfg(feature = "cluster")]
+mod fence;
 #[cfg(feature = "cluster")]
 mod forward;
 #[cfg(not(feature = "cluster"))]

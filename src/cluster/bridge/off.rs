@@ -85,6 +85,16 @@ impl ClusterSide {
         frame
     }
 
+    /// No lease to fence.
+    pub(in crate::server) fn fence_due(&mut self, _now: Duration) -> Vec<(u32, Request)> {
+        Vec::new()
+    }
+
+    /// No lease to fence.
+    pub(in crate::server) fn next_fence(&self) -> Option<Duration> {
+        None
+    }
+
     /// No message waits for a rebuilt partition.
     pub(in crate::server) fn rebound(&mut self, _tag: u64) -> ConnId {
         no_conn()

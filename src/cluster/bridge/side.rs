@@ -90,6 +90,8 @@ pub(in crate::server) struct ClusterSide {
     foreign: HashSet<u64>,
     /// Partitions being drained to be released, and the turns they wait for.
     pub(in crate::server::bridge) drains: super::drain::Drains,
+    /// The owned partitions' fence deadlines (self-fencing, `fence.rs`).
+    pub(in crate::server::bridge) fences: super::fence::Fences,
     /// Outcomes from the stream that came before their message was known to wait here.
     early: EarlyOutcomes,
     /// Outcomes this instance wrote itself whose stream entry came (see `early.rs`).
@@ -209,6 +211,7 @@ impl ClusterSide {
         (s.early_outcomes, s.early_outcomes_dropped) = self.early.counts();
         s.own_outcome_entries = self.landed.counts().0;
         (s.handed_over_partitions, s.handed_over_messages) = self.handed_over;
+        s.self_fenced = self.fences.count();
         self.drains.fill_status(s);
         self.forwards.fill_status(s);
     }
@@ -270,9 +273,24 @@ impl Bridge {
     pub(in crate::server::bridge) fn cluster_part(
         &mut self,
         mut c: Committed,
-        report: ClusterReport,
+        mut report: ClusterReport,
         now: Duration,
     ) -> (Committed, Vec<u32>, Vec<u32>) {
+        // Accepted into a partition this bridge fenced itself out of before the journal
+        // thread heard of it: owned elsewhere now, its next owner runs it.
+        let (cluster, routes) = (&self.cluster, &self.routes);
+        let gained: Vec<u32> = report.gained.iter().map(|(p, _)| *p).collect();
+        let fenced_out = |tag: &u64| {
+            routes.get(*tag).is_some_and(|r| {
+                let p = cluster.partition_of_route(*tag, &r.session);
+                cluster.is_on() && !cluster.owned.contains(&p) && !gained.contains(&p)
+            })
+        };
+        let moved: Vec<u64> = c.durable.iter().copied().filter(fenced_out).collect();
+        if !moved.is_empty() {
+            c.durable.retain(|t| !moved.contains(t));
+            report.remote.extend(moved);
+        }
         // Not written, so never sent: the partition's new owner answers the message.
         for seq in &report.unwritten_outcomes {
             self.unwritten(*seq);
@@ -348,6 +366,16 @@ impl Bridge {
             cluster.order.loaded(p, &loaded, &cluster.placed);
             self.gained(p, loaded, now);
         }
+        // The pass's deadlines, then those already past (a report late to the reactor):
+        // handed over with the ended ones, no held turn of theirs released.
+        self.cluster.fences.update(&r.leases, &self.cluster.owned);
+        for (p, request) in self.cluster.fence_due(now) {
+            self.actions.push_back(Action::Cluster(request));
+            if !ended.contains(&p) {
+                ended.push(p);
+                later.push(p);
+            }
+        }
         (later, ended)
     }
 
@@ -375,6 +403,7 @@ impl Bridge {
             return;
         }
         self.cluster.drains.forget(p);
+        self.cluster.fences.forget(p);
         let (sessions, handed, waiting) = self.hand_over_sessions(p, &HashSet::new());
         self.cluster.handed_over.0 += 1;
         self.cluster.handed_over.1 += handed as u64;

@@ -29,6 +29,7 @@
 //! bound, or not renewed in time) and fenced partitions go to the reactor in the next
 //! [`ClusterReport`].
 
+mod pass;
 mod trust;
 
 use std::collections::HashMap;
@@ -105,14 +106,22 @@ pub struct ClusterReport {
     /// Of this batch's outcome records, those not written (fenced, or their partition no
     /// longer held): their terminal events must never be sent (the new owner answers).
     pub unwritten_outcomes: Vec<u64>,
+    /// Every lease held after an ownership pass: (partition, epoch, fence deadline on the
+    /// reactor's clock once the shell converted it, the member's before): past the deadline
+    /// without a newer one, the bridge stops the partition's turns and hands it over on its
+    /// own (self-fencing, docs/cluster.md), and tells the thread
+    /// ([`ClusterLink::self_fenced`]). Empty in a report without a pass: nothing changed.
+    pub leases: Vec<(u32, u64, Duration)>,
 }
 
 /// The reactor's side of a cluster member's journal thread, beside its [`Journal`]: the
 /// cluster's report of each completion, and the two requests the bridge makes of the thread.
 pub struct ClusterLink {
-    drained: Sender<u32>,
+    drained: Sender<Ended>,
     untagged: Sender<u64>,
     reports: Receiver<ClusterReport>,
+    /// The member's clock's zero ([`ClusterLink::zero`]).
+    zero: Instant,
 }
 
 impl ClusterLink {
@@ -138,10 +147,34 @@ impl ClusterLink {
     /// written, its sessions were handed over): the thread releases its lease now. Ignored
     /// for a partition the thread does not hold as draining.
     pub fn release_drained(&self, partition: u32) {
-        if self.drained.send(partition).is_err() {
+        if self.drained.send(Ended::Drained(partition)).is_err() {
             log::debug!("partition {partition}: drained, but the journal thread is gone");
         }
     }
+
+    /// The bridge fenced itself out of `partition` (its lease of `epoch` passed its fence
+    /// deadline before a renewal was reported): the thread drops that lease without
+    /// releasing it (the turns being stopped get the rest of the lease to end) and reports
+    /// the partition lost. Ignored if the thread holds another epoch of it, or none.
+    pub fn self_fenced(&self, partition: u32, epoch: u64) {
+        if self.drained.send(Ended::Fenced(partition, epoch)).is_err() {
+            log::debug!("partition {partition}: fenced, but the journal thread is gone");
+        }
+    }
+
+    /// The clock of the fence deadlines in [`ClusterReport::leases`]: they count from here.
+    pub fn zero(&self) -> Instant {
+        self.zero
+    }
+}
+
+/// What the bridge ended of a partition, for the thread.
+#[derive(Clone, Copy, Debug)]
+enum Ended {
+    /// Drained: release the lease ([`ClusterLink::release_drained`]).
+    Drained(u32),
+    /// Fenced by the bridge: drop this epoch's lease ([`ClusterLink::self_fenced`]).
+    Fenced(u32, u64),
 }
 
 impl Journal {
@@ -165,8 +198,10 @@ impl Journal {
         let (drained_tx, drained) = crossbeam_channel::unbounded();
         let (untagged_tx, untagged) = crossbeam_channel::unbounded();
         let (reports_tx, reports) = crossbeam_channel::unbounded();
+        let zero = Instant::now();
         let journal = Journal::spawn(None, move |rx, done, stopped, gauges| {
             let mut own = Ownership::new(store.instance(), store.partitions(), store.lease());
+            own.set_margin(store.fence_margin());
             // The surplus over the fair share is drained by the bridge before it is
             // released: no turn running there is cut off (docs/cluster.md, "Shedding").
             // Without rebalancing an instance keeps what it holds.
@@ -183,7 +218,7 @@ impl Journal {
                 session_cap,
                 gauges,
                 own,
-                zero: Instant::now(),
+                zero,
                 next_pass: Instant::now(),
                 tags: HashMap::new(),
                 back: HashMap::new(),
@@ -192,6 +227,7 @@ impl Journal {
                 distrusted: false,
                 closed: false,
                 to_release: Vec::new(),
+                waiting: Vec::new(),
             };
             let out = Out {
                 done,
@@ -204,6 +240,7 @@ impl Journal {
             drained: drained_tx,
             untagged: untagged_tx,
             reports,
+            zero,
         };
         Ok((journal, link))
     }
@@ -245,9 +282,10 @@ impl Out {
 
 /// The thread's state between batches.
 struct Member {
-    /// Partitions whose drain the bridge finished ([`ClusterLink::release_drained`]); `None`
-    /// once the sender is gone.
-    drained: Option<Receiver<u32>>,
+    /// Partitions whose drain the bridge finished ([`ClusterLink::release_drained`]) or
+    /// that it fenced itself out of ([`ClusterLink::self_fenced`]); `None` once the sender
+    /// is gone.
+    drained: Option<Receiver<Ended>>,
     /// Tags whose message's result another instance took ([`ClusterLink::untag`]).
     untagged: Option<Receiver<u64>>,
     store: RedisStore,
@@ -269,8 +307,11 @@ struct Member {
     distrusted: bool,
     /// The sender is gone: write what is left, then stop.
     closed: bool,
-    /// Drained partitions to release after the next batch.
-    to_release: Vec<u32>,
+    /// What the bridge ended, to apply after the next batch.
+    to_release: Vec<Ended>,
+    /// Partitions acquired, waiting for the fence margin to pass before they are loaded
+    /// (`pass.rs`, `Member::gain`): the lease, and when.
+    waiting: Vec<(Lease, Instant)>,
 }
 
 /// Where a record goes in Redis: its partition and seq, or (an accept) its session.
@@ -291,9 +332,13 @@ impl Member {
     fn run(&mut self, rx: &Receiver<Record>, out: &Out, stopped: &Receiver<()>, wake: &impl Fn()) {
         loop {
             let mut c = Report::default();
-            if Instant::now() >= self.next_pass {
-                self.pass(&mut c);
-                self.next_pass = Instant::now() + self.own.pass_every();
+            let load = self.next_load().is_some_and(|at| Instant::now() >= at);
+            if Instant::now() >= self.next_pass || load {
+                if Instant::now() >= self.next_pass {
+                    self.pass(&mut c);
+                    self.next_pass = Instant::now() + self.own.pass_every();
+                }
+                self.load_waiting(&mut c);
                 // At once, not after the wait for records: a gained partition's messages
                 // and a lost one's end must not wait for traffic.
                 if c != Report::default() {
@@ -341,7 +386,10 @@ impl Member {
     fn next_batch(&mut self, rx: &Receiver<Record>) -> Option<(Vec<Record>, usize)> {
         let mut batch = std::mem::take(&mut self.retry);
         let kept = batch.len();
-        let mut wait = self.next_pass.saturating_duration_since(Instant::now());
+        let next = self
+            .next_load()
+            .map_or(self.next_pass, |at| at.min(self.next_pass));
+        let mut wait = next.saturating_duration_since(Instant::now());
         if kept > 0 {
             wait = wait.min(self.cfg.retry_every);
         }
@@ -501,7 +549,11 @@ impl Member {
                         c.cluster.ahead.push((m.seq, ahead));
                         // A draining partition queues nothing new here: its next owner
                         // loads the message, and this bridge waits for its outcome.
-                        if self.own.holds(*partition) && !self.own.is_draining(*partition) {
+                        // Its position for every ack: one the bridge reports as owned
+                        // elsewhere after all (it fenced itself out meanwhile) needs it.
+                        c.cluster.ahead.push((m.seq, ahead));
+                        let (p, own) = (*partition, &self.own);
+                        if own.holds(p) && !own.is_draining(p) && !self.is_waiting(p) {
                             c.durable.push(m.seq);
                         } else {
                             c.cluster.remote.push(m.seq);
@@ -576,201 +628,6 @@ impl Member {
         c.error = error;
         c.cluster.fenced.sort_unstable();
         c.cluster.fenced.dedup();
-    }
-
-    /// The owned writes (`started`, outcomes) of partitions just lost, kept for another try,
-    /// are dropped now and their outcomes reported unwritten: tried later, they would be
-    /// written under the lease of a regain that has loaded the partition without them (a
-    /// second outcome for a message rebuilt as interrupted; tests/cluster_three, two runs at
-    /// once). `delivered` and `forget` stay: any instance writes them.
-    fn drop_kept_owned_writes(&mut self, lost: &[u32], c: &mut Report) {
-        if lost.is_empty() || self.retry.is_empty() {
-            return;
-        }
-        let places: Vec<Place> = self.retry.iter().map(|r| self.place(r)).collect();
-        let kept = std::mem::take(&mut self.retry);
-        for (r, place) in kept.into_iter().zip(places) {
-            match (&r, place) {
-                (Record::Started { .. } | Record::Outcome { .. }, Place::At { partition, .. })
-                    if lost.contains(&partition) =>
-                {
-                    if let Record::Outcome { seq, .. } = r {
-                        c.cluster.unwritten_outcomes.push(seq);
-                    }
-                }
-                _ => self.retry.push(r),
-            }
-        }
-    }
-
-    /// The ownership pass: heartbeat, then the planner's releases, renewals and
-    /// acquisitions, each gained partition loaded.
-    fn pass(&mut self, c: &mut Report) {
-        if self.check_trust(c) {
-            return;
-        }
-        let now = self.zero.elapsed();
-        match self.store.heartbeat() {
-            Ok(live) => self.own.set_live(live),
-            Err(e) => log::debug!("cluster heartbeat failed: {e}"),
-        }
-        let plan = self.own.plan(now);
-        for p in &plan.lost {
-            log::warn!(
-                "partition {p}: lease not renewed within 0.9 of its TTL; given up (its sessions end here, the next owner recovers them)"
-            );
-        }
-        self.drop_kept_owned_writes(&plan.lost, c);
-        c.cluster.lost.extend(plan.lost);
-        for p in &plan.drain {
-            log::info!(
-                "partition {p}: draining (more than the fair share of {} held): no new turn starts there; released once its running turns end",
-                self.own.fair_share()
-            );
-        }
-        c.cluster.draining.extend(plan.drain);
-        for lease in plan.expired {
-            log::warn!(
-                "partition {}: its drain took longer than {:?}; released now (its running turns end here, the next owner recovers them)",
-                lease.partition,
-                self.store.drain()
-            );
-            if let Err(e) = self.store.release(&lease) {
-                log::debug!("partition {}: release failed: {e}", lease.partition);
-            }
-            c.cluster.lost.push(lease.partition);
-        }
-        for lease in plan.release {
-            match self.store.release(&lease) {
-                Ok(_) => log::info!(
-                    "partition {}: released (more than the fair share of {} held)",
-                    lease.partition,
-                    self.own.fair_share()
-                ),
-                // Its TTL frees it anyway.
-                Err(e) => log::debug!("partition {}: release failed: {e}", lease.partition),
-            }
-            c.cluster.lost.push(lease.partition);
-        }
-        // Every renewal in one round trip, so the leases held expire together should this
-        // instance die (a takeover waits for the last one), however loaded Redis is.
-        match self.store.renew_all(&plan.renew) {
-            Ok(answers) => {
-                for (lease, answer) in plan.renew.iter().zip(answers) {
-                    match answer {
-                        Ok(()) => self.own.renewed(lease.partition, now),
-                        Err(e) if e.is_fenced() => {
-                            log::warn!("{e}; the partition is dropped");
-                            if self.own.fenced(lease.partition) {
-                                c.cluster.fenced.push(lease.partition);
-                            }
-                        }
-                        Err(e) => {
-                            log::debug!("partition {}: renewal failed: {e}", lease.partition);
-                        }
-                    }
-                }
-            }
-            Err(e) => log::debug!("cluster renewals failed: {e}"),
-        }
-        let mut candidates = plan.acquire;
-        while !candidates.is_empty() {
-            let answers = match self.store.acquire_all(&candidates) {
-                Ok(answers) => answers,
-                // Redis is down: the next pass tries again.
-                Err(e) => {
-                    log::debug!("cluster acquisitions failed: {e}");
-                    break;
-                }
-            };
-            let mut taken = 0;
-            for (p, answer) in candidates.iter().zip(answers) {
-                match answer {
-                    Ok(Acquire::Acquired(lease)) => self.gain(lease, now, c),
-                    Ok(Acquire::Taken { .. }) => taken += 1,
-                    Err(e) => log::debug!("partition {p}: acquire failed: {e}"),
-                }
-            }
-            // As many again as were taken, further on: the share is found in this pass.
-            candidates = self.own.more_candidates(taken);
-        }
-    }
-
-    /// Releases the partitions whose drain the bridge finished (each was handed over there
-    /// already); reported `lost` so that the reader stops reading their inboxes.
-    fn release_drained(&mut self, c: &mut Report) {
-        if let Some(rx) = &self.drained {
-            self.to_release.extend(rx.try_iter());
-        }
-        for p in std::mem::take(&mut self.to_release) {
-            let Some(lease) = self.own.drained(p) else {
-                log::debug!("partition {p}: drained, but no longer held as draining");
-                continue;
-            };
-            match self.store.release(&lease) {
-                Ok(_) => log::info!("partition {p}: drained and released"),
-                // Its TTL frees it anyway.
-                Err(e) => log::warn!("partition {p}: drained, but its release failed: {e}"),
-            }
-            c.cluster.lost.push(p);
-        }
-    }
-
-    /// A lease acquired at `sent`: the partition is loaded and reported, its messages
-    /// renumbered by the tags the bridge knows them by. A load that fails gives it back.
-    fn gain(&mut self, lease: Lease, sent: Duration, c: &mut Report) {
-        let p = lease.partition;
-        self.own.acquired(lease.clone(), sent);
-        match self.store.load_partition(p, now_ms()) {
-            Ok(mut loaded) => {
-                // Only the origins that are other live instances stay: their results go
-                // there; this instance's own and a dead one's go to this one's bridges.
-                let live = self.store.live_instances().unwrap_or_default();
-                let me = self.store.instance().to_owned();
-                loaded
-                    .origins
-                    .retain(|_, o| *o != me && live.iter().any(|l| l == o));
-                let mut origins = HashMap::with_capacity(loaded.origins.len());
-                for rm in &mut loaded.recovered.messages {
-                    let seq = rm.message.seq;
-                    let tag = self
-                        .back
-                        .get(&(p, seq))
-                        .copied()
-                        .unwrap_or_else(|| cluster_tag(p, seq));
-                    if let Some(o) = loaded.origins.remove(&seq) {
-                        origins.insert(tag, o);
-                    }
-                    rm.message.seq = tag;
-                }
-                loaded.origins = origins;
-                loaded.recovered.max_seq = 0;
-                log::info!(
-                    "partition {p}: gained (lease {}), {} message(s) in flight",
-                    lease.token,
-                    loaded.recovered.messages.len()
-                );
-                c.cluster.gained.push((p, loaded));
-            }
-            Err(e) => {
-                log::error!("partition {p}: gained but its load failed: {e}; released");
-                self.own.fenced(p);
-                let _ = self.store.release(&lease);
-            }
-        }
-    }
-
-    /// A graceful stop: the leases go back and the registry forgets this instance, so the
-    /// others take its partitions at their next pass instead of after the TTL.
-    fn leave(&mut self) {
-        let held: Vec<Lease> = self.own.held().cloned().collect();
-        for lease in &held {
-            let _ = self.store.release(lease);
-            self.own.fenced(lease.partition);
-        }
-        if let Err(e) = self.store.leave() {
-            log::debug!("cluster leave failed: {e}");
-        }
     }
 }
 

@@ -9,7 +9,7 @@
 
 use std::io;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::cluster::{ClusterLink, ClusterReport, ClusterRequest, Reader, RedisStore};
 use crate::journal::{Journal, JournalConfig};
@@ -115,9 +115,17 @@ impl Member {
     }
 
     /// The cluster's part of the journal completion just taken, once the reader was told
-    /// of it ([`Member::forward`]); `bridge` says which partitions it owns.
-    pub(crate) fn take_report(&mut self, bridge: &Bridge) -> ClusterReport {
-        let r = self.report();
+    /// of it ([`Member::forward`]); `bridge` says which partitions it owns. Its fence
+    /// deadlines are moved to the reactor's clock, whose time is `now` (a little earlier than
+    /// the real now, so they move a little earlier: the safe side).
+    pub(crate) fn take_report(&mut self, bridge: &Bridge, now: Duration) -> ClusterReport {
+        let mut r = self.report();
+        if let Some(l) = &self.link {
+            let (zero, at) = (l.zero(), Instant::now());
+            for (_, _, deadline) in &mut r.leases {
+                *deadline = now + (zero + *deadline).saturating_duration_since(at);
+            }
+        }
         self.forward(&r, bridge);
         r
     }
@@ -142,8 +150,8 @@ impl Member {
         let Some(r) = &self.reader else {
             return;
         };
-        // Ended first: a partition lost and gained again in one report (a paused instance
-        // waking) is read from its new load's position, not dropped by its old ending.
+        // Ended first: one lost and gained again in this report (a pass that gave it up,
+        // or a bridge that fenced itself out, then acquired it anew) is read from its load.
         for p in c.lost.iter().chain(&c.fenced) {
             r.disown(*p);
         }
@@ -163,7 +171,10 @@ impl Member {
     pub(crate) fn request(&self, r: ClusterRequest) {
         match (r, &self.link, &self.reader) {
             (ClusterRequest::Untag(tag), Some(l), _) => l.untag(tag),
-            (ClusterRequest::Untag(_), None, _) | (_, _, None) => {}
+            (ClusterRequest::Fenced { partition, epoch }, Some(l), _) => {
+                l.self_fenced(partition, epoch);
+            }
+            (ClusterRequest::Untag(_) | ClusterRequest::Fenced { .. }, None, _) | (_, _, None) => {}
             (r, _, Some(reader)) => reader.request(r),
         }
     }

@@ -26,7 +26,7 @@ impl Member {
         Ok(None)
     }
 
-    pub(crate) fn take_report(&mut self, _bridge: &Bridge) -> Report {
+    pub(crate) fn take_report(&mut self, _bridge: &Bridge, _now: Duration) -> Report {
         Report {}
     }
 

@@ -81,6 +81,12 @@ pub struct ClusterConfig {
     pub partitions: u32,
     /// A lease's time to live.
     pub lease: Duration,
+    /// The fence margin (`--max-clock-skew-ms`; `None`: a tenth of the lease): the most an
+    /// instance's clock may run behind Redis's over one lease, plus the time a turn takes
+    /// to stop. An owner stops a partition's turns at `lease − margin` after its last
+    /// successful renewal was sent, and a new owner starts none until `margin` after its
+    /// acquisition (docs/cluster.md, "Self-fencing"). Below a third of the lease.
+    pub max_clock_skew: Option<Duration>,
     /// Accept a Redis whose `appendfsync` is not `always` (an ack may then precede the
     /// fsync: a Redis crash can lose acknowledged messages).
     pub allow_lazy_fsync: bool,
@@ -115,6 +121,7 @@ impl ClusterConfig {
             instance: instance.into(),
             partitions: 64,
             lease: Duration::from_millis(3000),
+            max_clock_skew: None,
             allow_lazy_fsync: false,
             timeout: Duration::from_secs(2),
             drain: DEFAULT_DRAIN,
@@ -399,6 +406,12 @@ impl RedisStore {
     /// A lease's time to live.
     pub fn lease(&self) -> Duration {
         self.cfg.lease
+    }
+
+    /// The fence margin ([`ClusterConfig::max_clock_skew`], a tenth of the lease unless set).
+    pub fn fence_margin(&self) -> Duration {
+        (self.cfg.max_clock_skew)
+            .unwrap_or_else(|| super::ownership::default_margin(self.cfg.lease))
     }
 
     /// The longest drain of a released partition ([`ClusterConfig::drain`]).

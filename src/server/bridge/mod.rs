@@ -535,6 +535,11 @@ impl Bridge {
     /// Fires the bridge's deadlines; returns when it next needs to be called.
     pub fn tick(&mut self, now: Duration) -> Duration {
         self.now = now;
+        // `--cluster`: partitions past their lease's fence deadline stop their turns now.
+        for (p, request) in self.cluster.fence_due(now) {
+            self.hand_over(p);
+            self.actions.push_back(Action::Cluster(request));
+        }
         if now >= self.next_housekeeping {
             self.next_housekeeping = now + HOUSEKEEPING;
             let timeout = self.cfg.hello_timeout;
@@ -567,7 +572,8 @@ impl Bridge {
             self.access.maybe_save(now);
         }
         self.audit();
-        self.next_housekeeping
+        (self.cluster.next_fence())
+            .map_or(self.next_housekeeping, |t| t.min(self.next_housekeeping))
     }
 
     /// Writes `conn`'s output into `w`, at most the write budget, feeding it its platform's
