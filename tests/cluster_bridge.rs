@@ -1919,6 +1919,8 @@ fn held_own_accepts_are_bounded_by_max_pending_durable() {
         json!({"op": "message", "id": "m4", "chat_id": "1", "text": "hi"}),
     );
     assert_eq!(n.accepted().len(), 1, "m4 admitted once m2 left the wait");
+}
+
 /// Self-fencing (issue 31 row 2): an owned partition past its lease's fence deadline, as
 /// the last ownership pass reported it, is handed over at the bridge's own tick (its running
 /// turns cancelled by the runtime), without waiting for the journal thread, which is told

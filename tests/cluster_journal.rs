@@ -817,6 +817,8 @@ fn the_readers_arrivals_stop_at_their_bound_lose_nothing_and_a_full_reader_stops
             );
         }
     }
+}
+
 /// Self-fencing (issue 31 row 2): a partition acquired is loaded and reported only a
 /// margin (`--max-clock-skew-ms`) after its acquisition, so the previous owner, which stopped
 /// its turns a margin before the lease could expire, is two margins clear; every pass
