@@ -25,7 +25,9 @@
 //! - `drain`: a planned release (a partition drained before it is handed over);
 //! - `forward`: results offered to, and taken from, the instance of a platform's newest hello
 //!   (the outboxes' own operations by cluster tag are the platforms room's);
-//! - `early`: outcomes from the stream that came before their message was known to wait.
+//! - `early`: outcomes from the stream that came before their message was known to wait;
+//! - `lapse`: whether this instance may have been taken for dead (its results marked);
+//! - `room`: rebuilt messages of owned partitions waiting for outbox room.
 
 #[cfg(feature = "cluster")]
 mod drain;
@@ -33,8 +35,12 @@ mod drain;
 mod early;
 #[cfg(feature = "cluster")]
 mod forward;
+#[cfg(feature = "cluster")]
+mod lapse;
 #[cfg(not(feature = "cluster"))]
 mod off;
+#[cfg(feature = "cluster")]
+mod room;
 #[cfg(feature = "cluster")]
 mod side;
 

@@ -104,6 +104,12 @@ pub struct ClusterReport {
     /// Of this batch's outcome records, those not written (fenced, or their partition no
     /// longer held): their terminal events must never be sent (the new owner answers).
     pub unwritten_outcomes: Vec<u64>,
+    /// A pass's heartbeat went through: the registry holds this instance live for at least
+    /// this long after the report was sent (the lease less the pass's time since the
+    /// heartbeat was sent and a quarter lease of margin for the instances' clocks). Past it,
+    /// unheard again, another instance may take this one for dead and send the results of
+    /// its messages itself (`cluster/bridge/lapse.rs`).
+    pub registered_for: Option<Duration>,
 }
 
 /// The reactor's side of a cluster member's journal thread, beside its [`Journal`]: the
@@ -607,9 +613,9 @@ impl Member {
             return;
         }
         let now = self.zero.elapsed();
-        match self.store.heartbeat() {
-            Ok(live) => self.own.set_live(live),
-            Err(e) => log::debug!("cluster heartbeat failed: {e}"),
+        let registered = self.store.heartbeat().map(|live| self.own.set_live(live));
+        if let Err(e) = &registered {
+            log::debug!("cluster heartbeat failed: {e}");
         }
         let plan = self.own.plan(now);
         for p in &plan.lost {
@@ -691,6 +697,19 @@ impl Member {
             // As many again as were taken, further on: the share is found in this pass.
             candidates = self.own.more_candidates(taken);
         }
+        if registered.is_ok() {
+            c.cluster.registered_for = Some(self.registered_for(now));
+        }
+    }
+
+    /// How long the registry holds this instance live at least, by a heartbeat sent at
+    /// `sent`: the lease less the time since, and a quarter lease of margin (the others
+    /// judge the registry's expiry by their own clocks; the report takes a while to reach
+    /// the bridge).
+    fn registered_for(&self, sent: Duration) -> Duration {
+        let lease = self.store.lease();
+        let spent = self.zero.elapsed().saturating_sub(sent);
+        lease.saturating_sub(spent + lease / 4)
     }
 
     /// Releases the partitions whose drain the bridge finished (each was handed over there

@@ -142,11 +142,14 @@ impl Member {
         let Some(r) = &self.reader else {
             return;
         };
-        for (p, loaded) in &c.gained {
-            r.own(*p, loaded.inbox_after.clone());
-        }
+        // Ended first: a partition lost and regained in one report (a paused instance
+        // waking) is read again from its new load (tests/simulation_cluster, seed 45: its
+        // inbox went unread, and the messages others accepted into it never ran).
         for p in c.lost.iter().chain(&c.fenced) {
             r.disown(*p);
+        }
+        for (p, loaded) in &c.gained {
+            r.own(*p, loaded.inbox_after.clone());
         }
     }
 

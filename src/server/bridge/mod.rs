@@ -523,6 +523,7 @@ impl Bridge {
             for seq in self.delivery().drop_stale() {
                 self.journal(|| Record::Delivered { seq });
             }
+            self.rebuild_waiting(now);
             for (platform, due, r) in self.cluster.offers(&self.platforms, now) {
                 // Sent from here later (a hello here before the answer), they are marked:
                 // the taker may have sent them already (tests/simulation_cluster, seed 4).
