@@ -2290,9 +2290,10 @@ fn sweep(
 }
 
 /// `TURNSTILE_SIM_SEED` replays one seed (its trace on stderr) under `TURNSTILE_SIM_FAULTS`
-/// (every fault by default) and fails on any invariant; otherwise two sweeps of
-/// `TURNSTILE_SIM_SEEDS` (80) seeds each: every fault, held to the invariants not
-/// [`PENDING`], and clock jumps alone, held to all of them.
+/// (every fault by default) and fails on any invariant; otherwise three sweeps of
+/// `TURNSTILE_SIM_SEEDS` (80) seeds each: every fault, and every fault with the outbox cap
+/// at 16, held to the invariants not [`PENDING`], and clock jumps alone, held to all of
+/// them.
 #[test]
 fn the_cluster_invariants_hold_for_every_seed() {
     let brk = break_from_env();
@@ -2307,13 +2308,21 @@ fn the_cluster_invariants_hold_for_every_seed() {
     if let Some(f) = sweep(0..n, ALL, brk, PENDING) {
         panic!("{}", f.report);
     }
+    // Every fault again with the outbox cap at 16, where rebuilt messages wait for room.
+    let small = Faults {
+        small_outbox: true,
+        ..ALL
+    };
+    if let Some(f) = sweep(0..n, small, brk, PENDING) {
+        panic!("{}", f.report);
+    }
     if let Some(f) = sweep(0..n, JUMPS, brk, &[]) {
         panic!("{}", f.report);
     }
     let secs = started.elapsed().as_secs_f64();
     eprintln!(
-        "simulation_cluster: 2 x {n} seeds in {secs:.1} s ({:.1} seeds/s)",
-        2.0 * n as f64 / secs
+        "simulation_cluster: 3 x {n} seeds in {secs:.1} s ({:.1} seeds/s)",
+        3.0 * n as f64 / secs
     );
 }
 
@@ -2370,6 +2379,20 @@ fn seed_29_a_fenced_started_write_releases_no_turn() {
 #[test]
 fn seed_45_a_partition_lost_and_regained_in_one_report_keeps_its_inbox_read() {
     assert_clean(45, ALL);
+}
+
+/// Fixed: with every fault and the outbox cap at 16, an owner whose reader found the
+/// origin of messages with recorded outcomes gone (`OriginGone`) rebuilt their results past
+/// the cap (`Platforms::check` failed); now they wait for room as any rebuilt message.
+#[test]
+fn seed_2_results_of_a_gone_origin_wait_for_outbox_room() {
+    assert_clean(
+        2,
+        Faults {
+            small_outbox: true,
+            ..ALL
+        },
+    );
 }
 
 /// Found by the long sweep (800 seeds), not fixed: c:2 started while Redis was out of

@@ -31,7 +31,6 @@ use std::time::Duration;
 
 use super::super::refusal::{Refusal, duplicate_ack};
 use super::super::routes::{Phase, Routes, no_conn};
-use super::super::status::RecoveryCounts;
 use super::super::{Action, Bridge, ConnId};
 use super::early::{EARLY_SLACK, EarlyOutcomes, Kept};
 use crate::cluster::{Arrival, ClusterReport, LoadedPartition, partition_of, tag_parts};
@@ -707,8 +706,8 @@ impl Bridge {
             return;
         }
         if message.outcome.is_some() {
-            let mut n = RecoveryCounts::default();
-            self.recover_message(message, &mut n, now);
+            // Within the platform's outbox bound, as any rebuilt message (`room.rs`).
+            self.rebuild_or_wait(partition, message, now);
         }
     }
 
