@@ -629,6 +629,12 @@ pub struct ClusterStatus {
     /// as unwritten (its answer lost) landed after all; at most the messages in flight plus
     /// 1,024, the oldest dropped past it (most are of writes whose answer came).
     pub own_outcome_entries: usize,
+    /// Messages of owned partitions another instance accepted, waiting here for room in
+    /// their platform's outbox (`--outbox-cap`) before they are queued, in order; a new
+    /// message of that platform is refused `backpressure` meanwhile. At most the owned
+    /// partitions' messages in Redis.
+    #[serde(default)]
+    pub waiting_for_room: usize,
     /// Whether what is held beyond the fair share is drained and released when another
     /// instance joins (`--cluster-rebalance`).
     pub rebalance: bool,

@@ -359,3 +359,51 @@ fn requests_wait_for_redis_within_their_bound_and_go_when_it_is_back() {
         "past the bound"
     );
 }
+
+/// The instance that answers a forward with what it took becomes those messages' origin
+/// (`ADOPT`), so that the partition's owner answers them again should it die before its
+/// bridge confirmed them (tests/simulation_cluster, seed 23); a message gone from Redis
+/// meanwhile (delivered) is not written back.
+#[test]
+fn an_answer_makes_the_taker_the_origin_of_what_it_took_and_nothing_else() {
+    let Some(bin) = require_redis() else { return };
+    let r = Redis::start(&bin);
+    let chat = "7";
+    let p = partition_of(&format!("tg:dm:{chat}"), P);
+    let mut origin = store(&r, "a");
+    let seq = match origin
+        .accept(p, &format!("tg:dm:{chat}"), &msg("m1", chat), 10, now_ms())
+        .expect("accept")
+    {
+        Accept::New { seq, .. } => seq,
+        other => panic!("{other:?}"),
+    };
+    let origin_of = |seq: u64| -> Option<String> {
+        redis::cmd("HGET")
+            .arg(format!("ts:{{p{p}}}:m:{seq}"))
+            .arg("o")
+            .query(&mut r.client())
+            .expect("HGET")
+    };
+    assert_eq!(origin_of(seq).as_deref(), Some("a"));
+    let gone = seq + 100;
+    let took = FwdEntry::Took {
+        from: "y".into(),
+        platform: "tg".into(),
+        taken: vec![cluster_tag(p, seq), cluster_tag(p, gone)],
+        refused: vec![],
+    };
+    store(&r, "y").fwd_add("a", &took).expect("answer");
+    assert_eq!(
+        origin_of(seq).as_deref(),
+        Some("y"),
+        "the taker is the origin"
+    );
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(format!("ts:{{p{p}}}:m:{gone}"))
+        .query(&mut r.client())
+        .expect("EXISTS");
+    assert!(!exists, "a message gone from Redis stays gone");
+    let loaded = origin.load_partition(p, now_ms()).expect("load");
+    assert_eq!(loaded.origins.get(&seq).map(String::as_str), Some("y"));
+}

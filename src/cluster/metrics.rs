@@ -69,6 +69,12 @@ pub(super) const CLUSTER: &[Metric<ClusterStatus>] = &[
         read: |c| Value(n(c.own_outcome_entries)),
     },
     Metric {
+        name: "turnstile_cluster_waiting_for_room",
+        help: "Messages of owned partitions accepted elsewhere, waiting for room in their outbox.",
+        kind: Gauge,
+        read: |c| Value(n(c.waiting_for_room)),
+    },
+    Metric {
         name: "turnstile_cluster_early_outcomes_dropped_total",
         help: "Outcomes from the stream dropped at their bound (the messages in flight plus 1,024).",
         kind: Counter,
@@ -213,6 +219,7 @@ mod tests {
             early_outcomes: 14,
             early_outcomes_dropped: 15,
             own_outcome_entries: 40,
+            waiting_for_room: 41,
             rebalance: true,
             drain_ms: 30_000,
             draining: vec![36, 37],
@@ -252,6 +259,7 @@ mod tests {
             "turnstile_cluster_early_outcomes_dropped_total 15",
             "turnstile_cluster_partitions_draining 2",
             "turnstile_cluster_own_outcome_entries 40",
+            "turnstile_cluster_waiting_for_room 41",
             "turnstile_cluster_drained_partitions_total 38",
             "turnstile_cluster_drained_messages_total 39",
             "turnstile_cluster_forward_requests 16",

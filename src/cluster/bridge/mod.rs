@@ -28,7 +28,9 @@
 //!   (the outboxes' own operations by cluster tag are the platforms room's);
 //! - `early`: outcomes from the stream that came before their message was known to wait;
 //! - `order`: own accepts held behind the inbox of their partition (per-session order
-//!   across instances).
+//!   across instances);
+//! - `lapse`: whether this instance may have been taken for dead (its results marked);
+//! - `room`: rebuilt messages of owned partitions waiting for outbox room.
 
 #[cfg(feature = "cluster")]
 mod drain;
@@ -38,10 +40,14 @@ mod early;
 mod fence;
 #[cfg(feature = "cluster")]
 mod forward;
+#[cfg(feature = "cluster")]
+mod lapse;
 #[cfg(not(feature = "cluster"))]
 mod off;
 #[cfg(feature = "cluster")]
 mod order;
+#[cfg(feature = "cluster")]
+mod room;
 #[cfg(feature = "cluster")]
 mod side;
 

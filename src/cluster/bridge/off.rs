@@ -56,6 +56,15 @@ impl ClusterSide {
         false
     }
 
+    /// No rebuilt message waits for room: admission's gate is open.
+    pub(in crate::server) fn outbox_gate(
+        &self,
+        _platform: &str,
+        _cap: usize,
+    ) -> Result<(), super::super::refusal::Refusal> {
+        Ok(())
+    }
+
     /// No hello registry.
     pub(in crate::server) fn hello(&self, _platform: &Arc<str>) -> Option<Request> {
         None
@@ -114,4 +123,7 @@ impl Bridge {
     pub(in crate::server) fn hand_over(&mut self, _partition: u32) {}
 
     pub(in crate::server) fn drain_step(&mut self) {}
+
+    /// No rebuilt message waits for room.
+    pub(in crate::server) fn rebuild_waiting(&mut self, _now: Duration) {}
 }

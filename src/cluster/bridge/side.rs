@@ -32,7 +32,6 @@ use std::time::Duration;
 
 use super::super::refusal::{Refusal, duplicate_ack};
 use super::super::routes::{Phase, Routes, no_conn};
-use super::super::status::RecoveryCounts;
 use super::super::{Action, Bridge, ConnId};
 use super::early::{EARLY_SLACK, EarlyOutcomes, Kept};
 use crate::cluster::{Arrival, ClusterReport, LoadedPartition, partition_of, tag_parts};
@@ -103,6 +102,10 @@ pub(in crate::server) struct ClusterSide {
     rebind: HashMap<u64, ConnId>,
     /// Own accepts held behind the inboxes of owned partitions (`order.rs`).
     pub(in crate::server::bridge) order: super::order::Order,
+    /// Whether this instance may have been taken for dead since a message was placed.
+    registration: super::lapse::Registration,
+    /// Rebuilt messages of owned partitions waiting for outbox room.
+    pub(in crate::server::bridge) waiting: super::room::WaitingForRoom,
 }
 
 impl ClusterSide {
@@ -185,6 +188,26 @@ impl ClusterSide {
         frame
     }
 
+    /// The result of a message accepted here, from another instance's outcome record (or a
+    /// record of this one's given up and written after all): marked `redelivery` if an
+    /// owner may have taken this instance for dead and sent it first (see `lapse.rs`).
+    fn mark_if_taken_for_dead(&self, mut frame: Frame, now: Duration) -> Frame {
+        if self.registration.may_be_taken_for_dead(frame.seq, now) {
+            frame.mark_redelivery();
+        }
+        frame
+    }
+
+    /// Admission's gate for a new message of `platform`: refused `backpressure` while
+    /// rebuilt messages of it wait for room (see `room.rs`).
+    pub(in crate::server::bridge) fn outbox_gate(
+        &self,
+        platform: &str,
+        cap: usize,
+    ) -> Result<(), Refusal> {
+        self.waiting.gate(platform, cap)
+    }
+
     /// The connection the result of a message being rebuilt goes to: the one that sent it,
     /// when it waited here for another instance's outcome (see `gained`); else none (its
     /// platform's newest hello, as for any recovered message).
@@ -210,6 +233,7 @@ impl ClusterSide {
         s.order_held = self.order.held();
         (s.early_outcomes, s.early_outcomes_dropped) = self.early.counts();
         s.own_outcome_entries = self.landed.counts().0;
+        s.waiting_for_room = self.waiting.len();
         (s.handed_over_partitions, s.handed_over_messages) = self.handed_over;
         s.self_fenced = self.fences.count();
         self.drains.fill_status(s);
@@ -318,6 +342,12 @@ impl Bridge {
         r: ClusterReport,
         now: Duration,
     ) -> (Vec<u32>, Vec<u32>) {
+        if let Some(registered_for) = r.registered_for {
+            self.cluster.registration.heard(registered_for, now);
+        }
+        for &(tag, _) in &r.placed {
+            self.cluster.registration.placed(tag);
+        }
         let placed: HashMap<u64, u64> = r.placed.iter().copied().collect();
         let ahead: HashMap<u64, usize> = r.ahead.iter().copied().collect();
         for tag in r.remote {
@@ -346,6 +376,8 @@ impl Bridge {
             cluster.placed.retain(|&tag, ct| {
                 routes.contains(tag) || orphans.contains_key(ct) || held.contains(&tag)
             });
+            let placed = &cluster.placed;
+            cluster.registration.retain(|tag| placed.contains_key(&tag));
         }
         cluster.drains.ask(r.draining);
         // Lost (or fenced) and gained again in one pass (a paused instance waking): what it
@@ -404,6 +436,17 @@ impl Bridge {
         }
         self.cluster.drains.forget(p);
         self.cluster.fences.forget(p);
+        // Not rebuilt yet: its next owner loads them.
+        for tag in self.cluster.waiting.hand_over(p) {
+            let cluster = &mut self.cluster;
+            cluster.silent.remove(&tag);
+            cluster.foreign.remove(&tag);
+            if cluster.rebind.remove(&tag).is_some() {
+                log::warn!(
+                    "partition {p}: message {tag}: handed over before it was rebuilt here: its result will not come to this connection"
+                );
+            }
+        }
         let (sessions, handed, waiting) = self.hand_over_sessions(p, &HashSet::new());
         self.cluster.handed_over.0 += 1;
         self.cluster.handed_over.1 += handed as u64;
@@ -510,6 +553,7 @@ impl Bridge {
             // record is this very frame's.
             if self.cluster.landed.take(ct).is_some() {
                 log::debug!("message {seq}: its outcome write landed after all; sent");
+                let frame = self.cluster.mark_if_taken_for_dead(frame, self.now);
                 self.deliver_terminal(conn, &platform, frame);
                 return;
             }
@@ -517,6 +561,7 @@ impl Bridge {
             if let Some(outcome) = self.cluster.early.take(ct) {
                 let frame = Frame::new(Body::from_stored(outcome), Some(platform.clone()))
                     .of_message(seq, id);
+                let frame = self.cluster.mark_if_taken_for_dead(frame, self.now);
                 self.deliver_terminal(conn, &platform, frame);
                 return;
             }
@@ -615,6 +660,7 @@ impl Bridge {
                 } else if let Some(o) = orphan {
                     let frame = Frame::new(Body::from_stored(outcome), Some(o.platform.clone()))
                         .of_message(o.tag, o.id);
+                    let frame = self.cluster.mark_if_taken_for_dead(frame, now);
                     self.deliver_terminal(o.conn, &o.platform, frame);
                 } else {
                     // Before the report that says its message waits here (see `early`).
@@ -635,7 +681,8 @@ impl Bridge {
                         "message {}: its outcome write landed after all; sent",
                         o.tag
                     );
-                    self.deliver_terminal(o.conn, &o.platform, o.own);
+                    let frame = self.cluster.mark_if_taken_for_dead(o.own, now);
+                    self.deliver_terminal(o.conn, &o.platform, frame);
                 } else {
                     let bound = self.routes.len() + EARLY_SLACK;
                     // Most are of writes whose answer came: dropped at the bound.
@@ -669,13 +716,12 @@ impl Bridge {
                     && !self.cluster.drains.is_draining(partition);
                 // Read before its partition was handed over (or while it drains): its next
                 // owner queues it.
-                if self.routes.contains(tag) || !owned {
+                if self.routes.contains(tag) || self.cluster.waiting.contains(tag) || !owned {
                     return;
                 }
                 // Accepted by another instance, alive a moment ago: its result is its own.
                 self.cluster.silent.insert(tag);
-                let mut n = RecoveryCounts::default();
-                self.recover_message(*message, &mut n, now);
+                self.rebuild_or_wait(partition, *message, now);
             }
         }
         self.audit();
@@ -689,7 +735,7 @@ impl Bridge {
         if !self.cluster.owned.contains(&partition) {
             return;
         }
-        if self.routes.contains(tag) {
+        if self.routes.contains(tag) || self.cluster.waiting.contains(tag) {
             if self.cluster.silent.remove(&tag) {
                 self.cluster.foreign.insert(tag);
             }
@@ -704,8 +750,8 @@ impl Bridge {
             return;
         }
         if message.outcome.is_some() {
-            let mut n = RecoveryCounts::default();
-            self.recover_message(message, &mut n, now);
+            // Within the platform's outbox bound, as any rebuilt message (`room.rs`).
+            self.rebuild_or_wait(partition, message, now);
         }
     }
 
@@ -717,6 +763,7 @@ impl Bridge {
         self.conns.settled(route.conn);
         let frame = Frame::new(Body::from_stored(outcome), Some(route.platform.clone()))
             .of_message(tag, route.id.clone());
+        let frame = self.cluster.mark_if_taken_for_dead(frame, self.now);
         self.deliver_terminal(route.conn, &route.platform, frame);
         self.maybe_finish(route.conn);
     }
@@ -784,15 +831,15 @@ impl Bridge {
             messages.len()
         );
         let r = Recovered {
-            messages,
+            messages: self.room_now(p, messages),
             dedup: loaded.recovered.dedup,
             max_seq: 0,
         };
         let _ = self.recover(r, now_ms(), now);
+        let waiting = &self.cluster.waiting;
         debug_assert!(
-            self.cluster.rebind.is_empty(),
-            "every rebound message was rebuilt"
+            self.cluster.rebind.keys().all(|&t| waiting.contains(t)),
+            "every rebound message was rebuilt or waits for room"
         );
-        self.cluster.rebind.clear();
     }
 }

@@ -112,6 +112,12 @@ pub struct ClusterReport {
     /// own (self-fencing, docs/cluster.md), and tells the thread
     /// ([`ClusterLink::self_fenced`]). Empty in a report without a pass: nothing changed.
     pub leases: Vec<(u32, u64, Duration)>,
+    /// A pass's heartbeat went through: the registry holds this instance live for at least
+    /// this long after the report was sent (the lease less the pass's time since the
+    /// heartbeat was sent and a quarter lease of margin for the instances' clocks). Past it,
+    /// unheard again, another instance may take this one for dead and send the results of
+    /// its messages itself (`cluster/bridge/lapse.rs`).
+    pub registered_for: Option<Duration>,
 }
 
 /// The reactor's side of a cluster member's journal thread, beside its [`Journal`]: the

@@ -42,9 +42,9 @@ impl Member {
             return;
         }
         let now = self.zero.elapsed();
-        match self.store.heartbeat() {
-            Ok(live) => self.own.set_live(live),
-            Err(e) => log::debug!("cluster heartbeat failed: {e}"),
+        let registered = self.store.heartbeat().map(|live| self.own.set_live(live));
+        if let Err(e) = &registered {
+            log::debug!("cluster heartbeat failed: {e}");
         }
         let plan = self.own.plan(now);
         for p in &plan.lost {
@@ -113,6 +113,19 @@ impl Member {
         // A stopped gateway's agents end at the earliest of them (`cluster/leash.rs`).
         let earliest = c.cluster.leases.iter().map(|(_, _, at)| *at).min();
         super::super::leash::extend(earliest.map(|at| self.zero + at));
+        if registered.is_ok() {
+            c.cluster.registered_for = Some(self.registered_for(now));
+        }
+    }
+
+    /// How long the registry holds this instance live at least, by a heartbeat sent at
+    /// `sent`: the lease less the time since, and a quarter lease of margin (the others
+    /// judge the registry's expiry by their own clocks; the report takes a while to reach
+    /// the bridge).
+    fn registered_for(&self, sent: Duration) -> Duration {
+        let lease = self.store.lease();
+        let spent = self.zero.elapsed().saturating_sub(sent);
+        lease.saturating_sub(spent + lease / 4)
     }
 
     /// Renews `leases` (sent at `now`): every renewal in one round trip; one answered past

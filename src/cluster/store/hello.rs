@@ -9,7 +9,8 @@
 
 use redis::Value;
 
-use super::{PREFIX, RedisStore, malformed, text};
+use super::{Keys, PREFIX, RedisStore, malformed, text};
+use crate::cluster::tag_parts;
 use crate::journal::StoreError;
 
 /// The bound on each instance's forward stream (`MAXLEN ~`): the oldest entries are trimmed
@@ -43,6 +44,20 @@ pub enum FwdEntry {
         refused: Vec<u64>,
     },
 }
+
+/// KEYS: a message's hash. ARGV: the instance that took its result. A result taken by a
+/// forward has the taker as its origin from then on, while its message is in Redis: should
+/// the taker die before its bridge confirmed it, the partition's owner finds a message
+/// whose origin left the registry (`Arrival::OriginGone`) and sends its result again,
+/// marked (tests/simulation_cluster, seed 23: the offerer had dropped its copy, the owner
+/// never reloads, and the result was never answered). A message delivered meanwhile (its
+/// hash gone) is left gone.
+const ADOPT: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HSET', KEYS[1], 'o', ARGV[1])
+end
+return 0
+";
 
 fn hello_key(platform: &str) -> String {
     format!("{PREFIX}:hello:{platform}")
@@ -91,8 +106,23 @@ impl RedisStore {
         Ok(Some((instance.to_owned(), at)))
     }
 
-    /// Adds `entry` to instance `to`'s forward stream.
+    /// Adds `entry` to instance `to`'s forward stream. An answer first makes this instance
+    /// the origin of each message it took (see [`ADOPT`]), in the same round trip.
     pub fn fwd_add(&mut self, to: &str, entry: &FwdEntry) -> Result<(), StoreError> {
+        let mut pipe = redis::pipe();
+        if let FwdEntry::Took { from, taken, .. } = entry {
+            for &tag in taken {
+                if let Some((partition, seq)) = tag_parts(tag) {
+                    let key = Keys::of(partition).message(seq);
+                    pipe.cmd("EVAL")
+                        .arg(ADOPT)
+                        .arg(1)
+                        .arg(key)
+                        .arg(from)
+                        .ignore();
+                }
+            }
+        }
         let mut cmd = redis::cmd("XADD");
         cmd.arg(fwd_key(to))
             .arg("MAXLEN")
@@ -122,7 +152,8 @@ impl RedisStore {
                 cmd.arg("b").arg(tags(refused));
             }
         }
-        let _: Value = self.with("forward", |c, _| cmd.query(c))?;
+        pipe.add_command(cmd).ignore();
+        let _: Value = self.with("forward", |c, _| pipe.query(c))?;
         Ok(())
     }
 

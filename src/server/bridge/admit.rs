@@ -99,13 +99,17 @@ impl Bridge {
         let admitted = build(&name, m, Source::Line, &self.cfg.attachments)?;
         let fp = fingerprint(&admitted.message.id);
         let (durable, routes) = (self.durable.as_ref(), &mut self.routes);
+        let (cluster, cap) = (&self.cluster, self.cfg.outbox_cap);
         let (platform, claim) = self
             .platforms
             .claim(
                 &name,
                 fp,
                 now,
-                || durable.map_or(Ok(()), |d| d.room()),
+                || {
+                    cluster.outbox_gate(&name, cap)?;
+                    durable.map_or(Ok(()), |d| d.room())
+                },
                 || routes.new_tag(),
             )
             .map_err(|r| r.with_session(&admitted.message.session))?;

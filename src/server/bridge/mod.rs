@@ -563,6 +563,7 @@ impl Bridge {
                     self.actions.push_back(d.record(Record::Delivered { seq }));
                 }
             }
+            self.rebuild_waiting(now);
             for (platform, due, r) in self.cluster.offers(&self.platforms, now) {
                 // Sent from here later (a hello here before the answer), they are marked:
                 // the taker may have sent them already (tests/simulation_cluster, seed 4).

@@ -574,6 +574,22 @@ impl Platforms {
         })
     }
 
+    /// `--cluster`: how many more results `name` has room for within `--outbox-cap` and
+    /// `--outbox-bytes` (none while results wait for room; a platform not known yet has
+    /// the whole cap), for messages rebuilt here that another instance accepted
+    /// (`cluster/bridge/room.rs`).
+    pub(super) fn room_for(&self, name: &str) -> usize {
+        let (reserve, cap, cap_bytes) = (self.reserve, self.outbox_cap, self.outbox_bytes);
+        let Some(p) = self.map.get(name) else {
+            return cap.min(cap_bytes / reserve.max(1));
+        };
+        if !p.held.is_empty() {
+            return 0;
+        }
+        let bytes = cap_bytes.saturating_sub(p.reserved_bytes) / reserve.max(1);
+        cap.saturating_sub(p.reserved_events).min(bytes)
+    }
+
     /// `--cluster`: a result another instance forwards, taken into `name`'s outbox if it
     /// fits the platform's bounds as a new message's result would (`outbox_cap` events,
     /// `outbox_bytes` with its text charged now, nothing held before it); whether it did.
