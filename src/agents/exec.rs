@@ -14,6 +14,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
 
 use crate::agent::{Agent, AgentFactory, CancelToken, TurnError, TurnInput};
+use crate::attachments::Outbox;
 use crate::agents::child::{
     self, AgentEnv, ContainedChild, Exit, OutputBuf, READ_BUDGET, ReadState, Wake, pollin,
     readable, write_some,
@@ -35,6 +36,9 @@ pub struct ExecOptions {
     /// stdout kept per turn (the worker cuts the reply to this and flags it truncated; a few
     /// bytes more are kept so the cut is detected).
     pub max_output_bytes: usize,
+    /// The spool and bounds of the turn's outbox (`$TURNSTILE_OUTBOX`: the files left there
+    /// are attached to the reply). Without a `dir` a turn gets no outbox.
+    pub outbox: crate::AttachmentLimits,
 }
 
 impl Default for ExecOptions {
@@ -42,6 +46,7 @@ impl Default for ExecOptions {
         ExecOptions {
             env: AgentEnv::default(),
             max_output_bytes: DEFAULT_MAX_REPLY_BYTES,
+            outbox: crate::AttachmentLimits::default(),
         }
     }
 }
@@ -52,6 +57,8 @@ pub struct ExecAgent {
     options: Arc<ExecOptions>,
     /// Trees of turns whose command left processes running; `close()` kills them.
     leftovers: Vec<ContainedChild>,
+    /// The files the last turn left in its outbox, until the worker takes them.
+    attached: Vec<crate::Attachment>,
 }
 
 impl ExecAgent {
@@ -74,21 +81,29 @@ impl ExecAgent {
             command: Arc::clone(command),
             options: Arc::clone(options),
             leftovers: Vec::new(),
+            attached: Vec::new(),
         }
     }
 
-    /// Runs the command for one turn: its exit and its (bounded) stdout.
+    /// Runs the command for one turn: its exit, its (bounded) stdout and its outbox.
     fn run(
         &mut self,
         input: &TurnInput<'_>,
         cancel: &CancelToken,
-    ) -> Result<(Exit, OutputBuf), TurnError> {
+    ) -> Result<(Exit, OutputBuf, Option<Outbox>), TurnError> {
         // Trees whose leftovers have all exited need nothing more than their leader reaped.
         self.leftovers
             .retain_mut(|c| c.has_descendants() || !c.kill());
         let files = crate::attachments::to_json(input.context.attachments());
+        let outbox = Outbox::create(&self.options.outbox)
+            .map_err(|e| failed("cannot make the turn's outbox", e))?;
+        let outbox_dir = outbox
+            .as_ref()
+            .map(|o| o.path().to_string_lossy().into_owned())
+            .unwrap_or_default();
         let mut vars = turn_vars(input).to_vec();
         vars.push(("TURNSTILE_ATTACHMENTS", &files));
+        vars.push(("TURNSTILE_OUTBOX", &outbox_dir));
         let env = self.options.env.build(&vars);
         let mut child = ContainedChild::spawn(&self.command, &env)
             .map_err(|e| failed("cannot run agent command", e))?;
@@ -106,7 +121,7 @@ impl ExecAgent {
         let exit = pipes.until_exit(&mut child, &wake, &mut out)?;
         pipes.finish(&mut out);
         self.keep_if_running(child, input.session);
-        Ok((exit, out))
+        Ok((exit, out, outbox))
     }
 
     /// Keeps a finished turn's tree while something of it still runs (killing the oldest
@@ -275,12 +290,18 @@ impl Pipes {
 
 impl Agent for ExecAgent {
     fn turn(&mut self, input: &TurnInput<'_>, cancel: &CancelToken) -> Result<String, TurnError> {
-        let (exit, out) = self.run(input, cancel)?;
+        self.attached.clear();
+        let (exit, out, outbox) = self.run(input, cancel)?;
         let truncated = out.truncated();
         let mut text = String::from_utf8_lossy(&out.into_vec()).into_owned();
         if exit.success() {
             if !truncated && text.ends_with('\n') {
                 text.pop();
+            }
+            if let Some(outbox) = outbox {
+                let taken = outbox.take_all();
+                text = taken.annotate(text);
+                self.attached = taken.files;
             }
             return Ok(text);
         }
@@ -293,6 +314,10 @@ impl Agent for ExecAgent {
         let shown = crate::text::prefix(text, ERROR_TEXT_MAX);
         let more = if shown.len() < text.len() { "…" } else { "" };
         Err(TurnError::Failed(format!("{exit}: {shown}{more}").into()))
+    }
+
+    fn turn_attachments(&mut self) -> Vec<crate::Attachment> {
+        std::mem::take(&mut self.attached)
     }
 
     fn close(&mut self) -> Result<(), crate::agent::AgentError> {

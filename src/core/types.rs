@@ -298,6 +298,10 @@ pub struct Reply {
     /// The tokens (prompt + completion) the agent reported for this turn
     /// ([`Agent::turn_usage`](crate::Agent::turn_usage)); `None` when it reports none.
     pub tokens: Option<u64>,
+    /// Files the agent attached ([`Agent::turn_attachments`](crate::Agent::turn_attachments)):
+    /// in the gateway's spool, sent with the terminal `reply` (`attachments`,
+    /// docs/protocol.md) and deleted once the reply is delivered.
+    pub attachments: Vec<crate::Attachment>,
     /// What the reply changes in the session's durable conversation (the openai agent's
     /// history, `/new`'s clear), journaled with its outcome; not part of the reply's value.
     pub(crate) memory: Option<MemoryUpdate>,
@@ -311,6 +315,7 @@ impl Reply {
             text,
             truncated,
             tokens: None,
+            attachments: Vec::new(),
             memory: None,
         }
     }
@@ -325,7 +330,10 @@ impl Reply {
 /// conversation travels with them but is not what they say.
 impl PartialEq for Reply {
     fn eq(&self, other: &Reply) -> bool {
-        self.text == other.text && self.truncated == other.truncated && self.tokens == other.tokens
+        self.text == other.text
+            && self.truncated == other.truncated
+            && self.tokens == other.tokens
+            && self.attachments == other.attachments
     }
 }
 
@@ -337,6 +345,7 @@ impl From<String> for Reply {
             text,
             truncated: false,
             tokens: None,
+            attachments: Vec::new(),
             memory: None,
         }
     }

@@ -59,6 +59,7 @@ impl Bridge {
             text: &text,
             truncated: false,
             notice: Some(notice.as_str()),
+            attachments: Vec::new(),
         }));
         self.terminal(tag, route.conn, &route.platform, route.id, body);
     }

@@ -255,10 +255,8 @@ pub(super) fn terminal_line(id: &str, session: &str, outcome: Outcome, max: usiz
         Outcome::Reply(reply) => {
             let mut text = reply.text;
             let cut = crate::text::truncate(&mut text, max);
-            let op = TextOp::Reply {
-                truncated: reply.truncated || cut,
-            };
-            EncodedLine::text_op(op, id, session, text)
+            let truncated = reply.truncated || cut;
+            EncodedLine::reply(id, session, text, truncated, &reply.attachments)
         }
         Outcome::Failed(e) => failed_line(id, session, e.to_string(), max),
         Outcome::Cancelled(r) => EncodedLine::Line(encode(&ServerOp::Cancelled {
