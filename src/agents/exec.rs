@@ -14,11 +14,11 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
 
 use crate::agent::{Agent, AgentFactory, CancelToken, TurnError, TurnInput};
-use crate::attachments::Outbox;
 use crate::agents::child::{
     self, AgentEnv, ContainedChild, Exit, OutputBuf, READ_BUDGET, ReadState, Wake, pollin,
     readable, write_some,
 };
+use crate::attachments::Outbox;
 use crate::message::SessionKey;
 use crate::reactor::DEFAULT_MAX_REPLY_BYTES;
 
@@ -480,7 +480,7 @@ mod tests {
     #[test]
     fn one_gigabyte_of_output_is_read_through_a_bounded_buffer() {
         let cap = 64 * 1024;
-        let (exit, out) = with_input("", |input| {
+        let (exit, out, _) = with_input("", |input| {
             agent("head -c 1000000000 /dev/zero; echo done >&2", cap)
                 .run(input, &CancelToken::new())
                 .expect("ran")

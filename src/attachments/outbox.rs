@@ -121,7 +121,10 @@ impl Outbox {
     /// Directories are ignored; a link or other special file is left out, said.
     pub(crate) fn take_all(self) -> Collected {
         let mut names: Vec<_> = match std::fs::read_dir(&self.dir) {
-            Ok(entries) => entries.filter_map(Result::ok).map(|e| e.file_name()).collect(),
+            Ok(entries) => entries
+                .filter_map(Result::ok)
+                .map(|e| e.file_name())
+                .collect(),
             Err(e) => {
                 log::warn!("outbox {}: cannot read: {e}", self.dir.display());
                 Vec::new()
@@ -185,7 +188,10 @@ impl Outbox {
         let size = Some(meta.len());
         let l = &self.limits;
         if taken >= l.max_files {
-            return Err(left(size, &format!("more than --max-attachments {}", l.max_files)));
+            return Err(left(
+                size,
+                &format!("more than --max-attachments {}", l.max_files),
+            ));
         }
         if meta.len() > l.max_file_bytes {
             return Err(left(size, &too_big(l.max_file_bytes)));

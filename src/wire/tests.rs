@@ -347,17 +347,19 @@ mod round_trip {
             proptest::option::of(text()),
             proptest::option::of(text()),
         )
-            .prop_map(|(name, mime, size, sha256, path, skipped)| crate::Attachment {
-                name,
-                mime,
-                size,
-                sha256,
-                path,
-                skipped,
-            })
+            .prop_map(
+                |(name, mime, size, sha256, path, skipped)| crate::Attachment {
+                    name,
+                    mime,
+                    size,
+                    sha256,
+                    path,
+                    skipped,
+                },
+            )
     }
 
-        /// The op as the server holds it: its strings borrowed.
+    /// The op as the server holds it: its strings borrowed.
     fn borrowed(op: &ServerOp) -> ServerOp<&str> {
         match op {
             ServerOp::MayUse { id, allowed } => ServerOp::MayUse {
@@ -451,17 +453,15 @@ mod round_trip {
             }
             _ => return None,
         };
-        Some(
-            match body {
-                EncodedLine::Line(line) => line,
-                EncodedLine::Text { head, text, tail } => {
-                    let mut line = head;
-                    push_escaped(&mut line, &text);
-                    line.extend_from_slice(&tail);
-                    line
-                }
-            },
-        )
+        Some(match body {
+            EncodedLine::Line(line) => line,
+            EncodedLine::Text { head, text, tail } => {
+                let mut line = head;
+                push_escaped(&mut line, &text);
+                line.extend_from_slice(&tail);
+                line
+            }
+        })
     }
 
     proptest! {

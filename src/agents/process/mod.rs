@@ -772,6 +772,7 @@ mod tests {
                 options: Arc::new(ProcessOptions::new(
                     "read -r line; exec 1>&-; exec sleep 300",
                 )),
+                attached: Vec::new(),
                 session: key(),
                 live: None,
             };
@@ -857,7 +858,8 @@ mod tests {
             parse(r#"{"op":"reply","id":"1","text":"t","extra":1}"#).ok(),
             Some(FromAgent::Reply {
                 id: "1".into(),
-                text: "t".into()
+                text: "t".into(),
+                attachments: Vec::new(),
             })
         );
         assert_eq!(

@@ -62,7 +62,10 @@ pub(super) enum FromAgent {
 pub(super) enum Ended {
     /// The process answered the turn (an `error` after `cancel` is a cancellation), with the
     /// files its reply named.
-    Answered(Result<String, TurnError>, Vec<crate::attachments::Requested>),
+    Answered(
+        Result<String, TurnError>,
+        Vec<crate::attachments::Requested>,
+    ),
     /// The turn was cancelled and the process did not answer `cancel` within three quarters
     /// of the stop grace: its tree is to be killed.
     CancelIgnored,
@@ -119,7 +122,10 @@ fn turn_line(input: &TurnInput<'_>) -> Value {
 }
 
 /// A turn's answer: the reply's text or the error, and the files the reply names.
-type Answer = (Result<String, TurnError>, Vec<crate::attachments::Requested>);
+type Answer = (
+    Result<String, TurnError>,
+    Vec<crate::attachments::Requested>,
+);
 
 /// A turn in progress.
 struct Turn<'a> {

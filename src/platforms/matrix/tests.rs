@@ -83,6 +83,13 @@ impl Homeserver for FakeHs {
         self.receipts.push((room.into(), event.into()));
         Ok(())
     }
+    fn upload(
+        &mut self,
+        _room: &str,
+        file: &crate::Attachment,
+    ) -> Result<Option<String>, ApiError> {
+        Ok(Some(format!("mxc://fake/{}", file.name)))
+    }
 }
 
 #[derive(Default)]
@@ -144,6 +151,7 @@ fn reply(text: &str) -> TerminalOutcome {
     TerminalOutcome::Reply {
         text: text.into(),
         truncated: false,
+        files: Vec::new(),
     }
 }
 

@@ -33,6 +33,19 @@ impl BotApi for ScriptedApi {
         self.next_message_id += 1;
         Ok(json!({"message_id": self.next_message_id}))
     }
+
+    fn upload(
+        &mut self,
+        method: &str,
+        params: &Value,
+        field: &str,
+        file: &crate::Attachment,
+        timeout: Duration,
+    ) -> Result<Value, ApiError> {
+        let mut params = params.clone();
+        params[field] = json!(file.path);
+        self.call(method, &params, timeout)
+    }
 }
 
 fn result(id: &str, text: &str) -> TerminalEvent {
@@ -42,6 +55,7 @@ fn result(id: &str, text: &str) -> TerminalEvent {
         outcome: TerminalOutcome::Reply {
             text: text.into(),
             truncated: false,
+            files: Vec::new(),
         },
         redelivery: false,
     }
