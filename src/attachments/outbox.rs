@@ -393,3 +393,7 @@ fn hex(bytes: &[u8]) -> String {
         s
     })
 }
+
+#[cfg(test)]
+#[path = "outbox_tests.rs"]
+mod tests;
