@@ -282,15 +282,13 @@ fn left_out(name: &str, size: Option<u64>, why: &str) -> String {
     }
 }
 
+// The flags' values as given (the inbound bridges' texts say them so too).
 fn too_big(max: u64) -> String {
-    format!("larger than --max-attachment-bytes {}", human_size(max))
+    format!("larger than --max-attachment-bytes {max}")
 }
 
 fn spool_full(max: u64) -> String {
-    format!(
-        "the attachments spool is full (--attachments-bytes {})",
-        human_size(max)
-    )
+    format!("the attachments spool is full (--attachments-bytes {max})")
 }
 
 /// A size as people read it: `512 B`, `1.5 KiB`, `20.0 MiB`.

@@ -148,8 +148,8 @@ fn past_a_bound_a_file_is_left_out_and_said() {
     assert_eq!(
         taken.notes,
         [
-            "(file left out: report.pdf, 7 B: larger than --max-attachment-bytes 6 B)",
-            "(file left out: two, 5 B: the attachments spool is full (--attachments-bytes 8 B))",
+            "(file left out: report.pdf, 7 B: larger than --max-attachment-bytes 6)",
+            "(file left out: two, 5 B: the attachments spool is full (--attachments-bytes 8))",
             "(file left out: four, 1 B: more than --max-attachments 2)",
         ]
     );

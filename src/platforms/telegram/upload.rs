@@ -54,8 +54,8 @@ impl Outgoing {
         }
         if f.size > DOCUMENT_LIMIT {
             return Err(format!(
-                "larger than Telegram's {} limit for bots",
-                human_size(DOCUMENT_LIMIT)
+                "larger than Telegram's {} MB limit for bots",
+                DOCUMENT_LIMIT / 1_000_000
             ));
         }
         Ok(("sendDocument", "document"))
@@ -184,7 +184,7 @@ mod tests {
         let over = file("text/plain", DOCUMENT_LIMIT + 1).method();
         assert_eq!(
             over,
-            Err("larger than Telegram's 47.7 MiB limit for bots".into())
+            Err("larger than Telegram's 50 MB limit for bots".into())
         );
         let mut refused = file("image/png", 10);
         refused.as_document = true;
