@@ -333,6 +333,7 @@ mod tests {
     use super::*;
     use crate::agent::Partials;
     use crate::message::MessageContext;
+    use std::path::Path;
 
     fn agent(cmd: &str, max_output_bytes: usize) -> ExecAgent {
         let options = ExecOptions {
@@ -364,6 +365,50 @@ mod tests {
         with_input(text, |input| {
             agent(cmd, DEFAULT_MAX_REPLY_BYTES).turn(input, &CancelToken::new())
         })
+    }
+
+    /// Issue 36 row 3: what the command leaves in `$TURNSTILE_OUTBOX` is attached to the
+    /// reply (moved into the spool with its sha256); a failed turn attaches nothing and
+    /// leaves nothing behind.
+    #[test]
+    fn the_files_left_in_the_outbox_are_attached_and_a_failed_turn_leaves_none() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let spool = crate::attachments::open_spool(&tmp.path().join("spool")).expect("spool");
+        let options = ExecOptions {
+            outbox: crate::AttachmentLimits {
+                dir: Some(spool.clone()),
+                ..crate::AttachmentLimits::default()
+            },
+            ..ExecOptions::default()
+        };
+        let cmd =
+            r#"printf hello > "$TURNSTILE_OUTBOX/a.txt"; echo "$TURNSTILE_OUTBOX"; exit $(cat)"#;
+        let mut a = ExecAgent::new(&cmd.into(), &Arc::new(options));
+        let out = with_input("0", |input| a.turn(input, &CancelToken::new())).expect("reply");
+        assert!(
+            out.starts_with(&spool.to_string_lossy().into_owned()),
+            "{out}"
+        );
+        assert!(
+            !Path::new(&out).exists(),
+            "the outbox is removed after the turn"
+        );
+        let files = a.turn_attachments();
+        assert_eq!(files.len(), 1);
+        assert_eq!((files[0].name.as_str(), files[0].size), ("a.txt", 5));
+        assert_eq!(
+            files[0].sha256.as_deref(),
+            Some("2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824")
+        );
+        let path = files[0].path.clone().expect("path");
+        assert_eq!(std::fs::read(&path).expect("in the spool"), b"hello");
+        assert!(a.turn_attachments().is_empty(), "taken once");
+        std::fs::remove_file(path).expect("rm");
+        let failed = with_input("3", |input| a.turn(input, &CancelToken::new()));
+        assert!(failed.is_err());
+        assert!(a.turn_attachments().is_empty());
+        let left = std::fs::read_dir(&spool).expect("spool").count();
+        assert_eq!(left, 0, "a failed turn's outbox is gone");
     }
 
     #[test]

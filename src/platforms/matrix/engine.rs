@@ -17,6 +17,8 @@ use super::api::{Api, ApiError};
 use super::content::{chunks_of, edit_content, new_content, partial_view};
 use super::sync::{ChatKind, HumanMessage};
 use super::{CHUNK_BYTES, STOPPED_MARKER};
+#[cfg(test)]
+pub(crate) use upload::MAX_UPLOAD_TRIES;
 use upload::PostFiles;
 
 #[path = "upload.rs"]
