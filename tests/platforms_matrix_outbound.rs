@@ -24,8 +24,8 @@ use sha2::{Digest, Sha256};
 use matrix_support::{Seen, User, WAIT, enc, replies_to, synapse};
 
 /// The process agent: on `chart` it attaches a 200 000-byte PNG-named file; on `bounds` four
-/// files, one over the per-file bound and one past the spool's room; on `escape` two paths
-/// outside its outbox.
+/// files, one over the per-file bound and one past the spool's room; on `escape` a file
+/// outside its outbox, by an absolute path and by `..`.
 const AGENT: &str = r#"
 import json, os, sys
 
@@ -47,7 +47,9 @@ for line in sys.stdin:
         text = "four files"
         files = [{"path": p} for p in ["huge.bin", "a.bin", os.path.join(out, "b.bin"), "c.bin"]]
     elif msg["text"] == "escape":
-        text, files = "two secrets", [{"path": "/etc/passwd"}, {"path": "../x", "name": "x"}]
+        # The test's secret, next to the spool the outbox is in: absolute, then by "..".
+        secret = os.path.join(os.path.dirname(os.path.dirname(out)), "secret.txt")
+        text, files = "two secrets", [{"path": secret}, {"path": "../../secret.txt", "name": "x"}]
     print(json.dumps({"op": "reply", "id": msg["id"], "text": text, "attachments": files}), flush=True)
 "#;
 
@@ -162,6 +164,8 @@ fn a_process_agent_answers_with_a_file_the_human_downloads_byte_for_byte() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let spool = tmp.path().join("spool");
     let script = tmp.path().join("agent.py");
+    let secret = tmp.path().join("secret.txt");
+    std::fs::write(&secret, "not for the chat").expect("secret");
     std::fs::write(&script, AGENT).expect("script");
     let port = TcpListener::bind("127.0.0.1:0")
         .expect("bind")
@@ -278,7 +282,13 @@ fn a_process_agent_answers_with_a_file_the_human_downloads_byte_for_byte() {
     let outside = "refused: the path is not inside this turn's outbox ($TURNSTILE_OUTBOX)";
     assert_eq!(
         ev["content"]["body"],
-        format!("two secrets\n(file left out: passwd: {outside})\n(file left out: x: {outside})")
+        format!(
+            "two secrets\n(file left out: secret.txt: {outside})\n(file left out: x: {outside})"
+        )
+    );
+    assert_eq!(
+        std::fs::read_to_string(&secret).expect("left where it was"),
+        "not for the chat"
     );
     let files = seen
         .events()

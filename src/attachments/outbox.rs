@@ -210,9 +210,14 @@ impl Outbox {
                 return Err(left(size, &format!("refused: {e}")));
             }
         };
-        if used.saturating_add(bytes) > l.spool_bytes {
+        if bytes != meta.len() {
+            // Written to while it was taken (a process the agent left running): what was
+            // checked is not what would be sent.
             let _ = std::fs::remove_file(&dest);
-            return Err(left(Some(bytes), &spool_full(l.spool_bytes)));
+            return Err(left(
+                Some(bytes),
+                "refused: it changed while it was attached",
+            ));
         }
         *used = used.saturating_add(bytes);
         let name = clean(r.name.as_deref().unwrap_or(&base_name(&r.path)), "file");
