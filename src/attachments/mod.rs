@@ -242,4 +242,6 @@ mod outbox;
 mod tests;
 
 pub(crate) use janitor::Janitor;
-pub(crate) use outbox::{Outbox, Requested, human_size, take_requested};
+#[cfg_attr(not(feature = "cli"), allow(unused_imports))] // the bridges' (feature `cli`)
+pub(crate) use outbox::human_size;
+pub(crate) use outbox::{Outbox, Requested, take_requested};

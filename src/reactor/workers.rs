@@ -157,7 +157,7 @@ pub(super) fn run_turn(
                     reply.tokens = a
                         .turn_usage()
                         .map(|u| u.prompt_tokens.saturating_add(u.completion_tokens));
-                    reply.attachments = attached(&mut **a, &job.session);
+                    reply = reply.attaching(attached(&mut **a, &job.session));
                     TurnResult::Reply(reply)
                 }
                 Ok(Err(TurnError::Cancelled)) => TurnResult::Cancelled,

@@ -228,7 +228,7 @@ impl Bridge {
             return self.keep_for_restart(route);
         }
         let memory = match &mut outcome {
-            Outcome::Reply(reply) => reply.memory.take(),
+            Outcome::Reply(reply) => reply.take_memory(),
             _ => None,
         };
         self.release_files(route.files.as_deref());
