@@ -334,10 +334,13 @@ impl Reply {
             .map_or(&[], |e| e.attachments.as_slice())
     }
 
-    /// The same reply, carrying `memory` to its outcome record.
+    /// The same reply, carrying `memory` to its outcome record (`None`: nothing, whatever
+    /// it carried before).
     pub(crate) fn remembering(mut self, memory: Option<MemoryUpdate>) -> Reply {
-        if memory.is_some() {
-            self.extras.get_or_insert_default().memory = memory;
+        match (&mut self.extras, memory) {
+            (Some(extras), memory) => extras.memory = memory,
+            (None, Some(memory)) => self.extras.get_or_insert_default().memory = Some(memory),
+            (None, None) => {}
         }
         self
     }
