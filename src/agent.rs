@@ -233,6 +233,16 @@ pub trait Agent: Send + 'static {
         None
     }
 
+    /// The files its last turn attached to its reply, taken by the worker right after `turn`
+    /// returned a reply and sent with it ([`Reply::attachments`](crate::Reply::attachments)).
+    /// Each entry names a file in the gateway's spool (`path`, `size`, `sha256`): the bridge
+    /// uploads it and the gateway deletes it once the reply is delivered. The exec and
+    /// process agents take theirs from the turn's outbox (docs/agent-protocol.md); the
+    /// default attaches nothing.
+    fn turn_attachments(&mut self) -> Vec<crate::Attachment> {
+        Vec::new()
+    }
+
     /// The conversation to keep across restarts, (user, assistant) pairs oldest first: asked
     /// by the worker right after a turn that returned a reply, and journaled with that turn's
     /// outcome, in the same transaction. `None` (the default): nothing is kept. Only the

@@ -18,6 +18,7 @@ use crate::agents::child::{
     self, AgentEnv, ContainedChild, Exit, OutputBuf, READ_BUDGET, ReadState, Wake, pollin,
     readable, write_some,
 };
+use crate::attachments::Outbox;
 use crate::message::SessionKey;
 use crate::reactor::DEFAULT_MAX_REPLY_BYTES;
 
@@ -35,6 +36,9 @@ pub struct ExecOptions {
     /// stdout kept per turn (the worker cuts the reply to this and flags it truncated; a few
     /// bytes more are kept so the cut is detected).
     pub max_output_bytes: usize,
+    /// The spool and bounds of the turn's outbox (`$TURNSTILE_OUTBOX`: the files left there
+    /// are attached to the reply). Without a `dir` a turn gets no outbox.
+    pub outbox: crate::AttachmentLimits,
 }
 
 impl Default for ExecOptions {
@@ -42,6 +46,7 @@ impl Default for ExecOptions {
         ExecOptions {
             env: AgentEnv::default(),
             max_output_bytes: DEFAULT_MAX_REPLY_BYTES,
+            outbox: crate::AttachmentLimits::default(),
         }
     }
 }
@@ -52,6 +57,8 @@ pub struct ExecAgent {
     options: Arc<ExecOptions>,
     /// Trees of turns whose command left processes running; `close()` kills them.
     leftovers: Vec<ContainedChild>,
+    /// The files the last turn left in its outbox, until the worker takes them.
+    attached: Vec<crate::Attachment>,
 }
 
 impl ExecAgent {
@@ -74,21 +81,29 @@ impl ExecAgent {
             command: Arc::clone(command),
             options: Arc::clone(options),
             leftovers: Vec::new(),
+            attached: Vec::new(),
         }
     }
 
-    /// Runs the command for one turn: its exit and its (bounded) stdout.
+    /// Runs the command for one turn: its exit, its (bounded) stdout and its outbox.
     fn run(
         &mut self,
         input: &TurnInput<'_>,
         cancel: &CancelToken,
-    ) -> Result<(Exit, OutputBuf), TurnError> {
+    ) -> Result<(Exit, OutputBuf, Option<Outbox>), TurnError> {
         // Trees whose leftovers have all exited need nothing more than their leader reaped.
         self.leftovers
             .retain_mut(|c| c.has_descendants() || !c.kill());
         let files = crate::attachments::to_json(input.context.attachments());
+        let outbox = Outbox::create(&self.options.outbox)
+            .map_err(|e| failed("cannot make the turn's outbox", e))?;
+        let outbox_dir = outbox
+            .as_ref()
+            .map(|o| o.path().to_string_lossy().into_owned())
+            .unwrap_or_default();
         let mut vars = turn_vars(input).to_vec();
         vars.push(("TURNSTILE_ATTACHMENTS", &files));
+        vars.push(("TURNSTILE_OUTBOX", &outbox_dir));
         let env = self.options.env.build(&vars);
         let mut child = ContainedChild::spawn(&self.command, &env)
             .map_err(|e| failed("cannot run agent command", e))?;
@@ -106,7 +121,7 @@ impl ExecAgent {
         let exit = pipes.until_exit(&mut child, &wake, &mut out)?;
         pipes.finish(&mut out);
         self.keep_if_running(child, input.session);
-        Ok((exit, out))
+        Ok((exit, out, outbox))
     }
 
     /// Keeps a finished turn's tree while something of it still runs (killing the oldest
@@ -275,12 +290,18 @@ impl Pipes {
 
 impl Agent for ExecAgent {
     fn turn(&mut self, input: &TurnInput<'_>, cancel: &CancelToken) -> Result<String, TurnError> {
-        let (exit, out) = self.run(input, cancel)?;
+        self.attached.clear();
+        let (exit, out, outbox) = self.run(input, cancel)?;
         let truncated = out.truncated();
         let mut text = String::from_utf8_lossy(&out.into_vec()).into_owned();
         if exit.success() {
             if !truncated && text.ends_with('\n') {
                 text.pop();
+            }
+            if let Some(outbox) = outbox {
+                let taken = outbox.take_all();
+                text = taken.annotate(text);
+                self.attached = taken.files;
             }
             return Ok(text);
         }
@@ -293,6 +314,10 @@ impl Agent for ExecAgent {
         let shown = crate::text::prefix(text, ERROR_TEXT_MAX);
         let more = if shown.len() < text.len() { "…" } else { "" };
         Err(TurnError::Failed(format!("{exit}: {shown}{more}").into()))
+    }
+
+    fn turn_attachments(&mut self) -> Vec<crate::Attachment> {
+        std::mem::take(&mut self.attached)
     }
 
     fn close(&mut self) -> Result<(), crate::agent::AgentError> {
@@ -308,6 +333,7 @@ mod tests {
     use super::*;
     use crate::agent::Partials;
     use crate::message::MessageContext;
+    use std::path::Path;
 
     fn agent(cmd: &str, max_output_bytes: usize) -> ExecAgent {
         let options = ExecOptions {
@@ -339,6 +365,50 @@ mod tests {
         with_input(text, |input| {
             agent(cmd, DEFAULT_MAX_REPLY_BYTES).turn(input, &CancelToken::new())
         })
+    }
+
+    /// Issue 36 row 3: what the command leaves in `$TURNSTILE_OUTBOX` is attached to the
+    /// reply (moved into the spool with its sha256); a failed turn attaches nothing and
+    /// leaves nothing behind.
+    #[test]
+    fn the_files_left_in_the_outbox_are_attached_and_a_failed_turn_leaves_none() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let spool = crate::attachments::open_spool(&tmp.path().join("spool")).expect("spool");
+        let options = ExecOptions {
+            outbox: crate::AttachmentLimits {
+                dir: Some(spool.clone()),
+                ..crate::AttachmentLimits::default()
+            },
+            ..ExecOptions::default()
+        };
+        let cmd =
+            r#"printf hello > "$TURNSTILE_OUTBOX/a.txt"; echo "$TURNSTILE_OUTBOX"; exit $(cat)"#;
+        let mut a = ExecAgent::new(&cmd.into(), &Arc::new(options));
+        let out = with_input("0", |input| a.turn(input, &CancelToken::new())).expect("reply");
+        assert!(
+            out.starts_with(&spool.to_string_lossy().into_owned()),
+            "{out}"
+        );
+        assert!(
+            !Path::new(&out).exists(),
+            "the outbox is removed after the turn"
+        );
+        let files = a.turn_attachments();
+        assert_eq!(files.len(), 1);
+        assert_eq!((files[0].name.as_str(), files[0].size), ("a.txt", 5));
+        assert_eq!(
+            files[0].sha256.as_deref(),
+            Some("2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824")
+        );
+        let path = files[0].path.clone().expect("path");
+        assert_eq!(std::fs::read(&path).expect("in the spool"), b"hello");
+        assert!(a.turn_attachments().is_empty(), "taken once");
+        std::fs::remove_file(path).expect("rm");
+        let failed = with_input("3", |input| a.turn(input, &CancelToken::new()));
+        assert!(failed.is_err());
+        assert!(a.turn_attachments().is_empty());
+        let left = std::fs::read_dir(&spool).expect("spool").count();
+        assert_eq!(left, 0, "a failed turn's outbox is gone");
     }
 
     #[test]
@@ -455,7 +525,7 @@ mod tests {
     #[test]
     fn one_gigabyte_of_output_is_read_through_a_bounded_buffer() {
         let cap = 64 * 1024;
-        let (exit, out) = with_input("", |input| {
+        let (exit, out, _) = with_input("", |input| {
             agent("head -c 1000000000 /dev/zero; echo done >&2", cap)
                 .run(input, &CancelToken::new())
                 .expect("ran")

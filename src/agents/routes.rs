@@ -352,14 +352,21 @@ impl Agent for RoutedAgent {
         }
     }
 
-    // The wrapper is invisible: the access policy's token count and the durable conversation
-    // are the routed agent's own.
+    // The wrapper is invisible: the access policy's token count, the durable conversation and
+    // the files attached are the routed agent's own.
     fn turn_usage(&self) -> Option<AgentUsage> {
         self.inner.as_ref().and_then(|a| a.turn_usage())
     }
 
     fn durable_memory(&mut self) -> Option<Vec<(String, String)>> {
         self.inner.as_mut().and_then(|a| a.durable_memory())
+    }
+
+    fn turn_attachments(&mut self) -> Vec<crate::Attachment> {
+        self.inner
+            .as_mut()
+            .map(|a| a.turn_attachments())
+            .unwrap_or_default()
     }
 }
 

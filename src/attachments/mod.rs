@@ -209,13 +209,24 @@ pub(crate) fn spool_used(dir: &Path) -> io::Result<u64> {
     Ok(used)
 }
 
-/// Removes the spool's regular files that `keep` does not name (orphans of a previous run);
-/// returns how many went. Files still being written (`*.part`) are left alone.
+/// Removes the spool's regular files that `keep` does not name (orphans of a previous run)
+/// and the turn outboxes a crash left; returns how many went. Files still being written
+/// (`*.part`) are left alone.
 pub(crate) fn sweep(dir: &Path, keep: &std::collections::HashSet<PathBuf>) -> io::Result<usize> {
     let mut removed = 0;
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let path = entry.path();
+        if entry.file_type()?.is_dir()
+            && entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(outbox::OUTBOX_PREFIX)
+        {
+            std::fs::remove_dir_all(&path)?;
+            removed += 1;
+            continue;
+        }
         let partial = path.extension().is_some_and(|e| e == "part");
         if entry.file_type()?.is_file() && !partial && !keep.contains(&path) {
             std::fs::remove_file(&path)?;
@@ -226,7 +237,11 @@ pub(crate) fn sweep(dir: &Path, keep: &std::collections::HashSet<PathBuf>) -> io
 }
 
 mod janitor;
+mod outbox;
 #[cfg(test)]
 mod tests;
 
 pub(crate) use janitor::Janitor;
+#[cfg_attr(not(feature = "cli"), allow(unused_imports))] // the bridges' (feature `cli`)
+pub(crate) use outbox::human_size;
+pub(crate) use outbox::{Outbox, Requested, take_requested};

@@ -8,7 +8,7 @@ fn memories(fx: Vec<Effect<(), u64>>) -> Vec<(Arc<str>, Option<MemoryUpdate>)> {
     fx.into_iter()
         .filter_map(|f| match f {
             Effect::Emit { event, .. } => match event.kind {
-                EventKind::Finished(Outcome::Reply(r)) => Some((event.id, r.memory)),
+                EventKind::Finished(Outcome::Reply(mut r)) => Some((event.id, r.take_memory())),
                 _ => None,
             },
             _ => None,

@@ -298,6 +298,16 @@ pub struct Reply {
     /// The tokens (prompt + completion) the agent reported for this turn
     /// ([`Agent::turn_usage`](crate::Agent::turn_usage)); `None` when it reports none.
     pub tokens: Option<u64>,
+    /// What travels with it besides its text, if anything: boxed, as most replies carry
+    /// nothing more and every event is the size of a reply.
+    pub(crate) extras: Option<Box<ReplyExtras>>,
+}
+
+/// What a reply carries besides its text.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ReplyExtras {
+    /// Files the agent attached ([`Reply::attachments`]).
+    pub(crate) attachments: Vec<crate::Attachment>,
     /// What the reply changes in the session's durable conversation (the openai agent's
     /// history, `/new`'s clear), journaled with its outcome; not part of the reply's value.
     pub(crate) memory: Option<MemoryUpdate>,
@@ -311,13 +321,41 @@ impl Reply {
             text,
             truncated,
             tokens: None,
-            memory: None,
+            extras: None,
         }
     }
 
-    /// The same reply, carrying `memory` to its outcome record.
-    pub(crate) fn remembering(self, memory: Option<MemoryUpdate>) -> Reply {
-        Reply { memory, ..self }
+    /// Files the agent attached ([`Agent::turn_attachments`](crate::Agent::turn_attachments)):
+    /// in the gateway's spool, sent with the terminal `reply` (`attachments`,
+    /// docs/protocol.md) and deleted once the reply is delivered.
+    pub fn attachments(&self) -> &[crate::Attachment] {
+        self.extras
+            .as_ref()
+            .map_or(&[], |e| e.attachments.as_slice())
+    }
+
+    /// The same reply, carrying `memory` to its outcome record (`None`: nothing, whatever
+    /// it carried before).
+    pub(crate) fn remembering(mut self, memory: Option<MemoryUpdate>) -> Reply {
+        match (&mut self.extras, memory) {
+            (Some(extras), memory) => extras.memory = memory,
+            (None, Some(memory)) => self.extras.get_or_insert_default().memory = Some(memory),
+            (None, None) => {}
+        }
+        self
+    }
+
+    /// The same reply, carrying the files its agent attached.
+    pub(crate) fn attaching(mut self, files: Vec<crate::Attachment>) -> Reply {
+        if !files.is_empty() {
+            self.extras.get_or_insert_default().attachments = files;
+        }
+        self
+    }
+
+    /// What the reply changes in the durable conversation, taken (for its outcome record).
+    pub(crate) fn take_memory(&mut self) -> Option<MemoryUpdate> {
+        self.extras.as_mut()?.memory.take()
     }
 }
 
@@ -325,7 +363,10 @@ impl Reply {
 /// conversation travels with them but is not what they say.
 impl PartialEq for Reply {
     fn eq(&self, other: &Reply) -> bool {
-        self.text == other.text && self.truncated == other.truncated && self.tokens == other.tokens
+        self.text == other.text
+            && self.truncated == other.truncated
+            && self.tokens == other.tokens
+            && self.attachments() == other.attachments()
     }
 }
 
@@ -337,7 +378,7 @@ impl From<String> for Reply {
             text,
             truncated: false,
             tokens: None,
-            memory: None,
+            extras: None,
         }
     }
 }

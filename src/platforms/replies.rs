@@ -453,6 +453,7 @@ mod tests {
             outcome: TerminalOutcome::Reply {
                 text: text.into(),
                 truncated: false,
+                files: Vec::new(),
             },
             redelivery: false,
         }

@@ -157,6 +157,7 @@ pub(super) fn run_turn(
                     reply.tokens = a
                         .turn_usage()
                         .map(|u| u.prompt_tokens.saturating_add(u.completion_tokens));
+                    reply = reply.attaching(attached(&mut **a, &job.session));
                     TurnResult::Reply(reply)
                 }
                 Ok(Err(TurnError::Cancelled)) => TurnResult::Cancelled,
@@ -189,6 +190,18 @@ fn remembered(agent: &mut dyn Agent, session: &SessionKey) -> Option<MemoryUpdat
             None
         }
     }
+}
+
+/// The files the agent attached to its reply; a panic there attaches none (logged), the
+/// reply stands.
+fn attached(agent: &mut dyn Agent, session: &SessionKey) -> Vec<crate::Attachment> {
+    catch_unwind(AssertUnwindSafe(|| agent.turn_attachments())).unwrap_or_else(|p| {
+        log::error!(
+            "session {session}: the agent's turn_attachments() panicked: {}; no file attached",
+            panic_text(&*p)
+        );
+        Vec::new()
+    })
 }
 
 /// Closes one agent on a cleanup-pool thread.

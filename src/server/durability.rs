@@ -26,15 +26,24 @@ impl BridgeServer {
         }
         let wall = crate::journal::now_ms();
         let recovered = store.load(wall)?;
-        // A message whose turn has not ended still needs its files; every other file in the
-        // spool is an orphan of the last run.
-        let keep = recovered
+        // A message whose turn has not ended still needs its files, a reply not yet delivered
+        // the files its agent attached; every other file in the spool is an orphan of the
+        // last run.
+        let mut keep: HashSet<PathBuf> = recovered
             .messages
             .iter()
             .filter(|m| m.outcome.is_none())
             .flat_map(|m| &m.message.fields.attachments)
-            .filter_map(|a| a.path.as_deref().map(std::path::PathBuf::from))
+            .filter_map(|a| a.path.as_deref().map(PathBuf::from))
             .collect();
+        keep.extend(
+            recovered
+                .messages
+                .iter()
+                .filter_map(|m| m.outcome.clone())
+                .flat_map(|o| crate::wire::EncodedLine::from_stored(o).attachment_paths())
+                .map(PathBuf::from),
+        );
         self.sweep_spool(&keep);
         let counts = self.bridge.recover(recovered, wall, Duration::ZERO);
         self.store = Some((Box::new(store), cfg));

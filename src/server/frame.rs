@@ -256,6 +256,7 @@ mod tests {
             text,
             truncated,
             notice: None,
+            attachments: Vec::new(),
         })
     }
 

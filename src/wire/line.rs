@@ -51,6 +51,51 @@ impl EncodedLine {
         EncodedLine::with_text(name, id, session, field, text, extra)
     }
 
+    /// The `reply` line of message `id` with the files its agent attached: the text escaped
+    /// on the way out, the entries in the tail (where [`EncodedLine::attachment_paths`] reads
+    /// them back, journaled or not). Without files, [`EncodedLine::text_op`]'s line.
+    pub(crate) fn reply(
+        id: &str,
+        session: &str,
+        text: String,
+        truncated: bool,
+        files: &[crate::Attachment],
+    ) -> EncodedLine {
+        let op = TextOp::Reply { truncated };
+        if files.is_empty() {
+            return EncodedLine::text_op(op, id, session, text);
+        }
+        let mut extra = String::new();
+        if truncated {
+            extra.push_str(",\"truncated\":true");
+        }
+        extra.push_str(",\"attachments\":");
+        extra.push_str(&crate::attachments::to_json(files));
+        let (head, tail) = envelope("reply", id, session, "text", &extra);
+        EncodedLine::Text { head, text, tail }
+    }
+
+    /// The paths of the files a `reply` line carries (none for any other line): what is
+    /// deleted from the spool once the reply is delivered.
+    pub(crate) fn attachment_paths(&self) -> Vec<String> {
+        let EncodedLine::Text { head, tail, .. } = self else {
+            return Vec::new();
+        };
+        if !head.starts_with(b"{\"op\":\"reply\"") || !tail.starts_with(b"\",") {
+            return Vec::new();
+        }
+        #[derive(serde::Deserialize)]
+        struct Tail {
+            #[serde(default)]
+            attachments: Vec<crate::Attachment>,
+        }
+        // The tail after the text's closing quote and comma, as an object of its own.
+        let object = [b"{".as_slice(), &tail[2..]].concat();
+        serde_json::from_slice::<Tail>(&object)
+            .map(|t| t.attachments.into_iter().filter_map(|a| a.path).collect())
+            .unwrap_or_default()
+    }
+
     /// `{"op":<op>,"id":<id>,"session":<session>,"<field>":"<text>"<extra>}\n`, escaped at once
     /// when short, else on the way out.
     fn with_text(
@@ -61,20 +106,7 @@ impl EncodedLine {
         text: String,
         extra: &str,
     ) -> EncodedLine {
-        let mut head = Vec::with_capacity(64 + id.len() + session.len());
-        head.extend_from_slice(b"{\"op\":\"");
-        head.extend_from_slice(op.as_bytes());
-        head.extend_from_slice(b"\",\"id\":");
-        push_json_str(&mut head, id);
-        head.extend_from_slice(b",\"session\":");
-        push_json_str(&mut head, session);
-        head.extend_from_slice(b",\"");
-        head.extend_from_slice(field.as_bytes());
-        head.extend_from_slice(b"\":\"");
-        let mut tail = Vec::with_capacity(4 + extra.len());
-        tail.push(b'"');
-        tail.extend_from_slice(extra.as_bytes());
-        tail.extend_from_slice(b"}\n");
+        let (head, tail) = envelope(op, id, session, field, extra);
         if text.len() <= EAGER_TEXT {
             let mut line = head;
             push_escaped(&mut line, &text);
@@ -121,6 +153,26 @@ impl EncodedLine {
             EncodedLine::Text { head, text, tail } => head.len() + text.len() + tail.len(),
         }
     }
+}
+
+/// The line around a text: `{"op":<op>,"id":<id>,"session":<session>,"<field>":"` and
+/// `"<extra>}\n`.
+fn envelope(op: &str, id: &str, session: &str, field: &str, extra: &str) -> (Vec<u8>, Vec<u8>) {
+    let mut head = Vec::with_capacity(64 + id.len() + session.len());
+    head.extend_from_slice(b"{\"op\":\"");
+    head.extend_from_slice(op.as_bytes());
+    head.extend_from_slice(b"\",\"id\":");
+    push_json_str(&mut head, id);
+    head.extend_from_slice(b",\"session\":");
+    push_json_str(&mut head, session);
+    head.extend_from_slice(b",\"");
+    head.extend_from_slice(field.as_bytes());
+    head.extend_from_slice(b"\":\"");
+    let mut tail = Vec::with_capacity(4 + extra.len());
+    tail.push(b'"');
+    tail.extend_from_slice(extra.as_bytes());
+    tail.extend_from_slice(b"}\n");
+    (head, tail)
 }
 
 /// Appends `s` as a JSON string, quotes included.

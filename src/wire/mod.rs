@@ -257,6 +257,10 @@ pub(crate) enum ServerOp<S = String> {
         /// `denied`, `rate_limited`, `admin` or `ignored` (an empty text not to be shown).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         notice: Option<S>,
+        /// Files the agent attached, in the gateway's spool (the message's entries: `name`,
+        /// `mime`, `size`, `sha256`, `path`); deleted once the reply is delivered.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        attachments: Vec<Attachment>,
     },
     /// The reply so far of a running turn (best effort; the terminal `reply` has it all).
     /// Written through [`EncodedLine`], as `reply`.

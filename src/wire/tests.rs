@@ -298,14 +298,18 @@ mod round_trip {
                 text(),
                 text(),
                 any::<bool>(),
-                proptest::option::of(text())
+                proptest::option::of(text()),
+                proptest::collection::vec(attachment(), 0..3),
             )
-                .prop_map(|(id, session, text, truncated, notice)| ServerOp::Reply {
-                    id,
-                    session,
-                    text,
-                    truncated,
-                    notice,
+                .prop_map(|(id, session, text, truncated, notice, attachments)| {
+                    ServerOp::Reply {
+                        id,
+                        session,
+                        text,
+                        truncated,
+                        notice,
+                        attachments,
+                    }
                 }),
             (text(), text(), text()).prop_map(|(id, session, text)| ServerOp::Partial {
                 id,
@@ -331,6 +335,28 @@ mod round_trip {
             proptest::option::of(1usize..1 << 30)
                 .prop_map(|max_line_bytes| ServerOp::Pong { max_line_bytes }),
         ]
+    }
+
+    /// A file entry, any of its optional fields set or not.
+    fn attachment() -> impl Strategy<Value = crate::Attachment> {
+        (
+            text(),
+            text(),
+            any::<u64>(),
+            proptest::option::of(text()),
+            proptest::option::of(text()),
+            proptest::option::of(text()),
+        )
+            .prop_map(
+                |(name, mime, size, sha256, path, skipped)| crate::Attachment {
+                    name,
+                    mime,
+                    size,
+                    sha256,
+                    path,
+                    skipped,
+                },
+            )
     }
 
     /// The op as the server holds it: its strings borrowed.
@@ -379,12 +405,14 @@ mod round_trip {
                 text,
                 truncated,
                 notice,
+                attachments,
             } => ServerOp::Reply {
                 id,
                 session,
                 text,
                 truncated: *truncated,
                 notice: notice.as_deref(),
+                attachments: attachments.clone(),
             },
             ServerOp::Partial { id, session, text } => ServerOp::Partial { id, session, text },
             ServerOp::Cancelled {
@@ -408,36 +436,32 @@ mod round_trip {
     /// The line the frame encoder writes for an op that carries a long text, as the socket
     /// gets it.
     fn streamed(op: &ServerOp) -> Option<Vec<u8>> {
-        let (kind, id, session, text) = match op {
+        let body = match op {
             ServerOp::Reply {
                 id,
                 session,
                 text,
                 truncated,
                 notice: None,
-            } => (
-                TextOp::Reply {
-                    truncated: *truncated,
-                },
-                id,
-                session,
-                text,
-            ),
-            ServerOp::Partial { id, session, text } => (TextOp::Partial, id, session, text),
-            ServerOp::Failed { id, session, error } => (TextOp::Failed, id, session, error),
+                attachments,
+            } => EncodedLine::reply(id, session, text.clone(), *truncated, attachments),
+            ServerOp::Partial { id, session, text } => {
+                EncodedLine::text_op(TextOp::Partial, id, session, text.clone())
+            }
+            ServerOp::Failed { id, session, error } => {
+                EncodedLine::text_op(TextOp::Failed, id, session, error.clone())
+            }
             _ => return None,
         };
-        Some(
-            match EncodedLine::text_op(kind, id, session, text.clone()) {
-                EncodedLine::Line(line) => line,
-                EncodedLine::Text { head, text, tail } => {
-                    let mut line = head;
-                    push_escaped(&mut line, &text);
-                    line.extend_from_slice(&tail);
-                    line
-                }
-            },
-        )
+        Some(match body {
+            EncodedLine::Line(line) => line,
+            EncodedLine::Text { head, text, tail } => {
+                let mut line = head;
+                push_escaped(&mut line, &text);
+                line.extend_from_slice(&tail);
+                line
+            }
+        })
     }
 
     proptest! {
@@ -466,6 +490,19 @@ mod round_trip {
             // The frame encoder writes a long-text op byte for byte as `encode` does.
             if let Some(streamed) = streamed(&op) {
                 prop_assert_eq!(streamed, line);
+            }
+            // A reply's files are found in its line, journaled or not, marked or not (what
+            // the spool deletes once it is delivered).
+            if let ServerOp::Reply { id, session, text, truncated, notice: None, attachments } = &op {
+                let mut frame = EncodedLine::reply(id, session, text.clone(), *truncated, attachments);
+                let paths: Vec<String> = attachments.iter().filter_map(|a| a.path.clone()).collect();
+                prop_assert_eq!(&frame.attachment_paths(), &paths);
+                frame = EncodedLine::from_stored(frame.to_stored());
+                if let EncodedLine::Text { tail, .. } = &mut frame {
+                    tail.truncate(tail.len() - 2);
+                    tail.extend_from_slice(REDELIVERY_MARK);
+                }
+                prop_assert_eq!(frame.attachment_paths(), paths);
             }
         }
     }

@@ -66,6 +66,9 @@ pub struct ProcessOptions {
     /// How long a turn's line may sit unread in the process's stdin: past it the process is
     /// taken for stuck, the turn fails and the process is replaced.
     pub stdin_drain: Duration,
+    /// The spool and bounds of each turn's outbox (the `turn` line's `outbox`; a `reply`'s
+    /// `attachments` name files in it). Without a `dir` a turn gets no outbox.
+    pub outbox: crate::AttachmentLimits,
 }
 
 impl ProcessOptions {
@@ -79,6 +82,7 @@ impl ProcessOptions {
             stop_grace: DEFAULT_STOP_GRACE,
             close_grace: DEFAULT_CLOSE_GRACE,
             stdin_drain: DEFAULT_STDIN_DRAIN,
+            outbox: crate::AttachmentLimits::default(),
         }
     }
 }
@@ -131,6 +135,8 @@ pub struct ProcessAgent {
     options: Arc<ProcessOptions>,
     session: SessionKey,
     live: Option<Live>,
+    /// The files the last turn's reply attached, until the worker takes them.
+    attached: Vec<crate::Attachment>,
 }
 
 impl ProcessAgent {
@@ -142,6 +148,7 @@ impl ProcessAgent {
                 options: Arc::clone(&options),
                 session: session.clone(),
                 live: None,
+                attached: Vec::new(),
             };
             agent
                 .start()
@@ -233,8 +240,17 @@ impl ProcessAgent {
         let Some(live) = &mut self.live else {
             return Err("no agent process".into());
         };
-        match turn::run(live, input, cancel, &self.options)? {
-            Ended::Answered(result) => Ok(result),
+        let outbox = crate::attachments::Outbox::create(&self.options.outbox)
+            .map_err(|e| format!("cannot make the turn's outbox: {e}"))?;
+        let dir = outbox.as_ref().map(|o| o.path());
+        match turn::run(live, input, dir, cancel, &self.options)? {
+            Ended::Answered(Ok(text), files) => {
+                let taken = crate::attachments::take_requested(outbox, &files);
+                let text = taken.annotate(text);
+                self.attached = taken.files;
+                Ok(Ok(text))
+            }
+            Ended::Answered(result, _) => Ok(result),
             Ended::CancelIgnored => {
                 log::warn!(
                     "session {}: agent process did not answer cancel within {:?}; killing its process tree",
@@ -250,6 +266,7 @@ impl ProcessAgent {
 
 impl Agent for ProcessAgent {
     fn turn(&mut self, input: &TurnInput<'_>, cancel: &CancelToken) -> Result<String, TurnError> {
+        self.attached.clear();
         self.ensure_live()?;
         match self.run_turn(input, cancel) {
             Ok(result) => result,
@@ -266,6 +283,10 @@ impl Agent for ProcessAgent {
                 Err(TurnError::Failed(why.into()))
             }
         }
+    }
+
+    fn turn_attachments(&mut self) -> Vec<crate::Attachment> {
+        std::mem::take(&mut self.attached)
     }
 
     fn close(&mut self) -> Result<(), crate::agent::AgentError> {
@@ -751,6 +772,7 @@ mod tests {
                 options: Arc::new(ProcessOptions::new(
                     "read -r line; exec 1>&-; exec sleep 300",
                 )),
+                attached: Vec::new(),
                 session: key(),
                 live: None,
             };
@@ -836,7 +858,8 @@ mod tests {
             parse(r#"{"op":"reply","id":"1","text":"t","extra":1}"#).ok(),
             Some(FromAgent::Reply {
                 id: "1".into(),
-                text: "t".into()
+                text: "t".into(),
+                attachments: Vec::new(),
             })
         );
         assert_eq!(

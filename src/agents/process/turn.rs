@@ -45,6 +45,9 @@ pub(super) enum FromAgent {
     Reply {
         id: String,
         text: String,
+        /// Files of the turn's outbox to attach (docs/agent-protocol.md).
+        #[serde(default)]
+        attachments: Vec<crate::attachments::Requested>,
     },
     Error {
         id: String,
@@ -57,8 +60,12 @@ pub(super) enum FromAgent {
 
 /// How a turn ended, when the process is still usable or the agent has to act.
 pub(super) enum Ended {
-    /// The process answered the turn (an `error` after `cancel` is a cancellation).
-    Answered(Result<String, TurnError>),
+    /// The process answered the turn (an `error` after `cancel` is a cancellation), with the
+    /// files its reply named.
+    Answered(
+        Result<String, TurnError>,
+        Vec<crate::attachments::Requested>,
+    ),
     /// The turn was cancelled and the process did not answer `cancel` within three quarters
     /// of the stop grace: its tree is to be killed.
     CancelIgnored,
@@ -69,10 +76,13 @@ pub(super) enum Ended {
 pub(super) fn run(
     live: &mut Live,
     input: &TurnInput<'_>,
+    outbox: Option<&std::path::Path>,
     cancel: &CancelToken,
     options: &ProcessOptions,
 ) -> Result<Ended, String> {
-    live.queue(&turn_line(input));
+    let mut line = turn_line(input);
+    line["outbox"] = json!(outbox.map(|p| p.to_string_lossy()));
+    live.queue(&line);
     if live.pending.len() > MAX_UNREAD_STDIN {
         return Err(format!(
             "the agent process left more than {MAX_UNREAD_STDIN} bytes of its stdin unread"
@@ -110,6 +120,12 @@ fn turn_line(input: &TurnInput<'_>) -> Value {
         "thread_id": s.thread_id(),
     })
 }
+
+/// A turn's answer: the reply's text or the error, and the files the reply names.
+type Answer = (
+    Result<String, TurnError>,
+    Vec<crate::attachments::Requested>,
+);
 
 /// A turn in progress.
 struct Turn<'a> {
@@ -155,8 +171,8 @@ impl<'a> Turn<'a> {
     fn step(&mut self, live: &mut Live) -> Result<Option<Ended>, String> {
         live.flush();
         let state = self.read(live)?;
-        if let Some(answer) = self.take_lines(live)? {
-            return Ok(Some(Ended::Answered(answer)));
+        if let Some((answer, files)) = self.take_lines(live)? {
+            return Ok(Some(Ended::Answered(answer, files)));
         }
         if state == ReadState::Eof {
             // Nothing more can come: a process that closed its stdout (or exited) without
@@ -226,8 +242,8 @@ impl<'a> Turn<'a> {
     }
 
     /// Takes the complete lines read: partials are published, lines for other turns
-    /// ignored; this turn's `reply` or `error` is its answer.
-    fn take_lines(&self, live: &mut Live) -> Result<Option<Result<String, TurnError>>, String> {
+    /// ignored; this turn's `reply` (with the files it names) or `error` is its answer.
+    fn take_lines(&self, live: &mut Live) -> Result<Option<Answer>, String> {
         let id = self.input.message_id;
         while let Some(line) = live.lines.next_line() {
             let line = line.map_err(|e| {
@@ -246,16 +262,21 @@ impl<'a> Turn<'a> {
                         self.input.partials.publish(shown);
                     }
                 }
-                FromAgent::Reply { id: i, text } if i == id => {
+                FromAgent::Reply {
+                    id: i,
+                    text,
+                    attachments,
+                } if i == id => {
                     live.answered = true;
-                    return Ok(Some(Ok(text)));
+                    return Ok(Some((Ok(text), attachments)));
                 }
                 FromAgent::Error { id: i, message } if i == id => {
                     live.answered = true;
                     if self.kill_at.is_some() {
-                        return Ok(Some(Err(TurnError::Cancelled)));
+                        return Ok(Some((Err(TurnError::Cancelled), Vec::new())));
                     }
-                    return Ok(Some(Err(TurnError::Failed(bounded(message).into()))));
+                    let failed = TurnError::Failed(bounded(message).into());
+                    return Ok(Some((Err(failed), Vec::new())));
                 }
                 FromAgent::Unknown => {}
                 other => log::debug!(

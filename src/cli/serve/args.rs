@@ -363,13 +363,16 @@ pub(crate) struct ServeArgs {
     #[arg(long, value_name = "DIR")]
     pub(super) attachments_dir: Option<PathBuf>,
     /// Largest attachment: a bridge skips a larger file (the entry kept, `skipped` saying
-    /// why), the gateway refuses a message naming one.
+    /// why), the gateway refuses a message naming one and leaves out (said in the reply) a
+    /// larger file an agent attaches.
     #[arg(long)]
     pub(super) max_attachment_bytes: Option<Bytes>,
-    /// Attachments one message may carry (more: `reject invalid`).
+    /// Attachments one message may carry (more: `reject invalid`), and one reply (more are
+    /// left out, said in the reply).
     #[arg(long)]
     pub(super) max_attachments: Option<usize>,
-    /// Bytes the spool may hold in all: a bridge skips a file that does not fit.
+    /// Bytes the spool may hold in all: a bridge skips a file that does not fit, an agent's
+    /// reply leaves it out (said).
     #[arg(long)]
     pub(super) attachments_bytes: Option<Bytes>,
     /// Run as one of several instances sharing this Redis (`redis://HOST:PORT`): sessions

@@ -46,6 +46,7 @@ fn agent_factory(s: &Settings, spec: &AgentSpec) -> Result<Arc<dyn AgentFactory>
             ExecOptions {
                 env: spec.env.clone(),
                 max_output_bytes: s.max_reply_bytes,
+                outbox: s.bridge.attachments.clone(),
             },
         )),
         (AgentKind::Process, Some(cmd), _) => Arc::new(ProcessAgent::factory(ProcessOptions {
@@ -55,6 +56,7 @@ fn agent_factory(s: &Settings, spec: &AgentSpec) -> Result<Arc<dyn AgentFactory>
             max_line_bytes: spec.max_line_bytes,
             stop_grace: s.core.config.stop_grace,
             close_grace: spec.close_grace,
+            outbox: s.bridge.attachments.clone(),
             ..ProcessOptions::new(cmd)
         })),
         (AgentKind::Openai, _, Some(cfg)) => {
@@ -152,6 +154,9 @@ pub(super) fn reload_loader(
     let tls_on = initial.tls.is_some();
     let last_key = Mutex::new(factory_key(initial));
     let memory = initial.memory.clone();
+    // The spool made at start (its canonical path, or the private temporary directory):
+    // a new factory's outboxes go there, whatever the flags now say (a restart applies them).
+    let spool = initial.bridge.attachments.clone();
     Arc::new(move || {
         let mut new = resolve(flags.clone())?;
         new.memory = memory.clone();
@@ -168,6 +173,7 @@ pub(super) fn reload_loader(
             echo_delay: new.agents[0].echo_delay,
             ..fixed_top.clone()
         };
+        new.bridge.attachments = spool.clone();
         let key = factory_key(&new);
         let mut last = last_key.lock().unwrap_or_else(|e| e.into_inner());
         let factory = if *last != key {

@@ -56,6 +56,9 @@ pub(crate) enum TerminalOutcome {
         text: String,
         /// The reply was cut at the gateway's `--max-reply-bytes`.
         truncated: bool,
+        /// Files the agent attached, in the gateway's spool: a bridge that can uploads
+        /// them before it confirms the reply; the others show [`omitted`] lines.
+        files: Vec<crate::Attachment>,
     },
     /// Cancelled: `stopped`, `reset`, `interrupted` or `shutdown`.
     Cancelled {
@@ -79,17 +82,53 @@ pub(crate) enum TerminalOutcome {
 
 impl TerminalOutcome {
     /// What a chat shows for this outcome; `None` for a merge (the carrier's reply says it).
+    /// A reply's files are named in [`omitted`] lines: what a bridge that cannot upload them
+    /// shows (IRC, Discord, Slack).
     pub(crate) fn chat_text(&self) -> Option<String> {
-        match self {
-            TerminalOutcome::Reply { text, truncated } if *truncated => {
-                Some(format!("{text}\n[reply truncated by the gateway]"))
+        let mut text = self.text_without_files()?;
+        if let TerminalOutcome::Reply { files, .. } = self {
+            for line in files.iter().map(omitted) {
+                if !text.is_empty() {
+                    text.push('\n');
+                }
+                text.push_str(&line);
             }
+        }
+        Some(text)
+    }
+
+    /// The files a reply carries (none for any other outcome).
+    pub(crate) fn files(&self) -> &[crate::Attachment] {
+        match self {
+            TerminalOutcome::Reply { files, .. } => files,
+            _ => &[],
+        }
+    }
+
+    /// [`TerminalOutcome::chat_text`] without the files' lines: for a bridge that uploads
+    /// them.
+    pub(crate) fn text_without_files(&self) -> Option<String> {
+        match self {
+            TerminalOutcome::Reply {
+                text,
+                truncated: true,
+                ..
+            } => Some(format!("{text}\n[reply truncated by the gateway]")),
             TerminalOutcome::Reply { text, .. } => Some(text.clone()),
             TerminalOutcome::Cancelled { reason } => Some(format!("[cancelled: {reason}]")),
             TerminalOutcome::Failed { error } => Some(format!("[failed: {error}]")),
             TerminalOutcome::Merged { .. } | TerminalOutcome::Ignored => None,
         }
     }
+}
+
+/// The line a chat shows for a file it is not sent: `(file omitted: NAME, SIZE)`.
+pub(crate) fn omitted(file: &crate::Attachment) -> String {
+    format!(
+        "(file omitted: {}, {})",
+        file.name,
+        crate::attachments::human_size(file.size)
+    )
 }
 
 /// A terminal event: the one result of an accepted message.

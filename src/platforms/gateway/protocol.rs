@@ -109,8 +109,17 @@ fn terminal(op: ServerOp, redelivery: bool) -> Option<TerminalEvent> {
             session,
             text,
             truncated,
+            attachments,
             ..
-        } => (id, session, TerminalOutcome::Reply { text, truncated }),
+        } => (
+            id,
+            session,
+            TerminalOutcome::Reply {
+                text,
+                truncated,
+                files: attachments,
+            },
+        ),
         ServerOp::Cancelled {
             id,
             session,

@@ -334,3 +334,37 @@ fn held_messages_are_given_up_after_max_hold_and_bounded_by_max_held() {
     assert_eq!(gw.pending(), 0);
     gw.shutdown();
 }
+
+/// Issue 36 row 3: a bridge that cannot upload (IRC, Discord, Slack) shows one line per
+/// file the reply carries; one that uploads takes the text without them.
+#[test]
+fn a_replys_files_are_one_omission_line_each_where_they_are_not_uploaded() {
+    let file = |name: &str, size: u64| crate::Attachment {
+        name: name.into(),
+        mime: String::new(),
+        size,
+        sha256: None,
+        path: Some(format!("/spool/{name}")),
+        skipped: None,
+    };
+    let outcome = TerminalOutcome::Reply {
+        text: "the plot".into(),
+        truncated: false,
+        files: vec![file("plot.png", 123_456), file("data.csv", 12)],
+    };
+    assert_eq!(
+        outcome.chat_text().as_deref(),
+        Some("the plot\n(file omitted: plot.png, 120.6 KiB)\n(file omitted: data.csv, 12 B)")
+    );
+    assert_eq!(outcome.text_without_files().as_deref(), Some("the plot"));
+    assert_eq!(outcome.files().len(), 2);
+    let only_files = TerminalOutcome::Reply {
+        text: String::new(),
+        truncated: false,
+        files: vec![file("a.txt", 1)],
+    };
+    assert_eq!(
+        only_files.chat_text().as_deref(),
+        Some("(file omitted: a.txt, 1 B)")
+    );
+}

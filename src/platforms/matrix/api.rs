@@ -200,7 +200,17 @@ impl Api {
                 self.http.run(request)
             }
         };
-        let mut response = result.map_err(|e| ApiError::Transport(describe(&e, &what)))?;
+        let response = result.map_err(|e| ApiError::Transport(describe(&e, &what)))?;
+        self.answer(what, response)
+    }
+
+    /// A response as [`Api::request`] returns it: what it was, the status and the body of a
+    /// 2xx answer; any other answer as its error.
+    fn answer(
+        &self,
+        what: String,
+        mut response: ureq::http::Response<ureq::Body>,
+    ) -> Result<(String, u16, String), ApiError> {
         let status = response.status().as_u16();
         let retry_header = response
             .headers()
@@ -281,6 +291,46 @@ impl Api {
         Err(ApiError::BadResponse(
             "media download: no endpoint answered".into(),
         ))
+    }
+
+    /// `POST /_matrix/media/v3/upload` of the spool file of `file`, streamed from the disk
+    /// (issue 36): its `mxc://` URI.
+    pub(crate) fn upload(&self, file: &crate::Attachment) -> Result<String, ApiError> {
+        let what = "POST /_matrix/media/v3/upload".to_owned();
+        let bad = |e: String| ApiError::BadResponse(format!("{what}: {e}"));
+        let path = file.path.as_deref().ok_or_else(|| bad("no file".into()))?;
+        let data = std::fs::File::open(path).map_err(|e| bad(format!("cannot read it: {e}")))?;
+        let size = data
+            .metadata()
+            .map_err(|e| bad(format!("cannot read it: {e}")))?
+            .len();
+        let mime = if file.mime.is_empty() {
+            "application/octet-stream"
+        } else {
+            &file.mime
+        };
+        let url = format!(
+            "{}/_matrix/media/v3/upload?filename={}",
+            self.base,
+            enc(&file.name)
+        );
+        let response = self
+            .http
+            .post(&url)
+            .header("Authorization", &self.auth)
+            .header("Content-Type", mime)
+            .header("Content-Length", &size.to_string())
+            .send(ureq::SendBody::from_owned_reader(data.take(size)))
+            .map_err(|e| ApiError::Transport(describe(&e, &what)))?;
+        let (what, status, text) = self.answer(what, response)?;
+        let v: Value = serde_json::from_str(&text).unwrap_or_default();
+        v["content_uri"]
+            .as_str()
+            .filter(|u| u.starts_with("mxc://"))
+            .map(str::to_owned)
+            .ok_or_else(|| {
+                ApiError::BadResponse(format!("{what}: HTTP {status} without a content_uri"))
+            })
     }
 
     /// `GET /account/whoami`: the token's user id.

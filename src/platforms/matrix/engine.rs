@@ -17,6 +17,12 @@ use super::api::{Api, ApiError};
 use super::content::{chunks_of, edit_content, new_content, partial_view};
 use super::sync::{ChatKind, HumanMessage};
 use super::{CHUNK_BYTES, STOPPED_MARKER};
+#[cfg(test)]
+pub(crate) use upload::MAX_UPLOAD_TRIES;
+use upload::PostFiles;
+
+#[path = "upload.rs"]
+mod upload;
 
 /// The calls the main loop makes on the homeserver (a trait so that the pacing rules are
 /// tested against a scripted fake).
@@ -27,6 +33,9 @@ pub(crate) trait Homeserver {
     fn typing(&mut self, room: &str, on: bool) -> Result<(), ApiError>;
     /// Moves the bot's read receipt in `room` to `event`.
     fn receipt(&mut self, room: &str, event: &str) -> Result<(), ApiError>;
+    /// Uploads a reply's file for `room`: its `mxc://` URI, or `None` when the room is
+    /// encrypted (its files are not uploaded in the clear).
+    fn upload(&mut self, room: &str, file: &crate::Attachment) -> Result<Option<String>, ApiError>;
 }
 
 /// The calls the main loop makes on the gateway.
@@ -86,6 +95,14 @@ impl Homeserver for HttpHomeserver {
     fn receipt(&mut self, room: &str, event: &str) -> Result<(), ApiError> {
         self.api.receipt(room, event)
     }
+    fn upload(&mut self, room: &str, file: &crate::Attachment) -> Result<Option<String>, ApiError> {
+        if let Some(c) = &self.crypto
+            && super::crypto::lock(c).is_encrypted(&self.api, room)?
+        {
+            return Ok(None);
+        }
+        self.api.upload(file).map(Some)
+    }
 }
 
 /// A reply in progress: the human's message and what the bot has shown for it.
@@ -127,6 +144,8 @@ struct Post {
     notice: bool,
     /// Transaction ids of the pieces after the first (fixed, so retries are idempotent).
     txn: String,
+    /// The files the result carries, sent after its text (`upload.rs`).
+    files: PostFiles,
 }
 
 /// Counts for the log and the tests.
@@ -374,6 +393,7 @@ impl<H: Homeserver> SyncEngine<H> {
                 next_chunk: 0,
                 notice: true,
                 txn,
+                files: PostFiles::default(),
             },
         );
     }
@@ -507,7 +527,8 @@ impl<H: Homeserver> SyncEngine<H> {
             },
         };
         let text = match &outcome {
-            TerminalOutcome::Reply { .. } => outcome.chat_text(),
+            // The files go as files (`upload.rs`), after the text.
+            TerminalOutcome::Reply { .. } => outcome.text_without_files(),
             TerminalOutcome::Merged { .. } | TerminalOutcome::Ignored => None,
             TerminalOutcome::Cancelled { reason } => {
                 if !shown.is_empty() {
@@ -540,7 +561,8 @@ impl<H: Homeserver> SyncEngine<H> {
             },
             if redelivery { ", redelivered" } else { "" }
         );
-        let Some(text) = text.filter(|t| !t.trim().is_empty()) else {
+        let files = PostFiles::new(outcome.files());
+        let Some(text) = text.filter(|t| !t.trim().is_empty() || !files.done()) else {
             self.forget(&id);
             gw.delivered(&id);
             return;
@@ -561,6 +583,7 @@ impl<H: Homeserver> SyncEngine<H> {
                 next_chunk: 0,
                 notice: command,
                 txn,
+                files,
             },
         );
     }
@@ -737,8 +760,7 @@ impl<H: Homeserver> SyncEngine<H> {
         gw: &mut impl GatewaySide,
     ) -> Result<(), ApiError> {
         let Some(chunk) = post.chunks.get(post.next_chunk).cloned() else {
-            self.finish(&post, gw);
-            return Ok(());
+            return self.send_file(post, now, gw);
         };
         let first = post.next_chunk == 0;
         let turn = post.id.as_ref().and_then(|id| self.turns.get(id));
@@ -815,7 +837,7 @@ impl<H: Homeserver> SyncEngine<H> {
     }
 
     fn continue_post(&mut self, post: Post, gw: &mut impl GatewaySide) {
-        if post.next_chunk >= post.chunks.len() {
+        if post.next_chunk >= post.chunks.len() && post.files.done() {
             self.finish(&post, gw);
         } else {
             let room = post.room.clone();

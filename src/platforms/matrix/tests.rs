@@ -51,6 +51,9 @@ struct FakeHs {
     txns: Vec<(String, String)>,
     typing: Vec<(String, bool)>,
     receipts: Vec<(String, String)>,
+    /// Upload answers (then the file's `mxc://fake/NAME`), and the names uploaded.
+    upload_answers: VecDeque<Result<Option<String>, ApiError>>,
+    uploads: Vec<String>,
 }
 
 impl Homeserver for FakeHs {
@@ -82,6 +85,16 @@ impl Homeserver for FakeHs {
     fn receipt(&mut self, room: &str, event: &str) -> Result<(), ApiError> {
         self.receipts.push((room.into(), event.into()));
         Ok(())
+    }
+    fn upload(
+        &mut self,
+        _room: &str,
+        file: &crate::Attachment,
+    ) -> Result<Option<String>, ApiError> {
+        self.uploads.push(file.name.clone());
+        self.upload_answers
+            .pop_front()
+            .unwrap_or_else(|| Ok(Some(format!("mxc://fake/{}", file.name))))
     }
 }
 
@@ -144,6 +157,7 @@ fn reply(text: &str) -> TerminalOutcome {
     TerminalOutcome::Reply {
         text: text.into(),
         truncated: false,
+        files: Vec::new(),
     }
 }
 
@@ -688,4 +702,80 @@ fn issue36_markdown_renders_partials_and_results_as_html_with_a_plain_body() {
     plain.settle();
     assert_eq!(plain.sent()[0].content["body"], "**done**");
     assert!(plain.sent()[0].content["formatted_body"].is_null());
+}
+
+/// Issue 36 row 3: a reply's files are posted after its text (an image as `m.image`, in
+/// the human's thread), and the result is confirmed only once they are; an upload that keeps
+/// failing is tried `MAX_UPLOAD_TRIES` times, an encrypted room's file never, and the room
+/// is told of each.
+#[test]
+fn files_follow_the_text_and_one_that_cannot_be_sent_is_told_in_the_room() {
+    let mut rig = Rig::new();
+    let mut asked = human("$q", "draw");
+    asked.thread = Some("$root".into());
+    rig.core.on_human(&asked, ChatKind::Dm, &mut rig.gw);
+    let file = |name: &str, mime: &str| crate::Attachment {
+        name: name.into(),
+        mime: mime.into(),
+        size: 2048,
+        sha256: None,
+        path: Some(format!("/spool/{name}")),
+        skipped: None,
+    };
+    let tries = super::engine::MAX_UPLOAD_TRIES;
+    rig.core
+        .homeserver_mut()
+        .upload_answers
+        .push_back(Ok(Some("mxc://fake/cat.png".into())));
+    for _ in 0..tries {
+        rig.core
+            .homeserver_mut()
+            .upload_answers
+            .push_back(Err(ApiError::Transport("reset".into())));
+    }
+    rig.core.homeserver_mut().upload_answers.push_back(Ok(None));
+    rig.gateway(result(
+        "$q",
+        TerminalOutcome::Reply {
+            text: "done".into(),
+            truncated: false,
+            files: vec![
+                file("cat.png", "image/png"),
+                file("flaky.bin", ""),
+                file("secret.txt", "text/plain"),
+            ],
+        },
+        false,
+    ));
+    for _ in 0..2 * tries {
+        rig.wait_and_settle();
+    }
+    let shown: Vec<String> = rig
+        .core
+        .homeserver()
+        .sent
+        .iter()
+        .map(|s| match s.content["msgtype"].as_str() {
+            Some("m.image") => format!("[image {}]", s.content["url"].as_str().unwrap_or("")),
+            _ => s.body().to_owned(),
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            "done",
+            "[image mxc://fake/cat.png]",
+            &format!("(file not sent: flaky.bin, 2.0 KiB: failed {tries} times: reset)"),
+            "(file not sent: secret.txt, 2.0 KiB: an encrypted room: files are not uploaded unencrypted)",
+        ]
+    );
+    let image = &rig.core.homeserver().sent[1].content;
+    assert_eq!(image["m.relates_to"]["rel_type"], "m.thread");
+    assert_eq!(image["m.relates_to"]["event_id"], "$root");
+    assert_eq!(
+        rig.core.homeserver().uploads.len(),
+        tries as usize + 2,
+        "flaky.bin tried {tries} times, no more"
+    );
+    assert_eq!(rig.gw.delivered, ["$q"]);
 }

@@ -45,6 +45,17 @@ impl std::fmt::Display for ApiError {
 pub(crate) trait BotApi {
     /// Calls `method` with `params`, waiting at most `timeout`.
     fn call(&mut self, method: &str, params: &Value, timeout: Duration) -> Result<Value, ApiError>;
+
+    /// Calls `method` (`sendPhoto`, `sendDocument`) with `params` and the spool file of
+    /// `file` as the multipart field `field`, streamed from the disk (issue 36).
+    fn upload(
+        &mut self,
+        method: &str,
+        params: &Value,
+        field: &str,
+        file: &crate::Attachment,
+        timeout: Duration,
+    ) -> Result<Value, ApiError>;
 }
 
 /// The real Bot API over ureq (a clone shares the connection pool).
@@ -150,6 +161,44 @@ impl HttpBotApi {
 impl BotApi for HttpBotApi {
     fn call(&mut self, method: &str, params: &Value, timeout: Duration) -> Result<Value, ApiError> {
         let (status, body) = self.post(method, params, timeout)?;
+        interpret(method, status, &body).map_err(redacted)
+    }
+
+    fn upload(
+        &mut self,
+        method: &str,
+        params: &Value,
+        field: &str,
+        file: &crate::Attachment,
+        timeout: Duration,
+    ) -> Result<Value, ApiError> {
+        let form = super::upload::Multipart::open(params, field, file)
+            .map_err(|e| ApiError::Permanent(format!("{method}: the file cannot be read: {e}")))?;
+        let url = format!("{}/bot{}/{method}", self.base, self.token);
+        let transient = |e: String| ApiError::Transient(redact(&e).into_owned());
+        debug_redacted!(
+            "telegram: calling {method} with a file of {} bytes",
+            file.size
+        );
+        let content_type = form.content_type();
+        let length = form.length;
+        let response = self
+            .agent
+            .post(&url)
+            .config()
+            .timeout_global(Some(timeout))
+            .build()
+            .header("Content-Type", &content_type)
+            .header("Content-Length", &length.to_string())
+            .send(ureq::SendBody::from_owned_reader(form.body))
+            .map_err(|e| transient(format!("{method}: {e}")))?;
+        let status = response.status().as_u16();
+        let body = response
+            .into_body()
+            .with_config()
+            .limit(MAX_RESPONSE_BYTES)
+            .read_to_string()
+            .map_err(|e| transient(format!("{method}: reading the answer failed: {e}")))?;
         interpret(method, status, &body).map_err(redacted)
     }
 }

@@ -48,6 +48,7 @@ mod render;
 mod tests;
 mod topics;
 mod update;
+mod upload;
 
 /// Time a non-polling API call may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);

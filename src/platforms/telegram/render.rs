@@ -10,6 +10,7 @@ use super::api::{ApiError, BotApi, chat_param, send_params};
 use super::received::Received;
 use super::topics::{in_topic, topic_of_session};
 use super::update::{chat_of, reply_target};
+use super::upload::{MAX_UPLOAD_TRIES, Outgoing, UPLOAD_TIMEOUT, not_sent};
 use super::{CALL_TIMEOUT, MAX_BACKOFF};
 use crate::platforms::BridgeError;
 use crate::platforms::gateway::{TerminalEvent, TerminalOutcome};
@@ -40,6 +41,10 @@ struct View {
     strikes: u32,
     /// The text the posted pieces were rendered from (a cancelled reply keeps it).
     source: String,
+    /// The result's files still to send, after its text (issue 36).
+    files: VecDeque<Outgoing>,
+    /// Lines for files that could not be sent, told in the chat after the last one.
+    file_notes: Vec<String>,
 }
 
 impl View {
@@ -196,10 +201,19 @@ impl Renderer {
     /// A result to show for `id`; `false` when there is nothing to show (a merge), and the
     /// result is handled already.
     pub(crate) fn result(&mut self, result: &TerminalEvent) -> bool {
-        let Some(mut text) = result.outcome.chat_text() else {
+        // A reply's files are uploaded after its text (`send_files`), not named in it.
+        let Some(mut text) = result.outcome.text_without_files() else {
             return false;
         };
+        let files: VecDeque<Outgoing> = result
+            .outcome
+            .files()
+            .iter()
+            .cloned()
+            .map(Outgoing::new)
+            .collect();
         if let Some(view) = self.views.get_mut(&result.id) {
+            view.files = files;
             // A turn cancelled or failed after partials were shown keeps what was shown,
             // with the marker appended as its last edit.
             if !matches!(result.outcome, TerminalOutcome::Reply { .. }) && !view.posted.is_empty() {
@@ -219,6 +233,9 @@ impl Renderer {
         };
         let topic = topic_of_session(&result.session);
         self.insert_view(&result.id, (chat_id, topic), None, Some(text));
+        if let Some(view) = self.views.get_mut(&result.id) {
+            view.files = files;
+        }
         true
     }
 
@@ -245,6 +262,8 @@ impl Renderer {
                 last_edit: None,
                 strikes: 0,
                 source: String::new(),
+                files: VecDeque::new(),
+                file_notes: Vec::new(),
             },
         );
         self.order.push_back(id.to_owned());
@@ -508,7 +527,13 @@ impl Renderer {
                 .map(str::to_owned)
                 .collect()
         };
-        let pieces = if pieces.is_empty() {
+        // A result that is only files shows no text of its own.
+        let files_only = final_
+            && !view.files.is_empty()
+            && view.result.as_deref().is_some_and(|t| t.trim().is_empty());
+        let pieces = if files_only {
+            Vec::new()
+        } else if pieces.is_empty() {
             vec!["[empty reply]".to_owned()]
         } else {
             pieces
@@ -531,7 +556,103 @@ impl Renderer {
                 Err(e) => return self.piece_failed(id, i, final_, &e, now, &what),
             }
         }
+        if final_ && let Some(wait) = self.send_files(api, id, now)? {
+            return Ok(wait);
+        }
         self.rendered(id, now, final_)
+    }
+
+    /// Sends reply `id`'s files once its text is shown, one upload each (issue 36): `Some`
+    /// while one waits to be tried again; `None` once every file is sent or given up, a
+    /// file given up told in the chat (never retried forever: [`MAX_UPLOAD_TRIES`]).
+    fn send_files(
+        &mut self,
+        api: &mut dyn BotApi,
+        id: &str,
+        now: Instant,
+    ) -> Result<Option<Step>, BridgeError> {
+        loop {
+            let Some(view) = self.views.get_mut(id) else {
+                return Ok(None);
+            };
+            let Some(next) = view.files.front_mut() else {
+                return self.send_file_notes(api, id, now);
+            };
+            let (method, field) = match next.method() {
+                Ok(call) => call,
+                Err(why) => {
+                    let note = not_sent(&next.file, &why);
+                    view.files.pop_front();
+                    view.file_notes.push(note);
+                    continue;
+                }
+            };
+            let mut params = json!({"chat_id": chat_param(&view.chat_id)});
+            in_topic(&mut params, view.topic);
+            let what = format!(
+                "file {} of reply {id} in chat {}",
+                next.file.name, view.chat_id
+            );
+            match api.upload(method, &params, field, &next.file, UPLOAD_TIMEOUT) {
+                Ok(_) => {
+                    debug_redacted!("telegram: {what} sent ({method})");
+                    view.files.pop_front();
+                    self.backoff = Duration::from_secs(1);
+                }
+                Err(ApiError::Permanent(d)) if method == "sendPhoto" => {
+                    debug_redacted!("telegram: {what}: {d}; sending it as a document");
+                    next.as_document = true;
+                }
+                Err(e @ ApiError::Permanent(_)) => {
+                    warn_limited!("telegram: {what} refused: {e}; the chat is told");
+                    view.file_notes.push(not_sent(&next.file, &e.to_string()));
+                    view.files.pop_front();
+                }
+                Err(e) => {
+                    next.tries += 1;
+                    if next.tries >= MAX_UPLOAD_TRIES {
+                        warn_limited!(
+                            "telegram: {what} failed {MAX_UPLOAD_TRIES} times ({e}); the chat is told"
+                        );
+                        let why = format!("failed {MAX_UPLOAD_TRIES} times: {e}");
+                        view.file_notes.push(not_sent(&next.file, &why));
+                        view.files.pop_front();
+                    }
+                    self.handle_error(&e, now, &what)?;
+                    return Ok(Some(Step::Worked(Vec::new())));
+                }
+            }
+        }
+    }
+
+    /// Tells the chat of reply `id` which files could not be sent, in one message.
+    fn send_file_notes(
+        &mut self,
+        api: &mut dyn BotApi,
+        id: &str,
+        now: Instant,
+    ) -> Result<Option<Step>, BridgeError> {
+        let Some(view) = self.views.get_mut(id) else {
+            return Ok(None);
+        };
+        if view.file_notes.is_empty() {
+            return Ok(None);
+        }
+        let mut params = send_params(&view.chat_id, &view.file_notes.join("\n"), None);
+        in_topic(&mut params, view.topic);
+        let what = format!("the files' notice of reply {id} in chat {}", view.chat_id);
+        match api.call("sendMessage", &params, CALL_TIMEOUT) {
+            Ok(_) => view.file_notes.clear(),
+            Err(e) => {
+                if !self.handle_error(&e, now, &what)? {
+                    return Ok(Some(Step::Worked(Vec::new())));
+                }
+                if let Some(view) = self.views.get_mut(id) {
+                    view.file_notes.clear();
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// A piece of reply `id` could not be shown: a rate limit is a strike against its

@@ -33,6 +33,19 @@ impl BotApi for ScriptedApi {
         self.next_message_id += 1;
         Ok(json!({"message_id": self.next_message_id}))
     }
+
+    fn upload(
+        &mut self,
+        method: &str,
+        params: &Value,
+        field: &str,
+        file: &crate::Attachment,
+        timeout: Duration,
+    ) -> Result<Value, ApiError> {
+        let mut params = params.clone();
+        params[field] = json!(file.path);
+        self.call(method, &params, timeout)
+    }
 }
 
 fn result(id: &str, text: &str) -> TerminalEvent {
@@ -42,6 +55,7 @@ fn result(id: &str, text: &str) -> TerminalEvent {
         outcome: TerminalOutcome::Reply {
             text: text.into(),
             truncated: false,
+            files: Vec::new(),
         },
         redelivery: false,
     }
@@ -428,4 +442,65 @@ fn issue36_markdown_goes_out_as_telegram_html_and_a_cancellation_keeps_its_forma
     run_until_idle(&mut plain, &mut api, t0);
     assert_eq!(api.calls[0].1["text"], "**Hi** <b>");
     assert!(api.calls[0].1.get("parse_mode").is_none());
+}
+
+/// Issue 36 row 3: a reply's file goes after its text and the result is confirmed only
+/// then; an upload failing for a reason that may pass is tried [`MAX_UPLOAD_TRIES`] times,
+/// never forever, and then the chat is told.
+#[test]
+fn a_file_is_sent_after_the_text_and_one_that_keeps_failing_is_told_not_retried_forever() {
+    use super::upload::MAX_UPLOAD_TRIES;
+    let mut t = Instant::now();
+    let mut r = Renderer::new(Duration::from_secs(1), 10);
+    let mut api = ScriptedApi::new();
+    let file = |name: &str| crate::Attachment {
+        name: name.into(),
+        mime: "text/plain".into(),
+        size: 5,
+        sha256: None,
+        path: Some(format!("/spool/{name}")),
+        skipped: None,
+    };
+    let mut event = result("tg-1-7", "here");
+    event.outcome = TerminalOutcome::Reply {
+        text: "here".into(),
+        truncated: false,
+        files: vec![file("a.txt"), file("b.txt")],
+    };
+    assert!(r.result(&event));
+    // The text is shown, then a.txt fails for good: the chat is told, b.txt still goes.
+    api.answers.push_back(Ok(json!({"message_id": 1})));
+    api.answers
+        .push_back(Err(ApiError::Permanent("sendDocument: 400 nope".into())));
+    for _ in 0..MAX_UPLOAD_TRIES {
+        api.answers
+            .push_back(Err(ApiError::Transient("sendDocument: 502".into())));
+    }
+    let mut done = Vec::new();
+    for _ in 0..20 {
+        t += Duration::from_secs(100); // past any pause
+        match r.step(&mut api, t).expect("step") {
+            Step::Worked(d) => done.extend(d),
+            Step::Idle(_) => break,
+        }
+    }
+    let calls: Vec<(&str, Value)> = api
+        .calls
+        .iter()
+        .map(|(m, p)| (m.as_str(), p["document"].clone()))
+        .collect();
+    let mut expected = vec![
+        ("sendMessage", Value::Null),
+        ("sendDocument", json!("/spool/a.txt")),
+    ];
+    expected.extend((0..MAX_UPLOAD_TRIES).map(|_| ("sendDocument", json!("/spool/b.txt"))));
+    expected.push(("sendMessage", Value::Null));
+    assert_eq!(calls, expected);
+    assert_eq!(
+        api.calls.last().expect("told").1["text"].clone(),
+        json!(
+            "(file not sent: a.txt, 5 B: sendDocument: 400 nope)\n(file not sent: b.txt, 5 B: failed 5 times: sendDocument: 502)"
+        )
+    );
+    assert_eq!(done, ["tg-1-7"], "confirmed once, after its files");
 }

@@ -110,6 +110,7 @@ fn notice_line(m: &Message, notice: Notice, mut text: String, max: usize) -> Enc
         text: &text,
         truncated: false,
         notice: Some(notice.as_str()),
+        attachments: Vec::new(),
     }))
 }
 

@@ -252,13 +252,11 @@ fn session_of(body: &EncodedLine) -> String {
 /// The terminal event of `outcome`, its text cut to `max` bytes.
 pub(super) fn terminal_line(id: &str, session: &str, outcome: Outcome, max: usize) -> EncodedLine {
     match outcome {
-        Outcome::Reply(reply) => {
-            let mut text = reply.text;
+        Outcome::Reply(mut reply) => {
+            let mut text = std::mem::take(&mut reply.text);
             let cut = crate::text::truncate(&mut text, max);
-            let op = TextOp::Reply {
-                truncated: reply.truncated || cut,
-            };
-            EncodedLine::text_op(op, id, session, text)
+            let truncated = reply.truncated || cut;
+            EncodedLine::reply(id, session, text, truncated, reply.attachments())
         }
         Outcome::Failed(e) => failed_line(id, session, e.to_string(), max),
         Outcome::Cancelled(r) => EncodedLine::Line(encode(&ServerOp::Cancelled {

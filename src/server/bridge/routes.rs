@@ -256,7 +256,7 @@ impl Bridge {
             return self.maybe_finish(conn);
         }
         let memory = match &mut outcome {
-            Outcome::Reply(reply) => reply.memory.take(),
+            Outcome::Reply(reply) => reply.take_memory(),
             _ => None,
         };
         self.actions.extend(route.release_files());
@@ -294,8 +294,14 @@ impl Bridge {
     }
 
     /// A terminal event was delivered: the delivery room releases its room
-    /// ([`Delivery::confirm`]) and the message leaves the journal.
+    /// ([`Delivery::confirm`]), the message leaves the journal and the files its reply
+    /// carried leave the spool.
     pub(super) fn confirm(&mut self, f: Frame) {
+        // The files an agent attached leave the spool with their reply (issue 36).
+        let sent = f.body.attachment_paths();
+        if !sent.is_empty() {
+            self.actions.push_back(super::Action::ReleaseFiles(sent));
+        }
         if let Some(seq) = self.delivery().confirm(f)
             && let Some(d) = &mut self.durable
         {

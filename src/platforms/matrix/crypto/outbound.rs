@@ -114,6 +114,11 @@ impl Crypto {
         Ok(Some(sealed))
     }
 
+    /// Whether `room` is encrypted (what a reply's file is not uploaded in the clear into).
+    pub(crate) fn is_encrypted(&mut self, api: &Api, room: &str) -> Result<bool, ApiError> {
+        self.room_encryption(api, room).map(|r| r.is_some())
+    }
+
     /// Whether `room` is encrypted (asked of the server once, then followed in the sync).
     fn room_encryption(&mut self, api: &Api, room: &str) -> Result<Option<Rotation>, ApiError> {
         if let Some(known) = self.rooms.get(room) {
