@@ -31,6 +31,7 @@ mod recency;
 #[cfg(test)]
 mod sizes;
 // The timer wheel is internal; the `bench` feature exposes it to its micro-benchmark.
+mod reply;
 #[cfg_attr(not(feature = "bench"), allow(unreachable_pub))]
 pub(crate) mod timers;
 mod turns;
