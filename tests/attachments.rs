@@ -173,8 +173,12 @@ fn the_exec_agent_reads_the_files_and_they_leave_the_spool_after_the_turn() {
     });
 
     // A hostile bridge: a file outside the spool, directly or through a link inside it.
-    std::os::unix::fs::symlink("/etc/passwd", spool.join("link")).expect("symlink");
-    let passwd = Path::new("/etc/passwd");
+    // The test's own secret beside the spool (never a file of the machine's: a check that
+    // failed would hand it to the janitor to delete).
+    let secret = spool.parent().expect("parent").join("secret.txt");
+    std::fs::write(&secret, "not for the agent").expect("secret");
+    std::os::unix::fs::symlink(&secret, spool.join("link")).expect("symlink");
+    let passwd = secret.as_path();
     for (id, path) in [("m2", passwd.to_path_buf()), ("m3", spool.join("link"))] {
         let mut e = entry(passwd, "passwd", "text/plain");
         e["path"] = json!(path.to_str().expect("utf-8"));

@@ -2781,7 +2781,10 @@ fn attachments_come_from_the_spool_only_and_leave_it_when_their_route_ends() {
                "sha256": "ab".repeat(32), "path": path})
     };
     let with = |id: &str, files: Vec<Value>| json!({"op": "message", "id": id, "chat_id": "1", "text": "see", "attachments": files});
-    net.send(c, with("m1", vec![entry("/etc/passwd")]));
+    let elsewhere = tempfile::tempdir().expect("tempdir");
+    let outside = elsewhere.path().join("secret.txt");
+    std::fs::write(&outside, b"not for the agent").expect("secret");
+    net.send(c, with("m1", vec![entry(&outside.to_string_lossy())]));
     net.send(c, with("m2", vec![entry(&inside); 3]));
     let lines = net.take(c);
     assert_eq!(ops(&lines), ["reject m1 invalid", "reject m2 invalid"]);

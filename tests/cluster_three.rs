@@ -1013,6 +1013,11 @@ fn an_ack_for_a_message_owned_elsewhere_carries_the_cluster_wide_position() {
     let agent: Vec<&str> = agent.iter().map(String::as_str).collect();
     let a = Server::start(&redis, "a", 3000, &agent);
     until_all_held_by(&redis, &["a"]);
+    // Held in Redis is not yet owned: a new owner loads a partition a fence margin after
+    // acquiring it (docs/cluster.md, self-fencing), and acks what comes meanwhile `queued`.
+    a.wait_status("a owning every partition", |s| {
+        s["frontend"]["cluster"]["owned_partitions"] == PARTITIONS
+    });
     let b = Server::start(&redis, "b", 3000, &agent);
     a.wait_status("a seeing b", |s| {
         s["frontend"]["cluster"]["live_instances"]
@@ -1075,6 +1080,11 @@ fn the_same_id_with_another_chat_on_another_instance_is_a_duplicate() {
     let agent: Vec<&str> = agent.iter().map(String::as_str).collect();
     let a = Server::start(&redis, "a", 3000, &agent);
     until_all_held_by(&redis, &["a"]);
+    // Held in Redis is not yet owned: a new owner loads a partition a fence margin after
+    // acquiring it (docs/cluster.md, self-fencing), and acks what comes meanwhile `queued`.
+    a.wait_status("a owning every partition", |s| {
+        s["frontend"]["cluster"]["owned_partitions"] == PARTITIONS
+    });
     let b = Server::start(&redis, "b", 3000, &agent);
     a.wait_status("a seeing b", |s| {
         s["frontend"]["cluster"]["live_instances"]

@@ -76,8 +76,8 @@
 //! forwarded result lost with its taker (seed 23), an owner's outbox reservations past the
 //! cap with messages accepted elsewhere (`small-outbox`, seed 2). [`PENDING`] is empty: the
 //! sweep with every fault holds the code to every invariant, as does a second sweep under
-//! clock jumps alone. One seed the long sweep found (382, an origin that never registered)
-//! is kept as an ignored test below (run it with `-- --ignored`).
+//! clock jumps alone; seed 382, which a long sweep found (an origin that never registered),
+//! is a regression test below too.
 //!
 //! A failing seed prints the command that replays it, e.g.
 //! `TURNSTILE_SIM_SEED=<n> TURNSTILE_SIM_FAULTS=kill,pause,redis,jump,move cargo test --test
@@ -511,6 +511,9 @@ struct Inst {
     /// Partitions the bridge fenced itself out of, dropped by the journal thread and
     /// reported lost by its next pass.
     fenced_out: Vec<u32>,
+    /// A heartbeat went through once (member.rs's `registered`): until then no accept is
+    /// written.
+    registered: bool,
 }
 
 impl Inst {
@@ -807,6 +810,7 @@ impl World {
             inputs: VecDeque::new(),
             next_agent: 0,
             fenced_out: Vec::new(),
+            registered: false,
         });
         self.housekeeping(i)
     }
@@ -1095,6 +1099,11 @@ impl World {
             // Left out of the pipeline: an accept without a session key (failed), a record
             // never placed (dropped), an owned write of a partition not held (fenced).
             let place = match r {
+                // Never registered yet: refused (member.rs's `commit`; seed 382).
+                Record::Accepted(m) if !g.registered => {
+                    c.failed.push(m.seq);
+                    continue;
+                }
                 Record::Accepted(m) => match session_of(m) {
                     Some(session) => Some((partition_of(&session, PARTITIONS), 0)),
                     None => {
@@ -1310,6 +1319,7 @@ impl World {
         if !self.redis.down {
             let live = self.redis.heartbeat(&g.name, now);
             g.own.set_live(live);
+            g.registered = true;
             // member.rs's `registered_for`: the pass takes no time here.
             c.cluster.registered_for = Some(TTL - TTL / 4);
         }
@@ -2461,16 +2471,15 @@ fn seed_2_results_of_a_gone_origin_wait_for_outbox_room() {
     );
 }
 
-/// Found by the long sweep (800 seeds), not fixed: c:2 started while Redis was out of
-/// reach, so its first heartbeat failed; Redis came back and c:2 placed tg6 in partition 1
-/// before its next pass, then was killed. It was never in the registry. The owner a:1 read
-/// tg6 from the inbox and silenced its result for its origin ("alive a moment ago"); no
-/// reader ever saw c:2 leave the registry (it was never in it), so no `OriginGone` came,
-/// and tg6's recorded outcome was never sent. The fix belongs to the reader (an inbox
-/// message whose origin is not live at its last read of the registry is not silenced) or
-/// to the journal thread (no accept before a first heartbeat went through).
+/// Fixed (found by the long sweep of 800 seeds): c:2 started while Redis was out of reach,
+/// so its first heartbeat failed; Redis came back and c:2 placed tg6 in partition 1 before
+/// its next pass, then was killed. It was never in the registry. The owner a:1 read tg6
+/// from the inbox and kept its result for its origin ("alive a moment ago"); no reader ever
+/// saw c:2 leave the registry (it was never in it), so no `OriginGone` came, and tg6's
+/// recorded outcome was never sent. Now the journal thread writes no accept before a
+/// heartbeat of its went through (`Member::commit`, `registered`); the accept is refused
+/// `storage`, as while Redis is out of reach.
 #[test]
-#[ignore = "found by the simulation: an origin that never registered has its results silenced"]
 fn seed_382_a_message_of_an_origin_never_registered_is_answered() {
     assert_clean(382, ALL);
 }

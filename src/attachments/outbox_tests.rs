@@ -32,14 +32,16 @@ const HELLO: &str = "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938
 /// said; the outbox is gone afterwards.
 #[test]
 fn every_regular_file_left_is_attached_and_a_link_is_refused() {
-    let (_tmp, outbox) = outbox_with(10, 1 << 20, 1 << 30);
+    let (tmp, outbox) = outbox_with(10, 1 << 20, 1 << 30);
     let dir = outbox.path().to_path_buf();
     let spool = spool_of(&outbox);
     std::fs::write(dir.join("b.png"), b"hello").expect("write");
     std::fs::write(dir.join("a.txt"), b"hello").expect("write");
     std::fs::create_dir(dir.join("sub")).expect("mkdir");
     std::fs::write(dir.join("sub/deep.txt"), b"x").expect("write");
-    std::os::unix::fs::symlink("/etc/passwd", dir.join("c.txt")).expect("symlink");
+    let secret = tmp.path().join("secret-c.txt");
+    std::fs::write(&secret, b"not for the chat").expect("secret");
+    std::os::unix::fs::symlink(&secret, dir.join("c.txt")).expect("symlink");
     let taken = outbox.take_all();
     let names: Vec<_> = taken.files.iter().map(|f| f.name.as_str()).collect();
     assert_eq!(names, ["a.txt", "b.png"]);

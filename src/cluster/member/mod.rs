@@ -231,6 +231,7 @@ impl Journal {
                 retry: Vec::new(),
                 failing: false,
                 distrusted: false,
+                registered: false,
                 closed: false,
                 to_release: Vec::new(),
                 waiting: Vec::new(),
@@ -311,6 +312,10 @@ struct Member {
     failing: bool,
     /// Redis lost its data or was replaced (`trust.rs`): nothing more is written or owned.
     distrusted: bool,
+    /// A heartbeat went through once, so this instance has been in the registry: until
+    /// then no accept is written (its result would be kept for an origin no reader ever saw
+    /// live, and never sent had it died: tests/simulation_cluster, seed 382).
+    registered: bool,
     /// The sender is gone: write what is left, then stop.
     closed: bool,
     /// What the bridge ended, to apply after the next batch.
@@ -465,6 +470,20 @@ impl Member {
             self.refuse(batch, c);
             return;
         }
+        let batch: Vec<Record> = if self.registered {
+            batch
+        } else {
+            // Refused `storage`, as while Redis is out of reach.
+            (batch.into_iter())
+                .filter(|r| match r {
+                    Record::Accepted(m) => {
+                        c.failed.push(m.seq);
+                        false
+                    }
+                    _ => true,
+                })
+                .collect()
+        };
         let places: Vec<Place> = batch.iter().map(|r| self.place(r)).collect();
         let ops = to_ops(&batch, &places, &self.own, self.session_cap);
         let started = Instant::now();

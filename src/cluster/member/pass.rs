@@ -114,6 +114,7 @@ impl Member {
         let earliest = c.cluster.leases.iter().map(|(_, _, at)| *at).min();
         super::super::leash::extend(earliest.map(|at| self.zero + at));
         if registered.is_ok() {
+            self.registered = true;
             c.cluster.registered_for = Some(self.registered_for(now));
         }
     }
