@@ -77,7 +77,8 @@
 //! cap with messages accepted elsewhere (`small-outbox`, seed 2). [`PENDING`] is empty: the
 //! sweep with every fault holds the code to every invariant, as does a second sweep under
 //! clock jumps alone; seed 382, which a long sweep found (an origin that never registered),
-//! is a regression test below too.
+//! is a regression test below too. Seed 356 (a longer sweep: a gone origin's result not sent
+//! by a later owner) is an ignored test below: not fixed.
 //!
 //! A failing seed prints the command that replays it, e.g.
 //! `TURNSTILE_SIM_SEED=<n> TURNSTILE_SIM_FAULTS=kill,pause,redis,jump,move cargo test --test
@@ -2482,6 +2483,20 @@ fn seed_2_results_of_a_gone_origin_wait_for_outbox_room() {
 #[test]
 fn seed_382_a_message_of_an_origin_never_registered_is_answered() {
     assert_clean(382, ALL);
+}
+
+/// Found by a sweep of 600 seeds after this stop's merges, not fixed: tg13, accepted by c:2
+/// (killed), ran on b:1 and its outcome was recorded; b:1 lost partition 0 (stopped past
+/// its lease), a:2 gained it and its reader reported c:2 gone, but a:2 was killed before
+/// sending the result; b:1 gained the partition again, and its reader, which had seen c:2
+/// leave long before, reported nothing: the result of a message whose origin is gone is
+/// sent on the edge of the origin leaving, not by the owner that loads the partition after
+/// it. The fix: a gained partition's load treats a recorded outcome whose origin is not live
+/// as its own to send.
+#[test]
+#[ignore = "found by the simulation: a gone origin's result is sent on the edge, not at a later load"]
+fn seed_356_a_gone_origins_result_is_sent_by_a_later_owner_too() {
+    assert_clean(356, ALL);
 }
 
 /// Fixed: a message accepted by the partition's owner itself was submitted as soon as it
