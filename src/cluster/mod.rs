@@ -37,6 +37,7 @@
 mod access;
 #[cfg(feature = "cluster")]
 pub(crate) mod leash;
+#[cfg(feature = "cluster")]
 mod member;
 #[cfg(feature = "cluster")]
 mod ownership;

@@ -55,7 +55,10 @@ pub(crate) fn wait_child_exit(pid: u32, timeout: Duration) -> io::Result<bool> {
     let fd = sys::pidfd_open(pid)?;
     Ok(wait_exited(&[fd.as_fd()], timeout))
 }
-pub(crate) use sys::{Wake, install_lifeline, poll, pollin, readable, set_nonblocking, write_some};
+pub(crate) use sys::{Wake, poll, pollin, readable, set_nonblocking, write_some};
+// The cluster's leash replaces the lifeline (`cluster/leash.rs`); unused in a build without it.
+#[allow(unused_imports)]
+pub(crate) use sys::install_lifeline;
 
 use registry::{Leader, sweep_strays};
 use sys::{ChildFds, ExecArgs, pipe, reap, wait_exited};
