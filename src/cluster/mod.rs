@@ -36,6 +36,7 @@
 #[cfg_attr(not(feature = "cli"), allow(dead_code))]
 mod access;
 #[cfg(feature = "cluster")]
+#[cfg_attr(not(feature = "cli"), allow(dead_code))] // started by `serve --cluster`
 pub(crate) mod leash;
 #[cfg(feature = "cluster")]
 mod member;
@@ -62,4 +63,5 @@ pub use store::{
     RedisStore, Stream, StreamEntry, partition_of,
 };
 #[cfg(feature = "cluster")]
+#[cfg_attr(not(feature = "cli"), allow(unused_imports))] // for `serve --cluster` and the CLI
 pub(crate) use store::{DEFAULT_DRAIN, default_instance_id, export_history, history_loader};

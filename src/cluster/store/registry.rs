@@ -56,6 +56,7 @@ fn random_u32() -> u32 {
 
 /// The default `--instance-id`: `hostname:pid:` and 8 random hex digits. The host and pid
 /// alone repeat: in containers every gateway is pid 1, often on the same host name.
+#[cfg_attr(not(feature = "cli"), allow(dead_code))] // `serve --cluster`'s default
 pub(crate) fn default_instance_id() -> String {
     format!("{}:{}:{:08x}", hostname(), std::process::id(), random_u32())
 }
