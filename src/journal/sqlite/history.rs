@@ -55,6 +55,15 @@ pub(super) fn apply(
         Some(exchanges) if !exchanges.is_empty() => {
             let body = serde_json::to_string(exchanges).unwrap_or_else(|_| "[]".into());
             let bytes = row_bytes(session, &body);
+            // Strictly after every row, so eviction's order is the write order even for
+            // writes in one millisecond (or after the clock stepped back); past 1,000
+            // conversation writes a second it runs ahead of the clock by the excess,
+            // which only delays a TTL sweep.
+            let newest: Option<i64> = tx
+                .prepare_cached("SELECT MAX(touched) FROM history")?
+                .query_row([], |r| r.get(0))?;
+            let touched = (now_ms as i64).max(newest.map_or(0, |n| n.saturating_add(1)));
+            debug_assert!(newest.is_none_or(|n| touched > n));
             tx.prepare_cached(
                 "INSERT OR REPLACE INTO history (session, body, bytes, touched, sum)
                  VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -63,7 +72,7 @@ pub(super) fn apply(
                 session,
                 body,
                 bytes as i64,
-                now_ms as i64,
+                touched,
                 row_sum(session, &body)
             ])?;
             figures.sessions += 1;
@@ -351,6 +360,31 @@ mod tests {
         assert!(!stored(&store, "t:dm:b").is_empty());
         assert_eq!(stored(&store, "t:dm:c"), Vec::<Exchange>::new());
         assert_eq!(store.history().map(|h| h.evicted), Some(2));
+    }
+
+    #[test]
+    fn writes_in_one_millisecond_or_after_the_clock_stepped_back_keep_their_order() {
+        let mut conn = Connection::open_in_memory().expect("db");
+        conn.execute_batch(SCHEMA).expect("schema");
+        let one = row_bytes("t:dm:a", r#"[["q","0123456789"]]"#);
+        let mut figures = HistoryStatus::default();
+        let tx = conn.transaction().expect("tx");
+        let keep = |s: &str| MemoryUpdate::keep(s, vec![("q".into(), "0123456789".into())]);
+        // One instant for a, b, c; then b again with the clock a second back; then d.
+        for (s, at) in [("a", 5_000), ("b", 5_000), ("c", 5_000), ("b", 4_000)] {
+            apply(&tx, &keep(&format!("t:dm:{s}")), at, &mut figures).expect("apply");
+        }
+        apply(&tx, &keep("t:dm:d"), 5_000, &mut figures).expect("apply");
+        evict(&tx, 2 * one, &mut figures).expect("evict");
+        let left: Vec<String> = tx
+            .prepare("SELECT session FROM history ORDER BY session")
+            .expect("select")
+            .query_map([], |r| r.get(0))
+            .expect("rows")
+            .collect::<rusqlite::Result<_>>()
+            .expect("read");
+        assert_eq!(left, ["t:dm:b", "t:dm:d"], "the two written last stay");
+        assert_eq!(figures.evicted, 2);
     }
 
     #[test]
