@@ -14,7 +14,7 @@ mod redis_support;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use mock_openai::{Mock, stream};
 use redis_support::{Redis, WAIT, require_redis};
@@ -178,7 +178,7 @@ fn a_partition_keeps_its_share_of_history_bytes_and_forgets_what_expired() {
     let redis = Redis::start(&bin);
     let mut a = store(&redis, "a");
     let p = 1;
-    let chats = chats_in(p, 3);
+    let chats = chats_in(p, 4);
     let one = (session(&chats[0]).len() + r#"[["q","0123456789"]]"#.len()) as u64;
     // Each partition's share of the bytes: two conversations.
     a.set_history_limits(Duration::from_secs(3600), u64::from(P) * 2 * one);
@@ -198,6 +198,27 @@ fn a_partition_keeps_its_share_of_history_bytes_and_forgets_what_expired() {
         "the least recently written went"
     );
     assert!(stored(&redis, &chats[2]).is_some());
+    // A conversation continued is the most recent again, even within one millisecond or
+    // after Redis's clock stepped back (chats[2] written when it read an hour ahead): the
+    // next one past the bound evicts chats[2], not chats[1].
+    let ahead = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_millis()
+        + 3_600_000;
+    let _: i64 = redis::cmd("ZADD")
+        .arg(format!("ts:{{p{p}}}:hz"))
+        .arg(ahead as u64)
+        .arg(session(&chats[2]))
+        .query(&mut redis.client())
+        .expect("ZADD");
+    for chat in [&chats[1], &chats[3]] {
+        let seq = accept(&mut a, &format!("n-{chat}"), chat);
+        a.outcome(&lease, seq, &remembering(chat, &[("q", "0123456789")]))
+            .expect("outcome");
+    }
+    assert!(stored(&redis, &chats[1]).is_some(), "continued, so kept");
+    assert_eq!(stored(&redis, &chats[2]), None, "now the least recent");
     // Another partition's figures are not this one's.
     assert_eq!(a.history_status([(p + 1) % P].into_iter()).sessions, 0);
 

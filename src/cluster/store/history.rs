@@ -110,7 +110,11 @@ drop(ARGV[10])
 if ARGV[9] == 'k' then
   local b = #ARGV[10] + #ARGV[11]
   redis.call('SET', KEYS[3], ARGV[11], 'PX', ttl)
-  redis.call('ZADD', KEYS[4], now, ARGV[10])
+  -- Strictly after the newest, so eviction follows the write order within a millisecond.
+  local newest = redis.call('ZREVRANGE', KEYS[4], 0, 0, 'WITHSCORES')[2]
+  local at = now
+  if newest and tonumber(newest) >= at then at = tonumber(newest) + 1 end
+  redis.call('ZADD', KEYS[4], at, ARGV[10])
   redis.call('HSET', KEYS[5], ARGV[10], b)
   redis.call('INCRBY', KEYS[6], b)
   while tonumber(redis.call('GET', KEYS[6]) or '0') > tonumber(ARGV[13]) do
