@@ -45,6 +45,25 @@ impl Peer {
     fn send(&mut self, v: Value) {
         writeln!(self.writer, "{v}").expect("write");
     }
+    /// From now on the peer's lines arrive on a channel (read on a thread of their own),
+    /// to wait for a line and a gateway event at once; it closes with the connection.
+    fn lines(&mut self) -> Receiver<Value> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        // The reader moves to the thread with whatever it has buffered.
+        let fresh = BufReader::new(self.writer.try_clone().expect("clone"));
+        let mut reader = std::mem::replace(&mut self.reader, fresh);
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
+                let v = serde_json::from_str(&line).expect("json");
+                line.clear();
+                if tx.send(v).is_err() {
+                    return;
+                }
+            }
+        });
+        rx
+    }
     /// Reads the hello and the ping, answers the ping.
     fn handshake(&mut self) -> Value {
         let hello = self.recv();
@@ -313,22 +332,31 @@ fn held_messages_are_given_up_after_max_hold_and_bounded_by_max_held() {
     assert!(
         matches!(&admission, Admission::Rejected { detail, .. } if detail.contains("not held"))
     );
-    // `a` is sent again (and refused again) until its time is up, then given up once.
+    // `a` is sent again (and refused again) until its time is up, then given up once: each
+    // refusal is answered either by a resend on the wire or by the give-up event, so wait
+    // for whichever comes (a short wait for the event raced a loaded machine's client).
+    let lines = peer.lines();
     loop {
-        let line = peer.recv();
-        assert_eq!(line["id"], "a", "{line}");
-        peer.send(overloaded("a"));
-        if let Ok(event) = rx.recv_timeout(Duration::from_millis(10)) {
-            let GatewayEvent::Admission { id, admission } = event else {
-                panic!("{event:?}")
-            };
-            assert_eq!(id, "a");
-            assert!(
-                matches!(&admission, Admission::Rejected { reason, detail, .. }
-                    if reason == "overloaded" && detail.contains("given up")),
-                "{admission:?}"
-            );
-            break;
+        crossbeam_channel::select! {
+            recv(lines) -> line => {
+                let line = line.expect("a resend or the give-up before the connection closed");
+                assert_eq!(line["id"], "a", "{line}");
+                peer.send(overloaded("a"));
+            }
+            recv(rx) -> event => {
+                let event = event.expect("the gateway's events");
+                let GatewayEvent::Admission { id, admission } = event else {
+                    panic!("{event:?}")
+                };
+                assert_eq!(id, "a");
+                assert!(
+                    matches!(&admission, Admission::Rejected { reason, detail, .. }
+                        if reason == "overloaded" && detail.contains("given up")),
+                    "{admission:?}"
+                );
+                break;
+            }
+            default(WAIT) => panic!("neither a resend of `a` nor its give-up in time"),
         }
     }
     assert_eq!(gw.pending(), 0);
