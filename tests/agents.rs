@@ -35,8 +35,13 @@ fn scripted() -> String {
     format!("exec python3 {SCRIPT}")
 }
 
+/// A generous drain deadline: it runs from a turn's start, which for a fresh process
+/// includes python3's start-up, seconds on a loaded machine (no test here is about it).
 fn options() -> ProcessOptions {
-    ProcessOptions::new(&scripted())
+    ProcessOptions {
+        stdin_drain: WAIT,
+        ..ProcessOptions::new(&scripted())
+    }
 }
 
 fn key(chat: &str) -> SessionKey {
@@ -191,7 +196,10 @@ fn stop(handle: Handle, reactor: Reactor) -> ShutdownReport {
 
 #[test]
 fn the_example_agent_remembers_follow_ups_and_new_forgets() {
-    let factory = ProcessAgent::factory(ProcessOptions::new(&format!("exec python3 {EXAMPLE}")));
+    let factory = ProcessAgent::factory(ProcessOptions {
+        stdin_drain: WAIT,
+        ..ProcessOptions::new(&format!("exec python3 {EXAMPLE}"))
+    });
     let (h, ev, reactor) = start(Builder::new(factory));
     let s = key("example");
     assert_eq!(

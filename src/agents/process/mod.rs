@@ -396,10 +396,14 @@ mod tests {
     const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agents/scripted.py");
     const WAIT: Duration = Duration::from_secs(20);
 
+    /// The drain deadline runs from the turn's start, which for a fresh process includes
+    /// python3's start-up: on a loaded machine that once took past the default 5 s and
+    /// failed a crash test's `pid` turn. Only the drain test waits for that deadline.
     fn options(prefix: &str) -> ProcessOptions {
         ProcessOptions {
             stop_grace: Duration::from_secs(2),
             close_grace: Duration::from_secs(5),
+            stdin_drain: WAIT,
             ..ProcessOptions::new(&format!("{prefix} exec python3 {SCRIPT}"))
         }
     }
@@ -735,9 +739,12 @@ mod tests {
     #[test]
     fn an_agent_that_never_reads_its_stdin_is_replaced_before_the_backlog_grows_unbounded() {
         // Five replies written up front (the tests' message id is always m-1), stdin never read.
-        let mut a = agent(ProcessOptions::new(
-            r#"for i in 1 2 3 4 5; do echo '{"op":"reply","id":"m-1","text":"x"}'; done; exec sleep 300"#,
-        ));
+        let mut a = agent(ProcessOptions {
+            stdin_drain: WAIT, // the backlog's bound is the subject, not the drain deadline
+            ..ProcessOptions::new(
+                r#"for i in 1 2 3 4 5; do echo '{"op":"reply","id":"m-1","text":"x"}'; done; exec sleep 300"#,
+            )
+        });
         let big = "y".repeat(6 << 20);
         assert_eq!(turn(&mut *a, &big), Ok("x".into()));
         assert_eq!(turn(&mut *a, &big), Ok("x".into()));
