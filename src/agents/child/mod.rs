@@ -134,14 +134,25 @@ impl AgentEnv {
 
     /// The full environment of one agent process: the allow-list read now, then `vars`.
     pub fn build(&self, vars: &[(&str, &str)]) -> Vec<(String, String)> {
+        self.build_from(vars, |name| std::env::var(name).ok())
+    }
+
+    /// As [`AgentEnv::build`], reading the gateway's variables through `read` (tests give
+    /// an environment of their own instead of setting the process's, which races the other
+    /// threads' reads).
+    pub(crate) fn build_from(
+        &self,
+        vars: &[(&str, &str)],
+        read: impl Fn(&str) -> Option<String>,
+    ) -> Vec<(String, String)> {
         let mut env = Vec::new();
-        let path = std::env::var("PATH").unwrap_or_else(|_| DEFAULT_PATH.to_owned());
+        let path = read("PATH").unwrap_or_else(|| DEFAULT_PATH.to_owned());
         env.push(("PATH".to_owned(), path));
         for name in ["HOME", "LANG"]
             .into_iter()
             .chain(self.pass.iter().map(String::as_str))
         {
-            if let Ok(v) = std::env::var(name)
+            if let Some(v) = read(name)
                 && !env.iter().any(|(k, _)| k == name)
             {
                 env.push((name.to_owned(), v));

@@ -80,35 +80,37 @@ fn an_agent_that_kills_its_leader_is_swept_up_by_the_subreaper_gateway() {
 
 #[test]
 fn the_environment_is_the_allow_list_only() {
-    // SAFETY (test): set before any agent reads the environment in this test; the names
-    // are unique to this test.
-    unsafe {
-        std::env::set_var("TURNSTILE_AUTH_TOKEN_CHILD_TEST", "secret");
-        std::env::set_var("CHILD_TEST_PASSED", "yes");
-        std::env::set_var("CHILD_TEST_HIDDEN", "no");
-    }
+    // The gateway's environment as `build` would read it (not set on this process: a
+    // `set_var` races the other tests' threads reading theirs).
+    let gateway_env = |name: &str| {
+        let value = match name {
+            "PATH" => "/usr/bin:/bin",
+            "HOME" => "/home/gateway",
+            "TURNSTILE_AUTH_TOKEN" | "TURNSTILE_AUTH_TOKEN_CHILD_TEST" => "secret",
+            "CHILD_TEST_PASSED" => "yes",
+            "CHILD_TEST_HIDDEN" => "no",
+            _ => return None,
+        };
+        Some(value.to_owned())
+    };
     let env = AgentEnv::new(["CHILD_TEST_PASSED"])
         .expect("valid")
-        .build(&[("TURNSTILE_SESSION", "s")]);
+        .build_from(&[("TURNSTILE_SESSION", "s")], gateway_env);
     let mut c = ContainedChild::spawn("env", &env).expect("spawn");
     let mut out = c.stdout.take().expect("stdout");
     c.wait_exit(Duration::from_secs(20));
     let out = read_all(&mut out);
-    let names: Vec<&str> = out
+    // Nothing of this process's own environment either (cargo's CARGO_* variables).
+    let mut got: Vec<&str> = out
         .lines()
         .filter_map(|l| l.split('=').next())
         .filter(|n| !["PWD", "SHLVL", "_", "OLDPWD"].contains(n))
         .collect();
-    let mut want = vec!["PATH", "CHILD_TEST_PASSED", "TURNSTILE_SESSION"];
-    for n in ["HOME", "LANG"] {
-        if std::env::var(n).is_ok() {
-            want.push(n);
-        }
-    }
-    let mut got = names.clone();
+    let mut want = vec!["PATH", "HOME", "CHILD_TEST_PASSED", "TURNSTILE_SESSION"];
     got.sort_unstable();
     want.sort_unstable();
     assert_eq!(got, want, "{out}");
+    assert!(out.contains("CHILD_TEST_PASSED=yes\n"), "{out}");
     assert!(!out.contains("secret"));
     assert!(AgentEnv::new(["TURNSTILE_AUTH_TOKEN"]).is_err());
     assert!(AgentEnv::new(["A=B"]).is_err());
