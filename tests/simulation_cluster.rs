@@ -77,9 +77,8 @@
 //! cap with messages accepted elsewhere (`small-outbox`, seed 2). [`PENDING`] is empty: the
 //! sweep with every fault holds the code to every invariant, as does a second sweep under
 //! clock jumps alone; seed 382, which a long sweep found (an origin that never registered),
-//! is a regression test below too. Seed 356 (a longer sweep: a result waiting for an outcome
-//! record dropped at a self-fence, skipped when the partition is gained again) is an ignored
-//! test below: not fixed.
+//! is a regression test below too, as is seed 356 (a longer sweep: a result silenced after
+//! its outcome record was dropped at a self-fence and the partition was gained again).
 //!
 //! A failing seed prints the command that replays it, e.g.
 //! `TURNSTILE_SIM_SEED=<n> TURNSTILE_SIM_FAULTS=kill,pause,redis,jump,move cargo test --test
@@ -2486,16 +2485,14 @@ fn seed_382_a_message_of_an_origin_never_registered_is_answered() {
     assert_clean(382, ALL);
 }
 
-/// Found by a sweep of 600 seeds after this stop's merges, not fixed: tg13, accepted by c:2
-/// (killed), ran on b:1; b:1's batch carrying its outcome record met Redis out of reach (the
-/// write landed, its answer lost) and the record was kept for another try; b:1 was stopped
-/// past its lease and fenced itself out of partition 0; when it gained the partition again
-/// its load skipped tg13 as a result still waiting for its record (`is_unjournaled`), so the
-/// recorded outcome was never sent. Traced in the model; whether the real journal thread
-/// shares it is not yet known (its `drop_kept_owned_writes` reports such a record unwritten,
-/// which releases it).
+/// Found by a sweep of 600 seeds, fixed: tg13, accepted by c:2, ran on b:1, which kept its
+/// result silent (c:2's to send); the batch with its outcome record met Redis out of reach
+/// and the record was kept; b:1, stopped past its lease, fenced itself out of partition 0
+/// and its journal thread dropped the record, reported unwritten. c:2 died. When b:1 gained
+/// the partition again, the load rebuilt tg13 (`interrupted by restart`), but the stale
+/// `silent` entry dropped that result: acked, never answered. Now an unwritten outcome ends
+/// the run's `silent` and `foreign` entries (`ClusterSide::forget_run`).
 #[test]
-#[ignore = "found by the simulation: a result kept for a record dropped at a self-fence is skipped at the next load"]
 fn seed_356_a_result_waiting_for_a_record_dropped_by_a_self_fence_is_sent_after_a_regain() {
     assert_clean(356, ALL);
 }
