@@ -2334,7 +2334,9 @@ const PENDING: &[Kind] = &[];
 /// Faults under which the real code holds every invariant: clock jumps (and skews).
 const JUMPS: Faults = Faults { jump: true, ..NONE };
 
-/// The lowest seed of `seeds` breaking an invariant not in `skip`, run on every core.
+/// The lowest seed of `seeds` breaking an invariant not in `skip`, run on every core; its
+/// report names every seed of the sweep that broke one, with the kinds (a long sweep is run
+/// to the end, so that one run finds them all).
 fn sweep(
     seeds: std::ops::Range<u64>,
     faults: Faults,
@@ -2342,7 +2344,7 @@ fn sweep(
     skip: &[Kind],
 ) -> Option<Failure> {
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get()) as u64;
-    let found: Vec<Option<(u64, Failure)>> = std::thread::scope(|scope| {
+    let found: Vec<Vec<(u64, Failure)>> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
             .map(|t| {
                 let seeds = seeds.clone();
@@ -2350,7 +2352,8 @@ fn sweep(
                     seeds
                         .filter(|s| s % threads == t)
                         .filter_map(|s| run_seed(s, faults, brk, false).err().map(|f| (s, f)))
-                        .find(|(_, f)| f.kinds.iter().any(|k| !skip.contains(k)))
+                        .filter(|(_, f)| f.kinds.iter().any(|k| !skip.contains(k)))
+                        .collect()
                 })
             })
             .collect();
@@ -2359,11 +2362,19 @@ fn sweep(
             .map(|w| w.join().expect("a sweep thread panicked outside a seed"))
             .collect()
     });
-    found
-        .into_iter()
-        .flatten()
-        .min_by_key(|(s, _)| *s)
-        .map(|(_, f)| f)
+    let mut found: Vec<(u64, Failure)> = found.into_iter().flatten().collect();
+    found.sort_by_key(|(s, _)| *s);
+    let every: Vec<String> = (found.iter())
+        .map(|(s, f)| format!("{s} {:?}", f.kinds))
+        .collect();
+    let (_, mut lowest) = found.into_iter().next()?;
+    lowest.report = format!(
+        "{}\nevery failing seed of this sweep ({}): {}",
+        lowest.report,
+        every.len(),
+        every.join(", ")
+    );
+    Some(lowest)
 }
 
 /// `TURNSTILE_SIM_SEED` replays one seed (its trace on stderr) under `TURNSTILE_SIM_FAULTS`
@@ -2382,20 +2393,24 @@ fn the_cluster_invariants_hold_for_every_seed() {
     }
     let n = env_u64("TURNSTILE_SIM_SEEDS").unwrap_or(80);
     let started = std::time::Instant::now();
-    if let Some(f) = sweep(0..n, ALL, brk, PENDING) {
-        panic!("{}", f.report);
-    }
     // Every fault again with the outbox cap at 16, where rebuilt messages wait for room.
     let small = Faults {
         small_outbox: true,
         ..ALL
     };
-    if let Some(f) = sweep(0..n, small, brk, PENDING) {
-        panic!("{}", f.report);
+    // Each sweep runs to its end, failing or not, so that one long run finds every seed.
+    let mut reports = Vec::new();
+    for (faults, skip) in [(ALL, PENDING), (small, PENDING), (JUMPS, &[][..])] {
+        let at = std::time::Instant::now();
+        let failed = sweep(0..n, faults, brk, skip);
+        eprintln!(
+            "simulation_cluster: {n} seeds of {} in {:.1} s",
+            faults_env(faults),
+            at.elapsed().as_secs_f64()
+        );
+        reports.extend(failed.map(|f| f.report));
     }
-    if let Some(f) = sweep(0..n, JUMPS, brk, &[]) {
-        panic!("{}", f.report);
-    }
+    assert!(reports.is_empty(), "{}", reports.join("\n\n"));
     let secs = started.elapsed().as_secs_f64();
     eprintln!(
         "simulation_cluster: 3 x {n} seeds in {secs:.1} s ({:.1} seeds/s)",
