@@ -250,6 +250,15 @@ impl ClusterSide {
         self.placed.get(&tag).copied()
     }
 
+    /// The run here of message `seq` ended with its outcome record unwritten (fenced, or its
+    /// partition lost): its say in where the result goes ends with it. Whoever loads the
+    /// message next decides that; a stale `silent` entry would drop the result of a rebuild
+    /// here after a regain (tests/simulation_cluster, seed 356).
+    fn forget_run(&mut self, seq: u64) {
+        self.silent.remove(&seq);
+        self.foreign.remove(&seq);
+    }
+
     /// Whether the terminal event of `seq`, its outcome now recorded, is another instance's
     /// to send (its origin's, alive): then it goes nowhere, and the bridge gives its
     /// reservation back.
@@ -539,6 +548,7 @@ impl Bridge {
     /// owner's outcome from the stream instead (its reservation kept); else its reservation
     /// is released.
     pub(in crate::server::bridge) fn unwritten(&mut self, seq: u64) {
+        self.cluster.forget_run(seq);
         let Some(d) = &mut self.durable else {
             return;
         };
