@@ -8,14 +8,16 @@
 //! Nothing sleeps to order events: the waits on a clock (a key's expiry in Redis, a status
 //! file rewritten by the heartbeat) poll their condition with a generous deadline.
 
+mod common;
 mod mock_openai;
 mod redis_support;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use common::eventually;
+use common::gateway::{find, listening_addr, wait_status};
 use mock_openai::{Mock, stream};
 use redis_support::{Redis, WAIT, require_redis};
 use turnstile::internal::cluster::{
@@ -231,11 +233,9 @@ fn a_partition_keeps_its_share_of_history_bytes_and_forgets_what_expired() {
     let seq = accept(&mut b, "e1", &chats[0]);
     b.outcome(&lease, seq, &remembering(&chats[0], &[("q", "a")]))
         .expect("outcome");
-    let deadline = Instant::now() + WAIT;
-    while stored(&redis, &chats[0]).is_some() {
-        assert!(Instant::now() < deadline, "never expired");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually("the conversation expired in Redis", WAIT, || {
+        stored(&redis, &chats[0]).is_none()
+    });
     let seq = accept(&mut b, "e2", &chats[1]);
     b.outcome(&lease, seq, &remembering(&chats[1], &[("q", "a")]))
         .expect("outcome");
@@ -273,15 +273,7 @@ impl Gateway {
             .stderr(Stdio::null())
             .spawn()
             .expect("start turnstile serve");
-        let mut first = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut first)
-            .expect("first line");
-        let addr = first
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("no listening line: {first:?}"))
-            .to_owned();
+        let addr = listening_addr(&mut child);
         Gateway {
             child,
             addr,
@@ -320,17 +312,7 @@ impl Gateway {
 
     /// Polls the status file (rewritten by the heartbeat) until `pred` holds.
     fn wait_status(&self, what: &str, pred: impl Fn(&serde_json::Value) -> bool) {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let status: Option<serde_json::Value> = std::fs::read(&self.status)
-                .ok()
-                .and_then(|b| serde_json::from_slice(&b).ok());
-            if status.as_ref().is_some_and(&pred) {
-                return;
-            }
-            assert!(Instant::now() < deadline, "never: {what}: {status:?}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_status(&self.status, what, WAIT, |s| pred(s).then_some(()));
     }
 
     /// SIGKILL, then reaped.
@@ -346,17 +328,6 @@ impl Drop for Gateway {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-/// The first value under `key`, anywhere in `v`.
-fn find<'a>(v: &'a serde_json::Value, key: &str) -> Option<&'a serde_json::Value> {
-    match v {
-        serde_json::Value::Object(m) => {
-            m.get(key).or_else(|| m.values().find_map(|x| find(x, key)))
-        }
-        serde_json::Value::Array(a) => a.iter().find_map(|x| find(x, key)),
-        _ => None,
     }
 }
 

@@ -2,13 +2,14 @@
 //! processes: `turnstile serve --agent openai --data-dir D` against the scripted OpenAI
 //! server, killed with SIGKILL and started again on the same directory.
 
+mod common;
 mod mock_openai;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::gateway::{find, listening_addr, wait_status};
 use mock_openai::{Mock, stream};
 
 const BIN: &str = env!("CARGO_BIN_EXE_turnstile");
@@ -36,15 +37,7 @@ impl Gateway {
             .stderr(Stdio::null())
             .spawn()
             .expect("start turnstile serve");
-        let mut first = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut first)
-            .expect("first line");
-        let addr = first
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("no listening line: {first:?}"))
-            .to_owned();
+        let addr = listening_addr(&mut child);
         Gateway { child, addr }
     }
 
@@ -126,18 +119,12 @@ fn row1_the_conversation_survives_a_kill_9_and_the_restart_continues_it() {
     );
     // The status shows the stored conversation (the heartbeat rewrites the file; polled
     // with a generous deadline, never a fixed wait).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let history = loop {
-        let status: Option<serde_json::Value> = std::fs::read(dir.path().join("status.json"))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok());
-        let history = status.and_then(|s| find(&s, "history").cloned());
-        match history {
-            Some(h) if h["sessions"] == 1 => break h,
-            _ if Instant::now() > deadline => panic!("no journal.history in the status"),
-            _ => std::thread::sleep(Duration::from_millis(50)),
-        }
-    };
+    let history = wait_status(
+        &dir.path().join("status.json"),
+        "journal.history in the status, one session",
+        Duration::from_secs(30),
+        |s| find(s, "history").filter(|h| h["sessions"] == 1).cloned(),
+    );
     assert!(
         history["bytes"].as_u64().is_some_and(|b| b > 0),
         "{history}"
@@ -145,17 +132,6 @@ fn row1_the_conversation_survives_a_kill_9_and_the_restart_continues_it() {
     assert_eq!(history["evicted"], 0);
     gateway.kill_9();
     assert_eq!(export(dir.path()).len(), 2);
-}
-
-/// The first object under `key`, anywhere in `v`.
-fn find<'a>(v: &'a serde_json::Value, key: &str) -> Option<&'a serde_json::Value> {
-    match v {
-        serde_json::Value::Object(m) => {
-            m.get(key).or_else(|| m.values().find_map(|x| find(x, key)))
-        }
-        serde_json::Value::Array(a) => a.iter().find_map(|x| find(x, key)),
-        _ => None,
-    }
 }
 
 #[test]

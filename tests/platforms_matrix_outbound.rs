@@ -8,19 +8,19 @@
 //! Without Synapse installed the test says so and passes, except under `.ci/run`
 //! (`TURNSTILE_REQUIRE_REAL_SERVERS=1`), where a missing Synapse fails it.
 
+mod common;
 mod matrix_support;
 
 mod child_support;
 use child_support::{Proc, die_with_parent};
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
-use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use common::gateway::spool_empties;
 use matrix_support::{Seen, User, WAIT, enc, replies_to, synapse};
 
 /// The process agent: on `chart` it attaches a 200 000-byte PNG-named file; on `bounds` four
@@ -103,29 +103,6 @@ fn sha256(bytes: &[u8]) -> String {
 
 fn data(n: usize, seed: usize) -> Vec<u8> {
     (0..n).map(|i| ((i * 13 + seed) % 256) as u8).collect()
-}
-
-/// Regular files in the spool (another process, the gateway's janitor, deletes them: polled
-/// until `want` holds, within the deadline).
-fn spool_until(spool: &Path, what: &str, want: impl Fn(usize) -> bool) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let files = std::fs::read_dir(spool)
-            .map(|d| {
-                d.filter_map(Result::ok)
-                    .filter(|e| e.path().is_file())
-                    .count()
-            })
-            .unwrap_or(0);
-        if want(files) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: {files} file(s) in the spool"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// What the human saw of the bot's messages, one line each (files with their type, name
@@ -237,9 +214,7 @@ fn a_process_agent_answers_with_a_file_the_human_downloads_byte_for_byte() {
     let got = download(&human, c["url"].as_str().expect("url"));
     assert_eq!(sha256(&got), sha256(&data(200_000, 7)), "byte for byte");
     // Delivered: the file left the gateway's spool.
-    spool_until(&spool, "the chart's file deleted once delivered", |n| {
-        n == 0
-    });
+    spool_empties(&spool, "the chart's file deleted once delivered", WAIT);
 
     // Past the per-file bound and the spool's room: left out, and the reply says so.
     let after = seen.log.len().saturating_sub(1);
@@ -270,7 +245,7 @@ fn a_process_agent_answers_with_a_file_the_human_downloads_byte_for_byte() {
         names.push(name);
     }
     assert_eq!(names, ["a.bin", "b.bin"]);
-    spool_until(&spool, "the files deleted once delivered", |n| n == 0);
+    spool_empties(&spool, "the files deleted once delivered", WAIT);
 
     // Paths outside the outbox: refused, said; nothing uploaded.
     let after = seen.log.len().saturating_sub(1);

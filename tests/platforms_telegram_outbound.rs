@@ -15,14 +15,15 @@
 //! spool once it is delivered.
 
 mod child_support;
+mod common;
 use child_support::{Proc, die_with_parent};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use common::gateway::spool_empties;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -376,25 +377,6 @@ fn update(update_id: i64, text: &str) -> Value {
         "from": {"id": 7, "is_bot": false, "first_name": "Ann"}, "text": text}})
 }
 
-/// Regular files in the spool (the gateway's janitor deletes them on a thread of its own, in
-/// another process: polled until none is left, within the deadline).
-fn spool_empties(spool: &Path) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let left: Vec<_> = std::fs::read_dir(spool)
-            .expect("spool")
-            .filter_map(Result::ok)
-            .filter(|e| e.path().is_file())
-            .map(|e| e.file_name())
-            .collect();
-        if left.is_empty() {
-            return;
-        }
-        assert!(Instant::now() < deadline, "left in the spool: {left:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[test]
 fn a_process_agents_files_are_uploaded_within_the_published_limits_and_the_rest_told() {
     let api = FakeBotApi::start();
@@ -458,7 +440,7 @@ fn a_process_agents_files_are_uploaded_within_the_published_limits_and_the_rest_
         took[2].sha256,
         sha256(&data(10_000_001, "poster.png".len()))
     );
-    spool_empties(&spool);
+    spool_empties(&spool, "the files deleted once delivered", WAIT);
 
     // Past Telegram's 50 MB: not sent; refused by Telegram: not retried; both told, once.
     api.push_update(update(2, "huge.bin:50000001 refuse.txt:10 ok.txt:5"));
@@ -469,7 +451,7 @@ fn a_process_agents_files_are_uploaded_within_the_published_limits_and_the_rest_
         "(file not sent: huge.bin, 47.7 MiB: larger than Telegram's 50 MB limit for bots)\n\
          (file not sent: refuse.txt, 10 B: sendDocument: 400 Bad Request: DOCUMENT_INVALID)"
     );
-    spool_empties(&spool);
+    spool_empties(&spool, "the files deleted once delivered", WAIT);
 
     // Past the gateway's bounds: left out, the reply says so.
     api.push_update(update(3, "over.bin:60000001"));
@@ -497,7 +479,7 @@ fn a_process_agents_files_are_uploaded_within_the_published_limits_and_the_rest_
     );
     eprintln!("what the chat showed:\n{}", state.shown.join("\n"));
     drop(state);
-    spool_empties(&spool);
+    spool_empties(&spool, "the files deleted once delivered", WAIT);
     let log = std::fs::read_to_string(&log).expect("log");
     assert!(
         !log.contains(TOKEN) && !log.contains("FAKE-SECRET"),
