@@ -16,8 +16,7 @@
 mod matrix_support;
 
 mod child_support;
-use child_support::{Proc, die_with_parent};
-use std::io::{BufRead, BufReader};
+use child_support::{Proc, die_with_parent, first_line};
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
 
@@ -53,17 +52,6 @@ fn hex(s: &str) -> Vec<u8> {
         .step_by(2)
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
         .collect()
-}
-
-fn first_line(child: &mut std::process::Child) -> String {
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    rx.recv_timeout(WAIT).expect("first line").trim().to_owned()
 }
 
 /// Uploads `bytes` (an encrypted file's ciphertext) as `user`: the `mxc://` URI.
@@ -130,7 +118,7 @@ fn an_encrypted_file_is_decrypted_into_the_spool_and_a_wrong_hash_refused() {
     )
     .spawn()
     .expect("serve");
-    assert!(first_line(&mut serve).starts_with("listening on "));
+    assert!(first_line(&mut serve, WAIT).starts_with("listening on "));
     let _serve = Proc(serve);
     let log = tmp.path().join("bridge.log");
     let mut bridge = die_with_parent(
@@ -151,7 +139,7 @@ fn an_encrypted_file_is_decrypted_into_the_spool_and_a_wrong_hash_refused() {
     )
     .spawn()
     .expect("bridge");
-    assert!(first_line(&mut bridge).starts_with("ready: matrix as "));
+    assert!(first_line(&mut bridge, WAIT).starts_with("ready: matrix as "));
     let _bridge = Proc(bridge);
     let me = bot.mxid.clone();
     seen.until("the bot joining", |s| {

@@ -10,8 +10,7 @@
 mod matrix_support;
 
 mod child_support;
-use child_support::{Proc, die_with_parent};
-use std::io::{BufRead, BufReader};
+use child_support::{Proc, die_with_parent, first_line};
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,17 +32,6 @@ for a in json.loads(os.environ["TURNSTILE_ATTACHMENTS"]):
         out.append([a["name"], a["skipped"]])
 print(json.dumps(out))
 '"#;
-
-fn first_line(child: &mut std::process::Child) -> String {
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    rx.recv_timeout(WAIT).expect("first line").trim().to_owned()
-}
 
 /// Uploads `bytes` as `user`: the `mxc://` URI.
 fn upload(user: &User, name: &str, mime: &str, bytes: &[u8]) -> String {
@@ -130,7 +118,7 @@ fn a_humans_image_and_text_file_reach_the_exec_agent_with_matching_sha256() {
     )
     .spawn()
     .expect("serve");
-    assert!(first_line(&mut serve).starts_with("listening on "));
+    assert!(first_line(&mut serve, WAIT).starts_with("listening on "));
     let _serve = Proc(serve);
     let log = tmp.path().join("bridge.log");
     let mut bridge = die_with_parent(
@@ -152,7 +140,7 @@ fn a_humans_image_and_text_file_reach_the_exec_agent_with_matching_sha256() {
     )
     .spawn()
     .expect("bridge");
-    assert!(first_line(&mut bridge).starts_with("ready: matrix as "));
+    assert!(first_line(&mut bridge, WAIT).starts_with("ready: matrix as "));
     let _bridge = Proc(bridge);
     let me = bot.mxid.clone();
     seen.until("the bot joining", |s| {

@@ -12,8 +12,7 @@ mod common;
 mod matrix_support;
 
 mod child_support;
-use child_support::{Proc, die_with_parent};
-use std::io::{BufRead, BufReader};
+use child_support::{Proc, die_with_parent, first_line};
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
 
@@ -52,17 +51,6 @@ for line in sys.stdin:
         text, files = "two secrets", [{"path": secret}, {"path": "../../secret.txt", "name": "x"}]
     print(json.dumps({"op": "reply", "id": msg["id"], "text": text, "attachments": files}), flush=True)
 "#;
-
-fn first_line(child: &mut std::process::Child) -> String {
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    rx.recv_timeout(WAIT).expect("first line").trim().to_owned()
-}
 
 /// Downloads `mxc://server/id` as `user`, through the authenticated media API.
 fn download(user: &User, mxc: &str) -> Vec<u8> {
@@ -165,7 +153,7 @@ fn a_process_agent_answers_with_a_file_the_human_downloads_byte_for_byte() {
     )
     .spawn()
     .expect("serve");
-    assert!(first_line(&mut serve).starts_with("listening on "));
+    assert!(first_line(&mut serve, WAIT).starts_with("listening on "));
     let _serve = Proc(serve);
     let log = tmp.path().join("bridge.log");
     let mut bridge = die_with_parent(
@@ -186,7 +174,7 @@ fn a_process_agent_answers_with_a_file_the_human_downloads_byte_for_byte() {
     )
     .spawn()
     .expect("bridge");
-    assert!(first_line(&mut bridge).starts_with("ready: matrix as "));
+    assert!(first_line(&mut bridge, WAIT).starts_with("ready: matrix as "));
     let _bridge = Proc(bridge);
     let me = bot.mxid.clone();
     seen.until("the bot joining", |s| {

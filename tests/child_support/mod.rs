@@ -3,8 +3,10 @@
 //! target adds the methods it needs in an `impl Proc` of its own.
 #![allow(dead_code)]
 
+use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command};
+use std::time::Duration;
 
 /// Children die with the test thread that started them (`PR_SET_PDEATHSIG`).
 pub fn die_with_parent(command: &mut Command) -> &mut Command {
@@ -27,4 +29,20 @@ impl Drop for Proc {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// The child's first line on its (piped) stdout, trimmed: read on a thread of its own, so a
+/// child that says nothing fails the test after `within` instead of hanging it.
+pub fn first_line(child: &mut Child, within: Duration) -> String {
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    rx.recv_timeout(within)
+        .expect("first line")
+        .trim()
+        .to_owned()
 }
