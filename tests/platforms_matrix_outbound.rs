@@ -9,17 +9,16 @@
 //! (`TURNSTILE_REQUIRE_REAL_SERVERS=1`), where a missing Synapse fails it.
 
 mod common;
+mod matrix_files_support;
 mod matrix_support;
 
 mod child_support;
-use child_support::{Proc, die_with_parent, first_line};
-use std::net::TcpListener;
-use std::process::{Command, Stdio};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use common::gateway::spool_empties;
+use matrix_files_support::FilesRig;
 use matrix_support::{Seen, User, WAIT, enc, replies_to, synapse};
 
 /// The process agent: on `chart` it attaches a 200 000-byte PNG-named file; on `bounds` four
@@ -127,60 +126,30 @@ fn a_process_agent_answers_with_a_file_the_human_downloads_byte_for_byte() {
     let room = human.create_room(&[&bot.mxid]);
     let mut seen = human.watch(&room);
     let tmp = tempfile::tempdir().expect("tempdir");
-    let spool = tmp.path().join("spool");
     let script = tmp.path().join("agent.py");
     let secret = tmp.path().join("secret.txt");
     std::fs::write(&secret, "not for the chat").expect("secret");
     std::fs::write(&script, AGENT).expect("script");
-    let port = TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
-    let mut serve = die_with_parent(
-        Command::new(env!("CARGO_BIN_EXE_turnstile"))
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-            .args(["--http-listen", "off", "--access-default", "open"])
-            .args(["--agent", "process", "--agent-cmd"])
-            .arg(format!("python3 {}", script.display()))
-            .arg("--attachments-dir")
-            .arg(&spool)
-            .args(["--max-attachment-bytes", "300000"])
-            .args(["--attachments-bytes", "600000"])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit()),
-    )
-    .spawn()
-    .expect("serve");
-    assert!(first_line(&mut serve, WAIT).starts_with("listening on "));
-    let _serve = Proc(serve);
-    let log = tmp.path().join("bridge.log");
-    let mut bridge = die_with_parent(
-        Command::new(env!("CARGO_BIN_EXE_turnstile"))
-            .args([
-                "bridge",
-                "matrix",
-                "--gateway",
-                &format!("127.0.0.1:{port}"),
-            ])
-            .args(["--homeserver", &hs.base, "--format", "plain"])
-            .arg("--attachments-dir")
-            .arg(&spool)
-            .env("MATRIX_ACCESS_TOKEN", &bot.token)
-            .env("RUST_LOG", "debug")
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).expect("log")),
-    )
-    .spawn()
-    .expect("bridge");
-    assert!(first_line(&mut bridge, WAIT).starts_with("ready: matrix as "));
-    let _bridge = Proc(bridge);
+    let agent_cmd = format!("python3 {}", script.display());
+    let rig = FilesRig::start(
+        hs,
+        &bot,
+        &mut seen,
+        tmp.path(),
+        &[
+            "--agent",
+            "process",
+            "--agent-cmd",
+            &agent_cmd,
+            "--max-attachment-bytes",
+            "300000",
+            "--attachments-bytes",
+            "600000",
+        ],
+        &["--format", "plain"],
+    );
+    let (spool, log) = (rig.spool.clone(), rig.bridge_log.clone());
     let me = bot.mxid.clone();
-    seen.until("the bot joining", |s| {
-        matches!(s, Seen::Event(ev, _) if ev["type"] == "m.room.member"
-            && ev["state_key"] == me.as_str() && ev["content"]["membership"] == "join")
-    });
     let from_bot = |ev: &Value| ev["type"] == "m.room.message" && ev["sender"] == me.as_str();
 
     // A file: the text answers the human's message, then the image, which the human
