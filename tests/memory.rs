@@ -6,65 +6,26 @@ mod common;
 mod mock_openai;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use common::gateway::{find, listening_addr, wait_status};
+use common::gateway::{Gateway, find, wait_status};
 use mock_openai::{Mock, stream};
 
 const BIN: &str = env!("CARGO_BIN_EXE_turnstile");
 /// The session `turnstile send` talks in by default (platform `cli`, chat `local`).
 const SESSION: &str = "cli:dm:local";
 
-/// A gateway process, killed with SIGKILL when dropped.
-struct Gateway {
-    child: Child,
-    addr: String,
-}
-
-impl Gateway {
-    fn start(mock: &Mock, dir: &Path) -> Gateway {
-        let mut child = Command::new(BIN)
+/// A gateway on `dir` (its journal and status file) with the openai agent on `mock`.
+fn start(mock: &Mock, dir: &Path) -> Gateway {
+    Gateway::spawn(
+        Command::new(BIN)
             .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "off"])
-            .arg("--status-file")
-            .arg(dir.join("status.json"))
-            .args(["--agent", "openai", "--model", "m"])
-            .args(["--openai-base-url", &mock.base_url()])
+            .args(mock.agent_args())
             .arg("--data-dir")
-            .arg(dir)
-            .env_remove("OPENAI_API_KEY")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start turnstile serve");
-        let addr = listening_addr(&mut child);
-        Gateway { child, addr }
-    }
-
-    /// Sends `text` with `turnstile send` and returns the reply.
-    fn send(&self, text: &str) -> String {
-        let out = Command::new(BIN)
-            .args(["send", "--addr", &self.addr, "--timeout", "60s", text])
-            .output()
-            .expect("run turnstile send");
-        assert!(out.status.success(), "send {text:?}: {out:?}");
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    }
-
-    /// SIGKILL, then reaped.
-    fn kill_9(mut self) {
-        // SAFETY: plain kill(2) on our own child's pid.
-        let rc = unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
-        assert_eq!(rc, 0);
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+            .arg(dir),
+        &dir.join("status.json"),
+    )
 }
 
 fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -91,7 +52,7 @@ fn export(dir: &Path) -> Vec<serde_json::Value> {
 fn row1_the_conversation_survives_a_kill_9_and_the_restart_continues_it() {
     let mock = Mock::start(vec![stream(&["Hello ", "Ann"], 5, 2)]);
     let dir = tempfile::tempdir().expect("dir");
-    let gateway = Gateway::start(&mock, dir.path());
+    let gateway = start(&mock, dir.path());
     assert_eq!(gateway.send("my name is Ann"), "Hello Ann");
     assert_eq!(
         mock.next_request().messages(),
@@ -106,7 +67,7 @@ fn row1_the_conversation_survives_a_kill_9_and_the_restart_continues_it() {
     assert_eq!(lines[0]["assistant"], "Hello Ann");
 
     mock.push([stream(&["You are Ann"], 9, 3)]);
-    let gateway = Gateway::start(&mock, dir.path());
+    let gateway = start(&mock, dir.path());
     assert_eq!(gateway.send("what is my name?"), "You are Ann");
     assert_eq!(
         mock.next_request().messages(),
@@ -138,7 +99,7 @@ fn row1_the_conversation_survives_a_kill_9_and_the_restart_continues_it() {
 fn new_clears_the_conversation_durably() {
     let mock = Mock::start(vec![stream(&["noted: 7"], 5, 2)]);
     let dir = tempfile::tempdir().expect("dir");
-    let gateway = Gateway::start(&mock, dir.path());
+    let gateway = start(&mock, dir.path());
     assert_eq!(gateway.send("remember 7"), "noted: 7");
     mock.next_request();
     let reset = gateway.send("/new");
@@ -147,7 +108,7 @@ fn new_clears_the_conversation_durably() {
     assert_eq!(export(dir.path()), Vec::<serde_json::Value>::new());
 
     mock.push([stream(&["which number?"], 5, 2)]);
-    let gateway = Gateway::start(&mock, dir.path());
+    let gateway = start(&mock, dir.path());
     assert_eq!(
         gateway.send("what did I ask you to remember?"),
         "which number?"

@@ -2,13 +2,86 @@
 //! status file its heartbeat rewrites.
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::Child;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
 
 use super::eventually;
+
+/// A `turnstile serve` process with a status file, killed with SIGKILL when dropped.
+pub struct Gateway {
+    pub child: Child,
+    /// The address its listening line named.
+    pub addr: String,
+    /// The status file its heartbeat rewrites.
+    pub status: PathBuf,
+}
+
+impl Gateway {
+    /// Starts `command` (a `turnstile serve` listening on 127.0.0.1:0) with its status file
+    /// at `status`, nothing of the test's environment's secrets, stderr silenced; reads its
+    /// listening line.
+    pub fn spawn(command: &mut Command, status: &Path) -> Gateway {
+        let mut child = command
+            .arg("--status-file")
+            .arg(status)
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("TURNSTILE_AUTH_TOKEN")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start turnstile serve");
+        let addr = listening_addr(&mut child);
+        Gateway {
+            child,
+            addr,
+            status: status.to_owned(),
+        }
+    }
+
+    /// Sends `text` with `turnstile send` and returns the reply.
+    pub fn send(&self, text: &str) -> String {
+        self.send_args(&[text])
+    }
+
+    /// Sends `text` in the chat `chat` (another session than `send`'s).
+    pub fn send_in(&self, chat: &str, text: &str) -> String {
+        self.send_args(&["--chat", chat, text])
+    }
+
+    fn send_args(&self, args: &[&str]) -> String {
+        let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+            .args(["send", "--addr", &self.addr, "--timeout", "60s"])
+            .args(args)
+            .output()
+            .expect("run turnstile send");
+        assert!(out.status.success(), "send {args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// Polls the status file (rewritten by the heartbeat) until `pred` holds.
+    #[track_caller]
+    pub fn wait_status(&self, what: &str, within: Duration, pred: impl Fn(&Value) -> bool) {
+        wait_status(&self.status, what, within, |s| pred(s).then_some(()));
+    }
+
+    /// SIGKILL, then reaped.
+    pub fn kill_9(mut self) {
+        // SAFETY: plain kill(2) on our own child's pid.
+        let rc = unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
+        assert_eq!(rc, 0);
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
 
 /// The address of `serve`'s first line, `listening on <ip>:<port>` (its stdout piped).
 pub fn listening_addr(child: &mut Child) -> String {
