@@ -21,8 +21,8 @@ mod child_support;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use matrix_files_support::{FilesRig, upload};
-use matrix_support::{Seen, enc, replies_to, synapse};
+use matrix_files_support::{FilesRig, agent_answer, upload};
+use matrix_support::{enc, synapse};
 
 /// The exec agent: each entry's name and the SHA-256 of the file at its path (or why it was
 /// skipped).
@@ -116,16 +116,7 @@ fn an_encrypted_file_is_decrypted_into_the_spool_and_a_wrong_hash_refused() {
             )
             .expect("send");
         let event = v["event_id"].as_str().expect("event_id").to_owned();
-        let at = seen.until_after(after, "the agent's answer", |ev| {
-            replies_to(ev, &me, &event)
-                && ev["content"]["msgtype"] == "m.text"
-                && ev["content"]["m.relates_to"]["rel_type"].is_null()
-        });
-        let Seen::Event(ev, _) = &seen.log[at] else {
-            unreachable!()
-        };
-        let answer: Value =
-            serde_json::from_str(ev["content"]["body"].as_str().expect("body")).expect("json");
+        let answer = agent_answer(&mut seen, after, &me, &event);
         assert_eq!(answer, expected, "case {i}");
     }
     let told: Vec<&Value> = seen

@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::{Value, json};
 
-use matrix_files_support::{FilesRig, upload};
-use matrix_support::{Seen, User, enc, replies_to, synapse};
+use matrix_files_support::{FilesRig, agent_answer, upload};
+use matrix_support::{User, enc, synapse};
 
 /// The exec agent: each entry's name, and whether the sha256 of the file at its path is the
 /// entry's (or why it was skipped).
@@ -116,16 +116,7 @@ fn a_humans_image_and_text_file_reach_the_exec_agent_with_matching_sha256() {
         let uri = upload(&human, Some(name), mime, &data);
         let after = seen.log.len().saturating_sub(1);
         let event = send_file(&human, &room, msgtype, name, mime, &uri, data.len());
-        let i = seen.until_after(after, "the agent's answer", |ev| {
-            replies_to(ev, &me, &event)
-                && ev["content"]["msgtype"] == "m.text"
-                && ev["content"]["m.relates_to"]["rel_type"].is_null()
-        });
-        let Seen::Event(ev, _) = &seen.log[i] else {
-            unreachable!()
-        };
-        let answer: Value =
-            serde_json::from_str(ev["content"]["body"].as_str().expect("body")).expect("json");
+        let answer = agent_answer(&mut seen, after, &me, &event);
         assert_eq!(answer, expected, "{name}");
     }
     // The human was told, once, that the big file was not passed on.

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use serde_json::Value;
 
 use crate::child_support::{Proc, die_with_parent, first_line};
-use crate::matrix_support::{Seen, Synapse, User, WAIT, Watcher, enc};
+use crate::matrix_support::{Seen, Synapse, User, WAIT, Watcher, enc, replies_to};
 
 /// `turnstile serve` and `turnstile bridge matrix` on one spool, both killed when dropped
 /// (the bridge first).
@@ -111,4 +111,18 @@ pub fn upload(user: &User, filename: Option<&str>, mime: &str, bytes: &[u8]) -> 
     assert_eq!(response.status().as_u16(), 200, "{text}");
     let v: Value = serde_json::from_str(&text).expect("json");
     v["content_uri"].as_str().expect("content_uri").to_owned()
+}
+
+/// Waits (after `seen`'s entry `after`) for the agent's answer to `event`, a plain text
+/// reply of `bot` (not an edit), and parses it: the exec agents answer in JSON.
+pub fn agent_answer(seen: &mut Watcher, after: usize, bot: &str, event: &str) -> Value {
+    let i = seen.until_after(after, "the agent's answer", |ev| {
+        replies_to(ev, bot, event)
+            && ev["content"]["msgtype"] == "m.text"
+            && ev["content"]["m.relates_to"]["rel_type"].is_null()
+    });
+    let Seen::Event(ev, _) = &seen.log[i] else {
+        unreachable!()
+    };
+    serde_json::from_str(ev["content"]["body"].as_str().expect("body")).expect("json")
 }
