@@ -10,6 +10,7 @@
 //! Waits are on events: lines in the log, leases in Redis (polled with a deadline: a lease
 //! changes hands on Redis's clock), lines from the gateway.
 
+mod common;
 mod redis_support;
 
 use std::collections::{HashMap, HashSet};
@@ -17,9 +18,10 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use redis_support::{ClusterServe, Redis, WAIT, leases, require_redis};
+use common::{eventually, holds};
+use redis_support::{ClusterServe, Redis, WAIT, all_held_by, leases, require_redis};
 use serde_json::{Value, json};
 
 const PARTITIONS: u32 = 4;
@@ -50,15 +52,9 @@ impl ClusterServe {
 
 /// Waits (bounded) until `instance` holds every partition's lease.
 fn until_all_held_by(redis: &Redis, instance: &str) {
-    let prefix = format!("{instance}:");
-    let t0 = Instant::now();
-    while !leases(redis, PARTITIONS)
-        .iter()
-        .all(|h| h.as_deref().is_some_and(|h| h.starts_with(&prefix)))
-    {
-        assert!(t0.elapsed() < WAIT, "{instance} never held every partition");
-        std::thread::park_timeout(Duration::from_millis(10));
-    }
+    eventually(&format!("{instance} holds every partition"), WAIT, || {
+        holds(leases(redis, PARTITIONS), |l| all_held_by(l, instance))
+    });
 }
 
 /// The side-effect log's lines, split in words: `[what, instance, session, message]`.
@@ -73,11 +69,7 @@ fn log_lines(log: &Path) -> Vec<Vec<String>> {
 
 /// Waits (bounded, polling the file) until `done` holds for the log.
 fn until_log(log: &Path, what: &str, done: impl Fn(&[Vec<String>]) -> bool) {
-    let t0 = Instant::now();
-    while !done(&log_lines(log)) {
-        assert!(t0.elapsed() < WAIT, "never: {what}\n{:?}", log_lines(log));
-        std::thread::park_timeout(Duration::from_millis(20));
-    }
+    eventually(what, WAIT, || holds(log_lines(log), |l| done(l)));
 }
 
 /// Turns of one session that overlap: a `start` while another turn of the session has

@@ -10,6 +10,7 @@
 //! id); the waits are for lines on the bridges' connections, each with a deadline only a
 //! failing run reaches.
 
+mod common;
 mod redis_support;
 
 use std::collections::HashMap;
@@ -19,7 +20,8 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use redis_support::{ClusterServe, Redis, WAIT, leases, require_redis};
+use common::{eventually, holds};
+use redis_support::{ClusterServe, Redis, WAIT, all_held_by, leases, require_redis};
 use serde_json::{Value, json};
 
 const PARTITIONS: u32 = 4;
@@ -54,23 +56,13 @@ impl ClusterServe {
 /// Waits (bounded) until the leases satisfy `done`: a lease changes hands on Redis's clock,
 /// not on an event this test can wait on, so Redis is polled.
 fn until_leases(redis: &Redis, what: &str, done: impl Fn(&[Option<String>]) -> bool) {
-    let t0 = Instant::now();
-    while !done(&leases(redis, PARTITIONS)) {
-        assert!(
-            t0.elapsed() < WAIT,
-            "{what}: {:?}",
-            leases(redis, PARTITIONS)
-        );
-        std::thread::park_timeout(Duration::from_millis(10));
-    }
+    eventually(what, WAIT, || holds(leases(redis, PARTITIONS), |l| done(l)));
 }
 
 /// Waits (bounded) until `instance` holds every partition's lease.
 fn until_all_held_by(redis: &Redis, instance: &str) {
-    let prefix = format!("{instance}:");
     until_leases(redis, &format!("{instance} holds every partition"), |l| {
-        l.iter()
-            .all(|h| h.as_deref().is_some_and(|h| h.starts_with(&prefix)))
+        all_held_by(l, instance)
     });
 }
 

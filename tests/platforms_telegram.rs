@@ -29,6 +29,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{eventually, holds};
 use crossbeam_channel::{Receiver, bounded};
 use serde_json::{Value, json};
 use telegram_fake::{
@@ -317,21 +318,6 @@ for line in sys.stdin:
 
 fn final_text() -> String {
     format!("Hello world {}", "🎉 ".repeat(3000))
-}
-
-impl Proc {
-    fn terminate(&mut self) -> std::process::ExitStatus {
-        // SAFETY: kill(2) on our own child.
-        assert_eq!(unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) }, 0);
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(status) = self.0.try_wait().expect("try_wait") {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "no exit after SIGTERM");
-            std::thread::park_timeout(Duration::from_millis(20));
-        }
-    }
 }
 
 fn first_line(child: &mut Child) -> Receiver<String> {
@@ -746,20 +732,17 @@ fn the_offset_moves_only_once_the_gateway_has_the_message() {
     // Ordered by the bridge's own log (bounded polling of another process's output): it has
     // the update, then failed to reach the gateway twice more — time it would have used to
     // poll past the update if it did not wait for the gateway's answer.
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if let Some(at) = text.find("telegram: update 20 from chat 42")
-            && text[at..].matches("reconnecting in").count() >= 2
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the bridge never got the update: {text}"
-        );
-        std::thread::park_timeout(Duration::from_millis(10));
-    }
+    eventually(
+        "the bridge got the update, then retried twice",
+        WAIT,
+        || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            holds(text, |t| {
+                t.find("telegram: update 20 from chat 42")
+                    .is_some_and(|at| t[at..].matches("reconnecting in").count() >= 2)
+            })
+        },
+    );
     assert!(
         !api.lock()
             .calls
@@ -1034,14 +1017,7 @@ fn a_gateway_restart_mid_burst_shows_each_reply_once() {
     }
     api.lock().hold_sends = false;
     api.notify();
-    let deadline = Instant::now() + WAIT;
-    let status = loop {
-        if let Some(status) = serve.0.try_wait().expect("try_wait") {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "the gateway did not exit");
-        std::thread::park_timeout(Duration::from_millis(20));
-    };
+    let status = serve.wait_exit();
     assert!(status.success(), "gateway exit status {status:?}");
     api.wait_for("the four replies shown", |s| {
         (1..=4)

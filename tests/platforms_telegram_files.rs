@@ -20,7 +20,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::eventually;
+use common::{eventually, holds};
 use serde_json::{Value, json};
 use telegram_fake::{
     BotState, FakeServer, Shared, TOKEN, error, get_updates, read_request, respond, respond_json,
@@ -309,12 +309,7 @@ fn photos_and_documents_reach_the_agent_bounded_and_the_sender_is_told_what_did_
     // The bridge process deletes the refused files on its own thread: polled (bounded) until
     // they are gone, nothing in this test waits on the order of events.
     eventually("the spool keeps only the filler", WAIT, || {
-        let left = spool_entries(&spool);
-        if left == ["filler"] {
-            Ok(())
-        } else {
-            Err(left)
-        }
+        holds(spool_entries(&spool), |left| left == &["filler"])
     });
     let log = std::fs::read_to_string(&log).expect("log");
     assert!(

@@ -63,3 +63,9 @@ pub fn eventually<S: Settled>(
         std::thread::sleep(POLL_EVERY);
     }
 }
+
+/// `Ok` once `pred` holds for `state`, else `Err(state)`: what [`eventually`]'s panic
+/// message shows when it never does.
+pub fn holds<T>(state: T, pred: impl FnOnce(&T) -> bool) -> Result<(), T> {
+    if pred(&state) { Ok(()) } else { Err(state) }
+}

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::eventually;
+use super::{eventually, holds};
 
 /// A `turnstile serve` process with a status file, killed with SIGKILL when dropped.
 pub struct Gateway {
@@ -145,8 +145,5 @@ pub fn spool_files(dir: &Path) -> Vec<String> {
 /// message's files on a thread of its own, in another process.
 #[track_caller]
 pub fn spool_empties(dir: &Path, what: &str, within: Duration) {
-    eventually(what, within, || {
-        let left = spool_files(dir);
-        if left.is_empty() { Ok(()) } else { Err(left) }
-    });
+    eventually(what, within, || holds(spool_files(dir), Vec::is_empty));
 }

@@ -7,7 +7,7 @@ pub mod eventually;
 pub mod gateway;
 pub mod sim;
 
-pub use eventually::eventually;
+pub use eventually::{eventually, holds};
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};

@@ -265,3 +265,11 @@ pub fn leases(redis: &Redis, partitions: u32) -> Vec<Option<String>> {
         })
         .collect()
 }
+
+/// Whether `instance` holds every one of `leases` (tokens `<instance>:<epoch>`).
+pub fn all_held_by(leases: &[Option<String>], instance: &str) -> bool {
+    let prefix = format!("{instance}:");
+    leases
+        .iter()
+        .all(|h| h.as_deref().is_some_and(|h| h.starts_with(&prefix)))
+}
