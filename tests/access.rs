@@ -4,15 +4,17 @@
 //! failing run; nothing sleeps to order events.
 
 mod child_support;
+mod common;
 mod mock_openai;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use child_support::{Proc, die_with_parent};
+use common::eventually;
 use serde_json::{Value, json};
 
 /// Only a failing run waits this long.
@@ -280,14 +282,9 @@ fn row2_a_rate_limit_is_answered_and_survives_a_restart() {
     // The counters are saved off the reactor, at most once a second: wait for the file to
     // hold the empty bucket (a bounded poll of a file, not a sleep ordering events).
     let state = data.join("access.json");
-    let deadline = Instant::now() + WAIT;
-    while !std::fs::read_to_string(&state).is_ok_and(|s| s.contains("\"@u:hs\":{\"tokens\":0")) {
-        assert!(
-            Instant::now() < deadline,
-            "access.json never held the bucket"
-        );
-        std::thread::park_timeout(Duration::from_millis(20));
-    }
+    eventually("access.json holds the emptied bucket", WAIT, || {
+        std::fs::read_to_string(&state).is_ok_and(|s| s.contains("\"@u:hs\":{\"tokens\":0"))
+    });
     drop(c);
     // Killed (SIGKILL, reaped): what was saved is all the next start has.
     drop(serve1);
@@ -426,14 +423,9 @@ fn row2_a_spent_budget_is_answered_without_a_request_and_survives_a_restart() {
     // Counters are saved off the reactor, at most once a second: wait for the file to hold
     // the count (a bounded poll of a file, not a sleep ordering events).
     let state = data.join("access.json");
-    let deadline = Instant::now() + WAIT;
-    while !std::fs::read_to_string(&state).is_ok_and(|s| s.contains("\"used\":1100")) {
-        assert!(
-            Instant::now() < deadline,
-            "access.json never held the count"
-        );
-        std::thread::park_timeout(Duration::from_millis(20));
-    }
+    eventually("access.json holds the count", WAIT, || {
+        std::fs::read_to_string(&state).is_ok_and(|s| s.contains("\"used\":1100"))
+    });
     drop(c);
     drop(serve1);
     let (_serve2, addr, _) = serve_agent(dir.path(), config, &agent, &data_arg, false);

@@ -4,14 +4,18 @@
 //! ended, a path outside the spool is refused `invalid`, and the files an earlier run left
 //! are swept at start-up.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
+
+use common::eventually;
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -125,15 +129,6 @@ fn entry(path: &Path, name: &str, mime: &str) -> Value {
            "path": path.to_str().expect("utf-8 path")})
 }
 
-/// Waits (bounded) until `done` holds: the janitor deletes on a thread of its own.
-fn eventually(what: &str, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !done() {
-        assert!(Instant::now() < deadline, "not within {WAIT:?}: {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn the_exec_agent_reads_the_files_and_they_leave_the_spool_after_the_turn() {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -168,9 +163,12 @@ fn the_exec_agent_reads_the_files_and_they_leave_the_spool_after_the_turn() {
             ["notes.txt", "text/plain", true, "hello"]
         ])
     );
-    eventually("the files leave the spool once the reply is out", || {
-        !png.exists() && !txt.exists()
-    });
+    // The janitor deletes on a thread of its own.
+    eventually(
+        "the files leave the spool once the reply is out",
+        WAIT,
+        || !png.exists() && !txt.exists(),
+    );
 
     // A hostile bridge: a file outside the spool, directly or through a link inside it.
     // The test's own secret beside the spool (never a file of the machine's: a check that

@@ -8,15 +8,16 @@
 //! with a deadline; nothing sleeps to order events.
 
 mod child_support;
+mod common;
 mod redis_support;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use child_support::{Proc, die_with_parent};
-use redis_support::{Redis, WAIT, require_redis};
+use common::{eventually, holds};
+use redis_support::{Redis, WAIT, all_held_by, leases, require_redis};
 use serde_json::{Value, json};
 
 const PARTITIONS: u32 = 2;
@@ -72,26 +73,9 @@ fn serve(
 
 /// Waits (bounded) until `instance` holds every partition: it decides every message.
 fn until_all_held_by(redis: &Redis, instance: &str) {
-    let mut c = redis.client();
-    let deadline = Instant::now() + WAIT;
-    let prefix = format!("{instance}:");
-    loop {
-        let held = (0..PARTITIONS).all(|p| {
-            redis::cmd("GET")
-                .arg(format!("ts:{{p{p}}}:lease"))
-                .query::<Option<String>>(&mut c)
-                .expect("GET")
-                .is_some_and(|h| h.starts_with(&prefix))
-        });
-        if held {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{instance} never held every partition"
-        );
-        std::thread::park_timeout(Duration::from_millis(20));
-    }
+    eventually(&format!("{instance} holds every partition"), WAIT, || {
+        holds(leases(redis, PARTITIONS), |l| all_held_by(l, instance))
+    });
 }
 
 /// `turnstile access --http ADDR --platform matrix ARGS…`: exit code, stdout and stderr.
@@ -117,19 +101,11 @@ fn access_cli(http: &str, args: &[&str]) -> (i32, String) {
 
 /// Asks `turnstile access list` of `http` until its answer contains `needle` (bounded).
 fn until_listed(http: &str, needle: &str) {
-    let deadline = Instant::now() + WAIT;
-    loop {
+    eventually(&format!("{needle:?} listed"), WAIT, || {
         let (status, listed) = access_cli(http, &["list"]);
         assert_eq!(status, 0, "{listed}");
-        if listed.contains(needle) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "never listed {needle:?}: {listed}"
-        );
-        std::thread::park_timeout(Duration::from_millis(50));
-    }
+        holds(listed, |l| l.contains(needle))
+    });
 }
 
 fn runs(dir: &std::path::Path) -> usize {
@@ -226,20 +202,15 @@ fn a_rate_spent_on_a_limits_on_b_after_both_restart() {
     assert_eq!(c.ask("r3", "@u:hs", "x")["notice"], "rate_limited");
     // The spend reaches Redis within a period: wait for the emptied bucket there.
     let mut rc = redis.client();
-    let deadline = Instant::now() + WAIT;
-    loop {
+    eventually("the spend reached Redis", WAIT, || {
         let bucket: Option<String> = redis::cmd("HGET")
             .arg("ts:{access}:rate:matrix")
             .arg("@u:hs")
             .query(&mut rc)
             .expect("HGET");
         let tokens = bucket.and_then(|b| b.split(' ').next()?.parse::<f64>().ok());
-        if tokens.is_some_and(|t| t < 1.0) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the spend never reached Redis");
-        std::thread::park_timeout(Duration::from_millis(20));
-    }
+        holds(tokens, |t| t.is_some_and(|t| t < 1.0))
+    });
     drop(c);
     // Both killed (SIGKILL, reaped); B alone, freshly started, decides every message now.
     drop((a, b));

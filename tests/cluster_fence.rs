@@ -10,28 +10,26 @@
 //! Waits are on events: lines in the log, leases in Redis (polled with a deadline: a lease
 //! changes hands on Redis's clock), lines from the gateway.
 
+mod common;
 mod redis_support;
 
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Stdio;
+use std::time::Instant;
 
-use redis_support::{Redis, WAIT, require_redis};
+use common::{eventually, holds};
+use redis_support::{ClusterServe, Redis, WAIT, all_held_by, leases, require_redis};
 use serde_json::{Value, json};
 
 const PARTITIONS: u32 = 4;
 const LEASE_MS: u64 = 2000;
 
-struct Server {
-    child: Child,
-    addr: String,
-}
+type Server = ClusterServe;
 
-impl Server {
+impl ClusterServe {
     /// `serve --cluster` as `instance`, its exec agent logging to `log`.
     fn start(redis: &Redis, instance: &str, log: &Path) -> Server {
         // Reads its input, then writes for about 3 s (longer than the lease): a turn the
@@ -42,73 +40,21 @@ impl Server {
              echo \"tick $w\" >> \"$l\"; i=$((i+1)); done; echo \"end $w\" >> \"$l\"; echo done",
             log = log.display()
         );
-        let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
-        command
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--http-listen", "off"])
-            .args(["--cluster", &redis.url(), "--instance-id", instance])
-            .args(["--partitions", &PARTITIONS.to_string()])
-            .args(["--lease-ms", &LEASE_MS.to_string()])
-            .args(["--cluster-rebalance", "false"])
-            .args(["--agent", "exec", "--agent-cmd", &script])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = command.spawn().expect("start turnstile serve");
-        let mut first = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut first)
-            .expect("first line");
-        let addr = first
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("listening line, got {first:?}"))
-            .to_owned();
-        Server { child, addr }
-    }
-
-    fn signal(&self, sig: libc::c_int) {
-        let pid = libc::pid_t::try_from(self.child.id()).expect("pid");
-        // SAFETY: kill(2) on our own child's pid.
-        assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill({pid}, {sig})");
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        // A stopped process must be continued to die of SIGTERM; SIGKILL needs nothing.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        ClusterServe::spawn(
+            ClusterServe::command(redis, instance, PARTITIONS, LEASE_MS)
+                .args(["--cluster-rebalance", "false"])
+                .args(["--agent", "exec", "--agent-cmd", &script])
+                .env("RUST_LOG", "warn")
+                .stderr(Stdio::inherit()),
+        )
     }
 }
 
 /// Waits (bounded) until `instance` holds every partition's lease.
 fn until_all_held_by(redis: &Redis, instance: &str) {
-    let mut c = redis.client();
-    let t0 = Instant::now();
-    loop {
-        let held = (0..PARTITIONS).all(|p| {
-            redis::cmd("GET")
-                .arg(format!("ts:{{p{p}}}:lease"))
-                .query::<Option<String>>(&mut c)
-                .expect("GET")
-                .is_some_and(|h| h.starts_with(&format!("{instance}:")))
-        });
-        if held {
-            return;
-        }
-        assert!(t0.elapsed() < WAIT, "{instance} never held every partition");
-        std::thread::park_timeout(Duration::from_millis(10));
-    }
+    eventually(&format!("{instance} holds every partition"), WAIT, || {
+        holds(leases(redis, PARTITIONS), |l| all_held_by(l, instance))
+    });
 }
 
 /// The side-effect log's lines, split in words: `[what, instance, session, message]`.
@@ -123,11 +69,7 @@ fn log_lines(log: &Path) -> Vec<Vec<String>> {
 
 /// Waits (bounded, polling the file) until `done` holds for the log.
 fn until_log(log: &Path, what: &str, done: impl Fn(&[Vec<String>]) -> bool) {
-    let t0 = Instant::now();
-    while !done(&log_lines(log)) {
-        assert!(t0.elapsed() < WAIT, "never: {what}\n{:?}", log_lines(log));
-        std::thread::park_timeout(Duration::from_millis(20));
-    }
+    eventually(what, WAIT, || holds(log_lines(log), |l| done(l)));
 }
 
 /// Turns of one session that overlap: a `start` while another turn of the session has

@@ -7,6 +7,7 @@
 //! Waits on a condition in Redis (a lease's holder, the registry's newest hello) poll it
 //! with a deadline: those change on Redis, not on an event this test can wait on.
 
+mod common;
 mod redis_support;
 
 use std::collections::HashMap;
@@ -15,8 +16,8 @@ use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
+use common::eventually;
 use redis_support::{Redis, WAIT, require_redis};
 use serde_json::{Value, json};
 
@@ -156,12 +157,8 @@ fn get(redis: &Redis, key: &str) -> Option<String> {
 }
 
 /// Waits (bounded) until `f` holds on Redis.
-fn until(what: &str, mut f: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(t0.elapsed() < WAIT, "never: {what}");
-        std::thread::park_timeout(Duration::from_millis(10));
-    }
+fn until(what: &str, f: impl FnMut() -> bool) {
+    eventually(what, WAIT, f);
 }
 
 fn in_flight(redis: &Redis) -> u64 {

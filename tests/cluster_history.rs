@@ -8,14 +8,16 @@
 //! Nothing sleeps to order events: the waits on a clock (a key's expiry in Redis, a status
 //! file rewritten by the heartbeat) poll their condition with a generous deadline.
 
+mod common;
 mod mock_openai;
 mod redis_support;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::process::Command;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use common::eventually;
+use common::gateway::{Gateway, find};
 use mock_openai::{Mock, stream};
 use redis_support::{Redis, WAIT, require_redis};
 use turnstile::internal::cluster::{
@@ -231,11 +233,9 @@ fn a_partition_keeps_its_share_of_history_bytes_and_forgets_what_expired() {
     let seq = accept(&mut b, "e1", &chats[0]);
     b.outcome(&lease, seq, &remembering(&chats[0], &[("q", "a")]))
         .expect("outcome");
-    let deadline = Instant::now() + WAIT;
-    while stored(&redis, &chats[0]).is_some() {
-        assert!(Instant::now() < deadline, "never expired");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually("the conversation expired in Redis", WAIT, || {
+        stored(&redis, &chats[0]).is_none()
+    });
     let seq = accept(&mut b, "e2", &chats[1]);
     b.outcome(&lease, seq, &remembering(&chats[1], &[("q", "a")]))
         .expect("outcome");
@@ -243,131 +243,32 @@ fn a_partition_keeps_its_share_of_history_bytes_and_forgets_what_expired() {
     assert_eq!((s.sessions, s.expired), (1, 1), "{s:?}");
 }
 
-/// A `serve --cluster --agent openai` process, killed with SIGKILL when dropped.
-struct Gateway {
-    child: Child,
-    addr: String,
-    status: std::path::PathBuf,
+/// A `serve --cluster --agent openai` instance `id` on one partition, its status file in `dir`.
+fn start(mock: &Mock, redis: &Redis, id: &str, dir: &Path) -> Gateway {
+    start_with(mock, redis, id, dir, &[])
 }
 
-impl Gateway {
-    fn start(mock: &Mock, redis: &Redis, id: &str, dir: &Path) -> Gateway {
-        Gateway::start_with(mock, redis, id, dir, &[])
-    }
-
-    fn start_with(mock: &Mock, redis: &Redis, id: &str, dir: &Path, extra: &[&str]) -> Gateway {
-        let status = dir.join(format!("{id}.json"));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+fn start_with(mock: &Mock, redis: &Redis, id: &str, dir: &Path, extra: &[&str]) -> Gateway {
+    Gateway::spawn(
+        Command::new(env!("CARGO_BIN_EXE_turnstile"))
             .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "off"])
-            .arg("--status-file")
-            .arg(&status)
-            .args(["--agent", "openai", "--model", "m"])
-            .args(["--openai-base-url", &mock.base_url()])
+            .args(mock.agent_args())
             .args(["--cluster", &redis.url(), "--instance-id", id])
             .args(["--partitions", "1", "--lease-ms", "500"])
             .args(["--cluster-rebalance", "false"])
-            .args(extra)
-            .env_remove("OPENAI_API_KEY")
-            .env_remove("TURNSTILE_AUTH_TOKEN")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start turnstile serve");
-        let mut first = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut first)
-            .expect("first line");
-        let addr = first
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("no listening line: {first:?}"))
-            .to_owned();
-        Gateway {
-            child,
-            addr,
-            status,
-        }
-    }
-
-    /// Sends `text` with `turnstile send` and returns the reply.
-    fn send(&self, text: &str) -> String {
-        let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
-            .args(["send", "--addr", &self.addr, "--timeout", "60s", text])
-            .output()
-            .expect("run turnstile send");
-        assert!(out.status.success(), "send {text:?}: {out:?}");
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    }
-
-    /// Sends `text` in the chat `chat` (another session than `send`'s).
-    fn send_in(&self, chat: &str, text: &str) -> String {
-        let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
-            .args([
-                "send",
-                "--addr",
-                &self.addr,
-                "--timeout",
-                "60s",
-                "--chat",
-                chat,
-                text,
-            ])
-            .output()
-            .expect("run turnstile send");
-        assert!(out.status.success(), "send {text:?}: {out:?}");
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    }
-
-    /// Polls the status file (rewritten by the heartbeat) until `pred` holds.
-    fn wait_status(&self, what: &str, pred: impl Fn(&serde_json::Value) -> bool) {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let status: Option<serde_json::Value> = std::fs::read(&self.status)
-                .ok()
-                .and_then(|b| serde_json::from_slice(&b).ok());
-            if status.as_ref().is_some_and(&pred) {
-                return;
-            }
-            assert!(Instant::now() < deadline, "never: {what}: {status:?}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// SIGKILL, then reaped.
-    fn kill_9(mut self) {
-        // SAFETY: plain kill(2) on our own child's pid.
-        let rc = unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
-        assert_eq!(rc, 0);
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The first value under `key`, anywhere in `v`.
-fn find<'a>(v: &'a serde_json::Value, key: &str) -> Option<&'a serde_json::Value> {
-    match v {
-        serde_json::Value::Object(m) => {
-            m.get(key).or_else(|| m.values().find_map(|x| find(x, key)))
-        }
-        serde_json::Value::Array(a) => a.iter().find_map(|x| find(x, key)),
-        _ => None,
-    }
+            .args(extra),
+        &dir.join(format!("{id}.json")),
+    )
 }
 
 /// Two instances on one Redis, one partition: `owner` holds it (started first, no
 /// rebalancing), `survivor` joined after.
 fn two_instances(mock: &Mock, redis: &Redis, dir: &Path) -> (Gateway, Gateway) {
-    let owner = Gateway::start(mock, redis, "owner", dir);
-    owner.wait_status("the owner holds the partition", |s| {
+    let owner = start(mock, redis, "owner", dir);
+    owner.wait_status("the owner holds the partition", WAIT, |s| {
         find(s, "owned").is_some_and(|o| o == &serde_json::json!([0]))
     });
-    let survivor = Gateway::start(mock, redis, "survivor", dir);
+    let survivor = start(mock, redis, "survivor", dir);
     (owner, survivor)
 }
 
@@ -406,7 +307,7 @@ fn a_failover_continues_the_conversation_on_the_next_owner() {
         mock.next_request().messages(),
         pairs(&[("user", "my name is Ann")])
     );
-    owner.wait_status("the owner counts the stored conversation", |s| {
+    owner.wait_status("the owner counts the stored conversation", WAIT, |s| {
         find(s, "history").is_some_and(|h| h["sessions"] == 1 && h["bytes"].as_u64() > Some(0))
     });
     // Exported from Redis while both instances run.
@@ -430,7 +331,7 @@ fn a_failover_continues_the_conversation_on_the_next_owner() {
         "the next owner's first request carries the earlier exchange"
     );
     assert_eq!(export(&redis).len(), 2);
-    survivor.wait_status("the survivor counts the conversation", |s| {
+    survivor.wait_status("the survivor counts the conversation", WAIT, |s| {
         find(s, "history").is_some_and(|h| h["sessions"] == 1)
     });
 }
@@ -472,7 +373,7 @@ fn a_conversation_read_on_a_connection_redis_closed_is_read_again_not_started_an
     let dir = tempfile::tempdir().expect("dir");
     // One cached agent: another session's turn evicts Ann's, so her next message makes a new
     // one, which reads the conversation back on the connection the earlier reads left open.
-    let owner = Gateway::start_with(
+    let owner = start_with(
         &mock,
         &redis,
         "owner",
@@ -483,7 +384,7 @@ fn a_conversation_read_on_a_connection_redis_closed_is_read_again_not_started_an
     mock.next_request();
     assert_eq!(owner.send_in("bob", "I am Bob"), "Hello Bob");
     mock.next_request();
-    owner.wait_status("Ann's agent is evicted", |s| {
+    owner.wait_status("Ann's agent is evicted", WAIT, |s| {
         find(s, "cached_agents") == Some(&serde_json::json!(1))
     });
     // Redis closes that connection (its idle `timeout`, a restart, a proxy): the connections

@@ -10,28 +10,26 @@
 //! id); the waits are for lines on the bridges' connections, each with a deadline only a
 //! failing run reaches.
 
+mod common;
 mod redis_support;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use redis_support::{Redis, WAIT, require_redis};
+use common::{eventually, holds};
+use redis_support::{ClusterServe, Redis, WAIT, all_held_by, leases, require_redis};
 use serde_json::{Value, json};
 
 const PARTITIONS: u32 = 4;
 const SESSIONS: usize = 150;
 
-struct Server {
-    child: Child,
-    addr: String,
-}
+type Server = ClusterServe;
 
-impl Server {
+impl ClusterServe {
     /// `serve --cluster` as `instance` with an exec agent that appends each turn's message
     /// id to `effects`, then answers its text; the default lease.
     fn start(redis: &Redis, instance: &str, effects: &Path) -> Server {
@@ -43,88 +41,28 @@ impl Server {
             "printf '%s\\n' \"$TURNSTILE_MESSAGE_ID\" >> '{}'; cat",
             effects.display()
         );
-        let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
-        command
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--http-listen", "off"])
-            .args(["--cluster", &redis.url(), "--instance-id", instance])
-            .args(["--partitions", &PARTITIONS.to_string()])
-            .args(["--lease-ms", &lease_ms.to_string()])
-            // Who owns what is this test's to say: no rebalancing.
-            .args(["--cluster-rebalance", "false"])
-            .args(["--agent", "exec", "--agent-cmd", &agent])
-            .env("RUST_LOG", "warn")
-            .env_remove("TURNSTILE_AUTH_TOKEN")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = command.spawn().expect("start turnstile serve");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut first = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut first)
-            .expect("first line");
-        let addr = first
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("listening line, got {first:?}"))
-            .to_owned();
-        Server { child, addr }
+        ClusterServe::spawn(
+            ClusterServe::command(redis, instance, PARTITIONS, lease_ms)
+                // Who owns what is this test's to say: no rebalancing.
+                .args(["--cluster-rebalance", "false"])
+                .args(["--agent", "exec", "--agent-cmd", &agent])
+                .env("RUST_LOG", "warn")
+                .env_remove("TURNSTILE_AUTH_TOKEN")
+                .stderr(Stdio::inherit()),
+        )
     }
-}
-
-impl Server {
-    fn signal(&self, sig: libc::c_int) {
-        let pid = libc::pid_t::try_from(self.child.id()).expect("pid");
-        // SAFETY: kill(2) on our own child's pid.
-        assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill({pid}, {sig})");
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Each partition's lease now (`<instance>:<epoch>`, or none).
-fn leases(redis: &Redis) -> Vec<Option<String>> {
-    let mut c = redis.client();
-    (0..PARTITIONS)
-        .map(|p| {
-            redis::cmd("GET")
-                .arg(format!("ts:{{p{p}}}:lease"))
-                .query::<Option<String>>(&mut c)
-                .expect("GET")
-        })
-        .collect()
 }
 
 /// Waits (bounded) until the leases satisfy `done`: a lease changes hands on Redis's clock,
 /// not on an event this test can wait on, so Redis is polled.
 fn until_leases(redis: &Redis, what: &str, done: impl Fn(&[Option<String>]) -> bool) {
-    let t0 = Instant::now();
-    while !done(&leases(redis)) {
-        assert!(t0.elapsed() < WAIT, "{what}: {:?}", leases(redis));
-        std::thread::park_timeout(Duration::from_millis(10));
-    }
+    eventually(what, WAIT, || holds(leases(redis, PARTITIONS), |l| done(l)));
 }
 
 /// Waits (bounded) until `instance` holds every partition's lease.
 fn until_all_held_by(redis: &Redis, instance: &str) {
-    let prefix = format!("{instance}:");
     until_leases(redis, &format!("{instance} holds every partition"), |l| {
-        l.iter()
-            .all(|h| h.as_deref().is_some_and(|h| h.starts_with(&prefix)))
+        all_held_by(l, instance)
     });
 }
 
@@ -320,7 +258,7 @@ fn an_owner_that_loses_and_regains_its_partitions_in_one_pass_reads_their_inboxe
     let lease_ms = 1000;
     let b = Server::start_leased(&redis, "b", &effects, lease_ms);
     until_all_held_by(&redis, "b");
-    let before = leases(&redis);
+    let before = leases(&redis, PARTITIONS);
     b.signal(libc::SIGSTOP);
     until_leases(&redis, "every lease expired", |l| {
         l.iter().all(Option::is_none)

@@ -8,8 +8,8 @@
 //! on each bridge, no result is `interrupted by restart`, both instances serve at the end.
 //! Then B leaves (SIGTERM) and A takes everything back, serving on.
 //!
-//! The harness (a server, a bridge client, the leases' holders) is copied from
-//! tests/cluster_serve.rs, trimmed to what this file uses. Waits on a condition in Redis
+//! The server and the leases come from tests/redis_support; the bridge client is copied
+//! from tests/cluster_serve.rs, trimmed to what this file uses. Waits on a condition in Redis
 //! (who holds the leases) poll it with a deadline: a lease changes hands on Redis's clock,
 //! not on an event this test can wait on.
 
@@ -18,72 +18,29 @@ mod redis_support;
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use redis_support::{Redis, WAIT, require_redis};
+use redis_support::{ClusterServe, Redis, WAIT, leases, require_redis};
 use serde_json::{Value, json};
 
 const PARTITIONS: u32 = 8;
 const LEASE_MS: u64 = 1000;
 
-struct Server {
-    child: Child,
-    addr: String,
-}
+type Server = ClusterServe;
 
-impl Server {
+impl ClusterServe {
     /// An instance whose log (INFO and up) goes to `log`.
     fn start(redis: &Redis, instance: &str, log: &Path) -> Server {
         let log = std::fs::File::create(log).expect("log file");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
-        command
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--http-listen", "off"])
-            .args(["--cluster", &redis.url(), "--instance-id", instance])
-            .args(["--partitions", &PARTITIONS.to_string()])
-            .args(["--lease-ms", &LEASE_MS.to_string()])
-            .args(["--echo-delay-ms", "40"])
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log));
-        // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = command.spawn().expect("start turnstile serve");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut first = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut first)
-            .expect("first line");
-        let addr = first
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("listening line, got {first:?}"))
-            .to_owned();
-        Server { child, addr }
-    }
-
-    fn signal(&self, sig: libc::c_int) {
-        let pid = libc::pid_t::try_from(self.child.id()).expect("pid");
-        // SAFETY: kill(2) on our own child's pid.
-        assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill({pid}, {sig})");
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        ClusterServe::spawn(
+            ClusterServe::command(redis, instance, PARTITIONS, LEASE_MS)
+                .args(["--echo-delay-ms", "40"])
+                .env("RUST_LOG", "info")
+                .stderr(Stdio::from(log)),
+        )
     }
 }
 
@@ -144,15 +101,9 @@ fn terminal(v: &Value) -> bool {
 
 /// The holder (instance name) of each partition's lease now.
 fn holders(redis: &Redis) -> Vec<Option<String>> {
-    let mut c = redis.client();
-    (0..PARTITIONS)
-        .map(|p| {
-            let token: Option<String> = redis::cmd("GET")
-                .arg(format!("ts:{{p{p}}}:lease"))
-                .query(&mut c)
-                .expect("GET");
-            token.and_then(|t| t.rsplit_once(':').map(|(i, _)| i.to_owned()))
-        })
+    leases(redis, PARTITIONS)
+        .into_iter()
+        .map(|token| token.and_then(|t| t.rsplit_once(':').map(|(i, _)| i.to_owned())))
         .collect()
 }
 

@@ -5,10 +5,12 @@
 //! (`Arrival::Forwarded`, `Arrival::Took`). Nothing sleeps: every wait is for the reader's
 //! next batch (its waker is a channel), bounded by `WAIT`.
 
+mod common;
 mod redis_support;
 
 use std::time::{Duration, Instant};
 
+use common::{eventually, holds};
 use crossbeam_channel::Receiver;
 use redis_support::{Redis, WAIT, require_redis};
 use turnstile::ClusterStatus;
@@ -79,16 +81,11 @@ impl Reading {
 impl Reading {
     /// Waits (bounded) until the reader's last read of the registry found `live`.
     fn until_live(&self, live: &[&str]) {
-        let t0 = Instant::now();
-        loop {
+        eventually(&format!("live instances {live:?}"), WAIT, || {
             let mut s = ClusterStatus::default();
             self.reader.fill_status(&mut s);
-            if s.live_instances == live {
-                return;
-            }
-            assert!(t0.elapsed() < WAIT, "live instances {:?}", s.live_instances);
-            std::thread::park_timeout(Duration::from_millis(10));
-        }
+            holds(s.live_instances, |l| l == live)
+        });
     }
 
     /// An answer to this reader's own instance, waited for: the requests before it were
@@ -329,19 +326,15 @@ fn requests_wait_for_redis_within_their_bound_and_go_when_it_is_back() {
         x.reader.fill_status(&mut s);
         s
     };
-    let t0 = Instant::now();
-    while status().forward_requests_dropped < 5 {
-        assert!(t0.elapsed() < WAIT, "{:?}", status());
-        std::thread::park_timeout(Duration::from_millis(10));
-    }
+    eventually("five forward requests dropped", WAIT, || {
+        holds(status(), |s| s.forward_requests_dropped >= 5).map_err(Box::new)
+    });
     let s = status();
     assert_eq!((s.forward_requests, s.forward_requests_dropped), (bound, 5));
     r.restart();
-    let t0 = Instant::now();
-    while status().forward_requests > 0 {
-        assert!(t0.elapsed() < WAIT, "{:?}", status());
-        std::thread::park_timeout(Duration::from_millis(10));
-    }
+    eventually("no forward request left", WAIT, || {
+        holds(status(), |s| s.forward_requests == 0).map_err(Box::new)
+    });
     let mut st = store(&r, "y");
     assert_eq!(
         st.hello_of("tg").expect("tg").map(|h| h.0),

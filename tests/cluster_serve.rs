@@ -7,82 +7,42 @@
 //! Waits on a condition in Redis (which instance holds the leases) poll it with a deadline:
 //! a lease changes hands on Redis's clock, not on an event this test can wait on.
 
+mod common;
 mod redis_support;
 
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use redis_support::{Redis, WAIT, require_redis};
+use common::{eventually, holds};
+use redis_support::{ClusterServe, Redis, WAIT, require_redis};
 use serde_json::{Value, json};
 
 const PARTITIONS: u32 = 4;
 
-struct Server {
-    child: Child,
-    addr: String,
-}
+type Server = ClusterServe;
 
-impl Server {
+impl ClusterServe {
     fn start(redis: &Redis, instance: &str, lease_ms: u64) -> Server {
         Server::start_logged(redis, instance, lease_ms, Stdio::inherit())
     }
 
     /// As `start`, its log (WARN and up) going to `stderr`.
     fn start_logged(redis: &Redis, instance: &str, lease_ms: u64, stderr: Stdio) -> Server {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
-        command
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--http-listen", "off"])
-            .args(["--cluster", &redis.url(), "--instance-id", instance])
-            .args(["--partitions", &PARTITIONS.to_string()])
-            .args(["--lease-ms", &lease_ms.to_string()])
-            // Each test names who owns what: no rebalancing (tests/cluster_rebalance has it).
-            .args(["--cluster-rebalance", "false"])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(stderr);
-        // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = command.spawn().expect("start turnstile serve");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut first = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut first)
-            .expect("first line");
-        let addr = first
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("listening line, got {first:?}"))
-            .to_owned();
-        Server { child, addr }
-    }
-
-    fn signal(&self, sig: libc::c_int) {
-        let pid = libc::pid_t::try_from(self.child.id()).expect("pid");
-        // SAFETY: kill(2) on our own child's pid.
-        assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill({pid}, {sig})");
+        ClusterServe::spawn(
+            ClusterServe::command(redis, instance, PARTITIONS, lease_ms)
+                // Each test names who owns what: no rebalancing (tests/cluster_rebalance has it).
+                .args(["--cluster-rebalance", "false"])
+                .env("RUST_LOG", "warn")
+                .stderr(stderr),
+        )
     }
 
     fn kill9(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.kill9();
     }
 }
 
@@ -236,11 +196,9 @@ fn a_message_accepted_on_a_and_owned_by_b_is_run_on_b_and_answered_on_a() {
     // Confirmed: both leave Redis, whichever instance confirms.
     on_a.delivered(&done);
     on_b.delivered(&done_b);
-    let t0 = Instant::now();
-    while messages_in_flight(&redis) > 0 {
-        assert!(t0.elapsed() < WAIT, "delivered messages stayed in Redis");
-        std::thread::park_timeout(Duration::from_millis(10));
-    }
+    eventually("the delivered messages leave Redis", WAIT, || {
+        holds(messages_in_flight(&redis), |n| *n == 0)
+    });
     drop(a);
 }
 

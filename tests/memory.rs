@@ -2,76 +2,30 @@
 //! processes: `turnstile serve --agent openai --data-dir D` against the scripted OpenAI
 //! server, killed with SIGKILL and started again on the same directory.
 
+mod common;
 mod mock_openai;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
+use common::gateway::{Gateway, find, wait_status};
 use mock_openai::{Mock, stream};
 
 const BIN: &str = env!("CARGO_BIN_EXE_turnstile");
 /// The session `turnstile send` talks in by default (platform `cli`, chat `local`).
 const SESSION: &str = "cli:dm:local";
 
-/// A gateway process, killed with SIGKILL when dropped.
-struct Gateway {
-    child: Child,
-    addr: String,
-}
-
-impl Gateway {
-    fn start(mock: &Mock, dir: &Path) -> Gateway {
-        let mut child = Command::new(BIN)
+/// A gateway on `dir` (its journal and status file) with the openai agent on `mock`.
+fn start(mock: &Mock, dir: &Path) -> Gateway {
+    Gateway::spawn(
+        Command::new(BIN)
             .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "off"])
-            .arg("--status-file")
-            .arg(dir.join("status.json"))
-            .args(["--agent", "openai", "--model", "m"])
-            .args(["--openai-base-url", &mock.base_url()])
+            .args(mock.agent_args())
             .arg("--data-dir")
-            .arg(dir)
-            .env_remove("OPENAI_API_KEY")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start turnstile serve");
-        let mut first = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut first)
-            .expect("first line");
-        let addr = first
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("no listening line: {first:?}"))
-            .to_owned();
-        Gateway { child, addr }
-    }
-
-    /// Sends `text` with `turnstile send` and returns the reply.
-    fn send(&self, text: &str) -> String {
-        let out = Command::new(BIN)
-            .args(["send", "--addr", &self.addr, "--timeout", "60s", text])
-            .output()
-            .expect("run turnstile send");
-        assert!(out.status.success(), "send {text:?}: {out:?}");
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    }
-
-    /// SIGKILL, then reaped.
-    fn kill_9(mut self) {
-        // SAFETY: plain kill(2) on our own child's pid.
-        let rc = unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
-        assert_eq!(rc, 0);
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+            .arg(dir),
+        &dir.join("status.json"),
+    )
 }
 
 fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -98,7 +52,7 @@ fn export(dir: &Path) -> Vec<serde_json::Value> {
 fn row1_the_conversation_survives_a_kill_9_and_the_restart_continues_it() {
     let mock = Mock::start(vec![stream(&["Hello ", "Ann"], 5, 2)]);
     let dir = tempfile::tempdir().expect("dir");
-    let gateway = Gateway::start(&mock, dir.path());
+    let gateway = start(&mock, dir.path());
     assert_eq!(gateway.send("my name is Ann"), "Hello Ann");
     assert_eq!(
         mock.next_request().messages(),
@@ -113,7 +67,7 @@ fn row1_the_conversation_survives_a_kill_9_and_the_restart_continues_it() {
     assert_eq!(lines[0]["assistant"], "Hello Ann");
 
     mock.push([stream(&["You are Ann"], 9, 3)]);
-    let gateway = Gateway::start(&mock, dir.path());
+    let gateway = start(&mock, dir.path());
     assert_eq!(gateway.send("what is my name?"), "You are Ann");
     assert_eq!(
         mock.next_request().messages(),
@@ -126,18 +80,12 @@ fn row1_the_conversation_survives_a_kill_9_and_the_restart_continues_it() {
     );
     // The status shows the stored conversation (the heartbeat rewrites the file; polled
     // with a generous deadline, never a fixed wait).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let history = loop {
-        let status: Option<serde_json::Value> = std::fs::read(dir.path().join("status.json"))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok());
-        let history = status.and_then(|s| find(&s, "history").cloned());
-        match history {
-            Some(h) if h["sessions"] == 1 => break h,
-            _ if Instant::now() > deadline => panic!("no journal.history in the status"),
-            _ => std::thread::sleep(Duration::from_millis(50)),
-        }
-    };
+    let history = wait_status(
+        &dir.path().join("status.json"),
+        "journal.history in the status, one session",
+        Duration::from_secs(30),
+        |s| find(s, "history").filter(|h| h["sessions"] == 1).cloned(),
+    );
     assert!(
         history["bytes"].as_u64().is_some_and(|b| b > 0),
         "{history}"
@@ -147,22 +95,11 @@ fn row1_the_conversation_survives_a_kill_9_and_the_restart_continues_it() {
     assert_eq!(export(dir.path()).len(), 2);
 }
 
-/// The first object under `key`, anywhere in `v`.
-fn find<'a>(v: &'a serde_json::Value, key: &str) -> Option<&'a serde_json::Value> {
-    match v {
-        serde_json::Value::Object(m) => {
-            m.get(key).or_else(|| m.values().find_map(|x| find(x, key)))
-        }
-        serde_json::Value::Array(a) => a.iter().find_map(|x| find(x, key)),
-        _ => None,
-    }
-}
-
 #[test]
 fn new_clears_the_conversation_durably() {
     let mock = Mock::start(vec![stream(&["noted: 7"], 5, 2)]);
     let dir = tempfile::tempdir().expect("dir");
-    let gateway = Gateway::start(&mock, dir.path());
+    let gateway = start(&mock, dir.path());
     assert_eq!(gateway.send("remember 7"), "noted: 7");
     mock.next_request();
     let reset = gateway.send("/new");
@@ -171,7 +108,7 @@ fn new_clears_the_conversation_durably() {
     assert_eq!(export(dir.path()), Vec::<serde_json::Value>::new());
 
     mock.push([stream(&["which number?"], 5, 2)]);
-    let gateway = Gateway::start(&mock, dir.path());
+    let gateway = start(&mock, dir.path());
     assert_eq!(
         gateway.send("what did I ask you to remember?"),
         "which number?"

@@ -7,9 +7,11 @@
 
 mod chat_bridge_support;
 mod child_support;
+mod common;
 mod discord_fake;
 use chat_bridge_support::{AGENT, GATEWAY_TOKEN, Setup, WAIT, lines, stream_text};
 use child_support::{Proc, die_with_parent};
+use common::{eventually, holds};
 use discord_fake::{BOT_ID, FakeDiscord, FakeState, TOKEN};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -285,18 +287,10 @@ fn a_restarted_bridge_resumes_its_session_and_answers_what_came_while_it_was_dow
         (posted(s, "echo: one (dm)") == 1).then_some(())
     });
     // Ordered by the state file: it records the message as answered.
-    let deadline = Instant::now() + WAIT;
-    loop {
+    eventually("the session saved", WAIT, || {
         let saved = std::fs::read_to_string(state.join("discord-session")).unwrap_or_default();
-        if saved.contains("\"seq\":2") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the session was not saved: {saved}"
-        );
-        std::thread::park_timeout(Duration::from_millis(20));
-    }
+        holds(saved, |s| s.contains("\"seq\":2"))
+    });
     assert!(first.terminate().success());
     fake.user_message("801", "42", None, "two");
     let log = setup.dir.path().join("bridge-2.log");

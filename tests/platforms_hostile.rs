@@ -7,8 +7,10 @@
 //! of an observable state (a stalled write, the process's exit).
 
 mod child_support;
+mod common;
 mod slack_fake;
 use child_support::{Proc, die_with_parent};
+use common::{eventually, holds};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
@@ -29,21 +31,11 @@ impl Proc {
         self.0.id()
     }
 
-    /// SIGTERM, then the exit status and how long the exit took (bounded by [`WAIT`]).
-    fn terminate(&mut self) -> (ExitStatus, Duration) {
+    /// SIGTERM, then the exit status and how long the exit took (bounded).
+    fn terminate_timed(&mut self) -> (ExitStatus, Duration) {
         let sent = Instant::now();
-        // SAFETY: kill(2) on our own child.
-        assert_eq!(unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) }, 0);
-        loop {
-            if let Some(status) = self.0.try_wait().expect("try_wait") {
-                return (status, sent.elapsed());
-            }
-            assert!(
-                sent.elapsed() < WAIT,
-                "no exit after SIGTERM within {WAIT:?}"
-            );
-            std::thread::park_timeout(Duration::from_millis(10));
-        }
+        let status = self.terminate();
+        (status, sent.elapsed())
     }
 
     /// The resident set size, from `/proc/PID/status`.
@@ -590,7 +582,7 @@ fn sigterm_with_the_gateway_channel_full_exits_promptly() {
         .recv_timeout(WAIT)
         .expect("the bridge never stopped reading the flood");
     assert!(gateway.written.load(Ordering::SeqCst) >= 3100);
-    let (status, took) = bridge.terminate();
+    let (status, took) = bridge.terminate_timed();
     eprintln!("SIGTERM: {status:?} after {took:?}");
     assert!(status.success(), "exit status {status:?}");
     assert!(took <= PROMPT_EXIT, "SIGTERM took {took:?}");
@@ -642,7 +634,7 @@ fn a_ping_flood_from_a_server_that_stops_reading_holds_memory_and_exit_bounded()
         "RSS {peak} KiB under a PING flood, bound {FLOOD_RSS_BOUND_KIB} KiB ({} MiB of PINGs sent)",
         irc.flooded.load(Ordering::SeqCst) >> 20
     );
-    let (status, took) = bridge.terminate();
+    let (status, took) = bridge.terminate_timed();
     eprintln!("SIGTERM: {status:?} after {took:?}");
     assert!(status.success(), "exit status {status:?}");
     assert!(took <= PROMPT_EXIT, "SIGTERM took {took:?}");
@@ -693,7 +685,7 @@ fn a_flood_of_server_errors_and_endless_lines_is_logged_rate_limited() {
         irc.send(&format!(":irc.fake ERROR :again\r\n{ping}\r\n"));
         irc.wait_line(&ping, |l| l == format!("PONG :again{n}"));
     }
-    let (status, _) = bridge.terminate();
+    let (status, _) = bridge.terminate_timed();
     assert!(status.success(), "exit status {status:?}");
 }
 
@@ -878,8 +870,8 @@ fn tokens_echoed_by_a_server_in_any_form_never_reach_the_log() {
     // The second request comes after the first one's failure was logged.
     hs.wait_requests("/account/whoami", 2);
     api.wait_requests("/getMe", 2);
-    let _ = matrix.terminate();
-    let _ = telegram.terminate();
+    let _ = matrix.terminate_timed();
+    let _ = telegram.terminate_timed();
     for (log, echoed) in [(&matrix_log, &matrix_echo), (&telegram_log, &telegram_echo)] {
         let logged = std::fs::read_to_string(log).expect("log");
         for form in echoed {
@@ -917,7 +909,7 @@ fn sigterm_during_a_whoami_that_is_never_answered_exits_promptly() {
         &log,
     );
     hs.wait_requests("/account/whoami", 1);
-    let (status, took) = matrix.terminate();
+    let (status, took) = matrix.terminate_timed();
     eprintln!("SIGTERM during whoami: {status:?} after {took:?}");
     assert!(status.success(), "exit status {status:?}");
     assert!(took <= PROMPT_EXIT, "SIGTERM took {took:?}");
@@ -944,7 +936,7 @@ fn sigterm_during_a_get_me_that_is_never_answered_exits_promptly() {
         &log,
     );
     api.wait_requests("/getMe", 1);
-    let (status, took) = telegram.terminate();
+    let (status, took) = telegram.terminate_timed();
     eprintln!("SIGTERM during getMe: {status:?} after {took:?}");
     assert!(status.success(), "exit status {status:?}");
     assert!(took <= PROMPT_EXIT, "SIGTERM took {took:?}");
@@ -986,7 +978,7 @@ fn the_largest_update_id_runs_once_and_the_offset_does_not_wrap() {
         &log,
     );
     let polls = api.wait_requests("/getUpdates", 4);
-    let (status, _) = telegram.terminate();
+    let (status, _) = telegram.terminate_timed();
     assert!(status.success(), "exit status {status:?}");
     for p in &polls {
         assert!(!p.contains("\"offset\":-"), "the offset wrapped: {p}");
@@ -1034,7 +1026,7 @@ fn irc_output_carries_no_ctcp_and_splits_between_graphemes() {
     irc.send(":ann!a@h PRIVMSG bot :hello\r\n");
     let got = gateway.received.recv_timeout(WAIT).expect("a message");
     assert_eq!(got["text"], "hello", "{got}");
-    let (status, _) = bridge.terminate();
+    let (status, _) = bridge.terminate_timed();
     assert!(status.success(), "exit status {status:?}");
 }
 
@@ -1078,7 +1070,7 @@ fn bidi_controls_are_dropped_from_display_names() {
     );
     let got = gateway.received.recv_timeout(WAIT).expect("the message");
     assert_eq!(got["user_name"], "Annnimda Lee", "{got}");
-    let (status, _) = telegram.terminate();
+    let (status, _) = telegram.terminate_timed();
     assert!(status.success(), "exit status {status:?}");
 }
 
@@ -1127,7 +1119,7 @@ fn sasl_plain_and_nickserv_log_the_bot_in_with_secrets_from_variables() {
     irc.wait_line("IDENTIFY", |l| {
         l == format!("PRIVMSG NickServ :IDENTIFY {NICKSERV_PW}")
     });
-    let (status, _) = bridge.terminate();
+    let (status, _) = bridge.terminate_timed();
     assert!(status.success(), "exit status {status:?}");
     let logged = std::fs::read_to_string(&log).expect("log");
     assert!(logged.contains("SASL login succeeded"), "{logged}");
@@ -1197,7 +1189,7 @@ fn max_rooms_counts_joins_under_way_and_joins_do_not_hold_the_sync() {
         } else {
             hs.wait_requests("/join", 1);
         }
-        let (status, _) = matrix.terminate();
+        let (status, _) = matrix.terminate_timed();
         assert!(status.success(), "exit status {status:?}");
         let more: Vec<String> = hs
             .requests
@@ -1242,7 +1234,7 @@ fn a_gateway_error_echoing_the_token_is_logged_redacted() {
         "text": "after"});
     gateway.send(&result.to_string());
     irc.wait_line("the reply", |l| l == "PRIVMSG ann :after");
-    let (status, _) = bridge.terminate();
+    let (status, _) = bridge.terminate_timed();
     assert!(status.success(), "exit status {status:?}");
     let logged = std::fs::read_to_string(&log).expect("log");
     assert!(
@@ -1361,7 +1353,7 @@ fn an_over_long_telegram_update_is_refused_once_and_the_next_five_are_answered()
         told.contains("/sendMessage") && told.contains("too long"),
         "{told}"
     );
-    let (status, _) = telegram.terminate();
+    let (status, _) = telegram.terminate_timed();
     assert!(status.success(), "exit status {status:?}");
     let more = api
         .requests
@@ -1420,19 +1412,10 @@ fn one_room_homeserver(long: usize) -> FakeHttp {
 
 /// Polls `path` (bounded by [`WAIT`]) until it holds `want`.
 fn wait_for_file(path: &Path, want: &str) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if std::fs::read_to_string(path).is_ok_and(|s| s.trim() == want) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} never held {want:?} (it holds {:?})",
-            path.display(),
-            std::fs::read_to_string(path).ok()
-        );
-        std::thread::park_timeout(Duration::from_millis(20));
-    }
+    eventually(&format!("{} holds {want:?}", path.display()), WAIT, || {
+        let text = std::fs::read_to_string(path).ok();
+        holds(text, |t| t.as_deref().is_some_and(|t| t.trim() == want))
+    });
 }
 
 /// Row 3, Matrix: a gateway with `--max-line-bytes 16384` (the bridge left at its default)
@@ -1479,7 +1462,7 @@ fn a_gateway_error_ends_the_matrix_message_and_the_sync_position_moves_past_it()
         told[0]
     );
     wait_for_file(&state.join("matrix-next-batch"), "s2");
-    let (status, _) = matrix.terminate();
+    let (status, _) = matrix.terminate_timed();
     assert!(status.success(), "exit status {status:?}");
     let more = hs
         .requests
@@ -1492,7 +1475,7 @@ fn a_gateway_error_ends_the_matrix_message_and_the_sync_position_moves_past_it()
     let gateway = FakeGateway::limited(16_384);
     let (mut matrix, _) = run(&gateway, "matrix-2.log");
     hs.wait_requests("since=s2", 1);
-    let (status, _) = matrix.terminate();
+    let (status, _) = matrix.terminate_timed();
     assert!(status.success(), "exit status {status:?}");
     let again: Vec<_> = gateway.received.try_iter().collect();
     assert!(again.is_empty(), "handed over again: {again:?}");
@@ -1528,7 +1511,7 @@ fn a_message_refused_shutting_down_is_sent_again_and_answered_not_refused() {
         assert!(!l.contains("not accepted"), "the refusal was shown: {l}");
         l == "PRIVMSG ann :answered"
     });
-    let (status, _) = bridge.terminate();
+    let (status, _) = bridge.terminate_timed();
     assert!(status.success(), "exit status {status:?}");
 }
 
@@ -1610,7 +1593,7 @@ fn a_rooms_result_is_not_held_behind_other_rooms_floods() {
         before <= 12,
         "the victim's result waited behind {before} sends of the flooding rooms"
     );
-    let (status, _) = matrix.terminate();
+    let (status, _) = matrix.terminate_timed();
     assert!(status.success(), "exit status {status:?}");
 }
 
@@ -1645,7 +1628,7 @@ fn refusal_notices_are_capped_per_chat() {
     });
     let notices = notices.get();
     assert!((1..=2).contains(&notices), "{notices} notices for one chat");
-    let (status, _) = bridge.terminate();
+    let (status, _) = bridge.terminate_timed();
     assert!(status.success(), "exit status {status:?}");
 }
 
@@ -1737,7 +1720,7 @@ fn a_31_mib_get_updates_answer_holds_memory_and_log_bounded() {
         .expect("a poll past the update")
     {}
     let peak = telegram.peak_rss_kib();
-    let (status, _) = telegram.terminate();
+    let (status, _) = telegram.terminate_timed();
     assert!(status.success(), "exit status {status:?}");
     let lines = std::fs::read_to_string(&log).expect("log").lines().count();
     eprintln!("31 MiB getUpdates: peak RSS {peak} KiB, {lines} log lines");
@@ -1803,7 +1786,7 @@ fn a_31_mib_sync_answer_holds_memory_and_log_bounded() {
     assert_eq!(m["id"], "$real");
     hs.wait_requests("since=s2", 1);
     let peak = matrix.peak_rss_kib();
-    let (status, _) = matrix.terminate();
+    let (status, _) = matrix.terminate_timed();
     assert!(status.success(), "exit status {status:?}");
     let lines = std::fs::read_to_string(&log).expect("log").lines().count();
     eprintln!("31 MiB /sync: peak RSS {peak} KiB, {lines} log lines");
@@ -1867,7 +1850,7 @@ fn a_result_shown_before_a_bridge_restart_is_confirmed_not_shown_again() {
             "tg-1-1",
             "run {run}"
         );
-        let (status, _) = telegram.terminate();
+        let (status, _) = telegram.terminate_timed();
         assert!(status.success(), "exit status {status:?}");
     }
     let shown = api
@@ -1924,7 +1907,7 @@ fn a_slack_result_shown_before_a_bridge_restart_is_confirmed_not_shown_again() {
             "sl-D1-100.1-100.1",
             "run {run}"
         );
-        let (status, _) = bridge.terminate();
+        let (status, _) = bridge.terminate_timed();
         assert!(status.success(), "exit status {status:?}");
     }
     let shown = slack_fake::FakeSlack::posts(&slack.lock(), "shown once");
@@ -1980,7 +1963,7 @@ fn the_line_limit_the_gateway_announces_bounds_the_bridges_lines() {
         "{}",
         told[0]
     );
-    let (status, _) = telegram.terminate();
+    let (status, _) = telegram.terminate_timed();
     assert!(status.success(), "exit status {status:?}");
     assert!(
         gateway.received.try_iter().next().is_none(),
@@ -2218,7 +2201,7 @@ fn sasl_external_logs_the_bot_in_by_its_tls_client_certificate() {
         ready.recv_timeout(WAIT).expect("the ready line"),
         "ready: irc as bot"
     );
-    let (status, _) = bridge.terminate();
+    let (status, _) = bridge.terminate_timed();
     assert!(status.success(), "exit status {status:?}");
     let logged = std::fs::read_to_string(&log).expect("log");
     assert!(logged.contains("SASL login succeeded"), "{logged}");

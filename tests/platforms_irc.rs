@@ -9,7 +9,9 @@
 //! for ngircd's port to open).
 
 mod child_support;
+mod common;
 use child_support::{Proc, die_with_parent};
+use common::{eventually, holds};
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -67,28 +69,6 @@ fn require_ngircd() -> Option<PathBuf> {
                 "SKIPPED: ngircd is not installed (apt-get install -y ngircd); this IRC test needs a real server"
             );
             None
-        }
-    }
-}
-
-impl Proc {
-    fn signal(&self, sig: i32) {
-        // SAFETY: kill(2) on our own child.
-        assert_eq!(unsafe { libc::kill(self.0.id() as i32, sig) }, 0);
-    }
-
-    /// Waits for the exit (bounded).
-    fn wait_exit(&mut self) -> std::process::ExitStatus {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(status) = self.0.try_wait().expect("try_wait") {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the process did not exit in time"
-            );
-            std::thread::park_timeout(Duration::from_millis(20));
         }
     }
 }
@@ -172,12 +152,10 @@ impl Setup {
             .expect("start ngircd"),
         );
         // Bounded polling: ngircd tells nobody when it listens.
-        let deadline = Instant::now() + WAIT;
         for port in std::iter::once(irc_port).chain(tls) {
-            while TcpStream::connect(("127.0.0.1", port)).is_err() {
-                assert!(Instant::now() < deadline, "ngircd did not open port {port}");
-                std::thread::park_timeout(Duration::from_millis(20));
-            }
+            eventually(&format!("ngircd opens port {port}"), WAIT, || {
+                TcpStream::connect(("127.0.0.1", port)).is_ok()
+            });
         }
         let reply = dir.path().join("reply.txt");
         std::fs::write(&reply, long_reply()).expect("reply");
@@ -524,15 +502,9 @@ fn irc_bridge_added_latency_is_measured() {
 
 /// Bounded polling for a file another process creates.
 fn wait_for_file(path: &Path) {
-    let deadline = Instant::now() + WAIT;
-    while !path.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "{} did not appear",
-            path.display()
-        );
-        std::thread::park_timeout(Duration::from_millis(10));
-    }
+    eventually(&format!("{} appears", path.display()), WAIT, || {
+        path.exists()
+    });
 }
 
 #[test]
@@ -708,15 +680,12 @@ fn with_tls_the_bridge_verifies_the_server_and_is_answered() {
     .expect("start the bridge");
     let stdout = stdout_lines(&mut child);
     let _child = Proc(child);
-    let deadline = Instant::now() + WAIT;
-    loop {
+    eventually("the TLS refusal logged", WAIT, || {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if text.contains("TLS handshake with") && text.contains("certificate") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no TLS refusal logged: {text}");
-        std::thread::park_timeout(Duration::from_millis(20));
-    }
+        holds(text, |t| {
+            t.contains("TLS handshake with") && t.contains("certificate")
+        })
+    });
     assert!(
         stdout.try_recv().is_err(),
         "an unverified server must not make it ready"

@@ -27,27 +27,6 @@ use matrix_support::{Seen, Synapse, User, WAIT, edit_of, replies_to, synapse};
 const GATEWAY_TOKEN: &str = "gateway-token-for-the-matrix-test";
 const STOPPED: &str = "[stopped]";
 
-impl Proc {
-    fn signal(&self, sig: i32) {
-        // SAFETY: kill(2) on our own child.
-        assert_eq!(unsafe { libc::kill(self.0.id() as i32, sig) }, 0);
-    }
-
-    fn wait_exit(&mut self) -> std::process::ExitStatus {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(status) = self.0.try_wait().expect("try_wait") {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the process did not exit in time"
-            );
-            std::thread::park_timeout(Duration::from_millis(20));
-        }
-    }
-}
-
 fn stdout_lines(child: &mut Child) -> Receiver<String> {
     let stdout = child.stdout.take().expect("stdout");
     let (tx, rx) = bounded(64);

@@ -7,18 +7,16 @@
 //! Without Synapse installed the test says so and passes, except under `.ci/run`
 //! (`TURNSTILE_REQUIRE_REAL_SERVERS=1`), where a missing Synapse fails it.
 
+mod matrix_files_support;
 mod matrix_support;
 
 mod child_support;
-use child_support::{Proc, die_with_parent};
-use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::{Value, json};
 
-use matrix_support::{Seen, User, WAIT, enc, replies_to, synapse};
+use matrix_files_support::{FilesRig, agent_answer, upload};
+use matrix_support::{User, enc, synapse};
 
 /// The exec agent: each entry's name, and whether the sha256 of the file at its path is the
 /// entry's (or why it was skipped).
@@ -33,40 +31,6 @@ for a in json.loads(os.environ["TURNSTILE_ATTACHMENTS"]):
         out.append([a["name"], a["skipped"]])
 print(json.dumps(out))
 '"#;
-
-fn first_line(child: &mut std::process::Child) -> String {
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    rx.recv_timeout(WAIT).expect("first line").trim().to_owned()
-}
-
-/// Uploads `bytes` as `user`: the `mxc://` URI.
-fn upload(user: &User, name: &str, mime: &str, bytes: &[u8]) -> String {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into();
-    let url = format!(
-        "{}/_matrix/media/v3/upload?filename={}",
-        user.base,
-        enc(name)
-    );
-    let mut response = agent
-        .post(&url)
-        .header("Authorization", &format!("Bearer {}", user.token))
-        .header("Content-Type", mime)
-        .send(bytes)
-        .expect("upload");
-    let text = response.body_mut().read_to_string().expect("answer");
-    assert_eq!(response.status().as_u16(), 200, "{text}");
-    let v: Value = serde_json::from_str(&text).expect("json");
-    v["content_uri"].as_str().expect("content_uri").to_owned()
-}
 
 /// Sends a file message (`m.image`, `m.file`) naming `uri`; its event id.
 fn send_file(
@@ -111,54 +75,16 @@ fn a_humans_image_and_text_file_reach_the_exec_agent_with_matching_sha256() {
     let room = human.create_room(&[&bot.mxid]);
     let mut seen = human.watch(&room);
     let tmp = tempfile::tempdir().expect("tempdir");
-    let spool = tmp.path().join("spool");
-    let port = TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
-    let mut serve = die_with_parent(
-        Command::new(env!("CARGO_BIN_EXE_turnstile"))
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-            .args(["--http-listen", "off", "--access-default", "open"])
-            .args(["--agent", "exec", "--agent-cmd", AGENT])
-            .arg("--attachments-dir")
-            .arg(&spool)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit()),
-    )
-    .spawn()
-    .expect("serve");
-    assert!(first_line(&mut serve).starts_with("listening on "));
-    let _serve = Proc(serve);
-    let log = tmp.path().join("bridge.log");
-    let mut bridge = die_with_parent(
-        Command::new(env!("CARGO_BIN_EXE_turnstile"))
-            .args([
-                "bridge",
-                "matrix",
-                "--gateway",
-                &format!("127.0.0.1:{port}"),
-            ])
-            .args(["--homeserver", &hs.base])
-            .arg("--attachments-dir")
-            .arg(&spool)
-            .args(["--max-attachment-bytes", "65536"])
-            .env("MATRIX_ACCESS_TOKEN", &bot.token)
-            .env("RUST_LOG", "debug")
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).expect("log")),
-    )
-    .spawn()
-    .expect("bridge");
-    assert!(first_line(&mut bridge).starts_with("ready: matrix as "));
-    let _bridge = Proc(bridge);
+    let rig = FilesRig::start(
+        hs,
+        &bot,
+        &mut seen,
+        tmp.path(),
+        &["--agent", "exec", "--agent-cmd", AGENT],
+        &["--max-attachment-bytes", "65536"],
+    );
+    let log = rig.bridge_log.clone();
     let me = bot.mxid.clone();
-    seen.until("the bot joining", |s| {
-        matches!(s, Seen::Event(ev, _) if ev["type"] == "m.room.member"
-            && ev["state_key"] == me.as_str() && ev["content"]["membership"] == "join")
-    });
 
     let image = bytes(30_000, 1);
     let text = b"the notes\nline two\n".to_vec();
@@ -187,19 +113,10 @@ fn a_humans_image_and_text_file_reach_the_exec_agent_with_matching_sha256() {
         ),
     ];
     for (msgtype, name, mime, data, expected) in cases {
-        let uri = upload(&human, name, mime, &data);
+        let uri = upload(&human, Some(name), mime, &data);
         let after = seen.log.len().saturating_sub(1);
         let event = send_file(&human, &room, msgtype, name, mime, &uri, data.len());
-        let i = seen.until_after(after, "the agent's answer", |ev| {
-            replies_to(ev, &me, &event)
-                && ev["content"]["msgtype"] == "m.text"
-                && ev["content"]["m.relates_to"]["rel_type"].is_null()
-        });
-        let Seen::Event(ev, _) = &seen.log[i] else {
-            unreachable!()
-        };
-        let answer: Value =
-            serde_json::from_str(ev["content"]["body"].as_str().expect("body")).expect("json");
+        let answer = agent_answer(&mut seen, after, &me, &event);
         assert_eq!(answer, expected, "{name}");
     }
     // The human was told, once, that the big file was not passed on.

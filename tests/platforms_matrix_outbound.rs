@@ -8,19 +8,17 @@
 //! Without Synapse installed the test says so and passes, except under `.ci/run`
 //! (`TURNSTILE_REQUIRE_REAL_SERVERS=1`), where a missing Synapse fails it.
 
+mod common;
+mod matrix_files_support;
 mod matrix_support;
 
 mod child_support;
-use child_support::{Proc, die_with_parent};
-use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
-use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use common::gateway::spool_empties;
+use matrix_files_support::FilesRig;
 use matrix_support::{Seen, User, WAIT, enc, replies_to, synapse};
 
 /// The process agent: on `chart` it attaches a 200 000-byte PNG-named file; on `bounds` four
@@ -52,17 +50,6 @@ for line in sys.stdin:
         text, files = "two secrets", [{"path": secret}, {"path": "../../secret.txt", "name": "x"}]
     print(json.dumps({"op": "reply", "id": msg["id"], "text": text, "attachments": files}), flush=True)
 "#;
-
-fn first_line(child: &mut std::process::Child) -> String {
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    rx.recv_timeout(WAIT).expect("first line").trim().to_owned()
-}
 
 /// Downloads `mxc://server/id` as `user`, through the authenticated media API.
 fn download(user: &User, mxc: &str) -> Vec<u8> {
@@ -105,29 +92,6 @@ fn data(n: usize, seed: usize) -> Vec<u8> {
     (0..n).map(|i| ((i * 13 + seed) % 256) as u8).collect()
 }
 
-/// Regular files in the spool (another process, the gateway's janitor, deletes them: polled
-/// until `want` holds, within the deadline).
-fn spool_until(spool: &Path, what: &str, want: impl Fn(usize) -> bool) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let files = std::fs::read_dir(spool)
-            .map(|d| {
-                d.filter_map(Result::ok)
-                    .filter(|e| e.path().is_file())
-                    .count()
-            })
-            .unwrap_or(0);
-        if want(files) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: {files} file(s) in the spool"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// What the human saw of the bot's messages, one line each (files with their type, name
 /// and size).
 fn transcript(seen: &matrix_support::Watcher, bot: &str) -> String {
@@ -162,60 +126,30 @@ fn a_process_agent_answers_with_a_file_the_human_downloads_byte_for_byte() {
     let room = human.create_room(&[&bot.mxid]);
     let mut seen = human.watch(&room);
     let tmp = tempfile::tempdir().expect("tempdir");
-    let spool = tmp.path().join("spool");
     let script = tmp.path().join("agent.py");
     let secret = tmp.path().join("secret.txt");
     std::fs::write(&secret, "not for the chat").expect("secret");
     std::fs::write(&script, AGENT).expect("script");
-    let port = TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
-    let mut serve = die_with_parent(
-        Command::new(env!("CARGO_BIN_EXE_turnstile"))
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-            .args(["--http-listen", "off", "--access-default", "open"])
-            .args(["--agent", "process", "--agent-cmd"])
-            .arg(format!("python3 {}", script.display()))
-            .arg("--attachments-dir")
-            .arg(&spool)
-            .args(["--max-attachment-bytes", "300000"])
-            .args(["--attachments-bytes", "600000"])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit()),
-    )
-    .spawn()
-    .expect("serve");
-    assert!(first_line(&mut serve).starts_with("listening on "));
-    let _serve = Proc(serve);
-    let log = tmp.path().join("bridge.log");
-    let mut bridge = die_with_parent(
-        Command::new(env!("CARGO_BIN_EXE_turnstile"))
-            .args([
-                "bridge",
-                "matrix",
-                "--gateway",
-                &format!("127.0.0.1:{port}"),
-            ])
-            .args(["--homeserver", &hs.base, "--format", "plain"])
-            .arg("--attachments-dir")
-            .arg(&spool)
-            .env("MATRIX_ACCESS_TOKEN", &bot.token)
-            .env("RUST_LOG", "debug")
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).expect("log")),
-    )
-    .spawn()
-    .expect("bridge");
-    assert!(first_line(&mut bridge).starts_with("ready: matrix as "));
-    let _bridge = Proc(bridge);
+    let agent_cmd = format!("python3 {}", script.display());
+    let rig = FilesRig::start(
+        hs,
+        &bot,
+        &mut seen,
+        tmp.path(),
+        &[
+            "--agent",
+            "process",
+            "--agent-cmd",
+            &agent_cmd,
+            "--max-attachment-bytes",
+            "300000",
+            "--attachments-bytes",
+            "600000",
+        ],
+        &["--format", "plain"],
+    );
+    let (spool, log) = (rig.spool.clone(), rig.bridge_log.clone());
     let me = bot.mxid.clone();
-    seen.until("the bot joining", |s| {
-        matches!(s, Seen::Event(ev, _) if ev["type"] == "m.room.member"
-            && ev["state_key"] == me.as_str() && ev["content"]["membership"] == "join")
-    });
     let from_bot = |ev: &Value| ev["type"] == "m.room.message" && ev["sender"] == me.as_str();
 
     // A file: the text answers the human's message, then the image, which the human
@@ -237,9 +171,7 @@ fn a_process_agent_answers_with_a_file_the_human_downloads_byte_for_byte() {
     let got = download(&human, c["url"].as_str().expect("url"));
     assert_eq!(sha256(&got), sha256(&data(200_000, 7)), "byte for byte");
     // Delivered: the file left the gateway's spool.
-    spool_until(&spool, "the chart's file deleted once delivered", |n| {
-        n == 0
-    });
+    spool_empties(&spool, "the chart's file deleted once delivered", WAIT);
 
     // Past the per-file bound and the spool's room: left out, and the reply says so.
     let after = seen.log.len().saturating_sub(1);
@@ -270,7 +202,7 @@ fn a_process_agent_answers_with_a_file_the_human_downloads_byte_for_byte() {
         names.push(name);
     }
     assert_eq!(names, ["a.bin", "b.bin"]);
-    spool_until(&spool, "the files deleted once delivered", |n| n == 0);
+    spool_empties(&spool, "the files deleted once delivered", WAIT);
 
     // Paths outside the outbox: refused, said; nothing uploaded.
     let after = seen.log.len().saturating_sub(1);

@@ -18,23 +18,27 @@
 //! once it has seen what it waits for, and every wait has a deadline.
 
 mod child_support;
+mod common;
+mod telegram_fake;
 mod telegram_html;
 use child_support::{Proc, die_with_parent};
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use common::{eventually, holds};
 use crossbeam_channel::{Receiver, bounded};
 use serde_json::{Value, json};
+use telegram_fake::{
+    BotState, FakeServer, Shared, TOKEN, error, get_updates, read_request, respond_json,
+};
 use telegram_html::parse_entities;
 
 /// Only a failing run waits this long.
 const WAIT: Duration = Duration::from_secs(60);
-const TOKEN: &str = "123456:FAKE-SECRET-token";
 /// The gateway's auth token: the bridge must present it, and never log it.
 const GATEWAY_TOKEN: &str = "gateway-secret-4711";
 
@@ -90,119 +94,37 @@ fn topic_check(state: &FakeState, params: &Value) -> Result<Option<i64>, (u16, V
 }
 
 /// A FAKE Telegram Bot API (see the module comment): scripted, in-process, for tests only.
-struct FakeBotApi {
-    url: String,
-    shared: Arc<(Mutex<FakeState>, Condvar)>,
+type FakeBotApi = FakeServer<FakeState>;
+
+impl BotState for FakeState {
+    fn pending(&mut self) -> &mut Vec<Value> {
+        &mut self.pending
+    }
 }
 
-impl FakeBotApi {
+impl FakeServer<FakeState> {
     fn start() -> FakeBotApi {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("addr"));
-        let shared = Arc::new((
-            Mutex::new(FakeState {
-                next_message_id: 1000,
-                ..FakeState::default()
-            }),
-            Condvar::new(),
-        ));
-        let for_thread = Arc::clone(&shared);
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { return };
-                let shared = Arc::clone(&for_thread);
-                std::thread::spawn(move || serve_http(stream, &shared));
-            }
-        });
-        FakeBotApi { url, shared }
+        let state = FakeState {
+            next_message_id: 1000,
+            ..FakeState::default()
+        };
+        FakeServer::spawn(state, serve_http)
     }
-
-    fn lock(&self) -> MutexGuard<'_, FakeState> {
-        self.shared.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn push_update(&self, update: Value) {
-        self.lock().pending.push(update);
-        self.shared.1.notify_all();
-    }
-
-    /// Waits (bounded) until `pred` holds for the fake's state; returns what it extracted.
-    fn wait_for<T>(&self, what: &str, pred: impl Fn(&FakeState) -> Option<T>) -> T {
-        let deadline = Instant::now() + WAIT;
-        let mut state = self.lock();
-        loop {
-            if let Some(t) = pred(&state) {
-                return t;
-            }
-            let now = Instant::now();
-            assert!(now < deadline, "timed out waiting for {what}");
-            state = self
-                .shared
-                .1
-                .wait_timeout(state, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-    }
-}
-
-fn respond(stream: &mut TcpStream, status: u16, body: &Value) {
-    let body = body.to_string();
-    let _ = write!(
-        stream,
-        "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-}
-
-fn error(code: u16, description: &str) -> (u16, Value) {
-    (
-        code,
-        json!({"ok": false, "error_code": code, "description": description}),
-    )
 }
 
 /// One request per connection (the fake answers `Connection: close`).
-fn serve_http(mut stream: TcpStream, shared: &(Mutex<FakeState>, Condvar)) {
-    let mut reader = BufReader::new(stream.try_clone().expect("clone"));
-    let mut request_line = String::new();
-    if reader.read_line(&mut request_line).unwrap_or(0) == 0 {
+fn serve_http(mut stream: TcpStream, shared: &Shared<FakeState>) {
+    let Some(request) = read_request(&stream) else {
         return;
-    }
-    let path = request_line.split(' ').nth(1).unwrap_or("").to_owned();
-    let mut length = 0usize;
-    loop {
-        let mut header = String::new();
-        if reader.read_line(&mut header).unwrap_or(0) == 0 {
-            return;
-        }
-        let header = header.trim_end();
-        if header.is_empty() {
-            break;
-        }
-        if let Some((name, value)) = header.split_once(':')
-            && name.eq_ignore_ascii_case("content-length")
-        {
-            length = value.trim().parse().unwrap_or(0);
-        }
-    }
-    let mut body = vec![0u8; length];
-    if reader.read_exact(&mut body).is_err() {
-        return;
-    }
-    let params: Value = serde_json::from_slice(&body).unwrap_or(json!({}));
-    let Some(method) = path
-        .strip_prefix(&format!("/bot{TOKEN}/"))
-        .map(str::to_owned)
-    else {
-        let (status, body) = error(401, "Unauthorized");
-        return respond(&mut stream, status, &body);
     };
-    let (status, answer) = handle(&method, &params, shared);
-    respond(&mut stream, status, &answer);
+    let (status, answer) = match request.method() {
+        Some(method) => handle(method, &request.params(), shared),
+        None => error(401, "Unauthorized"),
+    };
+    respond_json(&mut stream, status, &answer);
 }
 
-fn handle(method: &str, params: &Value, shared: &(Mutex<FakeState>, Condvar)) -> (u16, Value) {
+fn handle(method: &str, params: &Value, shared: &Shared<FakeState>) -> (u16, Value) {
     let (lock, cvar) = shared;
     let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
     let at = Instant::now();
@@ -212,7 +134,6 @@ fn handle(method: &str, params: &Value, shared: &(Mutex<FakeState>, Condvar)) ->
             json!({"ok": true, "result": {"id": 999, "is_bot": true, "first_name": "Fake", "username": "fake_bot"}}),
         ),
         "getUpdates" => {
-            let offset = params.get("offset").and_then(Value::as_i64);
             // Record the call when it arrives (the test checks the offsets asked for).
             state.calls.push(Call {
                 method: method.into(),
@@ -221,23 +142,7 @@ fn handle(method: &str, params: &Value, shared: &(Mutex<FakeState>, Condvar)) ->
                 ok: true,
             });
             cvar.notify_all();
-            if let Some(o) = offset {
-                state.pending.retain(|u| u["update_id"].as_i64() >= Some(o));
-            }
-            let timeout = params.get("timeout").and_then(Value::as_u64).unwrap_or(0);
-            let deadline = at + Duration::from_secs(timeout);
-            loop {
-                if !state.pending.is_empty() || Instant::now() >= deadline {
-                    break;
-                }
-                let left = deadline.saturating_duration_since(Instant::now());
-                state = cvar
-                    .wait_timeout(state, left)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
-            }
-            let updates: Vec<Value> = state.pending.iter().take(100).cloned().collect();
-            return (200, json!({"ok": true, "result": updates}));
+            return get_updates(state, cvar, params, at);
         }
         "sendMessage" => {
             let deadline = at + WAIT;
@@ -413,21 +318,6 @@ for line in sys.stdin:
 
 fn final_text() -> String {
     format!("Hello world {}", "🎉 ".repeat(3000))
-}
-
-impl Proc {
-    fn terminate(&mut self) -> std::process::ExitStatus {
-        // SAFETY: kill(2) on our own child.
-        assert_eq!(unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) }, 0);
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(status) = self.0.try_wait().expect("try_wait") {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "no exit after SIGTERM");
-            std::thread::park_timeout(Duration::from_millis(20));
-        }
-    }
 }
 
 fn first_line(child: &mut Child) -> Receiver<String> {
@@ -842,20 +732,17 @@ fn the_offset_moves_only_once_the_gateway_has_the_message() {
     // Ordered by the bridge's own log (bounded polling of another process's output): it has
     // the update, then failed to reach the gateway twice more — time it would have used to
     // poll past the update if it did not wait for the gateway's answer.
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if let Some(at) = text.find("telegram: update 20 from chat 42")
-            && text[at..].matches("reconnecting in").count() >= 2
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the bridge never got the update: {text}"
-        );
-        std::thread::park_timeout(Duration::from_millis(10));
-    }
+    eventually(
+        "the bridge got the update, then retried twice",
+        WAIT,
+        || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            holds(text, |t| {
+                t.find("telegram: update 20 from chat 42")
+                    .is_some_and(|at| t[at..].matches("reconnecting in").count() >= 2)
+            })
+        },
+    );
     assert!(
         !api.lock()
             .calls
@@ -1129,15 +1016,8 @@ fn a_gateway_restart_mid_burst_shows_each_reply_once() {
         }
     }
     api.lock().hold_sends = false;
-    api.shared.1.notify_all();
-    let deadline = Instant::now() + WAIT;
-    let status = loop {
-        if let Some(status) = serve.0.try_wait().expect("try_wait") {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "the gateway did not exit");
-        std::thread::park_timeout(Duration::from_millis(20));
-    };
+    api.notify();
+    let status = serve.wait_exit();
     assert!(status.success(), "gateway exit status {status:?}");
     api.wait_for("the four replies shown", |s| {
         (1..=4)
@@ -1205,7 +1085,7 @@ fn a_flooding_chat_cannot_hold_another_chats_first_reply_behind_its_own() {
             .then_some(())
     });
     api.lock().hold_sends = false;
-    api.shared.1.notify_all();
+    api.notify();
     let chats = api.wait_for("every answer", |s| {
         let chats: Vec<i64> = s
             .calls

@@ -11,19 +11,22 @@
 //! fetched again; a file that does not fit the spool is skipped; the sender is told each time.
 
 mod child_support;
-use child_support::{Proc, die_with_parent};
+mod common;
+mod telegram_fake;
+use child_support::{Proc, die_with_parent, first_line};
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use common::{eventually, holds};
 use serde_json::{Value, json};
+use telegram_fake::{
+    BotState, FakeServer, Shared, TOKEN, error, get_updates, read_request, respond, respond_json,
+};
 
 const WAIT: Duration = Duration::from_secs(60);
-const TOKEN: &str = "123456:FAKE-SECRET-token";
 /// The Bot API's download limit for bots (core.telegram.org/bots/api#getfile).
 const BOT_API_DOWNLOAD_LIMIT: usize = 20 * 1000 * 1000;
 
@@ -40,29 +43,17 @@ struct FakeState {
 }
 
 /// A FAKE Telegram Bot API (see the module comment): scripted, in-process, for tests only.
-struct FakeBotApi {
-    url: String,
-    shared: Arc<(Mutex<FakeState>, Condvar)>,
+type FakeBotApi = FakeServer<FakeState>;
+
+impl BotState for FakeState {
+    fn pending(&mut self) -> &mut Vec<Value> {
+        &mut self.pending
+    }
 }
 
-impl FakeBotApi {
+impl FakeServer<FakeState> {
     fn start() -> FakeBotApi {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("addr"));
-        let shared = Arc::new((Mutex::new(FakeState::default()), Condvar::new()));
-        let for_thread = Arc::clone(&shared);
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { return };
-                let shared = Arc::clone(&for_thread);
-                std::thread::spawn(move || serve_http(stream, &shared));
-            }
-        });
-        FakeBotApi { url, shared }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, FakeState> {
-        self.shared.0.lock().unwrap_or_else(|e| e.into_inner())
+        FakeServer::spawn(FakeState::default(), serve_http)
     }
 
     fn add_file(&self, id: &str, bytes: Vec<u8>) {
@@ -70,66 +61,19 @@ impl FakeBotApi {
         self.lock().files.insert(id.into(), (path, bytes));
     }
 
-    fn push_update(&self, update: Value) {
-        self.lock().pending.push(update);
-        self.shared.1.notify_all();
-    }
-
     /// Waits (bounded) for the `n`th text the bot sent (from 0).
     fn sent(&self, n: usize) -> String {
-        let deadline = Instant::now() + WAIT;
-        let mut state = self.lock();
-        while state.sent.len() <= n {
-            let now = Instant::now();
-            assert!(now < deadline, "no message {n} from the bot");
-            state = self
-                .shared
-                .1
-                .wait_timeout(state, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-        state.sent[n].clone()
+        self.wait_for(&format!("message {n} from the bot"), |s| {
+            s.sent.get(n).cloned()
+        })
     }
 }
 
-fn respond(stream: &mut TcpStream, status: u16, content_type: &str, body: &[u8]) {
-    let _ = write!(
-        stream,
-        "HTTP/1.1 {status} X\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    let _ = stream.write_all(body);
-}
-
-fn serve_http(mut stream: TcpStream, shared: &(Mutex<FakeState>, Condvar)) {
-    let mut reader = BufReader::new(stream.try_clone().expect("clone"));
-    let mut request_line = String::new();
-    if reader.read_line(&mut request_line).unwrap_or(0) == 0 {
+fn serve_http(mut stream: TcpStream, shared: &Shared<FakeState>) {
+    let Some(request) = read_request(&stream) else {
         return;
-    }
-    let path = request_line.split(' ').nth(1).unwrap_or("").to_owned();
-    let mut length = 0usize;
-    loop {
-        let mut header = String::new();
-        if reader.read_line(&mut header).unwrap_or(0) == 0 {
-            return;
-        }
-        let header = header.trim_end();
-        if header.is_empty() {
-            break;
-        }
-        if let Some((name, value)) = header.split_once(':')
-            && name.eq_ignore_ascii_case("content-length")
-        {
-            length = value.trim().parse().unwrap_or(0);
-        }
-    }
-    let mut body = vec![0u8; length];
-    if reader.read_exact(&mut body).is_err() {
-        return;
-    }
-    if let Some(file) = path.strip_prefix(&format!("/file/bot{TOKEN}/")) {
+    };
+    if let Some(file) = request.path.strip_prefix(&format!("/file/bot{TOKEN}/")) {
         let mut state = shared.0.lock().unwrap_or_else(|e| e.into_inner());
         let found = state
             .files
@@ -145,26 +89,14 @@ fn serve_http(mut stream: TcpStream, shared: &(Mutex<FakeState>, Condvar)) {
             None => respond(&mut stream, 404, "text/plain", b"not found"),
         };
     }
-    let params: Value = serde_json::from_slice(&body).unwrap_or(json!({}));
-    let Some(method) = path.strip_prefix(&format!("/bot{TOKEN}/")) else {
-        let body = json!({"ok": false, "error_code": 401, "description": "Unauthorized"});
-        return respond(
-            &mut stream,
-            401,
-            "application/json",
-            body.to_string().as_bytes(),
-        );
+    let (status, answer) = match request.method() {
+        Some(method) => handle(method, &request.params(), shared),
+        None => error(401, "Unauthorized"),
     };
-    let (status, answer) = handle(method, &params, shared);
-    respond(
-        &mut stream,
-        status,
-        "application/json",
-        answer.to_string().as_bytes(),
-    );
+    respond_json(&mut stream, status, &answer);
 }
 
-fn handle(method: &str, params: &Value, shared: &(Mutex<FakeState>, Condvar)) -> (u16, Value) {
+fn handle(method: &str, params: &Value, shared: &Shared<FakeState>) -> (u16, Value) {
     let (lock, cvar) = shared;
     let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
     let ok = |result: Value| (200, json!({"ok": true, "result": result}));
@@ -172,21 +104,7 @@ fn handle(method: &str, params: &Value, shared: &(Mutex<FakeState>, Condvar)) ->
         "getMe" => {
             ok(json!({"id": 999, "is_bot": true, "first_name": "Fake", "username": "fake_bot"}))
         }
-        "getUpdates" => {
-            if let Some(o) = params.get("offset").and_then(Value::as_i64) {
-                state.pending.retain(|u| u["update_id"].as_i64() >= Some(o));
-            }
-            let timeout = params.get("timeout").and_then(Value::as_u64).unwrap_or(0);
-            let deadline = Instant::now() + Duration::from_secs(timeout);
-            while state.pending.is_empty() && Instant::now() < deadline {
-                let left = deadline.saturating_duration_since(Instant::now());
-                state = cvar
-                    .wait_timeout(state, left)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
-            }
-            return ok(json!(state.pending.clone()));
-        }
+        "getUpdates" => return get_updates(state, cvar, params, Instant::now()),
         "getFile" => {
             let id = params["file_id"].as_str().unwrap_or("").to_owned();
             *state.get_file.entry(id.clone()).or_default() += 1;
@@ -239,17 +157,6 @@ for a in json.loads(os.environ["TURNSTILE_ATTACHMENTS"]):
 print(json.dumps(out))
 '"#;
 
-fn first_line(child: &mut std::process::Child) -> String {
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    rx.recv_timeout(WAIT).expect("first line").trim().to_owned()
-}
-
 fn update(update_id: i64, message: Value) -> Value {
     let mut m = json!({"message_id": update_id * 10, "chat": {"id": 42, "type": "private"},
                        "from": {"id": 7, "is_bot": false, "first_name": "Ann"}});
@@ -273,7 +180,8 @@ fn bytes(n: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-fn spool_files(spool: &Path) -> Vec<String> {
+/// Every entry of the spool, sorted: files and directories alike.
+fn spool_entries(spool: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(spool)
         .expect("spool")
         .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
@@ -300,7 +208,7 @@ fn photos_and_documents_reach_the_agent_bounded_and_the_sender_is_told_what_did_
     )
     .spawn()
     .expect("serve");
-    let gateway = first_line(&mut serve)
+    let gateway = first_line(&mut serve, WAIT)
         .strip_prefix("listening on ")
         .expect("listening line")
         .to_owned();
@@ -328,7 +236,10 @@ fn photos_and_documents_reach_the_agent_bounded_and_the_sender_is_told_what_did_
     )
     .spawn()
     .expect("bridge");
-    assert_eq!(first_line(&mut bridge), "ready: telegram as @fake_bot");
+    assert_eq!(
+        first_line(&mut bridge, WAIT),
+        "ready: telegram as @fake_bot"
+    );
     let _bridge = Proc(bridge);
 
     // A photo in three sizes (the largest over the bound) with a caption, and a text file.
@@ -395,17 +306,11 @@ fn photos_and_documents_reach_the_agent_bounded_and_the_sender_is_told_what_did_
     }
     drop(state);
     // The gateway's janitor deletes an answered message's files on a thread of its own.
-    let deadline = Instant::now() + WAIT;
     // The bridge process deletes the refused files on its own thread: polled (bounded) until
     // they are gone, nothing in this test waits on the order of events.
-    while spool_files(&spool) != ["filler"] {
-        assert!(
-            Instant::now() < deadline,
-            "left in the spool: {:?}",
-            spool_files(&spool)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually("the spool keeps only the filler", WAIT, || {
+        holds(spool_entries(&spool), |left| left == &["filler"])
+    });
     let log = std::fs::read_to_string(&log).expect("log");
     assert!(
         !log.contains(TOKEN) && !log.contains("FAKE-SECRET"),

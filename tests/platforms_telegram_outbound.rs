@@ -15,19 +15,21 @@
 //! spool once it is delivered.
 
 mod child_support;
-use child_support::{Proc, die_with_parent};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::Path;
+mod common;
+mod telegram_fake;
+use child_support::{Proc, die_with_parent, first_line};
+use std::net::TcpStream;
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use common::gateway::spool_empties;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
+use telegram_fake::{
+    BotState, FakeServer, Shared, TOKEN, error, get_updates, read_request, respond_json,
+};
 
 const WAIT: Duration = Duration::from_secs(60);
-const TOKEN: &str = "123456:FAKE-SECRET-token";
 /// The Bot API's upload limits for bots.
 const PHOTO_LIMIT: usize = 10 * 1000 * 1000;
 const DOCUMENT_LIMIT: usize = 50 * 1000 * 1000;
@@ -53,110 +55,39 @@ struct FakeState {
 }
 
 /// A FAKE Telegram Bot API (see the module comment): scripted, in-process, for tests only.
-struct FakeBotApi {
-    url: String,
-    shared: Arc<(Mutex<FakeState>, Condvar)>,
+type FakeBotApi = FakeServer<FakeState>;
+
+impl BotState for FakeState {
+    fn pending(&mut self) -> &mut Vec<Value> {
+        &mut self.pending
+    }
 }
 
-impl FakeBotApi {
+impl FakeServer<FakeState> {
     fn start() -> FakeBotApi {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("addr"));
-        let shared = Arc::new((Mutex::new(FakeState::default()), Condvar::new()));
-        let for_thread = Arc::clone(&shared);
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { return };
-                let shared = Arc::clone(&for_thread);
-                std::thread::spawn(move || serve_http(stream, &shared));
-            }
-        });
-        FakeBotApi { url, shared }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, FakeState> {
-        self.shared.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn push_update(&self, update: Value) {
-        self.lock().pending.push(update);
-        self.shared.1.notify_all();
+        FakeServer::spawn(FakeState::default(), serve_http)
     }
 
     /// Waits (bounded) for the `n`th thing the bot showed (from 0).
     fn shown(&self, n: usize) -> String {
-        let deadline = Instant::now() + WAIT;
-        let mut state = self.lock();
-        while state.shown.len() <= n {
-            let now = Instant::now();
-            assert!(
-                now < deadline,
-                "nothing {n} from the bot; shown: {:#?}",
-                state.shown
-            );
-            state = self
-                .shared
-                .1
-                .wait_timeout(state, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-        state.shown[n].clone()
+        self.wait_for(&format!("thing {n} from the bot"), |s| {
+            s.shown.get(n).cloned().ok_or_else(|| s.shown.clone())
+        })
     }
 }
 
-fn respond(stream: &mut TcpStream, status: u16, body: &Value) {
-    let body = body.to_string();
-    let _ = write!(
-        stream,
-        "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-}
-
-fn serve_http(mut stream: TcpStream, shared: &(Mutex<FakeState>, Condvar)) {
-    let mut reader = BufReader::new(stream.try_clone().expect("clone"));
-    let mut request_line = String::new();
-    if reader.read_line(&mut request_line).unwrap_or(0) == 0 {
+fn serve_http(mut stream: TcpStream, shared: &Shared<FakeState>) {
+    let Some(request) = read_request(&stream) else {
         return;
-    }
-    let path = request_line.split(' ').nth(1).unwrap_or("").to_owned();
-    let (mut length, mut content_type) = (0usize, String::new());
-    loop {
-        let mut header = String::new();
-        if reader.read_line(&mut header).unwrap_or(0) == 0 {
-            return;
-        }
-        let header = header.trim_end();
-        if header.is_empty() {
-            break;
-        }
-        if let Some((name, value)) = header.split_once(':') {
-            if name.eq_ignore_ascii_case("content-length") {
-                length = value.trim().parse().unwrap_or(0);
-            } else if name.eq_ignore_ascii_case("content-type") {
-                content_type = value.trim().to_owned();
-            }
-        }
-    }
-    let mut body = vec![0u8; length];
-    if reader.read_exact(&mut body).is_err() {
-        return;
-    }
-    let Some(method) = path.strip_prefix(&format!("/bot{TOKEN}/")) else {
-        return respond(
-            &mut stream,
-            401,
-            &json!({"ok": false, "error_code": 401, "description": "Unauthorized"}),
-        );
     };
-    let (status, answer) = if matches!(method, "sendPhoto" | "sendDocument") {
-        upload(method, &content_type, &body, shared)
-    } else {
-        let params: Value = serde_json::from_slice(&body).unwrap_or(json!({}));
-        handle(method, &params, shared)
+    let (status, answer) = match request.method() {
+        None => error(401, "Unauthorized"),
+        Some(method @ ("sendPhoto" | "sendDocument")) => {
+            upload(method, &request.content_type, &request.body, shared)
+        }
+        Some(method) => handle(method, &request.params(), shared),
     };
-    respond(&mut stream, status, &answer);
+    respond_json(&mut stream, status, &answer);
 }
 
 /// One part of a multipart body: its field name, file name and type, and its bytes.
@@ -218,14 +149,8 @@ fn upload(
     method: &str,
     content_type: &str,
     body: &[u8],
-    shared: &(Mutex<FakeState>, Condvar),
+    shared: &Shared<FakeState>,
 ) -> (u16, Value) {
-    let refuse = |code: u16, why: &str| {
-        (
-            code,
-            json!({"ok": false, "error_code": code, "description": why}),
-        )
-    };
     let (lock, cvar) = shared;
     let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
     state.uploads.push(method.to_owned());
@@ -236,19 +161,19 @@ fn upload(
     };
     let parts = match parts(content_type, body) {
         Ok(p) => p,
-        Err(e) => return refuse(400, &format!("Bad Request: {e}")),
+        Err(e) => return error(400, &format!("Bad Request: {e}")),
     };
     if !parts
         .iter()
         .any(|p| p.name == "chat_id" && p.filename.is_none() && p.data == b"42")
     {
-        return refuse(400, "Bad Request: chat_id is empty");
+        return error(400, "Bad Request: chat_id is empty");
     }
     let Some(file) = parts
         .iter()
         .find(|p| p.name == field && p.filename.is_some())
     else {
-        return refuse(
+        return error(
             400,
             &format!("Bad Request: there is no {field} in the request"),
         );
@@ -260,14 +185,14 @@ fn upload(
     };
     if file.data.len() > limit {
         return if method == "sendPhoto" {
-            refuse(400, "Bad Request: photo is too big")
+            error(400, "Bad Request: photo is too big")
         } else {
-            refuse(413, "Request Entity Too Large")
+            error(413, "Request Entity Too Large")
         };
     }
     let name = file.filename.clone().unwrap_or_default();
     if name.starts_with("refuse") {
-        return refuse(400, "Bad Request: DOCUMENT_INVALID");
+        return error(400, "Bad Request: DOCUMENT_INVALID");
     }
     let took = Took {
         method: method.to_owned(),
@@ -288,7 +213,7 @@ fn upload(
     )
 }
 
-fn handle(method: &str, params: &Value, shared: &(Mutex<FakeState>, Condvar)) -> (u16, Value) {
+fn handle(method: &str, params: &Value, shared: &Shared<FakeState>) -> (u16, Value) {
     let (lock, cvar) = shared;
     let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
     let ok = |result: Value| (200, json!({"ok": true, "result": result}));
@@ -296,21 +221,7 @@ fn handle(method: &str, params: &Value, shared: &(Mutex<FakeState>, Condvar)) ->
         "getMe" => {
             ok(json!({"id": 999, "is_bot": true, "first_name": "Fake", "username": "fake_bot"}))
         }
-        "getUpdates" => {
-            if let Some(o) = params.get("offset").and_then(Value::as_i64) {
-                state.pending.retain(|u| u["update_id"].as_i64() >= Some(o));
-            }
-            let timeout = params.get("timeout").and_then(Value::as_u64).unwrap_or(0);
-            let deadline = Instant::now() + Duration::from_secs(timeout);
-            while state.pending.is_empty() && Instant::now() < deadline {
-                let left = deadline.saturating_duration_since(Instant::now());
-                state = cvar
-                    .wait_timeout(state, left)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
-            }
-            return ok(json!(state.pending.clone()));
-        }
+        "getUpdates" => return get_updates(state, cvar, params, Instant::now()),
         "sendMessage" => {
             state
                 .shown
@@ -359,40 +270,10 @@ for line in sys.stdin:
     print(json.dumps({"op": "reply", "id": msg["id"], "text": "files", "attachments": files}), flush=True)
 "#;
 
-fn first_line(child: &mut std::process::Child) -> String {
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    rx.recv_timeout(WAIT).expect("first line").trim().to_owned()
-}
-
 fn update(update_id: i64, text: &str) -> Value {
     json!({"update_id": update_id, "message": {"message_id": update_id * 10,
         "chat": {"id": 42, "type": "private"},
         "from": {"id": 7, "is_bot": false, "first_name": "Ann"}, "text": text}})
-}
-
-/// Regular files in the spool (the gateway's janitor deletes them on a thread of its own, in
-/// another process: polled until none is left, within the deadline).
-fn spool_empties(spool: &Path) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let left: Vec<_> = std::fs::read_dir(spool)
-            .expect("spool")
-            .filter_map(Result::ok)
-            .filter(|e| e.path().is_file())
-            .map(|e| e.file_name())
-            .collect();
-        if left.is_empty() {
-            return;
-        }
-        assert!(Instant::now() < deadline, "left in the spool: {left:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 #[test]
@@ -418,7 +299,7 @@ fn a_process_agents_files_are_uploaded_within_the_published_limits_and_the_rest_
     )
     .spawn()
     .expect("serve");
-    let gateway = first_line(&mut serve)
+    let gateway = first_line(&mut serve, WAIT)
         .strip_prefix("listening on ")
         .expect("listening line")
         .to_owned();
@@ -437,7 +318,10 @@ fn a_process_agents_files_are_uploaded_within_the_published_limits_and_the_rest_
     )
     .spawn()
     .expect("bridge");
-    assert_eq!(first_line(&mut bridge), "ready: telegram as @fake_bot");
+    assert_eq!(
+        first_line(&mut bridge, WAIT),
+        "ready: telegram as @fake_bot"
+    );
     let _bridge = Proc(bridge);
 
     // A document, byte for byte, after the reply's text; a small image as a photo; an
@@ -458,7 +342,7 @@ fn a_process_agents_files_are_uploaded_within_the_published_limits_and_the_rest_
         took[2].sha256,
         sha256(&data(10_000_001, "poster.png".len()))
     );
-    spool_empties(&spool);
+    spool_empties(&spool, "the files deleted once delivered", WAIT);
 
     // Past Telegram's 50 MB: not sent; refused by Telegram: not retried; both told, once.
     api.push_update(update(2, "huge.bin:50000001 refuse.txt:10 ok.txt:5"));
@@ -469,7 +353,7 @@ fn a_process_agents_files_are_uploaded_within_the_published_limits_and_the_rest_
         "(file not sent: huge.bin, 47.7 MiB: larger than Telegram's 50 MB limit for bots)\n\
          (file not sent: refuse.txt, 10 B: sendDocument: 400 Bad Request: DOCUMENT_INVALID)"
     );
-    spool_empties(&spool);
+    spool_empties(&spool, "the files deleted once delivered", WAIT);
 
     // Past the gateway's bounds: left out, the reply says so.
     api.push_update(update(3, "over.bin:60000001"));
@@ -497,7 +381,7 @@ fn a_process_agents_files_are_uploaded_within_the_published_limits_and_the_rest_
     );
     eprintln!("what the chat showed:\n{}", state.shown.join("\n"));
     drop(state);
-    spool_empties(&spool);
+    spool_empties(&spool, "the files deleted once delivered", WAIT);
     let log = std::fs::read_to_string(&log).expect("log");
     assert!(
         !log.contains(TOKEN) && !log.contains("FAKE-SECRET"),

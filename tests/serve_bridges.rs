@@ -4,6 +4,8 @@
 //! `turnstile bridge` (`TURNSTILE_TEST_BRIDGE_EXE`, a `test-hooks` hook): it prints the NAMES
 //! of its environment variables, never their values.
 
+mod common;
+
 use std::collections::{BTreeSet, HashMap};
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
@@ -12,6 +14,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::eventually;
 use crossbeam_channel::Receiver;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -380,17 +383,12 @@ fn wait_bridge(
     what: &str,
     pred: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
-    let deadline = Instant::now() + WAIT;
-    loop {
+    eventually(what, WAIT, || {
         let status: serde_json::Value =
             serde_json::from_str(&http_get(http, "/status")).expect("status json");
-        let entry = &status["frontend"]["bridges"][0];
-        if pred(entry) {
-            return entry.clone();
-        }
-        assert!(Instant::now() < deadline, "{what}: {entry}");
-        std::thread::park_timeout(Duration::from_millis(50));
-    }
+        let entry = status["frontend"]["bridges"][0].clone();
+        if pred(&entry) { Ok(entry) } else { Err(entry) }
+    })
 }
 
 /// Lets the probe go on (it waits on the FIFO `go`), bounded.

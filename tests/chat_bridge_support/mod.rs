@@ -156,27 +156,6 @@ impl Setup {
     }
 }
 
-impl Proc {
-    /// SIGTERM, then the exit (bounded).
-    pub fn terminate(&mut self) -> std::process::ExitStatus {
-        // SAFETY: kill(2) on our own child.
-        assert_eq!(unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) }, 0);
-        self.wait_exit()
-    }
-
-    /// The exit (bounded).
-    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(status) = self.0.try_wait().expect("try_wait") {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "no exit in time");
-            std::thread::park_timeout(Duration::from_millis(20));
-        }
-    }
-}
-
 /// Waits (bounded, on the `--status-file` the gateway rewrites every 100 ms) until every
 /// message of `platform` is answered and every result was confirmed `delivered`.
 pub fn wait_all_delivered(status: &Path, platform: &str) {

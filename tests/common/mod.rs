@@ -1,7 +1,13 @@
-//! Shared test support: a deterministic driver for the sans-IO core, and a log capture.
+//! Shared test support: a deterministic driver for the sans-IO core, a log capture,
+//! [`eventually`] for a state another thread or process changes on a clock of its own, and
+//! a `serve` process's listening line and status file ([`gateway`]).
 #![allow(dead_code)]
 
+pub mod eventually;
+pub mod gateway;
 pub mod sim;
+
+pub use eventually::{eventually, holds};
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};

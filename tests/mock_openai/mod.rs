@@ -143,6 +143,15 @@ impl Mock {
         format!("http://{}/v1", self.addr)
     }
 
+    /// `serve`'s flags for the openai agent against this mock (model `m`).
+    pub fn agent_args(&self) -> Vec<String> {
+        let mut args: Vec<String> = ["--agent", "openai", "--model", "m", "--openai-base-url"]
+            .map(str::to_owned)
+            .into();
+        args.push(self.base_url());
+        args
+    }
+
     /// Appends replies to the script.
     pub fn push(&self, replies: impl IntoIterator<Item = Reply>) {
         self.script.lock().expect("script").extend(replies);

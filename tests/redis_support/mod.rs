@@ -197,3 +197,79 @@ impl Drop for Redis {
         self.kill();
     }
 }
+
+/// A `turnstile serve --cluster` instance, killed (SIGKILL) and reaped when dropped.
+pub struct ClusterServe {
+    pub child: Child,
+    /// The address its listening line named.
+    pub addr: String,
+}
+
+impl ClusterServe {
+    /// `turnstile serve` on 127.0.0.1:0 (no HTTP endpoint) in `redis`'s cluster as
+    /// `instance`, with `partitions` and a lease of `lease_ms`: the caller adds the agent,
+    /// the logging and the rest.
+    pub fn command(redis: &Redis, instance: &str, partitions: u32, lease_ms: u64) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
+        command
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--http-listen", "off"])
+            .args(["--cluster", &redis.url(), "--instance-id", instance])
+            .args(["--partitions", &partitions.to_string()])
+            .args(["--lease-ms", &lease_ms.to_string()]);
+        command
+    }
+
+    /// Starts `command` (dying with the test, its stdout piped) and reads its listening line.
+    pub fn spawn(command: &mut Command) -> ClusterServe {
+        let mut child = die_with_parent(command.stdout(Stdio::piped()))
+            .spawn()
+            .expect("start turnstile serve");
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut first)
+            .expect("first line");
+        let addr = first
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("listening line, got {first:?}"))
+            .to_owned();
+        ClusterServe { child, addr }
+    }
+
+    /// Sends `sig` to the instance (SIGSTOP, SIGCONT, SIGTERM).
+    pub fn signal(&self, sig: libc::c_int) {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("pid");
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill({pid}, {sig})");
+    }
+}
+
+impl Drop for ClusterServe {
+    fn drop(&mut self) {
+        // A stopped process must be continued to die of SIGTERM; SIGKILL needs nothing.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Each partition's lease now (`<instance>:<epoch>`, or none).
+pub fn leases(redis: &Redis, partitions: u32) -> Vec<Option<String>> {
+    let mut c = redis.client();
+    (0..partitions)
+        .map(|p| {
+            redis::cmd("GET")
+                .arg(format!("ts:{{p{p}}}:lease"))
+                .query::<Option<String>>(&mut c)
+                .expect("GET")
+        })
+        .collect()
+}
+
+/// Whether `instance` holds every one of `leases` (tokens `<instance>:<epoch>`).
+pub fn all_held_by(leases: &[Option<String>], instance: &str) -> bool {
+    let prefix = format!("{instance}:");
+    leases
+        .iter()
+        .all(|h| h.as_deref().is_some_and(|h| h.starts_with(&prefix)))
+}
