@@ -13,7 +13,8 @@ and directory under /dev/shm; `TURNSTILE_REDIS_SERVER` names the binary, default
 (MESSAGES each, default 20,000, 20 connections x 100 in flight, 1,000 sessions shared by all);
 prints one JSON line: the aggregate acked-and-answered messages per second (all messages over
 the wall time from the first flood's start to the last one's end), each flood's ack and
-answer latency p50/p99, Redis's and the instances' CPU per message, the load average.
+answer latency p50/p99, Redis's and the instances' CPU per message, Redis's script calls and
+commands (those the scripts call included) per message, the load average.
 
 `kill`: the closing note's terminal session. Three instances, the load started once
 rebalancing has shared the partitions out (each holds at least 20 of 64; not waited for
@@ -147,6 +148,16 @@ def wait_spread(redis, names, timeout=30.0):
     raise RuntimeError(f"partitions not spread over {names}: {collections.Counter(redis.holders())}")
 
 
+def command_calls(redis):
+    """Calls of each command since Redis started (`INFO commandstats`), by command name."""
+    calls = {}
+    for line in redis.command("INFO", "commandstats").splitlines():
+        if line.startswith("cmdstat_"):
+            name, stats = line[len("cmdstat_"):].split(":", 1)
+            calls[name] = int(stats.split("calls=")[1].split(",")[0])
+    return calls
+
+
 def throughput(binary, k, messages):
     redis = Redis()
     procs = []
@@ -163,6 +174,7 @@ def throughput(binary, k, messages):
         reports = [json.loads(f.communicate()[0].decode().strip().splitlines()[-1]) for f in floods]
         wall = time.monotonic() - t0
         total = messages * k
+        calls = command_calls(redis)
         print(json.dumps({
             "instances": k, "messages": messages * k, "seconds": round(wall, 3),
             "msgs_per_s": round(messages * k / wall),
@@ -171,6 +183,10 @@ def throughput(binary, k, messages):
             "answer_ms_p50_p99": [[r["latency_ms"]["p50"], r["latency_ms"]["p99"]] for r in reports],
             "redis_cpu_us_per_msg": round(cpu_s(redis.proc.pid) * 1e6 / total, 1),
             "instances_cpu_us_per_msg": round(sum(cpu_s(p.pid) for p, _ in procs) * 1e6 / total, 1),
+            # Script calls, and Redis commands (those the scripts call included), per message.
+            "redis_scripts_per_msg": round(calls.get("evalsha", 0) / total, 2),
+            "redis_commands_per_msg": round(
+                sum(n for c, n in calls.items() if c not in ("evalsha", "info")) / total, 2),
             "load": os.getloadavg()[0],
         }), flush=True)
         if os.environ.get("BENCH_COMMANDSTATS"):

@@ -777,3 +777,73 @@ fn dedup_is_per_platform_and_id_whatever_the_chat() {
             .unwrap(),
     );
 }
+
+/// Issue 31's throughput work dropped two writes per message: the `dedup` hash (written,
+/// never read) and the in-flight `+inf` entry of `dedupx` (a load finds an in-flight id in
+/// its message). A partition written by an older version, with both, still loads each id
+/// once with its message's window, and its in-flight id is still a duplicate.
+#[test]
+fn a_message_writes_no_dedup_hash_and_an_older_versions_in_flight_ids_still_load() {
+    let Some(bin) = require_redis() else { return };
+    let r = Redis::start(&bin);
+    let mut a = store(&r, "a");
+    let chat = "5";
+    let (p, s) = (part(chat), session(chat));
+    let now = now_ms();
+    let until = later();
+    let s1 = new_seq(a.accept(p, &s, &msg("m1", chat, until), 9, now).unwrap());
+    let mut raw = r.client();
+    let dedupx = format!("ts:{{p{p}}}:dedupx");
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(format!("ts:{{p{p}}}:dedup"))
+        .arg(&dedupx)
+        .query(&mut raw)
+        .unwrap();
+    assert_eq!(exists, 0, "an in-flight message writes neither");
+    let loaded = a.load_partition(p, now).expect("load");
+    assert_eq!(
+        loaded.recovered.dedup,
+        vec![("telegram".to_string(), "m1".to_string(), until)],
+        "the in-flight id's window, from its message"
+    );
+    // An older version's in-flight id: `+inf` in `dedupx` too.
+    let s2 = new_seq(a.accept(p, &s, &msg("m2", chat, until), 9, now).unwrap());
+    let _: i64 = redis::cmd("ZADD")
+        .arg(&dedupx)
+        .arg("+inf")
+        .arg("telegram\nm2")
+        .query(&mut raw)
+        .unwrap();
+    let mut ids: Vec<(String, u64)> = (a.load_partition(p, now).expect("load").recovered)
+        .dedup
+        .into_iter()
+        .map(|(_, id, until)| (id, until))
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(
+        ids,
+        vec![("m1".to_string(), until), ("m2".to_string(), until)],
+        "each id once, with its message's window"
+    );
+    assert!(a.delivered(p, s1, now).unwrap());
+    assert!(a.delivered(p, s2, now).unwrap());
+    let window: Vec<(String, String)> = redis::cmd("ZRANGE")
+        .arg(&dedupx)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query(&mut raw)
+        .unwrap();
+    assert_eq!(
+        window,
+        vec![
+            ("telegram\nm1".to_string(), until.to_string()),
+            ("telegram\nm2".to_string(), until.to_string())
+        ],
+        "delivered: in the window until it ends"
+    );
+    assert_eq!(
+        a.accept(p, &s, &msg("m2", chat, until), 9, now).unwrap(),
+        Accept::Duplicate
+    );
+}

@@ -79,14 +79,16 @@ impl Histories {
 /// did land). The stream entry names the message's origin (whose reader wants it) and the
 /// writer (`by`: an origin that wrote it itself has the result already, and its reader skips
 /// the entry). The conversation is written last: a failure there leaves it behind the
-/// outcome, never ahead.
+/// outcome, never ahead. One `HMGET` reads what the outcome needs of the message (`st`,
+/// which the accept script always writes, says it is there).
 pub(super) const OUTCOME: &str = r"
 local l = redis.call('GET', KEYS[1])
 if l ~= ARGV[1] then return {'fenced', l or ''} end
-if redis.call('EXISTS', ARGV[2]) == 0 then return {'gone'} end
-if redis.call('HEXISTS', ARGV[2], 'oh') == 1 then return {'again'} end
+local m = redis.call('HMGET', ARGV[2], 'st', 'oh', 'o')
+if not m[1] then return {'gone'} end
+if m[2] then return {'again'} end
 redis.call('HSET', ARGV[2], 'oh', ARGV[4], 'ot', ARGV[5], 'ol', ARGV[6])
-local origin = redis.call('HGET', ARGV[2], 'o') or ''
+local origin = m[3] or ''
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[7], '*', 'seq', ARGV[3], 'origin', origin, 'by', ARGV[8])
 if not ARGV[9] then return {'ok'} end
 local t = redis.call('TIME')

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use redis::Value;
 
-use super::{Keys, LoadedPartition, RedisStore, bytes, dedup_member, malformed, text};
+use super::{Keys, LoadedPartition, RedisStore, bytes, malformed, text};
 use crate::journal::{Recovered, RecoveredMessage, StoreError, StoredMessage, StoredOutcome};
 use crate::message::ChatType;
 use crate::wire::MessageFields;
@@ -51,7 +51,6 @@ impl RedisStore {
         let Value::Array(msgs) = msgs else {
             return Err(malformed("load: messages"));
         };
-        let mut windows: HashMap<String, u64> = HashMap::new();
         for entry in msgs {
             let (seq, fields) = match entry {
                 Value::Array(pair) => match pair.as_slice() {
@@ -64,10 +63,13 @@ impl RedisStore {
                 .and_then(|s| s.parse().ok())
                 .ok_or_else(|| malformed("load: message seq"))?;
             let (rm, origin) = message_of(partition, seq, fields)?;
-            windows.insert(
-                dedup_member(rm.message.platform(), rm.message.id()),
+            // An in-flight id's window is its message's own (the accept script no longer
+            // writes it into `dedupx`).
+            out.recovered.dedup.push((
+                rm.message.platform().to_string(),
+                rm.message.id().to_string(),
                 rm.message.dedup_until_ms,
-            );
+            ));
             out.origins.insert(seq, origin);
             out.recovered.messages.push(rm);
         }
@@ -83,13 +85,9 @@ impl RedisStore {
                 return Err(malformed("load: window id"));
             };
             let score = text(score).ok_or_else(|| malformed("load: window"))?;
-            // An in-flight id is scored +inf; its window is the message's own.
-            let until = match score.parse::<u64>() {
-                Ok(u) => u,
-                Err(_) => match windows.get(&member) {
-                    Some(u) => *u,
-                    None => continue,
-                },
+            // `+inf`: an older version's in-flight id, taken from its message above.
+            let Ok(until) = score.parse::<u64>() else {
+                continue;
             };
             out.recovered
                 .dedup

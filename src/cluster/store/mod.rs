@@ -725,10 +725,9 @@ impl RedisStore {
                 debug_assert!(partition < self.cfg.partitions);
                 let keys = Keys::of(partition);
                 let member = dedup_member(m.platform(), m.id());
-                let mut names: Vec<String> =
-                    ["seq", "q", "dedup", "dedupx", "sessions", "in", "gen"]
-                        .map(|k| keys.k(k))
-                        .into();
+                let mut names: Vec<String> = ["seq", "q", "dedupx", "sessions", "in", "gen"]
+                    .map(|k| keys.k(k))
+                    .into();
                 names.push(ids_key(&member, self.cfg.partitions));
                 let mut c = evalsha(&s.accept, &names);
                 c.arg(keys.k("m:"))
@@ -781,7 +780,7 @@ impl RedisStore {
             } => self.outcome_cmd(lease, seq, outcome),
             Op::Delivered { partition, seq } | Op::Forget { partition, seq } => {
                 let keys = Keys::of(partition);
-                let names = ["q", "dedup", "dedupx", "sessions"].map(|k| keys.k(k));
+                let names = ["q", "dedupx", "sessions"].map(|k| keys.k(k));
                 let forget = matches!(op, Op::Forget { .. });
                 let mut c = evalsha(&s.finish, &names);
                 c.arg(keys.message(seq))

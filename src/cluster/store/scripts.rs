@@ -17,43 +17,44 @@ pub(super) struct Scripts {
     pub(super) leave: Script,
 }
 
-/// KEYS: seq, q, dedup, dedupx, sessions, inbox, generation, ids (the id's partition's
+/// KEYS: seq, q, dedupx, sessions, inbox, generation, ids (the id's partition's
 /// cluster-wide index, [`ids_key`](super::ids_key)). ARGV: message key prefix, dedup
 /// member, now, until, session, cap, stream maxlen, prune count, origin, generation, the
 /// highest seq the caller has seen, then field/value pairs. A partition whose generation is
 /// not the caller's (its data lost or replaced) or whose count is below what the caller has
 /// seen (an older copy of it) accepts nothing and answers what it has.
-/// The dedup sorted set scores an in-flight id `+inf` (it stays a duplicate however long
-/// it waits) and a finished one by its window's end. A new message's answer carries its seq
-/// and the session's messages already in flight (its `position` in the ack).
+/// The `ids` index scores an in-flight id `+inf` (it stays a duplicate however long it
+/// waits) and a finished one by its window's end; `dedupx` holds the partition's finished
+/// ones only (its in-flight ids are its messages, which a load reads whole; older versions
+/// scored them `+inf` there too, still found). A new message's answer carries its seq and the
+/// session's messages already in flight (its `position` in the ack).
+/// Every `redis.call` costs Redis a microsecond or two, for every message of every instance:
+/// the generation and the count come in one `MGET`, the expired ids go in one `ZREM` each
+/// (docs/cluster.md, "The scripts").
 pub(super) const ACCEPT: &str = r"
-local g = redis.call('GET', KEYS[7])
+local gc = redis.call('MGET', KEYS[6], KEYS[1])
+local g = gc[1]
 if g ~= ARGV[10] then return {'generation', g or ''} end
-local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+local cur = tonumber(gc[2] or '0')
 if cur < tonumber(ARGV[11]) then return {'older', tostring(cur)} end
 local now = tonumber(ARGV[3])
-local old = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, tonumber(ARGV[8]))
-for _, d in ipairs(old) do
-  redis.call('HDEL', KEYS[3], d)
-  redis.call('ZREM', KEYS[4], d)
+for _, k in ipairs({KEYS[3], KEYS[7]}) do
+  local old = redis.call('ZRANGEBYSCORE', k, '-inf', now, 'LIMIT', 0, tonumber(ARGV[8]))
+  if old[1] then redis.call('ZREM', k, unpack(old)) end
 end
-local oldi = redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', now, 'LIMIT', 0, tonumber(ARGV[8]))
-for _, d in ipairs(oldi) do redis.call('ZREM', KEYS[8], d) end
-local s = redis.call('ZSCORE', KEYS[4], ARGV[2])
+local s = redis.call('ZSCORE', KEYS[3], ARGV[2])
 if s and tonumber(s) > now then return {'duplicate'} end
-local si = redis.call('ZSCORE', KEYS[8], ARGV[2])
+local si = redis.call('ZSCORE', KEYS[7], ARGV[2])
 if si and tonumber(si) > now then return {'duplicate'} end
-local n = tonumber(redis.call('HGET', KEYS[5], ARGV[5]) or '0')
+local n = tonumber(redis.call('HGET', KEYS[4], ARGV[5]) or '0')
 if n >= tonumber(ARGV[6]) then return {'full'} end
 local seq = redis.call('INCR', KEYS[1])
 local m = ARGV[1] .. seq
-redis.call('HSET', m, 'du', ARGV[4], 'st', '0', 's', ARGV[5], 'o', ARGV[9], 'ix', KEYS[8], unpack(ARGV, 12))
+redis.call('HSET', m, 'du', ARGV[4], 'st', '0', 's', ARGV[5], 'o', ARGV[9], 'ix', KEYS[7], unpack(ARGV, 12))
 redis.call('ZADD', KEYS[2], seq, seq)
-redis.call('HSET', KEYS[3], ARGV[2], seq)
-redis.call('ZADD', KEYS[4], '+inf', ARGV[2])
-redis.call('ZADD', KEYS[8], '+inf', ARGV[2])
-redis.call('HINCRBY', KEYS[5], ARGV[5], 1)
-redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[7], '*', 'seq', seq, 'origin', ARGV[9])
+redis.call('ZADD', KEYS[7], '+inf', ARGV[2])
+redis.call('HINCRBY', KEYS[4], ARGV[5], 1)
+redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[7], '*', 'seq', seq, 'origin', ARGV[9])
 return {'new', tostring(seq), tostring(n)}
 ";
 
@@ -68,8 +69,8 @@ return {'ok'}
 
 // OUTCOME: in `history.rs`, beside the conversation it writes with the outcome.
 
-/// KEYS: q, dedup, dedupx, sessions. ARGV: message key, seq, now, forget (1: the id leaves
-/// the duplicate window too). Delivered (0) or forgotten (1): the message leaves the store.
+/// KEYS: q, dedupx, sessions. ARGV: message key, seq, now, forget (1: the id leaves the
+/// duplicate window too). Delivered (0) or forgotten (1): the message leaves the store.
 /// The id's cluster-wide index (`ix`, named by the message) follows `dedupx`.
 pub(super) const FINISH: &str = r"
 local m = redis.call('HMGET', ARGV[1], 'p', 'i', 's', 'du', 'ix')
@@ -78,15 +79,14 @@ local d = m[1] .. '\n' .. m[2]
 redis.call('DEL', ARGV[1])
 redis.call('ZREM', KEYS[1], ARGV[2])
 if m[3] then
-  local n = redis.call('HINCRBY', KEYS[4], m[3], -1)
-  if n <= 0 then redis.call('HDEL', KEYS[4], m[3]) end
+  local n = redis.call('HINCRBY', KEYS[3], m[3], -1)
+  if n <= 0 then redis.call('HDEL', KEYS[3], m[3]) end
 end
 if ARGV[4] == '0' and tonumber(m[4] or '0') > tonumber(ARGV[3]) then
-  redis.call('ZADD', KEYS[3], m[4], d)
+  redis.call('ZADD', KEYS[2], m[4], d)
   if m[5] then redis.call('ZADD', m[5], m[4], d) end
 else
-  redis.call('ZREM', KEYS[3], d)
-  redis.call('HDEL', KEYS[2], d)
+  redis.call('ZREM', KEYS[2], d)
   if m[5] then redis.call('ZREM', m[5], d) end
 end
 return {'ok'}
