@@ -1966,3 +1966,47 @@ fn a_partition_past_its_fence_deadline_is_handed_over_at_the_tick_and_the_thread
     assert_eq!((s.owned.clone(), s.self_fenced), (vec![], 1), "{s:?}");
     assert!(tick(&mut n, ms(3000)).is_empty(), "once");
 }
+
+/// A partition lost (its lease not renewed in time, by the journal thread's pass) is handed
+/// over at once and its fence deadline forgotten: no self-fence follows at that deadline (no
+/// `Fenced` request for a lease already given up, no count in `self_fenced`). Found by
+/// cargo mutants: `Fences::forget` made a no-op survived every test.
+#[test]
+fn a_partition_lost_before_its_fence_deadline_is_not_fenced_at_it() {
+    use turnstile::internal::cluster::ClusterRequest;
+    let mut n = Net::new();
+    let (_c, _m, message) = n.placed_m1(3, cluster_tag(3, 1));
+    let t0 = n.now;
+    let ms = |m| t0 + Duration::from_millis(m);
+    n.report(
+        0,
+        ClusterReport {
+            leases: vec![(3, 7, ms(1000))],
+            ..ClusterReport::default()
+        },
+    );
+    n.report(
+        0,
+        ClusterReport {
+            lost: vec![3],
+            ..ClusterReport::default()
+        },
+    );
+    assert_eq!(n.handed, vec![vec![message.session.clone()]]);
+    // The timer is never set in the past (a busy loop): cargo mutants, `Fences::next`.
+    assert!(n.b.tick(ms(500)) > ms(500), "a timer in the past");
+    n.b.tick(ms(1500));
+    let mut fenced = Vec::new();
+    while let Some(a) = n.b.poll_action() {
+        if let Action::Cluster(ClusterRequest::Fenced { partition, epoch }) = a {
+            fenced.push((partition, epoch));
+        }
+    }
+    assert_eq!(
+        fenced,
+        vec![],
+        "a lost partition fenced at its old deadline"
+    );
+    let s = n.b.cluster_status();
+    assert_eq!((s.owned.clone(), s.self_fenced), (vec![], 0), "{s:?}");
+}

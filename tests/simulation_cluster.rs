@@ -78,7 +78,11 @@
 //! sweep with every fault holds the code to every invariant, as does a second sweep under
 //! clock jumps alone; seed 382, which a long sweep found (an origin that never registered),
 //! is a regression test below too, as is seed 356 (a longer sweep: a result silenced after
-//! its outcome record was dropped at a self-fence and the partition was gained again).
+//! its outcome record was dropped at a self-fence and the partition was gained again). A
+//! sweep of 3 x 600 seeds after that fix found four more, ignored tests below, not fixed:
+//! per-session order (seeds 425, 524; 497 with the small outbox) and results kept for an
+//! origin whose registration lapsed (seed 518). `TURNSTILE_SIM_SEEDS=600` reruns it (each
+//! sweep runs to its end and names every failing seed).
 //!
 //! A failing seed prints the command that replays it, e.g.
 //! `TURNSTILE_SIM_SEED=<n> TURNSTILE_SIM_FAULTS=kill,pause,redis,jump,move cargo test --test
@@ -2510,6 +2514,50 @@ fn seed_382_a_message_of_an_origin_never_registered_is_answered() {
 #[test]
 fn seed_356_a_result_waiting_for_a_record_dropped_by_a_self_fence_is_sent_after_a_regain() {
     assert_clean(356, ALL);
+}
+
+// Found by the sweep of 3 x 600 seeds after seed 356's fix (each fails without that fix
+// too), not fixed: ignored until they are.
+
+/// Per-session order (every fault, also with the outbox cap at 16): tg1 (partition 0 seq 2),
+/// sent to a:1 and sent again before any answer, ran on a:2 at 10.9 s after tg6 (seq 5) had
+/// run on b:1 at 6.0 s, whose load of partition 0 at 5.8 s brought no message. Not traced.
+#[test]
+#[ignore = "found by the long sweep: a message placed before another of its session runs after it"]
+fn seed_425_a_sessions_messages_run_in_their_partition_order() {
+    assert_clean(425, ALL);
+}
+
+/// As seed 425 (every fault): tg7 (seq 3) ran on b:1 after seq 5. Not traced.
+#[test]
+#[ignore = "found by the long sweep: a message placed before another of its session runs after it"]
+fn seed_524_a_sessions_messages_run_in_their_partition_order() {
+    assert_clean(524, ALL);
+}
+
+/// As seed 425 with the outbox cap at 16: mx5 (seq 4) ran after seq 14. Not traced.
+#[test]
+#[ignore = "found by the long sweep: a message placed before another of its session runs after it"]
+fn seed_497_a_sessions_messages_run_in_their_partition_order_with_a_small_outbox() {
+    let small = Faults {
+        small_outbox: true,
+        ..ALL
+    };
+    assert_clean(497, small);
+}
+
+/// Every acked message answered (every fault): mx14–mx17, placed by b:1 at 11.3 s (Redis
+/// back after 2 s out of reach) and read from the inbox by their owner a:2 at 12.1 s, which
+/// kept their results for b:1 ("alive a moment ago"); b:1 was killed at 11.5 s and a:2's
+/// reader never reported it gone. Read from the trace, not confirmed step by step: b:1's
+/// registry entry had lapsed while Redis was out of reach (no heartbeat for a lease), and
+/// a:2, started at 9.9 s while Redis was out of reach, never saw b:1 live, so never saw it
+/// leave. The seed-382 rule (no accept before a first heartbeat) covers neither an instance
+/// whose registration lapsed later nor an owner whose reader never saw the origin live.
+#[test]
+#[ignore = "found by the long sweep: results kept for an origin the owner's reader never saw live"]
+fn seed_518_results_kept_for_an_origin_never_seen_live_are_sent() {
+    assert_clean(518, ALL);
 }
 
 /// Fixed: a message accepted by the partition's owner itself was submitted as soon as it
