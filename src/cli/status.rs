@@ -452,7 +452,28 @@ pub(super) fn request(
         _ => return Err("not a turnstile server (no HTTP answer)".into()),
     };
     let code = resp.code.ok_or("not a turnstile server (no status code)")?;
-    Ok((code, String::from_utf8_lossy(&raw[head..]).into_owned()))
+    let body = &raw[head..];
+    // Past MAX_RESPONSE (or a connection cut): never a part taken for the whole.
+    let length = resp
+        .headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+        .and_then(|h| {
+            std::str::from_utf8(h.value)
+                .ok()?
+                .trim()
+                .parse::<usize>()
+                .ok()
+        });
+    if let Some(length) = length
+        && body.len() < length
+    {
+        return Err(format!(
+            "the answer was cut short: {} of its {length} bytes read (at most {MAX_RESPONSE})",
+            body.len()
+        ));
+    }
+    Ok((code, String::from_utf8_lossy(body).into_owned()))
 }
 
 #[cfg(test)]

@@ -750,6 +750,12 @@ pub struct MessageCounts {
     /// Partial replies delivered to the message's submitter (after the worker's throttle).
     /// Counted by the driver; always 0 in [`Core::stats`](super::Core::stats).
     pub partials_forwarded: u64,
+    /// Partial replies not sent to the runtime's [`Events`](crate::Events) stream because it
+    /// held [`Builder::events_backlog`](crate::Builder::events_backlog) unread events (the
+    /// outcome still carries the whole reply). Counted by the driver; always 0 in
+    /// [`Core::stats`](super::Core::stats).
+    #[serde(default)]
+    pub partials_skipped: u64,
 }
 
 /// A read-only view of one session, for status and tests.

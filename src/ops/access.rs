@@ -129,7 +129,7 @@ fn parse_query(query: &str) -> Result<(String, String), String> {
 }
 
 /// `%XX` escapes and `+` (a space) decoded; `None` for a bad escape or invalid UTF-8.
-fn percent_decode(s: &str) -> Option<String> {
+pub(crate) fn percent_decode(s: &str) -> Option<String> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;

@@ -16,6 +16,7 @@ use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use mio::{Events, Poll, Token, Waker};
 
 use super::access::AccessDesk;
+use super::history::HistoryDesk;
 use super::http::{self, HttpServer, OpsSource};
 use super::layer::{ReadinessCheck, health};
 use super::metrics;
@@ -57,7 +58,7 @@ impl Endpoint {
         mut server: HttpServer,
         tick_interval: Duration,
         checks: Vec<(String, ReadinessCheck)>,
-        desk: Option<AccessDesk>,
+        (desk, history): (Option<AccessDesk>, Option<HistoryDesk>),
     ) -> io::Result<Endpoint> {
         let poll = Poll::new()?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
@@ -73,6 +74,7 @@ impl Endpoint {
             tick_interval,
             checks,
             desk,
+            history,
         };
         let shared = Arc::clone(&figures);
         let thread = std::thread::Builder::new()
@@ -160,6 +162,8 @@ struct Served {
     checks: Vec<(String, ReadinessCheck)>,
     /// Where `/access` calls go (the reactor), when the gateway has a policy.
     desk: Option<AccessDesk>,
+    /// Where `/history` reads (the store, on this thread), when conversations are stored.
+    history: Option<HistoryDesk>,
 }
 
 impl Served {
@@ -173,6 +177,7 @@ impl Served {
             shutting_down: self.shutting_down,
             checks: &self.checks,
             desk: self.desk.as_ref(),
+            history: self.history.as_ref(),
         }
     }
 }
@@ -277,6 +282,7 @@ pub(super) struct View<'a> {
     pub(super) shutting_down: bool,
     pub(super) checks: &'a [(String, ReadinessCheck)],
     pub(super) desk: Option<&'a AccessDesk>,
+    pub(super) history: Option<&'a HistoryDesk>,
 }
 
 impl OpsSource for View<'_> {
@@ -317,6 +323,13 @@ impl OpsSource for View<'_> {
             None => http::no_access_policy(),
         }
     }
+
+    fn history(&self, query: &str) -> (u16, String) {
+        match self.history {
+            Some(desk) => desk.answer(query),
+            None => super::history::no_history(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -354,7 +367,7 @@ mod tests {
             .expect("bind");
         let addr = server.local_addr().expect("addr");
         let tick = Duration::from_millis(100);
-        let mut endpoint = Endpoint::spawn(server, tick, Vec::new(), None).expect("spawn");
+        let mut endpoint = Endpoint::spawn(server, tick, Vec::new(), (None, None)).expect("spawn");
         // A request before the first snapshot waits for it; a fresh snapshot: healthy.
         let early = std::thread::spawn(move || get(addr, "/healthz"));
         endpoint.publish(&Arc::new(running(1.0)));
@@ -403,6 +416,7 @@ mod tests {
             shutting_down,
             checks,
             desk: None,
+            history: None,
         };
         assert_eq!(view(false, &[]).ready(), Ok(()));
         assert_eq!(view(true, &[]).ready(), Err("shutting down".into()));

@@ -11,6 +11,7 @@ use mio::{Poll, Registry};
 
 use super::access::{AccessApplier, AccessCalls, AccessDesk};
 use super::endpoint::Endpoint;
+use super::history::HistoryDesk;
 use super::http::HttpServer;
 use super::systemd::{SdNotify, WatchdogPacer};
 use crate::agent::AgentFactory;
@@ -77,6 +78,8 @@ pub(crate) struct Ops<F> {
     /// `/access` calls from the endpoint, applied on `inner`; the desk until `register`.
     access: Option<AccessCalls<F>>,
     desk: Option<AccessDesk>,
+    /// `/history`'s reader of the stored conversations, until `register`.
+    history: Option<HistoryDesk>,
     #[cfg(feature = "test-hooks")]
     wedge: Option<test_hooks::Wedge>,
 }
@@ -183,6 +186,7 @@ impl<F: Frontend> Ops<F> {
             reloading: None,
             access: None,
             desk: None,
+            history: None,
             #[cfg(feature = "test-hooks")]
             wedge: test_hooks::Wedge::from_env(),
         }
@@ -225,6 +229,12 @@ impl<F: Frontend> Ops<F> {
     pub(crate) fn with_access(mut self, apply: AccessApplier<F>) -> Ops<F> {
         let (desk, calls) = super::access::channel(apply);
         (self.access, self.desk) = (Some(calls), Some(desk));
+        self
+    }
+
+    /// Serves `GET /history` on the endpoint, read through `load` on the endpoint's thread.
+    pub(crate) fn with_history(mut self, load: crate::journal::memory::MemoryLoader) -> Ops<F> {
+        self.history = Some(HistoryDesk::new(load));
         self
     }
 
@@ -340,7 +350,8 @@ impl<F: Frontend> Frontend for Ops<F> {
         self.inner.register(registry)?;
         if let Some(server) = self.http.take() {
             let checks = std::mem::take(&mut self.checks);
-            let endpoint = Endpoint::spawn(server, self.tick_interval, checks, self.desk.take())?;
+            let desks = (self.desk.take(), self.history.take());
+            let endpoint = Endpoint::spawn(server, self.tick_interval, checks, desks)?;
             if let Some((status, at)) = self.early.take() {
                 endpoint.publish_taken(status, at);
             }

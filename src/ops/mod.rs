@@ -15,6 +15,7 @@ pub(crate) mod access;
 mod cluster_metrics;
 mod endpoint;
 pub(crate) mod exposition;
+pub(crate) mod history;
 pub(crate) mod http;
 pub(crate) mod layer;
 pub(crate) mod metrics;

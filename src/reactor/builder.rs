@@ -33,6 +33,9 @@ pub(crate) const MAX_POOL_THREADS: usize = 4096;
 pub(crate) const DEFAULT_CLEANUP_WORKERS: usize = 2;
 /// Default number of given-up (stuck) threads each pool may keep alive.
 pub(crate) const DEFAULT_MAX_EXTRA_THREADS: usize = 16;
+/// Default [`Builder::events_backlog`]: unread events in the runtime's [`Events`] stream at
+/// which its partial replies are skipped.
+pub(crate) const DEFAULT_EVENTS_BACKLOG: usize = 256;
 /// How long a pool thread beyond the minimum waits for work before it retires.
 const POOL_KEEPALIVE: Duration = Duration::from_secs(5);
 
@@ -118,6 +121,7 @@ pub struct Builder {
     status_file: Option<PathBuf>,
     precise_timers: bool,
     limits: TurnLimits,
+    events_backlog: usize,
     /// An async runtime's factory and spawner ([`Builder::new_async`]).
     #[cfg(feature = "async")]
     tasks: Option<(
@@ -137,6 +141,7 @@ impl fmt::Debug for Builder {
             .field("status_file", &self.status_file)
             .field("precise_timers", &self.precise_timers)
             .field("max_reply_bytes", &self.limits.max_reply_bytes)
+            .field("events_backlog", &self.events_backlog)
             .finish_non_exhaustive()
     }
 }
@@ -186,7 +191,8 @@ impl Builder {
     }
 
     /// Defaults: 16 turn workers, 2 cleanup workers, queue mode, the limits of [`CoreConfig`],
-    /// a 100 ms heartbeat, 65,536 pending submissions, no status file.
+    /// a 100 ms heartbeat, 65,536 pending submissions, partials skipped past 256 unread
+    /// events, no status file.
     pub fn new(factory: impl AgentFactory) -> Builder {
         Builder {
             factory: Arc::new(factory),
@@ -201,6 +207,7 @@ impl Builder {
                 partial_interval: DEFAULT_PARTIAL_INTERVAL,
                 max_reply_bytes: crate::core::DEFAULT_MAX_REPLY_BYTES,
             },
+            events_backlog: DEFAULT_EVENTS_BACKLOG,
             #[cfg(feature = "async")]
             tasks: None,
         }
@@ -298,6 +305,14 @@ impl Builder {
         /// Replies and partials longer than this are cut on a UTF-8 boundary and flagged
         /// `truncated`, on the worker.
         max_reply_bytes: usize => limits.max_reply_bytes;
+        /// Unread events in the runtime's [`Events`] stream at which its partial replies are
+        /// skipped (default 256): a reader that falls behind, or never reads, holds at most
+        /// this many events with partials among them, plus the accepted, turn and outcome
+        /// events, which are always sent (at most four a message). A later partial or the
+        /// outcome carries the whole text; the status counts the skipped ones
+        /// (`messages.partials_skipped`). Sinks of [`Handle::submit_to`] are the embedder's
+        /// and are not watched. 0 sends no partial to the stream.
+        events_backlog: usize => events_backlog;
     }
 
     /// Writes each snapshot as JSON to `path` (atomically, from a non-reactor thread).
@@ -484,6 +499,7 @@ impl Builder {
             cleanup_pool,
             completions,
             events: events_tx,
+            events_backlog: self.events_backlog,
             factory: self.factory,
             tick_interval: self.tick_interval,
             status_file: self.status_file,
@@ -531,11 +547,10 @@ impl Wiring {
             poll,
             notifier: Arc::new(Notifier::new(waker)),
             ingress: bounded(ingress_capacity),
-            // Bounded by the core: one accepted/terminal event per admitted message (the
-            // global queue caps bound those) plus partials throttled to one per turn per
-            // `--partial-interval`. An embedder that never reads its `Events` lets partials
-            // pile up: not bounded here (the async stream coalesces them; the sync one does
-            // not yet).
+            // Unbounded so that the reactor never loses an accepted, turn or outcome event
+            // (at most four per message the embedder submitted); partials are what a reader
+            // that falls behind would pile up, and the driver skips them once the stream
+            // holds `events_backlog` unread events (`Driver::skips_partial`).
             events: unbounded(),
             // Bounded by the pools: one report per job a worker ran, and jobs are bounded by
             // the core's running-turn and cleanup caps.

@@ -13,8 +13,8 @@ use super::route::{EventSink, Route};
 use super::workers::{BoxAgent, CleanupPool, TurnPool, WorkerReport};
 use crate::agent::CancelToken;
 use crate::core::{
-    AbandonReason, CleanupContext, CleanupId, CleanupJob, Core, Effect, IdMap, MessageEvent,
-    ShutdownReport, TurnId, TurnJob,
+    AbandonReason, CleanupContext, CleanupId, CleanupJob, Core, Effect, EventKind, IdMap,
+    MessageEvent, ShutdownReport, TurnId, TurnJob,
 };
 use crate::histogram::PromHistogram;
 use crate::message::SessionKey;
@@ -36,6 +36,8 @@ pub(super) struct Driver {
     cleanup_pool: CleanupPool,
     /// The runtime's own event channel, where `Route::Default` delivers.
     events: EventSink,
+    /// Unread events in `events` at which partials are skipped.
+    events_backlog: usize,
     /// Where turns and closes of async agents run, when the runtime's agents are async.
     #[cfg(feature = "async")]
     tasks: Option<super::async_agent::AsyncRunner>,
@@ -55,7 +57,7 @@ impl Driver {
         core: Core<Route, BoxAgent>,
         turn_pool: TurnPool,
         cleanup_pool: CleanupPool,
-        events: EventSink,
+        (events, events_backlog): (EventSink, usize),
         #[cfg(feature = "async")] tasks: Option<super::async_agent::AsyncRunner>,
     ) -> Driver {
         Driver {
@@ -63,6 +65,7 @@ impl Driver {
             turn_pool,
             cleanup_pool,
             events,
+            events_backlog,
             #[cfg(feature = "async")]
             tasks,
             turns: IdMap::default(),
@@ -110,6 +113,11 @@ impl Driver {
     /// Partials delivered.
     pub(super) fn partials_forwarded(&self) -> u64 {
         self.observe.partials_forwarded()
+    }
+
+    /// Partials not sent to the runtime's `Events` stream: it was behind.
+    pub(super) fn partials_skipped(&self) -> u64 {
+        self.observe.partials_skipped()
     }
 
     /// The runtime's rejections by reason.
@@ -182,10 +190,20 @@ impl Driver {
     /// Observes a message's event, then delivers it on its route. The reactor never blocks
     /// on a sink: a full one loses the event.
     fn emit(&mut self, route: Route, event: MessageEvent, frontend: &mut impl Frontend) {
+        if matches!(route, Route::Default) && self.skips_partial(&event) {
+            self.observe
+                .partial_skipped(&event, self.events.len(), self.now);
+            return;
+        }
         self.observe.event(&event, self.now);
         match route {
             Route::Local(tag) => frontend.deliver(tag, event),
-            Route::Default => Self::send(&self.events, event, &mut self.observe),
+            Route::Default => {
+                let partial = matches!(event.kind, EventKind::Partial(_));
+                Self::send(&self.events, event, &mut self.observe);
+                // Sent only below the backlog; the reader only takes events away.
+                debug_assert!(!partial || self.events.len() <= self.events_backlog);
+            }
             Route::Sink(sink) => Self::send(&sink, event, &mut self.observe),
             #[cfg(feature = "async")]
             Route::Stream(stream) => {
@@ -194,6 +212,15 @@ impl Driver {
                 }
             }
         }
+    }
+
+    /// Whether `event` is a partial the runtime's `Events` stream is too far behind to take:
+    /// its reader has `events_backlog` events or more still to read. Skipping one loses no
+    /// text (a partial is the whole reply so far: the next one, or the outcome, carries it);
+    /// every other event is always sent, so a reader that never reads holds the backlog plus
+    /// at most four events per message.
+    fn skips_partial(&self, event: &MessageEvent) -> bool {
+        matches!(event.kind, EventKind::Partial(_)) && self.events.len() >= self.events_backlog
     }
 
     /// Sends an event to a channel; a full or closed one loses it (counted, logged).

@@ -47,6 +47,10 @@ pub struct Runtime {
     /// The sending half of the runtime's [`Events`](super::Events): where `Route::Default`
     /// delivers. Held by the reactor alone, so the stream ends when the loop does.
     pub(super) events: super::route::EventSink,
+    /// Unread events in `events` at which partials are skipped ([`Builder::events_backlog`]).
+    ///
+    /// [`Builder::events_backlog`]: super::Builder::events_backlog
+    pub(super) events_backlog: usize,
     /// Kept for the heartbeat: the factory's agent usage joins the status.
     pub(super) factory: Arc<dyn AgentFactory>,
     pub(super) tick_interval: Duration,
@@ -191,6 +195,7 @@ impl<F: Frontend> Reactor<F> {
             cleanup_pool,
             completions,
             events,
+            events_backlog,
             factory,
             tick_interval,
             status_file,
@@ -220,7 +225,7 @@ impl<F: Frontend> Reactor<F> {
                 core_naming_agents(core, &factory),
                 turn_pool,
                 cleanup_pool,
-                events,
+                (events, events_backlog),
                 #[cfg(feature = "async")]
                 tasks,
             ),

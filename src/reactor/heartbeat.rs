@@ -124,6 +124,7 @@ impl Heartbeat {
             messages: MessageCounts {
                 events_undelivered: driver.undelivered(),
                 partials_forwarded: driver.partials_forwarded(),
+                partials_skipped: driver.partials_skipped(),
                 ..s.messages
             },
             rejected_by_reason: driver.rejected_by_reason().clone(),

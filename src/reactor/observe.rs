@@ -76,6 +76,11 @@ pub(super) struct Observer {
     partials_forwarded: u64,
     /// Events whose sink was full or gone.
     undelivered: u64,
+    /// Partials not sent to the runtime's `Events` stream, which was behind.
+    partials_skipped: u64,
+    /// When the last WARN about skipped partials was logged, and the skips since.
+    skip_warned: Option<Duration>,
+    skipped_since_warn: u64,
     warn_limiter: WarnLimiter,
 }
 
@@ -88,6 +93,9 @@ impl Observer {
             rejected_by_reason: BTreeMap::new(),
             partials_forwarded: 0,
             undelivered: 0,
+            partials_skipped: 0,
+            skip_warned: None,
+            skipped_since_warn: 0,
             warn_limiter: WarnLimiter::default(),
         }
     }
@@ -110,6 +118,32 @@ impl Observer {
     /// Events whose sink was full or gone.
     pub(super) fn undelivered(&self) -> u64 {
         self.undelivered
+    }
+
+    /// Partials not sent to the runtime's `Events` stream, which was behind.
+    pub(super) fn partials_skipped(&self) -> u64 {
+        self.partials_skipped
+    }
+
+    /// Counts a partial not sent to the runtime's `Events` stream, `unread` events behind:
+    /// DEBUG per partial, and one WARN per [`WARN_WINDOW`] at most (the stream's reader, not
+    /// a session, is behind), with the skips since the last.
+    pub(super) fn partial_skipped(&mut self, ev: &MessageEvent, unread: usize, now: Duration) {
+        self.partials_skipped += 1;
+        self.skipped_since_warn += 1;
+        let (session, id) = (Field(ev.session.as_str()), Field(&ev.id));
+        log::debug!("partial skipped session={session} id={id} unread_events={unread}");
+        if self
+            .skip_warned
+            .is_some_and(|at| now.saturating_sub(at) < WARN_WINDOW)
+        {
+            return;
+        }
+        let skipped = std::mem::take(&mut self.skipped_since_warn);
+        self.skip_warned = Some(now);
+        log::warn!(
+            "the runtime's Events stream has {unread} unread events (its events_backlog): partial replies are skipped until it is read, outcomes still sent; session={session} id={id} skipped={skipped}"
+        );
     }
 
     /// Turns started and not yet ended.

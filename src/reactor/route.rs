@@ -9,13 +9,19 @@ use crate::core::MessageEvent;
 use crate::message::Message;
 
 /// Where a message's events go. Use an unbounded channel: the reactor never blocks on a
-/// sink, so a full bounded one loses the event (logged at WARN and counted).
+/// sink, so a full bounded one loses the event (logged at WARN and counted). A sink is the
+/// embedder's: every event is sent to it, its length is not watched (unlike [`Events`]).
 pub type EventSink = Sender<MessageEvent>;
 
 /// The runtime's default event stream (events of messages sent with
 /// [`Handle::submit`](super::Handle::submit)). Its sender is the reactor's: the stream ends
 /// (`recv` returns an error once drained) when the runtime's loop has ended or the
 /// [`Runtime`](super::Runtime) was dropped without running.
+///
+/// Bounded for a reader that falls behind: once it holds
+/// [`Builder::events_backlog`](super::Builder::events_backlog) unread events, partial replies
+/// are skipped (counted as `partials_skipped` in the status) until it is read; every other
+/// event is always sent.
 pub type Events = Receiver<MessageEvent>;
 
 /// Where the reactor delivers a message's events.

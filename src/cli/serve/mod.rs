@@ -429,6 +429,9 @@ fn host_ops(
     ops = ops.with_access(Box::new(|server, platform, command| {
         server.access_command(platform, command)
     }));
+    if let Some(load) = &s.memory {
+        ops = ops.with_history(Arc::clone(load));
+    }
     match SdNotify::from_env() {
         Ok(Some(n)) => {
             log::info!("systemd notifications on: {n:?}");

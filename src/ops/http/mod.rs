@@ -230,6 +230,9 @@ impl OpsSource for Cached<'_> {
     fn access(&self, query: &str) -> (u16, String) {
         self.inner.access(query)
     }
+    fn history(&self, query: &str) -> (u16, String) {
+        self.inner.history(query)
+    }
 }
 
 /// What [`HttpServer::pick_victim`] found.

@@ -1,6 +1,7 @@
 //! The endpoint's sans-IO half: one request head parsed from bytes, one response rendered
 //! for it. Requests are parsed by `httparse`; only `GET` and `HEAD` without a body are
-//! served, and `POST /access` (its arguments in the query, no body).
+//! served, and `POST /access` (its arguments in the query, no body). `/access` and
+//! `/history` are never open: they need the endpoint's token.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -121,6 +122,11 @@ pub(crate) trait OpsSource {
     fn access(&self, _query: &str) -> (u16, String) {
         no_access_policy()
     }
+    /// `GET /history?session=KEY`: a session's stored conversation as export lines, or its
+    /// status and why not (`404` where nothing is stored).
+    fn history(&self, _query: &str) -> (u16, String) {
+        crate::ops::history::no_history()
+    }
 }
 
 /// `/access` where nothing applies the commands (an embedder's gateway without a policy).
@@ -148,6 +154,7 @@ fn reason_phrase(status: u16) -> &'static str {
         404 => "Not Found",
         405 => "Method Not Allowed",
         431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
         503 => "Service Unavailable",
         _ => "Error",
     }
@@ -190,6 +197,8 @@ pub(crate) fn response(
 /// Plain text, the probes' and the refusals' bodies.
 pub(super) const TEXT: &str = "text/plain; charset=utf-8";
 const JSON: &str = "application/json";
+/// JSON lines (`/history`).
+const JSON_LINES: &str = "application/x-ndjson; charset=utf-8";
 /// The Prometheus text exposition format's content type.
 const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -218,6 +227,11 @@ pub(crate) fn respond(
             let (status, text) = source.access(&req.query);
             response(status, TEXT, text.as_bytes(), &[], close, head)
         }
+        "/history" => {
+            let (status, body) = source.history(&req.query);
+            let kind = if status == 200 { JSON_LINES } else { TEXT };
+            response(status, kind, body.as_bytes(), &[], close, head)
+        }
         _ => response(
             200,
             METRICS_CONTENT_TYPE,
@@ -231,11 +245,12 @@ pub(crate) fn respond(
 
 /// The answer to a request the endpoint does not serve: an unknown path (`404`), a method
 /// other than `GET` or `HEAD` (`405`; `/access` takes only `POST`), a missing or wrong bearer
-/// token (`401`, every path but `/healthz`), `/access` on a gateway without a token (`403`).
+/// token (`401`, every path but `/healthz`), `/access` or `/history` on a gateway without a
+/// token (`403`).
 fn refuse(req: &Request, token: Option<&AuthToken>, close: bool, head: bool) -> Option<Response> {
     let known = matches!(
         req.path.as_str(),
-        "/healthz" | "/readyz" | "/status" | "/metrics" | "/access"
+        "/healthz" | "/readyz" | "/status" | "/metrics" | "/access" | "/history"
     );
     if !known {
         return Some(response(404, TEXT, b"not found\n", &[], close, head));
@@ -256,11 +271,14 @@ fn refuse(req: &Request, token: Option<&AuthToken>, close: bool, head: bool) -> 
             head,
         ));
     }
-    if req.path == "/access" && token.is_none() {
-        // It changes who may use the agent: never open, even on a loopback address.
-        let why =
-            b"/access needs the gateway's auth token (--auth-token or TURNSTILE_AUTH_TOKEN)\n";
-        return Some(response(403, TEXT, why, &[], close, head));
+    if matches!(req.path.as_str(), "/access" | "/history") && token.is_none() {
+        // It changes who may use the agent, or shows what users said: never open, even on
+        // a loopback address.
+        let why = format!(
+            "{} needs the gateway's auth token (--auth-token or TURNSTILE_AUTH_TOKEN)\n",
+            req.path
+        );
+        return Some(response(403, TEXT, why.as_bytes(), &[], close, head));
     }
     let authorized = |t: &AuthToken| req.bearer.as_deref().is_some_and(|b| t.matches(b));
     if req.path != "/healthz" && token.is_some_and(|t| !authorized(t)) {
@@ -493,5 +511,70 @@ mod tests {
         // Without a configured token, never served.
         let r = respond(&req("POST /access?x HTTP/1.1\r\n\r\n"), None, &Echo, false);
         assert_eq!(r.status, 403);
+    }
+
+    /// `/history` shows what users said: `GET` behind the token, never open; its lines are
+    /// JSON lines, its refusals text.
+    #[test]
+    fn history_is_a_get_behind_the_token() {
+        struct Stored;
+        impl OpsSource for Stored {
+            fn health(&self) -> Result<(), String> {
+                Ok(())
+            }
+            fn ready(&self) -> Result<(), String> {
+                Ok(())
+            }
+            fn status_json(&self) -> Vec<u8> {
+                Vec::new()
+            }
+            fn metrics(&self) -> String {
+                String::new()
+            }
+            fn history(&self, query: &str) -> (u16, String) {
+                match query {
+                    "session=a:dm:1" => (200, "{\"user\":\"hi\"}\n".into()),
+                    _ => (400, "give session=KEY\n".into()),
+                }
+            }
+        }
+        let t = AuthToken::new("s3cret");
+        let ask = |text: &str, token| {
+            let r = respond(&req(text), token, &Stored, false);
+            (r.status, String::from_utf8(r.bytes).unwrap())
+        };
+        let bearer = "Authorization: Bearer s3cret\r\n";
+        let (s, text) = ask(
+            &format!("GET /history?session=a:dm:1 HTTP/1.1\r\n{bearer}\r\n"),
+            Some(&t),
+        );
+        assert_eq!(s, 200);
+        assert!(
+            text.contains("Content-Type: application/x-ndjson"),
+            "{text}"
+        );
+        assert!(text.ends_with("\r\n\r\n{\"user\":\"hi\"}\n"), "{text}");
+        let (s, text) = ask(&format!("GET /history HTTP/1.1\r\n{bearer}\r\n"), Some(&t));
+        assert_eq!(s, 400);
+        assert!(text.contains("text/plain") && text.ends_with("give session=KEY\n"));
+        let (s, _) = ask("GET /history?session=a:dm:1 HTTP/1.1\r\n\r\n", Some(&t));
+        assert_eq!(s, 401);
+        let (s, text) = ask("GET /history?session=a:dm:1 HTTP/1.1\r\n\r\n", None);
+        assert_eq!(s, 403);
+        assert!(text.ends_with(
+            "/history needs the gateway's auth token (--auth-token or TURNSTILE_AUTH_TOKEN)\n"
+        ));
+        let post = format!("POST /history?session=a:dm:1 HTTP/1.1\r\n{bearer}\r\n");
+        assert_eq!(ask(&post, Some(&t)).0, 405);
+        // A gateway storing nothing says so.
+        let r = respond(
+            &req(&format!(
+                "GET /history?session=a:dm:1 HTTP/1.1\r\n{bearer}\r\n"
+            )),
+            Some(&t),
+            &Fixed { healthy: true },
+            false,
+        );
+        assert_eq!(r.status, 404);
     }
 }

@@ -386,13 +386,19 @@ const WORKERS: &[Metric<WorkerCounts>] = &[
     },
 ];
 
-/// Events handed back to the submitter: partials forwarded, events undelivered.
+/// Events handed back to the submitter: partials forwarded and skipped, events undelivered.
 const DELIVERIES: &[Metric<MessageCounts>] = &[
     Metric {
         name: "turnstile_partials_forwarded_total",
         help: "Partial replies delivered to the submitter.",
         kind: Counter,
         read: |m| Value(n(m.partials_forwarded)),
+    },
+    Metric {
+        name: "turnstile_partials_skipped_total",
+        help: "Partial replies not sent to the embedder's Events stream, which held events_backlog unread events.",
+        kind: Counter,
+        read: |m| Value(n(m.partials_skipped)),
     },
     Metric {
         name: "turnstile_events_undelivered_total",
