@@ -16,7 +16,7 @@ FILE_LIMIT, FN_LIMIT = 900, 100
 GATE_LIMIT = 5
 # 73 after s41-bridge29; 80 with the cluster rooms merged beside it (order: hold, reached, unhold; lapse and room: 4).
 # Issue 29 wants 40: the cluster side's methods belong on `ClusterSide` (not yet moved).
-BRIDGE_METHODS_CEILING = 80
+BRIDGE_METHODS_CEILING = 67
 GATE_RE = re.compile(r'(#!?\[\s*cfg(_attr)?\s*\(|\bcfg!\s*\().*feature\s*=\s*"cluster"')
 FN_RE = re.compile(r'^\s*(pub(\([a-z]+\))?\s+)?(const\s+)?(async\s+)?(unsafe\s+)?fn\s+([A-Za-z_0-9]+)')
 TEST_MOD = re.compile(r'^\s*(pub(\(crate\))?\s+)?mod\s+\w+\s*\{')
