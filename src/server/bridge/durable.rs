@@ -182,10 +182,12 @@ impl Durable {
             .filter_map(|(_, f)| f.terminal_for.as_deref())
     }
 
-    /// Checks, in debug builds, that every waiting message has its route, in its phase,
-    /// within the bound, that a refusal waiting for its `forget` record is its route's phase
-    /// (if the route is still there), and that a terminal event waiting for its outcome
-    /// record has no route any more (the bridge's `audit` checks the converse).
+    /// Checks, in debug builds, every index here keyed by a message's tag against the
+    /// records: that every waiting message has its route, in its phase, within the bound,
+    /// that a refusal waiting for its `forget` record is its route's phase (if the route is
+    /// still there), that a terminal event waiting for its outcome record has no route any
+    /// more (the bridge's `audit` checks the converse), and that what each record in
+    /// flight releases is kept once per record.
     pub(super) fn check(&self, routes: &Routes) {
         debug_assert!(self.waiting.len() <= self.max_pending);
         debug_assert!((self.waiting.keys()).all(|&tag| {
@@ -206,6 +208,12 @@ impl Durable {
                 "message {seq}: an outcome and a route"
             );
         }
+        // The tags kept for a record in flight are one entry per record counted.
+        debug_assert_eq!(
+            self.sent.len(),
+            self.figures.queued_records,
+            "records in flight"
+        );
     }
 
     /// A graceful shutdown ended the message of `route` (`cancelled: shutdown`, queued or
@@ -582,6 +590,18 @@ mod tests {
         d.check(&routes);
         route_of(tag, &mut routes);
         d.check(&routes);
+    }
+
+    /// What each record in flight releases is kept once per record sent.
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "records in flight")]
+    fn check_catches_a_record_in_flight_without_its_entry() {
+        let mut d = Durable::new(4);
+        let _ = d.record(Record::Delivered { seq: 1 });
+        d.check(&Routes::default());
+        d.sent.clear();
+        d.check(&Routes::default());
     }
 
     #[test]
