@@ -7,11 +7,14 @@
 //!
 //! [`Access`] is the room: the policy and the wall clock its days and codes are kept in. It
 //! answers with decisions (a notice to send, a `may_use` line) and the bridge carries them
-//! out (`Bridge::submit`).
+//! out (`Bridge::submit`; a message answered with a notice ends in [`Routes::answered`]).
 
 use std::time::Duration;
 
-use super::{Action, Bridge};
+use super::admit::ack_line;
+use super::conns::Conns;
+use super::platforms::Platforms;
+use super::routes::{Routes, Terminal};
 use crate::access::{AccessConfig, AccessFigures, Charge, Decision, Notice, Policy};
 use crate::core::{AcceptState, Outcome};
 use crate::message::Message;
@@ -51,7 +54,15 @@ impl Access {
     ) -> Result<Option<Charge>, (Notice, String)> {
         match self.policy.decide(message, self.wall_ms(now)) {
             Decision::Admit => Ok(self.policy.track(message)),
-            Decision::Answer { notice, text } => Err((notice, text)),
+            Decision::Answer { notice, text } => {
+                log::debug!(
+                    "session {}: message {} answered by the access policy: {}",
+                    message.session,
+                    message.id,
+                    notice.as_str()
+                );
+                Err((notice, text))
+            }
         }
     }
 
@@ -102,7 +113,12 @@ impl Access {
 }
 
 /// The terminal `reply` that carries a notice for `m`, its text cut to `max` bytes.
-fn notice_line(m: &Message, notice: Notice, mut text: String, max: usize) -> EncodedLine {
+pub(super) fn notice_line(
+    m: &Message,
+    notice: Notice,
+    mut text: String,
+    max: usize,
+) -> EncodedLine {
     crate::text::truncate(&mut text, max);
     EncodedLine::Line(encode(&ServerOp::Reply {
         id: &m.id,
@@ -114,40 +130,24 @@ fn notice_line(m: &Message, notice: Notice, mut text: String, max: usize) -> Enc
     }))
 }
 
-impl Bridge {
-    /// Submits the message of `tag` to the runtime, or answers it with the policy's notice:
-    /// acked as a turn that ran at once, then ended with the notice.
-    pub(super) fn submit(&mut self, tag: u64, message: Message) {
-        let (notice, text) = match self.access.decide(&message, self.now) {
-            Ok(charge) => {
-                if let Some(route) = self.routes.get_mut(tag) {
-                    route.charge = charge;
-                }
-                return self.actions.push_back(Action::Submit { tag, message });
-            }
-            Err(answer) => answer,
-        };
-        let m = &message;
-        log::debug!(
-            "session {}: message {} answered by the access policy: {}",
-            m.session,
-            m.id,
-            notice.as_str()
-        );
-        let now = self.now;
-        self.handle_accepted(tag, (&m.id, &m.session), AcceptState::Running, 0, now);
-        let Some(route) = self.routes.remove(tag) else {
-            return;
-        };
+impl Routes {
+    /// The message of `tag` is answered without running, with `body` (the access policy's
+    /// notice): acked as a turn that ran at once, its route ends; its terminal event, or
+    /// `None` without the route.
+    pub(super) fn answered(
+        &mut self,
+        tag: u64,
+        m: &Message,
+        body: EncodedLine,
+        platforms: &mut Platforms,
+        conns: &mut Conns,
+        now: Duration,
+    ) -> Option<Terminal> {
+        let ack = ack_line(&m.id, &m.session, AcceptState::Running, 0);
+        self.accepted(tag, ack, platforms, conns, now);
+        let route = self.remove(tag)?;
         debug_assert_eq!(&*route.platform, m.session.platform());
-        self.conns.settled(route.conn);
-        self.actions.extend(route.release_files());
-        let body = notice_line(m, notice, text, self.cfg.max_reply_bytes);
-        self.terminal(tag, route.conn, &route.platform, route.id, body, None);
-    }
-
-    /// The access policy, for the shell, with the wall-clock time of the bridge's `now`.
-    pub(in crate::server) fn access(&mut self) -> (&mut Policy, u64) {
-        self.access.policy(self.now)
+        conns.settled(route.conn);
+        Some(Terminal::of(tag, route, body))
     }
 }

@@ -2,23 +2,23 @@
 //! the journal — into a [`Message`], and the pipeline a `message` line goes through (every
 //! refusal's wording is in `refusal.rs`).
 //!
-//! A line is admitted in steps, each of which may refuse it: its platform (the hello's, or
-//! the line's if the connection may name one), the message built from its fields, its
-//! platform's duplicate window and outbox room (and the journal's room), then its route and
-//! its submission (or its journal record first).
+//! A line is admitted in steps (`Bridge::admit`, in `mod.rs`), each of which may refuse it:
+//! its platform (the hello's, or the line's if the connection may name one), the message
+//! built from its fields, its platform's duplicate window and outbox room (and the journal's
+//! room), then its route and its submission (or its journal record first). Once the runtime
+//! decides, the line and its copies get their answer here: [`Routes::accepted`],
+//! [`Delivery::refused`].
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use super::super::dedup::{Fingerprint, fingerprint};
-use super::conns::Answer;
-use super::platforms::Claim;
+use super::conns::Conns;
+use super::delivery::Delivery;
+use super::platforms::Platforms;
 use super::refusal::{Refusal, duplicate_ack, reject_line};
-use super::routes::{InFlight, Phase};
-use super::{Bridge, ConnId};
+use super::routes::{InFlight, Routes};
 use crate::attachments::AttachmentLimits;
 use crate::core::AcceptState;
-use crate::journal::StoredMessage;
+
 use crate::message::{InvalidInput, Message, SessionKey};
 use crate::wire::{MessageFields, ServerOp, encode};
 
@@ -35,7 +35,7 @@ pub(super) enum Source {
 pub(super) struct Admitted {
     pub(super) message: Message,
     /// Its fields (`platform` set), for its journal record.
-    fields: MessageFields,
+    pub(super) fields: MessageFields,
 }
 
 /// Builds the message `f` describes on `platform` (which `f.platform` becomes): the one
@@ -85,135 +85,39 @@ pub(super) fn build(
     Ok(Admitted { message, fields: f })
 }
 
-impl Bridge {
-    /// A `message` line from `conn`: admitted, or the refusal to answer it with.
-    pub(super) fn admit(
-        &mut self,
-        conn: ConnId,
-        m: MessageFields,
-        now: Duration,
-    ) -> Result<(), Refusal> {
-        let Some(name) = self.conns.sender_platform(conn, m.platform.as_deref())? else {
-            return Ok(());
-        };
-        let admitted = build(&name, m, Source::Line, &self.cfg.attachments)?;
-        let fp = fingerprint(&admitted.message.id);
-        let (durable, routes) = (self.durable.as_ref(), &mut self.routes);
-        let (cluster, cap) = (&self.cluster, self.cfg.outbox_cap);
-        let (platform, claim) = self
-            .platforms
-            .claim(
-                &name,
-                fp,
-                now,
-                || {
-                    cluster.outbox_gate(&name, cap)?;
-                    durable.map_or(Ok(()), |d| d.room())
-                },
-                || routes.new_tag(),
-            )
-            .map_err(|r| r.with_session(&admitted.message.session))?;
-        match claim {
-            Claim::Duplicate => {
-                let m = &admitted.message;
-                self.answer(conn, duplicate_ack(&m.id, &m.session));
-            }
-            Claim::CopyOf(tag) => {
-                if let Some(route) = self.routes.get_mut(tag) {
-                    route.copies.push(conn);
-                }
-                let m = admitted.message;
-                let copy = Some((m.id, m.session));
-                self.conns
-                    .push_answer(conn, Answer::Pending { tag, copy }, now);
-            }
-            Claim::New(tag) => self.launch(conn, tag, platform, fp, admitted, now),
-        }
-        Ok(())
-    }
-
-    /// A new message takes its route and its place in its connection's answers, then goes to
-    /// the runtime — or, with a journal, to the journal first.
-    fn launch(
-        &mut self,
-        conn: ConnId,
-        tag: u64,
-        platform: Arc<str>,
-        fp: Fingerprint,
-        admitted: Admitted,
-        now: Duration,
-    ) {
-        let Admitted { message, fields } = admitted;
-        let mut route = InFlight::new(
-            conn,
-            message.id.clone(),
-            message.session.clone(),
-            platform,
-            fp,
-        );
-        if self.durable.is_some() {
-            route.phase = Phase::Journaling;
-        }
-        route.files = message.context.attachments.clone();
-        self.routes.insert(tag, route);
-        self.conns.sent(conn);
-        self.conns
-            .push_answer(conn, Answer::Pending { tag, copy: None }, now);
-        let Some(d) = &mut self.durable else {
-            return self.submit(tag, message);
-        };
-        let dedup_until_ms = d.wall_ms(now + self.cfg.dedup_window);
-        let stored = StoredMessage {
-            seq: tag,
-            fields,
-            dedup_until_ms,
-        };
-        log::debug!("message {tag} waits for the journal");
-        self.actions.push_back(d.wait(tag, message, stored));
-    }
-
-    /// The runtime accepted the message of `tag`: its line and every copy get their ack.
-    pub(super) fn handle_accepted(
+impl Routes {
+    /// The runtime accepted the message of `tag`: its line and every copy get their `ack`
+    /// (a copy's is a duplicate's), and its duplicate-window entry lasts from now.
+    pub(super) fn accepted(
         &mut self,
         tag: u64,
-        (id, session): (&str, &SessionKey),
-        state: AcceptState,
-        position: usize,
+        ack: Vec<u8>,
+        platforms: &mut Platforms,
+        conns: &mut Conns,
         now: Duration,
     ) {
-        let Some(route) = self.routes.get_mut(tag) else {
+        let Some(route) = self.get_mut(tag) else {
             return;
         };
         let (conn, copies) = (route.conn, std::mem::take(&mut route.copies));
-        self.platforms
-            .dedup_accepted(&route.platform, route.fp, now);
-        let state = match state {
-            AcceptState::Running => "running",
-            AcceptState::Queued => "queued",
-        };
-        let ack = encode(&ServerOp::Ack {
-            id,
-            session: session.as_str(),
-            state,
-            position: Some(position),
-        });
+        platforms.dedup_accepted(&route.platform, route.fp, now);
         for c in std::iter::once(conn).chain(copies) {
-            self.conns.resolve(c, tag, |copy| match copy {
+            conns.resolve(c, tag, |copy| match copy {
                 None => ack.clone(),
                 Some((cid, ckey)) => duplicate_ack(cid, ckey),
             });
         }
     }
+}
 
-    /// Refuses the message of `tag` (runtime refusal or journal failure): every line waiting
-    /// for it gets the `reject`, and a retry of its id is new.
-    pub(super) fn refuse(&mut self, tag: u64, refusal: Refusal) {
-        let Some(route) = self.routes.remove(tag) else {
-            return;
-        };
+impl Delivery<'_> {
+    /// The message of `tag`, whose route `route` was removed, is refused (by the runtime, or
+    /// its journal write failed): every line waiting for it gets the `reject` (counted), a
+    /// retry of its id is new, and its outbox room goes to what is held.
+    pub(super) fn refused(&mut self, tag: u64, route: &InFlight, refusal: Refusal) {
         self.platforms.dedup_forget(&route.platform, route.fp);
         self.platforms.unreserve(&route.platform, None);
-        self.delivery().release_held(&route.platform);
+        self.release_held(&route.platform);
         self.conns.settled(route.conn);
         let (reason, detail) = (refusal.reason, &refusal.detail);
         let line = |cid: &str, ckey: &SessionKey| reject_line(cid, Some(ckey), reason, detail);
@@ -225,13 +129,32 @@ impl Bridge {
         }
         (self.stats).count_rejected(reason, 1 + route.copies.len() as u64);
         self.platforms.maybe_free(&route.platform);
-        self.maybe_finish(route.conn);
     }
+}
+
+/// The `ack` of the message `id` of `session`, accepted in `state` at `position`.
+pub(super) fn ack_line(
+    id: &str,
+    session: &SessionKey,
+    state: AcceptState,
+    position: usize,
+) -> Vec<u8> {
+    let state = match state {
+        AcceptState::Running => "running",
+        AcceptState::Queued => "queued",
+    };
+    encode(&ServerOp::Ack {
+        id,
+        session: session.as_str(),
+        state,
+        position: Some(position),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::journal::StoredMessage;
     use crate::message::ChatType;
 
     fn fields(meta: Option<&str>) -> MessageFields {

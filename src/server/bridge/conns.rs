@@ -17,7 +17,7 @@ use crate::liveness::LinkStatus;
 use crate::logfmt::LogBudget;
 use crate::logfmt::{WARN_BURST, WARN_PER_SEC};
 use crate::message::SessionKey;
-use crate::wire::check_platform;
+use crate::wire::{ClientOp, check_platform};
 
 /// An answer to one line, in line order.
 pub(super) enum Answer {
@@ -28,6 +28,16 @@ pub(super) enum Answer {
         tag: u64,
         copy: Option<(Arc<str>, SessionKey)>,
     },
+}
+
+/// What a connection's line counts as ([`Conns::gate`]).
+pub(super) enum Gate<T> {
+    /// Nothing: the connection is gone or closing.
+    Ignored,
+    /// The connection failed to authenticate: answered `unauthorized`, and closing.
+    Unauthorized,
+    /// The line, to act on.
+    Counts(T),
 }
 
 /// One client connection of the bridge protocol. Read outside this room, changed only by
@@ -285,6 +295,37 @@ impl Conns {
             .filter(|(_, c)| !c.authed && eligible(peer_prefix(c.peer)))
             .min_by_key(|(id, c)| (c.opened, id.to_bits()))
             .map(|(id, _)| (id, why))
+    }
+
+    /// What a line `parsed` from `id` counts as under the hello rules (isolation): nothing
+    /// from a connection that is gone or closing; before a hello that authenticates, only a
+    /// hello carrying the token; after it, a hello must carry the token again if one is set.
+    pub(super) fn gate<T>(
+        &self,
+        id: ConnId,
+        parsed: Result<ClientOp, T>,
+    ) -> Gate<Result<ClientOp, T>> {
+        let Some(conn) = self.get(id) else {
+            return Gate::Ignored;
+        };
+        if conn.closing {
+            return Gate::Ignored;
+        }
+        let hello_token = match &parsed {
+            Ok(ClientOp::Hello { token, .. }) => Some(token.as_deref()),
+            _ => None,
+        };
+        let authorized = match hello_token {
+            None => conn.authed,
+            Some(Some(t)) if !conn.authed => self.token_matches(t),
+            Some(None) if !conn.authed => false,
+            Some(token) => !self.token_required() || token.is_some_and(|t| self.token_matches(t)),
+        };
+        if authorized {
+            Gate::Counts(parsed)
+        } else {
+            Gate::Unauthorized
+        }
     }
 
     /// Whether a line about a refusal a peer caused may be logged now: `Some(n)`, with the

@@ -3,23 +3,25 @@
 //! record, the journal's figures, the wall clock — in one [`Durable`], held as an `Option`
 //! by the bridge; and the bridge's two round trips with the journal: the thread's report
 //! (applied by [`Durable::committed`], which returns what it releases and states the release
-//! rule; carried out by [`Bridge::journaled`] in `mod.rs`) and start-up recovery
-//! ([`Bridge::recover`]).
+//! rule; carried out by `Bridge::journaled` in `mod.rs`) and start-up recovery (each
+//! journaled message's fate decided by [`recovery`]; carried out by `Bridge::recover`).
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::super::dedup::fingerprint;
 use super::super::frame::Frame;
 use super::admit::{Source, build};
+use super::config::BridgeConfig;
 use super::platforms::Platforms;
 use super::refusal::Refusal;
-use super::routes::{InFlight, Phase, Routes, files_released, no_conn};
+use super::routes::{InFlight, Phase, Routes, Terminal, files_released, no_conn};
 use super::status::{JournalStatus, RecoveryCounts};
-use super::{Action, Bridge, ConnId, INTERRUPTED, POISON};
+use super::{Action, ConnId, INTERRUPTED, POISON};
 use crate::core::TurnId;
 use crate::journal::{
-    Committed, MemoryUpdate, Record, Recovered, RecoveredMessage, StoredMessage, StoredOutcome,
+    Committed, MemoryUpdate, Record, RecoveredMessage, StoredMessage, StoredOutcome,
 };
 use crate::message::{Message, SessionKey};
 use crate::wire::{EncodedLine, TextOp};
@@ -180,10 +182,12 @@ impl Durable {
             .filter_map(|(_, f)| f.terminal_for.as_deref())
     }
 
-    /// Checks, in debug builds, that every waiting message has its route, in its phase,
-    /// within the bound, that a refusal waiting for its `forget` record is its route's phase
-    /// (if the route is still there), and that a terminal event waiting for its outcome
-    /// record has no route any more (the bridge's `audit` checks the converse).
+    /// Checks, in debug builds, every index here keyed by a message's tag against the
+    /// records: that every waiting message has its route, in its phase, within the bound,
+    /// that a refusal waiting for its `forget` record is its route's phase (if the route is
+    /// still there), that a terminal event waiting for its outcome record has no route any
+    /// more (the bridge's `audit` checks the converse), and that what each record in
+    /// flight releases is kept once per record.
     pub(super) fn check(&self, routes: &Routes) {
         debug_assert!(self.waiting.len() <= self.max_pending);
         debug_assert!((self.waiting.keys()).all(|&tag| {
@@ -204,6 +208,12 @@ impl Durable {
                 "message {seq}: an outcome and a route"
             );
         }
+        // The tags kept for a record in flight are one entry per record counted.
+        debug_assert_eq!(
+            self.sent.len(),
+            self.figures.queued_records,
+            "records in flight"
+        );
     }
 
     /// A graceful shutdown ended the message of `route` (`cancelled: shutdown`, queued or
@@ -346,142 +356,158 @@ impl Durable {
     }
 }
 
-impl Bridge {
+impl Durable {
     /// Messages a graceful shutdown left in the journal for the next start.
-    pub fn kept_for_restart(&self) -> usize {
-        self.durable.as_ref().map_or(0, |d| d.kept_for_restart)
+    pub(super) fn kept(&self) -> usize {
+        self.kept_for_restart
     }
 
-    /// Rebuilds the state a journal held at start-up (before any connection): the duplicate
-    /// windows, the waiting messages submitted again in their original order, undelivered
-    /// outcomes back in their outboxes (marked `redelivery`), and the turns a crash
-    /// interrupted failed `interrupted by restart` — or, with `resume_interrupted`, run again
-    /// unless they were interrupted twice (`poison`). `wall_now_ms` is the wall clock now;
-    /// the bridge's clock must be at `now`. Logs one INFO line with the counts.
-    pub fn recover(&mut self, r: Recovered, wall_now_ms: u64, now: Duration) -> RecoveryCounts {
-        self.now = now;
-        let mut n = RecoveryCounts {
-            messages: r.messages.len(),
-            ..RecoveryCounts::default()
-        };
-        if let Some(d) = &mut self.durable {
-            d.wall_at_zero = wall_now_ms.saturating_sub(now.as_millis() as u64);
-            d.figures.recovery.messages = n.messages;
-        }
-        self.routes.tags_after(r.max_seq);
-        let mut dedup = r.dedup;
+    /// Start-up recovery of `messages` begins: the wall clock is `wall_now_ms` at the
+    /// bridge's `now`.
+    pub(super) fn recovering(&mut self, wall_now_ms: u64, now: Duration, messages: usize) {
+        self.wall_at_zero = wall_now_ms.saturating_sub(now.as_millis() as u64);
+        self.figures.recovery.messages = messages;
+    }
+
+    /// Start-up recovery is done: its counts, for the status.
+    pub(super) fn recovered_all(&mut self, n: RecoveryCounts) {
+        self.figures.recovery = n;
+    }
+}
+
+impl Platforms {
+    /// Restores the journaled duplicate windows (`(platform, id, until)`, `until` on the
+    /// wall clock, which is `wall_now_ms` at `now`); returns how many ids they hold.
+    pub(super) fn restore_dedup(
+        &mut self,
+        mut dedup: Vec<(String, String, u64)>,
+        wall_now_ms: u64,
+        now: Duration,
+    ) -> usize {
+        let mut ids = 0;
         // Each shard's expiry queue must be in expiry order.
         dedup.sort_by_key(|(_, _, until)| *until);
         for (platform, id, until) in dedup {
-            let Some(p) = self.platforms.force(&platform) else {
+            let Some(p) = self.force(&platform) else {
                 continue;
             };
             let left = Duration::from_millis(until.saturating_sub(wall_now_ms));
-            let added = self
-                .platforms
-                .remember(&p, fingerprint(&id), now + left, now, false);
-            n.dedup_ids += usize::from(added);
+            ids += usize::from(self.remember(&p, fingerprint(&id), now + left, now, false));
         }
-        for rm in r.messages {
-            self.recover_message(rm, &mut n, now);
-        }
-        log::info!(
-            "recovered from the journal: {} message(s): {} requeued ({} interrupted turn(s) resumed), {} interrupted (failed), {} poison, {} outcome(s) to deliver; {} id(s) in duplicate windows",
-            n.messages,
-            n.requeued,
-            n.resumed,
-            n.interrupted,
-            n.poisoned,
-            n.outcomes,
-            n.dedup_ids
-        );
-        if let Some(d) = &mut self.durable {
-            d.figures.recovery = n;
-        }
-        self.audit();
-        n
+        ids
     }
+}
 
-    /// One journaled message: its outcome back in its outbox, or submitted again, or failed.
-    pub(super) fn recover_message(
-        &mut self,
-        rm: RecoveredMessage,
-        n: &mut RecoveryCounts,
-        now: Duration,
-    ) {
-        let m = rm.message;
-        // Where its result goes: a connection waiting for it (a cluster partition gained
-        // here), else its platform's newest hello.
-        let to = self.cluster.rebound(m.seq);
-        let Some(platform) = self.platforms.force(m.platform()) else {
-            return;
-        };
-        self.platforms.reserve(&platform);
-        let id: std::sync::Arc<str> = m.id().into();
-        let seq = m.seq;
-        // A message still in flight stays a duplicate, even if its window ran out while
-        // it waited (its entry is later than every restored one: the order holds).
-        let (fp, until) = (fingerprint(m.id()), now + self.cfg.dedup_window);
-        n.dedup_ids += usize::from(self.platforms.remember(&platform, fp, until, now, true));
-        if let Some(o) = rm.outcome {
-            let mut frame =
-                Frame::new(EncodedLine::from_stored(o), Some(platform.clone())).of_message(seq, id);
-            // Sent before, perhaps; never to a connection that waited for it.
-            if to == no_conn() {
-                frame.mark_redelivery();
-            }
-            self.deliver_terminal(to, &platform, frame);
-            n.outcomes += 1;
-            return;
+/// The one INFO line start-up recovery logs.
+pub(super) fn log_recovered(n: &RecoveryCounts) {
+    log::info!(
+        "recovered from the journal: {} message(s): {} requeued ({} interrupted turn(s) resumed), {} interrupted (failed), {} poison, {} outcome(s) to deliver; {} id(s) in duplicate windows",
+        n.messages,
+        n.requeued,
+        n.resumed,
+        n.interrupted,
+        n.poisoned,
+        n.outcomes,
+        n.dedup_ids
+    );
+}
+
+/// What a journaled message becomes at recovery ([`recovery`]), for the bridge to carry out.
+pub(super) enum Recovery {
+    /// Its outcome was journaled: the terminal event goes to this connection, else the
+    /// platform's outbox.
+    Outcome(ConnId, Arc<str>, Frame),
+    /// It is failed (interrupted, poison, or no longer admissible).
+    Failed(Terminal),
+    /// It is submitted again with this tag, on this route (its connection waits for it
+    /// once more).
+    Requeue(u64, InFlight, Message),
+    /// Not even a session can be named for it: dropped.
+    Dropped,
+}
+
+/// One journaled message `rm` at recovery, its result going to `to` (a connection waiting
+/// for it, or [`no_conn`]) on `platform`: its outbox reservation and duplicate-window entry
+/// are restored, and what it becomes is returned (counted in `n`): its outcome sent again
+/// (marked `redelivery` unless a connection waited for it), submitted again, or failed
+/// `interrupted by restart` — or, with `resume_interrupted`, run again unless it was
+/// interrupted twice (`poison`).
+pub(super) fn recovery(
+    rm: RecoveredMessage,
+    to: ConnId,
+    platform: Arc<str>,
+    cfg: &BridgeConfig,
+    platforms: &mut Platforms,
+    n: &mut RecoveryCounts,
+    now: Duration,
+) -> Recovery {
+    let m = rm.message;
+    platforms.reserve(&platform);
+    let id: Arc<str> = m.id().into();
+    let seq = m.seq;
+    // A message still in flight stays a duplicate, even if its window ran out while
+    // it waited (its entry is later than every restored one: the order holds).
+    let (fp, until) = (fingerprint(m.id()), now + cfg.dedup_window);
+    n.dedup_ids += usize::from(platforms.remember(&platform, fp, until, now, true));
+    if let Some(o) = rm.outcome {
+        let mut frame =
+            Frame::new(EncodedLine::from_stored(o), Some(platform.clone())).of_message(seq, id);
+        // Sent before, perhaps; never to a connection that waited for it.
+        if to == no_conn() {
+            frame.mark_redelivery();
         }
-        let built = build(
-            m.platform(),
-            m.fields.clone(),
-            Source::Journal,
-            &self.cfg.attachments,
-        );
-        let session = match &built {
-            Ok(a) => a.message.session.clone(),
-            Err(_) => match SessionKey::dm(m.platform(), &m.fields.chat_id) {
-                Ok(k) => k,
-                Err(_) => return,
-            },
-        };
-        let failure = match (&built, rm.starts) {
-            (Err(refusal), _) => Some(refusal.after_restart()),
-            (Ok(_), 0) => None,
-            (Ok(_), 1) if self.cfg.resume_interrupted => None,
-            (Ok(_), _) if self.cfg.resume_interrupted => {
-                n.poisoned += 1;
-                log::warn!("session {session}: message {id}: {POISON}");
-                Some(POISON.to_string())
-            }
-            (Ok(_), _) => {
-                n.interrupted += 1;
-                Some(INTERRUPTED.to_string())
-            }
-        };
-        if let Some(why) = failure {
-            if let Ok(a) = &built {
-                let files = a.message.context.attachments.as_deref();
-                self.actions.extend(files_released(files));
-            }
-            let body = EncodedLine::text_op(TextOp::Failed, &id, session.as_str(), why);
-            return self.terminal(seq, to, &platform, id, body, None);
-        }
-        let Ok(admitted) = built else {
-            return;
-        };
-        // The connection waits for it once more (settled when it ends).
-        self.conns.sent(to);
-        let mut route = InFlight::new(to, id, session, platform, fp);
-        (route.starts, route.recovered) = (rm.starts, true);
-        route.files = admitted.message.context.attachments.clone();
-        self.routes.insert(seq, route);
-        n.requeued += 1;
-        n.resumed += usize::from(rm.starts > 0);
-        self.submit(seq, admitted.message);
+        n.outcomes += 1;
+        return Recovery::Outcome(to, platform, frame);
     }
+    let built = build(
+        m.platform(),
+        m.fields.clone(),
+        Source::Journal,
+        &cfg.attachments,
+    );
+    let session = match &built {
+        Ok(a) => a.message.session.clone(),
+        Err(_) => match SessionKey::dm(m.platform(), &m.fields.chat_id) {
+            Ok(k) => k,
+            Err(_) => return Recovery::Dropped,
+        },
+    };
+    let failure = match (&built, rm.starts) {
+        (Err(refusal), _) => Some(refusal.after_restart()),
+        (Ok(_), 0) => None,
+        (Ok(_), 1) if cfg.resume_interrupted => None,
+        (Ok(_), _) if cfg.resume_interrupted => {
+            n.poisoned += 1;
+            log::warn!("session {session}: message {id}: {POISON}");
+            Some(POISON.to_string())
+        }
+        (Ok(_), _) => {
+            n.interrupted += 1;
+            Some(INTERRUPTED.to_string())
+        }
+    };
+    if let Some(why) = failure {
+        let files = built.ok().and_then(|a| a.message.context.attachments);
+        let body = EncodedLine::text_op(TextOp::Failed, &id, session.as_str(), why);
+        return Recovery::Failed(Terminal {
+            seq,
+            conn: to,
+            platform,
+            id,
+            body,
+            memory: None,
+            files: files_released(files.as_deref()),
+        });
+    }
+    let Ok(admitted) = built else {
+        return Recovery::Dropped;
+    };
+    let mut route = InFlight::new(to, id, session, platform, fp);
+    (route.starts, route.recovered) = (rm.starts, true);
+    route.files = admitted.message.context.attachments.clone();
+    n.requeued += 1;
+    n.resumed += usize::from(rm.starts > 0);
+    Recovery::Requeue(seq, route, admitted.message)
 }
 
 #[cfg(test)]
@@ -564,6 +590,18 @@ mod tests {
         d.check(&routes);
         route_of(tag, &mut routes);
         d.check(&routes);
+    }
+
+    /// What each record in flight releases is kept once per record sent.
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "records in flight")]
+    fn check_catches_a_record_in_flight_without_its_entry() {
+        let mut d = Durable::new(4);
+        let _ = d.record(Record::Delivered { seq: 1 });
+        d.check(&Routes::default());
+        d.sent.clear();
+        d.check(&Routes::default());
     }
 
     #[test]

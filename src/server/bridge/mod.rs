@@ -42,6 +42,9 @@
 //! - `delivery`: a terminal event's way out (outcome → outbox → connection, what the peer
 //!   confirmed, partial and typing lines), over `conns` and `platforms` for one input: it
 //!   returns what to journal as delivered;
+//! - `lifecycle`: a connection's life over the delivery room (its hello, the errors and
+//!   refusals it is answered with, closing and finishing it), returning the actions and
+//!   releases the bridge carries out;
 //! - `admit`: the admission pipeline and the one message builder (client lines and journal
 //!   recovery alike), with every refusal's wording;
 //! - `durable`: what exists only with a journal (`Option<Durable>`), the journal's report
@@ -53,10 +56,18 @@
 //! - `status`: the figures for the status snapshot;
 //! - `config`: limits and timings.
 //!
-//! This file routes between them: every input is a `Bridge` method (`handle_*` for lines
-//! and runtime events) that sets the clock, delegates, and audits.
+//! This file routes between them, as quinn-proto's one `impl Connection` does: the one
+//! `impl Bridge` holds every input (a line, a runtime event, the journal's report, the
+//! clock, a socket's progress), which sets the clock, asks the rooms, carries out the
+//! decisions they return (`Ended`, `Rejected`, `Recovery`, `Released`, `Confirmed`, the
+//! actions that close sockets), and audits; and the admission pipeline (`admit`,
+//! `submit`), the one place a message crosses from the rooms into the runtime. The rooms
+//! never call back into the bridge. (The cluster's side, mounted here, still calls a few of
+//! its helpers: `delivery`, `deliver_terminal`, `maybe_finish`, `submit`, `refuse`,
+//! `recover_message`, `audit`.)
 
 mod access;
+mod action;
 mod admit;
 // The bridge's cluster side (or its no-op twin), in the cluster's wing.
 #[path = "../../cluster/bridge/mod.rs"]
@@ -65,6 +76,7 @@ mod config;
 mod conns;
 mod delivery;
 mod durable;
+mod lifecycle;
 mod platforms;
 mod refusal;
 mod routes;
@@ -73,28 +85,34 @@ mod status;
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Write};
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
+use super::dedup::fingerprint;
 use super::frame::Frame;
-use crate::core::{CancelReason, EventKind, MessageEvent, RejectReason, TurnId};
-use crate::journal::{Committed, Record};
+use crate::access::Policy;
+use crate::core::{CancelReason, EventKind, MessageEvent};
+use crate::journal::{Committed, Record, Recovered, RecoveredMessage, StoredMessage};
 use crate::key::Key;
-use crate::message::{Message, SessionKey};
+use crate::message::Message;
 use crate::wire::{
-    ClientOp, EncodedLine as Body, LineError, ServerOp, check_platform, encode, parse_line,
+    ClientOp, EncodedLine as Body, LineError, MessageFields, ServerOp, encode, parse_line,
 };
-use access::Access;
+use access::{Access, notice_line};
+pub use action::Action;
+use admit::{Admitted, Source, ack_line, build};
 use cluster::ClusterSide;
 pub(crate) use cluster::Report;
 pub use config::{BridgeConfig, TERMINAL_ENVELOPE};
 use config::{HOUSEKEEPING, INTERRUPTED, POISON};
-use conns::Conns;
-use delivery::failed_line;
-use durable::Durable;
-use platforms::Platforms;
-use refusal::Refusal;
-use routes::{Phase, Routes};
-use status::Counters;
+use conns::{Answer, Conns, Gate};
+use delivery::Delivery;
+use durable::{Durable, Recovery, recovery};
+use lifecycle::error_line;
+use platforms::{Claim, Platforms};
+use refusal::{Refusal, duplicate_ack};
+use routes::{Ended, InFlight, Phase, Rejected, Routes, Terminal};
+use status::{BridgeStatus, Counters};
 
 pub use super::frame::Flushed;
 pub(crate) use status::RecoveryCounts;
@@ -103,43 +121,6 @@ pub(crate) use status::RecoveryCounts;
 /// closed never reaches the connection that reuses its slot. The shell uses its bits as the
 /// socket's poll token.
 pub type ConnId = Key;
-
-/// What the bridge asks of its shell.
-#[derive(Debug)]
-pub enum Action {
-    /// Submit to the runtime; its events come back through [`Bridge::event`] with `tag`.
-    Submit {
-        /// The route tag.
-        tag: u64,
-        /// The message.
-        message: Message,
-    },
-    /// Close the connection's socket; the bridge has forgotten it.
-    Close(ConnId),
-    /// Reset the connection (close discarding unsent data): results written to it and not
-    /// acknowledged went back to the outbox, so nothing more of them may reach the peer.
-    Reset(ConnId),
-    /// Write a record to the journal; accepted messages are confirmed through
-    /// [`Bridge::journaled`].
-    Journal(Record),
-    /// With a journal, messages are submitted held (`Ctx::submit_held`): this turn's
-    /// `started` record is durable, so it may now be handed to an agent
-    /// (`Ctx::release_turn`).
-    StartTurn(TurnId),
-    /// `--cluster`: these sessions' partition is no longer this instance's: they leave the
-    /// runtime (`Ctx::hand_over`); their messages' events are discarded from now on.
-    HandOver(Vec<SessionKey>),
-    /// `--cluster`: this drained partition may be released (its turns ended, its sessions
-    /// were handed over): tell the journal thread (`ClusterLink::release_drained`).
-    ReleasePartition(u32),
-    /// `--cluster`: a request for the stream reader's connection (the hello registry, a
-    /// forward of results and its answer; `Reader::request`). Without the feature, none
-    /// can be made (`Infallible`).
-    Cluster(cluster::Request),
-    /// These files (in the spool, checked at admission) belong to messages whose route
-    /// ended: delete them, off the reactor.
-    ReleaseFiles(Vec<String>),
-}
 
 /// The bridge protocol's state machine. See the module documentation.
 pub struct Bridge {
@@ -161,10 +142,6 @@ pub struct Bridge {
     now: Duration,
     /// Who may talk to the bot, and how much (`access::Policy`, on the wall clock).
     access: Access,
-}
-
-fn error_line(detail: &str) -> Vec<u8> {
-    encode(&ServerOp::Error { detail })
 }
 
 impl Bridge {
@@ -226,7 +203,8 @@ impl Bridge {
                     "closed connection {victim} from {old} (no hello yet) for one from {peer}: {why}{more}"
                 );
             }
-            self.close(victim, "evicted", true);
+            let close = self.delivery().close(victim, "evicted");
+            self.actions.extend(close);
         }
         self.conns.open(peer, now, &self.cfg).map_err(|why| {
             self.stats.connections_refused += 1;
@@ -262,58 +240,41 @@ impl Bridge {
     /// One complete line from `conn` (without its newline).
     pub fn line(&mut self, id: ConnId, line: &[u8], now: Duration) {
         self.now = now;
-        self.handle_line(id, line, now);
-        self.audit();
-    }
-
-    fn handle_line(&mut self, id: ConnId, line: &[u8], now: Duration) {
-        let Some(conn) = self.conns.get(id) else {
-            return;
-        };
-        if conn.closing {
-            return;
-        }
-        let parsed = parse_line(line);
-        if !conn.authed {
-            match parsed {
-                Ok(ClientOp::Hello {
-                    platform,
-                    token: Some(t),
-                    acks,
-                }) if self.conns.token_matches(&t) => self.hello(id, platform, acks),
-                _ => self.unauthorized(id),
+        let op = match self.conns.gate(id, parse_line(line)) {
+            Gate::Ignored => return,
+            Gate::Unauthorized => {
+                self.delivery().unauthorized(id);
+                return self.audit();
             }
-            return;
-        }
-        match parsed {
+            Gate::Counts(op) => op,
+        };
+        match op {
             Ok(ClientOp::Ping) => {
                 let max_line_bytes = Some(self.cfg.max_line_bytes);
-                self.answer(id, encode(&ServerOp::Pong { max_line_bytes }));
+                self.delivery()
+                    .answer(id, encode(&ServerOp::Pong { max_line_bytes }));
             }
-            Ok(ClientOp::Hello {
-                platform,
-                token,
-                acks,
-            }) => {
-                if self.conns.token_required()
-                    && !token.is_some_and(|t| self.conns.token_matches(&t))
-                {
-                    self.unauthorized(id);
-                } else {
-                    self.hello(id, platform, acks);
+            Ok(ClientOp::Hello { platform, acks, .. }) => {
+                if let Some(hello) = self.delivery().hello(id, platform, acks) {
+                    let confirmed = hello.confirmed.actions(self.durable.as_mut());
+                    self.actions.extend(confirmed);
+                    if let Some(r) = hello.attached.and_then(|p| self.cluster.hello(&p)) {
+                        self.actions.push_back(Action::Cluster(r));
+                    }
                 }
             }
             Ok(ClientOp::Delivered { ids }) => {
-                for f in self.conns.delivered(id, &ids, self.now) {
-                    self.confirm(f);
-                }
+                let frames = self.conns.delivered(id, &ids, self.now);
+                let confirmed = self.delivery().confirm_all(frames);
+                self.actions
+                    .extend(confirmed.actions(self.durable.as_mut()));
                 self.maybe_finish(id);
             }
             Ok(ClientOp::Message(m)) => {
                 let mid = m.id.clone();
                 if let Err(refusal) = self.admit(id, m, now) {
                     self.stats.count_rejected(refusal.reason, 1);
-                    self.answer(id, refusal.reject_line(&mid));
+                    self.delivery().answer(id, refusal.reject_line(&mid));
                 }
             }
             Ok(ClientOp::MayUse {
@@ -325,34 +286,35 @@ impl Bridge {
                 let hello = self.conns.get(id).and_then(|c| c.platform.as_deref());
                 let (platform, chat) = (platform.as_deref(), chat_id.as_deref());
                 match (self.access).may_use(hello, &q, platform, &user_id, chat) {
-                    Ok(line) => self.answer(id, line),
-                    Err(e) => self.error(id, e),
+                    Ok(line) => self.delivery().answer(id, line),
+                    Err(e) => self.delivery().error(id, e),
                 }
             }
             Ok(ClientOp::Link { up, detail }) => {
                 let link = crate::liveness::LinkStatus { up, detail };
                 if let Err(e) = self.conns.set_link(id, link) {
-                    self.error(id, e);
+                    self.delivery().error(id, e);
                 }
             }
-            Err(LineError::Malformed(detail)) => self.error(id, &detail),
+            Err(LineError::Malformed(detail)) => self.delivery().error(id, &detail),
             Err(LineError::Invalid { id: mid, detail }) => {
                 let refusal = Refusal::invalid(detail);
                 self.stats.count_rejected(refusal.reason, 1);
-                self.answer(id, refusal.reject_line(&mid));
+                self.delivery().answer(id, refusal.reject_line(&mid));
             }
         }
+        self.audit();
     }
 
     /// A line from `conn` went over the limit and was discarded.
     pub fn line_too_long(&mut self, id: ConnId) {
+        let max = self.cfg.max_line_bytes;
         match self.conns.get(id) {
             None => {}
             Some(c) if c.closing => {}
-            Some(c) if !c.authed => self.unauthorized(id),
+            Some(c) if !c.authed => self.delivery().unauthorized(id),
             Some(_) => {
-                let max = self.cfg.max_line_bytes;
-                self.error(id, &format!("line longer than {max} bytes; discarded"));
+                (self.delivery()).error(id, &format!("line longer than {max} bytes; discarded"))
             }
         }
         self.audit();
@@ -371,7 +333,8 @@ impl Bridge {
             .get(id)
             .is_some_and(|c| c.outstanding == 0 && c.idle())
         {
-            self.close(id, "peer closed", true);
+            let close = self.delivery().close(id, "peer closed");
+            self.actions.extend(close);
         }
         self.audit();
     }
@@ -379,7 +342,8 @@ impl Bridge {
     /// The socket of `conn` is gone (closed by the peer, or failed). What it had not written
     /// goes back to the front of its outbox.
     pub fn disconnected(&mut self, id: ConnId) {
-        self.close(id, "disconnected", false);
+        // The socket is already gone: nothing to close.
+        let _ = self.delivery().close(id, "disconnected");
         self.audit();
     }
 
@@ -390,12 +354,39 @@ impl Bridge {
         if self.cluster.handed_event(tag, &kind) {
             return self.audit();
         }
+        let max_reply = self.cfg.max_reply_bytes;
         match kind {
             EventKind::Accepted { state, position } => {
-                self.handle_accepted(tag, (&id, &session), state, position, now);
+                let ack = ack_line(&id, &session, state, position);
+                (self.routes).accepted(tag, ack, &mut self.platforms, &mut self.conns, now);
             }
-            EventKind::Rejected(reason) => self.handle_rejected(tag, reason),
-            EventKind::TurnStarted(turn) => self.turn_started(tag, turn, session, now),
+            EventKind::Rejected(reason) => {
+                let (durable, platforms) = (self.durable.as_mut(), &mut self.platforms);
+                match self
+                    .routes
+                    .rejected(tag, reason, durable, platforms, max_reply)
+                {
+                    Some(Rejected::Ended(ended)) => self.end(ended),
+                    Some(Rejected::Forget(action)) => self.actions.push_back(action),
+                    Some(Rejected::Refuse(refusal)) => self.refuse(tag, refusal),
+                    None => {}
+                }
+            }
+            EventKind::TurnStarted(turn) => {
+                let (routes, durable) = (&self.routes, self.durable.as_ref());
+                // Its partition is draining: the turn stays held, unrecorded, until the
+                // hand-over.
+                if routes.contains(tag) && !self.cluster.turn_gate(tag, &session, routes, durable) {
+                    let next = now + self.cfg.typing_refresh;
+                    let started = self.routes.turn_started(tag, turn, session.clone(), next);
+                    if let Some((conn, attempt)) = started {
+                        if let Some(d) = &mut self.durable {
+                            self.actions.push_back(d.record_start(tag, attempt, turn));
+                        }
+                        self.delivery().typing(conn, &session, true);
+                    }
+                }
+            }
             EventKind::Partial(text) => {
                 // To the message's connection if it has room; else dropped.
                 let target = self.routes.get(tag).map(|r| r.conn);
@@ -406,66 +397,17 @@ impl Bridge {
                     self.delivery().typing(t.conn, &t.session, false);
                 }
             }
-            EventKind::Finished(outcome) => self.finished(tag, &id, &session, outcome),
+            EventKind::Finished(outcome) => {
+                if let Some(mut route) = self.routes.remove(tag) {
+                    self.access.charge(route.charge.take(), &outcome, now);
+                    self.conns.settled(route.conn);
+                    let (durable, platforms) = (self.durable.as_mut(), &mut self.platforms);
+                    let ended = route.finished(tag, outcome, durable, platforms, max_reply);
+                    self.end(ended);
+                }
+            }
         }
         self.audit();
-    }
-
-    fn handle_rejected(&mut self, tag: u64, reason: RejectReason) {
-        if self.routes.get(tag).is_some_and(|r| r.recovered) {
-            // `--cluster`: loaded (a partition gained, an inbox arrival) as this instance
-            // stops: it stays in the journal for the next owner, as a queued one does.
-            if reason == RejectReason::ShuttingDown
-                && let Some(d) = &mut self.durable
-                && let Some(route) = self.routes.remove(tag)
-            {
-                let conn = d.keep_for_restart(route, &mut self.platforms);
-                return self.maybe_finish(conn);
-            }
-            // Acknowledged by the process before the restart: it gets a terminal event.
-            let Some(route) = self.routes.remove(tag) else {
-                return;
-            };
-            let why = refusal::not_readmitted(reason.as_str());
-            log::warn!("session {}: message {} {why}", route.session, route.id);
-            self.actions.extend(route.release_files());
-            let max = self.cfg.max_reply_bytes;
-            let body = failed_line(&route.id, route.session.as_str(), why, max);
-            return self.terminal(tag, route.conn, &route.platform, route.id, body, None);
-        }
-        match &mut self.durable {
-            // Answered once its `forget` record is durable (else a crash brings it back).
-            Some(d) => {
-                if let Some(route) = self.routes.get_mut(tag) {
-                    route.phase = Phase::Refusing;
-                }
-                let action = d.record_forget(tag, Refusal::runtime(reason));
-                self.actions.push_back(action);
-            }
-            None => self.refuse(tag, Refusal::runtime(reason)),
-        }
-    }
-
-    fn turn_started(&mut self, tag: u64, turn: TurnId, session: SessionKey, now: Duration) {
-        if !self.routes.contains(tag) {
-            return;
-        }
-        // Its partition is draining: the turn stays held, unrecorded, until the hand-over.
-        let durable = self.durable.as_ref();
-        if (self.cluster).turn_gate(tag, &session, &self.routes, durable) {
-            return;
-        }
-        let Some(route) = self.routes.get_mut(tag) else {
-            return;
-        };
-        route.starts += 1;
-        let (conn, attempt) = (route.conn, route.starts);
-        if let Some(d) = &mut self.durable {
-            self.actions.push_back(d.record_start(tag, attempt, turn));
-        }
-        self.delivery().typing(conn, &session, true);
-        let next = now + self.cfg.typing_refresh;
-        self.routes.typing_started(turn, conn, session, next);
     }
 
     /// The journal thread's report: what it releases ([`Durable::committed`], where the
@@ -545,13 +487,15 @@ impl Bridge {
             let timeout = self.cfg.hello_timeout;
             for id in self.conns.late_hellos(now, timeout) {
                 self.stats.connections_refused += 1;
-                self.answer(id, error_line(&format!("no hello within {timeout:?}")));
-                self.set_closing(id);
+                let mut delivery = self.delivery();
+                delivery.answer(id, error_line(&format!("no hello within {timeout:?}")));
+                delivery.set_closing(id);
             }
             // Their results go back to the outbox.
             for id in self.conns.stalled_for(now, self.cfg.write_stall_timeout) {
                 self.stats.connections_refused += 1;
-                self.close(id, "write stalled", true);
+                let close = self.delivery().close(id, "write stalled");
+                self.actions.extend(close);
             }
             for (conn, session) in self.routes.typing_due(now, self.cfg.typing_refresh) {
                 self.delivery().typing(conn, &session, true);
@@ -599,9 +543,10 @@ impl Bridge {
     /// The peer's TCP has acknowledged the first `acked` bytes written to `conn`: the results
     /// they held are delivered and release their outbox room.
     pub fn acked(&mut self, id: ConnId, acked: u64) {
-        for f in self.conns.acked(id, acked, self.now) {
-            self.confirm(f);
-        }
+        let frames = self.conns.acked(id, acked, self.now);
+        let confirmed = self.delivery().confirm_all(frames);
+        self.actions
+            .extend(confirmed.actions(self.durable.as_mut()));
         self.maybe_finish(id);
         self.audit();
     }
@@ -630,9 +575,10 @@ impl Bridge {
             return;
         }
         if let Ok(ClientOp::Delivered { ids }) = parse_line(line) {
-            for f in self.conns.delivered(id, &ids, self.now) {
-                self.confirm(f);
-            }
+            let frames = self.conns.delivered(id, &ids, self.now);
+            let confirmed = self.delivery().confirm_all(frames);
+            self.actions
+                .extend(confirmed.actions(self.durable.as_mut()));
             self.maybe_finish(id);
             self.audit();
         }
@@ -651,9 +597,12 @@ impl Bridge {
             let journaled = self.durable.is_some() && route.phase != Phase::Journaling;
             if journaled {
                 // Best effort: the process exits now, and what the journal does not take is
-                // recovered at the next start.
-                let body = Body::Line(line);
-                self.terminal(tag, route.conn, &route.platform, route.id, body, None);
+                // recovered at the next start. Its files stay for that start.
+                let terminal = Terminal::of(tag, route, Body::Line(line));
+                self.end(Ended::Terminal(Terminal {
+                    files: None,
+                    ..terminal
+                }));
             } else {
                 let frame = Frame::new(Body::Line(line), Some(route.platform.clone()));
                 self.deliver_terminal(route.conn, &route.platform, frame);
@@ -675,105 +624,213 @@ impl Bridge {
         self.platforms.outboxed() + self.unjournaled()
     }
 
-    fn hello(&mut self, id: ConnId, platform: Option<String>, acks: bool) {
-        let new = match platform {
-            None => None,
-            Some(name) => {
-                if let Err(detail) = check_platform(&name) {
-                    return self.error(id, &format!("hello: {detail}"));
+    /// Messages a graceful shutdown left in the journal for the next start.
+    pub fn kept_for_restart(&self) -> usize {
+        self.durable.as_ref().map_or(0, Durable::kept)
+    }
+
+    /// Rebuilds the state a journal held at start-up (before any connection): the duplicate
+    /// windows, the waiting messages submitted again in their original order, undelivered
+    /// outcomes back in their outboxes (marked `redelivery`), and the turns a crash
+    /// interrupted failed `interrupted by restart` — or, with `resume_interrupted`, run again
+    /// unless they were interrupted twice (`poison`). `wall_now_ms` is the wall clock now;
+    /// the bridge's clock must be at `now`. Logs one INFO line with the counts.
+    pub fn recover(&mut self, r: Recovered, wall_now_ms: u64, now: Duration) -> RecoveryCounts {
+        self.now = now;
+        let mut n = RecoveryCounts {
+            messages: r.messages.len(),
+            ..RecoveryCounts::default()
+        };
+        if let Some(d) = &mut self.durable {
+            d.recovering(wall_now_ms, now, n.messages);
+        }
+        self.routes.tags_after(r.max_seq);
+        n.dedup_ids += (self.platforms).restore_dedup(r.dedup, wall_now_ms, now);
+        for rm in r.messages {
+            self.recover_message(rm, &mut n, now);
+        }
+        durable::log_recovered(&n);
+        if let Some(d) = &mut self.durable {
+            d.recovered_all(n);
+        }
+        self.audit();
+        n
+    }
+
+    /// The figures for the status snapshot.
+    pub fn status(&self) -> BridgeStatus {
+        let (durable, now) = (self.durable.as_ref(), self.now);
+        (self.stats).status(
+            &self.cfg,
+            &self.conns,
+            &self.platforms,
+            durable,
+            &self.access,
+            now,
+        )
+    }
+
+    /// The access policy, for the shell, with the wall-clock time of the bridge's `now`.
+    pub(in crate::server) fn access(&mut self) -> (&mut Policy, u64) {
+        self.access.policy(self.now)
+    }
+
+    /// A `message` line from `conn`: admitted (a duplicate answered, a copy waiting for its
+    /// original's fate, or a new message launched: submitted, or with a journal journaled
+    /// first), or the refusal to answer it with.
+    fn admit(&mut self, conn: ConnId, m: MessageFields, now: Duration) -> Result<(), Refusal> {
+        let Some(name) = self.conns.sender_platform(conn, m.platform.as_deref())? else {
+            return Ok(());
+        };
+        let admitted = build(&name, m, Source::Line, &self.cfg.attachments)?;
+        let fp = fingerprint(&admitted.message.id);
+        let (durable, routes) = (self.durable.as_ref(), &mut self.routes);
+        let (cluster, cap) = (&self.cluster, self.cfg.outbox_cap);
+        let (platform, claim) = self
+            .platforms
+            .claim(
+                &name,
+                fp,
+                now,
+                || {
+                    cluster.outbox_gate(&name, cap)?;
+                    durable.map_or(Ok(()), |d| d.room())
+                },
+                || routes.new_tag(),
+            )
+            .map_err(|r| r.with_session(&admitted.message.session))?;
+        let Admitted { message, fields } = admitted;
+        match claim {
+            Claim::Duplicate => {
+                let ack = duplicate_ack(&message.id, &message.session);
+                self.delivery().answer(conn, ack);
+            }
+            Claim::CopyOf(tag) => {
+                if let Some(route) = self.routes.get_mut(tag) {
+                    route.copies.push(conn);
                 }
-                let Some(p) = self.platforms.open(&name) else {
-                    let max = self.cfg.max_platforms;
-                    let detail =
-                        format!("hello refused: {max} platforms are active (--max-platforms)");
-                    return self.error(id, &detail);
+                let copy = Some((message.id, message.session));
+                self.conns
+                    .push_answer(conn, Answer::Pending { tag, copy }, now);
+            }
+            Claim::New(tag) => {
+                let (id, session) = (message.id.clone(), message.session.clone());
+                let mut route = InFlight::new(conn, id, session, platform, fp);
+                route.files = message.context.attachments.clone();
+                let journaled = self.durable.is_some();
+                self.routes
+                    .launch(tag, route, journaled, &mut self.conns, now);
+                let Some(d) = &mut self.durable else {
+                    self.submit(tag, message);
+                    return Ok(());
                 };
-                Some(p)
+                let dedup_until_ms = d.wall_ms(now + self.cfg.dedup_window);
+                let stored = StoredMessage {
+                    seq: tag,
+                    fields,
+                    dedup_until_ms,
+                };
+                log::debug!("message {tag} waits for the journal");
+                self.actions.push_back(d.wait(tag, message, stored));
             }
-        };
-        if self.conns.get(id).is_none() {
+        }
+        Ok(())
+    }
+
+    /// Submits the message of `tag` to the runtime, or answers it with the access policy's
+    /// notice ([`Routes::answered`]: acked as a turn that ran at once, then ended with the
+    /// notice).
+    fn submit(&mut self, tag: u64, message: Message) {
+        match self.access.decide(&message, self.now) {
+            Ok(charge) => {
+                if let Some(route) = self.routes.get_mut(tag) {
+                    route.charge = charge;
+                }
+                self.actions.push_back(Action::Submit { tag, message });
+            }
+            Err((notice, text)) => {
+                let body = notice_line(&message, notice, text, self.cfg.max_reply_bytes);
+                let (platforms, conns) = (&mut self.platforms, &mut self.conns);
+                let answered =
+                    (self.routes).answered(tag, &message, body, platforms, conns, self.now);
+                if let Some(terminal) = answered {
+                    self.end(Ended::Terminal(terminal));
+                }
+            }
+        }
+    }
+
+    /// Refuses the message of `tag` (runtime refusal or journal failure): every line waiting
+    /// for it gets the `reject` ([`Delivery::refused`]), and a retry of its id is new.
+    fn refuse(&mut self, tag: u64, refusal: Refusal) {
+        if let Some(route) = self.routes.remove(tag) {
+            self.delivery().refused(tag, &route, refusal);
+            self.maybe_finish(route.conn);
+        }
+    }
+
+    /// One journaled message (at start-up, or of a partition gained): what [`recovery`]
+    /// decides it becomes — its outcome back in its outbox, submitted again, or failed.
+    fn recover_message(&mut self, rm: RecoveredMessage, n: &mut RecoveryCounts, now: Duration) {
+        // Where its result goes: a connection waiting for it (a cluster partition gained
+        // here), else its platform's newest hello.
+        let to = self.cluster.rebound(rm.message.seq);
+        let Some(platform) = self.platforms.force(rm.message.platform()) else {
             return;
-        }
-        let old = self.conns.set_platform(id, new.clone());
-        for f in self.conns.set_acks(id, acks) {
-            self.confirm(f);
-        }
-        self.conns.authenticate(id);
-        if let Some(old) = &old {
-            self.platforms.detach(old, id);
-        }
-        if let Some(new) = &new {
-            self.platforms.attach(new, id);
-            if let Some(r) = self.cluster.hello(new) {
-                self.actions.push_back(Action::Cluster(r));
+        };
+        let (cfg, platforms) = (&self.cfg, &mut self.platforms);
+        match recovery(rm, to, platform, cfg, platforms, n, now) {
+            Recovery::Outcome(to, platform, frame) => self.deliver_terminal(to, &platform, frame),
+            Recovery::Failed(terminal) => self.end(Ended::Terminal(terminal)),
+            Recovery::Requeue(seq, route, message) => {
+                // The connection waits for it once more (settled when it ends).
+                self.conns.sent(route.conn);
+                self.routes.insert(seq, route);
+                self.submit(seq, message);
             }
-        }
-        if let Some(old) = old {
-            self.platforms.maybe_free(&old);
-        }
-        self.delivery().refill(id);
-    }
-
-    fn unauthorized(&mut self, id: ConnId) {
-        if let Some(peer) = self.conns.get(id).map(|c| c.peer)
-            && let Some(n) = self.conns.refusal_log()
-        {
-            let more = crate::logfmt::suppressed_note(n);
-            log::warn!("connection {id} from {peer}: unauthorized; closing{more}");
-        }
-        self.stats.count_rejected("unauthorized", 1);
-        self.answer(id, error_line("unauthorized"));
-        self.set_closing(id);
-    }
-
-    /// No further line of `id` counts; it closes once its output is written.
-    fn set_closing(&mut self, id: ConnId) {
-        if let Some(p) = self.conns.set_closing(id) {
-            self.platforms.detach(&p, id);
-            self.platforms.maybe_free(&p);
+            Recovery::Dropped => {}
         }
     }
 
-    fn error(&mut self, id: ConnId, detail: &str) {
-        self.stats.errors += 1;
-        self.answer(id, error_line(detail));
+    /// Carries out a message's end ([`Ended`]): its connection finished if it has nothing
+    /// left to do, or its terminal event sent on — with a journal, once its outcome record is
+    /// durable: an outcome a bridge has seen must survive a crash, or recovery would answer
+    /// the message again differently (`interrupted by restart`).
+    fn end(&mut self, ended: Ended) {
+        let t = match ended {
+            Ended::Kept(conn) => return self.maybe_finish(conn),
+            Ended::Terminal(t) => t,
+        };
+        self.actions.extend(t.files);
+        let frame = Frame::new(t.body, Some(t.platform.clone())).of_message(t.seq, t.id);
+        match &mut self.durable {
+            None => self.deliver_terminal(t.conn, &t.platform, frame),
+            Some(d) => (self.actions).push_back(d.hold_outcome(t.seq, t.conn, frame, t.memory)),
+        }
     }
 
-    fn answer(&mut self, id: ConnId, line: Vec<u8>) {
-        self.conns.push(id, Frame::line(line), self.now);
+    /// A terminal event, stamped for the cluster, to the delivery room
+    /// ([`Delivery::deliver`]).
+    fn deliver_terminal(&mut self, origin: ConnId, platform: &Arc<str>, frame: Frame) {
+        let frame = self.cluster.stamp(frame);
+        self.delivery().deliver(origin, platform, frame);
     }
 
-    /// Closes a connection that has nothing left to do: closing and written out, or
-    /// half-closed with nothing outstanding and every result acknowledged.
+    /// The delivery room over this bridge's connections and platforms, now.
+    fn delivery(&mut self) -> Delivery<'_> {
+        Delivery {
+            cfg: &self.cfg,
+            conns: &mut self.conns,
+            platforms: &mut self.platforms,
+            stats: &mut self.stats,
+            now: self.now,
+        }
+    }
+
+    /// Closes `id` if it has nothing left to do ([`Delivery::finish_if_done`]).
     fn maybe_finish(&mut self, id: ConnId) {
-        let Some(c) = self.conns.get(id) else {
-            return;
-        };
-        if c.closing && c.idle() {
-            self.close(id, "closed after error", true);
-        } else if c.read_closed && c.drained() {
-            self.close(id, "peer closed", true);
-        }
-    }
-
-    /// Forgets a connection; its unwritten terminal events go back to the front of their
-    /// outboxes, in order.
-    fn close(&mut self, id: ConnId, why: &str, emit: bool) {
-        let Some((peer, moved)) = self.delivery().forget(id) else {
-            return;
-        };
-        log::debug!(
-            "connection {} from {} closed: {why}; {moved} undelivered terminal event(s) back to the outbox",
-            id,
-            peer
-        );
-        if emit {
-            self.actions.push_back(if moved > 0 {
-                Action::Reset(id)
-            } else {
-                Action::Close(id)
-            });
-        }
+        let close = self.delivery().finish_if_done(id);
+        self.actions.extend(close);
     }
 
     /// Checks, in debug builds, each room's invariants and that every count across rooms

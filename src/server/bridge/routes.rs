@@ -1,19 +1,23 @@
 //! Where a result goes: each message in flight, by its tag, with the connection that sent it
-//! (or none: recovered from the journal), and where each running turn's typing goes; and
-//! the bridge's delivery of partials, typing and terminal events (to the message's
-//! connection, else its platform's outbox).
+//! (or none: recovered from the journal), and where each running turn's typing goes; and a
+//! message's end — finished, refused by the runtime — as a decision ([`Ended`],
+//! [`Rejected`]) the bridge carries out (`Bridge::end`: the terminal event to the journal
+//! first, else to the delivery room).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::super::dedup::Fingerprint;
-use super::super::frame::Frame;
 use super::super::sharded::Sharded;
-use super::delivery::{Delivery, terminal_line};
-use super::{Action, Bridge, ConnId};
-use crate::core::{Outcome, TurnId};
-use crate::journal::{MemoryUpdate, Record};
+use super::conns::{Answer, Conns};
+use super::delivery::{failed_line, terminal_line};
+use super::durable::Durable;
+use super::platforms::Platforms;
+use super::refusal::{Refusal, not_readmitted};
+use super::{Action, ConnId};
+use crate::core::{Outcome, RejectReason, TurnId};
+use crate::journal::MemoryUpdate;
 use crate::key::Key;
 use crate::message::SessionKey;
 use crate::wire::EncodedLine;
@@ -235,89 +239,164 @@ impl Routes {
     }
 }
 
-impl Bridge {
-    /// The message of `tag` finished: its terminal event goes out.
+/// A message's terminal event on its way out ([`Bridge::end`](super::Bridge)): with a
+/// journal once its outcome record is durable.
+pub(super) struct Terminal {
+    pub(super) seq: u64,
+    /// The connection that sent the message (or [`no_conn`]).
+    pub(super) conn: ConnId,
+    pub(super) platform: Arc<str>,
+    pub(super) id: Arc<str>,
+    pub(super) body: EncodedLine,
+    /// The change to the session's stored conversation, committed with the outcome record
+    /// (dropped without a journal).
+    pub(super) memory: Option<MemoryUpdate>,
+    /// The action that deletes the message's files from the spool, its route having ended.
+    pub(super) files: Option<Action>,
+}
+
+impl Terminal {
+    /// The terminal event `body` of the message of `seq`, whose route `route` ended.
+    pub(super) fn of(seq: u64, route: InFlight, body: EncodedLine) -> Terminal {
+        Terminal {
+            seq,
+            files: route.release_files(),
+            conn: route.conn,
+            platform: route.platform,
+            id: route.id,
+            body,
+            memory: None,
+        }
+    }
+}
+
+/// How a message's route ended, for the bridge to carry out.
+// Built and carried out at once, once per message, never stored: a box would only add an
+// allocation per message.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Ended {
+    /// A graceful shutdown kept it in the journal for the next start
+    /// ([`Durable::keep_for_restart`]): its connection may now be finished.
+    Kept(ConnId),
+    /// Its terminal event goes out.
+    Terminal(Terminal),
+}
+
+/// What the runtime's refusal of a message decides.
+pub(super) enum Rejected {
+    /// A recovered message's route ended (acknowledged by an earlier process, it gets a
+    /// terminal event, or stays in the journal at shutdown).
+    Ended(Ended),
+    /// With a journal: answered once this `forget` record is durable (else a crash brings it
+    /// back).
+    Forget(Action),
+    /// Without one: refused now.
+    Refuse(Refusal),
+}
+
+impl InFlight {
+    /// The message of `seq` finished with `outcome` (its route removed, its budget charged,
+    /// its connection settled): kept for the next start if a graceful shutdown cancelled it
+    /// with a journal, else its terminal event, its text cut to `max_reply` bytes.
     pub(super) fn finished(
-        &mut self,
-        tag: u64,
-        id: &str,
-        session: &SessionKey,
+        self,
+        seq: u64,
         mut outcome: Outcome,
-    ) {
-        let Some(mut route) = self.routes.remove(tag) else {
-            return;
-        };
-        self.access.charge(route.charge.take(), &outcome, self.now);
-        self.conns.settled(route.conn);
+        durable: Option<&mut Durable>,
+        platforms: &mut Platforms,
+        max_reply: usize,
+    ) -> Ended {
         if outcome == Outcome::Cancelled(crate::CancelReason::Shutdown)
-            && let Some(d) = &mut self.durable
+            && let Some(d) = durable
         {
-            let conn = d.keep_for_restart(route, &mut self.platforms);
-            return self.maybe_finish(conn);
+            return Ended::Kept(d.keep_for_restart(self, platforms));
         }
         let memory = match &mut outcome {
             Outcome::Reply(reply) => reply.take_memory(),
             _ => None,
         };
-        self.actions.extend(route.release_files());
-        let body = terminal_line(id, session.as_str(), outcome, self.cfg.max_reply_bytes);
-        self.terminal(tag, route.conn, &route.platform, route.id, body, memory);
+        let body = terminal_line(&self.id, self.session.as_str(), outcome, max_reply);
+        Ended::Terminal(Terminal {
+            memory,
+            ..Terminal::of(seq, self, body)
+        })
     }
+}
 
-    /// Sends a terminal event on — with a journal, once its outcome record is durable: an
-    /// outcome a bridge has seen must survive a crash, or recovery would answer the message
-    /// again differently (`interrupted by restart`). `memory`, the change to the session's
-    /// stored conversation, commits with the outcome record (dropped without a journal).
-    pub(super) fn terminal(
+impl Routes {
+    /// A new message from `conn` takes its route (in its first phase: journaling with a
+    /// journal) and its place in its connection's answers.
+    pub(super) fn launch(
         &mut self,
-        seq: u64,
-        conn: ConnId,
-        platform: &Arc<str>,
-        id: Arc<str>,
-        body: EncodedLine,
-        memory: Option<MemoryUpdate>,
+        tag: u64,
+        mut route: InFlight,
+        journaled: bool,
+        conns: &mut Conns,
+        now: Duration,
     ) {
-        let frame = Frame::new(body, Some(platform.clone())).of_message(seq, id);
-        match &mut self.durable {
-            None => self.deliver_terminal(conn, platform, frame),
-            Some(d) => self
-                .actions
-                .push_back(d.hold_outcome(seq, conn, frame, memory)),
+        if journaled {
+            route.phase = Phase::Journaling;
         }
+        let conn = route.conn;
+        self.insert(tag, route);
+        conns.sent(conn);
+        conns.push_answer(conn, Answer::Pending { tag, copy: None }, now);
     }
 
-    /// A terminal event, stamped for the cluster, to the delivery room
-    /// ([`Delivery::deliver`]).
-    pub(super) fn deliver_terminal(&mut self, origin: ConnId, platform: &Arc<str>, frame: Frame) {
-        let frame = self.cluster.stamp(frame);
-        self.delivery().deliver(origin, platform, frame);
+    /// The turn `turn` of the message of `tag` started: it counts as a start, and its
+    /// typing goes to the message's connection, refreshed at `next`. The connection and the
+    /// attempt (for its `started` record), or `None` without the route.
+    pub(super) fn turn_started(
+        &mut self,
+        tag: u64,
+        turn: TurnId,
+        session: SessionKey,
+        next: Duration,
+    ) -> Option<(ConnId, u32)> {
+        let route = self.get_mut(tag)?;
+        route.starts += 1;
+        let (conn, attempt) = (route.conn, route.starts);
+        self.typing_started(turn, conn, session, next);
+        Some((conn, attempt))
     }
 
-    /// A terminal event was delivered: the delivery room releases its room
-    /// ([`Delivery::confirm`]), the message leaves the journal and the files its reply
-    /// carried leave the spool.
-    pub(super) fn confirm(&mut self, f: Frame) {
-        // The files an agent attached leave the spool with their reply (issue 36).
-        let sent = f.body.attachment_paths();
-        if !sent.is_empty() {
-            self.actions.push_back(super::Action::ReleaseFiles(sent));
+    /// The runtime refused the message of `tag` for `reason`: what that decides (see
+    /// [`Rejected`]); a recovered message's `failed` is cut to `max_reply` bytes.
+    pub(super) fn rejected(
+        &mut self,
+        tag: u64,
+        reason: RejectReason,
+        durable: Option<&mut Durable>,
+        platforms: &mut Platforms,
+        max_reply: usize,
+    ) -> Option<Rejected> {
+        if self.get(tag).is_some_and(|r| r.recovered) {
+            let route = self.remove(tag)?;
+            // `--cluster`: loaded (a partition gained, an inbox arrival) as this instance
+            // stops: it stays in the journal for the next owner, as a queued one does.
+            if reason == RejectReason::ShuttingDown
+                && let Some(d) = durable
+            {
+                let conn = d.keep_for_restart(route, platforms);
+                return Some(Rejected::Ended(Ended::Kept(conn)));
+            }
+            // Acknowledged by the process before the restart: it gets a terminal event.
+            let why = not_readmitted(reason.as_str());
+            log::warn!("session {}: message {} {why}", route.session, route.id);
+            let body = failed_line(&route.id, route.session.as_str(), why, max_reply);
+            return Some(Rejected::Ended(Ended::Terminal(Terminal::of(
+                tag, route, body,
+            ))));
         }
-        if let Some(seq) = self.delivery().confirm(f)
-            && let Some(d) = &mut self.durable
-        {
-            self.actions.push_back(d.record(Record::Delivered { seq }));
-        }
-    }
-
-    /// The delivery room over this bridge's connections and platforms, now.
-    pub(super) fn delivery(&mut self) -> Delivery<'_> {
-        Delivery {
-            cfg: &self.cfg,
-            conns: &mut self.conns,
-            platforms: &mut self.platforms,
-            stats: &mut self.stats,
-            now: self.now,
-        }
+        Some(match durable {
+            Some(d) => {
+                if let Some(route) = self.get_mut(tag) {
+                    route.phase = Phase::Refusing;
+                }
+                Rejected::Forget(d.record_forget(tag, Refusal::runtime(reason)))
+            }
+            None => Rejected::Refuse(Refusal::runtime(reason)),
+        })
     }
 }
 

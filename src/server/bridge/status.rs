@@ -2,8 +2,13 @@
 //! assembly from each room (the types live in `liveness`, with the rest of the status).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
-use super::Bridge;
+use super::access::Access;
+use super::config::BridgeConfig;
+use super::conns::Conns;
+use super::durable::Durable;
+use super::platforms::Platforms;
 use crate::liveness::AttachmentsStatus;
 pub(crate) use crate::liveness::{BridgeStatus, JournalStatus, PlatformStatus, RecoveryCounts};
 
@@ -26,20 +31,28 @@ impl Counters {
     }
 }
 
-impl Bridge {
-    /// The figures for the status snapshot.
-    pub fn status(&self) -> BridgeStatus {
-        let c = &self.stats;
-        let mut outboxes = self.platforms.status(self.now);
-        for (platform, link) in self.conns.links() {
+impl Counters {
+    /// The figures for the status snapshot: these counters and each room's figures at `now`.
+    pub(super) fn status(
+        &self,
+        cfg: &BridgeConfig,
+        conns: &Conns,
+        platforms: &Platforms,
+        durable: Option<&Durable>,
+        access: &Access,
+        now: Duration,
+    ) -> BridgeStatus {
+        let c = self;
+        let mut outboxes = platforms.status(now);
+        for (platform, link) in conns.links() {
             if let Some(p) = outboxes.get_mut(platform) {
                 p.link = Some(link.clone());
             }
         }
         BridgeStatus {
-            connections: self.conns.len(),
-            unauthenticated: self.conns.unauthenticated(),
-            platforms: self.platforms.len(),
+            connections: conns.len(),
+            unauthenticated: conns.unauthenticated(),
+            platforms: platforms.len(),
             outboxes,
             rejected: c.rejected.clone(),
             connections_refused: c.connections_refused,
@@ -47,16 +60,16 @@ impl Bridge {
             partials_dropped: c.partials_dropped,
             typing_dropped: c.typing_dropped,
             stale_dropped: c.stale_dropped,
-            journal: self.durable.as_ref().map(|d| d.status()),
-            awaiting_delivery: self.conns.awaiting_delivery(),
+            journal: durable.map(Durable::status),
+            awaiting_delivery: conns.awaiting_delivery(),
             // The shell knows (`BridgeServer::status`).
             tls: false,
             tls_cert_not_after_unix_s: None,
             // The shell's too (`BridgeServer::status`, with the reader's figures).
             cluster: None,
-            access: self.access.figures(),
-            attachments: self.cfg.attachments.dir.as_ref().map(|dir| {
-                let limits = &self.cfg.attachments;
+            access: access.figures(),
+            attachments: cfg.attachments.dir.as_ref().map(|dir| {
+                let limits = &cfg.attachments;
                 AttachmentsStatus {
                     dir: dir.display().to_string(),
                     spool_bytes: limits.spool_bytes,
