@@ -84,8 +84,8 @@ use crate::wire::{
     ClientOp, EncodedLine as Body, LineError, ServerOp, check_platform, encode, parse_line,
 };
 use access::Access;
-use cluster::ClusterSide;
 pub(crate) use cluster::Report;
+use cluster::{ClusterSide, Effect};
 pub use config::{BridgeConfig, TERMINAL_ENVELOPE};
 use config::{HOUSEKEEPING, INTERRUPTED, POISON};
 use conns::Conns;
@@ -480,12 +480,13 @@ impl Bridge {
     /// `ClusterLink::report`; none without the feature), applied first (`cluster_part`).
     pub(in crate::server) fn journal_report(
         &mut self,
-        c: Committed,
+        mut c: Committed,
         cluster: Report,
         now: Duration,
     ) {
         self.now = now;
-        let (c, handed, ended) = self.cluster_part(c, cluster, now);
+        self.cluster.take_report(cluster);
+        while self.cluster_step(|side, rooms| side.report_step(&mut c, rooms)) {}
         let Some(d) = &mut self.durable else {
             return;
         };
@@ -494,7 +495,7 @@ impl Bridge {
             // A turn of a partition lost or fenced (in this report or before) stays held and
             // leaves with its session's hand-over: its `started` write may have been
             // refused, and the next owner runs the message.
-            if !self.cluster.runs_here(seq, &self.routes, &ended) {
+            if !self.cluster.runs_here(seq, &self.routes) {
                 log::debug!("message {seq}: its partition is not owned here; turn not started");
                 continue;
             }
@@ -525,10 +526,7 @@ impl Bridge {
             log::debug!("message {seq}: journal write failed; rejected storage");
             self.refuse(seq, Refusal::storage(released.error.as_deref()));
         }
-        for p in handed {
-            self.hand_over(p);
-        }
-        self.drain_step();
+        self.cluster_step(|side, rooms| Some(side.after_report(rooms)));
         self.audit();
     }
 
@@ -536,10 +534,7 @@ impl Bridge {
     pub fn tick(&mut self, now: Duration) -> Duration {
         self.now = now;
         // `--cluster`: partitions past their lease's fence deadline stop their turns now.
-        for (p, request) in self.cluster.fence_due(now) {
-            self.hand_over(p);
-            self.actions.push_back(Action::Cluster(request));
-        }
+        self.cluster_step(|side, rooms| Some(side.fence(rooms)));
         if now >= self.next_housekeeping {
             self.next_housekeeping = now + HOUSEKEEPING;
             let timeout = self.cfg.hello_timeout;
@@ -563,13 +558,9 @@ impl Bridge {
                     self.actions.push_back(d.record(Record::Delivered { seq }));
                 }
             }
-            self.rebuild_waiting(now);
-            for (platform, due, r) in self.cluster.offers(&self.platforms, now) {
-                // Sent from here later (a hello here before the answer), they are marked:
-                // the taker may have sent them already (tests/simulation_cluster, seed 4).
-                self.platforms.mark_offered(&platform, &due);
-                self.actions.push_back(Action::Cluster(r));
-            }
+            // `--cluster`: rebuilt messages waiting for room; results offered elsewhere.
+            while self.cluster_step(|side, rooms| side.rebuild_next(rooms)) {}
+            self.cluster_step(|side, rooms| Some(side.offer(rooms)));
             self.access.maybe_save(now);
         }
         self.audit();
@@ -776,6 +767,43 @@ impl Bridge {
         }
     }
 
+    /// One step of the cluster side over the rooms lent to it, then what it decided carried
+    /// out, in order; false if it had no step to take.
+    fn cluster_step(
+        &mut self,
+        step: impl FnOnce(&mut ClusterSide, cluster::Rooms<'_>) -> Option<cluster::Effects>,
+    ) -> bool {
+        let rooms = cluster::Rooms {
+            routes: &mut self.routes,
+            durable: self.durable.as_mut(),
+            delivery: delivery::Delivery {
+                cfg: &self.cfg,
+                conns: &mut self.conns,
+                platforms: &mut self.platforms,
+                stats: &mut self.stats,
+                now: self.now,
+            },
+        };
+        let Some(effects) = step(&mut self.cluster, rooms) else {
+            return false;
+        };
+        for effect in effects {
+            match effect {
+                Effect::Finish(conn) => self.maybe_finish(conn),
+                Effect::Submit(tag, message) => self.submit(tag, message),
+                Effect::Refuse(tag, refusal) => self.refuse(tag, refusal),
+                Effect::Recover(r, wall_ms) => {
+                    let _ = self.recover(r, wall_ms, self.now);
+                }
+                Effect::Rebuild(rm) => {
+                    self.recover_message(rm, &mut RecoveryCounts::default(), self.now);
+                }
+                Effect::Act(action) => self.actions.push_back(action),
+            }
+        }
+        true
+    }
+
     /// Checks, in debug builds, each room's invariants and that every count across rooms
     /// matches what it counts: each reservation is a route, a result on a connection, or a
     /// result in an outbox (or waiting for its outcome record).
@@ -829,5 +857,42 @@ impl Bridge {
         self.cluster.check(&self.routes);
         let recovered = self.durable.as_ref().map_or(0, Durable::recovered);
         self.platforms.check(&owed, recovered);
+    }
+}
+
+// A cluster member's entry points (`--cluster`), whose arguments are the cluster's types.
+#[cfg(feature = "cluster")]
+impl Bridge {
+    /// [`Bridge::journaled`] for a cluster member: `cluster` is the cluster's part of the same
+    /// report (`ClusterLink::report`), applied first.
+    pub fn journaled_with(
+        &mut self,
+        c: Committed,
+        cluster: crate::cluster::ClusterReport,
+        now: Duration,
+    ) {
+        self.journal_report(c, cluster, now);
+    }
+
+    /// What the stream reader brought (an outcome of a message acked here, a message of a
+    /// partition owned here, a forward...: `ClusterSide::arrived`).
+    pub fn arrived(&mut self, a: crate::cluster::Arrival, now: Duration) {
+        self.now = now;
+        self.cluster_step(|side, rooms| Some(side.arrived(a, rooms)));
+        self.audit();
+    }
+
+    /// `--cluster`: the bridge's figures in the cluster's status (`ClusterSide::fill_status`).
+    pub fn cluster_status(&self) -> crate::liveness::ClusterStatus {
+        let mut s = crate::liveness::ClusterStatus::default();
+        self.cluster.fill_status(&mut s);
+        s
+    }
+
+    /// `--cluster`: the partition count, for the partition of a session.
+    pub fn set_partitions(&mut self, n: u32) {
+        if self.durable.is_some() {
+            self.cluster.set_partitions(n);
+        }
     }
 }
