@@ -477,7 +477,7 @@ impl Bridge {
     }
 
     /// [`Bridge::journaled`] with the cluster's part of the same report (a cluster member's,
-    /// `ClusterLink::report`; none without the feature), applied first (`cluster_part`).
+    /// `ClusterLink::report`; none without the feature), applied first, in steps.
     pub(in crate::server) fn journal_report(
         &mut self,
         mut c: Committed,
