@@ -6,7 +6,7 @@
 //! - no new turn starts there: a held turn of its sessions is never released (its `started`
 //!   record is not written — the held-turn gate), so the next owner finds it not started;
 //! - a session with no turn in progress (none started here whose outcome record is not yet
-//!   durable) is handed over at once, as a lost partition's are ([`Bridge::hand_over`]): its
+//!   durable) is handed over at once, as a lost partition's are (`ClusterSide::hand_over`): its
 //!   queued and held messages end here without outcome records and stay in Redis;
 //! - a session whose turn is running is handed over once that turn's outcome record is
 //!   durable (and its result sent), its next message held meanwhile;
@@ -23,10 +23,11 @@
 
 use std::collections::{HashMap, HashSet};
 
+use super::super::Action;
 use super::super::durable::Durable;
 use super::super::routes::Routes;
-use super::super::{Action, Bridge};
 use super::side::ClusterSide;
+use super::{Effect, Effects, Rooms};
 use crate::liveness::ClusterStatus;
 use crate::message::SessionKey;
 
@@ -105,39 +106,35 @@ impl ClusterSide {
     }
 }
 
-impl Bridge {
+impl ClusterSide {
     /// Starts the drains the journal asked for and moves every drain on: hands over the
     /// sessions with no turn in progress, and finishes a drain with none left. Called at the
     /// end of each journal report (an outcome record made durable may end a drain).
-    pub(in crate::server::bridge) fn drain_step(&mut self) {
-        if self.durable.is_none() {
+    pub(super) fn drain_step(&mut self, rooms: &mut Rooms<'_>, fx: &mut Effects) {
+        if rooms.durable.is_none() {
             return;
         }
-        for p in std::mem::take(&mut self.cluster.drains.pending) {
-            if self.cluster.owned.contains(&p) {
-                self.cluster.drains.draining.entry(p).or_insert(0);
+        for p in std::mem::take(&mut self.drains.pending) {
+            if self.owned.contains(&p) {
+                self.drains.draining.entry(p).or_insert(0);
             }
         }
-        if self.cluster.drains.draining.is_empty() {
+        if self.drains.draining.is_empty() {
             return;
         }
-        let mut ps: Vec<u32> = self.cluster.drains.draining.keys().copied().collect();
+        let mut ps: Vec<u32> = self.drains.draining.keys().copied().collect();
         ps.sort_unstable();
         for p in ps {
-            self.drain_one(p);
+            self.drain_one(p, rooms, fx);
         }
     }
 
-    fn drain_one(&mut self, p: u32) {
-        let Some(unjournaled) = &self.durable else {
+    fn drain_one(&mut self, p: u32, rooms: &mut Rooms<'_>, fx: &mut Effects) {
+        let Some(unjournaled) = rooms.durable.as_deref() else {
             return;
         };
-        let routes = &self.routes;
-        let busy: Vec<u64> = self
-            .cluster
-            .drains
-            .running
-            .iter()
+        let routes = &rooms.routes;
+        let busy: Vec<u64> = (self.drains.running.iter())
             .filter(|(t, (q, _))| {
                 *q == p && (routes.contains(**t) || unjournaled.is_unjournaled(**t))
             })
@@ -145,17 +142,17 @@ impl Bridge {
             .collect();
         let keep: HashSet<SessionKey> = busy
             .iter()
-            .filter_map(|t| self.cluster.drains.running.get(t).map(|(_, s)| s.clone()))
+            .filter_map(|t| self.drains.running.get(t).map(|(_, s)| s.clone()))
             .collect();
-        let drains = &mut self.cluster.drains;
+        let drains = &mut self.drains;
         drains
             .running
             .retain(|t, (q, _)| *q != p || busy.contains(t));
-        let (_, handed, _) = self.hand_over_sessions(p, &keep);
-        if self.durable.is_none() {
+        let (_, handed, _) = self.hand_over_sessions(p, &keep, rooms, fx);
+        if rooms.durable.is_none() {
             return;
         }
-        let drains = &mut self.cluster.drains;
+        let drains = &mut self.drains;
         let so_far = drains.draining.entry(p).or_insert(0);
         *so_far += handed;
         if !busy.is_empty() {
@@ -165,10 +162,10 @@ impl Bridge {
         drains.draining.remove(&p);
         drains.drained.0 += 1;
         drains.drained.1 += handed as u64;
-        self.cluster.owned.remove(&p);
+        self.owned.remove(&p);
         log::info!(
             "partition {p}: drained: no turn left running here, {handed} message(s) handed over to its next owner; its lease is released"
         );
-        self.actions.push_back(Action::ReleasePartition(p));
+        fx.push(Effect::Act(Action::ReleasePartition(p)));
     }
 }

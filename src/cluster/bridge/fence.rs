@@ -17,7 +17,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use super::super::Action;
 use super::side::ClusterSide;
+use super::{Effect, Effects, Rooms};
 use crate::cluster::ClusterRequest;
 
 /// The fence deadlines of the partitions owned here.
@@ -66,12 +68,20 @@ impl ClusterSide {
         self.fences.next()
     }
 
+    /// The owned partitions past their fence deadline now stop their turns: each is handed
+    /// over, and the journal thread told.
+    pub(in crate::server::bridge) fn fence(&mut self, mut rooms: Rooms<'_>) -> Effects {
+        let mut fx = Effects::new();
+        for (p, request) in self.fence_due(rooms.delivery.now) {
+            self.hand_over(p, &mut rooms, &mut fx);
+            fx.push(Effect::Act(Action::Cluster(request)));
+        }
+        fx
+    }
+
     /// The owned partitions past their fence deadline at `now`, in order, each with the
     /// request that tells the journal thread; forgotten here (the caller hands each over).
-    pub(in crate::server::bridge) fn fence_due(
-        &mut self,
-        now: Duration,
-    ) -> Vec<(u32, ClusterRequest)> {
+    pub(super) fn fence_due(&mut self, now: Duration) -> Vec<(u32, ClusterRequest)> {
         let fences = &mut self.fences;
         let mut due: Vec<(u32, u64)> = (fences.at.iter())
             .filter(|(_, (_, at))| *at <= now)

@@ -7,12 +7,12 @@
 //! - A platform with results in its outbox and no connection here has them **offered**
 //!   ([`ClusterRequest::Forward`]) every [`FORWARD_RETRY`] until answered; the reader sends
 //!   the offer only if the platform's newest hello is another live instance's.
-//! - The instance offered them ([`Bridge::forwarded`]) takes each that fits the platform's
+//! - The instance offered them (`ClusterSide::forwarded`) takes each that fits the platform's
 //!   bounds (reserved as an admitted message's result is) and only while it has a
 //!   connection of the platform, puts it in the platform's outbox marked `redelivery` (it
 //!   may have been seen: its origin's connection may have had it before it went), and
 //!   answers what it took and what it refused ([`ClusterRequest::Took`]).
-//! - Only that answer makes the first instance drop its copies ([`Bridge::took`]), their
+//! - Only that answer makes the first instance drop its copies (`ClusterSide::took`), their
 //!   reservations released and nothing written: the taker's `delivered` removes the
 //!   message as any other. A forward lost with its target, or refused, leaves the results
 //!   where they were.
@@ -21,9 +21,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::super::Action;
 use super::super::platforms::Platforms;
-use super::super::{Action, Bridge};
 use super::side::ClusterSide;
+use super::{Effect, Effects, Rooms};
 use crate::cluster::{ClusterRequest, tag_parts};
 use crate::journal::RecoveredMessage;
 use crate::liveness::ClusterStatus;
@@ -83,7 +84,7 @@ impl ClusterSide {
     /// instance of their newest hello, each again once its last offer is [`FORWARD_RETRY`]
     /// old. Returns the offers to make (the bridge marks their results offered, see
     /// `Platforms::mark_offered`, and sends each request).
-    pub(in crate::server::bridge) fn offers(
+    fn offers(
         &mut self,
         platforms: &Platforms,
         now: Duration,
@@ -125,24 +126,25 @@ impl ClusterSide {
     }
 }
 
-impl Bridge {
+impl ClusterSide {
     /// Results instance `from` holds for `platform`, whose newest hello is here: each that
     /// fits the platform's bounds goes to its outbox marked `redelivery`; the answer says
     /// which were taken.
-    pub fn forwarded(
+    pub(super) fn forwarded(
         &mut self,
         from: String,
         platform: String,
         results: Vec<(u64, Box<RecoveredMessage>)>,
         missing: Vec<u64>,
-        now: Duration,
+        rooms: &mut Rooms<'_>,
+        fx: &mut Effects,
     ) {
-        self.now = now;
         let (mut taken, mut refused) = (Vec::new(), missing);
         // Taken now (not known here before): what the status counts.
         let mut new = 0;
-        let here = self.platforms.newest_hello(&platform).is_some();
-        let key: Option<Arc<str>> = here.then(|| self.platforms.open(&platform)).flatten();
+        let delivery = &mut rooms.delivery;
+        let here = delivery.platforms.newest_hello(&platform).is_some();
+        let key: Option<Arc<str>> = here.then(|| delivery.platforms.open(&platform)).flatten();
         for (tag, m) in results {
             let (Some(key), Some(outcome)) = (&key, m.outcome.clone()) else {
                 refused.push(tag);
@@ -150,9 +152,9 @@ impl Bridge {
             };
             // Known here already (an answer lost and the offer made again, or a message of
             // a partition owned here): this instance delivers it either way.
-            if self.routes.contains(tag)
-                || self.platforms.outbox_has(key, tag)
-                || self.conns.terminals().any(|f| f.cluster == tag)
+            if rooms.routes.contains(tag)
+                || delivery.platforms.outbox_has(key, tag)
+                || delivery.conns.terminals().any(|f| f.cluster == tag)
             {
                 taken.push(tag);
                 continue;
@@ -166,7 +168,7 @@ impl Bridge {
                 .of_message(tag, id.clone());
             frame.cluster = tag;
             frame.mark_redelivery();
-            match self.platforms.take_forwarded(key, frame) {
+            match delivery.platforms.take_forwarded(key, frame) {
                 true => {
                     log::debug!(
                         "platform {platform}: message {id}: its result, from {from}, taken here"
@@ -178,7 +180,7 @@ impl Bridge {
             }
         }
         if let Some(key) = &key {
-            self.delivery().refill_newest(key);
+            delivery.refill_newest(key);
         }
         if !refused.is_empty() {
             log::info!(
@@ -186,56 +188,77 @@ impl Bridge {
                 refused.len()
             );
         }
-        self.cluster.forwards.taken += new;
-        self.cluster.forwards.refused += refused.len() as u64;
+        self.forwards.taken += new;
+        self.forwards.refused += refused.len() as u64;
         let r = ClusterRequest::Took {
             to: from,
             platform,
             taken,
             refused,
         };
-        self.actions.push_back(Action::Cluster(r));
-        self.audit();
+        fx.push(Effect::Act(Action::Cluster(r)));
     }
 
     /// The answer to an offer of `platform`'s results: the taken ones leave this instance
     /// (their reservations released, nothing written: the taker delivers them).
-    pub fn took(&mut self, platform: &str, taken: &[u64], refused: &[u64], now: Duration) {
-        self.now = now;
-        if self.durable.is_none() {
+    pub(super) fn took(
+        &mut self,
+        platform: &str,
+        taken: &[u64],
+        refused: &[u64],
+        rooms: &mut Rooms<'_>,
+        fx: &mut Effects,
+    ) {
+        if rooms.durable.is_none() {
             return;
         }
-        let f = &mut self.cluster.forwards;
+        let f = &mut self.forwards;
         for t in taken {
             f.offered.remove(t);
         }
         // A refused one is offered again once its offer is old enough.
         let _ = refused;
         let set: HashSet<u64> = taken.iter().copied().collect();
-        let gone = self.platforms.remove_forwarded(platform, &set);
+        let delivery = &mut rooms.delivery;
+        let gone = delivery.platforms.remove_forwarded(platform, &set);
         for frame in &gone {
             // Accepted here: the journal thread forgets its tag's place (no `delivered` of
             // this tag will come; the taker writes it by the cluster tag).
             if frame.seq != 0 && tag_parts(frame.seq).is_none() {
                 let r = ClusterRequest::Untag(frame.seq);
-                self.actions.push_back(Action::Cluster(r));
+                fx.push(Effect::Act(Action::Cluster(r)));
             }
             log::debug!(
                 "platform {platform}: message {}: its result was taken by the instance of the platform's newest hello",
                 frame.msg_id.as_deref().unwrap_or("?")
             );
         }
-        self.cluster.forwards.out += gone.len() as u64;
+        self.forwards.out += gone.len() as u64;
         if !gone.is_empty() {
             log::info!(
                 "platform {platform}: {} result(s) handed to the instance of its newest hello",
                 gone.len()
             );
-            if let Some(key) = self.platforms.key(platform) {
-                self.delivery().release_held(&key);
+            if let Some(key) = delivery.platforms.key(platform) {
+                delivery.release_held(&key);
             }
-            self.platforms.maybe_free(platform);
+            delivery.platforms.maybe_free(platform);
         }
-        self.audit();
+    }
+
+    /// Housekeeping: the results of platforms with no connection here are offered to the
+    /// instance of their newest hello (`offers`), their results marked offered
+    /// (`Platforms::mark_offered`: sent from here later, after a hello here before the
+    /// answer, they are marked, since the taker may have sent them already:
+    /// tests/simulation_cluster, seed 4).
+    pub(in crate::server::bridge) fn offer(&mut self, rooms: Rooms<'_>) -> Effects {
+        let platforms = rooms.delivery.platforms;
+        let offers = self.offers(platforms, rooms.delivery.now);
+        let mut fx = Effects::new();
+        for (platform, due, r) in offers {
+            platforms.mark_offered(&platform, &due);
+            fx.push(Effect::Act(Action::Cluster(r)));
+        }
+        fx
     }
 }

@@ -5,10 +5,10 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::super::ConnId;
 use super::super::durable::Durable;
-use super::super::platforms::Platforms;
 use super::super::routes::{Phase, Routes, no_conn};
-use super::super::{Bridge, ConnId};
+use super::{Effects, Rooms};
 use crate::core::EventKind;
 use crate::journal::Committed;
 use crate::message::SessionKey;
@@ -26,8 +26,30 @@ pub(in crate::server) struct ClusterSide {}
 
 impl ClusterSide {
     /// Every held turn runs here.
-    pub(in crate::server) fn runs_here(&self, _tag: u64, _routes: &Routes, _ended: &[u32]) -> bool {
+    pub(in crate::server) fn runs_here(&self, _tag: u64, _routes: &Routes) -> bool {
         true
+    }
+
+    /// No cluster part in a journal report.
+    pub(in crate::server) fn take_report(&mut self, _report: Report) {}
+
+    /// No step of a cluster report.
+    pub(in crate::server) fn report_step(
+        &mut self,
+        _c: &mut Committed,
+        _rooms: Rooms<'_>,
+    ) -> Option<Effects> {
+        None
+    }
+
+    /// No partition to hand over or drain.
+    pub(in crate::server) fn after_report(&mut self, _rooms: Rooms<'_>) -> Effects {
+        Effects::new()
+    }
+
+    /// No rebuilt message waits for room.
+    pub(in crate::server) fn rebuild_next(&mut self, _rooms: Rooms<'_>) -> Option<Effects> {
+        None
     }
 
     /// No message waits for another instance: none in phase `Remote`.
@@ -71,12 +93,8 @@ impl ClusterSide {
     }
 
     /// No forwards.
-    pub(in crate::server) fn offers(
-        &mut self,
-        _platforms: &Platforms,
-        _now: Duration,
-    ) -> Vec<(Arc<str>, Vec<u64>, Request)> {
-        Vec::new()
+    pub(in crate::server) fn offer(&mut self, _rooms: Rooms<'_>) -> Effects {
+        Effects::new()
     }
 
     /// No result is another instance's.
@@ -95,8 +113,8 @@ impl ClusterSide {
     }
 
     /// No lease to fence.
-    pub(in crate::server) fn fence_due(&mut self, _now: Duration) -> Vec<(u32, Request)> {
-        Vec::new()
+    pub(in crate::server) fn fence(&mut self, _rooms: Rooms<'_>) -> Effects {
+        Effects::new()
     }
 
     /// No lease to fence.
@@ -108,22 +126,4 @@ impl ClusterSide {
     pub(in crate::server) fn rebound(&mut self, _tag: u64) -> ConnId {
         no_conn()
     }
-}
-
-impl Bridge {
-    pub(in crate::server) fn cluster_part(
-        &mut self,
-        c: Committed,
-        _report: Report,
-        _now: Duration,
-    ) -> (Committed, Vec<u32>, Vec<u32>) {
-        (c, Vec::new(), Vec::new())
-    }
-
-    pub(in crate::server) fn hand_over(&mut self, _partition: u32) {}
-
-    pub(in crate::server) fn drain_step(&mut self) {}
-
-    /// No rebuilt message waits for room.
-    pub(in crate::server) fn rebuild_waiting(&mut self, _now: Duration) {}
 }

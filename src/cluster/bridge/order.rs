@@ -19,8 +19,9 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use super::super::Bridge;
-use super::super::routes::Phase;
+use super::super::routes::{Phase, Routes};
+use super::side::ClusterSide;
+use super::{Effect, Effects, Rooms};
 use crate::cluster::{LoadedPartition, cluster_tag, tag_parts};
 use crate::journal::Committed;
 
@@ -85,73 +86,73 @@ impl Order {
     }
 }
 
-impl Bridge {
+impl ClusterSide {
     /// Of a report's durable messages (`c.durable`), those accepted here into a partition
     /// owned here (not draining, nor named to drain by this report) whose inbox entry the
     /// reader has not passed yet are held instead of submitted. Called once the report's
     /// gains are applied.
-    pub(in crate::server::bridge) fn hold_for_order(
+    pub(super) fn hold_for_order(
         &mut self,
         c: &mut Committed,
         ahead: &HashMap<u64, usize>,
         draining: &[u32],
+        routes: &Routes,
     ) {
-        let cluster = &mut self.cluster;
         let mut held = HashSet::new();
         for &tag in &c.durable {
-            let Some((p, seq)) = cluster.cluster_tag_of(tag).and_then(tag_parts) else {
+            let Some((p, seq)) = self.cluster_tag_of(tag).and_then(tag_parts) else {
                 continue;
             };
-            let owned = cluster.owned.contains(&p)
-                && !cluster.drains.is_draining(p)
-                && !draining.contains(&p);
-            if !owned || cluster.order.reached.get(&p).is_some_and(|&r| r >= seq) {
+            let owned =
+                self.owned.contains(&p) && !self.drains.is_draining(p) && !draining.contains(&p);
+            if !owned || self.order.reached.get(&p).is_some_and(|&r| r >= seq) {
                 continue;
             }
             log::debug!("message {tag}: held until the reader passes partition {p}'s seq {seq}");
             let position = ahead.get(&tag).copied();
-            cluster.order.held.insert((p, seq), Held { tag, position });
+            self.order.held.insert((p, seq), Held { tag, position });
             held.insert(tag);
         }
         if !held.is_empty() {
             c.durable.retain(|t| !held.contains(t));
         }
         debug_assert!(
-            self.cluster.order.held.len() <= self.routes.len(),
+            self.order.held.len() <= routes.len(),
             "every held message has its route"
         );
     }
 
     /// The reader passed `p`'s inbox up to `seq` (every earlier message of it has arrived):
     /// the own accepts held up to there are submitted, in seq order.
-    pub(in crate::server::bridge) fn reached(&mut self, p: u32, seq: u64) {
-        if !self.cluster.owned.contains(&p) {
+    pub(super) fn reached(&mut self, p: u32, seq: u64, rooms: &mut Rooms<'_>, fx: &mut Effects) {
+        if !self.owned.contains(&p) {
             return;
         }
-        self.cluster.order.reach(p, seq);
-        if self.cluster.drains.is_draining(p) {
-            self.unhold(p);
+        self.order.reach(p, seq);
+        if self.drains.is_draining(p) {
+            self.unhold(p, rooms, fx);
             return;
         }
-        for (_, h) in self.cluster.order.take_through(p, seq) {
-            let Some(message) = self.durable.as_mut().and_then(|d| d.forget_waiting(h.tag)) else {
+        for (_, h) in self.order.take_through(p, seq) {
+            let durable = rooms.durable.as_deref_mut();
+            let Some(message) = durable.and_then(|d| d.forget_waiting(h.tag)) else {
                 continue;
             };
-            if let Some(route) = self.routes.get_mut(h.tag) {
+            if let Some(route) = rooms.routes.get_mut(h.tag) {
                 route.phase = Phase::Submitted;
             }
-            self.submit(h.tag, message);
+            fx.push(Effect::Submit(h.tag, message));
         }
     }
 
     /// `p` leaves this instance (handed over, or drained): each own accept held for it is
     /// acked now and waits for the next owner's outcome from the stream, as one accepted
     /// for a partition owned elsewhere; the reader's progress there is forgotten.
-    pub(in crate::server::bridge) fn unhold(&mut self, p: u32) {
-        self.cluster.order.reached.remove(&p);
-        let now = self.now;
-        for (seq, h) in self.cluster.order.take_through(p, u64::MAX) {
-            self.acked_remote(h.tag, Some(cluster_tag(p, seq)), h.position, now);
+    pub(super) fn unhold(&mut self, p: u32, rooms: &mut Rooms<'_>, fx: &mut Effects) {
+        self.order.reached.remove(&p);
+        for (seq, h) in self.order.take_through(p, u64::MAX) {
+            let ct = Some(cluster_tag(p, seq));
+            self.acked_remote(h.tag, ct, h.position, rooms, fx);
         }
     }
 }

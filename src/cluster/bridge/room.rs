@@ -12,12 +12,12 @@
 //! next owner loads them from Redis).
 
 use std::collections::{HashMap, VecDeque};
-use std::time::Duration;
 
-use super::super::Bridge;
+use super::super::platforms::Platforms;
 use super::super::refusal::Refusal;
+use super::side::ClusterSide;
+use super::{Effect, Effects, Rooms};
 use crate::journal::RecoveredMessage;
-use crate::server::bridge::status::RecoveryCounts;
 
 /// The rebuilt messages waiting for room, by platform, each in the order it came.
 #[derive(Default)]
@@ -81,13 +81,14 @@ impl WaitingForRoom {
     }
 }
 
-impl Bridge {
+impl ClusterSide {
     /// Of a gained partition `p`'s `messages`, in order, those with room for their result
     /// now; the rest wait (each after the first of its platform that does not fit).
-    pub(in crate::server::bridge) fn room_now(
+    pub(super) fn room_now(
         &mut self,
         p: u32,
         messages: Vec<RecoveredMessage>,
+        platforms: &Platforms,
     ) -> Vec<RecoveredMessage> {
         let mut room: HashMap<String, usize> = HashMap::new();
         let mut now = Vec::with_capacity(messages.len());
@@ -96,24 +97,24 @@ impl Bridge {
             let left = match room.get_mut(platform) {
                 Some(left) => left,
                 None => {
-                    let fits = match self.cluster.waiting.any_of(platform) {
+                    let fits = match self.waiting.any_of(platform) {
                         true => 0,
-                        false => self.platforms.room_for(platform),
+                        false => platforms.room_for(platform),
                     };
                     room.entry(platform.to_owned()).or_insert(fits)
                 }
             };
             if *left == 0 {
-                self.cluster.waiting.push(p, rm);
+                self.waiting.push(p, rm);
                 continue;
             }
             *left -= 1;
             now.push(rm);
         }
-        if self.cluster.waiting.len() > 0 {
+        if self.waiting.len() > 0 {
             log::info!(
                 "partition {p}: {} message(s) wait for room in their outbox (--outbox-cap)",
-                self.cluster.waiting.len()
+                self.waiting.len()
             );
         }
         now
@@ -121,41 +122,39 @@ impl Bridge {
 
     /// A message of owned partition `p` to rebuild: now if its platform has room for its
     /// result and nothing waits before it, else it waits (in order).
-    pub(in crate::server::bridge) fn rebuild_or_wait(
+    pub(super) fn rebuild_or_wait(
         &mut self,
         p: u32,
         rm: RecoveredMessage,
-        now: Duration,
+        platforms: &Platforms,
+        fx: &mut Effects,
     ) {
         let platform = rm.message.platform();
-        if self.cluster.waiting.any_of(platform) || self.platforms.room_for(platform) == 0 {
+        if self.waiting.any_of(platform) || platforms.room_for(platform) == 0 {
             log::debug!(
                 "partition {p}: message {}: waits for room in the outbox of {platform}",
                 rm.message.id()
             );
-            self.cluster.waiting.push(p, rm);
+            self.waiting.push(p, rm);
             return;
         }
-        let mut n = RecoveryCounts::default();
-        self.recover_message(rm, &mut n, now);
+        fx.push(Effect::Rebuild(rm));
     }
 
-    /// Room may have freed: the waiting messages that now fit are rebuilt, in order.
-    pub(in crate::server::bridge) fn rebuild_waiting(&mut self, now: Duration) {
-        let platforms: Vec<String> = self.cluster.waiting.by_platform.keys().cloned().collect();
-        for platform in platforms {
-            while self.platforms.room_for(&platform) > 0 {
-                let waiting = &mut self.cluster.waiting.by_platform;
-                let Some((_, rm)) = waiting.get_mut(&platform).and_then(VecDeque::pop_front) else {
-                    break;
-                };
-                let mut n = RecoveryCounts::default();
-                self.recover_message(rm, &mut n, now);
-            }
-            let waiting = &mut self.cluster.waiting.by_platform;
-            if waiting.get(&platform).is_some_and(VecDeque::is_empty) {
-                waiting.remove(&platform);
-            }
+    /// Room may have freed: the next waiting message that now fits, to rebuild (the bridge
+    /// rebuilds it and asks again, so that each is measured after the one before: the
+    /// platforms in turn, each until it has no room or nothing waits).
+    pub(in crate::server::bridge) fn rebuild_next(&mut self, rooms: Rooms<'_>) -> Option<Effects> {
+        let waiting = &mut self.waiting.by_platform;
+        let platforms = &*rooms.delivery.platforms;
+        let (platform, q) = waiting
+            .iter_mut()
+            .find(|(platform, q)| !q.is_empty() && platforms.room_for(platform) > 0)?;
+        let rm = q.pop_front().map(|(_, rm)| rm);
+        if q.is_empty() {
+            let platform = platform.clone();
+            waiting.remove(&platform);
         }
+        Some(vec![Effect::Rebuild(rm?)])
     }
 }

@@ -32,8 +32,7 @@
 //! - **Isolation**: with a token, only a hello carrying it authenticates, a connection acts
 //!   only for the platform its hello named, and after `unauthorized` no further line counts.
 //!
-//! Rooms, each owning its state and a `check()` of its invariants (run, in debug builds,
-//! after every input, with the cross-room counts checked here in `audit`), as quinn-proto's
+//! Rooms, each owning its state and a `check()` of its invariants, as quinn-proto's
 //! `Connection` delegates to its sub-state owners:
 //! - `conns`: connections — answer queues, output, what was written and confirmed, the
 //!   hello/auth bookkeeping;
@@ -47,14 +46,13 @@
 //!   releases the bridge carries out;
 //! - `admit`: the admission pipeline and the one message builder (client lines and journal
 //!   recovery alike), with every refusal's wording;
-//! - `durable`: what exists only with a journal (`Option<Durable>`), the journal's report
-//!   and recovery;
+//! - `durable`: what exists only with a journal (its report and recovery);
 //! - `cluster`: what exists only as a cluster member (`ClusterSide`, a sibling of `durable`:
 //!   the cluster's part of the journal's report, the stream reader's arrivals, hand-overs,
 //!   drains, forwards), in the cluster's wing (`src/cluster/bridge/`, mounted here), with a
 //!   no-op twin without the `cluster` feature;
-//! - `status`: the figures for the status snapshot;
-//! - `config`: limits and timings.
+//! - `status`: the figures for the status snapshot; `config`: limits and timings;
+//! - `audit`: the cross-room counts, checked in debug builds after every input.
 //!
 //! This file routes between them, as quinn-proto's one `impl Connection` does: the one
 //! `impl Bridge` holds every input (a line, a runtime event, the journal's report, the
@@ -62,13 +60,12 @@
 //! decisions they return (`Ended`, `Rejected`, `Recovery`, `Released`, `Confirmed`, the
 //! actions that close sockets), and audits; and the admission pipeline (`admit`,
 //! `submit`), the one place a message crosses from the rooms into the runtime. The rooms
-//! never call back into the bridge. (The cluster's side, mounted here, still calls a few of
-//! its helpers: `delivery`, `deliver_terminal`, `maybe_finish`, `submit`, `refuse`,
-//! `recover_message`, `audit`.)
+//! never call back into the bridge; the cluster's side returns `Effect`s (`cluster_step`).
 
 mod access;
 mod action;
 mod admit;
+mod audit;
 // The bridge's cluster side (or its no-op twin), in the cluster's wing.
 #[path = "../../cluster/bridge/mod.rs"]
 mod cluster;
@@ -82,7 +79,7 @@ mod refusal;
 mod routes;
 mod status;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io::{self, Write};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -101,8 +98,8 @@ use crate::wire::{
 use access::{Access, notice_line};
 pub use action::Action;
 use admit::{Admitted, Source, ack_line, build};
-use cluster::ClusterSide;
 pub(crate) use cluster::Report;
+use cluster::{ClusterSide, Effect};
 pub use config::{BridgeConfig, TERMINAL_ENVELOPE};
 use config::{HOUSEKEEPING, INTERRUPTED, POISON};
 use conns::{Answer, Conns, Gate};
@@ -244,7 +241,7 @@ impl Bridge {
             Gate::Ignored => return,
             Gate::Unauthorized => {
                 self.delivery().unauthorized(id);
-                return self.audit();
+                return audit::check(self);
             }
             Gate::Counts(op) => op,
         };
@@ -303,7 +300,7 @@ impl Bridge {
                 self.delivery().answer(id, refusal.reject_line(&mid));
             }
         }
-        self.audit();
+        audit::check(self);
     }
 
     /// A line from `conn` went over the limit and was discarded.
@@ -317,7 +314,7 @@ impl Bridge {
                 (self.delivery()).error(id, &format!("line longer than {max} bytes; discarded"))
             }
         }
-        self.audit();
+        audit::check(self);
     }
 
     /// The peer of `conn` shut down its sending side. It keeps getting its events until none
@@ -336,7 +333,7 @@ impl Bridge {
             let close = self.delivery().close(id, "peer closed");
             self.actions.extend(close);
         }
-        self.audit();
+        audit::check(self);
     }
 
     /// The socket of `conn` is gone (closed by the peer, or failed). What it had not written
@@ -344,7 +341,7 @@ impl Bridge {
     pub fn disconnected(&mut self, id: ConnId) {
         // The socket is already gone: nothing to close.
         let _ = self.delivery().close(id, "disconnected");
-        self.audit();
+        audit::check(self);
     }
 
     /// An event of the message submitted with `tag`.
@@ -352,7 +349,7 @@ impl Bridge {
         self.now = now;
         let MessageEvent { id, session, kind } = event;
         if self.cluster.handed_event(tag, &kind) {
-            return self.audit();
+            return audit::check(self);
         }
         let max_reply = self.cfg.max_reply_bytes;
         match kind {
@@ -407,7 +404,7 @@ impl Bridge {
                 }
             }
         }
-        self.audit();
+        audit::check(self);
     }
 
     /// The journal thread's report: what it releases ([`Durable::committed`], where the
@@ -419,15 +416,16 @@ impl Bridge {
     }
 
     /// [`Bridge::journaled`] with the cluster's part of the same report (a cluster member's,
-    /// `ClusterLink::report`; none without the feature), applied first (`cluster_part`).
+    /// `ClusterLink::report`; none without the feature), applied first, in steps.
     pub(in crate::server) fn journal_report(
         &mut self,
-        c: Committed,
+        mut c: Committed,
         cluster: Report,
         now: Duration,
     ) {
         self.now = now;
-        let (c, handed, ended) = self.cluster_part(c, cluster, now);
+        self.cluster.take_report(cluster);
+        while self.cluster_step(|side, rooms| side.report_step(&mut c, rooms)) {}
         let Some(d) = &mut self.durable else {
             return;
         };
@@ -436,7 +434,7 @@ impl Bridge {
             // A turn of a partition lost or fenced (in this report or before) stays held and
             // leaves with its session's hand-over: its `started` write may have been
             // refused, and the next owner runs the message.
-            if !self.cluster.runs_here(seq, &self.routes, &ended) {
+            if !self.cluster.runs_here(seq, &self.routes) {
                 log::debug!("message {seq}: its partition is not owned here; turn not started");
                 continue;
             }
@@ -467,21 +465,15 @@ impl Bridge {
             log::debug!("message {seq}: journal write failed; rejected storage");
             self.refuse(seq, Refusal::storage(released.error.as_deref()));
         }
-        for p in handed {
-            self.hand_over(p);
-        }
-        self.drain_step();
-        self.audit();
+        self.cluster_step(|side, rooms| Some(side.after_report(rooms)));
+        audit::check(self);
     }
 
     /// Fires the bridge's deadlines; returns when it next needs to be called.
     pub fn tick(&mut self, now: Duration) -> Duration {
         self.now = now;
         // `--cluster`: partitions past their lease's fence deadline stop their turns now.
-        for (p, request) in self.cluster.fence_due(now) {
-            self.hand_over(p);
-            self.actions.push_back(Action::Cluster(request));
-        }
+        self.cluster_step(|side, rooms| Some(side.fence(rooms)));
         if now >= self.next_housekeeping {
             self.next_housekeeping = now + HOUSEKEEPING;
             let timeout = self.cfg.hello_timeout;
@@ -507,16 +499,12 @@ impl Bridge {
                     self.actions.push_back(d.record(Record::Delivered { seq }));
                 }
             }
-            self.rebuild_waiting(now);
-            for (platform, due, r) in self.cluster.offers(&self.platforms, now) {
-                // Sent from here later (a hello here before the answer), they are marked:
-                // the taker may have sent them already (tests/simulation_cluster, seed 4).
-                self.platforms.mark_offered(&platform, &due);
-                self.actions.push_back(Action::Cluster(r));
-            }
+            // `--cluster`: rebuilt messages waiting for room; results offered elsewhere.
+            while self.cluster_step(|side, rooms| side.rebuild_next(rooms)) {}
+            self.cluster_step(|side, rooms| Some(side.offer(rooms)));
             self.access.maybe_save(now);
         }
-        self.audit();
+        audit::check(self);
         (self.cluster.next_fence())
             .map_or(self.next_housekeeping, |t| t.min(self.next_housekeeping))
     }
@@ -536,7 +524,7 @@ impl Bridge {
         if matches!(result, Ok(Flushed::All)) {
             self.maybe_finish(id);
         }
-        self.audit();
+        audit::check(self);
         result
     }
 
@@ -548,7 +536,7 @@ impl Bridge {
         self.actions
             .extend(confirmed.actions(self.durable.as_mut()));
         self.maybe_finish(id);
-        self.audit();
+        audit::check(self);
     }
 
     /// Bytes written to `conn` so far (for the shell's acknowledgement count).
@@ -580,7 +568,7 @@ impl Bridge {
             self.actions
                 .extend(confirmed.actions(self.durable.as_mut()));
             self.maybe_finish(id);
-            self.audit();
+            audit::check(self);
         }
     }
 
@@ -611,7 +599,7 @@ impl Bridge {
         if let Some(d) = &mut self.durable {
             d.abandon();
         }
-        self.audit();
+        audit::check(self);
     }
 
     /// Terminal events waiting for their outcome record to be durable.
@@ -653,7 +641,7 @@ impl Bridge {
         if let Some(d) = &mut self.durable {
             d.recovered_all(n);
         }
-        self.audit();
+        audit::check(self);
         n
     }
 
@@ -833,58 +821,77 @@ impl Bridge {
         self.actions.extend(close);
     }
 
-    /// Checks, in debug builds, each room's invariants and that every count across rooms
-    /// matches what it counts: each reservation is a route, a result on a connection, or a
-    /// result in an outbox (or waiting for its outcome record).
-    fn audit(&self) {
-        // O(state): skipped in release builds, and past a small size so that debug builds of
-        // large scenarios stay fast.
-        if !cfg!(debug_assertions) || self.routes.len() + self.conns.len() + self.outboxed() > 1_000
-        {
-            return;
-        }
-        self.conns.check();
-        self.routes.check();
-        let mut owed: HashMap<&str, usize> = HashMap::new();
-        for r in self.routes.values() {
-            *owed.entry(&*r.platform).or_insert(0) += 1;
-            debug_assert!(self.platforms.contains(&r.platform));
-        }
-        let held = self.conns.terminals_by_platform();
-        let journaled = self.durable.iter().flat_map(|d| d.terminals_by_platform());
-        let orphans = self.cluster.orphan_platforms();
-        for p in held.chain(journaled).chain(orphans) {
-            *owed.entry(p).or_insert(0) += 1;
-        }
-        for (id, c) in self.conns.iter() {
-            let sent = self.routes.values().filter(|r| r.conn == id).count();
-            debug_assert_eq!(sent, c.outstanding, "connection {} outstanding", id);
-            if let Some(p) = &c.platform {
-                debug_assert!(self.platforms.has_hello(p, id));
+    /// One step of the cluster side over the rooms lent to it, then what it decided carried
+    /// out, in order; false if it had no step to take.
+    fn cluster_step(
+        &mut self,
+        step: impl FnOnce(&mut ClusterSide, cluster::Rooms<'_>) -> Option<cluster::Effects>,
+    ) -> bool {
+        let rooms = cluster::Rooms {
+            routes: &mut self.routes,
+            durable: self.durable.as_mut(),
+            delivery: delivery::Delivery {
+                cfg: &self.cfg,
+                conns: &mut self.conns,
+                platforms: &mut self.platforms,
+                stats: &mut self.stats,
+                now: self.now,
+            },
+        };
+        let Some(effects) = step(&mut self.cluster, rooms) else {
+            return false;
+        };
+        for effect in effects {
+            match effect {
+                Effect::Finish(conn) => self.maybe_finish(conn),
+                Effect::Submit(tag, message) => self.submit(tag, message),
+                Effect::Refuse(tag, refusal) => self.refuse(tag, refusal),
+                Effect::Recover(r, wall_ms) => {
+                    let _ = self.recover(r, wall_ms, self.now);
+                }
+                Effect::Rebuild(rm) => {
+                    self.recover_message(rm, &mut RecoveryCounts::default(), self.now);
+                }
+                Effect::Act(action) => self.actions.push_back(action),
             }
         }
-        for (name, c) in self.platforms.hellos() {
-            let conn = self.conns.get(c);
-            debug_assert!(conn.is_some_and(|conn| conn.platform.as_deref() == Some(name)));
+        true
+    }
+}
+
+// A cluster member's entry points (`--cluster`), whose arguments are the cluster's types.
+#[cfg(feature = "cluster")]
+impl Bridge {
+    /// [`Bridge::journaled`] for a cluster member: `cluster` is the cluster's part of the same
+    /// report (`ClusterLink::report`), applied first.
+    pub fn journaled_with(
+        &mut self,
+        c: Committed,
+        cluster: crate::cluster::ClusterReport,
+        now: Duration,
+    ) {
+        self.journal_report(c, cluster, now);
+    }
+
+    /// What the stream reader brought (an outcome of a message acked here, a message of a
+    /// partition owned here, a forward...: `ClusterSide::arrived`).
+    pub fn arrived(&mut self, a: crate::cluster::Arrival, now: Duration) {
+        self.now = now;
+        self.cluster_step(|side, rooms| Some(side.arrived(a, rooms)));
+        audit::check(self);
+    }
+
+    /// `--cluster`: the bridge's figures in the cluster's status (`ClusterSide::fill_status`).
+    pub fn cluster_status(&self) -> crate::liveness::ClusterStatus {
+        let mut s = crate::liveness::ClusterStatus::default();
+        self.cluster.fill_status(&mut s);
+        s
+    }
+
+    /// `--cluster`: the partition count, for the partition of a session.
+    pub fn set_partitions(&mut self, n: u32) {
+        if self.durable.is_some() {
+            self.cluster.set_partitions(n);
         }
-        if let Some(d) = &self.durable {
-            d.check(&self.routes);
-        }
-        // Each route's phase agrees with the index that holds it in that phase, both ways
-        // (`Durable::check` and `ClusterSide::check` look from the other side).
-        let d = self.durable.as_ref();
-        for (tag, r) in self.routes.tags() {
-            let waiting = d.is_some_and(|d| d.is_waiting(tag));
-            debug_assert_eq!(r.phase == Phase::Journaling, waiting, "message {tag} phase");
-            let forgetting = d.is_some_and(|d| d.is_forgetting(tag));
-            debug_assert_eq!(
-                r.phase == Phase::Refusing,
-                forgetting,
-                "message {tag} phase"
-            );
-        }
-        self.cluster.check(&self.routes);
-        let recovered = self.durable.as_ref().map_or(0, Durable::recovered);
-        self.platforms.check(&owed, recovered);
     }
 }

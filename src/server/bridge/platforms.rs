@@ -443,20 +443,6 @@ impl Platforms {
         self.map.contains_key(name)
     }
 
-    /// `--cluster`: the results of `tags` in `name`'s outbox are marked `redelivery`:
-    /// offered to another instance, they may reach the platform from there first, and a
-    /// copy sent from here afterwards must not look like a fresh answer.
-    pub(super) fn mark_offered(&mut self, name: &str, tags: &[u64]) {
-        if let Some(p) = self.map.get_mut(name) {
-            for f in p.outbox.iter_mut().filter(|f| tags.contains(&f.cluster)) {
-                let before = f.body.size();
-                f.mark_redelivery();
-                // The mark lengthens the line; the reservation (text bytes) is unchanged.
-                p.outbox_bytes = p.outbox_bytes - before + f.body.size();
-            }
-        }
-    }
-
     /// Results waiting in outboxes (held ones included).
     pub(super) fn outboxed(&self) -> usize {
         self.map
@@ -538,6 +524,20 @@ impl Platforms {
 // found, taken in and given away by their cluster tag ([`Frame::cluster`]).
 #[cfg(feature = "cluster")]
 impl Platforms {
+    /// `--cluster`: the results of `tags` in `name`'s outbox are marked `redelivery`:
+    /// offered to another instance, they may reach the platform from there first, and a
+    /// copy sent from here afterwards must not look like a fresh answer.
+    pub(super) fn mark_offered(&mut self, name: &str, tags: &[u64]) {
+        if let Some(p) = self.map.get_mut(name) {
+            for f in p.outbox.iter_mut().filter(|f| tags.contains(&f.cluster)) {
+                let before = f.body.size();
+                f.mark_redelivery();
+                // The mark lengthens the line; the reservation (text bytes) is unchanged.
+                p.outbox_bytes = p.outbox_bytes - before + f.body.size();
+            }
+        }
+    }
+
     /// The platform's own name, if it is known.
     pub(super) fn key(&self, name: &str) -> Option<Arc<str>> {
         self.map.get_key_value(name).map(|(k, _)| k.clone())
