@@ -3,6 +3,8 @@
 //! survive a restart; interrupted turns fail or resume (and a message interrupted twice is
 //! poison). Nothing sleeps: kill points are counts of events the bridge has seen.
 
+mod common;
+
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
@@ -487,8 +489,12 @@ mod injected_fault {
     use turnstile::{Agent, CancelToken, TurnError, TurnInput};
     use turnstile::{BridgeConfig, BridgeServer, ServerConfig};
 
-    /// Replies with its text once the test opens the gate for it.
-    struct Gated(crossbeam_channel::Receiver<()>);
+    /// Replies with its text once the test opens the gate for it, saying when its turn
+    /// starts (`start m1`) and when it took the gate (`took m1`).
+    struct Gated(
+        crossbeam_channel::Receiver<()>,
+        crossbeam_channel::Sender<String>,
+    );
 
     impl Agent for Gated {
         fn turn(
@@ -496,8 +502,10 @@ mod injected_fault {
             input: &TurnInput<'_>,
             cancel: &CancelToken,
         ) -> Result<String, TurnError> {
+            let _ = self.1.send(format!("start {}", input.text));
             loop {
                 if self.0.recv_timeout(Duration::from_millis(20)).is_ok() {
+                    let _ = self.1.send(format!("took {}", input.text));
                     return Ok(input.text.to_string());
                 }
                 if cancel.is_cancelled() {
@@ -513,8 +521,9 @@ mod injected_fault {
     #[test]
     fn a_failing_store_rejects_storage_and_loses_nothing_acked() {
         let (gate, gate_rx) = crossbeam_channel::unbounded::<()>();
+        let (took_tx, took) = crossbeam_channel::unbounded::<String>();
         let factory = move |_: &SessionKey| -> Result<Box<dyn Agent>, String> {
-            Ok(Box::new(Gated(gate_rx.clone())))
+            Ok(Box::new(Gated(gate_rx.clone(), took_tx.clone())))
         };
         let (runtime, handle, _events) = turnstile::Builder::new(factory).build().unwrap();
         let mem = MemStore::new();
@@ -543,6 +552,8 @@ mod injected_fault {
         let mut c = Plain::connect(&addr, acks_hello());
         c.message("m1", "1");
         assert_eq!(c.next()["state"], "running");
+        // Its turn runs (its start record written) before the disk fails.
+        assert_eq!(took.recv_timeout(WAIT).expect("m1's turn"), "start m1");
         failing.store(true, Ordering::SeqCst);
         c.message("m2", "2");
         let r = c.next();
@@ -554,6 +565,21 @@ mod injected_fault {
         // The acked message finishes while the disk fails: its reply waits for its outcome
         // record (a bridge that had it could be answered differently after a crash).
         gate.send(()).unwrap();
+        // m1's turn, the only one running, took it (m3 is not sent yet) and ended; its
+        // outcome record failed to be written, so its reply waits.
+        assert_eq!(
+            took.recv_timeout(WAIT).expect("a turn took the gate"),
+            "took m1"
+        );
+        common::eventually("m1's reply waits for its outcome record", WAIT, || {
+            let s = handle.status();
+            let j = s
+                .frontend
+                .as_ref()
+                .and_then(|f| f.bridge.as_ref()?.journal.as_ref());
+            let seen = j.map(|j| (j.failing, j.unjournaled_outcomes));
+            (seen == Some((true, 1))).then_some(()).ok_or(seen)
+        });
         let left = mem.clone().load(0).unwrap();
         assert_eq!(
             left.messages.len(),
@@ -581,6 +607,11 @@ mod injected_fault {
         );
         c.send(&json!({"op": "delivered", "ids": ["m1"]}));
         gate.send(()).unwrap();
+        assert_eq!(took.recv_timeout(WAIT).expect("m3's turn"), "start m3");
+        assert_eq!(
+            took.recv_timeout(WAIT).expect("a turn took the gate"),
+            "took m3"
+        );
         assert_eq!(c.next()["id"], "m3");
         handle.shutdown();
         reactor.join().unwrap().unwrap();
