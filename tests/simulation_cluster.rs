@@ -1111,7 +1111,7 @@ impl World {
             let place = match r {
                 // Not registered, or it may have lapsed: refused (member.rs's `commit`;
                 // seeds 382, 518).
-                Record::Accepted(m) if !g.registered_until.is_some_and(|u| g.local(now) < u) => {
+                Record::Accepted(m) if g.registered_until.is_none_or(|u| g.local(now) >= u) => {
                     c.failed.push(m.seq);
                     continue;
                 }

@@ -469,6 +469,37 @@ impl Member {
         }
     }
 
+    /// `batch` as it may be written: while the registry may not hold this instance live
+    /// (`Member::registered_now`), its accepts are left out, refused `storage` as while Redis
+    /// is out of reach.
+    fn accepts_refused_unless_registered(
+        &mut self,
+        batch: Vec<Record>,
+        c: &mut Report,
+    ) -> Vec<Record> {
+        if self.registered_now() {
+            return batch;
+        }
+        let refused = c.failed.len();
+        let batch: Vec<Record> = (batch.into_iter())
+            .filter(|r| match r {
+                Record::Accepted(m) => {
+                    c.failed.push(m.seq);
+                    false
+                }
+                _ => true,
+            })
+            .collect();
+        // Once a lapse (a peer's messages must not flood the log).
+        if c.failed.len() > refused && self.registered_until.is_some() && !self.lapse_told {
+            self.lapse_told = true;
+            log::warn!(
+                "cluster: this instance's registry entry may have lapsed (no heartbeat through in time): new messages are rejected `storage` until one is"
+            );
+        }
+        batch
+    }
+
     /// Writes one batch in one round trip and reports each record's fate in `c`.
     fn commit(&mut self, batch: Vec<Record>, kept: usize, c: &mut Report) {
         c.taken += batch.len() - kept;
@@ -476,29 +507,7 @@ impl Member {
             self.refuse(batch, c);
             return;
         }
-        let batch: Vec<Record> = if self.registered_now() {
-            batch
-        } else {
-            // Refused `storage`, as while Redis is out of reach.
-            let refused = c.failed.len();
-            let batch: Vec<Record> = (batch.into_iter())
-                .filter(|r| match r {
-                    Record::Accepted(m) => {
-                        c.failed.push(m.seq);
-                        false
-                    }
-                    _ => true,
-                })
-                .collect();
-            // Once a lapse (a peer's messages must not flood the log).
-            if c.failed.len() > refused && self.registered_until.is_some() && !self.lapse_told {
-                self.lapse_told = true;
-                log::warn!(
-                    "cluster: this instance's registry entry may have lapsed (no heartbeat through in time): new messages are rejected `storage` until one is"
-                );
-            }
-            batch
-        };
+        let batch = self.accepts_refused_unless_registered(batch, c);
         let places: Vec<Place> = batch.iter().map(|r| self.place(r)).collect();
         let ops = to_ops(&batch, &places, &self.own, self.session_cap);
         let started = Instant::now();
