@@ -1,13 +1,14 @@
 //! The seed-382 rule with the real binary and a real `redis-server` (tests/redis_support):
-//! an instance whose heartbeat has never reached the registry acks nothing `queued`, and
-//! nothing an instance acked is lost.
+//! an instance whose heartbeat has never reached the registry, or whose registry entry has
+//! lapsed since (seed 518), acks nothing `queued`, and nothing an instance acked is lost.
 //!
 //! Why the rule: an owner that reads a message from its inbox keeps the result for the
 //! message's origin, which sends it from the outcome stream. Should the origin die, the
 //! owner sends the result itself when it sees the origin leave the registry; an origin that
 //! never entered it never leaves it, so a message it acked and then died with is never
 //! answered (tests/simulation_cluster, seed 382). So the journal thread writes no accept
-//! before one of its heartbeats went through (`Member::commit`, `registered`): refused
+//! while the registry may not hold it live — before one of its heartbeats went through,
+//! or once the last one no longer covers now (`Member::commit`, `registered_until`): refused
 //! `storage`, as while Redis is out of reach, and the bridge sends it again elsewhere.
 //!
 //! The trigger is real, no mock: instance A logs in to Redis as an ACL user that may use

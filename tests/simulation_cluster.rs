@@ -2503,7 +2503,7 @@ fn seed_2_results_of_a_gone_origin_wait_for_outbox_room() {
 /// from the inbox and kept its result for its origin ("alive a moment ago"); no reader ever
 /// saw c:2 leave the registry (it was never in it), so no `OriginGone` came, and tg6's
 /// recorded outcome was never sent. Now the journal thread writes no accept before a
-/// heartbeat of its went through (`Member::commit`, `registered`); the accept is refused
+/// heartbeat of its went through (`Member::commit`, `registered_until`); the accept is refused
 /// `storage`, as while Redis is out of reach.
 #[test]
 fn seed_382_a_message_of_an_origin_never_registered_is_answered() {
