@@ -751,6 +751,42 @@ fn waiting(r: &Reader) -> usize {
     s.reader_arrivals
 }
 
+/// Seed 518 with the real reader: the origin of an inbox message it read counts as seen
+/// live, so an origin absent from the registry's next read has left, even though no read
+/// ever saw it live: the message is its owner's to answer (`OriginGone`).
+#[test]
+fn an_inbox_messages_origin_never_seen_live_and_absent_is_taken_for_gone() {
+    let Some(bin) = require_redis() else { return };
+    let r = Redis::start(&bin);
+    let chat = "5";
+    let p = part(chat);
+    // Never in the registry (no heartbeat): as an origin whose entry lapsed before the
+    // owner's reader first read the registry.
+    let mut b = store(&r, "b", LONG);
+    let session = format!("telegram:dm:{chat}");
+    let m = msg(0, "m0", chat);
+    let accept = Op::Accept {
+        partition: p,
+        session: &session,
+        message: &m,
+        session_cap: 8,
+    };
+    let done = b.write(&[accept], now_ms()).expect("accept");
+    assert!(done.iter().all(Result::is_ok), "{done:?}");
+    let mut a = Reading::start(&r, "a");
+    a.reader.own(p, "0-0".into());
+    let got = a.until("the message, then its origin gone", 2).to_vec();
+    assert!(
+        matches!(&got[0], Arrival::Message { origin, .. } if origin == "b"),
+        "{got:?}"
+    );
+    assert!(
+        matches!(&got[1], Arrival::OriginGone { partition, message, .. }
+            if *partition == p && message.message.id() == "m0"),
+        "{got:?}"
+    );
+}
+
 /// The reader's channel to the reactor is bounded: with more in an owned inbox than the
 /// bound and a reactor that takes nothing, the reader stops at the bound (it wakes the
 /// reactor, then waits for room), and shows it in the status; once the reactor takes what
@@ -763,6 +799,9 @@ fn the_readers_arrivals_stop_at_their_bound_lose_nothing_and_a_full_reader_stops
     let chat = "5";
     let p = part(chat);
     let mut b = store(&r, "b", LONG);
+    // Live in the registry, as an instance is when it accepts (`Member::commit`): a reader
+    // takes an inbox message's origin absent from it for gone (`OriginGone`).
+    b.heartbeat().expect("heartbeat");
     let n = MAX_ARRIVALS + 300;
     let session = format!("telegram:dm:{chat}");
     let messages: Vec<StoredMessage> = (0..n).map(|i| msg(0, &format!("m{i}"), chat)).collect();

@@ -372,6 +372,15 @@ impl Seen {
     }
 }
 
+/// The chat of message `id` of the SIGSTOP test: `s<chat>-<i>`, or `after-0` in chat 99.
+fn chat_of(id: &str) -> &str {
+    match id.split_once('-') {
+        Some(("after", _)) => "99",
+        Some((s, _)) => s.trim_start_matches('s'),
+        None => id,
+    }
+}
+
 /// Sends `id` of session `chat` on a connection's write side.
 fn send_message(w: &mut TcpStream, id: &str, chat: &str) {
     let v = json!({"op": "message", "id": id, "chat_id": chat, "text": id});
@@ -439,16 +448,29 @@ fn sigstop_of_the_owner_past_its_lease_then_sigcont_hands_its_partitions_over_an
     b.signal(libc::SIGCONT);
     // B woke without its leases: it serves on. A message sent to it now is answered (by
     // A, which owns its partition, through the stream to B).
+    // Refused `storage` if it reaches B's journal thread before B's first heartbeat after
+    // the pause (its registration lapsed: `Member::commit`), then sent again, as a bridge
+    // does; acked without that rule, A could take it for B's and answer it on its own bridge
+    // while B, finding it gone, never answered it (2 runs in 500).
     send_message(&mut wb, "after-0", "99");
     sent.push("after-0".into());
+    let mut refused_storage = 0;
     let t0 = Instant::now();
     while seen.acked.len() < sent.len() || seen.outcomes.len() < seen.acked.len() {
         let left = WAIT.saturating_sub(t0.elapsed());
         match rx.recv_timeout(left) {
+            Ok(v) if v["op"] == "reject" && v["reason"] == "storage" => {
+                refused_storage += 1;
+                let id = v["id"].as_str().expect("id");
+                let chat = chat_of(id);
+                let w = if v["via"] == "a" { &mut wa } else { &mut wb };
+                send_message(w, id, chat);
+            }
             Ok(v) => seen.record(v),
             Err(_) => break,
         }
     }
+    eprintln!("refused `storage` after the pause, sent again: {refused_storage}");
     let Seen {
         acked,
         outcomes,

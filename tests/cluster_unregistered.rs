@@ -1,13 +1,14 @@
 //! The seed-382 rule with the real binary and a real `redis-server` (tests/redis_support):
-//! an instance whose heartbeat has never reached the registry acks nothing `queued`, and
-//! nothing an instance acked is lost.
+//! an instance whose heartbeat has never reached the registry, or whose registry entry has
+//! lapsed since (seed 518), acks nothing `queued`, and nothing an instance acked is lost.
 //!
 //! Why the rule: an owner that reads a message from its inbox keeps the result for the
 //! message's origin, which sends it from the outcome stream. Should the origin die, the
 //! owner sends the result itself when it sees the origin leave the registry; an origin that
 //! never entered it never leaves it, so a message it acked and then died with is never
 //! answered (tests/simulation_cluster, seed 382). So the journal thread writes no accept
-//! before one of its heartbeats went through (`Member::commit`, `registered`): refused
+//! while the registry may not hold it live — before one of its heartbeats went through,
+//! or once the last one no longer covers now (`Member::commit`, `registered_until`): refused
 //! `storage`, as while Redis is out of reach, and the bridge sends it again elsewhere.
 //!
 //! The trigger is real, no mock: instance A logs in to Redis as an ACL user that may use
@@ -156,14 +157,61 @@ impl Bridge {
     }
 }
 
-/// Whether `instance` is in the registry now.
+/// Whether `instance` is live in the registry now: its entry's score is its expiry (Redis's
+/// clock, in ms since the epoch: this host's).
 fn registered(redis: &Redis, instance: &str) -> bool {
     let score: Option<f64> = redis::cmd("ZSCORE")
         .arg("ts:instances")
         .arg(instance)
         .query(&mut redis.client())
         .expect("ZSCORE");
-    score.is_some()
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as f64;
+    score.is_some_and(|expiry| expiry > now_ms)
+}
+
+/// Waits (bounded) until `instance`'s registration is `live` or not: it changes on
+/// Redis's clock (a heartbeat, an expiry), so Redis is polled.
+fn until_registered(redis: &Redis, instance: &str, live: bool) {
+    let t0 = Instant::now();
+    while registered(redis, instance) != live {
+        assert!(
+            t0.elapsed() < WAIT,
+            "{instance} never live={live} in the registry"
+        );
+        std::thread::park_timeout(Duration::from_millis(10));
+    }
+}
+
+/// User `unlisted` (password `pw`): every key of the cluster but, unless `with_registry`,
+/// the registry's sorted set — the partitions, the id claim (`{ts:instances}:id:…`), the
+/// generation, the partition count, the hello registry, the forwards and the shared access
+/// state. A change applies to its open connections at once.
+fn set_unlisted_acl(redis: &Redis, with_registry: bool) {
+    let mut rules = vec![
+        "on",
+        "resetkeys",
+        ">pw",
+        "+@all",
+        "~ts:{p*",
+        "~{ts:instances}:id:*",
+        "~ts:generation",
+        "~ts:partitions",
+        "~ts:hello:*",
+        "~ts:fwd:*",
+        "~ts:{access}:*",
+    ];
+    if with_registry {
+        rules.push("~ts:instances");
+    }
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("unlisted")
+        .arg(&rules[..])
+        .query(&mut redis.client())
+        .expect("ACL SETUSER");
 }
 
 /// Waits (bounded) until `instance` holds every partition's lease: leases change hands on
@@ -193,32 +241,39 @@ fn an_instance_never_registered_acks_nothing_and_nothing_acked_is_lost() {
     let redis = Redis::start(&bin);
     let dir = tempfile::tempdir().expect("tempdir");
     let gate = dir.path().join("gate");
-    // Every key of the cluster but the registry's sorted set: the partitions, the id claim
-    // (`{ts:instances}:id:…`), the generation, the partition count, the hello registry,
-    // the forwards and the shared access state.
-    let rules = [
-        "on",
-        ">pw",
-        "+@all",
-        "~ts:{p*",
-        "~{ts:instances}:id:*",
-        "~ts:generation",
-        "~ts:partitions",
-        "~ts:hello:*",
-        "~ts:fwd:*",
-        "~ts:{access}:*",
-    ];
-    let _: () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg("unlisted")
-        .arg(&rules[..])
-        .query(&mut redis.client())
-        .expect("ACL SETUSER");
+    set_unlisted_acl(&redis, false);
     let url_unlisted = redis.url().replace("redis://", "redis://unlisted:pw@");
     let b = Server::start(&redis.url(), "b", &gate);
     until_all_held_by(&redis, "b");
-    let mut a = Server::start(&url_unlisted, "a", &gate);
+    let a = Server::start(&url_unlisted, "a", &gate);
+    refused_by_a_answered_by_b(&redis, a, &b, &gate, "never registered");
+}
 
+/// The rule extended (tests/simulation_cluster, seed 518; tests/cluster_serve's pause): A
+/// registers, then its heartbeats are refused until its registry entry has expired; A then
+/// acks nothing `queued` either (an owner may have seen it leave, or never seen it live),
+/// and nothing it acked is lost once it is killed.
+#[test]
+fn an_instance_whose_registration_lapsed_acks_nothing_and_nothing_acked_is_lost() {
+    let Some(bin) = require_redis() else { return };
+    let redis = Redis::start(&bin);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gate = dir.path().join("gate");
+    set_unlisted_acl(&redis, true);
+    let url_unlisted = redis.url().replace("redis://", "redis://unlisted:pw@");
+    let b = Server::start(&redis.url(), "b", &gate);
+    until_all_held_by(&redis, "b");
+    let a = Server::start(&url_unlisted, "a", &gate);
+    until_registered(&redis, "a", true);
+    set_unlisted_acl(&redis, false);
+    until_registered(&redis, "a", false);
+    refused_by_a_answered_by_b(&redis, a, &b, &gate, "registration lapsed");
+}
+
+/// A bridge sends four messages to `a`, which is not live in the registry (`why`): each is
+/// refused `storage`; `a` is killed, the bridge sends them to `b`, the gate opens, and
+/// each is answered once.
+fn refused_by_a_answered_by_b(redis: &Redis, mut a: Server, b: &Server, gate: &Path, why: &str) {
     let ids: Vec<String> = (0..4).map(|i| format!("m{i}")).collect();
     let mut to_a = Bridge::connect(&a.addr);
     for id in &ids {
@@ -234,7 +289,7 @@ fn an_instance_never_registered_acks_nothing_and_nothing_acked_is_lost() {
         first.entry(id).or_insert(v);
     }
     // Still not in the registry: every answer above came from an unregistered instance.
-    assert!(!registered(&redis, "a"), "a registered despite its ACL");
+    assert!(!registered(redis, "a"), "a registered despite its ACL");
     a.kill();
     drop(to_a);
 
@@ -247,13 +302,13 @@ fn an_instance_never_registered_acks_nothing_and_nothing_acked_is_lost() {
     for id in ids.iter().filter(|id| !acked_by_a.contains(id)) {
         to_b.message(id);
     }
-    std::fs::write(&gate, b"open").expect("open the gate");
+    std::fs::write(gate, b"open").expect("open the gate");
     let mut answered: HashMap<String, Value> = HashMap::new();
     let t0 = Instant::now();
     while answered.len() < ids.len() {
         assert!(
             t0.elapsed() < WAIT,
-            "never answered: {:?} (acked by a, never registered: {acked_by_a:?})",
+            "never answered: {:?} (acked by a, {why}: {acked_by_a:?})",
             ids.iter()
                 .filter(|id| !answered.contains_key(*id))
                 .collect::<Vec<_>>()
@@ -270,7 +325,7 @@ fn an_instance_never_registered_acks_nothing_and_nothing_acked_is_lost() {
         assert_eq!(
             (v["op"].as_str(), v["reason"].as_str()),
             (Some("reject"), Some("storage")),
-            "{id}: an unregistered instance's answer: {v}"
+            "{id}: the answer of an instance not live in the registry ({why}): {v}"
         );
         assert_eq!(
             answered[id]["text"].as_str(),

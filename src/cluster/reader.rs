@@ -11,7 +11,7 @@
 //! started: an outcome published before that is in its message's hash, which the owner's
 //! load brings back (docs/cluster.md).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -228,6 +228,7 @@ impl Reader {
                     live_read: None,
                     live: None,
                     gone: BTreeMap::new(),
+                    origins: BTreeSet::new(),
                     requests: VecDeque::new(),
                     fwd_after,
                 };
@@ -329,6 +330,10 @@ struct Reading {
     /// can see a message without its outcome just before its turn ends here (its result
     /// then silenced for the origin), so the next reads look again.
     gone: BTreeMap<String, u8>,
+    /// The origins of the inbox messages read since the live instances were last read (at
+    /// most [`MAX_LIVE_SHOWN`]): one not live at the next read has left, even if no read
+    /// ever saw it live (`Reading::read_live`).
+    origins: BTreeSet<String>,
     /// The bridge's requests not yet carried out (at most [`MAX_REQUESTS`]).
     requests: VecDeque<ClusterRequest>,
     /// This instance's forward stream, read up to.
@@ -401,10 +406,12 @@ impl Reading {
         // By name: the registry's order (by expiry) changes with every heartbeat.
         live.sort_unstable();
         let me = self.store.instance().to_owned();
-        let left: Vec<String> = self
-            .live
-            .iter()
-            .flatten()
+        // An origin read since counts as seen live: it wrote its accept only while its
+        // registry entry held (`Member::commit`), so one absent now left after (seed 518:
+        // an owner started while Redis was out of reach never saw the origin live).
+        let seen = std::mem::take(&mut self.origins);
+        let left: BTreeSet<String> = (self.live.iter().flatten())
+            .chain(&seen)
             .filter(|i| **i != me && !live.contains(i))
             .cloned()
             .collect();
@@ -551,6 +558,7 @@ impl Reading {
                 Stream::Inbox if origin == me => {}
                 Stream::Inbox => {
                     message.message.seq = tag;
+                    self.seen_origin(&origin);
                     out.push(Arrival::Message {
                         partition: p,
                         tag,
@@ -572,6 +580,14 @@ impl Reading {
         // After the messages they follow.
         out.extend(reached);
         Ok(out)
+    }
+
+    /// Notes `origin` for the next read of the live instances (bounded: a registry is a
+    /// handful of instances).
+    fn seen_origin(&mut self, origin: &str) {
+        if self.origins.len() < MAX_LIVE_SHOWN && !self.origins.contains(origin) {
+            self.origins.insert(origin.to_owned());
+        }
     }
 
     /// How far this read went in each owned inbox: the highest seq of its entries, whoever

@@ -231,7 +231,8 @@ impl Journal {
                 retry: Vec::new(),
                 failing: false,
                 distrusted: false,
-                registered: false,
+                registered_until: None,
+                lapse_told: false,
                 closed: false,
                 to_release: Vec::new(),
                 waiting: Vec::new(),
@@ -312,10 +313,15 @@ struct Member {
     failing: bool,
     /// Redis lost its data or was replaced (`trust.rs`): nothing more is written or owned.
     distrusted: bool,
-    /// A heartbeat went through once, so this instance has been in the registry: until
-    /// then no accept is written (its result would be kept for an origin no reader ever saw
-    /// live, and never sent had it died: tests/simulation_cluster, seed 382).
-    registered: bool,
+    /// Until when (this thread's clock) the registry holds this instance live at least, by
+    /// the last heartbeat that went through (`pass.rs`, `Member::registered_for`); `None`
+    /// before the first. Outside it no accept is written: an owner whose reader never saw
+    /// this instance live, or saw it leave, would keep the result for an origin that may
+    /// die unnoticed, or answer the message itself while this one waits for it
+    /// (tests/simulation_cluster, seeds 382 and 518; tests/cluster_serve's pause).
+    registered_until: Option<Instant>,
+    /// The WARN of the current lapse was logged.
+    lapse_told: bool,
     /// The sender is gone: write what is left, then stop.
     closed: bool,
     /// What the bridge ended, to apply after the next batch.
@@ -463,6 +469,37 @@ impl Member {
         }
     }
 
+    /// `batch` as it may be written: while the registry may not hold this instance live
+    /// (`Member::registered_now`), its accepts are left out, refused `storage` as while Redis
+    /// is out of reach.
+    fn accepts_refused_unless_registered(
+        &mut self,
+        batch: Vec<Record>,
+        c: &mut Report,
+    ) -> Vec<Record> {
+        if self.registered_now() {
+            return batch;
+        }
+        let refused = c.failed.len();
+        let batch: Vec<Record> = (batch.into_iter())
+            .filter(|r| match r {
+                Record::Accepted(m) => {
+                    c.failed.push(m.seq);
+                    false
+                }
+                _ => true,
+            })
+            .collect();
+        // Once a lapse (a peer's messages must not flood the log).
+        if c.failed.len() > refused && self.registered_until.is_some() && !self.lapse_told {
+            self.lapse_told = true;
+            log::warn!(
+                "cluster: this instance's registry entry may have lapsed (no heartbeat through in time): new messages are rejected `storage` until one is"
+            );
+        }
+        batch
+    }
+
     /// Writes one batch in one round trip and reports each record's fate in `c`.
     fn commit(&mut self, batch: Vec<Record>, kept: usize, c: &mut Report) {
         c.taken += batch.len() - kept;
@@ -470,20 +507,7 @@ impl Member {
             self.refuse(batch, c);
             return;
         }
-        let batch: Vec<Record> = if self.registered {
-            batch
-        } else {
-            // Refused `storage`, as while Redis is out of reach.
-            (batch.into_iter())
-                .filter(|r| match r {
-                    Record::Accepted(m) => {
-                        c.failed.push(m.seq);
-                        false
-                    }
-                    _ => true,
-                })
-                .collect()
-        };
+        let batch = self.accepts_refused_unless_registered(batch, c);
         let places: Vec<Place> = batch.iter().map(|r| self.place(r)).collect();
         let ops = to_ops(&batch, &places, &self.own, self.session_cap);
         let started = Instant::now();

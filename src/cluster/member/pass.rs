@@ -114,9 +114,20 @@ impl Member {
         let earliest = c.cluster.leases.iter().map(|(_, _, at)| *at).min();
         super::super::leash::extend(earliest.map(|at| self.zero + at));
         if registered.is_ok() {
-            self.registered = true;
-            c.cluster.registered_for = Some(self.registered_for(now));
+            let registered_for = self.registered_for(now);
+            self.registered_until = Some(Instant::now() + registered_for);
+            if std::mem::take(&mut self.lapse_told) {
+                log::info!("cluster: heartbeat through again: new messages are accepted");
+            }
+            c.cluster.registered_for = Some(registered_for);
         }
+    }
+
+    /// Whether the registry holds this instance live now by the last heartbeat that went
+    /// through: accepts are written only then (`Member::commit`).
+    pub(super) fn registered_now(&self) -> bool {
+        self.registered_until
+            .is_some_and(|until| Instant::now() < until)
     }
 
     /// How long the registry holds this instance live at least, by a heartbeat sent at
