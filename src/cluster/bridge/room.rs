@@ -56,6 +56,12 @@ impl WaitingForRoom {
         }
     }
 
+    /// Whether messages of partition `p` and `platform` wait (an own accept of them is held
+    /// behind them: `order.rs`).
+    pub(in crate::server::bridge) fn holds(&self, p: u32, platform: &str) -> bool {
+        (self.by_platform.get(platform)).is_some_and(|q| q.iter().any(|(q, _)| *q == p))
+    }
+
     fn push(&mut self, partition: u32, rm: RecoveredMessage) {
         let platform = rm.message.platform().to_owned();
         self.by_platform
@@ -143,18 +149,24 @@ impl ClusterSide {
 
     /// Room may have freed: the next waiting message that now fits, to rebuild (the bridge
     /// rebuilds it and asks again, so that each is measured after the one before: the
-    /// platforms in turn, each until it has no room or nothing waits).
-    pub(in crate::server::bridge) fn rebuild_next(&mut self, rooms: Rooms<'_>) -> Option<Effects> {
+    /// platforms in turn, each until it has no room or nothing waits); then the own
+    /// accepts of its partition held behind it may go (`order.rs`).
+    pub(in crate::server::bridge) fn rebuild_next(
+        &mut self,
+        mut rooms: Rooms<'_>,
+    ) -> Option<Effects> {
         let waiting = &mut self.waiting.by_platform;
         let platforms = &*rooms.delivery.platforms;
         let (platform, q) = waiting
             .iter_mut()
             .find(|(platform, q)| !q.is_empty() && platforms.room_for(platform) > 0)?;
-        let rm = q.pop_front().map(|(_, rm)| rm);
+        let (p, rm) = q.pop_front()?;
         if q.is_empty() {
             let platform = platform.clone();
             waiting.remove(&platform);
         }
-        Some(vec![Effect::Rebuild(rm?)])
+        let mut fx = vec![Effect::Rebuild(rm)];
+        self.release_held(p, &mut rooms, &mut fx);
+        Some(fx)
     }
 }
