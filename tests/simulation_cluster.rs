@@ -2555,6 +2555,21 @@ fn seed_497_a_sessions_messages_run_in_their_partition_order_with_a_small_outbox
     assert_clean(497, small);
 }
 
+/// Found by a sweep of 600 seeds with the outbox cap at 16 after seed 497's first fix
+/// (which released an own accept only once no message of its partition and platform
+/// waited for room): b:1's own tg16 (partition 0, seq 8) was held behind waiting messages;
+/// a:1's tg18 (seq 11) arrived and waited behind them too; when tg18, the last of them, was
+/// rebuilt, tg16 was released after it, and ran second. Now an own accept waits only for
+/// the messages of its partition and platform placed before it (`holds_below`).
+#[test]
+fn seed_348_an_own_accept_held_for_room_goes_before_a_later_message_waiting_too() {
+    let small = Faults {
+        small_outbox: true,
+        ..ALL
+    };
+    assert_clean(348, small);
+}
+
 /// Every acked message answered (every fault): mx14–mx17, placed by b:1 at 11.3 s (Redis
 /// back after 2 s out of reach) and read from the inbox by their owner a:2 at 12.1 s, which
 /// kept their results for b:1 ("alive a moment ago"); b:1 was killed at 11.5 s and a:2's

@@ -76,15 +76,16 @@ impl Order {
         *r = (*r).max(seq);
     }
 
-    /// The held messages of `p` up to `seq` whose platform `may_go`, taken out in seq order.
+    /// The held messages of `p` up to `seq` that `may_go` (by platform and seq), taken out
+    /// in seq order.
     fn take_through(
         &mut self,
         p: u32,
         seq: u64,
-        may_go: impl Fn(&str) -> bool,
+        may_go: impl Fn(&str, u64) -> bool,
     ) -> Vec<(u64, Held)> {
         let keys: Vec<(u32, u64)> = (self.held.range((p, 0)..=(p, seq)))
-            .filter(|(_, h)| may_go(&h.platform))
+            .filter(|((_, s), h)| may_go(&h.platform, *s))
             .map(|(k, _)| *k)
             .collect();
         keys.into_iter()
@@ -117,7 +118,7 @@ impl ClusterSide {
                 continue;
             };
             let passed = self.order.reached.get(&p).is_some_and(|&r| r >= seq);
-            if !owned || passed && !self.waiting.holds(p, &platform) {
+            if !owned || passed && !self.waiting.holds_below(p, &platform, seq) {
                 continue;
             }
             log::debug!("message {tag}: held until the reader passes partition {p}'s seq {seq}");
@@ -154,8 +155,8 @@ impl ClusterSide {
     }
 
     /// The own accepts of owned partition `p` held up to where the reader has passed are
-    /// submitted, in seq order, but for those of a platform of which messages of `p` wait
-    /// for outbox room: those go once none waits (seed 497 of tests/simulation_cluster, cap
+    /// submitted, in seq order, but for those behind a message of `p` and their platform
+    /// (a lower seq) waiting for outbox room: those go once it is rebuilt (seed 497 of tests/simulation_cluster, cap
     /// 16: an own accept ran before an earlier message of its session loaded with the
     /// partition and waiting for room).
     pub(super) fn release_held(&mut self, p: u32, rooms: &mut Rooms<'_>, fx: &mut Effects) {
@@ -163,7 +164,9 @@ impl ClusterSide {
             return;
         };
         let waiting = &self.waiting;
-        for (_, h) in (self.order).take_through(p, seq, |platform| !waiting.holds(p, platform)) {
+        for (_, h) in
+            (self.order).take_through(p, seq, |platform, s| !waiting.holds_below(p, platform, s))
+        {
             let durable = rooms.durable.as_deref_mut();
             let Some(message) = durable.and_then(|d| d.forget_waiting(h.tag)) else {
                 continue;
@@ -200,7 +203,7 @@ impl ClusterSide {
     /// for a partition owned elsewhere; the reader's progress there is forgotten.
     pub(super) fn unhold(&mut self, p: u32, rooms: &mut Rooms<'_>, fx: &mut Effects) {
         self.order.reached.remove(&p);
-        for (seq, h) in self.order.take_through(p, u64::MAX, |_| true) {
+        for (seq, h) in self.order.take_through(p, u64::MAX, |_, _| true) {
             let ct = Some(cluster_tag(p, seq));
             self.acked_remote(h.tag, ct, h.position, rooms, fx);
         }

@@ -17,6 +17,7 @@ use super::super::platforms::Platforms;
 use super::super::refusal::Refusal;
 use super::side::ClusterSide;
 use super::{Effect, Effects, Rooms};
+use crate::cluster::tag_parts;
 use crate::journal::RecoveredMessage;
 
 /// The rebuilt messages waiting for room, by platform, each in the order it came.
@@ -56,10 +57,13 @@ impl WaitingForRoom {
         }
     }
 
-    /// Whether messages of partition `p` and `platform` wait (an own accept of them is held
-    /// behind them: `order.rs`).
-    pub(in crate::server::bridge) fn holds(&self, p: u32, platform: &str) -> bool {
-        (self.by_platform.get(platform)).is_some_and(|q| q.iter().any(|(q, _)| *q == p))
+    /// Whether a message of partition `p` and `platform` placed before `seq` waits (an own
+    /// accept at `seq` is held behind it: `order.rs`). One whose tag is not a cluster tag
+    /// (accepted here, loaded) counts as before.
+    pub(in crate::server::bridge) fn holds_below(&self, p: u32, platform: &str, seq: u64) -> bool {
+        let before = |m: &RecoveredMessage| tag_parts(m.message.seq).is_none_or(|(_, s)| s < seq);
+        (self.by_platform.get(platform))
+            .is_some_and(|q| q.iter().any(|(q, m)| *q == p && before(m)))
     }
 
     fn push(&mut self, partition: u32, rm: RecoveredMessage) {
