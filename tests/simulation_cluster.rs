@@ -80,11 +80,12 @@
 //! is a regression test below too, as is seed 356 (a longer sweep: a result silenced after
 //! its outcome record was dropped at a self-fence and the partition was gained again). A
 //! sweep of 3 x 600 seeds after that fix found four more: per-session order (seeds 425, 524;
-//! 497 with the small outbox; ignored tests below, not fixed) and results kept for an
-//! origin whose registration lapsed (seed 518, fixed: no accept while this instance's
-//! registration may have lapsed; an inbox message's origin counts as seen live by the
-//! owner's reader). `TURNSTILE_SIM_SEEDS=600` reruns it (each
-//! sweep runs to its end and names every failing seed).
+//! 497 with the small outbox: an own accept held for the reader submitted after a later
+//! message of the same read, or ahead of an earlier one waiting for outbox room; fixed,
+//! regression tests below) and results kept for an origin whose registration lapsed (seed
+//! 518, fixed: no accept while this instance's registration may have lapsed; an inbox
+//! message's origin counts as seen live by the owner's reader). `TURNSTILE_SIM_SEEDS=600`
+//! reruns it (each sweep runs to its end and names every failing seed).
 //!
 //! A failing seed prints the command that replays it, e.g.
 //! `TURNSTILE_SIM_SEED=<n> TURNSTILE_SIM_FAULTS=kill,pause,redis,jump,move cargo test --test
@@ -2523,33 +2524,55 @@ fn seed_356_a_result_waiting_for_a_record_dropped_by_a_self_fence_is_sent_after_
 }
 
 // Found by the sweep of 3 x 600 seeds after seed 356's fix (each fails without that fix
-// too), not fixed: ignored until they are.
+// too).
 
-/// Per-session order (every fault, also with the outbox cap at 16): tg1 (partition 0 seq 2),
-/// sent to a:1 and sent again before any answer, ran on a:2 at 10.9 s after tg6 (seq 5) had
-/// run on b:1 at 6.0 s, whose load of partition 0 at 5.8 s brought no message. Not traced.
+/// Fixed (per-session order, every fault): b:1 gained partition 0 with an empty load, then
+/// its own accepts tg1, tg2, tg3 (seqs 2–4, resent to it) were placed and held for the
+/// reader (`order.rs`), while c:2 placed tg6 (seq 5). b:1's read brought `Message` tg6, then
+/// `Reached 0:5`: tg6 was rebuilt at its arrival and the held three were submitted after it
+/// at `Reached`, so tg6 ran first (and tg1 later on a:2, after a hand-over). Now a message
+/// arriving from the reader first submits the own accepts held below its seq
+/// (`ClusterSide::reached_before`).
 #[test]
-#[ignore = "found by the long sweep: a message placed before another of its session runs after it"]
 fn seed_425_a_sessions_messages_run_in_their_partition_order() {
     assert_clean(425, ALL);
 }
 
-/// As seed 425 (every fault): tg7 (seq 3) ran on b:1 after seq 5. Not traced.
+/// Fixed, as seed 425: b:1 held its own tg7 (partition 3, seq 3) and tg4 (seq 4); its read
+/// brought a:1's tg6 (seq 5), rebuilt at once, before `Reached 3:5` released tg7.
 #[test]
-#[ignore = "found by the long sweep: a message placed before another of its session runs after it"]
 fn seed_524_a_sessions_messages_run_in_their_partition_order() {
     assert_clean(524, ALL);
 }
 
-/// As seed 425 with the outbox cap at 16: mx5 (seq 4) ran after seq 14. Not traced.
+/// Fixed (outbox cap 16): a:2 gained partition 1 with 13 messages, of which mx5 (seq 4)
+/// waited for outbox room (`room.rs`); its own mx20 (seq 14), accepted while Redis was out
+/// of reach and placed after the gain, was held, then submitted at `Reached 1:14` while mx5
+/// still waited: mx20 ran first. Now an own accept stays held while messages of its
+/// partition and platform wait for room (`ClusterSide::release_held`, and
+/// `rebuild_next` releases it once they are rebuilt).
 #[test]
-#[ignore = "found by the long sweep: a message placed before another of its session runs after it"]
 fn seed_497_a_sessions_messages_run_in_their_partition_order_with_a_small_outbox() {
     let small = Faults {
         small_outbox: true,
         ..ALL
     };
     assert_clean(497, small);
+}
+
+/// Found by a sweep of 600 seeds with the outbox cap at 16 after seed 497's first fix
+/// (which released an own accept only once no message of its partition and platform
+/// waited for room): b:1's own tg16 (partition 0, seq 8) was held behind waiting messages;
+/// a:1's tg18 (seq 11) arrived and waited behind them too; when tg18, the last of them, was
+/// rebuilt, tg16 was released after it, and ran second. Now an own accept waits only for
+/// the messages of its partition and platform placed before it (`holds_below`).
+#[test]
+fn seed_348_an_own_accept_held_for_room_goes_before_a_later_message_waiting_too() {
+    let small = Faults {
+        small_outbox: true,
+        ..ALL
+    };
+    assert_clean(348, small);
 }
 
 /// Fixed: every acked message answered (every fault): mx14–mx17, placed by b:1 at 11.3 s

@@ -83,6 +83,9 @@ impl ClusterSide {
                 ..
             } => {
                 let owned = self.owned.contains(&partition) && !self.drains.is_draining(partition);
+                if owned {
+                    self.reached_before(partition, tag, rooms, &mut fx);
+                }
                 // Read before its partition was handed over (or while it drains): its next
                 // owner queues it.
                 if rooms.routes.contains(tag) || self.waiting.contains(tag) || !owned {

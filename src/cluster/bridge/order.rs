@@ -18,6 +18,7 @@
 //! it), as any message accepted here for a partition owned elsewhere.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use super::super::routes::{Phase, Routes};
 use super::side::ClusterSide;
@@ -25,9 +26,11 @@ use super::{Effect, Effects, Rooms};
 use crate::cluster::{LoadedPartition, cluster_tag, tag_parts};
 use crate::journal::Committed;
 
-/// An own accept waiting for the reader: the bridge's tag and its ack's `position`.
+/// An own accept waiting for the reader: the bridge's tag, its platform and its ack's
+/// `position`.
 struct Held {
     tag: u64,
+    platform: Arc<str>,
     position: Option<usize>,
 }
 
@@ -73,11 +76,16 @@ impl Order {
         *r = (*r).max(seq);
     }
 
-    /// The held messages of `p` up to `seq`, taken out in seq order.
-    fn take_through(&mut self, p: u32, seq: u64) -> Vec<(u64, Held)> {
-        let keys: Vec<(u32, u64)> = self
-            .held
-            .range((p, 0)..=(p, seq))
+    /// The held messages of `p` up to `seq` that `may_go` (by platform and seq), taken out
+    /// in seq order.
+    fn take_through(
+        &mut self,
+        p: u32,
+        seq: u64,
+        may_go: impl Fn(&str, u64) -> bool,
+    ) -> Vec<(u64, Held)> {
+        let keys: Vec<(u32, u64)> = (self.held.range((p, 0)..=(p, seq)))
+            .filter(|((_, s), h)| may_go(&h.platform, *s))
             .map(|(k, _)| *k)
             .collect();
         keys.into_iter()
@@ -89,8 +97,9 @@ impl Order {
 impl ClusterSide {
     /// Of a report's durable messages (`c.durable`), those accepted here into a partition
     /// owned here (not draining, nor named to drain by this report) whose inbox entry the
-    /// reader has not passed yet are held instead of submitted. Called once the report's
-    /// gains are applied.
+    /// reader has not passed yet, or behind which messages of the partition and platform
+    /// wait for outbox room (`room.rs`), are held instead of submitted. Called once the
+    /// report's gains are applied.
     pub(super) fn hold_for_order(
         &mut self,
         c: &mut Committed,
@@ -105,12 +114,21 @@ impl ClusterSide {
             };
             let owned =
                 self.owned.contains(&p) && !self.drains.is_draining(p) && !draining.contains(&p);
-            if !owned || self.order.reached.get(&p).is_some_and(|&r| r >= seq) {
+            let Some(platform) = routes.get(tag).map(|r| r.platform.clone()) else {
+                continue;
+            };
+            let passed = self.order.reached.get(&p).is_some_and(|&r| r >= seq);
+            if !owned || passed && !self.waiting.holds_below(p, &platform, seq) {
                 continue;
             }
             log::debug!("message {tag}: held until the reader passes partition {p}'s seq {seq}");
             let position = ahead.get(&tag).copied();
-            self.order.held.insert((p, seq), Held { tag, position });
+            let h = Held {
+                tag,
+                platform,
+                position,
+            };
+            self.order.held.insert((p, seq), h);
             held.insert(tag);
         }
         if !held.is_empty() {
@@ -133,7 +151,22 @@ impl ClusterSide {
             self.unhold(p, rooms, fx);
             return;
         }
-        for (_, h) in self.order.take_through(p, seq) {
+        self.release_held(p, rooms, fx);
+    }
+
+    /// The own accepts of owned partition `p` held up to where the reader has passed are
+    /// submitted, in seq order, but for those behind a message of `p` and their platform
+    /// (a lower seq) waiting for outbox room: those go once it is rebuilt (seed 497 of tests/simulation_cluster, cap
+    /// 16: an own accept ran before an earlier message of its session loaded with the
+    /// partition and waiting for room).
+    pub(super) fn release_held(&mut self, p: u32, rooms: &mut Rooms<'_>, fx: &mut Effects) {
+        let Some(&seq) = self.order.reached.get(&p) else {
+            return;
+        };
+        let waiting = &self.waiting;
+        for (_, h) in
+            (self.order).take_through(p, seq, |platform, s| !waiting.holds_below(p, platform, s))
+        {
             let durable = rooms.durable.as_deref_mut();
             let Some(message) = durable.and_then(|d| d.forget_waiting(h.tag)) else {
                 continue;
@@ -145,12 +178,32 @@ impl ClusterSide {
         }
     }
 
+    /// A message another instance accepted into owned partition `p` arrived from the
+    /// reader (`Arrival::Message`, cluster tag `tag`): the reader has passed every inbox
+    /// entry before it, so the own accepts held below its seq are submitted first, ahead
+    /// of it. Waiting for the read's `Reached` would submit them after it (seeds 425, 524
+    /// and 497 of tests/simulation_cluster: the later message ran first).
+    pub(super) fn reached_before(
+        &mut self,
+        p: u32,
+        tag: u64,
+        rooms: &mut Rooms<'_>,
+        fx: &mut Effects,
+    ) {
+        if let Some((q, seq)) = tag_parts(tag)
+            && q == p
+            && seq > 1
+        {
+            self.reached(p, seq - 1, rooms, fx);
+        }
+    }
+
     /// `p` leaves this instance (handed over, or drained): each own accept held for it is
     /// acked now and waits for the next owner's outcome from the stream, as one accepted
     /// for a partition owned elsewhere; the reader's progress there is forgotten.
     pub(super) fn unhold(&mut self, p: u32, rooms: &mut Rooms<'_>, fx: &mut Effects) {
         self.order.reached.remove(&p);
-        for (seq, h) in self.order.take_through(p, u64::MAX) {
+        for (seq, h) in self.order.take_through(p, u64::MAX, |_, _| true) {
             let ct = Some(cluster_tag(p, seq));
             self.acked_remote(h.tag, ct, h.position, rooms, fx);
         }

@@ -17,6 +17,7 @@ use super::super::platforms::Platforms;
 use super::super::refusal::Refusal;
 use super::side::ClusterSide;
 use super::{Effect, Effects, Rooms};
+use crate::cluster::tag_parts;
 use crate::journal::RecoveredMessage;
 
 /// The rebuilt messages waiting for room, by platform, each in the order it came.
@@ -54,6 +55,15 @@ impl WaitingForRoom {
             0 => Ok(()),
             n => Err(Refusal::outbox_cap(platform, cap + n, cap)),
         }
+    }
+
+    /// Whether a message of partition `p` and `platform` placed before `seq` waits (an own
+    /// accept at `seq` is held behind it: `order.rs`). One whose tag is not a cluster tag
+    /// (accepted here, loaded) counts as before.
+    pub(in crate::server::bridge) fn holds_below(&self, p: u32, platform: &str, seq: u64) -> bool {
+        let before = |m: &RecoveredMessage| tag_parts(m.message.seq).is_none_or(|(_, s)| s < seq);
+        (self.by_platform.get(platform))
+            .is_some_and(|q| q.iter().any(|(q, m)| *q == p && before(m)))
     }
 
     fn push(&mut self, partition: u32, rm: RecoveredMessage) {
@@ -143,18 +153,24 @@ impl ClusterSide {
 
     /// Room may have freed: the next waiting message that now fits, to rebuild (the bridge
     /// rebuilds it and asks again, so that each is measured after the one before: the
-    /// platforms in turn, each until it has no room or nothing waits).
-    pub(in crate::server::bridge) fn rebuild_next(&mut self, rooms: Rooms<'_>) -> Option<Effects> {
+    /// platforms in turn, each until it has no room or nothing waits); then the own
+    /// accepts of its partition held behind it may go (`order.rs`).
+    pub(in crate::server::bridge) fn rebuild_next(
+        &mut self,
+        mut rooms: Rooms<'_>,
+    ) -> Option<Effects> {
         let waiting = &mut self.waiting.by_platform;
         let platforms = &*rooms.delivery.platforms;
         let (platform, q) = waiting
             .iter_mut()
             .find(|(platform, q)| !q.is_empty() && platforms.room_for(platform) > 0)?;
-        let rm = q.pop_front().map(|(_, rm)| rm);
+        let (p, rm) = q.pop_front()?;
         if q.is_empty() {
             let platform = platform.clone();
             waiting.remove(&platform);
         }
-        Some(vec![Effect::Rebuild(rm?)])
+        let mut fx = vec![Effect::Rebuild(rm)];
+        self.release_held(p, &mut rooms, &mut fx);
+        Some(fx)
     }
 }
