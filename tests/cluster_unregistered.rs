@@ -28,78 +28,44 @@ mod redis_support;
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, ErrorKind, Write};
 use std::net::TcpStream;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use redis_support::{Redis, WAIT, require_redis};
+use redis_support::{ClusterServe, Redis, WAIT, require_redis};
 use serde_json::{Value, json};
 
 const PARTITIONS: u32 = 4;
 
-struct Server {
-    child: Child,
-    addr: String,
+/// `serve --cluster url` as `instance` (a password in the URL is WARNed of: the test's own);
+/// its exec agent waits for `gate` to exist, then answers.
+fn start(url: &str, instance: &str, gate: &Path) -> ClusterServe {
+    // The agent's own wait for the test's gate file: it orders nothing in the test, which
+    // waits for lines from the gateways.
+    let agent = format!(
+        "cat >/dev/null; while [ ! -e '{}' ]; do sleep 0.05; done; echo \"done $TURNSTILE_MESSAGE_ID\"",
+        gate.display()
+    );
+    let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
+    command
+        .arg("serve")
+        .args(["--listen", "127.0.0.1:0", "--http-listen", "off"])
+        .args(["--cluster", url, "--instance-id", instance])
+        .args(["--partitions", &PARTITIONS.to_string()])
+        .args(["--lease-ms", "2000"])
+        // Who owns what is this test's to say: no rebalancing.
+        .args(["--cluster-rebalance", "false"])
+        .args(["--agent", "exec", "--agent-cmd", &agent])
+        .env("RUST_LOG", "warn")
+        .env_remove("TURNSTILE_AUTH_TOKEN")
+        .stderr(Stdio::inherit());
+    ClusterServe::spawn(&mut command)
 }
 
-impl Server {
-    /// `serve --cluster url` as `instance` (a password in the URL is WARNed of: the test's
-    /// own); its exec agent waits for `gate` to exist, then answers.
-    fn start(url: &str, instance: &str, gate: &Path) -> Server {
-        // The agent's own wait for the test's gate file: it orders nothing in the test,
-        // which waits for lines from the gateways.
-        let agent = format!(
-            "cat >/dev/null; while [ ! -e '{}' ]; do sleep 0.05; done; echo \"done $TURNSTILE_MESSAGE_ID\"",
-            gate.display()
-        );
-        let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
-        command
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--http-listen", "off"])
-            .args(["--cluster", url, "--instance-id", instance])
-            .args(["--partitions", &PARTITIONS.to_string()])
-            .args(["--lease-ms", "2000"])
-            // Who owns what is this test's to say: no rebalancing.
-            .args(["--cluster-rebalance", "false"])
-            .args(["--agent", "exec", "--agent-cmd", &agent])
-            .env("RUST_LOG", "warn")
-            .env_remove("TURNSTILE_AUTH_TOKEN")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = command.spawn().expect("start turnstile serve");
-        let mut first = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut first)
-            .expect("first line");
-        let addr = first
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("listening line, got {first:?}"))
-            .to_owned();
-        Server { child, addr }
-    }
-
-    /// kill -9, and reaped.
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.kill();
-    }
+/// kill -9, and reaped.
+fn kill(server: &mut ClusterServe) {
+    let _ = server.child.kill();
+    let _ = server.child.wait();
 }
 
 /// A bridge's connection to one instance, `acks` on.
@@ -243,9 +209,9 @@ fn an_instance_never_registered_acks_nothing_and_nothing_acked_is_lost() {
     let gate = dir.path().join("gate");
     set_unlisted_acl(&redis, false);
     let url_unlisted = redis.url().replace("redis://", "redis://unlisted:pw@");
-    let b = Server::start(&redis.url(), "b", &gate);
+    let b = start(&redis.url(), "b", &gate);
     until_all_held_by(&redis, "b");
-    let a = Server::start(&url_unlisted, "a", &gate);
+    let a = start(&url_unlisted, "a", &gate);
     refused_by_a_answered_by_b(&redis, a, &b, &gate, "never registered");
 }
 
@@ -261,9 +227,9 @@ fn an_instance_whose_registration_lapsed_acks_nothing_and_nothing_acked_is_lost(
     let gate = dir.path().join("gate");
     set_unlisted_acl(&redis, true);
     let url_unlisted = redis.url().replace("redis://", "redis://unlisted:pw@");
-    let b = Server::start(&redis.url(), "b", &gate);
+    let b = start(&redis.url(), "b", &gate);
     until_all_held_by(&redis, "b");
-    let a = Server::start(&url_unlisted, "a", &gate);
+    let a = start(&url_unlisted, "a", &gate);
     until_registered(&redis, "a", true);
     set_unlisted_acl(&redis, false);
     until_registered(&redis, "a", false);
@@ -273,7 +239,13 @@ fn an_instance_whose_registration_lapsed_acks_nothing_and_nothing_acked_is_lost(
 /// A bridge sends four messages to `a`, which is not live in the registry (`why`): each is
 /// refused `storage`; `a` is killed, the bridge sends them to `b`, the gate opens, and
 /// each is answered once.
-fn refused_by_a_answered_by_b(redis: &Redis, mut a: Server, b: &Server, gate: &Path, why: &str) {
+fn refused_by_a_answered_by_b(
+    redis: &Redis,
+    mut a: ClusterServe,
+    b: &ClusterServe,
+    gate: &Path,
+    why: &str,
+) {
     let ids: Vec<String> = (0..4).map(|i| format!("m{i}")).collect();
     let mut to_a = Bridge::connect(&a.addr);
     for id in &ids {
@@ -290,7 +262,7 @@ fn refused_by_a_answered_by_b(redis: &Redis, mut a: Server, b: &Server, gate: &P
     }
     // Still not in the registry: every answer above came from an unregistered instance.
     assert!(!registered(redis, "a"), "a registered despite its ACL");
-    a.kill();
+    kill(&mut a);
     drop(to_a);
 
     // The bridge moves to B and sends again what A did not ack (as a bridge does with a
