@@ -959,12 +959,39 @@ fn redis_restarted_mid_load_refuses_storage_meanwhile_loses_nothing_acked_and_re
         .collect();
     for (id, chat) in &refused {
         let s: usize = chat.parse().expect("a session number");
+        t.rejected.remove(id);
         send(&mut writers, &mut sent, id.clone(), s);
     }
     for s in 0..sessions {
         send(&mut writers, &mut sent, format!("s{s}-after"), s);
     }
     let all: HashSet<String> = sent.iter().map(|(id, _)| id.clone()).collect();
+    // A message refused `storage` again (an instance whose registration the outage let
+    // lapse accepts nothing until its next heartbeat goes through) is sent again, as a
+    // bridge does, until every one is acked; a few rounds at most.
+    let session_of: HashMap<String, usize> = sent
+        .iter()
+        .map(|(id, chat)| (id.clone(), chat.parse().expect("a session number")))
+        .collect();
+    let mut sent_again = 0;
+    for _round in 0..100 {
+        t.until(&rx, |t| {
+            all.iter()
+                .all(|id| t.acked.contains(id) || t.rejected.contains_key(id))
+        });
+        let again: Vec<String> = (all.iter())
+            .filter(|id| !t.acked.contains(*id) && t.rejected.remove(*id).is_some())
+            .cloned()
+            .collect();
+        if again.is_empty() {
+            break;
+        }
+        sent_again += again.len();
+        for id in &again {
+            let s = session_of[id];
+            send_message(&mut writers[s % 2], id, &s.to_string());
+        }
+    }
     t.until(&rx, |t| {
         all.iter()
             .all(|id| t.acked.contains(id) && t.outcomes.contains_key(id))
@@ -974,7 +1001,7 @@ fn redis_restarted_mid_load_refuses_storage_meanwhile_loses_nothing_acked_and_re
     let disorder = t.out_of_order();
     let published = outcome_records(&redis);
     eprintln!(
-        "before the outage acked {}; during it {} refused storage; outage {outage:?} (a owned {} partitions then); everything acked before answered {back:?} after the kill; sent {}, acked {}, answered {}, lost {}, duplicated {twice}, out of order {} (sessions with a marked copy after a later reply {}), outcome records {published}",
+        "before the outage acked {}; during it {} refused storage; outage {outage:?} (a owned {} partitions then); everything acked before answered {back:?} after the kill; refused again and sent again {sent_again}; sent {}, acked {}, answered {}, lost {}, duplicated {twice}, out of order {} (sessions with a marked copy after a later reply {}), outcome records {published}",
         acked_before.len(),
         during.len(),
         lost["frontend"]["cluster"]["owned_partitions"],
