@@ -340,6 +340,17 @@ struct Reading {
     fwd_after: String,
 }
 
+/// The gone origins' messages whose origin is still absent from a registry read made after
+/// their partition's load: one present there came back before the load (a pause, an outage of
+/// Redis) and may have accepted what the load found.
+fn confirmed_gone(candidates: Vec<(String, Arrival)>, live_after: &[String]) -> Vec<Arrival> {
+    candidates
+        .into_iter()
+        .filter(|(origin, _)| !live_after.contains(origin))
+        .map(|(_, arrival)| arrival)
+        .collect()
+}
+
 impl Reading {
     fn run(&mut self, ctl: &Receiver<Control>, tx: &Sender<Arrival>, wake: &impl Fn()) {
         loop {
@@ -442,22 +453,32 @@ impl Reading {
             return Ok(out);
         }
         let owned: Vec<u32> = self.inboxes.keys().copied().collect();
+        let mut candidates = Vec::new();
         for p in owned {
             let loaded = self.store.load_partition(p, crate::journal::now_ms())?;
             for mut m in loaded.recovered.messages {
                 let seq = m.message.seq;
-                if !loaded.origins.get(&seq).is_some_and(|o| gone.contains(o)) {
+                let Some(origin) = loaded.origins.get(&seq).filter(|o| gone.contains(o)) else {
                     continue;
-                }
+                };
                 let tag = cluster_tag(p, seq);
                 m.message.seq = tag;
-                out.push(Arrival::OriginGone {
+                let arrival = Arrival::OriginGone {
                     partition: p,
                     tag,
                     message: Box::new(m),
-                });
+                };
+                candidates.push((origin.clone(), arrival));
             }
         }
+        // The registry read again, after the loads: an origin whose heartbeat went through
+        // between the first read and a load may have accepted a message the load found (it
+        // accepts only while registered, `Member::commit`), so it is live at this read and
+        // its messages stay its own (docs/cluster.md, "An accept just after a woken
+        // instance's heartbeat").
+        let live_after = self.store.live_instances()?;
+        self.gone.retain(|i, _| !live_after.contains(i));
+        out.extend(confirmed_gone(candidates, &live_after));
         if !out.is_empty() {
             log::warn!(
                 "instance(s) {gone:?} left the registry: {} of their messages in partitions owned here are answered here",
@@ -762,5 +783,31 @@ impl Reading {
             self.fwd_after = after;
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// docs/cluster.md "An accept just after a woken instance's heartbeat": a message whose
+    /// origin the registry's second read (after the load) lists is not answered as a gone
+    /// origin's; one whose origin is still absent is.
+    #[test]
+    fn an_origin_live_again_after_the_load_keeps_its_messages() {
+        let arrival = |seq| Arrival::Reached { partition: 3, seq };
+        let candidates = vec![
+            ("b:1".to_owned(), arrival(1)),
+            ("c:2".to_owned(), arrival(2)),
+            ("b:1".to_owned(), arrival(3)),
+        ];
+        assert_eq!(
+            confirmed_gone(candidates.clone(), &["b:1".to_owned()]),
+            vec![arrival(2)]
+        );
+        assert_eq!(
+            confirmed_gone(candidates, &[]),
+            vec![arrival(1), arrival(2), arrival(3)]
+        );
     }
 }
