@@ -13,66 +13,36 @@ mod redis_support;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::os::unix::process::CommandExt;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
 
 use common::eventually;
-use redis_support::{Redis, WAIT, require_redis};
+use redis_support::{ClusterServe, Redis, WAIT, require_redis};
 use serde_json::{Value, json};
 
 const PARTITIONS: u32 = 4;
 
+/// An instance with its status file.
 struct Server {
-    child: Child,
-    addr: String,
-    status_file: std::path::PathBuf,
+    serve: ClusterServe,
+    status_file: PathBuf,
 }
 
 impl Server {
     fn start(redis: &Redis, instance: &str, agent: &[String], dir: &Path) -> Server {
         let status_file = dir.join(format!("{instance}.status.json"));
-        let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
-        command
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--http-listen", "off"])
-            .args(["--cluster", &redis.url(), "--instance-id", instance])
-            .args(["--partitions", &PARTITIONS.to_string()])
-            .args(["--lease-ms", "3000"])
-            // The test names who owns what: no rebalancing (tests/cluster_rebalance has it).
-            .args(["--cluster-rebalance", "false"])
-            .arg("--status-file")
-            .arg(&status_file)
-            .args(agent)
-            .env("RUST_LOG", "warn")
-            .env_remove("TURNSTILE_AUTH_TOKEN")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = command.spawn().expect("start turnstile serve");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut first = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut first)
-            .expect("first line");
-        let addr = first
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("listening line, got {first:?}"))
-            .to_owned();
-        Server {
-            child,
-            addr,
-            status_file,
-        }
+        let serve = ClusterServe::spawn(
+            ClusterServe::command(redis, instance, PARTITIONS, 3000)
+                // The test names who owns what: no rebalancing (tests/cluster_rebalance has it).
+                .args(["--cluster-rebalance", "false"])
+                .arg("--status-file")
+                .arg(&status_file)
+                .args(agent)
+                .env("RUST_LOG", "warn")
+                .env_remove("TURNSTILE_AUTH_TOKEN")
+                .stderr(Stdio::inherit()),
+        );
+        Server { serve, status_file }
     }
 
     /// The cluster's figures in the status snapshot now (`Null` before the first).
@@ -81,13 +51,6 @@ impl Server {
             .ok()
             .and_then(|t| serde_json::from_str::<Value>(&t).ok())
             .map_or(Value::Null, |s| s["frontend"]["cluster"].clone())
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -189,7 +152,7 @@ fn a_bridge_that_moved_from_x_to_y_before_its_results_came_gets_each_from_y_once
     let x = Server::start(&redis, "x", &agent, dir.path());
     let y = Server::start(&redis, "y", &agent, dir.path());
     let n = 6;
-    let mut on_x = Client::connect(&x.addr);
+    let mut on_x = Client::connect(&x.serve.addr);
     for i in 0..n {
         on_x.send(&json!({"op": "message", "id": format!("m{i}"), "chat_id": format!("{i}"), "text": format!("t{i}")}));
     }
@@ -201,7 +164,7 @@ fn a_bridge_that_moved_from_x_to_y_before_its_results_came_gets_each_from_y_once
         get(&redis, "ts:hello:tg").is_some_and(|v| v.starts_with("x "))
     });
     drop(on_x);
-    let mut on_y = Client::connect(&y.addr);
+    let mut on_y = Client::connect(&y.serve.addr);
     until("y's hello is the newest", || {
         get(&redis, "ts:hello:tg").is_some_and(|v| v.starts_with("y "))
     });

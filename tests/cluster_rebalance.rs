@@ -13,6 +13,7 @@
 //! (who holds the leases) poll it with a deadline: a lease changes hands on Redis's clock,
 //! not on an event this test can wait on.
 
+mod common;
 mod redis_support;
 
 use std::collections::{HashMap, HashSet};

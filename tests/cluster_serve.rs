@@ -14,10 +14,12 @@ use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use common::{eventually, holds};
-use redis_support::{ClusterServe, Redis, WAIT, require_redis};
+use redis_support::{
+    ClusterServe, Redis, WAIT, all_held_by, leases, require_redis, until_all_held_by,
+};
 use serde_json::{Value, json};
 
 const PARTITIONS: u32 = 4;
@@ -38,11 +40,6 @@ impl ClusterServe {
                 .env("RUST_LOG", "warn")
                 .stderr(stderr),
         )
-    }
-
-    fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -111,39 +108,6 @@ fn terminal(v: &Value) -> bool {
     )
 }
 
-/// The holder of each partition's lease now.
-fn holders(redis: &Redis) -> Vec<Option<String>> {
-    let mut c = redis.client();
-    (0..PARTITIONS)
-        .map(|p| {
-            redis::cmd("GET")
-                .arg(format!("ts:{{p{p}}}:lease"))
-                .query::<Option<String>>(&mut c)
-                .expect("GET")
-        })
-        .collect()
-}
-
-/// Waits (bounded) until `instance` holds every partition; how long that took.
-fn until_all_held_by(redis: &Redis, instance: &str) -> Duration {
-    let t0 = Instant::now();
-    let prefix = format!("{instance}:");
-    loop {
-        if holders(redis)
-            .iter()
-            .all(|h| h.as_deref().is_some_and(|h| h.starts_with(&prefix)))
-        {
-            return t0.elapsed();
-        }
-        assert!(
-            t0.elapsed() < WAIT,
-            "{instance} never held every partition: {:?}",
-            holders(redis)
-        );
-        std::thread::park_timeout(Duration::from_millis(10));
-    }
-}
-
 fn messages_in_flight(redis: &Redis) -> u64 {
     let mut c = redis.client();
     (0..PARTITIONS)
@@ -161,7 +125,7 @@ fn a_message_accepted_on_a_and_owned_by_b_is_run_on_b_and_answered_on_a() {
     let Some(bin) = require_redis() else { return };
     let redis = Redis::start(&bin);
     let b = Server::start(&redis, "b", 3000);
-    until_all_held_by(&redis, "b");
+    until_all_held_by(&redis, PARTITIONS, &["b"]);
     let a = Server::start(&redis, "a", 3000);
     let mut on_a = Client::connect(&a.addr);
     on_a.message("m1", "1");
@@ -182,11 +146,7 @@ fn a_message_accepted_on_a_and_owned_by_b_is_run_on_b_and_answered_on_a() {
         (Some("reply"), Some("m1"), Some("m1")),
         "{done}"
     );
-    assert!(
-        holders(&redis)
-            .iter()
-            .all(|h| h.as_deref().is_some_and(|h| h.starts_with("b:")))
-    );
+    assert!(all_held_by(&leases(&redis, PARTITIONS), "b"));
     // B's own bridge is answered by B.
     let mut on_b = Client::connect(&b.addr);
     on_b.message("m2", "2");
@@ -208,7 +168,7 @@ fn kill_9_of_the_owner_mid_load_loses_no_acked_message_and_keeps_per_session_ord
     let redis = Redis::start(&bin);
     let lease_ms = 1000;
     let mut b = Server::start(&redis, "b", lease_ms);
-    until_all_held_by(&redis, "b");
+    until_all_held_by(&redis, PARTITIONS, &["b"]);
     let a = Server::start(&redis, "a", lease_ms);
     let (sessions, per_session) = (20, 10);
     let mut on_a = Client::connect(&a.addr);
@@ -263,7 +223,7 @@ fn kill_9_of_the_owner_mid_load_loses_no_acked_message_and_keeps_per_session_ord
         record(v, &mut acked, &mut outcomes, &mut order);
     }
     let again = Client::connect(&a.addr);
-    let took = until_all_held_by(&redis, "a");
+    let took = until_all_held_by(&redis, PARTITIONS, &["a"]);
     eprintln!(
         "takeover: every partition held by a {:?} after kill -9 of b (lease {lease_ms} ms)",
         killed.elapsed().max(took)
@@ -416,7 +376,7 @@ fn sigstop_of_the_owner_past_its_lease_then_sigcont_hands_its_partitions_over_an
     let log_path = dir.path().join("b.log");
     let log = std::fs::File::create(&log_path).expect("log file");
     let b = Server::start_logged(&redis, "b", lease_ms, Stdio::from(log));
-    until_all_held_by(&redis, "b");
+    until_all_held_by(&redis, PARTITIONS, &["b"]);
     let a = Server::start(&redis, "a", lease_ms);
     let (on_a, on_b) = (Client::connect(&a.addr), Client::connect(&b.addr));
     let (mut wa, mut wb) = (on_a.writer(), on_b.writer());
@@ -440,7 +400,7 @@ fn sigstop_of_the_owner_past_its_lease_then_sigcont_hands_its_partitions_over_an
     }
     b.signal(libc::SIGSTOP);
     let paused = Instant::now();
-    let took = until_all_held_by(&redis, "a");
+    let took = until_all_held_by(&redis, PARTITIONS, &["a"]);
     eprintln!(
         "takeover: every partition held by a {:?} after SIGSTOP of b (lease {lease_ms} ms)",
         paused.elapsed().max(took)

@@ -6,6 +6,7 @@
 //! what several gateway processes hold. Nothing sleeps to order events; the one wait on a
 //! clock — a lease running out in Redis — polls its condition with a deadline.
 
+mod common;
 mod redis_support;
 
 use std::time::{Duration, Instant};

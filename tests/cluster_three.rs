@@ -12,18 +12,18 @@
 //! or block on the next status snapshot (the instance's `--status-file`, tests/snapshot_watch):
 //! a lease changes hands on Redis's clock, not on an event this test can wait on.
 
+mod common;
 mod redis_support;
 mod snapshot_watch;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use redis_support::{Redis, WAIT, require_redis};
+use redis_support::{ClusterServe, Redis, WAIT, leases, require_redis, until_all_held_by};
 use serde_json::{Value, json};
 use snapshot_watch::SnapshotWatch;
 
@@ -40,9 +40,7 @@ fn one_load_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 
 /// One `serve --cluster` process with its status file and HTTP endpoint.
 struct Server {
-    child: Child,
-    addr: String,
-    http: String,
+    serve: ClusterServe,
     status_file: PathBuf,
     snapshots: SnapshotWatch,
     _dir: tempfile::TempDir,
@@ -55,68 +53,25 @@ impl Server {
         let dir = tempfile::tempdir().expect("tempdir");
         let status_file = dir.path().join("status.json");
         let snapshots = SnapshotWatch::new(dir.path());
-        let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
-        command
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
-            .arg("--status-file")
-            .arg(&status_file)
-            .args(["--cluster", &redis.url(), "--instance-id", instance])
-            .args(["--partitions", &PARTITIONS.to_string()])
-            .args(["--lease-ms", &lease_ms.to_string()])
-            // Each test names who owns what: no rebalancing (tests/cluster_rebalance has it).
-            .args(["--cluster-rebalance", "false"])
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .env_remove("TURNSTILE_AUTH_TOKEN")
-            .env_remove("NOTIFY_SOCKET")
-            .env_remove("WATCHDOG_USEC")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = command.spawn().expect("start turnstile serve");
-        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        out.read_line(&mut line).expect("first line");
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("listening line, got {line:?}"))
-            .to_owned();
-        line.clear();
-        out.read_line(&mut line).expect("second line");
-        let http = line
-            .trim()
-            .strip_prefix("http on ")
-            .unwrap_or_else(|| panic!("http line, got {line:?}"))
-            .to_owned();
+        let serve = ClusterServe::spawn(
+            ClusterServe::command_at(&redis.url(), "127.0.0.1:0", instance, PARTITIONS, lease_ms)
+                .arg("--status-file")
+                .arg(&status_file)
+                // Each test names who owns what: no rebalancing (tests/cluster_rebalance has it).
+                .args(["--cluster-rebalance", "false"])
+                .args(extra)
+                .env("RUST_LOG", "warn")
+                .env_remove("TURNSTILE_AUTH_TOKEN")
+                .env_remove("NOTIFY_SOCKET")
+                .env_remove("WATCHDOG_USEC")
+                .stderr(Stdio::inherit()),
+        );
         Server {
-            child,
-            addr,
-            http,
+            serve,
             status_file,
             snapshots,
             _dir: dir,
         }
-    }
-
-    fn signal(&self, sig: libc::c_int) {
-        let pid = libc::pid_t::try_from(self.child.id()).expect("pid");
-        // SAFETY: kill(2) on our own child's pid.
-        assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill({pid}, {sig})");
-    }
-
-    fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 
     /// The status snapshot now (`None` while the first is not written).
@@ -178,7 +133,7 @@ impl Server {
 
     /// A plain HTTP GET of the endpoint; the body of a 200.
     fn get(&self, path: &str) -> String {
-        let mut s = TcpStream::connect(&self.http).expect("connect http");
+        let mut s = TcpStream::connect(self.serve.http()).expect("connect http");
         s.set_read_timeout(Some(WAIT)).expect("timeout");
         write!(
             s,
@@ -190,12 +145,6 @@ impl Server {
         let (head, body) = raw.split_once("\r\n\r\n").expect("a head");
         assert!(head.starts_with("HTTP/1.1 200"), "{head}");
         body.to_owned()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.kill9();
     }
 }
 
@@ -273,39 +222,6 @@ fn terminal(v: &Value) -> bool {
     )
 }
 
-/// The holder of each partition's lease now.
-fn holders(redis: &Redis) -> Vec<Option<String>> {
-    let mut c = redis.client();
-    (0..PARTITIONS)
-        .map(|p| {
-            redis::cmd("GET")
-                .arg(format!("ts:{{p{p}}}:lease"))
-                .query::<Option<String>>(&mut c)
-                .expect("GET")
-        })
-        .collect()
-}
-
-/// Waits (bounded) until every partition is held by one of `instances`; how long that took.
-fn until_all_held_by(redis: &Redis, instances: &[&str]) -> Duration {
-    let t0 = Instant::now();
-    let prefixes: Vec<String> = instances.iter().map(|i| format!("{i}:")).collect();
-    loop {
-        if holders(redis).iter().all(|h| {
-            h.as_deref()
-                .is_some_and(|h| prefixes.iter().any(|p| h.starts_with(p)))
-        }) {
-            return t0.elapsed();
-        }
-        assert!(
-            t0.elapsed() < WAIT,
-            "{instances:?} never held every partition: {:?}",
-            holders(redis)
-        );
-        std::thread::park_timeout(Duration::from_millis(10));
-    }
-}
-
 /// `promtool check metrics` of an exposition: its verdict and what it said.
 fn promtool(text: &str) -> Option<(bool, String)> {
     let mut child = Command::new("promtool")
@@ -366,7 +282,7 @@ fn the_cluster_figures_are_in_the_status_the_summary_and_the_exposition() {
     let agent: Vec<&str> = agent.iter().map(String::as_str).collect();
     let lease_ms = 1000;
     let a = Server::start(&redis, "a", lease_ms, &agent);
-    until_all_held_by(&redis, &["a"]);
+    until_all_held_by(&redis, PARTITIONS, &["a"]);
     let b = Server::start(&redis, "b", lease_ms, &agent);
     let sa = a.wait_status("a owning every partition and seeing b", |s| {
         let c = &s["frontend"]["cluster"];
@@ -405,7 +321,7 @@ fn the_cluster_figures_are_in_the_status_the_summary_and_the_exposition() {
     );
     // A message sent to b, owned by a: acked by b, waiting there for a's outcome while the
     // gate holds a's turn.
-    let mut on_b = Client::connect(&b.addr);
+    let mut on_b = Client::connect(&b.serve.addr);
     on_b.message("m1", "1");
     assert_eq!(on_b.next()["op"], "ack");
     let sb = b.wait_status("b waiting for a remote outcome", |s| {
@@ -443,7 +359,7 @@ fn the_cluster_figures_are_in_the_status_the_summary_and_the_exposition() {
     // `turnstile status` says it in words.
     let status_cmd = || {
         let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
-            .args(["status", "--http", &b.http])
+            .args(["status", "--http", b.serve.http()])
             .env_remove("TURNSTILE_AUTH_TOKEN")
             .output()
             .expect("turnstile status");
@@ -471,9 +387,9 @@ fn the_cluster_figures_are_in_the_status_the_summary_and_the_exposition() {
         s["frontend"]["cluster"]["remote_waiting"] == 0
     });
     // a pauses past its lease: b takes every partition, and a, awake, hands them over.
-    a.signal(libc::SIGSTOP);
-    until_all_held_by(&redis, &["b"]);
-    a.signal(libc::SIGCONT);
+    a.serve.signal(libc::SIGSTOP);
+    until_all_held_by(&redis, PARTITIONS, &["b"]);
+    a.serve.signal(libc::SIGCONT);
     // Its bridge fences itself out at its tick (`self_fenced`), its journal thread reports
     // the partitions lost a moment later: each ownership ends once in lost + fenced.
     let sa = a.wait_status("a handing its partitions over", |s| {
@@ -773,13 +689,13 @@ fn three_instances_kill_9(victim: usize) {
     let lease_ms = 1000;
     let names = ["a", "b", "c"];
     let mut servers = vec![Server::start(&redis, names[0], lease_ms, &agent)];
-    until_all_held_by(&redis, &names[..1]);
+    until_all_held_by(&redis, PARTITIONS, &names[..1]);
     servers.extend(
         names[1..]
             .iter()
             .map(|n| Server::start(&redis, n, lease_ms, &agent)),
     );
-    let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+    let addrs: Vec<String> = servers.iter().map(|s| s.serve.addr.clone()).collect();
     let (sessions, per_session) = (30, 10);
     let (tx, rx) = crossbeam_channel::unbounded();
     let mut sent = 0;
@@ -799,7 +715,7 @@ fn three_instances_kill_9(victim: usize) {
     drop(tx);
     let mut t = Tally::default();
     t.until(&rx, |t| t.outcomes.len() >= 60);
-    let held = holders(&redis);
+    let held = leases(&redis, PARTITIONS);
     let count = |n: &str| {
         held.iter()
             .filter(|h| {
@@ -818,9 +734,9 @@ fn three_instances_kill_9(victim: usize) {
         count(names[victim]),
         t.outcomes.len()
     );
-    servers[victim].kill9();
+    servers[victim].serve.kill9();
     let killed = Instant::now();
-    let took = until_all_held_by(&redis, &survivors);
+    let took = until_all_held_by(&redis, PARTITIONS, &survivors);
     let takeover = killed.elapsed().max(took);
     t.until(&rx, |t| t.acked.len() == sent && t.lost().is_empty());
     let lost = t.lost();
@@ -903,9 +819,12 @@ fn redis_restarted_mid_load_refuses_storage_meanwhile_loses_nothing_acked_and_re
     let mut redis = Redis::start(&bin);
     let lease_ms = 1000;
     let a = Server::start(&redis, "a", lease_ms, &[]);
-    until_all_held_by(&redis, &["a"]);
+    until_all_held_by(&redis, PARTITIONS, &["a"]);
     let b = Server::start(&redis, "b", lease_ms, &[]);
-    let (ca, cb) = (Client::connect(&a.addr), Client::connect(&b.addr));
+    let (ca, cb) = (
+        Client::connect(&a.serve.addr),
+        Client::connect(&b.serve.addr),
+    );
     let mut writers = [ca.writer(), cb.writer()];
     let (tx, rx) = crossbeam_channel::unbounded();
     pump(ca, 0, tx.clone());
@@ -1039,7 +958,7 @@ fn an_ack_for_a_message_owned_elsewhere_carries_the_cluster_wide_position() {
     let agent = gated_agent(&gate);
     let agent: Vec<&str> = agent.iter().map(String::as_str).collect();
     let a = Server::start(&redis, "a", 3000, &agent);
-    until_all_held_by(&redis, &["a"]);
+    until_all_held_by(&redis, PARTITIONS, &["a"]);
     // Held in Redis is not yet owned: a new owner loads a partition a fence margin after
     // acquiring it (docs/cluster.md, self-fencing), and acks what comes meanwhile `queued`.
     a.wait_status("a owning every partition", |s| {
@@ -1051,7 +970,10 @@ fn an_ack_for_a_message_owned_elsewhere_carries_the_cluster_wide_position() {
             .as_array()
             .is_some_and(|l| l.len() == 2)
     });
-    let (mut on_a, mut on_b) = (Client::connect(&a.addr), Client::connect(&b.addr));
+    let (mut on_a, mut on_b) = (
+        Client::connect(&a.serve.addr),
+        Client::connect(&b.serve.addr),
+    );
     let ack = |c: &mut Client| {
         let v = c.next();
         assert_eq!(v["op"], "ack", "{v}");
@@ -1106,7 +1028,7 @@ fn the_same_id_with_another_chat_on_another_instance_is_a_duplicate() {
     let agent = gated_agent(&gate);
     let agent: Vec<&str> = agent.iter().map(String::as_str).collect();
     let a = Server::start(&redis, "a", 3000, &agent);
-    until_all_held_by(&redis, &["a"]);
+    until_all_held_by(&redis, PARTITIONS, &["a"]);
     // Held in Redis is not yet owned: a new owner loads a partition a fence margin after
     // acquiring it (docs/cluster.md, self-fencing), and acks what comes meanwhile `queued`.
     a.wait_status("a owning every partition", |s| {
@@ -1125,7 +1047,10 @@ fn the_same_id_with_another_chat_on_another_instance_is_a_duplicate() {
         .map(|c| c.to_string())
         .find(|c| partition(c) != partition("1"))
         .expect("a chat in another partition");
-    let (mut on_a, mut on_b) = (Client::connect(&a.addr), Client::connect(&b.addr));
+    let (mut on_a, mut on_b) = (
+        Client::connect(&a.serve.addr),
+        Client::connect(&b.serve.addr),
+    );
     on_a.message("m1", "1");
     let ack = on_a.next();
     assert_eq!(

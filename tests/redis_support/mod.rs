@@ -7,6 +7,8 @@
 //!
 //! Nothing polls for readiness: the server's own log line `Ready to accept connections`,
 //! read from its stdout, says when it listens.
+//!
+//! A test target that has `mod redis_support;` has `mod common;` too (its waits).
 
 #![allow(dead_code)]
 
@@ -15,7 +17,9 @@ use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use crate::common::{eventually, holds};
 
 /// Only a failing run waits this long.
 pub const WAIT: Duration = Duration::from_secs(60);
@@ -203,6 +207,8 @@ pub struct ClusterServe {
     pub child: Child,
     /// The address its listening line named.
     pub addr: String,
+    /// The address its `http on` line named, when it has an HTTP endpoint.
+    http: Option<String>,
 }
 
 impl ClusterServe {
@@ -210,31 +216,64 @@ impl ClusterServe {
     /// `instance`, with `partitions` and a lease of `lease_ms`: the caller adds the agent,
     /// the logging and the rest.
     pub fn command(redis: &Redis, instance: &str, partitions: u32, lease_ms: u64) -> Command {
+        ClusterServe::command_at(&redis.url(), "off", instance, partitions, lease_ms)
+    }
+
+    /// As [`ClusterServe::command`], in the cluster at `url` (a replica's, one with a
+    /// password), its HTTP endpoint on `http` (`off`, or `127.0.0.1:0` for one that
+    /// [`ClusterServe::http`] names).
+    pub fn command_at(
+        url: &str,
+        http: &str,
+        instance: &str,
+        partitions: u32,
+        lease_ms: u64,
+    ) -> Command {
         let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
         command
             .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--http-listen", "off"])
-            .args(["--cluster", &redis.url(), "--instance-id", instance])
+            .args(["--listen", "127.0.0.1:0", "--http-listen", http])
+            .args(["--cluster", url, "--instance-id", instance])
             .args(["--partitions", &partitions.to_string()])
             .args(["--lease-ms", &lease_ms.to_string()]);
         command
     }
 
-    /// Starts `command` (dying with the test, its stdout piped) and reads its listening line.
+    /// Starts `command` (dying with the test, its stdout piped) and reads its listening
+    /// line, and its `http on` line when the command gives it an HTTP endpoint.
     pub fn spawn(command: &mut Command) -> ClusterServe {
+        let has_http = command
+            .get_args()
+            .collect::<Vec<_>>()
+            .windows(2)
+            .any(|w| w[0] == "--http-listen" && w[1] != "off");
         let mut child = die_with_parent(command.stdout(Stdio::piped()))
             .spawn()
             .expect("start turnstile serve");
-        let mut first = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut first)
-            .expect("first line");
-        let addr = first
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("listening line, got {first:?}"))
-            .to_owned();
-        ClusterServe { child, addr }
+        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+        let addr = read_named_line(&mut out, "listening on ");
+        let http = has_http.then(|| read_named_line(&mut out, "http on "));
+        ClusterServe { child, addr, http }
+    }
+
+    /// The address of its HTTP endpoint (panics for an instance started without one).
+    pub fn http(&self) -> &str {
+        self.http.as_deref().expect("started with an HTTP endpoint")
+    }
+
+    /// Its log's lines as they come, each also copied to this test's stderr (the command
+    /// had its stderr piped).
+    pub fn log_lines(&mut self) -> LogLines {
+        let stderr = self.child.stderr.take().expect("stderr piped");
+        let (tx, log) = crossbeam_channel::unbounded();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                eprintln!("{line}");
+                let _ = tx.send(line);
+            }
+        });
+        LogLines(log)
     }
 
     /// Sends `sig` to the instance (SIGSTOP, SIGCONT, SIGTERM).
@@ -243,13 +282,46 @@ impl ClusterServe {
         // SAFETY: kill(2) on our own child's pid.
         assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill({pid}, {sig})");
     }
+
+    /// kill -9, and reaped.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An instance's log lines, read on a thread of their own.
+pub struct LogLines(crossbeam_channel::Receiver<String>);
+
+impl LogLines {
+    /// Blocks until a line contains `needle` (lines before it are passed over); that line.
+    #[track_caller]
+    pub fn wait_for(&self, needle: &str) -> String {
+        loop {
+            match self.0.recv_timeout(WAIT) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(_) => {}
+                Err(e) => panic!("no log line with {needle:?}: {e}"),
+            }
+        }
+    }
+}
+
+/// The rest of the next line of `out` after `prefix` (`listening on `, `http on `).
+fn read_named_line(out: &mut impl BufRead, prefix: &str) -> String {
+    let mut line = String::new();
+    out.read_line(&mut line)
+        .expect("read a line of serve's stdout");
+    line.trim()
+        .strip_prefix(prefix)
+        .unwrap_or_else(|| panic!("a line {prefix:?}…, got {line:?}"))
+        .to_owned()
 }
 
 impl Drop for ClusterServe {
     fn drop(&mut self) {
         // A stopped process must be continued to die of SIGTERM; SIGKILL needs nothing.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.kill9();
     }
 }
 
@@ -268,8 +340,26 @@ pub fn leases(redis: &Redis, partitions: u32) -> Vec<Option<String>> {
 
 /// Whether `instance` holds every one of `leases` (tokens `<instance>:<epoch>`).
 pub fn all_held_by(leases: &[Option<String>], instance: &str) -> bool {
-    let prefix = format!("{instance}:");
-    leases
-        .iter()
-        .all(|h| h.as_deref().is_some_and(|h| h.starts_with(&prefix)))
+    all_held_by_any(leases, &[instance])
+}
+
+/// Whether one of `instances` holds each of `leases` (tokens `<instance>:<epoch>`).
+pub fn all_held_by_any(leases: &[Option<String>], instances: &[&str]) -> bool {
+    leases.iter().all(|h| {
+        h.as_deref()
+            .and_then(|h| h.rsplit_once(':'))
+            .is_some_and(|(holder, _)| instances.contains(&holder))
+    })
+}
+
+/// Waits (bounded) until one of `instances` holds each of the `partitions` leases; how long
+/// that took. A lease changes hands on Redis's clock, not on an event a test can wait on, so
+/// Redis is polled.
+#[track_caller]
+pub fn until_all_held_by(redis: &Redis, partitions: u32, instances: &[&str]) -> Duration {
+    let t0 = Instant::now();
+    eventually(&format!("{instances:?} hold every partition"), WAIT, || {
+        holds(leases(redis, partitions), |l| all_held_by_any(l, instances))
+    });
+    t0.elapsed()
 }
