@@ -17,7 +17,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use common::eventually;
-use redis_support::{ClusterServe, Redis, WAIT, require_redis};
+use redis_support::{
+    ClusterServe, Redis, WAIT, require_redis, until_all_held_by, until_nothing_in_flight,
+};
 use serde_json::{Value, json};
 
 const PARTITIONS: u32 = 4;
@@ -124,18 +126,6 @@ fn until(what: &str, f: impl FnMut() -> bool) {
     eventually(what, WAIT, f);
 }
 
-fn in_flight(redis: &Redis) -> u64 {
-    let mut c = redis.client();
-    (0..PARTITIONS)
-        .map(|p| {
-            redis::cmd("ZCARD")
-                .arg(format!("ts:{{p{p}}}:q"))
-                .query::<u64>(&mut c)
-                .expect("ZCARD")
-        })
-        .sum()
-}
-
 #[test]
 fn a_bridge_that_moved_from_x_to_y_before_its_results_came_gets_each_from_y_once_marked() {
     let Some(bin) = require_redis() else { return };
@@ -144,11 +134,7 @@ fn a_bridge_that_moved_from_x_to_y_before_its_results_came_gets_each_from_y_once
     let gate = dir.path().join("gate");
     let agent = gated_agent(&gate);
     let _b = Server::start(&redis, "b", &agent, dir.path());
-    until("b holds every partition", || {
-        (0..PARTITIONS).all(|p| {
-            get(&redis, &format!("ts:{{p{p}}}:lease")).is_some_and(|h| h.starts_with("b:"))
-        })
-    });
+    until_all_held_by(&redis, PARTITIONS, &["b"]);
     let x = Server::start(&redis, "x", &agent, dir.path());
     let y = Server::start(&redis, "y", &agent, dir.path());
     let n = 6;
@@ -183,9 +169,7 @@ fn a_bridge_that_moved_from_x_to_y_before_its_results_came_gets_each_from_y_once
         got.entry(id).or_default().push(v);
     }
     // Confirmed on y: the messages leave Redis.
-    until("the delivered messages leave Redis", || {
-        in_flight(&redis) == 0
-    });
+    until_nothing_in_flight(&redis, PARTITIONS);
     // Each once: a message sent after them is answered with nothing of theirs before it.
     on_y.send(&json!({"op": "message", "id": "last", "chat_id": "last", "text": "last"}));
     loop {

@@ -23,6 +23,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use common::{eventually, holds};
 use crossbeam_channel::{Receiver, Sender};
 use redis_support::{ClusterServe, Redis, WAIT, leases, require_redis};
 use serde_json::{Value, json};
@@ -111,15 +112,13 @@ fn holders(redis: &Redis) -> Vec<Option<String>> {
 /// Waits (bounded) until each named instance holds exactly its count; how long that took.
 fn until_held(redis: &Redis, want: &[(&str, usize)]) -> Duration {
     let t0 = Instant::now();
-    loop {
-        let h = holders(redis);
-        let holds = |i: &str| h.iter().filter(|x| x.as_deref() == Some(i)).count();
-        if want.iter().all(|(i, n)| holds(i) == *n) {
-            return t0.elapsed();
-        }
-        assert!(t0.elapsed() < WAIT, "never {want:?}: {h:?}");
-        std::thread::park_timeout(Duration::from_millis(5));
-    }
+    eventually(&format!("held {want:?}"), WAIT, || {
+        holds(holders(redis), |h| {
+            let held = |i: &str| h.iter().filter(|x| x.as_deref() == Some(i)).count();
+            want.iter().all(|(i, n)| held(i) == *n)
+        })
+    });
+    t0.elapsed()
 }
 
 /// What the bridges received.

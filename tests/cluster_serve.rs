@@ -16,9 +16,9 @@ use std::net::TcpStream;
 use std::process::Stdio;
 use std::time::Instant;
 
-use common::{eventually, holds};
 use redis_support::{
     ClusterServe, Redis, WAIT, all_held_by, leases, require_redis, until_all_held_by,
+    until_nothing_in_flight,
 };
 use serde_json::{Value, json};
 
@@ -108,18 +108,6 @@ fn terminal(v: &Value) -> bool {
     )
 }
 
-fn messages_in_flight(redis: &Redis) -> u64 {
-    let mut c = redis.client();
-    (0..PARTITIONS)
-        .map(|p| {
-            redis::cmd("ZCARD")
-                .arg(format!("ts:{{p{p}}}:q"))
-                .query::<u64>(&mut c)
-                .expect("ZCARD")
-        })
-        .sum()
-}
-
 #[test]
 fn a_message_accepted_on_a_and_owned_by_b_is_run_on_b_and_answered_on_a() {
     let Some(bin) = require_redis() else { return };
@@ -156,9 +144,7 @@ fn a_message_accepted_on_a_and_owned_by_b_is_run_on_b_and_answered_on_a() {
     // Confirmed: both leave Redis, whichever instance confirms.
     on_a.delivered(&done);
     on_b.delivered(&done_b);
-    eventually("the delivered messages leave Redis", WAIT, || {
-        holds(messages_in_flight(&redis), |n| *n == 0)
-    });
+    until_nothing_in_flight(&redis, PARTITIONS);
     drop(a);
 }
 

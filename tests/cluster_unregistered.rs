@@ -33,6 +33,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use common::eventually;
 use redis_support::{ClusterServe, Redis, WAIT, require_redis, until_all_held_by};
 use serde_json::{Value, json};
 
@@ -131,14 +132,11 @@ fn registered(redis: &Redis, instance: &str) -> bool {
 /// Waits (bounded) until `instance`'s registration is `live` or not: it changes on
 /// Redis's clock (a heartbeat, an expiry), so Redis is polled.
 fn until_registered(redis: &Redis, instance: &str, live: bool) {
-    let t0 = Instant::now();
-    while registered(redis, instance) != live {
-        assert!(
-            t0.elapsed() < WAIT,
-            "{instance} never live={live} in the registry"
-        );
-        std::thread::park_timeout(Duration::from_millis(10));
-    }
+    eventually(
+        &format!("{instance} live={live} in the registry"),
+        WAIT,
+        || registered(redis, instance) == live,
+    );
 }
 
 /// User `unlisted` (password `pw`): every key of the cluster but, unless `with_registry`,

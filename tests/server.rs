@@ -1,12 +1,16 @@
 //! The real binary over real sockets: `turnstile serve` on 127.0.0.1:0, spoken to with the
 //! bridge protocol. Reads have timeouts that only bound a failing run; nothing sleeps.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
+use common::eventually;
+use common::gateway::wait_status;
 use crossbeam_channel::bounded;
 use serde_json::{Value, json};
 
@@ -713,22 +717,10 @@ fn a_client_that_stops_reading_is_closed_and_its_replies_wait_for_the_next_hello
     assert!(from_a < N, "A was never closed");
     // B's first reply came from A's outbox, so A is closed: no message is accepted after it.
     // The first snapshot that counts A's close counts every message accepted.
-    let deadline = std::time::Instant::now() + WAIT;
-    let accepted = loop {
-        let snapshot = std::fs::read(&status_file)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
-        if let Some(st) = snapshot
-            && st["frontend"]["connections_refused"].as_u64() >= Some(1)
-        {
-            break st["messages"]["accepted"].as_u64().expect("accepted") as usize;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no status with A closed"
-        );
-        std::thread::park_timeout(Duration::from_millis(20));
-    };
+    let accepted = wait_status(&status_file, "a status with A closed", WAIT, |st| {
+        (st["frontend"]["connections_refused"].as_u64() >= Some(1))
+            .then(|| st["messages"]["accepted"].as_u64().expect("accepted") as usize)
+    });
     assert!(accepted > from_a && accepted <= N, "accepted {accepted}");
     while replied.len() < accepted {
         let v = b.recv();
@@ -1171,24 +1163,15 @@ fn five_thousand_hellos_with_distinct_platforms_leave_no_platform_behind() {
         c.send(&json!({"op": "ping"}));
         c.recv_until(|v| v["op"] == "pong");
     }
+    // Once its ping is answered, `control` is the one connection left; the status file is
+    // rewritten every 100 ms.
     let mut control = server.client();
-    let deadline = std::time::Instant::now() + WAIT;
-    let mut last = Value::Null;
-    while std::time::Instant::now() < deadline {
-        // Paced by a round trip to the server; the status file is rewritten every 100 ms.
-        control.send(&json!({"op": "ping"}));
-        control.recv_until(|v| v["op"] == "pong");
-        if let Ok(text) = std::fs::read_to_string(&status)
-            && let Ok(v) = serde_json::from_str::<Value>(&text)
-        {
-            last = v["frontend"].clone();
-            if last["platforms"] == 0 && last["connections"] == 1 {
-                break;
-            }
-        }
-    }
-    assert_eq!(last["platforms"], 0, "{last}");
-    assert_eq!(last["connections"], 1, "{last}");
+    control.send(&json!({"op": "ping"}));
+    control.recv_until(|v| v["op"] == "pong");
+    wait_status(&status, "no platform and one connection left", WAIT, |v| {
+        let bridge = &v["frontend"];
+        (bridge["platforms"] == 0 && bridge["connections"] == 1).then_some(())
+    });
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -1354,14 +1337,9 @@ fn an_oversized_or_non_regular_config_file_is_refused() {
             .spawn()
             .expect("run serve");
         // Bounded: on a FIFO an unguarded read would block forever.
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        let status = loop {
-            if let Some(s) = child.try_wait().expect("try_wait") {
-                break s;
-            }
-            assert!(std::time::Instant::now() < deadline, "{why}: serve blocked");
-            std::thread::park_timeout(Duration::from_millis(20));
-        };
+        let status = eventually(&format!("{why}: serve exits"), WAIT, || {
+            child.try_wait().expect("try_wait")
+        });
         let mut err = String::new();
         std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut err)
             .expect("stderr");
@@ -1499,28 +1477,15 @@ fn max_held_turns_is_the_bound_the_status_reports() {
     let dir = std::env::temp_dir().join(format!("turnstile-held-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let status = dir.join("status.json");
-    let server = Server::start(&[
+    let _server = Server::start(&[
         "--max-held-turns",
         "7",
         "--status-file",
         status.to_str().expect("path"),
     ]);
-    let mut control = server.client();
-    let deadline = std::time::Instant::now() + WAIT;
-    let mut last = Value::Null;
-    while std::time::Instant::now() < deadline {
-        // Paced by a round trip to the server; the status file is rewritten every 100 ms.
-        control.send(&json!({"op": "ping"}));
-        control.recv_until(|v| v["op"] == "pong");
-        if let Ok(text) = std::fs::read_to_string(&status)
-            && let Ok(v) = serde_json::from_str::<Value>(&text)
-        {
-            last = v["turns"]["max_held"].clone();
-            if last == json!(7) {
-                break;
-            }
-        }
-    }
-    assert_eq!(last, json!(7));
+    // The status file is rewritten every 100 ms.
+    wait_status(&status, "the status's max_held is 7", WAIT, |v| {
+        (v["turns"]["max_held"] == json!(7)).then_some(())
+    });
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, unbounded};
 use serde_json::{Value, json};
 
+use crate::common::eventually;
+
 /// Only a failing run waits this long.
 pub const WAIT: Duration = Duration::from_secs(60);
 
@@ -177,25 +179,18 @@ disable_existing_loggers: false
     rx.recv().expect("synapse started");
     let base = format!("http://127.0.0.1:{port}");
     // Bounded polling of the real server until it listens.
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if http(
-            "GET",
-            &format!("{base}/_matrix/client/versions"),
-            None,
-            None,
-        )
-        .is_ok()
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "Synapse did not start within {WAIT:?}; see {}/synapse.log",
-            dir.path().display()
-        );
-        std::thread::park_timeout(Duration::from_millis(100));
-    }
+    eventually(
+        &format!("Synapse listens (see {}/synapse.log)", dir.path().display()),
+        WAIT,
+        || {
+            http(
+                "GET",
+                &format!("{base}/_matrix/client/versions"),
+                None,
+                None,
+            )
+        },
+    );
     eprintln!("synapse up at {base} after {:?}", started.elapsed());
     let mut s = Synapse {
         base,

@@ -338,6 +338,29 @@ pub fn leases(redis: &Redis, partitions: u32) -> Vec<Option<String>> {
         .collect()
 }
 
+/// How many messages Redis holds in flight (accepted, not yet confirmed `delivered`) in
+/// `partitions`.
+pub fn messages_in_flight(redis: &Redis, partitions: u32) -> u64 {
+    let mut c = redis.client();
+    (0..partitions)
+        .map(|p| {
+            redis::cmd("ZCARD")
+                .arg(format!("ts:{{p{p}}}:q"))
+                .query::<u64>(&mut c)
+                .expect("ZCARD")
+        })
+        .sum()
+}
+
+/// Waits (bounded) until Redis holds no message in flight in `partitions`: every outcome
+/// confirmed `delivered` reached it (on the instances' clocks, so Redis is polled).
+#[track_caller]
+pub fn until_nothing_in_flight(redis: &Redis, partitions: u32) {
+    eventually("no message in flight in Redis", WAIT, || {
+        holds(messages_in_flight(redis, partitions), |n| *n == 0)
+    });
+}
+
 /// Whether `instance` holds every one of `leases` (tokens `<instance>:<epoch>`).
 pub fn all_held_by(leases: &[Option<String>], instance: &str) -> bool {
     all_held_by_any(leases, &[instance])
