@@ -17,13 +17,15 @@ mod redis_support;
 mod snapshot_watch;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use redis_support::{ClusterServe, Redis, WAIT, leases, require_redis, until_all_held_by};
+use redis_support::{
+    ClusterServe, Redis, WAIT, leases, require_redis, until_all_held_by, until_nothing_in_flight,
+};
 use serde_json::{Value, json};
 use snapshot_watch::SnapshotWatch;
 
@@ -133,18 +135,9 @@ impl Server {
 
     /// A plain HTTP GET of the endpoint; the body of a 200.
     fn get(&self, path: &str) -> String {
-        let mut s = TcpStream::connect(self.serve.http()).expect("connect http");
-        s.set_read_timeout(Some(WAIT)).expect("timeout");
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .expect("request");
-        let mut raw = String::new();
-        s.read_to_string(&mut raw).expect("response");
-        let (head, body) = raw.split_once("\r\n\r\n").expect("a head");
-        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-        body.to_owned()
+        let answer = common::http::get(self.serve.http(), path, None);
+        assert_eq!(answer.status, 200, "{}", answer.head);
+        answer.body
     }
 }
 
@@ -619,28 +612,6 @@ fn outcome_records(redis: &Redis) -> usize {
     published
 }
 
-/// Waits (bounded) until Redis holds no message in flight: every outcome confirmed
-/// `delivered` reached it.
-fn until_nothing_in_flight(redis: &Redis) {
-    let t0 = Instant::now();
-    let mut c = redis.client();
-    loop {
-        let n: u64 = (0..PARTITIONS)
-            .map(|p| {
-                redis::cmd("ZCARD")
-                    .arg(format!("ts:{{p{p}}}:q"))
-                    .query::<u64>(&mut c)
-                    .expect("ZCARD")
-            })
-            .sum();
-        if n == 0 {
-            return;
-        }
-        assert!(t0.elapsed() < WAIT, "{n} message(s) stayed in Redis");
-        std::thread::park_timeout(Duration::from_millis(10));
-    }
-}
-
 /// An exec agent that appends the turn's message id to `log` (its side effect), then answers
 /// the turn's text.
 fn side_effect_agent(log: &Path) -> Vec<String> {
@@ -759,7 +730,7 @@ fn three_instances_kill_9(victim: usize) {
     assert!(lost.is_empty(), "acked and never answered: {lost:?}");
     assert!(disorder.is_empty(), "replies out of order: {disorder:?}");
     assert_eq!(published, sent, "one outcome record per message");
-    until_nothing_in_flight(&redis);
+    until_nothing_in_flight(&redis, PARTITIONS);
     // The side effects: a delivered reply's exactly once, nobody's twice.
     let log = std::fs::read_to_string(&effects).expect("the side-effect log");
     let mut done: HashMap<&str, usize> = HashMap::new();
@@ -942,7 +913,7 @@ fn redis_restarted_mid_load_refuses_storage_meanwhile_loses_nothing_acked_and_re
     );
     assert!(disorder.is_empty(), "replies out of order: {disorder:?}");
     assert_eq!(published, all.len(), "one outcome record per message");
-    until_nothing_in_flight(&redis);
+    until_nothing_in_flight(&redis, PARTITIONS);
     drop((a, b));
 }
 
@@ -1008,7 +979,7 @@ fn an_ack_for_a_message_owned_elsewhere_carries_the_cluster_wide_position() {
         on_b.delivered(&done);
     }
     // Confirmed, they leave Redis; with nothing ahead, the next one is queued at position 0.
-    until_nothing_in_flight(&redis);
+    until_nothing_in_flight(&redis, PARTITIONS);
     on_b.message("m3", "7");
     assert_eq!(ack(&mut on_b), (json!("m3"), json!("queued"), json!(0)));
     open_gate();
@@ -1074,7 +1045,7 @@ fn the_same_id_with_another_chat_on_another_instance_is_a_duplicate() {
     let done = on_a.next();
     assert_eq!(done["text"], "m1", "{done}");
     on_a.delivered(&done);
-    until_nothing_in_flight(&redis);
+    until_nothing_in_flight(&redis, PARTITIONS);
     // Answered and confirmed: still a duplicate for the rest of the window.
     on_b.message("m1", &other);
     let dup = on_b.next();

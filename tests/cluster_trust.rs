@@ -14,7 +14,7 @@ mod redis_support;
 mod snapshot_watch;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::process::Stdio;
 use std::time::Instant;
@@ -78,20 +78,8 @@ impl Server {
 
     /// The status code and body of a GET of the HTTP endpoint.
     fn get(&self, path: &str) -> (u16, String) {
-        let mut s = TcpStream::connect(self.serve.http()).expect("connect http");
-        s.set_read_timeout(Some(WAIT)).expect("timeout");
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .expect("request");
-        let mut raw = String::new();
-        s.read_to_string(&mut raw).expect("response");
-        let code = raw
-            .get(9..12)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or_else(|| panic!("a status line: {raw}"));
-        (code, raw)
+        let answer = common::http::get(self.serve.http(), path, None);
+        (answer.status, answer.body)
     }
 }
 

@@ -791,7 +791,6 @@ fn a_main_file_without_its_mark_is_refused() {
 /// (`turnstile_journal_disk_bytes`), with the write-latency histogram.
 #[test]
 fn the_journal_size_on_disk_and_write_latency_are_in_status_and_metrics() {
-    use std::io::Read;
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
@@ -824,37 +823,21 @@ fn the_journal_size_on_disk_and_write_latency_are_in_status_and_metrics() {
     let mut c = Plain::connect(&server.addr, acks_hello());
     c.message("one", "1");
     assert_eq!(c.next()["op"], "ack");
-    let get = |path: &str| {
-        let mut s = TcpStream::connect(&http).unwrap();
-        s.set_read_timeout(Some(WAIT)).unwrap();
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut body = String::new();
-        s.read_to_string(&mut body).unwrap();
-        body
-    };
+    let get = |path: &str| common::http::get(&http, path, None).body;
     let metric = |text: &str, name: &str| -> Option<f64> {
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
     };
     // The status is published by the heartbeat: ask until it shows the write.
-    let metrics = loop {
+    let metrics = common::eventually("the metrics count the journal's write", WAIT, || {
         let m = get("/metrics");
-        if metric(&m, "turnstile_journal_write_seconds_count").is_some_and(|n| n >= 1.0) {
-            break m;
-        }
-        // One round trip to the gateway per try (its reply to `one` may come first).
-        c.send(&json!({"op": "ping"}));
-        while c.next()["op"] != "pong" {}
-    };
+        metric(&m, "turnstile_journal_write_seconds_count")
+            .is_some_and(|n| n >= 1.0)
+            .then_some(m)
+    });
     let bytes = metric(&metrics, "turnstile_journal_disk_bytes").expect("disk bytes");
     assert!(bytes >= 4096.0, "{bytes}");
-    let status = get("/status");
-    let body = &status[status.find("\r\n\r\n").unwrap() + 4..];
-    let v: Value = serde_json::from_str(body).unwrap();
+    let v: Value = serde_json::from_str(&get("/status")).unwrap();
     let j = &v["frontend"]["journal"];
     assert!(j["disk_bytes"].as_u64().is_some_and(|b| b >= 4096), "{j}");
     server.kill9();

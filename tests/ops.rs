@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+mod common;
 mod snapshot_watch;
+use common::http::{Http, get, parse_response};
 use snapshot_watch::SnapshotWatch;
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -289,48 +291,6 @@ impl Client {
     fn ack(&mut self, id: &str) -> Value {
         self.recv_until(|v| v["id"] == id && (v["op"] == "ack" || v["op"] == "reject"))
     }
-}
-
-struct Http {
-    status: u16,
-    head: String,
-    body: String,
-}
-
-/// One request on a fresh connection (`Connection: close`).
-fn get(addr: &str, path: &str, token: Option<&str>) -> Http {
-    let mut s = TcpStream::connect(addr).expect("connect http");
-    s.set_read_timeout(Some(WAIT)).expect("timeout");
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n"
-    )
-    .expect("write");
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).expect("read response");
-    parse_response(&raw).0
-}
-
-/// A response from the start of `raw`, and the bytes it took.
-fn parse_response(raw: &[u8]) -> (Http, usize) {
-    let text = String::from_utf8_lossy(raw);
-    let end = text
-        .find("\r\n\r\n")
-        .unwrap_or_else(|| panic!("no head: {text:?}"));
-    let head = text[..end].to_owned();
-    let status: u16 = head[9..12].parse().expect("status code");
-    let len: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("Content-Length: "))
-        .expect("content length")
-        .trim()
-        .parse()
-        .expect("length");
-    let body = text[end + 4..end + 4 + len].to_owned();
-    (Http { status, head, body }, end + 4 + len)
 }
 
 /// A format checker for the Prometheus text exposition format 0.0.4 (what `promtool check

@@ -3,11 +3,15 @@
 //! `turnstile send --platform … --chat … --user …`; a route change by SIGHUP; the status,
 //! the metrics and `/status`; `--check-config`.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+
+use common::eventually;
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -132,19 +136,7 @@ impl Gw {
     }
 
     fn get(&self, path: &str) -> String {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(&self.http).expect("connect http");
-        s.set_read_timeout(Some(WAIT)).expect("timeout");
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .expect("write");
-        let mut body = String::new();
-        s.read_to_string(&mut body).expect("read");
-        body.split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default()
+        common::http::get(&self.http, path, None).body
     }
 
     fn sighup(&self) {
@@ -220,14 +212,15 @@ fn status_and_metrics_name_the_agents() {
     assert!(status.ends_with("; agent default"), "{status}");
     // The status is the reactor's last heartbeat snapshot (up to one tick old): read it
     // until it counts the three sessions just served.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let json = loop {
+    let json = eventually("the status counts the three sessions", WAIT, || {
         let json: serde_json::Value =
             serde_json::from_str(&gw.get("/status")).expect("status json");
-        if json["sessions"]["total"].as_u64() >= Some(3) || std::time::Instant::now() > deadline {
-            break json;
+        if json["sessions"]["total"].as_u64() >= Some(3) {
+            Ok(json)
+        } else {
+            Err(json)
         }
-    };
+    });
     let agents = json["agents"].as_array().expect("agents in the status");
     let names: Vec<&str> = agents.iter().filter_map(|a| a["name"].as_str()).collect();
     assert_eq!(names, ["default", "one", "two", "three"]);

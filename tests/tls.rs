@@ -15,7 +15,10 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+mod common;
 mod snapshot_watch;
+use common::http::{get_request, parse_response};
+use common::{eventually, holds};
 use snapshot_watch::SnapshotWatch;
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -275,11 +278,8 @@ fn https_get(addr: &str, ca: &str, path: &str) -> (u16, String) {
 /// [`https_get`] with `headers` (each ending in CRLF) added to the request.
 fn https_get_with(addr: &str, ca: &str, path: &str, headers: &str) -> (u16, String) {
     let mut tls = connect_tls(addr, ca).expect("handshake");
-    write!(
-        tls,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\n{headers}Connection: close\r\n\r\n"
-    )
-    .expect("request");
+    tls.write_all(get_request(path, headers).as_bytes())
+        .expect("request");
     tls.flush().expect("flush");
     let mut raw = Vec::new();
     match tls.read_to_end(&mut raw) {
@@ -288,17 +288,8 @@ fn https_get_with(addr: &str, ca: &str, path: &str, headers: &str) -> (u16, Stri
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {}
         Err(e) => panic!("reading the answer: {e}"),
     }
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let code = text
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("no status line: {text:?}"));
-    let body = text
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_owned();
-    (code, body)
+    let answer = parse_response(&raw).0;
+    (answer.status, answer.body)
 }
 
 fn run(args: &[&str]) -> Output {
@@ -960,34 +951,24 @@ fn silent_connections_without_a_token_are_closed_at_the_handshake_deadline() {
         .map(|_| TcpStream::connect(&gw.addr).expect("connect"))
         .collect();
     let started = std::time::Instant::now();
-    let full = loop {
+    eventually("the cap filled", WAIT, || {
         let (_, body) = https_get(&gw.http, &ca, "/status");
         let status: Value = serde_json::from_str(&body).expect("status json");
-        if status["frontend"]["connections"] == 20 {
-            break started.elapsed();
-        }
-        assert!(started.elapsed() < WAIT, "the cap never filled: {status}");
-    };
-    let mut tries = 0;
-    let admitted = loop {
-        tries += 1;
-        if let Ok(mut tls) = connect_tls(&gw.addr, &ca) {
-            let pong = exchange(
-                &mut tls,
-                &[
-                    json!({"op": "hello", "platform": "cli"}),
-                    json!({"op": "ping"}),
-                ],
-                |v| v["op"] == "pong",
-            );
-            assert_eq!(pong["op"], "pong");
-            break started.elapsed();
-        }
-        assert!(
-            started.elapsed() < WAIT,
-            "no TLS bridge got in within {WAIT:?} ({tries} tries)"
-        );
-    };
+        holds(status, |s| s["frontend"]["connections"] == 20)
+    });
+    let full = started.elapsed();
+    // A bridge that retries until it gets in.
+    let mut tls = eventually("a TLS bridge got in", WAIT, || connect_tls(&gw.addr, &ca));
+    let pong = exchange(
+        &mut tls,
+        &[
+            json!({"op": "hello", "platform": "cli"}),
+            json!({"op": "ping"}),
+        ],
+        |v| v["op"] == "pong",
+    );
+    assert_eq!(pong["op"], "pong");
+    let admitted = started.elapsed();
     assert!(
         admitted < full + Duration::from_secs(5),
         "admitted after {admitted:?} (the cap full at {full:?})"
@@ -1054,17 +1035,11 @@ fn a_spread_out_flood_of_silent_connections_cannot_lock_a_bridge_out() {
         .collect();
     // The flood fills the cap before the first bridge tries.
     let started = std::time::Instant::now();
-    loop {
+    eventually("the flood filled the cap", WAIT, || {
         let (_, body) = https_get_with(&gw.http, &ca, "/status", "Authorization: Bearer t\r\n");
         let status: Value = serde_json::from_str(&body).expect("status json");
-        if status["frontend"]["unauthenticated"] == 256 {
-            break;
-        }
-        assert!(
-            started.elapsed() < WAIT,
-            "the flood never filled the cap: {status}"
-        );
-    }
+        holds(status, |s| s["frontend"]["unauthenticated"] == 256)
+    });
     let flood_start = opened.load(Ordering::Relaxed);
     let mut slowest = Duration::ZERO;
     for attempt in 0..8 {

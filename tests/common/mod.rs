@@ -1,10 +1,12 @@
 //! Shared test support: a deterministic driver for the sans-IO core, a log capture,
 //! [`eventually`] for a state another thread or process changes on a clock of its own, and
-//! a `serve` process's listening line and status file ([`gateway`]).
+//! a `serve` process's listening line and status file ([`gateway`]), a `GET` of its HTTP
+//! endpoint ([`http`]).
 #![allow(dead_code)]
 
 pub mod eventually;
 pub mod gateway;
+pub mod http;
 pub mod sim;
 
 pub use eventually::{eventually, holds};
