@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crossbeam_channel::{Receiver, Sender};
-use redis_support::{ClusterServe, LogLines, Redis, WAIT, require_redis};
+use redis_support::{ClusterServe, LogLines, Redis, WAIT, require_redis, terminal};
 use serde_json::{Value, json};
 
 /// A TCP relay to a Redis port that can be moved: what a failover's virtual IP does.
@@ -136,13 +136,6 @@ fn bridge(addr: &str) -> (TcpStream, Receiver<Value>) {
     let confirm = w.try_clone().expect("clone");
     std::thread::spawn(move || pump(stream, confirm, &tx));
     (w, rx)
-}
-
-fn terminal(v: &Value) -> bool {
-    matches!(
-        v["op"].as_str(),
-        Some("reply" | "failed" | "cancelled" | "merged")
-    )
 }
 
 fn pump(stream: TcpStream, mut confirm: TcpStream, tx: &Sender<Value>) {

@@ -11,14 +11,13 @@ mod common;
 mod redis_support;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use common::eventually;
 use redis_support::{
-    ClusterServe, Redis, WAIT, require_redis, until_all_held_by, until_nothing_in_flight,
+    BridgeClient, ClusterServe, Redis, WAIT, require_redis, terminal, until_all_held_by,
+    until_nothing_in_flight,
 };
 use serde_json::{Value, json};
 
@@ -54,50 +53,6 @@ impl Server {
             .and_then(|t| serde_json::from_str::<Value>(&t).ok())
             .map_or(Value::Null, |s| s["frontend"]["cluster"].clone())
     }
-}
-
-struct Client {
-    reader: BufReader<TcpStream>,
-    writer: TcpStream,
-}
-
-impl Client {
-    fn connect(addr: &str) -> Client {
-        let stream = TcpStream::connect(addr).expect("connect");
-        stream.set_read_timeout(Some(WAIT)).expect("timeout");
-        let mut c = Client {
-            reader: BufReader::new(stream.try_clone().expect("clone")),
-            writer: stream,
-        };
-        c.send(&json!({"op": "hello", "platform": "tg", "acks": true}));
-        c
-    }
-
-    fn send(&mut self, v: &Value) {
-        self.writer
-            .write_all((v.to_string() + "\n").as_bytes())
-            .expect("write");
-    }
-
-    /// The next line that is not a typing indicator or a partial.
-    fn next(&mut self) -> Value {
-        loop {
-            let mut line = String::new();
-            let n = self.reader.read_line(&mut line).expect("read");
-            assert!(n > 0, "connection closed");
-            let v: Value = serde_json::from_str(&line).expect("json");
-            if v["op"] != "typing" && v["op"] != "partial" {
-                return v;
-            }
-        }
-    }
-}
-
-fn terminal(v: &Value) -> bool {
-    matches!(
-        v["op"].as_str(),
-        Some("reply" | "failed" | "cancelled" | "merged")
-    )
 }
 
 /// An exec agent that answers the turn's text once `gate` exists: the test holds every
@@ -138,7 +93,7 @@ fn a_bridge_that_moved_from_x_to_y_before_its_results_came_gets_each_from_y_once
     let x = Server::start(&redis, "x", &agent, dir.path());
     let y = Server::start(&redis, "y", &agent, dir.path());
     let n = 6;
-    let mut on_x = Client::connect(&x.serve.addr);
+    let mut on_x = BridgeClient::connect(&x.serve.addr);
     for i in 0..n {
         on_x.send(&json!({"op": "message", "id": format!("m{i}"), "chat_id": format!("{i}"), "text": format!("t{i}")}));
     }
@@ -150,7 +105,7 @@ fn a_bridge_that_moved_from_x_to_y_before_its_results_came_gets_each_from_y_once
         get(&redis, "ts:hello:tg").is_some_and(|v| v.starts_with("x "))
     });
     drop(on_x);
-    let mut on_y = Client::connect(&y.serve.addr);
+    let mut on_y = BridgeClient::connect(&y.serve.addr);
     until("y's hello is the newest", || {
         get(&redis, "ts:hello:tg").is_some_and(|v| v.starts_with("y "))
     });

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use common::{eventually, holds};
 use crossbeam_channel::{Receiver, Sender};
-use redis_support::{ClusterServe, Redis, WAIT, leases, require_redis};
+use redis_support::{ClusterServe, Redis, WAIT, leases, require_redis, terminal};
 use serde_json::{Value, json};
 
 const PARTITIONS: u32 = 8;
@@ -92,13 +92,6 @@ impl Bridge {
             .write_all((v.to_string() + "\n").as_bytes())
             .expect("write");
     }
-}
-
-fn terminal(v: &Value) -> bool {
-    matches!(
-        v["op"].as_str(),
-        Some("reply" | "failed" | "cancelled" | "merged")
-    )
 }
 
 /// The holder (instance name) of each partition's lease now.

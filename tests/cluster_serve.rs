@@ -11,14 +11,14 @@ mod common;
 mod redis_support;
 
 use std::collections::{HashMap, HashSet};
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::process::Stdio;
 use std::time::Instant;
 
 use redis_support::{
-    ClusterServe, Redis, WAIT, all_held_by, leases, require_redis, until_all_held_by,
-    until_nothing_in_flight,
+    BridgeClient, ClusterServe, Redis, WAIT, all_held_by, leases, require_redis, terminal,
+    until_all_held_by, until_nothing_in_flight,
 };
 use serde_json::{Value, json};
 
@@ -43,71 +43,6 @@ impl ClusterServe {
     }
 }
 
-struct Client {
-    reader: BufReader<TcpStream>,
-    writer: TcpStream,
-}
-
-impl Client {
-    fn connect(addr: &str) -> Client {
-        let stream = TcpStream::connect(addr).expect("connect");
-        stream.set_read_timeout(Some(WAIT)).expect("timeout");
-        let mut c = Client {
-            reader: BufReader::new(stream.try_clone().expect("clone")),
-            writer: stream,
-        };
-        c.send(&json!({"op": "hello", "platform": "tg", "acks": true}));
-        c
-    }
-
-    /// A second handle on the connection's write side.
-    fn writer(&self) -> TcpStream {
-        self.writer.try_clone().expect("clone")
-    }
-
-    fn send(&mut self, v: &Value) {
-        self.writer
-            .write_all((v.to_string() + "\n").as_bytes())
-            .expect("write");
-    }
-
-    fn message(&mut self, id: &str, chat: &str) {
-        self.send(&json!({"op": "message", "id": id, "chat_id": chat, "text": id}));
-    }
-
-    /// The next line that is not a typing indicator or a partial; `None` at the end.
-    fn next_line(&mut self) -> Option<Value> {
-        loop {
-            let mut line = String::new();
-            match self.reader.read_line(&mut line) {
-                Ok(0) | Err(_) => return None,
-                Ok(_) => {}
-            }
-            let v: Value = serde_json::from_str(&line).expect("json");
-            if v["op"] != "typing" && v["op"] != "partial" {
-                return Some(v);
-            }
-        }
-    }
-
-    fn next(&mut self) -> Value {
-        self.next_line().expect("connection closed")
-    }
-
-    /// Confirms a terminal event (an `acks` bridge).
-    fn delivered(&mut self, v: &Value) {
-        let id = v["id"].as_str().expect("id").to_owned();
-        self.send(&json!({"op": "delivered", "ids": [id]}));
-    }
-}
-
-fn terminal(v: &Value) -> bool {
-    matches!(
-        v["op"].as_str(),
-        Some("reply" | "failed" | "cancelled" | "merged")
-    )
-}
-
 #[test]
 fn a_message_accepted_on_a_and_owned_by_b_is_run_on_b_and_answered_on_a() {
     let Some(bin) = require_redis() else { return };
@@ -115,7 +50,7 @@ fn a_message_accepted_on_a_and_owned_by_b_is_run_on_b_and_answered_on_a() {
     let b = Server::start(&redis, "b", 3000);
     until_all_held_by(&redis, PARTITIONS, &["b"]);
     let a = Server::start(&redis, "a", 3000);
-    let mut on_a = Client::connect(&a.addr);
+    let mut on_a = BridgeClient::connect(&a.addr);
     on_a.message("m1", "1");
     let ack = on_a.next();
     assert_eq!(
@@ -136,7 +71,7 @@ fn a_message_accepted_on_a_and_owned_by_b_is_run_on_b_and_answered_on_a() {
     );
     assert!(all_held_by(&leases(&redis, PARTITIONS), "b"));
     // B's own bridge is answered by B.
-    let mut on_b = Client::connect(&b.addr);
+    let mut on_b = BridgeClient::connect(&b.addr);
     on_b.message("m2", "2");
     assert_eq!(on_b.next()["op"], "ack");
     let done_b = on_b.next();
@@ -157,8 +92,8 @@ fn kill_9_of_the_owner_mid_load_loses_no_acked_message_and_keeps_per_session_ord
     until_all_held_by(&redis, PARTITIONS, &["b"]);
     let a = Server::start(&redis, "a", lease_ms);
     let (sessions, per_session) = (20, 10);
-    let mut on_a = Client::connect(&a.addr);
-    let mut on_b = Client::connect(&b.addr);
+    let mut on_a = BridgeClient::connect(&a.addr);
+    let mut on_b = BridgeClient::connect(&b.addr);
     // Half the sessions through each instance, every message sent before the kill.
     let mut sent: Vec<(String, String)> = Vec::new();
     for i in 0..per_session {
@@ -208,7 +143,7 @@ fn kill_9_of_the_owner_mid_load_loses_no_acked_message_and_keeps_per_session_ord
     while let Some(v) = on_b.next_line() {
         record(v, &mut acked, &mut outcomes, &mut order);
     }
-    let again = Client::connect(&a.addr);
+    let again = BridgeClient::connect(&a.addr);
     let took = until_all_held_by(&redis, PARTITIONS, &["a"]);
     eprintln!(
         "takeover: every partition held by a {:?} after kill -9 of b (lease {lease_ms} ms)",
@@ -336,7 +271,7 @@ fn send_message(w: &mut TcpStream, id: &str, chat: &str) {
 
 /// Reads a connection on its own thread: every line goes to `tx`, every terminal event is
 /// confirmed.
-fn pump(mut c: Client, via: &'static str, tx: crossbeam_channel::Sender<Value>) {
+fn pump(mut c: BridgeClient, via: &'static str, tx: crossbeam_channel::Sender<Value>) {
     std::thread::spawn(move || {
         while let Some(mut v) = c.next_line() {
             v["via"] = via.into();
@@ -364,7 +299,10 @@ fn sigstop_of_the_owner_past_its_lease_then_sigcont_hands_its_partitions_over_an
     let b = Server::start_logged(&redis, "b", lease_ms, Stdio::from(log));
     until_all_held_by(&redis, PARTITIONS, &["b"]);
     let a = Server::start(&redis, "a", lease_ms);
-    let (on_a, on_b) = (Client::connect(&a.addr), Client::connect(&b.addr));
+    let (on_a, on_b) = (
+        BridgeClient::connect(&a.addr),
+        BridgeClient::connect(&b.addr),
+    );
     let (mut wa, mut wb) = (on_a.writer(), on_b.writer());
     let (tx, rx) = crossbeam_channel::unbounded();
     pump(on_a, "a", tx.clone());

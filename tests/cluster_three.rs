@@ -17,14 +17,15 @@ mod redis_support;
 mod snapshot_watch;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use redis_support::{
-    ClusterServe, Redis, WAIT, leases, require_redis, until_all_held_by, until_nothing_in_flight,
+    BridgeClient, ClusterServe, Redis, WAIT, leases, require_redis, terminal, until_all_held_by,
+    until_nothing_in_flight,
 };
 use serde_json::{Value, json};
 use snapshot_watch::SnapshotWatch;
@@ -142,79 +143,6 @@ impl Server {
 }
 
 /// A bridge connection with `acks`.
-struct Client {
-    reader: BufReader<TcpStream>,
-    writer: TcpStream,
-}
-
-impl Client {
-    fn connect(addr: &str) -> Client {
-        let stream = TcpStream::connect(addr).expect("connect");
-        stream.set_read_timeout(Some(WAIT)).expect("timeout");
-        let mut c = Client {
-            reader: BufReader::new(stream.try_clone().expect("clone")),
-            writer: stream,
-        };
-        c.send(&json!({"op": "hello", "platform": "tg", "acks": true}));
-        c
-    }
-
-    /// A second handle on the connection's write side.
-    fn writer(&self) -> TcpStream {
-        self.writer.try_clone().expect("clone")
-    }
-
-    fn send(&mut self, v: &Value) {
-        self.writer
-            .write_all((v.to_string() + "\n").as_bytes())
-            .expect("write");
-    }
-
-    fn message(&mut self, id: &str, chat: &str) {
-        send_message(&mut self.writer, id, chat);
-    }
-
-    /// The next line that is not a typing indicator or a partial; `None` at the end.
-    fn next_line(&mut self) -> Option<Value> {
-        loop {
-            let mut line = String::new();
-            match self.reader.read_line(&mut line) {
-                Ok(0) | Err(_) => return None,
-                Ok(_) => {}
-            }
-            let v: Value = serde_json::from_str(&line).expect("json");
-            if v["op"] != "typing" && v["op"] != "partial" {
-                return Some(v);
-            }
-        }
-    }
-
-    fn next(&mut self) -> Value {
-        self.next_line().expect("connection closed")
-    }
-
-    /// Confirms a terminal event (an `acks` bridge).
-    fn delivered(&mut self, v: &Value) {
-        let id = v["id"].as_str().expect("id").to_owned();
-        self.send(&json!({"op": "delivered", "ids": [id]}));
-    }
-}
-
-/// Sends `id` of session `chat` on a connection's write side (the text is the id).
-fn send_message(w: &mut TcpStream, id: &str, chat: &str) {
-    let v = json!({"op": "message", "id": id, "chat_id": chat, "text": id});
-    // A write to a connection the instance's death closed fails: the id stays unacked and
-    // the bridge resends it on its next connection.
-    let _ = w.write_all((v.to_string() + "\n").as_bytes());
-}
-
-fn terminal(v: &Value) -> bool {
-    matches!(
-        v["op"].as_str(),
-        Some("reply" | "failed" | "cancelled" | "merged")
-    )
-}
-
 /// `promtool check metrics` of an exposition: its verdict and what it said.
 fn promtool(text: &str) -> Option<(bool, String)> {
     let mut child = Command::new("promtool")
@@ -314,7 +242,7 @@ fn the_cluster_figures_are_in_the_status_the_summary_and_the_exposition() {
     );
     // A message sent to b, owned by a: acked by b, waiting there for a's outcome while the
     // gate holds a's turn.
-    let mut on_b = Client::connect(&b.serve.addr);
+    let mut on_b = BridgeClient::connect(&b.serve.addr);
     on_b.message("m1", "1");
     assert_eq!(on_b.next()["op"], "ack");
     let sb = b.wait_status("b waiting for a remote outcome", |s| {
@@ -434,6 +362,13 @@ struct Line {
     v: Value,
 }
 
+/// Sends message `id` in chat `chat` on `w`; a write to a connection the instance's death
+/// closed fails: the id stays unacked and the bridge resends it on its next connection.
+fn send_message(w: &mut TcpStream, id: &str, chat: &str) {
+    let v = json!({"op": "message", "id": id, "chat_id": chat, "text": id});
+    let _ = w.write_all((v.to_string() + "\n").as_bytes());
+}
+
 /// A bridge as a real one behaves, on its own thread: it connects to the first instance of
 /// `addrs` that answers, sends its messages, confirms every terminal event, and when the
 /// connection ends (the instance died) connects to the next one and resends every message
@@ -451,12 +386,12 @@ fn load_bridge(
         for conn in 0.. {
             let Some(mut c) = addrs[at..].iter().find_map(|a| {
                 at += 1;
-                TcpStream::connect(a).ok().map(|_| Client::connect(a))
+                TcpStream::connect(a).ok().map(|_| BridgeClient::connect(a))
             }) else {
                 return;
             };
             for (id, chat) in messages.iter().filter(|(id, _)| !acked.contains(id)) {
-                c.message(id, chat);
+                send_message(&mut c.writer(), id, chat);
             }
             while let Some(v) = c.next_line() {
                 if v["op"] == "ack" {
@@ -765,7 +700,7 @@ fn three_instances_kill_9(victim: usize) {
 
 /// Reads a connection on its own thread as bridge `bridge`: every line goes to `tx`, every
 /// terminal event is confirmed.
-fn pump(mut c: Client, bridge: usize, tx: crossbeam_channel::Sender<Line>) {
+fn pump(mut c: BridgeClient, bridge: usize, tx: crossbeam_channel::Sender<Line>) {
     std::thread::spawn(move || {
         while let Some(v) = c.next_line() {
             if terminal(&v) {
@@ -793,8 +728,8 @@ fn redis_restarted_mid_load_refuses_storage_meanwhile_loses_nothing_acked_and_re
     until_all_held_by(&redis, PARTITIONS, &["a"]);
     let b = Server::start(&redis, "b", lease_ms, &[]);
     let (ca, cb) = (
-        Client::connect(&a.serve.addr),
-        Client::connect(&b.serve.addr),
+        BridgeClient::connect(&a.serve.addr),
+        BridgeClient::connect(&b.serve.addr),
     );
     let mut writers = [ca.writer(), cb.writer()];
     let (tx, rx) = crossbeam_channel::unbounded();
@@ -942,10 +877,10 @@ fn an_ack_for_a_message_owned_elsewhere_carries_the_cluster_wide_position() {
             .is_some_and(|l| l.len() == 2)
     });
     let (mut on_a, mut on_b) = (
-        Client::connect(&a.serve.addr),
-        Client::connect(&b.serve.addr),
+        BridgeClient::connect(&a.serve.addr),
+        BridgeClient::connect(&b.serve.addr),
     );
-    let ack = |c: &mut Client| {
+    let ack = |c: &mut BridgeClient| {
         let v = c.next();
         assert_eq!(v["op"], "ack", "{v}");
         (v["id"].clone(), v["state"].clone(), v["position"].clone())
@@ -1019,8 +954,8 @@ fn the_same_id_with_another_chat_on_another_instance_is_a_duplicate() {
         .find(|c| partition(c) != partition("1"))
         .expect("a chat in another partition");
     let (mut on_a, mut on_b) = (
-        Client::connect(&a.serve.addr),
-        Client::connect(&b.serve.addr),
+        BridgeClient::connect(&a.serve.addr),
+        BridgeClient::connect(&b.serve.addr),
     );
     on_a.message("m1", "1");
     let ack = on_a.next();

@@ -13,11 +13,13 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
+use std::net::{TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
 
 use crate::common::{eventually, holds};
 
@@ -323,6 +325,77 @@ impl Drop for ClusterServe {
         // A stopped process must be continued to die of SIGTERM; SIGKILL needs nothing.
         self.kill9();
     }
+}
+
+/// A bridge's connection to an instance, `acks` on (platform `tg`).
+pub struct BridgeClient {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl BridgeClient {
+    /// Connects to `addr` and says hello; reads wait at most [`WAIT`].
+    pub fn connect(addr: &str) -> BridgeClient {
+        let stream = TcpStream::connect(addr).expect("connect");
+        stream.set_read_timeout(Some(WAIT)).expect("timeout");
+        let mut c = BridgeClient {
+            reader: BufReader::new(stream.try_clone().expect("clone")),
+            writer: stream,
+        };
+        c.send(&json!({"op": "hello", "platform": "tg", "acks": true}));
+        c
+    }
+
+    /// A second handle on the connection's write side.
+    pub fn writer(&self) -> TcpStream {
+        self.writer.try_clone().expect("clone")
+    }
+
+    pub fn send(&mut self, v: &Value) {
+        self.writer
+            .write_all((v.to_string() + "\n").as_bytes())
+            .expect("write");
+    }
+
+    /// Sends message `id` (its text is its id) in chat `chat`.
+    pub fn message(&mut self, id: &str, chat: &str) {
+        self.send(&json!({"op": "message", "id": id, "chat_id": chat, "text": id}));
+    }
+
+    /// The next line that is not a typing indicator or a partial; `None` at the end (or
+    /// past the read timeout).
+    pub fn next_line(&mut self) -> Option<Value> {
+        loop {
+            let mut line = String::new();
+            match self.reader.read_line(&mut line) {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => {}
+            }
+            let v: Value = serde_json::from_str(&line).expect("json");
+            if v["op"] != "typing" && v["op"] != "partial" {
+                return Some(v);
+            }
+        }
+    }
+
+    #[track_caller]
+    pub fn next(&mut self) -> Value {
+        self.next_line().expect("connection closed")
+    }
+
+    /// Confirms a terminal event (an `acks` bridge).
+    pub fn delivered(&mut self, v: &Value) {
+        let id = v["id"].as_str().expect("id").to_owned();
+        self.send(&json!({"op": "delivered", "ids": [id]}));
+    }
+}
+
+/// Whether `v` is a message's terminal event.
+pub fn terminal(v: &Value) -> bool {
+    matches!(
+        v["op"].as_str(),
+        Some("reply" | "failed" | "cancelled" | "merged")
+    )
 }
 
 /// Each partition's lease now (`<instance>:<epoch>`, or none).
