@@ -25,8 +25,9 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 
+use common::gateway::LogLines;
 use crossbeam_channel::{Receiver, Sender};
-use redis_support::{ClusterServe, LogLines, Redis, WAIT, require_redis, terminal};
+use redis_support::{ClusterServe, Redis, WAIT, require_redis, terminal};
 use serde_json::{Value, json};
 
 /// A TCP relay to a Redis port that can be moved: what a failover's virtual IP does.

@@ -19,8 +19,9 @@ use std::net::TcpStream;
 use std::process::Stdio;
 use std::time::Instant;
 
+use common::gateway::LogLines;
 use crossbeam_channel::{Receiver, Sender};
-use redis_support::{ClusterServe, LogLines, Redis, WAIT, require_redis};
+use redis_support::{ClusterServe, Redis, WAIT, require_redis};
 use serde_json::{Value, json};
 use snapshot_watch::SnapshotWatch;
 

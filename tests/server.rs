@@ -5,57 +5,31 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::Duration;
 
 use common::eventually;
-use common::gateway::wait_status;
+use common::gateway::{Serve, wait_status};
 use crossbeam_channel::bounded;
 use serde_json::{Value, json};
 
 // Only a failing run waits this long; generous so a loaded 2-core machine never trips it.
 const WAIT: Duration = Duration::from_secs(60);
 
-struct Server {
-    child: Child,
-    addr: String,
-}
+type Server = Serve;
 
-impl Server {
+impl Serve {
+    /// A gateway (its access open) with `args`: it dies with the test thread that started
+    /// it, so a test that fails or is killed (a mutation run's timeout) never leaves a
+    /// gateway behind.
     fn start(args: &[&str]) -> Server {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
-        command
-            .args(["serve", "--access-default", "open"])
-            .args(["--listen", "127.0.0.1:0"])
-            .args(["--http-listen", "off"])
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        // The server dies with the test thread that started it, so a test that fails or is
-        // killed (a mutation run's timeout) never leaves a gateway behind.
-        // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = command.spawn().expect("start turnstile serve");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut first = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut first)
-            .expect("first line");
-        let addr = first
-            .trim()
-            .strip_prefix("listening on ")
-            .expect("listening line")
-            .to_owned();
-        Server { child, addr }
+        Serve::spawn(
+            Serve::local_command("off")
+                .args(["--access-default", "open"])
+                .args(args)
+                .env("RUST_LOG", "warn")
+                .stderr(Stdio::inherit()),
+        )
     }
 
     fn client(&self) -> Client {
@@ -65,12 +39,6 @@ impl Server {
             reader: BufReader::new(stream.try_clone().expect("clone")),
             writer: stream,
         }
-    }
-
-    fn signal(&self, sig: i32) {
-        // SAFETY: plain kill(2) on our own child's pid.
-        let rc = unsafe { libc::kill(self.child.id() as i32, sig) };
-        assert_eq!(rc, 0, "kill failed");
     }
 
     /// Waits for exit (bounded: a hang fails the test instead of blocking it).
@@ -84,13 +52,6 @@ impl Server {
         rx.recv_timeout(Duration::from_secs(60))
             .expect("server exited in time")
             .expect("wait")
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -1050,19 +1011,12 @@ fn after_running_out_of_descriptors_connections_are_refused_then_accepted_again(
         "ulimit -n 40 && exec {} serve --listen 127.0.0.1:0 --http-listen off",
         env!("CARGO_BIN_EXE_turnstile")
     );
-    let mut child = Command::new("sh")
-        .args(["-c", &script])
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start");
-    let mut first = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut first)
-        .expect("first line");
-    let addr = first.trim().trim_start_matches("listening on ").to_owned();
-    let server = Server { child, addr };
+    let server = Serve::spawn(
+        Command::new("sh")
+            .args(["-c", &script])
+            .env("RUST_LOG", "error")
+            .stderr(Stdio::null()),
+    );
     // A ping on a new connection: Some(answer), or None when the connection was refused and
     // reset before its line could be read (a refused socket closes with our ping unread).
     let try_ping = |server: &Server| -> (Option<Value>, Option<Client>) {

@@ -14,13 +14,14 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+pub use crate::common::gateway::Serve;
+use crate::common::gateway::die_with_parent;
 use crate::common::{eventually, holds};
 
 /// Only a failing run waits this long.
@@ -60,18 +61,6 @@ pub fn free_port() -> u16 {
         .local_addr()
         .expect("addr")
         .port()
-}
-
-fn die_with_parent(command: &mut Command) -> &mut Command {
-    // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        })
-    }
 }
 
 /// One redis-server process; its data directory outlives a [`Redis::kill`] so that
@@ -204,16 +193,10 @@ impl Drop for Redis {
     }
 }
 
-/// A `turnstile serve --cluster` instance, killed (SIGKILL) and reaped when dropped.
-pub struct ClusterServe {
-    pub child: Child,
-    /// The address its listening line named.
-    pub addr: String,
-    /// The address its `http on` line named, when it has an HTTP endpoint.
-    http: Option<String>,
-}
+/// A `turnstile serve --cluster` instance: a [`Serve`] started by the commands below.
+pub type ClusterServe = Serve;
 
-impl ClusterServe {
+impl Serve {
     /// `turnstile serve` on 127.0.0.1:0 (no HTTP endpoint) in `redis`'s cluster as
     /// `instance`, with `partitions` and a lease of `lease_ms`: the caller adds the agent,
     /// the logging and the rest.
@@ -223,7 +206,7 @@ impl ClusterServe {
 
     /// As [`ClusterServe::command`], in the cluster at `url` (a replica's, one with a
     /// password), its HTTP endpoint on `http` (`off`, or `127.0.0.1:0` for one that
-    /// [`ClusterServe::http`] names).
+    /// [`Serve::http`] names).
     pub fn command_at(
         url: &str,
         http: &str,
@@ -231,99 +214,12 @@ impl ClusterServe {
         partitions: u32,
         lease_ms: u64,
     ) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
+        let mut command = Serve::local_command(http);
         command
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--http-listen", http])
             .args(["--cluster", url, "--instance-id", instance])
             .args(["--partitions", &partitions.to_string()])
             .args(["--lease-ms", &lease_ms.to_string()]);
         command
-    }
-
-    /// Starts `command` (dying with the test, its stdout piped) and reads its listening
-    /// line, and its `http on` line when the command gives it an HTTP endpoint.
-    pub fn spawn(command: &mut Command) -> ClusterServe {
-        let has_http = command
-            .get_args()
-            .collect::<Vec<_>>()
-            .windows(2)
-            .any(|w| w[0] == "--http-listen" && w[1] != "off");
-        let mut child = die_with_parent(command.stdout(Stdio::piped()))
-            .spawn()
-            .expect("start turnstile serve");
-        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-        let addr = read_named_line(&mut out, "listening on ");
-        let http = has_http.then(|| read_named_line(&mut out, "http on "));
-        ClusterServe { child, addr, http }
-    }
-
-    /// The address of its HTTP endpoint (panics for an instance started without one).
-    pub fn http(&self) -> &str {
-        self.http.as_deref().expect("started with an HTTP endpoint")
-    }
-
-    /// Its log's lines as they come, each also copied to this test's stderr (the command
-    /// had its stderr piped).
-    pub fn log_lines(&mut self) -> LogLines {
-        let stderr = self.child.stderr.take().expect("stderr piped");
-        let (tx, log) = crossbeam_channel::unbounded();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                eprintln!("{line}");
-                let _ = tx.send(line);
-            }
-        });
-        LogLines(log)
-    }
-
-    /// Sends `sig` to the instance (SIGSTOP, SIGCONT, SIGTERM).
-    pub fn signal(&self, sig: libc::c_int) {
-        let pid = libc::pid_t::try_from(self.child.id()).expect("pid");
-        // SAFETY: kill(2) on our own child's pid.
-        assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill({pid}, {sig})");
-    }
-
-    /// kill -9, and reaped.
-    pub fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// An instance's log lines, read on a thread of their own.
-pub struct LogLines(crossbeam_channel::Receiver<String>);
-
-impl LogLines {
-    /// Blocks until a line contains `needle` (lines before it are passed over); that line.
-    #[track_caller]
-    pub fn wait_for(&self, needle: &str) -> String {
-        loop {
-            match self.0.recv_timeout(WAIT) {
-                Ok(line) if line.contains(needle) => return line,
-                Ok(_) => {}
-                Err(e) => panic!("no log line with {needle:?}: {e}"),
-            }
-        }
-    }
-}
-
-/// The rest of the next line of `out` after `prefix` (`listening on `, `http on `).
-fn read_named_line(out: &mut impl BufRead, prefix: &str) -> String {
-    let mut line = String::new();
-    out.read_line(&mut line)
-        .expect("read a line of serve's stdout");
-    line.trim()
-        .strip_prefix(prefix)
-        .unwrap_or_else(|| panic!("a line {prefix:?}…, got {line:?}"))
-        .to_owned()
-}
-
-impl Drop for ClusterServe {
-    fn drop(&mut self) {
-        // A stopped process must be continued to die of SIGTERM; SIGKILL needs nothing.
-        self.kill9();
     }
 }
 
