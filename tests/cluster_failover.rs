@@ -21,11 +21,10 @@ use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 
-use common::gateway::LogLines;
 use crossbeam_channel::{Receiver, Sender};
 use redis_support::{ClusterServe, Redis, WAIT, require_redis, terminal};
 use serde_json::{Value, json};
@@ -85,10 +84,9 @@ fn relay(mut from: TcpStream, mut to: TcpStream) {
     let _ = from.shutdown(Shutdown::Both);
 }
 
+/// An instance, its log lines (WARN and up) read, also copied to this test's stderr.
 struct Server {
     serve: ClusterServe,
-    /// The instance's log lines (WARN and up), also copied to this test's stderr.
-    log: LogLines,
 }
 
 impl Server {
@@ -110,17 +108,13 @@ impl Server {
     }
 
     fn start_with(url: &str, instance: &str, extra: &[&str]) -> Server {
-        let mut serve = ClusterServe::spawn(
+        let serve = ClusterServe::spawn_logged(
             ClusterServe::command_at(url, "off", instance, 4, 1000)
                 .args(extra)
                 .env("RUST_LOG", "warn")
-                .env_remove("TURNSTILE_AUTH_TOKEN")
-                .stderr(Stdio::piped()),
+                .env_remove("TURNSTILE_AUTH_TOKEN"),
         );
-        Server {
-            log: serve.log_lines(),
-            serve,
-        }
+        Server { serve }
     }
 }
 
@@ -319,7 +313,7 @@ fn a_failover_to_a_replica_that_lagged_is_refused_with_an_error() {
         .expect("REPLICAOF NO ONE");
     relay.switch(replica.port());
     // The instance's next pass finds partitions counting fewer messages than it saw.
-    let line = a.log.wait_for("older than this instance has seen");
+    let line = a.serve.log().wait_for("older than this instance has seen");
     assert!(line.contains("ERROR"), "{line}");
     expect(&ids("after", 10), "reject");
 }

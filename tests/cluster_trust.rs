@@ -16,10 +16,8 @@ mod snapshot_watch;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::process::Stdio;
 use std::time::Instant;
 
-use common::gateway::LogLines;
 use crossbeam_channel::{Receiver, Sender};
 use redis_support::{ClusterServe, Redis, WAIT, require_redis};
 use serde_json::{Value, json};
@@ -32,9 +30,8 @@ use snapshot_watch::SnapshotWatch;
 const DISTRUST: &str = "no new one is accepted";
 
 struct Server {
+    /// Its log lines (WARN and up) read, also copied to this test's stderr.
     serve: ClusterServe,
-    /// The instance's log lines (WARN and up), also copied to this test's stderr.
-    log: LogLines,
     snapshots: SnapshotWatch,
     _dir: tempfile::TempDir,
 }
@@ -43,17 +40,15 @@ impl Server {
     fn start(redis: &Redis, instance: &str) -> Server {
         let dir = tempfile::tempdir().expect("tempdir");
         let snapshots = SnapshotWatch::new(dir.path());
-        let mut serve = ClusterServe::spawn(
+        let serve = ClusterServe::spawn_logged(
             ClusterServe::command_at(&redis.url(), "127.0.0.1:0", instance, 4, 1000)
                 .arg("--status-file")
                 .arg(dir.path().join("status.json"))
                 .env("RUST_LOG", "warn")
                 .env_remove("TURNSTILE_AUTH_TOKEN")
-                .env_remove("NOTIFY_SOCKET")
-                .stderr(Stdio::piped()),
+                .env_remove("NOTIFY_SOCKET"),
         );
         Server {
-            log: serve.log_lines(),
             serve,
             snapshots,
             _dir: dir,
@@ -208,7 +203,7 @@ fn redis_flushed_under_load_is_refused_by_every_instance_and_nothing_is_acked_in
 
     // Each instance finds out, on its own (an accept or its ownership pass), and says so.
     for s in [&a, &b, &c] {
-        let line = s.log.wait_for(DISTRUST);
+        let line = s.serve.log().wait_for(DISTRUST);
         assert!(line.contains("ERROR"), "{line}");
         s.wait_ready(503, "journal writes are failing");
     }

@@ -5,13 +5,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use common::eventually;
+use common::gateway::Serve;
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -71,59 +71,26 @@ agent = "three"
 "#;
 
 struct Gw {
-    child: Child,
-    addr: String,
-    http: String,
-    log: crossbeam_channel::Receiver<String>,
+    serve: Serve,
 }
 
 impl Gw {
     fn start(config: &Path) -> Gw {
-        let mut child = bin()
-            .args(["serve", "--access-default", "open"])
-            .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
-            .args(["--agent", "exec", "--agent-cmd", "echo top", "--config"])
-            .arg(config)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start turnstile serve");
-        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        out.read_line(&mut line).expect("first line");
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("listening line: {line:?}"))
-            .to_owned();
-        line.clear();
-        out.read_line(&mut line).expect("second line");
-        let http = line
-            .trim()
-            .strip_prefix("http on ")
-            .unwrap_or_else(|| panic!("http line: {line:?}"))
-            .to_owned();
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, log) = crossbeam_channel::unbounded();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                let _ = tx.send(line);
-            }
-        });
-        Gw {
-            child,
-            addr,
-            http,
-            log,
-        }
+        let serve = Serve::spawn_logged(
+            Serve::local_command("127.0.0.1:0")
+                .args(["--access-default", "open"])
+                .args(["--agent", "exec", "--agent-cmd", "echo top", "--config"])
+                .arg(config)
+                .env("RUST_LOG", "info")
+                .env_remove("TURNSTILE_AUTH_TOKEN"),
+        );
+        Gw { serve }
     }
 
     /// `turnstile send` from `user` in `chat` of `platform`: the reply's text.
     fn send(&self, platform: &str, chat: &str, user: &str, text: &str) -> String {
         let out = bin()
-            .args(["send", "--addr", &self.addr, "--timeout", "60s"])
+            .args(["send", "--addr", &self.serve.addr, "--timeout", "60s"])
             .args(["--platform", platform, "--chat", chat, "--user", user, text])
             .output()
             .expect("run send");
@@ -136,31 +103,15 @@ impl Gw {
     }
 
     fn get(&self, path: &str) -> String {
-        common::http::get(&self.http, path, None).body
+        common::http::get(self.serve.http(), path, None).body
     }
 
     fn sighup(&self) {
-        // SAFETY: plain kill(2) on our own child's pid.
-        assert_eq!(
-            unsafe { libc::kill(self.child.id() as i32, libc::SIGHUP) },
-            0
-        );
+        self.serve.signal(libc::SIGHUP);
     }
 
     fn log_line(&self, needles: &[&str]) -> String {
-        loop {
-            let line = self.log.recv_timeout(WAIT).expect("a log line in time");
-            if needles.iter().all(|n| line.contains(n)) {
-                return line;
-            }
-        }
-    }
-}
-
-impl Drop for Gw {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.serve.log().until(needles).0
     }
 }
 

@@ -728,21 +728,11 @@ fn a_full_outbox_refuses_new_messages_for_its_platform_with_backpressure() {
     assert_eq!(a.outcome("again")["text"], "z");
 }
 
-#[test]
-fn loadgen_runs_the_closed_loop_workload_and_prints_one_json_line() {
-    let server = Server::start(&[]);
+/// `turnstile loadgen --addr ADDR ARGS…`, which must succeed: its one JSON line.
+fn loadgen(addr: &str, args: &[&str]) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
-        .args([
-            "loadgen",
-            "--addr",
-            &server.addr,
-            "--sessions",
-            "7",
-            "--rounds",
-            "3",
-            "--connections",
-            "2",
-        ])
+        .args(["loadgen", "--addr", addr])
+        .args(args)
         .output()
         .expect("run loadgen");
     assert!(
@@ -750,7 +740,16 @@ fn loadgen_runs_the_closed_loop_workload_and_prints_one_json_line() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
+    serde_json::from_slice(&out.stdout).expect("one JSON line")
+}
+
+#[test]
+fn loadgen_runs_the_closed_loop_workload_and_prints_one_json_line() {
+    let server = Server::start(&[]);
+    let v = loadgen(
+        &server.addr,
+        &["--sessions", "7", "--rounds", "3", "--connections", "2"],
+    );
     assert_eq!(
         (
             v["turns"].as_u64(),
@@ -765,9 +764,10 @@ fn loadgen_runs_the_closed_loop_workload_and_prints_one_json_line() {
 #[test]
 fn a_loadgen_flood_gets_every_message_answered_and_prints_its_report() {
     let server = Server::start(&[]);
-    let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
-        .args(["loadgen", "--flood", "--addr", &server.addr])
-        .args([
+    let v = loadgen(
+        &server.addr,
+        &[
+            "--flood",
             "--messages",
             "40",
             "--sessions",
@@ -776,15 +776,8 @@ fn a_loadgen_flood_gets_every_message_answered_and_prints_its_report() {
             "2",
             "--window",
             "5",
-        ])
-        .output()
-        .expect("run loadgen");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
     );
-    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
     assert_eq!(
         (v["scenario"].as_str(), v["messages"].as_u64()),
         (Some("flood"), Some(40))

@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 
 mod common;
 mod snapshot_watch;
+use common::gateway::Serve;
 use common::http::{get_request, parse_response};
 use common::{eventually, holds};
 use snapshot_watch::SnapshotWatch;
@@ -136,87 +137,31 @@ fn path(dir: &Path, file: &str) -> String {
     dir.join(file).to_str().expect("utf-8 path").to_owned()
 }
 
-/// `serve` with TLS on free ports; its log lines (INFO) on a channel.
-struct Gw {
-    child: Child,
-    addr: String,
-    http: String,
-    log: crossbeam_channel::Receiver<String>,
-}
+/// `serve` with TLS on free ports; its log lines (INFO) read.
+type Gw = Serve;
 
-impl Gw {
+impl Serve {
     fn start(cert: &str, key: &str) -> Gw {
         Gw::start_with(cert, key, &[])
     }
 
     fn start_with(cert: &str, key: &str, args: &[&str]) -> Gw {
-        let mut child = bin()
-            .args(["serve", "--access-default", "open"])
-            .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
-            .args(["--tls-cert", cert, "--tls-key", key])
-            .args(args)
-            .env("RUST_LOG", "info")
-            .env_remove("NOTIFY_SOCKET")
-            .env_remove("WATCHDOG_USEC")
-            .env_remove("TURNSTILE_AUTH_TOKEN")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start turnstile serve");
-        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut next = |prefix: &str| {
-            let mut line = String::new();
-            out.read_line(&mut line).expect("a line");
-            line.trim()
-                .strip_prefix(prefix)
-                .unwrap_or_else(|| panic!("expected {prefix:?}: {line:?}"))
-                .to_owned()
-        };
-        let addr = next("listening on ");
-        let http = next("http on ");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, log) = crossbeam_channel::unbounded();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                let _ = tx.send(line);
-            }
-        });
-        Gw {
-            child,
-            addr,
-            http,
-            log,
-        }
+        Serve::spawn_logged(
+            Serve::local_command("127.0.0.1:0")
+                .args(["--access-default", "open"])
+                .args(["--tls-cert", cert, "--tls-key", key])
+                .args(args)
+                .env("RUST_LOG", "info")
+                .env_remove("NOTIFY_SOCKET")
+                .env_remove("WATCHDOG_USEC")
+                .env_remove("TURNSTILE_AUTH_TOKEN"),
+        )
     }
 
     /// The first log line (from now on) holding every one of `needles`; every line read on
     /// the way is returned too.
     fn log_until(&self, needles: &[&str]) -> (String, Vec<String>) {
-        let mut seen = Vec::new();
-        loop {
-            let line = self
-                .log
-                .recv_timeout(WAIT)
-                .unwrap_or_else(|_| panic!("no log line with {needles:?}; saw {seen:#?}"));
-            if needles.iter().all(|n| line.contains(n)) {
-                return (line, seen);
-            }
-            seen.push(line);
-        }
-    }
-
-    fn signal(&self, sig: i32) {
-        // SAFETY: plain kill(2) on our own child's pid.
-        let rc = unsafe { libc::kill(self.child.id() as i32, sig) };
-        assert_eq!(rc, 0, "kill failed");
-    }
-}
-
-impl Drop for Gw {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.log().until(needles)
     }
 }
 
@@ -326,9 +271,9 @@ fn both_listeners_speak_tls_and_the_clients_use_it() {
     assert_eq!(reply["id"], "m1");
     assert_eq!(reply["text"], "over tls");
 
-    let (code, body) = https_get(&gw.http, &ca, "/healthz");
+    let (code, body) = https_get(gw.http(), &ca, "/healthz");
     assert_eq!(code, 200, "{body}");
-    let (code, body) = https_get(&gw.http, &ca, "/status");
+    let (code, body) = https_get(gw.http(), &ca, "/status");
     assert_eq!(code, 200, "{body}");
     let status: Value = serde_json::from_str(&body).expect("status json");
     assert_eq!(status["frontend"]["tls"], true, "{status}");
@@ -354,7 +299,7 @@ fn both_listeners_speak_tls_and_the_clients_use_it() {
     let st = run(&[
         "status",
         "--http",
-        &gw.http,
+        gw.http(),
         "--tls-ca",
         &ca,
         "--tls-name",
@@ -391,7 +336,7 @@ fn a_client_with_the_wrong_ca_is_refused() {
         .err()
         .unwrap_or_else(|| panic!("the handshake succeeded"));
     assert!(err.to_string().contains("UnknownIssuer"), "{err}");
-    let err = connect_tls(&gw.http, &wrong)
+    let err = connect_tls(gw.http(), &wrong)
         .err()
         .unwrap_or_else(|| panic!("the handshake succeeded"));
     assert!(err.to_string().contains("UnknownIssuer"), "{err}");
@@ -415,7 +360,7 @@ fn a_client_with_the_wrong_ca_is_refused() {
     let st = run(&[
         "status",
         "--http",
-        &gw.http,
+        gw.http(),
         "--tls-ca",
         &wrong,
         "--tls-name",
@@ -428,7 +373,7 @@ fn a_client_with_the_wrong_ca_is_refused() {
         text(&st.stderr)
     );
     // The refusals cost the gateway nothing: the right CA is still answered.
-    let (code, _) = https_get(&gw.http, &path(&dir, "a-ca.pem"), "/healthz");
+    let (code, _) = https_get(gw.http(), &path(&dir, "a-ca.pem"), "/healthz");
     assert_eq!(code, 200);
 }
 
@@ -463,9 +408,12 @@ fn sighup_swaps_the_certificate_and_a_broken_pair_keeps_the_old_one() {
         |v| v["op"] == "pong",
     );
     assert_eq!(pong["op"], "pong");
-    assert_eq!(https_get(&gw.http, &ca_b, "/healthz").0, 200);
+    assert_eq!(https_get(gw.http(), &ca_b, "/healthz").0, 200);
     assert!(connect_tls(&gw.addr, &ca_a).is_err(), "the old one is gone");
-    assert!(connect_tls(&gw.http, &ca_a).is_err(), "the old one is gone");
+    assert!(
+        connect_tls(gw.http(), &ca_a).is_err(),
+        "the old one is gone"
+    );
 
     // A key that is no PEM at all: refused, named, not quoted.
     let secret_line = "not-a-key-but-secret-material-0123456789";
@@ -489,7 +437,7 @@ fn sighup_swaps_the_certificate_and_a_broken_pair_keeps_the_old_one() {
     assert!(refused.contains("--tls-cert"), "{refused}");
     // B is still served.
     assert!(connect_tls(&gw.addr, &ca_b).is_ok());
-    assert_eq!(https_get(&gw.http, &ca_b, "/healthz").0, 200);
+    assert_eq!(https_get(gw.http(), &ca_b, "/healthz").0, 200);
 }
 
 /// Bad pairs stop start-up with the file named: a missing file, a key that does not match.
@@ -647,7 +595,7 @@ fn a_bridge_connects_over_tls_and_a_wrong_ca_is_refused() {
     // shows the bridge.
     let deadline = std::time::Instant::now() + WAIT;
     loop {
-        let (code, body) = https_get(&gw.http, &path(&dir, "a-ca.pem"), "/status");
+        let (code, body) = https_get(gw.http(), &path(&dir, "a-ca.pem"), "/status");
         assert_eq!(code, 200);
         let status: Value = serde_json::from_str(&body).expect("json");
         if status["frontend"]["outboxes"].get("telegram").is_some() {
@@ -766,7 +714,7 @@ fn an_unfinished_handshake_is_closed_at_the_existing_deadlines() {
             "1",
         ],
     );
-    for addr in [&gw.addr, &gw.http] {
+    for addr in [gw.addr.as_str(), gw.http()] {
         let mut sock = TcpStream::connect(addr).expect("connect");
         sock.set_read_timeout(Some(WAIT)).expect("timeout");
         // Half a ClientHello's record header: the handshake cannot finish.
@@ -780,7 +728,7 @@ fn an_unfinished_handshake_is_closed_at_the_existing_deadlines() {
     }
     // A client that does finish is served as ever.
     assert_eq!(
-        https_get(&gw.http, &path(&dir, "a-ca.pem"), "/healthz").0,
+        https_get(gw.http(), &path(&dir, "a-ca.pem"), "/healthz").0,
         200
     );
 }
@@ -893,7 +841,7 @@ fn a_certificate_outside_its_dates_is_refused_and_one_near_its_end_is_warned_of(
     let gw = Gw::start(&cert, &key);
     let (warn, _) = gw.log_until(&["certificate expires on"]);
     assert!(warn.contains("WARN") && warn.contains(&cert), "{warn}");
-    let (code, body) = https_get(&gw.http, &ca, "/status");
+    let (code, body) = https_get(gw.http(), &ca, "/status");
     assert_eq!(code, 200);
     let status: Value = serde_json::from_str(&body).expect("status json");
     let not_after = status["frontend"]["tls_cert_not_after_unix_s"]
@@ -907,7 +855,7 @@ fn a_certificate_outside_its_dates_is_refused_and_one_near_its_end_is_warned_of(
         now < not_after && not_after <= now + 3 * 86_400,
         "{not_after}"
     );
-    let (code, metrics) = https_get(&gw.http, &ca, "/metrics");
+    let (code, metrics) = https_get(gw.http(), &ca, "/metrics");
     assert_eq!(code, 200);
     let gauge = "turnstile_tls_cert_expiry_seconds";
     assert!(
@@ -929,7 +877,7 @@ fn a_certificate_outside_its_dates_is_refused_and_one_near_its_end_is_warned_of(
         "{refused}"
     );
     assert!(connect_tls(&gw.addr, &ca).is_ok());
-    assert_eq!(https_get(&gw.http, &ca, "/healthz").0, 200);
+    assert_eq!(https_get(gw.http(), &ca, "/healthz").0, 200);
 }
 
 /// Without `--auth-token` (loopback), connections that never send a ClientHello cannot keep
@@ -952,7 +900,7 @@ fn silent_connections_without_a_token_are_closed_at_the_handshake_deadline() {
         .collect();
     let started = std::time::Instant::now();
     eventually("the cap filled", WAIT, || {
-        let (_, body) = https_get(&gw.http, &ca, "/status");
+        let (_, body) = https_get(gw.http(), &ca, "/status");
         let status: Value = serde_json::from_str(&body).expect("status json");
         holds(status, |s| s["frontend"]["connections"] == 20)
     });
@@ -1036,7 +984,7 @@ fn a_spread_out_flood_of_silent_connections_cannot_lock_a_bridge_out() {
     // The flood fills the cap before the first bridge tries.
     let started = std::time::Instant::now();
     eventually("the flood filled the cap", WAIT, || {
-        let (_, body) = https_get_with(&gw.http, &ca, "/status", "Authorization: Bearer t\r\n");
+        let (_, body) = https_get_with(gw.http(), &ca, "/status", "Authorization: Bearer t\r\n");
         let status: Value = serde_json::from_str(&body).expect("status json");
         holds(status, |s| s["frontend"]["unauthenticated"] == 256)
     });
@@ -1069,7 +1017,7 @@ fn a_spread_out_flood_of_silent_connections_cannot_lock_a_bridge_out() {
     let reopened = opened.load(Ordering::Relaxed) - flood_start;
     eprintln!("8 of 8 bridges in, slowest {slowest:?}; the flood re-opened {reopened} connections");
     assert!(reopened > 8, "the flood was not re-opening ({reopened})");
-    let lines: Vec<String> = gw.log.try_iter().collect();
+    let lines: Vec<String> = gw.log().taken_now();
     let about = |l: &&String| l.contains("refused connection") || l.contains("(no hello yet)");
     let refusals: Vec<&String> = lines.iter().filter(about).collect();
     let budget = 10 + elapsed.as_secs() as usize + 2;

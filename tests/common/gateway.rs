@@ -160,6 +160,8 @@ pub struct Serve {
     pub addr: String,
     /// The address its `http on` line named, when it has an HTTP endpoint.
     http: Option<String>,
+    /// Its log lines, when started with [`Serve::spawn_logged`].
+    log: Option<LogLines>,
 }
 
 impl Serve {
@@ -187,7 +189,20 @@ impl Serve {
         let mut out = BufReader::new(child.stdout.take().expect("stdout"));
         let addr = read_named_line(&mut out, "listening on ");
         let http = has_http.then(|| read_named_line(&mut out, "http on "));
-        Serve { child, addr, http }
+        Serve {
+            child,
+            addr,
+            http,
+            log: None,
+        }
+    }
+
+    /// As [`Serve::spawn`], its log (stderr) read line by line: [`Serve::log`].
+    pub fn spawn_logged(command: &mut Command) -> Serve {
+        let mut serve = Serve::spawn(command.stderr(Stdio::piped()));
+        let stderr = serve.child.stderr.take().expect("stderr piped");
+        serve.log = Some(LogLines::read(stderr));
+        serve
     }
 
     /// The address of its HTTP endpoint (panics for a process started without one).
@@ -195,19 +210,14 @@ impl Serve {
         self.http.as_deref().expect("started with an HTTP endpoint")
     }
 
-    /// Its log's lines as they come, each also copied to this test's stderr (the command
-    /// had its stderr piped).
-    pub fn log_lines(&mut self) -> LogLines {
-        let stderr = self.child.stderr.take().expect("stderr piped");
-        let (tx, log) = crossbeam_channel::unbounded();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                eprintln!("{line}");
-                let _ = tx.send(line);
-            }
-        });
-        LogLines(log)
+    /// Its log lines (panics for a process not started with [`Serve::spawn_logged`]).
+    pub fn log(&self) -> &LogLines {
+        self.log.as_ref().expect("started with spawn_logged")
+    }
+
+    /// Its log lines, taken (to read to their end: [`LogLines::rest`]).
+    pub fn take_log(&mut self) -> Option<LogLines> {
+        self.log.take()
     }
 
     /// Sends `sig` to the process (SIGSTOP, SIGCONT, SIGTERM).
@@ -228,16 +238,48 @@ impl Serve {
 pub struct LogLines(crossbeam_channel::Receiver<String>);
 
 impl LogLines {
+    /// Reads `stderr` on a thread of its own, each line also copied to this test's stderr.
+    fn read(stderr: std::process::ChildStderr) -> LogLines {
+        let (tx, log) = crossbeam_channel::unbounded();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                eprintln!("{line}");
+                let _ = tx.send(line);
+            }
+        });
+        LogLines(log)
+    }
+
     /// Blocks until a line contains `needle` (lines before it are passed over); that line.
     #[track_caller]
     pub fn wait_for(&self, needle: &str) -> String {
+        self.until(&[needle]).0
+    }
+
+    /// Blocks until a line contains every one of `needles`: that line, and the lines passed
+    /// over on the way.
+    #[track_caller]
+    pub fn until(&self, needles: &[&str]) -> (String, Vec<String>) {
+        let mut seen = Vec::new();
         loop {
             match self.0.recv_timeout(WAIT) {
-                Ok(line) if line.contains(needle) => return line,
-                Ok(_) => {}
-                Err(e) => panic!("no log line with {needle:?}: {e}"),
+                Ok(line) if needles.iter().all(|n| line.contains(n)) => return (line, seen),
+                Ok(line) => seen.push(line),
+                Err(e) => panic!("no log line with {needles:?}: {e}; saw {seen:#?}"),
             }
         }
+    }
+
+    /// The lines read and not yet taken, without waiting.
+    pub fn taken_now(&self) -> Vec<String> {
+        self.0.try_iter().collect()
+    }
+
+    /// Every line not yet taken, to the end of the log (the process exited: its stderr
+    /// closed).
+    pub fn rest(self) -> Vec<String> {
+        self.0.iter().collect()
     }
 }
 
