@@ -174,18 +174,14 @@ fn send_attach_copies_a_file_into_the_spool_for_the_agent() {
     let server = Server::start(&["--attachments-dir", spool.to_str().expect("utf-8")]);
     let file = tmp.path().join("report.csv");
     std::fs::write(&file, b"a,b\n1,2\n").expect("file");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_turnstile"))
-        .args(["send", "--addr", &server.addr, "--attach"])
-        .arg(&file)
-        .arg("--attachments-dir")
-        .arg(&spool)
-        .arg("here is the report")
-        .output()
-        .expect("send");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = common::run_ok(
+        std::process::Command::new(env!("CARGO_BIN_EXE_turnstile"))
+            .args(["send", "--addr", &server.addr, "--attach"])
+            .arg(&file)
+            .arg("--attachments-dir")
+            .arg(&spool)
+            .arg("here is the report"),
+        "send",
     );
     let seen: Value = serde_json::from_slice(&out.stdout).expect("the agent's answer");
     assert_eq!(seen, json!([["report.csv", "", true, "a,b\n1"]]));

@@ -1961,15 +1961,9 @@ fn the_line_limit_the_gateway_announces_bounds_the_bridges_lines() {
 
 /// Runs openssl in `dir`; panics with its stderr when it fails.
 fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("run openssl (needed for the TLS tests)");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
+    common::run_ok(
+        Command::new("openssl").args(args).current_dir(dir),
+        &format!("openssl {args:?}"),
     );
 }
 

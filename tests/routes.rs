@@ -89,15 +89,11 @@ impl Gw {
 
     /// `turnstile send` from `user` in `chat` of `platform`: the reply's text.
     fn send(&self, platform: &str, chat: &str, user: &str, text: &str) -> String {
-        let out = bin()
-            .args(["send", "--addr", &self.serve.addr, "--timeout", "60s"])
-            .args(["--platform", platform, "--chat", chat, "--user", user, text])
-            .output()
-            .expect("run send");
-        assert!(
-            out.status.success(),
-            "send {platform} {chat} {user}: {}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = common::run_ok(
+            bin()
+                .args(["send", "--addr", &self.serve.addr, "--timeout", "60s"])
+                .args(["--platform", platform, "--chat", chat, "--user", user, text]),
+            &format!("send {platform} {chat} {user}"),
         );
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }

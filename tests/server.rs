@@ -730,15 +730,11 @@ fn a_full_outbox_refuses_new_messages_for_its_platform_with_backpressure() {
 
 /// `turnstile loadgen --addr ADDR ARGS…`, which must succeed: its one JSON line.
 fn loadgen(addr: &str, args: &[&str]) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
-        .args(["loadgen", "--addr", addr])
-        .args(args)
-        .output()
-        .expect("run loadgen");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = common::run_ok(
+        Command::new(env!("CARGO_BIN_EXE_turnstile"))
+            .args(["loadgen", "--addr", addr])
+            .args(args),
+        "loadgen",
     );
     serde_json::from_slice(&out.stdout).expect("one JSON line")
 }
@@ -1173,8 +1169,8 @@ fn sender_name_and_meta_reach_the_agent() {
         "--agent-cmd",
         r#"echo "$TURNSTILE_USER_ID|$TURNSTILE_USER_NAME|$TURNSTILE_META""#,
     ]);
-    let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
-        .args([
+    let out = common::run_ok(
+        Command::new(env!("CARGO_BIN_EXE_turnstile")).args([
             "send",
             "--addr",
             &server.addr,
@@ -1185,13 +1181,8 @@ fn sender_name_and_meta_reach_the_agent() {
             "--meta",
             r#"{"reply_to": "m0"}"#,
             "hi",
-        ])
-        .output()
-        .expect("run send");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ]),
+        "send",
     );
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),

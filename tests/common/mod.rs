@@ -12,6 +12,7 @@ pub mod sim;
 pub use eventually::{eventually, holds};
 
 use std::collections::HashMap;
+use std::process::{Command, Output};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
@@ -20,6 +21,21 @@ use turnstile::internal::core::{
 };
 use turnstile::{CoreConfig, EventKind, MessageEvent, ShutdownReport, TurnId};
 use turnstile::{Message, SessionKey};
+
+/// Runs `command` to its end; panics naming `what`, with its stderr, unless it succeeded.
+/// Its output.
+#[track_caller]
+pub fn run_ok(command: &mut Command, what: &str) -> Output {
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("run {what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
 
 /// A simplified, comparable record of one effect.
 #[derive(Clone, Debug, PartialEq)]

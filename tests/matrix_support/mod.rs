@@ -135,16 +135,12 @@ disable_existing_loggers: false
     std::fs::write(dir.path().join("homeserver.yaml"), config).expect("write config");
     std::fs::write(dir.path().join("log.yaml"), log).expect("write log config");
     let cfg = dir.path().join("homeserver.yaml");
-    let keys = Command::new(&python)
-        .args(["-m", "synapse.app.homeserver", "--config-path"])
-        .arg(&cfg)
-        .arg("--generate-keys")
-        .output()
-        .expect("run synapse --generate-keys");
-    assert!(
-        keys.status.success(),
-        "synapse --generate-keys failed: {}",
-        String::from_utf8_lossy(&keys.stderr)
+    crate::common::run_ok(
+        Command::new(&python)
+            .args(["-m", "synapse.app.homeserver", "--config-path"])
+            .arg(&cfg)
+            .arg("--generate-keys"),
+        "synapse --generate-keys",
     );
     // The process must outlive every test of the binary and die with it: it is started by a
     // thread that never ends (PR_SET_PDEATHSIG fires when the starting thread exits).
