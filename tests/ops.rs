@@ -7,34 +7,19 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::UnixDatagram;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 mod common;
 mod snapshot_watch;
-use common::gateway::Serve;
+use common::gateway::{Serve, turnstile as bin};
 use common::http::{Http, get, parse_response};
 use snapshot_watch::SnapshotWatch;
 
 const WAIT: Duration = Duration::from_secs(20);
-
-fn bin() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
-    // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    command
-}
 
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("turnstile-ops-{name}-{}", std::process::id()));

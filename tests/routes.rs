@@ -5,27 +5,17 @@
 
 mod common;
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use common::eventually;
-use common::gateway::Serve;
+use common::gateway::{Serve, turnstile};
 
 const WAIT: Duration = Duration::from_secs(30);
 
 fn bin() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
-    // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    let mut command = turnstile();
     command.env_remove("TURNSTILE_AUTH_TOKEN");
     command
 }

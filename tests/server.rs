@@ -9,6 +9,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::Duration;
 
 use common::eventually;
+use common::fifo::fifo_watch;
 use common::gateway::{Serve, wait_status};
 use crossbeam_channel::bounded;
 use serde_json::{Value, json};
@@ -462,38 +463,6 @@ fn a_second_signal_exits_one_at_once() {
     // Issue 8 row 14: the forced exit still answers what was running.
     assert_eq!(c.outcome("long")["reason"], "shutdown");
     assert_eq!(server.wait().code(), Some(1));
-}
-
-/// A FIFO that a process spawned by the agent script writes to: `opened` fires when that
-/// process has started (it opened the write end), `eof` when it has died (every writer gone).
-struct FifoWatch {
-    path: std::path::PathBuf,
-    opened: crossbeam_channel::Receiver<()>,
-    eof: crossbeam_channel::Receiver<()>,
-}
-
-fn fifo_watch(dir: &std::path::Path, name: &str) -> FifoWatch {
-    std::fs::create_dir_all(dir).expect("dir");
-    let path = dir.join(name);
-    let _ = std::fs::remove_file(&path);
-    assert!(
-        Command::new("mkfifo")
-            .arg(&path)
-            .status()
-            .expect("mkfifo")
-            .success()
-    );
-    let (opened_tx, opened) = bounded(1);
-    let (eof_tx, eof) = bounded(1);
-    let reader_path = path.clone();
-    std::thread::spawn(move || {
-        let mut f = std::fs::File::open(&reader_path).expect("open fifo");
-        let _ = opened_tx.send(());
-        let mut sink = Vec::new();
-        let _ = f.read_to_end(&mut sink);
-        let _ = eof_tx.send(());
-    });
-    FifoWatch { path, opened, eof }
 }
 
 fn exec_script(dir: &std::path::Path) -> String {

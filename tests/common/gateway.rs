@@ -301,6 +301,13 @@ impl Drop for Serve {
     }
 }
 
+/// The `turnstile` binary, as a command that dies with the test thread that runs it.
+pub fn turnstile() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
+    die_with_parent(&mut command);
+    command
+}
+
 /// Children die with the test thread that started them (`PR_SET_PDEATHSIG`).
 pub fn die_with_parent(command: &mut Command) -> &mut Command {
     // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod eventually;
+pub mod fifo;
 pub mod gateway;
 pub mod http;
 pub mod sim;
