@@ -18,6 +18,8 @@
 mod chat_bridge_support;
 #[path = "../tests/child_support/mod.rs"]
 mod child_support;
+#[path = "../tests/common/mod.rs"]
+mod common;
 #[path = "../tests/discord_fake/mod.rs"]
 mod discord_fake;
 #[path = "../tests/slack_fake/mod.rs"]

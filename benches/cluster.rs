@@ -6,6 +6,8 @@
 //! `-- --only turn-commit`: the outcome's commit with and without the openai agent's
 //! conversation (issue 35), and the bytes a conversation takes in Redis.
 
+#[path = "../tests/common/mod.rs"]
+mod common;
 #[path = "../tests/redis_support/mod.rs"]
 mod redis_support;
 

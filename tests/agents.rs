@@ -7,13 +7,14 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use common::fifo::fifo_watch;
 use crossbeam_channel::{Receiver, bounded, unbounded};
 use serde_json::{Value, json};
 use turnstile::MessageContext;
@@ -96,37 +97,6 @@ fn watch_all(text: &str) -> Vec<Pid> {
     text.split_whitespace()
         .map(|p| Pid::watch(p.parse().expect("a pid")))
         .collect()
-}
-
-/// A FIFO that a process spawned by the agent writes to: `opened` fires when that process has
-/// started (it opened the write end), `eof` when it has died (every writer gone).
-struct FifoWatch {
-    path: PathBuf,
-    opened: Receiver<()>,
-    eof: Receiver<()>,
-}
-
-fn fifo_watch(dir: &Path, name: &str) -> FifoWatch {
-    let path = dir.join(name);
-    let _ = std::fs::remove_file(&path);
-    assert!(
-        Command::new("mkfifo")
-            .arg(&path)
-            .status()
-            .expect("mkfifo")
-            .success()
-    );
-    let (opened_tx, opened) = bounded(1);
-    let (eof_tx, eof) = bounded(1);
-    let reader_path = path.clone();
-    std::thread::spawn(move || {
-        let mut f = std::fs::File::open(&reader_path).expect("open fifo");
-        let _ = opened_tx.send(());
-        let mut sink = Vec::new();
-        let _ = f.read_to_end(&mut sink);
-        let _ = eof_tx.send(());
-    });
-    FifoWatch { path, opened, eof }
 }
 
 // ---- the runtime, in process -------------------------------------------------------------

@@ -7,6 +7,8 @@
 //! backpressure is made deterministic the way `tests/runtime.rs` makes it: a runtime built with
 //! room for one submission and not yet running.
 
+mod common;
+
 use std::future::Future;
 use std::pin::{Pin, pin};
 use std::sync::{Arc, Condvar, Mutex};
@@ -14,6 +16,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::eventually;
 use crossbeam_channel::unbounded;
 use futures_core::future::FusedFuture;
 use futures_core::stream::{FusedStream, Stream};
@@ -838,14 +841,9 @@ fn submit_and_wait_ends_stopped_when_the_runtime_goes_without_taking_the_message
         thread::spawn(move || handle.submit_and_wait(msg("m1", "gone", "x"), WAIT))
     };
     // The runtime never ran: once the message sits in its ingress channel, drop it.
-    let deadline = Instant::now() + WAIT;
-    while !format!("{handle:?}").contains("queued_submissions: 1") {
-        assert!(
-            Instant::now() < deadline,
-            "the message never reached the ingress"
-        );
-        thread::yield_now();
-    }
+    eventually("the message reached the ingress", WAIT, || {
+        format!("{handle:?}").contains("queued_submissions: 1")
+    });
     drop(rt);
     match waiter.join().expect("waiter") {
         Err(WaitError::Stopped { id }) => assert_eq!(&*id, "m1"),

@@ -8,14 +8,14 @@ mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use common::eventually;
+use common::gateway::Serve;
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -30,49 +30,17 @@ for a in json.loads(os.environ["TURNSTILE_ATTACHMENTS"]):
 print(json.dumps(out))
 '"#;
 
-struct Server {
-    child: Child,
-    addr: String,
-}
+type Server = Serve;
 
-impl Server {
+impl Serve {
     fn start(args: &[&str]) -> Server {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
-        command
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--http-listen", "off"])
-            .args(["--agent", "exec", "--agent-cmd", AGENT])
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = command.spawn().expect("start turnstile serve");
-        let mut first = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut first)
-            .expect("first line");
-        let addr = first
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("listening line, got {first:?}"))
-            .to_owned();
-        Server { child, addr }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        Serve::spawn(
+            Serve::local_command("off")
+                .args(["--agent", "exec", "--agent-cmd", AGENT])
+                .args(args)
+                .env("RUST_LOG", "warn")
+                .stderr(Stdio::inherit()),
+        )
     }
 }
 
@@ -206,18 +174,14 @@ fn send_attach_copies_a_file_into_the_spool_for_the_agent() {
     let server = Server::start(&["--attachments-dir", spool.to_str().expect("utf-8")]);
     let file = tmp.path().join("report.csv");
     std::fs::write(&file, b"a,b\n1,2\n").expect("file");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_turnstile"))
-        .args(["send", "--addr", &server.addr, "--attach"])
-        .arg(&file)
-        .arg("--attachments-dir")
-        .arg(&spool)
-        .arg("here is the report")
-        .output()
-        .expect("send");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = common::run_ok(
+        std::process::Command::new(env!("CARGO_BIN_EXE_turnstile"))
+            .args(["send", "--addr", &server.addr, "--attach"])
+            .arg(&file)
+            .arg("--attachments-dir")
+            .arg(&spool)
+            .arg("here is the report"),
+        "send",
     );
     let seen: Value = serde_json::from_slice(&out.stdout).expect("the agent's answer");
     assert_eq!(seen, json!([["report.csv", "", true, "a,b\n1"]]));

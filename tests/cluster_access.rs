@@ -17,7 +17,7 @@ use std::process::{Command, Stdio};
 
 use child_support::{Proc, die_with_parent};
 use common::{eventually, holds};
-use redis_support::{Redis, WAIT, all_held_by, leases, require_redis};
+use redis_support::{Redis, WAIT, require_redis, until_all_held_by};
 use serde_json::{Value, json};
 
 const PARTITIONS: u32 = 2;
@@ -69,13 +69,6 @@ fn serve(
     let addr = line("listening on ");
     let http = line("http on ");
     (Proc(child), addr, http)
-}
-
-/// Waits (bounded) until `instance` holds every partition: it decides every message.
-fn until_all_held_by(redis: &Redis, instance: &str) {
-    eventually(&format!("{instance} holds every partition"), WAIT, || {
-        holds(leases(redis, PARTITIONS), |l| all_held_by(l, instance))
-    });
 }
 
 /// `turnstile access --http ADDR --platform matrix ARGS…`: exit code, stdout and stderr.
@@ -168,7 +161,7 @@ fn a_code_minted_on_a_and_approved_on_b_lets_the_user_in_on_a() {
     let dir = tempfile::tempdir().expect("dir");
     let config = "[access.matrix]\nmode = \"pairing\"\n";
     let (_a, a_addr, a_http) = serve(dir.path(), &redis, "a", config);
-    until_all_held_by(&redis, "a");
+    until_all_held_by(&redis, PARTITIONS, &["a"]);
     let (_b, _, b_http) = serve(dir.path(), &redis, "b", config);
     let mut c = Client::connect(&a_addr);
     let first = c.ask("b1", "@bob:hs", "hello");
@@ -193,7 +186,7 @@ fn a_rate_spent_on_a_limits_on_b_after_both_restart() {
     let dir = tempfile::tempdir().expect("dir");
     let config = "[access.matrix]\nmode = \"open\"\nrate = \"2/min\"\n";
     let (a, a_addr, _) = serve(dir.path(), &redis, "a", config);
-    until_all_held_by(&redis, "a");
+    until_all_held_by(&redis, PARTITIONS, &["a"]);
     let (b, _, _) = serve(dir.path(), &redis, "b", config);
     let mut c = Client::connect(&a_addr);
     for id in ["r1", "r2"] {
@@ -215,7 +208,7 @@ fn a_rate_spent_on_a_limits_on_b_after_both_restart() {
     // Both killed (SIGKILL, reaped); B alone, freshly started, decides every message now.
     drop((a, b));
     let (_b, b_addr, _) = serve(dir.path(), &redis, "b", config);
-    until_all_held_by(&redis, "b");
+    until_all_held_by(&redis, PARTITIONS, &["b"]);
     let mut c = Client::connect(&b_addr);
     let still = c.ask("r4", "@u:hs", "x");
     let notice = still["notice"]

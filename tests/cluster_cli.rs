@@ -5,6 +5,7 @@
 //! second process with a live instance's `--instance-id` is refused (exit 2), while a process
 //! restarted after a crash takes its id back.
 
+mod common;
 mod redis_support;
 
 use std::io::{BufRead, BufReader};

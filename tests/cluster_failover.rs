@@ -14,19 +14,19 @@
 //! is still in flight when the primary dies. Nothing sleeps: answers come on the bridges'
 //! connections.
 
+mod common;
 mod redis_support;
 
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crossbeam_channel::{Receiver, Sender};
-use redis_support::{Redis, WAIT, require_redis};
+use redis_support::{ClusterServe, Redis, WAIT, require_redis, terminal};
 use serde_json::{Value, json};
 
 /// A TCP relay to a Redis port that can be moved: what a failover's virtual IP does.
@@ -84,11 +84,9 @@ fn relay(mut from: TcpStream, mut to: TcpStream) {
     let _ = from.shutdown(Shutdown::Both);
 }
 
+/// An instance, its log lines (WARN and up) read, also copied to this test's stderr.
 struct Server {
-    child: Child,
-    addr: String,
-    /// The instance's log lines (WARN and up), also copied to this test's stderr.
-    log: Receiver<String>,
+    serve: ClusterServe,
 }
 
 impl Server {
@@ -110,64 +108,13 @@ impl Server {
     }
 
     fn start_with(url: &str, instance: &str, extra: &[&str]) -> Server {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
-        command
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--http-listen", "off"])
-            .args(["--cluster", url, "--instance-id", instance])
-            .args(["--partitions", "4", "--lease-ms", "1000"])
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .env_remove("TURNSTILE_AUTH_TOKEN")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = command.spawn().expect("start turnstile serve");
-        let (tx, log) = crossbeam_channel::unbounded();
-        let stderr = child.stderr.take().expect("stderr");
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                eprintln!("{line}");
-                let _ = tx.send(line);
-            }
-        });
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("first line");
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("listening line, got {line:?}"))
-            .to_owned();
-        Server { child, addr, log }
-    }
-
-    /// Blocks until a log line contains `needle`; that line.
-    fn wait_log(&self, needle: &str) -> String {
-        loop {
-            match self.log.recv_timeout(WAIT) {
-                Ok(line) if line.contains(needle) => return line,
-                Ok(_) => {}
-                Err(e) => panic!("no log line with {needle:?}: {e}"),
-            }
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let serve = ClusterServe::spawn_logged(
+            ClusterServe::command_at(url, "off", instance, 4, 1000)
+                .args(extra)
+                .env("RUST_LOG", "warn")
+                .env_remove("TURNSTILE_AUTH_TOKEN"),
+        );
+        Server { serve }
     }
 }
 
@@ -184,13 +131,6 @@ fn bridge(addr: &str) -> (TcpStream, Receiver<Value>) {
     let confirm = w.try_clone().expect("clone");
     std::thread::spawn(move || pump(stream, confirm, &tx));
     (w, rx)
-}
-
-fn terminal(v: &Value) -> bool {
-    matches!(
-        v["op"].as_str(),
-        Some("reply" | "failed" | "cancelled" | "merged")
-    )
 }
 
 fn pump(stream: TcpStream, mut confirm: TcpStream, tx: &Sender<Value>) {
@@ -263,8 +203,8 @@ fn with_one_replica_required_an_ack_survives_a_failover_and_a_stopped_replica_ac
         Server::start(&url, "gw-a", &gate),
         Server::start(&url, "gw-b", &gate),
     );
-    let (mut wa, ra) = bridge(&a.addr);
-    let (mut wb, rb) = bridge(&b.addr);
+    let (mut wa, ra) = bridge(&a.serve.addr);
+    let (mut wb, rb) = bridge(&b.serve.addr);
     let mut acked: Vec<(String, bool)> = Vec::new();
     let mut expect = |got: &HashMap<String, Value>, ids: &[String], on_a: bool, op: &str| {
         for id in ids {
@@ -346,7 +286,7 @@ fn a_failover_to_a_replica_that_lagged_is_refused_with_an_error() {
     let relay = Relay::start(primary.port());
     let url = format!("redis://127.0.0.1:{}", relay.port);
     let a = Server::start_with(&url, "gw-a", &[]);
-    let (mut wa, ra) = bridge(&a.addr);
+    let (mut wa, ra) = bridge(&a.serve.addr);
     let mut expect = |ids: &[String], op: &str| {
         let got = verdicts(&mut wa, &ra, ids);
         for id in ids {
@@ -373,7 +313,7 @@ fn a_failover_to_a_replica_that_lagged_is_refused_with_an_error() {
         .expect("REPLICAOF NO ONE");
     relay.switch(replica.port());
     // The instance's next pass finds partitions counting fewer messages than it saw.
-    let line = a.wait_log("older than this instance has seen");
+    let line = a.serve.log().wait_for("older than this instance has seen");
     assert!(line.contains("ERROR"), "{line}");
     expect(&ids("after", 10), "reject");
 }

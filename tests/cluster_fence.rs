@@ -21,7 +21,7 @@ use std::process::Stdio;
 use std::time::Instant;
 
 use common::{eventually, holds};
-use redis_support::{ClusterServe, Redis, WAIT, all_held_by, leases, require_redis};
+use redis_support::{ClusterServe, Redis, WAIT, require_redis, until_all_held_by};
 use serde_json::{Value, json};
 
 const PARTITIONS: u32 = 4;
@@ -48,13 +48,6 @@ impl ClusterServe {
                 .stderr(Stdio::inherit()),
         )
     }
-}
-
-/// Waits (bounded) until `instance` holds every partition's lease.
-fn until_all_held_by(redis: &Redis, instance: &str) {
-    eventually(&format!("{instance} holds every partition"), WAIT, || {
-        holds(leases(redis, PARTITIONS), |l| all_held_by(l, instance))
-    });
 }
 
 /// The side-effect log's lines, split in words: `[what, instance, session, message]`.
@@ -100,7 +93,7 @@ fn an_owner_stopped_past_its_lease_has_its_agents_stopped_no_turns_of_a_session_
     let log = dir.path().join("side-effects.log");
     // B owns every partition; A is there to take them over. The bridge talks to A only.
     let b = Server::start(&redis, "b", &log);
-    until_all_held_by(&redis, "b");
+    until_all_held_by(&redis, PARTITIONS, &["b"]);
     let a = Server::start(&redis, "a", &log);
     let stream = TcpStream::connect(&a.addr).expect("connect");
     stream.set_read_timeout(Some(WAIT)).expect("timeout");
@@ -124,7 +117,7 @@ fn an_owner_stopped_past_its_lease_has_its_agents_stopped_no_turns_of_a_session_
         l.iter().filter(|w| w[0] == "start" && w[1] == "b").count() >= sessions
     });
     b.signal(libc::SIGSTOP);
-    until_all_held_by(&redis, "a");
+    until_all_held_by(&redis, PARTITIONS, &["a"]);
     // A runs a session's next turn to its end: long enough for a turn B started before its
     // pause, were its agent still running, to write on (each runs about 3 s).
     until_log(&log, "a turn run to its end on a", |l| {

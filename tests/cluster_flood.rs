@@ -18,22 +18,21 @@
 //! No timed assertion: a hang guard fails the test when no terminal line has arrived for
 //! [`GUARD`] while messages are still unanswered, listing the counts, some unanswered ids, the
 //! outcome-stream entries in Redis and the instances' log tails. The figures (messages,
-//! seconds, messages/s) are printed, never asserted. The harness (a server, the leases'
-//! holders) is copied from tests/cluster_rebalance.rs, trimmed to what this file uses.
+//! seconds, messages/s) are printed, never asserted.
 
+mod common;
 mod redis_support;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::net::TcpStream;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use redis_support::{Redis, WAIT, require_redis};
+use redis_support::{ClusterServe, Redis, leases, require_redis, until_all_held_by};
 use serde_json::{Value, json};
 
 /// The binary's default partition count (what the lead's reproduction used).
@@ -43,9 +42,9 @@ const LEASE_MS: u64 = 3000;
 /// is unanswered fails the test. A hang guard, not a speed assertion.
 const GUARD: Duration = Duration::from_secs(60);
 
+/// An instance with its log file.
 struct Server {
-    child: Child,
-    addr: String,
+    serve: ClusterServe,
     log: PathBuf,
 }
 
@@ -53,44 +52,17 @@ impl Server {
     /// An instance with the echo agent whose log (INFO and up) goes to `log`.
     fn start(redis: &Redis, instance: &str, log: &Path, rebalance: bool) -> Server {
         let file = std::fs::File::create(log).expect("log file");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
+        let mut command = ClusterServe::command(redis, instance, PARTITIONS, LEASE_MS);
         command
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--http-listen", "off"])
-            .args(["--cluster", &redis.url(), "--instance-id", instance])
-            .args(["--partitions", &PARTITIONS.to_string()])
-            .args(["--lease-ms", &LEASE_MS.to_string()])
             .args(["--turn-workers", "8"])
             .env("RUST_LOG", "info")
-            .stdout(Stdio::piped())
             .stderr(Stdio::from(file));
         // Rebalancing is the default; the other mode names it off.
         if !rebalance {
             command.args(["--cluster-rebalance", "false"]);
         }
-        // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = command.spawn().expect("start turnstile serve");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut first = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut first)
-            .expect("first line");
-        let addr = first
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("listening line, got {first:?}"))
-            .to_owned();
         Server {
-            child,
-            addr,
+            serve: ClusterServe::spawn(&mut command),
             log: log.to_path_buf(),
         }
     }
@@ -100,41 +72,6 @@ impl Server {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(n)..].join("\n")
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The holder (instance name) of each partition's lease now.
-fn holders(redis: &Redis) -> Vec<Option<String>> {
-    let mut c = redis.client();
-    (0..PARTITIONS)
-        .map(|p| {
-            let token: Option<String> = redis::cmd("GET")
-                .arg(format!("ts:{{p{p}}}:lease"))
-                .query(&mut c)
-                .expect("GET");
-            token.and_then(|t| t.rsplit_once(':').map(|(i, _)| i.to_owned()))
-        })
-        .collect()
-}
-
-/// Waits (bounded) until `instance` holds every partition. A lease changes hands on Redis's
-/// clock, not on an event this test can wait on, so this polls with a deadline.
-fn until_all_held_by(redis: &Redis, instance: &str) {
-    let t0 = Instant::now();
-    loop {
-        let h = holders(redis);
-        if h.iter().all(|x| x.as_deref() == Some(instance)) {
-            return;
-        }
-        assert!(t0.elapsed() < WAIT, "never all held by {instance}: {h:?}");
-        std::thread::park_timeout(Duration::from_millis(5));
     }
 }
 
@@ -441,7 +378,7 @@ fn flood(redis: &Redis, servers: &[&Server], shape: &Shape) -> (Tally, Duration)
     }
     let (tx, rx): (Sender<Line>, Receiver<Line>) = crossbeam_channel::unbounded();
     let conns: Vec<Conn> = (0..n)
-        .map(|c| Conn::open(c, &servers[c % servers.len()].addr, tx.clone()))
+        .map(|c| Conn::open(c, &servers[c % servers.len()].serve.addr, tx.clone()))
         .collect();
     drop(tx);
     let mut in_flight = vec![0usize; n];
@@ -523,7 +460,7 @@ fn hung(redis: &Redis, servers: &[&Server], tally: &Tally, why: &str) -> ! {
         tally.counts(),
         outcome_entries(redis),
         tally.sent,
-        holders(redis),
+        leases(redis, PARTITIONS),
         &unanswered[..unanswered.len().min(20)],
         logs.join("\n")
     );
@@ -561,7 +498,7 @@ fn figures(name: &str, tally: &Tally, took: Duration, redis: &Redis, servers: &[
     let n = tally.plan.len();
     let cpu: Vec<String> = servers
         .iter()
-        .map(|s| format!("{:.1}", cpu_s(s.child.id())))
+        .map(|s| format!("{:.1}", cpu_s(s.serve.child.id())))
         .collect();
     eprintln!(
         "{name}: {n} messages in {:.2} s, {:.0} msgs/s; {}; outcome-stream entries {}; \
@@ -586,7 +523,7 @@ fn a_flood_through_two_rebalancing_instances_answers_every_acked_message_once() 
     let redis = Redis::start(&bin);
     let dir = tempfile::tempdir().expect("tempdir");
     let a = Server::start(&redis, "a", &dir.path().join("a.log"), true);
-    until_all_held_by(&redis, "a");
+    until_all_held_by(&redis, PARTITIONS, &["a"]);
     let b = Server::start(&redis, "b", &dir.path().join("b.log"), true);
     // Found by trial on a loaded 2-core machine in the debug build (the fault needs the
     // origin's pipeline of accepts to outlast the owner's whole chain, and a burst makes

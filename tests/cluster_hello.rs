@@ -11,68 +11,39 @@ mod common;
 mod redis_support;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpStream;
-use std::os::unix::process::CommandExt;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
 
 use common::eventually;
-use redis_support::{Redis, WAIT, require_redis};
+use redis_support::{
+    BridgeClient, ClusterServe, Redis, WAIT, require_redis, terminal, until_all_held_by,
+    until_nothing_in_flight,
+};
 use serde_json::{Value, json};
 
 const PARTITIONS: u32 = 4;
 
+/// An instance with its status file.
 struct Server {
-    child: Child,
-    addr: String,
-    status_file: std::path::PathBuf,
+    serve: ClusterServe,
+    status_file: PathBuf,
 }
 
 impl Server {
     fn start(redis: &Redis, instance: &str, agent: &[String], dir: &Path) -> Server {
         let status_file = dir.join(format!("{instance}.status.json"));
-        let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
-        command
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--http-listen", "off"])
-            .args(["--cluster", &redis.url(), "--instance-id", instance])
-            .args(["--partitions", &PARTITIONS.to_string()])
-            .args(["--lease-ms", "3000"])
-            // The test names who owns what: no rebalancing (tests/cluster_rebalance has it).
-            .args(["--cluster-rebalance", "false"])
-            .arg("--status-file")
-            .arg(&status_file)
-            .args(agent)
-            .env("RUST_LOG", "warn")
-            .env_remove("TURNSTILE_AUTH_TOKEN")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = command.spawn().expect("start turnstile serve");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut first = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut first)
-            .expect("first line");
-        let addr = first
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("listening line, got {first:?}"))
-            .to_owned();
-        Server {
-            child,
-            addr,
-            status_file,
-        }
+        let serve = ClusterServe::spawn(
+            ClusterServe::command(redis, instance, PARTITIONS, 3000)
+                // The test names who owns what: no rebalancing (tests/cluster_rebalance has it).
+                .args(["--cluster-rebalance", "false"])
+                .arg("--status-file")
+                .arg(&status_file)
+                .args(agent)
+                .env("RUST_LOG", "warn")
+                .env_remove("TURNSTILE_AUTH_TOKEN")
+                .stderr(Stdio::inherit()),
+        );
+        Server { serve, status_file }
     }
 
     /// The cluster's figures in the status snapshot now (`Null` before the first).
@@ -82,57 +53,6 @@ impl Server {
             .and_then(|t| serde_json::from_str::<Value>(&t).ok())
             .map_or(Value::Null, |s| s["frontend"]["cluster"].clone())
     }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-struct Client {
-    reader: BufReader<TcpStream>,
-    writer: TcpStream,
-}
-
-impl Client {
-    fn connect(addr: &str) -> Client {
-        let stream = TcpStream::connect(addr).expect("connect");
-        stream.set_read_timeout(Some(WAIT)).expect("timeout");
-        let mut c = Client {
-            reader: BufReader::new(stream.try_clone().expect("clone")),
-            writer: stream,
-        };
-        c.send(&json!({"op": "hello", "platform": "tg", "acks": true}));
-        c
-    }
-
-    fn send(&mut self, v: &Value) {
-        self.writer
-            .write_all((v.to_string() + "\n").as_bytes())
-            .expect("write");
-    }
-
-    /// The next line that is not a typing indicator or a partial.
-    fn next(&mut self) -> Value {
-        loop {
-            let mut line = String::new();
-            let n = self.reader.read_line(&mut line).expect("read");
-            assert!(n > 0, "connection closed");
-            let v: Value = serde_json::from_str(&line).expect("json");
-            if v["op"] != "typing" && v["op"] != "partial" {
-                return v;
-            }
-        }
-    }
-}
-
-fn terminal(v: &Value) -> bool {
-    matches!(
-        v["op"].as_str(),
-        Some("reply" | "failed" | "cancelled" | "merged")
-    )
 }
 
 /// An exec agent that answers the turn's text once `gate` exists: the test holds every
@@ -161,18 +81,6 @@ fn until(what: &str, f: impl FnMut() -> bool) {
     eventually(what, WAIT, f);
 }
 
-fn in_flight(redis: &Redis) -> u64 {
-    let mut c = redis.client();
-    (0..PARTITIONS)
-        .map(|p| {
-            redis::cmd("ZCARD")
-                .arg(format!("ts:{{p{p}}}:q"))
-                .query::<u64>(&mut c)
-                .expect("ZCARD")
-        })
-        .sum()
-}
-
 #[test]
 fn a_bridge_that_moved_from_x_to_y_before_its_results_came_gets_each_from_y_once_marked() {
     let Some(bin) = require_redis() else { return };
@@ -181,15 +89,11 @@ fn a_bridge_that_moved_from_x_to_y_before_its_results_came_gets_each_from_y_once
     let gate = dir.path().join("gate");
     let agent = gated_agent(&gate);
     let _b = Server::start(&redis, "b", &agent, dir.path());
-    until("b holds every partition", || {
-        (0..PARTITIONS).all(|p| {
-            get(&redis, &format!("ts:{{p{p}}}:lease")).is_some_and(|h| h.starts_with("b:"))
-        })
-    });
+    until_all_held_by(&redis, PARTITIONS, &["b"]);
     let x = Server::start(&redis, "x", &agent, dir.path());
     let y = Server::start(&redis, "y", &agent, dir.path());
     let n = 6;
-    let mut on_x = Client::connect(&x.addr);
+    let mut on_x = BridgeClient::connect(&x.serve.addr);
     for i in 0..n {
         on_x.send(&json!({"op": "message", "id": format!("m{i}"), "chat_id": format!("{i}"), "text": format!("t{i}")}));
     }
@@ -201,7 +105,7 @@ fn a_bridge_that_moved_from_x_to_y_before_its_results_came_gets_each_from_y_once
         get(&redis, "ts:hello:tg").is_some_and(|v| v.starts_with("x "))
     });
     drop(on_x);
-    let mut on_y = Client::connect(&y.addr);
+    let mut on_y = BridgeClient::connect(&y.serve.addr);
     until("y's hello is the newest", || {
         get(&redis, "ts:hello:tg").is_some_and(|v| v.starts_with("y "))
     });
@@ -220,9 +124,7 @@ fn a_bridge_that_moved_from_x_to_y_before_its_results_came_gets_each_from_y_once
         got.entry(id).or_default().push(v);
     }
     // Confirmed on y: the messages leave Redis.
-    until("the delivered messages leave Redis", || {
-        in_flight(&redis) == 0
-    });
+    until_nothing_in_flight(&redis, PARTITIONS);
     // Each once: a message sent after them is answered with nothing of theirs before it.
     on_y.send(&json!({"op": "message", "id": "last", "chat_id": "last", "text": "last"}));
     loop {

@@ -8,6 +8,7 @@
 //! sleeps: every wait is for the thread's next report (its waker is a channel), bounded by
 //! `WAIT`.
 
+mod common;
 mod redis_support;
 
 use std::time::{Duration, Instant};

@@ -21,7 +21,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::{eventually, holds};
-use redis_support::{ClusterServe, Redis, WAIT, all_held_by, leases, require_redis};
+use redis_support::{ClusterServe, Redis, WAIT, leases, require_redis, until_all_held_by};
 use serde_json::{Value, json};
 
 const PARTITIONS: u32 = 4;
@@ -57,13 +57,6 @@ impl ClusterServe {
 /// not on an event this test can wait on, so Redis is polled.
 fn until_leases(redis: &Redis, what: &str, done: impl Fn(&[Option<String>]) -> bool) {
     eventually(what, WAIT, || holds(leases(redis, PARTITIONS), |l| done(l)));
-}
-
-/// Waits (bounded) until `instance` holds every partition's lease.
-fn until_all_held_by(redis: &Redis, instance: &str) {
-    until_leases(redis, &format!("{instance} holds every partition"), |l| {
-        all_held_by(l, instance)
-    });
 }
 
 /// A bridge connection (`acks`): its write side, and a thread that sends every line it
@@ -166,7 +159,7 @@ fn a_bridge_alternating_instances_within_each_session_gets_every_session_run_in_
     let dir = tempfile::tempdir().expect("tempdir");
     let effects = dir.path().join("effects.log");
     let b = Server::start(&redis, "b", &effects);
-    until_all_held_by(&redis, "b");
+    until_all_held_by(&redis, PARTITIONS, &["b"]);
     let a = Server::start(&redis, "a", &effects);
     let (tx, rx) = crossbeam_channel::unbounded();
     let mut to_a = connect(&a.addr, "a", tx.clone());
@@ -257,7 +250,7 @@ fn an_owner_that_loses_and_regains_its_partitions_in_one_pass_reads_their_inboxe
     let effects = dir.path().join("effects.log");
     let lease_ms = 1000;
     let b = Server::start_leased(&redis, "b", &effects, lease_ms);
-    until_all_held_by(&redis, "b");
+    until_all_held_by(&redis, PARTITIONS, &["b"]);
     let before = leases(&redis, PARTITIONS);
     b.signal(libc::SIGSTOP);
     until_leases(&redis, "every lease expired", |l| {

@@ -13,6 +13,7 @@
 //! (who holds the leases) poll it with a deadline: a lease changes hands on Redis's clock,
 //! not on an event this test can wait on.
 
+mod common;
 mod redis_support;
 
 use std::collections::{HashMap, HashSet};
@@ -22,8 +23,9 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use common::{eventually, holds};
 use crossbeam_channel::{Receiver, Sender};
-use redis_support::{ClusterServe, Redis, WAIT, leases, require_redis};
+use redis_support::{ClusterServe, Redis, WAIT, leases, require_redis, terminal};
 use serde_json::{Value, json};
 
 const PARTITIONS: u32 = 8;
@@ -92,13 +94,6 @@ impl Bridge {
     }
 }
 
-fn terminal(v: &Value) -> bool {
-    matches!(
-        v["op"].as_str(),
-        Some("reply" | "failed" | "cancelled" | "merged")
-    )
-}
-
 /// The holder (instance name) of each partition's lease now.
 fn holders(redis: &Redis) -> Vec<Option<String>> {
     leases(redis, PARTITIONS)
@@ -110,15 +105,13 @@ fn holders(redis: &Redis) -> Vec<Option<String>> {
 /// Waits (bounded) until each named instance holds exactly its count; how long that took.
 fn until_held(redis: &Redis, want: &[(&str, usize)]) -> Duration {
     let t0 = Instant::now();
-    loop {
-        let h = holders(redis);
-        let holds = |i: &str| h.iter().filter(|x| x.as_deref() == Some(i)).count();
-        if want.iter().all(|(i, n)| holds(i) == *n) {
-            return t0.elapsed();
-        }
-        assert!(t0.elapsed() < WAIT, "never {want:?}: {h:?}");
-        std::thread::park_timeout(Duration::from_millis(5));
-    }
+    eventually(&format!("held {want:?}"), WAIT, || {
+        holds(holders(redis), |h| {
+            let held = |i: &str| h.iter().filter(|x| x.as_deref() == Some(i)).count();
+            want.iter().all(|(i, n)| held(i) == *n)
+        })
+    });
+    t0.elapsed()
 }
 
 /// What the bridges received.

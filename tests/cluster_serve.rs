@@ -11,13 +11,15 @@ mod common;
 mod redis_support;
 
 use std::collections::{HashMap, HashSet};
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use common::{eventually, holds};
-use redis_support::{ClusterServe, Redis, WAIT, require_redis};
+use redis_support::{
+    BridgeClient, ClusterServe, Redis, WAIT, all_held_by, leases, require_redis, terminal,
+    until_all_held_by, until_nothing_in_flight,
+};
 use serde_json::{Value, json};
 
 const PARTITIONS: u32 = 4;
@@ -39,121 +41,6 @@ impl ClusterServe {
                 .stderr(stderr),
         )
     }
-
-    fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-struct Client {
-    reader: BufReader<TcpStream>,
-    writer: TcpStream,
-}
-
-impl Client {
-    fn connect(addr: &str) -> Client {
-        let stream = TcpStream::connect(addr).expect("connect");
-        stream.set_read_timeout(Some(WAIT)).expect("timeout");
-        let mut c = Client {
-            reader: BufReader::new(stream.try_clone().expect("clone")),
-            writer: stream,
-        };
-        c.send(&json!({"op": "hello", "platform": "tg", "acks": true}));
-        c
-    }
-
-    /// A second handle on the connection's write side.
-    fn writer(&self) -> TcpStream {
-        self.writer.try_clone().expect("clone")
-    }
-
-    fn send(&mut self, v: &Value) {
-        self.writer
-            .write_all((v.to_string() + "\n").as_bytes())
-            .expect("write");
-    }
-
-    fn message(&mut self, id: &str, chat: &str) {
-        self.send(&json!({"op": "message", "id": id, "chat_id": chat, "text": id}));
-    }
-
-    /// The next line that is not a typing indicator or a partial; `None` at the end.
-    fn next_line(&mut self) -> Option<Value> {
-        loop {
-            let mut line = String::new();
-            match self.reader.read_line(&mut line) {
-                Ok(0) | Err(_) => return None,
-                Ok(_) => {}
-            }
-            let v: Value = serde_json::from_str(&line).expect("json");
-            if v["op"] != "typing" && v["op"] != "partial" {
-                return Some(v);
-            }
-        }
-    }
-
-    fn next(&mut self) -> Value {
-        self.next_line().expect("connection closed")
-    }
-
-    /// Confirms a terminal event (an `acks` bridge).
-    fn delivered(&mut self, v: &Value) {
-        let id = v["id"].as_str().expect("id").to_owned();
-        self.send(&json!({"op": "delivered", "ids": [id]}));
-    }
-}
-
-fn terminal(v: &Value) -> bool {
-    matches!(
-        v["op"].as_str(),
-        Some("reply" | "failed" | "cancelled" | "merged")
-    )
-}
-
-/// The holder of each partition's lease now.
-fn holders(redis: &Redis) -> Vec<Option<String>> {
-    let mut c = redis.client();
-    (0..PARTITIONS)
-        .map(|p| {
-            redis::cmd("GET")
-                .arg(format!("ts:{{p{p}}}:lease"))
-                .query::<Option<String>>(&mut c)
-                .expect("GET")
-        })
-        .collect()
-}
-
-/// Waits (bounded) until `instance` holds every partition; how long that took.
-fn until_all_held_by(redis: &Redis, instance: &str) -> Duration {
-    let t0 = Instant::now();
-    let prefix = format!("{instance}:");
-    loop {
-        if holders(redis)
-            .iter()
-            .all(|h| h.as_deref().is_some_and(|h| h.starts_with(&prefix)))
-        {
-            return t0.elapsed();
-        }
-        assert!(
-            t0.elapsed() < WAIT,
-            "{instance} never held every partition: {:?}",
-            holders(redis)
-        );
-        std::thread::park_timeout(Duration::from_millis(10));
-    }
-}
-
-fn messages_in_flight(redis: &Redis) -> u64 {
-    let mut c = redis.client();
-    (0..PARTITIONS)
-        .map(|p| {
-            redis::cmd("ZCARD")
-                .arg(format!("ts:{{p{p}}}:q"))
-                .query::<u64>(&mut c)
-                .expect("ZCARD")
-        })
-        .sum()
 }
 
 #[test]
@@ -161,9 +48,9 @@ fn a_message_accepted_on_a_and_owned_by_b_is_run_on_b_and_answered_on_a() {
     let Some(bin) = require_redis() else { return };
     let redis = Redis::start(&bin);
     let b = Server::start(&redis, "b", 3000);
-    until_all_held_by(&redis, "b");
+    until_all_held_by(&redis, PARTITIONS, &["b"]);
     let a = Server::start(&redis, "a", 3000);
-    let mut on_a = Client::connect(&a.addr);
+    let mut on_a = BridgeClient::connect(&a.addr);
     on_a.message("m1", "1");
     let ack = on_a.next();
     assert_eq!(
@@ -182,13 +69,9 @@ fn a_message_accepted_on_a_and_owned_by_b_is_run_on_b_and_answered_on_a() {
         (Some("reply"), Some("m1"), Some("m1")),
         "{done}"
     );
-    assert!(
-        holders(&redis)
-            .iter()
-            .all(|h| h.as_deref().is_some_and(|h| h.starts_with("b:")))
-    );
+    assert!(all_held_by(&leases(&redis, PARTITIONS), "b"));
     // B's own bridge is answered by B.
-    let mut on_b = Client::connect(&b.addr);
+    let mut on_b = BridgeClient::connect(&b.addr);
     on_b.message("m2", "2");
     assert_eq!(on_b.next()["op"], "ack");
     let done_b = on_b.next();
@@ -196,9 +79,7 @@ fn a_message_accepted_on_a_and_owned_by_b_is_run_on_b_and_answered_on_a() {
     // Confirmed: both leave Redis, whichever instance confirms.
     on_a.delivered(&done);
     on_b.delivered(&done_b);
-    eventually("the delivered messages leave Redis", WAIT, || {
-        holds(messages_in_flight(&redis), |n| *n == 0)
-    });
+    until_nothing_in_flight(&redis, PARTITIONS);
     drop(a);
 }
 
@@ -208,11 +89,11 @@ fn kill_9_of_the_owner_mid_load_loses_no_acked_message_and_keeps_per_session_ord
     let redis = Redis::start(&bin);
     let lease_ms = 1000;
     let mut b = Server::start(&redis, "b", lease_ms);
-    until_all_held_by(&redis, "b");
+    until_all_held_by(&redis, PARTITIONS, &["b"]);
     let a = Server::start(&redis, "a", lease_ms);
     let (sessions, per_session) = (20, 10);
-    let mut on_a = Client::connect(&a.addr);
-    let mut on_b = Client::connect(&b.addr);
+    let mut on_a = BridgeClient::connect(&a.addr);
+    let mut on_b = BridgeClient::connect(&b.addr);
     // Half the sessions through each instance, every message sent before the kill.
     let mut sent: Vec<(String, String)> = Vec::new();
     for i in 0..per_session {
@@ -262,8 +143,8 @@ fn kill_9_of_the_owner_mid_load_loses_no_acked_message_and_keeps_per_session_ord
     while let Some(v) = on_b.next_line() {
         record(v, &mut acked, &mut outcomes, &mut order);
     }
-    let again = Client::connect(&a.addr);
-    let took = until_all_held_by(&redis, "a");
+    let again = BridgeClient::connect(&a.addr);
+    let took = until_all_held_by(&redis, PARTITIONS, &["a"]);
     eprintln!(
         "takeover: every partition held by a {:?} after kill -9 of b (lease {lease_ms} ms)",
         killed.elapsed().max(took)
@@ -390,7 +271,7 @@ fn send_message(w: &mut TcpStream, id: &str, chat: &str) {
 
 /// Reads a connection on its own thread: every line goes to `tx`, every terminal event is
 /// confirmed.
-fn pump(mut c: Client, via: &'static str, tx: crossbeam_channel::Sender<Value>) {
+fn pump(mut c: BridgeClient, via: &'static str, tx: crossbeam_channel::Sender<Value>) {
     std::thread::spawn(move || {
         while let Some(mut v) = c.next_line() {
             v["via"] = via.into();
@@ -416,9 +297,12 @@ fn sigstop_of_the_owner_past_its_lease_then_sigcont_hands_its_partitions_over_an
     let log_path = dir.path().join("b.log");
     let log = std::fs::File::create(&log_path).expect("log file");
     let b = Server::start_logged(&redis, "b", lease_ms, Stdio::from(log));
-    until_all_held_by(&redis, "b");
+    until_all_held_by(&redis, PARTITIONS, &["b"]);
     let a = Server::start(&redis, "a", lease_ms);
-    let (on_a, on_b) = (Client::connect(&a.addr), Client::connect(&b.addr));
+    let (on_a, on_b) = (
+        BridgeClient::connect(&a.addr),
+        BridgeClient::connect(&b.addr),
+    );
     let (mut wa, mut wb) = (on_a.writer(), on_b.writer());
     let (tx, rx) = crossbeam_channel::unbounded();
     pump(on_a, "a", tx.clone());
@@ -440,7 +324,7 @@ fn sigstop_of_the_owner_past_its_lease_then_sigcont_hands_its_partitions_over_an
     }
     b.signal(libc::SIGSTOP);
     let paused = Instant::now();
-    let took = until_all_held_by(&redis, "a");
+    let took = until_all_held_by(&redis, PARTITIONS, &["a"]);
     eprintln!(
         "takeover: every partition held by a {:?} after SIGSTOP of b (lease {lease_ms} ms)",
         paused.elapsed().max(took)

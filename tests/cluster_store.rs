@@ -6,10 +6,12 @@
 //! what several gateway processes hold. Nothing sleeps to order events; the one wait on a
 //! clock — a lease running out in Redis — polls its condition with a deadline.
 
+mod common;
 mod redis_support;
 
 use std::time::{Duration, Instant};
 
+use common::eventually;
 use redis_support::{Redis, WAIT, require_redis};
 use turnstile::internal::cluster::{
     Accept, Acquire, ClusterConfig, Done, Lease, Op, Ownership, RedisStore, Stream, partition_of,
@@ -77,13 +79,13 @@ fn outcome(text: &str) -> StoredOutcome {
 /// Waits (bounded) until Redis's TTL has freed the partition and `s` acquires it.
 fn acquire_after_expiry(s: &mut RedisStore, p: u32) -> (Lease, Duration) {
     let t0 = Instant::now();
-    loop {
-        if let Acquire::Acquired(l) = s.acquire(p).expect("acquire") {
-            return (l, t0.elapsed());
+    let lease = eventually(&format!("partition {p} came free"), WAIT, || {
+        match s.acquire(p).expect("acquire") {
+            Acquire::Acquired(l) => Some(l),
+            _ => None,
         }
-        assert!(t0.elapsed() < WAIT, "partition {p} never came free");
-        std::thread::park_timeout(Duration::from_millis(10));
-    }
+    });
+    (lease, t0.elapsed())
 }
 
 #[test]

@@ -12,18 +12,21 @@
 //! or block on the next status snapshot (the instance's `--status-file`, tests/snapshot_watch):
 //! a lease changes hands on Redis's clock, not on an event this test can wait on.
 
+mod common;
 mod redis_support;
 mod snapshot_watch;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Instant;
 
-use redis_support::{Redis, WAIT, require_redis};
+use redis_support::{
+    BridgeClient, ClusterServe, Redis, WAIT, leases, require_redis, terminal, until_all_held_by,
+    until_nothing_in_flight,
+};
 use serde_json::{Value, json};
 use snapshot_watch::SnapshotWatch;
 
@@ -40,9 +43,7 @@ fn one_load_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 
 /// One `serve --cluster` process with its status file and HTTP endpoint.
 struct Server {
-    child: Child,
-    addr: String,
-    http: String,
+    serve: ClusterServe,
     status_file: PathBuf,
     snapshots: SnapshotWatch,
     _dir: tempfile::TempDir,
@@ -55,68 +56,25 @@ impl Server {
         let dir = tempfile::tempdir().expect("tempdir");
         let status_file = dir.path().join("status.json");
         let snapshots = SnapshotWatch::new(dir.path());
-        let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
-        command
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
-            .arg("--status-file")
-            .arg(&status_file)
-            .args(["--cluster", &redis.url(), "--instance-id", instance])
-            .args(["--partitions", &PARTITIONS.to_string()])
-            .args(["--lease-ms", &lease_ms.to_string()])
-            // Each test names who owns what: no rebalancing (tests/cluster_rebalance has it).
-            .args(["--cluster-rebalance", "false"])
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .env_remove("TURNSTILE_AUTH_TOKEN")
-            .env_remove("NOTIFY_SOCKET")
-            .env_remove("WATCHDOG_USEC")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = command.spawn().expect("start turnstile serve");
-        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        out.read_line(&mut line).expect("first line");
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("listening line, got {line:?}"))
-            .to_owned();
-        line.clear();
-        out.read_line(&mut line).expect("second line");
-        let http = line
-            .trim()
-            .strip_prefix("http on ")
-            .unwrap_or_else(|| panic!("http line, got {line:?}"))
-            .to_owned();
+        let serve = ClusterServe::spawn(
+            ClusterServe::command_at(&redis.url(), "127.0.0.1:0", instance, PARTITIONS, lease_ms)
+                .arg("--status-file")
+                .arg(&status_file)
+                // Each test names who owns what: no rebalancing (tests/cluster_rebalance has it).
+                .args(["--cluster-rebalance", "false"])
+                .args(extra)
+                .env("RUST_LOG", "warn")
+                .env_remove("TURNSTILE_AUTH_TOKEN")
+                .env_remove("NOTIFY_SOCKET")
+                .env_remove("WATCHDOG_USEC")
+                .stderr(Stdio::inherit()),
+        );
         Server {
-            child,
-            addr,
-            http,
+            serve,
             status_file,
             snapshots,
             _dir: dir,
         }
-    }
-
-    fn signal(&self, sig: libc::c_int) {
-        let pid = libc::pid_t::try_from(self.child.id()).expect("pid");
-        // SAFETY: kill(2) on our own child's pid.
-        assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill({pid}, {sig})");
-    }
-
-    fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 
     /// The status snapshot now (`None` while the first is not written).
@@ -178,134 +136,13 @@ impl Server {
 
     /// A plain HTTP GET of the endpoint; the body of a 200.
     fn get(&self, path: &str) -> String {
-        let mut s = TcpStream::connect(&self.http).expect("connect http");
-        s.set_read_timeout(Some(WAIT)).expect("timeout");
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .expect("request");
-        let mut raw = String::new();
-        s.read_to_string(&mut raw).expect("response");
-        let (head, body) = raw.split_once("\r\n\r\n").expect("a head");
-        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-        body.to_owned()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.kill9();
+        let answer = common::http::get(self.serve.http(), path, None);
+        assert_eq!(answer.status, 200, "{}", answer.head);
+        answer.body
     }
 }
 
 /// A bridge connection with `acks`.
-struct Client {
-    reader: BufReader<TcpStream>,
-    writer: TcpStream,
-}
-
-impl Client {
-    fn connect(addr: &str) -> Client {
-        let stream = TcpStream::connect(addr).expect("connect");
-        stream.set_read_timeout(Some(WAIT)).expect("timeout");
-        let mut c = Client {
-            reader: BufReader::new(stream.try_clone().expect("clone")),
-            writer: stream,
-        };
-        c.send(&json!({"op": "hello", "platform": "tg", "acks": true}));
-        c
-    }
-
-    /// A second handle on the connection's write side.
-    fn writer(&self) -> TcpStream {
-        self.writer.try_clone().expect("clone")
-    }
-
-    fn send(&mut self, v: &Value) {
-        self.writer
-            .write_all((v.to_string() + "\n").as_bytes())
-            .expect("write");
-    }
-
-    fn message(&mut self, id: &str, chat: &str) {
-        send_message(&mut self.writer, id, chat);
-    }
-
-    /// The next line that is not a typing indicator or a partial; `None` at the end.
-    fn next_line(&mut self) -> Option<Value> {
-        loop {
-            let mut line = String::new();
-            match self.reader.read_line(&mut line) {
-                Ok(0) | Err(_) => return None,
-                Ok(_) => {}
-            }
-            let v: Value = serde_json::from_str(&line).expect("json");
-            if v["op"] != "typing" && v["op"] != "partial" {
-                return Some(v);
-            }
-        }
-    }
-
-    fn next(&mut self) -> Value {
-        self.next_line().expect("connection closed")
-    }
-
-    /// Confirms a terminal event (an `acks` bridge).
-    fn delivered(&mut self, v: &Value) {
-        let id = v["id"].as_str().expect("id").to_owned();
-        self.send(&json!({"op": "delivered", "ids": [id]}));
-    }
-}
-
-/// Sends `id` of session `chat` on a connection's write side (the text is the id).
-fn send_message(w: &mut TcpStream, id: &str, chat: &str) {
-    let v = json!({"op": "message", "id": id, "chat_id": chat, "text": id});
-    // A write to a connection the instance's death closed fails: the id stays unacked and
-    // the bridge resends it on its next connection.
-    let _ = w.write_all((v.to_string() + "\n").as_bytes());
-}
-
-fn terminal(v: &Value) -> bool {
-    matches!(
-        v["op"].as_str(),
-        Some("reply" | "failed" | "cancelled" | "merged")
-    )
-}
-
-/// The holder of each partition's lease now.
-fn holders(redis: &Redis) -> Vec<Option<String>> {
-    let mut c = redis.client();
-    (0..PARTITIONS)
-        .map(|p| {
-            redis::cmd("GET")
-                .arg(format!("ts:{{p{p}}}:lease"))
-                .query::<Option<String>>(&mut c)
-                .expect("GET")
-        })
-        .collect()
-}
-
-/// Waits (bounded) until every partition is held by one of `instances`; how long that took.
-fn until_all_held_by(redis: &Redis, instances: &[&str]) -> Duration {
-    let t0 = Instant::now();
-    let prefixes: Vec<String> = instances.iter().map(|i| format!("{i}:")).collect();
-    loop {
-        if holders(redis).iter().all(|h| {
-            h.as_deref()
-                .is_some_and(|h| prefixes.iter().any(|p| h.starts_with(p)))
-        }) {
-            return t0.elapsed();
-        }
-        assert!(
-            t0.elapsed() < WAIT,
-            "{instances:?} never held every partition: {:?}",
-            holders(redis)
-        );
-        std::thread::park_timeout(Duration::from_millis(10));
-    }
-}
-
 /// `promtool check metrics` of an exposition: its verdict and what it said.
 fn promtool(text: &str) -> Option<(bool, String)> {
     let mut child = Command::new("promtool")
@@ -366,7 +203,7 @@ fn the_cluster_figures_are_in_the_status_the_summary_and_the_exposition() {
     let agent: Vec<&str> = agent.iter().map(String::as_str).collect();
     let lease_ms = 1000;
     let a = Server::start(&redis, "a", lease_ms, &agent);
-    until_all_held_by(&redis, &["a"]);
+    until_all_held_by(&redis, PARTITIONS, &["a"]);
     let b = Server::start(&redis, "b", lease_ms, &agent);
     let sa = a.wait_status("a owning every partition and seeing b", |s| {
         let c = &s["frontend"]["cluster"];
@@ -405,7 +242,7 @@ fn the_cluster_figures_are_in_the_status_the_summary_and_the_exposition() {
     );
     // A message sent to b, owned by a: acked by b, waiting there for a's outcome while the
     // gate holds a's turn.
-    let mut on_b = Client::connect(&b.addr);
+    let mut on_b = BridgeClient::connect(&b.serve.addr);
     on_b.message("m1", "1");
     assert_eq!(on_b.next()["op"], "ack");
     let sb = b.wait_status("b waiting for a remote outcome", |s| {
@@ -443,7 +280,7 @@ fn the_cluster_figures_are_in_the_status_the_summary_and_the_exposition() {
     // `turnstile status` says it in words.
     let status_cmd = || {
         let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
-            .args(["status", "--http", &b.http])
+            .args(["status", "--http", b.serve.http()])
             .env_remove("TURNSTILE_AUTH_TOKEN")
             .output()
             .expect("turnstile status");
@@ -471,9 +308,9 @@ fn the_cluster_figures_are_in_the_status_the_summary_and_the_exposition() {
         s["frontend"]["cluster"]["remote_waiting"] == 0
     });
     // a pauses past its lease: b takes every partition, and a, awake, hands them over.
-    a.signal(libc::SIGSTOP);
-    until_all_held_by(&redis, &["b"]);
-    a.signal(libc::SIGCONT);
+    a.serve.signal(libc::SIGSTOP);
+    until_all_held_by(&redis, PARTITIONS, &["b"]);
+    a.serve.signal(libc::SIGCONT);
     // Its bridge fences itself out at its tick (`self_fenced`), its journal thread reports
     // the partitions lost a moment later: each ownership ends once in lost + fenced.
     let sa = a.wait_status("a handing its partitions over", |s| {
@@ -525,6 +362,13 @@ struct Line {
     v: Value,
 }
 
+/// Sends message `id` in chat `chat` on `w`; a write to a connection the instance's death
+/// closed fails: the id stays unacked and the bridge resends it on its next connection.
+fn send_message(w: &mut TcpStream, id: &str, chat: &str) {
+    let v = json!({"op": "message", "id": id, "chat_id": chat, "text": id});
+    let _ = w.write_all((v.to_string() + "\n").as_bytes());
+}
+
 /// A bridge as a real one behaves, on its own thread: it connects to the first instance of
 /// `addrs` that answers, sends its messages, confirms every terminal event, and when the
 /// connection ends (the instance died) connects to the next one and resends every message
@@ -542,12 +386,12 @@ fn load_bridge(
         for conn in 0.. {
             let Some(mut c) = addrs[at..].iter().find_map(|a| {
                 at += 1;
-                TcpStream::connect(a).ok().map(|_| Client::connect(a))
+                TcpStream::connect(a).ok().map(|_| BridgeClient::connect(a))
             }) else {
                 return;
             };
             for (id, chat) in messages.iter().filter(|(id, _)| !acked.contains(id)) {
-                c.message(id, chat);
+                send_message(&mut c.writer(), id, chat);
             }
             while let Some(v) = c.next_line() {
                 if v["op"] == "ack" {
@@ -703,28 +547,6 @@ fn outcome_records(redis: &Redis) -> usize {
     published
 }
 
-/// Waits (bounded) until Redis holds no message in flight: every outcome confirmed
-/// `delivered` reached it.
-fn until_nothing_in_flight(redis: &Redis) {
-    let t0 = Instant::now();
-    let mut c = redis.client();
-    loop {
-        let n: u64 = (0..PARTITIONS)
-            .map(|p| {
-                redis::cmd("ZCARD")
-                    .arg(format!("ts:{{p{p}}}:q"))
-                    .query::<u64>(&mut c)
-                    .expect("ZCARD")
-            })
-            .sum();
-        if n == 0 {
-            return;
-        }
-        assert!(t0.elapsed() < WAIT, "{n} message(s) stayed in Redis");
-        std::thread::park_timeout(Duration::from_millis(10));
-    }
-}
-
 /// An exec agent that appends the turn's message id to `log` (its side effect), then answers
 /// the turn's text.
 fn side_effect_agent(log: &Path) -> Vec<String> {
@@ -773,13 +595,13 @@ fn three_instances_kill_9(victim: usize) {
     let lease_ms = 1000;
     let names = ["a", "b", "c"];
     let mut servers = vec![Server::start(&redis, names[0], lease_ms, &agent)];
-    until_all_held_by(&redis, &names[..1]);
+    until_all_held_by(&redis, PARTITIONS, &names[..1]);
     servers.extend(
         names[1..]
             .iter()
             .map(|n| Server::start(&redis, n, lease_ms, &agent)),
     );
-    let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+    let addrs: Vec<String> = servers.iter().map(|s| s.serve.addr.clone()).collect();
     let (sessions, per_session) = (30, 10);
     let (tx, rx) = crossbeam_channel::unbounded();
     let mut sent = 0;
@@ -799,7 +621,7 @@ fn three_instances_kill_9(victim: usize) {
     drop(tx);
     let mut t = Tally::default();
     t.until(&rx, |t| t.outcomes.len() >= 60);
-    let held = holders(&redis);
+    let held = leases(&redis, PARTITIONS);
     let count = |n: &str| {
         held.iter()
             .filter(|h| {
@@ -818,9 +640,9 @@ fn three_instances_kill_9(victim: usize) {
         count(names[victim]),
         t.outcomes.len()
     );
-    servers[victim].kill9();
+    servers[victim].serve.kill9();
     let killed = Instant::now();
-    let took = until_all_held_by(&redis, &survivors);
+    let took = until_all_held_by(&redis, PARTITIONS, &survivors);
     let takeover = killed.elapsed().max(took);
     t.until(&rx, |t| t.acked.len() == sent && t.lost().is_empty());
     let lost = t.lost();
@@ -843,7 +665,7 @@ fn three_instances_kill_9(victim: usize) {
     assert!(lost.is_empty(), "acked and never answered: {lost:?}");
     assert!(disorder.is_empty(), "replies out of order: {disorder:?}");
     assert_eq!(published, sent, "one outcome record per message");
-    until_nothing_in_flight(&redis);
+    until_nothing_in_flight(&redis, PARTITIONS);
     // The side effects: a delivered reply's exactly once, nobody's twice.
     let log = std::fs::read_to_string(&effects).expect("the side-effect log");
     let mut done: HashMap<&str, usize> = HashMap::new();
@@ -878,7 +700,7 @@ fn three_instances_kill_9(victim: usize) {
 
 /// Reads a connection on its own thread as bridge `bridge`: every line goes to `tx`, every
 /// terminal event is confirmed.
-fn pump(mut c: Client, bridge: usize, tx: crossbeam_channel::Sender<Line>) {
+fn pump(mut c: BridgeClient, bridge: usize, tx: crossbeam_channel::Sender<Line>) {
     std::thread::spawn(move || {
         while let Some(v) = c.next_line() {
             if terminal(&v) {
@@ -903,9 +725,12 @@ fn redis_restarted_mid_load_refuses_storage_meanwhile_loses_nothing_acked_and_re
     let mut redis = Redis::start(&bin);
     let lease_ms = 1000;
     let a = Server::start(&redis, "a", lease_ms, &[]);
-    until_all_held_by(&redis, &["a"]);
+    until_all_held_by(&redis, PARTITIONS, &["a"]);
     let b = Server::start(&redis, "b", lease_ms, &[]);
-    let (ca, cb) = (Client::connect(&a.addr), Client::connect(&b.addr));
+    let (ca, cb) = (
+        BridgeClient::connect(&a.serve.addr),
+        BridgeClient::connect(&b.serve.addr),
+    );
     let mut writers = [ca.writer(), cb.writer()];
     let (tx, rx) = crossbeam_channel::unbounded();
     pump(ca, 0, tx.clone());
@@ -1023,7 +848,7 @@ fn redis_restarted_mid_load_refuses_storage_meanwhile_loses_nothing_acked_and_re
     );
     assert!(disorder.is_empty(), "replies out of order: {disorder:?}");
     assert_eq!(published, all.len(), "one outcome record per message");
-    until_nothing_in_flight(&redis);
+    until_nothing_in_flight(&redis, PARTITIONS);
     drop((a, b));
 }
 
@@ -1039,7 +864,7 @@ fn an_ack_for_a_message_owned_elsewhere_carries_the_cluster_wide_position() {
     let agent = gated_agent(&gate);
     let agent: Vec<&str> = agent.iter().map(String::as_str).collect();
     let a = Server::start(&redis, "a", 3000, &agent);
-    until_all_held_by(&redis, &["a"]);
+    until_all_held_by(&redis, PARTITIONS, &["a"]);
     // Held in Redis is not yet owned: a new owner loads a partition a fence margin after
     // acquiring it (docs/cluster.md, self-fencing), and acks what comes meanwhile `queued`.
     a.wait_status("a owning every partition", |s| {
@@ -1051,8 +876,11 @@ fn an_ack_for_a_message_owned_elsewhere_carries_the_cluster_wide_position() {
             .as_array()
             .is_some_and(|l| l.len() == 2)
     });
-    let (mut on_a, mut on_b) = (Client::connect(&a.addr), Client::connect(&b.addr));
-    let ack = |c: &mut Client| {
+    let (mut on_a, mut on_b) = (
+        BridgeClient::connect(&a.serve.addr),
+        BridgeClient::connect(&b.serve.addr),
+    );
+    let ack = |c: &mut BridgeClient| {
         let v = c.next();
         assert_eq!(v["op"], "ack", "{v}");
         (v["id"].clone(), v["state"].clone(), v["position"].clone())
@@ -1086,7 +914,7 @@ fn an_ack_for_a_message_owned_elsewhere_carries_the_cluster_wide_position() {
         on_b.delivered(&done);
     }
     // Confirmed, they leave Redis; with nothing ahead, the next one is queued at position 0.
-    until_nothing_in_flight(&redis);
+    until_nothing_in_flight(&redis, PARTITIONS);
     on_b.message("m3", "7");
     assert_eq!(ack(&mut on_b), (json!("m3"), json!("queued"), json!(0)));
     open_gate();
@@ -1106,7 +934,7 @@ fn the_same_id_with_another_chat_on_another_instance_is_a_duplicate() {
     let agent = gated_agent(&gate);
     let agent: Vec<&str> = agent.iter().map(String::as_str).collect();
     let a = Server::start(&redis, "a", 3000, &agent);
-    until_all_held_by(&redis, &["a"]);
+    until_all_held_by(&redis, PARTITIONS, &["a"]);
     // Held in Redis is not yet owned: a new owner loads a partition a fence margin after
     // acquiring it (docs/cluster.md, self-fencing), and acks what comes meanwhile `queued`.
     a.wait_status("a owning every partition", |s| {
@@ -1125,7 +953,10 @@ fn the_same_id_with_another_chat_on_another_instance_is_a_duplicate() {
         .map(|c| c.to_string())
         .find(|c| partition(c) != partition("1"))
         .expect("a chat in another partition");
-    let (mut on_a, mut on_b) = (Client::connect(&a.addr), Client::connect(&b.addr));
+    let (mut on_a, mut on_b) = (
+        BridgeClient::connect(&a.serve.addr),
+        BridgeClient::connect(&b.serve.addr),
+    );
     on_a.message("m1", "1");
     let ack = on_a.next();
     assert_eq!(
@@ -1149,7 +980,7 @@ fn the_same_id_with_another_chat_on_another_instance_is_a_duplicate() {
     let done = on_a.next();
     assert_eq!(done["text"], "m1", "{done}");
     on_a.delivered(&done);
-    until_nothing_in_flight(&redis);
+    until_nothing_in_flight(&redis, PARTITIONS);
     // Answered and confirmed: still a duplicate for the rest of the window.
     on_b.message("m1", &other);
     let dup = on_b.next();

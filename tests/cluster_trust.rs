@@ -9,18 +9,17 @@
 //! their connections, and `/readyz` is asked again at each new status snapshot (the endpoint
 //! serves the latest one: tests/snapshot_watch).
 
+mod common;
 mod redis_support;
 mod snapshot_watch;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
-use redis_support::{Redis, WAIT, require_redis};
+use redis_support::{ClusterServe, Redis, WAIT, require_redis};
 use serde_json::{Value, json};
 use snapshot_watch::SnapshotWatch;
 
@@ -31,11 +30,8 @@ use snapshot_watch::SnapshotWatch;
 const DISTRUST: &str = "no new one is accepted";
 
 struct Server {
-    child: Child,
-    addr: String,
-    http: String,
-    /// The instance's log lines (WARN and up), also copied to this test's stderr.
-    log: Receiver<String>,
+    /// Its log lines (WARN and up) read, also copied to this test's stderr.
+    serve: ClusterServe,
     snapshots: SnapshotWatch,
     _dir: tempfile::TempDir,
 }
@@ -44,58 +40,16 @@ impl Server {
     fn start(redis: &Redis, instance: &str) -> Server {
         let dir = tempfile::tempdir().expect("tempdir");
         let snapshots = SnapshotWatch::new(dir.path());
-        let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
-        command
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
-            .arg("--status-file")
-            .arg(dir.path().join("status.json"))
-            .args(["--cluster", &redis.url(), "--instance-id", instance])
-            .args(["--partitions", "4", "--lease-ms", "1000"])
-            .env("RUST_LOG", "warn")
-            .env_remove("TURNSTILE_AUTH_TOKEN")
-            .env_remove("NOTIFY_SOCKET")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = command.spawn().expect("start turnstile serve");
-        let (tx, log) = crossbeam_channel::unbounded();
-        let stderr = child.stderr.take().expect("stderr");
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                eprintln!("{line}");
-                let _ = tx.send(line);
-            }
-        });
-        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        out.read_line(&mut line).expect("first line");
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("listening line, got {line:?}"))
-            .to_owned();
-        line.clear();
-        out.read_line(&mut line).expect("second line");
-        let http = line
-            .trim()
-            .strip_prefix("http on ")
-            .unwrap_or_else(|| panic!("http line, got {line:?}"))
-            .to_owned();
+        let serve = ClusterServe::spawn_logged(
+            ClusterServe::command_at(&redis.url(), "127.0.0.1:0", instance, 4, 1000)
+                .arg("--status-file")
+                .arg(dir.path().join("status.json"))
+                .env("RUST_LOG", "warn")
+                .env_remove("TURNSTILE_AUTH_TOKEN")
+                .env_remove("NOTIFY_SOCKET"),
+        );
         Server {
-            child,
-            addr,
-            http,
-            log,
+            serve,
             snapshots,
             _dir: dir,
         }
@@ -118,40 +72,10 @@ impl Server {
         }
     }
 
-    /// Blocks until a log line contains `needle`; that line.
-    fn wait_log(&self, needle: &str) -> String {
-        loop {
-            match self.log.recv_timeout(WAIT) {
-                Ok(line) if line.contains(needle) => return line,
-                Ok(_) => {}
-                Err(e) => panic!("no log line with {needle:?}: {e}"),
-            }
-        }
-    }
-
     /// The status code and body of a GET of the HTTP endpoint.
     fn get(&self, path: &str) -> (u16, String) {
-        let mut s = TcpStream::connect(&self.http).expect("connect http");
-        s.set_read_timeout(Some(WAIT)).expect("timeout");
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .expect("request");
-        let mut raw = String::new();
-        s.read_to_string(&mut raw).expect("response");
-        let code = raw
-            .get(9..12)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or_else(|| panic!("a status line: {raw}"));
-        (code, raw)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let answer = common::http::get(self.serve.http(), path, None);
+        (answer.status, answer.body)
     }
 }
 
@@ -227,8 +151,8 @@ fn redis_flushed_under_load_is_refused_by_every_instance_and_nothing_is_acked_in
     let (a, b) = (Server::start(&redis, "gw-a"), Server::start(&redis, "gw-b"));
     // No bridge ever connects to C: its ownership pass alone must notice.
     let c = Server::start(&redis, "gw-c");
-    let (mut wa, ra) = bridge(&a.addr);
-    let (mut wb, rb) = bridge(&b.addr);
+    let (mut wa, ra) = bridge(&a.serve.addr);
+    let (mut wb, rb) = bridge(&b.serve.addr);
     assert_eq!(a.get("/readyz").0, 200);
 
     // Load on both; Redis is flushed once 50 of A's are answered, and the load goes on.
@@ -279,7 +203,7 @@ fn redis_flushed_under_load_is_refused_by_every_instance_and_nothing_is_acked_in
 
     // Each instance finds out, on its own (an accept or its ownership pass), and says so.
     for s in [&a, &b, &c] {
-        let line = s.wait_log(DISTRUST);
+        let line = s.serve.log().wait_for(DISTRUST);
         assert!(line.contains("ERROR"), "{line}");
         s.wait_ready(503, "journal writes are failing");
     }

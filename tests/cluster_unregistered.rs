@@ -23,16 +23,18 @@
 //! Waits are on lines from the gateways and on Redis (polled with a deadline for what only
 //! Redis's clock moves: a lease, the registry); only a failing run reaches them.
 
+mod common;
 mod redis_support;
 
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, ErrorKind, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use redis_support::{ClusterServe, Redis, WAIT, require_redis};
+use common::eventually;
+use redis_support::{ClusterServe, Redis, WAIT, require_redis, until_all_held_by};
 use serde_json::{Value, json};
 
 const PARTITIONS: u32 = 4;
@@ -46,26 +48,15 @@ fn start(url: &str, instance: &str, gate: &Path) -> ClusterServe {
         "cat >/dev/null; while [ ! -e '{}' ]; do sleep 0.05; done; echo \"done $TURNSTILE_MESSAGE_ID\"",
         gate.display()
     );
-    let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
-    command
-        .arg("serve")
-        .args(["--listen", "127.0.0.1:0", "--http-listen", "off"])
-        .args(["--cluster", url, "--instance-id", instance])
-        .args(["--partitions", &PARTITIONS.to_string()])
-        .args(["--lease-ms", "2000"])
-        // Who owns what is this test's to say: no rebalancing.
-        .args(["--cluster-rebalance", "false"])
-        .args(["--agent", "exec", "--agent-cmd", &agent])
-        .env("RUST_LOG", "warn")
-        .env_remove("TURNSTILE_AUTH_TOKEN")
-        .stderr(Stdio::inherit());
-    ClusterServe::spawn(&mut command)
-}
-
-/// kill -9, and reaped.
-fn kill(server: &mut ClusterServe) {
-    let _ = server.child.kill();
-    let _ = server.child.wait();
+    ClusterServe::spawn(
+        ClusterServe::command_at(url, "off", instance, PARTITIONS, 2000)
+            // Who owns what is this test's to say: no rebalancing.
+            .args(["--cluster-rebalance", "false"])
+            .args(["--agent", "exec", "--agent-cmd", &agent])
+            .env("RUST_LOG", "warn")
+            .env_remove("TURNSTILE_AUTH_TOKEN")
+            .stderr(Stdio::inherit()),
+    )
 }
 
 /// A bridge's connection to one instance, `acks` on.
@@ -141,14 +132,11 @@ fn registered(redis: &Redis, instance: &str) -> bool {
 /// Waits (bounded) until `instance`'s registration is `live` or not: it changes on
 /// Redis's clock (a heartbeat, an expiry), so Redis is polled.
 fn until_registered(redis: &Redis, instance: &str, live: bool) {
-    let t0 = Instant::now();
-    while registered(redis, instance) != live {
-        assert!(
-            t0.elapsed() < WAIT,
-            "{instance} never live={live} in the registry"
-        );
-        std::thread::park_timeout(Duration::from_millis(10));
-    }
+    eventually(
+        &format!("{instance} live={live} in the registry"),
+        WAIT,
+        || registered(redis, instance) == live,
+    );
 }
 
 /// User `unlisted` (password `pw`): every key of the cluster but, unless `with_registry`,
@@ -180,27 +168,6 @@ fn set_unlisted_acl(redis: &Redis, with_registry: bool) {
         .expect("ACL SETUSER");
 }
 
-/// Waits (bounded) until `instance` holds every partition's lease: leases change hands on
-/// Redis's clock, so Redis is polled.
-fn until_all_held_by(redis: &Redis, instance: &str) {
-    let mut c = redis.client();
-    let t0 = Instant::now();
-    loop {
-        let held = (0..PARTITIONS).all(|p| {
-            redis::cmd("GET")
-                .arg(format!("ts:{{p{p}}}:lease"))
-                .query::<Option<String>>(&mut c)
-                .expect("GET")
-                .is_some_and(|h| h.starts_with(&format!("{instance}:")))
-        });
-        if held {
-            return;
-        }
-        assert!(t0.elapsed() < WAIT, "{instance} never held every partition");
-        std::thread::park_timeout(Duration::from_millis(10));
-    }
-}
-
 #[test]
 fn an_instance_never_registered_acks_nothing_and_nothing_acked_is_lost() {
     let Some(bin) = require_redis() else { return };
@@ -210,7 +177,7 @@ fn an_instance_never_registered_acks_nothing_and_nothing_acked_is_lost() {
     set_unlisted_acl(&redis, false);
     let url_unlisted = redis.url().replace("redis://", "redis://unlisted:pw@");
     let b = start(&redis.url(), "b", &gate);
-    until_all_held_by(&redis, "b");
+    until_all_held_by(&redis, PARTITIONS, &["b"]);
     let a = start(&url_unlisted, "a", &gate);
     refused_by_a_answered_by_b(&redis, a, &b, &gate, "never registered");
 }
@@ -228,7 +195,7 @@ fn an_instance_whose_registration_lapsed_acks_nothing_and_nothing_acked_is_lost(
     set_unlisted_acl(&redis, true);
     let url_unlisted = redis.url().replace("redis://", "redis://unlisted:pw@");
     let b = start(&redis.url(), "b", &gate);
-    until_all_held_by(&redis, "b");
+    until_all_held_by(&redis, PARTITIONS, &["b"]);
     let a = start(&url_unlisted, "a", &gate);
     until_registered(&redis, "a", true);
     set_unlisted_acl(&redis, false);
@@ -262,7 +229,7 @@ fn refused_by_a_answered_by_b(
     }
     // Still not in the registry: every answer above came from an unregistered instance.
     assert!(!registered(redis, "a"), "a registered despite its ACL");
-    kill(&mut a);
+    a.kill9();
     drop(to_a);
 
     // The bridge moves to B and sends again what A did not ack (as a bridge does with a

@@ -8,61 +8,30 @@ mod common;
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::gateway::Serve;
 use serde_json::{Value, json};
 use turnstile::{SqliteStore, Store};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-struct Server {
-    child: Child,
-    addr: String,
-}
+/// A `serve` with its journal in a data directory.
+type Server = Serve;
 
-impl Server {
+impl Serve {
     fn start(data_dir: &Path, args: &[&str]) -> Server {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
-        command
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--http-listen", "off"])
-            .arg("--data-dir")
-            .arg(data_dir)
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        // The server dies with the test thread that started it.
-        // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = command.spawn().expect("start turnstile serve");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut first = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut first)
-            .expect("first line");
-        let addr = first
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("listening line, got {first:?}"))
-            .to_owned();
-        Server { child, addr }
-    }
-
-    fn kill9(mut self) {
-        self.child.kill().expect("SIGKILL");
-        self.child.wait().expect("reaped");
+        Serve::spawn(
+            Serve::local_command("off")
+                .arg("--data-dir")
+                .arg(data_dir)
+                .args(args)
+                .env("RUST_LOG", "warn")
+                .stderr(Stdio::inherit()),
+        )
     }
 
     fn stop(mut self) {
@@ -70,13 +39,6 @@ impl Server {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let status = self.child.wait().expect("wait");
         assert!(status.success(), "{status}");
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -215,7 +177,7 @@ fn kill_point(n: usize, sessions: usize, kill_after: usize) -> (usize, usize, us
     ];
     let ledger = Arc::new(Mutex::new(Ledger::default()));
     let all = ids(n);
-    let server = Server::start(&data, &args);
+    let mut server = Server::start(&data, &args);
     let bridge = Bridge::connect(&server.addr, ledger.clone());
     let sender = {
         let writer = bridge.writer.clone();
@@ -363,7 +325,7 @@ fn resume_interrupted_reruns_a_turn_once_and_a_second_interruption_is_poison() {
         "sleep 600",
         "--resume-interrupted",
     ];
-    let server = Server::start(&data, &hang);
+    let mut server = Server::start(&data, &hang);
     let mut c = Plain::connect(&server.addr, acks_hello());
     c.message("m1", "1");
     assert_eq!(c.next()["state"], "running");
@@ -372,7 +334,7 @@ fn resume_interrupted_reruns_a_turn_once_and_a_second_interruption_is_poison() {
     server.kill9();
 
     // Second life: m1 runs again (its second start), b1 waits behind it.
-    let server = Server::start(&data, &hang);
+    let mut server = Server::start(&data, &hang);
     let mut c = Plain::connect(&server.addr, acks_hello());
     c.message("b2", "1");
     let v = c.next();
@@ -384,7 +346,7 @@ fn resume_interrupted_reruns_a_turn_once_and_a_second_interruption_is_poison() {
     server.kill9();
 
     // Third life: m1 was interrupted twice: poison. b1 runs now.
-    let server = Server::start(&data, &hang);
+    let mut server = Server::start(&data, &hang);
     let mut c = Plain::connect(&server.addr, acks_hello());
     let v = c.next();
     assert_eq!(
@@ -399,7 +361,7 @@ fn resume_interrupted_reruns_a_turn_once_and_a_second_interruption_is_poison() {
     server.kill9();
 
     // Fourth life, without the flag: b1's interrupted turn fails, and nothing else answers.
-    let server = Server::start(&data, &["--agent", "exec", "--agent-cmd", "sleep 600"]);
+    let mut server = Server::start(&data, &["--agent", "exec", "--agent-cmd", "sleep 600"]);
     let mut c = Plain::connect(&server.addr, acks_hello());
     let v = c.next();
     assert_eq!(
@@ -418,7 +380,7 @@ fn resume_interrupted_reruns_a_turn_once_and_a_second_interruption_is_poison() {
 fn dedup_and_the_outbox_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let server = Server::start(&data, &[]);
+    let mut server = Server::start(&data, &[]);
     let mut c = Plain::connect(&server.addr, acks_hello());
     c.message("once", "1");
     assert_eq!(c.next()["state"], "running");
@@ -621,7 +583,7 @@ mod injected_fault {
 /// `n` messages acknowledged in one session whose agent never answers, then `kill -9`: the
 /// data directory holds them in flight, the latest commits still in the write-ahead log.
 fn acked_then_killed(data: &Path, n: usize) {
-    let server = Server::start(data, &["--agent", "exec", "--agent-cmd", "sleep 600"]);
+    let mut server = Server::start(data, &["--agent", "exec", "--agent-cmd", "sleep 600"]);
     let mut c = Plain::connect(&server.addr, acks_hello());
     c.message("m0", "1");
     assert_eq!(c.next()["state"], "running");
@@ -737,7 +699,7 @@ fn a_journal_that_lost_acked_messages_refuses_start_up_naming_the_file() {
         eprintln!("{name}: {}", err.trim());
     }
     // Untouched, it starts: the first message's interrupted turn fails, the rest wait.
-    let server = Server::start(&data, &["--agent", "exec", "--agent-cmd", "sleep 600"]);
+    let mut server = Server::start(&data, &["--agent", "exec", "--agent-cmd", "sleep 600"]);
     let mut c = Plain::connect(&server.addr, acks_hello());
     let v = c.next();
     assert_eq!(
@@ -775,15 +737,15 @@ fn a_main_file_without_its_mark_is_refused() {
     assert_eq!(refused_start(&alone).0, Some(2));
     // The documented acceptance: an empty mark.
     std::fs::write(alone.join("journal.mark"), b"").unwrap();
-    let server = Server::start(&alone, &["--agent", "exec", "--agent-cmd", "sleep 600"]);
+    let mut server = Server::start(&alone, &["--agent", "exec", "--agent-cmd", "sleep 600"]);
     server.kill9();
     assert!(std::fs::metadata(alone.join("journal.mark")).unwrap().len() > 0);
     // A fresh directory: its mark is there as soon as it starts, and a restart is clean.
     let fresh = dir.path().join("fresh");
-    let server = Server::start(&fresh, &[]);
+    let mut server = Server::start(&fresh, &[]);
     assert!(fresh.join("journal.mark").exists());
     server.kill9();
-    let server = Server::start(&fresh, &[]);
+    let mut server = Server::start(&fresh, &[]);
     server.kill9();
 }
 
@@ -791,70 +753,34 @@ fn a_main_file_without_its_mark_is_refused() {
 /// (`turnstile_journal_disk_bytes`), with the write-latency histogram.
 #[test]
 fn the_journal_size_on_disk_and_write_latency_are_in_status_and_metrics() {
-    use std::io::Read;
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-        ])
-        .arg("--data-dir")
-        .arg(&data)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start");
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .to_owned();
-    line.clear();
-    out.read_line(&mut line).unwrap();
-    let http = line.trim().strip_prefix("http on ").unwrap().to_owned();
-    let server = Server { child, addr };
+    let mut server = Serve::spawn(
+        Serve::local_command("127.0.0.1:0")
+            .arg("--data-dir")
+            .arg(&data)
+            .env("RUST_LOG", "warn")
+            .stderr(Stdio::inherit()),
+    );
+    let http = server.http().to_owned();
     let mut c = Plain::connect(&server.addr, acks_hello());
     c.message("one", "1");
     assert_eq!(c.next()["op"], "ack");
-    let get = |path: &str| {
-        let mut s = TcpStream::connect(&http).unwrap();
-        s.set_read_timeout(Some(WAIT)).unwrap();
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut body = String::new();
-        s.read_to_string(&mut body).unwrap();
-        body
-    };
+    let get = |path: &str| common::http::get(&http, path, None).body;
     let metric = |text: &str, name: &str| -> Option<f64> {
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
     };
     // The status is published by the heartbeat: ask until it shows the write.
-    let metrics = loop {
+    let metrics = common::eventually("the metrics count the journal's write", WAIT, || {
         let m = get("/metrics");
-        if metric(&m, "turnstile_journal_write_seconds_count").is_some_and(|n| n >= 1.0) {
-            break m;
-        }
-        // One round trip to the gateway per try (its reply to `one` may come first).
-        c.send(&json!({"op": "ping"}));
-        while c.next()["op"] != "pong" {}
-    };
+        metric(&m, "turnstile_journal_write_seconds_count")
+            .is_some_and(|n| n >= 1.0)
+            .then_some(m)
+    });
     let bytes = metric(&metrics, "turnstile_journal_disk_bytes").expect("disk bytes");
     assert!(bytes >= 4096.0, "{bytes}");
-    let status = get("/status");
-    let body = &status[status.find("\r\n\r\n").unwrap() + 4..];
-    let v: Value = serde_json::from_str(body).unwrap();
+    let v: Value = serde_json::from_str(&get("/status")).unwrap();
     let j = &v["frontend"]["journal"];
     assert!(j["disk_bytes"].as_u64().is_some_and(|b| b >= 4096), "{j}");
     server.kill9();

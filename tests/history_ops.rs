@@ -3,13 +3,12 @@
 //! endpoint's thread (`GET /history`), behind the endpoint's token. Real processes:
 //! `turnstile serve --agent openai --data-dir D` against the scripted OpenAI server.
 
+mod common;
 mod mock_openai;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
-use std::time::Duration;
 
 use mock_openai::{Mock, stream};
 
@@ -17,8 +16,6 @@ const BIN: &str = env!("CARGO_BIN_EXE_turnstile");
 /// The session `turnstile send` talks in by default (platform `cli`, chat `local`).
 const SESSION: &str = "cli:dm:local";
 const TOKEN: &str = "history-export-token";
-/// Generous: a loaded 2-core machine.
-const WAIT: Duration = Duration::from_secs(60);
 
 /// A running gateway with its bridge and HTTP addresses, killed when dropped.
 struct Gateway {
@@ -89,19 +86,7 @@ impl Gateway {
 
     /// The status code of `GET path` on the HTTP endpoint, with `bearer` if given.
     fn status_of(&self, path: &str, bearer: Option<&str>) -> u16 {
-        let mut c = TcpStream::connect(&self.http).expect("connect");
-        c.set_read_timeout(Some(WAIT)).expect("timeout");
-        let auth = bearer
-            .map(|b| format!("Authorization: Bearer {b}\r\n"))
-            .unwrap_or_default();
-        write!(c, "GET {path} HTTP/1.1\r\n{auth}Connection: close\r\n\r\n").expect("request");
-        let mut answer = String::new();
-        c.read_to_string(&mut answer).expect("the answer");
-        answer
-            .split(' ')
-            .nth(1)
-            .and_then(|code| code.parse().ok())
-            .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"))
+        common::http::get(&self.http, path, bearer).status
     }
 
     fn running(&mut self) -> bool {

@@ -7,31 +7,19 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::UnixDatagram;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStderr, Command, ExitStatus, Stdio};
+use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+mod common;
 mod snapshot_watch;
+use common::gateway::{Serve, turnstile as bin};
+use common::http::{Http, get, parse_response};
 use snapshot_watch::SnapshotWatch;
 
 const WAIT: Duration = Duration::from_secs(20);
-
-fn bin() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
-    // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    command
-}
 
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("turnstile-ops-{name}-{}", std::process::id()));
@@ -41,11 +29,8 @@ fn temp_dir(name: &str) -> PathBuf {
 }
 
 struct Gw {
-    child: Child,
-    addr: String,
-    http: String,
-    /// Log lines as they come (when `RUST_LOG` was given).
-    log: Option<crossbeam_channel::Receiver<String>>,
+    /// Its log lines read when `RUST_LOG` was given.
+    serve: Serve,
     /// Wakes when the gateway writes its next status snapshot (its `--status-file`).
     snapshots: SnapshotWatch,
 }
@@ -67,10 +52,9 @@ impl Gw {
         });
         let status_file = given.or(own.clone()).expect("a status file");
         let snapshots = SnapshotWatch::new(status_file.parent().expect("a directory"));
-        let mut command = bin();
+        let mut command = Serve::local_command("127.0.0.1:0");
         command
-            .args(["serve", "--access-default", "open"])
-            .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
+            .args(["--access-default", "open"])
             .args(
                 own.iter()
                     .flat_map(|f| [std::ffi::OsStr::new("--status-file"), f.as_os_str()]),
@@ -80,53 +64,20 @@ impl Gw {
             .env_remove("NOTIFY_SOCKET")
             .env_remove("WATCHDOG_USEC")
             .env_remove("TURNSTILE_AUTH_TOKEN")
-            .stdout(Stdio::piped());
-        let capture = env.iter().any(|(k, _)| *k == "RUST_LOG");
-        command.stderr(if capture {
-            Stdio::piped()
-        } else {
-            Stdio::inherit()
-        });
+            .stderr(Stdio::inherit());
         for (k, v) in env {
             command.env(k, v);
         }
-        let mut child = command.spawn().expect("start turnstile serve");
-        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        out.read_line(&mut line).expect("first line");
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("listening line: {line:?}"))
-            .to_owned();
-        line.clear();
-        out.read_line(&mut line).expect("second line");
-        let http = line
-            .trim()
-            .strip_prefix("http on ")
-            .unwrap_or_else(|| panic!("http line: {line:?}"))
-            .to_owned();
-        let log = child.stderr.take().map(|stderr: ChildStderr| {
-            let (tx, rx) = crossbeam_channel::unbounded();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stderr).lines() {
-                    let Ok(line) = line else { break };
-                    let _ = tx.send(line);
-                }
-            });
-            rx
-        });
-        Gw {
-            child,
-            addr,
-            http,
-            log,
-            snapshots,
-        }
+        let serve = if env.iter().any(|(k, _)| *k == "RUST_LOG") {
+            Serve::spawn_logged(&mut command)
+        } else {
+            Serve::spawn(&mut command)
+        };
+        Gw { serve, snapshots }
     }
 
     fn client(&self) -> Client {
-        let stream = TcpStream::connect(&self.addr).expect("connect");
+        let stream = TcpStream::connect(&self.serve.addr).expect("connect");
         stream.set_read_timeout(Some(WAIT)).expect("timeout");
         Client {
             reader: BufReader::new(stream.try_clone().expect("clone")),
@@ -135,13 +86,11 @@ impl Gw {
     }
 
     fn signal(&self, sig: i32) {
-        // SAFETY: plain kill(2) on our own child's pid.
-        let rc = unsafe { libc::kill(self.child.id() as i32, sig) };
-        assert_eq!(rc, 0, "kill failed");
+        self.serve.signal(sig);
     }
 
     fn get(&self, path: &str, token: Option<&str>) -> Http {
-        get(&self.http, path, token)
+        get(self.serve.http(), path, token)
     }
 
     fn status(&self) -> Value {
@@ -190,28 +139,22 @@ impl Gw {
 
     /// The next log line containing every needle (the lines before it are skipped).
     fn log_line(&self, needles: &[&str]) -> String {
-        let log = self.log.as_ref().expect("started with RUST_LOG");
-        loop {
-            let line = log.recv_timeout(WAIT).expect("a log line in time");
-            if needles.iter().all(|n| line.contains(n)) {
-                return line;
-            }
-        }
+        self.serve.log().until(needles).0
     }
 
     /// Waits for exit (bounded) and returns the status and everything logged (not yet read).
     fn wait(mut self) -> (ExitStatus, String) {
         let mut log = String::new();
-        if let Some(rx) = self.log.take() {
+        if let Some(lines) = self.serve.take_log() {
             // The reader thread ends at EOF, when the process has exited.
-            for line in rx.iter() {
+            for line in lines.rest() {
                 log.push_str(&line);
                 log.push('\n');
             }
         }
         let (tx, rx) = crossbeam_channel::bounded(1);
         let mut child = std::mem::replace(
-            &mut self.child,
+            &mut self.serve.child,
             bin().arg("--version").spawn().expect("spawn"),
         );
         std::thread::spawn(move || {
@@ -222,13 +165,6 @@ impl Gw {
             .expect("exited in time")
             .expect("wait");
         (status, log)
-    }
-}
-
-impl Drop for Gw {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -289,48 +225,6 @@ impl Client {
     fn ack(&mut self, id: &str) -> Value {
         self.recv_until(|v| v["id"] == id && (v["op"] == "ack" || v["op"] == "reject"))
     }
-}
-
-struct Http {
-    status: u16,
-    head: String,
-    body: String,
-}
-
-/// One request on a fresh connection (`Connection: close`).
-fn get(addr: &str, path: &str, token: Option<&str>) -> Http {
-    let mut s = TcpStream::connect(addr).expect("connect http");
-    s.set_read_timeout(Some(WAIT)).expect("timeout");
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n"
-    )
-    .expect("write");
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).expect("read response");
-    parse_response(&raw).0
-}
-
-/// A response from the start of `raw`, and the bytes it took.
-fn parse_response(raw: &[u8]) -> (Http, usize) {
-    let text = String::from_utf8_lossy(raw);
-    let end = text
-        .find("\r\n\r\n")
-        .unwrap_or_else(|| panic!("no head: {text:?}"));
-    let head = text[..end].to_owned();
-    let status: u16 = head[9..12].parse().expect("status code");
-    let len: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("Content-Length: "))
-        .expect("content length")
-        .trim()
-        .parse()
-        .expect("length");
-    let body = text[end + 4..end + 4 + len].to_owned();
-    (Http { status, head, body }, end + 4 + len)
 }
 
 /// A format checker for the Prometheus text exposition format 0.0.4 (what `promtool check
@@ -856,7 +750,7 @@ fn http_bounds_and_bad_requests() {
         &[],
     );
     let raw = |req: &str| -> Vec<u8> {
-        let mut s = TcpStream::connect(&gw.http).expect("connect");
+        let mut s = TcpStream::connect(gw.serve.http()).expect("connect");
         s.set_read_timeout(Some(WAIT)).expect("timeout");
         s.write_all(req.as_bytes()).expect("write");
         let mut out = Vec::new();
@@ -890,7 +784,7 @@ fn http_bounds_and_bad_requests() {
     assert!(r.head.contains("Allow: GET, HEAD"));
     assert_eq!(parse_response(&raw("BLAH\r\n\r\n")).0.status, 400);
     // An idle connection is closed at the idle timeout, without an answer.
-    let mut idle = TcpStream::connect(&gw.http).expect("connect");
+    let mut idle = TcpStream::connect(gw.serve.http()).expect("connect");
     idle.set_read_timeout(Some(WAIT)).expect("timeout");
     let mut buf = Vec::new();
     assert_eq!(idle.read_to_end(&mut buf).expect("closed"), 0);
@@ -898,7 +792,7 @@ fn http_bounds_and_bad_requests() {
     // is served; the other is served too.
     let mut held: Vec<TcpStream> = (0..2)
         .map(|_| {
-            let mut s = TcpStream::connect(&gw.http).expect("connect");
+            let mut s = TcpStream::connect(gw.serve.http()).expect("connect");
             s.set_read_timeout(Some(WAIT)).expect("timeout");
             s.write_all(b"GET /healthz HTTP/1.1\r\n").expect("write");
             s
@@ -1130,10 +1024,10 @@ fn status_subcommand_exit_codes_for_fresh_stale_and_missing() {
     assert!(out.starts_with("state: running"), "{out}");
     assert!(out.contains("loop lag: last minute p50"), "{out}");
     assert!(out.contains("verdict: healthy"), "{out}");
-    let (code, out, err) = status_cmd(&["--http", &gw.http, "--token", "k"]);
+    let (code, out, err) = status_cmd(&["--http", gw.serve.http(), "--token", "k"]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("connections: 0"), "{out}");
-    let (code, _, err) = status_cmd(&["--http", &gw.http]);
+    let (code, _, err) = status_cmd(&["--http", gw.serve.http()]);
     assert_eq!(code, 3);
     assert!(err.contains("unauthorized"), "{err}");
     // Stale: the same snapshot, a minute older.
@@ -1457,9 +1351,9 @@ fn healthz_answers_while_idle_connections_fill_every_slot() {
             args.extend(["--auth-token", t]);
         }
         let gw = Gw::start(&args, &[]);
-        let mut held: Vec<TcpStream> = (0..70).map(|_| idle_conn(&gw.http)).collect();
+        let mut held: Vec<TcpStream> = (0..70).map(|_| idle_conn(gw.serve.http())).collect();
         for i in 0..20 {
-            held.push(idle_conn(&gw.http));
+            held.push(idle_conn(gw.serve.http()));
             let h = gw.get("/healthz", None);
             assert_eq!((h.status, h.body.as_str()), (200, "ok\n"), "probe {i}");
         }
@@ -1487,7 +1381,7 @@ fn a_wrong_token_flood_is_logged_at_a_rate_limit() {
     let req = "GET /metrics HTTP/1.1\r\nAuthorization: Bearer wrong\r\n\r\n".repeat(PER_CONN);
     std::thread::scope(|scope| {
         for _ in 0..4 {
-            let (req, addr) = (&req, &gw.http);
+            let (req, addr) = (&req, gw.serve.http());
             scope.spawn(move || {
                 for _ in 0..CONNS / 4 {
                     let mut s = TcpStream::connect(addr).expect("connect");
@@ -1547,8 +1441,8 @@ fn a_peer_over_its_cap_loses_its_oldest_idle_connection() {
         ],
         &[],
     );
-    let mut a = idle_conn(&gw.http);
-    let mut b = idle_conn(&gw.http);
+    let mut a = idle_conn(gw.serve.http());
+    let mut b = idle_conn(gw.serve.http());
     // The third: a is closed (the oldest), then this one is served.
     let h = gw.get("/healthz", None);
     assert_eq!(h.status, 200);
@@ -1573,7 +1467,7 @@ fn a_first_head_not_sent_in_time_is_closed() {
         &["--http-head-timeout", "0.3", "--http-idle-timeout", "60"],
         &[],
     );
-    let mut s = idle_conn(&gw.http);
+    let mut s = idle_conn(gw.serve.http());
     s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
         .expect("write");
     let mut buf = Vec::new();
@@ -1593,7 +1487,7 @@ fn metrics_and_status_are_rendered_once_per_snapshot() {
     let pair = "GET /metrics HTTP/1.1\r\n\r\nGET /status HTTP/1.1\r\n\r\n".repeat(50);
     let mut bodies = std::collections::BTreeSet::new();
     for _ in 0..4 {
-        let mut s = idle_conn(&gw.http);
+        let mut s = idle_conn(gw.serve.http());
         s.write_all(pair.as_bytes()).expect("write");
         let mut out = Vec::new();
         s.read_to_end(&mut out).expect("read");

@@ -609,21 +609,12 @@ fn a_ping_flood_from_a_server_that_stops_reading_holds_memory_and_exit_bounded()
     let mut bridge = irc_bridge(&irc, &gateway, &[], &log);
     // Flood until the bridge stops reading (the fake's write stalls), 512 MiB went in, or
     // the bound is passed.
-    let deadline = Instant::now() + WAIT;
     let mut peak = 0;
-    loop {
+    eventually("the flood stalled or ended", WAIT, || {
         peak = peak.max(bridge.rss_kib());
         let flooded = irc.flooded.load(Ordering::SeqCst);
-        if irc.stalled.load(Ordering::SeqCst) || flooded >= 512 << 20 || peak >= FLOOD_RSS_BOUND_KIB
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the flood neither stalled nor ended"
-        );
-        std::thread::park_timeout(Duration::from_millis(20));
-    }
+        irc.stalled.load(Ordering::SeqCst) || flooded >= 512 << 20 || peak >= FLOOD_RSS_BOUND_KIB
+    });
     peak = peak.max(bridge.rss_kib());
     eprintln!(
         "PING flood: peak RSS {peak} KiB after {} MiB of PINGs",
@@ -670,21 +661,18 @@ fn a_flood_of_server_errors_and_endless_lines_is_logged_rate_limited() {
     assert!(cuts <= bound, "{cuts} line-cut WARN lines, bound {bound}");
     // The count of what was suppressed comes with the next line the budget allows (a second
     // later): one more ERROR per round trip until the log says it (bounded polling).
-    let deadline = Instant::now() + WAIT;
-    for n in 0.. {
+    let mut n = 0;
+    eventually("a line says how many were suppressed", WAIT, || {
         let text = std::fs::read_to_string(&log).expect("log");
         if text.contains("more suppressed)") {
-            break;
+            return true;
         }
-        assert!(
-            Instant::now() < deadline,
-            "no line says how many were suppressed"
-        );
-        std::thread::park_timeout(Duration::from_millis(100));
+        n += 1;
         let ping = format!("PING :again{n}");
         irc.send(&format!(":irc.fake ERROR :again\r\n{ping}\r\n"));
         irc.wait_line(&ping, |l| l == format!("PONG :again{n}"));
-    }
+        false
+    });
     let (status, _) = bridge.terminate_timed();
     assert!(status.success(), "exit status {status:?}");
 }
@@ -1973,15 +1961,9 @@ fn the_line_limit_the_gateway_announces_bounds_the_bridges_lines() {
 
 /// Runs openssl in `dir`; panics with its stderr when it fails.
 fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("run openssl (needed for the TLS tests)");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
+    common::run_ok(
+        Command::new("openssl").args(args).current_dir(dir),
+        &format!("openssl {args:?}"),
     );
 }
 

@@ -576,15 +576,9 @@ fn an_allowlist_on_the_mask_answers_alice_and_refuses_an_impostor_with_her_nick(
 /// A test CA and a `localhost` certificate it signed (EC keys: quick to make), with openssl.
 fn make_certificates(dir: &Path) {
     let run = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .expect("run openssl (needed for the TLS test)");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
+        common::run_ok(
+            Command::new("openssl").args(args).current_dir(dir),
+            &format!("openssl {args:?}"),
         );
     };
     let ec = [

@@ -9,6 +9,7 @@
 //! Nothing sleeps to order events: every wait is a channel receive with a deadline, fed by
 //! the human's long-polling /sync (bounded polling only for Synapse's port to open).
 
+mod common;
 mod matrix_support;
 
 mod child_support;

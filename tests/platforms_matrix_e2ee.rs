@@ -7,6 +7,7 @@
 //! (`TURNSTILE_REQUIRE_REAL_SERVERS=1`), where either missing fails them. Nothing sleeps to
 //! order events: every wait is a channel receive with a deadline.
 
+mod common;
 mod matrix_support;
 
 mod child_support;

@@ -13,6 +13,7 @@
 //! Without Synapse installed the test says so and passes, except under `.ci/run`
 //! (`TURNSTILE_REQUIRE_REAL_SERVERS=1`), where a missing Synapse fails it.
 
+mod common;
 mod matrix_files_support;
 mod matrix_support;
 

@@ -7,6 +7,7 @@
 //! text. Nothing sleeps to order events: `wait` turns block on a FIFO the test writes, and
 //! every wait is a receive with a deadline fed by the human's long-polling `/sync`.
 
+mod common;
 mod matrix_support;
 
 mod child_support;

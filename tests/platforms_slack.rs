@@ -7,6 +7,7 @@
 
 mod chat_bridge_support;
 mod child_support;
+mod common;
 mod slack_fake;
 use chat_bridge_support::{
     AGENT, GATEWAY_TOKEN, Setup, WAIT, lines, stream_text, wait_all_delivered,

@@ -33,7 +33,7 @@ use common::{eventually, holds};
 use crossbeam_channel::{Receiver, bounded};
 use serde_json::{Value, json};
 use telegram_fake::{
-    BotState, FakeServer, Shared, TOKEN, error, get_updates, read_request, respond_json,
+    BotState, FakeServer, Shared, TOKEN, error, get_me, get_updates, read_request, respond_json,
 };
 use telegram_html::parse_entities;
 
@@ -129,10 +129,7 @@ fn handle(method: &str, params: &Value, shared: &Shared<FakeState>) -> (u16, Val
     let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
     let at = Instant::now();
     let (status, body) = match method {
-        "getMe" => (
-            200,
-            json!({"ok": true, "result": {"id": 999, "is_bot": true, "first_name": "Fake", "username": "fake_bot"}}),
-        ),
+        "getMe" => get_me(),
         "getUpdates" => {
             // Record the call when it arrives (the test checks the offsets asked for).
             state.calls.push(Call {

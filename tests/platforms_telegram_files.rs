@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 use common::{eventually, holds};
 use serde_json::{Value, json};
 use telegram_fake::{
-    BotState, FakeServer, Shared, TOKEN, error, get_updates, read_request, respond, respond_json,
+    BotState, FakeServer, Shared, TOKEN, dm_update, error, get_me, get_updates, ok, read_request,
+    respond, respond_json, sent_message,
 };
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -99,11 +100,8 @@ fn serve_http(mut stream: TcpStream, shared: &Shared<FakeState>) {
 fn handle(method: &str, params: &Value, shared: &Shared<FakeState>) -> (u16, Value) {
     let (lock, cvar) = shared;
     let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
-    let ok = |result: Value| (200, json!({"ok": true, "result": result}));
     let answer = match method {
-        "getMe" => {
-            ok(json!({"id": 999, "is_bot": true, "first_name": "Fake", "username": "fake_bot"}))
-        }
+        "getMe" => get_me(),
         "getUpdates" => return get_updates(state, cvar, params, Instant::now()),
         "getFile" => {
             let id = params["file_id"].as_str().unwrap_or("").to_owned();
@@ -130,14 +128,10 @@ fn handle(method: &str, params: &Value, shared: &Shared<FakeState>) -> (u16, Val
             state
                 .sent
                 .push(params["text"].as_str().unwrap_or("").to_owned());
-            let id = 1000 + state.sent.len();
-            ok(json!({"message_id": id, "chat": {"id": params["chat_id"]}, "text": params["text"]}))
+            sent_message(state.sent.len(), params)
         }
         "sendChatAction" => ok(json!(true)),
-        _ => (
-            404,
-            json!({"ok": false, "error_code": 404, "description": "Not Found"}),
-        ),
+        _ => error(404, "Not Found"),
     };
     cvar.notify_all();
     answer
@@ -156,15 +150,6 @@ for a in json.loads(os.environ["TURNSTILE_ATTACHMENTS"]):
         out.append([a["name"], a["skipped"]])
 print(json.dumps(out))
 '"#;
-
-fn update(update_id: i64, message: Value) -> Value {
-    let mut m = json!({"message_id": update_id * 10, "chat": {"id": 42, "type": "private"},
-                       "from": {"id": 7, "is_bot": false, "first_name": "Ann"}});
-    for (k, v) in message.as_object().expect("object") {
-        m[k] = v.clone();
-    }
-    json!({"update_id": update_id, "message": m})
-}
 
 fn document(id: &str, name: &str, mime: &str, size: Option<usize>) -> Value {
     let mut d = json!({"file_id": id, "file_unique_id": id, "file_name": name, "mime_type": mime});
@@ -249,14 +234,14 @@ fn photos_and_documents_reach_the_agent_bounded_and_the_sender_is_told_what_did_
     api.add_file("p-huge", huge);
     api.add_file("notes", b"hello from a text file\n".to_vec());
     let size = |w: u32, id: &str, n: usize| json!({"file_id": id, "file_unique_id": id, "width": w, "height": w, "file_size": n});
-    api.push_update(update(
+    api.push_update(dm_update(
         1,
         json!({"caption": "look", "photo": [size(90, "p-small", 100), size(800, "p-large", 2000),
                                             size(2560, "p-huge", 10_000)]}),
     ));
     let seen: Value = serde_json::from_str(&api.sent(0)).expect("the agent's answer");
     assert_eq!(seen, json!([["photo.jpg", "image/jpeg", 2000, true]]));
-    api.push_update(update(
+    api.push_update(dm_update(
         2,
         document("notes", "notes.txt", "text/plain", Some(23)),
     ));
@@ -266,7 +251,7 @@ fn photos_and_documents_reach_the_agent_bounded_and_the_sender_is_told_what_did_
     // Announced over the bound: never requested. Over it only once streaming: stopped,
     // deleted, not fetched again. Each time the sender is told, once.
     api.add_file("big", bytes(5000, 4));
-    api.push_update(update(3, document("big", "big.bin", "", Some(5000))));
+    api.push_update(dm_update(3, document("big", "big.bin", "", Some(5000))));
     assert_eq!(
         api.sent(2),
         "[file(s) not passed on: big.bin: larger than --max-attachment-bytes 4096]"
@@ -277,7 +262,7 @@ fn photos_and_documents_reach_the_agent_bounded_and_the_sender_is_told_what_did_
         json!([["big.bin", "larger than --max-attachment-bytes 4096"]])
     );
     api.add_file("sneaky", bytes(6000, 5));
-    api.push_update(update(4, document("sneaky", "sneaky.bin", "", None)));
+    api.push_update(dm_update(4, document("sneaky", "sneaky.bin", "", None)));
     assert!(
         api.sent(4)
             .contains("sneaky.bin: larger than --max-attachment-bytes 4096")
@@ -287,7 +272,7 @@ fn photos_and_documents_reach_the_agent_bounded_and_the_sender_is_told_what_did_
     // The spool is shared with the gateway: a file that does not fit it is skipped.
     std::fs::write(spool.join("filler"), bytes(7000, 6)).expect("filler");
     api.add_file("late", bytes(1500, 7));
-    api.push_update(update(5, document("late", "late.bin", "", Some(1500))));
+    api.push_update(dm_update(5, document("late", "late.bin", "", Some(1500))));
     assert_eq!(
         api.sent(6),
         "[file(s) not passed on: late.bin: the attachments spool is full (--attachments-bytes 8192)]"

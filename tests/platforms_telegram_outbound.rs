@@ -26,7 +26,8 @@ use common::gateway::spool_empties;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use telegram_fake::{
-    BotState, FakeServer, Shared, TOKEN, error, get_updates, read_request, respond_json,
+    BotState, FakeServer, Shared, TOKEN, dm_update, error, get_me, get_updates, ok, read_request,
+    respond_json, sent_message,
 };
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -216,24 +217,17 @@ fn upload(
 fn handle(method: &str, params: &Value, shared: &Shared<FakeState>) -> (u16, Value) {
     let (lock, cvar) = shared;
     let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
-    let ok = |result: Value| (200, json!({"ok": true, "result": result}));
     let answer = match method {
-        "getMe" => {
-            ok(json!({"id": 999, "is_bot": true, "first_name": "Fake", "username": "fake_bot"}))
-        }
+        "getMe" => get_me(),
         "getUpdates" => return get_updates(state, cvar, params, Instant::now()),
         "sendMessage" => {
             state
                 .shown
                 .push(params["text"].as_str().unwrap_or("").to_owned());
-            let id = 1000 + state.shown.len();
-            ok(json!({"message_id": id, "chat": {"id": params["chat_id"]}, "text": params["text"]}))
+            sent_message(state.shown.len(), params)
         }
         "sendChatAction" | "setMessageReaction" => ok(json!(true)),
-        _ => (
-            404,
-            json!({"ok": false, "error_code": 404, "description": "Not Found"}),
-        ),
+        _ => error(404, "Not Found"),
     };
     cvar.notify_all();
     answer
@@ -270,10 +264,9 @@ for line in sys.stdin:
     print(json.dumps({"op": "reply", "id": msg["id"], "text": "files", "attachments": files}), flush=True)
 "#;
 
+/// Ann's private message `text`.
 fn update(update_id: i64, text: &str) -> Value {
-    json!({"update_id": update_id, "message": {"message_id": update_id * 10,
-        "chat": {"id": 42, "type": "private"},
-        "from": {"id": 7, "is_bot": false, "first_name": "Ann"}, "text": text}})
+    dm_update(update_id, json!({ "text": text }))
 }
 
 #[test]

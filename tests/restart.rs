@@ -11,16 +11,18 @@
 //! permission they say so and return — except under `TURNSTILE_REQUIRE_REAL_SERVERS=1`
 //! (`.ci/run`), where they fail.
 
+mod common;
+
 use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::Duration;
 
+use common::gateway::Serve;
 use serde_json::{Value, json};
 use turnstile::{SqliteStore, Store};
 
@@ -30,45 +32,19 @@ fn binary() -> Command {
     Command::new(env!("CARGO_BIN_EXE_turnstile"))
 }
 
-struct Server {
-    child: Child,
-    addr: String,
-}
+type Server = Serve;
 
-impl Server {
+impl Serve {
     fn start(data_dir: Option<&Path>, args: &[&str]) -> Server {
-        let mut command = binary();
+        let mut command = Serve::local_command("off");
         command
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--http-listen", "off"])
             .args(args)
             .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         if let Some(dir) = data_dir {
             command.arg("--data-dir").arg(dir);
         }
-        // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = command.spawn().expect("start turnstile serve");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut first = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut first)
-            .expect("first line");
-        let addr = first
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("listening line, got {first:?}"))
-            .to_owned();
-        Server { child, addr }
+        Serve::spawn(&mut command)
     }
 
     fn pid(&self) -> u32 {
@@ -89,13 +65,6 @@ impl Server {
 
     fn wait(mut self) -> ExitStatus {
         self.child.wait().expect("wait")
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -3,25 +3,19 @@
 //! `turnstile send --platform … --chat … --user …`; a route change by SIGHUP; the status,
 //! the metrics and `/status`; `--check-config`.
 
-use std::io::{BufRead, BufReader};
-use std::os::unix::process::CommandExt;
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
+
+use common::eventually;
+use common::gateway::{Serve, turnstile};
 
 const WAIT: Duration = Duration::from_secs(30);
 
 fn bin() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
-    // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    let mut command = turnstile();
     command.env_remove("TURNSTILE_AUTH_TOKEN");
     command
 }
@@ -67,108 +61,43 @@ agent = "three"
 "#;
 
 struct Gw {
-    child: Child,
-    addr: String,
-    http: String,
-    log: crossbeam_channel::Receiver<String>,
+    serve: Serve,
 }
 
 impl Gw {
     fn start(config: &Path) -> Gw {
-        let mut child = bin()
-            .args(["serve", "--access-default", "open"])
-            .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
-            .args(["--agent", "exec", "--agent-cmd", "echo top", "--config"])
-            .arg(config)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start turnstile serve");
-        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        out.read_line(&mut line).expect("first line");
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("listening line: {line:?}"))
-            .to_owned();
-        line.clear();
-        out.read_line(&mut line).expect("second line");
-        let http = line
-            .trim()
-            .strip_prefix("http on ")
-            .unwrap_or_else(|| panic!("http line: {line:?}"))
-            .to_owned();
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, log) = crossbeam_channel::unbounded();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                let _ = tx.send(line);
-            }
-        });
-        Gw {
-            child,
-            addr,
-            http,
-            log,
-        }
+        let serve = Serve::spawn_logged(
+            Serve::local_command("127.0.0.1:0")
+                .args(["--access-default", "open"])
+                .args(["--agent", "exec", "--agent-cmd", "echo top", "--config"])
+                .arg(config)
+                .env("RUST_LOG", "info")
+                .env_remove("TURNSTILE_AUTH_TOKEN"),
+        );
+        Gw { serve }
     }
 
     /// `turnstile send` from `user` in `chat` of `platform`: the reply's text.
     fn send(&self, platform: &str, chat: &str, user: &str, text: &str) -> String {
-        let out = bin()
-            .args(["send", "--addr", &self.addr, "--timeout", "60s"])
-            .args(["--platform", platform, "--chat", chat, "--user", user, text])
-            .output()
-            .expect("run send");
-        assert!(
-            out.status.success(),
-            "send {platform} {chat} {user}: {}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = common::run_ok(
+            bin()
+                .args(["send", "--addr", &self.serve.addr, "--timeout", "60s"])
+                .args(["--platform", platform, "--chat", chat, "--user", user, text]),
+            &format!("send {platform} {chat} {user}"),
         );
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 
     fn get(&self, path: &str) -> String {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(&self.http).expect("connect http");
-        s.set_read_timeout(Some(WAIT)).expect("timeout");
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .expect("write");
-        let mut body = String::new();
-        s.read_to_string(&mut body).expect("read");
-        body.split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default()
+        common::http::get(self.serve.http(), path, None).body
     }
 
     fn sighup(&self) {
-        // SAFETY: plain kill(2) on our own child's pid.
-        assert_eq!(
-            unsafe { libc::kill(self.child.id() as i32, libc::SIGHUP) },
-            0
-        );
+        self.serve.signal(libc::SIGHUP);
     }
 
     fn log_line(&self, needles: &[&str]) -> String {
-        loop {
-            let line = self.log.recv_timeout(WAIT).expect("a log line in time");
-            if needles.iter().all(|n| line.contains(n)) {
-                return line;
-            }
-        }
-    }
-}
-
-impl Drop for Gw {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.serve.log().until(needles).0
     }
 }
 
@@ -220,14 +149,15 @@ fn status_and_metrics_name_the_agents() {
     assert!(status.ends_with("; agent default"), "{status}");
     // The status is the reactor's last heartbeat snapshot (up to one tick old): read it
     // until it counts the three sessions just served.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let json = loop {
+    let json = eventually("the status counts the three sessions", WAIT, || {
         let json: serde_json::Value =
             serde_json::from_str(&gw.get("/status")).expect("status json");
-        if json["sessions"]["total"].as_u64() >= Some(3) || std::time::Instant::now() > deadline {
-            break json;
+        if json["sessions"]["total"].as_u64() >= Some(3) {
+            Ok(json)
+        } else {
+            Err(json)
         }
-    };
+    });
     let agents = json["agents"].as_array().expect("agents in the status");
     let names: Vec<&str> = agents.iter().filter_map(|a| a["name"].as_str()).collect();
     assert_eq!(names, ["default", "one", "two", "three"]);

@@ -364,17 +364,7 @@ fn check_config_checks_what_each_bridge_will_need() {
 
 /// `GET path` from the HTTP endpoint at `addr` (with the gateway's token): the body.
 fn http_get(addr: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut sock = std::net::TcpStream::connect(addr).expect("connect");
-    sock.set_read_timeout(Some(WAIT)).expect("timeout");
-    write!(
-        sock,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {GATEWAY_TOKEN}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("request");
-    let mut raw = String::new();
-    sock.read_to_string(&mut raw).expect("answer");
-    raw.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned()
+    common::http::get(addr, path, Some(GATEWAY_TOKEN)).body
 }
 
 /// Polls `/status` (bounded) until the first supervised bridge's entry satisfies `pred`.

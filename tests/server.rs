@@ -1,57 +1,36 @@
 //! The real binary over real sockets: `turnstile serve` on 127.0.0.1:0, spoken to with the
 //! bridge protocol. Reads have timeouts that only bound a failing run; nothing sleeps.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::Duration;
 
+use common::eventually;
+use common::fifo::fifo_watch;
+use common::gateway::{Serve, wait_status};
 use crossbeam_channel::bounded;
 use serde_json::{Value, json};
 
 // Only a failing run waits this long; generous so a loaded 2-core machine never trips it.
 const WAIT: Duration = Duration::from_secs(60);
 
-struct Server {
-    child: Child,
-    addr: String,
-}
+type Server = Serve;
 
-impl Server {
+impl Serve {
+    /// A gateway (its access open) with `args`: it dies with the test thread that started
+    /// it, so a test that fails or is killed (a mutation run's timeout) never leaves a
+    /// gateway behind.
     fn start(args: &[&str]) -> Server {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
-        command
-            .args(["serve", "--access-default", "open"])
-            .args(["--listen", "127.0.0.1:0"])
-            .args(["--http-listen", "off"])
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        // The server dies with the test thread that started it, so a test that fails or is
-        // killed (a mutation run's timeout) never leaves a gateway behind.
-        // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = command.spawn().expect("start turnstile serve");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut first = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut first)
-            .expect("first line");
-        let addr = first
-            .trim()
-            .strip_prefix("listening on ")
-            .expect("listening line")
-            .to_owned();
-        Server { child, addr }
+        Serve::spawn(
+            Serve::local_command("off")
+                .args(["--access-default", "open"])
+                .args(args)
+                .env("RUST_LOG", "warn")
+                .stderr(Stdio::inherit()),
+        )
     }
 
     fn client(&self) -> Client {
@@ -61,12 +40,6 @@ impl Server {
             reader: BufReader::new(stream.try_clone().expect("clone")),
             writer: stream,
         }
-    }
-
-    fn signal(&self, sig: i32) {
-        // SAFETY: plain kill(2) on our own child's pid.
-        let rc = unsafe { libc::kill(self.child.id() as i32, sig) };
-        assert_eq!(rc, 0, "kill failed");
     }
 
     /// Waits for exit (bounded: a hang fails the test instead of blocking it).
@@ -80,13 +53,6 @@ impl Server {
         rx.recv_timeout(Duration::from_secs(60))
             .expect("server exited in time")
             .expect("wait")
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -499,38 +465,6 @@ fn a_second_signal_exits_one_at_once() {
     assert_eq!(server.wait().code(), Some(1));
 }
 
-/// A FIFO that a process spawned by the agent script writes to: `opened` fires when that
-/// process has started (it opened the write end), `eof` when it has died (every writer gone).
-struct FifoWatch {
-    path: std::path::PathBuf,
-    opened: crossbeam_channel::Receiver<()>,
-    eof: crossbeam_channel::Receiver<()>,
-}
-
-fn fifo_watch(dir: &std::path::Path, name: &str) -> FifoWatch {
-    std::fs::create_dir_all(dir).expect("dir");
-    let path = dir.join(name);
-    let _ = std::fs::remove_file(&path);
-    assert!(
-        Command::new("mkfifo")
-            .arg(&path)
-            .status()
-            .expect("mkfifo")
-            .success()
-    );
-    let (opened_tx, opened) = bounded(1);
-    let (eof_tx, eof) = bounded(1);
-    let reader_path = path.clone();
-    std::thread::spawn(move || {
-        let mut f = std::fs::File::open(&reader_path).expect("open fifo");
-        let _ = opened_tx.send(());
-        let mut sink = Vec::new();
-        let _ = f.read_to_end(&mut sink);
-        let _ = eof_tx.send(());
-    });
-    FifoWatch { path, opened, eof }
-}
-
 fn exec_script(dir: &std::path::Path) -> String {
     let script = dir.join("agent.sh");
     std::fs::write(
@@ -713,22 +647,10 @@ fn a_client_that_stops_reading_is_closed_and_its_replies_wait_for_the_next_hello
     assert!(from_a < N, "A was never closed");
     // B's first reply came from A's outbox, so A is closed: no message is accepted after it.
     // The first snapshot that counts A's close counts every message accepted.
-    let deadline = std::time::Instant::now() + WAIT;
-    let accepted = loop {
-        let snapshot = std::fs::read(&status_file)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
-        if let Some(st) = snapshot
-            && st["frontend"]["connections_refused"].as_u64() >= Some(1)
-        {
-            break st["messages"]["accepted"].as_u64().expect("accepted") as usize;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no status with A closed"
-        );
-        std::thread::park_timeout(Duration::from_millis(20));
-    };
+    let accepted = wait_status(&status_file, "a status with A closed", WAIT, |st| {
+        (st["frontend"]["connections_refused"].as_u64() >= Some(1))
+            .then(|| st["messages"]["accepted"].as_u64().expect("accepted") as usize)
+    });
     assert!(accepted > from_a && accepted <= N, "accepted {accepted}");
     while replied.len() < accepted {
         let v = b.recv();
@@ -775,29 +697,24 @@ fn a_full_outbox_refuses_new_messages_for_its_platform_with_backpressure() {
     assert_eq!(a.outcome("again")["text"], "z");
 }
 
+/// `turnstile loadgen --addr ADDR ARGS…`, which must succeed: its one JSON line.
+fn loadgen(addr: &str, args: &[&str]) -> Value {
+    let out = common::run_ok(
+        Command::new(env!("CARGO_BIN_EXE_turnstile"))
+            .args(["loadgen", "--addr", addr])
+            .args(args),
+        "loadgen",
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON line")
+}
+
 #[test]
 fn loadgen_runs_the_closed_loop_workload_and_prints_one_json_line() {
     let server = Server::start(&[]);
-    let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
-        .args([
-            "loadgen",
-            "--addr",
-            &server.addr,
-            "--sessions",
-            "7",
-            "--rounds",
-            "3",
-            "--connections",
-            "2",
-        ])
-        .output()
-        .expect("run loadgen");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = loadgen(
+        &server.addr,
+        &["--sessions", "7", "--rounds", "3", "--connections", "2"],
     );
-    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
     assert_eq!(
         (
             v["turns"].as_u64(),
@@ -812,9 +729,10 @@ fn loadgen_runs_the_closed_loop_workload_and_prints_one_json_line() {
 #[test]
 fn a_loadgen_flood_gets_every_message_answered_and_prints_its_report() {
     let server = Server::start(&[]);
-    let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
-        .args(["loadgen", "--flood", "--addr", &server.addr])
-        .args([
+    let v = loadgen(
+        &server.addr,
+        &[
+            "--flood",
             "--messages",
             "40",
             "--sessions",
@@ -823,15 +741,8 @@ fn a_loadgen_flood_gets_every_message_answered_and_prints_its_report() {
             "2",
             "--window",
             "5",
-        ])
-        .output()
-        .expect("run loadgen");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
     );
-    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
     assert_eq!(
         (v["scenario"].as_str(), v["messages"].as_u64()),
         (Some("flood"), Some(40))
@@ -1058,19 +969,12 @@ fn after_running_out_of_descriptors_connections_are_refused_then_accepted_again(
         "ulimit -n 40 && exec {} serve --listen 127.0.0.1:0 --http-listen off",
         env!("CARGO_BIN_EXE_turnstile")
     );
-    let mut child = Command::new("sh")
-        .args(["-c", &script])
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start");
-    let mut first = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut first)
-        .expect("first line");
-    let addr = first.trim().trim_start_matches("listening on ").to_owned();
-    let server = Server { child, addr };
+    let server = Serve::spawn(
+        Command::new("sh")
+            .args(["-c", &script])
+            .env("RUST_LOG", "error")
+            .stderr(Stdio::null()),
+    );
     // A ping on a new connection: Some(answer), or None when the connection was refused and
     // reset before its line could be read (a refused socket closes with our ping unread).
     let try_ping = |server: &Server| -> (Option<Value>, Option<Client>) {
@@ -1171,24 +1075,15 @@ fn five_thousand_hellos_with_distinct_platforms_leave_no_platform_behind() {
         c.send(&json!({"op": "ping"}));
         c.recv_until(|v| v["op"] == "pong");
     }
+    // Once its ping is answered, `control` is the one connection left; the status file is
+    // rewritten every 100 ms.
     let mut control = server.client();
-    let deadline = std::time::Instant::now() + WAIT;
-    let mut last = Value::Null;
-    while std::time::Instant::now() < deadline {
-        // Paced by a round trip to the server; the status file is rewritten every 100 ms.
-        control.send(&json!({"op": "ping"}));
-        control.recv_until(|v| v["op"] == "pong");
-        if let Ok(text) = std::fs::read_to_string(&status)
-            && let Ok(v) = serde_json::from_str::<Value>(&text)
-        {
-            last = v["frontend"].clone();
-            if last["platforms"] == 0 && last["connections"] == 1 {
-                break;
-            }
-        }
-    }
-    assert_eq!(last["platforms"], 0, "{last}");
-    assert_eq!(last["connections"], 1, "{last}");
+    control.send(&json!({"op": "ping"}));
+    control.recv_until(|v| v["op"] == "pong");
+    wait_status(&status, "no platform and one connection left", WAIT, |v| {
+        let bridge = &v["frontend"];
+        (bridge["platforms"] == 0 && bridge["connections"] == 1).then_some(())
+    });
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -1243,8 +1138,8 @@ fn sender_name_and_meta_reach_the_agent() {
         "--agent-cmd",
         r#"echo "$TURNSTILE_USER_ID|$TURNSTILE_USER_NAME|$TURNSTILE_META""#,
     ]);
-    let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
-        .args([
+    let out = common::run_ok(
+        Command::new(env!("CARGO_BIN_EXE_turnstile")).args([
             "send",
             "--addr",
             &server.addr,
@@ -1255,13 +1150,8 @@ fn sender_name_and_meta_reach_the_agent() {
             "--meta",
             r#"{"reply_to": "m0"}"#,
             "hi",
-        ])
-        .output()
-        .expect("run send");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ]),
+        "send",
     );
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
@@ -1354,14 +1244,9 @@ fn an_oversized_or_non_regular_config_file_is_refused() {
             .spawn()
             .expect("run serve");
         // Bounded: on a FIFO an unguarded read would block forever.
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        let status = loop {
-            if let Some(s) = child.try_wait().expect("try_wait") {
-                break s;
-            }
-            assert!(std::time::Instant::now() < deadline, "{why}: serve blocked");
-            std::thread::park_timeout(Duration::from_millis(20));
-        };
+        let status = eventually(&format!("{why}: serve exits"), WAIT, || {
+            child.try_wait().expect("try_wait")
+        });
         let mut err = String::new();
         std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut err)
             .expect("stderr");
@@ -1499,28 +1384,15 @@ fn max_held_turns_is_the_bound_the_status_reports() {
     let dir = std::env::temp_dir().join(format!("turnstile-held-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let status = dir.join("status.json");
-    let server = Server::start(&[
+    let _server = Server::start(&[
         "--max-held-turns",
         "7",
         "--status-file",
         status.to_str().expect("path"),
     ]);
-    let mut control = server.client();
-    let deadline = std::time::Instant::now() + WAIT;
-    let mut last = Value::Null;
-    while std::time::Instant::now() < deadline {
-        // Paced by a round trip to the server; the status file is rewritten every 100 ms.
-        control.send(&json!({"op": "ping"}));
-        control.recv_until(|v| v["op"] == "pong");
-        if let Ok(text) = std::fs::read_to_string(&status)
-            && let Ok(v) = serde_json::from_str::<Value>(&text)
-        {
-            last = v["turns"]["max_held"].clone();
-            if last == json!(7) {
-                break;
-            }
-        }
-    }
-    assert_eq!(last, json!(7));
+    // The status file is rewritten every 100 ms.
+    wait_status(&status, "the status's max_held is 7", WAIT, |v| {
+        (v["turns"]["max_held"] == json!(7)).then_some(())
+    });
     let _ = std::fs::remove_dir_all(&dir);
 }

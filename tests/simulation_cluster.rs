@@ -101,7 +101,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use common::sim::{Rng, env_u64, panic_text};
+use common::sim::{Rng, canonical, core_config, env_u64, ms, panic_text};
 use serde_json::{Value, json};
 use turnstile::BridgeConfig;
 use turnstile::SessionKey;
@@ -138,9 +138,6 @@ impl std::ops::DerefMut for Report {
     }
 }
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
 /// The wall clock at the simulation's time zero (ms since the epoch).
 const WALL0: u64 = 1_700_000_000_000;
 const PARTITIONS: u32 = 4;
@@ -654,19 +651,6 @@ enum Kind {
 
 type Check = Result<(), String>;
 
-fn core_config() -> CoreConfig {
-    CoreConfig {
-        turn_workers: 2,
-        queue_cap: 8,
-        max_queued_messages: 24,
-        turn_timeout: Duration::from_secs(20),
-        stop_grace: Duration::from_secs(1),
-        drain_timeout: Duration::from_secs(5),
-        cleanup_timeout: Duration::from_secs(5),
-        ..CoreConfig::default()
-    }
-}
-
 fn bridge_config() -> BridgeConfig {
     BridgeConfig {
         journal: true,
@@ -676,14 +660,6 @@ fn bridge_config() -> BridgeConfig {
         outbox_cap: 64,
         ..BridgeConfig::default()
     }
-}
-
-fn canonical(v: &Value) -> String {
-    let mut plain = v.clone();
-    if let Some(o) = plain.as_object_mut() {
-        o.remove("redelivery");
-    }
-    plain.to_string()
 }
 
 /// The session key of a stored message, as the bridge built it (member.rs's `session_of`).

@@ -7,32 +7,21 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
+mod common;
 mod snapshot_watch;
+use common::gateway::{Serve, turnstile as bin};
+use common::http::{get_request, parse_response};
+use common::{eventually, holds};
 use snapshot_watch::SnapshotWatch;
 
 const WAIT: Duration = Duration::from_secs(20);
-
-fn bin() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
-    // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    command
-}
 
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("turnstile-tls-{name}-{}", std::process::id()));
@@ -43,15 +32,9 @@ fn temp_dir(name: &str) -> PathBuf {
 
 /// Runs openssl in `dir`; panics with its stderr when it fails.
 fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("run openssl (needed for the TLS tests)");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
+    common::run_ok(
+        Command::new("openssl").args(args).current_dir(dir),
+        &format!("openssl {args:?}"),
     );
 }
 
@@ -133,87 +116,31 @@ fn path(dir: &Path, file: &str) -> String {
     dir.join(file).to_str().expect("utf-8 path").to_owned()
 }
 
-/// `serve` with TLS on free ports; its log lines (INFO) on a channel.
-struct Gw {
-    child: Child,
-    addr: String,
-    http: String,
-    log: crossbeam_channel::Receiver<String>,
-}
+/// `serve` with TLS on free ports; its log lines (INFO) read.
+type Gw = Serve;
 
-impl Gw {
+impl Serve {
     fn start(cert: &str, key: &str) -> Gw {
         Gw::start_with(cert, key, &[])
     }
 
     fn start_with(cert: &str, key: &str, args: &[&str]) -> Gw {
-        let mut child = bin()
-            .args(["serve", "--access-default", "open"])
-            .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
-            .args(["--tls-cert", cert, "--tls-key", key])
-            .args(args)
-            .env("RUST_LOG", "info")
-            .env_remove("NOTIFY_SOCKET")
-            .env_remove("WATCHDOG_USEC")
-            .env_remove("TURNSTILE_AUTH_TOKEN")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start turnstile serve");
-        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut next = |prefix: &str| {
-            let mut line = String::new();
-            out.read_line(&mut line).expect("a line");
-            line.trim()
-                .strip_prefix(prefix)
-                .unwrap_or_else(|| panic!("expected {prefix:?}: {line:?}"))
-                .to_owned()
-        };
-        let addr = next("listening on ");
-        let http = next("http on ");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, log) = crossbeam_channel::unbounded();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                let _ = tx.send(line);
-            }
-        });
-        Gw {
-            child,
-            addr,
-            http,
-            log,
-        }
+        Serve::spawn_logged(
+            Serve::local_command("127.0.0.1:0")
+                .args(["--access-default", "open"])
+                .args(["--tls-cert", cert, "--tls-key", key])
+                .args(args)
+                .env("RUST_LOG", "info")
+                .env_remove("NOTIFY_SOCKET")
+                .env_remove("WATCHDOG_USEC")
+                .env_remove("TURNSTILE_AUTH_TOKEN"),
+        )
     }
 
     /// The first log line (from now on) holding every one of `needles`; every line read on
     /// the way is returned too.
     fn log_until(&self, needles: &[&str]) -> (String, Vec<String>) {
-        let mut seen = Vec::new();
-        loop {
-            let line = self
-                .log
-                .recv_timeout(WAIT)
-                .unwrap_or_else(|_| panic!("no log line with {needles:?}; saw {seen:#?}"));
-            if needles.iter().all(|n| line.contains(n)) {
-                return (line, seen);
-            }
-            seen.push(line);
-        }
-    }
-
-    fn signal(&self, sig: i32) {
-        // SAFETY: plain kill(2) on our own child's pid.
-        let rc = unsafe { libc::kill(self.child.id() as i32, sig) };
-        assert_eq!(rc, 0, "kill failed");
-    }
-}
-
-impl Drop for Gw {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.log().until(needles)
     }
 }
 
@@ -275,11 +202,8 @@ fn https_get(addr: &str, ca: &str, path: &str) -> (u16, String) {
 /// [`https_get`] with `headers` (each ending in CRLF) added to the request.
 fn https_get_with(addr: &str, ca: &str, path: &str, headers: &str) -> (u16, String) {
     let mut tls = connect_tls(addr, ca).expect("handshake");
-    write!(
-        tls,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\n{headers}Connection: close\r\n\r\n"
-    )
-    .expect("request");
+    tls.write_all(get_request(path, headers).as_bytes())
+        .expect("request");
     tls.flush().expect("flush");
     let mut raw = Vec::new();
     match tls.read_to_end(&mut raw) {
@@ -288,17 +212,8 @@ fn https_get_with(addr: &str, ca: &str, path: &str, headers: &str) -> (u16, Stri
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {}
         Err(e) => panic!("reading the answer: {e}"),
     }
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let code = text
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("no status line: {text:?}"));
-    let body = text
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_owned();
-    (code, body)
+    let answer = parse_response(&raw).0;
+    (answer.status, answer.body)
 }
 
 fn run(args: &[&str]) -> Output {
@@ -335,9 +250,9 @@ fn both_listeners_speak_tls_and_the_clients_use_it() {
     assert_eq!(reply["id"], "m1");
     assert_eq!(reply["text"], "over tls");
 
-    let (code, body) = https_get(&gw.http, &ca, "/healthz");
+    let (code, body) = https_get(gw.http(), &ca, "/healthz");
     assert_eq!(code, 200, "{body}");
-    let (code, body) = https_get(&gw.http, &ca, "/status");
+    let (code, body) = https_get(gw.http(), &ca, "/status");
     assert_eq!(code, 200, "{body}");
     let status: Value = serde_json::from_str(&body).expect("status json");
     assert_eq!(status["frontend"]["tls"], true, "{status}");
@@ -363,7 +278,7 @@ fn both_listeners_speak_tls_and_the_clients_use_it() {
     let st = run(&[
         "status",
         "--http",
-        &gw.http,
+        gw.http(),
         "--tls-ca",
         &ca,
         "--tls-name",
@@ -400,7 +315,7 @@ fn a_client_with_the_wrong_ca_is_refused() {
         .err()
         .unwrap_or_else(|| panic!("the handshake succeeded"));
     assert!(err.to_string().contains("UnknownIssuer"), "{err}");
-    let err = connect_tls(&gw.http, &wrong)
+    let err = connect_tls(gw.http(), &wrong)
         .err()
         .unwrap_or_else(|| panic!("the handshake succeeded"));
     assert!(err.to_string().contains("UnknownIssuer"), "{err}");
@@ -424,7 +339,7 @@ fn a_client_with_the_wrong_ca_is_refused() {
     let st = run(&[
         "status",
         "--http",
-        &gw.http,
+        gw.http(),
         "--tls-ca",
         &wrong,
         "--tls-name",
@@ -437,7 +352,7 @@ fn a_client_with_the_wrong_ca_is_refused() {
         text(&st.stderr)
     );
     // The refusals cost the gateway nothing: the right CA is still answered.
-    let (code, _) = https_get(&gw.http, &path(&dir, "a-ca.pem"), "/healthz");
+    let (code, _) = https_get(gw.http(), &path(&dir, "a-ca.pem"), "/healthz");
     assert_eq!(code, 200);
 }
 
@@ -472,9 +387,12 @@ fn sighup_swaps_the_certificate_and_a_broken_pair_keeps_the_old_one() {
         |v| v["op"] == "pong",
     );
     assert_eq!(pong["op"], "pong");
-    assert_eq!(https_get(&gw.http, &ca_b, "/healthz").0, 200);
+    assert_eq!(https_get(gw.http(), &ca_b, "/healthz").0, 200);
     assert!(connect_tls(&gw.addr, &ca_a).is_err(), "the old one is gone");
-    assert!(connect_tls(&gw.http, &ca_a).is_err(), "the old one is gone");
+    assert!(
+        connect_tls(gw.http(), &ca_a).is_err(),
+        "the old one is gone"
+    );
 
     // A key that is no PEM at all: refused, named, not quoted.
     let secret_line = "not-a-key-but-secret-material-0123456789";
@@ -498,7 +416,7 @@ fn sighup_swaps_the_certificate_and_a_broken_pair_keeps_the_old_one() {
     assert!(refused.contains("--tls-cert"), "{refused}");
     // B is still served.
     assert!(connect_tls(&gw.addr, &ca_b).is_ok());
-    assert_eq!(https_get(&gw.http, &ca_b, "/healthz").0, 200);
+    assert_eq!(https_get(gw.http(), &ca_b, "/healthz").0, 200);
 }
 
 /// Bad pairs stop start-up with the file named: a missing file, a key that does not match.
@@ -656,7 +574,7 @@ fn a_bridge_connects_over_tls_and_a_wrong_ca_is_refused() {
     // shows the bridge.
     let deadline = std::time::Instant::now() + WAIT;
     loop {
-        let (code, body) = https_get(&gw.http, &path(&dir, "a-ca.pem"), "/status");
+        let (code, body) = https_get(gw.http(), &path(&dir, "a-ca.pem"), "/status");
         assert_eq!(code, 200);
         let status: Value = serde_json::from_str(&body).expect("json");
         if status["frontend"]["outboxes"].get("telegram").is_some() {
@@ -775,7 +693,7 @@ fn an_unfinished_handshake_is_closed_at_the_existing_deadlines() {
             "1",
         ],
     );
-    for addr in [&gw.addr, &gw.http] {
+    for addr in [gw.addr.as_str(), gw.http()] {
         let mut sock = TcpStream::connect(addr).expect("connect");
         sock.set_read_timeout(Some(WAIT)).expect("timeout");
         // Half a ClientHello's record header: the handshake cannot finish.
@@ -789,7 +707,7 @@ fn an_unfinished_handshake_is_closed_at_the_existing_deadlines() {
     }
     // A client that does finish is served as ever.
     assert_eq!(
-        https_get(&gw.http, &path(&dir, "a-ca.pem"), "/healthz").0,
+        https_get(gw.http(), &path(&dir, "a-ca.pem"), "/healthz").0,
         200
     );
 }
@@ -902,7 +820,7 @@ fn a_certificate_outside_its_dates_is_refused_and_one_near_its_end_is_warned_of(
     let gw = Gw::start(&cert, &key);
     let (warn, _) = gw.log_until(&["certificate expires on"]);
     assert!(warn.contains("WARN") && warn.contains(&cert), "{warn}");
-    let (code, body) = https_get(&gw.http, &ca, "/status");
+    let (code, body) = https_get(gw.http(), &ca, "/status");
     assert_eq!(code, 200);
     let status: Value = serde_json::from_str(&body).expect("status json");
     let not_after = status["frontend"]["tls_cert_not_after_unix_s"]
@@ -916,7 +834,7 @@ fn a_certificate_outside_its_dates_is_refused_and_one_near_its_end_is_warned_of(
         now < not_after && not_after <= now + 3 * 86_400,
         "{not_after}"
     );
-    let (code, metrics) = https_get(&gw.http, &ca, "/metrics");
+    let (code, metrics) = https_get(gw.http(), &ca, "/metrics");
     assert_eq!(code, 200);
     let gauge = "turnstile_tls_cert_expiry_seconds";
     assert!(
@@ -938,7 +856,7 @@ fn a_certificate_outside_its_dates_is_refused_and_one_near_its_end_is_warned_of(
         "{refused}"
     );
     assert!(connect_tls(&gw.addr, &ca).is_ok());
-    assert_eq!(https_get(&gw.http, &ca, "/healthz").0, 200);
+    assert_eq!(https_get(gw.http(), &ca, "/healthz").0, 200);
 }
 
 /// Without `--auth-token` (loopback), connections that never send a ClientHello cannot keep
@@ -960,34 +878,24 @@ fn silent_connections_without_a_token_are_closed_at_the_handshake_deadline() {
         .map(|_| TcpStream::connect(&gw.addr).expect("connect"))
         .collect();
     let started = std::time::Instant::now();
-    let full = loop {
-        let (_, body) = https_get(&gw.http, &ca, "/status");
+    eventually("the cap filled", WAIT, || {
+        let (_, body) = https_get(gw.http(), &ca, "/status");
         let status: Value = serde_json::from_str(&body).expect("status json");
-        if status["frontend"]["connections"] == 20 {
-            break started.elapsed();
-        }
-        assert!(started.elapsed() < WAIT, "the cap never filled: {status}");
-    };
-    let mut tries = 0;
-    let admitted = loop {
-        tries += 1;
-        if let Ok(mut tls) = connect_tls(&gw.addr, &ca) {
-            let pong = exchange(
-                &mut tls,
-                &[
-                    json!({"op": "hello", "platform": "cli"}),
-                    json!({"op": "ping"}),
-                ],
-                |v| v["op"] == "pong",
-            );
-            assert_eq!(pong["op"], "pong");
-            break started.elapsed();
-        }
-        assert!(
-            started.elapsed() < WAIT,
-            "no TLS bridge got in within {WAIT:?} ({tries} tries)"
-        );
-    };
+        holds(status, |s| s["frontend"]["connections"] == 20)
+    });
+    let full = started.elapsed();
+    // A bridge that retries until it gets in.
+    let mut tls = eventually("a TLS bridge got in", WAIT, || connect_tls(&gw.addr, &ca));
+    let pong = exchange(
+        &mut tls,
+        &[
+            json!({"op": "hello", "platform": "cli"}),
+            json!({"op": "ping"}),
+        ],
+        |v| v["op"] == "pong",
+    );
+    assert_eq!(pong["op"], "pong");
+    let admitted = started.elapsed();
     assert!(
         admitted < full + Duration::from_secs(5),
         "admitted after {admitted:?} (the cap full at {full:?})"
@@ -1054,17 +962,11 @@ fn a_spread_out_flood_of_silent_connections_cannot_lock_a_bridge_out() {
         .collect();
     // The flood fills the cap before the first bridge tries.
     let started = std::time::Instant::now();
-    loop {
-        let (_, body) = https_get_with(&gw.http, &ca, "/status", "Authorization: Bearer t\r\n");
+    eventually("the flood filled the cap", WAIT, || {
+        let (_, body) = https_get_with(gw.http(), &ca, "/status", "Authorization: Bearer t\r\n");
         let status: Value = serde_json::from_str(&body).expect("status json");
-        if status["frontend"]["unauthenticated"] == 256 {
-            break;
-        }
-        assert!(
-            started.elapsed() < WAIT,
-            "the flood never filled the cap: {status}"
-        );
-    }
+        holds(status, |s| s["frontend"]["unauthenticated"] == 256)
+    });
     let flood_start = opened.load(Ordering::Relaxed);
     let mut slowest = Duration::ZERO;
     for attempt in 0..8 {
@@ -1094,7 +996,7 @@ fn a_spread_out_flood_of_silent_connections_cannot_lock_a_bridge_out() {
     let reopened = opened.load(Ordering::Relaxed) - flood_start;
     eprintln!("8 of 8 bridges in, slowest {slowest:?}; the flood re-opened {reopened} connections");
     assert!(reopened > 8, "the flood was not re-opening ({reopened})");
-    let lines: Vec<String> = gw.log.try_iter().collect();
+    let lines: Vec<String> = gw.log().taken_now();
     let about = |l: &&String| l.contains("refused connection") || l.contains("(no hello yet)");
     let refusals: Vec<&String> = lines.iter().filter(about).collect();
     let budget = 10 + elapsed.as_secs() as usize + 2;

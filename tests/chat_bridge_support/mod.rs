@@ -9,12 +9,13 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crossbeam_channel::{Receiver, bounded};
 use serde_json::Value;
 
 use crate::child_support::{Proc, die_with_parent};
+use crate::common::gateway::wait_status;
 
 /// The gateway's auth token: the bridges must present it, and never log it.
 pub const GATEWAY_TOKEN: &str = "gateway-secret-4711";
@@ -159,25 +160,18 @@ impl Setup {
 /// Waits (bounded, on the `--status-file` the gateway rewrites every 100 ms) until every
 /// message of `platform` is answered and every result was confirmed `delivered`.
 pub fn wait_all_delivered(status: &Path, platform: &str) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let status: Value = std::fs::read_to_string(status)
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or(Value::Null);
-        let bridge = &status["frontend"];
-        let figure = |p: &str| bridge.pointer(p).and_then(Value::as_u64);
-        let awaiting = figure("/awaiting_delivery");
-        let reserved = figure(&format!("/outboxes/{platform}/reserved_events"));
-        if awaiting == Some(0) && reserved == Some(0) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "results of {platform} not confirmed delivered: awaiting {awaiting:?}, reserved {reserved:?}"
-        );
-        std::thread::park_timeout(Duration::from_millis(50));
-    }
+    wait_status(
+        status,
+        &format!("every result of {platform} confirmed delivered"),
+        WAIT,
+        |status| {
+            let bridge = &status["frontend"];
+            let figure = |p: &str| bridge.pointer(p).and_then(Value::as_u64);
+            let awaiting = figure("/awaiting_delivery");
+            let reserved = figure(&format!("/outboxes/{platform}/reserved_events"));
+            (awaiting == Some(0) && reserved == Some(0)).then_some(())
+        },
+    );
 }
 
 /// Lines of a child's stdout (or stderr) on a channel.

@@ -1,15 +1,19 @@
 //! Shared test support: a deterministic driver for the sans-IO core, a log capture,
 //! [`eventually`] for a state another thread or process changes on a clock of its own, and
-//! a `serve` process's listening line and status file ([`gateway`]).
+//! a `serve` process's listening line and status file ([`gateway`]), a `GET` of its HTTP
+//! endpoint ([`http`]).
 #![allow(dead_code)]
 
 pub mod eventually;
+pub mod fifo;
 pub mod gateway;
+pub mod http;
 pub mod sim;
 
 pub use eventually::{eventually, holds};
 
 use std::collections::HashMap;
+use std::process::{Command, Output};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
@@ -18,6 +22,21 @@ use turnstile::internal::core::{
 };
 use turnstile::{CoreConfig, EventKind, MessageEvent, ShutdownReport, TurnId};
 use turnstile::{Message, SessionKey};
+
+/// Runs `command` to its end; panics naming `what`, with its stderr, unless it succeeded.
+/// Its output.
+#[track_caller]
+pub fn run_ok(command: &mut Command, what: &str) -> Output {
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("run {what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
 
 /// A simplified, comparable record of one effect.
 #[derive(Clone, Debug, PartialEq)]

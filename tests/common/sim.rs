@@ -1,5 +1,11 @@
 //! What the two deterministic simulations share (tests/simulation.rs, its cluster mode in
-//! tests/simulation_cluster.rs): the seeded generator, the environment knobs, a panic's text.
+//! tests/simulation_cluster.rs): the seeded generator, the environment knobs, a panic's text,
+//! the core's settings and a result line's comparable form.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use turnstile::CoreConfig;
 
 /// xorshift64*: one seed drives every choice of a run.
 pub struct Rng(u64);
@@ -36,4 +42,31 @@ pub fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
         .cloned()
         .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
         .unwrap_or_default()
+}
+
+pub fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// The core's settings in both simulations: small, so that bounds are reached.
+pub fn core_config() -> CoreConfig {
+    CoreConfig {
+        turn_workers: 2,
+        queue_cap: 8,
+        max_queued_messages: 24,
+        turn_timeout: Duration::from_secs(20),
+        stop_grace: Duration::from_secs(1),
+        drain_timeout: Duration::from_secs(5),
+        cleanup_timeout: Duration::from_secs(5),
+        ..CoreConfig::default()
+    }
+}
+
+/// A result line without its `redelivery` mark: two deliveries of one result compare equal.
+pub fn canonical(v: &Value) -> String {
+    let mut plain = v.clone();
+    if let Some(o) = plain.as_object_mut() {
+        o.remove("redelivery");
+    }
+    plain.to_string()
 }

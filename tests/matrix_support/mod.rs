@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, unbounded};
 use serde_json::{Value, json};
 
+use crate::common::eventually;
+
 /// Only a failing run waits this long.
 pub const WAIT: Duration = Duration::from_secs(60);
 
@@ -133,16 +135,12 @@ disable_existing_loggers: false
     std::fs::write(dir.path().join("homeserver.yaml"), config).expect("write config");
     std::fs::write(dir.path().join("log.yaml"), log).expect("write log config");
     let cfg = dir.path().join("homeserver.yaml");
-    let keys = Command::new(&python)
-        .args(["-m", "synapse.app.homeserver", "--config-path"])
-        .arg(&cfg)
-        .arg("--generate-keys")
-        .output()
-        .expect("run synapse --generate-keys");
-    assert!(
-        keys.status.success(),
-        "synapse --generate-keys failed: {}",
-        String::from_utf8_lossy(&keys.stderr)
+    crate::common::run_ok(
+        Command::new(&python)
+            .args(["-m", "synapse.app.homeserver", "--config-path"])
+            .arg(&cfg)
+            .arg("--generate-keys"),
+        "synapse --generate-keys",
     );
     // The process must outlive every test of the binary and die with it: it is started by a
     // thread that never ends (PR_SET_PDEATHSIG fires when the starting thread exits).
@@ -177,25 +175,18 @@ disable_existing_loggers: false
     rx.recv().expect("synapse started");
     let base = format!("http://127.0.0.1:{port}");
     // Bounded polling of the real server until it listens.
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if http(
-            "GET",
-            &format!("{base}/_matrix/client/versions"),
-            None,
-            None,
-        )
-        .is_ok()
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "Synapse did not start within {WAIT:?}; see {}/synapse.log",
-            dir.path().display()
-        );
-        std::thread::park_timeout(Duration::from_millis(100));
-    }
+    eventually(
+        &format!("Synapse listens (see {}/synapse.log)", dir.path().display()),
+        WAIT,
+        || {
+            http(
+                "GET",
+                &format!("{base}/_matrix/client/versions"),
+                None,
+                None,
+            )
+        },
+    );
     eprintln!("synapse up at {base} after {:?}", started.elapsed());
     let mut s = Synapse {
         base,

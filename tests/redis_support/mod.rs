@@ -7,15 +7,22 @@
 //!
 //! Nothing polls for readiness: the server's own log line `Ready to accept connections`,
 //! read from its stdout, says when it listens.
+//!
+//! A test target that has `mod redis_support;` has `mod common;` too (its waits).
 
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
-use std::os::unix::process::CommandExt;
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+pub use crate::common::gateway::Serve;
+use crate::common::gateway::die_with_parent;
+use crate::common::{eventually, holds};
 
 /// Only a failing run waits this long.
 pub const WAIT: Duration = Duration::from_secs(60);
@@ -54,18 +61,6 @@ pub fn free_port() -> u16 {
         .local_addr()
         .expect("addr")
         .port()
-}
-
-fn die_with_parent(command: &mut Command) -> &mut Command {
-    // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        })
-    }
 }
 
 /// One redis-server process; its data directory outlives a [`Redis::kill`] so that
@@ -198,59 +193,105 @@ impl Drop for Redis {
     }
 }
 
-/// A `turnstile serve --cluster` instance, killed (SIGKILL) and reaped when dropped.
-pub struct ClusterServe {
-    pub child: Child,
-    /// The address its listening line named.
-    pub addr: String,
-}
+/// A `turnstile serve --cluster` instance: a [`Serve`] started by the commands below.
+pub type ClusterServe = Serve;
 
-impl ClusterServe {
+impl Serve {
     /// `turnstile serve` on 127.0.0.1:0 (no HTTP endpoint) in `redis`'s cluster as
     /// `instance`, with `partitions` and a lease of `lease_ms`: the caller adds the agent,
     /// the logging and the rest.
     pub fn command(redis: &Redis, instance: &str, partitions: u32, lease_ms: u64) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
+        ClusterServe::command_at(&redis.url(), "off", instance, partitions, lease_ms)
+    }
+
+    /// As [`ClusterServe::command`], in the cluster at `url` (a replica's, one with a
+    /// password), its HTTP endpoint on `http` (`off`, or `127.0.0.1:0` for one that
+    /// [`Serve::http`] names).
+    pub fn command_at(
+        url: &str,
+        http: &str,
+        instance: &str,
+        partitions: u32,
+        lease_ms: u64,
+    ) -> Command {
+        let mut command = Serve::local_command(http);
         command
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--http-listen", "off"])
-            .args(["--cluster", &redis.url(), "--instance-id", instance])
+            .args(["--cluster", url, "--instance-id", instance])
             .args(["--partitions", &partitions.to_string()])
             .args(["--lease-ms", &lease_ms.to_string()]);
         command
     }
+}
 
-    /// Starts `command` (dying with the test, its stdout piped) and reads its listening line.
-    pub fn spawn(command: &mut Command) -> ClusterServe {
-        let mut child = die_with_parent(command.stdout(Stdio::piped()))
-            .spawn()
-            .expect("start turnstile serve");
-        let mut first = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut first)
-            .expect("first line");
-        let addr = first
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("listening line, got {first:?}"))
-            .to_owned();
-        ClusterServe { child, addr }
+/// A bridge's connection to an instance, `acks` on (platform `tg`).
+pub struct BridgeClient {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl BridgeClient {
+    /// Connects to `addr` and says hello; reads wait at most [`WAIT`].
+    pub fn connect(addr: &str) -> BridgeClient {
+        let stream = TcpStream::connect(addr).expect("connect");
+        stream.set_read_timeout(Some(WAIT)).expect("timeout");
+        let mut c = BridgeClient {
+            reader: BufReader::new(stream.try_clone().expect("clone")),
+            writer: stream,
+        };
+        c.send(&json!({"op": "hello", "platform": "tg", "acks": true}));
+        c
     }
 
-    /// Sends `sig` to the instance (SIGSTOP, SIGCONT, SIGTERM).
-    pub fn signal(&self, sig: libc::c_int) {
-        let pid = libc::pid_t::try_from(self.child.id()).expect("pid");
-        // SAFETY: kill(2) on our own child's pid.
-        assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill({pid}, {sig})");
+    /// A second handle on the connection's write side.
+    pub fn writer(&self) -> TcpStream {
+        self.writer.try_clone().expect("clone")
+    }
+
+    pub fn send(&mut self, v: &Value) {
+        self.writer
+            .write_all((v.to_string() + "\n").as_bytes())
+            .expect("write");
+    }
+
+    /// Sends message `id` (its text is its id) in chat `chat`.
+    pub fn message(&mut self, id: &str, chat: &str) {
+        self.send(&json!({"op": "message", "id": id, "chat_id": chat, "text": id}));
+    }
+
+    /// The next line that is not a typing indicator or a partial; `None` at the end (or
+    /// past the read timeout).
+    pub fn next_line(&mut self) -> Option<Value> {
+        loop {
+            let mut line = String::new();
+            match self.reader.read_line(&mut line) {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => {}
+            }
+            let v: Value = serde_json::from_str(&line).expect("json");
+            if v["op"] != "typing" && v["op"] != "partial" {
+                return Some(v);
+            }
+        }
+    }
+
+    #[track_caller]
+    pub fn next(&mut self) -> Value {
+        self.next_line().expect("connection closed")
+    }
+
+    /// Confirms a terminal event (an `acks` bridge).
+    pub fn delivered(&mut self, v: &Value) {
+        let id = v["id"].as_str().expect("id").to_owned();
+        self.send(&json!({"op": "delivered", "ids": [id]}));
     }
 }
 
-impl Drop for ClusterServe {
-    fn drop(&mut self) {
-        // A stopped process must be continued to die of SIGTERM; SIGKILL needs nothing.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Whether `v` is a message's terminal event.
+pub fn terminal(v: &Value) -> bool {
+    matches!(
+        v["op"].as_str(),
+        Some("reply" | "failed" | "cancelled" | "merged")
+    )
 }
 
 /// Each partition's lease now (`<instance>:<epoch>`, or none).
@@ -266,10 +307,51 @@ pub fn leases(redis: &Redis, partitions: u32) -> Vec<Option<String>> {
         .collect()
 }
 
+/// How many messages Redis holds in flight (accepted, not yet confirmed `delivered`) in
+/// `partitions`.
+pub fn messages_in_flight(redis: &Redis, partitions: u32) -> u64 {
+    let mut c = redis.client();
+    (0..partitions)
+        .map(|p| {
+            redis::cmd("ZCARD")
+                .arg(format!("ts:{{p{p}}}:q"))
+                .query::<u64>(&mut c)
+                .expect("ZCARD")
+        })
+        .sum()
+}
+
+/// Waits (bounded) until Redis holds no message in flight in `partitions`: every outcome
+/// confirmed `delivered` reached it (on the instances' clocks, so Redis is polled).
+#[track_caller]
+pub fn until_nothing_in_flight(redis: &Redis, partitions: u32) {
+    eventually("no message in flight in Redis", WAIT, || {
+        holds(messages_in_flight(redis, partitions), |n| *n == 0)
+    });
+}
+
 /// Whether `instance` holds every one of `leases` (tokens `<instance>:<epoch>`).
 pub fn all_held_by(leases: &[Option<String>], instance: &str) -> bool {
-    let prefix = format!("{instance}:");
-    leases
-        .iter()
-        .all(|h| h.as_deref().is_some_and(|h| h.starts_with(&prefix)))
+    all_held_by_any(leases, &[instance])
+}
+
+/// Whether one of `instances` holds each of `leases` (tokens `<instance>:<epoch>`).
+pub fn all_held_by_any(leases: &[Option<String>], instances: &[&str]) -> bool {
+    leases.iter().all(|h| {
+        h.as_deref()
+            .and_then(|h| h.rsplit_once(':'))
+            .is_some_and(|(holder, _)| instances.contains(&holder))
+    })
+}
+
+/// Waits (bounded) until one of `instances` holds each of the `partitions` leases; how long
+/// that took. A lease changes hands on Redis's clock, not on an event a test can wait on, so
+/// Redis is polled.
+#[track_caller]
+pub fn until_all_held_by(redis: &Redis, partitions: u32, instances: &[&str]) -> Duration {
+    let t0 = Instant::now();
+    eventually(&format!("{instances:?} hold every partition"), WAIT, || {
+        holds(leases(redis, partitions), |l| all_held_by_any(l, instances))
+    });
+    t0.elapsed()
 }

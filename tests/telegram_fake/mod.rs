@@ -170,6 +170,32 @@ pub fn respond_json(stream: &mut TcpStream, status: u16, body: &Value) {
     );
 }
 
+/// A Bot API answer carrying `result`.
+pub fn ok(result: Value) -> (u16, Value) {
+    (200, json!({"ok": true, "result": result}))
+}
+
+/// `getMe`'s answer: the fake bot, `@fake_bot`.
+pub fn get_me() -> (u16, Value) {
+    ok(json!({"id": 999, "is_bot": true, "first_name": "Fake", "username": "fake_bot"}))
+}
+
+/// `sendMessage`'s answer for the bot's `n`th message in `params`' chat.
+pub fn sent_message(n: usize, params: &Value) -> (u16, Value) {
+    ok(json!({"message_id": 1000 + n, "chat": {"id": params["chat_id"]}, "text": params["text"]}))
+}
+
+/// An update: a private message from Ann (user 7) in chat 42, with `fields` (its `text`,
+/// its `document`…).
+pub fn dm_update(update_id: i64, fields: Value) -> Value {
+    let mut m = json!({"message_id": update_id * 10, "chat": {"id": 42, "type": "private"},
+                       "from": {"id": 7, "is_bot": false, "first_name": "Ann"}});
+    for (k, v) in fields.as_object().expect("object") {
+        m[k] = v.clone();
+    }
+    json!({"update_id": update_id, "message": m})
+}
+
 /// A Bot API error answer.
 pub fn error(code: u16, description: &str) -> (u16, Value) {
     (

@@ -302,8 +302,25 @@ mod tests {
     use crate::tokens::{HTTP_CONNS, HTTP_LISTENER as LISTENER};
     use mio::Token;
 
+    /// A test's answer to `/access` or `/history` for a query.
+    type Answer = fn(&str) -> (u16, String);
+
+    /// A source with fixed answers; `/access` and `/history` as the test sets them, or as a
+    /// gateway without an access policy and a store (`None`).
     struct Fixed {
         healthy: bool,
+        access: Option<Answer>,
+        history: Option<Answer>,
+    }
+
+    impl Fixed {
+        fn new(healthy: bool) -> Fixed {
+            Fixed {
+                healthy,
+                access: None,
+                history: None,
+            }
+        }
     }
 
     impl OpsSource for Fixed {
@@ -323,6 +340,14 @@ mod tests {
         fn metrics(&self) -> String {
             "turnstile_ticks_total 3\n".into()
         }
+        fn access(&self, query: &str) -> (u16, String) {
+            self.access
+                .map_or_else(no_access_policy, |answer| answer(query))
+        }
+        fn history(&self, query: &str) -> (u16, String) {
+            self.history
+                .map_or_else(crate::ops::history::no_history, |answer| answer(query))
+        }
     }
 
     fn req(text: &str) -> Request {
@@ -333,7 +358,7 @@ mod tests {
     }
 
     fn answer(text: &str, token: Option<&AuthToken>, healthy: bool) -> (u16, String) {
-        let r = respond(&req(text), token, &Fixed { healthy }, false);
+        let r = respond(&req(text), token, &Fixed::new(healthy), false);
         (r.status, String::from_utf8(r.bytes).unwrap())
     }
 
@@ -430,7 +455,7 @@ mod tests {
         let r = respond(
             &req("GET /healthz HTTP/1.1\r\n\r\n"),
             None,
-            &Fixed { healthy: true },
+            &Fixed::new(true),
             true,
         );
         assert!(r.close);
@@ -471,27 +496,13 @@ mod tests {
     /// the token, its query handed to the source whole.
     #[test]
     fn access_is_a_post_behind_the_token() {
-        struct Echo;
-        impl OpsSource for Echo {
-            fn health(&self) -> Result<(), String> {
-                Ok(())
-            }
-            fn ready(&self) -> Result<(), String> {
-                Ok(())
-            }
-            fn status_json(&self) -> Vec<u8> {
-                Vec::new()
-            }
-            fn metrics(&self) -> String {
-                String::new()
-            }
-            fn access(&self, query: &str) -> (u16, String) {
-                (200, format!("ran {query}"))
-            }
-        }
+        let echo = Fixed {
+            access: Some(|query| (200, format!("ran {query}"))),
+            ..Fixed::new(true)
+        };
         let t = AuthToken::new("s3cret");
         let ask = |text: &str| {
-            let r = respond(&req(text), Some(&t), &Echo, false);
+            let r = respond(&req(text), Some(&t), &echo, false);
             (r.status, String::from_utf8(r.bytes).unwrap())
         };
         let (s, text) = ask(
@@ -509,7 +520,7 @@ mod tests {
         assert_eq!(s, 200);
         assert!(text.ends_with("ran platform=irc&command=users"), "{text}");
         // Without a configured token, never served.
-        let r = respond(&req("POST /access?x HTTP/1.1\r\n\r\n"), None, &Echo, false);
+        let r = respond(&req("POST /access?x HTTP/1.1\r\n\r\n"), None, &echo, false);
         assert_eq!(r.status, 403);
     }
 
@@ -517,30 +528,16 @@ mod tests {
     /// JSON lines, its refusals text.
     #[test]
     fn history_is_a_get_behind_the_token() {
-        struct Stored;
-        impl OpsSource for Stored {
-            fn health(&self) -> Result<(), String> {
-                Ok(())
-            }
-            fn ready(&self) -> Result<(), String> {
-                Ok(())
-            }
-            fn status_json(&self) -> Vec<u8> {
-                Vec::new()
-            }
-            fn metrics(&self) -> String {
-                String::new()
-            }
-            fn history(&self, query: &str) -> (u16, String) {
-                match query {
-                    "session=a:dm:1" => (200, "{\"user\":\"hi\"}\n".into()),
-                    _ => (400, "give session=KEY\n".into()),
-                }
-            }
-        }
+        let stored = Fixed {
+            history: Some(|query| match query {
+                "session=a:dm:1" => (200, "{\"user\":\"hi\"}\n".into()),
+                _ => (400, "give session=KEY\n".into()),
+            }),
+            ..Fixed::new(true)
+        };
         let t = AuthToken::new("s3cret");
         let ask = |text: &str, token| {
-            let r = respond(&req(text), token, &Stored, false);
+            let r = respond(&req(text), token, &stored, false);
             (r.status, String::from_utf8(r.bytes).unwrap())
         };
         let bearer = "Authorization: Bearer s3cret\r\n";
@@ -572,7 +569,7 @@ mod tests {
                 "GET /history?session=a:dm:1 HTTP/1.1\r\n{bearer}\r\n"
             )),
             Some(&t),
-            &Fixed { healthy: true },
+            &Fixed::new(true),
             false,
         );
         assert_eq!(r.status, 404);

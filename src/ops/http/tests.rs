@@ -2,8 +2,19 @@
 
 use super::*;
 
-/// Serves every path as healthy and ready.
-struct Healthy;
+/// Serves every path as healthy and ready, `/status` with a body of `status_len` bytes.
+struct Healthy {
+    status_len: usize,
+}
+
+/// Healthy, with a `/status` of two bytes.
+const HEALTHY: Healthy = Healthy { status_len: 2 };
+
+/// Healthy, with a `/status` body far larger than a socket's buffers: its answer stays
+/// part-written while the client does not read.
+const HUGE_STATUS: Healthy = Healthy {
+    status_len: 32 << 20,
+};
 
 impl OpsSource for Healthy {
     fn health(&self) -> Result<(), String> {
@@ -13,26 +24,7 @@ impl OpsSource for Healthy {
         Ok(())
     }
     fn status_json(&self) -> Vec<u8> {
-        b"{}".to_vec()
-    }
-    fn metrics(&self) -> String {
-        String::new()
-    }
-}
-
-/// Healthy, with a `/status` body far larger than a socket's buffers: its answer stays
-/// part-written while the client does not read.
-struct HugeStatus;
-
-impl OpsSource for HugeStatus {
-    fn health(&self) -> Result<(), String> {
-        Ok(())
-    }
-    fn ready(&self) -> Result<(), String> {
-        Ok(())
-    }
-    fn status_json(&self) -> Vec<u8> {
-        vec![b' '; 32 << 20]
+        vec![b' '; self.status_len]
     }
     fn metrics(&self) -> String {
         String::new()
@@ -47,7 +39,7 @@ fn drive_until(
     what: &str,
     done: impl Fn(&HttpStatus) -> bool,
 ) {
-    drive_with(server, poll, &Healthy, what, done);
+    drive_with(server, poll, &HEALTHY, what, done);
 }
 
 /// [`drive_until`] with another source.
@@ -245,7 +237,7 @@ fn a_connection_answered_mid_search_whose_answer_is_part_written_is_not_evicted(
     reader.write_all(b"GET /status HTTP/1.1\r\n\r\n").unwrap();
     let mut silent = std::net::TcpStream::connect(addr).unwrap();
     let _third = std::net::TcpStream::connect(addr).unwrap();
-    drive_with(&mut server, &mut poll, &HugeStatus, "an eviction", |st| {
+    drive_with(&mut server, &mut poll, &HUGE_STATUS, "an eviction", |st| {
         st.evicted >= 1
     });
     assert!(closed_by_server(&mut silent), "the silent one goes");
