@@ -35,6 +35,8 @@
 //! - `forward`: results offered to, and taken from, the instance of a platform's newest hello
 //!   (the outboxes' own operations by cluster tag are the platforms room's);
 //! - `early`: outcomes from the stream that came before their message was known to wait;
+//! - `elsewhere`: messages run here that another instance accepted, and who sends their
+//!   results (their live origin, or this instance for an origin taken for dead);
 //! - `order`: own accepts held behind the inbox of their partition (per-session order
 //!   across instances);
 //! - `lapse`: whether this instance may have been taken for dead (its results marked);
@@ -46,6 +48,8 @@ mod arrival;
 mod drain;
 #[cfg(feature = "cluster")]
 mod early;
+#[cfg(feature = "cluster")]
+mod elsewhere;
 #[cfg(feature = "cluster")]
 mod fence;
 #[cfg(feature = "cluster")]
