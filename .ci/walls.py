@@ -18,7 +18,9 @@ GATE_LIMIT = 5
 # 67 after s42-b29s: server/bridge/ 52 -> 39 (one `impl Bridge` in mod.rs: 30 inputs and queries
 # of the shell and the tests, the admission pipeline, `end`, and the helpers the cluster side
 # still calls). Issue 29 wants 40: the cluster side's methods belong on `ClusterSide`.
-BRIDGE_METHODS_CEILING = 43
+# 38 after s43-b29: the backlog's four counts one `Backlog` (status.rs), `maybe_finish` the
+# delivery room's (it queues the close), `journal_report` and `journaled_with` one method.
+BRIDGE_METHODS_CEILING = 38
 GATE_RE = re.compile(r'(#!?\[\s*cfg(_attr)?\s*\(|\bcfg!\s*\().*feature\s*=\s*"cluster"')
 FN_RE = re.compile(r'^\s*(pub(\([a-z]+\))?\s+)?(const\s+)?(async\s+)?(unsafe\s+)?fn\s+([A-Za-z_0-9]+)')
 TEST_MOD = re.compile(r'^\s*(pub(\(crate\))?\s+)?mod\s+\w+\s*\{')

@@ -171,7 +171,7 @@ pub mod internal {
     }
     /// The sans-IO bridge protocol.
     pub mod server {
-        pub use crate::server::bridge::TERMINAL_ENVELOPE;
+        pub use crate::server::bridge::{Backlog, TERMINAL_ENVELOPE};
         pub use crate::server::{Action, Bridge, ConnId, Flushed};
     }
     /// The bridge protocol's client side as the server parses it (`tests/wire_oracle.rs`

@@ -851,7 +851,7 @@ fn row4_a_huge_reply_flows_to_a_slow_reader_and_an_interrupted_one_goes_whole_to
         );
         n.b.disconnected(b);
     }
-    assert_eq!(n.b.outboxed(), 0);
+    assert_eq!(n.b.backlog().outboxed, 0);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1453,11 +1453,11 @@ fn a_result_goes_to_its_connection_else_the_newest_hello_else_the_outbox() {
         t3,
         EventKind::Finished(Outcome::Cancelled(CancelReason::Stopped)),
     );
-    assert_eq!(n.b.outboxed(), 1);
+    assert_eq!(n.b.backlog().outboxed, 1);
     let d = n.connect();
     n.hello(d, "tg");
     assert_eq!(ops(&n.take(d)), ["cancelled m3 stopped"]);
-    assert_eq!(n.b.outboxed(), 0);
+    assert_eq!(n.b.backlog().outboxed, 0);
 }
 
 #[test]
@@ -1649,7 +1649,7 @@ fn partials_go_to_the_messages_connection_best_effort_and_never_to_the_outbox() 
     // Connection gone: dropped, never outboxed.
     n.b.disconnected(a);
     n.event(t, EventKind::Partial("late".into()));
-    assert_eq!(n.b.outboxed(), 0);
+    assert_eq!(n.b.backlog().outboxed, 0);
     assert!(n.b.status().partials_dropped > 70);
     n.reply(t, "hello world");
     let b = n.connect();
@@ -2615,20 +2615,20 @@ fn outcomes_waiting_for_their_record_are_counted_until_it_is_durable() {
     n.send(c, msg("1", "42", "hi"));
     n.commit(&mut store);
     n.accept(1);
-    assert_eq!(n.b.unjournaled(), 0);
+    assert_eq!(n.b.backlog().unjournaled, 0);
     n.reply(1, "hello");
-    assert_eq!(n.b.unjournaled(), 1);
+    assert_eq!(n.b.backlog().unjournaled, 1);
     n.send(c, msg("2", "43", "hi"));
     n.commit(&mut store);
     n.accept(2);
     n.reply(2, "again");
     assert_eq!(
-        n.b.unjournaled(),
+        n.b.backlog().unjournaled,
         1,
         "the first was written with the second's batch"
     );
     n.commit(&mut store);
-    assert_eq!(n.b.unjournaled(), 0);
+    assert_eq!(n.b.backlog().unjournaled, 0);
 }
 
 /// A second hello on the same connection: repeating `acks` keeps what awaits confirmation;

@@ -1050,7 +1050,7 @@ fn a_message_loaded_while_the_instance_stops_stays_for_the_next_owner() {
     assert!(n.journal.is_empty(), "{:?}", n.journal);
     n.report(0, ClusterReport::default());
     assert!(n.take(c).is_empty());
-    assert_eq!(n.b.kept_for_restart(), 1);
+    assert_eq!(n.b.backlog().kept_for_restart, 1);
 }
 
 /// A result run here for a message another instance accepted, that instance taken for dead

@@ -176,7 +176,11 @@ fn a_result_whose_connection_is_gone_is_offered_again_until_taken_and_only_then_
             outcome: done("r", id),
         });
     }
-    assert_eq!(n.b.outboxed(), 2, "no connection: both wait in the outbox");
+    assert_eq!(
+        n.b.backlog().outboxed,
+        2,
+        "no connection: both wait in the outbox"
+    );
     let t0 = n.now + Duration::from_secs(1);
     n.tick_at(t0);
     assert_eq!(n.forwards(), vec![("tg".to_string(), vec![g1, g2])]);
@@ -197,13 +201,13 @@ fn a_result_whose_connection_is_gone_is_offered_again_until_taken_and_only_then_
         taken: vec![],
         refused: vec![g1, g2],
     });
-    assert_eq!(n.b.outboxed(), 2);
+    assert_eq!(n.b.backlog().outboxed, 2);
     n.arrive(Arrival::Took {
         platform: "tg".into(),
         taken: vec![g2],
         refused: vec![g1],
     });
-    assert_eq!(n.b.outboxed(), 1);
+    assert_eq!(n.b.backlog().outboxed, 1);
     assert_eq!(n.b.cluster_status().forwarded_out, 1, "one taken away");
     assert!(
         !n.journal
@@ -314,5 +318,5 @@ fn a_forward_to_an_instance_with_no_connection_of_the_platform_is_refused() {
             refused: vec![g],
         }]
     );
-    assert_eq!(n.b.outboxed(), 0);
+    assert_eq!(n.b.backlog().outboxed, 0);
 }

@@ -1021,7 +1021,7 @@ impl World {
             let quiet = self
                 .gw
                 .as_ref()
-                .is_some_and(|g| g.journal.idle() && g.bridge.outboxed() == 0);
+                .is_some_and(|g| g.journal.idle() && g.bridge.backlog().outboxed == 0);
             if open.is_empty() && quiet {
                 return Ok(());
             }

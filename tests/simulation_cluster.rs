@@ -2145,7 +2145,7 @@ impl World {
                     g.queue.len(),
                     g.retry,
                     g.writing.is_some(),
-                    g.bridge.outboxed()
+                    g.bridge.backlog().outboxed
                 )
             })
             .collect();

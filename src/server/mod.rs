@@ -283,7 +283,7 @@ impl BridgeServer {
         let done: Vec<_> = j.completions().collect();
         for c in done {
             let report = self.cluster.take_report(&self.bridge, self.now);
-            self.bridge.journal_report(c, report, self.now);
+            self.bridge.journaled_with(c, report, self.now);
         }
         self.cluster.arrivals(&mut self.bridge, self.now);
     }

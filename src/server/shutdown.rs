@@ -23,7 +23,7 @@ impl BridgeServer {
             self.on_journal();
             self.run_actions(None);
             let left = deadline.saturating_duration_since(Instant::now());
-            if self.bridge.unjournaled() == 0 || left.is_zero() {
+            if self.bridge.backlog().unjournaled == 0 || left.is_zero() {
                 break;
             }
             let _ = poll.poll(&mut events, Some(left.min(Duration::from_millis(50))));
@@ -63,7 +63,7 @@ impl BridgeServer {
             let (done, finished) = j.finish(self.flush_budget);
             for c in done {
                 let report = self.cluster.report();
-                self.bridge.journal_report(c, report, self.now);
+                self.bridge.journaled_with(c, report, self.now);
             }
             if !finished {
                 log::error!(
@@ -73,7 +73,7 @@ impl BridgeServer {
                 self.journal_unfinished
                     .store(true, std::sync::atomic::Ordering::SeqCst);
             }
-            let kept = self.bridge.kept_for_restart();
+            let kept = self.bridge.backlog().kept_for_restart;
             if kept > 0 {
                 log::info!(
                     "shutdown: {kept} message(s) left in the journal for the next start (queued, or cut off by --drain-timeout)"
@@ -82,8 +82,9 @@ impl BridgeServer {
         }
         // Two different waits, said apart: results an outbox holds for a bridge, and results
         // held back because their outcome record could not be written (a full disk).
-        let unrecorded = self.bridge.unjournaled();
-        let outboxed = self.bridge.outboxed() - unrecorded;
+        let backlog = self.bridge.backlog();
+        let unrecorded = backlog.unjournaled;
+        let outboxed = backlog.outboxed - unrecorded;
         if outboxed > 0 {
             log::warn!(
                 "shutdown: {outboxed} terminal event(s) were still waiting in outboxes for a bridge to take them"
@@ -109,7 +110,7 @@ impl BridgeServer {
                 self.read_confirmations(id);
             }
             self.run_actions(None);
-            let waiting = self.bridge.awaiting_delivery();
+            let waiting = self.bridge.backlog().awaiting_delivery;
             if waiting == 0 {
                 return;
             }

@@ -92,7 +92,7 @@ impl ClusterSide {
                     return fx;
                 }
                 // Accepted by another instance, alive a moment ago: its result is its own.
-                self.silent.insert(tag);
+                self.elsewhere.origin_alive(tag);
                 self.rebuild_or_wait(partition, *message, rooms.delivery.platforms, &mut fx);
             }
         }
@@ -115,18 +115,14 @@ impl ClusterSide {
             return;
         }
         if rooms.routes.contains(tag) || self.waiting.contains(tag) {
-            if self.silent.remove(&tag) {
-                self.foreign.insert(tag);
-            }
+            self.elsewhere.origin_gone(tag);
             return;
         }
         let durable = rooms.durable.as_deref();
         let unjournaled = durable.is_some_and(|d| d.is_unjournaled(tag));
-        if self.silent.contains(&tag) || unjournaled {
+        if self.elsewhere.is_origins(tag) || unjournaled {
             // Its terminal event is on its way here; it is sent once recorded.
-            if self.silent.remove(&tag) {
-                self.foreign.insert(tag);
-            }
+            self.elsewhere.origin_gone(tag);
             return;
         }
         if message.outcome.is_some() {

@@ -41,8 +41,7 @@ impl ClusterSide {
         self.fences.forget(p);
         // Not rebuilt yet: its next owner loads them.
         for tag in self.waiting.hand_over(p) {
-            self.silent.remove(&tag);
-            self.foreign.remove(&tag);
+            self.elsewhere.forget(tag);
             if self.rebind.remove(&tag).is_some() {
                 log::warn!(
                     "partition {p}: message {tag}: handed over before it was rebuilt here: its result will not come to this connection"
@@ -94,7 +93,7 @@ impl ClusterSide {
                 sessions.push(route.session.clone());
             }
             self.handed.insert(tag);
-            self.silent.remove(&tag);
+            self.elsewhere.not_origins(tag);
             // Accepted here: its outcome comes from the stream, from the next owner.
             if let Some(&ct) = self.placed.get(&tag) {
                 self.remote.insert(ct, tag);

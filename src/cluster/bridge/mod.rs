@@ -19,11 +19,11 @@
 //! connection, submit, refuse, rebuild recovered messages, an action for the shell) it
 //! returns as [`Effects`], in order; what it does on the bridge's rooms it does on the
 //! [`Rooms`] the bridge lends it for one step (the routes, the journal side and the
-//! delivery room). The bridge's few entry points (`Bridge::cluster_step`, and in a cluster
-//! build `journaled_with`, `arrived`, `cluster_status`, `set_partitions`) lend the rooms,
-//! run a step and apply its effects; a step whose later reads depend on an earlier effect
-//! (a refusal before the hand-overs, a partition's rebuild before the next one's room is
-//! measured) ends there, and the bridge asks for the next (`report_step`, `rebuild_next`).
+//! delivery room). `Bridge::cluster_step` (reached from `journaled_with`, `tick` and, in a
+//! cluster build, `arrived`) lends the rooms, runs a step and applies its effects; a step
+//! whose later reads depend on an earlier effect (a refusal before the hand-overs, a
+//! partition's rebuild before the next one's room is measured) ends there, and the bridge
+//! asks for the next (`report_step`, `rebuild_next`).
 //!
 //! Without the `cluster` feature, `off.rs` is the no-op twin of all of it; with it:
 //! - `side`: the state and its hooks;
@@ -35,6 +35,8 @@
 //! - `forward`: results offered to, and taken from, the instance of a platform's newest hello
 //!   (the outboxes' own operations by cluster tag are the platforms room's);
 //! - `early`: outcomes from the stream that came before their message was known to wait;
+//! - `elsewhere`: messages run here that another instance accepted, and who sends their
+//!   results (their live origin, or this instance for an origin taken for dead);
 //! - `order`: own accepts held behind the inbox of their partition (per-session order
 //!   across instances);
 //! - `lapse`: whether this instance may have been taken for dead (its results marked);
@@ -46,6 +48,8 @@ mod arrival;
 mod drain;
 #[cfg(feature = "cluster")]
 mod early;
+#[cfg(feature = "cluster")]
+mod elsewhere;
 #[cfg(feature = "cluster")]
 mod fence;
 #[cfg(feature = "cluster")]
@@ -102,7 +106,7 @@ pub(in crate::server) struct Rooms<'a> {
 /// What the cluster side decided that the bridge carries out, in order.
 #[cfg_attr(not(feature = "cluster"), allow(dead_code))] // the no-op twin decides nothing
 pub(in crate::server) enum Effect {
-    /// A connection may have nothing left to do: closed if so (`Bridge::maybe_finish`).
+    /// A connection may have nothing left to do: closed if so (`Delivery::finish_if_done`).
     Finish(ConnId),
     /// A durable message goes to the runtime (`Bridge::submit`).
     Submit(u64, Message),

@@ -14,9 +14,9 @@ use crate::journal::Committed;
 use crate::message::SessionKey;
 use crate::server::frame::Frame;
 
-/// No cluster report without the feature.
-#[derive(Default)]
-pub(crate) struct Report {}
+/// No cluster report without the feature: always `None` (a public type, as
+/// `Bridge::journaled_with` is public).
+pub(crate) type Report = Option<Infallible>;
 /// No request for a stream reader without the feature.
 pub(in crate::server) type Request = Infallible;
 

@@ -335,11 +335,11 @@ impl ClusterSide {
                     // Published when it was written; the origin's reader has it.
                     continue;
                 }
-                self.silent.insert(tag);
+                self.elsewhere.origin_alive(tag);
             } else if tag_parts(tag).is_some() && rm.outcome.is_none() {
                 // Accepted by an instance taken for dead: its result goes out here, marked.
                 // (One with its outcome already is marked by the rebuild.)
-                self.foreign.insert(tag);
+                self.elsewhere.origin_dead(tag);
             }
             if to != no_conn() {
                 self.rebind.insert(tag, to);

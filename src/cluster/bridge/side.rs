@@ -76,14 +76,10 @@ pub(in crate::server) struct ClusterSide {
     pub(super) orphans: HashMap<u64, Orphan>,
     /// Partitions handed over, and their messages, since the start.
     pub(super) handed_over: (u64, u64),
-    /// Messages run here that another live instance accepted: their terminal events are
-    /// recorded (the record publishes them to that instance) and not sent here.
-    pub(super) silent: HashSet<u64>,
-    /// Messages run here that another instance accepted and that instance was taken for dead
-    /// (the load found no live origin): their results go out here, marked `redelivery`
-    /// (the origin may be alive after all, paused, and send the same outcome from the
-    /// stream; see `mark_foreign`). Pruned to the messages in flight.
-    pub(super) foreign: HashSet<u64>,
+    /// Messages run here that another instance accepted: whether their results are their
+    /// live origin's (recorded, not sent here) or, their origin taken for dead, go out here
+    /// marked `redelivery`.
+    pub(super) elsewhere: super::elsewhere::AcceptedElsewhere,
     /// Partitions being drained to be released, and the turns they wait for.
     pub(super) drains: super::drain::Drains,
     /// The owned partitions' fence deadlines (self-fencing, `fence.rs`).
@@ -175,13 +171,8 @@ impl ClusterSide {
         mut frame: Frame,
         routes: &Routes,
     ) -> Frame {
-        if self.foreign.remove(&frame.seq) {
+        if self.elsewhere.take_foreign(frame.seq, routes) {
             frame.mark_redelivery();
-        }
-        // Bounded by the messages in flight: one that left another way (handed over,
-        // refused) is dropped here.
-        if self.foreign.len() > routes.len() + 64 {
-            self.foreign.retain(|&tag| routes.contains(tag));
         }
         frame
     }
@@ -255,24 +246,25 @@ impl ClusterSide {
 
     /// The run here of message `seq` ended with its outcome record unwritten (fenced, or its
     /// partition lost): its say in where the result goes ends with it. Whoever loads the
-    /// message next decides that; a stale `silent` entry would drop the result of a rebuild
-    /// here after a regain (tests/simulation_cluster, seed 356).
+    /// message next decides that; a stale entry saying the result is its origin's would drop
+    /// the result of a rebuild here after a regain (tests/simulation_cluster, seed 356).
     pub(super) fn forget_run(&mut self, seq: u64) {
-        self.silent.remove(&seq);
-        self.foreign.remove(&seq);
+        self.elsewhere.forget(seq);
     }
 
     /// Whether the terminal event of `seq`, its outcome now recorded, is another instance's
     /// to send (its origin's, alive): then it goes nowhere, and the bridge gives its
     /// reservation back.
     pub(in crate::server::bridge) fn silenced(&mut self, seq: u64) -> bool {
-        self.silent.remove(&seq)
+        self.elsewhere.silenced(seq)
     }
 
     /// Checks, in debug builds, that the remote index and the routes agree both ways: each
     /// entry names a route waiting in phase `Remote`, and each such route has exactly one
-    /// entry; and that a message rebound to its connection (`rebind`) waits for room.
+    /// entry; that a message rebound to its connection (`rebind`) waits for room; and the
+    /// index of messages accepted elsewhere.
     pub(in crate::server::bridge) fn check(&self, routes: &Routes) {
+        self.elsewhere.check();
         let remote = |tag: u64| routes.get(tag).is_some_and(|r| r.phase == Phase::Remote);
         debug_assert!(
             self.remote.values().all(|&tag| remote(tag)),

@@ -19,7 +19,7 @@ impl Member {
     }
 
     pub(crate) fn report(&self) -> Report {
-        Report {}
+        Report::default()
     }
 
     pub(crate) fn start(&mut self, _pipe: mio::unix::pipe::Sender) -> io::Result<Option<Journal>> {
@@ -27,7 +27,7 @@ impl Member {
     }
 
     pub(crate) fn take_report(&mut self, _bridge: &Bridge, _now: Duration) -> Report {
-        Report {}
+        Report::default()
     }
 
     pub(crate) fn release_drained(&self, _partition: u32) {}

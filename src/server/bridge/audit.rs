@@ -12,7 +12,8 @@ use super::{Bridge, Durable};
 pub(super) fn check(b: &Bridge) {
     // O(state): skipped in release builds, and past a small size so that debug builds of
     // large scenarios stay fast.
-    if !cfg!(debug_assertions) || b.routes.len() + b.conns.len() + b.outboxed() > 1_000 {
+    let outboxed = b.platforms.outboxed() + b.durable.as_ref().map_or(0, Durable::unjournaled);
+    if !cfg!(debug_assertions) || b.routes.len() + b.conns.len() + outboxed > 1_000 {
         return;
     }
     b.conns.check();

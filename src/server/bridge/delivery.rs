@@ -3,10 +3,11 @@
 //! the peer confirmed.
 //!
 //! `Delivery` is the room the bridge hands a result (and a partial or typing line) to: it
-//! works over the connections and the platforms it is given, for one input, and *returns
-//! decisions* for what it cannot do itself — the messages to journal as delivered
-//! ([`Delivery::confirm`], [`Delivery::drop_stale`]) — so the bridge never reaches
-//! into the outbox or a connection's queues to move a result.
+//! works over the connections and the platforms it is given, for one input, queues the
+//! closing of the sockets it finishes, and *returns decisions* for what it cannot do
+//! itself — the messages to journal as delivered ([`Delivery::confirm`],
+//! [`Delivery::drop_stale`]) — so the bridge never reaches into the outbox or a
+//! connection's queues to move a result.
 //!
 //! Rules (see the bridge's module documentation): a terminal event goes to the connection
 //! that sent the message while it is open, else to its platform's outbox, which feeds the
@@ -15,17 +16,18 @@
 //! it fits; a confirmed result releases its reservation and its charge, and what is held
 //! goes on.
 
+use std::collections::VecDeque;
 use std::io::{self, Write};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::super::frame::{Flushed, Frame};
-use super::ConnId;
 use super::config::BridgeConfig;
 use super::conns::Conns;
 use super::platforms::Platforms;
 use super::status::Counters;
+use super::{Action, ConnId};
 use crate::core::Outcome;
 use crate::message::SessionKey;
 use crate::wire::{EncodedLine, ServerOp, TextOp, encode};
@@ -37,6 +39,8 @@ pub(super) struct Delivery<'a> {
     pub(super) platforms: &'a mut Platforms,
     /// Where what is dropped is counted.
     pub(super) stats: &'a mut Counters,
+    /// The bridge's queue of actions for the shell: the sockets this room closes.
+    pub(super) actions: &'a mut VecDeque<Action>,
     /// The time of the input.
     pub(super) now: Duration,
 }

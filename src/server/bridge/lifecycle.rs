@@ -1,7 +1,7 @@
 //! A connection's life over the delivery room: its hello, the errors and refusals it is
 //! answered with, closing it and finishing it. Each step works over the connections and the
-//! platforms [`Delivery`] borrows for one input and *returns decisions* for what it cannot
-//! do itself: the action that closes a socket, what a hello's confirmations release (files,
+//! platforms [`Delivery`] borrows for one input, queues the actions that close sockets, and
+//! *returns decisions* for what it cannot do itself: what a hello's confirmations release (files,
 //! journal records), the platform a hello attached (the cluster's hello registry).
 
 use std::sync::Arc;
@@ -142,17 +142,23 @@ impl Delivery<'_> {
         self.conns.push(id, Frame::line(line), self.now);
     }
 
-    /// The action that closes `id` if it has nothing left to do: closing and written out,
-    /// or half-closed with nothing outstanding and every result acknowledged.
-    #[must_use]
-    pub(super) fn finish_if_done(&mut self, id: ConnId) -> Option<Action> {
-        let c = self.conns.get(id)?;
+    /// Closes `id` if it has nothing left to do: closing and written out, or half-closed
+    /// with nothing outstanding and every result acknowledged.
+    pub(super) fn finish_if_done(&mut self, id: ConnId) {
+        let Some(c) = self.conns.get(id) else {
+            return;
+        };
         if c.closing && c.idle() {
-            self.close(id, "closed after error")
+            self.close(id, "closed after error");
         } else if c.read_closed && c.drained() {
-            self.close(id, "peer closed")
-        } else {
-            None
+            self.close(id, "peer closed");
+        }
+    }
+
+    /// Closes `id` ([`Delivery::forgotten`]), queueing the action that closes its socket.
+    pub(super) fn close(&mut self, id: ConnId, why: &str) {
+        if let Some(close) = self.forgotten(id, why) {
+            self.actions.push_back(close);
         }
     }
 
@@ -161,7 +167,7 @@ impl Delivery<'_> {
     /// reset if results went back, so that nothing more of them reaches the peer — unless
     /// it was gone.
     #[must_use]
-    pub(super) fn close(&mut self, id: ConnId, why: &str) -> Option<Action> {
+    pub(super) fn forgotten(&mut self, id: ConnId, why: &str) -> Option<Action> {
         let (peer, moved) = self.forget(id)?;
         log::debug!(
             "connection {id} from {peer} closed: {why}; {moved} undelivered terminal event(s) back to the outbox"

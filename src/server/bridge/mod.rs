@@ -40,10 +40,10 @@
 //! - `routes`: where a result goes (messages in flight, typing), and a message's end;
 //! - `delivery`: a terminal event's way out (outcome → outbox → connection, what the peer
 //!   confirmed, partial and typing lines), over `conns` and `platforms` for one input: it
-//!   returns what to journal as delivered;
+//!   queues the actions that close sockets and returns what to journal as delivered;
 //! - `lifecycle`: a connection's life over the delivery room (its hello, the errors and
-//!   refusals it is answered with, closing and finishing it), returning the actions and
-//!   releases the bridge carries out;
+//!   refusals it is answered with, closing and finishing it), returning the releases the
+//!   bridge carries out;
 //! - `admit`: the admission pipeline and the one message builder (client lines and journal
 //!   recovery alike), with every refusal's wording;
 //! - `durable`: what exists only with a journal (its report and recovery);
@@ -51,7 +51,8 @@
 //!   the cluster's part of the journal's report, the stream reader's arrivals, hand-overs,
 //!   drains, forwards), in the cluster's wing (`src/cluster/bridge/`, mounted here), with a
 //!   no-op twin without the `cluster` feature;
-//! - `status`: the figures for the status snapshot; `config`: limits and timings;
+//! - `status`: the figures for the status snapshot and what is still owed (`Backlog`);
+//!   `config`: limits and timings;
 //! - `audit`: the cross-room counts, checked in debug builds after every input.
 //!
 //! This file routes between them, as quinn-proto's one `impl Connection` does: the one
@@ -109,6 +110,7 @@ use lifecycle::error_line;
 use platforms::{Claim, Platforms};
 use refusal::{Refusal, duplicate_ack};
 use routes::{Ended, InFlight, Phase, Rejected, Routes, Terminal};
+pub use status::Backlog;
 use status::{BridgeStatus, Counters};
 
 pub use super::frame::Flushed;
@@ -200,8 +202,7 @@ impl Bridge {
                     "closed connection {victim} from {old} (no hello yet) for one from {peer}: {why}{more}"
                 );
             }
-            let close = self.delivery().close(victim, "evicted");
-            self.actions.extend(close);
+            self.delivery().close(victim, "evicted");
         }
         self.conns.open(peer, now, &self.cfg).map_err(|why| {
             self.stats.connections_refused += 1;
@@ -265,7 +266,7 @@ impl Bridge {
                 let confirmed = self.delivery().confirm_all(frames);
                 self.actions
                     .extend(confirmed.actions(self.durable.as_mut()));
-                self.maybe_finish(id);
+                self.delivery().finish_if_done(id);
             }
             Ok(ClientOp::Message(m)) => {
                 let mid = m.id.clone();
@@ -330,8 +331,7 @@ impl Bridge {
             .get(id)
             .is_some_and(|c| c.outstanding == 0 && c.idle())
         {
-            let close = self.delivery().close(id, "peer closed");
-            self.actions.extend(close);
+            self.delivery().close(id, "peer closed");
         }
         audit::check(self);
     }
@@ -340,7 +340,7 @@ impl Bridge {
     /// goes back to the front of its outbox.
     pub fn disconnected(&mut self, id: ConnId) {
         // The socket is already gone: nothing to close.
-        let _ = self.delivery().close(id, "disconnected");
+        let _ = self.delivery().forgotten(id, "disconnected");
         audit::check(self);
     }
 
@@ -412,17 +412,12 @@ impl Bridge {
     /// durable messages submitted, terminal events sent, refusals answered, failed writes
     /// rejected `storage`.
     pub fn journaled(&mut self, c: Committed, now: Duration) {
-        self.journal_report(c, Report::default(), now);
+        self.journaled_with(c, Report::default(), now);
     }
 
     /// [`Bridge::journaled`] with the cluster's part of the same report (a cluster member's,
-    /// `ClusterLink::report`; none without the feature), applied first, in steps.
-    pub(in crate::server) fn journal_report(
-        &mut self,
-        mut c: Committed,
-        cluster: Report,
-        now: Duration,
-    ) {
+    /// `ClusterLink::report`; `None` without the feature), applied first, in steps.
+    pub fn journaled_with(&mut self, mut c: Committed, cluster: Report, now: Duration) {
         self.now = now;
         self.cluster.take_report(cluster);
         while self.cluster_step(|side, rooms| side.report_step(&mut c, rooms)) {}
@@ -486,8 +481,7 @@ impl Bridge {
             // Their results go back to the outbox.
             for id in self.conns.stalled_for(now, self.cfg.write_stall_timeout) {
                 self.stats.connections_refused += 1;
-                let close = self.delivery().close(id, "write stalled");
-                self.actions.extend(close);
+                self.delivery().close(id, "write stalled");
             }
             for (conn, session) in self.routes.typing_due(now, self.cfg.typing_refresh) {
                 self.delivery().typing(conn, &session, true);
@@ -522,7 +516,7 @@ impl Bridge {
         let budget = self.cfg.write_budget;
         let result = self.delivery().write(id, w, budget);
         if matches!(result, Ok(Flushed::All)) {
-            self.maybe_finish(id);
+            self.delivery().finish_if_done(id);
         }
         audit::check(self);
         result
@@ -535,7 +529,7 @@ impl Bridge {
         let confirmed = self.delivery().confirm_all(frames);
         self.actions
             .extend(confirmed.actions(self.durable.as_mut()));
-        self.maybe_finish(id);
+        self.delivery().finish_if_done(id);
         audit::check(self);
     }
 
@@ -547,11 +541,6 @@ impl Bridge {
     /// Connections with written results not yet acknowledged.
     pub fn awaiting_ack(&self) -> Vec<ConnId> {
         self.conns.awaiting_ack()
-    }
-
-    /// Results written to `acks` connections and not yet confirmed with `delivered`.
-    pub fn awaiting_delivery(&self) -> usize {
-        self.conns.awaiting_delivery()
     }
 
     /// A line from `id` after the runtime stopped, while shutdown waits for confirmations:
@@ -567,7 +556,7 @@ impl Bridge {
             let confirmed = self.delivery().confirm_all(frames);
             self.actions
                 .extend(confirmed.actions(self.durable.as_mut()));
-            self.maybe_finish(id);
+            self.delivery().finish_if_done(id);
             audit::check(self);
         }
     }
@@ -602,19 +591,9 @@ impl Bridge {
         audit::check(self);
     }
 
-    /// Terminal events waiting for their outcome record to be durable.
-    pub fn unjournaled(&self) -> usize {
-        self.durable.as_ref().map_or(0, Durable::unjournaled)
-    }
-
-    /// Terminal events still waiting in outboxes (or for their outcome record).
-    pub fn outboxed(&self) -> usize {
-        self.platforms.outboxed() + self.unjournaled()
-    }
-
-    /// Messages a graceful shutdown left in the journal for the next start.
-    pub fn kept_for_restart(&self) -> usize {
-        self.durable.as_ref().map_or(0, Durable::kept)
+    /// What is still owed ([`Backlog`]): what shutdown waits for and reports.
+    pub fn backlog(&self) -> Backlog {
+        Backlog::of(&self.conns, &self.platforms, self.durable.as_ref())
     }
 
     /// Rebuilds the state a journal held at start-up (before any connection): the duplicate
@@ -753,7 +732,7 @@ impl Bridge {
     fn refuse(&mut self, tag: u64, refusal: Refusal) {
         if let Some(route) = self.routes.remove(tag) {
             self.delivery().refused(tag, &route, refusal);
-            self.maybe_finish(route.conn);
+            self.delivery().finish_if_done(route.conn);
         }
     }
 
@@ -786,7 +765,7 @@ impl Bridge {
     /// the message again differently (`interrupted by restart`).
     fn end(&mut self, ended: Ended) {
         let t = match ended {
-            Ended::Kept(conn) => return self.maybe_finish(conn),
+            Ended::Kept(conn) => return self.delivery().finish_if_done(conn),
             Ended::Terminal(t) => t,
         };
         self.actions.extend(t.files);
@@ -811,14 +790,9 @@ impl Bridge {
             conns: &mut self.conns,
             platforms: &mut self.platforms,
             stats: &mut self.stats,
+            actions: &mut self.actions,
             now: self.now,
         }
-    }
-
-    /// Closes `id` if it has nothing left to do ([`Delivery::finish_if_done`]).
-    fn maybe_finish(&mut self, id: ConnId) {
-        let close = self.delivery().finish_if_done(id);
-        self.actions.extend(close);
     }
 
     /// One step of the cluster side over the rooms lent to it, then what it decided carried
@@ -835,6 +809,7 @@ impl Bridge {
                 conns: &mut self.conns,
                 platforms: &mut self.platforms,
                 stats: &mut self.stats,
+                actions: &mut self.actions,
                 now: self.now,
             },
         };
@@ -843,7 +818,7 @@ impl Bridge {
         };
         for effect in effects {
             match effect {
-                Effect::Finish(conn) => self.maybe_finish(conn),
+                Effect::Finish(conn) => self.delivery().finish_if_done(conn),
                 Effect::Submit(tag, message) => self.submit(tag, message),
                 Effect::Refuse(tag, refusal) => self.refuse(tag, refusal),
                 Effect::Recover(r, wall_ms) => {
@@ -862,17 +837,6 @@ impl Bridge {
 // A cluster member's entry points (`--cluster`), whose arguments are the cluster's types.
 #[cfg(feature = "cluster")]
 impl Bridge {
-    /// [`Bridge::journaled`] for a cluster member: `cluster` is the cluster's part of the same
-    /// report (`ClusterLink::report`), applied first.
-    pub fn journaled_with(
-        &mut self,
-        c: Committed,
-        cluster: crate::cluster::ClusterReport,
-        now: Duration,
-    ) {
-        self.journal_report(c, cluster, now);
-    }
-
     /// What the stream reader brought (an outcome of a message acked here, a message of a
     /// partition owned here, a forward...: `ClusterSide::arrived`).
     pub fn arrived(&mut self, a: crate::cluster::Arrival, now: Duration) {

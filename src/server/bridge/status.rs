@@ -12,6 +12,34 @@ use super::platforms::Platforms;
 use crate::liveness::AttachmentsStatus;
 pub(crate) use crate::liveness::{BridgeStatus, JournalStatus, PlatformStatus, RecoveryCounts};
 
+/// What the bridge still owes, read from its rooms ([`super::Bridge::backlog`]): what a
+/// shutdown waits for and reports, and what the tests watch drain.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Backlog {
+    /// Terminal events waiting for their outcome record to be durable.
+    pub unjournaled: usize,
+    /// Terminal events still waiting in outboxes (or for their outcome record: these
+    /// include `unjournaled`).
+    pub outboxed: usize,
+    /// Messages a graceful shutdown left in the journal for the next start.
+    pub kept_for_restart: usize,
+    /// Results written to `acks` connections and not yet confirmed with `delivered`.
+    pub awaiting_delivery: usize,
+}
+
+impl Backlog {
+    /// The counts, from each room that holds them.
+    pub(super) fn of(conns: &Conns, platforms: &Platforms, durable: Option<&Durable>) -> Backlog {
+        let unjournaled = durable.map_or(0, Durable::unjournaled);
+        Backlog {
+            unjournaled,
+            outboxed: platforms.outboxed() + unjournaled,
+            kept_for_restart: durable.map_or(0, Durable::kept),
+            awaiting_delivery: conns.awaiting_delivery(),
+        }
+    }
+}
+
 /// What the bridge counts as it goes (the rest of the status is read from the rooms).
 #[derive(Default)]
 pub(super) struct Counters {
