@@ -25,6 +25,7 @@ mod scripts;
 pub use hello::{FWD_MAXLEN, FwdEntry};
 #[cfg_attr(not(feature = "cli"), allow(unused_imports))]
 pub(crate) use history::{export_history, history_loader};
+pub(crate) use load::{Fetched, Want};
 pub(crate) use registry::default_instance_id;
 
 use std::collections::HashMap;
