@@ -237,12 +237,16 @@ def throughput(binary, k, messages):
         floods = [subprocess.Popen(
             [binary, "loadgen", "--flood", "--addr", addr, "--messages", str(messages),
              "--sessions", "1000", "--connections", "20", "--window", "100"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) for _, addr in procs]
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _, addr in procs]
         if os.environ.get("BENCH_STATUS"):
             threading.Thread(target=snapshots, args=(redis.dir, k), daemon=True).start()
         perfs = profile([("redis", redis.proc.pid)] + [(f"i{i}", p.pid) for i, (p, _) in enumerate(procs)]
                         + [(f"loadgen{i}", f.pid) for i, f in enumerate(floods)])
-        reports = [json.loads(f.communicate()[0].decode().strip().splitlines()[-1]) for f in floods]
+        outs = [f.communicate() for f in floods]
+        for out, err in outs:
+            if not out.strip():
+                sys.exit(f"a flood failed: {err.decode(errors='replace')[-400:]!r}")
+        reports = [json.loads(out.decode().strip().splitlines()[-1]) for out, _ in outs]
         wall = time.monotonic() - t0
         for p in perfs:
             p.send_signal(signal.SIGINT)

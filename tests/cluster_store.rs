@@ -964,6 +964,10 @@ fn a_batch_is_one_script_call_per_partition_and_an_operations_error_hides_nothin
     };
     assert_eq!(field(&mut raw, seqs[0], "st").as_deref(), Some("1"));
     assert_eq!(field(&mut raw, seqs[3], "ot").as_deref(), Some("done"));
+    // A start of a message that left the store: `gone`, and no hash made of it.
+    assert!(a.delivered(p1, seqs[0], now).unwrap());
+    assert!(!a.started(&l1, seqs[0], 2).unwrap(), "gone");
+    assert_eq!(field(&mut raw, seqs[0], "st"), None, "nothing left behind");
 }
 
 /// The duplicate window's expired ids are pruned by one accept in sixteen, up to 1,024 of

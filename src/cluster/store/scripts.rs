@@ -109,24 +109,32 @@ local s = redis.call('ZSCORE', KEYS[3], ARGV[2])
 if s and tonumber(s) > now then return {'duplicate'} end
 local si = redis.call('ZSCORE', KEYS[7], ARGV[2])
 if si and tonumber(si) > now then return {'duplicate'} end
-local n = tonumber(redis.call('HGET', KEYS[4], ARGV[5]) or '0')
-if n >= tonumber(ARGV[6]) then return {'full'} end
+-- Counted first and taken back when over the cap: one command less on every accept.
+local n = redis.call('HINCRBY', KEYS[4], ARGV[5], 1) - 1
+if n >= tonumber(ARGV[6]) then
+  redis.call('HINCRBY', KEYS[4], ARGV[5], -1)
+  return {'full'}
+end
 local seq = redis.call('INCR', KEYS[1])
 local m = ARGV[1] .. seq
 redis.call('HSET', m, 'du', ARGV[4], 'st', '0', 's', ARGV[5], 'o', ARGV[9], 'ix', KEYS[7], unpack(ARGV, 13))
 redis.call('ZADD', KEYS[2], seq, seq)
 redis.call('ZADD', KEYS[7], '+inf', ARGV[2])
-redis.call('HINCRBY', KEYS[4], ARGV[5], 1)
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[7], '*', 'seq', seq, 'origin', ARGV[9])
 return {'new', tostring(seq), tostring(n)}
 ";
 
 /// KEYS: lease. ARGV: token, message key, attempt. Fenced unless the lease is the token.
+/// Every stored message has `st` (the accept script writes it), so an `HSET` that adds the
+/// field made the hash: the message had left the store, and the hash goes again (one
+/// command on the usual path instead of an `EXISTS` before it).
 pub(super) const STARTED: &str = r"
 local l = lease(KEYS[1])
 if l ~= ARGV[1] then return {'fenced', l or ''} end
-if redis.call('EXISTS', ARGV[2]) == 0 then return {'gone'} end
-redis.call('HSET', ARGV[2], 'st', ARGV[3])
+if redis.call('HSET', ARGV[2], 'st', ARGV[3]) == 1 then
+  redis.call('DEL', ARGV[2])
+  return {'gone'}
+end
 return {'ok'}
 ";
 
