@@ -10,11 +10,18 @@ and directory under /dev/shm; `TURNSTILE_REDIS_SERVER` names the binary, default
 `redis-server`) and its own instances (echo agent, 64 partitions).
 
 `throughput`: K instances; one `turnstile loadgen --flood` per instance, all at once
-(MESSAGES each, default 20,000, 20 connections x 100 in flight, 1,000 sessions shared by all);
+(MESSAGES each, default 20,000, 20 connections x 100 in flight, 1,000 sessions shared by all),
+started once rebalancing has shared the partitions out when K > 1 (`BENCH_NO_SPREAD=1`: at
+once, while the first instance still holds them all and drains most of them under the load);
 prints one JSON line: the aggregate acked-and-answered messages per second (all messages over
 the wall time from the first flood's start to the last one's end), each flood's ack and
-answer latency p50/p99, Redis's, the instances' and the load generators' CPU per message, Redis's script calls and
-commands (those the scripts call included) per message, the load average.
+answer latency p50/p99, Redis's, the instances' and the load generators' CPU per message,
+Redis's script calls and commands (those the scripts call included) per message, how many of
+the cores were busy (every process, `/proc/stat`), the load average. `BENCH_COMMANDSTATS=1`:
+Redis's per-command calls and µs; `BENCH_THREADS=1`: each instance's CPU per message by
+thread; `BENCH_STATUS=1`: each instance's queues every second; `BENCH_PERF=DIR`: `perf record`
+of Redis, each instance and each loadgen into DIR (`BENCH_PERF_GRAPH=dwarf,8192` for Redis,
+which has no frame pointers).
 
 `kill`: the closing note's terminal session. Three instances, the load started once
 rebalancing has shared the partitions out (each holds at least 20 of 64; not waited for
