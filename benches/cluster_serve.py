@@ -10,11 +10,18 @@ and directory under /dev/shm; `TURNSTILE_REDIS_SERVER` names the binary, default
 `redis-server`) and its own instances (echo agent, 64 partitions).
 
 `throughput`: K instances; one `turnstile loadgen --flood` per instance, all at once
-(MESSAGES each, default 20,000, 20 connections x 100 in flight, 1,000 sessions shared by all);
+(MESSAGES each, default 20,000, 20 connections x 100 in flight, 1,000 sessions shared by all),
+started once rebalancing has shared the partitions out when K > 1 (`BENCH_NO_SPREAD=1`: at
+once, while the first instance still holds them all and drains most of them under the load);
 prints one JSON line: the aggregate acked-and-answered messages per second (all messages over
 the wall time from the first flood's start to the last one's end), each flood's ack and
-answer latency p50/p99, Redis's and the instances' CPU per message, Redis's script calls and
-commands (those the scripts call included) per message, the load average.
+answer latency p50/p99, Redis's, the instances' and the load generators' CPU per message,
+Redis's script calls and commands (those the scripts call included) per message, how many of
+the cores were busy (every process, `/proc/stat`), the load average. `BENCH_COMMANDSTATS=1`:
+Redis's per-command calls and µs; `BENCH_THREADS=1`: each instance's CPU per message by
+thread; `BENCH_STATUS=1`: each instance's queues every second; `BENCH_PERF=DIR`: `perf record`
+of Redis, each instance and each loadgen into DIR (`BENCH_PERF_GRAPH=dwarf,8192` for Redis,
+which has no frame pointers).
 
 `kill`: the closing note's terminal session. Three instances, the load started once
 rebalancing has shared the partitions out (each holds at least 20 of 64; not waited for
@@ -36,7 +43,7 @@ MGET); the killed one is started again (it gains nothing while the other holds e
 nothing is free) and the roles swap. Prints one JSON line per kill and a summary: takeover
 p50/p99/max against the lease.
 """
-import collections, json, os, shutil, signal, socket, subprocess, sys, tempfile, threading, time
+import collections, json, os, resource, shutil, signal, socket, subprocess, sys, tempfile, threading, time
 
 PARTITIONS = 64
 
@@ -46,6 +53,28 @@ def cpu_s(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu():
+    """(busy, total) jiffies of every core since boot (`/proc/stat`): idle and iowait are not busy."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return sum(v) - v[3] - v[4], sum(v)
+
+
+def thread_cpu(pid):
+    """CPU seconds of each thread of a live process, by thread name (summed per name)."""
+    out = collections.Counter()
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{t}/stat") as f:
+                st = f.read()
+        except OSError:
+            continue
+        name = st[st.index("(") + 1:st.rindex(")")]
+        fields = st.rsplit(")", 1)[1].split()
+        out[name] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
 
 
 def free_port():
@@ -112,6 +141,8 @@ class Redis:
 
 
 def instance(binary, redis, name, lease_ms, extra=()):
+    if os.environ.get("BENCH_STATUS"):
+        extra = (*extra, "--status-file", os.path.join(redis.dir, f"{name}.status.json"))
     p = subprocess.Popen(
         [binary, "serve", "--listen", "127.0.0.1:0", "--http-listen", "off",
          "--cluster", f"redis://127.0.0.1:{redis.port}", "--instance-id", name,
@@ -148,6 +179,40 @@ def wait_spread(redis, names, timeout=30.0):
     raise RuntimeError(f"partitions not spread over {names}: {collections.Counter(redis.holders())}")
 
 
+def profile(targets):
+    """`BENCH_PERF=DIR`: `perf record -g` of each (name, pid) into DIR/name.data while the
+    floods run (`perf report -i DIR/i0.data --no-children` reads one)."""
+    out = os.environ.get("BENCH_PERF")
+    if not out:
+        return []
+    os.makedirs(out, exist_ok=True)
+    graph = os.environ.get("BENCH_PERF_GRAPH", "fp")  # `dwarf,16384`: Redis has no frame pointers
+    return [subprocess.Popen(["perf", "record", "-q", "-F", "499", "--call-graph", graph, "-p", str(pid),
+                              "-o", os.path.join(out, f"{name}.data")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for name, pid in targets]
+
+
+def snapshots(d, k):
+    """`BENCH_STATUS`: where each instance's messages are, every second of the run."""
+    while True:
+        time.sleep(1)
+        for i in range(k):
+            try:
+                with open(os.path.join(d, f"i{i}.status.json")) as f:
+                    st = json.load(f)
+            except (OSError, ValueError):
+                continue
+            fe, c = st.get("frontend", {}), st.get("cluster") or st.get("frontend", {}).get("cluster") or {}
+            j = fe.get("journal") or {}
+            print(f"  i{i}: sessions {st['sessions']['total']} running {st['sessions']['running']} "
+                  f"queued {st['sessions']['queued_messages']} held {st['turns']['held']} "
+                  f"in_flight {st['turns']['in_flight']} journal queued {j.get('queued_records')} "
+                  f"pending {j.get('pending_durable')} unjournaled {j.get('unjournaled_outcomes')} "
+                  f"awaiting {fe.get('awaiting_delivery')} cluster "
+                  + json.dumps({x: y for x, y in c.items() if isinstance(y, int) and y}), file=sys.stderr)
+
+
 def command_calls(redis):
     """Calls of each command since Redis started (`INFO commandstats`), by command name."""
     calls = {}
@@ -166,13 +231,36 @@ def throughput(binary, k, messages):
             procs.append(instance(binary, redis, f"i{i}", 3000))
             if i == 0:
                 wait_all_held(redis)
+        # The steady state of K instances: the floods start once rebalancing (the default)
+        # has shared the partitions out, not while the first one still holds them all
+        # (`BENCH_NO_SPREAD=1`: at once, as before 2026-12-05).
+        if k > 1 and "false" not in os.environ.get("BENCH_SERVE_ARGS", "") \
+                and not os.environ.get("BENCH_NO_SPREAD"):
+            wait_spread(redis, [f"i{i}" for i in range(k)])
+        # The loadgens' CPU: the children reaped while they ran (only the floods are).
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        busy0 = machine_cpu()
         t0 = time.monotonic()
         floods = [subprocess.Popen(
             [binary, "loadgen", "--flood", "--addr", addr, "--messages", str(messages),
              "--sessions", "1000", "--connections", "20", "--window", "100"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) for _, addr in procs]
-        reports = [json.loads(f.communicate()[0].decode().strip().splitlines()[-1]) for f in floods]
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _, addr in procs]
+        if os.environ.get("BENCH_STATUS"):
+            threading.Thread(target=snapshots, args=(redis.dir, k), daemon=True).start()
+        perfs = profile([("redis", redis.proc.pid)] + [(f"i{i}", p.pid) for i, (p, _) in enumerate(procs)]
+                        + [(f"loadgen{i}", f.pid) for i, f in enumerate(floods)])
+        outs = [f.communicate() for f in floods]
+        for out, err in outs:
+            if not out.strip():
+                sys.exit(f"a flood failed: {err.decode(errors='replace')[-400:]!r}")
+        reports = [json.loads(out.decode().strip().splitlines()[-1]) for out, _ in outs]
         wall = time.monotonic() - t0
+        for p in perfs:
+            p.send_signal(signal.SIGINT)
+            p.wait()
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        busy1 = machine_cpu()
+        loadgens_cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
         total = messages * k
         calls = command_calls(redis)
         print(json.dumps({
@@ -183,12 +271,30 @@ def throughput(binary, k, messages):
             "answer_ms_p50_p99": [[r["latency_ms"]["p50"], r["latency_ms"]["p99"]] for r in reports],
             "redis_cpu_us_per_msg": round(cpu_s(redis.proc.pid) * 1e6 / total, 1),
             "instances_cpu_us_per_msg": round(sum(cpu_s(p.pid) for p, _ in procs) * 1e6 / total, 1),
+            # The load generators are on the same cores: their CPU is part of what they carry.
+            "loadgens_cpu_us_per_msg": round(loadgens_cpu * 1e6 / total, 1),
             # Script calls, and Redis commands (those the scripts call included), per message.
             "redis_scripts_per_msg": round(calls.get("evalsha", 0) / total, 2),
             "redis_commands_per_msg": round(
                 sum(n for c, n in calls.items() if c not in ("evalsha", "info")) / total, 2),
+            # How busy the cores were (every process on the machine, the kernel's included):
+            # below all of them, something other than CPU paced the run.
+            "machine_busy_cores": round((busy1[0] - busy0[0]) / (busy1[1] - busy0[1]) * os.cpu_count(), 2),
             "load": os.getloadavg()[0],
         }), flush=True)
+        if os.environ.get("BENCH_STATUS"):
+            time.sleep(1.2)  # the status file is written every second
+            for i in range(k):
+                with open(os.path.join(redis.dir, f"i{i}.status.json")) as f:
+                    st = json.load(f)
+                j = st.get("frontend", {}).get("journal") or {}
+                print(f"i{i} journal batches {j.get('batches')} (a batch per "
+                      f"{round(wall * 1000 / max(1, j.get('batches') or 1), 2)} ms of the run)", file=sys.stderr)
+        if os.environ.get("BENCH_THREADS"):
+            for i, (p, _) in enumerate(procs):
+                threads = thread_cpu(p.pid)
+                print(f"i{i} threads, CPU us/msg: " + ", ".join(
+                    f"{n} {round(c * 1e6 / total, 1)}" for n, c in threads.most_common(8)), file=sys.stderr)
         if os.environ.get("BENCH_COMMANDSTATS"):
             stats = redis.command("INFO", "commandstats")
             rows = [l for l in stats.splitlines() if l.startswith("cmdstat_")]

@@ -849,3 +849,187 @@ fn a_message_writes_no_dedup_hash_and_an_older_versions_in_flight_ids_still_load
         Accept::Duplicate
     );
 }
+
+/// Calls of `EVALSHA` Redis has run since it started (`INFO commandstats`).
+fn evalsha_calls(raw: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(raw).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|l| l.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// A batch's operations of one partition are one call of the batch script (every call costs
+/// Redis a few microseconds before its first command), each still answered on its own: one
+/// that raises an error (a key of another type) leaves the others of its call applied.
+#[test]
+fn a_batch_is_one_script_call_per_partition_and_an_operations_error_hides_nothing() {
+    let Some(bin) = require_redis() else { return };
+    let r = Redis::start(&bin);
+    let mut raw = r.client();
+    let mut a = store(&r, "a");
+    let (c1, c2) = (
+        "1",
+        (2..)
+            .map(|i| i.to_string())
+            .find(|c| part(c) != part("1"))
+            .unwrap(),
+    );
+    let (p1, p2) = (part(c1), part(&c2));
+    let (l1, l2) = (acquired(&mut a, p1), acquired(&mut a, p2));
+    let now = now_ms();
+    let (s1, s2) = (session(c1), session(&c2));
+    let ms: Vec<StoredMessage> = (0..3).map(|i| msg(&format!("b{i}"), c1, later())).collect();
+    let m2 = msg("c0", &c2, later());
+    let accept = |m, p, s| Op::Accept {
+        partition: p,
+        session: s,
+        message: m,
+        session_cap: 10,
+    };
+    let before = evalsha_calls(&mut raw);
+    let got = a
+        .write(
+            &[
+                accept(&ms[0], p1, &s1),
+                accept(&m2, p2, &s2),
+                accept(&ms[1], p1, &s1),
+                accept(&ms[2], p1, &s1),
+            ],
+            now,
+        )
+        .expect("batch");
+    assert_eq!(
+        evalsha_calls(&mut raw) - before,
+        2,
+        "one call per partition"
+    );
+    let seqs: Vec<u64> = (got.into_iter())
+        .map(|d| match d {
+            Ok(Done::Accepted(a)) => new_seq(a),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert!(
+        seqs[0] < seqs[2] && seqs[2] < seqs[3],
+        "in their order: {seqs:?}"
+    );
+
+    // The second message's hash replaced by a string: its `started` raises WRONGTYPE.
+    let bad = format!("ts:{{p{p1}}}:m:{}", seqs[2]);
+    let _: () = redis::cmd("SET")
+        .arg(&bad)
+        .arg("x")
+        .query(&mut raw)
+        .unwrap();
+    let o = outcome("done");
+    let got = a
+        .write(
+            &[
+                Op::Started {
+                    lease: &l1,
+                    seq: seqs[0],
+                    attempt: 1,
+                },
+                Op::Started {
+                    lease: &l1,
+                    seq: seqs[2],
+                    attempt: 1,
+                },
+                Op::Outcome {
+                    lease: &l1,
+                    seq: seqs[3],
+                    outcome: &o,
+                },
+                Op::Started {
+                    lease: &l2,
+                    seq: seqs[1],
+                    attempt: 1,
+                },
+            ],
+            now,
+        )
+        .expect("batch");
+    assert_eq!(got[0], Ok(Done::Written(true)));
+    let e = got[1].as_ref().unwrap_err();
+    assert_eq!(e.kind, StoreErrorKind::Transient, "{e}");
+    assert!(e.message.contains("WRONGTYPE"), "{e}");
+    assert_eq!(
+        got[2],
+        Ok(Done::Written(true)),
+        "after the error, in the same call"
+    );
+    assert_eq!(got[3], Ok(Done::Written(true)));
+    let field = |raw: &mut redis::Connection, seq: u64, f: &str| -> Option<String> {
+        let key = format!("ts:{{p{p1}}}:m:{seq}");
+        redis::cmd("HGET").arg(key).arg(f).query(raw).unwrap()
+    };
+    assert_eq!(field(&mut raw, seqs[0], "st").as_deref(), Some("1"));
+    assert_eq!(field(&mut raw, seqs[3], "ot").as_deref(), Some("done"));
+    // A start of a message that left the store: `gone`, and no hash made of it.
+    assert!(a.delivered(p1, seqs[0], now).unwrap());
+    assert!(!a.started(&l1, seqs[0], 2).unwrap(), "gone");
+    assert_eq!(field(&mut raw, seqs[0], "st"), None, "nothing left behind");
+}
+
+/// The duplicate window's expired ids are pruned by one accept in sixteen, up to 1,024 of
+/// each set: past their window, a partition's finished ids leave its `dedupx` within
+/// sixteen accepts into it, and an `ids` index is pruned by the accepts whose id falls in it
+/// (a bound on both sets, as when every accept pruned 64).
+#[test]
+fn expired_ids_are_pruned_within_sixteen_accepts() {
+    let Some(bin) = require_redis() else { return };
+    let r = Redis::start(&bin);
+    let mut raw = r.client();
+    let mut a = store(&r, "a");
+    let chat = "1";
+    let (p, s) = (part(chat), session(chat));
+    let now = now_ms();
+    // 40 messages whose window ends 1 s from now, each delivered: 40 ids in the window.
+    for i in 0..40 {
+        let seq = new_seq(
+            a.accept(p, &s, &msg(&format!("old{i}"), chat, now + 1000), 100, now)
+                .unwrap(),
+        );
+        assert!(a.delivered(p, seq, now).unwrap());
+    }
+    let ids_total = |raw: &mut redis::Connection| -> u64 {
+        (0..P)
+            .map(|q| {
+                redis::cmd("ZCARD")
+                    .arg(format!("ts:{{p{q}}}:ids"))
+                    .query::<u64>(raw)
+                    .unwrap()
+            })
+            .sum()
+    };
+    let dedupx = format!("ts:{{p{p}}}:dedupx");
+    let card = |raw: &mut redis::Connection| -> u64 {
+        redis::cmd("ZCARD").arg(&dedupx).query(raw).unwrap()
+    };
+    assert_eq!((card(&mut raw), ids_total(&mut raw)), (40, 40));
+    // Two seconds on: expired. Sixteen accepts of new ids (windows still open) prune them.
+    let then = now + 2000;
+    for i in 0..16 {
+        a.accept(p, &s, &msg(&format!("new{i}"), chat, later()), 10_000, then)
+            .unwrap();
+    }
+    assert_eq!(card(&mut raw), 0, "every expired id left dedupx");
+    // The `ids` index: in the partitions of the ids, pruned as accepts of new ids reach them.
+    let mut accepted = 16;
+    while ids_total(&mut raw) > accepted {
+        assert!(
+            accepted < 16 * 64,
+            "the expired ids never left the ids index"
+        );
+        let m = msg(&format!("new{accepted}"), chat, later());
+        a.accept(p, &s, &m, 10_000, then).unwrap();
+        accepted += 1;
+    }
+    eprintln!("the ids index held only ids in flight after {accepted} accepts");
+    // And an expired id is new again.
+    let again = a
+        .accept(p, &s, &msg("old0", chat, later()), 10_000, then)
+        .unwrap();
+    assert!(matches!(again, Accept::New { .. }), "{again:?}");
+}

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError, TrySendError};
 
+use super::store::{Fetched, Want};
 use super::{FwdEntry, RedisStore, Stream, StreamEntry, cluster_tag, tag_parts};
 use crate::journal::{RecoveredMessage, StoreError, StoredOutcome};
 use crate::liveness::ClusterStatus;
@@ -540,8 +541,14 @@ impl Reading {
             })
             .map(|(s, e)| (*s, e.partition, e.seq))
             .collect();
-        let at: Vec<(u32, u64)> = wanted.iter().map(|(_, p, seq)| (*p, *seq)).collect();
-        let fetched = self.store.fetch(&at)?;
+        // An inbox entry's whole message, an outcome entry's outcome alone.
+        let at: Vec<(u32, u64, Want)> = (wanted.iter())
+            .map(|(s, p, seq)| match s {
+                Stream::Inbox => (*p, *seq, Want::Message),
+                Stream::Outcomes => (*p, *seq, Want::Outcome),
+            })
+            .collect();
+        let fetched = self.store.fetch_wanted(&at)?;
         // Positions move only once the fetch succeeded: a failure reads the entries again.
         for (s, e) in &entries {
             match s {
@@ -568,34 +575,28 @@ impl Reading {
                     tag: cluster_tag(e.partition, e.seq),
                 }),
         );
-        for ((s, p, seq), found) in wanted.into_iter().zip(fetched) {
-            // Gone: delivered or forgotten meanwhile; nothing to do.
-            let Some((mut message, origin)) = found else {
-                continue;
-            };
+        for ((_, p, seq), found) in wanted.into_iter().zip(fetched) {
             let tag = cluster_tag(p, seq);
-            match s {
+            match found {
                 // Accepted here while owned here: the bridge submitted it then.
-                Stream::Inbox if origin == me => {}
-                Stream::Inbox => {
+                Fetched::Message(_, origin) if origin == me => {}
+                Fetched::Message(mut message, origin) => {
                     message.message.seq = tag;
                     self.seen_origin(&origin);
                     out.push(Arrival::Message {
                         partition: p,
                         tag,
-                        message: Box::new(message),
+                        message,
                         origin,
                     });
                 }
-                Stream::Outcomes => {
-                    if let Some(outcome) = message.outcome {
-                        out.push(Arrival::Outcome {
-                            partition: p,
-                            tag,
-                            outcome,
-                        });
-                    }
-                }
+                Fetched::Outcome(outcome) => out.push(Arrival::Outcome {
+                    partition: p,
+                    tag,
+                    outcome,
+                }),
+                // Gone: delivered or forgotten meanwhile; nothing to do.
+                Fetched::Missing => {}
             }
         }
         // After the messages they follow.

@@ -595,12 +595,11 @@ impl Member {
                         self.tags.insert(m.seq, (*partition, seq));
                         self.back.insert((*partition, seq), m.seq);
                         c.cluster.placed.push((m.seq, cluster_tag(*partition, seq)));
-                        c.cluster.ahead.push((m.seq, ahead));
-                        // A draining partition queues nothing new here: its next owner
-                        // loads the message, and this bridge waits for its outcome.
                         // Its position for every ack: one the bridge reports as owned
                         // elsewhere after all (it fenced itself out meanwhile) needs it.
                         c.cluster.ahead.push((m.seq, ahead));
+                        // A draining partition queues nothing new here: its next owner
+                        // loads the message, and this bridge waits for its outcome.
                         let (p, own) = (*partition, &self.own);
                         if own.holds(p) && !own.is_draining(p) && !self.is_waiting(p) {
                             c.durable.push(m.seq);

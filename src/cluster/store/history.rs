@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use redis::Value;
 
+use super::batch::OpCall;
 use super::{
     ClusterConfig, Keys, Lease, PREFIX, RedisStore, STREAM_MAXLEN, partition_of, redact_url,
     strings,
@@ -82,7 +83,7 @@ impl Histories {
 /// outcome, never ahead. One `HMGET` reads what the outcome needs of the message (`st`,
 /// which the accept script always writes, says it is there).
 pub(super) const OUTCOME: &str = r"
-local l = redis.call('GET', KEYS[1])
+local l = lease(KEYS[1])
 if l ~= ARGV[1] then return {'fenced', l or ''} end
 local m = redis.call('HMGET', ARGV[2], 'st', 'oh', 'o')
 if not m[1] then return {'gone'} end
@@ -139,15 +140,10 @@ impl RedisStore {
         self.histories.limits = HistoryLimits { ttl, max_bytes };
     }
 
-    /// The `outcome` script's call: the outcome of `seq`, and with it the change it makes
-    /// to its session's conversation (a session outside the lease's partition, which the
-    /// bridge never builds, changes nothing).
-    pub(super) fn outcome_cmd(
-        &self,
-        lease: &Lease,
-        seq: u64,
-        outcome: &StoredOutcome,
-    ) -> redis::Cmd {
+    /// The `outcome` operation: the outcome of `seq`, and with it the change it makes to its
+    /// session's conversation (a session outside the lease's partition, which the bridge
+    /// never builds, changes nothing).
+    pub(super) fn outcome_call(&self, lease: &Lease, seq: u64, outcome: &StoredOutcome) -> OpCall {
         let keys = Keys::of(lease.partition);
         let partitions = self.cfg.partitions;
         let memory = outcome
@@ -160,22 +156,22 @@ impl RedisStore {
             names.push(history_key(&m.session, partitions));
             names.extend(["hz", "hb", "hn"].map(|k| keys.k(k)));
         }
-        self.evalsha(&self.scripts.outcome, &names, |c| {
-            c.arg(&lease.token)
-                .arg(keys.message(seq))
-                .arg(seq)
-                .arg(&outcome.head)
-                .arg(&outcome.text)
-                .arg(&outcome.tail)
-                .arg(STREAM_MAXLEN)
-                .arg(&self.cfg.instance);
-            if let Some(m) = memory {
-                self.change_args(c, &keys, m);
-            }
-        })
+        let mut c = OpCall::new("o", names);
+        c.arg(&lease.token)
+            .arg(keys.message(seq))
+            .arg(seq)
+            .arg(&outcome.head)
+            .arg(&outcome.text)
+            .arg(&outcome.tail)
+            .arg(STREAM_MAXLEN)
+            .arg(&self.cfg.instance);
+        if let Some(m) = memory {
+            self.change_args(&mut c, &keys, m);
+        }
+        c
     }
 
-    fn change_args(&self, c: &mut redis::Cmd, keys: &Keys, m: &MemoryUpdate) {
+    fn change_args(&self, c: &mut OpCall, keys: &Keys, m: &MemoryUpdate) {
         let h = &self.histories;
         let body = match m.exchanges.as_deref() {
             Some(e) if !e.is_empty() => serde_json::to_string(e).ok(),

@@ -106,12 +106,33 @@ impl RedisStore {
         &mut self,
         at: &[(u32, u64)],
     ) -> Result<Vec<Option<(RecoveredMessage, String)>>, StoreError> {
+        let wanted: Vec<(u32, u64, Want)> =
+            at.iter().map(|&(p, s)| (p, s, Want::Message)).collect();
+        Ok((self.fetch_wanted(&wanted)?.into_iter())
+            .map(|f| match f {
+                Fetched::Message(m, origin) => Some((*m, origin)),
+                Fetched::Outcome(_) | Fetched::Missing => None,
+            })
+            .collect())
+    }
+
+    /// What the reader wants of each message at `(partition, seq)`, in one round trip: the
+    /// whole message (`HGETALL`) or its outcome's three fields alone (`HMGET`: an origin
+    /// sends the result, the rest of the hash it has).
+    pub(crate) fn fetch_wanted(
+        &mut self,
+        at: &[(u32, u64, Want)],
+    ) -> Result<Vec<Fetched>, StoreError> {
         if at.is_empty() {
             return Ok(Vec::new());
         }
         let mut pipe = redis::pipe();
-        for (p, seq) in at {
-            pipe.cmd("HGETALL").arg(Keys::of(*p).message(*seq));
+        for (p, seq, want) in at {
+            let key = Keys::of(*p).message(*seq);
+            match want {
+                Want::Message => pipe.cmd("HGETALL").arg(key),
+                Want::Outcome => pipe.cmd("HMGET").arg(key).arg("oh").arg("ot").arg("ol"),
+            };
         }
         let answers: Vec<Value> = self.with("fetch", |c, _| pipe.query(c))?;
         if answers.len() != at.len() {
@@ -119,18 +140,72 @@ impl RedisStore {
         }
         at.iter()
             .zip(&answers)
-            .map(|((p, seq), v)| match v {
-                Value::Array(f) if f.is_empty() => Ok(None),
-                Value::Map(m) if m.is_empty() => Ok(None),
-                Value::Array(f) => message_of(*p, *seq, f).map(Some),
-                Value::Map(m) => {
-                    let flat: Vec<Value> =
-                        m.iter().flat_map(|(k, v)| [k.clone(), v.clone()]).collect();
-                    message_of(*p, *seq, &flat).map(Some)
-                }
-                _ => Err(malformed("fetch")),
+            .map(|((p, seq, want), v)| match want {
+                Want::Message => Ok(match message_answer(*p, *seq, v)? {
+                    Some((m, origin)) => Fetched::Message(Box::new(m), origin),
+                    None => Fetched::Missing,
+                }),
+                Want::Outcome => outcome_answer(v),
             })
             .collect()
+    }
+}
+
+/// What the reader wants of a message an entry named ([`RedisStore::fetch_wanted`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Want {
+    /// The whole message as stored, with its origin (an inbox entry: the owner queues it).
+    Message,
+    /// Its outcome alone (an outcome entry: its origin sends the result).
+    Outcome,
+}
+
+/// A message as [`RedisStore::fetch_wanted`] found it.
+#[derive(Debug)]
+pub(crate) enum Fetched {
+    /// The whole message, with the instance that accepted it.
+    Message(Box<RecoveredMessage>, String),
+    /// Its outcome.
+    Outcome(StoredOutcome),
+    /// Gone (delivered or forgotten meanwhile), or without an outcome.
+    Missing,
+}
+
+/// An `HGETALL`'s answer: the message, or `None` for one that has left the store.
+fn message_answer(
+    p: u32,
+    seq: u64,
+    v: &Value,
+) -> Result<Option<(RecoveredMessage, String)>, StoreError> {
+    match v {
+        Value::Array(f) if f.is_empty() => Ok(None),
+        Value::Map(m) if m.is_empty() => Ok(None),
+        Value::Array(f) => message_of(p, seq, f).map(Some),
+        Value::Map(m) => {
+            let flat: Vec<Value> = m.iter().flat_map(|(k, v)| [k.clone(), v.clone()]).collect();
+            message_of(p, seq, &flat).map(Some)
+        }
+        _ => Err(malformed("fetch")),
+    }
+}
+
+/// An `HMGET` of a message's `oh`, `ot`, `ol`: its outcome once all three are written.
+fn outcome_answer(v: &Value) -> Result<Fetched, StoreError> {
+    let Value::Array(f) = v else {
+        return Err(malformed("fetch: outcome"));
+    };
+    match f.as_slice() {
+        [Value::Nil, ..] | [_, Value::Nil, _] | [_, _, Value::Nil] => Ok(Fetched::Missing),
+        [head, text, tail] => match (bytes(head), bytes(text), bytes(tail)) {
+            (Some(head), Some(text), Some(tail)) => Ok(Fetched::Outcome(StoredOutcome {
+                head,
+                text: String::from_utf8_lossy(&text).into_owned(),
+                tail,
+                memory: None,
+            })),
+            _ => Err(malformed("fetch: outcome")),
+        },
+        _ => Err(malformed("fetch: outcome")),
     }
 }
 

@@ -11,6 +11,7 @@
 //! [`StoreErrorKind::Fenced`](crate::journal::StoreErrorKind::Fenced) without changing anything when
 //! the caller no longer holds it.
 
+mod batch;
 mod generation;
 mod hello;
 mod history;
@@ -24,6 +25,7 @@ mod scripts;
 pub use hello::{FWD_MAXLEN, FwdEntry};
 #[cfg_attr(not(feature = "cli"), allow(unused_imports))]
 pub(crate) use history::{export_history, history_loader};
+pub(crate) use load::{Fetched, Want};
 pub(crate) use registry::default_instance_id;
 
 use std::collections::HashMap;
@@ -32,16 +34,20 @@ use std::time::Duration;
 use redis::{Script, Value};
 
 use crate::journal::{Recovered, StoreError, StoredMessage, StoredOutcome};
-use history::{Histories, OUTCOME};
-use scripts::{ACCEPT, ACQUIRE, FINISH, HEARTBEAT, LEAVE, LOAD, RELEASE, RENEW, STARTED, Scripts};
+use history::Histories;
+use scripts::{ACQUIRE, HEARTBEAT, LEAVE, LOAD, RELEASE, RENEW, Scripts, batch_source};
 
 /// The key prefix of every key the store writes.
 const PREFIX: &str = "ts";
 /// Entries kept in a partition's inbox and outcome streams (`XADD … MAXLEN ~`): a reader
 /// that falls further behind reloads the partition, which holds everything the streams say.
 const STREAM_MAXLEN: u32 = 10_000;
-/// Expired duplicate-window ids each accept prunes (bounds the script's work).
-const PRUNE_PER_ACCEPT: u32 = 64;
+/// Expired duplicate-window ids one accept in [`PRUNE_EVERY`] prunes from each of its two
+/// sets (bounds the script's work; 64 an accept on average, as many as it adds at most).
+const PRUNE_PER_ACCEPT: u32 = 1024;
+/// The accepts of a partition of which one prunes: the one whose count before it is a
+/// multiple of this.
+const PRUNE_EVERY: u32 = 16;
 
 /// `url` without its user information (`redis://***@host:port`): secrets never reach logs.
 fn redact_url(url: &str) -> String {
@@ -369,10 +375,7 @@ impl RedisStore {
             con: None,
             cfg,
             scripts: Scripts {
-                accept: Script::new(ACCEPT),
-                started: Script::new(STARTED),
-                outcome: Script::new(OUTCOME),
-                finish: Script::new(FINISH),
+                batch: Script::new(&batch_source()),
                 acquire: Script::new(ACQUIRE),
                 renew: Script::new(RENEW),
                 release: Script::new(RELEASE),
@@ -439,9 +442,7 @@ impl RedisStore {
             // The pipelined writes and lease passes call the scripts by hash only: load them on every new
             // connection (a restarted Redis has an empty script cache).
             let s = &self.scripts;
-            for script in [
-                &s.accept, &s.started, &s.outcome, &s.finish, &s.renew, &s.acquire,
-            ] {
+            for script in [&s.batch, &s.renew, &s.acquire] {
                 script
                     .load(&mut c)
                     .map_err(|e| transient("SCRIPT LOAD", &e))?;
@@ -676,155 +677,6 @@ impl RedisStore {
         self.write(&[op], now_ms)?
             .pop()
             .unwrap_or_else(|| Err(malformed("write")))
-    }
-
-    /// The journal thread's group commit: every operation of `ops` in one round trip (one
-    /// pipeline of scripts, each atomic on its own; Redis syncs what one pass of its event
-    /// loop wrote with one fsync). One answer per operation, in order: an owned write of a
-    /// lost lease is [`Fenced`](crate::journal::StoreErrorKind::Fenced) and changed nothing, while the
-    /// others went through. `Err` for the whole batch if Redis could not be asked or did not
-    /// answer: then any of them may or may not have been applied, and only idempotent ones
-    /// (all but accepts) may be sent again.
-    pub fn write(
-        &mut self,
-        ops: &[Op<'_>],
-        now_ms: u64,
-    ) -> Result<Vec<Result<Done, StoreError>>, StoreError> {
-        // Each answer on its own: one fenced or failed script must not hide the others'.
-        let answers = self.pipelined("write", ops.len(), |s, pipe| {
-            for op in ops {
-                pipe.add_command(s.op_cmd(op, now_ms));
-            }
-        })?;
-        for (op, v) in ops.iter().zip(&answers) {
-            match op {
-                Op::Accept { partition, .. } => self.note_accept_answer(*partition, v),
-                Op::Outcome { lease, .. } => self.note_outcome_answer(lease.partition, v),
-                _ => {}
-            }
-        }
-        self.wait_replicas()?;
-        Ok(ops
-            .iter()
-            .zip(&answers)
-            .map(|(op, v)| self.op_answer(op, v))
-            .collect())
-    }
-
-    /// The `EVALSHA` of one operation (the scripts are loaded on every new connection).
-    fn op_cmd(&self, op: &Op<'_>, now_ms: u64) -> redis::Cmd {
-        let evalsha = |script: &Script, keys: &[String]| self.evalsha(script, keys, |_| {});
-        let s = &self.scripts;
-        match *op {
-            Op::Accept {
-                partition,
-                session,
-                message: m,
-                session_cap,
-            } => {
-                debug_assert!(partition < self.cfg.partitions);
-                let keys = Keys::of(partition);
-                let member = dedup_member(m.platform(), m.id());
-                let mut names: Vec<String> = ["seq", "q", "dedupx", "sessions", "in", "gen"]
-                    .map(|k| keys.k(k))
-                    .into();
-                names.push(ids_key(&member, self.cfg.partitions));
-                let mut c = evalsha(&s.accept, &names);
-                c.arg(keys.k("m:"))
-                    .arg(&member)
-                    .arg(now_ms)
-                    .arg(m.dedup_until_ms)
-                    .arg(session)
-                    .arg(session_cap)
-                    .arg(STREAM_MAXLEN)
-                    .arg(PRUNE_PER_ACCEPT)
-                    .arg(&self.cfg.instance)
-                    .arg(&self.generation)
-                    .arg(self.marks.get(&partition).copied().unwrap_or(0));
-                let f = &m.fields;
-                // Absent when none: a message without files is stored as it always was.
-                let attachments = (!f.attachments.is_empty())
-                    .then(|| crate::attachments::to_json(&f.attachments));
-                for (k, v) in [
-                    ("p", Some(m.platform())),
-                    ("i", Some(f.id.as_str())),
-                    ("ct", Some(f.chat_type.as_str())),
-                    ("c", Some(f.chat_id.as_str())),
-                    ("tx", Some(f.text.as_str())),
-                    ("th", f.thread_id.as_deref()),
-                    ("u", f.user_id.as_deref()),
-                    ("un", f.user_name.as_deref()),
-                    ("meta", f.meta.as_deref()),
-                    ("att", attachments.as_deref()),
-                ] {
-                    if let Some(v) = v {
-                        c.arg(k).arg(v);
-                    }
-                }
-                c
-            }
-            Op::Started {
-                lease,
-                seq,
-                attempt,
-            } => {
-                let keys = Keys::of(lease.partition);
-                let mut c = evalsha(&s.started, &[keys.k("lease")]);
-                c.arg(&lease.token).arg(keys.message(seq)).arg(attempt);
-                c
-            }
-            Op::Outcome {
-                lease,
-                seq,
-                outcome,
-            } => self.outcome_cmd(lease, seq, outcome),
-            Op::Delivered { partition, seq } | Op::Forget { partition, seq } => {
-                let keys = Keys::of(partition);
-                let names = ["q", "dedupx", "sessions"].map(|k| keys.k(k));
-                let forget = matches!(op, Op::Forget { .. });
-                let mut c = evalsha(&s.finish, &names);
-                c.arg(keys.message(seq))
-                    .arg(seq)
-                    .arg(now_ms)
-                    .arg(if forget { "1" } else { "0" });
-                c
-            }
-        }
-    }
-
-    fn op_answer(&self, op: &Op<'_>, v: &Value) -> Result<Done, StoreError> {
-        leases::refused(v, "write")?;
-        match op {
-            Op::Accept { .. } => {
-                let a = strings(v);
-                match a.first().map(String::as_str) {
-                    Some("new") => {
-                        let seq = a.get(1).and_then(|s| s.parse().ok());
-                        let ahead = a.get(2).and_then(|s| s.parse().ok());
-                        seq.zip(ahead)
-                            .map(|(seq, ahead)| Done::Accepted(Accept::New { seq, ahead }))
-                            .ok_or_else(|| malformed("accept"))
-                    }
-                    Some("duplicate") => Ok(Done::Accepted(Accept::Duplicate)),
-                    Some("full") => Ok(Done::Accepted(Accept::SessionFull)),
-                    Some("generation" | "older") => {
-                        Err(StoreError::untrusted(self.distrust.clone().unwrap_or_else(
-                            || "redis: accept: another generation or an older copy".into(),
-                        )))
-                    }
-                    _ => Err(malformed("accept")),
-                }
-            }
-            Op::Started { lease, .. } => self.owned_verdict(v, lease, "started").map(Done::Written),
-            Op::Outcome { lease, .. } => self.owned_verdict(v, lease, "outcome").map(Done::Written),
-            Op::Delivered { .. } | Op::Forget { .. } => {
-                match strings(v).first().map(String::as_str) {
-                    Some("ok") => Ok(Done::Written(true)),
-                    Some("gone") => Ok(Done::Written(false)),
-                    _ => Err(malformed("delivered")),
-                }
-            }
-        }
     }
 
     fn ttl_ms(&self) -> u64 {
