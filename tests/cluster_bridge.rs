@@ -2010,3 +2010,69 @@ fn a_partition_lost_before_its_fence_deadline_is_not_fenced_at_it() {
     let s = n.b.cluster_status();
     assert_eq!((s.owned.clone(), s.self_fenced), (vec![], 0), "{s:?}");
 }
+
+/// A partition named to drain by the very report that makes an own accept of it durable,
+/// the reader not yet past its entry: the accept is not held for the reader. It is
+/// submitted, then handed over with its session by the drain (the next owner loads it in
+/// inbox order), acked when the runtime takes it, and answered by the next owner's outcome.
+/// Held, it would stay held for good, never acked: the drain releases the partition at once
+/// (no turn runs there) and the reader's later word for a partition no longer owned
+/// releases nothing. Found by cargo mutants: either `&&` of `hold_for_order`'s drain
+/// condition made `||` survived every test.
+#[test]
+fn an_own_accept_durable_in_the_report_that_names_its_partition_to_drain_is_not_held() {
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = n.take(c);
+    let mut gained = ClusterReport::default();
+    gained.gained.push((2, Default::default()));
+    n.report(0, gained);
+    n.send(
+        c,
+        json!({"op": "message", "id": "m2", "chat_id": "1", "text": "hi"}),
+    );
+    let m = n.accepted().pop().expect("accepted");
+    let ct = cluster_tag(2, 2);
+    n.reader_behind(
+        Committed {
+            taken: 1,
+            durable: vec![m.seq],
+            ..Committed::default()
+        },
+        ClusterReport {
+            placed: vec![(m.seq, ct)],
+            ahead: vec![(m.seq, 1)],
+            draining: vec![2],
+            ..ClusterReport::default()
+        },
+    );
+    assert_eq!(n.order, vec!["submit m2", "hand over 1", "release 2"]);
+    assert_eq!(n.b.cluster_status().order_held, 0);
+    // The runtime takes it (the ack), then ends it handed over (nothing sent).
+    let message = n.messages.pop().expect("m2");
+    let running = EventKind::Accepted {
+        state: AcceptState::Running,
+        position: 0,
+    };
+    n.b.event(m.seq, event_of(&message, running), n.now);
+    let handed_over = EventKind::Finished(Outcome::Cancelled(CancelReason::HandedOver));
+    n.b.event(m.seq, event_of(&message, handed_over), n.now);
+    n.pump();
+    let lines = n.take(c);
+    let ops: Vec<_> = lines
+        .iter()
+        .map(|l| (l["op"].as_str(), l["id"].as_str()))
+        .collect();
+    assert_eq!(ops, vec![(Some("ack"), Some("m2"))], "{lines:?}");
+    n.arrive(Arrival::Outcome {
+        partition: 2,
+        tag: ct,
+        outcome: done("by the next owner", "m2"),
+    });
+    let lines = n.take(c);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["text"], "by the next owner");
+    let s = n.b.cluster_status();
+    assert_eq!((s.order_held, s.remote_waiting), (0, 0), "{s:?}");
+    assert_eq!(n.b.status().journal.map(|j| j.pending_durable), Some(0));
+}
