@@ -1938,8 +1938,12 @@ fn a_partition_past_its_fence_deadline_is_handed_over_at_the_tick_and_the_thread
         ..ClusterReport::default()
     };
     n.report(0, pass(ms(1000)));
-    assert!(
-        n.b.tick(ms(500)) <= ms(1000),
+    n.b.tick(ms(500));
+    // The next housekeeping (every 100 ms) would come after it: the deadline sets the timer
+    // (cargo mutants: `Fences::next`, `next_fence` returning `None`).
+    assert_eq!(
+        n.b.tick(ms(950)),
+        ms(1000),
         "the timer is set for the deadline"
     );
     // Renewed: the deadline moves.
@@ -2009,4 +2013,165 @@ fn a_partition_lost_before_its_fence_deadline_is_not_fenced_at_it() {
     );
     let s = n.b.cluster_status();
     assert_eq!((s.owned.clone(), s.self_fenced), (vec![], 0), "{s:?}");
+}
+
+/// A partition named to drain by the very report that makes an own accept of it durable,
+/// the reader not yet past its entry: the accept is not held for the reader. It is
+/// submitted, then handed over with its session by the drain (the next owner loads it in
+/// inbox order), acked when the runtime takes it, and answered by the next owner's outcome.
+/// Held, it would stay held for good, never acked: the drain releases the partition at once
+/// (no turn runs there) and the reader's later word for a partition no longer owned
+/// releases nothing. Found by cargo mutants: either `&&` of `hold_for_order`'s drain
+/// condition made `||` survived every test.
+#[test]
+fn an_own_accept_durable_in_the_report_that_names_its_partition_to_drain_is_not_held() {
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = n.take(c);
+    let mut gained = ClusterReport::default();
+    gained.gained.push((2, Default::default()));
+    n.report(0, gained);
+    n.send(
+        c,
+        json!({"op": "message", "id": "m2", "chat_id": "1", "text": "hi"}),
+    );
+    let m = n.accepted().pop().expect("accepted");
+    let ct = cluster_tag(2, 2);
+    n.reader_behind(
+        Committed {
+            taken: 1,
+            durable: vec![m.seq],
+            ..Committed::default()
+        },
+        ClusterReport {
+            placed: vec![(m.seq, ct)],
+            ahead: vec![(m.seq, 1)],
+            draining: vec![2],
+            ..ClusterReport::default()
+        },
+    );
+    assert_eq!(n.order, vec!["submit m2", "hand over 1", "release 2"]);
+    assert_eq!(n.b.cluster_status().order_held, 0);
+    // The runtime takes it (the ack), then ends it handed over (nothing sent).
+    let message = n.messages.pop().expect("m2");
+    let running = EventKind::Accepted {
+        state: AcceptState::Running,
+        position: 0,
+    };
+    n.b.event(m.seq, event_of(&message, running), n.now);
+    let handed_over = EventKind::Finished(Outcome::Cancelled(CancelReason::HandedOver));
+    n.b.event(m.seq, event_of(&message, handed_over), n.now);
+    n.pump();
+    let lines = n.take(c);
+    let ops: Vec<_> = lines
+        .iter()
+        .map(|l| (l["op"].as_str(), l["id"].as_str()))
+        .collect();
+    assert_eq!(ops, vec![(Some("ack"), Some("m2"))], "{lines:?}");
+    n.arrive(Arrival::Outcome {
+        partition: 2,
+        tag: ct,
+        outcome: done("by the next owner", "m2"),
+    });
+    let lines = n.take(c);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["text"], "by the next owner");
+    let s = n.b.cluster_status();
+    assert_eq!((s.order_held, s.remote_waiting), (0, 0), "{s:?}");
+    assert_eq!(n.b.status().journal.map(|j| j.pending_durable), Some(0));
+}
+
+/// An own accept made durable by the report that gains its partition, with a load that
+/// already holds it (behind another instance's message of the same session): the load is
+/// rebuilt first (m1), and the own accept waits for nothing more; it is submitted behind it
+/// at once. Held for the reader, it would wait for an inbox entry the reader never brings:
+/// the reader starts past the load, and a quiet partition brings nothing later. Found by
+/// cargo mutants: `Order::loaded` made a no-op, or counting other partitions' seqs,
+/// survived every test.
+#[test]
+fn an_own_accept_in_the_load_of_the_partition_its_report_gains_is_not_held() {
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = n.take(c);
+    n.send(
+        c,
+        json!({"op": "message", "id": "m2", "chat_id": "1", "text": "hi"}),
+    );
+    let m2 = n.accepted().pop().expect("accepted");
+    let inbox = |message: StoredMessage| RecoveredMessage {
+        message,
+        starts: 0,
+        outcome: None,
+    };
+    let mut m1 = m2.clone();
+    (m1.seq, m1.fields.id) = (cluster_tag(2, 1), "m1".into());
+    let mut loaded = turnstile::internal::cluster::LoadedPartition::default();
+    loaded.recovered.messages.push(inbox(m1));
+    // Accepted here: the load names it by the bridge's tag.
+    loaded.recovered.messages.push(inbox(m2.clone()));
+    n.reader_behind(
+        Committed {
+            taken: 1,
+            durable: vec![m2.seq],
+            ..Committed::default()
+        },
+        ClusterReport {
+            placed: vec![(m2.seq, cluster_tag(2, 2))],
+            gained: vec![(2, loaded)],
+            ahead: vec![(m2.seq, 1)],
+            ..ClusterReport::default()
+        },
+    );
+    assert_eq!(n.order, vec!["submit m1", "submit m2"]);
+    assert_eq!(n.b.cluster_status().order_held, 0);
+    assert_eq!(n.b.status().journal.map(|j| j.pending_durable), Some(0));
+}
+
+/// Another instance's message arriving from the reader between two own accepts of the same
+/// session held in its partition (seqs 1 and 3, the arrival 2): the reader has passed every
+/// entry before it, so the own accept below it is submitted first, then the arrival; the one
+/// above waits for the reader to pass it. Found by cargo mutants: `reached_before` made a
+/// no-op, its partition check inverted, its `seq > 1` changed, or releasing through the
+/// arrival's seq plus one, each survived every test.
+#[test]
+fn an_inbox_arrival_between_two_held_own_accepts_goes_between_them() {
+    let mut n = Net::new();
+    let c = n.connect();
+    let _ = n.take(c);
+    let mut gained = ClusterReport::default();
+    gained.gained.push((2, Default::default()));
+    n.report(0, gained);
+    for id in ["m1", "m3"] {
+        n.send(
+            c,
+            json!({"op": "message", "id": id, "chat_id": "1", "text": id}),
+        );
+    }
+    let acc = n.accepted();
+    n.reader_behind(
+        Committed {
+            taken: 2,
+            durable: vec![acc[0].seq, acc[1].seq],
+            ..Committed::default()
+        },
+        ClusterReport {
+            placed: vec![
+                (acc[0].seq, cluster_tag(2, 1)),
+                (acc[1].seq, cluster_tag(2, 3)),
+            ],
+            ahead: vec![(acc[0].seq, 0), (acc[1].seq, 2)],
+            ..ClusterReport::default()
+        },
+    );
+    assert!(n.order.is_empty(), "{:?}", n.order);
+    assert_eq!(n.b.cluster_status().order_held, 2);
+    n.arrive(inbox_message(&acc[0], 2, 2, "m2"));
+    assert_eq!(n.order, vec!["submit m1", "submit m2"]);
+    assert_eq!(n.b.cluster_status().order_held, 1);
+    n.arrive(Arrival::Reached {
+        partition: 2,
+        seq: 3,
+    });
+    assert_eq!(n.order, vec!["submit m1", "submit m2", "submit m3"]);
+    assert_eq!(n.b.cluster_status().order_held, 0);
 }

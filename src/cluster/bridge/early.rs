@@ -120,4 +120,20 @@ mod tests {
             assert!(e.take(t).is_some(), "{t} is among the newest");
         }
     }
+
+    /// `keep` says how many it dropped (the caller's WARN): none up to the bound, then those
+    /// that went down to three quarters of it (no other test reads what it returns).
+    #[test]
+    fn keep_returns_how_many_went() {
+        let mut e = Kept::<()>::default();
+        for t in 0..4 {
+            assert_eq!(e.keep(t, (), 4), 0, "{t} within the bound");
+        }
+        assert_eq!(
+            e.keep(4, (), 4),
+            2,
+            "five past a bound of four: down to three"
+        );
+        assert_eq!(e.counts(), (3, 2));
+    }
 }

@@ -102,4 +102,19 @@ mod tests {
         assert!(r.may_be_taken_for_dead(8, s(2)), "nothing heard in time");
         assert!(r.may_be_taken_for_dead(99, s(1)), "placement unknown");
     }
+
+    /// Pruned with the cluster's `placed` (`retain`): the placement is not known any more,
+    /// so the message counts as placed before every lapse. No other test prunes: made a
+    /// no-op (a cargo mutants mutant), `retain` would let the map grow without bound and a
+    /// pruned message pass as placed after the last lapse.
+    #[test]
+    fn a_placement_pruned_is_not_known_any_more() {
+        let mut r = Registration::default();
+        r.heard(s(2), s(0));
+        r.placed(7);
+        r.placed(8);
+        r.retain(|tag| tag == 8);
+        assert!(r.may_be_taken_for_dead(7, s(1)), "pruned");
+        assert!(!r.may_be_taken_for_dead(8, s(1)), "kept");
+    }
 }
