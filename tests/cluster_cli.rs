@@ -228,7 +228,11 @@ impl Running {
 
     /// The process and its first line on stdout (empty if it exited without one).
     fn spawn(url: &str, id: &str) -> (Running, String) {
-        Running::spawn_with(&["--cluster", url, "--instance-id", id, "--lease-ms", "500"])
+        // A lease long enough that a loaded machine's first renewal of the claim (made at
+        // start-up, renewed by the member thread's heartbeats) comes within it: at 500 ms a
+        // full suite's load let the first's claim expire before its first heartbeat, and
+        // the twin took the id.
+        Running::spawn_with(&["--cluster", url, "--instance-id", id, "--lease-ms", "2000"])
     }
 
     /// `serve` with `args`, and its first line on stdout.
