@@ -2773,6 +2773,9 @@ fn attachments_come_from_the_spool_only_and_leave_it_when_their_route_ends() {
     let mut config = cfg();
     config.attachments.dir = Some(spool.clone());
     config.attachments.max_files = 2;
+    // Limits the status reports as they are set (not the defaults).
+    config.attachments.spool_bytes = 1 << 20;
+    config.attachments.max_file_bytes = 4096;
     let mut net = Net::new(config);
     let c = net.connect();
     net.hello(c, "tg");
@@ -2815,7 +2818,12 @@ fn attachments_come_from_the_spool_only_and_leave_it_when_their_route_ends() {
     assert_eq!(ops(&net.take(c)), ["ack m3 running", "reply m3 seen"]);
     let status = net.b.status().attachments.expect("spool in the status");
     assert_eq!(
-        (status.max_files, status.dir),
-        (2, spool.display().to_string())
+        (
+            status.max_files,
+            status.spool_bytes,
+            status.max_file_bytes,
+            status.dir
+        ),
+        (2, 1 << 20, 4096, spool.display().to_string())
     );
 }
