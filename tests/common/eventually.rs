@@ -60,6 +60,8 @@ pub fn eventually<S: Settled>(
                     .unwrap_or_default()
             ),
         }
+        // The poll's interval, not an order of events: the predicate decides, the deadline
+        // bounds the wait.
         std::thread::sleep(POLL_EVERY);
     }
 }

@@ -240,6 +240,8 @@ pub struct LogLines(crossbeam_channel::Receiver<String>);
 impl LogLines {
     /// Reads `stderr` on a thread of its own, each line also copied to this test's stderr.
     fn read(stderr: std::process::ChildStderr) -> LogLines {
+        // Bounded by the child's stderr: the gateway rate-limits its WARN/ERROR lines, the
+        // child lives no longer than the test, and its lines are taken as the test reads them.
         let (tx, log) = crossbeam_channel::unbounded();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
