@@ -310,15 +310,4 @@ pub fn turnstile() -> Command {
     command
 }
 
-/// Children die with the test thread that started them (`PR_SET_PDEATHSIG`).
-pub fn die_with_parent(command: &mut Command) -> &mut Command {
-    // SAFETY: prctl(2) only, which is async-signal-safe, between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        })
-    }
-}
+include!("die_with_parent.rs");
